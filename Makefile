@@ -1,0 +1,44 @@
+# One venv for everything; `make up` and `make test` set it up on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test check lint types contract proto bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+up: $(STAMP)  ## run hub + worker on loopback
+	$(BIN)/agentworker up
+
+# pytest exits 5 when it collected nothing: a suite that ran no test has not passed.
+test: $(STAMP)  ## the whole suite
+	$(BIN)/pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; exit 1; fi; \
+	exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+contract: $(STAMP)
+	$(BIN)/lint-imports
+
+check: lint types contract test  ## everything CI holds a change to
+
+proto: $(STAMP)  ## regenerate worker/proto from agentworker.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. \
+		worker/proto/agentworker.proto
+
+bench: $(STAMP)  ## benchmarks: figures beside raw baselines
+	$(BIN)/python benchmarks/bench_roundtrip.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,353 @@
+"""Keep every file operation inside the folders the person chose to share.
+
+Two steps, both needed. `locate` maps the path an agent sent to one configured root
+and a relative path beneath it, by text alone, refusing anything that only makes
+sense as an escape ('..' climbing out, '~', NUL bytes). `ConfinedDir` then opens
+that relative path with the kernel confining the lookup to the root's directory fd,
+so symlinks, magic /proc links and races cannot lead out either. There is no
+"check the path, then open it" anywhere: the open itself is the check.
+
+Hard links cannot be told apart from ordinary files by path: a hard link inside a
+root to a file outside it is, to the kernel, a file inside. `st_nlink` is reported
+so a policy above this layer can refuse files with more than one link.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from sandbox import _openat2
+from sandbox._lexical import PATH_MAX_BYTES, beneath, byte_length, components
+from sandbox._walk import walk_open
+
+CODES: Final = frozenset(
+    {
+        "path_not_allowed",
+        "not_found",
+        "not_directory",
+        "is_directory",
+        "permission_denied",
+        "too_large",
+        "already_exists",
+    }
+)
+
+
+class ConfinementError(Exception):
+    """A path was refused or could not be used.
+
+    `code` is one of: "path_not_allowed" (escape attempt, NUL byte, too long, '~',
+    outside every root, write to a read-only root, magic link), "not_found",
+    "not_directory", "is_directory", "permission_denied", "too_large" (a name or
+    path the kernel finds too long) and "already_exists" (O_EXCL on an existing
+    name). `message` says what happened and what to do, for a person.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        if code not in CODES:
+            raise ValueError(f"unknown confinement code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ConfinementError({self.code!r}, {self.message!r})"
+
+
+@dataclass(frozen=True)
+class Root:
+    """A shared folder: `path` is absolute and already resolved (os.path.realpath)."""
+
+    path: Path
+    writable: bool
+
+    def __post_init__(self) -> None:
+        if not self.path.is_absolute() or ".." in self.path.parts:
+            raise ValueError(f"a root must be an absolute, resolved path, not {self.path}")
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a path lives: a root, and a normalised path beneath it ("." for the root)."""
+
+    root: Root
+    relative: str
+
+
+def _show(path: str) -> str:
+    """The caller's path, quoted (NUL and control bytes visible) and cut to a readable size."""
+    return repr(path if len(path) <= 120 else path[:100] + "...")
+
+
+def _refuse(path: str, why: str) -> ConfinementError:
+    return ConfinementError("path_not_allowed", f"{_show(path)} {why}")
+
+
+_NO_ROOTS = (
+    "No folders are shared with the agent yet, so no path can be used. Add one to "
+    'config.toml as a [[root]] table, for example:\n[[root]]\npath = "~/projects"\n'
+    'mode = "rw"  # or "ro" for read-only'
+)
+
+
+def locate(roots: Sequence[Root], user_path: str, *, write: bool = False) -> Located:
+    """Map a caller's path to the root that holds it, by text alone.
+
+    Absolute paths must lie under one of the roots (the longest match wins); relative
+    paths are taken beneath the FIRST root. Backslashes and percent signs are ordinary
+    file-name characters on Linux and stay literal. '..' may move within a path but
+    never above the root. Raises ConfinementError("path_not_allowed") otherwise, and
+    for `write` under a read-only root.
+    """
+    if not roots:
+        raise ConfinementError("path_not_allowed", _NO_ROOTS)
+    if not user_path:
+        raise _refuse(user_path, "is empty. Name a file or folder inside a shared folder.")
+    if "\0" in user_path:
+        raise _refuse(user_path, "contains a NUL byte, which no file name may contain.")
+    size = byte_length(user_path)
+    if size is None:
+        raise _refuse(user_path, "is not valid text for a file name.")
+    if size > PATH_MAX_BYTES:
+        raise _refuse(user_path, f"is {size} bytes long; paths may have at most 4,095 bytes.")
+    if user_path.startswith("~"):
+        raise _refuse(
+            user_path,
+            "starts with '~', which is not expanded here. Write the full path, or a path "
+            "relative to the first shared folder.",
+        )
+    parts = components(user_path)
+    if parts is None:
+        raise _refuse(user_path, "uses '..' to climb out of the shared folder. Stay inside it.")
+    if user_path.startswith("/"):
+        found = _longest_root(roots, parts)
+        if found is None:
+            shared = ", ".join(str(root.path) for root in roots)
+            raise _refuse(user_path, f"is outside every shared folder ({shared}).")
+        root, parts = found
+    else:
+        root = roots[0]
+    if write and not root.writable:
+        raise _refuse(
+            user_path,
+            f"is in the read-only shared folder {root.path}; it can be read but not changed. "
+            'To allow changes, set mode = "rw" for that [[root]] in config.toml.',
+        )
+    return Located(root=root, relative="/".join(parts) or ".")
+
+
+def _longest_root(roots: Sequence[Root], parts: list[str]) -> tuple[Root, list[str]] | None:
+    """The deepest root that `parts` (an absolute path's parts) lies under, and the rest."""
+    best: tuple[Root, list[str]] | None = None
+    for root in roots:
+        rest = beneath(root.path.parts, parts)
+        if rest is not None and (best is None or len(rest) < len(best[1])):
+            best = (root, rest)
+    return best
+
+
+# The one translation from kernel errors to confinement codes. Messages name only the
+# caller's own path, never where a refused symlink pointed.
+_ERRNO: Final[dict[int, tuple[str, str]]] = {
+    errno.EXDEV: (
+        "path_not_allowed",
+        "leads outside its shared folder (through '..' or a symbolic link). "
+        "Use a path that stays inside the folder.",
+    ),
+    errno.ELOOP: (
+        "path_not_allowed",
+        "goes through a symbolic link that is refused: a loop, more than 40 links, a special "
+        "/proc link, or a link where none may be followed. Use the real path instead.",
+    ),
+    errno.ENOENT: (
+        "not_found",
+        "does not exist. Check the spelling, or list the folder above it to see what is there.",
+    ),
+    errno.ENOTDIR: (
+        "not_directory",
+        "has a part that is not a folder. Check that every part before the last is a folder.",
+    ),
+    errno.EISDIR: ("is_directory", "is a folder, not a file. List it, or name a file inside it."),
+    errno.EACCES: (
+        "permission_denied",
+        "cannot be used: the operating system denied access. The computer's owner can "
+        "change its permissions if it should be available.",
+    ),
+    errno.EPERM: (
+        "permission_denied",
+        "cannot be used: the operating system does not permit this operation on it.",
+    ),
+    errno.EROFS: ("permission_denied", "is on a read-only file system and cannot be changed."),
+    errno.EEXIST: ("already_exists", "already exists. Choose another name, or remove it first."),
+    errno.ENAMETOOLONG: (
+        "too_large",
+        "is too long: a name may have at most 255 bytes and a path at most 4,095. "
+        "Use a shorter path.",
+    ),
+}
+
+
+@contextmanager
+def _translating(path: str) -> Iterator[None]:
+    """Turn the kernel's OSError for `path` into a ConfinementError; others pass through."""
+    try:
+        yield
+    except OSError as exc:
+        found = _ERRNO.get(exc.errno or 0)
+        if found is None:
+            raise
+        code, what = found
+        raise ConfinementError(code, f"{_show(path)} {what}") from exc
+
+
+def openat2_available() -> bool:
+    """Whether this kernel has openat2 (probed once); ConfinedDir prefers it when it does."""
+    return _openat2.available()
+
+
+class ConfinedDir:
+    """An open directory fd for a root; every lookup is resolved beneath it.
+
+    With openat2 (Linux 5.6+) the kernel enforces RESOLVE_BENEATH and
+    RESOLVE_NO_MAGICLINKS. Without it, a component-by-component walk gives the same
+    answers (see sandbox._walk). `use_openat2=None` picks openat2 when available.
+    Paths given here are relative to the root, as in `Located.relative`.
+    """
+
+    def __init__(self, root: Path, *, use_openat2: bool | None = None) -> None:
+        if not sys.platform.startswith("linux"):
+            raise NotImplementedError("path confinement is implemented for Linux only")
+        if use_openat2 is None:
+            use_openat2 = _openat2.available()
+        elif use_openat2 and not _openat2.available():
+            raise RuntimeError("openat2 was requested but this kernel does not provide it")
+        self.uses_openat2: Final = use_openat2
+        self._root = root
+        flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        with _translating(str(root)):
+            self._fd: int | None = os.open(root, flags)
+
+    def __enter__(self) -> ConfinedDir:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the root's fd; safe to call twice."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def open(self, relative: str, flags: int, mode: int = 0o600) -> int:
+        """An fd for `relative` resolved beneath the root (O_CLOEXEC is always added).
+
+        Symlinks are followed while they stay beneath the root; O_NOFOLLOW in `flags`
+        leaves a final symlink unfollowed, as with open(2). The caller closes the fd.
+        """
+        with _translating(relative):
+            return self._open(relative, flags | os.O_CLOEXEC, mode)
+
+    def stat(self, relative: str, *, follow_symlinks: bool = False) -> os.stat_result:
+        """stat (or lstat, the default) of `relative`, resolved beneath the root."""
+        fd = self.open(relative, os.O_PATH | (0 if follow_symlinks else os.O_NOFOLLOW))
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def readlink_inside(self, relative: str) -> str | None:
+        """If `relative` is a symlink whose target lies inside the root, that target as
+        a root-relative path; otherwise None (a target outside is never revealed).
+
+        The answer is conservative: when the target cannot be expressed on text alone
+        (say the link sits below another symlinked folder), None is returned.
+        """
+        fd = self.open(relative, os.O_PATH | os.O_NOFOLLOW)
+        try:
+            if not stat.S_ISLNK(os.fstat(fd).st_mode):
+                return None
+            target = os.readlink("", dir_fd=fd)
+        finally:
+            os.close(fd)
+        candidate = self._target_on_text(relative, target)
+        if candidate is None:
+            return None
+        try:
+            followed = self.stat(relative, follow_symlinks=True)
+        except ConfinementError as exc:
+            # Dangling, but every step taken so far stayed inside.
+            return candidate if exc.code == "not_found" else None
+        try:
+            named = self.stat(candidate, follow_symlinks=True)
+        except ConfinementError:
+            return None
+        same = (followed.st_dev, followed.st_ino) == (named.st_dev, named.st_ino)
+        return candidate if same else None
+
+    def open_parent(self, relative: str) -> tuple[int, str]:
+        """(fd of the parent directory resolved beneath the root, final name).
+
+        For writing through dir_fd: create with O_NOFOLLOW, rename with src/dst_dir_fd.
+        The final name is not resolved. The root itself cannot be the target.
+        """
+        with _translating(relative):
+            parts = self._clean(relative).split("/")
+            if parts[-1] in (".", ".."):
+                raise _refuse(
+                    relative, "names a shared folder or a folder above a name; name a file inside."
+                )
+            parent = "/".join(parts[:-1]) or "."
+            fd = self._open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0)
+            return fd, parts[-1]
+
+    def _open(self, relative: str, flags: int, mode: int) -> int:
+        if self._fd is None:
+            raise ValueError("this ConfinedDir is closed")
+        path = self._clean(relative)
+        if self.uses_openat2:
+            resolve = _openat2.RESOLVE_BENEATH | _openat2.RESOLVE_NO_MAGICLINKS
+            try:
+                return _openat2.openat2(self._fd, path, flags, mode, resolve)
+            except OSError as exc:
+                # EXDEV also covers absolute symlinks pointing back inside, which the
+                # walk can follow safely; EAGAIN is a rename race, worth a careful retry.
+                if exc.errno not in (errno.EXDEV, errno.EAGAIN):
+                    raise
+        return walk_open(self._fd, self._root, path, flags, mode)
+
+    def _clean(self, relative: str) -> str:
+        """`relative` without empty parts and '.', or "."; refuses what cannot be relative."""
+        if "\0" in relative:
+            raise _refuse(relative, "contains a NUL byte, which no file name may contain.")
+        if relative.startswith("/"):
+            raise _refuse(relative, "is absolute; give a path relative to the shared folder.")
+        size = byte_length(relative)
+        if size is None:
+            raise _refuse(relative, "is not valid text for a file name.")
+        if size > PATH_MAX_BYTES:
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+        return "/".join(p for p in relative.split("/") if p not in ("", ".")) or "."
+
+    def _target_on_text(self, relative: str, target: str) -> str | None:
+        """Where symlink `relative` with `target` points, as a root-relative path, by text."""
+        if target.startswith("/"):
+            parts = beneath(self._root.parts, components(target) or [])
+        else:
+            parent = self._clean(relative).split("/")[:-1]
+            parts = components("/".join([*parent, target]))
+        return None if parts is None else "/".join(parts) or "."

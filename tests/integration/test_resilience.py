@@ -1,0 +1,200 @@
+"""Crashes, partitions and refusals: nothing runs twice, nothing hangs, nothing spins."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.tcp_proxy import FreezableProxy
+from worker.client import result_to_dict
+
+
+def marks(live: Cluster, name: str) -> int:
+    path = live.home / "diag" / f"{name}.marks"
+    return path.stat().st_size if path.exists() else 0
+
+
+def started(live: Cluster, cid: str) -> bool:
+    """True once the worker's ledger holds the call (it acked STARTED)."""
+    import sqlite3
+
+    db = sqlite3.connect(live.home / "state.db")
+    try:
+        return (
+            db.execute("SELECT 1 FROM calls WHERE correlation_id = ?", (cid,)).fetchone()
+            is not None
+        )
+    finally:
+        db.close()
+
+
+def call_in_background(live: Cluster, action: str, args: str, **fields: Any) -> dict[str, Any]:
+    """Start a dispatch on a thread; the dict fills with the outcome or the RPC error."""
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["out"] = live.call(action, args, **fields)
+        except grpc.aio.AioRpcError as exc:
+            box["rpc_error"] = exc.code()
+
+    box["thread"] = threading.Thread(target=go, daemon=True)
+    box["thread"].start()
+    return box
+
+
+def test_hub_killed_mid_call_does_not_run_the_call_twice(live: Cluster) -> None:
+    args = '{"sleep_ms": 1500, "mark": "hubkill"}'
+    pending = call_in_background(live, "workerDiag.probe", args, correlation_id="hk-1")
+    wait_for(lambda: started(live, "hk-1"), 10)
+    hub = next(p for p in live.procs if p.name == "hub")
+    hub.kill()
+    pending["thread"].join(10)
+    assert pending.get("rpc_error") is grpc.StatusCode.UNAVAILABLE
+    live.start_hub()
+    wait_for(lambda: live.status().connected_workers == 1, 15)
+    # The caller retries with the same id: the hub re-sends, the worker answers from its ledger.
+    out = live.call("workerDiag.probe", args, correlation_id="hk-1")
+    assert out["status"] == "ok", out
+    assert out["result"]["marks"] == 1
+    assert marks(live, "hubkill") == 1, "the side effect happened exactly once"
+    again = live.call("workerDiag.probe", args, correlation_id="hk-1")
+    assert again["replayed"] is True and again["result"] == out["result"]
+    assert marks(live, "hubkill") == 1
+
+
+def test_worker_killed_mid_call_reports_outcome_unknown_and_never_reruns(live: Cluster) -> None:
+    args = '{"sleep_ms": 5000, "mark": "workerkill"}'
+    pending = call_in_background(
+        live, "workerDiag.probe", args, correlation_id="wk-1", timeout_ms=20000
+    )
+    wait_for(lambda: marks(live, "workerkill") == 1, 10)
+    worker = next(p for p in live.procs if p.name == "worker")
+    worker.kill()
+    live.start_worker()
+    pending["thread"].join(20)
+    out = pending["out"]
+    assert out["error"]["code"] == "outcome_unknown", out
+    assert "will not be run again" in out["error"]["message"]
+    retry = live.call("workerDiag.probe", args, correlation_id="wk-1")
+    assert retry["error"]["code"] == "outcome_unknown"
+    time.sleep(0.5)
+    assert marks(live, "workerkill") == 1
+
+
+def test_same_id_with_other_args_answers_args_mismatch(live: Cluster) -> None:
+    first = live.call("workerDiag.probe", '{"sleep_ms": 1}', correlation_id="mm-1")
+    assert first["status"] == "ok"
+    second = live.call("workerDiag.probe", '{"sleep_ms": 2}', correlation_id="mm-1")
+    assert second["error"]["code"] == "args_mismatch"
+    third = live.call("workerDiag.probe", '{"sleep_ms": 1}', correlation_id="mm-1")
+    assert third["status"] == "ok" and third["replayed"] is True
+
+
+def test_oversized_result_answers_result_too_large_and_others_live_on(live: Cluster) -> None:
+    async def both(client):  # type: ignore[no-untyped-def]
+        big = client.dispatch(
+            agent_id="tester",
+            surface="workerDiag",
+            action="probe",
+            args_json='{"blob_repeat": 40}',
+            blob=b"x" * (1024 * 1024),
+        )
+        small = client.dispatch(
+            agent_id="tester", surface="workerDiag", action="probe", args_json='{"sleep_ms": 300}'
+        )
+        return await asyncio.gather(big, small)
+
+    big, small = (result_to_dict(r) for r in live.run(both))
+    assert big["error"]["code"] == "result_too_large"
+    assert big["error"]["details"]["bytes"] > 40 * 1024 * 1024
+    assert "message limit" in big["error"]["message"]
+    assert small["status"] == "ok"
+    assert live.call("workerDiag.probe")["status"] == "ok", "the stream survived"
+
+
+def test_frozen_link_is_detected_and_redialled_within_keepalive_bound(tmp_path: Path) -> None:
+    with cluster(tmp_path / "home", worker=False, keepalive_s=1.0, ping_timeout_s=1.0) as live:
+        proxy = FreezableProxy(int(live.listen.rsplit(":", 1)[1]))
+        try:
+            live.start_worker("--server", proxy.address)
+            assert proxy.accepted == 1
+            proxy.freeze()
+            frozen_at = time.monotonic()
+            wait_for(lambda: proxy.accepted >= 2, 10)
+            redial_s = time.monotonic() - frozen_at
+            # keepalive 1 s + ping timeout 1 s + at most one backoff (cap 1 s) + scheduling slack
+            assert redial_s < 5.0, f"took {redial_s:.1f} s to notice the partition"
+            wait_for(lambda: live.status().connected_workers == 1, 10)
+            assert live.call("workerDiag.probe")["status"] == "ok"
+        finally:
+            proxy.close()
+
+
+def test_bad_token_is_fatal_without_a_retry_loop(tmp_path: Path) -> None:
+    with cluster(tmp_path / "home", worker=False) as live:
+        worker = live.spawn("badtoken", "run", "--token", "not-the-token")
+        code = worker.wait(15)
+        log = worker.log()
+        assert code != 0
+        assert "UNAUTHENTICATED" in log
+        assert "reconnecting" not in log
+
+
+def test_plaintext_to_a_non_loopback_address_is_refused(tmp_path: Path) -> None:
+    with cluster(tmp_path / "home", hub=False, worker=False) as live:
+        worker = live.spawn("remote", "run", "--server", "agents.example.com:7421", "--token", "t")
+        assert worker.wait(15) != 0
+        assert "plaintext is allowed only to loopback" in worker.log()
+
+
+def test_sigterm_drains_running_calls_then_says_goodbye(live: Cluster) -> None:
+    pending = call_in_background(
+        live, "workerDiag.probe", '{"sleep_ms": 1500}', correlation_id="dr-1"
+    )
+    wait_for(lambda: started(live, "dr-1"), 10)
+    worker = next(p for p in live.procs if p.name == "worker")
+    worker.signal(signal.SIGTERM)
+    pending["thread"].join(15)
+    assert pending["out"]["status"] == "ok", pending
+    assert worker.wait(15) == 0
+    assert "draining" in worker.log()
+
+
+def test_help_answers_how_to_start(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "worker", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "agentworker up" in out
+    for command in ("up", "hub", "run", "call", "workers", "status", "grant", "kill"):
+        assert command in out
+
+
+@pytest.mark.parametrize("flag", ["--json"])
+def test_status_and_workers_speak_json(live: Cluster, flag: str) -> None:
+    status = subprocess.run(
+        [sys.executable, "-m", "worker", "status", flag],
+        env=live.env,
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(status.stdout)["state"] == "connected"
+    workers = subprocess.run(
+        [sys.executable, "-m", "worker", "workers", flag],
+        env=live.env,
+        capture_output=True,
+        text=True,
+    )
+    listed = json.loads(workers.stdout)
+    assert len(listed) == 1 and listed[0]["connected"] is True

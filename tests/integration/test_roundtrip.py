@@ -1,0 +1,78 @@
+"""A call's whole trip: caller → hub → worker stream → pipeline → back, for real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+
+from tests.support.cluster import Cluster
+from worker.proto import agentworker_pb2 as pb
+
+
+def test_fs_stat_round_trip_returns_typed_result_and_telemetry(live: Cluster) -> None:
+    (live.workspace / "notes.txt").write_text("hello")
+    out = live.call("workerHost.fs_stat", '{"path": "notes.txt"}', plan_id="p1", task_id="t1")
+    assert out["status"] == "ok", out
+    assert out["result"]["type"] == "file"
+    assert out["result"]["size"] == 5
+    invocation = out["invocation"]
+    assert invocation["status"] == "ok"
+    assert invocation["scope"] == "workerHost.fs_stat"
+    assert invocation["plan_id"] == "p1" and invocation["task_id"] == "t1"
+    assert invocation["decision"] == "granted"
+    rows = (
+        sqlite3.connect(live.home / "telemetry.db")
+        .execute(
+            "SELECT kind, status, action FROM invocations WHERE correlation_id = ?",
+            (out["correlation_id"],),
+        )
+        .fetchall()
+    )
+    assert rows == [("v1:worker:invocation", "ok", "fs_stat")]
+
+
+def test_thousand_concurrent_calls_each_answered_once_within_the_limit(live: Cluster) -> None:
+    async def burst(client):  # type: ignore[no-untyped-def]
+        calls = [
+            client.dispatch(
+                correlation_id=f"burst-{i}",
+                agent_id="tester",
+                surface="workerDiag",
+                action="probe",
+                args_json='{"sleep_ms": 5}',
+            )
+            for i in range(1000)
+        ]
+        return await asyncio.gather(*calls)
+
+    responses: list[pb.DispatchResponse] = live.run(burst)
+    ids = [r.result.correlation_id for r in responses]
+    assert sorted(ids) == sorted(f"burst-{i}" for i in range(1000))
+    assert all(r.result.status == pb.ActionResult.OK for r in responses)
+    assert not any(r.result.replayed for r in responses)
+    in_flight = [json.loads(r.result.result_json)["in_flight"] for r in responses]
+    assert max(in_flight) <= 8
+    assert max(in_flight) == 8, "the burst should have filled every slot"
+    executed = (
+        sqlite3.connect(live.home / "telemetry.db")
+        .execute(
+            "SELECT COUNT(*), COUNT(DISTINCT correlation_id) FROM invocations"
+            " WHERE action = 'probe'"
+        )
+        .fetchone()
+    )
+    assert executed == (1000, 1000)
+
+
+def test_unknown_action_names_what_the_worker_offers(live: Cluster) -> None:
+    out = live.call("workerHost.format_disk")
+    assert out["error"]["code"] == "unknown_action"
+    assert "workerHost.fs_stat" in out["error"]["message"]
+
+
+def test_call_without_grant_answers_scope_required_with_how_to_grant(live: Cluster) -> None:
+    out = live.call("workerHost.fs_stat", '{"path": "."}', agent_id="stranger")
+    assert out["error"]["code"] == "scope_required"
+    assert "agentworker grant workerHost.fs_stat" in out["error"]["message"]
+    assert out["invocation"]["decision"] == "denied"

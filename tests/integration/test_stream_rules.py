@@ -1,0 +1,179 @@
+"""The worker's stream rules, driven by a scripted hub over real loopback gRPC.
+
+The worker here is the real one (dispatcher, ledger, connection) running in the
+test's event loop; only the far side — the hub — follows a script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import write_config
+from tests.support.scripted_hub import TOKEN, ScriptedHub
+from worker import app
+from worker.config import Paths, load
+from worker.connection import Backoff, FatalConnectionError, Target, WorkerConnection
+from worker.proto import agentworker_pb2 as pb
+
+Scenario = Callable[[ScriptedHub, WorkerConnection], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def linked(home: Path, hub: ScriptedHub) -> AsyncIterator[WorkerConnection]:
+    write_config(home, "127.0.0.1:1")
+    paths = Paths(home, home)
+    config = load(paths)
+    dispatcher = app.build_dispatcher(paths, config)
+    address = await hub.start()
+    link = WorkerConnection(
+        dispatcher, Target(address, TOKEN), heartbeat_s=0.2, backoff=Backoff(0.05, 0.2)
+    )
+    runner = asyncio.create_task(link.run())
+    try:
+        yield link
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError, FatalConnectionError):
+            await runner
+        await hub.stop()
+        dispatcher.state.close()
+        dispatcher.telemetry.close()
+
+
+def play(home: Path, scenario: Scenario, **hub_options: Any) -> None:
+    async def go() -> None:
+        hub = ScriptedHub(**hub_options)
+        async with linked(home, hub) as link:
+            await asyncio.wait_for(link.connected.wait(), 10)
+            await scenario(hub, link)
+
+    asyncio.run(go())
+
+
+def error_code(result: pb.ActionResult) -> str:
+    return result.error.code if result.HasField("error") else "ok"
+
+
+def test_duplicate_while_running_then_after_done(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("d1", '{"sleep_ms": 300, "mark": "dup"}')
+        assert (await hub.next("ack")).kind == pb.ActionAck.STARTED
+        hub.request("d1", '{"sleep_ms": 300, "mark": "dup"}')
+        assert (await hub.next("ack")).kind == pb.ActionAck.DUPLICATE_RUNNING
+        first = await hub.next("result")
+        assert error_code(first) == "ok" and not first.replayed
+        hub.request("d1", '{"sleep_ms": 300, "mark": "dup"}')
+        assert (await hub.next("ack")).kind == pb.ActionAck.DUPLICATE_DONE
+        again = await hub.next("result")
+        assert again.replayed and again.result_json == first.result_json
+        assert json.loads(first.result_json)["marks"] == 1
+
+    play(tmp_path, scenario)
+
+
+def test_worker_refuses_a_reused_id_with_other_args(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("m1", '{"sleep_ms": 1}')
+        await hub.next("result")
+        hub.request("m1", '{"sleep_ms": 2}')
+        ack = await hub.next("ack")
+        while ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
+            ack = await hub.next("ack")
+        assert "different arguments" in ack.message
+
+    play(tmp_path, scenario)
+
+
+def test_cancel_stops_a_running_call(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("c1", '{"sleep_ms": 30000}')
+        await hub.next("ack")
+        hub.send(cancel=pb.Cancel(correlation_id="c1", reason="the plan changed"))
+        result = await hub.next("result", timeout=5)
+        assert error_code(result) == "cancelled"
+        assert "the plan changed" in result.error.message
+
+    play(tmp_path, scenario)
+
+
+def test_deadline_answers_timeout(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("t1", '{"sleep_ms": 30000}', timeout_ms=200)
+        result = await hub.next("result", timeout=5)
+        assert error_code(result) == "timeout"
+        assert result.error.retryable
+
+    play(tmp_path, scenario)
+
+
+def test_kill_plan_cancels_running_calls_and_refuses_later_ones_durably(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("k1", '{"sleep_ms": 30000}', plan_id="plan-a")
+        hub.request("k2", '{"sleep_ms": 10}', plan_id="plan-b")
+        await hub.next("ack")
+        hub.send(kill_plan=pb.KillPlan(plan_id="plan-a", reason="the person said stop"))
+        results = {}
+        while len(results) < 2:
+            r = await hub.next("result")
+            results[r.correlation_id] = r
+        assert error_code(results["k1"]) == "plan_killed"
+        assert error_code(results["k2"]) == "ok"
+        hub.request("k3", "{}", plan_id="plan-a")
+        later = await hub.next("result")
+        assert error_code(later) == "plan_killed"
+        assert "agentworker lift plan-a" in later.error.message
+
+    play(tmp_path, scenario)
+
+    # A new worker on the same data still refuses the plan: the kill survived the restart.
+    async def after_restart(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("k4", "{}", plan_id="plan-a")
+        assert error_code(await hub.next("result")) == "plan_killed"
+
+    play(tmp_path, after_restart)
+
+
+def test_unacked_results_are_resent_after_a_reconnect(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("u1", "{}")
+        first = await hub.next("result")
+        hub.hang_up()
+        # The worker dials again; its Hello lists the unacked id and the result comes again.
+        again = await hub.next("result")
+        assert again.correlation_id == "u1" and again.result_json == first.result_json
+        assert "u1" in hub.hellos[-1].unacked_ids
+
+    play(tmp_path, scenario, ack_results=False)
+
+
+def test_protocol_mismatch_is_fatal(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub = ScriptedHub(protocol=99)
+        write_config(tmp_path, "127.0.0.1:1")
+        paths = Paths(tmp_path, tmp_path)
+        dispatcher = app.build_dispatcher(paths, load(paths))
+        address = await hub.start()
+        link = WorkerConnection(dispatcher, Target(address, TOKEN), backoff=Backoff(0.05, 0.2))
+        with pytest.raises(FatalConnectionError, match="protocol mismatch"):
+            await asyncio.wait_for(link.run(), 10)
+        await hub.stop()
+
+    asyncio.run(go())
+
+
+def test_hello_describes_the_worker(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hello = hub.hellos[0]
+        assert hello.worker_id and hello.instance_id
+        assert "workerHost.fs_stat" in hello.actions
+        assert hello.max_concurrency == 8
+        assert (hello.protocol_min, hello.protocol_max) == (1, 1)
+
+    play(tmp_path, scenario)

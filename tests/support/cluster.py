@@ -1,0 +1,225 @@
+"""Start a real hub and a real worker as subprocesses, each isolated in its own home.
+
+Both share one AGENTWORKER_HOME (the worker reads the hub's token file from it, as
+on a person's machine) but keep separate databases. Tests talk to the hub through
+its ControlService over loopback gRPC, exactly as the agent server would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from worker.client import ControlClient, result_to_dict
+from worker.proto import agentworker_pb2 as pb
+
+CONFIG = """\
+[hub]
+listen = "{listen}"
+default_timeout_s = 30
+
+[[root]]
+path = "{workspace}"
+mode = "rw"
+
+[[grant]]
+agent = "tester"
+scopes = ["workerHost.*", "workerDiag.*"]
+
+[worker]
+diagnostics = true
+drain_grace_s = {drain_grace_s}
+
+[connection]
+keepalive_time_s = {keepalive_s}
+ping_timeout_s = {ping_timeout_s}
+heartbeat_s = 0.5
+backoff_base_s = 0.1
+backoff_cap_s = 1.0
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    """One agentworker subprocess with its output in a file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "worker", *self.argv],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def signal(self, sig: int) -> None:
+        assert self.popen is not None
+        self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye — a crash."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+    def wait(self, timeout: float) -> int:
+        assert self.popen is not None
+        return self.popen.wait(timeout)
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Cluster:
+    home: Path
+    listen: str
+    env: dict[str, str]
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def workspace(self) -> Path:
+        return self.home / "workspace"
+
+    @property
+    def token(self) -> str:
+        return (self.home / "hub.token").read_text().strip()
+
+    def spawn(self, name: str, *argv: str, env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(name, list(argv), {**self.env, **(env or {})}, self.home / f"{name}.log")
+        self.procs.append(proc.start())
+        return proc
+
+    def start_hub(self) -> Proc:
+        hub = self.spawn("hub", "hub")
+        wait_for(lambda: (self.home / "hub.token").exists() and self._hub_answers(), 15, hub)
+        return hub
+
+    def start_worker(self, *argv: str) -> Proc:
+        worker = self.spawn("worker", "run", *argv)
+        wait_for(lambda: self.status().connected_workers >= 1, 15, worker)
+        return worker
+
+    def _hub_answers(self) -> bool:
+        try:
+            self.status()
+            return True
+        except (grpc.aio.AioRpcError, OSError):
+            return False
+
+    # ------------------------------------------------------------- control calls
+
+    def run(self, coro_fn: Any) -> Any:
+        async def go() -> Any:
+            client = ControlClient.connect(self.listen, self.token)
+            try:
+                return await coro_fn(client)
+            finally:
+                await client.close()
+
+        return asyncio.run(go())
+
+    def status(self) -> pb.StatusResponse:
+        return self.run(lambda c: c.stub.Status(pb.StatusRequest(), metadata=c.metadata, timeout=2))
+
+    def workers(self) -> list[pb.WorkerInfo]:
+        reply = self.run(
+            lambda c: c.stub.ListWorkers(pb.ListWorkersRequest(), metadata=c.metadata, timeout=2)
+        )
+        return list(reply.workers)
+
+    def call(self, action: str, args: str = "{}", **fields: Any) -> dict[str, Any]:
+        """Dispatch one action as agent `tester` and return what `agentworker call` prints."""
+        surface, _, name = action.rpartition(".")
+        request = {"agent_id": "tester", "surface": surface, "action": name, "args_json": args}
+        request.update(fields)
+        response = self.run(lambda c: c.dispatch(**request))
+        return result_to_dict(response)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.running():
+                proc.signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_for(condition: Any, timeout: float, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if proc is not None and not proc.running():
+            raise AssertionError(f"{proc.name} exited early:\n{proc.log()}")
+        time.sleep(0.05)
+    detail = f"\n{proc.name} log:\n{proc.log()}" if proc else ""
+    raise AssertionError(f"condition not met within {timeout} s{detail}")
+
+
+def write_config(home: Path, listen: str, **settings: Any) -> None:
+    values = {"keepalive_s": 1.0, "ping_timeout_s": 1.0, "drain_grace_s": 10}
+    values.update(settings)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "workspace").mkdir(exist_ok=True)
+    text = CONFIG.format(listen=listen, workspace=home / "workspace", **values)
+    (home / "config.toml").write_text(text)
+
+
+@contextlib.contextmanager
+def cluster(
+    home: Path, *, hub: bool = True, worker: bool = True, **settings: Any
+) -> Iterator[Cluster]:
+    listen = f"127.0.0.1:{free_port()}"
+    write_config(home, listen, **settings)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AGENTWORKER_", "HTTP", "HTTPS"))
+    }
+    env["AGENTWORKER_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    c = Cluster(home=home, listen=listen, env=env)
+    try:
+        if hub:
+            c.start_hub()
+        if worker:
+            c.start_worker()
+        yield c
+    finally:
+        c.stop_all()

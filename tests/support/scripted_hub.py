@@ -1,0 +1,82 @@
+"""A hub that does exactly what a test tells it — including what a good hub never would.
+
+It is the far side of the worker's stream: tests use it to re-send ids with other
+args, cancel, kill plans, withhold acks, drop the stream or speak another protocol
+version, and read every message the worker sends back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from worker.auth import BearerAuth
+from worker.proto import agentworker_pb2 as pb
+from worker.proto import agentworker_pb2_grpc as pb_grpc
+
+TOKEN = "scripted-token"
+
+
+class ScriptedHub(pb_grpc.WorkerServiceServicer):
+    def __init__(self, *, protocol: int = 1, ack_results: bool = True) -> None:
+        self.protocol = protocol
+        self.ack_results = ack_results
+        self.inbox: asyncio.Queue[pb.WorkerMessage] = asyncio.Queue()
+        self.hellos: list[pb.Hello] = []
+        self._outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
+        self._server: grpc.aio.Server | None = None
+        self.address = ""
+
+    async def start(self) -> str:
+        self._server = grpc.aio.server(interceptors=[BearerAuth(TOKEN)])
+        pb_grpc.add_WorkerServiceServicer_to_server(self, self._server)
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        await self._server.start()
+        self.address = f"127.0.0.1:{port}"
+        return self.address
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+
+    def send(self, **message: Any) -> None:
+        self._outbox.put_nowait(pb.ServerMessage(**message))
+
+    def request(self, cid: str, args: str = "{}", **fields: Any) -> None:
+        fields.setdefault("surface", "workerDiag")
+        fields.setdefault("action", "probe")
+        fields.setdefault("agent_id", "tester")
+        self.send(request=pb.ActionRequest(correlation_id=cid, args_json=args, attempt=1, **fields))
+
+    def hang_up(self) -> None:
+        self._outbox.put_nowait(None)
+
+    async def next(self, kind: str, timeout: float = 10.0) -> Any:
+        """The next message of `kind` from the worker (others are skipped)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                msg = await self.inbox.get()
+                if msg.WhichOneof("kind") == kind:
+                    return getattr(msg, kind)
+
+    async def Stream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ServerMessage]:
+        first = await anext(request_iterator)
+        self.hellos.append(first.hello)
+        yield pb.ServerMessage(welcome=pb.Welcome(session_id="s", protocol=self.protocol))
+        reader = asyncio.create_task(self._read(request_iterator))
+        try:
+            while (msg := await self._outbox.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[pb.WorkerMessage]) -> None:
+        async for msg in requests:
+            self.inbox.put_nowait(msg)
+            if msg.WhichOneof("kind") == "result" and self.ack_results:
+                self.send(ack=pb.Ack(correlation_ids=[msg.result.correlation_id]))

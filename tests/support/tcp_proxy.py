@@ -1,0 +1,79 @@
+"""A TCP relay that can go silent: the far side of a network partition.
+
+`freeze()` stops relaying on every open connection without closing anything — no
+bytes, no reset — which is what a dead NAT entry or a pulled cable looks like.
+Connections made after the freeze relay normally, so a reconnect gets through.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Link:
+    client: socket.socket
+    upstream: socket.socket
+    frozen: threading.Event = field(default_factory=threading.Event)
+
+
+class FreezableProxy:
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._links: list[_Link] = []
+        self._closed = threading.Event()
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def freeze(self) -> None:
+        for link in self._links:
+            link.frozen.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        for link in self._links:
+            for sock in (link.client, link.upstream):
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            link = _Link(client, upstream)
+            self._links.append(link)
+            self.accepted += 1
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(link, src, dst), daemon=True).start()
+
+    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(0.1)
+        while not self._closed.is_set():
+            if link.frozen.is_set():
+                self._closed.wait(0.1)  # hold the socket open, move nothing
+                continue
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data or link.frozen.is_set():
+                if not data:
+                    return
+                continue  # swallowed: the partition began mid-read
+            try:
+                dst.sendall(data)
+            except OSError:
+                return

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from worker.config import Paths, first_start, load
+from worker.errors import WorkerError
+from worker.transport import read_or_create_token
+
+
+@pytest.fixture
+def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
+    monkeypatch.setenv("AGENTWORKER_HOME", str(tmp_path))
+    for var in ("AGENTWORKER_LISTEN", "AGENTWORKER_SERVER", "AGENTWORKER_MAX_CONCURRENCY"):
+        monkeypatch.delenv(var, raising=False)
+    return Paths.from_env()
+
+
+def test_agentworker_home_holds_config_and_data(paths: Paths, tmp_path: Path) -> None:
+    assert paths.config_dir == paths.data_dir == tmp_path.resolve()
+
+
+def test_first_start_writes_config_with_workspace_as_only_rw_root(paths: Paths) -> None:
+    assert first_start(paths) is True
+    config = load(paths)
+    assert [(r.path, r.mode) for r in config.root] == [(paths.workspace, "rw")]
+    assert paths.workspace.is_dir()
+    assert config.grant == [], "nothing is granted until the person grants it"
+    assert first_start(paths) is False
+
+
+def test_precedence_is_file_then_environment_then_flags(
+    paths: Paths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths.ensure()
+    paths.config_file.write_text('[worker]\nmax_concurrency = 3\nserver = "127.0.0.1:1"\n')
+    assert load(paths).worker.max_concurrency == 3
+    monkeypatch.setenv("AGENTWORKER_MAX_CONCURRENCY", "5")
+    assert load(paths).worker.max_concurrency == 5
+    assert load(paths, {"worker": {"max_concurrency": 7}}).worker.max_concurrency == 7
+    assert load(paths, {"worker": {"max_concurrency": None}}).worker.server == "127.0.0.1:1"
+
+
+def test_unknown_setting_is_an_error_that_names_it(paths: Paths) -> None:
+    paths.ensure()
+    paths.config_file.write_text("[worker]\nmax_concurency = 3\n")
+    with pytest.raises(WorkerError) as err:
+        load(paths)
+    assert "max_concurency" in err.value.message
+
+
+def test_broken_toml_says_which_file(paths: Paths) -> None:
+    paths.ensure()
+    paths.config_file.write_text("[worker\n")
+    with pytest.raises(WorkerError, match="not valid TOML"):
+        load(paths)
+
+
+def test_token_is_created_once_with_owner_only_permissions(paths: Paths) -> None:
+    paths.ensure()
+    token = read_or_create_token(paths.token_file)
+    assert len(token) >= 32
+    assert stat.S_IMODE(paths.token_file.stat().st_mode) == 0o600
+    assert read_or_create_token(paths.token_file) == token

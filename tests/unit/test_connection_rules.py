@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+
+from worker.connection import Backoff
+from worker.errors import WorkerError
+from worker.transport import Keepalive, client_options, is_loopback, open_channel
+
+
+def test_backoff_is_full_jitter_capped_and_never_zero() -> None:
+    backoff = Backoff(base_s=0.5, cap_s=30.0)
+    delays = [backoff.delay(attempt) for attempt in range(40) for _ in range(50)]
+    assert max(delays) <= 30.0
+    assert min(delays) >= 0.05, "a floor keeps a flapping link from spinning"
+    late = [backoff.delay(20) for _ in range(500)]
+    assert max(late) > 20, "late attempts spread up to the cap"
+    assert min(late) < 10, "full jitter: anywhere from near zero to the cap"
+
+
+def test_keepalive_includes_ping_timeout() -> None:
+    options = dict(client_options(Keepalive(time_s=10, ping_timeout_s=5)))
+    assert options["grpc.keepalive_time_ms"] == 10_000
+    assert options["grpc.http2.ping_timeout_ms"] == 5_000
+    assert options["grpc.max_receive_message_length"] == 32 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("target", "loopback"),
+    [
+        ("127.0.0.1:7421", True),
+        ("127.9.9.9:1", True),
+        ("[::1]:7421", True),
+        ("localhost:7421", True),
+        ("10.0.0.1:7421", False),
+        ("localhost.evil.com:7421", False),
+        ("[::ffff:127.0.0.1]:1", False),
+        ("agents.example.com:443", False),
+    ],
+)
+def test_only_loopback_counts_as_loopback(target: str, loopback: bool) -> None:
+    assert is_loopback(target) is loopback
+
+
+def test_plaintext_channel_off_loopback_is_refused() -> None:
+    with pytest.raises(WorkerError, match="plaintext is allowed only to loopback"):
+        open_channel("203.0.113.9:7421", Keepalive())

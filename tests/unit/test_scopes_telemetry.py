@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from worker.errors import WorkerError
+from worker.proto import agentworker_pb2 as pb
+from worker.scopes import ApprovalRequest, Grant, Scopes
+from worker.state import now_ms
+from worker.telemetry import DAY_MS, Telemetry
+
+NOW = datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    ("grant", "scope", "admitted"),
+    [
+        (Grant("*", "workerHost.*"), "workerHost.fs_stat", True),
+        (Grant("*", "workerHost.fs_*"), "workerHost.exec", False),
+        (Grant("planner", "workerHost.fs_stat"), "workerHost.fs_stat", True),
+        (Grant("other", "workerHost.fs_stat"), "workerHost.fs_stat", False),
+        (Grant("*", "workerHost.fs_stat", plan="p2"), "workerHost.fs_stat", False),
+        (
+            Grant("*", "workerHost.*", expires=NOW - timedelta(seconds=1)),
+            "workerHost.fs_stat",
+            False,
+        ),
+        (Grant("*", "workerComputer.*"), "workerHost.fs_stat", False),
+    ],
+)
+def test_grant_matching(grant: Grant, scope: str, admitted: bool) -> None:
+    assert grant.admits("planner", scope, "p1", NOW) is admitted
+
+
+def test_headless_scopes_never_prompt() -> None:
+    scopes = Scopes([Grant("*", "workerHost.fs_stat")])
+    request = ApprovalRequest("c1", "planner", "p1", "workerHost.exec", "{}")
+    with pytest.raises(WorkerError) as err:
+        asyncio.run(scopes.require(request))
+    assert err.value.code == "scope_required"
+
+
+def test_telemetry_prunes_rows_past_retention(tmp_path: Path) -> None:
+    telemetry = Telemetry(tmp_path / "t.db", retention_days=90)
+    old = now_ms() - 91 * DAY_MS
+    telemetry.record(pb.Invocation(invocation_id="old", correlation_id="a", started_unix_ms=old))
+    telemetry.record(
+        pb.Invocation(invocation_id="new", correlation_id="b", started_unix_ms=now_ms())
+    )
+    assert telemetry.prune() == 1
+    assert [r["invocation_id"] for r in telemetry.rows()] == ["new"]
+
+
+def test_retention_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.telemetry import retention_days
+
+    monkeypatch.setenv("WORKER_INVOCATION_RETENTION_DAYS", "7")
+    assert retention_days(90) == 7
+    monkeypatch.setenv("WORKER_INVOCATION_RETENTION_DAYS", "nonsense")
+    assert retention_days(90) == 90

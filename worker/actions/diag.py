@@ -1,0 +1,52 @@
+"""workerDiag.probe: a diagnostic action for tests, benchmarks and health checks.
+
+It only exists when `[worker] diagnostics = true`. It can sleep (to exercise
+deadlines, cancellation and concurrency), leave a countable side effect (to prove
+a call ran exactly once), and echo its request blob many times (to produce an
+oversized result on purpose).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+from worker.registry import Args, Context, Outcome, Result
+
+MarkName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class ProbeArgs(Args):
+    sleep_ms: int = Field(default=0, ge=0, le=600_000)
+    mark: MarkName | None = None
+    blob_repeat: int = Field(default=0, ge=0, le=64)
+
+
+class ProbeResult(Result):
+    marks: int  # how many times this mark has been made, this call included
+    in_flight: int  # calls executing when this one started, itself included
+
+
+async def probe(ctx: Context, args: ProbeArgs) -> Outcome[ProbeResult]:
+    in_flight = ctx.in_flight()
+    marks = 0
+    if args.mark is not None:
+        marks = await asyncio.to_thread(_make_mark, ctx, args.mark)
+    if args.sleep_ms:
+        await asyncio.sleep(args.sleep_ms / 1000)
+    return Outcome(ProbeResult(marks=marks, in_flight=in_flight), blob=ctx.blob * args.blob_repeat)
+
+
+def _make_mark(ctx: Context, mark: str) -> int:
+    folder = ctx.data_dir / "diag"
+    folder.mkdir(exist_ok=True)
+    fd = os.open(folder / f"{mark}.marks", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, b".")
+        os.fsync(fd)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)

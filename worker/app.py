@@ -1,0 +1,302 @@
+"""Assembly: turn a config into a running hub, worker, or both (`up`).
+
+Everything long-lived is built here and nowhere else, so the CLI stays a thin
+layer of flags and the tests can start the same pieces the person runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from sandbox import Root
+from worker import actions
+from worker.auth import BearerAuth
+from worker.config import Config, Paths, first_start
+from worker.connection import Backoff, Target, WorkerConnection
+from worker.errors import WorkerError
+from worker.hub import ControlServicer, Hub, WorkerServicer
+from worker.hub_store import HubStore
+from worker.pipeline import Dispatcher, Limits
+from worker.proto import agentworker_pb2_grpc as pb_grpc
+from worker.scopes import Approver, Grant, Scopes
+from worker.state import State
+from worker.telemetry import Telemetry, retention_days
+from worker.transport import (
+    Keepalive,
+    is_loopback,
+    read_or_create_token,
+    read_token,
+    server_options,
+)
+
+log = logging.getLogger("agentworker")
+
+PRUNE_EVERY_S = 3600.0
+
+
+def keepalive_of(config: Config) -> Keepalive:
+    return Keepalive(
+        time_s=config.connection.keepalive_time_s,
+        ping_timeout_s=config.connection.ping_timeout_s,
+    )
+
+
+# ----------------------------------------------------------------- worker
+
+
+@contextlib.contextmanager
+def worker_lock(paths: Paths) -> Iterator[None]:
+    """One worker per data dir: two would both claim the same ledger."""
+    paths.ensure()
+    lock_path = paths.data_dir / "worker.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise WorkerError(
+                "busy",
+                f"another worker already runs with {paths.data_dir}; stop it first, or set "
+                "AGENTWORKER_HOME to run a second one side by side",
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def worker_id(paths: Paths) -> str:
+    """Stable across restarts: the server recognises the same machine coming back."""
+    id_file = paths.data_dir / "worker_id"
+    if id_file.exists():
+        return id_file.read_text(encoding="ascii").strip()
+    ident = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    id_file.write_text(ident + "\n", encoding="ascii")
+    return ident
+
+
+def roots_of(config: Config, paths: Paths) -> list[Root]:
+    roots = []
+    for entry in config.root:
+        folder = Path(os.path.expanduser(entry.path))
+        if folder == paths.workspace:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not folder.is_dir():
+            log.warning("root %s does not exist or is not a folder; skipped", folder)
+            continue
+        roots.append(Root(path=Path(os.path.realpath(folder)), writable=entry.mode == "rw"))
+    return roots
+
+
+def grants_of(config: Config) -> list[Grant]:
+    return [
+        Grant(agent=g.agent, scope=scope, plan=g.plan, expires=g.expires, granted_by="config")
+        for g in config.grant
+        for scope in g.scopes
+    ]
+
+
+def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = None) -> Dispatcher:
+    state = State(paths.data_dir / "state.db")
+    telemetry = Telemetry(
+        paths.data_dir / "telemetry.db", retention_days(config.telemetry.retention_days)
+    )
+    scopes = Scopes(
+        grants_of(config),
+        live=lambda: [
+            Grant(g.agent, g.scope, g.plan, g.expires, g.granted_by) for g in state.grants()
+        ],
+        approver=approver,
+    )
+    return Dispatcher(
+        worker_id=worker_id(paths),
+        registry=actions.build(diagnostics=config.worker.diagnostics),
+        state=state,
+        telemetry=telemetry,
+        scopes=scopes,
+        roots=roots_of(config, paths),
+        data_dir=paths.data_dir,
+        limits=Limits(
+            max_concurrency=config.worker.max_concurrency,
+            default_timeout_s=config.worker.default_timeout_s,
+        ),
+    )
+
+
+def worker_target(paths: Paths, config: Config) -> Target:
+    """Where the worker dials: the configured server, else this machine's hub."""
+    address = config.worker.server or config.hub.listen
+    token = config.worker.token
+    if token is None:
+        token = read_token(paths.token_file)
+    return Target(address=address, token=token, tls_ca=config.worker.tls_ca)
+
+
+def build_connection(dispatcher: Dispatcher, target: Target, config: Config) -> WorkerConnection:
+    return WorkerConnection(
+        dispatcher,
+        target,
+        keepalive=keepalive_of(config),
+        heartbeat_s=config.connection.heartbeat_s,
+        backoff=Backoff(config.connection.backoff_base_s, config.connection.backoff_cap_s),
+    )
+
+
+async def _housekeeping(dispatcher: Dispatcher) -> None:
+    while True:
+        pruned = dispatcher.telemetry.prune()
+        dispatcher.state.prune()
+        if pruned:
+            log.info("pruned %d telemetry rows past retention", pruned)
+        await asyncio.sleep(PRUNE_EVERY_S)
+
+
+# ----------------------------------------------------------------- hub
+
+
+@dataclass
+class RunningHub:
+    server: grpc.aio.Server
+    hub: Hub
+    address: str
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        self.hub.shutdown()
+        await self.server.stop(grace_s)
+        self.hub.store.close()
+
+
+async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> RunningHub:
+    address = listen or config.hub.listen
+    tls = config.hub.tls_cert is not None and config.hub.tls_key is not None
+    if not tls and not is_loopback(address):
+        raise WorkerError(
+            "not_supported",
+            f"refusing to serve plaintext on {address}: only loopback may go without TLS. "
+            "Set [hub] tls_cert and tls_key, or listen on 127.0.0.1.",
+        )
+    paths.ensure()
+    token = read_or_create_token(paths.token_file)
+    hub = Hub(
+        HubStore(paths.data_dir / "hub.db"),
+        heartbeat_s=config.connection.heartbeat_s,
+        default_timeout_s=config.hub.default_timeout_s,
+    )
+    server = grpc.aio.server(
+        interceptors=[BearerAuth(token)], options=server_options(keepalive_of(config))
+    )
+    pb_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(hub), server)
+    pb_grpc.add_ControlServiceServicer_to_server(ControlServicer(hub), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if tls:
+        assert config.hub.tls_cert is not None and config.hub.tls_key is not None
+        creds = grpc.ssl_server_credentials(
+            [(config.hub.tls_key.read_bytes(), config.hub.tls_cert.read_bytes())]
+        )
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise WorkerError("busy", f"could not listen on {address}: the address is in use")
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    host = address.rsplit(":", 1)[0]
+    return RunningHub(server=server, hub=hub, address=f"{host}:{port}")
+
+
+# ----------------------------------------------------------------- entry points
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def run_hub(paths: Paths, config: Config, listen: str | None = None) -> None:
+    running = await start_hub(paths, config, listen)
+    log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
+    await _stop_event().wait()
+    log.info("hub stopping")
+    await running.stop()
+
+
+async def run_worker(paths: Paths, config: Config, target: Target | None = None) -> None:
+    with worker_lock(paths):
+        dispatcher = build_dispatcher(paths, config)
+        await _serve_worker(dispatcher, target or worker_target(paths, config), config)
+
+
+async def run_up(paths: Paths, config: Config) -> None:
+    """Hub and worker in one process on loopback: the embedded default."""
+    with worker_lock(paths):
+        running = await start_hub(paths, config)
+        log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
+        dispatcher = build_dispatcher(paths, config)
+        target = Target(address=running.address, token=read_or_create_token(paths.token_file))
+        try:
+            await _serve_worker(dispatcher, target, config)
+        finally:
+            await running.stop()
+
+
+async def _serve_worker(dispatcher: Dispatcher, target: Target, config: Config) -> None:
+    lost = dispatcher.recover()
+    if lost:
+        log.warning(
+            "%d call(s) were running when the worker last stopped: outcome_unknown", len(lost)
+        )
+    for root in dispatcher.roots:
+        log.info("root %s (%s)", root.path, "read-write" if root.writable else "read-only")
+    if not dispatcher.roots:
+        log.warning("no filesystem roots: add a [[root]] table to config.toml to allow file access")
+    connection = build_connection(dispatcher, target, config)
+    stop = _stop_event()
+    housekeeping = asyncio.create_task(_housekeeping(dispatcher))
+    link = asyncio.create_task(connection.run())
+    stopper = asyncio.create_task(stop.wait())
+    log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
+    try:
+        done, _ = await asyncio.wait({link, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if link in done:
+            link.result()  # re-raise a fatal refusal
+        else:
+            log.info(
+                "draining: finishing running calls (up to %.0f s)", config.worker.drain_grace_s
+            )
+            await connection.shutdown(config.worker.drain_grace_s)
+            link.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await link
+    finally:
+        housekeeping.cancel()
+        stopper.cancel()
+        dispatcher.state.close()
+        dispatcher.telemetry.close()
+
+
+def prepare(paths: Paths) -> bool:
+    """First start: create config and workspace; True when this was the first start."""
+    created = first_start(paths)
+    if created:
+        log.info(
+            "first start: wrote %s; the agent may read and write only in %s until you add roots",
+            paths.config_file,
+            paths.workspace,
+        )
+    return created

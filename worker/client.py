@@ -1,0 +1,72 @@
+"""A caller's connection to a hub's ControlService (the CLI, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from worker.config import Config, Paths
+from worker.proto import agentworker_pb2 as pb
+from worker.proto import agentworker_pb2_grpc as pb_grpc
+from worker.transport import Keepalive, bearer, open_channel, read_token
+
+
+@dataclass
+class ControlClient:
+    channel: grpc.aio.Channel
+    stub: pb_grpc.ControlServiceStub
+    metadata: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def connect(
+        cls, address: str, token: str, tls_ca: Any = None, keepalive: Keepalive = Keepalive()
+    ) -> ControlClient:
+        channel = open_channel(address, keepalive, tls_ca)
+        return cls(channel, pb_grpc.ControlServiceStub(channel), bearer(token))
+
+    @classmethod
+    def local(
+        cls, paths: Paths, config: Config, server: str | None = None, token: str | None = None
+    ) -> ControlClient:
+        """This machine's hub unless told otherwise: default address, token from the config dir."""
+        address = server or config.hub.listen
+        return cls.connect(address, token or read_token(paths.token_file), config.worker.tls_ca)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def dispatch(self, **fields: Any) -> pb.DispatchResponse:
+        timeout = fields.get("timeout_ms", 0) / 1000 + 30 if fields.get("timeout_ms") else None
+        response: pb.DispatchResponse = await self.stub.Dispatch(
+            pb.DispatchRequest(**fields), metadata=self.metadata, timeout=timeout
+        )
+        return response
+
+
+def result_to_dict(response: pb.DispatchResponse) -> dict[str, Any]:
+    """What `agentworker call` prints: result and error decoded, the blob summarised."""
+    result = response.result
+    out: dict[str, Any] = {
+        "worker_id": response.worker_id,
+        "correlation_id": result.correlation_id,
+        "status": pb.ActionResult.Status.Name(result.status).lower(),
+        "replayed": result.replayed,
+    }
+    if result.result_json:
+        out["result"] = json.loads(result.result_json)
+    if result.HasField("error"):
+        out["error"] = {
+            "code": result.error.code,
+            "message": result.error.message,
+            "details": json.loads(result.error.details_json or "{}"),
+            "retryable": result.error.retryable,
+        }
+    if result.blob:
+        out["blob_bytes"] = len(result.blob)
+    if result.HasField("invocation"):
+        out["invocation"] = MessageToDict(result.invocation, preserving_proto_field_name=True)
+    return out

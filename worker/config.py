@@ -1,0 +1,197 @@
+"""Where agentworker keeps its files, and the settings it runs with.
+
+Precedence is config file < environment (`AGENTWORKER_*`) < flags (DESIGN.md §9).
+`AGENTWORKER_HOME`, when set, holds both the config file and the data, so tests and
+side-by-side instances never touch the person's real files.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from worker.errors import WorkerError
+
+APP = "agentworker"
+DEFAULT_LISTEN = "127.0.0.1:7421"
+CONFIG_FILE = "config.toml"
+TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The two directories everything else hangs off."""
+
+    config_dir: Path
+    data_dir: Path
+
+    @classmethod
+    def from_env(cls) -> Paths:
+        home = os.environ.get("AGENTWORKER_HOME")
+        if home:
+            root = Path(home).expanduser().resolve()
+            return cls(config_dir=root, data_dir=root)
+        return cls(
+            config_dir=Path(platformdirs.user_config_dir(APP)),
+            data_dir=Path(platformdirs.user_data_dir(APP)),
+        )
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / CONFIG_FILE
+
+    @property
+    def token_file(self) -> Path:
+        return self.config_dir / TOKEN_FILE
+
+    @property
+    def workspace(self) -> Path:
+        return self.data_dir / "workspace"
+
+    def ensure(self) -> None:
+        for folder in (self.config_dir, self.data_dir):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HubSection(_Strict):
+    listen: str = DEFAULT_LISTEN
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    default_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
+
+
+class RootSection(_Strict):
+    path: Path
+    mode: Literal["rw", "ro"] = "ro"
+
+
+class GrantSection(_Strict):
+    agent: str = "*"
+    scopes: list[str]
+    plan: str = "*"
+    expires: datetime | None = None
+
+
+class WorkerSection(_Strict):
+    server: str | None = None  # None: this machine's hub at [hub].listen
+    token: str | None = None
+    tls_ca: Path | None = None
+    max_concurrency: int = Field(default=8, ge=1, le=256)
+    default_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
+    drain_grace_s: float = Field(default=20.0, ge=0, le=3_600)
+    # The diagnostic surface (workerDiag.*) exists for tests and benchmarks only.
+    diagnostics: bool = False
+
+
+class ConnectionSection(_Strict):
+    keepalive_time_s: float = Field(default=10.0, ge=0.1)
+    # How long a keepalive ping may go unanswered before the link counts as dead.
+    ping_timeout_s: float = Field(default=5.0, ge=0.1)
+    heartbeat_s: float = Field(default=5.0, ge=0.05)
+    backoff_base_s: float = Field(default=0.5, ge=0.01)
+    backoff_cap_s: float = Field(default=30.0, ge=0.1, le=30.0)
+
+
+class TelemetrySection(_Strict):
+    retention_days: int = Field(default=90, ge=1)
+
+
+class Config(_Strict):
+    hub: HubSection = HubSection()
+    root: list[RootSection] = []
+    grant: list[GrantSection] = []
+    worker: WorkerSection = WorkerSection()
+    connection: ConnectionSection = ConnectionSection()
+    telemetry: TelemetrySection = TelemetrySection()
+
+
+# Environment variables and the setting each one overrides.
+_ENV: dict[str, tuple[str, str]] = {
+    "AGENTWORKER_LISTEN": ("hub", "listen"),
+    "AGENTWORKER_SERVER": ("worker", "server"),
+    "AGENTWORKER_TOKEN": ("worker", "token"),
+    "AGENTWORKER_TLS_CA": ("worker", "tls_ca"),
+    "AGENTWORKER_MAX_CONCURRENCY": ("worker", "max_concurrency"),
+    "AGENTWORKER_DIAGNOSTICS": ("worker", "diagnostics"),
+    "AGENTWORKER_KEEPALIVE_S": ("connection", "keepalive_time_s"),
+    "AGENTWORKER_PING_TIMEOUT_S": ("connection", "ping_timeout_s"),
+    "WORKER_INVOCATION_RETENTION_DAYS": ("telemetry", "retention_days"),
+}
+
+_TEMPLATE = """\
+# agentworker configuration. Precedence: this file < AGENTWORKER_* variables < flags.
+
+[hub]
+listen = "{listen}"        # the address the hub serves and the worker dials
+
+# Filesystem roots the agent may reach. Only these, nothing else.
+# Add a table per folder; mode = "ro" (read-only) or "rw".
+[[root]]
+path = "{workspace}"
+mode = "rw"
+
+# Pre-granted scopes. Without a grant, calls answer scope_required.
+# [[grant]]
+# agent = "*"                      # an agent id, or *
+# scopes = ["workerHost.fs_stat"]  # patterns over surface.action
+# plan = "*"
+# expires = "2026-12-31T00:00:00Z"
+"""
+
+
+def load(paths: Paths, overrides: dict[str, dict[str, object]] | None = None) -> Config:
+    """Read the config file, then the environment, then `overrides` (from flags)."""
+    raw: dict[str, object] = {}
+    if paths.config_file.exists():
+        try:
+            raw = tomllib.loads(paths.config_file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise WorkerError(
+                "validation_error", f"{paths.config_file} is not valid TOML: {exc}"
+            ) from exc
+    for var, (section, key) in _ENV.items():
+        value = os.environ.get(var)
+        if value is not None and value != "":
+            _section(raw, section)[key] = value
+    for section, values in (overrides or {}).items():
+        _section(raw, section).update({k: v for k, v in values.items() if v is not None})
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise WorkerError(
+            "validation_error", f"settings in {paths.config_file} are invalid: {problems}"
+        ) from exc
+
+
+def _section(raw: dict[str, object], name: str) -> dict[str, object]:
+    value = raw.setdefault(name, {})
+    if not isinstance(value, dict):
+        raise WorkerError("validation_error", f"[{name}] in the config file must be a table")
+    return value
+
+
+def first_start(paths: Paths) -> bool:
+    """Create the config file and the workspace on first start; True when it did."""
+    paths.ensure()
+    if paths.config_file.exists():
+        return False
+    paths.workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
+    text = _TEMPLATE.format(listen=DEFAULT_LISTEN, workspace=paths.workspace)
+    fd = os.open(paths.config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return True

@@ -1,0 +1,315 @@
+"""The worker's side of `WorkerService.Stream`: dial, hold, and dial again.
+
+One session is one stream: Hello → Welcome, then a single reader hands requests
+to the dispatcher while a single writer (the generator gRPC consumes) sends what
+the outbox holds. A dropped stream is redialled with full-jitter exponential
+backoff capped at 30 s; a refusal that retrying cannot fix (bad token, permission,
+unknown service, protocol mismatch) ends the worker with the reason. A dropped
+stream does not cancel running calls: their results wait in the ledger and are
+re-sent after the next handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from worker.pipeline import Dispatcher
+from worker.proto import agentworker_pb2 as pb
+from worker.proto import agentworker_pb2_grpc as pb_grpc
+from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, VERSION
+from worker.state import now_ms
+from worker.transport import Keepalive, bearer, open_channel
+
+log = logging.getLogger(__name__)
+
+FATAL_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.FAILED_PRECONDITION,  # the hub's protocol-mismatch answer
+    }
+)
+HANDSHAKE_TIMEOUT_S = 15.0
+FLUSH_TIMEOUT_S = 5.0
+
+
+class FatalConnectionError(Exception):
+    """The server refused us in a way that retrying cannot fix."""
+
+
+class _StreamEndedError(Exception):
+    """The stream ended; why, for the log."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base_s: float = 0.5
+    cap_s: float = 30.0
+
+    def delay(self, attempt: int) -> float:
+        """Full jitter over [0, min(cap, base·2^attempt)], with a floor against spinning."""
+        ceiling = min(self.cap_s, self.base_s * (2 ** min(attempt, 16)))
+        return max(self.base_s / 10, random.uniform(0, ceiling))
+
+
+@dataclass(frozen=True)
+class Target:
+    address: str
+    token: str
+    tls_ca: Path | None = None
+
+
+class WorkerConnection:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        target: Target,
+        *,
+        keepalive: Keepalive = Keepalive(),
+        heartbeat_s: float = 5.0,
+        backoff: Backoff = Backoff(),
+        gui_available: bool = False,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.target = target
+        self.keepalive = keepalive
+        self.heartbeat_s = heartbeat_s
+        self.backoff = backoff
+        self.gui_available = gui_available
+        self.instance_id = uuid.uuid4().hex
+        self.connected = asyncio.Event()
+        self.sessions_started = 0
+        self._outbox: asyncio.Queue[pb.WorkerMessage | None] | None = None
+        self._stopping = False
+        self._session_task: asyncio.Task[None] | None = None
+        self.on_state: Callable[[str], None] = lambda _state: None
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def run(self) -> None:
+        """Hold a session until `shutdown`; raises FatalConnectionError on a hard refusal."""
+        attempt = 0
+        while not self._stopping:
+            self._session_task = asyncio.create_task(self._session())
+            try:
+                await self._session_task
+                attempt = 0  # a clean end (Drain/Goodbye): come back soon
+            except FatalConnectionError:
+                raise
+            except asyncio.CancelledError:
+                if self._stopping:
+                    return
+                raise
+            except (grpc.aio.AioRpcError, _StreamEndedError, OSError, TimeoutError) as exc:
+                if self._stopping:
+                    return
+                log.warning("connection to %s lost: %s", self.target.address, _describe(exc))
+            finally:
+                self._detach()
+            if self._stopping:
+                return
+            delay = self.backoff.delay(attempt)
+            attempt += 1
+            self.on_state(f"reconnecting in {delay:.1f}s")
+            log.info("reconnecting to %s in %.1f s", self.target.address, delay)
+            await asyncio.sleep(delay)
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Drain: take no new work, let running calls finish, flush results, say goodbye."""
+        self.dispatcher.draining = True
+        self._send_heartbeat()
+        await self.dispatcher.drain(grace_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._flushed(), FLUSH_TIMEOUT_S)
+        self._stopping = True
+        if self._outbox is not None:
+            self._outbox.put_nowait(pb.WorkerMessage(goodbye=pb.Goodbye(reason="shutting down")))
+            self._outbox.put_nowait(None)
+        if self._session_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._session_task), FLUSH_TIMEOUT_S)
+            except (TimeoutError, Exception):  # noqa: BLE001 - leaving anyway
+                self._session_task.cancel()
+
+    async def _flushed(self) -> None:
+        """Wait until the server has acked every result (or we are offline)."""
+        # Acks arrive on the reader; a short poll of the ledger is simpler than a signal.
+        while self._outbox is not None and self.dispatcher.state.unacked_results():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------- one session
+
+    async def _session(self) -> None:
+        channel = open_channel(self.target.address, self.keepalive, self.target.tls_ca)
+        outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        outbox.put_nowait(pb.WorkerMessage(hello=self._hello()))
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            call = pb_grpc.WorkerServiceStub(channel).Stream(
+                _drain_outbox(outbox), metadata=bearer(self.target.token)
+            )
+            try:
+                first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                _raise_if_fatal(exc)
+                raise
+            self._check_welcome(first)
+            welcome = first.welcome
+            self.sessions_started += 1
+            self._outbox = outbox
+            self.dispatcher.emit = self._send
+            for cid in welcome.abandoned_ids:
+                self.dispatcher.cancel(cid, "the server abandoned the call")
+            for _cid, result in self.dispatcher.state.unacked_results():
+                self._send(pb.WorkerMessage(result=pb.ActionResult.FromString(result)))
+            self.connected.set()
+            self.on_state("connected")
+            log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
+            tasks.append(asyncio.create_task(self._heartbeats()))
+            await self._read(call)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await channel.close(grace=None)
+
+    def _hello(self) -> pb.Hello:
+        state = self.dispatcher.state
+        registry = self.dispatcher.registry
+        return pb.Hello(
+            worker_id=self.dispatcher.worker_id,
+            instance_id=self.instance_id,
+            version=VERSION,
+            protocol_min=PROTOCOL_MIN,
+            protocol_max=PROTOCOL_MAX,
+            surfaces=sorted({spec.surface for spec in registry.values()}),
+            actions=sorted(registry),
+            gui_available=self.gui_available,
+            max_concurrency=self.dispatcher.limits.max_concurrency,
+            running_ids=state.running_ids(),
+            unacked_ids=[cid for cid, _ in state.unacked_results()],
+        )
+
+    def _check_welcome(self, msg: pb.ServerMessage | object) -> None:
+        if msg is grpc.aio.EOF or not isinstance(msg, pb.ServerMessage):
+            raise _StreamEndedError("the server closed the stream during the handshake")
+        if msg.WhichOneof("kind") != "welcome":
+            raise FatalConnectionError("the server did not answer Hello with Welcome")
+        protocol = msg.welcome.protocol
+        if not PROTOCOL_MIN <= protocol <= PROTOCOL_MAX:
+            raise FatalConnectionError(
+                f"protocol mismatch: the server chose {protocol}, this worker speaks "
+                f"{PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade agentworker"
+            )
+
+    async def _read(
+        self, call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.ServerMessage]
+    ) -> None:
+        try:
+            while True:
+                msg = await call.read()
+                if msg is grpc.aio.EOF:
+                    raise _StreamEndedError("the server ended the stream")
+                assert isinstance(msg, pb.ServerMessage)
+                if self._handle(msg):
+                    return
+        except grpc.aio.AioRpcError as exc:
+            _raise_if_fatal(exc)
+            raise
+
+    def _handle(self, msg: pb.ServerMessage) -> bool:
+        """Act on one server message; True when the session should end."""
+        kind = msg.WhichOneof("kind")
+        if kind == "request":
+            self.dispatcher.submit(msg.request)
+        elif kind == "ack":
+            self.dispatcher.state.ack(list(msg.ack.correlation_ids))
+        elif kind == "cancel":
+            self.dispatcher.cancel(msg.cancel.correlation_id, msg.cancel.reason or "by the server")
+        elif kind == "kill_plan":
+            self.dispatcher.kill_plan(msg.kill_plan.plan_id, msg.kill_plan.reason, "server")
+        elif kind == "scope_request":
+            self._send(pb.WorkerMessage(scope_decision=self._decide_scope(msg.scope_request)))
+        elif kind == "teardown":
+            pass  # no per-plan workspaces on a plain worker; the hub answers for it
+        elif kind == "drain":
+            log.info("the server asks us to drain: %s", msg.drain.reason)
+            return True
+        elif kind == "heartbeat":
+            pass
+        else:
+            log.warning("ignoring an unexpected %s from the server", kind)
+        return False
+
+    def _decide_scope(self, request: pb.ScopeRequest) -> pb.ScopeDecision:
+        # Grants come only from the person at this machine; with no one to ask, the answer is no.
+        return pb.ScopeDecision(
+            request_id=request.request_id,
+            granted=False,
+            scopes=request.scopes,
+            reason="this worker runs headless: grants are made locally (config.toml or "
+            "`agentworker grant`), never by the server",
+        )
+
+    # ------------------------------------------------------------- writing
+
+    def _send(self, msg: pb.WorkerMessage) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(msg)
+
+    def _detach(self) -> None:
+        self._outbox = None
+        self.dispatcher.emit = lambda _msg: None
+        self.connected.clear()
+        self.on_state("disconnected")
+
+    async def _heartbeats(self) -> None:
+        while True:
+            self._send_heartbeat()
+            await asyncio.sleep(self.heartbeat_s)
+
+    def _send_heartbeat(self) -> None:
+        d = self.dispatcher
+        if d.draining:
+            state = pb.Heartbeat.DRAINING
+        elif d.in_flight() >= d.limits.max_concurrency:
+            state = pb.Heartbeat.FULL
+        else:
+            state = pb.Heartbeat.AVAILABLE
+        self._send(
+            pb.WorkerMessage(
+                heartbeat=pb.Heartbeat(
+                    in_flight=d.in_flight(), queued=d.queued(), state=state, unix_ms=now_ms()
+                )
+            )
+        )
+
+
+async def _drain_outbox(
+    outbox: asyncio.Queue[pb.WorkerMessage | None],
+) -> AsyncIterator[pb.WorkerMessage]:
+    """The stream's only writer: gRPC pulls from here, one message at a time."""
+    while (msg := await outbox.get()) is not None:
+        yield msg
+
+
+def _raise_if_fatal(exc: grpc.aio.AioRpcError) -> None:
+    if exc.code() in FATAL_CODES:
+        raise FatalConnectionError(
+            f"the server refused this worker ({exc.code().name}): {exc.details()}"
+        ) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,441 @@
+"""The reference hub: the server side of the worker stream plus a control API.
+
+It stands in for the agent server (DESIGN.md §3): workers dial its WorkerService,
+callers use its ControlService to dispatch actions, list workers, ask for scopes
+and kill plans. `agentworker up` runs it beside a worker in one process.
+
+Each worker stream has one writer: the servicer is a generator that yields from
+the session's outbox, while a reader task handles what the worker sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from worker.errors import WorkerError
+from worker.hub_store import HubStore
+from worker.proto import agentworker_pb2 as pb
+from worker.proto import agentworker_pb2_grpc as pb_grpc
+from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, VERSION, call_digest
+from worker.state import now_ms
+
+log = logging.getLogger(__name__)
+
+# A caller waits this much longer than the call's own deadline: the worker enforces
+# the deadline and answers `timeout` itself; the slack covers the trip back.
+RESULT_SLACK_S = 5.0
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Session:
+    """One connected worker stream."""
+
+    hello: pb.Hello
+    session_id: str
+    outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
+    heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
+    closed: bool = False
+
+    @property
+    def worker_id(self) -> str:
+        return self.hello.worker_id
+
+    def send(self, msg: pb.ServerMessage) -> None:
+        if not self.closed:
+            self.outbox.put_nowait(msg)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.outbox.put_nowait(None)
+
+
+def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
+    return pb.ActionResult(
+        correlation_id=correlation_id,
+        status=pb.ActionResult.ERROR,
+        error=pb.Error(
+            code=error.code,
+            message=error.message,
+            details_json=json.dumps(error.details, default=str),
+            retryable=error.retryable,
+        ),
+    )
+
+
+class Hub:
+    def __init__(
+        self, store: HubStore, *, heartbeat_s: float = 5.0, default_timeout_s: float = 60.0
+    ) -> None:
+        self.store = store
+        self.heartbeat_s = heartbeat_s
+        self.default_timeout_s = default_timeout_s
+        self.sessions: dict[str, Session] = {}
+        self._waiters: dict[str, asyncio.Future[pb.ActionResult]] = {}
+        self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
+
+    # ------------------------------------------------------------- worker stream
+
+    async def stream(
+        self, requests: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ServerMessage]:
+        first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+        if first.WhichOneof("kind") != "hello" or not first.hello.worker_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+        hello = first.hello
+        if hello.protocol_max < PROTOCOL_MIN or hello.protocol_min > PROTOCOL_MAX:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol mismatch: the worker speaks {hello.protocol_min}..{hello.protocol_max}, "
+                f"this hub {PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade the older side",
+            )
+        session = Session(hello=hello, session_id=uuid.uuid4().hex)
+        previous = self.sessions.get(hello.worker_id)
+        if previous is not None:
+            log.info("worker %s reconnected; closing its old stream", hello.worker_id)
+            previous.close()
+        self.sessions[hello.worker_id] = session
+        self.store.seen_worker(hello)
+        log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
+        reader = asyncio.create_task(self._read(session, requests))
+        beats = asyncio.create_task(self._beat(session))
+        try:
+            session.send(self._welcome(session))
+            self._resend_open_calls(session)
+            while (msg := await session.outbox.get()) is not None:
+                yield msg
+        finally:
+            session.close()
+            reader.cancel()
+            beats.cancel()
+            if self.sessions.get(hello.worker_id) is session:
+                del self.sessions[hello.worker_id]
+                self.store.touch_worker(hello.worker_id)
+            log.info("worker %s disconnected", hello.worker_id)
+
+    def _welcome(self, session: Session) -> pb.ServerMessage:
+        abandoned = [
+            c.correlation_id
+            for c in self.store.open_calls(session.worker_id)
+            if c.state == "ABANDONED"
+        ]
+        return pb.ServerMessage(
+            welcome=pb.Welcome(
+                session_id=session.session_id,
+                protocol=min(PROTOCOL_MAX, session.hello.protocol_max),
+                heartbeat_interval_ms=int(self.heartbeat_s * 1000),
+                abandoned_ids=abandoned,
+            )
+        )
+
+    def _resend_open_calls(self, session: Session) -> None:
+        """Send again what the worker may never have received; it answers duplicates itself."""
+        known = set(session.hello.running_ids) | set(session.hello.unacked_ids)
+        now = now_ms()
+        for call in self.store.open_calls(session.worker_id):
+            if call.state != "PENDING" or call.correlation_id in known:
+                continue
+            if call.deadline_ms <= now:
+                self._abandon(call.correlation_id, session)
+                continue
+            request = pb.ActionRequest()
+            request.CopyFrom(call.request)
+            request.attempt += 1
+            request.timeout_ms = call.deadline_ms - now
+            session.send(pb.ServerMessage(request=request))
+
+    async def _read(self, session: Session, requests: AsyncIterator[pb.WorkerMessage]) -> None:
+        try:
+            async for msg in requests:
+                self._handle(session, msg)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("worker %s: reading its stream failed", session.worker_id)
+        finally:
+            session.close()
+
+    def _handle(self, session: Session, msg: pb.WorkerMessage) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "result":
+            self._on_result(session, msg.result)
+        elif kind == "ack":
+            self._on_ack(msg.ack)
+        elif kind == "heartbeat":
+            session.heartbeat = msg.heartbeat
+        elif kind == "scope_decision":
+            waiter = self._scope_waiters.pop(msg.scope_decision.request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(msg.scope_decision)
+        elif kind == "audit":
+            log.info(
+                "audit from %s: %s %s", session.worker_id, msg.audit.kind, msg.audit.detail_json
+            )
+        elif kind == "goodbye":
+            log.info("worker %s says goodbye: %s", session.worker_id, msg.goodbye.reason)
+        else:
+            log.warning("worker %s sent an unexpected %s", session.worker_id, kind)
+
+    def _on_result(self, session: Session, result: pb.ActionResult) -> None:
+        cid = result.correlation_id
+        stored = self.store.complete(result)
+        if not stored and self.store.get(cid) is None:
+            log.warning("result for unknown call %s from %s (acked anyway)", cid, session.worker_id)
+        waiter = self._waiters.pop(cid, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+        # Acked once stored: the worker may now forget it.
+        session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=[cid])))
+
+    def _on_ack(self, ack: pb.ActionAck) -> None:
+        if ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
+            return  # STARTED / DUPLICATE_* need nothing; DRAINING calls wait for a reconnect
+        result = error_result(ack.correlation_id, WorkerError("args_mismatch", ack.message))
+        self.store.complete(result)
+        waiter = self._waiters.pop(ack.correlation_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+
+    async def _beat(self, session: Session) -> None:
+        while not session.closed:
+            await asyncio.sleep(self.heartbeat_s)
+            session.send(pb.ServerMessage(heartbeat=pb.Heartbeat(unix_ms=now_ms())))
+
+    def _abandon(self, correlation_id: str, session: Session | None) -> None:
+        self.store.abandon(correlation_id)
+        if session is not None:
+            session.send(
+                pb.ServerMessage(
+                    cancel=pb.Cancel(correlation_id=correlation_id, reason="deadline passed")
+                )
+            )
+
+    # ------------------------------------------------------------- control API
+
+    def pick_worker(self, worker_id: str) -> str:
+        if worker_id:
+            if worker_id not in self.sessions and not self.store.knows_worker(worker_id):
+                raise LookupError(f"no worker {worker_id!r} has ever connected to this hub")
+            return worker_id
+        connected = list(self.sessions)
+        if len(connected) == 1:
+            return connected[0]
+        if not connected:
+            raise LookupError(
+                "no worker is connected to this hub; start one with `agentworker run` "
+                "(or use `agentworker up`, which runs both)"
+            )
+        raise LookupError(
+            f"{len(connected)} workers are connected ({', '.join(sorted(connected))}); "
+            "name one with --worker"
+        )
+
+    async def dispatch(self, req: pb.DispatchRequest) -> pb.DispatchResponse:
+        worker_id = self.pick_worker(req.worker_id)
+        timeout_s = req.timeout_ms / 1000 if req.timeout_ms else self.default_timeout_s
+        request = pb.ActionRequest(
+            correlation_id=req.correlation_id or uuid.uuid4().hex,
+            plan_id=req.plan_id,
+            agent_id=req.agent_id,
+            owner_user_id=req.owner_user_id,
+            task_id=req.task_id,
+            surface=req.surface,
+            action=req.action,
+            args_json=req.args_json,
+            blob=req.blob,
+            timeout_ms=int(timeout_s * 1000),
+            attempt=1,
+        )
+        cid = request.correlation_id
+        digest = call_digest(request)
+        existing = self.store.get(cid)
+        if existing is not None:
+            if existing.args_digest != digest:
+                error = WorkerError(
+                    "args_mismatch",
+                    f"correlation id {cid} was already used for a call with different arguments; "
+                    "use a new id for a new call",
+                )
+                return pb.DispatchResponse(
+                    worker_id=existing.worker_id, result=error_result(cid, error)
+                )
+            if existing.result is not None:
+                replay = pb.ActionResult()
+                replay.CopyFrom(existing.result)
+                replay.replayed = True
+                return pb.DispatchResponse(worker_id=existing.worker_id, result=replay)
+            worker_id = existing.worker_id
+            remaining_ms = max(0, existing.deadline_ms - now_ms())
+            timeout_s = remaining_ms / 1000
+            request = pb.ActionRequest()
+            request.CopyFrom(existing.request)
+            request.attempt += 1
+            request.timeout_ms = remaining_ms
+        else:
+            self.store.add(worker_id, digest, request, now_ms() + int(timeout_s * 1000))
+        waiter = self._waiters.get(cid)
+        if waiter is None:
+            waiter = self._waiters[cid] = asyncio.get_running_loop().create_future()
+        session = self.sessions.get(worker_id)
+        if session is not None:
+            session.send(pb.ServerMessage(request=request))
+        try:
+            result = await asyncio.wait_for(asyncio.shield(waiter), timeout_s + RESULT_SLACK_S)
+        except TimeoutError:
+            self._waiters.pop(cid, None)
+            self._abandon(cid, self.sessions.get(worker_id))
+            where = "was not answered" if session else f"could not reach worker {worker_id}"
+            result = error_result(
+                cid,
+                WorkerError("timeout", f"the call {where} within its {timeout_s:g} s deadline"),
+            )
+        return pb.DispatchResponse(worker_id=worker_id, result=result)
+
+    async def request_scope(self, req: pb.RequestScopeRequest) -> pb.ScopeDecision:
+        session = self.sessions.get(self.pick_worker(req.worker_id))
+        if session is None:
+            raise LookupError(f"worker {req.worker_id} is not connected")
+        request_id = uuid.uuid4().hex
+        waiter = self._scope_waiters[request_id] = asyncio.get_running_loop().create_future()
+        session.send(
+            pb.ServerMessage(
+                scope_request=pb.ScopeRequest(
+                    request_id=request_id,
+                    agent_id=req.agent_id,
+                    plan_id=req.plan_id,
+                    scopes=req.scopes,
+                    reason=req.reason,
+                    preview=req.preview,
+                )
+            )
+        )
+        timeout_s = req.timeout_ms / 1000 if req.timeout_ms else 120.0
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            self._scope_waiters.pop(request_id, None)
+            return pb.ScopeDecision(
+                request_id=request_id, granted=False, reason="no answer in time"
+            )
+
+    def kill_plan(self, req: pb.KillPlanRequest) -> list[str]:
+        targets = [req.worker_id] if req.worker_id else list(self.sessions)
+        told = []
+        for worker_id in targets:
+            session = self.sessions.get(worker_id)
+            if session is not None:
+                session.send(
+                    pb.ServerMessage(kill_plan=pb.KillPlan(plan_id=req.plan_id, reason=req.reason))
+                )
+                told.append(worker_id)
+        return told
+
+    def worker_infos(self) -> list[pb.WorkerInfo]:
+        infos = []
+        for hello, last_seen in self.store.workers():
+            session = self.sessions.get(hello.worker_id)
+            live = session.hello if session else hello
+            infos.append(
+                pb.WorkerInfo(
+                    worker_id=live.worker_id,
+                    instance_id=live.instance_id,
+                    version=live.version,
+                    connected=session is not None,
+                    in_flight=session.heartbeat.in_flight if session else 0,
+                    state=session.heartbeat.state if session else pb.Heartbeat.STATE_UNSPECIFIED,
+                    actions=live.actions,
+                    gui_available=live.gui_available,
+                    last_seen_unix_ms=now_ms() if session else last_seen,
+                    max_concurrency=live.max_concurrency,
+                )
+            )
+        return infos
+
+    def status(self) -> pb.StatusResponse:
+        known = len(self.store.workers())
+        connected = len(self.sessions)
+        if connected:
+            state = pb.StatusResponse.CONNECTED
+        elif known:
+            state = pb.StatusResponse.DISCONNECTED
+        else:
+            state = pb.StatusResponse.UNCONFIGURED
+        return pb.StatusResponse(
+            state=state, connected_workers=connected, known_workers=known, version=VERSION
+        )
+
+    def shutdown(self) -> None:
+        for session in list(self.sessions.values()):
+            session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
+            session.close()
+
+
+class WorkerServicer(pb_grpc.WorkerServiceServicer):
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    async def Stream(  # noqa: N802 - the name is the RPC's
+        self, request_iterator: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ServerMessage]:
+        async for msg in self.hub.stream(request_iterator, context):
+            yield msg
+
+
+class ControlServicer(pb_grpc.ControlServiceServicer):
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    async def Dispatch(  # noqa: N802
+        self, request: pb.DispatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DispatchResponse:
+        if not request.surface or not request.action:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")
+        try:
+            return await self.hub.dispatch(request)
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise  # unreachable: abort raises
+
+    async def ListWorkers(  # noqa: N802
+        self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListWorkersResponse:
+        return pb.ListWorkersResponse(workers=self.hub.worker_infos())
+
+    async def Status(  # noqa: N802
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusResponse:
+        return self.hub.status()
+
+    async def RequestScope(  # noqa: N802
+        self, request: pb.RequestScopeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ScopeDecision:
+        try:
+            return await self.hub.request_scope(request)
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise
+
+    async def KillPlan(  # noqa: N802
+        self, request: pb.KillPlanRequest, context: grpc.aio.ServicerContext
+    ) -> pb.KillPlanResponse:
+        if not request.plan_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "plan_id is required")
+        return pb.KillPlanResponse(worker_ids=self.hub.kill_plan(request))
+
+    async def Teardown(  # noqa: N802
+        self, request: pb.TeardownRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DispatchResponse:
+        # Per-plan workspaces arrive with the sandbox; until then every worker answers this.
+        error = WorkerError(
+            "not_supported",
+            "this worker keeps no per-plan workspaces (sandbox mode is not available yet)",
+        )
+        return pb.DispatchResponse(worker_id=request.worker_id, result=error_result("", error))

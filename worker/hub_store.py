@@ -1,0 +1,137 @@
+"""The reference hub's durable memory: dispatched calls and the workers it has seen.
+
+A call is recorded PENDING before it is sent, so a hub that is killed and restarted
+still knows what it asked for: a caller retrying with the same correlation id waits
+for the same call instead of starting a second one, and results the worker re-sends
+after the reconnect land where the caller will look.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.db import connect
+from worker.proto import agentworker_pb2 as pb
+from worker.state import now_ms
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    correlation_id TEXT PRIMARY KEY,
+    worker_id      TEXT NOT NULL,
+    args_digest    TEXT NOT NULL,
+    request        BLOB NOT NULL,
+    state          TEXT NOT NULL CHECK (state IN ('PENDING', 'DONE', 'ABANDONED')),
+    result         BLOB,
+    created_ms     INTEGER NOT NULL,
+    deadline_ms    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calls_open ON calls (worker_id, state);
+CREATE TABLE IF NOT EXISTS workers (
+    worker_id    TEXT PRIMARY KEY,
+    hello        BLOB NOT NULL,
+    last_seen_ms INTEGER NOT NULL
+);
+"""
+
+
+# The worker is told about an abandoned call on every reconnect for this long.
+ABANDONED_KEPT_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class StoredCall:
+    correlation_id: str
+    worker_id: str
+    args_digest: str
+    request: pb.ActionRequest
+    state: str
+    result: pb.ActionResult | None
+    deadline_ms: int
+
+
+class HubStore:
+    def __init__(self, path: Path) -> None:
+        self._db = connect(path, _SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def get(self, correlation_id: str) -> StoredCall | None:
+        row = self._db.execute(
+            "SELECT correlation_id, worker_id, args_digest, request, state, result, deadline_ms"
+            " FROM calls WHERE correlation_id = ?",
+            (correlation_id,),
+        ).fetchone()
+        return None if row is None else _call(row)
+
+    def add(self, worker_id: str, digest: str, request: pb.ActionRequest, deadline_ms: int) -> None:
+        self._db.execute(
+            "INSERT INTO calls VALUES (?, ?, ?, ?, 'PENDING', NULL, ?, ?)",
+            (
+                request.correlation_id,
+                worker_id,
+                digest,
+                request.SerializeToString(),
+                now_ms(),
+                deadline_ms,
+            ),
+        )
+
+    def complete(self, result: pb.ActionResult) -> bool:
+        """Store a result; False when the call is unknown or already has one."""
+        cur = self._db.execute(
+            "UPDATE calls SET state = 'DONE', result = ?"
+            " WHERE correlation_id = ? AND state != 'DONE'",
+            (result.SerializeToString(), result.correlation_id),
+        )
+        return cur.rowcount > 0
+
+    def abandon(self, correlation_id: str) -> None:
+        self._db.execute(
+            "UPDATE calls SET state = 'ABANDONED' WHERE correlation_id = ? AND state = 'PENDING'",
+            (correlation_id,),
+        )
+
+    def open_calls(self, worker_id: str) -> list[StoredCall]:
+        rows = self._db.execute(
+            "SELECT correlation_id, worker_id, args_digest, request, state, result, deadline_ms"
+            " FROM calls WHERE worker_id = ?"
+            " AND (state = 'PENDING' OR (state = 'ABANDONED' AND deadline_ms > ?))"
+            " ORDER BY created_ms",
+            (worker_id, now_ms() - ABANDONED_KEPT_MS),
+        ).fetchall()
+        return [_call(row) for row in rows]
+
+    def seen_worker(self, hello: pb.Hello) -> None:
+        self._db.execute(
+            "INSERT INTO workers VALUES (?, ?, ?) ON CONFLICT (worker_id) DO UPDATE"
+            " SET hello = excluded.hello, last_seen_ms = excluded.last_seen_ms",
+            (hello.worker_id, hello.SerializeToString(), now_ms()),
+        )
+
+    def knows_worker(self, worker_id: str) -> bool:
+        row = self._db.execute("SELECT 1 FROM workers WHERE worker_id = ?", (worker_id,))
+        return row.fetchone() is not None
+
+    def touch_worker(self, worker_id: str) -> None:
+        self._db.execute(
+            "UPDATE workers SET last_seen_ms = ? WHERE worker_id = ?", (now_ms(), worker_id)
+        )
+
+    def workers(self) -> list[tuple[pb.Hello, int]]:
+        rows = self._db.execute("SELECT hello, last_seen_ms FROM workers ORDER BY worker_id")
+        return [(pb.Hello.FromString(hello), seen) for hello, seen in rows]
+
+
+def _call(row: tuple[str, str, str, bytes, str, bytes | None, int]) -> StoredCall:
+    cid, worker_id, digest, request, state, result, deadline = row
+    return StoredCall(
+        correlation_id=cid,
+        worker_id=worker_id,
+        args_digest=digest,
+        request=pb.ActionRequest.FromString(request),
+        state=state,
+        result=None if result is None else pb.ActionResult.FromString(result),
+        deadline_ms=deadline,
+    )

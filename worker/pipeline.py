@@ -1,0 +1,434 @@
+"""The dispatch pipeline: every ActionRequest passes the same stages (DESIGN.md §2).
+
+    ledger (at most once) → parse + validate → kill switch → scope → handler
+    → size cap → telemetry row → result, kept until the server acks it
+
+`Dispatcher.submit` is called by the connection's single reader and never blocks:
+it claims the call in the ledger, acks it, and leaves execution to a task that
+waits for one of `max_concurrency` slots. Results and acks leave through `emit`,
+which the connection points at its single writer (or nowhere while offline: the
+result is durable and re-sent after the next handshake).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandbox import Root
+from worker.errors import WorkerError, from_os_error
+from worker.proto import agentworker_pb2 as pb
+from worker.protocol import call_digest
+from worker.registry import ActionSpec, Context, Registry
+from worker.scopes import ApprovalRequest, Scopes
+from worker.state import Seen, State, now_ms
+from worker.telemetry import AUDITED_CODES, Telemetry
+from worker.transport import MAX_RESULT_BYTES
+
+log = logging.getLogger(__name__)
+
+# Structured args stay small; bulk data travels in the request blob.
+MAX_ARGS_BYTES = 1024 * 1024
+PREVIEW_CHARS = 240
+_SECRET_KEY = re.compile(r"token|secret|passw|authori[sz]ation|api[-_]?key|cookie", re.I)
+
+Emit = Callable[[pb.WorkerMessage], None]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_concurrency: int = 8
+    default_timeout_s: float = 60.0
+
+
+class _CallStoppedError(Exception):
+    """Why a running call was cancelled: carries the error it should answer."""
+
+    def __init__(self, error: WorkerError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        registry: Registry,
+        state: State,
+        telemetry: Telemetry,
+        scopes: Scopes,
+        roots: list[Root],
+        data_dir: Path,
+        limits: Limits = Limits(),
+    ) -> None:
+        self.worker_id = worker_id
+        self.registry = registry
+        self.state = state
+        self.telemetry = telemetry
+        self.scopes = scopes
+        self.roots = roots
+        self.data_dir = data_dir
+        self.limits = limits
+        self.emit: Emit = lambda _msg: None
+        self.draining = False
+        self.running = 0
+        self.max_running_seen = 0
+        self._slots = asyncio.Semaphore(limits.max_concurrency)
+        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (plan, task)
+        self._stop_reasons: dict[str, WorkerError] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------- intake
+
+    def submit(self, req: pb.ActionRequest) -> None:
+        """Claim `req` in the ledger and start it, or answer a duplicate."""
+        cid = req.correlation_id
+        if not cid:
+            log.warning("dropping a request without a correlation id (action %s)", req.action)
+            return
+        if self.draining:
+            self._ack(cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down")
+            return
+        begun = self.state.begin(cid, call_digest(req), req.plan_id)
+        if begun.seen is Seen.NEW:
+            self._ack(cid, pb.ActionAck.STARTED)
+            task = asyncio.create_task(self._run(req), name=f"call-{cid}")
+            self._tasks[cid] = (req.plan_id, task)
+            self._idle.clear()
+        elif begun.seen is Seen.RUNNING:
+            self._ack(cid, pb.ActionAck.DUPLICATE_RUNNING)
+        elif begun.seen is Seen.DONE:
+            self._ack(cid, pb.ActionAck.DUPLICATE_DONE)
+            cached = pb.ActionResult.FromString(begun.result or b"")
+            cached.replayed = True
+            self.emit(pb.WorkerMessage(result=cached))
+        else:
+            message = (
+                f"correlation id {cid} was already used for a call with different arguments; "
+                "use a new id for a new call"
+            )
+            self._ack(cid, pb.ActionAck.REJECTED_ARGS_MISMATCH, message)
+            self._audit("args_mismatch", req, {"message": message})
+
+    def in_flight(self) -> int:
+        return self.running
+
+    def queued(self) -> int:
+        return len(self._tasks) - self.running
+
+    # ------------------------------------------------------------- control
+
+    def cancel(self, correlation_id: str, reason: str) -> bool:
+        entry = self._tasks.get(correlation_id)
+        if entry is None:
+            return False
+        self._stop(correlation_id, entry[1], WorkerError("cancelled", f"cancelled: {reason}"))
+        return True
+
+    def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> int:
+        """Refuse the plan's later calls (durably) and cancel its running ones."""
+        self.state.kill_plan(plan_id, reason, killed_by)
+        self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
+        error = WorkerError("plan_killed", f"plan {plan_id!r} was killed: {reason}")
+        victims = [(cid, task) for cid, (plan, task) in self._tasks.items() if plan == plan_id]
+        for cid, task in victims:
+            self._stop(cid, task, error)
+        return len(victims)
+
+    async def drain(self, grace_s: float) -> None:
+        """Take no new work; let running calls finish within `grace_s`, then cancel them."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            for cid, (_plan, task) in list(self._tasks.items()):
+                self._stop(cid, task, WorkerError("cancelled", "the worker shut down"))
+            await self._idle.wait()
+
+    def recover(self) -> list[str]:
+        """After a crash: calls left RUNNING may or may not have happened. Never re-run them."""
+        lost = self.state.running_ids()
+        for cid in lost:
+            error = WorkerError(
+                "outcome_unknown",
+                "the worker stopped while this call was running; it may or may not have "
+                "taken effect and will not be run again. Check its effect before retrying.",
+            )
+            req = pb.ActionRequest(correlation_id=cid)
+            now = now_ms()
+            invocation = self._invocation(req, None, now, "not_checked", error, 0, 0, False)
+            self._audit("outcome_unknown", req, {})
+            result = pb.ActionResult(
+                correlation_id=cid,
+                status=pb.ActionResult.ERROR,
+                error=_error_pb(error),
+                invocation=invocation,
+            )
+            self.telemetry.record(invocation)
+            self.state.finish(cid, result.SerializeToString())
+        return lost
+
+    def _stop(self, cid: str, task: asyncio.Task[None], error: WorkerError) -> None:
+        self._stop_reasons.setdefault(cid, error)
+        task.cancel()
+
+    # ------------------------------------------------------------- execution
+
+    async def _run(self, req: pb.ActionRequest) -> None:
+        started = now_ms()
+        started_clock = time.monotonic()
+        timeout_s = req.timeout_ms / 1000 if req.timeout_ms else self.limits.default_timeout_s
+        spec: ActionSpec[Any, Any] | None = None
+        decision = "not_checked"
+        blob = b""
+        result_json = ""
+        truncated = False
+        error: WorkerError | None = None
+        try:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    spec = self._lookup(req)
+                    args = self._parse(spec, req)
+                    self._check_plan(req)
+                    decision = await self._check_scope(spec, req)
+                    async with self._slots:
+                        self.running += 1
+                        self.max_running_seen = max(self.max_running_seen, self.running)
+                        try:
+                            outcome = await spec.handler(self._context(req), args)
+                        finally:
+                            self.running -= 1
+                    result_json = outcome.result.model_dump_json()
+                    blob, truncated = outcome.blob, outcome.truncated
+            except TimeoutError:
+                raise WorkerError(
+                    "timeout",
+                    f"the call did not finish within its {timeout_s:g} s deadline and was stopped",
+                ) from None
+            except asyncio.CancelledError:
+                stopped = self._stop_reasons.pop(req.correlation_id, None)
+                if stopped is None:
+                    raise
+                raise _CallStoppedError(stopped) from None
+            if len(result_json) + len(blob) > MAX_RESULT_BYTES:
+                size = len(result_json) + len(blob)
+                raise WorkerError(
+                    "result_too_large",
+                    f"the result is {size:,} bytes, over the {MAX_RESULT_BYTES:,}-byte message "
+                    "limit; ask for less (page with offset/length or narrow the request)",
+                    {"bytes": size, "limit": MAX_RESULT_BYTES},
+                )
+        except WorkerError as exc:
+            error = exc
+        except _CallStoppedError as exc:
+            error = exc.error
+        except OSError as exc:
+            error = from_os_error(exc, "")
+        except Exception:
+            log.exception("internal error in %s (call %s)", req.action, req.correlation_id)
+            error = WorkerError(
+                "internal_error",
+                f"the worker hit an internal error running {req.surface}.{req.action}; "
+                f"its log has the details (call {req.correlation_id})",
+            )
+        finally:
+            self._tasks.pop(req.correlation_id, None)
+            if not self._tasks:
+                self._idle.set()
+        if error is not None:
+            blob, result_json, truncated = b"", "", False
+        duration = int((time.monotonic() - started_clock) * 1000)
+        invocation = self._invocation(
+            req, spec, started, decision, error, len(result_json) + len(blob), duration, truncated
+        )
+        self._finish(req, invocation, result_json, blob, error)
+
+    def _lookup(self, req: pb.ActionRequest) -> ActionSpec[Any, Any]:
+        spec = self.registry.get(f"{req.surface}.{req.action}")
+        if spec is None:
+            known = ", ".join(sorted(self.registry))
+            raise WorkerError(
+                "unknown_action",
+                f"this worker has no action {req.surface}.{req.action}; it offers: {known}",
+                {"surface": req.surface, "action": req.action},
+            )
+        return spec
+
+    def _parse(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest) -> Any:
+        if len(req.args_json) > MAX_ARGS_BYTES:
+            raise WorkerError(
+                "validation_error",
+                f"args_json is {len(req.args_json):,} bytes, over the {MAX_ARGS_BYTES:,}-byte "
+                "limit; send bulk data in the request blob",
+                {"errors": [{"loc": [], "msg": "args too large", "type": "too_long"}]},
+            )
+        if req.blob and not spec.takes_blob:
+            raise WorkerError(
+                "validation_error",
+                f"{spec.scope} takes no blob, but {len(req.blob):,} bytes came with the call",
+                {"errors": [{"loc": ["blob"], "msg": "unexpected blob", "type": "extra"}]},
+            )
+        try:
+            return spec.args.model_validate_json(req.args_json or "{}")
+        except ValidationError as exc:
+            errors = [
+                {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
+                for err in exc.errors(include_url=False, include_input=False)
+            ]
+            summary = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in errors[:5]
+            )
+            raise WorkerError(
+                "validation_error",
+                f"invalid arguments for {spec.scope}: {summary}",
+                {"errors": errors},
+            ) from None
+
+    def _check_plan(self, req: pb.ActionRequest) -> None:
+        reason = self.state.kill_reason(req.plan_id)
+        if reason is not None:
+            raise WorkerError(
+                "plan_killed",
+                f"plan {req.plan_id!r} was killed: {reason}. Only the person at this worker can "
+                f"lift it (`agentworker lift {req.plan_id}`).",
+                {"plan_id": req.plan_id},
+            )
+
+    async def _check_scope(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest) -> str:
+        request = ApprovalRequest(
+            correlation_id=req.correlation_id,
+            agent_id=req.agent_id,
+            plan_id=req.plan_id,
+            scope=spec.scope,
+            preview=_preview(req.args_json),
+        )
+        return await self.scopes.require(request)
+
+    def _context(self, req: pb.ActionRequest) -> Context:
+        return Context(
+            correlation_id=req.correlation_id,
+            plan_id=req.plan_id,
+            agent_id=req.agent_id,
+            blob=req.blob,
+            roots=self.roots,
+            data_dir=self.data_dir,
+            in_flight=self.in_flight,
+        )
+
+    # ------------------------------------------------------------- results
+
+    def _finish(
+        self,
+        req: pb.ActionRequest,
+        invocation: pb.Invocation,
+        result_json: str,
+        blob: bytes,
+        error: WorkerError | None,
+    ) -> None:
+        result = pb.ActionResult(
+            correlation_id=req.correlation_id,
+            status=pb.ActionResult.ERROR if error else pb.ActionResult.OK,
+            result_json=result_json,
+            blob=blob,
+            invocation=invocation,
+        )
+        if error is not None:
+            result.error.CopyFrom(_error_pb(error))
+            if error.code in AUDITED_CODES:
+                self._audit(error.code, req, {"message": error.message})
+        self.telemetry.record(invocation)
+        self.state.finish(req.correlation_id, result.SerializeToString())
+        self.emit(pb.WorkerMessage(result=result))
+
+    def _invocation(
+        self,
+        req: pb.ActionRequest,
+        spec: ActionSpec[Any, Any] | None,
+        started: int,
+        decision: str,
+        error: WorkerError | None,
+        bytes_out: int,
+        duration_ms: int,
+        truncated: bool,
+    ) -> pb.Invocation:
+        if error is not None and error.code in ("scope_required", "scope_denied"):
+            decision = "denied"
+        return pb.Invocation(
+            invocation_id=uuid.uuid4().hex,
+            correlation_id=req.correlation_id,
+            worker_id=self.worker_id,
+            owner_user_id=req.owner_user_id,
+            agent_id=req.agent_id,
+            plan_id=req.plan_id,
+            task_id=req.task_id,
+            surface=req.surface,
+            action=req.action,
+            scope=spec.scope if spec else f"{req.surface}.{req.action}",
+            decision=decision,
+            status="error" if error else "ok",
+            error_code=error.code if error else "",
+            started_unix_ms=started,
+            finished_unix_ms=now_ms(),
+            duration_ms=duration_ms,
+            bytes_in=len(req.args_json) + len(req.blob),
+            bytes_out=bytes_out,
+            truncated=truncated,
+            sandboxed=bool(spec and spec.sandboxed),
+            args_digest=call_digest(req),
+            args_preview=_preview(req.args_json),
+        )
+
+    def _ack(self, cid: str, kind: pb.ActionAck.Kind, message: str = "") -> None:
+        self.emit(
+            pb.WorkerMessage(ack=pb.ActionAck(correlation_id=cid, kind=kind, message=message))
+        )
+
+    def _audit(self, kind: str, req: pb.ActionRequest, detail: dict[str, Any]) -> None:
+        event = self.telemetry.audit(
+            kind,
+            correlation_id=req.correlation_id,
+            plan_id=req.plan_id,
+            agent_id=req.agent_id,
+            detail={"action": f"{req.surface}.{req.action}", **detail},
+        )
+        self.emit(pb.WorkerMessage(audit=event))
+
+
+def _preview(args_json: str) -> str:
+    """A short, redacted look at the args for people reading telemetry."""
+    try:
+        value = json.loads(args_json[:MAX_ARGS_BYTES]) if args_json else {}
+    except ValueError:
+        return "<invalid json>"
+    return json.dumps(_redact(value), ensure_ascii=False)[:PREVIEW_CHARS]
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "***" if _SECRET_KEY.search(str(k)) else _redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    if isinstance(value, str) and len(value) > 80:
+        return value[:80] + "…"
+    return value
+
+
+def _error_pb(error: WorkerError) -> pb.Error:
+    return pb.Error(
+        code=error.code,
+        message=error.message,
+        details_json=json.dumps(error.details, default=str),
+        retryable=error.retryable,
+    )

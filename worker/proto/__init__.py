@@ -1,0 +1,1 @@
+"""Generated from agentworker.proto by `make proto`; do not edit the *_pb2* files."""

@@ -1,0 +1,32 @@
+"""Facts both ends of the stream must agree on."""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import metadata
+from typing import Final
+
+from worker.proto import agentworker_pb2 as pb
+
+PROTOCOL_MIN: Final = 1
+PROTOCOL_MAX: Final = 1
+
+
+def _version() -> str:
+    try:
+        return metadata.version("agentworker")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        return "0+source"
+
+
+VERSION: Final = _version()
+
+
+def call_digest(req: pb.ActionRequest) -> str:
+    """What makes two deliveries of one correlation id 'the same call'."""
+    h = hashlib.sha256()
+    for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    h.update(req.blob)
+    return h.hexdigest()

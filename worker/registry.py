@@ -1,0 +1,89 @@
+"""The action registry: one table that names the whole action surface.
+
+Each entry binds a `surface.action` name to its args model, result model, scope
+and handler. The pipeline knows nothing about individual actions beyond this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
+
+from sandbox import Root
+
+A = TypeVar("A", bound="Args")
+R = TypeVar("R", bound="Result")
+
+
+class Args(BaseModel):
+    """Base for every args model: unknown fields are an error, types are strict."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL bytes")
+    return value
+
+
+PathArg = Annotated[str, StringConstraints(min_length=1, max_length=4096), AfterValidator(_no_nul)]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a handler may know about its call."""
+
+    correlation_id: str
+    plan_id: str
+    agent_id: str
+    blob: bytes
+    roots: Sequence[Root]
+    data_dir: Path
+    in_flight: Callable[[], int] = lambda: 0
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[R]):
+    result: R
+    blob: bytes = b""
+    truncated: bool = False
+
+
+Handler = Callable[[Context, A], Awaitable[Outcome[Any]]]
+
+
+@dataclass(frozen=True)
+class ActionSpec(Generic[A, R]):
+    surface: str
+    name: str
+    args: type[A]
+    result: type[R]
+    handler: Callable[[Context, A], Awaitable[Outcome[R]]]
+    summary: str = ""
+    takes_blob: bool = False
+    sandboxed: bool = False
+
+    @property
+    def scope(self) -> str:
+        return f"{self.surface}.{self.name}"
+
+
+Registry = dict[str, ActionSpec[Any, Any]]
+
+
+def table(*specs: ActionSpec[Any, Any]) -> Registry:
+    registry: Registry = {}
+    for spec in specs:
+        if spec.scope in registry:
+            raise ValueError(f"action {spec.scope} registered twice")
+        registry[spec.scope] = spec
+    return registry

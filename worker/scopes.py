@@ -1,0 +1,96 @@
+"""Scope checks: the worker trusts its own grants, never the server's view.
+
+A grant is (agent, scope pattern, plan or any, expiry, who granted). Grants come
+only from the local person: the config file, the CLI, or an approval prompt. The
+server can ask (a ScopeRequest, or an out-of-scope call) but never grant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
+from typing import Protocol
+
+from worker.errors import WorkerError
+
+
+@dataclass(frozen=True)
+class Grant:
+    agent: str  # an agent id or a pattern such as "*"
+    scope: str  # a pattern over "surface.action", e.g. "workerHost.fs_*"
+    plan: str = "*"
+    expires: datetime | None = None
+    granted_by: str = "config"
+
+    def admits(self, agent: str, scope: str, plan: str, now: datetime) -> bool:
+        if self.expires is not None and _aware(self.expires) <= now:
+            return False
+        return (
+            fnmatchcase(agent, self.agent)
+            and fnmatchcase(scope, self.scope)
+            and fnmatchcase(plan, self.plan)
+        )
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    correlation_id: str
+    agent_id: str
+    plan_id: str
+    scope: str
+    preview: str
+
+
+class Approver(Protocol):
+    """Asks the person. Returns the grant they gave, or None for a denial."""
+
+    async def ask(self, request: ApprovalRequest) -> Grant | None: ...
+
+
+class Scopes:
+    """The grants in force: static ones from the config plus live ones from a source."""
+
+    def __init__(
+        self,
+        static: Iterable[Grant],
+        live: Callable[[], Iterable[Grant]] = lambda: (),
+        approver: Approver | None = None,
+    ) -> None:
+        self._static = tuple(static)
+        self._live = live
+        self.approver = approver
+
+    def allowed(self, agent: str, scope: str, plan: str) -> bool:
+        now = datetime.now(UTC)
+        return any(g.admits(agent, scope, plan, now) for g in (*self._static, *self._live()))
+
+    async def require(self, request: ApprovalRequest) -> str:
+        """Pass when granted (asking the person if one can be asked); else raise.
+
+        Returns how the call was admitted: "granted" or "approved".
+        """
+        if self.allowed(request.agent_id, request.scope, request.plan_id):
+            return "granted"
+        if self.approver is None:
+            raise WorkerError(
+                "scope_required",
+                f"agent {request.agent_id!r} has no grant for {request.scope} "
+                f"(plan {request.plan_id!r}). The person running the worker can grant it: "
+                f"`agentworker grant {request.scope} --agent {request.agent_id or '*'}` or a "
+                "[[grant]] table in config.toml.",
+                {"scope": request.scope, "agent_id": request.agent_id, "plan_id": request.plan_id},
+            )
+        grant = await self.approver.ask(request)
+        if grant is None:
+            raise WorkerError(
+                "scope_denied",
+                f"the person denied {request.scope} for agent {request.agent_id!r}.",
+                {"scope": request.scope},
+            )
+        return "approved"

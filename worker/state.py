@@ -1,0 +1,193 @@
+"""Durable worker state: the at-most-once call ledger, killed plans and CLI grants.
+
+The ledger records RUNNING before a call executes, so a re-sent correlation id is
+answered from here and never run twice — not after a reconnect, not after a crash.
+Results stay until the server acks them; acked rows are kept for `ttl_s` more so a
+late duplicate still finds its answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import sqlite3
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from worker.db import connect
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    correlation_id TEXT PRIMARY KEY,
+    args_digest    TEXT NOT NULL,
+    plan_id        TEXT NOT NULL,
+    state          TEXT NOT NULL CHECK (state IN ('RUNNING', 'DONE')),
+    result         BLOB,
+    acked          INTEGER NOT NULL DEFAULT 0,
+    created_ms     INTEGER NOT NULL,
+    finished_ms    INTEGER
+);
+CREATE INDEX IF NOT EXISTS calls_unacked ON calls (state, acked);
+CREATE TABLE IF NOT EXISTS killed_plans (
+    plan_id   TEXT PRIMARY KEY,
+    reason    TEXT NOT NULL,
+    killed_by TEXT NOT NULL,
+    killed_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS grants (
+    id         INTEGER PRIMARY KEY,
+    agent      TEXT NOT NULL,
+    scope      TEXT NOT NULL,
+    plan       TEXT NOT NULL,
+    expires_ms INTEGER,
+    granted_by TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+"""
+
+DEFAULT_TTL_S = 24 * 3600
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Seen(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    DONE = "done"
+    MISMATCH = "mismatch"
+
+
+@dataclass(frozen=True)
+class Begin:
+    seen: Seen
+    result: bytes | None = None
+
+
+@dataclass(frozen=True)
+class StoredGrant:
+    id: int
+    agent: str
+    scope: str
+    plan: str
+    expires: datetime | None
+    granted_by: str
+
+
+class State:
+    def __init__(self, path: Path, ttl_s: float = DEFAULT_TTL_S) -> None:
+        self._db = connect(path, _SCHEMA)
+        self._ttl_ms = int(ttl_s * 1000)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------- call ledger
+
+    def begin(self, correlation_id: str, args_digest: str, plan_id: str) -> Begin:
+        """Claim a call; only a NEW answer lets the caller execute it."""
+        try:
+            self._db.execute(
+                "INSERT INTO calls (correlation_id, args_digest, plan_id, state, created_ms)"
+                " VALUES (?, ?, ?, 'RUNNING', ?)",
+                (correlation_id, args_digest, plan_id, now_ms()),
+            )
+            return Begin(Seen.NEW)
+        except sqlite3.IntegrityError:
+            pass
+        row = self._db.execute(
+            "SELECT args_digest, state, result FROM calls WHERE correlation_id = ?",
+            (correlation_id,),
+        ).fetchone()
+        digest, state, result = row
+        if digest != args_digest:
+            return Begin(Seen.MISMATCH)
+        if state == "RUNNING":
+            return Begin(Seen.RUNNING)
+        return Begin(Seen.DONE, result)
+
+    def finish(self, correlation_id: str, result: bytes) -> None:
+        self._db.execute(
+            "UPDATE calls SET state = 'DONE', result = ?, finished_ms = ? WHERE correlation_id = ?",
+            (result, now_ms(), correlation_id),
+        )
+
+    def ack(self, correlation_ids: list[str]) -> None:
+        self._db.executemany(
+            "UPDATE calls SET acked = 1 WHERE correlation_id = ? AND state = 'DONE'",
+            [(cid,) for cid in correlation_ids],
+        )
+
+    def unacked_results(self) -> list[tuple[str, bytes]]:
+        rows = self._db.execute(
+            "SELECT correlation_id, result FROM calls WHERE state = 'DONE' AND acked = 0"
+            " ORDER BY finished_ms"
+        ).fetchall()
+        return [(cid, result) for cid, result in rows]
+
+    def running_ids(self) -> list[str]:
+        rows = self._db.execute("SELECT correlation_id FROM calls WHERE state = 'RUNNING'")
+        return [cid for (cid,) in rows]
+
+    def prune(self) -> int:
+        cutoff = now_ms() - self._ttl_ms
+        cur = self._db.execute(
+            "DELETE FROM calls WHERE state = 'DONE' AND acked = 1 AND finished_ms < ?", (cutoff,)
+        )
+        return cur.rowcount
+
+    # ------------------------------------------------------------- kill switch
+
+    def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> None:
+        self._db.execute(
+            "INSERT OR IGNORE INTO killed_plans VALUES (?, ?, ?, ?)",
+            (plan_id, reason, killed_by, now_ms()),
+        )
+
+    def lift_kill(self, plan_id: str) -> bool:
+        return (
+            self._db.execute("DELETE FROM killed_plans WHERE plan_id = ?", (plan_id,)).rowcount > 0
+        )
+
+    def kill_reason(self, plan_id: str) -> str | None:
+        row = self._db.execute(
+            "SELECT reason, killed_by FROM killed_plans WHERE plan_id = ?", (plan_id,)
+        ).fetchone()
+        return None if row is None else f"{row[0]} (by {row[1]})"
+
+    def killed_plans(self) -> list[tuple[str, str]]:
+        return list(self._db.execute("SELECT plan_id, reason FROM killed_plans ORDER BY killed_ms"))
+
+    # ------------------------------------------------------------- local grants
+
+    def add_grant(
+        self, agent: str, scope: str, plan: str, expires: datetime | None, granted_by: str
+    ) -> int:
+        expires_ms = None if expires is None else int(expires.timestamp() * 1000)
+        cur = self._db.execute(
+            "INSERT INTO grants (agent, scope, plan, expires_ms, granted_by, created_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (agent, scope, plan, expires_ms, granted_by, now_ms()),
+        )
+        return int(cur.lastrowid or 0)
+
+    def revoke_grant(self, grant_id: int) -> bool:
+        return self._db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount > 0
+
+    def grants(self) -> list[StoredGrant]:
+        rows = self._db.execute(
+            "SELECT id, agent, scope, plan, expires_ms, granted_by FROM grants ORDER BY id"
+        ).fetchall()
+        return [
+            StoredGrant(
+                id=gid,
+                agent=agent,
+                scope=scope,
+                plan=plan,
+                expires=None if exp is None else datetime.fromtimestamp(exp / 1000).astimezone(),
+                granted_by=by,
+            )
+            for gid, agent, scope, plan, exp, by in rows
+        ]

@@ -1,0 +1,144 @@
+"""Invocation telemetry: one `v1:worker:invocation` row per call, refusals included.
+
+Rows live in a local SQLite database (WAL) and also ride back to the server inside
+each ActionResult. Policy-relevant events (denials, kills, path refusals) add an
+audit row linked by correlation id. Rows older than the retention period are pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Final
+
+from worker.db import connect
+from worker.proto import agentworker_pb2 as pb
+from worker.state import now_ms
+
+ROW_KIND: Final = "v1:worker:invocation"
+DAY_MS: Final = 86_400_000
+
+# The Invocation message's fields are the row's columns, in order.
+COLUMNS: Final = tuple(f.name for f in pb.Invocation.DESCRIPTOR.fields)
+_TYPES: Final = {
+    f.name: "INTEGER" if f.type in (f.TYPE_INT64, f.TYPE_BOOL) else "TEXT"
+    for f in pb.Invocation.DESCRIPTOR.fields
+}
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS invocations (
+    kind TEXT NOT NULL DEFAULT '{ROW_KIND}',
+    {", ".join(f"{name} {_TYPES[name]}" for name in COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS invocations_started ON invocations (started_unix_ms);
+CREATE INDEX IF NOT EXISTS invocations_correlation ON invocations (correlation_id);
+CREATE TABLE IF NOT EXISTS audit_events (
+    event_id TEXT PRIMARY KEY,
+    correlation_id TEXT,
+    kind TEXT NOT NULL,
+    plan_id TEXT,
+    agent_id TEXT,
+    detail_json TEXT,
+    unix_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_time ON audit_events (unix_ms);
+"""
+
+# Errors worth an audit row: the person will want to know someone tried.
+AUDITED_CODES: Final = frozenset(
+    {
+        "scope_required",
+        "scope_denied",
+        "plan_killed",
+        "command_not_allowed",
+        "command_forbidden",
+        "path_not_allowed",
+        "url_not_allowed",
+        "args_mismatch",
+        "outcome_unknown",
+    }
+)
+
+
+def retention_days(configured: int) -> int:
+    """`WORKER_INVOCATION_RETENTION_DAYS` wins over the config file when set."""
+    value = os.environ.get("WORKER_INVOCATION_RETENTION_DAYS")
+    return int(value) if value and value.isdigit() and int(value) > 0 else configured
+
+
+class Telemetry:
+    def __init__(self, path: Path, retention_days: int = 90) -> None:
+        self._db = connect(path, _SCHEMA)
+        self.retention_days = retention_days
+        self._insert = (
+            f"INSERT INTO invocations ({', '.join(COLUMNS)})"
+            f" VALUES ({', '.join('?' for _ in COLUMNS)})"
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def record(self, row: pb.Invocation) -> None:
+        self._db.execute(self._insert, tuple(getattr(row, name) for name in COLUMNS))
+
+    def audit(
+        self,
+        kind: str,
+        *,
+        correlation_id: str = "",
+        plan_id: str = "",
+        agent_id: str = "",
+        detail: dict[str, Any] | None = None,
+    ) -> pb.AuditEvent:
+        event = pb.AuditEvent(
+            event_id=uuid.uuid4().hex,
+            correlation_id=correlation_id,
+            kind=kind,
+            plan_id=plan_id,
+            agent_id=agent_id,
+            detail_json=json.dumps(detail or {}, sort_keys=True),
+            unix_ms=now_ms(),
+        )
+        self._db.execute(
+            "INSERT INTO audit_events VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                event.event_id,
+                event.correlation_id,
+                event.kind,
+                event.plan_id,
+                event.agent_id,
+                event.detail_json,
+                event.unix_ms,
+            ),
+        )
+        return event
+
+    def prune(self, now: int | None = None) -> int:
+        cutoff = (now if now is not None else now_ms()) - self.retention_days * DAY_MS
+        removed = self._db.execute(
+            "DELETE FROM invocations WHERE started_unix_ms < ?", (cutoff,)
+        ).rowcount
+        self._db.execute("DELETE FROM audit_events WHERE unix_ms < ?", (cutoff,))
+        return removed
+
+    def rows(self, correlation_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        query = f"SELECT {', '.join(COLUMNS)} FROM invocations"
+        params: tuple[Any, ...] = ()
+        if correlation_id is not None:
+            query += " WHERE correlation_id = ?"
+            params = (correlation_id,)
+        query += " ORDER BY started_unix_ms DESC LIMIT ?"
+        cur = self._db.execute(query, (*params, limit))
+        return [dict(zip(COLUMNS, row, strict=True)) for row in cur]
+
+    def audit_rows(self, correlation_id: str) -> list[dict[str, Any]]:
+        cur = self._db.execute(
+            "SELECT kind, plan_id, agent_id, detail_json FROM audit_events"
+            " WHERE correlation_id = ? ORDER BY unix_ms",
+            (correlation_id,),
+        )
+        return [
+            {"kind": k, "plan_id": p, "agent_id": a, "detail": json.loads(d)} for k, p, a, d in cur
+        ]

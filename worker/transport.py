@@ -1,0 +1,133 @@
+"""How both ends open gRPC: message limits, keepalive, TLS rules and the bearer token.
+
+Plaintext is allowed only to loopback. Keepalive carries `grpc.http2.ping_timeout_ms`
+so a silent partition (no reset, no bytes) is noticed within keepalive + ping timeout
+instead of after the kernel's TCP timeout.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from worker.errors import WorkerError
+
+# A 16 MiB fs_write plus its envelope must fit; both sides agree on the limit.
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# What a result may carry before it is answered `result_too_large` instead:
+# the limit less room for the envelope and telemetry.
+MAX_RESULT_BYTES = MAX_MESSAGE_BYTES - 256 * 1024
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    time_s: float = 10.0
+    ping_timeout_s: float = 5.0
+
+
+def message_options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+
+
+def client_options(keepalive: Keepalive) -> list[tuple[str, int]]:
+    ping_ms = int(keepalive.ping_timeout_s * 1000)
+    return [
+        *message_options(),
+        ("grpc.keepalive_time_ms", int(keepalive.time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", ping_ms),
+        ("grpc.http2.ping_timeout_ms", ping_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Reconnection pacing is ours (full-jitter backoff); keep gRPC's own short.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def server_options(keepalive: Keepalive) -> list[tuple[str, int]]:
+    ping_ms = int(keepalive.ping_timeout_s * 1000)
+    return [
+        *message_options(),
+        ("grpc.keepalive_time_ms", int(keepalive.time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", ping_ms),
+        ("grpc.http2.ping_timeout_ms", ping_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Workers ping often on purpose; do not punish them with GOAWAY.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 50),
+        ("grpc.http2.min_ping_interval_without_data_ms", 50),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def split_host(target: str) -> str:
+    """The host part of `host:port` or `[v6]:port`."""
+    if target.startswith("["):
+        return target[1 : target.index("]")]
+    host, _, _port = target.rpartition(":")
+    return host or target
+
+
+def is_loopback(target: str) -> bool:
+    """True for `localhost` and loopback IP literals; other names are never trusted."""
+    host = split_host(target)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def open_channel(target: str, keepalive: Keepalive, tls_ca: Path | None = None) -> grpc.aio.Channel:
+    """A channel to `target`: plaintext to loopback, TLS to anything else."""
+    options = client_options(keepalive)
+    if tls_ca is not None:
+        creds = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
+        return grpc.aio.secure_channel(target, creds, options=options)
+    if not is_loopback(target):
+        raise WorkerError(
+            "not_supported",
+            f"refusing to send the token in plaintext to {target}: plaintext is allowed only to "
+            "loopback (127.0.0.1, ::1, localhost). Give the server's CA with --tls-ca to use TLS.",
+        )
+    return grpc.aio.insecure_channel(target, options=options)
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def read_or_create_token(path: Path) -> str:
+    """The hub's token, made on first start and readable by this user only."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_token(path)
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError as exc:
+        raise WorkerError(
+            "not_found",
+            f"no hub token at {path}: start the hub first (`agentworker up` or "
+            "`agentworker hub`), or pass --server and --token.",
+        ) from exc
+    if not token:
+        raise WorkerError("validation_error", f"the token file {path} is empty")
+    return token
