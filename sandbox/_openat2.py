@@ -22,7 +22,6 @@ _ARCHES = frozenset({"x86_64", "amd64", "aarch64", "arm64"})
 
 # Bits for open_how.resolve, from <linux/openat2.h>.
 RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 
 
@@ -43,8 +42,10 @@ def _syscall() -> Callable[..., int]:
 
 def openat2(dir_fd: int, path: str, flags: int, mode: int, resolve: int) -> int:
     """Open `path` relative to `dir_fd`; raise OSError as os.open would."""
-    creating = flags & (os.O_CREAT | getattr(os, "O_TMPFILE", 0))
-    # The kernel refuses a non-zero mode unless a file may be created.
+    # The kernel refuses a non-zero mode unless a file may be created. (O_TMPFILE
+    # includes the O_DIRECTORY bit, so it must be matched whole.)
+    tmpfile = getattr(os, "O_TMPFILE", 0)
+    creating = flags & os.O_CREAT or (tmpfile and flags & tmpfile == tmpfile)
     how = _OpenHow(flags, mode if creating else 0, resolve)
     raw = os.fsencode(path)
     while True:

@@ -274,8 +274,8 @@ class ConfinedDir:
         """If `relative` is a symlink whose target lies inside the root, that target as
         a root-relative path; otherwise None (a target outside is never revealed).
 
-        The answer is conservative: when the target cannot be expressed on text alone
-        (say the link sits below another symlinked folder), None is returned.
+        Conservative: the text-derived answer is confirmed against the file it names,
+        and None is returned when it cannot be (a '..' below a symlinked folder, say).
         """
         fd = self.open(relative, os.O_PATH | os.O_NOFOLLOW)
         try:
@@ -290,8 +290,11 @@ class ConfinedDir:
         try:
             followed = self.stat(relative, follow_symlinks=True)
         except ConfinementError as exc:
-            # Dangling, but every step taken so far stayed inside.
-            return candidate if exc.code == "not_found" else None
+            # Dangling, with every step so far inside. Without '..' the text names the
+            # very place the kernel would look; with it, a symlinked folder on the way
+            # could make the text wrong, and there is no file to compare against.
+            plain = ".." not in f"{relative}/{target}".split("/")
+            return candidate if exc.code == "not_found" and plain else None
         try:
             named = self.stat(candidate, follow_symlinks=True)
         except ConfinementError:

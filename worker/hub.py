@@ -43,6 +43,7 @@ class Session:
     outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
+    _acks: list[str] = field(default_factory=list)
 
     @property
     def worker_id(self) -> str:
@@ -51,6 +52,16 @@ class Session:
     def send(self, msg: pb.ServerMessage) -> None:
         if not self.closed:
             self.outbox.put_nowait(msg)
+
+    def ack_soon(self, correlation_id: str) -> None:
+        """Ack a stored result; acks made in one loop tick travel as one message."""
+        if not self._acks:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._acks.append(correlation_id)
+
+    def _flush_acks(self) -> None:
+        self.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=self._acks)))
+        self._acks = []
 
     def close(self) -> None:
         if not self.closed:
@@ -193,16 +204,17 @@ class Hub:
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
         # Acked once stored: the worker may now forget it.
-        session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=[cid])))
+        session.ack_soon(cid)
 
     def _on_ack(self, ack: pb.ActionAck) -> None:
         if ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
             return  # STARTED / DUPLICATE_* need nothing; DRAINING calls wait for a reconnect
-        result = error_result(ack.correlation_id, WorkerError("args_mismatch", ack.message))
-        self.store.complete(result)
-        waiter = self._waiters.pop(ack.correlation_id, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(result)
+        for cid in ack.correlation_ids:
+            result = error_result(cid, WorkerError("args_mismatch", ack.message))
+            self.store.complete(result)
+            waiter = self._waiters.pop(cid, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
 
     async def _beat(self, session: Session) -> None:
         while not session.closed:
@@ -256,7 +268,9 @@ class Hub:
         )
         cid = request.correlation_id
         digest = call_digest(request)
-        existing = self.store.get(cid)
+        deadline_ms = now_ms() + int(timeout_s * 1000)
+        is_new = self.store.add(worker_id, digest, request, deadline_ms)
+        existing = None if is_new else self.store.get(cid)
         if existing is not None:
             if existing.args_digest != digest:
                 error = WorkerError(
@@ -279,8 +293,6 @@ class Hub:
             request.CopyFrom(existing.request)
             request.attempt += 1
             request.timeout_ms = remaining_ms
-        else:
-            self.store.add(worker_id, digest, request, now_ms() + int(timeout_s * 1000))
         waiter = self._waiters.get(cid)
         if waiter is None:
             waiter = self._waiters[cid] = asyncio.get_running_loop().create_future()

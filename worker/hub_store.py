@@ -65,9 +65,10 @@ class HubStore:
         ).fetchone()
         return None if row is None else _call(row)
 
-    def add(self, worker_id: str, digest: str, request: pb.ActionRequest, deadline_ms: int) -> None:
-        self._db.execute(
-            "INSERT INTO calls VALUES (?, ?, ?, ?, 'PENDING', NULL, ?, ?)",
+    def add(self, worker_id: str, digest: str, request: pb.ActionRequest, deadline_ms: int) -> bool:
+        """Record a new call; False when its correlation id is already known."""
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, 'PENDING', NULL, ?, ?)",
             (
                 request.correlation_id,
                 worker_id,
@@ -77,6 +78,7 @@ class HubStore:
                 deadline_ms,
             ),
         )
+        return cur.rowcount > 0
 
     def complete(self, result: pb.ActionResult) -> bool:
         """Store a result; False when the call is unknown or already has one."""

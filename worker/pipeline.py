@@ -89,6 +89,7 @@ class Dispatcher:
         self._stop_reasons: dict[str, WorkerError] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._started: list[str] = []  # STARTED acks made this loop tick, sent as one
 
     # ------------------------------------------------------------- intake
 
@@ -103,7 +104,9 @@ class Dispatcher:
             return
         begun = self.state.begin(cid, call_digest(req), req.plan_id)
         if begun.seen is Seen.NEW:
-            self._ack(cid, pb.ActionAck.STARTED)
+            if not self._started:
+                asyncio.get_running_loop().call_soon(self._flush_started)
+            self._started.append(cid)
             task = asyncio.create_task(self._run(req), name=f"call-{cid}")
             self._tasks[cid] = (req.plan_id, task)
             self._idle.clear()
@@ -391,9 +394,14 @@ class Dispatcher:
         )
 
     def _ack(self, cid: str, kind: pb.ActionAck.Kind, message: str = "") -> None:
-        self.emit(
-            pb.WorkerMessage(ack=pb.ActionAck(correlation_id=cid, kind=kind, message=message))
-        )
+        ack = pb.ActionAck(correlation_ids=[cid], kind=kind, message=message)
+        self.emit(pb.WorkerMessage(ack=ack))
+
+    def _flush_started(self) -> None:
+        # Runs before any of the new tasks takes its first step, so STARTED precedes results.
+        ack = pb.ActionAck(correlation_ids=self._started, kind=pb.ActionAck.STARTED)
+        self._started = []
+        self.emit(pb.WorkerMessage(ack=ack))
 
     def _audit(self, kind: str, req: pb.ActionRequest, detail: dict[str, Any]) -> None:
         event = self.telemetry.audit(

@@ -80,6 +80,28 @@ class State:
     def __init__(self, path: Path, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._db = connect(path, _SCHEMA)
         self._ttl_ms = int(ttl_s * 1000)
+        # Kills and grants are read on every call but change rarely (often from the CLI,
+        # another process): cache them until SQLite's data_version says someone wrote.
+        self._seen_version = -1
+        self._kills: dict[str, str] = {}
+        self._grants: list[StoredGrant] = []
+
+    def _refresh(self) -> None:
+        version = self._db.execute("PRAGMA data_version").fetchone()[0]
+        if version == self._seen_version:
+            return
+        self._seen_version = version
+        self._kills = {
+            plan: f"{reason} (by {by})"
+            for plan, reason, by in self._db.execute(
+                "SELECT plan_id, reason, killed_by FROM killed_plans"
+            )
+        }
+        self._grants = self._read_grants()
+
+    def _changed(self) -> None:
+        """Our own writes do not move data_version; forget the cache by hand."""
+        self._seen_version = -1
 
     def close(self) -> None:
         self._db.close()
@@ -145,17 +167,16 @@ class State:
             "INSERT OR IGNORE INTO killed_plans VALUES (?, ?, ?, ?)",
             (plan_id, reason, killed_by, now_ms()),
         )
+        self._changed()
 
     def lift_kill(self, plan_id: str) -> bool:
-        return (
-            self._db.execute("DELETE FROM killed_plans WHERE plan_id = ?", (plan_id,)).rowcount > 0
-        )
+        self._changed()
+        cur = self._db.execute("DELETE FROM killed_plans WHERE plan_id = ?", (plan_id,))
+        return cur.rowcount > 0
 
     def kill_reason(self, plan_id: str) -> str | None:
-        row = self._db.execute(
-            "SELECT reason, killed_by FROM killed_plans WHERE plan_id = ?", (plan_id,)
-        ).fetchone()
-        return None if row is None else f"{row[0]} (by {row[1]})"
+        self._refresh()
+        return self._kills.get(plan_id)
 
     def killed_plans(self) -> list[tuple[str, str]]:
         return list(self._db.execute("SELECT plan_id, reason FROM killed_plans ORDER BY killed_ms"))
@@ -171,12 +192,18 @@ class State:
             " VALUES (?, ?, ?, ?, ?, ?)",
             (agent, scope, plan, expires_ms, granted_by, now_ms()),
         )
+        self._changed()
         return int(cur.lastrowid or 0)
 
     def revoke_grant(self, grant_id: int) -> bool:
+        self._changed()
         return self._db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount > 0
 
     def grants(self) -> list[StoredGrant]:
+        self._refresh()
+        return self._grants
+
+    def _read_grants(self) -> list[StoredGrant]:
         rows = self._db.execute(
             "SELECT id, agent, scope, plan, expires_ms, granted_by FROM grants ORDER BY id"
         ).fetchall()

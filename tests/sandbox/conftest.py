@@ -1,33 +1,22 @@
-"""Shared fixtures: a root with a secret next to it, and both resolvers to test."""
+"""Fixtures: a root with a secret next to it, and both resolvers to test against."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sandbox import ConfinedDir, openat2_available
-
-INSIDE = "inside data\n"
-SECRET = "outside secret\n"
-
-
-@dataclass(frozen=True)
-class Tree:
-    root: Path  # the shared folder: data.txt, sub/inner.txt
-    outside: Path  # a sibling folder holding secret.txt, which must never be reached
-
-    @property
-    def secret(self) -> Path:
-        return self.outside / "secret.txt"
+from tests.sandbox.support import INSIDE, SECRET, Tree
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Tree:
-    root = tmp_path / "root"
-    outside = tmp_path / "outside"
+    base = Path(os.path.realpath(tmp_path))  # roots arrive resolved, as the worker passes them
+    root = base / "root"
+    outside = base / "outside"
     (root / "sub").mkdir(parents=True)
     outside.mkdir()
     (root / "data.txt").write_text(INSIDE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import grp
 import pwd
 import stat as stat_mod
@@ -58,6 +59,7 @@ async def fs_stat(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def _owner(uid: int) -> str | None:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -65,6 +67,7 @@ def _owner(uid: int) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=256)
 def _group(gid: int) -> str | None:
     try:
         return grp.getgrgid(gid).gr_name

@@ -52,7 +52,7 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_min: _Optional[int] = ..., protocol_max: _Optional[int] = ..., surfaces: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., running_ids: _Optional[_Iterable[str]] = ..., unacked_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ActionAck(_message.Message):
-    __slots__ = ("correlation_id", "kind", "message")
+    __slots__ = ("correlation_ids", "kind", "message")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ActionAck.Kind]
@@ -67,13 +67,13 @@ class ActionAck(_message.Message):
     DUPLICATE_DONE: ActionAck.Kind
     REJECTED_DRAINING: ActionAck.Kind
     REJECTED_ARGS_MISMATCH: ActionAck.Kind
-    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_IDS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    correlation_id: str
+    correlation_ids: _containers.RepeatedScalarFieldContainer[str]
     kind: ActionAck.Kind
     message: str
-    def __init__(self, correlation_id: _Optional[str] = ..., kind: _Optional[_Union[ActionAck.Kind, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    def __init__(self, correlation_ids: _Optional[_Iterable[str]] = ..., kind: _Optional[_Union[ActionAck.Kind, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "details_json", "retryable")
