@@ -132,6 +132,7 @@ def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = N
             max_concurrency=config.worker.max_concurrency,
             default_timeout_s=config.worker.default_timeout_s,
         ),
+        config=config,
     )
 
 

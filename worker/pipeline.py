@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox import Root
+from worker.config import Config
 from worker.errors import WorkerError, from_os_error
 from worker.proto import agentworker_pb2 as pb
 from worker.protocol import call_digest
@@ -71,7 +72,9 @@ class Dispatcher:
         roots: list[Root],
         data_dir: Path,
         limits: Limits = Limits(),
+        config: Config | None = None,
     ) -> None:
+        self.config = config or Config()
         self.worker_id = worker_id
         self.registry = registry
         self.state = state
@@ -327,8 +330,28 @@ class Dispatcher:
             blob=req.blob,
             roots=self.roots,
             data_dir=self.data_dir,
+            config=self.config,
             in_flight=self.in_flight,
+            approve=lambda what, preview: self._approve(req, what, preview),
         )
+
+    async def _approve(self, req: pb.ActionRequest, what: str, preview: str) -> None:
+        request = ApprovalRequest(
+            correlation_id=req.correlation_id,
+            agent_id=req.agent_id,
+            plan_id=req.plan_id,
+            scope=what,
+            preview=preview,
+        )
+        if self.scopes.approver is None:
+            raise WorkerError(
+                "scope_required",
+                f"{what} needs the approval of the person at this worker, and this worker "
+                "runs headless (it never prompts)",
+                {"needs_approval": what},
+            )
+        if await self.scopes.approver.ask(request) is None:
+            raise WorkerError("scope_denied", f"the person denied {what}", {"denied": what})
 
     # ------------------------------------------------------------- results
 

@@ -7,13 +7,15 @@ and handler. The pipeline knows nothing about individual actions beyond this.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 from sandbox import Root
+from worker.config import Config
+from worker.errors import WorkerError
 
 A = TypeVar("A", bound="Args")
 R = TypeVar("R", bound="Result")
@@ -38,6 +40,13 @@ def _no_nul(value: str) -> str:
 PathArg = Annotated[str, StringConstraints(min_length=1, max_length=4096), AfterValidator(_no_nul)]
 
 
+async def _never_approved(what: str, preview: str) -> None:
+    raise WorkerError(
+        "scope_required",
+        f"{what} needs the approval of the person at this worker, and no one can be asked here",
+    )
+
+
 @dataclass(frozen=True)
 class Context:
     """What a handler may know about its call."""
@@ -48,7 +57,11 @@ class Context:
     blob: bytes
     roots: Sequence[Root]
     data_dir: Path
+    config: Config = field(default_factory=Config)
     in_flight: Callable[[], int] = lambda: 0
+    # For an action-level "ask" (e.g. an allowlist rule): resolves when the person
+    # approves, raises WorkerError otherwise. Headless workers never prompt.
+    approve: Callable[[str, str], Awaitable[None]] = field(default=_never_approved)
 
 
 @dataclass(frozen=True)

@@ -194,21 +194,22 @@ def wait_for(condition: Any, timeout: float, proc: Proc | None = None) -> None:
     raise AssertionError(f"condition not met within {timeout} s{detail}")
 
 
-def write_config(home: Path, listen: str, **settings: Any) -> None:
+def write_config(home: Path, listen: str, extra_config: str = "", **settings: Any) -> None:
+    """The suite's config.toml; `extra_config` is TOML appended as is (more roots, policy)."""
     values = {"keepalive_s": 1.0, "ping_timeout_s": 1.0, "drain_grace_s": 10}
     values.update(settings)
     home.mkdir(parents=True, exist_ok=True)
     (home / "workspace").mkdir(exist_ok=True)
     text = CONFIG.format(listen=listen, workspace=home / "workspace", **values)
-    (home / "config.toml").write_text(text)
+    (home / "config.toml").write_text(text + "\n" + extra_config)
 
 
 @contextlib.contextmanager
 def cluster(
-    home: Path, *, hub: bool = True, worker: bool = True, **settings: Any
+    home: Path, *, hub: bool = True, worker: bool = True, extra_config: str = "", **settings: Any
 ) -> Iterator[Cluster]:
     listen = f"127.0.0.1:{free_port()}"
-    write_config(home, listen, **settings)
+    write_config(home, listen, extra_config, **settings)
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("AGENTWORKER_", "HTTP", "HTTPS"))
     }
