@@ -16,7 +16,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,9 +155,8 @@ class WorkerConnection:
         outbox.put_nowait(pb.WorkerMessage(hello=self._hello()))
         tasks: list[asyncio.Task[None]] = []
         try:
-            call = pb_grpc.WorkerServiceStub(channel).Stream(
-                _drain_outbox(outbox), metadata=bearer(self.target.token)
-            )
+            call = pb_grpc.WorkerServiceStub(channel).Stream(metadata=bearer(self.target.token))
+            tasks.append(asyncio.create_task(_write_outbox(call, outbox)))
             try:
                 first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
@@ -294,12 +293,16 @@ class WorkerConnection:
         )
 
 
-async def _drain_outbox(
-    outbox: asyncio.Queue[pb.WorkerMessage | None],
-) -> AsyncIterator[pb.WorkerMessage]:
-    """The stream's only writer: gRPC pulls from here, one message at a time."""
-    while (msg := await outbox.get()) is not None:
-        yield msg
+async def _write_outbox(
+    call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.WorkerMessage | None]
+) -> None:
+    """The stream's only writer: concurrent writes would kill the stream."""
+    try:
+        while (msg := await outbox.get()) is not None:
+            await call.write(msg)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+        pass  # the stream is gone; the reader sees why and the session ends
 
 
 def _raise_if_fatal(exc: grpc.aio.AioRpcError) -> None:

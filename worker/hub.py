@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 # the deadline and answers `timeout` itself; the slack covers the trip back.
 RESULT_SLACK_S = 5.0
 HANDSHAKE_TIMEOUT_S = 10.0
+# Acks only let the worker forget stored results: a short wait batches them.
+ACK_DELAY_S = 0.01
 
 
 @dataclass
@@ -54,9 +56,9 @@ class Session:
             self.outbox.put_nowait(msg)
 
     def ack_soon(self, correlation_id: str) -> None:
-        """Ack a stored result; acks made in one loop tick travel as one message."""
+        """Ack a stored result; acks made within ACK_DELAY_S travel as one message."""
         if not self._acks:
-            asyncio.get_running_loop().call_soon(self._flush_acks)
+            asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_acks)
         self._acks.append(correlation_id)
 
     def _flush_acks(self) -> None:

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 # Structured args stay small; bulk data travels in the request blob.
 MAX_ARGS_BYTES = 1024 * 1024
 PREVIEW_CHARS = 240
+# How long a STARTED ack waits to share a message with others (or to be made moot).
+ACK_DELAY_S = 0.005
 _SECRET_KEY = re.compile(r"token|secret|passw|authori[sz]ation|api[-_]?key|cookie", re.I)
 
 Emit = Callable[[pb.WorkerMessage], None]
@@ -92,7 +94,10 @@ class Dispatcher:
         self._stop_reasons: dict[str, WorkerError] = {}
         self._idle = asyncio.Event()
         self._idle.set()
-        self._started: list[str] = []  # STARTED acks made this loop tick, sent as one
+        # STARTED acks wait a moment and leave together; a call whose result is out
+        # by then needs none (the result says more than "started").
+        self._started: dict[str, None] = {}
+        self._digests: dict[str, str] = {}  # of running calls, for their telemetry rows
 
     # ------------------------------------------------------------- intake
 
@@ -105,11 +110,13 @@ class Dispatcher:
         if self.draining:
             self._ack(cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down")
             return
-        begun = self.state.begin(cid, call_digest(req), req.plan_id)
+        digest = call_digest(req)
+        begun = self.state.begin(cid, digest, req.plan_id)
         if begun.seen is Seen.NEW:
             if not self._started:
-                asyncio.get_running_loop().call_soon(self._flush_started)
-            self._started.append(cid)
+                asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_started)
+            self._started[cid] = None
+            self._digests[cid] = digest
             task = asyncio.create_task(self._run(req), name=f"call-{cid}")
             self._tasks[cid] = (req.plan_id, task)
             self._idle.clear()
@@ -313,6 +320,8 @@ class Dispatcher:
             )
 
     async def _check_scope(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest) -> str:
+        if self.scopes.allowed(req.agent_id, spec.scope, req.plan_id):
+            return "granted"
         request = ApprovalRequest(
             correlation_id=req.correlation_id,
             agent_id=req.agent_id,
@@ -376,6 +385,7 @@ class Dispatcher:
                 self._audit(error.code, req, {"message": error.message})
         self.telemetry.record(invocation)
         self.state.finish(req.correlation_id, result.SerializeToString())
+        self._started.pop(req.correlation_id, None)
         self.emit(pb.WorkerMessage(result=result))
 
     def _invocation(
@@ -412,7 +422,7 @@ class Dispatcher:
             bytes_out=bytes_out,
             truncated=truncated,
             sandboxed=bool(spec and spec.sandboxed),
-            args_digest=call_digest(req),
+            args_digest=self._digests.pop(req.correlation_id, "") or call_digest(req),
             args_preview=_preview(req.args_json),
         )
 
@@ -421,10 +431,10 @@ class Dispatcher:
         self.emit(pb.WorkerMessage(ack=ack))
 
     def _flush_started(self) -> None:
-        # Runs before any of the new tasks takes its first step, so STARTED precedes results.
-        ack = pb.ActionAck(correlation_ids=self._started, kind=pb.ActionAck.STARTED)
-        self._started = []
-        self.emit(pb.WorkerMessage(ack=ack))
+        if self._started:
+            ack = pb.ActionAck(correlation_ids=list(self._started), kind=pb.ActionAck.STARTED)
+            self.emit(pb.WorkerMessage(ack=ack))
+        self._started = {}
 
     def _audit(self, kind: str, req: pb.ActionRequest, detail: dict[str, Any]) -> None:
         event = self.telemetry.audit(
@@ -439,6 +449,8 @@ class Dispatcher:
 
 def _preview(args_json: str) -> str:
     """A short, redacted look at the args for people reading telemetry."""
+    if len(args_json) <= PREVIEW_CHARS and not _SECRET_KEY.search(args_json):
+        return args_json  # nothing to shorten or hide
     try:
         value = json.loads(args_json[:MAX_ARGS_BYTES]) if args_json else {}
     except ValueError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 
@@ -40,6 +41,7 @@ class FreezableProxy:
     def close(self) -> None:
         self._closed.set()
         self._listener.close()
+        time.sleep(0.2)  # let the pumps see the flag before their sockets go
         for link in self._links:
             for sock in (link.client, link.upstream):
                 sock.close()
@@ -50,7 +52,11 @@ class FreezableProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                client.close()  # the far side is down: refuse, as a real relay would
+                continue
             link = _Link(client, upstream)
             self._links.append(link)
             self.accepted += 1
