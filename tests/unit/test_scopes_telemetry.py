@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import pytest
 from worker.errors import WorkerError
 from worker.proto import agentworker_pb2 as pb
 from worker.scopes import ApprovalRequest, Grant, Scopes
-from worker.state import now_ms
-from worker.telemetry import DAY_MS, Telemetry
+from worker.state import Seen, State, now_ms
+from worker.telemetry import DAY_MS, Telemetry, retention_days
 
 NOW = datetime.now(UTC)
 
@@ -55,9 +56,19 @@ def test_telemetry_prunes_rows_past_retention(tmp_path: Path) -> None:
 
 
 def test_retention_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker.telemetry import retention_days
-
     monkeypatch.setenv("WORKER_INVOCATION_RETENTION_DAYS", "7")
     assert retention_days(90) == 7
     monkeypatch.setenv("WORKER_INVOCATION_RETENTION_DAYS", "nonsense")
     assert retention_days(90) == 90
+
+
+def test_ledger_forgets_acked_results_after_the_ttl(tmp_path: Path) -> None:
+    state = State(tmp_path / "s.db", ttl_s=0)
+    assert state.begin("a", "d", "p").seen is Seen.NEW
+    state.finish("a", b"result")
+    assert state.unacked_results() == [("a", b"result")]
+    assert state.prune() == 0, "unacked results are kept whatever their age"
+    state.ack(["a"])
+    time.sleep(0.01)
+    assert state.prune() == 1
+    assert state.begin("a", "d", "p").seen is Seen.NEW
