@@ -40,6 +40,7 @@ FATAL_CODES = frozenset(
     }
 )
 HANDSHAKE_TIMEOUT_S = 15.0
+MIN_SILENCE_S = 1.0
 FLUSH_TIMEOUT_S = 5.0
 
 
@@ -175,7 +176,8 @@ class WorkerConnection:
             self.on_state("connected")
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
             tasks.append(asyncio.create_task(self._heartbeats()))
-            await self._read(call)
+            interval_s = welcome.heartbeat_interval_ms / 1000
+            await self._read(call, max(3 * interval_s, MIN_SILENCE_S) if interval_s else None)
         finally:
             for task in tasks:
                 task.cancel()
@@ -211,11 +213,21 @@ class WorkerConnection:
             )
 
     async def _read(
-        self, call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.ServerMessage]
+        self,
+        call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.ServerMessage],
+        silence_limit_s: float | None,
     ) -> None:
+        """Hand each server message on; a server that goes quiet for longer than three
+        of its heartbeats is treated as gone (keepalive alone misses a hung server,
+        because the transport answers pings without it)."""
         try:
             while True:
-                msg = await call.read()
+                try:
+                    msg = await asyncio.wait_for(call.read(), silence_limit_s)
+                except TimeoutError:
+                    raise _StreamEndedError(
+                        f"no word from the server for {silence_limit_s:g} s"
+                    ) from None
                 if msg is grpc.aio.EOF:
                     raise _StreamEndedError("the server ended the stream")
                 assert isinstance(msg, pb.ServerMessage)

@@ -21,8 +21,11 @@ TOKEN = "scripted-token"
 
 
 class ScriptedHub(pb_grpc.WorkerServiceServicer):
-    def __init__(self, *, protocol: int = 1, ack_results: bool = True) -> None:
+    def __init__(
+        self, *, protocol: int = 1, ack_results: bool = True, heartbeat_ms: int = 0
+    ) -> None:
         self.protocol = protocol
+        self.heartbeat_ms = heartbeat_ms  # promised in Welcome, never sent: a hung server
         self.ack_results = ack_results
         self.inbox: asyncio.Queue[pb.WorkerMessage] = asyncio.Queue()
         self.hellos: list[pb.Hello] = []
@@ -67,7 +70,10 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
     ) -> AsyncIterator[pb.ServerMessage]:
         first = await anext(request_iterator)
         self.hellos.append(first.hello)
-        yield pb.ServerMessage(welcome=pb.Welcome(session_id="s", protocol=self.protocol))
+        welcome = pb.Welcome(
+            session_id="s", protocol=self.protocol, heartbeat_interval_ms=self.heartbeat_ms
+        )
+        yield pb.ServerMessage(welcome=welcome)
         reader = asyncio.create_task(self._read(request_iterator))
         try:
             while (msg := await self._outbox.get()) is not None:
