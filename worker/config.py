@@ -119,6 +119,8 @@ class Config(_Strict):
 # Environment variables and the setting each one overrides.
 _ENV: dict[str, tuple[str, str]] = {
     "AGENTWORKER_LISTEN": ("hub", "listen"),
+    "AGENTWORKER_TLS_CERT": ("hub", "tls_cert"),
+    "AGENTWORKER_TLS_KEY": ("hub", "tls_key"),
     "AGENTWORKER_SERVER": ("worker", "server"),
     "AGENTWORKER_TOKEN": ("worker", "token"),
     "AGENTWORKER_TLS_CA": ("worker", "tls_ca"),

@@ -1,0 +1,91 @@
+"""Off loopback the token only travels over TLS; on TLS the whole path still works."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+from tests.support.cluster import cluster, wait_for
+from worker.client import ControlClient
+from worker.proto import agentworker_pb2 as pb
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with openssl."""
+    ca_key, ca, key, csr, cert = (
+        folder / n for n in ("ca.key", "ca.pem", "s.key", "s.csr", "s.pem")
+    )
+    run = lambda *argv: subprocess.run(["openssl", *argv], check=True, capture_output=True)  # noqa: E731
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-days",
+        "1",
+        "-subj",
+        "/CN=agentworker test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    ext = folder / "san.ext"
+    ext.write_text("subjectAltName = IP:127.0.0.1\n")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        "1",
+        "-extfile",
+        str(ext),
+    )
+    return ca, cert, key
+
+
+def test_worker_and_caller_reach_a_tls_hub(tmp_path: Path) -> None:
+    ca, cert, key = make_certificates(tmp_path)
+    with cluster(tmp_path / "home", hub=False, worker=False) as live:
+        tls_env = {"AGENTWORKER_TLS_CERT": str(cert), "AGENTWORKER_TLS_KEY": str(key)}
+        hub = live.spawn("hub", "hub", env=tls_env)
+        wait_for(lambda: (live.home / "hub.token").exists(), 15, hub)
+        worker = live.spawn("worker", "run", "--server", live.listen, "--tls-ca", str(ca))
+
+        async def status_over_tls() -> pb.StatusResponse:
+            client = ControlClient.connect(live.listen, live.token, tls_ca=ca)
+            try:
+                return await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
+            finally:
+                await client.close()
+
+        wait_for(lambda: asyncio.run(status_over_tls()).connected_workers == 1, 20, worker)
+
+
+def test_hub_refuses_plaintext_off_loopback(tmp_path: Path) -> None:
+    with cluster(tmp_path / "home", hub=False, worker=False) as live:
+        hub = live.spawn("hub", "hub", "--listen", "0.0.0.0:0")
+        assert hub.wait(20) != 0
+        assert "refusing to serve plaintext on 0.0.0.0:0" in hub.log()
