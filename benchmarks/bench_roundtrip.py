@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -34,10 +36,15 @@ import asyncio, sys, grpc
 async def echo(requests, context):
     async for message in requests:
         yield message
+async def call(request, context):
+    return request
 async def main():
     server = grpc.aio.server()
-    handler = grpc.stream_stream_rpc_method_handler(echo)
-    routes = grpc.method_handlers_generic_handler("Echo", {"Stream": handler})
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(echo),
+        "Call": grpc.unary_unary_rpc_method_handler(call),
+    }
+    routes = grpc.method_handlers_generic_handler("Echo", handlers)
     server.add_generic_rpc_handlers((routes,))
     server.add_insecure_port(sys.argv[1])
     await server.start()
@@ -115,6 +122,20 @@ async def echo_bench(address: str, calls: int, in_flight: int) -> tuple[list[flo
         return result
 
 
+async def unary_bench(address: str, calls: int, in_flight: int) -> tuple[list[float], float]:
+    """A bare unary call: what any request/response over gRPC costs, for context."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        unary = channel.unary_unary("/Echo/Call")
+        payload = b'{"path": "bench.txt"}' + b"x" * 200
+
+        async def one() -> None:
+            await unary(payload)
+
+        for _ in range(200):
+            await one()
+        return await measure(one, calls, in_flight)
+
+
 async def worker_bench(
     client: ControlClient, calls: int, in_flight: int
 ) -> tuple[list[float], float]:
@@ -132,49 +153,82 @@ async def worker_bench(
     return await measure(one, calls, in_flight)
 
 
-def report(label: str, raw: tuple[list[float], float], ours: tuple[list[float], float]) -> None:
-    raw_lat, raw_rate = raw
-    lat, rate = ours
-    raw_p50, p50 = statistics.median(raw_lat), statistics.median(lat)
-    raw_p99, p99 = percentile(raw_lat, 0.99), percentile(lat, 0.99)
+Measured = tuple[list[float], float]
+
+
+def report(label: str, raw: Measured, unary: Measured, ours: dict[str, Measured]) -> None:
+    """Each row beside the raw bidi echo baseline, with the ratio."""
+    raw_p50, raw_p99, raw_rate = statistics.median(raw[0]), percentile(raw[0], 0.99), raw[1]
     print(f"\n{label}")
-    print(f"  {'':22}{'p50 ms':>10}{'p99 ms':>10}{'calls/s':>11}")
-    print(f"  {'raw gRPC bidi echo':22}{raw_p50:10.3f}{raw_p99:10.3f}{raw_rate:11.0f}")
-    print(f"  {'fs_stat hub→worker':22}{p50:10.3f}{p99:10.3f}{rate:11.0f}")
-    ratios = f"{p50 / raw_p50:10.2f}{p99 / raw_p99:10.2f}{rate / raw_rate:11.2f}"
-    print(f"  {'ratio (ours / raw)':22}{ratios}")
+    print(f"  {'':28}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>9}   ratio p50 / p99 / rate")
+    rows = {"raw gRPC bidi echo": raw, "raw gRPC unary echo": unary, **ours}
+    for name, (lat, rate) in rows.items():
+        p50, p99 = statistics.median(lat), percentile(lat, 0.99)
+        ratios = f"{p50 / raw_p50:6.2f} {p99 / raw_p99:6.2f} {rate / raw_rate:6.2f}"
+        print(f"  {name:28}{p50:9.3f}{p99:9.3f}{rate:9.0f}   {ratios}")
 
 
-async def run(calls: int, home: Path) -> None:
-    echo_addr = f"127.0.0.1:{free_port()}"
+@contextlib.asynccontextmanager
+async def topology(home: Path, commands: list[list[str]]) -> AsyncIterator[ControlClient]:
+    """Start agentworker processes in a fresh home; yield a client once a worker is in."""
     listen = f"127.0.0.1:{free_port()}"
     workspace = home / "workspace"
     workspace.mkdir(parents=True)
     (workspace / "bench.txt").write_text("bench")
     (home / "config.toml").write_text(CONFIG.format(listen=listen, workspace=workspace))
     env = {**os.environ, "AGENTWORKER_HOME": str(home)}
-    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_addr])
-    up = subprocess.Popen(
-        [sys.executable, "-m", "worker", "up"], env=env, stderr=subprocess.DEVNULL
-    )
-    try:
+    procs = []
+    for argv in commands:
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "worker", *argv], env=env, stderr=subprocess.DEVNULL
+            )
+        )
         wait_for(lambda: (home / "hub.token").exists(), 15)
-        client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
-        for _ in range(100):
-            status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
-            if status.connected_workers:
-                break
+    client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
+    try:
+        for _ in range(200):
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
+                if status.connected_workers:
+                    break
             await asyncio.sleep(0.1)
+        yield client
+    finally:
+        await client.close()
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(30)
+
+
+TOPOLOGIES = {
+    "fs_stat, `up` (1 process)": [["up"]],
+    "fs_stat, `hub` + `run`": [["hub"], ["run"]],
+}
+
+
+async def run(calls: int, home: Path) -> None:
+    echo_addr = f"127.0.0.1:{free_port()}"
+    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_addr])
+    try:
+        wait_for(lambda: _listening(echo_addr), 15)
         for in_flight in (1, 64):
             raw = await echo_bench(echo_addr, calls, in_flight)
-            ours = await worker_bench(client, calls, in_flight)
-            report(f"{calls} calls, {in_flight} in flight", raw, ours)
-        await client.close()
+            unary = await unary_bench(echo_addr, calls, in_flight)
+            ours = {}
+            for i, (name, commands) in enumerate(TOPOLOGIES.items()):
+                async with topology(home / f"{in_flight}-{i}", commands) as client:
+                    ours[name] = await worker_bench(client, calls, in_flight)
+            report(f"{calls} calls, {in_flight} in flight", raw, unary, ours)
     finally:
-        up.terminate()
         echo.terminate()
-        up.wait(30)
         echo.wait(10)
+
+
+def _listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as sock:
+        return sock.connect_ex((host, int(port))) == 0
 
 
 def main() -> None:

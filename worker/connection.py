@@ -16,12 +16,13 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from worker.envelopes import Batcher
 from worker.pipeline import Dispatcher
 from worker.proto import agentworker_pb2 as pb
 from worker.proto import agentworker_pb2_grpc as pb_grpc
@@ -163,8 +164,7 @@ class WorkerConnection:
             except grpc.aio.AioRpcError as exc:
                 _raise_if_fatal(exc)
                 raise
-            self._check_welcome(first)
-            welcome = first.welcome
+            welcome = self._check_welcome(first)
             self.sessions_started += 1
             self._outbox = outbox
             self.dispatcher.emit = self._send
@@ -176,6 +176,8 @@ class WorkerConnection:
             self.on_state("connected")
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
             tasks.append(asyncio.create_task(self._heartbeats()))
+            if self._handle_all(first.messages[1:]):
+                return
             interval_s = welcome.heartbeat_interval_ms / 1000
             await self._read(call, max(3 * interval_s, MIN_SILENCE_S) if interval_s else None)
         finally:
@@ -200,21 +202,22 @@ class WorkerConnection:
             unacked_ids=[cid for cid, _ in state.unacked_results()],
         )
 
-    def _check_welcome(self, msg: pb.ServerMessage | object) -> None:
-        if msg is grpc.aio.EOF or not isinstance(msg, pb.ServerMessage):
+    def _check_welcome(self, envelope: pb.ServerEnvelope | object) -> pb.Welcome:
+        if envelope is grpc.aio.EOF or not isinstance(envelope, pb.ServerEnvelope):
             raise _StreamEndedError("the server closed the stream during the handshake")
-        if msg.WhichOneof("kind") != "welcome":
+        if not envelope.messages or envelope.messages[0].WhichOneof("kind") != "welcome":
             raise FatalConnectionError("the server did not answer Hello with Welcome")
-        protocol = msg.welcome.protocol
-        if not PROTOCOL_MIN <= protocol <= PROTOCOL_MAX:
+        welcome = envelope.messages[0].welcome
+        if not PROTOCOL_MIN <= welcome.protocol <= PROTOCOL_MAX:
             raise FatalConnectionError(
-                f"protocol mismatch: the server chose {protocol}, this worker speaks "
+                f"protocol mismatch: the server chose {welcome.protocol}, this worker speaks "
                 f"{PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade agentworker"
             )
+        return welcome
 
     async def _read(
         self,
-        call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.ServerMessage],
+        call: grpc.aio.StreamStreamCall[pb.WorkerEnvelope, pb.ServerEnvelope],
         silence_limit_s: float | None,
     ) -> None:
         """Hand each server message on; a server that goes quiet for longer than three
@@ -223,19 +226,26 @@ class WorkerConnection:
         try:
             while True:
                 try:
-                    msg = await asyncio.wait_for(call.read(), silence_limit_s)
+                    envelope = await asyncio.wait_for(call.read(), silence_limit_s)
                 except TimeoutError:
                     raise _StreamEndedError(
                         f"no word from the server for {silence_limit_s:g} s"
                     ) from None
-                if msg is grpc.aio.EOF:
+                if envelope is grpc.aio.EOF:
                     raise _StreamEndedError("the server ended the stream")
-                assert isinstance(msg, pb.ServerMessage)
-                if self._handle(msg):
+                assert isinstance(envelope, pb.ServerEnvelope)
+                if self._handle_all(envelope.messages):
                     return
         except grpc.aio.AioRpcError as exc:
             _raise_if_fatal(exc)
             raise
+
+    def _handle_all(self, messages: Iterable[pb.ServerMessage]) -> bool:
+        """Handle every message (all of an envelope counts); True if one ends the session."""
+        end = False
+        for msg in messages:
+            end = self._handle(msg) or end
+        return end
 
     def _handle(self, msg: pb.ServerMessage) -> bool:
         """Act on one server message; True when the session should end."""
@@ -308,10 +318,12 @@ class WorkerConnection:
 async def _write_outbox(
     call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.WorkerMessage | None]
 ) -> None:
-    """The stream's only writer: concurrent writes would kill the stream."""
+    """The stream's only writer (concurrent writes would kill the stream), sending
+    whatever queued up meanwhile as one envelope."""
+    batches = Batcher(outbox)
     try:
-        while (msg := await outbox.get()) is not None:
-            await call.write(msg)
+        while (batch := await batches.next_batch()) is not None:
+            await call.write(pb.WorkerEnvelope(messages=batch))
         await call.done_writing()
     except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
         pass  # the stream is gone; the reader sees why and the session ends

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from worker.envelopes import Batcher
 from worker.errors import WorkerError
 from worker.hub_store import HubStore
 from worker.proto import agentworker_pb2 as pb
@@ -98,12 +99,13 @@ class Hub:
     # ------------------------------------------------------------- worker stream
 
     async def stream(
-        self, requests: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ServerMessage]:
+        self, requests: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ServerEnvelope]:
         first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
-        if first.WhichOneof("kind") != "hello" or not first.hello.worker_id:
+        opening = first.messages[0] if first.messages else pb.WorkerMessage()
+        if opening.WhichOneof("kind") != "hello" or not opening.hello.worker_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
-        hello = first.hello
+        hello = opening.hello
         if hello.protocol_max < PROTOCOL_MIN or hello.protocol_min > PROTOCOL_MAX:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -118,13 +120,16 @@ class Hub:
         self.sessions[hello.worker_id] = session
         self.store.seen_worker(hello)
         log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
+        for msg in first.messages[1:]:
+            self._handle(session, msg)
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
+        batches = Batcher(session.outbox)
         try:
             session.send(self._welcome(session))
             self._resend_open_calls(session)
-            while (msg := await session.outbox.get()) is not None:
-                yield msg
+            while (batch := await batches.next_batch()) is not None:
+                yield pb.ServerEnvelope(messages=batch)
         finally:
             session.close()
             reader.cancel()
@@ -165,10 +170,11 @@ class Hub:
             request.timeout_ms = call.deadline_ms - now
             session.send(pb.ServerMessage(request=request))
 
-    async def _read(self, session: Session, requests: AsyncIterator[pb.WorkerMessage]) -> None:
+    async def _read(self, session: Session, requests: AsyncIterator[pb.WorkerEnvelope]) -> None:
         try:
-            async for msg in requests:
-                self._handle(session, msg)
+            async for envelope in requests:
+                for msg in envelope.messages:
+                    self._handle(session, msg)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception:
@@ -397,8 +403,8 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
         self.hub = hub
 
     async def Stream(  # noqa: N802 - the name is the RPC's
-        self, request_iterator: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ServerMessage]:
+        self, request_iterator: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ServerEnvelope]:
         async for msg in self.hub.stream(request_iterator, context):
             yield msg
 

@@ -8,9 +8,11 @@ late duplicate still finds its answer.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +49,9 @@ CREATE TABLE IF NOT EXISTS grants (
 """
 
 DEFAULT_TTL_S = 24 * 3600
+# How stale the cached kills and grants may be: a grant or lift made from the CLI
+# (another process) takes effect within this.
+RECHECK_S = 0.1
 
 
 def now_ms() -> int:
@@ -83,10 +88,15 @@ class State:
         # Kills and grants are read on every call but change rarely (often from the CLI,
         # another process): cache them until SQLite's data_version says someone wrote.
         self._seen_version = -1
+        self._checked_at = 0.0
         self._kills: dict[str, str] = {}
         self._grants: list[StoredGrant] = []
 
     def _refresh(self) -> None:
+        now = time.monotonic()
+        if self._seen_version != -1 and now - self._checked_at < RECHECK_S:
+            return
+        self._checked_at = now
         version = self._db.execute("PRAGMA data_version").fetchone()[0]
         if version == self._seen_version:
             return
@@ -137,10 +147,22 @@ class State:
         )
 
     def ack(self, correlation_ids: list[str]) -> None:
-        self._db.executemany(
-            "UPDATE calls SET acked = 1 WHERE correlation_id = ? AND state = 'DONE'",
-            [(cid,) for cid in correlation_ids],
-        )
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE calls SET acked = 1 WHERE correlation_id = ? AND state = 'DONE'",
+                [(cid,) for cid in correlation_ids],
+            )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One commit for several statements (the connection autocommits otherwise)."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def unacked_results(self) -> list[tuple[str, bytes]]:
         rows = self._db.execute(

@@ -66,23 +66,24 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
                     return getattr(msg, kind)
 
     async def Stream(  # noqa: N802
-        self, request_iterator: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ServerMessage]:
+        self, request_iterator: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ServerEnvelope]:
         first = await anext(request_iterator)
-        self.hellos.append(first.hello)
+        self.hellos.append(first.messages[0].hello)
         welcome = pb.Welcome(
             session_id="s", protocol=self.protocol, heartbeat_interval_ms=self.heartbeat_ms
         )
-        yield pb.ServerMessage(welcome=welcome)
+        yield pb.ServerEnvelope(messages=[pb.ServerMessage(welcome=welcome)])
         reader = asyncio.create_task(self._read(request_iterator))
         try:
             while (msg := await self._outbox.get()) is not None:
-                yield msg
+                yield pb.ServerEnvelope(messages=[msg])  # one at a time: the script's order
         finally:
             reader.cancel()
 
-    async def _read(self, requests: AsyncIterator[pb.WorkerMessage]) -> None:
-        async for msg in requests:
-            self.inbox.put_nowait(msg)
-            if msg.WhichOneof("kind") == "result" and self.ack_results:
-                self.send(ack=pb.Ack(correlation_ids=[msg.result.correlation_id]))
+    async def _read(self, requests: AsyncIterator[pb.WorkerEnvelope]) -> None:
+        async for envelope in requests:
+            for msg in envelope.messages:
+                self.inbox.put_nowait(msg)
+                if msg.WhichOneof("kind") == "result" and self.ack_results:
+                    self.send(ack=pb.Ack(correlation_ids=[msg.result.correlation_id]))

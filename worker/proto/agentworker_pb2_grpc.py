@@ -27,6 +27,9 @@ if _version_not_supported:
 
 class WorkerServiceStub:
     """The worker dials the server and holds one bidirectional stream for its lifetime.
+    Each stream message is an envelope: whatever queued up while the previous write was
+    in flight travels together, so a busy stream pays the per-message cost once per
+    batch. The first envelope each way starts with Hello / Welcome.
     """
 
     def __init__(self, channel):
@@ -37,13 +40,16 @@ class WorkerServiceStub:
         """
         self.Stream = channel.stream_stream(
                 '/agentworker.v1.WorkerService/Stream',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.WorkerMessage.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.ServerMessage.FromString,
+                request_serializer=worker_dot_proto_dot_agentworker__pb2.WorkerEnvelope.SerializeToString,
+                response_deserializer=worker_dot_proto_dot_agentworker__pb2.ServerEnvelope.FromString,
                 _registered_method=True)
 
 
 class WorkerServiceServicer:
     """The worker dials the server and holds one bidirectional stream for its lifetime.
+    Each stream message is an envelope: whatever queued up while the previous write was
+    in flight travels together, so a busy stream pays the per-message cost once per
+    batch. The first envelope each way starts with Hello / Welcome.
     """
 
     def Stream(self, request_iterator, context):
@@ -57,8 +63,8 @@ def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.WorkerMessage.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.ServerMessage.SerializeToString,
+                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.WorkerEnvelope.FromString,
+                    response_serializer=worker_dot_proto_dot_agentworker__pb2.ServerEnvelope.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -70,6 +76,9 @@ def add_WorkerServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class WorkerService:
     """The worker dials the server and holds one bidirectional stream for its lifetime.
+    Each stream message is an envelope: whatever queued up while the previous write was
+    in flight travels together, so a busy stream pays the per-message cost once per
+    batch. The first envelope each way starts with Hello / Welcome.
     """
 
     @staticmethod
@@ -87,8 +96,8 @@ class WorkerService:
             request_iterator,
             target,
             '/agentworker.v1.WorkerService/Stream',
-            worker_dot_proto_dot_agentworker__pb2.WorkerMessage.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.ServerMessage.FromString,
+            worker_dot_proto_dot_agentworker__pb2.WorkerEnvelope.SerializeToString,
+            worker_dot_proto_dot_agentworker__pb2.ServerEnvelope.FromString,
             options,
             channel_credentials,
             insecure,

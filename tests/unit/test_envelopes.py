@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import asyncio
+
+from worker.envelopes import MAX_ENVELOPE_BYTES, Batcher
+from worker.proto import agentworker_pb2 as pb
+
+
+def result(cid: str, blob_bytes: int = 0) -> pb.WorkerMessage:
+    return pb.WorkerMessage(result=pb.ActionResult(correlation_id=cid, blob=b"x" * blob_bytes))
+
+
+def test_waiting_messages_share_an_envelope_and_order_is_kept() -> None:
+    async def go() -> list[list[str]]:
+        outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        for i in range(5):
+            outbox.put_nowait(result(str(i)))
+        outbox.put_nowait(None)
+        batches = Batcher(outbox)
+        seen = []
+        while (batch := await batches.next_batch()) is not None:
+            seen.append([m.result.correlation_id for m in batch])
+        return seen
+
+    assert asyncio.run(go()) == [["0", "1", "2", "3", "4"]]
+
+
+def test_an_envelope_never_exceeds_the_message_limit() -> None:
+    async def go() -> list[int]:
+        outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        for i in range(4):
+            outbox.put_nowait(result(str(i), 12 * 1024 * 1024))
+        outbox.put_nowait(None)
+        batches = Batcher(outbox)
+        sizes = []
+        while (batch := await batches.next_batch()) is not None:
+            sizes.append(sum(m.ByteSize() for m in batch))
+            assert pb.WorkerEnvelope(messages=batch).ByteSize() <= MAX_ENVELOPE_BYTES + 1024
+        return sizes
+
+    sizes = asyncio.run(go())
+    assert len(sizes) == 2, "two 12 MiB results per envelope, the rest carried over"
