@@ -202,16 +202,23 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     pb_grpc.add_ControlServiceServicer_to_server(ControlServicer(hub), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if tls:
-        assert config.hub.tls_cert is not None and config.hub.tls_key is not None
-        creds = grpc.ssl_server_credentials(
-            [(config.hub.tls_key.read_bytes(), config.hub.tls_cert.read_bytes())]
-        )
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if tls:
+            assert config.hub.tls_cert is not None and config.hub.tls_key is not None
+            creds = grpc.ssl_server_credentials(
+                [(config.hub.tls_key.read_bytes(), config.hub.tls_cert.read_bytes())]
+            )
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise WorkerError("busy", f"could not listen on {address}: the address is in use")
+        raise WorkerError(
+            "busy",
+            f"could not listen on {address}: the address is in use. Is another hub running "
+            "(`agentworker status`)? Or pick another address with --listen.",
+        )
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     host = address.rsplit(":", 1)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,16 @@ def test_grant_rejects_a_malformed_scope(tmp_path: Path) -> None:
     out = cli(env, "grant", "rm -rf /")
     assert out.returncode == 2
     assert "is not a scope" in out.stderr
+
+
+def test_a_second_hub_on_a_taken_address_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env["AGENTWORKER_HOME"] = str(tmp_path / "second")
+        env["AGENTWORKER_LISTEN"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        out = cli(env, "up")
+    assert out.returncode == 2
+    assert "the address is in use" in out.stderr
+    assert "Traceback" not in out.stderr
