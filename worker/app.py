@@ -130,6 +130,7 @@ def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = N
         data_dir=paths.data_dir,
         limits=Limits(
             max_concurrency=config.worker.max_concurrency,
+            max_accepted=config.worker.max_accepted,
             default_timeout_s=config.worker.default_timeout_s,
         ),
         config=config,

@@ -88,6 +88,7 @@ class WorkerSection(_Strict):
     token: str | None = None
     tls_ca: Path | None = None
     max_concurrency: int = Field(default=8, ge=1, le=256)
+    max_accepted: int = Field(default=4096, ge=1, le=1_000_000)
     default_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
     drain_grace_s: float = Field(default=20.0, ge=0, le=3_600)
     # The diagnostic surface (workerDiag.*) exists for tests and benchmarks only.

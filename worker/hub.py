@@ -205,6 +205,13 @@ class Hub:
 
     def _on_result(self, session: Session, result: pb.ActionResult) -> None:
         cid = result.correlation_id
+        if result.error.code == "busy" and not result.HasField("invocation"):
+            # Refused before it ran: not an outcome to keep. The caller may retry the id.
+            self.store.abandon(cid)
+            waiter = self._waiters.pop(cid, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
+            return
         stored = self.store.complete(result)
         if not stored and self.store.get(cid) is None:
             log.warning("result for unknown call %s from %s (acked anyway)", cid, session.worker_id)

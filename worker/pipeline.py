@@ -51,6 +51,9 @@ Emit = Callable[[pb.WorkerMessage], None]
 @dataclass(frozen=True)
 class Limits:
     max_concurrency: int = 8
+    # Calls accepted (running or waiting for a slot); past this a new call answers
+    # `busy` at once, so a flooding server cannot exhaust the worker's memory.
+    max_accepted: int = 4096
     default_timeout_s: float = 60.0
 
 
@@ -112,7 +115,10 @@ class Dispatcher:
             return
         digest = call_digest(req)
         begun = self.state.begin(cid, digest, req.plan_id)
-        if begun.seen is Seen.NEW:
+        if begun.seen is Seen.NEW and len(self._tasks) >= self.limits.max_accepted:
+            self.state.forget(cid)  # it never ran: a later delivery may run it
+            self._refuse_busy(req)
+        elif begun.seen is Seen.NEW:
             if not self._started:
                 asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_started)
             self._started[cid] = None
@@ -134,6 +140,19 @@ class Dispatcher:
             )
             self._ack(cid, pb.ActionAck.REJECTED_ARGS_MISMATCH, message)
             self._audit("args_mismatch", req, {"message": message})
+
+    def _refuse_busy(self, req: pb.ActionRequest) -> None:
+        error = WorkerError(
+            "busy",
+            f"the worker already holds {len(self._tasks)} calls (limit "
+            f"{self.limits.max_accepted}); nothing was run, send it again later",
+        )
+        result = pb.ActionResult(
+            correlation_id=req.correlation_id,
+            status=pb.ActionResult.ERROR,
+            error=_error_pb(error),
+        )
+        self.emit(pb.WorkerMessage(result=result))
 
     def in_flight(self) -> int:
         return self.running

@@ -140,6 +140,12 @@ class State:
             return Begin(Seen.RUNNING)
         return Begin(Seen.DONE, result)
 
+    def forget(self, correlation_id: str) -> None:
+        """Drop a claim that was never executed (refused before it started)."""
+        self._db.execute(
+            "DELETE FROM calls WHERE correlation_id = ? AND state = 'RUNNING'", (correlation_id,)
+        )
+
     def finish(self, correlation_id: str, result: bytes) -> None:
         self._db.execute(
             "UPDATE calls SET state = 'DONE', result = ?, finished_ms = ? WHERE correlation_id = ?",

@@ -26,8 +26,10 @@ Scenario = Callable[[ScriptedHub, WorkerConnection], Awaitable[None]]
 
 
 @contextlib.asynccontextmanager
-async def linked(home: Path, hub: ScriptedHub) -> AsyncIterator[WorkerConnection]:
-    write_config(home, "127.0.0.1:1")
+async def linked(
+    home: Path, hub: ScriptedHub, settings: dict[str, Any]
+) -> AsyncIterator[WorkerConnection]:
+    write_config(home, "127.0.0.1:1", **settings)
     paths = Paths(home, home)
     config = load(paths)
     dispatcher = app.build_dispatcher(paths, config)
@@ -47,10 +49,12 @@ async def linked(home: Path, hub: ScriptedHub) -> AsyncIterator[WorkerConnection
         dispatcher.telemetry.close()
 
 
-def play(home: Path, scenario: Scenario, **hub_options: Any) -> None:
+def play(
+    home: Path, scenario: Scenario, settings: dict[str, Any] | None = None, **hub_options: Any
+) -> None:
     async def go() -> None:
         hub = ScriptedHub(**hub_options)
-        async with linked(home, hub) as link:
+        async with linked(home, hub, settings or {}) as link:
             await asyncio.wait_for(link.connected.wait(), 10)
             await scenario(hub, link)
 
@@ -187,3 +191,18 @@ def test_a_server_that_goes_quiet_is_redialled(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
 
     play(tmp_path, scenario, heartbeat_ms=200)
+
+
+def test_a_flood_past_the_accept_limit_answers_busy_and_runs_nothing(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        for i in range(4):
+            hub.request(f"f{i}", '{"sleep_ms": 2000, "mark": "flood"}')
+        refused = await hub.next("result", timeout=5)
+        assert refused.correlation_id == "f3"
+        assert error_code(refused) == "busy" and refused.error.retryable
+        assert link.dispatcher.state.running_ids() == ["f0", "f1", "f2"]
+        # The refused id was never claimed: delivered again later, it runs.
+        for cid in ("f0", "f1", "f2"):
+            link.dispatcher.cancel(cid, "test over")
+
+    play(tmp_path, scenario, {"max_concurrency": 1, "max_accepted": 3})

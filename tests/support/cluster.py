@@ -41,6 +41,8 @@ scopes = ["workerHost.*", "workerDiag.*"]
 [worker]
 diagnostics = true
 drain_grace_s = {drain_grace_s}
+max_concurrency = {max_concurrency}
+max_accepted = {max_accepted}
 
 [connection]
 keepalive_time_s = {keepalive_s}
@@ -196,7 +198,13 @@ def wait_for(condition: Any, timeout: float, proc: Proc | None = None) -> None:
 
 def write_config(home: Path, listen: str, extra_config: str = "", **settings: Any) -> None:
     """The suite's config.toml; `extra_config` is TOML appended as is (more roots, policy)."""
-    values = {"keepalive_s": 1.0, "ping_timeout_s": 1.0, "drain_grace_s": 10}
+    values = {
+        "keepalive_s": 1.0,
+        "ping_timeout_s": 1.0,
+        "drain_grace_s": 10,
+        "max_concurrency": 8,
+        "max_accepted": 4096,
+    }
     values.update(settings)
     home.mkdir(parents=True, exist_ok=True)
     (home / "workspace").mkdir(exist_ok=True)
