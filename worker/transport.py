@@ -30,22 +30,23 @@ class Keepalive:
     ping_timeout_s: float = 5.0
 
 
-def message_options() -> list[tuple[str, int]]:
+def _shared_options(keepalive: Keepalive) -> list[tuple[str, int]]:
+    """Message limits and keepalive, the same at both ends."""
+    ping_ms = int(keepalive.ping_timeout_s * 1000)
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ]
-
-
-def client_options(keepalive: Keepalive) -> list[tuple[str, int]]:
-    ping_ms = int(keepalive.ping_timeout_s * 1000)
-    return [
-        *message_options(),
         ("grpc.keepalive_time_ms", int(keepalive.time_s * 1000)),
         ("grpc.keepalive_timeout_ms", ping_ms),
         ("grpc.http2.ping_timeout_ms", ping_ms),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def client_options(keepalive: Keepalive) -> list[tuple[str, int]]:
+    return [
+        *_shared_options(keepalive),
         # Reconnection pacing is ours (full-jitter backoff); keep gRPC's own short.
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
@@ -54,14 +55,8 @@ def client_options(keepalive: Keepalive) -> list[tuple[str, int]]:
 
 
 def server_options(keepalive: Keepalive) -> list[tuple[str, int]]:
-    ping_ms = int(keepalive.ping_timeout_s * 1000)
     return [
-        *message_options(),
-        ("grpc.keepalive_time_ms", int(keepalive.time_s * 1000)),
-        ("grpc.keepalive_timeout_ms", ping_ms),
-        ("grpc.http2.ping_timeout_ms", ping_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
+        *_shared_options(keepalive),
         # Workers ping often on purpose; do not punish them with GOAWAY.
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 50),
         ("grpc.http2.min_ping_interval_without_data_ms", 50),
