@@ -76,3 +76,25 @@ def test_call_without_grant_answers_scope_required_with_how_to_grant(live: Clust
     assert out["error"]["code"] == "scope_required"
     assert "agentworker grant workerHost.fs_stat" in out["error"]["message"]
     assert out["invocation"]["decision"] == "denied"
+
+
+def test_refusals_are_logged_too_with_secrets_redacted(live: Cluster) -> None:
+    out = live.call("workerHost.fs_stat", '{"path": ".", "api_key": "sekrit-value"}')
+    assert out["error"]["code"] == "validation_error"
+    db = sqlite3.connect(live.home / "telemetry.db")
+    status, code, preview = db.execute(
+        "SELECT status, error_code, args_preview FROM invocations WHERE correlation_id = ?",
+        (out["correlation_id"],),
+    ).fetchone()
+    assert (status, code) == ("error", "validation_error")
+    assert "sekrit" not in preview and '"api_key": "***"' in preview
+    assert "sekrit" not in out["invocation"]["args_preview"]
+
+
+def test_scope_refusal_writes_an_audit_event(live: Cluster) -> None:
+    out = live.call("workerHost.fs_stat", '{"path": "."}', agent_id="stranger")
+    db = sqlite3.connect(live.home / "telemetry.db")
+    kinds = db.execute(
+        "SELECT kind FROM audit_events WHERE correlation_id = ?", (out["correlation_id"],)
+    ).fetchall()
+    assert kinds == [("scope_required",)]
