@@ -108,7 +108,12 @@ class Dispatcher:
         """Claim `req` in the ledger and start it, or answer a duplicate."""
         cid = req.correlation_id
         if not cid:
-            log.warning("dropping a request without a correlation id (action %s)", req.action)
+            log.warning("refusing a request without a correlation id (action %s)", req.action)
+            error = WorkerError(
+                "validation_error", "a request needs a correlation_id; nothing was run"
+            )
+            result = pb.ActionResult(status=pb.ActionResult.ERROR, error=_error_pb(error))
+            self.emit(pb.WorkerMessage(result=result))
             return
         if self.draining:
             self._ack(cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down")
@@ -171,6 +176,9 @@ class Dispatcher:
 
     def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> int:
         """Refuse the plan's later calls (durably) and cancel its running ones."""
+        if not plan_id:
+            log.warning("ignoring a kill without a plan id (from %s)", killed_by)
+            return 0
         self.state.kill_plan(plan_id, reason, killed_by)
         self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
         error = WorkerError("plan_killed", f"plan {plan_id!r} was killed: {reason}")

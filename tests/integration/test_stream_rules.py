@@ -206,3 +206,16 @@ def test_a_flood_past_the_accept_limit_answers_busy_and_runs_nothing(tmp_path: P
             link.dispatcher.cancel(cid, "test over")
 
     play(tmp_path, scenario, {"max_concurrency": 1, "max_accepted": 3})
+
+
+def test_malformed_server_messages_are_answered_not_obeyed(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("", "{}")
+        refused = await hub.next("result")
+        assert error_code(refused) == "validation_error"
+        assert "correlation_id" in refused.error.message
+        hub.send(kill_plan=pb.KillPlan(plan_id="", reason="kill everything?"))
+        hub.request("after-empty-kill", "{}")
+        assert error_code(await hub.next("result")) == "ok"
+
+    play(tmp_path, scenario)
