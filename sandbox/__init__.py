@@ -1,10 +1,27 @@
 """Containment: keeps what the agent does inside the folders a person shared.
 
+`sandbox.paths` confines file operations to the shared folders, and
+`sandbox.files` / `sandbox.listing` read, write and list beneath them without
+following a planted link out; `sandbox.process`
+runs a program in a bubblewrap sandbox that sees only those folders, with limits
+and a kill that reaches every process it started; `sandbox.environment` rebuilds
+the program's environment from a pass-list.
+
 Stands alone (standard library only) so it can be reviewed, tested and reused
 without the worker around it.
 """
 
+from sandbox.files import (
+    HardLinkError,
+    Written,
+    append_bytes,
+    make_parents,
+    open_regular,
+    read_at,
+    write_atomic,
+)
 from sandbox.fs_types import file_kind
+from sandbox.listing import Entry, Listing, list_tree
 from sandbox.paths import (
     ConfinedDir,
     ConfinementError,
@@ -17,9 +34,19 @@ from sandbox.paths import (
 __all__ = [
     "ConfinedDir",
     "ConfinementError",
+    "Entry",
+    "HardLinkError",
+    "Listing",
     "Located",
     "Root",
+    "Written",
+    "append_bytes",
     "file_kind",
+    "list_tree",
     "locate",
+    "make_parents",
+    "open_regular",
     "openat2_available",
+    "read_at",
+    "write_atomic",
 ]

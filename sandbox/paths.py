@@ -38,6 +38,7 @@ CODES: Final = frozenset(
         "permission_denied",
         "too_large",
         "already_exists",
+        "not_supported",
     }
 )
 
@@ -48,8 +49,9 @@ class ConfinementError(Exception):
     `code` is one of: "path_not_allowed" (escape attempt, NUL byte, too long, '~',
     outside every root, write to a read-only root, magic link), "not_found",
     "not_directory", "is_directory", "permission_denied", "too_large" (a name or
-    path the kernel finds too long) and "already_exists" (O_EXCL on an existing
-    name). `message` says what happened and what to do, for a person.
+    path the kernel finds too long), "already_exists" (O_EXCL on an existing
+    name) and "not_supported" (a FIFO, socket or device where a regular file is
+    needed). `message` says what happened and what to do, for a person.
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -1,0 +1,284 @@
+"""Reading and writing one file beneath a root, the ways that cannot be tricked.
+
+`ConfinedDir` keeps a lookup inside a root; this module decides what happens once
+the lookup lands. Reading opens only regular files, and looks before it opens:
+opening a device can have effects (a tape rewinds, a terminal becomes ours) and
+opening a FIFO for reading can wait forever, so the kind is checked on an O_PATH
+handle, which opens nothing, and confirmed again on the real descriptor.
+
+Writing never follows the last component: the new content goes to a temporary
+file beside the target, is flushed to disk, then renamed over the name (or linked
+to it, for a name that must not exist yet). A symlink planted at the name is
+refused, one planted in the moment between the check and the rename is replaced,
+never followed, and a crash at any point leaves either the old file whole or the
+new one. Appending writes in place, so it checks the file it opened, not the name.
+
+A file with more than one name (hard link) may have another name outside every
+root; both readers and appenders refuse such files unless the caller allows them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from typing import Final
+
+from sandbox.fs_types import file_kind
+from sandbox.paths import ConfinedDir, ConfinementError, _show, _translating
+
+# O_NONBLOCK: a FIFO that slipped past the kind check still cannot block the open.
+# O_NOCTTY: a terminal that slipped past it never becomes our controlling terminal.
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+_TEMP_SUFFIX: Final = ".agentworker-tmp"
+_NAME_MAX: Final = 255
+_NEW_FILE_MODE: Final = 0o666  # narrowed by the process umask, as for any program
+_KEPT_MODE_BITS: Final = 0o777  # setuid/setgid/sticky never survive a rewrite
+
+
+class HardLinkError(ConfinementError):
+    """A regular file with more than one name was refused (`links` names in all)."""
+
+    def __init__(self, path: str, links: int) -> None:
+        super().__init__(
+            "path_not_allowed",
+            f"{_show(path)} has {links} names (hard links); another name may lie outside "
+            "the shared folder, so the file is refused.",
+        )
+        self.links = links
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write did: whether it created the file, and the file's size after."""
+
+    created: bool
+    size: int
+
+
+def _not_regular(path: str, st: os.stat_result) -> ConfinementError:
+    kind = file_kind(st)
+    if kind == "directory":
+        return ConfinementError(
+            "is_directory", f"{_show(path)} is a folder, not a file. List it, or name a file in it."
+        )
+    if kind == "symlink":
+        return ConfinementError(
+            "path_not_allowed",
+            f"{_show(path)} is a symbolic link, which is never written through. Write to the "
+            "file it names, or remove the link first.",
+        )
+    return ConfinementError(
+        "not_supported",
+        f"{_show(path)} is a {kind.replace('_', ' ')}, not a regular file; only regular files "
+        "can be read or written.",
+    )
+
+
+def _check_links(path: str, st: os.stat_result, allow_hard_links: bool) -> None:
+    if not allow_hard_links and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise HardLinkError(path, st.st_nlink)
+
+
+def open_regular(root: ConfinedDir, relative: str, *, allow_hard_links: bool = False) -> int:
+    """A read-only fd for the regular file at `relative` (symlinks inside are followed).
+
+    Anything else is refused before it is opened: a folder (`is_directory`), a FIFO,
+    socket or device (`not_supported`), a file with several names unless
+    `allow_hard_links`. The caller closes the fd.
+    """
+    handle = root.open(relative, os.O_PATH)
+    try:
+        seen = os.fstat(handle)
+    finally:
+        os.close(handle)
+    if not stat.S_ISREG(seen.st_mode):
+        raise _not_regular(relative, seen)
+    _check_links(relative, seen, allow_hard_links)
+    fd = root.open(relative, _READ_FLAGS)
+    try:
+        opened = os.fstat(fd)
+        # Swapped between the look and the open: refuse what arrived instead.
+        if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (
+            seen.st_dev,
+            seen.st_ino,
+        ):
+            raise ConfinementError(
+                "not_found", f"{_show(relative)} changed while it was opened. Try again."
+            )
+        _check_links(relative, opened, allow_hard_links)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_at(fd: int, offset: int, length: int) -> bytes:
+    """Up to `length` bytes at `offset`; fewer only at the end of the file."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < length:
+        chunk = os.pread(fd, length - got, offset + got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _lstat(parent_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _temp_name(name: str) -> str:
+    raw = os.fsencode(name)
+    room = _NAME_MAX - len(_TEMP_SUFFIX) - 12  # '.', '.', 8 hex digits and a margin
+    return f".{os.fsdecode(raw[:room])}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_atomic(
+    parent_fd: int, name: str, data: bytes, *, replace: bool, shown: str = ""
+) -> Written:
+    """Make `name` in the directory `parent_fd` hold exactly `data`, atomically.
+
+    `replace=False` refuses an existing name (`already_exists`); `replace=True`
+    swaps the content of an existing regular file, keeping its permission bits.
+    A symlink, folder, FIFO or device at `name` is refused. Other links to a
+    replaced file keep the old content: the name gets a new file. Messages name
+    `shown` (the caller's path), else `name`.
+    """
+    shown = shown or name
+    with _translating(shown):
+        existing = _lstat(parent_fd, name)
+        if existing is not None:
+            if not stat.S_ISREG(existing.st_mode):
+                raise _not_regular(shown, existing)
+            if not replace:
+                raise ConfinementError(
+                    "already_exists",
+                    f"{_show(shown)} already exists. Choose another name, or overwrite it.",
+                )
+        temp = _temp_name(name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temp, flags, _NEW_FILE_MODE, dir_fd=parent_fd)
+        try:
+            try:
+                _write_all(fd, data)
+                if existing is not None:
+                    _keep_owner(fd, existing)
+                    os.fchmod(fd, stat.S_IMODE(existing.st_mode) & _KEPT_MODE_BITS)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if replace:
+                os.rename(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+            else:
+                _link_new(parent_fd, temp, name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=parent_fd)
+            raise
+        os.fsync(parent_fd)
+    return Written(created=existing is None, size=len(data))
+
+
+def _keep_owner(fd: int, existing: os.stat_result) -> None:
+    """Give the new file the old one's owner where we may (a worker running as root
+    must not turn a person's file into root's); otherwise it stays ours."""
+    if (existing.st_uid, existing.st_gid) != (os.geteuid(), os.getegid()):
+        with contextlib.suppress(PermissionError):
+            os.fchown(fd, existing.st_uid, existing.st_gid)
+
+
+def _link_new(parent_fd: int, temp: str, name: str) -> None:
+    """Give the finished temp file its name only if the name is free, then drop the temp."""
+    try:
+        os.link(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        # A file system without hard links: claim the name, then rename over the claim.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(name, flags, 0o600, dir_fd=parent_fd))
+        os.rename(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    else:
+        os.unlink(temp, dir_fd=parent_fd)
+
+
+def append_bytes(
+    parent_fd: int, name: str, data: bytes, *, allow_hard_links: bool = False, shown: str = ""
+) -> Written:
+    """Add `data` at the end of the regular file `name` (created when missing), in place.
+
+    Not atomic: a crash part-way leaves some of `data` appended. The name is never
+    followed; the file actually opened is checked before a byte is written.
+    """
+    shown = shown or name
+    with _translating(shown):
+        existing = _lstat(parent_fd, name)
+        if existing is not None:
+            if not stat.S_ISREG(existing.st_mode):
+                raise _not_regular(shown, existing)
+            _check_links(shown, existing, allow_hard_links)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+        flags |= os.O_CLOEXEC
+        created = existing is None
+        if created:
+            try:
+                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, _NEW_FILE_MODE, dir_fd=parent_fd)
+            except FileExistsError:  # made by someone else meanwhile: append to theirs
+                created = False
+                fd = os.open(name, flags, dir_fd=parent_fd)
+        else:
+            fd = os.open(name, flags, dir_fd=parent_fd)
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
+                raise _not_regular(shown, opened)
+            _check_links(shown, opened, allow_hard_links)
+            os.set_blocking(fd, True)
+            _write_all(fd, data)
+            os.fsync(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if created:
+            os.fsync(parent_fd)
+    return Written(created=created, size=size)
+
+
+def make_parents(root: ConfinedDir, relative: str) -> None:
+    """Create the missing folders above `relative` (a normalised path from `locate`).
+
+    Each folder is made with mkdir in a parent resolved beneath the root, so a
+    symlink on the way is followed only while it stays inside.
+    """
+    parts = [part for part in relative.split("/") if part not in ("", ".")][:-1]
+    for depth in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:depth])
+        try:
+            os.close(root.open(prefix, os.O_PATH | os.O_DIRECTORY))
+            continue
+        except ConfinementError as exc:
+            if exc.code != "not_found":
+                raise
+        parent, name = root.open_parent(prefix)
+        try:
+            with _translating(prefix), contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=parent)
+        finally:
+            os.close(parent)

@@ -1,0 +1,242 @@
+"""sandbox.files against a real file system, with both resolvers.
+
+Reading opens only regular files and never opens anything else at all; writing
+never follows the last name, and a crash part-way leaves the old content whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import (
+    ConfinedDir,
+    ConfinementError,
+    HardLinkError,
+    append_bytes,
+    make_parents,
+    open_regular,
+    read_at,
+    write_atomic,
+)
+from tests.sandbox.support import INSIDE, SECRET, Tree
+
+
+@contextlib.contextmanager
+def parent_of(root: ConfinedDir, relative: str) -> Iterator[tuple[int, str]]:
+    fd, name = root.open_parent(relative)
+    try:
+        yield fd, name
+    finally:
+        os.close(fd)
+
+
+def read(root: ConfinedDir, relative: str) -> bytes:
+    fd = open_regular(root, relative)
+    try:
+        return read_at(fd, 0, 1 << 20)
+    finally:
+        os.close(fd)
+
+
+def refusal(call: object, *args: object, **kwargs: object) -> ConfinementError:
+    with pytest.raises(ConfinementError) as caught:
+        result = call(*args, **kwargs)  # type: ignore[operator]
+        if isinstance(result, int):
+            os.close(result)
+    return caught.value
+
+
+# --- open_regular -------------------------------------------------------------------
+
+
+def test_reads_a_regular_file_and_follows_links_inside(tree: Tree, confined: ConfinedDir) -> None:
+    (tree.root / "alias").symlink_to("data.txt")
+    assert read(confined, "data.txt") == INSIDE.encode()
+    assert read(confined, "alias") == INSIDE.encode()
+
+
+def test_a_fifo_is_refused_without_blocking(tree: Tree, confined: ConfinedDir) -> None:
+    os.mkfifo(tree.root / "fifo")  # no writer: a plain open for reading would wait forever
+    error = refusal(open_regular, confined, "fifo")
+    assert error.code == "not_supported"
+    assert "fifo" in error.message
+
+
+def test_a_socket_is_refused(tree: Tree, confined: ConfinedDir) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tree.root / "sock"))
+        assert refusal(open_regular, confined, "sock").code == "not_supported"
+
+
+def test_a_folder_is_refused(confined: ConfinedDir) -> None:
+    assert refusal(open_regular, confined, "sub").code == "is_directory"
+    assert refusal(open_regular, confined, ".").code == "is_directory"
+
+
+def test_a_device_is_refused_without_being_opened(use_openat2: bool) -> None:
+    with ConfinedDir(Path("/dev"), use_openat2=use_openat2) as dev:
+        for name in ("zero", "null", "tty"):
+            if os.path.exists(f"/dev/{name}"):
+                assert refusal(open_regular, dev, name).code == "not_supported"
+
+
+def test_a_hard_link_is_refused_unless_allowed(tree: Tree, confined: ConfinedDir) -> None:
+    os.link(tree.secret, tree.root / "hard")
+    error = refusal(open_regular, confined, "hard")
+    assert isinstance(error, HardLinkError)
+    assert error.code == "path_not_allowed" and error.links == 2
+    fd = open_regular(confined, "hard", allow_hard_links=True)
+    os.close(fd)
+
+
+def test_read_at_pages_and_stops_at_the_end(tree: Tree, confined: ConfinedDir) -> None:
+    fd = open_regular(confined, "data.txt")
+    try:
+        assert read_at(fd, 0, 6) == b"inside"
+        assert read_at(fd, 7, 100) == b"data\n"
+        assert read_at(fd, 1000, 10) == b""
+    finally:
+        os.close(fd)
+
+
+# --- write_atomic ---------------------------------------------------------------------
+
+
+def test_create_refuses_an_existing_name(tree: Tree, confined: ConfinedDir) -> None:
+    with parent_of(confined, "sub/new.txt") as (parent, name):
+        written = write_atomic(parent, name, b"new", replace=False)
+        assert written.created and written.size == 3
+        assert refusal(write_atomic, parent, name, b"again", replace=False).code == (
+            "already_exists"
+        )
+    assert (tree.root / "sub" / "new.txt").read_bytes() == b"new"
+
+
+def test_replace_swaps_content_and_keeps_permissions(tree: Tree, confined: ConfinedDir) -> None:
+    target = tree.root / "data.txt"
+    target.chmod(0o640)
+    with parent_of(confined, "data.txt") as (parent, name):
+        written = write_atomic(parent, name, b"replaced", replace=True)
+    assert not written.created
+    assert target.read_bytes() == b"replaced"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+def test_replace_never_writes_through_a_hard_link(tree: Tree, confined: ConfinedDir) -> None:
+    os.link(tree.secret, tree.root / "hard")
+    with parent_of(confined, "hard") as (parent, name):
+        write_atomic(parent, name, b"mine now", replace=True)
+    assert (tree.root / "hard").read_bytes() == b"mine now"
+    assert tree.secret.read_text() == SECRET, "the other name keeps the old file"
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["create", "overwrite"])
+def test_a_planted_symlink_is_never_written_through(
+    tree: Tree, confined: ConfinedDir, replace: bool
+) -> None:
+    (tree.root / "planted").symlink_to(tree.secret)
+    (tree.root / "dangling").symlink_to(tree.outside / "new.txt")
+    for link in ("planted", "dangling"):
+        with parent_of(confined, link) as (parent, name):
+            error = refusal(write_atomic, parent, name, b"pwned", replace=replace)
+        assert error.code == "path_not_allowed"
+        assert "symbolic link" in error.message
+    assert tree.secret.read_text() == SECRET
+    assert not (tree.outside / "new.txt").exists()
+    assert sorted(p.name for p in tree.outside.iterdir()) == ["secret.txt"]
+
+
+def test_writing_onto_a_folder_or_fifo_is_refused(tree: Tree, confined: ConfinedDir) -> None:
+    os.mkfifo(tree.root / "fifo")
+    for path, code in (("sub", "is_directory"), ("fifo", "not_supported")):
+        with parent_of(confined, path) as (parent, name):
+            assert refusal(write_atomic, parent, name, b"x", replace=True).code == code
+            assert refusal(append_bytes, parent, name, b"x").code == code
+
+
+def test_no_temporary_file_is_left_behind(tree: Tree, confined: ConfinedDir) -> None:
+    with parent_of(confined, "sub/inner.txt") as (parent, name):
+        write_atomic(parent, name, b"one", replace=True)
+        refusal(write_atomic, parent, name, b"two", replace=False)
+    assert sorted(os.listdir(tree.root / "sub")) == ["inner.txt"]
+
+
+def test_a_crash_mid_write_leaves_the_old_content_whole(tree: Tree, confined: ConfinedDir) -> None:
+    """A child process is killed by SIGXFSZ part-way through writing 4 MiB (its file
+    size limit is 1 MiB): no cleanup runs, exactly as in a crash or power cut."""
+    old = b"old content\n" * 1000
+    (tree.root / "precious").write_bytes(old)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+            parent, name = confined.open_parent("precious")
+            write_atomic(parent, name, b"N" * (4 << 20), replace=True)
+        finally:
+            os._exit(0)  # reached only if the crash did not happen
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXFSZ
+    assert (tree.root / "precious").read_bytes() == old
+    debris = [p for p in tree.root.iterdir() if p.name.endswith(".agentworker-tmp")]
+    assert len(debris) == 1 and debris[0].stat().st_size == 1 << 20, "it died mid-write"
+
+
+# --- append_bytes ---------------------------------------------------------------------
+
+
+def test_append_adds_to_the_end_and_creates_when_missing(tree: Tree, confined: ConfinedDir) -> None:
+    with parent_of(confined, "log.txt") as (parent, name):
+        first = append_bytes(parent, name, b"one\n")
+        second = append_bytes(parent, name, b"two\n")
+    assert first.created and not second.created and second.size == 8
+    assert (tree.root / "log.txt").read_bytes() == b"one\ntwo\n"
+
+
+def test_append_refuses_links(tree: Tree, confined: ConfinedDir) -> None:
+    (tree.root / "planted").symlink_to(tree.secret)
+    os.link(tree.secret, tree.root / "hard")
+    with parent_of(confined, "planted") as (parent, name):
+        assert refusal(append_bytes, parent, name, b"x").code == "path_not_allowed"
+    with parent_of(confined, "hard") as (parent, name):
+        assert isinstance(refusal(append_bytes, parent, name, b"x"), HardLinkError)
+    assert tree.secret.read_text() == SECRET
+
+
+# --- make_parents ---------------------------------------------------------------------
+
+
+def test_make_parents_creates_missing_folders(tree: Tree, confined: ConfinedDir) -> None:
+    make_parents(confined, "sub/a/b/c/file.txt")
+    assert (tree.root / "sub" / "a" / "b" / "c").is_dir()
+    make_parents(confined, "sub/a/b/c/file.txt")  # again: nothing to do
+
+
+def test_make_parents_does_not_follow_a_link_out(tree: Tree, confined: ConfinedDir) -> None:
+    (tree.root / "esc").symlink_to(tree.outside)
+    assert refusal(make_parents, confined, "esc/new/file.txt").code == "path_not_allowed"
+    assert not (tree.outside / "new").exists()
+
+
+def test_make_parents_stops_at_a_file(confined: ConfinedDir) -> None:
+    assert refusal(make_parents, confined, "data.txt/x/file.txt").code == "not_directory"
+
+
+def test_replace_keeps_the_owner_where_it_may(tree: Tree, confined: ConfinedDir) -> None:
+    target = tree.root / "data.txt"
+    if os.geteuid() == 0:
+        os.chown(target, 65534, 65534)  # as root the worker must not take the file over
+    before = target.stat()
+    with parent_of(confined, "data.txt") as (parent, name):
+        write_atomic(parent, name, b"replaced", replace=True)
+    after = target.stat()
+    assert (after.st_uid, after.st_gid) == (before.st_uid, before.st_gid)

@@ -1,0 +1,84 @@
+"""sandbox.listing: bounded, sorted, never entering a symlink."""
+
+from __future__ import annotations
+
+import os
+
+from sandbox import ConfinedDir, ConfinementError, list_tree
+from tests.sandbox.support import Tree
+from tests.sandbox.test_paths import unprivileged
+
+
+def paths(root: ConfinedDir, relative: str = ".", **options: object) -> list[str]:
+    return [entry.path for entry in list_tree(root, relative, **options).entries]  # type: ignore[arg-type]
+
+
+def test_lists_one_level_sorted(confined: ConfinedDir) -> None:
+    assert paths(confined) == ["data.txt", "sub"]
+
+
+def test_depth_descends_into_real_folders(tree: Tree, confined: ConfinedDir) -> None:
+    (tree.root / "sub" / "deeper").mkdir()
+    (tree.root / "sub" / "deeper" / "x").write_text("x")
+    assert paths(confined, depth=2) == ["data.txt", "sub", "sub/deeper", "sub/inner.txt"]
+    assert paths(confined, depth=3)[-2:] == ["sub/deeper/x", "sub/inner.txt"]
+    assert paths(confined, "sub") == ["deeper", "inner.txt"]
+
+
+def test_hidden_names_only_on_request(tree: Tree, confined: ConfinedDir) -> None:
+    (tree.root / ".env").write_text("KEY=1")
+    assert ".env" not in paths(confined)
+    assert ".env" in paths(confined, hidden=True)
+
+
+def test_symlinks_are_reported_and_never_entered(tree: Tree, confined: ConfinedDir) -> None:
+    (tree.root / "out").symlink_to(tree.outside)
+    (tree.root / "in").symlink_to("sub")
+    listing = list_tree(confined, ".", depth=5)
+    names = [entry.path for entry in listing.entries]
+    assert "out" in names and "in" in names
+    assert not any(name.startswith(("out/", "in/")) for name in names)
+    assert not any("secret" in name for name in names)
+
+
+def test_limit_truncates(tree: Tree, confined: ConfinedDir) -> None:
+    for i in range(20):
+        (tree.root / f"f{i:02}").write_text("")
+    listing = list_tree(confined, ".", limit=5)
+    assert [e.path for e in listing.entries] == ["data.txt", "f00", "f01", "f02", "f03"]
+    assert listing.truncated
+    assert not list_tree(confined, ".", limit=22).truncated
+
+
+def test_scan_limit_bounds_a_huge_folder(tree: Tree, confined: ConfinedDir) -> None:
+    for i in range(50):
+        (tree.root / f"n{i:02}").write_text("")
+    listing = list_tree(confined, ".", limit=1000, scan_limit=10)
+    assert len(listing.entries) == 10 and listing.truncated
+
+
+def test_listing_outside_or_a_file_is_refused(tree: Tree, confined: ConfinedDir) -> None:
+    (tree.root / "out").symlink_to(tree.outside)
+    for path, code in (("out", "path_not_allowed"), ("data.txt", "not_directory")):
+        try:
+            list_tree(confined, path)
+        except ConfinementError as exc:
+            assert exc.code == code
+        else:
+            raise AssertionError(f"{path} was listed")
+
+
+def test_an_unreadable_folder_is_reported_not_fatal(tree: Tree, confined: ConfinedDir) -> None:
+    os.mkfifo(tree.root / "pipe")  # listed, never opened
+    tree.root.chmod(0o755)
+    (tree.root / "sub").chmod(0)
+
+    def check() -> None:
+        entries = {e.path: e for e in list_tree(confined, ".", depth=2).entries}
+        assert entries["sub"].error == "permission_denied", entries["sub"]
+        assert entries["pipe"].error is None and "data.txt" in entries
+
+    try:
+        unprivileged(check)
+    finally:
+        (tree.root / "sub").chmod(0o755)
