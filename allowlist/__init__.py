@@ -1,5 +1,38 @@
-"""The exec policy engine and the shipped default policy.
+"""The exec policy engine and the shipped default policy (`default.toml`).
 
-Empty until the exec issue lands: with no engine, the worker offers no exec action
-at all (an unknown action), rather than a permissive placeholder.
+Decides, for an argument list, whether `workerHost.exec` may run it: allow, ask
+the person, or refuse (`command_not_allowed`, `command_forbidden`,
+`path_not_allowed`). It never runs anything and never touches the worker:
+standard library only, so the policy can be reviewed and tested on its own.
+
+    policy = load_policy(Path("~/.config/agentworker/allowlist.toml"))
+    decision = policy.decide(["git", "log", "-n", "5"], check_path)
+    decision.verdict, decision.path, decision.reason
 """
+
+from allowlist._describe import describe, explain, render
+from allowlist._grammar import Grammar, NoMatchError, PathCheck, PathRefusedError, Slot
+from allowlist._load import PolicyError
+from allowlist._policy import Decision, Deny, Policy, Program, Rule
+from allowlist._self_test import EXAMPLE_ROOT, example_path_check, load_policy, load_text
+
+__all__ = [
+    "EXAMPLE_ROOT",
+    "Decision",
+    "Deny",
+    "Grammar",
+    "NoMatchError",
+    "PathCheck",
+    "PathRefusedError",
+    "Policy",
+    "PolicyError",
+    "Program",
+    "Rule",
+    "Slot",
+    "describe",
+    "example_path_check",
+    "explain",
+    "load_policy",
+    "load_text",
+    "render",
+]

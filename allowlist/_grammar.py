@@ -1,0 +1,255 @@
+"""How a rule reads an argument list: an argument grammar, not a prefix.
+
+A prefix rule ("git log ...") admits whatever follows it, and whatever follows is
+where injections live: `git log --output=/x`, `find . -exec sh`, a file named
+`-rf`. A grammar instead names every flag and option a rule admits, the type of
+every value, and how many positional arguments of which type may follow. An
+argument list matches only if every token has a place in the grammar, read the
+way the program itself reads it:
+
+- `gnu` style (getopt_long, and git's parse-options): short flags bundle (`-la`),
+  a short option takes the rest of its token or the next token (`-n5`, `-n 5`),
+  long options take `--name=value` or `--name value`, options may follow
+  positionals, and `--` ends the options. Only exact option names count: the
+  abbreviations getopt would expand are never admitted.
+- `single_dash` style (find's expressions): tokens are matched whole, an option
+  takes the next token, and positionals (start points) come before the first
+  option.
+
+Paths are never judged here: a `read_path` or `write_path` value is handed to the
+caller's `PathCheck`, which knows the shared folders and the working directory.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+Style = Literal["gnu", "single_dash"]
+Repeat = Literal["one", "optional", "many"]
+
+BASE_KINDS: Final = frozenset({"opaque", "int", "glob", "read_path", "write_path"})
+PATH_KINDS: Final = frozenset({"read_path", "write_path"})
+# A kind is a base kind's name, or a tuple of the literal words allowed.
+Kind = str | tuple[str, ...]
+
+# Given a path as the caller wrote it and whether it is written to: None when the
+# path may be used, else why not (a sentence for a person).
+PathCheck = Callable[[str, bool], "str | None"]
+
+_INT: Final = re.compile(r"[+-]?[0-9]{1,18}")
+
+
+class NoMatchError(Exception):
+    """The argument list does not fit this grammar; `reason` says where it breaks."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PathRefusedError(NoMatchError):
+    """The list fits the grammar, but a path in it lies outside the shared folders."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(why)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One positional place: its kind, and whether it is required, optional or repeated."""
+
+    kind: Kind
+    repeat: Repeat = "one"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """An argument list as a grammar reads it."""
+
+    flags: tuple[str, ...] = ()
+    values: tuple[tuple[str, str], ...] = ()  # (option, value)
+    positionals: tuple[str, ...] = ()
+    after_double_dash: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Grammar:
+    style: Style = "gnu"
+    subcommand: tuple[str, ...] = ()  # literal words; "a|b" admits either
+    flags: frozenset[str] = frozenset()
+    options: Mapping[str, Kind] = field(default_factory=dict)
+    positionals: tuple[Slot, ...] = ()
+    # When set, positionals after `--` are typed by these slots instead.
+    after_double_dash: tuple[Slot, ...] | None = None
+    # Each group names alternatives; at least one of each group must be present.
+    require: tuple[frozenset[str], ...] = ()
+    # Admit any arguments after the subcommand (for forbidden rules and test policies).
+    any_args: bool = False
+
+    def match(self, args: Sequence[str], check_path: PathCheck) -> Reading:
+        """Read `args` (argv without the program name) and check every value.
+
+        Raises NoMatchError, or PathRefusedError when only a path keeps the list out.
+        """
+        reading = self.read(args)
+        self.check(reading, check_path)
+        return reading
+
+    def read(self, args: Sequence[str]) -> Reading:
+        count = len(self.subcommand)
+        words = args[:count]
+        if len(words) < count or any(
+            word not in spec.split("|") for word, spec in zip(words, self.subcommand, strict=False)
+        ):
+            raise NoMatchError(f"it is not `{' '.join(self.subcommand)}`")
+        rest = list(args[count:])
+        if self.any_args:
+            return Reading(positionals=tuple(rest))
+        if self.style == "single_dash":
+            reading = self._read_single_dash(rest)
+        else:
+            reading = self._read_gnu(rest)
+        present = set(reading.flags) | {name for name, _ in reading.values}
+        for group in self.require:
+            if not group & present:
+                raise NoMatchError(f"it needs {' or '.join(sorted(group))}")
+        return reading
+
+    def check(self, reading: Reading, check_path: PathCheck) -> None:
+        if self.any_args:
+            return
+        for name, value in reading.values:
+            _check_value(self.options[name], value, f"the value of {name}", check_path)
+        if self.after_double_dash is None:
+            _check_slots(
+                self.positionals, reading.positionals + reading.after_double_dash, check_path
+            )
+        else:
+            _check_slots(self.positionals, reading.positionals, check_path)
+            _check_slots(self.after_double_dash, reading.after_double_dash, check_path, "after --")
+
+    # ------------------------------------------------------------- styles
+
+    def _read_gnu(self, rest: list[str]) -> Reading:
+        flags: list[str] = []
+        values: list[tuple[str, str]] = []
+        positionals: list[str] = []
+        after: list[str] = []
+        index = 0
+
+        def next_value(name: str) -> str:
+            nonlocal index
+            if index >= len(rest):
+                raise NoMatchError(f"option {name} needs a value")
+            index += 1
+            return rest[index - 1]
+
+        while index < len(rest):
+            arg = rest[index]
+            index += 1
+            if arg == "--":
+                after = rest[index:]
+                break
+            if arg.startswith("--"):
+                name, has_value, value = arg.partition("=")
+                if name in self.flags:
+                    if has_value:
+                        raise NoMatchError(f"option {name} takes no value")
+                    flags.append(name)
+                elif name in self.options:
+                    values.append((name, value if has_value else next_value(name)))
+                else:
+                    raise NoMatchError(f"option {name} is not allowed")
+            elif arg.startswith("-") and len(arg) > 1:
+                for at in range(1, len(arg)):
+                    name = "-" + arg[at]
+                    if name in self.flags:
+                        flags.append(name)
+                    elif name in self.options:
+                        attached = arg[at + 1 :]
+                        values.append((name, attached or next_value(name)))
+                        break
+                    else:
+                        inside = f" (in {arg})" if len(arg) > 2 else ""
+                        raise NoMatchError(f"option {name}{inside} is not allowed")
+            else:
+                positionals.append(arg)
+        return Reading(tuple(flags), tuple(values), tuple(positionals), tuple(after))
+
+    def _read_single_dash(self, rest: list[str]) -> Reading:
+        flags: list[str] = []
+        values: list[tuple[str, str]] = []
+        positionals: list[str] = []
+        index = 0
+        while index < len(rest):
+            token = rest[index]
+            index += 1
+            if token in self.flags:
+                flags.append(token)
+            elif token in self.options:
+                if index >= len(rest):
+                    raise NoMatchError(f"{token} needs a value")
+                values.append((token, rest[index]))
+                index += 1
+            elif token.startswith("-") and len(token) > 1:
+                raise NoMatchError(f"{token} is not allowed")
+            elif flags or values:
+                raise NoMatchError(f"{token!r} follows the expression; paths must come first")
+            else:
+                positionals.append(token)
+        return Reading(tuple(flags), tuple(values), tuple(positionals))
+
+
+def _check_slots(
+    slots: Sequence[Slot], given: Sequence[str], check_path: PathCheck, where: str = ""
+) -> None:
+    required = sum(1 for slot in slots if slot.repeat == "one")
+    at_most = None if any(slot.repeat == "many" for slot in slots) else len(slots)
+    suffix = f" {where}" if where else ""
+    if len(given) < required:
+        raise NoMatchError(f"it needs {required} argument(s){suffix}, got {len(given)}")
+    if at_most is not None and len(given) > at_most:
+        raise NoMatchError(f"it takes at most {at_most} argument(s){suffix}, got {len(given)}")
+    index = 0
+    for slot in slots:
+        taken = len(given) - index if slot.repeat == "many" else min(1, len(given) - index)
+        for value in given[index : index + taken]:
+            _check_value(slot.kind, value, f"argument {value!r}", check_path)
+        index += taken
+
+
+def _check_value(kind: Kind, value: str, what: str, check_path: PathCheck) -> None:
+    if "\x00" in value:
+        raise NoMatchError(f"{what} contains a NUL byte")
+    if isinstance(kind, tuple):
+        if value not in kind:
+            raise NoMatchError(f"{what} must be one of: {', '.join(kind)}")
+    elif kind == "int":
+        if not _INT.fullmatch(value):
+            raise NoMatchError(f"{what} must be a whole number")
+    elif kind in PATH_KINDS and value != "-":  # "-" is stdin or stdout, not a file
+        why = check_path(value, kind == "write_path")
+        if why is not None:
+            raise PathRefusedError(value, why)
+
+
+def token_hits(entry: str, arg: str) -> bool:
+    """Whether `arg` could be the denied argument `entry`, as its program reads it.
+
+    `--name` also catches `--name=value` and any abbreviation getopt would expand
+    to it; a one-letter `-x` catches any short-option bundle holding x (`-nx`,
+    `-xVALUE`); anything else (`-exec`, a word) must equal the token. Erring
+    towards a hit is the point: a false hit refuses a call, a miss runs one.
+    """
+    if entry.startswith("--"):
+        if not arg.startswith("--") or arg == "--":
+            return False
+        name = arg.split("=", 1)[0]
+        return name == entry or (len(name) > 2 and entry.startswith(name))
+    if len(entry) == 2 and entry.startswith("-"):
+        return arg.startswith("-") and not arg.startswith("--") and entry[1] in arg[1:]
+    return arg == entry

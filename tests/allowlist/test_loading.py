@@ -1,0 +1,161 @@
+"""Policy files load strictly, test themselves, and layer with the strictest rule winning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from allowlist import PolicyError, example_path_check, load_policy, load_text
+
+CAT = """
+[program.cat]
+paths = ["/usr/bin/cat"]
+
+[[program.cat.rule]]
+id = "cat-numbered"
+reason = "prints files with line numbers"
+flags = ["-n"]
+positionals = ["read_path..."]
+match = {match}
+not_match = ["cat /etc/passwd"]
+"""
+
+
+def test_a_broken_example_refuses_the_policy_and_names_the_rule() -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_text(CAT.format(match='["cat -n a", "cat -A a"]'), "mine.toml")
+    message = str(caught.value)
+    assert "mine.toml" in message and "rule cat-numbered" in message
+    assert "'cat -A a' should match but does not: option -A is not allowed" in message
+
+
+def test_a_not_match_example_that_matches_refuses_the_policy() -> None:
+    text = CAT.format(match='["cat -n a"]').replace('"cat /etc/passwd"', '"cat -n b"')
+    with pytest.raises(PolicyError, match="rule cat-numbered: example 'cat -n b' should not match"):
+        load_text(text)
+
+
+def test_a_deny_example_that_does_not_hit_refuses_the_policy() -> None:
+    text = (
+        CAT.format(match='["cat -n a"]')
+        + """
+[[program.cat.deny]]
+id = "cat-no-v"
+args = ["-v"]
+reason = "no"
+match = ["cat -n a"]
+not_match = ["cat a"]
+"""
+    )
+    with pytest.raises(PolicyError, match="deny cat-no-v: example 'cat -n a' should be forbidden"):
+        load_text(text)
+
+
+@pytest.mark.parametrize(
+    ("fragment", "complaint"),
+    [
+        ('flagz = ["-n"]', "unknown key(s) ['flagz']"),
+        ('options = ["-n=integer"]', "unknown kind 'integer'"),
+        ('options = ["-n"]', "options are written NAME=KIND"),
+        ('decision = "maybe"', "decision must be allow, ask or forbidden"),
+        ('options = ["-name=int"]', "neither a short (-x) nor a long (--name) option"),
+        ('after_double_dash = ["opaque...", "int"]', "positionals go required first"),
+        ('require = ["--sandbox"]', "requires ['--sandbox'] but does not list them"),
+    ],
+)
+def test_mistakes_in_a_rule_stop_the_load_with_a_useful_message(
+    fragment: str, complaint: str
+) -> None:
+    text = CAT.format(match='["cat -n a"]').replace(
+        'reason = "prints', f'{fragment}\nreason = "prints'
+    )
+    with pytest.raises(PolicyError) as caught:
+        load_text(text)
+    assert complaint in str(caught.value)
+
+
+def test_programs_are_pinned_to_absolute_paths_and_named_bare() -> None:
+    with pytest.raises(PolicyError, match="pinned paths must be absolute"):
+        load_text('[program.cat]\npaths = ["bin/cat"]\n')
+    with pytest.raises(PolicyError, match="bare name"):
+        load_text('[program."/usr/bin/cat"]\npaths = ["/usr/bin/cat"]\n')
+    with pytest.raises(PolicyError, match="has no pinned paths"):
+        load_text("[program.cat]\n")
+
+
+def test_user_rules_layer_on_the_default_and_the_strictest_wins(tmp_path: Path) -> None:
+    mine = tmp_path / "allowlist.toml"
+    mine.write_text(
+        """
+[program.git]
+[[program.git.rule]]
+id = "my-git-anything"
+reason = "I trust my agent with git"
+any_args = true
+match = ["git -c core.pager=sh log", "git push"]
+not_match = []
+
+[[program.git.rule]]
+id = "my-git-log-asks"
+decision = "ask"
+reason = "I want to see history reads"
+subcommand = ["log"]
+any_args = true
+match = ["git log"]
+not_match = ["git show"]
+"""
+    )
+    policy = load_policy(mine)
+    assert policy.sources == ("default policy", str(mine))
+    push = policy.decide(["git", "push"], example_path_check)
+    assert (push.verdict, push.rule_id) == ("allow", "my-git-anything")
+    pager = policy.decide(["git", "-c", "core.pager=sh", "log"], example_path_check)
+    assert pager.refusal == "command_forbidden", "a user rule must not undo a shipped denial"
+    log = policy.decide(["git", "log", "-n", "1"], example_path_check)
+    assert log.verdict == "ask"
+    assert set(log.matched) == {"git-log", "my-git-anything", "my-git-log-asks"}
+    config = policy.decide(["git", "config", "x", "y"], example_path_check)
+    assert config.refusal == "command_forbidden"
+
+
+def test_a_user_file_may_set_its_own_paths_and_drop_the_default(tmp_path: Path) -> None:
+    mine = tmp_path / "allowlist.toml"
+    mine.write_text(
+        """
+[policy]
+include_default = false
+
+[program.cat]
+paths = ["/opt/cat", "/usr/bin/cat"]
+[[program.cat.rule]]
+id = "cat"
+reason = "plain cat"
+positionals = ["read_path..."]
+match = ["cat a"]
+not_match = ["cat -n a"]
+"""
+    )
+    policy = load_policy(mine)
+    assert set(policy.programs) == {"cat"}
+    assert policy.programs["cat"].paths == ("/opt/cat", "/usr/bin/cat")
+    assert policy.decide(["cat", "a"], example_path_check).path == "/usr/bin/cat"
+
+
+def test_rule_ids_are_unique_across_layers(tmp_path: Path) -> None:
+    mine = tmp_path / "allowlist.toml"
+    mine.write_text(
+        '[program.cat]\n[[program.cat.rule]]\nid = "cat"\nreason = "again"\nany_args = true\n'
+    )
+    with pytest.raises(PolicyError, match="rule id 'cat' is used twice"):
+        load_policy(mine)
+
+
+def test_an_allowed_program_that_is_not_installed_is_not_allowed() -> None:
+    policy = load_text(
+        '[program.nothere]\npaths = ["/nonexistent/nothere"]\n'
+        '[[program.nothere.rule]]\nid = "n"\nreason = "r"\nmatch = ["nothere"]\n'
+    )
+    decision = policy.decide(["nothere"], example_path_check)
+    assert decision.refusal == "command_not_allowed"
+    assert "not installed" in decision.reason and "/nonexistent/nothere" in decision.reason
