@@ -1,0 +1,176 @@
+"""The bubblewrap command line for one sandboxed program, and the tools it needs.
+
+The sandbox sees the system's programs and libraries read-only, a handful of
+/etc files that programs need to start (the loader cache, passwd for names,
+the time zone), a private /tmp, a read-only /proc of its own, and the shared
+folders at their usual paths, read-only or read-write as configured. Nothing
+else of the person's files exists inside, so a symlink in a shared folder that
+points at ~/.ssh leads nowhere. Every namespace is fresh: its own pids (killing
+its first process kills all of it), no network unless the policy says so, no
+new user namespaces, no capabilities. Resource limits are set by `prlimit`
+inside the sandbox, after the user namespace exists: the kernel then counts
+processes per sandbox, not per user, for RLIMIT_NPROC.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES: Final = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/alternatives",
+    "/etc/magic",
+    "/etc/mime.types",
+)
+
+
+class SandboxUnavailableError(Exception):
+    """The sandbox cannot be built here; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Tools:
+    bwrap: str
+    prlimit: str  # runs inside the sandbox: must live under SYSTEM_DIRS
+    nsenter: str
+    tee: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A shared folder, bound at its own path inside the sandbox."""
+
+    path: str
+    writable: bool
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed program may use. Per process, except `processes`."""
+
+    timeout_s: float = 30.0
+    output_bytes: int = 1024 * 1024  # stdout + stderr together
+    cpu_s: int = 300
+    memory_bytes: int = 4 * 1024**3  # address space (RLIMIT_AS)
+    file_size_bytes: int = 64 * 1024**2
+    open_files: int = 1024
+    processes: int = 64
+    drain_s: float = 1.0  # how long to wait for the pipes to close after exit
+
+
+@functools.lru_cache(maxsize=8)
+def find_tools(bwrap: str = "bwrap") -> Tools:
+    found = {name: shutil.which(name) for name in ("prlimit", "nsenter", "tee")}
+    found["bwrap"] = shutil.which(bwrap)
+    missing = sorted(name for name, path in found.items() if path is None)
+    if missing:
+        raise SandboxUnavailableError(
+            f"exec runs every command in a bubblewrap sandbox, and {', '.join(missing)} "
+            "cannot be found. Install bubblewrap and util-linux (Debian/Ubuntu: "
+            "apt install bubblewrap util-linux), then try again."
+        )
+    tools = Tools(**{name: os.path.realpath(str(path)) for name, path in found.items()})
+    if not visible_by_default(tools.prlimit):
+        raise SandboxUnavailableError(
+            f"prlimit was found at {tools.prlimit}, outside {', '.join(SYSTEM_DIRS)}, so the "
+            "sandbox could not see it. Install util-linux from the system's packages."
+        )
+    return tools
+
+
+def command(
+    tools: Tools,
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    mounts: Sequence[Mount],
+    hidden: Sequence[str],
+    extra_files: Sequence[str],
+    network: bool,
+    limits: Limits,
+    info_fd: int,
+    block_fd: int,
+) -> list[str]:
+    """bwrap [namespaces] [view] -- prlimit [limits] -- argv."""
+    args = [
+        tools.bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+    ]
+    if network:
+        args.append("--share-net")
+    for folder in SYSTEM_DIRS:
+        if os.path.islink(folder):
+            args += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            args += ["--ro-bind", folder, folder]
+    for path in ETC_FILES:
+        args += ["--ro-bind-try", path, path]
+    for path in extra_files:
+        args += ["--ro-bind", path, path]
+    # The sandbox's own /tmp: a private tmpfs, gone with it.
+    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
+    args += ["--tmpfs", "/tmp"]  # noqa: S108
+    args += _folders(mounts, hidden)
+    args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+    args += ["--", tools.prlimit, *_rlimits(limits), "--", *argv]
+    return args
+
+
+def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
+    """Shared folders and hidden folders, shallowest first so deeper ones land on top.
+
+    A hidden folder (the worker's own config and data) only matters where a shared
+    folder would expose it; it becomes an empty read-only tmpfs.
+    """
+    steps: list[tuple[int, int, list[str]]] = []
+    for mount in mounts:
+        flag = "--bind" if mount.writable else "--ro-bind"
+        steps.append((_depth(mount.path), 0, [flag, mount.path, mount.path]))
+    for path in hidden:
+        if any(_inside(path, mount.path) for mount in mounts):
+            steps.append((_depth(path), 1, ["--tmpfs", path, "--remount-ro", path]))
+    return [arg for _, _, step in sorted(steps, key=lambda s: (s[0], s[1])) for arg in step]
+
+
+def _rlimits(limits: Limits) -> list[str]:
+    return [
+        f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",  # SIGXCPU first, SIGKILL a second later
+        f"--as={limits.memory_bytes}",
+        f"--fsize={limits.file_size_bytes}",
+        f"--nofile={limits.open_files}",
+        f"--nproc={limits.processes}",
+        "--core=0",
+    ]
+
+
+def _depth(path: str) -> int:
+    return len([part for part in path.split("/") if part])
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def visible_by_default(path: str) -> bool:
+    """Whether `path` is inside the system folders every sandbox sees."""
+    real = os.path.realpath(path)
+    return any(_inside(real, os.path.realpath(folder)) for folder in SYSTEM_DIRS)

@@ -1,0 +1,97 @@
+"""A process cap that holds for root, who is exempt from RLIMIT_NPROC.
+
+For anyone else the kernel enforces RLIMIT_NPROC per user namespace, so the
+prlimit inside each sandbox caps that sandbox alone. Root is exempt from it, so
+a fork bomb run by a root worker needs another bound: since Linux 6.14 each pid
+namespace has its own `kernel.pid_max`, and a sandbox is its own pid namespace.
+While bubblewrap holds the sandbox at its start line (--block-fd), a helper that
+joins only the sandbox's pid namespace writes the cap; the sysctl it opens
+belongs to the writer's pid namespace, so nothing outside changes. The sandbox
+itself cannot raise it again: its /proc is read-only and it has no capabilities.
+
+Writing pid_max from a namespace on an older kernel would change it for the
+whole machine, so this refuses to run there, and it checks the machine's value
+before and after each write (restoring it, and refusing from then on, should it
+ever move).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Final
+
+from sandbox._bwrap import SandboxUnavailableError, Tools
+from sandbox.environment import SAFE_PATH
+
+PID_MAX: Final = Path("/proc/sys/kernel/pid_max")
+PID_MAX_FLOOR: Final = 301  # the kernel refuses anything lower (RESERVED_PIDS + 1)
+NAMESPACED_SINCE: Final = (6, 14)
+
+_refused: str | None = None
+
+
+def needed() -> bool:
+    """Only root needs this: RLIMIT_NPROC already caps everyone else per sandbox."""
+    return os.geteuid() == 0
+
+
+def kernel_namespaces_pid_max(release: str | None = None) -> bool:
+    release = release if release is not None else os.uname().release
+    numbers = []
+    for part in release.split("-")[0].split(".")[:2]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        numbers.append(int(digits) if digits else 0)
+    return tuple(numbers) >= NAMESPACED_SINCE
+
+
+def cap_for(processes: int) -> int:
+    """pid_max for a sandbox allowed `processes` (its init and helpers take pids too)."""
+    return max(PID_MAX_FLOOR, processes + 3)
+
+
+async def cap_processes(tools: Tools, init_pid: int, processes: int) -> None:
+    """Set pid_max inside the sandbox whose first process is `init_pid`."""
+    global _refused
+    if _refused is not None:
+        raise SandboxUnavailableError(_refused)
+    if not kernel_namespaces_pid_max():
+        _refused = (
+            "this worker runs as root, which the kernel exempts from process limits, and this "
+            f"kernel ({os.uname().release}) cannot cap processes per sandbox (that needs Linux "
+            "6.14 or later). Run the worker as a regular user, or on a newer kernel."
+        )
+        raise SandboxUnavailableError(_refused)
+    before = PID_MAX.read_text().strip()
+    helper = await asyncio.create_subprocess_exec(
+        tools.nsenter,
+        f"--target={init_pid}",
+        "--pid",
+        "--",
+        tools.tee,
+        str(PID_MAX),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": SAFE_PATH, "LANG": "C"},
+    )
+    try:
+        _, err = await helper.communicate(f"{cap_for(processes)}\n".encode())
+    finally:
+        if helper.returncode is None:  # cancelled mid-write: do not leave it behind
+            helper.kill()
+            await helper.wait()
+    after = PID_MAX.read_text().strip()
+    if after != before:
+        PID_MAX.write_text(before + "\n")
+        _refused = (
+            "capping a sandbox's processes changed the whole machine's pid_max; it was put "
+            "back, and exec is refused until the worker restarts. Please report this kernel: "
+            f"{os.uname().release}."
+        )
+        raise SandboxUnavailableError(_refused)
+    if helper.returncode != 0:
+        raise SandboxUnavailableError(
+            "could not cap the sandbox's processes: " + err.decode(errors="replace").strip()[:300]
+        )

@@ -1,0 +1,310 @@
+"""sandbox.process for real: bubblewrap, prlimit, real programs misbehaving on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import _pidcap, environment
+from sandbox.process import Completed, Limits, Mount, SandboxUnavailableError, View, run
+from tests.support.procs import marker, processes_with, wait_until_gone
+
+PYTHON = "/usr/bin/python3"  # the system's: the sandbox only sees /usr, not the venv
+
+# A process that ignores SIGTERM, and a setsid'd, double-forked grandchild that does too.
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
+        os._exit(0)
+    print("started", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Path:
+    folder = Path(os.path.realpath(tmp_path)) / "share"
+    folder.mkdir()
+    (folder / "a.txt").write_text("inside\n")
+    return folder
+
+
+def view_of(share: Path, **changes: object) -> View:
+    fields: dict[str, object] = {
+        "cwd": str(share),
+        "mounts": (Mount(str(share), True),),
+        "env": environment.build({}, []),
+    }
+    fields.update(changes)
+    return View(**fields)  # type: ignore[arg-type]
+
+
+def sandboxed(
+    share: Path, argv: list[str], stdin: bytes | None = None, **limits: object
+) -> Completed:
+    return asyncio.run(run(argv, view_of(share), Limits(**limits), stdin))  # type: ignore[arg-type]
+
+
+def test_a_program_runs_in_its_folder_with_stdin_and_exit_code(share: Path) -> None:
+    done = sandboxed(share, ["/usr/bin/cat", "a.txt", "-"], stdin=b"from stdin\n")
+    assert (done.exit_code, done.signal, done.timed_out) == (0, None, False)
+    assert done.stdout == b"inside\nfrom stdin\n"
+    failed = sandboxed(share, ["/usr/bin/cat", "missing"])
+    assert failed.exit_code == 1 and b"No such file" in failed.stderr
+
+
+def test_output_is_capped_and_the_rest_drained_so_the_program_finishes(share: Path) -> None:
+    flood = "import sys; sys.stdout.write('x' * 5_000_000); sys.stderr.write('done')"
+    done = sandboxed(share, [PYTHON, "-c", flood], output_bytes=1024 * 1024)
+    assert done.exit_code == 0 and not done.timed_out
+    assert len(done.stdout) + len(done.stderr) == 1024 * 1024
+    assert done.truncated
+
+
+def test_timeout_kills_every_process_including_setsid_grandchildren(share: Path) -> None:
+    tag = marker()
+    done = sandboxed(share, [PYTHON, "-c", STUBBORN, tag], timeout_s=1.0)
+    assert done.timed_out and done.signal == 9
+    assert done.stdout == b"started\n"
+    assert wait_until_gone(tag) == []
+
+
+def test_cancelling_the_caller_kills_the_sandbox_before_it_returns(share: Path) -> None:
+    tag = marker()
+
+    async def go() -> None:
+        task = asyncio.create_task(run([PYTHON, "-c", STUBBORN, tag], view_of(share), Limits()))
+        while not processes_with(tag):
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # let the grandchild start
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert wait_until_gone(tag) == []
+
+
+def test_a_child_holding_the_pipe_cannot_hold_the_call(share: Path) -> None:
+    leaves_a_child = "import os, time\nif os.fork() == 0:\n    time.sleep(600)\nprint('bye')"
+    done = sandboxed(share, [PYTHON, "-c", leaves_a_child], timeout_s=30)
+    assert done.exit_code == 0 and done.stdout == b"bye\n"
+    assert done.duration_s < 5
+
+
+def test_a_fork_bomb_is_capped_then_killed(share: Path) -> None:
+    """Every process forks until it cannot, prints one byte and holds its pid.
+
+    Uncapped this would make 2**11 processes; capped, the bytes count the processes
+    that ever existed, and at least one fork must have failed.
+    """
+    bomb = textwrap.dedent(
+        """
+        import os, sys, time
+        failed = False
+        for _ in range(11):
+            try:
+                os.fork()
+            except OSError:
+                failed = True
+                break
+        os.write(1, b"E" if failed else b".")
+        time.sleep(600)
+        """
+    )
+    tag = marker()
+    done = sandboxed(share, [PYTHON, "-c", bomb, tag], timeout_s=2.5, processes=32)
+    cap = _pidcap.cap_for(32) if _pidcap.needed() else 32
+    assert done.timed_out
+    assert 0 < len(done.stdout) <= cap
+    assert b"E" in done.stdout, "no fork ever failed: the process cap did not hold"
+    assert wait_until_gone(tag) == []
+
+
+@pytest.fixture
+def user_share() -> Iterator[Path]:
+    """A folder a regular user (uid 1000) owns, on a path that user can reach."""
+    folder = Path(tempfile.mkdtemp(prefix="aw-user-", dir="/tmp"))
+    os.chown(folder, 1000, 1000)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_the_process_cap_holds_for_a_regular_user_through_rlimit_nproc(user_share: Path) -> None:
+    """Non-root: RLIMIT_NPROC, counted by the kernel per sandbox (its own user namespace)."""
+    share = user_share
+    bomb = textwrap.dedent(
+        """
+        import os, time
+        forked = 0
+        for _ in range(200):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(600)
+            forked += 1
+        print(forked)
+        """
+    )
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from sandbox import environment
+        from sandbox.process import Limits, Mount, View, run
+        view = View(cwd={str(share)!r}, mounts=(Mount({str(share)!r}, True),),
+                    env=environment.build({{}}, []))
+        limits = Limits(processes=20, timeout_s=10)
+        done = asyncio.run(run([{PYTHON!r}, "-c", {bomb!r}], view, limits))
+        print(done.stdout.decode().strip(), done.exit_code)
+        """
+    )
+    out = subprocess.run(
+        ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", PYTHON, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    forked, exit_code = out.stdout.split()
+    assert exit_code == "0"
+    assert 0 < int(forked) < 20
+
+
+def test_memory_files_cpu_and_open_files_are_limited(share: Path) -> None:
+    hog = sandboxed(share, [PYTHON, "-c", "b = bytearray(1024**3)"], memory_bytes=256 * 1024**2)
+    assert hog.exit_code == 1 and b"MemoryError" in hog.stderr
+    big = "open('big', 'wb').write(b'x' * 4_000_000)"
+    writer = sandboxed(share, [PYTHON, "-c", big], file_size_bytes=1024 * 1024)
+    assert b"File too large" in writer.stderr  # Python ignores SIGXFSZ, so write() fails
+    assert (share / "big").stat().st_size == 1024 * 1024
+    spinner = sandboxed(share, [PYTHON, "-c", "while True: pass"], cpu_s=1, timeout_s=20)
+    assert spinner.signal == 24 and not spinner.timed_out  # SIGXCPU
+    opener = "import os\nfor _ in range(100): os.open('a.txt', 0)"
+    files = sandboxed(share, [PYTHON, "-c", opener], open_files=32)
+    assert files.exit_code == 1 and b"Too many open files" in files.stderr
+
+
+def test_every_resource_limit_is_set_inside_the_sandbox(share: Path) -> None:
+    show = (
+        "import resource as r\n"
+        "for name in ('CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC', 'CORE'):\n"
+        "    print(name, *r.getrlimit(getattr(r, 'RLIMIT_' + name)))"
+    )
+    limits = {
+        "cpu_s": 7,
+        "memory_bytes": 512 * 1024**2,
+        "file_size_bytes": 3 * 1024**2,
+        "open_files": 77,
+        "processes": 33,
+    }
+    done = sandboxed(share, [PYTHON, "-c", show], **limits)
+    seen = {
+        name: (int(soft), int(hard))
+        for name, soft, hard in map(str.split, done.stdout.decode().splitlines())
+    }
+    assert seen == {
+        "CPU": (7, 8),
+        "AS": (512 * 1024**2,) * 2,
+        "FSIZE": (3 * 1024**2,) * 2,
+        "NOFILE": (77, 77),
+        "NPROC": (33, 33),
+        "CORE": (0, 0),
+    }
+
+
+def test_the_sandbox_sees_only_the_shared_folder_and_system_files(
+    share: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "outside.txt").write_text("secret")
+    os.symlink(tmp_path / "outside.txt", share / "link")
+    done = sandboxed(share, ["/usr/bin/cat", "link", str(tmp_path / "outside.txt")])
+    assert done.stdout == b"" and done.stderr.count(b"No such file") == 2
+    listing = sandboxed(share, ["/usr/bin/ls", "/", "/root", "/etc"])
+    assert b"root" not in listing.stdout.split(b"\n\n")[0].split(b"\n")[1:]
+    assert b"shadow" not in listing.stdout
+
+
+def test_folders_to_hide_are_blank_even_inside_a_shared_folder(share: Path) -> None:
+    own = share / "agentworker"
+    own.mkdir()
+    (own / "hub.token").write_text("the-token")
+    view = view_of(share, hidden=(str(own),))
+    done = asyncio.run(run(["/usr/bin/cat", "agentworker/hub.token"], view, Limits()))
+    assert done.stdout == b"" and b"No such file" in done.stderr
+
+
+def test_read_only_mounts_refuse_writes(share: Path) -> None:
+    view = view_of(share, mounts=(Mount(str(share), False),))
+    done = asyncio.run(run(["/usr/bin/touch", "new"], view, Limits()))
+    assert done.exit_code == 1 and b"Read-only file system" in done.stderr
+
+
+def test_the_sandbox_cannot_raise_its_own_process_cap(share: Path) -> None:
+    done = sandboxed(share, ["/usr/bin/sh", "-c", "echo 4000000 > /proc/sys/kernel/pid_max"])
+    assert done.exit_code != 0 and b"Read-only file system" in done.stderr
+
+
+def test_there_is_no_network_unless_the_policy_grants_it(share: Path) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+        done = sandboxed(share, [PYTHON, "-c", connect])
+    assert done.exit_code == 1 and b"Connection refused" in done.stderr
+
+
+def test_the_environment_is_exactly_what_was_built(share: Path) -> None:
+    env = environment.build(
+        {"AGENTWORKER_TOKEN": "tok", "GITHUB_TOKEN": "gh", "LANG": "C.UTF-8", "X_OK": "1"},
+        ["AGENTWORKER_TOKEN", "GITHUB_TOKEN", "LANG", "X_OK"],
+        {"GIT_PAGER": "cat"},
+    )
+    assert "AGENTWORKER_TOKEN" not in env and "GITHUB_TOKEN" not in env
+    done = asyncio.run(run(["/usr/bin/env"], view_of(share, env=env), Limits()))
+    seen = dict(line.split("=", 1) for line in done.stdout.decode().splitlines())
+    seen.pop("PWD", None)  # the program's shell-less start still reports its folder
+    assert seen == env
+
+
+def test_a_missing_bubblewrap_is_sandbox_unavailable(share: Path) -> None:
+    view = view_of(share, bwrap="/nonexistent/bwrap")
+    with pytest.raises(SandboxUnavailableError, match="bwrap cannot be found"):
+        asyncio.run(run(["/usr/bin/true"], view, Limits()))
+
+
+@pytest.mark.parametrize(
+    ("release", "namespaced"),
+    [("6.18.44-fc-v669", True), ("6.14.0", True), ("6.13.12-arch1", False), ("5.15.0-91", False)],
+)
+def test_pid_max_is_only_written_on_kernels_that_namespace_it(
+    release: str, namespaced: bool
+) -> None:
+    assert _pidcap.kernel_namespaces_pid_max(release) is namespaced
+
+
+def test_the_tests_use_a_python_the_sandbox_can_see() -> None:
+    assert Path(PYTHON).exists() and sys.version_info[:2] >= (3, 11)

@@ -1,0 +1,36 @@
+"""Find processes by a marker in their command line, to prove a sandbox left none behind."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def marker() -> str:
+    return f"aw-marker-{uuid.uuid4().hex}"
+
+
+def processes_with(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+        except OSError:
+            continue
+        if text.encode() in cmdline and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def wait_until_gone(text: str, within_s: float = 3.0) -> list[int]:
+    """The pids still carrying `text` after waiting up to `within_s` (empty when all died)."""
+    deadline = time.monotonic() + within_s
+    left = processes_with(text)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = processes_with(text)
+    return left
