@@ -39,6 +39,8 @@ proto: $(STAMP)  ## regenerate worker/proto from agentworker.proto
 
 bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_roundtrip.py
+	$(BIN)/python benchmarks/bench_exec.py
+	$(BIN)/python benchmarks/bench_fs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from worker import app
+from worker import app, cli_allowlist
 from worker.client import ControlClient, result_to_dict
 from worker.config import Config, Paths, load
 from worker.connection import FatalConnectionError, Target
@@ -108,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
 
     revoke = sub.add_parser("revoke", help="remove a grant made with `grant`")
     revoke.add_argument("grant_id", type=int)
+
+    cli_allowlist.add_parser(sub)
     return parser
 
 
@@ -379,6 +381,7 @@ _COMMANDS: dict[str, Callable[[Paths, argparse.Namespace], int]] = {
     "grant": _grant,
     "grants": _grants,
     "revoke": _revoke,
+    "allowlist": cli_allowlist.run,
 }
 
 if __name__ == "__main__":

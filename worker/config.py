@@ -15,8 +15,17 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from sandbox import environment
+from worker import hosts
 from worker.errors import WorkerError
 
 APP = "agentworker"
@@ -108,6 +117,60 @@ class TelemetrySection(_Strict):
     retention_days: int = Field(default=90, ge=1)
 
 
+class ExecSection(_Strict):
+    """workerHost.exec: its policy file, deadlines and per-process limits."""
+
+    # An allowlist layered on the shipped policy; unset: allowlist.toml beside config.toml.
+    policy: Path | None = None
+    default_timeout_s: float = Field(default=30.0, gt=0, le=86_400)
+    max_timeout_s: float = Field(default=600.0, gt=0, le=86_400)  # the ceiling a call may ask
+    cpu_s: int = Field(default=300, ge=1, le=86_400)
+    memory_mb: int = Field(default=4096, ge=16)  # address space per process
+    file_size_mb: int = Field(default=64, ge=1)
+    open_files: int = Field(default=1024, ge=16, le=1_048_576)
+    max_processes: int = Field(default=64, ge=1, le=4096)
+    # Variables passed from the worker's environment; secret-looking names are refused.
+    pass_env: list[str] = ["LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "LC_COLLATE", "TZ"]
+    bwrap: str = "bwrap"
+
+    @model_validator(mode="after")
+    def _coherent(self) -> ExecSection:
+        if self.default_timeout_s > self.max_timeout_s:
+            raise ValueError("default_timeout_s must not exceed max_timeout_s")
+        for name in self.pass_env:
+            why = environment.refusal(name)
+            if why is not None:
+                raise ValueError(f"pass_env: {name!r} {why}; it is never passed to programs")
+        return self
+
+
+class FsSection(_Strict):
+    """The workerHost.fs_* actions."""
+
+    # A file with several names (hard links) may have one outside every root; such
+    # files are refused for reading and appending unless this is set.
+    allow_hard_links: bool = False
+
+
+class HttpSection(_Strict):
+    """workerHost.http_fetch: hosts opened on purpose, and the longest waits allowed."""
+
+    # Hosts reachable even though they resolve to a private, loopback or other
+    # non-public address: "host" (any port) or "host:port", e.g. "localhost:8000".
+    allow_hosts: list[str] = []
+    # Each is the default for a call and the most a call may ask.
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    read_timeout_s: float = Field(default=30.0, gt=0, le=3_600)
+    total_timeout_s: float = Field(default=60.0, gt=0, le=3_600)
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _hosts(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            hosts.parse_pattern(entry)  # raises ValueError with the reason
+        return entries
+
+
 class Config(_Strict):
     hub: HubSection = HubSection()
     root: list[RootSection] = []
@@ -115,6 +178,9 @@ class Config(_Strict):
     worker: WorkerSection = WorkerSection()
     connection: ConnectionSection = ConnectionSection()
     telemetry: TelemetrySection = TelemetrySection()
+    exec: ExecSection = ExecSection()
+    fs: FsSection = FsSection()
+    http: HttpSection = HttpSection()
 
 
 # Environment variables and the setting each one overrides.
@@ -150,6 +216,21 @@ mode = "rw"
 # scopes = ["workerHost.fs_stat"]  # patterns over surface.action
 # plan = "*"
 # expires = "2026-12-31T00:00:00Z"
+
+# workerHost.exec runs allowlisted programs in a bubblewrap sandbox. Your own
+# rules go in allowlist.toml beside this file (`agentworker allowlist show`).
+# [exec]
+# default_timeout_s = 30
+# max_timeout_s = 600
+# memory_mb = 4096                  # address space per process
+# max_processes = 64
+# pass_env = ["LANG", "LC_ALL", "TZ"]
+
+# workerHost.http_fetch reaches public internet addresses only. To open a host on
+# this machine or network on purpose (a local dev server, say), list it here.
+# [http]
+# allow_hosts = ["localhost:8000"]  # "host" (any port) or "host:port"
+# total_timeout_s = 60
 """
 
 

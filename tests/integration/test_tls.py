@@ -6,6 +6,8 @@ import asyncio
 import subprocess
 from pathlib import Path
 
+import grpc
+
 from tests.support.cluster import cluster, wait_for
 from worker.client import ControlClient
 from worker.proto import agentworker_pb2 as pb
@@ -74,14 +76,17 @@ def test_worker_and_caller_reach_a_tls_hub(tmp_path: Path) -> None:
         wait_for(lambda: (live.home / "hub.token").exists(), 15, hub)
         worker = live.spawn("worker", "run", "--server", live.listen, "--tls-ca", str(ca))
 
-        async def status_over_tls() -> pb.StatusResponse:
+        async def worker_connected() -> bool:
             client = ControlClient.connect(live.listen, live.token, tls_ca=ca)
             try:
-                return await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
+                reply = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
+            except grpc.aio.AioRpcError:  # the token file exists before the hub listens
+                return False
             finally:
                 await client.close()
+            return bool(reply.connected_workers == 1)
 
-        wait_for(lambda: asyncio.run(status_over_tls()).connected_workers == 1, 20, worker)
+        wait_for(lambda: asyncio.run(worker_connected()), 20, worker)
 
 
 def test_hub_refuses_plaintext_off_loopback(tmp_path: Path) -> None:

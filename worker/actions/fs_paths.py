@@ -5,9 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sandbox import ConfinedDir, ConfinementError, Located, locate
-from worker.errors import WorkerError
+from sandbox import ConfinedDir, ConfinementError, HardLinkError, Located, locate
+from worker.errors import WorkerError, from_os_error
 from worker.registry import Context
+
+_HARD_LINK_HINT = (
+    " If hard-linked files in the shared folders should be usable, set "
+    "allow_hard_links = true under [fs] in config.toml."
+)
 
 
 @contextmanager
@@ -19,5 +24,10 @@ def confined(
         located = locate(ctx.roots, path, write=write)
         with ConfinedDir(located.root.path) as root:
             yield root, located
+    except HardLinkError as exc:
+        details = {"path": path, "links": exc.links}
+        raise WorkerError(exc.code, exc.message + _HARD_LINK_HINT, details) from exc
     except ConfinementError as exc:
         raise WorkerError(exc.code, exc.message, {"path": path}) from exc
+    except OSError as exc:  # not a confinement question (a full disk, a file size limit)
+        raise from_os_error(exc, path) from exc

@@ -1,0 +1,363 @@
+"""workerHost.exec end to end: hub → worker → allowlist → bubblewrap → back, for real.
+
+One worker serves the module. Its environment holds a token and secrets (which no
+child may see) and a PATH that puts the workspace first (which must not matter).
+Its allowlist file adds a few programs the default never allows, to misbehave with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.procs import marker, processes_with, wait_until_gone
+from worker.client import result_to_dict
+from worker.proto import agentworker_pb2 as pb
+
+TEST_POLICY = """
+[program.python3]
+paths = ["/usr/bin/python3"]
+[[program.python3.rule]]
+id = "test-python"
+reason = "tests: an interpreter that misbehaves on purpose"
+any_args = true
+
+[program.printenv]
+paths = ["/usr/bin/printenv"]
+[[program.printenv.rule]]
+id = "test-printenv"
+reason = "tests: shows the child's whole environment"
+any_args = true
+
+[program.env]
+paths = ["/usr/bin/env"]
+[[program.env.rule]]
+id = "test-env"
+reason = "tests: shows the child's whole environment"
+match = ["env"]
+not_match = ["env sh"]
+
+[program.yes]
+paths = ["/usr/bin/yes"]
+[[program.yes.rule]]
+id = "test-yes"
+reason = "tests: endless output"
+match = ["yes"]
+not_match = ["yes no"]
+
+[program.touch]
+paths = ["/usr/bin/touch"]
+[[program.touch.rule]]
+id = "test-touch-asks"
+decision = "ask"
+reason = "tests: writing a file needs the person's approval"
+positionals = ["write_path..."]
+match = ["touch new.txt"]
+not_match = ["touch /etc/new"]
+"""
+
+# Ignores SIGTERM, and leaves a setsid'd, double-forked grandchild that does too.
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
+        os._exit(0)
+    print("started", flush=True)
+    time.sleep(600)
+    """
+)
+SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-children"}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    base = tmp_path_factory.mktemp("exec")
+    policy = base / "allowlist.toml"
+    policy.write_text(TEST_POLICY)
+    settings = f'[exec]\npolicy = "{policy}"\npass_env = ["LANG", "HARMLESS_VAR"]\n'
+    with cluster(base / "home", worker=False, extra_config=settings) as c:
+        env = {
+            "AGENTWORKER_TOKEN": c.token,
+            "HARMLESS_VAR": "visible",
+            "PATH": f"{c.workspace}:{os.environ['PATH']}",
+            **SECRETS,
+        }
+        worker = c.spawn("worker", "run", env=env)
+        wait_for(lambda: c.status().connected_workers >= 1, 15, worker)
+        yield c
+
+
+def run_exec(
+    live: Cluster, argv: list[str], *, blob: bytes = b"", **fields: Any
+) -> tuple[dict[str, Any], bytes]:
+    args: dict[str, Any] = {"argv": argv}
+    for key in ("cwd", "timeout_s"):
+        if key in fields:
+            args[key] = fields.pop(key)
+    request = {"agent_id": "tester", "surface": "workerHost", "action": "exec"}
+    response = live.run(
+        lambda c: c.dispatch(**request, args_json=json.dumps(args), blob=blob, **fields)
+    )
+    return result_to_dict(response), response.result.blob
+
+
+def in_background(live: Cluster, argv: list[str], **fields: Any) -> dict[str, Any]:
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        box["out"], box["blob"] = run_exec(live, argv, **fields)
+
+    box["thread"] = threading.Thread(target=go, daemon=True)
+    box["thread"].start()
+    return box
+
+
+def test_cat_prints_a_file_and_reads_stdin_from_the_blob(live: Cluster) -> None:
+    (live.workspace / "a.txt").write_text("from a file\n")
+    out, blob = run_exec(live, ["cat", "a.txt", "-"], blob=b"from stdin\n")
+    assert out["status"] == "ok", out
+    assert out["result"]["program"] == "/usr/bin/cat" and out["result"]["rule"] == "cat"
+    assert out["result"]["exit_code"] == 0 and out["result"]["signal"] is None
+    assert blob == b"from a file\nfrom stdin\n"
+    assert out["result"]["stdout_bytes"] == len(blob) and out["result"]["stderr_bytes"] == 0
+    assert out["invocation"]["sandboxed"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["/tmp/git", "log"], "command_not_allowed"),
+        (["./git", "log"], "command_not_allowed"),
+        (["../bin/git", "log"], "command_not_allowed"),
+        (["sh", "-c", "id"], "command_not_allowed"),
+        (["ls", "-rf"], "command_not_allowed"),
+        (["cat", "--output=/x"], "command_not_allowed"),
+        (["sed", "1e id", "a.txt"], "command_not_allowed"),
+        (["git", "-c", "core.pager=sh", "log"], "command_forbidden"),
+        (["git", "-C", "/", "log"], "command_forbidden"),
+        (["find", ".", "-exec", "sh", "-c", "id", ";"], "command_forbidden"),
+        (["rg", "--pre=sh", "x"], "command_forbidden"),
+        (["sed", "-i", "s/a/b/", "a.txt"], "command_forbidden"),
+        (["cat", "/etc/passwd"], "path_not_allowed"),
+        (["grep", "-r", "root", "/etc"], "path_not_allowed"),
+    ],
+)
+def test_refusals_answer_with_their_code_and_leave_an_audit_row(
+    live: Cluster, argv: list[str], code: str
+) -> None:
+    out, _ = run_exec(live, argv)
+    assert out["status"] == "error" and out["error"]["code"] == code, out
+    assert out["error"]["details"]["argv"] == argv
+    assert out["invocation"]["error_code"] == code
+
+
+def test_gnu_sed_e_command_is_refused_by_sed_itself_in_sandbox_mode(live: Cluster) -> None:
+    (live.workspace / "lines.txt").write_text("one\n")
+    out, blob = run_exec(live, ["sed", "--sandbox", "1e id", "lines.txt"])
+    assert out["result"]["exit_code"] == 1
+    assert b"e/r/w commands disabled in sandbox mode" in blob
+
+
+def test_symbolic_links_cannot_lead_arguments_or_cwd_out(live: Cluster) -> None:
+    """/etc/passwd is in the sandbox (ls -l needs it), so links to it must be caught first."""
+    links = live.workspace / "links"
+    (links / "a").mkdir(parents=True)
+    (links / "pw").symlink_to("/etc/passwd")
+    (links / "a" / "top").symlink_to(live.workspace)  # a folder link, then '..'
+    for argv, cwd in (
+        (["cat", "pw"], "links"),
+        (["cat", "a/top/../etc/passwd"], "links"),
+        (["cat", "../etc/passwd"], "links/a/top"),  # a symlinked cwd: '..' means its target's
+    ):
+        out, blob = run_exec(live, argv, cwd=cwd)
+        assert out["status"] == "error", (argv, blob)
+        assert out["error"]["code"] == "path_not_allowed", out
+    (links / "inside.txt").write_text("fine\n")
+    (links / "ok").symlink_to(links / "inside.txt")
+    out, blob = run_exec(live, ["cat", "ok"], cwd="links")
+    assert blob == b"fine\n"
+
+
+def test_file_names_that_look_like_options_stay_file_names(live: Cluster) -> None:
+    (live.workspace / "-rf").write_text("dash rf\n")
+    (live.workspace / "--output=x").write_text("dash output\n")
+    out, blob = run_exec(live, ["cat", "--", "-rf", "--output=x"])
+    assert out["status"] == "ok" and blob == b"dash rf\ndash output\n"
+
+
+def test_shell_metacharacters_arrive_as_inert_text(live: Cluster) -> None:
+    text = "a; touch pwned && b | c $(touch pwned) `touch pwned`\nsecond line"
+    out, blob = run_exec(live, ["echo", text])
+    assert out["status"] == "ok" and blob == text.encode() + b"\n"
+    assert not (live.workspace / "pwned").exists()
+
+
+def test_a_workspace_binary_never_shadows_the_pinned_program(live: Cluster) -> None:
+    impostor = live.workspace / "cat"
+    impostor.write_text("#!/bin/sh\necho pwned\n")
+    impostor.chmod(impostor.stat().st_mode | stat.S_IXUSR)
+    (live.workspace / "b.txt").write_text("real cat\n")
+    out, blob = run_exec(live, ["cat", "b.txt"])  # the worker's PATH starts with the workspace
+    assert out["result"]["program"] == "/usr/bin/cat" and blob == b"real cat\n"
+    refused, _ = run_exec(live, ["./cat", "b.txt"])
+    assert refused["error"]["code"] == "command_not_allowed"
+
+
+def test_env_and_printenv_show_no_token_or_secret(live: Cluster) -> None:
+    for argv in (["env"], ["printenv"]):
+        out, blob = run_exec(live, argv)
+        assert out["status"] == "ok", out
+        text = blob.decode()
+        assert live.token not in text
+        for value in SECRETS.values():
+            assert value not in text
+        assert "AGENTWORKER" not in text and "HARMLESS_VAR=visible" in text
+        assert "PATH=/usr/local/bin:/usr/bin:/bin" in text
+
+
+def test_yes_flood_is_capped_and_the_worker_stays_responsive(live: Cluster) -> None:
+    flood = in_background(live, ["yes"], timeout_s=2)
+    slowest = 0.0
+    while flood["thread"].is_alive():
+        started = time.monotonic()
+        out = live.call("workerHost.fs_stat", '{"path": "."}')
+        assert out["status"] == "ok"
+        slowest = max(slowest, time.monotonic() - started)
+    out, blob = flood["out"], flood["blob"]
+    assert out["status"] == "ok", out
+    assert out["result"]["truncated"] and out["result"]["timed_out"]
+    assert out["result"]["signal"] == "SIGKILL"
+    assert len(blob) == 1024 * 1024 and set(blob) == set(b"y\n")
+    assert out["invocation"]["truncated"] is True
+    assert slowest < 1.0, f"a call took {slowest:.2f} s while yes was flooding"
+
+
+def test_the_exec_timeout_returns_the_output_so_far_and_kills_every_child(live: Cluster) -> None:
+    tag = marker()
+    out, blob = run_exec(live, ["python3", "-c", STUBBORN, tag], timeout_s=1)
+    assert out["status"] == "ok", out
+    assert out["result"]["timed_out"] and out["result"]["signal"] == "SIGKILL"
+    assert blob == b"started\n"
+    assert wait_until_gone(tag) == []
+
+
+def test_the_call_deadline_kills_the_command_and_its_children(live: Cluster) -> None:
+    tag = marker()
+    out, _ = run_exec(live, ["python3", "-c", STUBBORN, tag], timeout_ms=1500)
+    assert out["error"]["code"] == "timeout", out
+    assert wait_until_gone(tag) == []
+
+
+def test_the_kill_switch_stops_a_running_exec_and_its_children(live: Cluster) -> None:
+    tag = marker()
+    running = in_background(live, ["python3", "-c", STUBBORN, tag], plan_id="doomed-plan")
+    wait_for(lambda: len(processes_with(tag)) >= 2, 10)
+    live.run(
+        lambda c: c.stub.KillPlan(
+            pb.KillPlanRequest(plan_id="doomed-plan", reason="test"), metadata=c.metadata
+        )
+    )
+    running["thread"].join(10)
+    assert running["out"]["error"]["code"] == "plan_killed"
+    assert wait_until_gone(tag) == []
+
+
+def test_a_fork_bomb_and_a_memory_hog_are_contained(live: Cluster) -> None:
+    bomb = (
+        "import os, time\nfailed = False\nfor _ in range(11):\n    try:\n        os.fork()\n"
+        "    except OSError:\n        failed = True\n        break\n"
+        "os.write(1, b'E' if failed else b'.')\ntime.sleep(600)\n"
+    )
+    tag = marker()
+    out, blob = run_exec(live, ["python3", "-c", bomb, tag], timeout_s=2.5)
+    assert out["result"]["timed_out"] and b"E" in blob
+    assert len(blob) <= 301  # the cap: RLIMIT_NPROC, or the sandbox's pid_max for root
+    assert wait_until_gone(tag) == []
+    hog, hog_blob = run_exec(live, ["python3", "-c", "b = bytearray(16 * 1024**3)"])
+    assert hog["result"]["exit_code"] == 1 and b"MemoryError" in hog_blob
+    assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+
+
+def test_an_ask_rule_is_refused_when_no_one_can_be_asked(live: Cluster) -> None:
+    out, _ = run_exec(live, ["touch", "asked.txt"])
+    assert out["error"]["code"] == "scope_required"
+    assert "touch asked.txt" in out["error"]["message"]
+    assert not (live.workspace / "asked.txt").exists()
+
+
+def test_git_reads_history_and_repository_config_cannot_run_programs(live: Cluster) -> None:
+    repo = live.workspace / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    (repo / "f.txt").write_text("x\n")
+    subprocess.run([*git, "add", "f.txt"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "first commit"], cwd=repo, check=True)
+    hook = repo / "fsmonitor.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {repo}/pwned\n")
+    hook.chmod(0o755)
+    subprocess.run(["git", "config", "core.fsmonitor", str(hook)], cwd=repo, check=True)
+    subprocess.run(["git", "status", "--short"], cwd=repo, check=True, capture_output=True)
+    assert (repo / "pwned").exists(), "the trap is armed: plain git runs the hook"
+    (repo / "pwned").unlink()
+    out, blob = run_exec(live, ["git", "log", "--oneline"], cwd="repo")
+    assert out["result"]["exit_code"] == 0 and b"first commit" in blob
+    status, _ = run_exec(live, ["git", "status", "--short"], cwd="repo")
+    assert status["result"]["exit_code"] == 0
+    assert not (repo / "pwned").exists(), "the repository's core.fsmonitor ran"
+
+
+def test_cwd_must_be_a_folder_inside_the_shared_folders(live: Cluster) -> None:
+    (live.workspace / "sub").mkdir(exist_ok=True)
+    inside, blob = run_exec(live, ["pwd"], cwd="sub")
+    assert inside["status"] == "ok"
+    assert blob.decode().strip() == os.path.realpath(live.workspace / "sub")
+    outside, _ = run_exec(live, ["pwd"], cwd="/etc")
+    assert outside["error"]["code"] == "path_not_allowed"
+    (live.workspace / "file.txt").write_text("")
+    not_dir, _ = run_exec(live, ["pwd"], cwd="file.txt")
+    assert not_dir["error"]["code"] == "not_directory"
+
+
+def test_a_timeout_over_the_ceiling_is_a_validation_error(live: Cluster) -> None:
+    out, _ = run_exec(live, ["true"], timeout_s=100_000)
+    assert out["error"]["code"] == "validation_error" and "ceiling" in out["error"]["message"]
+
+
+def test_a_broken_allowlist_refuses_every_exec_until_fixed(live: Cluster) -> None:
+    policy = live.home.parent / "allowlist.toml"
+    good = policy.read_text()
+    broken = '\n[[program.yes.rule]]\nid = "broken-example"\nreason = "r"\nmatch = ["yes -x"]\n'
+    policy.write_text(good + broken)
+    try:
+        out, _ = run_exec(live, ["true"])
+        assert out["error"]["code"] == "command_not_allowed"
+        assert "rule broken-example" in out["error"]["message"]
+    finally:
+        policy.write_text(good)
+    assert run_exec(live, ["true"])[0]["status"] == "ok"
+
+
+def test_no_bubblewrap_means_sandbox_unavailable(tmp_path: Path) -> None:
+    settings = '[exec]\nbwrap = "/nonexistent/bwrap"\n'
+    with cluster(tmp_path / "home", extra_config=settings) as c:
+        out, _ = run_exec(c, ["true"])
+    assert out["error"]["code"] == "sandbox_unavailable"
+    assert "apt install bubblewrap" in out["error"]["message"]
+    assert out["error"]["retryable"] is True

@@ -1,0 +1,326 @@
+"""http_fetch through the real hub and worker, against a local server opened on purpose.
+
+The test server's host:port is in the worker's `[http] allow_hosts`; everything
+else on this machine is not. Refusal tests aim at a honeypot listener, and the
+worker runs with HTTP_PROXY and friends pointing at the same honeypot: after every
+test the honeypot must have seen no connection at all, which shows each refusal
+came before connecting and that no proxy was used. No test sends a packet beyond
+loopback: the non-loopback addresses below are refused before any connection.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster, free_port
+from tests.support.host_calls import call, error_code, shared_cluster
+from tests.support.http_server import Honeypot, TestServer
+
+MIB = 1024 * 1024
+CAP = 5 * MIB
+CLOSED_PORT = free_port()  # nothing listens here
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def honeypot() -> Iterator[Honeypot]:
+    with Honeypot() as pot:
+        yield pot
+
+
+@pytest.fixture(scope="module")
+def live(
+    tmp_path_factory: pytest.TempPathFactory, server: TestServer, honeypot: Honeypot
+) -> Iterator[Cluster]:
+    config = (
+        "[http]\n"
+        f'allow_hosts = ["127.0.0.1:{server.port}", "localhost:{server.port}", '
+        f'"127.0.0.1:{CLOSED_PORT}"]\n'
+        "connect_timeout_s = 5\nread_timeout_s = 5\ntotal_timeout_s = 10\n"
+    )
+    proxy = f"http://127.0.0.1:{honeypot.port}"
+    proxies = {
+        name: proxy
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
+    }
+    # gRPC honours the same variables for the worker's own link to the hub; keep that
+    # link direct with gRPC's own exemption, which httpx does not read.
+    proxies["no_grpc_proxy"] = "127.0.0.1,localhost"
+    home = tmp_path_factory.mktemp("http") / "home"
+    with shared_cluster(home, extra_config=config, worker_env=proxies) as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def nothing_reaches_the_honeypot(honeypot: Honeypot) -> Iterator[None]:
+    yield
+    time.sleep(0.05)  # an accept in flight would land by now
+    assert honeypot.connections == 0, "a connection was made that should have been refused"
+
+
+def fetch(live: Cluster, url: str, blob: bytes = b"", **args: object) -> tuple[dict, bytes]:  # type: ignore[type-arg]
+    return call(live, "http_fetch", {"url": url, **args}, blob)
+
+
+def ok(live: Cluster, url: str, blob: bytes = b"", **args: object) -> tuple[dict, bytes]:  # type: ignore[type-arg]
+    out, body = fetch(live, url, blob, **args)
+    assert out["status"] == "ok", out
+    return out["result"], body
+
+
+# --- what is allowed works ---------------------------------------------------------------
+
+
+def test_get_returns_status_headers_and_body(live: Cluster, server: TestServer) -> None:
+    result, body = ok(live, server.url("/hello"))
+    assert result["status"] == 200 and result["reason"] == "OK"
+    assert body == b"hello\n" and result["body_bytes"] == 6
+    assert ["Set-Cookie", "a=1"] in result["headers"]
+    assert result["content_type"] == "text/plain"
+    assert result["url"] == server.url("/hello") and result["address"] == "127.0.0.1"
+    assert result["truncated"] is False and result["redirects"] == []
+
+
+def test_method_headers_and_body_are_sent(live: Cluster, server: TestServer) -> None:
+    _, body = ok(
+        live, server.url("/echo"), b"payload \x00\xff", method="PUT", headers={"X-Token": "t1"}
+    )
+    seen = json.loads(body)
+    assert seen["method"] == "PUT"
+    assert seen["body"] == "payload \x00\xff"
+    assert seen["headers"]["x-token"] == "t1"
+    assert seen["headers"]["host"] == f"127.0.0.1:{server.port}", "Host names the URL's host"
+    assert seen["headers"]["user-agent"].startswith("agentworker/")
+
+
+def test_head_has_no_body(live: Cluster, server: TestServer) -> None:
+    result, body = ok(live, server.url("/hello"), method="HEAD")
+    assert result["status"] == 200 and body == b""
+
+
+def test_gzip_and_deflate_are_decoded(live: Cluster, server: TestServer) -> None:
+    result, body = ok(live, server.url("/gzip"))
+    assert body == b"hello gzip\n" and result["decoded"] is True
+    result, body = ok(live, server.url("/deflate-raw"))
+    assert body == b"raw deflate\n"
+
+
+def test_redirects_are_followed_up_to_five(live: Cluster, server: TestServer) -> None:
+    result, body = ok(live, server.url("/chain?n=5"))
+    assert body == b"end of chain\n" and len(result["redirects"]) == 5
+    assert result["url"] == server.url("/chain?n=0")
+    result, _ = ok(live, server.url("/chain?n=6"))
+    assert result["status"] == 302 and result["redirect_limit_reached"] is True
+    assert len(result["redirects"]) == 5
+    result, _ = ok(live, server.url("/chain?n=1"), follow_redirects=False)
+    assert result["status"] == 302 and ["Location", "/chain?n=0"] in result["headers"]
+
+
+@pytest.mark.parametrize(("status", "method", "sent"), [(303, "GET", ""), (307, "POST", "data")])
+def test_redirect_methods_follow_the_rules(
+    live: Cluster, server: TestServer, status: int, method: str, sent: str
+) -> None:
+    to = f"/redirect?status={status}&to=/echo"
+    _, body = ok(live, server.url(to), b"data", method="POST")
+    seen = json.loads(body)
+    assert seen["method"] == method and seen["body"] == sent
+
+
+def test_credentials_are_dropped_when_a_redirect_changes_origin(
+    live: Cluster, server: TestServer
+) -> None:
+    other = f"http://localhost:{server.port}/echo"  # another origin, opened on purpose too
+    headers = {"Authorization": "Bearer secret", "Cookie": "s=1", "X-Kept": "yes"}
+    _, body = ok(live, server.url(f"/redirect?to={other}"), headers=headers)
+    seen = json.loads(body)["headers"]
+    assert "authorization" not in seen and "cookie" not in seen
+    assert seen["x-kept"] == "yes"
+
+
+def test_proxy_variables_in_the_environment_are_ignored(live: Cluster, server: TestServer) -> None:
+    worker = next(p for p in live.procs if p.name == "worker")
+    environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
+    assert any(var.startswith(b"HTTP_PROXY=") for var in environ), "the trap is set"
+    ok(live, server.url("/hello"))  # direct; the honeypot (the proxy) sees nothing
+
+
+# --- the SSRF guard ----------------------------------------------------------------------
+
+INTERNAL = [
+    "http://127.1:{hp}/",
+    "http://0x7f000001:{hp}/",
+    "http://017700000001:{hp}/",
+    "http://2130706433:{hp}/",
+    "http://[::ffff:127.0.0.1]:{hp}/",
+    "http://[::1]:{hp}/",
+    "http://0.0.0.0:{hp}/",
+    "http://127.0.0.1:{hp}/",  # loopback, but not the port opened on purpose
+    "http://localhost:{hp}/",  # a name that resolves to a loopback address
+    "http://169.254.169.254/latest/meta-data/",
+    "http://100.64.0.1/",
+    "http://10.0.0.1/",
+    "http://[fd00::1]/",
+    "http://[fe80::1]/",
+    "http://224.0.0.1/",
+]
+
+
+@pytest.mark.parametrize("template", INTERNAL)
+def test_internal_addresses_are_refused_before_connecting(
+    live: Cluster, honeypot: Honeypot, template: str
+) -> None:
+    url = template.format(hp=honeypot.port)
+    out, body = fetch(live, url, connect_timeout_s=1)
+    assert error_code(out) == "url_not_allowed", out
+    assert "allow_hosts" in out["error"]["message"], "the message says how to open a host"
+    assert body == b""
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "http://user:secret@127.0.0.1:{ok}/hello",  # refused even for an opened host
+        "http://127.0.0.1:{ok}@127.0.0.1:{hp}/",
+        "http://127.0.0.1:{ok}\\@127.0.0.1:{hp}/",
+        "http://@127.0.0.1:{hp}/",
+    ],
+)
+def test_userinfo_tricks_are_refused(
+    live: Cluster, server: TestServer, honeypot: Honeypot, template: str
+) -> None:
+    out, _ = fetch(live, template.format(ok=server.port, hp=honeypot.port))
+    assert error_code(out) == "url_not_allowed", out
+
+
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "ftp://127.0.0.1/", "gopher://127.0.0.1:70/_x", "data:,x"]
+)
+def test_other_schemes_are_refused(live: Cluster, url: str) -> None:
+    out, _ = fetch(live, url)
+    assert error_code(out) == "url_not_allowed"
+    assert "only http:// and https://" in out["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://127.1:{hp}/",
+        "http://localhost:{hp}/",
+        "http://169.254.169.254/latest/meta-data/",
+        "file:///etc/passwd",
+    ],
+)
+def test_a_redirect_to_an_internal_or_non_http_url_is_refused(
+    live: Cluster, server: TestServer, honeypot: Honeypot, target: str
+) -> None:
+    location = target.format(hp=honeypot.port)
+    out, body = fetch(live, server.url(f"/redirect?to={location}"))
+    assert error_code(out) == "url_not_allowed", out
+    assert "redirected to a refused URL" in out["error"]["message"]
+    assert body == b""
+
+
+# --- hostile responses ---------------------------------------------------------------------
+
+
+def test_a_gzip_bomb_stops_at_the_cap(live: Cluster, server: TestServer) -> None:
+    out, body = fetch(live, server.url("/gzip-bomb"))
+    result = out["result"]
+    assert result["truncated"] is True and result["decoded"] is True
+    assert body == bytes(CAP), "exactly the cap, counted after decoding"
+    assert out["invocation"]["truncated"] is True
+
+
+def test_stacked_encodings_are_passed_through_undecoded(live: Cluster, server: TestServer) -> None:
+    result, body = ok(live, server.url("/double-gzip"))
+    assert result["decoded"] is False
+    assert len(body) < MIB and body[:2] == b"\x1f\x8b", "the raw gzip bytes, not inflated"
+
+
+def test_a_big_plain_body_is_truncated_at_five_mib(live: Cluster, server: TestServer) -> None:
+    result, body = ok(live, server.url(f"/bytes?n={6 * MIB}"))
+    assert result["truncated"] is True and len(body) == CAP
+    assert body == bytes(i % 251 for i in range(CAP))
+
+
+def test_a_content_length_that_promises_more_than_is_sent(
+    live: Cluster, server: TestServer
+) -> None:
+    result, body = ok(live, server.url("/short-body"))
+    assert body == b"ten bytes!" and result["truncated"] is False
+    assert result["body_error"] and "ended the body early" in result["body_error"]
+
+
+def test_a_content_length_that_promises_less_than_is_sent(
+    live: Cluster, server: TestServer
+) -> None:
+    result, body = ok(live, server.url("/long-body"))
+    assert body == b"xxxxx" and result["body_error"] is None
+
+
+def test_a_terabyte_content_length_is_read_to_the_cap_only(
+    live: Cluster, server: TestServer
+) -> None:
+    result, body = ok(live, server.url("/huge-length"))
+    assert result["truncated"] is True and len(body) == CAP
+
+
+def test_a_chunked_body_that_never_ends_is_cut_at_the_cap(
+    live: Cluster, server: TestServer
+) -> None:
+    started = time.monotonic()
+    result, body = ok(live, server.url("/chunked-forever"))
+    assert result["truncated"] is True and len(body) == CAP
+    assert time.monotonic() - started < 5
+
+
+def test_a_trickling_server_meets_the_total_timeout(live: Cluster, server: TestServer) -> None:
+    """A byte every 50 ms never trips the read timeout; the total timeout ends it."""
+    started = time.monotonic()
+    out, _ = fetch(live, server.url("/trickle"), total_timeout_s=1)
+    assert error_code(out) == "timeout", out
+    assert "total timeout of 1 s" in out["error"]["message"]
+    assert time.monotonic() - started < 4
+
+
+# --- arguments -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"headers": {"Host": "evil.example"}},
+        {"headers": {"Content-Length": "1"}},
+        {"headers": {"X-A": "a\r\nInjected: 1"}},
+        {"headers": {"Bad Name": "x"}},
+        {"method": "CONNECT"},
+        {"total_timeout_s": 11},  # above this worker's [http] total_timeout_s
+        {"unknown": 1},
+    ],
+)
+def test_unsafe_arguments_are_validation_errors(
+    live: Cluster, server: TestServer, args: dict[str, object]
+) -> None:
+    out, _ = fetch(live, server.url("/echo"), **args)
+    assert error_code(out) == "validation_error", out
+
+
+def test_a_request_body_over_sixteen_mib_is_too_large(live: Cluster, server: TestServer) -> None:
+    out, _ = fetch(live, server.url("/echo"), bytes(16 * MIB + 1), method="POST")
+    assert error_code(out) == "too_large"
+
+
+def test_nothing_listening_is_a_clear_error(live: Cluster) -> None:
+    out, _ = fetch(live, f"http://127.0.0.1:{CLOSED_PORT}/")  # opened on purpose, but closed
+    assert error_code(out) == "not_found", out
+    assert "could not connect" in out["error"]["message"]

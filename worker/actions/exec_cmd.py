@@ -1,0 +1,197 @@
+"""workerHost.exec: run one allowlisted program, sandboxed, and return what it printed.
+
+The argument list goes straight to the program: no shell ever sees it, so `;`,
+`&&`, `$(...)`, backticks and newlines are just text. The allowlist decides
+whether it may run and pins the executable's path; the sandbox (sandbox.process)
+shows the program only the shared folders, rebuilds its environment from a
+pass-list, limits its CPU, memory, files and processes, and kills every process
+it started when the timeout, a Cancel or the plan's kill switch ends the call.
+
+The result carries the exit code (or terminating signal); the blob carries stdout
+then stderr, `stdout_bytes` and `stderr_bytes` long, at most 1 MiB together
+(`truncated` says whether more was printed and discarded). Running out of the
+call's own `timeout_s` is a result (`timed_out`, with the output so far); the
+request's deadline passing first is the `timeout` error.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import stat
+from collections.abc import Sequence
+from typing import Annotated, Final
+
+from pydantic import AfterValidator, Field, StringConstraints
+
+from allowlist import Decision
+from sandbox import ConfinedDir, ConfinementError, Root, environment, locate
+from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
+from worker.actions.exec_policy import path_check, policy_for
+from worker.config import ExecSection, Paths
+from worker.errors import WorkerError
+from worker.registry import Args, Context, Outcome, PathArg, Result
+
+OUTPUT_CAP: Final = 1024 * 1024  # stdout + stderr together (DESIGN.md §4)
+PREVIEW_CHARS: Final = 300
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL bytes")
+    return value
+
+
+Argument = Annotated[str, StringConstraints(max_length=131_072), AfterValidator(_no_nul)]
+
+
+class ExecArgs(Args):
+    argv: list[Argument] = Field(min_length=1, max_length=4096)
+    cwd: PathArg | None = None  # default: the first shared folder
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class ExecResult(Result):
+    program: str  # the pinned path that ran
+    rule: str  # the allowlist rule that admitted it
+    exit_code: int | None  # None when a signal ended it
+    signal: str | None  # e.g. "SIGKILL"
+    timed_out: bool
+    stdout_bytes: int  # the blob is stdout, then stderr
+    stderr_bytes: int
+    truncated: bool
+    duration_ms: int
+
+
+async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
+    settings = ctx.config.exec
+    timeout_s = _timeout(args, settings)
+    cwd = _working_dir(ctx.roots, args.cwd)
+    decision = policy_for(ctx.config).decide(args.argv, path_check(ctx.roots, cwd))
+    program = _admitted(decision, ctx.roots)
+    if decision.verdict == "ask":
+        command = shlex.join(args.argv)
+        await ctx.approve(
+            f"workerHost.exec: `{command[:PREVIEW_CHARS]}`",
+            f"{command[:PREVIEW_CHARS]}\nin {cwd}\n{decision.reason}",
+        )
+    assert decision.program is not None
+    view = View(
+        cwd=cwd,
+        mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),
+        env=environment.build(os.environ, settings.pass_env, decision.program.env),
+        hidden=_own_folders(ctx),
+        extra_files=() if visible_by_default(program) else (program,),
+        network=decision.program.network,
+        bwrap=settings.bwrap,
+    )
+    try:
+        done = await run(
+            [program, *args.argv[1:]], view, limits_of(settings, timeout_s), ctx.blob or None
+        )
+    except SandboxUnavailableError as exc:
+        raise WorkerError("sandbox_unavailable", str(exc)) from None
+    result = ExecResult(
+        program=program,
+        rule=decision.rule_id or "",
+        exit_code=done.exit_code,
+        signal=_signal_name(done.signal),
+        timed_out=done.timed_out,
+        stdout_bytes=len(done.stdout),
+        stderr_bytes=len(done.stderr),
+        truncated=done.truncated,
+        duration_ms=int(done.duration_s * 1000),
+    )
+    return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
+
+
+def limits_of(settings: ExecSection, timeout_s: float) -> Limits:
+    """The one place exec's caps come from: the [exec] section and the call's timeout."""
+    return Limits(
+        timeout_s=timeout_s,
+        output_bytes=OUTPUT_CAP,
+        cpu_s=settings.cpu_s,
+        memory_bytes=settings.memory_mb * 1024**2,
+        file_size_bytes=settings.file_size_mb * 1024**2,
+        open_files=settings.open_files,
+        processes=settings.max_processes,
+    )
+
+
+def _timeout(args: ExecArgs, settings: ExecSection) -> float:
+    if args.timeout_s is None:
+        return settings.default_timeout_s
+    if args.timeout_s > settings.max_timeout_s:
+        raise WorkerError(
+            "validation_error",
+            f"timeout_s {args.timeout_s:g} is over this worker's ceiling of "
+            f"{settings.max_timeout_s:g} s; ask for less, or split the work",
+            {"errors": [{"loc": ["timeout_s"], "msg": "over the ceiling", "type": "too_large"}]},
+        )
+    return args.timeout_s
+
+
+def _working_dir(roots: Sequence[Root], cwd: str | None) -> str:
+    """An absolute folder inside a shared folder, checked by the kernel, not by text."""
+    if cwd is None:
+        if not roots:
+            raise WorkerError("path_not_allowed", "no folder is shared, so no command can run")
+        return str(roots[0].path)
+    try:
+        located = locate(roots, cwd)
+        with ConfinedDir(located.root.path) as root:
+            st = root.stat(located.relative, follow_symlinks=True)
+    except ConfinementError as exc:
+        raise WorkerError(exc.code, exc.message, {"path": cwd}) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise WorkerError("not_directory", f"cwd {cwd!r} is not a folder", {"path": cwd})
+    # The real path, so that '..' in arguments means for the checks what it means
+    # for the program (a symlinked cwd would otherwise make them disagree).
+    real = os.path.realpath(os.path.join(located.root.path, located.relative))
+    inside = str(located.root.path).rstrip("/") + "/"
+    if real != str(located.root.path) and not real.startswith(inside):
+        raise WorkerError(
+            "path_not_allowed", f"cwd {cwd!r} leads outside its shared folder", {"path": cwd}
+        )
+    return real
+
+
+def _admitted(decision: Decision, roots: Sequence[Root]) -> str:
+    """The path to run, or the refusal as a WorkerError."""
+    if not decision.runs or decision.path is None:
+        raise WorkerError(
+            decision.refusal or "command_not_allowed",
+            decision.reason,
+            {"argv": list(decision.argv), "rule": decision.rule_id, "tried": _near(decision)},
+        )
+    real = os.path.realpath(decision.path)
+    for root in roots:
+        if root.writable and (real + "/").startswith(str(root.path).rstrip("/") + "/"):
+            raise WorkerError(
+                "command_forbidden",
+                f"{decision.path} lies in the read-write shared folder {root.path}, where it "
+                "could be replaced; pin programs outside shared folders",
+                {"argv": list(decision.argv), "rule": decision.rule_id},
+            )
+    return decision.path
+
+
+def _near(decision: Decision) -> dict[str, str]:
+    """Why each rule that got past its subcommand words still did not fit."""
+    return {rid: why for rid, why in decision.tried.items() if not why.startswith("it is not `")}
+
+
+def _own_folders(ctx: Context) -> tuple[str, ...]:
+    """The worker's config (token) and data folders: blanked if a shared folder holds them."""
+    folders = {os.path.realpath(Paths.from_env().config_dir), os.path.realpath(ctx.data_dir)}
+    return tuple(sorted(folder for folder in folders if os.path.isdir(folder)))
+
+
+def _signal_name(number: int | None) -> str | None:
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

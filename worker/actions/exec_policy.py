@@ -1,0 +1,107 @@
+"""The worker's view of the allowlist: which policy is in force, and how paths are judged.
+
+The policy is loaded once and reloaded when the person's allowlist file changes,
+so an edit takes effect on the next call without a restart. A file that does
+not load (a typo, an example that no longer holds) refuses every exec, with the
+loader's message, until it is fixed: a broken policy never falls back to a
+looser one.
+
+Paths in arguments are judged the way `workerHost.fs_*` judges them
+(`sandbox.locate`): relative paths are taken from the call's working directory,
+and must end up inside a shared folder, writable when the argument is written.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Sequence
+from pathlib import Path
+
+from allowlist import PathCheck, Policy, PolicyError, load_policy
+from sandbox import ConfinedDir, ConfinementError, Root, locate
+from worker.config import Config, Paths
+from worker.errors import WorkerError
+
+USER_POLICY = "allowlist.toml"
+
+_cache: dict[tuple[str, int, int], Policy | PolicyError] = {}
+
+
+def user_policy_file(config: Config, paths: Paths | None = None) -> Path | None:
+    """The person's allowlist: [exec] policy, else allowlist.toml beside config.toml."""
+    if config.exec.policy is not None:
+        return Path(os.path.expanduser(config.exec.policy))
+    beside = (paths or Paths.from_env()).config_dir / USER_POLICY
+    return beside if beside.exists() else None
+
+
+def policy_for(config: Config, paths: Paths | None = None) -> Policy:
+    """The policy in force (cached per file version); WorkerError if it does not load."""
+    path = user_policy_file(config, paths)
+    key = ("", 0, 0)
+    if path is not None:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise _broken(path, PolicyError(f"cannot read {path}: {exc.strerror}")) from None
+        key = (str(path), st.st_mtime_ns, st.st_size)
+    found = _cache.get(key)
+    if found is None:
+        try:
+            found = load_policy(path)
+        except PolicyError as exc:
+            found = exc
+        _cache.clear()  # only the current version is worth keeping
+        _cache[key] = found
+    if isinstance(found, PolicyError):
+        raise _broken(path, found)
+    return found
+
+
+def _broken(path: Path | None, exc: PolicyError) -> WorkerError:
+    return WorkerError(
+        "command_not_allowed",
+        f"the exec allowlist did not load, so nothing may run until the person at this worker "
+        f"fixes it: {exc}",
+        {"policy_file": str(path) if path else None},
+    )
+
+
+def path_check(roots: Sequence[Root], cwd: str) -> PathCheck:
+    """A PathCheck for arguments of a program started in `cwd` (a real path in a root).
+
+    Two steps, as for files: by text (inside a root, writable if written), then by
+    the kernel, resolving the path beneath its root exactly as the program will,
+    '..' included. A symbolic link that leads out (to /etc/passwd, or a folder
+    link followed by '..') is refused; a path that does not exist yet is not,
+    since nothing there can lead anywhere.
+    """
+
+    def check(path: str, write: bool) -> str | None:
+        full = path if path.startswith("/") else posixpath.join(cwd, path)
+        try:
+            located = locate(roots, full, write=write)
+            _resolves_beneath(located.root, full)
+        except ConfinementError as exc:
+            return exc.message
+        return None
+
+    return check
+
+
+def _resolves_beneath(root: Root, full: str) -> None:
+    prefix = str(root.path).rstrip("/") + "/"
+    if full != str(root.path) and not full.startswith(prefix):
+        raise ConfinementError(
+            "path_not_allowed",
+            f"{full!r} reaches its shared folder {root.path} only through '..'; "
+            "write the plain path instead.",
+        )
+    raw = full[len(prefix) :] or "."  # '..' kept: the kernel must judge it where it stands
+    try:
+        with ConfinedDir(root.path) as confined:
+            confined.stat(raw, follow_symlinks=True)
+    except ConfinementError as exc:
+        if exc.code == "path_not_allowed":
+            raise

@@ -1,0 +1,82 @@
+"""workerHost.fs_list: what a folder inside the roots holds, a few levels deep.
+
+Symlinks are listed as symlinks and never entered; where one points inside the
+root its target is shown, and where it points out nothing about the target is.
+The entry limit bounds the answer (`truncated` says more exists), so a folder
+with a million files costs one capped call, not a stalled worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import stat as stat_mod
+from typing import Annotated
+
+from pydantic import Field
+
+from sandbox import ConfinedDir, ConfinementError, Entry, file_kind, list_tree
+from worker.actions.caps import CAPS
+from worker.actions.fs_paths import confined
+from worker.registry import Args, Context, Outcome, PathArg, Result
+
+
+class FsListArgs(Args):
+    path: PathArg = "."
+    depth: Annotated[int, Field(ge=1, le=CAPS.list_depth)] = 1  # 1: the folder's own entries
+    limit: Annotated[int, Field(ge=1, le=CAPS.list_entries)] = 1000
+    hidden: bool = False  # include names starting with '.'
+
+
+class FsEntry(Result):
+    path: str  # relative to the listed folder
+    name: str
+    type: str  # file, directory, symlink, fifo, socket, char_device, block_device, other
+    size: int
+    mtime: float
+    mode: str  # octal permission bits, e.g. "0o644"
+    symlink_target: str | None = None  # root-relative, only when it stays inside
+    error: str | None = None  # why a folder's contents are missing, if they are
+
+
+class FsListResult(Result):
+    path: str
+    entries: list[FsEntry]
+    truncated: bool
+
+
+async def fs_list(ctx: Context, args: FsListArgs) -> Outcome[FsListResult]:
+    return await asyncio.to_thread(_list, ctx, args)
+
+
+def _list(ctx: Context, args: FsListArgs) -> Outcome[FsListResult]:
+    with confined(ctx, args.path) as (root, located):
+        listing = list_tree(
+            root,
+            located.relative,
+            depth=args.depth,
+            limit=args.limit,
+            hidden=args.hidden,
+            scan_limit=CAPS.list_scan_per_folder,
+        )
+        entries = [_entry(root, located.relative, entry) for entry in listing.entries]
+    result = FsListResult(path=args.path, entries=entries, truncated=listing.truncated)
+    return Outcome(result, truncated=listing.truncated)
+
+
+def _entry(root: ConfinedDir, base: str, entry: Entry) -> FsEntry:
+    st = entry.stat
+    target = None
+    if stat_mod.S_ISLNK(st.st_mode):
+        with contextlib.suppress(ConfinementError):  # gone or changed since it was listed
+            target = root.readlink_inside(entry.path if base == "." else f"{base}/{entry.path}")
+    return FsEntry(
+        path=entry.path,
+        name=entry.name,
+        type=file_kind(st),
+        size=st.st_size,
+        mtime=st.st_mtime,
+        mode=oct(stat_mod.S_IMODE(st.st_mode)),
+        symlink_target=target,
+        error=entry.error,
+    )

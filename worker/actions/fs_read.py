@@ -1,0 +1,89 @@
+"""workerHost.fs_read: a page of a regular file inside the roots.
+
+At most 1 MiB per call, so neither a 1 TB sparse file nor a file that keeps
+growing can make one call unbounded: the caller pages with `offset`/`length`
+and `next_offset`. The bytes travel in the result blob; with `encoding` they are
+decoded into `text` instead, and a page never ends inside a character (the
+partial character starts the next page). Only regular files are read: a FIFO,
+socket or device is refused before it is opened, so none can hang the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import os
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from sandbox import open_regular, read_at
+from worker.actions.caps import CAPS
+from worker.actions.fs_paths import confined
+from worker.registry import Args, Context, Outcome, PathArg, Result
+
+Encoding = Literal["utf-8", "latin-1", "ascii"]
+
+
+class FsReadArgs(Args):
+    path: PathArg
+    offset: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    # Omitted: as much as one call may carry (1 MiB). More is a validation error.
+    length: Annotated[int, Field(ge=0, le=CAPS.read_bytes)] | None = None
+    # Set: decode into `text` (undecodable bytes become U+FFFD) instead of the blob.
+    encoding: Encoding | None = None
+
+
+class FsReadResult(Result):
+    path: str
+    offset: int
+    length: int  # bytes of the file this page covers
+    next_offset: int  # where the next page starts
+    size: int  # the file's size once this page was read
+    eof: bool  # the page reaches the end of the file
+    truncated: bool  # no length was given and the 1 MiB cap ended the page first
+    encoding: Encoding | None = None
+    text: str | None = None
+
+
+async def fs_read(ctx: Context, args: FsReadArgs) -> Outcome[FsReadResult]:
+    return await asyncio.to_thread(_read, ctx, args)
+
+
+def _read(ctx: Context, args: FsReadArgs) -> Outcome[FsReadResult]:
+    wanted = CAPS.read_bytes if args.length is None else args.length
+    with confined(ctx, args.path) as (root, located):
+        fd = open_regular(root, located.relative, allow_hard_links=ctx.config.fs.allow_hard_links)
+        try:
+            data = read_at(fd, args.offset, wanted)
+            size = os.fstat(fd).st_size  # after the read: a growing file may be longer now
+        finally:
+            os.close(fd)
+    eof = args.offset + len(data) >= size
+    text = None
+    if args.encoding is not None:
+        text, used = _decode(data, args.encoding, final=eof)
+        data = data[:used]
+    cut = args.length is None and not eof
+    result = FsReadResult(
+        path=args.path,
+        offset=args.offset,
+        length=len(data),
+        next_offset=args.offset + len(data),
+        size=size,
+        eof=eof,
+        truncated=cut,
+        encoding=args.encoding,
+        text=text,
+    )
+    return Outcome(result, blob=b"" if text is not None else data, truncated=cut)
+
+
+def _decode(data: bytes, encoding: str, *, final: bool) -> tuple[str, int]:
+    """Text of `data`, and how many bytes it used (a split character is left over)."""
+    decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+    text = decoder.decode(data, final=final)
+    pending = len(decoder.getstate()[0])
+    if pending == len(data) and data:  # a page smaller than one character: show it as is
+        return codecs.decode(data, encoding, errors="replace"), len(data)
+    return text, len(data) - pending

@@ -1,0 +1,87 @@
+"""workerHost.fs_write: put the request blob in a file inside a read-write root.
+
+`create` makes a new file and refuses an existing name; `overwrite` replaces a
+file (or makes it); `append` adds to its end. Creating and replacing are atomic
+(temp file, fsync, rename; see sandbox.files): a reader, or a crash, sees the old
+content whole or the new content whole, never half. A symlink at the name is
+refused, not written through. At most 16 MiB per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from typing import Literal
+
+from sandbox import Written, append_bytes, make_parents, write_atomic
+from worker.actions.caps import CAPS
+from worker.actions.fs_paths import confined
+from worker.errors import WorkerError
+from worker.registry import Args, Context, Outcome, PathArg, Result
+
+Mode = Literal["create", "overwrite", "append"]
+
+
+class FsWriteArgs(Args):
+    path: PathArg
+    mode: Mode = "create"
+    make_parents: bool = False  # create missing folders above the file (inside the root)
+
+
+class FsWriteResult(Result):
+    path: str
+    mode: Mode
+    bytes_written: int
+    sha256: str  # of the bytes written (for append: of the appended bytes)
+    size: int  # the file's size afterwards
+    created: bool
+
+
+async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
+    data = ctx.blob
+    if len(data) > CAPS.write_bytes:
+        raise WorkerError(
+            "too_large",
+            f"the blob is {len(data):,} bytes; fs_write takes at most {CAPS.write_bytes:,} "
+            "bytes per call. Write the first part, then append the rest in further calls.",
+            {"bytes": len(data), "limit": CAPS.write_bytes},
+        )
+    try:
+        # Hashing and writing both release the GIL: overlap them rather than add them.
+        digest, written = await asyncio.gather(
+            asyncio.to_thread(_sha256, data), asyncio.to_thread(_write, ctx, args, data)
+        )
+    except WorkerError as exc:
+        if exc.code != "not_found" or args.make_parents:
+            raise
+        hint = " To create the missing folders too, set make_parents to true."
+        raise WorkerError(exc.code, exc.message + hint, exc.details) from exc
+    result = FsWriteResult(
+        path=args.path,
+        mode=args.mode,
+        bytes_written=len(data),
+        sha256=digest,
+        size=written.size,
+        created=written.created,
+    )
+    return Outcome(result)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(ctx: Context, args: FsWriteArgs, data: bytes) -> Written:
+    with confined(ctx, args.path, write=True) as (root, located):
+        if args.make_parents:
+            make_parents(root, located.relative)
+        parent, name = root.open_parent(located.relative)
+        try:
+            if args.mode == "append":
+                allow = ctx.config.fs.allow_hard_links
+                return append_bytes(parent, name, data, allow_hard_links=allow, shown=args.path)
+            replace = args.mode == "overwrite"
+            return write_atomic(parent, name, data, replace=replace, shown=args.path)
+        finally:
+            os.close(parent)
