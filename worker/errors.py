@@ -87,7 +87,10 @@ _ERRNO_CODES: Final = {
 }
 
 
-def from_os_error(exc: OSError, path: str) -> WorkerError:
-    """Translate an OSError for `path` (as the caller wrote it) into a WorkerError."""
+def from_os_error(exc: OSError, path: str | None = None) -> WorkerError:
+    """Translate an OSError into a WorkerError; `path` is the caller's spelling, if any."""
     code, what = _ERRNO_CODES.get(exc.errno or 0, ("internal_error", "an operating-system error"))
+    if path is None:
+        detail = exc.strerror or what
+        return WorkerError(code, f"the operating system refused: {detail}.", {"errno": exc.errno})
     return WorkerError(code, f"{path!r}: {what}.", {"path": path, "errno": exc.errno})

@@ -275,7 +275,7 @@ class Dispatcher:
         except _CallStoppedError as exc:
             error = exc.error
         except OSError as exc:
-            error = from_os_error(exc, "")
+            error = from_os_error(exc)  # no path known here
         except Exception:
             log.exception("internal error in %s (call %s)", req.action, req.correlation_id)
             error = WorkerError(

@@ -95,7 +95,10 @@ def open_channel(target: str, keepalive: Keepalive, tls_ca: Path | None = None) 
             f"refusing to send the token in plaintext to {target}: plaintext is allowed only to "
             "loopback (127.0.0.1, ::1, localhost). Give the server's CA with --tls-ca to use TLS.",
         )
-    return grpc.aio.insecure_channel(target, options=options)
+    # A proxy from http_proxy/https_proxy would see the plaintext token; a TLS link
+    # may keep the proxy (a CONNECT tunnel sees only ciphertext).
+    direct = [*options, ("grpc.enable_http_proxy", 0)]
+    return grpc.aio.insecure_channel(target, options=direct)
 
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:

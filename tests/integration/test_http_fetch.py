@@ -53,9 +53,8 @@ def live(
         name: proxy
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
     }
-    # gRPC honours the same variables for the worker's own link to the hub; keep that
-    # link direct with gRPC's own exemption, which httpx does not read.
-    proxies["no_grpc_proxy"] = "127.0.0.1,localhost"
+    # The worker's own plaintext link to the hub must ignore these too (else the
+    # honeypot would see its connection).
     home = tmp_path_factory.mktemp("http") / "home"
     with shared_cluster(home, extra_config=config, worker_env=proxies) as cluster:
         yield cluster
