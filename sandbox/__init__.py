@@ -11,6 +11,7 @@ Stands alone (standard library only) so it can be reviewed, tested and reused
 without the worker around it.
 """
 
+from sandbox._leftovers import sweep as sweep_leftovers
 from sandbox.files import (
     HardLinkError,
     Written,
@@ -48,5 +49,6 @@ __all__ = [
     "open_regular",
     "openat2_available",
     "read_at",
+    "sweep_leftovers",
     "write_atomic",
 ]

@@ -11,7 +11,8 @@ file beside the target, is flushed to disk, then renamed over the name (or linke
 to it, for a name that must not exist yet). A symlink planted at the name is
 refused, one planted in the moment between the check and the rename is replaced,
 never followed, and a crash at any point leaves either the old file whole or the
-new one. Appending writes in place, so it checks the file it opened, not the name.
+new one (and, at worst, a temporary file that sandbox._leftovers sweeps up later).
+Appending writes in place, so it checks the file it opened, not the name.
 
 A file with more than one name (hard link) may have another name outside every
 root; both readers and appenders refuse such files unless the caller allows them.
@@ -22,19 +23,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from dataclasses import dataclass
 from typing import Final
 
+from sandbox._leftovers import temp_name
 from sandbox.fs_types import file_kind
 from sandbox.paths import ConfinedDir, ConfinementError, _show, _translating
 
 # O_NONBLOCK: a FIFO that slipped past the kind check still cannot block the open.
 # O_NOCTTY: a terminal that slipped past it never becomes our controlling terminal.
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
-_TEMP_SUFFIX: Final = ".agentworker-tmp"
-_NAME_MAX: Final = 255
 _NEW_FILE_MODE: Final = 0o666  # narrowed by the process umask, as for any program
 _KEPT_MODE_BITS: Final = 0o777  # setuid/setgid/sticky never survive a rewrite
 
@@ -137,12 +136,6 @@ def _lstat(parent_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-def _temp_name(name: str) -> str:
-    raw = os.fsencode(name)
-    room = _NAME_MAX - len(_TEMP_SUFFIX) - 12  # '.', '.', 8 hex digits and a margin
-    return f".{os.fsdecode(raw[:room])}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -172,7 +165,7 @@ def write_atomic(
                     "already_exists",
                     f"{_show(shown)} already exists. Choose another name, or overwrite it.",
                 )
-        temp = _temp_name(name)
+        temp = temp_name(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temp, flags, _NEW_FILE_MODE, dir_fd=parent_fd)
         try:

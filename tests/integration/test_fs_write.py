@@ -7,11 +7,15 @@ import os
 import resource
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sandbox import ConfinedDir
+from sandbox._leftovers import temp_name
+from tests.sandbox.support import crash_mid_write
 from tests.support.cluster import Cluster, cluster
 from tests.support.host_calls import call, error_code, shared_cluster
 
@@ -195,3 +199,27 @@ def test_a_write_failing_part_way_leaves_the_old_content_whole(tmp_path: Path) -
         assert "'precious'" in out["error"]["message"]
         assert (live.workspace / "precious").read_bytes() == old
         assert leftovers(live.workspace) == []
+
+
+def test_a_crashed_writes_temporary_file_is_swept_by_the_next_write(
+    live: Cluster, box: Path
+) -> None:
+    """A write killed part-way (a real crash of the same code, in a child) leaves its
+    temporary file; the worker's next write in that folder removes it once it is
+    stale, and leaves a fresh one (perhaps a write in progress) and the person's
+    look-alike files alone."""
+    (box / "precious").write_bytes(b"old\n")
+    with ConfinedDir(box) as root:
+        crash_mid_write(root, "precious")
+    [stale] = leftovers(box)
+    hour_ago = time.time() - 3600
+    os.utime(box / stale, (hour_ago, hour_ago))
+    fresh = box / temp_name("other")
+    fresh.write_bytes(b"being written")
+    mine = box / "my.12345678.agentworker-tmp"
+    mine.write_bytes(b"a person's file")
+    os.utime(mine, (hour_ago, hour_ago))
+    out, _ = write(live, f"{box.name}/new.txt", b"x")
+    assert out["status"] == "ok", out
+    assert sorted(leftovers(box)) == sorted([fresh.name, mine.name])
+    assert (box / "precious").read_bytes() == b"old\n"

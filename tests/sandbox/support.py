@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandbox import ConfinedDir, write_atomic
 
 INSIDE = "inside data\n"
 SECRET = "outside secret\n"
@@ -17,3 +22,18 @@ class Tree:
     @property
     def secret(self) -> Path:
         return self.outside / "secret.txt"
+
+
+def crash_mid_write(root: ConfinedDir, relative: str) -> None:
+    """A child dies by SIGXFSZ part-way through an atomic write: no cleanup runs."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+            parent, name = root.open_parent(relative)
+            write_atomic(parent, name, b"N" * (1 << 20), replace=True)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXFSZ

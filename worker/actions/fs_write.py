@@ -4,7 +4,8 @@
 file (or makes it); `append` adds to its end. Creating and replacing are atomic
 (temp file, fsync, rename; see sandbox.files): a reader, or a crash, sees the old
 content whole or the new content whole, never half. A symlink at the name is
-refused, not written through. At most 16 MiB per call.
+refused, not written through. At most 16 MiB per call. A write also sweeps up
+temporary files an earlier, crashed write left in the same folder.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hashlib
 import os
 from typing import Literal
 
-from sandbox import Written, append_bytes, make_parents, write_atomic
+from sandbox import Written, append_bytes, make_parents, sweep_leftovers, write_atomic
 from worker.actions.caps import CAPS
 from worker.actions.fs_paths import confined
 from worker.errors import WorkerError
@@ -80,8 +81,12 @@ def _write(ctx: Context, args: FsWriteArgs, data: bytes) -> Written:
         try:
             if args.mode == "append":
                 allow = ctx.config.fs.allow_hard_links
-                return append_bytes(parent, name, data, allow_hard_links=allow, shown=args.path)
-            replace = args.mode == "overwrite"
-            return write_atomic(parent, name, data, replace=replace, shown=args.path)
+                done = append_bytes(parent, name, data, allow_hard_links=allow, shown=args.path)
+            else:
+                replace = args.mode == "overwrite"
+                done = write_atomic(parent, name, data, replace=replace, shown=args.path)
+            # After the write, so that sweeping (best effort) never delays or fails it.
+            sweep_leftovers(parent)
+            return done
         finally:
             os.close(parent)
