@@ -12,6 +12,10 @@ way the program itself reads it:
   long options take `--name=value` or `--name value`, options may follow
   positionals, and `--` ends the options. Only exact option names count: the
   abbreviations getopt would expand are never admitted.
+- `options_first` style: as `gnu`, but the first positional ends the options, as
+  for getopt under POSIXLY_CORRECT and for programs with their own parsers (xxd).
+  Read the `gnu` way, `xxd in.bin -p` would be one input and a flag; xxd reads
+  `-p` as its output file and writes it.
 - `single_dash` style (find's expressions): tokens are matched whole, an option
   takes the next token, and positionals (start points) come before the first
   option.
@@ -27,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-Style = Literal["gnu", "single_dash"]
+Style = Literal["gnu", "options_first", "single_dash"]
 Repeat = Literal["one", "optional", "many"]
 
 BASE_KINDS: Final = frozenset({"opaque", "int", "glob", "read_path", "write_path"})
@@ -112,7 +116,7 @@ class Grammar:
         if self.style == "single_dash":
             reading = self._read_single_dash(rest)
         else:
-            reading = self._read_gnu(rest)
+            reading = self._read_gnu(rest, options_first=self.style == "options_first")
         present = set(reading.flags) | {name for name, _ in reading.values}
         for group in self.require:
             if not group & present:
@@ -134,7 +138,7 @@ class Grammar:
 
     # ------------------------------------------------------------- styles
 
-    def _read_gnu(self, rest: list[str]) -> Reading:
+    def _read_gnu(self, rest: list[str], *, options_first: bool = False) -> Reading:
         flags: list[str] = []
         values: list[tuple[str, str]] = []
         positionals: list[str] = []
@@ -176,6 +180,9 @@ class Grammar:
                     else:
                         inside = f" (in {arg})" if len(arg) > 2 else ""
                         raise NoMatchError(f"option {name}{inside} is not allowed")
+            elif options_first:
+                positionals += rest[index - 1 :]  # everything from here on is an operand
+                break
             else:
                 positionals.append(arg)
         return Reading(tuple(flags), tuple(values), tuple(positionals), tuple(after))

@@ -134,8 +134,10 @@ def _program(name: str, raw: dict[str, Any], source: str) -> _Layer:
         if not _ENV_NAME.fullmatch(key) or not isinstance(value, str):
             raise PolicyError(f'{where}: env entries are NAME = "text", not {key!r}')
     style = raw.get("style", "gnu")
-    if style not in ("gnu", "single_dash"):
-        raise PolicyError(f'{where}: style must be "gnu" or "single_dash", not {style!r}')
+    if style not in ("gnu", "options_first", "single_dash"):
+        raise PolicyError(
+            f'{where}: style must be "gnu", "options_first" or "single_dash", not {style!r}'
+        )
     base_flags = _strings(raw.get("flags", []), f"{where} flags")
     base_options = _strings(raw.get("options", []), f"{where} options")
     rules = [

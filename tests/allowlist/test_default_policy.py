@@ -80,6 +80,9 @@ def test_injections_through_options_are_forbidden_with_the_rules_reason(
         ("git", "stash"),
         ("git", "push", "origin", "main"),
         ("uniq", "in.txt", "out.txt"),
+        # xxd stops reading options at its input file: the next argument is a file it writes
+        ("xxd", "a.bin", "-p"),
+        ("xxd", "a.bin", "-s../victim"),
         ("sha256sum", "-c", "sums"),
     ],
 )

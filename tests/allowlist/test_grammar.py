@@ -140,3 +140,23 @@ def test_any_args_admits_everything_after_the_subcommand() -> None:
 )
 def test_denied_arguments_are_found_in_every_spelling(entry: str, arg: str, hit: bool) -> None:
     assert token_hits(entry, arg) is hit
+
+
+def test_options_first_style_ends_the_options_at_the_first_positional() -> None:
+    """For programs that stop reading options at their first operand (xxd): a later
+    `-p` is a second operand (xxd's output file), never a flag."""
+    xxd = Grammar(
+        style="options_first",
+        flags=frozenset({"-p", "-u"}),
+        options={"-c": "int"},
+        positionals=(Slot("read_path", "optional"),),
+    )
+    reading = xxd.match(["-pu", "-c16", "a.bin"], example_path_check)
+    assert (reading.flags, reading.values, reading.positionals) == (
+        ("-p", "-u"),
+        (("-c", "16"),),
+        ("a.bin",),
+    )
+    for args in (["a.bin", "-p"], ["a.bin", "-c16"], ["a.bin", "--", "-p"]):
+        with pytest.raises(NoMatchError, match="at most 1"):
+            xxd.match(args, example_path_check)

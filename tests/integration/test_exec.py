@@ -361,3 +361,17 @@ def test_no_bubblewrap_means_sandbox_unavailable(tmp_path: Path) -> None:
     assert out["error"]["code"] == "sandbox_unavailable"
     assert "apt install bubblewrap" in out["error"]["message"]
     assert out["error"]["retryable"] is True
+
+
+def test_xxd_never_takes_an_option_after_its_input_as_a_flag(live: Cluster) -> None:
+    """xxd stops reading options at its input file, so `xxd in -p` would write a hex
+    dump to a file named `-p`: a write through a read-only rule. It is refused."""
+    box = live.workspace / "xxd"
+    box.mkdir()
+    (box / "a.bin").write_bytes(b"hello")
+    for argv in (["xxd", "a.bin", "-p"], ["xxd", "a.bin", "-c16"]):
+        out, _ = run_exec(live, argv, cwd="xxd")
+        assert out["status"] == "error" and out["error"]["code"] == "command_not_allowed", out
+    out, blob = run_exec(live, ["xxd", "-p", "a.bin"], cwd="xxd")
+    assert out["status"] == "ok" and blob == b"68656c6c6f\n", out
+    assert sorted(os.listdir(box)) == ["a.bin"]
