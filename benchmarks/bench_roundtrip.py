@@ -1,9 +1,19 @@
 """Round trip of workerHost.fs_stat through hub → worker → hub, beside raw gRPC echo.
 
-Both servers run as separate processes on loopback and are measured in the same
-run: `agentworker up` (hub + worker in one process, the default setup) and a bare
-gRPC bidi echo with no work at all. Printed: p50/p99 latency with 1 call in flight,
-throughput with 64 in flight, and each figure's ratio to the raw baseline.
+Everything runs on loopback and is measured in the same run:
+
+- raw gRPC bidi echo: one message out on a stream and its echo back, no work at all
+  (the baseline every ratio is against), and a raw unary echo for context;
+- hub → worker → hub: the reference hub runs inside this process, as a server would
+  embed it, and sends each call down the stream to a real `agentworker run` process;
+  this is the path a call takes in production, and the one the raw bidi echo mirrors;
+- the same through the hub's ControlService (`agentworker call` does this): a unary
+  RPC from this process into `agentworker up` (hub + worker in one process) or into
+  `agentworker hub` + `agentworker run`. That is a second RPC hop per call, so set
+  these rows beside the unary echo too.
+
+Printed: p50/p99 latency and calls/s with 1 and with 64 calls in flight, and each
+figure's ratio to the raw bidi echo.
 
     python benchmarks/bench_roundtrip.py [--calls 5000]
 """
@@ -28,7 +38,10 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.cluster import free_port, wait_for
+from worker import app
 from worker.client import ControlClient
+from worker.config import Paths, load
+from worker.hub import Hub
 from worker.proto import agentworker_pb2 as pb
 
 ECHO_SERVER = """
@@ -136,15 +149,31 @@ async def unary_bench(address: str, calls: int, in_flight: int) -> tuple[list[fl
         return await measure(one, calls, in_flight)
 
 
-async def worker_bench(
+FS_STAT = pb.DispatchRequest(
+    agent_id="bench", surface="workerHost", action="fs_stat", args_json='{"path": "bench.txt"}'
+)
+
+
+async def control_bench(
     client: ControlClient, calls: int, in_flight: int
 ) -> tuple[list[float], float]:
-    request = pb.DispatchRequest(
-        agent_id="bench", surface="workerHost", action="fs_stat", args_json='{"path": "bench.txt"}'
-    )
+    """Each call a ControlService.Dispatch RPC into the hub, which sends it on."""
 
     async def one() -> None:
-        reply = await client.stub.Dispatch(request, metadata=client.metadata)
+        reply = await client.stub.Dispatch(FS_STAT, metadata=client.metadata)
+        if reply.result.status != pb.ActionResult.OK:
+            raise RuntimeError(reply.result.error.message)
+
+    for _ in range(200):
+        await one()
+    return await measure(one, calls, in_flight)
+
+
+async def stream_bench(hub: Hub, calls: int, in_flight: int) -> tuple[list[float], float]:
+    """Each call sent by the hub in this process down the worker's stream."""
+
+    async def one() -> None:
+        reply = await hub.dispatch(FS_STAT)
         if reply.result.status != pb.ActionResult.OK:
             raise RuntimeError(reply.result.error.message)
 
@@ -168,22 +197,51 @@ def report(label: str, raw: Measured, unary: Measured, ours: dict[str, Measured]
         print(f"  {name:28}{p50:9.3f}{p99:9.3f}{rate:9.0f}   {ratios}")
 
 
-@contextlib.asynccontextmanager
-async def topology(home: Path, commands: list[list[str]]) -> AsyncIterator[ControlClient]:
-    """Start agentworker processes in a fresh home; yield a client once a worker is in."""
+def _home(home: Path) -> tuple[str, dict[str, str]]:
+    """A fresh AGENTWORKER_HOME with a workspace and the bench's grant; its listen
+    address and the environment that points at it."""
     listen = f"127.0.0.1:{free_port()}"
     workspace = home / "workspace"
     workspace.mkdir(parents=True)
     (workspace / "bench.txt").write_text("bench")
     (home / "config.toml").write_text(CONFIG.format(listen=listen, workspace=workspace))
-    env = {**os.environ, "AGENTWORKER_HOME": str(home)}
+    return listen, {**os.environ, "AGENTWORKER_HOME": str(home)}
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker", *argv], env=env, stderr=subprocess.DEVNULL
+    )
+
+
+@contextlib.asynccontextmanager
+async def embedded_hub(home: Path) -> AsyncIterator[Hub]:
+    """The reference hub in this process and a worker process connected to it."""
+    _listen, env = _home(home)
+    paths = Paths(config_dir=home, data_dir=home)
+    running = await app.start_hub(paths, load(paths))
+    worker = _spawn(["run", "--server", running.address, "--token", _token(paths)], env)
+    try:
+        while not running.hub.sessions:
+            await asyncio.sleep(0.05)
+        yield running.hub
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        await running.stop()
+
+
+def _token(paths: Paths) -> str:
+    return paths.token_file.read_text().strip()
+
+
+@contextlib.asynccontextmanager
+async def topology(home: Path, commands: list[list[str]]) -> AsyncIterator[ControlClient]:
+    """Start agentworker processes in a fresh home; yield a client once a worker is in."""
+    listen, env = _home(home)
     procs = []
     for argv in commands:
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "worker", *argv], env=env, stderr=subprocess.DEVNULL
-            )
-        )
+        procs.append(_spawn(argv, env))
         wait_for(lambda: (home / "hub.token").exists(), 15)
     client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
     try:
@@ -202,8 +260,8 @@ async def topology(home: Path, commands: list[list[str]]) -> AsyncIterator[Contr
 
 
 TOPOLOGIES = {
-    "fs_stat, `up` (1 process)": [["up"]],
-    "fs_stat, `hub` + `run`": [["hub"], ["run"]],
+    "  via Dispatch, `up`": [["up"]],
+    "  via Dispatch, hub + run": [["hub"], ["run"]],
 }
 
 
@@ -216,9 +274,11 @@ async def run(calls: int, home: Path) -> None:
             raw = await echo_bench(echo_addr, calls, in_flight)
             unary = await unary_bench(echo_addr, calls, in_flight)
             ours = {}
+            async with embedded_hub(home / f"{in_flight}-hub") as hub:
+                ours["fs_stat hub → worker → hub"] = await stream_bench(hub, calls, in_flight)
             for i, (name, commands) in enumerate(TOPOLOGIES.items()):
                 async with topology(home / f"{in_flight}-{i}", commands) as client:
-                    ours[name] = await worker_bench(client, calls, in_flight)
+                    ours[name] = await control_bench(client, calls, in_flight)
             report(f"{calls} calls, {in_flight} in flight", raw, unary, ours)
     finally:
         echo.terminate()

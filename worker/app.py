@@ -295,8 +295,7 @@ async def _serve_worker(dispatcher: Dispatcher, target: Target, config: Config) 
     finally:
         housekeeping.cancel()
         stopper.cancel()
-        dispatcher.state.close()
-        dispatcher.telemetry.close()
+        dispatcher.close()
 
 
 def prepare(paths: Paths) -> bool:

@@ -8,7 +8,9 @@ few commits. That keeps a call's bookkeeping to microseconds instead of an fsync
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def connect(path: Path, schema: str) -> sqlite3.Connection:
@@ -19,3 +21,20 @@ def connect(path: Path, schema: str) -> sqlite3.Connection:
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(schema)
     return conn
+
+
+def write_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Run `sql` for each row in one commit: one statement needs no explicit
+    transaction (it commits by itself), and inside an open one the caller commits."""
+    if len(rows) == 1:
+        conn.execute(sql, rows[0])
+    elif conn.in_transaction:
+        conn.executemany(sql, rows)
+    elif rows:
+        conn.execute("BEGIN")
+        try:
+            conn.executemany(sql, rows)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")

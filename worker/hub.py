@@ -315,7 +315,10 @@ class Hub:
         if session is not None:
             session.send(pb.ServerMessage(request=request))
         try:
-            result = await asyncio.wait_for(asyncio.shield(waiter), timeout_s + RESULT_SLACK_S)
+            # asyncio.timeout, not wait_for: no extra task per call. Several callers may
+            # share the waiter: shielded, a caller's timeout never cancels it.
+            async with asyncio.timeout(timeout_s + RESULT_SLACK_S):
+                result = await asyncio.shield(waiter)
         except TimeoutError:
             self._waiters.pop(cid, None)
             self._abandon(cid, self.sessions.get(worker_id))

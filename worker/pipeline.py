@@ -13,12 +13,14 @@ result is durable and re-sent after the next handshake).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
+import sqlite3
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,8 +103,34 @@ class Dispatcher:
         # by then needs none (the result says more than "started").
         self._started: dict[str, None] = {}
         self._digests: dict[str, str] = {}  # of running calls, for their telemetry rows
+        self._finished: list[pb.ActionResult] = []  # results waiting for flush_results
+        self._intake: list[str] | None = None  # calls claimed in the open intake batch
 
     # ------------------------------------------------------------- intake
+
+    @contextlib.contextmanager
+    def intake(self) -> Iterator[None]:
+        """Claims made by `submit` inside commit together, when the block ends (one
+        commit for a whole envelope of requests). Their calls start only after that: a
+        task does not run until the event loop turns. Should the commit fail, the calls
+        it claimed are cancelled before they start, so nothing runs unrecorded."""
+        if self._intake is not None:
+            yield
+            return
+        claimed: list[str] = []
+        self._intake = claimed
+        try:
+            with self.state.batch():
+                yield
+        except sqlite3.Error:
+            for cid in claimed:
+                entry = self._tasks.pop(cid, None)
+                if entry is not None:
+                    entry[1].cancel()
+            self._settle()
+            raise
+        finally:
+            self._intake = None
 
     def submit(self, req: pb.ActionRequest) -> None:
         """Claim `req` in the ledger and start it, or answer a duplicate."""
@@ -130,6 +158,8 @@ class Dispatcher:
             self._digests[cid] = digest
             task = asyncio.create_task(self._run(req), name=f"call-{cid}")
             self._tasks[cid] = (req.plan_id, task)
+            if self._intake is not None:
+                self._intake.append(cid)
             self._idle.clear()
         elif begun.seen is Seen.RUNNING:
             self._ack(cid, pb.ActionAck.DUPLICATE_RUNNING)
@@ -196,6 +226,12 @@ class Dispatcher:
             for cid, (_plan, task) in list(self._tasks.items()):
                 self._stop(cid, task, WorkerError("cancelled", "the worker shut down"))
             await self._idle.wait()
+
+    def close(self) -> None:
+        """Record what finished, then close the stores."""
+        self.flush_results()
+        self.state.close()
+        self.telemetry.close()
 
     def recover(self) -> list[str]:
         """After a crash: calls left RUNNING may or may not have happened. Never re-run them."""
@@ -283,10 +319,11 @@ class Dispatcher:
                 f"the worker hit an internal error running {req.surface}.{req.action}; "
                 f"its log has the details (call {req.correlation_id})",
             )
-        finally:
+        except BaseException:  # cancelled with no reason of ours: the loop is going away
             self._tasks.pop(req.correlation_id, None)
-            if not self._tasks:
-                self._idle.set()
+            self._settle()
+            raise
+        self._tasks.pop(req.correlation_id, None)
         if error is not None:
             blob, result_json, truncated = b"", "", False
         duration = int((time.monotonic() - started_clock) * 1000)
@@ -410,10 +447,37 @@ class Dispatcher:
             result.error.CopyFrom(_error_pb(error))
             if error.code in AUDITED_CODES:
                 self._audit(error.code, req, {"message": error.message})
-        self.telemetry.record(invocation)
-        self.state.finish(req.correlation_id, result.SerializeToString())
-        self._started.pop(req.correlation_id, None)
-        self.emit(pb.WorkerMessage(result=result))
+        if not self._tasks:  # nothing else running that could share the commit
+            self._finished.append(result)
+            self.flush_results()
+            return
+        if not self._finished:
+            asyncio.get_running_loop().call_soon(self.flush_results)
+        self._finished.append(result)
+
+    def flush_results(self) -> None:
+        """Record the results finished since the last flush (one commit per store for
+        all of them, not one per call), then send them: none leaves unrecorded."""
+        finished, self._finished = self._finished, []
+        try:
+            if finished:
+                self.telemetry.record_many([result.invocation for result in finished])
+                self.state.finish_many(
+                    [(r.correlation_id, r.SerializeToString()) for r in finished]
+                )
+        except Exception:
+            # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
+            log.exception("could not record %d result(s); they were not sent", len(finished))
+            finished = []
+        for result in finished:
+            self._started.pop(result.correlation_id, None)
+            self.emit(pb.WorkerMessage(result=result))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Idle once no call runs and no result waits to be recorded."""
+        if not self._tasks and not self._finished:
+            self._idle.set()
 
     def _invocation(
         self,

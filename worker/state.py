@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from worker.db import connect
+from worker.db import connect, write_many
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -147,28 +147,36 @@ class State:
         )
 
     def finish(self, correlation_id: str, result: bytes) -> None:
-        self._db.execute(
+        self.finish_many([(correlation_id, result)])
+
+    def finish_many(self, results: list[tuple[str, bytes]]) -> None:
+        """Record finished calls' results, all in one commit."""
+        finished = now_ms()
+        write_many(
+            self._db,
             "UPDATE calls SET state = 'DONE', result = ?, finished_ms = ? WHERE correlation_id = ?",
-            (result, now_ms(), correlation_id),
+            [(result, finished, cid) for cid, result in results],
         )
 
     def ack(self, correlation_ids: list[str]) -> None:
-        with self._transaction():
-            self._db.executemany(
-                "UPDATE calls SET acked = 1 WHERE correlation_id = ? AND state = 'DONE'",
-                [(cid,) for cid in correlation_ids],
-            )
+        write_many(
+            self._db,
+            "UPDATE calls SET acked = 1 WHERE correlation_id = ? AND state = 'DONE'",
+            [(cid,) for cid in correlation_ids],
+        )
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One commit for several statements (the connection autocommits otherwise)."""
+    def batch(self) -> Iterator[None]:
+        """Everything written inside commits at once, when the block ends, even if it
+        raised: what it wrote was valid (a claim stays a claim). A failed commit raises."""
+        if self._db.in_transaction:
+            yield
+            return
         self._db.execute("BEGIN")
         try:
             yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        finally:
+            self._db.execute("COMMIT")
 
     def unacked_results(self) -> list[tuple[str, bytes]]:
         rows = self._db.execute(

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
-from worker.db import connect
+from worker.db import connect, write_many
 from worker.proto import agentworker_pb2 as pb
 from worker.state import now_ms
 
@@ -81,7 +81,11 @@ class Telemetry:
         self._db.close()
 
     def record(self, row: pb.Invocation) -> None:
-        self._db.execute(self._insert, tuple(getattr(row, name) for name in COLUMNS))
+        self.record_many([row])
+
+    def record_many(self, rows: list[pb.Invocation]) -> None:
+        """One invocation row each, all in one commit."""
+        write_many(self._db, self._insert, [[getattr(row, n) for n in COLUMNS] for row in rows])
 
     def audit(
         self,

@@ -1,0 +1,104 @@
+"""The dispatcher groups ledger writes into shared commits without ever letting a
+call run unclaimed or a result leave unrecorded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from worker import app
+from worker.config import Config, GrantSection, Paths, RootSection
+from worker.pipeline import Dispatcher
+from worker.proto import agentworker_pb2 as pb
+
+
+def _dispatcher(tmp_path: Path) -> Dispatcher:
+    paths = Paths(config_dir=tmp_path, data_dir=tmp_path)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "a.txt").write_text("a")
+    config = Config(
+        root=[RootSection(path=tmp_path / "files", mode="ro")],
+        grant=[GrantSection(agent="t", scopes=["workerHost.fs_stat"])],
+    )
+    return app.build_dispatcher(paths, config)
+
+
+def _request(cid: str) -> pb.ActionRequest:
+    return pb.ActionRequest(
+        correlation_id=cid,
+        agent_id="t",
+        surface="workerHost",
+        action="fs_stat",
+        args_json='{"path": "a.txt"}',
+    )
+
+
+def _ledger_state(tmp_path: Path, cid: str) -> str | None:
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        row = db.execute("SELECT state FROM calls WHERE correlation_id = ?", (cid,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def test_every_result_is_in_the_ledger_before_it_is_sent(tmp_path: Path) -> None:
+    dispatcher = _dispatcher(tmp_path)
+    sent: dict[str, str | None] = {}
+
+    def emit(msg: pb.WorkerMessage) -> None:
+        if msg.WhichOneof("kind") == "result":
+            sent[msg.result.correlation_id] = _ledger_state(tmp_path, msg.result.correlation_id)
+
+    dispatcher.emit = emit
+
+    async def run() -> None:
+        with dispatcher.intake():  # one envelope of 50 requests
+            for i in range(50):
+                dispatcher.submit(_request(f"c{i}"))
+        # Claimed and committed before any of them ran.
+        assert all(_ledger_state(tmp_path, f"c{i}") == "RUNNING" for i in range(50))
+        await dispatcher.drain(10)
+
+    asyncio.run(run())
+    dispatcher.close()
+    assert sent == {f"c{i}": "DONE" for i in range(50)}
+
+
+class _FailingCommit:
+    """The far side of the ledger: a disk that refuses the intake's commit."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        yield
+        raise sqlite3.OperationalError("disk I/O error")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+def test_calls_whose_claims_did_not_commit_never_run(tmp_path: Path) -> None:
+    dispatcher = _dispatcher(tmp_path)
+    real_state = dispatcher.state
+    dispatcher.state = _FailingCommit(real_state)  # type: ignore[assignment]
+    emitted: list[pb.WorkerMessage] = []
+    dispatcher.emit = emitted.append
+
+    async def run() -> None:
+        with pytest.raises(sqlite3.OperationalError), dispatcher.intake():
+            dispatcher.submit(_request("lost-1"))
+            dispatcher.submit(_request("lost-2"))
+        await asyncio.sleep(0.2)  # any task left alive would have run by now
+        await dispatcher.drain(1)
+
+    asyncio.run(run())
+    dispatcher.state = real_state
+    dispatcher.close()
+    assert [m for m in emitted if m.WhichOneof("kind") == "result"] == []
+    with contextlib.closing(sqlite3.connect(tmp_path / "telemetry.db")) as db:
+        assert db.execute("SELECT COUNT(*) FROM invocations").fetchone()[0] == 0
