@@ -100,6 +100,7 @@ def command(
     hidden: Sequence[str],
     extra_files: Sequence[str],
     network: bool,
+    overlays: Sequence[tuple[str, str]] = (),
     limits: Limits,
     info_fd: int,
     block_fd: int,
@@ -130,6 +131,8 @@ def command(
     args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
     args += ["--tmpfs", "/tmp"]  # noqa: S108
     args += _folders(mounts, hidden)
+    for source, destination in overlays:  # after the folders, so they land on top
+        args += ["--ro-bind", source, destination]
     args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     args += ["--", tools.prlimit, *_rlimits(limits), "--", *argv]
     return args

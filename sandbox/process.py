@@ -60,6 +60,8 @@ class View:
     env: Mapping[str, str]
     hidden: tuple[str, ...] = ()  # folders to blank out where a mount would expose them
     extra_files: tuple[str, ...] = ()  # more read-only files (a program outside /usr)
+    # (a file of ours, a path inside a shared folder): shown read-only in its place
+    overlays: tuple[tuple[str, str], ...] = ()
     network: bool = False
     bwrap: str = "bwrap"
 
@@ -152,6 +154,7 @@ def _command(
         mounts=view.mounts,
         hidden=view.hidden,
         extra_files=view.extra_files,
+        overlays=view.overlays,
         network=view.network,
         limits=limits,
         info_fd=info_fd,

@@ -375,3 +375,64 @@ def test_xxd_never_takes_an_option_after_its_input_as_a_flag(live: Cluster) -> N
     out, blob = run_exec(live, ["xxd", "-p", "a.bin"], cwd="xxd")
     assert out["status"] == "ok" and blob == b"68656c6c6f\n", out
     assert sorted(os.listdir(box)) == ["a.bin"]
+
+
+HOSTILE_GIT_CONFIG = """
+[filter "evil"]
+\tclean = "touch {mark}-filter; cat"
+[diff "evil"]
+\ttextconv = "sh -c 'touch {mark}-textconv; cat \\"$0\\"'"
+[diff]
+\texternal = "sh -c 'touch {mark}-external'"
+[include]
+\tpath = included
+[remote "origin"]
+\turl = https://example.com/repo.git
+"""
+
+
+def hostile_repo(folder: Path) -> None:
+    """A repository whose own config names programs to run, as a downloaded archive
+    of someone's working copy may: filter and textconv drivers for every file."""
+    folder.mkdir()
+    git = ["git", "-c", "user.email=a@b", "-c", "user.name=n", "-C", str(folder)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (folder / "a.txt").write_text("one\n")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    (folder / "a.txt").write_text("one\ntwo\n")
+    (folder / ".gitattributes").write_text("* filter=evil diff=evil\n")
+    mark = folder / "PWNED"
+    with (folder / ".git" / "config").open("a") as config:
+        config.write(HOSTILE_GIT_CONFIG.format(mark=mark))
+    (folder / ".git" / "included").write_text(f'[core]\n\tpager = "touch {mark}-included"\n')
+
+
+def test_a_repositorys_own_config_cannot_make_git_run_programs(live: Cluster) -> None:
+    """Read-only git commands on a hostile repository run no driver, pager or
+    external diff named in its config; they still see its history and remotes."""
+    hostile_repo(live.workspace / "hostile")
+    for argv in (
+        ["git", "status", "--short"],
+        ["git", "diff"],
+        ["git", "log", "-p", "-n", "1"],
+        ["git", "show", "HEAD"],
+        ["git", "blame", "a.txt"],
+    ):
+        out, blob = run_exec(live, argv, cwd="hostile")
+        assert out["status"] == "ok" and out["result"]["exit_code"] == 0, (argv, out, blob)
+    out, blob = run_exec(live, ["git", "diff"], cwd="hostile")
+    assert b"+two" in blob
+    out, blob = run_exec(live, ["git", "remote", "-v"], cwd="hostile")
+    assert b"origin\thttps://example.com/repo.git (fetch)" in blob
+    (live.workspace / "hostile" / "deeper").mkdir()
+    out, blob = run_exec(live, ["git", "rev-parse", "--show-prefix"], cwd="hostile/deeper")
+    assert blob == b"deeper/\n", out
+    assert [p.name for p in (live.workspace / "hostile").iterdir() if "PWNED" in p.name] == []
+    assert "[filter" in (live.workspace / "hostile" / ".git" / "config").read_text()
+
+
+def test_git_outside_any_repository_finds_none(live: Cluster) -> None:
+    (live.workspace / "not-a-repo").mkdir()
+    out, blob = run_exec(live, ["git", "status"], cwd="not-a-repo")
+    assert out["result"]["exit_code"] == 128 and b"not a git repository" in blob, out

@@ -28,6 +28,7 @@ from pydantic import AfterValidator, Field, StringConstraints
 from allowlist import Decision
 from sandbox import ConfinedDir, ConfinementError, Root, environment, locate
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
+from worker.actions.exec_git import git_view
 from worker.actions.exec_policy import path_check, policy_for
 from worker.config import ExecSection, Paths
 from worker.errors import WorkerError
@@ -77,21 +78,25 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             f"{command[:PREVIEW_CHARS]}\nin {cwd}\n{decision.reason}",
         )
     assert decision.program is not None
-    view = View(
-        cwd=cwd,
-        mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),
-        env=environment.build(os.environ, settings.pass_env, decision.program.env),
-        hidden=_own_folders(ctx),
-        extra_files=() if visible_by_default(program) else (program,),
-        network=decision.program.network,
-        bwrap=settings.bwrap,
-    )
-    try:
-        done = await run(
-            [program, *args.argv[1:]], view, limits_of(settings, timeout_s), ctx.blob or None
+    async with git_view(decision.program, program, ctx.roots, cwd) as git:
+        view = View(
+            cwd=cwd,
+            mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),
+            env=environment.build(
+                os.environ, settings.pass_env, {**decision.program.env, **git.env}
+            ),
+            hidden=_own_folders(ctx),
+            extra_files=() if visible_by_default(program) else (program,),
+            overlays=tuple(git.overlays),
+            network=decision.program.network,
+            bwrap=settings.bwrap,
         )
-    except SandboxUnavailableError as exc:
-        raise WorkerError("sandbox_unavailable", str(exc)) from None
+        try:
+            done = await run(
+                [program, *args.argv[1:]], view, limits_of(settings, timeout_s), ctx.blob or None
+            )
+        except SandboxUnavailableError as exc:
+            raise WorkerError("sandbox_unavailable", str(exc)) from None
     result = ExecResult(
         program=program,
         rule=decision.rule_id or "",
