@@ -105,8 +105,9 @@ def locate(roots: Sequence[Root], user_path: str, *, write: bool = False) -> Loc
     """Map a caller's path to the root that holds it, by text alone.
 
     Absolute paths must lie under one of the roots (the longest match wins); relative
-    paths are taken beneath the FIRST root. Backslashes and percent signs are ordinary
-    file-name characters on Linux and stay literal. '..' may move within a path but
+    paths are taken beneath the FIRST root (and then, too, a root nested in it wins).
+    Backslashes and percent signs are ordinary file-name characters on Linux and stay
+    literal. '..' may move within a path but
     never above the root. Raises ConfinementError("path_not_allowed") otherwise, and
     for `write` under a read-only root.
     """
@@ -130,14 +131,15 @@ def locate(roots: Sequence[Root], user_path: str, *, write: bool = False) -> Loc
     parts = components(user_path)
     if parts is None:
         raise _refuse(user_path, "uses '..' to climb out of the shared folder. Stay inside it.")
-    if user_path.startswith("/"):
-        found = _longest_root(roots, parts)
-        if found is None:
-            shared = ", ".join(str(root.path) for root in roots)
-            raise _refuse(user_path, f"is outside every shared folder ({shared}).")
-        root, parts = found
-    else:
-        root = roots[0]
+    if not user_path.startswith("/"):
+        # Beneath the first root, but a root nested in it still rules its own part:
+        # a read-only folder shared inside a read-write one stays read-only.
+        parts = [*roots[0].path.parts[1:], *parts]
+    found = _longest_root(roots, parts)
+    if found is None:
+        shared = ", ".join(str(root.path) for root in roots)
+        raise _refuse(user_path, f"is outside every shared folder ({shared}).")
+    root, parts = found
     if write and not root.writable:
         raise _refuse(
             user_path,

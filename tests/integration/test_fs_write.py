@@ -223,3 +223,24 @@ def test_a_crashed_writes_temporary_file_is_swept_by_the_next_write(
     assert out["status"] == "ok", out
     assert sorted(leftovers(box)) == sorted([fresh.name, mine.name])
     assert (box / "precious").read_bytes() == b"old\n"
+
+
+def test_a_read_only_folder_shared_inside_the_workspace_stays_read_only(tmp_path: Path) -> None:
+    """Neither a relative path nor a symbolic link in the read-write workspace writes
+    into a read-only root nested in it."""
+    home = tmp_path / "home"
+    docs = home / "workspace" / "docs"
+    extra = f'[[root]]\npath = "{docs}"\nmode = "ro"\n'
+    docs.mkdir(parents=True)
+    (docs / "kept.txt").write_text("read me\n")
+    with shared_cluster(home, extra_config=extra) as live:
+        assert live.workspace / "docs" == docs
+        (live.workspace / "to-docs").symlink_to("docs")
+        for path in ("docs/kept.txt", "docs/new.txt", "to-docs/kept.txt", "to-docs/new.txt"):
+            for mode in ("create", "overwrite", "append"):
+                out, _ = write(live, path, b"changed", mode=mode)
+                assert error_code(out) == "path_not_allowed", (path, mode, out)
+        out, _ = write(live, "elsewhere.txt", b"fine")
+        assert out["status"] == "ok"
+    assert sorted(os.listdir(docs)) == ["kept.txt"]
+    assert (docs / "kept.txt").read_text() == "read me\n"

@@ -168,3 +168,14 @@ def test_the_filesystem_root_as_a_root() -> None:
 def test_unknown_codes_are_a_programming_error() -> None:
     with pytest.raises(ValueError, match="unknown"):
         ConfinementError("oops", "x")
+
+
+def test_a_relative_path_into_a_nested_root_obeys_that_root() -> None:
+    """A read-only folder shared inside a read-write one stays read-only, however the
+    path into it is written; and a read-write one inside a read-only one is writable."""
+    shared = Root(Path("/home/u"), writable=True)
+    docs = Root(Path("/home/u/docs"), writable=False)
+    assert locate([shared, docs], "docs/x") == Located(root=docs, relative="x")
+    assert "read-only" in refused("docs/x", [shared, docs], write=True).message
+    assert "read-only" in refused("a/../docs/x", [shared, docs], write=True).message
+    assert locate([HOME, PROJECT], "project/x", write=True) == Located(PROJECT, "x")

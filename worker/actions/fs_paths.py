@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,3 +32,22 @@ def confined(
         raise WorkerError(exc.code, exc.message, {"path": path}) from exc
     except OSError as exc:  # not a confinement question (a full disk, a file size limit)
         raise from_os_error(exc, path) from exc
+
+
+def check_lands_writable(ctx: Context, parent_fd: int, path: str) -> None:
+    """Refuse a write whose folder, as the kernel resolved it, lies in a read-only root.
+
+    `locate` judges the path's text; a symbolic link inside a read-write root can
+    still lead into a read-only root nested in it (both are inside, so the
+    confined open allows it). The folder actually opened says where it landed.
+    """
+    landed = os.readlink(f"/proc/self/fd/{parent_fd}")
+    try:
+        locate(ctx.roots, landed, write=True)
+    except ConfinementError as exc:
+        raise WorkerError(
+            "path_not_allowed",
+            f"{path!r} leads through a symbolic link into a folder that is shared read-only; "
+            "it can be read but not changed.",
+            {"path": path},
+        ) from exc

@@ -17,7 +17,7 @@ from typing import Literal
 
 from sandbox import Written, append_bytes, make_parents, sweep_leftovers, write_atomic
 from worker.actions.caps import CAPS
-from worker.actions.fs_paths import confined
+from worker.actions.fs_paths import check_lands_writable, confined
 from worker.errors import WorkerError
 from worker.registry import Args, Context, Outcome, PathArg, Result
 
@@ -79,6 +79,7 @@ def _write(ctx: Context, args: FsWriteArgs, data: bytes) -> Written:
             make_parents(root, located.relative)
         parent, name = root.open_parent(located.relative)
         try:
+            check_lands_writable(ctx, parent, args.path)
             if args.mode == "append":
                 allow = ctx.config.fs.allow_hard_links
                 done = append_bytes(parent, name, data, allow_hard_links=allow, shown=args.path)
