@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker import db
 from worker.db import connect
 from worker.proto import agentworker_pb2 as pb
 from worker.state import now_ms
@@ -55,7 +56,7 @@ class HubStore:
         self._db = connect(path, _SCHEMA)
 
     def close(self) -> None:
-        self._db.close()
+        db.close(self._db)
 
     def get(self, correlation_id: str) -> StoredCall | None:
         row = self._db.execute(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from worker import db
 from worker.db import connect, write_many
 
 _SCHEMA = """
@@ -114,7 +115,7 @@ class State:
         self._seen_version = -1
 
     def close(self) -> None:
-        self._db.close()
+        db.close(self._db)
 
     # ------------------------------------------------------------- call ledger
 

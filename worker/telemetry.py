@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
+from worker import db
 from worker.db import connect, write_many
 from worker.proto import agentworker_pb2 as pb
 from worker.state import now_ms
@@ -78,7 +79,7 @@ class Telemetry:
         )
 
     def close(self) -> None:
-        self._db.close()
+        db.close(self._db)
 
     def record(self, row: pb.Invocation) -> None:
         self.record_many([row])

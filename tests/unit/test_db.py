@@ -1,0 +1,53 @@
+"""The background checkpointer keeps each open database's log copied in, and lets go
+of a database once it is closed."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from worker import db
+
+SCHEMA = "CREATE TABLE IF NOT EXISTS t (v BLOB);"
+
+
+def test_the_log_is_copied_in_without_a_commit_paying_for_it(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    conn = db.connect(path, SCHEMA)
+    try:
+        for _ in range(300):  # below SQLite's own 1000-page threshold: it would not run
+            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(512),))
+        wal = path.with_name("x.db-wal")
+        assert wal.stat().st_size > 100_000
+        deadline = time.monotonic() + 5
+        while _database_pages(path) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _database_pages(path) >= 20, "the rows never reached the database file"
+    finally:
+        db.close(conn)
+
+
+def _database_pages(path: Path) -> int:
+    """Pages in the main database file itself (the log not counted)."""
+    return path.stat().st_size // 4096
+
+
+def _open_handles(path: Path) -> list[str]:
+    """This process's file descriptors on `path` or its log."""
+    fds = Path("/proc/self/fd")
+    targets = [os.readlink(fd) for fd in fds.iterdir() if fd.exists()]
+    return [t for t in targets if t.startswith(str(path))]
+
+
+def test_a_closed_database_is_let_go(tmp_path: Path) -> None:
+    path = tmp_path / "gone.db"
+    conn = db.connect(path, SCHEMA)
+    conn.execute("INSERT INTO t VALUES (x'00')")
+    time.sleep(0.3)  # the checkpointer has opened its own connection by now
+    assert _open_handles(path)
+    db.close(conn)
+    deadline = time.monotonic() + 5
+    while _open_handles(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _open_handles(path) == [], "the checkpointer still holds the closed database"
