@@ -110,9 +110,8 @@ def grants_of(config: Config) -> list[Grant]:
 
 def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = None) -> Dispatcher:
     state = State(paths.data_dir / "state.db")
-    telemetry = Telemetry(
-        paths.data_dir / "telemetry.db", retention_days(config.telemetry.retention_days)
-    )
+    # In the ledger's database: a call's result and its row commit as one.
+    telemetry = Telemetry.sharing(state.connection, retention_days(config.telemetry.retention_days))
     scopes = Scopes(
         grants_of(config),
         live=lambda: [

@@ -230,8 +230,8 @@ class Dispatcher:
     def close(self) -> None:
         """Record what finished, then close the stores."""
         self.flush_results()
-        self.state.close()
         self.telemetry.close()
+        self.state.close()
 
     def recover(self) -> list[str]:
         """After a crash: calls left RUNNING may or may not have happened. Never re-run them."""
@@ -461,10 +461,11 @@ class Dispatcher:
         finished, self._finished = self._finished, []
         try:
             if finished:
-                self.telemetry.record_many([result.invocation for result in finished])
-                self.state.finish_many(
-                    [(r.correlation_id, r.SerializeToString()) for r in finished]
-                )
+                with self.state.batch():  # one commit: rows and results together
+                    self.telemetry.record_many([result.invocation for result in finished])
+                    self.state.finish_many(
+                        [(r.correlation_id, r.SerializeToString()) for r in finished]
+                    )
         except Exception:
             # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
             log.exception("could not record %d result(s); they were not sent", len(finished))

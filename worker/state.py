@@ -114,6 +114,11 @@ class State:
         """Our own writes do not move data_version; forget the cache by hand."""
         self._seen_version = -1
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """For tables that should commit with the ledger (see Telemetry.sharing)."""
+        return self._db
+
     def close(self) -> None:
         db.close(self._db)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any, Final
@@ -70,16 +71,31 @@ def retention_days(configured: int) -> int:
 
 
 class Telemetry:
-    def __init__(self, path: Path, retention_days: int = 90) -> None:
-        self._db = connect(path, _SCHEMA)
+    """The invocation and audit tables: in a database of their own (`open`) or in the
+    call ledger's (`sharing`), where a call's row and its result commit together."""
+
+    def __init__(self, conn: sqlite3.Connection, retention_days: int, *, owned: bool) -> None:
+        conn.executescript(_SCHEMA)
+        self._db = conn
+        self._owned = owned  # close the connection with this object
         self.retention_days = retention_days
         self._insert = (
             f"INSERT INTO invocations ({', '.join(COLUMNS)})"
             f" VALUES ({', '.join('?' for _ in COLUMNS)})"
         )
 
+    @classmethod
+    def open(cls, path: Path, retention_days: int = 90) -> Telemetry:
+        return cls(connect(path, ""), retention_days, owned=True)
+
+    @classmethod
+    def sharing(cls, conn: sqlite3.Connection, retention_days: int = 90) -> Telemetry:
+        """Tables in `conn`'s database; whoever opened it closes it."""
+        return cls(conn, retention_days, owned=False)
+
     def close(self) -> None:
-        db.close(self._db)
+        if self._owned:
+            db.close(self._db)
 
     def record(self, row: pb.Invocation) -> None:
         self.record_many([row])

@@ -22,7 +22,7 @@ def test_fs_stat_round_trip_returns_typed_result_and_telemetry(live: Cluster) ->
     assert invocation["plan_id"] == "p1" and invocation["task_id"] == "t1"
     assert invocation["decision"] == "granted"
     rows = (
-        sqlite3.connect(live.home / "telemetry.db")
+        sqlite3.connect(live.home / "state.db")
         .execute(
             "SELECT kind, status, action FROM invocations WHERE correlation_id = ?",
             (out["correlation_id"],),
@@ -55,7 +55,7 @@ def test_thousand_concurrent_calls_each_answered_once_within_the_limit(live: Clu
     assert max(in_flight) <= 8
     assert max(in_flight) == 8, "the burst should have filled every slot"
     executed = (
-        sqlite3.connect(live.home / "telemetry.db")
+        sqlite3.connect(live.home / "state.db")
         .execute(
             "SELECT COUNT(*), COUNT(DISTINCT correlation_id) FROM invocations"
             " WHERE action = 'probe'"
@@ -81,7 +81,7 @@ def test_call_without_grant_answers_scope_required_with_how_to_grant(live: Clust
 def test_refusals_are_logged_too_with_secrets_redacted(live: Cluster) -> None:
     out = live.call("workerHost.fs_stat", '{"path": ".", "api_key": "sekrit-value"}')
     assert out["error"]["code"] == "validation_error"
-    db = sqlite3.connect(live.home / "telemetry.db")
+    db = sqlite3.connect(live.home / "state.db")
     status, code, preview = db.execute(
         "SELECT status, error_code, args_preview FROM invocations WHERE correlation_id = ?",
         (out["correlation_id"],),
@@ -93,7 +93,7 @@ def test_refusals_are_logged_too_with_secrets_redacted(live: Cluster) -> None:
 
 def test_scope_refusal_writes_an_audit_event(live: Cluster) -> None:
     out = live.call("workerHost.fs_stat", '{"path": "."}', agent_id="stranger")
-    db = sqlite3.connect(live.home / "telemetry.db")
+    db = sqlite3.connect(live.home / "state.db")
     kinds = db.execute(
         "SELECT kind FROM audit_events WHERE correlation_id = ?", (out["correlation_id"],)
     ).fetchall()

@@ -1,5 +1,5 @@
 """The dispatcher groups ledger writes into shared commits without ever letting a
-call run unclaimed or a result leave unrecorded."""
+call run unclaimed, or a result leave before it and its telemetry row are recorded."""
 
 from __future__ import annotations
 
@@ -39,9 +39,15 @@ def _request(cid: str) -> pb.ActionRequest:
 
 
 def _ledger_state(tmp_path: Path, cid: str) -> str | None:
+    """The call's ledger state, with "+row" once its telemetry row exists too."""
     with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
         row = db.execute("SELECT state FROM calls WHERE correlation_id = ?", (cid,)).fetchone()
-    return None if row is None else str(row[0])
+        logged = db.execute(
+            "SELECT COUNT(*) FROM invocations WHERE correlation_id = ?", (cid,)
+        ).fetchone()[0]
+    if row is None:
+        return None
+    return f"{row[0]}+row" if logged == 1 else str(row[0])
 
 
 def test_every_result_is_in_the_ledger_before_it_is_sent(tmp_path: Path) -> None:
@@ -64,7 +70,7 @@ def test_every_result_is_in_the_ledger_before_it_is_sent(tmp_path: Path) -> None
 
     asyncio.run(run())
     dispatcher.close()
-    assert sent == {f"c{i}": "DONE" for i in range(50)}
+    assert sent == {f"c{i}": "DONE+row" for i in range(50)}
 
 
 class _FailingCommit:
@@ -100,5 +106,5 @@ def test_calls_whose_claims_did_not_commit_never_run(tmp_path: Path) -> None:
     dispatcher.state = real_state
     dispatcher.close()
     assert [m for m in emitted if m.WhichOneof("kind") == "result"] == []
-    with contextlib.closing(sqlite3.connect(tmp_path / "telemetry.db")) as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
         assert db.execute("SELECT COUNT(*) FROM invocations").fetchone()[0] == 0
