@@ -24,6 +24,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -254,11 +255,15 @@ def append_bytes(
     return Written(created=created, size=size)
 
 
-def make_parents(root: ConfinedDir, relative: str) -> None:
+def make_parents(
+    root: ConfinedDir, relative: str, check_parent: Callable[[int], None] | None = None
+) -> None:
     """Create the missing folders above `relative` (a normalised path from `locate`).
 
     Each folder is made with mkdir in a parent resolved beneath the root, so a
-    symlink on the way is followed only while it stays inside.
+    symlink on the way is followed only while it stays inside. `check_parent`, given
+    each parent's fd before the mkdir, may raise to refuse it (a parent that landed
+    in a read-only root nested in this one, say).
     """
     parts = [part for part in relative.split("/") if part not in ("", ".")][:-1]
     for depth in range(1, len(parts) + 1):
@@ -271,6 +276,8 @@ def make_parents(root: ConfinedDir, relative: str) -> None:
                 raise
         parent, name = root.open_parent(prefix)
         try:
+            if check_parent is not None:
+                check_parent(parent)
             with _translating(prefix), contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o777, dir_fd=parent)
         finally:

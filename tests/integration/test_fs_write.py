@@ -244,3 +244,19 @@ def test_a_read_only_folder_shared_inside_the_workspace_stays_read_only(tmp_path
         assert out["status"] == "ok"
     assert sorted(os.listdir(docs)) == ["kept.txt"]
     assert (docs / "kept.txt").read_text() == "read me\n"
+
+
+def test_make_parents_creates_no_folder_inside_a_nested_read_only_root(tmp_path: Path) -> None:
+    """A symbolic link in the workspace into a read-only root nested in it: the missing
+    folders a write would need there are refused, not created."""
+    home = tmp_path / "home"
+    docs = home / "workspace" / "docs"
+    extra = f'[[root]]\npath = "{docs}"\nmode = "ro"\n'
+    docs.mkdir(parents=True)
+    with shared_cluster(home, extra_config=extra) as live:
+        (live.workspace / "to-docs").symlink_to("docs")
+        out, _ = write(live, "to-docs/new/deeper/f.txt", b"x", make_parents=True)
+        assert error_code(out) == "path_not_allowed", out
+        out, _ = write(live, "fresh/deeper/f.txt", b"x", make_parents=True)
+        assert out["status"] == "ok", out
+    assert os.listdir(docs) == []

@@ -76,7 +76,9 @@ def _sha256(data: bytes) -> str:
 def _write(ctx: Context, args: FsWriteArgs, data: bytes) -> Written:
     with confined(ctx, args.path, write=True) as (root, located):
         if args.make_parents:
-            make_parents(root, located.relative)
+            make_parents(
+                root, located.relative, lambda fd: check_lands_writable(ctx, fd, args.path)
+            )
         parent, name = root.open_parent(located.relative)
         try:
             check_lands_writable(ctx, parent, args.path)
