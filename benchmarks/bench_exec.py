@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandbox import environment
 from sandbox.process import Limits, Mount, View, run
-from tests.support.cluster import free_port, wait_for
+from tests.support.cluster import free_port, until_worker_connected, wait_for
 from worker.client import ControlClient
 from worker.proto import agentworker_pb2 as pb
 
@@ -127,11 +127,7 @@ async def bench(calls: int, home: Path) -> None:
     try:
         wait_for(lambda: (home / "hub.token").exists(), 15)
         client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
-        for _ in range(100):
-            status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
-            if status.connected_workers:
-                break
-            await asyncio.sleep(0.1)
+        await until_worker_connected(client)
         for argv, expect in ((["true"], 0), (["cat", "one-mib.bin"], MIB)):
             pinned = ["/usr/bin/" + argv[0], *argv[1:]]
             rows = [

@@ -37,7 +37,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.cluster import free_port, wait_for
+from tests.support.cluster import free_port, until_worker_connected, wait_for
 from worker.client import ControlClient
 from worker.proto import agentworker_pb2 as pb
 from worker.transport import MAX_MESSAGE_BYTES
@@ -199,11 +199,7 @@ async def bench(reads: int, writes: int, home: Path) -> None:
     try:
         wait_for(lambda: (home / "hub.token").exists(), 15)
         client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
-        for _ in range(100):
-            status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
-            if status.connected_workers:
-                break
-            await asyncio.sleep(0.1)
+        await until_worker_connected(client)
         async with grpc.aio.insecure_channel(echo_addr, options=limits) as channel:
             await channel.channel_ready()
             read_inside: list[float] = []

@@ -37,7 +37,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.cluster import free_port, wait_for
+from tests.support.cluster import free_port, until_worker_connected, wait_for
 from worker import app
 from worker.client import ControlClient
 from worker.config import Paths, load
@@ -245,12 +245,7 @@ async def topology(home: Path, commands: list[list[str]]) -> AsyncIterator[Contr
         wait_for(lambda: (home / "hub.token").exists(), 15)
     client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
     try:
-        for _ in range(200):
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
-                if status.connected_workers:
-                    break
-            await asyncio.sleep(0.1)
+        await until_worker_connected(client)
         yield client
     finally:
         await client.close()

@@ -196,6 +196,18 @@ def wait_for(condition: Any, timeout: float, proc: Proc | None = None) -> None:
     raise AssertionError(f"condition not met within {timeout} s{detail}")
 
 
+async def until_worker_connected(client: ControlClient, timeout: float = 20.0) -> None:
+    """Wait until the hub answers and has a worker; a hub still starting is retried."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(grpc.aio.AioRpcError):  # not listening yet
+            status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
+            if status.connected_workers:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no worker connected within {timeout} s")
+
+
 def write_config(home: Path, listen: str, extra_config: str = "", **settings: Any) -> None:
     """The suite's config.toml; `extra_config` is TOML appended as is (more roots, policy)."""
     values = {
