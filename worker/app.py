@@ -45,6 +45,8 @@ from worker.transport import (
 log = logging.getLogger("agentworker")
 
 PRUNE_EVERY_S = 3600.0
+# How soon a kill recorded by another process (`agentworker kill`) stops running calls.
+KILL_CHECK_S = 0.2
 
 
 def keepalive_of(config: Config) -> Keepalive:
@@ -153,6 +155,14 @@ def build_connection(dispatcher: Dispatcher, target: Target, config: Config) -> 
         heartbeat_s=config.connection.heartbeat_s,
         backoff=Backoff(config.connection.backoff_base_s, config.connection.backoff_cap_s),
     )
+
+
+async def _enforce_kills(dispatcher: Dispatcher) -> None:
+    """A kill recorded in the ledger by another process reaches running calls too."""
+    while True:
+        await asyncio.sleep(KILL_CHECK_S)
+        if dispatcher.enforce_kills():
+            log.info("stopped running calls of a plan killed from this machine")
 
 
 async def _housekeeping(dispatcher: Dispatcher) -> None:
@@ -276,6 +286,7 @@ async def _serve_worker(dispatcher: Dispatcher, target: Target, config: Config) 
     connection = build_connection(dispatcher, target, config)
     stop = _stop_event()
     housekeeping = asyncio.create_task(_housekeeping(dispatcher))
+    kills = asyncio.create_task(_enforce_kills(dispatcher))
     link = asyncio.create_task(connection.run())
     stopper = asyncio.create_task(stop.wait())
     log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
@@ -293,6 +304,7 @@ async def _serve_worker(dispatcher: Dispatcher, target: Target, config: Config) 
                 await link
     finally:
         housekeeping.cancel()
+        kills.cancel()
         stopper.cancel()
         dispatcher.close()
 

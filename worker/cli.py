@@ -85,7 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     _add_server_flags(status)
 
-    kill = sub.add_parser("kill", help="kill a plan: cancel its running calls, refuse the rest")
+    kill = sub.add_parser(
+        "kill",
+        help="kill a plan: stop its running calls and refuse the rest, here and through the "
+        "hub, until `lift`",
+    )
     kill.add_argument("plan")
     kill.add_argument("--reason", default="killed from the command line")
     _add_server_flags(kill)
@@ -279,15 +283,39 @@ def _status(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _kill(paths: Paths, args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        reply = await client.stub.KillPlan(
-            pb.KillPlanRequest(plan_id=args.plan, reason=args.reason), metadata=client.metadata
-        )
-        told = ", ".join(reply.worker_ids) or "no connected worker"
-        print(f"plan {args.plan} killed on: {told}")
-        return EXIT_OK if reply.worker_ids else EXIT_ACTION_ERROR
+    """Record the kill in this machine's ledger first: it holds with no hub running and
+    across restarts, and the worker here stops the plan's running calls within a
+    moment. Then tell the hub, which passes it to every connected worker."""
+    state = _local_state(paths)
+    try:
+        state.kill_plan(args.plan, args.reason, "cli")
+    finally:
+        state.close()
+    print(f"plan {args.plan} killed at this machine's worker (until `agentworker lift`)")
 
-    return _with_client(paths, args, body)
+    async def body(client: ControlClient) -> int:
+        try:
+            reply = await client.stub.KillPlan(
+                pb.KillPlanRequest(plan_id=args.plan, reason=args.reason),
+                metadata=client.metadata,
+                timeout=HUB_NOTICE_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            print(f"the hub was not told ({exc.code().name}): {HUB_UNTOLD}")
+            return EXIT_OK
+        told = ", ".join(reply.worker_ids) or "none connected"
+        print(f"the hub told its workers: {told}")
+        return EXIT_OK
+
+    try:
+        return _with_client(paths, args, body)
+    except WorkerError as exc:  # no hub on this machine, say
+        print(f"the hub was not told ({exc.message}): {HUB_UNTOLD}")
+        return EXIT_OK
+
+
+HUB_NOTICE_TIMEOUT_S = 5.0
+HUB_UNTOLD = "workers on other machines still run the plan"
 
 
 # ----------------------------------------------------------------- local state

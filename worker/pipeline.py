@@ -217,6 +217,18 @@ class Dispatcher:
             self._stop(cid, task, error)
         return len(victims)
 
+    def enforce_kills(self) -> int:
+        """Stop running calls of plans killed in the ledger meanwhile (by `agentworker
+        kill` from another process, say); the intake refuses their new calls already."""
+        stopped = 0
+        for cid, (plan, task) in list(self._tasks.items()):
+            reason = self.state.kill_reason(plan) if plan else None
+            if reason is not None and cid not in self._stop_reasons:
+                error = WorkerError("plan_killed", f"plan {plan!r} was killed: {reason}")
+                self._stop(cid, task, error)
+                stopped += 1
+        return stopped
+
     async def drain(self, grace_s: float) -> None:
         """Take no new work; let running calls finish within `grace_s`, then cancel them."""
         self.draining = True

@@ -198,3 +198,35 @@ def test_status_and_workers_speak_json(live: Cluster, flag: str) -> None:
     )
     listed = json.loads(workers.stdout)
     assert len(listed) == 1 and listed[0]["connected"] is True
+
+
+def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> None:
+    """`agentworker kill` records the kill in the worker's own ledger: with no hub to
+    pass it on, the running call still stops and the plan's next calls are refused."""
+    args = '{"sleep_ms": 20000, "mark": "localkill"}'
+    pending = call_in_background(
+        live, "workerDiag.probe", args, correlation_id="lk-1", plan_id="p-local"
+    )
+    wait_for(lambda: marks(live, "localkill") == 1, 10)
+    hub = next(p for p in live.procs if p.name == "hub")
+    hub.kill()
+    pending["thread"].join(10)
+    begun = time.monotonic()
+    killed = subprocess.run(
+        [sys.executable, "-m", "worker", "kill", "p-local", "--reason", "stop that"],
+        env=live.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "the hub was not told" in killed.stdout
+    live.start_hub()
+    wait_for(lambda: live.status().connected_workers == 1, 15)
+    # The caller asks again with the same id: the worker answers from its ledger.
+    out = live.call("workerDiag.probe", args, correlation_id="lk-1", plan_id="p-local")
+    assert out["error"]["code"] == "plan_killed", out
+    assert "stop that" in out["error"]["message"]
+    assert time.monotonic() - begun < 15, "stopped by the kill, not by the end of its sleep"
+    fresh = live.call("workerHost.fs_stat", '{"path": "."}', plan_id="p-local")
+    assert fresh["error"]["code"] == "plan_killed"
