@@ -305,6 +305,9 @@ def _kill(paths: Paths, args: argparse.Namespace) -> int:
             return EXIT_OK
         told = ", ".join(reply.worker_ids) or "none connected"
         print(f"the hub told its workers: {told}")
+        if reply.queued_worker_ids:
+            away = ", ".join(reply.queued_worker_ids)
+            print(f"and will tell these when they next connect: {away}")
         return EXIT_OK
 
     try:

@@ -127,6 +127,9 @@ class Hub:
         batches = Batcher(session.outbox)
         try:
             session.send(self._welcome(session))
+            # Kills first: a re-sent call of a killed plan is then refused, not run.
+            for kill in self.store.take_kills(session.worker_id):
+                session.send(pb.ServerMessage(kill_plan=kill))
             self._resend_open_calls(session)
             while (batch := await batches.next_batch()) is not None:
                 yield pb.ServerEnvelope(messages=batch)
@@ -356,17 +359,23 @@ class Hub:
                 request_id=request_id, granted=False, reason="no answer in time"
             )
 
-    def kill_plan(self, req: pb.KillPlanRequest) -> list[str]:
-        targets = [req.worker_id] if req.worker_id else list(self.sessions)
-        told = []
+    def kill_plan(self, req: pb.KillPlanRequest) -> pb.KillPlanResponse:
+        """Tell each target worker now, or, if it is away, when it next connects."""
+        if req.worker_id:
+            targets = [self.pick_worker(req.worker_id)]
+        else:
+            targets = sorted({hello.worker_id for hello, _ in self.store.workers()})
+        reply = pb.KillPlanResponse()
+        kill = pb.KillPlan(plan_id=req.plan_id, reason=req.reason)
         for worker_id in targets:
             session = self.sessions.get(worker_id)
             if session is not None:
-                session.send(
-                    pb.ServerMessage(kill_plan=pb.KillPlan(plan_id=req.plan_id, reason=req.reason))
-                )
-                told.append(worker_id)
-        return told
+                session.send(pb.ServerMessage(kill_plan=kill))
+                reply.worker_ids.append(worker_id)
+            else:
+                self.store.queue_kill(worker_id, req.plan_id, req.reason)
+                reply.queued_worker_ids.append(worker_id)
+        return reply
 
     def worker_infos(self) -> list[pb.WorkerInfo]:
         infos = []
@@ -458,7 +467,11 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
     ) -> pb.KillPlanResponse:
         if not request.plan_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "plan_id is required")
-        return pb.KillPlanResponse(worker_ids=self.hub.kill_plan(request))
+        try:
+            return self.hub.kill_plan(request)
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise  # unreachable: abort raises
 
     async def Teardown(  # noqa: N802
         self, request: pb.TeardownRequest, context: grpc.aio.ServicerContext

@@ -33,6 +33,13 @@ CREATE TABLE IF NOT EXISTS workers (
     hello        BLOB NOT NULL,
     last_seen_ms INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS queued_kills (
+    worker_id  TEXT NOT NULL,
+    plan_id    TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (worker_id, plan_id)
+);
 """
 
 
@@ -121,6 +128,22 @@ class HubStore:
         self._db.execute(
             "UPDATE workers SET last_seen_ms = ? WHERE worker_id = ?", (now_ms(), worker_id)
         )
+
+    def queue_kill(self, worker_id: str, plan_id: str, reason: str) -> None:
+        """Keep a kill for a worker that is away, to deliver when it connects."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO queued_kills VALUES (?, ?, ?, ?)",
+            (worker_id, plan_id, reason, now_ms()),
+        )
+
+    def take_kills(self, worker_id: str) -> list[pb.KillPlan]:
+        """The kills queued for `worker_id`, oldest first, removed from the queue."""
+        rows = self._db.execute(
+            "SELECT plan_id, reason FROM queued_kills WHERE worker_id = ? ORDER BY created_ms",
+            (worker_id,),
+        ).fetchall()
+        self._db.execute("DELETE FROM queued_kills WHERE worker_id = ?", (worker_id,))
+        return [pb.KillPlan(plan_id=plan, reason=reason) for plan, reason in rows]
 
     def workers(self) -> list[tuple[pb.Hello, int]]:
         rows = self._db.execute("SELECT hello, last_seen_ms FROM workers ORDER BY worker_id")

@@ -18,6 +18,7 @@ import pytest
 from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.tcp_proxy import FreezableProxy
 from worker.client import result_to_dict
+from worker.proto import agentworker_pb2 as pb
 
 
 def marks(live: Cluster, name: str) -> int:
@@ -230,3 +231,35 @@ def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> No
     assert time.monotonic() - begun < 15, "stopped by the kill, not by the end of its sleep"
     fresh = live.call("workerHost.fs_stat", '{"path": "."}', plan_id="p-local")
     assert fresh["error"]["code"] == "plan_killed"
+
+
+def test_a_kill_for_a_worker_that_is_away_reaches_it_when_it_connects(live: Cluster) -> None:
+    """The hub queues a kill for a known worker that is offline, delivers it (once)
+    before anything else when the worker connects, then forgets it."""
+    assert live.call("workerHost.fs_stat", '{"path": "."}', plan_id="p-away")["status"] == "ok"
+    worker = next(p for p in live.procs if p.name == "worker")
+    worker.signal(signal.SIGTERM)
+    worker.wait(15)
+    wait_for(lambda: live.status().connected_workers == 0, 10)
+
+    async def kill(client: Any) -> Any:
+        request = pb.KillPlanRequest(plan_id="p-away", reason="while you were out")
+        return await client.stub.KillPlan(request, metadata=client.metadata)
+
+    reply = live.run(kill)
+    assert list(reply.worker_ids) == []
+    assert len(reply.queued_worker_ids) == 1
+    live.start_worker()
+    out = live.call("workerHost.fs_stat", '{"path": "."}', plan_id="p-away")
+    assert out["error"]["code"] == "plan_killed", out
+    assert "while you were out" in out["error"]["message"]
+
+    lifted = subprocess.run(
+        [sys.executable, "-m", "worker", "lift", "p-away"], env=live.env, capture_output=True
+    )
+    assert lifted.returncode == 0
+    live.procs[-1].signal(signal.SIGTERM)
+    live.procs[-1].wait(15)
+    wait_for(lambda: live.status().connected_workers == 0, 10)
+    live.start_worker()  # a second reconnect: the delivered kill is not sent again
+    assert live.call("workerHost.fs_stat", '{"path": "."}', plan_id="p-away")["status"] == "ok"

@@ -466,10 +466,12 @@ class KillPlanRequest(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., reason: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class KillPlanResponse(_message.Message):
-    __slots__ = ("worker_ids",)
+    __slots__ = ("worker_ids", "queued_worker_ids")
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    queued_worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_ids: _Optional[_Iterable[str]] = ..., queued_worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TeardownRequest(_message.Message):
     __slots__ = ("worker_id", "plan_id")
