@@ -25,36 +25,22 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.cluster import free_port, until_worker_connected, wait_for
+from benchmarks._common import MIB, OneCall, agentworker, connected, make_home, report, timed
+from tests.support.cluster import free_port
 from worker.client import ControlClient
 from worker.proto import agentworker_pb2 as pb
 from worker.transport import MAX_MESSAGE_BYTES
 
-MIB = 1024 * 1024
-CONFIG = """
-[hub]
-listen = "{listen}"
-[[root]]
-path = "{workspace}"
-mode = "rw"
-[[grant]]
-agent = "bench"
-scopes = ["workerHost.fs_read", "workerHost.fs_write", "workerDiag.probe"]
-[worker]
-diagnostics = true
-"""
+SCOPES = ["workerHost.fs_read", "workerHost.fs_write", "workerDiag.probe"]
 ECHO_SERVER = """
 import asyncio, sys, grpc
 async def call(request, context):
@@ -71,24 +57,6 @@ async def main():
     await server.wait_for_termination()
 asyncio.run(main())
 """
-
-OneCall = Callable[[], Awaitable[None]]
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def timed(one_call: OneCall, calls: int) -> list[float]:
-    for _ in range(max(3, calls // 20)):  # warm up
-        await one_call()
-    latencies = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        await one_call()
-        latencies.append((time.perf_counter() - start) * 1000)
-    return latencies
 
 
 def raw_read(path: Path, size: int) -> OneCall:
@@ -168,27 +136,60 @@ def pipeline(
     return one
 
 
-def report(label: str, size: int, rows: list[tuple[str, list[float]]]) -> None:
-    raw_p50, raw_p99 = statistics.median(rows[0][1]), percentile(rows[0][1], 0.99)
-    print(f"\n{label}")
-    print(f"  {'':44}{'p50 ms':>9}{'p99 ms':>9}{'MiB/s':>9}{'p50/raw':>9}{'p99/raw':>9}")
-    for name, samples in rows:
-        p50, p99 = statistics.median(samples), percentile(samples, 0.99)
-        rate = size / MIB / (p50 / 1000) if p50 > 0 else float("inf")  # telemetry: whole ms
-        print(f"  {name:44}{p50:9.2f}{p99:9.2f}{rate:9.0f}{p50 / raw_p50:9.1f}{p99 / raw_p99:9.1f}")
+async def timed_rows(calls: list[tuple[str, OneCall]], count: int) -> list[tuple[str, list[float]]]:
+    """Each call timed `count` times, in order (a pipeline row fills its `inside` list)."""
+    return [(name, await timed(one, count, min_warm_up=3)) for name, one in calls]
 
 
-async def bench(reads: int, writes: int, home: Path) -> None:
-    listen, echo_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    workspace = home / "workspace"
-    workspace.mkdir(parents=True)
-    one_mib, sixteen = os.urandom(MIB), os.urandom(16 * MIB)
-    (workspace / "one-mib.bin").write_bytes(one_mib)
-    (home / "config.toml").write_text(CONFIG.format(listen=listen, workspace=workspace))
-    env = {**os.environ, "AGENTWORKER_HOME": str(home)}
-    up = subprocess.Popen(
-        [sys.executable, "-m", "worker", "up"], env=env, stderr=subprocess.DEVNULL
+async def read_table(
+    client: ControlClient, channel: grpc.aio.Channel, file: Path, data: bytes, reads: int
+) -> None:
+    inside: list[float] = []
+    fs_read = pipeline(client, "workerHost.fs_read", {"path": file.name}, b"", MIB, inside)
+    rows = await timed_rows(
+        [
+            ("raw open/read/close", raw_read(file, MIB)),
+            ("raw gRPC unary echo, 1 MiB", echo(channel, data)),
+            ("fs_read via hub → worker", fs_read),
+        ],
+        reads,
     )
+    rows.append(("  of which inside the worker (telemetry)", inside[-reads:]))
+    report(f"fs_read 1 MiB: {reads} calls, 1 in flight", rows, name_width=44, size=MIB)
+
+
+async def write_table(
+    client: ControlClient, channel: grpc.aio.Channel, raw_target: Path, data: bytes, writes: int
+) -> None:
+    inside: list[float] = []
+    overwrite = {"path": "out.bin", "mode": "overwrite"}
+    rows = await timed_rows(
+        [
+            ("raw open/write/close", raw_write(raw_target, data, sync=False)),
+            ("raw write + fsync", raw_write(raw_target, data, sync=True)),
+            ("raw atomic (temp, fsync, rename)", raw_atomic(raw_target, data)),
+            ("raw gRPC unary echo, 16 MiB", echo(channel, data)),
+            (
+                "16 MiB blob to a no-op (workerDiag.probe)",
+                pipeline(client, "workerDiag.probe", {}, data, 0),
+            ),
+            (
+                "fs_write via hub → worker",
+                pipeline(client, "workerHost.fs_write", overwrite, data, 0, inside),
+            ),
+        ],
+        writes,
+    )
+    rows.append(("  of which inside the worker (telemetry)", inside[-writes:]))
+    report(f"fs_write 16 MiB: {writes} calls, 1 in flight", rows, name_width=44, size=16 * MIB)
+
+
+async def bench(reads: int, writes: int, home_dir: Path) -> None:
+    diagnostics = "[worker]\ndiagnostics = true\n"  # for the no-op workerDiag.probe row
+    home = make_home(home_dir, mode="rw", scopes=SCOPES, extra_config=diagnostics)
+    echo_addr = f"127.0.0.1:{free_port()}"
+    one_mib, sixteen = os.urandom(MIB), os.urandom(16 * MIB)
+    (home.workspace / "one-mib.bin").write_bytes(one_mib)
     echo_server = subprocess.Popen(
         [sys.executable, "-c", ECHO_SERVER, echo_addr, str(MAX_MESSAGE_BYTES)]
     )
@@ -197,76 +198,15 @@ async def bench(reads: int, writes: int, home: Path) -> None:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
     try:
-        wait_for(lambda: (home / "hub.token").exists(), 15)
-        client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
-        await until_worker_connected(client)
-        async with grpc.aio.insecure_channel(echo_addr, options=limits) as channel:
-            await channel.channel_ready()
-            read_inside: list[float] = []
-            read_rows = [
-                (
-                    "raw open/read/close",
-                    await timed(raw_read(workspace / "one-mib.bin", MIB), reads),
-                ),
-                ("raw gRPC unary echo, 1 MiB", await timed(echo(channel, one_mib), reads)),
-                (
-                    "fs_read via hub → worker",
-                    await timed(
-                        pipeline(
-                            client,
-                            "workerHost.fs_read",
-                            {"path": "one-mib.bin"},
-                            b"",
-                            MIB,
-                            read_inside,
-                        ),
-                        reads,
-                    ),
-                ),
-                ("  of which inside the worker (telemetry)", read_inside[-reads:]),
-            ]
-            report(f"fs_read 1 MiB: {reads} calls, 1 in flight", MIB, read_rows)
-            raw_target = home / "raw-target.bin"
-            inside: list[float] = []
-            write_rows = [
-                (
-                    "raw open/write/close",
-                    await timed(raw_write(raw_target, sixteen, sync=False), writes),
-                ),
-                (
-                    "raw write + fsync",
-                    await timed(raw_write(raw_target, sixteen, sync=True), writes),
-                ),
-                (
-                    "raw atomic (temp, fsync, rename)",
-                    await timed(raw_atomic(raw_target, sixteen), writes),
-                ),
-                ("raw gRPC unary echo, 16 MiB", await timed(echo(channel, sixteen), writes)),
-                (
-                    "16 MiB blob to a no-op (workerDiag.probe)",
-                    await timed(pipeline(client, "workerDiag.probe", {}, sixteen, 0), writes),
-                ),
-                (
-                    "fs_write via hub → worker",
-                    await timed(
-                        pipeline(
-                            client,
-                            "workerHost.fs_write",
-                            {"path": "out.bin", "mode": "overwrite"},
-                            sixteen,
-                            0,
-                            inside,
-                        ),
-                        writes,
-                    ),
-                ),
-                ("  of which inside the worker (telemetry)", inside[-writes:]),
-            ]
-            report(f"fs_write 16 MiB: {writes} calls, 1 in flight", 16 * MIB, write_rows)
-        await client.close()
+        with agentworker(["up"], home):
+            async with (
+                connected(home) as client,
+                grpc.aio.insecure_channel(echo_addr, options=limits) as channel,
+            ):
+                await channel.channel_ready()
+                await read_table(client, channel, home.workspace / "one-mib.bin", one_mib, reads)
+                await write_table(client, channel, home_dir / "raw-target.bin", sixteen, writes)
     finally:
-        up.terminate()
-        up.wait(30)
         echo_server.terminate()
         echo_server.wait(10)
 

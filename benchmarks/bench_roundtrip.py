@@ -30,14 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.cluster import free_port, until_worker_connected, wait_for
+from benchmarks._common import Home, OneCall, agentworker, connected, make_home, percentile
+from tests.support.cluster import free_port, wait_for
 from worker import app
 from worker.client import ControlClient
 from worker.config import Paths, load
@@ -65,26 +66,8 @@ async def main():
 asyncio.run(main())
 """
 
-CONFIG = """
-[hub]
-listen = "{listen}"
-[[root]]
-path = "{workspace}"
-mode = "ro"
-[[grant]]
-agent = "bench"
-scopes = ["workerHost.fs_stat"]
-"""
 
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def measure(
-    one_call: Callable[[], Awaitable[None]], calls: int, in_flight: int
-) -> tuple[list[float], float]:
+async def measure(one_call: OneCall, calls: int, in_flight: int) -> tuple[list[float], float]:
     """Latencies (ms) and calls/s with `in_flight` calls outstanding at all times."""
     latencies: list[float] = []
     remaining = calls
@@ -197,61 +180,39 @@ def report(label: str, raw: Measured, unary: Measured, ours: dict[str, Measured]
         print(f"  {name:28}{p50:9.3f}{p99:9.3f}{rate:9.0f}   {ratios}")
 
 
-def _home(home: Path) -> tuple[str, dict[str, str]]:
-    """A fresh AGENTWORKER_HOME with a workspace and the bench's grant; its listen
-    address and the environment that points at it."""
-    listen = f"127.0.0.1:{free_port()}"
-    workspace = home / "workspace"
-    workspace.mkdir(parents=True)
-    (workspace / "bench.txt").write_text("bench")
-    (home / "config.toml").write_text(CONFIG.format(listen=listen, workspace=workspace))
-    return listen, {**os.environ, "AGENTWORKER_HOME": str(home)}
-
-
-def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "worker", *argv], env=env, stderr=subprocess.DEVNULL
-    )
+def _home(path: Path) -> Home:
+    """A fresh home whose workspace holds the file every call stats."""
+    home = make_home(path, mode="ro", scopes=["workerHost.fs_stat"])
+    (home.workspace / "bench.txt").write_text("bench")
+    return home
 
 
 @contextlib.asynccontextmanager
-async def embedded_hub(home: Path) -> AsyncIterator[Hub]:
+async def embedded_hub(path: Path) -> AsyncIterator[Hub]:
     """The reference hub in this process and a worker process connected to it."""
-    _listen, env = _home(home)
-    paths = Paths(config_dir=home, data_dir=home)
+    home = _home(path)
+    paths = Paths(config_dir=path, data_dir=path)
     running = await app.start_hub(paths, load(paths))
-    worker = _spawn(["run", "--server", running.address, "--token", _token(paths)], env)
     try:
-        while not running.hub.sessions:
-            await asyncio.sleep(0.05)
-        yield running.hub
+        token = paths.token_file.read_text().strip()
+        with agentworker(["run", "--server", running.address, "--token", token], home):
+            while not running.hub.sessions:
+                await asyncio.sleep(0.05)
+            yield running.hub
     finally:
-        worker.terminate()
-        worker.wait(30)
         await running.stop()
 
 
-def _token(paths: Paths) -> str:
-    return paths.token_file.read_text().strip()
-
-
 @contextlib.asynccontextmanager
-async def topology(home: Path, commands: list[list[str]]) -> AsyncIterator[ControlClient]:
+async def topology(path: Path, commands: list[list[str]]) -> AsyncIterator[ControlClient]:
     """Start agentworker processes in a fresh home; yield a client once a worker is in."""
-    listen, env = _home(home)
-    procs = []
-    for argv in commands:
-        procs.append(_spawn(argv, env))
-        wait_for(lambda: (home / "hub.token").exists(), 15)
-    client = ControlClient.connect(listen, (home / "hub.token").read_text().strip())
-    try:
-        await until_worker_connected(client)
-        yield client
-    finally:
-        await client.close()
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(30)
+    home = _home(path)
+    with contextlib.ExitStack() as processes:  # stopped last started, first
+        for argv in commands:
+            processes.enter_context(agentworker(argv, home))
+            wait_for(home.token_file.exists, 15)  # `run` reads the token `hub` writes
+        async with connected(home) as client:
+            yield client
 
 
 TOPOLOGIES = {

@@ -137,6 +137,17 @@ def _lstat(parent_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
+def _regular_or_missing(parent_fd: int, name: str, shown: str) -> os.stat_result | None:
+    """`name`'s own status (a link is not followed), None when there is none yet.
+
+    Writing goes only to regular files: a symlink, folder, FIFO or device is refused.
+    """
+    existing = _lstat(parent_fd, name)
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise _not_regular(shown, existing)
+    return existing
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -157,15 +168,12 @@ def write_atomic(
     """
     shown = shown or name
     with _translating(shown):
-        existing = _lstat(parent_fd, name)
-        if existing is not None:
-            if not stat.S_ISREG(existing.st_mode):
-                raise _not_regular(shown, existing)
-            if not replace:
-                raise ConfinementError(
-                    "already_exists",
-                    f"{_show(shown)} already exists. Choose another name, or overwrite it.",
-                )
+        existing = _regular_or_missing(parent_fd, name, shown)
+        if existing is not None and not replace:
+            raise ConfinementError(
+                "already_exists",
+                f"{_show(shown)} already exists. Choose another name, or overwrite it.",
+            )
         temp = temp_name(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temp, flags, _NEW_FILE_MODE, dir_fd=parent_fd)
@@ -223,10 +231,8 @@ def append_bytes(
     """
     shown = shown or name
     with _translating(shown):
-        existing = _lstat(parent_fd, name)
+        existing = _regular_or_missing(parent_fd, name, shown)
         if existing is not None:
-            if not stat.S_ISREG(existing.st_mode):
-                raise _not_regular(shown, existing)
             _check_links(shown, existing, allow_hard_links)
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
         flags |= os.O_CLOEXEC

@@ -11,7 +11,6 @@ import json
 import os
 import stat
 import subprocess
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
-from tests.support.procs import marker, processes_with, wait_until_gone
+from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from worker.client import result_to_dict
 from worker.proto import agentworker_pb2 as pb
 
@@ -67,21 +66,6 @@ match = ["touch new.txt"]
 not_match = ["touch /etc/new"]
 """
 
-# Ignores SIGTERM, and leaves a setsid'd, double-forked grandchild that does too.
-STUBBORN = textwrap.dedent(
-    """
-    import os, signal, sys, time
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            time.sleep(600)
-        os._exit(0)
-    print("started", flush=True)
-    time.sleep(600)
-    """
-)
 SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-children"}
 
 

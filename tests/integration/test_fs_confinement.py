@@ -34,14 +34,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-@pytest.fixture
-def box(live: Cluster, request: pytest.FixtureRequest) -> Path:
-    """A folder of the workspace for this test alone."""
-    folder = live.workspace / request.node.name.replace("[", "-").replace("]", "")
-    folder.mkdir()
-    return folder
-
-
 def outside(live: Cluster) -> Path:
     return live.home / "outside"
 

@@ -26,13 +26,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
-@pytest.fixture
-def box(live: Cluster, request: pytest.FixtureRequest) -> Path:
-    folder = live.workspace / request.node.name
-    folder.mkdir()
-    return folder
-
-
 def read(live: Cluster, path: str, **args: object) -> tuple[dict[str, object], bytes]:
     out, blob = call(live, "fs_read", {"path": path, **args})
     assert out["status"] == "ok", out

@@ -33,13 +33,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
-@pytest.fixture
-def box(live: Cluster, request: pytest.FixtureRequest) -> Path:
-    folder = live.workspace / request.node.name
-    folder.mkdir()
-    return folder
-
-
 def write(live: Cluster, path: str, data: bytes, **args: object) -> tuple[dict[str, object], bytes]:
     return call(live, "fs_write", {"path": path, **args}, data)
 

@@ -3,73 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import grpc
 
+from tests.support.certs import make_ca_and_server
 from tests.support.cluster import cluster, wait_for
 from worker.client import ControlClient
 from worker.proto import agentworker_pb2 as pb
 
 
-def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate for 127.0.0.1, made with openssl."""
-    ca_key, ca, key, csr, cert = (
-        folder / n for n in ("ca.key", "ca.pem", "s.key", "s.csr", "s.pem")
-    )
-    run = lambda *argv: subprocess.run(["openssl", *argv], check=True, capture_output=True)  # noqa: E731
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        str(ca_key),
-        "-out",
-        str(ca),
-        "-days",
-        "1",
-        "-subj",
-        "/CN=agentworker test CA",
-    )
-    run(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-        "-subj",
-        "/CN=127.0.0.1",
-    )
-    ext = folder / "san.ext"
-    ext.write_text("subjectAltName = IP:127.0.0.1\n")
-    run(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca),
-        "-CAkey",
-        str(ca_key),
-        "-CAcreateserial",
-        "-out",
-        str(cert),
-        "-days",
-        "1",
-        "-extfile",
-        str(ext),
-    )
-    return ca, cert, key
-
-
 def test_worker_and_caller_reach_a_tls_hub(tmp_path: Path) -> None:
-    ca, cert, key = make_certificates(tmp_path)
+    ca, cert, key = make_ca_and_server(tmp_path, "127.0.0.1")
     with cluster(tmp_path / "home", hub=False, worker=False) as live:
         tls_env = {"AGENTWORKER_TLS_CERT": str(cert), "AGENTWORKER_TLS_KEY": str(key)}
         hub = live.spawn("hub", "hub", env=tls_env)

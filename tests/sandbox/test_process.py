@@ -17,25 +17,9 @@ import pytest
 
 from sandbox import _pidcap, environment
 from sandbox.process import Completed, Limits, Mount, SandboxUnavailableError, View, run
-from tests.support.procs import marker, processes_with, wait_until_gone
+from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 
 PYTHON = "/usr/bin/python3"  # the system's: the sandbox only sees /usr, not the venv
-
-# A process that ignores SIGTERM, and a setsid'd, double-forked grandchild that does too.
-STUBBORN = textwrap.dedent(
-    """
-    import os, signal, sys, time
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            time.sleep(600)
-        os._exit(0)
-    print("started", flush=True)
-    time.sleep(600)
-    """
-)
 
 
 @pytest.fixture

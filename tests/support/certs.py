@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 from pathlib import Path
 
@@ -10,8 +11,20 @@ def _openssl(*argv: str) -> None:
     subprocess.run(["openssl", *argv], check=True, capture_output=True)
 
 
-def make_ca_and_server(folder: Path, dns_name: str) -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) for `dns_name`, valid one day."""
+def _subject_alt_name(host: str) -> str:
+    """A certificate for an address must name it as an IP, or clients refuse it."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return f"DNS:{host}"
+    return f"IP:{host}"
+
+
+def make_ca_and_server(folder: Path, host: str) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) for `host`, valid one day.
+
+    `host` is a DNS name or an IP address.
+    """
     ca_key, ca, key, csr, cert, ext = (
         folder / n for n in ("ca.key", "ca.pem", "s.key", "s.csr", "s.pem", "san.ext")
     )
@@ -29,8 +42,8 @@ def make_ca_and_server(folder: Path, dns_name: str) -> tuple[Path, Path, Path]:
         "-subj",
         "/CN=agentworker test CA",
     )
-    _openssl("req", *curve, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={dns_name}")
-    ext.write_text(f"subjectAltName = DNS:{dns_name}\n")
+    _openssl("req", *curve, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={host}")
+    ext.write_text(f"subjectAltName = {_subject_alt_name(host)}\n")
     _openssl(
         "x509",
         "-req",

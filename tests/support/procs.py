@@ -1,10 +1,30 @@
-"""Find processes by a marker in their command line, to prove a sandbox left none behind."""
+"""A program that resists being killed, and finding processes by a marker in their
+command line: to prove a sandbox left none behind."""
 
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 import uuid
+
+# Run as `python3 -c STUBBORN <marker>`: ignores SIGTERM and leaves a setsid'd,
+# double-forked grandchild that does too, so only killing every process stops it.
+# Prints "started" once running; the marker in argv lets `processes_with` find both.
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
+        os._exit(0)
+    print("started", flush=True)
+    time.sleep(600)
+    """
+)
 
 
 def marker() -> str:

@@ -1,0 +1,120 @@
+"""What the benchmarks share: a throwaway AGENTWORKER_HOME, the `agentworker`
+processes in it and a client that waits for them, timing, and the latency table.
+
+The benchmarks run as scripts, and each puts the repository root on sys.path
+before it imports this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.cluster import free_port, until_worker_connected, wait_for
+from worker.client import ControlClient
+
+OneCall = Callable[[], Awaitable[None]]
+MIB = 1024 * 1024
+
+_CONFIG = """
+[hub]
+listen = "{listen}"
+[[root]]
+path = "{workspace}"
+mode = "{mode}"
+[[grant]]
+agent = "bench"
+scopes = [{scopes}]
+"""
+
+
+@dataclass(frozen=True)
+class Home:
+    path: Path
+    listen: str
+    workspace: Path
+    env: dict[str, str]  # this process's environment, pointed at `path`
+
+    @property
+    def token_file(self) -> Path:
+        return self.path / "hub.token"
+
+
+def make_home(path: Path, *, mode: str, scopes: list[str], extra_config: str = "") -> Home:
+    """A fresh home listening on a free port, with one root (its workspace, in `mode`)
+    and agent `bench` granted `scopes`; `extra_config` is TOML appended as is."""
+    listen = f"127.0.0.1:{free_port()}"
+    workspace = path / "workspace"
+    workspace.mkdir(parents=True)
+    quoted = ", ".join(f'"{scope}"' for scope in scopes)
+    config = _CONFIG.format(listen=listen, workspace=workspace, mode=mode, scopes=quoted)
+    (path / "config.toml").write_text(config + extra_config)
+    return Home(path, listen, workspace, {**os.environ, "AGENTWORKER_HOME": str(path)})
+
+
+@contextlib.contextmanager
+def agentworker(argv: list[str], home: Home) -> Iterator[subprocess.Popen[bytes]]:
+    """`agentworker <argv>` in `home`, stopped on the way out; its log is not wanted."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker", *argv], env=home.env, stderr=subprocess.DEVNULL
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextlib.asynccontextmanager
+async def connected(home: Home) -> AsyncIterator[ControlClient]:
+    """A client of the hub in `home`, once the hub answers and a worker is in."""
+    wait_for(home.token_file.exists, 15)
+    client = ControlClient.connect(home.listen, home.token_file.read_text().strip())
+    try:
+        await until_worker_connected(client)
+        yield client
+    finally:
+        await client.close()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def timed(one_call: OneCall, calls: int, *, min_warm_up: int = 5) -> list[float]:
+    """Latencies (ms) of `calls` calls one after another, after a warm-up of 1 in 20
+    (at least `min_warm_up`) that is not counted."""
+    for _ in range(max(min_warm_up, calls // 20)):
+        await one_call()
+    latencies = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        await one_call()
+        latencies.append((time.perf_counter() - start) * 1000)
+    return latencies
+
+
+def report(
+    label: str, rows: list[tuple[str, list[float]]], *, name_width: int, size: int | None = None
+) -> None:
+    """p50/p99 of each row and their ratios to the first (raw) row's; with `size`, the
+    bytes each call carries, the throughput at p50 too."""
+    raw_p50, raw_p99 = statistics.median(rows[0][1]), percentile(rows[0][1], 0.99)
+    rate_head = "" if size is None else f"{'MiB/s':>9}"
+    print(f"\n{label}")
+    print(f"  {'':{name_width}}{'p50 ms':>9}{'p99 ms':>9}{rate_head}{'p50/raw':>9}{'p99/raw':>9}")
+    for name, samples in rows:
+        p50, p99 = statistics.median(samples), percentile(samples, 0.99)
+        rate = ""
+        if size is not None:  # telemetry rows count whole ms, so p50 may be 0
+            rate = f"{size / MIB / (p50 / 1000) if p50 > 0 else float('inf'):9.0f}"
+        ratios = f"{p50 / raw_p50:9.1f}{p99 / raw_p99:9.1f}"
+        print(f"  {name:{name_width}}{p50:9.2f}{p99:9.2f}{rate}{ratios}")
