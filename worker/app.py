@@ -182,11 +182,21 @@ class RunningHub:
     server: grpc.aio.Server
     hub: Hub
     address: str
+    housekeeping: asyncio.Task[None]
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        self.housekeeping.cancel()
         self.hub.shutdown()
         await self.server.stop(grace_s)
         self.hub.store.close()
+
+
+async def _hub_housekeeping(hub: Hub) -> None:
+    while True:
+        pruned = hub.store.prune()
+        if pruned:
+            log.info("hub: forgot %d calls past their keeping time", pruned)
+        await asyncio.sleep(PRUNE_EVERY_S)
 
 
 async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> RunningHub:
@@ -232,7 +242,8 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     host = address.rsplit(":", 1)[0]
-    return RunningHub(server=server, hub=hub, address=f"{host}:{port}")
+    housekeeping = asyncio.create_task(_hub_housekeeping(hub))
+    return RunningHub(server=server, hub=hub, address=f"{host}:{port}", housekeeping=housekeeping)
 
 
 # ----------------------------------------------------------------- entry points

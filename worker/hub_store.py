@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS queued_kills (
 
 # The worker is told about an abandoned call on every reconnect for this long.
 ABANDONED_KEPT_MS = 24 * 3600 * 1000
+# Finished and abandoned calls are kept this long (a caller retrying an id gets the
+# stored answer), then pruned; like the worker's ledger.
+CALLS_KEPT_MS = 24 * 3600 * 1000
+# A finished call's request is kept only for its digest and metadata: a blob above
+# this size is dropped from it once the result is in.
+REQUEST_BLOB_KEPT_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,36 @@ class HubStore:
             " WHERE correlation_id = ? AND state != 'DONE'",
             (result.SerializeToString(), result.correlation_id),
         )
+        if cur.rowcount > 0:
+            self._drop_request_blob(result.correlation_id)
         return cur.rowcount > 0
+
+    def _drop_request_blob(self, correlation_id: str) -> None:
+        """A finished call is never sent again, so a large request blob (an fs_write's
+        content, say) is dead weight; its digest still answers args_mismatch."""
+        row = self._db.execute(
+            "SELECT request FROM calls WHERE correlation_id = ? AND length(request) > ?",
+            (correlation_id, REQUEST_BLOB_KEPT_BYTES),
+        ).fetchone()
+        if row is None:
+            return
+        request = pb.ActionRequest.FromString(row[0])
+        request.ClearField("blob")
+        self._db.execute(
+            "UPDATE calls SET request = ? WHERE correlation_id = ?",
+            (request.SerializeToString(), correlation_id),
+        )
+
+    def prune(self, now: int | None = None) -> int:
+        """Forget calls finished or abandoned longer than CALLS_KEPT_MS ago, and pending
+        ones whose deadline passed that long ago (their worker never came back)."""
+        cutoff = (now if now is not None else now_ms()) - CALLS_KEPT_MS
+        cur = self._db.execute(
+            "DELETE FROM calls WHERE (state != 'PENDING' AND created_ms < ?)"
+            " OR (state = 'PENDING' AND deadline_ms < ?)",
+            (cutoff, cutoff),
+        )
+        return cur.rowcount
 
     def abandon(self, correlation_id: str) -> None:
         self._db.execute(
