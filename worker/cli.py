@@ -90,12 +90,16 @@ def _parser() -> argparse.ArgumentParser:
         help="kill a plan: stop its running calls and refuse the rest, here and through the "
         "hub, until `lift`",
     )
-    kill.add_argument("plan")
-    kill.add_argument("--reason", default="killed from the command line")
+    kill.add_argument("plan", help="the plan id the server gave the calls (--plan of `call`)")
+    kill.add_argument(
+        "--reason",
+        default="killed from the command line",
+        help="said in every refused call's error message and in the audit log",
+    )
     _add_server_flags(kill)
 
     lift = sub.add_parser("lift", help="lift a plan's kill (local only)")
-    lift.add_argument("plan")
+    lift.add_argument("plan", help="a plan id killed earlier (see the audit log)")
 
     grant = sub.add_parser(
         "grant",
