@@ -96,14 +96,27 @@ class HubStore:
 
     def complete(self, result: pb.ActionResult) -> bool:
         """Store a result; False when the call is unknown or already has one."""
-        cur = self._db.execute(
-            "UPDATE calls SET state = 'DONE', result = ?"
-            " WHERE correlation_id = ? AND state != 'DONE'",
-            (result.SerializeToString(), result.correlation_id),
-        )
-        if cur.rowcount > 0:
-            self._drop_request_blob(result.correlation_id)
-        return cur.rowcount > 0
+        return self.complete_many([result])[0]
+
+    def complete_many(self, results: list[pb.ActionResult]) -> list[bool]:
+        """`complete` for each result, in one commit."""
+        stored = []
+        self._db.execute("BEGIN")
+        try:
+            for result in results:
+                cur = self._db.execute(
+                    "UPDATE calls SET state = 'DONE', result = ?"
+                    " WHERE correlation_id = ? AND state != 'DONE'",
+                    (result.SerializeToString(), result.correlation_id),
+                )
+                if cur.rowcount > 0:
+                    self._drop_request_blob(result.correlation_id)
+                stored.append(cur.rowcount > 0)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return stored
 
     def _drop_request_blob(self, correlation_id: str) -> None:
         """A finished call is never sent again, so a large request blob (an fs_write's

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, wait_for
 from worker.proto import agentworker_pb2 as pb
 
 
@@ -98,3 +99,24 @@ def test_scope_refusal_writes_an_audit_event(live: Cluster) -> None:
         "SELECT kind FROM audit_events WHERE correlation_id = ?", (out["correlation_id"],)
     ).fetchall()
     assert kinds == [("scope_required",)]
+
+
+def test_a_result_is_stored_by_the_hub_then_acked_and_the_worker_lets_go(live: Cluster) -> None:
+    """The caller has its answer at once; the hub stores it a moment later and only
+    then acks, after which the worker's ledger marks it acked (no re-send needed)."""
+    out = live.call("workerHost.fs_stat", '{"path": "."}', correlation_id="stored-1")
+    assert out["status"] == "ok"
+
+    def hub_state() -> str | None:
+        with contextlib.closing(sqlite3.connect(live.home / "hub.db")) as db:
+            row = db.execute("SELECT state FROM calls WHERE correlation_id = 'stored-1'").fetchone()
+        return None if row is None else str(row[0])
+
+    def worker_acked() -> bool:
+        with contextlib.closing(sqlite3.connect(live.home / "state.db")) as db:
+            row = db.execute("SELECT acked FROM calls WHERE correlation_id = 'stored-1'").fetchone()
+        return bool(row and row[0] == 1)
+
+    wait_for(lambda: hub_state() == "DONE" and worker_acked(), 5)
+    again = live.call("workerHost.fs_stat", '{"path": "."}', correlation_id="stored-1")
+    assert again["replayed"] is True and again["result"] == out["result"]
