@@ -40,3 +40,19 @@ def test_an_envelope_never_exceeds_the_message_limit() -> None:
 
     sizes = asyncio.run(go())
     assert len(sizes) == 2, "two 12 MiB results per envelope, the rest carried over"
+
+
+def test_a_lone_message_goes_out_without_being_sized() -> None:
+    """Sizing a 16 MiB message costs as much as serializing it; alone, it need not be."""
+
+    class Unsizable:
+        def ByteSize(self) -> int:  # noqa: N802 - protobuf's name
+            raise AssertionError("sized a message that travels alone")
+
+    async def go() -> list[object] | None:
+        outbox: asyncio.Queue[Unsizable | None] = asyncio.Queue()
+        outbox.put_nowait(Unsizable())
+        return await Batcher(outbox).next_batch()  # type: ignore[arg-type]
+
+    batch = asyncio.run(go())
+    assert batch is not None and len(batch) == 1
