@@ -114,7 +114,7 @@ def report(
     for name, samples in rows:
         p50, p99 = statistics.median(samples), percentile(samples, 0.99)
         rate = ""
-        if size is not None:  # telemetry rows count whole ms, so p50 may be 0
-            rate = f"{size / MIB / (p50 / 1000) if p50 > 0 else float('inf'):9.0f}"
+        if size is not None:  # telemetry rows count whole ms, so p50 may be 0: no rate then
+            rate = f"{size / MIB / (p50 / 1000):9.0f}" if p50 > 0 else f"{'-':>9}"
         ratios = f"{p50 / raw_p50:9.1f}{p99 / raw_p99:9.1f}"
         print(f"  {name:{name_width}}{p50:9.2f}{p99:9.2f}{rate}{ratios}")
