@@ -22,10 +22,9 @@ from pathlib import Path
 
 import grpc
 
-from worker.envelopes import Batcher
-from worker.pipeline import Dispatcher
+from worker.envelopes import Batcher, envelope_bytes, result_message
+from worker.pipeline import Dispatcher, Outgoing
 from worker.proto import agentworker_pb2 as pb
-from worker.proto import agentworker_pb2_grpc as pb_grpc
 from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, VERSION
 from worker.state import now_ms
 from worker.transport import Keepalive, bearer, open_channel
@@ -41,6 +40,8 @@ FATAL_CODES = frozenset(
     }
 )
 HANDSHAKE_TIMEOUT_S = 15.0
+_SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"]
+STREAM_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['Stream'].name}"
 MIN_SILENCE_S = 1.0
 FLUSH_TIMEOUT_S = 5.0
 
@@ -91,7 +92,7 @@ class WorkerConnection:
         self.instance_id = uuid.uuid4().hex
         self.connected = asyncio.Event()
         self.sessions_started = 0
-        self._outbox: asyncio.Queue[pb.WorkerMessage | None] | None = None
+        self._outbox: asyncio.Queue[bytes | None] | None = None  # serialized WorkerMessages
         self._stopping = False
         self._session_task: asyncio.Task[None] | None = None
         self.on_state: Callable[[str], None] = lambda _state: None
@@ -135,7 +136,8 @@ class WorkerConnection:
             await asyncio.wait_for(self._flushed(), FLUSH_TIMEOUT_S)
         self._stopping = True
         if self._outbox is not None:
-            self._outbox.put_nowait(pb.WorkerMessage(goodbye=pb.Goodbye(reason="shutting down")))
+            goodbye = pb.WorkerMessage(goodbye=pb.Goodbye(reason="shutting down"))
+            self._outbox.put_nowait(goodbye.SerializeToString())
             self._outbox.put_nowait(None)
         if self._session_task is not None:
             try:
@@ -153,11 +155,15 @@ class WorkerConnection:
 
     async def _session(self) -> None:
         channel = open_channel(self.target.address, self.keepalive, self.target.tls_ca)
-        outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
-        outbox.put_nowait(pb.WorkerMessage(hello=self._hello()))
+        outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        outbox.put_nowait(pb.WorkerMessage(hello=self._hello()).SerializeToString())
         tasks: list[asyncio.Task[None]] = []
         try:
-            call = pb_grpc.WorkerServiceStub(channel).Stream(metadata=bearer(self.target.token))
+            # Requests go out as bytes this side frames itself (see envelopes.py).
+            stream = channel.stream_stream(
+                STREAM_METHOD, response_deserializer=pb.ServerEnvelope.FromString
+            )
+            call = stream(metadata=bearer(self.target.token))
             tasks.append(asyncio.create_task(_write_outbox(call, outbox)))
             try:
                 first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
@@ -171,7 +177,7 @@ class WorkerConnection:
             for cid in welcome.abandoned_ids:
                 self.dispatcher.cancel(cid, "the server abandoned the call")
             for _cid, result in self.dispatcher.state.unacked_results():
-                self._send(pb.WorkerMessage(result=pb.ActionResult.FromString(result)))
+                self._send(result_message(result))
             self.connected.set()
             self.on_state("connected")
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
@@ -287,9 +293,9 @@ class WorkerConnection:
 
     # ------------------------------------------------------------- writing
 
-    def _send(self, msg: pb.WorkerMessage) -> None:
+    def _send(self, msg: Outgoing) -> None:
         if self._outbox is not None:
-            self._outbox.put_nowait(msg)
+            self._outbox.put_nowait(msg if isinstance(msg, bytes) else msg.SerializeToString())
 
     def _detach(self) -> None:
         self._outbox = None
@@ -320,14 +326,14 @@ class WorkerConnection:
 
 
 async def _write_outbox(
-    call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.WorkerMessage | None]
+    call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[bytes | None]
 ) -> None:
     """The stream's only writer (concurrent writes would kill the stream), sending
     whatever queued up meanwhile as one envelope."""
-    batches = Batcher(outbox)
+    batches = Batcher(outbox, len)
     try:
         while (batch := await batches.next_batch()) is not None:
-            await call.write(pb.WorkerEnvelope(messages=batch))
+            await call.write(envelope_bytes(batch))
         await call.done_writing()
     except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
         pass  # the stream is gone; the reader sees why and the session ends

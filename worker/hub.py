@@ -128,7 +128,7 @@ class Hub:
             self._handle(session, msg)
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
-        batches = Batcher(session.outbox)
+        batches = Batcher(session.outbox, pb.ServerMessage.ByteSize)
         try:
             session.send(self._welcome(session))
             # Kills first: a re-sent call of a killed plan is then refused, not run.

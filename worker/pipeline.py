@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from sandbox import Root
 from worker.config import Config
+from worker.envelopes import result_message
 from worker.errors import WorkerError, from_os_error
 from worker.proto import agentworker_pb2 as pb
 from worker.protocol import call_digest
@@ -47,7 +48,10 @@ PREVIEW_CHARS = 240
 ACK_DELAY_S = 0.005
 _SECRET_KEY = re.compile(r"token|secret|passw|authori[sz]ation|api[-_]?key|cookie", re.I)
 
-Emit = Callable[[pb.WorkerMessage], None]
+# A message to the server: a WorkerMessage, or one already serialized (a result's
+# bytes are made once, for the ledger and the wire alike).
+Outgoing = pb.WorkerMessage | bytes
+Emit = Callable[[Outgoing], None]
 
 
 @dataclass(frozen=True)
@@ -472,19 +476,18 @@ class Dispatcher:
         all of them, not one per call), then send them: none leaves unrecorded."""
         finished, self._finished = self._finished, []
         try:
+            encoded = [(r.correlation_id, r.SerializeToString()) for r in finished]
             if finished:
                 with self.state.batch():  # one commit: rows and results together
                     self.telemetry.record_many([result.invocation for result in finished])
-                    self.state.finish_many(
-                        [(r.correlation_id, r.SerializeToString()) for r in finished]
-                    )
+                    self.state.finish_many(encoded)
         except Exception:
             # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
             log.exception("could not record %d result(s); they were not sent", len(finished))
-            finished = []
-        for result in finished:
-            self._started.pop(result.correlation_id, None)
-            self.emit(pb.WorkerMessage(result=result))
+            encoded = []
+        for cid, data in encoded:
+            self._started.pop(cid, None)
+            self.emit(result_message(data))
         self._settle()
 
     def _settle(self) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.envelopes import MAX_ENVELOPE_BYTES, Batcher
+from worker.envelopes import MAX_ENVELOPE_BYTES, Batcher, envelope_bytes, result_message
 from worker.proto import agentworker_pb2 as pb
 
 
@@ -16,7 +16,7 @@ def test_waiting_messages_share_an_envelope_and_order_is_kept() -> None:
         for i in range(5):
             outbox.put_nowait(result(str(i)))
         outbox.put_nowait(None)
-        batches = Batcher(outbox)
+        batches = Batcher(outbox, pb.WorkerMessage.ByteSize)
         seen = []
         while (batch := await batches.next_batch()) is not None:
             seen.append([m.result.correlation_id for m in batch])
@@ -31,7 +31,7 @@ def test_an_envelope_never_exceeds_the_message_limit() -> None:
         for i in range(4):
             outbox.put_nowait(result(str(i), 12 * 1024 * 1024))
         outbox.put_nowait(None)
-        batches = Batcher(outbox)
+        batches = Batcher(outbox, pb.WorkerMessage.ByteSize)
         sizes = []
         while (batch := await batches.next_batch()) is not None:
             sizes.append(sum(m.ByteSize() for m in batch))
@@ -52,7 +52,24 @@ def test_a_lone_message_goes_out_without_being_sized() -> None:
     async def go() -> list[object] | None:
         outbox: asyncio.Queue[Unsizable | None] = asyncio.Queue()
         outbox.put_nowait(Unsizable())
-        return await Batcher(outbox).next_batch()  # type: ignore[arg-type]
+        return await Batcher(outbox, Unsizable.ByteSize).next_batch()
 
     batch = asyncio.run(go())
     assert batch is not None and len(batch) == 1
+
+
+def test_framed_bytes_are_exactly_the_envelope_protobuf_would_write() -> None:
+    big = pb.ActionResult(correlation_id="big", blob=b"z" * (16 * 1024 * 1024 + 3))
+    small = pb.ActionResult(correlation_id="small", result_json='{"ok": true}')
+    beat = pb.WorkerMessage(heartbeat=pb.Heartbeat(in_flight=3))
+    messages = [
+        result_message(big.SerializeToString()),
+        beat.SerializeToString(),
+        result_message(small.SerializeToString()),
+    ]
+    expected = pb.WorkerEnvelope(
+        messages=[pb.WorkerMessage(result=big), beat, pb.WorkerMessage(result=small)]
+    )
+    assert envelope_bytes(messages) == expected.SerializeToString()
+    assert pb.WorkerEnvelope.FromString(envelope_bytes(messages)) == expected
+    assert envelope_bytes([]) == b""

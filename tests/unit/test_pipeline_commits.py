@@ -13,7 +13,7 @@ import pytest
 
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection
-from worker.pipeline import Dispatcher
+from worker.pipeline import Dispatcher, Outgoing
 from worker.proto import agentworker_pb2 as pb
 
 
@@ -26,6 +26,11 @@ def _dispatcher(tmp_path: Path) -> Dispatcher:
         grant=[GrantSection(agent="t", scopes=["workerHost.fs_stat"])],
     )
     return app.build_dispatcher(paths, config)
+
+
+def _decoded(out: Outgoing) -> pb.WorkerMessage:
+    """What the server will read: results leave already serialized."""
+    return pb.WorkerMessage.FromString(out) if isinstance(out, bytes) else out
 
 
 def _request(cid: str) -> pb.ActionRequest:
@@ -54,7 +59,8 @@ def test_every_result_is_in_the_ledger_before_it_is_sent(tmp_path: Path) -> None
     dispatcher = _dispatcher(tmp_path)
     sent: dict[str, str | None] = {}
 
-    def emit(msg: pb.WorkerMessage) -> None:
+    def emit(out: Outgoing) -> None:
+        msg = _decoded(out)
         if msg.WhichOneof("kind") == "result":
             sent[msg.result.correlation_id] = _ledger_state(tmp_path, msg.result.correlation_id)
 
@@ -93,7 +99,7 @@ def test_calls_whose_claims_did_not_commit_never_run(tmp_path: Path) -> None:
     real_state = dispatcher.state
     dispatcher.state = _FailingCommit(real_state)  # type: ignore[assignment]
     emitted: list[pb.WorkerMessage] = []
-    dispatcher.emit = emitted.append
+    dispatcher.emit = lambda out: emitted.append(_decoded(out))
 
     async def run() -> None:
         with pytest.raises(sqlite3.OperationalError), dispatcher.intake():
