@@ -299,14 +299,15 @@ class Hub:
             surface=req.surface,
             action=req.action,
             args_json=req.args_json,
-            blob=req.blob,
             timeout_ms=int(timeout_s * 1000),
             attempt=1,
         )
         cid = request.correlation_id
-        digest = call_digest(request)
+        blob = req.blob  # one copy out of the message; stored beside the request
+        digest = call_digest(request, blob)
         deadline_ms = now_ms() + int(timeout_s * 1000)
-        is_new = self.store.add(worker_id, digest, request, deadline_ms)
+        is_new = self.store.add(worker_id, digest, request, blob, deadline_ms)
+        request.blob = blob
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
             if existing.args_digest != digest:

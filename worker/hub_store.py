@@ -21,7 +21,8 @@ CREATE TABLE IF NOT EXISTS calls (
     correlation_id TEXT PRIMARY KEY,
     worker_id      TEXT NOT NULL,
     args_digest    TEXT NOT NULL,
-    request        BLOB NOT NULL,
+    request        BLOB NOT NULL,  -- the ActionRequest without its blob
+    request_blob   BLOB,           -- its blob, until the call is finished
     state          TEXT NOT NULL CHECK (state IN ('PENDING', 'DONE', 'ABANDONED')),
     result         BLOB,
     created_ms     INTEGER NOT NULL,
@@ -48,9 +49,9 @@ ABANDONED_KEPT_MS = 24 * 3600 * 1000
 # Finished and abandoned calls are kept this long (a caller retrying an id gets the
 # stored answer), then pruned; like the worker's ledger.
 CALLS_KEPT_MS = 24 * 3600 * 1000
-# A finished call's request is kept only for its digest and metadata: a blob above
-# this size is dropped from it once the result is in.
-REQUEST_BLOB_KEPT_BYTES = 64 * 1024
+_CALL_COLUMNS = (
+    "correlation_id, worker_id, args_digest, request, request_blob, state, result, deadline_ms"
+)
 
 
 @dataclass(frozen=True)
@@ -67,27 +68,35 @@ class StoredCall:
 class HubStore:
     def __init__(self, path: Path) -> None:
         self._db = connect(path, _SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
+        if "request_blob" not in columns:  # a hub.db from before the blob had a column
+            self._db.execute("ALTER TABLE calls ADD COLUMN request_blob BLOB")
 
     def close(self) -> None:
         db.close(self._db)
 
     def get(self, correlation_id: str) -> StoredCall | None:
         row = self._db.execute(
-            "SELECT correlation_id, worker_id, args_digest, request, state, result, deadline_ms"
-            " FROM calls WHERE correlation_id = ?",
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE correlation_id = ?",
             (correlation_id,),
         ).fetchone()
         return None if row is None else _call(row)
 
-    def add(self, worker_id: str, digest: str, request: pb.ActionRequest, deadline_ms: int) -> bool:
-        """Record a new call; False when its correlation id is already known."""
+    def add(
+        self, worker_id: str, digest: str, request: pb.ActionRequest, blob: bytes, deadline_ms: int
+    ) -> bool:
+        """Record a new call (`request` without its blob, which is kept beside it until
+        the call finishes); False when its correlation id is already known."""
         cur = self._db.execute(
-            "INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, 'PENDING', NULL, ?, ?)",
+            "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
+            " request_blob, state, result, created_ms, deadline_ms)"
+            " VALUES (?, ?, ?, ?, ?, 'PENDING', NULL, ?, ?)",
             (
                 request.correlation_id,
                 worker_id,
                 digest,
                 request.SerializeToString(),
+                blob or None,
                 now_ms(),
                 deadline_ms,
             ),
@@ -104,35 +113,19 @@ class HubStore:
         self._db.execute("BEGIN")
         try:
             for result in results:
+                # A finished call is never sent again: its blob (an fs_write's content,
+                # say) goes; the digest still answers args_mismatch.
                 cur = self._db.execute(
-                    "UPDATE calls SET state = 'DONE', result = ?"
+                    "UPDATE calls SET state = 'DONE', result = ?, request_blob = NULL"
                     " WHERE correlation_id = ? AND state != 'DONE'",
                     (result.SerializeToString(), result.correlation_id),
                 )
-                if cur.rowcount > 0:
-                    self._drop_request_blob(result.correlation_id)
                 stored.append(cur.rowcount > 0)
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
         return stored
-
-    def _drop_request_blob(self, correlation_id: str) -> None:
-        """A finished call is never sent again, so a large request blob (an fs_write's
-        content, say) is dead weight; its digest still answers args_mismatch."""
-        row = self._db.execute(
-            "SELECT request FROM calls WHERE correlation_id = ? AND length(request) > ?",
-            (correlation_id, REQUEST_BLOB_KEPT_BYTES),
-        ).fetchone()
-        if row is None:
-            return
-        request = pb.ActionRequest.FromString(row[0])
-        request.ClearField("blob")
-        self._db.execute(
-            "UPDATE calls SET request = ? WHERE correlation_id = ?",
-            (request.SerializeToString(), correlation_id),
-        )
 
     def prune(self, now: int | None = None) -> int:
         """Forget calls finished or abandoned longer than CALLS_KEPT_MS ago, and pending
@@ -153,8 +146,7 @@ class HubStore:
 
     def open_calls(self, worker_id: str) -> list[StoredCall]:
         rows = self._db.execute(
-            "SELECT correlation_id, worker_id, args_digest, request, state, result, deadline_ms"
-            " FROM calls WHERE worker_id = ?"
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE worker_id = ?"
             " AND (state = 'PENDING' OR (state = 'ABANDONED' AND deadline_ms > ?))"
             " ORDER BY created_ms",
             (worker_id, now_ms() - ABANDONED_KEPT_MS),
@@ -198,13 +190,16 @@ class HubStore:
         return [(pb.Hello.FromString(hello), seen) for hello, seen in rows]
 
 
-def _call(row: tuple[str, str, str, bytes, str, bytes | None, int]) -> StoredCall:
-    cid, worker_id, digest, request, state, result, deadline = row
+def _call(row: tuple[str, str, str, bytes, bytes | None, str, bytes | None, int]) -> StoredCall:
+    cid, worker_id, digest, request, blob, state, result, deadline = row
+    stored = pb.ActionRequest.FromString(request)
+    if blob is not None:
+        stored.blob = blob
     return StoredCall(
         correlation_id=cid,
         worker_id=worker_id,
         args_digest=digest,
-        request=pb.ActionRequest.FromString(request),
+        request=stored,
         state=state,
         result=None if result is None else pb.ActionResult.FromString(result),
         deadline_ms=deadline,

@@ -22,11 +22,12 @@ def _version() -> str:
 VERSION: Final = _version()
 
 
-def call_digest(req: pb.ActionRequest) -> str:
-    """What makes two deliveries of one correlation id 'the same call'."""
+def call_digest(req: pb.ActionRequest, blob: bytes | None = None) -> str:
+    """What makes two deliveries of one correlation id 'the same call'; `blob`, when
+    given, stands for the request's own (kept apart from it)."""
     h = hashlib.sha256()
     for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
         h.update(part.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
-    h.update(req.blob)
+    h.update(req.blob if blob is None else blob)
     return h.hexdigest()

@@ -1,9 +1,10 @@
-"""The reference hub's store stays bounded: finished calls shed their big request
-blobs and are forgotten after their keeping time."""
+"""The reference hub's store stays bounded: finished calls shed their request blobs
+and are forgotten after their keeping time."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 from worker.hub_store import CALLS_KEPT_MS, HubStore
@@ -11,9 +12,9 @@ from worker.proto import agentworker_pb2 as pb
 from worker.state import now_ms
 
 
-def _request(cid: str, blob: bytes = b"") -> pb.ActionRequest:
+def _request(cid: str) -> pb.ActionRequest:
     return pb.ActionRequest(
-        correlation_id=cid, surface="workerHost", action="fs_write", args_json="{}", blob=blob
+        correlation_id=cid, surface="workerHost", action="fs_write", args_json="{}"
     )
 
 
@@ -21,32 +22,56 @@ def _ok(cid: str) -> pb.ActionResult:
     return pb.ActionResult(correlation_id=cid, status=pb.ActionResult.OK, result_json="{}")
 
 
-def test_a_finished_call_keeps_its_digest_and_result_but_not_a_big_blob(tmp_path: Path) -> None:
+def test_a_finished_call_keeps_its_digest_and_result_but_not_its_blob(tmp_path: Path) -> None:
     store = HubStore(tmp_path / "hub.db")
     big, small = os.urandom(2 * 1024 * 1024), b"tiny"
-    store.add("w", "digest-big", _request("big", big), now_ms() + 60_000)
-    store.add("w", "digest-small", _request("small", small), now_ms() + 60_000)
-    assert store.get("big").request.blob == big  # pending: kept for a resend
+    store.add("w", "digest-big", _request("big"), big, now_ms() + 60_000)
+    store.add("w", "digest-small", _request("small"), small, now_ms() + 60_000)
+    pending = store.get("big")
+    assert pending is not None and pending.request.blob == big  # kept for a resend
     store.complete(_ok("big"))
     store.complete(_ok("small"))
     done = store.get("big")
     assert done is not None and done.request.blob == b""
     assert done.args_digest == "digest-big" and done.result == _ok("big")
-    assert store.get("small").request.blob == small
+    finished_small = store.get("small")
+    assert finished_small is not None and finished_small.request.blob == b""
     store.close()
 
 
 def test_prune_forgets_old_calls_and_keeps_live_ones(tmp_path: Path) -> None:
     store = HubStore(tmp_path / "hub.db")
     now = now_ms()
-    store.add("w", "d1", _request("old-done"), now + 1000)
+    store.add("w", "d1", _request("old-done"), b"", now + 1000)
     store.complete(_ok("old-done"))
-    store.add("w", "d2", _request("pending"), now + 60_000)
-    store.add("w", "d3", _request("old-pending"), now - 1000)
+    store.add("w", "d2", _request("pending"), b"", now + 60_000)
+    store.add("w", "d3", _request("old-pending"), b"", now - 1000)
     assert store.prune(now) == 0, "nothing is old yet"
     # A day and ten seconds on: the finished call and the long-dead pending one go;
     # the pending call whose deadline is still within the keeping time stays.
     assert store.prune(now + CALLS_KEPT_MS + 10_000) == 2
     assert store.get("old-done") is None and store.get("old-pending") is None
     assert store.get("pending") is not None
+    store.close()
+
+
+def test_a_hub_db_from_before_the_blob_column_still_opens(tmp_path: Path) -> None:
+    path = tmp_path / "hub.db"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE calls (correlation_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL,"
+        " args_digest TEXT NOT NULL, request BLOB NOT NULL, state TEXT NOT NULL,"
+        " result BLOB, created_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL)"
+    )
+    legacy = _request("legacy")
+    legacy.blob = b"inline"
+    old.execute(
+        "INSERT INTO calls VALUES ('legacy', 'w', 'd', ?, 'PENDING', NULL, 0, ?)",
+        (legacy.SerializeToString(), now_ms() + 60_000),
+    )
+    old.commit()
+    old.close()
+    store = HubStore(path)
+    found = store.get("legacy")
+    assert found is not None and found.request.blob == b"inline"
     store.close()
