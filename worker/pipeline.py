@@ -106,7 +106,8 @@ class Dispatcher:
         # STARTED acks wait a moment and leave together; a call whose result is out
         # by then needs none (the result says more than "started").
         self._started: dict[str, None] = {}
-        self._digests: dict[str, str] = {}  # of running calls, for their telemetry rows
+        # Of running calls, for their telemetry rows: args digest and request blob size.
+        self._digests: dict[str, tuple[str, int]] = {}
         self._finished: list[pb.ActionResult] = []  # results waiting for flush_results
         self._intake: list[str] | None = None  # calls claimed in the open intake batch
 
@@ -150,7 +151,8 @@ class Dispatcher:
         if self.draining:
             self._ack(cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down")
             return
-        digest = call_digest(req)
+        request_blob = req.blob  # a copy each time it is read: read it once
+        digest = call_digest(req, request_blob)
         begun = self.state.begin(cid, digest, req.plan_id)
         if begun.seen is Seen.NEW and len(self._tasks) >= self.limits.max_accepted:
             self.state.forget(cid)  # it never ran: a later delivery may run it
@@ -159,8 +161,8 @@ class Dispatcher:
             if not self._started:
                 asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_started)
             self._started[cid] = None
-            self._digests[cid] = digest
-            task = asyncio.create_task(self._run(req), name=f"call-{cid}")
+            self._digests[cid] = (digest, len(request_blob))
+            task = asyncio.create_task(self._run(req, request_blob), name=f"call-{cid}")
             self._tasks[cid] = (req.plan_id, task)
             if self._intake is not None:
                 self._intake.append(cid)
@@ -278,7 +280,7 @@ class Dispatcher:
 
     # ------------------------------------------------------------- execution
 
-    async def _run(self, req: pb.ActionRequest) -> None:
+    async def _run(self, req: pb.ActionRequest, request_blob: bytes) -> None:
         started = now_ms()
         started_clock = time.monotonic()
         timeout_s = req.timeout_ms / 1000 if req.timeout_ms else self.limits.default_timeout_s
@@ -292,14 +294,15 @@ class Dispatcher:
             try:
                 async with asyncio.timeout(timeout_s):
                     spec = self._lookup(req)
-                    args = self._parse(spec, req)
+                    args = self._parse(spec, req, request_blob)
                     self._check_plan(req)
                     decision = await self._check_scope(spec, req)
                     async with self._slots:
                         self.running += 1
                         self.max_running_seen = max(self.max_running_seen, self.running)
                         try:
-                            outcome = await spec.handler(self._context(req), args)
+                            context = self._context(req, request_blob)
+                            outcome = await spec.handler(context, args)
                         finally:
                             self.running -= 1
                     result_json = outcome.result.model_dump_json()
@@ -359,7 +362,7 @@ class Dispatcher:
             )
         return spec
 
-    def _parse(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest) -> Any:
+    def _parse(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest, blob: bytes) -> Any:
         if len(req.args_json) > MAX_ARGS_BYTES:
             raise WorkerError(
                 "validation_error",
@@ -367,10 +370,10 @@ class Dispatcher:
                 "limit; send bulk data in the request blob",
                 {"errors": [{"loc": [], "msg": "args too large", "type": "too_long"}]},
             )
-        if req.blob and not spec.takes_blob:
+        if blob and not spec.takes_blob:
             raise WorkerError(
                 "validation_error",
-                f"{spec.scope} takes no blob, but {len(req.blob):,} bytes came with the call",
+                f"{spec.scope} takes no blob, but {len(blob):,} bytes came with the call",
                 {"errors": [{"loc": ["blob"], "msg": "unexpected blob", "type": "extra"}]},
             )
         try:
@@ -411,12 +414,12 @@ class Dispatcher:
         )
         return await self.scopes.require(request)
 
-    def _context(self, req: pb.ActionRequest) -> Context:
+    def _context(self, req: pb.ActionRequest, blob: bytes) -> Context:
         return Context(
             correlation_id=req.correlation_id,
             plan_id=req.plan_id,
             agent_id=req.agent_id,
-            blob=req.blob,
+            blob=blob,
             roots=self.roots,
             data_dir=self.data_dir,
             config=self.config,
@@ -508,6 +511,8 @@ class Dispatcher:
     ) -> pb.Invocation:
         if error is not None and error.code in ("scope_required", "scope_denied"):
             decision = "denied"
+        known = self._digests.pop(req.correlation_id, None)
+        digest, blob_bytes = known if known is not None else (call_digest(req), len(req.blob))
         return pb.Invocation(
             invocation_id=uuid.uuid4().hex,
             correlation_id=req.correlation_id,
@@ -525,11 +530,11 @@ class Dispatcher:
             started_unix_ms=started,
             finished_unix_ms=now_ms(),
             duration_ms=duration_ms,
-            bytes_in=len(req.args_json) + len(req.blob),
+            bytes_in=len(req.args_json) + blob_bytes,
             bytes_out=bytes_out,
             truncated=truncated,
             sandboxed=bool(spec and spec.sandboxed),
-            args_digest=self._digests.pop(req.correlation_id, "") or call_digest(req),
+            args_digest=digest,
             args_preview=_preview(req.args_json),
         )
 
