@@ -11,7 +11,6 @@ the session's outbox, while a reader task handles what the worker sends.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from worker.envelopes import Batcher
-from worker.errors import WorkerError
+from worker.errors import WorkerError, error_pb
 from worker.hub_store import HubStore
 from worker.proto import agentworker_pb2 as pb
 from worker.proto import agentworker_pb2_grpc as pb_grpc
@@ -79,12 +78,7 @@ def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
     return pb.ActionResult(
         correlation_id=correlation_id,
         status=pb.ActionResult.ERROR,
-        error=pb.Error(
-            code=error.code,
-            message=error.message,
-            details_json=json.dumps(error.details, default=str),
-            retryable=error.retryable,
-        ),
+        error=error_pb(error),
     )
 
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
 import sqlite3
 import time
 import uuid
@@ -30,9 +28,10 @@ from pydantic import ValidationError
 from sandbox import Root
 from worker.config import Config
 from worker.envelopes import result_message
-from worker.errors import WorkerError, from_os_error
+from worker.errors import WorkerError, error_pb, from_os_error
 from worker.proto import agentworker_pb2 as pb
 from worker.protocol import call_digest
+from worker.redaction import args_preview
 from worker.registry import ActionSpec, Context, Registry
 from worker.scopes import ApprovalRequest, Scopes
 from worker.state import Seen, State, now_ms
@@ -43,10 +42,8 @@ log = logging.getLogger(__name__)
 
 # Structured args stay small; bulk data travels in the request blob.
 MAX_ARGS_BYTES = 1024 * 1024
-PREVIEW_CHARS = 240
 # How long a STARTED ack waits to share a message with others (or to be made moot).
 ACK_DELAY_S = 0.005
-_SECRET_KEY = re.compile(r"token|secret|passw|authori[sz]ation|api[-_]?key|cookie", re.I)
 
 # A message to the server: a WorkerMessage, or one already serialized (a result's
 # bytes are made once, for the ledger and the wire alike).
@@ -145,7 +142,7 @@ class Dispatcher:
             error = WorkerError(
                 "validation_error", "a request needs a correlation_id; nothing was run"
             )
-            result = pb.ActionResult(status=pb.ActionResult.ERROR, error=_error_pb(error))
+            result = pb.ActionResult(status=pb.ActionResult.ERROR, error=error_pb(error))
             self.emit(pb.WorkerMessage(result=result))
             return
         if self.draining:
@@ -191,7 +188,7 @@ class Dispatcher:
         result = pb.ActionResult(
             correlation_id=req.correlation_id,
             status=pb.ActionResult.ERROR,
-            error=_error_pb(error),
+            error=error_pb(error),
         )
         self.emit(pb.WorkerMessage(result=result))
 
@@ -267,7 +264,7 @@ class Dispatcher:
             result = pb.ActionResult(
                 correlation_id=cid,
                 status=pb.ActionResult.ERROR,
-                error=_error_pb(error),
+                error=error_pb(error),
                 invocation=invocation,
             )
             self.telemetry.record(invocation)
@@ -410,7 +407,7 @@ class Dispatcher:
             agent_id=req.agent_id,
             plan_id=req.plan_id,
             scope=spec.scope,
-            preview=_preview(req.args_json),
+            preview=args_preview(req.args_json),
         )
         return await self.scopes.require(request)
 
@@ -463,7 +460,7 @@ class Dispatcher:
             invocation=invocation,
         )
         if error is not None:
-            result.error.CopyFrom(_error_pb(error))
+            result.error.CopyFrom(error_pb(error))
             if error.code in AUDITED_CODES:
                 self._audit(error.code, req, {"message": error.message})
         if not self._tasks:  # nothing else running that could share the commit
@@ -535,7 +532,7 @@ class Dispatcher:
             truncated=truncated,
             sandboxed=bool(spec and spec.sandboxed),
             args_digest=digest,
-            args_preview=_preview(req.args_json),
+            args_preview=args_preview(req.args_json),
         )
 
     def _ack(self, cid: str, kind: pb.ActionAck.Kind, message: str = "") -> None:
@@ -557,33 +554,3 @@ class Dispatcher:
             detail={"action": f"{req.surface}.{req.action}", **detail},
         )
         self.emit(pb.WorkerMessage(audit=event))
-
-
-def _preview(args_json: str) -> str:
-    """A short, redacted look at the args for people reading telemetry."""
-    if len(args_json) <= PREVIEW_CHARS and not _SECRET_KEY.search(args_json):
-        return args_json  # nothing to shorten or hide
-    try:
-        value = json.loads(args_json[:MAX_ARGS_BYTES]) if args_json else {}
-    except ValueError:
-        return "<invalid json>"
-    return json.dumps(_redact(value), ensure_ascii=False)[:PREVIEW_CHARS]
-
-
-def _redact(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: "***" if _SECRET_KEY.search(str(k)) else _redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redact(v) for v in value]
-    if isinstance(value, str) and len(value) > 80:
-        return value[:80] + "…"
-    return value
-
-
-def _error_pb(error: WorkerError) -> pb.Error:
-    return pb.Error(
-        code=error.code,
-        message=error.message,
-        details_json=json.dumps(error.details, default=str),
-        retryable=error.retryable,
-    )

@@ -1,0 +1,37 @@
+"""What telemetry keeps of a call's args: a short preview with secrets masked.
+
+People read `args_preview` to see what an agent asked for; a token or password in
+the args must not end up there, nor a megabyte of text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+PREVIEW_CHARS: Final = 240
+_SECRET_KEY: Final = re.compile(r"token|secret|passw|authori[sz]ation|api[-_]?key|cookie", re.I)
+_LONG_STRING: Final = 80
+_PARSED_AT_MOST: Final = 1024 * 1024  # args past this are refused anyway; cut, they fail to parse
+
+
+def args_preview(args_json: str) -> str:
+    """A short, redacted look at the args for people reading telemetry."""
+    if len(args_json) <= PREVIEW_CHARS and not _SECRET_KEY.search(args_json):
+        return args_json  # nothing to shorten or hide
+    try:
+        value = json.loads(args_json[:_PARSED_AT_MOST]) if args_json else {}
+    except ValueError:
+        return "<invalid json>"
+    return json.dumps(_redact(value), ensure_ascii=False)[:PREVIEW_CHARS]
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "***" if _SECRET_KEY.search(str(k)) else _redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    if isinstance(value, str) and len(value) > _LONG_STRING:
+        return value[:_LONG_STRING] + "…"
+    return value
