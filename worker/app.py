@@ -27,7 +27,7 @@ from worker.auth import BearerAuth
 from worker.config import Config, Paths, first_start
 from worker.connection import Backoff, Target, WorkerConnection
 from worker.errors import WorkerError
-from worker.hub import ControlServicer, Hub, WorkerServicer
+from worker.hub import ControlServicer, Hub, add_worker_service
 from worker.hub_store import HubStore
 from worker.pipeline import Dispatcher, Limits
 from worker.proto import agentworker_pb2_grpc as pb_grpc
@@ -218,7 +218,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     server = grpc.aio.server(
         interceptors=[BearerAuth(token)], options=server_options(keepalive_of(config))
     )
-    pb_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(hub), server)
+    add_worker_service(server, hub)
     pb_grpc.add_ControlServiceServicer_to_server(ControlServicer(hub), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

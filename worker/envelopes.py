@@ -70,6 +70,8 @@ class Batcher(Generic[M]):
 
 _LENGTH_DELIMITED = 2
 RESULT_FIELD = pb.WorkerMessage.DESCRIPTOR.fields_by_name["result"].number
+_REQUEST_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["request"].number
+_BLOB_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["blob"].number
 _MESSAGES_FIELD = pb.WorkerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
 
 
@@ -92,6 +94,17 @@ def result_message(result_bytes: bytes) -> bytes:
     return framed(RESULT_FIELD, result_bytes)
 
 
+def request_message(request: pb.ActionRequest, blob: bytes) -> bytes:
+    """A serialized ServerMessage carrying `request` with `blob` as its blob; the blob
+    is appended as its field rather than copied into the message (fields may come in
+    any order, and `request` must not carry one of its own)."""
+    body = request.SerializeToString()
+    if blob:
+        body += framed(_BLOB_FIELD, blob)
+    return framed(_REQUEST_FIELD, body)
+
+
 def envelope_bytes(messages: list[bytes]) -> bytes:
-    """A serialized WorkerEnvelope holding the serialized WorkerMessages `messages`."""
+    """A serialized WorkerEnvelope (or ServerEnvelope: the same layout) holding the
+    serialized messages `messages`."""
     return b"".join(framed(_MESSAGES_FIELD, message) for message in messages)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from worker.envelopes import Batcher
+from worker.envelopes import Batcher, envelope_bytes, request_message
 from worker.errors import WorkerError, error_pb
 from worker.hub_store import HubStore
 from worker.proto import agentworker_pb2 as pb
@@ -45,7 +45,8 @@ class Session:
 
     hello: pb.Hello
     session_id: str
-    outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
+    # Serialized ServerMessages: a request's blob is framed in, never copied into one.
+    outbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
     _acks: list[str] = field(default_factory=list)
@@ -54,9 +55,9 @@ class Session:
     def worker_id(self) -> str:
         return self.hello.worker_id
 
-    def send(self, msg: pb.ServerMessage) -> None:
+    def send(self, msg: pb.ServerMessage | bytes) -> None:
         if not self.closed:
-            self.outbox.put_nowait(msg)
+            self.outbox.put_nowait(msg if isinstance(msg, bytes) else msg.SerializeToString())
 
     def ack_soon(self, correlation_id: str) -> None:
         """Ack a stored result; acks made within ACK_DELAY_S travel as one message."""
@@ -98,7 +99,8 @@ class Hub:
 
     async def stream(
         self, requests: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ServerEnvelope]:
+    ) -> AsyncIterator[bytes]:
+        """The worker's stream; what it yields are serialized ServerEnvelopes."""
         first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
         opening = first.messages[0] if first.messages else pb.WorkerMessage()
         if opening.WhichOneof("kind") != "hello" or not opening.hello.worker_id:
@@ -122,7 +124,7 @@ class Hub:
             self._handle(session, msg)
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
-        batches = Batcher(session.outbox, pb.ServerMessage.ByteSize)
+        batches = Batcher(session.outbox, len)
         try:
             session.send(self._welcome(session))
             # Kills first: a re-sent call of a killed plan is then refused, not run.
@@ -130,7 +132,7 @@ class Hub:
                 session.send(pb.ServerMessage(kill_plan=kill))
             self._resend_open_calls(session)
             while (batch := await batches.next_batch()) is not None:
-                yield pb.ServerEnvelope(messages=batch)
+                yield envelope_bytes(batch)
         finally:
             session.close()
             reader.cancel()
@@ -301,7 +303,7 @@ class Hub:
         digest = call_digest(request, blob)
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(worker_id, digest, request, blob, deadline_ms)
-        request.blob = blob
+        outgoing: pb.ServerMessage | bytes = request_message(request, blob)
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
             if existing.args_digest != digest:
@@ -325,12 +327,13 @@ class Hub:
             request.CopyFrom(existing.request)
             request.attempt += 1
             request.timeout_ms = remaining_ms
+            outgoing = pb.ServerMessage(request=request)
         waiter = self._waiters.get(cid)
         if waiter is None:
             waiter = self._waiters[cid] = asyncio.get_running_loop().create_future()
         session = self.sessions.get(worker_id)
         if session is not None:
-            session.send(pb.ServerMessage(request=request))
+            session.send(outgoing)
         try:
             # asyncio.timeout, not wait_for: no extra task per call. Several callers may
             # share the waiter: shielded, a caller's timeout never cancels it.
@@ -432,15 +435,18 @@ class Hub:
             session.close()
 
 
-class WorkerServicer(pb_grpc.WorkerServiceServicer):
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-
-    async def Stream(  # noqa: N802 - the name is the RPC's
-        self, request_iterator: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ServerEnvelope]:
-        async for msg in self.hub.stream(request_iterator, context):
-            yield msg
+def add_worker_service(server: grpc.aio.Server, hub: Hub) -> None:
+    """WorkerService.Stream, answering with envelopes the hub serialized itself (see
+    envelopes.py), so the generated servicer's serializer is left out."""
+    service = pb.DESCRIPTOR.services_by_name["WorkerService"]
+    handler = grpc.stream_stream_rpc_method_handler(
+        hub.stream,
+        request_deserializer=pb.WorkerEnvelope.FromString,
+        response_serializer=None,  # already bytes
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, {"Stream": handler}),)
+    )
 
 
 class ControlServicer(pb_grpc.ControlServiceServicer):

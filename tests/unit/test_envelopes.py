@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.envelopes import MAX_ENVELOPE_BYTES, Batcher, envelope_bytes, result_message
+from worker.envelopes import (
+    MAX_ENVELOPE_BYTES,
+    Batcher,
+    envelope_bytes,
+    request_message,
+    result_message,
+)
 from worker.proto import agentworker_pb2 as pb
 
 
@@ -73,3 +79,16 @@ def test_framed_bytes_are_exactly_the_envelope_protobuf_would_write() -> None:
     assert envelope_bytes(messages) == expected.SerializeToString()
     assert pb.WorkerEnvelope.FromString(envelope_bytes(messages)) == expected
     assert envelope_bytes([]) == b""
+
+
+def test_a_request_framed_with_its_blob_is_what_the_worker_will_parse() -> None:
+    blob = b"q" * (3 * 1024 * 1024)
+    request = pb.ActionRequest(correlation_id="c", surface="workerHost", action="fs_write")
+    kill = pb.ServerMessage(kill_plan=pb.KillPlan(plan_id="p"))
+    raw = envelope_bytes([kill.SerializeToString(), request_message(request, blob)])
+    parsed = pb.ServerEnvelope.FromString(raw)
+    with_blob = pb.ActionRequest()
+    with_blob.CopyFrom(request)
+    with_blob.blob = blob
+    assert list(parsed.messages) == [kill, pb.ServerMessage(request=with_blob)]
+    assert request_message(request, b"") == pb.ServerMessage(request=request).SerializeToString()
