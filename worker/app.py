@@ -113,7 +113,7 @@ def grants_of(config: Config) -> list[Grant]:
 def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = None) -> Dispatcher:
     state = State(paths.data_dir / "state.db")
     # In the ledger's database: a call's result and its row commit as one.
-    telemetry = Telemetry.sharing(state.connection, retention_days(config.telemetry.retention_days))
+    telemetry = Telemetry(state.connection, retention_days(config.telemetry.retention_days))
     scopes = Scopes(
         grants_of(config),
         live=lambda: [

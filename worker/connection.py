@@ -25,7 +25,7 @@ import grpc
 from worker.envelopes import Batcher, envelope_bytes, result_message
 from worker.pipeline import Dispatcher, Outgoing
 from worker.proto import agentworker_pb2 as pb
-from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, VERSION
+from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD, VERSION
 from worker.state import now_ms
 from worker.transport import Keepalive, bearer, open_channel
 
@@ -40,8 +40,6 @@ FATAL_CODES = frozenset(
     }
 )
 HANDSHAKE_TIMEOUT_S = 15.0
-_SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"]
-STREAM_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['Stream'].name}"
 MIN_SILENCE_S = 1.0
 FLUSH_TIMEOUT_S = 5.0
 

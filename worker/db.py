@@ -7,11 +7,12 @@ few commits. That keeps a call's bookkeeping to microseconds instead of an fsync
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +84,26 @@ class _Checkpointer:
 _checkpointer = _Checkpointer()
 
 
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """Statements inside commit together, or not at all; inside an already open
+    transaction, that one's commit covers them."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 def write_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-    """Run `sql` for each row in one commit: one statement needs no explicit
-    transaction (it commits by itself), and inside an open one the caller commits."""
+    """Run `sql` for each row in one commit (one statement commits by itself)."""
     if len(rows) == 1:
         conn.execute(sql, rows[0])
-    elif conn.in_transaction:
-        conn.executemany(sql, rows)
     elif rows:
-        conn.execute("BEGIN")
-        try:
+        with transaction(conn):
             conn.executemany(sql, rows)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")

@@ -23,7 +23,7 @@ from worker.errors import WorkerError, error_pb
 from worker.hub_store import HubStore
 from worker.proto import agentworker_pb2 as pb
 from worker.proto import agentworker_pb2_grpc as pb_grpc
-from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, VERSION, call_digest
+from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, VERSION, WORKER_SERVICE, call_digest
 from worker.state import now_ms
 
 log = logging.getLogger(__name__)
@@ -438,14 +438,13 @@ class Hub:
 def add_worker_service(server: grpc.aio.Server, hub: Hub) -> None:
     """WorkerService.Stream, answering with envelopes the hub serialized itself (see
     envelopes.py), so the generated servicer's serializer is left out."""
-    service = pb.DESCRIPTOR.services_by_name["WorkerService"]
     handler = grpc.stream_stream_rpc_method_handler(
         hub.stream,
         request_deserializer=pb.WorkerEnvelope.FromString,
         response_serializer=None,  # already bytes
     )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, {"Stream": handler}),)
+        (grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler}),)
     )
 
 

@@ -110,8 +110,7 @@ class HubStore:
     def complete_many(self, results: list[pb.ActionResult]) -> list[bool]:
         """`complete` for each result, in one commit."""
         stored = []
-        self._db.execute("BEGIN")
-        try:
+        with db.transaction(self._db):
             for result in results:
                 # A finished call is never sent again: its blob (an fs_write's content,
                 # say) goes; the digest still answers args_mismatch.
@@ -121,10 +120,6 @@ class HubStore:
                     (result.SerializeToString(), result.correlation_id),
                 )
                 stored.append(cur.rowcount > 0)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
         return stored
 
     def prune(self, now: int | None = None) -> int:

@@ -104,7 +104,7 @@ class Dispatcher:
         # by then needs none (the result says more than "started").
         self._started: dict[str, None] = {}
         # Of running calls, for their telemetry rows: args digest and request blob size.
-        self._digests: dict[str, tuple[str, int]] = {}
+        self._request_facts: dict[str, tuple[str, int]] = {}
         self._finished: list[pb.ActionResult] = []  # results waiting for flush_results
         self._intake: list[str] | None = None  # calls claimed in the open intake batch
 
@@ -158,7 +158,7 @@ class Dispatcher:
             if not self._started:
                 asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_started)
             self._started[cid] = None
-            self._digests[cid] = (digest, len(request_blob))
+            self._request_facts[cid] = (digest, len(request_blob))
             task = asyncio.create_task(self._run(req, request_blob), name=f"call-{cid}")
             self._tasks[cid] = (req.plan_id, task)
             if self._intake is not None:
@@ -245,8 +245,7 @@ class Dispatcher:
     def close(self) -> None:
         """Record what finished, then close the stores."""
         self.flush_results()
-        self.telemetry.close()
-        self.state.close()
+        self.state.close()  # the telemetry tables share its connection
 
     def recover(self) -> list[str]:
         """After a crash: calls left RUNNING may or may not have happened. Never re-run them."""
@@ -267,8 +266,9 @@ class Dispatcher:
                 error=error_pb(error),
                 invocation=invocation,
             )
-            self.telemetry.record(invocation)
-            self.state.finish(cid, result.SerializeToString())
+            with self.state.batch():
+                self.telemetry.record(invocation)
+                self.state.finish(cid, result.SerializeToString())
         return lost
 
     def _stop(self, cid: str, task: asyncio.Task[None], error: WorkerError) -> None:
@@ -463,17 +463,16 @@ class Dispatcher:
             result.error.CopyFrom(error_pb(error))
             if error.code in AUDITED_CODES:
                 self._audit(error.code, req, {"message": error.message})
-        if not self._tasks:  # nothing else running that could share the commit
-            self._finished.append(result)
-            self.flush_results()
-            return
-        if not self._finished:
-            asyncio.get_running_loop().call_soon(self.flush_results)
         self._finished.append(result)
+        if not self._tasks:  # nothing else running that could share the commit
+            self.flush_results()
+        elif len(self._finished) == 1:
+            asyncio.get_running_loop().call_soon(self.flush_results)
 
     def flush_results(self) -> None:
-        """Record the results finished since the last flush (one commit per store for
-        all of them, not one per call), then send them: none leaves unrecorded."""
+        """Record the results finished since the last flush with their telemetry rows
+        (one commit for all of them, not one per call), then send them: none leaves
+        unrecorded."""
         finished, self._finished = self._finished, []
         try:
             encoded = [(r.correlation_id, r.SerializeToString()) for r in finished]
@@ -508,7 +507,7 @@ class Dispatcher:
     ) -> pb.Invocation:
         if error is not None and error.code in ("scope_required", "scope_denied"):
             decision = "denied"
-        known = self._digests.pop(req.correlation_id, None)
+        known = self._request_facts.pop(req.correlation_id, None)
         digest, blob_bytes = known if known is not None else (call_digest(req), len(req.blob))
         return pb.Invocation(
             invocation_id=uuid.uuid4().hex,

@@ -8,6 +8,10 @@ from typing import Final
 
 from worker.proto import agentworker_pb2 as pb
 
+_WORKER_SERVICE: Final = pb.DESCRIPTOR.services_by_name["WorkerService"]
+WORKER_SERVICE: Final = _WORKER_SERVICE.full_name
+STREAM_METHOD: Final = f"/{WORKER_SERVICE}/{_WORKER_SERVICE.methods_by_name['Stream'].name}"
+
 PROTOCOL_MIN: Final = 1
 PROTOCOL_MAX: Final = 1
 

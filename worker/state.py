@@ -116,7 +116,7 @@ class State:
 
     @property
     def connection(self) -> sqlite3.Connection:
-        """For tables that should commit with the ledger (see Telemetry.sharing)."""
+        """For tables that should commit with the ledger (see Telemetry)."""
         return self._db
 
     def close(self) -> None:

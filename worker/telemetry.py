@@ -11,11 +11,9 @@ import json
 import os
 import sqlite3
 import uuid
-from pathlib import Path
 from typing import Any, Final
 
-from worker import db
-from worker.db import connect, write_many
+from worker.db import write_many
 from worker.proto import agentworker_pb2 as pb
 from worker.state import now_ms
 
@@ -71,31 +69,17 @@ def retention_days(configured: int) -> int:
 
 
 class Telemetry:
-    """The invocation and audit tables: in a database of their own (`open`) or in the
-    call ledger's (`sharing`), where a call's row and its result commit together."""
+    """The invocation and audit tables, kept in the call ledger's database so a call's
+    row and its result commit together; whoever opened the connection closes it."""
 
-    def __init__(self, conn: sqlite3.Connection, retention_days: int, *, owned: bool) -> None:
+    def __init__(self, conn: sqlite3.Connection, retention_days: int = 90) -> None:
         conn.executescript(_SCHEMA)
         self._db = conn
-        self._owned = owned  # close the connection with this object
         self.retention_days = retention_days
         self._insert = (
             f"INSERT INTO invocations ({', '.join(COLUMNS)})"
             f" VALUES ({', '.join('?' for _ in COLUMNS)})"
         )
-
-    @classmethod
-    def open(cls, path: Path, retention_days: int = 90) -> Telemetry:
-        return cls(connect(path, ""), retention_days, owned=True)
-
-    @classmethod
-    def sharing(cls, conn: sqlite3.Connection, retention_days: int = 90) -> Telemetry:
-        """Tables in `conn`'s database; whoever opened it closes it."""
-        return cls(conn, retention_days, owned=False)
-
-    def close(self) -> None:
-        if self._owned:
-            db.close(self._db)
 
     def record(self, row: pb.Invocation) -> None:
         self.record_many([row])

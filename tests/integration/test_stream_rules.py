@@ -45,8 +45,7 @@ async def linked(
         with contextlib.suppress(asyncio.CancelledError, FatalConnectionError):
             await runner
         await hub.stop()
-        dispatcher.state.close()
-        dispatcher.telemetry.close()
+        dispatcher.close()
 
 
 def play(

@@ -45,7 +45,8 @@ def test_headless_scopes_never_prompt() -> None:
 
 
 def test_telemetry_prunes_rows_past_retention(tmp_path: Path) -> None:
-    telemetry = Telemetry.open(tmp_path / "t.db", retention_days=90)
+    state = State(tmp_path / "t.db")
+    telemetry = Telemetry(state.connection, retention_days=90)
     old = now_ms() - 91 * DAY_MS
     telemetry.record(pb.Invocation(invocation_id="old", correlation_id="a", started_unix_ms=old))
     telemetry.record(
