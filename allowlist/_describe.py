@@ -76,7 +76,7 @@ def explain(decision: Decision) -> str:
         lines.append(f"runs: {decision.path}")
     if len(decision.matched) > 1:
         lines.append(f"matched: {', '.join(decision.matched)} (the strictest wins)")
-    near = {rid: why for rid, why in decision.tried.items() if not why.startswith("it is not `")}
+    near = decision.near
     if near:
         lines.append("rules that came close:")
         lines.extend(f"  {rule_id}: {why}" for rule_id, why in near.items())

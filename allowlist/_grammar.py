@@ -44,6 +44,8 @@ Kind = str | tuple[str, ...]
 PathCheck = Callable[[str, bool], "str | None"]
 
 _INT: Final = re.compile(r"[+-]?[0-9]{1,18}")
+# How a rule for another subcommand says no: never worth showing a person.
+OTHER_FORM: Final = "it is not `"
 
 
 class NoMatchError(Exception):
@@ -109,7 +111,7 @@ class Grammar:
         if len(words) < count or any(
             word not in spec.split("|") for word, spec in zip(words, self.subcommand, strict=False)
         ):
-            raise NoMatchError(f"it is not `{' '.join(self.subcommand)}`")
+            raise NoMatchError(f"{OTHER_FORM}{' '.join(self.subcommand)}`")
         rest = list(args[count:])
         if self.any_args:
             return Reading(positionals=tuple(rest))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from allowlist._grammar import BASE_KINDS, Grammar, Kind, Slot, Style
-from allowlist._policy import Deny, Policy, Program, Rule, RuleDecision
+from allowlist._policy import BARE_NAME, Deny, Policy, Program, Rule, RuleDecision
 
 DEFAULT_NAME: Final = "default.toml"
 _ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
@@ -120,7 +120,7 @@ def layer(*files: list[_Layer], sources: tuple[str, ...]) -> Policy:
 
 def _program(name: str, raw: dict[str, Any], source: str) -> _Layer:
     where = f"{source}: [program.{name}]"
-    if not re.fullmatch(r"[A-Za-z0-9_+][A-Za-z0-9_.+-]*", name):
+    if not BARE_NAME.fullmatch(name):
         raise PolicyError(f"{where}: a program is named by its bare name, not {name!r}")
     _only(raw, _PROGRAM_KEYS, where)
     paths = _strings(raw.get("paths", []), f"{where} paths")

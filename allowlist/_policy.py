@@ -19,7 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from allowlist._grammar import Grammar, NoMatchError, PathCheck, PathRefusedError, token_hits
+from allowlist._grammar import (
+    OTHER_FORM,
+    Grammar,
+    NoMatchError,
+    PathCheck,
+    PathRefusedError,
+    token_hits,
+)
 
 RuleDecision = Literal["allow", "ask", "forbidden"]
 Verdict = Literal["allow", "ask", "forbidden", "not_allowed"]
@@ -106,6 +113,16 @@ class Decision:
     @property
     def runs(self) -> bool:
         return self.verdict in ("allow", "ask")
+
+    @property
+    def near(self) -> dict[str, str]:
+        """Why each rule that got past its subcommand words still did not fit."""
+        return near_misses(self.tried)
+
+
+def near_misses(tried: Mapping[str, str]) -> dict[str, str]:
+    """The complaints of rules for this form (rules for other subcommands left out)."""
+    return {rid: why for rid, why in tried.items() if not why.startswith(OTHER_FORM)}
 
 
 @dataclass(frozen=True)
@@ -231,7 +248,7 @@ def _decide_program(
 
 def _closest(program: Program, tried: Mapping[str, str]) -> str:
     """The most useful of the rules' complaints: those that got past the subcommand."""
-    near = {rid: why for rid, why in tried.items() if not why.startswith("it is not `")}
+    near = near_misses(tried)
     if near:
         return "; ".join(f"rule {rid}: {why}" for rid, why in list(near.items())[:4]) + "."
     forms = sorted(

@@ -29,14 +29,14 @@ def example_path_check(path: str, write: bool) -> str | None:
     return f"{path!r} is outside the shared folder {EXAMPLE_ROOT}"
 
 
-def load_policy(user_file: Path | None = None, *, include_default: bool = True) -> Policy:
+def load_policy(user_file: Path | None = None) -> Policy:
     """The shipped default with `user_file` layered on top, examples checked."""
     files = []
     sources: list[str] = []
     user = None
+    include_default = True
     if user_file is not None:
-        user, keep_default = parse(read_file(user_file), str(user_file))
-        include_default = include_default and keep_default
+        user, include_default = parse(read_file(user_file), str(user_file))
     if include_default:
         files.append(parse(default_text(), "default policy")[0])
         sources.append("default policy")

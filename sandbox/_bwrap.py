@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,6 +58,21 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class View:
+    """What the sandboxed program sees and starts in."""
+
+    cwd: str
+    mounts: tuple[Mount, ...]
+    env: Mapping[str, str]
+    hidden: tuple[str, ...] = ()  # folders to blank out where a mount would expose them
+    extra_files: tuple[str, ...] = ()  # more read-only files (a program outside /usr)
+    # (a file of ours, a path inside a shared folder): shown read-only in its place
+    overlays: tuple[tuple[str, str], ...] = ()
+    network: bool = False
+    bwrap: str = "bwrap"
+
+
+@dataclass(frozen=True)
 class Limits:
     """What one sandboxed program may use. Per process, except `processes`."""
 
@@ -92,18 +107,7 @@ def find_tools(bwrap: str = "bwrap") -> Tools:
 
 
 def command(
-    tools: Tools,
-    argv: Sequence[str],
-    *,
-    cwd: str,
-    mounts: Sequence[Mount],
-    hidden: Sequence[str],
-    extra_files: Sequence[str],
-    network: bool,
-    overlays: Sequence[tuple[str, str]] = (),
-    limits: Limits,
-    info_fd: int,
-    block_fd: int,
+    tools: Tools, argv: Sequence[str], view: View, limits: Limits, *, info_fd: int, block_fd: int
 ) -> list[str]:
     """bwrap [namespaces] [view] -- prlimit [limits] -- argv."""
     args = [
@@ -116,7 +120,7 @@ def command(
         "--cap-drop",
         "ALL",
     ]
-    if network:
+    if view.network:
         args.append("--share-net")
     for folder in SYSTEM_DIRS:
         if os.path.islink(folder):
@@ -125,15 +129,15 @@ def command(
             args += ["--ro-bind", folder, folder]
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
-    for path in extra_files:
+    for path in view.extra_files:
         args += ["--ro-bind", path, path]
     # The sandbox's own /tmp: a private tmpfs, gone with it.
     args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
     args += ["--tmpfs", "/tmp"]  # noqa: S108
-    args += _folders(mounts, hidden)
-    for source, destination in overlays:  # after the folders, so they land on top
+    args += _folders(view.mounts, view.hidden)
+    for source, destination in view.overlays:  # after the folders, so they land on top
         args += ["--ro-bind", source, destination]
-    args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+    args += ["--chdir", view.cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     args += ["--", tools.prlimit, *_rlimits(limits), "--", *argv]
     return args
 

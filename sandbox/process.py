@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,6 +32,7 @@ from sandbox._bwrap import (
     Mount,
     SandboxUnavailableError,
     Tools,
+    View,
     command,
     find_tools,
     visible_by_default,
@@ -49,21 +50,6 @@ __all__ = [
 
 STDOUT, STDERR = 1, 2
 EXIT_GRACE_S: Final = 5.0  # after SIGKILL, how long to wait for the exit to be reaped
-
-
-@dataclass(frozen=True)
-class View:
-    """What the sandboxed program sees and starts in."""
-
-    cwd: str
-    mounts: tuple[Mount, ...]
-    env: Mapping[str, str]
-    hidden: tuple[str, ...] = ()  # folders to blank out where a mount would expose them
-    extra_files: tuple[str, ...] = ()  # more read-only files (a program outside /usr)
-    # (a file of ours, a path inside a shared folder): shown read-only in its place
-    overlays: tuple[tuple[str, str], ...] = ()
-    network: bool = False
-    bwrap: str = "bwrap"
 
 
 @dataclass(frozen=True)
@@ -118,7 +104,7 @@ async def run(
         try:
             transport, capture = await loop.subprocess_exec(
                 lambda: _Capture(limits.output_bytes),
-                *_command(tools, argv, view, limits, info_w, block_r),
+                *command(tools, argv, view, limits, info_fd=info_w, block_fd=block_r),
                 stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -142,24 +128,6 @@ async def run(
         for fd in (info_r, block_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _command(
-    tools: Tools, argv: Sequence[str], view: View, limits: Limits, info_fd: int, block_fd: int
-) -> list[str]:
-    return command(
-        tools,
-        argv,
-        cwd=view.cwd,
-        mounts=view.mounts,
-        hidden=view.hidden,
-        extra_files=view.extra_files,
-        overlays=view.overlays,
-        network=view.network,
-        limits=limits,
-        info_fd=info_fd,
-        block_fd=block_fd,
-    )
 
 
 class _Sandbox:
