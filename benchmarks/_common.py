@@ -8,20 +8,49 @@ before it imports this.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.cluster import free_port, until_worker_connected, wait_for
 from worker.client import ControlClient
+from worker.proto import agentworker_pb2 as pb
 
 OneCall = Callable[[], Awaitable[None]]
 MIB = 1024 * 1024
+
+# A bare gRPC echo, run as `python -c ECHO_SERVER ADDRESS [MAX_MESSAGE_BYTES]`:
+# /Echo/Stream echoes each message of a bidi stream, /Echo/Call a unary request.
+ECHO_SERVER = """
+import asyncio, sys, grpc
+async def echo(requests, context):
+    async for message in requests:
+        yield message
+async def call(request, context):
+    return request
+async def main():
+    options = None
+    if len(sys.argv) > 2:
+        limit = int(sys.argv[2])
+        options = [(f"grpc.max_{way}_message_length", limit) for way in ("send", "receive")]
+    server = grpc.aio.server(options=options)
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(echo),
+        "Call": grpc.unary_unary_rpc_method_handler(call),
+    }
+    routes = grpc.method_handlers_generic_handler("Echo", handlers)
+    server.add_generic_rpc_handlers((routes,))
+    server.add_insecure_port(sys.argv[1])
+    await server.start()
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
 
 _CONFIG = """
 [hub]
@@ -118,3 +147,30 @@ def report(
             rate = f"{size / MIB / (p50 / 1000):9.0f}" if p50 > 0 else f"{'-':>9}"
         ratios = f"{p50 / raw_p50:9.1f}{p99 / raw_p99:9.1f}"
         print(f"  {name:{name_width}}{p50:9.2f}{p99:9.2f}{rate}{ratios}")
+
+
+def dispatch_call(
+    client: ControlClient,
+    action: str,
+    args: Mapping[str, object],
+    blob: bytes,
+    expect: int,
+    inside: list[float] | None = None,
+) -> OneCall:
+    """One Dispatch of `action` (surface.name) as agent `bench`, checked for an OK result
+    with an `expect`-byte blob; `inside` collects the worker's own duration_ms."""
+    surface, _, name = action.rpartition(".")
+    request = pb.DispatchRequest(
+        agent_id="bench", surface=surface, action=name, args_json=json.dumps(args), blob=blob
+    )
+
+    async def one() -> None:
+        reply = await client.stub.Dispatch(request, metadata=client.metadata)
+        if reply.result.status != pb.ActionResult.OK:
+            raise RuntimeError(reply.result.error.message)
+        if len(reply.result.blob) != expect:
+            raise RuntimeError("the result blob has the wrong size")
+        if inside is not None:
+            inside.append(float(reply.result.invocation.duration_ms))
+
+    return one

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -25,11 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import MIB, OneCall, agentworker, connected, make_home, report, timed
+from benchmarks._common import (
+    MIB,
+    OneCall,
+    agentworker,
+    connected,
+    dispatch_call,
+    make_home,
+    report,
+    timed,
+)
 from sandbox import environment
 from sandbox.process import Limits, Mount, View, run
-from worker.client import ControlClient
-from worker.proto import agentworker_pb2 as pb
 
 
 def raw_call(argv: list[str], cwd: Path, expect: int) -> OneCall:
@@ -56,22 +62,6 @@ def sandbox_call(argv: list[str], workspace: Path, expect: int) -> OneCall:
     return one
 
 
-def pipeline_call(client: ControlClient, argv: list[str], expect: int) -> OneCall:
-    request = pb.DispatchRequest(
-        agent_id="bench",
-        surface="workerHost",
-        action="exec",
-        args_json=json.dumps({"argv": argv}),
-    )
-
-    async def one() -> None:
-        reply = await client.stub.Dispatch(request, metadata=client.metadata)
-        if reply.result.status != pb.ActionResult.OK or len(reply.result.blob) != expect:
-            raise RuntimeError(reply.result.error.message or "wrong output size")
-
-    return one
-
-
 async def bench(calls: int, home_dir: Path) -> None:
     home = make_home(home_dir, mode="ro", scopes=["workerHost.exec"])
     (home.workspace / "one-mib.bin").write_bytes(os.urandom(MIB))
@@ -81,7 +71,7 @@ async def bench(calls: int, home_dir: Path) -> None:
                 pinned = ["/usr/bin/" + argv[0], *argv[1:]]
                 raw = raw_call(pinned, home.workspace, expect)
                 sandbox = sandbox_call(pinned, home.workspace, expect)
-                pipeline = pipeline_call(client, argv, expect)
+                pipeline = dispatch_call(client, "workerHost.exec", {"argv": argv}, b"", expect)
                 rows = [
                     ("raw subprocess.run", await timed(raw, calls)),
                     ("sandbox.process.run", await timed(sandbox, calls)),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -34,29 +33,22 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import MIB, OneCall, agentworker, connected, make_home, report, timed
+from benchmarks._common import (
+    ECHO_SERVER,
+    MIB,
+    OneCall,
+    agentworker,
+    connected,
+    dispatch_call,
+    make_home,
+    report,
+    timed,
+)
 from tests.support.cluster import free_port
 from worker.client import ControlClient
-from worker.proto import agentworker_pb2 as pb
 from worker.transport import MAX_MESSAGE_BYTES
 
 SCOPES = ["workerHost.fs_read", "workerHost.fs_write", "workerDiag.probe"]
-ECHO_SERVER = """
-import asyncio, sys, grpc
-async def call(request, context):
-    return request
-async def main():
-    limit = int(sys.argv[2])
-    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
-    server = grpc.aio.server(options=options)
-    handler = grpc.unary_unary_rpc_method_handler(call)
-    routes = grpc.method_handlers_generic_handler("Echo", {"Call": handler})
-    server.add_generic_rpc_handlers((routes,))
-    server.add_insecure_port(sys.argv[1])
-    await server.start()
-    await server.wait_for_termination()
-asyncio.run(main())
-"""
 
 
 def raw_read(path: Path, size: int) -> OneCall:
@@ -110,32 +102,6 @@ def echo(channel: grpc.aio.Channel, data: bytes) -> OneCall:
     return one
 
 
-def pipeline(
-    client: ControlClient,
-    action: str,
-    args: dict[str, object],
-    blob: bytes,
-    expect: int,
-    inside: list[float] | None = None,
-) -> OneCall:
-    """One dispatch; `inside` collects the worker's own duration_ms from telemetry."""
-    surface, _, name = action.rpartition(".")
-    request = pb.DispatchRequest(
-        agent_id="bench", surface=surface, action=name, args_json=json.dumps(args), blob=blob
-    )
-
-    async def one() -> None:
-        reply = await client.stub.Dispatch(request, metadata=client.metadata)
-        if reply.result.status != pb.ActionResult.OK:
-            raise RuntimeError(reply.result.error.message)
-        if len(reply.result.blob) != expect:
-            raise RuntimeError("the result blob has the wrong size")
-        if inside is not None:
-            inside.append(float(reply.result.invocation.duration_ms))
-
-    return one
-
-
 async def timed_rows(calls: list[tuple[str, OneCall]], count: int) -> list[tuple[str, list[float]]]:
     """Each call timed `count` times, in order (a pipeline row fills its `inside` list)."""
     return [(name, await timed(one, count, min_warm_up=3)) for name, one in calls]
@@ -145,7 +111,7 @@ async def read_table(
     client: ControlClient, channel: grpc.aio.Channel, file: Path, data: bytes, reads: int
 ) -> None:
     inside: list[float] = []
-    fs_read = pipeline(client, "workerHost.fs_read", {"path": file.name}, b"", MIB, inside)
+    fs_read = dispatch_call(client, "workerHost.fs_read", {"path": file.name}, b"", MIB, inside)
     rows = await timed_rows(
         [
             ("raw open/read/close", raw_read(file, MIB)),
@@ -171,11 +137,11 @@ async def write_table(
             ("raw gRPC unary echo, 16 MiB", echo(channel, data)),
             (
                 "16 MiB blob to a no-op (workerDiag.probe)",
-                pipeline(client, "workerDiag.probe", {}, data, 0),
+                dispatch_call(client, "workerDiag.probe", {}, data, 0),
             ),
             (
                 "fs_write via hub → worker",
-                pipeline(client, "workerHost.fs_write", overwrite, data, 0, inside),
+                dispatch_call(client, "workerHost.fs_write", overwrite, data, 0, inside),
             ),
         ],
         writes,

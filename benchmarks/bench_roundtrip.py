@@ -37,34 +37,21 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import Home, OneCall, agentworker, connected, make_home, percentile
+from benchmarks._common import (
+    ECHO_SERVER,
+    Home,
+    OneCall,
+    agentworker,
+    connected,
+    make_home,
+    percentile,
+)
 from tests.support.cluster import free_port, wait_for
 from worker import app
 from worker.client import ControlClient
 from worker.config import Paths, load
 from worker.hub import Hub
 from worker.proto import agentworker_pb2 as pb
-
-ECHO_SERVER = """
-import asyncio, sys, grpc
-async def echo(requests, context):
-    async for message in requests:
-        yield message
-async def call(request, context):
-    return request
-async def main():
-    server = grpc.aio.server()
-    handlers = {
-        "Stream": grpc.stream_stream_rpc_method_handler(echo),
-        "Call": grpc.unary_unary_rpc_method_handler(call),
-    }
-    routes = grpc.method_handlers_generic_handler("Echo", handlers)
-    server.add_generic_rpc_handlers((routes,))
-    server.add_insecure_port(sys.argv[1])
-    await server.start()
-    await server.wait_for_termination()
-asyncio.run(main())
-"""
 
 
 async def measure(one_call: OneCall, calls: int, in_flight: int) -> tuple[list[float], float]:

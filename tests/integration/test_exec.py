@@ -7,7 +7,6 @@ Its allowlist file adds a few programs the default never allows, to misbehave wi
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -20,8 +19,8 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.host_calls import call
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
-from worker.client import result_to_dict
 from worker.proto import agentworker_pb2 as pb
 
 TEST_POLICY = """
@@ -94,11 +93,7 @@ def run_exec(
     for key in ("cwd", "timeout_s"):
         if key in fields:
             args[key] = fields.pop(key)
-    request = {"agent_id": "tester", "surface": "workerHost", "action": "exec"}
-    response = live.run(
-        lambda c: c.dispatch(**request, args_json=json.dumps(args), blob=blob, **fields)
-    )
-    return result_to_dict(response), response.result.blob
+    return call(live, "exec", args, blob, **fields)
 
 
 def in_background(live: Cluster, argv: list[str], **fields: Any) -> dict[str, Any]:

@@ -19,9 +19,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def box(live: Cluster, request: pytest.FixtureRequest) -> Path:
-    folder = live.workspace / request.node.name
-    folder.mkdir()
+def box(box: Path) -> Path:
+    """The shared per-test folder, filled with a small tree."""
+    folder = box
     (folder / "a.txt").write_text("alpha\n")
     (folder / "sub").mkdir()
     (folder / "sub" / "b.txt").write_text("beta\n")

@@ -18,20 +18,29 @@ from tests.support.cluster import Cluster, cluster, wait_for
 from worker.client import ControlClient, result_to_dict
 
 
+async def _dispatch(
+    client: ControlClient, action: str, args: dict[str, Any], blob: bytes, **fields: Any
+) -> tuple[dict[str, Any], bytes]:
+    """`workerHost.<action>` as agent `tester`: (what `call` prints, the blob)."""
+    response = await client.dispatch(
+        agent_id="tester",
+        surface="workerHost",
+        action=action,
+        args_json=json.dumps(args),
+        blob=blob,
+        **fields,
+    )
+    return result_to_dict(response), bytes(response.result.blob)
+
+
 def call(
     live: Cluster, action: str, args: dict[str, Any], blob: bytes = b"", **fields: Any
 ) -> tuple[dict[str, Any], bytes]:
     """Dispatch `workerHost.<action>` as agent `tester`: (what `call` prints, the blob)."""
-    request = {
-        "agent_id": "tester",
-        "surface": "workerHost",
-        "action": action,
-        "args_json": json.dumps(args),
-        "blob": blob,
-        **fields,
-    }
-    response = live.run(lambda c: c.dispatch(**request))
-    return result_to_dict(response), bytes(response.result.blob)
+    result: tuple[dict[str, Any], bytes] = live.run(
+        lambda c: _dispatch(c, action, args, blob, **fields)
+    )
+    return result
 
 
 def call_many(
@@ -46,14 +55,7 @@ def call_many(
             action: str, args: dict[str, Any], blob: bytes
         ) -> tuple[dict[str, Any], bytes]:
             async with slots:
-                response = await client.dispatch(
-                    agent_id="tester",
-                    surface="workerHost",
-                    action=action,
-                    args_json=json.dumps(args),
-                    blob=blob,
-                )
-            return result_to_dict(response), bytes(response.result.blob)
+                return await _dispatch(client, action, args, blob)
 
         return await asyncio.gather(*(one(*request) for request in requests))
 

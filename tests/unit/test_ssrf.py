@@ -14,7 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from worker.actions.ssrf import IPAddress, UrlGuard, refusal
+from worker.actions.ssrf import Destination, IPAddress, Resolver, UrlGuard, refusal
 from worker.config import Config
 from worker.errors import WorkerError
 from worker.hosts import HostPattern, parse_pattern
@@ -70,7 +70,7 @@ def test_nat64_of_a_public_address_passes() -> None:
     assert refusal(ipaddress.ip_address("64:ff9b::808:808")) is None
 
 
-def table(answers: dict[str, list[str]]) -> tuple[list[str], object]:
+def table(answers: dict[str, list[str]]) -> tuple[list[str], Resolver]:
     asked: list[str] = []
 
     async def resolve(host: str, port: int) -> list[IPAddress]:
@@ -86,10 +86,10 @@ def guard(answers: dict[str, list[str]], *, allow: str = "", own: tuple[str, ...
     _, resolve = table(answers)
     patterns = [parse_pattern(allow)] if allow else []
     mine = frozenset(ipaddress.ip_address(a) for a in own)
-    return UrlGuard(patterns, resolve=resolve, own=lambda: mine)  # type: ignore[arg-type]
+    return UrlGuard(patterns, resolve=resolve, own=lambda: mine)
 
 
-def check(g: UrlGuard, url: str) -> object:
+def check(g: UrlGuard, url: str) -> Destination:
     return asyncio.run(g.check(g.parse(url)))
 
 
@@ -113,9 +113,9 @@ def test_one_private_answer_among_public_ones_is_enough_to_refuse() -> None:
 
 def test_a_public_name_is_pinned_to_the_address_checked() -> None:
     destination = check(guard({"example.com": ["93.184.216.34"]}), "https://Example.COM/x")
-    assert destination.address == "93.184.216.34"  # type: ignore[attr-defined]
-    assert destination.host == "example.com"  # type: ignore[attr-defined]
-    assert destination.port == 443  # type: ignore[attr-defined]
+    assert destination.address == "93.184.216.34"
+    assert destination.host == "example.com"
+    assert destination.port == 443
 
 
 def test_the_machines_own_addresses_are_refused() -> None:
@@ -127,11 +127,11 @@ def test_the_machines_own_addresses_are_refused() -> None:
 def test_allow_hosts_opens_exactly_the_host_and_port_listed() -> None:
     answers = {"localhost": ["127.0.0.1"], "127.0.0.1": ["127.0.0.1"]}
     g = guard(answers, allow="localhost:8000")
-    assert check(g, "http://localhost:8000/").opened  # type: ignore[attr-defined]
+    assert check(g, "http://localhost:8000/").opened
     refused(g, "http://localhost:8001/")
     refused(g, "http://127.0.0.1:8000/")  # same address, other name: not what was opened
     any_port = guard(answers, allow="localhost")
-    assert check(any_port, "http://localhost:9/").opened  # type: ignore[attr-defined]
+    assert check(any_port, "http://localhost:9/").opened
 
 
 def test_an_unresolvable_name_is_not_found() -> None:
@@ -162,7 +162,7 @@ def test_an_unresolvable_name_is_not_found() -> None:
 )
 def test_unusable_urls_are_refused_before_resolving(url: str, why: str) -> None:
     asked, resolve = table({})
-    g = UrlGuard(resolve=resolve, own=frozenset)  # type: ignore[arg-type]
+    g = UrlGuard(resolve=resolve, own=frozenset)
     with pytest.raises(WorkerError) as caught:
         asyncio.run(g.check(g.parse(url)))
     assert caught.value.code == "url_not_allowed"

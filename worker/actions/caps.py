@@ -24,6 +24,7 @@ class HostCaps:
     fetch_raw: int = 10 * MIB
     fetch_request_body: int = 16 * MIB
     redirects: int = 5
+    exec_output: int = 1 * MIB  # exec, stdout + stderr together per call
 
 
 CAPS: Final = HostCaps()

@@ -26,15 +26,16 @@ from typing import Annotated, Final
 from pydantic import AfterValidator, Field, StringConstraints
 
 from allowlist import Decision
-from sandbox import ConfinedDir, ConfinementError, Root, environment, locate
+from sandbox import Root, environment
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
+from worker.actions.caps import CAPS
 from worker.actions.exec_git import git_view
 from worker.actions.exec_policy import path_check, policy_for
+from worker.actions.fs_paths import confined
 from worker.config import ExecSection, Paths
 from worker.errors import WorkerError
 from worker.registry import Args, Context, Outcome, PathArg, Result
 
-OUTPUT_CAP: Final = 1024 * 1024  # stdout + stderr together (DESIGN.md §4)
 PREVIEW_CHARS: Final = 300
 
 
@@ -68,7 +69,7 @@ class ExecResult(Result):
 async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     settings = ctx.config.exec
     timeout_s = _timeout(args, settings)
-    cwd = _working_dir(ctx.roots, args.cwd)
+    cwd = _working_dir(ctx, args.cwd)
     decision = policy_for(ctx.config).decide(args.argv, path_check(ctx.roots, cwd))
     program = _admitted(decision, ctx.roots)
     if decision.verdict == "ask":
@@ -115,7 +116,7 @@ def limits_of(settings: ExecSection, timeout_s: float) -> Limits:
     """The one place exec's caps come from: the [exec] section and the call's timeout."""
     return Limits(
         timeout_s=timeout_s,
-        output_bytes=OUTPUT_CAP,
+        output_bytes=CAPS.exec_output,
         cpu_s=settings.cpu_s,
         memory_bytes=settings.memory_mb * 1024**2,
         file_size_bytes=settings.file_size_mb * 1024**2,
@@ -137,18 +138,14 @@ def _timeout(args: ExecArgs, settings: ExecSection) -> float:
     return args.timeout_s
 
 
-def _working_dir(roots: Sequence[Root], cwd: str | None) -> str:
+def _working_dir(ctx: Context, cwd: str | None) -> str:
     """An absolute folder inside a shared folder, checked by the kernel, not by text."""
     if cwd is None:
-        if not roots:
+        if not ctx.roots:
             raise WorkerError("path_not_allowed", "no folder is shared, so no command can run")
-        return str(roots[0].path)
-    try:
-        located = locate(roots, cwd)
-        with ConfinedDir(located.root.path) as root:
-            st = root.stat(located.relative, follow_symlinks=True)
-    except ConfinementError as exc:
-        raise WorkerError(exc.code, exc.message, {"path": cwd}) from None
+        return str(ctx.roots[0].path)
+    with confined(ctx, cwd) as (root, located):
+        st = root.stat(located.relative, follow_symlinks=True)
     if not stat.S_ISDIR(st.st_mode):
         raise WorkerError("not_directory", f"cwd {cwd!r} is not a folder", {"path": cwd})
     # The real path, so that '..' in arguments means for the checks what it means

@@ -210,14 +210,13 @@ class UrlGuard:
         if not addresses:
             raise WorkerError("not_found", f"the host {host!r} has no address.", {"host": host})
         if not opened:
-            self._check_addresses(shown, host, port, addresses)
+            self._check_addresses(shown, host, port, addresses, literal=literal is not None)
         return Destination(host=host, port=port, address=str(addresses[0]), opened=opened)
 
     def _check_addresses(
-        self, shown: str, host: str, port: int, addresses: list[IPAddress]
+        self, shown: str, host: str, port: int, addresses: list[IPAddress], *, literal: bool
     ) -> None:
         own = self._own()
-        literal = _literal(host) is not None
         for ip in addresses:
             why = refusal(ip)
             if why is None and (ip in own or _unmapped(ip) in own):
