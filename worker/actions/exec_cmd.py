@@ -165,7 +165,7 @@ def _admitted(decision: Decision, roots: Sequence[Root]) -> str:
         raise WorkerError(
             decision.refusal or "command_not_allowed",
             decision.reason,
-            {"argv": list(decision.argv), "rule": decision.rule_id, "tried": _near(decision)},
+            {"argv": list(decision.argv), "rule": decision.rule_id, "tried": decision.near},
         )
     real = os.path.realpath(decision.path)
     for root in roots:
@@ -177,11 +177,6 @@ def _admitted(decision: Decision, roots: Sequence[Root]) -> str:
                 {"argv": list(decision.argv), "rule": decision.rule_id},
             )
     return decision.path
-
-
-def _near(decision: Decision) -> dict[str, str]:
-    """Why each rule that got past its subcommand words still did not fit."""
-    return {rid: why for rid, why in decision.tried.items() if not why.startswith("it is not `")}
 
 
 def _own_folders(ctx: Context) -> tuple[str, ...]:
