@@ -34,8 +34,8 @@ RESULT_SLACK_S = 5.0
 HANDSHAKE_TIMEOUT_S = 10.0
 # Acks only let the worker forget stored results: a short wait batches them.
 ACK_DELAY_S = 0.01
-# Results are stored this long after they arrive: off the caller's path, and
-# several at once under load.
+# Calls sent and results received are stored this long later, together: off the
+# caller's path, and many in one commit under load.
 STORE_DELAY_S = 0.0002
 
 
@@ -94,6 +94,7 @@ class Hub:
         self._waiters: dict[str, asyncio.Future[pb.ActionResult]] = {}
         self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
         self._unstored: list[tuple[Session, pb.ActionResult]] = []  # see store_results
+        self._store_scheduled = False
 
     # ------------------------------------------------------------- worker stream
 
@@ -221,14 +222,21 @@ class Hub:
         # Stored a moment later, with any others that arrive meanwhile, while the hub
         # would otherwise wait on the worker; acked only once stored, so until then
         # the worker keeps the result and re-sends it should this hub die.
-        if not self._unstored:
-            asyncio.get_running_loop().call_later(STORE_DELAY_S, self.store_results)
         self._unstored.append((session, result))
+        self._store_soon()
+
+    def _store_soon(self) -> None:
+        if not self._store_scheduled:
+            self._store_scheduled = True
+            asyncio.get_running_loop().call_later(STORE_DELAY_S, self.store_results)
 
     def store_results(self) -> None:
-        """Store the results received since the last call (one commit), then ack them."""
+        """Store the calls sent and the results received since the last call (one
+        commit), then ack the results."""
+        self._store_scheduled = False
         unstored, self._unstored = self._unstored, []
         if not unstored:
+            self.store.flush()
             return
         stored = self.store.complete_many([result for _, result in unstored])
         for (session, result), new in zip(unstored, stored, strict=True):
@@ -334,6 +342,8 @@ class Hub:
         session = self.sessions.get(worker_id)
         if session is not None:
             session.send(outgoing)
+        if is_new:
+            self._store_soon()
         try:
             # asyncio.timeout, not wait_for: no extra task per call. Several callers may
             # share the waiter: shielded, a caller's timeout never cancels it.

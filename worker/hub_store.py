@@ -1,9 +1,16 @@
 """The reference hub's durable memory: dispatched calls and the workers it has seen.
 
-A call is recorded PENDING before it is sent, so a hub that is killed and restarted
+A call is recorded PENDING as it is sent, so a hub that is killed and restarted
 still knows what it asked for: a caller retrying with the same correlation id waits
 for the same call instead of starting a second one, and results the worker re-sends
 after the reconnect land where the caller will look.
+
+The row is written a moment later than the call leaves (`add` queues it; the next
+`flush` commits it together with the results that came back meanwhile), so no call
+waits on a commit of its own. A hub killed inside that moment forgets the call; the
+call still runs at most once, because the worker's ledger decides that: a caller
+retrying the id sends it again and gets the worker's recorded answer. Every read
+flushes first, so the store always answers with what was added.
 """
 
 from __future__ import annotations
@@ -49,6 +56,11 @@ ABANDONED_KEPT_MS = 24 * 3600 * 1000
 # Finished and abandoned calls are kept this long (a caller retrying an id gets the
 # stored answer), then pruned; like the worker's ledger.
 CALLS_KEPT_MS = 24 * 3600 * 1000
+_INSERT_CALL = (
+    "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
+    " request_blob, state, result, created_ms, deadline_ms)"
+    " VALUES (?, ?, ?, ?, ?, 'PENDING', NULL, ?, ?)"
+)
 _CALL_COLUMNS = (
     "correlation_id, worker_id, args_digest, request, request_blob, state, result, deadline_ms"
 )
@@ -68,14 +80,28 @@ class StoredCall:
 class HubStore:
     def __init__(self, path: Path) -> None:
         self._db = connect(path, _SCHEMA)
+        self._unwritten: dict[str, tuple[object, ...]] = {}  # added, not yet flushed
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
         if "request_blob" not in columns:  # a hub.db from before the blob had a column
             self._db.execute("ALTER TABLE calls ADD COLUMN request_blob BLOB")
 
     def close(self) -> None:
+        self.flush()
         db.close(self._db)
 
+    def flush(self) -> None:
+        """Commit the calls added since the last flush."""
+        if self._unwritten:
+            with db.transaction(self._db):
+                self._write_added()
+
+    def _write_added(self) -> None:
+        if self._unwritten:
+            rows, self._unwritten = list(self._unwritten.values()), {}
+            self._db.executemany(_INSERT_CALL, rows)
+
     def get(self, correlation_id: str) -> StoredCall | None:
+        self.flush()
         row = self._db.execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE correlation_id = ?",
             (correlation_id,),
@@ -86,22 +112,25 @@ class HubStore:
         self, worker_id: str, digest: str, request: pb.ActionRequest, blob: bytes, deadline_ms: int
     ) -> bool:
         """Record a new call (`request` without its blob, which is kept beside it until
-        the call finishes); False when its correlation id is already known."""
-        cur = self._db.execute(
-            "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
-            " request_blob, state, result, created_ms, deadline_ms)"
-            " VALUES (?, ?, ?, ?, ?, 'PENDING', NULL, ?, ?)",
-            (
-                request.correlation_id,
-                worker_id,
-                digest,
-                request.SerializeToString(),
-                blob or None,
-                now_ms(),
-                deadline_ms,
-            ),
+        the call finishes), to be written by the next flush; False when its correlation
+        id is already known."""
+        cid = request.correlation_id
+        if cid in self._unwritten or self._known(cid):
+            return False
+        self._unwritten[cid] = (
+            cid,
+            worker_id,
+            digest,
+            request.SerializeToString(),
+            blob or None,
+            now_ms(),
+            deadline_ms,
         )
-        return cur.rowcount > 0
+        return True
+
+    def _known(self, correlation_id: str) -> bool:
+        row = self._db.execute("SELECT 1 FROM calls WHERE correlation_id = ?", (correlation_id,))
+        return row.fetchone() is not None
 
     def complete(self, result: pb.ActionResult) -> bool:
         """Store a result; False when the call is unknown or already has one."""
@@ -111,6 +140,7 @@ class HubStore:
         """`complete` for each result, in one commit."""
         stored = []
         with db.transaction(self._db):
+            self._write_added()  # a result's call may still be waiting to be written
             for result in results:
                 # A finished call is never sent again: its blob (an fs_write's content,
                 # say) goes; the digest still answers args_mismatch.
@@ -125,6 +155,7 @@ class HubStore:
     def prune(self, now: int | None = None) -> int:
         """Forget calls finished or abandoned longer than CALLS_KEPT_MS ago, and pending
         ones whose deadline passed that long ago (their worker never came back)."""
+        self.flush()
         cutoff = (now if now is not None else now_ms()) - CALLS_KEPT_MS
         cur = self._db.execute(
             "DELETE FROM calls WHERE (state != 'PENDING' AND created_ms < ?)"
@@ -134,12 +165,14 @@ class HubStore:
         return cur.rowcount
 
     def abandon(self, correlation_id: str) -> None:
+        self.flush()
         self._db.execute(
             "UPDATE calls SET state = 'ABANDONED' WHERE correlation_id = ? AND state = 'PENDING'",
             (correlation_id,),
         )
 
     def open_calls(self, worker_id: str) -> list[StoredCall]:
+        self.flush()
         rows = self._db.execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE worker_id = ?"
             " AND (state = 'PENDING' OR (state = 'ABANDONED' AND deadline_ms > ?))"

@@ -75,3 +75,47 @@ def test_a_hub_db_from_before_the_blob_column_still_opens(tmp_path: Path) -> Non
     found = store.get("legacy")
     assert found is not None and found.request.blob == b"inline"
     store.close()
+
+
+def _committed_ids(path: Path) -> set[str]:
+    """What another connection (a restarted hub) would find."""
+    conn = sqlite3.connect(path)
+    try:
+        return {cid for (cid,) in conn.execute("SELECT correlation_id FROM calls")}
+    finally:
+        conn.close()
+
+
+def test_an_added_call_is_written_at_the_next_flush_and_read_back_before(tmp_path: Path) -> None:
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    deadline = now_ms() + 60_000
+    assert store.add("w", "d", _request("c1"), b"", deadline) is True
+    assert store.add("w", "d", _request("c1"), b"", deadline) is False  # known while queued
+    assert _committed_ids(path) == set()  # no commit on the caller's path
+    store.flush()
+    assert _committed_ids(path) == {"c1"}
+    assert store.add("w", "d", _request("c1"), b"", deadline) is False  # known once written
+    store.add("w", "d", _request("c2"), b"", deadline)
+    found = store.get("c2")  # a read flushes first
+    assert found is not None and found.state == "PENDING"
+    store.close()
+
+
+def test_a_result_arriving_before_the_flush_stores_its_call_first(tmp_path: Path) -> None:
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    store.add("w", "d", _request("quick"), b"", now_ms() + 60_000)
+    assert store.complete_many([_ok("quick")]) == [True]
+    assert _committed_ids(path) == {"quick"}
+    done = store.get("quick")
+    assert done is not None and done.state == "DONE" and done.result == _ok("quick")
+    store.close()
+
+
+def test_close_writes_what_was_added(tmp_path: Path) -> None:
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    store.add("w", "d", _request("last"), b"", now_ms() + 60_000)
+    store.close()
+    assert _committed_ids(path) == {"last"}
