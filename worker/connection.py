@@ -261,7 +261,7 @@ class WorkerConnection:
         if kind == "request":
             self.dispatcher.submit(msg.request)
         elif kind == "ack":
-            self.dispatcher.state.ack(list(msg.ack.correlation_ids))
+            self.dispatcher.ack(list(msg.ack.correlation_ids))
         elif kind == "cancel":
             self.dispatcher.cancel(msg.cancel.correlation_id, msg.cancel.reason or "by the server")
         elif kind == "kill_plan":

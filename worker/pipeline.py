@@ -1,7 +1,8 @@
 """The dispatch pipeline: every ActionRequest passes the same stages (DESIGN.md §2).
 
     ledger (at most once) → parse + validate → kill switch → scope → handler
-    → size cap → telemetry row → result, kept until the server acks it
+    → size cap → result (recorded, then sent, kept until the server acks it)
+    → telemetry row (written just after the result leaves, always before its ack)
 
 `Dispatcher.submit` is called by the connection's single reader and never blocks:
 it claims the call in the ledger, acks it, and leaves execution to a task that
@@ -107,6 +108,7 @@ class Dispatcher:
         self._request_facts: dict[str, tuple[str, int]] = {}
         self._finished: list[pb.ActionResult] = []  # results waiting for flush_results
         self._intake: list[str] | None = None  # calls claimed in the open intake batch
+        self._telemetry_scheduled = False
 
     # ------------------------------------------------------------- intake
 
@@ -245,10 +247,13 @@ class Dispatcher:
     def close(self) -> None:
         """Record what finished, then close the stores."""
         self.flush_results()
+        self._write_telemetry()
         self.state.close()  # the telemetry tables share its connection
 
     def recover(self) -> list[str]:
-        """After a crash: calls left RUNNING may or may not have happened. Never re-run them."""
+        """After a crash: calls left RUNNING may or may not have happened. Never re-run them.
+        Results recorded whose telemetry rows were not yet written get them now."""
+        self._restore_telemetry()
         lost = self.state.running_ids()
         for cid in lost:
             error = WorkerError(
@@ -270,6 +275,18 @@ class Dispatcher:
                 self.telemetry.record(invocation)
                 self.state.finish(cid, result.SerializeToString())
         return lost
+
+    def _restore_telemetry(self) -> None:
+        # Rows are written just after their results and before their acks, so a row
+        # can be missing only for a result still unacked, which carries the row.
+        missing = []
+        for cid, data in self.state.unacked_results():
+            invocation = pb.ActionResult.FromString(data).invocation
+            if invocation.invocation_id and not self.telemetry.has(cid):
+                missing.append(invocation)
+        if missing:
+            log.info("writing %d telemetry row(s) the last run left unwritten", len(missing))
+            self.telemetry.record_many(missing)
 
     def _stop(self, cid: str, task: asyncio.Task[None], error: WorkerError) -> None:
         self._stop_reasons.setdefault(cid, error)
@@ -470,16 +487,14 @@ class Dispatcher:
             asyncio.get_running_loop().call_soon(self.flush_results)
 
     def flush_results(self) -> None:
-        """Record the results finished since the last flush with their telemetry rows
-        (one commit for all of them, not one per call), then send them: none leaves
-        unrecorded."""
+        """Record the results finished since the last flush (one commit for all of
+        them, not one per call), then send them: none leaves unrecorded. Their telemetry
+        rows are written just after, off the caller's path (see `ack`)."""
         finished, self._finished = self._finished, []
         try:
             encoded = [(r.correlation_id, r.SerializeToString()) for r in finished]
             if finished:
-                with self.state.batch():  # one commit: rows and results together
-                    self.telemetry.record_many([result.invocation for result in finished])
-                    self.state.finish_many(encoded)
+                self.state.finish_many(encoded)
         except Exception:
             # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
             log.exception("could not record %d result(s); they were not sent", len(finished))
@@ -487,7 +502,42 @@ class Dispatcher:
         for cid, data in encoded:
             self._started.pop(cid, None)
             self.emit(result_message(data))
+        if encoded:
+            self.telemetry.record_later([result.invocation for result in finished])
+            self._write_telemetry_soon()
         self._settle()
+
+    def _write_telemetry_soon(self) -> None:
+        """Write the queued telemetry rows once the results ahead of them are on their
+        way (the writer task runs first), or at once with no loop running."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write_telemetry()
+            return
+        if not self._telemetry_scheduled:
+            self._telemetry_scheduled = True
+            loop.call_soon(self._write_telemetry)
+
+    def _write_telemetry(self) -> None:
+        self._telemetry_scheduled = False
+        try:
+            self.telemetry.flush()
+        except sqlite3.Error:
+            # Kept queued; their results stay unacked until written (see `ack`), and
+            # recover() writes them from the ledger should the worker stop first.
+            log.exception("could not write telemetry rows; will try again")
+
+    def ack(self, correlation_ids: list[str]) -> None:
+        """The server stored these results: the ledger may forget them after its TTL.
+        Their telemetry rows are written first, so a result is never both acked and
+        missing its row (recover() restores rows from unacked results only)."""
+        try:
+            self.telemetry.flush()
+        except sqlite3.Error:
+            log.exception("could not write telemetry rows; the acks wait for a re-send")
+            return
+        self.state.ack(correlation_ids)
 
     def _settle(self) -> None:
         """Idle once no call runs and no result waits to be recorded."""

@@ -76,6 +76,7 @@ class Telemetry:
         conn.executescript(_SCHEMA)
         self._db = conn
         self.retention_days = retention_days
+        self._queued: list[pb.Invocation] = []  # see record_later
         self._insert = (
             f"INSERT INTO invocations ({', '.join(COLUMNS)})"
             f" VALUES ({', '.join('?' for _ in COLUMNS)})"
@@ -87,6 +88,25 @@ class Telemetry:
     def record_many(self, rows: list[pb.Invocation]) -> None:
         """One invocation row each, all in one commit."""
         write_many(self._db, self._insert, [[getattr(row, n) for n in COLUMNS] for row in rows])
+
+    def record_later(self, rows: list[pb.Invocation]) -> None:
+        """Keep rows for the next `flush` (the pipeline writes a call's row just after
+        its result: see Dispatcher.flush_results)."""
+        self._queued.extend(rows)
+
+    def flush(self) -> None:
+        """Write the rows kept by `record_later`, in one commit; should that fail, they
+        stay queued for the next try."""
+        if self._queued:
+            self.record_many(self._queued)
+            self._queued = []
+
+    def has(self, correlation_id: str) -> bool:
+        """Whether a call's invocation row is written."""
+        cur = self._db.execute(
+            "SELECT 1 FROM invocations WHERE correlation_id = ? LIMIT 1", (correlation_id,)
+        )
+        return cur.fetchone() is not None
 
     def audit(
         self,
@@ -121,6 +141,7 @@ class Telemetry:
         return event
 
     def prune(self, now: int | None = None) -> int:
+        self.flush()
         cutoff = (now if now is not None else now_ms()) - self.retention_days * DAY_MS
         removed = self._db.execute(
             "DELETE FROM invocations WHERE started_unix_ms < ?", (cutoff,)
@@ -129,6 +150,7 @@ class Telemetry:
         return removed
 
     def rows(self, correlation_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        self.flush()
         query = f"SELECT {', '.join(COLUMNS)} FROM invocations"
         params: tuple[Any, ...] = ()
         if correlation_id is not None:

@@ -22,15 +22,16 @@ def test_fs_stat_round_trip_returns_typed_result_and_telemetry(live: Cluster) ->
     assert invocation["scope"] == "workerHost.fs_stat"
     assert invocation["plan_id"] == "p1" and invocation["task_id"] == "t1"
     assert invocation["decision"] == "granted"
-    rows = (
-        sqlite3.connect(live.home / "state.db")
-        .execute(
-            "SELECT kind, status, action FROM invocations WHERE correlation_id = ?",
-            (out["correlation_id"],),
-        )
-        .fetchall()
-    )
-    assert rows == [("v1:worker:invocation", "ok", "fs_stat")]
+
+    def rows() -> list[tuple[str, str, str]]:  # written just after the result leaves
+        with contextlib.closing(sqlite3.connect(live.home / "state.db")) as db:
+            return db.execute(
+                "SELECT kind, status, action FROM invocations WHERE correlation_id = ?",
+                (out["correlation_id"],),
+            ).fetchall()
+
+    wait_for(lambda: rows() != [], 5)
+    assert rows() == [("v1:worker:invocation", "ok", "fs_stat")]
 
 
 def test_thousand_concurrent_calls_each_answered_once_within_the_limit(live: Cluster) -> None:

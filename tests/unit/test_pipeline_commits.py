@@ -1,5 +1,6 @@
 """The dispatcher groups ledger writes into shared commits without ever letting a
-call run unclaimed, or a result leave before it and its telemetry row are recorded."""
+call run unclaimed or a result leave unrecorded; telemetry rows follow the results,
+and none is lost should the worker stop in between."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from worker.proto import agentworker_pb2 as pb
 
 def _dispatcher(tmp_path: Path) -> Dispatcher:
     paths = Paths(config_dir=tmp_path, data_dir=tmp_path)
-    (tmp_path / "files").mkdir()
+    (tmp_path / "files").mkdir(exist_ok=True)
     (tmp_path / "files" / "a.txt").write_text("a")
     config = Config(
         root=[RootSection(path=tmp_path / "files", mode="ro")],
@@ -55,7 +56,9 @@ def _ledger_state(tmp_path: Path, cid: str) -> str | None:
     return f"{row[0]}+row" if logged == 1 else str(row[0])
 
 
-def test_every_result_is_in_the_ledger_before_it_is_sent(tmp_path: Path) -> None:
+def test_every_result_is_in_the_ledger_before_it_is_sent_and_its_row_follows(
+    tmp_path: Path,
+) -> None:
     dispatcher = _dispatcher(tmp_path)
     sent: dict[str, str | None] = {}
 
@@ -73,10 +76,12 @@ def test_every_result_is_in_the_ledger_before_it_is_sent(tmp_path: Path) -> None
         # Claimed and committed before any of them ran.
         assert all(_ledger_state(tmp_path, f"c{i}") == "RUNNING" for i in range(50))
         await dispatcher.drain(10)
+        await asyncio.sleep(0)  # one loop turn: the rows' write comes right after
+        assert all(_ledger_state(tmp_path, f"c{i}") == "DONE+row" for i in range(50))
 
     asyncio.run(run())
     dispatcher.close()
-    assert sent == {f"c{i}": "DONE+row" for i in range(50)}
+    assert set(sent.values()) == {"DONE"} and len(sent) == 50
 
 
 class _FailingCommit:
@@ -114,3 +119,37 @@ def test_calls_whose_claims_did_not_commit_never_run(tmp_path: Path) -> None:
     assert [m for m in emitted if m.WhichOneof("kind") == "result"] == []
     with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
         assert db.execute("SELECT COUNT(*) FROM invocations").fetchone()[0] == 0
+
+
+def _fail(*_args: object) -> None:
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+def test_rows_unwritten_at_a_stop_are_restored_from_the_ledger(tmp_path: Path) -> None:
+    dispatcher = _dispatcher(tmp_path)
+    results: list[pb.ActionResult] = []
+    dispatcher.emit = lambda out: results.append(_decoded(out).result)
+    dispatcher.telemetry.flush = _fail  # type: ignore[method-assign]  # a full disk
+
+    async def run() -> None:
+        dispatcher.submit(_request("c1"))
+        await dispatcher.drain(10)
+        await asyncio.sleep(0)
+
+    asyncio.run(run())
+    assert _ledger_state(tmp_path, "c1") == "DONE"
+    dispatcher.ack(["c1"])  # no ack while its row is unwritten
+    assert [cid for cid, _ in dispatcher.state.unacked_results()] == ["c1"]
+    dispatcher.state.close()  # the worker stops here, rows unwritten
+
+    restarted = _dispatcher(tmp_path)
+    assert restarted.recover() == []
+    assert _ledger_state(tmp_path, "c1") == "DONE+row"
+    row = restarted.telemetry.rows("c1")[0]
+    assert row["invocation_id"] == results[0].invocation.invocation_id
+    assert row["status"] == "ok" and row["action"] == "fs_stat"
+    restarted.recover()  # twice: still one row
+    assert len(restarted.telemetry.rows("c1")) == 1
+    restarted.ack(["c1"])
+    assert restarted.state.unacked_results() == []
+    restarted.close()
