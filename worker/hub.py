@@ -91,7 +91,7 @@ class Hub:
         self.heartbeat_s = heartbeat_s
         self.default_timeout_s = default_timeout_s
         self.sessions: dict[str, Session] = {}
-        self._waiters: dict[str, asyncio.Future[pb.ActionResult]] = {}
+        self._waiters: dict[str, list[asyncio.Future[pb.ActionResult]]] = {}  # by call id
         self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
         self._unstored: list[tuple[Session, pb.ActionResult]] = []  # see store_results
         self._store_scheduled = False
@@ -212,18 +212,20 @@ class Hub:
         if result.error.code == "busy" and not result.HasField("invocation"):
             # Refused before it ran: not an outcome to keep. The caller may retry the id.
             self.store.abandon(cid)
-            waiter = self._waiters.pop(cid, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(result)
+            self._answer(cid, result)
             return
-        waiter = self._waiters.pop(cid, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(result)
+        self._answer(cid, result)
         # Stored a moment later, with any others that arrive meanwhile, while the hub
         # would otherwise wait on the worker; acked only once stored, so until then
         # the worker keeps the result and re-sends it should this hub die.
         self._unstored.append((session, result))
         self._store_soon()
+
+    def _answer(self, correlation_id: str, result: pb.ActionResult) -> None:
+        """Wake every caller waiting for the call."""
+        for waiter in self._waiters.pop(correlation_id, ()):
+            if not waiter.done():
+                waiter.set_result(result)
 
     def _store_soon(self) -> None:
         if not self._store_scheduled:
@@ -253,9 +255,7 @@ class Hub:
         for cid in ack.correlation_ids:
             result = error_result(cid, WorkerError("args_mismatch", ack.message))
             self.store.complete(result)
-            waiter = self._waiters.pop(cid, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(result)
+            self._answer(cid, result)
 
     async def _beat(self, session: Session) -> None:
         while not session.closed:
@@ -336,19 +336,25 @@ class Hub:
             request.attempt += 1
             request.timeout_ms = remaining_ms
             outgoing = pb.ServerMessage(request=request)
-        waiter = self._waiters.get(cid)
-        if waiter is None:
-            waiter = self._waiters[cid] = asyncio.get_running_loop().create_future()
+        # Each caller waits on a future of its own (several may wait for one id), so a
+        # caller that gives up cancels only its own, with no shield between the result
+        # and the caller (a shield costs a loop turn).
+        waiter: asyncio.Future[pb.ActionResult] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(cid, []).append(waiter)
         session = self.sessions.get(worker_id)
         if session is not None:
             session.send(outgoing)
         if is_new:
             self._store_soon()
         try:
-            # asyncio.timeout, not wait_for: no extra task per call. Several callers may
-            # share the waiter: shielded, a caller's timeout never cancels it.
+            # asyncio.timeout, not wait_for: no extra task per call.
             async with asyncio.timeout(timeout_s + RESULT_SLACK_S):
-                result = await asyncio.shield(waiter)
+                result = await waiter
+        except asyncio.CancelledError:  # the caller went away; others may still wait
+            waiters = self._waiters.get(cid, [])
+            if waiter in waiters:
+                waiters.remove(waiter)
+            raise
         except TimeoutError:
             self._waiters.pop(cid, None)
             self._abandon(cid, self.sessions.get(worker_id))

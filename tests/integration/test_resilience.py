@@ -94,6 +94,30 @@ def test_worker_killed_mid_call_reports_outcome_unknown_and_never_reruns(live: C
     assert marks(live, "workerkill") == 1
 
 
+def test_callers_sharing_an_id_each_get_the_one_result_though_one_gives_up(
+    live: Cluster,
+) -> None:
+    args = '{"sleep_ms": 800, "mark": "shared"}'
+    request = pb.DispatchRequest(
+        agent_id="tester",
+        surface="workerDiag",
+        action="probe",
+        args_json=args,
+        correlation_id="shared-1",
+    )
+
+    async def three(client):  # type: ignore[no-untyped-def]
+        calls = [client.stub.Dispatch(request, metadata=client.metadata) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        calls[0].cancel()  # one caller gives up while the call runs
+        return await asyncio.gather(calls[1], calls[2])
+
+    second, third = (result_to_dict(r) for r in live.run(three))
+    assert second["status"] == "ok" and third["status"] == "ok", (second, third)
+    assert second["result"] == third["result"]
+    assert marks(live, "shared") == 1, "one call ran, for all three callers"
+
+
 def test_same_id_with_other_args_answers_args_mismatch(live: Cluster) -> None:
     first = live.call("workerDiag.probe", '{"sleep_ms": 1}', correlation_id="mm-1")
     assert first["status"] == "ok"
