@@ -13,7 +13,9 @@ Everything runs on loopback and is measured in the same run:
   these rows beside the unary echo too.
 
 Printed: p50/p99 latency and calls/s with 1 and with 64 calls in flight, and each
-figure's ratio to the raw bidi echo.
+figure's ratio to the raw bidi echo. The bidi echo and the hub → worker → hub row
+are measured in alternating rounds and pooled: a shared machine's speed drifts over
+seconds, and alternating makes the drift weigh on the baseline and on ours alike.
 
     python benchmarks/bench_roundtrip.py [--calls 5000]
 """
@@ -153,6 +155,27 @@ async def stream_bench(hub: Hub, calls: int, in_flight: int) -> tuple[list[float
 
 
 Measured = tuple[list[float], float]
+ROUNDS = 5
+
+
+def pooled(rounds: list[Measured]) -> Measured:
+    """Rounds of one measurement as one: all latencies, and calls over total time."""
+    latencies = [ms for lat, _ in rounds for ms in lat]
+    seconds = sum(len(lat) / rate for lat, rate in rounds)
+    return latencies, len(latencies) / seconds
+
+
+async def alternating(
+    echo_address: str, path: Path, calls: int, in_flight: int
+) -> tuple[Measured, Measured]:
+    """The raw bidi echo and hub → worker → hub, in alternating rounds."""
+    raw: list[Measured] = []
+    ours: list[Measured] = []
+    async with embedded_hub(path) as hub:
+        for _ in range(ROUNDS):
+            raw.append(await echo_bench(echo_address, calls // ROUNDS, in_flight))
+            ours.append(await stream_bench(hub, calls // ROUNDS, in_flight))
+    return pooled(raw), pooled(ours)
 
 
 def report(label: str, raw: Measured, unary: Measured, ours: dict[str, Measured]) -> None:
@@ -214,11 +237,9 @@ async def run(calls: int, home: Path) -> None:
     try:
         wait_for(lambda: _listening(echo_addr), 15)
         for in_flight in (1, 64):
-            raw = await echo_bench(echo_addr, calls, in_flight)
+            raw, stream = await alternating(echo_addr, home / f"{in_flight}-hub", calls, in_flight)
             unary = await unary_bench(echo_addr, calls, in_flight)
-            ours = {}
-            async with embedded_hub(home / f"{in_flight}-hub") as hub:
-                ours["fs_stat hub → worker → hub"] = await stream_bench(hub, calls, in_flight)
+            ours = {"fs_stat hub → worker → hub": stream}
             for i, (name, commands) in enumerate(TOPOLOGIES.items()):
                 async with topology(home / f"{in_flight}-{i}", commands) as client:
                     ours[name] = await control_bench(client, calls, in_flight)
