@@ -1,0 +1,48 @@
+"""Each benchmark runs end to end on a few calls and prints every row beside its
+baseline, so a change that breaks a benchmark fails here rather than at `make bench`.
+The figures themselves are not judged: speed lives in the benchmarks, not in tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_roundtrip_benchmark_prints_every_row_with_its_ratio() -> None:
+    out = _run("bench_roundtrip.py", "--calls", "50")
+    for row in (
+        "raw gRPC bidi echo",
+        "raw gRPC unary echo",
+        "fs_stat hub → worker → hub",
+        "via Dispatch, `up`",
+        "via Dispatch, hub + run",
+    ):
+        assert out.count(row) == 2, f"{row!r} missing for 1 or 64 in flight:\n{out}"
+    assert "1 in flight" in out and "64 in flight" in out
+
+
+@pytest.mark.timeout(300)
+def test_exec_and_fs_benchmarks_run_beside_their_baselines() -> None:
+    exec_out = _run("bench_exec.py", "--calls", "5")
+    fs_out = _run("bench_fs.py", "--reads", "5", "--writes", "2")
+    for row in ("raw subprocess.run", "sandbox.process.run", "exec via hub → worker"):
+        assert exec_out.count(row) == 2, f"{row!r} missing for exec true or exec cat:\n{exec_out}"
+    for row in ("raw open/write/close", "fs_write via hub → worker", "fs_read"):
+        assert row in fs_out, f"{row!r} missing:\n{fs_out}"
