@@ -112,7 +112,8 @@ def grants_of(config: Config) -> list[Grant]:
 
 def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = None) -> Dispatcher:
     state = State(paths.data_dir / "state.db")
-    # In the ledger's database: a call's result and its row commit as one.
+    # In the ledger's database, on its connection: one file, and an ack is recorded
+    # only after the row of its result (see Dispatcher.ack).
     telemetry = Telemetry(state.connection, retention_days(config.telemetry.retention_days))
     scopes = Scopes(
         grants_of(config),

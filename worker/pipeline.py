@@ -104,6 +104,7 @@ class Dispatcher:
         # STARTED acks wait a moment and leave together; a call whose result is out
         # by then needs none (the result says more than "started").
         self._started: dict[str, None] = {}
+        self._started_timer: asyncio.TimerHandle | None = None
         # Of running calls, for their telemetry rows: args digest and request blob size.
         self._request_facts: dict[str, tuple[str, int]] = {}
         self._finished: list[pb.ActionResult] = []  # results waiting for flush_results
@@ -157,8 +158,9 @@ class Dispatcher:
             self.state.forget(cid)  # it never ran: a later delivery may run it
             self._refuse_busy(req)
         elif begun.seen is Seen.NEW:
-            if not self._started:
-                asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_started)
+            if self._started_timer is None:
+                loop = asyncio.get_running_loop()
+                self._started_timer = loop.call_later(ACK_DELAY_S, self._flush_started)
             self._started[cid] = None
             self._request_facts[cid] = (digest, len(request_blob))
             task = asyncio.create_task(self._run(req, request_blob), name=f"call-{cid}")
@@ -502,6 +504,10 @@ class Dispatcher:
         for cid, data in encoded:
             self._started.pop(cid, None)
             self.emit(result_message(data))
+        if not self._started and self._started_timer is not None:
+            # Every call it was for has answered: no wake-up for nothing.
+            self._started_timer.cancel()
+            self._started_timer = None
         if encoded:
             self.telemetry.record_later([result.invocation for result in finished])
             self._write_telemetry_soon()
@@ -589,6 +595,7 @@ class Dispatcher:
         self.emit(pb.WorkerMessage(ack=ack))
 
     def _flush_started(self) -> None:
+        self._started_timer = None
         if self._started:
             ack = pb.ActionAck(correlation_ids=list(self._started), kind=pb.ActionAck.STARTED)
             self.emit(pb.WorkerMessage(ack=ack))
