@@ -97,8 +97,8 @@ class HubStore:
 
     def _write_added(self) -> None:
         if self._unwritten:
-            rows, self._unwritten = list(self._unwritten.values()), {}
-            self._db.executemany(_INSERT_CALL, rows)
+            self._db.executemany(_INSERT_CALL, list(self._unwritten.values()))
+            self._unwritten = {}  # only once written: a failed commit keeps them for the next
 
     def get(self, correlation_id: str) -> StoredCall | None:
         self.flush()

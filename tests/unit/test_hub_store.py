@@ -7,6 +7,8 @@ import os
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from worker.hub_store import CALLS_KEPT_MS, HubStore
 from worker.proto import agentworker_pb2 as pb
 from worker.state import now_ms
@@ -119,3 +121,19 @@ def test_close_writes_what_was_added(tmp_path: Path) -> None:
     store.add("w", "d", _request("last"), b"", now_ms() + 60_000)
     store.close()
     assert _committed_ids(path) == {"last"}
+
+
+def test_calls_whose_write_failed_stay_queued_for_the_next_flush(tmp_path: Path) -> None:
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    store.add("w", "d", _request("kept"), b"", now_ms() + 60_000)
+    locker = sqlite3.connect(path, timeout=0)
+    locker.execute("BEGIN IMMEDIATE")  # another writer holds the database: the far side
+    store._db.execute("PRAGMA busy_timeout = 0")  # fail at once instead of after 10 s
+    with pytest.raises(sqlite3.OperationalError):
+        store.flush()
+    locker.rollback()
+    locker.close()
+    store.flush()
+    assert _committed_ids(path) == {"kept"}
+    store.close()
