@@ -354,6 +354,8 @@ class Hub:
             waiters = self._waiters.get(cid, [])
             if waiter in waiters:
                 waiters.remove(waiter)
+            if not waiters:
+                self._waiters.pop(cid, None)
             raise
         except TimeoutError:
             self._waiters.pop(cid, None)

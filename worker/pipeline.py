@@ -525,25 +525,25 @@ class Dispatcher:
             self._telemetry_scheduled = True
             loop.call_soon(self._write_telemetry)
 
-    def _write_telemetry(self) -> None:
+    def _write_telemetry(self) -> bool:
+        """Write the queued telemetry rows; False if they could not be (they stay
+        queued, their results unacked, and recover() writes them should the worker
+        stop first)."""
         self._telemetry_scheduled = False
         try:
             self.telemetry.flush()
         except sqlite3.Error:
-            # Kept queued; their results stay unacked until written (see `ack`), and
-            # recover() writes them from the ledger should the worker stop first.
             log.exception("could not write telemetry rows; will try again")
+            return False
+        return True
 
     def ack(self, correlation_ids: list[str]) -> None:
         """The server stored these results: the ledger may forget them after its TTL.
         Their telemetry rows are written first, so a result is never both acked and
-        missing its row (recover() restores rows from unacked results only)."""
-        try:
-            self.telemetry.flush()
-        except sqlite3.Error:
-            log.exception("could not write telemetry rows; the acks wait for a re-send")
-            return
-        self.state.ack(correlation_ids)
+        missing its row (recover() restores rows from unacked results only); if they
+        cannot be, the acks wait for the server to ack a re-send."""
+        if self._write_telemetry():
+            self.state.ack(correlation_ids)
 
     def _settle(self) -> None:
         """Idle once no call runs and no result waits to be recorded."""
