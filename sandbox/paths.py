@@ -268,6 +268,12 @@ class ConfinedDir:
 
     def stat(self, relative: str, *, follow_symlinks: bool = False) -> os.stat_result:
         """stat (or lstat, the default) of `relative`, resolved beneath the root."""
+        with _translating(relative):
+            path = self._clean(relative)
+            if not follow_symlinks and "/" not in path and path != ".." and self._fd is not None:
+                # A name right in the root, not followed: there is no walk that could
+                # lead out, so one fstatat answers, without opening the file.
+                return os.stat(path, dir_fd=self._fd, follow_symlinks=False)
         fd = self.open(relative, os.O_PATH | (0 if follow_symlinks else os.O_NOFOLLOW))
         try:
             return os.fstat(fd)

@@ -396,6 +396,25 @@ def test_stat_does_not_follow_by_default(tree: Tree, confined: ConfinedDir) -> N
     assert confined.stat("data.txt").st_size == len(INSIDE)
 
 
+def test_stat_of_a_name_in_the_root_is_direct_and_anything_deeper_is_walked(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    # A name right in the root is answered by one fstatat; it must still not reach out.
+    (tree.root / "esc").symlink_to(tree.outside)
+    assert stat.S_ISLNK(confined.stat("esc").st_mode)
+    assert confined.stat("./data.txt").st_size == len(INSIDE)
+    for path in ("esc/secret.txt", "./esc/secret.txt", "..", "../outside", "sub/../.."):
+        with pytest.raises(ConfinementError) as caught:
+            confined.stat(path)
+        assert caught.value.code == "path_not_allowed", path
+    with pytest.raises(ConfinementError) as caught:
+        confined.stat("esc", follow_symlinks=True)
+    assert caught.value.code == "path_not_allowed"
+    with pytest.raises(ConfinementError) as caught:
+        confined.stat("missing")
+    assert caught.value.code == "not_found"
+
+
 def test_readlink_inside(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "rel").symlink_to("sub/inner.txt")
     (tree.root / "abs").symlink_to(tree.root / "sub")
