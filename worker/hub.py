@@ -310,7 +310,9 @@ class Hub:
         blob = req.blob  # one copy out of the message; stored beside the request
         digest = call_digest(request, blob)
         deadline_ms = now_ms() + int(timeout_s * 1000)
-        is_new = self.store.add(worker_id, digest, request, blob, deadline_ms)
+        is_new = self.store.add(
+            worker_id, digest, request, blob, deadline_ms, fresh=not req.correlation_id
+        )
         outgoing: pb.ServerMessage | bytes = request_message(request, blob)
         existing = None if is_new else self.store.get(cid)
         if existing is not None:

@@ -109,13 +109,20 @@ class HubStore:
         return None if row is None else _call(row)
 
     def add(
-        self, worker_id: str, digest: str, request: pb.ActionRequest, blob: bytes, deadline_ms: int
+        self,
+        worker_id: str,
+        digest: str,
+        request: pb.ActionRequest,
+        blob: bytes,
+        deadline_ms: int,
+        *,
+        fresh: bool = False,
     ) -> bool:
         """Record a new call (`request` without its blob, which is kept beside it until
         the call finishes), to be written by the next flush; False when its correlation
-        id is already known."""
+        id is already known. A `fresh` id, made by the hub just now, is not looked up."""
         cid = request.correlation_id
-        if cid in self._unwritten or self._known(cid):
+        if cid in self._unwritten or (not fresh and self._known(cid)):
             return False
         self._unwritten[cid] = (
             cid,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import sqlite3
 import time
@@ -33,7 +34,7 @@ from worker.errors import WorkerError, error_pb, from_os_error
 from worker.proto import agentworker_pb2 as pb
 from worker.protocol import call_digest
 from worker.redaction import args_preview
-from worker.registry import ActionSpec, Context, Registry
+from worker.registry import ActionSpec, Context, Outcome, Registry
 from worker.scopes import ApprovalRequest, Scopes
 from worker.state import Seen, State, now_ms
 from worker.telemetry import AUDITED_CODES, Telemetry
@@ -67,6 +68,26 @@ class _CallStoppedError(Exception):
     def __init__(self, error: WorkerError) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+# A handler's outcome as it goes out: result JSON, blob, truncated.
+_Payload = tuple[str, bytes, bool]
+
+
+def _payload(outcome: object) -> _Payload:
+    """The outcome as it goes out, refused when it would not fit one message."""
+    if not isinstance(outcome, Outcome):
+        raise TypeError(f"the handler returned {type(outcome).__name__}, not an Outcome")
+    result_json = outcome.result.model_dump_json()
+    size = len(result_json) + len(outcome.blob)
+    if size > MAX_RESULT_BYTES:
+        raise WorkerError(
+            "result_too_large",
+            f"the result is {size:,} bytes, over the {MAX_RESULT_BYTES:,}-byte message "
+            "limit; ask for less (page with offset/length or narrow the request)",
+            {"bytes": size, "limit": MAX_RESULT_BYTES},
+        )
+    return result_json, outcome.blob, outcome.truncated
 
 
 class Dispatcher:
@@ -158,11 +179,15 @@ class Dispatcher:
             self.state.forget(cid)  # it never ran: a later delivery may run it
             self._refuse_busy(req)
         elif begun.seen is Seen.NEW:
+            self._request_facts[cid] = (digest, len(request_blob))
+            spec = self.registry.get(f"{req.surface}.{req.action}")
+            if spec is not None and self._may_run_inline(spec, req):
+                self._run_inline(spec, req, request_blob)
+                return
             if self._started_timer is None:
                 loop = asyncio.get_running_loop()
                 self._started_timer = loop.call_later(ACK_DELAY_S, self._flush_started)
             self._started[cid] = None
-            self._request_facts[cid] = (digest, len(request_blob))
             task = asyncio.create_task(self._run(req, request_blob), name=f"call-{cid}")
             self._tasks[cid] = (req.plan_id, task)
             if self._intake is not None:
@@ -296,15 +321,44 @@ class Dispatcher:
 
     # ------------------------------------------------------------- execution
 
+    def _may_run_inline(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest) -> bool:
+        """A plain-function handler runs at once, in this turn, when that changes
+        nothing: its claim is committed (no open intake), a slot is free and the scope
+        is granted without asking anyone."""
+        return (
+            spec.inline
+            and self._intake is None
+            and not self._slots.locked()
+            and self.scopes.allowed(req.agent_id, spec.scope, req.plan_id)
+        )
+
+    def _run_inline(
+        self, spec: ActionSpec[Any, Any], req: pb.ActionRequest, request_blob: bytes
+    ) -> None:
+        """The pipeline of `_run` for a handler that never waits, without a task of its
+        own: a task, a deadline timer and a loop turn would cost more than the call."""
+        started, started_clock = now_ms(), time.monotonic()
+        payload: _Payload | None = None
+        error: WorkerError | None = None
+        try:
+            args = self._parse(spec, req, request_blob)
+            self._check_plan(req)
+            self._enter_handler()
+            try:
+                outcome = spec.handler(self._context(req, request_blob), args)
+            finally:
+                self.running -= 1
+            payload = _payload(outcome)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the call's answer
+            error = self._error_of(exc, req)
+        self._conclude(req, spec, started, started_clock, "granted", payload, error)
+
     async def _run(self, req: pb.ActionRequest, request_blob: bytes) -> None:
-        started = now_ms()
-        started_clock = time.monotonic()
+        started, started_clock = now_ms(), time.monotonic()
         timeout_s = req.timeout_ms / 1000 if req.timeout_ms else self.limits.default_timeout_s
         spec: ActionSpec[Any, Any] | None = None
         decision = "not_checked"
-        blob = b""
-        result_json = ""
-        truncated = False
+        payload: _Payload | None = None
         error: WorkerError | None = None
         try:
             try:
@@ -314,15 +368,14 @@ class Dispatcher:
                     self._check_plan(req)
                     decision = await self._check_scope(spec, req)
                     async with self._slots:
-                        self.running += 1
-                        self.max_running_seen = max(self.max_running_seen, self.running)
+                        self._enter_handler()
                         try:
-                            context = self._context(req, request_blob)
-                            outcome = await spec.handler(context, args)
+                            outcome = spec.handler(self._context(req, request_blob), args)
+                            if inspect.isawaitable(outcome):
+                                outcome = await outcome
                         finally:
                             self.running -= 1
-                    result_json = outcome.result.model_dump_json()
-                    blob, truncated = outcome.blob, outcome.truncated
+                    payload = _payload(outcome)
             except TimeoutError:
                 raise WorkerError(
                     "timeout",
@@ -333,34 +386,46 @@ class Dispatcher:
                 if stopped is None:
                     raise
                 raise _CallStoppedError(stopped) from None
-            if len(result_json) + len(blob) > MAX_RESULT_BYTES:
-                size = len(result_json) + len(blob)
-                raise WorkerError(
-                    "result_too_large",
-                    f"the result is {size:,} bytes, over the {MAX_RESULT_BYTES:,}-byte message "
-                    "limit; ask for less (page with offset/length or narrow the request)",
-                    {"bytes": size, "limit": MAX_RESULT_BYTES},
-                )
-        except WorkerError as exc:
-            error = exc
-        except _CallStoppedError as exc:
-            error = exc.error
-        except OSError as exc:
-            error = from_os_error(exc)  # no path known here
-        except Exception:
-            log.exception("internal error in %s (call %s)", req.action, req.correlation_id)
-            error = WorkerError(
-                "internal_error",
-                f"the worker hit an internal error running {req.surface}.{req.action}; "
-                f"its log has the details (call {req.correlation_id})",
-            )
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the call's answer
+            error = self._error_of(exc, req)
         except BaseException:  # cancelled with no reason of ours: the loop is going away
             self._tasks.pop(req.correlation_id, None)
             self._settle()
             raise
         self._tasks.pop(req.correlation_id, None)
-        if error is not None:
-            blob, result_json, truncated = b"", "", False
+        self._conclude(req, spec, started, started_clock, decision, payload, error)
+
+    def _enter_handler(self) -> None:
+        self.running += 1
+        self.max_running_seen = max(self.max_running_seen, self.running)
+
+    def _error_of(self, exc: Exception, req: pb.ActionRequest) -> WorkerError:
+        """What a failure answers: ours as it is, the OS's translated, anything else an
+        internal error (logged here, never a traceback over the wire)."""
+        if isinstance(exc, WorkerError):
+            return exc
+        if isinstance(exc, _CallStoppedError):
+            return exc.error
+        if isinstance(exc, OSError):
+            return from_os_error(exc)  # no path known here
+        log.error("internal error in %s (call %s)", req.action, req.correlation_id, exc_info=exc)
+        return WorkerError(
+            "internal_error",
+            f"the worker hit an internal error running {req.surface}.{req.action}; "
+            f"its log has the details (call {req.correlation_id})",
+        )
+
+    def _conclude(
+        self,
+        req: pb.ActionRequest,
+        spec: ActionSpec[Any, Any] | None,
+        started: int,
+        started_clock: float,
+        decision: str,
+        payload: _Payload | None,
+        error: WorkerError | None,
+    ) -> None:
+        result_json, blob, truncated = payload if payload and not error else ("", b"", False)
         duration = int((time.monotonic() - started_clock) * 1000)
         invocation = self._invocation(
             req, spec, started, decision, error, len(result_json) + len(blob), duration, truncated

@@ -6,6 +6,7 @@ and handler. The pipeline knows nothing about individual actions beyond this.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,7 @@ class Outcome(Generic[R]):
     truncated: bool = False
 
 
-Handler = Callable[[Context, A], Awaitable[Outcome[Any]]]
+Handler = Callable[[Context, A], Awaitable[Outcome[Any]] | Outcome[Any]]
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ class ActionSpec(Generic[A, R]):
     name: str
     args: type[A]
     result: type[R]
-    handler: Callable[[Context, A], Awaitable[Outcome[R]]]
+    # `async def`, or a plain function for work that never waits (one quick syscall):
+    # the pipeline runs a plain one at once, in the turn that received the call.
+    handler: Callable[[Context, A], Awaitable[Outcome[R]] | Outcome[R]]
     summary: str = ""
     takes_blob: bool = False
     sandboxed: bool = False
@@ -88,6 +91,10 @@ class ActionSpec(Generic[A, R]):
     @property
     def scope(self) -> str:
         return f"{self.surface}.{self.name}"
+
+    @property
+    def inline(self) -> bool:
+        return not inspect.iscoroutinefunction(self.handler)
 
 
 Registry = dict[str, ActionSpec[Any, Any]]

@@ -68,7 +68,10 @@ class Scopes:
 
     def allowed(self, agent: str, scope: str, plan: str) -> bool:
         now = datetime.now(UTC)
-        return any(g.admits(agent, scope, plan, now) for g in (*self._static, *self._live()))
+        # The config's grants first: the live ones are read only when those fall short.
+        return any(g.admits(agent, scope, plan, now) for g in self._static) or any(
+            g.admits(agent, scope, plan, now) for g in self._live()
+        )
 
     async def require(self, request: ApprovalRequest) -> str:
         """Pass when granted (asking the person if one can be asked); else raise.

@@ -1,21 +1,27 @@
 """The dispatcher groups ledger writes into shared commits without ever letting a
 call run unclaimed or a result leave unrecorded; telemetry rows follow the results,
-and none is lost should the worker stop in between."""
+and none is lost should the worker stop in between. Plain-function handlers, run at
+once without a task, keep every one of those rules."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from worker import app
-from worker.config import Config, GrantSection, Paths, RootSection
+from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
 from worker.pipeline import Dispatcher, Outgoing
 from worker.proto import agentworker_pb2 as pb
+from worker.registry import Context
 
 
 def _dispatcher(tmp_path: Path) -> Dispatcher:
@@ -153,3 +159,133 @@ def test_rows_unwritten_at_a_stop_are_restored_from_the_ledger(tmp_path: Path) -
     restarted.ack(["c1"])
     assert restarted.state.unacked_results() == []
     restarted.close()
+
+
+# --- plain-function handlers run in the turn that received them -----------------------
+
+
+def _replace_handler(dispatcher: Dispatcher, handler: object) -> None:
+    spec = dispatcher.registry["workerHost.fs_stat"]
+    dispatcher.registry[spec.scope] = dataclasses.replace(spec, handler=handler)
+
+
+def _results(emitted: list[pb.WorkerMessage]) -> list[pb.ActionResult]:
+    return [m.result for m in emitted if m.WhichOneof("kind") == "result"]
+
+
+def test_a_plain_handler_answers_within_submit_and_only_after_its_claim_committed(
+    tmp_path: Path,
+) -> None:
+    dispatcher = _dispatcher(tmp_path)
+    stat = dispatcher.registry["workerHost.fs_stat"].handler
+    seen_by_handler: list[str | None] = []
+
+    def stat_and_look(ctx: Context, args: Any) -> Any:
+        seen_by_handler.append(_ledger_state(tmp_path, ctx.correlation_id))
+        return stat(ctx, args)
+
+    _replace_handler(dispatcher, stat_and_look)
+    emitted: list[pb.WorkerMessage] = []
+    dispatcher.emit = lambda out: emitted.append(_decoded(out))
+
+    async def run() -> None:
+        dispatcher.submit(_request("c1"))
+        assert [r.correlation_id for r in _results(emitted)] == ["c1"]  # no loop turn taken
+
+    asyncio.run(run())
+    dispatcher.close()
+    assert seen_by_handler == ["RUNNING"]  # another connection saw the claim: committed
+    result = _results(emitted)[0]
+    assert result.status == pb.ActionResult.OK and json.loads(result.result_json)["type"] == "file"
+    assert result.invocation.decision == "granted"
+    assert _ledger_state(tmp_path, "c1") == "DONE+row"
+
+
+def _probe_dispatcher(tmp_path: Path) -> Dispatcher:
+    paths = Paths(config_dir=tmp_path, data_dir=tmp_path)
+    (tmp_path / "files").mkdir(exist_ok=True)
+    (tmp_path / "files" / "a.txt").write_text("a")
+    config = Config(
+        root=[RootSection(path=tmp_path / "files", mode="ro")],
+        grant=[GrantSection(agent="t", scopes=["workerHost.fs_stat", "workerDiag.probe"])],
+        worker=WorkerSection(max_concurrency=1, diagnostics=True),
+    )
+    return app.build_dispatcher(paths, config)
+
+
+def test_a_plain_handler_waits_for_a_slot_like_any_other_call(tmp_path: Path) -> None:
+    dispatcher = _probe_dispatcher(tmp_path)
+    emitted: list[pb.WorkerMessage] = []
+    dispatcher.emit = lambda out: emitted.append(_decoded(out))
+    slow = pb.ActionRequest(
+        correlation_id="slow",
+        agent_id="t",
+        surface="workerDiag",
+        action="probe",
+        args_json='{"sleep_ms": 200}',
+    )
+
+    async def run() -> None:
+        dispatcher.submit(slow)
+        await asyncio.sleep(0.05)  # the probe holds the only slot
+        dispatcher.submit(_request("quick"))
+        assert _results(emitted) == []  # not run past the limit
+        await dispatcher.drain(10)
+
+    asyncio.run(run())
+    dispatcher.close()
+    assert [r.correlation_id for r in _results(emitted)] == ["slow", "quick"]
+    assert all(r.status == pb.ActionResult.OK for r in _results(emitted))
+    assert dispatcher.max_running_seen == 1
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        (RuntimeError("a bug"), "internal_error"),
+        (PermissionError(errno.EACCES, "Permission denied"), "permission_denied"),
+        (None, "internal_error"),  # returns something that is not an Outcome
+    ],
+    ids=["bug", "os-error", "not-an-outcome"],
+)
+def test_a_plain_handlers_failure_is_its_answer(
+    tmp_path: Path, failure: Exception | None, code: str
+) -> None:
+    dispatcher = _dispatcher(tmp_path)
+
+    def failing(ctx: Context, args: Any) -> Any:
+        if failure is not None:
+            raise failure
+        return {"type": "file"}
+
+    _replace_handler(dispatcher, failing)
+    emitted: list[pb.WorkerMessage] = []
+    dispatcher.emit = lambda out: emitted.append(_decoded(out))
+
+    async def run() -> None:
+        dispatcher.submit(_request("c1"))
+
+    asyncio.run(run())
+    dispatcher.close()
+    [result] = _results(emitted)
+    assert result.status == pb.ActionResult.ERROR and result.error.code == code
+    assert "Traceback" not in result.error.message
+    assert _ledger_state(tmp_path, "c1") == "DONE+row"
+
+
+def test_a_plain_handler_without_a_grant_is_still_refused(tmp_path: Path) -> None:
+    dispatcher = _dispatcher(tmp_path)
+    emitted: list[pb.WorkerMessage] = []
+    dispatcher.emit = lambda out: emitted.append(_decoded(out))
+    request = _request("c1")
+    request.agent_id = "stranger"
+
+    async def run() -> None:
+        dispatcher.submit(request)
+        await dispatcher.drain(10)
+
+    asyncio.run(run())
+    dispatcher.close()
+    [result] = _results(emitted)
+    assert result.error.code == "scope_required"
+    assert result.invocation.decision == "denied"

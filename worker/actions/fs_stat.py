@@ -33,8 +33,9 @@ class FsStatResult(Result):
     symlink_target: str | None = None  # root-relative, only when it stays inside
 
 
-async def fs_stat(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
-    # One stat syscall: cheap enough that a thread hop would cost more than it saves.
+def fs_stat(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
+    # A plain function: a stat or two never waits long enough to be worth a thread hop,
+    # or even a task of its own (see ActionSpec.handler).
     with confined(ctx, args.path) as (root, located):
         st = root.stat(located.relative, follow_symlinks=args.follow_symlinks)
         target = None
