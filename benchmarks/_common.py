@@ -90,15 +90,23 @@ def make_home(path: Path, *, mode: str, scopes: list[str], extra_config: str = "
 
 @contextlib.contextmanager
 def agentworker(argv: list[str], home: Home) -> Iterator[subprocess.Popen[bytes]]:
-    """`agentworker <argv>` in `home`, stopped on the way out; its log is not wanted."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "worker", *argv], env=home.env, stderr=subprocess.DEVNULL
-    )
+    """`agentworker <argv>` in `home`, stopped on the way out; its log goes to
+    `<home>/<command>.log` (see `exited`)."""
+    with open(home.path / f"{argv[0]}.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "worker", *argv], env=home.env, stderr=log)
     try:
         yield proc
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def exited(proc: subprocess.Popen[bytes], home: Home, what: str) -> RuntimeError:
+    """The error for an `agentworker` process that stopped early, with its log's end."""
+    command = proc.args[3] if isinstance(proc.args, list) else "agentworker"
+    log = (home.path / f"{command}.log").read_text(errors="replace").splitlines()[-15:]
+    detail = "\n".join(f"  {line}" for line in log) or "  (its log is empty)"
+    return RuntimeError(f"`agentworker {command}` exited ({proc.returncode}) {what}:\n{detail}")
 
 
 @contextlib.asynccontextmanager

@@ -45,6 +45,7 @@ from benchmarks._common import (
     OneCall,
     agentworker,
     connected,
+    exited,
     make_home,
     percentile,
 )
@@ -156,6 +157,7 @@ async def stream_bench(hub: Hub, calls: int, in_flight: int) -> tuple[list[float
 
 Measured = tuple[list[float], float]
 ROUNDS = 5
+CONNECT_TIMEOUT_S = 20
 
 
 def pooled(rounds: list[Measured]) -> Measured:
@@ -205,8 +207,13 @@ async def embedded_hub(path: Path) -> AsyncIterator[Hub]:
     running = await app.start_hub(paths, load(paths))
     try:
         token = paths.token_file.read_text().strip()
-        with agentworker(["run", "--server", running.address, "--token", token], home):
+        with agentworker(["run", "--server", running.address, "--token", token], home) as proc:
+            deadline = time.monotonic() + CONNECT_TIMEOUT_S
             while not running.hub.sessions:
+                if proc.poll() is not None:
+                    raise exited(proc, home, "before it connected")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the worker did not connect within {CONNECT_TIMEOUT_S} s")
                 await asyncio.sleep(0.05)
             yield running.hub
     finally:
