@@ -6,6 +6,7 @@ and handler. The pipeline knows nothing about individual actions beyond this.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -92,7 +93,7 @@ class ActionSpec(Generic[A, R]):
     def scope(self) -> str:
         return f"{self.surface}.{self.name}"
 
-    @property
+    @functools.cached_property
     def inline(self) -> bool:
         return not inspect.iscoroutinefunction(self.handler)
 
