@@ -338,11 +338,13 @@ class Dispatcher:
         """The pipeline of `_run` for a handler that never waits, without a task of its
         own: a task, a deadline timer and a loop turn would cost more than the call."""
         started, started_clock = now_ms(), time.monotonic()
+        decision = "not_checked"  # as `_run` reports a call refused before its scope check
         payload: _Payload | None = None
         error: WorkerError | None = None
         try:
             args = self._parse(spec, req, request_blob)
             self._check_plan(req)
+            decision = "granted"
             self._enter_handler()
             try:
                 outcome = spec.handler(self._context(req, request_blob), args)
@@ -351,7 +353,7 @@ class Dispatcher:
             payload = _payload(outcome)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the call's answer
             error = self._error_of(exc, req)
-        self._conclude(req, spec, started, started_clock, "granted", payload, error)
+        self._conclude(req, spec, started, started_clock, decision, payload, error)
 
     async def _run(self, req: pb.ActionRequest, request_blob: bytes) -> None:
         started, started_clock = now_ms(), time.monotonic()
@@ -425,7 +427,7 @@ class Dispatcher:
         payload: _Payload | None,
         error: WorkerError | None,
     ) -> None:
-        result_json, blob, truncated = payload if payload and not error else ("", b"", False)
+        result_json, blob, truncated = payload or ("", b"", False)  # None after a failure
         duration = int((time.monotonic() - started_clock) * 1000)
         invocation = self._invocation(
             req, spec, started, decision, error, len(result_json) + len(blob), duration, truncated

@@ -289,3 +289,27 @@ def test_a_plain_handler_without_a_grant_is_still_refused(tmp_path: Path) -> Non
     [result] = _results(emitted)
     assert result.error.code == "scope_required"
     assert result.invocation.decision == "denied"
+
+
+def test_refusals_read_the_same_inline_and_on_the_task_path(tmp_path: Path) -> None:
+    dispatcher = _dispatcher(tmp_path)
+    emitted: list[pb.WorkerMessage] = []
+    dispatcher.emit = lambda out: emitted.append(_decoded(out))
+    inline, queued = _request("inline"), _request("queued")
+    for request in (inline, queued):
+        request.args_json = '{"path": 5}'
+
+    async def run() -> None:
+        dispatcher.submit(inline)
+        with dispatcher.intake():  # an envelope's calls always take the task path
+            dispatcher.submit(queued)
+        await dispatcher.drain(10)
+
+    asyncio.run(run())
+    dispatcher.close()
+    first, second = _results(emitted)
+    assert first.correlation_id == "inline"  # answered before the queued one started
+    for result in (first, second):
+        assert result.error.code == "validation_error"
+        assert result.invocation.decision == "not_checked"
+    assert json.loads(first.error.details_json) == json.loads(second.error.details_json)
