@@ -6,7 +6,9 @@
 
 `Dispatcher.submit` is called by the connection's single reader and never blocks:
 it claims the call in the ledger, acks it, and leaves execution to a task that
-waits for one of `max_concurrency` slots. Results and acks leave through `emit`,
+waits for one of `max_concurrency` slots. A plain-function handler, which never
+waits, runs right there instead when a slot is free (see `_may_run_inline`): a
+task would cost more than the call. Results and acks leave through `emit`,
 which the connection points at its single writer (or nowhere while offline: the
 result is durable and re-sent after the next handshake).
 """
