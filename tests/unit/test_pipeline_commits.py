@@ -24,13 +24,15 @@ from worker.proto import agentworker_pb2 as pb
 from worker.registry import Context
 
 
-def _dispatcher(tmp_path: Path) -> Dispatcher:
+def _dispatcher(tmp_path: Path, worker: WorkerSection | None = None) -> Dispatcher:
+    """Agent "t" may stat a.txt in a read-only root (and probe, with diagnostics on)."""
     paths = Paths(config_dir=tmp_path, data_dir=tmp_path)
     (tmp_path / "files").mkdir(exist_ok=True)
     (tmp_path / "files" / "a.txt").write_text("a")
     config = Config(
         root=[RootSection(path=tmp_path / "files", mode="ro")],
-        grant=[GrantSection(agent="t", scopes=["workerHost.fs_stat"])],
+        grant=[GrantSection(agent="t", scopes=["workerHost.fs_stat", "workerDiag.probe"])],
+        worker=worker or WorkerSection(),
     )
     return app.build_dispatcher(paths, config)
 
@@ -201,20 +203,8 @@ def test_a_plain_handler_answers_within_submit_and_only_after_its_claim_committe
     assert _ledger_state(tmp_path, "c1") == "DONE+row"
 
 
-def _probe_dispatcher(tmp_path: Path) -> Dispatcher:
-    paths = Paths(config_dir=tmp_path, data_dir=tmp_path)
-    (tmp_path / "files").mkdir(exist_ok=True)
-    (tmp_path / "files" / "a.txt").write_text("a")
-    config = Config(
-        root=[RootSection(path=tmp_path / "files", mode="ro")],
-        grant=[GrantSection(agent="t", scopes=["workerHost.fs_stat", "workerDiag.probe"])],
-        worker=WorkerSection(max_concurrency=1, diagnostics=True),
-    )
-    return app.build_dispatcher(paths, config)
-
-
 def test_a_plain_handler_waits_for_a_slot_like_any_other_call(tmp_path: Path) -> None:
-    dispatcher = _probe_dispatcher(tmp_path)
+    dispatcher = _dispatcher(tmp_path, WorkerSection(max_concurrency=1, diagnostics=True))
     emitted: list[pb.WorkerMessage] = []
     dispatcher.emit = lambda out: emitted.append(_decoded(out))
     slow = pb.ActionRequest(
