@@ -101,9 +101,8 @@ def agentworker(argv: list[str], home: Home) -> Iterator[subprocess.Popen[bytes]
         proc.wait(30)
 
 
-def exited(proc: subprocess.Popen[bytes], home: Home, what: str) -> RuntimeError:
-    """The error for an `agentworker` process that stopped early, with its log's end."""
-    command = proc.args[3] if isinstance(proc.args, list) else "agentworker"
+def exited(proc: subprocess.Popen[bytes], home: Home, command: str, what: str) -> RuntimeError:
+    """The error for `agentworker <command>` that stopped early, with its log's end."""
     log = (home.path / f"{command}.log").read_text(errors="replace").splitlines()[-15:]
     detail = "\n".join(f"  {line}" for line in log) or "  (its log is empty)"
     return RuntimeError(f"`agentworker {command}` exited ({proc.returncode}) {what}:\n{detail}")

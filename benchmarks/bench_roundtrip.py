@@ -211,7 +211,7 @@ async def embedded_hub(path: Path) -> AsyncIterator[Hub]:
             deadline = time.monotonic() + CONNECT_TIMEOUT_S
             while not running.hub.sessions:
                 if proc.poll() is not None:
-                    raise exited(proc, home, "before it connected")
+                    raise exited(proc, home, "run", "before it connected")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the worker did not connect within {CONNECT_TIMEOUT_S} s")
                 await asyncio.sleep(0.05)

@@ -209,12 +209,11 @@ class Hub:
 
     def _on_result(self, session: Session, result: pb.ActionResult) -> None:
         cid = result.correlation_id
+        self._answer(cid, result)
         if result.error.code == "busy" and not result.HasField("invocation"):
             # Refused before it ran: not an outcome to keep. The caller may retry the id.
             self.store.abandon(cid)
-            self._answer(cid, result)
             return
-        self._answer(cid, result)
         # Stored a moment later, with any others that arrive meanwhile, while the hub
         # would otherwise wait on the worker; acked only once stored, so until then
         # the worker keeps the result and re-sends it should this hub die.
