@@ -111,7 +111,9 @@ def read_or_create_token(path: Path) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return read_token(path)
-    token = secrets.token_urlsafe(32)
+    # Hex, not urlsafe base64: a token that starts with '-' reads as an option when
+    # passed as `--token VALUE` (it did, and a benchmark's worker failed to start).
+    token = secrets.token_hex(32)
     with os.fdopen(fd, "w", encoding="ascii") as handle:
         handle.write(token + "\n")
     return token

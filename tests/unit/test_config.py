@@ -61,6 +61,6 @@ def test_broken_toml_says_which_file(paths: Paths) -> None:
 def test_token_is_created_once_with_owner_only_permissions(paths: Paths) -> None:
     paths.ensure()
     token = read_or_create_token(paths.token_file)
-    assert len(token) >= 32
+    assert len(token) == 64 and int(token, 16) >= 0  # 256 bits in hex: never "-…"
     assert stat.S_IMODE(paths.token_file.stat().st_mode) == 0o600
     assert read_or_create_token(paths.token_file) == token
