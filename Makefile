@@ -33,9 +33,9 @@ contract: $(STAMP)
 
 check: lint types contract test  ## everything CI holds a change to
 
-proto: $(STAMP)  ## regenerate worker/proto from agentworker.proto
+proto: $(STAMP)  ## regenerate worker/wire/proto from agentworker.proto
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. \
-		worker/proto/agentworker.proto
+		worker/wire/proto/agentworker.proto
 
 bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_roundtrip.py

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.cluster import free_port, until_worker_connected, wait_for
-from worker.client import ControlClient
-from worker.proto import agentworker_pb2 as pb
+from worker.hub.client import ControlClient
+from worker.wire.proto import agentworker_pb2 as pb
 
 OneCall = Callable[[], Awaitable[None]]
 MIB = 1024 * 1024

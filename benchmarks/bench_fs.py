@@ -45,8 +45,8 @@ from benchmarks._common import (
     timed,
 )
 from tests.support.cluster import free_port
-from worker.client import ControlClient
-from worker.transport import MAX_MESSAGE_BYTES
+from worker.hub.client import ControlClient
+from worker.wire.transport import MAX_MESSAGE_BYTES
 
 SCOPES = ["workerHost.fs_read", "workerHost.fs_write", "workerDiag.probe"]
 

@@ -51,10 +51,10 @@ from benchmarks._common import (
 )
 from tests.support.cluster import free_port, wait_for
 from worker import app
-from worker.client import ControlClient
 from worker.config import Paths, load
-from worker.hub import Hub
-from worker.proto import agentworker_pb2 as pb
+from worker.hub.client import ControlClient
+from worker.hub.server import Hub
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 async def measure(one_call: OneCall, calls: int, in_flight: int) -> tuple[list[float], float]:

@@ -1,5 +1,5 @@
 import sys
 
-from worker.cli import main
+from worker.cli.main import main
 
 sys.exit(main())

@@ -23,18 +23,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sandbox import Root
 from worker import actions
-from worker.auth import BearerAuth
 from worker.config import Config, Paths, first_start
-from worker.connection import Backoff, Target, WorkerConnection
+from worker.core.connection import Backoff, Target, WorkerConnection
+from worker.core.ledger import State
+from worker.core.pipeline import Dispatcher, Limits
+from worker.core.scopes import Approver, Grant, Scopes
+from worker.core.telemetry import Telemetry, retention_days
 from worker.errors import WorkerError
-from worker.hub import ControlServicer, Hub, add_worker_service
-from worker.hub_store import HubStore
-from worker.pipeline import Dispatcher, Limits
-from worker.proto import agentworker_pb2_grpc as pb_grpc
-from worker.scopes import Approver, Grant, Scopes
-from worker.state import State
-from worker.telemetry import Telemetry, retention_days
-from worker.transport import (
+from worker.hub.server import ControlServicer, Hub, add_worker_service
+from worker.hub.store import HubStore
+from worker.wire.auth import BearerAuth
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.transport import (
     Keepalive,
     is_loopback,
     read_or_create_token,

@@ -14,10 +14,7 @@ Python traceback ever reaches the server.
 from __future__ import annotations
 
 import errno
-import json
 from typing import Any, Final
-
-from worker.proto import agentworker_pb2 as pb
 
 CODES: Final = frozenset(
     {
@@ -97,13 +94,3 @@ def from_os_error(exc: OSError, path: str | None = None) -> WorkerError:
         detail = exc.strerror or what
         return WorkerError(code, f"the operating system refused: {detail}.", {"errno": exc.errno})
     return WorkerError(code, f"{path!r}: {what}.", {"path": path, "errno": exc.errno})
-
-
-def error_pb(error: WorkerError) -> pb.Error:
-    """The error as it travels in an ActionResult."""
-    return pb.Error(
-        code=error.code,
-        message=error.message,
-        details_json=json.dumps(error.details, default=str),
-        retryable=error.retryable,
-    )

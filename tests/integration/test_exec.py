@@ -21,7 +21,7 @@ import pytest
 from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.host_calls import call
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
-from worker.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2 as pb
 
 TEST_POLICY = """
 [program.python3]

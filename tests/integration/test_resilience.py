@@ -17,8 +17,8 @@ import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.tcp_proxy import FreezableProxy
-from worker.client import result_to_dict
-from worker.proto import agentworker_pb2 as pb
+from worker.hub.client import result_to_dict
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 def marks(live: Cluster, name: str) -> int:

@@ -8,7 +8,7 @@ import json
 import sqlite3
 
 from tests.support.cluster import Cluster, wait_for
-from worker.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 def test_fs_stat_round_trip_returns_typed_result_and_telemetry(live: Cluster) -> None:

@@ -19,8 +19,8 @@ from tests.support.cluster import write_config
 from tests.support.scripted_hub import TOKEN, ScriptedHub
 from worker import app
 from worker.config import Paths, load
-from worker.connection import Backoff, FatalConnectionError, Target, WorkerConnection
-from worker.proto import agentworker_pb2 as pb
+from worker.core.connection import Backoff, FatalConnectionError, Target, WorkerConnection
+from worker.wire.proto import agentworker_pb2 as pb
 
 Scenario = Callable[[ScriptedHub, WorkerConnection], Awaitable[None]]
 

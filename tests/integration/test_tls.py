@@ -9,8 +9,8 @@ import grpc
 
 from tests.support.certs import make_ca_and_server
 from tests.support.cluster import cluster, wait_for
-from worker.client import ControlClient
-from worker.proto import agentworker_pb2 as pb
+from worker.hub.client import ControlClient
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 def test_worker_and_caller_reach_a_tls_hub(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 
 import grpc
 
-from worker.client import ControlClient, result_to_dict
-from worker.proto import agentworker_pb2 as pb
+from worker.hub.client import ControlClient, result_to_dict
+from worker.wire.proto import agentworker_pb2 as pb
 
 CONFIG = """\
 [hub]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.cluster import Cluster, cluster, wait_for
-from worker.client import ControlClient, result_to_dict
+from worker.hub.client import ControlClient, result_to_dict
 
 
 async def _dispatch(

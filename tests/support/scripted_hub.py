@@ -13,9 +13,9 @@ from typing import Any
 
 import grpc
 
-from worker.auth import BearerAuth
-from worker.proto import agentworker_pb2 as pb
-from worker.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.auth import BearerAuth
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
 TOKEN = "scripted-token"
 

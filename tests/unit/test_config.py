@@ -7,7 +7,7 @@ import pytest
 
 from worker.config import Paths, first_start, load
 from worker.errors import WorkerError
-from worker.transport import read_or_create_token
+from worker.wire.transport import read_or_create_token
 
 
 @pytest.fixture

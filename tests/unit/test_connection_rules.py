@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from worker.connection import Backoff
+from worker.core.connection import Backoff
 from worker.errors import WorkerError
-from worker.transport import Keepalive, client_options, is_loopback, open_channel
+from worker.wire.transport import Keepalive, client_options, is_loopback, open_channel
 
 
 def test_backoff_is_full_jitter_capped_and_never_zero() -> None:

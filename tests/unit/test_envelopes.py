@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.envelopes import (
+from worker.wire.framing import (
     MAX_ENVELOPE_BYTES,
     Batcher,
     envelope_bytes,
     request_message,
     result_message,
 )
-from worker.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 def result(cid: str, blob_bytes: int = 0) -> pb.WorkerMessage:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.hub_store import CALLS_KEPT_MS, HubStore
-from worker.proto import agentworker_pb2 as pb
-from worker.state import now_ms
+from worker.core.ledger import now_ms
+from worker.hub.store import CALLS_KEPT_MS, HubStore
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 def _request(cid: str) -> pb.ActionRequest:

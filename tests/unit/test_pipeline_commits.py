@@ -19,9 +19,9 @@ import pytest
 
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
-from worker.pipeline import Dispatcher, Outgoing
-from worker.proto import agentworker_pb2 as pb
-from worker.registry import Context
+from worker.core.pipeline import Dispatcher, Outgoing
+from worker.core.registry import Context
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 def _dispatcher(tmp_path: Path, worker: WorkerSection | None = None) -> Dispatcher:

@@ -12,8 +12,8 @@ GENERATED = ("agentworker_pb2.py", "agentworker_pb2.pyi", "agentworker_pb2_grpc.
 
 
 def test_generated_protocol_code_is_fresh(tmp_path: Path) -> None:
-    (tmp_path / "worker" / "proto").mkdir(parents=True)
-    shutil.copy(ROOT / "worker/proto/agentworker.proto", tmp_path / "worker/proto")
+    (tmp_path / "worker/wire/proto").mkdir(parents=True)
+    shutil.copy(ROOT / "worker/wire/proto/agentworker.proto", tmp_path / "worker/wire/proto")
     subprocess.run(
         [
             sys.executable,
@@ -23,20 +23,20 @@ def test_generated_protocol_code_is_fresh(tmp_path: Path) -> None:
             "--python_out=.",
             "--grpc_python_out=.",
             "--pyi_out=.",
-            "worker/proto/agentworker.proto",
+            "worker/wire/proto/agentworker.proto",
         ],
         cwd=tmp_path,
         check=True,
     )
     for name in GENERATED:
-        fresh = (tmp_path / "worker/proto" / name).read_text()
-        committed = (ROOT / "worker/proto" / name).read_text()
-        assert fresh == committed, f"worker/proto/{name} is stale: run `make proto`"
+        fresh = (tmp_path / "worker/wire/proto" / name).read_text()
+        committed = (ROOT / "worker/wire/proto" / name).read_text()
+        assert fresh == committed, f"worker/wire/proto/{name} is stale: run `make proto`"
 
 
 def test_headless_modules_never_load_textual_or_ui() -> None:
     probe = (
-        "import sys, worker.cli, worker.app, worker.hub, sandbox, allowlist;"
+        "import sys, worker.cli.main, worker.app, worker.hub.server, sandbox, allowlist;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'ui'));"
         "print(','.join(bad))"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from worker.redaction import PREVIEW_CHARS, args_preview
+from worker.core.redaction import PREVIEW_CHARS, args_preview
 
 
 def test_short_harmless_args_are_kept_as_sent() -> None:

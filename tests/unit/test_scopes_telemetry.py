@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from worker.core.ledger import Seen, State, now_ms
+from worker.core.scopes import ApprovalRequest, Grant, Scopes
+from worker.core.telemetry import DAY_MS, Telemetry, retention_days
 from worker.errors import WorkerError
-from worker.proto import agentworker_pb2 as pb
-from worker.scopes import ApprovalRequest, Grant, Scopes
-from worker.state import Seen, State, now_ms
-from worker.telemetry import DAY_MS, Telemetry, retention_days
+from worker.wire.proto import agentworker_pb2 as pb
 
 NOW = datetime.now(UTC)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.actions import diag, exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
-from worker.registry import ActionSpec, Registry, table
+from worker.actions.host import diag, exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
+from worker.core.registry import ActionSpec, Registry, table
 
 HOST = "workerHost"
 DIAG = "workerDiag"

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker import db
+from worker.clock import now_ms
 from worker.db import connect
-from worker.proto import agentworker_pb2 as pb
-from worker.state import now_ms
+from worker.wire.proto import agentworker_pb2 as pb
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (

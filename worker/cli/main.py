@@ -20,13 +20,14 @@ from typing import Any
 
 import grpc
 
-from worker import app, cli_allowlist
-from worker.client import ControlClient, result_to_dict
+from worker import app
+from worker.cli import allowlist as cli_allowlist
 from worker.config import Config, Paths, load
-from worker.connection import FatalConnectionError, Target
+from worker.core.connection import FatalConnectionError, Target
+from worker.core.ledger import State
 from worker.errors import WorkerError
-from worker.proto import agentworker_pb2 as pb
-from worker.state import State
+from worker.hub.client import ControlClient, result_to_dict
+from worker.wire.proto import agentworker_pb2 as pb
 
 EXIT_OK, EXIT_ACTION_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 

@@ -13,9 +13,9 @@ import sqlite3
 import uuid
 from typing import Any, Final
 
+from worker.clock import now_ms
 from worker.db import write_many
-from worker.proto import agentworker_pb2 as pb
-from worker.state import now_ms
+from worker.wire.proto import agentworker_pb2 as pb
 
 ROW_KIND: Final = "v1:worker:invocation"
 DAY_MS: Final = 86_400_000

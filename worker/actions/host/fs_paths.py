@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sandbox import ConfinedDir, ConfinementError, HardLinkError, Located, locate
+from worker.core.registry import Context
 from worker.errors import WorkerError, from_os_error
-from worker.registry import Context
 
 _HARD_LINK_HINT = (
     " If hard-linked files in the shared folders should be usable, set "

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from worker import db
+from worker.clock import now_ms
 from worker.db import connect, write_many
 
 _SCHEMA = """
@@ -53,10 +54,6 @@ DEFAULT_TTL_S = 24 * 3600
 # How stale the cached kills and grants may be: a grant or lift made from the CLI
 # (another process) takes effect within this.
 RECHECK_S = 0.1
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Seen(enum.Enum):

@@ -14,7 +14,7 @@ from typing import Final
 
 from allowlist import describe, explain, render
 from worker import app
-from worker.actions.exec_policy import path_check, policy_for, user_policy_file
+from worker.actions.host.exec_policy import path_check, policy_for, user_policy_file
 from worker.config import Paths, load
 from worker.errors import WorkerError
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import grpc
 
-from worker.envelopes import Batcher, envelope_bytes, result_message
-from worker.pipeline import Dispatcher, Outgoing
-from worker.proto import agentworker_pb2 as pb
-from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD, VERSION
-from worker.state import now_ms
-from worker.transport import Keepalive, bearer, open_channel
+from worker.clock import now_ms
+from worker.core.pipeline import Dispatcher, Outgoing
+from worker.wire.framing import Batcher, envelope_bytes, result_message
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD, VERSION
+from worker.wire.transport import Keepalive, bearer, open_channel
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import pwd
 import stat as stat_mod
 
 from sandbox import file_kind
-from worker.actions.fs_paths import confined
-from worker.registry import Args, Context, Outcome, PathArg, Result
+from worker.actions.host.fs_paths import confined
+from worker.core.registry import Args, Context, Outcome, PathArg, Result
 
 
 class FsStatArgs(Args):

@@ -28,13 +28,13 @@ from pydantic import AfterValidator, Field, StringConstraints
 from allowlist import Decision
 from sandbox import Root, environment
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
-from worker.actions.caps import CAPS
-from worker.actions.exec_git import git_view
-from worker.actions.exec_policy import path_check, policy_for
-from worker.actions.fs_paths import confined
+from worker.actions.host.caps import CAPS
+from worker.actions.host.exec_git import git_view
+from worker.actions.host.exec_policy import path_check, policy_for
+from worker.actions.host.fs_paths import confined
 from worker.config import ExecSection, Paths
+from worker.core.registry import Args, Context, Outcome, PathArg, Result
 from worker.errors import WorkerError
-from worker.registry import Args, Context, Outcome, PathArg, Result
 
 PREVIEW_CHARS: Final = 300
 

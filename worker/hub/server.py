@@ -18,13 +18,20 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from worker.envelopes import Batcher, envelope_bytes, request_message
-from worker.errors import WorkerError, error_pb
-from worker.hub_store import HubStore
-from worker.proto import agentworker_pb2 as pb
-from worker.proto import agentworker_pb2_grpc as pb_grpc
-from worker.protocol import PROTOCOL_MAX, PROTOCOL_MIN, VERSION, WORKER_SERVICE, call_digest
-from worker.state import now_ms
+from worker.clock import now_ms
+from worker.errors import WorkerError
+from worker.hub.store import HubStore
+from worker.wire.framing import Batcher, envelope_bytes, request_message
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.protocol import (
+    PROTOCOL_MAX,
+    PROTOCOL_MIN,
+    VERSION,
+    WORKER_SERVICE,
+    call_digest,
+    error_pb,
+)
 
 log = logging.getLogger(__name__)
 

@@ -30,17 +30,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox import Root
+from worker.clock import now_ms
 from worker.config import Config
-from worker.envelopes import result_message
-from worker.errors import WorkerError, error_pb, from_os_error
-from worker.proto import agentworker_pb2 as pb
-from worker.protocol import call_digest
-from worker.redaction import args_preview
-from worker.registry import ActionSpec, Context, Outcome, Registry
-from worker.scopes import ApprovalRequest, Scopes
-from worker.state import Seen, State, now_ms
-from worker.telemetry import AUDITED_CODES, Telemetry
-from worker.transport import MAX_RESULT_BYTES
+from worker.core.ledger import Seen, State
+from worker.core.redaction import args_preview
+from worker.core.registry import ActionSpec, Context, Outcome, Registry
+from worker.core.scopes import ApprovalRequest, Scopes
+from worker.core.telemetry import AUDITED_CODES, Telemetry
+from worker.errors import WorkerError, from_os_error
+from worker.wire.framing import result_message
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import call_digest, error_pb
+from worker.wire.transport import MAX_RESULT_BYTES
 
 log = logging.getLogger(__name__)
 

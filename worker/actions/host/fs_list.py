@@ -16,9 +16,9 @@ from typing import Annotated
 from pydantic import Field
 
 from sandbox import ConfinedDir, ConfinementError, Entry, file_kind, list_tree
-from worker.actions.caps import CAPS
-from worker.actions.fs_paths import confined
-from worker.registry import Args, Context, Outcome, PathArg, Result
+from worker.actions.host.caps import CAPS
+from worker.actions.host.fs_paths import confined
+from worker.core.registry import Args, Context, Outcome, PathArg, Result
 
 
 class FsListArgs(Args):

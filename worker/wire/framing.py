@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from worker.proto import agentworker_pb2 as pb
-from worker.transport import MAX_MESSAGE_BYTES
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.transport import MAX_MESSAGE_BYTES
 
 # Room left for the envelope's own framing.
 MAX_ENVELOPE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from worker.registry import Args, Context, Outcome, Result
+from worker.core.registry import Args, Context, Outcome, Result
 
 MarkName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 

@@ -23,15 +23,15 @@ from typing import Annotated, Literal
 import httpx
 from pydantic import AfterValidator, Field, StringConstraints
 
-from worker.actions.caps import CAPS
-from worker.actions.http_body import read_body
-from worker.actions.http_pinned import PinnedTransport, Pins
-from worker.actions.ssrf import DEFAULT_PORTS, UrlGuard
+from worker.actions.host.caps import CAPS
+from worker.actions.host.http_body import read_body
+from worker.actions.host.http_pinned import PinnedTransport, Pins
+from worker.actions.host.ssrf import DEFAULT_PORTS, UrlGuard
 from worker.config import HttpSection
+from worker.core.registry import Args, Context, Outcome, Result
 from worker.errors import WorkerError
 from worker.hosts import parse_pattern
-from worker.protocol import VERSION
-from worker.registry import Args, Context, Outcome, Result
+from worker.wire.protocol import VERSION
 
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 

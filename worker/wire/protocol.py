@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from importlib import metadata
 from typing import Final
 
-from worker.proto import agentworker_pb2 as pb
+from worker.errors import WorkerError
+from worker.wire.proto import agentworker_pb2 as pb
 
 _WORKER_SERVICE: Final = pb.DESCRIPTOR.services_by_name["WorkerService"]
 WORKER_SERVICE: Final = _WORKER_SERVICE.full_name
@@ -35,3 +37,13 @@ def call_digest(req: pb.ActionRequest, blob: bytes | None = None) -> str:
         h.update(b"\x00")
     h.update(req.blob if blob is None else blob)
     return h.hexdigest()
+
+
+def error_pb(error: WorkerError) -> pb.Error:
+    """The error as it travels in an ActionResult."""
+    return pb.Error(
+        code=error.code,
+        message=error.message,
+        details_json=json.dumps(error.details, default=str),
+        retryable=error.retryable,
+    )

@@ -18,9 +18,9 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from sandbox import open_regular, read_at
-from worker.actions.caps import CAPS
-from worker.actions.fs_paths import confined
-from worker.registry import Args, Context, Outcome, PathArg, Result
+from worker.actions.host.caps import CAPS
+from worker.actions.host.fs_paths import confined
+from worker.core.registry import Args, Context, Outcome, PathArg, Result
 
 Encoding = Literal["utf-8", "latin-1", "ascii"]
 

@@ -10,9 +10,9 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from worker.config import Config, Paths
-from worker.proto import agentworker_pb2 as pb
-from worker.proto import agentworker_pb2_grpc as pb_grpc
-from worker.transport import Keepalive, bearer, open_channel, read_token
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.transport import Keepalive, bearer, open_channel, read_token
 
 
 @dataclass

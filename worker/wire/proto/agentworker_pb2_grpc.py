@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from worker.proto import agentworker_pb2 as worker_dot_proto_dot_agentworker__pb2
+from worker.wire.proto import agentworker_pb2 as worker_dot_wire_dot_proto_dot_agentworker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in worker/proto/agentworker_pb2_grpc.py depends on'
+        + ' but the generated code in worker/wire/proto/agentworker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -40,8 +40,8 @@ class WorkerServiceStub:
         """
         self.Stream = channel.stream_stream(
                 '/agentworker.v1.WorkerService/Stream',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.WorkerEnvelope.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.ServerEnvelope.FromString,
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.WorkerEnvelope.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ServerEnvelope.FromString,
                 _registered_method=True)
 
 
@@ -63,8 +63,8 @@ def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.WorkerEnvelope.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.ServerEnvelope.SerializeToString,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.WorkerEnvelope.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ServerEnvelope.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -96,8 +96,8 @@ class WorkerService:
             request_iterator,
             target,
             '/agentworker.v1.WorkerService/Stream',
-            worker_dot_proto_dot_agentworker__pb2.WorkerEnvelope.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.ServerEnvelope.FromString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.WorkerEnvelope.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.ServerEnvelope.FromString,
             options,
             channel_credentials,
             insecure,
@@ -121,33 +121,33 @@ class ControlServiceStub:
         """
         self.Dispatch = channel.unary_unary(
                 '/agentworker.v1.ControlService/Dispatch',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.DispatchRequest.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchRequest.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
                 _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/agentworker.v1.ControlService/ListWorkers',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.ListWorkersRequest.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.ListWorkersResponse.FromString,
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/agentworker.v1.ControlService/Status',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.StatusRequest.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.StatusResponse.FromString,
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.StatusRequest.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.StatusResponse.FromString,
                 _registered_method=True)
         self.RequestScope = channel.unary_unary(
                 '/agentworker.v1.ControlService/RequestScope',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.RequestScopeRequest.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.ScopeDecision.FromString,
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.RequestScopeRequest.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ScopeDecision.FromString,
                 _registered_method=True)
         self.KillPlan = channel.unary_unary(
                 '/agentworker.v1.ControlService/KillPlan',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.KillPlanRequest.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.KillPlanResponse.FromString,
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.KillPlanRequest.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.KillPlanResponse.FromString,
                 _registered_method=True)
         self.Teardown = channel.unary_unary(
                 '/agentworker.v1.ControlService/Teardown',
-                request_serializer=worker_dot_proto_dot_agentworker__pb2.TeardownRequest.SerializeToString,
-                response_deserializer=worker_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.TeardownRequest.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
                 _registered_method=True)
 
 
@@ -196,33 +196,33 @@ def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Dispatch': grpc.unary_unary_rpc_method_handler(
                     servicer.Dispatch,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.DispatchRequest.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.DispatchResponse.SerializeToString,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.ListWorkersRequest.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.ListWorkersResponse.SerializeToString,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ListWorkersRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ListWorkersResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.StatusRequest.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.StatusResponse.SerializeToString,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.StatusRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.StatusResponse.SerializeToString,
             ),
             'RequestScope': grpc.unary_unary_rpc_method_handler(
                     servicer.RequestScope,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.RequestScopeRequest.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.ScopeDecision.SerializeToString,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.RequestScopeRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ScopeDecision.SerializeToString,
             ),
             'KillPlan': grpc.unary_unary_rpc_method_handler(
                     servicer.KillPlan,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.KillPlanRequest.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.KillPlanResponse.SerializeToString,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.KillPlanRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.KillPlanResponse.SerializeToString,
             ),
             'Teardown': grpc.unary_unary_rpc_method_handler(
                     servicer.Teardown,
-                    request_deserializer=worker_dot_proto_dot_agentworker__pb2.TeardownRequest.FromString,
-                    response_serializer=worker_dot_proto_dot_agentworker__pb2.DispatchResponse.SerializeToString,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.TeardownRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -251,8 +251,8 @@ class ControlService:
             request,
             target,
             '/agentworker.v1.ControlService/Dispatch',
-            worker_dot_proto_dot_agentworker__pb2.DispatchRequest.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -278,8 +278,8 @@ class ControlService:
             request,
             target,
             '/agentworker.v1.ControlService/ListWorkers',
-            worker_dot_proto_dot_agentworker__pb2.ListWorkersRequest.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.ListWorkersResponse.FromString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.ListWorkersRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -305,8 +305,8 @@ class ControlService:
             request,
             target,
             '/agentworker.v1.ControlService/Status',
-            worker_dot_proto_dot_agentworker__pb2.StatusRequest.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.StatusResponse.FromString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.StatusRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -332,8 +332,8 @@ class ControlService:
             request,
             target,
             '/agentworker.v1.ControlService/RequestScope',
-            worker_dot_proto_dot_agentworker__pb2.RequestScopeRequest.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.ScopeDecision.FromString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.RequestScopeRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.ScopeDecision.FromString,
             options,
             channel_credentials,
             insecure,
@@ -359,8 +359,8 @@ class ControlService:
             request,
             target,
             '/agentworker.v1.ControlService/KillPlan',
-            worker_dot_proto_dot_agentworker__pb2.KillPlanRequest.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.KillPlanResponse.FromString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.KillPlanRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.KillPlanResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -386,8 +386,8 @@ class ControlService:
             request,
             target,
             '/agentworker.v1.ControlService/Teardown',
-            worker_dot_proto_dot_agentworker__pb2.TeardownRequest.SerializeToString,
-            worker_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.TeardownRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,10 +16,10 @@ import os
 from typing import Literal
 
 from sandbox import Written, append_bytes, make_parents, sweep_leftovers, write_atomic
-from worker.actions.caps import CAPS
-from worker.actions.fs_paths import check_lands_writable, confined
+from worker.actions.host.caps import CAPS
+from worker.actions.host.fs_paths import check_lands_writable, confined
+from worker.core.registry import Args, Context, Outcome, PathArg, Result
 from worker.errors import WorkerError
-from worker.registry import Args, Context, Outcome, PathArg, Result
 
 Mode = Literal["create", "overwrite", "append"]
 

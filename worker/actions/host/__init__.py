@@ -1,0 +1,1 @@
+"""The `workerHost` actions: exec, files and HTTP fetches on this machine."""
