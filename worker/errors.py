@@ -1,96 +1,340 @@
-"""The one error type that crosses the wire, and the codes it may carry.
+"""The error vocabulary: the codes a caller can see, and the exceptions that carry them.
 
-Every failure a caller can see is a `WorkerError`: a stable `code` from DESIGN.md §5,
-a message a person can act on, and structured `details`. Lower layers raise their
-own exceptions; they are translated to a `WorkerError` at one boundary each
-(`from_os_error` for the filesystem, the pipeline for everything unexpected), so no
-Python traceback ever reaches the server.
+Every failure that reaches the wire is a `WorkerError`: a stable `code` (an
+`ErrorCode`), a message a person can act on, and structured `details`. The classes
+below sort the codes by what the caller can do about them (docs/architecture.md,
+"Errors"); constructing `WorkerError(code, ...)` gives the subclass the code belongs
+to, so `except RefusedError:` catches every refusal however it was raised.
 
-    WorkerError
-     └─ (code) validation_error, unknown_action, scope_required, scope_denied,
-        plan_killed, path_not_allowed, not_found, ..., internal_error
+    WorkerError            code, message, details; `retryable`, `audited`
+     ├─ BadRequestError    the call itself is wrong: validation_error, unknown_action,
+     │                     args_mismatch, too_large, result_too_large, unknown_key,
+     │                     out_of_bounds
+     ├─ RefusedError       a gate said no: scope_required, scope_denied, plan_killed,
+     │                     command_not_allowed, command_forbidden, path_not_allowed,
+     │                     url_not_allowed
+     ├─ FileError          the file system said no: not_found, already_exists,
+     │                     is_directory, not_directory, permission_denied
+     ├─ UnavailableError   not now or not here: busy, paused, not_supported,
+     │                     sandbox_unavailable
+     ├─ StoppedError       the call was stopped: timeout, cancelled
+     └─ InternalError      our fault, or unknowable: internal_error, outcome_unknown
+
+Lower layers raise exceptions of their own (`OSError`, `sandbox.ConfinementError`,
+`allowlist.PolicyError`, anything unexpected). `as_worker_error` is the one place
+they become a `WorkerError`; `from_os_error` is the one errno table. No Python
+traceback ever reaches the server.
+
+Problems on this machine before any call exists (a bad config file, a missing
+token, a taken address) are not wire errors: they are `StartupError`s, each with
+the exit code the command line ends with.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Any, Final
+import logging
+from enum import StrEnum
+from typing import Any, ClassVar, Final
 
-CODES: Final = frozenset(
-    {
-        "validation_error",
-        "unknown_action",
-        "scope_required",
-        "scope_denied",
-        "plan_killed",
-        "command_not_allowed",
-        "command_forbidden",
-        "path_not_allowed",
-        "url_not_allowed",
-        "not_found",
-        "already_exists",
-        "is_directory",
-        "not_directory",
-        "permission_denied",
-        "too_large",
-        "result_too_large",
-        "timeout",
-        "cancelled",
-        "outcome_unknown",
-        "args_mismatch",
-        "busy",
-        "paused",
-        "not_supported",
-        "unknown_key",
-        "out_of_bounds",
-        "sandbox_unavailable",
-        "internal_error",
-    }
-)
-
-# Codes a caller may simply try again (the same call could succeed later).
-RETRYABLE: Final = frozenset({"busy", "paused", "timeout", "sandbox_unavailable"})
+log = logging.getLogger(__name__)
 
 
-class WorkerError(Exception):
-    """A failure with a wire code, a human message and structured details."""
+class ErrorCode(StrEnum):
+    """The `error.code` strings of the protocol; each knows whether a retry may help
+    and whether the person would want an audit row for it."""
 
-    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
-        if code not in CODES:
-            raise ValueError(f"unknown error code {code!r}")
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details or {}
+    VALIDATION_ERROR = "validation_error"
+    UNKNOWN_ACTION = "unknown_action"
+    SCOPE_REQUIRED = "scope_required"
+    SCOPE_DENIED = "scope_denied"
+    PLAN_KILLED = "plan_killed"
+    COMMAND_NOT_ALLOWED = "command_not_allowed"
+    COMMAND_FORBIDDEN = "command_forbidden"
+    PATH_NOT_ALLOWED = "path_not_allowed"
+    URL_NOT_ALLOWED = "url_not_allowed"
+    NOT_FOUND = "not_found"
+    ALREADY_EXISTS = "already_exists"
+    IS_DIRECTORY = "is_directory"
+    NOT_DIRECTORY = "not_directory"
+    PERMISSION_DENIED = "permission_denied"
+    TOO_LARGE = "too_large"
+    RESULT_TOO_LARGE = "result_too_large"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    ARGS_MISMATCH = "args_mismatch"
+    BUSY = "busy"
+    PAUSED = "paused"  # the global stop, or the person took over the desktop
+    NOT_SUPPORTED = "not_supported"  # e.g. no display, Wayland
+    UNKNOWN_KEY = "unknown_key"
+    OUT_OF_BOUNDS = "out_of_bounds"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    INTERNAL_ERROR = "internal_error"
 
     @property
     def retryable(self) -> bool:
-        return self.code in RETRYABLE
+        """The same call could succeed later, unchanged."""
+        return self in _RETRYABLE
+
+    @property
+    def audited(self) -> bool:
+        """Worth an audit row: the person will want to know someone tried."""
+        return self in _AUDITED
+
+
+_RETRYABLE: Final = frozenset(
+    {ErrorCode.BUSY, ErrorCode.PAUSED, ErrorCode.TIMEOUT, ErrorCode.SANDBOX_UNAVAILABLE}
+)
+_AUDITED: Final = frozenset(
+    {
+        ErrorCode.SCOPE_REQUIRED,
+        ErrorCode.SCOPE_DENIED,
+        ErrorCode.PLAN_KILLED,
+        ErrorCode.COMMAND_NOT_ALLOWED,
+        ErrorCode.COMMAND_FORBIDDEN,
+        ErrorCode.PATH_NOT_ALLOWED,
+        ErrorCode.URL_NOT_ALLOWED,
+        ErrorCode.ARGS_MISMATCH,
+        ErrorCode.OUTCOME_UNKNOWN,
+    }
+)
+
+# Kept for callers that test membership by string.
+CODES: Final = frozenset(ErrorCode)
+RETRYABLE: Final = _RETRYABLE
+
+
+class WorkerError(Exception):
+    """A failure with a wire code, a human message and structured details.
+
+    `WorkerError(code, ...)` returns an instance of the subclass that owns `code`;
+    a subclass given a code outside its own is a programming error (ValueError).
+    """
+
+    codes: ClassVar[frozenset[ErrorCode]] = frozenset()
+
+    def __new__(
+        cls, code: ErrorCode | str, message: str = "", details: dict[str, Any] | None = None
+    ) -> WorkerError:
+        try:
+            known = ErrorCode(code)
+        except ValueError:
+            raise ValueError(f"unknown error code {code!r}") from None
+        owner = _OWNER[known]
+        if not issubclass(owner, cls):
+            raise ValueError(f"{cls.__name__} cannot carry {known.value!r}")
+        return super().__new__(owner)
+
+    def __init__(
+        self, code: ErrorCode | str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.message = message
+        self.details = details or {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (WorkerError, (self.code, self.message, self.details))
+
+    @property
+    def retryable(self) -> bool:
+        return self.code.retryable
+
+    @property
+    def audited(self) -> bool:
+        return self.code.audited
 
     def __repr__(self) -> str:
-        return f"WorkerError({self.code!r}, {self.message!r})"
+        return f"{type(self).__name__}({self.code.value!r}, {self.message!r})"
 
 
-_ERRNO_CODES: Final = {
-    errno.ENOENT: ("not_found", "does not exist"),
-    errno.EEXIST: ("already_exists", "already exists"),
-    errno.EISDIR: ("is_directory", "is a directory"),
-    errno.ENOTDIR: ("not_directory", "a component of the path is not a directory"),
-    errno.EACCES: ("permission_denied", "permission denied by the operating system"),
-    errno.EPERM: ("permission_denied", "operation not permitted by the operating system"),
-    errno.EROFS: ("permission_denied", "the file system is read-only"),
-    errno.ENAMETOOLONG: ("too_large", "the path is too long"),
-    errno.EFBIG: ("too_large", "the file is too large"),
-    errno.ENOSPC: ("too_large", "no space left on the device"),
-    errno.ELOOP: ("path_not_allowed", "too many symbolic links, or a link that is refused"),
-    errno.EXDEV: ("path_not_allowed", "the path leads outside its root"),
+class BadRequestError(WorkerError):
+    """The call itself is wrong; sending it again unchanged gets the same answer."""
+
+    codes = frozenset(
+        {
+            ErrorCode.VALIDATION_ERROR,
+            ErrorCode.UNKNOWN_ACTION,
+            ErrorCode.ARGS_MISMATCH,
+            ErrorCode.TOO_LARGE,
+            ErrorCode.RESULT_TOO_LARGE,
+            ErrorCode.UNKNOWN_KEY,
+            ErrorCode.OUT_OF_BOUNDS,
+        }
+    )
+
+
+class RefusedError(WorkerError):
+    """A gate said no: a scope, the kill switch, a root, the allowlist, the URL guard."""
+
+    codes = frozenset(
+        {
+            ErrorCode.SCOPE_REQUIRED,
+            ErrorCode.SCOPE_DENIED,
+            ErrorCode.PLAN_KILLED,
+            ErrorCode.COMMAND_NOT_ALLOWED,
+            ErrorCode.COMMAND_FORBIDDEN,
+            ErrorCode.PATH_NOT_ALLOWED,
+            ErrorCode.URL_NOT_ALLOWED,
+        }
+    )
+
+
+class FileError(WorkerError):
+    """The file system answered no for a path inside the roots."""
+
+    codes = frozenset(
+        {
+            ErrorCode.NOT_FOUND,
+            ErrorCode.ALREADY_EXISTS,
+            ErrorCode.IS_DIRECTORY,
+            ErrorCode.NOT_DIRECTORY,
+            ErrorCode.PERMISSION_DENIED,
+        }
+    )
+
+
+class UnavailableError(WorkerError):
+    """Not now, or not on this machine: the worker is busy or paused, or lacks a part."""
+
+    codes = frozenset(
+        {
+            ErrorCode.BUSY,
+            ErrorCode.PAUSED,
+            ErrorCode.NOT_SUPPORTED,
+            ErrorCode.SANDBOX_UNAVAILABLE,
+        }
+    )
+
+
+class StoppedError(WorkerError):
+    """The call was stopped before it finished: its deadline, or someone cancelled it."""
+
+    codes = frozenset({ErrorCode.TIMEOUT, ErrorCode.CANCELLED})
+
+
+class InternalError(WorkerError):
+    """Our fault (the log has the traceback), or a call whose outcome cannot be known."""
+
+    codes = frozenset({ErrorCode.INTERNAL_ERROR, ErrorCode.OUTCOME_UNKNOWN})
+
+
+_OWNER: Final[dict[ErrorCode, type[WorkerError]]] = {
+    code: family
+    for family in (
+        BadRequestError,
+        RefusedError,
+        FileError,
+        UnavailableError,
+        StoppedError,
+        InternalError,
+    )
+    for code in family.codes
+}
+assert set(_OWNER) == set(ErrorCode), "every code belongs to exactly one family"
+
+
+# ----------------------------------------------------------------- translation
+
+
+_ERRNO_CODES: Final[dict[int, tuple[ErrorCode, str]]] = {
+    errno.ENOENT: (ErrorCode.NOT_FOUND, "does not exist"),
+    errno.EEXIST: (ErrorCode.ALREADY_EXISTS, "already exists"),
+    errno.EISDIR: (ErrorCode.IS_DIRECTORY, "is a directory"),
+    errno.ENOTDIR: (ErrorCode.NOT_DIRECTORY, "a component of the path is not a directory"),
+    errno.EACCES: (ErrorCode.PERMISSION_DENIED, "permission denied by the operating system"),
+    errno.EPERM: (ErrorCode.PERMISSION_DENIED, "operation not permitted by the operating system"),
+    errno.EROFS: (ErrorCode.PERMISSION_DENIED, "the file system is read-only"),
+    errno.ENAMETOOLONG: (ErrorCode.TOO_LARGE, "the path is too long"),
+    errno.EFBIG: (ErrorCode.TOO_LARGE, "the file is too large"),
+    errno.ENOSPC: (ErrorCode.TOO_LARGE, "no space left on the device"),
+    errno.ELOOP: (
+        ErrorCode.PATH_NOT_ALLOWED,
+        "too many symbolic links, or a link that is refused",
+    ),
+    errno.EXDEV: (ErrorCode.PATH_NOT_ALLOWED, "the path leads outside its root"),
 }
 
 
 def from_os_error(exc: OSError, path: str | None = None) -> WorkerError:
     """Translate an OSError into a WorkerError; `path` is the caller's spelling, if any."""
-    code, what = _ERRNO_CODES.get(exc.errno or 0, ("internal_error", "an operating-system error"))
+    code, what = _ERRNO_CODES.get(
+        exc.errno or 0, (ErrorCode.INTERNAL_ERROR, "an operating-system error")
+    )
     if path is None:
         detail = exc.strerror or what
         return WorkerError(code, f"the operating system refused: {detail}.", {"errno": exc.errno})
     return WorkerError(code, f"{path!r}: {what}.", {"path": path, "errno": exc.errno})
+
+
+def as_worker_error(exc: BaseException, *, doing: str, call: str = "") -> WorkerError:
+    """The one place a failure becomes the error a caller sees.
+
+    Ours pass as they are, the operating system's and the sandbox's are translated,
+    and anything else is an internal error: logged here with its traceback, which
+    never crosses the wire. `doing` names the work ("running workerHost.exec"),
+    `call` the correlation id, both for the message.
+    """
+    if isinstance(exc, WorkerError):
+        return exc
+    if isinstance(exc, OSError):
+        return from_os_error(exc)  # no path known here
+    where = f" (call {call})" if call else ""
+    log.error("internal error %s%s", doing, where, exc_info=exc)
+    return WorkerError(
+        ErrorCode.INTERNAL_ERROR,
+        f"the worker hit an internal error {doing}; its log has the details{where}",
+    )
+
+
+# ----------------------------------------------------------------- this machine
+
+
+class StartupError(Exception):
+    """A problem on this machine that stops a command before any call: not a wire error.
+
+    `exit_code` is what `agentworker` exits with; `message` says what to do.
+    """
+
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(StartupError):
+    """A flag or argument the command cannot use (as argparse's own errors)."""
+
+    exit_code = 2
+
+
+class HubUnreachableError(StartupError):
+    """No hub to talk to: none started here, or it did not answer."""
+
+    exit_code = 3
+
+
+class ConfigError(StartupError):
+    """The config file (or an AGENTWORKER_* variable) is unreadable or invalid."""
+
+    exit_code = 4
+
+
+class CredentialsError(StartupError):
+    """A token or certificate is missing, empty or unreadable."""
+
+    exit_code = 5
+
+
+class InUseError(StartupError):
+    """Something this command needs is taken: the data folder's lock, an address."""
+
+    exit_code = 6
+
+
+class InsecureError(StartupError):
+    """The command would send or serve a token in plaintext off this machine."""
+
+    exit_code = 7

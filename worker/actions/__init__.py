@@ -1,83 +1,50 @@
-"""Every action the worker can run, in one table (DESIGN.md §4)."""
+"""Every action the worker can run, assembled from the modules that implement them.
+
+Each folder here is a surface (`host/` is `workerHost`, `computer/` is
+`workerComputer`); each public module in it that implements an action declares
+`SPEC = ActionSpec(...)` beside its code. `build` imports the public modules of
+every surface and collects their SPECs, so adding an action is adding one module
+(docs/architecture.md, "Adding an action"). Modules whose names start with `_`
+are private (a desktop backend for another operating system, say) and are never
+imported here.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
-from worker.actions.host import diag, exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
 from worker.core.registry import ActionSpec, Registry, table
 
-HOST = "workerHost"
-DIAG = "workerDiag"
+
+def surfaces() -> Iterator[ModuleType]:
+    """The surface packages under worker/actions/, by name."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.ispkg and not info.name.startswith("_"):
+            yield importlib.import_module(f"{__name__}.{info.name}")
+
+
+def modules(surface: ModuleType) -> Iterator[ModuleType]:
+    """A surface's public modules, imported, by name."""
+    for info in sorted(pkgutil.iter_modules(surface.__path__), key=lambda i: i.name):
+        if not info.ispkg and not info.name.startswith("_"):
+            yield importlib.import_module(f"{surface.__name__}.{info.name}")
+
+
+def specs() -> list[ActionSpec[Any, Any]]:
+    """Every SPEC declared under worker/actions/, diagnostics included."""
+    found: list[ActionSpec[Any, Any]] = []
+    for surface in surfaces():
+        for module in modules(surface):
+            spec = getattr(module, "SPEC", None)
+            if isinstance(spec, ActionSpec):
+                found.append(spec)
+    return found
 
 
 def build(*, diagnostics: bool = False) -> Registry:
-    specs: list[ActionSpec[Any, Any]] = [
-        ActionSpec(
-            HOST,
-            "fs_stat",
-            fs_stat.FsStatArgs,
-            fs_stat.FsStatResult,
-            fs_stat.fs_stat,
-            "type, size, mode, owner and times of a path inside the roots",
-        ),
-        ActionSpec(
-            HOST,
-            "fs_read",
-            fs_read.FsReadArgs,
-            fs_read.FsReadResult,
-            fs_read.fs_read,
-            "up to 1 MiB of a regular file inside the roots (offset/length), in the blob",
-        ),
-        ActionSpec(
-            HOST,
-            "fs_write",
-            fs_write.FsWriteArgs,
-            fs_write.FsWriteResult,
-            fs_write.fs_write,
-            "create, overwrite (atomically) or append to a file in a read-write root; "
-            "the blob is the content, at most 16 MiB",
-            takes_blob=True,
-        ),
-        ActionSpec(
-            HOST,
-            "fs_list",
-            fs_list.FsListArgs,
-            fs_list.FsListResult,
-            fs_list.fs_list,
-            "a folder's entries inside the roots, a few levels deep, symlinks never entered",
-        ),
-        ActionSpec(
-            HOST,
-            "http_fetch",
-            http_fetch.HttpFetchArgs,
-            http_fetch.HttpFetchResult,
-            http_fetch.http_fetch,
-            "one HTTP(S) request to a public address (or a host opened in [http]); the blob "
-            "is the request body, the result blob the response body, at most 5 MiB",
-            takes_blob=True,
-        ),
-        ActionSpec(
-            HOST,
-            "exec",
-            exec_cmd.ExecArgs,
-            exec_cmd.ExecResult,
-            exec_cmd.exec_command,
-            "run an allowlisted program (argv, no shell) in a sandbox; the blob is its stdin",
-            takes_blob=True,
-            sandboxed=True,
-        ),
-    ]
-    if diagnostics:
-        specs.append(
-            ActionSpec(
-                DIAG,
-                "probe",
-                diag.ProbeArgs,
-                diag.ProbeResult,
-                diag.probe,
-                "sleep, mark a side effect, echo the blob (tests and benchmarks)",
-                takes_blob=True,
-            )
-        )
-    return table(*specs)
+    """The registry a worker serves: every action, the diagnostic ones only if asked."""
+    return table(*(spec for spec in specs() if diagnostics or not spec.diagnostic))

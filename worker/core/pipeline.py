@@ -37,7 +37,7 @@ from worker.core.redaction import args_preview
 from worker.core.registry import ActionSpec, Context, Outcome, Registry
 from worker.core.scopes import ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
-from worker.errors import WorkerError, from_os_error
+from worker.errors import WorkerError, as_worker_error
 from worker.wire.framing import result_message
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import call_digest, error_pb
@@ -405,20 +405,11 @@ class Dispatcher:
         self.max_running_seen = max(self.max_running_seen, self.running)
 
     def _error_of(self, exc: Exception, req: pb.ActionRequest) -> WorkerError:
-        """What a failure answers: ours as it is, the OS's translated, anything else an
-        internal error (logged here, never a traceback over the wire)."""
-        if isinstance(exc, WorkerError):
-            return exc
+        """What a failure answers (see worker.errors.as_worker_error)."""
         if isinstance(exc, _CallStoppedError):
             return exc.error
-        if isinstance(exc, OSError):
-            return from_os_error(exc)  # no path known here
-        log.error("internal error in %s (call %s)", req.action, req.correlation_id, exc_info=exc)
-        return WorkerError(
-            "internal_error",
-            f"the worker hit an internal error running {req.surface}.{req.action}; "
-            f"its log has the details (call {req.correlation_id})",
-        )
+        doing = f"running {req.surface}.{req.action}"
+        return as_worker_error(exc, doing=doing, call=req.correlation_id)
 
     def _conclude(
         self,

@@ -1,23 +1,27 @@
-"""The action registry: one table that names the whole action surface.
+"""What an action is: its args and result models, its handler, and its `ActionSpec`.
 
-Each entry binds a `surface.action` name to its args model, result model, scope
-and handler. The pipeline knows nothing about individual actions beyond this.
+Each action module declares one `SPEC` beside its code (docs/architecture.md, "Adding
+an action"); `worker.actions.build` assembles the registry from those modules. The
+pipeline knows nothing about individual actions beyond the registry.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Generic, TypeVar
+from types import MappingProxyType
+from typing import Annotated, Any, Final, Generic, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 from sandbox import Root
 from worker.config import Config
-from worker.errors import WorkerError
+from worker.errors import ErrorCode, WorkerError
+
+MIB: Final = 1024 * 1024
 
 A = TypeVar("A", bound="Args")
 R = TypeVar("R", bound="Result")
@@ -76,10 +80,34 @@ class Outcome(Generic[R]):
 Handler = Callable[[Context, A], Awaitable[Outcome[Any]] | Outcome[Any]]
 
 
-@dataclass(frozen=True)
+# Codes the pipeline itself may answer for any action: an action's `codes` lists
+# only the ones its own handler (and the helpers it calls) may raise besides these.
+PIPELINE_CODES: Final = frozenset(
+    {
+        ErrorCode.VALIDATION_ERROR,
+        ErrorCode.UNKNOWN_ACTION,
+        ErrorCode.SCOPE_REQUIRED,
+        ErrorCode.SCOPE_DENIED,
+        ErrorCode.PLAN_KILLED,
+        ErrorCode.TIMEOUT,
+        ErrorCode.CANCELLED,
+        ErrorCode.OUTCOME_UNKNOWN,
+        ErrorCode.ARGS_MISMATCH,
+        ErrorCode.BUSY,
+        ErrorCode.PAUSED,
+        ErrorCode.RESULT_TOO_LARGE,
+        ErrorCode.PERMISSION_DENIED,  # an OSError with no path, translated by the pipeline
+        ErrorCode.INTERNAL_ERROR,
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ActionSpec(Generic[A, R]):
-    surface: str
-    name: str
+    """One action, declared as `SPEC = ActionSpec(...)` in the module that implements it."""
+
+    surface: str  # "workerHost", "workerComputer", ...
+    name: str  # the action's name on the wire; the scope is surface.name
     args: type[A]
     result: type[R]
     # `async def`, or a plain function for work that never waits (one quick syscall):
@@ -88,6 +116,13 @@ class ActionSpec(Generic[A, R]):
     summary: str = ""
     takes_blob: bool = False
     sandboxed: bool = False
+    # The error codes this action may answer beyond PIPELINE_CODES.
+    codes: frozenset[ErrorCode] = frozenset()
+    # Its hard caps, by name (bytes, entries, hops): what the args models and the
+    # handler enforce, in one place a reader (and `describe`) can quote.
+    caps: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # Only registered when `[worker] diagnostics = true` (tests and benchmarks).
+    diagnostic: bool = False
 
     @property
     def scope(self) -> str:
@@ -97,11 +132,17 @@ class ActionSpec(Generic[A, R]):
     def inline(self) -> bool:
         return not inspect.iscoroutinefunction(self.handler)
 
+    @property
+    def answers(self) -> frozenset[ErrorCode]:
+        """Every code a call of this action can end with."""
+        return PIPELINE_CODES | self.codes
+
 
 Registry = dict[str, ActionSpec[Any, Any]]
 
 
 def table(*specs: ActionSpec[Any, Any]) -> Registry:
+    """The registry of `specs`, by scope; a scope declared twice is a mistake."""
     registry: Registry = {}
     for spec in specs:
         if spec.scope in registry:

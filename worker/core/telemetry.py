@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from worker.clock import now_ms
 from worker.db import write_many
+from worker.errors import ErrorCode
 from worker.wire.proto import agentworker_pb2 as pb
 
 ROW_KIND: Final = "v1:worker:invocation"
@@ -46,20 +47,8 @@ CREATE TABLE IF NOT EXISTS audit_events (
 CREATE INDEX IF NOT EXISTS audit_time ON audit_events (unix_ms);
 """
 
-# Errors worth an audit row: the person will want to know someone tried.
-AUDITED_CODES: Final = frozenset(
-    {
-        "scope_required",
-        "scope_denied",
-        "plan_killed",
-        "command_not_allowed",
-        "command_forbidden",
-        "path_not_allowed",
-        "url_not_allowed",
-        "args_mismatch",
-        "outcome_unknown",
-    }
-)
+# Errors worth an audit row: the person will want to know someone tried (ErrorCode.audited).
+AUDITED_CODES: Final = frozenset(code for code in ErrorCode if code.audited)
 
 
 def retention_days(configured: int) -> int:

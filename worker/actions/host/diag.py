@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import Field, StringConstraints
 
-from worker.core.registry import Args, Context, Outcome, Result
+from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
 
 MarkName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
@@ -50,3 +50,15 @@ def _make_mark(ctx: Context, mark: str) -> int:
         return os.fstat(fd).st_size
     finally:
         os.close(fd)
+
+
+SPEC: Final = ActionSpec(
+    surface="workerDiag",
+    name="probe",
+    args=ProbeArgs,
+    result=ProbeResult,
+    handler=probe,
+    summary="sleep, mark a side effect, echo the blob (tests and benchmarks)",
+    takes_blob=True,
+    diagnostic=True,
+)

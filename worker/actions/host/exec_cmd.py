@@ -28,15 +28,15 @@ from pydantic import AfterValidator, Field, StringConstraints
 from allowlist import Decision
 from sandbox import Root, environment
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
-from worker.actions.host.caps import CAPS
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
-from worker.actions.host.fs_paths import confined
+from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.config import ExecSection, Paths
-from worker.core.registry import Args, Context, Outcome, PathArg, Result
-from worker.errors import WorkerError
+from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
+from worker.errors import ErrorCode, WorkerError
 
 PREVIEW_CHARS: Final = 300
+OUTPUT_BYTES: Final = 1 * MIB  # stdout + stderr together, per call
 
 
 def _no_nul(value: str) -> str:
@@ -116,7 +116,7 @@ def limits_of(settings: ExecSection, timeout_s: float) -> Limits:
     """The one place exec's caps come from: the [exec] section and the call's timeout."""
     return Limits(
         timeout_s=timeout_s,
-        output_bytes=CAPS.exec_output,
+        output_bytes=OUTPUT_BYTES,
         cpu_s=settings.cpu_s,
         memory_bytes=settings.memory_mb * 1024**2,
         file_size_bytes=settings.file_size_mb * 1024**2,
@@ -192,3 +192,22 @@ def _signal_name(number: int | None) -> str | None:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+SPEC: Final = ActionSpec(
+    surface="workerHost",
+    name="exec",
+    args=ExecArgs,
+    result=ExecResult,
+    handler=exec_command,
+    summary="run an allowlisted program (argv, no shell) in a sandbox; the blob is its stdin",
+    takes_blob=True,
+    sandboxed=True,
+    codes=CONFINED_CODES
+    | {
+        ErrorCode.COMMAND_NOT_ALLOWED,
+        ErrorCode.COMMAND_FORBIDDEN,
+        ErrorCode.SANDBOX_UNAVAILABLE,
+    },
+    caps={"output_bytes": OUTPUT_BYTES},
+)

@@ -11,20 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import stat as stat_mod
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import Field
 
 from sandbox import ConfinedDir, ConfinementError, Entry, file_kind, list_tree
-from worker.actions.host.caps import CAPS
-from worker.actions.host.fs_paths import confined
-from worker.core.registry import Args, Context, Outcome, PathArg, Result
+from worker.actions.host.fs_paths import CONFINED_CODES, confined
+from worker.core.registry import ActionSpec, Args, Context, Outcome, PathArg, Result
+
+LIST_ENTRIES: Final = 10_000  # per call (truncated past it)
+LIST_DEPTH: Final = 32
+SCAN_PER_FOLDER: Final = 100_000  # names read from one folder before giving up
 
 
 class FsListArgs(Args):
     path: PathArg = "."
-    depth: Annotated[int, Field(ge=1, le=CAPS.list_depth)] = 1  # 1: the folder's own entries
-    limit: Annotated[int, Field(ge=1, le=CAPS.list_entries)] = 1000
+    depth: Annotated[int, Field(ge=1, le=LIST_DEPTH)] = 1  # 1: the folder's own entries
+    limit: Annotated[int, Field(ge=1, le=LIST_ENTRIES)] = 1000
     hidden: bool = False  # include names starting with '.'
 
 
@@ -57,7 +60,7 @@ def _list(ctx: Context, args: FsListArgs) -> Outcome[FsListResult]:
             depth=args.depth,
             limit=args.limit,
             hidden=args.hidden,
-            scan_limit=CAPS.list_scan_per_folder,
+            scan_limit=SCAN_PER_FOLDER,
         )
         entries = [_entry(root, located.relative, entry) for entry in listing.entries]
     result = FsListResult(path=args.path, entries=entries, truncated=listing.truncated)
@@ -80,3 +83,15 @@ def _entry(root: ConfinedDir, base: str, entry: Entry) -> FsEntry:
         symlink_target=target,
         error=entry.error,
     )
+
+
+SPEC: Final = ActionSpec(
+    surface="workerHost",
+    name="fs_list",
+    args=FsListArgs,
+    result=FsListResult,
+    handler=fs_list,
+    summary="a folder's entries inside the roots, a few levels deep, symlinks never entered",
+    codes=CONFINED_CODES,
+    caps={"entries": LIST_ENTRIES, "depth": LIST_DEPTH, "scan_per_folder": SCAN_PER_FOLDER},
+)

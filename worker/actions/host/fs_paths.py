@@ -1,14 +1,29 @@
-"""The one place where the sandbox's confinement errors become wire errors."""
+"""Open a caller's path inside its root; the sandbox's refusals become wire errors here."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Final
 
 from sandbox import ConfinedDir, ConfinementError, HardLinkError, Located, locate
 from worker.core.registry import Context
-from worker.errors import WorkerError, from_os_error
+from worker.errors import ErrorCode, WorkerError, from_os_error
+
+# What `confined` may answer: a refusal, or the file system's own no.
+CONFINED_CODES: Final = frozenset(
+    {
+        ErrorCode.PATH_NOT_ALLOWED,
+        ErrorCode.NOT_FOUND,
+        ErrorCode.NOT_DIRECTORY,
+        ErrorCode.IS_DIRECTORY,
+        ErrorCode.PERMISSION_DENIED,
+        ErrorCode.ALREADY_EXISTS,
+        ErrorCode.TOO_LARGE,
+        ErrorCode.NOT_SUPPORTED,
+    }
+)
 
 _HARD_LINK_HINT = (
     " If hard-linked files in the shared folders should be usable, set "

@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import codecs
 import os
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
 from sandbox import open_regular, read_at
-from worker.actions.host.caps import CAPS
-from worker.actions.host.fs_paths import confined
-from worker.core.registry import Args, Context, Outcome, PathArg, Result
+from worker.actions.host.fs_paths import CONFINED_CODES, confined
+from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
+
+READ_BYTES: Final = 1 * MIB  # per call; page with offset/length
 
 Encoding = Literal["utf-8", "latin-1", "ascii"]
 
@@ -29,7 +30,7 @@ class FsReadArgs(Args):
     path: PathArg
     offset: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     # Omitted: as much as one call may carry (1 MiB). More is a validation error.
-    length: Annotated[int, Field(ge=0, le=CAPS.read_bytes)] | None = None
+    length: Annotated[int, Field(ge=0, le=READ_BYTES)] | None = None
     # Set: decode into `text` (undecodable bytes become U+FFFD) instead of the blob.
     encoding: Encoding | None = None
 
@@ -51,7 +52,7 @@ async def fs_read(ctx: Context, args: FsReadArgs) -> Outcome[FsReadResult]:
 
 
 def _read(ctx: Context, args: FsReadArgs) -> Outcome[FsReadResult]:
-    wanted = CAPS.read_bytes if args.length is None else args.length
+    wanted = READ_BYTES if args.length is None else args.length
     with confined(ctx, args.path) as (root, located):
         fd = open_regular(root, located.relative, allow_hard_links=ctx.config.fs.allow_hard_links)
         try:
@@ -87,3 +88,15 @@ def _decode(data: bytes, encoding: str, *, final: bool) -> tuple[str, int]:
     if pending == len(data) and data:  # a page smaller than one character: show it as is
         return codecs.decode(data, encoding, errors="replace"), len(data)
     return text, len(data) - pending
+
+
+SPEC: Final = ActionSpec(
+    surface="workerHost",
+    name="fs_read",
+    args=FsReadArgs,
+    result=FsReadResult,
+    handler=fs_read,
+    summary="up to 1 MiB of a regular file inside the roots (offset/length), in the blob",
+    codes=CONFINED_CODES,
+    caps={"read_bytes": READ_BYTES},
+)

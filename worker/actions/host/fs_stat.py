@@ -6,10 +6,11 @@ import functools
 import grp
 import pwd
 import stat as stat_mod
+from typing import Final
 
 from sandbox import file_kind
-from worker.actions.host.fs_paths import confined
-from worker.core.registry import Args, Context, Outcome, PathArg, Result
+from worker.actions.host.fs_paths import CONFINED_CODES, confined
+from worker.core.registry import ActionSpec, Args, Context, Outcome, PathArg, Result
 
 
 class FsStatArgs(Args):
@@ -76,3 +77,14 @@ def _group(gid: int) -> str | None:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return None
+
+
+SPEC: Final = ActionSpec(
+    surface="workerHost",
+    name="fs_stat",
+    args=FsStatArgs,
+    result=FsStatResult,
+    handler=fs_stat,
+    summary="type, size, mode, owner and times of a path inside the roots",
+    codes=CONFINED_CODES,
+)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from typing import Literal
+from typing import Final, Literal
 
 from sandbox import Written, append_bytes, make_parents, sweep_leftovers, write_atomic
-from worker.actions.host.caps import CAPS
-from worker.actions.host.fs_paths import check_lands_writable, confined
-from worker.core.registry import Args, Context, Outcome, PathArg, Result
+from worker.actions.host.fs_paths import CONFINED_CODES, check_lands_writable, confined
+from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import WorkerError
+
+WRITE_BYTES: Final = 16 * MIB  # per call; above is too_large
 
 Mode = Literal["create", "overwrite", "append"]
 
@@ -41,12 +42,12 @@ class FsWriteResult(Result):
 
 async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
     data = ctx.blob
-    if len(data) > CAPS.write_bytes:
+    if len(data) > WRITE_BYTES:
         raise WorkerError(
             "too_large",
-            f"the blob is {len(data):,} bytes; fs_write takes at most {CAPS.write_bytes:,} "
+            f"the blob is {len(data):,} bytes; fs_write takes at most {WRITE_BYTES:,} "
             "bytes per call. Write the first part, then append the rest in further calls.",
-            {"bytes": len(data), "limit": CAPS.write_bytes},
+            {"bytes": len(data), "limit": WRITE_BYTES},
         )
     try:
         # Hashing and writing both release the GIL: overlap them rather than add them.
@@ -93,3 +94,17 @@ def _write(ctx: Context, args: FsWriteArgs, data: bytes) -> Written:
             return done
         finally:
             os.close(parent)
+
+
+SPEC: Final = ActionSpec(
+    surface="workerHost",
+    name="fs_write",
+    args=FsWriteArgs,
+    result=FsWriteResult,
+    handler=fs_write,
+    summary="create, overwrite (atomically) or append to a file in a read-write root; "
+    "the blob is the content, at most 16 MiB",
+    takes_blob=True,
+    codes=CONFINED_CODES,
+    caps={"write_bytes": WRITE_BYTES},
+)

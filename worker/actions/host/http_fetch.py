@@ -18,20 +18,25 @@ import functools
 import re
 import ssl
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import httpx
 from pydantic import AfterValidator, Field, StringConstraints
 
-from worker.actions.host.caps import CAPS
 from worker.actions.host.http_body import read_body
 from worker.actions.host.http_pinned import PinnedTransport, Pins
 from worker.actions.host.ssrf import DEFAULT_PORTS, UrlGuard
 from worker.config import HttpSection
-from worker.core.registry import Args, Context, Outcome, Result
-from worker.errors import WorkerError
+from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, Result
+from worker.errors import ErrorCode, WorkerError
 from worker.hosts import parse_pattern
 from worker.wire.protocol import VERSION
+
+BODY_BYTES: Final = 5 * MIB  # the response body, counted after decoding
+# Raw bytes read for one response: bounds a compressed stream that inflates to nothing.
+RAW_BYTES: Final = 10 * MIB
+REQUEST_BYTES: Final = 16 * MIB
+REDIRECTS: Final = 5
 
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -105,12 +110,11 @@ class HttpFetchResult(Result):
 
 async def http_fetch(ctx: Context, args: HttpFetchArgs) -> Outcome[HttpFetchResult]:
     settings = ctx.config.http
-    if len(ctx.blob) > CAPS.fetch_request_body:
+    if len(ctx.blob) > REQUEST_BYTES:
         raise WorkerError(
             "too_large",
-            f"the request body is {len(ctx.blob):,} bytes; at most "
-            f"{CAPS.fetch_request_body:,} can be sent",
-            {"bytes": len(ctx.blob), "limit": CAPS.fetch_request_body},
+            f"the request body is {len(ctx.blob):,} bytes; at most {REQUEST_BYTES:,} can be sent",
+            {"bytes": len(ctx.blob), "limit": REQUEST_BYTES},
         )
     timeouts, total = _timeouts(args, settings)
     guard = _guard(tuple(settings.allow_hosts))
@@ -191,7 +195,7 @@ async def _fetch(
             pins.pin(destination.host, destination.port, destination.address)
             request = client.build_request(method, url, headers=headers, content=content)
             response = await client.send(request, stream=True)
-            limit_reached = response.is_redirect and len(redirects) == CAPS.redirects
+            limit_reached = response.is_redirect and len(redirects) == REDIRECTS
             if not (args.follow_redirects and response.is_redirect) or limit_reached:
                 break
             location = response.headers["location"]
@@ -213,7 +217,7 @@ async def _fetch(
                 for name in _CREDENTIAL_HEADERS:
                     headers.pop(name, None)
             url = target
-        received = await read_body(response, cap=CAPS.fetch_body, raw_cap=CAPS.fetch_raw)
+        received = await read_body(response, cap=BODY_BYTES, raw_cap=RAW_BYTES)
     result = HttpFetchResult(
         url=str(url),
         status=response.status_code,
@@ -286,3 +290,29 @@ def _is_tls_failure(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+SPEC: Final = ActionSpec(
+    surface="workerHost",
+    name="http_fetch",
+    args=HttpFetchArgs,
+    result=HttpFetchResult,
+    handler=http_fetch,
+    summary="one HTTP(S) request to a public address (or a host opened in [http]); the blob "
+    "is the request body, the result blob the response body, at most 5 MiB",
+    takes_blob=True,
+    codes=frozenset(
+        {
+            ErrorCode.URL_NOT_ALLOWED,
+            ErrorCode.TOO_LARGE,
+            ErrorCode.NOT_FOUND,
+            ErrorCode.NOT_SUPPORTED,
+        }
+    ),
+    caps={
+        "body_bytes": BODY_BYTES,
+        "raw_bytes": RAW_BYTES,
+        "request_bytes": REQUEST_BYTES,
+        "redirects": REDIRECTS,
+    },
+)
