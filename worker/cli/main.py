@@ -22,6 +22,7 @@ import grpc
 
 from worker import app
 from worker.cli import allowlist as cli_allowlist
+from worker.cli import replay as cli_replay
 from worker.config import Config, Paths, load
 from worker.core.connection import FatalConnectionError, Target
 from worker.core.ledger import State
@@ -119,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("grant_id", type=int)
 
     cli_allowlist.add_parser(sub)
+    cli_replay.add_parser(sub)
     return parser
 
 
@@ -418,6 +420,7 @@ _COMMANDS: dict[str, Callable[[Paths, argparse.Namespace], int]] = {
     "grants": _grants,
     "revoke": _revoke,
     "allowlist": cli_allowlist.run,
+    "replay": cli_replay.run,
 }
 
 if __name__ == "__main__":

@@ -1,0 +1,223 @@
+"""Running a script's steps one after another, and checking each answer.
+
+Tolerant by default: a malformed line or a step whose answer misses its
+expectation is recorded with its line number and the run goes on; with
+`fail_fast` the first such step ends it (the rest are reported as not run).
+`validate` is the dry run: every step and its args checked against the action's
+model, nothing sent anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from worker.core.registry import Registry
+from worker.replay.expect import Answer, Mismatch, check
+from worker.replay.script import Entry, Malformed, Script
+from worker.replay.targets import Target
+from worker.wire.proto import agentworker_pb2 as pb
+
+Outcome = Literal["passed", "failed", "malformed", "not_run", "valid", "invalid"]
+# Outcomes that make a run (or a dry run) fail.
+FAILING: frozenset[str] = frozenset({"failed", "malformed", "invalid"})
+
+
+@dataclass
+class StepReport:
+    line: int
+    index: int
+    action: str
+    outcome: Outcome
+    correlation_id: str = ""
+    note: str | None = None
+    answer: Answer | None = None
+    mismatches: list[Mismatch] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # malformed or invalid: why
+    duration_ms: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "line": self.line,
+            "step": self.index,
+            "action": self.action,
+            "outcome": self.outcome,
+            "correlation_id": self.correlation_id or None,
+            "note": self.note,
+            "duration_ms": round(self.duration_ms, 3),
+        }
+        if self.answer is not None:
+            out.update(
+                status=self.answer.status,
+                error_code=self.answer.error_code,
+                error_message=self.answer.error_message,
+                result=self.answer.result,
+                blob_bytes=len(self.answer.blob),
+                blob_sha256=self.answer.blob_sha256,
+                replayed=self.answer.replayed,
+            )
+        if self.mismatches:
+            out["mismatches"] = [m.to_json() for m in self.mismatches]
+        if self.problems:
+            out["problems"] = self.problems
+        return out
+
+
+@dataclass
+class Report:
+    script: str
+    mode: str  # "in-process", "hub ADDR" or "dry-run"
+    steps: list[StepReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for s in self.steps if s.outcome == outcome)
+
+    @property
+    def ok(self) -> bool:
+        return not any(s.outcome in FAILING for s in self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        ran = [s for s in self.steps if s.answer is not None]
+        return {
+            "script": self.script,
+            "mode": self.mode,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "steps_per_s": round(len(ran) / self.seconds, 1) if self.seconds and ran else None,
+            "counts": {
+                o: self.count(o)
+                for o in ("passed", "failed", "malformed", "not_run", "valid", "invalid")
+                if self.count(o)
+            },
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+
+Progress = Callable[[int, int, StepReport], None]  # steps done, steps in all, the last
+
+
+def request_of(entry: Entry) -> pb.ActionRequest:
+    surface, name = entry.step.surface_action
+    return pb.ActionRequest(
+        correlation_id=entry.correlation_id,
+        plan_id=entry.plan,
+        agent_id=entry.agent,
+        task_id=entry.task,
+        surface=surface,
+        action=name,
+        args_json=entry.args_json(),
+        timeout_ms=entry.step.timeout_ms or 0,
+        attempt=1,
+    )
+
+
+def _malformed(item: Malformed) -> StepReport:
+    return StepReport(item.line, item.index, item.action, "malformed", problems=list(item.problems))
+
+
+def _named(entry: Entry) -> str:
+    surface, name = entry.step.surface_action
+    return f"{surface}.{name}"
+
+
+async def replay(
+    script: Script,
+    target: Target,
+    *,
+    mode: str,
+    fail_fast: bool = False,
+    progress: Progress | None = None,
+) -> Report:
+    """Run every step of `script` on `target`, in order, one at a time."""
+    report = Report(script=str(script.path or "-"), mode=mode)
+    total = len(script.items)
+    begun = time.perf_counter()
+    stopped = False
+    for item in script.items:
+        if stopped:
+            step = (
+                StepReport(item.line, item.index, _named(item), "not_run", item.correlation_id)
+                if isinstance(item, Entry)
+                else StepReport(item.line, item.index, item.action, "not_run")
+            )
+        elif isinstance(item, Malformed):
+            step = _malformed(item)
+        else:
+            step = await _run_step(item, target)
+        report.steps.append(step)
+        if step.outcome in FAILING and fail_fast:
+            stopped = True
+        if progress is not None:
+            progress(len(report.steps), total, step)
+    report.seconds = time.perf_counter() - begun
+    return report
+
+
+async def _run_step(entry: Entry, target: Target) -> StepReport:
+    if entry.step.wait_ms:
+        await asyncio.sleep(entry.step.wait_ms / 1000)
+    step = StepReport(entry.line, entry.index, _named(entry), "passed", entry.correlation_id)
+    step.note = entry.step.note
+    try:
+        blob = entry.read_blob()
+    except OSError as exc:
+        step.outcome = "malformed"
+        step.problems.append(f"blob: cannot read {entry.blob_path}: {exc.strerror}")
+        return step
+    begun = time.perf_counter()
+    answer = await target.call(request_of(entry), blob)
+    step.duration_ms = (time.perf_counter() - begun) * 1000
+    step.answer = answer
+    step.mismatches = check(entry.expect, answer)
+    if step.mismatches:
+        step.outcome = "failed"
+    return step
+
+
+# ----------------------------------------------------------------- dry run
+
+
+def validate(script: Script, registry: Registry) -> Report:
+    """Check every step without running it: the line, the action, its args against the
+    action's model (as the pipeline parses them) and its blob. A step that expects the
+    very error found (unknown_action, validation_error) is as intended: valid."""
+    report = Report(script=str(script.path or "-"), mode="dry-run")
+    for item in script.items:
+        if isinstance(item, Malformed):
+            report.steps.append(_malformed(item))
+            continue
+        step = StepReport(item.line, item.index, _named(item), "valid", item.correlation_id)
+        step.note = item.step.note
+        code, problems = _args_problems(item, registry)
+        if problems and item.expect.error_code != code:
+            step.outcome = "invalid"
+            step.problems = problems
+        report.steps.append(step)
+    return report
+
+
+def _args_problems(entry: Entry, registry: Registry) -> tuple[str, list[str]]:
+    name = _named(entry)
+    spec = registry.get(name)
+    if spec is None:
+        known = ", ".join(sorted(registry))
+        return "unknown_action", [f"action: this worker has no {name}; it offers: {known}"]
+    problems = []
+    if entry.blob_path is not None and not spec.takes_blob:
+        problems.append(f"blob: {name} takes no blob")
+    try:
+        spec.args.model_validate_json(entry.args_json())
+    except ValidationError as exc:
+        problems.extend(
+            f"args.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            if err["loc"]
+            else f"args: {err['msg']}"
+            for err in exc.errors(include_url=False, include_input=False)
+        )
+    return "validation_error", problems
