@@ -30,7 +30,10 @@ def test_an_empty_expectation_checks_nothing() -> None:
 def test_an_error_code_implies_an_error_status() -> None:
     expect = Expect(error_code="not_found")
     assert check(expect, failed("not_found")) == []
-    assert check(expect, ok({})) == [Mismatch("status", "error", "ok")]
+    assert check(expect, ok({})) == [
+        Mismatch("status", "error", "ok"),
+        Mismatch("error_code", "not_found", None),
+    ]
     assert check(expect, failed("busy")) == [Mismatch("error_code", "not_found", "busy")]
 
 
