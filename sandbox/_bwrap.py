@@ -51,10 +51,15 @@ class Tools:
 
 @dataclass(frozen=True)
 class Mount:
-    """A shared folder, bound at its own path inside the sandbox."""
+    """A shared folder, bound at its own path inside the sandbox (or at `target`)."""
 
     path: str
     writable: bool
+    target: str | None = None  # where it appears inside; None: at `path`
+
+    @property
+    def inside(self) -> str:
+        return self.target or self.path
 
 
 @dataclass(frozen=True)
@@ -151,9 +156,9 @@ def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
     steps: list[tuple[int, int, list[str]]] = []
     for mount in mounts:
         flag = "--bind" if mount.writable else "--ro-bind"
-        steps.append((_depth(mount.path), 0, [flag, mount.path, mount.path]))
+        steps.append((_depth(mount.inside), 0, [flag, mount.path, mount.inside]))
     for path in hidden:
-        if any(_inside(path, mount.path) for mount in mounts):
+        if any(_inside(path, mount.inside) for mount in mounts):
             steps.append((_depth(path), 1, ["--tmpfs", path, "--remount-ro", path]))
     return [arg for _, _, step in sorted(steps, key=lambda s: (s[0], s[1])) for arg in step]
 

@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sandbox import Root
 from worker import actions
+from worker.actions import workbench
 from worker.config import Config, Paths, first_start
 from worker.core.connection import Backoff, Target, WorkerConnection
 from worker.core.ledger import State
@@ -110,25 +111,42 @@ def grants_of(config: Config) -> list[Grant]:
     ]
 
 
-def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = None) -> Dispatcher:
+def build_dispatcher(
+    paths: Paths,
+    config: Config,
+    approver: Approver | None = None,
+    bench: workbench.Workbench | None = None,
+) -> Dispatcher:
+    """The worker side; with `bench`, in sandbox mode: workbenchHost.* per plan, no
+    shared folders, no prompts (the plan's workspace is all a call can reach)."""
     state = State(paths.data_dir / "state.db")
     # In the ledger's database, on its connection: one file, and an ack is recorded
     # only after the row of its result (see Dispatcher.ack).
     telemetry = Telemetry(state.connection, retention_days(config.telemetry.retention_days))
+    static = grants_of(config)
+    registry = actions.build(diagnostics=config.worker.diagnostics)
+    roots = roots_of(config, paths)
+    if bench is not None:
+        static.append(Grant(agent="*", scope=f"{workbench.SURFACE}.*", granted_by="sandbox mode"))
+        registry = {
+            **workbench.build(bench),
+            **{name: spec for name, spec in registry.items() if spec.surface == actions.DIAG},
+        }
+        roots = []
     scopes = Scopes(
-        grants_of(config),
+        static,
         live=lambda: [
             Grant(g.agent, g.scope, g.plan, g.expires, g.granted_by) for g in state.grants()
         ],
         approver=approver,
     )
-    return Dispatcher(
+    dispatcher = Dispatcher(
         worker_id=worker_id(paths),
-        registry=actions.build(diagnostics=config.worker.diagnostics),
+        registry=registry,
         state=state,
         telemetry=telemetry,
         scopes=scopes,
-        roots=roots_of(config, paths),
+        roots=roots,
         data_dir=paths.data_dir,
         limits=Limits(
             max_concurrency=config.worker.max_concurrency,
@@ -137,6 +155,9 @@ def build_dispatcher(paths: Paths, config: Config, approver: Approver | None = N
         ),
         config=config,
     )
+    if bench is not None:
+        dispatcher.on_teardown = bench.teardown
+    return dispatcher
 
 
 def worker_target(paths: Paths, config: Config) -> Target:
@@ -266,26 +287,58 @@ async def run_hub(paths: Paths, config: Config, listen: str | None = None) -> No
     await running.stop()
 
 
-async def run_worker(paths: Paths, config: Config, target: Target | None = None) -> None:
+async def start_workbench(paths: Paths, config: Config) -> workbench.Workbench:
+    """Sandbox mode's workspaces, once the sandbox is known to work here (else refuse)."""
+    await workbench.probe(config)
+    bench = workbench.Workbench.at(paths.workbench, config.sandbox)
+    log.info(
+        "sandbox mode: a workspace per plan under %s (quota %d MiB, swept after %g h idle); %s",
+        paths.workbench,
+        config.sandbox.quota_mb,
+        config.sandbox.idle_hours,
+        bench.limits_note(config.exec),
+    )
+    return bench
+
+
+async def run_worker(
+    paths: Paths, config: Config, target: Target | None = None, *, sandbox: bool = False
+) -> None:
     with worker_lock(paths):
-        dispatcher = build_dispatcher(paths, config)
-        await _serve_worker(dispatcher, target or worker_target(paths, config), config)
+        bench = await start_workbench(paths, config) if sandbox else None
+        dispatcher = build_dispatcher(paths, config, bench=bench)
+        await _serve_worker(dispatcher, target or worker_target(paths, config), config, bench)
 
 
-async def run_up(paths: Paths, config: Config) -> None:
+async def run_up(paths: Paths, config: Config, *, sandbox: bool = False) -> None:
     """Hub and worker in one process on loopback: the embedded default."""
     with worker_lock(paths):
+        bench = await start_workbench(paths, config) if sandbox else None
         running = await start_hub(paths, config)
         log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
-        dispatcher = build_dispatcher(paths, config)
+        dispatcher = build_dispatcher(paths, config, bench=bench)
         target = Target(address=running.address, token=read_or_create_token(paths.token_file))
         try:
-            await _serve_worker(dispatcher, target, config)
+            await _serve_worker(dispatcher, target, config, bench)
         finally:
             await running.stop()
 
 
-async def _serve_worker(dispatcher: Dispatcher, target: Target, config: Config) -> None:
+async def _sweep_workspaces(dispatcher: Dispatcher, bench: workbench.Workbench) -> None:
+    """Remove workspaces left idle past their age (never one whose plan runs a call)."""
+    while True:
+        removed = await bench.sweep(dispatcher.plans_running())
+        if removed:
+            log.info("swept %d idle plan workspace(s): %s", len(removed), ", ".join(removed))
+        await asyncio.sleep(bench.settings.sweep_every_s)
+
+
+async def _serve_worker(
+    dispatcher: Dispatcher,
+    target: Target,
+    config: Config,
+    bench: workbench.Workbench | None = None,
+) -> None:
     lost = dispatcher.recover()
     if lost:
         log.warning(
@@ -293,12 +346,13 @@ async def _serve_worker(dispatcher: Dispatcher, target: Target, config: Config) 
         )
     for root in dispatcher.roots:
         log.info("root %s (%s)", root.path, "read-write" if root.writable else "read-only")
-    if not dispatcher.roots:
+    if not dispatcher.roots and bench is None:
         log.warning("no filesystem roots: add a [[root]] table to config.toml to allow file access")
     connection = build_connection(dispatcher, target, config)
     stop = _stop_event()
     housekeeping = asyncio.create_task(_housekeeping(dispatcher))
     kills = asyncio.create_task(_enforce_kills(dispatcher))
+    sweeps = asyncio.create_task(_sweep_workspaces(dispatcher, bench)) if bench else None
     link = asyncio.create_task(connection.run())
     stopper = asyncio.create_task(stop.wait())
     log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
@@ -317,6 +371,8 @@ async def _serve_worker(dispatcher: Dispatcher, target: Target, config: Config) 
     finally:
         housekeeping.cancel()
         kills.cancel()
+        if sweeps is not None:
+            sweeps.cancel()
         stopper.cancel()
         dispatcher.close()
 

@@ -64,6 +64,11 @@ class Paths:
     def workspace(self) -> Path:
         return self.data_dir / "workspace"
 
+    @property
+    def workbench(self) -> Path:
+        """Sandbox mode's per-plan workspaces."""
+        return self.data_dir / "workbench"
+
     def ensure(self) -> None:
         for folder in (self.config_dir, self.data_dir):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -171,6 +176,16 @@ class HttpSection(_Strict):
         return entries
 
 
+class SandboxSection(_Strict):
+    """Sandbox mode (`--sandbox`): a workspace per plan, under the data folder."""
+
+    quota_mb: int = Field(default=1024, ge=1)  # disk a plan's workspace may take
+    idle_hours: float = Field(default=168.0, gt=0)  # workspaces unused this long are swept
+    sweep_every_s: float = Field(default=600.0, ge=0.05, le=86_400)
+    # Programs of one plan running at once: with per-sandbox rlimits, this bounds the plan.
+    plan_execs: int = Field(default=2, ge=1, le=64)
+
+
 class Config(_Strict):
     hub: HubSection = HubSection()
     root: list[RootSection] = []
@@ -181,6 +196,7 @@ class Config(_Strict):
     exec: ExecSection = ExecSection()
     fs: FsSection = FsSection()
     http: HttpSection = HttpSection()
+    sandbox: SandboxSection = SandboxSection()
 
 
 # Environment variables and the setting each one overrides.

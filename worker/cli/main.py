@@ -23,6 +23,7 @@ import grpc
 from worker import app
 from worker.cli import allowlist as cli_allowlist
 from worker.cli import replay as cli_replay
+from worker.cli import sandbox as cli_sandbox
 from worker.config import Config, Paths, load
 from worker.core.connection import FatalConnectionError, Target
 from worker.core.ledger import State
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run hub and worker together on loopback (the default setup)")
     up.add_argument("--listen", help="hub address (default from config: 127.0.0.1:7421)")
+    up.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
 
     hub = sub.add_parser("hub", help="run the reference hub alone")
     hub.add_argument("--listen", help="address to serve (loopback unless TLS is configured)")
@@ -60,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--token", help="bearer token (default: the local hub's token file)")
     run.add_argument("--tls-ca", type=Path, help="CA certificate to verify a TLS server")
     run.add_argument("--max-concurrency", type=int, help="calls executed at once (default 8)")
+    run.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
 
     call = sub.add_parser(
         "call",
@@ -121,7 +124,14 @@ def _parser() -> argparse.ArgumentParser:
 
     cli_allowlist.add_parser(sub)
     cli_replay.add_parser(sub)
+    cli_sandbox.add_parser(sub, _add_server_flags)
     return parser
+
+
+SANDBOX_HELP = (
+    "sandbox mode (the workbench): serve workbenchHost.* with a contained workspace per "
+    "plan instead of your shared folders; refuses to start if bubblewrap cannot work here"
+)
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -171,7 +181,7 @@ def _config(paths: Paths, args: argparse.Namespace) -> Config:
 
 def _up(paths: Paths, args: argparse.Namespace) -> int:
     app.prepare(paths)
-    asyncio.run(app.run_up(paths, _config(paths, args)))
+    asyncio.run(app.run_up(paths, _config(paths, args), sandbox=args.sandbox))
     return EXIT_OK
 
 
@@ -185,7 +195,7 @@ def _run(paths: Paths, args: argparse.Namespace) -> int:
     app.prepare(paths)
     config = _config(paths, args)
     target: Target = app.worker_target(paths, config)
-    asyncio.run(app.run_worker(paths, config, target))
+    asyncio.run(app.run_worker(paths, config, target, sandbox=args.sandbox))
     return EXIT_OK
 
 
@@ -421,6 +431,7 @@ _COMMANDS: dict[str, Callable[[Paths, argparse.Namespace], int]] = {
     "revoke": _revoke,
     "allowlist": cli_allowlist.run,
     "replay": cli_replay.run,
+    "sandbox": cli_sandbox.run,
 }
 
 if __name__ == "__main__":

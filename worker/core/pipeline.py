@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,8 @@ class Dispatcher:
         self._finished: list[pb.ActionResult] = []  # results waiting for flush_results
         self._intake: list[str] | None = None  # calls claimed in the open intake batch
         self._telemetry_scheduled = False
+        # Sandbox mode: removes a plan's workspace (its result's JSON); None elsewhere.
+        self.on_teardown: Callable[[str], Awaitable[dict[str, Any]]] | None = None
 
     # ------------------------------------------------------------- intake
 
@@ -251,6 +254,49 @@ class Dispatcher:
         for cid, task in victims:
             self._stop(cid, task, error)
         return len(victims)
+
+    def plans_running(self) -> set[str]:
+        """Plans with a call accepted and not yet answered."""
+        return {plan for plan, _task in self._tasks.values()}
+
+    async def teardown(self, plan_id: str, correlation_id: str) -> None:
+        """Stop the plan's running calls and wait for them to end, then remove its
+        workspace; answer as a result for `correlation_id`. Idempotent, and not
+        recorded in the ledger: running it again is harmless, so a lost answer is
+        simply asked for again."""
+        try:
+            if self.on_teardown is None:
+                raise WorkerError(
+                    "not_supported",
+                    "this worker keeps no per-plan workspaces; start it with --sandbox for those",
+                )
+            if not plan_id:
+                raise WorkerError("validation_error", "a teardown needs a plan_id")
+            error = WorkerError("cancelled", f"plan {plan_id!r} was torn down")
+            victims = [task for cid, (plan, task) in self._tasks.items() if plan == plan_id]
+            for cid, (plan, task) in list(self._tasks.items()):
+                if plan == plan_id:
+                    self._stop(cid, task, error)
+            if victims:
+                await asyncio.wait(victims)
+            answer = await self.on_teardown(plan_id)
+            event = self.telemetry.audit(
+                "teardown", correlation_id=correlation_id, plan_id=plan_id, detail=answer
+            )
+            self.emit(pb.WorkerMessage(audit=event))
+            result = pb.ActionResult(
+                correlation_id=correlation_id,
+                status=pb.ActionResult.OK,
+                result_json=json.dumps(answer),
+            )
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the answer
+            failure = self._error_of(exc, pb.ActionRequest(correlation_id=correlation_id))
+            result = pb.ActionResult(
+                correlation_id=correlation_id,
+                status=pb.ActionResult.ERROR,
+                error=error_pb(failure),
+            )
+        self.emit(pb.WorkerMessage(result=result))
 
     def enforce_kills(self) -> int:
         """Stop running calls of plans killed in the ledger meanwhile (by `agentworker

@@ -11,6 +11,7 @@ the session's outbox, while a reader task handles what the worker sends.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from worker.wire.protocol import (
     PROTOCOL_MAX,
     PROTOCOL_MIN,
     VERSION,
+    WORKBENCH_SURFACE,
     WORKER_SERVICE,
     call_digest,
     error_pb,
@@ -44,6 +46,8 @@ ACK_DELAY_S = 0.01
 # Calls sent and results received are stored this long later, together: off the
 # caller's path, and many in one commit under load.
 STORE_DELAY_S = 0.0002
+# How long a teardown waits for the worker (it stops the plan's calls, then removes files).
+TEARDOWN_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -102,6 +106,11 @@ class Hub:
         self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
         self._unstored: list[tuple[Session, pb.ActionResult]] = []  # see store_results
         self._store_scheduled = False
+        # Sandbox mode: plan -> the worker holding its workspace (sticky), the calls each
+        # worker has open (its load, as this hub sees it) and teardowns awaiting answers.
+        self.placements: dict[str, str] = store.placements()
+        self._open_calls: dict[str, int] = {}
+        self._teardowns: dict[str, asyncio.Future[pb.ActionResult]] = {}
 
     # ------------------------------------------------------------- worker stream
 
@@ -216,6 +225,11 @@ class Hub:
 
     def _on_result(self, session: Session, result: pb.ActionResult) -> None:
         cid = result.correlation_id
+        teardown = self._teardowns.pop(cid, None)
+        if teardown is not None:  # not a call: nothing to store or ack
+            if not teardown.done():
+                teardown.set_result(result)
+            return
         self._answer(cid, result)
         if result.error.code == "busy" and not result.HasField("invocation"):
             # Refused before it ran: not an outcome to keep. The caller may retry the id.
@@ -297,8 +311,141 @@ class Hub:
             "name one with --worker"
         )
 
+    # ------------------------------------------------------------- sandbox mode
+
+    def _sandbox_workers(self) -> list[Session]:
+        prefix = f"{WORKBENCH_SURFACE}."
+        return [
+            session
+            for session in self.sessions.values()
+            if any(action.startswith(prefix) for action in session.hello.actions)
+        ]
+
+    def route(self, req: pb.DispatchRequest) -> str:
+        """The worker for a call: for a sandbox plan, the one holding its workspace
+        (placing a new plan on the least loaded sandbox worker); else `pick_worker`."""
+        if req.surface != WORKBENCH_SURFACE:
+            return self.pick_worker(req.worker_id)
+        if not req.plan_id:
+            raise WorkerError(
+                "validation_error",
+                f"{WORKBENCH_SURFACE} calls run in a plan's workspace: give the call a plan_id",
+            )
+        placed = self.placements.get(req.plan_id)
+        if placed is not None:
+            if req.worker_id and req.worker_id != placed:
+                raise WorkerError(
+                    "validation_error",
+                    f"plan {req.plan_id!r} has its workspace on worker {placed!r}, not "
+                    f"{req.worker_id!r}; send its calls there (or leave the worker out)",
+                    {"plan_id": req.plan_id, "worker_id": placed},
+                )
+            if placed not in self.sessions:
+                raise WorkerError(
+                    "sandbox_unavailable",
+                    f"plan {req.plan_id!r} has its workspace on worker {placed!r}, which is not "
+                    "connected now. Try again once it is back (its files are kept there); a new "
+                    "empty workspace elsewhere would lose them. Tear the plan down to start over.",
+                    {"plan_id": req.plan_id, "worker_id": placed},
+                )
+            return placed
+        worker_id = req.worker_id or self._least_loaded(req.plan_id)
+        self.placements[req.plan_id] = worker_id
+        self.store.place(req.plan_id, worker_id)
+        log.info("plan %s placed on worker %s", req.plan_id, worker_id)
+        return worker_id
+
+    def _least_loaded(self, plan_id: str) -> str:
+        candidates = [
+            s for s in self._sandbox_workers() if s.heartbeat.state != pb.Heartbeat.DRAINING
+        ]
+        if not candidates:
+            raise WorkerError(
+                "sandbox_unavailable",
+                f"no sandbox worker is connected to take plan {plan_id!r}; start one with "
+                "`agentworker run --sandbox` (or `agentworker up --sandbox`)",
+                {"plan_id": plan_id},
+            )
+        plans: dict[str, int] = {}
+        for worker_id in self.placements.values():
+            plans[worker_id] = plans.get(worker_id, 0) + 1
+
+        def load(session: Session) -> tuple[int, int, str]:
+            beat = session.heartbeat
+            busy = max(self._open_calls.get(session.worker_id, 0), beat.in_flight + beat.queued)
+            return busy, plans.get(session.worker_id, 0), session.worker_id
+
+        return min(candidates, key=load).worker_id
+
+    async def teardown(self, req: pb.TeardownRequest) -> pb.DispatchResponse:
+        """Remove a plan's workspace at the worker holding it (stopping its calls).
+        Idempotent: a plan with no workspace anywhere is torn down already."""
+        if not req.plan_id:
+            raise WorkerError("validation_error", "a teardown needs a plan_id")
+        placed = self.placements.get(req.plan_id)
+        if req.worker_id:
+            targets = [req.worker_id]
+        elif placed is not None:
+            targets = [placed]
+        else:  # no record here (a hub.db lost, say): every sandbox worker checks
+            targets = [session.worker_id for session in self._sandbox_workers()]
+        missing = [worker_id for worker_id in targets if worker_id not in self.sessions]
+        if missing:
+            raise WorkerError(
+                "sandbox_unavailable",
+                f"worker {missing[0]!r}, which holds plan {req.plan_id!r}, is not connected; "
+                "try the teardown again once it is back",
+                {"plan_id": req.plan_id, "worker_id": missing[0]},
+            )
+        answers = await asyncio.gather(*(self._teardown_at(w, req.plan_id) for w in targets))
+        removed = False
+        for worker_id, result in zip(targets, answers, strict=True):
+            if result.status != pb.ActionResult.OK:
+                return pb.DispatchResponse(worker_id=worker_id, result=result)
+            removed = removed or bool(json.loads(result.result_json or "{}").get("removed"))
+        if self.placements.pop(req.plan_id, None) is not None:
+            self.store.unplace(req.plan_id)
+        worker_id = targets[0] if len(targets) == 1 else ""
+        answer = {"plan_id": req.plan_id, "removed": removed}
+        result = pb.ActionResult(status=pb.ActionResult.OK, result_json=json.dumps(answer))
+        return pb.DispatchResponse(worker_id=worker_id, result=result)
+
+    async def _teardown_at(self, worker_id: str, plan_id: str) -> pb.ActionResult:
+        cid = uuid.uuid4().hex
+        waiter: asyncio.Future[pb.ActionResult] = asyncio.get_running_loop().create_future()
+        self._teardowns[cid] = waiter
+        self.sessions[worker_id].send(
+            pb.ServerMessage(teardown=pb.Teardown(plan_id=plan_id, correlation_id=cid))
+        )
+        try:
+            async with asyncio.timeout(TEARDOWN_TIMEOUT_S):
+                return await waiter
+        except TimeoutError:
+            error = WorkerError(
+                "timeout",
+                f"worker {worker_id!r} did not confirm the teardown of plan {plan_id!r} within "
+                f"{TEARDOWN_TIMEOUT_S:g} s; try again (a teardown may be repeated safely)",
+            )
+            return error_result(cid, error)
+        finally:
+            self._teardowns.pop(cid, None)
+
+    # ------------------------------------------------------------- dispatch
+
     async def dispatch(self, req: pb.DispatchRequest) -> pb.DispatchResponse:
-        worker_id = self.pick_worker(req.worker_id)
+        try:
+            worker_id = self.route(req)
+        except WorkerError as exc:
+            return pb.DispatchResponse(
+                worker_id=req.worker_id, result=error_result(req.correlation_id, exc)
+            )
+        self._open_calls[worker_id] = self._open_calls.get(worker_id, 0) + 1
+        try:
+            return await self._dispatch_to(worker_id, req)
+        finally:
+            self._open_calls[worker_id] -= 1
+
+    async def _dispatch_to(self, worker_id: str, req: pb.DispatchRequest) -> pb.DispatchResponse:
         timeout_s = req.timeout_ms / 1000 if req.timeout_ms else self.default_timeout_s
         request = pb.ActionRequest(
             correlation_id=req.correlation_id or uuid.uuid4().hex,
@@ -522,9 +669,7 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
     async def Teardown(  # noqa: N802
         self, request: pb.TeardownRequest, context: grpc.aio.ServicerContext
     ) -> pb.DispatchResponse:
-        # Per-plan workspaces arrive with the sandbox; until then every worker answers this.
-        error = WorkerError(
-            "not_supported",
-            "this worker keeps no per-plan workspaces (sandbox mode is not available yet)",
-        )
-        return pb.DispatchResponse(worker_id=request.worker_id, result=error_result("", error))
+        try:
+            return await self.hub.teardown(request)
+        except WorkerError as exc:
+            return pb.DispatchResponse(worker_id=request.worker_id, result=error_result("", exc))

@@ -48,6 +48,11 @@ CREATE TABLE IF NOT EXISTS queued_kills (
     created_ms INTEGER NOT NULL,
     PRIMARY KEY (worker_id, plan_id)
 );
+CREATE TABLE IF NOT EXISTS placements (  -- sandbox mode: which worker holds a plan's workspace
+    plan_id   TEXT PRIMARY KEY,
+    worker_id TEXT NOT NULL,
+    placed_ms INTEGER NOT NULL
+);
 """
 
 
@@ -219,6 +224,20 @@ class HubStore:
         ).fetchall()
         self._db.execute("DELETE FROM queued_kills WHERE worker_id = ?", (worker_id,))
         return [pb.KillPlan(plan_id=plan, reason=reason) for plan, reason in rows]
+
+    def place(self, plan_id: str, worker_id: str) -> None:
+        """Remember that `worker_id` holds the workspace of `plan_id` (sandbox mode)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO placements VALUES (?, ?, ?)", (plan_id, worker_id, now_ms())
+        )
+
+    def unplace(self, plan_id: str) -> None:
+        self._db.execute("DELETE FROM placements WHERE plan_id = ?", (plan_id,))
+
+    def placements(self) -> dict[str, str]:
+        """plan id -> the worker holding its workspace."""
+        rows = self._db.execute("SELECT plan_id, worker_id FROM placements")
+        return {plan: worker for plan, worker in rows}
 
     def workers(self) -> list[tuple[pb.Hello, int]]:
         rows = self._db.execute("SELECT hello, last_seen_ms FROM workers ORDER BY worker_id")

@@ -14,6 +14,9 @@ _WORKER_SERVICE: Final = pb.DESCRIPTOR.services_by_name["WorkerService"]
 WORKER_SERVICE: Final = _WORKER_SERVICE.full_name
 STREAM_METHOD: Final = f"/{WORKER_SERVICE}/{_WORKER_SERVICE.methods_by_name['Stream'].name}"
 
+# Sandbox mode's surface: a plan's calls go to the worker holding its workspace.
+WORKBENCH_SURFACE: Final = "workbenchHost"
+
 PROTOCOL_MIN: Final = 1
 PROTOCOL_MAX: Final = 1
 

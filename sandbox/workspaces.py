@@ -1,0 +1,331 @@
+"""Per-plan workspaces for sandbox mode (the workbench): one private folder per plan.
+
+In sandbox mode each plan the server runs gets a folder of its own under the
+worker's data folder, made on the plan's first call and kept between its calls,
+so a later call sees what an earlier one left. Its files are reachable only
+through it: file actions resolve beneath it with `ConfinedDir` (the same kernel
+confinement as the shared folders), and programs see it alone, at a fixed path,
+inside their bubblewrap sandbox. A plan is torn down (its folder removed) on
+request, and a plan left idle past an age is swept.
+
+    <base>/<key>/plan.json   the plan id and when it was made; its mtime is the last use
+    <base>/<key>/files/      the workspace: all the agent ever sees
+
+`key` is a digest of the plan id, so any id the server sends is a safe name.
+The bookkeeping sits beside the workspace, never in it, where the agent could
+change it. Every folder is made owner-only and checked after it is made (owner,
+type, mode): a folder someone else made or opened up is refused, not used.
+
+Disk use is what the files take on disk (allocated blocks), counted by a walk
+that never follows a link; it is cached and counted again after anything may
+have changed it. The quota is checked before each write and bounds each file a
+program writes (RLIMIT_FSIZE), so a plan can end up over it only through many
+files written by programs in one call; it can then write nothing more until
+torn down.
+
+Standard library only, no worker imports: it can be reviewed and tested alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from sandbox.paths import Root
+
+FILES: Final = "files"
+META: Final = "plan.json"
+TRASH_PREFIX: Final = ".trash-"
+MAX_PLAN_ID_BYTES: Final = 1024
+# Where a plan's workspace appears inside its exec sandbox, and the absolute spelling
+# file actions accept for it too.
+MOUNT_POINT: Final = "/workspace"
+
+
+class WorkspaceError(Exception):
+    """A workspace could not be made or used. `code` is a wire error code
+    (validation_error, permission_denied, too_large, internal_error)."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """One plan's workspace as `list` reports it."""
+
+    plan_id: str
+    key: str
+    bytes_used: int
+    created_unix: float
+    last_used_unix: float
+
+
+@dataclass(frozen=True)
+class Workspace:
+    plan_id: str
+    key: str
+    folder: Path  # <base>/<key>
+    files: Path  # the workspace itself (real path)
+
+    @property
+    def root(self) -> Root:
+        return Root(path=self.files, writable=True)
+
+
+def plan_key(plan_id: str) -> str:
+    return hashlib.sha256(plan_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def check_plan_id(plan_id: str) -> None:
+    if not plan_id:
+        raise WorkspaceError(
+            "validation_error",
+            "sandbox mode keeps a workspace per plan, so every call needs a plan_id; "
+            "send the plan's id with the call",
+        )
+    if len(plan_id.encode("utf-8", "surrogatepass")) > MAX_PLAN_ID_BYTES or "\0" in plan_id:
+        raise WorkspaceError(
+            "validation_error",
+            f"a plan_id may have at most {MAX_PLAN_ID_BYTES} bytes and no NUL byte",
+        )
+
+
+def _owner_only(path: Path) -> None:
+    """Refuse `path` unless it is a real folder of ours that no one else may enter."""
+    st = os.lstat(path)
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder (a link or a file stands in its place)"
+    elif st.st_uid != os.geteuid():
+        problem = f"belongs to user {st.st_uid}, not to the worker's user {os.geteuid()}"
+    elif st.st_mode & 0o077:
+        problem = f"has mode {stat.S_IMODE(st.st_mode):o}; it must be 700 (owner only)"
+    if problem is not None:
+        raise WorkspaceError(
+            "permission_denied",
+            f"the workspace folder {path} {problem}. Remove it, or fix it with "
+            f"`chmod 700 {path}`, and try again.",
+        )
+
+
+def _make_private(path: Path) -> None:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    _owner_only(path)
+
+
+def disk_use(folder: Path) -> int:
+    """Bytes `folder` takes on disk (allocated blocks), walked without following links."""
+    total = 0
+    stack = [str(folder)]
+    while stack:
+        here = stack.pop()
+        try:
+            with os.scandir(here) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total
+
+
+def remove_tree(path: Path) -> None:
+    """Remove `path` and all in it, symlink-safe (rmtree works on fds), opening up
+    folders a program made unreadable to us on the way."""
+
+    def retry(func: Callable[..., Any], failed: str, _info: Any) -> None:
+        parent = os.path.dirname(failed)
+        with contextlib.suppress(OSError):
+            os.chmod(parent, 0o700)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            func(failed)
+
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path, onerror=retry)
+    if os.path.lexists(path):  # a second pass for what the first opened up
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Workspaces:
+    """Every plan's workspace under `base` (owner-only), with a quota per plan."""
+
+    def __init__(self, base: Path, *, quota_bytes: int) -> None:
+        self.base = base
+        self.quota_bytes = quota_bytes
+        self._lock = threading.Lock()
+        self._use: dict[str, int] = {}  # key -> bytes, while known
+        self._opened: dict[str, Workspace] = {}
+
+    def prepare(self) -> None:
+        """Make the base folder (owner-only) and finish removals a crash interrupted."""
+        self.base.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _make_private(self.base)
+        for name in os.listdir(self.base):
+            if name.startswith(TRASH_PREFIX):
+                remove_tree(self.base / name)
+
+    # ------------------------------------------------------------- one plan
+
+    def open(self, plan_id: str) -> Workspace:
+        """The plan's workspace, made now if this is its first call; marks it used."""
+        check_plan_id(plan_id)
+        key = plan_key(plan_id)
+        with self._lock:
+            known = self._opened.get(key)
+            if known is not None and os.path.isdir(known.files):
+                self._touch(known)
+                return known
+            workspace = self._create(plan_id, key)
+            self._opened[key] = workspace
+            return workspace
+
+    def _create(self, plan_id: str, key: str) -> Workspace:
+        folder = self.base / key
+        try:
+            _make_private(self.base)
+            _make_private(folder)
+            meta = folder / META
+            try:
+                fd = os.open(meta, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    json.dump({"plan_id": plan_id, "created_unix": time.time()}, handle)
+            _make_private(folder / FILES)
+        except WorkspaceError:
+            raise
+        except OSError as exc:
+            raise WorkspaceError(
+                "too_large" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "internal_error",
+                f"could not make the workspace of plan {plan_id!r}: {exc.strerror}",
+            ) from exc
+        workspace = Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
+        self._touch(workspace)
+        return workspace
+
+    def _touch(self, workspace: Workspace) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(workspace.folder / META)
+
+    def use(self, workspace: Workspace) -> int:
+        """Bytes the workspace takes (cached until `changed`)."""
+        known = self._use.get(workspace.key)
+        if known is None:
+            known = disk_use(workspace.files)
+            self._use[workspace.key] = known
+        return known
+
+    def changed(self, workspace: Workspace) -> None:
+        """Something may have written to the workspace: count it again when next asked."""
+        self._use.pop(workspace.key, None)
+
+    def room(self, workspace: Workspace) -> int:
+        """Bytes the plan may still write before its quota is reached."""
+        return max(0, self.quota_bytes - self.use(workspace))
+
+    def check_room(self, workspace: Workspace, incoming: int) -> None:
+        used = self.use(workspace)
+        if used + incoming > self.quota_bytes:
+            raise WorkspaceError(
+                "too_large",
+                f"plan {workspace.plan_id!r} has used {used:,} of its {self.quota_bytes:,}-byte "
+                f"workspace quota; {incoming:,} more bytes would not fit. Write less, or tear "
+                "the plan down to start over.",
+                {"quota_bytes": self.quota_bytes, "used_bytes": used, "bytes": incoming},
+            )
+
+    # ------------------------------------------------------------- all plans
+
+    def teardown(self, plan_id: str) -> bool:
+        """Remove the plan's workspace; True if there was one. Idempotent."""
+        trash = self.detach(plan_id)
+        if trash is None:
+            return False
+        remove_tree(trash)
+        return True
+
+    def detach(self, plan_id: str) -> Path | None:
+        """Take the plan's workspace out of use at once (a rename); the folder to remove
+        with `remove_tree`, or None if the plan had none. A later first call of the
+        plan starts clean even while the old tree is still being removed."""
+        key = plan_key(plan_id)
+        with self._lock:
+            self._opened.pop(key, None)
+            self._use.pop(key, None)
+            trash = self.base / f"{TRASH_PREFIX}{key}.{secrets.token_hex(4)}"
+            try:
+                os.rename(self.base / key, trash)
+            except FileNotFoundError:
+                return None
+        return trash
+
+    def plans(self, *, sizes: bool = True) -> list[PlanInfo]:
+        """Every plan holding a workspace, most recently used first (`bytes_used` is 0
+        unless `sizes`: counting walks every file)."""
+        found = []
+        try:
+            names = os.listdir(self.base)
+        except FileNotFoundError:
+            return []
+        for name in names:
+            if name.startswith(TRASH_PREFIX):
+                continue
+            folder = self.base / name
+            try:
+                meta = folder / META
+                st = os.lstat(meta)
+                info = json.loads(meta.read_text(encoding="utf-8"))
+                plan_id = str(info["plan_id"])
+                created = float(info.get("created_unix", st.st_mtime))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            found.append(
+                PlanInfo(
+                    plan_id=plan_id,
+                    key=name,
+                    bytes_used=disk_use(folder / FILES) if sizes else 0,
+                    created_unix=created,
+                    last_used_unix=st.st_mtime,
+                )
+            )
+        return sorted(found, key=lambda p: p.last_used_unix, reverse=True)
+
+    def idle(self, idle_s: float, busy: Iterable[str] = (), now: float | None = None) -> list[str]:
+        """Plans unused for `idle_s` and not in `busy`: the ones a sweep removes."""
+        moment = time.time() if now is None else now
+        spared = set(busy)
+        return [
+            plan.plan_id
+            for plan in self.plans(sizes=False)
+            if plan.plan_id not in spared and moment - plan.last_used_unix >= idle_s
+        ]
+
+    def sweep(self, idle_s: float, busy: Iterable[str] = (), now: float | None = None) -> list[str]:
+        """Tear down every plan unused for `idle_s` that is not in `busy`; the ids removed."""
+        return [plan for plan in self.idle(idle_s, busy, now) if self.teardown(plan)]

@@ -1,0 +1,381 @@
+"""Sandbox mode (the workbench): the six host actions, each confined to its plan's workspace.
+
+`agentworker run --sandbox` serves `workbenchHost.<action>` instead of
+`workerHost.*`. Each call belongs to a plan, and the plan has a folder of its own
+(sandbox.workspaces), made on its first call. The host handlers run unchanged
+with that folder as their one root, so the same kernel confinement
+(`ConfinedDir`) keeps file actions inside it. Paths may be relative to it or
+spelled `/workspace/...`, the place programs see it at.
+
+Programs run in bubblewrap as `workerHost.exec` runs them, with these changes: the
+plan's workspace is the only folder, read-write at /workspace; the environment is
+cleared (the pass-list is ignored); there is never a network (http_fetch is the
+way out, behind its guard); each file a program writes is bounded by what is
+left of the plan's quota; and at most `plans_execs` programs of one plan run at
+once, so the per-sandbox rlimits bound the whole plan (see `Workbench.limits_note`).
+
+The sandbox is probed once at start (`probe`): sandbox mode refuses to start when
+bubblewrap cannot build it, and a call never runs outside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from sandbox import environment
+from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
+from sandbox.workspaces import (
+    MOUNT_POINT,
+    Workspace,
+    WorkspaceError,
+    Workspaces,
+    check_plan_id,
+    remove_tree,
+)
+from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
+from worker.actions.host.exec_git import git_view
+from worker.actions.host.exec_policy import path_check, policy_for
+from worker.config import Config, ExecSection, SandboxSection
+from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
+from worker.errors import WorkerError
+from worker.wire.protocol import WORKBENCH_SURFACE
+
+log = logging.getLogger(__name__)
+
+SURFACE: Final = WORKBENCH_SURFACE
+PREVIEW_CHARS: Final = 300
+
+A = TypeVar("A", bound=Args)
+R = TypeVar("R", bound=Result)
+
+
+def _translated(exc: WorkspaceError) -> WorkerError:
+    return WorkerError(exc.code, exc.message, exc.details)
+
+
+class Workbench:
+    """Sandbox mode's state: every plan's workspace, and how many programs each runs."""
+
+    def __init__(self, workspaces: Workspaces, settings: SandboxSection) -> None:
+        self.workspaces = workspaces
+        self.settings = settings
+        self._exec_slots: dict[str, asyncio.Semaphore] = {}
+
+    @classmethod
+    def at(cls, base: Path, settings: SandboxSection) -> Workbench:
+        workspaces = Workspaces(base, quota_bytes=settings.quota_mb * 1024**2)
+        workspaces.prepare()
+        return cls(workspaces, settings)
+
+    def open(self, plan_id: str) -> Workspace:
+        try:
+            return self.workspaces.open(plan_id)
+        except WorkspaceError as exc:
+            raise _translated(exc) from None
+
+    def exec_slot(self, plan_id: str) -> asyncio.Semaphore:
+        slot = self._exec_slots.get(plan_id)
+        if slot is None:
+            slot = self._exec_slots[plan_id] = asyncio.Semaphore(self.settings.plan_execs)
+        return slot
+
+    async def teardown(self, plan_id: str) -> dict[str, Any]:
+        """Remove the plan's workspace (its calls were stopped first); idempotent."""
+        self._exec_slots.pop(plan_id, None)
+        trash = self.workspaces.detach(plan_id)
+        if trash is not None:
+            await asyncio.to_thread(remove_tree, trash)
+        return {"plan_id": plan_id, "removed": trash is not None}
+
+    async def sweep(self, busy: set[str]) -> list[str]:
+        """Remove the workspaces idle past `idle_hours` whose plans run nothing now."""
+        idle_s = self.settings.idle_hours * 3600
+        removed = []
+        for plan_id in self.workspaces.idle(idle_s, busy):
+            if (await self.teardown(plan_id))["removed"]:
+                removed.append(plan_id)
+        return removed
+
+    def limits_note(self, exec_settings: ExecSection) -> str:
+        """Which limits bound a plan's programs, for the start-up log."""
+        n = self.settings.plan_execs
+        return (
+            f"per-plan limits by rlimits: at most {n} program(s) of a plan at once, each "
+            f"sandbox at most {exec_settings.max_processes} processes, "
+            f"{exec_settings.memory_mb} MiB of address space per process and "
+            f"{exec_settings.cpu_s} s of CPU per process (no delegated cgroup v2 subtree is "
+            "used, so memory and CPU are bounded per process, not per plan)"
+        )
+
+
+# ----------------------------------------------------------------- paths
+
+
+def _inside(path: str) -> str:
+    """A path as the plan may spell it, made relative to its workspace."""
+    if path == MOUNT_POINT or path.startswith(MOUNT_POINT + "/"):
+        return path[len(MOUNT_POINT) :].lstrip("/") or "."
+    if path.startswith("/"):
+        raise WorkerError(
+            "path_not_allowed",
+            f"{path!r} is outside the plan's workspace. Use a path relative to it, or "
+            f"one under {MOUNT_POINT}, where programs see it.",
+            {"path": path},
+        )
+    return path
+
+
+def _as_seen_inside(workspace: Workspace, host_path: str) -> str:
+    """A host path in the workspace, as programs in the sandbox see it."""
+    base = str(workspace.files)
+    if host_path == base:
+        return MOUNT_POINT
+    if host_path.startswith(base + "/"):
+        return MOUNT_POINT + host_path[len(base) :]
+    return host_path
+
+
+def _as_seen_outside(workspace: Workspace, path: str) -> str:
+    """An argument spelled /workspace/..., as the host sees it (for the allowlist's checks)."""
+    if path == MOUNT_POINT or path.startswith(MOUNT_POINT + "/"):
+        return str(workspace.files) + path[len(MOUNT_POINT) :]
+    return path
+
+
+def _plan_context(bench: Workbench, ctx: Context) -> tuple[Context, Workspace]:
+    workspace = bench.open(ctx.plan_id)
+    return dataclasses.replace(ctx, roots=(workspace.root,)), workspace
+
+
+# ----------------------------------------------------------------- the actions
+
+
+def _fs(
+    bench: Workbench, handler: Callable[[Context, A], Awaitable[Outcome[R]]]
+) -> Callable[[Context, A], Awaitable[Outcome[R]]]:
+    async def confined(ctx: Context, args: A) -> Outcome[R]:
+        plan_ctx, _ = _plan_context(bench, ctx)
+        path = args.path  # type: ignore[attr-defined]
+        return await handler(plan_ctx, args.model_copy(update={"path": _inside(path)}))
+
+    return confined
+
+
+def _stat(bench: Workbench) -> Callable[[Context, fs_stat.FsStatArgs], Outcome[Any]]:
+    def confined(ctx: Context, args: fs_stat.FsStatArgs) -> Outcome[Any]:
+        plan_ctx, _ = _plan_context(bench, ctx)
+        return fs_stat.fs_stat(plan_ctx, args.model_copy(update={"path": _inside(args.path)}))
+
+    return confined
+
+
+def _write(bench: Workbench) -> Callable[[Context, fs_write.FsWriteArgs], Awaitable[Outcome[Any]]]:
+    async def confined(ctx: Context, args: fs_write.FsWriteArgs) -> Outcome[Any]:
+        plan_ctx, workspace = _plan_context(bench, ctx)
+        path = _inside(args.path)
+        try:
+            bench.workspaces.check_room(workspace, len(ctx.blob))
+        except WorkspaceError as exc:
+            raise _translated(exc) from None
+        try:
+            return await fs_write.fs_write(plan_ctx, args.model_copy(update={"path": path}))
+        finally:
+            bench.workspaces.changed(workspace)
+
+    return confined
+
+
+def _fetch(bench: Workbench) -> Callable[[Context, Any], Awaitable[Outcome[Any]]]:
+    async def guarded(ctx: Context, args: http_fetch.HttpFetchArgs) -> Outcome[Any]:
+        try:
+            check_plan_id(ctx.plan_id)
+        except WorkspaceError as exc:
+            raise _translated(exc) from None
+        return await http_fetch.http_fetch(dataclasses.replace(ctx, roots=()), args)
+
+    return guarded
+
+
+def _exec(bench: Workbench) -> Callable[[Context, exec_cmd.ExecArgs], Awaitable[Outcome[Any]]]:
+    async def sandboxed(ctx: Context, args: exec_cmd.ExecArgs) -> Outcome[Any]:
+        plan_ctx, workspace = _plan_context(bench, ctx)
+        try:
+            return await _run_in_workspace(bench, plan_ctx, workspace, args)
+        finally:
+            bench.workspaces.changed(workspace)
+
+    return sandboxed
+
+
+async def _run_in_workspace(
+    bench: Workbench, ctx: Context, workspace: Workspace, args: exec_cmd.ExecArgs
+) -> Outcome[exec_cmd.ExecResult]:
+    settings = ctx.config.exec
+    timeout_s = exec_cmd._timeout(args, settings)
+    cwd = exec_cmd._working_dir(ctx, None if args.cwd is None else _inside(args.cwd))
+    judge = path_check(ctx.roots, cwd)
+    decision = policy_for(ctx.config).decide(
+        args.argv, lambda path, write: judge(_as_seen_outside(workspace, path), write)
+    )
+    program = exec_cmd._admitted(decision, ctx.roots)
+    if decision.verdict == "ask":
+        command = shlex.join(args.argv)
+        await ctx.approve(
+            f"{SURFACE}.exec: `{command[:PREVIEW_CHARS]}`",
+            f"{command[:PREVIEW_CHARS]}\nin {_as_seen_inside(workspace, cwd)}\n{decision.reason}",
+        )
+    assert decision.program is not None
+    async with git_view(decision.program, program, ctx.roots, cwd) as git:
+        fixed = {
+            **decision.program.env,
+            **{name: _as_seen_inside(workspace, value) for name, value in git.env.items()},
+        }
+        view = View(
+            cwd=_as_seen_inside(workspace, cwd),
+            mounts=(Mount(str(workspace.files), writable=True, target=MOUNT_POINT),),
+            env=environment.build({}, (), fixed),  # cleared: nothing of the worker's passes
+            extra_files=() if visible_by_default(program) else (program,),
+            overlays=tuple((src, _as_seen_inside(workspace, dst)) for src, dst in git.overlays),
+            network=False,
+            bwrap=settings.bwrap,
+        )
+        async with bench.exec_slot(ctx.plan_id):
+            limits = exec_cmd.limits_of(settings, timeout_s)
+            room = bench.workspaces.room(workspace)
+            limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
+            try:
+                done = await run([program, *args.argv[1:]], view, limits, ctx.blob or None)
+            except SandboxUnavailableError as exc:
+                raise WorkerError("sandbox_unavailable", str(exc)) from None
+    result = exec_cmd.ExecResult(
+        program=program,
+        rule=decision.rule_id or "",
+        exit_code=done.exit_code,
+        signal=exec_cmd._signal_name(done.signal),
+        timed_out=done.timed_out,
+        stdout_bytes=len(done.stdout),
+        stderr_bytes=len(done.stderr),
+        truncated=done.truncated,
+        duration_ms=int(done.duration_s * 1000),
+    )
+    return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
+
+
+def build(bench: Workbench) -> Registry:
+    """The workbenchHost table: the host actions' models, handlers confined per plan."""
+    specs: list[ActionSpec[Any, Any]] = [
+        ActionSpec(
+            SURFACE,
+            "fs_stat",
+            fs_stat.FsStatArgs,
+            fs_stat.FsStatResult,
+            _stat(bench),
+            "type, size, mode, owner and times of a path in the plan's workspace",
+            sandboxed=True,
+        ),
+        ActionSpec(
+            SURFACE,
+            "fs_read",
+            fs_read.FsReadArgs,
+            fs_read.FsReadResult,
+            _fs(bench, fs_read.fs_read),
+            "up to 1 MiB of a regular file in the plan's workspace (offset/length), in the blob",
+            sandboxed=True,
+        ),
+        ActionSpec(
+            SURFACE,
+            "fs_write",
+            fs_write.FsWriteArgs,
+            fs_write.FsWriteResult,
+            _write(bench),
+            "create, overwrite or append to a file in the plan's workspace, within its quota",
+            takes_blob=True,
+            sandboxed=True,
+        ),
+        ActionSpec(
+            SURFACE,
+            "fs_list",
+            fs_list.FsListArgs,
+            fs_list.FsListResult,
+            _fs(bench, fs_list.fs_list),
+            "a folder's entries in the plan's workspace, symlinks never entered",
+            sandboxed=True,
+        ),
+        ActionSpec(
+            SURFACE,
+            "http_fetch",
+            http_fetch.HttpFetchArgs,
+            http_fetch.HttpFetchResult,
+            _fetch(bench),
+            "one HTTP(S) request to a public address: the plan's only way to the network",
+            takes_blob=True,
+            sandboxed=True,
+        ),
+        ActionSpec(
+            SURFACE,
+            "exec",
+            exec_cmd.ExecArgs,
+            exec_cmd.ExecResult,
+            _exec(bench),
+            "run an allowlisted program in a sandbox that sees only the plan's workspace "
+            f"(at {MOUNT_POINT}), with no network; the blob is its stdin",
+            takes_blob=True,
+            sandboxed=True,
+        ),
+    ]
+    return table(*specs)
+
+
+# ----------------------------------------------------------------- the start-up probe
+
+
+def _program(name: str) -> str | None:
+    found = shutil.which(name)
+    return None if found is None else os.path.realpath(found)
+
+
+async def probe(config: Config) -> None:
+    """Build one sandbox as every exec will, and run `true` in it; WorkerError
+    (sandbox_unavailable) saying why and what to change when that fails."""
+    true = _program("true")
+    settings = config.exec
+    try:
+        if true is None:
+            raise SandboxUnavailableError("`true` is not on this machine's PATH")
+        with tempfile.TemporaryDirectory(prefix="agentworker-probe-") as scratch:
+            os.chmod(scratch, 0o700)
+            view = View(
+                cwd=MOUNT_POINT,
+                mounts=(Mount(scratch, writable=True, target=MOUNT_POINT),),
+                env=environment.build({}, ()),
+                network=False,
+                bwrap=settings.bwrap,
+            )
+            limits = Limits(timeout_s=20.0, processes=settings.max_processes)
+            done = await run([true], view, limits)
+        if done.exit_code != 0:
+            said = (done.stderr or done.stdout).decode(errors="replace").strip()[:300]
+            raise SandboxUnavailableError(
+                f"a program in it did not run (exit {done.exit_code}, signal {done.signal}): "
+                f"{said or 'no message'}"
+            )
+    except SandboxUnavailableError as exc:
+        raise WorkerError(
+            "sandbox_unavailable",
+            f"sandbox mode cannot start: bubblewrap ({settings.bwrap}) cannot build the sandbox "
+            f"every call runs in, and no call is ever run without it. {exc} To fix it: install "
+            "bubblewrap and util-linux; allow unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; on Ubuntu "
+            "24.04+ also kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile "
+            "for bwrap); in a container, allow the unshare/clone syscalls (a seccomp profile "
+            "that permits user namespaces).",
+        ) from None

@@ -1,0 +1,121 @@
+"""`agentworker sandbox list` and `agentworker sandbox teardown PLAN`: sandbox mode's plans.
+
+`list` reads this machine's workspaces directly (it needs no hub): each plan, the
+disk its workspace takes and when a call last used it. `teardown` goes through
+the hub, which finds the worker holding the plan; that worker stops the plan's
+running calls and removes its workspace. Tearing down a plan twice, or one that
+never ran, succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final
+
+from sandbox.workspaces import Workspaces
+from worker.config import Paths, load
+from worker.hub.client import ControlClient, result_to_dict
+from worker.wire.proto import agentworker_pb2 as pb
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+TEARDOWN_TIMEOUT_S: Final = 60.0
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    server_flags: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    sandbox = sub.add_parser(
+        "sandbox",
+        help="sandbox mode's per-plan workspaces: list them, tear one down",
+        description="Example: agentworker sandbox list; agentworker sandbox teardown PLAN",
+    )
+    verbs = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
+    listing = verbs.add_parser("list", help="plans with a workspace here: size, last use")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    teardown = verbs.add_parser(
+        "teardown",
+        help="remove a plan's workspace and stop its programs (through the hub)",
+    )
+    teardown.add_argument("plan", help="the plan id")
+    teardown.add_argument("--worker", default="", help="worker id (default: the one holding it)")
+    teardown.add_argument("--json", action="store_true", help="machine-readable output")
+    server_flags(teardown)
+
+
+def run(paths: Paths, args: argparse.Namespace) -> int:
+    if args.sandbox_command == "list":
+        return _list(paths, args)
+    return _teardown(paths, args)
+
+
+def _list(paths: Paths, args: argparse.Namespace) -> int:
+    config = load(paths)
+    workspaces = Workspaces(paths.workbench, quota_bytes=config.sandbox.quota_mb * 1024**2)
+    plans = workspaces.plans()
+    rows = [
+        {
+            "plan_id": plan.plan_id,
+            "bytes": plan.bytes_used,
+            "quota_bytes": workspaces.quota_bytes,
+            "created": _iso(plan.created_unix),
+            "last_used": _iso(plan.last_used_unix),
+        }
+        for plan in plans
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print(f"no plan workspaces in {paths.workbench}")
+    else:
+        for plan in plans:
+            used = _iso(plan.last_used_unix)
+            print(f"{plan.plan_id}  {_size(plan.bytes_used)}  last used {used}")
+    return EXIT_OK
+
+
+def _teardown(paths: Paths, args: argparse.Namespace) -> int:
+    config = load(paths, {"worker": {"server": args.server, "token": args.token}})
+
+    async def go() -> pb.DispatchResponse:
+        client = ControlClient.local(paths, config, args.server, args.token)
+        try:
+            reply: pb.DispatchResponse = await client.stub.Teardown(
+                pb.TeardownRequest(worker_id=args.worker, plan_id=args.plan),
+                metadata=client.metadata,
+                timeout=TEARDOWN_TIMEOUT_S,
+            )
+            return reply
+        finally:
+            await client.close()
+
+    reply = asyncio.run(go())
+    out = result_to_dict(reply)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif reply.result.status == pb.ActionResult.OK:
+        removed = out.get("result", {}).get("removed")
+        where = f" on worker {reply.worker_id}" if reply.worker_id else ""
+        said = "workspace removed" if removed else "had no workspace (nothing to remove)"
+        print(f"plan {args.plan}: {said}{where}")
+    else:
+        print(f"plan {args.plan}: {out['error']['code']}: {out['error']['message']}")
+    return EXIT_OK if reply.result.status == pb.ActionResult.OK else EXIT_FAILED
+
+
+def _iso(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="seconds")
+
+
+def _size(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
