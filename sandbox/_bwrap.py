@@ -75,6 +75,9 @@ class View:
     overlays: tuple[tuple[str, str], ...] = ()
     network: bool = False
     bwrap: str = "bwrap"
+    # The sandbox's own root (where bubblewrap makes /etc and the mount points) made
+    # read-only once everything is in place: only the writable folders and /tmp take writes.
+    read_only_root: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,8 @@ def command(
     args += _folders(view.mounts, view.hidden)
     for source, destination in view.overlays:  # after the folders, so they land on top
         args += ["--ro-bind", source, destination]
+    if view.read_only_root:
+        args += ["--remount-ro", "/"]
     args += ["--chdir", view.cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     args += ["--", tools.prlimit, *_rlimits(limits), "--", *argv]
     return args

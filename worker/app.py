@@ -327,7 +327,7 @@ async def run_up(paths: Paths, config: Config, *, sandbox: bool = False) -> None
 async def _sweep_workspaces(dispatcher: Dispatcher, bench: workbench.Workbench) -> None:
     """Remove workspaces left idle past their age (never one whose plan runs a call)."""
     while True:
-        removed = await bench.sweep(dispatcher.plans_running())
+        removed = await bench.sweep(dispatcher.plans_running)
         if removed:
             log.info("swept %d idle plan workspace(s): %s", len(removed), ", ".join(removed))
         await asyncio.sleep(bench.settings.sweep_every_s)

@@ -96,11 +96,14 @@ class Workbench:
             await asyncio.to_thread(remove_tree, trash)
         return {"plan_id": plan_id, "removed": trash is not None}
 
-    async def sweep(self, busy: set[str]) -> list[str]:
-        """Remove the workspaces idle past `idle_hours` whose plans run nothing now."""
+    async def sweep(self, busy: Callable[[], set[str]]) -> list[str]:
+        """Remove the workspaces idle past `idle_hours` whose plans run nothing now
+        (asked again before each one: a call may have come meanwhile)."""
         idle_s = self.settings.idle_hours * 3600
         removed = []
-        for plan_id in self.workspaces.idle(idle_s, busy):
+        for plan_id in self.workspaces.idle(idle_s, busy()):
+            if plan_id in busy() or plan_id not in self.workspaces.idle(idle_s, busy()):
+                continue
             if (await self.teardown(plan_id))["removed"]:
                 removed.append(plan_id)
         return removed
@@ -247,6 +250,7 @@ async def _run_in_workspace(
             overlays=tuple((src, _as_seen_inside(workspace, dst)) for src, dst in git.overlays),
             network=False,
             bwrap=settings.bwrap,
+            read_only_root=True,
         )
         async with bench.exec_slot(ctx.plan_id):
             limits = exec_cmd.limits_of(settings, timeout_s)
@@ -359,6 +363,7 @@ async def probe(config: Config) -> None:
                 env=environment.build({}, ()),
                 network=False,
                 bwrap=settings.bwrap,
+                read_only_root=True,
             )
             limits = Limits(timeout_s=20.0, processes=settings.max_processes)
             done = await run([true], view, limits)

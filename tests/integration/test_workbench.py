@@ -1,0 +1,496 @@
+"""Sandbox mode end to end: a real hub, a real `agentworker run --sandbox`, real bubblewrap.
+
+One sandbox worker serves the module; each test uses plans of its own. The
+worker's environment holds secrets no program may see, and its allowlist adds
+python3 with any arguments: the isolation tests use it to try what the allowlist
+would otherwise refuse before the sandbox is ever reached, so they test the
+sandbox itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.workspaces import plan_key
+from tests.support.cluster import Cluster, cluster, free_port, wait_for, write_config
+from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
+from tests.support.workbench import (
+    call,
+    files_of,
+    run,
+    sandbox_cluster,
+    start_sandbox_worker,
+    teardown,
+)
+from worker.wire.proto import agentworker_pb2 as pb
+
+TEST_POLICY = """
+[program.python3]
+paths = ["/usr/bin/python3"]
+[[program.python3.rule]]
+id = "test-python"
+reason = "tests: an interpreter, to try what the allowlist would refuse first"
+any_args = true
+"""
+
+SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-children"}
+QUOTA = 2 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    base = tmp_path_factory.mktemp("workbench")
+    policy = base / "allowlist.toml"
+    policy.write_text(TEST_POLICY)
+    settings = f'[exec]\npolicy = "{policy}"\n\n[sandbox]\nquota_mb = {QUOTA // 1024**2}\n'
+    with sandbox_cluster(base, extra_config=settings, env=SECRETS) as c:
+        yield c
+
+
+@pytest.fixture
+def plan() -> str:
+    return f"plan-{uuid.uuid4().hex[:12]}"
+
+
+def new_plan() -> str:
+    return f"plan-{uuid.uuid4().hex[:12]}"
+
+
+def py(live: Cluster, plan: str, code: str, *args: str, **fields: Any) -> Any:
+    """Run `code` with python3 in the plan's sandbox; it prints one JSON value."""
+    out, blob = run(live, plan, ["python3", "-c", code, *args], **fields)
+    assert out["status"] == "ok" and out["result"]["exit_code"] == 0, (out, blob)
+    return json.loads(blob)
+
+
+# A helper the probes share: try a thing, report what happened instead of raising.
+TRY = """
+import json, os, sys
+def attempt(fn):
+    try:
+        return ["ok", fn()]
+    except Exception as exc:
+        return ["refused", type(exc).__name__]
+"""
+
+
+# ----------------------------------------------------------------- workspaces
+
+
+def test_a_plan_gets_its_workspace_on_its_first_call_and_keeps_it(live: Cluster, plan: str) -> None:
+    folder = files_of(live, "bench", plan)
+    assert not folder.parent.exists()
+    out, _ = call(live, plan, "fs_write", {"path": "notes/a.txt", "make_parents": True}, b"one")
+    assert out["status"] == "ok", out
+    for made in (folder, folder.parent):
+        st = made.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    _, blob = call(live, plan, "fs_read", {"path": "/workspace/notes/a.txt"})
+    assert blob == b"one"
+    out, blob = run(live, plan, ["cat", "notes/a.txt"])
+    assert out["status"] == "ok" and blob == b"one", out
+    _, blob = run(live, plan, ["pwd"], cwd="notes")
+    assert blob == b"/workspace/notes\n"
+    written = py(live, plan, "open('/workspace/notes/b.txt', 'w').write('two'); print(1)")
+    assert written == 1
+    _, blob = call(live, plan, "fs_read", {"path": "notes/b.txt"})
+    assert blob == b"two"
+    out, _ = call(live, plan, "fs_list", {"path": "notes"})
+    assert sorted(e["name"] for e in out["result"]["entries"]) == ["a.txt", "b.txt"]
+
+
+def test_calls_need_no_grant_and_their_rows_say_sandboxed(live: Cluster, plan: str) -> None:
+    out, _ = call(live, plan, "fs_stat", {"path": "."}, agent_id="an-agent-with-no-grants")
+    assert out["status"] == "ok", out
+    row = out["invocation"]
+    assert row["sandboxed"] is True and row["decision"] == "granted"
+    assert row["surface"] == "workbenchHost" and row["plan_id"] == plan
+
+
+def test_only_the_workbench_actions_are_offered(live: Cluster, plan: str) -> None:
+    (worker,) = live.workers()
+    offered = [a for a in worker.actions if not a.startswith("workerDiag.")]  # the suite's
+    assert sorted(offered) == sorted(
+        f"workbenchHost.{a}"
+        for a in ("exec", "fs_list", "fs_read", "fs_stat", "fs_write", "http_fetch")
+    )
+    out = live.call("workerHost.fs_stat", '{"path": "."}', plan_id=plan)
+    assert out["error"]["code"] == "unknown_action"
+
+
+def test_a_call_without_a_plan_is_refused(live: Cluster) -> None:
+    out, _ = call(live, "", "fs_stat", {"path": "."})
+    assert out["error"]["code"] == "validation_error" and "plan_id" in out["error"]["message"]
+
+
+def test_the_quota_refuses_a_write_saying_quota_and_use(live: Cluster, plan: str) -> None:
+    out, _ = call(live, plan, "fs_write", {"path": "big"}, os.urandom(QUOTA * 3 // 4))
+    assert out["status"] == "ok", out
+    out, _ = call(live, plan, "fs_write", {"path": "more"}, os.urandom(QUOTA // 2))
+    error = out["error"]
+    assert error["code"] == "too_large", out
+    assert error["details"]["quota_bytes"] == QUOTA
+    used = error["details"]["used_bytes"]
+    assert used >= QUOTA * 3 // 4 and f"{used:,}" in error["message"]
+    assert f"{QUOTA:,}" in error["message"]
+    assert not (files_of(live, "bench", plan) / "more").exists()
+    # A program's files are bounded by what is left (RLIMIT_FSIZE).
+    grow = "open('grown', 'wb').write(bytes(2 * 1024 * 1024))"
+    out, blob = run(live, plan, ["python3", "-c", grow])
+    assert out["result"]["exit_code"] != 0 and b"File too large" in blob, (out, blob)
+    assert (files_of(live, "bench", plan) / "grown").stat().st_size < QUOTA // 2
+
+
+def test_teardown_stops_the_plans_programs_and_removes_its_workspace(
+    live: Cluster, plan: str
+) -> None:
+    call(live, plan, "fs_write", {"path": "left.txt"}, b"x")
+    tag = marker()
+    box: dict[str, Any] = {}
+
+    def stubborn() -> None:
+        box["out"], _ = run(live, plan, ["python3", "-c", STUBBORN, tag])
+
+    thread = threading.Thread(target=stubborn, daemon=True)
+    thread.start()
+    wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+    first = teardown(live, plan)
+    assert first["status"] == "ok" and first["result"] == {"plan_id": plan, "removed": True}
+    thread.join(15)
+    assert box["out"]["error"]["code"] == "cancelled", box["out"]
+    assert wait_until_gone(tag) == []
+    assert not files_of(live, "bench", plan).parent.exists()
+    again = teardown(live, plan)
+    assert again["status"] == "ok" and again["result"]["removed"] is False
+    never = teardown(live, new_plan())
+    assert never["status"] == "ok" and never["result"]["removed"] is False
+    out, _ = call(live, plan, "fs_list", {"path": "."})
+    assert out["status"] == "ok" and out["result"]["entries"] == []  # a fresh start
+
+
+def test_sandbox_list_shows_plans_sizes_and_last_use(live: Cluster, plan: str) -> None:
+    call(live, plan, "fs_write", {"path": "sized"}, os.urandom(100_000))
+    env = {**live.env, "AGENTWORKER_HOME": str(live.home.parent / "bench")}
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "sandbox", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    rows = {row["plan_id"]: row for row in json.loads(done.stdout)}
+    assert rows[plan]["bytes"] >= 100_000 and rows[plan]["quota_bytes"] == QUOTA
+    assert rows[plan]["last_used"].startswith("20")
+    text = subprocess.run(
+        [sys.executable, "-m", "worker", "sandbox", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert any(line.startswith(plan + "  ") and "KiB" in line for line in text.splitlines())
+
+
+def test_the_cli_tears_a_plan_down_through_the_hub(live: Cluster, plan: str) -> None:
+    call(live, plan, "fs_write", {"path": "f"}, b"x")
+    env = {**live.env, "AGENTWORKER_HOME": str(live.home)}
+    argv = [sys.executable, "-m", "worker", "sandbox", "teardown", plan, "--server", live.listen]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "workspace removed" in done.stdout, done
+    assert not files_of(live, "bench", plan).parent.exists()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "nothing to remove" in done.stdout, done
+
+
+def test_the_kill_switch_still_applies(live: Cluster, plan: str) -> None:
+    assert call(live, plan, "fs_stat", {"path": "."})[0]["status"] == "ok"
+    live.run(
+        lambda c: c.stub.KillPlan(
+            pb.KillPlanRequest(plan_id=plan, reason="test"), metadata=c.metadata
+        )
+    )
+    wait_for(
+        lambda: (
+            call(live, plan, "fs_stat", {"path": "."})[0].get("error", {}).get("code")
+            == "plan_killed"
+        ),
+        10,
+    )
+
+
+# ----------------------------------------------------------------- isolation: files
+
+
+def test_two_plans_cannot_reach_each_others_files_by_file_actions(live: Cluster) -> None:
+    a, b = new_plan(), new_plan()
+    call(live, a, "fs_write", {"path": "secret.txt"}, b"a's secret")
+    call(live, b, "fs_write", {"path": "mine.txt"}, b"b's")
+    host_secret = files_of(live, "bench", a) / "secret.txt"
+    key = plan_key(a)
+    for path in (
+        "..",
+        "../..",
+        f"../../{key}/files/secret.txt",
+        "/workspace/../secret.txt",
+        f"/workspace/../../{key}/files/secret.txt",
+        str(host_secret),
+        str(host_secret.parent),
+    ):
+        for action in ("fs_read", "fs_list", "fs_stat"):
+            out, blob = call(live, b, action, {"path": path})
+            assert out["error"]["code"] == "path_not_allowed", (action, path, out)
+            assert b"secret" not in blob
+            if not path.startswith(str(live.home.parent)):  # no host path it did not send
+                assert str(live.home.parent) not in out["error"]["message"], out
+
+
+def test_links_one_plan_plants_into_another_lead_nowhere(live: Cluster) -> None:
+    a, b = new_plan(), new_plan()
+    call(live, b, "fs_write", {"path": "mine.txt"}, b"b's own")
+    target = files_of(live, "bench", b) / "mine.txt"
+    plant = (
+        "import os\n"
+        f"os.symlink({str(target)!r}, 'absolute')\n"
+        f"os.symlink('../../{plan_key(b)}/files/mine.txt', 'relative')\n"
+        f"os.symlink({str(target.parent)!r}, 'folder')\n"
+        "print(1)"
+    )
+    assert py(live, a, plant) == 1
+    for name in ("absolute", "relative", "folder/mine.txt"):
+        out, blob = call(live, a, "fs_read", {"path": name})
+        assert out["error"]["code"] == "path_not_allowed", (name, out)
+        assert blob == b""
+        refused, _ = run(live, a, ["cat", name])
+        assert refused["error"]["code"] == "path_not_allowed", (name, refused)
+    listed, _ = call(live, a, "fs_list", {"path": "."})
+    assert all(e.get("target") is None for e in listed["result"]["entries"]), listed
+    seen = py(
+        live,
+        a,
+        TRY + "print(json.dumps({n: attempt(lambda n=n: open(n).read()) "
+        "for n in ['absolute', 'relative', 'folder/mine.txt']}))",
+    )
+    assert all(verdict == "refused" for verdict, _ in seen.values()), seen
+
+
+def test_exec_sees_only_its_own_workspace(live: Cluster) -> None:
+    a, b = new_plan(), new_plan()
+    call(live, a, "fs_write", {"path": "a.txt"}, b"a")
+    call(live, b, "fs_write", {"path": "b.txt"}, b"b")
+    refused, _ = run(live, b, ["ls", ".."])
+    assert refused["error"]["code"] == "path_not_allowed"
+    host_other = files_of(live, "bench", a)
+    code = TRY + (
+        "print(json.dumps({"
+        "'here': os.listdir('.'), 'parent': os.listdir('..'), 'root': os.listdir('/'),"
+        f"'other': attempt(lambda: os.listdir({str(host_other)!r})),"
+        f"'other_file': attempt(lambda: open({str(host_other / 'a.txt')!r}).read()),"
+        f"'by_key': attempt(lambda: os.listdir('/workspace/../{plan_key(a)}')),"
+        f"'data': attempt(lambda: os.listdir({str(live.home.parent)!r})),"
+        "}))"
+    )
+    seen = py(live, b, code)
+    assert seen["here"] == ["b.txt"]
+    assert seen["parent"] == seen["root"] and plan_key(a) not in seen["root"]
+    assert "workspace" in seen["root"]
+    for probe in ("other", "other_file", "by_key", "data"):
+        assert seen[probe][0] == "refused", (probe, seen)
+
+
+# ----------------------------------------------------------------- isolation: exec
+
+
+def test_exec_cannot_write_outside_its_workspace(live: Cluster, plan: str) -> None:
+    name = f"aw-escape-{uuid.uuid4().hex}"
+    targets = [
+        f"/etc/{name}",
+        f"/usr/{name}",
+        f"/{name}",
+        str(live.home.parent / name),
+        str(Path.home() / name),
+        f"/proc/{name}",
+    ]
+    code = TRY + (
+        "targets = sys.argv[1:]\n"
+        "print(json.dumps({t: attempt(lambda t=t: open(t, 'w').write('x')) for t in targets}))"
+    )
+    seen = py(live, plan, code, *targets)
+    assert all(verdict == "refused" for verdict, _ in seen.values()), seen
+    for target in targets:
+        assert not os.path.exists(target)
+
+
+def test_exec_has_a_private_tmp_and_cannot_see_the_hosts(live: Cluster, plan: str) -> None:
+    host_file = Path("/tmp") / f"aw-host-{uuid.uuid4().hex}"
+    host_file.write_text("host only")
+    try:
+        inside = f"/tmp/aw-inside-{uuid.uuid4().hex}"
+        code = TRY + (
+            f"open({inside!r}, 'w').write('x')\n"
+            f"print(json.dumps({{'host': os.path.exists({str(host_file)!r}), "
+            "'tmp': os.listdir('/tmp')}))"
+        )
+        seen = py(live, plan, code)
+        assert seen["host"] is False and seen["tmp"] == [os.path.basename(inside)]
+        assert not os.path.exists(inside)
+    finally:
+        host_file.unlink()
+
+
+def test_exec_sees_no_host_home_and_a_cleared_environment(live: Cluster, plan: str) -> None:
+    home = os.path.realpath(Path.home())
+    code = TRY + (
+        f"print(json.dumps({{'env': dict(os.environ), "
+        f"'home': attempt(lambda: os.listdir({home!r}))}}))"
+    )
+    seen = py(live, plan, code)
+    assert seen["home"][0] == "refused", seen
+    env = seen["env"]
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "TERM", "LANG", "PWD"}, env
+    assert env["HOME"] == "/tmp"
+    text = json.dumps(env)
+    assert live.token not in text and all(v not in text for v in SECRETS.values())
+
+
+def test_exec_cannot_reach_the_network(live: Cluster, plan: str) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(5)
+        port = listener.getsockname()[1]
+        code = TRY + (
+            "import socket\n"
+            "def connect(host):\n"
+            "    with socket.create_connection((host, int(sys.argv[1])), timeout=5):\n"
+            "        return 'connected'\n"
+            "print(json.dumps({h: attempt(lambda h=h: connect(h)) "
+            "for h in ['127.0.0.1', '10.0.0.1', '1.1.1.1']}))"
+        )
+        seen = py(live, plan, code, str(port))
+        assert all(verdict == "refused" for verdict, _ in seen.values()), seen
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_exec_cannot_signal_host_processes(live: Cluster, plan: str) -> None:
+    victim = subprocess.Popen(["sleep", "600"])
+    try:
+        code = TRY + (
+            "import signal\n"
+            "pid = int(sys.argv[1])\n"
+            "print(json.dumps({'kill': attempt(lambda: os.kill(pid, signal.SIGKILL)),"
+            "'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit())}))"
+        )
+        seen = py(live, plan, code, str(victim.pid))
+        assert seen["kill"] == ["refused", "ProcessLookupError"], seen
+        assert victim.pid not in seen["pids"] or max(seen["pids"]) < 10
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_fork_bomb_and_a_memory_hog_leave_the_worker_and_other_plans_working(
+    live: Cluster,
+) -> None:
+    noisy, quiet = new_plan(), new_plan()
+    bomb = (
+        "import os, time\nfailed = False\nfor _ in range(11):\n    try:\n        os.fork()\n"
+        "    except OSError:\n        failed = True\n        break\n"
+        "os.write(1, b'E' if failed else b'.')\ntime.sleep(600)\n"
+    )
+    tag = marker()
+    box: dict[str, Any] = {}
+
+    def detonate() -> None:
+        box["bomb"] = run(live, noisy, ["python3", "-c", bomb, tag], timeout_s=4)
+
+    thread = threading.Thread(target=detonate, daemon=True)
+    thread.start()
+    wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+    out, _ = call(live, quiet, "fs_write", {"path": "still.txt"}, b"working")
+    assert out["status"] == "ok", out
+    out, blob = run(live, quiet, ["cat", "still.txt"])
+    assert out["status"] == "ok" and blob == b"working", out
+    thread.join(30)
+    bomb_out, bomb_blob = box["bomb"]
+    assert bomb_out["result"]["timed_out"] and b"E" in bomb_blob, bomb_out
+    assert len(bomb_blob) <= 301
+    assert wait_until_gone(tag) == []
+    hog, hog_blob = run(live, noisy, ["python3", "-c", "b = bytearray(16 * 1024**3)"])
+    assert hog["result"]["exit_code"] == 1 and b"MemoryError" in hog_blob
+    assert call(live, quiet, "fs_stat", {"path": "still.txt"})[0]["status"] == "ok"
+
+
+# ----------------------------------------------------------------- start-up and sweep
+
+
+BROKEN_BWRAP = """#!/bin/sh
+echo 'bwrap: No permissions to creating new namespace, likely because the kernel does not \
+allow non-privileged user namespaces.' >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("verb", ["run", "up"])
+def test_sandbox_mode_refuses_to_start_when_bubblewrap_cannot_work(
+    tmp_path: Path, verb: str
+) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text(BROKEN_BWRAP)
+    fake.chmod(0o755)
+    with cluster(tmp_path / "hub", worker=False, hub=verb == "run") as live:
+        settings = f'[exec]\nbwrap = "{fake}"\n'
+        home = tmp_path / "sandbox"
+        write_config(home, live.listen, settings)
+        argv = ["run", "--sandbox", "--server", live.listen, "--token", "x" * 64]
+        if verb == "up":
+            argv = ["up", "--sandbox", "--listen", f"127.0.0.1:{free_port()}"]
+        proc = live.spawn("refused", *argv, env={"AGENTWORKER_HOME": str(home)})
+        assert proc.wait(60) != 0
+        said = proc.log()
+    assert "sandbox mode cannot start" in said, said
+    assert "No permissions to creating new namespace" in said
+    assert "user namespaces" in said and "unprivileged_userns_clone" in said
+    assert not (home / "workbench").exists() or not os.listdir(home / "workbench")
+
+
+def test_idle_workspaces_are_swept_but_not_while_their_plan_runs(tmp_path: Path) -> None:
+    policy = tmp_path / "allowlist.toml"
+    policy.write_text(TEST_POLICY)
+    settings = (
+        f'[exec]\npolicy = "{policy}"\n\n[sandbox]\nidle_hours = 0.0002\nsweep_every_s = 0.1\n'
+    )
+    with cluster(tmp_path / "hub", worker=False) as live:
+        start_sandbox_worker(live, "bench", settings)
+        busy, idle = new_plan(), new_plan()
+        tag = marker()
+        box: dict[str, Any] = {}
+
+        def stubborn() -> None:
+            box["out"], _ = run(live, busy, ["python3", "-c", STUBBORN, tag], timeout_s=120)
+
+        thread = threading.Thread(target=stubborn, daemon=True)
+        thread.start()
+        wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+        assert call(live, idle, "fs_write", {"path": "f"}, b"x")[0]["status"] == "ok"
+        idle_folder, busy_folder = files_of(live, "bench", idle), files_of(live, "bench", busy)
+        wait_for(lambda: not idle_folder.exists(), 20)
+        assert busy_folder.exists() and thread.is_alive()
+        assert teardown(live, busy)["status"] == "ok"
+        thread.join(15)
+        assert wait_until_gone(tag) == []

@@ -1,0 +1,149 @@
+"""Per-plan workspaces: made lazily and privately, counted, torn down, swept."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox.workspaces import (
+    FILES,
+    META,
+    TRASH_PREFIX,
+    WorkspaceError,
+    Workspaces,
+    disk_use,
+    plan_key,
+)
+
+
+@pytest.fixture
+def spaces(tmp_path: Path) -> Workspaces:
+    found = Workspaces(tmp_path / "workbench", quota_bytes=64 * 1024)
+    found.prepare()
+    return found
+
+
+def test_a_workspace_is_made_on_first_use_owner_only(spaces: Workspaces) -> None:
+    assert spaces.plans() == []
+    assert not (spaces.base / plan_key("plan-a")).exists()
+    workspace = spaces.open("plan-a")
+    for folder in (spaces.base, workspace.folder, workspace.files):
+        st = os.lstat(folder)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+        assert st.st_uid == os.geteuid()
+    assert workspace.files == workspace.folder / FILES
+    assert [p.plan_id for p in spaces.plans()] == ["plan-a"]
+
+
+def test_a_later_open_finds_what_an_earlier_call_left(spaces: Workspaces) -> None:
+    (spaces.open("plan-a").files / "kept.txt").write_text("still here")
+    again = Workspaces(spaces.base, quota_bytes=spaces.quota_bytes)  # a restarted worker
+    assert (again.open("plan-a").files / "kept.txt").read_text() == "still here"
+
+
+def test_any_plan_id_makes_a_safe_folder_name(spaces: Workspaces) -> None:
+    for plan in ("../../etc", "/abs/olute", "a b\nc", "é" * 200):
+        workspace = spaces.open(plan)
+        assert workspace.folder.parent == spaces.base
+    assert sorted(p.plan_id for p in spaces.plans()) == sorted(
+        ["../../etc", "/abs/olute", "a b\nc", "é" * 200]
+    )
+
+
+@pytest.mark.parametrize("plan", ["", "x\0y", "p" * 2000])
+def test_an_empty_or_unusable_plan_id_is_refused(spaces: Workspaces, plan: str) -> None:
+    with pytest.raises(WorkspaceError) as caught:
+        spaces.open(plan)
+    assert caught.value.code == "validation_error"
+
+
+def test_a_folder_opened_up_to_others_is_refused_not_used(spaces: Workspaces) -> None:
+    workspace = spaces.open("plan-a")
+    os.chmod(workspace.files, 0o755)  # noqa: S103 - the mistake under test
+    fresh = Workspaces(spaces.base, quota_bytes=spaces.quota_bytes)
+    with pytest.raises(WorkspaceError) as caught:
+        fresh.open("plan-a")
+    assert caught.value.code == "permission_denied" and "700" in caught.value.message
+
+
+def test_a_link_in_place_of_the_workspace_is_refused(spaces: Workspaces, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    folder = spaces.base / plan_key("plan-a")
+    folder.mkdir(mode=0o700)
+    (folder / FILES).symlink_to(elsewhere)
+    with pytest.raises(WorkspaceError) as caught:
+        spaces.open("plan-a")
+    assert caught.value.code == "permission_denied" and "not a folder" in caught.value.message
+
+
+def test_the_quota_counts_disk_use_and_says_quota_and_use(spaces: Workspaces) -> None:
+    workspace = spaces.open("plan-a")
+    spaces.check_room(workspace, 60 * 1024)
+    (workspace.files / "big").write_bytes(os.urandom(40 * 1024))
+    spaces.changed(workspace)
+    used = spaces.use(workspace)
+    assert used >= 40 * 1024
+    with pytest.raises(WorkspaceError) as caught:
+        spaces.check_room(workspace, 30 * 1024)
+    error = caught.value
+    assert error.code == "too_large"
+    assert error.details["quota_bytes"] == 64 * 1024 and error.details["used_bytes"] == used
+    assert f"{used:,}" in error.message and f"{64 * 1024:,}" in error.message
+    assert spaces.room(workspace) == 64 * 1024 - used
+
+
+def test_disk_use_never_follows_a_link_out(spaces: Workspaces, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "huge").write_bytes(os.urandom(256 * 1024))
+    workspace = spaces.open("plan-a")
+    (workspace.files / "out").symlink_to(outside)
+    assert disk_use(workspace.files) < 16 * 1024
+
+
+def test_teardown_removes_everything_and_is_idempotent(spaces: Workspaces) -> None:
+    workspace = spaces.open("plan-a")
+    deep = workspace.files / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("x")
+    os.chmod(workspace.files / "a", 0o000)  # a program made a folder unreadable
+    assert spaces.teardown("plan-a") is True
+    assert not workspace.folder.exists()
+    assert spaces.teardown("plan-a") is False
+    assert spaces.teardown("never-ran") is False
+    assert os.listdir(spaces.base) == []
+    assert not (spaces.open("plan-a").files / "a").exists()  # a new start is empty
+
+
+def test_prepare_finishes_a_removal_a_crash_left(spaces: Workspaces) -> None:
+    spaces.open("plan-a")
+    trash = spaces.detach("plan-a")
+    assert trash is not None and trash.name.startswith(TRASH_PREFIX)
+    assert spaces.plans() == []
+    spaces.prepare()
+    assert not trash.exists()
+
+
+def test_the_sweep_removes_idle_plans_only_and_spares_busy_ones(spaces: Workspaces) -> None:
+    for plan in ("old", "busy-old", "fresh"):
+        spaces.open(plan)
+    long_ago = time.time() - 3600
+    for plan in ("old", "busy-old"):
+        os.utime(spaces.base / plan_key(plan) / META, (long_ago, long_ago))
+    assert spaces.sweep(idle_s=600, busy={"busy-old"}) == ["old"]
+    assert sorted(p.plan_id for p in spaces.plans()) == ["busy-old", "fresh"]
+
+
+def test_use_marks_the_plan_used(spaces: Workspaces) -> None:
+    spaces.open("plan-a")
+    meta = spaces.base / plan_key("plan-a") / META
+    os.utime(meta, (1000.0, 1000.0))
+    spaces.open("plan-a")
+    assert os.lstat(meta).st_mtime > 1000.0
+    (listed,) = spaces.plans()
+    assert listed.last_used_unix > 1000.0 and listed.bytes_used >= 0

@@ -1,0 +1,126 @@
+"""Sandbox-mode workers (`agentworker run --sandbox`) on a real hub, and calls to them.
+
+Each sandbox worker has a home of its own (its own data folder, so its own
+workspaces and worker id) and joins the one hub with `--server` and `--token`,
+as workers on other machines would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sandbox.workspaces import FILES, plan_key
+from tests.support.cluster import Cluster, Proc, cluster, wait_for, write_config
+from worker.hub.client import ControlClient, result_to_dict
+from worker.wire.proto import agentworker_pb2 as pb
+
+SURFACE = "workbenchHost"
+
+
+def start_sandbox_worker(
+    live: Cluster, name: str, extra_config: str = "", env: dict[str, str] | None = None
+) -> Proc:
+    """A sandbox worker with a home of its own under the cluster's folder; waits until
+    the hub lists it connected."""
+    home = live.home.parent / name
+    write_config(home, live.listen, extra_config)
+    before = {w.worker_id for w in live.workers() if w.connected}
+    proc = live.spawn(
+        name,
+        "run",
+        "--sandbox",
+        "--server",
+        live.listen,
+        "--token",
+        live.token,
+        env={"AGENTWORKER_HOME": str(home), **(env or {})},
+    )
+    wait_for(
+        lambda: len({w.worker_id for w in live.workers() if w.connected} - before) == 1, 20, proc
+    )
+    return proc
+
+
+def worker_id_of(live: Cluster, name: str) -> str:
+    return (live.home.parent / name / "worker_id").read_text().strip()
+
+
+def files_of(live: Cluster, name: str, plan: str) -> Path:
+    """Where worker `name` keeps plan `plan`'s workspace on the host."""
+    return live.home.parent / name / "workbench" / plan_key(plan) / FILES
+
+
+@contextlib.contextmanager
+def sandbox_cluster(
+    base: Path, *, extra_config: str = "", env: dict[str, str] | None = None
+) -> Iterator[Cluster]:
+    """A hub and one sandbox worker named `bench`."""
+    with cluster(base / "hub", worker=False) as live:
+        start_sandbox_worker(live, "bench", extra_config, env)
+        yield live
+
+
+async def _dispatch(
+    client: ControlClient, action: str, args: dict[str, Any], blob: bytes, **fields: Any
+) -> tuple[dict[str, Any], bytes]:
+    response = await client.dispatch(
+        agent_id=fields.pop("agent_id", "anyone"),
+        surface=SURFACE,
+        action=action,
+        args_json=json.dumps(args),
+        blob=blob,
+        **fields,
+    )
+    return result_to_dict(response), bytes(response.result.blob)
+
+
+def call(
+    live: Cluster, plan: str, action: str, args: dict[str, Any], blob: bytes = b"", **fields: Any
+) -> tuple[dict[str, Any], bytes]:
+    """`workbenchHost.<action>` in plan `plan`: (what `agentworker call` prints, the blob)."""
+    result: tuple[dict[str, Any], bytes] = live.run(
+        lambda c: _dispatch(c, action, args, blob, plan_id=plan, **fields)
+    )
+    return result
+
+
+def run(
+    live: Cluster, plan: str, argv: list[str], *, blob: bytes = b"", **fields: Any
+) -> tuple[dict[str, Any], bytes]:
+    """workbenchHost.exec of `argv` in plan `plan`."""
+    args: dict[str, Any] = {"argv": argv}
+    for key in ("cwd", "timeout_s"):
+        if key in fields:
+            args[key] = fields.pop(key)
+    return call(live, plan, "exec", args, blob, **fields)
+
+
+def teardown(live: Cluster, plan: str, worker_id: str = "") -> dict[str, Any]:
+    reply = live.run(
+        lambda c: c.stub.Teardown(
+            pb.TeardownRequest(plan_id=plan, worker_id=worker_id), metadata=c.metadata, timeout=60
+        )
+    )
+    return result_to_dict(reply)
+
+
+def in_parallel(live: Cluster, calls: list[tuple[str, list[str], dict[str, Any]]]) -> list[Any]:
+    """Several exec calls at once over one client: (plan, argv, fields) each."""
+
+    async def go(client: ControlClient) -> list[Any]:
+        async def one(plan: str, argv: list[str], fields: dict[str, Any]) -> Any:
+            args: dict[str, Any] = {"argv": argv}
+            for key in ("cwd", "timeout_s"):
+                if key in fields:
+                    args[key] = fields.pop(key)
+            return await _dispatch(client, "exec", args, b"", plan_id=plan, **fields)
+
+        return await asyncio.gather(*(one(plan, argv, dict(f)) for plan, argv, f in calls))
+
+    result: list[Any] = live.run(go)
+    return result
