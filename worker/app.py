@@ -130,7 +130,7 @@ def build_dispatcher(
         static.append(Grant(agent="*", scope=f"{workbench.SURFACE}.*", granted_by="sandbox mode"))
         registry = {
             **workbench.build(bench),
-            **{name: spec for name, spec in registry.items() if spec.surface == actions.DIAG},
+            **{name: spec for name, spec in registry.items() if spec.diagnostic},
         }
         roots = []
     scopes = Scopes(

@@ -46,7 +46,7 @@ from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
-from worker.errors import WorkerError
+from worker.errors import ErrorCode, WorkerError
 from worker.wire.protocol import WORKBENCH_SURFACE
 
 log = logging.getLogger(__name__)
@@ -274,69 +274,61 @@ async def _run_in_workspace(
     return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
 
 
+# What confining a call to its plan's workspace may add to a host action's answers.
+_PLAN_CODES: Final = frozenset(
+    {ErrorCode.PATH_NOT_ALLOWED, ErrorCode.PERMISSION_DENIED, ErrorCode.TOO_LARGE}
+)
+
+
 def build(bench: Workbench) -> Registry:
-    """The workbenchHost table: the host actions' models, handlers confined per plan."""
-    specs: list[ActionSpec[Any, Any]] = [
-        ActionSpec(
-            SURFACE,
-            "fs_stat",
-            fs_stat.FsStatArgs,
-            fs_stat.FsStatResult,
+    """The workbenchHost table: each host action's SPEC (models, caps, codes), its
+    handler confined to the call's plan, every call marked sandboxed."""
+    confined: list[tuple[ActionSpec[Any, Any], Any, str]] = [
+        (
+            fs_stat.SPEC,
             _stat(bench),
             "type, size, mode, owner and times of a path in the plan's workspace",
-            sandboxed=True,
         ),
-        ActionSpec(
-            SURFACE,
-            "fs_read",
-            fs_read.FsReadArgs,
-            fs_read.FsReadResult,
+        (
+            fs_read.SPEC,
             _fs(bench, fs_read.fs_read),
             "up to 1 MiB of a regular file in the plan's workspace (offset/length), in the blob",
-            sandboxed=True,
         ),
-        ActionSpec(
-            SURFACE,
-            "fs_write",
-            fs_write.FsWriteArgs,
-            fs_write.FsWriteResult,
+        (
+            fs_write.SPEC,
             _write(bench),
             "create, overwrite or append to a file in the plan's workspace, within its quota",
-            takes_blob=True,
-            sandboxed=True,
         ),
-        ActionSpec(
-            SURFACE,
-            "fs_list",
-            fs_list.FsListArgs,
-            fs_list.FsListResult,
+        (
+            fs_list.SPEC,
             _fs(bench, fs_list.fs_list),
             "a folder's entries in the plan's workspace, symlinks never entered",
-            sandboxed=True,
         ),
-        ActionSpec(
-            SURFACE,
-            "http_fetch",
-            http_fetch.HttpFetchArgs,
-            http_fetch.HttpFetchResult,
+        (
+            http_fetch.SPEC,
             _fetch(bench),
             "one HTTP(S) request to a public address: the plan's only way to the network",
-            takes_blob=True,
-            sandboxed=True,
         ),
-        ActionSpec(
-            SURFACE,
-            "exec",
-            exec_cmd.ExecArgs,
-            exec_cmd.ExecResult,
+        (
+            exec_cmd.SPEC,
             _exec(bench),
             "run an allowlisted program in a sandbox that sees only the plan's workspace "
             f"(at {MOUNT_POINT}), with no network; the blob is its stdin",
-            takes_blob=True,
-            sandboxed=True,
         ),
     ]
-    return table(*specs)
+    return table(
+        *(
+            dataclasses.replace(
+                host,
+                surface=SURFACE,
+                handler=handler,
+                summary=summary,
+                sandboxed=True,
+                codes=host.codes | _PLAN_CODES,
+            )
+            for host, handler, summary in confined
+        )
+    )
 
 
 # ----------------------------------------------------------------- the start-up probe
