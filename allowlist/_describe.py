@@ -66,8 +66,9 @@ def render(policy: Policy) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def explain(decision: Decision) -> str:
-    verdict = decision.refusal or decision.verdict
+def explain(decision: Decision, verdict: str | None = None) -> str:
+    """The decision for a person; `verdict` names it (default: the policy's own word)."""
+    verdict = verdict or decision.refusal or decision.verdict
     lines = [f"decision: {verdict}"]
     if decision.rule_id:
         lines.append(f"rule: {decision.rule_id}")

@@ -17,6 +17,7 @@ import shlex
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final, Literal
 
 from allowlist._grammar import (
@@ -30,7 +31,16 @@ from allowlist._grammar import (
 
 RuleDecision = Literal["allow", "ask", "forbidden"]
 Verdict = Literal["allow", "ask", "forbidden", "not_allowed"]
-Refusal = Literal["command_not_allowed", "command_forbidden", "path_not_allowed"]
+
+
+class Refusal(StrEnum):
+    """Why an argument list may not run, in the policy's own words (the worker maps
+    each to its error code; this package never speaks the worker's vocabulary)."""
+
+    NOT_ALLOWED = "not_allowed"  # no rule admits it, or the program is not installed
+    FORBIDDEN = "forbidden"  # a rule or a deny entry forbids it
+    PATH_REFUSED = "path_refused"  # a rule fits, but a path in it lies outside the roots
+
 
 STRICTNESS: Final[dict[str, int]] = {"allow": 0, "ask": 1, "forbidden": 2}
 BARE_NAME: Final = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_.+-]*")
@@ -133,12 +143,12 @@ class Policy:
     def decide(self, argv: Sequence[str], check_path: PathCheck) -> Decision:
         argv = tuple(argv)
         if not argv:
-            return _refuse(argv, "command_not_allowed", "no program was named")
+            return _refuse(argv, Refusal.NOT_ALLOWED, "no program was named")
         name, args = argv[0], argv[1:]
         if not BARE_NAME.fullmatch(name):
             return _refuse(
                 argv,
-                "command_not_allowed",
+                Refusal.NOT_ALLOWED,
                 f"{name!r} is not a bare program name. Name the program alone (e.g. `git`, not "
                 "`/usr/bin/git` or `./git`): each allowed program runs from the path its policy "
                 "pins, never from a path or PATH given by the caller.",
@@ -148,7 +158,7 @@ class Policy:
             known = ", ".join(sorted(self.programs)) or "none"
             return _refuse(
                 argv,
-                "command_not_allowed",
+                Refusal.NOT_ALLOWED,
                 f"`{name}` is not an allowed program. Allowed programs: {known}.",
             )
         return _decide_program(program, argv, args, check_path)
@@ -171,7 +181,7 @@ def _decide_program(
                 "forbidden",
                 f"{token!r} is forbidden for {program.name} ({deny.id}): {deny.reason}",
                 argv,
-                "command_forbidden",
+                Refusal.FORBIDDEN,
                 program,
                 rule_id=deny.id,
                 matched=(deny.id,),
@@ -196,7 +206,7 @@ def _decide_program(
                 "not_allowed",
                 f"`{command}` fits rule {near.id}, but a path cannot be used: {refused.reason}",
                 argv,
-                "path_not_allowed",
+                Refusal.PATH_REFUSED,
                 program,
                 rule_id=near.id,
                 tried=tried,
@@ -205,7 +215,7 @@ def _decide_program(
             "not_allowed",
             f"no rule allows `{command}`. {_closest(program, tried)}",
             argv,
-            "command_not_allowed",
+            Refusal.NOT_ALLOWED,
             program,
             tried=tried,
         )
@@ -216,7 +226,7 @@ def _decide_program(
             "forbidden",
             f"`{command}` is forbidden by rule {winner.id}: {winner.reason}",
             argv,
-            "command_forbidden",
+            Refusal.FORBIDDEN,
             program,
             rule_id=winner.id,
             matched=ids,
@@ -229,7 +239,7 @@ def _decide_program(
             f"{', '.join(program.paths)}). The person at this worker can install it or pin its "
             "path in their allowlist file.",
             argv,
-            "command_not_allowed",
+            Refusal.NOT_ALLOWED,
             program,
             rule_id=winner.id,
             matched=ids,

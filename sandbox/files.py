@@ -30,7 +30,7 @@ from typing import Final
 
 from sandbox._leftovers import temp_name
 from sandbox.fs_types import file_kind
-from sandbox.paths import ConfinedDir, ConfinementError, _show, _translating
+from sandbox.paths import ConfinedDir, ConfinementError, Problem, _show, _translating
 
 # O_NONBLOCK: a FIFO that slipped past the kind check still cannot block the open.
 # O_NOCTTY: a terminal that slipped past it never becomes our controlling terminal.
@@ -44,7 +44,7 @@ class HardLinkError(ConfinementError):
 
     def __init__(self, path: str, links: int) -> None:
         super().__init__(
-            "path_not_allowed",
+            Problem.OUTSIDE,
             f"{_show(path)} has {links} names (hard links); another name may lie outside "
             "the shared folder, so the file is refused.",
         )
@@ -63,16 +63,17 @@ def _not_regular(path: str, st: os.stat_result) -> ConfinementError:
     kind = file_kind(st)
     if kind == "directory":
         return ConfinementError(
-            "is_directory", f"{_show(path)} is a folder, not a file. List it, or name a file in it."
+            Problem.A_FOLDER,
+            f"{_show(path)} is a folder, not a file. List it, or name a file in it.",
         )
     if kind == "symlink":
         return ConfinementError(
-            "path_not_allowed",
+            Problem.OUTSIDE,
             f"{_show(path)} is a symbolic link, which is never written through. Write to the "
             "file it names, or remove the link first.",
         )
     return ConfinementError(
-        "not_supported",
+        Problem.NOT_A_FILE,
         f"{_show(path)} is a {kind.replace('_', ' ')}, not a regular file; only regular files "
         "can be read or written.",
     )
@@ -107,7 +108,7 @@ def open_regular(root: ConfinedDir, relative: str, *, allow_hard_links: bool = F
             seen.st_ino,
         ):
             raise ConfinementError(
-                "not_found", f"{_show(relative)} changed while it was opened. Try again."
+                Problem.MISSING, f"{_show(relative)} changed while it was opened. Try again."
             )
         _check_links(relative, opened, allow_hard_links)
         os.set_blocking(fd, True)
@@ -171,7 +172,7 @@ def write_atomic(
         existing = _regular_or_missing(parent_fd, name, shown)
         if existing is not None and not replace:
             raise ConfinementError(
-                "already_exists",
+                Problem.EXISTS,
                 f"{_show(shown)} already exists. Choose another name, or overwrite it.",
             )
         temp = temp_name(name)
@@ -278,7 +279,7 @@ def make_parents(
             os.close(root.open(prefix, os.O_PATH | os.O_DIRECTORY))
             continue
         except ConfinementError as exc:
-            if exc.code != "not_found":
+            if exc.problem is not Problem.MISSING:
                 raise
         parent, name = root.open_parent(prefix)
         try:

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sandbox.paths import ConfinedDir, ConfinementError, _translating
+from sandbox.paths import ConfinedDir, ConfinementError, Problem, _translating
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -31,8 +31,8 @@ class Entry:
     path: str
     name: str
     stat: os.stat_result
-    # Why a folder's contents are missing (e.g. "permission_denied"), if they are.
-    error: str | None = None
+    # Why a folder's contents are missing, if they are: a Problem, or the errno's name.
+    error: Problem | str | None = None
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _walk(
             with _translating(path):
                 child = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
         except ConfinementError as exc:  # e.g. no permission, or swapped for a link
-            yield Entry(path, name, st, error=exc.code)
+            yield Entry(path, name, st, error=exc.problem)
             continue
         except OSError as exc:
             yield Entry(path, name, st, error=errno.errorcode.get(exc.errno or 0, "unreadable"))

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -29,40 +30,37 @@ from sandbox import _openat2
 from sandbox._lexical import PATH_MAX_BYTES, beneath, byte_length, components
 from sandbox._walk import walk_open
 
-CODES: Final = frozenset(
-    {
-        "path_not_allowed",
-        "not_found",
-        "not_directory",
-        "is_directory",
-        "permission_denied",
-        "too_large",
-        "already_exists",
-        "not_supported",
-    }
-)
+
+class Problem(StrEnum):
+    """What went wrong with a path, in the sandbox's own words.
+
+    The sandbox stands alone, so it does not speak the worker's error codes; the
+    worker maps each problem to one at its boundary (worker.errors).
+    """
+
+    OUTSIDE = "outside"  # an escape ('..', a link out, a magic link), NUL, '~', no root
+    # holds it, a write to a read-only root, a hard-linked file
+    MISSING = "missing"
+    NOT_A_FOLDER = "not_a_folder"  # a part before the last is not a folder
+    A_FOLDER = "a_folder"  # a folder where a file is needed
+    DENIED = "denied"  # the operating system's permissions, or a read-only file system
+    TOO_LONG = "too_long"  # a name or path the kernel finds too long
+    TOO_BIG = "too_big"  # a file the file system will not let grow (EFBIG, ENOSPC)
+    EXISTS = "exists"  # an exclusive create found the name taken
+    NOT_A_FILE = "not_a_file"  # a FIFO, socket or device where a regular file is needed
 
 
 class ConfinementError(Exception):
-    """A path was refused or could not be used.
+    """A path was refused or could not be used: `problem` says which way, `message`
+    says what happened and what to do, for a person."""
 
-    `code` is one of: "path_not_allowed" (escape attempt, NUL byte, too long, '~',
-    outside every root, write to a read-only root, magic link), "not_found",
-    "not_directory", "is_directory", "permission_denied", "too_large" (a name or
-    path the kernel finds too long), "already_exists" (O_EXCL on an existing
-    name) and "not_supported" (a FIFO, socket or device where a regular file is
-    needed). `message` says what happened and what to do, for a person.
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        if code not in CODES:
-            raise ValueError(f"unknown confinement code {code!r}")
+    def __init__(self, problem: Problem, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.problem = Problem(problem)
         self.message = message
 
     def __repr__(self) -> str:
-        return f"ConfinementError({self.code!r}, {self.message!r})"
+        return f"ConfinementError({self.problem.value!r}, {self.message!r})"
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def _show(path: str) -> str:
 
 
 def _refuse(path: str, why: str) -> ConfinementError:
-    return ConfinementError("path_not_allowed", f"{_show(path)} {why}")
+    return ConfinementError(Problem.OUTSIDE, f"{_show(path)} {why}")
 
 
 _NO_ROOTS = (
@@ -108,11 +106,11 @@ def locate(roots: Sequence[Root], user_path: str, *, write: bool = False) -> Loc
     paths are taken beneath the FIRST root (and then, too, a root nested in it wins).
     Backslashes and percent signs are ordinary file-name characters on Linux and stay
     literal. '..' may move within a path but
-    never above the root. Raises ConfinementError("path_not_allowed") otherwise, and
+    never above the root. Raises ConfinementError(Problem.OUTSIDE) otherwise, and
     for `write` under a read-only root.
     """
     if not roots:
-        raise ConfinementError("path_not_allowed", _NO_ROOTS)
+        raise ConfinementError(Problem.OUTSIDE, _NO_ROOTS)
     if not user_path:
         raise _refuse(user_path, "is empty. Name a file or folder inside a shared folder.")
     if "\0" in user_path:
@@ -159,44 +157,47 @@ def _longest_root(roots: Sequence[Root], parts: list[str]) -> tuple[Root, list[s
     return best
 
 
-# The one translation from kernel errors to confinement codes. Messages name only the
-# caller's own path, never where a refused symlink pointed.
-_ERRNO: Final[dict[int, tuple[str, str]]] = {
+# The one errno table: what each kernel error means for a path, and what to do about
+# it. Messages name only the caller's own path, never where a refused symlink pointed.
+# The worker uses it too (worker.errors.from_os_error), with its own code per problem.
+ERRNO_PROBLEMS: Final[dict[int, tuple[Problem, str]]] = {
     errno.EXDEV: (
-        "path_not_allowed",
+        Problem.OUTSIDE,
         "leads outside its shared folder (through '..' or a symbolic link). "
         "Use a path that stays inside the folder.",
     ),
     errno.ELOOP: (
-        "path_not_allowed",
+        Problem.OUTSIDE,
         "goes through a symbolic link that is refused: a loop, more than 40 links, a special "
         "/proc link, or a link where none may be followed. Use the real path instead.",
     ),
     errno.ENOENT: (
-        "not_found",
+        Problem.MISSING,
         "does not exist. Check the spelling, or list the folder above it to see what is there.",
     ),
     errno.ENOTDIR: (
-        "not_directory",
+        Problem.NOT_A_FOLDER,
         "has a part that is not a folder. Check that every part before the last is a folder.",
     ),
-    errno.EISDIR: ("is_directory", "is a folder, not a file. List it, or name a file inside it."),
+    errno.EISDIR: (Problem.A_FOLDER, "is a folder, not a file. List it, or name a file inside it."),
     errno.EACCES: (
-        "permission_denied",
+        Problem.DENIED,
         "cannot be used: the operating system denied access. The computer's owner can "
         "change its permissions if it should be available.",
     ),
     errno.EPERM: (
-        "permission_denied",
+        Problem.DENIED,
         "cannot be used: the operating system does not permit this operation on it.",
     ),
-    errno.EROFS: ("permission_denied", "is on a read-only file system and cannot be changed."),
-    errno.EEXIST: ("already_exists", "already exists. Choose another name, or remove it first."),
+    errno.EROFS: (Problem.DENIED, "is on a read-only file system and cannot be changed."),
+    errno.EEXIST: (Problem.EXISTS, "already exists. Choose another name, or remove it first."),
     errno.ENAMETOOLONG: (
-        "too_large",
+        Problem.TOO_LONG,
         "is too long: a name may have at most 255 bytes and a path at most 4,095. "
         "Use a shorter path.",
     ),
+    errno.EFBIG: (Problem.TOO_BIG, "cannot grow: the file would pass the size limit."),
+    errno.ENOSPC: (Problem.TOO_BIG, "cannot grow: no space is left on the device."),
 }
 
 
@@ -206,7 +207,7 @@ def _translating(path: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        found = _ERRNO.get(exc.errno or 0)
+        found = ERRNO_PROBLEMS.get(exc.errno or 0)
         if found is None:
             raise
         code, what = found
@@ -304,7 +305,7 @@ class ConfinedDir:
             # very place the kernel would look; with it, a symlinked folder on the way
             # could make the text wrong, and there is no file to compare against.
             plain = ".." not in f"{relative}/{target}".split("/")
-            return candidate if exc.code == "not_found" and plain else None
+            return candidate if exc.problem is Problem.MISSING and plain else None
         try:
             named = self.stat(candidate, follow_symlinks=True)
         except ConfinementError:

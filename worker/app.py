@@ -30,7 +30,7 @@ from worker.core.ledger import State
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry, retention_days
-from worker.errors import WorkerError
+from worker.errors import InsecureError, InUseError
 from worker.hub.server import ControlServicer, Hub, add_worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
@@ -70,8 +70,7 @@ def worker_lock(paths: Paths) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise WorkerError(
-                "busy",
+            raise InUseError(
                 f"another worker already runs with {paths.data_dir}; stop it first, or set "
                 "AGENTWORKER_HOME to run a second one side by side",
             ) from None
@@ -225,8 +224,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     address = listen or config.hub.listen
     tls = config.hub.tls_cert is not None and config.hub.tls_key is not None
     if not tls and not is_loopback(address):
-        raise WorkerError(
-            "not_supported",
+        raise InsecureError(
             f"refusing to serve plaintext on {address}: only loopback may go without TLS. "
             "Set [hub] tls_cert and tls_key, or listen on 127.0.0.1.",
         )
@@ -256,8 +254,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     except RuntimeError:
         port = 0
     if port == 0:
-        raise WorkerError(
-            "busy",
+        raise InUseError(
             f"could not listen on {address}: the address is in use. Is another hub running "
             "(`agentworker status`)? Or pick another address with --listen.",
         )

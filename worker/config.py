@@ -26,7 +26,7 @@ from pydantic import (
 
 from sandbox import environment
 from worker import hosts
-from worker.errors import WorkerError
+from worker.errors import ConfigError
 
 APP = "agentworker"
 DEFAULT_LISTEN = "127.0.0.1:7421"
@@ -257,9 +257,7 @@ def load(paths: Paths, overrides: dict[str, dict[str, object]] | None = None) ->
         try:
             raw = tomllib.loads(paths.config_file.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise WorkerError(
-                "validation_error", f"{paths.config_file} is not valid TOML: {exc}"
-            ) from exc
+            raise ConfigError(f"{paths.config_file} is not valid TOML: {exc}") from exc
     for var, (section, key) in _ENV.items():
         value = os.environ.get(var)
         if value is not None and value != "":
@@ -272,15 +270,13 @@ def load(paths: Paths, overrides: dict[str, dict[str, object]] | None = None) ->
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise WorkerError(
-            "validation_error", f"settings in {paths.config_file} are invalid: {problems}"
-        ) from exc
+        raise ConfigError(f"settings in {paths.config_file} are invalid: {problems}") from exc
 
 
 def _section(raw: dict[str, object], name: str) -> dict[str, object]:
     value = raw.setdefault(name, {})
     if not isinstance(value, dict):
-        raise WorkerError("validation_error", f"[{name}] in the config file must be a table")
+        raise ConfigError(f"[{name}] in the config file must be a table")
     return value
 
 

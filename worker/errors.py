@@ -22,7 +22,8 @@ to, so `except RefusedError:` catches every refusal however it was raised.
 
 Lower layers raise exceptions of their own (`OSError`, `sandbox.ConfinementError`,
 `allowlist.PolicyError`, anything unexpected). `as_worker_error` is the one place
-they become a `WorkerError`; `from_os_error` is the one errno table. No Python
+they become a `WorkerError`; `from_os_error` reads the one errno table (the
+sandbox's). No Python
 traceback ever reaches the server.
 
 Problems on this machine before any call exists (a bad config file, a missing
@@ -32,10 +33,12 @@ the exit code the command line ends with.
 
 from __future__ import annotations
 
-import errno
 import logging
 from enum import StrEnum
 from typing import Any, ClassVar, Final
+
+from sandbox import ConfinementError, Problem
+from sandbox.paths import ERRNO_PROBLEMS
 
 log = logging.getLogger(__name__)
 
@@ -238,34 +241,38 @@ assert set(_OWNER) == set(ErrorCode), "every code belongs to exactly one family"
 # ----------------------------------------------------------------- translation
 
 
-_ERRNO_CODES: Final[dict[int, tuple[ErrorCode, str]]] = {
-    errno.ENOENT: (ErrorCode.NOT_FOUND, "does not exist"),
-    errno.EEXIST: (ErrorCode.ALREADY_EXISTS, "already exists"),
-    errno.EISDIR: (ErrorCode.IS_DIRECTORY, "is a directory"),
-    errno.ENOTDIR: (ErrorCode.NOT_DIRECTORY, "a component of the path is not a directory"),
-    errno.EACCES: (ErrorCode.PERMISSION_DENIED, "permission denied by the operating system"),
-    errno.EPERM: (ErrorCode.PERMISSION_DENIED, "operation not permitted by the operating system"),
-    errno.EROFS: (ErrorCode.PERMISSION_DENIED, "the file system is read-only"),
-    errno.ENAMETOOLONG: (ErrorCode.TOO_LARGE, "the path is too long"),
-    errno.EFBIG: (ErrorCode.TOO_LARGE, "the file is too large"),
-    errno.ENOSPC: (ErrorCode.TOO_LARGE, "no space left on the device"),
-    errno.ELOOP: (
-        ErrorCode.PATH_NOT_ALLOWED,
-        "too many symbolic links, or a link that is refused",
-    ),
-    errno.EXDEV: (ErrorCode.PATH_NOT_ALLOWED, "the path leads outside its root"),
+# sandbox/ has a vocabulary of its own (it may not import worker): this is its map.
+CONFINEMENT_CODES: Final[dict[Problem, ErrorCode]] = {
+    Problem.OUTSIDE: ErrorCode.PATH_NOT_ALLOWED,
+    Problem.MISSING: ErrorCode.NOT_FOUND,
+    Problem.NOT_A_FOLDER: ErrorCode.NOT_DIRECTORY,
+    Problem.A_FOLDER: ErrorCode.IS_DIRECTORY,
+    Problem.DENIED: ErrorCode.PERMISSION_DENIED,
+    Problem.TOO_LONG: ErrorCode.TOO_LARGE,
+    Problem.TOO_BIG: ErrorCode.TOO_LARGE,
+    Problem.EXISTS: ErrorCode.ALREADY_EXISTS,
+    Problem.NOT_A_FILE: ErrorCode.NOT_SUPPORTED,
 }
 
 
+def from_confinement(exc: ConfinementError, details: dict[str, Any] | None = None) -> WorkerError:
+    """The sandbox's refusal as a wire error, its message kept."""
+    return WorkerError(CONFINEMENT_CODES[exc.problem], exc.message, details)
+
+
 def from_os_error(exc: OSError, path: str | None = None) -> WorkerError:
-    """Translate an OSError into a WorkerError; `path` is the caller's spelling, if any."""
-    code, what = _ERRNO_CODES.get(
-        exc.errno or 0, (ErrorCode.INTERNAL_ERROR, "an operating-system error")
-    )
+    """Translate an OSError into a WorkerError; `path` is the caller's spelling, if any.
+
+    The errno table is the sandbox's (sandbox.paths.ERRNO_PROBLEMS): one table, so a
+    full disk reads the same whichever layer met it.
+    """
+    problem, what = ERRNO_PROBLEMS.get(exc.errno or 0, (None, ""))
+    code = ErrorCode.INTERNAL_ERROR if problem is None else CONFINEMENT_CODES[problem]
+    said = exc.strerror or "an operating-system error"
     if path is None:
-        detail = exc.strerror or what
-        return WorkerError(code, f"the operating system refused: {detail}.", {"errno": exc.errno})
-    return WorkerError(code, f"{path!r}: {what}.", {"path": path, "errno": exc.errno})
+        return WorkerError(code, f"the operating system refused: {said}.", {"errno": exc.errno})
+    what = what or f"could not be used: {said}."
+    return WorkerError(code, f"{path!r} {what}", {"path": path, "errno": exc.errno})
 
 
 def as_worker_error(exc: BaseException, *, doing: str, call: str = "") -> WorkerError:
@@ -278,6 +285,8 @@ def as_worker_error(exc: BaseException, *, doing: str, call: str = "") -> Worker
     """
     if isinstance(exc, WorkerError):
         return exc
+    if isinstance(exc, ConfinementError):
+        return from_confinement(exc)
     if isinstance(exc, OSError):
         return from_os_error(exc)  # no path known here
     where = f" (call {call})" if call else ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allowlist import Decision, Policy, example_path_check, load_policy
+from allowlist import Decision, Policy, Refusal, example_path_check, load_policy
 
 SHELLS_AND_INTERPRETERS = (
     "sh", "bash", "dash", "zsh", "python", "python3", "perl", "ruby", "node", "env", "xargs",
@@ -42,22 +42,22 @@ def test_the_default_is_read_only_tools_without_shells_or_interpreters(policy: P
 @pytest.mark.parametrize(
     ("argv", "refusal", "rule"),
     [
-        (("git", "-c", "core.pager=sh", "log"), "command_forbidden", "git-global-options"),
-        (("git", "-C", "/", "log"), "command_forbidden", "git-global-options"),
-        (("git", "-ccore.pager=sh", "log"), "command_forbidden", "git-global-options"),
-        (("git", "diff", "--output=/tmp/x"), "command_forbidden", "git-running-options"),
-        (("git", "config", "core.fsmonitor", "sh"), "command_forbidden", "git-config-changes"),
-        (("find", ".", "-exec", "sh", "-c", "id", ";"), "command_forbidden", "find-actions"),
-        (("find", ".", "-delete"), "command_forbidden", "find-actions"),
-        (("rg", "--pre=sh", "x"), "command_forbidden", "rg-preprocessor"),
-        (("rg", "--pre", "sh", "x"), "command_forbidden", "rg-preprocessor"),
-        (("sed", "-i", "s/a/b/", "f"), "command_forbidden", "sed-in-place"),
-        (("sed", "-ni", "p", "f"), "command_forbidden", "sed-in-place"),
-        (("sort", "--compress-program=sh", "f"), "command_forbidden", "sort-compress-program"),
+        (("git", "-c", "core.pager=sh", "log"), Refusal.FORBIDDEN, "git-global-options"),
+        (("git", "-C", "/", "log"), Refusal.FORBIDDEN, "git-global-options"),
+        (("git", "-ccore.pager=sh", "log"), Refusal.FORBIDDEN, "git-global-options"),
+        (("git", "diff", "--output=/tmp/x"), Refusal.FORBIDDEN, "git-running-options"),
+        (("git", "config", "core.fsmonitor", "sh"), Refusal.FORBIDDEN, "git-config-changes"),
+        (("find", ".", "-exec", "sh", "-c", "id", ";"), Refusal.FORBIDDEN, "find-actions"),
+        (("find", ".", "-delete"), Refusal.FORBIDDEN, "find-actions"),
+        (("rg", "--pre=sh", "x"), Refusal.FORBIDDEN, "rg-preprocessor"),
+        (("rg", "--pre", "sh", "x"), Refusal.FORBIDDEN, "rg-preprocessor"),
+        (("sed", "-i", "s/a/b/", "f"), Refusal.FORBIDDEN, "sed-in-place"),
+        (("sed", "-ni", "p", "f"), Refusal.FORBIDDEN, "sed-in-place"),
+        (("sort", "--compress-program=sh", "f"), Refusal.FORBIDDEN, "sort-compress-program"),
     ],
 )
 def test_injections_through_options_are_forbidden_with_the_rules_reason(
-    policy: Policy, argv: tuple[str, ...], refusal: str, rule: str
+    policy: Policy, argv: tuple[str, ...], refusal: Refusal, rule: str
 ) -> None:
     decision = decide(policy, *argv)
     assert (decision.refusal, decision.rule_id) == (refusal, rule)
@@ -88,7 +88,7 @@ def test_injections_through_options_are_forbidden_with_the_rules_reason(
 )
 def test_forms_outside_every_rule_are_not_allowed(policy: Policy, argv: tuple[str, ...]) -> None:
     decision = decide(policy, *argv)
-    assert decision.refusal == "command_not_allowed", decision
+    assert decision.refusal == Refusal.NOT_ALLOWED, decision
     assert decision.reason.startswith("no rule allows")
 
 
@@ -100,7 +100,7 @@ def test_sed_runs_only_in_its_own_sandbox_mode(policy: Policy) -> None:
 @pytest.mark.parametrize("argv0", ["/tmp/git", "./git", "../bin/git", "/usr/bin/git", "git/"])
 def test_argv0_must_be_a_bare_name(policy: Policy, argv0: str) -> None:
     decision = decide(policy, argv0, "log")
-    assert decision.refusal == "command_not_allowed"
+    assert decision.refusal == Refusal.NOT_ALLOWED
     assert "bare program name" in decision.reason
 
 
@@ -124,7 +124,7 @@ def test_a_bare_name_runs_the_pinned_path(policy: Policy) -> None:
 def test_paths_outside_the_shared_folders_are_path_not_allowed(
     policy: Policy, argv: tuple[str, ...]
 ) -> None:
-    assert decide(policy, *argv).refusal == "path_not_allowed"
+    assert decide(policy, *argv).refusal == Refusal.PATH_REFUSED
 
 
 def test_file_names_that_look_like_options_are_files_after_double_dash(policy: Policy) -> None:
@@ -134,8 +134,8 @@ def test_file_names_that_look_like_options_are_files_after_double_dash(policy: P
 
 def test_denied_arguments_are_refused_even_after_double_dash(policy: Policy) -> None:
     """find reads its expression past `--`; deny entries err the same way for every program."""
-    assert decide(policy, "find", "--", ".", "-exec", "id", ";").refusal == "command_forbidden"
-    assert decide(policy, "rg", "--", "--pre=sh").refusal == "command_forbidden"
+    assert decide(policy, "find", "--", ".", "-exec", "id", ";").refusal == Refusal.FORBIDDEN
+    assert decide(policy, "rg", "--", "--pre=sh").refusal == Refusal.FORBIDDEN
 
 
 def test_shell_metacharacters_are_just_text(policy: Policy) -> None:
@@ -146,5 +146,5 @@ def test_shell_metacharacters_are_just_text(policy: Policy) -> None:
 
 def test_unknown_programs_name_the_allowed_ones(policy: Policy) -> None:
     decision = decide(policy, "python3", "-c", "print(1)")
-    assert decision.refusal == "command_not_allowed"
+    assert decision.refusal == Refusal.NOT_ALLOWED
     assert "Allowed programs: " in decision.reason and "git" in decision.reason

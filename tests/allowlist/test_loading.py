@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from allowlist import PolicyError, example_path_check, load_policy, load_text
+from allowlist import PolicyError, Refusal, example_path_check, load_policy, load_text
 
 CAT = """
 [program.cat]
@@ -111,12 +111,12 @@ not_match = ["git show"]
     push = policy.decide(["git", "push"], example_path_check)
     assert (push.verdict, push.rule_id) == ("allow", "my-git-anything")
     pager = policy.decide(["git", "-c", "core.pager=sh", "log"], example_path_check)
-    assert pager.refusal == "command_forbidden", "a user rule must not undo a shipped denial"
+    assert pager.refusal == Refusal.FORBIDDEN, "a user rule must not undo a shipped denial"
     log = policy.decide(["git", "log", "-n", "1"], example_path_check)
     assert log.verdict == "ask"
     assert set(log.matched) == {"git-log", "my-git-anything", "my-git-log-asks"}
     config = policy.decide(["git", "config", "x", "y"], example_path_check)
-    assert config.refusal == "command_forbidden"
+    assert config.refusal == Refusal.FORBIDDEN
 
 
 def test_a_user_file_may_set_its_own_paths_and_drop_the_default(tmp_path: Path) -> None:
@@ -157,5 +157,5 @@ def test_an_allowed_program_that_is_not_installed_is_not_allowed() -> None:
         '[[program.nothere.rule]]\nid = "n"\nreason = "r"\nmatch = ["nothere"]\n'
     )
     decision = policy.decide(["nothere"], example_path_check)
-    assert decision.refusal == "command_not_allowed"
+    assert decision.refusal == Refusal.NOT_ALLOWED
     assert "not installed" in decision.reason and "/nonexistent/nothere" in decision.reason

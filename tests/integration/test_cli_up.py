@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.support.cluster import free_port, wait_for
+from worker.errors import ConfigError, CredentialsError, InUseError
 
 
 def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
@@ -66,7 +67,7 @@ def test_clients_explain_a_missing_hub(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
     env["AGENTWORKER_HOME"] = str(tmp_path / "nohub")
     out = cli(env, "status")
-    assert out.returncode != 0
+    assert out.returncode == CredentialsError.exit_code
     assert "start the hub first" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -87,6 +88,18 @@ def test_a_second_hub_on_a_taken_address_says_so(tmp_path: Path) -> None:
         env["AGENTWORKER_HOME"] = str(tmp_path / "second")
         env["AGENTWORKER_LISTEN"] = f"127.0.0.1:{taken.getsockname()[1]}"
         out = cli(env, "up")
-    assert out.returncode == 2
+    assert out.returncode == InUseError.exit_code
     assert "the address is in use" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_broken_config_file_has_its_own_exit_code_and_says_where(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
+    home = tmp_path / "broken"
+    home.mkdir()
+    (home / "config.toml").write_text("[worker]\nmax_concurrency = 'many'\n")
+    env["AGENTWORKER_HOME"] = str(home)
+    out = cli(env, "status")
+    assert out.returncode == ConfigError.exit_code
+    assert "config.toml" in out.stderr and "max_concurrency" in out.stderr
     assert "Traceback" not in out.stderr

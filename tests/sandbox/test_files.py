@@ -21,6 +21,7 @@ from sandbox import (
     ConfinedDir,
     ConfinementError,
     HardLinkError,
+    Problem,
     append_bytes,
     make_parents,
     open_regular,
@@ -67,33 +68,33 @@ def test_reads_a_regular_file_and_follows_links_inside(tree: Tree, confined: Con
 def test_a_fifo_is_refused_without_blocking(tree: Tree, confined: ConfinedDir) -> None:
     os.mkfifo(tree.root / "fifo")  # no writer: a plain open for reading would wait forever
     error = refusal(open_regular, confined, "fifo")
-    assert error.code == "not_supported"
+    assert error.problem == Problem.NOT_A_FILE
     assert "fifo" in error.message
 
 
 def test_a_socket_is_refused(tree: Tree, confined: ConfinedDir) -> None:
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(tree.root / "sock"))
-        assert refusal(open_regular, confined, "sock").code == "not_supported"
+        assert refusal(open_regular, confined, "sock").problem == Problem.NOT_A_FILE
 
 
 def test_a_folder_is_refused(confined: ConfinedDir) -> None:
-    assert refusal(open_regular, confined, "sub").code == "is_directory"
-    assert refusal(open_regular, confined, ".").code == "is_directory"
+    assert refusal(open_regular, confined, "sub").problem == Problem.A_FOLDER
+    assert refusal(open_regular, confined, ".").problem == Problem.A_FOLDER
 
 
 def test_a_device_is_refused_without_being_opened(use_openat2: bool) -> None:
     with ConfinedDir(Path("/dev"), use_openat2=use_openat2) as dev:
         for name in ("zero", "null", "tty"):
             if os.path.exists(f"/dev/{name}"):
-                assert refusal(open_regular, dev, name).code == "not_supported"
+                assert refusal(open_regular, dev, name).problem == Problem.NOT_A_FILE
 
 
 def test_a_hard_link_is_refused_unless_allowed(tree: Tree, confined: ConfinedDir) -> None:
     os.link(tree.secret, tree.root / "hard")
     error = refusal(open_regular, confined, "hard")
     assert isinstance(error, HardLinkError)
-    assert error.code == "path_not_allowed" and error.links == 2
+    assert error.problem == Problem.OUTSIDE and error.links == 2
     fd = open_regular(confined, "hard", allow_hard_links=True)
     os.close(fd)
 
@@ -115,8 +116,8 @@ def test_create_refuses_an_existing_name(tree: Tree, confined: ConfinedDir) -> N
     with parent_of(confined, "sub/new.txt") as (parent, name):
         written = write_atomic(parent, name, b"new", replace=False)
         assert written.created and written.size == 3
-        assert refusal(write_atomic, parent, name, b"again", replace=False).code == (
-            "already_exists"
+        assert refusal(write_atomic, parent, name, b"again", replace=False).problem == (
+            Problem.EXISTS
         )
     assert (tree.root / "sub" / "new.txt").read_bytes() == b"new"
 
@@ -148,7 +149,7 @@ def test_a_planted_symlink_is_never_written_through(
     for link in ("planted", "dangling"):
         with parent_of(confined, link) as (parent, name):
             error = refusal(write_atomic, parent, name, b"pwned", replace=replace)
-        assert error.code == "path_not_allowed"
+        assert error.problem == Problem.OUTSIDE
         assert "symbolic link" in error.message
     assert tree.secret.read_text() == SECRET
     assert not (tree.outside / "new.txt").exists()
@@ -157,10 +158,10 @@ def test_a_planted_symlink_is_never_written_through(
 
 def test_writing_onto_a_folder_or_fifo_is_refused(tree: Tree, confined: ConfinedDir) -> None:
     os.mkfifo(tree.root / "fifo")
-    for path, code in (("sub", "is_directory"), ("fifo", "not_supported")):
+    for path, code in (("sub", Problem.A_FOLDER), ("fifo", Problem.NOT_A_FILE)):
         with parent_of(confined, path) as (parent, name):
-            assert refusal(write_atomic, parent, name, b"x", replace=True).code == code
-            assert refusal(append_bytes, parent, name, b"x").code == code
+            assert refusal(write_atomic, parent, name, b"x", replace=True).problem == code
+            assert refusal(append_bytes, parent, name, b"x").problem == code
 
 
 def test_no_temporary_file_is_left_behind(tree: Tree, confined: ConfinedDir) -> None:
@@ -206,7 +207,7 @@ def test_append_refuses_links(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "planted").symlink_to(tree.secret)
     os.link(tree.secret, tree.root / "hard")
     with parent_of(confined, "planted") as (parent, name):
-        assert refusal(append_bytes, parent, name, b"x").code == "path_not_allowed"
+        assert refusal(append_bytes, parent, name, b"x").problem == Problem.OUTSIDE
     with parent_of(confined, "hard") as (parent, name):
         assert isinstance(refusal(append_bytes, parent, name, b"x"), HardLinkError)
     assert tree.secret.read_text() == SECRET
@@ -223,12 +224,12 @@ def test_make_parents_creates_missing_folders(tree: Tree, confined: ConfinedDir)
 
 def test_make_parents_does_not_follow_a_link_out(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "esc").symlink_to(tree.outside)
-    assert refusal(make_parents, confined, "esc/new/file.txt").code == "path_not_allowed"
+    assert refusal(make_parents, confined, "esc/new/file.txt").problem == Problem.OUTSIDE
     assert not (tree.outside / "new").exists()
 
 
 def test_make_parents_stops_at_a_file(confined: ConfinedDir) -> None:
-    assert refusal(make_parents, confined, "data.txt/x/file.txt").code == "not_directory"
+    assert refusal(make_parents, confined, "data.txt/x/file.txt").problem == Problem.NOT_A_FOLDER
 
 
 def test_replace_keeps_the_owner_where_it_may(tree: Tree, confined: ConfinedDir) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sandbox import ConfinedDir, ConfinementError, list_tree
+from sandbox import ConfinedDir, ConfinementError, Problem, list_tree
 from tests.sandbox.support import Tree
 from tests.sandbox.test_paths import unprivileged
 
@@ -59,11 +59,11 @@ def test_scan_limit_bounds_a_huge_folder(tree: Tree, confined: ConfinedDir) -> N
 
 def test_listing_outside_or_a_file_is_refused(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "out").symlink_to(tree.outside)
-    for path, code in (("out", "path_not_allowed"), ("data.txt", "not_directory")):
+    for path, code in (("out", Problem.OUTSIDE), ("data.txt", Problem.NOT_A_FOLDER)):
         try:
             list_tree(confined, path)
         except ConfinementError as exc:
-            assert exc.code == code
+            assert exc.problem == code
         else:
             raise AssertionError(f"{path} was listed")
 
@@ -75,7 +75,7 @@ def test_an_unreadable_folder_is_reported_not_fatal(tree: Tree, confined: Confin
 
     def check() -> None:
         entries = {e.path: e for e in list_tree(confined, ".", depth=2).entries}
-        assert entries["sub"].error == "permission_denied", entries["sub"]
+        assert entries["sub"].error == Problem.DENIED, entries["sub"]
         assert entries["pipe"].error is None and "data.txt" in entries
 
     try:

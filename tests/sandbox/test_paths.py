@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import ConfinedDir, ConfinementError, openat2_available
+from sandbox import ConfinedDir, ConfinementError, Problem, openat2_available
 from sandbox._walk import MAX_HOPS
 from tests.sandbox.support import INSIDE, SECRET, Tree
 
@@ -88,26 +88,26 @@ def test_resolver_choice_is_visible(tree: Tree, use_openat2: bool) -> None:
     "path", ["../outside/secret.txt", "sub/../../outside/secret.txt", "..", "sub/../.."]
 )
 def test_dot_dot_cannot_climb_out(confined: ConfinedDir, path: str) -> None:
-    assert refused(confined, path).code == "path_not_allowed"
+    assert refused(confined, path).problem == Problem.OUTSIDE
 
 
 def test_absolute_paths_are_refused(tree: Tree, confined: ConfinedDir) -> None:
     error = refused(confined, str(tree.secret))
-    assert error.code == "path_not_allowed"
-    assert refused(confined, "/etc/passwd").code == "path_not_allowed"
+    assert error.problem == Problem.OUTSIDE
+    assert refused(confined, "/etc/passwd").problem == Problem.OUTSIDE
 
 
 def test_tilde_is_just_a_name(tree: Tree, confined: ConfinedDir) -> None:
     # locate() refuses a leading '~'; beneath a root it can only ever be a literal name.
-    assert refused(confined, "~/secret.txt").code == "not_found"
+    assert refused(confined, "~/secret.txt").problem == Problem.MISSING
     (tree.root / "~").mkdir()
     (tree.root / "~" / "x").write_text("tilde\n")
     assert read(confined, "~/x") == "tilde\n"
 
 
 def test_percent_encoding_is_literal(tree: Tree, confined: ConfinedDir) -> None:
-    assert refused(confined, "%2e%2e/outside/secret.txt").code == "not_found"
-    assert refused(confined, "%2e%2e%2foutside%2fsecret.txt").code == "not_found"
+    assert refused(confined, "%2e%2e/outside/secret.txt").problem == Problem.MISSING
+    assert refused(confined, "%2e%2e%2foutside%2fsecret.txt").problem == Problem.MISSING
     (tree.root / "%2e%2e").mkdir()
     (tree.root / "%2e%2e" / "secret.txt").write_text("literal\n")
     assert read(confined, "%2e%2e/secret.txt") == "literal\n"
@@ -117,7 +117,7 @@ def test_percent_encoding_is_literal(tree: Tree, confined: ConfinedDir) -> None:
     "path", ["..\\..\\outside\\secret.txt", "..\\outside/secret.txt", "sub\\..\\..\\etc"]
 )
 def test_backslashes_are_ordinary_characters(tree: Tree, confined: ConfinedDir, path: str) -> None:
-    assert refused(confined, path).code == "not_found"
+    assert refused(confined, path).problem == Problem.MISSING
     # A name made of them is simply a file in the root.
     (tree.root / path.split("/")[0]).write_text("backslash\n")
     if "/" not in path:
@@ -126,18 +126,18 @@ def test_backslashes_are_ordinary_characters(tree: Tree, confined: ConfinedDir, 
 
 def test_nul_bytes_are_refused(confined: ConfinedDir) -> None:
     error = refused(confined, "data.txt\0../../outside/secret.txt")
-    assert error.code == "path_not_allowed"
+    assert error.problem == Problem.OUTSIDE
     assert "\\x00" in error.message  # the message shows the byte rather than hiding it
 
 
 def test_over_long_paths_are_too_large(confined: ConfinedDir) -> None:
-    assert refused(confined, "a/" * 2048).code == "too_large"  # 4,096 bytes
-    assert refused(confined, "n" * 256).code == "too_large"  # a name over 255 bytes
+    assert refused(confined, "a/" * 2048).problem == Problem.TOO_LONG  # 4,096 bytes
+    assert refused(confined, "n" * 256).problem == Problem.TOO_LONG  # a name over 255 bytes
 
 
 def test_messages_name_the_callers_path(confined: ConfinedDir) -> None:
     error = refused(confined, "sub/missing.txt")
-    assert error.code == "not_found"
+    assert error.problem == Problem.MISSING
     assert "'sub/missing.txt'" in error.message
 
 
@@ -150,9 +150,9 @@ def test_symlink_out_as_a_middle_component(
 ) -> None:
     (tree.root / "esc").symlink_to(tree.outside if absolute else Path("../outside"))
     error = refused(confined, "esc/secret.txt")
-    assert error.code == "path_not_allowed"
+    assert error.problem == Problem.OUTSIDE
     assert str(tree.outside) not in error.message
-    assert refused(confined, "sub/../esc/secret.txt").code == "path_not_allowed"
+    assert refused(confined, "sub/../esc/secret.txt").problem == Problem.OUTSIDE
 
 
 @pytest.mark.parametrize("absolute", [False, True], ids=["relative", "absolute"])
@@ -161,35 +161,35 @@ def test_symlink_out_as_the_last_component(
 ) -> None:
     (tree.root / "link").symlink_to(tree.secret if absolute else Path("../outside/secret.txt"))
     error = refused(confined, "link")
-    assert error.code == "path_not_allowed"
+    assert error.problem == Problem.OUTSIDE
     assert "secret" not in error.message
     # The link itself lives inside: it may be examined, just not followed.
     assert stat.S_ISLNK(confined.stat("link").st_mode)
     with pytest.raises(ConfinementError) as caught:
         confined.stat("link", follow_symlinks=True)
-    assert caught.value.code == "path_not_allowed"
+    assert caught.value.problem == Problem.OUTSIDE
     assert confined.readlink_inside("link") is None
 
 
 def test_leaving_and_coming_back_is_still_leaving(tree: Tree, confined: ConfinedDir) -> None:
     # The target names a file inside, but only by stepping out of the root first.
     (tree.root / "sub" / "back").symlink_to(f"../../{tree.root.name}/data.txt")
-    assert refused(confined, "sub/back").code == "path_not_allowed"
-    assert refused(confined, f"../{tree.root.name}/data.txt").code == "path_not_allowed"
+    assert refused(confined, "sub/back").problem == Problem.OUTSIDE
+    assert refused(confined, f"../{tree.root.name}/data.txt").problem == Problem.OUTSIDE
 
 
 def test_chain_of_links_that_ends_outside(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "first").symlink_to("sub/second")
     (tree.root / "sub" / "second").symlink_to("../third")
     (tree.root / "third").symlink_to(tree.secret)
-    assert refused(confined, "first").code == "path_not_allowed"
+    assert refused(confined, "first").problem == Problem.OUTSIDE
 
 
 def test_creating_through_a_dangling_link_out_is_refused(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "rel").symlink_to("../outside/planted.txt")
     (tree.root / "abs").symlink_to(tree.outside / "planted.txt")
     for name in ("rel", "abs"):
-        assert refused(confined, name, os.O_WRONLY | os.O_CREAT).code == "path_not_allowed"
+        assert refused(confined, name, os.O_WRONLY | os.O_CREAT).problem == Problem.OUTSIDE
     assert not (tree.outside / "planted.txt").exists()
 
 
@@ -204,8 +204,8 @@ def test_creating_through_a_dangling_link_inside_follows_it(
 def test_exclusive_create_never_follows(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "later").symlink_to("sub/later.txt")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    assert refused(confined, "later", flags).code == "already_exists"
-    assert refused(confined, "data.txt", flags).code == "already_exists"
+    assert refused(confined, "later", flags).problem == Problem.EXISTS
+    assert refused(confined, "data.txt", flags).problem == Problem.EXISTS
     assert not (tree.root / "sub" / "later.txt").exists()
 
 
@@ -224,7 +224,7 @@ def test_symlink_loops_are_refused(
     for name, target in links.items():
         (tree.root / name).symlink_to(target)
     error = refused(confined, path)
-    assert error.code == "path_not_allowed"
+    assert error.problem == Problem.OUTSIDE
     assert "loop" in error.message
 
 
@@ -232,7 +232,7 @@ def test_long_chains_stop_at_the_kernel_limit(tree: Tree, confined: ConfinedDir)
     for i in range(MAX_HOPS + 1):
         (tree.root / f"l{i}").symlink_to(f"l{i + 1}" if i < MAX_HOPS else "data.txt")
     assert read(confined, "l1") == INSIDE  # 40 links: the most the kernel follows
-    assert refused(confined, "l0").code == "path_not_allowed"  # 41
+    assert refused(confined, "l0").problem == Problem.OUTSIDE  # 41
 
 
 def test_symlinks_that_stay_inside_are_followed(tree: Tree, confined: ConfinedDir) -> None:
@@ -250,7 +250,7 @@ def test_symlinks_that_stay_inside_are_followed(tree: Tree, confined: ConfinedDi
 
 def test_o_nofollow_leaves_the_last_link_unfollowed(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "link").symlink_to("data.txt")
-    assert refused(confined, "link", os.O_RDONLY | os.O_NOFOLLOW).code == "path_not_allowed"
+    assert refused(confined, "link", os.O_RDONLY | os.O_NOFOLLOW).problem == Problem.OUTSIDE
     fd = confined.open("link", os.O_PATH | os.O_NOFOLLOW)
     try:
         assert stat.S_ISLNK(os.fstat(fd).st_mode)
@@ -265,7 +265,7 @@ def test_directory_link_with_o_directory(tree: Tree, confined: ConfinedDir) -> N
     (tree.root / "dir").symlink_to("sub")
     (tree.root / "out").symlink_to(tree.outside)
     os.close(confined.open("dir", os.O_RDONLY | os.O_DIRECTORY))
-    assert refused(confined, "out", os.O_RDONLY | os.O_DIRECTORY).code == "path_not_allowed"
+    assert refused(confined, "out", os.O_RDONLY | os.O_DIRECTORY).problem == Problem.OUTSIDE
 
 
 # --- magic links ------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_proc_self_root_planted_in_the_root(tree: Tree, confined: ConfinedDir) -
     (tree.root / "rootfs").symlink_to("/proc/self/root")
     (tree.root / "climb").symlink_to("../" * 40 + "proc/self/root")
     for path in ("rootfs", "rootfs/etc/hostname", f"rootfs{tree.secret}", "climb/etc"):
-        assert refused(confined, path).code == "path_not_allowed"
+        assert refused(confined, path).problem == Problem.OUTSIDE
 
 
 def test_proc_self_fd_planted_in_the_root(tree: Tree, confined: ConfinedDir) -> None:
@@ -283,8 +283,8 @@ def test_proc_self_fd_planted_in_the_root(tree: Tree, confined: ConfinedDir) -> 
     try:
         (tree.root / "fd").symlink_to(f"/proc/self/fd/{held}")
         (tree.root / "fds").symlink_to("/proc/self/fd")
-        assert refused(confined, "fd").code == "path_not_allowed"
-        assert refused(confined, f"fds/{held}").code == "path_not_allowed"
+        assert refused(confined, "fd").problem == Problem.OUTSIDE
+        assert refused(confined, f"fds/{held}").problem == Problem.OUTSIDE
     finally:
         os.close(held)
 
@@ -297,7 +297,7 @@ def test_magic_links_are_refused_even_when_proc_is_inside(use_openat2: bool) -> 
         os.close(whole.open("proc/self/status", os.O_RDONLY))  # /proc/self is an ordinary link
         for path in ("proc/self/root/etc/hostname", "proc/self/cwd", "proc/self/fd/0"):
             error = refused(whole, path)
-            assert error.code == "path_not_allowed"
+            assert error.problem == Problem.OUTSIDE
             assert "/proc" in error.message
 
 
@@ -321,12 +321,14 @@ def test_hard_link_is_just_a_file_but_nlink_shows(tree: Tree, confined: Confined
 
 
 def test_error_codes(tree: Tree, confined: ConfinedDir) -> None:
-    assert refused(confined, "missing").code == "not_found"
-    assert refused(confined, "data.txt/x").code == "not_directory"
-    assert refused(confined, "data.txt", os.O_RDONLY | os.O_DIRECTORY).code == "not_directory"
-    assert refused(confined, "sub", os.O_WRONLY).code == "is_directory"
-    assert refused(confined, "data.txt", os.O_WRONLY | os.O_CREAT | os.O_EXCL).code == (
-        "already_exists"
+    assert refused(confined, "missing").problem == Problem.MISSING
+    assert refused(confined, "data.txt/x").problem == Problem.NOT_A_FOLDER
+    assert (
+        refused(confined, "data.txt", os.O_RDONLY | os.O_DIRECTORY).problem == Problem.NOT_A_FOLDER
+    )
+    assert refused(confined, "sub", os.O_WRONLY).problem == Problem.A_FOLDER
+    assert refused(confined, "data.txt", os.O_WRONLY | os.O_CREAT | os.O_EXCL).problem == (
+        Problem.EXISTS
     )
 
 
@@ -364,11 +366,11 @@ def test_permission_denied(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "sub").chmod(0)
 
     def check() -> None:
-        assert refused(confined, "data.txt").code == "permission_denied"
-        assert refused(confined, "sub/inner.txt").code == "permission_denied"
+        assert refused(confined, "data.txt").problem == Problem.DENIED
+        assert refused(confined, "sub/inner.txt").problem == Problem.DENIED
         with pytest.raises(ConfinementError) as caught:
             confined.open_parent("sub/new.txt")
-        assert caught.value.code == "permission_denied"
+        assert caught.value.problem == Problem.DENIED
 
     try:
         unprivileged(check)
@@ -406,13 +408,13 @@ def test_stat_of_a_name_in_the_root_is_direct_and_anything_deeper_is_walked(
     for path in ("esc/secret.txt", "./esc/secret.txt", "..", "../outside", "sub/../.."):
         with pytest.raises(ConfinementError) as caught:
             confined.stat(path)
-        assert caught.value.code == "path_not_allowed", path
+        assert caught.value.problem == Problem.OUTSIDE, path
     with pytest.raises(ConfinementError) as caught:
         confined.stat("esc", follow_symlinks=True)
-    assert caught.value.code == "path_not_allowed"
+    assert caught.value.problem == Problem.OUTSIDE
     with pytest.raises(ConfinementError) as caught:
         confined.stat("missing")
-    assert caught.value.code == "not_found"
+    assert caught.value.problem == Problem.MISSING
 
 
 def test_readlink_inside(tree: Tree, confined: ConfinedDir) -> None:
@@ -479,14 +481,14 @@ def test_open_parent_does_not_resolve_the_last_name(tree: Tree, confined: Confin
 def test_open_parent_refuses_the_root_itself(confined: ConfinedDir, path: str) -> None:
     with pytest.raises(ConfinementError) as caught:
         os.close(confined.open_parent(path)[0])
-    assert caught.value.code == "path_not_allowed"
+    assert caught.value.problem == Problem.OUTSIDE
 
 
 def test_open_parent_through_a_link_out_is_refused(tree: Tree, confined: ConfinedDir) -> None:
     (tree.root / "esc").symlink_to(tree.outside)
     with pytest.raises(ConfinementError) as caught:
         os.close(confined.open_parent("esc/planted.txt")[0])
-    assert caught.value.code == "path_not_allowed"
+    assert caught.value.problem == Problem.OUTSIDE
 
 
 # --- lifecycle -------------------------------------------------------------------------
@@ -503,8 +505,8 @@ def test_closed_root_refuses_use(tree: Tree, use_openat2: bool) -> None:
 def test_missing_or_swapped_root(tree: Tree, use_openat2: bool) -> None:
     with pytest.raises(ConfinementError) as caught:
         ConfinedDir(tree.root / "gone", use_openat2=use_openat2)
-    assert caught.value.code == "not_found"
+    assert caught.value.problem == Problem.MISSING
     (tree.root / "swapped").symlink_to(tree.outside)
     with pytest.raises(ConfinementError) as caught:
         ConfinedDir(tree.root / "swapped", use_openat2=use_openat2)
-    assert caught.value.code in {"path_not_allowed", "not_directory"}
+    assert caught.value.problem in {Problem.OUTSIDE, Problem.NOT_A_FOLDER}

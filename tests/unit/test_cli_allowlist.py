@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from worker.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -72,5 +74,5 @@ def test_a_broken_allowlist_file_is_reported_with_the_rule_it_breaks(tmp_path: P
         '[program.cat]\n[[program.cat.rule]]\nid = "mine"\nreason = "r"\nmatch = ["cat -Q"]\n'
     )
     done = agentworker(home, "allowlist", "show")
-    assert done.returncode == 2
+    assert done.returncode == ConfigError.exit_code
     assert "rule mine: example 'cat -Q' should match but does not" in done.stderr

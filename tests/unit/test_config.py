@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from worker.config import Paths, first_start, load
-from worker.errors import WorkerError
+from worker.errors import ConfigError
 from worker.wire.transport import read_or_create_token
 
 
@@ -46,7 +46,7 @@ def test_precedence_is_file_then_environment_then_flags(
 def test_unknown_setting_is_an_error_that_names_it(paths: Paths) -> None:
     paths.ensure()
     paths.config_file.write_text("[worker]\nmax_concurency = 3\n")
-    with pytest.raises(WorkerError) as err:
+    with pytest.raises(ConfigError) as err:
         load(paths)
     assert "max_concurency" in err.value.message
 
@@ -54,7 +54,7 @@ def test_unknown_setting_is_an_error_that_names_it(paths: Paths) -> None:
 def test_broken_toml_says_which_file(paths: Paths) -> None:
     paths.ensure()
     paths.config_file.write_text("[worker\n")
-    with pytest.raises(WorkerError, match="not valid TOML"):
+    with pytest.raises(ConfigError, match="not valid TOML"):
         load(paths)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from worker.core.connection import Backoff
-from worker.errors import WorkerError
+from worker.errors import InsecureError
 from worker.wire.transport import Keepalive, client_options, is_loopback, open_channel
 
 
@@ -42,5 +42,5 @@ def test_only_loopback_counts_as_loopback(target: str, loopback: bool) -> None:
 
 
 def test_plaintext_channel_off_loopback_is_refused() -> None:
-    with pytest.raises(WorkerError, match="plaintext is allowed only to loopback"):
+    with pytest.raises(InsecureError, match="plaintext is allowed only to loopback"):
         open_channel("203.0.113.9:7421", Keepalive())

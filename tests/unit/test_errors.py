@@ -7,7 +7,9 @@ import errno
 
 import pytest
 
+from sandbox import ConfinementError, Problem
 from worker.errors import (
+    CONFINEMENT_CODES,
     BadRequestError,
     ErrorCode,
     FileError,
@@ -24,7 +26,7 @@ from worker.errors import (
 def test_an_os_error_for_a_path_names_the_path() -> None:
     error = from_os_error(OSError(errno.ENOSPC, "No space left on device"), "out/big.bin")
     assert error.code == "too_large"
-    assert error.message == "'out/big.bin': no space left on the device."
+    assert error.message == "'out/big.bin' cannot grow: no space is left on the device."
     assert error.details == {"path": "out/big.bin", "errno": errno.ENOSPC}
 
 
@@ -70,3 +72,9 @@ def test_anything_unexpected_becomes_an_internal_error_without_its_text() -> Non
     assert error.code == "internal_error"
     assert "secret" not in error.message and "(call c1)" in error.message
     assert as_worker_error(OSError(errno.ENOENT, "gone"), doing="x").code == "not_found"
+
+
+def test_every_sandbox_problem_has_a_wire_code() -> None:
+    assert set(CONFINEMENT_CODES) == set(Problem)
+    refusal = as_worker_error(ConfinementError(Problem.NOT_A_FILE, "a FIFO"), doing="x")
+    assert (refusal.code, refusal.message) == ("not_supported", "a FIFO")

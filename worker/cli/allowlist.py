@@ -14,9 +14,14 @@ from typing import Final
 
 from allowlist import describe, explain, render
 from worker import app
-from worker.actions.host.exec_policy import path_check, policy_for, user_policy_file
+from worker.actions.host.exec_policy import (
+    REFUSAL_CODES,
+    path_check,
+    policy_for,
+    user_policy_file,
+)
 from worker.config import Paths, load
-from worker.errors import WorkerError
+from worker.errors import ConfigError, UsageError, WorkerError
 
 EXIT_ALLOWED: Final = 0
 EXIT_REFUSED: Final = 1
@@ -43,7 +48,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
     config = load(paths)
-    policy = policy_for(config, paths)
+    try:
+        policy = policy_for(config, paths)
+    except WorkerError as exc:  # the person's allowlist file does not load
+        raise ConfigError(exc.message) from exc
     if args.allowlist_command == "show":
         if args.json:
             data = describe(policy)
@@ -57,13 +65,14 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
     roots = app.roots_of(config, paths)
     cwd = args.cwd or (str(roots[0].path) if roots else "/")
     if not os.path.isabs(cwd):
-        raise WorkerError("validation_error", f"--cwd {cwd!r}: give an absolute path")
+        raise UsageError(f"--cwd {cwd!r}: give an absolute path")
     decision = policy.decide(argv, path_check(roots, cwd))
+    verdict = REFUSAL_CODES[decision.refusal].value if decision.refusal else decision.verdict
     if args.json:
         print(
             json.dumps(
                 {
-                    "decision": decision.refusal or decision.verdict,
+                    "decision": verdict,
                     "rule": decision.rule_id,
                     "reason": decision.reason,
                     "path": decision.path,
@@ -74,5 +83,5 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(explain(decision), end="")
+        print(explain(decision, verdict), end="")
     return EXIT_ALLOWED if decision.verdict == "allow" else EXIT_REFUSED

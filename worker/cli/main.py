@@ -27,11 +27,12 @@ from worker.cli import sandbox as cli_sandbox
 from worker.config import Config, Paths, load
 from worker.core.connection import FatalConnectionError, Target
 from worker.core.ledger import State
-from worker.errors import WorkerError
+from worker.errors import HubUnreachableError, StartupError, UsageError, WorkerError
 from worker.hub.client import ControlClient, result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
 
-EXIT_OK, EXIT_ACTION_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_ACTION_ERROR = 0, 1
+EXIT_UNAVAILABLE = HubUnreachableError.exit_code
 
 log = logging.getLogger("agentworker")
 
@@ -152,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler = _COMMANDS[args.command]
         return handler(paths, args)
-    except WorkerError as exc:
+    except StartupError as exc:
         print(f"agentworker: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
+    except WorkerError as exc:  # an action's answer met here (a broken allowlist, say)
+        print(f"agentworker: {exc.message}", file=sys.stderr)
+        return EXIT_ACTION_ERROR
     except FatalConnectionError as exc:
         print(f"agentworker: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -329,7 +333,7 @@ def _kill(paths: Paths, args: argparse.Namespace) -> int:
 
     try:
         return _with_client(paths, args, body)
-    except WorkerError as exc:  # no hub on this machine, say
+    except StartupError as exc:  # no hub on this machine, say
         print(f"the hub was not told ({exc.message}): {HUB_UNTOLD}")
         return EXIT_OK
 
@@ -359,17 +363,14 @@ _DURATION = re.compile(r"^(\d+)([smhd])$")
 def _parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text.strip())
     if not match:
-        raise WorkerError(
-            "validation_error", f"--for {text!r}: use a number and s, m, h or d (e.g. 8h)"
-        )
+        raise UsageError(f"--for {text!r}: use a number and s, m, h or d (e.g. 8h)")
     amount, unit = int(match.group(1)), match.group(2)
     return timedelta(**{{"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
 
 
 def _grant(paths: Paths, args: argparse.Namespace) -> int:
     if not re.fullmatch(r"[A-Za-z*]+\.[A-Za-z_*?]+", args.scope):
-        raise WorkerError(
-            "validation_error",
+        raise UsageError(
             f"{args.scope!r} is not a scope: write surface.action, e.g. workerHost.fs_stat "
             "or workerHost.*",
         )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from worker.errors import WorkerError
+from worker.errors import CredentialsError, InsecureError
 
 # A 16 MiB fs_write plus its envelope must fit; both sides agree on the limit.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
@@ -90,8 +90,7 @@ def open_channel(target: str, keepalive: Keepalive, tls_ca: Path | None = None) 
         creds = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
         return grpc.aio.secure_channel(target, creds, options=options)
     if not is_loopback(target):
-        raise WorkerError(
-            "not_supported",
+        raise InsecureError(
             f"refusing to send the token in plaintext to {target}: plaintext is allowed only to "
             "loopback (127.0.0.1, ::1, localhost). Give the server's CA with --tls-ca to use TLS.",
         )
@@ -123,11 +122,10 @@ def read_token(path: Path) -> str:
     try:
         token = path.read_text(encoding="ascii").strip()
     except FileNotFoundError as exc:
-        raise WorkerError(
-            "not_found",
+        raise CredentialsError(
             f"no hub token at {path}: start the hub first (`agentworker up` or "
             "`agentworker hub`), or pass --server and --token.",
         ) from exc
     if not token:
-        raise WorkerError("validation_error", f"the token file {path} is empty")
+        raise CredentialsError(f"the token file {path} is empty")
     return token

@@ -25,11 +25,11 @@ from typing import Annotated, Final
 
 from pydantic import AfterValidator, Field, StringConstraints
 
-from allowlist import Decision
+from allowlist import Decision, Refusal
 from sandbox import Root, environment
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
 from worker.actions.host.exec_git import git_view
-from worker.actions.host.exec_policy import path_check, policy_for
+from worker.actions.host.exec_policy import REFUSAL_CODES, path_check, policy_for
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.config import ExecSection, Paths
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
@@ -163,7 +163,7 @@ def _admitted(decision: Decision, roots: Sequence[Root]) -> str:
     """The path to run, or the refusal as a WorkerError."""
     if not decision.runs or decision.path is None:
         raise WorkerError(
-            decision.refusal or "command_not_allowed",
+            REFUSAL_CODES[decision.refusal or Refusal.NOT_ALLOWED],
             decision.reason,
             {"argv": list(decision.argv), "rule": decision.rule_id, "tried": decision.near},
         )

@@ -34,7 +34,7 @@ from typing import Final
 from allowlist import Program
 from sandbox import ConfinedDir, ConfinementError, Root, locate, open_regular, read_at
 from sandbox.environment import SAFE_PATH
-from worker.errors import WorkerError
+from worker.errors import CONFINEMENT_CODES, WorkerError
 
 CONFIG_MAX: Final = 1024 * 1024
 NO_REPOSITORY: Final = "/nonexistent/agentworker-no-repository"
@@ -134,7 +134,8 @@ def _read_inside(roots: Sequence[Root], path: str) -> bytes:
             finally:
                 os.close(fd)
     except ConfinementError as exc:
-        raise WorkerError(exc.code, f"the repository cannot be read: {exc.message}") from None
+        code = CONFINEMENT_CODES[exc.problem]
+        raise WorkerError(code, f"the repository cannot be read: {exc.message}") from None
 
 
 def _parse(git: str, config: Path) -> list[tuple[str, str]]:

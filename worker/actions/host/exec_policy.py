@@ -17,13 +17,21 @@ import os
 import posixpath
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
-from allowlist import PathCheck, Policy, PolicyError, load_policy
-from sandbox import ConfinedDir, ConfinementError, Root, locate
+from allowlist import PathCheck, Policy, PolicyError, Refusal, load_policy
+from sandbox import ConfinedDir, ConfinementError, Problem, Root, locate
 from worker.config import Config, Paths
-from worker.errors import WorkerError
+from worker.errors import ErrorCode, WorkerError
 
 USER_POLICY = "allowlist.toml"
+
+# The allowlist's refusals (its own words) as the codes a caller sees.
+REFUSAL_CODES: Final[dict[Refusal, ErrorCode]] = {
+    Refusal.NOT_ALLOWED: ErrorCode.COMMAND_NOT_ALLOWED,
+    Refusal.FORBIDDEN: ErrorCode.COMMAND_FORBIDDEN,
+    Refusal.PATH_REFUSED: ErrorCode.PATH_NOT_ALLOWED,
+}
 
 _cache: dict[tuple[str, int, int], Policy | PolicyError] = {}
 
@@ -94,7 +102,7 @@ def _resolves_beneath(root: Root, full: str) -> None:
     prefix = str(root.path).rstrip("/") + "/"
     if full != str(root.path) and not full.startswith(prefix):
         raise ConfinementError(
-            "path_not_allowed",
+            Problem.OUTSIDE,
             f"{full!r} reaches its shared folder {root.path} only through '..'; "
             "write the plain path instead.",
         )
@@ -103,5 +111,5 @@ def _resolves_beneath(root: Root, full: str) -> None:
         with ConfinedDir(root.path) as confined:
             confined.stat(raw, follow_symlinks=True)
     except ConfinementError as exc:
-        if exc.code == "path_not_allowed":
+        if exc.problem is Problem.OUTSIDE:
             raise

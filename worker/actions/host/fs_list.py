@@ -15,9 +15,10 @@ from typing import Annotated, Final
 
 from pydantic import Field
 
-from sandbox import ConfinedDir, ConfinementError, Entry, file_kind, list_tree
+from sandbox import ConfinedDir, ConfinementError, Entry, Problem, file_kind, list_tree
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.core.registry import ActionSpec, Args, Context, Outcome, PathArg, Result
+from worker.errors import CONFINEMENT_CODES
 
 LIST_ENTRIES: Final = 10_000  # per call (truncated past it)
 LIST_DEPTH: Final = 32
@@ -81,8 +82,13 @@ def _entry(root: ConfinedDir, base: str, entry: Entry) -> FsEntry:
         mtime=st.st_mtime,
         mode=oct(stat_mod.S_IMODE(st.st_mode)),
         symlink_target=target,
-        error=entry.error,
+        error=_error(entry.error),
     )
+
+
+def _error(error: Problem | str | None) -> str | None:
+    """A sandbox problem as its wire code; an errno's name as it is."""
+    return CONFINEMENT_CODES[error].value if isinstance(error, Problem) else error
 
 
 SPEC: Final = ActionSpec(

@@ -9,7 +9,7 @@ from typing import Final
 
 from sandbox import ConfinedDir, ConfinementError, HardLinkError, Located, locate
 from worker.core.registry import Context
-from worker.errors import ErrorCode, WorkerError, from_os_error
+from worker.errors import ErrorCode, WorkerError, from_confinement, from_os_error
 
 # What `confined` may answer: a refusal, or the file system's own no.
 CONFINED_CODES: Final = frozenset(
@@ -42,9 +42,10 @@ def confined(
             yield root, located
     except HardLinkError as exc:
         details = {"path": path, "links": exc.links}
-        raise WorkerError(exc.code, exc.message + _HARD_LINK_HINT, details) from exc
+        error = from_confinement(exc, details)
+        raise WorkerError(error.code, exc.message + _HARD_LINK_HINT, details) from exc
     except ConfinementError as exc:
-        raise WorkerError(exc.code, exc.message, {"path": path}) from exc
+        raise from_confinement(exc, {"path": path}) from exc
     except OSError as exc:  # not a confinement question (a full disk, a file size limit)
         raise from_os_error(exc, path) from exc
 

@@ -18,7 +18,7 @@ from typing import Final, Literal
 from sandbox import Written, append_bytes, make_parents, sweep_leftovers, write_atomic
 from worker.actions.host.fs_paths import CONFINED_CODES, check_lands_writable, confined
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
-from worker.errors import WorkerError
+from worker.errors import ErrorCode, WorkerError
 
 WRITE_BYTES: Final = 16 * MIB  # per call; above is too_large
 
@@ -55,7 +55,7 @@ async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
             asyncio.to_thread(_sha256, data), asyncio.to_thread(_write, ctx, args, data)
         )
     except WorkerError as exc:
-        if exc.code != "not_found" or args.make_parents:
+        if exc.code is not ErrorCode.NOT_FOUND or args.make_parents:
             raise
         hint = " To create the missing folders too, set make_parents to true."
         raise WorkerError(exc.code, exc.message + hint, exc.details) from exc
