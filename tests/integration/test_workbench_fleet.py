@@ -1,0 +1,150 @@
+"""Several sandbox workers on one hub: a plan's calls stay with the worker holding its
+workspace, a new plan goes to the least loaded worker, and a plan whose worker is
+away gets a retryable error, never a fresh empty workspace somewhere else."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
+from tests.support.workbench import (
+    call,
+    files_of,
+    run,
+    start_sandbox_worker,
+    teardown,
+    worker_id_of,
+)
+
+TEST_POLICY = """
+[program.python3]
+paths = ["/usr/bin/python3"]
+[[program.python3.rule]]
+id = "test-python"
+reason = "tests: a program that runs until it is stopped"
+any_args = true
+"""
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
+    """A hub and two sandbox workers, `w1` and `w2`; the TOML their configs add."""
+    policy = tmp_path / "allowlist.toml"
+    policy.write_text(TEST_POLICY)
+    settings = f'[exec]\npolicy = "{policy}"\n'
+    with cluster(tmp_path / "hub", worker=False) as live:
+        start_sandbox_worker(live, "w1", settings)
+        start_sandbox_worker(live, "w2", settings)
+        yield live, settings
+
+
+def new_plan() -> str:
+    return f"plan-{uuid.uuid4().hex[:12]}"
+
+
+def where(live: Cluster, plan: str, **fields: Any) -> str:
+    out, _ = call(live, plan, "fs_stat", {"path": "."}, **fields)
+    assert out["status"] == "ok", out
+    return str(out["worker_id"])
+
+
+def names(live: Cluster) -> dict[str, str]:
+    """worker id -> its name in the harness (w1, w2)."""
+    return {worker_id_of(live, name): name for name in ("w1", "w2")}
+
+
+def busy_with(live: Cluster, plan: str) -> tuple[threading.Thread, str]:
+    """A call of `plan` that runs until the plan is torn down."""
+    tag = marker()
+
+    def stubborn() -> None:
+        run(live, plan, ["python3", "-c", STUBBORN, tag], timeout_s=300)
+
+    thread = threading.Thread(target=stubborn, daemon=True)
+    thread.start()
+    wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+    return thread, tag
+
+
+def test_plans_stick_and_a_new_plan_goes_to_the_idle_worker(
+    fleet: tuple[Cluster, str],
+) -> None:
+    live, _ = fleet
+    x, y = worker_id_of(live, "w1"), worker_id_of(live, "w2")
+    p1, p2, p3 = new_plan(), new_plan(), new_plan()
+    assert where(live, p1, worker_id=x) == x  # naming a worker places a new plan there
+    assert where(live, p2, worker_id=x) == x
+    assert where(live, p3, worker_id=y) == y
+    thread, tag = busy_with(live, p3)  # y runs a call; x holds more plans but is idle
+    p4 = new_plan()
+    assert where(live, p4) == x
+    for _ in range(3):  # sticky, however loaded: each plan where its workspace is
+        assert where(live, p3) == y
+        assert where(live, p1) == x and where(live, p4) == x
+    assert files_of(live, "w1", p4).is_dir() and not files_of(live, "w2", p4).exists()
+    assert teardown(live, p3)["result"]["removed"] is True
+    thread.join(15)
+    assert wait_until_gone(tag) == []
+    p5 = new_plan()  # both idle now: the one holding fewer plans
+    assert where(live, p5) == y
+
+
+def test_a_call_naming_another_worker_than_the_plans_is_refused(
+    fleet: tuple[Cluster, str],
+) -> None:
+    live, _ = fleet
+    x, y = worker_id_of(live, "w1"), worker_id_of(live, "w2")
+    plan = new_plan()
+    assert where(live, plan, worker_id=x) == x
+    out, _ = call(live, plan, "fs_stat", {"path": "."}, worker_id=y)
+    assert out["error"]["code"] == "validation_error" and x in out["error"]["message"]
+    assert not files_of(live, "w2", plan).exists()
+
+
+def test_a_plan_whose_worker_is_away_gets_a_retryable_error_not_a_new_workspace(
+    fleet: tuple[Cluster, str],
+) -> None:
+    live, settings = fleet
+    plan = new_plan()
+    out, _ = call(live, plan, "fs_write", {"path": "kept.txt"}, b"kept")
+    holder = out["worker_id"]
+    name = names(live)[holder]
+    other = "w2" if name == "w1" else "w1"
+    proc = next(p for p in live.procs if p.name == name)
+    proc.signal(signal.SIGTERM)
+    proc.wait(30)
+    wait_for(lambda: holder not in {w.worker_id for w in live.workers() if w.connected}, 15)
+    out, _ = call(live, plan, "fs_read", {"path": "kept.txt"})
+    error = out["error"]
+    assert error["code"] == "sandbox_unavailable" and error["retryable"] is True, out
+    assert holder in error["message"] and "not connected" in error["message"]
+    assert error["details"] == {"plan_id": plan, "worker_id": holder}
+    assert not files_of(live, other, plan).exists()
+    gone = teardown(live, plan)
+    assert gone["error"]["code"] == "sandbox_unavailable" and gone["error"]["retryable"]
+    start_sandbox_worker(live, name, settings)  # back, same home: the files are there
+    out, blob = call(live, plan, "fs_read", {"path": "kept.txt"})
+    assert out["status"] == "ok" and out["worker_id"] == holder and blob == b"kept"
+
+
+def test_placements_survive_a_hub_restart(fleet: tuple[Cluster, str]) -> None:
+    live, _ = fleet
+    x, y = worker_id_of(live, "w1"), worker_id_of(live, "w2")
+    plans = {new_plan(): x, new_plan(): y}
+    for plan, worker_id in plans.items():
+        assert where(live, plan, worker_id=worker_id) == worker_id
+    hub = next(p for p in live.procs if p.name == "hub")
+    hub.signal(signal.SIGTERM)
+    hub.wait(30)
+    live.start_hub()
+    wait_for(lambda: live.status().connected_workers == 2, 20)
+    for plan, worker_id in plans.items():
+        assert where(live, plan) == worker_id
