@@ -41,6 +41,7 @@ bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_roundtrip.py
 	$(BIN)/python benchmarks/bench_exec.py
 	$(BIN)/python benchmarks/bench_fs.py
+	$(BIN)/python benchmarks/bench_sandbox.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

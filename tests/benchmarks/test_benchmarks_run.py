@@ -46,3 +46,19 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines() -> None:
         assert exec_out.count(row) == 2, f"{row!r} missing for exec true or exec cat:\n{exec_out}"
     for row in ("raw open/write/close", "fs_write via hub → worker", "fs_read"):
         assert row in fs_out, f"{row!r} missing:\n{fs_out}"
+
+
+@pytest.mark.timeout(300)
+def test_sandbox_benchmark_prints_exec_beside_raw_bwrap_and_first_calls() -> None:
+    out = _run("bench_sandbox.py", "--calls", "5")
+    for row in (
+        "raw true",
+        "raw bwrap … true",
+        "workerHost.exec true",
+        "workbenchHost.exec true",
+        "fs_stat, later call of a plan",
+        "fs_stat, first call of a plan",
+        "exec, later call of a plan",
+        "exec, first call of a plan",
+    ):
+        assert row in out, f"{row!r} missing:\n{out}"
