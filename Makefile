@@ -42,6 +42,7 @@ bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_exec.py
 	$(BIN)/python benchmarks/bench_fs.py
 	$(BIN)/python benchmarks/bench_sandbox.py
+	$(BIN)/python benchmarks/bench_replay.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

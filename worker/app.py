@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from worker.wire.transport import (
 log = logging.getLogger("agentworker")
 
 PRUNE_EVERY_S = 3600.0
+# Telemetry past retention is pruned on start and then daily.
+TELEMETRY_PRUNE_EVERY_S = 86_400.0
 # How soon a kill recorded by another process (`agentworker kill`) stops running calls.
 KILL_CHECK_S = 0.2
 
@@ -186,12 +189,29 @@ async def _enforce_kills(dispatcher: Dispatcher) -> None:
             log.info("stopped running calls of a plan killed from this machine")
 
 
+def prune_telemetry(telemetry: Telemetry) -> int:
+    """Forget telemetry past retention, and say how much went."""
+    rows, events, recorded = telemetry.prune_all()
+    log.info(
+        "telemetry: pruned %d invocation rows, %d audit events and %d recorded calls "
+        "older than %d days",
+        rows,
+        events,
+        recorded,
+        telemetry.retention_days,
+    )
+    return rows
+
+
 async def _housekeeping(dispatcher: Dispatcher) -> None:
+    """Telemetry pruned on start and daily; the ledger's acked calls hourly."""
+    telemetry_due = 0.0
     while True:
-        pruned = dispatcher.telemetry.prune()
+        # The wall clock, not the monotonic one: a day spent suspended counts.
+        if time.time() >= telemetry_due:
+            prune_telemetry(dispatcher.telemetry)
+            telemetry_due = time.time() + TELEMETRY_PRUNE_EVERY_S
         dispatcher.state.prune()
-        if pruned:
-            log.info("pruned %d telemetry rows past retention", pruned)
         await asyncio.sleep(PRUNE_EVERY_S)
 
 

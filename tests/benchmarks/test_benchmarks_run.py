@@ -62,3 +62,15 @@ def test_sandbox_benchmark_prints_exec_beside_raw_bwrap_and_first_calls() -> Non
         "exec, first call of a plan",
     ):
         assert row in out, f"{row!r} missing:\n{out}"
+
+
+@pytest.mark.timeout(300)
+def test_replay_benchmark_runs_beside_the_raw_dispatch_rate() -> None:
+    out = _run("bench_replay.py", "--steps", "25")
+    for row in (
+        "raw ControlService.Dispatch",
+        "the same, caller's ids",
+        "replay through the hub",
+        "replay in-process",
+    ):
+        assert row in out, f"{row!r} missing:\n{out}"

@@ -24,6 +24,7 @@ from worker import app
 from worker.cli import allowlist as cli_allowlist
 from worker.cli import replay as cli_replay
 from worker.cli import sandbox as cli_sandbox
+from worker.cli import telemetry as cli_telemetry
 from worker.config import Config, Paths, load
 from worker.core.connection import FatalConnectionError, Target
 from worker.core.ledger import State
@@ -126,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_allowlist.add_parser(sub)
     cli_replay.add_parser(sub)
     cli_sandbox.add_parser(sub, _add_server_flags)
+    cli_telemetry.add_parser(sub)
     return parser
 
 
@@ -433,6 +435,9 @@ _COMMANDS: dict[str, Callable[[Paths, argparse.Namespace], int]] = {
     "allowlist": cli_allowlist.run,
     "replay": cli_replay.run,
     "sandbox": cli_sandbox.run,
+    "record": cli_replay.record,
+    "telemetry": cli_telemetry.run,
+    "audit": cli_telemetry.run,
 }
 
 if __name__ == "__main__":

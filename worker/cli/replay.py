@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from worker.config import Paths
+    from worker.core.ledger import State
+    from worker.core.telemetry import Telemetry
     from worker.replay.runner import Report
     from worker.replay.script import Script
 
@@ -65,6 +67,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     hub.add_argument("--token", help="bearer token (default: the local hub's token file)")
     hub.add_argument("--tls-ca", type=Path, help="CA certificate to verify a TLS hub")
     hub.add_argument("--worker", default="", help="worker id, when several are connected")
+
+    record = sub.add_parser(
+        "record",
+        help="write a plan's calls as a replay script; `record start PLAN` keeps their args",
+        description="agentworker record start PLAN: from now on, this machine's worker keeps "
+        "the args of the plan's calls (secret-looking values masked) and their results. "
+        "agentworker record PLAN -o FILE: the plan's calls as a script, each step expecting "
+        "what happened. agentworker record stop PLAN: keep no more.",
+    )
+    record.add_argument(
+        "words", nargs="+", metavar="PLAN | start PLAN | stop PLAN", help="what to do"
+    )
+    record.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="the script to write (default: stdout); request blobs go to FILE's folder, "
+        "in STEM.blobs/",
+    )
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
@@ -151,3 +172,82 @@ def _print(report: Report, as_json: bool) -> int:
     else:
         print(summary(report))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def record(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.core.ledger import State
+    from worker.core.telemetry import Telemetry
+    from worker.errors import WorkerError
+
+    words: list[str] = args.words
+    if len(words) > 2 or (len(words) == 2 and words[0] not in ("start", "stop")):
+        raise WorkerError(
+            "validation_error",
+            "write `agentworker record PLAN`, `record start PLAN` or `record stop PLAN`",
+        )
+    paths.ensure()
+    state = State(paths.data_dir / "state.db")
+    try:
+        telemetry = Telemetry(state.connection)
+        if len(words) == 2:
+            return _switch(telemetry, words[0], words[1])
+        return _write_script(state, words[0], args.output)
+    finally:
+        state.close()
+
+
+def _switch(telemetry: Telemetry, verb: str, plan: str) -> int:
+    import os
+
+    recordings = telemetry.recordings
+    if verb == "start":
+        started = recordings.start(plan, f"cli:{os.getuid()}")
+        print(
+            f"recording plan {plan}" + ("" if started else " (it already was)") + ": its calls "
+            f"keep their args for `agentworker record {plan}` until `record stop {plan}`"
+        )
+        return EXIT_OK
+    stopped = recordings.stop(plan)
+    print(
+        f"plan {plan}: recording stopped; what was kept stays (pruned with the telemetry)"
+        if stopped
+        else f"plan {plan} was not being recorded"
+    )
+    return EXIT_OK if stopped else EXIT_FAILED
+
+
+def _write_script(state: State, plan: str, output: Path | None) -> int:
+    from worker.errors import WorkerError
+    from worker.replay.record import record as record_plan
+
+    stem = output.stem if output is not None else "script"
+    recorded = record_plan(state.connection, plan, f"{stem}.blobs")
+    if len(recorded.lines) == 1:
+        raise WorkerError("not_found", f"no calls of plan {plan} in this machine's telemetry")
+    if output is None:
+        if recorded.blobs:
+            raise WorkerError(
+                "validation_error",
+                f"calls of plan {plan} carry request blobs: give -o FILE so they can be "
+                "written beside the script",
+            )
+        sys.stdout.write(recorded.text())
+    else:
+        for name, data in recorded.blobs.items():
+            (output.parent / name).parent.mkdir(parents=True, exist_ok=True)
+            (output.parent / name).write_bytes(data)
+        output.write_text(recorded.text(), encoding="utf-8")
+    where = f" to {output}" if output is not None else ""
+    notes = []
+    if recorded.without_args:
+        notes.append(
+            f"{recorded.without_args} call(s) without args, as comments (recording was off: "
+            f"`agentworker record start {plan}` before the session)"
+        )
+    if recorded.redacted:
+        notes.append(f"{recorded.redacted} step(s) with secret-looking values masked (***)")
+    print(
+        f"wrote {recorded.steps} step(s){where}" + "".join(f"; {n}" for n in notes),
+        file=sys.stderr,
+    )
+    return EXIT_OK

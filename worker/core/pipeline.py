@@ -589,6 +589,8 @@ class Dispatcher:
             result.error.CopyFrom(error_pb(error))
             if error.code in AUDITED_CODES:
                 self._audit(error.code, req, {"message": error.message})
+        if self.telemetry.recordings.active(req.plan_id):  # `agentworker record start`
+            self.telemetry.recordings.keep_later(req, req.blob, result_json, blob)
         self._finished.append(result)
         if not self._tasks:  # nothing else running that could share the commit
             self.flush_results()

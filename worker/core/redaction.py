@@ -27,11 +27,29 @@ def args_preview(args_json: str) -> str:
     return json.dumps(_redact(value), ensure_ascii=False)[:PREVIEW_CHARS]
 
 
-def _redact(value: Any) -> Any:
+def args_for_replay(args_json: str) -> tuple[str | None, bool]:
+    """The args as a recorded plan keeps them for replay: whole, with the values of
+    secret-looking keys masked as in previews. (None, False) when they are not a JSON
+    object; the flag says whether anything was masked."""
+    try:
+        value = json.loads(args_json) if args_json else {}
+    except ValueError:
+        return None, False
+    if not isinstance(value, dict):
+        return None, False
+    if not _SECRET_KEY.search(args_json):
+        return json.dumps(value, ensure_ascii=False), False
+    masked = _redact(value, cut=False)
+    return json.dumps(masked, ensure_ascii=False), masked != value
+
+
+def _redact(value: Any, cut: bool = True) -> Any:
     if isinstance(value, dict):
-        return {k: "***" if _SECRET_KEY.search(str(k)) else _redact(v) for k, v in value.items()}
+        return {
+            k: "***" if _SECRET_KEY.search(str(k)) else _redact(v, cut) for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_redact(v) for v in value]
-    if isinstance(value, str) and len(value) > _LONG_STRING:
+        return [_redact(v, cut) for v in value]
+    if cut and isinstance(value, str) and len(value) > _LONG_STRING:
         return value[:_LONG_STRING] + "…"
     return value

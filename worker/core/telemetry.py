@@ -14,7 +14,8 @@ import uuid
 from typing import Any, Final
 
 from worker.clock import now_ms
-from worker.db import write_many
+from worker.core.recording import Recordings
+from worker.db import transaction, write_many
 from worker.errors import ErrorCode
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -64,6 +65,8 @@ class Telemetry:
     def __init__(self, conn: sqlite3.Connection, retention_days: int = 90) -> None:
         conn.executescript(_SCHEMA)
         self._db = conn
+        # Plans recorded for replay keep their calls' args and results beside the rows.
+        self.recordings = Recordings(conn)
         self.retention_days = retention_days
         self._queued: list[pb.Invocation] = []  # see record_later
         self._insert = (
@@ -84,11 +87,16 @@ class Telemetry:
         self._queued.extend(rows)
 
     def flush(self) -> None:
-        """Write the rows kept by `record_later`, in one commit; should that fail, they
-        stay queued for the next try."""
-        if self._queued:
+        """Write the rows kept by `record_later` (and recorded plans' calls), in one
+        commit; should that fail, they stay queued for the next try."""
+        if self.recordings.pending():
+            with transaction(self._db):
+                self.record_many(self._queued)
+                self.recordings.write_pending()
+            self.recordings.written()
+        elif self._queued:
             self.record_many(self._queued)
-            self._queued = []
+        self._queued = []
 
     def has(self, correlation_id: str) -> bool:
         """Whether a call's invocation row is written."""
@@ -130,13 +138,19 @@ class Telemetry:
         return event
 
     def prune(self, now: int | None = None) -> int:
+        """Forget what is past retention; the number of invocation rows removed."""
+        return self.prune_all(now)[0]
+
+    def prune_all(self, now: int | None = None) -> tuple[int, int, int]:
+        """Forget invocation rows, audit events and recorded calls past retention;
+        how many of each went."""
         self.flush()
         cutoff = (now if now is not None else now_ms()) - self.retention_days * DAY_MS
         removed = self._db.execute(
             "DELETE FROM invocations WHERE started_unix_ms < ?", (cutoff,)
         ).rowcount
-        self._db.execute("DELETE FROM audit_events WHERE unix_ms < ?", (cutoff,))
-        return removed
+        audit = self._db.execute("DELETE FROM audit_events WHERE unix_ms < ?", (cutoff,)).rowcount
+        return removed, audit, self.recordings.prune(cutoff)
 
     def rows(self, correlation_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         self.flush()

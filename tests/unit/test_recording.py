@@ -1,0 +1,176 @@
+"""Recording a plan for replay: what a recorded call keeps, that other plans keep
+nothing, and the script `record` makes of it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from pathlib import Path
+
+from worker.config import Config, GrantSection, RootSection
+from worker.core.ledger import State
+from worker.core.recording import Recordings
+from worker.core.redaction import args_for_replay
+from worker.core.telemetry import Telemetry
+from worker.replay import script as fmt
+from worker.replay.record import record, stable
+from worker.replay.targets import in_process
+from worker.wire.proto import agentworker_pb2 as pb
+
+
+def test_args_for_replay_mask_secret_looking_values_and_cut_nothing() -> None:
+    long_text = "x" * 500
+    args = {"url": "https://a", "headers": {"Authorization": "Bearer t", "X-Api-Key": "k"}}
+    kept, masked = args_for_replay(json.dumps({**args, "body": long_text}))
+    assert masked
+    assert json.loads(kept or "") == {
+        "url": "https://a",
+        "headers": {"Authorization": "***", "X-Api-Key": "***"},
+        "body": long_text,
+    }
+
+
+def test_args_without_secrets_are_kept_as_they_are() -> None:
+    assert args_for_replay('{"path": "token.txt"}') == ('{"path": "token.txt"}', False)
+    assert args_for_replay("") == ("{}", False)
+
+
+def test_args_that_are_not_a_json_object_are_not_kept() -> None:
+    assert args_for_replay("[1, 2]") == (None, False)
+    assert args_for_replay("{oops") == (None, False)
+
+
+def test_recording_switched_on_elsewhere_is_seen_at_the_next_check(tmp_path: Path) -> None:
+    """The CLI writes from another process: data_version tells the worker's cache."""
+    worker = State(tmp_path / "state.db")
+    cli = State(tmp_path / "state.db")
+    try:
+        watching = Recordings(worker.connection, recheck_s=0)
+        assert not watching.active("p")
+        assert Recordings(cli.connection).start("p", "cli")
+        assert watching.active("p")
+        assert Recordings(cli.connection).stop("p")
+        assert not watching.active("p")
+    finally:
+        worker.close()
+        cli.close()
+
+
+def test_starting_twice_and_stopping_what_was_not_started_say_so(tmp_path: Path) -> None:
+    state = State(tmp_path / "state.db")
+    try:
+        recordings = Recordings(state.connection)
+        assert recordings.start("p", "me") and not recordings.start("p", "me")
+        assert [plan for plan, _, _ in recordings.plans()] == ["p"]
+        assert recordings.stop("p") and not recordings.stop("p")
+    finally:
+        state.close()
+
+
+def _config(workspace: Path) -> Config:
+    return Config(
+        root=[RootSection(path=workspace, mode="rw")],
+        grant=[GrantSection(agent="rec", scopes=["workerHost.fs_*", "workerHost.http_fetch"])],
+    )
+
+
+def _request(cid: str, plan: str, action: str, args: object) -> pb.ActionRequest:
+    return pb.ActionRequest(
+        correlation_id=cid,
+        plan_id=plan,
+        agent_id="rec",
+        surface="workerHost",
+        action=action,
+        args_json=json.dumps(args),
+    )
+
+
+def _session(tmp_path: Path) -> Path:
+    """Calls of plan "kept" (recorded) and "other" (not) on a worker in this process;
+    returns the data dir."""
+    data, workspace = tmp_path / "data", tmp_path / "workspace"
+    data.mkdir()
+    workspace.mkdir()
+    state = State(data / "state.db")
+    Recordings(state.connection).start("kept", "test")
+    state.close()
+
+    async def calls() -> None:
+        async with in_process(_config(workspace), tmp_path, data) as worker:
+            write = _request("w1", "kept", "fs_write", {"path": "a.txt", "mode": "create"})
+            await worker.call(write, b"hello")
+            await worker.call(_request("s1", "kept", "fs_stat", {"path": "a.txt"}), b"")
+            await worker.call(_request("r1", "kept", "fs_read", {"path": "a.txt"}), b"")
+            secret = {"url": "http://127.0.0.1:9/", "headers": {"Authorization": "Bearer x"}}
+            await worker.call(_request("h1", "kept", "http_fetch", secret), b"")
+            await worker.call(_request("n1", "kept", "fs_stat", {"path": "none.txt"}), b"")
+            await worker.call(_request("o1", "other", "fs_stat", {"path": "a.txt"}), b"")
+
+    asyncio.run(calls())
+    return data
+
+
+def test_a_recorded_plan_keeps_its_calls_and_another_plan_keeps_nothing(tmp_path: Path) -> None:
+    data = _session(tmp_path)
+    with contextlib.closing(sqlite3.connect(data / "state.db")) as db:
+        kept = dict(db.execute("SELECT correlation_id, plan_id FROM recorded_calls").fetchall())
+        blob = db.execute(
+            "SELECT request_blob FROM recorded_calls WHERE correlation_id = 'w1'"
+        ).fetchone()[0]
+        invocations = db.execute("SELECT COUNT(*) FROM invocations").fetchone()[0]
+    assert kept == {cid: "kept" for cid in ("w1", "s1", "r1", "h1", "n1")}
+    assert blob == b"hello"
+    assert invocations == 6
+
+
+def test_record_writes_the_plan_as_a_script_whose_steps_expect_what_happened(
+    tmp_path: Path,
+) -> None:
+    data = _session(tmp_path)
+    state = State(data / "state.db")
+    try:
+        Telemetry(state.connection)
+        recorded = record(state.connection, "kept", "s.blobs")
+    finally:
+        state.close()
+    assert recorded.steps == 5 and recorded.without_args == 0 and recorded.redacted == 1
+    assert recorded.blobs == {"s.blobs/step-1.bin": b"hello"}
+    (tmp_path / "s.blobs").mkdir()
+    (tmp_path / "s.blobs/step-1.bin").write_bytes(b"hello")
+    script = fmt.parse(recorded.text(), base=tmp_path)
+    assert script.malformed == []
+    assert script.header.plan == "kept"
+    write, stat, read, fetch, missing = script.entries
+    assert write.step.action == "fs_write" and write.step.blob == "s.blobs/step-1.bin"
+    assert write.expect.result is not None and write.expect.result["created"] is True
+    assert stat.expect.result is not None and "mtime" not in stat.expect.result
+    assert stat.expect.result["size"] == 5
+    assert (
+        read.expect.blob_sha256
+        == "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+    )
+    assert fetch.step.args["headers"] == {"Authorization": "***"}
+    assert fetch.expect.error_code == "url_not_allowed"
+    assert (missing.expect.status, missing.expect.error_code) == ("error", "not_found")
+    assert all(e.agent == "rec" and e.plan == "kept" for e in script.entries)
+    assert "Bearer" not in recorded.text()
+
+
+def test_calls_made_before_recording_became_comments(tmp_path: Path) -> None:
+    data = _session(tmp_path)
+    state = State(data / "state.db")
+    try:
+        recorded = record(state.connection, "other", "s.blobs")
+    finally:
+        state.close()
+    assert recorded.steps == 0 and recorded.without_args == 1
+    (comment,) = [line for line in recorded.lines if line.startswith("#")]
+    assert "workerHost.fs_stat" in comment and "recording was off" in comment
+    assert fmt.parse(recorded.text(), base=tmp_path).entries == []
+
+
+def test_volatile_fields_are_left_out_at_any_depth() -> None:
+    result = {"size": 1, "mtime": 2.0, "entries": [{"name": "a", "mtime": 3.0, "owner": "me"}]}
+    assert stable(result) == {"size": 1, "entries": [{"name": "a"}]}

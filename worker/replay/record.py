@@ -1,0 +1,144 @@
+"""`agentworker record PLAN`: a plan's calls, as a replay script.
+
+Each call of the plan becomes a step, in the order the calls started, with its
+expectation filled from what happened: the status, the error code, the result
+(less the fields that differ from run to run or machine to machine: times,
+durations, owners, HTTP headers), exec's exit code and the result blob's digest.
+A call's args are known only if recording was switched on for the plan when it
+ran (`agentworker record start PLAN`); calls without them are written as comments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from worker.core.recording import RecordedCall, Recordings
+from worker.replay.script import DEFAULT_SURFACE, FORMAT_VERSION, HEADER_KEY
+
+# Result fields left out of a recorded expectation: they differ between two runs of
+# the same call (times, durations, headers with dates) or between machines (owners).
+VOLATILE: Final = frozenset(
+    {"mtime", "atime", "ctime", "duration_ms", "uid", "gid", "owner", "group", "headers"}
+)
+
+
+_NO_BLOB: Final = hashlib.sha256(b"").hexdigest()
+
+
+@dataclass
+class Recorded:
+    """A script as lines, and the request blobs its steps name (file name → bytes)."""
+
+    lines: list[str] = field(default_factory=list)
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    steps: int = 0
+    without_args: int = 0
+    redacted: int = 0
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def stable(value: Any) -> Any:
+    """`value` without its volatile fields, at any depth."""
+    if isinstance(value, dict):
+        return {k: stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [stable(v) for v in value]
+    return value
+
+
+def expectation(row: dict[str, Any], call: RecordedCall) -> dict[str, Any]:
+    if row["status"] != "ok":
+        return {"status": "error", "error_code": row["error_code"]}
+    expect: dict[str, Any] = {"status": "ok"}
+    result = json.loads(call.result_json) if call.result_json else None
+    if isinstance(result, dict):
+        if result.get("exit_code") is not None:
+            expect["exit_code"] = result["exit_code"]
+        kept = stable({k: v for k, v in result.items() if k != "exit_code"})
+        if kept:
+            expect["result"] = kept
+    if call.result_blob_sha256 != _NO_BLOB:
+        expect["blob_sha256"] = call.result_blob_sha256
+    return expect
+
+
+def _when(unix_ms: int) -> str:
+    return datetime.fromtimestamp(unix_ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def record(conn: sqlite3.Connection, plan_id: str, blob_dir: str) -> Recorded:
+    """The plan's calls as a script; request blobs are named `<blob_dir>/step-N.bin`."""
+    recorded_calls = Recordings(conn).calls(plan_id)
+    rows = conn.execute(
+        "SELECT correlation_id, worker_id, agent_id, task_id, surface, action, status,"
+        " error_code, started_unix_ms FROM invocations WHERE plan_id = ?"
+        " ORDER BY started_unix_ms, rowid",
+        (plan_id,),
+    ).fetchall()
+    names = (
+        "correlation_id",
+        "worker_id",
+        "agent_id",
+        "task_id",
+        "surface",
+        "action",
+        "status",
+        "error_code",
+        "started_unix_ms",
+    )
+    out = Recorded()
+    workers = sorted({row[1] for row in rows if row[1]})
+    header = {
+        HEADER_KEY: FORMAT_VERSION,
+        "plan": plan_id,
+        "note": f"recorded from plan {plan_id}"
+        + (f" on {', '.join(workers)}" if workers else "")
+        + (f", {_when(rows[0][8])} to {_when(rows[-1][8])}" if rows else ""),
+    }
+    out.lines.append(json.dumps(header, ensure_ascii=False))
+    for values in rows:
+        row = dict(zip(names, values, strict=True))
+        name = f"{row['surface']}.{row['action']}"
+        call = recorded_calls.get(row["correlation_id"])
+        if not row["action"]:
+            out.lines.append(
+                f"# {_when(row['started_unix_ms'])} call {row['correlation_id']}: "
+                f"{row['error_code'] or row['status']}, its action unknown; not replayable"
+            )
+            continue
+        if call is None or call.args_json is None:
+            out.without_args += 1
+            why = "recording was off for the plan" if call is None else "they were not JSON"
+            out.lines.append(
+                f"# {_when(row['started_unix_ms'])} {name} ({row['status']}"
+                f"{' ' + row['error_code'] if row['error_code'] else ''}): "
+                f"its args were not kept ({why})"
+            )
+            continue
+        out.steps += 1
+        step: dict[str, Any] = {
+            "action": row["action"] if row["surface"] == DEFAULT_SURFACE else name,
+            "args": json.loads(call.args_json),
+        }
+        if call.request_blob:
+            blob_name = f"{blob_dir}/step-{out.steps}.bin"
+            out.blobs[blob_name] = call.request_blob
+            step["blob"] = blob_name
+        step["agent"] = row["agent_id"]
+        if row["task_id"]:
+            step["task"] = row["task_id"]
+        step["expect"] = expectation(row, call)
+        if call.redacted:
+            out.redacted += 1
+            out.lines.append(
+                "# secret-looking values below were masked (***): put real ones in to replay"
+            )
+        out.lines.append(json.dumps(step, ensure_ascii=False))
+    return out
