@@ -74,3 +74,10 @@ def test_replay_benchmark_runs_beside_the_raw_dispatch_rate() -> None:
         "replay in-process",
     ):
         assert row in out, f"{row!r} missing:\n{out}"
+
+
+@pytest.mark.timeout(300)
+def test_hub_scale_benchmark_reports_memory_per_worker_and_the_p50_ratio() -> None:
+    out = _run("bench_hub_scale.py", "--workers", "30", "--calls", "20", "--rounds", "2")
+    for row in ("Dispatch, worker alone (raw)", "Dispatch, 1 of 30", "KB per idle worker"):
+        assert row in out, f"{row!r} missing:\n{out}"
