@@ -56,15 +56,18 @@ def test_thousand_concurrent_calls_each_answered_once_within_the_limit(live: Clu
     in_flight = [json.loads(r.result.result_json)["in_flight"] for r in responses]
     assert max(in_flight) <= 8
     assert max(in_flight) == 8, "the burst should have filled every slot"
-    executed = (
-        sqlite3.connect(live.home / "state.db")
-        .execute(
-            "SELECT COUNT(*), COUNT(DISTINCT correlation_id) FROM invocations"
-            " WHERE action = 'probe'"
-        )
-        .fetchone()
-    )
-    assert executed == (1000, 1000)
+
+    def executed() -> tuple[int, int]:
+        with contextlib.closing(sqlite3.connect(live.home / "state.db")) as db:
+            row = db.execute(
+                "SELECT COUNT(*), COUNT(DISTINCT correlation_id) FROM invocations"
+                " WHERE action = 'probe'"
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
+    # Rows are written just after their results leave: wait for the last ones.
+    wait_for(lambda: executed()[0] >= 1000, 10)
+    assert executed() == (1000, 1000)
 
 
 def test_unknown_action_names_what_the_worker_offers(live: Cluster) -> None:
@@ -83,11 +86,17 @@ def test_call_without_grant_answers_scope_required_with_how_to_grant(live: Clust
 def test_refusals_are_logged_too_with_secrets_redacted(live: Cluster) -> None:
     out = live.call("workerHost.fs_stat", '{"path": ".", "api_key": "sekrit-value"}')
     assert out["error"]["code"] == "validation_error"
-    db = sqlite3.connect(live.home / "state.db")
-    status, code, preview = db.execute(
-        "SELECT status, error_code, args_preview FROM invocations WHERE correlation_id = ?",
-        (out["correlation_id"],),
-    ).fetchone()
+
+    def row() -> tuple[str, str, str] | None:
+        with contextlib.closing(sqlite3.connect(live.home / "state.db")) as db:
+            found: tuple[str, str, str] | None = db.execute(
+                "SELECT status, error_code, args_preview FROM invocations WHERE correlation_id = ?",
+                (out["correlation_id"],),
+            ).fetchone()
+        return found
+
+    wait_for(lambda: row() is not None, 10)  # written just after the result left
+    status, code, preview = row() or ("", "", "")
     assert (status, code) == ("error", "validation_error")
     assert "sekrit" not in preview and '"api_key": "***"' in preview
     assert "sekrit" not in out["invocation"]["args_preview"]

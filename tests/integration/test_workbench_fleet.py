@@ -128,11 +128,32 @@ def test_a_plan_whose_worker_is_away_gets_a_retryable_error_not_a_new_workspace(
     assert holder in error["message"] and "not connected" in error["message"]
     assert error["details"] == {"plan_id": plan, "worker_id": holder}
     assert not files_of(live, other, plan).exists()
-    gone = teardown(live, plan)
-    assert gone["error"]["code"] == "sandbox_unavailable" and gone["error"]["retryable"]
     start_sandbox_worker(live, name, settings)  # back, same home: the files are there
     out, blob = call(live, plan, "fs_read", {"path": "kept.txt"})
     assert out["status"] == "ok" and out["worker_id"] == holder and blob == b"kept"
+
+
+def test_a_teardown_while_the_worker_is_away_waits_for_it_to_return(
+    fleet: tuple[Cluster, str],
+) -> None:
+    live, settings = fleet
+    plan = new_plan()
+    out, _ = call(live, plan, "fs_write", {"path": "old.txt"}, b"old")
+    holder = out["worker_id"]
+    name = names(live)[holder]
+    proc = next(p for p in live.procs if p.name == name)
+    proc.signal(signal.SIGTERM)
+    proc.wait(30)
+    wait_for(lambda: holder not in {w.worker_id for w in live.workers() if w.connected}, 15)
+    done = teardown(live, plan)
+    assert done["status"] == "ok", done
+    assert done["result"] == {"plan_id": plan, "removed": False, "queued_worker_ids": [holder]}
+    out, _ = call(live, plan, "fs_list", {"path": "."})  # torn down: a fresh start elsewhere
+    assert out["status"] == "ok" and out["worker_id"] != holder
+    assert out["result"]["entries"] == []
+    assert files_of(live, name, plan).exists()
+    start_sandbox_worker(live, name, settings)  # told on its return, before any call
+    wait_for(lambda: not files_of(live, name, plan).exists(), 15)
 
 
 def test_placements_survive_a_hub_restart(fleet: tuple[Cluster, str]) -> None:

@@ -88,10 +88,14 @@ class Workbench:
             slot = self._exec_slots[plan_id] = asyncio.Semaphore(self.settings.plan_execs)
         return slot
 
-    async def teardown(self, plan_id: str) -> dict[str, Any]:
-        """Remove the plan's workspace (its calls were stopped first); idempotent."""
+    def teardown(self, plan_id: str) -> Awaitable[dict[str, Any]]:
+        """Take the plan's workspace out of use now (a later call starts afresh) and
+        return its removal, to await once the plan's calls have stopped. Idempotent."""
         self._exec_slots.pop(plan_id, None)
         trash = self.workspaces.detach(plan_id)
+        return self._remove(plan_id, trash)
+
+    async def _remove(self, plan_id: str, trash: Path | None) -> dict[str, Any]:
         if trash is not None:
             await asyncio.to_thread(remove_tree, trash)
         return {"plan_id": plan_id, "removed": trash is not None}
@@ -185,8 +189,8 @@ def _write(bench: Workbench) -> Callable[[Context, fs_write.FsWriteArgs], Awaita
     async def confined(ctx: Context, args: fs_write.FsWriteArgs) -> Outcome[Any]:
         plan_ctx, workspace = _plan_context(bench, ctx)
         path = _inside(args.path)
-        try:
-            bench.workspaces.check_room(workspace, len(ctx.blob))
+        try:  # counting the use walks the workspace: not on the event loop
+            await asyncio.to_thread(bench.workspaces.check_room, workspace, len(ctx.blob))
         except WorkspaceError as exc:
             raise _translated(exc) from None
         try:
@@ -254,7 +258,7 @@ async def _run_in_workspace(
         )
         async with bench.exec_slot(ctx.plan_id):
             limits = exec_cmd.limits_of(settings, timeout_s)
-            room = bench.workspaces.room(workspace)
+            room = await asyncio.to_thread(bench.workspaces.room, workspace)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             try:
                 done = await run([program, *args.argv[1:]], view, limits, ctx.blob or None)

@@ -93,7 +93,6 @@ class WorkerConnection:
         self._outbox: asyncio.Queue[bytes | None] | None = None  # serialized WorkerMessages
         self._stopping = False
         self._session_task: asyncio.Task[None] | None = None
-        self._teardowns: set[asyncio.Task[None]] = set()
         self.on_state: Callable[[str], None] = lambda _state: None
 
     # ------------------------------------------------------------- lifecycle
@@ -270,11 +269,7 @@ class WorkerConnection:
         elif kind == "scope_request":
             self._send(pb.WorkerMessage(scope_decision=self._decide_scope(msg.scope_request)))
         elif kind == "teardown":
-            task = asyncio.create_task(
-                self.dispatcher.teardown(msg.teardown.plan_id, msg.teardown.correlation_id)
-            )
-            self._teardowns.add(task)
-            task.add_done_callback(self._teardowns.discard)
+            self.dispatcher.teardown(msg.teardown.plan_id, msg.teardown.correlation_id)
         elif kind == "drain":
             log.info("the server asks us to drain: %s", msg.drain.reason)
             return True

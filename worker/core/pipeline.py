@@ -136,7 +136,10 @@ class Dispatcher:
         self._intake: list[str] | None = None  # calls claimed in the open intake batch
         self._telemetry_scheduled = False
         # Sandbox mode: removes a plan's workspace (its result's JSON); None elsewhere.
+        # Sandbox mode: takes a plan's workspace out of use when called, and returns
+        # the removal to await (its answer's JSON); None elsewhere.
         self.on_teardown: Callable[[str], Awaitable[dict[str, Any]]] | None = None
+        self._teardowns: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------- intake
 
@@ -259,9 +262,10 @@ class Dispatcher:
         """Plans with a call accepted and not yet answered."""
         return {plan for plan, _task in self._tasks.values()}
 
-    async def teardown(self, plan_id: str, correlation_id: str) -> None:
-        """Stop the plan's running calls and wait for them to end, then remove its
-        workspace; answer as a result for `correlation_id`. Idempotent, and not
+    def teardown(self, plan_id: str, correlation_id: str) -> None:
+        """Stop the plan's running calls and take its workspace out of use, now (so a
+        call that comes after starts afresh); once the stopped calls have ended, remove
+        the workspace and answer as a result for `correlation_id`. Idempotent, and not
         recorded in the ledger: running it again is harmless, so a lost answer is
         simply asked for again."""
         try:
@@ -273,13 +277,44 @@ class Dispatcher:
             if not plan_id:
                 raise WorkerError("validation_error", "a teardown needs a plan_id")
             error = WorkerError("cancelled", f"plan {plan_id!r} was torn down")
-            victims = [task for cid, (plan, task) in self._tasks.items() if plan == plan_id]
+            victims = [task for plan, task in self._tasks.values() if plan == plan_id]
             for cid, (plan, task) in list(self._tasks.items()):
                 if plan == plan_id:
                     self._stop(cid, task, error)
+            removal = self.on_teardown(plan_id)  # takes the workspace out of use at once
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the answer
+            self._answer_teardown(plan_id, correlation_id, exc)
+            return
+        task = asyncio.create_task(self._finish_teardown(plan_id, correlation_id, victims, removal))
+        self._teardowns.add(task)
+        task.add_done_callback(self._teardowns.discard)
+
+    async def _finish_teardown(
+        self,
+        plan_id: str,
+        correlation_id: str,
+        victims: list[asyncio.Task[None]],
+        removal: Awaitable[dict[str, Any]],
+    ) -> None:
+        try:
             if victims:
                 await asyncio.wait(victims)
-            answer = await self.on_teardown(plan_id)
+            answer: dict[str, Any] | Exception = await removal
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the answer
+            answer = exc
+        self._answer_teardown(plan_id, correlation_id, answer)
+
+    def _answer_teardown(
+        self, plan_id: str, correlation_id: str, answer: dict[str, Any] | Exception
+    ) -> None:
+        if isinstance(answer, Exception):
+            failure = self._error_of(answer, pb.ActionRequest(correlation_id=correlation_id))
+            result = pb.ActionResult(
+                correlation_id=correlation_id,
+                status=pb.ActionResult.ERROR,
+                error=error_pb(failure),
+            )
+        else:
             event = self.telemetry.audit(
                 "teardown", correlation_id=correlation_id, plan_id=plan_id, detail=answer
             )
@@ -288,13 +323,6 @@ class Dispatcher:
                 correlation_id=correlation_id,
                 status=pb.ActionResult.OK,
                 result_json=json.dumps(answer),
-            )
-        except Exception as exc:  # noqa: BLE001 - every failure becomes the answer
-            failure = self._error_of(exc, pb.ActionRequest(correlation_id=correlation_id))
-            result = pb.ActionResult(
-                correlation_id=correlation_id,
-                status=pb.ActionResult.ERROR,
-                error=error_pb(failure),
             )
         self.emit(pb.WorkerMessage(result=result))
 

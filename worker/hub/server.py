@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -147,6 +148,9 @@ class Hub:
             # Kills first: a re-sent call of a killed plan is then refused, not run.
             for kill in self.store.take_kills(session.worker_id):
                 session.send(pb.ServerMessage(kill_plan=kill))
+            # Teardowns asked for while it was away, before any call of those plans.
+            for plan_id in self.store.take_teardowns(session.worker_id):
+                self._send_teardown(session, plan_id).add_done_callback(_log_teardown)
             self._resend_open_calls(session)
             while (batch := await batches.next_batch()) is not None:
                 yield envelope_bytes(batch)
@@ -384,39 +388,47 @@ class Hub:
             raise WorkerError("validation_error", "a teardown needs a plan_id")
         placed = self.placements.get(req.plan_id)
         if req.worker_id:
+            if req.worker_id not in self.sessions and not self.store.knows_worker(req.worker_id):
+                raise WorkerError(
+                    "validation_error", f"no worker {req.worker_id!r} has ever joined this hub"
+                )
             targets = [req.worker_id]
         elif placed is not None:
             targets = [placed]
         else:  # no record here (a hub.db lost, say): every sandbox worker checks
             targets = [session.worker_id for session in self._sandbox_workers()]
-        missing = [worker_id for worker_id in targets if worker_id not in self.sessions]
-        if missing:
-            raise WorkerError(
-                "sandbox_unavailable",
-                f"worker {missing[0]!r}, which holds plan {req.plan_id!r}, is not connected; "
-                "try the teardown again once it is back",
-                {"plan_id": req.plan_id, "worker_id": missing[0]},
-            )
-        answers = await asyncio.gather(*(self._teardown_at(w, req.plan_id) for w in targets))
+        # A worker that is away is told when it next connects (before any call); the
+        # plan is no longer placed, so its next call starts afresh wherever it lands.
+        away = [worker_id for worker_id in targets if worker_id not in self.sessions]
+        for worker_id in away:
+            self.store.queue_teardown(worker_id, req.plan_id)
+        here = [worker_id for worker_id in targets if worker_id in self.sessions]
+        answers = await asyncio.gather(*(self._teardown_at(w, req.plan_id) for w in here))
         removed = False
-        for worker_id, result in zip(targets, answers, strict=True):
+        for worker_id, result in zip(here, answers, strict=True):
             if result.status != pb.ActionResult.OK:
                 return pb.DispatchResponse(worker_id=worker_id, result=result)
             removed = removed or bool(json.loads(result.result_json or "{}").get("removed"))
-        if self.placements.pop(req.plan_id, None) is not None:
+        if self.placements.get(req.plan_id) in targets:
+            del self.placements[req.plan_id]
             self.store.unplace(req.plan_id)
         worker_id = targets[0] if len(targets) == 1 else ""
-        answer = {"plan_id": req.plan_id, "removed": removed}
+        answer: dict[str, Any] = {"plan_id": req.plan_id, "removed": removed}
+        if away:
+            answer["queued_worker_ids"] = away
         result = pb.ActionResult(status=pb.ActionResult.OK, result_json=json.dumps(answer))
         return pb.DispatchResponse(worker_id=worker_id, result=result)
 
-    async def _teardown_at(self, worker_id: str, plan_id: str) -> pb.ActionResult:
+    def _send_teardown(self, session: Session, plan_id: str) -> asyncio.Future[pb.ActionResult]:
         cid = uuid.uuid4().hex
         waiter: asyncio.Future[pb.ActionResult] = asyncio.get_running_loop().create_future()
         self._teardowns[cid] = waiter
-        self.sessions[worker_id].send(
-            pb.ServerMessage(teardown=pb.Teardown(plan_id=plan_id, correlation_id=cid))
-        )
+        waiter.add_done_callback(lambda _: self._teardowns.pop(cid, None))
+        session.send(pb.ServerMessage(teardown=pb.Teardown(plan_id=plan_id, correlation_id=cid)))
+        return waiter
+
+    async def _teardown_at(self, worker_id: str, plan_id: str) -> pb.ActionResult:
+        waiter = self._send_teardown(self.sessions[worker_id], plan_id)
         try:
             async with asyncio.timeout(TEARDOWN_TIMEOUT_S):
                 return await waiter
@@ -426,9 +438,9 @@ class Hub:
                 f"worker {worker_id!r} did not confirm the teardown of plan {plan_id!r} within "
                 f"{TEARDOWN_TIMEOUT_S:g} s; try again (a teardown may be repeated safely)",
             )
-            return error_result(cid, error)
+            return error_result("", error)
         finally:
-            self._teardowns.pop(cid, None)
+            waiter.cancel()  # answered or not: no longer awaited
 
     # ------------------------------------------------------------- dispatch
 
@@ -606,6 +618,16 @@ class Hub:
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
             session.close()
+
+
+def _log_teardown(done: asyncio.Future[pb.ActionResult]) -> None:
+    if done.cancelled():
+        return
+    result = done.result()
+    if result.status == pb.ActionResult.OK:
+        log.info("a teardown queued for a worker that was away is done: %s", result.result_json)
+    else:
+        log.warning("a teardown queued for a worker that was away failed: %s", result.error.message)
 
 
 def add_worker_service(server: grpc.aio.Server, hub: Hub) -> None:

@@ -48,6 +48,12 @@ CREATE TABLE IF NOT EXISTS queued_kills (
     created_ms INTEGER NOT NULL,
     PRIMARY KEY (worker_id, plan_id)
 );
+CREATE TABLE IF NOT EXISTS queued_teardowns (  -- for a worker that was away
+    worker_id  TEXT NOT NULL,
+    plan_id    TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (worker_id, plan_id)
+);
 CREATE TABLE IF NOT EXISTS placements (  -- sandbox mode: which worker holds a plan's workspace
     plan_id   TEXT PRIMARY KEY,
     worker_id TEXT NOT NULL,
@@ -224,6 +230,22 @@ class HubStore:
         ).fetchall()
         self._db.execute("DELETE FROM queued_kills WHERE worker_id = ?", (worker_id,))
         return [pb.KillPlan(plan_id=plan, reason=reason) for plan, reason in rows]
+
+    def queue_teardown(self, worker_id: str, plan_id: str) -> None:
+        """Keep a teardown for a worker that is away, to deliver when it connects."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO queued_teardowns VALUES (?, ?, ?)",
+            (worker_id, plan_id, now_ms()),
+        )
+
+    def take_teardowns(self, worker_id: str) -> list[str]:
+        """The plans whose teardown waits for `worker_id`, oldest first, taken off the queue."""
+        rows = self._db.execute(
+            "SELECT plan_id FROM queued_teardowns WHERE worker_id = ? ORDER BY created_ms",
+            (worker_id,),
+        ).fetchall()
+        self._db.execute("DELETE FROM queued_teardowns WHERE worker_id = ?", (worker_id,))
+        return [plan for (plan,) in rows]
 
     def place(self, plan_id: str, worker_id: str) -> None:
         """Remember that `worker_id` holds the workspace of `plan_id` (sandbox mode)."""
