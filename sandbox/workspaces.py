@@ -316,6 +316,13 @@ class Workspaces:
             )
         return sorted(found, key=lambda p: p.last_used_unix, reverse=True)
 
+    def last_used(self, plan_id: str) -> float | None:
+        """When the plan's workspace was last used (unix time), or None if it has none."""
+        try:
+            return os.lstat(self.base / plan_key(plan_id) / META).st_mtime
+        except OSError:
+            return None
+
     def idle(self, idle_s: float, busy: Iterable[str] = (), now: float | None = None) -> list[str]:
         """Plans unused for `idle_s` and not in `busy`: the ones a sweep removes."""
         moment = time.time() if now is None else now

@@ -147,3 +147,12 @@ def test_use_marks_the_plan_used(spaces: Workspaces) -> None:
     assert os.lstat(meta).st_mtime > 1000.0
     (listed,) = spaces.plans()
     assert listed.last_used_unix > 1000.0 and listed.bytes_used >= 0
+
+
+def test_last_used_reads_one_plan_and_none_once_it_is_gone(spaces: Workspaces) -> None:
+    assert spaces.last_used("plan-a") is None
+    spaces.open("plan-a")
+    used = spaces.last_used("plan-a")
+    assert used is not None and abs(used - time.time()) < 60
+    spaces.teardown("plan-a")
+    assert spaces.last_used("plan-a") is None

@@ -27,6 +27,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -106,7 +107,8 @@ class Workbench:
         idle_s = self.settings.idle_hours * 3600
         removed = []
         for plan_id in self.workspaces.idle(idle_s, busy()):
-            if plan_id in busy() or plan_id not in self.workspaces.idle(idle_s, busy()):
+            used = self.workspaces.last_used(plan_id)
+            if plan_id in busy() or used is None or time.time() - used < idle_s:
                 continue
             if (await self.teardown(plan_id))["removed"]:
                 removed.append(plan_id)
