@@ -26,7 +26,9 @@ from sandbox import Root
 from worker import actions
 from worker.actions import workbench
 from worker.config import Config, Paths, first_start
+from worker.core.approvals import ApprovalBroker
 from worker.core.connection import Backoff, Target, WorkerConnection
+from worker.core.console import Console
 from worker.core.ledger import State
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
@@ -35,6 +37,7 @@ from worker.errors import InsecureError, InUseError
 from worker.hub.server import ControlServicer, Hub, add_worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
+from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.transport import (
     Keepalive,
@@ -160,6 +163,31 @@ def build_dispatcher(
     if bench is not None:
         dispatcher.on_teardown = bench.teardown
     return dispatcher
+
+
+def build_console(
+    dispatcher: Dispatcher,
+    config: Config,
+    *,
+    server: str,
+    mode: str,
+    ui_in_process: bool = False,
+) -> Console:
+    """The person's console on a worker, with the approval broker behind it: the
+    dispatcher asks it when a call needs the person. With `ui_in_process` (the TUI
+    runs here) a UI is always attached; otherwise one attaches over the socket."""
+    broker = ApprovalBroker(
+        dispatcher.state,
+        dispatcher.telemetry,
+        timeout_s=config.ui.prompt_timeout_s,
+        always_attached=ui_in_process,
+    )
+    broker.kill = dispatcher.kill_plan
+    broker.emit_audit = lambda event: dispatcher.emit(pb.WorkerMessage(audit=event))
+    dispatcher.scopes.approver = broker
+    return Console(
+        dispatcher, broker, server=server, mode=mode, static_grants=tuple(grants_of(config))
+    )
 
 
 def worker_target(paths: Paths, config: Config) -> Target:

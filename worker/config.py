@@ -186,6 +186,13 @@ class SandboxSection(_Strict):
     plan_execs: int = Field(default=2, ge=1, le=64)
 
 
+class UiSection(_Strict):
+    """Approval prompts (the TUI, or `agentworker ui` attached to a running worker)."""
+
+    # A prompt nobody answers within this is a denial.
+    prompt_timeout_s: float = Field(default=60.0, ge=1, le=3_600)
+
+
 class Config(_Strict):
     hub: HubSection = HubSection()
     root: list[RootSection] = []
@@ -197,6 +204,7 @@ class Config(_Strict):
     fs: FsSection = FsSection()
     http: HttpSection = HttpSection()
     sandbox: SandboxSection = SandboxSection()
+    ui: UiSection = UiSection()
 
 
 # Environment variables and the setting each one overrides.

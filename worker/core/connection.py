@@ -16,7 +16,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +64,18 @@ class Backoff:
 
 
 @dataclass(frozen=True)
+class LinkState:
+    """The link to the server, as a person's view shows it."""
+
+    state: str  # connecting / ready / backoff / fatal / stopped
+    detail: str = ""
+    retry_at_ms: int | None = None  # backoff: when the next dial happens
+
+    def to_dict(self) -> dict[str, object]:
+        return {"state": self.state, "detail": self.detail, "retry_at_ms": self.retry_at_ms}
+
+
+@dataclass(frozen=True)
 class Target:
     address: str
     token: str
@@ -93,7 +105,10 @@ class WorkerConnection:
         self._outbox: asyncio.Queue[bytes | None] | None = None  # serialized WorkerMessages
         self._stopping = False
         self._session_task: asyncio.Task[None] | None = None
-        self.on_state: Callable[[str], None] = lambda _state: None
+        self.on_state: Callable[[LinkState], None] = lambda _state: None
+        # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
+        self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
+        self._answering: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -101,11 +116,14 @@ class WorkerConnection:
         """Hold a session until `shutdown`; raises FatalConnectionError on a hard refusal."""
         attempt = 0
         while not self._stopping:
+            self.on_state(LinkState("connecting", self.target.address))
             self._session_task = asyncio.create_task(self._session())
+            why = "the server ended the session"
             try:
                 await self._session_task
                 attempt = 0  # a clean end (Drain/Goodbye): come back soon
-            except FatalConnectionError:
+            except FatalConnectionError as exc:
+                self.on_state(LinkState("fatal", str(exc)))
                 raise
             except asyncio.CancelledError:
                 if self._stopping:
@@ -114,14 +132,15 @@ class WorkerConnection:
             except (grpc.aio.AioRpcError, _StreamEndedError, OSError, TimeoutError) as exc:
                 if self._stopping:
                     return
-                log.warning("connection to %s lost: %s", self.target.address, _describe(exc))
+                why = _describe(exc)
+                log.warning("connection to %s lost: %s", self.target.address, why)
             finally:
                 self._detach()
             if self._stopping:
                 return
             delay = self.backoff.delay(attempt)
             attempt += 1
-            self.on_state(f"reconnecting in {delay:.1f}s")
+            self.on_state(LinkState("backoff", why, now_ms() + int(delay * 1000)))
             log.info("reconnecting to %s in %.1f s", self.target.address, delay)
             await asyncio.sleep(delay)
 
@@ -177,7 +196,7 @@ class WorkerConnection:
             for _cid, result in self.dispatcher.state.unacked_results():
                 self._send(result_message(result))
             self.connected.set()
-            self.on_state("connected")
+            self.on_state(LinkState("ready", f"session {welcome.session_id}"))
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
             tasks.append(asyncio.create_task(self._heartbeats()))
             if self._handle_all(first.messages[1:]):
@@ -267,7 +286,7 @@ class WorkerConnection:
         elif kind == "kill_plan":
             self.dispatcher.kill_plan(msg.kill_plan.plan_id, msg.kill_plan.reason, "server")
         elif kind == "scope_request":
-            self._send(pb.WorkerMessage(scope_decision=self._decide_scope(msg.scope_request)))
+            self._scope_request(msg.scope_request)
         elif kind == "teardown":
             self.dispatcher.teardown(msg.teardown.plan_id, msg.teardown.correlation_id)
         elif kind == "drain":
@@ -279,7 +298,28 @@ class WorkerConnection:
             log.warning("ignoring an unexpected %s from the server", kind)
         return False
 
-    def _decide_scope(self, request: pb.ScopeRequest) -> pb.ScopeDecision:
+    def _scope_request(self, request: pb.ScopeRequest) -> None:
+        """Ask the person (the answer may take a while: the stream goes on meanwhile)."""
+        if self.answer_scopes is None:
+            self._send(pb.WorkerMessage(scope_decision=self._refuse_scopes(request)))
+            return
+        task = asyncio.create_task(self._answer_scopes(self.answer_scopes, request))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answer_scopes(
+        self,
+        answer: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]],
+        request: pb.ScopeRequest,
+    ) -> None:
+        try:
+            decision = await answer(request)
+        except Exception:
+            log.exception("answering scope request %s failed", request.request_id)
+            decision = self._refuse_scopes(request)
+        self._send(pb.WorkerMessage(scope_decision=decision))
+
+    def _refuse_scopes(self, request: pb.ScopeRequest) -> pb.ScopeDecision:
         # Grants come only from the person at this machine; with no one to ask, the answer is no.
         return pb.ScopeDecision(
             request_id=request.request_id,
@@ -299,7 +339,6 @@ class WorkerConnection:
         self._outbox = None
         self.dispatcher.emit = lambda _msg: None
         self.connected.clear()
-        self.on_state("disconnected")
 
     async def _heartbeats(self) -> None:
         while True:

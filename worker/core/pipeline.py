@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -36,7 +36,7 @@ from worker.config import Config
 from worker.core.ledger import Seen, State
 from worker.core.redaction import args_preview
 from worker.core.registry import ActionSpec, Context, Outcome, Registry
-from worker.core.scopes import ApprovalRequest, Scopes
+from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.errors import WorkerError, as_worker_error
 from worker.wire.framing import result_message
@@ -55,6 +55,14 @@ ACK_DELAY_S = 0.005
 # bytes are made once, for the ledger and the wire alike).
 Outgoing = pb.WorkerMessage | bytes
 Emit = Callable[[Outgoing], None]
+
+
+class CallWatcher(Protocol):
+    """Who watches calls come and go (the person's live view); told, never asked."""
+
+    def call_started(self, req: pb.ActionRequest) -> None: ...
+
+    def call_finished(self, req: pb.ActionRequest, result: pb.ActionResult) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class Dispatcher:
         self.data_dir = data_dir
         self.limits = limits
         self.emit: Emit = lambda _msg: None
+        self.watcher: CallWatcher | None = None
         self.draining = False
         self.running = 0
         self.max_running_seen = 0
@@ -189,6 +198,8 @@ class Dispatcher:
             self._refuse_busy(req)
         elif begun.seen is Seen.NEW:
             self._request_facts[cid] = (digest, len(request_blob))
+            if self.watcher is not None:
+                self.watcher.call_started(req)
             spec = self.registry.get(f"{req.surface}.{req.action}")
             if spec is not None and self._may_run_inline(spec, req):
                 self._run_inline(spec, req, request_blob)
@@ -232,6 +243,10 @@ class Dispatcher:
 
     def in_flight(self) -> int:
         return self.running
+
+    def running_plans(self) -> list[str]:
+        """The plan of each call held (running or waiting), one entry per call."""
+        return [plan for plan, _task in self._tasks.values()]
 
     def queued(self) -> int:
         return len(self._tasks) - self.running
@@ -562,6 +577,7 @@ class Dispatcher:
             plan_id=req.plan_id,
             scope=spec.scope,
             preview=args_preview(req.args_json),
+            reason="a call outside the agent's grants",
         )
         return await self.scopes.require(request)
 
@@ -579,12 +595,18 @@ class Dispatcher:
         )
 
     async def _approve(self, req: pb.ActionRequest, what: str, preview: str) -> None:
+        """An action's own ask (an allowlist rule): passes if the person approved this
+        very ask for the plan or agent before, else asks them."""
+        key = ASK_PREFIX + what
+        if self.scopes.allowed(req.agent_id, key, req.plan_id):
+            return
         request = ApprovalRequest(
             correlation_id=req.correlation_id,
             agent_id=req.agent_id,
             plan_id=req.plan_id,
-            scope=what,
+            scope=key,
             preview=preview,
+            reason="an allowlist rule asks the person each time",
         )
         if self.scopes.approver is None:
             raise WorkerError(
@@ -620,6 +642,8 @@ class Dispatcher:
         if self.telemetry.recordings.active(req.plan_id):  # `agentworker record start`
             self.telemetry.recordings.keep_later(req, req.blob, result_json, blob)
         self._finished.append(result)
+        if self.watcher is not None:
+            self.watcher.call_finished(req, result)
         if not self._tasks:  # nothing else running that could share the commit
             self.flush_results()
         elif len(self._finished) == 1:

@@ -11,9 +11,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
-from typing import Protocol
+from typing import Final, Protocol
 
 from worker.errors import WorkerError
+
+# Approvals of allowlist `ask` rules are kept as grants under this prefix, out of
+# reach of scope patterns such as `workerHost.*` or `*`: granting a scope never
+# answers an ask rule, and an ask approval never grants a scope.
+ASK_PREFIX: Final = "ask:"
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,9 @@ class ApprovalRequest:
     correlation_id: str
     agent_id: str
     plan_id: str
-    scope: str
+    scope: str  # the scope, or ASK_PREFIX + what an allowlist rule asks about
     preview: str
+    reason: str = ""
 
 
 class Approver(Protocol):
@@ -68,7 +74,13 @@ class Scopes:
 
     def allowed(self, agent: str, scope: str, plan: str) -> bool:
         now = datetime.now(UTC)
+        if scope.startswith(ASK_PREFIX):  # only an approval of that very ask answers it
+            return any(
+                g.scope.startswith(ASK_PREFIX) and g.admits(agent, scope, plan, now)
+                for g in self._live()
+            )
         # The config's grants first: the live ones are read only when those fall short.
+        # (A grant kept for an ask starts with ASK_PREFIX: it never matches a scope.)
         return any(g.admits(agent, scope, plan, now) for g in self._static) or any(
             g.admits(agent, scope, plan, now) for g in self._live()
         )
@@ -76,7 +88,9 @@ class Scopes:
     async def require(self, request: ApprovalRequest) -> str:
         """Pass when granted (asking the person if one can be asked); else raise.
 
-        Returns how the call was admitted: "granted" or "approved".
+        Returns how the call was admitted, for its telemetry row: "granted" (a grant
+        in force), or "approved (by)" with who approved and how (the approver's grant,
+        e.g. "ui:once", "ui:plan").
         """
         if self.allowed(request.agent_id, request.scope, request.plan_id):
             return "granted"
@@ -96,4 +110,4 @@ class Scopes:
                 f"the person denied {request.scope} for agent {request.agent_id!r}.",
                 {"scope": request.scope},
             )
-        return "approved"
+        return f"approved ({grant.granted_by})"

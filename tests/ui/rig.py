@@ -1,0 +1,152 @@
+"""A real worker inside the test process, for driving the TUI with Pilot.
+
+The dispatcher, approval broker, console and the app are the real ones, wired as
+`agentworker up` wires them; only the server is missing: calls are handed to the
+dispatcher as the connection would, and what the worker sends back is caught here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from worker import app
+from worker.config import (
+    Config,
+    ExecSection,
+    GrantSection,
+    Paths,
+    RootSection,
+    UiSection,
+    WorkerSection,
+)
+from worker.core.console import Console, LocalLink
+from worker.core.pipeline import Dispatcher, Outgoing
+from worker.wire.proto import agentworker_pb2 as pb
+
+# An allowlist that adds a program which resists dying, for the kill tests.
+TEST_POLICY = """
+[program.python3]
+paths = ["/usr/bin/python3"]
+[[program.python3.rule]]
+id = "test-python"
+reason = "tests: an interpreter that misbehaves on purpose"
+any_args = true
+
+[program.touch]
+paths = ["/usr/bin/touch"]
+[[program.touch.rule]]
+id = "test-touch-asks"
+decision = "ask"
+reason = "tests: writing a file needs the person's approval"
+positionals = ["write_path..."]
+match = ["touch new.txt"]
+not_match = ["touch /etc/new"]
+"""
+
+
+def silent(_title: str, _body: str) -> None:
+    """No desktop notifications from tests."""
+
+
+class Rig:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        timeout_s: float = 60.0,
+        grants: list[GrantSection] | None = None,
+        ui_in_process: bool = True,
+    ) -> None:
+        self.home = home
+        self.workspace = home / "workspace"
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        for name in ("a.txt", "b.txt", "c.txt"):
+            (self.workspace / name).write_text(f"{name}\n")
+        policy = home / "allowlist.toml"
+        policy.write_text(TEST_POLICY)
+        self.paths = Paths(config_dir=home, data_dir=home)
+        self.config = Config(
+            root=[RootSection(path=self.workspace, mode="rw")],
+            grant=grants or [],
+            worker=WorkerSection(diagnostics=True),
+            exec=ExecSection(policy=policy),
+            ui=UiSection(prompt_timeout_s=timeout_s),
+        )
+        self.dispatcher: Dispatcher = app.build_dispatcher(self.paths, self.config)
+        self.console: Console = app.build_console(
+            self.dispatcher,
+            self.config,
+            server="127.0.0.1:7421",
+            mode="up",
+            ui_in_process=ui_in_process,
+        )
+        self.sent: list[pb.WorkerMessage] = []
+        self.results: dict[str, pb.ActionResult] = {}
+        self._arrived: dict[str, asyncio.Event] = {}
+        self.dispatcher.emit = self._emit
+        self._count = 0
+
+    def link(self) -> LocalLink:
+        return LocalLink(self.console)
+
+    def _emit(self, out: Outgoing) -> None:
+        msg = pb.WorkerMessage.FromString(out) if isinstance(out, bytes) else out
+        self.sent.append(msg)
+        if msg.WhichOneof("kind") == "result":
+            cid = msg.result.correlation_id
+            self.results[cid] = msg.result
+            self._event(cid).set()
+
+    def _event(self, cid: str) -> asyncio.Event:
+        return self._arrived.setdefault(cid, asyncio.Event())
+
+    def call(
+        self,
+        action: str = "fs_read",
+        args: str = '{"path": "a.txt"}',
+        *,
+        agent: str = "agent-1",
+        plan: str = "plan-a",
+        surface: str = "workerHost",
+        timeout_ms: int = 0,
+    ) -> str:
+        """Hand one request to the worker, as the connection does; returns its id."""
+        self._count += 1
+        cid = f"call-{self._count}"
+        self._event(cid)
+        self.dispatcher.submit(
+            pb.ActionRequest(
+                correlation_id=cid,
+                agent_id=agent,
+                plan_id=plan,
+                surface=surface,
+                action=action,
+                args_json=args,
+                timeout_ms=timeout_ms,
+            )
+        )
+        return cid
+
+    async def result(self, cid: str, timeout_s: float = 30.0) -> pb.ActionResult:
+        async with asyncio.timeout(timeout_s):
+            await self._event(cid).wait()
+        return self.results[cid]
+
+    def code(self, cid: str) -> str:
+        result = self.results[cid]
+        return "ok" if result.status == pb.ActionResult.OK else result.error.code
+
+    def audits(self) -> list[str]:
+        return [m.audit.kind for m in self.sent if m.WhichOneof("kind") == "audit"]
+
+    def close(self) -> None:
+        self.dispatcher.close()
+
+
+async def until(condition: Any, pilot: Any, within_s: float = 20.0) -> None:
+    """Let the app work until `condition()` holds, checking it after each of its turns."""
+    async with asyncio.timeout(within_s):
+        while not condition():
+            await pilot.pause(0.01)

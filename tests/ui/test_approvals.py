@@ -1,0 +1,173 @@
+"""Approval prompts, driven with the keyboard as a person would (Textual's Pilot),
+against a real dispatcher, broker and console."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from textual.widgets import Static
+
+from tests.ui.rig import Rig, silent, until
+from ui.app import WorkerApp
+from ui.approval import ApprovalModal
+
+
+def _app(rig: Rig) -> WorkerApp:
+    return WorkerApp(rig.link(), notifier=silent)
+
+
+def _modal(app: WorkerApp) -> ApprovalModal | None:
+    return app.screen if isinstance(app.screen, ApprovalModal) else None
+
+
+def test_approve_once_runs_the_call_and_the_next_one_prompts_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            first = rig.call("fs_read", '{"path": "a.txt"}')
+            await until(lambda: _modal(app) is not None, pilot)
+            await pilot.press("o")
+            assert (await rig.result(first)).status == 1, rig.results[first]
+            assert "once" in rig.results[first].invocation.decision
+            second = rig.call("fs_read", '{"path": "b.txt"}')
+            await until(lambda: _modal(app) is not None, pilot)
+            assert second not in rig.results
+            await pilot.press("d")
+            assert rig.code(await _code(rig, second)) == "scope_denied"
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+async def _code(rig: Rig, cid: str) -> str:
+    await rig.result(cid)
+    return cid
+
+
+def test_for_this_plan_lets_the_plan_run_and_another_plan_is_asked(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            first = rig.call("fs_list", '{"path": "."}', plan="plan-a")
+            await until(lambda: _modal(app) is not None, pilot)
+            await pilot.press("p")
+            await rig.result(first)
+            assert rig.code(first) == "ok"
+            # Read-only file scopes come together "for this plan".
+            later = [rig.call("fs_read", f'{{"path": "{n}.txt"}}') for n in "abc"]
+            later.append(rig.call("fs_stat", '{"path": "a.txt"}'))
+            for cid in later:
+                await rig.result(cid)
+                assert rig.code(cid) == "ok"
+            assert _modal(app) is None
+            other = rig.call("fs_read", '{"path": "a.txt"}', plan="plan-b")
+            await until(lambda: _modal(app) is not None, pilot)
+            modal = _modal(app)
+            assert modal is not None and modal.prompt["plan_id"] == "plan-b"
+            await pilot.press("escape")
+            await rig.result(other)
+            assert rig.code(other) == "scope_denied"
+            assert "approval_granted" in rig.audits() and "approval_denied" in rig.audits()
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_deny_answers_scope_denied(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            cid = rig.call("fs_write", '{"path": "new.txt", "mode": "create"}')
+            await until(lambda: _modal(app) is not None and app.focused is not None, pilot)
+            assert app.focused is not None and app.focused.id == "deny"
+            await pilot.press("enter")  # focus starts on Deny
+            await rig.result(cid)
+            assert rig.code(cid) == "scope_denied"
+            assert not (rig.workspace / "new.txt").exists()
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_prompt_nobody_answers_is_a_denial(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path, timeout_s=1)
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            cid = rig.call("fs_read", '{"path": "a.txt"}')
+            await until(lambda: _modal(app) is not None, pilot)
+            await rig.result(cid)
+            assert rig.code(cid) == "scope_denied"
+            await until(lambda: _modal(app) is None, pilot)
+            assert "approval_timeout" in rig.audits()
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_deny_and_kill_refuses_the_plan_afterwards(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            cid = rig.call("fs_read", '{"path": "a.txt"}', plan="doomed")
+            await until(lambda: _modal(app) is not None, pilot)
+            await pilot.press("x")
+            await rig.result(cid)
+            assert rig.code(cid) in ("scope_denied", "plan_killed")
+            after = rig.call("fs_read", '{"path": "a.txt"}', plan="doomed")
+            await rig.result(after)
+            assert rig.code(after) == "plan_killed"
+            assert _modal(app) is None
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_prompts_queue_and_identical_calls_share_one(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            same = [rig.call("fs_read", '{"path": "a.txt"}') for _ in range(3)]
+            other = rig.call("fs_write", '{"path": "x.txt", "mode": "create"}')
+            await until(lambda: _modal(app) is not None and len(app.prompts) == 2, pilot)
+            modal = _modal(app)
+            assert modal is not None and modal.prompt["waiting"] == 3 and modal.more == 1
+            await pilot.press("o")
+            for cid in same:
+                await rig.result(cid)
+                assert rig.code(cid) == "ok"
+            await until(
+                lambda: (m := _modal(app)) is not None and m.prompt_id != modal.prompt_id, pilot
+            )
+            await pilot.press("d")
+            await rig.result(other)
+            assert rig.code(other) == "scope_denied"
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_preview_with_escape_sequences_is_shown_inert(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        app = _app(rig)
+        hostile_agent = "evil\x1b[2J\x1b[H\x1b[32mAPPROVED\x1b[0m\u202e"
+        async with app.run_test(size=(100, 30)) as pilot:
+            cid = rig.call("fs_read", '{"path": "a\u202etxt.exe\u0085"}', agent=hostile_agent)
+            await until(lambda: _modal(app) is not None, pilot)
+            modal = _modal(app)
+            assert modal is not None
+            shown = "".join(str(widget.render()) for widget in modal.query(Static))
+            assert "\x1b" not in shown and "\u202e" not in shown and "\u0085" not in shown
+            assert "\\e[2J" in shown and "\\u202e" in shown
+            await pilot.press("d")
+            await rig.result(cid)
+        rig.close()
+
+    asyncio.run(scenario())

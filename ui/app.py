@@ -1,0 +1,529 @@
+"""The person's view of a running worker: calls as they happen, plans, grants, and
+the approval prompts, with the kill switch and the global stop one key away.
+
+The app knows the worker only through a `Link` (worker.console): the console in
+this process for `agentworker up`/`run`, or the local socket for `agentworker ui`.
+Events arrive as plain dicts and become Textual messages; every text in them was
+made inert by the worker, and it is drawn as plain `Text`, never as markup.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static
+
+from ui.approval import Answer, ApprovalModal
+from ui.notify import Notifier, desktop_notifier
+from ui.screens import GrantsScreen, HelpScreen
+from worker.core.console import Event, Link
+
+# Wide enough to put the detail pane beside the calls instead of under them.
+WIDE_COLUMNS = 120
+
+LINK_MARKS = {
+    "connecting": ("◌ connecting", "yellow"),
+    "ready": ("● ready", "green"),
+    "backoff": ("↻ backing off", "yellow"),
+    "fatal": ("✖ fatal", "red"),
+    "stopped": ("■ stopped", "red"),
+    "detached": ("✖ worker gone", "red"),
+}
+STATUS_STYLES = {"running": "yellow", "ok": "green"}
+
+
+class ConsoleEvent(Message):
+    """Something the worker told us."""
+
+    def __init__(self, event: Event) -> None:
+        super().__init__()
+        self.event = event
+
+
+def _clock_text(unix_ms: int | None) -> str:
+    if not unix_ms:
+        return ""
+    return datetime.fromtimestamp(unix_ms / 1000).strftime("%H:%M:%S")
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "…"
+    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+class WorkerApp(App[None]):
+    """See the module summary. `clock` and `notifier` are there for tests."""
+
+    TITLE = "agentworker"
+    CSS = """
+    #header { height: 1; background: $primary-darken-2; padding: 0 1; }
+    #stopped { height: 1; background: $error; color: $text; padding: 0 1; display: none; }
+    #stopped.on { display: block; }
+    #filter { display: none; height: 3; }
+    #filter.on { display: block; }
+    #body { height: 1fr; layout: vertical; }
+    #calls { height: 1fr; }
+    #side { height: auto; }
+    #detail-box { height: 7; border-top: solid $primary-darken-1; }
+    #plans { height: 6; border-top: solid $primary-darken-1; }
+    .wide #body { layout: horizontal; }
+    .wide #calls { width: 3fr; height: 1fr; }
+    .wide #side { width: 2fr; height: 1fr; border-left: solid $primary-darken-1; }
+    .wide #detail-box { height: 1fr; border-top: none; }
+    .wide #plans { height: 12; }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("slash", "filter", "Filter"),
+        Binding("k", "kill", "Kill plan"),
+        Binding("l", "lift", "Lift"),
+        Binding("s", "stop", "Stop all"),
+        Binding("g", "grants", "Grants"),
+        Binding("f", "follow", "Follow", show=False),
+        Binding("tab", "switch_table", "Calls/plans", show=False),
+        Binding("escape", "clear_filter", show=False),
+    ]
+
+    def __init__(
+        self,
+        link: Link,
+        *,
+        clock: Callable[[], float] = time.time,
+        notifier: Notifier | None = None,
+        quit_stops_worker: bool = False,
+    ) -> None:
+        super().__init__()
+        self.link = link
+        self.clock = clock
+        self.notifier = notifier if notifier is not None else desktop_notifier()
+        self.quit_stops_worker = quit_stops_worker
+        self.worker_info: dict[str, Any] = {}
+        self.link_state: dict[str, Any] = {"state": "connecting", "detail": ""}
+        self.calls: dict[str, dict[str, Any]] = {}
+        self.plans: list[dict[str, Any]] = []
+        self.grants: list[dict[str, Any]] = []
+        self.prompts: dict[str, dict[str, Any]] = {}  # waiting, in arrival order
+        self.paused = False
+        self.follow = True
+        self.filter_text = ""
+        self._modal: ApprovalModal | None = None
+        self._closing = False
+        # For measurements: when each prompt reached the screen (time.monotonic()).
+        self.prompt_shown_at: dict[str, float] = {}
+
+    # ------------------------------------------------------------- layout
+
+    @property
+    def _main(self) -> Screen[Any]:
+        """The screen with the calls (a prompt or the grants may be on top of it)."""
+        return self.screen_stack[0]
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        yield Static(id="stopped")
+        yield Input(placeholder="filter: agent, plan, action or status (esc clears)", id="filter")
+        with Horizontal(id="body"):
+            yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
+            with Vertical(id="side"):
+                with VerticalScroll(id="detail-box"):
+                    yield Static(id="detail")
+                yield DataTable(id="plans", cursor_type="row")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        calls = self._main.query_one("#calls", DataTable)
+        for label, key in (
+            ("time", "time"),
+            ("agent", "agent"),
+            ("plan", "plan"),
+            ("action", "action"),
+            ("status", "status"),
+            ("duration", "duration"),
+        ):
+            calls.add_column(label, key=key)
+        plans = self._main.query_one("#plans", DataTable)
+        for label, key in (
+            ("plan", "plan"),
+            ("state", "state"),
+            ("running", "running"),
+            ("calls", "calls"),
+        ):
+            plans.add_column(label, key=key)
+        self._fit(self.size.width)
+        snapshot = await self.link.open(self._receive)
+        self._apply_snapshot(snapshot)
+        self.set_interval(1.0, self._refresh_header)
+        calls.focus()
+
+    def _receive(self, event: Event) -> None:
+        self.post_message(ConsoleEvent(event))
+
+    def on_resize(self, event: Any) -> None:
+        self._fit(event.size.width)
+
+    def _fit(self, width: int) -> None:
+        self.set_class(width >= WIDE_COLUMNS, "wide")
+
+    # ------------------------------------------------------------- events
+
+    @on(ConsoleEvent)
+    def _on_console_event(self, message: ConsoleEvent) -> None:
+        if self._closing or not self._main.query("#calls"):
+            return  # the app is shutting down: its widgets are gone
+        event = message.event
+        kind = event.get("type")
+        if kind == "call":
+            self._upsert_call(event["call"])
+        elif kind == "prompt":
+            self._prompt_waiting(event["prompt"])
+        elif kind == "prompt_closed":
+            self._prompt_closed(str(event["prompt"]["id"]))
+        elif kind == "link":
+            self.link_state = event["link"]
+            self._refresh_header()
+        elif kind == "plans":
+            self.plans = event["plans"]
+            self._show_plans()
+        elif kind == "grants":
+            self.grants = event["grants"]
+            self._show_grants()
+        elif kind == "paused":
+            self.paused = bool(event["paused"])
+            self._refresh_header()
+        elif kind == "detached":
+            self.link_state = {"state": "detached", "detail": "the worker went away"}
+            self._refresh_header()
+        elif kind == "snapshot":
+            self._apply_snapshot(event)
+
+    def _apply_snapshot(self, snapshot: Event) -> None:
+        self.worker_info = snapshot.get("worker", {})
+        self.link_state = snapshot.get("link", self.link_state)
+        self.paused = bool(snapshot.get("paused"))
+        self.calls = {c["id"]: c for c in snapshot.get("calls", [])}
+        self.plans = snapshot.get("plans", [])
+        self.grants = snapshot.get("grants", [])
+        self._refresh_header()
+        self._rebuild_calls()
+        self._show_plans()
+        for prompt in snapshot.get("prompts", []):
+            self._prompt_waiting(prompt)
+
+    # ------------------------------------------------------------- header
+
+    def _refresh_header(self) -> None:
+        info = self.worker_info
+        state = str(self.link_state.get("state", "connecting"))
+        mark, colour = LINK_MARKS.get(state, (state, "yellow"))
+        text = Text()
+        text.append("agentworker", style="bold")
+        text.append(f"  {mark}", style=f"bold {colour}")
+        detail = str(self.link_state.get("detail") or "")
+        retry = self.link_state.get("retry_at_ms")
+        if state == "backoff" and retry:
+            left = max(0.0, int(retry) / 1000 - self.clock())
+            text.append(f" (retry in {left:.0f} s: {detail})", style=colour)
+        elif state in ("fatal", "detached") and detail:
+            text.append(f": {detail}", style=colour)
+        text.append(f"  worker {info.get('worker_id', '?')}")
+        text.append(f"  server {info.get('server', '?')}")
+        text.append(f"  mode {info.get('mode', '?')}")
+        if self.prompts:
+            text.append(f"  ⚠ {len(self.prompts)} waiting", style="bold yellow")
+        if not self.follow:
+            text.append("  (not following)", style="dim")
+        self._main.query_one("#header", Static).update(text)
+        banner = self._main.query_one("#stopped", Static)
+        banner.set_class(self.paused, "on")
+        if self.paused:
+            banner.update(
+                Text("GLOBAL STOP: every plan is paused. Press s to resume.", style="bold")
+            )
+
+    # ------------------------------------------------------------- calls
+
+    def _matches(self, call: dict[str, Any]) -> bool:
+        if not self.filter_text:
+            return True
+        needle = self.filter_text.lower()
+        hay = " ".join(
+            str(call.get(k, "")) for k in ("agent_id", "plan_id", "action", "status", "id")
+        )
+        return needle in hay.lower()
+
+    def _cells(self, call: dict[str, Any]) -> list[Text]:
+        status = str(call.get("status", ""))
+        return [
+            Text(_clock_text(call.get("started_ms"))),
+            Text(str(call.get("agent_id", ""))),
+            Text(str(call.get("plan_id", ""))),
+            Text(str(call.get("action", ""))),
+            Text(status, style=STATUS_STYLES.get(status, "red")),
+            Text(_duration(call.get("duration_ms")), justify="right"),
+        ]
+
+    def _upsert_call(self, call: dict[str, Any]) -> None:
+        self.calls[call["id"]] = call
+        table = self._main.query_one("#calls", DataTable)
+        if not self._matches(call):
+            return
+        if call["id"] in table.rows:
+            for key, cell in zip(
+                ("time", "agent", "plan", "action", "status", "duration"),
+                self._cells(call),
+                strict=True,
+            ):
+                table.update_cell(call["id"], key, cell)
+        else:
+            table.add_row(*self._cells(call), key=call["id"])
+            if self.follow:
+                table.move_cursor(row=table.row_count - 1)
+        if self._selected_call() == call["id"]:
+            self._show_detail(call)
+
+    def _rebuild_calls(self) -> None:
+        table = self._main.query_one("#calls", DataTable)
+        table.clear()
+        for call in self.calls.values():
+            if self._matches(call):
+                table.add_row(*self._cells(call), key=call["id"])
+        if table.row_count:
+            table.move_cursor(row=table.row_count - 1 if self.follow else 0)
+        else:
+            self._main.query_one("#detail", Static).update(Text("No calls yet.", style="dim"))
+
+    def _selected_call(self) -> str | None:
+        table = self._main.query_one("#calls", DataTable)
+        if not table.row_count:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    @on(DataTable.RowHighlighted, "#calls")
+    def _call_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        call = self.calls.get(event.row_key.value or "")
+        if call is not None:
+            self._show_detail(call)
+
+    def _show_detail(self, call: dict[str, Any]) -> None:
+        text = Text()
+        for label, key in (
+            ("call", "id"),
+            ("agent", "agent_id"),
+            ("plan", "plan_id"),
+            ("task", "task_id"),
+            ("action", "action"),
+            ("status", "status"),
+            ("decision", "decision"),
+        ):
+            value = call.get(key)
+            if value:
+                text.append(f"{label:<9}", style="bold")
+                text.append(f"{value}\n")
+        text.append(f"{'duration':<9}", style="bold")
+        text.append(f"{_duration(call.get('duration_ms'))}\n")
+        text.append(f"{'args':<9}", style="bold")
+        text.append(f"{call.get('args', '')}\n")
+        if call.get("error"):
+            text.append(f"{'error':<9}", style="bold red")
+            text.append(f"{call['error']}\n")
+        elif call.get("result"):
+            text.append(f"{'result':<9}", style="bold")
+            text.append(f"{call['result']}\n")
+            if call.get("blob_bytes"):
+                text.append(f"{'':<9}+ {call['blob_bytes']:,} bytes of blob\n")
+        telemetry = call.get("telemetry")
+        if telemetry:
+            text.append(f"{'telemetry':<9}", style="bold")
+            text.append(
+                f"scope {telemetry['scope']} · in {telemetry['bytes_in']:,} B · "
+                f"out {telemetry['bytes_out']:,} B"
+                + (" · truncated" if telemetry.get("truncated") else "")
+                + (" · sandboxed" if telemetry.get("sandboxed") else "")
+            )
+        text.rstrip()
+        self._main.query_one("#detail", Static).update(text)
+
+    # ------------------------------------------------------------- plans and grants
+
+    def _show_plans(self) -> None:
+        table = self._main.query_one("#plans", DataTable)
+        keep = table.cursor_row
+        table.clear()
+        for plan in self.plans:
+            state = str(plan["state"])
+            style = {"killed": "bold red", "running": "yellow"}.get(state, "")
+            label = (
+                f"killed: {plan['reason']}" if state == "killed" and plan.get("reason") else state
+            )
+            table.add_row(
+                Text(str(plan["plan_id"]) or "(none)"),
+                Text(label, style=style),
+                Text(str(plan["running"]), justify="right"),
+                Text(str(plan["calls"]), justify="right"),
+                key=str(plan["raw"]),
+            )
+        if table.row_count:
+            table.move_cursor(row=min(keep, table.row_count - 1))
+
+    def _show_grants(self) -> None:
+        if isinstance(self.screen, GrantsScreen):
+            self.screen.show(self.grants)
+
+    async def refresh_grants(self) -> None:
+        reply = await self.link.command({"op": "grants"})
+        if reply.get("ok"):
+            self.grants = reply["grants"]
+            self._show_grants()
+
+    # ------------------------------------------------------------- prompts
+
+    def _prompt_waiting(self, prompt: dict[str, Any]) -> None:
+        known = prompt["id"] in self.prompts
+        self.prompts[prompt["id"]] = prompt
+        if self._modal is not None and self._modal.prompt_id == prompt["id"]:
+            self._modal.update_prompt(prompt, len(self.prompts) - 1)
+        elif self._modal is not None:
+            self._modal.update_prompt(self._modal.prompt, len(self.prompts) - 1)
+        if not known:
+            self.bell()
+            self.notifier("agentworker", "An agent is waiting for your approval")
+        self._next_prompt()
+        self._refresh_header()
+
+    def _prompt_closed(self, prompt_id: str) -> None:
+        self.prompts.pop(prompt_id, None)
+        if self._modal is not None and self._modal.prompt_id == prompt_id:
+            modal, self._modal = self._modal, None
+            modal.dismiss(None)
+        elif self._modal is not None:
+            self._modal.update_prompt(self._modal.prompt, len(self.prompts) - 1)
+        self._refresh_header()
+
+    def _next_prompt(self) -> None:
+        if self._modal is not None or not self.prompts:
+            return
+        prompt = next(iter(self.prompts.values()))
+        modal = ApprovalModal(prompt, more=len(self.prompts) - 1, clock=self.clock)
+        self._modal = modal
+        self.push_screen(modal, lambda answer: self._answered(modal, answer))
+        self.prompt_shown_at[prompt["id"]] = time.monotonic()
+
+    def _answered(self, modal: ApprovalModal, answer: Answer | None) -> None:
+        if self._modal is modal:
+            self._modal = None
+        if answer is not None:
+            self.prompts.pop(modal.prompt_id, None)
+            self._send_decision(modal.prompt_id, answer)
+        self.call_later(self._next_prompt)
+        self._refresh_header()
+
+    @work(group="commands")
+    async def _send_decision(self, prompt_id: str, answer: Answer) -> None:
+        reply = await self.link.command({"op": "decide", "prompt_id": prompt_id, **answer})
+        if not reply.get("ok"):
+            self.notify(str(reply.get("message", "the answer was not taken")), severity="warning")
+
+    # ------------------------------------------------------------- actions
+
+    def _selected_plan(self) -> str | None:
+        plans = self._main.query_one("#plans", DataTable)
+        if plans.has_focus and plans.row_count:
+            return plans.coordinate_to_cell_key(plans.cursor_coordinate).row_key.value
+        call_id = self._selected_call()
+        call = self.calls.get(call_id or "")
+        if call is None:
+            return None
+        # The raw plan id: the plans table is keyed by it.
+        for plan in self.plans:
+            if plan["plan_id"] == call.get("plan_id"):
+                return str(plan["raw"])
+        return None
+
+    async def action_kill(self) -> None:
+        plan = self._selected_plan()
+        if plan is None:
+            self.notify("select a call or a plan to kill", severity="warning")
+            return
+        reply = await self.link.command({"op": "kill", "plan": plan})
+        if reply.get("ok"):
+            self.notify(f"plan killed; {reply.get('stopped', 0)} running call(s) stopped")
+
+    async def action_lift(self) -> None:
+        plan = self._selected_plan()
+        if plan is None:
+            return
+        reply = await self.link.command({"op": "lift", "plan": plan})
+        self.notify("kill lifted" if reply.get("ok") else "that plan was not killed")
+
+    async def action_stop(self) -> None:
+        reply = await self.link.command({"op": "resume" if self.paused else "pause"})
+        if reply.get("ok"):
+            self.paused = bool(reply.get("paused"))
+            self._refresh_header()
+        else:
+            self.notify(str(reply.get("message", "")), severity="warning")
+
+    def action_grants(self) -> None:
+        if not isinstance(self.screen, GrantsScreen):
+            self.push_screen(GrantsScreen())
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_follow(self) -> None:
+        self.follow = not self.follow
+        if self.follow:
+            table = self._main.query_one("#calls", DataTable)
+            if table.row_count:
+                table.move_cursor(row=table.row_count - 1)
+        self._refresh_header()
+
+    def action_switch_table(self) -> None:
+        calls = self._main.query_one("#calls", DataTable)
+        plans = self._main.query_one("#plans", DataTable)
+        (plans if calls.has_focus else calls).focus()
+
+    def action_filter(self) -> None:
+        field = self._main.query_one("#filter", Input)
+        field.add_class("on")
+        field.focus()
+
+    def action_clear_filter(self) -> None:
+        field = self._main.query_one("#filter", Input)
+        if field.has_class("on"):
+            field.value = ""
+            field.remove_class("on")
+            self.filter_text = ""
+            self._rebuild_calls()
+            self._main.query_one("#calls", DataTable).focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        self._rebuild_calls()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self, _event: Input.Submitted) -> None:
+        self._main.query_one("#calls", DataTable).focus()
+
+    async def action_quit(self) -> None:
+        self.exit()
+
+    async def _on_exit_app(self) -> None:
+        self._closing = True
+        await self.link.close()
+        await super()._on_exit_app()

@@ -1,0 +1,178 @@
+"""The approval prompt: one modal per waiting question, focus starting on Deny.
+
+Everything shown came through the console already inert (worker.approvals.inert),
+and is put on screen as plain `Text`, never parsed as markup: nothing an agent
+sends can draw on, recolour or spoof the prompt. A countdown shows when the worker
+denies on its own; pressing nothing is a denial too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+# The periods "for this agent" offers, cycled with the period key.
+PERIODS: tuple[tuple[str, float], ...] = (
+    ("15 min", 900.0),
+    ("1 h", 3600.0),
+    ("8 h", 8 * 3600.0),
+    ("24 h", 24 * 3600.0),
+)
+DEFAULT_PERIOD = 1
+
+KIND_TITLES = {
+    "scope_request": "The agent asks for scopes",
+    "out_of_scope": "A call outside the agent's grants",
+    "ask_rule": "A command that needs your approval",
+}
+
+# A decision as the console takes it: {"choice": ..., "period_s": ...}
+Answer = dict[str, Any]
+
+
+class ApprovalModal(ModalScreen[Answer | None]):
+    """Dismissed with the person's answer, or None when the prompt went away."""
+
+    DEFAULT_CSS = """
+    ApprovalModal { align: center middle; }
+    ApprovalModal #dialog {
+        width: 96; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $warning; background: $surface; padding: 0 1;
+    }
+    ApprovalModal #title { text-style: bold; color: $warning; }
+    ApprovalModal #facts { height: auto; }
+    ApprovalModal #preview-box {
+        height: auto; max-height: 8; border: round $primary-darken-1; margin: 0 0;
+    }
+    ApprovalModal #countdown { color: $text-muted; }
+    ApprovalModal #buttons { height: auto; margin-top: 0; }
+    ApprovalModal Button { min-width: 0; width: auto; margin: 0 1 0 0; height: 3; }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,d", "choose('deny')", "Deny"),
+        Binding("x", "choose('deny_kill')", "Deny + kill plan"),
+        Binding("o", "choose('once')", "Once"),
+        Binding("p", "choose('plan')", "This plan"),
+        Binding("a", "choose('agent')", "Agent"),
+        Binding("t", "next_period", "Period"),
+        Binding("left", "app.focus_previous", show=False),
+        Binding("right", "app.focus_next", show=False),
+    ]
+    AUTO_FOCUS = "#deny"
+
+    def __init__(
+        self, prompt: dict[str, Any], *, more: int = 0, clock: Callable[[], float]
+    ) -> None:
+        super().__init__()
+        self.prompt = prompt
+        self.more = more
+        self.clock = clock
+        self.period = DEFAULT_PERIOD
+
+    @property
+    def prompt_id(self) -> str:
+        return str(self.prompt["id"])
+
+    def compose(self) -> ComposeResult:
+        choices = set(self.prompt.get("choices", ()))
+        with Vertical(id="dialog"):
+            yield Static(self._title(), id="title")
+            yield Static(self._facts(), id="facts")
+            with VerticalScroll(id="preview-box"):
+                yield Static(Text(self.prompt.get("preview") or "(nothing to show)"), id="preview")
+            yield Static(self._countdown(), id="countdown")
+            with Horizontal(id="buttons"):
+                yield Button("Deny", id="deny", variant="primary")
+                yield Button("Deny+kill plan", id="deny_kill", variant="error")
+                if "once" in choices:
+                    yield Button("Once", id="once")
+                yield Button("This plan", id="plan", variant="success")
+                yield Button(self._agent_label(), id="agent", variant="warning")
+
+    def on_mount(self) -> None:
+        self.query_one("#deny", Button).focus()
+        self.set_interval(0.5, self._tick)
+
+    # ------------------------------------------------------------- content
+
+    def _title(self) -> Text:
+        title = Text(KIND_TITLES.get(str(self.prompt.get("kind")), "Approval needed"))
+        if self.more:
+            title.append(f"   ({self.more} more waiting)", style="dim")
+        return title
+
+    def _facts(self) -> Text:
+        p = self.prompt
+        text = Text()
+        rows = [
+            ("Agent", p.get("agent_id") or "(none)"),
+            ("Plan", p.get("plan_id") or "(none)"),
+            ("Wants", ", ".join(p.get("scopes", ()))),
+        ]
+        grants = [g for g in p.get("grants", ()) if g not in p.get("scopes", ())]
+        if grants:
+            rows.append(("Plan/agent", "also " + ", ".join(grants) + " (read-only)"))
+        if p.get("reason"):
+            rows.append(("Why", str(p["reason"])))
+        waiting = int(p.get("waiting", 1))
+        if waiting > 1:
+            rows.append(("Calls", f"{waiting} identical calls wait on this answer"))
+        for label, value in rows:
+            text.append(f"{label:<11}", style="bold")
+            text.append(str(value))
+            text.append("\n")
+        text.rstrip()
+        return text
+
+    def _remaining_s(self) -> int:
+        left = (int(self.prompt.get("deadline_ms", 0)) / 1000) - self.clock()
+        return max(0, math.ceil(left))
+
+    def _countdown(self) -> Text:
+        return Text(
+            f"Denied by itself in {self._remaining_s()} s · "
+            "d deny · x deny+kill · o once · p plan · a agent · t period",
+            style="dim",
+        )
+
+    def _agent_label(self) -> str:
+        return f"Agent {PERIODS[self.period][0]}"
+
+    def _tick(self) -> None:
+        self.query_one("#countdown", Static).update(self._countdown())
+
+    def update_prompt(self, prompt: dict[str, Any], more: int) -> None:
+        """The same prompt changed (more calls wait on it) or the queue behind it moved."""
+        self.prompt, self.more = prompt, more
+        self.query_one("#title", Static).update(self._title())
+        self.query_one("#facts", Static).update(self._facts())
+
+    # ------------------------------------------------------------- answering
+
+    def action_next_period(self) -> None:
+        self.period = (self.period + 1) % len(PERIODS)
+        self.query_one("#agent", Button).label = self._agent_label()
+
+    def action_choose(self, choice: str) -> None:
+        if choice not in self.prompt.get("choices", ()):
+            self.app.bell()
+            return
+        answer: Answer = {"choice": choice}
+        if choice == "agent":
+            answer["period_s"] = PERIODS[self.period][1]
+        self.dismiss(answer)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id:
+            self.action_choose(event.button.id)

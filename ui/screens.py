@@ -1,0 +1,158 @@
+"""The grants screen and the help screen."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Static
+
+if TYPE_CHECKING:
+    from ui.app import WorkerApp
+
+
+def expiry(expires_ms: int | None, now_s: float) -> str:
+    """When a grant ends, as a person reads it: "in 59 min (14:05)", or "never"."""
+    if expires_ms is None:
+        return "never"
+    left = expires_ms / 1000 - now_s
+    when = datetime.fromtimestamp(expires_ms / 1000).strftime("%H:%M")
+    if left <= 0:
+        return "expired"
+    if left < 120:
+        return f"in {int(left)} s ({when})"
+    if left < 2 * 3600:
+        return f"in {int(left // 60)} min ({when})"
+    if left < 2 * 86400:
+        return f"in {int(left // 3600)} h ({when})"
+    day = datetime.fromtimestamp(expires_ms / 1000).strftime("%Y-%m-%d %H:%M")
+    return f"in {int(left // 86400)} d ({day})"
+
+
+class GrantsScreen(Screen[None]):
+    """Every grant in force, with when it expires; `r` revokes the one selected."""
+
+    DEFAULT_CSS = """
+    GrantsScreen #grants-title { height: 1; background: $primary-darken-2; padding: 0 1; }
+    GrantsScreen DataTable { height: 1fr; }
+    GrantsScreen #grants-note { height: auto; color: $text-muted; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r,delete", "revoke", "Revoke"),
+        Binding("escape,g", "app.pop_screen", "Back"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("Grants in force", style="bold"), id="grants-title")
+        yield DataTable(id="grants-table", cursor_type="row", zebra_stripes=True)
+        yield Static(
+            Text(
+                "Grants from config.toml are changed there; the others come from approvals "
+                "and `agentworker grant`."
+            ),
+            id="grants-note",
+        )
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for label, key in (
+            ("id", "id"),
+            ("agent", "agent"),
+            ("scope", "scope"),
+            ("plan", "plan"),
+            ("expires", "expires"),
+            ("by", "by"),
+        ):
+            table.add_column(label, key=key)
+        self.show(self.app_state.grants)
+        self.run_worker(self.app_state.refresh_grants(), exclusive=True)
+
+    @property
+    def app_state(self) -> WorkerApp:
+        from ui.app import WorkerApp
+
+        assert isinstance(self.app, WorkerApp)
+        return self.app
+
+    def show(self, grants: list[dict[str, Any]]) -> None:
+        table = self.query_one(DataTable)
+        keep = table.cursor_row
+        table.clear()
+        now = self.app_state.clock()
+        for g in grants:
+            key = str(g["id"]) if g.get("id") is not None else f"config-{table.row_count}"
+            scope = Text(("ask " if g.get("ask") else "") + str(g["scope"]))
+            table.add_row(
+                Text(str(g["id"]) if g.get("id") is not None else "cfg"),
+                Text(str(g["agent"])),
+                scope,
+                Text(str(g["plan"])),
+                Text(expiry(g.get("expires_ms"), now)),
+                Text(str(g["granted_by"])),
+                key=key,
+            )
+        if table.row_count:
+            table.move_cursor(row=min(keep, table.row_count - 1))
+
+    async def action_revoke(self) -> None:
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or ""
+        if not key.isdigit():
+            self.notify("a grant from config.toml is changed in that file", severity="warning")
+            return
+        reply = await self.app_state.link.command({"op": "revoke", "grant_id": int(key)})
+        if reply.get("ok"):
+            self.notify(f"grant {key} revoked")
+        await self.app_state.refresh_grants()
+
+
+HELP = """\
+Keys
+
+  ↑ ↓ / PgUp PgDn    move through the calls (or plans)
+  tab                 switch between the calls and the plans
+  /                   filter the calls (agent, plan, action, status); esc clears
+  f                   follow new calls on / off
+  k                   kill the selected plan: its running calls are stopped and
+                      every later call refused, until you lift it
+  l                   lift the selected plan's kill
+  s                   global stop: pause every plan / resume
+  g                   grants in force, with expiry; r revokes one
+  ?                   this help
+  q                   quit (with `agentworker up` or `run`, stops the worker)
+
+In an approval prompt (focus starts on Deny; enter presses the focused button)
+
+  d or esc            deny
+  x                   deny and kill the plan
+  o                   allow once: this call only
+  p                   allow for this plan (read-only file scopes come together)
+  a                   allow for this agent for a period; t changes the period
+  (no answer)         denied when the countdown ends
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen #help { width: 84; max-width: 100%; height: auto; max-height: 100%;
+        border: round $primary; background: $surface; padding: 0 1; overflow-y: auto; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help"):
+            yield Static(Text(HELP))
+
+
+def now_s() -> float:
+    return time.time()

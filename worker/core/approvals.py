@@ -1,0 +1,494 @@
+"""The approval broker: where a call that needs the person waits for their answer.
+
+Four things ask: a server's ScopeRequest (and so the hub's RequestScope), a call
+outside the granted scopes, and an allowlist `ask` rule. Each becomes a `Prompt`
+that waits for whichever UI is attached — the TUI in this process or
+`agentworker ui` over the local socket. Identical pending asks share one prompt;
+prompts queue in arrival order and none is dropped while another is open.
+
+The person's answer is turned into effects here and nowhere else: a grant stored
+where the choice grants (for this plan, for this agent for a period), an audit
+event, and for "deny and kill" the plan's kill. With no UI attached the worker
+behaves as headless: a new ask is refused with `scope_required` at once, and a
+prompt whose UI went away is refused so once its timeout passes (should a UI
+attach meanwhile, it is shown there). A prompt a UI showed and nobody answered in
+time is a denial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from worker.core.ledger import State
+from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Grant
+from worker.core.telemetry import Telemetry
+from worker.errors import WorkerError
+from worker.wire.proto import agentworker_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S: Final = 60.0
+PREVIEW_LIMIT: Final = 2000
+
+# Approving one of these "for this plan" or "for this agent" grants the others too:
+# they read and change nothing, so a person who let an agent list a folder is not
+# asked again for each file it reads there (DESIGN.md §6: fewer prompts, same safety).
+# The prompt names every scope such a choice grants.
+READ_ONLY_HOST: Final = ("workerHost.fs_list", "workerHost.fs_read", "workerHost.fs_stat")
+FAMILIES: Final = {scope: READ_ONLY_HOST for scope in READ_ONLY_HOST}
+
+
+class Choice(enum.StrEnum):
+    ONCE = "once"
+    PLAN = "plan"
+    AGENT = "agent"
+    DENY = "deny"
+    KILL = "deny_kill"
+
+
+class Kind(enum.StrEnum):
+    SCOPE_REQUEST = "scope_request"  # the server asks ahead of its calls
+    OUT_OF_SCOPE = "out_of_scope"  # a call arrived without a grant
+    ASK_RULE = "ask_rule"  # an allowlist rule wants the person each time
+
+
+@dataclass(frozen=True)
+class Decision:
+    choice: Choice
+    period_s: float | None = None  # for Choice.AGENT
+    by: str = "ui"
+
+
+# ---------------------------------------------------------------- inert text
+
+_ESCAPED: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u115f\u1160\u17b4\u17b5\u180e"
+    "\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb"
+    "\U000e0000-\U000e007f]"
+)
+_NAMED: Final = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e"}
+
+
+def inert(text: str, limit: int = PREVIEW_LIMIT) -> str:
+    """`text` as something safe to put on a terminal: every control, escape, bidi
+    and invisible character shown as a visible escape (`\\e`, `\\n`, `\\u202e`), so
+    nothing an agent sends can move the cursor, recolour, clear or spoof the screen
+    or a line of the prompt. Cut at `limit` characters (with a note)."""
+    cut = len(text) > limit
+    shown = _ESCAPED.sub(_escape, text[:limit])
+    return shown + (f" … (+{len(text) - limit:,} chars)" if cut else "")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
+
+
+# ---------------------------------------------------------------- prompts
+
+# A scope the server may ask for: surface.action, wildcards allowed (as the CLI takes).
+_SCOPE: Final = re.compile(r"[A-Za-z*]+\.[A-Za-z_*?]+")
+
+
+@dataclass
+class Prompt:
+    """One question to the person; several identical waiting asks share it.
+
+    Fields hold what the asker sent; `to_dict` is what a UI shows (all of it inert).
+    """
+
+    id: str
+    kind: Kind
+    agent_id: str
+    plan_id: str
+    scopes: tuple[str, ...]
+    reason: str
+    preview: str
+    created_ms: int
+    deadline_ms: int
+    correlation_ids: list[str] = field(default_factory=list)
+    shown: bool = False  # a UI was attached while it waited
+    waiters: list[asyncio.Future[Resolution]] = field(default_factory=list, repr=False)
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return (self.kind, self.agent_id, self.plan_id, *self.scopes, self.reason, self.preview)
+
+    @property
+    def grants(self) -> tuple[str, ...]:
+        """What "for this plan" / "for this agent" grants (scope families included)."""
+        return granted_by_choice(self.scopes) if self.kind is not Kind.ASK_RULE else self.scopes
+
+    def choices(self) -> tuple[Choice, ...]:
+        if self.kind is Kind.SCOPE_REQUEST:  # no call of its own to let through once
+            return (Choice.PLAN, Choice.AGENT, Choice.DENY, Choice.KILL)
+        return (Choice.ONCE, Choice.PLAN, Choice.AGENT, Choice.DENY, Choice.KILL)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": str(self.kind),
+            "agent_id": inert(self.agent_id, 200),
+            "plan_id": inert(self.plan_id, 200),
+            "scopes": [inert(s.removeprefix(ASK_PREFIX), 300) for s in self.scopes],
+            "reason": inert(self.reason, 500),
+            "preview": inert(self.preview),
+            "waiting": max(1, len(self.correlation_ids)),
+            "created_ms": self.created_ms,
+            "deadline_ms": self.deadline_ms,
+            "grants": [inert(s.removeprefix(ASK_PREFIX), 300) for s in self.grants],
+            "choices": [str(c) for c in self.choices()],
+        }
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How a prompt ended: the grant given (None for a refusal), and why."""
+
+    grant: Grant | None
+    choice: Choice | None  # None: nobody chose (a timeout, a withdrawal, covered)
+    reason: str
+    headless: bool = False  # refused because no UI was there to ask
+
+    def admit(self, what: str) -> Grant:
+        """The grant, or the refusal as the call's error."""
+        if self.grant is not None:
+            return self.grant
+        if self.headless:
+            raise WorkerError(
+                "scope_required",
+                f"{what} needs the approval of the person at this worker, and no one was "
+                "there to ask (no UI attached: run `agentworker ui` on that machine, or grant "
+                "it ahead with `agentworker grant`)",
+                {"needs_approval": what},
+            )
+        raise WorkerError(
+            "scope_denied", f"the person denied {what} ({self.reason})", {"denied": what}
+        )
+
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class ApprovalBroker:
+    """The `Approver` of a worker a person can be asked at (see the module summary)."""
+
+    def __init__(
+        self,
+        state: State,
+        telemetry: Telemetry,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        always_attached: bool = False,
+    ) -> None:
+        self.state = state
+        self.telemetry = telemetry
+        self.timeout_s = timeout_s
+        # The TUI in this process is attached for the worker's whole life.
+        self.always_attached = always_attached
+        self.attached = 0  # UIs attached over the local socket
+        self._prompts: dict[str, Prompt] = {}  # in arrival order
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.listeners: list[Listener] = []
+        # Set by the assembly once the dispatcher exists (it owns kills and the wire).
+        self.kill: Callable[[str, str, str], object] = lambda _plan, _reason, _by: None
+        self.emit_audit: Callable[[pb.AuditEvent], None] = lambda _event: None
+
+    # ------------------------------------------------------------- asking
+
+    @property
+    def can_ask(self) -> bool:
+        return self.always_attached or self.attached > 0
+
+    def pending(self) -> list[Prompt]:
+        return list(self._prompts.values())
+
+    async def ask(self, request: ApprovalRequest) -> Grant | None:
+        """The pipeline's question (the Approver protocol): the grant given, None for
+        a denial; WorkerError(scope_required) when no one could be asked."""
+        kind = Kind.ASK_RULE if request.scope.startswith(ASK_PREFIX) else Kind.OUT_OF_SCOPE
+        resolution = await self.request(
+            kind,
+            agent_id=request.agent_id,
+            plan_id=request.plan_id,
+            scopes=(request.scope,),
+            reason=request.reason,
+            preview=request.preview,
+            correlation_id=request.correlation_id,
+        )
+        if resolution.headless:
+            resolution.admit(request.scope.removeprefix(ASK_PREFIX))
+        return resolution.grant
+
+    async def scope_request(self, request: pb.ScopeRequest) -> pb.ScopeDecision:
+        """A server's ScopeRequest, answered as the ScopeDecision that goes back."""
+        scopes = tuple(request.scopes)
+        bad = [s for s in scopes if not _SCOPE.fullmatch(s)]
+        if bad or not scopes:
+            reason = f"not scopes: {', '.join(map(repr, bad))}" if bad else "no scopes asked"
+            resolution = Resolution(None, None, reason)
+        else:
+            resolution = await self.request(
+                Kind.SCOPE_REQUEST,
+                agent_id=request.agent_id,
+                plan_id=request.plan_id,
+                scopes=scopes,
+                reason=request.reason,
+                preview=request.preview,
+            )
+        if resolution.headless:
+            reason = (
+                "no one could be asked (no UI attached at the worker); grants are made "
+                "there: `agentworker ui`, `agentworker grant` or config.toml"
+            )
+        else:
+            reason = resolution.reason
+        return pb.ScopeDecision(
+            request_id=request.request_id,
+            granted=resolution.grant is not None,
+            scopes=scopes,
+            reason=reason,
+        )
+
+    async def request(
+        self,
+        kind: Kind,
+        *,
+        agent_id: str,
+        plan_id: str,
+        scopes: tuple[str, ...],
+        reason: str = "",
+        preview: str = "",
+        correlation_id: str = "",
+    ) -> Resolution:
+        """Wait for the person's answer to one question (shared with identical ones)."""
+        if not self.can_ask:
+            return Resolution(None, None, "no UI attached", headless=True)
+        prompt = self._open(kind, agent_id, plan_id, scopes, reason, preview, correlation_id)
+        waiter: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
+        prompt.waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            # The call went away (its deadline, a cancel, a kill): stop asking for it.
+            with contextlib.suppress(ValueError):
+                prompt.waiters.remove(waiter)
+            with contextlib.suppress(ValueError):
+                prompt.correlation_ids.remove(correlation_id)
+            if not prompt.waiters and prompt.id in self._prompts:
+                self._close(prompt, Resolution(None, None, "withdrawn: the call ended"))
+            elif prompt.id in self._prompts:
+                self._tell("prompt", prompt.to_dict())
+            raise
+
+    def _open(
+        self,
+        kind: Kind,
+        agent_id: str,
+        plan_id: str,
+        scopes: tuple[str, ...],
+        reason: str,
+        preview: str,
+        correlation_id: str,
+    ) -> Prompt:
+        now = _now_ms()
+        fresh = Prompt(
+            id=uuid.uuid4().hex[:12],
+            kind=kind,
+            agent_id=agent_id,
+            plan_id=plan_id,
+            scopes=scopes,
+            reason=reason,
+            preview=preview,
+            created_ms=now,
+            deadline_ms=now + int(self.timeout_s * 1000),
+            shown=self.can_ask,
+        )
+        for prompt in self._prompts.values():
+            if prompt.key == fresh.key:
+                if correlation_id:
+                    prompt.correlation_ids.append(correlation_id)
+                self._tell("prompt", prompt.to_dict())
+                return prompt
+        if correlation_id:
+            fresh.correlation_ids.append(correlation_id)
+        self._prompts[fresh.id] = fresh
+        loop = asyncio.get_running_loop()
+        self._timers[fresh.id] = loop.call_later(self.timeout_s, self._expire, fresh.id)
+        self._tell("prompt", fresh.to_dict())
+        return fresh
+
+    def _expire(self, prompt_id: str) -> None:
+        prompt = self._prompts.get(prompt_id)
+        if prompt is None:
+            return
+        if self.can_ask:
+            resolution = Resolution(None, None, f"no answer within {self.timeout_s:g} s")
+            self._audit(prompt, "approval_timeout", {"timeout_s": self.timeout_s})
+        else:  # the UI that was asked went away: as headless
+            resolution = Resolution(None, None, "no UI attached", headless=True)
+        self._close(prompt, resolution)
+
+    # ------------------------------------------------------------- answering
+
+    def attach(self) -> list[Prompt]:
+        """A UI attached: it is shown every waiting prompt."""
+        self.attached += 1
+        for prompt in self._prompts.values():
+            prompt.shown = True
+        return self.pending()
+
+    def detach(self) -> None:
+        self.attached = max(0, self.attached - 1)
+
+    def decide(self, prompt_id: str, decision: Decision) -> Resolution | None:
+        """The person's answer; None when the prompt is no longer waiting."""
+        prompt = self._prompts.get(prompt_id)
+        if prompt is None:
+            return None
+        if decision.choice not in prompt.choices():
+            raise WorkerError(
+                "validation_error", f"{decision.choice} is not a choice for this prompt"
+            )
+        by = f"{decision.by}:{decision.choice}"
+        if decision.choice in (Choice.DENY, Choice.KILL):
+            resolution = Resolution(None, decision.choice, "denied by the person")
+            self._audit(prompt, "approval_denied", {"choice": str(decision.choice)})
+            self._close(prompt, resolution)
+            if decision.choice is Choice.KILL:
+                reason = "denied and killed by the person at this worker"
+                self.kill(prompt.plan_id, reason, decision.by)
+            return resolution
+        agent, plan = _literal(prompt.agent_id), _literal(prompt.plan_id)
+        scope = (
+            prompt.scopes[0] if prompt.kind is Kind.SCOPE_REQUEST else _literal(prompt.scopes[0])
+        )
+        expires: datetime | None = None
+        grant_ids: list[int] = []
+        if decision.choice is Choice.ONCE:  # this call only: nothing is stored
+            grant = Grant(agent=agent, scope=scope, plan=plan, granted_by=by)
+        else:
+            plan_pattern = plan if decision.choice is Choice.PLAN else "*"
+            if decision.choice is Choice.AGENT:
+                expires = datetime.now(UTC) + timedelta(seconds=decision.period_s or 3600.0)
+            for granted in prompt.grants:
+                pattern = granted if prompt.kind is Kind.SCOPE_REQUEST else _literal(granted)
+                grant_ids.append(self.state.add_grant(agent, pattern, plan_pattern, expires, by))
+            grant = Grant(agent, scope, plan_pattern, expires, by)
+        resolution = Resolution(grant, decision.choice, f"approved: {decision.choice}")
+        self._audit(
+            prompt,
+            "approval_granted",
+            {
+                "choice": str(decision.choice),
+                "granted": list(prompt.grants if grant_ids else prompt.scopes),
+                "plan": grant.plan,
+                "expires": expires.isoformat() if expires else None,
+                "grant_ids": grant_ids,
+            },
+        )
+        self._close(prompt, resolution)
+        if grant_ids:
+            self._settle_covered()
+        return resolution
+
+    def _settle_covered(self) -> None:
+        """Waiting prompts that the grants just made now cover need no answer of their own."""
+        now = datetime.now(UTC)
+        grants = [
+            Grant(g.agent, g.scope, g.plan, g.expires, g.granted_by) for g in self.state.grants()
+        ]
+        for prompt in list(self._prompts.values()):
+            covering = [
+                next((g for g in grants if g.admits(prompt.agent_id, s, prompt.plan_id, now)), None)
+                for s in prompt.scopes
+            ]
+            first = covering[0]
+            if first is not None and all(covering):
+                self._close(prompt, Resolution(first, None, "covered by a grant just made"))
+
+    def _close(self, prompt: Prompt, resolution: Resolution) -> None:
+        self._prompts.pop(prompt.id, None)
+        timer = self._timers.pop(prompt.id, None)
+        if timer is not None:
+            timer.cancel()
+        for waiter in prompt.waiters:
+            if not waiter.done():
+                waiter.set_result(resolution)
+        self._tell(
+            "prompt_closed",
+            {
+                "id": prompt.id,
+                "granted": resolution.grant is not None,
+                "choice": str(resolution.choice) if resolution.choice else None,
+                "reason": resolution.reason,
+            },
+        )
+
+    def close_all(self, reason: str) -> None:
+        """The worker is stopping: every waiting ask is refused."""
+        for prompt in list(self._prompts.values()):
+            self._close(prompt, Resolution(None, None, reason, headless=True))
+
+    # ------------------------------------------------------------- telling
+
+    def _tell(self, kind: str, body: dict[str, Any]) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(kind, body)
+            except Exception:
+                log.exception("a prompt listener failed")
+
+    def _audit(self, prompt: Prompt, kind: str, detail: dict[str, Any]) -> None:
+        event = self.telemetry.audit(
+            kind,
+            correlation_id=prompt.correlation_ids[0] if prompt.correlation_ids else "",
+            plan_id=prompt.plan_id,
+            agent_id=prompt.agent_id,
+            detail={
+                "prompt": str(prompt.kind),
+                "scopes": list(prompt.scopes),
+                "calls": list(prompt.correlation_ids),
+                **detail,
+            },
+        )
+        self.emit_audit(event)
+
+
+def granted_by_choice(scopes: tuple[str, ...]) -> tuple[str, ...]:
+    """What "for this plan" / "for this agent" grants for these scopes."""
+    out: dict[str, None] = {}
+    for scope in scopes:
+        for granted in FAMILIES.get(scope, (scope,)):
+            out[granted] = None
+    return tuple(out)
+
+
+def _literal(value: str) -> str:
+    """A value as a grant pattern that matches only itself (fnmatch's specials escaped):
+    an agent that calls itself `*` gets a grant for `*` the name, not for every agent."""
+    return re.sub(r"([*?\[])", r"[\1]", value)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

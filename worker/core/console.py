@@ -1,0 +1,336 @@
+"""The person's console: what a UI shows of a running worker, and what it may do.
+
+A UI — the TUI in this process or `agentworker ui` over the local socket — sees the
+worker through this one object: a snapshot when it attaches, then events (calls
+starting and finishing, prompts opening and closing, the link's state, plans and
+grants changing), and it acts through `handle` (answer a prompt, kill or lift a
+plan, revoke a grant, pause or resume). Everything here is plain JSON-able data,
+so the in-process TUI and a socket client take the same path; nothing here imports
+a UI toolkit. Every text that came from the server is made inert before it leaves.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from worker.core.approvals import ApprovalBroker, Choice, Decision, inert
+from worker.core.connection import LinkState
+from worker.core.pipeline import Dispatcher
+from worker.core.scopes import ASK_PREFIX, Grant
+from worker.errors import WorkerError
+from worker.wire.proto import agentworker_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+RECENT_CALLS: Final = 500
+RESULT_PREVIEW: Final = 2000
+
+Event = dict[str, Any]
+Subscriber = Callable[[Event], None]
+
+
+class Console:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        broker: ApprovalBroker | None,
+        *,
+        server: str,
+        mode: str,
+        static_grants: tuple[Grant, ...] = (),
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.broker = broker
+        self.server = server
+        self.mode = mode
+        self.static_grants = static_grants
+        self.link = LinkState("connecting", server)
+        self._calls: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._plans: dict[str, int] = {}  # plan -> calls seen (this run)
+        self._subscribers: list[Subscriber] = []
+        # Pausing is the global stop's; set by the assembly when there is one.
+        self.pause: Callable[[bool, str], None] | None = None
+        self.paused: Callable[[], bool] = lambda: False
+        dispatcher.watcher = self
+        if broker is not None:
+            broker.listeners.append(self._on_prompt)
+
+    # ------------------------------------------------------------- subscribers
+
+    def subscribe(self, subscriber: Subscriber, *, asks: bool = True) -> Event:
+        """Start telling `subscriber`; returns the snapshot to start from. A UI that
+        `asks` (answers prompts) counts as attached for the broker."""
+        self._subscribers.append(subscriber)
+        if asks and self.broker is not None and not self.broker.always_attached:
+            self.broker.attach()
+        return self.snapshot()
+
+    def unsubscribe(self, subscriber: Subscriber, *, asks: bool = True) -> None:
+        if subscriber in self._subscribers:
+            self._subscribers.remove(subscriber)
+            if asks and self.broker is not None and not self.broker.always_attached:
+                self.broker.detach()
+
+    def _tell(self, event: Event) -> None:
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber(event)
+            except Exception:
+                log.exception("a console subscriber failed; dropping it")
+                self._subscribers.remove(subscriber)
+
+    def snapshot(self) -> Event:
+        return {
+            "type": "snapshot",
+            "worker": self.worker_info(),
+            "link": self.link.to_dict(),
+            "calls": list(self._calls.values()),
+            "plans": self.plans(),
+            "grants": self.grants(),
+            "prompts": [p.to_dict() for p in self.broker.pending()] if self.broker else [],
+            "paused": self.paused(),
+        }
+
+    def worker_info(self) -> dict[str, Any]:
+        return {
+            "worker_id": inert(self.dispatcher.worker_id, 200),
+            "server": inert(self.server, 200),
+            "mode": self.mode,
+            "prompts": self.broker is not None,
+        }
+
+    # ------------------------------------------------------------- what happens
+
+    def set_link(self, link: LinkState) -> None:
+        self.link = link
+        self._tell({"type": "link", "link": link.to_dict()})
+
+    def call_started(self, req: pb.ActionRequest) -> None:
+        row = {
+            "id": req.correlation_id,
+            "started_ms": int(time.time() * 1000),
+            "agent_id": inert(req.agent_id, 200),
+            "plan_id": inert(req.plan_id, 200),
+            "task_id": inert(req.task_id, 200),
+            "action": inert(f"{req.surface}.{req.action}", 200),
+            "status": "running",
+            "duration_ms": None,
+            "args": inert(req.args_json, RESULT_PREVIEW),
+        }
+        self._remember(row)
+        self._plans[req.plan_id] = self._plans.get(req.plan_id, 0) + 1
+        self._tell({"type": "call", "call": row})
+        self._tell({"type": "plans", "plans": self.plans()})
+
+    def call_finished(self, req: pb.ActionRequest, result: pb.ActionResult) -> None:
+        inv = result.invocation
+        row = self._calls.get(req.correlation_id)
+        if row is None:  # ran inline, or started before we watched
+            row = {
+                "id": req.correlation_id,
+                "started_ms": inv.started_unix_ms,
+                "agent_id": inert(req.agent_id, 200),
+                "plan_id": inert(req.plan_id, 200),
+                "task_id": inert(req.task_id, 200),
+                "action": inert(f"{req.surface}.{req.action}", 200),
+                "args": inert(req.args_json, RESULT_PREVIEW),
+            }
+            self._plans[req.plan_id] = self._plans.get(req.plan_id, 0) + 1
+        failed = result.status == pb.ActionResult.ERROR
+        row.update(
+            {
+                "status": result.error.code if failed else "ok",
+                "duration_ms": inv.duration_ms,
+                "decision": inert(inv.decision, 200),
+                "result": "" if failed else inert(result.result_json, RESULT_PREVIEW),
+                "blob_bytes": len(result.blob),
+                "error": inert(result.error.message, RESULT_PREVIEW) if failed else "",
+                "telemetry": {
+                    "scope": inv.scope,
+                    "bytes_in": inv.bytes_in,
+                    "bytes_out": inv.bytes_out,
+                    "truncated": inv.truncated,
+                    "sandboxed": inv.sandboxed,
+                    "args_digest": inv.args_digest,
+                },
+            }
+        )
+        self._remember(row)
+        self._tell({"type": "call", "call": row})
+        self._tell({"type": "plans", "plans": self.plans()})
+
+    def _remember(self, row: dict[str, Any]) -> None:
+        self._calls[row["id"]] = row
+        self._calls.move_to_end(row["id"])
+        while len(self._calls) > RECENT_CALLS:
+            self._calls.popitem(last=False)
+
+    def _on_prompt(self, kind: str, body: dict[str, Any]) -> None:
+        self._tell({"type": kind, "prompt": body})
+
+    def plans(self) -> list[dict[str, Any]]:
+        running: dict[str, int] = {}
+        for plan in self.dispatcher.running_plans():
+            running[plan] = running.get(plan, 0) + 1
+        killed = dict(self.dispatcher.state.killed_plans())
+        names = list(dict.fromkeys([*self._plans, *killed]))
+        rows = []
+        for plan in names:
+            reason = killed.get(plan)
+            state = "killed" if reason is not None else "running" if running.get(plan) else "idle"
+            rows.append(
+                {
+                    "plan_id": inert(plan, 200),
+                    "raw": plan,
+                    "state": state,
+                    "running": running.get(plan, 0),
+                    "calls": self._plans.get(plan, 0),
+                    "reason": inert(reason or "", 300),
+                }
+            )
+        return rows
+
+    def grants(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = [
+            {
+                "id": None,
+                "agent": g.agent,
+                "scope": g.scope,
+                "plan": g.plan,
+                "expires_ms": int(g.expires.timestamp() * 1000) if g.expires else None,
+                "granted_by": g.granted_by,
+            }
+            for g in self.static_grants
+        ]
+        for g in self.dispatcher.state.grants():
+            rows.append(
+                {
+                    "id": g.id,
+                    "agent": inert(g.agent, 200),
+                    "scope": inert(g.scope.removeprefix(ASK_PREFIX), 300),
+                    "ask": g.scope.startswith(ASK_PREFIX),
+                    "plan": inert(g.plan, 200),
+                    "expires_ms": int(g.expires.timestamp() * 1000) if g.expires else None,
+                    "granted_by": inert(g.granted_by, 100),
+                }
+            )
+        now = time.time() * 1000
+        return [r for r in rows if r["expires_ms"] is None or r["expires_ms"] > now]
+
+    # ------------------------------------------------------------- what a UI does
+
+    def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        """One command from a UI; the reply says what happened (or the error)."""
+        op = command.get("op")
+        try:
+            if op == "decide":
+                return self._decide(command)
+            if op == "kill":
+                plan = _text(command, "plan")
+                stopped = self.dispatcher.kill_plan(plan, "killed from the UI", "ui")
+                self._tell({"type": "plans", "plans": self.plans()})
+                return {"ok": True, "stopped": stopped}
+            if op == "lift":
+                plan = _text(command, "plan")
+                lifted = self.dispatcher.state.lift_kill(plan)
+                if lifted:
+                    self.dispatcher.telemetry.audit("lift", plan_id=plan, detail={"by": "ui"})
+                self._tell({"type": "plans", "plans": self.plans()})
+                return {"ok": lifted}
+            if op == "revoke":
+                grant_id = command.get("grant_id")
+                if not isinstance(grant_id, int):
+                    raise WorkerError("validation_error", "revoke needs a grant_id")
+                removed = self.dispatcher.state.revoke_grant(grant_id)
+                if removed:
+                    self.dispatcher.telemetry.audit("revoke", detail={"grant_id": grant_id})
+                self._tell({"type": "grants", "grants": self.grants()})
+                return {"ok": removed}
+            if op == "grants":
+                return {"ok": True, "grants": self.grants()}
+            if op in ("pause", "resume"):
+                if self.pause is None:
+                    raise WorkerError("not_supported", "this worker has no global stop")
+                self.pause(op == "pause", "from the UI")
+                self._tell({"type": "paused", "paused": self.paused()})
+                return {"ok": True, "paused": self.paused()}
+            raise WorkerError("validation_error", f"unknown op {op!r}")
+        except WorkerError as exc:
+            return {"ok": False, "code": exc.code, "message": exc.message}
+
+    def _decide(self, command: dict[str, Any]) -> dict[str, Any]:
+        if self.broker is None:
+            raise WorkerError("not_supported", "this worker never prompts")
+        try:
+            choice = Choice(str(command.get("choice")))
+        except ValueError:
+            raise WorkerError(
+                "validation_error", "choice must be one of: " + ", ".join(Choice)
+            ) from None
+        period = command.get("period_s")
+        if period is not None and not (
+            isinstance(period, int | float) and 0 < period <= 30 * 86400
+        ):
+            raise WorkerError(
+                "validation_error", "period_s must be a number of seconds (≤ 30 days)"
+            )
+        resolution = self.broker.decide(
+            _text(command, "prompt_id"), Decision(choice, float(period) if period else None)
+        )
+        if resolution is None:
+            return {"ok": False, "code": "not_found", "message": "that prompt is no longer waiting"}
+        if resolution.grant is not None and choice is not Choice.ONCE:
+            self._tell({"type": "grants", "grants": self.grants()})
+        if choice is Choice.KILL:
+            self._tell({"type": "plans", "plans": self.plans()})
+        return {"ok": True, "granted": resolution.grant is not None}
+
+
+def _text(command: dict[str, Any], key: str) -> str:
+    value = command.get(key)
+    if not isinstance(value, str):
+        raise WorkerError("validation_error", f"{key} must be a string")
+    return value
+
+
+def encode(event: Event) -> bytes:
+    """One event or command as a line of the local socket's protocol."""
+    return json.dumps(event, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
+
+
+class Link(Protocol):
+    """How a UI reaches a console: in this process (LocalLink) or over the local
+    socket (console_socket.SocketLink). Events arrive on the caller's event loop."""
+
+    async def open(self, on_event: Subscriber) -> Event:
+        """Start receiving events; returns the snapshot to start from."""
+        ...
+
+    async def command(self, command: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalLink:
+    """The TUI in the worker's own process: straight calls, same event loop."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._subscriber: Subscriber | None = None
+
+    async def open(self, on_event: Subscriber) -> Event:
+        self._subscriber = on_event
+        return self.console.subscribe(on_event)
+
+    async def command(self, command: dict[str, Any]) -> dict[str, Any]:
+        return self.console.handle(command)
+
+    async def close(self) -> None:
+        if self._subscriber is not None:
+            self.console.unsubscribe(self._subscriber)
+            self._subscriber = None

@@ -1,0 +1,231 @@
+"""The local channel `agentworker ui` attaches over: a Unix socket only this user can open.
+
+The socket lives in the data folder (mode 0700) with mode 0600, and each peer's
+uid is checked as well (SO_PEERCRED), so only the user running the worker can
+attach — the socket is the power to approve calls. The protocol is one JSON object
+per line: the client opens with `{"op": "attach"}`, the worker answers with the
+console's snapshot and then streams events; commands carry a `req` number and
+get a reply with the same number. A client that cannot keep up is dropped rather
+than let its backlog grow without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+from worker.config import Paths
+from worker.core.console import Console, Event, Subscriber, encode
+from worker.errors import WorkerError
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME: Final = "ui.sock"
+# sun_path holds 108 bytes on Linux, 104 on macOS; past this a short path is used.
+_MAX_PATH: Final = 100
+MAX_LINE: Final = 1024 * 1024
+# A client this far behind (bytes not yet sent) is dropped.
+MAX_BACKLOG: Final = 8 * 1024 * 1024
+
+
+def socket_path(paths: Paths) -> Path:
+    """Where this data folder's worker listens. In the data folder when the path
+    fits a socket address, else in a per-user 0700 folder under the temp dir."""
+    path = paths.data_dir / SOCKET_NAME
+    if len(os.fsencode(path)) <= _MAX_PATH:
+        return path
+    digest = hashlib.sha256(os.fsencode(paths.data_dir.resolve())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"agentworker-{os.getuid()}" / f"{digest}.sock"
+
+
+def _private_folder(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise WorkerError(
+            "permission_denied",
+            f"{folder} must belong to you and be closed to others (chmod 700) to hold the "
+            "UI socket",
+        )
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None  # the folder's mode guards it on platforms without SO_PEERCRED
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+class ConsoleServer:
+    """Serves a Console on the local socket for as long as the worker runs."""
+
+    def __init__(self, console: Console, path: Path) -> None:
+        self.console = console
+        self.path = path
+        self._server: asyncio.Server | None = None
+        self._sessions: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        _private_folder(self.path.parent)
+        # Only one worker per data folder runs (the worker lock), so a socket left
+        # here is a dead worker's.
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        old = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve, path=str(self.path), limit=MAX_LINE
+            )
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._sessions):
+                task.cancel()
+            await asyncio.gather(*self._sessions, return_exceptions=True)
+            await self._server.wait_closed()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._sessions.add(task)
+        try:
+            sock = writer.get_extra_info("socket")
+            uid = _peer_uid(sock) if sock is not None else None
+            if uid is not None and uid != os.getuid():
+                log.warning("refused a UI connection from uid %d", uid)
+                return
+            await self._session(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+            log.info("a UI connection ended: %s", exc or type(exc).__name__)
+        finally:
+            self._sessions.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opening = json.loads(await reader.readline() or b"{}")
+        if not isinstance(opening, dict) or opening.get("op") != "attach":
+            return
+        asks = opening.get("asks", True) is not False
+        gone = asyncio.Event()
+
+        def send(event: Event) -> None:
+            if writer.is_closing():
+                gone.set()
+                return
+            transport = writer.transport
+            if transport.get_write_buffer_size() > MAX_BACKLOG:
+                log.warning("a UI fell too far behind; dropping it")
+                gone.set()
+                writer.close()
+                return
+            writer.write(encode(event))
+
+        snapshot = self.console.subscribe(send, asks=asks)
+        log.info("a UI attached")
+        try:
+            writer.write(encode(snapshot))
+            while not gone.is_set():
+                line = await reader.readline()
+                if not line:
+                    break
+                command = json.loads(line)
+                if not isinstance(command, dict):
+                    continue
+                reply = self.console.handle(command)
+                send({"type": "reply", "req": command.get("req"), **reply})
+                await writer.drain()
+        finally:
+            self.console.unsubscribe(send, asks=asks)
+            log.info("a UI detached")
+
+
+class SocketLink:
+    """A UI's side of the local socket (`agentworker ui`)."""
+
+    def __init__(self, path: Path, *, asks: bool = True) -> None:
+        self.path = path
+        self.asks = asks
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next = 0
+        self.closed = asyncio.Event()
+
+    async def open(self, on_event: Subscriber) -> Event:
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(self.path), limit=MAX_LINE)
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise WorkerError(
+                "not_found",
+                f"no worker is running with this data folder (no socket at {self.path}); "
+                "start one with `agentworker up` or `agentworker run`",
+            ) from None
+        except PermissionError:
+            raise WorkerError(
+                "permission_denied",
+                f"{self.path} belongs to another user: attach as the user running the worker",
+            ) from None
+        self._writer = writer
+        writer.write(encode({"op": "attach", "asks": self.asks}))
+        line = await reader.readline()
+        if not line:
+            raise WorkerError("not_found", "the worker closed the connection at once")
+        snapshot: Event = json.loads(line)
+        self._reader_task = asyncio.create_task(self._read(reader, on_event))
+        return snapshot
+
+    async def _read(self, reader: asyncio.StreamReader, on_event: Subscriber) -> None:
+        try:
+            while line := await reader.readline():
+                event = json.loads(line)
+                if event.get("type") == "reply":
+                    waiter = self._replies.pop(event.get("req"), None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(event)
+                    continue
+                on_event(event)
+        except (ConnectionError, ValueError) as exc:
+            log.info("the worker's socket closed: %s", exc)
+        finally:
+            self.closed.set()
+            for waiter in self._replies.values():
+                if not waiter.done():
+                    waiter.set_result({"ok": False, "code": "not_found", "message": "worker gone"})
+            on_event({"type": "detached"})
+
+    async def command(self, command: dict[str, Any]) -> dict[str, Any]:
+        if self._writer is None or self.closed.is_set():
+            return {"ok": False, "code": "not_found", "message": "not attached to a worker"}
+        self._next += 1
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._replies[self._next] = waiter
+        self._writer.write(encode({**command, "req": self._next}))
+        return await waiter
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader_task
