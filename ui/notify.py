@@ -8,6 +8,7 @@ the terminal bell still rings.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -48,7 +49,8 @@ def _quoted(text: str) -> str:
 
 
 def _spawn(argv: list[str]) -> None:
-    try:
+    # No notification is no reason to disturb the person: a failure is let go.
+    with contextlib.suppress(OSError):
         subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -56,5 +58,3 @@ def _spawn(argv: list[str]) -> None:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-    except OSError:
-        pass  # no notification is no reason to disturb the person
