@@ -27,6 +27,7 @@ from ui.approval import Answer, ApprovalModal
 from ui.notify import Notifier, desktop_notifier
 from ui.screens import GrantsScreen, HelpScreen
 from worker.core.console import Event, Link
+from worker.errors import StartupError
 
 # Wide enough to put the detail pane beside the calls instead of under them.
 WIDE_COLUMNS = 120
@@ -121,6 +122,7 @@ class WorkerApp(App[None]):
         self.filter_text = ""
         self._modal: ApprovalModal | None = None
         self._closing = False
+        self.failure: StartupError | None = None  # why the app could not start
         # For measurements: when each prompt reached the screen (time.monotonic()).
         self.prompt_shown_at: dict[str, float] = {}
 
@@ -163,7 +165,12 @@ class WorkerApp(App[None]):
         ):
             plans.add_column(label, key=key)
         self._fit(self.size.width)
-        snapshot = await self.link.open(self._receive)
+        try:
+            snapshot = await self.link.open(self._receive)
+        except StartupError as exc:
+            self.failure = exc
+            self.exit()
+            return
         self._apply_snapshot(snapshot)
         self.set_interval(1.0, self._refresh_header)
         calls.focus()
@@ -181,8 +188,8 @@ class WorkerApp(App[None]):
 
     @on(ConsoleEvent)
     def _on_console_event(self, message: ConsoleEvent) -> None:
-        if self._closing or not self._main.query("#calls"):
-            return  # the app is shutting down: its widgets are gone
+        if not self._alive():
+            return
         event = message.event
         kind = event.get("type")
         if kind == "call":
@@ -224,7 +231,13 @@ class WorkerApp(App[None]):
 
     # ------------------------------------------------------------- header
 
+    def _alive(self) -> bool:
+        """False once the app is shutting down (its widgets are gone)."""
+        return not self._closing and bool(self._main.query("#header"))
+
     def _refresh_header(self) -> None:
+        if not self._alive():
+            return
         info = self.worker_info
         state = str(self.link_state.get("state", "connecting"))
         mark, colour = LINK_MARKS.get(state, (state, "yellow"))
@@ -413,7 +426,7 @@ class WorkerApp(App[None]):
         self._refresh_header()
 
     def _next_prompt(self) -> None:
-        if self._modal is not None or not self.prompts:
+        if self._modal is not None or not self.prompts or not self._alive():
             return
         prompt = next(iter(self.prompts.values()))
         modal = ApprovalModal(prompt, more=len(self.prompts) - 1, clock=self.clock)

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -27,13 +28,14 @@ from worker import actions
 from worker.actions import workbench
 from worker.config import Config, Paths, first_start
 from worker.core.approvals import ApprovalBroker
-from worker.core.connection import Backoff, Target, WorkerConnection
-from worker.core.console import Console
+from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
+from worker.core.console import Console, Link, LocalLink
+from worker.core.console_socket import ConsoleServer, socket_path
 from worker.core.ledger import State
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry, retention_days
-from worker.errors import InsecureError, InUseError
+from worker.errors import InsecureError, InUseError, StartupError
 from worker.hub.server import ControlServicer, Hub, add_worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
@@ -316,6 +318,15 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
 # ----------------------------------------------------------------- entry points
 
 
+class Frontend(Protocol):
+    """A UI that runs on the worker's event loop: the TUI, which lives in `ui/` (the
+    worker never imports it; the `agentworker` command hands it in)."""
+
+    async def serve(self, link: Link, stop: asyncio.Event | None = None) -> None:
+        """Run until the person quits, or until `stop` is set."""
+        ...
+
+
 def _stop_event() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -347,15 +358,23 @@ async def start_workbench(paths: Paths, config: Config) -> workbench.Workbench:
 
 
 async def run_worker(
-    paths: Paths, config: Config, target: Target | None = None, *, sandbox: bool = False
+    paths: Paths,
+    config: Config,
+    target: Target | None = None,
+    *,
+    sandbox: bool = False,
+    frontend: Frontend | None = None,
 ) -> None:
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
         dispatcher = build_dispatcher(paths, config, bench=bench)
-        await _serve_worker(dispatcher, target or worker_target(paths, config), config, bench)
+        target = target or worker_target(paths, config)
+        await _serve_worker(dispatcher, target, config, paths, "run", frontend, bench)
 
 
-async def run_up(paths: Paths, config: Config, *, sandbox: bool = False) -> None:
+async def run_up(
+    paths: Paths, config: Config, *, sandbox: bool = False, frontend: Frontend | None = None
+) -> None:
     """Hub and worker in one process on loopback: the embedded default."""
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
@@ -364,7 +383,7 @@ async def run_up(paths: Paths, config: Config, *, sandbox: bool = False) -> None
         dispatcher = build_dispatcher(paths, config, bench=bench)
         target = Target(address=running.address, token=read_or_create_token(paths.token_file))
         try:
-            await _serve_worker(dispatcher, target, config, bench)
+            await _serve_worker(dispatcher, target, config, paths, "up", frontend, bench)
         finally:
             await running.stop()
 
@@ -382,6 +401,9 @@ async def _serve_worker(
     dispatcher: Dispatcher,
     target: Target,
     config: Config,
+    paths: Paths,
+    mode: str,
+    frontend: Frontend | None,
     bench: workbench.Workbench | None = None,
 ) -> None:
     lost = dispatcher.recover()
@@ -394,18 +416,39 @@ async def _serve_worker(
     if not dispatcher.roots and bench is None:
         log.warning("no filesystem roots: add a [[root]] table to config.toml to allow file access")
     connection = build_connection(dispatcher, target, config)
+    console = build_console(
+        dispatcher, config, server=target.address, mode=mode, ui_in_process=frontend is not None
+    )
+    connection.on_state = console.set_link
+    assert console.broker is not None
+    connection.answer_scopes = console.broker.scope_request
+    ui_server = await _serve_console(console, paths)
     stop = _stop_event()
     housekeeping = asyncio.create_task(_housekeeping(dispatcher))
     kills = asyncio.create_task(_enforce_kills(dispatcher))
     sweeps = asyncio.create_task(_sweep_workspaces(dispatcher, bench)) if bench else None
     link = asyncio.create_task(connection.run())
     stopper = asyncio.create_task(stop.wait())
+    waiting = {link, stopper}
+    ui: asyncio.Task[None] | None = None
+    if frontend is not None:
+        ui = asyncio.create_task(frontend.serve(LocalLink(console), stop))
+        waiting.add(ui)
     log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
     try:
-        done, _ = await asyncio.wait({link, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if link in done:
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if link in done and ui is not None and not ui.done():
+            # The person sees why in the header; the worker ends when they quit.
+            with contextlib.suppress(Exception):
+                link.result()
+            await ui
+            link.result()
+        elif link in done:
             link.result()  # re-raise a fatal refusal
         else:
+            stop.set()  # the person quit the TUI, or a signal: the UI closes too
+            # Nobody will answer now: calls waiting for the person are refused.
+            console.broker.close_all("the worker is stopping")
             log.info(
                 "draining: finishing running calls (up to %.0f s)", config.worker.drain_grace_s
             )
@@ -419,7 +462,27 @@ async def _serve_worker(
         if sweeps is not None:
             sweeps.cancel()
         stopper.cancel()
+        console.broker.close_all("the worker is stopping")
+        console.set_link(LinkState("stopped", "the worker stopped"))
+        if ui is not None and not ui.done():
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ui, 5.0)
+        if ui_server is not None:
+            await ui_server.stop()
         dispatcher.close()
+
+
+async def _serve_console(console: Console, paths: Paths) -> ConsoleServer | None:
+    """The local socket `agentworker ui` attaches to; the worker runs on without it."""
+    server = ConsoleServer(console, socket_path(paths))
+    try:
+        await server.start()
+    except (OSError, StartupError) as exc:
+        log.warning("no UI socket (`agentworker ui` cannot attach): %s", exc)
+        return None
+    log.info("UI socket at %s (`agentworker ui` attaches here)", server.path)
+    return server
 
 
 def prepare(paths: Paths) -> bool:

@@ -27,6 +27,7 @@ from worker.cli import sandbox as cli_sandbox
 from worker.cli import telemetry as cli_telemetry
 from worker.config import Config, Paths, load
 from worker.core.connection import FatalConnectionError, Target
+from worker.core.console_socket import SocketLink, socket_path
 from worker.core.ledger import State
 from worker.errors import HubUnreachableError, StartupError, UsageError, WorkerError
 from worker.hub.client import ControlClient, result_to_dict
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run hub and worker together on loopback (the default setup)")
     up.add_argument("--listen", help="hub address (default from config: 127.0.0.1:7421)")
     up.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
+    _add_headless_flag(up)
 
     hub = sub.add_parser("hub", help="run the reference hub alone")
     hub.add_argument("--listen", help="address to serve (loopback unless TLS is configured)")
@@ -65,6 +67,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--tls-ca", type=Path, help="CA certificate to verify a TLS server")
     run.add_argument("--max-concurrency", type=int, help="calls executed at once (default 8)")
     run.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
+    _add_headless_flag(run)
+
+    sub.add_parser(
+        "ui",
+        help="open the TUI on the worker already running on this machine (approvals, calls, "
+        "kill switch)",
+        description="Attaches over a local socket only your user can open. While attached, "
+        "calls that need your approval wait for you here.",
+    )
 
     call = sub.add_parser(
         "call",
@@ -137,13 +148,25 @@ SANDBOX_HELP = (
 )
 
 
+def _add_headless_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--headless",
+        action="store_true",
+        help="no TUI even on a terminal (the default with no terminal); calls that need "
+        "approval are refused unless `agentworker ui` is attached",
+    )
+
+
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", help="hub address (default: this machine's hub)")
     p.add_argument("--token", help="bearer token (default: the local hub's token file)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, frontend: app.Frontend | None = None) -> int:
+    """The command line. `frontend` is the TUI, which the `agentworker` command hands
+    in from `ui/` (the worker never imports it); without one, the worker runs headless."""
     args = _parser().parse_args(argv)
+    args.frontend = frontend
     if args.home:
         os.environ["AGENTWORKER_HOME"] = str(args.home)
     logging.basicConfig(
@@ -185,9 +208,33 @@ def _config(paths: Paths, args: argparse.Namespace) -> Config:
 # ----------------------------------------------------------------- long-running
 
 
+def _tui(paths: Paths, args: argparse.Namespace) -> app.Frontend | None:
+    """The TUI when it can be shown (a frontend, a terminal, no --headless); while it
+    runs, the log goes to a file so nothing draws over the screen."""
+    frontend: app.Frontend | None = args.frontend
+    on_terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    if frontend is None or args.headless or not on_terminal:
+        return None
+    _log_to_file(paths)
+    return frontend
+
+
+def _log_to_file(paths: Paths, name: str = "agentworker.log") -> None:
+    paths.ensure()
+    log_file = paths.data_dir / name
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    print(f"agentworker: logging to {log_file}", file=sys.stderr)
+
+
 def _up(paths: Paths, args: argparse.Namespace) -> int:
     app.prepare(paths)
-    asyncio.run(app.run_up(paths, _config(paths, args), sandbox=args.sandbox))
+    config = _config(paths, args)
+    asyncio.run(app.run_up(paths, config, sandbox=args.sandbox, frontend=_tui(paths, args)))
     return EXIT_OK
 
 
@@ -201,7 +248,22 @@ def _run(paths: Paths, args: argparse.Namespace) -> int:
     app.prepare(paths)
     config = _config(paths, args)
     target: Target = app.worker_target(paths, config)
-    asyncio.run(app.run_worker(paths, config, target, sandbox=args.sandbox))
+    asyncio.run(
+        app.run_worker(paths, config, target, sandbox=args.sandbox, frontend=_tui(paths, args))
+    )
+    return EXIT_OK
+
+
+def _ui(paths: Paths, args: argparse.Namespace) -> int:
+    """Attach the TUI to the worker already running with this data folder."""
+    frontend: app.Frontend | None = args.frontend
+    if frontend is None:
+        raise UsageError("the TUI comes with the `agentworker` command; run `agentworker ui`")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("`agentworker ui` needs a terminal")
+    _log_to_file(paths, "agentworker-ui.log")
+    link = SocketLink(socket_path(paths))
+    asyncio.run(frontend.serve(link))
     return EXIT_OK
 
 
@@ -424,6 +486,7 @@ _COMMANDS: dict[str, Callable[[Paths, argparse.Namespace], int]] = {
     "up": _up,
     "hub": _hub,
     "run": _run,
+    "ui": _ui,
     "call": _call,
     "workers": _workers,
     "status": _status,

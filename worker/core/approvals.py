@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from worker.core.ledger import State
-from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Grant
+from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Grant, scope_required
 from worker.core.telemetry import Telemetry
 from worker.errors import WorkerError
 from worker.wire.proto import agentworker_pb2 as pb
@@ -236,6 +236,8 @@ class ApprovalBroker:
             preview=request.preview,
             correlation_id=request.correlation_id,
         )
+        if resolution.headless and kind is Kind.OUT_OF_SCOPE:
+            raise scope_required(request)
         if resolution.headless:
             resolution.admit(request.scope.removeprefix(ASK_PREFIX))
         return resolution.grant

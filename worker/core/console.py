@@ -52,6 +52,7 @@ class Console:
         self.link = LinkState("connecting", server)
         self._calls: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._plans: dict[str, int] = {}  # plan -> calls seen (this run)
+        self._running: dict[str, str] = {}  # call id -> plan, started and not finished
         self._subscribers: list[Subscriber] = []
         # Pausing is the global stop's; set by the assembly when there is one.
         self.pause: Callable[[bool, str], None] | None = None
@@ -124,13 +125,15 @@ class Console:
         }
         self._remember(row)
         self._plans[req.plan_id] = self._plans.get(req.plan_id, 0) + 1
+        self._running[req.correlation_id] = req.plan_id
         self._tell({"type": "call", "call": row})
         self._tell({"type": "plans", "plans": self.plans()})
 
     def call_finished(self, req: pb.ActionRequest, result: pb.ActionResult) -> None:
         inv = result.invocation
         row = self._calls.get(req.correlation_id)
-        if row is None:  # ran inline, or started before we watched
+        self._running.pop(req.correlation_id, None)
+        if row is None:  # started before we watched, or dropped from the recent rows
             row = {
                 "id": req.correlation_id,
                 "started_ms": inv.started_unix_ms,
@@ -175,7 +178,7 @@ class Console:
 
     def plans(self) -> list[dict[str, Any]]:
         running: dict[str, int] = {}
-        for plan in self.dispatcher.running_plans():
+        for plan in self._running.values():
             running[plan] = running.get(plan, 0) + 1
         killed = dict(self.dispatcher.state.killed_plans())
         names = list(dict.fromkeys([*self._plans, *killed]))

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from worker.config import Paths
 from worker.core.console import Console, Event, Subscriber, encode
-from worker.errors import WorkerError
+from worker.errors import StartupError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,12 @@ _MAX_PATH: Final = 100
 MAX_LINE: Final = 1024 * 1024
 # A client this far behind (bytes not yet sent) is dropped.
 MAX_BACKLOG: Final = 8 * 1024 * 1024
+
+
+class NoWorkerError(StartupError):
+    """`agentworker ui` found no worker to attach to (or may not open its socket)."""
+
+    exit_code = 3
 
 
 def socket_path(paths: Paths) -> Path:
@@ -51,8 +57,7 @@ def _private_folder(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = folder.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise WorkerError(
-            "permission_denied",
+        raise StartupError(
             f"{folder} must belong to you and be closed to others (chmod 700) to hold the "
             "UI socket",
         )
@@ -173,21 +178,19 @@ class SocketLink:
         try:
             reader, writer = await asyncio.open_unix_connection(str(self.path), limit=MAX_LINE)
         except (FileNotFoundError, ConnectionRefusedError):
-            raise WorkerError(
-                "not_found",
+            raise NoWorkerError(
                 f"no worker is running with this data folder (no socket at {self.path}); "
                 "start one with `agentworker up` or `agentworker run`",
             ) from None
         except PermissionError:
-            raise WorkerError(
-                "permission_denied",
+            raise NoWorkerError(
                 f"{self.path} belongs to another user: attach as the user running the worker",
             ) from None
         self._writer = writer
         writer.write(encode({"op": "attach", "asks": self.asks}))
         line = await reader.readline()
         if not line:
-            raise WorkerError("not_found", "the worker closed the connection at once")
+            raise NoWorkerError("the worker closed the connection at once")
         snapshot: Event = json.loads(line)
         self._reader_task = asyncio.create_task(self._read(reader, on_event))
         return snapshot

@@ -244,10 +244,6 @@ class Dispatcher:
     def in_flight(self) -> int:
         return self.running
 
-    def running_plans(self) -> list[str]:
-        """The plan of each call held (running or waiting), one entry per call."""
-        return [plan for plan, _task in self._tasks.values()]
-
     def queued(self) -> int:
         return len(self._tasks) - self.running
 

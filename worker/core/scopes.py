@@ -95,14 +95,7 @@ class Scopes:
         if self.allowed(request.agent_id, request.scope, request.plan_id):
             return "granted"
         if self.approver is None:
-            raise WorkerError(
-                "scope_required",
-                f"agent {request.agent_id!r} has no grant for {request.scope} "
-                f"(plan {request.plan_id!r}). The person running the worker can grant it: "
-                f"`agentworker grant {request.scope} --agent {request.agent_id or '*'}` or a "
-                "[[grant]] table in config.toml.",
-                {"scope": request.scope, "agent_id": request.agent_id, "plan_id": request.plan_id},
-            )
+            raise scope_required(request)
         grant = await self.approver.ask(request)
         if grant is None:
             raise WorkerError(
@@ -111,3 +104,16 @@ class Scopes:
                 {"scope": request.scope},
             )
         return f"approved ({grant.granted_by})"
+
+
+def scope_required(request: ApprovalRequest) -> WorkerError:
+    """The refusal of a call outside the grants when no one can be asked."""
+    return WorkerError(
+        "scope_required",
+        f"agent {request.agent_id!r} has no grant for {request.scope} "
+        f"(plan {request.plan_id!r}). The person running the worker can grant it: "
+        f"`agentworker grant {request.scope} --agent {request.agent_id or '*'}`, a "
+        "[[grant]] table in config.toml, or approve it in `agentworker ui` (attached "
+        "while the call waits).",
+        {"scope": request.scope, "agent_id": request.agent_id, "plan_id": request.plan_id},
+    )

@@ -1,0 +1,69 @@
+"""The live view's keys, driven with Pilot against a real worker in the test process:
+the kill switch stops a running exec, revoking a grant makes the next call ask."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from textual.widgets import DataTable
+
+from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
+from tests.ui.rig import Rig, silent, until
+from ui.app import WorkerApp
+from ui.approval import ApprovalModal
+from ui.screens import GrantsScreen
+from worker.config import GrantSection
+
+
+def test_the_kill_key_stops_a_running_exec_and_refuses_the_plan(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.exec"])])
+        app = WorkerApp(rig.link(), notifier=silent)
+        tag = marker()
+        async with app.run_test(size=(100, 30)) as pilot:
+            args = json.dumps({"argv": ["python3", "-c", STUBBORN, tag], "timeout_s": 60})
+            running = rig.call("exec", args, plan="long-plan")
+            await until(lambda: len(processes_with(tag)) >= 2, pilot)
+            await until(lambda: app.plans and app.plans[0]["running"] == 1, pilot)
+            await pilot.press("k")
+            await rig.result(running)
+            assert rig.code(running) == "plan_killed"
+            assert wait_until_gone(tag) == []
+            later = rig.call("fs_read", '{"path": "a.txt"}', plan="long-plan")
+            await rig.result(later)
+            assert rig.code(later) == "plan_killed"
+            await until(lambda: app.plans[0]["state"] == "killed", pilot)
+            await pilot.press("l")
+            await until(lambda: app.plans[0]["state"] != "killed", pilot)
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_revoking_a_grant_makes_the_next_call_ask_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        rig.dispatcher.state.add_grant("agent-1", "workerHost.fs_read", "*", None, "cli:test")
+        app = WorkerApp(rig.link(), notifier=silent)
+        async with app.run_test(size=(100, 30)) as pilot:
+            first = rig.call("fs_read", '{"path": "a.txt"}')
+            await rig.result(first)
+            assert rig.code(first) == "ok"
+            await pilot.press("g")
+            await until(lambda: isinstance(app.screen, GrantsScreen), pilot)
+            table = app.screen.query_one(DataTable)
+            await until(lambda: table.row_count == 1, pilot)
+            await pilot.press("r")
+            await until(lambda: table.row_count == 0, pilot)
+            assert rig.dispatcher.state.grants() == []
+            await pilot.press("escape")
+            second = rig.call("fs_read", '{"path": "a.txt"}')
+            await until(lambda: isinstance(app.screen, ApprovalModal), pilot)
+            await pilot.press("d")
+            await rig.result(second)
+            assert rig.code(second) == "scope_denied"
+        rig.close()
+
+    asyncio.run(scenario())
