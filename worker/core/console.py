@@ -77,6 +77,10 @@ class Console:
             if asks and self.broker is not None and not self.broker.always_attached:
                 self.broker.detach()
 
+    def _tell_plans(self) -> None:
+        if self._subscribers:  # reading the kills costs a query: only for someone
+            self._tell({"type": "plans", "plans": self.plans()})
+
     def _tell(self, event: Event) -> None:
         for subscriber in list(self._subscribers):
             try:
@@ -127,7 +131,7 @@ class Console:
         self._plans[req.plan_id] = self._plans.get(req.plan_id, 0) + 1
         self._running[req.correlation_id] = req.plan_id
         self._tell({"type": "call", "call": row})
-        self._tell({"type": "plans", "plans": self.plans()})
+        self._tell_plans()
 
     def call_finished(self, req: pb.ActionRequest, result: pb.ActionResult) -> None:
         inv = result.invocation
@@ -165,7 +169,7 @@ class Console:
         )
         self._remember(row)
         self._tell({"type": "call", "call": row})
-        self._tell({"type": "plans", "plans": self.plans()})
+        self._tell_plans()
 
     def _remember(self, row: dict[str, Any]) -> None:
         self._calls[row["id"]] = row
@@ -236,14 +240,14 @@ class Console:
             if op == "kill":
                 plan = _text(command, "plan")
                 stopped = self.dispatcher.kill_plan(plan, "killed from the UI", "ui")
-                self._tell({"type": "plans", "plans": self.plans()})
+                self._tell_plans()
                 return {"ok": True, "stopped": stopped}
             if op == "lift":
                 plan = _text(command, "plan")
                 lifted = self.dispatcher.state.lift_kill(plan)
                 if lifted:
                     self.dispatcher.telemetry.audit("lift", plan_id=plan, detail={"by": "ui"})
-                self._tell({"type": "plans", "plans": self.plans()})
+                self._tell_plans()
                 return {"ok": lifted}
             if op == "revoke":
                 grant_id = command.get("grant_id")
@@ -290,7 +294,7 @@ class Console:
         if resolution.grant is not None and choice is not Choice.ONCE:
             self._tell({"type": "grants", "grants": self.grants()})
         if choice is Choice.KILL:
-            self._tell({"type": "plans", "plans": self.plans()})
+            self._tell_plans()
         return {"ok": True, "granted": resolution.grant is not None}
 
 
