@@ -23,8 +23,9 @@ from pathlib import Path
 import grpc
 
 from worker.clock import now_ms
-from worker.core.pipeline import Dispatcher, Outgoing
-from worker.wire.framing import Batcher, envelope_bytes, result_message
+from worker.core.pipeline import Dispatcher
+from worker.core.results import Outgoing
+from worker.wire.framing import Batcher, envelope_bytes
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD, VERSION
 from worker.wire.transport import Keepalive, bearer, open_channel
@@ -146,7 +147,7 @@ class WorkerConnection:
 
     async def shutdown(self, grace_s: float) -> None:
         """Drain: take no new work, let running calls finish, flush results, say goodbye."""
-        self.dispatcher.draining = True
+        self.dispatcher.stop_intake()
         self._send_heartbeat()
         await self.dispatcher.drain(grace_s)
         with contextlib.suppress(TimeoutError):
@@ -190,11 +191,10 @@ class WorkerConnection:
             welcome = self._check_welcome(first)
             self.sessions_started += 1
             self._outbox = outbox
-            self.dispatcher.emit = self._send
+            self.dispatcher.outbox.attach(self._send)
             for cid in welcome.abandoned_ids:
                 self.dispatcher.cancel(cid, "the server abandoned the call")
-            for _cid, result in self.dispatcher.state.unacked_results():
-                self._send(result_message(result))
+            self.dispatcher.results.resend_unacked()
             self.connected.set()
             self.on_state(LinkState("ready", f"session {welcome.session_id}"))
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
@@ -337,7 +337,7 @@ class WorkerConnection:
 
     def _detach(self) -> None:
         self._outbox = None
-        self.dispatcher.emit = lambda _msg: None
+        self.dispatcher.outbox.detach()
         self.connected.clear()
 
     async def _heartbeats(self) -> None:

@@ -1,16 +1,25 @@
 """The dispatch pipeline: every ActionRequest passes the same stages (DESIGN.md §2).
 
-    ledger (at most once) → parse + validate → kill switch → scope → handler
-    → size cap → result (recorded, then sent, kept until the server acks it)
-    → telemetry row (written just after the result leaves, always before its ack)
+    intake:    ledger claim (at most once; duplicates answered from the ledger)
+    execution: parse + validate → kill switch → scope → slot → handler → size cap
+    results:   result (recorded, then sent, kept until the server acks it)
+               → telemetry row (written just after the result leaves, before its ack)
 
-`Dispatcher.submit` is called by the connection's single reader and never blocks:
-it claims the call in the ledger, acks it, and leaves execution to a task that
-waits for one of `max_concurrency` slots. A plain-function handler, which never
-waits, runs right there instead when a slot is free (see `_may_run_inline`): a
-task would cost more than the call. Results and acks leave through `emit`,
-which the connection points at its single writer (or nowhere while offline: the
-result is durable and re-sent after the next handshake).
+A call is one `Call` value, built once when it is claimed; `Dispatcher.stages` is the
+one ordered list of execution stages, each a function of the call. A stage either
+finishes in the turn it is run in (returns None) or returns the rest of its work to
+be awaited (`Later`): the stages run right away, in the reader's turn, until one has
+to wait — from there on the call's own task runs the rest. So a plain-function
+handler whose scope is granted and whose slot is free answers within `submit`, with
+no task, and an `async` one costs one task; both ran the same stages.
+
+One place owns a call from its claim to its answer: `_answer`, which every ending
+reaches (a failing stage, a deadline, a cancel before or after the task's first
+step — through the task's done callback —, a kill, a drain that runs out of time)
+and which answers once. A call is in `_calls` exactly while it is unanswered, so
+the ledger keeps no RUNNING row for a call that no longer runs.
+
+Results and acks leave through the `Outbox` passed in (see results.py).
 """
 
 from __future__ import annotations
@@ -36,25 +45,24 @@ from worker.config import Config
 from worker.core.ledger import Seen, State
 from worker.core.redaction import args_preview
 from worker.core.registry import ActionSpec, Context, Outcome, Registry
+from worker.core.results import Outbox, Outgoing, Results
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.errors import WorkerError, as_worker_error
-from worker.wire.framing import result_message
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.protocol import call_digest, error_pb
+from worker.wire.protocol import MAX_TIMEOUT_MS, call_digest, error_pb
 from worker.wire.transport import MAX_RESULT_BYTES
+
+__all__ = ["Call", "Dispatcher", "Limits", "Outbox", "Outgoing"]
 
 log = logging.getLogger(__name__)
 
 # Structured args stay small; bulk data travels in the request blob.
 MAX_ARGS_BYTES = 1024 * 1024
-# How long a STARTED ack waits to share a message with others (or to be made moot).
-ACK_DELAY_S = 0.005
-
-# A message to the server: a WorkerMessage, or one already serialized (a result's
-# bytes are made once, for the ledger and the wire alike).
-Outgoing = pb.WorkerMessage | bytes
-Emit = Callable[[Outgoing], None]
+# After a drain's grace, how long cancelled calls get to stop before they are answered
+# anyway (`outcome_unknown`) and the drain returns: a handler that ignores its
+# cancellation cannot hold the worker up longer than grace + this.
+DRAIN_STOP_S = 3.0
 
 
 class CallWatcher(Protocol):
@@ -74,16 +82,41 @@ class Limits:
     default_timeout_s: float = 60.0
 
 
-class _CallStoppedError(Exception):
-    """Why a running call was cancelled: carries the error it should answer."""
-
-    def __init__(self, error: WorkerError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 # A handler's outcome as it goes out: result JSON, blob, truncated.
 _Payload = tuple[str, bytes, bool]
+
+
+@dataclass(eq=False)
+class Call:
+    """One call from its claim to its answer: what came in, and what became of it."""
+
+    req: pb.ActionRequest
+    blob: bytes  # the request blob, read out of `req` once
+    digest: str
+    timeout_s: float
+    deadline: float  # time.monotonic() (the event loop's clock) when it times out
+    started_ms: int
+    started_clock: float
+    spec: ActionSpec[Any, Any] | None = None
+    args: Any = None
+    decision: str = "not_checked"
+    outcome: object = None
+    payload: _Payload | None = None
+    error: WorkerError | None = None
+    stop: WorkerError | None = None  # why it was cancelled, if it was
+    task: asyncio.Task[None] | None = None  # once it waits for something
+    holds_slot: bool = False
+    answered: bool = False
+
+    @property
+    def cid(self) -> str:
+        return self.req.correlation_id
+
+
+# The rest of a stage that has to wait, awaited in the call's task.
+Later = Callable[[], Awaitable[None]]
+# A stage: does its part of the call now and returns None, or returns its rest (Later).
+Stage = Callable[[Call], "Later | None"]
 
 
 def _payload(outcome: object) -> _Payload:
@@ -102,6 +135,45 @@ def _payload(outcome: object) -> _Payload:
     return result_json, outcome.blob, outcome.truncated
 
 
+class _Slots:
+    """`size` handler slots, handed out in arrival order. A slot belongs to a call
+    (`Call.holds_slot`) until the call is answered, whatever ends it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self.most = 0
+        self._waiting: dict[str, tuple[Call, asyncio.Future[None]]] = {}
+
+    def take(self, call: Call) -> bool:
+        if self.used < self.size and not self._waiting:
+            self._grant(call)
+            return True
+        return False
+
+    def wait(self, call: Call) -> asyncio.Future[None]:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting[call.cid] = (call, waiter)
+        return waiter
+
+    def release(self, call: Call) -> None:
+        self._waiting.pop(call.cid, None)
+        if not call.holds_slot:
+            return
+        call.holds_slot = False
+        self.used -= 1
+        while self._waiting and self.used < self.size:
+            following, waiter = self._waiting.pop(next(iter(self._waiting)))
+            self._grant(following)
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _grant(self, call: Call) -> None:
+        call.holds_slot = True
+        self.used += 1
+        self.most = max(self.most, self.used)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -115,6 +187,7 @@ class Dispatcher:
         data_dir: Path,
         limits: Limits = Limits(),
         config: Config | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.config = config or Config()
         self.worker_id = worker_id
@@ -125,59 +198,92 @@ class Dispatcher:
         self.roots = roots
         self.data_dir = data_dir
         self.limits = limits
-        self.emit: Emit = lambda _msg: None
+        self.outbox = outbox if outbox is not None else Outbox()
         self.watcher: CallWatcher | None = None
-        self.draining = False
-        self.running = 0
-        self.max_running_seen = 0
-        self._slots = asyncio.Semaphore(limits.max_concurrency)
-        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (plan, task)
-        self._stop_reasons: dict[str, WorkerError] = {}
+        self.results = Results(state, telemetry, self.outbox)
+        self.results.on_flushed = self._settle
+        # The execution stages, in order (the ledger claim comes before, in `submit`;
+        # the answer after, in `_answer`). A gate is one more entry here.
+        self.stages: list[tuple[str, Stage]] = [
+            ("parse", self._parse),
+            ("kill_switch", self._check_plan),
+            ("scope", self._check_scope),
+            ("slot", self._take_slot),
+            ("handler", self._call_handler),
+            ("size_cap", self._size_cap),
+        ]
+        self._draining = False
+        self._slots = _Slots(limits.max_concurrency)
+        self._calls: dict[str, Call] = {}  # claimed and not yet answered
+        self._stragglers: set[asyncio.Task[None]] = set()  # answered, would not stop
         self._idle = asyncio.Event()
         self._idle.set()
-        # STARTED acks wait a moment and leave together; a call whose result is out
-        # by then needs none (the result says more than "started").
-        self._started: dict[str, None] = {}
-        self._started_timer: asyncio.TimerHandle | None = None
-        # Of running calls, for their telemetry rows: args digest and request blob size.
-        self._request_facts: dict[str, tuple[str, int]] = {}
-        self._finished: list[pb.ActionResult] = []  # results waiting for flush_results
-        self._intake: list[str] | None = None  # calls claimed in the open intake batch
-        self._telemetry_scheduled = False
-        # Sandbox mode: removes a plan's workspace (its result's JSON); None elsewhere.
+        self._intake: list[Call] | None = None  # calls claimed in the open intake batch
+        self._batching = False  # answering an intake batch: one flush at its end
         # Sandbox mode: takes a plan's workspace out of use when called, and returns
         # the removal to await (its answer's JSON); None elsewhere.
         self.on_teardown: Callable[[str], Awaitable[dict[str, Any]]] | None = None
         self._teardowns: set[asyncio.Task[None]] = set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def running(self) -> int:
+        return self._slots.used
+
+    @property
+    def max_running_seen(self) -> int:
+        return self._slots.most
+
+    def in_flight(self) -> int:
+        return self._slots.used
+
+    def queued(self) -> int:
+        return len(self._calls) - self._slots.used
 
     # ------------------------------------------------------------- intake
 
     @contextlib.contextmanager
     def intake(self) -> Iterator[None]:
         """Claims made by `submit` inside commit together, when the block ends (one
-        commit for a whole envelope of requests). Their calls start only after that: a
-        task does not run until the event loop turns. Should the commit fail, the calls
-        it claimed are cancelled before they start, so nothing runs unrecorded."""
+        commit for a whole envelope of requests), and only then do their calls run.
+        Should the commit fail, the calls it claimed never run (nothing runs
+        unrecorded); the server sends them again."""
         if self._intake is not None:
             yield
             return
-        claimed: list[str] = []
+        claimed: list[Call] = []
         self._intake = claimed
         try:
             with self.state.batch():
                 yield
         except sqlite3.Error:
-            for cid in claimed:
-                entry = self._tasks.pop(cid, None)
-                if entry is not None:
-                    entry[1].cancel()
+            for call in claimed:
+                self._calls.pop(call.cid, None)
+            claimed.clear()
             self._settle()
             raise
         finally:
             self._intake = None
+            self._run_claimed(claimed)
+
+    def _run_claimed(self, claimed: list[Call]) -> None:
+        """Run a committed batch of calls, their results recorded in one commit."""
+        if not claimed:
+            return
+        self._batching = True
+        try:
+            for call in claimed:
+                self._advance(call)
+        finally:
+            self._batching = False
+        if self.results.pending:
+            self.results.flush()
 
     def submit(self, req: pb.ActionRequest) -> None:
-        """Claim `req` in the ledger and start it, or answer a duplicate."""
+        """Claim `req` in the ledger and run it, or answer a duplicate."""
         cid = req.correlation_id
         if not cid:
             log.warning("refusing a request without a correlation id (action %s)", req.action)
@@ -185,53 +291,69 @@ class Dispatcher:
                 "validation_error", "a request needs a correlation_id; nothing was run"
             )
             result = pb.ActionResult(status=pb.ActionResult.ERROR, error=error_pb(error))
-            self.emit(pb.WorkerMessage(result=result))
+            self.results.send(pb.WorkerMessage(result=result))
             return
-        if self.draining:
-            self._ack(cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down")
+        if self._draining:
+            self.results.ack_request(
+                cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down"
+            )
             return
         request_blob = req.blob  # a copy each time it is read: read it once
         digest = call_digest(req, request_blob)
         begun = self.state.begin(cid, digest, req.plan_id)
-        if begun.seen is Seen.NEW and len(self._tasks) >= self.limits.max_accepted:
+        if begun.seen is Seen.NEW and len(self._calls) >= self.limits.max_accepted:
             self.state.forget(cid)  # it never ran: a later delivery may run it
             self._refuse_busy(req)
         elif begun.seen is Seen.NEW:
-            self._request_facts[cid] = (digest, len(request_blob))
+            call = self._new_call(req, request_blob, digest)
+            self._calls[cid] = call
             if self.watcher is not None:
                 self.watcher.call_started(req)
-            spec = self.registry.get(f"{req.surface}.{req.action}")
-            if spec is not None and self._may_run_inline(spec, req):
-                self._run_inline(spec, req, request_blob)
-                return
-            if self._started_timer is None:
-                loop = asyncio.get_running_loop()
-                self._started_timer = loop.call_later(ACK_DELAY_S, self._flush_started)
-            self._started[cid] = None
-            task = asyncio.create_task(self._run(req, request_blob), name=f"call-{cid}")
-            self._tasks[cid] = (req.plan_id, task)
-            if self._intake is not None:
-                self._intake.append(cid)
             self._idle.clear()
+            if self._intake is not None:
+                self._intake.append(call)
+            else:
+                self._advance(call)
         elif begun.seen is Seen.RUNNING:
-            self._ack(cid, pb.ActionAck.DUPLICATE_RUNNING)
+            self.results.ack_request(cid, pb.ActionAck.DUPLICATE_RUNNING)
         elif begun.seen is Seen.DONE:
-            self._ack(cid, pb.ActionAck.DUPLICATE_DONE)
+            self.results.ack_request(cid, pb.ActionAck.DUPLICATE_DONE)
             cached = pb.ActionResult.FromString(begun.result or b"")
             cached.replayed = True
-            self.emit(pb.WorkerMessage(result=cached))
+            self.results.send(pb.WorkerMessage(result=cached))
         else:
             message = (
                 f"correlation id {cid} was already used for a call with different arguments; "
                 "use a new id for a new call"
             )
-            self._ack(cid, pb.ActionAck.REJECTED_ARGS_MISMATCH, message)
-            self._audit("args_mismatch", req, {"message": message})
+            self.results.ack_request(cid, pb.ActionAck.REJECTED_ARGS_MISMATCH, message)
+            self.results.audit("args_mismatch", req, {"message": message})
+
+    def _new_call(self, req: pb.ActionRequest, blob: bytes, digest: str) -> Call:
+        if req.timeout_ms > MAX_TIMEOUT_MS:
+            log.warning(
+                "call %s asks for a %d ms deadline; cut to the %d ms ceiling",
+                req.correlation_id,
+                req.timeout_ms,
+                MAX_TIMEOUT_MS,
+            )
+        timeout_ms = min(req.timeout_ms, MAX_TIMEOUT_MS)
+        timeout_s = timeout_ms / 1000 if timeout_ms else self.limits.default_timeout_s
+        clock = time.monotonic()
+        return Call(
+            req=req,
+            blob=blob,
+            digest=digest,
+            timeout_s=timeout_s,
+            deadline=clock + timeout_s,
+            started_ms=now_ms(),
+            started_clock=clock,
+        )
 
     def _refuse_busy(self, req: pb.ActionRequest) -> None:
         error = WorkerError(
             "busy",
-            f"the worker already holds {len(self._tasks)} calls (limit "
+            f"the worker already holds {len(self._calls)} calls (limit "
             f"{self.limits.max_accepted}); nothing was run, send it again later",
         )
         result = pb.ActionResult(
@@ -239,21 +361,15 @@ class Dispatcher:
             status=pb.ActionResult.ERROR,
             error=error_pb(error),
         )
-        self.emit(pb.WorkerMessage(result=result))
-
-    def in_flight(self) -> int:
-        return self.running
-
-    def queued(self) -> int:
-        return len(self._tasks) - self.running
+        self.results.send(pb.WorkerMessage(result=result))
 
     # ------------------------------------------------------------- control
 
     def cancel(self, correlation_id: str, reason: str) -> bool:
-        entry = self._tasks.get(correlation_id)
-        if entry is None:
+        call = self._calls.get(correlation_id)
+        if call is None:
             return False
-        self._stop(correlation_id, entry[1], WorkerError("cancelled", f"cancelled: {reason}"))
+        self._stop(call, WorkerError("cancelled", f"cancelled: {reason}"))
         return True
 
     def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> int:
@@ -264,14 +380,14 @@ class Dispatcher:
         self.state.kill_plan(plan_id, reason, killed_by)
         self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
         error = WorkerError("plan_killed", f"plan {plan_id!r} was killed: {reason}")
-        victims = [(cid, task) for cid, (plan, task) in self._tasks.items() if plan == plan_id]
-        for cid, task in victims:
-            self._stop(cid, task, error)
+        victims = [call for call in self._calls.values() if call.req.plan_id == plan_id]
+        for call in victims:
+            self._stop(call, error)
         return len(victims)
 
     def plans_running(self) -> set[str]:
         """Plans with a call accepted and not yet answered."""
-        return {plan for plan, _task in self._tasks.values()}
+        return {call.req.plan_id for call in self._calls.values()}
 
     def teardown(self, plan_id: str, correlation_id: str) -> None:
         """Stop the plan's running calls and take its workspace out of use, now (so a
@@ -288,10 +404,10 @@ class Dispatcher:
             if not plan_id:
                 raise WorkerError("validation_error", "a teardown needs a plan_id")
             error = WorkerError("cancelled", f"plan {plan_id!r} was torn down")
-            victims = [task for plan, task in self._tasks.values() if plan == plan_id]
-            for cid, (plan, task) in list(self._tasks.items()):
-                if plan == plan_id:
-                    self._stop(cid, task, error)
+            stopped = [call for call in self._calls.values() if call.req.plan_id == plan_id]
+            for call in stopped:
+                self._stop(call, error)
+            victims = [call.task for call in stopped if call.task is not None]
             removal = self.on_teardown(plan_id)  # takes the workspace out of use at once
         except Exception as exc:  # noqa: BLE001 - every failure becomes the answer
             self._answer_teardown(plan_id, correlation_id, exc)
@@ -319,7 +435,9 @@ class Dispatcher:
         self, plan_id: str, correlation_id: str, answer: dict[str, Any] | Exception
     ) -> None:
         if isinstance(answer, Exception):
-            failure = self._error_of(answer, pb.ActionRequest(correlation_id=correlation_id))
+            failure = as_worker_error(
+                answer, doing=f"tearing down plan {plan_id}", call=correlation_id
+            )
             result = pb.ActionResult(
                 correlation_id=correlation_id,
                 status=pb.ActionResult.ERROR,
@@ -329,41 +447,82 @@ class Dispatcher:
             event = self.telemetry.audit(
                 "teardown", correlation_id=correlation_id, plan_id=plan_id, detail=answer
             )
-            self.emit(pb.WorkerMessage(audit=event))
+            self.results.send(pb.WorkerMessage(audit=event))
             result = pb.ActionResult(
                 correlation_id=correlation_id,
                 status=pb.ActionResult.OK,
                 result_json=json.dumps(answer),
             )
-        self.emit(pb.WorkerMessage(result=result))
+        self.results.send(pb.WorkerMessage(result=result))
 
     def enforce_kills(self) -> int:
         """Stop running calls of plans killed in the ledger meanwhile (by `agentworker
         kill` from another process, say); the intake refuses their new calls already."""
         stopped = 0
-        for cid, (plan, task) in list(self._tasks.items()):
+        for call in list(self._calls.values()):
+            plan = call.req.plan_id
             reason = self.state.kill_reason(plan) if plan else None
-            if reason is not None and cid not in self._stop_reasons:
-                error = WorkerError("plan_killed", f"plan {plan!r} was killed: {reason}")
-                self._stop(cid, task, error)
+            if reason is not None and call.stop is None:
+                self._stop(call, WorkerError("plan_killed", f"plan {plan!r} was killed: {reason}"))
                 stopped += 1
         return stopped
 
-    async def drain(self, grace_s: float) -> None:
-        """Take no new work; let running calls finish within `grace_s`, then cancel them."""
-        self.draining = True
+    def stop_intake(self) -> None:
+        """Take no new calls (they are refused REJECTED_DRAINING); running ones go on."""
+        self._draining = True
+
+    async def drain(self, grace_s: float, stop_s: float = DRAIN_STOP_S) -> None:
+        """Take no new work; let running calls finish within `grace_s`, then cancel
+        them; a call still not stopped `stop_s` later is answered `outcome_unknown`
+        and left behind (see `stragglers`). Returns within grace_s + stop_s."""
+        self._draining = True
+        if await self._idle_within(grace_s):
+            return
+        for call in list(self._calls.values()):
+            self._stop(call, WorkerError("cancelled", "cancelled: the worker shut down"))
+        if await self._idle_within(stop_s):
+            return
+        for call in list(self._calls.values()):
+            log.error(
+                "call %s (%s.%s) did not stop within %g s of being cancelled; "
+                "answering outcome_unknown",
+                call.cid,
+                call.req.surface,
+                call.req.action,
+                stop_s,
+            )
+            call.error = WorkerError(
+                "outcome_unknown",
+                "the worker shut down and this call did not stop when cancelled; it may or "
+                "may not have taken effect. Check its effect before retrying.",
+            )
+            if call.task is not None:
+                self._stragglers.add(call.task)
+            self._answer(call)
+        self.results.flush()
+
+    def stragglers(self) -> list[asyncio.Task[None]]:
+        """Calls answered by a drain that ran out of time whose handlers still run."""
+        return [task for task in self._stragglers if not task.done()]
+
+    async def _idle_within(self, seconds: float) -> bool:
         try:
-            await asyncio.wait_for(self._idle.wait(), grace_s)
+            await asyncio.wait_for(self._idle.wait(), seconds)
         except TimeoutError:
-            for cid, (_plan, task) in list(self._tasks.items()):
-                self._stop(cid, task, WorkerError("cancelled", "the worker shut down"))
-            await self._idle.wait()
+            return False
+        return True
 
     def close(self) -> None:
         """Record what finished, then close the stores."""
-        self.flush_results()
-        self._write_telemetry()
+        self.results.flush()
+        self.results.write_telemetry()
         self.state.close()  # the telemetry tables share its connection
+
+    def ack(self, correlation_ids: list[str]) -> None:
+        self.results.ack(correlation_ids)
+
+    def flush_results(self) -> None:
+        self.results.flush()
 
     def recover(self) -> list[str]:
         """After a crash: calls left RUNNING may or may not have happened. Never re-run them.
@@ -371,23 +530,16 @@ class Dispatcher:
         self._restore_telemetry()
         lost = self.state.running_ids()
         for cid in lost:
-            error = WorkerError(
+            req = pb.ActionRequest(correlation_id=cid)
+            call = self._new_call(req, b"", call_digest(req))
+            call.error = WorkerError(
                 "outcome_unknown",
                 "the worker stopped while this call was running; it may or may not have "
                 "taken effect and will not be run again. Check its effect before retrying.",
             )
-            req = pb.ActionRequest(correlation_id=cid)
-            now = now_ms()
-            invocation = self._invocation(req, None, now, "not_checked", error, 0, 0, False)
-            self._audit("outcome_unknown", req, {})
-            result = pb.ActionResult(
-                correlation_id=cid,
-                status=pb.ActionResult.ERROR,
-                error=error_pb(error),
-                invocation=invocation,
-            )
+            result = self._result_of(call)
             with self.state.batch():
-                self.telemetry.record(invocation)
+                self.telemetry.record(result.invocation)
                 self.state.finish(cid, result.SerializeToString())
         return lost
 
@@ -403,117 +555,74 @@ class Dispatcher:
             log.info("writing %d telemetry row(s) the last run left unwritten", len(missing))
             self.telemetry.record_many(missing)
 
-    def _stop(self, cid: str, task: asyncio.Task[None], error: WorkerError) -> None:
-        self._stop_reasons.setdefault(cid, error)
-        task.cancel()
+    def _stop(self, call: Call, error: WorkerError) -> None:
+        """Cancel a call; it answers `error`. A call with no task yet is waiting for its
+        intake batch to commit, and `_advance` stops it before its first stage."""
+        if call.stop is None:
+            call.stop = error
+        if call.task is not None:
+            call.task.cancel()
 
     # ------------------------------------------------------------- execution
 
-    def _may_run_inline(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest) -> bool:
-        """A plain-function handler runs at once, in this turn, when that changes
-        nothing: its claim is committed (no open intake), a slot is free and the scope
-        is granted without asking anyone."""
-        return (
-            spec.inline
-            and self._intake is None
-            and not self._slots.locked()
-            and self.scopes.allowed(req.agent_id, spec.scope, req.plan_id)
-        )
-
-    def _run_inline(
-        self, spec: ActionSpec[Any, Any], req: pb.ActionRequest, request_blob: bytes
-    ) -> None:
-        """The pipeline of `_run` for a handler that never waits, without a task of its
-        own: a task, a deadline timer and a loop turn would cost more than the call."""
-        started, started_clock = now_ms(), time.monotonic()
-        decision = "not_checked"  # as `_run` reports a call refused before its scope check
-        payload: _Payload | None = None
-        error: WorkerError | None = None
+    def _advance(self, call: Call, stage: int = 0) -> None:
+        """Run the call's stages from `stage` in this turn until one has to wait; its
+        rest, and the stages after it, go to a task of the call's own."""
         try:
-            args = self._parse(spec, req, request_blob)
-            self._check_plan(req)
-            decision = "granted"
-            self._enter_handler()
-            try:
-                outcome = spec.handler(self._context(req, request_blob), args)
-            finally:
-                self.running -= 1
-            payload = _payload(outcome)
+            while stage < len(self.stages) and call.stop is None:
+                later = self.stages[stage][1](call)
+                stage += 1
+                if later is not None:
+                    self._continue_in_task(call, later, stage)
+                    return
         except Exception as exc:  # noqa: BLE001 - every failure becomes the call's answer
-            error = self._error_of(exc, req)
-        self._conclude(req, spec, started, started_clock, decision, payload, error)
+            call.error = self._error_of(exc, call)
+        self._answer(call)
 
-    async def _run(self, req: pb.ActionRequest, request_blob: bytes) -> None:
-        started, started_clock = now_ms(), time.monotonic()
-        timeout_s = req.timeout_ms / 1000 if req.timeout_ms else self.limits.default_timeout_s
-        spec: ActionSpec[Any, Any] | None = None
-        decision = "not_checked"
-        payload: _Payload | None = None
-        error: WorkerError | None = None
+    def _continue_in_task(self, call: Call, later: Later, stage: int) -> None:
+        self.results.started(call.cid)
+        task = asyncio.create_task(self._rest(call, later, stage), name=f"call-{call.cid}")
+        call.task = task
+        # Whatever ends the task — even a cancel before its first step, which runs
+        # neither its body nor its `finally` — answers the call.
+        task.add_done_callback(lambda _task: self._answer(call))
+
+    async def _rest(self, call: Call, later: Later, stage: int) -> None:
+        deadline = asyncio.timeout_at(call.deadline)
         try:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    spec = self._lookup(req)
-                    args = self._parse(spec, req, request_blob)
-                    self._check_plan(req)
-                    decision = await self._check_scope(spec, req)
-                    async with self._slots:
-                        self._enter_handler()
-                        try:
-                            outcome = spec.handler(self._context(req, request_blob), args)
-                            if inspect.isawaitable(outcome):
-                                outcome = await outcome
-                        finally:
-                            self.running -= 1
-                    payload = _payload(outcome)
-            except TimeoutError:
-                raise WorkerError(
+            async with deadline:
+                await later()
+                while stage < len(self.stages) and call.stop is None:
+                    rest = self.stages[stage][1](call)
+                    stage += 1
+                    if rest is not None:
+                        await rest()
+        except asyncio.CancelledError:
+            pass  # answered below with its stop reason; the task ends here
+        except TimeoutError as exc:
+            call.error = (
+                WorkerError(
                     "timeout",
-                    f"the call did not finish within its {timeout_s:g} s deadline and was stopped",
-                ) from None
-            except asyncio.CancelledError:
-                stopped = self._stop_reasons.pop(req.correlation_id, None)
-                if stopped is None:
-                    raise
-                raise _CallStoppedError(stopped) from None
+                    f"the call did not finish within its {call.timeout_s:g} s deadline "
+                    "and was stopped",
+                )
+                if deadline.expired()
+                else self._error_of(exc, call)
+            )
         except Exception as exc:  # noqa: BLE001 - every failure becomes the call's answer
-            error = self._error_of(exc, req)
-        except BaseException:  # cancelled with no reason of ours: the loop is going away
-            self._tasks.pop(req.correlation_id, None)
-            self._settle()
-            raise
-        self._tasks.pop(req.correlation_id, None)
-        self._conclude(req, spec, started, started_clock, decision, payload, error)
+            call.error = self._error_of(exc, call)
+        self._answer(call)
 
-    def _enter_handler(self) -> None:
-        self.running += 1
-        self.max_running_seen = max(self.max_running_seen, self.running)
-
-    def _error_of(self, exc: Exception, req: pb.ActionRequest) -> WorkerError:
+    def _error_of(self, exc: Exception, call: Call) -> WorkerError:
         """What a failure answers (see worker.errors.as_worker_error)."""
-        if isinstance(exc, _CallStoppedError):
-            return exc.error
+        req = call.req
         doing = f"running {req.surface}.{req.action}"
         return as_worker_error(exc, doing=doing, call=req.correlation_id)
 
-    def _conclude(
-        self,
-        req: pb.ActionRequest,
-        spec: ActionSpec[Any, Any] | None,
-        started: int,
-        started_clock: float,
-        decision: str,
-        payload: _Payload | None,
-        error: WorkerError | None,
-    ) -> None:
-        result_json, blob, truncated = payload or ("", b"", False)  # None after a failure
-        duration = int((time.monotonic() - started_clock) * 1000)
-        invocation = self._invocation(
-            req, spec, started, decision, error, len(result_json) + len(blob), duration, truncated
-        )
-        self._finish(req, invocation, result_json, blob, error)
+    # The stages, in their order in `stages`.
 
-    def _lookup(self, req: pb.ActionRequest) -> ActionSpec[Any, Any]:
+    def _parse(self, call: Call) -> None:
+        req = call.req
         spec = self.registry.get(f"{req.surface}.{req.action}")
         if spec is None:
             known = ", ".join(sorted(self.registry))
@@ -522,9 +631,7 @@ class Dispatcher:
                 f"this worker has no action {req.surface}.{req.action}; it offers: {known}",
                 {"surface": req.surface, "action": req.action},
             )
-        return spec
-
-    def _parse(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest, blob: bytes) -> Any:
+        call.spec = spec
         if len(req.args_json) > MAX_ARGS_BYTES:
             raise WorkerError(
                 "validation_error",
@@ -532,14 +639,14 @@ class Dispatcher:
                 "limit; send bulk data in the request blob",
                 {"errors": [{"loc": [], "msg": "args too large", "type": "too_long"}]},
             )
-        if blob and not spec.takes_blob:
+        if call.blob and not spec.takes_blob:
             raise WorkerError(
                 "validation_error",
-                f"{spec.scope} takes no blob, but {len(blob):,} bytes came with the call",
+                f"{spec.scope} takes no blob, but {len(call.blob):,} bytes came with the call",
                 {"errors": [{"loc": ["blob"], "msg": "unexpected blob", "type": "extra"}]},
             )
         try:
-            return spec.args.model_validate_json(req.args_json or "{}")
+            call.args = spec.args.model_validate_json(req.args_json or "{}")
         except ValidationError as exc:
             errors = [
                 {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
@@ -553,20 +660,30 @@ class Dispatcher:
                 f"invalid arguments for {spec.scope}: {summary}",
                 {"errors": errors},
             ) from None
+        except RecursionError:
+            raise WorkerError(
+                "validation_error",
+                f"invalid arguments for {spec.scope}: args_json nests too deeply",
+                {"errors": [{"loc": [], "msg": "nested too deeply", "type": "recursion_loop"}]},
+            ) from None
 
-    def _check_plan(self, req: pb.ActionRequest) -> None:
-        reason = self.state.kill_reason(req.plan_id)
+    def _check_plan(self, call: Call) -> None:
+        plan = call.req.plan_id
+        reason = self.state.kill_reason(plan)
         if reason is not None:
             raise WorkerError(
                 "plan_killed",
-                f"plan {req.plan_id!r} was killed: {reason}. Only the person at this worker can "
-                f"lift it (`agentworker lift {req.plan_id}`).",
-                {"plan_id": req.plan_id},
+                f"plan {plan!r} was killed: {reason}. Only the person at this worker can "
+                f"lift it (`agentworker lift {plan}`).",
+                {"plan_id": plan},
             )
 
-    async def _check_scope(self, spec: ActionSpec[Any, Any], req: pb.ActionRequest) -> str:
+    def _check_scope(self, call: Call) -> Later | None:
+        req, spec = call.req, call.spec
+        assert spec is not None  # parse found it
         if self.scopes.allowed(req.agent_id, spec.scope, req.plan_id):
-            return "granted"
+            call.decision = "granted"
+            return None
         request = ApprovalRequest(
             correlation_id=req.correlation_id,
             agent_id=req.agent_id,
@@ -575,14 +692,52 @@ class Dispatcher:
             preview=args_preview(req.args_json),
             reason="a call outside the agent's grants",
         )
-        return await self.scopes.require(request)
 
-    def _context(self, req: pb.ActionRequest, blob: bytes) -> Context:
+        async def ask() -> None:
+            call.decision = await self.scopes.require(request)
+
+        return ask
+
+    def _take_slot(self, call: Call) -> Later | None:
+        if self._slots.take(call):
+            return None
+
+        async def wait() -> None:
+            await self._slots.wait(call)
+
+        return wait
+
+    def _call_handler(self, call: Call) -> Later | None:
+        spec = call.spec
+        assert spec is not None
+        context = self._context(call)
+        if spec.inline:
+            outcome = spec.handler(context, call.args)
+            if not inspect.isawaitable(outcome):
+                call.outcome = outcome
+                return None
+
+            async def finish() -> None:
+                call.outcome = await outcome
+
+            return finish
+
+        async def run() -> None:
+            outcome = spec.handler(context, call.args)
+            call.outcome = await outcome if inspect.isawaitable(outcome) else outcome
+
+        return run
+
+    def _size_cap(self, call: Call) -> None:
+        call.payload = _payload(call.outcome)
+
+    def _context(self, call: Call) -> Context:
+        req = call.req
         return Context(
             correlation_id=req.correlation_id,
             plan_id=req.plan_id,
             agent_id=req.agent_id,
-            blob=blob,
+            blob=call.blob,
             roots=self.roots,
             data_dir=self.data_dir,
             config=self.config,
@@ -614,18 +769,43 @@ class Dispatcher:
         if await self.scopes.approver.ask(request) is None:
             raise WorkerError("scope_denied", f"the person denied {what}", {"denied": what})
 
-    # ------------------------------------------------------------- results
+    # ------------------------------------------------------------- the answer
 
-    def _finish(
-        self,
-        req: pb.ActionRequest,
-        invocation: pb.Invocation,
-        result_json: str,
-        blob: bytes,
-        error: WorkerError | None,
-    ) -> None:
+    def _answer(self, call: Call) -> None:
+        """The one place a claimed call ends: answered once, its slot given back, its
+        result recorded and sent (with others finishing in the same turn)."""
+        if call.answered:
+            return
+        call.answered = True
+        self._calls.pop(call.cid, None)
+        self._slots.release(call)
+        try:
+            result = self._result_of(call)
+        except Exception:
+            log.exception("could not build the result of call %s", call.cid)
+            error = WorkerError(
+                "internal_error",
+                f"the worker could not build this call's result; its log has the details "
+                f"(call {call.cid})",
+            )
+            result = pb.ActionResult(
+                correlation_id=call.cid, status=pb.ActionResult.ERROR, error=error_pb(error)
+            )
+        if self.watcher is not None:
+            self.watcher.call_finished(call.req, result)
+        self.results.add(result, now=not self._batching and not self._calls)
+        self._settle()
+
+    def _result_of(self, call: Call) -> pb.ActionResult:
+        error = call.error
+        if error is None and call.payload is None:
+            error = call.stop or WorkerError("cancelled", "cancelled before it finished")
+        result_json, blob, truncated = (
+            ("", b"", False) if error else (call.payload or ("", b"", False))
+        )
+        invocation = self._invocation(call, error, len(result_json) + len(blob), truncated)
         result = pb.ActionResult(
-            correlation_id=req.correlation_id,
+            correlation_id=call.cid,
             status=pb.ActionResult.ERROR if error else pb.ActionResult.OK,
             result_json=result_json,
             blob=blob,
@@ -634,94 +814,16 @@ class Dispatcher:
         if error is not None:
             result.error.CopyFrom(error_pb(error))
             if error.code in AUDITED_CODES:
-                self._audit(error.code, req, {"message": error.message})
-        if self.telemetry.recordings.active(req.plan_id):  # `agentworker record start`
-            self.telemetry.recordings.keep_later(req, req.blob, result_json, blob)
-        self._finished.append(result)
-        if self.watcher is not None:
-            self.watcher.call_finished(req, result)
-        if not self._tasks:  # nothing else running that could share the commit
-            self.flush_results()
-        elif len(self._finished) == 1:
-            asyncio.get_running_loop().call_soon(self.flush_results)
-
-    def flush_results(self) -> None:
-        """Record the results finished since the last flush (one commit for all of
-        them, not one per call), then send them: none leaves unrecorded. Their telemetry
-        rows are written just after, off the caller's path (see `ack`)."""
-        finished, self._finished = self._finished, []
-        try:
-            encoded = [(r.correlation_id, r.SerializeToString()) for r in finished]
-            if finished:
-                self.state.finish_many(encoded)
-        except Exception:
-            # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
-            log.exception("could not record %d result(s); they were not sent", len(finished))
-            encoded = []
-        for cid, data in encoded:
-            self._started.pop(cid, None)
-            self.emit(result_message(data))
-        if not self._started and self._started_timer is not None:
-            # Every call it was for has answered: no wake-up for nothing.
-            self._started_timer.cancel()
-            self._started_timer = None
-        if encoded:
-            self.telemetry.record_later([result.invocation for result in finished])
-            self._write_telemetry_soon()
-        self._settle()
-
-    def _write_telemetry_soon(self) -> None:
-        """Write the queued telemetry rows once the results ahead of them are on their
-        way (the writer task runs first), or at once with no loop running."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._write_telemetry()
-            return
-        if not self._telemetry_scheduled:
-            self._telemetry_scheduled = True
-            loop.call_soon(self._write_telemetry)
-
-    def _write_telemetry(self) -> bool:
-        """Write the queued telemetry rows; False if they could not be (they stay
-        queued, their results unacked, and recover() writes them should the worker
-        stop first)."""
-        self._telemetry_scheduled = False
-        try:
-            self.telemetry.flush()
-        except sqlite3.Error:
-            log.exception("could not write telemetry rows; will try again")
-            return False
-        return True
-
-    def ack(self, correlation_ids: list[str]) -> None:
-        """The server stored these results: the ledger may forget them after its TTL.
-        Their telemetry rows are written first, so a result is never both acked and
-        missing its row (recover() restores rows from unacked results only); if they
-        cannot be, the acks wait for the server to ack a re-send."""
-        if self._write_telemetry():
-            self.state.ack(correlation_ids)
-
-    def _settle(self) -> None:
-        """Idle once no call runs and no result waits to be recorded."""
-        if not self._tasks and not self._finished:
-            self._idle.set()
+                self.results.audit(error.code, call.req, {"message": error.message})
+        return result
 
     def _invocation(
-        self,
-        req: pb.ActionRequest,
-        spec: ActionSpec[Any, Any] | None,
-        started: int,
-        decision: str,
-        error: WorkerError | None,
-        bytes_out: int,
-        duration_ms: int,
-        truncated: bool,
+        self, call: Call, error: WorkerError | None, bytes_out: int, truncated: bool
     ) -> pb.Invocation:
+        req, spec = call.req, call.spec
+        decision = call.decision
         if error is not None and error.code in ("scope_required", "scope_denied"):
             decision = "denied"
-        known = self._request_facts.pop(req.correlation_id, None)
-        digest, blob_bytes = known if known is not None else (call_digest(req), len(req.blob))
         return pb.Invocation(
             invocation_id=uuid.uuid4().hex,
             correlation_id=req.correlation_id,
@@ -736,34 +838,18 @@ class Dispatcher:
             decision=decision,
             status="error" if error else "ok",
             error_code=error.code if error else "",
-            started_unix_ms=started,
+            started_unix_ms=call.started_ms,
             finished_unix_ms=now_ms(),
-            duration_ms=duration_ms,
-            bytes_in=len(req.args_json) + blob_bytes,
+            duration_ms=int((time.monotonic() - call.started_clock) * 1000),
+            bytes_in=len(req.args_json) + len(call.blob),
             bytes_out=bytes_out,
             truncated=truncated,
             sandboxed=bool(spec and spec.sandboxed),
-            args_digest=digest,
+            args_digest=call.digest,
             args_preview=args_preview(req.args_json),
         )
 
-    def _ack(self, cid: str, kind: pb.ActionAck.Kind, message: str = "") -> None:
-        ack = pb.ActionAck(correlation_ids=[cid], kind=kind, message=message)
-        self.emit(pb.WorkerMessage(ack=ack))
-
-    def _flush_started(self) -> None:
-        self._started_timer = None
-        if self._started:
-            ack = pb.ActionAck(correlation_ids=list(self._started), kind=pb.ActionAck.STARTED)
-            self.emit(pb.WorkerMessage(ack=ack))
-        self._started = {}
-
-    def _audit(self, kind: str, req: pb.ActionRequest, detail: dict[str, Any]) -> None:
-        event = self.telemetry.audit(
-            kind,
-            correlation_id=req.correlation_id,
-            plan_id=req.plan_id,
-            agent_id=req.agent_id,
-            detail={"action": f"{req.surface}.{req.action}", **detail},
-        )
-        self.emit(pb.WorkerMessage(audit=event))
+    def _settle(self) -> None:
+        """Idle once no call is unanswered and no result waits to be recorded."""
+        if not self._calls and not self.results.pending:
+            self._idle.set()

@@ -22,9 +22,11 @@ def args_preview(args_json: str) -> str:
         return args_json  # nothing to shorten or hide
     try:
         value = json.loads(args_json[:_PARSED_AT_MOST]) if args_json else {}
+        return json.dumps(_redact(value), ensure_ascii=False)[:PREVIEW_CHARS]
     except ValueError:
         return "<invalid json>"
-    return json.dumps(_redact(value), ensure_ascii=False)[:PREVIEW_CHARS]
+    except RecursionError:  # 2 KB of `[` nest deeper than Python's stack goes
+        return "<json nested too deeply>"
 
 
 def args_for_replay(args_json: str) -> tuple[str | None, bool]:

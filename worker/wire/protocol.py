@@ -50,3 +50,9 @@ def error_pb(error: WorkerError) -> pb.Error:
         details_json=json.dumps(error.details, default=str),
         retryable=error.retryable,
     )
+
+
+# The longest deadline a call may have, at both ends (the most `[worker]` and `[hub]`
+# default_timeout_s allow). A longer one — or a wrapped-around `timeout_ms` such as
+# 2**32 - 1, which would be 49.7 days — is cut to this, with a line in the log.
+MAX_TIMEOUT_MS: Final = 86_400_000

@@ -1,0 +1,186 @@
+"""Where a call's answer goes: recorded in the ledger, then sent, then its telemetry row.
+
+The pipeline's last part (DESIGN.md §2). `Results` takes finished results, records
+many in one commit, sends them through the `Outbox`, and writes their telemetry rows
+just after they leave (always before the server's ack lets the ledger forget them).
+It also sends the small messages that are not results: STARTED acks (batched for
+`ACK_DELAY_S`), duplicate acks and audit events.
+
+The `Outbox` is the one way out: the connection attaches its session's writer while a
+stream is up and detaches it when the stream ends; offline, messages go nowhere (a
+result is durable and re-sent after the next handshake).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from worker.core.ledger import State
+from worker.core.telemetry import Telemetry
+from worker.wire.framing import result_message
+from worker.wire.proto import agentworker_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# How long a STARTED ack waits to share a message with others (or to be made moot).
+ACK_DELAY_S = 0.005
+
+# A message to the server: a WorkerMessage, or one already serialized (a result's
+# bytes are made once, for the ledger and the wire alike).
+Outgoing = pb.WorkerMessage | bytes
+Emit = Callable[[Outgoing], None]
+
+
+class Outbox:
+    """The worker's messages to the server: to the attached session, or nowhere."""
+
+    def __init__(self, sink: Emit | None = None) -> None:
+        self._sink = sink
+
+    def attach(self, sink: Emit) -> None:
+        self._sink = sink
+
+    def detach(self) -> None:
+        self._sink = None
+
+    @property
+    def attached(self) -> bool:
+        return self._sink is not None
+
+    def __call__(self, msg: Outgoing) -> None:
+        if self._sink is not None:
+            self._sink(msg)
+
+
+class Results:
+    def __init__(self, state: State, telemetry: Telemetry, outbox: Outbox) -> None:
+        self.state = state
+        self.telemetry = telemetry
+        self.outbox = outbox
+        self._finished: list[pb.ActionResult] = []  # waiting for flush()
+        self._flush_scheduled = False
+        self._telemetry_scheduled = False
+        # STARTED acks wait a moment and leave together; a call whose result is out
+        # by then needs none (the result says more than "started").
+        self._started: dict[str, None] = {}
+        self._started_timer: asyncio.TimerHandle | None = None
+        self.on_flushed: Callable[[], None] = lambda: None
+
+    @property
+    def pending(self) -> int:
+        """Results finished but not yet recorded."""
+        return len(self._finished)
+
+    # ------------------------------------------------------------- results
+
+    def add(self, result: pb.ActionResult, *, now: bool) -> None:
+        """Queue a finished result: recorded and sent at once when `now`, else in the
+        next loop turn together with any others that finish meanwhile."""
+        self._finished.append(result)
+        if now:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Record the results finished since the last flush (one commit for all of
+        them), then send them: none leaves unrecorded. Their telemetry rows are written
+        just after, off the caller's path (see `ack`)."""
+        self._flush_scheduled = False
+        finished, self._finished = self._finished, []
+        try:
+            encoded = [(r.correlation_id, r.SerializeToString()) for r in finished]
+            if finished:
+                self.state.finish_many(encoded)
+        except Exception:
+            # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
+            log.exception("could not record %d result(s); they were not sent", len(finished))
+            encoded = []
+        for cid, data in encoded:
+            self._started.pop(cid, None)
+            self.outbox(result_message(data))
+        if not self._started and self._started_timer is not None:
+            # Every call it was for has answered: no wake-up for nothing.
+            self._started_timer.cancel()
+            self._started_timer = None
+        if encoded:
+            self.telemetry.record_later([result.invocation for result in finished])
+            self._write_telemetry_soon()
+        self.on_flushed()
+
+    def _write_telemetry_soon(self) -> None:
+        """Write the queued telemetry rows once the results ahead of them are on their
+        way (the writer task runs first), or at once with no loop running."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.write_telemetry()
+            return
+        if not self._telemetry_scheduled:
+            self._telemetry_scheduled = True
+            loop.call_soon(self.write_telemetry)
+
+    def write_telemetry(self) -> bool:
+        """Write the queued telemetry rows; False if they could not be (they stay
+        queued, their results unacked, and recover() writes them should the worker
+        stop first)."""
+        self._telemetry_scheduled = False
+        try:
+            self.telemetry.flush()
+        except sqlite3.Error:
+            log.exception("could not write telemetry rows; will try again")
+            return False
+        return True
+
+    def ack(self, correlation_ids: list[str]) -> None:
+        """The server stored these results: the ledger may forget them after its TTL.
+        Their telemetry rows are written first, so a result is never both acked and
+        missing its row (recover() restores rows from unacked results only); if they
+        cannot be, the acks wait for the server to ack a re-send."""
+        if self.write_telemetry():
+            self.state.ack(correlation_ids)
+
+    def resend_unacked(self) -> None:
+        """After a handshake: every result the server has not acked goes out again."""
+        for _cid, result in self.state.unacked_results():
+            self.outbox(result_message(result))
+
+    # ------------------------------------------------------------- other messages
+
+    def started(self, cid: str) -> None:
+        """Say the call started, in a moment, with others (or not at all if its result
+        leaves first)."""
+        if self._started_timer is None:
+            loop = asyncio.get_running_loop()
+            self._started_timer = loop.call_later(ACK_DELAY_S, self._flush_started)
+        self._started[cid] = None
+
+    def _flush_started(self) -> None:
+        self._started_timer = None
+        if self._started:
+            ack = pb.ActionAck(correlation_ids=list(self._started), kind=pb.ActionAck.STARTED)
+            self.outbox(pb.WorkerMessage(ack=ack))
+        self._started = {}
+
+    def ack_request(self, cid: str, kind: pb.ActionAck.Kind, message: str = "") -> None:
+        ack = pb.ActionAck(correlation_ids=[cid], kind=kind, message=message)
+        self.outbox(pb.WorkerMessage(ack=ack))
+
+    def send(self, msg: Outgoing) -> None:
+        """A message outside the ledger (a refusal of what was never claimed, a replay)."""
+        self.outbox(msg)
+
+    def audit(self, kind: str, req: pb.ActionRequest, detail: dict[str, Any]) -> None:
+        event = self.telemetry.audit(
+            kind,
+            correlation_id=req.correlation_id,
+            plan_id=req.plan_id,
+            agent_id=req.agent_id,
+            detail={"action": f"{req.surface}.{req.action}", **detail},
+        )
+        self.outbox(pb.WorkerMessage(audit=event))
