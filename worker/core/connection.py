@@ -21,13 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
-from worker.core.pipeline import Dispatcher
+from worker.core.pipeline import MAX_ID_CHARS, Dispatcher
 from worker.core.results import Outgoing
+from worker.errors import WorkerError
 from worker.wire.framing import Batcher, envelope_bytes
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD, VERSION
+from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD, VERSION, error_pb
 from worker.wire.transport import Keepalive, bearer, open_channel
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,16 @@ FATAL_CODES = frozenset(
     }
 )
 HANDSHAKE_TIMEOUT_S = 15.0
+# A session that completed its handshake and stayed up this long was healthy: the
+# next redial starts the backoff over (a hub restart after a long outage is then
+# redialled in well under a second, not at the outage's 30 s ceiling).
+STABLE_S = 2.0
 MIN_SILENCE_S = 1.0
 FLUSH_TIMEOUT_S = 5.0
+
+
+# Undecodable server messages logged one by one; past this, every 1000th.
+BAD_INPUT_LOG_LINES = 20
 
 
 class FatalConnectionError(Exception):
@@ -106,6 +116,8 @@ class WorkerConnection:
         self._outbox: asyncio.Queue[bytes | None] | None = None  # serialized WorkerMessages
         self._stopping = False
         self._session_task: asyncio.Task[None] | None = None
+        self._healthy_at: float | None = None  # when the current session counts as healthy
+        self._bad_inputs = 0  # server messages that could not be decoded
         self.on_state: Callable[[LinkState], None] = lambda _state: None
         # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
         self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
@@ -116,8 +128,10 @@ class WorkerConnection:
     async def run(self) -> None:
         """Hold a session until `shutdown`; raises FatalConnectionError on a hard refusal."""
         attempt = 0
+        loop = asyncio.get_running_loop()
         while not self._stopping:
             self.on_state(LinkState("connecting", self.target.address))
+            self._healthy_at = None
             self._session_task = asyncio.create_task(self._session())
             why = "the server ended the session"
             try:
@@ -139,6 +153,8 @@ class WorkerConnection:
                 self._detach()
             if self._stopping:
                 return
+            if self._healthy_at is not None and loop.time() >= self._healthy_at:
+                attempt = 0  # it was a healthy session: start the backoff over
             delay = self.backoff.delay(attempt)
             attempt += 1
             self.on_state(LinkState("backoff", why, now_ms() + int(delay * 1000)))
@@ -178,9 +194,9 @@ class WorkerConnection:
         tasks: list[asyncio.Task[None]] = []
         try:
             # Requests go out as bytes this side frames itself (see envelopes.py).
-            stream = channel.stream_stream(
-                STREAM_METHOD, response_deserializer=pb.ServerEnvelope.FromString
-            )
+            # Envelopes come as bytes and are decoded here: a message that does not
+            # decode is answered or dropped, never the end of the worker (see _decode).
+            stream = channel.stream_stream(STREAM_METHOD)
             call = stream(metadata=bearer(self.target.token))
             tasks.append(asyncio.create_task(_write_outbox(call, outbox)))
             try:
@@ -189,6 +205,7 @@ class WorkerConnection:
                 _raise_if_fatal(exc)
                 raise
             welcome = self._check_welcome(first)
+            self._healthy_at = asyncio.get_running_loop().time() + STABLE_S
             self.sessions_started += 1
             self._outbox = outbox
             self.dispatcher.outbox.attach(self._send)
@@ -199,7 +216,7 @@ class WorkerConnection:
             self.on_state(LinkState("ready", f"session {welcome.session_id}"))
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
             tasks.append(asyncio.create_task(self._heartbeats()))
-            if self._handle_all(first.messages[1:]):
+            if self._handle_all(self._decode(first)[1:]):
                 return
             interval_s = welcome.heartbeat_interval_ms / 1000
             await self._read(call, max(3 * interval_s, MIN_SILENCE_S) if interval_s else None)
@@ -225,12 +242,13 @@ class WorkerConnection:
             unacked_ids=[cid for cid, _ in state.unacked_results()],
         )
 
-    def _check_welcome(self, envelope: pb.ServerEnvelope | object) -> pb.Welcome:
-        if envelope is grpc.aio.EOF or not isinstance(envelope, pb.ServerEnvelope):
+    def _check_welcome(self, envelope: object) -> pb.Welcome:
+        if envelope is grpc.aio.EOF or not isinstance(envelope, bytes):
             raise _StreamEndedError("the server closed the stream during the handshake")
-        if not envelope.messages or envelope.messages[0].WhichOneof("kind") != "welcome":
+        messages = self._decode(envelope)
+        if not messages or messages[0].WhichOneof("kind") != "welcome":
             raise FatalConnectionError("the server did not answer Hello with Welcome")
-        welcome = envelope.messages[0].welcome
+        welcome = messages[0].welcome
         if not PROTOCOL_MIN <= welcome.protocol <= PROTOCOL_MAX:
             raise FatalConnectionError(
                 f"protocol mismatch: the server chose {welcome.protocol}, this worker speaks "
@@ -256,14 +274,57 @@ class WorkerConnection:
                         silence.reschedule(loop.time() + silence_limit_s)
                     if envelope is grpc.aio.EOF:
                         raise _StreamEndedError("the server ended the stream")
-                    assert isinstance(envelope, pb.ServerEnvelope)
-                    if self._handle_all(envelope.messages):
+                    if not isinstance(envelope, bytes):
+                        raise _StreamEndedError(f"the stream gave a {type(envelope).__name__}")
+                    if self._handle_all(self._decode(envelope)):
                         return
         except TimeoutError:
             raise _StreamEndedError(f"no word from the server for {silence_limit_s:g} s") from None
         except grpc.aio.AioRpcError as exc:
             _raise_if_fatal(exc)
             raise
+
+    def _decode(self, envelope: bytes) -> list[pb.ServerMessage]:
+        """The envelope's messages. One that does not decode (invalid UTF-8 in a string
+        field, a truncated or corrupt message) is dropped with a line in the log — and,
+        when it is a request whose correlation id can still be read, answered — and
+        the messages around it are kept. gRPC delimits each envelope, so a bad one
+        leaves the stream itself intact."""
+        try:
+            return list(pb.ServerEnvelope.FromString(envelope).messages)
+        except DecodeError:
+            pass
+        parts, intact = split_messages(envelope)
+        messages = []
+        for part in parts:
+            try:
+                messages.append(pb.ServerMessage.FromString(part))
+            except DecodeError:
+                self._undecodable(request_id_of(part), len(part))
+        if not intact:
+            self._undecodable(None, len(envelope))
+        return messages
+
+    def _undecodable(self, correlation_id: str | None, size: int) -> None:
+        self._bad_inputs += 1
+        if self._bad_inputs <= BAD_INPUT_LOG_LINES or self._bad_inputs % 1000 == 0:
+            log.warning(
+                "the server sent a message that does not decode (%d bytes%s; %d so far): %s",
+                size,
+                f", call {correlation_id}" if correlation_id else "",
+                self._bad_inputs,
+                "answered" if correlation_id else "dropped",
+            )
+        if correlation_id:
+            error = WorkerError(
+                "validation_error",
+                "the request could not be decoded (invalid UTF-8 in a string field, or a "
+                "truncated message); nothing was run",
+            )
+            result = pb.ActionResult(
+                correlation_id=correlation_id, status=pb.ActionResult.ERROR, error=error_pb(error)
+            )
+            self._send(pb.WorkerMessage(result=result))
 
     def _handle_all(self, messages: Sequence[pb.ServerMessage]) -> bool:
         """Handle every message (all of an envelope counts); True if one ends the session."""
@@ -374,6 +435,87 @@ async def _write_outbox(
         await call.done_writing()
     except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
         pass  # the stream is gone; the reader sees why and the session ends
+
+
+# ------------------------------------------------------------- salvaging bad input
+
+_LENGTH_DELIMITED = 2
+_MESSAGES_FIELD = pb.ServerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
+_REQUEST_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["request"].number
+_CORRELATION_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["correlation_id"].number
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `pos` and the position after it; ValueError if cut short."""
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("truncated varint")
+
+
+def _fields(data: bytes) -> tuple[list[tuple[int, int, bytes | int]], bool]:
+    """The top-level fields of a serialized message as (number, wire type, value), and
+    whether the whole of `data` was read (False: it breaks off after those)."""
+    fields: list[tuple[int, int, bytes | int]] = []
+    pos = 0
+    try:
+        while pos < len(data):
+            key, pos = _varint(data, pos)
+            number, wire_type = key >> 3, key & 7
+            value: bytes | int
+            if wire_type == 0:
+                value, pos = _varint(data, pos)
+            elif wire_type == 1 or wire_type == 5:
+                width = 8 if wire_type == 1 else 4
+                if pos + width > len(data):
+                    return fields, False
+                value, pos = int.from_bytes(data[pos : pos + width], "little"), pos + width
+            elif wire_type == _LENGTH_DELIMITED:
+                length, pos = _varint(data, pos)
+                if pos + length > len(data):
+                    return fields, False
+                value, pos = data[pos : pos + length], pos + length
+            else:
+                return fields, False
+            fields.append((number, wire_type, value))
+    except ValueError:
+        return fields, False
+    return fields, True
+
+
+def split_messages(envelope: bytes) -> tuple[list[bytes], bool]:
+    """A ServerEnvelope's messages, each still serialized, and whether its framing was
+    whole (what follows a break cannot be told apart from noise, and is dropped)."""
+    fields, intact = _fields(envelope)
+    parts = []
+    for number, wire_type, value in fields:
+        if number == _MESSAGES_FIELD and wire_type == _LENGTH_DELIMITED:
+            assert isinstance(value, bytes)
+            parts.append(value)
+    return parts, intact
+
+
+def request_id_of(message: bytes) -> str | None:
+    """The correlation id of a serialized ServerMessage that is a request, when it can
+    be read as a sane id even though the message as a whole does not decode."""
+    for number, wire_type, value in _fields(message)[0]:
+        if number != _REQUEST_FIELD or wire_type != _LENGTH_DELIMITED:
+            continue
+        assert isinstance(value, bytes)
+        for inner, inner_type, raw in _fields(value)[0]:
+            if inner == _CORRELATION_FIELD and inner_type == _LENGTH_DELIMITED:
+                assert isinstance(raw, bytes)
+                try:
+                    cid = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+                return cid if 0 < len(cid) <= MAX_ID_CHARS and cid.isprintable() else None
+    return None
 
 
 def _raise_if_fatal(exc: grpc.aio.AioRpcError) -> None:

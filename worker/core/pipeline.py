@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 # Structured args stay small; bulk data travels in the request blob.
 MAX_ARGS_BYTES = 1024 * 1024
+# A correlation id past this is refused unclaimed (a hub's ids are 32 hex digits).
+MAX_ID_CHARS = 256
 # After a drain's grace, how long cancelled calls get to stop before they are answered
 # anyway (`outcome_unknown`) and the drain returns: a handler that ignores its
 # cancellation cannot hold the worker up longer than grace + this.
@@ -285,12 +287,20 @@ class Dispatcher:
     def submit(self, req: pb.ActionRequest) -> None:
         """Claim `req` in the ledger and run it, or answer a duplicate."""
         cid = req.correlation_id
-        if not cid:
-            log.warning("refusing a request without a correlation id (action %s)", req.action)
-            error = WorkerError(
-                "validation_error", "a request needs a correlation_id; nothing was run"
+        if not cid or len(cid) > MAX_ID_CHARS:
+            log.warning(
+                "refusing a request with a correlation id of %d characters (action %s)",
+                len(cid),
+                req.action,
             )
-            result = pb.ActionResult(status=pb.ActionResult.ERROR, error=error_pb(error))
+            error = WorkerError(
+                "validation_error",
+                f"a request needs a correlation_id of 1 to {MAX_ID_CHARS} characters; "
+                "nothing was run",
+            )
+            result = pb.ActionResult(
+                correlation_id=cid, status=pb.ActionResult.ERROR, error=error_pb(error)
+            )
             self.results.send(pb.WorkerMessage(result=result))
             return
         if self._draining:
