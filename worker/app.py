@@ -36,11 +36,10 @@ from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry, retention_days
 from worker.errors import InsecureError, InUseError, StartupError
-from worker.hub.server import ControlServicer, Hub, add_worker_service
+from worker.hub.server import Hub, add_control_service, add_worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.transport import (
     Keepalive,
     is_loopback,
@@ -289,7 +288,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         interceptors=[BearerAuth(token)], options=server_options(keepalive_of(config))
     )
     add_worker_service(server, hub)
-    pb_grpc.add_ControlServiceServicer_to_server(ControlServicer(hub), server)
+    add_control_service(server, hub)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:

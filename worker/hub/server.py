@@ -14,19 +14,21 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore
-from worker.wire.framing import Batcher, envelope_bytes, request_message
+from worker.wire.framing import Batcher, envelope_bytes, framed_size, request_message
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
+    MAX_TIMEOUT_MS,
     PROTOCOL_MAX,
     PROTOCOL_MIN,
     VERSION,
@@ -35,6 +37,7 @@ from worker.wire.protocol import (
     call_digest,
     error_pb,
 )
+from worker.wire.transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,20 @@ def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
         correlation_id=correlation_id,
         status=pb.ActionResult.ERROR,
         error=error_pb(error),
+    )
+
+
+def too_large(message_bytes: int) -> WorkerError | None:
+    """Why a ServerMessage of `message_bytes` cannot go down the stream (its envelope
+    would pass the message limit, the send would fail and drop the stream), or None."""
+    envelope = framed_size(message_bytes)
+    if envelope <= MAX_MESSAGE_BYTES:
+        return None
+    return WorkerError(
+        "too_large",
+        f"the request would travel in a {envelope:,}-byte message, over the "
+        f"{MAX_MESSAGE_BYTES:,}-byte limit; send less (a blob of at most 16 MiB)",
+        {"bytes": envelope, "limit": MAX_MESSAGE_BYTES},
     )
 
 
@@ -192,7 +209,22 @@ class Hub:
             request.CopyFrom(call.request)
             request.attempt += 1
             request.timeout_ms = call.deadline_ms - now
-            session.send(pb.ServerMessage(request=request))
+            message = pb.ServerMessage(request=request)
+            if self._refused_too_large(call.correlation_id, message.ByteSize()):
+                continue
+            session.send(message)
+
+    def _refused_too_large(self, correlation_id: str, message_bytes: int) -> bool:
+        """Answer `too_large` for a stored call that could never be sent (stored by a
+        hub that did not check), rather than drop the stream with it on every dial."""
+        error = too_large(message_bytes)
+        if error is None:
+            return False
+        log.warning("call %s cannot be sent: %s", correlation_id, error.message)
+        result = error_result(correlation_id, error)
+        self.store.complete(result)
+        self._answer(correlation_id, result)
+        return True
 
     async def _read(self, session: Session, requests: AsyncIterator[pb.WorkerEnvelope]) -> None:
         try:
@@ -458,7 +490,12 @@ class Hub:
             self._open_calls[worker_id] -= 1
 
     async def _dispatch_to(self, worker_id: str, req: pb.DispatchRequest) -> pb.DispatchResponse:
-        timeout_s = req.timeout_ms / 1000 if req.timeout_ms else self.default_timeout_s
+        if req.timeout_ms > MAX_TIMEOUT_MS:
+            log.warning(
+                "a call asks for a %d ms deadline; cut to %d", req.timeout_ms, MAX_TIMEOUT_MS
+            )
+        timeout_ms = min(req.timeout_ms, MAX_TIMEOUT_MS)
+        timeout_s = timeout_ms / 1000 if timeout_ms else self.default_timeout_s
         request = pb.ActionRequest(
             correlation_id=req.correlation_id or uuid.uuid4().hex,
             plan_id=req.plan_id,
@@ -473,12 +510,16 @@ class Hub:
         )
         cid = request.correlation_id
         blob = req.blob  # one copy out of the message; stored beside the request
+        message = request_message(request, blob)
+        refusal = too_large(len(message))
+        if refusal is not None:  # neither stored nor sent: it could never be delivered
+            return pb.DispatchResponse(worker_id=worker_id, result=error_result(cid, refusal))
         digest = call_digest(request, blob)
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(
             worker_id, digest, request, blob, deadline_ms, fresh=not req.correlation_id
         )
-        outgoing: pb.ServerMessage | bytes = request_message(request, blob)
+        outgoing: pb.ServerMessage | bytes = message
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
             if existing.args_digest != digest:
@@ -503,6 +544,10 @@ class Hub:
             request.attempt += 1
             request.timeout_ms = remaining_ms
             outgoing = pb.ServerMessage(request=request)
+            if self._refused_too_large(cid, outgoing.ByteSize()):
+                refused = self.store.get(cid)
+                assert refused is not None and refused.result is not None
+                return pb.DispatchResponse(worker_id=worker_id, result=refused.result)
         # Each caller waits on a future of its own (several may wait for one id), so a
         # caller that gives up cancels only its own, with no shield between the result
         # and the caller (a shield costs a loop turn).
@@ -628,6 +673,57 @@ def _log_teardown(done: asyncio.Future[pb.ActionResult]) -> None:
         log.info("a teardown queued for a worker that was away is done: %s", result.result_json)
     else:
         log.warning("a teardown queued for a worker that was away failed: %s", result.error.message)
+
+
+class _Undecodable:
+    """What a control request that does not decode is handed on as."""
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], object]:
+    def parse(data: bytes) -> object:
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return _Undecodable(message_type.DESCRIPTOR.name)
+
+    return parse
+
+
+def _refusing_undecodable(
+    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the {request.type_name} does not decode: a string field is not valid "
+                "UTF-8, or the message is truncated",
+            )
+        return await behaviour(request, context)
+
+    return handle
+
+
+def add_control_service(server: grpc.aio.Server, hub: Hub) -> None:
+    """ControlService, whose requests are decoded so that one which does not decode
+    (invalid UTF-8 in a string field, say) answers INVALID_ARGUMENT with the reason,
+    not UNKNOWN with a traceback in the hub's log."""
+    servicer = ControlServicer(hub)
+    service = pb.DESCRIPTOR.services_by_name["ControlService"]
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            _refusing_undecodable(getattr(servicer, method.name)),
+            request_deserializer=_lenient(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
 
 
 def add_worker_service(server: grpc.aio.Server, hub: Hub) -> None:

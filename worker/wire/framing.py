@@ -89,6 +89,16 @@ def framed(field_number: int, payload: bytes) -> bytes:
     return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
 
 
+def framed_size(payload_bytes: int, field_number: int = _MESSAGES_FIELD) -> int:
+    """The size of a `payload_bytes`-byte message once framed as a field (an
+    envelope of that one message, by default)."""
+    return (
+        len(_varint(field_number << 3 | _LENGTH_DELIMITED))
+        + len(_varint(payload_bytes))
+        + payload_bytes
+    )
+
+
 def result_message(result_bytes: bytes) -> bytes:
     """A serialized WorkerMessage carrying the serialized ActionResult `result_bytes`."""
     return framed(RESULT_FIELD, result_bytes)
