@@ -369,6 +369,7 @@ async def run_worker(
         dispatcher = build_dispatcher(paths, config, bench=bench)
         target = target or worker_target(paths, config)
         await _serve_worker(dispatcher, target, config, paths, "run", frontend, bench)
+    _leave_if_stuck(dispatcher)
 
 
 async def run_up(
@@ -385,6 +386,7 @@ async def run_up(
             await _serve_worker(dispatcher, target, config, paths, "up", frontend, bench)
         finally:
             await running.stop()
+    _leave_if_stuck(dispatcher)
 
 
 async def _sweep_workspaces(dispatcher: Dispatcher, bench: workbench.Workbench) -> None:
@@ -482,6 +484,18 @@ async def _serve_console(console: Console, paths: Paths) -> ConsoleServer | None
         return None
     log.info("UI socket at %s (`agentworker ui` attaches here)", server.path)
     return server
+
+
+def _leave_if_stuck(dispatcher: Dispatcher) -> None:
+    """After a drain that ran out of time: exit now, without waiting for handlers that
+    ignored their cancellation. Their calls are answered (outcome_unknown) and recorded;
+    waiting for them (asyncio.run would, for ever) would let one handler hold the
+    worker up past its drain bound."""
+    stuck = dispatcher.stragglers()
+    if stuck:
+        log.error("%d handler(s) ignored cancellation; leaving without them", len(stuck))
+        logging.shutdown()
+        os._exit(0)
 
 
 def prepare(paths: Paths) -> bool:

@@ -16,6 +16,7 @@ import grpc
 from worker.wire.auth import BearerAuth
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.protocol import WORKER_SERVICE
 
 TOKEN = "scripted-token"
 
@@ -29,13 +30,23 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         self.ack_results = ack_results
         self.inbox: asyncio.Queue[pb.WorkerMessage] = asyncio.Queue()
         self.hellos: list[pb.Hello] = []
-        self._outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
+        # What goes down the stream, one envelope each: a message, or raw envelope bytes.
+        self._outbox: asyncio.Queue[pb.ServerMessage | bytes | None] = asyncio.Queue()
         self._server: grpc.aio.Server | None = None
         self.address = ""
 
     async def start(self) -> str:
         self._server = grpc.aio.server(interceptors=[BearerAuth(TOKEN)])
-        pb_grpc.add_WorkerServiceServicer_to_server(self, self._server)
+        # Registered by hand, not with the generated helper, so that raw bytes (an
+        # envelope no honest hub would send) go out as they are.
+        handler = grpc.stream_stream_rpc_method_handler(
+            self.Stream,
+            request_deserializer=pb.WorkerEnvelope.FromString,
+            response_serializer=_as_bytes,
+        )
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler}),)
+        )
         port = self._server.add_insecure_port("127.0.0.1:0")
         await self._server.start()
         self.address = f"127.0.0.1:{port}"
@@ -54,6 +65,10 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         fields.setdefault("agent_id", "tester")
         self.send(request=pb.ActionRequest(correlation_id=cid, args_json=args, attempt=1, **fields))
 
+    def send_raw(self, envelope: bytes) -> None:
+        """Bytes as the worker will read them for one ServerEnvelope, well-formed or not."""
+        self._outbox.put_nowait(envelope)
+
     def hang_up(self) -> None:
         self._outbox.put_nowait(None)
 
@@ -67,7 +82,7 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
 
     async def Stream(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ServerEnvelope]:
+    ) -> AsyncIterator[pb.ServerEnvelope | bytes]:
         first = await anext(request_iterator)
         self.hellos.append(first.messages[0].hello)
         welcome = pb.Welcome(
@@ -77,7 +92,8 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         reader = asyncio.create_task(self._read(request_iterator))
         try:
             while (msg := await self._outbox.get()) is not None:
-                yield pb.ServerEnvelope(messages=[msg])  # one at a time: the script's order
+                # One at a time: the script's order.
+                yield msg if isinstance(msg, bytes) else pb.ServerEnvelope(messages=[msg])
         finally:
             reader.cancel()
 
@@ -87,3 +103,7 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
                 self.inbox.put_nowait(msg)
                 if msg.WhichOneof("kind") == "result" and self.ack_results:
                     self.send(ack=pb.Ack(correlation_ids=[msg.result.correlation_id]))
+
+
+def _as_bytes(envelope: pb.ServerEnvelope | bytes) -> bytes:
+    return envelope if isinstance(envelope, bytes) else envelope.SerializeToString()

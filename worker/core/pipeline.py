@@ -245,6 +245,10 @@ class Dispatcher:
     def queued(self) -> int:
         return len(self._calls) - self._slots.used
 
+    def unanswered(self) -> list[Call]:
+        """The calls claimed and not yet answered."""
+        return list(self._calls.values())
+
     # ------------------------------------------------------------- intake
 
     @contextlib.contextmanager

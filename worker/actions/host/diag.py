@@ -9,6 +9,7 @@ oversized result on purpose).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Annotated, Final
 
@@ -23,6 +24,9 @@ class ProbeArgs(Args):
     sleep_ms: int = Field(default=0, ge=0, le=600_000)
     mark: MarkName | None = None
     blob_repeat: int = Field(default=0, ge=0, le=64)
+    # Sleep this long ignoring cancellation, as a misbehaving handler would (tests
+    # that a drain still ends within its bound).
+    stubborn_ms: int = Field(default=0, ge=0, le=600_000)
 
 
 class ProbeResult(Result):
@@ -37,6 +41,8 @@ async def probe(ctx: Context, args: ProbeArgs) -> Outcome[ProbeResult]:
         marks = await asyncio.to_thread(_make_mark, ctx, args.mark)
     if args.sleep_ms:
         await asyncio.sleep(args.sleep_ms / 1000)
+    if args.stubborn_ms:
+        await _sleep_through_cancels(args.stubborn_ms / 1000)
     return Outcome(ProbeResult(marks=marks, in_flight=in_flight), blob=ctx.blob * args.blob_repeat)
 
 
@@ -50,6 +56,14 @@ def _make_mark(ctx: Context, mark: str) -> int:
         return os.fstat(fd).st_size
     finally:
         os.close(fd)
+
+
+async def _sleep_through_cancels(seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while (left := until - loop.time()) > 0:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(left)
 
 
 SPEC: Final = ActionSpec(
