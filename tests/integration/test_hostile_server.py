@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sqlite3
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +217,10 @@ def test_d4_a_request_whose_envelope_would_not_fit_answers_too_large(live: Clust
     hub = next(p for p in live.procs if p.name == "hub")
     assert "disconnected" not in hub.log(), "the stream never dropped"
     with contextlib.closing(sqlite3.connect(live.home / "hub.db")) as db:
-        assert db.execute("SELECT COUNT(*) FROM calls WHERE state = 'PENDING'").fetchone() == (0,)
+        stored = db.execute(
+            "SELECT 1 FROM calls WHERE correlation_id = ?", (out["correlation_id"],)
+        )
+        assert stored.fetchall() == [], "refused before it was stored"
 
 
 def test_a_dispatch_that_does_not_decode_answers_invalid_argument(live: Cluster) -> None:
@@ -264,3 +269,44 @@ def test_sigterm_with_a_stuck_handler_exits_within_the_drain_bound(live: Cluster
     assert outcome["out"]["error"]["code"] == "outcome_unknown"
     assert "ignored cancellation" in worker.log()
     assert running_rows(live.home) == []
+
+
+def last_logged(log: str, text: str) -> datetime:
+    """When the last line of `log` holding `text` was written."""
+    line = [line for line in log.splitlines() if text in line][-1]
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+
+# An outage long enough for the backoff to climb past 4 s; AW_OUTAGE_S=20 measures
+# the issue's case (it takes a minute).
+OUTAGE_S = float(os.environ.get("AW_OUTAGE_S", "6"))
+
+
+def test_d5_after_a_healthy_session_a_hub_restart_is_redialled_at_once(tmp_path: Path) -> None:
+    with cluster(tmp_path / "home", worker=False, backoff_base_s=0.5, backoff_cap_s=30.0) as live:
+        worker = live.spawn("worker", "-v", "run")
+
+        def connected() -> bool:
+            return live._hub_answers() and live.status().connected_workers >= 1
+
+        def healthy_sessions() -> int:
+            return worker.log().count("is healthy (the backoff starts over)")
+
+        wait_for(connected, 15, worker)
+        live.procs[0].kill()  # the hub dies; the worker's backoff climbs meanwhile
+        healthy_before = healthy_sessions()
+        time.sleep(OUTAGE_S)  # the outage itself, not a wait for anything
+        live.procs[0] = live.start_hub()
+        wait_for(connected, OUTAGE_S * 2 + 5, worker)  # full jitter: up to the ceiling reached
+        wait_for(lambda: healthy_sessions() > healthy_before, 10, worker)
+        live.procs[0].kill()
+        time.sleep(1.0)  # a 1 s restart
+        live.procs[0] = live.start_hub()
+        wait_for(connected, 30, worker)
+        # From the hub listening again to the worker connected, by their logs' clocks.
+        redial_s = (
+            last_logged(worker.log(), "connected to")
+            - last_logged(live.procs[0].log(), "hub listening on")
+        ).total_seconds()
+        print(f"redialled {redial_s:.2f} s after the hub was back (outage {OUTAGE_S:g} s)")
+        assert redial_s < 5.0, f"redialled {redial_s:.1f} s after the hub came back"

@@ -48,8 +48,8 @@ max_accepted = {max_accepted}
 keepalive_time_s = {keepalive_s}
 ping_timeout_s = {ping_timeout_s}
 heartbeat_s = 0.5
-backoff_base_s = 0.1
-backoff_cap_s = 1.0
+backoff_base_s = {backoff_base_s}
+backoff_cap_s = {backoff_cap_s}
 """
 
 
@@ -216,6 +216,8 @@ def write_config(home: Path, listen: str, extra_config: str = "", **settings: An
         "drain_grace_s": 10,
         "max_concurrency": 8,
         "max_accepted": 4096,
+        "backoff_base_s": 0.1,
+        "backoff_cap_s": 1.0,
     }
     values.update(settings)
     home.mkdir(parents=True, exist_ok=True)

@@ -9,12 +9,19 @@ from worker.wire.transport import Keepalive, client_options, is_loopback, open_c
 
 def test_backoff_is_full_jitter_capped_and_never_zero() -> None:
     backoff = Backoff(base_s=0.5, cap_s=30.0)
-    delays = [backoff.delay(attempt) for attempt in range(40) for _ in range(50)]
+    delays = [backoff.delay(down) for down in range(0, 400, 5) for _ in range(50)]
     assert max(delays) <= 30.0
     assert min(delays) >= 0.05, "a floor keeps a flapping link from spinning"
-    late = [backoff.delay(20) for _ in range(500)]
-    assert max(late) > 20, "late attempts spread up to the cap"
+    late = [backoff.delay(200) for _ in range(500)]
+    assert max(late) > 20, "late dials spread up to the cap"
     assert min(late) < 10, "full jitter: anywhere from near zero to the cap"
+
+
+def test_backoff_never_waits_more_than_half_the_time_down() -> None:
+    """So a server back after a short restart is redialled at once (issue 11, D5)."""
+    backoff = Backoff(base_s=0.5, cap_s=30.0)
+    for down in (0.0, 0.5, 1.0, 3.0, 20.0):
+        assert max(backoff.delay(down) for _ in range(500)) <= 0.5 + down / 2
 
 
 def test_keepalive_includes_ping_timeout() -> None:

@@ -65,12 +65,22 @@ class _StreamEndedError(Exception):
 
 @dataclass(frozen=True)
 class Backoff:
+    """How long to wait before the next dial, given how long the link has been down.
+
+    Full jitter over [0, min(cap, base + down/2)], with a floor against spinning: the
+    wait is never more than half the time the link has been down, so a server back
+    after an outage of T is redialled within about T/2 + base (a 1 s restart: well
+    under 2 s), while the dials thin out geometrically (the time down grows by a
+    quarter per dial on average, as with exponential backoff). "Down" counts from the
+    end of the last healthy session, so a session that fails its handshake or drops
+    at once does not start it over.
+    """
+
     base_s: float = 0.5
     cap_s: float = 30.0
 
-    def delay(self, attempt: int) -> float:
-        """Full jitter over [0, min(cap, base·2^attempt)], with a floor against spinning."""
-        ceiling = min(self.cap_s, self.base_s * (2 ** min(attempt, 16)))
+    def delay(self, down_s: float) -> float:
+        ceiling = min(self.cap_s, self.base_s + max(0.0, down_s) / 2)
         return max(self.base_s / 10, random.uniform(0, ceiling))
 
 
@@ -127,16 +137,17 @@ class WorkerConnection:
 
     async def run(self) -> None:
         """Hold a session until `shutdown`; raises FatalConnectionError on a hard refusal."""
-        attempt = 0
         loop = asyncio.get_running_loop()
+        down_since: float | None = None  # the end of the last healthy session
         while not self._stopping:
             self.on_state(LinkState("connecting", self.target.address))
             self._healthy_at = None
+            clean_end = False
             self._session_task = asyncio.create_task(self._session())
             why = "the server ended the session"
             try:
                 await self._session_task
-                attempt = 0  # a clean end (Drain/Goodbye): come back soon
+                clean_end = True  # Drain/Goodbye: come back soon
             except FatalConnectionError as exc:
                 self.on_state(LinkState("fatal", str(exc)))
                 raise
@@ -153,10 +164,11 @@ class WorkerConnection:
                 self._detach()
             if self._stopping:
                 return
-            if self._healthy_at is not None and loop.time() >= self._healthy_at:
-                attempt = 0  # it was a healthy session: start the backoff over
-            delay = self.backoff.delay(attempt)
-            attempt += 1
+            now = loop.time()
+            healthy = self._healthy_at is not None and now >= self._healthy_at
+            if down_since is None or clean_end or healthy:
+                down_since = now  # the backoff starts over
+            delay = self.backoff.delay(now - down_since)
             self.on_state(LinkState("backoff", why, now_ms() + int(delay * 1000)))
             log.info("reconnecting to %s in %.1f s", self.target.address, delay)
             await asyncio.sleep(delay)
@@ -192,6 +204,7 @@ class WorkerConnection:
         outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         outbox.put_nowait(pb.WorkerMessage(hello=self._hello()).SerializeToString())
         tasks: list[asyncio.Task[None]] = []
+        healthy: asyncio.TimerHandle | None = None
         try:
             # Requests go out as bytes this side frames itself (see envelopes.py).
             # Envelopes come as bytes and are decoded here: a message that does not
@@ -205,7 +218,14 @@ class WorkerConnection:
                 _raise_if_fatal(exc)
                 raise
             welcome = self._check_welcome(first)
-            self._healthy_at = asyncio.get_running_loop().time() + STABLE_S
+            loop = asyncio.get_running_loop()
+            self._healthy_at = loop.time() + STABLE_S
+            healthy = loop.call_later(
+                STABLE_S,
+                log.debug,
+                "session %s is healthy (the backoff starts over)",
+                welcome.session_id,
+            )
             self.sessions_started += 1
             self._outbox = outbox
             self.dispatcher.outbox.attach(self._send)
@@ -221,6 +241,8 @@ class WorkerConnection:
             interval_s = welcome.heartbeat_interval_ms / 1000
             await self._read(call, max(3 * interval_s, MIN_SILENCE_S) if interval_s else None)
         finally:
+            if healthy is not None:
+                healthy.cancel()
             for task in tasks:
                 task.cancel()
             await channel.close(grace=None)

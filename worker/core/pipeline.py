@@ -715,9 +715,11 @@ class Dispatcher:
     def _take_slot(self, call: Call) -> Later | None:
         if self._slots.take(call):
             return None
+        # In line now, not once the task starts: a slot freed meanwhile comes to it.
+        waiter = self._slots.wait(call)
 
         async def wait() -> None:
-            await self._slots.wait(call)
+            await waiter
 
         return wait
 
