@@ -63,7 +63,7 @@ class InProcess:
         self.dispatcher = dispatcher
         self._waiting: dict[str, asyncio.Future[pb.ActionResult]] = {}
         self._acks: list[str] = []
-        dispatcher.emit = self._emit
+        dispatcher.outbox.attach(self._emit)
 
     async def call(self, request: pb.ActionRequest, blob: bytes) -> Answer:
         if blob:
