@@ -63,7 +63,7 @@ def live(
 @pytest.fixture(autouse=True)
 def nothing_reaches_the_honeypot(honeypot: Honeypot) -> Iterator[None]:
     yield
-    time.sleep(0.05)  # an accept in flight would land by now
+    honeypot.settle()  # every connection made so far is counted
     assert honeypot.connections == 0, "a connection was made that should have been refused"
 
 

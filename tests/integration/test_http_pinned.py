@@ -52,6 +52,7 @@ def test_an_unpinned_host_is_never_connected() -> None:
             get(pins, f"http://127.0.0.1:{pot.port}/")
         with pytest.raises(httpx.ConnectError, match="not approved"):
             get(pins, f"http://{NAME}:{pot.port + 1}/")  # the pin is per port too
+        pot.settle()
     assert pot.connections == 0
 
 

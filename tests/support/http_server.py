@@ -206,19 +206,39 @@ class Honeypot:
         self._sock.listen(64)
         self._sock.settimeout(0.1)
         self.port = int(self._sock.getsockname()[1])
-        self.connections = 0
+        self._accepted: list[int] = []  # the peer port of each connection, in order
+        self._sentinels: set[int] = set()  # ours, made by settle()
+        self._changed = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def connections(self) -> int:
+        """Connections accepted so far, not counting settle()'s own."""
+        with self._changed:
+            return len([port for port in self._accepted if port not in self._sentinels])
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Return once every connection made before this call has been accepted: a
+        connection of ours joins the back of the listen queue and is waited for."""
+        with socket.create_connection(("127.0.0.1", self.port)) as sentinel:
+            port = int(sentinel.getsockname()[1])
+            with self._changed:
+                self._sentinels.add(port)
+                if not self._changed.wait_for(lambda: port in self._accepted, timeout):
+                    raise AssertionError("the honeypot did not accept within the timeout")
 
     def _accept(self) -> None:
         while not self._stop.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = self._sock.accept()
             except TimeoutError:
                 continue
             except OSError:
                 return
-            self.connections += 1
+            with self._changed:
+                self._accepted.append(int(peer[1]))
+                self._changed.notify_all()
             conn.close()
 
     def __enter__(self) -> Honeypot:

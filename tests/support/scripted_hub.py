@@ -30,6 +30,7 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         self.ack_results = ack_results
         self.inbox: asyncio.Queue[pb.WorkerMessage] = asyncio.Queue()
         self.hellos: list[pb.Hello] = []
+        self._dialled = asyncio.Condition()
         # What goes down the stream, one envelope each: a message, or raw envelope bytes.
         self._outbox: asyncio.Queue[pb.ServerMessage | bytes | None] = asyncio.Queue()
         self._server: grpc.aio.Server | None = None
@@ -72,6 +73,11 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
     def hang_up(self) -> None:
         self._outbox.put_nowait(None)
 
+    async def dials(self, count: int, timeout: float = 10.0) -> None:
+        """Wait until the worker has said Hello `count` times in all."""
+        async with asyncio.timeout(timeout), self._dialled:
+            await self._dialled.wait_for(lambda: len(self.hellos) >= count)
+
     async def next(self, kind: str, timeout: float = 10.0) -> Any:
         """The next message of `kind` from the worker (others are skipped)."""
         async with asyncio.timeout(timeout):
@@ -84,7 +90,9 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         self, request_iterator: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ServerEnvelope | bytes]:
         first = await anext(request_iterator)
-        self.hellos.append(first.messages[0].hello)
+        async with self._dialled:
+            self.hellos.append(first.messages[0].hello)
+            self._dialled.notify_all()
         welcome = pb.Welcome(
             session_id="s", protocol=self.protocol, heartbeat_interval_ms=self.heartbeat_ms
         )

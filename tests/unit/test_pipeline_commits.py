@@ -127,7 +127,7 @@ def test_calls_whose_claims_did_not_commit_never_run(tmp_path: Path) -> None:
         with pytest.raises(sqlite3.OperationalError), dispatcher.intake():
             dispatcher.submit(_request("lost-1"))
             dispatcher.submit(_request("lost-2"))
-        await asyncio.sleep(0.2)  # any task left alive would have run by now
+        assert dispatcher.unanswered() == []  # dropped before any stage ran
         await dispatcher.drain(1)
 
     asyncio.run(run())
@@ -226,7 +226,7 @@ def test_a_plain_handler_waits_for_a_slot_like_any_other_call(tmp_path: Path) ->
 
     async def run() -> None:
         dispatcher.submit(slow)
-        await asyncio.sleep(0.05)  # the probe holds the only slot
+        assert dispatcher.running == 1  # the probe took the only slot as it was claimed
         dispatcher.submit(_request("quick"))
         assert _results(emitted) == []  # not run past the limit
         await dispatcher.drain(10)
