@@ -831,6 +831,8 @@ class Dispatcher:
             result.error.CopyFrom(error_pb(error))
             if error.code in AUDITED_CODES:
                 self.results.audit(error.code, call.req, {"message": error.message})
+        if self.telemetry.recordings.active(call.req.plan_id):  # `agentworker record start`
+            self.telemetry.recordings.keep_later(call.req, call.blob, result_json, blob)
         return result
 
     def _invocation(
