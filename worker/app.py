@@ -184,7 +184,7 @@ def build_console(
         always_attached=ui_in_process,
     )
     broker.kill = dispatcher.kill_plan
-    broker.emit_audit = lambda event: dispatcher.emit(pb.WorkerMessage(audit=event))
+    broker.emit_audit = lambda event: dispatcher.outbox(pb.WorkerMessage(audit=event))
     dispatcher.scopes.approver = broker
     return Console(
         dispatcher, broker, server=server, mode=mode, static_grants=tuple(grants_of(config))

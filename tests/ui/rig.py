@@ -85,7 +85,7 @@ class Rig:
         self.sent: list[pb.WorkerMessage] = []
         self.results: dict[str, pb.ActionResult] = {}
         self._arrived: dict[str, asyncio.Event] = {}
-        self.dispatcher.emit = self._emit
+        self.dispatcher.outbox.attach(self._emit)
         self._count = 0
 
     def link(self) -> LocalLink:
