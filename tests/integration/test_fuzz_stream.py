@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,6 +203,9 @@ async def run_example(home: Path, script_steps: list[Any], draw_mutation: Any) -
         dispatcher.close()
 
 
+TOTALS: Counter[str] = Counter()  # for the closing line: what a run fed the worker
+
+
 @settings(
     max_examples=FUZZ_EXAMPLES,
     deadline=None,
@@ -209,11 +213,21 @@ async def run_example(home: Path, script_steps: list[Any], draw_mutation: Any) -
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(script_steps=st.lists(steps, min_size=1, max_size=40), data=st.data())
-def test_no_server_input_stops_the_worker_or_leaves_a_call_unanswered(
-    script_steps: list[Any], data: st.DataObject
-) -> None:
+def _fuzz(script_steps: list[Any], data: st.DataObject) -> None:
     def draw_mutation(raw: bytes) -> bytes:
         return data.draw(mutations(raw))
 
+    TOTALS["examples"] += 1
+    TOTALS["envelopes"] += len(script_steps)
+    TOTALS["calls"] += sum(len(value) for kind, value in script_steps if kind == "calls")
     with fresh_home() as home:
         asyncio.run(run_example(home, script_steps, draw_mutation))
+
+
+def test_no_server_input_stops_the_worker_or_leaves_a_call_unanswered() -> None:
+    TOTALS.clear()
+    _fuzz()
+    print(
+        f"fuzz: {TOTALS['examples']} examples, {TOTALS['envelopes']} envelopes, "
+        f"{TOTALS['calls']} well-formed calls"
+    )
