@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -35,7 +38,7 @@ from worker.core.ledger import State
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry, retention_days
-from worker.errors import InsecureError, InUseError, StartupError
+from worker.errors import ConfigError, InsecureError, InUseError, StartupError
 from worker.hub.server import Hub, add_control_service, add_worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
@@ -46,6 +49,7 @@ from worker.wire.transport import (
     read_or_create_token,
     read_token,
     server_options,
+    split_host,
 )
 
 log = logging.getLogger("agentworker")
@@ -81,6 +85,9 @@ def worker_lock(paths: Paths) -> Iterator[None]:
                 f"another worker already runs with {paths.data_dir}; stop it first, or set "
                 "AGENTWORKER_HOME to run a second one side by side",
             ) from None
+        # Who holds it, for `agentworker reload` (it signals this process).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)
@@ -200,6 +207,40 @@ def worker_target(paths: Paths, config: Config) -> Target:
     return Target(address=address, token=token, tls_ca=config.worker.tls_ca)
 
 
+def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Config:
+    """Read config.toml again (SIGHUP): roots, grants and per-call settings take effect
+    for the calls after this; what the running links were built from needs a restart."""
+    from worker.config import load  # the one reader of the file
+
+    try:
+        fresh = load(paths)
+    except ConfigError as exc:
+        log.error("config.toml not reloaded, the old settings stay: %s", exc.message)
+        return config
+    dispatcher.roots = roots_of(fresh, paths)
+    dispatcher.scopes.replace_static(grants_of(fresh))
+    dispatcher.config = fresh
+    log.info(
+        "reloaded %s: %d root(s), %d grant(s) from the file",
+        paths.config_file,
+        len(dispatcher.roots),
+        len(fresh.grant),
+    )
+    for root in dispatcher.roots:
+        log.info("root %s (%s)", root.path, "read-write" if root.writable else "read-only")
+    fixed = [
+        name
+        for name in ("hub", "worker", "connection", "telemetry", "sandbox")
+        if getattr(fresh, name) != getattr(config, name)
+    ]
+    if fixed:
+        log.warning(
+            "changes to [%s] take effect only after a restart of agentworker",
+            "], [".join(fixed),
+        )
+    return fresh
+
+
 def build_connection(dispatcher: Dispatcher, target: Target, config: Config) -> WorkerConnection:
     return WorkerConnection(
         dispatcher,
@@ -269,6 +310,33 @@ async def _hub_housekeeping(hub: Hub) -> None:
         await asyncio.sleep(PRUNE_EVERY_S)
 
 
+_ADDRESS_IN_USE = (
+    "could not listen on {address}: the address is in use. Is another hub running "
+    "(`agentworker status`)? Or pick another address with --listen."
+)
+
+
+def _address_taken(address: str) -> bool:
+    """Whether something already listens on `address` (host:port; port 0 is never taken)."""
+    host = split_host(address)
+    port_text = address.rsplit(":", 1)[-1]
+    if not port_text.isdigit() or int(port_text) == 0:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM)
+    except OSError:
+        return False  # gRPC will say what is wrong with the address
+    for family, kind, proto, _name, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
 async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> RunningHub:
     address = listen or config.hub.listen
     tls = config.hub.tls_cert is not None and config.hub.tls_key is not None
@@ -278,6 +346,9 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
             "Set [hub] tls_cert and tls_key, or listen on 127.0.0.1.",
         )
     paths.ensure()
+    if _address_taken(address):
+        # Said before gRPC tries: its own failure to bind logs a C-core line first.
+        raise InUseError(_ADDRESS_IN_USE.format(address=address))
     token = read_or_create_token(paths.token_file)
     hub = Hub(
         HubStore(paths.data_dir / "hub.db"),
@@ -303,10 +374,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     except RuntimeError:
         port = 0
     if port == 0:
-        raise InUseError(
-            f"could not listen on {address}: the address is in use. Is another hub running "
-            "(`agentworker status`)? Or pick another address with --listen.",
-        )
+        raise InUseError(_ADDRESS_IN_USE.format(address=address))
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     host = address.rsplit(":", 1)[0]
@@ -368,7 +436,13 @@ async def run_worker(
         bench = await start_workbench(paths, config) if sandbox else None
         dispatcher = build_dispatcher(paths, config, bench=bench)
         target = target or worker_target(paths, config)
-        await _serve_worker(dispatcher, target, config, paths, "run", frontend, bench)
+
+        def ready() -> None:
+            log.info("ready: worker %s connected to %s", dispatcher.worker_id, target.address)
+
+        await _serve_worker(
+            dispatcher, target, config, paths, "run", frontend, bench, on_ready=ready
+        )
     _leave_if_stuck(dispatcher)
 
 
@@ -382,8 +456,20 @@ async def run_up(
         log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
         dispatcher = build_dispatcher(paths, config, bench=bench)
         target = Target(address=running.address, token=read_or_create_token(paths.token_file))
+
+        def ready() -> None:
+            steps = "\n".join(f"  {step}" for step in next_steps(sandbox))
+            log.info(
+                "ready: hub on %s with worker %s connected. Try, in another terminal:\n%s",
+                running.address,
+                dispatcher.worker_id,
+                steps,
+            )
+
         try:
-            await _serve_worker(dispatcher, target, config, paths, "up", frontend, bench)
+            await _serve_worker(
+                dispatcher, target, config, paths, "up", frontend, bench, on_ready=ready
+            )
         finally:
             await running.stop()
     _leave_if_stuck(dispatcher)
@@ -406,6 +492,7 @@ async def _serve_worker(
     mode: str,
     frontend: Frontend | None,
     bench: workbench.Workbench | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
     lost = dispatcher.recover()
     if lost:
@@ -431,6 +518,15 @@ async def _serve_worker(
     link = asyncio.create_task(connection.run())
     stopper = asyncio.create_task(stop.wait())
     waiting = {link, stopper}
+    ready = asyncio.create_task(_say_ready(connection, on_ready))
+    loop = asyncio.get_running_loop()
+    if bench is None:
+        settings = [config]
+
+        def reload() -> None:
+            settings[0] = reload_config(dispatcher, paths, settings[0])
+
+        loop.add_signal_handler(signal.SIGHUP, reload)
     ui: asyncio.Task[None] | None = None
     if frontend is not None:
         ui = asyncio.create_task(frontend.serve(LocalLink(console), stop))
@@ -458,6 +554,9 @@ async def _serve_worker(
             with contextlib.suppress(asyncio.CancelledError):
                 await link
     finally:
+        if bench is None:
+            loop.remove_signal_handler(signal.SIGHUP)
+        ready.cancel()
         housekeeping.cancel()
         kills.cancel()
         if sweeps is not None:
@@ -496,6 +595,40 @@ def _leave_if_stuck(dispatcher: Dispatcher) -> None:
         log.error("%d handler(s) ignored cancellation; leaving without them", len(stuck))
         logging.shutdown()
         os._exit(0)
+
+
+async def _say_ready(connection: WorkerConnection, on_ready: Callable[[], None] | None) -> None:
+    await connection.connected.wait()
+    if on_ready is not None:
+        on_ready()
+
+
+def next_steps(sandbox: bool) -> list[str]:
+    """The commands `up` suggests once it is ready, as the person can type them."""
+    me = _command_name()
+    if sandbox:
+        return [
+            f"{me} status",
+            f'{me} call workbenchHost.fs_list \'{{"path": "."}}\' --plan try-1',
+            f"{me} sandbox list",
+        ]
+    return [
+        f"{me} grant workerHost.fs_stat --agent me --for 8h",
+        f'{me} call fs_stat \'{{"path": "."}}\' --agent me',
+        f"{me} doctor",
+    ]
+
+
+def _command_name() -> str:
+    """`agentworker` when that is on PATH and is this program; else its full path."""
+    if getattr(sys, "frozen", False):
+        mine = Path(sys.executable)
+    else:
+        mine = Path(sys.executable).parent / "agentworker"
+    found = shutil.which("agentworker")
+    if found is not None and Path(found).resolve() == mine.resolve():
+        return "agentworker"
+    return str(mine) if mine.exists() else "agentworker"
 
 
 def prepare(paths: Paths) -> bool:

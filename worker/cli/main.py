@@ -20,10 +20,15 @@ from typing import Any
 
 import grpc
 
+import worker
 from worker import app
 from worker.cli import allowlist as cli_allowlist
+from worker.cli import doctor as cli_doctor
+from worker.cli import killed as cli_killed
+from worker.cli import reload as cli_reload
 from worker.cli import replay as cli_replay
 from worker.cli import sandbox as cli_sandbox
+from worker.cli import service as cli_service
 from worker.cli import telemetry as cli_telemetry
 from worker.config import Config, Paths, load
 from worker.core.connection import FatalConnectionError, Target
@@ -49,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--home", type=Path, help="keep config and data in this folder")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    parser.add_argument("--version", action="version", version=f"agentworker {worker.__version__}")
+    parser.add_argument(
+        "--log-file", type=Path, help="append the log to this file instead of standard error"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="run hub and worker together on loopback (the default setup)")
@@ -117,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_server_flags(kill)
 
     lift = sub.add_parser("lift", help="lift a plan's kill (local only)")
-    lift.add_argument("plan", help="a plan id killed earlier (see the audit log)")
+    lift.add_argument("plan", help="a plan id killed earlier (`agentworker killed` lists them)")
 
     grant = sub.add_parser(
         "grant",
@@ -139,6 +148,10 @@ def _parser() -> argparse.ArgumentParser:
     cli_replay.add_parser(sub)
     cli_sandbox.add_parser(sub, _add_server_flags)
     cli_telemetry.add_parser(sub)
+    cli_service.add_parser(sub)
+    cli_doctor.add_parser(sub)
+    cli_killed.add_parser(sub)
+    cli_reload.add_parser(sub)
     return parser
 
 
@@ -169,10 +182,12 @@ def main(argv: list[str] | None = None, frontend: app.Frontend | None = None) ->
     args.frontend = frontend
     if args.home:
         os.environ["AGENTWORKER_HOME"] = str(args.home)
+    if args.log_file:
+        args.log_file.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        **({"filename": str(args.log_file)} if args.log_file else {"stream": sys.stderr}),
     )
     paths = Paths.from_env()
     try:
@@ -501,6 +516,10 @@ _COMMANDS: dict[str, Callable[[Paths, argparse.Namespace], int]] = {
     "record": cli_replay.record,
     "telemetry": cli_telemetry.run,
     "audit": cli_telemetry.run,
+    "service": cli_service.run,
+    "doctor": cli_doctor.run,
+    "killed": cli_killed.run,
+    "reload": cli_reload.run,
 }
 
 if __name__ == "__main__":

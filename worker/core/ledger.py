@@ -220,6 +220,14 @@ class State:
     def killed_plans(self) -> list[tuple[str, str]]:
         return list(self._db.execute("SELECT plan_id, reason FROM killed_plans ORDER BY killed_ms"))
 
+    def kills(self) -> list[tuple[str, str, str, int]]:
+        """Every killed plan: id, reason, who killed it, when (unix ms), oldest first."""
+        return list(
+            self._db.execute(
+                "SELECT plan_id, reason, killed_by, killed_ms FROM killed_plans ORDER BY killed_ms"
+            )
+        )
+
     # ------------------------------------------------------------- local grants
 
     def add_grant(

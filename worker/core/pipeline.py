@@ -669,10 +669,16 @@ class Dispatcher:
             summary = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in errors[:5]
             )
+            details: dict[str, Any] = {"errors": errors}
+            if any(e["type"] == "extra_forbidden" for e in errors):
+                # Name what it does take: the caller misspelt a field or guessed one.
+                accepted = sorted(spec.args.model_fields)
+                details["accepted_fields"] = accepted
+                summary += f". {spec.scope} accepts: {', '.join(accepted)}"
             raise WorkerError(
                 "validation_error",
                 f"invalid arguments for {spec.scope}: {summary}",
-                {"errors": errors},
+                details,
             ) from None
         except RecursionError:
             raise WorkerError(

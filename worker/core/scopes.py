@@ -72,6 +72,10 @@ class Scopes:
         self._live = live
         self.approver = approver
 
+    def replace_static(self, static: Iterable[Grant]) -> None:
+        """The config's grants, read again (SIGHUP); calls after this see only these."""
+        self._static = tuple(static)
+
     def allowed(self, agent: str, scope: str, plan: str) -> bool:
         now = datetime.now(UTC)
         if scope.startswith(ASK_PREFIX):  # only an approval of that very ask answers it

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 
 from worker.config import Config, Paths
 from worker.wire.proto import agentworker_pb2 as pb
@@ -68,5 +67,9 @@ def result_to_dict(response: pb.DispatchResponse) -> dict[str, Any]:
     if result.blob:
         out["blob_bytes"] = len(result.blob)
     if result.HasField("invocation"):
-        out["invocation"] = MessageToDict(result.invocation, preserving_proto_field_name=True)
+        # Field by field, not MessageToDict: that writes int64 as strings ("bytes_in": "13").
+        invocation = result.invocation
+        out["invocation"] = {
+            f.name: getattr(invocation, f.name) for f in invocation.DESCRIPTOR.fields
+        }
     return out

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import metadata
 from typing import Final
 
+import worker
 from worker.errors import WorkerError
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -21,14 +21,7 @@ PROTOCOL_MIN: Final = 1
 PROTOCOL_MAX: Final = 1
 
 
-def _version() -> str:
-    try:
-        return metadata.version("agentworker")
-    except metadata.PackageNotFoundError:  # running from a source tree
-        return "0+source"
-
-
-VERSION: Final = _version()
+VERSION: Final = worker.__version__
 
 
 def call_digest(req: pb.ActionRequest, blob: bytes | None = None) -> str:

@@ -36,6 +36,7 @@ def confined(
     ctx: Context, path: str, *, write: bool = False
 ) -> Iterator[tuple[ConfinedDir, Located]]:
     """Open the root holding `path` and yield it with the path's place beneath it."""
+    located: Located | None = None
     try:
         located = locate(ctx.roots, path, write=write)
         with ConfinedDir(located.root.path) as root:
@@ -45,7 +46,20 @@ def confined(
         error = from_confinement(exc, details)
         raise WorkerError(error.code, exc.message + _HARD_LINK_HINT, details) from exc
     except ConfinementError as exc:
-        raise from_confinement(exc, {"path": path}) from exc
+        details = {"path": path}
+        error = from_confinement(exc, details)
+        if error.code == "not_found" and located is not None:
+            # Say where it was looked for: a relative path starts in the first root,
+            # not in the caller's current folder, and that surprises people.
+            looked = os.path.normpath(located.root.path / located.relative)
+            details["looked_for"] = looked
+            message = f"{exc.message} Looked for {looked}"
+            if not path.startswith("/"):
+                message += (
+                    f" (relative paths start in the first shared folder, {ctx.roots[0].path})"
+                )
+            raise WorkerError(error.code, message + ".", details) from exc
+        raise error from exc
     except OSError as exc:  # not a confinement question (a full disk, a file size limit)
         raise from_os_error(exc, path) from exc
 

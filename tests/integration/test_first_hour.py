@@ -1,0 +1,178 @@
+"""A newcomer's first hour (issue 18), item by item, against a real `agentworker up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import free_port, wait_for
+
+
+@dataclass
+class Up:
+    env: dict[str, str]
+    home: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return cli(self.env, *argv)
+
+
+def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *argv], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def fresh_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
+    env["AGENTWORKER_HOME"] = str(home)
+    env["AGENTWORKER_LISTEN"] = f"127.0.0.1:{free_port()}"
+    return env
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    home = tmp_path / "home"
+    env = fresh_env(home)
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    running = Up(env, home, log_path, proc)
+    try:
+        wait_for(lambda: "ready:" in running.log() or proc.poll() is not None, 60)
+        assert proc.poll() is None, running.log()
+        yield running
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, running.log()
+
+
+def test_up_ends_its_start_with_a_ready_line_and_three_next_commands(up: Up) -> None:
+    after = up.log().split("ready:", 1)[1]
+    steps = [line.strip() for line in after.splitlines()[1:4]]
+    assert len(steps) == 3
+    assert steps[0].endswith("grant workerHost.fs_stat --agent me --for 8h")
+    # Each suggested command works as printed (the shell would strip the quotes).
+    assert up.cli("grant", "workerHost.fs_stat", "--agent", "me", "--for", "8h").returncode == 0
+    called = up.cli("call", "fs_stat", '{"path": "."}', "--agent", "me")
+    assert called.returncode == 0, called.stdout + called.stderr
+    assert steps[2].endswith("doctor")
+
+
+def test_call_output_keeps_numbers_as_numbers(up: Up) -> None:
+    (up.home / "workspace" / "n.txt").write_text("13 bytes long")
+    up.cli("grant", "workerHost.fs_stat", "--agent", "me")
+    out = json.loads(up.cli("call", "fs_stat", '{"path": "n.txt"}', "--agent", "me").stdout)
+    invocation = out["invocation"]
+    assert invocation["bytes_in"] == len('{"path": "n.txt"}')
+    assert isinstance(invocation["bytes_out"], int) and invocation["bytes_out"] > 0
+    assert isinstance(invocation["started_unix_ms"], int)
+    assert isinstance(invocation["duration_ms"], int)
+    assert out["result"]["size"] == 13
+
+
+def test_an_unknown_args_field_lists_the_fields_the_action_accepts(up: Up) -> None:
+    up.cli("grant", "workerHost.fs_stat", "--agent", "me")
+    out = json.loads(up.cli("call", "fs_stat", '{"pth": "."}', "--agent", "me").stdout)
+    error = out["error"]
+    assert error["code"] == "validation_error"
+    assert "workerHost.fs_stat accepts: " in error["message"]
+    assert "path" in error["details"]["accepted_fields"]
+
+
+def test_not_found_names_the_folder_a_relative_path_was_looked_for_in(up: Up) -> None:
+    up.cli("grant", "workerHost.fs_*", "--agent", "me")
+    out = json.loads(up.cli("call", "fs_read", '{"path": "notes.md"}', "--agent", "me").stdout)
+    workspace = os.path.realpath(up.home / "workspace")
+    assert out["error"]["code"] == "not_found"
+    assert f"Looked for {workspace}/notes.md" in out["error"]["message"]
+    assert (
+        f"relative paths start in the first shared folder, {workspace}" in (out["error"]["message"])
+    )
+    assert out["error"]["details"]["looked_for"] == f"{workspace}/notes.md"
+
+
+def test_reload_makes_a_new_root_reachable_without_a_restart(up: Up, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "a.txt").write_text("a")
+    up.cli("grant", "workerHost.fs_stat", "--agent", "me")
+    args = json.dumps({"path": str(shared / "a.txt")})
+    before = json.loads(up.cli("call", "fs_stat", args, "--agent", "me").stdout)
+    assert before["error"]["code"] == "path_not_allowed"
+    with (up.home / "config.toml").open("a") as config:
+        config.write(f'\n[[root]]\npath = "{shared}"\nmode = "ro"\n')
+    said = up.cli("reload")
+    assert said.returncode == 0, said.stderr
+    assert f"pid {up.proc.pid}" in said.stdout
+    wait_for(lambda: "reloaded" in up.log(), 30)
+    after = json.loads(up.cli("call", "fs_stat", args, "--agent", "me").stdout)
+    assert after["status"] == "ok", after
+
+
+def test_reload_keeps_the_old_settings_when_the_file_breaks(up: Up) -> None:
+    config = up.home / "config.toml"
+    good = config.read_text()
+    config.write_text("[[root]\n")
+    assert up.cli("reload").returncode == 0
+    wait_for(lambda: "not reloaded" in up.log(), 30)
+    assert "is not valid TOML" in up.log()
+    config.write_text(good)  # the CLI reads it too; the worker kept its roots meanwhile
+    up.cli("grant", "workerHost.fs_stat", "--agent", "me")
+    still = json.loads(up.cli("call", "fs_stat", '{"path": "."}', "--agent", "me").stdout)
+    assert still["status"] == "ok"
+
+
+def test_reload_says_when_no_worker_runs(tmp_path: Path) -> None:
+    out = cli(fresh_env(tmp_path / "none"), "reload")
+    assert out.returncode == 1
+    assert "no worker runs" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_killed_lists_the_plans_held_until_lifted(up: Up) -> None:
+    assert up.cli("killed").stdout.strip() == "no plan is killed"
+    assert up.cli("kill", "plan-7", "--reason", "went astray").returncode == 0
+    rows = json.loads(up.cli("killed", "--json").stdout)
+    assert [(r["plan"], r["reason"], r["killed_by"]) for r in rows] == [
+        ("plan-7", "went astray", "cli")
+    ]
+    assert "plan-7" in up.cli("killed").stdout
+    assert up.cli("lift", "plan-7").returncode == 0
+    assert json.loads(up.cli("killed", "--json").stdout) == []
+
+
+def test_a_second_hub_says_so_in_one_clean_line(tmp_path: Path) -> None:
+    env = fresh_env(tmp_path / "second")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env["AGENTWORKER_LISTEN"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        out = cli(env, "hub")
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr  # no gRPC C-core log line before it
+    assert "the address is in use" in lines[0]
+
+
+def test_version_is_the_package_version() -> None:
+    import worker
+
+    out = cli(dict(os.environ), "--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"agentworker {worker.__version__}"

@@ -1,0 +1,54 @@
+"""`agentworker killed [--json]`: the plans killed at this machine's worker.
+
+A kill holds until the person lifts it (`agentworker lift PLAN`), across restarts;
+this lists what is held, who killed it, when and why, so there is something to lift.
+Their history (kills and lifts with their calls) is in `agentworker audit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+
+from worker.config import Paths
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    killed = sub.add_parser(
+        "killed",
+        help="list the plans killed here (lift one with `agentworker lift PLAN`)",
+    )
+    killed.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.core.ledger import State
+
+    state_db = paths.data_dir / "state.db"
+    rows = []
+    if state_db.exists():  # no worker has run here yet: nothing was ever killed
+        state = State(state_db)
+        try:
+            rows = [
+                {
+                    "plan": plan,
+                    "reason": reason,
+                    "killed_by": by,
+                    "killed_at": datetime.fromtimestamp(ms / 1000, UTC).isoformat(
+                        timespec="seconds"
+                    ),
+                }
+                for plan, reason, by, ms in state.kills()
+            ]
+        finally:
+            state.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print("no plan is killed")
+    else:
+        for r in rows:
+            print(f"{r['plan']}  killed {r['killed_at']} by {r['killed_by']}: {r['reason']}")
+        print("lift one with `agentworker lift PLAN`")
+    return 0

@@ -1,0 +1,61 @@
+"""`agentworker reload`: have the running worker read config.toml again.
+
+It sends SIGHUP to the worker holding this home's lock (its pid is in the lock
+file). Roots, grants and the per-call settings ([exec], [fs], [http]) take effect
+for the next calls; [hub], [worker] and [connection] need a restart, and the
+worker's log says so when they changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import signal
+import sys
+
+from worker.config import Paths
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser(
+        "reload",
+        help="make the running worker read config.toml again (roots, grants)",
+        description="Sends SIGHUP to this home's running worker (`up` or `run`). Roots and "
+        "grants change for the next calls; [hub], [worker] and [connection] need a restart.",
+    )
+
+
+def running_worker(paths: Paths) -> int | None:
+    """The pid of the worker holding this home's lock, or None when none runs."""
+    lock = paths.data_dir / "worker.lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: a worker runs
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def run(paths: Paths, args: argparse.Namespace) -> int:
+    pid = running_worker(paths)
+    if pid is None:
+        print(
+            f"agentworker: no worker runs with {paths.data_dir}; the next "
+            "`agentworker up` (or `run`) reads config.toml as it starts",
+            file=sys.stderr,
+        )
+        return 1
+    os.kill(pid, signal.SIGHUP)
+    print(
+        f"asked the worker (pid {pid}) to read {paths.config_file} again; its log says what changed"
+    )
+    return 0
