@@ -261,12 +261,23 @@ def _closest(program: Program, tried: Mapping[str, str]) -> str:
     near = near_misses(tried)
     if near:
         return "; ".join(f"rule {rid}: {why}" for rid, why in list(near.items())[:4]) + "."
-    forms = sorted(
-        {" ".join((program.name, *r.grammar.subcommand)) for r in program.rules} - {program.name}
-    )
-    if forms:
-        return f"Allowed forms: {', '.join(forms[:30])}."
-    return f"{program.name} has no rule that fits."
+    said = []
+    for decision, heading in (
+        ("allow", "Allowed forms"),
+        ("ask", "Forms the person approves each time"),
+        ("forbidden", "Forbidden forms"),
+    ):
+        forms = sorted(
+            {
+                " ".join((program.name, *r.grammar.subcommand))
+                for r in program.rules
+                if r.decision == decision
+            }
+            - {program.name}
+        )
+        if forms:
+            said.append(f"{heading}: {', '.join(forms[:30])}.")
+    return " ".join(said) or f"{program.name} has no rule that fits."
 
 
 def _refuse(argv: tuple[str, ...], refusal: Refusal, reason: str) -> Decision:

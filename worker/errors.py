@@ -118,7 +118,12 @@ class WorkerError(Exception):
     codes: ClassVar[frozenset[ErrorCode]] = frozenset()
 
     def __new__(
-        cls, code: ErrorCode | str, message: str = "", details: dict[str, Any] | None = None
+        cls,
+        code: ErrorCode | str,
+        message: str = "",
+        details: dict[str, Any] | None = None,
+        *,
+        retryable: bool | None = None,
     ) -> WorkerError:
         try:
             known = ErrorCode(code)
@@ -130,19 +135,27 @@ class WorkerError(Exception):
         return super().__new__(owner)
 
     def __init__(
-        self, code: ErrorCode | str, message: str, details: dict[str, Any] | None = None
+        self,
+        code: ErrorCode | str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        *,
+        retryable: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
         self.details = details or {}
+        # Set where one occurrence of a code differs from the code's rule: a host not
+        # found because the network is down may be found later (not_found, retryable).
+        self._retryable = retryable
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (WorkerError, (self.code, self.message, self.details))
+        return (_rebuild, (self.code, self.message, self.details, self._retryable))
 
     @property
     def retryable(self) -> bool:
-        return self.code.retryable
+        return self.code.retryable if self._retryable is None else self._retryable
 
     @property
     def audited(self) -> bool:
@@ -150,6 +163,12 @@ class WorkerError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code.value!r}, {self.message!r})"
+
+
+def _rebuild(
+    code: ErrorCode, message: str, details: dict[str, Any], retryable: bool | None
+) -> WorkerError:
+    return WorkerError(code, message, details, retryable=retryable)
 
 
 class BadRequestError(WorkerError):

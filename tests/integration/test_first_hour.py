@@ -176,3 +176,11 @@ def test_version_is_the_package_version() -> None:
     out = cli(dict(os.environ), "--version")
     assert out.returncode == 0
     assert out.stdout.strip() == f"agentworker {worker.__version__}"
+
+
+def test_allowlist_check_puts_forbidden_forms_under_their_own_heading(tmp_path: Path) -> None:
+    out = cli(fresh_env(tmp_path / "a"), "allowlist", "check", "--", "git", "push")
+    assert out.returncode != 0
+    allowed, _, forbidden = out.stdout.partition("Forbidden forms:")
+    assert "git log" in allowed and "difftool" not in allowed
+    assert "difftool" in forbidden and "git log" not in forbidden

@@ -27,11 +27,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import worker
-from worker.config import Config, Paths, load
-from worker.errors import ConfigError, WorkerError
+
+if TYPE_CHECKING:
+    from worker.config import Config, Paths
 
 Status = Literal["ok", "info", "warn", "blocker"]
 EXIT_BLOCKER = 1
@@ -70,7 +71,7 @@ class Finding:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doctor = sub.add_parser(
         "doctor",
         help="check this machine: what works, what does not, and how to fix it",
@@ -80,6 +81,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--offline", action="store_true", help="do not try to reach the hub")
+    doctor.set_defaults(handler=run)
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
@@ -112,6 +114,8 @@ def _print(findings: list[Finding], blockers: int, warnings: int) -> None:
 
 
 def diagnose(paths: Paths, *, reach_hub: bool = True) -> list[Finding]:
+    from worker.config import Config
+
     findings = [_python(), *_libraries()]
     config_finding, config = _config(paths)
     findings.append(config_finding)
@@ -188,6 +192,9 @@ def _libraries() -> list[Finding]:
 
 
 def _config(paths: Paths) -> tuple[Finding, Config | None]:
+    from worker.config import load
+    from worker.errors import ConfigError
+
     where = str(paths.config_file)
     try:
         config = load(paths)
@@ -444,6 +451,7 @@ def _bubblewrap(config: Config) -> Finding:
 
     def probe() -> Finding:
         from worker.actions import workbench
+        from worker.errors import WorkerError
 
         try:
             asyncio.run(workbench.probe(config))

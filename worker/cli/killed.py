@@ -10,16 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from worker.config import Paths
+if TYPE_CHECKING:
+    from worker.config import Paths
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     killed = sub.add_parser(
         "killed",
         help="list the plans killed here (lift one with `agentworker lift PLAN`)",
     )
     killed.add_argument("--json", action="store_true", help="machine-readable output")
+    killed.set_defaults(handler=run)
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:

@@ -148,10 +148,10 @@ def _parser() -> argparse.ArgumentParser:
     cli_replay.add_parser(sub)
     cli_sandbox.add_parser(sub, _add_server_flags)
     cli_telemetry.add_parser(sub)
-    cli_service.add_parser(sub)
-    cli_doctor.add_parser(sub)
-    cli_killed.add_parser(sub)
-    cli_reload.add_parser(sub)
+    cli_service.add_parsers(sub)
+    cli_doctor.add_parsers(sub)
+    cli_killed.add_parsers(sub)
+    cli_reload.add_parsers(sub)
     return parser
 
 

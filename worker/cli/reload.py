@@ -13,17 +13,20 @@ import fcntl
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from worker.config import Paths
+if TYPE_CHECKING:
+    from worker.config import Paths
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser(
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    reload = sub.add_parser(
         "reload",
         help="make the running worker read config.toml again (roots, grants)",
         description="Sends SIGHUP to this home's running worker (`up` or `run`). Roots and "
         "grants change for the next calls; [hub], [worker] and [connection] need a restart.",
     )
+    reload.set_defaults(handler=run)
 
 
 def running_worker(paths: Paths) -> int | None:

@@ -25,10 +25,11 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from xml.sax.saxutils import escape
 
-from worker.config import Paths
+if TYPE_CHECKING:
+    from worker.config import Paths
 
 Kind = Literal["systemd", "launchd", "windows"]
 KINDS: tuple[Kind, ...] = ("systemd", "launchd", "windows")
@@ -39,7 +40,7 @@ TASK_NAME = "agentworker"
 _MANAGER_TIMEOUT_S = 30.0
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     service = sub.add_parser(
         "service",
         help="run the worker as a background service (systemd, launchd, Windows task)",
@@ -73,6 +74,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     status = verbs.add_parser("status", help="installed? running? where are its logs?")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--kind", choices=KINDS, help=argparse.SUPPRESS)
+    service.set_defaults(handler=run)
 
 
 # ----------------------------------------------------------------- what runs

@@ -14,6 +14,7 @@ call, redirects and body included); each defaults to, and may not exceed, the
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import re
 import ssl
@@ -264,6 +265,14 @@ def _translate(exc: httpx.HTTPError, url: httpx.URL) -> WorkerError:
             "valid for this name; the request was not sent.",
             details,
         )
+    if isinstance(exc, httpx.ConnectError) and _errno_in_chain(exc) in _OFFLINE:
+        return WorkerError(
+            "not_found",
+            f"could not reach {where}: the network is unreachable from this machine (it may "
+            "be offline); try again later",
+            {**details, "reason": "network_unreachable"},
+            retryable=True,
+        )
     if isinstance(exc, httpx.ConnectError):
         return WorkerError(
             "not_found",
@@ -279,6 +288,21 @@ def _translate(exc: httpx.HTTPError, url: httpx.URL) -> WorkerError:
             "not_found", f"the connection to {where} broke ({exc}); try again later", details
         )
     return WorkerError("internal_error", f"fetching from {where} failed: {exc}", details)
+
+
+_OFFLINE: Final = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN})
+
+
+def _errno_in_chain(exc: BaseException) -> int | None:
+    """The first OSError's errno among an exception's causes (httpx wraps httpcore's)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain is short; never loop on a cycle
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen.errno
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _is_tls_failure(exc: BaseException) -> bool:

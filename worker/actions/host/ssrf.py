@@ -202,11 +202,7 @@ class UrlGuard:
             literal = _literal(host)
             addresses = [literal] if literal is not None else await self._resolve(host, port)
         except (OSError, UnicodeError) as exc:
-            raise WorkerError(
-                "not_found",
-                f"the host {host!r} could not be found ({exc}). Check the URL's spelling.",
-                {"url": shown[:2000], "host": host},
-            ) from None
+            raise _lookup_failed(host, shown, exc) from None
         if not addresses:
             raise WorkerError("not_found", f"the host {host!r} has no address.", {"host": host})
         if not opened:
@@ -242,3 +238,24 @@ def _unmapped(ip: IPAddress) -> IPAddress:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
     return ip
+
+
+# getaddrinfo's answers that mean "no answer now" rather than "no such name".
+_DNS_DOWN: Final = frozenset({socket.EAI_AGAIN, socket.EAI_FAIL})
+
+
+def _lookup_failed(host: str, shown: str, exc: OSError | UnicodeError) -> WorkerError:
+    details = {"url": shown[:2000], "host": host}
+    if isinstance(exc, socket.gaierror) and exc.errno in _DNS_DOWN:
+        return WorkerError(
+            "not_found",
+            f"could not look up {host!r}: the DNS server did not answer ({exc.strerror}). "
+            "This machine may be offline or its network down; try again later.",
+            {**details, "reason": "dns_unavailable"},
+            retryable=True,
+        )
+    return WorkerError(
+        "not_found",
+        f"the host {host!r} could not be found ({exc}). Check the URL's spelling.",
+        details,
+    )
