@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
-from worker.core.console import Link
-from worker.errors import StartupError
+if TYPE_CHECKING:  # `agentworker --help` imports this module: keep it light
+    from worker.core.console import Link
 
 
 class Tui:
@@ -42,6 +43,7 @@ class Tui:
 
 def main() -> int:
     from worker.cli.main import main as cli_main
+    from worker.errors import StartupError
 
     try:
         return cli_main(frontend=Tui())

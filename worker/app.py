@@ -26,10 +26,9 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from sandbox import Root
 from worker import actions
 from worker.actions import workbench
-from worker.config import Config, Paths, first_start
+from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
 from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
 from worker.core.console import Console, Link, LocalLink
@@ -101,19 +100,6 @@ def worker_id(paths: Paths) -> str:
     ident = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     id_file.write_text(ident + "\n", encoding="ascii")
     return ident
-
-
-def roots_of(config: Config, paths: Paths) -> list[Root]:
-    roots = []
-    for entry in config.root:
-        folder = Path(os.path.expanduser(entry.path))
-        if folder == paths.workspace:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not folder.is_dir():
-            log.warning("root %s does not exist or is not a folder; skipped", folder)
-            continue
-        roots.append(Root(path=Path(os.path.realpath(folder)), writable=entry.mode == "rw"))
-    return roots
 
 
 def grants_of(config: Config) -> list[Grant]:

@@ -7,6 +7,7 @@ side-by-side instances never touch the person's real files.
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from dataclasses import dataclass
@@ -24,9 +25,11 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox import environment
+from sandbox import Root, environment
 from worker import hosts
 from worker.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 APP = "agentworker"
 DEFAULT_LISTEN = "127.0.0.1:7421"
@@ -42,11 +45,20 @@ class Paths:
     data_dir: Path
 
     @classmethod
+    def at(cls, home: Path | str) -> Paths:
+        """Config and data both in one folder (`--home`, AGENTWORKER_HOME)."""
+        root = Path(home).expanduser().resolve()
+        return cls(config_dir=root, data_dir=root)
+
+    @classmethod
     def from_env(cls) -> Paths:
+        """AGENTWORKER_HOME when set, else the platform's user config and data folders.
+
+        Read once, by whoever starts the program (the CLI); everything after is
+        handed these Paths."""
         home = os.environ.get("AGENTWORKER_HOME")
         if home:
-            root = Path(home).expanduser().resolve()
-            return cls(config_dir=root, data_dir=root)
+            return cls.at(home)
         return cls(
             config_dir=Path(platformdirs.user_config_dir(APP)),
             data_dir=Path(platformdirs.user_data_dir(APP)),
@@ -286,6 +298,20 @@ def _section(raw: dict[str, object], name: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise ConfigError(f"[{name}] in the config file must be a table")
     return value
+
+
+def roots_of(config: Config, paths: Paths) -> list[Root]:
+    """The [[root]] folders that exist, resolved; the workspace is made on first use."""
+    roots = []
+    for entry in config.root:
+        folder = Path(os.path.expanduser(entry.path))
+        if folder == paths.workspace:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not folder.is_dir():
+            log.warning("root %s does not exist or is not a folder; skipped", folder)
+            continue
+        roots.append(Root(path=Path(os.path.realpath(folder)), writable=entry.mode == "rw"))
+    return roots
 
 
 def first_start(paths: Paths) -> bool:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-import httpx
-
 
 @dataclass(frozen=True)
 class HostPattern:
@@ -58,6 +56,8 @@ def parse_pattern(entry: str) -> HostPattern:
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
         number = int(port)
+    import httpx  # here, not above: reading a config file must not load an HTTP client
+
     try:
         raw = httpx.URL(f"http://{_bracketed(host)}/").raw_host.decode("ascii")
     except (httpx.InvalidURL, UnicodeError) as exc:

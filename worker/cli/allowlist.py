@@ -10,29 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from allowlist import describe, explain, render
-from worker import app
-from worker.actions.host.exec_policy import (
-    REFUSAL_CODES,
-    path_check,
-    policy_for,
-    user_policy_file,
-)
-from worker.config import Paths, load
-from worker.errors import ConfigError, UsageError, WorkerError
+if TYPE_CHECKING:
+    from worker.config import Paths
 
 EXIT_ALLOWED: Final = 0
 EXIT_REFUSED: Final = 1
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     allowlist = sub.add_parser(
         "allowlist",
         help="explain the exec allowlist: what may run, and why",
         description="Example: agentworker allowlist check -- git log -n 5",
     )
+    allowlist.set_defaults(handler=run)
     actions = allowlist.add_subparsers(dest="allowlist_command", required=True, metavar="ACTION")
     check = actions.add_parser(
         "check",
@@ -47,6 +40,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
+    from allowlist import describe, explain, render
+    from worker.actions.host.exec_policy import (
+        REFUSAL_CODES,
+        path_check,
+        policy_for,
+        user_policy_file,
+    )
+    from worker.config import load, roots_of
+    from worker.errors import ConfigError, UsageError, WorkerError
+
     config = load(paths)
     try:
         policy = policy_for(config, paths)
@@ -62,7 +65,7 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
             print(render(policy), end="")
         return EXIT_ALLOWED
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    roots = app.roots_of(config, paths)
+    roots = roots_of(config, paths)
     cwd = args.cwd or (str(roots[0].path) if roots else "/")
     if not os.path.isabs(cwd):
         raise UsageError(f"--cwd {cwd!r}: give an absolute path")

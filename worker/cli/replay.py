@@ -23,7 +23,7 @@ EXIT_FAILED: Final = 1  # a step missed its expectation, or a line is malformed/
 EXIT_USAGE: Final = 2
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay = sub.add_parser(
         "replay",
         help="run a script of actions (JSON Lines) and check each answer",
@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "through a hub to a connected worker (--server). The format: docs/replay.md; "
         "`agentworker replay --schema` prints its JSON Schema.",
     )
+    replay.set_defaults(handler=run)
     replay.add_argument("script", metavar="FILE", type=Path, nargs="?", help="the script")
     replay.add_argument("--schema", action="store_true", help="print the format's JSON Schema")
     replay.add_argument(
@@ -68,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     hub.add_argument("--tls-ca", type=Path, help="CA certificate to verify a TLS hub")
     hub.add_argument("--worker", default="", help="worker id, when several are connected")
 
-    record = sub.add_parser(
+    recording = sub.add_parser(
         "record",
         help="write a plan's calls as a replay script; `record start PLAN` keeps their args",
         description="agentworker record start PLAN: from now on, this machine's worker keeps "
@@ -76,30 +77,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "agentworker record PLAN -o FILE: the plan's calls as a script, each step expecting "
         "what happened. agentworker record stop PLAN: keep no more.",
     )
-    record.add_argument(
+    recording.add_argument(
         "words", nargs="+", metavar="PLAN | start PLAN | stop PLAN", help="what to do"
     )
-    record.add_argument(
+    recording.add_argument(
         "-o",
         "--output",
         type=Path,
         help="the script to write (default: stdout); request blobs go to FILE's folder, "
         "in STEM.blobs/",
     )
+    recording.set_defaults(handler=record)
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
-    from worker.errors import WorkerError
+    from worker.errors import UsageError
     from worker.replay import script as script_format
 
     if args.schema:
         sys.stdout.write(script_format.schema_text())
         return EXIT_OK
     if args.script is None:
-        raise WorkerError("validation_error", "name the script to replay: agentworker replay FILE")
+        raise UsageError("name the script to replay: agentworker replay FILE")
     if args.server and (args.config or args.grants or args.data_dir):
-        raise WorkerError(
-            "validation_error",
+        raise UsageError(
             "--config, --grants and --data-dir build a worker in this process; through a hub "
             "(--server) the connected worker runs the steps with its own",
         )

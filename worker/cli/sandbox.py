@@ -10,31 +10,26 @@ never ran, succeeds.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from sandbox.workspaces import Workspaces
-from worker.config import Paths, load
-from worker.hub.client import ControlClient, result_to_dict
-from worker.wire.proto import agentworker_pb2 as pb
+from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags
 
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
+if TYPE_CHECKING:
+    from worker.config import Paths
+    from worker.wire.proto import agentworker_pb2 as pb
+
 TEARDOWN_TIMEOUT_S: Final = 60.0
 
 
-def add_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    server_flags: Callable[[argparse.ArgumentParser], None],
-) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sandbox = sub.add_parser(
         "sandbox",
         help="sandbox mode's per-plan workspaces: list them, tear one down",
         description="Example: agentworker sandbox list; agentworker sandbox teardown PLAN",
     )
+    sandbox.set_defaults(handler=run)
     verbs = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
     listing = verbs.add_parser("list", help="plans with a workspace here: size, last use")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -45,7 +40,7 @@ def add_parser(
     teardown.add_argument("plan", help="the plan id")
     teardown.add_argument("--worker", default="", help="worker id (default: the one holding it)")
     teardown.add_argument("--json", action="store_true", help="machine-readable output")
-    server_flags(teardown)
+    add_server_flags(teardown)
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
@@ -55,6 +50,9 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _list(paths: Paths, args: argparse.Namespace) -> int:
+    from sandbox.workspaces import Workspaces
+    from worker.config import load
+
     config = load(paths)
     workspaces = Workspaces(paths.workbench, quota_bytes=config.sandbox.quota_mb * 1024**2)
     plans = workspaces.plans()
@@ -80,6 +78,12 @@ def _list(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _teardown(paths: Paths, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker.config import load
+    from worker.hub.client import ControlClient, result_to_dict
+    from worker.wire.proto import agentworker_pb2 as pb
+
     config = load(paths, {"worker": {"server": args.server, "token": args.token}})
 
     async def go() -> pb.DispatchResponse:

@@ -19,7 +19,7 @@ EXIT_OK: Final = 0
 PREVIEW_CHARS: Final = 60
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for noun, what in (("telemetry", "invocation rows"), ("audit", "audit events")):
         group = sub.add_parser(
             noun,
@@ -27,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             description=f"The worker's {what} (in state.db beside the ledger), filtered. "
             "Times: 15m, 2h, 7d (ago) or ISO 8601 such as 2026-11-23T10:00.",
         )
+        group.set_defaults(handler=run)
         verbs = group.add_subparsers(dest="verb", required=True, metavar="VERB")
         tail = verbs.add_parser("tail", help=f"the newest {what}; -f follows new ones")
         tail.add_argument("-n", "--lines", type=int, default=10, help="how many (default 10)")

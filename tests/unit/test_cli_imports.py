@@ -1,0 +1,45 @@
+"""`agentworker --help` answers without loading the heavy parts (grpc, httpx, pydantic).
+
+The probe runs the installed command's own entry point (ui.launch.main), as a
+person typing `agentworker --help` would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from worker.cli.main import parser
+
+HEAVY = ("grpc", "httpx", "pydantic", "google.protobuf", "textual")
+
+_PROBE = """
+import contextlib, io, json, sys
+from ui.launch import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main()
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {heavy})))
+"""
+
+
+def _loaded_by(*argv: str) -> list[str]:
+    probe = _PROBE.format(heavy={name.split(".")[0] for name in HEAVY})
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True
+    )
+    loaded: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+def test_help_imports_neither_grpc_nor_httpx() -> None:
+    assert _loaded_by("--help") == []
+
+
+VERBS = sorted(parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_each_verbs_help_imports_nothing_heavy(verb: str) -> None:
+    assert _loaded_by(verb, "--help") == []

@@ -1,0 +1,94 @@
+"""`agentworker grant`, `grants` and `revoke`: scopes granted at this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Final
+
+from worker.cli._common import EXIT_FAILED, EXIT_OK
+from worker.cli.plans import local_state
+
+if TYPE_CHECKING:
+    from worker.config import Paths
+
+_DURATION: Final = re.compile(r"^(\d+)([smhd])$")
+_SCOPE: Final = re.compile(r"[A-Za-z*]+\.[A-Za-z_*?]+")
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    grant = sub.add_parser(
+        "grant",
+        help="grant a scope to an agent (local only)",
+        description="Example: agentworker grant 'workerHost.fs_*' --agent planner --for 8h",
+    )
+    grant.add_argument("scope", help="a scope or pattern, e.g. workerHost.fs_stat, workerHost.*")
+    grant.add_argument("--agent", default="*", help="agent id or pattern (default: any)")
+    grant.add_argument("--plan", default="*", help="plan id or pattern (default: any)")
+    grant.add_argument("--for", dest="duration", help="expire after e.g. 30m, 8h, 7d")
+    grant.set_defaults(handler=_grant)
+
+    grants = sub.add_parser("grants", help="list grants made with `grant`")
+    grants.add_argument("--json", action="store_true", help="machine-readable output")
+    grants.set_defaults(handler=_grants)
+
+    revoke = sub.add_parser("revoke", help="remove a grant made with `grant`")
+    revoke.add_argument("grant_id", type=int)
+    revoke.set_defaults(handler=_revoke)
+
+
+def _parse_duration(text: str) -> timedelta:
+    from worker.errors import UsageError
+
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise UsageError(f"--for {text!r}: use a number and s, m, h or d (e.g. 8h)")
+    amount, unit = int(match.group(1)), match.group(2)
+    return timedelta(**{{"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
+
+
+def _grant(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.errors import UsageError
+
+    if not _SCOPE.fullmatch(args.scope):
+        raise UsageError(
+            f"{args.scope!r} is not a scope: write surface.action, e.g. workerHost.fs_stat "
+            "or workerHost.*",
+        )
+    expires = datetime.now(UTC) + _parse_duration(args.duration) if args.duration else None
+    grant_id = local_state(paths).add_grant(
+        args.agent, args.scope, args.plan, expires, granted_by=f"cli:{os.getuid()}"
+    )
+    until = f" until {expires.isoformat(timespec='seconds')}" if expires else ""
+    print(f"grant {grant_id}: {args.scope} for agent {args.agent}, plan {args.plan}{until}")
+    return EXIT_OK
+
+
+def _grants(paths: Paths, args: argparse.Namespace) -> int:
+    rows = [
+        {
+            "id": g.id,
+            "agent": g.agent,
+            "scope": g.scope,
+            "plan": g.plan,
+            "expires": g.expires.isoformat() if g.expires else None,
+            "granted_by": g.granted_by,
+        }
+        for g in local_state(paths).grants()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print("no grants made with `agentworker grant` (config.toml may hold more)")
+    for r in rows if not args.json else []:
+        print(f"{r['id']}: {r['scope']} agent={r['agent']} plan={r['plan']} expires={r['expires']}")
+    return EXIT_OK
+
+
+def _revoke(paths: Paths, args: argparse.Namespace) -> int:
+    removed = local_state(paths).revoke_grant(args.grant_id)
+    print(f"grant {args.grant_id} revoked" if removed else f"no grant {args.grant_id}")
+    return EXIT_OK if removed else EXIT_FAILED

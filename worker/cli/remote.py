@@ -1,0 +1,132 @@
+"""`agentworker call`, `workers` and `status`: questions for a hub's ControlService."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags, iso, with_client
+
+if TYPE_CHECKING:
+    from worker.config import Paths
+    from worker.hub.client import ControlClient
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    call = sub.add_parser(
+        "call",
+        help="run one action through the hub and print the result as JSON",
+        description='Example: agentworker call fs_stat \'{"path": "."}\' --agent me. '
+        "ACTION is surface.action; a bare name means workerHost.NAME.",
+    )
+    call.add_argument("action", metavar="ACTION")
+    call.add_argument("args", metavar="JSON", nargs="?", default="{}", help="the action's args")
+    call.add_argument("--plan", default="", help="plan id (kill switch and grants are per plan)")
+    call.add_argument("--agent", default="cli", help="agent id the call is made as (default cli)")
+    call.add_argument("--worker", default="", help="worker id, when several are connected")
+    call.add_argument("--task", default="", help="task id, for telemetry")
+    call.add_argument("--id", default="", help="correlation id; reuse one to retry safely")
+    call.add_argument("--timeout", type=float, default=0, help="deadline in seconds")
+    call.add_argument("--blob-in", type=Path, help="send this file's bytes as the request blob")
+    call.add_argument("--blob-out", type=Path, help="write the result blob to this file")
+    add_server_flags(call)
+    call.set_defaults(handler=_call)
+
+    workers = sub.add_parser("workers", help="list the workers the hub knows")
+    workers.add_argument("--json", action="store_true", help="machine-readable output")
+    add_server_flags(workers)
+    workers.set_defaults(handler=_workers)
+
+    status = sub.add_parser("status", help="connected / disconnected / unconfigured")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_server_flags(status)
+    status.set_defaults(handler=_status)
+
+
+def _call(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.hub.client import result_to_dict
+    from worker.wire.proto import agentworker_pb2 as pb
+
+    surface, _, action = args.action.rpartition(".")
+    blob = args.blob_in.read_bytes() if args.blob_in else b""
+
+    async def body(client: ControlClient) -> int:
+        response = await client.dispatch(
+            worker_id=args.worker,
+            correlation_id=args.id,
+            plan_id=args.plan,
+            agent_id=args.agent,
+            task_id=args.task,
+            surface=surface or "workerHost",
+            action=action,
+            args_json=args.args,
+            blob=blob,
+            timeout_ms=int(args.timeout * 1000),
+        )
+        if args.blob_out and response.result.blob:
+            args.blob_out.write_bytes(response.result.blob)
+        print(json.dumps(result_to_dict(response), indent=2, ensure_ascii=False))
+        return EXIT_OK if response.result.status == pb.ActionResult.OK else EXIT_FAILED
+
+    return with_client(paths, args, body)
+
+
+def _workers(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.wire.proto import agentworker_pb2 as pb
+
+    async def body(client: ControlClient) -> int:
+        reply = await client.stub.ListWorkers(pb.ListWorkersRequest(), metadata=client.metadata)
+        rows = [
+            {
+                "worker_id": w.worker_id,
+                "connected": w.connected,
+                "state": pb.Heartbeat.State.Name(w.state).lower(),
+                "in_flight": w.in_flight,
+                "max_concurrency": w.max_concurrency,
+                "version": w.version,
+                "last_seen": iso(w.last_seen_unix_ms),
+                "actions": list(w.actions),
+            }
+            for w in reply.workers
+        ]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        elif not rows:
+            print("no workers yet: start one with `agentworker run` (or use `agentworker up`)")
+        else:
+            for r in rows:
+                link = "connected" if r["connected"] else f"last seen {r['last_seen']}"
+                print(
+                    f"{r['worker_id']}  {link}  in flight {r['in_flight']}/{r['max_concurrency']}"
+                )
+        return EXIT_OK
+
+    return with_client(paths, args, body)
+
+
+def _status(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.wire.proto import agentworker_pb2 as pb
+
+    async def body(client: ControlClient) -> int:
+        reply = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
+        state = pb.StatusResponse.State.Name(reply.state).lower()
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "state": state,
+                        "connected_workers": reply.connected_workers,
+                        "known_workers": reply.known_workers,
+                        "version": reply.version,
+                    }
+                )
+            )
+        else:
+            print(
+                f"{state}: {reply.connected_workers} of {reply.known_workers} worker(s) connected"
+            )
+        return EXIT_OK if reply.state == pb.StatusResponse.CONNECTED else EXIT_FAILED
+
+    return with_client(paths, args, body)

@@ -1,0 +1,155 @@
+"""`agentworker up`, `hub`, `run` and `ui`: the long-running verbs (worker.app assembles
+them), with the TUI when the `agentworker` command hands one in and a terminal shows it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from worker.cli._common import EXIT_OK, config_of
+
+if TYPE_CHECKING:
+    from worker.app import Frontend
+    from worker.config import Paths
+
+SANDBOX_HELP = (
+    "sandbox mode (the workbench): serve workbenchHost.* with a contained workspace per "
+    "plan instead of your shared folders; refuses to start if bubblewrap cannot work here"
+)
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = sub.add_parser("up", help="run hub and worker together on loopback (the default setup)")
+    up.add_argument("--listen", help="hub address (default from config: 127.0.0.1:7421)")
+    up.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
+    _add_headless_flag(up)
+    up.set_defaults(handler=_up)
+
+    hub = sub.add_parser("hub", help="run the reference hub alone")
+    hub.add_argument("--listen", help="address to serve (loopback unless TLS is configured)")
+    hub.set_defaults(handler=_hub)
+
+    run = sub.add_parser(
+        "run", help="run a worker alone; with no flags it joins this machine's hub"
+    )
+    run.add_argument("--server", help="hub or agent server address, host:port")
+    run.add_argument("--token", help="bearer token (default: the local hub's token file)")
+    run.add_argument("--tls-ca", type=Path, help="CA certificate to verify a TLS server")
+    run.add_argument("--max-concurrency", type=int, help="calls executed at once (default 8)")
+    run.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
+    _add_headless_flag(run)
+    run.set_defaults(handler=_run)
+
+    ui = sub.add_parser(
+        "ui",
+        help="open the TUI on the worker already running on this machine (approvals, calls, "
+        "kill switch)",
+        description="Attaches over a local socket only your user can open. While attached, "
+        "calls that need your approval wait for you here.",
+    )
+    ui.set_defaults(handler=_ui)
+
+
+def _add_headless_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--headless",
+        action="store_true",
+        help="no TUI even on a terminal (the default with no terminal); calls that need "
+        "approval are refused unless `agentworker ui` is attached",
+    )
+
+
+def _tui(paths: Paths, args: argparse.Namespace) -> Frontend | None:
+    """The TUI when it can be shown (a frontend, a terminal, no --headless); while it
+    runs, the log goes to a file so nothing draws over the screen."""
+    frontend: Frontend | None = args.frontend
+    on_terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    if frontend is None or args.headless or not on_terminal:
+        return None
+    _log_to_file(paths)
+    return frontend
+
+
+def _log_to_file(paths: Paths, name: str = "agentworker.log") -> None:
+    paths.ensure()
+    log_file = paths.data_dir / name
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    print(f"agentworker: logging to {log_file}", file=sys.stderr)
+
+
+def _up(paths: Paths, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker import app
+
+    app.prepare(paths)
+    config = config_of(paths, args)
+    with _refused_as_unreachable():
+        asyncio.run(app.run_up(paths, config, sandbox=args.sandbox, frontend=_tui(paths, args)))
+    return EXIT_OK
+
+
+def _hub(paths: Paths, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker import app
+
+    paths.ensure()
+    asyncio.run(app.run_hub(paths, config_of(paths, args), args.listen))
+    return EXIT_OK
+
+
+def _run(paths: Paths, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker import app
+
+    app.prepare(paths)
+    config = config_of(paths, args)
+    target = app.worker_target(paths, config)
+    with _refused_as_unreachable():
+        asyncio.run(
+            app.run_worker(paths, config, target, sandbox=args.sandbox, frontend=_tui(paths, args))
+        )
+    return EXIT_OK
+
+
+def _ui(paths: Paths, args: argparse.Namespace) -> int:
+    """Attach the TUI to the worker already running with this data folder."""
+    import asyncio
+
+    from worker.core.console_socket import SocketLink, socket_path
+    from worker.errors import UsageError
+
+    frontend: Frontend | None = args.frontend
+    if frontend is None:
+        raise UsageError("the TUI comes with the `agentworker` command; run `agentworker ui`")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("`agentworker ui` needs a terminal")
+    _log_to_file(paths, "agentworker-ui.log")
+    link = SocketLink(socket_path(paths))
+    asyncio.run(frontend.serve(link))
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _refused_as_unreachable() -> Iterator[None]:
+    """A server that refuses this worker for good (bad token, no permission) ends the
+    verb as a HubUnreachableError, with the server's reason."""
+    from worker.core.connection import FatalConnectionError
+    from worker.errors import HubUnreachableError
+
+    try:
+        yield
+    except FatalConnectionError as exc:
+        raise HubUnreachableError(str(exc)) from exc
