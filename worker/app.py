@@ -36,7 +36,7 @@ from worker.core.console_socket import ConsoleServer, socket_path
 from worker.core.ledger import State
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
-from worker.core.telemetry import Telemetry, retention_days
+from worker.core.telemetry import Telemetry
 from worker.errors import ConfigError, InsecureError, InUseError, StartupError
 from worker.hub.server import Hub, add_control_service, add_worker_service
 from worker.hub.store import HubStore
@@ -121,7 +121,7 @@ def build_dispatcher(
     state = State(paths.data_dir / "state.db")
     # In the ledger's database, on its connection: one file, and an ack is recorded
     # only after the row of its result (see Dispatcher.ack).
-    telemetry = Telemetry(state.connection, retention_days(config.telemetry.retention_days))
+    telemetry = Telemetry(state.connection, config.telemetry.retention_days)
     static = grants_of(config)
     registry = actions.build(diagnostics=config.worker.diagnostics)
     roots = roots_of(config, paths)
@@ -146,7 +146,7 @@ def build_dispatcher(
         telemetry=telemetry,
         scopes=scopes,
         roots=roots,
-        data_dir=paths.data_dir,
+        paths=paths,
         limits=Limits(
             max_concurrency=config.worker.max_concurrency,
             max_accepted=config.worker.max_accepted,

@@ -1,6 +1,7 @@
 """Where agentworker keeps its files, and the settings it runs with.
 
-Precedence is config file < environment (`AGENTWORKER_*`) < flags (DESIGN.md §9).
+Precedence is config file < environment (`AGENTWORKER_*`) < flags
+(docs/architecture.md, "Configuration reference").
 `AGENTWORKER_HOME`, when set, holds both the config file and the data, so tests and
 side-by-side instances never touch the person's real files.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -43,12 +45,13 @@ class Paths:
 
     config_dir: Path
     data_dir: Path
+    home: Path | None = None  # set when a home folder was chosen (--home, AGENTWORKER_HOME)
 
     @classmethod
     def at(cls, home: Path | str) -> Paths:
         """Config and data both in one folder (`--home`, AGENTWORKER_HOME)."""
         root = Path(home).expanduser().resolve()
-        return cls(config_dir=root, data_dir=root)
+        return cls(config_dir=root, data_dir=root, home=root)
 
     @classmethod
     def from_env(cls) -> Paths:
@@ -270,8 +273,18 @@ mode = "rw"
 """
 
 
-def load(paths: Paths, overrides: dict[str, dict[str, object]] | None = None) -> Config:
-    """Read the config file, then the environment, then `overrides` (from flags)."""
+# Read with one rule, here only: a value that is not a positive whole number is
+# ignored (and logged), as the retention variable has always been documented.
+RETENTION_VAR = "WORKER_INVOCATION_RETENTION_DAYS"
+
+
+def load(
+    paths: Paths,
+    overrides: dict[str, dict[str, object]] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Config:
+    """Read the config file, then `environ`'s AGENTWORKER_* (and retention) variables,
+    then `overrides` (from flags)."""
     raw: dict[str, object] = {}
     if paths.config_file.exists():
         try:
@@ -279,9 +292,13 @@ def load(paths: Paths, overrides: dict[str, dict[str, object]] | None = None) ->
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{paths.config_file} is not valid TOML: {exc}") from exc
     for var, (section, key) in _ENV.items():
-        value = os.environ.get(var)
-        if value is not None and value != "":
-            _section(raw, section)[key] = value
+        value = environ.get(var)
+        if value is None or value == "":
+            continue
+        if var == RETENTION_VAR and not (value.isdigit() and int(value) > 0):
+            log.warning("%s=%r is not a positive number of days; ignored", var, value)
+            continue
+        _section(raw, section)[key] = value
     for section, values in (overrides or {}).items():
         _section(raw, section).update({k: v for k, v in values.items() if v is not None})
     try:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from worker.config import RETENTION_VAR, Paths, load
 from worker.core.ledger import Seen, State, now_ms
 from worker.core.scopes import ApprovalRequest, Grant, Scopes
-from worker.core.telemetry import DAY_MS, Telemetry, retention_days
+from worker.core.telemetry import DAY_MS, Telemetry
 from worker.errors import WorkerError
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -55,11 +56,12 @@ def test_telemetry_prunes_rows_past_retention(tmp_path: Path) -> None:
     assert [r["invocation_id"] for r in telemetry.rows()] == ["new"]
 
 
-def test_retention_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORKER_INVOCATION_RETENTION_DAYS", "7")
-    assert retention_days(90) == 7
-    monkeypatch.setenv("WORKER_INVOCATION_RETENTION_DAYS", "nonsense")
-    assert retention_days(90) == 90
+def test_retention_comes_from_the_environment_and_nonsense_is_ignored(tmp_path: Path) -> None:
+    paths = Paths(config_dir=tmp_path, data_dir=tmp_path)
+    assert load(paths, environ={}).telemetry.retention_days == 90
+    assert load(paths, environ={RETENTION_VAR: "7"}).telemetry.retention_days == 7
+    for nonsense in ("nonsense", "0", "-3", "1.5"):
+        assert load(paths, environ={RETENTION_VAR: nonsense}).telemetry.retention_days == 90
 
 
 def test_ledger_forgets_acked_results_after_the_ttl(tmp_path: Path) -> None:

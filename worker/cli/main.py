@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,8 +78,6 @@ def main(argv: list[str] | None = None, frontend: Frontend | None = None) -> int
     in from `ui/` (the worker never imports it); without one, the worker runs headless."""
     args = parser().parse_args(argv)
     args.frontend = frontend
-    if args.home:  # TODO(issue 13, item 4): exec still reads this; pass Paths instead
-        os.environ["AGENTWORKER_HOME"] = str(args.home)
     if args.log_file:
         args.log_file.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(

@@ -93,8 +93,8 @@ def service_argv(
     paths: Paths, *, worker_only: bool, sandbox: bool, log_file: Path | None
 ) -> list[str]:
     argv = program()
-    if os.environ.get("AGENTWORKER_HOME"):
-        argv += ["--home", str(paths.config_dir)]
+    if paths.home is not None:  # the unit runs with the folder this command was given
+        argv += ["--home", str(paths.home)]
     if log_file is not None:
         argv += ["--log-file", str(log_file)]
     argv.append("run" if worker_only else "up")

@@ -42,7 +42,8 @@ PREVIEW_LIMIT: Final = 2000
 
 # Approving one of these "for this plan" or "for this agent" grants the others too:
 # they read and change nothing, so a person who let an agent list a folder is not
-# asked again for each file it reads there (DESIGN.md §6: fewer prompts, same safety).
+# asked again for each file it reads there (fewer prompts, same safety;
+# docs/architecture.md, "Scopes, approvals and the kill switch").
 # The prompt names every scope such a choice grants.
 READ_ONLY_HOST: Final = ("workerHost.fs_list", "workerHost.fs_read", "workerHost.fs_stat")
 FAMILIES: Final = {scope: READ_ONLY_HOST for scope in READ_ONLY_HOST}

@@ -1,4 +1,5 @@
-"""The dispatch pipeline: every ActionRequest passes the same stages (DESIGN.md §2).
+"""The dispatch pipeline: every ActionRequest passes the same stages (docs/architecture.md,
+"The life of one call").
 
     intake:    ledger claim (at most once; duplicates answered from the ledger)
     execution: parse + validate → kill switch → scope → slot → handler → size cap
@@ -34,14 +35,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from sandbox import Root
 from worker.clock import now_ms
-from worker.config import Config
+from worker.config import Config, Paths
 from worker.core.ledger import Seen, State
 from worker.core.redaction import args_preview
 from worker.core.registry import ActionSpec, Context, Outcome, Registry
@@ -186,7 +186,7 @@ class Dispatcher:
         telemetry: Telemetry,
         scopes: Scopes,
         roots: list[Root],
-        data_dir: Path,
+        paths: Paths,
         limits: Limits = Limits(),
         config: Config | None = None,
         outbox: Outbox | None = None,
@@ -198,7 +198,7 @@ class Dispatcher:
         self.telemetry = telemetry
         self.scopes = scopes
         self.roots = roots
-        self.data_dir = data_dir
+        self.paths = paths
         self.limits = limits
         self.outbox = outbox if outbox is not None else Outbox()
         self.watcher: CallWatcher | None = None
@@ -761,7 +761,7 @@ class Dispatcher:
             agent_id=req.agent_id,
             blob=call.blob,
             roots=self.roots,
-            data_dir=self.data_dir,
+            paths=self.paths,
             config=self.config,
             in_flight=self.in_flight,
             approve=lambda what, preview: self._approve(req, what, preview),

@@ -18,7 +18,8 @@ from typing import Annotated, Any, Final, Generic, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 from sandbox import Root
-from worker.config import Config
+from worker.clock import SYSTEM_CLOCK, Clock
+from worker.config import Config, Paths
 from worker.errors import ErrorCode, WorkerError
 
 MIB: Final = 1024 * 1024
@@ -62,12 +63,17 @@ class Context:
     agent_id: str
     blob: bytes
     roots: Sequence[Root]
-    data_dir: Path
+    paths: Paths  # the worker's config and data folders (never read from the environment)
     config: Config = field(default_factory=Config)
+    clock: Clock = SYSTEM_CLOCK
     in_flight: Callable[[], int] = lambda: 0
     # For an action-level "ask" (e.g. an allowlist rule): resolves when the person
     # approves, raises WorkerError otherwise. Headless workers never prompt.
     approve: Callable[[str, str], Awaitable[None]] = field(default=_never_approved)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.paths.data_dir
 
 
 @dataclass(frozen=True)

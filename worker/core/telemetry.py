@@ -8,7 +8,6 @@ audit row linked by correlation id. Rows older than the retention period are pru
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import uuid
 from typing import Any, Final
@@ -50,12 +49,6 @@ CREATE INDEX IF NOT EXISTS audit_time ON audit_events (unix_ms);
 
 # Errors worth an audit row: the person will want to know someone tried (ErrorCode.audited).
 AUDITED_CODES: Final = frozenset(code for code in ErrorCode if code.audited)
-
-
-def retention_days(configured: int) -> int:
-    """`WORKER_INVOCATION_RETENTION_DAYS` wins over the config file when set."""
-    value = os.environ.get("WORKER_INVOCATION_RETENTION_DAYS")
-    return int(value) if value and value.isdigit() and int(value) > 0 else configured
 
 
 class Telemetry:

@@ -1,11 +1,11 @@
 """The reference hub: the server side of the worker stream plus a control API.
 
-It stands in for the agent server (DESIGN.md §3): workers dial its WorkerService,
-callers use its ControlService to dispatch actions, list workers, ask for scopes
-and kill plans. `agentworker up` runs it beside a worker in one process.
-
-Each worker stream has one writer: the servicer is a generator that yields from
-the session's outbox, while a reader task handles what the worker sends.
+It stands in for the agent server (docs/architecture.md, "The protocol and its
+guarantees"): workers dial its WorkerService, callers use its ControlService to dispatch
+actions, list workers, ask for scopes and kill plans. `agentworker up` runs it beside a
+worker in one process. Each worker stream has one writer: the servicer is a generator
+that yields from the session's outbox, while a reader task handles what the worker
+sends.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ SCHEMA_FILE: Final = "script.schema.json"
 
 def _known_code(value: str) -> str:
     if value not in CODES:
-        raise ValueError(f"{value!r} is not an error code (see DESIGN.md §5)")
+        raise ValueError(f"{value!r} is not an error code (see docs/architecture.md, Errors)")
     return value
 
 

@@ -31,7 +31,7 @@ from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, v
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, path_check, policy_for
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
-from worker.config import ExecSection, Paths
+from worker.config import ExecSection
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
 
@@ -70,7 +70,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     settings = ctx.config.exec
     timeout_s = _timeout(args, settings)
     cwd = _working_dir(ctx, args.cwd)
-    decision = policy_for(ctx.config).decide(args.argv, path_check(ctx.roots, cwd))
+    decision = policy_for(ctx.config, ctx.paths).decide(args.argv, path_check(ctx.roots, cwd))
     program = _admitted(decision, ctx.roots)
     if decision.verdict == "ask":
         command = shlex.join(args.argv)
@@ -181,7 +181,7 @@ def _admitted(decision: Decision, roots: Sequence[Root]) -> str:
 
 def _own_folders(ctx: Context) -> tuple[str, ...]:
     """The worker's config (token) and data folders: blanked if a shared folder holds them."""
-    folders = {os.path.realpath(Paths.from_env().config_dir), os.path.realpath(ctx.data_dir)}
+    folders = {os.path.realpath(ctx.paths.config_dir), os.path.realpath(ctx.data_dir)}
     return tuple(sorted(folder for folder in folders if os.path.isdir(folder)))
 
 

@@ -36,15 +36,15 @@ REFUSAL_CODES: Final[dict[Refusal, ErrorCode]] = {
 _cache: dict[tuple[str, int, int], Policy | PolicyError] = {}
 
 
-def user_policy_file(config: Config, paths: Paths | None = None) -> Path | None:
+def user_policy_file(config: Config, paths: Paths) -> Path | None:
     """The person's allowlist: [exec] policy, else allowlist.toml beside config.toml."""
     if config.exec.policy is not None:
         return Path(os.path.expanduser(config.exec.policy))
-    beside = (paths or Paths.from_env()).config_dir / USER_POLICY
+    beside = paths.config_dir / USER_POLICY
     return beside if beside.exists() else None
 
 
-def policy_for(config: Config, paths: Paths | None = None) -> Policy:
+def policy_for(config: Config, paths: Paths) -> Policy:
     """The policy in force (cached per file version); WorkerError if it does not load."""
     path = user_policy_file(config, paths)
     key = ("", 0, 0)
