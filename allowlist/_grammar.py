@@ -34,7 +34,7 @@ from typing import Final, Literal
 Style = Literal["gnu", "options_first", "single_dash"]
 Repeat = Literal["one", "optional", "many"]
 
-BASE_KINDS: Final = frozenset({"opaque", "int", "glob", "read_path", "write_path"})
+BASE_KINDS: Final = frozenset({"opaque", "int", "glob", "read_path", "write_path", "git_format"})
 PATH_KINDS: Final = frozenset({"read_path", "write_path"})
 # A kind is a base kind's name, or a tuple of the literal words allowed.
 Kind = str | tuple[str, ...]
@@ -44,6 +44,9 @@ Kind = str | tuple[str, ...]
 PathCheck = Callable[[str, bool], "str | None"]
 
 _INT: Final = re.compile(r"[+-]?[0-9]{1,18}")
+# git format placeholders that verify a signature, which runs gpg: %G? %GS %GK ... in
+# pretty formats, %(signature...) in ref formats. `%%` is a literal percent sign.
+_SIGNATURE_PLACEHOLDER: Final = re.compile(r"%G|%\(\s*signature", re.IGNORECASE)
 # How a rule for another subcommand says no: never worth showing a person.
 OTHER_FORM: Final = "it is not `"
 
@@ -240,6 +243,11 @@ def _check_value(kind: Kind, value: str, what: str, check_path: PathCheck) -> No
     elif kind == "int":
         if not _INT.fullmatch(value):
             raise NoMatchError(f"{what} must be a whole number")
+    elif kind == "git_format":
+        if _SIGNATURE_PLACEHOLDER.search(value.replace("%%", "")):
+            raise NoMatchError(
+                f"{what} asks for a signature check (%G…, %(signature)), which runs gpg"
+            )
     elif kind in PATH_KINDS and value != "-":  # "-" is stdin or stdout, not a file
         why = check_path(value, kind == "write_path")
         if why is not None:

@@ -30,11 +30,13 @@ from sandbox import _pidcap
 from sandbox._bwrap import (
     Limits,
     Mount,
+    PrivateDir,
     SandboxUnavailableError,
     Tools,
     View,
     command,
     find_tools,
+    private_files,
     visible_by_default,
 )
 
@@ -42,6 +44,7 @@ __all__ = [
     "Completed",
     "Limits",
     "Mount",
+    "PrivateDir",
     "SandboxUnavailableError",
     "View",
     "run",
@@ -98,26 +101,35 @@ async def run(
     tools = find_tools(view.bwrap)
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
+    file_fds = [_memory_file(content) for content in private_files(view.private)]
     started = time.monotonic()
     loop = asyncio.get_running_loop()
     try:
         try:
             transport, capture = await loop.subprocess_exec(
                 lambda: _Capture(limits.output_bytes),
-                *command(tools, argv, view, limits, info_fd=info_w, block_fd=block_r),
+                *command(
+                    tools,
+                    argv,
+                    view,
+                    limits,
+                    info_fd=info_w,
+                    block_fd=block_r,
+                    file_fds=file_fds,
+                ),
                 stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=dict(view.env),
                 cwd="/",
-                pass_fds=(info_w, block_r),
+                pass_fds=(info_w, block_r, *file_fds),
                 start_new_session=True,
             )
         except OSError as exc:
             raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
         finally:
-            os.close(info_w)
-            os.close(block_r)
+            for fd in (info_w, block_r, *file_fds):
+                os.close(fd)
         sandbox = _Sandbox(transport, capture)
         try:
             return await sandbox.drive(tools, limits, info_r, block_w, stdin, started)
@@ -220,6 +232,21 @@ class _Sandbox:
             "unprivileged user namespaces (kernel.unprivileged_userns_clone=1, or AppArmor's "
             "userns restriction lifted for bwrap)."
         )
+
+
+def _memory_file(content: bytes) -> int:
+    """A descriptor reading `content` from its start: a file in memory, on no file system
+    anyone else can name."""
+    fd = os.memfd_create("agentworker-private", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _signal_of(code: int | None) -> int | None:

@@ -88,7 +88,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             ),
             hidden=_own_folders(ctx),
             extra_files=() if visible_by_default(program) else (program,),
-            overlays=tuple(git.overlays),
+            private=tuple(git.private),
             network=decision.program.network,
             bwrap=settings.bwrap,
         )

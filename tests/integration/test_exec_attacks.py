@@ -1,0 +1,162 @@
+"""Issue 10's attacks, each replayed as a hostile agent would: fs_write, then exec.
+
+Every test goes through a real hub and worker with the shipped default policy and
+one read-write shared folder. A trap is armed first and shown to fire under plain
+git (outside the worker), so a test that passes is not passing because the trap
+was broken.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.host_calls import call, call_many, error_code, shared_cluster
+
+RACE_ROUNDS = 200
+GIT = ["git", "-c", "user.email=a@b", "-c", "user.name=n", "-c", "commit.gpgsign=false"]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with shared_cluster(tmp_path_factory.mktemp("attacks") / "home") as c:
+        yield c
+
+
+def write(live: Cluster, path: str, content: bytes, mode: str = "overwrite") -> dict[str, Any]:
+    out, _ = call(live, "fs_write", {"path": path, "mode": mode, "make_parents": True}, content)
+    assert out["status"] == "ok", out
+    return out
+
+
+def run_exec(live: Cluster, argv: list[str], cwd: str) -> tuple[dict[str, Any], bytes]:
+    return call(live, "exec", {"argv": argv, "cwd": cwd})
+
+
+def repository(folder: Path) -> None:
+    folder.mkdir()
+    subprocess.run([*GIT, "-C", str(folder), "init", "-q"], check=True)
+    (folder / "a.txt").write_text("one\n")
+    subprocess.run([*GIT, "-C", str(folder), "add", "a.txt"], check=True)
+    subprocess.run([*GIT, "-C", str(folder), "commit", "-qm", "first"], check=True)
+    (folder / "a.txt").write_text("one\ntwo\n")  # so that `git diff` has a change to show
+
+
+def hostile_config(mark: Path) -> bytes:
+    return (
+        "[core]\n\trepositoryformatversion = 0\n"
+        f"[diff]\n\texternal = \"sh -c 'touch {mark}'\"\n"
+        f'[core]\n\tpager = "touch {mark}"\n'
+    ).encode()
+
+
+def test_a_commondir_with_a_trailing_space_never_leads_git_to_the_agents_config(
+    live: Cluster, box: Path
+) -> None:
+    """A: `commondir` = "c2 \\n". git strips only the line end and reads `.git/c2 /config`;
+    the worker used to strip all blanks and clean `.git/c2/config` instead."""
+    repository(box / "repo")
+    mark = box / "PWNED"
+    base = f"{box.name}/repo/.git"
+    write(live, f"{base}/c2/config", b"[core]\n\trepositoryformatversion = 0\n")
+    write(live, f"{base}/c2 /config", hostile_config(mark))
+    objects = f"{box / 'repo' / '.git' / 'objects'}\n".encode()
+    write(live, f"{base}/c2 /objects/info/alternates", objects)
+    write(live, f"{base}/c2 /refs/keep", b"")
+    write(live, f"{base}/commondir", b"c2 \n")
+    armed = subprocess.run(["git", "diff"], cwd=box / "repo", capture_output=True, check=False)
+    assert mark.exists(), ("the trap is armed: plain git runs the external diff", armed)
+    mark.unlink()
+    out, blob = run_exec(live, ["git", "diff"], f"{box.name}/repo")
+    assert out["status"] == "ok" and b"+two" in blob, (out, blob)
+    assert not mark.exists(), "git read the agent's config through commondir"
+
+
+def test_b_renaming_a_config_over_the_repositorys_never_reaches_git(
+    live: Cluster, box: Path
+) -> None:
+    """B: an fs_write `overwrite` renames the agent's config over `.git/config` while
+    `git diff` runs. git reads the worker's private copy, never that name."""
+    repository(box / "repo")
+    mark = box / "PWNED"
+    config = f"{box.name}/repo/.git/config"
+    plain = (box / "repo" / ".git" / "config").read_bytes()
+    hostile = plain + hostile_config(mark)
+    requests: list[tuple[str, dict[str, Any], bytes]] = []
+    for round_ in range(RACE_ROUNDS):
+        content = hostile if round_ % 2 else plain
+        requests.append(("fs_write", {"path": config, "mode": "overwrite"}, content))
+        requests.append(("exec", {"argv": ["git", "diff"], "cwd": f"{box.name}/repo"}, b""))
+    answers = call_many(live, requests, in_flight=8)
+    failed = [out["error"] for out, _ in answers if out["status"] != "ok"]
+    assert not failed, failed[:3]
+    diffs = [blob for (action, _, _), (_, blob) in zip(requests, answers, strict=True)]
+    assert sum(b"+two" in blob for blob in diffs) == RACE_ROUNDS, "every git diff ran for real"
+    assert not mark.exists(), "git read the agent's config in a race"
+    subprocess.run(["git", "diff"], cwd=box / "repo", capture_output=True, check=False)
+    assert mark.exists(), "the trap was armed: plain git runs the external diff"
+
+
+def signed_commit(folder: Path) -> None:
+    """Make HEAD a commit with a (bogus) signature: enough for git to call gpg."""
+    tree = subprocess.run(
+        ["git", "-C", str(folder), "rev-parse", "HEAD^{tree}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    body = (
+        f"tree {tree}\nauthor n <a@b> 0 +0000\ncommitter n <a@b> 0 +0000\n"
+        "gpgsig -----BEGIN PGP SIGNATURE-----\n \n AAAA\n -----END PGP SIGNATURE-----\n"
+        "\nsigned\n"
+    )
+    sha = subprocess.run(
+        ["git", "-C", str(folder), "hash-object", "-t", "commit", "-w", "--stdin"],
+        input=body,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    subprocess.run(["git", "-C", str(folder), "update-ref", "HEAD", sha], check=True)
+
+
+def test_g_signature_checks_never_run_gpg(live: Cluster, box: Path) -> None:
+    """G: `git log --format=%G?` verifies signatures, which runs gpg.program. The
+    placeholder is refused; the repository's own gpg.program and log.showSignature
+    are never read; and git's gpg names a program that does not exist."""
+    repository(box / "repo")
+    signed_commit(box / "repo")
+    mark = box / "PWNED"
+    fake_gpg = box / "gpg.sh"
+    write(live, f"{box.name}/gpg.sh", f"#!/bin/sh\ntouch {mark}\n".encode())
+    fake_gpg.chmod(0o755)
+    config = f"{box.name}/repo/.git/config"
+    plain = (box / "repo" / ".git" / "config").read_bytes()
+    write(
+        live,
+        config,
+        plain + f'[gpg]\n\tprogram = "{fake_gpg}"\n[log]\n\tshowSignature = true\n'.encode(),
+    )
+    subprocess.run(["git", "log", "-n1"], cwd=box / "repo", capture_output=True, check=False)
+    assert mark.exists(), "the trap is armed: plain git runs the repository's gpg.program"
+    mark.unlink()
+    for argv in (
+        ["git", "log", "--format=%G?"],
+        ["git", "log", "--format=%h %GS"],
+        ["git", "show", "--format=%GK", "HEAD"],
+        ["git", "branch", "--format=%(signature)"],
+    ):
+        out, _ = run_exec(live, argv, f"{box.name}/repo")
+        assert error_code(out) == "command_not_allowed", (argv, out)
+        assert "gpg" in out["error"]["message"], out
+    out, blob = run_exec(live, ["git", "log", "-n", "1"], f"{box.name}/repo")
+    assert out["status"] == "ok" and out["result"]["exit_code"] == 0, (out, blob)
+    assert b"signed" in blob and b"gpg" not in blob.lower(), blob
+    out, blob = run_exec(live, ["git", "log", "--format=%%G? %s", "-n", "1"], f"{box.name}/repo")
+    assert out["status"] == "ok" and blob == b"%G? signed\n", (out, blob)
+    assert not mark.exists(), "git ran a gpg"
