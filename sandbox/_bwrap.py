@@ -180,17 +180,25 @@ def command(
 def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
     """Shared folders and hidden folders, shallowest first so deeper ones land on top.
 
-    A hidden folder (the worker's own config and data) only matters where a shared
-    folder would expose it; it becomes an empty read-only tmpfs.
+    A hidden place (the worker's own config and data) only matters where a shared
+    folder would expose it: a folder becomes an empty read-only tmpfs, a file an
+    empty one (/dev/null); one that does not exist has nothing to hide.
     """
     steps: list[tuple[int, int, list[str]]] = []
+    sealed: list[str] = []  # read-only once every mount is in: deeper ones need mount points
     for mount in mounts:
         flag = "--bind" if mount.writable else "--ro-bind"
         steps.append((_depth(mount.inside), 0, [flag, mount.path, mount.inside]))
     for path in hidden:
-        if any(_inside(path, mount.inside) for mount in mounts):
-            steps.append((_depth(path), 1, ["--tmpfs", path, "--remount-ro", path]))
-    return [arg for _, _, step in sorted(steps, key=lambda s: (s[0], s[1])) for arg in step]
+        if not any(_inside(path, mount.inside) for mount in mounts):
+            continue
+        if os.path.isdir(path):
+            steps.append((_depth(path), 1, ["--tmpfs", path]))
+            sealed += ["--remount-ro", path]
+        elif os.path.lexists(path):
+            steps.append((_depth(path), 1, ["--ro-bind", "/dev/null", path]))
+    ordered = [arg for _, _, step in sorted(steps, key=lambda s: (s[0], s[1])) for arg in step]
+    return ordered + sealed
 
 
 def private_files(private: Sequence[PrivateDir]) -> list[bytes]:

@@ -227,11 +227,27 @@ class _Sandbox:
 
     def _bwrap_complaint(self) -> str:
         said = self.capture.output[STDERR].decode(errors="replace").strip()[:400]
+        if any(sign in said for sign in _NAMESPACE_SIGNS) or not said:
+            return (
+                f"bubblewrap could not build the sandbox ({said or 'no message'}). It needs "
+                "unprivileged user namespaces (kernel.unprivileged_userns_clone=1, or "
+                "AppArmor's userns restriction lifted for bwrap)."
+            )
         return (
-            f"bubblewrap could not build the sandbox ({said or 'no message'}). It needs "
-            "unprivileged user namespaces (kernel.unprivileged_userns_clone=1, or AppArmor's "
-            "userns restriction lifted for bwrap)."
+            f"bubblewrap could not build the sandbox ({said}). A shared folder or a file in "
+            "it may have been moved or replaced while the sandbox was being set up; try again."
         )
+
+
+# What bubblewrap says when user namespaces are what it lacks.
+_NAMESPACE_SIGNS: Final = (
+    "namespace",
+    "uid map",
+    "uid_map",
+    "setgroups",
+    "Operation not permitted",
+    "No permissions",
+)
 
 
 def _memory_file(content: bytes) -> int:

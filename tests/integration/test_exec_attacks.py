@@ -160,3 +160,97 @@ def test_g_signature_checks_never_run_gpg(live: Cluster, box: Path) -> None:
     out, blob = run_exec(live, ["git", "log", "--format=%%G? %s", "-n", "1"], f"{box.name}/repo")
     assert out["status"] == "ok" and blob == b"%G? signed\n", (out, blob)
     assert not mark.exists(), "git ran a gpg"
+
+
+def test_d_exec_refuses_a_hard_linked_file_as_fs_read_does(
+    live: Cluster, box: Path, tmp_path: Path
+) -> None:
+    """D: with `[fs] allow_hard_links = false` (the default), a file with another name
+    outside the shared folders is refused by exec's path checks, as by fs_read."""
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not shared\n")
+    (box / "link.txt").hardlink_to(outside)
+    (box / "plain.txt").write_text("shared\n")
+    out, _ = call(live, "fs_read", {"path": f"{box.name}/link.txt"})
+    assert error_code(out) == "path_not_allowed", out
+    for argv in (["cat", "link.txt"], ["head", "-n", "1", "link.txt"], ["xxd", "link.txt"]):
+        out, blob = run_exec(live, argv, box.name)
+        assert error_code(out) == "path_not_allowed", (argv, out, blob)
+        assert "hard links" in out["error"]["message"], out
+    out, blob = run_exec(live, ["cat", "plain.txt"], box.name)
+    assert out["status"] == "ok" and blob == b"shared\n", out
+
+
+@pytest.fixture(scope="module")
+def home_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A worker whose second shared folder holds its own home (config, token, data)."""
+    base = tmp_path_factory.mktemp("shares-home")
+    root = f'[[root]]\npath = "{base}"\nmode = "rw"\n'
+    with shared_cluster(base / "home", extra_config=root) as c:
+        yield c
+
+
+def test_e_the_workers_own_folders_stay_out_of_reach_when_a_root_holds_them(
+    home_shared: Cluster,
+) -> None:
+    """E: a person shares the folder that holds the worker's home. The token, config,
+    allowlist and databases in it stay unreachable by fs_* and exec, by their own
+    names and through symbolic links; the start log names the hidden folder."""
+    live = home_shared
+    home, base = live.home, live.home.parent
+    token = live.token
+    (base / "token-link").symlink_to(home / "hub.token")
+    (base / "home-link").symlink_to(home)
+    for path in (
+        f"{home}/hub.token",
+        f"{home}/config.toml",
+        f"{home}/state.db",
+        f"{base}/token-link",
+        f"{base}/home-link/hub.token",
+    ):
+        out, blob = call(live, "fs_read", {"path": path})
+        assert error_code(out) == "path_not_allowed", (path, out)
+        assert token.encode() not in blob
+        if not path.endswith("token-link"):  # fs_stat describes a link itself: allowed
+            out, _ = call(live, "fs_stat", {"path": path})
+            assert error_code(out) == "path_not_allowed", (path, out)
+    for path, mode in (
+        (f"{home}/allowlist.toml", "create"),
+        (f"{home}/config.toml", "overwrite"),
+        (f"{base}/home-link/allowlist.toml", "create"),
+    ):
+        out, _ = call(live, "fs_write", {"path": path, "mode": mode}, b"[program.sh]\n")
+        assert error_code(out) == "path_not_allowed", (path, out)
+    assert not (home / "allowlist.toml").exists()
+    out, _ = call(live, "fs_list", {"path": str(base), "depth": 3, "hidden": True})
+    assert out["status"] == "ok", out
+    names = [entry["path"] for entry in out["result"]["entries"]]
+    assert "token-link" in names and not any(n == "home" or n.startswith("home/") for n in names)
+    out, _ = call(live, "fs_list", {"path": f"{base}/home-link"})
+    assert error_code(out) == "path_not_allowed", out
+    for argv in (
+        ["cat", f"{home}/hub.token"],
+        ["cat", "token-link"],
+        ["wc", "home-link/hub.token"],
+    ):
+        out, _ = call(live, "exec", {"argv": argv, "cwd": str(base)})
+        assert error_code(out) == "path_not_allowed", (argv, out)
+    out, blob = call(live, "exec", {"argv": ["grep", "-r", token, "."], "cwd": str(base)})
+    assert out["status"] == "ok" and out["result"]["exit_code"] == 1, (out.get("error"), blob)
+    log = (home / "worker.log").read_text()
+    assert f"holds the worker's own {home}" in log, log[-2000:]
+
+
+def test_clear_errors_for_an_argument_over_the_kernels_limit_and_a_huge_offset(
+    live: Cluster, box: Path
+) -> None:
+    """Issue 10, 8: limits the kernel would hit become validation errors naming them."""
+    for argument in ("x" * 131_072, "é" * 70_000):
+        out, _ = run_exec(live, ["echo", argument], box.name)
+        assert error_code(out) == "validation_error", out.get("error")
+        assert "131,071 bytes" in out["error"]["message"], out["error"]["message"][:300]
+    out, blob = run_exec(live, ["echo", "-n", "x" * 131_071], box.name)
+    assert out["status"] == "ok" and len(blob) == 131_071, out
+    (box / "a.txt").write_text("a")
+    out, _ = call(live, "fs_read", {"path": f"{box.name}/a.txt", "offset": 2**63 - 10})
+    assert error_code(out) == "validation_error", out

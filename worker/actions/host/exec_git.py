@@ -40,7 +40,6 @@ from typing import Final
 from allowlist import Program
 from sandbox import (
     ChangedWhileOpenedError,
-    ConfinedDir,
     ConfinementError,
     Root,
     locate,
@@ -200,7 +199,7 @@ def _read_inside(roots: Sequence[Root], path: str) -> bytes:
 def _read_once(roots: Sequence[Root], path: str) -> bytes:
     try:
         located = locate(roots, path)
-        with ConfinedDir(located.root.path) as root:
+        with located.root.confined() as root:
             fd = open_regular(root, located.relative, allow_hard_links=True)
             try:
                 if os.fstat(fd).st_size > CONFIG_MAX:
