@@ -19,6 +19,12 @@ way the program itself reads it:
 - `single_dash` style (find's expressions): tokens are matched whole, an option
   takes the next token, and positionals (start points) come before the first
   option.
+- `xxd` style, xxd's own parser exactly: an option token is read by its first two
+  characters (`-ps` is `-p`, `-revert` is `-r`; one leading `-` more is dropped, so
+  `--p` is `-p`), the rest of a flag's token is ignored, an option's value is the
+  rest of its token unless that spells the option's long name (`-c16`, but
+  `-cols 16`), the first non-option ends the options and `--` ends them too.
+  Read the `gnu` way, `-ps` would be `-p` plus `-s VALUE`.
 
 Paths are never judged here: a `read_path` or `write_path` value is handed to the
 caller's `PathCheck`, which knows the shared folders and the working directory.
@@ -31,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-Style = Literal["gnu", "options_first", "single_dash"]
+Style = Literal["gnu", "options_first", "single_dash", "xxd"]
 Repeat = Literal["one", "optional", "many"]
 
 BASE_KINDS: Final = frozenset({"opaque", "int", "glob", "read_path", "write_path", "git_format"})
@@ -47,6 +53,15 @@ _INT: Final = re.compile(r"[+-]?[0-9]{1,18}")
 # git format placeholders that verify a signature, which runs gpg: %G? %GS %GK ... in
 # pretty formats, %(signature...) in ref formats. `%%` is a literal percent sign.
 _SIGNATURE_PLACEHOLDER: Final = re.compile(r"%G|%\(\s*signature", re.IGNORECASE)
+# xxd: the rest of an option's token that spells its long name means "value follows".
+_XXD_LONG_TAILS: Final[Mapping[str, tuple[str, ...]]] = {
+    "-c": ("ols",),
+    "-g": ("roup",),
+    "-o": ("ffset",),
+    "-s": ("kip", "eek"),
+    "-l": ("en",),
+    "-n": ("ame",),
+}
 # How a rule for another subcommand says no: never worth showing a person.
 OTHER_FORM: Final = "it is not `"
 
@@ -120,6 +135,8 @@ class Grammar:
             return Reading(positionals=tuple(rest))
         if self.style == "single_dash":
             reading = self._read_single_dash(rest)
+        elif self.style == "xxd":
+            reading = self._read_xxd(rest)
         else:
             reading = self._read_gnu(rest, options_first=self.style == "options_first")
         present = set(reading.flags) | {name for name, _ in reading.values}
@@ -191,6 +208,37 @@ class Grammar:
             else:
                 positionals.append(arg)
         return Reading(tuple(flags), tuple(values), tuple(positionals), tuple(after))
+
+    def _read_xxd(self, rest: list[str]) -> Reading:
+        flags: list[str] = []
+        values: list[tuple[str, str]] = []
+        index = 0
+        while index < len(rest):
+            arg = rest[index]
+            word = arg[1:] if arg.startswith("--") and len(arg) > 2 else arg
+            if word == "--":
+                index += 1
+                break
+            if not (word.startswith("-") and len(word) > 1):
+                break  # the first operand ends the options
+            index += 1
+            key, tail = word[:2], word[2:]
+            if key == "-c" and tail.startswith("apitalize"):
+                key, tail = "-C", ""
+            if key in self.flags:
+                flags.append(key)
+            elif key in self.options:
+                if tail and not tail.startswith(_XXD_LONG_TAILS.get(key, ())):
+                    values.append((key, tail))
+                elif index < len(rest):
+                    values.append((key, rest[index]))
+                    index += 1
+                else:
+                    raise NoMatchError(f"option {arg} needs a value")
+            else:
+                xxd_reads = f" (xxd reads it as {key})" if tail else ""
+                raise NoMatchError(f"option {arg}{xxd_reads} is not allowed")
+        return Reading(tuple(flags), tuple(values), tuple(rest[index:]))
 
     def _read_single_dash(self, rest: list[str]) -> Reading:
         flags: list[str] = []

@@ -134,9 +134,9 @@ def _program(name: str, raw: dict[str, Any], source: str) -> _Layer:
         if not _ENV_NAME.fullmatch(key) or not isinstance(value, str):
             raise PolicyError(f'{where}: env entries are NAME = "text", not {key!r}')
     style = raw.get("style", "gnu")
-    if style not in ("gnu", "options_first", "single_dash"):
+    if style not in ("gnu", "options_first", "single_dash", "xxd"):
         raise PolicyError(
-            f'{where}: style must be "gnu", "options_first" or "single_dash", not {style!r}'
+            f'{where}: style must be "gnu", "options_first", "single_dash" or "xxd", not {style!r}'
         )
     base_flags = _strings(raw.get("flags", []), f"{where} flags")
     base_options = _strings(raw.get("options", []), f"{where} options")
@@ -287,6 +287,8 @@ def _check_option_name(name: str, style: Style, where: str) -> None:
         return
     short = len(name) == 2 and name[0] == "-" and name[1] != "-"
     long = name.startswith("--") and len(name) > 2 and "=" not in name
+    if style == "xxd" and not short:
+        raise PolicyError(f"{where}: xxd reads options by two characters: {name!r} is not one")
     if not (short or long):
         raise PolicyError(
             f"{where}: {name!r} is neither a short (-x) nor a long (--name) option; programs "

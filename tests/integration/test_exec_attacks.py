@@ -254,3 +254,33 @@ def test_clear_errors_for_an_argument_over_the_kernels_limit_and_a_huge_offset(
     (box / "a.txt").write_text("a")
     out, _ = call(live, "fs_read", {"path": f"{box.name}/a.txt", "offset": 2**63 - 10})
     assert error_code(out) == "validation_error", out
+
+
+def test_c_xxd_is_read_the_way_xxd_reads_its_options(
+    live: Cluster, box: Path, tmp_path: Path
+) -> None:
+    """C: xxd reads `-ps` as one option, by its first two letters. Read as `-p -s VALUE`,
+    `xxd -ps /etc/passwd` read an unchecked path, `xxd -ps in out` wrote `out`, and
+    `xxd -ps -r -ps hex target` patched `target` in place through a hard link."""
+    write(live, f"{box.name}/a.bin", b"hello", mode="create")
+    write(live, f"{box.name}/hex", b"00000000: 5757\n", mode="create")
+    outside = tmp_path / "target"
+    outside.write_bytes(b"original")
+    (box / "target").hardlink_to(outside)
+    for argv, code in (
+        (["xxd", "-ps", "/etc/passwd"], "path_not_allowed"),
+        (["xxd", "-ps", "a.bin", "out"], "command_not_allowed"),
+        (["xxd", "-ps", "-r", "-ps", "hex", "target"], "command_not_allowed"),
+        (["xxd", "-revert", "hex"], "command_not_allowed"),
+    ):
+        out, _ = run_exec(live, argv, box.name)
+        assert error_code(out) == code, (argv, out.get("error"))
+    assert not (box / "out").exists() and outside.read_bytes() == b"original"
+    for argv, expected in (
+        (["xxd", "-ps", "a.bin"], b"68656c6c6f\n"),
+        (["xxd", "-p", "-s1", "a.bin"], b"656c6c6f\n"),
+        (["xxd", "-p", "-seek", "2", "a.bin"], b"6c6c6f\n"),
+        (["xxd", "--ps", "-l", "1", "a.bin"], b"68\n"),
+    ):
+        out, blob = run_exec(live, argv, box.name)
+        assert out["status"] == "ok" and blob == expected, (argv, out.get("error"), blob)
