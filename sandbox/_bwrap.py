@@ -138,11 +138,14 @@ def command(
     info_fd: int,
     block_fd: int,
     file_fds: Sequence[int] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """bwrap [namespaces] [view] -- prlimit [limits] -- argv.
 
     `file_fds` holds one readable descriptor per file of `view.private`, in order
     (see `private_files`); bubblewrap copies each into the sandbox's tmpfs.
+    `seccomp_fd` reads the filter bubblewrap installs just before the program
+    starts (see sandbox._seccomp).
     """
     args = [
         tools.bwrap,
@@ -173,6 +176,8 @@ def command(
     if view.read_only_root:
         args += ["--remount-ro", "/"]
     args += ["--chdir", view.cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += ["--", tools.prlimit, *_rlimits(limits), "--", *argv]
     return args
 

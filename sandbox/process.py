@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sandbox import _pidcap
+from sandbox import _pidcap, _seccomp
 from sandbox._bwrap import (
     Limits,
     Mount,
@@ -102,6 +102,9 @@ async def run(
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     file_fds = [_memory_file(content) for content in private_files(view.private)]
+    rules = _seccomp.filter_for_machine()
+    if rules is not None:
+        file_fds.append(_memory_file(rules))
     started = time.monotonic()
     loop = asyncio.get_running_loop()
     try:
@@ -115,7 +118,8 @@ async def run(
                     limits,
                     info_fd=info_w,
                     block_fd=block_r,
-                    file_fds=file_fds,
+                    file_fds=file_fds[: len(file_fds) - (rules is not None)],
+                    seccomp_fd=file_fds[-1] if rules is not None else None,
                 ),
                 stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,

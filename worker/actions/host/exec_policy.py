@@ -25,7 +25,6 @@ from sandbox import ConfinementError, HardLinkError, Problem, Root, locate
 from worker.config import USER_POLICY, Config, Paths
 from worker.errors import ErrorCode, WorkerError
 
-
 # The allowlist's refusals (its own words) as the codes a caller sees.
 REFUSAL_CODES: Final[dict[Refusal, ErrorCode]] = {
     Refusal.NOT_ALLOWED: ErrorCode.COMMAND_NOT_ALLOWED,
