@@ -40,8 +40,12 @@ from typing import Final, Literal
 Style = Literal["gnu", "options_first", "single_dash", "xxd"]
 Repeat = Literal["one", "optional", "many"]
 
-BASE_KINDS: Final = frozenset({"opaque", "int", "glob", "read_path", "write_path", "git_format"})
-PATH_KINDS: Final = frozenset({"read_path", "write_path"})
+BASE_KINDS: Final = frozenset(
+    {"opaque", "int", "glob", "read_path", "write_path", "git_format", "jq_filter", "git_rev"}
+)
+# git_rev: a revision, which git reads as a path when no revision has that name, so it
+# is checked as a path read too (a revision's text lies inside the working folder).
+PATH_KINDS: Final = frozenset({"read_path", "write_path", "git_rev"})
 # A kind is a base kind's name, or a tuple of the literal words allowed.
 Kind = str | tuple[str, ...]
 
@@ -62,6 +66,9 @@ _XXD_LONG_TAILS: Final[Mapping[str, tuple[str, ...]]] = {
     "-l": ("en",),
     "-n": ("ame",),
 }
+# jq filter text that makes jq open files of its own choosing (modules, data files,
+# from search paths the filter itself may name).
+_JQ_FILES: Final = re.compile(r"\b(import|include|modulemeta|get_search_list)\b")
 # How a rule for another subcommand says no: never worth showing a person.
 OTHER_FORM: Final = "it is not `"
 
@@ -113,6 +120,10 @@ class Grammar:
     require: tuple[frozenset[str], ...] = ()
     # Admit any arguments after the subcommand (for forbidden rules and test policies).
     any_args: bool = False
+    # Long options whose program takes a value only attached (`--format=X`): the next
+    # token is never their value (git's revision options read `--format X` as
+    # `--format` and a revision or path X).
+    attached: frozenset[str] = frozenset()
 
     def match(self, args: Sequence[str], check_path: PathCheck) -> Reading:
         """Read `args` (argv without the program name) and check every value.
@@ -187,6 +198,10 @@ class Grammar:
                         raise NoMatchError(f"option {name} takes no value")
                     flags.append(name)
                 elif name in self.options:
+                    if not has_value and name in self.attached:
+                        raise NoMatchError(
+                            f"option {name} takes its value attached: write {name}=VALUE"
+                        )
                     values.append((name, value if has_value else next_value(name)))
                 else:
                     raise NoMatchError(f"option {name} is not allowed")
@@ -291,6 +306,11 @@ def _check_value(kind: Kind, value: str, what: str, check_path: PathCheck) -> No
     elif kind == "int":
         if not _INT.fullmatch(value):
             raise NoMatchError(f"{what} must be a whole number")
+    elif kind == "jq_filter":
+        if _JQ_FILES.search(value):
+            raise NoMatchError(
+                f"{what} imports or includes a module, which makes jq open files no rule checked"
+            )
     elif kind == "git_format":
         if _SIGNATURE_PLACEHOLDER.search(value.replace("%%", "")):
             raise NoMatchError(

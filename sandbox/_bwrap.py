@@ -88,6 +88,7 @@ class View:
     hidden: tuple[str, ...] = ()  # folders to blank out where a mount would expose them
     extra_files: tuple[str, ...] = ()  # more read-only files (a program outside /usr)
     private: tuple[PrivateDir, ...] = ()  # folders of the worker's own making
+    seccomp: bool = True  # the filter of sandbox._seccomp, where this machine has one
     network: bool = False
     bwrap: str = "bwrap"
     # The sandbox's own root (where bubblewrap makes /etc and the mount points) made

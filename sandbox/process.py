@@ -102,7 +102,7 @@ async def run(
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     file_fds = [_memory_file(content) for content in private_files(view.private)]
-    rules = _seccomp.filter_for_machine()
+    rules = _seccomp.filter_for_machine() if view.seccomp else None
     if rules is not None:
         file_fds.append(_memory_file(rules))
     started = time.monotonic()
