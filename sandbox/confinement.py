@@ -34,7 +34,7 @@ def report() -> list[Layer]:
         Layer(
             "seccomp",
             seccomp,
-            "a filter refuses ptrace, mount, namespaces, keyrings, bpf, perf events, "
+            "refuses ptrace, mount, namespaces, keyrings, bpf, perf events, "
             "userfaultfd, io_uring and other kernel doors"
             if seccomp
             else f"no system-call table for {machine}: exec runs without the filter",
