@@ -19,6 +19,12 @@ way the program itself reads it:
 - `single_dash` style (find's expressions): tokens are matched whole, an option
   takes the next token, and positionals (start points) come before the first
   option.
+- `xxd` style, xxd's own parser exactly: an option token is read by its first two
+  characters (`-ps` is `-p`, `-revert` is `-r`; one leading `-` more is dropped, so
+  `--p` is `-p`), the rest of a flag's token is ignored, an option's value is the
+  rest of its token unless that spells the option's long name (`-c16`, but
+  `-cols 16`), the first non-option ends the options and `--` ends them too.
+  Read the `gnu` way, `-ps` would be `-p` plus `-s VALUE`.
 
 Paths are never judged here: a `read_path` or `write_path` value is handed to the
 caller's `PathCheck`, which knows the shared folders and the working directory.
@@ -31,11 +37,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-Style = Literal["gnu", "options_first", "single_dash"]
+Style = Literal["gnu", "options_first", "single_dash", "xxd"]
 Repeat = Literal["one", "optional", "many"]
 
-BASE_KINDS: Final = frozenset({"opaque", "int", "glob", "read_path", "write_path"})
-PATH_KINDS: Final = frozenset({"read_path", "write_path"})
+BASE_KINDS: Final = frozenset(
+    {"opaque", "int", "glob", "read_path", "write_path", "git_format", "jq_filter", "git_rev"}
+)
+# git_rev: a revision, which git reads as a path when no revision has that name, so it
+# is checked as a path read too (a revision's text lies inside the working folder).
+PATH_KINDS: Final = frozenset({"read_path", "write_path", "git_rev"})
 # A kind is a base kind's name, or a tuple of the literal words allowed.
 Kind = str | tuple[str, ...]
 
@@ -44,6 +54,21 @@ Kind = str | tuple[str, ...]
 PathCheck = Callable[[str, bool], "str | None"]
 
 _INT: Final = re.compile(r"[+-]?[0-9]{1,18}")
+# git format placeholders that verify a signature, which runs gpg: %G? %GS %GK ... in
+# pretty formats, %(signature...) in ref formats. `%%` is a literal percent sign.
+_SIGNATURE_PLACEHOLDER: Final = re.compile(r"%G|%\(\s*signature", re.IGNORECASE)
+# xxd: the rest of an option's token that spells its long name means "value follows".
+_XXD_LONG_TAILS: Final[Mapping[str, tuple[str, ...]]] = {
+    "-c": ("ols",),
+    "-g": ("roup",),
+    "-o": ("ffset",),
+    "-s": ("kip", "eek"),
+    "-l": ("en",),
+    "-n": ("ame",),
+}
+# jq filter text that makes jq open files of its own choosing (modules, data files,
+# from search paths the filter itself may name).
+_JQ_FILES: Final = re.compile(r"\b(import|include|modulemeta|get_search_list)\b")
 # How a rule for another subcommand says no: never worth showing a person.
 OTHER_FORM: Final = "it is not `"
 
@@ -95,6 +120,10 @@ class Grammar:
     require: tuple[frozenset[str], ...] = ()
     # Admit any arguments after the subcommand (for forbidden rules and test policies).
     any_args: bool = False
+    # Long options whose program takes a value only attached (`--format=X`): the next
+    # token is never their value (git's revision options read `--format X` as
+    # `--format` and a revision or path X).
+    attached: frozenset[str] = frozenset()
 
     def match(self, args: Sequence[str], check_path: PathCheck) -> Reading:
         """Read `args` (argv without the program name) and check every value.
@@ -117,6 +146,8 @@ class Grammar:
             return Reading(positionals=tuple(rest))
         if self.style == "single_dash":
             reading = self._read_single_dash(rest)
+        elif self.style == "xxd":
+            reading = self._read_xxd(rest)
         else:
             reading = self._read_gnu(rest, options_first=self.style == "options_first")
         present = set(reading.flags) | {name for name, _ in reading.values}
@@ -167,6 +198,10 @@ class Grammar:
                         raise NoMatchError(f"option {name} takes no value")
                     flags.append(name)
                 elif name in self.options:
+                    if not has_value and name in self.attached:
+                        raise NoMatchError(
+                            f"option {name} takes its value attached: write {name}=VALUE"
+                        )
                     values.append((name, value if has_value else next_value(name)))
                 else:
                     raise NoMatchError(f"option {name} is not allowed")
@@ -188,6 +223,37 @@ class Grammar:
             else:
                 positionals.append(arg)
         return Reading(tuple(flags), tuple(values), tuple(positionals), tuple(after))
+
+    def _read_xxd(self, rest: list[str]) -> Reading:
+        flags: list[str] = []
+        values: list[tuple[str, str]] = []
+        index = 0
+        while index < len(rest):
+            arg = rest[index]
+            word = arg[1:] if arg.startswith("--") and len(arg) > 2 else arg
+            if word == "--":
+                index += 1
+                break
+            if not (word.startswith("-") and len(word) > 1):
+                break  # the first operand ends the options
+            index += 1
+            key, tail = word[:2], word[2:]
+            if key == "-c" and tail.startswith("apitalize"):
+                key, tail = "-C", ""
+            if key in self.flags:
+                flags.append(key)
+            elif key in self.options:
+                if tail and not tail.startswith(_XXD_LONG_TAILS.get(key, ())):
+                    values.append((key, tail))
+                elif index < len(rest):
+                    values.append((key, rest[index]))
+                    index += 1
+                else:
+                    raise NoMatchError(f"option {arg} needs a value")
+            else:
+                xxd_reads = f" (xxd reads it as {key})" if tail else ""
+                raise NoMatchError(f"option {arg}{xxd_reads} is not allowed")
+        return Reading(tuple(flags), tuple(values), tuple(rest[index:]))
 
     def _read_single_dash(self, rest: list[str]) -> Reading:
         flags: list[str] = []
@@ -240,6 +306,16 @@ def _check_value(kind: Kind, value: str, what: str, check_path: PathCheck) -> No
     elif kind == "int":
         if not _INT.fullmatch(value):
             raise NoMatchError(f"{what} must be a whole number")
+    elif kind == "jq_filter":
+        if _JQ_FILES.search(value):
+            raise NoMatchError(
+                f"{what} imports or includes a module, which makes jq open files no rule checked"
+            )
+    elif kind == "git_format":
+        if _SIGNATURE_PLACEHOLDER.search(value.replace("%%", "")):
+            raise NoMatchError(
+                f"{what} asks for a signature check (%G…, %(signature)), which runs gpg"
+            )
     elif kind in PATH_KINDS and value != "-":  # "-" is stdin or stdout, not a file
         why = check_path(value, kind == "write_path")
         if why is not None:

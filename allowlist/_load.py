@@ -22,7 +22,17 @@ from allowlist._policy import BARE_NAME, Deny, Policy, Program, Rule, RuleDecisi
 DEFAULT_NAME: Final = "default.toml"
 _ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PROGRAM_KEYS: Final = {"paths", "network", "env", "style", "flags", "options", "rule", "deny"}
+_PROGRAM_KEYS: Final = {
+    "paths",
+    "network",
+    "env",
+    "style",
+    "flags",
+    "options",
+    "attached",
+    "rule",
+    "deny",
+}
 _RULE_KEYS: Final = {
     "id",
     "decision",
@@ -134,14 +144,15 @@ def _program(name: str, raw: dict[str, Any], source: str) -> _Layer:
         if not _ENV_NAME.fullmatch(key) or not isinstance(value, str):
             raise PolicyError(f'{where}: env entries are NAME = "text", not {key!r}')
     style = raw.get("style", "gnu")
-    if style not in ("gnu", "options_first", "single_dash"):
+    if style not in ("gnu", "options_first", "single_dash", "xxd"):
         raise PolicyError(
-            f'{where}: style must be "gnu", "options_first" or "single_dash", not {style!r}'
+            f'{where}: style must be "gnu", "options_first", "single_dash" or "xxd", not {style!r}'
         )
     base_flags = _strings(raw.get("flags", []), f"{where} flags")
     base_options = _strings(raw.get("options", []), f"{where} options")
+    attached = frozenset(_strings(raw.get("attached", []), f"{where} attached"))
     rules = [
-        _rule(name, _table(item, where), style, base_flags, base_options, source)
+        _rule(name, _table(item, where), style, base_flags, base_options, source, attached)
         for item in _tables(raw.get("rule", []), f"{where} rule")
     ]
     denies = [
@@ -166,6 +177,7 @@ def _rule(
     base_flags: list[str],
     base_options: list[str],
     source: str,
+    attached: frozenset[str] = frozenset(),
 ) -> Rule:
     rule_id = _id(raw, f"{source}: a rule of {program}")
     where = f"{source}: rule {rule_id}"
@@ -194,6 +206,7 @@ def _rule(
             frozenset(group.split("|")) for group in _strings(raw.get("require", []), where)
         ),
         any_args=_bool(raw.get("any_args", False), f"{where} any_args"),
+        attached=attached,
     )
     for group in grammar.require:
         missing = group - set(flags) - set(options)
@@ -287,6 +300,8 @@ def _check_option_name(name: str, style: Style, where: str) -> None:
         return
     short = len(name) == 2 and name[0] == "-" and name[1] != "-"
     long = name.startswith("--") and len(name) > 2 and "=" not in name
+    if style == "xxd" and not short:
+        raise PolicyError(f"{where}: xxd reads options by two characters: {name!r} is not one")
     if not (short or long):
         raise PolicyError(
             f"{where}: {name!r} is neither a short (-x) nor a long (--name) option; programs "

@@ -1,11 +1,15 @@
 """workerHost.exec through the whole pipeline, beside a raw subprocess.run, same run.
 
 Two commands: `true` (the fixed cost of a call) and `cat` of a 1 MiB file (the
-cost of carrying output back). Each is timed three ways, one call at a time:
+cost of carrying output back). Each is timed these ways, one call at a time:
 
   raw        subprocess.run(argv) in this process, no isolation at all
-  sandbox    sandbox.process.run: bubblewrap + prlimit (+ the pid cap as root)
-  pipeline   caller → hub → worker → allowlist → sandbox → back (`agentworker up`)
+  raw bwrap  subprocess.run of the exact bubblewrap command line exec builds
+             (sandbox._bwrap.command), without and with the seccomp filter
+  sandbox    sandbox.process.run: bubblewrap + prlimit (+ the pid cap as root),
+             without and with the seccomp filter
+  pipeline   caller → hub → worker → allowlist → sandbox → back (`agentworker up`),
+             the filter on, as always
 
 Printed: p50/p99 latency and each figure's ratio to raw.
 
@@ -34,7 +38,8 @@ from benchmarks._common import (
     report,
     timed,
 )
-from sandbox import environment
+from sandbox import _seccomp, environment
+from sandbox._bwrap import command, find_tools
 from sandbox.process import Limits, Mount, View, run
 
 
@@ -47,12 +52,45 @@ def raw_call(argv: list[str], cwd: Path, expect: int) -> OneCall:
     return one
 
 
-def sandbox_call(argv: list[str], workspace: Path, expect: int) -> OneCall:
-    view = View(
+def view_of(workspace: Path, *, seccomp: bool) -> View:
+    return View(
         cwd=str(workspace),
         mounts=(Mount(str(workspace), False),),
         env=environment.build(os.environ, ["LANG"]),
+        seccomp=seccomp,
     )
+
+
+def raw_bwrap_call(argv: list[str], workspace: Path, expect: int, *, seccomp: bool) -> OneCall:
+    """bubblewrap with exec's own flags, run directly: the floor under sandbox.process.run."""
+    view = view_of(workspace, seccomp=seccomp)
+    tools = find_tools(view.bwrap)
+    rules = _seccomp.filter_for_machine() if seccomp else None
+
+    async def one() -> None:
+        fd = None
+        if rules is not None:
+            fd = os.memfd_create("seccomp")
+            os.write(fd, rules)
+            os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            line = command(tools, argv, view, Limits(), info_fd=-1, block_fd=-1, seccomp_fd=fd)
+            at = line.index("--info-fd")
+            del line[at : at + 4]  # --info-fd N --block-fd N: run()'s handshake, not confinement
+            out = subprocess.run(
+                line, capture_output=True, check=True, pass_fds=() if fd is None else (fd,)
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
+        if len(out.stdout) != expect:
+            raise RuntimeError("raw bwrap output has the wrong size")
+
+    return one
+
+
+def sandbox_call(argv: list[str], workspace: Path, expect: int, *, seccomp: bool) -> OneCall:
+    view = view_of(workspace, seccomp=seccomp)
 
     async def one() -> None:
         done = await run(argv, view, Limits())
@@ -69,14 +107,17 @@ async def bench(calls: int, home_dir: Path) -> None:
         async with connected(home) as client:
             for argv, expect in ((["true"], 0), (["cat", "one-mib.bin"], MIB)):
                 pinned = ["/usr/bin/" + argv[0], *argv[1:]]
-                raw = raw_call(pinned, home.workspace, expect)
-                sandbox = sandbox_call(pinned, home.workspace, expect)
+                ws = home.workspace
                 pipeline = dispatch_call(client, "workerHost.exec", {"argv": argv}, b"", expect)
-                rows = [
-                    ("raw subprocess.run", await timed(raw, calls)),
-                    ("sandbox.process.run", await timed(sandbox, calls)),
-                    ("exec via hub → worker", await timed(pipeline, calls)),
+                calls_of = [
+                    ("raw subprocess.run", raw_call(pinned, ws, expect)),
+                    ("raw bwrap, no seccomp", raw_bwrap_call(pinned, ws, expect, seccomp=False)),
+                    ("raw bwrap + seccomp", raw_bwrap_call(pinned, ws, expect, seccomp=True)),
+                    ("sandbox.run, no seccomp", sandbox_call(pinned, ws, expect, seccomp=False)),
+                    ("sandbox.run + seccomp", sandbox_call(pinned, ws, expect, seccomp=True)),
+                    ("exec via hub → worker", pipeline),
                 ]
+                rows = [(name, await timed(one, calls)) for name, one in calls_of]
                 label = f"exec {' '.join(argv)}: {calls} calls, 1 in flight"
                 report(label, rows, name_width=26)
 

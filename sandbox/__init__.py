@@ -13,6 +13,7 @@ without the worker around it.
 
 from sandbox._leftovers import sweep as sweep_leftovers
 from sandbox.files import (
+    ChangedWhileOpenedError,
     HardLinkError,
     Written,
     append_bytes,
@@ -34,6 +35,7 @@ from sandbox.paths import (
 )
 
 __all__ = [
+    "ChangedWhileOpenedError",
     "ConfinedDir",
     "ConfinementError",
     "Entry",

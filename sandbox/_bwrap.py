@@ -18,7 +18,7 @@ import functools
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -63,6 +63,22 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class PrivateDir:
+    """A folder that exists only inside the sandbox, on a tmpfs of its own, read-only.
+
+    Its files are written from the worker's bytes when the sandbox is built and its
+    links point where the worker says; nothing of it lives under a name in a shared
+    folder, so nothing outside the sandbox can rename or replace it while the
+    program runs (a bind mount over such a name is dropped by the kernel when the
+    name is renamed over).
+    """
+
+    path: str
+    files: Mapping[str, bytes] = field(default_factory=dict)  # name -> content
+    links: Mapping[str, str] = field(default_factory=dict)  # name -> target
+
+
+@dataclass(frozen=True)
 class View:
     """What the sandboxed program sees and starts in."""
 
@@ -71,8 +87,8 @@ class View:
     env: Mapping[str, str]
     hidden: tuple[str, ...] = ()  # folders to blank out where a mount would expose them
     extra_files: tuple[str, ...] = ()  # more read-only files (a program outside /usr)
-    # (a file of ours, a path inside a shared folder): shown read-only in its place
-    overlays: tuple[tuple[str, str], ...] = ()
+    private: tuple[PrivateDir, ...] = ()  # folders of the worker's own making
+    seccomp: bool = True  # the filter of sandbox._seccomp, where this machine has one
     network: bool = False
     bwrap: str = "bwrap"
     # The sandbox's own root (where bubblewrap makes /etc and the mount points) made
@@ -115,9 +131,23 @@ def find_tools(bwrap: str = "bwrap") -> Tools:
 
 
 def command(
-    tools: Tools, argv: Sequence[str], view: View, limits: Limits, *, info_fd: int, block_fd: int
+    tools: Tools,
+    argv: Sequence[str],
+    view: View,
+    limits: Limits,
+    *,
+    info_fd: int,
+    block_fd: int,
+    file_fds: Sequence[int] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
-    """bwrap [namespaces] [view] -- prlimit [limits] -- argv."""
+    """bwrap [namespaces] [view] -- prlimit [limits] -- argv.
+
+    `file_fds` holds one readable descriptor per file of `view.private`, in order
+    (see `private_files`); bubblewrap copies each into the sandbox's tmpfs.
+    `seccomp_fd` reads the filter bubblewrap installs just before the program
+    starts (see sandbox._seccomp).
+    """
     args = [
         tools.bwrap,
         "--unshare-all",
@@ -143,11 +173,12 @@ def command(
     args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
     args += ["--tmpfs", "/tmp"]  # noqa: S108
     args += _folders(view.mounts, view.hidden)
-    for source, destination in view.overlays:  # after the folders, so they land on top
-        args += ["--ro-bind", source, destination]
+    args += _private(view.private, file_fds)
     if view.read_only_root:
         args += ["--remount-ro", "/"]
     args += ["--chdir", view.cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += ["--", tools.prlimit, *_rlimits(limits), "--", *argv]
     return args
 
@@ -155,17 +186,46 @@ def command(
 def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
     """Shared folders and hidden folders, shallowest first so deeper ones land on top.
 
-    A hidden folder (the worker's own config and data) only matters where a shared
-    folder would expose it; it becomes an empty read-only tmpfs.
+    A hidden place (the worker's own config and data) only matters where a shared
+    folder would expose it: a folder becomes an empty read-only tmpfs, a file an
+    empty one (/dev/null); one that does not exist has nothing to hide.
     """
     steps: list[tuple[int, int, list[str]]] = []
+    sealed: list[str] = []  # read-only once every mount is in: deeper ones need mount points
     for mount in mounts:
         flag = "--bind" if mount.writable else "--ro-bind"
         steps.append((_depth(mount.inside), 0, [flag, mount.path, mount.inside]))
     for path in hidden:
-        if any(_inside(path, mount.inside) for mount in mounts):
-            steps.append((_depth(path), 1, ["--tmpfs", path, "--remount-ro", path]))
-    return [arg for _, _, step in sorted(steps, key=lambda s: (s[0], s[1])) for arg in step]
+        if not any(_inside(path, mount.inside) for mount in mounts):
+            continue
+        if os.path.isdir(path):
+            steps.append((_depth(path), 1, ["--tmpfs", path]))
+            sealed += ["--remount-ro", path]
+        elif os.path.lexists(path):
+            steps.append((_depth(path), 1, ["--ro-bind", "/dev/null", path]))
+    ordered = [arg for _, _, step in sorted(steps, key=lambda s: (s[0], s[1])) for arg in step]
+    return ordered + sealed
+
+
+def private_files(private: Sequence[PrivateDir]) -> list[bytes]:
+    """The contents `command` expects descriptors for, in its order."""
+    return [content for folder in private for content in folder.files.values()]
+
+
+def _private(private: Sequence[PrivateDir], file_fds: Sequence[int]) -> list[str]:
+    """Each private folder: a fresh tmpfs, its files and links, then read-only."""
+    if len(file_fds) != len(private_files(private)):
+        raise ValueError("one descriptor is needed per private file")
+    fds = iter(file_fds)
+    args: list[str] = []
+    for folder in private:
+        args += ["--tmpfs", folder.path]
+        for name in folder.files:
+            args += ["--perms", "0444", "--file", str(next(fds)), f"{folder.path}/{name}"]
+        for name, target in folder.links.items():
+            args += ["--symlink", target, f"{folder.path}/{name}"]
+        args += ["--remount-ro", folder.path]
+    return args
 
 
 def _rlimits(limits: Limits) -> list[str]:

@@ -59,6 +59,10 @@ class Written:
     size: int
 
 
+class ChangedWhileOpenedError(ConfinementError):
+    """Another name was renamed over the file between its check and its open."""
+
+
 def _not_regular(path: str, st: os.stat_result) -> ConfinementError:
     kind = file_kind(st)
     if kind == "directory":
@@ -107,7 +111,7 @@ def open_regular(root: ConfinedDir, relative: str, *, allow_hard_links: bool = F
             seen.st_dev,
             seen.st_ino,
         ):
-            raise ConfinementError(
+            raise ChangedWhileOpenedError(
                 Problem.MISSING, f"{_show(relative)} changed while it was opened. Try again."
             )
         _check_links(relative, opened, allow_hard_links)

@@ -59,7 +59,8 @@ def list_tree(
     listing = Listing()
     top = root.open(relative, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
     try:
-        for entry in _walk(top, "", depth, hidden, scan_limit, listing):
+        skip = root.withheld_ids
+        for entry in _walk(top, "", depth, hidden, scan_limit, listing, skip):
             if len(listing.entries) == limit:
                 listing.truncated = True
                 break
@@ -70,7 +71,13 @@ def list_tree(
 
 
 def _walk(
-    dir_fd: int, prefix: str, depth: int, hidden: bool, scan_limit: int, listing: Listing
+    dir_fd: int,
+    prefix: str,
+    depth: int,
+    hidden: bool,
+    scan_limit: int,
+    listing: Listing,
+    skip: frozenset[tuple[int, int]] = frozenset(),
 ) -> Iterator[Entry]:
     for name in _names(dir_fd, scan_limit, listing):
         if not hidden and name.startswith("."):
@@ -79,6 +86,8 @@ def _walk(
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             continue  # removed while we looked
+        if (st.st_dev, st.st_ino) in skip:
+            continue  # the worker's own folders are never shown
         path = f"{prefix}{name}"
         if depth <= 1 or not stat.S_ISDIR(st.st_mode):
             yield Entry(path, name, st)
@@ -94,7 +103,7 @@ def _walk(
             continue
         try:
             yield Entry(path, name, st)
-            yield from _walk(child, f"{path}/", depth - 1, hidden, scan_limit, listing)
+            yield from _walk(child, f"{path}/", depth - 1, hidden, scan_limit, listing, skip)
         finally:
             os.close(child)
 

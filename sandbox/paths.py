@@ -69,10 +69,21 @@ class Root:
 
     path: Path
     writable: bool
+    # Places beneath `path` that are never reachable through it, whatever the path or
+    # symlink used: the worker's own folders and files (its settings, token, data),
+    # when a person shares a folder that holds them. Absolute and resolved.
+    withheld: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.path.is_absolute() or ".." in self.path.parts:
             raise ValueError(f"a root must be an absolute, resolved path, not {self.path}")
+        for place in self.withheld:
+            if not place.is_absolute() or place == self.path or not place.is_relative_to(self.path):
+                raise ValueError(f"{place} is not a place inside the root {self.path}")
+
+    def confined(self, *, use_openat2: bool | None = None) -> ConfinedDir:
+        """This root opened for confined access, its withheld places enforced."""
+        return ConfinedDir(self.path, use_openat2=use_openat2, withheld=self.withheld)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,19 @@ class Located:
 def _show(path: str) -> str:
     """The caller's path, quoted (NUL and control bytes visible) and cut to a readable size."""
     return repr(path if len(path) <= 120 else path[:100] + "...")
+
+
+def _landed(fd: int) -> str:
+    """Where an open fd really is: the kernel's own name for it."""
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def _withheld_refusal(path: str) -> ConfinementError:
+    return _refuse(
+        path,
+        "leads into the worker's own folders (its settings, token and data), which are "
+        "never shared, even when a shared folder holds them.",
+    )
 
 
 def _refuse(path: str, why: str) -> ConfinementError:
@@ -228,7 +252,13 @@ class ConfinedDir:
     Paths given here are relative to the root, as in `Located.relative`.
     """
 
-    def __init__(self, root: Path, *, use_openat2: bool | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        use_openat2: bool | None = None,
+        withheld: Sequence[Path] = (),
+    ) -> None:
         if not sys.platform.startswith("linux"):
             raise NotImplementedError("path confinement is implemented for Linux only")
         if use_openat2 is None:
@@ -237,6 +267,7 @@ class ConfinedDir:
             raise RuntimeError("openat2 was requested but this kernel does not provide it")
         self.uses_openat2: Final = use_openat2
         self._root = root
+        self._withheld = tuple(str(place) for place in withheld)
         flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         with _translating(str(root)):
             self._fd: int | None = os.open(root, flags)
@@ -271,7 +302,8 @@ class ConfinedDir:
         """stat (or lstat, the default) of `relative`, resolved beneath the root."""
         with _translating(relative):
             path = self._clean(relative)
-            if not follow_symlinks and "/" not in path and path != ".." and self._fd is not None:
+            quick = not follow_symlinks and not self._withheld
+            if quick and "/" not in path and path != ".." and self._fd is not None:
                 # A name right in the root, not followed: there is no walk that could
                 # lead out, so one fstatat answers, without opening the file.
                 return os.stat(path, dir_fd=self._fd, follow_symlinks=False)
@@ -327,7 +359,33 @@ class ConfinedDir:
                 )
             parent = "/".join(parts[:-1]) or "."
             fd = self._open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0)
+            if self._withheld and self._is_withheld(f"{_landed(fd)}/{parts[-1]}"):
+                os.close(fd)
+                raise _withheld_refusal(relative)
             return fd, parts[-1]
+
+    @property
+    def withheld_ids(self) -> frozenset[tuple[int, int]]:
+        """(device, inode) of each withheld place that exists now: for walks that open
+        children by name, which `open` does not see."""
+        found = set()
+        for place in self._withheld:
+            try:
+                st = os.stat(place, follow_symlinks=False)
+            except OSError:
+                continue
+            found.add((st.st_dev, st.st_ino))
+        return frozenset(found)
+
+    def _is_withheld(self, real: str) -> bool:
+        return any(real == place or real.startswith(place + "/") for place in self._withheld)
+
+    def _checked(self, fd: int, relative: str) -> int:
+        """`fd` if where it landed is not withheld; else it is closed and refused."""
+        if self._withheld and self._is_withheld(_landed(fd)):
+            os.close(fd)
+            raise _withheld_refusal(relative)
+        return fd
 
     def _open(self, relative: str, flags: int, mode: int) -> int:
         if self._fd is None:
@@ -336,13 +394,13 @@ class ConfinedDir:
         if self.uses_openat2:
             resolve = _openat2.RESOLVE_BENEATH | _openat2.RESOLVE_NO_MAGICLINKS
             try:
-                return _openat2.openat2(self._fd, path, flags, mode, resolve)
+                return self._checked(_openat2.openat2(self._fd, path, flags, mode, resolve), path)
             except OSError as exc:
                 # EXDEV also covers absolute symlinks pointing back inside, which the
                 # walk can follow safely; EAGAIN is a rename race, worth a careful retry.
                 if exc.errno not in (errno.EXDEV, errno.EAGAIN):
                     raise
-        return walk_open(self._fd, self._root, path, flags, mode)
+        return self._checked(walk_open(self._fd, self._root, path, flags, mode), path)
 
     def _clean(self, relative: str) -> str:
         """`relative` without empty parts and '.', or "."; refuses what cannot be relative."""

@@ -26,15 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sandbox import _pidcap
+from sandbox import _pidcap, _seccomp
 from sandbox._bwrap import (
     Limits,
     Mount,
+    PrivateDir,
     SandboxUnavailableError,
     Tools,
     View,
     command,
     find_tools,
+    private_files,
     visible_by_default,
 )
 
@@ -42,6 +44,7 @@ __all__ = [
     "Completed",
     "Limits",
     "Mount",
+    "PrivateDir",
     "SandboxUnavailableError",
     "View",
     "run",
@@ -98,26 +101,39 @@ async def run(
     tools = find_tools(view.bwrap)
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
+    file_fds = [_memory_file(content) for content in private_files(view.private)]
+    rules = _seccomp.filter_for_machine() if view.seccomp else None
+    if rules is not None:
+        file_fds.append(_memory_file(rules))
     started = time.monotonic()
     loop = asyncio.get_running_loop()
     try:
         try:
             transport, capture = await loop.subprocess_exec(
                 lambda: _Capture(limits.output_bytes),
-                *command(tools, argv, view, limits, info_fd=info_w, block_fd=block_r),
+                *command(
+                    tools,
+                    argv,
+                    view,
+                    limits,
+                    info_fd=info_w,
+                    block_fd=block_r,
+                    file_fds=file_fds[: len(file_fds) - (rules is not None)],
+                    seccomp_fd=file_fds[-1] if rules is not None else None,
+                ),
                 stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=dict(view.env),
                 cwd="/",
-                pass_fds=(info_w, block_r),
+                pass_fds=(info_w, block_r, *file_fds),
                 start_new_session=True,
             )
         except OSError as exc:
             raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
         finally:
-            os.close(info_w)
-            os.close(block_r)
+            for fd in (info_w, block_r, *file_fds):
+                os.close(fd)
         sandbox = _Sandbox(transport, capture)
         try:
             return await sandbox.drive(tools, limits, info_r, block_w, stdin, started)
@@ -215,11 +231,42 @@ class _Sandbox:
 
     def _bwrap_complaint(self) -> str:
         said = self.capture.output[STDERR].decode(errors="replace").strip()[:400]
+        if any(sign in said for sign in _NAMESPACE_SIGNS) or not said:
+            return (
+                f"bubblewrap could not build the sandbox ({said or 'no message'}). It needs "
+                "unprivileged user namespaces (kernel.unprivileged_userns_clone=1, or "
+                "AppArmor's userns restriction lifted for bwrap)."
+            )
         return (
-            f"bubblewrap could not build the sandbox ({said or 'no message'}). It needs "
-            "unprivileged user namespaces (kernel.unprivileged_userns_clone=1, or AppArmor's "
-            "userns restriction lifted for bwrap)."
+            f"bubblewrap could not build the sandbox ({said}). A shared folder or a file in "
+            "it may have been moved or replaced while the sandbox was being set up; try again."
         )
+
+
+# What bubblewrap says when user namespaces are what it lacks.
+_NAMESPACE_SIGNS: Final = (
+    "namespace",
+    "uid map",
+    "uid_map",
+    "setgroups",
+    "Operation not permitted",
+    "No permissions",
+)
+
+
+def _memory_file(content: bytes) -> int:
+    """A descriptor reading `content` from its start: a file in memory, on no file system
+    anyone else can name."""
+    fd = os.memfd_create("agentworker-private", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _signal_of(code: int | None) -> int | None:

@@ -26,6 +26,7 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from sandbox import confinement
 from worker import actions
 from worker.actions import workbench
 from worker.config import Config, Paths, first_start, roots_of
@@ -489,6 +490,11 @@ async def _serve_worker(
         log.info("root %s (%s)", root.path, "read-write" if root.writable else "read-only")
     if not dispatcher.roots and bench is None:
         log.warning("no filesystem roots: add a [[root]] table to config.toml to allow file access")
+    for layer in confinement.report():
+        if layer.active:
+            log.info("exec sandbox: %s on (%s)", layer.name, layer.detail)
+        else:
+            log.warning("exec sandbox: %s off: %s", layer.name, layer.detail)
     connection = build_connection(dispatcher, target, config)
     console = build_console(
         dispatcher, config, server=target.address, mode=mode, ui_in_process=frontend is not None

@@ -37,6 +37,11 @@ APP = "agentworker"
 DEFAULT_LISTEN = "127.0.0.1:7421"
 CONFIG_FILE = "config.toml"
 TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
+STATE_DB = "state.db"  # the worker's ledger and telemetry, in the data folder
+HUB_DB = "hub.db"  # the reference hub's store, in the data folder
+DATABASES = (STATE_DB, HUB_DB)
+DB_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one database
+USER_POLICY = "allowlist.toml"  # the person's exec allowlist, beside config.toml
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,14 @@ def _section(raw: dict[str, object], name: str) -> dict[str, object]:
 
 
 def roots_of(config: Config, paths: Paths) -> list[Root]:
-    """The [[root]] folders that exist, resolved; the workspace is made on first use."""
+    """The [[root]] folders that exist, resolved, each with the worker's own places
+    inside it withheld; the workspace is made on first use.
+
+    A person may share a folder that holds the worker's own settings and data (their
+    home, say). Those stay unreachable through it, by fs_* and exec alike; the start
+    log names them.
+    """
+    folders, files = own_places(config, paths)
     roots = []
     for entry in config.root:
         folder = Path(os.path.expanduser(entry.path))
@@ -327,8 +339,46 @@ def roots_of(config: Config, paths: Paths) -> list[Root]:
         if not folder.is_dir():
             log.warning("root %s does not exist or is not a folder; skipped", folder)
             continue
-        roots.append(Root(path=Path(os.path.realpath(folder)), writable=entry.mode == "rw"))
+        real = Path(os.path.realpath(folder))
+        withheld = _withheld_in(real, folders, files)
+        if withheld:
+            log.warning(
+                "the shared folder %s holds the worker's own %s; they stay hidden from the "
+                "agent (fs_* and exec)",
+                real,
+                ", ".join(str(place) for place in withheld),
+            )
+        roots.append(Root(path=real, writable=entry.mode == "rw", withheld=withheld))
     return roots
+
+
+def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
+    """The worker's own folders, and its own files (which may lie elsewhere), resolved."""
+    folders = [paths.config_dir, paths.data_dir]
+    files = [
+        paths.config_file,
+        paths.token_file,
+        paths.config_dir / USER_POLICY,
+        paths.workbench,
+        paths.data_dir / "worker_id",
+        paths.data_dir / "ui.sock",  # the person's console: approvals are answered there
+        *(paths.data_dir / f"{db}{suffix}" for db in DATABASES for suffix in DB_FILE_SUFFIXES),
+    ]
+    if config.exec.policy is not None:
+        files.append(Path(config.exec.policy))
+    files += [p for p in (config.hub.tls_cert, config.hub.tls_key) if p is not None]
+    real = [Path(os.path.realpath(os.path.expanduser(place))) for place in folders]
+    return real, [Path(os.path.realpath(os.path.expanduser(place))) for place in files]
+
+
+def _withheld_in(root: Path, folders: list[Path], files: list[Path]) -> tuple[Path, ...]:
+    """Own folders strictly inside `root`, and own files inside it not already covered."""
+    withheld = [folder for folder in folders if folder != root and folder.is_relative_to(root)]
+    for place in files:
+        covered = any(place.is_relative_to(folder) for folder in withheld)
+        if place != root and place.is_relative_to(root) and not covered:
+            withheld.append(place)
+    return tuple(sorted(set(withheld)))
 
 
 def first_start(paths: Paths) -> bool:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -19,8 +21,12 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one database (as config's)
+
+
 def connect(path: Path, schema: str) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_folder(path.parent)
+    _private_files(path)
     conn = sqlite3.connect(path, isolation_level=None, timeout=10.0, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
@@ -32,6 +38,43 @@ def connect(path: Path, schema: str) -> sqlite3.Connection:
     # in-commit one finds little left to do. It stays: only a writer can restart the log.
     _checkpointer.watch(conn, path)
     return conn
+
+
+def private_folder(folder: Path) -> None:
+    """Make `folder` (0700) or tighten it to 0700; refuse one owned by someone else.
+
+    The databases hold telemetry, call results and the hub's requests: nobody but
+    this user may read them, nor swap files in their folder.
+    """
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = folder.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(
+            f"the data folder {folder} belongs to another user (uid {st.st_uid}); "
+            "use a folder of your own (AGENTWORKER_HOME)"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        log.warning(
+            "the data folder %s was open to others (mode %o); tightened to 0700",
+            folder,
+            stat.S_IMODE(st.st_mode),
+        )
+        folder.chmod(0o700)
+
+
+def _private_files(path: Path) -> None:
+    """The database and its -wal/-shm/-journal files: 0600, created so (SQLite gives
+    the files it creates beside a database the database's own mode)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    for suffix in DB_SUFFIXES:
+        name = Path(f"{path}{suffix}")
+        try:
+            st = name.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
+            name.chmod(0o600)
 
 
 def close(conn: sqlite3.Connection) -> None:

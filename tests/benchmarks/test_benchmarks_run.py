@@ -42,7 +42,14 @@ def test_roundtrip_benchmark_prints_every_row_with_its_ratio() -> None:
 def test_exec_and_fs_benchmarks_run_beside_their_baselines() -> None:
     exec_out = _run("bench_exec.py", "--calls", "5")
     fs_out = _run("bench_fs.py", "--reads", "5", "--writes", "2")
-    for row in ("raw subprocess.run", "sandbox.process.run", "exec via hub → worker"):
+    for row in (
+        "raw subprocess.run",
+        "raw bwrap, no seccomp",
+        "raw bwrap + seccomp",
+        "sandbox.run, no seccomp",
+        "sandbox.run + seccomp",
+        "exec via hub → worker",
+    ):
         assert exec_out.count(row) == 2, f"{row!r} missing for exec true or exec cat:\n{exec_out}"
     for row in ("raw open/write/close", "fs_write via hub → worker", "fs_read"):
         assert row in fs_out, f"{row!r} missing:\n{fs_out}"

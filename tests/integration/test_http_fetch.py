@@ -323,3 +323,27 @@ def test_nothing_listening_is_a_clear_error(live: Cluster) -> None:
     out, _ = fetch(live, f"http://127.0.0.1:{CLOSED_PORT}/")  # opened on purpose, but closed
     assert error_code(out) == "not_found", out
     assert "could not connect" in out["error"]["message"]
+
+
+# --- secrets at rest (issue 10, F) ---------------------------------------------------
+
+
+def test_query_values_and_header_values_stay_out_of_telemetry_and_logs(
+    live: Cluster, server: TestServer
+) -> None:
+    url = server.url("/hello") + "?access_token=QUERYSECRET&page=2"
+    out, _ = fetch(live, url, headers={"X-Trace": "HEADERSECRET"})
+    assert out["status"] == "ok", out
+    preview = out["invocation"]["args_preview"]
+    assert "QUERYSECRET" not in preview and "HEADERSECRET" not in preview, preview
+    assert "access_token=***" in preview and "X-Trace" in preview, preview
+    log = (live.home / "worker.log").read_text()
+    assert "QUERYSECRET" not in log and "HEADERSECRET" not in log
+
+
+def test_a_redirect_to_a_backslashed_url_is_url_not_allowed(
+    live: Cluster, server: TestServer
+) -> None:
+    """`http:\\\\127.0.0.1/` is no URL a browser-like parser and the guard agree on."""
+    out, _ = fetch(live, server.url("/redirect") + "?to=http:%5C%5C127.0.0.1/")
+    assert error_code(out) == "url_not_allowed", out

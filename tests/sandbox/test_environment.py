@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sandbox import environment
@@ -47,14 +49,23 @@ def test_the_base_is_fixed_and_the_programs_own_settings_come_last() -> None:
     assert env["HOME"] == "/tmp" and env["GIT_PAGER"] == "cat"
 
 
-def test_hidden_folders_land_on_top_of_the_shared_folder_that_holds_them() -> None:
-    """Shallowest first; folders outside every shared folder need no hiding."""
+def test_hidden_folders_land_on_top_of_the_shared_folder_that_holds_them(tmp_path: Path) -> None:
+    """Shallowest first; a hidden folder is sealed read-only only after every mount (a
+    deeper shared folder needs its mount point made in it); a hidden file is covered
+    by an empty one; places outside every shared folder, or missing, need no hiding."""
+    me = tmp_path / "me"
+    (me / "work" / "ws").mkdir(parents=True)
+    (me / ".config" / "agentworker").mkdir(parents=True)
+    (me / "policy.toml").write_text("")
+    config, policy, ws = me / ".config" / "agentworker", me / "policy.toml", me / "work" / "ws"
     args = _folders(
-        [Mount("/home/me/work/ws", True), Mount("/home/me", False)],
-        ["/home/me/.config/agentworker", "/elsewhere/data"],
+        [Mount(str(ws), True), Mount(str(me), False)],
+        [str(config), str(policy), "/elsewhere/data", str(me / "missing")],
     )
     assert args == [
-        "--ro-bind", "/home/me", "/home/me",
-        "--bind", "/home/me/work/ws", "/home/me/work/ws",
-        "--tmpfs", "/home/me/.config/agentworker", "--remount-ro", "/home/me/.config/agentworker",
+        "--ro-bind", str(me), str(me),
+        "--ro-bind", "/dev/null", str(policy),
+        "--bind", str(ws), str(ws),
+        "--tmpfs", str(config),
+        "--remount-ro", str(config),
     ]  # fmt: skip

@@ -7,6 +7,7 @@ that the secret is never opened, and that what is inside still works.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import stat
 from collections.abc import Callable
@@ -344,6 +345,9 @@ def unprivileged(check: Callable[[], None]) -> None:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
+        # Forked from a process with threads (grpc's, from earlier tests): a garbage
+        # collection here can touch their half-copied state and crash the child.
+        gc.disable()
         status = 0
         try:
             os.setgroups([])

@@ -292,3 +292,57 @@ def test_pid_max_is_only_written_on_kernels_that_namespace_it(
 
 def test_the_tests_use_a_python_the_sandbox_can_see() -> None:
     assert Path(PYTHON).exists() and sys.version_info[:2] >= (3, 11)
+
+
+SYSCALL_PROBE = textwrap.dedent(
+    """
+    import ctypes, errno
+    libc = ctypes.CDLL(None, use_errno=True)
+    def call(number, *args):
+        result = libc.syscall(number, *args)
+        return errno.errorcode.get(ctypes.get_errno(), "?") if result == -1 else "allowed"
+    print("ptrace", call(101, 0, 0, 0, 0))          # PTRACE_TRACEME
+    print("unshare", call(272, 0x10000000))         # CLONE_NEWUSER
+    print("mount", call(165, b"none", b"/tmp", b"tmpfs", 0, None))
+    print("io_uring_setup", call(425, 1, ctypes.create_string_buffer(120)))
+    print("keyctl", call(250, 0, 0, 0, 0, 0))
+    print("bpf", call(321, 0, 0, 0))
+    print("userfaultfd", call(323, 0))
+    print("clone_newnet", call(56, 0x40000000 | 17, 0, 0, 0, 0))  # CLONE_NEWNET | SIGCHLD
+    print("clone3", call(435, 0, 0))
+    print("x32_getpid", call(0x40000000 | 39))
+    print("getpid", "allowed" if libc.syscall(39) > 0 else "refused")
+    """
+)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe uses x86-64 numbers")
+def test_the_seccomp_filter_is_on_inside_and_refuses_the_kernels_doors(share: Path) -> None:
+    status = sandboxed(share, ["/usr/bin/cat", "/proc/self/status"]).stdout.decode()
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert fields["Seccomp"].strip() == "2" and fields["Seccomp_filters"].strip() == "1", status
+    assert fields["NoNewPrivs"].strip() == "1"
+    done = sandboxed(share, [PYTHON, "-I", "-c", SYSCALL_PROBE])
+    said = dict(line.split() for line in done.stdout.decode().splitlines())
+    assert said == {
+        "ptrace": "EPERM",
+        "unshare": "EPERM",
+        "mount": "EPERM",
+        "io_uring_setup": "EPERM",
+        "keyctl": "EPERM",
+        "bpf": "EPERM",
+        "userfaultfd": "EPERM",
+        "clone_newnet": "EPERM",
+        "clone3": "ENOSYS",
+        "x32_getpid": "EPERM",
+        "getpid": "allowed",
+    }, (said, done.stderr)
+
+
+def test_a_filter_exists_only_for_the_tables_it_knows() -> None:
+    from sandbox import _seccomp
+
+    program = _seccomp.build("x86_64")
+    assert program is not None and len(program) % 8 == 0
+    assert _seccomp.build("riscv64") is None
+    assert _seccomp.build("aarch64") is not None

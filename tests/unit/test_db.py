@@ -51,3 +51,32 @@ def test_a_closed_database_is_let_go(tmp_path: Path) -> None:
     while _open_handles(path) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _open_handles(path) == [], "the checkpointer still holds the closed database"
+
+
+def test_databases_and_their_logs_are_private_and_a_loose_folder_is_tightened(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    old = os.umask(0o022)
+    try:
+        conn = db.connect(folder / "x.db", SCHEMA)
+        conn.execute("INSERT INTO t VALUES (x'00')")
+        modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+        db.close(conn)
+    finally:
+        os.umask(old)
+    assert {"x.db", "x.db-wal", "x.db-shm"} <= set(modes), modes
+    assert set(modes.values()) == {0o600}, modes
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_an_existing_database_open_to_others_is_made_private(tmp_path: Path) -> None:
+    path = tmp_path / "y.db"
+    db.close(db.connect(path, SCHEMA))
+    for name in (path, Path(f"{path}-wal")):
+        name.touch()
+        name.chmod(0o644)
+    db.close(db.connect(path, SCHEMA))
+    assert path.stat().st_mode & 0o777 == 0o600

@@ -253,7 +253,13 @@ async def _run_in_workspace(
             mounts=(Mount(str(workspace.files), writable=True, target=MOUNT_POINT),),
             env=environment.build({}, (), fixed),  # cleared: nothing of the worker's passes
             extra_files=() if visible_by_default(program) else (program,),
-            overlays=tuple((src, _as_seen_inside(workspace, dst)) for src, dst in git.overlays),
+            private=tuple(
+                dataclasses.replace(
+                    folder,
+                    links={n: _as_seen_inside(workspace, t) for n, t in folder.links.items()},
+                )
+                for folder in git.private
+            ),
             network=False,
             bwrap=settings.bwrap,
             read_only_root=True,

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Sequence
 from typing import Annotated, Final
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
 from sandbox import Root, environment
@@ -39,13 +39,25 @@ PREVIEW_CHARS: Final = 300
 OUTPUT_BYTES: Final = 1 * MIB  # stdout + stderr together, per call
 
 
-def _no_nul(value: str) -> str:
+ARG_BYTES: Final = 131_071  # the kernel's limit per argument (MAX_ARG_STRLEN), less the NUL
+
+
+def _argument(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL bytes")
+    try:
+        size = len(os.fsencode(value))
+    except UnicodeError:
+        raise ValueError("is not text a program can be given (a lone surrogate)") from None
+    if size > ARG_BYTES:
+        raise ValueError(
+            f"is {size:,} bytes; the kernel takes at most {ARG_BYTES:,} bytes per argument "
+            "(pass longer data as the blob, on stdin)"
+        )
     return value
 
 
-Argument = Annotated[str, StringConstraints(max_length=131_072), AfterValidator(_no_nul)]
+Argument = Annotated[str, AfterValidator(_argument)]
 
 
 class ExecArgs(Args):
@@ -70,7 +82,8 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     settings = ctx.config.exec
     timeout_s = _timeout(args, settings)
     cwd = _working_dir(ctx, args.cwd)
-    decision = policy_for(ctx.config, ctx.paths).decide(args.argv, path_check(ctx.roots, cwd))
+    check = path_check(ctx.roots, cwd, allow_hard_links=ctx.config.fs.allow_hard_links)
+    decision = policy_for(ctx.config, ctx.paths).decide(args.argv, check)
     program = _admitted(decision, ctx.roots)
     if decision.verdict == "ask":
         command = shlex.join(args.argv)
@@ -86,9 +99,9 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             env=environment.build(
                 os.environ, settings.pass_env, {**decision.program.env, **git.env}
             ),
-            hidden=_own_folders(ctx),
+            hidden=_withheld(ctx.roots),
             extra_files=() if visible_by_default(program) else (program,),
-            overlays=tuple(git.overlays),
+            private=tuple(git.private),
             network=decision.program.network,
             bwrap=settings.bwrap,
         )
@@ -179,10 +192,9 @@ def _admitted(decision: Decision, roots: Sequence[Root]) -> str:
     return decision.path
 
 
-def _own_folders(ctx: Context) -> tuple[str, ...]:
-    """The worker's config (token) and data folders: blanked if a shared folder holds them."""
-    folders = {os.path.realpath(ctx.paths.config_dir), os.path.realpath(ctx.data_dir)}
-    return tuple(sorted(folder for folder in folders if os.path.isdir(folder)))
+def _withheld(roots: Sequence[Root]) -> tuple[str, ...]:
+    """The worker's own folders and files that shared folders hold: blanked inside."""
+    return tuple(sorted({str(place) for root in roots for place in root.withheld}))
 
 
 def _signal_name(number: int | None) -> str | None:

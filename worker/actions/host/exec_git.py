@@ -1,21 +1,27 @@
-"""git in the exec sandbox sees its repository's config with every program taken out.
+"""git in the exec sandbox reads only repository configuration the worker wrote.
 
 A repository's own `.git/config` can name programs that read-only commands run:
 a `filter.*.clean` driver runs on `git status`, `diff.*.textconv` on `git log -p`
 and `git blame`, `diff.external` on `git diff`, an `[include]` pulls in more of
-the same. Environment settings can switch off only keys whose names are known in
-advance, and driver names are chosen by the repository. The files in a shared
-folder are not trusted (an archive of someone's working copy carries its
-`.git/config`, and the agent may write one), so git never reads that file here.
+the same. The files in a shared folder are not trusted (an archive of someone's
+working copy carries its `.git/config`, and the agent may write one), so git
+never reads that file here.
 
-Instead the worker finds the repository itself, has git parse its config (no
-includes, nothing run), keeps only keys that name no program (the format
-version, object format, remotes' URLs and branches' upstreams) and binds that
-copy read-only over the config inside the sandbox. `GIT_DIR` and
-`GIT_WORK_TREE` point git at exactly that repository, so it cannot discover a
-different one planted meanwhile; with none found, git is told there is none.
-Submodules are not entered (the policy's env sets diff.ignoreSubmodules), since
-each has a config of its own.
+git reads a repository's config from its *common* folder, `$GIT_COMMON_DIR/config`.
+The worker finds the repository, has git parse its config (no includes, nothing
+run), keeps only keys that name no program (the format version, object format,
+remotes' URLs and branches' upstreams) and builds a private common folder inside
+the sandbox, on the sandbox's own read-only tmpfs: that clean `config` plus links
+to the repository's objects, refs and the rest. `GIT_DIR`, `GIT_COMMON_DIR` and
+`GIT_WORK_TREE` are set explicitly, so git follows no pointer file (`.git` files,
+`commondir`) and discovers nothing; whatever an agent renames or rewrites in the
+shared folder, even while git runs, the config git reads is the worker's. (How
+the worker itself read the pointer files only decides which repository's data
+git sees: it can never make git read a config other than the private one.)
+Hooks are not linked; signature checks name a gpg that does not exist (and the
+policy refuses the format placeholders that would ask for them). Submodules are
+not entered (the policy's env sets diff.ignoreSubmodules), since each has a
+config of its own.
 """
 
 from __future__ import annotations
@@ -32,12 +38,42 @@ from pathlib import Path
 from typing import Final
 
 from allowlist import Program
-from sandbox import ConfinedDir, ConfinementError, Root, locate, open_regular, read_at
+from sandbox import (
+    ChangedWhileOpenedError,
+    ConfinementError,
+    Root,
+    locate,
+    open_regular,
+    read_at,
+)
 from sandbox.environment import SAFE_PATH
+from sandbox.process import PrivateDir
 from worker.errors import CONFINEMENT_CODES, WorkerError
 
 CONFIG_MAX: Final = 1024 * 1024
+READ_TRIES: Final = 5
 NO_REPOSITORY: Final = "/nonexistent/agentworker-no-repository"
+# Where the private common folder appears inside the sandbox (never a shared folder).
+PRIVATE_COMMON: Final = "/run/agentworker/git-common"
+NO_GPG: Final = "/nonexistent/agentworker-signatures-are-not-checked"
+# What git keeps in the common folder (git's path.c, common_list), less `config`,
+# which is ours, and `hooks`, which runs programs. Linked whether or not they exist.
+COMMON_ENTRIES: Final = (
+    "objects",
+    "refs",
+    "packed-refs",
+    "info",
+    "logs",
+    "shallow",
+    "remotes",
+    "branches",
+    "worktrees",
+    "rr-cache",
+    "svn",
+    "lost-found",
+    "common",
+    "reftable",
+)
 _KEPT: Final = re.compile(
     r"core\.(repositoryformatversion|bare|filemode|symlinks|ignorecase|precomposeunicode)"
     r"|extensions\.(objectformat|preciousobjects)"
@@ -50,18 +86,25 @@ _KEPT: Final = re.compile(
 @dataclass
 class GitView:
     env: dict[str, str] = field(default_factory=dict)
-    overlays: list[tuple[str, str]] = field(default_factory=list)  # (our copy, where git looks)
+    private: list[PrivateDir] = field(default_factory=list)
 
 
 @asynccontextmanager
 async def git_view(
     program: Program, path: str, roots: Sequence[Root], cwd: str
 ) -> AsyncIterator[GitView]:
-    """For git: the env and read-only overlays to run it in `cwd` (our copies live until
-    exit). For any other program: nothing to add."""
+    """For git: the env and private common folder to run it in `cwd`. For any other
+    program: nothing to add."""
     if program.name != "git":
         yield GitView()
         return
+    for root in roots:
+        if _overlaps(str(root.path), PRIVATE_COMMON):
+            raise WorkerError(
+                "path_not_allowed",
+                f"the shared folder {root.path} overlaps {PRIVATE_COMMON}, where git's "
+                "private settings go inside the sandbox; git cannot run with it shared",
+            )
     with tempfile.TemporaryDirectory(prefix="agentworker-git-") as scratch:
         yield await asyncio.to_thread(_prepare, path, roots, cwd, Path(scratch))
 
@@ -74,12 +117,25 @@ def _prepare(git: str, roots: Sequence[Root], cwd: str, scratch: Path) -> GitVie
     text = _read_inside(roots, str(common / "config"))
     raw = scratch / "raw"
     raw.write_bytes(text)
-    clean = scratch / "config"
-    clean.write_text(_sanitized(_parse(git, raw)))
-    return GitView(
-        env={"GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(work_tree)},
-        overlays=[(str(clean), str(common / "config"))],
+    clean = _sanitized(_parse(git, raw)).encode("utf-8", "surrogateescape")
+    folder = PrivateDir(
+        path=PRIVATE_COMMON,
+        files={"config": clean},
+        links={name: str(common / name) for name in COMMON_ENTRIES},
     )
+    return GitView(
+        env={
+            "GIT_DIR": str(git_dir),
+            "GIT_COMMON_DIR": PRIVATE_COMMON,
+            "GIT_WORK_TREE": str(work_tree),
+        },
+        private=[folder],
+    )
+
+
+def _overlaps(a: str, b: str) -> bool:
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
 
 
 def _discover(roots: Sequence[Root], cwd: str) -> tuple[Path, Path, Path] | None:
@@ -92,7 +148,7 @@ def _discover(roots: Sequence[Root], cwd: str) -> tuple[Path, Path, Path] | None
             git_dir = _inside(roots, dot_git)
             break
         if dot_git.is_file():
-            pointer = _read_inside(roots, str(dot_git)).decode(errors="replace").strip()
+            pointer = _line(_read_inside(roots, str(dot_git)))
             if not pointer.startswith("gitdir: "):
                 return None
             git_dir = _inside(roots, here / pointer[len("gitdir: ") :])
@@ -102,9 +158,14 @@ def _discover(roots: Sequence[Root], cwd: str) -> tuple[Path, Path, Path] | None
         here = here.parent
     common = git_dir
     if (git_dir / "commondir").is_file():
-        pointer = _read_inside(roots, str(git_dir / "commondir")).decode(errors="replace")
-        common = _inside(roots, git_dir / pointer.strip())
+        pointer = _line(_read_inside(roots, str(git_dir / "commondir")))
+        common = _inside(roots, git_dir / pointer)
     return here, git_dir, common
+
+
+def _line(data: bytes) -> str:
+    """A pointer file's text as git reads it: only the line ends come off."""
+    return data.decode("utf-8", "surrogateescape").rstrip("\r\n")
 
 
 def _inside(roots: Sequence[Root], path: Path) -> Path:
@@ -120,10 +181,25 @@ def _inside(roots: Sequence[Root], path: Path) -> Path:
 
 
 def _read_inside(roots: Sequence[Root], path: str) -> bytes:
-    """A small regular file's bytes, opened beneath its root (no FIFO, device or link out)."""
+    """A small regular file's bytes, opened beneath its root (no FIFO, device or link out).
+
+    A file replaced between its check and its open (an atomic overwrite) is read again,
+    a few times: any of its versions will do, since only its safe keys are kept.
+    """
+    for tries_left in reversed(range(READ_TRIES)):
+        try:
+            return _read_once(roots, path)
+        except ChangedWhileOpenedError as exc:
+            if not tries_left:
+                code = CONFINEMENT_CODES[exc.problem]
+                raise WorkerError(code, f"the repository cannot be read: {exc.message}") from None
+    raise AssertionError("unreachable")
+
+
+def _read_once(roots: Sequence[Root], path: str) -> bytes:
     try:
         located = locate(roots, path)
-        with ConfinedDir(located.root.path) as root:
+        with located.root.confined() as root:
             fd = open_regular(root, located.relative, allow_hard_links=True)
             try:
                 if os.fstat(fd).st_size > CONFIG_MAX:
@@ -133,6 +209,8 @@ def _read_inside(roots: Sequence[Root], path: str) -> bytes:
                 return read_at(fd, 0, CONFIG_MAX)
             finally:
                 os.close(fd)
+    except ChangedWhileOpenedError:
+        raise
     except ConfinementError as exc:
         code = CONFINEMENT_CODES[exc.problem]
         raise WorkerError(code, f"the repository cannot be read: {exc.message}") from None
@@ -159,7 +237,8 @@ def _parse(git: str, config: Path) -> list[tuple[str, str]]:
 
 
 def _sanitized(pairs: list[tuple[str, str]]) -> str:
-    lines = []
+    lines = [f'[gpg]\n\tprogram = "{NO_GPG}"']
+    lines += [f'[gpg "{kind}"]\n\tprogram = "{NO_GPG}"' for kind in ("openpgp", "x509", "ssh")]
     for key, value in pairs:
         if not _KEPT.fullmatch(key):
             continue

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from allowlist import PathCheck, Policy, PolicyError, Refusal, load_policy
-from sandbox import ConfinedDir, ConfinementError, Problem, Root, locate
-from worker.config import Config, Paths
+from sandbox import ConfinementError, HardLinkError, Problem, Root, locate
+from worker.config import USER_POLICY, Config, Paths
 from worker.errors import ErrorCode, WorkerError
-
-USER_POLICY = "allowlist.toml"
 
 # The allowlist's refusals (its own words) as the codes a caller sees.
 REFUSAL_CODES: Final[dict[Refusal, ErrorCode]] = {
@@ -76,21 +75,23 @@ def _broken(path: Path | None, exc: PolicyError) -> WorkerError:
     )
 
 
-def path_check(roots: Sequence[Root], cwd: str) -> PathCheck:
+def path_check(roots: Sequence[Root], cwd: str, *, allow_hard_links: bool = False) -> PathCheck:
     """A PathCheck for arguments of a program started in `cwd` (a real path in a root).
 
     Two steps, as for files: by text (inside a root, writable if written), then by
     the kernel, resolving the path beneath its root exactly as the program will,
     '..' included. A symbolic link that leads out (to /etc/passwd, or a folder
     link followed by '..') is refused; a path that does not exist yet is not,
-    since nothing there can lead anywhere.
+    since nothing there can lead anywhere. A regular file with several names (hard
+    links) is refused unless `allow_hard_links`, as for fs_*: another name may lie
+    outside the shared folders.
     """
 
     def check(path: str, write: bool) -> str | None:
         full = path if path.startswith("/") else posixpath.join(cwd, path)
         try:
             located = locate(roots, full, write=write)
-            _resolves_beneath(located.root, full)
+            _resolves_beneath(located.root, full, allow_hard_links)
         except ConfinementError as exc:
             return exc.message
         return None
@@ -98,7 +99,7 @@ def path_check(roots: Sequence[Root], cwd: str) -> PathCheck:
     return check
 
 
-def _resolves_beneath(root: Root, full: str) -> None:
+def _resolves_beneath(root: Root, full: str, allow_hard_links: bool) -> None:
     prefix = str(root.path).rstrip("/") + "/"
     if full != str(root.path) and not full.startswith(prefix):
         raise ConfinementError(
@@ -108,8 +109,11 @@ def _resolves_beneath(root: Root, full: str) -> None:
         )
     raw = full[len(prefix) :] or "."  # '..' kept: the kernel must judge it where it stands
     try:
-        with ConfinedDir(root.path) as confined:
-            confined.stat(raw, follow_symlinks=True)
+        with root.confined() as confined:
+            st = confined.stat(raw, follow_symlinks=True)
     except ConfinementError as exc:
         if exc.problem is Problem.OUTSIDE:
             raise
+        return  # missing, say: nothing there can lead anywhere
+    if not allow_hard_links and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise HardLinkError(full, st.st_nlink)

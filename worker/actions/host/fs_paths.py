@@ -39,7 +39,7 @@ def confined(
     located: Located | None = None
     try:
         located = locate(ctx.roots, path, write=write)
-        with ConfinedDir(located.root.path) as root:
+        with located.root.confined() as root:
             yield root, located
     except HardLinkError as exc:
         details = {"path": path, "links": exc.links}

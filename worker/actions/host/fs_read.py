@@ -22,13 +22,15 @@ from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 
 READ_BYTES: Final = 1 * MIB  # per call; page with offset/length
+# The kernel refuses a read whose end passes 2^63 - 1: offsets stop a page before.
+MAX_OFFSET: Final = 2**63 - 1 - READ_BYTES
 
 Encoding = Literal["utf-8", "latin-1", "ascii"]
 
 
 class FsReadArgs(Args):
     path: PathArg
-    offset: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    offset: Annotated[int, Field(ge=0, le=MAX_OFFSET)] = 0
     # Omitted: as much as one call may carry (1 MiB). More is a validation error.
     length: Annotated[int, Field(ge=0, le=READ_BYTES)] | None = None
     # Set: decode into `text` (undecodable bytes become U+FFFD) instead of the blob.

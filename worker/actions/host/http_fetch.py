@@ -195,15 +195,31 @@ async def _fetch(
                 raise WorkerError(exc.code, hop + exc.message, exc.details) from None
             pins.pin(destination.host, destination.port, destination.address)
             request = client.build_request(method, url, headers=headers, content=content)
-            response = await client.send(request, stream=True)
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.InvalidURL as exc:  # httpx reads a Location header even unfollowed
+                raise WorkerError(
+                    "url_not_allowed",
+                    f"{str(url)[:200]!r} answered with a redirect to a location that is not a "
+                    f"usable URL ({exc})",
+                    {"url": str(url)[:2000]},
+                ) from None
             limit_reached = response.is_redirect and len(redirects) == REDIRECTS
             if not (args.follow_redirects and response.is_redirect) or limit_reached:
                 break
             location = response.headers["location"]
             await response.aclose()
             try:
-                target = url.join(location)
-            except httpx.InvalidURL as exc:
+                if "\\" in location or any(ch.isspace() or ord(ch) < 0x20 for ch in location):
+                    raise httpx.InvalidURL("a backslash, space or control character in it")
+                target = guard.parse(str(url.join(location)))
+            except WorkerError as exc:
+                raise WorkerError(
+                    exc.code,
+                    f"{str(url)[:200]!r} redirected to a refused URL: {exc.message}",
+                    {"url": str(url)[:2000], "location": location[:2000]},
+                ) from None
+            except (httpx.InvalidURL, ValueError) as exc:
                 raise WorkerError(
                     "url_not_allowed",
                     f"{str(url)[:200]!r} redirected to {location[:200]!r}, which is not a "
