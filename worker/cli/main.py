@@ -24,6 +24,7 @@ from worker.cli import (
     doctor,
     grants,
     killed,
+    pause,
     plans,
     reload,
     remote,
@@ -49,6 +50,7 @@ GROUPS = (
     service,
     doctor,
     killed,
+    pause,
     reload,
 )
 EXIT_INTERRUPTED = 130
