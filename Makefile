@@ -41,6 +41,7 @@ bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_roundtrip.py
 	$(BIN)/python benchmarks/bench_exec.py
 	$(BIN)/python benchmarks/bench_fs.py
+	$(BIN)/python benchmarks/bench_computer.py
 	$(BIN)/python benchmarks/bench_hub_scale.py
 	$(BIN)/python benchmarks/bench_sandbox.py
 	$(BIN)/python benchmarks/bench_replay.py

@@ -28,13 +28,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sandbox import confinement
 from worker import actions
-from worker.actions import workbench
+from worker.actions import computer, workbench
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
 from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
 from worker.core.console import Console, Link, LocalLink
 from worker.core.console_socket import ConsoleServer, socket_path
 from worker.core.ledger import State
+from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry
@@ -116,15 +117,20 @@ def build_dispatcher(
     config: Config,
     approver: Approver | None = None,
     bench: workbench.Workbench | None = None,
+    desktop: computer.Desktop | None = None,
 ) -> Dispatcher:
     """The worker side; with `bench`, in sandbox mode: workbenchHost.* per plan, no
     shared folders, no prompts (the plan's workspace is all a call can reach)."""
+    desktop = desktop or computer.build(config, paths.data_dir)
+    computer.install(paths.data_dir, desktop)
     state = State(paths.data_dir / "state.db")
     # In the ledger's database, on its connection: one file, and an ack is recorded
     # only after the row of its result (see Dispatcher.ack).
     telemetry = Telemetry(state.connection, config.telemetry.retention_days)
     static = grants_of(config)
     registry = actions.build(diagnostics=config.worker.diagnostics)
+    if not desktop.available:
+        registry = computer.absent(registry, desktop.availability)
     roots = roots_of(config, paths)
     if bench is not None:
         static.append(Grant(agent="*", scope=f"{workbench.SURFACE}.*", granted_by="sandbox mode"))
@@ -154,6 +160,7 @@ def build_dispatcher(
             default_timeout_s=config.worker.default_timeout_s,
         ),
         config=config,
+        pause=desktop.pause,
     )
     if bench is not None:
         dispatcher.on_teardown = bench.teardown
@@ -228,13 +235,16 @@ def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Confi
     return fresh
 
 
-def build_connection(dispatcher: Dispatcher, target: Target, config: Config) -> WorkerConnection:
+def build_connection(
+    dispatcher: Dispatcher, target: Target, config: Config, gui_available: bool = False
+) -> WorkerConnection:
     return WorkerConnection(
         dispatcher,
         target,
         keepalive=keepalive_of(config),
         heartbeat_s=config.connection.heartbeat_s,
         backoff=Backoff(config.connection.backoff_base_s, config.connection.backoff_cap_s),
+        gui_available=gui_available,
     )
 
 
@@ -244,6 +254,8 @@ async def _enforce_kills(dispatcher: Dispatcher) -> None:
         await asyncio.sleep(KILL_CHECK_S)
         if dispatcher.enforce_kills():
             log.info("stopped running calls of a plan killed from this machine")
+        if dispatcher.enforce_pause():
+            log.info("stopped running calls: paused from this machine")
 
 
 def prune_telemetry(telemetry: Telemetry) -> int:
@@ -421,14 +433,15 @@ async def run_worker(
 ) -> None:
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
-        dispatcher = build_dispatcher(paths, config, bench=bench)
+        desktop = computer.build(config, paths.data_dir)
+        dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
         target = target or worker_target(paths, config)
 
         def ready() -> None:
             log.info("ready: worker %s connected to %s", dispatcher.worker_id, target.address)
 
         await _serve_worker(
-            dispatcher, target, config, paths, "run", frontend, bench, on_ready=ready
+            dispatcher, target, config, paths, "run", frontend, bench, desktop, on_ready=ready
         )
     _leave_if_stuck(dispatcher)
 
@@ -441,7 +454,8 @@ async def run_up(
         bench = await start_workbench(paths, config) if sandbox else None
         running = await start_hub(paths, config)
         log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
-        dispatcher = build_dispatcher(paths, config, bench=bench)
+        desktop = computer.build(config, paths.data_dir)
+        dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
         target = Target(address=running.address, token=read_or_create_token(paths.token_file))
 
         def ready() -> None:
@@ -455,7 +469,7 @@ async def run_up(
 
         try:
             await _serve_worker(
-                dispatcher, target, config, paths, "up", frontend, bench, on_ready=ready
+                dispatcher, target, config, paths, "up", frontend, bench, desktop, on_ready=ready
             )
         finally:
             await running.stop()
@@ -479,6 +493,7 @@ async def _serve_worker(
     mode: str,
     frontend: Frontend | None,
     bench: workbench.Workbench | None = None,
+    desktop: computer.Desktop | None = None,
     on_ready: Callable[[], None] | None = None,
 ) -> None:
     lost = dispatcher.recover()
@@ -495,11 +510,26 @@ async def _serve_worker(
             log.info("exec sandbox: %s on (%s)", layer.name, layer.detail)
         else:
             log.warning("exec sandbox: %s off: %s", layer.name, layer.detail)
-    connection = build_connection(dispatcher, target, config)
+    gui = desktop is not None and desktop.available and bench is None
+    if desktop is not None and not gui:
+        log.info("computer surface absent: %s", desktop.availability.reason or "sandbox mode")
+    elif desktop is not None:
+        log.info("computer surface: %s desktop", desktop.availability.server)
+    loop = asyncio.get_running_loop()
+
+    def on_pause(_state: PauseState) -> None:  # any thread: the hotkey's, the watcher's
+        loop.call_soon_threadsafe(dispatcher.enforce_pause)
+
+    if dispatcher.pause is not None:
+        dispatcher.pause.subscribe(on_pause)
+    hotkey = asyncio.create_task(desktop.start_hotkey()) if desktop is not None and gui else None
+    connection = build_connection(dispatcher, target, config, gui_available=gui)
     console = build_console(
         dispatcher, config, server=target.address, mode=mode, ui_in_process=frontend is not None
     )
     connection.on_state = console.set_link
+    if dispatcher.pause is not None:
+        console.pause, console.paused = pause_hooks(dispatcher.pause, "tui")
     assert console.broker is not None
     connection.answer_scopes = console.broker.scope_request
     ui_server = await _serve_console(console, paths)
@@ -551,6 +581,8 @@ async def _serve_worker(
         ready.cancel()
         housekeeping.cancel()
         kills.cancel()
+        if hotkey is not None:
+            hotkey.cancel()
         if sweeps is not None:
             sweeps.cancel()
         stopper.cancel()
@@ -563,6 +595,23 @@ async def _serve_worker(
         if ui_server is not None:
             await ui_server.stop()
         dispatcher.close()
+        if desktop is not None:
+            desktop.close()
+
+
+def pause_hooks(
+    switch: PauseSwitch, by: str
+) -> tuple[Callable[[bool, str], None], Callable[[], bool]]:
+    """A UI's two pause controls on the switch: set (global stop) or lift (resume
+    lifts a desktop takeover too), and whether anything is paused."""
+
+    def set_paused(on: bool, reason: str) -> None:
+        if on:
+            switch.stop(reason, by)
+        else:
+            switch.resume()
+
+    return set_paused, lambda: switch.current().active
 
 
 async def _serve_console(console: Console, paths: Paths) -> ConsoleServer | None:

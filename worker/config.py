@@ -213,6 +213,18 @@ class UiSection(_Strict):
     prompt_timeout_s: float = Field(default=60.0, ge=1, le=3_600)
 
 
+class ComputerSection(_Strict):
+    """workerComputer: whether the agent may drive this desktop, and how the person stops it."""
+
+    enabled: bool = True
+    # Pauses every plan from any window; "" for none (`agentworker pause` always works).
+    stop_hotkey: str = "ctrl+alt+shift+escape"
+    # Input the worker did not inject, while the agent drives, pauses the computer surface.
+    takeover: bool = True
+    # "While the agent drives": this long after its last computer action.
+    takeover_window_s: float = Field(default=30.0, gt=0, le=86_400)
+
+
 class Config(_Strict):
     hub: HubSection = HubSection()
     root: list[RootSection] = []
@@ -225,6 +237,7 @@ class Config(_Strict):
     http: HttpSection = HttpSection()
     sandbox: SandboxSection = SandboxSection()
     ui: UiSection = UiSection()
+    computer: ComputerSection = ComputerSection()
 
 
 # Environment variables and the setting each one overrides.

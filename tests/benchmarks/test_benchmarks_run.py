@@ -88,3 +88,20 @@ def test_hub_scale_benchmark_reports_memory_per_worker_and_the_p50_ratio() -> No
     out = _run("bench_hub_scale.py", "--workers", "30", "--calls", "20", "--rounds", "2")
     for row in ("Dispatch, worker alone (raw)", "Dispatch, 1 of 30", "KB per idle worker"):
         assert row in out, f"{row!r} missing:\n{out}"
+
+
+@pytest.mark.timeout(300)
+def test_computer_benchmark_runs_beside_its_baselines() -> None:
+    out = _run("bench_computer.py", "--calls", "5")
+    for row in (
+        "raw mss grab",
+        "raw grab + PNG (zlib-ng level 1)",
+        "screenshot PNG hub → worker → hub",
+        "raw grab + Pillow JPEG q75",
+        "screenshot JPEG q75 hub → worker → hub",
+        "cursor_position hub → worker → hub",
+        "mouse_click hub → worker → hub",
+        "key_type 100 characters hub → worker → hub",
+    ):
+        assert row in out, f"{row!r} missing:\n{out}"
+    assert out.count("goal ") == 4

@@ -23,6 +23,7 @@ from worker.cli import (
     doctor,
     grants,
     killed,
+    pause,
     plans,
     reload,
     remote,
@@ -48,6 +49,7 @@ GROUPS = (
     service,
     doctor,
     killed,
+    pause,
     reload,
 )
 EXIT_INTERRUPTED = 130

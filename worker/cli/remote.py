@@ -19,7 +19,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "call",
         help="run one action through the hub and print the result as JSON",
         description='Example: agentworker call fs_stat \'{"path": "."}\' --agent me. '
-        "ACTION is surface.action; a bare name means workerHost.NAME.",
+        "ACTION is surface.action; a bare name means workerHost.NAME, or "
+        "workerComputer.NAME for a computer action (screenshot, mouse_click, ...).",
     )
     call.add_argument("action", metavar="ACTION")
     call.add_argument("args", metavar="JSON", nargs="?", default="{}", help="the action's args")
@@ -46,10 +47,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _call(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.actions.computer import ACTIONS as COMPUTER_ACTIONS
+    from worker.actions.computer import SURFACE as COMPUTER
     from worker.hub.client import result_to_dict
     from worker.wire.proto import agentworker_pb2 as pb
 
     surface, _, action = args.action.rpartition(".")
+    surface = surface or (COMPUTER if action in COMPUTER_ACTIONS else "workerHost")
     blob = args.blob_in.read_bytes() if args.blob_in else b""
 
     async def body(client: ControlClient) -> int:
@@ -59,7 +63,7 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
             plan_id=args.plan,
             agent_id=args.agent,
             task_id=args.task,
-            surface=surface or "workerHost",
+            surface=surface,
             action=action,
             args_json=args.args,
             blob=blob,

@@ -129,6 +129,9 @@ class ActionSpec(Generic[A, R]):
     caps: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     # Only registered when `[worker] diagnostics = true` (tests and benchmarks).
     diagnostic: bool = False
+    # False for actions registered only to say why they cannot run here (the computer
+    # surface with no display): they answer `not_supported`, but Hello leaves them out.
+    advertised: bool = True
 
     @property
     def scope(self) -> str:

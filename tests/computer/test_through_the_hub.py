@@ -1,0 +1,183 @@
+"""workerComputer end to end: caller → real hub → real worker (subprocesses) → the
+desktop, and the person's controls: taking the desktop back, the stop hotkey,
+`agentworker pause` / `resume`, and a machine with no display at all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.desktop import TkApp, XServer
+from worker.actions.computer import ACTIONS
+from worker.core.pause import PauseSwitch
+from worker.wire.proto import agentworker_pb2 as pb
+
+GRANT = """
+[[grant]]
+agent = "tester"
+scopes = ["workerComputer.*"]
+"""
+
+
+@pytest.fixture
+def desk(
+    xserver: XServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> Iterator[Cluster]:
+    """A hub and a worker that sees the session's display (extra config from the
+    `computer_config` marker)."""
+    for name, value in xserver.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    marker = request.node.get_closest_marker("computer_config")
+    extra = GRANT + (marker.args[0] if marker else "")
+    with cluster(tmp_path / "home", extra_config=extra) as c:
+        yield c
+
+
+def computer(live: Cluster, action: str, args: str = "{}", **fields: Any) -> dict[str, Any]:
+    return live.call(f"workerComputer.{action}", args, **fields)
+
+
+def agentworker(live: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *argv],
+        env=live.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def pause_of(live: Cluster) -> PauseSwitch:
+    return PauseSwitch.in_dir(live.home)
+
+
+def test_hello_advertises_the_computer_surface(desk: Cluster) -> None:
+    (worker,) = desk.workers()
+    assert worker.gui_available
+    assert {f"workerComputer.{a}" for a in ACTIONS} <= set(worker.actions)
+
+
+def test_a_screenshot_travels_in_the_blob(desk: Cluster) -> None:
+    request = {
+        "agent_id": "tester",
+        "surface": "workerComputer",
+        "action": "screenshot",
+        "args_json": '{"format": "jpeg", "quality": 60, "max_width": 800}',
+    }
+    response: pb.DispatchResponse = desk.run(lambda c: c.dispatch(**request))
+    assert response.result.status == pb.ActionResult.OK, response.result.error
+    blob = response.result.blob
+    assert blob.startswith(b"\xff\xd8")
+    result = response.result.result_json
+    assert f'"bytes":{len(blob)}' in result and '"width":800' in result
+    assert len(result) < 400  # the image is not in the JSON
+
+
+def test_clicks_and_typing_reach_the_app(desk: Cluster, app: TkApp) -> None:
+    x, y = app.centre("text")
+    assert computer(desk, "mouse_click", f'{{"x": {x}, "y": {y}}}')["status"] == "ok"
+    app.wait(lambda e: e["event"] == "focus" and e["window"] == "text")
+    typed = computer(desk, "key_type", '{"text": "héllo\\n世界"}')
+    assert typed["result"] == {"characters": 8}
+    app.wait_text("héllo\n世界")
+
+
+def test_worker_input_never_takes_over_but_another_clients_does(
+    desk: Cluster, app: TkApp, xserver: XServer
+) -> None:
+    x, y = app.centre("text")
+    lx, ly = app.centre("listbox")
+    (sx, sy), (ex, ey) = app.ready["slider"], app.ready["slider_end"]
+    calls = [
+        ("mouse_click", f'{{"x": {x}, "y": {y}}}'),
+        ("key_type", '{"text": "typed by the agent, ünïcödé 你好\\n" }'),
+        ("key_combo", '{"keys": "ctrl+a"}'),
+        ("mouse_scroll", f'{{"x": {lx}, "y": {ly}, "dy": 3}}'),
+        ("mouse_drag", f'{{"start": {{"x": {sx}, "y": {sy}}}, "end": {{"x": {ex}, "y": {ey}}}}}'),
+        ("mouse_move", '{"x": 700, "y": 500, "duration_ms": 100}'),
+    ]
+    for action, args in calls:
+        assert computer(desk, action, args)["status"] == "ok", action
+    app.wait(lambda e: e["event"] == "scale" and e["value"] >= 90)
+    assert not pause_of(desk).current().active
+
+    before_ms = time.time_ns() // 1_000_000
+    xserver.run("xdotool", "mousemove", "20", "20")
+    wait_for(lambda: pause_of(desk).current().takeover is not None, 15)
+    takeover = pause_of(desk).current().takeover
+    assert takeover is not None and takeover.at_ms >= before_ms  # not one of the worker's
+    assert "another X client moved the pointer" in takeover.reason  # xdotool warps it
+
+    refused = computer(desk, "cursor_position")
+    assert refused["error"]["code"] == "paused"
+    assert "agentworker resume" in refused["error"]["message"]
+    assert desk.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"  # host goes on
+
+    resumed = agentworker(desk, "resume")
+    assert resumed.returncode == 0 and "desktop takeover" in resumed.stdout
+    assert computer(desk, "cursor_position")["result"]["x"] == 20
+
+
+@pytest.mark.computer_config("[computer]\ntakeover = false\n")  # xdotool's keys alone would pause
+def test_the_stop_hotkey_stops_a_running_plan(desk: Cluster, app: TkApp, xserver: XServer) -> None:
+    wait_for(lambda: "emergency stop: press" in desk.procs[1].log(), 15)
+    computer(desk, "mouse_move", '{"x": 10, "y": 10}')
+    outcome: dict[str, Any] = {}
+
+    def long_move() -> None:
+        args = '{"x": 1500, "y": 850, "duration_ms": 30000}'
+        outcome.update(computer(desk, "mouse_move", args, plan_id="plan-1"))
+
+    mover = threading.Thread(target=long_move)
+    mover.start()
+    wait_for(lambda: xserver.run("xdotool", "getmouselocation").split()[0] != "x:10", 15)
+    xserver.run("xdotool", "key", "ctrl+alt+shift+Escape")
+    mover.join(20)
+    assert not mover.is_alive()
+    assert outcome["error"]["code"] == "paused", outcome
+    assert "emergency-stop hotkey" in outcome["error"]["message"]
+
+    for call in (("workerHost.fs_stat", '{"path": "."}'), ("workerComputer.display_info", "{}")):
+        assert desk.call(*call)["error"]["code"] == "paused"
+    assert agentworker(desk, "resume").returncode == 0
+    assert desk.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+
+
+def test_agentworker_pause_and_resume(desk: Cluster) -> None:
+    paused = agentworker(desk, "pause", "--reason", "lunch")
+    assert paused.returncode == 0, paused.stderr
+    refused = desk.call("workerHost.fs_stat", '{"path": "."}')
+    assert refused["error"]["code"] == "paused" and "lunch" in refused["error"]["message"]
+    assert refused["error"]["retryable"]
+    assert agentworker(desk, "resume").returncode == 0
+    assert desk.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+    assert agentworker(desk, "resume").returncode == 1  # nothing left to lift
+
+
+def test_with_no_display_the_surface_is_absent_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    with cluster(tmp_path / "home", extra_config=GRANT) as live:
+        (worker,) = live.workers()
+        assert not worker.gui_available
+        assert not [a for a in worker.actions if a.startswith("workerComputer.")]
+        assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+        refused = computer(live, "screenshot", '{"anything": 1}')
+        assert refused["error"]["code"] == "not_supported"
+        assert "DISPLAY is not set" in refused["error"]["message"]
+        assert "desktop session" in refused["error"]["details"]["fix"]
+        assert "computer surface absent" in live.procs[1].log()

@@ -1,0 +1,312 @@
+"""The desktop as the worker holds it: one per worker, shared by every computer call.
+
+It owns what must be one of: the backend (loaded at the first call, in a thread),
+the threads its blocking calls run in, the lock that keeps input actions from
+interleaving, the screenshots whose coordinate spaces callers may name, and the
+link to the pause switch.
+
+Threads: input actions run one at a time in the `input` thread, under the desktop
+lock; screenshots in the `grab` thread; everything that only asks (cursor, monitors,
+windows) in the `query` thread, so a long `key_type` never delays a screenshot. Each
+thread holds its own display connection (python-xlib and mss are per-thread).
+
+The person stays in charge: while the agent drives (an input action ran within
+`takeover_window_s`), input the worker did not inject trips the switch's takeover;
+the stop hotkey trips its global stop; either interrupts a running input action at
+its next step, which releases every key and button it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, TypeVar
+
+from worker.actions.computer._backend import (
+    Availability,
+    Backend,
+    Guard,
+    StepsInterruptedError,
+    Window,
+    detect,
+    load_backend,
+)
+from worker.actions.computer._geometry import Layout, ShotSpace
+from worker.actions.computer._keys import parse_combo
+from worker.actions.computer._shared import WindowResult
+from worker.config import Config
+from worker.core.pause import COMPUTER_SURFACE, PauseState, PauseSwitch
+from worker.core.registry import Context
+from worker.errors import WorkerError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+SHOTS_KEPT: Final = 64
+
+
+@dataclass(frozen=True)
+class DesktopSettings:
+    stop_hotkey: str = "ctrl+alt+shift+escape"  # "" for none
+    takeover: bool = True
+    takeover_window_s: float = 30.0
+
+
+class Desktop:
+    def __init__(
+        self,
+        availability: Availability,
+        pause: PauseSwitch | None = None,
+        settings: DesktopSettings = DesktopSettings(),
+    ) -> None:
+        self.availability = availability
+        self.pause = pause
+        self.settings = settings
+        self._backend: Backend | None = None
+        self._load_lock = threading.Lock()
+        self._input = concurrent.futures.ThreadPoolExecutor(1, "desktop-input")
+        self._query = concurrent.futures.ThreadPoolExecutor(1, "desktop-query")
+        self._grab = concurrent.futures.ThreadPoolExecutor(1, "desktop-grab")
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._shots: collections.OrderedDict[str, ShotSpace] = collections.OrderedDict()
+        self._guards: set[Guard] = set()
+        self._driving_until = 0.0  # monotonic time the takeover watch stays armed until
+        self._stop_hotkey: Callable[[], None] | None = None
+        if pause is not None:
+            pause.subscribe(self._on_pause)
+
+    @property
+    def available(self) -> bool:
+        return self.availability.available
+
+    # -------------------------------------------------------------- lifecycle
+
+    def backend(self) -> Backend:
+        """The backend, loaded on first use (blocking: call it from a desktop thread)."""
+        if self._backend is not None:
+            return self._backend
+        with self._load_lock:
+            if self._backend is None:
+                backend = load_backend(self.availability)
+                if self.settings.takeover:
+                    try:
+                        backend.watch(self._on_person_input)
+                    except WorkerError as exc:
+                        log.warning("the person's input will go unnoticed: %s", exc.message)
+                self._backend = backend
+                log.info("desktop: %s backend loaded", backend.server)
+        return self._backend
+
+    async def start_hotkey(self) -> None:
+        """Listen for the emergency-stop hotkey (from the worker's start: the person may
+        need it for any plan). Loads the backend in the background; never fails the worker."""
+        if not self.available or not self.settings.stop_hotkey or self.pause is None:
+            return
+        try:
+            keys = parse_combo(self.settings.stop_hotkey)
+            loop = asyncio.get_running_loop()
+            self._stop_hotkey = await loop.run_in_executor(
+                self._query, lambda: self.backend().hotkey(keys, self._on_hotkey)
+            )
+            log.info("emergency stop: press %s to pause every plan", self.settings.stop_hotkey)
+        except WorkerError as exc:
+            log.warning(
+                "no emergency-stop hotkey (%s): %s; `agentworker pause` still works",
+                self.settings.stop_hotkey,
+                exc.message,
+            )
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+        for pool in (self._input, self._query, self._grab):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # -------------------------------------------------------------- running work
+
+    def _check(self) -> None:
+        if not self.available:
+            raise self.availability.error()
+
+    async def query(self, fn: Callable[[Backend], T]) -> T:
+        """Run a question (cursor, monitors, windows) in the query thread."""
+        self._check()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._query, lambda: fn(self.backend()))
+
+    async def grab(self, fn: Callable[[Backend], T]) -> T:
+        """Run a screenshot in the grab thread."""
+        self._check()
+        self._mark_driving()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._grab, lambda: fn(self.backend()))
+
+    async def act(self, fn: Callable[[Backend, Guard], T]) -> T:
+        """Run an input action alone (the desktop lock), stoppable between its steps.
+
+        A cancelled call interrupts the thread and waits for it to let go of every key
+        and button before the cancellation goes on."""
+        self._check()
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        async with self._lock:
+            if self.pause is not None:
+                self.pause.check(COMPUTER_SURFACE)  # paused while it queued
+            guard = Guard()
+            self._guards.add(guard)
+            self._mark_driving()
+            future = loop.run_in_executor(self._input, lambda: fn(self.backend(), guard))
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                guard.interrupt()
+                with contextlib.suppress(BaseException):
+                    await future
+                raise
+            except StepsInterruptedError:
+                raise guard.why or WorkerError(
+                    "cancelled", "the action was stopped before it finished"
+                ) from None
+            finally:
+                self._guards.discard(guard)
+                self._mark_driving()
+
+    def _mark_driving(self) -> None:
+        self._driving_until = time.monotonic() + self.settings.takeover_window_s
+
+    # -------------------------------------------------------------- screenshots
+
+    def remember(self, space: ShotSpace) -> str:
+        shot_id = secrets.token_hex(6)
+        self._shots[shot_id] = space
+        while len(self._shots) > SHOTS_KEPT:
+            self._shots.popitem(last=False)
+        return shot_id
+
+    def space(self, shot_id: str, layout: Layout) -> ShotSpace:
+        """The named screenshot's space, if it still describes the screen."""
+        space = self._shots.get(shot_id)
+        if space is None:
+            raise WorkerError(
+                "out_of_bounds",
+                f"no screenshot {shot_id!r} here (this worker keeps the last {SHOTS_KEPT}, "
+                "and forgets them when it restarts); take a new screenshot",
+                {"screenshot_id": shot_id},
+            )
+        if space.layout != layout:
+            raise WorkerError(
+                "out_of_bounds",
+                f"the monitors changed since screenshot {shot_id!r} was taken, so its "
+                "coordinates no longer point where they did; take a new screenshot",
+                {"screenshot_id": shot_id, "stale": True},
+            )
+        return space
+
+    def physical(self, layout: Layout, x: int, y: int, shot_id: str | None) -> tuple[int, int]:
+        """A caller's point on the desktop: physical, or mapped from a screenshot's
+        space; `out_of_bounds` when it lands on no monitor."""
+        if shot_id is not None:
+            x, y = self.space(shot_id, layout).to_physical(x, y)
+        layout.check_point(x, y)
+        return x, y
+
+    # -------------------------------------------------------------- the person
+
+    def _on_person_input(self, what: str) -> None:
+        """From the watcher's thread: the person used the desktop."""
+        if self.pause is None or time.monotonic() > self._driving_until:
+            return
+        if self.pause.current().takeover is not None:
+            return
+        log.warning("the person took the desktop back (%s): pausing the computer surface", what)
+        self.pause.take_over(f"the person used the desktop while the agent drove it ({what})")
+
+    def _on_hotkey(self) -> None:
+        assert self.pause is not None
+        if self.pause.current().stop is None:
+            log.warning("emergency-stop hotkey pressed: pausing every plan")
+            self.pause.stop("the person pressed the emergency-stop hotkey", "hotkey")
+
+    def _on_pause(self, state: PauseState) -> None:
+        """Any thread: stop running input actions the switch now refuses."""
+        if state.blocks(COMPUTER_SURFACE) is None or self.pause is None:
+            return
+        try:
+            self.pause.check(COMPUTER_SURFACE)
+        except WorkerError as why:
+            for guard in list(self._guards):
+                guard.interrupt(why)
+
+
+def window_result(window: Window, layout: Layout) -> WindowResult:
+    r = window.rect
+    return WindowResult(
+        id=window.id,
+        title=window.title,
+        app=window.app,
+        pid=window.pid,
+        x=r.x,
+        y=r.y,
+        width=r.width,
+        height=r.height,
+        focused=window.focused,
+        monitor=layout.monitor_at(r.x + r.width // 2, r.y + r.height // 2),
+    )
+
+
+# ------------------------------------------------------------------ one per worker
+
+_DESKTOPS: dict[Path, Desktop] = {}
+_DESKTOPS_LOCK = threading.Lock()
+
+
+def build(config: Config, data_dir: Path) -> Desktop:
+    """The desktop a worker with this config and data dir drives (nothing loads yet)."""
+    availability = detect()
+    if not config.computer.enabled:
+        availability = Availability(
+            False,
+            "",
+            "it is turned off in config.toml ([computer] enabled = false)",
+            "Set [computer] enabled = true to let the agent drive this desktop.",
+        )
+    settings = DesktopSettings(
+        stop_hotkey=config.computer.stop_hotkey,
+        takeover=config.computer.takeover,
+        takeover_window_s=config.computer.takeover_window_s,
+    )
+    return Desktop(availability, PauseSwitch.in_dir(data_dir), settings)
+
+
+def install(data_dir: Path, desktop: Desktop) -> None:
+    """Make `desktop` the one the computer actions of the worker at `data_dir` use."""
+    with _DESKTOPS_LOCK:
+        _DESKTOPS[data_dir] = desktop
+
+
+def uninstall(data_dir: Path) -> None:
+    with _DESKTOPS_LOCK:
+        _DESKTOPS.pop(data_dir, None)
+
+
+def of(ctx: Context) -> Desktop:
+    """The desktop of the worker running this call (one per data dir, made on demand:
+    one worker process holds one data dir, see app.worker_lock)."""
+    desktop = _DESKTOPS.get(ctx.data_dir)
+    if desktop is None:
+        with _DESKTOPS_LOCK:
+            desktop = _DESKTOPS.get(ctx.data_dir)
+            if desktop is None:
+                desktop = _DESKTOPS[ctx.data_dir] = build(ctx.config, ctx.data_dir)
+    return desktop

@@ -1,0 +1,38 @@
+"""workerComputer.key_type: any Unicode text, exactly (newline is Return, tab is Tab)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+from pydantic import StringConstraints
+
+from worker.actions.computer import _desktop
+from worker.actions.computer._shared import DESKTOP_CODES, SURFACE
+from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+
+MAX_CHARS: Final = 100_000
+
+
+class KeyTypeArgs(Args):
+    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_CHARS)]
+
+
+class KeyTypeResult(Result):
+    characters: int
+
+
+async def key_type(ctx: Context, args: KeyTypeArgs) -> Outcome[KeyTypeResult]:
+    count = await _desktop.of(ctx).act(lambda backend, guard: backend.type_text(guard, args.text))
+    return Outcome(KeyTypeResult(characters=count))
+
+
+SPEC: Final = ActionSpec(
+    surface=SURFACE,
+    name="key_type",
+    args=KeyTypeArgs,
+    result=KeyTypeResult,
+    handler=key_type,
+    summary="type Unicode text exactly (newline is Return, tab is Tab), in chunks",
+    codes=DESKTOP_CODES,
+    caps={"characters": MAX_CHARS},
+)
