@@ -538,5 +538,9 @@ class WorkerApp(App[None]):
 
     async def _on_exit_app(self) -> None:
         self._closing = True
-        await self.link.close()
         await super()._on_exit_app()
+
+    async def on_unmount(self) -> None:
+        """The app is closing (the person quit, or the worker stops): let go of the link."""
+        self._closing = True
+        await self.link.close()
