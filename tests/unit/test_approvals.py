@@ -172,9 +172,7 @@ def test_a_twenty_call_task_needs_two_prompts_when_the_person_allows_the_plan(
         steps += [("fs_read", f'{{"path": "{n}.txt"}}') for n in "abc"] * 3
         steps += [("fs_stat", f'{{"path": "{n}.txt"}}') for n in "abc"]
         steps += [("fs_list", '{"path": ".", "depth": 2}')]
-        steps += [
-            ("fs_write", f'{{"path": "out{i}.txt", "mode": "create"}}') for i in range(6)
-        ]
+        steps += [("fs_write", f'{{"path": "out{i}.txt", "mode": "create"}}') for i in range(6)]
         assert len(steps) == 20
         for action, args in steps:
             cid = rig.call(action, args, plan="task-20")
