@@ -1,4 +1,4 @@
-"""What a person sees, compared with committed SVG snapshots at 80×24 and 160×48:
+"""What a person sees, compared with committed SVG snapshots at 80x24 and 160x48:
 the main screen, the approval prompt and the grants screen.
 
 The far side is a scripted console (fixed times, a fixed clock), so the pictures

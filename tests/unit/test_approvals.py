@@ -4,9 +4,9 @@ identical asks share a prompt, answers become grants and audit rows, kills last.
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
-import random
 from tests.ui.rig import Rig
 from worker.core.approvals import Choice, Decision, Kind, inert
 from worker.wire.proto import agentworker_pb2 as pb
