@@ -143,9 +143,7 @@ def test_prompts_queue_and_identical_calls_share_one(tmp_path: Path) -> None:
             for cid in same:
                 await rig.result(cid)
                 assert rig.code(cid) == "ok"
-            await until(
-                lambda: (m := _modal(app)) is not None and m.prompt_id != first, pilot
-            )
+            await until(lambda: (m := _modal(app)) is not None and m.prompt_id != first, pilot)
             await pilot.press("d")
             await rig.result(other)
             assert rig.code(other) == "scope_denied"
