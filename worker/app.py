@@ -34,6 +34,7 @@ from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
 from worker.core.console import Console, Link, LocalLink
 from worker.core.console_socket import ConsoleServer, socket_path
 from worker.core.ledger import State
+from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry, retention_days
@@ -153,6 +154,7 @@ def build_dispatcher(
             default_timeout_s=config.worker.default_timeout_s,
         ),
         config=config,
+        pause=PauseSwitch.in_dir(paths.data_dir),
     )
     if bench is not None:
         dispatcher.on_teardown = bench.teardown
@@ -179,9 +181,25 @@ def build_console(
     broker.kill = dispatcher.kill_plan
     broker.emit_audit = lambda event: dispatcher.outbox(pb.WorkerMessage(audit=event))
     dispatcher.scopes.approver = broker
-    return Console(
+    console = Console(
         dispatcher, broker, server=server, mode=mode, static_grants=tuple(grants_of(config))
     )
+    if dispatcher.pause is not None:
+        _watch_pause(dispatcher, dispatcher.pause, console)
+    return console
+
+
+def _watch_pause(dispatcher: Dispatcher, switch: PauseSwitch, console: Console) -> None:
+    """The global stop reaches running calls at once, and every UI shows it; the UI's
+    key sets and lifts it. Set from any thread (a hotkey's), or another process."""
+    loop = asyncio.get_running_loop()
+
+    def on_pause(_state: PauseState) -> None:
+        loop.call_soon_threadsafe(dispatcher.enforce_pause)
+        loop.call_soon_threadsafe(console.pause_changed)
+
+    switch.subscribe(on_pause)
+    console.pause, console.paused = pause_hooks(switch, "tui")
 
 
 def worker_target(paths: Paths, config: Config) -> Target:
@@ -243,6 +261,8 @@ async def _enforce_kills(dispatcher: Dispatcher) -> None:
         await asyncio.sleep(KILL_CHECK_S)
         if dispatcher.enforce_kills():
             log.info("stopped running calls of a plan killed from this machine")
+        if dispatcher.enforce_pause():
+            log.info("stopped running calls: paused from this machine")
 
 
 def prune_telemetry(telemetry: Telemetry) -> int:
@@ -557,6 +577,21 @@ async def _serve_worker(
         if ui_server is not None:
             await ui_server.stop()
         dispatcher.close()
+
+
+def pause_hooks(
+    switch: PauseSwitch, by: str
+) -> tuple[Callable[[bool, str], None], Callable[[], bool]]:
+    """A UI's two pause controls on the switch: set (global stop) or lift (resume
+    lifts a desktop takeover too), and whether anything is paused."""
+
+    def set_paused(on: bool, reason: str) -> None:
+        if on:
+            switch.stop(reason, by)
+        else:
+            switch.resume()
+
+    return set_paused, lambda: switch.current().active
 
 
 async def _serve_console(console: Console, paths: Paths) -> ConsoleServer | None:

@@ -79,3 +79,27 @@ def test_revoking_a_grant_makes_the_next_call_ask_again(tmp_path: Path) -> None:
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_the_stop_key_pauses_everything_until_pressed_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerDiag.*"])])
+        app = WorkerApp(rig.link(), notifier=silent)
+        async with app.run_test(size=(100, 30)) as pilot:
+            running = rig.call("probe", '{"sleep_ms": 60000}', surface="workerDiag")
+            await until(lambda: app.plans and app.plans[0]["running"] == 1, pilot)
+            await pilot.press("s")
+            await rig.result(running)
+            assert rig.code(running) == "paused"
+            assert app.paused
+            refused = rig.call("probe", "{}", surface="workerDiag", plan="another")
+            await rig.result(refused)
+            assert rig.code(refused) == "paused"
+            await pilot.press("s")
+            await until(lambda: not app.paused, pilot)
+            again = rig.call("probe", "{}", surface="workerDiag")
+            await rig.result(again)
+            assert rig.code(again) == "ok"
+        rig.close()
+
+    asyncio.run(scenario())

@@ -122,15 +122,18 @@ def test_an_agent_named_like_a_pattern_is_granted_only_its_own_name(tmp_path: Pa
 
 
 def test_an_ask_rule_approval_never_answers_a_scope_and_the_reverse(tmp_path: Path) -> None:
-    rig = Rig(tmp_path)
-    state, scopes = rig.dispatcher.state, rig.dispatcher.scopes
-    state.add_grant("a", "*", "*", None, "cli")
-    assert scopes.allowed("a", "workerHost.exec", "p")
-    assert not scopes.allowed("a", "ask:workerHost.exec: `touch x`", "p")
-    state.add_grant("a", "ask:workerHost.exec: `touch x`", "p", None, "ui:plan")
-    assert scopes.allowed("a", "ask:workerHost.exec: `touch x`", "p")
-    assert not scopes.allowed("a", "ask:workerHost.exec: `touch y`", "p")
-    rig.close()
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        state, scopes = rig.dispatcher.state, rig.dispatcher.scopes
+        state.add_grant("a", "*", "*", None, "cli")
+        assert scopes.allowed("a", "workerHost.exec", "p")
+        assert not scopes.allowed("a", "ask:workerHost.exec: `touch x`", "p")
+        state.add_grant("a", "ask:workerHost.exec: `touch x`", "p", None, "ui:plan")
+        assert scopes.allowed("a", "ask:workerHost.exec: `touch x`", "p")
+        assert not scopes.allowed("a", "ask:workerHost.exec: `touch y`", "p")
+        rig.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_kill_from_the_console_survives_a_restart(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from sandbox import Root
 from worker.clock import now_ms
 from worker.config import Config
 from worker.core.ledger import Seen, State
+from worker.core.pause import PauseSwitch
 from worker.core.redaction import args_preview
 from worker.core.registry import ActionSpec, Context, Outcome, Registry
 from worker.core.results import Outbox, Outgoing, Results
@@ -190,8 +191,10 @@ class Dispatcher:
         limits: Limits = Limits(),
         config: Config | None = None,
         outbox: Outbox | None = None,
+        pause: PauseSwitch | None = None,
     ) -> None:
         self.config = config or Config()
+        self.pause = pause  # the person's stop and desktop takeover (None: never paused)
         self.worker_id = worker_id
         self.registry = registry
         self.state = state
@@ -209,6 +212,7 @@ class Dispatcher:
         self.stages: list[tuple[str, Stage]] = [
             ("parse", self._parse),
             ("kill_switch", self._check_plan),
+            ("pause", self._check_paused),
             ("scope", self._check_scope),
             ("slot", self._take_slot),
             ("handler", self._call_handler),
@@ -481,6 +485,22 @@ class Dispatcher:
                 stopped += 1
         return stopped
 
+    def enforce_pause(self) -> int:
+        """Stop running calls the pause switch now refuses (the person pressed the stop
+        hotkey, ran `agentworker pause`, or took the desktop back)."""
+        if self.pause is None or not self.pause.current().active:
+            return 0
+        stopped = 0
+        for call in list(self._calls.values()):
+            if call.stop is not None:
+                continue
+            try:
+                self.pause.check(call.req.surface)
+            except WorkerError as error:
+                self._stop(call, error)
+                stopped += 1
+        return stopped
+
     def stop_intake(self) -> None:
         """Take no new calls (they are refused REJECTED_DRAINING); running ones go on."""
         self._draining = True
@@ -697,6 +717,10 @@ class Dispatcher:
                 f"lift it (`agentworker lift {plan}`).",
                 {"plan_id": plan},
             )
+
+    def _check_paused(self, call: Call) -> None:
+        if self.pause is not None:
+            self.pause.check(call.req.surface)
 
     def _check_scope(self, call: Call) -> Later | None:
         req, spec = call.req, call.spec
