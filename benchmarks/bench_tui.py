@@ -5,9 +5,10 @@ the time from a call reaching the hub to its approval prompt on the screen.
               each after the same calls
   prompt      a call with no grant is dispatched (the clock starts as the request
               leaves this process), and the screen is read until the prompt shows;
-              the person's Deny key then answers it. Beside it, the raw baseline:
-              one read of the screen (tmux capture-pane), which bounds how finely
-              the prompt's arrival can be seen.
+              the person's Deny key then answers it. Beside it, two baselines: one
+              read of the screen (tmux capture-pane), which bounds how finely the
+              prompt's arrival can be seen, and a granted call's whole round trip
+              through the same hub and worker (what reaching the worker costs).
 
 Goal: a prompt on screen within 100 ms of the call arriving.
 
@@ -84,10 +85,20 @@ async def warm_calls(home: Home, calls: int) -> None:
             assert reply.result.status == pb.ActionResult.OK, reply.result.error
 
 
-async def prompts(home: Home, tmux: Tmux, count: int) -> tuple[list[float], list[float]]:
-    """(ms from dispatch to the prompt on screen, ms of one screen read) per prompt."""
-    shown, reads = [], []
+async def prompts(
+    home: Home, tmux: Tmux, count: int
+) -> tuple[list[float], list[float], list[float]]:
+    """Per prompt: ms from dispatch to the prompt on screen, ms of one screen read, and
+    ms of a granted call's whole round trip through the same hub and worker."""
+    shown, reads, granted = [], [], []
     async with connected(home) as client:
+        for _ in range(count):
+            start = time.perf_counter()
+            reply = await client.dispatch(
+                agent_id="bench", surface="workerHost", action="fs_stat", args_json='{"path": "."}'
+            )
+            granted.append((time.perf_counter() - start) * 1000)
+            assert reply.result.status == pb.ActionResult.OK, reply.result.error
         for i in range(count):
             request = pb.DispatchRequest(
                 agent_id="stranger",
@@ -109,7 +120,7 @@ async def prompts(home: Home, tmux: Tmux, count: int) -> tuple[list[float], list
             reply = await call
             assert reply.result.error.code == "scope_denied", reply.result
             await asyncio.to_thread(tmux.wait_gone, PROMPT_TEXT)
-    return shown, reads
+    return shown, reads, granted
 
 
 def main() -> None:
@@ -142,7 +153,7 @@ def main() -> None:
             pid = int(tmux.run("display-message", "-p", "-t", "main", "#{pane_pid}").strip())
             asyncio.run(warm_calls(home, args.calls))
             tui_rss = rss_mib(pid)
-            shown, reads = asyncio.run(prompts(home, tmux, args.prompts))
+            shown, reads, granted = asyncio.run(prompts(home, tmux, args.prompts))
             tui_rss_after = rss_mib(pid)
         finally:
             tmux.run("send-keys", "-t", "main", "q")
@@ -157,6 +168,7 @@ def main() -> None:
     print(f"  {'':34}{'p50':>9}{'p99':>9}{'max':>9}")
     for name, samples in (
         ("raw: one screen read (capture-pane)", reads),
+        ("raw: a granted call's round trip", granted),
         ("call dispatched → prompt on screen", shown),
     ):
         print(

@@ -81,3 +81,16 @@ def test_hub_scale_benchmark_reports_memory_per_worker_and_the_p50_ratio() -> No
     out = _run("bench_hub_scale.py", "--workers", "30", "--calls", "20", "--rounds", "2")
     for row in ("Dispatch, worker alone (raw)", "Dispatch, 1 of 30", "KB per idle worker"):
         assert row in out, f"{row!r} missing:\n{out}"
+
+
+@pytest.mark.timeout(300)
+def test_tui_benchmark_prints_memory_and_prompt_latency_beside_baselines() -> None:
+    out = _run("bench_tui.py", "--prompts", "3", "--calls", "10")
+    for row in (
+        "agentworker up --headless",
+        "agentworker up (TUI)",
+        "raw: one screen read",
+        "raw: a granted call's round trip",
+        "call dispatched → prompt on screen",
+    ):
+        assert row in out, f"{row!r} missing:\n{out}"
