@@ -45,6 +45,7 @@ bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_hub_scale.py
 	$(BIN)/python benchmarks/bench_sandbox.py
 	$(BIN)/python benchmarks/bench_replay.py
+	$(BIN)/python benchmarks/bench_tui.py
 
 onefile: $(STAMP)  ## dist/agentworker: the one-file build, smoke-tested
 	packaging/onefile/build.sh $(BIN)/python

@@ -120,11 +120,11 @@ class WorkerApp(App[None]):
         self.paused = False
         self.follow = True
         self.filter_text = ""
+        # The one prompt screen (see ApprovalModal), and whether it is showing.
+        self._approval = ApprovalModal({"id": ""}, clock=clock)
         self._modal: ApprovalModal | None = None
         self._closing = False
         self.failure: StartupError | None = None  # why the app could not start
-        # For measurements: when each prompt reached the screen (time.monotonic()).
-        self.prompt_shown_at: dict[str, float] = {}
 
     # ------------------------------------------------------------- layout
 
@@ -165,12 +165,16 @@ class WorkerApp(App[None]):
         ):
             plans.add_column(label, key=key)
         self._fit(self.size.width)
+        self.install_screen(self._approval, "approval")
         try:
             snapshot = await self.link.open(self._receive)
         except StartupError as exc:
             self.failure = exc
             self.exit()
             return
+        # Compose the prompt screen now, not when the first prompt waits on it.
+        await self.push_screen("approval")
+        self.pop_screen()
         self._apply_snapshot(snapshot)
         self.set_interval(1.0, self._refresh_header)
         calls.focus()
@@ -233,7 +237,7 @@ class WorkerApp(App[None]):
 
     def _alive(self) -> bool:
         """False once the app is shutting down (its widgets are gone)."""
-        return not self._closing and bool(self._main.query("#header"))
+        return not self._closing and bool(self.screen_stack) and bool(self._main.query("#header"))
 
     def _refresh_header(self) -> None:
         if not self._alive():
@@ -429,17 +433,18 @@ class WorkerApp(App[None]):
         if self._modal is not None or not self.prompts or not self._alive():
             return
         prompt = next(iter(self.prompts.values()))
-        modal = ApprovalModal(prompt, more=len(self.prompts) - 1, clock=self.clock)
+        modal = self._approval
+        modal.load(prompt, len(self.prompts) - 1)
         self._modal = modal
-        self.push_screen(modal, lambda answer: self._answered(modal, answer))
-        self.prompt_shown_at[prompt["id"]] = time.monotonic()
+        prompt_id = str(prompt["id"])
+        # Installed, so leaving the stack does not unmount it: the next prompt reuses it.
+        self.push_screen("approval", lambda answer: self._answered(prompt_id, answer))
 
-    def _answered(self, modal: ApprovalModal, answer: Answer | None) -> None:
-        if self._modal is modal:
-            self._modal = None
+    def _answered(self, prompt_id: str, answer: Answer | None) -> None:
+        self._modal = None
         if answer is not None:
-            self.prompts.pop(modal.prompt_id, None)
-            self._send_decision(modal.prompt_id, answer)
+            self.prompts.pop(prompt_id, None)
+            self._send_decision(prompt_id, answer)
         self.call_later(self._next_prompt)
         self._refresh_header()
 
@@ -538,5 +543,9 @@ class WorkerApp(App[None]):
 
     async def _on_exit_app(self) -> None:
         self._closing = True
-        await self.link.close()
         await super()._on_exit_app()
+
+    async def on_unmount(self) -> None:
+        """The app is closing (the person quit, or the worker stops): let go of the link."""
+        self._closing = True
+        await self.link.close()

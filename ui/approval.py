@@ -9,6 +9,7 @@ denies on its own; pressing nothing is a denial too.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -40,10 +41,14 @@ Answer = dict[str, Any]
 
 
 class ApprovalModal(ModalScreen[Answer | None]):
-    """Dismissed with the person's answer, or None when the prompt went away."""
+    """Dismissed with the person's answer, or None when the prompt went away.
+
+    One instance serves every prompt (`load` before each showing): it is composed
+    once, so a prompt reaches the screen without building its widgets again.
+    """
 
     DEFAULT_CSS = """
-    ApprovalModal { align: center middle; }
+    ApprovalModal { align: center middle; background: $background; }
     ApprovalModal #dialog {
         width: 96; max-width: 100%; height: auto; max-height: 100%;
         border: thick $warning; background: $surface; padding: 0 1;
@@ -78,13 +83,37 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.more = more
         self.clock = clock
         self.period = DEFAULT_PERIOD
+        self.painted_at: float | None = None
 
     @property
     def prompt_id(self) -> str:
         return str(self.prompt["id"])
 
+    def load(self, prompt: dict[str, Any], more: int) -> None:
+        """Show `prompt` next: fresh content, the default period, focus back on Deny."""
+        self.prompt, self.more = prompt, more
+        self.period = DEFAULT_PERIOD
+        self.painted_at = None
+        if self.is_mounted:
+            self._fill()
+
+    def _fill(self) -> None:
+        self.query_one("#title", Static).update(self._title())
+        self.query_one("#facts", Static).update(self._facts())
+        preview = self.prompt.get("preview") or "(nothing to show)"
+        self.query_one("#preview", Static).update(Text(preview))
+        self.query_one("#countdown", Static).update(self._countdown())
+        self.query_one("#once", Button).display = "once" in self.prompt.get("choices", ())
+        self.query_one("#agent", Button).label = self._agent_label()
+        self.query_one("#deny", Button).focus()
+
+    def on_screen_resume(self) -> None:
+        if not self.prompt.get("id"):
+            return  # composed ahead of the first prompt, not shown
+        self._fill()
+        self.call_after_refresh(self._painted)
+
     def compose(self) -> ComposeResult:
-        choices = set(self.prompt.get("choices", ()))
         with Vertical(id="dialog"):
             yield Static(self._title(), id="title")
             yield Static(self._facts(), id="facts")
@@ -94,14 +123,16 @@ class ApprovalModal(ModalScreen[Answer | None]):
             with Horizontal(id="buttons"):
                 yield Button("Deny", id="deny", variant="primary")
                 yield Button("Deny+kill plan", id="deny_kill", variant="error")
-                if "once" in choices:
-                    yield Button("Once", id="once")
+                yield Button("Once", id="once")
                 yield Button("This plan", id="plan", variant="success")
                 yield Button(self._agent_label(), id="agent", variant="warning")
 
     def on_mount(self) -> None:
-        self.query_one("#deny", Button).focus()
         self.set_interval(0.5, self._tick)
+
+    def _painted(self) -> None:
+        """For measurements: when the prompt first reached the screen (unix seconds)."""
+        self.painted_at = time.time()
 
     # ------------------------------------------------------------- content
 
@@ -149,6 +180,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
         return f"Agent {PERIODS[self.period][0]}"
 
     def _tick(self) -> None:
+        if not self.is_current:
+            return
         self.query_one("#countdown", Static).update(self._countdown())
 
     def update_prompt(self, prompt: dict[str, Any], more: int) -> None:

@@ -187,9 +187,25 @@ def build_console(
     broker.kill = dispatcher.kill_plan
     broker.emit_audit = lambda event: dispatcher.outbox(pb.WorkerMessage(audit=event))
     dispatcher.scopes.approver = broker
-    return Console(
+    console = Console(
         dispatcher, broker, server=server, mode=mode, static_grants=tuple(grants_of(config))
     )
+    if dispatcher.pause is not None:
+        _watch_pause(dispatcher, dispatcher.pause, console)
+    return console
+
+
+def _watch_pause(dispatcher: Dispatcher, switch: PauseSwitch, console: Console) -> None:
+    """The global stop reaches running calls at once, and every UI shows it; the UI's
+    key sets and lifts it. Set from any thread (a hotkey's), or another process."""
+    loop = asyncio.get_running_loop()
+
+    def on_pause(_state: PauseState) -> None:
+        loop.call_soon_threadsafe(dispatcher.enforce_pause)
+        loop.call_soon_threadsafe(console.pause_changed)
+
+    switch.subscribe(on_pause)
+    console.pause, console.paused = pause_hooks(switch, "tui")
 
 
 def worker_target(paths: Paths, config: Config) -> Target:

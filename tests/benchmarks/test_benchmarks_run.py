@@ -105,3 +105,15 @@ def test_computer_benchmark_runs_beside_its_baselines() -> None:
     ):
         assert row in out, f"{row!r} missing:\n{out}"
     assert out.count("goal ") == 4
+
+
+def test_tui_benchmark_prints_memory_and_prompt_latency_beside_baselines() -> None:
+    out = _run("bench_tui.py", "--prompts", "3", "--calls", "10")
+    for row in (
+        "agentworker up --headless",
+        "agentworker up (TUI)",
+        "raw: one screen read",
+        "raw: a granted call's round trip",
+        "call dispatched → prompt on screen",
+    ):
+        assert row in out, f"{row!r} missing:\n{out}"

@@ -138,13 +138,12 @@ def test_prompts_queue_and_identical_calls_share_one(tmp_path: Path) -> None:
             await until(lambda: _modal(app) is not None and len(app.prompts) == 2, pilot)
             modal = _modal(app)
             assert modal is not None and modal.prompt["waiting"] == 3 and modal.more == 1
+            first = modal.prompt_id
             await pilot.press("o")
             for cid in same:
                 await rig.result(cid)
                 assert rig.code(cid) == "ok"
-            await until(
-                lambda: (m := _modal(app)) is not None and m.prompt_id != modal.prompt_id, pilot
-            )
+            await until(lambda: (m := _modal(app)) is not None and m.prompt_id != first, pilot)
             await pilot.press("d")
             await rig.result(other)
             assert rig.code(other) == "scope_denied"

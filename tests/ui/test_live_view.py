@@ -17,6 +17,16 @@ from ui.screens import GrantsScreen
 from worker.config import GrantSection
 
 
+def _program_runs(tag: str) -> bool:
+    for pid in processes_with(tag):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"/usr/bin/python3\0"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def test_the_kill_key_stops_a_running_exec_and_refuses_the_plan(tmp_path: Path) -> None:
     async def scenario() -> None:
         rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.exec"])])
@@ -25,7 +35,9 @@ def test_the_kill_key_stops_a_running_exec_and_refuses_the_plan(tmp_path: Path) 
         async with app.run_test(size=(100, 30)) as pilot:
             args = json.dumps({"argv": ["python3", "-c", STUBBORN, tag], "timeout_s": 60})
             running = rig.call("exec", args, plan="long-plan")
-            await until(lambda: len(processes_with(tag)) >= 2, pilot)
+            # The program itself runs (not only bubblewrap setting up its sandbox).
+            await until(lambda: _program_runs(tag) or running in rig.results, pilot)
+            assert running not in rig.results, rig.results[running]
             await until(lambda: app.plans and app.plans[0]["running"] == 1, pilot)
             await pilot.press("k")
             await rig.result(running)
@@ -64,6 +76,30 @@ def test_revoking_a_grant_makes_the_next_call_ask_again(tmp_path: Path) -> None:
             await pilot.press("d")
             await rig.result(second)
             assert rig.code(second) == "scope_denied"
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_stop_key_pauses_everything_until_pressed_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerDiag.*"])])
+        app = WorkerApp(rig.link(), notifier=silent)
+        async with app.run_test(size=(100, 30)) as pilot:
+            running = rig.call("probe", '{"sleep_ms": 60000}', surface="workerDiag")
+            await until(lambda: app.plans and app.plans[0]["running"] == 1, pilot)
+            await pilot.press("s")
+            await rig.result(running)
+            assert rig.code(running) == "paused"
+            assert app.paused
+            refused = rig.call("probe", "{}", surface="workerDiag", plan="another")
+            await rig.result(refused)
+            assert rig.code(refused) == "paused"
+            await pilot.press("s")
+            await until(lambda: not app.paused, pilot)
+            again = rig.call("probe", "{}", surface="workerDiag")
+            await rig.result(again)
+            assert rig.code(again) == "ok"
         rig.close()
 
     asyncio.run(scenario())

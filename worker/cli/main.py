@@ -4,7 +4,7 @@ Start here:   agentworker up            hub + worker on this machine (loopback)
 Then try:     agentworker call fs_stat '{"path": "."}' --agent me
 
 Each verb group is a module of its own (serve, remote, plans, grants, allowlist,
-sandbox, replay, telemetry, service, doctor, killed, reload) that adds its parsers
+sandbox, replay, telemetry, service, doctor, killed, reload, pause) that adds its parsers
 and imports what its verb needs only when the verb runs: building the parser, and
 so `--help`, loads neither grpc nor httpx nor pydantic (a test holds it to that).
 """
@@ -51,6 +51,7 @@ GROUPS = (
     killed,
     pause,
     reload,
+    pause,
 )
 EXIT_INTERRUPTED = 130
 

@@ -171,6 +171,10 @@ class Console:
         self._tell({"type": "call", "call": row})
         self._tell_plans()
 
+    def pause_changed(self) -> None:
+        """The global stop was set or lifted (here, by `agentworker pause`, a hotkey)."""
+        self._tell({"type": "paused", "paused": self.paused()})
+
     def _remember(self, row: dict[str, Any]) -> None:
         self._calls[row["id"]] = row
         self._calls.move_to_end(row["id"])

@@ -1,6 +1,6 @@
 """The local channel `agentworker ui` attaches over: a Unix socket only this user can open.
 
-The socket lives in the data folder (mode 0700) with mode 0600, and each peer's
+The socket lives in the data folder (writable by its user alone) with mode 0600, and each peer's
 uid is checked as well (SO_PEERCRED), so only the user running the worker can
 attach — the socket is the power to approve calls. The protocol is one JSON object
 per line: the client opens with `{"op": "attach"}`, the worker answers with the
@@ -54,12 +54,14 @@ def socket_path(paths: Paths) -> Path:
 
 
 def _private_folder(folder: Path) -> None:
+    """The socket's folder must be ours and writable by us alone: another user who
+    could write there could put a socket of their own in its place."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = folder.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise StartupError(
-            f"{folder} must belong to you and be closed to others (chmod 700) to hold the "
-            "UI socket",
+            f"{folder} must belong to you and be writable by you alone (chmod go-w) to "
+            "hold the UI socket"
         )
 
 

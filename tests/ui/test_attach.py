@@ -1,0 +1,149 @@
+"""`agentworker ui` attached to a worker that runs elsewhere (a service, say), over
+the local socket: real hub and worker subprocesses, the TUI driven with Pilot."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster, cluster
+from tests.ui.rig import silent, until
+from ui.app import WorkerApp
+from ui.approval import ApprovalModal
+from worker.config import Paths
+from worker.core.console_socket import NoWorkerError, SocketLink, socket_path
+from worker.hub.client import ControlClient
+from worker.wire.proto import agentworker_pb2 as pb
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Cluster:  # type: ignore[misc]
+    with cluster(tmp_path / "home") as c:
+        yield c
+
+
+def _socket(live: Cluster) -> Path:
+    return socket_path(Paths(config_dir=live.home, data_dir=live.home))
+
+
+def test_the_socket_is_open_to_its_user_only(live: Cluster) -> None:
+    path = _socket(live)
+    assert stat.S_ISSOCK(path.stat().st_mode)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) & 0o022 == 0
+    assert path.stat().st_uid == os.getuid()
+
+
+def test_request_scope_is_approved_in_an_attached_ui_and_the_call_then_runs(
+    live: Cluster,
+) -> None:
+    async def scenario() -> None:
+        app = WorkerApp(SocketLink(_socket(live)), notifier=silent)
+        client = ControlClient.connect(live.listen, live.token)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await until(lambda: bool(app.worker_info), pilot)
+                asked = asyncio.ensure_future(
+                    client.stub.RequestScope(
+                        pb.RequestScopeRequest(
+                            agent_id="planner",
+                            plan_id="plan-7",
+                            scopes=["workerHost.fs_write"],
+                            reason="write the report",
+                            preview="fs_write report.md",
+                            timeout_ms=30_000,
+                        ),
+                        metadata=client.metadata,
+                    )
+                )
+                await until(lambda: isinstance(app.screen, ApprovalModal), pilot)
+                modal = app.screen
+                assert isinstance(modal, ApprovalModal)
+                assert modal.prompt["reason"] == "write the report"
+                assert "once" not in modal.prompt["choices"]
+                await pilot.press("p")
+                decision = await asyncio.wait_for(asked, 20)
+                assert decision.granted and list(decision.scopes) == ["workerHost.fs_write"]
+                response = await client.dispatch(
+                    agent_id="planner",
+                    plan_id="plan-7",
+                    surface="workerHost",
+                    action="fs_write",
+                    args_json='{"path": "report.md", "mode": "create"}',
+                    blob=b"# report\n",
+                )
+                assert response.result.status == pb.ActionResult.OK, response.result.error
+                assert (live.workspace / "report.md").read_bytes() == b"# report\n"
+                await until(
+                    lambda: any(c["plan_id"] == "plan-7" for c in app.calls.values()), pilot
+                )
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_with_no_ui_attached_a_call_is_refused_at_once_as_headless(live: Cluster) -> None:
+    out = live.call("workerHost.fs_stat", '{"path": "."}', agent_id="stranger")
+    assert out["error"]["code"] == "scope_required"
+    assert "agentworker ui" in out["error"]["message"]
+
+
+def test_a_call_waits_for_an_attached_ui_and_a_denial_reaches_the_caller(live: Cluster) -> None:
+    async def scenario() -> None:
+        app = WorkerApp(SocketLink(_socket(live)), notifier=silent)
+        client = ControlClient.connect(live.listen, live.token)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await until(lambda: bool(app.worker_info), pilot)
+                call = asyncio.create_task(
+                    client.dispatch(
+                        agent_id="stranger",
+                        plan_id="p",
+                        surface="workerHost",
+                        action="fs_stat",
+                        args_json='{"path": "."}',
+                    )
+                )
+                await until(lambda: isinstance(app.screen, ApprovalModal), pilot)
+                await pilot.press("d")
+                response = await asyncio.wait_for(call, 20)
+                assert response.result.error.code == "scope_denied"
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_attaching_with_no_worker_running_says_so(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        link = SocketLink(tmp_path / "ui.sock")
+        with pytest.raises(NoWorkerError, match="no worker is running"):
+            await link.open(lambda _event: None)
+
+    asyncio.run(scenario())
+
+
+def test_pause_and_resume_from_the_command_line(live: Cluster) -> None:
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "worker", *argv],
+            env=live.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    assert cli("pause", "--reason", "lunch").returncode == 0
+    out = live.call("workerHost.fs_stat", '{"path": "."}')
+    assert out["error"]["code"] == "paused" and "lunch" in out["error"]["message"]
+    resumed = cli("resume")
+    assert resumed.returncode == 0 and "lunch" in resumed.stdout
+    assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"

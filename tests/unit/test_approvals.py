@@ -1,0 +1,195 @@
+"""The approval broker without a screen: what it shows is inert, headless never asks,
+identical asks share a prompt, answers become grants and audit rows, kills last."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from tests.ui.rig import Rig
+from worker.core.approvals import Choice, Decision, Kind, inert
+from worker.wire.proto import agentworker_pb2 as pb
+
+_UNSAFE = {chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]} | {"\u202e", "\u2066", "\u200b"}
+
+
+def test_inert_shows_controls_and_bidi_as_visible_escapes() -> None:
+    assert inert("a\x1b[31mb\nc\u202ed\x00") == "a\\e[31mb\\nc\\u202ed\\x00"
+    assert inert("ok [bold]x[/bold] ünïcode") == "ok [bold]x[/bold] ünïcode"
+    assert inert("x" * 50, limit=10) == "x" * 10 + " … (+40 chars)"
+
+
+def test_nothing_unsafe_survives_inert() -> None:
+    """Generated: strings drawn from every control, format and invisible character
+    mixed with ordinary text."""
+    rng = random.Random(15)
+    alphabet = [*_UNSAFE, *"abc [/]\\e", *(chr(c) for c in range(0x2000, 0x2070)), "\ufeff"]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert not (set(inert(text, limit=10_000)) & _UNSAFE), repr(text)
+
+
+def test_headless_never_prompts(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path, ui_in_process=False)
+        opened: list[str] = []
+        assert rig.console.broker is not None
+        rig.console.broker.listeners.append(lambda kind, _body: opened.append(kind))
+        cid = rig.call("fs_read", '{"path": "a.txt"}')
+        await rig.result(cid)
+        assert rig.code(cid) == "scope_required"
+        decision = await rig.console.broker.scope_request(
+            pb.ScopeRequest(request_id="r1", agent_id="a", scopes=["workerHost.fs_read"])
+        )
+        assert not decision.granted and "no UI attached" in decision.reason
+        assert opened == []
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_identical_asks_share_one_prompt_and_one_answer_settles_them(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        asks = [
+            asyncio.create_task(
+                broker.request(
+                    Kind.OUT_OF_SCOPE,
+                    agent_id="a",
+                    plan_id="p",
+                    scopes=("workerHost.fs_read",),
+                    preview='{"path": "x"}',
+                    correlation_id=f"c{i}",
+                )
+            )
+            for i in range(3)
+        ]
+        await asyncio.sleep(0)
+        (prompt,) = broker.pending()
+        assert prompt.correlation_ids == ["c0", "c1", "c2"]
+        broker.decide(prompt.id, Decision(Choice.ONCE))
+        answers = await asyncio.gather(*asks)
+        assert all(a.grant is not None for a in answers)
+        assert rig.dispatcher.state.grants() == []  # once stores nothing
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_grant_for_the_plan_settles_other_waiting_prompts_it_covers(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        first = rig.call("fs_list", '{"path": "."}')
+        second = rig.call("fs_read", '{"path": "b.txt"}')
+        elsewhere = rig.call("fs_read", '{"path": "b.txt"}', plan="other")
+        while len(broker.pending()) < 3:
+            await asyncio.sleep(0.01)
+        broker.decide(broker.pending()[0].id, Decision(Choice.PLAN))
+        for cid in (first, second):
+            await rig.result(cid)
+            assert rig.code(cid) == "ok"
+        assert [p.plan_id for p in broker.pending()] == ["other"]
+        assert elsewhere not in rig.results
+        broker.close_all("test over")
+        await rig.result(elsewhere)
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_named_like_a_pattern_is_granted_only_its_own_name(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        cid = rig.call("fs_read", '{"path": "a.txt"}', agent="*", plan="*")
+        while not broker.pending():
+            await asyncio.sleep(0.01)
+        broker.decide(broker.pending()[0].id, Decision(Choice.AGENT, period_s=60))
+        await rig.result(cid)
+        assert rig.code(cid) == "ok"
+        assert not rig.dispatcher.scopes.allowed("someone", "workerHost.fs_read", "p")
+        (grant, *_) = rig.dispatcher.state.grants()
+        assert grant.agent == "[*]" and grant.plan == "*" and grant.expires is not None
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_ask_rule_approval_never_answers_a_scope_and_the_reverse(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        state, scopes = rig.dispatcher.state, rig.dispatcher.scopes
+        state.add_grant("a", "*", "*", None, "cli")
+        assert scopes.allowed("a", "workerHost.exec", "p")
+        assert not scopes.allowed("a", "ask:workerHost.exec: `touch x`", "p")
+        state.add_grant("a", "ask:workerHost.exec: `touch x`", "p", None, "ui:plan")
+        assert scopes.allowed("a", "ask:workerHost.exec: `touch x`", "p")
+        assert not scopes.allowed("a", "ask:workerHost.exec: `touch y`", "p")
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_kill_from_the_console_survives_a_restart(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        assert rig.console.handle({"op": "kill", "plan": "doomed"})["ok"]
+        rig.close()
+        again = Rig(tmp_path)
+        cid = again.call("fs_read", '{"path": "a.txt"}', plan="doomed")
+        await again.result(cid)
+        assert again.code(cid) == "plan_killed"
+        assert again.console.handle({"op": "lift", "plan": "doomed"})["ok"]
+        again.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_twenty_call_task_needs_two_prompts_when_the_person_allows_the_plan(
+    tmp_path: Path,
+) -> None:
+    """List, read, search (stat and list deeper) and write in one plan: the first read
+    opens the read-only family for the plan, the first write its own scope."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        prompts: list[str] = []
+
+        def answer(kind: str, body: dict[str, object]) -> None:
+            if kind == "prompt" and body["id"] not in prompts:
+                prompts.append(str(body["id"]))
+                asyncio.get_running_loop().call_soon(
+                    broker.decide, str(body["id"]), Decision(Choice.PLAN)
+                )
+
+        broker.listeners.append(answer)
+        steps = [("fs_list", '{"path": "."}')]
+        steps += [("fs_read", f'{{"path": "{n}.txt"}}') for n in "abc"] * 3
+        steps += [("fs_stat", f'{{"path": "{n}.txt"}}') for n in "abc"]
+        steps += [("fs_list", '{"path": ".", "depth": 2}')]
+        steps += [("fs_write", f'{{"path": "out{i}.txt", "mode": "create"}}') for i in range(6)]
+        assert len(steps) == 20
+        for action, args in steps:
+            cid = rig.call(action, args, plan="task-20")
+            await rig.result(cid)
+            assert rig.code(cid) == "ok", rig.results[cid].error
+        assert len(prompts) == 2
+        expiring = [g for g in rig.console.grants() if g["plan"] == "task-20"]
+        assert {g["scope"] for g in expiring} == {
+            "workerHost.fs_list",
+            "workerHost.fs_read",
+            "workerHost.fs_stat",
+            "workerHost.fs_write",
+        }
+        assert all("expires_ms" in g for g in expiring)
+        rig.close()
+
+    asyncio.run(scenario())
