@@ -51,7 +51,8 @@ MIN_SILENCE_S = 1.0
 FLUSH_TIMEOUT_S = 5.0
 
 
-# Undecodable server messages logged one by one; past this, every 1000th.
+# Odd server messages (undecodable, of an unknown kind) logged one by one; past
+# this many, every 1000th: a hostile server cannot fill the log.
 BAD_INPUT_LOG_LINES = 20
 
 
@@ -377,8 +378,14 @@ class WorkerConnection:
             return True
         elif kind == "heartbeat":
             pass
-        else:
-            log.warning("ignoring an unexpected %s from the server", kind)
+        else:  # a welcome mid-stream, or a kind this worker does not know (None)
+            self._bad_inputs += 1
+            if self._bad_inputs <= BAD_INPUT_LOG_LINES or self._bad_inputs % 1000 == 0:
+                log.warning(
+                    "ignoring a server message of %s (%d odd messages so far)",
+                    f"kind {kind}" if kind else "a kind this worker does not know",
+                    self._bad_inputs,
+                )
         return False
 
     def _scope_request(self, request: pb.ScopeRequest) -> None:
