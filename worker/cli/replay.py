@@ -59,6 +59,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="a grants profile: [[grant]] tables used instead of the config's",
     )
     local.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="a worker in sandbox mode: workbenchHost.* in a contained workspace per plan",
+    )
+    local.add_argument(
         "--data-dir",
         type=Path,
         help="keep the worker's ledger and telemetry here (default: a fresh folder, removed after)",
@@ -99,10 +104,10 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.script is None:
         raise UsageError("name the script to replay: agentworker replay FILE")
-    if args.server and (args.config or args.grants or args.data_dir):
+    if args.server and (args.config or args.grants or args.data_dir or args.sandbox):
         raise UsageError(
-            "--config, --grants and --data-dir build a worker in this process; through a hub "
-            "(--server) the connected worker runs the steps with its own",
+            "--config, --grants, --data-dir and --sandbox build a worker in this process; "
+            "through a hub (--server) the connected worker runs the steps with its own",
         )
     script = script_format.load(args.script, run_label=args.run)
     if args.dry_run:
@@ -154,7 +159,7 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Rep
             app.prepare(paths)  # a worker's first start: config.toml and the workspace
         config = config_for_replay(load(paths), args.config, args.grants)
         config_dir = args.config.resolve().parent if args.config else paths.config_dir
-        async with in_process(config, config_dir, args.data_dir) as worker:
+        async with in_process(config, config_dir, args.data_dir, sandbox=args.sandbox) as worker:
             return await replay(
                 script, worker, mode="in-process", fail_fast=args.fail_fast, progress=bar
             )
