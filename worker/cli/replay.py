@@ -92,6 +92,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="the script to write (default: stdout); request blobs go to FILE's folder, "
         "in STEM.blobs/",
     )
+    recording.add_argument(
+        "--timing",
+        action="store_true",
+        help="keep the session's pace: each step waits (wait_ms) as long as the plan paused "
+        "before that call",
+    )
     recording.set_defaults(handler=record)
 
 
@@ -197,7 +203,7 @@ def record(paths: Paths, args: argparse.Namespace) -> int:
         telemetry = Telemetry(state.connection)
         if len(words) == 2:
             return _switch(telemetry, words[0], words[1])
-        return _write_script(state, words[0], args.output)
+        return _write_script(state, words[0], args.output, args.timing)
     finally:
         state.close()
 
@@ -222,12 +228,12 @@ def _switch(telemetry: Telemetry, verb: str, plan: str) -> int:
     return EXIT_OK if stopped else EXIT_FAILED
 
 
-def _write_script(state: State, plan: str, output: Path | None) -> int:
+def _write_script(state: State, plan: str, output: Path | None, timing: bool) -> int:
     from worker.errors import WorkerError
     from worker.replay.record import record as record_plan
 
     stem = output.stem if output is not None else "script"
-    recorded = record_plan(state.connection, plan, f"{stem}.blobs")
+    recorded = record_plan(state.connection, plan, f"{stem}.blobs", timing=timing)
     if len(recorded.lines) == 1:
         raise WorkerError("not_found", f"no calls of plan {plan} in this machine's telemetry")
     if output is None:
