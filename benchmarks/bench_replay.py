@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +38,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import Home, agentworker, connected, make_home
+from benchmarks._common import Home, agentworker, connected, exited, make_home
 from worker.config import Paths, load
 from worker.hub.client import ControlClient
 from worker.replay import in_process, parse, replay, through_hub
@@ -45,6 +47,31 @@ from worker.wire.proto import agentworker_pb2 as pb
 
 ROUNDS = 5
 STEP = {"action": "fs_stat", "args": {"path": "bench.txt"}, "agent": "bench"}
+
+
+UP_TIMEOUT_S = 90  # a loaded machine (the suite beside other work) starts slowly
+
+
+async def until_up(up: subprocess.Popen[bytes], home: Home) -> None:
+    """Wait for `agentworker up` to have its worker in, failing at once with its log
+    should it exit first."""
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if up.poll() is not None:
+            raise exited(up, home, "up", "before its worker connected")
+        if home.token_file.exists():
+            client = ControlClient.connect(home.listen, home.token_file.read_text().strip())
+            try:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    status = await client.stub.Status(
+                        pb.StatusRequest(), metadata=client.metadata, timeout=2
+                    )
+                    if status.connected_workers:
+                        return
+            finally:
+                await client.close()
+        await asyncio.sleep(0.1)
+    raise exited(up, home, "up", f"without a worker connected within {UP_TIMEOUT_S} s")
 
 
 def script_text(steps: int) -> str:
@@ -82,7 +109,8 @@ async def run(steps: int, path: Path) -> None:
     per_round = max(1, steps // ROUNDS)
     text = script_text(per_round)
     rates: dict[str, list[float]] = {"raw": [], "raw-ids": [], "hub": [], "local": []}
-    with agentworker(["up"], home):
+    with agentworker(["up"], home) as up:
+        await until_up(up, home)
         async with connected(home) as client:
             token = home.token_file.read_text().strip()
             async with through_hub(home.listen, token) as hub:

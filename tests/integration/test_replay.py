@@ -3,6 +3,7 @@ and a grants profile, real files in a real workspace, the CLI's own output."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -210,3 +211,35 @@ def test_the_schema_flag_prints_the_shipped_schema(
     code, out = replay(capsys, "--schema")
     assert code == 0
     assert json.loads(out) == json.loads((ROOT / "worker/replay/script.schema.json").read_text())
+
+
+SANDBOX_SCRIPT = [
+    {"agentworker_replay": 1, "agent": "a", "plan": "wb1"},
+    {"action": "workbenchHost.fs_write", "args": {"path": "x.txt", "mode": "create"}, "blob": "in"},
+    {
+        "action": "workbenchHost.exec",
+        "args": {"argv": ["cat", "x.txt"]},
+        "expect": {"exit_code": 0},
+    },
+    {
+        "action": "workbenchHost.fs_stat",
+        "args": {"path": "x.txt"},
+        "plan": "wb2",
+        "expect": {"error_code": "not_found"},
+    },
+]
+
+
+def test_sandbox_mode_runs_each_plan_in_a_workspace_of_its_own(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """workbenchHost.* in process: plan wb2 cannot see what plan wb1 wrote."""
+    script = tmp_path / "wb.jsonl"
+    script.write_text("".join(json.dumps(line) + "\n" for line in SANDBOX_SCRIPT))
+    (tmp_path / "in").write_text("inside\n")
+    dry_code, dry = replay_json(capsys, str(script), "--dry-run")
+    assert dry_code == 0, dry
+    code, report = replay_json(capsys, str(script), "--sandbox")
+    assert code == 0, report
+    assert report["steps"][1]["blob_sha256"] == hashlib.sha256(b"inside\n").hexdigest()
+    assert not (home / "workspace/x.txt").exists()

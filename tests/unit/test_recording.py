@@ -174,3 +174,21 @@ def test_calls_made_before_recording_became_comments(tmp_path: Path) -> None:
 def test_volatile_fields_are_left_out_at_any_depth() -> None:
     result = {"size": 1, "mtime": 2.0, "entries": [{"name": "a", "mtime": 3.0, "owner": "me"}]}
     assert stable(result) == {"size": 1, "entries": [{"name": "a"}]}
+
+
+def test_with_timing_each_step_waits_as_long_as_the_session_paused(tmp_path: Path) -> None:
+    data = _session(tmp_path)
+    state = State(data / "state.db")
+    try:
+        rows = state.connection.execute(
+            "SELECT started_unix_ms, finished_unix_ms FROM invocations WHERE plan_id = 'kept'"
+            " ORDER BY started_unix_ms, rowid"
+        ).fetchall()
+        paced = fmt.parse(record(state.connection, "kept", "b", timing=True).text(), base=data)
+        plain = fmt.parse(record(state.connection, "kept", "b").text(), base=data)
+    finally:
+        state.close()
+    gaps = [0] + [max(0, start - end) for (start, _), (_, end) in zip(rows[1:], rows, strict=False)]
+    waits = [item.step.wait_ms if isinstance(item, fmt.Entry) else None for item in paced.items]
+    assert waits[1:] == gaps[1:]  # the first step (with a blob missing here) is malformed
+    assert all(e.step.wait_ms == 0 for e in plain.entries)

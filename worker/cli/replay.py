@@ -59,6 +59,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="a grants profile: [[grant]] tables used instead of the config's",
     )
     local.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="a worker in sandbox mode: workbenchHost.* in a contained workspace per plan",
+    )
+    local.add_argument(
         "--data-dir",
         type=Path,
         help="keep the worker's ledger and telemetry here (default: a fresh folder, removed after)",
@@ -87,6 +92,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="the script to write (default: stdout); request blobs go to FILE's folder, "
         "in STEM.blobs/",
     )
+    recording.add_argument(
+        "--timing",
+        action="store_true",
+        help="keep the session's pace: each step waits (wait_ms) as long as the plan paused "
+        "before that call",
+    )
     recording.set_defaults(handler=record)
 
 
@@ -99,10 +110,10 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.script is None:
         raise UsageError("name the script to replay: agentworker replay FILE")
-    if args.server and (args.config or args.grants or args.data_dir):
+    if args.server and (args.config or args.grants or args.data_dir or args.sandbox):
         raise UsageError(
-            "--config, --grants and --data-dir build a worker in this process; through a hub "
-            "(--server) the connected worker runs the steps with its own",
+            "--config, --grants, --data-dir and --sandbox build a worker in this process; "
+            "through a hub (--server) the connected worker runs the steps with its own",
         )
     script = script_format.load(args.script, run_label=args.run)
     if args.dry_run:
@@ -154,7 +165,7 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Rep
             app.prepare(paths)  # a worker's first start: config.toml and the workspace
         config = config_for_replay(load(paths), args.config, args.grants)
         config_dir = args.config.resolve().parent if args.config else paths.config_dir
-        async with in_process(config, config_dir, args.data_dir) as worker:
+        async with in_process(config, config_dir, args.data_dir, sandbox=args.sandbox) as worker:
             return await replay(
                 script, worker, mode="in-process", fail_fast=args.fail_fast, progress=bar
             )
@@ -192,7 +203,7 @@ def record(paths: Paths, args: argparse.Namespace) -> int:
         telemetry = Telemetry(state.connection)
         if len(words) == 2:
             return _switch(telemetry, words[0], words[1])
-        return _write_script(state, words[0], args.output)
+        return _write_script(state, words[0], args.output, args.timing)
     finally:
         state.close()
 
@@ -217,12 +228,12 @@ def _switch(telemetry: Telemetry, verb: str, plan: str) -> int:
     return EXIT_OK if stopped else EXIT_FAILED
 
 
-def _write_script(state: State, plan: str, output: Path | None) -> int:
+def _write_script(state: State, plan: str, output: Path | None, timing: bool) -> int:
     from worker.errors import WorkerError
     from worker.replay.record import record as record_plan
 
     stem = output.stem if output is not None else "script"
-    recorded = record_plan(state.connection, plan, f"{stem}.blobs")
+    recorded = record_plan(state.connection, plan, f"{stem}.blobs", timing=timing)
     if len(recorded.lines) == 1:
         raise WorkerError("not_found", f"no calls of plan {plan} in this machine's telemetry")
     if output is None:

@@ -27,6 +27,7 @@ VOLATILE: Final = frozenset(
 )
 
 
+MAX_WAIT_MS: Final = 3_600_000  # the longest pause a step may ask (see Step.wait_ms)
 _NO_BLOB: Final = hashlib.sha256(b"").hexdigest()
 
 
@@ -73,12 +74,15 @@ def _when(unix_ms: int) -> str:
     return datetime.fromtimestamp(unix_ms / 1000, UTC).isoformat(timespec="seconds")
 
 
-def record(conn: sqlite3.Connection, plan_id: str, blob_dir: str) -> Recorded:
-    """The plan's calls as a script; request blobs are named `<blob_dir>/step-N.bin`."""
+def record(
+    conn: sqlite3.Connection, plan_id: str, blob_dir: str, *, timing: bool = False
+) -> Recorded:
+    """The plan's calls as a script; request blobs are named `<blob_dir>/step-N.bin`.
+    With `timing`, each step waits as long as the session paused before the call."""
     recorded_calls = Recordings(conn).calls(plan_id)
     rows = conn.execute(
         "SELECT correlation_id, worker_id, agent_id, task_id, surface, action, status,"
-        " error_code, started_unix_ms FROM invocations WHERE plan_id = ?"
+        " error_code, started_unix_ms, finished_unix_ms FROM invocations WHERE plan_id = ?"
         " ORDER BY started_unix_ms, rowid",
         (plan_id,),
     ).fetchall()
@@ -92,6 +96,7 @@ def record(conn: sqlite3.Connection, plan_id: str, blob_dir: str) -> Recorded:
         "status",
         "error_code",
         "started_unix_ms",
+        "finished_unix_ms",
     )
     out = Recorded()
     workers = sorted({row[1] for row in rows if row[1]})
@@ -103,8 +108,11 @@ def record(conn: sqlite3.Connection, plan_id: str, blob_dir: str) -> Recorded:
         + (f", {_when(rows[0][8])} to {_when(rows[-1][8])}" if rows else ""),
     }
     out.lines.append(json.dumps(header, ensure_ascii=False))
+    previous_end: int | None = None
     for values in rows:
         row = dict(zip(names, values, strict=True))
+        pause = 0 if previous_end is None else row["started_unix_ms"] - previous_end
+        previous_end = max(previous_end or 0, row["finished_unix_ms"])
         name = f"{row['surface']}.{row['action']}"
         call = recorded_calls.get(row["correlation_id"])
         if not row["action"]:
@@ -134,6 +142,8 @@ def record(conn: sqlite3.Connection, plan_id: str, blob_dir: str) -> Recorded:
         step["agent"] = row["agent_id"]
         if row["task_id"]:
             step["task"] = row["task_id"]
+        if timing and pause > 0:
+            step["wait_ms"] = min(pause, MAX_WAIT_MS)
         step["expect"] = expectation(row, call)
         if call.redacted:
             out.redacted += 1

@@ -19,9 +19,10 @@ from pydantic import ValidationError
 
 from worker.core.registry import Registry
 from worker.replay.expect import Answer, Mismatch, check
-from worker.replay.script import Entry, Malformed, Script
+from worker.replay.script import DEFAULT_SURFACE, Entry, Malformed, Script
 from worker.replay.targets import Target
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import WORKBENCH_SURFACE
 
 Outcome = Literal["passed", "failed", "malformed", "not_run", "valid", "invalid"]
 # Outcomes that make a run (or a dry run) fail.
@@ -205,6 +206,10 @@ def validate(script: Script, registry: Registry) -> Report:
 def _args_problems(entry: Entry, registry: Registry) -> tuple[str, list[str]]:
     name = _named(entry)
     spec = registry.get(name)
+    surface, action = entry.step.surface_action
+    if spec is None and surface == WORKBENCH_SURFACE:
+        # Sandbox mode's actions take the host actions' args (see actions/workbench.py).
+        spec = registry.get(f"{DEFAULT_SURFACE}.{action}")
     if spec is None:
         known = ", ".join(sorted(registry))
         return "unknown_action", [f"action: this worker has no {name}; it offers: {known}"]

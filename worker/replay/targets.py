@@ -153,16 +153,18 @@ def config_for_replay(base: Config, config_file: Path | None, grants_file: Path 
 
 @contextlib.asynccontextmanager
 async def in_process(
-    config: Config, config_dir: Path, data_dir: Path | None = None
+    config: Config, config_dir: Path, data_dir: Path | None = None, *, sandbox: bool = False
 ) -> AsyncIterator[InProcess]:
     """A worker built from `config`: its ledger and telemetry in `data_dir`, or in a
-    fresh folder removed afterwards (every step then runs anew)."""
+    fresh folder removed afterwards (every step then runs anew). With `sandbox`, in
+    sandbox mode: workbenchHost.* in a workspace per plan under the data dir."""
     with contextlib.ExitStack() as stack:
         if data_dir is None:
             data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="replay-")))
         paths = Paths(config_dir=config_dir, data_dir=data_dir)
         stack.enter_context(app.worker_lock(paths))
-        dispatcher = app.build_dispatcher(paths, config)
+        bench = await app.start_workbench(paths, config) if sandbox else None
+        dispatcher = app.build_dispatcher(paths, config, bench=bench)
         try:
             lost = dispatcher.recover()
             if lost:
