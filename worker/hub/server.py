@@ -406,10 +406,11 @@ class Hub:
         for worker_id in self.placements.values():
             plans[worker_id] = plans.get(worker_id, 0) + 1
 
+        # Busy: the calls this hub has open there (its own, exact count; a heartbeat's
+        # in_flight lags by up to a beat), then the plans it holds.
         def load(session: Session) -> tuple[int, int, str]:
-            beat = session.heartbeat
-            busy = max(self._open_calls.get(session.worker_id, 0), beat.in_flight + beat.queued)
-            return busy, plans.get(session.worker_id, 0), session.worker_id
+            worker_id = session.worker_id
+            return self._open_calls.get(worker_id, 0), plans.get(worker_id, 0), worker_id
 
         return min(candidates, key=load).worker_id
 
