@@ -32,6 +32,10 @@ assert libs["status"] == "ok", libs
 print(f"smoke: doctor --json: {len(report['findings'])} findings, ok={report['ok']}")
 PY
 
+# The service it would install runs this very binary.
+"$BIN" service install --print --kind systemd | grep -qx "ExecStart=$BIN --home $AGENTWORKER_HOME up" \
+  || fail "service install --print does not run $BIN"
+
 "$BIN" up > "$WORK/up.log" 2>&1 &
 UP_PID=$!
 for _ in $(seq 1 600); do  # up to 60 s for the hub and worker to come up

@@ -66,7 +66,7 @@ def test_up_then_grant_then_call_from_a_fresh_home(tmp_path: Path) -> None:
 def test_clients_explain_a_missing_hub(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
     env["AGENTWORKER_HOME"] = str(tmp_path / "nohub")
-    out = cli(env, "status")
+    out = cli(env, "workers")  # `status` says it its own way (test_first_hour)
     assert out.returncode == CredentialsError.exit_code
     assert "start the hub first" in out.stderr
     assert "Traceback" not in out.stderr

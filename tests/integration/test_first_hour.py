@@ -184,3 +184,82 @@ def test_allowlist_check_puts_forbidden_forms_under_their_own_heading(tmp_path: 
     allowed, _, forbidden = out.stdout.partition("Forbidden forms:")
     assert "git log" in allowed and "difftool" not in allowed
     assert "difftool" in forbidden and "git log" not in forbidden
+
+
+def test_a_missing_blob_in_file_is_said_before_anything_is_sent(up: Up, tmp_path: Path) -> None:
+    up.cli("grant", "fs_write", "--agent", "me")
+    out = up.cli(
+        "call", "fs_write", '{"path": "x.txt", "mode": "create"}', "--agent", "me",
+        "--blob-in", str(tmp_path / "nope.txt"),
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "no such file (nothing was sent)" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    assert not (up.home / "workspace" / "x.txt").exists()
+
+
+def test_a_blob_out_into_a_missing_folder_is_said_before_the_call_runs(
+    up: Up, tmp_path: Path
+) -> None:
+    data = tmp_path / "in.txt"
+    data.write_text("hi")
+    up.cli("grant", "workerHost.fs_*", "--agent", "me")
+    out = up.cli(
+        "call", "fs_write", '{"path": "y.txt", "mode": "create"}', "--agent", "me",
+        "--blob-in", str(data), "--blob-out", str(tmp_path / "missing" / "out.bin"),
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert f"the folder {tmp_path / 'missing'} does not exist" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (up.home / "workspace" / "y.txt").exists()
+
+
+def test_blob_out_never_keeps_an_older_answer(up: Up, tmp_path: Path) -> None:
+    target = tmp_path / "out.bin"
+    target.write_text("an old answer")
+    up.cli("grant", "workerHost.fs_*", "--agent", "me")
+    ok = up.cli("call", "fs_stat", '{"path": "."}', "--agent", "me", "--blob-out", str(target))
+    assert ok.returncode == 0 and target.read_bytes() == b""  # ok with no blob: empty
+    failed = up.cli(
+        "call", "fs_read", '{"path": "absent.txt"}', "--agent", "me", "--blob-out", str(target)
+    )
+    assert failed.returncode == 1
+    assert not target.exists()
+    assert f"removed {target}: the call failed" in failed.stderr
+
+
+def test_fs_write_without_a_blob_is_refused_with_the_way_to_write_an_empty_file(up: Up) -> None:
+    up.cli("grant", "workerHost.fs_*", "--agent", "me")
+    refused = up.cli("call", "fs_write", '{"path": "e.txt", "mode": "create"}', "--agent", "me")
+    assert refused.returncode == 2
+    assert "--blob-in /dev/null" in refused.stderr
+    assert not (up.home / "workspace" / "e.txt").exists()
+    empty = up.cli(
+        "call", "fs_write", '{"path": "e.txt", "mode": "create"}', "--agent", "me",
+        "--blob-in", "/dev/null", "--json",
+    )  # fmt: skip
+    assert empty.returncode == 0, empty.stdout + empty.stderr
+    assert (up.home / "workspace" / "e.txt").read_bytes() == b""
+
+
+def test_grant_takes_a_bare_action_name_as_call_does(up: Up) -> None:
+    granted = up.cli("grant", "fs_stat", "--agent", "me")
+    assert granted.returncode == 0, granted.stderr
+    assert "workerHost.fs_stat" in granted.stdout
+    assert up.cli("call", "fs_stat", '{"path": "."}', "--agent", "me").returncode == 0
+
+
+def test_status_with_no_hub_says_so_and_how_to_start_one(tmp_path: Path) -> None:
+    env = fresh_env(tmp_path / "nohub")
+    text = cli(env, "status")
+    assert text.returncode == 3
+    assert f"no hub answered at {env['AGENTWORKER_LISTEN']}" in text.stderr
+    assert "agentworker up" in text.stderr and "Traceback" not in text.stderr
+    as_json = cli(env, "status", "--json")
+    assert as_json.returncode == 3
+    assert json.loads(as_json.stdout)["state"] == "no_hub"
+    # A token file but nothing listening: the same answer.
+    (tmp_path / "nohub").mkdir(exist_ok=True)
+    (tmp_path / "nohub" / "hub.token").write_text("ab" * 32)
+    again = cli(env, "status", "--json")
+    assert again.returncode == 3 and json.loads(again.stdout)["state"] == "no_hub"

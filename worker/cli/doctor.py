@@ -569,6 +569,15 @@ def _display() -> list[Finding]:
         )
     details["server"] = server
     actions = {a: problem is None for a in COMPUTER_ACTIONS}
+    if server == "quartz" and problem is not None:
+        # Each permission gates its own actions: screenshots, or input and windows.
+        missing = problem[0]
+        for action in COMPUTER_ACTIONS:
+            if action in ("display_info", "cursor_position"):
+                actions[action] = True  # no permission asked
+                continue
+            needs = "Screen Recording" if action == "screenshot" else "Accessibility"
+            actions[action] = needs not in missing
     details["actions"] = actions
     if problem is None:
         return [

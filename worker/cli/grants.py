@@ -53,6 +53,9 @@ def _parse_duration(text: str) -> timedelta:
 def _grant(paths: Paths, args: argparse.Namespace) -> int:
     from worker.errors import UsageError
 
+    # Named as `call` names actions: a bare name is workerHost's.
+    if "." not in args.scope and _SCOPE.fullmatch(f"workerHost.{args.scope}"):
+        args.scope = f"workerHost.{args.scope}"
     if not _SCOPE.fullmatch(args.scope):
         raise UsageError(
             f"{args.scope!r} is not a scope: write surface.action, e.g. workerHost.fs_stat "

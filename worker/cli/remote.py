@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags, iso, with_client
+from worker.cli._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    add_server_flags,
+    config_of,
+    iso,
+    with_client,
+)
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -32,6 +40,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     call.add_argument("--timeout", type=float, default=0, help="deadline in seconds")
     call.add_argument("--blob-in", type=Path, help="send this file's bytes as the request blob")
     call.add_argument("--blob-out", type=Path, help="write the result blob to this file")
+    # The result is always JSON; the flag is accepted as on the other verbs.
+    call.add_argument("--json", action="store_true", help="machine-readable output (always)")
     add_server_flags(call)
     call.set_defaults(handler=_call)
 
@@ -49,12 +59,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _call(paths: Paths, args: argparse.Namespace) -> int:
     from worker.actions.computer import ACTIONS as COMPUTER_ACTIONS
     from worker.actions.computer import SURFACE as COMPUTER
+    from worker.cli import _blobs
     from worker.hub.client import result_to_dict
     from worker.wire.proto import agentworker_pb2 as pb
 
     surface, _, action = args.action.rpartition(".")
     surface = surface or (COMPUTER if action in COMPUTER_ACTIONS else "workerHost")
-    blob = args.blob_in.read_bytes() if args.blob_in else b""
+    # Checked before anything is sent: a missing file must not cost an action's run.
+    blob = _blobs.read_blob_in(args.action, args.blob_in)
+    _blobs.check_blob_out(args.blob_out)
 
     async def body(client: ControlClient) -> int:
         response = await client.dispatch(
@@ -69,10 +82,12 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
             blob=blob,
             timeout_ms=int(args.timeout * 1000),
         )
-        if args.blob_out and response.result.blob:
-            args.blob_out.write_bytes(response.result.blob)
+        ok = response.result.status == pb.ActionResult.OK
         print(json.dumps(result_to_dict(response), indent=2, ensure_ascii=False))
-        return EXIT_OK if response.result.status == pb.ActionResult.OK else EXIT_FAILED
+        note = _blobs.write_blob_out(args.blob_out, ok, response.result.blob)
+        if note:
+            print(f"agentworker: {note}", file=sys.stderr)
+        return EXIT_OK if ok else EXIT_FAILED
 
     return with_client(paths, args, body)
 
@@ -111,7 +126,22 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _status(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.errors import CredentialsError, HubUnreachableError
     from worker.wire.proto import agentworker_pb2 as pb
+
+    try:
+        return _ask_status(paths, args, pb)
+    except (HubUnreachableError, CredentialsError):  # no token file: no hub ran here
+        address = args.server or config_of(paths, args).hub.listen
+        hint = "start one with `agentworker up` (or `agentworker service install`)"
+        if args.json:
+            print(json.dumps({"state": "no_hub", "address": address, "hint": hint}))
+        else:
+            print(f"no hub answered at {address}: {hint}", file=sys.stderr)
+        return HubUnreachableError.exit_code
+
+
+def _ask_status(paths: Paths, args: argparse.Namespace, pb: Any) -> int:
 
     async def body(client: ControlClient) -> int:
         reply = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
