@@ -44,3 +44,10 @@ def test_headless_modules_never_load_textual_or_ui() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == ""
+
+
+def test_every_verb_is_registered_once() -> None:
+    from worker.cli import main
+
+    assert len(set(main.GROUPS)) == len(main.GROUPS)
+    main.parser()  # argparse refuses a verb added twice

@@ -51,7 +51,6 @@ GROUPS = (
     killed,
     pause,
     reload,
-    pause,
 )
 EXIT_INTERRUPTED = 130
 
