@@ -87,6 +87,10 @@ def main(argv: list[str] | None = None, frontend: Frontend | None = None) -> int
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         **({"filename": str(args.log_file)} if args.log_file else {"stream": sys.stderr}),
     )
+    # httpx and httpcore log each request's full URL at INFO, query string included:
+    # a token in a fetched URL would land in the log.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     # Imported once a verb is chosen: the errors pull in the sandbox, Paths pydantic.
     from worker.config import Paths
     from worker.errors import StartupError, WorkerError
