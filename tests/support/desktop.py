@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.actions import computer
+from worker.config import Paths
 from worker.core.registry import Context
 
 TK_APP = Path(__file__).resolve().parents[1] / "computer" / "tk_app.py"
@@ -223,7 +224,7 @@ class Computer:
     def on(cls, desktop: computer.Desktop, data_dir: Path) -> Iterator[Computer]:
         computer.install(data_dir, desktop)
         try:
-            yield cls(Context("test", "", "tester", b"", [], data_dir))
+            yield cls(Context("test", "", "tester", b"", [], Paths.at(data_dir)))
         finally:
             computer.uninstall(data_dir)
 
