@@ -7,6 +7,7 @@ This keeps the README honest. The rules a README line lives by:
 - an `agentworker up …` line starts that `up` (this test runs it in the
   background, with the line's flags) for the lines after it, up to the next one;
 - a line whose comment says "needs the internet" is not run (tests have none);
+- the desktop lines run on a real X server (Xvfb with openbox), as DISPLAY of `up`;
 - every other line must exit 0 with no Python traceback; a `call` must answer
   "status": "ok"; a comment "→ TEXT" means the output must contain TEXT.
 """
@@ -14,7 +15,6 @@ This keeps the README honest. The rules a README line lives by:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
@@ -25,7 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tests.support.cluster import free_port, wait_for
+from tests.support.desktop import XServer, start_xvfb
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NOT_RUN_MARK = "needs the internet"
@@ -95,8 +98,8 @@ def test_the_readme_starts_the_hub_before_its_commands() -> None:
 
 
 @contextmanager
-def running_up(line: Line, home: Path, cwd: Path) -> Iterator[dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
+def running_up(line: Line, home: Path, cwd: Path, x: XServer) -> Iterator[dict[str, str]]:
+    env = {k: v for k, v in x.env().items() if not k.startswith("AGENTWORKER_")}
     env["AGENTWORKER_HOME"] = str(home)
     env["AGENTWORKER_LISTEN"] = f"127.0.0.1:{free_port()}"
     # `agentworker` is this checkout's, as after `make up` with .venv/bin on PATH.
@@ -120,11 +123,20 @@ def running_up(line: Line, home: Path, cwd: Path) -> Iterator[dict[str, str]]:
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
-def test_every_readme_command_does_what_the_readme_says(tmp_path: Path) -> None:
+@pytest.fixture
+def x_server() -> Iterator[XServer]:
+    server = start_xvfb()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_every_readme_command_does_what_the_readme_says(tmp_path: Path, x_server: XServer) -> None:
     cwd = tmp_path / "cwd"  # where the person types: --blob-in/--blob-out land here
     cwd.mkdir()
     for number, plan in enumerate(scenarios()):
-        with running_up(plan.up, tmp_path / f"home-{number}", cwd) as env:
+        with running_up(plan.up, tmp_path / f"home-{number}", cwd, x_server) as env:
             for line in plan.lines:
                 done = subprocess.run(
                     ["bash", "-c", line.text],

@@ -543,21 +543,22 @@ def _display() -> list[Finding]:
     }
     problem: tuple[str, str] | None
     if sys.platform.startswith("linux"):
-        if env.get("WAYLAND_DISPLAY") or env.get("XDG_SESSION_TYPE", "").lower() == "wayland":
-            problem = (
-                "this is a Wayland session: screenshots and input would miss native windows",
-                "log in to an X11 (Xorg) session to let the agent drive this desktop",
-            )
-        elif not env.get("DISPLAY"):
-            problem = (
-                "no display: DISPLAY is not set (a headless machine, or a service started "
-                "outside the desktop session)",
-                "run agentworker inside the desktop session, or set DISPLAY (and XAUTHORITY); "
-                "for the systemd service: `systemctl --user import-environment DISPLAY XAUTHORITY`",
-            )
+        # The computer surface's own judgement from the environment (Wayland, no
+        # DISPLAY, libraries missing); then whether a server answers at DISPLAY.
+        from worker.actions.computer._backend import detect
+
+        found = detect()
+        if not found.available:
+            fix = found.fix
+            if "DISPLAY is not set" in found.reason:
+                fix += (
+                    " For the systemd service: "
+                    "`systemctl --user import-environment DISPLAY XAUTHORITY`."
+                )
+            problem = (found.reason, fix)
         else:
             problem = _x11_opens(env["DISPLAY"])
-        server = "x11"
+        server = found.server or "x11"
     elif sys.platform == "darwin":
         server, problem = "quartz", _macos_permissions()
     elif sys.platform == "win32":
