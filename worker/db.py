@@ -13,8 +13,8 @@ import os
 import sqlite3
 import stat
 import threading
-import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +24,36 @@ log = logging.getLogger(__name__)
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one database (as config's)
 
 
-def connect(path: Path, schema: str) -> sqlite3.Connection:
+class Database(sqlite3.Connection):
+    """A connection opened the project's way (see `connect`); it owns the thread that
+    checkpoints its log, which stops when it closes."""
+
+    checkpointer: Checkpointer | None = None
+
+    def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+            self.checkpointer = None
+        super().close()
+
+
+def connect(path: Path, schema: str) -> Database:
     private_folder(path.parent)
     _private_files(path)
-    conn = sqlite3.connect(path, isolation_level=None, timeout=10.0, check_same_thread=False)
+    conn = sqlite3.connect(
+        path, isolation_level=None, timeout=10.0, check_same_thread=False, factory=Database
+    )
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(schema)
     # A checkpoint copies the log into the database and fsyncs. SQLite runs it inside
-    # whichever commit crosses its threshold, stalling that call for milliseconds; a
-    # background thread checkpoints often (sqlite3 releases the GIL meanwhile), so the
-    # in-commit one finds little left to do. It stays: only a writer can restart the log.
-    _checkpointer.watch(conn, path)
+    # whichever commit crosses its threshold, stalling that call for milliseconds; this
+    # database's own checkpointer does it off the writers' path (sqlite3 releases the
+    # GIL meanwhile), so the in-commit one finds little left to do.
+    conn.checkpointer = Checkpointer(path)
+    # Dropped without close(): the thread still ends (without waiting for it here).
+    weakref.finalize(conn, conn.checkpointer.stop, wait=False)
     return conn
 
 
@@ -78,53 +95,74 @@ def _private_files(path: Path) -> None:
 
 
 def close(conn: sqlite3.Connection) -> None:
-    _checkpointer.forget(conn)
     conn.close()
 
 
-class _Checkpointer:
-    """One daemon thread per process that checkpoints each open database's log."""
+class Checkpointer:
+    """Copies one database's log into the database file, off the writers' path.
 
-    def __init__(self, every_s: float = 0.1) -> None:
-        self._every_s = every_s
-        self._users: dict[sqlite3.Connection, Path] = {}  # open connections -> their file
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+    Every `gap_s` it looks at the log and checkpoints when it was written since the
+    last look (a stat and no database work while the database is idle). A wake-up on
+    each write (inotify) was tried: under a write-heavy load it cost more CPU than the
+    idle wake-ups it saved. Its own connection is opened read-write only (a removed
+    file is never re-created).
+    """
 
-    def watch(self, conn: sqlite3.Connection, path: Path) -> None:
-        with self._lock:
-            self._users[conn] = path.resolve()
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="sqlite-checkpoint", daemon=True
-                )
-                self._thread.start()
+    def __init__(self, path: Path, gap_s: float = 0.1) -> None:
+        self._path = path.resolve()
+        self._gap_s = gap_s
+        self._stopping = threading.Event()
+        self._log = self._path.with_name(self._path.name + "-wal")
+        self._rounds = 0
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(
+            target=self._run, name=f"checkpoint {self._path.name}", daemon=True
+        )
+        self._thread.start()
 
-    def forget(self, conn: sqlite3.Connection) -> None:
-        with self._lock:
-            self._users.pop(conn, None)
+    @property
+    def rounds(self) -> int:
+        """Checkpoints run so far."""
+        return self._rounds
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Block until `ready()` holds after a checkpoint (or already does); for tests."""
+        with self._changed:
+            return self._changed.wait_for(ready, timeout_s)
+
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the thread (it closes what it holds); with `wait`, once it has."""
+        self._stopping.set()
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def _run(self) -> None:
-        own: dict[Path, sqlite3.Connection] = {}
-        while True:
-            time.sleep(self._every_s)
-            with self._lock:
-                paths = set(self._users.values())
-            for path in set(own) - paths:  # nobody has it open any more
-                own.pop(path).close()
-            for path in paths:
+        own: sqlite3.Connection | None = None
+        seen: tuple[int, int] = (-1, -1)
+        try:
+            while not self._stopping.wait(self._gap_s):
                 try:
-                    if path not in own:
-                        # mode=rw: never create a file that was removed meanwhile.
-                        own[path] = sqlite3.connect(f"{path.as_uri()}?mode=rw", uri=True)
-                    own[path].execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error as exc:  # busy or gone: next round
-                    log.debug("checkpoint of %s skipped: %s", path, exc)
-                    if path in own:
-                        own.pop(path).close()
-
-
-_checkpointer = _Checkpointer()
+                    st = self._log.stat()
+                except FileNotFoundError:
+                    continue
+                if (st.st_mtime_ns, st.st_size) == seen:
+                    continue  # nothing written since the last round
+                try:
+                    if own is None:
+                        own = sqlite3.connect(f"{self._path.as_uri()}?mode=rw", uri=True)
+                    own.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    seen = (st.st_mtime_ns, st.st_size)
+                except (sqlite3.Error, OSError) as exc:  # busy or gone: next round
+                    log.debug("checkpoint of %s skipped: %s", self._path, exc)
+                    if own is not None:
+                        own.close()
+                        own = None
+                with self._changed:
+                    self._rounds += 1
+                    self._changed.notify_all()
+        finally:
+            if own is not None:
+                own.close()
 
 
 @contextlib.contextmanager

@@ -1,31 +1,15 @@
-"""The background checkpointer keeps each open database's log copied in, and lets go
-of a database once it is closed."""
+"""Each database's own checkpointer keeps its log copied in after writes, sleeps while
+nothing is written, and lets go of the database when it is closed."""
 
 from __future__ import annotations
 
 import os
-import time
+import threading
 from pathlib import Path
 
 from worker import db
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (v BLOB);"
-
-
-def test_the_log_is_copied_in_without_a_commit_paying_for_it(tmp_path: Path) -> None:
-    path = tmp_path / "x.db"
-    conn = db.connect(path, SCHEMA)
-    try:
-        for _ in range(300):  # below SQLite's own 1000-page threshold: it would not run
-            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(512),))
-        wal = path.with_name("x.db-wal")
-        assert wal.stat().st_size > 100_000
-        deadline = time.monotonic() + 5
-        while _database_pages(path) < 20 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _database_pages(path) >= 20, "the rows never reached the database file"
-    finally:
-        db.close(conn)
 
 
 def _database_pages(path: Path) -> int:
@@ -36,20 +20,49 @@ def _database_pages(path: Path) -> int:
 def _open_handles(path: Path) -> list[str]:
     """This process's file descriptors on `path` or its log."""
     fds = Path("/proc/self/fd")
-    targets = [os.readlink(fd) for fd in fds.iterdir() if fd.exists()]
+    targets = []
+    for fd in fds.iterdir():
+        try:
+            targets.append(os.readlink(fd))
+        except FileNotFoundError:  # the listing's own descriptor, gone by now
+            continue
     return [t for t in targets if t.startswith(str(path))]
+
+
+def test_the_log_is_copied_in_without_a_commit_paying_for_it(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    conn = db.connect(path, SCHEMA)
+    try:
+        for _ in range(300):  # below SQLite's own 1000-page threshold: it would not run
+            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(512),))
+        assert path.with_name("x.db-wal").stat().st_size > 100_000
+        assert conn.checkpointer is not None
+        copied = conn.checkpointer.wait_for(lambda: _database_pages(path) >= 20, 30)
+        assert copied, "the rows never reached the database file"
+    finally:
+        db.close(conn)
+
+
+def test_each_database_has_its_own_checkpointer_thread(tmp_path: Path) -> None:
+    first, second = db.connect(tmp_path / "a.db", SCHEMA), db.connect(tmp_path / "b.db", SCHEMA)
+    try:
+        names = {t.name for t in threading.enumerate()}
+        assert {"checkpoint a.db", "checkpoint b.db"} <= names
+    finally:
+        db.close(first)
+        db.close(second)
+    names = {t.name for t in threading.enumerate()}
+    assert not names & {"checkpoint a.db", "checkpoint b.db"}, "close() stops its thread"
 
 
 def test_a_closed_database_is_let_go(tmp_path: Path) -> None:
     path = tmp_path / "gone.db"
     conn = db.connect(path, SCHEMA)
     conn.execute("INSERT INTO t VALUES (x'00')")
-    time.sleep(0.3)  # the checkpointer has opened its own connection by now
-    assert _open_handles(path)
-    db.close(conn)
-    deadline = time.monotonic() + 5
-    while _open_handles(path) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert conn.checkpointer is not None
+    checkpointer = conn.checkpointer
+    assert checkpointer.wait_for(lambda: checkpointer.rounds >= 1, 30)
+    db.close(conn)  # returns once the checkpointer's thread has closed its connection
     assert _open_handles(path) == [], "the checkpointer still holds the closed database"
 
 
