@@ -1,4 +1,4 @@
-"""Each database's own checkpointer keeps its log copied in after writes, sleeps while
+"""Each database's own checkpointer keeps its log copied in after writes, does no work while
 nothing is written, and lets go of the database when it is closed."""
 
 from __future__ import annotations
