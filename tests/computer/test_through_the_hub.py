@@ -110,7 +110,9 @@ def test_worker_input_never_takes_over_but_another_clients_does(
     ]
     for action, args in calls:
         assert computer(desk, action, args)["status"] == "ok", action
-    app.wait(lambda e: e["event"] == "scale" and e["value"] >= 90)
+    # The drag reached the app (how far it went is test_x11_input's business): every
+    # injected event has been seen, and none of them took the desktop over.
+    app.wait(lambda e: e["event"] == "scale")
     assert not pause_of(desk).current().active
 
     before_ms = time.time_ns() // 1_000_000
