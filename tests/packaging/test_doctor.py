@@ -130,3 +130,15 @@ def test_doctor_prints_each_fix_for_a_person(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "fix: install bubblewrap" in out.stdout
     assert "nothing blocks the worker" in out.stdout.splitlines()[-1]
+
+
+def test_doctor_checks_the_libraries_this_platform_installs(tmp_path: Path) -> None:
+    """The list doctor checks (and the one-file build bundles) is the one pyproject.toml
+    installs here: an install straight from it has every library, none missing."""
+    _, report, _ = _doctor(_env(tmp_path / "home"), "--offline")
+    libraries = _finding(report, "libraries")
+    assert libraries["status"] == "ok", libraries
+    versions = libraries["details"]["versions"]
+    assert all(versions.values()), versions
+    input_library = "python-xlib" if sys.platform.startswith("linux") else "pynput"
+    assert input_library in versions and "pyautogui" not in versions

@@ -40,11 +40,15 @@ HUB_TIMEOUT_S = 3.0
 
 # The libraries the worker cannot start without, and the ones a part of it needs.
 CORE_LIBRARIES = ("grpcio", "protobuf", "pydantic", "platformdirs", "httpx")
+# The desktop's input library differs by platform (see pyproject.toml's markers); the
+# one-file build bundles the metadata of exactly these, so keep it the one list.
+INPUT_LIBRARY = "python-xlib" if sys.platform.startswith("linux") else "pynput"
 PART_LIBRARIES = {
     "textual": "the TUI (`agentworker ui`)",
     "mss": "screenshots",
-    "pyautogui": "mouse and keyboard actions",
-    "pynput": "mouse and keyboard actions",
+    "Pillow": "screenshot encoding",
+    "zlib-ng": "fast PNG encoding",
+    INPUT_LIBRARY: "mouse and keyboard actions",
     "psutil": "process accounting",
 }
 COMPUTER_ACTIONS = (
@@ -156,7 +160,13 @@ def _library_version(name: str) -> str | None:
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
-        module = {"grpcio": "grpc", "protobuf": "google.protobuf"}.get(name, name)
+        module = {
+            "grpcio": "grpc",
+            "protobuf": "google.protobuf",
+            "Pillow": "PIL",
+            "zlib-ng": "zlib_ng",
+            "python-xlib": "Xlib",
+        }.get(name, name)
         try:
             imported = __import__(module, fromlist=["__version__"])
         except ImportError:
