@@ -409,6 +409,12 @@ class Frontend(Protocol):
         ...
 
 
+def _terminal_gone() -> bool:
+    """A hung-up terminal fails every ioctl, so it no longer reads as a tty. The TUI
+    reads keys from file descriptor 0 (sys.stdin may be swapped while it runs)."""
+    return not os.isatty(0)
+
+
 def _stop_event() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -558,13 +564,22 @@ async def _serve_worker(
     waiting = {link, stopper}
     ready = asyncio.create_task(_say_ready(connection, on_ready))
     loop = asyncio.get_running_loop()
-    if bench is None:
-        settings = [config]
+    settings = [config]
 
-        def reload() -> None:
+    def hangup() -> None:
+        # SIGHUP is `agentworker reload`, unless the TUI's terminal went away (a closed
+        # window, a dropped ssh): then the person is gone and the worker stops, as
+        # any terminal program does. Left running, Textual would block the loop (and
+        # every call) on writes to a terminal nobody reads.
+        if frontend is not None and _terminal_gone():
+            log.warning("the terminal hung up: stopping")
+            stop.set()
+        elif bench is None:
             settings[0] = reload_config(dispatcher, paths, settings[0])
+        else:
+            log.info("SIGHUP: sandbox mode has no roots or grants to read again")
 
-        loop.add_signal_handler(signal.SIGHUP, reload)
+    loop.add_signal_handler(signal.SIGHUP, hangup)
     ui: asyncio.Task[None] | None = None
     if frontend is not None:
         ui = asyncio.create_task(frontend.serve(LocalLink(console), stop))
@@ -592,8 +607,7 @@ async def _serve_worker(
             with contextlib.suppress(asyncio.CancelledError):
                 await link
     finally:
-        if bench is None:
-            loop.remove_signal_handler(signal.SIGHUP)
+        loop.remove_signal_handler(signal.SIGHUP)
         ready.cancel()
         housekeeping.cancel()
         kills.cancel()

@@ -152,3 +152,40 @@ def test_ui_attaches_to_a_headless_worker_and_approves_from_the_keyboard(
         worker.terminate()
         worker.wait(30)
         log.close()
+
+
+def test_a_closed_terminal_stops_up_and_reload_still_reads_the_config(
+    terminal: Terminal, env: dict[str, str]
+) -> None:
+    """SIGHUP is `agentworker reload` while the terminal is there; once it hangs up (the
+    window closed) the worker stops instead of blocking on a screen nobody reads."""
+    import psutil
+
+    from worker.cli.reload import running_worker
+
+    terminal.start([AGENTWORKER, "up"])
+    terminal.wait_for("● ready")
+    home = Path(env["AGENTWORKER_HOME"])
+    paths = Paths(config_dir=home, data_dir=home)
+    pid = running_worker(paths)
+    assert pid is not None
+    reload = subprocess.run(
+        [AGENTWORKER, "reload"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert reload.returncode == 0, reload.stderr
+    log = paths.data_dir / "agentworker.log"
+    deadline = time.monotonic() + 30
+    while "reloaded" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "reloaded" in log.read_text()
+    worker = psutil.Process(pid)
+    assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+
+    terminal.close()  # tmux hangs up the pane's terminal
+    try:
+        worker.wait(timeout=60)
+    except psutil.TimeoutExpired:
+        worker.kill()  # a wedged worker ignores SIGTERM: do not leave it behind
+        raise
+    assert "the terminal hung up: stopping" in log.read_text()
+    assert "draining" in log.read_text()
