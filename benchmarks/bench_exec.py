@@ -1,17 +1,22 @@
-"""workerHost.exec through the whole pipeline, beside a raw subprocess.run, same run.
+"""workerHost.exec through the whole pipeline, beside raw bubblewrap, same run.
 
 Two commands: `true` (the fixed cost of a call) and `cat` of a 1 MiB file (the
-cost of carrying output back). Each is timed these ways, one call at a time:
+cost of carrying output back). Each is timed these ways, interleaved (one call of
+each per round, so a busy moment of a shared machine lands on every row alike):
 
-  raw        subprocess.run(argv) in this process, no isolation at all
-  raw bwrap  subprocess.run of the exact bubblewrap command line exec builds
-             (sandbox._bwrap.command), without and with the seccomp filter
-  sandbox    sandbox.process.run: bubblewrap + prlimit (+ the pid cap as root),
-             without and with the seccomp filter
-  pipeline   caller → hub → worker → allowlist → sandbox → back (`agentworker up`),
-             the filter on, as always
+  raw                 subprocess.run(argv): no isolation at all
+  raw bwrap           subprocess.run of bubblewrap with exec's exact namespaces and
+                      mounts, running the program directly: the floor
+  raw bwrap +prlimit  the same with prlimit setting the limits (exec's line without
+                      the entry helper: no Landlock) and no seccomp
+  raw bwrap +LL+sc    exec's exact command line: the entry helper (limits, the pid cap
+                      as root, Landlock) and the seccomp filter
+  sandbox.run         sandbox.process.run with that line (its child handling included)
+  pipeline            caller → hub → worker → allowlist → sandbox → back (`agentworker up`)
 
-Printed: p50/p99 latency and each figure's ratio to raw.
+Printed: p50/p99 latency and each figure's ratio to raw, then the two budgets:
+Landlock + seccomp add at most 1 ms to raw bwrap (p50), and exec through the hub is
+at most 1.5x exec's exact bwrap line.
 
     python benchmarks/bench_exec.py [--calls 200]
 """
@@ -21,9 +26,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,9 +43,8 @@ from benchmarks._common import (
     dispatch_call,
     make_home,
     report,
-    timed,
 )
-from sandbox import _seccomp, environment
+from sandbox import _entry, _pidcap, _seccomp, environment
 from sandbox._bwrap import command, find_tools
 from sandbox.process import Limits, Mount, View, run
 
@@ -52,20 +58,25 @@ def raw_call(argv: list[str], cwd: Path, expect: int) -> OneCall:
     return one
 
 
-def view_of(workspace: Path, *, seccomp: bool) -> View:
+def view_of(workspace: Path, entry: str | None, *, seccomp: bool) -> View:
     return View(
         cwd=str(workspace),
         mounts=(Mount(str(workspace), False),),
         env=environment.build(os.environ, ["LANG"]),
         seccomp=seccomp,
+        entry=entry,
     )
 
 
-def raw_bwrap_call(argv: list[str], workspace: Path, expect: int, *, seccomp: bool) -> OneCall:
-    """bubblewrap with exec's own flags, run directly: the floor under sandbox.process.run."""
-    view = view_of(workspace, seccomp=seccomp)
+def raw_bwrap_call(argv: list[str], workspace: Path, expect: int, mode: str, entry: str) -> OneCall:
+    """bubblewrap with exec's own flags, run directly. `mode`: "direct" (the program
+    right after bwrap's options), "prlimit" (exec's line without the entry helper, no
+    seccomp) or "entry" (exec's exact line: entry helper and seccomp)."""
+    with_entry = mode == "entry"
+    view = view_of(workspace, entry if with_entry else None, seccomp=with_entry)
     tools = find_tools(view.bwrap)
-    rules = _seccomp.filter_for_machine() if seccomp else None
+    rules = _seccomp.filter_for_machine() if with_entry else None
+    cap = _pidcap.cap_for(Limits().processes) if _pidcap.needed() and with_entry else None
 
     async def one() -> None:
         fd = None
@@ -74,9 +85,9 @@ def raw_bwrap_call(argv: list[str], workspace: Path, expect: int, *, seccomp: bo
             os.write(fd, rules)
             os.lseek(fd, 0, os.SEEK_SET)
         try:
-            line = command(tools, argv, view, Limits(), info_fd=-1, block_fd=-1, seccomp_fd=fd)
-            at = line.index("--info-fd")
-            del line[at : at + 4]  # --info-fd N --block-fd N: run()'s handshake, not confinement
+            line = command(tools, argv, view, Limits(), info_fd=None, seccomp_fd=fd, pid_cap=cap)
+            if mode == "direct":
+                line = [*line[: line.index("--")], "--", *argv]
             out = subprocess.run(
                 line, capture_output=True, check=True, pass_fds=() if fd is None else (fd,)
             )
@@ -89,8 +100,8 @@ def raw_bwrap_call(argv: list[str], workspace: Path, expect: int, *, seccomp: bo
     return one
 
 
-def sandbox_call(argv: list[str], workspace: Path, expect: int, *, seccomp: bool) -> OneCall:
-    view = view_of(workspace, seccomp=seccomp)
+def sandbox_call(argv: list[str], workspace: Path, expect: int, entry: str) -> OneCall:
+    view = view_of(workspace, entry, seccomp=True)
 
     async def one() -> None:
         done = await run(argv, view, Limits())
@@ -100,26 +111,54 @@ def sandbox_call(argv: list[str], workspace: Path, expect: int, *, seccomp: bool
     return one
 
 
+async def interleaved(calls: list[OneCall], rounds: int) -> list[list[float]]:
+    """Latencies (ms) of each call, one of each per round, after a warm-up round."""
+    for one in calls:
+        for _ in range(5):
+            await one()
+    samples: list[list[float]] = [[] for _ in calls]
+    for _ in range(rounds):
+        for index, one in enumerate(calls):
+            start = time.perf_counter()
+            await one()
+            samples[index].append((time.perf_counter() - start) * 1000)
+    return samples
+
+
 async def bench(calls: int, home_dir: Path) -> None:
     home = make_home(home_dir, mode="ro", scopes=["workerHost.exec"])
     (home.workspace / "one-mib.bin").write_bytes(os.urandom(MIB))
+    entry = _entry.build(home_dir / "bench-exec-cache", "cc")
     with agentworker(["up"], home):
         async with connected(home) as client:
             for argv, expect in ((["true"], 0), (["cat", "one-mib.bin"], MIB)):
                 pinned = ["/usr/bin/" + argv[0], *argv[1:]]
                 ws = home.workspace
-                pipeline = dispatch_call(client, "workerHost.exec", {"argv": argv}, b"", expect)
-                calls_of = [
+                rows = [
                     ("raw subprocess.run", raw_call(pinned, ws, expect)),
-                    ("raw bwrap, no seccomp", raw_bwrap_call(pinned, ws, expect, seccomp=False)),
-                    ("raw bwrap + seccomp", raw_bwrap_call(pinned, ws, expect, seccomp=True)),
-                    ("sandbox.run, no seccomp", sandbox_call(pinned, ws, expect, seccomp=False)),
-                    ("sandbox.run + seccomp", sandbox_call(pinned, ws, expect, seccomp=True)),
-                    ("exec via hub → worker", pipeline),
+                    ("raw bwrap", raw_bwrap_call(pinned, ws, expect, "direct", entry)),
+                    ("raw bwrap +prlimit", raw_bwrap_call(pinned, ws, expect, "prlimit", entry)),
+                    ("raw bwrap +LL+seccomp", raw_bwrap_call(pinned, ws, expect, "entry", entry)),
+                    ("sandbox.run", sandbox_call(pinned, ws, expect, entry)),
+                    (
+                        "exec via hub → worker",
+                        dispatch_call(client, "workerHost.exec", {"argv": argv}, b"", expect),
+                    ),
                 ]
-                rows = [(name, await timed(one, calls)) for name, one in calls_of]
-                label = f"exec {' '.join(argv)}: {calls} calls, 1 in flight"
-                report(label, rows, name_width=26)
+                samples = await interleaved([one for _, one in rows], calls)
+                label = f"exec {' '.join(argv)}: {calls} rounds, 1 in flight, interleaved"
+                report(label, list(zip([n for n, _ in rows], samples, strict=True)), name_width=26)
+                p50 = [statistics.median(s) for s in samples]
+                added = p50[3] - p50[1]
+                print(
+                    f"  Landlock + seccomp (+ limits) over raw bwrap: {added:+.2f} ms "
+                    f"(goal ≤ +1 ms) {'ok' if added <= 1.0 else 'MISSED'}"
+                )
+                ratio = p50[5] / p50[3]
+                print(
+                    f"  hub → worker / exec's exact bwrap line: {ratio:.2f}x "
+                    f"(goal ≤ 1.5x) {'ok' if ratio <= 1.5 else 'MISSED'}"
+                )
 
 
 def main() -> None:

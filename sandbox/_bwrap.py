@@ -7,19 +7,28 @@ folders at their usual paths, read-only or read-write as configured. Nothing
 else of the person's files exists inside, so a symlink in a shared folder that
 points at ~/.ssh leads nowhere. Every namespace is fresh: its own pids (killing
 its first process kills all of it), no network unless the policy says so, no
-new user namespaces, no capabilities. Resource limits are set by `prlimit`
-inside the sandbox, after the user namespace exists: the kernel then counts
-processes per sandbox, not per user, for RLIMIT_NPROC.
+new user namespaces, no capabilities. Resource limits are set inside the
+sandbox, after the user namespace exists: the kernel then counts processes per
+sandbox, not per user, for RLIMIT_NPROC.
+
+With the entry helper (`View.entry`, see sandbox._entry) the sandbox's first
+process is that helper, run as its pid 1 (`--as-pid-1`: no bubblewrap init, one
+fork fewer, and the program's exit ends every process it left): it sets the
+limits, caps processes, applies Landlock and becomes the program. Without it,
+`prlimit` sets the limits and Landlock is not applied.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import resource
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
+
+from sandbox import _entry
 
 SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES: Final = (
@@ -94,6 +103,12 @@ class View:
     # The sandbox's own root (where bubblewrap makes /etc and the mount points) made
     # read-only once everything is in place: only the writable folders and /tmp take writes.
     read_only_root: bool = False
+    # The entry helper (sandbox._entry), built outside every shared folder: with it the
+    # sandbox gets Landlock; None runs the program under prlimit without Landlock.
+    entry: str | None = None
+    # Programs the sandboxed program may execute beside argv[0] (under Landlock; their
+    # ELF interpreters are added). The shipped policy names none.
+    may_execute: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,17 +151,22 @@ def command(
     view: View,
     limits: Limits,
     *,
-    info_fd: int,
-    block_fd: int,
+    info_fd: int | None,
+    block_fd: int | None = None,
     file_fds: Sequence[int] = (),
     seccomp_fd: int | None = None,
+    lifeline_fd: int | None = None,
+    pid_cap: int | None = None,
 ) -> list[str]:
-    """bwrap [namespaces] [view] -- prlimit [limits] -- argv.
+    """bwrap [namespaces] [view] -- entry [limits, Landlock] -- argv, with `view.entry`;
+    bwrap [namespaces] [view] -- prlimit [limits] -- argv without it.
 
     `file_fds` holds one readable descriptor per file of `view.private`, in order
     (see `private_files`); bubblewrap copies each into the sandbox's tmpfs.
     `seccomp_fd` reads the filter bubblewrap installs just before the program
-    starts (see sandbox._seccomp).
+    starts (see sandbox._seccomp). `lifeline_fd` (entry only) is the read end of a
+    pipe whose write end only the worker holds: the entry exits when it finds it
+    closed. `pid_cap` (entry only) is pid_max for the sandbox's pid namespace.
     """
     args = [
         tools.bwrap,
@@ -174,13 +194,60 @@ def command(
     args += ["--tmpfs", "/tmp"]  # noqa: S108
     args += _folders(view.mounts, view.hidden)
     args += _private(view.private, file_fds)
+    if view.entry is not None:
+        args += ["--ro-bind", view.entry, _entry.INSIDE]
+        if pid_cap is not None:
+            args += ["--proc", _entry.PROC_INSIDE]
     if view.read_only_root:
         args += ["--remount-ro", "/"]
-    args += ["--chdir", view.cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+    args += ["--chdir", view.cwd]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    if block_fd is not None:
+        args += ["--block-fd", str(block_fd)]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
-    args += ["--", tools.prlimit, *_rlimits(limits), "--", *argv]
-    return args
+    if view.entry is None:
+        return [*args, "--", tools.prlimit, *_rlimits(limits), "--", *argv]
+    return [*args, "--as-pid-1", "--", *_entry_args(argv, view, limits, lifeline_fd, pid_cap)]
+
+
+def _entry_args(
+    argv: Sequence[str],
+    view: View,
+    limits: Limits,
+    lifeline_fd: int | None,
+    pid_cap: int | None,
+) -> list[str]:
+    """The entry helper's command line (see sandbox/entry.c): limits, the pid cap, what
+    may be executed and where writes may go, then the program."""
+    line = [_entry.INSIDE]
+    if lifeline_fd is not None:
+        line += ["-L", str(lifeline_fd)]
+    for number, soft, hard in _limits(limits):
+        line += ["-r", f"{number}:{soft}:{hard}"]
+    if pid_cap is not None:
+        line += ["-p", f"{pid_cap}:{_entry.PROC_INSIDE}/sys/kernel/pid_max"]
+    programs = [argv[0], *view.may_execute]
+    for program in programs:
+        interpreter = _entry.interpreter_of(program)
+        line += ["-x", program] + (["-x", interpreter] if interpreter else [])
+    for mount in view.mounts:
+        if mount.writable:
+            line += ["-w", mount.inside]
+    line += ["-w", "/tmp", "-d", "/dev", "--", *argv]  # noqa: S108 (the sandbox's own tmpfs)
+    return line
+
+
+def _limits(limits: Limits) -> list[tuple[int, int, int]]:
+    return [
+        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),  # SIGXCPU, then SIGKILL
+        (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
+        (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
+        (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
+        (resource.RLIMIT_NPROC, limits.processes, limits.processes),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
 
 
 def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:

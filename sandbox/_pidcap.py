@@ -4,10 +4,15 @@ For anyone else the kernel enforces RLIMIT_NPROC per user namespace, so the
 prlimit inside each sandbox caps that sandbox alone. Root is exempt from it, so
 a fork bomb run by a root worker needs another bound: since Linux 6.14 each pid
 namespace has its own `kernel.pid_max`, and a sandbox is its own pid namespace.
-While bubblewrap holds the sandbox at its start line (--block-fd), a helper that
-joins only the sandbox's pid namespace writes the cap; the sysctl it opens
-belongs to the writer's pid namespace, so nothing outside changes. The sandbox
-itself cannot raise it again: its /proc is read-only and it has no capabilities.
+The sandbox's entry helper (sandbox/entry.c) writes the cap from inside, through
+a procfs of the sandbox's own, before it applies Landlock, which then refuses
+every write outside the shared read-write folders, /tmp and /dev (so the program
+cannot raise the cap again, nor write any other sysctl). Without the entry
+helper, while bubblewrap holds the sandbox at its start line (--block-fd), a
+helper that joins only the sandbox's pid namespace writes the cap; the sysctl it
+opens belongs to the writer's pid namespace, so nothing outside changes. There
+the sandbox cannot raise it again: its /proc is read-only and it has no
+capabilities.
 
 Writing pid_max from a namespace on an older kernel would change it for the
 whole machine, so this refuses to run there, and it checks the machine's value
@@ -51,9 +56,12 @@ def cap_for(processes: int) -> int:
     return max(PID_MAX_FLOOR, processes + 3)
 
 
-async def cap_processes(tools: Tools, init_pid: int, processes: int) -> None:
-    """Set pid_max inside the sandbox whose first process is `init_pid`."""
-    global _refused
+_machine: str | None = None  # the machine's pid_max, as first seen
+
+
+def check_kernel() -> None:
+    """Refuse (SandboxUnavailableError) where a sandbox's processes cannot be capped."""
+    global _refused, _machine
     if _refused is not None:
         raise SandboxUnavailableError(_refused)
     if not kernel_namespaces_pid_max():
@@ -63,6 +71,35 @@ async def cap_processes(tools: Tools, init_pid: int, processes: int) -> None:
             "6.14 or later). Run the worker as a regular user, or on a newer kernel."
         )
         raise SandboxUnavailableError(_refused)
+    if _machine is None:
+        _machine = PID_MAX.read_text().strip()
+
+
+def check_machine() -> None:
+    """After a sandbox capped itself: the machine's pid_max must not have moved. If it
+    did, put it back and refuse every exec from then on."""
+    global _refused
+    if _machine is None:
+        return
+    now = PID_MAX.read_text().strip()
+    if now != _machine:
+        PID_MAX.write_text(_machine + "\n")
+        _refused = _MOVED
+        raise SandboxUnavailableError(_refused)
+
+
+_MOVED: Final = (
+    "capping a sandbox's processes changed the whole machine's pid_max; it was put "
+    "back, and exec is refused until the worker restarts. Please report this kernel: "
+    f"{os.uname().release}."
+)
+
+
+async def cap_processes(tools: Tools, init_pid: int, processes: int) -> None:
+    """Set pid_max inside the sandbox whose first process is `init_pid` (from outside:
+    only where the entry helper is not used)."""
+    global _refused
+    check_kernel()
     before = PID_MAX.read_text().strip()
     helper = await asyncio.create_subprocess_exec(
         tools.nsenter,
@@ -85,11 +122,7 @@ async def cap_processes(tools: Tools, init_pid: int, processes: int) -> None:
     after = PID_MAX.read_text().strip()
     if after != before:
         PID_MAX.write_text(before + "\n")
-        _refused = (
-            "capping a sandbox's processes changed the whole machine's pid_max; it was put "
-            "back, and exec is refused until the worker restarts. Please report this kernel: "
-            f"{os.uname().release}."
-        )
+        _refused = _MOVED
         raise SandboxUnavailableError(_refused)
     if helper.returncode != 0:
         raise SandboxUnavailableError(

@@ -1,17 +1,31 @@
 """Run one program in a sandbox: argv only, capped output, and a kill that always lands.
 
-`run` starts bubblewrap (see sandbox._bwrap for what the sandbox sees), waits
-until the sandbox exists, caps its processes, then lets the program start. It
-reads stdout and stderr together up to `Limits.output_bytes`, then keeps
-draining and discarding so a chatty program never blocks on a full pipe. On the
-timeout, or when the calling task is cancelled (a deadline, a Cancel, a plan's
-kill switch), it SIGKILLs the sandbox's first process: the kernel then kills
-every process in the sandbox's pid namespace, including setsid'd, double-forked
-and SIGTERM-ignoring ones. The bubblewrap process's own group is killed too.
-After the program exits, the pipes get `Limits.drain_s` to close, never longer.
+`run` starts bubblewrap (see sandbox._bwrap for what the sandbox sees). With the
+entry helper (`View.entry`) the sandbox's first process sets the limits, caps
+processes and applies Landlock itself, then becomes the program: no second
+process, no handshake. Without it, `prlimit` sets the limits and, for a root
+worker, bubblewrap holds the sandbox at its start line (--block-fd) while
+sandbox._pidcap caps its processes from outside.
 
-Nothing here uses preexec_fn (unsafe with threads): limits are set by prlimit
-inside the sandbox and the new session by subprocess itself.
+It reads stdout and stderr together up to `Limits.output_bytes`, then keeps
+draining and discarding so a chatty program never blocks on a full pipe. The
+child is watched through a pidfd on the event loop: no thread per child, and
+nothing here blocks the loop for longer than a fork. On the timeout, or when the
+calling task is cancelled (a deadline, a Cancel, a plan's kill switch), it
+SIGKILLs the sandbox's first process: the kernel then kills every process in the
+sandbox's pid namespace, including setsid'd, double-forked and SIGTERM-ignoring
+ones. bubblewrap is killed too. After the program exits, the pipes get
+`Limits.drain_s` to close, never longer.
+
+When the worker itself dies (SIGKILL, a crash), bubblewrap's --die-with-parent
+kills bubblewrap, and with it the sandbox's first process (its parent-death signal
+is armed before the program starts). The one gap that chain leaves, a worker
+dying while bubblewrap is still building the sandbox, is closed by the lifeline:
+a pipe whose write end only the worker holds; the entry helper checks it after
+its own parent-death signal is armed, and exits if the worker is gone.
+
+Nothing here uses preexec_fn (unsafe with threads): limits are set inside the
+sandbox and the new session by subprocess itself.
 """
 
 from __future__ import annotations
@@ -21,12 +35,13 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sandbox import _pidcap, _seccomp
+from sandbox import _entry, _pidcap, _seccomp
 from sandbox._bwrap import (
     Limits,
     Mount,
@@ -51,7 +66,6 @@ __all__ = [
     "visible_by_default",
 ]
 
-STDOUT, STDERR = 1, 2
 EXIT_GRACE_S: Final = 5.0  # after SIGKILL, how long to wait for the exit to be reaped
 
 
@@ -66,18 +80,72 @@ class Completed:
     duration_s: float
 
 
-class _Capture(asyncio.SubprocessProtocol):
-    """Collects stdout and stderr under one byte budget; discards the rest."""
+class _Child:
+    """bubblewrap's process, watched through a pidfd on the event loop: no thread per
+    child, no blocking. Collects stdout and stderr under one byte budget (the rest is
+    read and discarded, so a chatty program never blocks on a full pipe) and feeds
+    stdin without ever waiting on it."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], out: int, err: int, budget: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.popen = popen
         self.budget = budget
-        self.output = {STDOUT: bytearray(), STDERR: bytearray()}
+        self.output = {out: bytearray(), err: bytearray()}
+        self.stdout, self.stderr = out, err
         self.truncated = False
-        self.open_pipes = {STDOUT, STDERR}
+        self.open_pipes: set[int] = set()
         self.pipes_closed = asyncio.Event()
         self.exited = asyncio.Event()
+        self.pidfd = os.pidfd_open(popen.pid)
+        self.loop.add_reader(self.pidfd, self._reap)
+        for fd in (out, err):
+            os.set_blocking(fd, False)
+            self.open_pipes.add(fd)
+            self.loop.add_reader(fd, self._readable, fd)
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def signal(self, number: int) -> None:
+        if self.pidfd >= 0 and self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, number)
+
+    def feed(self, data: bytes, fd: int) -> None:
+        """Write `data` to `fd` (the program's stdin) as it drains, then close it."""
+        os.set_blocking(fd, False)
+        view = memoryview(data)
+
+        def writable() -> None:
+            nonlocal view
+            try:
+                view = view[os.write(fd, view[:65536]) :]
+            except BlockingIOError:
+                return
+            except OSError:  # the program closed its stdin: the rest is not wanted
+                view = view[:0]
+            if not view:
+                self.loop.remove_writer(fd)
+                os.close(fd)
+
+        self.loop.add_writer(fd, writable)
+        self._stdin = fd
+
+    def _readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(fd)
+            os.close(fd)
+            self.open_pipes.discard(fd)
+            if not self.open_pipes:
+                self.pipes_closed.set()
+            return
         take = min(len(data), self.budget)
         if take:
             self.output[fd] += data[:take]
@@ -85,13 +153,28 @@ class _Capture(asyncio.SubprocessProtocol):
         if take < len(data):
             self.truncated = True
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self.open_pipes.discard(fd)
-        if not self.open_pipes:
-            self.pipes_closed.set()
+    def _reap(self) -> None:
+        if self.popen.poll() is not None:
+            self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
+            self.exited.set()
 
-    def process_exited(self) -> None:
-        self.exited.set()
+    def close(self) -> None:
+        """Stop watching; close what is still open (after the child was killed)."""
+        for fd in list(self.open_pipes):
+            self.loop.remove_reader(fd)
+            os.close(fd)
+        self.open_pipes.clear()
+        stdin = getattr(self, "_stdin", None)
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                self.loop.remove_writer(stdin)
+                os.close(stdin)
+        if self.pidfd >= 0:
+            self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
 
 
 async def run(
@@ -99,138 +182,238 @@ async def run(
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc."""
     tools = find_tools(view.bwrap)
-    info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe()
-    file_fds = [_memory_file(content) for content in private_files(view.private)]
-    rules = _seccomp.filter_for_machine() if view.seccomp else None
-    if rules is not None:
-        file_fds.append(_memory_file(rules))
-    started = time.monotonic()
-    loop = asyncio.get_running_loop()
+    capped = _pidcap.needed()
+    if capped:
+        _pidcap.check_kernel()
+    entry = view.entry is not None
+    ours: list[int] = []  # descriptors this process keeps
+    theirs: list[int] = []  # descriptors only bubblewrap keeps: closed here once it started
     try:
+        info_r, info_w = _pipe(ours, theirs)
+        lifeline_r: int | None = None
+        lifeline_w: int | None = None
+        block_r: int | None = None
+        block_w: int | None = None
+        if entry:
+            lifeline_r, lifeline_w = _pipe(theirs, ours)
+        elif capped:
+            block_r, block_w = _pipe(theirs, ours)
+        file_fds = [_memory_file(content) for content in private_files(view.private)]
+        theirs += file_fds
+        rules = _seccomp.filter_for_machine() if view.seccomp else None
+        seccomp_fd = _memory_file(rules) if rules is not None else None
+        if seccomp_fd is not None:
+            theirs.append(seccomp_fd)
+        line = command(
+            tools,
+            argv,
+            view,
+            limits,
+            info_fd=info_w,
+            block_fd=block_r,
+            file_fds=file_fds,
+            seccomp_fd=seccomp_fd,
+            lifeline_fd=lifeline_r,
+            pid_cap=_pidcap.cap_for(limits.processes) if capped and entry else None,
+        )
+        out_r, out_w = _pipe(ours, theirs)
+        err_r, err_w = _pipe(ours, theirs)
+        in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+        started = time.monotonic()
         try:
-            transport, capture = await loop.subprocess_exec(
-                lambda: _Capture(limits.output_bytes),
-                *command(
-                    tools,
-                    argv,
-                    view,
-                    limits,
-                    info_fd=info_w,
-                    block_fd=block_r,
-                    file_fds=file_fds[: len(file_fds) - (rules is not None)],
-                    seccomp_fd=file_fds[-1] if rules is not None else None,
-                ),
-                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            # As asyncio's subprocess_exec does: vfork and exec, on the loop; argv only, no shell.
+            popen = subprocess.Popen(  # noqa: ASYNC220
+                line,
+                stdin=in_r,
+                stdout=out_w,
+                stderr=err_w,
                 env=dict(view.env),
                 cwd="/",
-                pass_fds=(info_w, block_r, *file_fds),
+                # bubblewrap gets the read end of its report too: were the worker to die, its
+                # write would otherwise raise SIGPIPE and kill it before it let the sandbox
+                # go on, leaving that waiting forever (the entry closes it for the program).
+                pass_fds=(info_r, *(fd for fd in theirs if fd not in (out_w, err_w, in_r))),
                 start_new_session=True,
             )
         except OSError as exc:
             raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
         finally:
-            for fd in (info_w, block_r, *file_fds):
+            for fd in theirs:
                 os.close(fd)
-        sandbox = _Sandbox(transport, capture)
+            theirs.clear()
+        for owned in (out_r, err_r, in_w, lifeline_w, block_w):
+            if owned in ours:
+                ours.remove(owned)  # the child watcher and the sandbox own these now
+        child = _Child(popen, out_r, err_r, limits.output_bytes)
+        if stdin:
+            child.feed(stdin, in_w)
+        sandbox = _Sandbox(child, info_r, lifeline_w, block_w)
         try:
-            return await sandbox.drive(tools, limits, info_r, block_w, stdin, started)
+            return await sandbox.drive(tools, limits, started, capped and not entry)
         finally:
             sandbox.kill()
-            transport.close()
+            child.close()
+            if capped and entry:
+                _pidcap.check_machine()
     finally:
-        for fd in (info_r, block_w):
+        for fd in (*ours, *theirs):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-class _Sandbox:
-    """One running sandbox: its transport, its output, and how to kill all of it."""
+def _pipe(reader_list: list[int], writer_list: list[int]) -> tuple[int, int]:
+    """A pipe (both ends close-on-exec), its read end added to `reader_list` and its
+    write end to `writer_list`."""
+    read, write = os.pipe()
+    reader_list.append(read)
+    writer_list.append(write)
+    return read, write
 
-    def __init__(self, transport: asyncio.SubprocessTransport, capture: _Capture) -> None:
-        self.transport = transport
-        self.capture = capture
+
+class _Sandbox:
+    """One running sandbox and how to kill all of it.
+
+    bubblewrap's own process starts the sandbox's first process (pid 1 of its pid
+    namespace), reports that pid on --info-fd, then waits for it. Killing pid 1 makes
+    the kernel kill every process in the sandbox. Killing bubblewrap alone is not
+    enough while it is still starting the sandbox: its child would wait for it
+    forever, holding our pipes; so a kill that finds pid 1 not yet reported stops
+    bubblewrap first, reads the report (or its children) and kills them too.
+    """
+
+    def __init__(
+        self, child: _Child, info_r: int, lifeline_w: int | None, block_w: int | None
+    ) -> None:
+        self.child = child
+        self.info_r = info_r
+        self.info = bytearray()
+        self.info_done = False
+        self.lifeline_w = lifeline_w
+        self.block_w = block_w
+        self.init_pid: int | None = None
         self.pidfd: int | None = None  # the sandbox's first process (its pid 1)
+        self.killed = False
 
     async def drive(
-        self,
-        tools: Tools,
-        limits: Limits,
-        info_r: int,
-        block_w: int,
-        stdin: bytes | None,
-        started: float,
+        self, tools: Tools, limits: Limits, started: float, cap_from_outside: bool
     ) -> Completed:
         try:
-            init_pid = await _child_pid(info_r)
+            init_pid = await self._child_pid()
             if init_pid is None:
                 await self._wait_exit(EXIT_GRACE_S)
                 raise SandboxUnavailableError(self._bwrap_complaint())
-            with contextlib.suppress(ProcessLookupError):
-                self.pidfd = os.pidfd_open(init_pid)
-            if self.pidfd is not None and _pidcap.needed():
+            if self.pidfd is not None and cap_from_outside:
                 await _pidcap.cap_processes(tools, init_pid, limits.processes)
-            with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says why
-                os.write(block_w, b"go")
-            if stdin:
-                pipe = self.transport.get_pipe_transport(0)
-                if isinstance(pipe, asyncio.WriteTransport):
-                    pipe.write(stdin)
-                    pipe.write_eof()
+            if self.block_w is not None:
+                with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
+                    os.write(self.block_w, b"go")
             remaining = limits.timeout_s - (time.monotonic() - started)
             timed_out = not await self._wait_exit(max(0.0, remaining))
             if timed_out:
                 self.kill()
                 await self._wait_exit(EXIT_GRACE_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.capture.pipes_closed.wait(), limits.drain_s)
+                await asyncio.wait_for(self.child.pipes_closed.wait(), limits.drain_s)
         except BaseException:
             self.kill()
             with contextlib.suppress(TimeoutError):  # reap it before the caller moves on
-                await asyncio.wait_for(self.capture.exited.wait(), EXIT_GRACE_S)
+                await asyncio.wait_for(self.child.exited.wait(), EXIT_GRACE_S)
             raise
         return self._completed(timed_out, time.monotonic() - started)
 
     def kill(self) -> None:
         """SIGKILL the sandbox's pid 1 (so the kernel kills every process in it) and
-        bubblewrap's own process group. Safe to call more than once."""
+        bubblewrap. Never waits; safe to call more than once."""
+        if self.lifeline_w is not None:  # an entry not yet past its check exits at once
+            os.close(self.lifeline_w)
+            self.lifeline_w = None
+        if self.pidfd is None and self.child.returncode is None:
+            self.child.signal(signal.SIGSTOP)  # no further step until it is killed
+            self._wait_stopped()
+            self._take_info()
+            if self.pidfd is None:
+                for pid in _children(self.child.popen.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)  # stopped parent: the pid cannot be reused
         if self.pidfd is not None:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
             os.close(self.pidfd)
             self.pidfd = None
-        if self.transport.get_returncode() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.transport.get_pid(), signal.SIGKILL)
+        self.child.signal(signal.SIGKILL)
+        if self.block_w is not None:
+            os.close(self.block_w)
+            self.block_w = None
+
+    def _wait_stopped(self) -> None:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitid(os.P_PID, self.child.popen.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+
+    async def _child_pid(self) -> int | None:
+        """The sandbox's first pid, from bubblewrap's --info-fd (None if it never started)."""
+        loop = asyncio.get_running_loop()
+        os.set_blocking(self.info_r, False)
+        done: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if self._take_info() and not done.done():
+                done.set_result(None)
+
+        loop.add_reader(self.info_r, readable)
+        try:
+            await done
+        finally:
+            loop.remove_reader(self.info_r)
+        return self.init_pid
+
+    def _take_info(self) -> bool:
+        """Read what bubblewrap reported; True once it is all there (or never will be)."""
+        while not self.info_done:
+            try:
+                data = os.read(self.info_r, 65536)
+            except BlockingIOError:
+                return False
+            if data:
+                self.info += data
+                continue
+            self.info_done = True
+            self.init_pid = _pid_in(bytes(self.info))
+            if self.init_pid is not None and self.pidfd is None and not self.killed:
+                with contextlib.suppress(ProcessLookupError):
+                    self.pidfd = os.pidfd_open(self.init_pid)
+        return True
 
     async def _wait_exit(self, within_s: float) -> bool:
         try:
-            await asyncio.wait_for(self.capture.exited.wait(), within_s)
+            await asyncio.wait_for(self.child.exited.wait(), within_s)
         except TimeoutError:
             return False
         return True
 
     def _completed(self, timed_out: bool, duration: float) -> Completed:
-        code = self.transport.get_returncode()
-        stderr = bytes(self.capture.output[STDERR])
-        stdout = bytes(self.capture.output[STDOUT])
+        code = self.child.returncode
+        stderr = bytes(self.child.output[self.child.stderr])
+        stdout = bytes(self.child.output[self.child.stdout])
         if code == 1 and not stdout and stderr.startswith(b"bwrap: "):
             raise SandboxUnavailableError(self._bwrap_complaint())
+        if code == _entry.FAILED and stderr.startswith(_entry.SAYS):
+            said = stderr.decode(errors="replace").strip()[:400]
+            raise SandboxUnavailableError(
+                f"the sandbox's entry could not confine the program, so it did not run: {said}"
+            )
         number = _signal_of(code)
         return Completed(
             exit_code=None if number is not None else code,
             signal=number,
             stdout=stdout,
             stderr=stderr,
-            truncated=self.capture.truncated,
+            truncated=self.child.truncated,
             timed_out=timed_out,
             duration_s=duration,
         )
 
     def _bwrap_complaint(self) -> str:
-        said = self.capture.output[STDERR].decode(errors="replace").strip()[:400]
+        said = self.child.output[self.child.stderr].decode(errors="replace").strip()[:400]
         if any(sign in said for sign in _NAMESPACE_SIGNS) or not said:
             return (
                 f"bubblewrap could not build the sandbox ({said or 'no message'}). It needs "
@@ -281,35 +464,19 @@ def _signal_of(code: int | None) -> int | None:
     return None
 
 
-async def _child_pid(info_r: int) -> int | None:
-    """The sandbox's first pid, from bubblewrap's --info-fd (None if it never started)."""
-    raw = await _read_to_eof(info_r)
+def _pid_in(info: bytes) -> int | None:
+    """The sandbox's first pid in bubblewrap's --info-fd report, if it has one."""
     try:
-        pid = json.loads(raw or b"{}").get("child-pid")
-    except ValueError:
+        pid = json.loads(info or b"{}").get("child-pid")
+    except (ValueError, AttributeError):
         return None
     return pid if isinstance(pid, int) and pid > 0 else None
 
 
-async def _read_to_eof(fd: int) -> bytes:
-    loop = asyncio.get_running_loop()
-    os.set_blocking(fd, False)
-    chunks: list[bytes] = []
-    done: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        if data:
-            chunks.append(data)
-        elif not done.done():
-            done.set_result(None)
-
-    loop.add_reader(fd, readable)
+def _children(pid: int) -> list[int]:
+    """The children of `pid` (stopped, so the list cannot change under us)."""
     try:
-        await done
-    finally:
-        loop.remove_reader(fd)
-    return b"".join(chunks)
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as listing:
+            return [int(child) for child in listing.read().split()]
+    except (OSError, ValueError):
+        return []

@@ -527,7 +527,8 @@ async def _serve_worker(
         log.info("root %s (%s)", root.path, "read-write" if root.writable else "read-only")
     if not dispatcher.roots and bench is None:
         log.warning("no filesystem roots: add a [[root]] table to config.toml to allow file access")
-    for layer in confinement.report():
+    landlock = confinement.landlock_for(paths.exec_cache, config.exec.cc)
+    for layer in confinement.report(landlock):
         if layer.active:
             log.info("exec sandbox: %s on (%s)", layer.name, layer.detail)
         else:

@@ -85,6 +85,11 @@ class Paths:
         return self.data_dir / "workspace"
 
     @property
+    def exec_cache(self) -> Path:
+        """Where the sandbox's entry helper is built (sandbox._entry)."""
+        return self.data_dir / "exec-cache"
+
+    @property
     def workbench(self) -> Path:
         """Sandbox mode's per-plan workspaces."""
         return self.data_dir / "workbench"
@@ -157,6 +162,11 @@ class ExecSection(_Strict):
     # Variables passed from the worker's environment; secret-looking names are refused.
     pass_env: list[str] = ["LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "LC_COLLATE", "TZ"]
     bwrap: str = "bwrap"
+    # The C compiler that builds the sandbox's Landlock helper once (sandbox/entry.c).
+    cc: str = "cc"
+    # "auto": Landlock where this machine has it, and exec in bubblewrap + seccomp where
+    # not (said at start and by doctor); "require": exec refuses where it is missing.
+    landlock: Literal["auto", "require"] = "auto"
 
     @model_validator(mode="after")
     def _coherent(self) -> ExecSection:
@@ -373,6 +383,7 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
         paths.token_file,
         paths.config_dir / USER_POLICY,
         paths.workbench,
+        paths.exec_cache,
         paths.data_dir / "worker_id",
         paths.data_dir / "ui.sock",  # the person's console: approvals are answered there
         *(paths.data_dir / f"{db}{suffix}" for db in DATABASES for suffix in DB_FILE_SUFFIXES),

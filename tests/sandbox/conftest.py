@@ -38,3 +38,11 @@ def use_openat2(request: pytest.FixtureRequest) -> bool:
 def confined(tree: Tree, use_openat2: bool) -> Iterator[ConfinedDir]:
     with ConfinedDir(tree.root, use_openat2=use_openat2) as root:
         yield root
+
+
+@pytest.fixture(scope="session")
+def entry(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The sandbox's entry helper, built once for the session as a worker builds it."""
+    from sandbox import _entry
+
+    return _entry.build(tmp_path_factory.mktemp("exec-cache"), "cc")

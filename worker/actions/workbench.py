@@ -243,6 +243,7 @@ async def _run_in_workspace(
             f"{command[:PREVIEW_CHARS]}\nin {_as_seen_inside(workspace, cwd)}\n{decision.reason}",
         )
     assert decision.program is not None
+    entry = await exec_cmd.landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
         fixed = {
             **decision.program.env,
@@ -263,6 +264,7 @@ async def _run_in_workspace(
             network=False,
             bwrap=settings.bwrap,
             read_only_root=True,
+            entry=entry,
         )
         async with bench.exec_slot(ctx.plan_id):
             limits = exec_cmd.limits_of(settings, timeout_s)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import errno
 import json
 import os
 import platform
@@ -130,7 +129,7 @@ def diagnose(paths: Paths, *, reach_hub: bool = True) -> list[Finding]:
     findings += [_token(paths), *_tls(settings)]
     if reach_hub:
         findings.append(_hub(paths, settings))
-    findings += [_bubblewrap(settings), _landlock(), _seccomp(), *_display()]
+    findings += [_bubblewrap(settings), _landlock(settings, paths), _seccomp(), *_display()]
     return findings
 
 
@@ -483,35 +482,24 @@ def _bubblewrap(config: Config) -> Finding:
     return _guard("bubblewrap", probe)
 
 
-_LANDLOCK_CREATE_RULESET = 444  # the same number on x86-64 and arm64
-_LANDLOCK_CREATE_RULESET_VERSION = 1
-
-
-def _landlock() -> Finding:
+def _landlock(config: Config, paths: Paths) -> Finding:
     if not sys.platform.startswith("linux"):
         return Finding("landlock", "info", "Linux only")
-    libc = ctypes.CDLL(None, use_errno=True)
-    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
-    if abi > 0:
-        return Finding(
-            "landlock",
-            "info",
-            f"the kernel offers ABI {abi}, but exec does not apply Landlock yet: bubblewrap "
-            "and the seccomp filter confine it",
-            details={"abi": abi, "applied": False},
-        )
-    err = ctypes.get_errno()
-    why = {
-        errno.ENOSYS: "this kernel was built without it (5.13+ with CONFIG_SECURITY_LANDLOCK)",
-        errno.EOPNOTSUPP: "the kernel has it but it is switched off at boot",
-    }.get(err, os.strerror(err))
-    return Finding(
-        "landlock",
-        "info",
-        f"not available: {why}; the bubblewrap sandbox still confines exec",
-        "add landlock to the kernel's lsm= boot parameter to add its layer",
-        {"errno": err},
+    from sandbox import confinement  # imported as the check runs, like the verbs
+
+    landlock = confinement.Landlock(paths.exec_cache, config.exec.cc)
+    layer = landlock.layer()
+    details = {"abi": landlock.abi, "applied": layer.active, "require": config.exec.landlock}
+    if layer.active:
+        return Finding("landlock", "ok", f"exec applies Landlock {layer.detail}", details=details)
+    fix = (
+        "install a C compiler (Debian/Ubuntu: apt install gcc libc6-dev) or set [exec] cc"
+        if landlock.abi
+        else "a kernel with Landlock (5.13+, landlock in the lsm= boot parameter) adds its layer"
     )
+    if config.exec.landlock == "require":
+        return Finding("landlock", "warn", f"off, and required: {layer.detail}", fix, details)
+    return Finding("landlock", "info", f"off: {layer.detail}", fix, details)
 
 
 def _seccomp() -> Finding:

@@ -26,12 +26,12 @@ from typing import Annotated, Final
 from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
-from sandbox import Root, environment
+from sandbox import Root, confinement, environment
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, path_check, policy_for
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
-from worker.config import ExecSection
+from worker.config import ExecSection, Paths
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
 
@@ -92,6 +92,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             f"{command[:PREVIEW_CHARS]}\nin {cwd}\n{decision.reason}",
         )
     assert decision.program is not None
+    entry = await landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
         view = View(
             cwd=cwd,
@@ -104,6 +105,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             private=tuple(git.private),
             network=decision.program.network,
             bwrap=settings.bwrap,
+            entry=entry,
         )
         try:
             done = await run(
@@ -123,6 +125,21 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         duration_ms=int(done.duration_s * 1000),
     )
     return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
+
+
+async def landlock_entry(settings: ExecSection, paths: Paths) -> str | None:
+    """The sandbox's entry helper, which applies Landlock; None where this machine cannot
+    have it (the worker said so at start), unless the config requires it."""
+    landlock = confinement.landlock_for(paths.exec_cache, settings.cc)
+    entry = await landlock.entry()
+    if entry is None and settings.landlock == "require":
+        raise WorkerError(
+            "sandbox_unavailable",
+            f'exec needs Landlock here ([exec] landlock = "require") and cannot have it: '
+            f'{landlock.problem}. Fix that, or set [exec] landlock = "auto" to run in '
+            "bubblewrap with seccomp only",
+        )
+    return entry
 
 
 def limits_of(settings: ExecSection, timeout_s: float) -> Limits:
