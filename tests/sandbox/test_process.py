@@ -266,8 +266,12 @@ def test_the_sandbox_cannot_raise_its_own_process_cap(share: Path) -> None:
         done = sandboxed(share, ["/usr/bin/sh", "-c", f"echo 4000000 > {place}"])
         assert done.exit_code != 0, place
         said = done.stderr
-        assert b"Read-only file system" in said or b"Permission denied" in said or (
-            ENTRY is None and b"nonexistent" in said  # no second procfs without the entry
+        assert (
+            b"Read-only file system" in said
+            or b"Permission denied" in said
+            or (
+                ENTRY is None and b"nonexistent" in said  # no second procfs without the entry
+            )
         )
     assert Path("/proc/sys/kernel/pid_max").read_text() != "4000000\n"
 
