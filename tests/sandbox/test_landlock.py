@@ -128,8 +128,8 @@ def test_the_helper_is_built_once_per_source_and_kept_private(tmp_path: Path) ->
 
 def test_a_folder_others_can_write_is_never_used(tmp_path: Path) -> None:
     cache = tmp_path / "open"
-    cache.mkdir(mode=0o777)
-    os.chmod(cache, 0o777)
+    cache.mkdir()
+    os.chmod(cache, 0o777)  # noqa: S103 - the folder others could write, on purpose
     with pytest.raises(_entry.EntryUnavailableError, match="only it can write"):
         _entry.build(cache, "cc")
 
