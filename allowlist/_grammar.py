@@ -11,7 +11,10 @@ way the program itself reads it:
   a short option takes the rest of its token or the next token (`-n5`, `-n 5`),
   long options take `--name=value` or `--name value`, options may follow
   positionals, and `--` ends the options. Only exact option names count: the
-  abbreviations getopt would expand are never admitted.
+  abbreviations getopt would expand are never admitted (the refusal names the
+  option the program would have read). An option whose value is optional
+  (`optional_value`, e.g. git's `-U`/`--unified`) takes one only attached (`-U5`,
+  `--unified=5`): `-U 5` is `-U` and then the positional `5`, as git reads it.
 - `options_first` style: as `gnu`, but the first positional ends the options, as
   for getopt under POSIXLY_CORRECT and for programs with their own parsers (xxd).
   Read the `gnu` way, `xxd in.bin -p` would be one input and a flag; xxd reads
@@ -124,6 +127,9 @@ class Grammar:
     # token is never their value (git's revision options read `--format X` as
     # `--format` and a revision or path X).
     attached: frozenset[str] = frozenset()
+    # Options whose value is optional, so only ever attached (`-U5`, `--unified=5`);
+    # alone they are flags, and the next token is a positional.
+    optional: frozenset[str] = frozenset()
 
     def match(self, args: Sequence[str], check_path: PathCheck) -> Reading:
         """Read `args` (argv without the program name) and check every value.
@@ -193,7 +199,12 @@ class Grammar:
                 break
             if arg.startswith("--"):
                 name, has_value, value = arg.partition("=")
-                if name in self.flags:
+                if name in self.optional and name in self.options:
+                    if has_value:
+                        values.append((name, value))
+                    else:
+                        flags.append(name)
+                elif name in self.flags:
                     if has_value:
                         raise NoMatchError(f"option {name} takes no value")
                     flags.append(name)
@@ -204,12 +215,19 @@ class Grammar:
                         )
                     values.append((name, value if has_value else next_value(name)))
                 else:
-                    raise NoMatchError(f"option {name} is not allowed")
+                    raise NoMatchError(self._not_allowed(name))
             elif arg.startswith("-") and len(arg) > 1:
                 for at in range(1, len(arg)):
                     name = "-" + arg[at]
                     if name in self.flags:
                         flags.append(name)
+                    elif name in self.optional and name in self.options:
+                        attached = arg[at + 1 :]
+                        if attached:
+                            values.append((name, attached))
+                        else:
+                            flags.append(name)
+                        break
                     elif name in self.options:
                         attached = arg[at + 1 :]
                         values.append((name, attached or next_value(name)))
@@ -223,6 +241,21 @@ class Grammar:
             else:
                 positionals.append(arg)
         return Reading(tuple(flags), tuple(values), tuple(positionals), tuple(after))
+
+    def _not_allowed(self, name: str) -> str:
+        """Why the long option `name` is refused; for an abbreviation, of what."""
+        longer = sorted(
+            known
+            for known in (*self.flags, *self.options)
+            if known.startswith("--") and known.startswith(name) and len(name) > 2
+        )
+        if not longer:
+            return f"option {name} is not allowed"
+        return (
+            f"option {name} is not allowed: the program would read it as an abbreviation of "
+            f"{' or '.join(longer)}, and abbreviations are never admitted; write the option "
+            "in full"
+        )
 
     def _read_xxd(self, rest: list[str]) -> Reading:
         flags: list[str] = []

@@ -30,6 +30,7 @@ _PROGRAM_KEYS: Final = {
     "flags",
     "options",
     "attached",
+    "optional_value",
     "rule",
     "deny",
 }
@@ -151,8 +152,11 @@ def _program(name: str, raw: dict[str, Any], source: str) -> _Layer:
     base_flags = _strings(raw.get("flags", []), f"{where} flags")
     base_options = _strings(raw.get("options", []), f"{where} options")
     attached = frozenset(_strings(raw.get("attached", []), f"{where} attached"))
+    optional = frozenset(_strings(raw.get("optional_value", []), f"{where} optional_value"))
     rules = [
-        _rule(name, _table(item, where), style, base_flags, base_options, source, attached)
+        _rule(
+            name, _table(item, where), style, base_flags, base_options, source, attached, optional
+        )
         for item in _tables(raw.get("rule", []), f"{where} rule")
     ]
     denies = [
@@ -178,6 +182,7 @@ def _rule(
     base_options: list[str],
     source: str,
     attached: frozenset[str] = frozenset(),
+    optional: frozenset[str] = frozenset(),
 ) -> Rule:
     rule_id = _id(raw, f"{source}: a rule of {program}")
     where = f"{source}: rule {rule_id}"
@@ -207,6 +212,7 @@ def _rule(
         ),
         any_args=_bool(raw.get("any_args", False), f"{where} any_args"),
         attached=attached,
+        optional=optional,
     )
     for group in grammar.require:
         missing = group - set(flags) - set(options)

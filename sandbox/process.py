@@ -94,6 +94,7 @@ class _Child:
         self.stdout, self.stderr = out, err
         self.truncated = False
         self.open_pipes: set[int] = set()
+        self.stdin: int | None = None  # while stdin is still being fed
         self.pipes_closed = asyncio.Event()
         self.exited = asyncio.Event()
         self.pidfd = os.pidfd_open(popen.pid)
@@ -128,9 +129,10 @@ class _Child:
             if not view:
                 self.loop.remove_writer(fd)
                 os.close(fd)
+                self.stdin = None
 
         self.loop.add_writer(fd, writable)
-        self._stdin = fd
+        self.stdin = fd
 
     def _readable(self, fd: int) -> None:
         try:
@@ -166,11 +168,10 @@ class _Child:
             self.loop.remove_reader(fd)
             os.close(fd)
         self.open_pipes.clear()
-        stdin = getattr(self, "_stdin", None)
-        if stdin is not None:
-            with contextlib.suppress(OSError):
-                self.loop.remove_writer(stdin)
-                os.close(stdin)
+        if self.stdin is not None:
+            self.loop.remove_writer(self.stdin)
+            os.close(self.stdin)
+            self.stdin = None
         if self.pidfd >= 0:
             self.loop.remove_reader(self.pidfd)
             os.close(self.pidfd)

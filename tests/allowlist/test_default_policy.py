@@ -148,3 +148,21 @@ def test_unknown_programs_name_the_allowed_ones(policy: Policy) -> None:
     decision = decide(policy, "python3", "-c", "print(1)")
     assert decision.refusal == Refusal.NOT_ALLOWED
     assert "Allowed programs: " in decision.reason and "git" in decision.reason
+
+
+def test_no_abbreviation_of_a_shipped_long_option_is_admitted() -> None:
+    """The differential test's abbreviated lists (tests/integration/test_exec_tracer.py),
+    put to the shipped policy: getopt and git would expand each, so each is refused,
+    and the refusal names the option it abbreviates."""
+    from tests.integration.test_exec_tracer import abbreviated
+
+    policy = load_policy(None)
+    tried = 0
+    for rule in policy.rules():
+        for argv in abbreviated(rule):
+            decision = policy.decide(argv, example_path_check)
+            assert not decision.runs, argv
+            if rule.decision != "forbidden":
+                assert f"abbreviation of {argv[-1]}" in decision.reason, (argv, decision.reason)
+            tried += 1
+    assert tried > 100, tried

@@ -38,7 +38,11 @@ def test_options_may_follow_positionals_until_double_dash() -> None:
         ("-lx", "option -x (in -lx) is not allowed"),
         ("--sort=name", "the value of --sort must be one of: size, time"),
         ("--all=yes", "option --all takes no value"),
-        ("--al", "option --al is not allowed"),  # no abbreviations, ever
+        (  # no abbreviations, ever
+            "--al",
+            "option --al is not allowed: the program would read it as an abbreviation of "
+            "--all, and abbreviations are never admitted; write the option in full",
+        ),
         ("-w", "option -w needs a value"),
         ("-w ten", "the value of -w must be a whole number"),
     ],
@@ -160,3 +164,35 @@ def test_options_first_style_ends_the_options_at_the_first_positional() -> None:
     for args in (["a.bin", "-p"], ["a.bin", "-c16"], ["a.bin", "--", "-p"]):
         with pytest.raises(NoMatchError, match="at most 1"):
             xxd.match(args, example_path_check)
+
+
+def test_an_abbreviation_is_refused_naming_the_option_the_program_would_read() -> None:
+    with pytest.raises(NoMatchError) as refused:
+        read(LS, "--so=time src")
+    assert "abbreviation of --sort" in refused.value.reason
+    assert "write the option in full" in refused.value.reason
+    two = Grammar(flags=frozenset({"--all", "--alpha"}))
+    with pytest.raises(NoMatchError, match="abbreviation of --all or --alpha"):
+        read(two, "--al")
+    with pytest.raises(NoMatchError, match=r"option --bogus is not allowed$"):
+        read(two, "--bogus")
+
+
+GIT_DIFF = Grammar(
+    flags=frozenset({"--cached"}),
+    options={"-U": "int", "--unified": "int"},
+    positionals=(Slot("git_rev", "many"),),
+    optional=frozenset({"-U", "--unified"}),
+)
+
+
+def test_an_optional_value_is_only_ever_attached_as_git_reads_it() -> None:
+    assert read(GIT_DIFF, "-U5 HEAD") == ((), (("-U", "5"),), ("HEAD",), ())
+    assert read(GIT_DIFF, "--unified=2") == ((), (("--unified", "2"),), (), ())
+    # Alone it is a flag, and the next token a revision or path, checked as one.
+    assert read(GIT_DIFF, "-U 5") == (("-U",), (), ("5",), ())
+    assert read(GIT_DIFF, "--unified HEAD") == (("--unified",), (), ("HEAD",), ())
+    with pytest.raises(PathRefusedError):
+        read(GIT_DIFF, "-U /etc/passwd")
+    with pytest.raises(NoMatchError, match="the value of -U"):
+        read(GIT_DIFF, "-Uabc")

@@ -44,11 +44,13 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines() -> None:
     fs_out = _run("bench_fs.py", "--reads", "5", "--writes", "2")
     for row in (
         "raw subprocess.run",
-        "raw bwrap, no seccomp",
-        "raw bwrap + seccomp",
-        "sandbox.run, no seccomp",
-        "sandbox.run + seccomp",
+        "raw bwrap   ",  # the row of that name alone
+        "raw bwrap +prlimit",
+        "raw bwrap +LL+seccomp",
+        "sandbox.run",
         "exec via hub → worker",
+        "Landlock + seccomp (+ limits) over raw bwrap",
+        "hub → worker / exec's exact bwrap line",
     ):
         assert exec_out.count(row) == 2, f"{row!r} missing for exec true or exec cat:\n{exec_out}"
     for row in ("raw open/write/close", "fs_write via hub → worker", "fs_read"):

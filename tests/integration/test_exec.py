@@ -135,6 +135,8 @@ def test_cat_prints_a_file_and_reads_stdin_from_the_blob(live: Cluster) -> None:
         (["sed", "-i", "s/a/b/", "a.txt"], "command_forbidden"),
         (["cat", "/etc/passwd"], "path_not_allowed"),
         (["grep", "-r", "root", "/etc"], "path_not_allowed"),
+        (["sort", "--rev", "a.txt"], "command_not_allowed"),  # --reverse, abbreviated
+        (["git", "diff", "-U", "/etc/passwd"], "path_not_allowed"),  # -U takes no "next"
     ],
 )
 def test_refusals_answer_with_their_code_and_leave_an_audit_row(
@@ -144,6 +146,15 @@ def test_refusals_answer_with_their_code_and_leave_an_audit_row(
     assert out["status"] == "error" and out["error"]["code"] == code, out
     assert out["error"]["details"]["argv"] == argv
     assert out["invocation"]["error_code"] == code
+
+
+def test_an_abbreviated_option_is_refused_with_the_option_to_write_in_full(
+    live: Cluster,
+) -> None:
+    out, _ = run_exec(live, ["git", "log", "--onel"])
+    assert out["error"]["code"] == "command_not_allowed"
+    assert "abbreviation of --oneline" in out["error"]["message"]
+    assert "write the option in full" in out["error"]["message"]
 
 
 def test_gnu_sed_e_command_is_refused_by_sed_itself_in_sandbox_mode(live: Cluster) -> None:

@@ -127,7 +127,22 @@ def generated(rule: Rule) -> list[list[str]]:
             value = value_for(grammar.options["-" + letter])
             lead = shorts[:1]
             lists.append(head + required + ["-" + "".join(lead) + letter, value] + tail)
-    return lists[:PER_RULE]
+    return lists[:PER_RULE] + abbreviated(rule)
+
+
+def abbreviated(rule: Rule) -> list[list[str]]:
+    """Each long option cut short by one letter, as getopt and git would expand it:
+    the policy must refuse every one (and any it admitted would be traced)."""
+    grammar = rule.grammar
+    if grammar.any_args or grammar.style in ("single_dash", "xxd"):
+        return []
+    head = [rule.program, *(word.split("|")[0] for word in grammar.subcommand)]
+    known = set(grammar.flags) | set(grammar.options)
+    return [
+        [*head, name[:-1]]
+        for name in sorted(known)
+        if name.startswith("--") and len(name) > 4 and name[:-1] not in known
+    ]
 
 
 def examples(rule: Rule, share: Path) -> list[list[str]]:
