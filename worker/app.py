@@ -199,6 +199,7 @@ def _watch_pause(dispatcher: Dispatcher, switch: PauseSwitch, console: Console) 
     """The global stop reaches running calls at once, and every UI shows it; the UI's
     key sets and lifts it. Set from any thread (a hotkey's), or another process."""
     loop = asyncio.get_running_loop()
+    loop.set_default_executor(dispatcher.threads)  # asyncio.to_thread's jobs, counted
 
     def on_pause(_state: PauseState) -> None:
         loop.call_soon_threadsafe(dispatcher.enforce_pause)
@@ -539,6 +540,7 @@ async def _serve_worker(
     elif desktop is not None:
         log.info("computer surface: %s desktop", desktop.availability.server)
     loop = asyncio.get_running_loop()
+    loop.set_default_executor(dispatcher.threads)  # asyncio.to_thread's jobs, counted
 
     def on_pause(_state: PauseState) -> None:  # any thread: the hotkey's, the watcher's
         loop.call_soon_threadsafe(dispatcher.enforce_pause)
@@ -659,12 +661,23 @@ async def _serve_console(console: Console, paths: Paths) -> ConsoleServer | None
 
 def _leave_if_stuck(dispatcher: Dispatcher) -> None:
     """After a drain that ran out of time: exit now, without waiting for handlers that
-    ignored their cancellation. Their calls are answered (outcome_unknown) and recorded;
-    waiting for them (asyncio.run would, for ever) would let one handler hold the
+    ignored their cancellation or for work stuck in a thread (a blocking library call
+    cannot be interrupted). Their calls are answered (outcome_unknown) and recorded,
+    and the ledger is closed; waiting for them (asyncio.run would, and the interpreter
+    joins its executor's threads at exit, for ever) would let one handler hold the
     worker up past its drain bound."""
     stuck = dispatcher.stragglers()
     if stuck:
         log.error("%d handler(s) ignored cancellation; leaving without them", len(stuck))
+    threads = dispatcher.threads.unfinished()
+    if threads:
+        calls = ", ".join(sorted(cid for cid in threads if cid)) or "none"
+        log.error(
+            "%d job(s) still running in a thread (calls: %s); leaving without them",
+            sum(threads.values()),
+            calls,
+        )
+    if stuck or threads:
         logging.shutdown()
         os._exit(0)
 

@@ -272,6 +272,49 @@ def test_sigterm_with_a_stuck_handler_exits_within_the_drain_bound(live: Cluster
     assert running_rows(live.home) == []
 
 
+def test_sigterm_with_a_handler_blocked_in_a_thread_exits_within_the_drain_bound(
+    live: Cluster,
+) -> None:
+    """A blocking call in a worker thread cannot be cancelled, and the interpreter
+    joins its executor's threads at exit: the drain still ends in its bound, the call
+    is answered (and recorded) as outcome_unknown, and a restart does not run it again."""
+    worker = next(p for p in live.procs if p.name == "worker")
+
+    async def blocked_call(client: ControlClient) -> dict[str, Any]:
+        call = asyncio.ensure_future(
+            client.dispatch(
+                agent_id="tester",
+                surface="workerDiag",
+                action="probe",
+                args_json='{"blocking_ms": 120000, "mark": "blocked"}',
+                correlation_id="blocked-1",
+            )
+        )
+        marks = live.home / "diag" / "blocked.marks"
+        await asyncio.to_thread(wait_for, marks.exists, 10, worker)  # it is in its thread
+        begun = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        response = await call
+        assert await asyncio.to_thread(worker.wait, 60) == 0
+        return {"took": time.monotonic() - begun, "out": result_to_dict(response)}
+
+    outcome = live.run(blocked_call)
+    bound = 1 + DRAIN_STOP_S + 2 * FLUSH_TIMEOUT_S  # drain_grace_s = 1 in this cluster
+    assert outcome["took"] < bound, outcome
+    assert outcome["out"]["error"]["code"] == "outcome_unknown", outcome
+    assert "in a thread" in outcome["out"]["error"]["message"]
+    assert "still running in a thread" in worker.log()
+    assert running_rows(live.home) == []
+    with contextlib.closing(sqlite3.connect(live.home / "state.db")) as db:
+        row = db.execute("SELECT state FROM calls WHERE correlation_id = 'blocked-1'")
+        assert row.fetchone() != ("RUNNING",)
+    live.start_worker()  # recovery finds nothing to report, and runs nothing again
+    args = '{"blocking_ms": 120000, "mark": "blocked"}'
+    again = live.call("workerDiag.probe", args, correlation_id="blocked-1")
+    assert again["error"]["code"] == "outcome_unknown"
+    assert (live.home / "diag" / "blocked.marks").read_bytes() == b"."
+
+
 def last_logged(log: str, text: str) -> datetime:
     """When the last line of `log` holding `text` was written."""
     line = [line for line in log.splitlines() if text in line][-1]

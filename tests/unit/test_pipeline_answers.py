@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
 from worker.core.pipeline import MAX_ID_CHARS, Dispatcher, Outgoing
+from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import MAX_TIMEOUT_MS
 
@@ -171,6 +173,51 @@ def test_drain_returns_within_its_bound_when_a_handler_ignores_cancellation(
     assert took < 1.5
     assert answers.codes() == {"stubborn": "outcome_unknown", "polite": "cancelled"}
     assert len(answers.results) == 2
+
+
+class GateArgs(Args):
+    pass
+
+
+def test_a_call_stopped_while_its_work_runs_in_a_thread_answers_outcome_unknown(
+    tmp_path: Path,
+) -> None:
+    """A thread cannot be interrupted: the cancel reaches the task, the work goes on and
+    may yet take effect, so the answer may not say `cancelled`. Work still queued for a
+    thread is cancelled for real (it never runs), and nothing of it is left counted."""
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking(_ctx: Context, _args: GateArgs) -> Outcome[Result]:
+        entered.set()
+        release.wait(60)
+        return Outcome(Result())
+
+    async def gate(ctx: Context, args: GateArgs) -> Outcome[Result]:
+        return await asyncio.to_thread(blocking, ctx, args)
+
+    spec = ActionSpec(surface="workerDiag", name="gate", args=GateArgs, result=Result, handler=gate)
+    with dispatcher_at(tmp_path) as (dispatcher, answers):
+        dispatcher.registry[spec.scope] = spec
+        threads = dispatcher.threads
+
+        async def run() -> None:
+            asyncio.get_running_loop().set_default_executor(threads)
+            request = probe("stuck", "{}")
+            request.action = "gate"
+            dispatcher.submit(request)
+            await asyncio.to_thread(entered.wait, 60)
+            assert threads.unfinished() == {"stuck": 1}
+            dispatcher.cancel("stuck", "changed my mind")
+            await dispatcher.drain(5)
+            assert threads.unfinished() == {"stuck": 1}, "the thread runs on"
+            release.set()
+
+        asyncio.run(run())  # joins the executor: the thread has ended
+    assert threads.unfinished() == {}
+    [result] = answers.results
+    assert result.error.code == "outcome_unknown"
+    assert "changed my mind" in result.error.message
+    assert "in a thread" in result.error.message
 
 
 def test_deadlines_past_the_ceiling_are_cut_to_it(tmp_path: Path) -> None:

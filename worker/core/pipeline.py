@@ -49,6 +49,7 @@ from worker.core.registry import ActionSpec, Context, Outcome, Registry
 from worker.core.results import Outbox, Outgoing, Results
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
+from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import MAX_TIMEOUT_MS, call_digest, error_pb
@@ -207,6 +208,9 @@ class Dispatcher:
         self.watcher: CallWatcher | None = None
         self.results = Results(state, telemetry, self.outbox)
         self.results.on_flushed = self._settle
+        # The loop's default executor once the app installs it: knows whose work
+        # still runs in a thread (see worker.core.threads).
+        self.threads = CallThreads()
         # The execution stages, in order (the ledger claim comes before, in `submit`;
         # the answer after, in `_answer`). A gate is one more entry here.
         self.stages: list[tuple[str, Stage]] = [
@@ -622,6 +626,7 @@ class Dispatcher:
         task.add_done_callback(lambda _task: self._answer(call))
 
     async def _rest(self, call: Call, later: Later, stage: int) -> None:
+        CURRENT_CALL.set(call.cid)  # the task's own context: its thread jobs are counted
         deadline = asyncio.timeout_at(call.deadline)
         try:
             async with deadline:
@@ -632,20 +637,36 @@ class Dispatcher:
                     if rest is not None:
                         await rest()
         except asyncio.CancelledError:
-            pass  # answered below with its stop reason; the task ends here
+            # Answered below with its stop reason; the task ends here.
+            call.error = self._left_running(call, call.stop)
         except TimeoutError as exc:
+            timeout = WorkerError(
+                "timeout",
+                f"the call did not finish within its {call.timeout_s:g} s deadline and was stopped",
+            )
             call.error = (
-                WorkerError(
-                    "timeout",
-                    f"the call did not finish within its {call.timeout_s:g} s deadline "
-                    "and was stopped",
-                )
+                self._left_running(call, timeout) or timeout
                 if deadline.expired()
                 else self._error_of(exc, call)
             )
         except Exception as exc:  # noqa: BLE001 - every failure becomes the call's answer
             call.error = self._error_of(exc, call)
         self._answer(call)
+
+    def _left_running(self, call: Call, stop: WorkerError | None) -> WorkerError | None:
+        """A call stopped while its work runs in a thread: a thread cannot be stopped,
+        so the work may yet take effect, and the answer says so (`outcome_unknown`)
+        instead of claiming it was stopped. None if nothing of it runs."""
+        if not self.threads.running(call.cid):
+            return None
+        why = stop.message if stop is not None else "cancelled"
+        log.warning("call %s was stopped (%s) while its work ran in a thread", call.cid, why)
+        return WorkerError(
+            "outcome_unknown",
+            f"{why}; but its work was still running in a thread, which cannot be "
+            "interrupted, so it may or may not take effect. Check its effect before retrying.",
+            {"stopped": stop.code if stop is not None else "cancelled"},
+        )
 
     def _error_of(self, exc: Exception, call: Call) -> WorkerError:
         """What a failure answers (see worker.errors.as_worker_error)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from typing import Annotated, Final
 
 from pydantic import Field, StringConstraints
@@ -27,6 +28,9 @@ class ProbeArgs(Args):
     # Sleep this long ignoring cancellation, as a misbehaving handler would (tests
     # that a drain still ends within its bound).
     stubborn_ms: int = Field(default=0, ge=0, le=600_000)
+    # Block a worker thread this long, as a blocking library call would: a cancel
+    # reaches the task, never the thread (tests that a drain ends all the same).
+    blocking_ms: int = Field(default=0, ge=0, le=600_000)
 
 
 class ProbeResult(Result):
@@ -43,6 +47,8 @@ async def probe(ctx: Context, args: ProbeArgs) -> Outcome[ProbeResult]:
         await asyncio.sleep(args.sleep_ms / 1000)
     if args.stubborn_ms:
         await _sleep_through_cancels(args.stubborn_ms / 1000)
+    if args.blocking_ms:
+        await asyncio.to_thread(time.sleep, args.blocking_ms / 1000)
     return Outcome(ProbeResult(marks=marks, in_flight=in_flight), blob=ctx.blob * args.blob_repeat)
 
 

@@ -1,0 +1,69 @@
+"""The worker's thread pool: the event loop's default executor, knowing which call
+each job belongs to (docs/architecture.md, "The life of one call").
+
+Handlers move blocking work off the loop with `asyncio.to_thread`. A thread cannot
+be interrupted: cancelling the task that awaits it (a cancel, a kill, a deadline, a
+drain) leaves the job running, and the interpreter joins the pool's threads at exit.
+So the pool counts the jobs of each call (the pipeline names the call in
+`CURRENT_CALL` for its task; `to_thread` and `run_in_executor` submit from that
+task), and it can say two things:
+
+- whether a stopped call's work is still running in a thread, so its answer says
+  the effect is unknown instead of claiming it was stopped;
+- whether anything at all still runs in a thread when the worker is leaving, so it
+  leaves without joining it (see worker.app), instead of hanging past its drain.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+# The correlation id of the call whose task is running; "" outside any call.
+CURRENT_CALL: contextvars.ContextVar[str] = contextvars.ContextVar("current_call", default="")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class CallThreads(ThreadPoolExecutor):
+    """A ThreadPoolExecutor that counts its unfinished jobs, per call."""
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix="agentworker")
+        self._lock = threading.Lock()
+        self._jobs: Counter[str] = Counter()  # call id ("" for none) -> jobs not finished
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        cid = CURRENT_CALL.get()
+        with self._lock:
+            self._jobs[cid] += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._finished(cid)
+            raise
+        # Done when it returns, raises, or is cancelled before it started (then it
+        # never runs): in each case it holds no thread any more.
+        future.add_done_callback(lambda _f: self._finished(cid))
+        return future
+
+    def _finished(self, cid: str) -> None:
+        with self._lock:
+            self._jobs[cid] -= 1
+            if self._jobs[cid] <= 0:
+                del self._jobs[cid]
+
+    def running(self, cid: str) -> int:
+        """Jobs of call `cid` not finished (queued or in a thread)."""
+        with self._lock:
+            return self._jobs.get(cid, 0)
+
+    def unfinished(self) -> dict[str, int]:
+        """Every unfinished job, by call id ("" for jobs of no call)."""
+        with self._lock:
+            return dict(self._jobs)
