@@ -46,6 +46,7 @@ bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_sandbox.py
 	$(BIN)/python benchmarks/bench_replay.py
 	$(BIN)/python benchmarks/bench_tui.py
+	$(BIN)/python benchmarks/bench_cli.py
 
 onefile: $(STAMP)  ## dist/agentworker: the one-file build, smoke-tested
 	packaging/onefile/build.sh $(BIN)/python

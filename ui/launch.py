@@ -9,11 +9,11 @@ a headless worker, never load it.
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `agentworker --help` imports this module: keep it light
+    import asyncio
+
     from worker.core.console import Link
 
 
@@ -21,6 +21,8 @@ class Tui:
     """worker.app.Frontend: the Textual app on the worker's own event loop."""
 
     async def serve(self, link: Link, stop: asyncio.Event | None = None) -> None:
+        import asyncio
+
         from ui.app import WorkerApp
 
         app = WorkerApp(link, quit_stops_worker=stop is not None)
@@ -42,11 +44,8 @@ class Tui:
 
 
 def main() -> int:
+    # cli_main reports StartupErrors itself, and imports worker.errors (which loads
+    # the sandbox package) only once a verb runs: `--help` never needs it.
     from worker.cli.main import main as cli_main
-    from worker.errors import StartupError
 
-    try:
-        return cli_main(frontend=Tui())
-    except StartupError as exc:  # pragma: no cover - cli_main reports its own
-        print(f"agentworker: {exc.message}", file=sys.stderr)
-        return exc.exit_code
+    return cli_main(frontend=Tui())

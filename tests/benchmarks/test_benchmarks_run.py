@@ -119,3 +119,16 @@ def test_tui_benchmark_prints_memory_and_prompt_latency_beside_baselines() -> No
         "call dispatched → prompt on screen",
     ):
         assert row in out, f"{row!r} missing:\n{out}"
+
+
+@pytest.mark.timeout(300)
+def test_cli_benchmark_prints_each_start_beside_python_itself() -> None:
+    out = _run("bench_cli.py", "--runs", "1")
+    for row in (
+        "python -c pass",
+        "--help",
+        "call workerHost.fs_stat",
+        "call fs_stat",
+        "up → ready",
+    ):
+        assert row in out, out

@@ -15,6 +15,10 @@ from worker.cli.main import parser
 
 HEAVY = ("grpc", "httpx", "pydantic", "google.protobuf", "textual")
 
+# Standard modules and parts of the worker `--help` has no use for, each costing
+# milliseconds at every start (issue 12: `--help` at once).
+SLOW_FOR_HELP = ("asyncio", "ssl", "ctypes", "subprocess", "sandbox", "worker.errors")
+
 _PROBE = """
 import contextlib, io, json, sys
 from ui.launch import main
@@ -24,17 +28,21 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {heavy})))
 """
 
 
-def _loaded_by(*argv: str) -> list[str]:
-    probe = _PROBE.format(heavy={name.split(".")[0] for name in HEAVY})
+def _loaded_by(*argv: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    probe = _PROBE.format(heavy={name.split(".")[0] for name in heavy})
     done = subprocess.run(
         [sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True
     )
     loaded: list[str] = json.loads(done.stdout.splitlines()[-1])
-    return [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+    return [m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy)]
 
 
 def test_help_imports_neither_grpc_nor_httpx() -> None:
     assert _loaded_by("--help") == []
+
+
+def test_help_imports_no_event_loop_tls_or_sandbox() -> None:
+    assert _loaded_by("--help", heavy=SLOW_FOR_HELP) == []
 
 
 VERBS = sorted(parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]

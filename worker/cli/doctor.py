@@ -13,22 +13,19 @@ is changed, created or started.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import ctypes
 import json
 import os
-import platform
-import shutil
-import ssl
 import stat
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import worker
+
+# asyncio, ssl, ctypes, platform, shutil and importlib.metadata are imported inside the
+# checks that use them: `agentworker --help` imports this module (worker.cli.main).
 
 if TYPE_CHECKING:
     from worker.config import Config, Paths
@@ -50,19 +47,6 @@ PART_LIBRARIES = {
     INPUT_LIBRARY: "mouse and keyboard actions",
     "psutil": "process accounting",
 }
-COMPUTER_ACTIONS = (
-    "screenshot",
-    "cursor_position",
-    "display_info",
-    "window_list",
-    "mouse_move",
-    "mouse_click",
-    "mouse_drag",
-    "mouse_scroll",
-    "key_type",
-    "key_combo",
-    "window_focus",
-)
 
 
 @dataclass(frozen=True)
@@ -145,6 +129,8 @@ def _guard(check: str, probe: Callable[[], Finding]) -> Finding:
 
 
 def _python() -> Finding:
+    import platform
+
     version = platform.python_version()
     details = {
         "version": version,
@@ -156,6 +142,8 @@ def _python() -> Finding:
 
 
 def _library_version(name: str) -> str | None:
+    from importlib import metadata
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -321,6 +309,8 @@ def _token(paths: Paths) -> Finding:
 
 
 def _tls(config: Config) -> list[Finding]:
+    import ssl
+
     from worker.wire.transport import is_loopback
 
     hub = config.hub
@@ -376,6 +366,8 @@ def _tls(config: Config) -> list[Finding]:
 
 
 def _hub(paths: Paths, config: Config) -> Finding:
+    import asyncio
+
     return _guard("hub", lambda: asyncio.run(_ask_hub(paths, config)))
 
 
@@ -441,6 +433,9 @@ BWRAP_INSTALL = (
 
 
 def _bubblewrap(config: Config) -> Finding:
+    import asyncio
+    import shutil
+
     if not sys.platform.startswith("linux"):
         return Finding(
             "bubblewrap",
@@ -535,6 +530,8 @@ def _seccomp() -> Finding:
 
 
 def _display() -> list[Finding]:
+    from worker.actions.computer import ACTIONS  # the surface's own list of its actions
+
     env = os.environ
     details: dict[str, Any] = {
         k: env.get(k, "") for k in ("DISPLAY", "WAYLAND_DISPLAY", "XDG_SESSION_TYPE")
@@ -567,11 +564,11 @@ def _display() -> list[Finding]:
             (f"no desktop backend for {sys.platform}", "use Linux, macOS or Windows"),
         )
     details["server"] = server
-    actions = {a: problem is None for a in COMPUTER_ACTIONS}
+    actions = {a: problem is None for a in sorted(ACTIONS)}
     if server == "quartz" and problem is not None:
         # Each permission gates its own actions: screenshots, or input and windows.
         missing = problem[0]
-        for action in COMPUTER_ACTIONS:
+        for action in sorted(ACTIONS):
             if action in ("display_info", "cursor_position"):
                 actions[action] = True  # no permission asked
                 continue
@@ -595,6 +592,8 @@ def _display() -> list[Finding]:
 
 
 def _x11_opens(display: str) -> tuple[str, str] | None:
+    import ctypes
+
     try:
         libx11 = ctypes.CDLL("libX11.so.6")
     except OSError:
@@ -614,6 +613,8 @@ def _x11_opens(display: str) -> tuple[str, str] | None:
 
 def _macos_permissions() -> tuple[str, str] | None:
     """Accessibility (input) and Screen Recording (screenshots), as macOS grants them."""
+    import ctypes
+
     app_services = ctypes.CDLL(
         "/System/Library/Frameworks/ApplicationServices.framework/ApplicationServices"
     )

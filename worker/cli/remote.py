@@ -57,14 +57,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _call(paths: Paths, args: argparse.Namespace) -> int:
-    from worker.actions.computer import ACTIONS as COMPUTER_ACTIONS
-    from worker.actions.computer import SURFACE as COMPUTER
     from worker.cli import _blobs
     from worker.hub.client import result_to_dict
     from worker.wire.proto import agentworker_pb2 as pb
 
     surface, _, action = args.action.rpartition(".")
-    surface = surface or (COMPUTER if action in COMPUTER_ACTIONS else "workerHost")
+    if not surface:  # a bare name: the computer surface's list says whose it is
+        from worker.actions.computer import ACTIONS as COMPUTER_ACTIONS
+        from worker.actions.computer import SURFACE as COMPUTER
+
+        surface = COMPUTER if action in COMPUTER_ACTIONS else "workerHost"
     # Checked before anything is sent: a missing file must not cost an action's run.
     blob = _blobs.read_blob_in(args.action, args.blob_in)
     _blobs.check_blob_out(args.blob_out)

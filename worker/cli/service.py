@@ -14,19 +14,16 @@ A worker running as a service has no terminal: approvals wait for `agentworker u
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
-import plistlib
 import re
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
-from xml.sax.saxutils import escape
+
+# subprocess, shutil, plistlib, xml, getpass and importlib.resources are imported
+# where they are used: `agentworker --help` imports this module (worker.cli.main).
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -126,6 +123,8 @@ class Unit:
 
 
 def _template(kind: Kind) -> str:
+    from importlib import resources
+
     name = {
         "systemd": "systemd/agentworker.service",
         "launchd": f"launchd/{LAUNCHD_LABEL}.plist",
@@ -168,6 +167,9 @@ def _launchd_log() -> Path:
 def build_unit(
     paths: Paths, kind: Kind, *, worker_only: bool = False, sandbox: bool = False
 ) -> Unit:
+    import subprocess
+    from xml.sax.saxutils import escape
+
     if kind == "systemd":
         argv = service_argv(paths, worker_only=worker_only, sandbox=sandbox, log_file=None)
         text = _fill(_template(kind), {"exec_start": " ".join(systemd_quote(a) for a in argv)})
@@ -200,6 +202,8 @@ def build_unit(
 
 
 def _windows_user() -> str:
+    import getpass
+
     domain = os.environ.get("USERDOMAIN")
     user = getpass.getuser()
     return f"{domain}\\{user}" if domain else user
@@ -207,6 +211,8 @@ def _windows_user() -> str:
 
 def check_unit(unit: Unit) -> None:
     """The rendered text parses as its kind's format (plist, XML); ValueError if not."""
+    import plistlib
+
     if unit.kind == "launchd":
         plistlib.loads(unit.encoded())
     elif unit.kind == "windows":
@@ -226,6 +232,9 @@ class Step:
 
 
 def _manager(argv: list[str]) -> Step:
+    import shutil
+    import subprocess
+
     if shutil.which(argv[0]) is None:
         return Step(argv, False, f"{argv[0]} is not on this machine's PATH")
     try:

@@ -1,0 +1,148 @@
+"""How soon the command answers: `agentworker --help` and `agentworker call` to their
+first output, and the worker's start to READY, beside `python -c pass`, same run.
+
+Rows, each a fresh process, run in turns (one of each, then again) so all see the
+same load:
+
+  python -c pass       the raw baseline: the interpreter starting and leaving
+  --help               `agentworker --help` (the installed entry point), to its first byte
+  call workerHost...   `agentworker call workerHost.fs_stat` through a running `up`
+  call fs_stat         the same with a bare name (the computer surface's list is read)
+  up → ready           `agentworker up --headless` in a fresh home (so its first start,
+                       writing config and token), to its `ready:` line: the hub and the
+                       worker both started, the worker dialled in and said Hello
+
+Printed: the median wall time to first output, its ratio to the baseline, and the
+median CPU time (user + system) of the process, which load on a shared machine
+does not inflate; the goals (issue 12: 150 ms, and 0.5 s to READY) beside them.
+
+    python benchmarks/bench_cli.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import Home, agentworker, connected, make_home
+
+# The installed command, as a person types it; `python -m worker` where there is none.
+COMMAND = [shutil.which("agentworker") or str(Path(sys.executable).parent / "agentworker")]
+if not Path(COMMAND[0]).exists():
+    COMMAND = [sys.executable, "-m", "worker"]
+
+Sample = tuple[float, float]  # wall ms to first output, CPU ms of the whole process
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def first_output(argv: list[str], env: dict[str, str], ready: bytes | None = None) -> Sample:
+    """Start `argv`; the time to its first byte on stdout (or, with `ready`, to the
+    first stderr line holding it), and the CPU time it used once it has ended."""
+    cpu = _children_cpu()
+    begun = time.perf_counter()
+    if ready is None:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        proc.stdout.read(1)
+        took = time.perf_counter() - begun
+        proc.stdout.read()
+        if proc.wait() not in (0,):
+            raise RuntimeError(f"{argv} failed ({proc.returncode})")
+    else:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        for line in proc.stderr:  # reading is waiting: each line arrives when written
+            if ready in line:
+                break
+        else:
+            raise RuntimeError(f"{argv} exited ({proc.wait()}) before it was ready")
+        took = time.perf_counter() - begun
+        proc.terminate()
+        proc.stderr.read()
+        proc.wait(30)
+    return took * 1000, (_children_cpu() - cpu) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="aw-bench-cli-") as tmp:
+        home = make_home(Path(tmp) / "home", mode="ro", scopes=["workerHost.fs_stat"])
+        env = home.env
+        stat = '{"path": "."}'
+        rows: dict[str, Callable[[], Sample]] = {
+            "python -c pass": lambda: first_output([sys.executable, "-c", "print(end='.')"], env),
+            "--help": lambda: first_output([*COMMAND, "--help"], env),
+            "call workerHost.fs_stat": lambda: first_output(
+                [*COMMAND, "call", "workerHost.fs_stat", stat, "--agent", "bench"], env
+            ),
+            "call fs_stat": lambda: first_output(
+                [*COMMAND, "call", "fs_stat", stat, "--agent", "bench"], env
+            ),
+            "up → ready": lambda: _up_ready(Path(tmp)),
+        }
+        samples: dict[str, list[Sample]] = {name: [] for name in rows}
+        with agentworker(["up", "--headless"], home):
+            asyncio.run(_until_connected(home))
+            for name in rows:  # warm the file cache and the .pyc files
+                rows[name]()
+            for _ in range(opts.runs):
+                for name, one in rows.items():
+                    samples[name].append(one())
+    _print(samples)
+
+
+_up_homes = 0
+
+
+def _up_ready(tmp: Path) -> Sample:
+    """`up` in a fresh home each time (on a free port): its first start, too."""
+    global _up_homes
+    _up_homes += 1
+    fresh = make_home(tmp / f"up-{_up_homes}", mode="ro", scopes=[])
+    return first_output([*COMMAND, "up", "--headless"], fresh.env, ready=b"ready:")
+
+
+async def _until_connected(home: Home) -> None:
+    async with connected(home):
+        pass
+
+
+GOALS = {"--help": 150.0, "call workerHost.fs_stat": 150.0, "call fs_stat": 150.0}
+READY_GOAL_MS = 500.0
+
+
+def _print(samples: dict[str, list[Sample]]) -> None:
+    base_wall = statistics.median(s[0] for s in samples["python -c pass"])
+    base_cpu = statistics.median(s[1] for s in samples["python -c pass"])
+    print("\nstart to first output (median of each row; CPU = user + system of the process)")
+    print(f"  {'':24}{'wall ms':>9}{'/raw':>7}{'CPU ms':>9}{'/raw':>7}{'goal ms':>9}")
+    for name, rows in samples.items():
+        wall = statistics.median(s[0] for s in rows)
+        cpu = statistics.median(s[1] for s in rows)
+        goal = GOALS.get(name, READY_GOAL_MS if "ready" in name else None)
+        goal_text = f"{goal:9.0f}" if goal else f"{'':9}"
+        print(
+            f"  {name:24}{wall:9.1f}{wall / base_wall:7.1f}{cpu:9.1f}{cpu / base_cpu:7.1f}"
+            f"{goal_text}"
+        )
+
+
+if __name__ == "__main__":
+    main()
