@@ -40,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -54,13 +55,26 @@ MAX_PLAN_ID_BYTES: Final = 1024
 MOUNT_POINT: Final = "/workspace"
 
 
-class WorkspaceError(Exception):
-    """A workspace could not be made or used. `code` is a wire error code
-    (validation_error, permission_denied, too_large, internal_error)."""
+class WorkspaceProblem(StrEnum):
+    """What went wrong with a workspace, in the sandbox's own words: it does not speak
+    the worker's error codes, and the worker maps each problem to one at its boundary
+    (worker.errors.WORKSPACE_CODES)."""
 
-    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+    BAD_PLAN_ID = "bad_plan_id"  # missing, too long, or with a NUL byte
+    NOT_PRIVATE = "not_private"  # a folder that is not ours alone (a link, a stranger's, 0755)
+    NO_ROOM = "no_room"  # the plan's quota, or the disk, is full
+    FAILED = "failed"  # the operating system refused for another reason
+
+
+class WorkspaceError(Exception):
+    """A workspace could not be made or used: `problem` says which way, `message` what
+    happened and what to do, `details` the figures (quota, bytes) for a program."""
+
+    def __init__(
+        self, problem: WorkspaceProblem, message: str, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
-        self.code = code
+        self.problem = WorkspaceProblem(problem)
         self.message = message
         self.details = details or {}
 
@@ -95,13 +109,13 @@ def plan_key(plan_id: str) -> str:
 def check_plan_id(plan_id: str) -> None:
     if not plan_id:
         raise WorkspaceError(
-            "validation_error",
+            WorkspaceProblem.BAD_PLAN_ID,
             "sandbox mode keeps a workspace per plan, so every call needs a plan_id; "
             "send the plan's id with the call",
         )
     if len(plan_id.encode("utf-8", "surrogatepass")) > MAX_PLAN_ID_BYTES or "\0" in plan_id:
         raise WorkspaceError(
-            "validation_error",
+            WorkspaceProblem.BAD_PLAN_ID,
             f"a plan_id may have at most {MAX_PLAN_ID_BYTES} bytes and no NUL byte",
         )
 
@@ -118,7 +132,7 @@ def _owner_only(path: Path) -> None:
         problem = f"has mode {stat.S_IMODE(st.st_mode):o}; it must be 700 (owner only)"
     if problem is not None:
         raise WorkspaceError(
-            "permission_denied",
+            WorkspaceProblem.NOT_PRIVATE,
             f"the workspace folder {path} {problem}. Remove it, or fix it with "
             f"`chmod 700 {path}`, and try again.",
         )
@@ -222,7 +236,11 @@ class Workspaces:
             raise
         except OSError as exc:
             raise WorkspaceError(
-                "too_large" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "internal_error",
+                (
+                    WorkspaceProblem.NO_ROOM
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                    else WorkspaceProblem.FAILED
+                ),
                 f"could not make the workspace of plan {plan_id!r}: {exc.strerror}",
             ) from exc
         workspace = Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
@@ -253,7 +271,7 @@ class Workspaces:
         used = self.use(workspace)
         if used + incoming > self.quota_bytes:
             raise WorkspaceError(
-                "too_large",
+                WorkspaceProblem.NO_ROOM,
                 f"plan {workspace.plan_id!r} has used {used:,} of its {self.quota_bytes:,}-byte "
                 f"workspace quota; {incoming:,} more bytes would not fit. Write less, or tear "
                 "the plan down to start over.",

@@ -39,7 +39,14 @@ from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry
-from worker.errors import ConfigError, InsecureError, InUseError, StartupError
+from worker.errors import (
+    ConfigError,
+    InsecureError,
+    InUseError,
+    NoSandboxError,
+    StartupError,
+    WorkerError,
+)
 from worker.hub.server import Hub, add_control_service, add_worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
@@ -433,8 +440,12 @@ async def run_hub(paths: Paths, config: Config, listen: str | None = None) -> No
 
 
 async def start_workbench(paths: Paths, config: Config) -> workbench.Workbench:
-    """Sandbox mode's workspaces, once the sandbox is known to work here (else refuse)."""
-    await workbench.probe(config)
+    """Sandbox mode's workspaces, once the sandbox is known to work here (else refuse to
+    start: NoSandboxError, a problem of this machine, not an answer to a call)."""
+    try:
+        await workbench.probe(config)
+    except WorkerError as exc:
+        raise NoSandboxError(exc.message) from None
     bench = workbench.Workbench.at(paths.workbench, config.sandbox)
     log.info(
         "sandbox mode: a workspace per plan under %s (quota %d MiB, swept after %g h idle); %s",

@@ -26,9 +26,30 @@ DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one databas
 
 class Database(sqlite3.Connection):
     """A connection opened the project's way (see `connect`); it owns the thread that
-    checkpoints its log, which stops when it closes."""
+    checkpoints its log, which stops when it closes, and wakes it after each commit
+    that changed rows (its statements are the only writes to its log)."""
 
     checkpointer: Checkpointer | None = None
+    _changes = 0  # total_changes when the checkpointer was last woken
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        cursor = super().execute(sql, parameters)
+        self._committed()
+        return cursor
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        cursor = super().executemany(sql, parameters)
+        self._committed()
+        return cursor
+
+    def _committed(self) -> None:
+        """After a statement: rows changed and no transaction left open means a commit
+        reached the log, so the checkpointer has work (a read costs one comparison)."""
+        changes = self.total_changes
+        if changes != self._changes and not self.in_transaction:
+            self._changes = changes
+            if self.checkpointer is not None:
+                self.checkpointer.wake()
 
     def close(self) -> None:
         if self.checkpointer is not None:
@@ -101,17 +122,19 @@ def close(conn: sqlite3.Connection) -> None:
 class Checkpointer:
     """Copies one database's log into the database file, off the writers' path.
 
-    Every `gap_s` it looks at the log and checkpoints when it was written since the
-    last look (a stat and no database work while the database is idle). A wake-up on
-    each write (inotify) was tried: under a write-heavy load it cost more CPU than the
-    idle wake-ups it saved. Its own connection is opened read-write only (a removed
-    file is never re-created).
+    It sleeps until its database wakes it after a commit (`wake`), then checkpoints
+    if the log was written since its last round: no timer, so an idle database costs
+    no wake-ups at all. Under a stream of commits it runs at most one round per
+    `gap_s` (the commits meanwhile are folded into the next round), which bounds its
+    CPU where a wake-up per write (inotify, tried) cost more than it saved. Its own
+    connection is opened read-write only (a removed file is never re-created).
     """
 
     def __init__(self, path: Path, gap_s: float = 0.1) -> None:
         self._path = path.resolve()
         self._gap_s = gap_s
         self._stopping = threading.Event()
+        self._written = threading.Event()
         self._log = self._path.with_name(self._path.name + "-wal")
         self._rounds = 0
         self._changed = threading.Condition()
@@ -125,6 +148,10 @@ class Checkpointer:
         """Checkpoints run so far."""
         return self._rounds
 
+    def wake(self) -> None:
+        """A commit reached the log (any thread; cheap when it is already awake)."""
+        self._written.set()
+
     def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
         """Block until `ready()` holds after a checkpoint (or already does); for tests."""
         with self._changed:
@@ -133,6 +160,7 @@ class Checkpointer:
     def stop(self, *, wait: bool = True) -> None:
         """Stop the thread (it closes what it holds); with `wait`, once it has."""
         self._stopping.set()
+        self._written.set()
         if wait and threading.current_thread() is not self._thread:
             self._thread.join()
 
@@ -140,26 +168,32 @@ class Checkpointer:
         own: sqlite3.Connection | None = None
         seen: tuple[int, int] = (-1, -1)
         try:
-            while not self._stopping.wait(self._gap_s):
+            while True:
+                self._written.wait()
+                if self._stopping.is_set():
+                    return
+                self._written.clear()
                 try:
                     st = self._log.stat()
                 except FileNotFoundError:
                     continue
-                if (st.st_mtime_ns, st.st_size) == seen:
-                    continue  # nothing written since the last round
-                try:
-                    if own is None:
-                        own = sqlite3.connect(f"{self._path.as_uri()}?mode=rw", uri=True)
-                    own.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                    seen = (st.st_mtime_ns, st.st_size)
-                except (sqlite3.Error, OSError) as exc:  # busy or gone: next round
-                    log.debug("checkpoint of %s skipped: %s", self._path, exc)
-                    if own is not None:
-                        own.close()
-                        own = None
+                if (st.st_mtime_ns, st.st_size) != seen:
+                    try:
+                        if own is None:
+                            own = sqlite3.connect(f"{self._path.as_uri()}?mode=rw", uri=True)
+                        own.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                        seen = (st.st_mtime_ns, st.st_size)
+                    except (sqlite3.Error, OSError) as exc:  # busy or gone: next commit
+                        log.debug("checkpoint of %s skipped: %s", self._path, exc)
+                        if own is not None:
+                            own.close()
+                            own = None
                 with self._changed:
                     self._rounds += 1
                     self._changed.notify_all()
+                # A rate, not a poll: commits meanwhile set `_written` for the next round.
+                if self._stopping.wait(self._gap_s):
+                    return
         finally:
             if own is not None:
                 own.close()

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Final
 
 from sandbox import ConfinementError, Problem
 from sandbox.paths import ERRNO_PROBLEMS
+from sandbox.workspaces import WorkspaceError, WorkspaceProblem
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,20 @@ CONFINEMENT_CODES: Final[dict[Problem, ErrorCode]] = {
 }
 
 
+# ... and the map of its workspaces' problems (sandbox mode).
+WORKSPACE_CODES: Final[dict[WorkspaceProblem, ErrorCode]] = {
+    WorkspaceProblem.BAD_PLAN_ID: ErrorCode.VALIDATION_ERROR,
+    WorkspaceProblem.NOT_PRIVATE: ErrorCode.PERMISSION_DENIED,
+    WorkspaceProblem.NO_ROOM: ErrorCode.TOO_LARGE,
+    WorkspaceProblem.FAILED: ErrorCode.INTERNAL_ERROR,
+}
+
+
+def from_workspace(exc: WorkspaceError) -> WorkerError:
+    """A workspace's refusal as a wire error, its message and figures kept."""
+    return WorkerError(WORKSPACE_CODES[exc.problem], exc.message, exc.details)
+
+
 def from_confinement(exc: ConfinementError, details: dict[str, Any] | None = None) -> WorkerError:
     """The sandbox's refusal as a wire error, its message kept."""
     return WorkerError(CONFINEMENT_CODES[exc.problem], exc.message, details)
@@ -306,6 +321,8 @@ def as_worker_error(exc: BaseException, *, doing: str, call: str = "") -> Worker
         return exc
     if isinstance(exc, ConfinementError):
         return from_confinement(exc)
+    if isinstance(exc, WorkspaceError):
+        return from_workspace(exc)
     if isinstance(exc, OSError):
         return from_os_error(exc)  # no path known here
     where = f" (call {call})" if call else ""
@@ -366,3 +383,9 @@ class InsecureError(StartupError):
     """The command would send or serve a token in plaintext off this machine."""
 
     exit_code = 7
+
+
+class NoSandboxError(StartupError):
+    """Sandbox mode was asked for, and this machine cannot build the sandbox."""
+
+    exit_code = 8

@@ -34,6 +34,7 @@ from tests.support.workbench import (
     start_sandbox_worker,
     teardown,
 )
+from worker.errors import NoSandboxError
 from worker.wire.proto import agentworker_pb2 as pb
 
 TEST_POLICY = """
@@ -461,7 +462,7 @@ def test_sandbox_mode_refuses_to_start_when_bubblewrap_cannot_work(
         if verb == "up":
             argv = ["up", "--sandbox", "--listen", f"127.0.0.1:{free_port()}"]
         proc = live.spawn("refused", *argv, env={"AGENTWORKER_HOME": str(home)})
-        assert proc.wait(60) != 0
+        assert proc.wait(60) == NoSandboxError.exit_code
         said = proc.log()
     assert "sandbox mode cannot start" in said, said
     assert "No permissions to creating new namespace" in said

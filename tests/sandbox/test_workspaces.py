@@ -14,6 +14,7 @@ from sandbox.workspaces import (
     META,
     TRASH_PREFIX,
     WorkspaceError,
+    WorkspaceProblem,
     Workspaces,
     disk_use,
     plan_key,
@@ -58,7 +59,7 @@ def test_any_plan_id_makes_a_safe_folder_name(spaces: Workspaces) -> None:
 def test_an_empty_or_unusable_plan_id_is_refused(spaces: Workspaces, plan: str) -> None:
     with pytest.raises(WorkspaceError) as caught:
         spaces.open(plan)
-    assert caught.value.code == "validation_error"
+    assert caught.value.problem is WorkspaceProblem.BAD_PLAN_ID
 
 
 def test_a_folder_opened_up_to_others_is_refused_not_used(spaces: Workspaces) -> None:
@@ -67,7 +68,7 @@ def test_a_folder_opened_up_to_others_is_refused_not_used(spaces: Workspaces) ->
     fresh = Workspaces(spaces.base, quota_bytes=spaces.quota_bytes)
     with pytest.raises(WorkspaceError) as caught:
         fresh.open("plan-a")
-    assert caught.value.code == "permission_denied" and "700" in caught.value.message
+    assert caught.value.problem is WorkspaceProblem.NOT_PRIVATE and "700" in caught.value.message
 
 
 def test_a_link_in_place_of_the_workspace_is_refused(spaces: Workspaces, tmp_path: Path) -> None:
@@ -78,7 +79,8 @@ def test_a_link_in_place_of_the_workspace_is_refused(spaces: Workspaces, tmp_pat
     (folder / FILES).symlink_to(elsewhere)
     with pytest.raises(WorkspaceError) as caught:
         spaces.open("plan-a")
-    assert caught.value.code == "permission_denied" and "not a folder" in caught.value.message
+    assert caught.value.problem is WorkspaceProblem.NOT_PRIVATE
+    assert "not a folder" in caught.value.message
 
 
 def test_the_quota_counts_disk_use_and_says_quota_and_use(spaces: Workspaces) -> None:
@@ -91,7 +93,7 @@ def test_the_quota_counts_disk_use_and_says_quota_and_use(spaces: Workspaces) ->
     with pytest.raises(WorkspaceError) as caught:
         spaces.check_room(workspace, 30 * 1024)
     error = caught.value
-    assert error.code == "too_large"
+    assert error.problem is WorkspaceProblem.NO_ROOM
     assert error.details["quota_bytes"] == 64 * 1024 and error.details["used_bytes"] == used
     assert f"{used:,}" in error.message and f"{64 * 1024:,}" in error.message
     assert spaces.room(workspace) == 64 * 1024 - used

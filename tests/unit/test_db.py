@@ -7,6 +7,8 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
+
 from worker import db
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (v BLOB);"
@@ -39,6 +41,30 @@ def test_the_log_is_copied_in_without_a_commit_paying_for_it(tmp_path: Path) -> 
         assert conn.checkpointer is not None
         copied = conn.checkpointer.wait_for(lambda: _database_pages(path) >= 20, 30)
         assert copied, "the rows never reached the database file"
+    finally:
+        db.close(conn)
+
+
+def test_commits_wake_the_checkpointer_and_reads_do_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No timer: the thread sleeps until a commit reaches the log."""
+    conn = db.connect(tmp_path / "w.db", SCHEMA)
+    try:
+        assert conn.checkpointer is not None
+        wakes: list[str] = []
+        monkeypatch.setattr(conn.checkpointer, "wake", lambda: wakes.append("woken"))
+        conn.execute("SELECT count(*) FROM t").fetchone()
+        assert wakes == [], "a read wrote nothing"
+        conn.execute("INSERT INTO t VALUES (x'01')")
+        assert len(wakes) == 1, "a statement that commits by itself"
+        with db.transaction(conn):
+            conn.execute("INSERT INTO t VALUES (x'02')")
+            conn.executemany("INSERT INTO t VALUES (?)", [(b"3",), (b"4",)])
+            assert len(wakes) == 1, "nothing reaches the log before the commit"
+        assert len(wakes) == 2, "one wake for the whole transaction"
+        db.write_many(conn, "INSERT INTO t VALUES (?)", [(b"5",), (b"6",)])
+        assert len(wakes) == 3
     finally:
         db.close(conn)
 

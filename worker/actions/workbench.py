@@ -47,7 +47,7 @@ from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
-from worker.errors import ErrorCode, WorkerError
+from worker.errors import ErrorCode, WorkerError, from_workspace
 from worker.wire.protocol import WORKBENCH_SURFACE
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ R = TypeVar("R", bound=Result)
 
 
 def _translated(exc: WorkspaceError) -> WorkerError:
-    return WorkerError(exc.code, exc.message, exc.details)
+    return from_workspace(exc)
 
 
 class Workbench:

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1  # a step missed its expectation, or a line is malformed/invalid
-EXIT_USAGE: Final = 2
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
