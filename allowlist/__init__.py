@@ -11,6 +11,7 @@ the policy can be reviewed and tested on its own.
 """
 
 from allowlist._describe import describe, explain, render
+from allowlist._file import PolicyFile
 from allowlist._grammar import Grammar, NoMatchError, PathCheck, PathRefusedError, Slot
 from allowlist._load import PolicyError
 from allowlist._policy import Decision, Deny, Policy, Program, Refusal, Rule
@@ -26,6 +27,7 @@ __all__ = [
     "PathRefusedError",
     "Policy",
     "PolicyError",
+    "PolicyFile",
     "Program",
     "Refusal",
     "Rule",

@@ -1,23 +1,14 @@
-"""Wall-clock time as the databases and the wire carry it: integer Unix milliseconds."""
+"""Wall-clock time as the databases and the wire carry it: integer Unix milliseconds.
+
+Code that prunes by age (telemetry retention, the hub's store) takes the
+time as an argument where a test needs to drive it (`prune(now=...)`); deadlines
+run on the event loop's monotonic clock.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Final
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class Clock:
-    """The time a handler reads: through its Context, so a test can hand in another."""
-
-    def now_ms(self) -> int:
-        return now_ms()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-
-SYSTEM_CLOCK: Final = Clock()

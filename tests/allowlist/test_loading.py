@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from allowlist import PolicyError, Refusal, example_path_check, load_policy, load_text
+from allowlist import (
+    PolicyError,
+    PolicyFile,
+    Refusal,
+    example_path_check,
+    load_policy,
+    load_text,
+)
 
 CAT = """
 [program.cat]
@@ -159,3 +166,26 @@ def test_an_allowed_program_that_is_not_installed_is_not_allowed() -> None:
     decision = policy.decide(["nothere"], example_path_check)
     assert decision.refusal == Refusal.NOT_ALLOWED
     assert "not installed" in decision.reason and "/nonexistent/nothere" in decision.reason
+
+
+def test_a_policy_file_is_loaded_once_per_version_and_an_edit_takes_effect(
+    tmp_path: Path,
+) -> None:
+    """PolicyFile is the cache its owner keeps (the worker holds one): the same object
+    while the file is unchanged, the new rules once it changes, a refusal while it is
+    broken, never the looser default."""
+    mine = tmp_path / "allowlist.toml"
+    mine.write_text(CAT.format(match='["cat -n a"]'))
+    policies = PolicyFile()
+    first = policies.current(mine)
+    assert policies.current(mine) is first, "unchanged: not parsed again"
+    assert first.decide(["cat", "-n", "a"], example_path_check).verdict == "allow"
+    mine.write_text("this is not toml [")
+    with pytest.raises(PolicyError):
+        policies.current(mine)
+    with pytest.raises(PolicyError):
+        policies.current(mine)
+    mine.write_text(CAT.format(match='["cat -n a", "cat -n b"]'))
+    fixed = policies.current(mine)
+    assert fixed is not first
+    assert PolicyFile().current(None).decide(["cat", "-n", "a"], example_path_check)

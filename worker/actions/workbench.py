@@ -232,7 +232,7 @@ async def _run_in_workspace(
     timeout_s = exec_cmd._timeout(args, settings)
     cwd = exec_cmd._working_dir(ctx, None if args.cwd is None else _inside(args.cwd))
     judge = path_check(ctx.roots, cwd)
-    decision = policy_for(ctx.config, ctx.paths).decide(
+    decision = policy_for(ctx.config, ctx.paths, ctx.policies).decide(
         args.argv, lambda path, write: judge(_as_seen_outside(workspace, path), write)
     )
     program = exec_cmd._admitted(decision, ctx.roots)

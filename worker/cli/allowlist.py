@@ -40,7 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
-    from allowlist import describe, explain, render
+    from allowlist import PolicyFile, describe, explain, render
     from worker.actions.host.exec_policy import (
         REFUSAL_CODES,
         path_check,
@@ -52,7 +52,7 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
 
     config = load(paths)
     try:
-        policy = policy_for(config, paths)
+        policy = policy_for(config, paths, PolicyFile())
     except WorkerError as exc:  # the person's allowlist file does not load
         raise ConfigError(exc.message) from exc
     if args.allowlist_command == "show":

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from allowlist import PolicyFile
 from sandbox import Root
 from worker.clock import now_ms
 from worker.config import Config, Paths
@@ -208,6 +209,7 @@ class Dispatcher:
         self.watcher: CallWatcher | None = None
         self.results = Results(state, telemetry, self.outbox)
         self.results.on_flushed = self._settle
+        self.policies = PolicyFile()  # the exec allowlist, for every call's Context
         # The loop's default executor once the app installs it: knows whose work
         # still runs in a thread (see worker.core.threads).
         self.threads = CallThreads()
@@ -808,6 +810,7 @@ class Dispatcher:
             roots=self.roots,
             paths=self.paths,
             config=self.config,
+            policies=self.policies,
             in_flight=self.in_flight,
             approve=lambda what, preview: self._approve(req, what, preview),
         )

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Final, Generic, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
+from allowlist import PolicyFile
 from sandbox import Root
-from worker.clock import SYSTEM_CLOCK, Clock
 from worker.config import Config, Paths
 from worker.errors import ErrorCode, WorkerError
 
@@ -65,7 +65,8 @@ class Context:
     roots: Sequence[Root]
     paths: Paths  # the worker's config and data folders (never read from the environment)
     config: Config = field(default_factory=Config)
-    clock: Clock = SYSTEM_CLOCK
+    # The exec allowlist in force, loaded once per version of its file (the worker's own).
+    policies: PolicyFile = field(default_factory=PolicyFile)
     in_flight: Callable[[], int] = lambda: 0
     # For an action-level "ask" (e.g. an allowlist rule): resolves when the person
     # approves, raises WorkerError otherwise. Headless workers never prompt.

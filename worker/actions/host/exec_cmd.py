@@ -83,7 +83,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     timeout_s = _timeout(args, settings)
     cwd = _working_dir(ctx, args.cwd)
     check = path_check(ctx.roots, cwd, allow_hard_links=ctx.config.fs.allow_hard_links)
-    decision = policy_for(ctx.config, ctx.paths).decide(args.argv, check)
+    decision = policy_for(ctx.config, ctx.paths, ctx.policies).decide(args.argv, check)
     program = _admitted(decision, ctx.roots)
     if decision.verdict == "ask":
         command = shlex.join(args.argv)

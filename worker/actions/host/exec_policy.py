@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from allowlist import PathCheck, Policy, PolicyError, Refusal, load_policy
+from allowlist import PathCheck, Policy, PolicyError, PolicyFile, Refusal
 from sandbox import ConfinementError, HardLinkError, Problem, Root, locate
 from worker.config import USER_POLICY, Config, Paths
 from worker.errors import ErrorCode, WorkerError
@@ -32,8 +32,6 @@ REFUSAL_CODES: Final[dict[Refusal, ErrorCode]] = {
     Refusal.PATH_REFUSED: ErrorCode.PATH_NOT_ALLOWED,
 }
 
-_cache: dict[tuple[str, int, int], Policy | PolicyError] = {}
-
 
 def user_policy_file(config: Config, paths: Paths) -> Path | None:
     """The person's allowlist: [exec] policy, else allowlist.toml beside config.toml."""
@@ -43,27 +41,14 @@ def user_policy_file(config: Config, paths: Paths) -> Path | None:
     return beside if beside.exists() else None
 
 
-def policy_for(config: Config, paths: Paths) -> Policy:
-    """The policy in force (cached per file version); WorkerError if it does not load."""
+def policy_for(config: Config, paths: Paths, policies: PolicyFile) -> Policy:
+    """The policy in force, from `policies` (the worker's, loaded once per version of
+    the file); WorkerError if it does not load."""
     path = user_policy_file(config, paths)
-    key = ("", 0, 0)
-    if path is not None:
-        try:
-            st = path.stat()
-        except OSError as exc:
-            raise _broken(path, PolicyError(f"cannot read {path}: {exc.strerror}")) from None
-        key = (str(path), st.st_mtime_ns, st.st_size)
-    found = _cache.get(key)
-    if found is None:
-        try:
-            found = load_policy(path)
-        except PolicyError as exc:
-            found = exc
-        _cache.clear()  # only the current version is worth keeping
-        _cache[key] = found
-    if isinstance(found, PolicyError):
-        raise _broken(path, found)
-    return found
+    try:
+        return policies.current(path)
+    except PolicyError as exc:
+        raise _broken(path, exc) from None
 
 
 def _broken(path: Path | None, exc: PolicyError) -> WorkerError:
