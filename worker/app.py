@@ -65,8 +65,10 @@ log = logging.getLogger("agentworker")
 PRUNE_EVERY_S = 3600.0
 # Telemetry past retention is pruned on start and then daily.
 TELEMETRY_PRUNE_EVERY_S = 86_400.0
-# How soon a kill recorded by another process (`agentworker kill`) stops running calls.
-KILL_CHECK_S = 0.2
+# A kill or pause recorded by another process (`agentworker kill`, `pause`) stops
+# running calls when that process signals this one (SIGUSR1, see worker.cli.reload);
+# this check catches a writer that could not signal (the ledger is the truth).
+KILL_CHECK_S = 5.0
 
 
 def keepalive_of(config: Config) -> Keepalive:
@@ -272,10 +274,15 @@ def build_connection(
     )
 
 
-async def _enforce_kills(dispatcher: Dispatcher) -> None:
-    """A kill recorded in the ledger by another process reaches running calls too."""
+async def _enforce_kills(dispatcher: Dispatcher, nudged: asyncio.Event) -> None:
+    """A kill recorded in the ledger by another process reaches running calls too: at
+    once when that process nudges this one (`nudged`), else at the next check."""
     while True:
-        await asyncio.sleep(KILL_CHECK_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(nudged.wait(), KILL_CHECK_S)
+        if nudged.is_set():
+            nudged.clear()
+            log.info("told of a kill or pause made on this machine: checking running calls now")
         if dispatcher.enforce_kills():
             log.info("stopped running calls of a plan killed from this machine")
         if dispatcher.enforce_pause():
@@ -305,7 +312,7 @@ async def _housekeeping(dispatcher: Dispatcher) -> None:
             prune_telemetry(dispatcher.telemetry)
             telemetry_due = time.time() + TELEMETRY_PRUNE_EVERY_S
         dispatcher.state.prune()
-        await asyncio.sleep(PRUNE_EVERY_S)
+        await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
 
 
 # ----------------------------------------------------------------- hub
@@ -330,7 +337,7 @@ async def _hub_housekeeping(hub: Hub) -> None:
         pruned = hub.store.prune()
         if pruned:
             log.info("hub: forgot %d calls past their keeping time", pruned)
-        await asyncio.sleep(PRUNE_EVERY_S)
+        await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
 
 
 _ADDRESS_IN_USE = (
@@ -516,7 +523,7 @@ async def _sweep_workspaces(dispatcher: Dispatcher, bench: workbench.Workbench) 
         removed = await bench.sweep(dispatcher.plans_running)
         if removed:
             log.info("swept %d idle plan workspace(s): %s", len(removed), ", ".join(removed))
-        await asyncio.sleep(bench.settings.sweep_every_s)
+        await asyncio.sleep(bench.settings.sweep_every_s)  # a timer: workspaces go by idle age
 
 
 async def _serve_worker(
@@ -571,7 +578,9 @@ async def _serve_worker(
     ui_server = await _serve_console(console, paths)
     stop = _stop_event()
     housekeeping = asyncio.create_task(_housekeeping(dispatcher))
-    kills = asyncio.create_task(_enforce_kills(dispatcher))
+    nudged = asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, nudged.set)  # `agentworker kill` / `pause`
+    kills = asyncio.create_task(_enforce_kills(dispatcher, nudged))
     sweeps = asyncio.create_task(_sweep_workspaces(dispatcher, bench)) if bench else None
     link = asyncio.create_task(connection.run())
     stopper = asyncio.create_task(stop.wait())
@@ -622,6 +631,7 @@ async def _serve_worker(
                 await link
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
+        loop.remove_signal_handler(signal.SIGUSR1)
         ready.cancel()
         housekeeping.cancel()
         kills.cancel()

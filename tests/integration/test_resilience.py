@@ -247,6 +247,8 @@ def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> No
     )
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "the hub was not told" in killed.stdout
+    worker = next(p for p in live.procs if p.name == "worker")
+    wait_for(lambda: "checking running calls now" in worker.log(), 10, worker)  # nudged
     live.start_hub()
     wait_for(lambda: live.status().connected_workers == 1, 15)
     # The caller asks again with the same id: the worker answers from its ledger.

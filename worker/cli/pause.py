@@ -40,7 +40,10 @@ def _pause(paths: Paths, args: argparse.Namespace) -> int:
     from worker.core.pause import PauseSwitch
 
     paths.ensure()
+    from worker.cli.reload import nudge
+
     PauseSwitch.in_dir(paths.data_dir).stop(args.reason, f"cli:{os.getuid()}")
+    nudge(paths)  # the worker here stops its running calls now
     print("paused: every call answers `paused` until `agentworker resume`")
     return EXIT_OK
 

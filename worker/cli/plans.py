@@ -50,6 +50,7 @@ def _kill(paths: Paths, args: argparse.Namespace) -> int:
     moment. Then tell the hub, which passes it to every connected worker."""
     import grpc
 
+    from worker.cli.reload import nudge
     from worker.errors import StartupError
     from worker.wire.proto import agentworker_pb2 as pb
 
@@ -58,6 +59,7 @@ def _kill(paths: Paths, args: argparse.Namespace) -> int:
         state.kill_plan(args.plan, args.reason, "cli")
     finally:
         state.close()
+    nudge(paths)  # the worker here stops the plan's running calls now
     print(f"plan {args.plan} killed at this machine's worker (until `agentworker lift`)")
 
     async def body(client: ControlClient) -> int:

@@ -48,6 +48,20 @@ def running_worker(paths: Paths) -> int | None:
         os.close(fd)
 
 
+def nudge(paths: Paths) -> bool:
+    """Tell this home's running worker (SIGUSR1) to look at its ledger and pause switch
+    now: a kill or a pause just written here stops its running calls at once, instead
+    of at the worker's next safety-net check. False when no worker runs."""
+    pid = running_worker(paths)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError:  # gone meanwhile, or not ours to signal: the safety net still checks
+        return False
+    return True
+
+
 def run(paths: Paths, args: argparse.Namespace) -> int:
     pid = running_worker(paths)
     if pid is None:

@@ -133,6 +133,8 @@ class WorkerConnection:
         # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
         self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
         self._answering: set[asyncio.Task[None]] = set()
+        # Set when the server acks results, or the session ends: what `_flushed` waits on.
+        self._acks_or_offline = asyncio.Event()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -172,7 +174,7 @@ class WorkerConnection:
             delay = self.backoff.delay(now - down_since)
             self.on_state(LinkState("backoff", why, now_ms() + int(delay * 1000)))
             log.info("reconnecting to %s in %.1f s", self.target.address, delay)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # the backoff itself: waiting is the point
 
     async def shutdown(self, grace_s: float) -> None:
         """Drain: take no new work, let running calls finish, flush results, say goodbye."""
@@ -193,10 +195,11 @@ class WorkerConnection:
                 self._session_task.cancel()
 
     async def _flushed(self) -> None:
-        """Wait until the server has acked every result (or we are offline)."""
-        # Acks arrive on the reader; a short poll of the ledger is simpler than a signal.
-        while self._outbox is not None and self.dispatcher.state.unacked_results():  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+        """Wait until the server has acked every result (or we are offline): woken by
+        each ack the reader records, and by the session's end."""
+        while self._outbox is not None and self.dispatcher.state.unacked_results():
+            self._acks_or_offline.clear()
+            await self._acks_or_offline.wait()
 
     # ------------------------------------------------------------- one session
 
@@ -365,6 +368,7 @@ class WorkerConnection:
             self.dispatcher.submit(msg.request)
         elif kind == "ack":
             self.dispatcher.ack(list(msg.ack.correlation_ids))
+            self._acks_or_offline.set()
         elif kind == "cancel":
             self.dispatcher.cancel(msg.cancel.correlation_id, msg.cancel.reason or "by the server")
         elif kind == "kill_plan":
@@ -427,10 +431,12 @@ class WorkerConnection:
 
     def _detach(self) -> None:
         self._outbox = None
+        self._acks_or_offline.set()
         self.dispatcher.outbox.detach()
         self.connected.clear()
 
     async def _heartbeats(self) -> None:
+        # A timer by nature: the protocol's heartbeat says "alive" every heartbeat_s.
         while True:
             self._send_heartbeat()
             await asyncio.sleep(self.heartbeat_s)

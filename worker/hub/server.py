@@ -314,6 +314,7 @@ class Hub:
             self._answer(cid, result)
 
     async def _beat(self, session: Session) -> None:
+        # A timer by nature: the protocol's heartbeat says "alive" every heartbeat_s.
         while not session.closed:
             await asyncio.sleep(self.heartbeat_s)
             session.send(pb.ServerMessage(heartbeat=pb.Heartbeat(unix_ms=now_ms())))

@@ -161,7 +161,7 @@ async def replay(
 
 
 async def _run_step(entry: Entry, target: Target) -> StepReport:
-    if entry.step.wait_ms:
+    if entry.step.wait_ms:  # the script's own pause (`wait_ms`), not a poll
         await asyncio.sleep(entry.step.wait_ms / 1000)
     step = StepReport(entry.line, entry.index, _named(entry), "passed", entry.correlation_id)
     step.note = entry.step.note
