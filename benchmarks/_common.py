@@ -120,6 +120,17 @@ async def connected(home: Home) -> AsyncIterator[ControlClient]:
         await client.close()
 
 
+def machine() -> str:
+    """One line saying where the figures were taken, printed first by every benchmark."""
+    import grpc
+
+    who = "root (pid cap via pid_max)" if os.geteuid() == 0 else "a regular user"
+    return (
+        f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} cores, "
+        f"{os.uname().release}, {who}"
+    )
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import Home, agentworker, connected, make_home
+from benchmarks._common import Home, agentworker, connected, machine, make_home
 
 # The installed command, as a person types it; `python -m worker` where there is none.
 COMMAND = [shutil.which("agentworker") or str(Path(sys.executable).parent / "agentworker")]
@@ -82,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     opts = parser.parse_args()
+    print(machine())
     with tempfile.TemporaryDirectory(prefix="aw-bench-cli-") as tmp:
         home = make_home(Path(tmp) / "home", mode="ro", scopes=["workerHost.fs_stat"])
         env = home.env

@@ -48,7 +48,7 @@ from zlib_ng import zlib_ng
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import OneCall, agentworker, exited, make_home, percentile
+from benchmarks._common import OneCall, agentworker, exited, machine, make_home, percentile
 from tests.support.desktop import XServer, start_xvfb, wait_until
 from worker import app
 from worker.config import Paths, load
@@ -324,7 +324,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=60)
     args = parser.parse_args()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    print(machine())
     with busy_screen(), tempfile.TemporaryDirectory() as home:
         asyncio.run(bench(args.calls, Path(home)))
 

@@ -41,6 +41,7 @@ from benchmarks._common import (
     agentworker,
     connected,
     dispatch_call,
+    machine,
     make_home,
     report,
 )
@@ -165,8 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
-    root = "root (pid cap via pid_max)" if os.geteuid() == 0 else "a regular user"
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {os.uname().release}, {root}")
+    print(machine())
     with tempfile.TemporaryDirectory() as home:
         asyncio.run(bench(args.calls, Path(home)))
 

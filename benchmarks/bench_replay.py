@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import Home, agentworker, connected, exited, make_home
+from benchmarks._common import Home, agentworker, connected, exited, machine, make_home
 from worker.config import Paths, load
 from worker.hub.client import ControlClient
 from worker.replay import in_process, parse, replay, through_hub
@@ -151,7 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--steps", type=int, default=1000)
     args = parser.parse_args()
-    print(f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} cores")
+    print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run(args.steps, Path(tmp)))
 

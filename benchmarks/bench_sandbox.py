@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import OneCall, agentworker, connected, make_home, report, timed
+from benchmarks._common import OneCall, agentworker, connected, machine, make_home, report, timed
 from sandbox._bwrap import ETC_FILES, SYSTEM_DIRS
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
@@ -122,8 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
-    who = "root (pid cap via pid_max)" if os.geteuid() == 0 else "a regular user"
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {os.uname().release}, {who}")
+    print(machine())
     with tempfile.TemporaryDirectory() as base:
         asyncio.run(bench(args.calls, Path(base)))
 

@@ -20,50 +20,9 @@ import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.host_calls import call
+from tests.support.policies import ENV, PRINTENV, PYTHON3, TOUCH_ASKS, YES, exec_config
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from worker.wire.proto import agentworker_pb2 as pb
-
-TEST_POLICY = """
-[program.python3]
-paths = ["/usr/bin/python3"]
-[[program.python3.rule]]
-id = "test-python"
-reason = "tests: an interpreter that misbehaves on purpose"
-any_args = true
-
-[program.printenv]
-paths = ["/usr/bin/printenv"]
-[[program.printenv.rule]]
-id = "test-printenv"
-reason = "tests: shows the child's whole environment"
-any_args = true
-
-[program.env]
-paths = ["/usr/bin/env"]
-[[program.env.rule]]
-id = "test-env"
-reason = "tests: shows the child's whole environment"
-match = ["env"]
-not_match = ["env sh"]
-
-[program.yes]
-paths = ["/usr/bin/yes"]
-[[program.yes.rule]]
-id = "test-yes"
-reason = "tests: endless output"
-match = ["yes"]
-not_match = ["yes no"]
-
-[program.touch]
-paths = ["/usr/bin/touch"]
-[[program.touch.rule]]
-id = "test-touch-asks"
-decision = "ask"
-reason = "tests: writing a file needs the person's approval"
-positionals = ["write_path..."]
-match = ["touch new.txt"]
-not_match = ["touch /etc/new"]
-"""
 
 SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-children"}
 
@@ -71,9 +30,8 @@ SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-chi
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("exec")
-    policy = base / "allowlist.toml"
-    policy.write_text(TEST_POLICY)
-    settings = f'[exec]\npolicy = "{policy}"\npass_env = ["LANG", "HARMLESS_VAR"]\n'
+    rules = (PYTHON3, PRINTENV, ENV, YES, TOUCH_ASKS)
+    settings = exec_config(base, *rules, extra='pass_env = ["LANG", "HARMLESS_VAR"]\n')
     with cluster(base / "home", worker=False, extra_config=settings) as c:
         env = {
             "AGENTWORKER_TOKEN": c.token,

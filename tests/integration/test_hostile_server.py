@@ -10,6 +10,7 @@ import os
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -244,30 +245,40 @@ def test_a_dispatch_that_does_not_decode_answers_invalid_argument(live: Cluster)
     assert "Traceback" not in hub.log()
 
 
-def test_sigterm_with_a_stuck_handler_exits_within_the_drain_bound(live: Cluster) -> None:
+def sigterm_while_running(
+    live: Cluster, cid: str, args_json: str, running: Callable[[], bool]
+) -> dict[str, Any]:
+    """Dispatch a probe as `cid`; once `running()`, SIGTERM the worker: how long until
+    the call was answered and the worker had exited (0), and the answer."""
     worker = next(p for p in live.procs if p.name == "worker")
 
-    async def stuck_call(client: ControlClient) -> dict[str, Any]:
+    async def go(client: ControlClient) -> dict[str, Any]:
+        request = {"agent_id": "tester", "surface": "workerDiag", "action": "probe"}
         call = asyncio.ensure_future(
-            client.dispatch(
-                agent_id="tester",
-                surface="workerDiag",
-                action="probe",
-                args_json='{"stubborn_ms": 120000}',
-                correlation_id="stuck-1",
-            )
+            client.dispatch(**request, args_json=args_json, correlation_id=cid)
         )
-        await asyncio.to_thread(wait_for, lambda: "stuck-1" in running_rows(live.home), 10)
+        await asyncio.to_thread(wait_for, running, 10, worker)
         begun = time.monotonic()
         worker.signal(signal.SIGTERM)
         response = await call
         assert await asyncio.to_thread(worker.wait, 60) == 0
         return {"took": time.monotonic() - begun, "out": result_to_dict(response)}
 
-    outcome = live.run(stuck_call)
-    bound = 1 + DRAIN_STOP_S + 2 * FLUSH_TIMEOUT_S  # drain_grace_s = 1 in this cluster
-    assert outcome["took"] < bound, outcome
+    outcome: dict[str, Any] = live.run(go)
+    return outcome
+
+
+# drain_grace_s = 1 in this module's cluster
+DRAIN_BOUND_S = 1 + DRAIN_STOP_S + 2 * FLUSH_TIMEOUT_S
+
+
+def test_sigterm_with_a_stuck_handler_exits_within_the_drain_bound(live: Cluster) -> None:
+    outcome = sigterm_while_running(
+        live, "stuck-1", '{"stubborn_ms": 120000}', lambda: "stuck-1" in running_rows(live.home)
+    )
+    assert outcome["took"] < DRAIN_BOUND_S, outcome
     assert outcome["out"]["error"]["code"] == "outcome_unknown"
+    worker = next(p for p in live.procs if p.name == "worker")
     assert "ignored cancellation" in worker.log()
     assert running_rows(live.home) == []
 
@@ -278,41 +289,22 @@ def test_sigterm_with_a_handler_blocked_in_a_thread_exits_within_the_drain_bound
     """A blocking call in a worker thread cannot be cancelled, and the interpreter
     joins its executor's threads at exit: the drain still ends in its bound, the call
     is answered (and recorded) as outcome_unknown, and a restart does not run it again."""
-    worker = next(p for p in live.procs if p.name == "worker")
-
-    async def blocked_call(client: ControlClient) -> dict[str, Any]:
-        call = asyncio.ensure_future(
-            client.dispatch(
-                agent_id="tester",
-                surface="workerDiag",
-                action="probe",
-                args_json='{"blocking_ms": 120000, "mark": "blocked"}',
-                correlation_id="blocked-1",
-            )
-        )
-        marks = live.home / "diag" / "blocked.marks"
-        await asyncio.to_thread(wait_for, marks.exists, 10, worker)  # it is in its thread
-        begun = time.monotonic()
-        worker.signal(signal.SIGTERM)
-        response = await call
-        assert await asyncio.to_thread(worker.wait, 60) == 0
-        return {"took": time.monotonic() - begun, "out": result_to_dict(response)}
-
-    outcome = live.run(blocked_call)
-    bound = 1 + DRAIN_STOP_S + 2 * FLUSH_TIMEOUT_S  # drain_grace_s = 1 in this cluster
-    assert outcome["took"] < bound, outcome
+    args = '{"blocking_ms": 120000, "mark": "blocked"}'
+    marks = live.home / "diag" / "blocked.marks"
+    outcome = sigterm_while_running(live, "blocked-1", args, marks.exists)  # in its thread
+    assert outcome["took"] < DRAIN_BOUND_S, outcome
     assert outcome["out"]["error"]["code"] == "outcome_unknown", outcome
     assert "in a thread" in outcome["out"]["error"]["message"]
+    worker = next(p for p in live.procs if p.name == "worker")
     assert "still running in a thread" in worker.log()
     assert running_rows(live.home) == []
     with contextlib.closing(sqlite3.connect(live.home / "state.db")) as db:
         row = db.execute("SELECT state FROM calls WHERE correlation_id = 'blocked-1'")
         assert row.fetchone() != ("RUNNING",)
     live.start_worker()  # recovery finds nothing to report, and runs nothing again
-    args = '{"blocking_ms": 120000, "mark": "blocked"}'
     again = live.call("workerDiag.probe", args, correlation_id="blocked-1")
     assert again["error"]["code"] == "outcome_unknown"
-    assert (live.home / "diag" / "blocked.marks").read_bytes() == b"."
+    assert marks.read_bytes() == b"."
 
 
 def last_logged(log: str, text: str) -> datetime:

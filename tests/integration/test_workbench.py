@@ -25,26 +25,17 @@ import pytest
 
 from sandbox.workspaces import plan_key
 from tests.support.cluster import Cluster, cluster, free_port, wait_for, write_config
+from tests.support.policies import PYTHON3, exec_config
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from tests.support.workbench import (
     call,
     files_of,
     run,
     sandbox_cluster,
-    start_sandbox_worker,
     teardown,
 )
 from worker.errors import NoSandboxError
 from worker.wire.proto import agentworker_pb2 as pb
-
-TEST_POLICY = """
-[program.python3]
-paths = ["/usr/bin/python3"]
-[[program.python3.rule]]
-id = "test-python"
-reason = "tests: an interpreter, to try what the allowlist would refuse first"
-any_args = true
-"""
 
 SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-children"}
 QUOTA = 2 * 1024 * 1024
@@ -53,9 +44,7 @@ QUOTA = 2 * 1024 * 1024
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("workbench")
-    policy = base / "allowlist.toml"
-    policy.write_text(TEST_POLICY)
-    settings = f'[exec]\npolicy = "{policy}"\n\n[sandbox]\nquota_mb = {QUOTA // 1024**2}\n'
+    settings = exec_config(base, PYTHON3) + f"\n[sandbox]\nquota_mb = {QUOTA // 1024**2}\n"
     with sandbox_cluster(base, extra_config=settings, env=SECRETS) as c:
         yield c
 
@@ -471,13 +460,10 @@ def test_sandbox_mode_refuses_to_start_when_bubblewrap_cannot_work(
 
 
 def test_idle_workspaces_are_swept_but_not_while_their_plan_runs(tmp_path: Path) -> None:
-    policy = tmp_path / "allowlist.toml"
-    policy.write_text(TEST_POLICY)
     settings = (
-        f'[exec]\npolicy = "{policy}"\n\n[sandbox]\nidle_hours = 0.0002\nsweep_every_s = 0.1\n'
+        exec_config(tmp_path, PYTHON3) + "\n[sandbox]\nidle_hours = 0.0002\nsweep_every_s = 0.1\n"
     )
-    with cluster(tmp_path / "hub", worker=False) as live:
-        start_sandbox_worker(live, "bench", settings)
+    with sandbox_cluster(tmp_path, extra_config=settings) as live:
         busy, idle = new_plan(), new_plan()
         tag = marker()
         box: dict[str, Any] = {}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.policies import PYTHON3, exec_config
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from tests.support.workbench import (
     call,
@@ -24,22 +25,11 @@ from tests.support.workbench import (
     worker_id_of,
 )
 
-TEST_POLICY = """
-[program.python3]
-paths = ["/usr/bin/python3"]
-[[program.python3.rule]]
-id = "test-python"
-reason = "tests: a program that runs until it is stopped"
-any_args = true
-"""
-
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     """A hub and two sandbox workers, `w1` and `w2`; the TOML their configs add."""
-    policy = tmp_path / "allowlist.toml"
-    policy.write_text(TEST_POLICY)
-    settings = f'[exec]\npolicy = "{policy}"\n'
+    settings = exec_config(tmp_path, PYTHON3)  # a program that runs until it is stopped
     with cluster(tmp_path / "hub", worker=False) as live:
         start_sandbox_worker(live, "w1", settings)
         start_sandbox_worker(live, "w2", settings)
@@ -54,6 +44,16 @@ def where(live: Cluster, plan: str, **fields: Any) -> str:
     out, _ = call(live, plan, "fs_stat", {"path": "."}, **fields)
     assert out["status"] == "ok", out
     return str(out["worker_id"])
+
+
+def take_away(live: Cluster, worker_id: str) -> str:
+    """Stop worker `worker_id` (SIGTERM) and wait until the hub has it away; its name."""
+    name = names(live)[worker_id]
+    proc = next(p for p in live.procs if p.name == name)
+    proc.signal(signal.SIGTERM)
+    proc.wait(30)
+    wait_for(lambda: worker_id not in {w.worker_id for w in live.workers() if w.connected}, 15)
+    return name
 
 
 def names(live: Cluster) -> dict[str, str]:
@@ -116,12 +116,8 @@ def test_a_plan_whose_worker_is_away_gets_a_retryable_error_not_a_new_workspace(
     plan = new_plan()
     out, _ = call(live, plan, "fs_write", {"path": "kept.txt"}, b"kept")
     holder = out["worker_id"]
-    name = names(live)[holder]
+    name = take_away(live, holder)
     other = "w2" if name == "w1" else "w1"
-    proc = next(p for p in live.procs if p.name == name)
-    proc.signal(signal.SIGTERM)
-    proc.wait(30)
-    wait_for(lambda: holder not in {w.worker_id for w in live.workers() if w.connected}, 15)
     out, _ = call(live, plan, "fs_read", {"path": "kept.txt"})
     error = out["error"]
     assert error["code"] == "sandbox_unavailable" and error["retryable"] is True, out
@@ -140,11 +136,7 @@ def test_a_teardown_while_the_worker_is_away_waits_for_it_to_return(
     plan = new_plan()
     out, _ = call(live, plan, "fs_write", {"path": "old.txt"}, b"old")
     holder = out["worker_id"]
-    name = names(live)[holder]
-    proc = next(p for p in live.procs if p.name == name)
-    proc.signal(signal.SIGTERM)
-    proc.wait(30)
-    wait_for(lambda: holder not in {w.worker_id for w in live.workers() if w.connected}, 15)
+    name = take_away(live, holder)
     done = teardown(live, plan)
     assert done["status"] == "ok", done
     assert done["result"] == {"plan_id": plan, "removed": False, "queued_worker_ids": [holder]}

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from tests.support.policies import PYTHON3, TOUCH_ASKS, write_policy
 from worker import app
 from worker.config import (
     Config,
@@ -24,26 +25,6 @@ from worker.config import (
 from worker.core.console import Console, LocalLink
 from worker.core.pipeline import Dispatcher, Outgoing
 from worker.wire.proto import agentworker_pb2 as pb
-
-# An allowlist that adds a program which resists dying, for the kill tests.
-TEST_POLICY = """
-[program.python3]
-paths = ["/usr/bin/python3"]
-[[program.python3.rule]]
-id = "test-python"
-reason = "tests: an interpreter that misbehaves on purpose"
-any_args = true
-
-[program.touch]
-paths = ["/usr/bin/touch"]
-[[program.touch.rule]]
-id = "test-touch-asks"
-decision = "ask"
-reason = "tests: writing a file needs the person's approval"
-positionals = ["write_path..."]
-match = ["touch new.txt"]
-not_match = ["touch /etc/new"]
-"""
 
 
 def silent(_title: str, _body: str) -> None:
@@ -64,8 +45,8 @@ class Rig:
         self.workspace.mkdir(parents=True, exist_ok=True)
         for name in ("a.txt", "b.txt", "c.txt"):
             (self.workspace / name).write_text(f"{name}\n")
-        policy = home / "allowlist.toml"
-        policy.write_text(TEST_POLICY)
+        # A program that resists dying (the kill tests), and one that asks the person.
+        policy = write_policy(home, PYTHON3, TOUCH_ASKS)
         self.paths = Paths(config_dir=home, data_dir=home)
         self.config = Config(
             root=[RootSection(path=self.workspace, mode="rw")],
