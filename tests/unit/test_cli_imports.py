@@ -51,3 +51,15 @@ VERBS = sorted(parser()._subparsers._group_actions[0].choices)  # type: ignore[u
 @pytest.mark.parametrize("verb", VERBS)
 def test_each_verbs_help_imports_nothing_heavy(verb: str) -> None:
     assert _loaded_by(verb, "--help") == []
+
+
+def test_the_workers_actions_load_no_command_line_client() -> None:
+    """Every action imported (as a worker does at start), httpx without its own CLI:
+    click, rich and pygments stay out of a headless worker (issue 12: start at once)."""
+    probe = (
+        "import json, sys; from worker import actions; actions.build(diagnostics=True); "
+        "print(json.dumps([m for m in ('click', 'rich', 'pygments', 'httpx._main') "
+        "if sys.modules.get(m) is not None]))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == []
