@@ -214,7 +214,9 @@ def test_d4_a_request_whose_envelope_would_not_fit_answers_too_large(live: Clust
     begun = time.monotonic()
     out = live.call("workerHost.fs_write", '{"path": "big"}', blob=blob)
     assert out["error"]["code"] == "too_large", out
-    assert time.monotonic() - begun < 10, "refused at once, not after a timeout"
+    # Refused, not timed out: a timeout would take the hub's 30 s default deadline. (A
+    # 10 s bound measured the machine: building and framing 32 MiB on two loaded cores.)
+    assert time.monotonic() - begun < 30, "refused before the call's deadline, not at it"
     assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
     hub = next(p for p in live.procs if p.name == "hub")
     assert "disconnected" not in hub.log(), "the stream never dropped"
