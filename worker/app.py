@@ -208,7 +208,6 @@ def _watch_pause(dispatcher: Dispatcher, switch: PauseSwitch, console: Console) 
     """The global stop reaches running calls at once, and every UI shows it; the UI's
     key sets and lifts it. Set from any thread (a hotkey's), or another process."""
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(dispatcher.threads)  # asyncio.to_thread's jobs, counted
 
     def on_pause(_state: PauseState) -> None:
         loop.call_soon_threadsafe(dispatcher.enforce_pause)
