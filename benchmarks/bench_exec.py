@@ -47,7 +47,7 @@ from benchmarks._common import (
 )
 from sandbox import _entry, _pidcap, _seccomp, environment
 from sandbox._bwrap import command, find_tools
-from sandbox.process import Limits, Mount, View, run
+from sandbox.process import Limits, Mount, PidCap, View, run
 
 
 def raw_call(argv: list[str], cwd: Path, expect: int) -> OneCall:
@@ -105,7 +105,7 @@ def sandbox_call(argv: list[str], workspace: Path, expect: int, entry: str) -> O
     view = view_of(workspace, entry, seccomp=True)
 
     async def one() -> None:
-        done = await run(argv, view, Limits())
+        done = await run(argv, view, Limits(), pid_cap=PidCap())
         if done.exit_code != 0 or len(done.stdout) != expect:
             raise RuntimeError(f"sandboxed {argv} failed: {done}")
 

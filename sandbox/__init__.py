@@ -11,7 +11,7 @@ Stands alone (standard library only) so it can be reviewed, tested and reused
 without the worker around it.
 """
 
-from sandbox._leftovers import sweep as sweep_leftovers
+from sandbox._leftovers import Leftovers
 from sandbox.files import (
     ChangedWhileOpenedError,
     HardLinkError,
@@ -33,13 +33,16 @@ from sandbox.paths import (
     locate,
     openat2_available,
 )
+from sandbox.state import Containment
 
 __all__ = [
     "ChangedWhileOpenedError",
     "ConfinedDir",
     "ConfinementError",
+    "Containment",
     "Entry",
     "HardLinkError",
+    "Leftovers",
     "Listing",
     "Located",
     "Problem",
@@ -53,6 +56,5 @@ __all__ = [
     "open_regular",
     "openat2_available",
     "read_at",
-    "sweep_leftovers",
     "write_atomic",
 ]

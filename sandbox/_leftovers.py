@@ -34,8 +34,6 @@ _NAME_MAX: Final = 255
 _SHAPE: Final = re.compile(r"\..+\.[0-9a-f]{8}" + re.escape(SUFFIX), re.DOTALL)
 _REMEMBERED: Final = 4096  # folders whose last sweep time is kept
 
-_swept: dict[tuple[int, int], float] = {}
-
 
 def temp_name(name: str) -> str:
     """A fresh temporary name beside `name`, within the 255-byte name limit."""
@@ -48,33 +46,41 @@ def is_temp_name(name: str) -> bool:
     return _SHAPE.fullmatch(name) is not None
 
 
-def sweep(dir_fd: int, *, now: float | None = None, force: bool = False) -> list[str]:
-    """Remove stale leftovers of our writes from the folder `dir_fd`; the names removed.
+class Leftovers:
+    """Sweeps the leftovers of our own interrupted writes, each folder at most once every
+    RESWEEP_S; remembers when it swept which folder. One per worker, owned by its owner
+    (see sandbox.state), never a module global."""
 
-    Best effort: a folder that cannot be read or a name that cannot be removed is
-    left as it is. `force` sweeps even if the folder was swept moments ago.
-    """
-    try:
-        here = os.fstat(dir_fd)
-    except OSError:
-        return []
-    key = (here.st_dev, here.st_ino)
-    clock = time.monotonic()
-    last = _swept.get(key)
-    if not force and last is not None and clock - last < RESWEEP_S:
-        return []
-    if len(_swept) >= _REMEMBERED:
-        _swept.clear()
-    _swept[key] = clock
-    wall = time.time() if now is None else now
-    removed = []
-    for name in _candidates(dir_fd):
-        with contextlib.suppress(OSError):
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if _stale_and_ours(st, wall):
-                os.unlink(name, dir_fd=dir_fd)
-                removed.append(name)
-    return removed
+    def __init__(self) -> None:
+        self._swept: dict[tuple[int, int], float] = {}
+
+    def sweep(self, dir_fd: int, *, now: float | None = None, force: bool = False) -> list[str]:
+        """Remove stale leftovers of our writes from the folder `dir_fd`; the names removed.
+
+        Best effort: a folder that cannot be read or a name that cannot be removed is
+        left as it is. `force` sweeps even if the folder was swept moments ago.
+        """
+        try:
+            here = os.fstat(dir_fd)
+        except OSError:
+            return []
+        key = (here.st_dev, here.st_ino)
+        clock = time.monotonic()
+        last = self._swept.get(key)
+        if not force and last is not None and clock - last < RESWEEP_S:
+            return []
+        if len(self._swept) >= _REMEMBERED:
+            self._swept.clear()
+        self._swept[key] = clock
+        wall = time.time() if now is None else now
+        removed = []
+        for name in _candidates(dir_fd):
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if _stale_and_ours(st, wall):
+                    os.unlink(name, dir_fd=dir_fd)
+                    removed.append(name)
+        return removed
 
 
 def _candidates(dir_fd: int) -> list[str]:

@@ -34,8 +34,6 @@ PID_MAX: Final = Path("/proc/sys/kernel/pid_max")
 PID_MAX_FLOOR: Final = 301  # the kernel refuses anything lower (RESERVED_PIDS + 1)
 NAMESPACED_SINCE: Final = (6, 14)
 
-_refused: str | None = None
-
 
 def needed() -> bool:
     """Only root needs this: RLIMIT_NPROC already caps everyone else per sandbox."""
@@ -56,38 +54,6 @@ def cap_for(processes: int) -> int:
     return max(PID_MAX_FLOOR, processes + 3)
 
 
-_machine: str | None = None  # the machine's pid_max, as first seen
-
-
-def check_kernel() -> None:
-    """Refuse (SandboxUnavailableError) where a sandbox's processes cannot be capped."""
-    global _refused, _machine
-    if _refused is not None:
-        raise SandboxUnavailableError(_refused)
-    if not kernel_namespaces_pid_max():
-        _refused = (
-            "this worker runs as root, which the kernel exempts from process limits, and this "
-            f"kernel ({os.uname().release}) cannot cap processes per sandbox (that needs Linux "
-            "6.14 or later). Run the worker as a regular user, or on a newer kernel."
-        )
-        raise SandboxUnavailableError(_refused)
-    if _machine is None:
-        _machine = PID_MAX.read_text().strip()
-
-
-def check_machine() -> None:
-    """After a sandbox capped itself: the machine's pid_max must not have moved. If it
-    did, put it back and refuse every exec from then on."""
-    global _refused
-    if _machine is None:
-        return
-    now = PID_MAX.read_text().strip()
-    if now != _machine:
-        PID_MAX.write_text(_machine + "\n")
-        _refused = _MOVED
-        raise SandboxUnavailableError(_refused)
-
-
 _MOVED: Final = (
     "capping a sandbox's processes changed the whole machine's pid_max; it was put "
     "back, and exec is refused until the worker restarts. Please report this kernel: "
@@ -95,36 +61,72 @@ _MOVED: Final = (
 )
 
 
-async def cap_processes(tools: Tools, init_pid: int, processes: int) -> None:
-    """Set pid_max inside the sandbox whose first process is `init_pid` (from outside:
-    only where the entry helper is not used)."""
-    global _refused
-    check_kernel()
-    before = PID_MAX.read_text().strip()
-    helper = await asyncio.create_subprocess_exec(
-        tools.nsenter,
-        f"--target={init_pid}",
-        "--pid",
-        "--",
-        tools.tee,
-        str(PID_MAX),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env={"PATH": SAFE_PATH, "LANG": "C"},
-    )
-    try:
-        _, err = await helper.communicate(f"{cap_for(processes)}\n".encode())
-    finally:
-        if helper.returncode is None:  # cancelled mid-write: do not leave it behind
-            helper.kill()
-            await helper.wait()
-    after = PID_MAX.read_text().strip()
-    if after != before:
-        PID_MAX.write_text(before + "\n")
-        _refused = _MOVED
-        raise SandboxUnavailableError(_refused)
-    if helper.returncode != 0:
-        raise SandboxUnavailableError(
-            "could not cap the sandbox's processes: " + err.decode(errors="replace").strip()[:300]
+class PidCap:
+    """The machine-wide facts the cap checks across sandboxes: the machine's pid_max as
+    first seen, and the refusal that latches once the cap cannot be trusted. One per
+    worker (its owner passes it to every `sandbox.process.run`), so two workers in one
+    process, or two tests, never share a latch."""
+
+    def __init__(self) -> None:
+        self.refused: str | None = None
+        self.machine: str | None = None  # the machine's pid_max, as first seen
+
+    def check_kernel(self) -> None:
+        """Refuse (SandboxUnavailableError) where a sandbox's processes cannot be capped."""
+        if self.refused is not None:
+            raise SandboxUnavailableError(self.refused)
+        if not kernel_namespaces_pid_max():
+            self.refused = (
+                "this worker runs as root, which the kernel exempts from process limits, and "
+                f"this kernel ({os.uname().release}) cannot cap processes per sandbox (that "
+                "needs Linux 6.14 or later). Run the worker as a regular user, or on a newer "
+                "kernel."
+            )
+            raise SandboxUnavailableError(self.refused)
+        if self.machine is None:
+            self.machine = PID_MAX.read_text().strip()
+
+    def check_machine(self) -> None:
+        """After a sandbox capped itself: the machine's pid_max must not have moved. If it
+        did, put it back and refuse every exec from then on."""
+        if self.machine is None:
+            return
+        now = PID_MAX.read_text().strip()
+        if now != self.machine:
+            PID_MAX.write_text(self.machine + "\n")
+            self.refused = _MOVED
+            raise SandboxUnavailableError(self.refused)
+
+    async def cap_processes(self, tools: Tools, init_pid: int, processes: int) -> None:
+        """Set pid_max inside the sandbox whose first process is `init_pid` (from outside:
+        only where the entry helper is not used)."""
+        self.check_kernel()
+        before = PID_MAX.read_text().strip()
+        helper = await asyncio.create_subprocess_exec(
+            tools.nsenter,
+            f"--target={init_pid}",
+            "--pid",
+            "--",
+            tools.tee,
+            str(PID_MAX),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={"PATH": SAFE_PATH, "LANG": "C"},
         )
+        try:
+            _, err = await helper.communicate(f"{cap_for(processes)}\n".encode())
+        finally:
+            if helper.returncode is None:  # cancelled mid-write: do not leave it behind
+                helper.kill()
+                await helper.wait()
+        after = PID_MAX.read_text().strip()
+        if after != before:
+            PID_MAX.write_text(before + "\n")
+            self.refused = _MOVED
+            raise SandboxUnavailableError(self.refused)
+        if helper.returncode != 0:
+            raise SandboxUnavailableError(
+                "could not cap the sandbox's processes: "
+                + err.decode(errors="replace").strip()[:300]
+            )

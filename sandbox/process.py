@@ -54,11 +54,13 @@ from sandbox._bwrap import (
     private_files,
     visible_by_default,
 )
+from sandbox._pidcap import PidCap
 
 __all__ = [
     "Completed",
     "Limits",
     "Mount",
+    "PidCap",
     "PrivateDir",
     "SandboxUnavailableError",
     "View",
@@ -179,13 +181,20 @@ class _Child:
 
 
 async def run(
-    argv: Sequence[str], view: View, limits: Limits, stdin: bytes | None = None
+    argv: Sequence[str],
+    view: View,
+    limits: Limits,
+    stdin: bytes | None = None,
+    *,
+    pid_cap: PidCap,
 ) -> Completed:
-    """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc."""
+    """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
+    `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
+    across sandboxes and latches a refusal should capping ever misbehave."""
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
     if capped:
-        _pidcap.check_kernel()
+        pid_cap.check_kernel()
     entry = view.entry is not None
     ours: list[int] = []  # descriptors this process keeps
     theirs: list[int] = []  # descriptors only bubblewrap keeps: closed here once it started
@@ -250,12 +259,14 @@ async def run(
             child.feed(stdin, in_w)
         sandbox = _Sandbox(child, info_r, lifeline_w, block_w)
         try:
-            return await sandbox.drive(tools, limits, started, capped and not entry)
+            return await sandbox.drive(
+                tools, limits, started, pid_cap if capped and not entry else None
+            )
         finally:
             sandbox.kill()
             child.close()
             if capped and entry:
-                _pidcap.check_machine()
+                pid_cap.check_machine()
     finally:
         for fd in (*ours, *theirs):
             with contextlib.suppress(OSError):
@@ -296,15 +307,15 @@ class _Sandbox:
         self.killed = False
 
     async def drive(
-        self, tools: Tools, limits: Limits, started: float, cap_from_outside: bool
+        self, tools: Tools, limits: Limits, started: float, cap_from_outside: PidCap | None
     ) -> Completed:
         try:
             init_pid = await self._child_pid()
             if init_pid is None:
                 await self._wait_exit(EXIT_GRACE_S)
                 raise SandboxUnavailableError(self._bwrap_complaint())
-            if self.pidfd is not None and cap_from_outside:
-                await _pidcap.cap_processes(tools, init_pid, limits.processes)
+            if self.pidfd is not None and cap_from_outside is not None:
+                await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
             if self.block_w is not None:
                 with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
                     os.write(self.block_w, b"go")

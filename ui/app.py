@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from rich.text import Text
 from textual import on, work
@@ -32,7 +32,7 @@ from worker.errors import StartupError
 # Wide enough to put the detail pane beside the calls instead of under them.
 WIDE_COLUMNS = 120
 
-LINK_MARKS = {
+LINK_MARKS: Final = {
     "connecting": ("◌ connecting", "yellow"),
     "ready": ("● ready", "green"),
     "backoff": ("↻ backing off", "yellow"),
@@ -40,7 +40,7 @@ LINK_MARKS = {
     "stopped": ("■ stopped", "red"),
     "detached": ("✖ worker gone", "red"),
 }
-STATUS_STYLES = {"running": "yellow", "ok": "green"}
+STATUS_STYLES: Final = {"running": "yellow", "ok": "green"}
 
 
 class ConsoleEvent(Message):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from rich.text import Text
 from textual import on
@@ -30,7 +30,7 @@ PERIODS: tuple[tuple[str, float], ...] = (
 )
 DEFAULT_PERIOD = 1
 
-KIND_TITLES = {
+KIND_TITLES: Final = {
     "scope_request": "The agent asks for scopes",
     "out_of_scope": "A call outside the agent's grants",
     "ask_rule": "A command that needs your approval",

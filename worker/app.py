@@ -37,6 +37,7 @@ from worker.core.console_socket import ConsoleServer, socket_path
 from worker.core.ledger import State
 from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
+from worker.core.registry import Services
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry
 from worker.errors import (
@@ -131,7 +132,6 @@ def build_dispatcher(
     """The worker side; with `bench`, in sandbox mode: workbenchHost.* per plan, no
     shared folders, no prompts (the plan's workspace is all a call can reach)."""
     desktop = desktop or computer.build(config, paths.data_dir)
-    computer.install(paths.data_dir, desktop)
     state = State(paths.data_dir / "state.db")
     # In the ledger's database, on its connection: one file, and an ack is recorded
     # only after the row of its result (see Dispatcher.ack).
@@ -170,6 +170,7 @@ def build_dispatcher(
         ),
         config=config,
         pause=desktop.pause,
+        services=Services(desktop),
     )
     if bench is not None:
         dispatcher.on_teardown = bench.teardown

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import platformdirs
 from pydantic import (
@@ -251,7 +251,7 @@ class Config(_Strict):
 
 
 # Environment variables and the setting each one overrides.
-_ENV: dict[str, tuple[str, str]] = {
+_ENV: Final[dict[str, tuple[str, str]]] = {
     "AGENTWORKER_LISTEN": ("hub", "listen"),
     "AGENTWORKER_TLS_CERT": ("hub", "tls_cert"),
     "AGENTWORKER_TLS_KEY": ("hub", "tls_key"),

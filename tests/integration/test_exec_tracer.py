@@ -31,7 +31,7 @@ import pytest
 from allowlist import EXAMPLE_ROOT, Decision, Policy, Rule, load_policy, load_text
 from allowlist._grammar import Kind
 from sandbox import Root, environment
-from sandbox.process import Limits, Mount, View, run
+from sandbox.process import Limits, Mount, PidCap, View, run
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check
 
@@ -197,7 +197,9 @@ async def traced(argv: list[str], decision: Decision, share: Path) -> str:
             seccomp=False,
         )
         limits = Limits(timeout_s=30, output_bytes=64 * 1024 * 1024)
-        done = await run([*strace, "--", program, *argv[1:]], view, limits, b"{}\n")
+        done = await run(
+            [*strace, "--", program, *argv[1:]], view, limits, b"{}\n", pid_cap=PidCap()
+        )
     return done.stderr.decode(errors="replace")
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox import _entry, environment
 from sandbox._bwrap import command, find_tools
-from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run
+from sandbox.process import Limits, Mount, PidCap, SandboxUnavailableError, View, run
 
 PYTHON = "/usr/bin/python3"
 
@@ -57,7 +57,7 @@ def view_of(share: Path, entry: str, **changes: object) -> View:
 
 
 def probe(view: View, *paths: str) -> dict[str, str]:
-    done = asyncio.run(run([PYTHON, "-c", PROBE, *paths], view, Limits()))
+    done = asyncio.run(run([PYTHON, "-c", PROBE, *paths], view, Limits(), pid_cap=PidCap()))
     assert done.exit_code == 0, done
     lines = done.stdout.decode().splitlines()
     return {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1] for line in lines[1:]} | {
@@ -111,7 +111,7 @@ def test_an_entry_that_cannot_confine_is_sandbox_unavailable(share: Path, entry:
     view = view_of(share, entry, mounts=(Mount(str(share), True, target="/gone"),), cwd="/")
     broken = View(**{**view.__dict__, "may_execute": ("/no/such/program",)})
     with pytest.raises(SandboxUnavailableError, match="cannot open /no/such/program"):
-        asyncio.run(run(["/usr/bin/true"], broken, Limits()))
+        asyncio.run(run(["/usr/bin/true"], broken, Limits(), pid_cap=PidCap()))
 
 
 def test_the_helper_is_built_once_per_source_and_kept_private(tmp_path: Path) -> None:

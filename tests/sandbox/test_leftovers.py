@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from sandbox import ConfinedDir, sweep_leftovers
+from sandbox import ConfinedDir, Leftovers
 from sandbox._leftovers import STALE_S, is_temp_name, temp_name
 from tests.sandbox.support import Tree, crash_mid_write
 
@@ -18,7 +18,7 @@ def temps(folder: Path) -> list[str]:
 def sweep_later(folder: Path) -> list[str]:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return sweep_leftovers(fd, now=time.time() + STALE_S + 60, force=True)
+        return Leftovers().sweep(fd, now=time.time() + STALE_S + 60, force=True)
     finally:
         os.close(fd)
 
@@ -30,7 +30,7 @@ def test_the_leftover_of_a_crashed_write_is_swept_once_stale(tree: Tree) -> None
     [leftover] = temps(tree.root)
     fd = os.open(tree.root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        assert sweep_leftovers(fd, force=True) == [], "a fresh one may be a write in progress"
+        assert Leftovers().sweep(fd, force=True) == [], "a fresh one may be a write in progress"
     finally:
         os.close(fd)
     assert sweep_later(tree.root) == [leftover]
@@ -64,3 +64,20 @@ def test_only_names_of_our_exact_shape_that_are_plain_files_are_swept(tree: Tree
     assert (tree.root / linked).read_bytes() == b"two names"
     assert (tree.root / link).is_symlink() and (tree.root / folder).is_dir()
     assert tree.secret.exists()
+
+
+def test_a_folder_is_swept_once_a_while_by_each_owner_of_the_memory(tree: Tree) -> None:
+    """The memory of recent sweeps belongs to its owner (one per worker): a second sweep
+    by the same owner within RESWEEP_S reads nothing; another owner's sweep still works."""
+    with ConfinedDir(tree.root) as root:
+        crash_mid_write(root, "a")
+    [leftover] = temps(tree.root)
+    later = time.time() + STALE_S + 60
+    fd = os.open(tree.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        mine = Leftovers()
+        assert mine.sweep(fd, now=time.time()) == []  # fresh: may be a write in progress
+        assert mine.sweep(fd, now=later) == [], "swept moments ago by this owner"
+        assert Leftovers().sweep(fd, now=later) == [leftover]
+    finally:
+        os.close(fd)

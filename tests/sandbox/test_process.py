@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import _pidcap, environment
-from sandbox.process import Completed, Limits, Mount, SandboxUnavailableError, View, run
+from sandbox.process import Completed, Limits, Mount, PidCap, SandboxUnavailableError, View, run
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 
 PYTHON = "/usr/bin/python3"  # the system's: the sandbox only sees /usr, not the venv
@@ -56,7 +56,7 @@ def view_of(share: Path, **changes: object) -> View:
 def sandboxed(
     share: Path, argv: list[str], stdin: bytes | None = None, **limits: object
 ) -> Completed:
-    return asyncio.run(run(argv, view_of(share), Limits(**limits), stdin))  # type: ignore[arg-type]
+    return asyncio.run(run(argv, view_of(share), Limits(**limits), stdin, pid_cap=PidCap()))  # type: ignore[arg-type]
 
 
 def test_a_program_runs_in_its_folder_with_stdin_and_exit_code(share: Path) -> None:
@@ -87,7 +87,9 @@ def test_cancelling_the_caller_kills_the_sandbox_before_it_returns(share: Path) 
     tag = marker()
 
     async def go() -> None:
-        task = asyncio.create_task(run([PYTHON, "-c", STUBBORN, tag], view_of(share), Limits()))
+        task = asyncio.create_task(
+            run([PYTHON, "-c", STUBBORN, tag], view_of(share), Limits(), pid_cap=PidCap())
+        )
         while not processes_with(tag):
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)  # let the grandchild start
@@ -168,11 +170,11 @@ def test_the_process_cap_holds_for_a_regular_user_through_rlimit_nproc(user_shar
         f"""
         import asyncio
         from sandbox import environment
-        from sandbox.process import Limits, Mount, View, run
+        from sandbox.process import Limits, Mount, PidCap, View, run
         view = View(cwd={str(share)!r}, mounts=(Mount({str(share)!r}, True),),
                     env=environment.build({{}}, []))
         limits = Limits(processes=20, timeout_s=10)
-        done = asyncio.run(run([{PYTHON!r}, "-c", {bomb!r}], view, limits))
+        done = asyncio.run(run([{PYTHON!r}, "-c", {bomb!r}], view, limits, pid_cap=PidCap()))
         print(done.stdout.decode().strip(), done.exit_code)
         """
     )
@@ -251,13 +253,15 @@ def test_folders_to_hide_are_blank_even_inside_a_shared_folder(share: Path) -> N
     own.mkdir()
     (own / "hub.token").write_text("the-token")
     view = view_of(share, hidden=(str(own),))
-    done = asyncio.run(run(["/usr/bin/cat", "agentworker/hub.token"], view, Limits()))
+    done = asyncio.run(
+        run(["/usr/bin/cat", "agentworker/hub.token"], view, Limits(), pid_cap=PidCap())
+    )
     assert done.stdout == b"" and b"No such file" in done.stderr
 
 
 def test_read_only_mounts_refuse_writes(share: Path) -> None:
     view = view_of(share, mounts=(Mount(str(share), False),))
-    done = asyncio.run(run(["/usr/bin/touch", "new"], view, Limits()))
+    done = asyncio.run(run(["/usr/bin/touch", "new"], view, Limits(), pid_cap=PidCap()))
     assert done.exit_code == 1 and b"Read-only file system" in done.stderr
 
 
@@ -293,7 +297,7 @@ def test_the_environment_is_exactly_what_was_built(share: Path) -> None:
         {"GIT_PAGER": "cat"},
     )
     assert "AGENTWORKER_TOKEN" not in env and "GITHUB_TOKEN" not in env
-    done = asyncio.run(run(["/usr/bin/env"], view_of(share, env=env), Limits()))
+    done = asyncio.run(run(["/usr/bin/env"], view_of(share, env=env), Limits(), pid_cap=PidCap()))
     seen = dict(line.split("=", 1) for line in done.stdout.decode().splitlines())
     seen.pop("PWD", None)  # the program's shell-less start still reports its folder
     assert seen == env
@@ -302,7 +306,7 @@ def test_the_environment_is_exactly_what_was_built(share: Path) -> None:
 def test_a_missing_bubblewrap_is_sandbox_unavailable(share: Path) -> None:
     view = view_of(share, bwrap="/nonexistent/bwrap")
     with pytest.raises(SandboxUnavailableError, match="bwrap cannot be found"):
-        asyncio.run(run(["/usr/bin/true"], view, Limits()))
+        asyncio.run(run(["/usr/bin/true"], view, Limits(), pid_cap=PidCap()))
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from typing import Any
 
 from worker.actions import computer
 from worker.config import Paths
-from worker.core.registry import Context
+from worker.core.registry import Context, Services
 
 TK_APP = Path(__file__).resolve().parents[1] / "computer" / "tk_app.py"
 Event = dict[str, Any]
@@ -222,11 +222,9 @@ class Computer:
     @classmethod
     @contextlib.contextmanager
     def on(cls, desktop: computer.Desktop, data_dir: Path) -> Iterator[Computer]:
-        computer.install(data_dir, desktop)
-        try:
-            yield cls(Context("test", "", "tester", b"", [], Paths.at(data_dir)))
-        finally:
-            computer.uninstall(data_dir)
+        yield cls(
+            Context("test", "", "tester", b"", [], Paths.at(data_dir), services=Services(desktop))
+        )
 
     def __getattr__(self, action: str) -> Callable[[object, Any], Any]:
         handler = importlib.import_module(f"worker.actions.computer.{action}").SPEC.handler

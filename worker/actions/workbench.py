@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from sandbox import environment
-from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
+from sandbox.process import (
+    Limits,
+    Mount,
+    PidCap,
+    SandboxUnavailableError,
+    View,
+    run,
+    visible_by_default,
+)
 from sandbox.workspaces import (
     MOUNT_POINT,
     Workspace,
@@ -271,7 +279,13 @@ async def _run_in_workspace(
             room = await asyncio.to_thread(bench.workspaces.room, workspace)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             try:
-                done = await run([program, *args.argv[1:]], view, limits, ctx.blob or None)
+                done = await run(
+                    [program, *args.argv[1:]],
+                    view,
+                    limits,
+                    ctx.blob or None,
+                    pid_cap=ctx.containment.pid_cap,
+                )
             except SandboxUnavailableError as exc:
                 raise WorkerError("sandbox_unavailable", str(exc)) from None
     result = exec_cmd.ExecResult(
@@ -372,7 +386,8 @@ async def probe(config: Config) -> None:
                 read_only_root=True,
             )
             limits = Limits(timeout_s=20.0, processes=settings.max_processes)
-            done = await run([true], view, limits)
+            # A one-off check before any call: a latch of its own (a refusal raises here).
+            done = await run([true], view, limits, pid_cap=PidCap())
         if done.exit_code != 0:
             said = (done.stderr or done.stdout).decode(errors="replace").strip()[:300]
             raise SandboxUnavailableError(

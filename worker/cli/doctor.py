@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import worker
 
@@ -39,7 +39,7 @@ CORE_LIBRARIES = ("grpcio", "protobuf", "pydantic", "platformdirs", "httpx")
 # The desktop's input library differs by platform (see pyproject.toml's markers); the
 # one-file build bundles the metadata of exactly these, so keep it the one list.
 INPUT_LIBRARY = "python-xlib" if sys.platform.startswith("linux") else "pynput"
-PART_LIBRARIES = {
+PART_LIBRARIES: Final = {
     "textual": "the TUI (`agentworker ui`)",
     "mss": "screenshots",
     "Pillow": "screenshot encoding",

@@ -40,13 +40,13 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from allowlist import PolicyFile
-from sandbox import Root
+from sandbox import Containment, Root
 from worker.clock import now_ms
 from worker.config import Config, Paths
 from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.redaction import args_preview
-from worker.core.registry import ActionSpec, Context, Outcome, Registry
+from worker.core.registry import ActionSpec, Context, Outcome, Registry, Services
 from worker.core.results import Outbox, Outgoing, Results
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
@@ -194,8 +194,10 @@ class Dispatcher:
         config: Config | None = None,
         outbox: Outbox | None = None,
         pause: PauseSwitch | None = None,
+        services: Services | None = None,
     ) -> None:
         self.config = config or Config()
+        self.services = services or Services()  # what the worker owns for its handlers
         self.pause = pause  # the person's stop and desktop takeover (None: never paused)
         self.worker_id = worker_id
         self.registry = registry
@@ -210,6 +212,7 @@ class Dispatcher:
         self.results = Results(state, telemetry, self.outbox)
         self.results.on_flushed = self._settle
         self.policies = PolicyFile()  # the exec allowlist, for every call's Context
+        self.containment = Containment()  # what the sandbox keeps between calls
         # The loop's default executor once the app installs it: knows whose work
         # still runs in a thread (see worker.core.threads).
         self.threads = CallThreads()
@@ -811,6 +814,8 @@ class Dispatcher:
             paths=self.paths,
             config=self.config,
             policies=self.policies,
+            containment=self.containment,
+            services=self.services,
             in_flight=self.in_flight,
             approve=lambda what, preview: self._approve(req, what, preview),
         )

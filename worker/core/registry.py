@@ -18,7 +18,7 @@ from typing import Annotated, Any, Final, Generic, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 from allowlist import PolicyFile
-from sandbox import Root
+from sandbox import Containment, Root
 from worker.config import Config, Paths
 from worker.errors import ErrorCode, WorkerError
 
@@ -26,6 +26,7 @@ MIB: Final = 1024 * 1024
 
 A = TypeVar("A", bound="Args")
 R = TypeVar("R", bound="Result")
+T = TypeVar("T")
 
 
 class Args(BaseModel):
@@ -54,6 +55,19 @@ async def _never_approved(what: str, preview: str) -> None:
     )
 
 
+class Services:
+    """Long-lived objects a worker owns and its handlers use (the desktop of the computer
+    surface, say), found by their type: the surface that defines one asks for it, and
+    the core need not know it. Owned by the dispatcher, never a module global."""
+
+    def __init__(self, *owned: object) -> None:
+        self._by_type: dict[type, object] = {type(item): item for item in owned}
+
+    def get(self, kind: type[T]) -> T | None:
+        found = self._by_type.get(kind)
+        return found if isinstance(found, kind) else None
+
+
 @dataclass(frozen=True)
 class Context:
     """What a handler may know about its call."""
@@ -67,6 +81,9 @@ class Context:
     config: Config = field(default_factory=Config)
     # The exec allowlist in force, loaded once per version of its file (the worker's own).
     policies: PolicyFile = field(default_factory=PolicyFile)
+    # What containment remembers between calls (the pid cap's latch, leftover sweeps).
+    containment: Containment = field(default_factory=Containment)
+    services: Services = field(default_factory=Services)
     in_flight: Callable[[], int] = lambda: 0
     # For an action-level "ask" (e.g. an allowlist rule): resolves when the person
     # approves, raises WorkerError otherwise. Headless workers never prompt.

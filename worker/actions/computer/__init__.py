@@ -19,7 +19,7 @@ from typing import Any, Final
 from pydantic import ConfigDict
 
 from worker.actions.computer._backend import Availability, detect
-from worker.actions.computer._desktop import Desktop, DesktopSettings, build, install, uninstall
+from worker.actions.computer._desktop import Desktop, DesktopSettings, build
 from worker.actions.computer._shared import SURFACE
 from worker.core.registry import Args, Context, Outcome, Registry
 
@@ -32,8 +32,6 @@ __all__ = [
     "absent",
     "build",
     "detect",
-    "install",
-    "uninstall",
 ]
 
 ACTIONS: Final = frozenset(

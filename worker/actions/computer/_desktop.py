@@ -46,7 +46,7 @@ from worker.actions.computer._shared import WindowResult
 from worker.config import Config
 from worker.core.pause import COMPUTER_SURFACE, PauseState, PauseSwitch
 from worker.core.registry import Context
-from worker.errors import WorkerError
+from worker.errors import ErrorCode, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -267,9 +267,6 @@ def window_result(window: Window, layout: Layout) -> WindowResult:
 
 # ------------------------------------------------------------------ one per worker
 
-_DESKTOPS: dict[Path, Desktop] = {}
-_DESKTOPS_LOCK = threading.Lock()
-
 
 def build(config: Config, data_dir: Path) -> Desktop:
     """The desktop a worker with this config and data dir drives (nothing loads yet)."""
@@ -289,24 +286,10 @@ def build(config: Config, data_dir: Path) -> Desktop:
     return Desktop(availability, PauseSwitch.in_dir(data_dir), settings)
 
 
-def install(data_dir: Path, desktop: Desktop) -> None:
-    """Make `desktop` the one the computer actions of the worker at `data_dir` use."""
-    with _DESKTOPS_LOCK:
-        _DESKTOPS[data_dir] = desktop
-
-
-def uninstall(data_dir: Path) -> None:
-    with _DESKTOPS_LOCK:
-        _DESKTOPS.pop(data_dir, None)
-
-
 def of(ctx: Context) -> Desktop:
-    """The desktop of the worker running this call (one per data dir, made on demand:
-    one worker process holds one data dir, see app.worker_lock)."""
-    desktop = _DESKTOPS.get(ctx.data_dir)
-    if desktop is None:
-        with _DESKTOPS_LOCK:
-            desktop = _DESKTOPS.get(ctx.data_dir)
-            if desktop is None:
-                desktop = _DESKTOPS[ctx.data_dir] = build(ctx.config, ctx.data_dir)
+    """The desktop of the worker running this call: the one its dispatcher owns (the
+    worker builds it once, see app.build_dispatcher, and hands it to every call)."""
+    desktop = ctx.services.get(Desktop)
+    if desktop is None:  # a worker assembled without one: a bug of the assembly
+        raise WorkerError(ErrorCode.INTERNAL_ERROR, "this worker was assembled without a desktop")
     return desktop

@@ -109,7 +109,11 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         )
         try:
             done = await run(
-                [program, *args.argv[1:]], view, limits_of(settings, timeout_s), ctx.blob or None
+                [program, *args.argv[1:]],
+                view,
+                limits_of(settings, timeout_s),
+                ctx.blob or None,
+                pid_cap=ctx.containment.pid_cap,
             )
         except SandboxUnavailableError as exc:
             raise WorkerError("sandbox_unavailable", str(exc)) from None

@@ -15,7 +15,7 @@ import hashlib
 import os
 from typing import Final, Literal
 
-from sandbox import Written, append_bytes, make_parents, sweep_leftovers, write_atomic
+from sandbox import Written, append_bytes, make_parents, write_atomic
 from worker.actions.host.fs_paths import CONFINED_CODES, check_lands_writable, confined
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
@@ -90,7 +90,7 @@ def _write(ctx: Context, args: FsWriteArgs, data: bytes) -> Written:
                 replace = args.mode == "overwrite"
                 done = write_atomic(parent, name, data, replace=replace, shown=args.path)
             # After the write, so that sweeping (best effort) never delays or fails it.
-            sweep_leftovers(parent)
+            ctx.containment.leftovers.sweep(parent)
             return done
         finally:
             os.close(parent)

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Final
 
 import httpx
 
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_WBITS: Final = {
+    "gzip": 16 + zlib.MAX_WBITS,
+    "x-gzip": 16 + zlib.MAX_WBITS,
+    "deflate": zlib.MAX_WBITS,
+}
 
 
 @dataclass(frozen=True)

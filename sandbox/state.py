@@ -1,0 +1,19 @@
+"""What containment remembers from one call to the next, in one object its owner holds.
+
+The worker's dispatcher owns one `Containment` and hands it to every call (through
+the action's Context), so nothing here lives in a module global: two workers in one
+process, or two tests, never share it.
+"""
+
+from __future__ import annotations
+
+from sandbox._leftovers import Leftovers
+from sandbox._pidcap import PidCap
+
+
+class Containment:
+    """The pid cap's latch (sandbox._pidcap) and the leftover sweeps (sandbox._leftovers)."""
+
+    def __init__(self) -> None:
+        self.pid_cap = PidCap()
+        self.leftovers = Leftovers()
