@@ -83,6 +83,21 @@ def test_timeout_kills_every_process_including_setsid_grandchildren(share: Path)
     assert wait_until_gone(tag) == []
 
 
+def grandchild_of(tag: str) -> bool:
+    """Whether STUBBORN's grandchild runs: the one marked process in a session that is
+    neither its own nor its parent's (its parent called setsid, forked it and exited)."""
+    for pid in processes_with(tag):
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                parent = next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+            session = os.getsid(pid)
+            if session != pid and session != os.getsid(parent):
+                return True
+        except (OSError, StopIteration):
+            continue
+    return False
+
+
 def test_cancelling_the_caller_kills_the_sandbox_before_it_returns(share: Path) -> None:
     tag = marker()
 
@@ -90,9 +105,8 @@ def test_cancelling_the_caller_kills_the_sandbox_before_it_returns(share: Path) 
         task = asyncio.create_task(
             run([PYTHON, "-c", STUBBORN, tag], view_of(share), Limits(), pid_cap=PidCap())
         )
-        while not processes_with(tag):
+        while not grandchild_of(tag):  # the setsid'd, double-forked one exists
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)  # let the grandchild start
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -147,3 +147,30 @@ def test_pause_and_resume_from_the_command_line(live: Cluster) -> None:
     resumed = cli("resume")
     assert resumed.returncode == 0 and "lunch" in resumed.stdout
     assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+
+
+def test_hostile_lines_on_the_socket_end_that_session_only(live: Cluster) -> None:
+    """JSON nested past the parser's depth, or not JSON at all, on the local socket ends
+    that one connection; the worker goes on serving calls and other UIs."""
+    import socket as sockets
+
+    deep = b"[" * 20_000 + b"\n"  # within the line limit, past the parser's recursion
+    for line in (deep, b'{"op": "attach"}\n' + deep, b"\xff\n"):
+        with sockets.socket(sockets.AF_UNIX) as conn:
+            conn.connect(str(_socket(live)))
+            conn.sendall(line)
+            conn.shutdown(sockets.SHUT_WR)
+            while conn.recv(65536):  # the worker closes it: read to the end
+                pass
+    out = live.call("workerHost.fs_stat", '{"path": "."}')
+    assert out["status"] == "ok", out
+
+    async def attach() -> None:
+        link = SocketLink(_socket(live))
+        snapshot = await link.open(lambda event: None)
+        assert snapshot.get("type") == "snapshot", snapshot
+        await link.close()
+
+    asyncio.run(attach())
+    worker = next(p for p in live.procs if p.name == "worker")
+    assert "Traceback" not in worker.log(), worker.log()[-3000:]

@@ -76,3 +76,23 @@ def test_a_broken_allowlist_file_is_reported_with_the_rule_it_breaks(tmp_path: P
     done = agentworker(home, "allowlist", "show")
     assert done.returncode == ConfigError.exit_code
     assert "rule mine: example 'cat -Q' should match but does not" in done.stderr
+
+
+def test_output_into_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
+    """`agentworker allowlist show | head -1`: the reader leaves early; the command
+    exits 141 (as for SIGPIPE) with no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first write
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker", "--home", str(tmp_path), "allowlist", "show"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == "", done.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +54,7 @@ GROUPS = (
     reload,
 )
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cmd | head`
 
 
 def parser() -> argparse.ArgumentParser:
@@ -78,6 +80,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, frontend: Frontend | None = None) -> int:
     """The command line. `frontend` is the TUI, which the `agentworker` command hands
     in from `ui/` (the worker never imports it); without one, the worker runs headless."""
+    try:
+        return _main(argv, frontend)
+    except BrokenPipeError:
+        # The reader went away (`agentworker … | head`): stop quietly, as other tools do.
+        # Later writes (the interpreter flushes stdout at exit) go to /dev/null, so no
+        # second error is printed either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None, frontend: Frontend | None) -> int:
     args = parser().parse_args(argv)
     args.frontend = frontend
     if args.log_file:

@@ -118,7 +118,8 @@ class ConsoleServer:
                 log.warning("refused a UI connection from uid %d", uid)
                 return
             await self._session(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+        # RecursionError: JSON nested past the parser's depth ends that session, nothing else.
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, RecursionError) as exc:
             log.info("a UI connection ended: %s", exc or type(exc).__name__)
         finally:
             self._sessions.discard(task)
