@@ -174,6 +174,7 @@ def build_dispatcher(
     )
     if bench is not None:
         dispatcher.on_teardown = bench.teardown
+        dispatcher.held_plans = bench.held
     return dispatcher
 
 

@@ -1,9 +1,12 @@
 """Several sandbox workers on one hub: a plan's calls stay with the worker holding its
 workspace, a new plan goes to the least loaded worker, and a plan whose worker is
-away gets a retryable error, never a fresh empty workspace somewhere else."""
+away gets a retryable error, never a fresh empty workspace somewhere else. A hub that
+lost hub.db, or runs on an old copy of it, learns where each plan lives back from the
+workers (each says in its Hello which workspaces it holds)."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import uuid
@@ -49,7 +52,7 @@ def where(live: Cluster, plan: str, **fields: Any) -> str:
 def take_away(live: Cluster, worker_id: str) -> str:
     """Stop worker `worker_id` (SIGTERM) and wait until the hub has it away; its name."""
     name = names(live)[worker_id]
-    proc = next(p for p in live.procs if p.name == name)
+    proc = next(p for p in live.procs if p.name == name and p.running())
     proc.signal(signal.SIGTERM)
     proc.wait(30)
     wait_for(lambda: worker_id not in {w.worker_id for w in live.workers() if w.connected}, 15)
@@ -161,3 +164,104 @@ def test_placements_survive_a_hub_restart(fleet: tuple[Cluster, str]) -> None:
     wait_for(lambda: live.status().connected_workers == 2, 20)
     for plan, worker_id in plans.items():
         assert where(live, plan) == worker_id
+
+
+HUB_FILES = ("hub.db", "hub.db-wal", "hub.db-shm")
+
+
+def stop_hub(live: Cluster) -> None:
+    hub = next(p for p in live.procs if p.name == "hub" and p.running())
+    hub.signal(signal.SIGTERM)
+    hub.wait(30)
+
+
+def start_hub(live: Cluster, workers: int) -> None:
+    live.start_hub()
+    wait_for(lambda: live.status().connected_workers == workers, 20)
+
+
+def forget_hub_db(live: Cluster) -> None:
+    for name in HUB_FILES:
+        (live.home / name).unlink(missing_ok=True)
+
+
+def read(live: Cluster, plan: str, path: str) -> tuple[str, bytes]:
+    out, blob = call(live, plan, "fs_read", {"path": path})
+    assert out["status"] == "ok", out
+    return str(out["worker_id"]), blob
+
+
+def test_a_hub_that_lost_hub_db_learns_the_placements_back_from_its_workers(
+    fleet: tuple[Cluster, str],
+) -> None:
+    live, _ = fleet
+    x, y = worker_id_of(live, "w1"), worker_id_of(live, "w2")
+    plans = {new_plan(): x, new_plan(): y, new_plan(): y}
+    for plan, worker_id in plans.items():
+        out, _ = call(live, plan, "fs_write", {"path": "f"}, plan.encode(), worker_id=worker_id)
+        assert out["status"] == "ok" and out["worker_id"] == worker_id, out
+    stop_hub(live)
+    forget_hub_db(live)
+    start_hub(live, workers=2)
+    for plan, worker_id in plans.items():  # back to their files, not placed anew
+        assert read(live, plan, "f") == (worker_id, plan.encode())
+    fresh = new_plan()  # the hub counts the plans it learned: x holds fewer
+    assert where(live, fresh) == x
+    doomed = next(iter(plans))
+    done = teardown(live, doomed)
+    assert done["worker_id"] == x and done["result"]["removed"] is True, done
+    assert not files_of(live, "w1", doomed).exists()
+
+
+def test_a_stale_hub_db_is_corrected_by_what_the_workers_hold(
+    fleet: tuple[Cluster, str],
+) -> None:
+    live, _ = fleet
+    x, y = worker_id_of(live, "w1"), worker_id_of(live, "w2")
+    plan = new_plan()
+    out, _ = call(live, plan, "fs_write", {"path": "f"}, b"old", worker_id=x)
+    assert out["worker_id"] == x
+    stop_hub(live)
+    backup = live.home / "backup"
+    backup.mkdir()
+    for name in HUB_FILES:  # an old copy of hub.db: the plan on x
+        if (live.home / name).exists():
+            shutil.copy2(live.home / name, backup / name)
+    start_hub(live, workers=2)
+    assert teardown(live, plan)["result"]["removed"] is True
+    out, _ = call(live, plan, "fs_write", {"path": "f"}, b"new", worker_id=y)  # now on y
+    assert out["worker_id"] == y
+    stop_hub(live)
+    forget_hub_db(live)
+    for name in HUB_FILES:
+        if (backup / name).exists():
+            shutil.copy2(backup / name, live.home / name)
+    start_hub(live, workers=2)
+    # x says it no longer holds the plan, y says it does: y, with the plan's files.
+    assert read(live, plan, "f") == (y, b"new")
+    assert not files_of(live, "w1", plan).exists()
+
+
+def test_two_copies_of_a_plan_the_one_used_last_wins_and_teardown_takes_both(
+    fleet: tuple[Cluster, str],
+) -> None:
+    live, settings = fleet
+    x = worker_id_of(live, "w1")
+    plan = new_plan()
+    out, _ = call(live, plan, "fs_write", {"path": "f"}, b"old", worker_id=x)
+    assert out["worker_id"] == x
+    take_away(live, x)
+    assert teardown(live, plan)["result"]["queued_worker_ids"] == [x]  # queued for x...
+    out, _ = call(live, plan, "fs_write", {"path": "f"}, b"new")
+    y = out["worker_id"]
+    assert y != x
+    stop_hub(live)
+    forget_hub_db(live)  # ...and lost with hub.db: x comes back holding the old copy
+    start_hub(live, workers=1)
+    start_sandbox_worker(live, "w1", settings)
+    assert files_of(live, "w1", plan).exists()
+    assert read(live, plan, "f") == (y, b"new")  # y's copy was used last
+    done = teardown(live, plan)
+    assert done["result"]["removed"] is True, done
+    assert not files_of(live, "w1", plan).exists()
+    assert not files_of(live, "w2", plan).exists()

@@ -91,6 +91,14 @@ class Workbench:
         except WorkspaceError as exc:
             raise _translated(exc) from None
 
+    def held(self) -> list[tuple[str, int]]:
+        """Every plan holding a workspace here, with its last use (unix ms): what the
+        worker tells the hub when it connects, so the hub routes the plan back here."""
+        return [
+            (plan.plan_id, int(plan.last_used_unix * 1000))
+            for plan in self.workspaces.plans(sizes=False)
+        ]
+
     def exec_slot(self, plan_id: str) -> asyncio.Semaphore:
         slot = self._exec_slots.get(plan_id)
         if slot is None:

@@ -254,6 +254,7 @@ class WorkerConnection:
     def _hello(self) -> pb.Hello:
         state = self.dispatcher.state
         registry = self.dispatcher.registry
+        held = self.dispatcher.held_plans() if self.dispatcher.held_plans else []
         return pb.Hello(
             worker_id=self.dispatcher.worker_id,
             instance_id=self.instance_id,
@@ -266,6 +267,7 @@ class WorkerConnection:
             max_concurrency=self.dispatcher.limits.max_concurrency,
             running_ids=state.running_ids(),
             unacked_ids=[cid for cid, _ in state.unacked_results()],
+            plans=[pb.HeldPlan(plan_id=plan, last_used_unix_ms=used) for plan, used in held],
         )
 
     def _check_welcome(self, envelope: object) -> pb.Welcome:

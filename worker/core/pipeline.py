@@ -238,6 +238,9 @@ class Dispatcher:
         # Sandbox mode: takes a plan's workspace out of use when called, and returns
         # the removal to await (its answer's JSON); None elsewhere.
         self.on_teardown: Callable[[str], Awaitable[dict[str, Any]]] | None = None
+        # Sandbox mode: the plans whose workspaces this worker holds, with when each was
+        # last used (unix ms), told to the server in every Hello; None elsewhere.
+        self.held_plans: Callable[[], list[tuple[str, int]]] | None = None
         self._teardowns: set[asyncio.Task[None]] = set()
 
     @property

@@ -127,6 +127,9 @@ class Hub:
         # Sandbox mode: plan -> the worker holding its workspace (sticky), the calls each
         # worker has open (its load, as this hub sees it) and teardowns awaiting answers.
         self.placements: dict[str, str] = store.placements()
+        # What each connected worker holds, by its own word (its Hello) and by the plans
+        # placed and used there since: plan -> last use (unix ms). See learn_placements.
+        self._held: dict[str, dict[str, int]] = {}
         self._open_calls: dict[str, int] = {}
         self._teardowns: dict[str, asyncio.Future[pb.ActionResult]] = {}
 
@@ -154,6 +157,7 @@ class Hub:
             previous.close()
         self.sessions[hello.worker_id] = session
         self.store.seen_worker(hello)
+        self.learn_placements(session)
         log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
         for msg in first.messages[1:]:
             self._handle(session, msg)
@@ -177,6 +181,7 @@ class Hub:
             beats.cancel()
             if self.sessions.get(hello.worker_id) is session:
                 del self.sessions[hello.worker_id]
+                self._held.pop(hello.worker_id, None)
                 self.store.touch_worker(hello.worker_id)
             log.info("worker %s disconnected", hello.worker_id)
 
@@ -385,12 +390,94 @@ class Hub:
                     "empty workspace elsewhere would lose them. Tear the plan down to start over.",
                     {"plan_id": req.plan_id, "worker_id": placed},
                 )
+            self._held.setdefault(placed, {})[req.plan_id] = now_ms()
             return placed
         worker_id = req.worker_id or self._least_loaded(req.plan_id)
-        self.placements[req.plan_id] = worker_id
-        self.store.place(req.plan_id, worker_id)
+        self._place(req.plan_id, worker_id)
+        self._held.setdefault(worker_id, {})[req.plan_id] = now_ms()
         log.info("plan %s placed on worker %s", req.plan_id, worker_id)
         return worker_id
+
+    def _place(self, plan_id: str, worker_id: str) -> None:
+        self.placements[plan_id] = worker_id
+        self.store.place(plan_id, worker_id)
+
+    def _unplace(self, plan_id: str) -> None:
+        del self.placements[plan_id]
+        self.store.unplace(plan_id)
+
+    def learn_placements(self, session: Session) -> None:
+        """Take a connecting worker's word for the workspaces it holds (its Hello), so
+        a hub whose hub.db was lost, or restored from an older copy, routes each plan
+        back to its files instead of placing it anew on an empty workspace.
+
+        - A plan recorded on this worker that it no longer holds (swept, torn down, its
+          data folder lost), and with no call still on its way there, is unplaced; if
+          another connected worker holds it, it goes there.
+        - A plan it holds that the hub has no record of is placed here.
+        - A plan recorded on another worker stays there while that worker is away (its
+          calls get the retryable `sandbox_unavailable`; the record is not overturned
+          on a guess); when both are connected and hold it, the workspace used last wins.
+        """
+        worker_id = session.worker_id
+        held = {plan.plan_id: plan.last_used_unix_ms for plan in session.hello.plans}
+        for plan_id in self.store.queued_teardowns(worker_id):
+            held.pop(plan_id, None)  # its removal is on the way: not a home for the plan
+        self._held[worker_id] = held
+        on_the_way = {
+            call.request.plan_id
+            for call in self.store.open_calls(worker_id)
+            if call.state == "PENDING"
+        }
+        for plan_id, placed in list(self.placements.items()):
+            if placed != worker_id or plan_id in held:
+                continue
+            if plan_id in on_the_way:  # placed here, its first call not yet delivered
+                held[plan_id] = now_ms()
+                continue
+            self._unplace(plan_id)
+            log.info("plan %s: worker %s no longer holds its workspace", plan_id, worker_id)
+            self._settle(plan_id)
+        learned = 0
+        for plan_id in held:
+            recorded = self.placements.get(plan_id)
+            if recorded is None:
+                self._place(plan_id, worker_id)
+                learned += 1
+            elif recorded != worker_id:
+                self._settle(plan_id)
+        if learned:
+            log.info("worker %s holds %d plan(s) this hub had no record of", worker_id, learned)
+
+    def _settle(self, plan_id: str) -> None:
+        """Place `plan_id` on the connected worker whose workspace of it was used last,
+        unless its record names a worker that is away (which keeps it)."""
+        placed = self.placements.get(plan_id)
+        if placed is not None and placed not in self.sessions:
+            log.warning(
+                "plan %s: its record names worker %s, which is away; other workers hold a "
+                "workspace of it too, and its calls wait for %s",
+                plan_id,
+                placed,
+                placed,
+            )
+            return
+        holders = [
+            (self._held[worker_id][plan_id], worker_id) for worker_id in self._holders(plan_id)
+        ]
+        if not holders:
+            return
+        _, latest = max(holders)
+        if len(holders) > 1:
+            log.warning(
+                "plan %s has a workspace on %d workers (%s); its calls go to %s, used last",
+                plan_id,
+                len(holders),
+                ", ".join(sorted(w for _, w in holders)),
+                latest,
+            )
+        if placed != latest:
+            self._place(plan_id, latest)
 
     def _least_loaded(self, plan_id: str) -> str:
         candidates = [
@@ -427,8 +514,8 @@ class Hub:
                     "validation_error", f"no worker {req.worker_id!r} has ever joined this hub"
                 )
             targets = [req.worker_id]
-        elif placed is not None:
-            targets = [placed]
+        elif placed is not None:  # and any other connected worker holding a copy
+            targets = [placed, *sorted(self._holders(req.plan_id) - {placed})]
         else:  # no record here (a hub.db lost, say): every sandbox worker checks
             targets = [session.worker_id for session in self._sandbox_workers()]
         # A worker that is away is told when it next connects (before any call); the
@@ -442,6 +529,7 @@ class Hub:
         for worker_id, result in zip(here, answers, strict=True):
             if result.status != pb.ActionResult.OK:
                 return pb.DispatchResponse(worker_id=worker_id, result=result)
+            self._held.get(worker_id, {}).pop(req.plan_id, None)
             removed = removed or bool(json.loads(result.result_json or "{}").get("removed"))
         if self.placements.get(req.plan_id) in targets:
             del self.placements[req.plan_id]
@@ -452,6 +540,14 @@ class Hub:
             answer["queued_worker_ids"] = away
         result = pb.ActionResult(status=pb.ActionResult.OK, result_json=json.dumps(answer))
         return pb.DispatchResponse(worker_id=worker_id, result=result)
+
+    def _holders(self, plan_id: str) -> set[str]:
+        """The connected workers holding a workspace of `plan_id`."""
+        return {
+            worker_id
+            for worker_id, plans in self._held.items()
+            if plan_id in plans and worker_id in self.sessions
+        }
 
     def _send_teardown(self, session: Session, plan_id: str) -> asyncio.Future[pb.ActionResult]:
         cid = uuid.uuid4().hex

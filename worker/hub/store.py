@@ -238,6 +238,13 @@ class HubStore:
             (worker_id, plan_id, now_ms()),
         )
 
+    def queued_teardowns(self, worker_id: str) -> list[str]:
+        """The plans whose teardown waits for `worker_id`, left on the queue."""
+        rows = self._db.execute(
+            "SELECT plan_id FROM queued_teardowns WHERE worker_id = ?", (worker_id,)
+        ).fetchall()
+        return [plan for (plan,) in rows]
+
     def take_teardowns(self, worker_id: str) -> list[str]:
         """The plans whose teardown waits for `worker_id`, oldest first, taken off the queue."""
         rows = self._db.execute(

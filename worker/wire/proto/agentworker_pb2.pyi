@@ -32,7 +32,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[ActionAck, _Mapping]] = ..., result: _Optional[_Union[ActionResult, _Mapping]] = ..., scope_decision: _Optional[_Union[ScopeDecision, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., audit: _Optional[_Union[AuditEvent, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "instance_id", "version", "protocol_min", "protocol_max", "surfaces", "actions", "gui_available", "max_concurrency", "running_ids", "unacked_ids")
+    __slots__ = ("worker_id", "instance_id", "version", "protocol_min", "protocol_max", "surfaces", "actions", "gui_available", "max_concurrency", "running_ids", "unacked_ids", "plans")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class Hello(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     RUNNING_IDS_FIELD_NUMBER: _ClassVar[int]
     UNACKED_IDS_FIELD_NUMBER: _ClassVar[int]
+    PLANS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     instance_id: str
     version: str
@@ -55,7 +56,16 @@ class Hello(_message.Message):
     max_concurrency: int
     running_ids: _containers.RepeatedScalarFieldContainer[str]
     unacked_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_min: _Optional[int] = ..., protocol_max: _Optional[int] = ..., surfaces: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., running_ids: _Optional[_Iterable[str]] = ..., unacked_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    plans: _containers.RepeatedCompositeFieldContainer[HeldPlan]
+    def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_min: _Optional[int] = ..., protocol_max: _Optional[int] = ..., surfaces: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., running_ids: _Optional[_Iterable[str]] = ..., unacked_ids: _Optional[_Iterable[str]] = ..., plans: _Optional[_Iterable[_Union[HeldPlan, _Mapping]]] = ...) -> None: ...
+
+class HeldPlan(_message.Message):
+    __slots__ = ("plan_id", "last_used_unix_ms")
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    last_used_unix_ms: int
+    def __init__(self, plan_id: _Optional[str] = ..., last_used_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ActionAck(_message.Message):
     __slots__ = ("correlation_ids", "kind", "message")
