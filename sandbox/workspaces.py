@@ -20,8 +20,9 @@ Disk use is what the files take on disk (allocated blocks), counted by a walk
 that never follows a link; it is cached and counted again after anything may
 have changed it. The quota is checked before each write and bounds each file a
 program writes (RLIMIT_FSIZE), so a plan can end up over it only through many
-files written by programs in one call; it can then write nothing more until
-torn down.
+files (or folders) written by programs in one call; that call is answered
+`too_large` (the worker counts again after each program), and the plan can then
+write nothing more until torn down.
 
 Standard library only, no worker imports: it can be reviewed and tested alone.
 """

@@ -11,7 +11,8 @@ Programs run in bubblewrap as `workerHost.exec` runs them, with these changes: t
 plan's workspace is the only folder, read-write at /workspace; the environment is
 cleared (the pass-list is ignored); there is never a network (http_fetch is the
 way out, behind its guard); each file a program writes is bounded by what is
-left of the plan's quota; and at most `plans_execs` programs of one plan run at
+left of the plan's quota, and a program whose writes fill the plan is answered
+`too_large`; and at most `plans_execs` programs of one plan run at
 once, so the per-sandbox rlimits bound the whole plan (see `Workbench.limits_note`).
 
 The sandbox is probed once at start (`probe`): sandbox mode refuses to start when
@@ -32,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from sandbox import environment
+from sandbox import cgroups, environment
 from sandbox.process import (
     Limits,
     Mount,
@@ -132,14 +133,25 @@ class Workbench:
 
     def limits_note(self, exec_settings: ExecSection) -> str:
         """Which limits bound a plan's programs, for the start-up log."""
-        n = self.settings.plan_execs
-        return (
-            f"per-plan limits by rlimits: at most {n} program(s) of a plan at once, each "
-            f"sandbox at most {exec_settings.max_processes} processes, "
-            f"{exec_settings.memory_mb} MiB of address space per process and "
-            f"{exec_settings.cpu_s} s of CPU per process (no delegated cgroup v2 subtree is "
-            "used, so memory and CPU are bounded per process, not per plan)"
-        )
+        return limits_note(self.settings, exec_settings, cgroups.probe())
+
+
+def limits_note(
+    settings: SandboxSection, exec_settings: ExecSection, cgroup: cgroups.CgroupSupport
+) -> str:
+    """Which limits bound a plan's programs (rlimits), and why not cgroup v2 here."""
+    n = settings.plan_execs
+    if cgroup.usable:
+        why = f"{cgroup.reason} is available, but per-plan cgroups are not applied yet"
+    else:
+        why = f"not cgroup v2: {cgroup.reason}"
+    return (
+        f"per-plan limits by rlimits ({why}): at most {n} program(s) of a plan at once, each "
+        f"sandbox at most {exec_settings.max_processes} processes, "
+        f"{exec_settings.memory_mb} MiB of address space per process and "
+        f"{exec_settings.cpu_s} s of CPU per process, so memory and CPU are bounded per "
+        "process, not per plan"
+    )
 
 
 # ----------------------------------------------------------------- paths
@@ -233,10 +245,7 @@ def _fetch(bench: Workbench) -> Callable[[Context, Any], Awaitable[Outcome[Any]]
 def _exec(bench: Workbench) -> Callable[[Context, exec_cmd.ExecArgs], Awaitable[Outcome[Any]]]:
     async def sandboxed(ctx: Context, args: exec_cmd.ExecArgs) -> Outcome[Any]:
         plan_ctx, workspace = _plan_context(bench, ctx)
-        try:
-            return await _run_in_workspace(bench, plan_ctx, workspace, args)
-        finally:
-            bench.workspaces.changed(workspace)
+        return await _run_in_workspace(bench, plan_ctx, workspace, args)
 
     return sandboxed
 
@@ -284,7 +293,8 @@ async def _run_in_workspace(
         )
         async with bench.exec_slot(ctx.plan_id):
             limits = exec_cmd.limits_of(settings, timeout_s)
-            room = await asyncio.to_thread(bench.workspaces.room, workspace)
+            before = await asyncio.to_thread(bench.workspaces.use, workspace)
+            room = max(0, bench.workspaces.quota_bytes - before)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             try:
                 done = await run(
@@ -296,6 +306,12 @@ async def _run_in_workspace(
                 )
             except SandboxUnavailableError as exc:
                 raise WorkerError("sandbox_unavailable", str(exc)) from None
+            finally:
+                bench.workspaces.changed(workspace)  # whatever ran may have written
+            # Counted again (and kept for the next call): RLIMIT_FSIZE bounds each file
+            # by the room left, not the files together, nor folders.
+            used = await asyncio.to_thread(bench.workspaces.use, workspace)
+    _check_quota(bench, workspace, before, used, done.exit_code, done.signal)
     result = exec_cmd.ExecResult(
         program=program,
         rule=decision.rule_id or "",
@@ -308,6 +324,36 @@ async def _run_in_workspace(
         duration_ms=int(done.duration_s * 1000),
     )
     return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
+
+
+def _check_quota(
+    bench: Workbench,
+    workspace: Workspace,
+    before: int,
+    used: int,
+    exit_code: int | None,
+    signal: int | None,
+) -> None:
+    """`too_large` when a program's writes took the plan to its quota or past it (each
+    file was bounded by the room left, not the files together): what it wrote is
+    kept, and the plan, full, can write no more (fs_write refuses, programs get no
+    room) until it is torn down."""
+    quota = bench.workspaces.quota_bytes
+    if used <= before or used < quota:
+        return
+    raise WorkerError(
+        "too_large",
+        f"the program filled plan {workspace.plan_id!r}'s workspace: it now uses {used:,} "
+        f"bytes of its {quota:,}-byte quota ({before:,} before the program ran). What it "
+        "wrote is kept, but the plan can write nothing more; tear it down to start over.",
+        {
+            "quota_bytes": quota,
+            "used_bytes": used,
+            "used_before_bytes": before,
+            "exit_code": exit_code,
+            "signal": exec_cmd._signal_name(signal),
+        },
+    )
 
 
 # What confining a call to its plan's workspace may add to a host action's answers.

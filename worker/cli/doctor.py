@@ -113,7 +113,8 @@ def diagnose(paths: Paths, *, reach_hub: bool = True) -> list[Finding]:
     findings += [_token(paths), *_tls(settings)]
     if reach_hub:
         findings.append(_hub(paths, settings))
-    findings += [_bubblewrap(settings), _landlock(settings, paths), _seccomp(), *_display()]
+    findings += [_bubblewrap(settings), _landlock(settings, paths), _seccomp()]
+    findings += [_plan_limits(settings), *_display()]
     return findings
 
 
@@ -495,6 +496,29 @@ def _landlock(config: Config, paths: Paths) -> Finding:
     if config.exec.landlock == "require":
         return Finding("landlock", "warn", f"off, and required: {layer.detail}", fix, details)
     return Finding("landlock", "info", f"off: {layer.detail}", fix, details)
+
+
+def _plan_limits(config: Config) -> Finding:
+    if not sys.platform.startswith("linux"):
+        return Finding("plan limits", "info", "sandbox mode needs Linux")
+
+    def probe() -> Finding:
+        from sandbox import cgroups
+        from worker.actions import workbench
+
+        support = cgroups.probe()
+        note = workbench.limits_note(config.sandbox, config.exec, support)
+        details = {
+            "applies": "rlimits",
+            "cgroup_v2": support.usable,
+            "cgroup": str(support.folder or ""),
+            "controllers": list(support.controllers),
+            "reason": support.reason,
+        }
+        fix = "" if support.usable else cgroups.HOW
+        return Finding("plan limits", "info", f"sandbox mode: {note}", fix, details)
+
+    return _guard("plan limits", probe)
 
 
 def _seccomp() -> Finding:
