@@ -175,6 +175,17 @@ class Grammar:
             _check_slots(self.positionals, reading.positionals, check_path)
             _check_slots(self.after_double_dash, reading.after_double_dash, check_path, "after --")
 
+    def path_positionals(self, reading: Reading) -> tuple[str, ...]:
+        """The positional arguments `reading` takes as paths (what a searching program
+        searches; option values such as `grep -f FILE` are not among them)."""
+        if self.any_args:
+            return reading.positionals
+        if self.after_double_dash is None:
+            return _slot_paths(self.positionals, reading.positionals + reading.after_double_dash)
+        return _slot_paths(self.positionals, reading.positionals) + _slot_paths(
+            self.after_double_dash, reading.after_double_dash
+        )
+
     # ------------------------------------------------------------- styles
 
     def _read_gnu(self, rest: list[str], *, options_first: bool = False) -> Reading:
@@ -328,6 +339,18 @@ def _check_slots(
         for value in given[index : index + taken]:
             _check_value(slot.kind, value, f"argument {value!r}", check_path)
         index += taken
+
+
+def _slot_paths(slots: Sequence[Slot], given: Sequence[str]) -> tuple[str, ...]:
+    """The values of `given` that fall in path slots, as _check_slots assigns them."""
+    found: list[str] = []
+    index = 0
+    for slot in slots:
+        taken = len(given) - index if slot.repeat == "many" else min(1, len(given) - index)
+        if slot.kind in PATH_KINDS:
+            found += [value for value in given[index : index + taken] if value != "-"]
+        index += taken
+    return tuple(found)
 
 
 def _check_value(kind: Kind, value: str, what: str, check_path: PathCheck) -> None:

@@ -31,6 +31,7 @@ _PROGRAM_KEYS: Final = {
     "options",
     "attached",
     "optional_value",
+    "walks",
     "rule",
     "deny",
 }
@@ -47,6 +48,7 @@ _RULE_KEYS: Final = {
     "any_args",
     "match",
     "not_match",
+    "walks",
 }
 _DENY_KEYS: Final = {"id", "args", "reason", "where", "match", "not_match"}
 
@@ -153,9 +155,18 @@ def _program(name: str, raw: dict[str, Any], source: str) -> _Layer:
     base_options = _strings(raw.get("options", []), f"{where} options")
     attached = frozenset(_strings(raw.get("attached", []), f"{where} attached"))
     optional = frozenset(_strings(raw.get("optional_value", []), f"{where} optional_value"))
+    walks = _walks(raw.get("walks", True), f"{where} walks")
     rules = [
         _rule(
-            name, _table(item, where), style, base_flags, base_options, source, attached, optional
+            name,
+            _table(item, where),
+            style,
+            base_flags,
+            base_options,
+            source,
+            attached,
+            optional,
+            walks,
         )
         for item in _tables(raw.get("rule", []), f"{where} rule")
     ]
@@ -183,6 +194,7 @@ def _rule(
     source: str,
     attached: frozenset[str] = frozenset(),
     optional: frozenset[str] = frozenset(),
+    walks: bool | frozenset[str] = True,
 ) -> Rule:
     rule_id = _id(raw, f"{source}: a rule of {program}")
     where = f"{source}: rule {rule_id}"
@@ -218,6 +230,15 @@ def _rule(
         missing = group - set(flags) - set(options)
         if missing:
             raise PolicyError(f"{where}: requires {sorted(missing)} but does not list them")
+    walking = _walks(raw["walks"], f"{where} walks") if "walks" in raw else walks
+    if not isinstance(walking, bool):
+        for entry in walking:
+            name, has_value, _ = entry.partition("=")
+            if name not in (options if has_value else flags):
+                raise PolicyError(
+                    f"{where}: walks names {entry!r}, which is not one of its "
+                    f"{'options' if has_value else 'flags'}"
+                )
     return Rule(
         id=rule_id,
         program=program,
@@ -227,7 +248,15 @@ def _rule(
         match=tuple(_strings(raw.get("match", []), f"{where} match")),
         not_match=tuple(_strings(raw.get("not_match", []), f"{where} not_match")),
         source=source,
+        walks=walking,
     )
+
+
+def _walks(value: Any, where: str) -> bool | frozenset[str]:
+    """true, false, or the flags (and option=value pairs) that make the program walk."""
+    if isinstance(value, bool):
+        return value
+    return frozenset(_strings(value, f"{where} (true, false or a list of flags)"))
 
 
 def _deny(program: str, raw: dict[str, Any], source: str) -> Deny:

@@ -26,6 +26,7 @@ from allowlist._grammar import (
     NoMatchError,
     PathCheck,
     PathRefusedError,
+    Reading,
     token_hits,
 )
 
@@ -56,6 +57,16 @@ class Rule:
     match: tuple[str, ...] = ()
     not_match: tuple[str, ...] = ()
     source: str = ""
+    # Whether the program may open files it finds in folders (grep -r, rg, git diff),
+    # not only the paths named in its arguments: True, False, or the flags (and
+    # option=value pairs) that make it do so. See Decision.walks.
+    walks: bool | frozenset[str] = True
+
+    def walking(self, reading: Reading) -> bool:
+        if isinstance(self.walks, bool):
+            return self.walks
+        given = set(reading.flags) | {f"{name}={value}" for name, value in reading.values}
+        return bool(given & self.walks)
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,11 @@ class Decision:
     rule_id: str | None = None
     matched: tuple[str, ...] = ()  # every rule or deny entry that matched
     tried: Mapping[str, str] = field(default_factory=dict)  # rule id -> why it did not match
+    # The program may open files it finds by walking folders (a rule that matched says
+    # so): `searched` are the path arguments it searches, or "." (the folder it works
+    # in) when it names none. The worker checks those folders for hard links.
+    walks: bool = False
+    searched: tuple[str, ...] = ()
 
     @property
     def runs(self) -> bool:
@@ -187,11 +203,12 @@ def _decide_program(
                 matched=(deny.id,),
             )
     matched: list[Rule] = []
+    readings: list[Reading] = []
     tried: dict[str, str] = {}
     paths_refused: list[tuple[Rule, PathRefusedError]] = []
     for rule in program.rules:
         try:
-            rule.grammar.match(args, check_path)
+            reading = rule.grammar.match(args, check_path)
         except PathRefusedError as exc:
             paths_refused.append((rule, exc))
             tried[rule.id] = exc.reason
@@ -199,6 +216,7 @@ def _decide_program(
             tried[rule.id] = exc.reason
         else:
             matched.append(rule)
+            readings.append(reading)
     if not matched:
         if paths_refused:
             near, refused = paths_refused[0]
@@ -244,6 +262,11 @@ def _decide_program(
             rule_id=winner.id,
             matched=ids,
         )
+    walking = [
+        (rule, reading)
+        for rule, reading in zip(matched, readings, strict=True)
+        if rule.walking(reading)
+    ]
     return Decision(
         winner.decision,
         f"rule {winner.id}: {winner.reason}",
@@ -253,6 +276,14 @@ def _decide_program(
         resolved,
         winner.id,
         ids,
+        walks=bool(walking),
+        searched=tuple(
+            dict.fromkeys(
+                path
+                for rule, reading in walking
+                for path in rule.grammar.path_positionals(reading) or (".",)
+            )
+        ),
     )
 
 

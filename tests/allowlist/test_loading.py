@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from allowlist import (
+    Policy,
     PolicyError,
     PolicyFile,
     Refusal,
@@ -189,3 +190,64 @@ def test_a_policy_file_is_loaded_once_per_version_and_an_edit_takes_effect(
     fixed = policies.current(mine)
     assert fixed is not first
     assert PolicyFile().current(None).decide(["cat", "-n", "a"], example_path_check)
+
+
+GREP = """
+[program.grep]
+paths = ["/usr/bin/grep"]
+{program_walks}
+flags = ["-r", "-n", "--recursive"]
+options = ["-d=read|skip|recurse", "-f=read_path"]
+
+[[program.grep.rule]]
+id = "grep"
+reason = "searches"
+positionals = ["opaque", "read_path..."]
+{rule_walks}
+
+[[program.grep.rule]]
+id = "grep-f"
+reason = "searches with patterns from a file"
+positionals = ["read_path..."]
+require = ["-f"]
+"""
+
+
+def _grep(program_walks: str = "", rule_walks: str = "") -> Policy:
+    return load_text(GREP.format(program_walks=program_walks, rule_walks=rule_walks), "mine.toml")
+
+
+def test_walks_says_which_calls_search_folders_and_which_folders() -> None:
+    policy = _grep('walks = ["-r", "--recursive", "-d=recurse"]')
+    check = example_path_check
+    for argv, searched in (
+        ("grep -rn x src docs", ("src", "docs")),
+        ("grep -nr x", (".",)),  # no path: where it runs
+        ("grep -d recurse x a", ("a",)),
+        ("grep -f pats -r", (".",)),  # -f names a file to read, not one to search
+        ("grep --recursive -- x -y", ("-y",)),
+    ):
+        decision = policy.decide(argv.split(), check)
+        assert decision.runs and decision.walks and decision.searched == searched, argv
+    for argv in ("grep x a", "grep -d skip x a", "grep -f pats a"):
+        decision = policy.decide(argv.split(), check)
+        assert decision.runs and not decision.walks, argv
+
+
+def test_walks_defaults_to_true_and_a_rule_may_say_otherwise() -> None:
+    check = example_path_check
+    assert _grep().decide(["grep", "x", "a"], check).walks
+    policy = _grep("walks = true", "walks = false")
+    assert not policy.decide(["grep", "x", "a"], check).walks
+    assert policy.decide(["grep", "-f", "p"], check).walks
+
+
+def test_walks_names_only_the_rules_own_flags() -> None:
+    with pytest.raises(PolicyError) as caught:
+        _grep('walks = ["-R"]')
+    assert "walks names '-R', which is not one of its flags" in str(caught.value)
+    with pytest.raises(PolicyError) as caught:
+        _grep('walks = ["--exclude=x"]')
+    assert "not one of its options" in str(caught.value)
+    with pytest.raises(PolicyError):
+        _grep('walks = "yes"')

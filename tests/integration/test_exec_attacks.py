@@ -181,6 +181,64 @@ def test_d_exec_refuses_a_hard_linked_file_as_fs_read_does(
     assert out["status"] == "ok" and blob == b"shared\n", out
 
 
+def test_d_a_program_that_walks_folders_never_reaches_a_hard_linked_file(
+    live: Cluster, box: Path, tmp_path: Path
+) -> None:
+    """D, inside folders: `grep -r x .` and the like open files no argument names. With
+    `allow_hard_links = false` the worker walks the folders such a program searches
+    first and refuses the call, naming the file, when one has several names."""
+    outside = tmp_path / "secret.txt"
+    outside.write_text("needle outside\n")
+    linked = box / "deep" / "er"
+    linked.mkdir(parents=True)
+    (linked / "link.txt").hardlink_to(outside)
+    clean = box / "clean"
+    clean.mkdir()
+    (clean / "plain.txt").write_text("needle shared\n")
+    (box / "top.txt").write_text("needle top\n")
+    where = f"{box.name}/deep/er/link.txt"
+
+    def refused(argv: list[str], cwd: str = box.name) -> None:
+        out, blob = run_exec(live, argv, cwd)
+        assert error_code(out) == "path_not_allowed", (argv, out, blob)
+        error = out["error"]
+        assert "hard links" in error["message"] and error["details"]["links"] == 2, error
+        assert error["details"]["path"].endswith(where), error
+        assert "allow_hard_links" in error["message"]
+
+    def allowed(argv: list[str], cwd: str = box.name) -> bytes:
+        out, blob = run_exec(live, argv, cwd)
+        assert out["status"] == "ok", (argv, out, blob)
+        assert b"outside" not in blob, (argv, blob)
+        return blob
+
+    refused(["grep", "-r", "needle", "."])
+    refused(["grep", "-rn", "needle"])  # no path: grep searches where it runs
+    refused(["grep", "-r", "needle"], ".")  # the shared folder above holds it too
+    refused(["grep", "--directories=recurse", "needle", "deep"])
+    refused(["grep", "-f", "top.txt", "-r"])  # -f names a file; the search is still "."
+    refused(["diff", "-r", "clean", "deep"])
+    # A link to a folder is followed (as grep -R, rg -L do): the walk goes where it leads.
+    (clean / "around").symlink_to(linked)
+    refused(["grep", "-r", "needle", "clean"])
+    (clean / "around").unlink()
+    assert allowed(["grep", "-r", "needle", "clean"]) == b"clean/plain.txt:needle shared\n"
+    assert allowed(["grep", "needle", "top.txt"]) == b"needle top\n"  # no walk: named only
+    # Listing and stat-ing open no file's content, as fs_list and fs_stat may.
+    assert b"link.txt" in allowed(["ls", "-R"])
+    assert b"link.txt" in allowed(["find", ".", "-type", "f"])
+    # git reads the files of its working tree: refused there, not in history alone.
+    repo = box / "repo"
+    repository(repo)
+    assert allowed(["git", "status", "--short"], f"{box.name}/repo") == b" M a.txt\n"
+    (repo / "b.txt").hardlink_to(outside)
+    out, _ = run_exec(live, ["git", "status", "--short"], f"{box.name}/repo")
+    assert error_code(out) == "path_not_allowed" and "b.txt" in out["error"]["message"], out
+    out, _ = run_exec(live, ["git", "diff"], f"{box.name}/repo")
+    assert error_code(out) == "path_not_allowed", out
+    assert allowed(["git", "log", "--format=%s"], f"{box.name}/repo") == b"first\n"
+
+
 @pytest.fixture(scope="module")
 def home_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A worker whose second shared folder holds its own home (config, token, data)."""

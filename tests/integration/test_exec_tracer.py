@@ -13,6 +13,17 @@ fails when the program
 - touched the sentinel path: every value the grammar takes as text (an `opaque`
   kind) is `/agentworker-sentinel/...`, so a program that opens one read an
   argument as a path the grammar never checked. That is how xxd's `-ps` was found.
+
+Beside the grammar's own options, every rule is also offered the usual spellings of
+options that make a program write a file named in their value (`-o FILE`,
+`--output=FILE`, `--log-file FILE`, ...: WRITE_OPTIONS), before and after its
+other arguments: the policy must refuse them, and any it admitted would be traced
+and found writing. `test_the_tracer_finds_options_that_write_their_value` shows it
+finds `sort -o`, `git diff --output`, `git log --output` and wget's `-o` log file
+when a grammar admits them (as text, or mislabelled as a path read). Every shipped
+rule was checked by hand for such options too: none admits one (git's `--output`,
+sort's `-o`/`-T`, find's `-fprint*`, sed's `w` without `--sandbox`, uniq's and
+xxd's output operands are refused or denied).
 """
 
 from __future__ import annotations
@@ -56,6 +67,26 @@ EXTRA = {
     ],
 }
 PER_RULE = 40  # generated lists per rule, beside its examples
+# Options that make programs write the file their value names (GNU tools, git, curl,
+# wget, rsync, tar, gpg...), each tried separate and glued, before and after the
+# rule's other arguments.
+WRITE_OPTIONS = (
+    "-o",
+    "-O",
+    "--output",
+    "--output-file",
+    "--outfile",
+    "--out",
+    "--log-file",
+    "--logfile",
+    "--log",
+    "--index-file",
+    "--dump-header",
+    "--stderr",
+    "--trace",
+    "--record",
+)
+WRITTEN = "written-by-option.txt"
 
 
 @dataclass(frozen=True)
@@ -127,7 +158,27 @@ def generated(rule: Rule) -> list[list[str]]:
             value = value_for(grammar.options["-" + letter])
             lead = shorts[:1]
             lists.append(head + required + ["-" + "".join(lead) + letter, value] + tail)
-    return lists[:PER_RULE] + abbreviated(rule)
+    return lists[:PER_RULE] + abbreviated(rule) + writing(rule)
+
+
+def writing(rule: Rule) -> list[list[str]]:
+    """The rule's arguments with an option that writes its value added (WRITE_OPTIONS):
+    a file in the shared folder, which a path check would pass."""
+    grammar = rule.grammar
+    if grammar.any_args:
+        return []
+    head = [rule.program, *(word.split("|")[0] for word in grammar.subcommand)]
+    required = [sorted(group)[0] for group in grammar.require]
+    tail = [value_for(slot.kind) for slot in grammar.positionals if slot.repeat == "one"]
+    lists = []
+    for name in WRITE_OPTIONS:
+        spellings = [[name, WRITTEN]]
+        if grammar.style != "single_dash":
+            spellings.append([f"{name}={WRITTEN}" if name.startswith("--") else name + WRITTEN])
+        for option in spellings:
+            lists.append(head + required + option + tail)
+            lists.append(head + required + tail + option)
+    return lists
 
 
 def abbreviated(rule: Rule) -> list[list[str]]:
@@ -237,13 +288,17 @@ def judge(trace: str, argv: list[str], program: str, share: Path, read_only: boo
                 continue  # failed: nothing was opened
             path = landed.group(1)
             writing = call.startswith("creat(") or bool(WRITE_FLAGS.search(call))
-            if writing and read_only and not path.startswith(("/tmp/", "/dev/")):
-                problems.append(f"opened for writing {path}")
             inside = path == str(share) or path.startswith(f"{share}/")
+            # The sandbox's private /tmp excepted; the shared folder may well lie under
+            # the host's /tmp (pytest's folders do), and is never excepted.
+            scratch = path.startswith(("/tmp/", "/dev/")) and not inside
+            if writing and read_only and not scratch:
+                problems.append(f"opened for writing {path}")
             if not (inside or path == "/" or path.startswith(SYSTEM + PRIVATE)):
                 problems.append(f"read {path}, outside the shared folder")
-        elif CHANGES.match(call) and call.endswith("= 0") and read_only and "/tmp/" not in call:
-            problems.append(f"changed the file system: {call[:200]}")
+        elif CHANGES.match(call) and call.endswith("= 0") and read_only:
+            if str(share) in call or "/tmp/" not in call:
+                problems.append(f"changed the file system: {call[:200]}")
     if not started:
         problems.append("the pinned program never started")
     return problems
@@ -306,3 +361,56 @@ def test_the_tracer_finds_xxds_ps_under_the_grammar_that_missed_it(share: Path) 
             if judge(trace, argv, decision.path, share, read_only=True):
                 found.append(argv)
     assert ["xxd", "-ps", SENTINEL, "a.txt"] in found, found
+
+
+WRITERS = """
+[program.sort]
+paths = ["/usr/bin/sort"]
+[[program.sort.rule]]
+id = "sort-with-output"
+reason = "a mistake: -o writes the file its value names"
+options = ["-o=opaque"]
+positionals = ["read_path..."]
+
+[program.git]
+paths = ["/usr/bin/git"]
+[[program.git.rule]]
+id = "git-diff-with-output"
+reason = "a mistake: --output writes the diff to a file"
+subcommand = ["diff"]
+options = ["--output=opaque"]
+[[program.git.rule]]
+id = "git-log-with-output"
+reason = "a mistake: --output, mislabelled as a path read"
+subcommand = ["log"]
+options = ["--output=read_path"]
+
+[program.wget]
+paths = ["/usr/bin/wget"]
+[[program.wget.rule]]
+id = "wget-with-log-file"
+reason = "a mistake: -o names wget's log file"
+options = ["-o=read_path"]
+positionals = ["opaque"]
+"""
+
+
+def test_the_tracer_finds_options_that_write_their_value(share: Path) -> None:
+    """The test's own power over writes: a grammar that admits an option writing the
+    file its value names is caught, whatever kind the grammar gave the value."""
+    policy = load_text(WRITERS)
+    check = path_check([Root(share, writable=True)], str(share))
+    caught: dict[str, list[str]] = {}
+    for rule in policy.rules():
+        for argv in generated(rule):
+            decision = policy.decide(argv, check)
+            if not (decision.runs and decision.path is not None):
+                continue
+            trace = asyncio.run(traced(argv, decision, share))
+            problems = judge(trace, argv, decision.path, share, read_only=True)
+            if problems:
+                caught.setdefault(rule.id, []).extend(problems)
+        (share / WRITTEN).unlink(missing_ok=True)
+    assert set(caught) == {r.id for r in policy.rules()}, caught
+    assert any(WRITTEN in p for p in caught["git-log-with-output"]), caught
+    assert any("sentinel" in p for p in caught["git-diff-with-output"]), caught

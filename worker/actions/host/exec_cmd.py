@@ -16,6 +16,7 @@ request's deadline passing first is the `timeout` error.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import signal
@@ -29,7 +30,7 @@ from allowlist import Decision, Refusal
 from sandbox import Root, confinement, environment
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
 from worker.actions.host.exec_git import git_view
-from worker.actions.host.exec_policy import REFUSAL_CODES, path_check, policy_for
+from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.config import ExecSection, Paths
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
@@ -94,6 +95,8 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     assert decision.program is not None
     entry = await landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
+        if decision.walks and not ctx.config.fs.allow_hard_links:
+            await asyncio.to_thread(check_walked, ctx.roots, cwd, decision.searched, git.env)
         view = View(
             cwd=cwd,
             mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -102,3 +102,112 @@ def _resolves_beneath(root: Root, full: str, allow_hard_links: bool) -> None:
         return  # missing, say: nothing there can lead anywhere
     if not allow_hard_links and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
         raise HardLinkError(full, st.st_nlink)
+
+
+# ----------------------------------------------------------------- folders a program walks
+
+# How many entries the worker looks at before a walking program runs; a folder with
+# more is refused (named), never run unchecked.
+WALK_LIMIT: Final = 100_000
+_WALK_HINT: Final = (
+    " If hard-linked files in the shared folders should be usable, set allow_hard_links = "
+    "true under [fs] in config.toml."
+)
+
+
+def refuse_hard_links_within(
+    roots: Sequence[Root],
+    folders: Sequence[str],
+    *,
+    skip: Sequence[str] = (),
+    limit: int = WALK_LIMIT,
+) -> None:
+    """Refuse (path_not_allowed, naming the file) a program that walks `folders` when a
+    regular file with several names (hard links) lies anywhere beneath them: another
+    name may be outside the shared folders, and the program would read it where fs_read
+    refuses it (`[fs] allow_hard_links = false`).
+
+    The walk looks where the program can: into the shared folders only (a symbolic link
+    leading elsewhere leads nowhere in the sandbox, or to system folders everyone
+    sees), following links to folders inside them (grep -R, rg -L do), each folder
+    once; the worker's own folders, blanked in the sandbox, and `skip` are left out.
+    The agent cannot make a hard link to a file outside them (link(2) works within one
+    mount; the sandbox mounts each shared folder apart from the system), so what the
+    walk sees is what the program finds. At most `limit` entries: beyond that the call
+    is refused, since what went unseen cannot be vouched for.
+    """
+    tops = [os.path.realpath(root.path) for root in roots]
+    left_out = {os.path.realpath(place) for root in roots for place in root.withheld}
+    left_out.update(os.path.realpath(place) for place in skip)
+
+    def inside(real: str) -> bool:
+        return any(real == top or real.startswith(top.rstrip("/") + "/") for top in tops)
+
+    seen: set[tuple[int, int]] = set()
+    stack = [os.path.realpath(folder) for folder in folders]
+    count = 0
+    while stack:
+        here = stack.pop()
+        if not inside(here) or here in left_out:
+            continue
+        try:
+            st = os.stat(here)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue  # unreadable here, unreadable in the sandbox
+        count += len(entries)
+        if count > limit:
+            raise WorkerError(
+                "path_not_allowed",
+                f"the program would search {folders[0]!r}, which holds more than {limit:,} "
+                "entries; the worker checks every file a searching program may open for hard "
+                "links first, and cannot check that many. Search a narrower folder." + _WALK_HINT,
+                {"path": folders[0], "limit": limit},
+            )
+        for entry in entries:
+            if entry.path in left_out:
+                continue
+            try:
+                if entry.is_symlink():
+                    real = os.path.realpath(entry.path)
+                    if inside(real):
+                        stack.append(real)  # a folder is walked; a file is judged below
+                        _judge(real, os.stat(real))
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    _judge(entry.path, entry.stat(follow_symlinks=False))
+            except OSError:
+                continue
+
+
+def check_walked(
+    roots: Sequence[Root], cwd: str, searched: Sequence[str], git_env: Mapping[str, str]
+) -> None:
+    """Refuse a program that walks folders holding a hard-linked file (see
+    exec_policy.refuse_hard_links_within). git walks its whole working tree, less its
+    repository folder (objects a local clone hard-links are git's immutable data)."""
+    work_tree = git_env.get("GIT_WORK_TREE")
+    if work_tree is not None:
+        skip = [git_env[name] for name in ("GIT_DIR", "GIT_COMMON_DIR") if name in git_env]
+        refuse_hard_links_within(roots, [work_tree], skip=skip)
+        return
+    folders = [path if path.startswith("/") else os.path.join(cwd, path) for path in searched]
+    refuse_hard_links_within(roots, folders)
+
+
+def _judge(path: str, st: os.stat_result) -> None:
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise WorkerError(
+            "path_not_allowed",
+            f"the program would search {path!r}, which has {st.st_nlink} names (hard links); "
+            "another name may lie outside the shared folders, so the program is not run."
+            + _WALK_HINT,
+            {"path": path, "links": st.st_nlink},
+        )
