@@ -296,9 +296,13 @@ def judge(trace: str, argv: list[str], program: str, share: Path, read_only: boo
                 problems.append(f"opened for writing {path}")
             if not (inside or path == "/" or path.startswith(SYSTEM + PRIVATE)):
                 problems.append(f"read {path}, outside the shared folder")
-        elif CHANGES.match(call) and call.endswith("= 0") and read_only:
-            if str(share) in call or "/tmp/" not in call:
-                problems.append(f"changed the file system: {call[:200]}")
+        elif (
+            CHANGES.match(call)
+            and call.endswith("= 0")
+            and read_only
+            and (str(share) in call or "/tmp/" not in call)
+        ):
+            problems.append(f"changed the file system: {call[:200]}")
     if not started:
         problems.append("the pinned program never started")
     return problems
