@@ -6,14 +6,19 @@ workers (each says in its Hello which workspaces it holds)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import shutil
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
@@ -27,6 +32,10 @@ from tests.support.workbench import (
     teardown,
     worker_id_of,
 )
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
+from worker.wire.transport import bearer
 
 
 @pytest.fixture
@@ -265,3 +274,83 @@ def test_two_copies_of_a_plan_the_one_used_last_wins_and_teardown_takes_both(
     assert done["result"]["removed"] is True, done
     assert not files_of(live, "w1", plan).exists()
     assert not files_of(live, "w2", plan).exists()
+
+
+class _ClaimingWorker:
+    """A sandbox worker's stream that claims, in its Hello, to hold `plan` last used at
+    `used_ms`; it answers every call with its own id, so a test sees where calls go."""
+
+    def __init__(self, live: Cluster, worker_id: str, plan: str, used_ms: int) -> None:
+        self.worker_id = worker_id
+        self.welcomed = asyncio.Event()
+        self._answers: asyncio.Queue[pb.WorkerEnvelope] = asyncio.Queue()
+        self._channel = grpc.aio.insecure_channel(live.listen)
+        hello = pb.Hello(
+            worker_id=worker_id,
+            instance_id=worker_id,
+            version="test",
+            protocol_min=PROTOCOL_MIN,
+            protocol_max=PROTOCOL_MAX,
+            surfaces=["workbenchHost"],
+            actions=["workbenchHost.fs_stat"],
+            max_concurrency=4,
+            plans=[pb.HeldPlan(plan_id=plan, last_used_unix_ms=used_ms)],
+        )
+
+        async def envelopes() -> Any:
+            yield pb.WorkerEnvelope(messages=[pb.WorkerMessage(hello=hello)])
+            while True:
+                yield await self._answers.get()
+
+        stub = pb_grpc.WorkerServiceStub(self._channel)
+        self._call = stub.Stream(envelopes(), metadata=bearer(live.token))
+        self.task = asyncio.ensure_future(self._serve())
+
+    async def _serve(self) -> None:
+        async for envelope in self._call:
+            for msg in envelope.messages:
+                if msg.WhichOneof("kind") == "welcome":
+                    self.welcomed.set()
+                elif msg.WhichOneof("kind") == "request":
+                    answer = pb.ActionResult(
+                        correlation_id=msg.request.correlation_id,
+                        status=pb.ActionResult.OK,
+                        result_json=json.dumps({"who": self.worker_id}),
+                    )
+                    self._answers.put_nowait(
+                        pb.WorkerEnvelope(messages=[pb.WorkerMessage(result=answer)])
+                    )
+
+    async def close(self) -> None:
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await self.task
+        await self._channel.close()
+
+
+def test_a_workers_claim_from_the_future_does_not_win_the_plan_for_ever(tmp_path: Path) -> None:
+    """A hub with no record of a plan learns where it lives from the workers' Hellos,
+    and when two hold a copy, the one used last wins. A claim dated in the future (a
+    clock running ahead, or a lie) counts as made now: a later, honest claim wins."""
+    plan = new_plan()
+    with cluster(tmp_path / "hub", worker=False) as live:
+
+        async def scenario(client: Any) -> str:
+            ahead = _ClaimingWorker(live, "a-ahead", plan, int(time.time() * 1000) + 10**10)
+            await ahead.welcomed.wait()
+            # Made after the hub saw the first claim; ties go to the larger id ("b-…").
+            honest = _ClaimingWorker(live, "b-honest", plan, int(time.time() * 1000) + 1)
+            await honest.welcomed.wait()
+            reply = await client.dispatch(
+                correlation_id=uuid.uuid4().hex,
+                agent_id="tester",
+                plan_id=plan,
+                surface="workbenchHost",
+                action="fs_stat",
+                args_json='{"path": "."}',
+            )
+            await ahead.close()
+            await honest.close()
+            return str(json.loads(reply.result.result_json)["who"])
+
+        assert live.run(scenario) == "b-honest"

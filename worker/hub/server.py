@@ -420,7 +420,10 @@ class Hub:
           on a guess); when both are connected and hold it, the workspace used last wins.
         """
         worker_id = session.worker_id
-        held = {plan.plan_id: plan.last_used_unix_ms for plan in session.hello.plans}
+        # A worker's clock may run ahead (or lie): a last use in the future would win
+        # every tie-break below for ever, so no claim is later than this hub's now.
+        now = now_ms()
+        held = {plan.plan_id: min(plan.last_used_unix_ms, now) for plan in session.hello.plans}
         for plan_id in self.store.queued_teardowns(worker_id):
             held.pop(plan_id, None)  # its removal is on the way: not a home for the plan
         self._held[worker_id] = held
