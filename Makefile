@@ -37,7 +37,11 @@ proto: $(STAMP)  ## regenerate worker/wire/proto from agentworker.proto
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. \
 		worker/wire/proto/agentworker.proto
 
-bench: $(STAMP)  ## benchmarks: figures beside raw baselines
+# Each benchmark records its goals (benchmarks/_common.py: goal) in this file; the
+# last step prints them all in one table.
+bench: export AGENTWORKER_BENCH_GOALS := $(abspath $(VENV)/bench-goals.jsonl)
+bench: $(STAMP)  ## benchmarks: figures beside raw baselines, then one table of the goals
+	rm -f "$$AGENTWORKER_BENCH_GOALS"
 	$(BIN)/python benchmarks/bench_roundtrip.py
 	$(BIN)/python benchmarks/bench_exec.py
 	$(BIN)/python benchmarks/bench_fs.py
@@ -47,6 +51,7 @@ bench: $(STAMP)  ## benchmarks: figures beside raw baselines
 	$(BIN)/python benchmarks/bench_replay.py
 	$(BIN)/python benchmarks/bench_tui.py
 	$(BIN)/python benchmarks/bench_cli.py
+	$(BIN)/python benchmarks/summary.py "$$AGENTWORKER_BENCH_GOALS"
 
 onefile: $(STAMP)  ## dist/agentworker: the one-file build, smoke-tested
 	packaging/onefile/build.sh $(BIN)/python

@@ -1,5 +1,7 @@
 """What the benchmarks share: a throwaway AGENTWORKER_HOME, the `agentworker`
-processes in it and a client that waits for them, timing, and the latency table.
+processes in it and a client that waits for them, timing, the latency table, and
+`goal`, which prints a figure beside its goal and records it for `make bench`'s
+summary (benchmarks/summary.py).
 
 The benchmarks run as scripts, and each puts the repository root on sys.path
 before it imports this.
@@ -15,8 +17,9 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from tests.support.cluster import free_port, until_worker_connected, wait_for
 from worker.hub.client import ControlClient
@@ -24,6 +27,10 @@ from worker.wire.proto import agentworker_pb2 as pb
 
 OneCall = Callable[[], Awaitable[None]]
 MIB = 1024 * 1024
+
+# Where `goal` appends its rows, one JSON object a line; `make bench` names a file
+# here and prints them all at the end. Unset: the rows are printed only.
+GOALS_ENV = "AGENTWORKER_BENCH_GOALS"
 
 # A bare gRPC echo, run as `python -c ECHO_SERVER ADDRESS [MAX_MESSAGE_BYTES]`:
 # /Echo/Stream echoes each message of a bidi stream, /Echo/Call a unary request.
@@ -192,3 +199,97 @@ def dispatch_call(
             inside.append(float(reply.result.invocation.duration_ms))
 
     return one
+
+
+Judged = Literal["value", "ratio", "added"]
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal of issue 12 and how this run did: `value` (in `unit`) beside the raw
+    `baseline` from the same run (None: the goal has no baseline). The goal `limit`
+    holds for the value itself, for its ratio to the baseline, or for what it adds to
+    the baseline (`on`); `at_least` for rates, at most otherwise."""
+
+    bench: str
+    figure: str
+    value: float
+    unit: str
+    baseline: float | None
+    baseline_name: str
+    limit: float
+    on: Judged
+    at_least: bool
+
+    @property
+    def ratio(self) -> float | None:
+        return None if not self.baseline else self.value / self.baseline
+
+    @property
+    def judged(self) -> float:
+        if self.on == "ratio" and self.ratio is not None:
+            return self.ratio
+        if self.on == "added" and self.baseline is not None:
+            return self.value - self.baseline
+        return self.value
+
+    @property
+    def met(self) -> bool:
+        return self.judged >= self.limit if self.at_least else self.judged <= self.limit
+
+    @property
+    def goal_text(self) -> str:
+        sign = "≥" if self.at_least else "≤"
+        if self.on == "ratio":
+            return f"{sign} {self.limit:g}x"
+        if self.on == "added":
+            return f"{sign} +{self.limit:g}{self.unit}"
+        return f"{sign} {self.limit:g}{self.unit}"
+
+
+def goal(
+    figure: str,
+    value: float,
+    unit: str,
+    limit: float,
+    *,
+    baseline: float | None = None,
+    baseline_name: str = "",
+    on: Judged = "value",
+    at_least: bool = False,
+) -> Goal:
+    """Print `figure`'s value beside its baseline and goal, met or MISSED, and append
+    the row to the file $AGENTWORKER_BENCH_GOALS names, if it names one."""
+    if on != "value" and baseline is None:
+        raise ValueError(f"{figure}: a goal on the {on} needs a baseline")
+    row = Goal(
+        bench=Path(sys.argv[0]).stem,
+        figure=figure,
+        value=value,
+        unit=unit,
+        baseline=baseline,
+        baseline_name=baseline_name,
+        limit=limit,
+        on=on,
+        at_least=at_least,
+    )
+    beside = ""
+    if row.on == "added" and row.baseline is not None:
+        beside = f" vs {baseline_name} {row.baseline:.2f}{unit}: {row.judged:+.2f}{unit}"
+    elif row.baseline is not None and row.ratio is not None:
+        beside = f" vs {baseline_name} {row.baseline:.2f}{unit}: {row.ratio:.2f}x"
+    verdict = "met" if row.met else "MISSED"
+    print(f"  goal {figure}: {value:.2f}{unit}{beside} (wanted {row.goal_text}) {verdict}")
+    target = os.environ.get(GOALS_ENV)
+    if target:
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(json.dumps(asdict(row)) + "\n")
+    return row
+
+
+def read_goals(path: Path) -> list[Goal]:
+    """The rows `goal` appended to `path`, in order."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [Goal(**json.loads(line)) for line in lines if line.strip()]

@@ -41,6 +41,7 @@ from benchmarks._common import (
     agentworker,
     connected,
     dispatch_call,
+    goal,
     machine,
     make_home,
     report,
@@ -150,15 +151,24 @@ async def bench(calls: int, home_dir: Path) -> None:
                 label = f"exec {' '.join(argv)}: {calls} rounds, 1 in flight, interleaved"
                 report(label, list(zip([n for n, _ in rows], samples, strict=True)), name_width=26)
                 p50 = [statistics.median(s) for s in samples]
-                added = p50[3] - p50[1]
-                print(
-                    f"  Landlock + seccomp (+ limits) over raw bwrap: {added:+.2f} ms "
-                    f"(goal ≤ +1 ms) {'ok' if added <= 1.0 else 'MISSED'}"
+                what = " ".join(argv)
+                goal(
+                    f"exec {what}: Landlock + seccomp (+ limits) over raw bwrap",
+                    p50[3],
+                    " ms",
+                    1.0,
+                    baseline=p50[1],
+                    baseline_name="raw bwrap",
+                    on="added",
                 )
-                ratio = p50[5] / p50[3]
-                print(
-                    f"  hub → worker / exec's exact bwrap line: {ratio:.2f}x "
-                    f"(goal ≤ 1.5x) {'ok' if ratio <= 1.5 else 'MISSED'}"
+                goal(
+                    f"exec {what}: hub → worker / exec's exact bwrap line",
+                    p50[5],
+                    " ms",
+                    1.5,
+                    baseline=p50[3],
+                    baseline_name="exec's bwrap line",
+                    on="ratio",
                 )
 
 

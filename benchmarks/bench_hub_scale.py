@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpc
 import psutil
 
-from benchmarks._common import agentworker, make_home, percentile, timed, wait_for
+from benchmarks._common import agentworker, goal, make_home, percentile, timed, wait_for
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -157,10 +157,18 @@ async def measure(alone: Hub, crowded: Hub, workers: int, calls: int, rounds: in
             print(f"  {name:34}{p50:9.2f}{percentile(samples, 0.99):9.2f}{p50 / p50_one:9.2f}")
         print(
             f"  hub RSS with 1 worker {rss_one / KB / KB:.1f} MiB, with {workers} "
-            f"{rss_many / KB / KB:.1f} MiB: {per_worker / KB:.1f} KB per idle worker "
-            "(goal <= 100 KB)"
+            f"{rss_many / KB / KB:.1f} MiB: {per_worker / KB:.1f} KB per idle worker"
         )
-        print(f"  p50 ratio {p50_many / p50_one:.2f} (goal <= 1.2)")
+        goal(f"hub memory per idle worker ({workers} workers)", per_worker / KB, " KB", 100)
+        goal(
+            f"Dispatch p50 to 1 of {workers} workers",
+            p50_many,
+            " ms",
+            1.2,
+            baseline=p50_one,
+            baseline_name="worker alone",
+            on="ratio",
+        )
         for sim in sims:
             sim.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -46,6 +46,7 @@ from benchmarks._common import (
     agentworker,
     connected,
     exited,
+    goal,
     make_home,
     percentile,
 )
@@ -192,6 +193,39 @@ def report(label: str, raw: Measured, unary: Measured, ours: dict[str, Measured]
         print(f"  {name:28}{p50:9.3f}{p99:9.3f}{rate:9.0f}   {ratios}")
 
 
+DISPATCH_RATE_GOAL = 3000.0  # calls/s at 64 in flight
+DISPATCH_P50_GOAL = 3.0  # x the raw unary echo's p50, 1 in flight
+
+
+def dispatch_goals(in_flight: int, unary: Measured, ours: dict[str, Measured]) -> None:
+    """Issue 12 item 2: Dispatch's p50 alone beside a raw unary echo, its rate with
+    64 in flight."""
+    print()
+    for name in TOPOLOGIES:
+        lat, rate = ours[name]
+        where = name.strip().removeprefix("via ")
+        if in_flight == 1:
+            goal(
+                f"{where}: p50, 1 in flight",
+                statistics.median(lat),
+                " ms",
+                DISPATCH_P50_GOAL,
+                baseline=statistics.median(unary[0]),
+                baseline_name="raw unary echo",
+                on="ratio",
+            )
+        elif in_flight == 64:
+            goal(
+                f"{where}: calls/s, 64 in flight",
+                rate,
+                " calls/s",
+                DISPATCH_RATE_GOAL,
+                baseline=unary[1],
+                baseline_name="raw unary echo",
+                at_least=True,
+            )
+
+
 def _home(path: Path) -> Home:
     """A fresh home whose workspace holds the file every call stats."""
     home = make_home(path, mode="ro", scopes=["workerHost.fs_stat"])
@@ -251,6 +285,7 @@ async def run(calls: int, home: Path) -> None:
                 async with topology(home / f"{in_flight}-{i}", commands) as client:
                     ours[name] = await control_bench(client, calls, in_flight)
             report(f"{calls} calls, {in_flight} in flight", raw, unary, ours)
+            dispatch_goals(in_flight, unary, ours)
     finally:
         echo.terminate()
         echo.wait(10)

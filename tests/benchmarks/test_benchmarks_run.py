@@ -1,32 +1,57 @@
 """Each benchmark runs end to end on a few calls and prints every row beside its
-baseline, so a change that breaks a benchmark fails here rather than at `make bench`.
-The figures themselves are not judged: speed lives in the benchmarks, not in tests."""
+baseline, and records its goals for `make bench`'s summary table, so a change that
+breaks a benchmark fails here rather than at `make bench`. The figures themselves
+are not judged: speed lives in the benchmarks, not in tests."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks._common import GOALS_ENV, Goal, read_goals
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _run(script: str, *args: str) -> str:
+@pytest.fixture
+def goals_file(tmp_path: Path) -> Path:
+    return tmp_path / "goals.jsonl"
+
+
+def _run(script: str, *args: str, goals: Path | None = None) -> str:
+    env = {**os.environ, GOALS_ENV: str(goals)} if goals else None
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *args],
         capture_output=True,
         text=True,
         timeout=240,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
+def _recorded(goals: Path, bench: str, count: int) -> list[Goal]:
+    """The goals `bench` recorded, checked: `count` of them, each printed beside its
+    baseline where it has one, and the summary prints them all in one table."""
+    rows = read_goals(goals)
+    assert [row.bench for row in rows] == [bench] * count, rows
+    for row in rows:
+        assert row.on == "value" or row.baseline, row
+    summary = _run("summary.py", str(goals))
+    for row in rows:
+        assert row.figure in summary and row.goal_text in summary, summary
+    assert f"of {count} goals met" in summary, summary
+    return rows
+
+
 @pytest.mark.timeout(300)
-def test_roundtrip_benchmark_prints_every_row_with_its_ratio() -> None:
-    out = _run("bench_roundtrip.py", "--calls", "50")
+def test_roundtrip_benchmark_prints_every_row_with_its_ratio(goals_file: Path) -> None:
+    out = _run("bench_roundtrip.py", "--calls", "50", goals=goals_file)
     for row in (
         "raw gRPC bidi echo",
         "raw gRPC unary echo",
@@ -36,11 +61,13 @@ def test_roundtrip_benchmark_prints_every_row_with_its_ratio() -> None:
     ):
         assert out.count(row) == 2, f"{row!r} missing for 1 or 64 in flight:\n{out}"
     assert "1 in flight" in out and "64 in flight" in out
+    rows = _recorded(goals_file, "bench_roundtrip", 4)
+    assert {row.unit for row in rows} == {" ms", " calls/s"}
 
 
 @pytest.mark.timeout(300)
-def test_exec_and_fs_benchmarks_run_beside_their_baselines() -> None:
-    exec_out = _run("bench_exec.py", "--calls", "5")
+def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> None:
+    exec_out = _run("bench_exec.py", "--calls", "5", goals=goals_file)
     fs_out = _run("bench_fs.py", "--reads", "5", "--writes", "2")
     for row in (
         "raw subprocess.run",
@@ -53,6 +80,7 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines() -> None:
         "hub → worker / exec's exact bwrap line",
     ):
         assert exec_out.count(row) == 2, f"{row!r} missing for exec true or exec cat:\n{exec_out}"
+    _recorded(goals_file, "bench_exec", 4)
     for row in ("raw open/write/close", "fs_write via hub → worker", "fs_read"):
         assert row in fs_out, f"{row!r} missing:\n{fs_out}"
 
@@ -86,15 +114,20 @@ def test_replay_benchmark_runs_beside_the_raw_dispatch_rate() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_hub_scale_benchmark_reports_memory_per_worker_and_the_p50_ratio() -> None:
-    out = _run("bench_hub_scale.py", "--workers", "30", "--calls", "20", "--rounds", "2")
+def test_hub_scale_benchmark_reports_memory_per_worker_and_the_p50_ratio(
+    goals_file: Path,
+) -> None:
+    out = _run(
+        "bench_hub_scale.py", "--workers", "30", "--calls", "20", "--rounds", "2", goals=goals_file
+    )
     for row in ("Dispatch, worker alone (raw)", "Dispatch, 1 of 30", "KB per idle worker"):
         assert row in out, f"{row!r} missing:\n{out}"
+    _recorded(goals_file, "bench_hub_scale", 2)
 
 
 @pytest.mark.timeout(300)
-def test_computer_benchmark_runs_beside_its_baselines() -> None:
-    out = _run("bench_computer.py", "--calls", "5")
+def test_computer_benchmark_runs_beside_its_baselines(goals_file: Path) -> None:
+    out = _run("bench_computer.py", "--calls", "5", goals=goals_file)
     for row in (
         "raw mss grab",
         "raw grab + PNG (zlib-ng level 1)",
@@ -107,10 +140,11 @@ def test_computer_benchmark_runs_beside_its_baselines() -> None:
     ):
         assert row in out, f"{row!r} missing:\n{out}"
     assert out.count("goal ") == 4
+    _recorded(goals_file, "bench_computer", 4)
 
 
-def test_tui_benchmark_prints_memory_and_prompt_latency_beside_baselines() -> None:
-    out = _run("bench_tui.py", "--prompts", "3", "--calls", "10")
+def test_tui_benchmark_prints_memory_and_prompt_latency_beside_baselines(goals_file: Path) -> None:
+    out = _run("bench_tui.py", "--prompts", "3", "--calls", "10", goals=goals_file)
     for row in (
         "agentworker up --headless",
         "agentworker up (TUI)",
@@ -119,11 +153,12 @@ def test_tui_benchmark_prints_memory_and_prompt_latency_beside_baselines() -> No
         "call dispatched → prompt on screen",
     ):
         assert row in out, f"{row!r} missing:\n{out}"
+    _recorded(goals_file, "bench_tui", 1)
 
 
 @pytest.mark.timeout(300)
-def test_cli_benchmark_prints_each_start_beside_python_itself() -> None:
-    out = _run("bench_cli.py", "--runs", "1")
+def test_cli_benchmark_prints_each_start_beside_python_itself(goals_file: Path) -> None:
+    out = _run("bench_cli.py", "--runs", "1", goals=goals_file)
     for row in (
         "python -c pass",
         "--help",
@@ -132,3 +167,4 @@ def test_cli_benchmark_prints_each_start_beside_python_itself() -> None:
         "up → ready",
     ):
         assert row in out, out
+    _recorded(goals_file, "bench_cli", 4)
