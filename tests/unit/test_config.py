@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,14 @@ def test_token_is_created_once_with_owner_only_permissions(paths: Paths) -> None
     assert len(token) == 64 and int(token, 16) >= 0  # 256 bits in hex: never "-…"
     assert stat.S_IMODE(paths.token_file.stat().st_mode) == 0o600
     assert read_or_create_token(paths.token_file) == token
+
+
+def test_token_made_by_racing_starts_is_one_whole_token(paths: Paths) -> None:
+    """Starts racing to make the token all get the same one, and the file is never
+    seen empty: it is written aside and linked into place whole."""
+    paths.ensure()
+    before = set(paths.token_file.parent.iterdir())
+    with ThreadPoolExecutor(8) as pool:
+        tokens = set(pool.map(lambda _: read_or_create_token(paths.token_file), range(32)))
+    assert len(tokens) == 1 and len(tokens.pop()) == 64
+    assert set(paths.token_file.parent.iterdir()) - before == {paths.token_file}

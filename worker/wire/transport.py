@@ -105,16 +105,26 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def read_or_create_token(path: Path) -> str:
-    """The hub's token, made on first start and readable by this user only."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
+    """The hub's token, made on first start and readable by this user only.
+
+    It is written whole to a file of its own and then linked into place, so a
+    reader that finds `path` (a worker or a client started beside the hub) never
+    reads it half written; the link fails if another start made one first."""
+    if path.exists():
         return read_token(path)
     # Hex, not urlsafe base64: a token that starts with '-' reads as an option when
     # passed as `--token VALUE` (it did, and a benchmark's worker failed to start).
     token = secrets.token_hex(32)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(token + "\n")
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(token + "\n")
+        os.link(draft, path)
+    except FileExistsError:
+        return read_token(path)
+    finally:
+        draft.unlink(missing_ok=True)
     return token
 
 
