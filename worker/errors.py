@@ -16,7 +16,7 @@ to, so `except RefusedError:` catches every refusal however it was raised.
      ├─ FileError          the file system said no: not_found, already_exists,
      │                     is_directory, not_directory, permission_denied
      ├─ UnavailableError   not now or not here: busy, paused, not_supported,
-     │                     sandbox_unavailable
+     │                     sandbox_unavailable, blob_gone
      ├─ StoppedError       the call was stopped: timeout, cancelled
      └─ InternalError      our fault, or unknowable: internal_error, outcome_unknown
 
@@ -74,6 +74,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_KEY = "unknown_key"
     OUT_OF_BOUNDS = "out_of_bounds"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    # A repeat of a finished call whose result blob was delivered and let go.
+    BLOB_GONE = "blob_gone"
     INTERNAL_ERROR = "internal_error"
 
     @property
@@ -227,6 +229,7 @@ class UnavailableError(WorkerError):
             ErrorCode.PAUSED,
             ErrorCode.NOT_SUPPORTED,
             ErrorCode.SANDBOX_UNAVAILABLE,
+            ErrorCode.BLOB_GONE,
         }
     )
 

@@ -24,6 +24,7 @@ from worker.config import (
 )
 from worker.core.console import Console, LocalLink
 from worker.core.pipeline import Dispatcher, Outgoing
+from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -73,7 +74,7 @@ class Rig:
         return LocalLink(self.console)
 
     def _emit(self, out: Outgoing) -> None:
-        msg = pb.WorkerMessage.FromString(out) if isinstance(out, bytes) else out
+        msg = worker_message_of(out) if isinstance(out, bytes) else out
         self.sent.append(msg)
         if msg.WhichOneof("kind") == "result":
             cid = msg.result.correlation_id

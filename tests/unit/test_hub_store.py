@@ -1,5 +1,5 @@
-"""The reference hub's store stays bounded: finished calls shed their request blobs
-and are forgotten after their keeping time."""
+"""The reference hub's store stays bounded: it never holds a request blob, holds a
+result blob only until a caller takes it, and forgets calls after their keeping time."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from worker.core.ledger import now_ms
+from worker.core.registry import MIB
 from worker.hub.store import CALLS_KEPT_MS, HubStore
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -24,30 +25,53 @@ def _ok(cid: str) -> pb.ActionResult:
     return pb.ActionResult(correlation_id=cid, status=pb.ActionResult.OK, result_json="{}")
 
 
-def test_a_finished_call_keeps_its_digest_and_result_but_not_its_blob(tmp_path: Path) -> None:
+def _ok_with_blob(cid: str, blob: bytes) -> pb.ActionResult:
+    result = _ok(cid)
+    result.blob = blob
+    return result
+
+
+def test_request_blobs_are_never_stored_only_their_size(tmp_path: Path) -> None:
     store = HubStore(tmp_path / "hub.db")
-    big, small = os.urandom(2 * 1024 * 1024), b"tiny"
-    store.add("w", "digest-big", _request("big"), big, now_ms() + 60_000)
-    store.add("w", "digest-small", _request("small"), small, now_ms() + 60_000)
+    store.add("w", "digest-big", _request("big"), 2 * 1024 * 1024, now_ms() + 60_000)
     pending = store.get("big")
-    assert pending is not None and pending.request.blob == big  # kept for a resend
+    assert pending is not None and pending.request.blob == b"" and pending.blob_bytes == 2 * MIB
     store.complete(_ok("big"))
-    store.complete(_ok("small"))
     done = store.get("big")
-    assert done is not None and done.request.blob == b""
-    assert done.args_digest == "digest-big" and done.result == _ok("big")
-    finished_small = store.get("small")
-    assert finished_small is not None and finished_small.request.blob == b""
+    assert done is not None and done.args_digest == "digest-big" and done.result == _ok("big")
+    store.close()
+    assert os.path.getsize(tmp_path / "hub.db") < MIB
+
+
+def test_a_result_blob_is_kept_only_until_a_caller_takes_it(tmp_path: Path) -> None:
+    store = HubStore(tmp_path / "hub.db")
+    blob = os.urandom(MIB)
+    for cid in ("taken", "waiting"):
+        store.add("w", "d", _request(cid), 0, now_ms() + 60_000)
+    # A caller was waiting for "taken": only its outcome and the blob's size are kept.
+    # Nobody was waiting for "waiting" (a hub restarted): its blob is kept for the caller.
+    store.complete_many(
+        [(_ok_with_blob("taken", blob), False), (_ok_with_blob("waiting", blob), True)]
+    )
+    taken = store.get("taken")
+    assert taken is not None and taken.result is not None and taken.result.blob == b""
+    assert taken.result_blob_bytes == MIB and taken.result_blob_gone
+    waiting = store.get("waiting")
+    assert waiting is not None and waiting.result is not None and waiting.result.blob == blob
+    assert not waiting.result_blob_gone
+    store.drop_result_blob("waiting")
+    gone = store.get("waiting")
+    assert gone is not None and gone.result_blob_gone and gone.result_blob_bytes == MIB
     store.close()
 
 
 def test_prune_forgets_old_calls_and_keeps_live_ones(tmp_path: Path) -> None:
     store = HubStore(tmp_path / "hub.db")
     now = now_ms()
-    store.add("w", "d1", _request("old-done"), b"", now + 1000)
+    store.add("w", "d1", _request("old-done"), 0, now + 1000)
     store.complete(_ok("old-done"))
-    store.add("w", "d2", _request("pending"), b"", now + 60_000)
-    store.add("w", "d3", _request("old-pending"), b"", now - 1000)
+    store.add("w", "d2", _request("pending"), 0, now + 60_000)
+    store.add("w", "d3", _request("old-pending"), 0, now - 1000)
     assert store.prune(now) == 0, "nothing is old yet"
     # A day and ten seconds on: the finished call and the long-dead pending one go;
     # the pending call whose deadline is still within the keeping time stays.
@@ -92,13 +116,13 @@ def test_an_added_call_is_written_at_the_next_flush_and_read_back_before(tmp_pat
     path = tmp_path / "hub.db"
     store = HubStore(path)
     deadline = now_ms() + 60_000
-    assert store.add("w", "d", _request("c1"), b"", deadline) is True
-    assert store.add("w", "d", _request("c1"), b"", deadline) is False  # known while queued
+    assert store.add("w", "d", _request("c1"), 0, deadline) is True
+    assert store.add("w", "d", _request("c1"), 0, deadline) is False  # known while queued
     assert _committed_ids(path) == set()  # no commit on the caller's path
     store.flush()
     assert _committed_ids(path) == {"c1"}
-    assert store.add("w", "d", _request("c1"), b"", deadline) is False  # known once written
-    store.add("w", "d", _request("c2"), b"", deadline)
+    assert store.add("w", "d", _request("c1"), 0, deadline) is False  # known once written
+    store.add("w", "d", _request("c2"), 0, deadline)
     found = store.get("c2")  # a read flushes first
     assert found is not None and found.state == "PENDING"
     store.close()
@@ -107,8 +131,8 @@ def test_an_added_call_is_written_at_the_next_flush_and_read_back_before(tmp_pat
 def test_a_result_arriving_before_the_flush_stores_its_call_first(tmp_path: Path) -> None:
     path = tmp_path / "hub.db"
     store = HubStore(path)
-    store.add("w", "d", _request("quick"), b"", now_ms() + 60_000)
-    assert store.complete_many([_ok("quick")]) == [True]
+    store.add("w", "d", _request("quick"), 0, now_ms() + 60_000)
+    assert store.complete_many([(_ok("quick"), False)]) == [True]
     assert _committed_ids(path) == {"quick"}
     done = store.get("quick")
     assert done is not None and done.state == "DONE" and done.result == _ok("quick")
@@ -118,7 +142,7 @@ def test_a_result_arriving_before_the_flush_stores_its_call_first(tmp_path: Path
 def test_close_writes_what_was_added(tmp_path: Path) -> None:
     path = tmp_path / "hub.db"
     store = HubStore(path)
-    store.add("w", "d", _request("last"), b"", now_ms() + 60_000)
+    store.add("w", "d", _request("last"), 0, now_ms() + 60_000)
     store.close()
     assert _committed_ids(path) == {"last"}
 
@@ -126,7 +150,7 @@ def test_close_writes_what_was_added(tmp_path: Path) -> None:
 def test_calls_whose_write_failed_stay_queued_for_the_next_flush(tmp_path: Path) -> None:
     path = tmp_path / "hub.db"
     store = HubStore(path)
-    store.add("w", "d", _request("kept"), b"", now_ms() + 60_000)
+    store.add("w", "d", _request("kept"), 0, now_ms() + 60_000)
     locker = sqlite3.connect(path, timeout=0)
     locker.execute("BEGIN IMMEDIATE")  # another writer holds the database: the far side
     store._db.execute("PRAGMA busy_timeout = 0")  # fail at once instead of after 10 s

@@ -17,6 +17,7 @@ from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
 from worker.core.pipeline import MAX_ID_CHARS, Dispatcher, Outgoing
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import MAX_TIMEOUT_MS
 
@@ -30,7 +31,7 @@ class Answers:
         self.results: list[pb.ActionResult] = []
 
     def __call__(self, out: Outgoing) -> None:
-        msg = pb.WorkerMessage.FromString(out) if isinstance(out, bytes) else out
+        msg = worker_message_of(out) if isinstance(out, bytes) else out
         if msg.WhichOneof("kind") == "result":
             self.results.append(msg.result)
 

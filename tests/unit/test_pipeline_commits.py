@@ -21,6 +21,7 @@ from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
 from worker.core.pipeline import Dispatcher, Outgoing
 from worker.core.registry import Context
+from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -39,7 +40,7 @@ def _dispatcher(tmp_path: Path, worker: WorkerSection | None = None) -> Dispatch
 
 def _decoded(out: Outgoing) -> pb.WorkerMessage:
     """What the server will read: results leave already serialized."""
-    return pb.WorkerMessage.FromString(out) if isinstance(out, bytes) else out
+    return worker_message_of(out) if isinstance(out, bytes) else out
 
 
 def _request(cid: str) -> pb.ActionRequest:

@@ -27,9 +27,16 @@ from worker.clock import now_ms
 from worker.core.pipeline import MAX_ID_CHARS, Dispatcher
 from worker.core.results import Outgoing
 from worker.errors import WorkerError
-from worker.wire.framing import Batcher, envelope_bytes
+from worker.wire.framing import Batcher, envelope_of, fields_of, message_part, split_field
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD, VERSION, error_pb
+from worker.wire.protocol import (
+    HASH_OFF_LOOP_BYTES,
+    PROTOCOL_MAX,
+    PROTOCOL_MIN,
+    STREAM_METHOD,
+    VERSION,
+    error_pb,
+)
 from worker.wire.transport import Keepalive, bearer, open_channel
 
 log = logging.getLogger(__name__)
@@ -124,7 +131,8 @@ class WorkerConnection:
         self.instance_id = uuid.uuid4().hex
         self.connected = asyncio.Event()
         self.sessions_started = 0
-        self._outbox: asyncio.Queue[bytes | None] | None = None  # serialized WorkerMessages
+        # Serialized WorkerMessages framed as envelope parts (see framing.py).
+        self._outbox: asyncio.Queue[bytes | None] | None = None
         self._stopping = False
         self._session_task: asyncio.Task[None] | None = None
         self._healthy_at: float | None = None  # when the current session counts as healthy
@@ -186,7 +194,7 @@ class WorkerConnection:
         self._stopping = True
         if self._outbox is not None:
             goodbye = pb.WorkerMessage(goodbye=pb.Goodbye(reason="shutting down"))
-            self._outbox.put_nowait(goodbye.SerializeToString())
+            self._outbox.put_nowait(message_part(goodbye.SerializeToString()))
             self._outbox.put_nowait(None)
         if self._session_task is not None:
             try:
@@ -206,7 +214,7 @@ class WorkerConnection:
     async def _session(self) -> None:
         channel = open_channel(self.target.address, self.keepalive, self.target.tls_ca)
         outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
-        outbox.put_nowait(pb.WorkerMessage(hello=self._hello()).SerializeToString())
+        outbox.put_nowait(message_part(pb.WorkerMessage(hello=self._hello()).SerializeToString()))
         tasks: list[asyncio.Task[None]] = []
         healthy: asyncio.TimerHandle | None = None
         try:
@@ -304,6 +312,15 @@ class WorkerConnection:
                         raise _StreamEndedError("the server ended the stream")
                     if not isinstance(envelope, bytes):
                         raise _StreamEndedError(f"the stream gave a {type(envelope).__name__}")
+                    if len(envelope) >= HASH_OFF_LOOP_BYTES:
+                        # A large request: its blob read out in a thread, with one copy.
+                        with_blobs = await asyncio.to_thread(decode_with_blobs, envelope)
+                        if with_blobs is not None:
+                            messages = [message for message, _blob in with_blobs]
+                            blobs = [blob for _message, blob in with_blobs]
+                            if self._handle_all(messages, blobs):
+                                return
+                            continue
                     if self._handle_all(self._decode(envelope)):
                         return
         except TimeoutError:
@@ -354,20 +371,23 @@ class WorkerConnection:
             )
             self._send(pb.WorkerMessage(result=result))
 
-    def _handle_all(self, messages: Sequence[pb.ServerMessage]) -> bool:
-        """Handle every message (all of an envelope counts); True if one ends the session."""
+    def _handle_all(
+        self, messages: Sequence[pb.ServerMessage], blobs: Sequence[bytes | None] = ()
+    ) -> bool:
+        """Handle every message (all of an envelope counts); True if one ends the session.
+        `blobs`, when given, holds each request's blob, read apart from its message."""
         end = False
         # Several requests: their claims share one commit. One commits by itself.
         with self.dispatcher.intake() if len(messages) > 1 else contextlib.nullcontext():
-            for msg in messages:
-                end = self._handle(msg) or end
+            for i, msg in enumerate(messages):
+                end = self._handle(msg, blobs[i] if blobs else None) or end
         return end
 
-    def _handle(self, msg: pb.ServerMessage) -> bool:
+    def _handle(self, msg: pb.ServerMessage, blob: bytes | None = None) -> bool:
         """Act on one server message; True when the session should end."""
         kind = msg.WhichOneof("kind")
         if kind == "request":
-            self.dispatcher.submit(msg.request)
+            self.dispatcher.submit(msg.request, blob)
         elif kind == "ack":
             self.dispatcher.ack(list(msg.ack.correlation_ids))
             self._acks_or_offline.set()
@@ -428,8 +448,10 @@ class WorkerConnection:
     # ------------------------------------------------------------- writing
 
     def _send(self, msg: Outgoing) -> None:
+        """Queue a message, or an envelope part already built (bytes: a result)."""
         if self._outbox is not None:
-            self._outbox.put_nowait(msg if isinstance(msg, bytes) else msg.SerializeToString())
+            part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
+            self._outbox.put_nowait(part)
 
     def _detach(self) -> None:
         self._outbox = None
@@ -468,7 +490,7 @@ async def _write_outbox(
     batches = Batcher(outbox, len)
     try:
         while (batch := await batches.next_batch()) is not None:
-            await call.write(envelope_bytes(batch))
+            await call.write(envelope_of(batch))
         await call.done_writing()
     except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
         pass  # the stream is gone; the reader sees why and the session ends
@@ -480,6 +502,7 @@ _LENGTH_DELIMITED = 2
 _MESSAGES_FIELD = pb.ServerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
 _REQUEST_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["request"].number
 _CORRELATION_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["correlation_id"].number
+_BLOB_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["blob"].number
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -523,6 +546,26 @@ def _fields(data: bytes) -> tuple[list[tuple[int, int, bytes | int]], bool]:
     except ValueError:
         return fields, False
     return fields, True
+
+
+def decode_with_blobs(envelope: bytes) -> list[tuple[pb.ServerMessage, bytes | None]] | None:
+    """A ServerEnvelope's messages, each request's blob read apart from it (a view of
+    the envelope copied once, where parsing the request and reading its blob would
+    copy it twice or more); None when the envelope is anything but well formed, for
+    the careful reading of `WorkerConnection._decode` to deal with."""
+    try:
+        decoded: list[tuple[pb.ServerMessage, bytes | None]] = []
+        for message in fields_of(envelope, _MESSAGES_FIELD):
+            rest, request = split_field(message, _REQUEST_FIELD)
+            if request is None or rest:  # not a request (alone): parsed as it is
+                decoded.append((pb.ServerMessage.FromString(bytes(message)), None))
+                continue
+            bare, blob = split_field(request, _BLOB_FIELD)
+            msg = pb.ServerMessage(request=pb.ActionRequest.FromString(bare))
+            decoded.append((msg, b"" if blob is None else bytes(blob)))
+        return decoded
+    except (ValueError, DecodeError):
+        return None
 
 
 def split_messages(envelope: bytes) -> tuple[list[bytes], bool]:

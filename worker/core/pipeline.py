@@ -53,7 +53,13 @@ from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.protocol import MAX_TIMEOUT_MS, call_digest, error_pb
+from worker.wire.protocol import (
+    HASH_OFF_LOOP_BYTES,
+    MAX_TIMEOUT_MS,
+    call_digest,
+    carried_digest,
+    error_pb,
+)
 from worker.wire.transport import MAX_RESULT_BYTES
 
 __all__ = ["Call", "Dispatcher", "Limits", "Outbox", "Outgoing"]
@@ -242,6 +248,7 @@ class Dispatcher:
         # last used (unix ms), told to the server in every Hello; None elsewhere.
         self.held_plans: Callable[[], list[tuple[str, int]]] | None = None
         self._teardowns: set[asyncio.Task[None]] = set()
+        self._hashing: set[asyncio.Task[None]] = set()  # requests whose digest is computed
 
     @property
     def draining(self) -> bool:
@@ -304,8 +311,9 @@ class Dispatcher:
         if self.results.pending:
             self.results.flush()
 
-    def submit(self, req: pb.ActionRequest) -> None:
-        """Claim `req` in the ledger and run it, or answer a duplicate."""
+    def submit(self, req: pb.ActionRequest, blob: bytes | None = None) -> None:
+        """Claim `req` in the ledger and run it, or answer a duplicate. `blob`, when
+        given, is the request's blob, read apart from it."""
         cid = req.correlation_id
         if not cid or len(cid) > MAX_ID_CHARS:
             log.warning(
@@ -328,8 +336,28 @@ class Dispatcher:
                 cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down"
             )
             return
-        request_blob = req.blob  # a copy each time it is read: read it once
-        digest = call_digest(req, request_blob)
+        request_blob = req.blob if blob is None else blob  # each read copies: read it once
+        digest = carried_digest(req)  # computed once, where the call entered
+        if digest is None and len(request_blob) >= HASH_OFF_LOOP_BYTES:
+            # A server that sends no digest: hash a large blob in a thread, then claim.
+            task = asyncio.create_task(self._hash_then_claim(req, request_blob))
+            self._hashing.add(task)
+            task.add_done_callback(self._hashing.discard)
+            return
+        self._claim(req, request_blob, digest or call_digest(req, request_blob))
+
+    async def _hash_then_claim(self, req: pb.ActionRequest, blob: bytes) -> None:
+        digest = await asyncio.to_thread(call_digest, req, blob)
+        if self._draining:
+            self.results.ack_request(
+                req.correlation_id, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down"
+            )
+            return
+        self._claim(req, blob, digest)
+
+    def _claim(self, req: pb.ActionRequest, request_blob: bytes, digest: str) -> None:
+        """Claim the call in the ledger and run it, or answer a duplicate."""
+        cid = req.correlation_id
         begun = self.state.begin(cid, digest, req.plan_id)
         if begun.seen is Seen.NEW and len(self._calls) >= self.limits.max_accepted:
             self.state.forget(cid)  # it never ran: a later delivery may run it

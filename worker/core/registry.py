@@ -117,6 +117,7 @@ PIPELINE_CODES: Final = frozenset(
         ErrorCode.CANCELLED,
         ErrorCode.OUTCOME_UNKNOWN,
         ErrorCode.ARGS_MISMATCH,
+        ErrorCode.BLOB_GONE,  # a late repeat of a call whose result blob was let go
         ErrorCode.BUSY,
         ErrorCode.PAUSED,
         ErrorCode.RESULT_TOO_LARGE,

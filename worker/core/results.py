@@ -21,7 +21,7 @@ from typing import Any
 
 from worker.core.ledger import State
 from worker.core.telemetry import Telemetry
-from worker.wire.framing import result_message
+from worker.wire.framing import result_part
 from worker.wire.proto import agentworker_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 # How long a STARTED ack waits to share a message with others (or to be made moot).
 ACK_DELAY_S = 0.005
 
-# A message to the server: a WorkerMessage, or one already serialized (a result's
-# bytes are made once, for the ledger and the wire alike).
+# A message to the server: a WorkerMessage, or an envelope part already built (a
+# result's bytes are made once, for the ledger and the wire alike; see framing.py).
 Outgoing = pb.WorkerMessage | bytes
 Emit = Callable[[Outgoing], None]
 
@@ -103,7 +103,7 @@ class Results:
             encoded = []
         for cid, data in encoded:
             self._started.pop(cid, None)
-            self.outbox(result_message(data))
+            self.outbox(result_part(data))
         if not self._started and self._started_timer is not None:
             # Every call it was for has answered: no wake-up for nothing.
             self._started_timer.cancel()
@@ -148,7 +148,7 @@ class Results:
     def resend_unacked(self) -> None:
         """After a handshake: every result the server has not acked goes out again."""
         for _cid, result in self.state.unacked_results():
-            self.outbox(result_message(result))
+            self.outbox(result_part(result))
 
     # ------------------------------------------------------------- other messages
 

@@ -23,17 +23,27 @@ from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
 from worker.errors import WorkerError
-from worker.hub.store import HubStore
-from worker.wire.framing import Batcher, envelope_bytes, framed_size, request_message
+from worker.hub.store import HubStore, StoredCall
+from worker.wire.framing import (
+    Batcher,
+    Buffer,
+    envelope_of,
+    framed_size,
+    message_part,
+    request_part,
+    split_field,
+)
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
+    HASH_OFF_LOOP_BYTES,
     MAX_TIMEOUT_MS,
     PROTOCOL_MAX,
     PROTOCOL_MIN,
     VERSION,
     WORKBENCH_SURFACE,
     WORKER_SERVICE,
+    blob_gone,
     call_digest,
     error_pb,
 )
@@ -60,7 +70,8 @@ class Session:
 
     hello: pb.Hello
     session_id: str
-    # Serialized ServerMessages: a request's blob is framed in, never copied into one.
+    # Serialized ServerMessages framed as envelope parts (see framing.py): a request's
+    # blob is framed in, never copied into a message object.
     outbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
@@ -71,8 +82,10 @@ class Session:
         return self.hello.worker_id
 
     def send(self, msg: pb.ServerMessage | bytes) -> None:
+        """Queue a message, or an envelope part already built (bytes)."""
         if not self.closed:
-            self.outbox.put_nowait(msg if isinstance(msg, bytes) else msg.SerializeToString())
+            part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
+            self.outbox.put_nowait(part)
 
     def ack_soon(self, correlation_id: str) -> None:
         """Ack a stored result; acks made within ACK_DELAY_S travel as one message."""
@@ -98,10 +111,11 @@ def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
     )
 
 
-def too_large(message_bytes: int) -> WorkerError | None:
-    """Why a ServerMessage of `message_bytes` cannot go down the stream (its envelope
-    would pass the message limit, the send would fail and drop the stream), or None."""
-    envelope = framed_size(message_bytes)
+def too_large(message_bytes: int, *, framed: bool = False) -> WorkerError | None:
+    """Why a ServerMessage of `message_bytes` (already `framed` as an envelope part, or
+    not) cannot go down the stream (its envelope would pass the message limit, the
+    send would fail and drop the stream), or None."""
+    envelope = message_bytes if framed else framed_size(message_bytes)
     if envelope <= MAX_MESSAGE_BYTES:
         return None
     return WorkerError(
@@ -110,6 +124,22 @@ def too_large(message_bytes: int) -> WorkerError | None:
         f"{MAX_MESSAGE_BYTES:,}-byte limit; send less (a blob of at most 16 MiB)",
         {"bytes": envelope, "limit": MAX_MESSAGE_BYTES},
     )
+
+
+def _digest_and_part(request: pb.ActionRequest, blob: Buffer) -> bytes:
+    """Give `request` its digest (once: a re-sent request carries it) and build its
+    envelope part with `blob`; both read every byte of a blob, so a large one's are
+    run in a thread (`_prepared`)."""
+    if not request.args_digest:
+        request.args_digest = call_digest(request, blob)
+    return request_part(request, blob)
+
+
+async def _prepared(request: pb.ActionRequest, blob: Buffer) -> bytes:
+    """`_digest_and_part`, off the event loop when the blob is large."""
+    if len(blob) >= HASH_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(_digest_and_part, request, blob)
+    return _digest_and_part(request, blob)
 
 
 class Hub:
@@ -122,7 +152,11 @@ class Hub:
         self.sessions: dict[str, Session] = {}
         self._waiters: dict[str, list[asyncio.Future[pb.ActionResult]]] = {}  # by call id
         self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
-        self._unstored: list[tuple[Session, pb.ActionResult]] = []  # see store_results
+        # (session, result, delivered to a caller?) not yet stored; see store_results.
+        self._unstored: list[tuple[Session, pb.ActionResult, bool]] = []
+        # Request blobs of pending calls, by call id: held while the call may have to
+        # be sent again (a reconnect), never written to the store; see _dispatch_to.
+        self._blobs: dict[str, Buffer] = {}
         self._store_scheduled = False
         # Sandbox mode: plan -> the worker holding its workspace (sticky), the calls each
         # worker has open (its load, as this hub sees it) and teardowns awaiting answers.
@@ -174,7 +208,7 @@ class Hub:
                 self._send_teardown(session, plan_id).add_done_callback(_log_teardown)
             self._resend_open_calls(session)
             while (batch := await batches.next_batch()) is not None:
-                yield envelope_bytes(batch)
+                yield envelope_of(batch)
         finally:
             session.close()
             reader.cancel()
@@ -205,24 +239,31 @@ class Hub:
         known = set(session.hello.running_ids) | set(session.hello.unacked_ids)
         now = now_ms()
         for call in self.store.open_calls(session.worker_id):
-            if call.state != "PENDING" or call.correlation_id in known:
+            cid = call.correlation_id
+            if call.state != "PENDING" or cid in known:
                 continue
             if call.deadline_ms <= now:
-                self._abandon(call.correlation_id, session)
+                self._abandon(cid, session)
                 continue
             request = pb.ActionRequest()
             request.CopyFrom(call.request)
+            blob: Buffer = self._blobs.get(cid, b"")
+            if call.blob_bytes and not blob and not request.blob:
+                # Its blob was in the memory of a hub that stopped: only the caller has
+                # it now, and its retry with the same id brings it (and is sent then).
+                log.info("call %s waits for its caller to send its blob again", cid)
+                continue
             request.attempt += 1
             request.timeout_ms = call.deadline_ms - now
-            message = pb.ServerMessage(request=request)
-            if self._refused_too_large(call.correlation_id, message.ByteSize()):
+            part = request_part(request, blob)  # rare (a reconnect): on the loop
+            if self._refused_too_large(cid, len(part)):
                 continue
-            session.send(message)
+            session.send(part)
 
-    def _refused_too_large(self, correlation_id: str, message_bytes: int) -> bool:
+    def _refused_too_large(self, correlation_id: str, part_bytes: int) -> bool:
         """Answer `too_large` for a stored call that could never be sent (stored by a
         hub that did not check), rather than drop the stream with it on every dial."""
-        error = too_large(message_bytes)
+        error = too_large(part_bytes, framed=True)
         if error is None:
             return False
         log.warning("call %s cannot be sent: %s", correlation_id, error.message)
@@ -271,22 +312,29 @@ class Hub:
             if not teardown.done():
                 teardown.set_result(result)
             return
-        self._answer(cid, result)
+        delivered = self._answer(cid, result)
         if result.error.code == "busy" and not result.HasField("invocation"):
-            # Refused before it ran: not an outcome to keep. The caller may retry the id.
+            # Refused before it ran: not an outcome to keep. The caller may retry the id
+            # (with its blob, which is let go meanwhile).
+            self._blobs.pop(cid, None)
             self.store.abandon(cid)
             return
+        self._blobs.pop(cid, None)  # answered: never sent again
         # Stored a moment later, with any others that arrive meanwhile, while the hub
         # would otherwise wait on the worker; acked only once stored, so until then
-        # the worker keeps the result and re-sends it should this hub die.
-        self._unstored.append((session, result))
+        # the worker keeps the result and re-sends it should this hub die. Its blob
+        # is stored only if no caller took it.
+        self._unstored.append((session, result, delivered))
         self._store_soon()
 
-    def _answer(self, correlation_id: str, result: pb.ActionResult) -> None:
-        """Wake every caller waiting for the call."""
+    def _answer(self, correlation_id: str, result: pb.ActionResult) -> bool:
+        """Wake every caller waiting for the call; True if one was."""
+        woken = False
         for waiter in self._waiters.pop(correlation_id, ()):
             if not waiter.done():
                 waiter.set_result(result)
+                woken = True
+        return woken
 
     def _store_soon(self) -> None:
         if not self._store_scheduled:
@@ -301,8 +349,8 @@ class Hub:
         if not unstored:
             self.store.flush()
             return
-        stored = self.store.complete_many([result for _, result in unstored])
-        for (session, result), new in zip(unstored, stored, strict=True):
+        stored = self.store.complete_many([(result, not taken) for _, result, taken in unstored])
+        for (session, result, _taken), new in zip(unstored, stored, strict=True):
             cid = result.correlation_id
             if not new and self.store.get(cid) is None:
                 log.warning(
@@ -314,6 +362,7 @@ class Hub:
         if ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
             return  # STARTED / DUPLICATE_* need nothing; DRAINING calls wait for a reconnect
         for cid in ack.correlation_ids:
+            self._blobs.pop(cid, None)
             result = error_result(cid, WorkerError("args_mismatch", ack.message))
             self.store.complete(result)
             self._answer(cid, result)
@@ -325,6 +374,7 @@ class Hub:
             session.send(pb.ServerMessage(heartbeat=pb.Heartbeat(unix_ms=now_ms())))
 
     def _abandon(self, correlation_id: str, session: Session | None) -> None:
+        self._blobs.pop(correlation_id, None)
         self.store.abandon(correlation_id)
         if session is not None:
             session.send(
@@ -577,7 +627,11 @@ class Hub:
 
     # ------------------------------------------------------------- dispatch
 
-    async def dispatch(self, req: pb.DispatchRequest) -> pb.DispatchResponse:
+    async def dispatch(
+        self, req: pb.DispatchRequest, blob: Buffer | None = None
+    ) -> pb.DispatchResponse:
+        """Send a call to its worker and wait for the result. `blob`, when given, is the
+        request's blob read apart from `req` (see `_dispatch_request`)."""
         try:
             worker_id = self.route(req)
         except WorkerError as exc:
@@ -586,11 +640,13 @@ class Hub:
             )
         self._open_calls[worker_id] = self._open_calls.get(worker_id, 0) + 1
         try:
-            return await self._dispatch_to(worker_id, req)
+            return await self._dispatch_to(worker_id, req, req.blob if blob is None else blob)
         finally:
             self._open_calls[worker_id] -= 1
 
-    async def _dispatch_to(self, worker_id: str, req: pb.DispatchRequest) -> pb.DispatchResponse:
+    async def _dispatch_to(
+        self, worker_id: str, req: pb.DispatchRequest, blob: Buffer
+    ) -> pb.DispatchResponse:
         if req.timeout_ms > MAX_TIMEOUT_MS:
             log.warning(
                 "a call asks for a %d ms deadline; cut to %d", req.timeout_ms, MAX_TIMEOUT_MS
@@ -610,17 +666,19 @@ class Hub:
             attempt=1,
         )
         cid = request.correlation_id
-        blob = req.blob  # one copy out of the message; stored beside the request
-        message = request_message(request, blob)
-        refusal = too_large(len(message))
+        # `blob` is held while the call is pending (a view of the bytes received: the
+        # hub never copies it but once, into the message to the worker).
+        # The digest, computed once here and carried to the worker in the request, and
+        # the request's envelope part: a large blob's bytes are read off the loop.
+        outgoing = await _prepared(request, blob)
+        digest = request.args_digest
+        refusal = too_large(len(outgoing), framed=True)
         if refusal is not None:  # neither stored nor sent: it could never be delivered
             return pb.DispatchResponse(worker_id=worker_id, result=error_result(cid, refusal))
-        digest = call_digest(request, blob)
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(
-            worker_id, digest, request, blob, deadline_ms, fresh=not req.correlation_id
+            worker_id, digest, request, len(blob), deadline_ms, fresh=not req.correlation_id
         )
-        outgoing: pb.ServerMessage | bytes = message
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
             if existing.args_digest != digest:
@@ -633,10 +691,9 @@ class Hub:
                     worker_id=existing.worker_id, result=error_result(cid, error)
                 )
             if existing.result is not None:
-                replay = pb.ActionResult()
-                replay.CopyFrom(existing.result)
-                replay.replayed = True
-                return pb.DispatchResponse(worker_id=existing.worker_id, result=replay)
+                return pb.DispatchResponse(
+                    worker_id=existing.worker_id, result=self._replay(existing)
+                )
             worker_id = existing.worker_id
             remaining_ms = max(0, existing.deadline_ms - now_ms())
             timeout_s = remaining_ms / 1000
@@ -644,11 +701,17 @@ class Hub:
             request.CopyFrom(existing.request)
             request.attempt += 1
             request.timeout_ms = remaining_ms
-            outgoing = pb.ServerMessage(request=request)
-            if self._refused_too_large(cid, outgoing.ByteSize()):
+            request.args_digest = digest  # the same call (a legacy row may lack it)
+            if not blob and request.blob:  # a legacy row: its blob is in the request
+                blob = request.blob
+                request.ClearField("blob")
+            outgoing = await _prepared(request, blob)
+            if self._refused_too_large(cid, len(outgoing)):
                 refused = self.store.get(cid)
                 assert refused is not None and refused.result is not None
                 return pb.DispatchResponse(worker_id=worker_id, result=refused.result)
+        if blob and self._blobs.get(cid) is None:
+            self._blobs[cid] = blob  # until answered, in case it must be sent again
         # Each caller waits on a future of its own (several may wait for one id), so a
         # caller that gives up cancels only its own, with no shield between the result
         # and the caller (a shield costs a loop turn).
@@ -679,6 +742,20 @@ class Hub:
                 WorkerError("timeout", f"the call {where} within its {timeout_s:g} s deadline"),
             )
         return pb.DispatchResponse(worker_id=worker_id, result=result)
+
+    def _replay(self, call: StoredCall) -> pb.ActionResult:
+        """A finished call's stored answer, for a caller repeating its id. A result blob
+        kept because no caller had taken it goes to this one and is then let go; one
+        already delivered is gone, and the answer says so (`blob_gone`)."""
+        assert call.result is not None
+        if call.result_blob_gone:
+            return blob_gone(call.result, call.result_blob_bytes)
+        replay = pb.ActionResult()
+        replay.CopyFrom(call.result)
+        replay.replayed = True
+        if call.result_blob_bytes:
+            self.store.drop_result_blob(call.correlation_id)
+        return replay
 
     async def request_scope(self, req: pb.RequestScopeRequest) -> pb.ScopeDecision:
         session = self.sessions.get(self.pick_worker(req.worker_id))
@@ -776,6 +853,26 @@ def _log_teardown(done: asyncio.Future[pb.ActionResult]) -> None:
         log.warning("a teardown queued for a worker that was away failed: %s", result.error.message)
 
 
+class _WithBlob:
+    """A DispatchRequest read without its blob, and the blob: a view of the received
+    bytes (parsing the request and reading its blob field would copy it twice)."""
+
+    def __init__(self, request: pb.DispatchRequest, blob: Buffer) -> None:
+        self.request = request
+        self.blob = blob
+
+
+_DISPATCH_BLOB_FIELD = pb.DispatchRequest.DESCRIPTOR.fields_by_name["blob"].number
+
+
+def _dispatch_request(data: bytes) -> object:
+    try:
+        rest, blob = split_field(data, _DISPATCH_BLOB_FIELD)
+        return _WithBlob(pb.DispatchRequest.FromString(rest), b"" if blob is None else blob)
+    except (ValueError, DecodeError):
+        return _lenient(pb.DispatchRequest)(data)  # answered INVALID_ARGUMENT, as before
+
+
 class _Undecodable:
     """What a control request that does not decode is handed on as."""
 
@@ -817,7 +914,11 @@ def add_control_service(server: grpc.aio.Server, hub: Hub) -> None:
     handlers = {
         method.name: grpc.unary_unary_rpc_method_handler(
             _refusing_undecodable(getattr(servicer, method.name)),
-            request_deserializer=_lenient(getattr(pb, method.input_type.name)),
+            request_deserializer=(
+                _dispatch_request
+                if method.name == "Dispatch"
+                else _lenient(getattr(pb, method.input_type.name))
+            ),
             response_serializer=getattr(pb, method.output_type.name).SerializeToString,
         )
         for method in service.methods
@@ -845,12 +946,15 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
         self.hub = hub
 
     async def Dispatch(  # noqa: N802
-        self, request: pb.DispatchRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DispatchRequest | _WithBlob, context: grpc.aio.ServicerContext
     ) -> pb.DispatchResponse:
+        blob = None
+        if isinstance(request, _WithBlob):  # as add_control_service reads it
+            request, blob = request.request, request.blob
         if not request.surface or not request.action:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")
         try:
-            return await self.hub.dispatch(request)
+            return await self.hub.dispatch(request, blob)
         except LookupError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # unreachable: abort raises

@@ -11,6 +11,12 @@ waits on a commit of its own. A hub killed inside that moment forgets the call; 
 call still runs at most once, because the worker's ledger decides that: a caller
 retrying the id sends it again and gets the worker's recorded answer. Every read
 flushes first, so the store always answers with what was added.
+
+Blobs stay out of it (docs/architecture.md, "Blobs"): a request's blob is held in
+the hub's memory while the call may need re-sending (`Hub`), never written here; a
+result's blob is written only when no caller was waiting to take it (a result the
+worker re-sent after this hub restarted), and let go as soon as a caller has it.
+The store keeps each blob's size, so a late repeat says what went (`blob_gone`).
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ CREATE TABLE IF NOT EXISTS calls (
     worker_id      TEXT NOT NULL,
     args_digest    TEXT NOT NULL,
     request        BLOB NOT NULL,  -- the ActionRequest without its blob
-    request_blob   BLOB,           -- its blob, until the call is finished
+    request_blob   BLOB,           -- only in a hub.db from before blobs left it
     state          TEXT NOT NULL CHECK (state IN ('PENDING', 'DONE', 'ABANDONED')),
-    result         BLOB,
+    result         BLOB,           -- the ActionResult without its blob
     created_ms     INTEGER NOT NULL,
-    deadline_ms    INTEGER NOT NULL
+    deadline_ms    INTEGER NOT NULL,
+    blob_bytes     INTEGER NOT NULL DEFAULT 0,  -- the request blob's size
+    result_blob    BLOB,           -- a result blob no caller has taken yet
+    result_blob_bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS calls_open ON calls (worker_id, state);
 CREATE TABLE IF NOT EXISTS workers (
@@ -69,12 +78,20 @@ ABANDONED_KEPT_MS = 24 * 3600 * 1000
 CALLS_KEPT_MS = 24 * 3600 * 1000
 _INSERT_CALL = (
     "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
-    " request_blob, state, result, created_ms, deadline_ms)"
+    " blob_bytes, state, result, created_ms, deadline_ms)"
     " VALUES (?, ?, ?, ?, ?, 'PENDING', NULL, ?, ?)"
 )
 _CALL_COLUMNS = (
-    "correlation_id, worker_id, args_digest, request, request_blob, state, result, deadline_ms"
+    "correlation_id, worker_id, args_digest, request, request_blob, state, result, deadline_ms,"
+    " blob_bytes, result_blob, result_blob_bytes"
 )
+# Columns added since the first hub.db, with their definitions (added on open).
+_ADDED_COLUMNS = {
+    "request_blob": "BLOB",
+    "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
+    "result_blob": "BLOB",
+    "result_blob_bytes": "INTEGER NOT NULL DEFAULT 0",
+}
 
 
 @dataclass(frozen=True)
@@ -82,10 +99,21 @@ class StoredCall:
     correlation_id: str
     worker_id: str
     args_digest: str
-    request: pb.ActionRequest
+    request: pb.ActionRequest  # without its blob (the hub holds that while it may re-send)
     state: str
-    result: pb.ActionResult | None
+    result: pb.ActionResult | None  # with its blob only while no caller has taken it
     deadline_ms: int
+    blob_bytes: int = 0  # the request blob's size
+    result_blob_bytes: int = 0  # the result blob's size, kept or not
+
+    @property
+    def result_blob_gone(self) -> bool:
+        """The result had a blob, delivered and no longer kept."""
+        return (
+            self.result is not None
+            and self.result_blob_bytes > 0
+            and len(self.result.blob) != self.result_blob_bytes
+        )
 
 
 class HubStore:
@@ -93,8 +121,9 @@ class HubStore:
         self._db = connect(path, _SCHEMA)
         self._unwritten: dict[str, tuple[object, ...]] = {}  # added, not yet flushed
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
-        if "request_blob" not in columns:  # a hub.db from before the blob had a column
-            self._db.execute("ALTER TABLE calls ADD COLUMN request_blob BLOB")
+        for name, definition in _ADDED_COLUMNS.items():
+            if name not in columns:  # a hub.db from before the column
+                self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {definition}")
 
     def close(self) -> None:
         self.flush()
@@ -124,14 +153,14 @@ class HubStore:
         worker_id: str,
         digest: str,
         request: pb.ActionRequest,
-        blob: bytes,
+        blob_bytes: int,
         deadline_ms: int,
         *,
         fresh: bool = False,
     ) -> bool:
-        """Record a new call (`request` without its blob, which is kept beside it until
-        the call finishes), to be written by the next flush; False when its correlation
-        id is already known. A `fresh` id, made by the hub just now, is not looked up."""
+        """Record a new call (`request` without its `blob_bytes`-byte blob, which is not
+        stored), to be written by the next flush; False when its correlation id is
+        already known. A `fresh` id, made by the hub just now, is not looked up."""
         cid = request.correlation_id
         if cid in self._unwritten or (not fresh and self._known(cid)):
             return False
@@ -140,7 +169,7 @@ class HubStore:
             worker_id,
             digest,
             request.SerializeToString(),
-            blob or None,
+            blob_bytes,
             now_ms(),
             deadline_ms,
         )
@@ -150,25 +179,46 @@ class HubStore:
         row = self._db.execute("SELECT 1 FROM calls WHERE correlation_id = ?", (correlation_id,))
         return row.fetchone() is not None
 
-    def complete(self, result: pb.ActionResult) -> bool:
+    def complete(self, result: pb.ActionResult, *, keep_blob: bool = False) -> bool:
         """Store a result; False when the call is unknown or already has one."""
-        return self.complete_many([result])[0]
+        return self.complete_many([(result, keep_blob)])[0]
 
-    def complete_many(self, results: list[pb.ActionResult]) -> list[bool]:
-        """`complete` for each result, in one commit."""
+    def complete_many(self, results: list[tuple[pb.ActionResult, bool]]) -> list[bool]:
+        """`complete` for each (result, keep its blob?), in one commit. A result's blob
+        is stored only when asked (no caller took it yet); its size always is."""
         stored = []
+        rows = []
+        for result, keep_blob in results:
+            blob = result.blob  # read once (each read copies)
+            rows.append(
+                (
+                    without_blob(result).SerializeToString(),
+                    blob if keep_blob and blob else None,
+                    len(blob),
+                    result.correlation_id,
+                )
+            )
         with db.transaction(self._db):
             self._write_added()  # a result's call may still be waiting to be written
-            for result in results:
-                # A finished call is never sent again: its blob (an fs_write's content,
-                # say) goes; the digest still answers args_mismatch.
+            for row in rows:
+                # A finished call is never sent again: the digest still answers
+                # args_mismatch; a legacy row's request blob goes.
                 cur = self._db.execute(
-                    "UPDATE calls SET state = 'DONE', result = ?, request_blob = NULL"
+                    "UPDATE calls SET state = 'DONE', result = ?, result_blob = ?,"
+                    " result_blob_bytes = ?, request_blob = NULL"
                     " WHERE correlation_id = ? AND state != 'DONE'",
-                    (result.SerializeToString(), result.correlation_id),
+                    row,
                 )
                 stored.append(cur.rowcount > 0)
         return stored
+
+    def drop_result_blob(self, correlation_id: str) -> None:
+        """A caller took the result: its blob is not kept any longer."""
+        self._db.execute(
+            "UPDATE calls SET result_blob = NULL WHERE correlation_id = ?"
+            " AND result_blob IS NOT NULL",
+            (correlation_id,),
+        )
 
     def prune(self, now: int | None = None) -> int:
         """Forget calls finished or abandoned longer than CALLS_KEPT_MS ago, and pending
@@ -273,17 +323,40 @@ class HubStore:
         return [(pb.Hello.FromString(hello), seen) for hello, seen in rows]
 
 
-def _call(row: tuple[str, str, str, bytes, bytes | None, str, bytes | None, int]) -> StoredCall:
-    cid, worker_id, digest, request, blob, state, result, deadline = row
+def without_blob(result: pb.ActionResult) -> pb.ActionResult:
+    """A copy of `result` without its blob (which is never read, so never copied)."""
+    bare = pb.ActionResult()
+    for field, value in result.ListFields():
+        if field.name == "blob":
+            continue
+        if field.message_type is not None:
+            getattr(bare, field.name).CopyFrom(value)
+        else:
+            setattr(bare, field.name, value)
+    return bare
+
+
+_Row = tuple[str, str, str, bytes, bytes | None, str, bytes | None, int, int, bytes | None, int]
+
+
+def _call(row: _Row) -> StoredCall:
+    cid, worker_id, digest, request, legacy_blob, state, result, deadline = row[:8]
+    blob_bytes, result_blob, result_blob_bytes = row[8:]
     stored = pb.ActionRequest.FromString(request)
-    if blob is not None:
-        stored.blob = blob
+    if legacy_blob is not None:  # a pending call stored by a hub from before
+        stored.blob = legacy_blob
+        blob_bytes = len(legacy_blob)
+    answer = None if result is None else pb.ActionResult.FromString(result)
+    if answer is not None and result_blob is not None:
+        answer.blob = result_blob
     return StoredCall(
         correlation_id=cid,
         worker_id=worker_id,
         args_digest=digest,
         request=stored,
         state=state,
-        result=None if result is None else pb.ActionResult.FromString(result),
+        result=answer,
         deadline_ms=deadline,
+        blob_bytes=blob_bytes,
+        result_blob_bytes=result_blob_bytes,
     )

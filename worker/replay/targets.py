@@ -30,6 +30,7 @@ from worker.core.pipeline import Dispatcher, Outgoing
 from worker.errors import WorkerError
 from worker.hub.client import ControlClient
 from worker.replay.expect import Answer
+from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import error_pb
 
@@ -79,7 +80,7 @@ class InProcess:
         return answer_of(result)
 
     def _emit(self, message: Outgoing) -> None:
-        msg = pb.WorkerMessage.FromString(message) if isinstance(message, bytes) else message
+        msg = worker_message_of(message) if isinstance(message, bytes) else message
         kind = msg.WhichOneof("kind")
         if kind == "result":
             self._resolve(msg.result)

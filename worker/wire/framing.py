@@ -67,11 +67,17 @@ class Batcher(Generic[M]):
 # A protobuf message is its fields back to back, and a length-delimited field is
 # its tag, its length and its bytes, so this is exactly WorkerEnvelope's encoding,
 # without copying each message into an envelope object and serializing it again.
+#
+# Both outboxes hold *parts*: a message already framed as one entry of its
+# envelope's `messages` field. An envelope of one part is that part itself, so a
+# 16 MiB request or a 1 MiB result is copied once on its way to gRPC (when its
+# part is built), not once per layer of framing.
 
 _LENGTH_DELIMITED = 2
 RESULT_FIELD = pb.WorkerMessage.DESCRIPTOR.fields_by_name["result"].number
 _REQUEST_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["request"].number
 _BLOB_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["blob"].number
+_RESULT_BLOB_FIELD = pb.ActionResult.DESCRIPTOR.fields_by_name["blob"].number
 _MESSAGES_FIELD = pb.WorkerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
 
 
@@ -84,19 +90,19 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _tag(field_number: int) -> bytes:
+    return _varint(field_number << 3 | _LENGTH_DELIMITED)
+
+
 def framed(field_number: int, payload: bytes) -> bytes:
     """`payload` (a serialized message) as field `field_number` of its parent."""
-    return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
+    return _tag(field_number) + _varint(len(payload)) + payload
 
 
 def framed_size(payload_bytes: int, field_number: int = _MESSAGES_FIELD) -> int:
     """The size of a `payload_bytes`-byte message once framed as a field (an
     envelope of that one message, by default)."""
-    return (
-        len(_varint(field_number << 3 | _LENGTH_DELIMITED))
-        + len(_varint(payload_bytes))
-        + payload_bytes
-    )
+    return len(_tag(field_number)) + len(_varint(payload_bytes)) + payload_bytes
 
 
 def result_message(result_bytes: bytes) -> bytes:
@@ -118,3 +124,131 @@ def envelope_bytes(messages: list[bytes]) -> bytes:
     """A serialized WorkerEnvelope (or ServerEnvelope: the same layout) holding the
     serialized messages `messages`."""
     return b"".join(framed(_MESSAGES_FIELD, message) for message in messages)
+
+
+# ------------------------------------------------------------- envelope parts
+
+
+def message_part(message: bytes) -> bytes:
+    """A serialized WorkerMessage or ServerMessage as one part of its envelope."""
+    return framed(_MESSAGES_FIELD, message)
+
+
+def _nested_part(outer_field: int, body: bytes, blob_field: int, blob: Buffer) -> bytes:
+    """An envelope part whose message is `outer_field` holding `body` with `blob`
+    appended as its field `blob_field`: built with one copy of the blob."""
+    pieces: list[Buffer] = [body]
+    if blob:
+        pieces += [_tag(blob_field), _varint(len(blob)), blob]
+    inner = len(body) + (len(pieces[1]) + len(pieces[2]) + len(blob) if blob else 0)
+    message = [_tag(outer_field), _varint(inner)]
+    size = len(message[0]) + len(message[1]) + inner
+    return b"".join([_tag(_MESSAGES_FIELD), _varint(size), *message, *pieces])
+
+
+def request_part(request: pb.ActionRequest, blob: Buffer) -> bytes:
+    """`request_message(request, blob)` as an envelope part, in one copy of the blob."""
+    return _nested_part(_REQUEST_FIELD, request.SerializeToString(), _BLOB_FIELD, blob)
+
+
+def result_part(result_bytes: bytes, blob: bytes = b"") -> bytes:
+    """A WorkerMessage carrying the serialized ActionResult `result_bytes` (which has
+    no blob of its own) with `blob` as its blob, as an envelope part."""
+    return _nested_part(RESULT_FIELD, result_bytes, _RESULT_BLOB_FIELD, blob)
+
+
+# ------------------------------------------------------------- reading a blob out
+#
+# Parsing a message that carries a 16 MiB blob and then reading the blob out of it
+# copies the blob twice or more (the parser's copy, then a new bytes object on each
+# read of the field). `split_field` walks a serialized message's top-level fields on
+# a memoryview instead: the message without one field is parsed (it is small), and
+# that field's value is a view of the received bytes, copied at most once, by whoever
+# needs bytes of its own.
+
+Buffer = bytes | memoryview
+
+
+def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    end = len(data)
+    while pos < end and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("truncated varint")
+
+
+def split_field(data: Buffer, field_number: int) -> tuple[bytes, memoryview | None]:
+    """The serialized message `data` without its length-delimited field `field_number`,
+    and that field's value (the last one, as a parser would take it), or None when it
+    has none. ValueError if `data` is not a well-framed message."""
+    view = memoryview(data)
+    end = len(view)
+    kept: list[memoryview] = []
+    found: memoryview | None = None
+    pos = start = 0
+    while pos < end:
+        field_start = pos
+        key, pos = _read_varint(view, pos)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _value, pos = _read_varint(view, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == _LENGTH_DELIMITED:
+            length, pos = _read_varint(view, pos)
+            if number == field_number and pos + length <= end:
+                kept.append(view[start:field_start])
+                found = view[pos : pos + length]
+                start = pos + length
+            pos += length
+        else:
+            raise ValueError(f"wire type {wire_type} is not one a message here uses")
+        if pos > end:
+            raise ValueError("a field runs past the end of the message")
+    kept.append(view[start:end])
+    return b"".join(kept), found
+
+
+def fields_of(data: Buffer, field_number: int) -> list[memoryview]:
+    """The values of the length-delimited top-level field `field_number` of `data`, as
+    views (no copy); ValueError if `data` is not a well-framed message."""
+    view = memoryview(data)
+    end = len(view)
+    values = []
+    pos = 0
+    while pos < end:
+        key, pos = _read_varint(view, pos)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _value, pos = _read_varint(view, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == _LENGTH_DELIMITED:
+            length, pos = _read_varint(view, pos)
+            if number == field_number and pos + length <= end:
+                values.append(view[pos : pos + length])
+            pos += length
+        else:
+            raise ValueError(f"wire type {wire_type} is not one a message here uses")
+        if pos > end:
+            raise ValueError("a field runs past the end of the message")
+    return values
+
+
+def worker_message_of(part: bytes) -> pb.WorkerMessage:
+    """The WorkerMessage an envelope part carries (for in-process readers and tests)."""
+    return pb.WorkerEnvelope.FromString(part).messages[0]
+
+
+def envelope_of(parts: list[bytes]) -> bytes:
+    """The envelope holding `parts`: a lone part is its own envelope (no copy)."""
+    return parts[0] if len(parts) == 1 else b"".join(parts)

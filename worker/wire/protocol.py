@@ -24,15 +24,67 @@ PROTOCOL_MAX: Final = 1
 VERSION: Final = worker.__version__
 
 
-def call_digest(req: pb.ActionRequest, blob: bytes | None = None) -> str:
+# A blob at least this large is hashed in a thread, never on the event loop
+# (sha256 runs at about 1.6 GB/s here, and releases the GIL).
+HASH_OFF_LOOP_BYTES: Final = 256 * 1024
+# A carried digest longer than this is ignored (the worker computes its own).
+MAX_DIGEST_CHARS: Final = 128
+
+
+def call_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -> str:
     """What makes two deliveries of one correlation id 'the same call'; `blob`, when
-    given, stands for the request's own (kept apart from it)."""
+    given, stands for the request's own (kept apart from it).
+
+    It covers the whole call (every field that says what to do, and every byte of the
+    blob): a digest over a prefix and the length would answer a caller who re-used an
+    id for a different 16 MiB write that shares its first bytes with the old write's
+    result, silently. It is computed once, where the call enters (the hub's
+    Dispatch), and carried in `ActionRequest.args_digest`; the worker takes it from
+    there (docs/architecture.md, "The protocol and its guarantees")."""
     h = hashlib.sha256()
     for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
         h.update(part.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
     h.update(req.blob if blob is None else blob)
     return h.hexdigest()
+
+
+def carried_digest(req: pb.ActionRequest) -> str | None:
+    """The digest the sender computed for this call, if it sent a usable one.
+
+    The worker trusts it: the digest only decides whether a re-sent correlation id is
+    "the same call" (answered from the ledger) or not (`args_mismatch`). A server that
+    lied about it could only confuse the answers to its own calls; it could never make
+    the worker run a call twice, which the correlation id alone decides."""
+    digest = req.args_digest
+    return digest if 0 < len(digest) <= MAX_DIGEST_CHARS else None
+
+
+def blob_gone(result: pb.ActionResult, blob_bytes: int) -> pb.ActionResult:
+    """The answer to a late duplicate of a finished call whose result blob is no
+    longer kept (it was delivered and acknowledged): the call's outcome, in the
+    error's details, and a `blob_gone` error saying the bytes went and what to do."""
+    cid = result.correlation_id
+    try:
+        outcome: object = json.loads(result.result_json) if result.result_json else None
+    except ValueError:
+        outcome = result.result_json
+    error = WorkerError(
+        "blob_gone",
+        f"call {cid} already ran and finished (ok); its result's {blob_bytes:,}-byte blob was "
+        "delivered and is no longer kept, so this repeat carries its outcome (in details) "
+        "without the bytes. To get the bytes again, run the call under a new correlation id.",
+        {"status": "ok", "result": outcome, "blob_bytes": blob_bytes},
+    )
+    gone = pb.ActionResult(
+        correlation_id=cid,
+        status=pb.ActionResult.ERROR,
+        error=error_pb(error),
+        replayed=True,
+    )
+    if result.HasField("invocation"):
+        gone.invocation.CopyFrom(result.invocation)
+    return gone
 
 
 def error_pb(error: WorkerError) -> pb.Error:

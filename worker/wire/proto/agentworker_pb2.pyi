@@ -276,7 +276,7 @@ class Welcome(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., protocol: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., abandoned_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ActionRequest(_message.Message):
-    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt")
+    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +288,7 @@ class ActionRequest(_message.Message):
     BLOB_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     correlation_id: str
     plan_id: str
     agent_id: str
@@ -299,7 +300,8 @@ class ActionRequest(_message.Message):
     blob: bytes
     timeout_ms: int
     attempt: int
-    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    args_digest: str
+    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., args_digest: _Optional[str] = ...) -> None: ...
 
 class ScopeRequest(_message.Message):
     __slots__ = ("request_id", "agent_id", "plan_id", "scopes", "reason", "preview")
