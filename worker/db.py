@@ -3,6 +3,11 @@
 `synchronous=NORMAL` in WAL mode keeps every committed row across a process crash
 (the case the at-most-once rules are about); only a power cut can lose the last
 few commits. That keeps a call's bookkeeping to microseconds instead of an fsync.
+
+Disk stays bounded: pages freed by deleted rows and dropped blobs are reused by the
+next writes, `auto_vacuum=INCREMENTAL` lets `give_back_free_pages` return a surplus
+to the file system (a database from before is converted once, when opened), and the
+log is cut back to `WAL_LIMIT_BYTES` after each checkpoint that empties it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ log = logging.getLogger(__name__)
 
 
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one database (as config's)
+# The write-ahead log is truncated to this after a checkpoint that empties it.
+WAL_LIMIT_BYTES = 4 * 1024 * 1024
+# Free pages beyond this many are given back to the file system (4 MiB of 4 KiB pages).
+FREE_PAGES_KEPT = 1024
+_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 
 
 class Database(sqlite3.Connection):
@@ -64,9 +74,11 @@ def connect(path: Path, schema: str) -> Database:
     conn = sqlite3.connect(
         path, isolation_level=None, timeout=10.0, check_same_thread=False, factory=Database
     )
+    _incremental_vacuum(conn, path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
     conn.executescript(schema)
     # A checkpoint copies the log into the database and fsyncs. SQLite runs it inside
     # whichever commit crosses its threshold, stalling that call for milliseconds; this
@@ -76,6 +88,31 @@ def connect(path: Path, schema: str) -> Database:
     # Dropped without close(): the thread still ends (without waiting for it here).
     weakref.finalize(conn, conn.checkpointer.stop, wait=False)
     return conn
+
+
+def _incremental_vacuum(conn: sqlite3.Connection, path: Path) -> None:
+    """Make the database one whose free pages can be given back: set before its first
+    table (a new one), or by one VACUUM (one from before; skipped while another
+    connection is busy with it, to be done at a later open)."""
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == _INCREMENTAL:
+        return
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+        return  # takes effect with the first table
+    try:
+        conn.execute("VACUUM")
+    except sqlite3.OperationalError as exc:
+        log.info("%s: left as it is for now (%s); converted at a later start", path, exc)
+
+
+def give_back_free_pages(conn: sqlite3.Connection, keep: int = FREE_PAGES_KEPT) -> int:
+    """Return free pages beyond `keep` to the file system; how many went. Cheap when
+    there are few: called after deletes (pruning), not on a call's path."""
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    if free <= keep:
+        return 0
+    conn.execute(f"PRAGMA incremental_vacuum({free - keep})").fetchall()
+    return free - keep
 
 
 def private_folder(folder: Path) -> None:

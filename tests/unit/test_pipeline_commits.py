@@ -20,22 +20,34 @@ import pytest
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
 from worker.core.pipeline import Dispatcher, Outgoing
-from worker.core.registry import Context
+from worker.core.registry import Context, Effect
 from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
 
 
-def _dispatcher(tmp_path: Path, worker: WorkerSection | None = None) -> Dispatcher:
-    """Agent "t" may stat a.txt in a read-only root (and probe, with diagnostics on)."""
+def _dispatcher(
+    tmp_path: Path, worker: WorkerSection | None = None, effect: Effect = Effect.ANY
+) -> Dispatcher:
+    """Agent "t" may stat and read a.txt in a read-only root (and probe, with
+    diagnostics on)."""
     paths = Paths(config_dir=tmp_path, data_dir=tmp_path)
     (tmp_path / "files").mkdir(exist_ok=True)
     (tmp_path / "files" / "a.txt").write_text("a")
     config = Config(
         root=[RootSection(path=tmp_path / "files", mode="ro")],
-        grant=[GrantSection(agent="t", scopes=["workerHost.fs_stat", "workerDiag.probe"])],
+        grant=[
+            GrantSection(
+                agent="t", scopes=["workerHost.fs_stat", "workerHost.fs_read", "workerDiag.probe"]
+            )
+        ],
         worker=worker or WorkerSection(),
     )
-    return app.build_dispatcher(paths, config)
+    dispatcher = app.build_dispatcher(paths, config)
+    # fs_stat stands in for an action with effects here (claimed before it runs) unless
+    # a test asks for its own class: `effect`.
+    spec = dispatcher.registry["workerHost.fs_stat"]
+    dispatcher.registry[spec.scope] = dataclasses.replace(spec, effect=effect)
+    return dispatcher
 
 
 def _decoded(out: Outgoing) -> pb.WorkerMessage:
@@ -157,7 +169,7 @@ def test_rows_unwritten_at_a_stop_are_restored_from_the_ledger(tmp_path: Path) -
     asyncio.run(run())
     assert _ledger_state(tmp_path, "c1") == "DONE"
     dispatcher.ack(["c1"])  # no ack while its row is unwritten
-    assert [cid for cid, _ in dispatcher.state.unacked_results()] == ["c1"]
+    assert [u.correlation_id for u in dispatcher.state.unacked_results()] == ["c1"]
     dispatcher.state.close()  # the worker stops here, rows unwritten
 
     restarted = _dispatcher(tmp_path)
@@ -289,3 +301,120 @@ def test_a_plain_handler_without_a_grant_is_still_refused(tmp_path: Path) -> Non
     [result] = _results(emitted)
     assert result.error.code == "scope_required"
     assert result.invocation.decision == "denied"
+
+
+# --- effect-free calls: no claim before they run, still answered once -------------------
+
+
+def test_an_effect_free_call_runs_unclaimed_and_is_still_answered_once(tmp_path: Path) -> None:
+    """No commit before it runs and none before its answer leaves: its result is held
+    in memory until acked, then written without its blob. Every duplicate meanwhile and
+    after is answered, never run again; one with other args is refused."""
+    dispatcher = _dispatcher(tmp_path, effect=Effect.NONE)
+    stat = dispatcher.registry["workerHost.fs_stat"].handler
+    seen_by_handler: list[str | None] = []
+
+    def stat_and_look(ctx: Context, args: Any) -> Any:
+        seen_by_handler.append(_ledger_state(tmp_path, ctx.correlation_id))
+        return stat(ctx, args)
+
+    _replace_handler(dispatcher, stat_and_look)
+    emitted: list[pb.WorkerMessage] = []
+    dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
+    other = _request("c1")
+    other.args_json = '{"path": "."}'
+
+    async def run() -> None:
+        dispatcher.submit(_request("c1"))
+        assert _ledger_state(tmp_path, "c1") is None  # sent, held, not written
+        dispatcher.submit(_request("c1"))  # a duplicate while held: the same answer
+        dispatcher.submit(other)  # the same id for another call
+        await asyncio.sleep(0)
+        dispatcher.ack(["c1"])
+        dispatcher.submit(_request("c1"))  # after the ack: from the ledger
+
+    asyncio.run(run())
+    assert seen_by_handler == [None]  # ran once, with nothing claimed
+    first, held, acked = _results(emitted)
+    assert first.status == pb.ActionResult.OK and not first.replayed
+    assert held.replayed and held.result_json == first.result_json
+    assert acked.replayed and acked.result_json == first.result_json
+    kinds = [m.ack.kind for m in emitted if m.WhichOneof("kind") == "ack"]
+    assert pb.ActionAck.REJECTED_ARGS_MISMATCH in kinds
+    assert _ledger_state(tmp_path, "c1") == "DONE+row"
+    dispatcher.close()
+
+
+def test_an_effect_free_result_blob_goes_with_the_ack_and_a_repeat_says_so(
+    tmp_path: Path,
+) -> None:
+    dispatcher = _dispatcher(tmp_path)
+    emitted: list[pb.WorkerMessage] = []
+    read = _request("r1")
+    read.action = "fs_read"
+
+    async def run() -> None:
+        answered = asyncio.Event()
+
+        def emit(out: Outgoing) -> None:
+            emitted.append(_decoded(out))
+            if emitted[-1].WhichOneof("kind") == "result":  # not a STARTED ack
+                answered.set()
+
+        dispatcher.outbox.attach(emit)
+        dispatcher.submit(read)
+        await answered.wait()  # fs_read reads in a thread: its answer comes later
+        assert [u.blob for u in dispatcher.state.unacked_results()] == [b"a"]
+        dispatcher.ack(["r1"])
+        dispatcher.submit(read)
+
+    asyncio.run(run())
+    first, repeat = _results(emitted)
+    assert first.blob == b"a"
+    assert repeat.replayed and repeat.error.code == "blob_gone" and repeat.blob == b""
+    details = json.loads(repeat.error.details_json)
+    assert details["status"] == "ok" and details["blob_bytes"] == 1
+    assert details["result"]["length"] == 1
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        row = db.execute("SELECT result_blob, blob_bytes, acked FROM calls").fetchone()
+    assert row == (None, 1, 1)
+    dispatcher.close()
+
+
+def test_an_effectful_result_blob_is_kept_until_acked_then_let_go(tmp_path: Path) -> None:
+    """A probe (it has effects) echoing its blob: recorded with the blob before it is
+    sent, re-sent with it while unacked, answered `blob_gone` once acked."""
+    dispatcher = _dispatcher(tmp_path, WorkerSection(diagnostics=True))
+    emitted: list[pb.WorkerMessage] = []
+    echo = pb.ActionRequest(
+        correlation_id="e1",
+        agent_id="t",
+        surface="workerDiag",
+        action="probe",
+        args_json='{"blob_repeat": 2}',
+        blob=b"xyz",
+    )
+
+    async def run() -> None:
+        answered = asyncio.Event()
+
+        def emit(out: Outgoing) -> None:
+            emitted.append(_decoded(out))
+            if emitted[-1].WhichOneof("kind") == "result":  # not a STARTED ack
+                answered.set()
+
+        dispatcher.outbox.attach(emit)
+        dispatcher.submit(echo)
+        await answered.wait()
+        with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+            row = db.execute("SELECT state, result_blob, blob_bytes FROM calls").fetchone()
+        assert row == ("DONE", b"xyzxyz", 6)
+        dispatcher.submit(echo)  # unacked: the stored result, blob and all
+        dispatcher.ack(["e1"])
+        dispatcher.submit(echo)
+
+    asyncio.run(run())
+    first, stored, gone = _results(emitted)
+    assert first.blob == stored.blob == b"xyzxyz" and stored.replayed
+    assert gone.error.code == "blob_gone" and gone.replayed
+    dispatcher.close()

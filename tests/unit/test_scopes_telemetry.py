@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from worker.config import RETENTION_VAR, Paths, load
-from worker.core.ledger import Seen, State, now_ms
+from worker.core.ledger import Seen, State, Unacked, now_ms
 from worker.core.scopes import ApprovalRequest, Grant, Scopes
 from worker.core.telemetry import DAY_MS, Telemetry
 from worker.errors import WorkerError
@@ -68,7 +68,7 @@ def test_ledger_forgets_acked_results_after_the_ttl(tmp_path: Path) -> None:
     state = State(tmp_path / "s.db", ttl_s=-1)  # any finished row is past it at once
     assert state.begin("a", "d", "p").seen is Seen.NEW
     state.finish("a", b"result")
-    assert state.unacked_results() == [("a", b"result")]
+    assert state.unacked_results() == [Unacked("a", b"result", b"")]
     assert state.prune() == 0, "unacked results are kept whatever their age"
     state.ack(["a"])
     assert state.prune() == 1

@@ -205,7 +205,7 @@ class WorkerConnection:
     async def _flushed(self) -> None:
         """Wait until the server has acked every result (or we are offline): woken by
         each ack the reader records, and by the session's end."""
-        while self._outbox is not None and self.dispatcher.state.unacked_results():
+        while self._outbox is not None and self.dispatcher.state.has_unacked():
             self._acks_or_offline.clear()
             await self._acks_or_offline.wait()
 
@@ -274,7 +274,7 @@ class WorkerConnection:
             gui_available=self.gui_available,
             max_concurrency=self.dispatcher.limits.max_concurrency,
             running_ids=state.running_ids(),
-            unacked_ids=[cid for cid, _ in state.unacked_results()],
+            unacked_ids=[unacked.correlation_id for unacked in state.unacked_results()],
             plans=[pb.HeldPlan(plan_id=plan, last_used_unix_ms=used) for plan, used in held],
         )
 

@@ -133,7 +133,9 @@ class Console:
         self._tell({"type": "call", "call": row})
         self._tell_plans()
 
-    def call_finished(self, req: pb.ActionRequest, result: pb.ActionResult) -> None:
+    def call_finished(
+        self, req: pb.ActionRequest, result: pb.ActionResult, blob_bytes: int
+    ) -> None:
         inv = result.invocation
         row = self._calls.get(req.correlation_id)
         self._running.pop(req.correlation_id, None)
@@ -155,7 +157,7 @@ class Console:
                 "duration_ms": inv.duration_ms,
                 "decision": inert(inv.decision, 200),
                 "result": "" if failed else inert(result.result_json, RESULT_PREVIEW),
-                "blob_bytes": len(result.blob),
+                "blob_bytes": blob_bytes,
                 "error": inert(result.error.message, RESULT_PREVIEW) if failed else "",
                 "telemetry": {
                     "scope": inv.scope,

@@ -3,7 +3,15 @@
 The ledger records RUNNING before a call executes, so a re-sent correlation id is
 answered from here and never run twice — not after a reconnect, not after a crash.
 Results stay until the server acks them; acked rows are kept for `ttl_s` more so a
-late duplicate still finds its answer.
+late duplicate still finds its answer — but not their blobs, which go with the ack
+(a late duplicate is then answered `blob_gone`, with the outcome).
+
+A call with no effect (its action's `effect` is `Effect.NONE`: a read, a listing, a
+screenshot) is not claimed before it runs: running it twice does no harm, so it does
+not pay for a commit first. Its result is held in memory (`hold`) until the server
+acks it, and only then written, without its blob, so duplicates are still answered
+from here. A worker that dies meanwhile has nothing of it on disk: the server sends
+it again, and it runs again.
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ CREATE TABLE IF NOT EXISTS calls (
     args_digest    TEXT NOT NULL,
     plan_id        TEXT NOT NULL,
     state          TEXT NOT NULL CHECK (state IN ('RUNNING', 'DONE')),
-    result         BLOB,
+    result         BLOB,           -- the ActionResult without its blob
     acked          INTEGER NOT NULL DEFAULT 0,
     created_ms     INTEGER NOT NULL,
-    finished_ms    INTEGER
+    finished_ms    INTEGER,
+    result_blob    BLOB,           -- its blob, until the server acks it
+    blob_bytes     INTEGER NOT NULL DEFAULT 0  -- the blob's size, kept or not
 );
 CREATE INDEX IF NOT EXISTS calls_unacked ON calls (state, acked);
 CREATE TABLE IF NOT EXISTS killed_plans (
@@ -63,10 +73,43 @@ class Seen(enum.Enum):
     MISMATCH = "mismatch"
 
 
+# Columns added since the first state.db, with their definitions (added on open).
+_ADDED_COLUMNS = {
+    "result_blob": "BLOB",
+    "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
+}
+
+
 @dataclass(frozen=True)
 class Begin:
     seen: Seen
-    result: bytes | None = None
+    result: bytes | None = None  # DONE: the stored result, without its blob
+    blob: bytes | None = None  # DONE: its blob, while kept (None once let go)
+    blob_bytes: int = 0  # DONE: the blob's size, kept or not
+
+    @property
+    def blob_gone(self) -> bool:
+        return self.blob_bytes > 0 and self.blob is None
+
+
+@dataclass(frozen=True)
+class Unacked:
+    """A result the server has not acked: sent again after each reconnect."""
+
+    correlation_id: str
+    result: bytes  # without its blob
+    blob: bytes
+
+
+@dataclass(frozen=True)
+class _Held:
+    """An effect-free call's result, in memory until the server acks it."""
+
+    digest: str
+    plan_id: str
+    result: bytes
+    blob: bytes
+    finished_ms: int
 
 
 @dataclass(frozen=True)
@@ -82,7 +125,12 @@ class StoredGrant:
 class State:
     def __init__(self, path: Path, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._db = connect(path, _SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
+        for name, definition in _ADDED_COLUMNS.items():
+            if name not in columns:  # a state.db from before the column
+                self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {definition}")
         self._ttl_ms = int(ttl_s * 1000)
+        self._held: dict[str, _Held] = {}  # effect-free results not yet acked
         # Kills and grants are read on every call but change rarely (often from the CLI,
         # another process): cache them until SQLite's data_version says someone wrote.
         self._seen_version = -1
@@ -121,27 +169,47 @@ class State:
 
     # ------------------------------------------------------------- call ledger
 
-    def begin(self, correlation_id: str, args_digest: str, plan_id: str) -> Begin:
-        """Claim a call; only a NEW answer lets the caller execute it."""
-        try:
-            self._db.execute(
-                "INSERT INTO calls (correlation_id, args_digest, plan_id, state, created_ms)"
-                " VALUES (?, ?, ?, 'RUNNING', ?)",
-                (correlation_id, args_digest, plan_id, now_ms()),
-            )
-            return Begin(Seen.NEW)
-        except sqlite3.IntegrityError:
-            pass
+    def begin(
+        self, correlation_id: str, args_digest: str, plan_id: str, *, claim: bool = True
+    ) -> Begin:
+        """Claim a call; only a NEW answer lets the caller execute it. With `claim`
+        False (an effect-free call) nothing is written: NEW says only that the ledger
+        knows nothing of the id."""
+        held = self._held.get(correlation_id)
+        if held is not None:
+            if held.digest != args_digest:
+                return Begin(Seen.MISMATCH)
+            return Begin(Seen.DONE, held.result, held.blob, len(held.blob))
+        if claim:
+            try:
+                self._db.execute(
+                    "INSERT INTO calls (correlation_id, args_digest, plan_id, state, created_ms)"
+                    " VALUES (?, ?, ?, 'RUNNING', ?)",
+                    (correlation_id, args_digest, plan_id, now_ms()),
+                )
+                return Begin(Seen.NEW)
+            except sqlite3.IntegrityError:
+                pass
         row = self._db.execute(
-            "SELECT args_digest, state, result FROM calls WHERE correlation_id = ?",
+            "SELECT args_digest, state, result, result_blob, blob_bytes FROM calls"
+            " WHERE correlation_id = ?",
             (correlation_id,),
         ).fetchone()
-        digest, state, result = row
+        if row is None:  # not claimed, and not known
+            return Begin(Seen.NEW)
+        digest, state, result, blob, blob_bytes = row
         if digest != args_digest:
             return Begin(Seen.MISMATCH)
         if state == "RUNNING":
             return Begin(Seen.RUNNING)
-        return Begin(Seen.DONE, result)
+        return Begin(Seen.DONE, result, blob, blob_bytes)
+
+    def hold(
+        self, correlation_id: str, args_digest: str, plan_id: str, result: bytes, blob: bytes
+    ) -> None:
+        """Keep an effect-free call's result (without its blob, and the blob) in memory
+        until the server acks it; nothing is written."""
+        self._held[correlation_id] = _Held(args_digest, plan_id, result, blob, now_ms())
 
     def forget(self, correlation_id: str) -> None:
         """Drop a claim that was never executed (refused before it started)."""
@@ -149,24 +217,49 @@ class State:
             "DELETE FROM calls WHERE correlation_id = ? AND state = 'RUNNING'", (correlation_id,)
         )
 
-    def finish(self, correlation_id: str, result: bytes) -> None:
-        self.finish_many([(correlation_id, result)])
+    def finish(self, correlation_id: str, result: bytes, blob: bytes = b"") -> None:
+        self.finish_many([(correlation_id, result, blob)])
 
-    def finish_many(self, results: list[tuple[str, bytes]]) -> None:
-        """Record finished calls' results, all in one commit."""
+    def finish_many(self, results: list[tuple[str, bytes, bytes]]) -> None:
+        """Record finished calls' results (each without its blob, and the blob), all
+        in one commit."""
         finished = now_ms()
         write_many(
             self._db,
-            "UPDATE calls SET state = 'DONE', result = ?, finished_ms = ? WHERE correlation_id = ?",
-            [(result, finished, cid) for cid, result in results],
+            "UPDATE calls SET state = 'DONE', result = ?, result_blob = ?, blob_bytes = ?,"
+            " finished_ms = ? WHERE correlation_id = ?",
+            [(result, blob or None, len(blob), finished, cid) for cid, result, blob in results],
         )
 
     def ack(self, correlation_ids: list[str]) -> None:
-        write_many(
-            self._db,
-            "UPDATE calls SET acked = 1 WHERE correlation_id = ? AND state = 'DONE'",
-            [(cid,) for cid in correlation_ids],
-        )
+        """The server has these results: their blobs go (the pages they took are reused
+        by the next ones); a held effect-free result is written now, without its blob."""
+        held = [(cid, self._held.pop(cid)) for cid in correlation_ids if cid in self._held]
+        with db.transaction(self._db) if held else contextlib.nullcontext():
+            if held:
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
+                    " result, acked, created_ms, finished_ms, blob_bytes)"
+                    " VALUES (?, ?, ?, 'DONE', ?, 1, ?, ?, ?)",
+                    [
+                        (
+                            cid,
+                            h.digest,
+                            h.plan_id,
+                            h.result,
+                            h.finished_ms,
+                            h.finished_ms,
+                            len(h.blob),
+                        )
+                        for cid, h in held
+                    ],
+                )
+            write_many(
+                self._db,
+                "UPDATE calls SET acked = 1, result_blob = NULL"
+                " WHERE correlation_id = ? AND state = 'DONE'",
+                [(cid,) for cid in correlation_ids if cid not in dict(held)],
+            )
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -181,12 +274,24 @@ class State:
         finally:
             self._db.execute("COMMIT")
 
-    def unacked_results(self) -> list[tuple[str, bytes]]:
+    def unacked_results(self) -> list[Unacked]:
+        """Every result the server has not acked, recorded or held, oldest first."""
         rows = self._db.execute(
-            "SELECT correlation_id, result FROM calls WHERE state = 'DONE' AND acked = 0"
-            " ORDER BY finished_ms"
+            "SELECT correlation_id, result, result_blob, finished_ms FROM calls"
+            " WHERE state = 'DONE' AND acked = 0"
         ).fetchall()
-        return [(cid, result) for cid, result in rows]
+        found = [
+            (finished, Unacked(cid, result, blob or b"")) for cid, result, blob, finished in rows
+        ]
+        found += [(h.finished_ms, Unacked(cid, h.result, h.blob)) for cid, h in self._held.items()]
+        found.sort(key=lambda pair: pair[0] or 0)
+        return [unacked for _finished, unacked in found]
+
+    def has_unacked(self) -> bool:
+        if self._held:
+            return True
+        row = self._db.execute("SELECT 1 FROM calls WHERE state = 'DONE' AND acked = 0 LIMIT 1")
+        return row.fetchone() is not None
 
     def running_ids(self) -> list[str]:
         rows = self._db.execute("SELECT correlation_id FROM calls WHERE state = 'RUNNING'")
@@ -197,6 +302,7 @@ class State:
         cur = self._db.execute(
             "DELETE FROM calls WHERE state = 'DONE' AND acked = 1 AND finished_ms < ?", (cutoff,)
         )
+        db.give_back_free_pages(self._db)
         return cur.rowcount
 
     # ------------------------------------------------------------- kill switch

@@ -46,16 +46,18 @@ from worker.config import Config, Paths
 from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.redaction import args_preview
-from worker.core.registry import ActionSpec, Context, Outcome, Registry, Services
-from worker.core.results import Outbox, Outgoing, Results
+from worker.core.registry import ActionSpec, Context, Effect, Outcome, Registry, Services
+from worker.core.results import Finished, Outbox, Outgoing, Results
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
+from worker.wire.framing import result_part
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
     MAX_TIMEOUT_MS,
+    blob_gone,
     call_digest,
     carried_digest,
     error_pb,
@@ -81,7 +83,9 @@ class CallWatcher(Protocol):
 
     def call_started(self, req: pb.ActionRequest) -> None: ...
 
-    def call_finished(self, req: pb.ActionRequest, result: pb.ActionResult) -> None: ...
+    def call_finished(
+        self, req: pb.ActionRequest, result: pb.ActionResult, blob_bytes: int
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class Call:
     task: asyncio.Task[None] | None = None  # once it waits for something
     holds_slot: bool = False
     answered: bool = False
+    claimed: bool = True  # False: effect-free, run without a claim in the ledger
 
     @property
     def cid(self) -> str:
@@ -356,14 +361,25 @@ class Dispatcher:
         self._claim(req, blob, digest)
 
     def _claim(self, req: pb.ActionRequest, request_blob: bytes, digest: str) -> None:
-        """Claim the call in the ledger and run it, or answer a duplicate."""
+        """Claim the call in the ledger and run it, or answer a duplicate. An
+        effect-free call is not claimed (see worker.core.ledger): the ledger is only
+        asked whether it knows the id."""
         cid = req.correlation_id
-        begun = self.state.begin(cid, digest, req.plan_id)
+        running = self._calls.get(cid)
+        if running is not None:  # claimed or not, it runs now
+            seen = Seen.RUNNING if running.digest == digest else Seen.MISMATCH
+            self._answer_duplicate(req, seen)
+            return
+        spec = self.registry.get(f"{req.surface}.{req.action}")
+        claim = spec is None or spec.effect is not Effect.NONE
+        begun = self.state.begin(cid, digest, req.plan_id, claim=claim)
         if begun.seen is Seen.NEW and len(self._calls) >= self.limits.max_accepted:
-            self.state.forget(cid)  # it never ran: a later delivery may run it
+            if claim:
+                self.state.forget(cid)  # it never ran: a later delivery may run it
             self._refuse_busy(req)
         elif begun.seen is Seen.NEW:
             call = self._new_call(req, request_blob, digest)
+            call.claimed = claim
             self._calls[cid] = call
             if self.watcher is not None:
                 self.watcher.call_started(req)
@@ -372,13 +388,22 @@ class Dispatcher:
                 self._intake.append(call)
             else:
                 self._advance(call)
-        elif begun.seen is Seen.RUNNING:
-            self.results.ack_request(cid, pb.ActionAck.DUPLICATE_RUNNING)
         elif begun.seen is Seen.DONE:
             self.results.ack_request(cid, pb.ActionAck.DUPLICATE_DONE)
             cached = pb.ActionResult.FromString(begun.result or b"")
+            if begun.blob_gone:  # delivered, acked and let go: the outcome, without it
+                self.results.send(pb.WorkerMessage(result=blob_gone(cached, begun.blob_bytes)))
+                return
             cached.replayed = True
-            self.results.send(pb.WorkerMessage(result=cached))
+            self.results.send(result_part(cached.SerializeToString(), begun.blob or b""))
+        else:
+            self._answer_duplicate(req, begun.seen)
+
+    def _answer_duplicate(self, req: pb.ActionRequest, seen: Seen) -> None:
+        """A delivery of an id that runs now (RUNNING), or was used for another call."""
+        cid = req.correlation_id
+        if seen is Seen.RUNNING:
+            self.results.ack_request(cid, pb.ActionAck.DUPLICATE_RUNNING)
         else:
             message = (
                 f"correlation id {cid} was already used for a call with different arguments; "
@@ -611,7 +636,7 @@ class Dispatcher:
                 "the worker stopped while this call was running; it may or may not have "
                 "taken effect and will not be run again. Check its effect before retrying.",
             )
-            result = self._result_of(call)
+            result, _blob = self._result_of(call)
             with self.state.batch():
                 self.telemetry.record(result.invocation)
                 self.state.finish(cid, result.SerializeToString())
@@ -621,8 +646,9 @@ class Dispatcher:
         # Rows are written just after their results and before their acks, so a row
         # can be missing only for a result still unacked, which carries the row.
         missing = []
-        for cid, data in self.state.unacked_results():
-            invocation = pb.ActionResult.FromString(data).invocation
+        for unacked in self.state.unacked_results():
+            cid = unacked.correlation_id
+            invocation = pb.ActionResult.FromString(unacked.result).invocation
             if invocation.invocation_id and not self.telemetry.has(cid):
                 missing.append(invocation)
         if missing:
@@ -886,7 +912,7 @@ class Dispatcher:
         self._calls.pop(call.cid, None)
         self._slots.release(call)
         try:
-            result = self._result_of(call)
+            result, blob = self._result_of(call)
         except Exception:
             log.exception("could not build the result of call %s", call.cid)
             error = WorkerError(
@@ -897,12 +923,15 @@ class Dispatcher:
             result = pb.ActionResult(
                 correlation_id=call.cid, status=pb.ActionResult.ERROR, error=error_pb(error)
             )
+            blob = b""
         if self.watcher is not None:
-            self.watcher.call_finished(call.req, result)
-        self.results.add(result, now=not self._batching and not self._calls)
+            self.watcher.call_finished(call.req, result, len(blob))
+        held = None if call.claimed else (call.digest, call.req.plan_id)
+        self.results.add(Finished(result, blob, held), now=not self._batching and not self._calls)
         self._settle()
 
-    def _result_of(self, call: Call) -> pb.ActionResult:
+    def _result_of(self, call: Call) -> tuple[pb.ActionResult, bytes]:
+        """The call's result (without its blob) and its blob."""
         error = call.error
         if error is None and call.payload is None:
             error = call.stop or WorkerError("cancelled", "cancelled before it finished")
@@ -914,7 +943,6 @@ class Dispatcher:
             correlation_id=call.cid,
             status=pb.ActionResult.ERROR if error else pb.ActionResult.OK,
             result_json=result_json,
-            blob=blob,
             invocation=invocation,
         )
         if error is not None:
@@ -923,7 +951,7 @@ class Dispatcher:
                 self.results.audit(error.code, call.req, {"message": error.message})
         if self.telemetry.recordings.active(call.req.plan_id):  # `agentworker record start`
             self.telemetry.recordings.keep_later(call.req, call.blob, result_json, blob)
-        return result
+        return result, blob
 
     def _invocation(
         self, call: Call, error: WorkerError | None, bytes_out: int, truncated: bool

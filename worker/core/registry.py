@@ -7,6 +7,7 @@ pipeline knows nothing about individual actions beyond the registry.
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -104,6 +105,21 @@ class Outcome(Generic[R]):
 Handler = Callable[[Context, A], Awaitable[Outcome[Any]] | Outcome[Any]]
 
 
+class Effect(enum.Enum):
+    """What running an action does beyond answering (its effect class).
+
+    NONE: it only looks (a stat, a read, a listing, a screenshot, the pointer's
+    position): running it twice does no harm, so the ledger does not claim it before
+    it runs (no commit on its path) and holds its result in memory until the server
+    acks it; duplicates are still answered from the ledger. ANY: it may change
+    something (a file, a process, the network, the desktop's input): claimed durably
+    before it runs, never run twice. An action is ANY unless it says otherwise.
+    """
+
+    NONE = "none"
+    ANY = "any"
+
+
 # Codes the pipeline itself may answer for any action: an action's `codes` lists
 # only the ones its own handler (and the helpers it calls) may raise besides these.
 PIPELINE_CODES: Final = frozenset(
@@ -151,6 +167,8 @@ class ActionSpec(Generic[A, R]):
     # False for actions registered only to say why they cannot run here (the computer
     # surface with no display): they answer `not_supported`, but Hello leaves them out.
     advertised: bool = True
+    # Effect.NONE only for an action that changes nothing, whatever its args (see Effect).
+    effect: Effect = Effect.ANY
 
     @property
     def scope(self) -> str:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from worker.core.ledger import State
@@ -56,12 +57,23 @@ class Outbox:
             self._sink(msg)
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A finished call's result as it leaves: the result without its blob, the blob,
+    and for an effect-free call (which was never claimed) its digest and plan: its
+    result is held in memory until acked instead of recorded first."""
+
+    result: pb.ActionResult
+    blob: bytes = b""
+    held: tuple[str, str] | None = None
+
+
 class Results:
     def __init__(self, state: State, telemetry: Telemetry, outbox: Outbox) -> None:
         self.state = state
         self.telemetry = telemetry
         self.outbox = outbox
-        self._finished: list[pb.ActionResult] = []  # waiting for flush()
+        self._finished: list[Finished] = []  # waiting for flush()
         self._flush_scheduled = False
         self._telemetry_scheduled = False
         # STARTED acks wait a moment and leave together; a call whose result is out
@@ -77,10 +89,10 @@ class Results:
 
     # ------------------------------------------------------------- results
 
-    def add(self, result: pb.ActionResult, *, now: bool) -> None:
+    def add(self, finished: Finished, *, now: bool) -> None:
         """Queue a finished result: recorded and sent at once when `now`, else in the
         next loop turn together with any others that finish meanwhile."""
-        self._finished.append(result)
+        self._finished.append(finished)
         if now:
             self.flush()
         elif not self._flush_scheduled:
@@ -93,23 +105,26 @@ class Results:
         just after, off the caller's path (see `ack`)."""
         self._flush_scheduled = False
         finished, self._finished = self._finished, []
+        encoded = [(f.result.correlation_id, f.result.SerializeToString(), f) for f in finished]
+        recorded = [(cid, data, f.blob) for cid, data, f in encoded if f.held is None]
         try:
-            encoded = [(r.correlation_id, r.SerializeToString()) for r in finished]
-            if finished:
-                self.state.finish_many(encoded)
+            if recorded:
+                self.state.finish_many(recorded)
         except Exception:
             # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
-            log.exception("could not record %d result(s); they were not sent", len(finished))
-            encoded = []
-        for cid, data in encoded:
+            log.exception("could not record %d result(s); they were not sent", len(recorded))
+            encoded = [item for item in encoded if item[2].held is not None]
+        for cid, data, f in encoded:
+            if f.held is not None:  # effect-free: in memory until acked (see ledger)
+                self.state.hold(cid, f.held[0], f.held[1], data, f.blob)
             self._started.pop(cid, None)
-            self.outbox(result_part(data))
+            self.outbox(result_part(data, f.blob))
         if not self._started and self._started_timer is not None:
             # Every call it was for has answered: no wake-up for nothing.
             self._started_timer.cancel()
             self._started_timer = None
         if encoded:
-            self.telemetry.record_later([result.invocation for result in finished])
+            self.telemetry.record_later([f.result.invocation for _cid, _data, f in encoded])
             self._write_telemetry_soon()
         self.on_flushed()
 
@@ -147,8 +162,8 @@ class Results:
 
     def resend_unacked(self) -> None:
         """After a handshake: every result the server has not acked goes out again."""
-        for _cid, result in self.state.unacked_results():
-            self.outbox(result_part(result))
+        for unacked in self.state.unacked_results():
+            self.outbox(result_part(unacked.result, unacked.blob))
 
     # ------------------------------------------------------------- other messages
 

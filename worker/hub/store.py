@@ -230,6 +230,7 @@ class HubStore:
             " OR (state = 'PENDING' AND deadline_ms < ?)",
             (cutoff, cutoff),
         )
+        db.give_back_free_pages(self._db)
         return cur.rowcount
 
     def abandon(self, correlation_id: str) -> None:

@@ -7,7 +7,7 @@ from typing import Final
 from worker.actions.computer import _desktop
 from worker.actions.computer._backend import Backend
 from worker.actions.computer._shared import DESKTOP_CODES, SURFACE, PointResult, ShotId
-from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, Result
 from worker.errors import ErrorCode
 
 
@@ -45,6 +45,7 @@ SPEC: Final = ActionSpec(
     args=CursorPositionArgs,
     result=CursorPositionResult,
     handler=cursor_position,
+    effect=Effect.NONE,  # only looks: may run twice, so no claim before it runs
     summary="where the pointer is (physical, and in a screenshot's space)",
     codes=DESKTOP_CODES | {ErrorCode.OUT_OF_BOUNDS},
 )

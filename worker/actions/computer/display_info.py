@@ -6,7 +6,7 @@ from typing import Final
 
 from worker.actions.computer import _desktop
 from worker.actions.computer._shared import DESKTOP_CODES, SURFACE, RectResult
-from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, Result
 
 
 class DisplayInfoArgs(Args):
@@ -61,6 +61,7 @@ SPEC: Final = ActionSpec(
     args=DisplayInfoArgs,
     result=DisplayInfoResult,
     handler=display_info,
+    effect=Effect.NONE,  # only looks: may run twice, so no claim before it runs
     summary="the monitors (origin, size, scale, primary) and the display server",
     codes=DESKTOP_CODES,
 )

@@ -20,7 +20,7 @@ from worker.actions.computer._shared import (
     PointResult,
     RegionArg,
 )
-from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, Result
 from worker.errors import ErrorCode, WorkerError
 
 
@@ -121,6 +121,7 @@ SPEC: Final = ActionSpec(
     args=ScreenshotArgs,
     result=ScreenshotResult,
     handler=screenshot,
+    effect=Effect.NONE,  # only looks: may run twice, so no claim before it runs
     summary="a monitor, all monitors or a region as PNG (default) or JPEG, maybe downscaled; "
     "the image is the blob, its screenshot_id names its coordinate space",
     codes=DESKTOP_CODES | {ErrorCode.OUT_OF_BOUNDS},

@@ -7,7 +7,7 @@ from typing import Final
 from worker.actions.computer import _desktop
 from worker.actions.computer._backend import Backend
 from worker.actions.computer._shared import DESKTOP_CODES, SURFACE, WindowResult
-from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, Result
 
 
 class WindowListArgs(Args):
@@ -34,6 +34,7 @@ SPEC: Final = ActionSpec(
     args=WindowListArgs,
     result=WindowListResult,
     handler=window_list,
+    effect=Effect.NONE,  # only looks: may run twice, so no claim before it runs
     summary="the top-level windows: id, title, application, pid, geometry, focus, monitor",
     codes=DESKTOP_CODES,
 )

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from sandbox import ConfinedDir, ConfinementError, Entry, Problem, file_kind, list_tree
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
-from worker.core.registry import ActionSpec, Args, Context, Outcome, PathArg, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
 from worker.errors import CONFINEMENT_CODES
 
 LIST_ENTRIES: Final = 10_000  # per call (truncated past it)
@@ -97,6 +97,7 @@ SPEC: Final = ActionSpec(
     args=FsListArgs,
     result=FsListResult,
     handler=fs_list,
+    effect=Effect.NONE,  # only looks: may run twice, so no claim before it runs
     summary="a folder's entries inside the roots, a few levels deep, symlinks never entered",
     codes=CONFINED_CODES,
     caps={"entries": LIST_ENTRIES, "depth": LIST_DEPTH, "scan_per_folder": SCAN_PER_FOLDER},

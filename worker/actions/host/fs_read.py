@@ -19,7 +19,7 @@ from pydantic import Field
 
 from sandbox import open_regular, read_at
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
-from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
+from worker.core.registry import MIB, ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
 
 READ_BYTES: Final = 1 * MIB  # per call; page with offset/length
 # The kernel refuses a read whose end passes 2^63 - 1: offsets stop a page before.
@@ -98,6 +98,7 @@ SPEC: Final = ActionSpec(
     args=FsReadArgs,
     result=FsReadResult,
     handler=fs_read,
+    effect=Effect.NONE,  # only looks: may run twice, so no claim before it runs
     summary="up to 1 MiB of a regular file inside the roots (offset/length), in the blob",
     codes=CONFINED_CODES,
     caps={"read_bytes": READ_BYTES},

@@ -10,7 +10,7 @@ from typing import Final
 
 from sandbox import file_kind
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
-from worker.core.registry import ActionSpec, Args, Context, Outcome, PathArg, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
 
 
 class FsStatArgs(Args):
@@ -85,6 +85,7 @@ SPEC: Final = ActionSpec(
     args=FsStatArgs,
     result=FsStatResult,
     handler=fs_stat,
+    effect=Effect.NONE,  # only looks: may run twice, so no claim before it runs
     summary="type, size, mode, owner and times of a path inside the roots",
     codes=CONFINED_CODES,
 )
