@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Final
 
 from worker import db
 from worker.clock import now_ms
@@ -74,7 +75,7 @@ class Seen(enum.Enum):
 
 
 # Columns added since the first state.db, with their definitions (added on open).
-_ADDED_COLUMNS = {
+_ADDED_COLUMNS: Final = {
     "result_blob": "BLOB",
     "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
 }

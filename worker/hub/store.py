@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from worker import db
 from worker.clock import now_ms
@@ -86,7 +87,7 @@ _CALL_COLUMNS = (
     " blob_bytes, result_blob, result_blob_bytes"
 )
 # Columns added since the first hub.db, with their definitions (added on open).
-_ADDED_COLUMNS = {
+_ADDED_COLUMNS: Final = {
     "request_blob": "BLOB",
     "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
     "result_blob": "BLOB",
