@@ -46,7 +46,15 @@ from worker.config import Config, Paths
 from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.redaction import args_preview
-from worker.core.registry import ActionSpec, Context, Effect, Outcome, Registry, Services
+from worker.core.registry import (
+    ActionSpec,
+    Context,
+    Effect,
+    Json,
+    Outcome,
+    Registry,
+    Services,
+)
 from worker.core.results import Finished, Outbox, Outgoing, Results
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
@@ -139,7 +147,8 @@ def _payload(outcome: object) -> _Payload:
     """The outcome as it goes out, refused when it would not fit one message."""
     if not isinstance(outcome, Outcome):
         raise TypeError(f"the handler returned {type(outcome).__name__}, not an Outcome")
-    result_json = outcome.result.model_dump_json()
+    result = outcome.result
+    result_json = result.text if isinstance(result, Json) else result.model_dump_json()
     size = len(result_json) + len(outcome.blob)
     if size > MAX_RESULT_BYTES:
         raise WorkerError(
