@@ -15,6 +15,14 @@ busy 1920x1080 screen on the development machine (best of 10, same run):
 So PNG is written here: Pillow converts the pixels, zlib-ng (a maintained zlib
 with fast paths) deflates the rows at level 1, and the chunks are put together by
 hand. Pillow writes JPEG.
+
+A plain PNG (no pointer drawn, not scaled) is encoded straight from the grab in
+strips of `STRIP_ROWS` rows (`png_of_grab`): each strip is converted, given its
+rows' filter bytes and fed to one deflate stream while it is still in the CPU's
+cache, so no whole-image copy is ever made. Measured on the busy screen as CPU time
+(the machine was shared): 9.3 ms per image against 22 ms for converting the whole
+image, copying its bytes out, joining its rows and deflating them in one go
+(most of the difference is the page faults of four 6-8 MB buffers per shot).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 from PIL import Image
 from zlib_ng import zlib_ng
@@ -31,6 +39,7 @@ from worker.actions.computer._backend import CursorImage, Grab
 
 Format = Literal["png", "jpeg"]
 PNG_LEVEL: Final = 1
+STRIP_ROWS: Final = 32  # rows converted and deflated at a time (about 180 KB at 1920 wide)
 _PNG_SIGNATURE: Final = b"\x89PNG\r\n\x1a\n"
 
 
@@ -69,24 +78,42 @@ def png(image: Image.Image) -> bytes:
     """An 8-bit RGB PNG, rows unfiltered, deflated by zlib-ng at level 1."""
     width, height = image.size
     pixels = image.tobytes()
-    stride = width * 3
+    return _png(width, height, zlib_ng.compress(_filtered(pixels, width * 3), PNG_LEVEL))
+
+
+def png_of_grab(grab: Grab) -> bytes:
+    """The image of `png(to_image(grab))`, encoded in strips straight from the grab."""
+    width, height = grab.rect.width, grab.rect.height
+    source = memoryview(grab.bgra)
+    deflate = zlib_ng.compressobj(PNG_LEVEL)
+    parts = []
+    for top in range(0, height, STRIP_ROWS):
+        rows = min(STRIP_ROWS, height - top)
+        pixels = source[top * grab.stride : (top + rows) * grab.stride]
+        # Pillow reads any buffer; its stubs name bytes only.
+        view = cast(bytes, pixels)
+        strip = Image.frombuffer("RGB", (width, rows), view, "raw", "BGRX", grab.stride, 1)
+        parts.append(deflate.compress(_filtered(strip.tobytes(), width * 3)))
+    parts.append(deflate.flush())
+    return _png(width, height, b"".join(parts))
+
+
+def _filtered(pixels: bytes, stride: int) -> bytes:
+    """Rows of `pixels`, each after its filter byte (0: none)."""
     view = memoryview(pixels)
-    rows = b"".join(b"\0" + view[i : i + stride] for i in range(0, len(pixels), stride))
+    return b"".join(b"\0" + view[i : i + stride] for i in range(0, len(pixels), stride))
+
+
+def _png(width: int, height: int, idat: bytes) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"".join(
-        (
-            _PNG_SIGNATURE,
-            _chunk(b"IHDR", header),
-            _chunk(b"IDAT", zlib_ng.compress(rows, PNG_LEVEL)),
-            _chunk(b"IEND", b""),
-        )
+        (_PNG_SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", idat), _chunk(b"IEND", b""))
     )
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
-    return b"".join(
-        (struct.pack(">I", len(data)), kind, data, struct.pack(">I", zlib.crc32(kind + data)))
-    )
+    crc = zlib.crc32(data, zlib.crc32(kind))  # not of kind + data: no copy of the data
+    return b"".join((struct.pack(">I", len(data)), kind, data, struct.pack(">I", crc)))
 
 
 def _arrow() -> CursorImage:

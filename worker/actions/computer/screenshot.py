@@ -66,12 +66,19 @@ async def screenshot(ctx: Context, args: ScreenshotArgs) -> Outcome[ScreenshotRe
         layout = backend.layout()
         rect, monitor = _target(layout, args)
         grab = backend.grab(rect)
+        width, height = fit(rect.width, rect.height, args.max_width, args.max_height)
+        if (
+            args.format == "png"
+            and not args.cursor
+            and (width, height) == (rect.width, rect.height)
+        ):
+            # The common case, encoded in strips from the grab (see _imaging).
+            return ShotSpace(rect, width, height, layout), _imaging.png_of_grab(grab), monitor
         image = _imaging.to_image(grab)
         if args.cursor:
             cx, cy = backend.cursor_position()
             if rect.contains(cx, cy):
                 _imaging.draw_cursor(image, backend.cursor_image(), cx - rect.x, cy - rect.y)
-        width, height = fit(rect.width, rect.height, args.max_width, args.max_height)
         image = _imaging.resize(image, width, height)
         data = _imaging.encode(image, args.format, args.quality)
         return ShotSpace(rect, width, height, layout), data, monitor
