@@ -1,4 +1,5 @@
-"""fs_read of 1 MiB and fs_write of 16 MiB end to end, beside raw local I/O, same run.
+"""fs_read of 1 MiB, fs_write of 16 MiB and fs_list of 10,000 entries end to end,
+beside raw local I/O and raw gRPC, same run; and head-of-line blocking.
 
 Each operation is timed one call at a time, several ways, on the same bytes:
 
@@ -12,18 +13,27 @@ Each operation is timed one call at a time, several ways, on the same bytes:
                    the same 16 MiB sent through the pipeline to a no-op action
                    fs_write (overwrite) via caller → hub → worker → back, and the
                    part of it spent inside the worker (its telemetry duration_ms)
+  fs_list 10,000   raw os.scandir + lstat of each entry, in this process
+                   fs_list (limit 10,000) via caller → hub → worker → back
+  head of line     a small unary echo's latency while another process streams 16 MiB
+                   echoes at the same server, beside fs_stat's while another process
+                   streams 16 MiB fs_writes through the same hub and worker
 
 Printed: p50/p99 latency, throughput at p50, and each figure's ratio to the
-first (raw local) row. Telemetry durations are whole milliseconds.
+first (raw local) row; each goal of issue 12 beside its baseline and ratio
+(`benchmarks._common.goal`, gathered by `make bench`'s summary). Telemetry
+durations are whole milliseconds.
 
-    python benchmarks/bench_fs.py [--reads 200] [--writes 30]
+    python benchmarks/bench_fs.py [--reads 200] [--writes 30] [--lists 30] [--stats 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,19 +46,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import (
     ECHO_SERVER,
     MIB,
+    Home,
     OneCall,
     agentworker,
     connected,
     dispatch_call,
+    goal,
     make_home,
+    percentile,
     report,
     timed,
 )
 from tests.support.cluster import free_port
 from worker.hub.client import ControlClient
+from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import MAX_MESSAGE_BYTES
 
-SCOPES = ["workerHost.fs_read", "workerHost.fs_write", "workerDiag.probe"]
+SCOPES = ["workerHost.fs_read", "workerHost.fs_write", "workerHost.fs_list"]
+SCOPES += ["workerHost.fs_stat", "workerDiag.probe"]
+LIST_ENTRIES = 10_000
+
+# A background load for the head-of-line rows, run as another process:
+# `python -c LOADER echo ADDRESS` (16 MiB unary echoes) or
+# `python -c LOADER hub ADDRESS TOKEN` (16 MiB fs_writes through the hub), until killed.
+LOADER = """
+import asyncio, json, os, sys, grpc
+sys.path.insert(0, os.getcwd())
+from worker.hub.client import ControlClient
+from worker.wire.proto import agentworker_pb2 as pb
+async def main(kind, address, token=""):
+    data = os.urandom(16 * 1024 * 1024)
+    limit = 32 * 1024 * 1024
+    if kind == "echo":
+        options = [(f"grpc.max_{way}_message_length", limit) for way in ("send", "receive")]
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            call = channel.unary_unary("/Echo/Call")
+            print("ready", flush=True)
+            while True:
+                await call(data)
+    client = ControlClient.connect(address, token)
+    args = json.dumps({"path": "load.bin", "mode": "overwrite"})
+    request = pb.DispatchRequest(agent_id="bench", surface="workerHost", action="fs_write",
+                                 args_json=args, blob=data)
+    print("ready", flush=True)
+    while True:
+        reply = await client.stub.Dispatch(request, metadata=client.metadata)
+        assert reply.result.status == pb.ActionResult.OK, reply.result.error.message
+asyncio.run(main(*sys.argv[1:]))
+"""
 
 
 def raw_read(path: Path, size: int) -> OneCall:
@@ -122,6 +167,7 @@ async def read_table(
     )
     rows.append(("  of which inside the worker (telemetry)", inside[-reads:]))
     report(f"fs_read 1 MiB: {reads} calls, 1 in flight", rows, name_width=44, size=MIB)
+    _goal("fs_read 1 MiB / 1 MiB echo (p50)", rows[2][1], rows[1][1], "1 MiB echo", 1.5)
 
 
 async def write_table(
@@ -148,14 +194,119 @@ async def write_table(
     )
     rows.append(("  of which inside the worker (telemetry)", inside[-writes:]))
     report(f"fs_write 16 MiB: {writes} calls, 1 in flight", rows, name_width=44, size=16 * MIB)
+    _goal("fs_write 16 MiB / 16 MiB echo (p50)", rows[5][1], rows[3][1], "16 MiB echo", 1.5)
 
 
-async def bench(reads: int, writes: int, home_dir: Path) -> None:
+def _goal(
+    what: str, samples: list[float], raw: list[float], raw_name: str, limit: float, q: float = 0.5
+) -> None:
+    """A goal on the ratio of `samples` to `raw` at quantile `q` (the median by default)."""
+    value, baseline = (
+        (statistics.median(samples), statistics.median(raw))
+        if q == 0.5
+        else (percentile(samples, q), percentile(raw, q))
+    )
+    goal(what, value, " ms", limit, baseline=baseline, baseline_name=raw_name, on="ratio")
+
+
+def raw_list(folder: Path) -> OneCall:
+    async def one() -> None:
+        found = 0
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                entry.stat(follow_symlinks=False)
+                found += 1
+        if found != LIST_ENTRIES:
+            raise RuntimeError(f"listed {found}")
+
+    return one
+
+
+def hub_list(client: ControlClient, folder: str) -> OneCall:
+    request = pb.DispatchRequest(
+        agent_id="bench",
+        surface="workerHost",
+        action="fs_list",
+        args_json=json.dumps({"path": folder, "limit": LIST_ENTRIES}),
+    )
+
+    async def one() -> None:
+        reply = await client.stub.Dispatch(request, metadata=client.metadata)
+        if reply.result.status != pb.ActionResult.OK:
+            raise RuntimeError(reply.result.error.message)
+        # Counted, not parsed: decoding 10,000 entries is the caller's cost, not ours.
+        if reply.result.result_json.count('"symlink_target"') != LIST_ENTRIES:
+            raise RuntimeError("short listing")
+
+    return one
+
+
+async def list_table(client: ControlClient, folder: Path, lists: int) -> None:
+    rows = await timed_rows(
+        [
+            ("raw os.scandir + lstat", raw_list(folder)),
+            ("fs_list via hub → worker", hub_list(client, folder.name)),
+        ],
+        lists,
+    )
+    report(f"fs_list of {LIST_ENTRIES:,} entries: {lists} calls, 1 in flight", rows, name_width=44)
+    _goal("fs_list 10k / scandir+lstat (p50)", rows[1][1], rows[0][1], "scandir+lstat", 1.5)
+
+
+async def _under_load(argv: list[str], one: OneCall, count: int) -> list[float]:
+    """`one` timed `count` times while LOADER runs with `argv` in another process."""
+    loader = subprocess.Popen(
+        [sys.executable, "-c", LOADER, *argv], stdout=subprocess.PIPE, cwd=Path(__file__).parents[1]
+    )
+    try:
+        assert loader.stdout is not None
+        await asyncio.to_thread(loader.stdout.readline)  # "ready": its load begins
+        return await timed(one, count, min_warm_up=20)
+    finally:
+        loader.terminate()
+        loader.wait(30)
+
+
+async def head_of_line_table(
+    client: ControlClient, channel: grpc.aio.Channel, echo_addr: str, home: Home, stats: int
+) -> None:
+    small = echo(channel, b"x" * 64)
+    fs_stat = dispatch_call(client, "workerHost.fs_stat", {"path": "."}, b"", 0)
+    rows = [
+        ("raw small echo, alone", await timed(small, stats, min_warm_up=20)),
+        (
+            "raw small echo, 16 MiB echoes streaming",
+            await _under_load(["echo", echo_addr], small, stats),
+        ),
+        ("fs_stat via hub → worker, alone", await timed(fs_stat, stats, min_warm_up=20)),
+        (
+            "fs_stat, 16 MiB fs_writes streaming",
+            await _under_load(
+                ["hub", home.listen, home.token_file.read_text().strip()], fs_stat, stats
+            ),
+        ),
+    ]
+    report(f"head of line: {stats} small calls, 1 in flight", rows, name_width=44)
+    _goal(
+        "head of line: fs_stat p99 / echo p99 under 16 MiB load",
+        rows[3][1],
+        rows[1][1],
+        "small echo p99",
+        2.0,
+        0.99,
+    )
+
+
+async def bench(reads: int, writes: int, lists: int, stats: int, home_dir: Path) -> None:
     diagnostics = "[worker]\ndiagnostics = true\n"  # for the no-op workerDiag.probe row
     home = make_home(home_dir, mode="rw", scopes=SCOPES, extra_config=diagnostics)
     echo_addr = f"127.0.0.1:{free_port()}"
     one_mib, sixteen = os.urandom(MIB), os.urandom(16 * MIB)
     (home.workspace / "one-mib.bin").write_bytes(one_mib)
+    listed = home.workspace / "ten-thousand"
+    listed.mkdir()
+    for i in range(LIST_ENTRIES):
+        (listed / f"entry-{i:05d}.txt").write_bytes(b"x" * (i % 100))
     echo_server = subprocess.Popen(
         [sys.executable, "-c", ECHO_SERVER, echo_addr, str(MAX_MESSAGE_BYTES)]
     )
@@ -172,6 +323,8 @@ async def bench(reads: int, writes: int, home_dir: Path) -> None:
                 await channel.channel_ready()
                 await read_table(client, channel, home.workspace / "one-mib.bin", one_mib, reads)
                 await write_table(client, channel, home_dir / "raw-target.bin", sixteen, writes)
+                await list_table(client, listed, lists)
+                await head_of_line_table(client, channel, echo_addr, home, stats)
     finally:
         echo_server.terminate()
         echo_server.wait(10)
@@ -181,10 +334,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--reads", type=int, default=200)
     parser.add_argument("--writes", type=int, default=30)
+    parser.add_argument("--lists", type=int, default=30)
+    parser.add_argument("--stats", type=int, default=300)
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as home:
-        asyncio.run(bench(args.reads, args.writes, Path(home)))
+        asyncio.run(bench(args.reads, args.writes, args.lists, args.stats, Path(home)))
 
 
 if __name__ == "__main__":

@@ -68,7 +68,6 @@ def test_roundtrip_benchmark_prints_every_row_with_its_ratio(goals_file: Path) -
 @pytest.mark.timeout(300)
 def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> None:
     exec_out = _run("bench_exec.py", "--calls", "5", goals=goals_file)
-    fs_out = _run("bench_fs.py", "--reads", "5", "--writes", "2")
     for row in (
         "raw subprocess.run",
         "raw bwrap   ",  # the row of that name alone
@@ -81,8 +80,23 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
     ):
         assert exec_out.count(row) == 2, f"{row!r} missing for exec true or exec cat:\n{exec_out}"
     _recorded(goals_file, "bench_exec", 4)
-    for row in ("raw open/write/close", "fs_write via hub → worker", "fs_read"):
+    goals_file.unlink()
+    fs_out = _run(
+        "bench_fs.py",
+        *("--reads", "5", "--writes", "2", "--lists", "2", "--stats", "30"),
+        goals=goals_file,
+    )
+    for row in (
+        "raw open/write/close",
+        "fs_write via hub → worker",
+        "fs_read",
+        "raw os.scandir + lstat",
+        "fs_list via hub → worker",
+        "raw small echo, 16 MiB echoes streaming",
+        "fs_stat, 16 MiB fs_writes streaming",
+    ):
         assert row in fs_out, f"{row!r} missing:\n{fs_out}"
+    _recorded(goals_file, "bench_fs", 4)
 
 
 @pytest.mark.timeout(300)
