@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from worker.wire.framing import (
     MAX_ENVELOPE_BYTES,
@@ -92,3 +93,24 @@ def test_a_request_framed_with_its_blob_is_what_the_worker_will_parse() -> None:
     with_blob.blob = blob
     assert list(parsed.messages) == [kill, pb.ServerMessage(request=with_blob)]
     assert request_message(request, b"") == pb.ServerMessage(request=request).SerializeToString()
+
+
+def test_a_large_results_blob_is_read_apart_and_framed_once_into_the_response() -> None:
+    from worker.hub.server import READ_APART_BYTES, Answer, _worker_envelope
+
+    blob = os.urandom(READ_APART_BYTES + 5)
+    result = pb.ActionResult(correlation_id="c", status=pb.ActionResult.OK, result_json="{}")
+    whole = pb.ActionResult()
+    whole.CopyFrom(result)
+    whole.blob = blob
+    beat = pb.WorkerMessage(heartbeat=pb.Heartbeat(in_flight=1))
+    envelope = pb.WorkerEnvelope(messages=[beat, pb.WorkerMessage(result=whole)])
+    (first, none), (second, apart) = _worker_envelope(envelope.SerializeToString())
+    assert first == beat and none is None
+    assert apart is not None and bytes(apart) == blob and second.result == result
+    answer = Answer(second.result, apart)
+    assert answer.message() == whole
+    expected = pb.DispatchResponse(worker_id="w", result=whole)
+    assert pb.DispatchResponse.FromString(answer.response("w")) == expected
+    small = pb.WorkerEnvelope(messages=[pb.WorkerMessage(result=result)]).SerializeToString()
+    assert _worker_envelope(small) == [(pb.WorkerMessage(result=result), None)]

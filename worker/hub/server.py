@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -25,11 +25,14 @@ from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore, StoredCall
 from worker.wire.framing import (
+    RESULT_FIELD,
     Batcher,
     Buffer,
     envelope_of,
+    fields_of,
     framed_size,
     message_part,
+    nested_message,
     request_part,
     split_field,
 )
@@ -126,6 +129,66 @@ def too_large(message_bytes: int, *, framed: bool = False) -> WorkerError | None
     )
 
 
+# A WorkerEnvelope at least this large has its results' blobs read apart (see
+# `_worker_envelope`); a smaller one is parsed whole, which is quicker for it.
+READ_APART_BYTES: Final = 64 * 1024
+_ENVELOPE_MESSAGES: Final = pb.WorkerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
+_RESULT_BLOB: Final = pb.ActionResult.DESCRIPTOR.fields_by_name["blob"].number
+_RESPONSE_RESULT: Final = pb.DispatchResponse.DESCRIPTOR.fields_by_name["result"].number
+
+# A worker's envelope as the hub reads it: each message, and for a result read apart
+# from its blob, the blob (a view of the bytes received).
+Incoming = list[tuple[pb.WorkerMessage, memoryview | None]]
+
+
+def _worker_envelope(data: bytes) -> Incoming:
+    """A WorkerEnvelope off the wire. In a large one, each result is parsed without its
+    blob and the blob is a view of `data`: the hub then copies a result blob once, into
+    the caller's response (`Answer.response`), where parsing it and building a
+    DispatchResponse around it copied it three times. A DecodeError ends the stream,
+    as gRPC's own deserializer would."""
+    if len(data) >= READ_APART_BYTES:
+        try:
+            messages: Incoming = []
+            for message in fields_of(data, _ENVELOPE_MESSAGES):
+                rest, result = split_field(message, RESULT_FIELD)
+                if result is None or rest:  # not a result alone: parsed as it is
+                    messages.append((pb.WorkerMessage.FromString(bytes(message)), None))
+                    continue
+                bare, blob = split_field(result, _RESULT_BLOB)
+                parsed = pb.ActionResult.FromString(bare)
+                messages.append((pb.WorkerMessage(result=parsed), blob))
+            return messages
+        except (ValueError, DecodeError):
+            pass  # parsed whole below, which says what is wrong
+    return [(message, None) for message in pb.WorkerEnvelope.FromString(data).messages]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A call's result as the hub hands it on: `result`, and when it was read apart
+    from its blob, the blob (else `result` holds its own)."""
+
+    result: pb.ActionResult
+    blob: Buffer | None = None
+
+    def message(self) -> pb.ActionResult:
+        """The result with its blob in it (a copy of the blob, for in-process callers)."""
+        if self.blob is None:
+            return self.result
+        whole = pb.ActionResult()
+        whole.CopyFrom(self.result)
+        whole.blob = bytes(self.blob)
+        return whole
+
+    def response(self, worker_id: str) -> bytes:
+        """A serialized DispatchResponse carrying this result: its blob copied once."""
+        worker = pb.DispatchResponse(worker_id=worker_id).SerializeToString()
+        body = self.result.SerializeToString()
+        blob = b"" if self.blob is None else self.blob
+        return worker + nested_message(_RESPONSE_RESULT, body, _RESULT_BLOB, blob)
+
+
 def _digest_and_part(request: pb.ActionRequest, blob: Buffer) -> bytes:
     """Give `request` its digest (once: a re-sent request carries it) and build its
     envelope part with `blob`; both read every byte of a blob, so a large one's are
@@ -150,10 +213,10 @@ class Hub:
         self.heartbeat_s = heartbeat_s
         self.default_timeout_s = default_timeout_s
         self.sessions: dict[str, Session] = {}
-        self._waiters: dict[str, list[asyncio.Future[pb.ActionResult]]] = {}  # by call id
+        self._waiters: dict[str, list[asyncio.Future[Answer]]] = {}  # by call id
         self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
-        # (session, result, delivered to a caller?) not yet stored; see store_results.
-        self._unstored: list[tuple[Session, pb.ActionResult, bool]] = []
+        # (session, answer, delivered to a caller?) not yet stored; see store_results.
+        self._unstored: list[tuple[Session, Answer, bool]] = []
         # Request blobs of pending calls, by call id: held while the call may have to
         # be sent again (a reconnect), never written to the store; see _dispatch_to.
         self._blobs: dict[str, Buffer] = {}
@@ -170,11 +233,12 @@ class Hub:
     # ------------------------------------------------------------- worker stream
 
     async def stream(
-        self, requests: AsyncIterator[pb.WorkerEnvelope], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[Incoming], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        """The worker's stream; what it yields are serialized ServerEnvelopes."""
+        """The worker's stream, read by `_worker_envelope`; what it yields are
+        serialized ServerEnvelopes."""
         first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
-        opening = first.messages[0] if first.messages else pb.WorkerMessage()
+        opening = first[0][0] if first else pb.WorkerMessage()
         if opening.WhichOneof("kind") != "hello" or not opening.hello.worker_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         hello = opening.hello
@@ -193,8 +257,8 @@ class Hub:
         self.store.seen_worker(hello)
         self.learn_placements(session)
         log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
-        for msg in first.messages[1:]:
-            self._handle(session, msg)
+        for msg, blob in first[1:]:
+            self._handle(session, msg, blob)
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
         batches = Batcher(session.outbox, len)
@@ -269,14 +333,14 @@ class Hub:
         log.warning("call %s cannot be sent: %s", correlation_id, error.message)
         result = error_result(correlation_id, error)
         self.store.complete(result)
-        self._answer(correlation_id, result)
+        self._answer(correlation_id, Answer(result))
         return True
 
-    async def _read(self, session: Session, requests: AsyncIterator[pb.WorkerEnvelope]) -> None:
+    async def _read(self, session: Session, requests: AsyncIterator[Incoming]) -> None:
         try:
             async for envelope in requests:
-                for msg in envelope.messages:
-                    self._handle(session, msg)
+                for msg, blob in envelope:
+                    self._handle(session, msg, blob)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception:
@@ -284,10 +348,10 @@ class Hub:
         finally:
             session.close()
 
-    def _handle(self, session: Session, msg: pb.WorkerMessage) -> None:
+    def _handle(self, session: Session, msg: pb.WorkerMessage, blob: memoryview | None) -> None:
         kind = msg.WhichOneof("kind")
         if kind == "result":
-            self._on_result(session, msg.result)
+            self._on_result(session, Answer(msg.result, blob))
         elif kind == "ack":
             self._on_ack(msg.ack)
         elif kind == "heartbeat":
@@ -305,14 +369,15 @@ class Hub:
         else:
             log.warning("worker %s sent an unexpected %s", session.worker_id, kind)
 
-    def _on_result(self, session: Session, result: pb.ActionResult) -> None:
+    def _on_result(self, session: Session, answer: Answer) -> None:
+        result = answer.result
         cid = result.correlation_id
         teardown = self._teardowns.pop(cid, None)
         if teardown is not None:  # not a call: nothing to store or ack
             if not teardown.done():
                 teardown.set_result(result)
             return
-        delivered = self._answer(cid, result)
+        delivered = self._answer(cid, answer)
         if result.error.code == "busy" and not result.HasField("invocation"):
             # Refused before it ran: not an outcome to keep. The caller may retry the id
             # (with its blob, which is let go meanwhile).
@@ -324,15 +389,15 @@ class Hub:
         # would otherwise wait on the worker; acked only once stored, so until then
         # the worker keeps the result and re-sends it should this hub die. Its blob
         # is stored only if no caller took it.
-        self._unstored.append((session, result, delivered))
+        self._unstored.append((session, answer, delivered))
         self._store_soon()
 
-    def _answer(self, correlation_id: str, result: pb.ActionResult) -> bool:
+    def _answer(self, correlation_id: str, answer: Answer) -> bool:
         """Wake every caller waiting for the call; True if one was."""
         woken = False
         for waiter in self._waiters.pop(correlation_id, ()):
             if not waiter.done():
-                waiter.set_result(result)
+                waiter.set_result(answer)
                 woken = True
         return woken
 
@@ -349,9 +414,11 @@ class Hub:
         if not unstored:
             self.store.flush()
             return
-        stored = self.store.complete_many([(result, not taken) for _, result, taken in unstored])
-        for (session, result, _taken), new in zip(unstored, stored, strict=True):
-            cid = result.correlation_id
+        stored = self.store.complete_many(
+            [(answer.result, answer.blob, not taken) for _, answer, taken in unstored]
+        )
+        for (session, answer, _taken), new in zip(unstored, stored, strict=True):
+            cid = answer.result.correlation_id
             if not new and self.store.get(cid) is None:
                 log.warning(
                     "result for unknown call %s from %s (acked anyway)", cid, session.worker_id
@@ -365,7 +432,7 @@ class Hub:
             self._blobs.pop(cid, None)
             result = error_result(cid, WorkerError("args_mismatch", ack.message))
             self.store.complete(result)
-            self._answer(cid, result)
+            self._answer(cid, Answer(result))
 
     async def _beat(self, session: Session) -> None:
         # A timer by nature: the protocol's heartbeat says "alive" every heartbeat_s.
@@ -632,12 +699,20 @@ class Hub:
     ) -> pb.DispatchResponse:
         """Send a call to its worker and wait for the result. `blob`, when given, is the
         request's blob read apart from `req` (see `_dispatch_request`)."""
+        worker_id, answer = await self._dispatch(req, blob)
+        return pb.DispatchResponse(worker_id=worker_id, result=answer.message())
+
+    async def dispatch_serialized(self, req: pb.DispatchRequest, blob: Buffer | None) -> bytes:
+        """`dispatch`, its response serialized (for ControlService): a result blob the
+        worker sent is copied once, from the worker's envelope into the response."""
+        worker_id, answer = await self._dispatch(req, blob)
+        return answer.response(worker_id)
+
+    async def _dispatch(self, req: pb.DispatchRequest, blob: Buffer | None) -> tuple[str, Answer]:
         try:
             worker_id = self.route(req)
         except WorkerError as exc:
-            return pb.DispatchResponse(
-                worker_id=req.worker_id, result=error_result(req.correlation_id, exc)
-            )
+            return req.worker_id, Answer(error_result(req.correlation_id, exc))
         self._open_calls[worker_id] = self._open_calls.get(worker_id, 0) + 1
         try:
             return await self._dispatch_to(worker_id, req, req.blob if blob is None else blob)
@@ -646,7 +721,7 @@ class Hub:
 
     async def _dispatch_to(
         self, worker_id: str, req: pb.DispatchRequest, blob: Buffer
-    ) -> pb.DispatchResponse:
+    ) -> tuple[str, Answer]:
         if req.timeout_ms > MAX_TIMEOUT_MS:
             log.warning(
                 "a call asks for a %d ms deadline; cut to %d", req.timeout_ms, MAX_TIMEOUT_MS
@@ -674,7 +749,7 @@ class Hub:
         digest = request.args_digest
         refusal = too_large(len(outgoing), framed=True)
         if refusal is not None:  # neither stored nor sent: it could never be delivered
-            return pb.DispatchResponse(worker_id=worker_id, result=error_result(cid, refusal))
+            return worker_id, Answer(error_result(cid, refusal))
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(
             worker_id, digest, request, len(blob), deadline_ms, fresh=not req.correlation_id
@@ -687,13 +762,9 @@ class Hub:
                     f"correlation id {cid} was already used for a call with different arguments; "
                     "use a new id for a new call",
                 )
-                return pb.DispatchResponse(
-                    worker_id=existing.worker_id, result=error_result(cid, error)
-                )
+                return existing.worker_id, Answer(error_result(cid, error))
             if existing.result is not None:
-                return pb.DispatchResponse(
-                    worker_id=existing.worker_id, result=self._replay(existing)
-                )
+                return existing.worker_id, Answer(self._replay(existing))
             worker_id = existing.worker_id
             remaining_ms = max(0, existing.deadline_ms - now_ms())
             timeout_s = remaining_ms / 1000
@@ -709,13 +780,13 @@ class Hub:
             if self._refused_too_large(cid, len(outgoing)):
                 refused = self.store.get(cid)
                 assert refused is not None and refused.result is not None
-                return pb.DispatchResponse(worker_id=worker_id, result=refused.result)
+                return worker_id, Answer(refused.result)
         if blob and self._blobs.get(cid) is None:
             self._blobs[cid] = blob  # until answered, in case it must be sent again
         # Each caller waits on a future of its own (several may wait for one id), so a
         # caller that gives up cancels only its own, with no shield between the result
         # and the caller (a shield costs a loop turn).
-        waiter: asyncio.Future[pb.ActionResult] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(cid, []).append(waiter)
         session = self.sessions.get(worker_id)
         if session is not None:
@@ -725,7 +796,7 @@ class Hub:
         try:
             # asyncio.timeout, not wait_for: no extra task per call.
             async with asyncio.timeout(timeout_s + RESULT_SLACK_S):
-                result = await waiter
+                answer = await waiter
         except asyncio.CancelledError:  # the caller went away; others may still wait
             waiters = self._waiters.get(cid, [])
             if waiter in waiters:
@@ -737,11 +808,11 @@ class Hub:
             self._waiters.pop(cid, None)
             self._abandon(cid, self.sessions.get(worker_id))
             where = "was not answered" if session else f"could not reach worker {worker_id}"
-            result = error_result(
-                cid,
-                WorkerError("timeout", f"the call {where} within its {timeout_s:g} s deadline"),
+            timeout = WorkerError(
+                "timeout", f"the call {where} within its {timeout_s:g} s deadline"
             )
-        return pb.DispatchResponse(worker_id=worker_id, result=result)
+            answer = Answer(error_result(cid, timeout))
+        return worker_id, answer
 
     def _replay(self, call: StoredCall) -> pb.ActionResult:
         """A finished call's stored answer, for a caller repeating its id. A result blob
@@ -905,6 +976,11 @@ def _refusing_undecodable(
     return handle
 
 
+def _serialized(response: Any) -> bytes:
+    """A response, unless it is serialized already (Dispatch's, see `Answer.response`)."""
+    return response if isinstance(response, bytes) else bytes(response.SerializeToString())
+
+
 def add_control_service(server: grpc.aio.Server, hub: Hub) -> None:
     """ControlService, whose requests are decoded so that one which does not decode
     (invalid UTF-8 in a string field, say) answers INVALID_ARGUMENT with the reason,
@@ -919,7 +995,7 @@ def add_control_service(server: grpc.aio.Server, hub: Hub) -> None:
                 if method.name == "Dispatch"
                 else _lenient(getattr(pb, method.input_type.name))
             ),
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            response_serializer=_serialized,
         )
         for method in service.methods
     }
@@ -933,7 +1009,7 @@ def add_worker_service(server: grpc.aio.Server, hub: Hub) -> None:
     envelopes.py), so the generated servicer's serializer is left out."""
     handler = grpc.stream_stream_rpc_method_handler(
         hub.stream,
-        request_deserializer=pb.WorkerEnvelope.FromString,
+        request_deserializer=_worker_envelope,
         response_serializer=None,  # already bytes
     )
     server.add_generic_rpc_handlers(
@@ -947,14 +1023,14 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
 
     async def Dispatch(  # noqa: N802
         self, request: pb.DispatchRequest | _WithBlob, context: grpc.aio.ServicerContext
-    ) -> pb.DispatchResponse:
+    ) -> bytes:
         blob = None
         if isinstance(request, _WithBlob):  # as add_control_service reads it
             request, blob = request.request, request.blob
         if not request.surface or not request.action:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")
         try:
-            return await self.hub.dispatch(request, blob)
+            return await self.hub.dispatch_serialized(request, blob)
         except LookupError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # unreachable: abort raises

@@ -28,6 +28,7 @@ from typing import Final
 from worker import db
 from worker.clock import now_ms
 from worker.db import connect
+from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
 
 _SCHEMA = """
@@ -182,19 +183,22 @@ class HubStore:
 
     def complete(self, result: pb.ActionResult, *, keep_blob: bool = False) -> bool:
         """Store a result; False when the call is unknown or already has one."""
-        return self.complete_many([(result, keep_blob)])[0]
+        return self.complete_many([(result, None, keep_blob)])[0]
 
-    def complete_many(self, results: list[tuple[pb.ActionResult, bool]]) -> list[bool]:
-        """`complete` for each (result, keep its blob?), in one commit. A result's blob
-        is stored only when asked (no caller took it yet); its size always is."""
+    def complete_many(
+        self, results: list[tuple[pb.ActionResult, Buffer | None, bool]]
+    ) -> list[bool]:
+        """`complete` for each (result, its blob if read apart from it, keep the blob?),
+        in one commit. A result's blob is stored only when asked (no caller took it
+        yet); its size always is."""
         stored = []
         rows = []
-        for result, keep_blob in results:
-            blob = result.blob  # read once (each read copies)
+        for result, apart, keep_blob in results:
+            blob: Buffer = result.blob if apart is None else apart  # each read copies
             rows.append(
                 (
                     without_blob(result).SerializeToString(),
-                    blob if keep_blob and blob else None,
+                    bytes(blob) if keep_blob and blob else None,
                     len(blob),
                     result.correlation_id,
                 )

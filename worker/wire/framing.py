@@ -146,6 +146,16 @@ def _nested_part(outer_field: int, body: bytes, blob_field: int, blob: Buffer) -
     return b"".join([_tag(_MESSAGES_FIELD), _varint(size), *message, *pieces])
 
 
+def nested_message(outer_field: int, body: bytes, blob_field: int, blob: Buffer) -> bytes:
+    """Field `outer_field` holding the message `body` with `blob` appended as its field
+    `blob_field` (fields may come in any order): one copy of the blob."""
+    pieces: list[Buffer] = [_tag(outer_field), b"", body]
+    if blob:
+        pieces += [_tag(blob_field), _varint(len(blob)), blob]
+    pieces[1] = _varint(sum(len(piece) for piece in pieces[2:]))
+    return b"".join(pieces)
+
+
 def request_part(request: pb.ActionRequest, blob: Buffer) -> bytes:
     """`request_message(request, blob)` as an envelope part, in one copy of the blob."""
     return _nested_part(_REQUEST_FIELD, request.SerializeToString(), _BLOB_FIELD, blob)
