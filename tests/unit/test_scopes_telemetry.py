@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -73,3 +75,29 @@ def test_ledger_forgets_acked_results_after_the_ttl(tmp_path: Path) -> None:
     state.ack(["a"])
     assert state.prune() == 1
     assert state.begin("a", "d", "p").seen is Seen.NEW
+
+
+def test_held_effect_free_results_past_the_cap_go_to_the_ledger_oldest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that never acks cannot grow the worker's memory: past HELD_BYTES the
+    oldest held results are written like any unacked result, and still answered."""
+    from worker.core import ledger
+
+    monkeypatch.setattr(ledger, "HELD_BYTES", 1000)
+    state = State(tmp_path / "s.db")
+    for i in range(5):
+        state.hold(f"c{i}", f"d{i}", "p", b"r" * 10, bytes([i]) * 300)
+    assert [u.correlation_id for u in state.unacked_results()] == [f"c{i}" for i in range(5)]
+    assert state._held_bytes <= 1000
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+        written = [cid for (cid,) in db.execute("SELECT correlation_id FROM calls ORDER BY 1")]
+    assert written and written[0] == "c0" and "c4" not in written
+    begun = state.begin("c0", "d0", "p", claim=False)
+    assert begun.seen is Seen.DONE and begun.blob == b"\0" * 300
+    assert state.begin("c0", "other", "p", claim=False).seen is Seen.MISMATCH
+    state.ack([f"c{i}" for i in range(5)])
+    assert state.unacked_results() == [] and state._held_bytes == 0
+    gone = state.begin("c4", "d4", "p", claim=False)
+    assert gone.seen is Seen.DONE and gone.blob_gone and gone.blob_bytes == 300
+    state.close()

@@ -62,6 +62,9 @@ CREATE TABLE IF NOT EXISTS grants (
 """
 
 DEFAULT_TTL_S = 24 * 3600
+# Effect-free results held in memory past this many bytes (a server that does not ack)
+# are written to the ledger, oldest first, as any unacked result is.
+HELD_BYTES: Final = 64 * 1024 * 1024
 # How stale the cached kills and grants may be: a grant or lift made from the CLI
 # (another process) takes effect within this.
 RECHECK_S = 0.1
@@ -131,7 +134,8 @@ class State:
             if name not in columns:  # a state.db from before the column
                 self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {definition}")
         self._ttl_ms = int(ttl_s * 1000)
-        self._held: dict[str, _Held] = {}  # effect-free results not yet acked
+        self._held: dict[str, _Held] = {}  # effect-free results not yet acked, oldest first
+        self._held_bytes = 0
         # Kills and grants are read on every call but change rarely (often from the CLI,
         # another process): cache them until SQLite's data_version says someone wrote.
         self._seen_version = -1
@@ -210,7 +214,30 @@ class State:
     ) -> None:
         """Keep an effect-free call's result (without its blob, and the blob) in memory
         until the server acks it; nothing is written."""
-        self._held[correlation_id] = _Held(args_digest, plan_id, result, blob, now_ms())
+        held = _Held(args_digest, plan_id, result, blob, now_ms())
+        self._held[correlation_id] = held
+        self._held_bytes += len(result) + len(blob)
+        if self._held_bytes > HELD_BYTES:
+            self._spill()
+
+    def _spill(self) -> None:
+        """Write the oldest held results to the ledger, blobs and all, until what is
+        held is half the cap: memory stays bounded when the server does not ack."""
+        rows = []
+        while self._held and self._held_bytes > HELD_BYTES // 2:
+            cid = next(iter(self._held))
+            h = self._held.pop(cid)
+            self._held_bytes -= len(h.result) + len(h.blob)
+            rows.append(
+                (cid, h.digest, h.plan_id, h.result, h.blob or None, len(h.blob), h.finished_ms)
+            )
+        with db.transaction(self._db):
+            self._db.executemany(
+                "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
+                " result, result_blob, blob_bytes, acked, created_ms, finished_ms)"
+                " VALUES (?1, ?2, ?3, 'DONE', ?4, ?5, ?6, 0, ?7, ?7)",
+                rows,
+            )
 
     def forget(self, correlation_id: str) -> None:
         """Drop a claim that was never executed (refused before it started)."""
@@ -236,6 +263,7 @@ class State:
         """The server has these results: their blobs go (the pages they took are reused
         by the next ones); a held effect-free result is written now, without its blob."""
         held = [(cid, self._held.pop(cid)) for cid in correlation_ids if cid in self._held]
+        self._held_bytes -= sum(len(h.result) + len(h.blob) for _cid, h in held)
         with db.transaction(self._db) if held else contextlib.nullcontext():
             if held:
                 self._db.executemany(
