@@ -418,3 +418,43 @@ def test_an_effectful_result_blob_is_kept_until_acked_then_let_go(tmp_path: Path
     assert first.blob == stored.blob == b"xyzxyz" and stored.replayed
     assert gone.error.code == "blob_gone" and gone.replayed
     dispatcher.close()
+
+
+def test_the_digest_is_taken_from_the_request_or_computed_off_the_loop(tmp_path: Path) -> None:
+    """A carried digest is used as it is; with none, a large blob is hashed in a thread
+    before the call is claimed (and a small one at once)."""
+    from worker.wire.protocol import HASH_OFF_LOOP_BYTES, call_digest
+
+    dispatcher = _dispatcher(tmp_path, WorkerSection(diagnostics=True))
+    big = b"b" * HASH_OFF_LOOP_BYTES
+    carried = pb.ActionRequest(
+        correlation_id="carried",
+        agent_id="t",
+        surface="workerDiag",
+        action="probe",
+        args_json="{}",
+        args_digest="f" * 64,
+    )
+    hashed = pb.ActionRequest(
+        correlation_id="hashed", agent_id="t", surface="workerDiag", action="probe", blob=big
+    )
+    emitted: list[pb.WorkerMessage] = []
+
+    async def run() -> None:
+        answered = asyncio.Event()
+
+        def emit(out: Outgoing) -> None:
+            emitted.append(_decoded(out))
+            if len(_results(emitted)) == 2:
+                answered.set()
+
+        dispatcher.outbox.attach(emit)
+        dispatcher.submit(carried)
+        dispatcher.submit(hashed)
+        assert _ledger_state(tmp_path, "hashed") is None  # hashing, not yet claimed
+        await answered.wait()
+
+    asyncio.run(run())
+    digests = {r.correlation_id: r.invocation.args_digest for r in _results(emitted)}
+    assert digests == {"carried": "f" * 64, "hashed": call_digest(hashed, big)}
+    dispatcher.close()
