@@ -162,3 +162,18 @@ def test_calls_whose_write_failed_stay_queued_for_the_next_flush(tmp_path: Path)
     store.flush()
     assert _committed_ids(path) == {"kept"}
     store.close()
+
+
+def test_a_resent_result_restores_a_blob_its_first_delivery_let_go(tmp_path: Path) -> None:
+    """Handed to a caller (the blob not kept), then the hub stopped before acking: the
+    worker re-sends it, nobody waits now, and the blob is kept for the caller's retry."""
+    store = HubStore(tmp_path / "hub.db")
+    store.add("w", "d", _request("again"), 0, now_ms() + 60_000)
+    blob = os.urandom(1000)
+    assert store.complete_many([(_ok("again"), memoryview(blob), False)]) == [True]
+    gone = store.get("again")
+    assert gone is not None and gone.result_blob_gone
+    assert store.complete_many([(_ok_with_blob("again", blob), None, True)]) == [False]
+    kept = store.get("again")
+    assert kept is not None and kept.result is not None and kept.result.blob == blob
+    store.close()

@@ -101,3 +101,13 @@ def test_held_effect_free_results_past_the_cap_go_to_the_ledger_oldest_first(
     gone = state.begin("c4", "d4", "p", claim=False)
     assert gone.seen is Seen.DONE and gone.blob_gone and gone.blob_bytes == 300
     state.close()
+
+
+def test_held_results_are_written_when_the_ledger_closes(tmp_path: Path) -> None:
+    state = State(tmp_path / "s.db")
+    state.hold("h1", "d", "p", b"result", b"blob")
+    state.close()
+    reopened = State(tmp_path / "s.db")
+    assert reopened.unacked_results() == [Unacked("h1", b"result", b"blob")]
+    assert reopened.begin("h1", "d", "p", claim=False).seen is Seen.DONE
+    reopened.close()

@@ -170,6 +170,10 @@ class State:
         return self._db
 
     def close(self) -> None:
+        """Close the ledger; held results not yet acked are written first (only a
+        crash loses them, and then the server's re-send runs them again)."""
+        if self._held:
+            self._spill(0)
         db.close(self._db)
 
     # ------------------------------------------------------------- call ledger
@@ -218,13 +222,14 @@ class State:
         self._held[correlation_id] = held
         self._held_bytes += len(result) + len(blob)
         if self._held_bytes > HELD_BYTES:
-            self._spill()
+            self._spill(HELD_BYTES // 2)
 
-    def _spill(self) -> None:
+    def _spill(self, keep_bytes: int) -> None:
         """Write the oldest held results to the ledger, blobs and all, until what is
-        held is half the cap: memory stays bounded when the server does not ack."""
+        held is at most `keep_bytes`: memory stays bounded when the server does not
+        ack, and a worker that stops cleanly keeps them all (see close)."""
         rows = []
-        while self._held and self._held_bytes > HELD_BYTES // 2:
+        while self._held and self._held_bytes > keep_bytes:
             cid = next(iter(self._held))
             h = self._held.pop(cid)
             self._held_bytes -= len(h.result) + len(h.blob)

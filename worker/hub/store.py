@@ -215,6 +215,15 @@ class HubStore:
                     row,
                 )
                 stored.append(cur.rowcount > 0)
+                if not stored[-1] and row[1] is not None:
+                    # A re-send (this hub never acked it: it stopped first) of a result
+                    # a caller was handed, maybe without the reply reaching it: its
+                    # blob is kept again, for that caller's retry.
+                    self._db.execute(
+                        "UPDATE calls SET result_blob = ? WHERE correlation_id = ?"
+                        " AND state = 'DONE' AND result_blob IS NULL AND result_blob_bytes = ?",
+                        (row[1], row[3], row[2]),
+                    )
         return stored
 
     def drop_result_blob(self, correlation_id: str) -> None:
