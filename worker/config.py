@@ -12,12 +12,10 @@ import logging
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
 
-import platformdirs
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -30,73 +28,16 @@ from pydantic import (
 from sandbox import Root, environment
 from worker import hosts
 from worker.errors import ConfigError
+from worker.paths import DEFAULT_LISTEN as DEFAULT_LISTEN
+from worker.paths import Paths as Paths  # where it lived first; worker.paths needs no pydantic
 
 log = logging.getLogger(__name__)
 
-APP = "agentworker"
-DEFAULT_LISTEN = "127.0.0.1:7421"
-CONFIG_FILE = "config.toml"
-TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
 STATE_DB = "state.db"  # the worker's ledger and telemetry, in the data folder
 HUB_DB = "hub.db"  # the reference hub's store, in the data folder
 DATABASES = (STATE_DB, HUB_DB)
 DB_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one database
 USER_POLICY = "allowlist.toml"  # the person's exec allowlist, beside config.toml
-
-
-@dataclass(frozen=True)
-class Paths:
-    """The two directories everything else hangs off."""
-
-    config_dir: Path
-    data_dir: Path
-    home: Path | None = None  # set when a home folder was chosen (--home, AGENTWORKER_HOME)
-
-    @classmethod
-    def at(cls, home: Path | str) -> Paths:
-        """Config and data both in one folder (`--home`, AGENTWORKER_HOME)."""
-        root = Path(home).expanduser().resolve()
-        return cls(config_dir=root, data_dir=root, home=root)
-
-    @classmethod
-    def from_env(cls) -> Paths:
-        """AGENTWORKER_HOME when set, else the platform's user config and data folders.
-
-        Read once, by whoever starts the program (the CLI); everything after is
-        handed these Paths."""
-        home = os.environ.get("AGENTWORKER_HOME")
-        if home:
-            return cls.at(home)
-        return cls(
-            config_dir=Path(platformdirs.user_config_dir(APP)),
-            data_dir=Path(platformdirs.user_data_dir(APP)),
-        )
-
-    @property
-    def config_file(self) -> Path:
-        return self.config_dir / CONFIG_FILE
-
-    @property
-    def token_file(self) -> Path:
-        return self.config_dir / TOKEN_FILE
-
-    @property
-    def workspace(self) -> Path:
-        return self.data_dir / "workspace"
-
-    @property
-    def exec_cache(self) -> Path:
-        """Where the sandbox's entry helper is built (sandbox._entry)."""
-        return self.data_dir / "exec-cache"
-
-    @property
-    def workbench(self) -> Path:
-        """Sandbox mode's per-plan workspaces."""
-        return self.data_dir / "workbench"
-
-    def ensure(self) -> None:
-        for folder in (self.config_dir, self.data_dir):
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
 
 
 class _Strict(BaseModel):

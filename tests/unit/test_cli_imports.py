@@ -1,16 +1,20 @@
-"""`agentworker --help` answers without loading the heavy parts (grpc, httpx, pydantic).
+"""`agentworker --help` answers without loading the heavy parts (grpc, httpx, pydantic),
+and `agentworker call` loads only what a call needs (grpc, protobuf, the token).
 
 The probe runs the installed command's own entry point (ui.launch.main), as a
-person typing `agentworker --help` would."""
+person typing the command would."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.cluster import Cluster
+from worker.cli import main as cli_main
 from worker.cli.main import parser
 
 HEAVY = ("grpc", "httpx", "pydantic", "google.protobuf", "textual")
@@ -28,10 +32,12 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {heavy})))
 """
 
 
-def _loaded_by(*argv: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+def _loaded_by(
+    *argv: str, heavy: tuple[str, ...] = HEAVY, env: dict[str, str] | None = None
+) -> list[str]:
     probe = _PROBE.format(heavy={name.split(".")[0] for name in heavy})
     done = subprocess.run(
-        [sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True
+        [sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True, env=env
     )
     loaded: list[str] = json.loads(done.stdout.splitlines()[-1])
     return [m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy)]
@@ -46,6 +52,59 @@ def test_help_imports_no_event_loop_tls_or_sandbox() -> None:
 
 
 VERBS = sorted(parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+def test_each_verb_is_built_by_the_group_that_adds_it() -> None:
+    """main.VERBS (which group to import for a verb) is what the groups add, no more."""
+    added = {}
+    for name in cli_main.GROUPS:
+        sub = argparse.ArgumentParser().add_subparsers()
+        cli_main.group(name).add_parsers(sub)
+        added.update(dict.fromkeys(sub.choices, name))
+    assert added == cli_main.VERBS
+    assert sorted(added) == VERBS
+
+
+@pytest.mark.parametrize(
+    ("argv", "verb"),
+    [
+        (["call", "fs_stat"], "call"),
+        (["--home", "call", "up"], "up"),  # --home takes a value: the verb comes after
+        (["--home=call", "-v", "status"], "status"),
+        (["--hom", "x", "kill", "p"], "kill"),  # an abbreviated option, as argparse reads it
+        (["-v", "--help", "call"], None),  # help first: every verb listed
+        (["nonsense"], None),  # argparse says which verbs there are
+        ([], None),
+    ],
+)
+def test_the_verb_is_found_before_the_parser_is_built(argv: list[str], verb: str | None) -> None:
+    assert cli_main.verb_of(argv) == verb
+
+
+# `call` needs grpc, protobuf, the token and the hub's address: none of the worker,
+# its settings' validation, the sandbox or the desktop (issue 12: a call at once).
+NOT_FOR_CALL = (
+    "pydantic",
+    "httpx",
+    "textual",
+    "sandbox",
+    "worker.errors",
+    "worker.config",
+    "worker.core",
+    "worker.actions",
+    "worker.app",
+)
+
+
+@pytest.mark.parametrize("action", ["workerHost.fs_stat", "fs_stat"])
+def test_call_imports_only_what_a_call_needs(live: Cluster, action: str) -> None:
+    argv = ("call", action, '{"path": "."}', "--agent", "tester")
+    assert _loaded_by(*argv, heavy=NOT_FOR_CALL, env=live.env) == []
+    # and the call itself went through
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", *argv], env=live.env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and json.loads(done.stdout)["status"] == "ok", done
 
 
 @pytest.mark.parametrize("verb", VERBS)

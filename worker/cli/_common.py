@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -40,6 +41,40 @@ def config_of(paths: Paths, args: argparse.Namespace) -> Config:
     return load(paths, {"worker": worker_flags, "hub": hub_flags})
 
 
+def hub_of(paths: Paths, args: argparse.Namespace) -> tuple[str, Path | None]:
+    """The hub's address and the CA certificate to trust: --server, else [hub] listen;
+    [worker] tls_ca. Each from the config file, then AGENTWORKER_LISTEN and
+    AGENTWORKER_TLS_CA, as `config_of` reads them, but without pydantic or the rest
+    of the settings, which a client verb has no use for (`agentworker call` answers
+    at once). A file that is not TOML, or either setting not a string, is left to
+    `config_of`, which says what is wrong."""
+    import os
+    import tomllib
+
+    from worker.paths import DEFAULT_LISTEN
+
+    raw: dict[str, Any] = {}
+    try:
+        if paths.config_file.exists():
+            raw = tomllib.loads(paths.config_file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        raw = {"unreadable": True}
+    hub, worker = raw.get("hub", {}), raw.get("worker", {})
+    if "unreadable" in raw or not isinstance(hub, dict) or not isinstance(worker, dict):
+        return _hub_of_config(paths, args)
+    listen = os.environ.get("AGENTWORKER_LISTEN") or hub.get("listen", DEFAULT_LISTEN)
+    from_env = os.environ.get("AGENTWORKER_TLS_CA")
+    tls_ca = getattr(args, "tls_ca", None) or from_env or worker.get("tls_ca")
+    if not isinstance(listen, str) or not isinstance(tls_ca, str | Path | None):
+        return _hub_of_config(paths, args)
+    return getattr(args, "server", None) or listen, Path(tls_ca) if tls_ca else None
+
+
+def _hub_of_config(paths: Paths, args: argparse.Namespace) -> tuple[str, Path | None]:
+    config = config_of(paths, args)
+    return getattr(args, "server", None) or config.hub.listen, config.worker.tls_ca
+
+
 def with_client(
     paths: Paths,
     args: argparse.Namespace,
@@ -51,13 +86,14 @@ def with_client(
 
     import grpc
 
-    from worker.errors import HubUnreachableError
     from worker.hub.client import ControlClient
+    from worker.wire.transport import read_token
 
-    config = config_of(paths, args)
+    address, tls_ca = hub_of(paths, args)
+    token = getattr(args, "token", None) or read_token(paths.token_file)
 
     async def go() -> int:
-        client = ControlClient.local(paths, config, args.server, args.token)
+        client = ControlClient.connect(address, token, tls_ca)
         try:
             return await body(client)
         finally:
@@ -66,6 +102,8 @@ def with_client(
     try:
         return asyncio.run(go())
     except grpc.aio.AioRpcError as exc:
+        from worker.errors import HubUnreachableError
+
         raise HubUnreachableError(f"the hub answered {exc.code().name}: {exc.details()}") from exc
 
 

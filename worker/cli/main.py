@@ -12,52 +12,94 @@ so `--help`, loads neither grpc nor httpx nor pydantic (a test holds it to that)
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Final
 
 import worker
-from worker.cli import (
-    allowlist,
-    doctor,
-    grants,
-    killed,
-    pause,
-    plans,
-    reload,
-    remote,
-    replay,
-    sandbox,
-    serve,
-    service,
-    telemetry,
-)
 
 if TYPE_CHECKING:
     from worker.app import Frontend
 
+# The verb groups (modules of worker.cli), in the order `--help` lists them.
 GROUPS = (
-    serve,
-    remote,
-    plans,
-    grants,
-    allowlist,
-    sandbox,
-    replay,
-    telemetry,
-    service,
-    doctor,
-    killed,
-    pause,
-    reload,
+    "serve",
+    "remote",
+    "plans",
+    "grants",
+    "allowlist",
+    "sandbox",
+    "replay",
+    "telemetry",
+    "service",
+    "doctor",
+    "killed",
+    "pause",
+    "reload",
 )
+# Each verb and the group that adds it: a command that names its verb imports and
+# builds that group's parsers only (tests/unit/test_cli_imports.py holds the two
+# lists to each other).
+VERBS: Final = {
+    "up": "serve",
+    "hub": "serve",
+    "run": "serve",
+    "ui": "serve",
+    "call": "remote",
+    "workers": "remote",
+    "status": "remote",
+    "kill": "plans",
+    "lift": "plans",
+    "grant": "grants",
+    "grants": "grants",
+    "revoke": "grants",
+    "allowlist": "allowlist",
+    "sandbox": "sandbox",
+    "replay": "replay",
+    "record": "replay",
+    "telemetry": "telemetry",
+    "audit": "telemetry",
+    "service": "service",
+    "doctor": "doctor",
+    "killed": "killed",
+    "pause": "pause",
+    "resume": "pause",
+    "reload": "reload",
+}
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cmd | head`
+# The top-level options that take a value (the verb is the first word after them).
+_VALUED = ("--home", "--log-file")
 
 
-def parser() -> argparse.ArgumentParser:
+def group(name: str) -> ModuleType:
+    return importlib.import_module(f"worker.cli.{name}")
+
+
+def verb_of(argv: list[str]) -> str | None:
+    """The verb `argv` names, if it names one before any help flag; else None (then
+    the whole parser is built, and `--help` lists every verb)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help") or word == "--":
+            return None
+        if word.startswith("--") and "=" not in word:
+            # argparse takes any unambiguous prefix of a long option
+            if len(word) > 2 and any(option.startswith(word) for option in _VALUED):
+                next(words, None)
+            continue
+        if word.startswith("-"):
+            continue
+        return word if word in VERBS else None
+    return None
+
+
+def parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with `verb`, only that verb's group is imported and added."""
     top = argparse.ArgumentParser(
         prog="agentworker",
         description="Let a remote AI agent work on this computer, inside the scopes you grant, "
@@ -72,8 +114,8 @@ def parser() -> argparse.ArgumentParser:
         "--log-file", type=Path, help="append the log to this file instead of standard error"
     )
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in GROUPS:
-        group.add_parsers(sub)
+    for name in (VERBS[verb],) if verb in VERBS else GROUPS:
+        group(name).add_parsers(sub)
     return top
 
 
@@ -92,7 +134,8 @@ def main(argv: list[str] | None = None, frontend: Frontend | None = None) -> int
 
 
 def _main(argv: list[str] | None, frontend: Frontend | None) -> int:
-    args = parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = parser(verb_of(words)).parse_args(words)
     args.frontend = frontend
     if args.log_file:
         args.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -105,22 +148,23 @@ def _main(argv: list[str] | None, frontend: Frontend | None) -> int:
     # a token in a fetched URL would land in the log.
     for chatty in ("httpx", "httpcore"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
-    # Imported once a verb is chosen: the errors pull in the sandbox, Paths pydantic.
-    from worker.config import Paths
-    from worker.errors import StartupError, WorkerError
+    # Imported once a verb is chosen, and only there: Paths needs no pydantic, but the
+    # errors load the sandbox package, which `call` has no use for.
+    from worker.paths import Paths
 
     try:
         paths = Paths.at(args.home) if args.home else Paths.from_env()
         code: int = args.handler(paths, args)
         return code
-    except StartupError as exc:
-        print(f"agentworker: {exc.message}", file=sys.stderr)
-        return exc.exit_code
-    except WorkerError as exc:  # an action's answer met here
-        print(f"agentworker: {exc.message}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        # A StartupError or WorkerError exists only once worker.errors was loaded.
+        errors = sys.modules.get("worker.errors")
+        if errors is None or not isinstance(exc, errors.StartupError | errors.WorkerError):
+            raise
+        print(f"agentworker: {exc.message}", file=sys.stderr)
+        return exc.exit_code if isinstance(exc, errors.StartupError) else 1
 
 
 if __name__ == "__main__":

@@ -63,10 +63,9 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
 
     surface, _, action = args.action.rpartition(".")
     if not surface:  # a bare name: the computer surface's list says whose it is
-        from worker.actions.computer import ACTIONS as COMPUTER_ACTIONS
-        from worker.actions.computer import SURFACE as COMPUTER
+        from worker.surfaces import COMPUTER_ACTIONS
 
-        surface = COMPUTER if action in COMPUTER_ACTIONS else "workerHost"
+        surface = "workerComputer" if action in COMPUTER_ACTIONS else "workerHost"
     # Checked before anything is sent: a missing file must not cost an action's run.
     blob = _blobs.read_blob_in(args.action, args.blob_in)
     _blobs.check_blob_out(args.blob_out)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from worker.config import Config, Paths
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.transport import Keepalive, bearer, open_channel, read_token
+
+if TYPE_CHECKING:  # `agentworker call` imports this module: no pydantic on its path
+    from worker.config import Config, Paths
 
 
 @dataclass

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import grpc
 
-from worker.errors import CredentialsError, InsecureError
-
 # A 16 MiB fs_write plus its envelope must fit; both sides agree on the limit.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # What a result may carry before it is answered `result_too_large` instead:
@@ -90,6 +88,8 @@ def open_channel(target: str, keepalive: Keepalive, tls_ca: Path | None = None) 
         creds = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
         return grpc.aio.secure_channel(target, creds, options=options)
     if not is_loopback(target):
+        from worker.errors import InsecureError  # here: it loads the sandbox package
+
         raise InsecureError(
             f"refusing to send the token in plaintext to {target}: plaintext is allowed only to "
             "loopback (127.0.0.1, ::1, localhost). Give the server's CA with --tls-ca to use TLS.",
@@ -132,10 +132,18 @@ def read_token(path: Path) -> str:
     try:
         token = path.read_text(encoding="ascii").strip()
     except FileNotFoundError as exc:
-        raise CredentialsError(
+        raise _no_token(
             f"no hub token at {path}: start the hub first (`agentworker up` or "
             "`agentworker hub`), or pass --server and --token.",
         ) from exc
     if not token:
-        raise CredentialsError(f"the token file {path} is empty")
+        raise _no_token(f"the token file {path} is empty")
     return token
+
+
+def _no_token(message: str) -> Exception:
+    # Imported only here: the errors load the sandbox package, which a caller that
+    # has its token (`agentworker call`: this module, the token, a channel) never needs.
+    from worker.errors import CredentialsError
+
+    return CredentialsError(message)

@@ -22,6 +22,7 @@ from worker.actions.computer._backend import Availability, detect
 from worker.actions.computer._desktop import Desktop, DesktopSettings, build
 from worker.actions.computer._shared import SURFACE
 from worker.core.registry import Args, Context, Outcome, Registry
+from worker.surfaces import COMPUTER_ACTIONS
 
 __all__ = [
     "ACTIONS",
@@ -34,21 +35,7 @@ __all__ = [
     "detect",
 ]
 
-ACTIONS: Final = frozenset(
-    {
-        "screenshot",
-        "cursor_position",
-        "display_info",
-        "window_list",
-        "mouse_move",
-        "mouse_click",
-        "mouse_drag",
-        "mouse_scroll",
-        "key_type",
-        "key_combo",
-        "window_focus",
-    }
-)
+ACTIONS: Final = COMPUTER_ACTIONS  # its names live apart: worker/surfaces.py
 
 
 class _AnyArgs(Args):

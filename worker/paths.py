@@ -1,0 +1,74 @@
+"""Where agentworker keeps its files: the config folder and the data folder.
+
+Apart from worker.config (which re-exports it) so that a command that needs only
+the folders (`agentworker call` reads the token and a setting or two) loads no
+pydantic: the standard library and platformdirs only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+APP = "agentworker"
+DEFAULT_LISTEN = "127.0.0.1:7421"
+CONFIG_FILE = "config.toml"
+TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The two directories everything else hangs off."""
+
+    config_dir: Path
+    data_dir: Path
+    home: Path | None = None  # set when a home folder was chosen (--home, AGENTWORKER_HOME)
+
+    @classmethod
+    def at(cls, home: Path | str) -> Paths:
+        """Config and data both in one folder (`--home`, AGENTWORKER_HOME)."""
+        root = Path(home).expanduser().resolve()
+        return cls(config_dir=root, data_dir=root, home=root)
+
+    @classmethod
+    def from_env(cls) -> Paths:
+        """AGENTWORKER_HOME when set, else the platform's user config and data folders.
+
+        Read once, by whoever starts the program (the CLI); everything after is
+        handed these Paths."""
+        home = os.environ.get("AGENTWORKER_HOME")
+        if home:
+            return cls.at(home)
+        import platformdirs  # only here: a home folder needs none of it
+
+        return cls(
+            config_dir=Path(platformdirs.user_config_dir(APP)),
+            data_dir=Path(platformdirs.user_data_dir(APP)),
+        )
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / CONFIG_FILE
+
+    @property
+    def token_file(self) -> Path:
+        return self.config_dir / TOKEN_FILE
+
+    @property
+    def workspace(self) -> Path:
+        return self.data_dir / "workspace"
+
+    @property
+    def exec_cache(self) -> Path:
+        """Where the sandbox's entry helper is built (sandbox._entry)."""
+        return self.data_dir / "exec-cache"
+
+    @property
+    def workbench(self) -> Path:
+        """Sandbox mode's per-plan workspaces."""
+        return self.data_dir / "workbench"
+
+    def ensure(self) -> None:
+        for folder in (self.config_dir, self.data_dir):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
