@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -267,8 +270,28 @@ def test_the_cursor_is_drawn_on_request(computer: Computer, app: TkApp) -> None:
 # ------------------------------------------------------------------ windows
 
 
+TITLE, SECOND_TITLE = "agentworker test app", "agentworker second window"  # tk_app's
+
+
+def _windows_once(computer: Computer, holds: Callable[[list[Any]], bool]) -> list[Any]:
+    """window_list once the window manager's lists satisfy `holds`: Tk reports a window
+    mapped (and a focus change) before openbox has updated _NET_CLIENT_LIST (and
+    _NET_ACTIVE_WINDOW), so each read waits for the manager, never a fixed time."""
+    deadline = time.monotonic() + 10
+    while True:
+        windows = run(computer.window_list(None, m.WindowListArgs())).result.windows
+        if holds(windows) or time.monotonic() > deadline:
+            return list(windows)
+        time.sleep(0.02)
+
+
+def _managed(computer: Computer) -> None:
+    """Both test windows are in the window manager's list."""
+    _windows_once(computer, lambda ws: {TITLE, SECOND_TITLE} <= {w.title for w in ws})
+
+
 def test_window_list_shows_both_windows_and_focus_switches(computer: Computer, app: TkApp) -> None:
-    windows = run(computer.window_list(None, m.WindowListArgs())).result.windows
+    windows = _windows_once(computer, lambda ws: {TITLE, SECOND_TITLE} <= {w.title for w in ws})
     titles = {w.title: w for w in windows}
     main, second = titles["agentworker test app"], titles["agentworker second window"]
     assert main.app == "Agentworkertest" and second.monitor == 0
@@ -279,11 +302,12 @@ def test_window_list_shows_both_windows_and_focus_switches(computer: Computer, a
     back = run(computer.window_focus(None, m.WindowFocusArgs(id=main.id))).result
     assert back.focused
     app.wait(lambda e: e["event"] == "focus" and e["window"] == "main")
-    now = run(computer.window_list(None, m.WindowListArgs())).result.windows
+    now = _windows_once(computer, lambda ws: [w.title for w in ws if w.focused] == [TITLE])
     assert [w.title for w in now if w.focused] == ["agentworker test app"]
 
 
 def test_an_ambiguous_title_lists_the_candidates(computer: Computer, app: TkApp) -> None:
+    _managed(computer)
     with pytest.raises(WorkerError) as caught:
         run(computer.window_focus(None, m.WindowFocusArgs(title="agentworker")))
     assert caught.value.code == "validation_error"
