@@ -195,10 +195,10 @@ def test_a_replay_in_process_equals_the_same_replay_through_a_hub(
     had_blob = [s.get("blob_sha256") not in (None, empty) for s in remote["steps"]]
     assert any(had_blob)
     for first, repeat, blob in zip(outcomes(remote), outcomes(again), had_blob, strict=True):
-        if blob:
-            assert repeat[1:4] == ("failed", "error", "blob_gone"), repeat
-        else:
-            assert repeat == first
+        # A repeat that reaches the hub before it stored the first answer (it stores a
+        # moment later) is sent on, and the worker, not yet acked, answers with the bytes.
+        gone = repeat[1:4] == ("failed", "error", "blob_gone")
+        assert repeat == first or (blob and gone), (first, repeat)
 
 
 def _invocations(home: Path) -> list[str]:
