@@ -16,38 +16,50 @@ from pathlib import Path
 from sandbox import ConfinedDir, ConfinementError, Problem
 from tests.sandbox.support import Tree
 
-SWAPS = 3000
+SWAPS = 3000  # this many swaps, or RACE_S of racing; and until some open got through
+RACE_S = 4.0
 
 
-def swap_forever(root: Path, outside: Path, stop: threading.Event, done: threading.Event) -> None:
-    real, hidden = root / "d", root / "d.real"
-    targets = [str(outside), "../outside"]  # absolute and relative ways out
-    try:
-        for i in range(SWAPS):
-            if stop.is_set():
-                return
+class Swapper(threading.Thread):
+    """Keeps replacing root/d with a symlink out and back until told to stop."""
+
+    def __init__(self, root: Path, outside: Path) -> None:
+        super().__init__()
+        self.root, self.outside = root, outside
+        self.swaps = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        real, hidden = self.root / "d", self.root / "d.real"
+        targets = [str(self.outside), "../outside"]  # absolute and relative ways out
+        while not self.stop.is_set():
             os.rename(real, hidden)
-            os.symlink(targets[i % 2], real)
+            os.symlink(targets[self.swaps % 2], real)
             os.unlink(real)
             os.rename(hidden, real)
-    finally:
-        done.set()
+            self.swaps += 1
 
 
 def test_swapping_a_folder_for_a_symlink_never_leaks(tree: Tree, use_openat2: bool) -> None:
     (tree.root / "d").mkdir()
     (tree.root / "d" / "f").write_text("inside\n")
     (tree.outside / "f").write_text("OUTSIDE\n")
-    stop, done = threading.Event(), threading.Event()
-    swapper = threading.Thread(target=swap_forever, args=(tree.root, tree.outside, stop, done))
+    swapper = Swapper(tree.root, tree.outside)
     seen: dict[str, int] = {}
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # hand the GIL back and forth often
-    deadline = time.monotonic() + 4
+    # Until the race has run long enough (SWAPS swaps, or RACE_S) and some opens got
+    # through: a loaded machine takes longer, it does not fail the test. The last bound
+    # only stops a hang.
+    started = time.monotonic()
+    deadline = started + 60
     try:
         with ConfinedDir(tree.root, use_openat2=use_openat2) as root:
             swapper.start()
-            while not done.is_set() and time.monotonic() < deadline:
+            while time.monotonic() < deadline and (
+                (swapper.swaps < SWAPS and time.monotonic() - started < RACE_S)
+                or not seen.get("opened")
+            ):
                 try:
                     fd = root.open("d/f", os.O_RDONLY)
                 except ConfinementError as exc:
@@ -58,7 +70,7 @@ def test_swapping_a_folder_for_a_symlink_never_leaks(tree: Tree, use_openat2: bo
                 assert content == "inside\n", "opened a file outside the root"
                 seen["opened"] = seen.get("opened", 0) + 1
     finally:
-        stop.set()
+        swapper.stop.set()
         swapper.join()
         sys.setswitchinterval(old_interval)
     # The race really ran: some opens got through, and the outcomes are only these.
