@@ -8,7 +8,7 @@ envelope — never more than fits the message limit — and writes that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from worker.wire.proto import agentworker_pb2 as pb
@@ -192,15 +192,12 @@ def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
     raise ValueError("truncated varint")
 
 
-def split_field(data: Buffer, field_number: int) -> tuple[bytes, memoryview | None]:
-    """The serialized message `data` without its length-delimited field `field_number`,
-    and that field's value (the last one, as a parser would take it), or None when it
-    has none. ValueError if `data` is not a well-framed message."""
-    view = memoryview(data)
+def _delimited_fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
+    """Each length-delimited top-level field of the message `view`: its number, where
+    the field starts, and where its value starts and ends. ValueError if the message is
+    not well framed."""
     end = len(view)
-    kept: list[memoryview] = []
-    found: memoryview | None = None
-    pos = start = 0
+    pos = 0
     while pos < end:
         field_start = pos
         key, pos = _read_varint(view, pos)
@@ -213,16 +210,29 @@ def split_field(data: Buffer, field_number: int) -> tuple[bytes, memoryview | No
             pos += 4
         elif wire_type == _LENGTH_DELIMITED:
             length, pos = _read_varint(view, pos)
-            if number == field_number and pos + length <= end:
-                kept.append(view[start:field_start])
-                found = view[pos : pos + length]
-                start = pos + length
+            if pos + length <= end:
+                yield number, field_start, pos, pos + length
             pos += length
         else:
             raise ValueError(f"wire type {wire_type} is not one a message here uses")
         if pos > end:
             raise ValueError("a field runs past the end of the message")
-    kept.append(view[start:end])
+
+
+def split_field(data: Buffer, field_number: int) -> tuple[bytes, memoryview | None]:
+    """The serialized message `data` without its length-delimited field `field_number`,
+    and that field's value (the last one, as a parser would take it), or None when it
+    has none. ValueError if `data` is not a well-framed message."""
+    view = memoryview(data)
+    kept: list[memoryview] = []
+    found: memoryview | None = None
+    start = 0
+    for number, field_start, value_start, value_end in _delimited_fields(view):
+        if number == field_number:
+            kept.append(view[start:field_start])
+            found = view[value_start:value_end]
+            start = value_end
+    kept.append(view[start:])
     return b"".join(kept), found
 
 
@@ -230,28 +240,11 @@ def fields_of(data: Buffer, field_number: int) -> list[memoryview]:
     """The values of the length-delimited top-level field `field_number` of `data`, as
     views (no copy); ValueError if `data` is not a well-framed message."""
     view = memoryview(data)
-    end = len(view)
-    values = []
-    pos = 0
-    while pos < end:
-        key, pos = _read_varint(view, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            _value, pos = _read_varint(view, pos)
-        elif wire_type == 1:
-            pos += 8
-        elif wire_type == 5:
-            pos += 4
-        elif wire_type == _LENGTH_DELIMITED:
-            length, pos = _read_varint(view, pos)
-            if number == field_number and pos + length <= end:
-                values.append(view[pos : pos + length])
-            pos += length
-        else:
-            raise ValueError(f"wire type {wire_type} is not one a message here uses")
-        if pos > end:
-            raise ValueError("a field runs past the end of the message")
-    return values
+    return [
+        view[value_start:value_end]
+        for number, _, value_start, value_end in _delimited_fields(view)
+        if number == field_number
+    ]
 
 
 def worker_message_of(part: bytes) -> pb.WorkerMessage:
