@@ -9,6 +9,7 @@ made inert by the worker, and it is drawn as plain `Text`, never as markup.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -19,6 +20,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.driver import Driver
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
@@ -125,6 +127,17 @@ class WorkerApp(App[None]):
         self._modal: ApprovalModal | None = None
         self._closing = False
         self.failure: StartupError | None = None  # why the app could not start
+
+    def get_driver_class(self) -> type[Driver]:
+        driver = super().get_driver_class()
+        if sys.platform != "win32":
+            from textual.drivers.linux_driver import LinuxDriver
+
+            from ui.terminal import HangupSafeDriver
+
+            if driver is LinuxDriver:  # not one TEXTUAL_DRIVER names
+                return HangupSafeDriver
+        return driver
 
     # ------------------------------------------------------------- layout
 
