@@ -48,7 +48,7 @@ from worker.errors import (
     StartupError,
     WorkerError,
 )
-from worker.hub.server import Hub, add_control_service, add_worker_service
+from worker.hub.server import Hub, control_service, worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
 from worker.wire.proto import agentworker_pb2 as pb
@@ -386,11 +386,10 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         heartbeat_s=config.connection.heartbeat_s,
         default_timeout_s=config.hub.default_timeout_s,
     )
-    server = grpc.aio.server(
-        interceptors=[BearerAuth(token)], options=server_options(keepalive_of(config))
+    server = grpc.aio.server(options=server_options(keepalive_of(config)))
+    server.add_generic_rpc_handlers(
+        (BearerAuth(token, [worker_service(hub), control_service(hub)]),)
     )
-    add_worker_service(server, hub)
-    add_control_service(server, hub)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:

@@ -178,6 +178,41 @@ def test_bad_token_is_fatal_without_a_retry_loop(tmp_path: Path) -> None:
         assert "reconnecting" not in log.split("UNAUTHENTICATED", 1)[1]
 
 
+def test_control_calls_need_the_token_and_health_does_not(tmp_path: Path) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from worker.hub.client import ControlClient
+
+    with cluster(tmp_path / "home", worker=False) as live:
+
+        async def ask(token: str) -> list[object]:
+            client = ControlClient.connect(live.listen, token)
+            try:
+                answers: list[object] = []
+                for call in (
+                    client.stub.Status(pb.StatusRequest(), metadata=client.metadata),
+                    client.stub.Dispatch(
+                        pb.DispatchRequest(agent_id="a", surface="s", action="x"),
+                        metadata=client.metadata,
+                    ),
+                ):
+                    try:
+                        answers.append(await call)
+                    except grpc.aio.AioRpcError as exc:
+                        answers.append(exc.code())
+                health = health_pb2_grpc.HealthStub(client.channel)
+                answers.append((await health.Check(health_pb2.HealthCheckRequest())).status)
+                return answers
+            finally:
+                await client.close()
+
+        status, dispatch, health = asyncio.run(ask("not-the-token"))
+        assert status is dispatch is grpc.StatusCode.UNAUTHENTICATED
+        assert health == health_pb2.HealthCheckResponse.SERVING
+        status, _dispatch, _health = asyncio.run(ask(live.token))
+        assert isinstance(status, pb.StatusResponse)
+
+
 def test_plaintext_to_a_non_loopback_address_is_refused(tmp_path: Path) -> None:
     with cluster(tmp_path / "home", hub=False, worker=False) as live:
         worker = live.spawn("remote", "run", "--server", "agents.example.com:7421", "--token", "t")

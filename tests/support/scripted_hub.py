@@ -37,7 +37,7 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         self.address = ""
 
     async def start(self) -> str:
-        self._server = grpc.aio.server(interceptors=[BearerAuth(TOKEN)])
+        self._server = grpc.aio.server()
         # Registered by hand, not with the generated helper, so that raw bytes (an
         # envelope no honest hub would send) go out as they are.
         handler = grpc.stream_stream_rpc_method_handler(
@@ -45,9 +45,8 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
             request_deserializer=pb.WorkerEnvelope.FromString,
             response_serializer=_as_bytes,
         )
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler}),)
-        )
+        routes = grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler})
+        self._server.add_generic_rpc_handlers((BearerAuth(TOKEN, [routes]),))
         port = self._server.add_insecure_port("127.0.0.1:0")
         await self._server.start()
         self.address = f"127.0.0.1:{port}"

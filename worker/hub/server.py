@@ -981,7 +981,7 @@ def _serialized(response: Any) -> bytes:
     return response if isinstance(response, bytes) else bytes(response.SerializeToString())
 
 
-def add_control_service(server: grpc.aio.Server, hub: Hub) -> None:
+def control_service(hub: Hub) -> grpc.GenericRpcHandler:
     """ControlService, whose requests are decoded so that one which does not decode
     (invalid UTF-8 in a string field, say) answers INVALID_ARGUMENT with the reason,
     not UNKNOWN with a traceback in the hub's log."""
@@ -999,22 +999,18 @@ def add_control_service(server: grpc.aio.Server, hub: Hub) -> None:
         )
         for method in service.methods
     }
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
-    )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
-def add_worker_service(server: grpc.aio.Server, hub: Hub) -> None:
+def worker_service(hub: Hub) -> grpc.GenericRpcHandler:
     """WorkerService.Stream, answering with envelopes the hub serialized itself (see
-    envelopes.py), so the generated servicer's serializer is left out."""
+    framing.py), so the generated servicer's serializer is left out."""
     handler = grpc.stream_stream_rpc_method_handler(
         hub.stream,
         request_deserializer=_worker_envelope,
         response_serializer=None,  # already bytes
     )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler}),)
-    )
+    return grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler})
 
 
 class ControlServicer(pb_grpc.ControlServiceServicer):
@@ -1025,7 +1021,7 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
         self, request: pb.DispatchRequest | _WithBlob, context: grpc.aio.ServicerContext
     ) -> bytes:
         blob = None
-        if isinstance(request, _WithBlob):  # as add_control_service reads it
+        if isinstance(request, _WithBlob):  # as control_service reads it
             request, blob = request.request, request.blob
         if not request.surface or not request.action:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")

@@ -1,35 +1,46 @@
-"""Bearer-token check for every hub RPC except gRPC health."""
+"""Bearer-token check for the hub's own services (gRPC health stays open).
+
+The check is a handler lookup, not a server interceptor: gRPC asks a generic
+handler for each call's method handler synchronously, where an interceptor costs
+every RPC an extra coroutine and await on the hub's loop (a Dispatch is one RPC).
+"""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-_OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+REFUSAL = "a valid bearer token is required (see hub.token in the config dir)"
 
 
-class BearerAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
-    def __init__(self, token: str) -> None:
+class BearerAuth(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
+    """`handlers` behind the token: a call that does not present it gets a handler
+    that answers UNAUTHENTICATED, whatever method it names."""
+
+    def __init__(self, token: str, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._handlers = tuple(handlers)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if details.method.startswith(_OPEN_PREFIXES) or handler is None:
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        for routes in self._handlers:
+            handler = routes.service(details)
+            if handler is not None:
+                break
+        else:
+            return None  # not ours: UNIMPLEMENTED, or another handler's (health)
+        if hmac.compare_digest(_presented(details), self._expected):
             return handler
-        sent = dict(details.invocation_metadata or ()).get("authorization", "")
-        presented = sent.encode() if isinstance(sent, str) else bytes(sent)
-        if hmac.compare_digest(presented, self._expected):
-            return handler
-        return _refusal(
-            handler, "a valid bearer token is required (see hub.token in the config dir)"
-        )
+        return _refusal(handler, REFUSAL)
+
+
+def _presented(details: grpc.HandlerCallDetails) -> bytes:
+    for key, value in details.invocation_metadata or ():
+        if key == "authorization":
+            return value.encode() if isinstance(value, str) else bytes(value)
+    return b""
 
 
 def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
