@@ -58,11 +58,11 @@ log = logging.getLogger(__name__)
 # the deadline and answers `timeout` itself; the slack covers the trip back.
 RESULT_SLACK_S = 5.0
 HANDSHAKE_TIMEOUT_S = 10.0
-# Acks only let the worker forget stored results: a short wait batches them.
-ACK_DELAY_S = 0.01
-# Calls sent and results received are stored this long later, together: off the
-# caller's path, and many in one commit under load.
-STORE_DELAY_S = 0.0002
+# Calls sent and results received are stored together, at most one commit per this
+# long (a group commit): never on a caller's path (it has its answer already), and
+# under load one commit for many calls. Each stored result is then acked, so until
+# its commit the worker keeps it and re-sends it to a hub that died meanwhile.
+STORE_DELAY_S = 0.01
 # How long a teardown waits for the worker (it stops the plan's calls, then removes files).
 TEARDOWN_TIMEOUT_S = 60.0
 
@@ -78,7 +78,6 @@ class Session:
     outbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
-    _acks: list[str] = field(default_factory=list)
 
     @property
     def worker_id(self) -> str:
@@ -89,16 +88,6 @@ class Session:
         if not self.closed:
             part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
             self.outbox.put_nowait(part)
-
-    def ack_soon(self, correlation_id: str) -> None:
-        """Ack a stored result; acks made within ACK_DELAY_S travel as one message."""
-        if not self._acks:
-            asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_acks)
-        self._acks.append(correlation_id)
-
-    def _flush_acks(self) -> None:
-        self.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=self._acks)))
-        self._acks = []
 
     def close(self) -> None:
         if not self.closed:
@@ -385,10 +374,9 @@ class Hub:
             self.store.abandon(cid)
             return
         self._blobs.pop(cid, None)  # answered: never sent again
-        # Stored a moment later, with any others that arrive meanwhile, while the hub
-        # would otherwise wait on the worker; acked only once stored, so until then
-        # the worker keeps the result and re-sends it should this hub die. Its blob
-        # is stored only if no caller took it.
+        # Stored with the others of the next group commit (see STORE_DELAY_S); acked
+        # only once stored, so until then the worker keeps the result and re-sends it
+        # should this hub die. Its blob is stored only if no caller took it.
         self._unstored.append((session, answer, delivered))
         self._store_soon()
 
@@ -408,7 +396,7 @@ class Hub:
 
     def store_results(self) -> None:
         """Store the calls sent and the results received since the last call (one
-        commit), then ack the results."""
+        commit), then ack the results: one Ack message per worker."""
         self._store_scheduled = False
         unstored, self._unstored = self._unstored, []
         if not unstored:
@@ -417,13 +405,16 @@ class Hub:
         stored = self.store.complete_many(
             [(answer.result, answer.blob, not taken) for _, answer, taken in unstored]
         )
+        acks: dict[str, tuple[Session, list[str]]] = {}
         for (session, answer, _taken), new in zip(unstored, stored, strict=True):
             cid = answer.result.correlation_id
             if not new and self.store.get(cid) is None:
                 log.warning(
                     "result for unknown call %s from %s (acked anyway)", cid, session.worker_id
                 )
-            session.ack_soon(cid)
+            acks.setdefault(session.session_id, (session, []))[1].append(cid)
+        for session, cids in acks.values():
+            session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=cids)))
 
     def _on_ack(self, ack: pb.ActionAck) -> None:
         if ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:

@@ -5,12 +5,14 @@ still knows what it asked for: a caller retrying with the same correlation id wa
 for the same call instead of starting a second one, and results the worker re-sends
 after the reconnect land where the caller will look.
 
-The row is written a moment later than the call leaves (`add` queues it; the next
-`flush` commits it together with the results that came back meanwhile), so no call
-waits on a commit of its own. A hub killed inside that moment forgets the call; the
-call still runs at most once, because the worker's ledger decides that: a caller
-retrying the id sends it again and gets the worker's recorded answer. Every read
-flushes first, so the store always answers with what was added.
+The row is written a moment later than the call leaves (`add` queues it; the hub's
+next group commit, at most `STORE_DELAY_S` later, commits it together with every
+call and result since), so no call waits on a commit of its own. A hub killed
+inside that moment forgets the call; the call still runs at most once, because the
+worker's ledger decides that: a caller retrying the id sends it again and gets the
+worker's recorded answer (an effect-free call, which the ledger does not claim, may
+run again, which is harmless). Every read flushes first, so the store always
+answers with what was added.
 
 Blobs stay out of it (docs/architecture.md, "Blobs"): a request's blob is held in
 the hub's memory while the call may need re-sending (`Hub`), never written here; a
