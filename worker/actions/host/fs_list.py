@@ -86,7 +86,7 @@ def _entry(root: ConfinedDir, base: str, entry: Entry) -> dict[str, Any]:
         "mtime": st.st_mtime,
         "mode": oct(stat_mod.S_IMODE(st.st_mode)),
         "symlink_target": target,
-        "error": _error(entry.error),
+        "error": None if entry.error is None else _error(entry.error),
     }
 
 
