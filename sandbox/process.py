@@ -24,6 +24,12 @@ dying while bubblewrap is still building the sandbox, is closed by the lifeline:
 a pipe whose write end only the worker holds; the entry helper checks it after
 its own parent-death signal is armed, and exits if the worker is gone.
 
+With a plan's cgroup (`cgroup`, sandbox mode where cgroups apply, see
+sandbox.cgroups), bubblewrap holds the sandbox at its start line (--block-fd)
+until the worker has moved the sandbox's first process into the cgroup: every
+process of the program starts inside it, none can fork outside. A failed move
+kills the sandbox before anything in it ran.
+
 Nothing here uses preexec_fn (unsafe with threads): limits are set inside the
 sandbox and the new session by subprocess itself.
 """
@@ -55,6 +61,7 @@ from sandbox._bwrap import (
     visible_by_default,
 )
 from sandbox._pidcap import PidCap
+from sandbox.cgroups import PlanGroup
 
 __all__ = [
     "Completed",
@@ -187,10 +194,13 @@ async def run(
     stdin: bytes | None = None,
     *,
     pid_cap: PidCap,
+    cgroup: PlanGroup | None = None,
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
-    across sandboxes and latches a refusal should capping ever misbehave."""
+    across sandboxes and latches a refusal should capping ever misbehave. With
+    `cgroup`, the sandbox joins it before anything in it runs (CgroupError, and
+    nothing ran, when it cannot)."""
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
     if capped:
@@ -206,7 +216,7 @@ async def run(
         block_w: int | None = None
         if entry:
             lifeline_r, lifeline_w = _pipe(theirs, ours)
-        elif capped:
+        if (capped and not entry) or cgroup is not None:
             block_r, block_w = _pipe(theirs, ours)
         file_fds = [_memory_file(content) for content in private_files(view.private)]
         theirs += file_fds
@@ -260,7 +270,7 @@ async def run(
         sandbox = _Sandbox(child, info_r, lifeline_w, block_w)
         try:
             return await sandbox.drive(
-                tools, limits, started, pid_cap if capped and not entry else None
+                tools, limits, started, pid_cap if capped and not entry else None, cgroup
             )
         finally:
             sandbox.kill()
@@ -307,13 +317,22 @@ class _Sandbox:
         self.killed = False
 
     async def drive(
-        self, tools: Tools, limits: Limits, started: float, cap_from_outside: PidCap | None
+        self,
+        tools: Tools,
+        limits: Limits,
+        started: float,
+        cap_from_outside: PidCap | None,
+        cgroup: PlanGroup | None,
     ) -> Completed:
         try:
             init_pid = await self._child_pid()
             if init_pid is None:
                 await self._wait_exit(EXIT_GRACE_S)
                 raise SandboxUnavailableError(self._bwrap_complaint())
+            if self.pidfd is not None and cgroup is not None:
+                # Held at its start line: it and all it will start join the plan's cgroup.
+                # In a thread: a move can wait for the kernel's cgroup locks.
+                await asyncio.to_thread(cgroup.join, init_pid)
             if self.pidfd is not None and cap_from_outside is not None:
                 await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
             if self.block_w is not None:

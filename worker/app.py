@@ -451,9 +451,9 @@ async def start_workbench(paths: Paths, config: Config) -> workbench.Workbench:
     start: NoSandboxError, a problem of this machine, not an answer to a call)."""
     try:
         await workbench.probe(config)
+        bench = workbench.Workbench.at(paths.workbench, config.sandbox)
     except WorkerError as exc:
         raise NoSandboxError(exc.message) from None
-    bench = workbench.Workbench.at(paths.workbench, config.sandbox)
     log.info(
         "sandbox mode: a workspace per plan under %s (quota %d MiB, swept after %g h idle); %s",
         paths.workbench,
@@ -651,6 +651,8 @@ async def _serve_worker(
         dispatcher.close()
         if desktop is not None:
             desktop.close()
+        if bench is not None:  # the plans' cgroups, and what runs in them
+            await bench.close()
 
 
 def pause_hooks(

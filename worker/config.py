@@ -155,6 +155,13 @@ class SandboxSection(_Strict):
     sweep_every_s: float = Field(default=600.0, ge=0.05, le=86_400)
     # Programs of one plan running at once: with per-sandbox rlimits, this bounds the plan.
     plan_execs: int = Field(default=2, ge=1, le=64)
+    # Limits on all of one plan's programs together, in a cgroup per plan: "auto" where
+    # this machine offers cgroups (a delegated cgroup v2 subtree, or cgroup v1 as root;
+    # `agentworker doctor` says which), "off" for the per-sandbox rlimits alone.
+    cgroups: Literal["auto", "off"] = "auto"
+    plan_processes: int = Field(default=256, ge=8, le=4_194_304)  # processes at once
+    plan_memory_mb: int = Field(default=4096, ge=32)  # memory in use, swap not allowed
+    plan_cpus: float = Field(default=2.0, ge=0.01, le=4096)  # CPUs' worth of time
 
 
 class UiSection(_Strict):
@@ -239,6 +246,15 @@ mode = "rw"
 # [http]
 # allow_hosts = ["localhost:8000"]  # "host" (any port) or "host:port"
 # total_timeout_s = 60
+
+# Sandbox mode (`--sandbox`): a workspace per plan. Where this machine offers cgroups,
+# all of a plan's programs together are held to these (`agentworker doctor` says
+# whether they apply here).
+# [sandbox]
+# quota_mb = 1024                   # disk a plan's workspace may take
+# plan_processes = 256
+# plan_memory_mb = 4096             # memory in use, no swap
+# plan_cpus = 2.0                   # CPUs' worth of time
 """
 
 

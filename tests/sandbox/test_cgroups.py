@@ -104,9 +104,14 @@ def test_on_this_machine_the_probe_and_doctor_agree_on_which_limits_apply(
     found = [f for f in json.loads(out.stdout)["findings"] if f["check"] == "plan limits"]
     assert len(found) == 1, out.stdout
     limits = found[0]
-    assert limits["details"]["applies"] == "rlimits"
+    choice = cgroups.choose("any")
     assert limits["details"]["cgroup_v2"] is support.usable
-    assert limits["details"]["reason"] == support.reason
-    assert "per-plan limits by rlimits" in limits["summary"] and support.reason in limits["summary"]
-    if not support.usable:  # as here: the summary says why, the fix how to get cgroup v2
+    if choice.backend is not None:  # as here: cgroup v1, as root
+        assert limits["details"]["applies"] == choice.backend.kind
+        assert f"per-plan limits by {choice.backend.kind} at " in limits["summary"]
+        assert not limits["fix"]
+    else:
+        assert limits["details"]["applies"] == "rlimits"
+        assert limits["details"]["reason"] == support.reason
+        assert "per-plan limits by rlimits" in limits["summary"]
         assert "not cgroup v2: " in limits["summary"] and "Delegate=yes" in limits["fix"]

@@ -12,8 +12,16 @@ plan's workspace is the only folder, read-write at /workspace; the environment i
 cleared (the pass-list is ignored); there is never a network (http_fetch is the
 way out, behind its guard); each file a program writes is bounded by what is
 left of the plan's quota, and a program whose writes fill the plan is answered
-`too_large`; and at most `plans_execs` programs of one plan run at
-once, so the per-sandbox rlimits bound the whole plan (see `Workbench.limits_note`).
+`too_large`; and at most `plan_execs` programs of one plan run at once.
+
+All of a plan's programs together are held to `plan_processes`, `plan_memory_mb`
+and `plan_cpus` by a cgroup of the plan's own where this machine offers cgroups
+(sandbox.cgroups: a delegated cgroup v2 subtree, or cgroup v1 as root), made on
+the plan's first exec and destroyed (its processes killed) by teardown and the
+sweep; each sandbox joins it before its program runs. A cgroup that cannot be
+made or joined refuses the call (`sandbox_unavailable`): it never runs without
+the limits the worker said apply. Elsewhere the per-sandbox rlimits, with
+`plan_execs`, bound the plan (see `limits_note`).
 
 The sandbox is probed once at start (`probe`): sandbox mode refuses to start when
 bubblewrap cannot build it, and a call never runs outside it.
@@ -22,7 +30,9 @@ bubblewrap cannot build it, and a call never runs outside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import shlex
@@ -34,6 +44,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from sandbox import cgroups, environment
+from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
 from sandbox.process import (
     Limits,
     Mount,
@@ -49,6 +60,7 @@ from sandbox.workspaces import (
     WorkspaceError,
     Workspaces,
     check_plan_id,
+    plan_key,
     remove_tree,
 )
 from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
@@ -72,19 +84,76 @@ def _translated(exc: WorkspaceError) -> WorkerError:
     return from_workspace(exc)
 
 
-class Workbench:
-    """Sandbox mode's state: every plan's workspace, and how many programs each runs."""
+def plan_cgroups(base: Path, settings: SandboxSection) -> cgroups.Choice:
+    """Which cgroups would bound the plans of the workbench at `base` (nothing made)."""
+    if settings.cgroups == "off":
+        return cgroups.Choice(None, '[sandbox] cgroups = "off"', cgroups.probe())
+    tag = hashlib.sha256(str(base.absolute()).encode()).hexdigest()[:12]
+    return cgroups.choose(tag)
 
-    def __init__(self, workspaces: Workspaces, settings: SandboxSection) -> None:
+
+class Workbench:
+    """Sandbox mode's state: every plan's workspace, its cgroup where cgroups apply,
+    and how many programs each runs."""
+
+    def __init__(
+        self,
+        workspaces: Workspaces,
+        settings: SandboxSection,
+        choice: cgroups.Choice | None = None,
+    ) -> None:
         self.workspaces = workspaces
         self.settings = settings
+        self.choice = choice
+        self.backend = choice.backend if choice is not None else None
         self._exec_slots: dict[str, asyncio.Semaphore] = {}
+        self._groups: dict[str, asyncio.Future[PlanGroup]] = {}
 
     @classmethod
     def at(cls, base: Path, settings: SandboxSection) -> Workbench:
+        """The workbench at `base`; WorkerError (sandbox_unavailable) when cgroups
+        should apply here and cannot be readied."""
         workspaces = Workspaces(base, quota_bytes=settings.quota_mb * 1024**2)
         workspaces.prepare()
-        return cls(workspaces, settings)
+        choice = plan_cgroups(base, settings)
+        if choice.backend is not None:
+            try:
+                left = choice.backend.prepare()
+            except CgroupError as exc:
+                raise WorkerError(
+                    "sandbox_unavailable",
+                    f"sandbox mode cannot start: per-plan limits should come from "
+                    f"{choice.note}, and {exc}. Fix that, or set [sandbox] cgroups = "
+                    '"off" to bound each sandbox by rlimits instead.',
+                ) from None
+            if left:
+                log.info("removed %d plan cgroup(s) an earlier run left", len(left))
+        return cls(workspaces, settings, choice)
+
+    def plan_limits(self) -> PlanLimits:
+        return PlanLimits(
+            processes=self.settings.plan_processes,
+            memory_bytes=self.settings.plan_memory_mb * 1024**2,
+            cpus=self.settings.plan_cpus,
+        )
+
+    async def plan_group(self, plan_id: str) -> PlanGroup | None:
+        """The plan's cgroup, made on its first exec (None where cgroups do not apply);
+        WorkerError (sandbox_unavailable) when it cannot be made: the call is refused,
+        never run without its limits."""
+        if self.backend is None:
+            return None
+        made = self._groups.get(plan_id)
+        if made is None:
+            backend, key, limits = self.backend, plan_key(plan_id), self.plan_limits()
+            made = asyncio.ensure_future(asyncio.to_thread(backend.create, key, limits))
+            self._groups[plan_id] = made
+        try:
+            return await asyncio.shield(made)
+        except CgroupError as exc:
+            if self._groups.get(plan_id) is made:
+                del self._groups[plan_id]  # the next call tries again
+            raise _refused(exc) from None
 
     def open(self, plan_id: str) -> Workspace:
         try:
@@ -107,16 +176,39 @@ class Workbench:
         return slot
 
     def teardown(self, plan_id: str) -> Awaitable[dict[str, Any]]:
-        """Take the plan's workspace out of use now (a later call starts afresh) and
-        return its removal, to await once the plan's calls have stopped. Idempotent."""
+        """Take the plan's workspace and cgroup out of use now (a later call starts
+        afresh) and return their removal, to await once the plan's calls have stopped:
+        the cgroup's processes killed and the cgroup removed, then the workspace.
+        Idempotent."""
         self._exec_slots.pop(plan_id, None)
+        group = self._groups.pop(plan_id, None)
         trash = self.workspaces.detach(plan_id)
-        return self._remove(plan_id, trash)
+        return self._remove(plan_id, trash, group)
 
-    async def _remove(self, plan_id: str, trash: Path | None) -> dict[str, Any]:
+    async def _remove(
+        self, plan_id: str, trash: Path | None, group: asyncio.Future[PlanGroup] | None
+    ) -> dict[str, Any]:
+        if group is not None:
+            with contextlib.suppress(CgroupError):  # never made: nothing to destroy
+                made = await group
+                try:
+                    await asyncio.to_thread(made.destroy)
+                except CgroupError as exc:
+                    raise WorkerError(
+                        "internal_error", f"plan {plan_id!r}'s cgroup could not be removed: {exc}"
+                    ) from None
         if trash is not None:
             await asyncio.to_thread(remove_tree, trash)
         return {"plan_id": plan_id, "removed": trash is not None}
+
+    async def close(self) -> None:
+        """At the worker's end: destroy every plan's cgroup (killing what runs in it),
+        then what the backend made."""
+        for plan_id in list(self._groups):
+            with contextlib.suppress(WorkerError):
+                await self._remove(plan_id, None, self._groups.pop(plan_id))
+        if self.backend is not None:
+            await asyncio.to_thread(self.backend.close)
 
     async def sweep(self, busy: Callable[[], set[str]]) -> list[str]:
         """Remove the workspaces idle past `idle_hours` whose plans run nothing now
@@ -133,23 +225,38 @@ class Workbench:
 
     def limits_note(self, exec_settings: ExecSection) -> str:
         """Which limits bound a plan's programs, for the start-up log."""
-        return limits_note(self.settings, exec_settings, cgroups.probe())
+        assert self.choice is not None
+        return limits_note(self.settings, exec_settings, self.choice)
+
+
+def _refused(exc: CgroupError) -> WorkerError:
+    return WorkerError(
+        "sandbox_unavailable",
+        f"the program was not run: its plan's cgroup, which holds it to the plan's limits "
+        f"on processes, memory and CPU, could not be had ({exc}). It is never run without "
+        "them; try again, and if this persists see `agentworker doctor`.",
+    )
 
 
 def limits_note(
-    settings: SandboxSection, exec_settings: ExecSection, cgroup: cgroups.CgroupSupport
+    settings: SandboxSection, exec_settings: ExecSection, choice: cgroups.Choice
 ) -> str:
-    """Which limits bound a plan's programs (rlimits), and why not cgroup v2 here."""
-    n = settings.plan_execs
-    if cgroup.usable:
-        why = f"{cgroup.reason} is available, but per-plan cgroups are not applied yet"
-    else:
-        why = f"not cgroup v2: {cgroup.reason}"
-    return (
-        f"per-plan limits by rlimits ({why}): at most {n} program(s) of a plan at once, each "
-        f"sandbox at most {exec_settings.max_processes} processes, "
+    """Which limits bound a plan's programs: a cgroup per plan (of which kind, where),
+    or rlimits and why not cgroups."""
+    per_sandbox = (
+        f"each sandbox at most {exec_settings.max_processes} processes, "
         f"{exec_settings.memory_mb} MiB of address space per process and "
-        f"{exec_settings.cpu_s} s of CPU per process, so memory and CPU are bounded per "
+        f"{exec_settings.cpu_s} s of CPU per process"
+    )
+    if choice.backend is not None:
+        return (
+            f"per-plan limits by {choice.note}: all of a plan's programs together at most "
+            f"{settings.plan_processes} processes, {settings.plan_memory_mb} MiB of memory "
+            f"(no swap) and {settings.plan_cpus:g} CPU(s); {per_sandbox}"
+        )
+    return (
+        f"per-plan limits by rlimits ({choice.note}): at most {settings.plan_execs} "
+        f"program(s) of a plan at once, {per_sandbox}, so memory and CPU are bounded per "
         "process, not per plan"
     )
 
@@ -292,6 +399,8 @@ async def _run_in_workspace(
             entry=entry,
         )
         async with bench.exec_slot(ctx.plan_id):
+            group = await bench.plan_group(ctx.plan_id)
+            counted = group.counters() if group is not None else None
             limits = exec_cmd.limits_of(settings, timeout_s)
             before = await asyncio.to_thread(bench.workspaces.use, workspace)
             room = max(0, bench.workspaces.quota_bytes - before)
@@ -303,14 +412,18 @@ async def _run_in_workspace(
                     limits,
                     ctx.blob or None,
                     pid_cap=ctx.containment.pid_cap,
+                    cgroup=group,
                 )
             except SandboxUnavailableError as exc:
                 raise WorkerError("sandbox_unavailable", str(exc)) from None
+            except CgroupError as exc:
+                raise _refused(exc) from None
             finally:
                 bench.workspaces.changed(workspace)  # whatever ran may have written
             # Counted again (and kept for the next call): RLIMIT_FSIZE bounds each file
             # by the room left, not the files together, nor folders.
             used = await asyncio.to_thread(bench.workspaces.use, workspace)
+            met = [] if group is None or counted is None else group.counters().met_since(counted)
     _check_quota(bench, workspace, before, used, done.exit_code, done.signal)
     result = exec_cmd.ExecResult(
         program=program,
@@ -322,6 +435,7 @@ async def _run_in_workspace(
         stderr_bytes=len(done.stderr),
         truncated=done.truncated,
         duration_ms=int(done.duration_s * 1000),
+        plan_limits=met,
     )
     return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
 

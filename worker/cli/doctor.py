@@ -114,7 +114,7 @@ def diagnose(paths: Paths, *, reach_hub: bool = True) -> list[Finding]:
     if reach_hub:
         findings.append(_hub(paths, settings))
     findings += [_bubblewrap(settings), _landlock(settings, paths), _seccomp()]
-    findings += [_plan_limits(settings), *_display()]
+    findings += [_plan_limits(settings, paths), *_display()]
     return findings
 
 
@@ -498,7 +498,7 @@ def _landlock(config: Config, paths: Paths) -> Finding:
     return Finding("landlock", "info", f"off: {layer.detail}", fix, details)
 
 
-def _plan_limits(config: Config) -> Finding:
+def _plan_limits(config: Config, paths: Paths) -> Finding:
     if not sys.platform.startswith("linux"):
         return Finding("plan limits", "info", "sandbox mode needs Linux")
 
@@ -506,16 +506,18 @@ def _plan_limits(config: Config) -> Finding:
         from sandbox import cgroups
         from worker.actions import workbench
 
-        support = cgroups.probe()
-        note = workbench.limits_note(config.sandbox, config.exec, support)
+        choice = workbench.plan_cgroups(paths.workbench, config.sandbox)
+        support = choice.v2
+        note = workbench.limits_note(config.sandbox, config.exec, choice)
         details = {
-            "applies": "rlimits",
+            "applies": choice.backend.kind if choice.backend is not None else "rlimits",
+            "where": choice.backend.where if choice.backend is not None else "",
             "cgroup_v2": support.usable,
             "cgroup": str(support.folder or ""),
             "controllers": list(support.controllers),
-            "reason": support.reason,
+            "reason": support.reason if choice.backend is None else choice.note,
         }
-        fix = "" if support.usable else cgroups.HOW
+        fix = "" if choice.backend is not None else cgroups.HOW
         return Finding("plan limits", "info", f"sandbox mode: {note}", fix, details)
 
     return _guard("plan limits", probe)

@@ -77,6 +77,10 @@ class ExecResult(Result):
     stderr_bytes: int
     truncated: bool
     duration_ms: int
+    # Sandbox mode with a cgroup per plan: the plan's limits met while this program ran
+    # ("memory": the kernel killed a process of the plan for want of memory;
+    # "processes": a fork was refused at the plan's cap; "cpu": the plan was throttled).
+    plan_limits: list[str] = []
 
 
 async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
