@@ -426,6 +426,28 @@ def test_exec_cannot_signal_host_processes(live: Cluster, plan: str) -> None:
         victim.wait()
 
 
+def test_exec_can_neither_see_nor_mount_cgroups_nor_leave_its_plans(
+    live: Cluster, plan: str
+) -> None:
+    code = TRY + (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "os.makedirs('/tmp/cg', exist_ok=True)\n"
+        "mounted = libc.mount(b'none', b'/tmp/cg', b'cgroup2', 0, None)\n"
+        "print(json.dumps({'sys': os.path.exists('/sys/fs/cgroup'),"
+        "'mount': [mounted, ctypes.get_errno()],"
+        "'write': attempt(lambda: open('/sys/fs/cgroup/pids/cgroup.procs', 'w').write('1')),"
+        "'own': open('/proc/self/cgroup').read()}))"
+    )
+    seen = py(live, plan, code)
+    assert seen["sys"] is False and seen["mount"] == [-1, 1], seen  # EPERM
+    assert seen["write"][0] == "refused", seen
+    choice = cgroups.choose("any")
+    if choice.backend is not None:  # it runs in its plan's cgroup, in every hierarchy
+        held = [line for line in seen["own"].splitlines() if f"plan-{plan_key(plan)[:16]}-" in line]
+        assert len(held) == (1 if choice.backend.kind == "cgroup v2" else 3), seen["own"]
+
+
 def test_a_fork_bomb_and_a_memory_hog_leave_the_worker_and_other_plans_working(
     live: Cluster,
 ) -> None:
