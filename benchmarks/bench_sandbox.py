@@ -1,13 +1,16 @@
 """Sandbox mode (the workbench): exec in a plan's sandbox beside plain exec and raw
 bubblewrap, and a plan's first call beside its later ones, all in one run.
 
-`exec true`, one call at a time, four ways:
+`exec true`, one call at a time, five ways:
 
   raw true          subprocess.run(["/usr/bin/true"]): no isolation at all
   raw bwrap true    subprocess.run of bubblewrap with the workbench's namespaces and
                     mounts around `true`: what the isolation alone costs
   workerHost.exec   caller → hub → worker → allowlist → sandbox → back (`up`)
-  workbenchHost     the same through a sandbox-mode worker (`up --sandbox`), in one plan
+  workbenchHost     the same through a sandbox-mode worker (`up --sandbox`), in one plan,
+                    with its plan's cgroup where this machine offers cgroups (the sandbox
+                    is held at its start line while it joins it)
+  … rlimits only    the same with `[sandbox] cgroups = "off"`: what the plan's cgroup costs
 
 A plan's first call makes its workspace (and the hub places the plan); each
 "first call" row uses a fresh plan per call, beside calls of one plan made before.
@@ -84,14 +87,23 @@ def dispatch(client: ControlClient, surface: str, action: str, args: object, pla
 async def bench(calls: int, base: Path) -> None:
     plain = make_home(base / "plain", mode="ro", scopes=["workerHost.exec"])
     sandboxed = make_home(base / "sandboxed", mode="ro", scopes=[])
+    no_cgroups = make_home(
+        base / "no-cgroups", mode="ro", scopes=[], extra_config='\n[sandbox]\ncgroups = "off"\n'
+    )
     scratch = base / "scratch"
     scratch.mkdir(mode=0o700)
     exec_true = {"argv": ["true"]}
     with (
         agentworker(["up"], plain),
         agentworker(["up", "--sandbox"], sandboxed),
+        agentworker(["up", "--sandbox"], no_cgroups),
     ):
-        async with connected(plain) as host, connected(sandboxed) as bench_client:
+        async with (
+            connected(plain) as host,
+            connected(sandboxed) as bench_client,
+            connected(no_cgroups) as rlimits_client,
+        ):
+            limits = said_limits(sandboxed.path / "up.log")
             rows = [
                 ("raw true", await timed(raw_call([TRUE]), calls)),
                 ("raw bwrap … true", await timed(raw_call(bwrap_argv(scratch)), calls)),
@@ -105,7 +117,14 @@ async def bench(calls: int, base: Path) -> None:
                         dispatch(bench_client, "workbenchHost", "exec", exec_true, "p"), calls
                     ),
                 ),
+                (
+                    "… rlimits only",
+                    await timed(
+                        dispatch(rlimits_client, "workbenchHost", "exec", exec_true, "p"), calls
+                    ),
+                ),
             ]
+            print(f"workbenchHost: {limits}")
             report(f"exec true: {calls} calls, 1 in flight", rows, name_width=26)
             stat = {"path": "."}
             for label, action, args in (("fs_stat", "fs_stat", stat), ("exec", "exec", exec_true)):
@@ -116,6 +135,14 @@ async def bench(calls: int, base: Path) -> None:
                     (f"{label}, first call of a plan", await timed(first, calls, min_warm_up=1)),
                 ]
                 report(f"workbenchHost.{label}: first call beside later ones", rows, name_width=32)
+
+
+def said_limits(log: Path) -> str:
+    """Which per-plan limits the sandbox-mode worker said apply (its start log)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "per-plan limits by " in line:
+            return "per-plan limits by " + line.split("per-plan limits by ", 1)[1].split(":")[0]
+    return "per-plan limits: not said"
 
 
 def main() -> None:

@@ -125,6 +125,8 @@ class Files:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
             os.write(fd, text.encode("ascii"))
+        except OSError as exc:  # the kernel refused the value: say which file
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
         finally:
             os.close(fd)
 
