@@ -69,8 +69,7 @@ HOW: Final = (
 CPU_PERIOD_US: Final = 100_000
 LEAF: Final = "worker"  # cgroup v2: the worker's own leaf beneath its delegated cgroup
 PLAN_PREFIX: Final = "plan-"
-KILL_ROUNDS: Final = 100  # kill-and-wait rounds before a cgroup that stays populated is an error
-EXIT_WAIT_S: Final = 5.0  # how long one round waits for the killed processes to exit
+EMPTY_WITHIN_S: Final = 20.0  # a cgroup still populated after this, killed all along, is an error
 
 
 class CgroupError(Exception):
@@ -228,7 +227,8 @@ def _destroy(files: Files, place: _Place) -> None:
     if files.exists(kill):
         with contextlib.suppress(OSError):
             files.write(kill, "1\n")
-    for _ in range(KILL_ROUNDS):
+    deadline = time.monotonic() + EMPTY_WITHIN_S
+    while time.monotonic() < deadline:
         try:
             pids = [int(word) for word in files.read(place.folder / "cgroup.procs").split()]
         except FileNotFoundError:
@@ -244,8 +244,10 @@ def _destroy(files: Files, place: _Place) -> None:
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise CgroupError(f"could not remove {place.folder}: {_say(exc)}") from None
-                continue  # a process came in meanwhile: another round
-        _kill_and_wait(pids, place.inside)
+                time.sleep(0.01)  # still settling in the kernel: nothing to wait on
+                continue
+        if not _kill_and_wait(pids, place.inside, deadline):
+            time.sleep(0.01)  # listed, but gone by the time we looked: read it again
     raise CgroupError(f"the processes in {place.folder} could not all be killed")
 
 
@@ -258,10 +260,16 @@ def _holds(pid: int, inside: str) -> bool:
     return any(line.split(":", 2)[-1] == inside for line in lines)
 
 
-def _kill_and_wait(pids: list[int], inside: str) -> None:
+def _exited(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _kill_and_wait(pids: list[int], inside: str, deadline: float) -> int:
     """SIGKILL each pid still in the cgroup (through a pidfd, checked to be in the
     cgroup while the pidfd was open: a reused pid is never signalled), then wait
-    until they have exited."""
+    until they have exited. Returns how many it killed."""
     fds = []
     try:
         for pid in pids:
@@ -269,15 +277,16 @@ def _kill_and_wait(pids: list[int], inside: str) -> None:
                 fd = os.pidfd_open(pid)
             except OSError:
                 continue  # gone already
+            if not _holds(pid, inside) or _exited(fd):
+                os.close(fd)  # gone, its pid maybe reused: the next listing tells
+                continue
             fds.append(fd)
-            if _holds(pid, inside) and not select.select([fd], [], [], 0)[0]:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
         poller = select.poll()
         for fd in fds:
             poller.register(fd, select.POLLIN)
         waiting = set(fds)
-        deadline = time.monotonic() + EXIT_WAIT_S
         while waiting and time.monotonic() < deadline:
             for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
                 poller.unregister(fd)
@@ -285,6 +294,7 @@ def _kill_and_wait(pids: list[int], inside: str) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+    return len(fds)
 
 
 class Backend(ABC):
