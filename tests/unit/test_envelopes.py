@@ -49,6 +49,27 @@ def test_an_envelope_never_exceeds_the_message_limit() -> None:
     assert len(sizes) == 2, "two 12 MiB results per envelope, the rest carried over"
 
 
+def test_messages_queued_while_a_batch_is_held_leave_with_it() -> None:
+    async def go() -> list[list[str]]:
+        outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        release: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        holds = [release, None]  # the first batch is held, the next is not
+        batches = Batcher(outbox, pb.WorkerMessage.ByteSize, lambda: holds.pop(0))
+        outbox.put_nowait(result("0"))
+        first = asyncio.ensure_future(batches.next_batch())
+        await asyncio.sleep(0)  # the batch has its first message, and waits
+        assert not first.done()
+        outbox.put_nowait(result("1"))
+        outbox.put_nowait(result("2"))
+        release.set_result(None)
+        seen = [await first]
+        outbox.put_nowait(result("3"))
+        seen.append(await batches.next_batch())
+        return [[m.result.correlation_id for m in batch or []] for batch in seen]
+
+    assert asyncio.run(go()) == [["0", "1", "2"], ["3"]]
+
+
 def test_a_lone_message_goes_out_without_being_sized() -> None:
     """Sizing a 16 MiB message costs as much as serializing it; alone, it need not be."""
 

@@ -63,6 +63,10 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # under load one commit for many calls. Each stored result is then acked, so until
 # its commit the worker keeps it and re-sends it to a hub that died meanwhile.
 STORE_DELAY_S = 0.01
+# While a worker has other calls of this hub's in hand, a new request waits for the
+# worker's next results, or this long at most, and then leaves with every message
+# queued meanwhile, in one stream message (see Hub._hold).
+HOLD_S = 0.002
 # How long a teardown waits for the worker (it stops the plan's calls, then removes files).
 TEARDOWN_TIMEOUT_S = 60.0
 
@@ -78,6 +82,8 @@ class Session:
     outbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
+    # Set by the worker's next results (or HOLD_S): the outbox's writer waits on it.
+    held: asyncio.Future[None] | None = None
 
     @property
     def worker_id(self) -> str:
@@ -89,10 +95,17 @@ class Session:
             part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
             self.outbox.put_nowait(part)
 
+    def release(self) -> None:
+        """Let a held batch go (see Hub._hold)."""
+        if self.held is not None and not self.held.done():
+            self.held.set_result(None)
+        self.held = None
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.outbox.put_nowait(None)
+            self.release()
 
 
 def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
@@ -250,7 +263,7 @@ class Hub:
             self._handle(session, msg, blob)
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
-        batches = Batcher(session.outbox, len)
+        batches = Batcher(session.outbox, len, lambda: self._hold(session))
         try:
             session.send(self._welcome(session))
             # Kills first: a re-sent call of a killed plan is then refused, not run.
@@ -330,6 +343,7 @@ class Hub:
             async for envelope in requests:
                 for msg, blob in envelope:
                     self._handle(session, msg, blob)
+                session.release()  # results came: what waited goes now
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception:
@@ -357,6 +371,22 @@ class Hub:
             log.info("worker %s says goodbye: %s", session.worker_id, msg.goodbye.reason)
         else:
             log.warning("worker %s sent an unexpected %s", session.worker_id, kind)
+
+    def _hold(self, session: Session) -> asyncio.Future[None] | None:
+        """What the writer of `session`'s stream waits for before it sends the batch it
+        started (Nagle's rule, for calls): while the worker has calls of this hub's in
+        hand, their results are on their way, and new requests wait for them (or
+        HOLD_S) so that everything queued meanwhile leaves as one stream message. Under
+        load, a stream message per call costs more CPU than the call itself on both
+        sides, and holding makes the worker answer a batch in one message too. With no
+        other call open (one caller, one call at a time) nothing waits."""
+        queued = session.outbox.qsize() + 1  # this batch, at most: every message waiting
+        if self._open_calls.get(session.worker_id, 0) <= queued:
+            return None  # no call elsewhere: no result is on its way to release it
+        held = session.held = asyncio.get_running_loop().create_future()
+        timer = asyncio.get_running_loop().call_later(HOLD_S, session.release)
+        held.add_done_callback(lambda _: timer.cancel())
+        return held
 
     def _on_result(self, session: Session, answer: Answer) -> None:
         result = answer.result

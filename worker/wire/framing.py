@@ -8,7 +8,7 @@ envelope — never more than fits the message limit — and writes that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Generic, TypeVar
 
 from worker.wire.proto import agentworker_pb2 as pb
@@ -24,11 +24,19 @@ M = TypeVar("M")
 
 class Batcher(Generic[M]):
     """Takes messages off an outbox (None ends it) in envelope-sized batches; `size`
-    says how many bytes a message takes on the wire."""
+    says how many bytes a message takes on the wire. `hold`, when given, is asked
+    once a batch has its first message: it returns None to send at once, or
+    something to wait for first while more messages join the batch."""
 
-    def __init__(self, outbox: asyncio.Queue[M | None], size: Callable[[M], int]) -> None:
+    def __init__(
+        self,
+        outbox: asyncio.Queue[M | None],
+        size: Callable[[M], int],
+        hold: Callable[[], Awaitable[None] | None] | None = None,
+    ) -> None:
         self._outbox = outbox
         self._size = size
+        self._hold = hold
         self._carry: M | None = None
         self._ended = False
 
@@ -43,6 +51,9 @@ class Batcher(Generic[M]):
             first = await self._outbox.get()
         if first is None:
             return None
+        pause = None if self._hold is None else self._hold()
+        if pause is not None:
+            await pause
         if self._outbox.empty():
             return [first]  # alone: no need to size it (a 16 MiB blob takes ~9 ms to size)
         batch, size = [first], self._size(first)

@@ -1,0 +1,47 @@
+"""The hub's writer holds a request back while the worker has other calls of its in
+hand (Nagle's rule, for calls): one caller's calls, one at a time, never wait."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from worker.hub.server import HOLD_S, Hub, Session
+from worker.hub.store import HubStore
+from worker.wire.proto import agentworker_pb2 as pb
+
+
+def hub_and_session(tmp_path: Path) -> tuple[Hub, Session]:
+    hub = Hub(HubStore(tmp_path / "hub.db"))
+    return hub, Session(hello=pb.Hello(worker_id="w"), session_id="s")
+
+
+def test_a_lone_call_is_not_held(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub, session = hub_and_session(tmp_path)
+        hub._open_calls["w"] = 1  # this one, being sent
+        assert hub._hold(session) is None
+        hub._open_calls["w"] = 3  # and two more, all three queued to go together
+        session.outbox.put_nowait(b"a")
+        session.outbox.put_nowait(b"b")
+        assert hub._hold(session) is None
+        hub.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_call_is_held_until_results_come_or_the_hold_ends(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub, session = hub_and_session(tmp_path)
+        hub._open_calls["w"] = 2  # another call is at the worker
+        held = hub._hold(session)
+        assert held is not None and not held.done()
+        session.release()  # what the reader does when the worker's results come
+        assert held.done()
+        timed = hub._hold(session)  # no results this time: the hold ends by itself
+        assert timed is not None
+        async with asyncio.timeout(HOLD_S + 5):
+            await timed
+        hub.store.close()
+
+    asyncio.run(go())
