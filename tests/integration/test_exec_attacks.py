@@ -98,6 +98,9 @@ def test_b_renaming_a_config_over_the_repositorys_never_reaches_git(
     diffs = [blob for (action, _, _), (_, blob) in zip(requests, answers, strict=True)]
     assert sum(b"+two" in blob for blob in diffs) == RACE_ROUNDS, "every git diff ran for real"
     assert not mark.exists(), "git read the agent's config in a race"
+    # Calls in flight together finish in any order, so which write the race left is
+    # not known: the hostile one is written last, alone, to show the trap was real.
+    assert write(live, config, hostile)["status"] == "ok"
     subprocess.run(["git", "diff"], cwd=box / "repo", capture_output=True, check=False)
     assert mark.exists(), "the trap was armed: plain git runs the external diff"
 
