@@ -45,3 +45,21 @@ def test_a_call_is_held_until_results_come_or_the_hold_ends(tmp_path: Path) -> N
         hub.store.close()
 
     asyncio.run(go())
+
+
+def test_calls_the_worker_said_are_running_hold_nothing(tmp_path: Path) -> None:
+    """A long call (an exec of minutes) is acked STARTED: its result is not on its way,
+    so one caller's quick calls beside it go at once."""
+
+    async def go() -> None:
+        hub, session = hub_and_session(tmp_path)
+        hub._open_calls["w"] = 2  # a long call at the worker, and this one
+        started = pb.ActionAck(correlation_ids=["long"], kind=pb.ActionAck.STARTED)
+        hub._handle(session, pb.WorkerMessage(ack=started), None)
+        assert hub._hold(session) is None
+        done = pb.ActionResult(correlation_id="long", status=pb.ActionResult.OK)
+        hub._handle(session, pb.WorkerMessage(result=done), None)
+        assert session.running == set()
+        hub.store.close()
+
+    asyncio.run(go())

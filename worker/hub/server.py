@@ -84,6 +84,9 @@ class Session:
     closed: bool = False
     # Set by the worker's next results (or HOLD_S): the outbox's writer waits on it.
     held: asyncio.Future[None] | None = None
+    # Calls the worker said are running (acked STARTED or DUPLICATE_RUNNING) and has
+    # not answered yet: slow ones, whose results nothing waits for (see Hub._hold).
+    running: set[str] = field(default_factory=set)
 
     @property
     def worker_id(self) -> str:
@@ -356,7 +359,7 @@ class Hub:
         if kind == "result":
             self._on_result(session, Answer(msg.result, blob))
         elif kind == "ack":
-            self._on_ack(msg.ack)
+            self._on_ack(session, msg.ack)
         elif kind == "heartbeat":
             session.heartbeat = msg.heartbeat
         elif kind == "scope_decision":
@@ -379,10 +382,11 @@ class Hub:
         HOLD_S) so that everything queued meanwhile leaves as one stream message. Under
         load, a stream message per call costs more CPU than the call itself on both
         sides, and holding makes the worker answer a batch in one message too. With no
-        other call open (one caller, one call at a time) nothing waits."""
+        other call open (one caller, one call at a time) nothing waits, nor for calls
+        the worker said are running (a long exec): their results are not on their way."""
         queued = session.outbox.qsize() + 1  # this batch, at most: every message waiting
-        if self._open_calls.get(session.worker_id, 0) <= queued:
-            return None  # no call elsewhere: no result is on its way to release it
+        if self._open_calls.get(session.worker_id, 0) - len(session.running) <= queued:
+            return None  # no quick call elsewhere: no result is on its way to release it
         held = session.held = asyncio.get_running_loop().create_future()
         timer = asyncio.get_running_loop().call_later(HOLD_S, session.release)
         held.add_done_callback(lambda _: timer.cancel())
@@ -391,6 +395,7 @@ class Hub:
     def _on_result(self, session: Session, answer: Answer) -> None:
         result = answer.result
         cid = result.correlation_id
+        session.running.discard(cid)
         teardown = self._teardowns.pop(cid, None)
         if teardown is not None:  # not a call: nothing to store or ack
             if not teardown.done():
@@ -446,9 +451,12 @@ class Hub:
         for session, cids in acks.values():
             session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=cids)))
 
-    def _on_ack(self, ack: pb.ActionAck) -> None:
+    def _on_ack(self, session: Session, ack: pb.ActionAck) -> None:
+        if ack.kind in (pb.ActionAck.STARTED, pb.ActionAck.DUPLICATE_RUNNING):
+            session.running.update(ack.correlation_ids)  # not answered at once: slow
+            return
         if ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
-            return  # STARTED / DUPLICATE_* need nothing; DRAINING calls wait for a reconnect
+            return  # DUPLICATE_DONE needs nothing; DRAINING calls wait for a reconnect
         for cid in ack.correlation_ids:
             self._blobs.pop(cid, None)
             result = error_result(cid, WorkerError("args_mismatch", ack.message))
