@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.certs import make_ca_and_server
 from tests.support.http_server import Honeypot, TestServer
-from worker.actions.host.http_pinned import PinnedTransport, Pins
+from worker.actions.host.fetching.pinned import PinnedTransport, Pins
 
 NAME = "pinned.example"
 

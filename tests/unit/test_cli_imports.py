@@ -112,12 +112,13 @@ def test_each_verbs_help_imports_nothing_heavy(verb: str) -> None:
     assert _loaded_by(verb, "--help") == []
 
 
-def test_the_workers_actions_load_no_command_line_client() -> None:
-    """Every action imported (as a worker does at start), httpx without its own CLI:
-    click, rich and pygments stay out of a headless worker (issue 12: start at once)."""
+def test_the_workers_actions_load_no_http_client_until_a_fetch() -> None:
+    """Every action imported (as a worker does at start): httpx, the largest import of
+    a worker's start, loads on the first http_fetch (issue 12: start at once), and
+    click, rich and pygments (httpx's command line) never."""
     probe = (
         "import json, sys; from worker import actions; actions.build(diagnostics=True); "
-        "print(json.dumps([m for m in ('click', 'rich', 'pygments', 'httpx._main') "
+        "print(json.dumps([m for m in ('httpx', 'httpcore', 'click', 'rich', 'pygments') "
         "if sys.modules.get(m) is not None]))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from worker.actions.host.ssrf import Destination, IPAddress, Resolver, UrlGuard, refusal
+from worker.actions.host.fetching.ssrf import Destination, IPAddress, Resolver, UrlGuard, refusal
 from worker.config import Config
 from worker.errors import WorkerError
 from worker.hosts import HostPattern, parse_pattern

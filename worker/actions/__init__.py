@@ -5,8 +5,9 @@ Each folder here is a surface (`host/` is `workerHost`, `computer/` is
 `SPEC = ActionSpec(...)` beside its code. `build` imports the public modules of
 every surface and collects their SPECs, so adding an action is adding one module
 (docs/architecture.md, "Adding an action"). Modules whose names start with `_`
-are private (a desktop backend for another operating system, say) and are never
-imported here.
+are private (a desktop backend for another operating system, say), and packages
+inside a surface hold what an action loads when it first runs (host/fetching/):
+neither is imported here.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ reserved and unspecified addresses, IPv4 addresses hidden inside IPv6 forms
 addresses. `[http] allow_hosts` opens chosen hosts on purpose.
 
 The check answers with the one address it approved; the connection is then
-pinned to that address (see http_pinned), so a name cannot resolve to a public
+pinned to that address (see fetching.pinned), so a name cannot resolve to a public
 address for the check and a private one for the connect (DNS rebinding).
 """
 
