@@ -178,6 +178,8 @@ async def in_process(
             target.flush_acks()
         finally:
             dispatcher.close()
+            if bench is not None:  # the plans' cgroups, and what runs in them
+                await bench.close()
 
 
 # ----------------------------------------------------------------- through a hub
