@@ -328,7 +328,14 @@ class Backend(ABC):
     def _name(self, plan_key: str) -> str:
         return f"{PLAN_PREFIX}{plan_key[:16]}-{next(self._serial)}"
 
-    def _make(self, group: PlanGroup, writes: list[tuple[Path, str]]) -> PlanGroup:
+    def _make(
+        self,
+        group: PlanGroup,
+        writes: list[tuple[Path, str]],
+        if_present: tuple[Path, str] | None = None,
+    ) -> PlanGroup:
+        """Make the group's folders and write its limits; `if_present` is a limit
+        written only where the kernel offers its file (swap accounting may be off)."""
         made: list[_Place] = []
         try:
             for place in group.places:
@@ -341,6 +348,8 @@ class Backend(ABC):
                 made.append(place)
             for path, value in writes:
                 self.files.write(path, value)
+            if if_present is not None and self.files.exists(if_present[0]):
+                self.files.write(*if_present)  # after the others: swap's bound is theirs
         except OSError as exc:
             for place in made:
                 with contextlib.suppress(CgroupError):
@@ -416,16 +425,7 @@ class CgroupV2(Backend):
             (folder / "memory.max", f"{limits.memory_bytes}\n"),
             (folder / "cpu.max", f"{limits.cpu_quota_us} {CPU_PERIOD_US}\n"),
         ]
-        made = self._make(group, writes)
-        swap = folder / "memory.swap.max"
-        if self.files.exists(swap):
-            try:
-                self.files.write(swap, "0\n")
-            except OSError as exc:
-                with contextlib.suppress(CgroupError):
-                    made.destroy()
-                raise CgroupError(f"could not write {swap}: {_say(exc)}") from None
-        return made
+        return self._make(group, writes, if_present=(folder / "memory.swap.max", "0\n"))
 
     def close(self) -> None:
         """The leaf stays: the worker is in it until it exits."""
@@ -483,16 +483,8 @@ class CgroupV1(Backend):
             (cpu / "cpu.cfs_period_us", f"{CPU_PERIOD_US}\n"),
             (cpu / "cpu.cfs_quota_us", f"{limits.cpu_quota_us}\n"),
         ]
-        made = self._make(group, writes)
         swap = memory / "memory.memsw.limit_in_bytes"  # memory and swap together
-        if self.files.exists(swap):
-            try:
-                self.files.write(swap, f"{limits.memory_bytes}\n")
-            except OSError as exc:
-                with contextlib.suppress(CgroupError):
-                    made.destroy()
-                raise CgroupError(f"could not write {swap}: {_say(exc)}") from None
-        return made
+        return self._make(group, writes, if_present=(swap, f"{limits.memory_bytes}\n"))
 
     def close(self) -> None:
         for base in self._bases():

@@ -8,13 +8,12 @@ import contextlib
 import json
 import os
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.cluster import Cluster, call_in_background, cluster, wait_for
 from worker.hub.client import result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -46,21 +45,6 @@ def dispatch(live: Cluster, action: str, args: str, **fields: Any) -> pb.ActionR
     request.update(fields)
     response: pb.DispatchResponse = live.run(lambda c: c.dispatch(**request))
     return response.result
-
-
-def in_background(live: Cluster, action: str, args: str, **fields: Any) -> dict[str, Any]:
-    """Start a dispatch on a thread; the dict fills with the outcome or the RPC error."""
-    box: dict[str, Any] = {}
-
-    def go() -> None:
-        try:
-            box["out"] = live.call(action, args, **fields)
-        except grpc.aio.AioRpcError as exc:
-            box["rpc_error"] = exc.code()
-
-    box["thread"] = threading.Thread(target=go, daemon=True)
-    box["thread"].start()
-    return box
 
 
 def test_a_result_blob_is_handed_over_not_kept_and_a_repeat_says_it_is_gone(
@@ -109,7 +93,7 @@ def test_a_call_whose_blob_died_with_the_hub_runs_once_when_its_caller_retries(
         wait_for(lambda: live.status().connected_workers == 0, 10)
         data = os.urandom(300_000)
         args = '{"path": "kept.bin"}'
-        pending = in_background(
+        pending = call_in_background(
             live,
             "workerHost.fs_write",
             args,
@@ -139,8 +123,10 @@ def test_a_result_no_caller_was_waiting_for_keeps_its_blob_until_one_takes_it(
 ) -> None:
     with cluster(tmp_path / "home") as live:
         data = os.urandom(100_000)
-        args = json.dumps({"sleep_ms": 1500, "blob_repeat": 1})
-        pending = in_background(
+        # The hub is killed while the probe runs: 4 s leaves room for a loaded machine
+        # (another test's fork bomb beside this one) between RUNNING and the kill.
+        args = json.dumps({"sleep_ms": 4000, "blob_repeat": 1})
+        pending = call_in_background(
             live, "workerDiag.probe", args, correlation_id="uk-1", blob=data, timeout_ms=20_000
         )
         wait_for(lambda: worker_state(live, "uk-1") == ("RUNNING", 0), 10)

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.cluster import Cluster, call_in_background, cluster, wait_for
 from tests.support.tcp_proxy import FreezableProxy
 from worker.hub.client import result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
@@ -38,21 +37,6 @@ def started(live: Cluster, cid: str) -> bool:
         )
     finally:
         db.close()
-
-
-def call_in_background(live: Cluster, action: str, args: str, **fields: Any) -> dict[str, Any]:
-    """Start a dispatch on a thread; the dict fills with the outcome or the RPC error."""
-    box: dict[str, Any] = {}
-
-    def go() -> None:
-        try:
-            box["out"] = live.call(action, args, **fields)
-        except grpc.aio.AioRpcError as exc:
-            box["rpc_error"] = exc.code()
-
-    box["thread"] = threading.Thread(target=go, daemon=True)
-    box["thread"].start()
-    return box
 
 
 def test_hub_killed_mid_call_does_not_run_the_call_twice(live: Cluster) -> None:

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -246,3 +247,18 @@ def cluster(
         yield c
     finally:
         c.stop_all()
+
+
+def call_in_background(live: Cluster, action: str, args: str, **fields: Any) -> dict[str, Any]:
+    """Start a dispatch on a thread; the dict fills with the outcome or the RPC error."""
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["out"] = live.call(action, args, **fields)
+        except grpc.aio.AioRpcError as exc:
+            box["rpc_error"] = exc.code()
+
+    box["thread"] = threading.Thread(target=go, daemon=True)
+    box["thread"].start()
+    return box

@@ -27,7 +27,14 @@ from worker.clock import now_ms
 from worker.core.pipeline import MAX_ID_CHARS, Dispatcher
 from worker.core.results import Outgoing
 from worker.errors import WorkerError
-from worker.wire.framing import Batcher, envelope_of, fields_of, message_part, split_field
+from worker.wire.framing import (
+    Batcher,
+    envelope_of,
+    fields_of,
+    message_part,
+    read_varint,
+    split_field,
+)
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
@@ -505,19 +512,6 @@ _CORRELATION_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["correlation_id"
 _BLOB_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["blob"].number
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The varint at `pos` and the position after it; ValueError if cut short."""
-    value = shift = 0
-    while pos < len(data) and shift < 64:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-    raise ValueError("truncated varint")
-
-
 def _fields(data: bytes) -> tuple[list[tuple[int, int, bytes | int]], bool]:
     """The top-level fields of a serialized message as (number, wire type, value), and
     whether the whole of `data` was read (False: it breaks off after those)."""
@@ -525,18 +519,18 @@ def _fields(data: bytes) -> tuple[list[tuple[int, int, bytes | int]], bool]:
     pos = 0
     try:
         while pos < len(data):
-            key, pos = _varint(data, pos)
+            key, pos = read_varint(data, pos)
             number, wire_type = key >> 3, key & 7
             value: bytes | int
             if wire_type == 0:
-                value, pos = _varint(data, pos)
+                value, pos = read_varint(data, pos)
             elif wire_type == 1 or wire_type == 5:
                 width = 8 if wire_type == 1 else 4
                 if pos + width > len(data):
                     return fields, False
                 value, pos = int.from_bytes(data[pos : pos + width], "little"), pos + width
             elif wire_type == _LENGTH_DELIMITED:
-                length, pos = _varint(data, pos)
+                length, pos = read_varint(data, pos)
                 if pos + length > len(data):
                     return fields, False
                 value, pos = data[pos : pos + length], pos + length

@@ -190,7 +190,8 @@ def result_part(result_bytes: bytes, blob: bytes = b"") -> bytes:
 Buffer = bytes | memoryview
 
 
-def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
+def read_varint(data: Buffer, pos: int) -> tuple[int, int]:
+    """The varint at `pos` and the position after it; ValueError if cut short."""
     value = shift = 0
     end = len(data)
     while pos < end and shift < 64:
@@ -211,16 +212,16 @@ def _delimited_fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
     pos = 0
     while pos < end:
         field_start = pos
-        key, pos = _read_varint(view, pos)
+        key, pos = read_varint(view, pos)
         number, wire_type = key >> 3, key & 7
         if wire_type == 0:
-            _value, pos = _read_varint(view, pos)
+            _value, pos = read_varint(view, pos)
         elif wire_type == 1:
             pos += 8
         elif wire_type == 5:
             pos += 4
         elif wire_type == _LENGTH_DELIMITED:
-            length, pos = _read_varint(view, pos)
+            length, pos = read_varint(view, pos)
             if pos + length <= end:
                 yield number, field_start, pos, pos + length
             pos += length

@@ -13,7 +13,10 @@ call, redirects and body included); each defaults to, and may not exceed, the
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import re
+import sys
 from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints
@@ -95,8 +98,13 @@ class HttpFetchResult(Result):
     elapsed_ms: int
 
 
+_REQUEST: Final = "worker.actions.host.fetching.request"
+
+
 async def http_fetch(ctx: Context, args: HttpFetchArgs) -> Outcome[HttpFetchResult]:
-    from worker.actions.host.fetching import request  # httpx loads on the first fetch
+    if _REQUEST not in sys.modules:  # the first fetch: httpx's imports, off the event loop
+        await asyncio.to_thread(importlib.import_module, _REQUEST)
+    from worker.actions.host.fetching import request
 
     return await request.fetch(ctx, args)
 
