@@ -22,8 +22,15 @@ from pathlib import Path
 from typing import Literal
 
 from tests.support.cluster import free_port, until_worker_connected, wait_for
+from worker import memory
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
+
+# Every process of a benchmark allocates as the hub and the worker do (worker.memory):
+# this one (the caller of both the raw baselines and ours), the echo servers and the
+# loaders. Raw and ours then run on the same malloc settings.
+memory.keep_large_buffers()
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 OneCall = Callable[[], Awaitable[None]]
 MIB = 1024 * 1024
@@ -36,6 +43,9 @@ GOALS_ENV = "AGENTWORKER_BENCH_GOALS"
 # /Echo/Stream echoes each message of a bidi stream, /Echo/Call a unary request.
 ECHO_SERVER = """
 import asyncio, sys, grpc
+sys.path.insert(0, REPOSITORY)
+from worker import memory
+memory.keep_large_buffers()
 async def echo(requests, context):
     async for message in requests:
         yield message
@@ -57,7 +67,7 @@ async def main():
     await server.start()
     await server.wait_for_termination()
 asyncio.run(main())
-"""
+""".replace("REPOSITORY", repr(str(REPOSITORY)))
 
 _CONFIG = """
 [hub]
@@ -132,9 +142,10 @@ def machine() -> str:
     import grpc
 
     who = "root (pid cap via pid_max)" if os.geteuid() == 0 else "a regular user"
+    malloc = "large buffers kept" if memory.keep_large_buffers() else "default"
     return (
         f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} cores, "
-        f"{os.uname().release}, {who}"
+        f"{os.uname().release}, {who}, malloc {malloc} in every process"
     )
 
 

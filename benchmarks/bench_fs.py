@@ -52,6 +52,7 @@ from benchmarks._common import (
     connected,
     dispatch_call,
     goal,
+    machine,
     make_home,
     percentile,
     report,
@@ -72,9 +73,11 @@ LIST_ENTRIES = 10_000
 LOADER = """
 import asyncio, json, os, sys, grpc
 sys.path.insert(0, os.getcwd())
+from worker import memory
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 async def main(kind, address, token=""):
+    memory.keep_large_buffers()
     data = os.urandom(16 * 1024 * 1024)
     limit = 32 * 1024 * 1024
     if kind == "echo":
@@ -337,7 +340,7 @@ def main() -> None:
     parser.add_argument("--lists", type=int, default=30)
     parser.add_argument("--stats", type=int, default=300)
     args = parser.parse_args()
-    print(f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} cores")
+    print(machine())
     with tempfile.TemporaryDirectory() as home:
         asyncio.run(bench(args.reads, args.writes, args.lists, args.stats, Path(home)))
 

@@ -27,7 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sandbox import confinement
-from worker import actions
+from worker import actions, memory
 from worker.actions import computer, workbench
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
@@ -305,7 +305,8 @@ def prune_telemetry(telemetry: Telemetry) -> int:
 
 
 async def _housekeeping(dispatcher: Dispatcher) -> None:
-    """Telemetry pruned on start and daily; the ledger's acked calls hourly."""
+    """Telemetry pruned on start and daily; the ledger's acked calls hourly, and the
+    memory that large calls freed given back (worker.memory)."""
     telemetry_due = 0.0
     while True:
         # The wall clock, not the monotonic one: a day spent suspended counts.
@@ -313,6 +314,7 @@ async def _housekeeping(dispatcher: Dispatcher) -> None:
             prune_telemetry(dispatcher.telemetry)
             telemetry_due = time.time() + TELEMETRY_PRUNE_EVERY_S
         dispatcher.state.prune()
+        memory.give_back()
         await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
 
 
@@ -338,6 +340,7 @@ async def _hub_housekeeping(hub: Hub) -> None:
         pruned = hub.store.prune()
         if pruned:
             log.info("hub: forgot %d calls past their keeping time", pruned)
+        memory.give_back()
         await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
 
 

@@ -90,7 +90,9 @@ def _log_to_file(paths: Paths, name: str = "agentworker.log") -> None:
 def _up(paths: Paths, args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker import app
+    from worker import app, memory
+
+    memory.keep_large_buffers()
 
     app.prepare(paths)
     config = config_of(paths, args)
@@ -102,7 +104,9 @@ def _up(paths: Paths, args: argparse.Namespace) -> int:
 def _hub(paths: Paths, args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker import app
+    from worker import app, memory
+
+    memory.keep_large_buffers()
 
     paths.ensure()
     asyncio.run(app.run_hub(paths, config_of(paths, args), args.listen))
@@ -112,7 +116,9 @@ def _hub(paths: Paths, args: argparse.Namespace) -> int:
 def _run(paths: Paths, args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker import app
+    from worker import app, memory
+
+    memory.keep_large_buffers()
 
     app.prepare(paths)
     config = config_of(paths, args)
