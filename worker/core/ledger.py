@@ -29,6 +29,7 @@ from typing import Final
 from worker import db
 from worker.clock import now_ms
 from worker.db import connect, write_many
+from worker.wire.protocol import same_call
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -207,7 +208,7 @@ class State:
         if row is None:  # not claimed, and not known
             return Begin(Seen.NEW)
         digest, state, result, blob, blob_bytes = row
-        if digest != args_digest:
+        if not same_call(digest, args_digest):
             return Begin(Seen.MISMATCH)
         if state == "RUNNING":
             return Begin(Seen.RUNNING)

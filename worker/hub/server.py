@@ -49,6 +49,7 @@ from worker.wire.protocol import (
     blob_gone,
     call_digest,
     error_pb,
+    same_call,
 )
 from worker.wire.transport import MAX_MESSAGE_BYTES
 
@@ -785,7 +786,7 @@ class Hub:
         )
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
-            if existing.args_digest != digest:
+            if not same_call(existing.args_digest, digest):
                 error = WorkerError(
                     "args_mismatch",
                     f"correlation id {cid} was already used for a call with different arguments; "

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Final
+
+import blake3
 
 import worker
 from worker.errors import WorkerError
@@ -25,8 +26,11 @@ VERSION: Final = worker.__version__
 
 
 # A blob at least this large is hashed in a thread, never on the event loop
-# (sha256 runs at about 1.6 GB/s here, and releases the GIL).
+# (BLAKE3 runs at about 4 GB/s here, and releases the GIL).
 HASH_OFF_LOOP_BYTES: Final = 256 * 1024
+# What a digest starts with: its hash. A digest without it was written by a version
+# that hashed with sha256 (see `same_call`).
+DIGEST_SCHEME: Final = "blake3:"
 # A carried digest longer than this is ignored (the worker computes its own).
 MAX_DIGEST_CHARS: Final = 128
 
@@ -40,13 +44,30 @@ def call_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -
     id for a different 16 MiB write that shares its first bytes with the old write's
     result, silently. It is computed once, where the call enters (the hub's
     Dispatch), and carried in `ActionRequest.args_digest`; the worker takes it from
-    there (docs/architecture.md, "The protocol and its guarantees")."""
-    h = hashlib.sha256()
+    there (docs/architecture.md, "Blobs").
+
+    The hash is BLAKE3 (256 bits, like sha256, and 3.6x its speed here: 4 ms for a
+    16 MiB blob where sha256 took 14.6 ms)."""
+    h = blake3.blake3()
     for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
         h.update(part.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
     h.update(req.blob if blob is None else blob)
-    return h.hexdigest()
+    return DIGEST_SCHEME + h.hexdigest()
+
+
+def same_call(recorded: str, delivered: str) -> bool:
+    """Whether a delivery's digest names the call recorded under its correlation id.
+
+    A digest recorded by an earlier version (sha256, without the scheme) cannot be
+    compared with today's: such a call was in flight across the upgrade, and its
+    retry is taken as the same call. Answering it as a mismatch would make the caller
+    run it again under a new id, which is what correlation ids exist to prevent; the
+    cost is that a caller who re-used an id for a different call in that window is
+    answered with the first call's outcome. Rows age out within a day."""
+    if recorded == delivered:
+        return True
+    return not recorded.startswith(DIGEST_SCHEME) and delivered.startswith(DIGEST_SCHEME)
 
 
 def carried_digest(req: pb.ActionRequest) -> str | None:
