@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
+
+import grpc
 
 from tests.support.cluster import free_port, until_worker_connected, wait_for
 from worker import memory
@@ -79,6 +82,95 @@ mode = "{mode}"
 agent = "bench"
 scopes = [{scopes}]
 """
+
+
+# A bare two-hop relay, the shape of caller → hub → worker with nothing of ours in it:
+# `python -c RELAY serve ADDRESS` answers each unary /Relay/Call by sending the
+# request down the one bidi /Relay/Stream a `python -c RELAY work ADDRESS` process
+# holds open (as a worker dials its hub), and answering with what comes back. A
+# request is its id (8 bytes), the reply's size (4 bytes) and a payload; the relay
+# worker answers the id and that many bytes. One message each way per call: no
+# batching, no ledger, no digest, no checks.
+RELAY = """
+import asyncio, itertools, sys, grpc
+sys.path.insert(0, REPOSITORY)
+from worker import memory
+memory.keep_large_buffers()
+LIMIT = 32 * 1024 * 1024
+OPTIONS = [(f"grpc.max_{way}_message_length", LIMIT) for way in ("send", "receive")]
+async def serve(address):
+    down, waiting, ids = asyncio.Queue(), {}, itertools.count()
+    async def stream(requests, context):
+        async def read():
+            async for message in requests:
+                waiting.pop(message[:8]).set_result(message[8:])
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                yield await down.get()
+        finally:
+            reader.cancel()
+    async def call(request, context):
+        key = next(ids).to_bytes(8, "big")
+        waiting[key] = asyncio.get_running_loop().create_future()
+        down.put_nowait(key + request)
+        return await waiting[key]
+    server = grpc.aio.server(options=OPTIONS)
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(stream),
+        "Call": grpc.unary_unary_rpc_method_handler(call),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("Relay", handlers),))
+    server.add_insecure_port(address)
+    await server.start()
+    await server.wait_for_termination()
+async def work(address):
+    async with grpc.aio.insecure_channel(address, options=OPTIONS) as channel:
+        stream = channel.stream_stream("/Relay/Stream")()
+        replies = {}
+        while True:
+            message = await stream.read()
+            size = int.from_bytes(message[8:12], "big")
+            if size not in replies:
+                replies[size] = bytes(size)
+            await stream.write(message[:8] + replies[size])
+asyncio.run({"serve": serve, "work": work}[sys.argv[1]](sys.argv[2]))
+""".replace("REPOSITORY", repr(str(REPOSITORY)))
+
+
+@contextlib.contextmanager
+def relay() -> Iterator[str]:
+    """RELAY's two processes on a free port; yields the address to call."""
+    address = f"127.0.0.1:{free_port()}"
+    serving = subprocess.Popen([sys.executable, "-c", RELAY, "serve", address])
+    working = None
+    try:
+        wait_for(lambda: listening(address), 15)
+        working = subprocess.Popen([sys.executable, "-c", RELAY, "work", address])
+        yield address
+    finally:
+        for proc in (working, serving):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+
+
+def listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as sock:
+        return sock.connect_ex((host, int(port))) == 0
+
+
+def relay_call(channel: grpc.aio.Channel, payload: bytes, reply_bytes: int) -> OneCall:
+    """One call through RELAY carrying `payload` down and `reply_bytes` back."""
+    call = channel.unary_unary("/Relay/Call")
+    request = reply_bytes.to_bytes(4, "big") + payload
+
+    async def one() -> None:
+        if len(await call(request)) != reply_bytes:
+            raise RuntimeError("short relay reply")
+
+    return one
 
 
 @dataclass(frozen=True)

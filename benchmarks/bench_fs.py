@@ -5,15 +5,19 @@ Each operation is timed one call at a time, several ways, on the same bytes:
 
   fs_read 1 MiB    raw open/read/close in this process
                    raw gRPC unary echo of 1 MiB (what carrying the bytes costs)
+                   raw two-hop relay carrying 1 MiB back (_common.RELAY: the shape of
+                   caller → hub → worker with nothing of ours in it)
                    fs_read via caller → hub → worker → back (`agentworker up`)
   fs_write 16 MiB  raw open/write/close (page cache only)
                    raw write + fsync
                    raw atomic replace: temp file, write, fsync, rename, fsync folder
                    raw gRPC unary echo of 16 MiB
+                   raw two-hop relay carrying 16 MiB down
                    the same 16 MiB sent through the pipeline to a no-op action
                    fs_write (overwrite) via caller → hub → worker → back, and the
                    part of it spent inside the worker (its telemetry duration_ms)
   fs_list 10,000   raw os.scandir + lstat of each entry, in this process
+                   raw two-hop relay carrying back as many bytes as fs_list's answer
                    fs_list (limit 10,000) via caller → hub → worker → back
   head of line     a small unary echo's latency while another process streams 16 MiB
                    echoes at the same server, beside fs_stat's while another process
@@ -37,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -55,6 +60,8 @@ from benchmarks._common import (
     machine,
     make_home,
     percentile,
+    relay,
+    relay_call,
     report,
     timed,
 )
@@ -156,7 +163,12 @@ async def timed_rows(calls: list[tuple[str, OneCall]], count: int) -> list[tuple
 
 
 async def read_table(
-    client: ControlClient, channel: grpc.aio.Channel, file: Path, data: bytes, reads: int
+    client: ControlClient,
+    channel: grpc.aio.Channel,
+    relayed: grpc.aio.Channel,
+    file: Path,
+    data: bytes,
+    reads: int,
 ) -> None:
     inside: list[float] = []
     fs_read = dispatch_call(client, "workerHost.fs_read", {"path": file.name}, b"", MIB, inside)
@@ -164,17 +176,24 @@ async def read_table(
         [
             ("raw open/read/close", raw_read(file, MIB)),
             ("raw gRPC unary echo, 1 MiB", echo(channel, data)),
+            ("raw two-hop relay, 1 MiB back", relay_call(relayed, b"", MIB)),
             ("fs_read via hub → worker", fs_read),
         ],
         reads,
     )
     rows.append(("  of which inside the worker (telemetry)", inside[-reads:]))
     report(f"fs_read 1 MiB: {reads} calls, 1 in flight", rows, name_width=44, size=MIB)
-    _goal("fs_read 1 MiB / 1 MiB echo (p50)", rows[2][1], rows[1][1], "1 MiB echo", 1.5)
+    _goal("fs_read 1 MiB / 1 MiB echo (p50)", rows[3][1], rows[1][1], "1 MiB echo", 1.5)
+    beside_relay("fs_read 1 MiB", rows[3][1], rows[2][1])
 
 
 async def write_table(
-    client: ControlClient, channel: grpc.aio.Channel, raw_target: Path, data: bytes, writes: int
+    client: ControlClient,
+    channel: grpc.aio.Channel,
+    relayed: grpc.aio.Channel,
+    raw_target: Path,
+    data: bytes,
+    writes: int,
 ) -> None:
     inside: list[float] = []
     overwrite = {"path": "out.bin", "mode": "overwrite"}
@@ -184,6 +203,7 @@ async def write_table(
             ("raw write + fsync", raw_write(raw_target, data, sync=True)),
             ("raw atomic (temp, fsync, rename)", raw_atomic(raw_target, data)),
             ("raw gRPC unary echo, 16 MiB", echo(channel, data)),
+            ("raw two-hop relay, 16 MiB down", relay_call(relayed, data, 0)),
             (
                 "16 MiB blob to a no-op (workerDiag.probe)",
                 dispatch_call(client, "workerDiag.probe", {}, data, 0),
@@ -197,7 +217,14 @@ async def write_table(
     )
     rows.append(("  of which inside the worker (telemetry)", inside[-writes:]))
     report(f"fs_write 16 MiB: {writes} calls, 1 in flight", rows, name_width=44, size=16 * MIB)
-    _goal("fs_write 16 MiB / 16 MiB echo (p50)", rows[5][1], rows[3][1], "16 MiB echo", 1.5)
+    _goal("fs_write 16 MiB / 16 MiB echo (p50)", rows[6][1], rows[3][1], "16 MiB echo", 1.5)
+    beside_relay("16 MiB to a no-op", rows[5][1], rows[4][1])
+
+
+def beside_relay(what: str, samples: list[float], relayed: list[float]) -> None:
+    """Ours beside the bare relay carrying the same bytes: what is ours, apart from the hops."""
+    ratio = statistics.median(samples) / statistics.median(relayed)
+    print(f"  {what} beside the raw two-hop relay (p50): {ratio:.2f}x")
 
 
 def _goal(
@@ -225,7 +252,7 @@ def raw_list(folder: Path) -> OneCall:
     return one
 
 
-def hub_list(client: ControlClient, folder: str) -> OneCall:
+def hub_list(client: ControlClient, folder: str) -> Callable[[], Awaitable[int]]:
     request = pb.DispatchRequest(
         agent_id="bench",
         surface="workerHost",
@@ -233,27 +260,33 @@ def hub_list(client: ControlClient, folder: str) -> OneCall:
         args_json=json.dumps({"path": folder, "limit": LIST_ENTRIES}),
     )
 
-    async def one() -> None:
+    async def one() -> int:
         reply = await client.stub.Dispatch(request, metadata=client.metadata)
         if reply.result.status != pb.ActionResult.OK:
             raise RuntimeError(reply.result.error.message)
         # Counted, not parsed: decoding 10,000 entries is the caller's cost, not ours.
         if reply.result.result_json.count('"symlink_target"') != LIST_ENTRIES:
             raise RuntimeError("short listing")
+        return len(reply.result.result_json)
 
     return one
 
 
-async def list_table(client: ControlClient, folder: Path, lists: int) -> None:
+async def list_table(
+    client: ControlClient, relayed: grpc.aio.Channel, folder: Path, lists: int
+) -> None:
+    listing = hub_list(client, folder.name)
+    answer_bytes = await listing()
     rows = await timed_rows(
         [
             ("raw os.scandir + lstat", raw_list(folder)),
-            ("fs_list via hub → worker", hub_list(client, folder.name)),
+            (f"raw two-hop relay, {answer_bytes:,} B back", relay_call(relayed, b"", answer_bytes)),
+            ("fs_list via hub → worker", listing),
         ],
         lists,
     )
     report(f"fs_list of {LIST_ENTRIES:,} entries: {lists} calls, 1 in flight", rows, name_width=44)
-    _goal("fs_list 10k / scandir+lstat (p50)", rows[1][1], rows[0][1], "scandir+lstat", 1.5)
+    _goal("fs_list 10k / scandir+lstat (p50)", rows[2][1], rows[0][1], "scandir+lstat", 1.5)
 
 
 async def _under_load(argv: list[str], one: OneCall, count: int) -> list[float]:
@@ -318,15 +351,18 @@ async def bench(reads: int, writes: int, lists: int, stats: int, home_dir: Path)
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
     try:
-        with agentworker(["up"], home):
+        with agentworker(["up"], home), relay() as relay_addr:
             async with (
                 connected(home) as client,
                 grpc.aio.insecure_channel(echo_addr, options=limits) as channel,
+                grpc.aio.insecure_channel(relay_addr, options=limits) as relayed,
             ):
                 await channel.channel_ready()
-                await read_table(client, channel, home.workspace / "one-mib.bin", one_mib, reads)
-                await write_table(client, channel, home_dir / "raw-target.bin", sixteen, writes)
-                await list_table(client, listed, lists)
+                one_mib_file = home.workspace / "one-mib.bin"
+                await read_table(client, channel, relayed, one_mib_file, one_mib, reads)
+                raw_target = home_dir / "raw-target.bin"
+                await write_table(client, channel, relayed, raw_target, sixteen, writes)
+                await list_table(client, relayed, listed, lists)
                 await head_of_line_table(client, channel, echo_addr, home, stats)
     finally:
         echo_server.terminate()

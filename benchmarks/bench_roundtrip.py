@@ -10,7 +10,9 @@ Everything runs on loopback and is measured in the same run:
 - the same through the hub's ControlService (`agentworker call` does this): a unary
   RPC from this process into `agentworker up` (hub + worker in one process) or into
   `agentworker hub` + `agentworker run`. That is a second RPC hop per call, so set
-  these rows beside the unary echo too.
+  these rows beside the unary echo too, and beside a raw two-hop relay (a unary call
+  into one process, sent down a bidi stream to another and answered back: the
+  shape of caller → hub → worker with nothing of ours in it; see _common.RELAY).
 
 Printed: p50/p99 latency and calls/s with 1 and with 64 calls in flight, and each
 figure's ratio to the raw bidi echo. The bidi echo and the hub → worker → hub row
@@ -26,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,8 +48,11 @@ from benchmarks._common import (
     connected,
     exited,
     goal,
+    listening,
     make_home,
     percentile,
+    relay,
+    relay_call,
 )
 from tests.support.cluster import free_port, wait_for
 from worker import app
@@ -110,6 +114,13 @@ async def echo_bench(address: str, calls: int, in_flight: int) -> tuple[list[flo
         return result
 
 
+async def relay_bench(address: str, calls: int, in_flight: int) -> tuple[list[float], float]:
+    """The bare two-hop relay, a small request down and a small reply (fs_stat's size) back."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        one = relay_call(channel, b'{"path": "bench.txt"}' + b"x" * 200, FS_STAT_REPLY_BYTES)
+        return await measure(one, calls, in_flight)
+
+
 async def unary_bench(address: str, calls: int, in_flight: int) -> tuple[list[float], float]:
     """A bare unary call: what any request/response over gRPC costs, for context."""
     async with grpc.aio.insecure_channel(address) as channel:
@@ -125,6 +136,7 @@ async def unary_bench(address: str, calls: int, in_flight: int) -> tuple[list[fl
 FS_STAT = pb.DispatchRequest(
     agent_id="bench", surface="workerHost", action="fs_stat", args_json='{"path": "bench.txt"}'
 )
+FS_STAT_REPLY_BYTES = 400  # about what fs_stat's result takes on the wire
 
 
 async def control_bench(
@@ -176,12 +188,19 @@ async def alternating(
     return pooled(raw), pooled(ours)
 
 
-def report(label: str, raw: Measured, unary: Measured, ours: dict[str, Measured]) -> None:
+def report(
+    label: str, raw: Measured, unary: Measured, relayed: Measured, ours: dict[str, Measured]
+) -> None:
     """Each row beside the raw bidi echo baseline, with the ratio."""
     raw_p50, raw_p99, raw_rate = statistics.median(raw[0]), percentile(raw[0], 0.99), raw[1]
     print(f"\n{label}")
     print(f"  {'':28}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>9}   ratio p50 / p99 / rate")
-    rows = {"raw gRPC bidi echo": raw, "raw gRPC unary echo": unary, **ours}
+    rows = {
+        "raw gRPC bidi echo": raw,
+        "raw gRPC unary echo": unary,
+        "raw two-hop relay": relayed,
+        **ours,
+    }
     for name, (lat, rate) in rows.items():
         p50, p99 = statistics.median(lat), percentile(lat, 0.99)
         ratios = f"{p50 / raw_p50:6.2f} {p99 / raw_p99:6.2f} {rate / raw_rate:6.2f}"
@@ -190,6 +209,17 @@ def report(label: str, raw: Measured, unary: Measured, ours: dict[str, Measured]
 
 DISPATCH_RATE_GOAL = 3000.0  # calls/s at 64 in flight
 DISPATCH_P50_GOAL = 3.0  # x the raw unary echo's p50, 1 in flight
+
+
+def beside_relay(relayed: Measured, ours: dict[str, Measured]) -> None:
+    """Each Dispatch topology beside the bare relay: what is ours, apart from the two hops."""
+    relay_p50, relay_rate = statistics.median(relayed[0]), relayed[1]
+    for name in TOPOLOGIES:
+        lat, rate = ours[name]
+        print(
+            f"  {name} beside the raw two-hop relay: p50 {statistics.median(lat) / relay_p50:.2f}x,"
+            f" calls/s {rate / relay_rate:.2f}x"
+        )
 
 
 def dispatch_goals(in_flight: int, unary: Measured, ours: dict[str, Measured]) -> None:
@@ -275,25 +305,22 @@ async def run(calls: int, home: Path) -> None:
     echo_addr = f"127.0.0.1:{free_port()}"
     echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_addr])
     try:
-        wait_for(lambda: _listening(echo_addr), 15)
+        wait_for(lambda: listening(echo_addr), 15)
         for in_flight in (1, 64):
             raw, stream = await alternating(echo_addr, home / f"{in_flight}-hub", calls, in_flight)
             unary = await unary_bench(echo_addr, calls, in_flight)
+            with relay() as relay_addr:
+                relayed = await relay_bench(relay_addr, calls, in_flight)
             ours = {"fs_stat hub → worker → hub": stream}
             for i, (name, commands) in enumerate(TOPOLOGIES.items()):
                 async with topology(home / f"{in_flight}-{i}", commands) as client:
                     ours[name] = await control_bench(client, calls, in_flight)
-            report(f"{calls} calls, {in_flight} in flight", raw, unary, ours)
+            report(f"{calls} calls, {in_flight} in flight", raw, unary, relayed, ours)
             dispatch_goals(in_flight, unary, ours)
+            beside_relay(relayed, ours)
     finally:
         echo.terminate()
         echo.wait(10)
-
-
-def _listening(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    with socket.socket() as sock:
-        return sock.connect_ex((host, int(port))) == 0
 
 
 def main() -> None:

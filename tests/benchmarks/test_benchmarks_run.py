@@ -55,12 +55,14 @@ def test_roundtrip_benchmark_prints_every_row_with_its_ratio(goals_file: Path) -
     for row in (
         "raw gRPC bidi echo",
         "raw gRPC unary echo",
+        "raw two-hop relay",
         "fs_stat hub → worker → hub",
         "via Dispatch, `up`",
         "via Dispatch, hub + run",
     ):
         assert out.count(row) == 2, f"{row!r} missing for 1 or 64 in flight:\n{out}"
     assert "1 in flight" in out and "64 in flight" in out
+    assert out.count("beside the raw two-hop relay") == 4, out
     rows = _recorded(goals_file, "bench_roundtrip", 4)
     assert {row.unit for row in rows} == {" ms", " calls/s"}
 
@@ -92,6 +94,10 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
         "fs_read",
         "raw os.scandir + lstat",
         "fs_list via hub → worker",
+        "raw two-hop relay, 1 MiB back",
+        "raw two-hop relay, 16 MiB down",
+        "fs_read 1 MiB beside the raw two-hop relay",
+        "16 MiB to a no-op beside the raw two-hop relay",
         "raw small echo, 16 MiB echoes streaming",
         "fs_stat, 16 MiB fs_writes streaming",
     ):
