@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -110,6 +111,13 @@ class Session:
             self.closed = True
             self.outbox.put_nowait(None)
             self.release()
+
+
+_NOT_RECORDED: Final = WorkerError(
+    "internal_error",
+    "the hub could not record the call in its database (its log says why); nothing was "
+    "sent to the worker: retry the call",
+)
 
 
 def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
@@ -415,6 +423,19 @@ class Hub:
         # should this hub die. Its blob is stored only if no caller took it.
         self._unstored.append((session, answer, delivered))
         self._store_soon()
+
+    def _written_down(self, correlation_id: str) -> bool:
+        """Commit a call whose id the caller chose before the worker gets it. The caller
+        may retry that id after a hub restart, and the restarted hub must know the call
+        to keep its result for the retry: the worker re-sends it, and a result for an
+        unknown call is acked and let go. (A call the hub named itself is written with
+        the next group commit: no caller knows its id before the answer.)"""
+        try:
+            self.store.flush()
+        except sqlite3.Error:
+            log.exception("could not record call %s; it was not sent", correlation_id)
+            return False
+        return True
 
     def _answer(self, correlation_id: str, answer: Answer) -> bool:
         """Wake every caller waiting for the call; True if one was."""
@@ -818,6 +839,9 @@ class Hub:
         # and the caller (a shield costs a loop turn).
         waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(cid, []).append(waiter)
+        if is_new and req.correlation_id and not self._written_down(cid):
+            self._waiters.pop(cid, None)
+            return worker_id, Answer(error_result(cid, _NOT_RECORDED))
         session = self.sessions.get(worker_id)
         if session is not None:
             session.send(outgoing)
