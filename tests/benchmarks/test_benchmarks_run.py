@@ -60,7 +60,8 @@ def test_roundtrip_benchmark_prints_every_row_with_its_ratio(goals_file: Path) -
         "via Dispatch, `up`",
         "via Dispatch, hub + run",
     ):
-        assert out.count(row) == 2, f"{row!r} missing for 1 or 64 in flight:\n{out}"
+        # A row's name is padded to its column ("beside the relay" lines name it too).
+        assert out.count(f"{row}  ") == 2, f"{row!r} missing for 1 or 64 in flight:\n{out}"
     assert "1 in flight" in out and "64 in flight" in out
     assert out.count("beside the raw two-hop relay") == 4, out
     rows = _recorded(goals_file, "bench_roundtrip", 4)
