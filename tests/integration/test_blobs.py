@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from tests.support.cluster import Cluster, call_in_background, cluster, wait_for
+from tests.support.cluster import Cluster, call_in_background, cluster, release, wait_for
 from worker.hub.client import result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -123,9 +123,8 @@ def test_a_result_no_caller_was_waiting_for_keeps_its_blob_until_one_takes_it(
 ) -> None:
     with cluster(tmp_path / "home") as live:
         data = os.urandom(100_000)
-        # The hub is killed while the probe runs: 4 s leaves room for a loaded machine
-        # (another test's fork bomb beside this one) between RUNNING and the kill.
-        args = json.dumps({"sleep_ms": 4000, "blob_repeat": 1})
+        # The probe holds until released: the hub is killed while it runs.
+        args = json.dumps({"hold": "uk-1", "blob_repeat": 1})
         pending = call_in_background(
             live, "workerDiag.probe", args, correlation_id="uk-1", blob=data, timeout_ms=20_000
         )
@@ -135,6 +134,7 @@ def test_a_result_no_caller_was_waiting_for_keeps_its_blob_until_one_takes_it(
         assert pending.get("rpc_error") is grpc.StatusCode.UNAVAILABLE
         # It finishes while the hub is away; the restarted hub gets it re-sent, with no
         # caller waiting, and keeps it (blob and all) until the caller asks again.
+        release(live.home, "uk-1")
         wait_for(lambda: worker_state(live, "uk-1") == ("DONE", 0), 10)
         live.start_hub()
         wait_for(lambda: worker_state(live, "uk-1") == ("DONE", 1), 15)

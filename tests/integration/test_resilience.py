@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.support.cluster import Cluster, call_in_background, cluster, wait_for
+from tests.support.cluster import Cluster, call_in_background, cluster, release, wait_for
 from tests.support.tcp_proxy import FreezableProxy
 from worker.hub.client import result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
@@ -40,13 +40,14 @@ def started(live: Cluster, cid: str) -> bool:
 
 
 def test_hub_killed_mid_call_does_not_run_the_call_twice(live: Cluster) -> None:
-    args = '{"sleep_ms": 1500, "mark": "hubkill"}'
+    args = '{"hold": "hk-1", "mark": "hubkill"}'
     pending = call_in_background(live, "workerDiag.probe", args, correlation_id="hk-1")
     wait_for(lambda: started(live, "hk-1"), 10)
     hub = next(p for p in live.procs if p.name == "hub")
     hub.kill()
     pending["thread"].join(10)
     assert pending.get("rpc_error") is grpc.StatusCode.UNAVAILABLE
+    release(live.home, "hk-1")
     live.start_hub()
     wait_for(lambda: live.status().connected_workers == 1, 15)
     # The caller retries with the same id: the hub re-sends, the worker answers from its ledger.
@@ -60,7 +61,7 @@ def test_hub_killed_mid_call_does_not_run_the_call_twice(live: Cluster) -> None:
 
 
 def test_worker_killed_mid_call_reports_outcome_unknown_and_never_reruns(live: Cluster) -> None:
-    args = '{"sleep_ms": 5000, "mark": "workerkill"}'
+    args = '{"hold": "wk-1", "mark": "workerkill"}'  # never released
     pending = call_in_background(
         live, "workerDiag.probe", args, correlation_id="wk-1", timeout_ms=20000
     )
@@ -80,7 +81,7 @@ def test_worker_killed_mid_call_reports_outcome_unknown_and_never_reruns(live: C
 def test_callers_sharing_an_id_each_get_the_one_result_though_one_gives_up(
     live: Cluster,
 ) -> None:
-    args = '{"sleep_ms": 800, "mark": "shared"}'
+    args = '{"hold": "shared-1", "mark": "shared"}'
     request = pb.DispatchRequest(
         agent_id="tester",
         surface="workerDiag",
@@ -91,9 +92,10 @@ def test_callers_sharing_an_id_each_get_the_one_result_though_one_gives_up(
 
     async def three(client):  # type: ignore[no-untyped-def]
         calls = [client.stub.Dispatch(request, metadata=client.metadata) for _ in range(3)]
-        # The probe makes its mark first, then sleeps: once marked, the call runs.
+        # The probe makes its mark first, then holds: once marked, the call runs.
         await asyncio.to_thread(wait_for, lambda: marks(live, "shared") == 1, 10)
         calls[0].cancel()  # one caller gives up while the call runs
+        release(live.home, "shared-1")
         return await asyncio.gather(calls[1], calls[2])
 
     second, third = (result_to_dict(r) for r in live.run(three))
@@ -206,11 +208,13 @@ def test_plaintext_to_a_non_loopback_address_is_refused(tmp_path: Path) -> None:
 
 def test_sigterm_drains_running_calls_then_says_goodbye(live: Cluster) -> None:
     pending = call_in_background(
-        live, "workerDiag.probe", '{"sleep_ms": 1500}', correlation_id="dr-1"
+        live, "workerDiag.probe", '{"hold": "dr-1"}', correlation_id="dr-1"
     )
     wait_for(lambda: started(live, "dr-1"), 10)
     worker = next(p for p in live.procs if p.name == "worker")
     worker.signal(signal.SIGTERM)
+    wait_for(lambda: "draining" in worker.log(), 10, worker)
+    release(live.home, "dr-1")  # the running call finishes within the drain's grace
     pending["thread"].join(15)
     assert pending["out"]["status"] == "ok", pending
     assert worker.wait(15) == 0
@@ -248,7 +252,7 @@ def test_status_and_workers_speak_json(live: Cluster, flag: str) -> None:
 def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> None:
     """`agentworker kill` records the kill in the worker's own ledger: with no hub to
     pass it on, the running call still stops and the plan's next calls are refused."""
-    args = '{"sleep_ms": 20000, "mark": "localkill"}'
+    args = '{"hold": "lk-1", "mark": "localkill"}'  # never released
     pending = call_in_background(
         live, "workerDiag.probe", args, correlation_id="lk-1", plan_id="p-local"
     )
@@ -274,7 +278,7 @@ def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> No
     out = live.call("workerDiag.probe", args, correlation_id="lk-1", plan_id="p-local")
     assert out["error"]["code"] == "plan_killed", out
     assert "stop that" in out["error"]["message"]
-    assert time.monotonic() - begun < 15, "stopped by the kill, not by the end of its sleep"
+    assert time.monotonic() - begun < 15, "stopped by the kill, not by its deadline"
     fresh = live.call("workerHost.fs_stat", '{"path": "."}', plan_id="p-local")
     assert fresh["error"]["code"] == "plan_killed"
 

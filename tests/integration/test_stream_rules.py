@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import write_config
+from tests.support.cluster import release, write_config
 from tests.support.scripted_hub import TOKEN, ScriptedHub
 from worker import app
 from worker.config import Paths, load
@@ -66,13 +66,15 @@ def error_code(result: pb.ActionResult) -> str:
 
 def test_duplicate_while_running_then_after_done(tmp_path: Path) -> None:
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
-        hub.request("d1", '{"sleep_ms": 300, "mark": "dup"}')
+        args = '{"hold": "d1", "mark": "dup"}'
+        hub.request("d1", args)
         assert (await hub.next("ack")).kind == pb.ActionAck.STARTED
-        hub.request("d1", '{"sleep_ms": 300, "mark": "dup"}')
+        hub.request("d1", args)
         assert (await hub.next("ack")).kind == pb.ActionAck.DUPLICATE_RUNNING
+        release(tmp_path, "d1")
         first = await hub.next("result")
         assert error_code(first) == "ok" and not first.replayed
-        hub.request("d1", '{"sleep_ms": 300, "mark": "dup"}')
+        hub.request("d1", args)
         assert (await hub.next("ack")).kind == pb.ActionAck.DUPLICATE_DONE
         again = await hub.next("result")
         assert again.replayed and again.result_json == first.result_json
@@ -193,7 +195,7 @@ def test_a_server_that_goes_quiet_is_redialled(tmp_path: Path) -> None:
 def test_a_flood_past_the_accept_limit_answers_busy_and_runs_nothing(tmp_path: Path) -> None:
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
         for i in range(4):
-            hub.request(f"f{i}", '{"sleep_ms": 2000, "mark": "flood"}')
+            hub.request(f"f{i}", '{"hold": "flood", "mark": "flood"}')  # never released
         refused = await hub.next("result", timeout=5)
         assert refused.correlation_id == "f3"
         assert error_code(refused) == "busy" and refused.error.retryable

@@ -262,3 +262,10 @@ def call_in_background(live: Cluster, action: str, args: str, **fields: Any) -> 
     box["thread"] = threading.Thread(target=go, daemon=True)
     box["thread"].start()
     return box
+
+
+def release(data_dir: Path, hold: str) -> None:
+    """Let a `workerDiag.probe` held with `{"hold": hold}` finish."""
+    folder = data_dir / "diag"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{hold}.release").touch()

@@ -1,9 +1,10 @@
 """workerDiag.probe: a diagnostic action for tests, benchmarks and health checks.
 
 It only exists when `[worker] diagnostics = true`. It can sleep (to exercise
-deadlines, cancellation and concurrency), leave a countable side effect (to prove
-a call ran exactly once), and echo its request blob many times (to produce an
-oversized result on purpose).
+deadlines, cancellation and concurrency), hold until its caller lets it go (a
+window a test opens and closes on an event, not on the clock), leave a countable
+side effect (to prove a call ran exactly once), and echo its request blob many
+times (to produce an oversized result on purpose).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import time
+from pathlib import Path
 from typing import Annotated, Final
 
 from pydantic import Field, StringConstraints
@@ -20,10 +22,17 @@ from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
 
 MarkName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
+# How often a held call looks for its release file: a stat on the loop, cheap.
+HOLD_POLL_S: Final = 0.01
+
 
 class ProbeArgs(Args):
     sleep_ms: int = Field(default=0, ge=0, le=600_000)
     mark: MarkName | None = None
+    # Hold the call (after its mark, before any sleep) until the file
+    # `diag/<hold>.release` exists in the data folder: a test makes it when it wants
+    # the call to finish. A cancel, kill or deadline stops the wait as any other.
+    hold: MarkName | None = None
     blob_repeat: int = Field(default=0, ge=0, le=64)
     # Sleep this long ignoring cancellation, as a misbehaving handler would (tests
     # that a drain still ends within its bound).
@@ -43,6 +52,8 @@ async def probe(ctx: Context, args: ProbeArgs) -> Outcome[ProbeResult]:
     marks = 0
     if args.mark is not None:
         marks = await asyncio.to_thread(_make_mark, ctx, args.mark)
+    if args.hold is not None:
+        await _held_until(ctx.data_dir / "diag" / f"{args.hold}.release")
     if args.sleep_ms:
         await asyncio.sleep(args.sleep_ms / 1000)
     if args.stubborn_ms:
@@ -64,6 +75,13 @@ def _make_mark(ctx: Context, mark: str) -> int:
         os.close(fd)
 
 
+async def _held_until(release: Path) -> None:
+    # Another process makes the file and no portable event says so (ASYNC110): look
+    # for it every 10 ms, one stat of the diagnostics folder each (ASYNC240).
+    while not release.exists():  # noqa: ASYNC110, ASYNC240
+        await asyncio.sleep(HOLD_POLL_S)
+
+
 async def _sleep_through_cancels(seconds: float) -> None:
     loop = asyncio.get_running_loop()
     until = loop.time() + seconds
@@ -78,7 +96,7 @@ SPEC: Final = ActionSpec(
     args=ProbeArgs,
     result=ProbeResult,
     handler=probe,
-    summary="sleep, mark a side effect, echo the blob (tests and benchmarks)",
+    summary="sleep, hold until released, mark a side effect, echo the blob (tests and benchmarks)",
     takes_blob=True,
     diagnostic=True,
 )

@@ -1,0 +1,41 @@
+"""workerDiag.probe's hold: a window a test opens and closes on an event. The name
+is a plain name, so a held call only ever looks in the diagnostics folder."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from tests.support.cluster import release
+from worker.actions.host.diag import ProbeArgs, probe
+from worker.config import Paths
+from worker.core.registry import Context
+
+
+def test_a_held_probe_finishes_when_released(tmp_path: Path) -> None:
+    ctx = Context(
+        correlation_id="c",
+        plan_id="p",
+        agent_id="a",
+        blob=b"echo",
+        roots=(),
+        paths=Paths(config_dir=tmp_path, data_dir=tmp_path),
+    )
+
+    async def go() -> bytes:
+        held = asyncio.create_task(probe(ctx, ProbeArgs(hold="h-1", blob_repeat=2)))
+        done, _ = await asyncio.wait({held}, timeout=0.1)
+        assert not done, "held until released"
+        release(tmp_path, "h-1")
+        return (await asyncio.wait_for(held, 10)).blob
+
+    assert asyncio.run(go()) == b"echoecho"
+
+
+@pytest.mark.parametrize("name", ["../state", "a/b", "", ".release", "x" * 65])
+def test_a_hold_names_no_path(name: str) -> None:
+    with pytest.raises(ValidationError):
+        ProbeArgs(hold=name)
