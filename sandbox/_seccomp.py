@@ -22,6 +22,7 @@ worker then says, once, that exec runs without the filter.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import struct
 from collections.abc import Mapping
@@ -154,6 +155,8 @@ def _ret(value: int) -> bytes:
     return _insn(_RET_K, value)
 
 
+@functools.cache
 def filter_for_machine() -> bytes | None:
-    """This machine's filter, or None when its architecture has no table here."""
+    """This machine's filter, or None when its architecture has no table here (built
+    once: every exec installs the same bytes)."""
     return build(os.uname().machine)

@@ -43,7 +43,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -104,8 +104,7 @@ class _Child:
         self.truncated = False
         self.open_pipes: set[int] = set()
         self.stdin: int | None = None  # while stdin is still being fed
-        self.pipes_closed = asyncio.Event()
-        self.exited = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # see `until`
         self.pidfd = os.pidfd_open(popen.pid)
         self.loop.add_reader(self.pidfd, self._reap)
         for fd in (out, err):
@@ -116,6 +115,42 @@ class _Child:
     @property
     def returncode(self) -> int | None:
         return self.popen.returncode
+
+    def exited(self) -> bool:
+        return self.popen.returncode is not None
+
+    def pipes_closed(self) -> bool:
+        return not self.open_pipes
+
+    async def until(self, ready: Callable[[], bool], within_s: float) -> bool:
+        """Wait until `ready()` holds (True) or `within_s` has passed (False). It is
+        checked again whenever the child exits or a pipe closes: one future woken by
+        the readers, no task or Event per wait, so each event costs one loop turn."""
+        if ready():
+            return True
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            self._changed()
+
+        timer = self.loop.call_later(max(0.0, within_s), expire)
+        try:
+            while not ready():
+                if expired:
+                    return False
+                self._waiter = self.loop.create_future()
+                await self._waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return True
+
+    def _changed(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def signal(self, number: int) -> None:
         if self.pidfd >= 0 and self.popen.returncode is None:
@@ -155,7 +190,7 @@ class _Child:
             os.close(fd)
             self.open_pipes.discard(fd)
             if not self.open_pipes:
-                self.pipes_closed.set()
+                self._changed()
             return
         take = min(len(data), self.budget)
         if take:
@@ -169,7 +204,7 @@ class _Child:
             self.loop.remove_reader(self.pidfd)
             os.close(self.pidfd)
             self.pidfd = -1
-            self.exited.set()
+            self._changed()
 
     def close(self) -> None:
         """Stop watching; close what is still open (after the child was killed)."""
@@ -274,6 +309,7 @@ async def run(
             )
         finally:
             sandbox.kill()
+            sandbox.stop_watching()
             child.close()
             if capped and entry:
                 pid_cap.check_machine()
@@ -315,6 +351,8 @@ class _Sandbox:
         self.init_pid: int | None = None
         self.pidfd: int | None = None  # the sandbox's first process (its pid 1)
         self.killed = False
+        self._watching = False  # its report's pipe is watched on the loop
+        os.set_blocking(info_r, False)
 
     async def drive(
         self,
@@ -325,30 +363,36 @@ class _Sandbox:
         cgroup: PlanGroup | None,
     ) -> Completed:
         try:
-            init_pid = await self._child_pid()
-            if init_pid is None:
-                await self._wait_exit(EXIT_GRACE_S)
-                raise SandboxUnavailableError(self._bwrap_complaint())
-            if self.pidfd is not None and cgroup is not None:
-                # Held at its start line: it and all it will start join the plan's cgroup.
-                # In a thread: a move can wait for the kernel's cgroup locks.
-                await asyncio.to_thread(cgroup.join, init_pid)
-            if self.pidfd is not None and cap_from_outside is not None:
-                await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
+            if cgroup is not None or cap_from_outside is not None:
+                # Held at its start line (--block-fd) until pid 1 is in place. Elsewhere
+                # nothing needs pid 1 unless the sandbox is killed: `kill` then reads
+                # bubblewrap's report while bubblewrap is stopped, and the exit is the
+                # one event waited for.
+                init_pid = await self._child_pid()
+                if init_pid is None:
+                    await self.child.until(self.child.exited, EXIT_GRACE_S)
+                    raise SandboxUnavailableError(self._bwrap_complaint())
+                if self.pidfd is not None and cgroup is not None:
+                    # It and all it will start join the plan's cgroup. In a thread: a move
+                    # can wait for the kernel's cgroup locks.
+                    await asyncio.to_thread(cgroup.join, init_pid)
+                if self.pidfd is not None and cap_from_outside is not None:
+                    await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
             if self.block_w is not None:
                 with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
                     os.write(self.block_w, b"go")
             remaining = limits.timeout_s - (time.monotonic() - started)
-            timed_out = not await self._wait_exit(max(0.0, remaining))
+            timed_out = not await self.child.until(self.child.exited, remaining)
             if timed_out:
                 self.kill()
-                await self._wait_exit(EXIT_GRACE_S)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.child.pipes_closed.wait(), limits.drain_s)
+                await self.child.until(self.child.exited, EXIT_GRACE_S)
+            await self.child.until(self.child.pipes_closed, limits.drain_s)
+            if not timed_out and self._take_info(running=False) and self.init_pid is None:
+                raise SandboxUnavailableError(self._bwrap_complaint())  # it never started
         except BaseException:
             self.kill()
-            with contextlib.suppress(TimeoutError):  # reap it before the caller moves on
-                await asyncio.wait_for(self.child.exited.wait(), EXIT_GRACE_S)
+            # Reap it before the caller moves on.
+            await self.child.until(self.child.exited, EXIT_GRACE_S)
             raise
         return self._completed(timed_out, time.monotonic() - started)
 
@@ -360,9 +404,11 @@ class _Sandbox:
             self.lifeline_w = None
         if self.pidfd is None and self.child.returncode is None:
             self.child.signal(signal.SIGSTOP)  # no further step until it is killed
-            self._wait_stopped()
-            self._take_info()
-            if self.pidfd is None:
+            stopped = self._wait_stopped()
+            # Exited instead: pid 1 is gone (bubblewrap outlives it) and its pid may name
+            # another process by now, so no pidfd is opened for it.
+            self._take_info(running=stopped)
+            if self.pidfd is None and stopped:
                 for pid in _children(self.child.popen.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)  # stopped parent: the pid cannot be reused
@@ -376,29 +422,44 @@ class _Sandbox:
             os.close(self.block_w)
             self.block_w = None
 
-    def _wait_stopped(self) -> None:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitid(os.P_PID, self.child.popen.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    def _wait_stopped(self) -> bool:
+        """Wait for bubblewrap to stop (True) or find it exited (False)."""
+        try:
+            said = os.waitid(os.P_PID, self.child.popen.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            return False
+        return said is not None and said.si_code == os.CLD_STOPPED
 
     async def _child_pid(self) -> int | None:
         """The sandbox's first pid, from bubblewrap's --info-fd (None if it never started)."""
+        done = self._watch_info()
+        await done
+        return self.init_pid
+
+    def _watch_info(self) -> asyncio.Future[None]:
+        """Read bubblewrap's report as it comes; the future is done once it is all in."""
         loop = asyncio.get_running_loop()
-        os.set_blocking(self.info_r, False)
         done: asyncio.Future[None] = loop.create_future()
 
         def readable() -> None:
-            if self._take_info() and not done.done():
-                done.set_result(None)
+            if self._take_info():
+                self.stop_watching()
+                if not done.done():
+                    done.set_result(None)
 
+        self._watching = True
         loop.add_reader(self.info_r, readable)
-        try:
-            await done
-        finally:
-            loop.remove_reader(self.info_r)
-        return self.init_pid
+        return done
 
-    def _take_info(self) -> bool:
-        """Read what bubblewrap reported; True once it is all there (or never will be)."""
+    def stop_watching(self) -> None:
+        if self._watching:
+            self._watching = False
+            asyncio.get_running_loop().remove_reader(self.info_r)
+
+    def _take_info(self, *, running: bool = True) -> bool:
+        """Read what bubblewrap reported; True once it is all there (or never will be).
+        With `running` False (bubblewrap has exited) no pidfd is opened: pid 1 is gone,
+        and its pid may already name another process."""
         while not self.info_done:
             try:
                 data = os.read(self.info_r, 65536)
@@ -409,16 +470,9 @@ class _Sandbox:
                 continue
             self.info_done = True
             self.init_pid = _pid_in(bytes(self.info))
-            if self.init_pid is not None and self.pidfd is None and not self.killed:
+            if running and self.init_pid is not None and self.pidfd is None and not self.killed:
                 with contextlib.suppress(ProcessLookupError):
                     self.pidfd = os.pidfd_open(self.init_pid)
-        return True
-
-    async def _wait_exit(self, within_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self.child.exited.wait(), within_s)
-        except TimeoutError:
-            return False
         return True
 
     def _completed(self, timed_out: bool, duration: float) -> Completed:
