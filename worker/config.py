@@ -37,6 +37,7 @@ STATE_DB = "state.db"  # the worker's ledger and telemetry, in the data folder
 HUB_DB = "hub.db"  # the reference hub's store, in the data folder
 DATABASES = (STATE_DB, HUB_DB)
 DB_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one database
+LEDGER_BLOBS_SUFFIX = "-blobs"  # the ledger's folder of large unacked result blobs
 USER_POLICY = "allowlist.toml"  # the person's exec allowlist, beside config.toml
 
 
@@ -344,6 +345,7 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
         paths.data_dir / "worker_id",
         paths.data_dir / "ui.sock",  # the person's console: approvals are answered there
         *(paths.data_dir / f"{db}{suffix}" for db in DATABASES for suffix in DB_FILE_SUFFIXES),
+        paths.data_dir / f"{STATE_DB}{LEDGER_BLOBS_SUFFIX}",  # unacked result blobs
     ]
     if config.exec.policy is not None:
         files.append(Path(config.exec.policy))

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
+from worker.core.ledger import FILE_BLOB_BYTES
 from worker.core.pipeline import Dispatcher, Outgoing
 from worker.core.registry import Context, Effect
 from worker.wire.framing import worker_message_of
@@ -417,6 +419,62 @@ def test_an_effectful_result_blob_is_kept_until_acked_then_let_go(tmp_path: Path
     first, stored, gone = _results(emitted)
     assert first.blob == stored.blob == b"xyzxyz" and stored.replayed
     assert gone.error.code == "blob_gone" and gone.replayed
+    dispatcher.close()
+
+
+def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Path) -> None:
+    """Over FILE_BLOB_BYTES the blob goes to a file written before its row commits (one
+    write, not a log frame per page), is sent again from it while unacked, and goes
+    with the ack; a file no unacked row names is swept at the next start, and one a
+    power cut left short is answered blob_gone, never sent cut."""
+    dispatcher = _dispatcher(tmp_path, WorkerSection(diagnostics=True))
+    half = os.urandom(FILE_BLOB_BYTES // 2 + 1)
+    emitted: list[pb.WorkerMessage] = []
+
+    def echo(cid: str) -> pb.ActionRequest:
+        return pb.ActionRequest(
+            correlation_id=cid,
+            agent_id="t",
+            surface="workerDiag",
+            action="probe",
+            args_json='{"blob_repeat": 2}',
+            blob=half,
+        )
+
+    async def run() -> None:
+        answered = asyncio.Event()
+
+        def emit(out: Outgoing) -> None:
+            emitted.append(_decoded(out))
+            if emitted[-1].WhichOneof("kind") == "result":
+                answered.set()
+
+        dispatcher.outbox.attach(emit)
+        for cid in ("big-1", "big-2"):
+            answered.clear()
+            dispatcher.submit(echo(cid))
+            await answered.wait()
+
+    asyncio.run(run())
+    state = dispatcher.state
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        rows = db.execute("SELECT result_blob, blob_bytes, blob_file FROM calls").fetchall()
+    assert rows == [(None, 2 * len(half), 1)] * 2  # the rows name the files: no bytes
+    assert state.blob_path("big-1").read_bytes() == half * 2
+    dispatcher.submit(echo("big-1"))  # unacked: answered from its file
+    state.blob_path("big-2").write_bytes(half)  # what a power cut may leave
+    dispatcher.results.resend_unacked()  # after a reconnect
+    dispatcher.ack(["big-1"])
+    assert not state.blob_path("big-1").exists()
+    dispatcher.submit(echo("big-1"))
+    orphan = state.blob_path("never-committed")
+    orphan.write_bytes(b"x")
+    assert state.sweep_blob_files() == 1 and not orphan.exists()
+    assert state.blob_path("big-2").exists()  # still unacked: kept
+    first, _second, from_file, resent, gone_short, gone_acked = _results(emitted)
+    assert first.blob == from_file.blob == resent.blob == half * 2 and from_file.replayed
+    assert resent.correlation_id == "big-1" and gone_short.correlation_id == "big-2"
+    assert gone_short.error.code == gone_acked.error.code == "blob_gone"
     dispatcher.close()
 
 

@@ -108,6 +108,6 @@ def test_held_results_are_written_when_the_ledger_closes(tmp_path: Path) -> None
     state.hold("h1", "d", "p", b"result", b"blob")
     state.close()
     reopened = State(tmp_path / "s.db")
-    assert reopened.unacked_results() == [Unacked("h1", b"result", b"blob")]
+    assert reopened.unacked_results() == [Unacked("h1", b"result", b"blob", 4)]
     assert reopened.begin("h1", "d", "p", claim=False).seen is Seen.DONE
     reopened.close()

@@ -636,6 +636,7 @@ class Dispatcher:
         """After a crash: calls left RUNNING may or may not have happened. Never re-run them.
         Results recorded whose telemetry rows were not yet written get them now."""
         self._restore_telemetry()
+        self.state.sweep_blob_files()
         lost = self.state.running_ids()
         for cid in lost:
             req = pb.ActionRequest(correlation_id=cid)

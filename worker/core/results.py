@@ -24,6 +24,7 @@ from worker.core.ledger import State
 from worker.core.telemetry import Telemetry
 from worker.wire.framing import result_part
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import blob_gone
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,12 @@ class Results:
     def resend_unacked(self) -> None:
         """After a handshake: every result the server has not acked goes out again."""
         for unacked in self.state.unacked_results():
-            self.outbox(result_part(unacked.result, unacked.blob))
+            blob = unacked.blob
+            if blob is None:  # its file was lost (a power cut): the outcome, not cut bytes
+                gone = blob_gone(pb.ActionResult.FromString(unacked.result), unacked.blob_bytes)
+                self.outbox(pb.WorkerMessage(result=gone))
+                continue
+            self.outbox(result_part(unacked.result, blob))
 
     # ------------------------------------------------------------- other messages
 
