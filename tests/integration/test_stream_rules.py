@@ -179,7 +179,7 @@ def test_hello_describes_the_worker(tmp_path: Path) -> None:
         assert hello.worker_id and hello.instance_id
         assert "workerHost.fs_stat" in hello.actions
         assert hello.max_concurrency == 8
-        assert (hello.protocol_min, hello.protocol_max) == (1, 1)
+        assert (hello.protocol_min, hello.protocol_max) == (1, 2)  # 2: blobs in parts
 
     play(tmp_path, scenario)
 

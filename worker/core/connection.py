@@ -24,6 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
+from worker.core.blob_parts import BlobParts
 from worker.core.pipeline import MAX_ID_CHARS, Dispatcher
 from worker.core.results import Outgoing
 from worker.errors import WorkerError
@@ -144,6 +145,10 @@ class WorkerConnection:
         self._session_task: asyncio.Task[None] | None = None
         self._healthy_at: float | None = None  # when the current session counts as healthy
         self._bad_inputs = 0  # server messages that could not be decoded
+        # Blobs coming in parts ahead of their requests (protocol 2), and the requests
+        # whose parts are being joined (in a thread) before they are submitted.
+        self._parts = BlobParts()
+        self._joining: set[asyncio.Task[None]] = set()
         self.on_state: Callable[[LinkState], None] = lambda _state: None
         # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
         self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
@@ -264,6 +269,7 @@ class WorkerConnection:
                 healthy.cancel()
             for task in tasks:
                 task.cancel()
+            self._parts.clear()  # parts of requests that never came: sent again whole
             await channel.close(grace=None)
 
     def _hello(self) -> pb.Hello:
@@ -394,7 +400,14 @@ class WorkerConnection:
         """Act on one server message; True when the session should end."""
         kind = msg.WhichOneof("kind")
         if kind == "request":
-            self.dispatcher.submit(msg.request, blob)
+            if msg.request.blob_in_parts:
+                self._submit_from_parts(msg.request)
+            else:
+                self.dispatcher.submit(msg.request, blob)
+        elif kind == "blob_part":
+            data = msg.blob_part.data if blob is None else blob  # read apart when large
+            if not self._parts.add(msg.blob_part.correlation_id, data):
+                self._count_bad_input("a blob part without a usable correlation id")
         elif kind == "ack":
             self.dispatcher.ack(list(msg.ack.correlation_ids))
             self._acks_or_offline.set()
@@ -412,14 +425,33 @@ class WorkerConnection:
         elif kind == "heartbeat":
             pass
         else:  # a welcome mid-stream, or a kind this worker does not know (None)
-            self._bad_inputs += 1
-            if self._bad_inputs <= BAD_INPUT_LOG_LINES or self._bad_inputs % 1000 == 0:
-                log.warning(
-                    "ignoring a server message of %s (%d odd messages so far)",
-                    f"kind {kind}" if kind else "a kind this worker does not know",
-                    self._bad_inputs,
-                )
+            self._count_bad_input(f"kind {kind}" if kind else "a kind this worker does not know")
         return False
+
+    def _count_bad_input(self, what: str) -> None:
+        self._bad_inputs += 1
+        if self._bad_inputs <= BAD_INPUT_LOG_LINES or self._bad_inputs % 1000 == 0:
+            log.warning(
+                "ignoring a server message of %s (%d odd messages so far)", what, self._bad_inputs
+            )
+
+    def _submit_from_parts(self, req: pb.ActionRequest) -> None:
+        """Submit a request whose blob came ahead of it in parts, joined in a thread
+        (one copy, off the loop); refused if its parts were, or do not add up."""
+        try:
+            parts = self._parts.take(req.correlation_id, req.blob_in_parts)
+        except WorkerError as error:
+            self.dispatcher.refuse(req, error)
+            return
+        if len(parts) == 1:
+            self.dispatcher.submit(req, parts[0])
+            return
+        task = asyncio.create_task(self._join_then_submit(req, parts))
+        self._joining.add(task)
+        task.add_done_callback(self._joining.discard)
+
+    async def _join_then_submit(self, req: pb.ActionRequest, parts: list[bytes]) -> None:
+        self.dispatcher.submit(req, await asyncio.to_thread(b"".join, parts))
 
     def _scope_request(self, request: pb.ScopeRequest) -> None:
         """Ask the person (the answer may take a while: the stream goes on meanwhile)."""
@@ -510,6 +542,8 @@ _MESSAGES_FIELD = pb.ServerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
 _REQUEST_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["request"].number
 _CORRELATION_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["correlation_id"].number
 _BLOB_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["blob"].number
+_BLOB_PART_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["blob_part"].number
+_PART_DATA_FIELD = pb.BlobPart.DESCRIPTOR.fields_by_name["data"].number
 
 
 def _fields(data: bytes) -> tuple[list[tuple[int, int, bytes | int]], bool]:
@@ -543,13 +577,19 @@ def _fields(data: bytes) -> tuple[list[tuple[int, int, bytes | int]], bool]:
 
 
 def decode_with_blobs(envelope: bytes) -> list[tuple[pb.ServerMessage, bytes | None]] | None:
-    """A ServerEnvelope's messages, each request's blob read apart from it (a view of
-    the envelope copied once, where parsing the request and reading its blob would
-    copy it twice or more); None when the envelope is anything but well formed, for
-    the careful reading of `WorkerConnection._decode` to deal with."""
+    """A ServerEnvelope's messages, each request's blob and each blob part's data read
+    apart from it (a view of the envelope copied once, where parsing the message and
+    reading the field would copy it twice or more); None when the envelope is anything
+    but well formed, for the careful reading of `WorkerConnection._decode` to deal with."""
     try:
         decoded: list[tuple[pb.ServerMessage, bytes | None]] = []
         for message in fields_of(envelope, _MESSAGES_FIELD):
+            rest, part = split_field(message, _BLOB_PART_FIELD)
+            if part is not None and not rest:  # a blob part: its data read apart too
+                header, data = split_field(part, _PART_DATA_FIELD)
+                msg = pb.ServerMessage(blob_part=pb.BlobPart.FromString(header))
+                decoded.append((msg, b"" if data is None else bytes(data)))
+                continue
             rest, request = split_field(message, _REQUEST_FIELD)
             if request is None or rest:  # not a request (alone): parsed as it is
                 decoded.append((pb.ServerMessage.FromString(bytes(message)), None))

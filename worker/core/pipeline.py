@@ -448,6 +448,10 @@ class Dispatcher:
             f"the worker already holds {len(self._calls)} calls (limit "
             f"{self.limits.max_accepted}); nothing was run, send it again later",
         )
+        self.refuse(req, error)
+
+    def refuse(self, req: pb.ActionRequest, error: WorkerError) -> None:
+        """Answer a request that was never claimed (so never ran) with `error`."""
         result = pb.ActionResult(
             correlation_id=req.correlation_id,
             status=pb.ActionResult.ERROR,

@@ -17,7 +17,7 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -26,22 +26,28 @@ from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore, StoredCall
 from worker.wire.framing import (
+    PART_BYTES,
     RESULT_FIELD,
     Batcher,
     Buffer,
+    Chunked,
+    chunked,
     envelope_of,
     fields_of,
     framed_size,
     message_part,
     nested_message,
+    outgoing_size,
     request_part,
     split_field,
+    spread_parts,
 )
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
     MAX_TIMEOUT_MS,
+    PARTS_PROTOCOL,
     PROTOCOL_MAX,
     PROTOCOL_MIN,
     VERSION,
@@ -81,7 +87,9 @@ class Session:
     session_id: str
     # Serialized ServerMessages framed as envelope parts (see framing.py): a request's
     # blob is framed in, never copied into a message object.
-    outbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    outbox: asyncio.Queue[bytes | Chunked | None] = field(default_factory=asyncio.Queue)
+    # The protocol this stream speaks (the Welcome's choice): 2 takes blobs in parts.
+    protocol: int = PROTOCOL_MIN
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
     # Set by the worker's next results (or HOLD_S): the outbox's writer waits on it.
@@ -94,9 +102,14 @@ class Session:
     def worker_id(self) -> str:
         return self.hello.worker_id
 
-    def send(self, msg: pb.ServerMessage | bytes) -> None:
-        """Queue a message, or an envelope part already built (bytes)."""
-        if not self.closed:
+    def send(self, msg: pb.ServerMessage | bytes | Chunked) -> None:
+        """Queue a message, an envelope part already built (bytes), or a request with
+        its blob in parts (whole, for a worker that does not take parts)."""
+        if self.closed:
+            return
+        if isinstance(msg, Chunked):
+            self.outbox.put_nowait(msg if self.protocol >= PARTS_PROTOCOL else msg.inline())
+        else:
             part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
             self.outbox.put_nowait(part)
 
@@ -203,20 +216,32 @@ class Answer:
         return worker + nested_message(_RESPONSE_RESULT, body, _RESULT_BLOB, blob)
 
 
-def _digest_and_part(request: pb.ActionRequest, blob: Buffer) -> bytes:
-    """Give `request` its digest (once: a re-sent request carries it) and build its
-    envelope part with `blob`; both read every byte of a blob, so a large one's are
-    run in a thread (`_prepared`)."""
+# A request as it goes to its worker: one envelope part, or its blob in parts ahead
+# of it (`framing.Chunked`).
+Outgoing = bytes | Chunked
+
+
+def _digest_and_part(request: pb.ActionRequest, blob: Buffer, in_parts: bool) -> Outgoing:
+    """Give `request` its digest (once: a re-sent request carries it) and build what
+    goes to the worker: its envelope part with `blob`, or with `in_parts` and a blob
+    larger than a part, the blob's parts and then the request. Both read every byte
+    of a blob, so a large one's are run in a thread (`_prepared`)."""
     if not request.args_digest:
         request.args_digest = call_digest(request, blob)
+    if in_parts and len(blob) > PART_BYTES:
+        return chunked(request, blob)
     return request_part(request, blob)
 
 
-async def _prepared(request: pb.ActionRequest, blob: Buffer) -> bytes:
+async def _prepared(request: pb.ActionRequest, blob: Buffer, in_parts: bool) -> Outgoing:
     """`_digest_and_part`, off the event loop when the blob is large."""
     if len(blob) >= HASH_OFF_LOOP_BYTES:
-        return await asyncio.to_thread(_digest_and_part, request, blob)
-    return _digest_and_part(request, blob)
+        return await asyncio.to_thread(_digest_and_part, request, blob, in_parts)
+    return _digest_and_part(request, blob, in_parts)
+
+
+def _size(outgoing: Outgoing) -> int:
+    return outgoing.size if isinstance(outgoing, Chunked) else len(outgoing)
 
 
 class Hub:
@@ -262,7 +287,11 @@ class Hub:
                 f"protocol mismatch: the worker speaks {hello.protocol_min}..{hello.protocol_max}, "
                 f"this hub {PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade the older side",
             )
-        session = Session(hello=hello, session_id=uuid.uuid4().hex)
+        session = Session(
+            hello=hello,
+            session_id=uuid.uuid4().hex,
+            protocol=min(PROTOCOL_MAX, hello.protocol_max),
+        )
         previous = self.sessions.get(hello.worker_id)
         if previous is not None:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)
@@ -275,7 +304,7 @@ class Hub:
             self._handle(session, msg, blob)
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
-        batches = Batcher(session.outbox, len, lambda: self._hold(session))
+        batches = Batcher(session.outbox, outgoing_size, lambda: self._hold(session), spread_parts)
         try:
             session.send(self._welcome(session))
             # Kills first: a re-sent call of a killed plan is then refused, not run.
@@ -286,7 +315,8 @@ class Hub:
                 self._send_teardown(session, plan_id).add_done_callback(_log_teardown)
             self._resend_open_calls(session)
             while (batch := await batches.next_batch()) is not None:
-                yield envelope_of(batch)
+                # spread_parts leaves envelope parts only: a transfer goes a part at a time.
+                yield envelope_of(cast(list[bytes], batch))
         finally:
             session.close()
             reader.cancel()
@@ -306,7 +336,7 @@ class Hub:
         return pb.ServerMessage(
             welcome=pb.Welcome(
                 session_id=session.session_id,
-                protocol=min(PROTOCOL_MAX, session.hello.protocol_max),
+                protocol=session.protocol,
                 heartbeat_interval_ms=int(self.heartbeat_s * 1000),
                 abandoned_ids=abandoned,
             )
@@ -423,6 +453,11 @@ class Hub:
         # should this hub die. Its blob is stored only if no caller took it.
         self._unstored.append((session, answer, delivered))
         self._store_soon()
+
+    def _takes_parts(self, worker_id: str) -> bool:
+        """Whether the worker's stream takes a large blob in parts (protocol 2)."""
+        session = self.sessions.get(worker_id)
+        return session is not None and session.protocol >= PARTS_PROTOCOL
 
     def _written_down(self, correlation_id: str) -> bool:
         """Commit a call whose id the caller chose before the worker gets it. The caller
@@ -796,9 +831,9 @@ class Hub:
         # hub never copies it but once, into the message to the worker).
         # The digest, computed once here and carried to the worker in the request, and
         # the request's envelope part: a large blob's bytes are read off the loop.
-        outgoing = await _prepared(request, blob)
+        outgoing = await _prepared(request, blob, self._takes_parts(worker_id))
         digest = request.args_digest
-        refusal = too_large(len(outgoing), framed=True)
+        refusal = too_large(_size(outgoing), framed=True)
         if refusal is not None:  # neither stored nor sent: it could never be delivered
             return worker_id, Answer(error_result(cid, refusal))
         deadline_ms = now_ms() + int(timeout_s * 1000)
@@ -827,8 +862,8 @@ class Hub:
             if not blob and request.blob:  # a legacy row: its blob is in the request
                 blob = request.blob
                 request.ClearField("blob")
-            outgoing = await _prepared(request, blob)
-            if self._refused_too_large(cid, len(outgoing)):
+            outgoing = await _prepared(request, blob, self._takes_parts(worker_id))
+            if self._refused_too_large(cid, _size(outgoing)):
                 refused = self.store.get(cid)
                 assert refused is not None and refused.result is not None
                 return worker_id, Answer(refused.result)

@@ -19,7 +19,9 @@ STREAM_METHOD: Final = f"/{WORKER_SERVICE}/{_WORKER_SERVICE.methods_by_name['Str
 WORKBENCH_SURFACE: Final = "workbenchHost"
 
 PROTOCOL_MIN: Final = 1
-PROTOCOL_MAX: Final = 1
+# 2: a hub may send a large request blob ahead of its request, in BlobParts.
+PROTOCOL_MAX: Final = 2
+PARTS_PROTOCOL: Final = 2
 
 
 VERSION: Final = worker.__version__

@@ -242,7 +242,7 @@ class ServerEnvelope(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ServerMessage, _Mapping]]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "request", "scope_request", "cancel", "kill_plan", "teardown", "ack", "drain", "heartbeat")
+    __slots__ = ("welcome", "request", "scope_request", "cancel", "kill_plan", "teardown", "ack", "drain", "heartbeat", "blob_part")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     SCOPE_REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +252,7 @@ class ServerMessage(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    BLOB_PART_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     request: ActionRequest
     scope_request: ScopeRequest
@@ -261,7 +262,16 @@ class ServerMessage(_message.Message):
     ack: Ack
     drain: Drain
     heartbeat: Heartbeat
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[ActionRequest, _Mapping]] = ..., scope_request: _Optional[_Union[ScopeRequest, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., kill_plan: _Optional[_Union[KillPlan, _Mapping]] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    blob_part: BlobPart
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[ActionRequest, _Mapping]] = ..., scope_request: _Optional[_Union[ScopeRequest, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., kill_plan: _Optional[_Union[KillPlan, _Mapping]] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., blob_part: _Optional[_Union[BlobPart, _Mapping]] = ...) -> None: ...
+
+class BlobPart(_message.Message):
+    __slots__ = ("correlation_id", "data")
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    correlation_id: str
+    data: bytes
+    def __init__(self, correlation_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "protocol", "heartbeat_interval_ms", "abandoned_ids")
@@ -276,7 +286,7 @@ class Welcome(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., protocol: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., abandoned_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ActionRequest(_message.Message):
-    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest")
+    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest", "blob_in_parts")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +299,7 @@ class ActionRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BLOB_IN_PARTS_FIELD_NUMBER: _ClassVar[int]
     correlation_id: str
     plan_id: str
     agent_id: str
@@ -301,7 +312,8 @@ class ActionRequest(_message.Message):
     timeout_ms: int
     attempt: int
     args_digest: str
-    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., args_digest: _Optional[str] = ...) -> None: ...
+    blob_in_parts: int
+    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., args_digest: _Optional[str] = ..., blob_in_parts: _Optional[int] = ...) -> None: ...
 
 class ScopeRequest(_message.Message):
     __slots__ = ("request_id", "agent_id", "plan_id", "scopes", "reason", "preview")

@@ -1,0 +1,117 @@
+"""Protocol 2: a request's blob may come ahead of it in BlobParts. A real worker
+against a scripted hub takes the parts, and refuses, with a code and nothing run,
+parts that break a bound or do not add up; the stream goes on after each."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_stream_rules import error_code, play
+from tests.support.scripted_hub import ScriptedHub
+from worker.core import blob_parts
+from worker.core.connection import WorkerConnection
+from worker.wire.proto import agentworker_pb2 as pb
+
+ECHO = json.dumps({"blob_repeat": 1, "mark": "parts"})
+
+
+def send_parts(hub: ScriptedHub, cid: str, blob: bytes, size: int) -> None:
+    for at in range(0, len(blob), size):
+        hub.send(blob_part=pb.BlobPart(correlation_id=cid, data=blob[at : at + size]))
+
+
+async def marks_after(hub: ScriptedHub, cid: str) -> int:
+    """How many times the probe ran so far (a plain call, which also shows the
+    stream still goes on)."""
+    hub.request(cid, ECHO)
+    result = await hub.next("result")
+    assert error_code(result) == "ok", result
+    return int(json.loads(result.result_json)["marks"])
+
+
+def test_a_blob_in_parts_arrives_whole(tmp_path: Path) -> None:
+    blob = os.urandom(3 * 1024 * 1024 + 5)
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "whole", blob, 1024 * 1024)
+        hub.request("whole", ECHO, blob_in_parts=len(blob))
+        result = await hub.next("result")
+        assert error_code(result) == "ok" and result.blob == blob
+        assert link._parts.held_bytes == 0  # nothing kept once its request came
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_parts_that_do_not_add_up_run_nothing(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "short", b"x" * 1000, 400)
+        hub.request("short", ECHO, blob_in_parts=5000)
+        refused = await hub.next("result")
+        assert error_code(refused) == "validation_error"
+        assert "5,000 bytes" in refused.error.message and "1,000 came" in refused.error.message
+        hub.request("none", ECHO, blob_in_parts=10)  # announced, and nothing came
+        assert error_code(await hub.next("result")) == "validation_error"
+        assert await marks_after(hub, "after") == 1  # neither refused call ran
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_parts_past_a_bound_are_dropped_and_their_call_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blob_parts, "MAX_CALL_BYTES", 10_000)
+    monkeypatch.setattr(blob_parts, "MAX_HELD_BYTES", 25_000)  # two 9,000-byte parts fit
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "huge", b"x" * 12_000, 4_000)  # one call over its bound
+        hub.request("huge", ECHO, blob_in_parts=12_000)
+        refused = await hub.next("result")
+        assert error_code(refused) == "too_large" and "nothing was run" in refused.error.message
+        # Three calls' parts, all held at once, over the bound for all of them.
+        for cid in ("a", "b", "c"):
+            send_parts(hub, cid, b"y" * 9_000, 9_000)
+        for cid in ("a", "b", "c"):
+            hub.request(cid, ECHO, blob_in_parts=9_000)
+        codes = {}
+        for _ in range(3):
+            result = await hub.next("result")
+            codes[result.correlation_id] = error_code(result)
+        assert codes == {"a": "ok", "b": "ok", "c": "busy"}
+        assert link._parts.held_bytes == 0
+        assert await marks_after(hub, "after") == 3  # a and b ran; huge and c did not
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_a_flood_of_tiny_parts_meets_the_bound_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blob_parts, "MAX_HELD_BYTES", 100 * blob_parts.PART_OVERHEAD_BYTES)
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        for i in range(500):  # empty parts, each its own id: only their bookkeeping
+            hub.send(blob_part=pb.BlobPart(correlation_id=f"tiny-{i}"))
+        hub.send(blob_part=pb.BlobPart(correlation_id="", data=b"no id"))
+        hub.send(blob_part=pb.BlobPart(correlation_id="x" * 1000, data=b"too long an id"))
+        assert await marks_after(hub, "after") == 1
+        assert link._parts.held_bytes <= 100 * blob_parts.PART_OVERHEAD_BYTES
+        assert link._bad_inputs == 2
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_parts_whose_request_never_came_go_with_the_stream(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "orphan", b"z" * 50_000, 10_000)
+        assert await marks_after(hub, "before") == 1  # the parts were read by then
+        assert link._parts.held_bytes > 50_000
+        hub.hang_up()
+        await hub.dials(2)
+        assert await marks_after(hub, "on-the-next-stream") == 2
+        assert link._parts.held_bytes == 0
+
+    play(tmp_path, scenario, protocol=2)

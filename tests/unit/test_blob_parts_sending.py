@@ -1,0 +1,95 @@
+"""The hub sends a blob larger than a part as BlobParts, one part per stream message,
+so a small message queued meanwhile leaves ahead of the next part, never behind the
+whole blob; to a worker that speaks protocol 1 it sends the blob whole."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from worker.hub.server import Hub, Session
+from worker.hub.store import HubStore
+from worker.wire.framing import PART_BYTES, Batcher, Chunked, outgoing_size, spread_parts
+from worker.wire.proto import agentworker_pb2 as pb
+
+BLOB = os.urandom(3 * PART_BYTES + 123)
+CALL = {"agent_id": "a", "surface": "workerHost", "action": "fs_write", "args_json": "{}"}
+
+
+def messages(batch: list[bytes | Chunked]) -> list[pb.ServerMessage]:
+    """The ServerMessages of one stream message the hub would write."""
+    assert all(isinstance(part, bytes) for part in batch)
+    return list(pb.ServerEnvelope.FromString(b"".join(batch)).messages)  # type: ignore[arg-type]
+
+
+async def queued_by(hub: Hub, session: Session, call: pb.DispatchRequest) -> bytes | Chunked:
+    dispatched = asyncio.create_task(hub.dispatch(call))
+    queued = await session.outbox.get()
+    dispatched.cancel()
+    assert queued is not None
+    return queued
+
+
+def test_a_small_message_leaves_ahead_of_the_next_part(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"))
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=2)
+        hub.sessions["w"] = session
+        call = pb.DispatchRequest(correlation_id="big", worker_id="w", blob=BLOB, **CALL)
+        transfer = await queued_by(hub, session, call)
+        assert isinstance(transfer, Chunked)
+
+        outbox: asyncio.Queue[bytes | Chunked | None] = asyncio.Queue()
+        outbox.put_nowait(transfer)
+        batches = Batcher(outbox, outgoing_size, None, spread_parts)
+        sent = [messages(await batches.next_batch() or [])]
+        # A heartbeat queued while the first part is on the wire goes next.
+        session.send(pb.ServerMessage(heartbeat=pb.Heartbeat()))
+        outbox.put_nowait(await session.outbox.get())
+        while sent[-1][-1].WhichOneof("kind") != "request":  # the request comes last
+            sent.append(messages(await batches.next_batch() or []))
+
+        kinds = [[m.WhichOneof("kind") for m in stream_message] for stream_message in sent]
+        assert kinds == [
+            ["blob_part"],
+            ["heartbeat", "blob_part"],
+            ["blob_part"],
+            ["blob_part"],
+            ["request"],
+        ]
+        parts = [m.blob_part for stream_message in sent for m in stream_message]
+        data = b"".join(p.data for p in parts if p.correlation_id == "big")
+        assert data == BLOB and all(len(p.data) <= PART_BYTES for p in parts if p.data)
+        request = sent[-1][0].request
+        assert request.blob_in_parts == len(BLOB) and request.blob == b""
+        hub.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_protocol_1_worker_gets_the_blob_whole(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"))
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=1)
+        hub.sessions["w"] = session
+        call = pb.DispatchRequest(correlation_id="big", worker_id="w", blob=BLOB, **CALL)
+        whole = await queued_by(hub, session, call)
+        assert isinstance(whole, bytes)
+        (message,) = pb.ServerEnvelope.FromString(whole).messages
+        assert message.request.blob == BLOB and message.request.blob_in_parts == 0
+        hub.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_transfer_queued_for_a_worker_that_came_back_on_protocol_1_goes_whole() -> None:
+    session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=1)
+    request = pb.ActionRequest(correlation_id="big", **CALL)
+    from worker.wire.framing import chunked
+
+    session.send(chunked(request, BLOB))
+    whole = session.outbox.get_nowait()
+    assert isinstance(whole, bytes)
+    (message,) = pb.ServerEnvelope.FromString(whole).messages
+    assert message.request.blob == BLOB and message.request.blob_in_parts == 0

@@ -1,0 +1,114 @@
+"""A request's blob that came ahead of it in parts (protocol 2, `BlobPart`).
+
+A hub sends a large blob as parts so that small messages interleave with it on the
+one stream (docs/architecture.md, "Blobs"). The worker keeps the parts of each
+correlation id until its request comes, within bounds a hostile server cannot push
+past: one call's parts may not exceed what one message could carry (else the call
+is refused `too_large` when its request comes), and all parts held at once may not
+exceed eight such calls, each part counted with its bookkeeping (else `busy`). A
+refused call's parts are dropped at once.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from worker.errors import WorkerError
+from worker.wire.transport import MAX_MESSAGE_BYTES
+
+MAX_CALL_BYTES: Final = MAX_MESSAGE_BYTES
+MAX_HELD_BYTES: Final = 8 * MAX_MESSAGE_BYTES
+# What keeping one part costs beyond its bytes (its entry, its id): counted, so a
+# flood of tiny parts meets the bound too.
+PART_OVERHEAD_BYTES: Final = 256
+MAX_ID_CHARS: Final = 256  # as the pipeline's: a hub's ids are 32 hex digits
+# Ids whose parts were refused, remembered until their request comes (bounded: a
+# server that never sends the requests cannot grow it without limit).
+MAX_REFUSED_IDS: Final = 1024
+
+
+class BlobParts:
+    def __init__(self) -> None:
+        self._parts: dict[str, list[bytes]] = {}
+        self._sizes: dict[str, int] = {}
+        self._held = 0
+        # Refused ids, with the error their request gets.
+        self._refused: dict[str, WorkerError] = {}
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def add(self, correlation_id: str, data: bytes) -> bool:
+        """Keep a part; past a bound, drop the call's parts and refuse it. False for a
+        part no request could claim (no id, or one longer than any request's)."""
+        if not correlation_id or len(correlation_id) > MAX_ID_CHARS:
+            return False
+        if correlation_id in self._refused:
+            return True
+        size = self._sizes.get(correlation_id, 0) + len(data)
+        cost = len(data) + PART_OVERHEAD_BYTES
+        if size > MAX_CALL_BYTES:
+            self._refuse(correlation_id, _too_large())
+        elif self._held + cost > MAX_HELD_BYTES:
+            self._refuse(correlation_id, _busy())
+        else:
+            self._parts.setdefault(correlation_id, []).append(data)
+            self._sizes[correlation_id] = size
+            self._held += cost
+        return True
+
+    def take(self, correlation_id: str, expected: int) -> list[bytes]:
+        """The parts of the request that has come, in order; a WorkerError when they
+        were refused or do not add up to the `expected` bytes it announces."""
+        refused = self._refused.pop(correlation_id, None)
+        if refused is not None:
+            raise refused
+        got = self._sizes.get(correlation_id, 0)
+        parts = self._drop(correlation_id)
+        if got != expected:
+            raise WorkerError(
+                "validation_error",
+                f"the request announced a blob of {expected:,} bytes in parts, and "
+                f"{got:,} came; nothing was run: send the call again",
+                {"expected": expected, "received": got},
+            )
+        return parts
+
+    def clear(self) -> None:
+        """The stream ended: parts of requests that never came are gone with it (the
+        hub sends an open call again, whole, on the next stream)."""
+        self._parts.clear()
+        self._sizes.clear()
+        self._refused.clear()
+        self._held = 0
+
+    def _refuse(self, correlation_id: str, error: WorkerError) -> None:
+        self._drop(correlation_id)
+        self._refused[correlation_id] = error
+        while len(self._refused) > MAX_REFUSED_IDS:
+            del self._refused[next(iter(self._refused))]
+
+    def _drop(self, correlation_id: str) -> list[bytes]:
+        parts = self._parts.pop(correlation_id, [])
+        self._held -= sum(len(part) + PART_OVERHEAD_BYTES for part in parts)
+        self._sizes.pop(correlation_id, None)
+        return parts
+
+
+def _too_large() -> WorkerError:
+    return WorkerError(
+        "too_large",
+        f"the request's blob came in parts of more than {MAX_CALL_BYTES:,} bytes, more "
+        "than one message may carry; nothing was run: send at most 16 MiB",
+        {"limit": MAX_CALL_BYTES},
+    )
+
+
+def _busy() -> WorkerError:
+    return WorkerError(
+        "busy",
+        f"the worker holds {MAX_HELD_BYTES:,} bytes of other calls' blobs, still coming; "
+        "nothing was run: send it again later",
+        {"limit": MAX_HELD_BYTES},
+    )
