@@ -75,6 +75,8 @@ class PidCap:
         """Refuse (SandboxUnavailableError) where a sandbox's processes cannot be capped."""
         if self.refused is not None:
             raise SandboxUnavailableError(self.refused)
+        if self.machine is not None:
+            return  # this kernel passed already (it does not change under a running worker)
         if not kernel_namespaces_pid_max():
             self.refused = (
                 "this worker runs as root, which the kernel exempts from process limits, and "
@@ -83,15 +85,14 @@ class PidCap:
                 "kernel."
             )
             raise SandboxUnavailableError(self.refused)
-        if self.machine is None:
-            self.machine = PID_MAX.read_text().strip()
+        self.machine = _read_pid_max()
 
     def check_machine(self) -> None:
         """After a sandbox capped itself: the machine's pid_max must not have moved. If it
         did, put it back and refuse every exec from then on."""
         if self.machine is None:
             return
-        now = PID_MAX.read_text().strip()
+        now = _read_pid_max()
         if now != self.machine:
             PID_MAX.write_text(self.machine + "\n")
             self.refused = _MOVED
@@ -101,7 +102,7 @@ class PidCap:
         """Set pid_max inside the sandbox whose first process is `init_pid` (from outside:
         only where the entry helper is not used)."""
         self.check_kernel()
-        before = PID_MAX.read_text().strip()
+        before = _read_pid_max()
         helper = await asyncio.create_subprocess_exec(
             tools.nsenter,
             f"--target={init_pid}",
@@ -120,7 +121,7 @@ class PidCap:
             if helper.returncode is None:  # cancelled mid-write: do not leave it behind
                 helper.kill()
                 await helper.wait()
-        after = PID_MAX.read_text().strip()
+        after = _read_pid_max()
         if after != before:
             PID_MAX.write_text(before + "\n")
             self.refused = _MOVED
@@ -130,3 +131,13 @@ class PidCap:
                 "could not cap the sandbox's processes: "
                 + err.decode(errors="replace").strip()[:300]
             )
+
+
+def _read_pid_max() -> str:
+    """The machine's pid_max as the kernel says it: one open, read and close (read after
+    every exec of a root worker, so without pathlib's layers)."""
+    fd = os.open(PID_MAX, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 64).decode("ascii").strip()
+    finally:
+        os.close(fd)
