@@ -21,7 +21,7 @@ ECHO = json.dumps({"blob_repeat": 1, "mark": "parts"})
 
 def send_parts(hub: ScriptedHub, cid: str, blob: bytes, size: int) -> None:
     for at in range(0, len(blob), size):
-        hub.send(blob_part=pb.BlobPart(correlation_id=cid, data=blob[at : at + size]))
+        hub.send(blob_part=pb.BlobPart(correlation_id=cid, data=blob[at : at + size], offset=at))
 
 
 async def marks_after(hub: ScriptedHub, cid: str) -> int:
@@ -113,5 +113,54 @@ def test_parts_whose_request_never_came_go_with_the_stream(tmp_path: Path) -> No
         await hub.dials(2)
         assert await marks_after(hub, "on-the-next-stream") == 2
         assert link._parts.held_bytes == 0
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_parts_out_of_order_run_nothing(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        # Two transfers of one id interleaved: the second's first part repeats byte 0.
+        hub.send(blob_part=pb.BlobPart(correlation_id="mixed", data=b"A" * 100, offset=0))
+        hub.send(blob_part=pb.BlobPart(correlation_id="mixed", data=b"C" * 100, offset=0))
+        hub.send(blob_part=pb.BlobPart(correlation_id="mixed", data=b"B" * 100, offset=100))
+        hub.request("mixed", ECHO, blob_in_parts=200)
+        refused = await hub.next("result")
+        assert error_code(refused) == "validation_error"
+        assert "starts at byte 0, where byte 100 was next" in refused.error.message
+        assert await marks_after(hub, "after") == 1
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_a_cancel_that_comes_with_the_parts_stops_the_call_before_it_runs(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "stopped", os.urandom(300_000), 100_000)
+        hub.send(cancel=pb.Cancel(correlation_id="stopped", reason="the caller gave up"))
+        hub.request("stopped", ECHO, blob_in_parts=300_000)
+        refused = await hub.next("result")
+        assert error_code(refused) == "cancelled" and "the caller gave up" in refused.error.message
+        assert await marks_after(hub, "after") == 1  # the cancelled call never ran
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_a_short_redelivery_of_a_known_call_is_answered_as_a_duplicate(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        blob = os.urandom(50_000)
+        slow = json.dumps({"blob_repeat": 1, "mark": "parts", "hold": "known"})
+        send_parts(hub, "known", blob, 20_000)
+        hub.request("known", slow, blob_in_parts=len(blob), args_digest="blake3:known")
+        assert (await hub.next("ack")).kind == pb.ActionAck.STARTED
+        # Delivered again while it runs, its parts cut short: not a refusal.
+        send_parts(hub, "known", blob[:20_000], 20_000)
+        hub.request("known", slow, blob_in_parts=len(blob), args_digest="blake3:known")
+        assert (await hub.next("ack")).kind == pb.ActionAck.DUPLICATE_RUNNING
+        link.dispatcher.paths.data_dir.joinpath("diag", "known.release").touch()
+        first = await hub.next("result")
+        assert error_code(first) == "ok" and first.blob == blob
+        # And again once done (and acked): the stored outcome, not a refusal.
+        hub.request("known", slow, blob_in_parts=len(blob), args_digest="blake3:known")
+        again = await hub.next("result")
+        assert error_code(again) == "blob_gone" and again.replayed
 
     play(tmp_path, scenario, protocol=2)

@@ -93,3 +93,40 @@ def test_a_transfer_queued_for_a_worker_that_came_back_on_protocol_1_goes_whole(
     assert isinstance(whole, bytes)
     (message,) = pb.ServerEnvelope.FromString(whole).messages
     assert message.request.blob == BLOB and message.request.blob_in_parts == 0
+
+
+def test_a_stream_message_stays_within_the_limit_with_transfers_in_the_outbox() -> None:
+    async def go() -> None:
+        from worker.wire.framing import MAX_ENVELOPE_BYTES, chunked
+
+        outbox: asyncio.Queue[bytes | Chunked | None] = asyncio.Queue()
+        whole = b"w" * (MAX_ENVELOPE_BYTES // 2 + 1)  # two of these do not fit one message
+        outbox.put_nowait(b"small")
+        outbox.put_nowait(whole)
+        outbox.put_nowait(whole)
+        transfer = chunked(pb.ActionRequest(correlation_id="t", **CALL), BLOB)
+        outbox.put_nowait(transfer)
+        batches = Batcher(outbox, outgoing_size, None, spread_parts)
+        sizes = []
+        while not transfer.finished:
+            batch = await batches.next_batch() or []
+            sizes.append(sum(len(part) for part in batch if isinstance(part, bytes)))
+        assert max(sizes) <= MAX_ENVELOPE_BYTES
+        assert len(sizes) == 6  # small + whole, whole + a part, three parts, the request
+
+    asyncio.run(go())
+
+
+def test_a_second_transfer_of_a_call_waits_for_the_first_not_beside_it() -> None:
+    from worker.wire.framing import chunked
+
+    session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=2)
+    request = pb.ActionRequest(correlation_id="retried", **CALL)
+    first = chunked(request, BLOB)
+    session.send(first)
+    session.send(chunked(request, BLOB))  # a retry while the first is under way
+    assert session.outbox.qsize() == 1  # its parts would interleave with the first's
+    while not first.finished:
+        first.spread()
+    session.send(chunked(request, BLOB))  # once the first went out, a re-send may go
+    assert session.outbox.qsize() == 2

@@ -51,3 +51,39 @@ def test_a_call_recorded_before_blake3_is_the_same_call_when_retried_after(
     assert state.begin("reused", call_digest(_request(), b"one"), "p").seen is Seen.NEW
     assert state.begin("reused", call_digest(_request(), b"two"), "p").seen is Seen.MISMATCH
     state.close()
+
+
+def test_the_hub_checks_a_pre_blake3_call_against_its_own_old_digest(tmp_path: Path) -> None:
+    import asyncio
+
+    from worker.clock import now_ms
+    from worker.hub.server import Hub, Session
+    from worker.hub.store import HubStore
+    from worker.wire.protocol import legacy_digest
+
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"))
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=2)
+        hub.sessions["w"] = session
+        alice = _request(correlation_id="old")
+        recorded = legacy_digest(alice, b"alice's notes")
+        hub.store.add("w", recorded, alice, 13, now_ms() + 60_000)
+        hub.store.flush()  # pending, recorded by the previous version
+
+        mallory = pb.DispatchRequest(correlation_id="old", worker_id="w", blob=b"mallory's")
+        for field in ("surface", "action", "plan_id", "agent_id", "args_json"):
+            setattr(mallory, field, getattr(alice, field))
+        refused = await hub.dispatch(mallory)
+        assert refused.result.error.code == "args_mismatch"
+        assert session.outbox.empty()  # nothing of it went to the worker
+
+        retry = pb.DispatchRequest()
+        retry.CopyFrom(mallory)
+        retry.blob = b"alice's notes"
+        retried = asyncio.create_task(hub.dispatch(retry))
+        sent = await session.outbox.get()  # the same call: sent on
+        assert sent is not None
+        retried.cancel()
+        hub.store.close()
+
+    asyncio.run(go())

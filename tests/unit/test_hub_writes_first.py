@@ -53,11 +53,19 @@ def test_a_call_that_cannot_be_recorded_is_not_sent(tmp_path: Path) -> None:
         def broken() -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
+        working_flush = hub.store.flush
         hub.store.flush = broken  # type: ignore[method-assign]
-        call = pb.DispatchRequest(correlation_id="unrecorded", worker_id="w", **CALL)
+        call = pb.DispatchRequest(
+            correlation_id="unrecorded", worker_id="w", blob=b"x" * 10, **CALL
+        )
         answer = await hub.dispatch(call)
         assert answer.result.error.code == "internal_error"
         assert "nothing was sent" in answer.result.error.message
+        assert "same correlation id" in answer.result.error.message
         assert session.outbox.empty()
+        # Nor is it later: the next commit does not write it, so no reconnect sends it.
+        hub.store.flush = working_flush  # type: ignore[method-assign]
+        hub.store.flush()
+        assert hub.store.get("unrecorded") is None and "unrecorded" not in hub._blobs
 
     asyncio.run(go())

@@ -4,9 +4,10 @@ A hub sends a large blob as parts so that small messages interleave with it on t
 one stream (docs/architecture.md, "Blobs"). The worker keeps the parts of each
 correlation id until its request comes, within bounds a hostile server cannot push
 past: one call's parts may not exceed what one message could carry (else the call
-is refused `too_large` when its request comes), and all parts held at once may not
-exceed eight such calls, each part counted with its bookkeeping (else `busy`). A
-refused call's parts are dropped at once.
+is refused `too_large` when its request comes); all parts held at once may not
+exceed eight such calls' bytes nor 64 calls, each part and id counted with its
+bookkeeping (else `busy`); and parts come in order, with no gaps or repeats (else
+`validation_error`). A refused call's parts are dropped at once.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from worker.wire.transport import MAX_MESSAGE_BYTES
 
 MAX_CALL_BYTES: Final = MAX_MESSAGE_BYTES
 MAX_HELD_BYTES: Final = 8 * MAX_MESSAGE_BYTES
-# What keeping one part costs beyond its bytes (its entry, its id): counted, so a
-# flood of tiny parts meets the bound too.
+# What keeping one part costs beyond its bytes (its entry), and one call beyond its
+# parts (its entries, and its id at up to 4 bytes a character): counted, so a flood
+# of tiny parts or of ids meets the bound too.
 PART_OVERHEAD_BYTES: Final = 256
+ID_OVERHEAD_BYTES: Final = 1024
+# Calls whose parts are held at once (the hub sends a few large calls at a time).
+MAX_CALLS: Final = 64
 MAX_ID_CHARS: Final = 256  # as the pipeline's: a hub's ids are 32 hex digits
 # Ids whose parts were refused, remembered until their request comes (bounded: a
 # server that never sends the requests cannot grow it without limit).
@@ -39,24 +44,32 @@ class BlobParts:
     def held_bytes(self) -> int:
         return self._held
 
-    def add(self, correlation_id: str, data: bytes) -> bool:
-        """Keep a part; past a bound, drop the call's parts and refuse it. False for a
-        part no request could claim (no id, or one longer than any request's)."""
+    def add(self, correlation_id: str, data: bytes, offset: int) -> bool:
+        """Keep a part that starts at `offset` of its blob; past a bound, or out of
+        order, drop the call's parts and refuse it. False for a part no request could
+        claim (no id, or one longer than any request's)."""
         if not correlation_id or len(correlation_id) > MAX_ID_CHARS:
             return False
         if correlation_id in self._refused:
             return True
-        size = self._sizes.get(correlation_id, 0) + len(data)
-        cost = len(data) + PART_OVERHEAD_BYTES
-        if size > MAX_CALL_BYTES:
+        new = correlation_id not in self._sizes
+        had = self._sizes.get(correlation_id, 0)
+        cost = len(data) + PART_OVERHEAD_BYTES + (ID_OVERHEAD_BYTES if new else 0)
+        if offset != had:
+            self._refuse(correlation_id, _out_of_order(had, offset))
+        elif had + len(data) > MAX_CALL_BYTES:
             self._refuse(correlation_id, _too_large())
-        elif self._held + cost > MAX_HELD_BYTES:
+        elif self._held + cost > MAX_HELD_BYTES or (new and len(self._sizes) >= MAX_CALLS):
             self._refuse(correlation_id, _busy())
         else:
             self._parts.setdefault(correlation_id, []).append(data)
-            self._sizes[correlation_id] = size
+            self._sizes[correlation_id] = had + len(data)
             self._held += cost
         return True
+
+    def holds(self, correlation_id: str) -> bool:
+        """Whether parts of this call are held (its request has not come yet)."""
+        return correlation_id in self._sizes
 
     def take(self, correlation_id: str, expected: int) -> list[bytes]:
         """The parts of the request that has come, in order; a WorkerError when they
@@ -91,16 +104,27 @@ class BlobParts:
 
     def _drop(self, correlation_id: str) -> list[bytes]:
         parts = self._parts.pop(correlation_id, [])
+        if self._sizes.pop(correlation_id, None) is not None:
+            self._held -= ID_OVERHEAD_BYTES
         self._held -= sum(len(part) + PART_OVERHEAD_BYTES for part in parts)
-        self._sizes.pop(correlation_id, None)
         return parts
+
+
+def _out_of_order(expected: int, offset: int) -> WorkerError:
+    return WorkerError(
+        "validation_error",
+        f"a part of the request's blob starts at byte {offset:,}, where byte {expected:,} "
+        "was next (parts come in order, with no gaps or repeats); nothing was run: send "
+        "the call again",
+        {"expected_offset": expected, "offset": offset},
+    )
 
 
 def _too_large() -> WorkerError:
     return WorkerError(
         "too_large",
         f"the request's blob came in parts of more than {MAX_CALL_BYTES:,} bytes, more "
-        "than one message may carry; nothing was run: send at most 16 MiB",
+        "than one message may carry; nothing was run: send a smaller blob",
         {"limit": MAX_CALL_BYTES},
     )
 

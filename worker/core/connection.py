@@ -148,7 +148,9 @@ class WorkerConnection:
         # Blobs coming in parts ahead of their requests (protocol 2), and the requests
         # whose parts are being joined (in a thread) before they are submitted.
         self._parts = BlobParts()
-        self._joining: set[asyncio.Task[None]] = set()
+        self._joins: dict[str, asyncio.Task[None]] = {}
+        # Cancels for requests whose parts came and which are not claimed yet.
+        self._cancelled_early: dict[str, str] = {}
         self.on_state: Callable[[LinkState], None] = lambda _state: None
         # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
         self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
@@ -270,6 +272,9 @@ class WorkerConnection:
             for task in tasks:
                 task.cancel()
             self._parts.clear()  # parts of requests that never came: sent again whole
+            self._cancelled_early = {
+                cid: why for cid, why in self._cancelled_early.items() if cid in self._joins
+            }
             await channel.close(grace=None)
 
     def _hello(self) -> pb.Hello:
@@ -405,14 +410,19 @@ class WorkerConnection:
             else:
                 self.dispatcher.submit(msg.request, blob)
         elif kind == "blob_part":
-            data = msg.blob_part.data if blob is None else blob  # read apart when large
-            if not self._parts.add(msg.blob_part.correlation_id, data):
+            part = msg.blob_part
+            data = part.data if blob is None else blob  # read apart when large
+            if not self._parts.add(part.correlation_id, data, part.offset):
                 self._count_bad_input("a blob part without a usable correlation id")
         elif kind == "ack":
             self.dispatcher.ack(list(msg.ack.correlation_ids))
             self._acks_or_offline.set()
         elif kind == "cancel":
-            self.dispatcher.cancel(msg.cancel.correlation_id, msg.cancel.reason or "by the server")
+            cid = msg.cancel.correlation_id
+            if self._parts.holds(cid) or cid in self._joins:
+                # Its request has not been claimed yet: refused when it is.
+                self._cancelled_early[cid] = msg.cancel.reason or "by the server"
+            self.dispatcher.cancel(cid, msg.cancel.reason or "by the server")
         elif kind == "kill_plan":
             self.dispatcher.kill_plan(msg.kill_plan.plan_id, msg.kill_plan.reason, "server")
         elif kind == "scope_request":
@@ -437,21 +447,42 @@ class WorkerConnection:
 
     def _submit_from_parts(self, req: pb.ActionRequest) -> None:
         """Submit a request whose blob came ahead of it in parts, joined in a thread
-        (one copy, off the loop); refused if its parts were, or do not add up."""
+        (one copy, off the loop). One whose parts were refused, or do not add up, is
+        refused, unless it repeats a call the worker knows (answered as a duplicate)."""
+        cid = req.correlation_id
         try:
-            parts = self._parts.take(req.correlation_id, req.blob_in_parts)
+            parts = self._parts.take(cid, req.blob_in_parts)
         except WorkerError as error:
-            self.dispatcher.refuse(req, error)
+            self._cancelled_early.pop(cid, None)
+            self.dispatcher.refuse_unless_known(req, error)
             return
         if len(parts) == 1:
-            self.dispatcher.submit(req, parts[0])
+            self._submit_unless_cancelled(req, parts[0])
             return
         task = asyncio.create_task(self._join_then_submit(req, parts))
-        self._joining.add(task)
-        task.add_done_callback(self._joining.discard)
+        self._joins[cid] = task
+        task.add_done_callback(lambda _task: self._joins.pop(cid, None))
 
     async def _join_then_submit(self, req: pb.ActionRequest, parts: list[bytes]) -> None:
-        self.dispatcher.submit(req, await asyncio.to_thread(b"".join, parts))
+        try:
+            blob = await asyncio.to_thread(b"".join, parts)
+        except BaseException as exc:
+            self._cancelled_early.pop(req.correlation_id, None)
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("could not join the parts of call %s", req.correlation_id)
+            error = WorkerError("internal_error", "the worker could not put the blob together")
+            self.dispatcher.refuse_unless_known(req, error)
+            return
+        self._submit_unless_cancelled(req, blob)
+
+    def _submit_unless_cancelled(self, req: pb.ActionRequest, blob: bytes) -> None:
+        reason = self._cancelled_early.pop(req.correlation_id, None)
+        if reason is None:
+            self.dispatcher.submit(req, blob)
+            return
+        error = WorkerError("cancelled", f"cancelled before it started: {reason}")
+        self.dispatcher.refuse_unless_known(req, error)
 
     def _scope_request(self, request: pb.ScopeRequest) -> None:
         """Ask the person (the answer may take a while: the stream goes on meanwhile)."""

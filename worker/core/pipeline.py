@@ -450,6 +450,27 @@ class Dispatcher:
         )
         self.refuse(req, error)
 
+    def refuse_unless_known(self, req: pb.ActionRequest, error: WorkerError) -> None:
+        """Refuse a request that could not be taken (its blob's parts were refused or
+        did not add up, or it was cancelled before it was claimed) with `error`, unless
+        it repeats a call this worker knows: that is answered as a duplicate (RUNNING
+        or DONE, from memory or the ledger), so a refusal never stands in for a call's
+        real outcome."""
+        cid = req.correlation_id
+        if cid in self._calls:
+            self.results.ack_request(cid, pb.ActionAck.DUPLICATE_RUNNING)
+            return
+        digest = carried_digest(req)
+        known = (
+            digest is not None
+            and 0 < len(cid) <= MAX_ID_CHARS
+            and self.state.begin(cid, digest, req.plan_id, claim=False).seen is not Seen.NEW
+        )
+        if known and digest is not None:
+            self._claim(req, b"", digest)  # answered as the duplicate it is, never run
+            return
+        self.refuse(req, error)
+
     def refuse(self, req: pb.ActionRequest, error: WorkerError) -> None:
         """Answer a request that was never claimed (so never ran) with `error`."""
         result = pb.ActionResult(

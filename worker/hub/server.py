@@ -56,6 +56,7 @@ from worker.wire.protocol import (
     blob_gone,
     call_digest,
     error_pb,
+    legacy_digest,
     same_call,
 )
 from worker.wire.transport import MAX_MESSAGE_BYTES
@@ -90,6 +91,8 @@ class Session:
     outbox: asyncio.Queue[bytes | Chunked | None] = field(default_factory=asyncio.Queue)
     # The protocol this stream speaks (the Welcome's choice): 2 takes blobs in parts.
     protocol: int = PROTOCOL_MIN
+    # Requests whose blobs go in parts on this stream, by call id (see `send`).
+    transfers: dict[str, Chunked] = field(default_factory=dict)
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
     # Set by the worker's next results (or HOLD_S): the outbox's writer waits on it.
@@ -108,7 +111,18 @@ class Session:
         if self.closed:
             return
         if isinstance(msg, Chunked):
-            self.outbox.put_nowait(msg if self.protocol >= PARTS_PROTOCOL else msg.inline())
+            if self.protocol < PARTS_PROTOCOL:
+                self.outbox.put_nowait(msg.inline())
+                return
+            # One transfer of a call at a time: a second (a retry, a second caller)
+            # would interleave its parts with the first's under the same id.
+            cid = msg.request.correlation_id
+            going = self.transfers.get(cid)
+            if going is not None and not going.finished:
+                return  # the one under way brings the same call; the worker acks it once
+            self.transfers = {c: t for c, t in self.transfers.items() if not t.finished}
+            self.transfers[cid] = msg
+            self.outbox.put_nowait(msg)
         else:
             part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
             self.outbox.put_nowait(part)
@@ -129,7 +143,7 @@ class Session:
 _NOT_RECORDED: Final = WorkerError(
     "internal_error",
     "the hub could not record the call in its database (its log says why); nothing was "
-    "sent to the worker: retry the call",
+    "sent to the worker: retry it with the same correlation id",
 )
 
 
@@ -363,8 +377,9 @@ class Hub:
                 continue
             request.attempt += 1
             request.timeout_ms = call.deadline_ms - now
-            part = request_part(request, blob)  # rare (a reconnect): on the loop
-            if self._refused_too_large(cid, len(part)):
+            # Rare (a reconnect): built on the loop.
+            part = _digest_and_part(request, blob, session.protocol >= PARTS_PROTOCOL)
+            if self._refused_too_large(cid, _size(part)):
                 continue
             session.send(part)
 
@@ -469,6 +484,8 @@ class Hub:
             self.store.flush()
         except sqlite3.Error:
             log.exception("could not record call %s; it was not sent", correlation_id)
+            self.store.unadd(correlation_id)  # nor will it be, by a later flush
+            self._blobs.pop(correlation_id, None)
             return False
         return True
 
@@ -842,7 +859,8 @@ class Hub:
         )
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
-            if not same_call(existing.args_digest, digest):
+            legacy = lambda: legacy_digest(request, blob)  # noqa: E731  (rare: a legacy row)
+            if not same_call(existing.args_digest, digest, legacy):
                 error = WorkerError(
                     "args_mismatch",
                     f"correlation id {cid} was already used for a call with different arguments; "

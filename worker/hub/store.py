@@ -179,6 +179,10 @@ class HubStore:
         )
         return True
 
+    def unadd(self, correlation_id: str) -> None:
+        """Take back a call added and not yet written (it was never sent)."""
+        self._unwritten.pop(correlation_id, None)
+
     def _known(self, correlation_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM calls WHERE correlation_id = ?", (correlation_id,))
         return row.fetchone() is not None

@@ -83,12 +83,10 @@ class Batcher(Generic[M]):
                 break
             if self._spread is not None:
                 msg, self._rest = self._spread(msg)
-                batch.append(msg)
-                if self._rest is not None:
-                    break  # a part ends the batch
-                continue
             batch.append(msg)
             size += msg_size
+            if self._rest is not None:
+                break  # a part ends the batch
         return batch
 
 
@@ -214,6 +212,10 @@ class Chunked:
     sent: int = 0
 
     @property
+    def finished(self) -> bool:
+        return self.sent == len(self.parts)
+
+    @property
     def size(self) -> int:
         return sum(len(part) for part in self.parts)
 
@@ -235,9 +237,13 @@ class Chunked:
 def chunked(request: pb.ActionRequest, blob: Buffer) -> Chunked:
     """`request` with `blob` as BlobParts of PART_BYTES ahead of it (a copy of each)."""
     view = memoryview(blob)
-    header = pb.BlobPart(correlation_id=request.correlation_id).SerializeToString()
     parts = [
-        _nested_part(_BLOB_PART_FIELD, header, _PART_DATA_FIELD, view[at : at + PART_BYTES])
+        _nested_part(
+            _BLOB_PART_FIELD,
+            pb.BlobPart(correlation_id=request.correlation_id, offset=at).SerializeToString(),
+            _PART_DATA_FIELD,
+            view[at : at + PART_BYTES],
+        )
         for at in range(0, len(view), PART_BYTES)
     ]
     announced = pb.ActionRequest()

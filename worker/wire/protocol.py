@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable
 from typing import Final
 
 import blake3
@@ -58,18 +60,31 @@ def call_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -
     return DIGEST_SCHEME + h.hexdigest()
 
 
-def same_call(recorded: str, delivered: str) -> bool:
+def legacy_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -> str:
+    """`call_digest` as versions before BLAKE3 wrote it: sha256, without the scheme."""
+    h = hashlib.sha256()
+    for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    h.update(req.blob if blob is None else blob)
+    return h.hexdigest()
+
+
+def same_call(recorded: str, delivered: str, recompute: Callable[[], str] | None = None) -> bool:
     """Whether a delivery's digest names the call recorded under its correlation id.
 
-    A digest recorded by an earlier version (sha256, without the scheme) cannot be
-    compared with today's: such a call was in flight across the upgrade, and its
-    retry is taken as the same call. Answering it as a mismatch would make the caller
-    run it again under a new id, which is what correlation ids exist to prevent; the
-    cost is that a caller who re-used an id for a different call in that window is
-    answered with the first call's outcome. Rows age out within a day."""
+    A digest recorded by an earlier version (sha256, without the scheme) is compared
+    with `recompute()`, the delivered call's `legacy_digest`, where the call itself is
+    at hand (the hub has it). Where only its digest is (the worker's ledger), such a
+    call, in flight across the upgrade, is taken as the same call: a false mismatch
+    would make the caller run it again under a new id, which correlation ids exist to
+    prevent, and the id alone still decides that nothing runs twice. Rows age out
+    within a day."""
     if recorded == delivered:
         return True
-    return not recorded.startswith(DIGEST_SCHEME) and delivered.startswith(DIGEST_SCHEME)
+    if recorded.startswith(DIGEST_SCHEME) or not delivered.startswith(DIGEST_SCHEME):
+        return False
+    return True if recompute is None else recorded == recompute()
 
 
 def carried_digest(req: pb.ActionRequest) -> str | None:

@@ -266,12 +266,14 @@ class ServerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[ActionRequest, _Mapping]] = ..., scope_request: _Optional[_Union[ScopeRequest, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., kill_plan: _Optional[_Union[KillPlan, _Mapping]] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., blob_part: _Optional[_Union[BlobPart, _Mapping]] = ...) -> None: ...
 
 class BlobPart(_message.Message):
-    __slots__ = ("correlation_id", "data")
+    __slots__ = ("correlation_id", "data", "offset")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     correlation_id: str
     data: bytes
-    def __init__(self, correlation_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    offset: int
+    def __init__(self, correlation_id: _Optional[str] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "protocol", "heartbeat_interval_ms", "abandoned_ids")
