@@ -21,14 +21,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sandbox import confinement
 from worker import actions, memory
-from worker.actions import computer, workbench
+from worker.actions import computer
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
 from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
@@ -60,6 +60,9 @@ from worker.wire.transport import (
     server_options,
     split_host,
 )
+
+if TYPE_CHECKING:  # sandbox mode's own: imported when `--sandbox` asks for it
+    from worker.actions import workbench
 
 log = logging.getLogger("agentworker")
 
@@ -142,6 +145,8 @@ def build_dispatcher(
         registry = computer.absent(registry, desktop.availability)
     roots = roots_of(config, paths)
     if bench is not None:
+        from worker.actions import workbench
+
         static.append(Grant(agent="*", scope=f"{workbench.SURFACE}.*", granted_by="sandbox mode"))
         registry = {
             **workbench.build(bench),
@@ -356,8 +361,11 @@ def _address_taken(address: str) -> bool:
     port_text = address.rsplit(":", 1)[-1]
     if not port_text.isdigit() or int(port_text) == 0:
         return False
+    # An ASCII name goes as bytes: as text, Python would load its IDNA codec to encode
+    # it (a few ms of every start) for the same bytes.
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        infos = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(name, int(port_text), type=socket.SOCK_STREAM)
     except OSError:
         return False  # gRPC will say what is wrong with the address
     for family, kind, proto, _name, sockaddr in infos:
@@ -452,6 +460,8 @@ async def run_hub(paths: Paths, config: Config, listen: str | None = None) -> No
 async def start_workbench(paths: Paths, config: Config) -> workbench.Workbench:
     """Sandbox mode's workspaces, once the sandbox is known to work here (else refuse to
     start: NoSandboxError, a problem of this machine, not an answer to a call)."""
+    from worker.actions import workbench
+
     try:
         await workbench.probe(config)
         bench = workbench.Workbench.at(paths.workbench, config.sandbox)

@@ -10,6 +10,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,12 @@ NOT_FOR_CALL = (
     "worker.core",
     "worker.actions",
     "worker.app",
+    # --blob-out's temporary file and the hub's new token: their modules (tempfile
+    # with random; secrets with hashlib and hmac) load only when those run.
+    "tempfile",
+    "random",
+    "secrets",
+    "hmac",
 )
 
 
@@ -122,4 +129,27 @@ def test_the_workers_actions_load_no_http_client_until_a_fetch() -> None:
         "if sys.modules.get(m) is not None]))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == []
+
+
+def test_a_worker_without_sandbox_mode_loads_neither_its_workbench_nor_an_idna_codec(
+    tmp_path: Path,
+) -> None:
+    """What `up` and `run` do before READY, in a fresh process: the workbench (sandbox
+    mode's actions) loads only with --sandbox, the hub's check that its address is free
+    resolves an ASCII name without Python's IDNA codec, and difflib waits for a key name
+    to suggest (each a few ms of every start)."""
+    probe = (
+        "import json, sys; from pathlib import Path; from worker import app; "
+        "from worker.config import load, Paths; paths = Paths.at(Path(sys.argv[1])); "
+        "paths.ensure(); app.build_dispatcher(paths, load(paths)).close(); "
+        "assert app._address_taken('127.0.0.1:1') is False; "
+        "assert app._address_taken('localhost:1') is False; "
+        "print(json.dumps([m for m in ('worker.actions.workbench', 'encodings.idna', "
+        "'difflib', 'textual', 'ui') if m in sys.modules]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []

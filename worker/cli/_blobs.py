@@ -9,7 +9,6 @@ Only the standard library: the verb modules import this at their top.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 # Actions whose blob is what they write: an empty one must be asked for.
@@ -74,6 +73,8 @@ def write_blob_out(blob_out: Path | None, ok: bool, blob: bytes) -> str | None:
         except FileNotFoundError:
             return None
         return f"removed {blob_out}: the call failed, so it has no output"
+    import tempfile  # here: it loads shutil, random, bz2 and lzma, unused without --blob-out
+
     fd, temp = tempfile.mkstemp(dir=blob_out.parent, prefix=f".{blob_out.name}.")
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +113,8 @@ def read_or_create_token(path: Path) -> str:
         return read_token(path)
     # Hex, not urlsafe base64: a token that starts with '-' reads as an option when
     # passed as `--token VALUE` (it did, and a benchmark's worker failed to start).
+    import secrets  # here: the hub makes a token, a caller only reads one
+
     token = secrets.token_hex(32)
     draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

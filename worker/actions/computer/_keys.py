@@ -8,7 +8,6 @@ An unknown name is `unknown_key`, with the closest known names.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Final
 
@@ -111,6 +110,8 @@ def lookup(name: str) -> Press:
         return Press(char=folded)
     key = KEYS.get(folded)
     if key is None:
+        import difflib  # here: only a misspelt name needs suggestions, not every start
+
         close = difflib.get_close_matches(folded, ALL_NAMES, n=5, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise WorkerError(
