@@ -5,6 +5,9 @@ Rows, each a fresh process, run in turns (one of each, then again) so all see th
 same load:
 
   python -c pass       the raw baseline: the interpreter starting and leaving
+  import grpc + proto  the interpreter importing gRPC (asyncio with it) and the project's
+                       generated protobuf module: what any gRPC client in Python pays
+                       before it can send a call, `call`'s floor
   --help               `agentworker --help` (the installed entry point), to its first byte
   call workerHost...   `agentworker call workerHost.fs_stat` through a running `up`
   call fs_stat         the same with a bare name (the computer surface's list is read)
@@ -41,6 +44,8 @@ from benchmarks._common import Home, agentworker, connected, goal, machine, make
 COMMAND = [shutil.which("agentworker") or str(Path(sys.executable).parent / "agentworker")]
 if not Path(COMMAND[0]).exists():
     COMMAND = [sys.executable, "-m", "worker"]
+
+GRPC_FLOOR = "import grpc; from worker.wire.proto import agentworker_pb2; print(end='.')"
 
 Sample = tuple[float, float]  # wall ms to first output, CPU ms of the whole process
 
@@ -94,6 +99,7 @@ def main() -> None:
         stat = '{"path": "."}'
         rows: dict[str, Callable[[], Sample]] = {
             "python -c pass": lambda: first_output([sys.executable, "-c", "print(end='.')"], env),
+            "import grpc + proto": lambda: first_output([sys.executable, "-c", GRPC_FLOOR], env),
             "--help": lambda: first_output([*COMMAND, "--help"], env),
             "call workerHost.fs_stat": lambda: first_output(
                 [*COMMAND, "call", "workerHost.fs_stat", stat, "--agent", "bench"], env

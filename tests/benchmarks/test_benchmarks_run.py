@@ -182,6 +182,7 @@ def test_cli_benchmark_prints_each_start_beside_python_itself(goals_file: Path) 
     out = _run("bench_cli.py", "--runs", "1", goals=goals_file)
     for row in (
         "python -c pass",
+        "import grpc + proto",
         "--help",
         "call workerHost.fs_stat",
         "call fs_stat",
