@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from worker import app
@@ -426,7 +427,8 @@ def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Pat
     """Over FILE_BLOB_BYTES the blob goes to a file written before its row commits (one
     write, not a log frame per page), is sent again from it while unacked, and goes
     with the ack; a file no unacked row names is swept at the next start, and one a
-    power cut left short is answered blob_gone, never sent cut."""
+    power cut left short, or the right length but never written, is answered
+    blob_gone, never sent cut or as zeros."""
     dispatcher = _dispatcher(tmp_path, WorkerSection(diagnostics=True))
     half = os.urandom(FILE_BLOB_BYTES // 2 + 1)
     emitted: list[pb.WorkerMessage] = []
@@ -450,7 +452,7 @@ def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Pat
                 answered.set()
 
         dispatcher.outbox.attach(emit)
-        for cid in ("big-1", "big-2"):
+        for cid in ("big-1", "big-2", "big-3"):
             answered.clear()
             dispatcher.submit(echo(cid))
             await answered.wait()
@@ -459,10 +461,12 @@ def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Pat
     state = dispatcher.state
     with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
         rows = db.execute("SELECT result_blob, blob_bytes, blob_file FROM calls").fetchall()
-    assert rows == [(None, 2 * len(half), 1)] * 2  # the rows name the files: no bytes
-    assert state.blob_path("big-1").read_bytes() == half * 2
+    assert rows == [(None, 2 * len(half), 1)] * 3  # the rows name the files: no bytes
+    whole = state.blob_path("big-1").read_bytes()
+    assert whole == half * 2 + blake3.blake3(half * 2).digest()  # the blob, then its check
     dispatcher.submit(echo("big-1"))  # unacked: answered from its file
-    state.blob_path("big-2").write_bytes(half)  # what a power cut may leave
+    state.blob_path("big-2").write_bytes(half)  # what a power cut may leave: short
+    state.blob_path("big-3").write_bytes(bytes(len(whole)))  # or its length, unwritten
     dispatcher.results.resend_unacked()  # after a reconnect
     dispatcher.ack(["big-1"])
     assert not state.blob_path("big-1").exists()
@@ -471,10 +475,13 @@ def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Pat
     orphan.write_bytes(b"x")
     assert state.sweep_blob_files() == 1 and not orphan.exists()
     assert state.blob_path("big-2").exists()  # still unacked: kept
-    first, _second, from_file, resent, gone_short, gone_acked = _results(emitted)
+    first, _second, _third, from_file, resent, gone_short, gone_zeros, gone_acked = _results(
+        emitted
+    )
     assert first.blob == from_file.blob == resent.blob == half * 2 and from_file.replayed
     assert resent.correlation_id == "big-1" and gone_short.correlation_id == "big-2"
-    assert gone_short.error.code == gone_acked.error.code == "blob_gone"
+    assert gone_zeros.correlation_id == "big-3"
+    assert gone_short.error.code == gone_zeros.error.code == gone_acked.error.code == "blob_gone"
     dispatcher.close()
 
 

@@ -9,8 +9,8 @@ late duplicate still finds its answer — but not their blobs, which go with the
 (`state.db-blobs/`), written before its row commits: SQLite writes a blob as one log
 frame per 4 KiB page, so recording exec's 1 MiB of output took 2.7 ms and dropping it
 1.8 ms, on the event loop; a file takes one write and one unlink. Like the log, it
-survives a crash of the process; after a power cut a blob found short is answered
-`blob_gone`, never sent cut.
+survives a crash of the process; the file ends with the blob's BLAKE3, so after a
+power cut a blob found short, or unwritten, is answered `blob_gone`, never sent cut.
 
 A call with no effect (its action's `effect` is `Effect.NONE`: a read, a listing, a
 screenshot) is not claimed before it runs: running it twice does no harm, so it does
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Final
+
+import blake3
 
 from worker import db
 from worker.clock import now_ms
@@ -78,6 +80,7 @@ DEFAULT_TTL_S = 24 * 3600
 HELD_BYTES: Final = 64 * 1024 * 1024
 # A recorded result blob this large waits for its ack in a file, not in the database.
 FILE_BLOB_BYTES: Final = 64 * 1024
+_CHECK_BYTES: Final = 32  # the BLAKE3 after a blob in its file
 BLOBS_SUFFIX: Final = LEDGER_BLOBS_SUFFIX  # their folder: the database's path + this
 # How stale the cached kills and grants may be: a grant or lift made from the CLI
 # (another process) takes effect within this.
@@ -314,9 +317,11 @@ class State:
                 0o600,
             )
             try:
-                view = memoryview(blob)
-                while view:
-                    view = view[os.write(fd, view) :]
+                # The blob, then its BLAKE3: a file a power cut left short, or the right
+                # length but unwritten (zeros), is told from a whole one when read.
+                for view in (memoryview(blob), memoryview(_check(blob))):
+                    while view:
+                        view = view[os.write(fd, view) :]
             finally:
                 os.close(fd)
         except OSError:
@@ -504,12 +509,22 @@ class State:
         ]
 
 
+def _check(blob: bytes) -> bytes:
+    """What follows a blob in its file: its BLAKE3 (0.23 ms a MiB here)."""
+    return blake3.blake3(blob).digest()
+
+
 def _read_blob(path: Path, size: int) -> bytes | None:
-    """A blob file's bytes; None when it is missing or not `size` bytes long (a power
-    cut can leave the row without all of its file)."""
+    """A blob file's bytes; None when it is missing, or is not `size` bytes followed by
+    their BLAKE3 (the file is not fsynced before its row commits, which a crash of the
+    process does not undo; a power cut can leave it short, or the right length and
+    never written)."""
     try:
         with open(path, "rb") as blob:
             data = blob.read()
     except FileNotFoundError:
         return None
-    return data if len(data) == size else None
+    if len(data) != size + _CHECK_BYTES:
+        return None
+    content = data[:size]
+    return content if _check(content) == data[size:] else None
