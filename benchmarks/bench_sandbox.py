@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import OneCall, agentworker, connected, machine, make_home, report, timed
-from sandbox._bwrap import ETC_FILES, SYSTEM_DIRS
+from sandbox._bwrap import _system_view
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -54,13 +53,7 @@ def bwrap_argv(workspace: Path) -> list[str]:
     the workspace at /workspace), minus the worker's own steps (limits, start line)."""
     args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
     args += ["--new-session", "--cap-drop", "ALL"]
-    for folder in SYSTEM_DIRS:
-        if os.path.islink(folder):
-            args += ["--symlink", os.readlink(folder), folder]
-        elif os.path.isdir(folder):
-            args += ["--ro-bind", folder, folder]
-    for path in ETC_FILES:
-        args += ["--ro-bind-try", path, path]
+    args += _system_view()  # the read-only system, as the sandbox binds it
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108 - its own tmpfs
     args += ["--bind", str(workspace), "/workspace", "--remount-ro", "/", "--chdir", "/workspace"]
     return [*args, "--", TRUE]

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from worker.hub.server import Hub, Session
 from worker.hub.store import HubStore
-from worker.wire.framing import PART_BYTES, Batcher, Chunked, outgoing_size, spread_parts
+from worker.wire.framing import (
+    PART_BYTES,
+    Batcher,
+    Chunked,
+    message_part,
+    outgoing_size,
+    spread_parts,
+)
 from worker.wire.proto import agentworker_pb2 as pb
 
 BLOB = os.urandom(3 * PART_BYTES + 123)
@@ -23,21 +30,23 @@ def messages(batch: list[bytes | Chunked]) -> list[pb.ServerMessage]:
     return list(pb.ServerEnvelope.FromString(b"".join(batch)).messages)  # type: ignore[arg-type]
 
 
-async def queued_by(hub: Hub, session: Session, call: pb.DispatchRequest) -> bytes | Chunked:
+async def queued_for(tmp_path: Path, protocol: int) -> bytes | Chunked:
+    """What the hub queues for a worker speaking `protocol` when a call with BLOB comes."""
+    hub = Hub(HubStore(tmp_path / "hub.db"))
+    session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=protocol)
+    hub.sessions["w"] = session
+    call = pb.DispatchRequest(correlation_id="big", worker_id="w", blob=BLOB, **CALL)
     dispatched = asyncio.create_task(hub.dispatch(call))
     queued = await session.outbox.get()
     dispatched.cancel()
+    hub.store.close()
     assert queued is not None
     return queued
 
 
 def test_a_small_message_leaves_ahead_of_the_next_part(tmp_path: Path) -> None:
     async def go() -> None:
-        hub = Hub(HubStore(tmp_path / "hub.db"))
-        session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=2)
-        hub.sessions["w"] = session
-        call = pb.DispatchRequest(correlation_id="big", worker_id="w", blob=BLOB, **CALL)
-        transfer = await queued_by(hub, session, call)
+        transfer = await queued_for(tmp_path, protocol=2)
         assert isinstance(transfer, Chunked)
 
         outbox: asyncio.Queue[bytes | Chunked | None] = asyncio.Queue()
@@ -45,8 +54,9 @@ def test_a_small_message_leaves_ahead_of_the_next_part(tmp_path: Path) -> None:
         batches = Batcher(outbox, outgoing_size, None, spread_parts)
         sent = [messages(await batches.next_batch() or [])]
         # A heartbeat queued while the first part is on the wire goes next.
-        session.send(pb.ServerMessage(heartbeat=pb.Heartbeat()))
-        outbox.put_nowait(await session.outbox.get())
+        outbox.put_nowait(
+            message_part(pb.ServerMessage(heartbeat=pb.Heartbeat()).SerializeToString())
+        )
         while sent[-1][-1].WhichOneof("kind") != "request":  # the request comes last
             sent.append(messages(await batches.next_batch() or []))
 
@@ -63,22 +73,16 @@ def test_a_small_message_leaves_ahead_of_the_next_part(tmp_path: Path) -> None:
         assert data == BLOB and all(len(p.data) <= PART_BYTES for p in parts if p.data)
         request = sent[-1][0].request
         assert request.blob_in_parts == len(BLOB) and request.blob == b""
-        hub.store.close()
 
     asyncio.run(go())
 
 
 def test_a_protocol_1_worker_gets_the_blob_whole(tmp_path: Path) -> None:
     async def go() -> None:
-        hub = Hub(HubStore(tmp_path / "hub.db"))
-        session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=1)
-        hub.sessions["w"] = session
-        call = pb.DispatchRequest(correlation_id="big", worker_id="w", blob=BLOB, **CALL)
-        whole = await queued_by(hub, session, call)
+        whole = await queued_for(tmp_path, protocol=1)
         assert isinstance(whole, bytes)
         (message,) = pb.ServerEnvelope.FromString(whole).messages
         assert message.request.blob == BLOB and message.request.blob_in_parts == 0
-        hub.store.close()
 
     asyncio.run(go())
 

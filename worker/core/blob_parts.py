@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from worker.core.pipeline import MAX_ID_CHARS
 from worker.errors import WorkerError
 from worker.wire.transport import MAX_MESSAGE_BYTES
 
@@ -26,7 +27,6 @@ PART_OVERHEAD_BYTES: Final = 256
 ID_OVERHEAD_BYTES: Final = 1024
 # Calls whose parts are held at once (the hub sends a few large calls at a time).
 MAX_CALLS: Final = 64
-MAX_ID_CHARS: Final = 256  # as the pipeline's: a hub's ids are 32 hex digits
 # Ids whose parts were refused, remembered until their request comes (bounded: a
 # server that never sends the requests cannot grow it without limit).
 MAX_REFUSED_IDS: Final = 1024

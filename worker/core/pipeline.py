@@ -340,10 +340,7 @@ class Dispatcher:
                 f"a request needs a correlation_id of 1 to {MAX_ID_CHARS} characters; "
                 "nothing was run",
             )
-            result = pb.ActionResult(
-                correlation_id=cid, status=pb.ActionResult.ERROR, error=error_pb(error)
-            )
-            self.results.send(pb.WorkerMessage(result=result))
+            self.refuse(req, error)
             return
         if self._draining:
             self.results.ack_request(

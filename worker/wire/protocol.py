@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 import blake3
 
@@ -52,22 +52,31 @@ def call_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -
 
     The hash is BLAKE3 (256 bits, like sha256, and 3.6x its speed here: 4 ms for a
     16 MiB blob where sha256 took 14.6 ms)."""
-    h = blake3.blake3()
-    for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
-        h.update(part.encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
-    h.update(req.blob if blob is None else blob)
-    return DIGEST_SCHEME + h.hexdigest()
+    return DIGEST_SCHEME + _fed(blake3.blake3(), req, blob).hexdigest()
 
 
 def legacy_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -> str:
     """`call_digest` as versions before BLAKE3 wrote it: sha256, without the scheme."""
-    h = hashlib.sha256()
+    return _fed(hashlib.sha256(), req, blob).hexdigest()
+
+
+class _Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> object: ...
+
+    def hexdigest(self) -> str: ...
+
+
+_H = TypeVar("_H", bound=_Hasher)
+
+
+def _fed(h: _H, req: pb.ActionRequest, blob: bytes | memoryview | None) -> _H:
+    """`h` given what makes a call that call: its fields, each ended by a NUL, then
+    every byte of its blob."""
     for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
         h.update(part.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
     h.update(req.blob if blob is None else blob)
-    return h.hexdigest()
+    return h
 
 
 def same_call(recorded: str, delivered: str, recompute: Callable[[], str] | None = None) -> bool:
