@@ -40,19 +40,16 @@ proto: $(STAMP)  ## regenerate worker/wire/proto from agentworker.proto
 		worker/wire/proto/agentworker.proto
 
 # Each benchmark records its goals (benchmarks/_common.py: goal) in this file; the
-# last step prints them all in one table.
+# last step prints them all in one table. RUNS=3 runs them all three times over and
+# the table gives each goal's medians and spread (what a closing note reports).
+RUNS ?= 1
+BENCHES := roundtrip exec fs computer hub_scale sandbox replay tui cli
 bench: export AGENTWORKER_BENCH_GOALS := $(abspath $(VENV)/bench-goals.jsonl)
-bench: $(STAMP)  ## benchmarks: figures beside raw baselines, then one table of the goals
+bench: $(STAMP)  ## benchmarks beside raw baselines, then one table of the goals (RUNS=3: medians)
 	rm -f "$$AGENTWORKER_BENCH_GOALS"
-	$(BIN)/python benchmarks/bench_roundtrip.py
-	$(BIN)/python benchmarks/bench_exec.py
-	$(BIN)/python benchmarks/bench_fs.py
-	$(BIN)/python benchmarks/bench_computer.py
-	$(BIN)/python benchmarks/bench_hub_scale.py
-	$(BIN)/python benchmarks/bench_sandbox.py
-	$(BIN)/python benchmarks/bench_replay.py
-	$(BIN)/python benchmarks/bench_tui.py
-	$(BIN)/python benchmarks/bench_cli.py
+	for run in $$(seq $(RUNS)); do \
+		for name in $(BENCHES); do $(BIN)/python benchmarks/bench_$$name.py || exit 1; done; \
+	done
 	$(BIN)/python benchmarks/summary.py "$$AGENTWORKER_BENCH_GOALS"
 
 onefile: $(STAMP)  ## dist/agentworker: the one-file build, smoke-tested
