@@ -21,6 +21,7 @@ import pytest
 
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
+from worker.core import results
 from worker.core.ledger import FILE_BLOB_BYTES
 from worker.core.pipeline import Dispatcher, Outgoing
 from worker.core.registry import Context, Effect
@@ -109,12 +110,42 @@ def test_every_result_is_in_the_ledger_before_it_is_sent_and_its_row_follows(
         # Each ran once its claim was committed (another connection saw it).
         assert seen_by_handler == ["RUNNING"] * 50
         await dispatcher.drain(10)
-        await asyncio.sleep(0)  # one loop turn: the rows' write comes right after
+        await asyncio.sleep(0)
+        # The rows wait for the server's ack (or TELEMETRY_DELAY_S), not a commit each.
+        assert all(_ledger_state(tmp_path, f"c{i}") == "DONE" for i in range(50))
+        dispatcher.ack([f"c{i}" for i in range(50)])  # written first, then the acks
         assert all(_ledger_state(tmp_path, f"c{i}") == "DONE+row" for i in range(50))
 
     asyncio.run(run())
     dispatcher.close()
     assert set(sent.values()) == {"DONE"} and len(sent) == 50
+
+
+def test_rows_are_written_a_moment_after_their_results_when_no_ack_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(results, "TELEMETRY_DELAY_S", 0.0)
+    dispatcher = _dispatcher(tmp_path, effect=Effect.NONE)
+    dispatcher.outbox.attach(lambda _out: None)
+    written = asyncio.Event()
+    flush = dispatcher.telemetry.flush
+
+    def flush_and_tell() -> None:
+        flush()
+        written.set()
+
+    dispatcher.telemetry.flush = flush_and_tell  # type: ignore[method-assign]
+
+    async def run() -> None:
+        for i in range(3):
+            dispatcher.submit(_request(f"c{i}"))
+        await dispatcher.drain(10)
+        await asyncio.wait_for(written.wait(), 10)  # the timer's write, no ack sent
+        with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+            assert db.execute("SELECT COUNT(*) FROM invocations").fetchone()[0] == 3
+
+    asyncio.run(run())
+    dispatcher.close()
 
 
 class _FailingCommit:

@@ -2,9 +2,10 @@
 
 The pipeline's last part (DESIGN.md §2). `Results` takes finished results, records
 many in one commit, sends them through the `Outbox`, and writes their telemetry rows
-just after they leave (always before the server's ack lets the ledger forget them).
-It also sends the small messages that are not results: STARTED acks (batched for
-`ACK_DELAY_S`), duplicate acks and audit events.
+later, many in one commit: when the server acks them (before the ack lets the ledger
+forget them), or `TELEMETRY_DELAY_S` after the first of them left, whichever comes
+first. It also sends the small messages that are not results: STARTED acks (batched
+for `ACK_DELAY_S`), duplicate acks and audit events.
 
 The `Outbox` is the one way out: the connection attaches its session's writer while a
 stream is up and detaches it when the stream ends; offline, messages go nowhere (a
@@ -30,6 +31,12 @@ log = logging.getLogger(__name__)
 
 # How long a STARTED ack waits to share a message with others (or to be made moot).
 ACK_DELAY_S = 0.005
+# How long the telemetry rows of results sent wait for the server's ack, which writes
+# them (one commit for all the rows since the last), before they are written anyway.
+# Not right after each result: work on the loop just after a send holds the GIL that
+# gRPC needs to put the result on the wire, and a commit per call cost every call
+# ~0.05 ms of round trip and the worker a commit each (see "The control path").
+TELEMETRY_DELAY_S = 0.05
 
 # A message to the server: a WorkerMessage, or an envelope part already built (a
 # result's bytes are made once, for the ledger and the wire alike; see framing.py).
@@ -76,7 +83,7 @@ class Results:
         self.outbox = outbox
         self._finished: list[Finished] = []  # waiting for flush()
         self._flush_scheduled = False
-        self._telemetry_scheduled = False
+        self._telemetry_timer: asyncio.TimerHandle | None = None
         # STARTED acks wait a moment and leave together; a call whose result is out
         # by then needs none (the result says more than "started").
         self._started: dict[str, None] = {}
@@ -126,26 +133,31 @@ class Results:
             self._started_timer = None
         if encoded:
             self.telemetry.record_later([f.result.invocation for _cid, _data, f in encoded])
-            self._write_telemetry_soon()
+            self._write_telemetry_later()
         self.on_flushed()
 
-    def _write_telemetry_soon(self) -> None:
-        """Write the queued telemetry rows once the results ahead of them are on their
-        way (the writer task runs first), or at once with no loop running."""
+    def _write_telemetry_later(self) -> None:
+        """Write the queued telemetry rows with the server's next ack, or after
+        TELEMETRY_DELAY_S if none comes first; at once with no loop running."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.write_telemetry()
             return
-        if not self._telemetry_scheduled:
-            self._telemetry_scheduled = True
-            loop.call_soon(self.write_telemetry)
+        if self._telemetry_timer is None:
+            self._telemetry_timer = loop.call_later(TELEMETRY_DELAY_S, self._telemetry_due)
+
+    def _telemetry_due(self) -> None:
+        self._telemetry_timer = None
+        self.write_telemetry()  # should the disk say no, the next result tries again
 
     def write_telemetry(self) -> bool:
         """Write the queued telemetry rows; False if they could not be (they stay
         queued, their results unacked, and recover() writes them should the worker
         stop first)."""
-        self._telemetry_scheduled = False
+        if self._telemetry_timer is not None:
+            self._telemetry_timer.cancel()
+            self._telemetry_timer = None
         try:
             self.telemetry.flush()
         except sqlite3.Error:
