@@ -23,7 +23,7 @@ from sandbox.files import (
     write_atomic,
 )
 from sandbox.fs_types import file_kind
-from sandbox.listing import Entry, Listing, list_tree
+from sandbox.listing import Entry, Listing, Row, list_tree
 from sandbox.paths import (
     ConfinedDir,
     ConfinementError,
@@ -47,6 +47,7 @@ __all__ = [
     "Located",
     "Problem",
     "Root",
+    "Row",
     "Written",
     "append_bytes",
     "file_kind",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 from sandbox import ConfinedDir, ConfinementError, Problem, list_tree
 from tests.sandbox.support import Tree
@@ -82,3 +83,35 @@ def test_an_unreadable_folder_is_reported_not_fatal(tree: Tree, confined: Confin
         unprivileged(check)
     finally:
         (tree.root / "sub").chmod(0o755)
+
+
+def test_a_row_function_makes_what_is_kept_and_a_full_listing_stops_the_walk(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    for folder in ("a", "b"):
+        (tree.root / folder).mkdir()
+        for i in range(3):
+            (tree.root / folder / f"f{i}").write_text("x" * i)
+    seen: list[str] = []
+
+    def row(path: str, name: str, st: os.stat_result, error: object) -> tuple[object, ...]:
+        seen.append(path)
+        return (path, name, st.st_size if stat.S_ISREG(st.st_mode) else "dir", error)
+
+    listing = list_tree(confined, ".", depth=2, limit=3, row=row)
+    assert listing.entries == [
+        ("a", "a", "dir", None),
+        ("a/f0", "f0", 0, None),
+        ("a/f1", "f1", 1, None),
+    ]
+    assert listing.truncated and seen == ["a", "a/f0", "a/f1"], "nothing made past the limit"
+    full = list_tree(confined, ".", depth=2, limit=11, row=row)
+    assert len(full.entries) == 11 and not full.truncated  # a, 3, b, 3, data.txt, sub, 1
+
+
+def test_withheld_folders_are_never_listed(tree: Tree) -> None:
+    (tree.root / "own" / "deeper").mkdir(parents=True)
+    (tree.root / "sub" / "own.db").write_text("x")
+    withheld = [tree.root / "own", tree.root / "sub" / "own.db"]
+    with ConfinedDir(tree.root, withheld=withheld) as confined:
+        assert paths(confined, depth=3, hidden=True) == ["data.txt", "sub", "sub/inner.txt"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import stat as stat_mod
 from typing import Annotated, Any, Final
 
 import pydantic_core
 from pydantic import Field
 
-from sandbox import ConfinedDir, ConfinementError, Entry, Problem, file_kind, list_tree
+from sandbox import ConfinedDir, ConfinementError, Problem, Row, file_kind, list_tree
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, PathArg, Result
 from worker.errors import CONFINEMENT_CODES
@@ -63,31 +64,46 @@ def _list(ctx: Context, args: FsListArgs) -> Outcome[FsListResult]:
             limit=args.limit,
             hidden=args.hidden,
             scan_limit=SCAN_PER_FOLDER,
+            row=_rows(root, located.relative),
         )
-        entries = [_entry(root, located.relative, entry) for entry in listing.entries]
     # An FsListResult as JSON, written from plain dicts: a validated FsEntry per entry
     # cost three times the listing itself (tests hold that it validates as the model).
-    answer = {"path": args.path, "entries": entries, "truncated": listing.truncated}
+    answer = {"path": args.path, "entries": listing.entries, "truncated": listing.truncated}
     return Outcome(Json(pydantic_core.to_json(answer).decode()), truncated=listing.truncated)
 
 
-def _entry(root: ConfinedDir, base: str, entry: Entry) -> dict[str, Any]:
-    """One FsEntry's fields, in its order."""
-    st = entry.stat
-    target = None
-    if stat_mod.S_ISLNK(st.st_mode):
-        with contextlib.suppress(ConfinementError):  # gone or changed since it was listed
-            target = root.readlink_inside(entry.path if base == "." else f"{base}/{entry.path}")
-    return {
-        "path": entry.path,
-        "name": entry.name,
-        "type": file_kind(st),
-        "size": st.st_size,
-        "mtime": st.st_mtime,
-        "mode": oct(stat_mod.S_IMODE(st.st_mode)),
-        "symlink_target": target,
-        "error": None if entry.error is None else _error(entry.error),
-    }
+def _rows(root: ConfinedDir, base: str) -> Row[dict[str, Any]]:
+    """What the listing keeps of each entry: its FsEntry's fields, in order, made as
+    the walk finds it (no stat result or other record per entry is kept)."""
+    prefix = "" if base == "." else f"{base}/"
+    # type and mode by st_mode: a tree holds few distinct ones, so one dict lookup per
+    # entry instead of three calls (a tenth of a 10,000-entry listing's time).
+    described: dict[int, tuple[str, str]] = {}
+
+    def row(
+        path: str, name: str, st: os.stat_result, error: Problem | str | None
+    ) -> dict[str, Any]:
+        mode = st.st_mode
+        try:
+            kind, perms = described[mode]
+        except KeyError:
+            kind, perms = described[mode] = (file_kind(st), oct(stat_mod.S_IMODE(mode)))
+        target = None
+        if kind == "symlink":
+            with contextlib.suppress(ConfinementError):  # gone or changed since it was listed
+                target = root.readlink_inside(prefix + path)
+        return {
+            "path": path,
+            "name": name,
+            "type": kind,
+            "size": st.st_size,
+            "mtime": st.st_mtime,
+            "mode": perms,
+            "symlink_target": target,
+            "error": None if error is None else _error(error),
+        }
+
+    return row
 
 
 def _error(error: Problem | str | None) -> str | None:
