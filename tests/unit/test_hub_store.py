@@ -140,6 +140,36 @@ def test_a_result_arriving_before_the_flush_stores_its_call_first(tmp_path: Path
     store.close()
 
 
+def test_calls_added_and_answered_between_commits_are_written_once_answered(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    deadline = now_ms() + 60_000
+    store.add("w", "d-old", _request("written"), 0, deadline)
+    store.flush()  # a call written pending before its answer came
+    store.add("w", "d-new", _request("quick"), 7, deadline)  # answered before the commit
+    store.add("w", "d-slow", _request("slow"), 0, deadline)  # not answered yet
+    blob = os.urandom(100)
+    answers = [
+        (_ok("quick"), memoryview(blob), False),
+        (_ok("written"), None, False),
+        (_ok("stranger"), None, False),  # a result for a call this hub never sent
+    ]
+    assert store.complete_many(answers) == [True, True, False]
+    assert _committed_ids(path) == {"written", "quick", "slow"}
+    quick = store.get("quick")
+    assert quick is not None and quick.state == "DONE" and quick.result == _ok("quick")
+    assert quick.args_digest == "d-new" and quick.request == _request("quick")
+    assert quick.blob_bytes == 7 and quick.deadline_ms == deadline
+    assert quick.result_blob_bytes == 100 and quick.result_blob_gone
+    written = store.get("written")
+    assert written is not None and written.state == "DONE" and written.result == _ok("written")
+    slow = store.get("slow")
+    assert slow is not None and slow.state == "PENDING" and slow.result is None
+    store.close()
+
+
 def test_close_writes_what_was_added(tmp_path: Path) -> None:
     path = tmp_path / "hub.db"
     store = HubStore(path)

@@ -32,11 +32,12 @@ log = logging.getLogger(__name__)
 # How long a STARTED ack waits to share a message with others (or to be made moot).
 ACK_DELAY_S = 0.005
 # How long the telemetry rows of results sent wait for the server's ack, which writes
-# them (one commit for all the rows since the last), before they are written anyway.
+# them (one commit for all the rows since the last), before they are written anyway
+# (the reference hub acks every STORE_DELAY_S, 50 ms).
 # Not right after each result: work on the loop just after a send holds the GIL that
 # gRPC needs to put the result on the wire, and a commit per call cost every call
 # ~0.05 ms of round trip and the worker a commit each (see "The control path").
-TELEMETRY_DELAY_S = 0.05
+TELEMETRY_DELAY_S = 0.1
 
 # A message to the server: a WorkerMessage, or an envelope part already built (a
 # result's bytes are made once, for the ledger and the wire alike; see framing.py).

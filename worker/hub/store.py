@@ -23,6 +23,7 @@ The store keeps each blob's size, so a late repeat says what went (`blob_gone`).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -85,6 +86,12 @@ _INSERT_CALL = (
     " blob_bytes, state, result, created_ms, deadline_ms)"
     " VALUES (?, ?, ?, ?, ?, 'PENDING', NULL, ?, ?)"
 )
+# A call added and answered since the last commit, written once (see complete_many).
+_INSERT_ANSWERED = (
+    "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
+    " blob_bytes, created_ms, deadline_ms, state, result, result_blob, result_blob_bytes)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, 'DONE', ?, ?, ?)"
+)
 _CALL_COLUMNS = (
     "correlation_id, worker_id, args_digest, request, request_blob, state, result, deadline_ms,"
     " blob_bytes, result_blob, result_blob_bytes"
@@ -139,9 +146,13 @@ class HubStore:
             with db.transaction(self._db):
                 self._write_added()
 
-    def _write_added(self) -> None:
+    def _write_added(self, answered: Container[str] = ()) -> None:
+        """Write the calls added since the last commit, but those `answered` (written
+        already, with their answers)."""
         if self._unwritten:
-            self._db.executemany(_INSERT_CALL, list(self._unwritten.values()))
+            rows = [row for cid, row in self._unwritten.items() if cid not in answered]
+            if rows:
+                self._db.executemany(_INSERT_CALL, rows)
             self._unwritten = {}  # only once written: a failed commit keeps them for the next
 
     def get(self, correlation_id: str) -> StoredCall | None:
@@ -196,41 +207,53 @@ class HubStore:
     ) -> list[bool]:
         """`complete` for each (result, its blob if read apart from it, keep the blob?),
         in one commit. A result's blob is stored only when asked (no caller took it
-        yet); its size always is."""
-        stored = []
-        rows = []
-        for result, apart, keep_blob in results:
-            blob: Buffer = result.blob if apart is None else apart  # each read copies
-            rows.append(
-                (
-                    without_blob(result).SerializeToString(),
-                    bytes(blob) if keep_blob and blob else None,
-                    len(blob),
-                    result.correlation_id,
-                )
-            )
+        yet); its size always is. A call added since the last commit and answered
+        meanwhile (most calls: commits are STORE_DELAY_S apart) is written once, with
+        its answer, not written pending and then updated."""
+        stored: list[bool] = []
+        whole: dict[str, tuple[object, ...]] = {}  # added and answered: one row each
         with db.transaction(self._db):
-            self._write_added()  # a result's call may still be waiting to be written
-            for row in rows:
-                # A finished call is never sent again: the digest still answers
-                # args_mismatch; a legacy row's request blob goes.
-                cur = self._db.execute(
-                    "UPDATE calls SET state = 'DONE', result = ?, result_blob = ?,"
-                    " result_blob_bytes = ?, request_blob = NULL"
-                    " WHERE correlation_id = ? AND state != 'DONE'",
-                    row,
-                )
-                stored.append(cur.rowcount > 0)
-                if not stored[-1] and row[1] is not None:
-                    # A re-send (this hub never acked it: it stopped first) of a result
-                    # a caller was handed, maybe without the reply reaching it: its
-                    # blob is kept again, for that caller's retry.
-                    self._db.execute(
-                        "UPDATE calls SET result_blob = ? WHERE correlation_id = ?"
-                        " AND state = 'DONE' AND result_blob IS NULL AND result_blob_bytes = ?",
-                        (row[1], row[3], row[2]),
-                    )
+            for result, apart, keep_blob in results:
+                cid = result.correlation_id
+                blob: Buffer = result.blob if apart is None else apart  # each read copies
+                answer = without_blob(result).SerializeToString()
+                kept = bytes(blob) if keep_blob and blob else None
+                added = self._unwritten.get(cid)
+                if added is not None and cid not in whole:
+                    whole[cid] = (*added, answer, kept, len(blob))
+                    stored.append(True)
+                elif added is not None:  # answered twice since the last commit
+                    stored.append(False)
+                else:
+                    stored.append(self._answered(answer, kept, len(blob), cid))
+            if whole:
+                self._db.executemany(_INSERT_ANSWERED, list(whole.values()))
+            self._write_added(answered=whole)  # and the calls not answered yet
         return stored
+
+    def _answered(self, answer: bytes, kept: bytes | None, blob_bytes: int, cid: str) -> bool:
+        """Store a result in its call's row; whether it was new (the call known, and
+        not answered yet)."""
+        # A finished call is never sent again: the digest still answers
+        # args_mismatch; a legacy row's request blob goes.
+        cur = self._db.execute(
+            "UPDATE calls SET state = 'DONE', result = ?, result_blob = ?,"
+            " result_blob_bytes = ?, request_blob = NULL"
+            " WHERE correlation_id = ? AND state != 'DONE'",
+            (answer, kept, blob_bytes, cid),
+        )
+        if cur.rowcount > 0:
+            return True
+        if kept is not None:
+            # A re-send (this hub never acked it: it stopped first) of a result a
+            # caller was handed, maybe without the reply reaching it: its blob is
+            # kept again, for that caller's retry.
+            self._db.execute(
+                "UPDATE calls SET result_blob = ? WHERE correlation_id = ?"
+                " AND state = 'DONE' AND result_blob IS NULL AND result_blob_bytes = ?",
+                (kept, cid, blob_bytes),
+            )
+        return False
 
     def drop_result_blob(self, correlation_id: str) -> None:
         """A caller took the result: its blob is not kept any longer."""
