@@ -18,7 +18,8 @@ Each operation is timed one call at a time, several ways, on the same bytes:
                    part of it spent inside the worker (its telemetry duration_ms)
   fs_list 10,000   raw os.scandir + lstat of each entry, in this process
                    raw two-hop relay carrying back as many bytes as fs_list's answer
-                   fs_list (limit 10,000) via caller → hub → worker → back
+                   fs_list (limit 10,000) via caller → hub → worker → back, and the
+                   part of it spent inside the worker (its telemetry duration_ms)
   head of line     a small unary echo's latency while another process streams 16 MiB
                    echoes at the same server, beside fs_stat's while another process
                    streams 16 MiB fs_writes through the same hub and worker
@@ -252,7 +253,9 @@ def raw_list(folder: Path) -> OneCall:
     return one
 
 
-def hub_list(client: ControlClient, folder: str) -> Callable[[], Awaitable[int]]:
+def hub_list(
+    client: ControlClient, folder: str, inside: list[float]
+) -> Callable[[], Awaitable[int]]:
     request = pb.DispatchRequest(
         agent_id="bench",
         surface="workerHost",
@@ -267,6 +270,7 @@ def hub_list(client: ControlClient, folder: str) -> Callable[[], Awaitable[int]]
         # Counted, not parsed: decoding 10,000 entries is the caller's cost, not ours.
         if reply.result.result_json.count('"symlink_target"') != LIST_ENTRIES:
             raise RuntimeError("short listing")
+        inside.append(float(reply.result.invocation.duration_ms))
         return len(reply.result.result_json)
 
     return one
@@ -275,7 +279,8 @@ def hub_list(client: ControlClient, folder: str) -> Callable[[], Awaitable[int]]
 async def list_table(
     client: ControlClient, relayed: grpc.aio.Channel, folder: Path, lists: int
 ) -> None:
-    listing = hub_list(client, folder.name)
+    inside: list[float] = []
+    listing = hub_list(client, folder.name, inside)
     answer_bytes = await listing()
     rows = await timed_rows(
         [
@@ -285,6 +290,7 @@ async def list_table(
         ],
         lists,
     )
+    rows.append(("  of which inside the worker (telemetry)", inside[-lists:]))
     report(f"fs_list of {LIST_ENTRIES:,} entries: {lists} calls, 1 in flight", rows, name_width=44)
     _goal("fs_list 10k / scandir+lstat (p50)", rows[2][1], rows[0][1], "scandir+lstat", 1.5)
 
