@@ -261,7 +261,11 @@ async def run(
         block_w: int | None = None
         if entry:
             lifeline_r, lifeline_w = _pipe(theirs, ours)
-        if (capped and not entry) or cgroup is not None:
+        if not entry or cgroup is not None:
+            # Held at its start line until its report is read: without the entry (which
+            # closes every other descriptor) the program inherits the report's pipe, and
+            # one that read it first would make a call that ran look as if it never
+            # started (see _Sandbox.drive).
             block_r, block_w = _pipe(theirs, ours)
         file_fds = [_memory_file(content) for content in private_files(view.private)]
         theirs += file_fds
@@ -374,9 +378,10 @@ class _Sandbox:
         cgroup: PlanGroup | None,
     ) -> Completed:
         try:
-            if cgroup is not None or cap_from_outside is not None:
-                # Held at its start line (--block-fd) until pid 1 is in place. Elsewhere
-                # nothing needs pid 1 unless the sandbox is killed: `kill` then reads
+            if self.block_w is not None:
+                # Held at its start line (--block-fd) until pid 1 is known and, where
+                # needed, in place. Elsewhere (the entry helper, no cgroup) nothing
+                # needs pid 1 unless the sandbox is killed: `kill` then reads
                 # bubblewrap's report while bubblewrap is stopped, and the exit is the
                 # one event waited for.
                 init_pid = await self._child_pid()

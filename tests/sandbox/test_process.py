@@ -206,6 +206,60 @@ def test_the_process_cap_holds_for_a_regular_user_through_rlimit_nproc(user_shar
     assert 0 < int(forked) < 20
 
 
+# Reads every descriptor it was given beyond 0-2, then says it ran and what it read.
+DRAIN_INHERITED = textwrap.dedent(
+    """
+    import os
+    read = b""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_blocking(fd, False)
+                read += os.read(fd, 65536)
+            except OSError:
+                pass
+    print("ran", len(read))
+    """
+)
+
+
+def test_a_program_reading_what_it_inherits_cannot_pass_for_one_that_never_started(
+    user_share: Path,
+) -> None:
+    """A regular user's worker without the entry helper (no Landlock): the program
+    inherits bubblewrap's report pipe. Read before the program starts, the report is
+    gone by then, so the call is the program's (it ran) and never `sandbox_unavailable`,
+    which would tell the caller it may retry: the program would run twice."""
+    share = user_share
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from sandbox import environment
+        from sandbox.process import Limits, Mount, PidCap, SandboxUnavailableError, View, run
+        view = View(cwd={str(share)!r}, mounts=(Mount({str(share)!r}, True),),
+                    env=environment.build({{}}, []))
+        try:
+            done = asyncio.run(run([{PYTHON!r}, "-c", {DRAIN_INHERITED!r}], view,
+                                   Limits(timeout_s=20), pid_cap=PidCap()))
+        except SandboxUnavailableError as exc:
+            print("never started?", exc)
+        else:
+            print(done.exit_code, done.stdout.decode().strip())
+        """
+    )
+    out = subprocess.run(
+        ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", PYTHON, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0 ran 0", out.stdout
+
+
 def test_memory_files_cpu_and_open_files_are_limited(share: Path) -> None:
     hog = sandboxed(share, [PYTHON, "-c", "b = bytearray(1024**3)"], memory_bytes=256 * 1024**2)
     assert hog.exit_code == 1 and b"MemoryError" in hog.stderr
