@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -34,11 +32,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final
 
-import blake3
-
 from worker import db
 from worker.clock import now_ms
 from worker.config import LEDGER_BLOBS_SUFFIX
+from worker.core.blob_files import BlobFiles, file_name
 from worker.db import connect, write_many
 from worker.wire.protocol import same_call
 
@@ -80,7 +77,6 @@ DEFAULT_TTL_S = 24 * 3600
 HELD_BYTES: Final = 64 * 1024 * 1024
 # A recorded result blob this large waits for its ack in a file, not in the database.
 FILE_BLOB_BYTES: Final = 64 * 1024
-_CHECK_BYTES: Final = 32  # the BLAKE3 after a blob in its file
 BLOBS_SUFFIX: Final = LEDGER_BLOBS_SUFFIX  # their folder: the database's path + this
 # How stale the cached kills and grants may be: a grant or lift made from the CLI
 # (another process) takes effect within this.
@@ -122,12 +118,14 @@ class Unacked:
     result: bytes  # without its blob
     stored: bytes  # its blob, unless it is in a file
     blob_bytes: int = 0
-    file: Path | None = None
+    in_file: BlobFiles | None = None  # where its blob waits, if in a file
 
     @property
     def blob(self) -> bytes | None:
         """The blob (read from its file, if it has one); None if that file lost it."""
-        return self.stored if self.file is None else _read_blob(self.file, self.blob_bytes)
+        if self.in_file is None:
+            return self.stored
+        return self.in_file.read(self.correlation_id, self.blob_bytes)
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ class State:
     def __init__(self, path: Path, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._db = connect(path, _SCHEMA)
         self._blob_dir = Path(f"{path}{BLOBS_SUFFIX}")
-        self._blob_dir_made = False
+        self._blob_store = BlobFiles(self._blob_dir)
         self._blob_files: set[str] = set()  # calls whose blob this process wrote to a file
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
         for name, definition in _ADDED_COLUMNS.items():
@@ -203,6 +201,7 @@ class State:
         if self._held:
             self._spill(0)
         db.close(self._db)
+        self._blob_store.close()
 
     # ------------------------------------------------------------- call ledger
 
@@ -240,7 +239,7 @@ class State:
         if state == "RUNNING":
             return Begin(Seen.RUNNING)
         if in_file:
-            blob = _read_blob(self.blob_path(correlation_id), blob_bytes)
+            blob = self._blob_store.read(correlation_id, blob_bytes)
         return Begin(Seen.DONE, result, blob, blob_bytes)
 
     def hold(
@@ -301,30 +300,12 @@ class State:
 
     def blob_path(self, correlation_id: str) -> Path:
         """Where a call's result blob waits for its ack when it is kept in a file."""
-        name = hashlib.sha256(correlation_id.encode()).hexdigest()
-        return self._blob_dir / name
+        return self._blob_dir / file_name(correlation_id)
 
     def _write_blob(self, correlation_id: str, blob: bytes) -> bool:
         """Write the blob to its file (before its row commits); False if it could not
         be (it is then kept in the row, as a small one is)."""
-        try:
-            if not self._blob_dir_made:
-                db.private_folder(self._blob_dir)
-                self._blob_dir_made = True
-            fd = os.open(
-                self.blob_path(correlation_id),
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-            )
-            try:
-                # The blob, then its BLAKE3: a file a power cut left short, or the right
-                # length but unwritten (zeros), is told from a whole one when read.
-                for view in (memoryview(blob), memoryview(_check(blob))):
-                    while view:
-                        view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-        except OSError:
+        if not self._blob_store.write(correlation_id, blob):
             return False
         self._blob_files.add(correlation_id)
         return True
@@ -333,8 +314,7 @@ class State:
         for cid in correlation_ids:
             if cid in self._blob_files:
                 self._blob_files.discard(cid)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.blob_path(cid))
+                self._blob_store.remove(cid)
 
     def sweep_blob_files(self) -> int:
         """At the worker's start: remove blob files no unacked result names (written just
@@ -345,18 +325,7 @@ class State:
         ).fetchall()
         wanted = {cid for (cid,) in rows}
         self._blob_files |= wanted
-        names = {self.blob_path(cid).name for cid in wanted}
-        try:
-            present = os.listdir(self._blob_dir)
-        except FileNotFoundError:
-            return 0
-        removed = 0
-        for name in present:
-            if name not in names:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._blob_dir / name)
-                removed += 1
-        return removed
+        return self._blob_store.sweep(wanted)
 
     def ack(self, correlation_ids: list[str]) -> None:
         """The server has these results: their blobs go (the pages they took are reused
@@ -412,7 +381,7 @@ class State:
         found = [
             (
                 finished,
-                Unacked(cid, result, blob or b"", size, self.blob_path(cid) if in_file else None),
+                Unacked(cid, result, blob or b"", size, self._blob_store if in_file else None),
             )
             for cid, result, blob, size, in_file, finished in rows
         ]
@@ -507,24 +476,3 @@ class State:
             )
             for gid, agent, scope, plan, exp, by in rows
         ]
-
-
-def _check(blob: bytes) -> bytes:
-    """What follows a blob in its file: its BLAKE3 (0.23 ms a MiB here)."""
-    return blake3.blake3(blob).digest()
-
-
-def _read_blob(path: Path, size: int) -> bytes | None:
-    """A blob file's bytes; None when it is missing, or is not `size` bytes followed by
-    their BLAKE3 (the file is not fsynced before its row commits, which a crash of the
-    process does not undo; a power cut can leave it short, or the right length and
-    never written)."""
-    try:
-        with open(path, "rb") as blob:
-            data = blob.read()
-    except FileNotFoundError:
-        return None
-    if len(data) != size + _CHECK_BYTES:
-        return None
-    content = data[:size]
-    return content if _check(content) == data[size:] else None
