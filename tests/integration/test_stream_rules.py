@@ -19,8 +19,11 @@ from tests.support.cluster import release, write_config
 from tests.support.scripted_hub import TOKEN, ScriptedHub
 from worker import app
 from worker.config import Paths, load
+from worker.core import connection
 from worker.core.connection import Backoff, FatalConnectionError, Target, WorkerConnection
 from worker.wire.proto import agentworker_pb2 as pb
+
+MIB = 1024 * 1024
 
 Scenario = Callable[[ScriptedHub, WorkerConnection], Awaitable[None]]
 
@@ -218,3 +221,56 @@ def test_malformed_server_messages_are_answered_not_obeyed(tmp_path: Path) -> No
         assert error_code(await hub.next("result")) == "ok"
 
     play(tmp_path, scenario)
+
+
+def test_a_server_that_asks_and_does_not_read_stalls_its_stream_not_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each duplicate of a finished call brings its whole result again (1 MiB here, for
+    a 100-byte request): past the outbox's bound the worker reads no more requests until
+    the server has taken what it asked for, so its memory stays bounded, and once the
+    server reads again every answer arrives."""
+    monkeypatch.setattr(connection, "OUTBOX_HIGH_BYTES", 4 * MIB)
+    result_args = '{"blob_repeat": 16}'  # a 1 MiB result from a 64 KiB request blob
+
+    class Deaf(ScriptedHub):
+        listening = asyncio.Event()
+
+        async def _read(self, requests: AsyncIterator[pb.WorkerEnvelope]) -> None:
+            async for envelope in requests:
+                await self.listening.wait()
+                for msg in envelope.messages:
+                    self.inbox.put_nowait(msg)
+
+    async def go() -> None:
+        hub = Deaf(ack_results=False)
+        hub.listening.set()
+        async with linked(tmp_path, hub, {}) as link:
+            await asyncio.wait_for(link.connected.wait(), 10)
+            hub.request("big", result_args, blob=b"z" * (64 * 1024), args_digest="d")
+            assert len((await hub.next("result", timeout=30)).blob) == MIB
+            hub.listening.clear()
+            duplicates = 20
+            again = pb.ActionRequest(
+                correlation_id="big",
+                args_json=result_args,
+                attempt=1,
+                surface="workerDiag",
+                action="probe",
+                agent_id="tester",
+                args_digest="d",
+            )
+            # All in one envelope: the worker pauses within it, not only between envelopes.
+            one_envelope = [pb.ServerMessage(request=again)] * duplicates
+            hub.send_raw(pb.ServerEnvelope(messages=one_envelope).SerializeToString())
+            async with asyncio.timeout(20):
+                while link.outgoing_bytes <= 4 * MIB:  # until the bound is reached
+                    await asyncio.sleep(0.01)
+            assert link.outgoing_bytes < 6 * MIB  # the bound, and one answer past it
+            hub.listening.set()
+            replayed = [await hub.next("result", timeout=30) for _ in range(duplicates)]
+            assert {(r.correlation_id, len(r.blob), r.replayed) for r in replayed} == {
+                ("big", MIB, True)
+            }
+
+    asyncio.run(go())

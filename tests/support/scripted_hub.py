@@ -17,6 +17,7 @@ from worker.wire.auth import BearerAuth
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import WORKER_SERVICE
+from worker.wire.transport import MAX_MESSAGE_BYTES
 
 TOKEN = "scripted-token"
 
@@ -37,7 +38,11 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         self.address = ""
 
     async def start(self) -> str:
-        self._server = grpc.aio.server()
+        # A real hub's message limits: a worker's envelope of results may pass gRPC's 4 MiB.
+        limits = [
+            (f"grpc.max_{way}_message_length", MAX_MESSAGE_BYTES) for way in ("send", "receive")
+        ]
+        self._server = grpc.aio.server(options=limits)
         # Registered by hand, not with the generated helper, so that raw bytes (an
         # envelope no honest hub would send) go out as they are.
         handler = grpc.stream_stream_rpc_method_handler(

@@ -140,7 +140,7 @@ class WorkerConnection:
         self.connected = asyncio.Event()
         self.sessions_started = 0
         # Serialized WorkerMessages framed as envelope parts (see framing.py).
-        self._outbox: asyncio.Queue[bytes | None] | None = None
+        self._outbox: _Outbox | None = None
         self._stopping = False
         self._session_task: asyncio.Task[None] | None = None
         self._healthy_at: float | None = None  # when the current session counts as healthy
@@ -227,7 +227,7 @@ class WorkerConnection:
 
     async def _session(self) -> None:
         channel = open_channel(self.target.address, self.keepalive, self.target.tls_ca)
-        outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        outbox = _Outbox()
         outbox.put_nowait(message_part(pb.WorkerMessage(hello=self._hello()).SerializeToString()))
         tasks: list[asyncio.Task[None]] = []
         healthy: asyncio.TimerHandle | None = None
@@ -265,7 +265,8 @@ class WorkerConnection:
             if self._handle_all(self._decode(first)[1:]):
                 return
             interval_s = welcome.heartbeat_interval_ms / 1000
-            await self._read(call, max(3 * interval_s, MIN_SILENCE_S) if interval_s else None)
+            silence_s = max(3 * interval_s, MIN_SILENCE_S) if interval_s else None
+            await self._read(call, outbox, silence_s)
         finally:
             if healthy is not None:
                 healthy.cancel()
@@ -313,16 +314,19 @@ class WorkerConnection:
     async def _read(
         self,
         call: grpc.aio.StreamStreamCall[pb.WorkerEnvelope, pb.ServerEnvelope],
+        outbox: _Outbox,
         silence_limit_s: float | None,
     ) -> None:
         """Hand each server message on; a server that goes quiet for longer than three
         of its heartbeats is treated as gone (keepalive alone misses a hung server,
-        because the transport answers pings without it)."""
+        because the transport answers pings without it). While the outbox is full, the
+        server's next messages wait: it takes what it asked for before it asks again."""
         loop = asyncio.get_running_loop()
         try:
             # One deadline pushed back on every envelope (no task per read).
             async with asyncio.timeout(silence_limit_s) as silence:
                 while True:
+                    await outbox.room()
                     envelope = await call.read()
                     if silence_limit_s is not None:
                         silence.reschedule(loop.time() + silence_limit_s)
@@ -336,10 +340,10 @@ class WorkerConnection:
                         if with_blobs is not None:
                             messages = [message for message, _blob in with_blobs]
                             blobs = [blob for _message, blob in with_blobs]
-                            if self._handle_all(messages, blobs):
+                            if await self._handle_paced(messages, blobs, outbox):
                                 return
                             continue
-                    if self._handle_all(self._decode(envelope)):
+                    if await self._handle_paced(self._decode(envelope), (), outbox):
                         return
         except TimeoutError:
             raise _StreamEndedError(f"no word from the server for {silence_limit_s:g} s") from None
@@ -394,12 +398,40 @@ class WorkerConnection:
     ) -> bool:
         """Handle every message (all of an envelope counts); True if one ends the session.
         `blobs`, when given, holds each request's blob, read apart from its message."""
+        return self._handle_some(messages, blobs, None)[0]
+
+    async def _handle_paced(
+        self, messages: Sequence[pb.ServerMessage], blobs: Sequence[bytes | None], outbox: _Outbox
+    ) -> bool:
+        """`_handle_all`, pausing whenever the outbox fills until it has room again: one
+        envelope of duplicates, each answered with a large result, cannot outgrow it."""
         end = False
+        while messages:
+            ended, handled = self._handle_some(messages, blobs, outbox)
+            end = end or ended
+            messages, blobs = messages[handled:], blobs[handled:]
+            if messages:
+                await outbox.room()
+        return end
+
+    def _handle_some(
+        self,
+        messages: Sequence[pb.ServerMessage],
+        blobs: Sequence[bytes | None],
+        outbox: _Outbox | None,
+    ) -> tuple[bool, int]:
+        """Handle messages in order, stopping early once `outbox` is full; whether one
+        ends the session, and how many were handled."""
+        end = False
+        handled = 0
         # Several requests: their claims share one commit. One commits by itself.
         with self.dispatcher.intake() if len(messages) > 1 else contextlib.nullcontext():
             for i, msg in enumerate(messages):
                 end = self._handle(msg, blobs[i] if blobs else None) or end
-        return end
+                handled = i + 1
+                if outbox is not None and not outbox.has_room:
+                    break
+        return end, handled
 
     def _handle(self, msg: pb.ServerMessage, blob: bytes | None = None) -> bool:
         """Act on one server message; True when the session should end."""
@@ -523,6 +555,11 @@ class WorkerConnection:
             part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
             self._outbox.put_nowait(part)
 
+    @property
+    def outgoing_bytes(self) -> int:
+        """Bytes waiting to go to the server on this session (0 offline)."""
+        return 0 if self._outbox is None else self._outbox.waiting_bytes
+
     def _detach(self) -> None:
         self._outbox = None
         self._acks_or_offline.set()
@@ -550,6 +587,45 @@ class WorkerConnection:
                 )
             )
         )
+
+
+# While this many bytes wait to go to the server, its messages wait to be read (until
+# half have gone): a server that keeps asking for large answers (a finished call's
+# result, replayed for each duplicate) and does not read them cannot grow the worker's
+# memory beyond this; it stalls its own stream instead.
+OUTBOX_HIGH_BYTES = 64 * 1024 * 1024
+
+
+class _Outbox(asyncio.Queue[bytes | None]):
+    """The stream's outgoing envelope parts, and how many bytes of them wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting_bytes = 0
+        self._has_room = asyncio.Event()
+        self._has_room.set()
+
+    def _put(self, item: bytes | None) -> None:
+        super()._put(item)
+        self.waiting_bytes += len(item or b"")
+        if self.waiting_bytes > OUTBOX_HIGH_BYTES:
+            self._has_room.clear()
+
+    def _get(self) -> bytes | None:
+        item = super()._get()
+        self.waiting_bytes -= len(item or b"")
+        if self.waiting_bytes <= OUTBOX_HIGH_BYTES // 2:
+            self._has_room.set()
+        return item
+
+    @property
+    def has_room(self) -> bool:
+        return self._has_room.is_set()
+
+    async def room(self) -> None:
+        """Return once the outbox is below its bound (at once, nearly always)."""
+        if not self._has_room.is_set():
+            await self._has_room.wait()
 
 
 async def _write_outbox(
