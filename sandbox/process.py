@@ -82,6 +82,7 @@ READ_MIN: Final = 64 * 1024
 # ...and at most this much, as far as the output budget goes: the whole of it, should
 # the program have written it all before the loop came round.
 READ_MAX: Final = 1024 * 1024
+SMALL_READ: Final = 4096  # reads shorter than this are gathered, not kept one by one
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,9 @@ class _Child:
         self.loop = asyncio.get_running_loop()
         self.popen = popen
         self.budget = budget
-        self.output: dict[int, list[bytes]] = {out: [], err: []}  # what was kept, as read
+        # What was kept, as read; small reads are gathered into one bytearray, so a
+        # program writing a byte at a time costs its bytes, not an object per byte.
+        self.output: dict[int, list[bytes | bytearray]] = {out: [], err: []}
         self.stdout, self.stderr = out, err
         self.truncated = False
         self.open_pipes: set[int] = set()
@@ -200,7 +203,14 @@ class _Child:
             return
         take = min(len(data), self.budget)
         if take:
-            self.output[fd].append(data[:take] if take < len(data) else data)
+            kept = data[:take] if take < len(data) else data
+            chunks = self.output[fd]
+            if take >= SMALL_READ:
+                chunks.append(kept)
+            elif chunks and isinstance(chunks[-1], bytearray):
+                chunks[-1] += kept
+            else:
+                chunks.append(bytearray(kept))
             self.budget -= take
         if take < len(data):
             self.truncated = True

@@ -75,6 +75,26 @@ def test_output_is_capped_and_the_rest_drained_so_the_program_finishes(share: Pa
     assert done.truncated
 
 
+def test_output_written_a_byte_at_a_time_and_in_blocks_comes_back_whole_in_order(
+    share: Path,
+) -> None:
+    """Small reads are gathered into one buffer and large ones kept as read: the mix
+    must come back exactly as written."""
+    writer = textwrap.dedent(
+        """
+        import os, time
+        for i in range(3):
+            for b in b"tick%d" % i:
+                os.write(1, bytes([b]))
+                time.sleep(0.0002)
+            os.write(1, bytes([65 + i]) * 200_000)
+        """
+    )
+    done = sandboxed(share, [PYTHON, "-c", writer])
+    expected = b"".join(b"tick%d" % i + bytes([65 + i]) * 200_000 for i in range(3))
+    assert done.exit_code == 0 and done.stdout == expected
+
+
 def test_timeout_kills_every_process_including_setsid_grandchildren(share: Path) -> None:
     tag = marker()
     done = sandboxed(share, [PYTHON, "-c", STUBBORN, tag], timeout_s=1.0)
