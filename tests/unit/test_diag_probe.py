@@ -39,3 +39,24 @@ def test_a_held_probe_finishes_when_released(tmp_path: Path) -> None:
 def test_a_hold_names_no_path(name: str) -> None:
     with pytest.raises(ValidationError):
         ProbeArgs(hold=name)
+
+
+def test_a_hold_never_released_ends_with_timeout_at_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded as the longest sleep, not by the call's own deadline (up to a day)."""
+    from worker.actions.host import diag
+    from worker.errors import WorkerError
+
+    monkeypatch.setattr(diag, "HOLD_MAX_S", 0.05)
+    ctx = Context(
+        correlation_id="c",
+        plan_id="p",
+        agent_id="a",
+        blob=b"",
+        roots=(),
+        paths=Paths(config_dir=tmp_path, data_dir=tmp_path),
+    )
+    with pytest.raises(WorkerError) as raised:
+        asyncio.run(probe(ctx, ProbeArgs(hold="never")))
+    assert raised.value.code == "timeout" and "never released" in str(raised.value)

@@ -19,11 +19,15 @@ from typing import Annotated, Final
 from pydantic import Field, StringConstraints
 
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.errors import WorkerError
 
 MarkName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 # How often a held call looks for its release file: a stat on the loop, cheap.
 HOLD_POLL_S: Final = 0.01
+# The longest a call is held, as the longest sleep: a hold nobody releases ends with
+# `timeout` rather than keeping a slot for as long as the call's own deadline (a day).
+HOLD_MAX_S: Final = 600.0
 
 
 class ProbeArgs(Args):
@@ -78,8 +82,14 @@ def _make_mark(ctx: Context, mark: str) -> int:
 async def _held_until(release: Path) -> None:
     # Another process makes the file and no portable event says so (ASYNC110): look
     # for it every 10 ms, one stat of the diagnostics folder each (ASYNC240).
-    while not release.exists():  # noqa: ASYNC110, ASYNC240
-        await asyncio.sleep(HOLD_POLL_S)
+    try:
+        async with asyncio.timeout(HOLD_MAX_S):
+            while not release.exists():  # noqa: ASYNC110, ASYNC240
+                await asyncio.sleep(HOLD_POLL_S)
+    except TimeoutError:
+        raise WorkerError(
+            "timeout", f"held {HOLD_MAX_S:g} s and never released ({release.name})"
+        ) from None
 
 
 async def _sleep_through_cancels(seconds: float) -> None:
