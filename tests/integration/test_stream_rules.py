@@ -223,6 +223,28 @@ def test_malformed_server_messages_are_answered_not_obeyed(tmp_path: Path) -> No
     play(tmp_path, scenario)
 
 
+class Deaf(ScriptedHub):
+    """A hub that reads the worker's stream only while `listening`, and acks nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(ack_results=False)
+        self.listening = asyncio.Event()
+        self.listening.set()
+
+    async def _read(self, requests: AsyncIterator[pb.WorkerEnvelope]) -> None:
+        async for envelope in requests:
+            await self.listening.wait()
+            for msg in envelope.messages:
+                self.inbox.put_nowait(msg)
+
+
+async def _until_outbox_full(link: WorkerConnection) -> None:
+    async with asyncio.timeout(20):
+        while link.outgoing_bytes <= 4 * MIB:  # until the bound is reached
+            await asyncio.sleep(0.01)
+    assert link.outgoing_bytes < 6 * MIB  # the bound, and one answer past it
+
+
 def test_a_server_that_asks_and_does_not_read_stalls_its_stream_not_the_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,18 +255,8 @@ def test_a_server_that_asks_and_does_not_read_stalls_its_stream_not_the_worker(
     monkeypatch.setattr(connection, "OUTBOX_HIGH_BYTES", 4 * MIB)
     result_args = '{"blob_repeat": 16}'  # a 1 MiB result from a 64 KiB request blob
 
-    class Deaf(ScriptedHub):
-        listening = asyncio.Event()
-
-        async def _read(self, requests: AsyncIterator[pb.WorkerEnvelope]) -> None:
-            async for envelope in requests:
-                await self.listening.wait()
-                for msg in envelope.messages:
-                    self.inbox.put_nowait(msg)
-
     async def go() -> None:
-        hub = Deaf(ack_results=False)
-        hub.listening.set()
+        hub = Deaf()
         async with linked(tmp_path, hub, {}) as link:
             await asyncio.wait_for(link.connected.wait(), 10)
             hub.request("big", result_args, blob=b"z" * (64 * 1024), args_digest="d")
@@ -263,14 +275,41 @@ def test_a_server_that_asks_and_does_not_read_stalls_its_stream_not_the_worker(
             # All in one envelope: the worker pauses within it, not only between envelopes.
             one_envelope = [pb.ServerMessage(request=again)] * duplicates
             hub.send_raw(pb.ServerEnvelope(messages=one_envelope).SerializeToString())
-            async with asyncio.timeout(20):
-                while link.outgoing_bytes <= 4 * MIB:  # until the bound is reached
-                    await asyncio.sleep(0.01)
-            assert link.outgoing_bytes < 6 * MIB  # the bound, and one answer past it
+            await _until_outbox_full(link)
             hub.listening.set()
             replayed = [await hub.next("result", timeout=30) for _ in range(duplicates)]
             assert {(r.correlation_id, len(r.blob), r.replayed) for r in replayed} == {
                 ("big", MIB, True)
             }
+
+    asyncio.run(go())
+
+
+def test_unacked_results_go_again_after_a_reconnect_no_faster_than_the_server_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a reconnect every unacked result is sent again, its blob read from its
+    file as its turn comes: never all of them in memory at once."""
+    monkeypatch.setattr(connection, "OUTBOX_HIGH_BYTES", 4 * MIB)
+    results = 30
+
+    async def go() -> None:
+        hub = Deaf()
+        async with linked(tmp_path, hub, {}) as link:
+            await asyncio.wait_for(link.connected.wait(), 10)
+            for i in range(results):
+                hub.request(f"r{i}", '{"blob_repeat": 16}', blob=b"u" * (64 * 1024))
+            first = [await hub.next("result", timeout=30) for _ in range(results)]
+            assert len({r.correlation_id for r in first}) == results
+            hub.listening.clear()
+            hub.hang_up()
+            await hub.dials(2, timeout=20)
+            await _until_outbox_full(link)
+            hub.listening.set()
+            again = [await hub.next("result", timeout=30) for _ in range(results)]
+            assert sorted(r.correlation_id for r in again) == sorted(
+                f"r{i}" for i in range(results)
+            )
+            assert {len(r.blob) for r in again} == {MIB}
 
     asyncio.run(go())

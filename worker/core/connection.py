@@ -257,7 +257,7 @@ class WorkerConnection:
             self.dispatcher.outbox.attach(self._send)
             for cid in welcome.abandoned_ids:
                 self.dispatcher.cancel(cid, "the server abandoned the call")
-            self.dispatcher.results.resend_unacked()
+            tasks.append(asyncio.create_task(self._resend_unacked(outbox)))
             self.connected.set()
             self.on_state(LinkState("ready", f"session {welcome.session_id}"))
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
@@ -277,6 +277,13 @@ class WorkerConnection:
                 cid: why for cid, why in self._cancelled_early.items() if cid in self._joins
             }
             await channel.close(grace=None)
+
+    async def _resend_unacked(self, outbox: _Outbox) -> None:
+        """Every result the server has not acked goes out again, no faster than the
+        stream takes them: after a long time offline they may be many, and large."""
+        for message in self.dispatcher.results.unacked_messages():
+            await outbox.room()
+            self._send(message)
 
     def _hello(self) -> pb.Hello:
         state = self.dispatcher.state

@@ -392,6 +392,13 @@ class State:
         found.sort(key=lambda pair: pair[0] or 0)
         return [unacked for _finished, unacked in found]
 
+    def is_acked(self, correlation_id: str) -> bool:
+        """Whether the server has acked this call's result (False if never recorded)."""
+        row = self._db.execute(
+            "SELECT acked FROM calls WHERE correlation_id = ?", (correlation_id,)
+        ).fetchone()
+        return row is not None and bool(row[0])
+
     def has_unacked(self) -> bool:
         if self._held:
             return True

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,13 +176,22 @@ class Results:
 
     def resend_unacked(self) -> None:
         """After a handshake: every result the server has not acked goes out again."""
+        for message in self.unacked_messages():
+            self.outbox(message)
+
+    def unacked_messages(self) -> Iterator[Outgoing]:
+        """Each result the server has not acked, as it goes out again, oldest first; a
+        blob kept in a file is read as its turn comes, not all at once."""
         for unacked in self.state.unacked_results():
             blob = unacked.blob
-            if blob is None:  # its file was lost (a power cut): the outcome, not cut bytes
+            if blob is None:
+                if self.state.is_acked(unacked.correlation_id):
+                    continue  # acked (its file let go) since this resend began
+                # Its file was lost (a power cut): the outcome, not cut bytes.
                 gone = blob_gone(pb.ActionResult.FromString(unacked.result), unacked.blob_bytes)
-                self.outbox(pb.WorkerMessage(result=gone))
+                yield pb.WorkerMessage(result=gone)
                 continue
-            self.outbox(result_part(unacked.result, blob))
+            yield result_part(unacked.result, blob)
 
     # ------------------------------------------------------------- other messages
 
