@@ -54,6 +54,9 @@ backoff_cap_s = {backoff_cap_s}
 """
 
 
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -231,17 +234,26 @@ def write_config(home: Path, listen: str, extra_config: str = "", **settings: An
 def cluster(
     home: Path, *, hub: bool = True, worker: bool = True, extra_config: str = "", **settings: Any
 ) -> Iterator[Cluster]:
-    listen = f"127.0.0.1:{free_port()}"
-    write_config(home, listen, extra_config, **settings)
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("AGENTWORKER_", "HTTP", "HTTPS"))
     }
     env["AGENTWORKER_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
-    c = Cluster(home=home, listen=listen, env=env)
+    for attempt in range(PORT_ATTEMPTS):
+        # A port free a moment ago may be taken before the hub binds it (another test's
+        # process, on a busy machine): then the hub says so, and a new port is tried.
+        listen = f"127.0.0.1:{free_port()}"
+        write_config(home, listen, extra_config, **settings)
+        c = Cluster(home=home, listen=listen, env=env)
+        try:
+            if hub:
+                c.start_hub()
+            break
+        except AssertionError as exc:
+            c.stop_all()
+            if "address is in use" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                raise
     try:
-        if hub:
-            c.start_hub()
         if worker:
             c.start_worker()
         yield c
