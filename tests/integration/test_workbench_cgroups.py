@@ -97,7 +97,10 @@ def test_a_fork_bomb_over_several_calls_is_capped_plan_wide_and_teardown_ends_it
     assert int((pids / "pids.peak").read_text()) <= CAP
     out, _ = call(live, quiet, "fs_write", {"path": "still.txt"}, b"working")
     assert out["status"] == "ok", out
-    out, blob = run(live, quiet, ["python3", "-c", "import os; os.fork(); print('ok')"])
+    # The parent waits for its child: the sandbox ends with its first process, and on a
+    # busy machine a child not yet run would be killed before it printed.
+    forks = "import os; pid = os.fork(); print('ok', flush=True); pid and os.waitpid(pid, 0)"
+    out, blob = run(live, quiet, ["python3", "-c", forks])
     assert out["status"] == "ok" and blob == b"ok\nok\n", (out, blob)
     assert teardown(live, bombing)["status"] == "ok"
     thread.join(30)
