@@ -226,8 +226,8 @@ def test_malformed_server_messages_are_answered_not_obeyed(tmp_path: Path) -> No
 class Deaf(ScriptedHub):
     """A hub that reads the worker's stream only while `listening`, and acks nothing."""
 
-    def __init__(self) -> None:
-        super().__init__(ack_results=False)
+    def __init__(self, heartbeat_ms: int = 0) -> None:
+        super().__init__(ack_results=False, heartbeat_ms=heartbeat_ms)
         self.listening = asyncio.Event()
         self.listening.set()
 
@@ -311,5 +311,51 @@ def test_unacked_results_go_again_after_a_reconnect_no_faster_than_the_server_re
                 f"r{i}" for i in range(results)
             )
             assert {len(r.blob) for r in again} == {MIB}
+
+    asyncio.run(go())
+
+
+def test_a_server_heartbeating_behind_the_workers_own_backlog_is_not_taken_for_silent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the worker waits for its outbox to drain it reads nothing, so the hub's
+    heartbeats wait unread: that must not count as the hub's silence (it would drop an
+    honest hub on a slow link, and the resend after each reconnect would fill it again)."""
+    monkeypatch.setattr(connection, "OUTBOX_HIGH_BYTES", 4 * MIB)
+    monkeypatch.setattr(connection, "MIN_SILENCE_S", 0.1)
+
+    async def beat(hub: ScriptedHub) -> None:
+        while True:  # a timer by nature: the hub's heartbeat every 50 ms
+            hub.send(heartbeat=pb.Heartbeat(unix_ms=0))
+            await asyncio.sleep(0.05)
+
+    async def go() -> None:
+        hub = Deaf(heartbeat_ms=50)  # the worker's silence limit: 0.15 s
+        async with linked(tmp_path, hub, {}) as link:
+            await asyncio.wait_for(link.connected.wait(), 10)
+            beating = asyncio.create_task(beat(hub))
+            hub.request("big", '{"blob_repeat": 16}', blob=b"z" * (64 * 1024), args_digest="d")
+            await hub.next("result", timeout=30)
+            hub.listening.clear()
+            again = pb.ServerMessage(
+                request=pb.ActionRequest(
+                    correlation_id="big",
+                    args_json='{"blob_repeat": 16}',
+                    attempt=1,
+                    surface="workerDiag",
+                    action="probe",
+                    agent_id="tester",
+                    args_digest="d",
+                )
+            )
+            hub.send_raw(pb.ServerEnvelope(messages=[again] * 20).SerializeToString())
+            await _until_outbox_full(link)
+            await asyncio.sleep(1.0)  # several silence limits, with the worker paused
+            assert link.sessions_started == 1
+            hub.listening.set()
+            replayed = [await hub.next("result", timeout=30) for _ in range(20)]
+            assert {r.correlation_id for r in replayed} == {"big"}
+            assert link.sessions_started == 1
+            beating.cancel()
 
     asyncio.run(go())

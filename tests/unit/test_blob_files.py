@@ -8,6 +8,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from worker.core.blob_files import file_name
 from worker.core.ledger import FILE_BLOB_BYTES, Seen, State
 
@@ -70,4 +72,15 @@ def test_a_blob_file_that_cannot_be_read_is_gone_not_an_error(tmp_path: Path) ->
     seen = state.begin("big", DIGEST, "p")
     assert seen.seen is Seen.DONE and seen.blob_gone
     assert [u.blob for u in state.unacked_results()] == [None]  # re-sent as blob_gone
+    state.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_in_a_blob_files_place_is_gone_not_a_hang(tmp_path: Path) -> None:
+    state = State(tmp_path / "state.db")
+    _finished(state, "big")
+    path = state.blob_path("big")
+    path.unlink()
+    os.mkfifo(path)  # an open for reading would wait for a writer for ever
+    assert state.begin("big", DIGEST, "p").blob_gone
     state.close()

@@ -82,10 +82,19 @@ class BlobFiles:
         if self._fd is None:
             return None
         try:
-            fd = os.open(file_name(correlation_id), os.O_RDONLY | _OPEN_FLAGS, dir_fd=self._fd)
+            # Not blocking, and only a regular file: a FIFO in its place would hold the
+            # open (on the event loop) for ever.
+            fd = os.open(
+                file_name(correlation_id),
+                os.O_RDONLY | os.O_NONBLOCK | _OPEN_FLAGS,
+                dir_fd=self._fd,
+            )
         except OSError:
             return None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return None
             with open(fd, "rb") as file:
                 data = file.read(size + CHECK_BYTES + 1)
         except OSError:

@@ -332,8 +332,19 @@ class WorkerConnection:
         try:
             # One deadline pushed back on every envelope (no task per read).
             async with asyncio.timeout(silence_limit_s) as silence:
-                while True:
+
+                async def room() -> None:
+                    # While our own backlog drains, the server's heartbeats wait unread
+                    # behind it: that is no silence of the server's.
+                    if outbox.has_room:
+                        return
+                    silence.reschedule(None)
                     await outbox.room()
+                    if silence_limit_s is not None:
+                        silence.reschedule(loop.time() + silence_limit_s)
+
+                while True:
+                    await room()
                     envelope = await call.read()
                     if silence_limit_s is not None:
                         silence.reschedule(loop.time() + silence_limit_s)
@@ -347,10 +358,10 @@ class WorkerConnection:
                         if with_blobs is not None:
                             messages = [message for message, _blob in with_blobs]
                             blobs = [blob for _message, blob in with_blobs]
-                            if await self._handle_paced(messages, blobs, outbox):
+                            if await self._handle_paced(messages, blobs, outbox, room):
                                 return
                             continue
-                    if await self._handle_paced(self._decode(envelope), (), outbox):
+                    if await self._handle_paced(self._decode(envelope), (), outbox, room):
                         return
         except TimeoutError:
             raise _StreamEndedError(f"no word from the server for {silence_limit_s:g} s") from None
@@ -408,7 +419,11 @@ class WorkerConnection:
         return self._handle_some(messages, blobs, None)[0]
 
     async def _handle_paced(
-        self, messages: Sequence[pb.ServerMessage], blobs: Sequence[bytes | None], outbox: _Outbox
+        self,
+        messages: Sequence[pb.ServerMessage],
+        blobs: Sequence[bytes | None],
+        outbox: _Outbox,
+        room: Callable[[], Awaitable[None]],
     ) -> bool:
         """`_handle_all`, pausing whenever the outbox fills until it has room again: one
         envelope of duplicates, each answered with a large result, cannot outgrow it."""
@@ -418,7 +433,7 @@ class WorkerConnection:
             end = end or ended
             messages, blobs = messages[handled:], blobs[handled:]
             if messages:
-                await outbox.room()
+                await room()
         return end
 
     def _handle_some(
