@@ -182,6 +182,21 @@ def user_share() -> Iterator[Path]:
         shutil.rmtree(folder)
 
 
+def as_regular_user(script: str) -> subprocess.CompletedProcess[str]:
+    """`script` run by the system's Python as uid 1000 (a worker that is not root); it
+    must succeed."""
+    out = subprocess.run(
+        ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", PYTHON, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_the_process_cap_holds_for_a_regular_user_through_rlimit_nproc(user_share: Path) -> None:
     """Non-root: RLIMIT_NPROC, counted by the kernel per sandbox (its own user namespace)."""
     share = user_share
@@ -212,15 +227,7 @@ def test_the_process_cap_holds_for_a_regular_user_through_rlimit_nproc(user_shar
         print(done.stdout.decode().strip(), done.exit_code)
         """
     )
-    out = subprocess.run(
-        ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", PYTHON, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
-    )
-    assert out.returncode == 0, out.stderr
+    out = as_regular_user(script)
     forked, exit_code = out.stdout.split()
     assert exit_code == "0"
     assert 0 < int(forked) < 20
@@ -268,15 +275,7 @@ def test_a_program_reading_what_it_inherits_cannot_pass_for_one_that_never_start
             print(done.exit_code, done.stdout.decode().strip())
         """
     )
-    out = subprocess.run(
-        ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", PYTHON, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
-    )
-    assert out.returncode == 0, out.stderr
+    out = as_regular_user(script)
     assert out.stdout.strip() == "0 ran 0", out.stdout
 
 

@@ -15,15 +15,19 @@ from worker.config import Paths
 from worker.core.registry import Context
 
 
-def test_a_held_probe_finishes_when_released(tmp_path: Path) -> None:
-    ctx = Context(
+def _context(data_dir: Path, blob: bytes = b"") -> Context:
+    return Context(
         correlation_id="c",
         plan_id="p",
         agent_id="a",
-        blob=b"echo",
+        blob=blob,
         roots=(),
-        paths=Paths(config_dir=tmp_path, data_dir=tmp_path),
+        paths=Paths(config_dir=data_dir, data_dir=data_dir),
     )
+
+
+def test_a_held_probe_finishes_when_released(tmp_path: Path) -> None:
+    ctx = _context(tmp_path, b"echo")
 
     async def go() -> bytes:
         held = asyncio.create_task(probe(ctx, ProbeArgs(hold="h-1", blob_repeat=2)))
@@ -49,14 +53,7 @@ def test_a_hold_never_released_ends_with_timeout_at_its_bound(
     from worker.errors import WorkerError
 
     monkeypatch.setattr(diag, "HOLD_MAX_S", 0.05)
-    ctx = Context(
-        correlation_id="c",
-        plan_id="p",
-        agent_id="a",
-        blob=b"",
-        roots=(),
-        paths=Paths(config_dir=tmp_path, data_dir=tmp_path),
-    )
+    ctx = _context(tmp_path)
     with pytest.raises(WorkerError) as raised:
         asyncio.run(probe(ctx, ProbeArgs(hold="never")))
     assert raised.value.code == "timeout" and "never released" in str(raised.value)

@@ -51,10 +51,6 @@ class BlobFiles:
                 why = "it is not a folder (a symbolic link, or a file)"
             log.error("large results are kept in the database, not in %s: %s", folder, why)
 
-    @property
-    def usable(self) -> bool:
-        return self._fd is not None
-
     def write(self, correlation_id: str, blob: bytes) -> bool:
         """The blob, then its BLAKE3, in the call's file; False if it could not be."""
         if self._fd is None:
