@@ -164,3 +164,38 @@ def test_a_short_redelivery_of_a_known_call_is_answered_as_a_duplicate(tmp_path:
         assert error_code(again) == "blob_gone" and again.replayed
 
     play(tmp_path, scenario, protocol=2)
+
+
+def test_parts_are_kept_as_they_came_and_copied_once_unless_they_would_pin_more(
+    tmp_path: Path,
+) -> None:
+    """A part that is its stream message's whole payload is kept as a view of it (its
+    one copy is the join); one that shares a stream message with a larger request is
+    copied, so what the worker holds is never much more than what it counts."""
+    big = os.urandom(600_000)
+    pinned = pb.ServerMessage(blob_part=pb.BlobPart(correlation_id="small", data=b"s" * 100))
+    large = pb.ServerMessage(
+        request=pb.ActionRequest(
+            correlation_id="inline",
+            surface="workerDiag",
+            action="probe",
+            agent_id="tester",
+            args_json=ECHO,
+            attempt=1,
+            blob=big,
+        )
+    )
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "viewed", big, 300_000)
+        hub.send_raw(pb.ServerEnvelope(messages=[pinned, large]).SerializeToString())
+        inline = await hub.next("result")  # both envelopes were read by then
+        assert error_code(inline) == "ok" and inline.blob == big
+        viewed, small = link._parts._parts["viewed"], link._parts._parts["small"]
+        assert all(isinstance(part, memoryview) for part in viewed)
+        assert isinstance(small[0], bytes)  # a view would pin the 600 KB envelope
+        hub.request("viewed", ECHO, blob_in_parts=len(big))
+        result = await hub.next("result")
+        assert error_code(result) == "ok" and result.blob == big
+
+    play(tmp_path, scenario, protocol=2)

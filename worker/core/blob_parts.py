@@ -16,6 +16,7 @@ from typing import Final
 
 from worker.core.pipeline import MAX_ID_CHARS
 from worker.errors import WorkerError
+from worker.wire.framing import Buffer
 from worker.wire.transport import MAX_MESSAGE_BYTES
 
 MAX_CALL_BYTES: Final = MAX_MESSAGE_BYTES
@@ -34,7 +35,8 @@ MAX_REFUSED_IDS: Final = 1024
 
 class BlobParts:
     def __init__(self) -> None:
-        self._parts: dict[str, list[bytes]] = {}
+        # Each part a view of the message it came in (copied once, when joined).
+        self._parts: dict[str, list[Buffer]] = {}
         self._sizes: dict[str, int] = {}
         self._held = 0
         # Refused ids, with the error their request gets.
@@ -44,7 +46,7 @@ class BlobParts:
     def held_bytes(self) -> int:
         return self._held
 
-    def add(self, correlation_id: str, data: bytes, offset: int) -> bool:
+    def add(self, correlation_id: str, data: Buffer, offset: int) -> bool:
         """Keep a part that starts at `offset` of its blob; past a bound, or out of
         order, drop the call's parts and refuse it. False for a part no request could
         claim (no id, or one longer than any request's)."""
@@ -71,7 +73,7 @@ class BlobParts:
         """Whether parts of this call are held (its request has not come yet)."""
         return correlation_id in self._sizes
 
-    def take(self, correlation_id: str, expected: int) -> list[bytes]:
+    def take(self, correlation_id: str, expected: int) -> list[Buffer]:
         """The parts of the request that has come, in order; a WorkerError when they
         were refused or do not add up to the `expected` bytes it announces."""
         refused = self._refused.pop(correlation_id, None)
@@ -102,7 +104,7 @@ class BlobParts:
         while len(self._refused) > MAX_REFUSED_IDS:
             del self._refused[next(iter(self._refused))]
 
-    def _drop(self, correlation_id: str) -> list[bytes]:
+    def _drop(self, correlation_id: str) -> list[Buffer]:
         parts = self._parts.pop(correlation_id, [])
         if self._sizes.pop(correlation_id, None) is not None:
             self._held -= ID_OVERHEAD_BYTES

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -30,6 +31,7 @@ from worker.core.results import Outgoing
 from worker.errors import WorkerError
 from worker.wire.framing import (
     Batcher,
+    Buffer,
     envelope_of,
     fields_of,
     message_part,
@@ -353,11 +355,12 @@ class WorkerConnection:
                     if not isinstance(envelope, bytes):
                         raise _StreamEndedError(f"the stream gave a {type(envelope).__name__}")
                     if len(envelope) >= HASH_OFF_LOOP_BYTES:
-                        # A large request: its blob read out in a thread, with one copy.
-                        with_blobs = await asyncio.to_thread(decode_with_blobs, envelope)
+                        # Large: each blob read apart as a view of the envelope (no copy;
+                        # a part stays one until its request comes, see _join_then_submit).
+                        with_blobs = decode_with_blobs(envelope)
                         if with_blobs is not None:
                             messages = [message for message, _blob in with_blobs]
-                            blobs = [blob for _message, blob in with_blobs]
+                            blobs = await _owned(with_blobs, len(envelope))
                             if await self._handle_paced(messages, blobs, outbox, room):
                                 return
                             continue
@@ -421,7 +424,7 @@ class WorkerConnection:
     async def _handle_paced(
         self,
         messages: Sequence[pb.ServerMessage],
-        blobs: Sequence[bytes | None],
+        blobs: Sequence[Buffer | None],
         outbox: _Outbox,
         room: Callable[[], Awaitable[None]],
     ) -> bool:
@@ -439,7 +442,7 @@ class WorkerConnection:
     def _handle_some(
         self,
         messages: Sequence[pb.ServerMessage],
-        blobs: Sequence[bytes | None],
+        blobs: Sequence[Buffer | None],
         outbox: _Outbox | None,
     ) -> tuple[bool, int]:
         """Handle messages in order, stopping early once `outbox` is full; whether one
@@ -455,13 +458,15 @@ class WorkerConnection:
                     break
         return end, handled
 
-    def _handle(self, msg: pb.ServerMessage, blob: bytes | None = None) -> bool:
-        """Act on one server message; True when the session should end."""
+    def _handle(self, msg: pb.ServerMessage, blob: Buffer | None = None) -> bool:
+        """Act on one server message; True when the session should end. `blob` is a
+        request's own blob (bytes), or a part's data (a view of its envelope)."""
         kind = msg.WhichOneof("kind")
         if kind == "request":
             if msg.request.blob_in_parts:
                 self._submit_from_parts(msg.request)
             else:
+                assert not isinstance(blob, memoryview)  # _owned made it bytes
                 self.dispatcher.submit(msg.request, blob)
         elif kind == "blob_part":
             part = msg.blob_part
@@ -510,15 +515,16 @@ class WorkerConnection:
             self._cancelled_early.pop(cid, None)
             self.dispatcher.refuse_unless_known(req, error)
             return
-        if len(parts) == 1:
-            self._submit_unless_cancelled(req, parts[0])
+        if len(parts) == 1 and len(parts[0]) < HASH_OFF_LOOP_BYTES:
+            self._submit_unless_cancelled(req, bytes(parts[0]))
             return
         task = asyncio.create_task(self._join_then_submit(req, parts))
         self._joins[cid] = task
         task.add_done_callback(lambda _task: self._joins.pop(cid, None))
 
-    async def _join_then_submit(self, req: pb.ActionRequest, parts: list[bytes]) -> None:
+    async def _join_then_submit(self, req: pb.ActionRequest, parts: list[Buffer]) -> None:
         try:
+            # The blob's one copy: each part is a view of the envelope it came in.
             blob = await asyncio.to_thread(b"".join, parts)
         except BaseException as exc:
             self._cancelled_early.pop(req.correlation_id, None)
@@ -705,19 +711,21 @@ def _fields(data: bytes) -> tuple[list[tuple[int, int, bytes | int]], bool]:
     return fields, True
 
 
-def decode_with_blobs(envelope: bytes) -> list[tuple[pb.ServerMessage, bytes | None]] | None:
+def decode_with_blobs(
+    envelope: bytes,
+) -> list[tuple[pb.ServerMessage, memoryview | None]] | None:
     """A ServerEnvelope's messages, each request's blob and each blob part's data read
-    apart from it (a view of the envelope copied once, where parsing the message and
-    reading the field would copy it twice or more); None when the envelope is anything
-    but well formed, for the careful reading of `WorkerConnection._decode` to deal with."""
+    apart from it as a view of the envelope (no copy: parsing the message and reading
+    the field would copy it twice or more; see `_owned`); None when the envelope is
+    anything but well formed, for the careful reading of `WorkerConnection._decode`."""
     try:
-        decoded: list[tuple[pb.ServerMessage, bytes | None]] = []
+        decoded: list[tuple[pb.ServerMessage, memoryview | None]] = []
         for message in fields_of(envelope, _MESSAGES_FIELD):
             rest, part = split_field(message, _BLOB_PART_FIELD)
             if part is not None and not rest:  # a blob part: its data read apart too
                 header, data = split_field(part, _PART_DATA_FIELD)
                 msg = pb.ServerMessage(blob_part=pb.BlobPart.FromString(header))
-                decoded.append((msg, b"" if data is None else bytes(data)))
+                decoded.append((msg, _EMPTY if data is None else data))
                 continue
             rest, request = split_field(message, _REQUEST_FIELD)
             if request is None or rest:  # not a request (alone): parsed as it is
@@ -725,10 +733,44 @@ def decode_with_blobs(envelope: bytes) -> list[tuple[pb.ServerMessage, bytes | N
                 continue
             bare, blob = split_field(request, _BLOB_FIELD)
             msg = pb.ServerMessage(request=pb.ActionRequest.FromString(bare))
-            decoded.append((msg, b"" if blob is None else bytes(blob)))
+            decoded.append((msg, _EMPTY if blob is None else blob))
         return decoded
     except (ValueError, DecodeError):
         return None
+
+
+_EMPTY: Final = memoryview(b"")
+
+
+async def _owned(
+    decoded: list[tuple[pb.ServerMessage, memoryview | None]], envelope_bytes: int
+) -> list[Buffer | None]:
+    """The blobs of `decode_with_blobs` (of an envelope of `envelope_bytes`), each
+    request's copied into bytes of its own (its call keeps it), and the parts' data
+    left views of their envelope when they are most of it: they are copied once, when
+    joined, and keep alive no more than twice the bytes they are counted as. Large
+    copies are made in a thread."""
+    parts = sum(len(blob) for msg, blob in decoded if blob is not None and _is_part(msg))
+    views = parts * 2 >= envelope_bytes
+    copied = sum(
+        len(blob) for msg, blob in decoded if blob is not None and not (views and _is_part(msg))
+    )
+    if copied < HASH_OFF_LOOP_BYTES:
+        return _copies(decoded, views)
+    return await asyncio.to_thread(_copies, decoded, views)
+
+
+def _is_part(msg: pb.ServerMessage) -> bool:
+    return msg.HasField("blob_part")
+
+
+def _copies(
+    decoded: list[tuple[pb.ServerMessage, memoryview | None]], part_views: bool
+) -> list[Buffer | None]:
+    return [
+        blob if blob is None or (part_views and _is_part(msg)) else bytes(blob)
+        for msg, blob in decoded
+    ]
 
 
 def split_messages(envelope: bytes) -> tuple[list[bytes], bool]:
