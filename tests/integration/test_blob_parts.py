@@ -144,6 +144,21 @@ def test_a_cancel_that_comes_with_the_parts_stops_the_call_before_it_runs(tmp_pa
     play(tmp_path, scenario, protocol=2)
 
 
+def test_a_cancel_before_the_request_lets_the_parts_go_at_once(tmp_path: Path) -> None:
+    """A hub that stops a transfer part way (its caller left before the call was
+    recorded) cancels it: the worker lets go of the parts it holds, and of those still
+    on their way, without waiting for the stream to end."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "stopped", b"s" * 200_000, 100_000)
+        hub.send(cancel=pb.Cancel(correlation_id="stopped", reason="not sent"))
+        hub.send(blob_part=pb.BlobPart(correlation_id="stopped", data=b"late", offset=200_000))
+        assert await marks_after(hub, "after") == 1  # all of the above was read by then
+        assert link._parts.held_bytes == 0
+
+    play(tmp_path, scenario, protocol=2)
+
+
 def test_a_short_redelivery_of_a_known_call_is_answered_as_a_duplicate(tmp_path: Path) -> None:
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
         blob = os.urandom(50_000)

@@ -5,6 +5,7 @@ whole blob; to a worker that speaks protocol 1 it sends the blob whole."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -16,9 +17,11 @@ from worker.wire.framing import (
     Chunked,
     message_part,
     outgoing_size,
+    pending_parts,
     spread_parts,
 )
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import call_digest
 
 BLOB = os.urandom(3 * PART_BYTES + 123)
 CALL = {"agent_id": "a", "surface": "workerHost", "action": "fs_write", "args_json": "{}"}
@@ -134,3 +137,69 @@ def test_a_second_transfer_of_a_call_waits_for_the_first_not_beside_it() -> None
         first.spread()
     session.send(chunked(request, BLOB))  # once the first went out, a re-send may go
     assert session.outbox.qsize() == 2
+
+
+async def _drain(transfer: Chunked) -> list[pb.ServerMessage]:
+    """Every message of `transfer`, as the hub's writer sends them (waiting for parts
+    still being built)."""
+    outbox: asyncio.Queue[bytes | Chunked | None] = asyncio.Queue()
+    outbox.put_nowait(transfer)
+    batches = Batcher(outbox, outgoing_size, None, spread_parts, pending_parts)
+    sent = []
+    while not transfer.finished:
+        sent += messages(await batches.next_batch() or [])
+    return sent
+
+
+def test_a_new_calls_parts_go_while_its_digest_is_computed(tmp_path: Path) -> None:
+    """A call the hub names itself is queued before its digest exists: its parts are
+    built (and sent) as the digest is fed the same bytes, and the request, which
+    carries the digest over every byte, goes last."""
+
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"))
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=2)
+        hub.sessions["w"] = session
+        call = pb.DispatchRequest(worker_id="w", blob=BLOB, **CALL)  # no id: the hub names it
+        dispatched = asyncio.create_task(hub.dispatch(call))
+        transfer = await session.outbox.get()
+        assert isinstance(transfer, Chunked)
+        assert not transfer.request.args_digest  # queued before the digest was computed
+        sent = await _drain(transfer)
+        *parts, last = sent
+        assert [m.WhichOneof("kind") for m in parts] == ["blob_part"] * 4
+        assert b"".join(m.blob_part.data for m in parts) == BLOB
+        request = last.request
+        assert request.blob_in_parts == len(BLOB) and not request.blob
+        assert request.args_digest == call_digest(request, BLOB)
+        dispatched.cancel()
+        hub.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_call_whose_caller_leaves_before_its_digest_sends_no_more_parts(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"))
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=2)
+        hub.sessions["w"] = session
+        call = pb.DispatchRequest(worker_id="w", blob=BLOB, **CALL)
+        dispatched = asyncio.create_task(hub.dispatch(call))
+        transfer = await session.outbox.get()
+        assert isinstance(transfer, Chunked)
+        first, _rest = transfer.spread() if transfer.parts else (None, None)
+        if first is None:  # the first part is built in a thread: wait for it
+            await transfer.pending()
+            first, _rest = transfer.spread()
+        assert first is not None
+        dispatched.cancel()  # the caller goes away while the rest is built
+        with contextlib.suppress(asyncio.CancelledError):
+            await dispatched
+        assert transfer.finished and transfer.sent == 1  # nothing more of it goes
+        assert transfer.spread() == (None, None)
+        (cancel,) = pb.ServerEnvelope.FromString(session.outbox.get_nowait()).messages
+        assert cancel.cancel.correlation_id == transfer.request.correlation_id
+        assert not hub.store.open_calls("w")  # never recorded, never sent whole
+        hub.store.close()
+
+    asyncio.run(go())

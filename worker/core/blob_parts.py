@@ -98,6 +98,11 @@ class BlobParts:
         self._refused.clear()
         self._held = 0
 
+    def refuse(self, correlation_id: str, error: WorkerError) -> None:
+        """Drop the call's parts (a Cancel came before its request): its request, if it
+        comes, is refused with `error`, and parts still coming are dropped too."""
+        self._refuse(correlation_id, error)
+
     def _refuse(self, correlation_id: str, error: WorkerError) -> None:
         self._drop(correlation_id)
         self._refused[correlation_id] = error

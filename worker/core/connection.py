@@ -478,10 +478,13 @@ class WorkerConnection:
             self._acks_or_offline.set()
         elif kind == "cancel":
             cid = msg.cancel.correlation_id
-            if self._parts.holds(cid) or cid in self._joins:
-                # Its request has not been claimed yet: refused when it is.
-                self._cancelled_early[cid] = msg.cancel.reason or "by the server"
-            self.dispatcher.cancel(cid, msg.cancel.reason or "by the server")
+            reason = msg.cancel.reason or "by the server"
+            if self._parts.holds(cid):
+                # Its request has not come: its parts go now, and it is refused if it does.
+                self._parts.refuse(cid, _cancelled(reason))
+            elif cid in self._joins:  # its request came, and is not claimed yet
+                self._cancelled_early[cid] = reason
+            self.dispatcher.cancel(cid, reason)
         elif kind == "kill_plan":
             self.dispatcher.kill_plan(msg.kill_plan.plan_id, msg.kill_plan.reason, "server")
         elif kind == "scope_request":
@@ -541,8 +544,7 @@ class WorkerConnection:
         if reason is None:
             self.dispatcher.submit(req, blob)
             return
-        error = WorkerError("cancelled", f"cancelled before it started: {reason}")
-        self.dispatcher.refuse_unless_known(req, error)
+        self.dispatcher.refuse_unless_known(req, _cancelled(reason))
 
     def _scope_request(self, request: pb.ScopeRequest) -> None:
         """Ask the person (the answer may take a while: the stream goes on meanwhile)."""
@@ -801,6 +803,10 @@ def request_id_of(message: bytes) -> str | None:
                     return None
                 return cid if 0 < len(cid) <= MAX_ID_CHARS and cid.isprintable() else None
     return None
+
+
+def _cancelled(reason: str) -> WorkerError:
+    return WorkerError("cancelled", f"cancelled before it started: {reason}")
 
 
 def _raise_if_fatal(exc: grpc.aio.AioRpcError) -> None:

@@ -31,6 +31,8 @@ from worker.wire.framing import (
     Batcher,
     Buffer,
     Chunked,
+    announced,
+    blob_part,
     chunked,
     envelope_of,
     fields_of,
@@ -38,6 +40,7 @@ from worker.wire.framing import (
     message_part,
     nested_message,
     outgoing_size,
+    pending_parts,
     request_part,
     split_field,
     spread_parts,
@@ -55,7 +58,9 @@ from worker.wire.protocol import (
     WORKER_SERVICE,
     blob_gone,
     call_digest,
+    digest_feed,
     error_pb,
+    fed_digest,
     legacy_digest,
     same_call,
 )
@@ -261,6 +266,24 @@ def _size(outgoing: Outgoing) -> int:
     return outgoing.size if isinstance(outgoing, Chunked) else len(outgoing)
 
 
+def _parts_and_digest(
+    transfer: Chunked, request: pb.ActionRequest, loop: asyncio.AbstractEventLoop
+) -> str | None:
+    """In a thread: `transfer`'s blob parts, each handed to the loop as soon as it is
+    built (the hub's writer sends it meanwhile), and the call's digest, fed the same
+    bytes a part at a time; None if the transfer was stopped first."""
+    hasher = digest_feed(request)
+    view = memoryview(transfer.blob)
+    cid = request.correlation_id
+    for at in range(0, len(view), PART_BYTES):
+        if transfer.stopped:
+            return None
+        piece = view[at : at + PART_BYTES]
+        hasher.update(piece)
+        loop.call_soon_threadsafe(transfer.add, blob_part(cid, at, piece))
+    return fed_digest(hasher)
+
+
 class Hub:
     def __init__(
         self, store: HubStore, *, heartbeat_s: float = 5.0, default_timeout_s: float = 60.0
@@ -321,7 +344,13 @@ class Hub:
             self._handle(session, msg, blob)
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
-        batches = Batcher(session.outbox, outgoing_size, lambda: self._hold(session), spread_parts)
+        batches: Batcher[bytes | Chunked] = Batcher(
+            session.outbox,
+            outgoing_size,
+            lambda: self._hold(session),
+            spread_parts,
+            pending_parts,
+        )
         try:
             session.send(self._welcome(session))
             # Kills first: a re-sent call of a killed plan is then refused, not run.
@@ -850,11 +879,18 @@ class Hub:
         # `blob` is held while the call is pending (a view of the bytes received: the
         # hub never copies it but once, into the message to the worker).
         # The digest, computed once here and carried to the worker in the request, and
-        # the request's envelope part: a large blob's bytes are read off the loop.
-        outgoing = await _prepared(request, blob, self._takes_parts(worker_id))
+        # the request's envelope part: a large blob's bytes are read off the loop. A new
+        # call's parts go while its digest is computed (`_sent_early`).
+        early = None if req.correlation_id else await self._sent_early(worker_id, request, blob)
+        if early is not None and self.sessions.get(worker_id) is early[0]:
+            outgoing: Outgoing = early[1]
+        else:  # not sent early, or to a stream the worker has left since
+            early = None
+            outgoing = await _prepared(request, blob, self._takes_parts(worker_id))
         digest = request.args_digest
         refusal = too_large(_size(outgoing), framed=True)
         if refusal is not None:  # neither stored nor sent: it could never be delivered
+            assert early is None  # a blob sent early is well within the limit
             return worker_id, Answer(error_result(cid, refusal))
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(
@@ -899,7 +935,10 @@ class Hub:
             self._waiters.pop(cid, None)
             return worker_id, Answer(error_result(cid, _NOT_RECORDED))
         session = self.sessions.get(worker_id)
-        if session is not None:
+        if early is not None:  # its parts are on their way: the request follows them
+            assert isinstance(outgoing, Chunked)
+            outgoing.add(announced(request, len(blob)))
+        elif session is not None:
             session.send(outgoing)
         if is_new:
             self._store_soon()
@@ -923,6 +962,43 @@ class Hub:
             )
             answer = Answer(error_result(cid, timeout))
         return worker_id, answer
+
+    async def _sent_early(
+        self, worker_id: str, request: pb.ActionRequest, blob: Buffer
+    ) -> tuple[Session, Chunked] | None:
+        """For a new call the hub named itself whose blob goes in parts: queue the
+        transfer at once and build its parts and the call's digest in one thread, so
+        the parts go while the digest is computed (it rides in the request, which
+        goes after them, and covers every byte of the blob all the same). Returns the
+        stream and the transfer, with the digest set in `request`; the caller adds the
+        request's own part once the call is recorded. None when the call does not
+        qualify, for the usual way.
+
+        Only an id the hub made (no caller knows it, so no duplicate, retry or second
+        caller can meet it) is sent early: a call whose id the caller chose is
+        committed before the worker gets it, which takes its digest first."""
+        session = self.sessions.get(worker_id)
+        if (
+            session is None
+            or session.protocol < PARTS_PROTOCOL
+            or len(blob) <= PART_BYTES
+            or too_large(len(blob) + PART_BYTES) is not None  # near the limit: checked whole
+        ):
+            return None
+        transfer = Chunked.begun(request, blob)
+        session.send(transfer)
+        loop = asyncio.get_running_loop()
+        try:
+            digest = await asyncio.to_thread(_parts_and_digest, transfer, request, loop)
+        except BaseException:  # the caller went away (or a bug): send no more of it
+            transfer.stop()
+            if transfer.sent:  # the worker drops what it holds of it
+                cancel = pb.Cancel(correlation_id=request.correlation_id, reason="not sent")
+                session.send(pb.ServerMessage(cancel=cancel))
+            raise
+        assert digest is not None  # only a stopped transfer has none
+        request.args_digest = digest
+        return session, transfer
 
     def _replay(self, call: StoredCall) -> pb.ActionResult:
         """A finished call's stored answer, for a caller repeating its id. A result blob

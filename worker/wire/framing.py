@@ -34,7 +34,8 @@ class Batcher(Generic[M]):
         outbox: asyncio.Queue[M | None],
         size: Callable[[M], int],
         hold: Callable[[], Awaitable[None] | None] | None = None,
-        spread: Callable[[M], tuple[M, M | None]] | None = None,
+        spread: Callable[[M], tuple[M | None, M | None]] | None = None,
+        pending: Callable[[M], Awaitable[None] | None] | None = None,
     ) -> None:
         self._outbox = outbox
         self._size = size
@@ -42,7 +43,12 @@ class Batcher(Generic[M]):
         # Splits a message into what goes in this batch and the rest (None: nothing
         # left), for a large transfer sent a part at a time (see `Chunked`): a batch
         # ends with a part, and the rest queues again behind whatever came meanwhile.
+        # What goes is None when nothing of the message is left to send (a transfer
+        # stopped early).
         self._spread = spread
+        # What to wait for before a message's next part can be taken (a transfer whose
+        # parts are still being built), or None when it can be taken now.
+        self._pending = pending
         self._rest: M | None = None
         self._carry: M | None = None
         self._ended = False
@@ -52,23 +58,31 @@ class Batcher(Generic[M]):
         resumed, self._rest = self._rest, None
         if resumed is not None:  # behind what queued while its last part went out
             self._outbox.put_nowait(resumed)
-        if self._carry is not None:
-            first: M | None = self._carry
-            self._carry = None
-        elif self._ended:
-            return None
-        else:
-            first = await self._outbox.get()
-        if first is None:
-            return None
-        # A transfer already under way is not held back again for each part.
-        pause = None if self._hold is None or first is resumed else self._hold()
-        if pause is not None:
-            await pause
-        if self._spread is not None:
-            first, self._rest = self._spread(first)
-            if self._rest is not None:
-                return [first]
+        while True:
+            if self._carry is not None:
+                first: M | None = self._carry
+                self._carry = None
+            elif self._ended:
+                return None
+            else:
+                first = await self._outbox.get()
+            if first is None:
+                return None
+            # A transfer already under way is not held back again for each part.
+            pause = None if self._hold is None or first is resumed else self._hold()
+            if pause is not None:
+                await pause
+            if self._pending is not None:
+                while (coming := self._pending(first)) is not None:
+                    await coming
+            if self._spread is None:
+                break
+            part, self._rest = self._spread(first)
+            if part is not None:
+                first = part
+                break
+        if self._rest is not None:
+            return [first]
         if self._outbox.empty():
             return [first]  # alone: no need to size it (a 16 MiB blob takes ~9 ms to size)
         batch, size = [first], self._size(first)
@@ -77,12 +91,18 @@ class Batcher(Generic[M]):
             if msg is None:
                 self._ended = True
                 break
+            if self._pending is not None and self._pending(msg) is not None:
+                self._carry = msg  # its next part is not built yet: it starts the next batch
+                break
             msg_size = self._size(msg)
             if size + msg_size > MAX_ENVELOPE_BYTES:
                 self._carry = msg
                 break
             if self._spread is not None:
-                msg, self._rest = self._spread(msg)
+                part, self._rest = self._spread(msg)
+                if part is None:
+                    continue
+                msg = part
             batch.append(msg)
             size += msg_size
             if self._rest is not None:
@@ -204,26 +224,71 @@ class Chunked:
     """A request whose blob goes ahead of it in BlobParts, one part per envelope,
     with other messages between them: `parts` are the BlobParts' envelope parts,
     then the request's (announcing `blob_in_parts`). `request` and `blob` rebuild it
-    whole (`inline`) for a worker that does not take parts."""
+    whole (`inline`) for a worker that does not take parts.
+
+    The parts may still be coming when it is queued (`begun`): `count` says how many
+    there will be, the hub's writer waits (`pending`) for each not yet built, and
+    `stop` ends it early."""
 
     parts: list[bytes]
     request: pb.ActionRequest
     blob: Buffer
     sent: int = 0
+    count: int = -1  # how many parts in all; -1: as many as `parts` holds
+    stopped: bool = False
+    _coming: asyncio.Future[None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            self.count = len(self.parts)
+
+    @classmethod
+    def begun(cls, request: pb.ActionRequest, blob: Buffer) -> Chunked:
+        """A transfer of `blob` whose parts are yet to be built (`add`), and then the
+        request's (`add` too)."""
+        return cls([], request, blob, count=-(-len(blob) // PART_BYTES) + 1)
 
     @property
     def finished(self) -> bool:
-        return self.sent == len(self.parts)
+        return self.sent >= self.count
 
     @property
     def size(self) -> int:
         return sum(len(part) for part in self.parts)
 
-    def spread(self) -> tuple[bytes, Chunked | None]:
-        """The next part, and this transfer if parts remain."""
+    def add(self, part: bytes) -> None:
+        """The next part, built (ignored once stopped)."""
+        if self.stopped or len(self.parts) >= self.count:
+            return
+        self.parts.append(part)
+        self._wake()
+
+    def stop(self) -> None:
+        """Send no more of it: parts not yet sent never go."""
+        self.stopped = True
+        self.count = self.sent
+        self._wake()
+
+    def pending(self) -> asyncio.Future[None] | None:
+        """What to wait for before the next part can go; None when it can (or when
+        nothing more will)."""
+        if self.sent < len(self.parts) or self.finished:
+            return None
+        if self._coming is None or self._coming.done():
+            self._coming = asyncio.get_running_loop().create_future()
+        return self._coming
+
+    def _wake(self) -> None:
+        if self._coming is not None and not self._coming.done():
+            self._coming.set_result(None)
+
+    def spread(self) -> tuple[bytes | None, Chunked | None]:
+        """The next part (None if none is left), and this transfer if parts remain."""
+        if self.finished:
+            return None, None
         part = self.parts[self.sent]
         self.sent += 1
-        return part, self if self.sent < len(self.parts) else None
+        return part, None if self.finished else self
 
     def inline(self) -> bytes:
         """The request with its blob in it, as one envelope part (built on the loop:
@@ -234,36 +299,52 @@ class Chunked:
         return request_part(whole, self.blob)
 
 
+def blob_part(correlation_id: str, offset: int, data: Buffer) -> bytes:
+    """A BlobPart of `data` (the blob's bytes from `offset`) as an envelope part: one
+    copy of `data`."""
+    header = pb.BlobPart(correlation_id=correlation_id, offset=offset).SerializeToString()
+    return _nested_part(_BLOB_PART_FIELD, header, _PART_DATA_FIELD, data)
+
+
+def announced(request: pb.ActionRequest, blob_bytes: int) -> bytes:
+    """`request`, announcing a blob of `blob_bytes` that went ahead of it in parts, as
+    an envelope part."""
+    copy = pb.ActionRequest()
+    copy.CopyFrom(request)
+    copy.blob_in_parts = blob_bytes
+    return request_part(copy, b"")
+
+
 def chunked(request: pb.ActionRequest, blob: Buffer) -> Chunked:
     """`request` with `blob` as BlobParts of PART_BYTES ahead of it (a copy of each)."""
     view = memoryview(blob)
     parts = [
-        _nested_part(
-            _BLOB_PART_FIELD,
-            pb.BlobPart(correlation_id=request.correlation_id, offset=at).SerializeToString(),
-            _PART_DATA_FIELD,
-            view[at : at + PART_BYTES],
-        )
+        blob_part(request.correlation_id, at, view[at : at + PART_BYTES])
         for at in range(0, len(view), PART_BYTES)
     ]
-    announced = pb.ActionRequest()
-    announced.CopyFrom(request)
-    announced.blob_in_parts = len(view)
-    parts.append(request_part(announced, b""))
+    parts.append(announced(request, len(view)))
     return Chunked(parts, request, blob)
 
 
-def spread_parts(message: bytes | Chunked) -> tuple[bytes | Chunked, bytes | Chunked | None]:
+def spread_parts(
+    message: bytes | Chunked,
+) -> tuple[bytes | Chunked | None, bytes | Chunked | None]:
     """Batcher's `spread` for an outbox of envelope parts and Chunked transfers."""
     if isinstance(message, Chunked):
         return message.spread()
     return message, None
 
 
+def pending_parts(message: bytes | Chunked) -> asyncio.Future[None] | None:
+    """Batcher's `pending` for such an outbox: a transfer's next part, until built."""
+    return message.pending() if isinstance(message, Chunked) else None
+
+
 def outgoing_size(message: bytes | Chunked) -> int:
-    """Batcher's `size` for such an outbox: a transfer's next part."""
+    """Batcher's `size` for such an outbox: a transfer's next part (0 when none is
+    left)."""
     if isinstance(message, Chunked):
-        return len(message.parts[message.sent])
+        return 0 if message.finished else len(message.parts[message.sent])
     return len(message)
 
 

@@ -55,6 +55,16 @@ def call_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -
     return DIGEST_SCHEME + _fed(blake3.blake3(), req, blob).hexdigest()
 
 
+def digest_feed(req: pb.ActionRequest) -> blake3.blake3:
+    """`call_digest` a piece at a time: a hasher fed the call's fields; feed it every
+    byte of the blob, in order, then `fed_digest` gives the same digest."""
+    return _fields_fed(blake3.blake3(), req)
+
+
+def fed_digest(hasher: blake3.blake3) -> str:
+    return DIGEST_SCHEME + hasher.hexdigest()
+
+
 def legacy_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -> str:
     """`call_digest` as versions before BLAKE3 wrote it: sha256, without the scheme."""
     return _fed(hashlib.sha256(), req, blob).hexdigest()
@@ -72,10 +82,14 @@ _H = TypeVar("_H", bound=_Hasher)
 def _fed(h: _H, req: pb.ActionRequest, blob: bytes | memoryview | None) -> _H:
     """`h` given what makes a call that call: its fields, each ended by a NUL, then
     every byte of its blob."""
+    _fields_fed(h, req).update(req.blob if blob is None else blob)
+    return h
+
+
+def _fields_fed(h: _H, req: pb.ActionRequest) -> _H:
     for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
         h.update(part.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
-    h.update(req.blob if blob is None else blob)
     return h
 
 
