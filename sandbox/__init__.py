@@ -14,9 +14,11 @@ without the worker around it.
 from sandbox._leftovers import Leftovers
 from sandbox.files import (
     ChangedWhileOpenedError,
+    Data,
     HardLinkError,
     Written,
     append_bytes,
+    data_size,
     make_parents,
     open_regular,
     read_at,
@@ -40,6 +42,7 @@ __all__ = [
     "ConfinedDir",
     "ConfinementError",
     "Containment",
+    "Data",
     "Entry",
     "HardLinkError",
     "Leftovers",
@@ -50,6 +53,7 @@ __all__ = [
     "Row",
     "Written",
     "append_bytes",
+    "data_size",
     "file_kind",
     "list_tree",
     "locate",

@@ -24,7 +24,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -153,15 +153,29 @@ def _regular_or_missing(parent_fd: int, name: str, shown: str) -> os.stat_result
     return existing
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+# What a write takes: bytes, or the pieces they came in (written one after another,
+# never joined into one buffer first).
+Data = bytes | Sequence[bytes | memoryview]
+
+
+def _pieces(data: Data) -> Sequence[bytes | memoryview]:
+    return (data,) if isinstance(data, bytes) else data
+
+
+def data_size(data: Data) -> int:
+    return sum(len(piece) for piece in _pieces(data))
+
+
+def _write_all(fd: int, data: Data) -> None:
+    for piece in _pieces(data):
+        view = memoryview(piece)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
 
 
 def write_atomic(
-    parent_fd: int, name: str, data: bytes, *, replace: bool, shown: str = ""
+    parent_fd: int, name: str, data: Data, *, replace: bool, shown: str = ""
 ) -> Written:
     """Make `name` in the directory `parent_fd` hold exactly `data`, atomically.
 
@@ -200,7 +214,7 @@ def write_atomic(
                 os.unlink(temp, dir_fd=parent_fd)
             raise
         os.fsync(parent_fd)
-    return Written(created=existing is None, size=len(data))
+    return Written(created=existing is None, size=data_size(data))
 
 
 def _keep_owner(fd: int, existing: os.stat_result) -> None:
@@ -227,7 +241,7 @@ def _link_new(parent_fd: int, temp: str, name: str) -> None:
 
 
 def append_bytes(
-    parent_fd: int, name: str, data: bytes, *, allow_hard_links: bool = False, shown: str = ""
+    parent_fd: int, name: str, data: Data, *, allow_hard_links: bool = False, shown: str = ""
 ) -> Written:
     """Add `data` at the end of the regular file `name` (created when missing), in place.
 

@@ -4,6 +4,7 @@ parts that break a bound or do not add up; the stream goes on after each."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -212,5 +213,36 @@ def test_parts_are_kept_as_they_came_and_copied_once_unless_they_would_pin_more(
         hub.request("viewed", ECHO, blob_in_parts=len(big))
         result = await hub.next("result")
         assert error_code(result) == "ok" and result.blob == big
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def test_an_fs_write_in_parts_writes_them_unjoined_and_knows_them_again(tmp_path: Path) -> None:
+    """fs_write takes a blob in parts as they came (no join): the file holds every byte,
+    its result hashes them all, and a server that sends no digest still has the call
+    recognised when it comes again (the worker's digest over the parts is the digest
+    over the whole blob), and told apart from another blob of the same size."""
+    blob = os.urandom(3 * 1024 * 1024 + 7)
+    other = blob[:-1] + bytes([blob[-1] ^ 1])
+    args = json.dumps({"path": "parted.bin", "mode": "overwrite"})
+    write = {"surface": "workerHost", "action": "fs_write", "blob_in_parts": len(blob)}
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        send_parts(hub, "w1", blob, 1024 * 1024)
+        hub.request("w1", args, **write)
+        result = await hub.next("result")
+        assert error_code(result) == "ok", result
+        answer = json.loads(result.result_json)
+        assert answer["bytes_written"] == len(blob)
+        assert answer["sha256"] == hashlib.sha256(blob).hexdigest()
+        assert (tmp_path / "workspace" / "parted.bin").read_bytes() == blob
+        assert result.invocation.bytes_in == len(args) + len(blob)
+        send_parts(hub, "w1", blob, 512 * 1024)  # again, cut otherwise: the same call
+        hub.request("w1", args, **write)
+        assert (await hub.next("ack")).kind == pb.ActionAck.DUPLICATE_DONE
+        assert (await hub.next("result")).replayed
+        send_parts(hub, "w1", other, 1024 * 1024)  # the same id, another blob
+        hub.request("w1", args, **write)
+        assert (await hub.next("ack")).kind == pb.ActionAck.REJECTED_ARGS_MISMATCH
 
     play(tmp_path, scenario, protocol=2)

@@ -521,6 +521,10 @@ class WorkerConnection:
         if len(parts) == 1 and len(parts[0]) < HASH_OFF_LOOP_BYTES:
             self._submit_unless_cancelled(req, bytes(parts[0]))
             return
+        spec = self.dispatcher.registry.get(f"{req.surface}.{req.action}")
+        if spec is not None and spec.blob_in_pieces:  # written out as they are: no join
+            self._submit_unless_cancelled(req, b"", tuple(parts))
+            return
         task = asyncio.create_task(self._join_then_submit(req, parts))
         self._joins[cid] = task
         task.add_done_callback(lambda _task: self._joins.pop(cid, None))
@@ -539,10 +543,12 @@ class WorkerConnection:
             return
         self._submit_unless_cancelled(req, blob)
 
-    def _submit_unless_cancelled(self, req: pb.ActionRequest, blob: bytes) -> None:
+    def _submit_unless_cancelled(
+        self, req: pb.ActionRequest, blob: bytes, pieces: tuple[Buffer, ...] = ()
+    ) -> None:
         reason = self._cancelled_early.pop(req.correlation_id, None)
         if reason is None:
-            self.dispatcher.submit(req, blob)
+            self.dispatcher.submit(req, blob, pieces)
             return
         self.dispatcher.refuse_unless_known(req, _cancelled(reason))
 

@@ -68,7 +68,9 @@ from worker.wire.protocol import (
     blob_gone,
     call_digest,
     carried_digest,
+    digest_feed,
     error_pb,
+    fed_digest,
 )
 from worker.wire.transport import MAX_RESULT_BYTES
 
@@ -109,6 +111,16 @@ class Limits:
 _Payload = tuple[str, bytes, bool]
 
 
+def _digest(req: pb.ActionRequest, blob: bytes, pieces: tuple[bytes | memoryview, ...]) -> str:
+    """The call's digest over its blob, or over the pieces it came in."""
+    if not pieces:
+        return call_digest(req, blob)
+    hasher = digest_feed(req)
+    for piece in pieces:
+        hasher.update(piece)
+    return fed_digest(hasher)
+
+
 @dataclass(eq=False)
 class Call:
     """One call from its claim to its answer: what came in, and what became of it."""
@@ -131,10 +143,20 @@ class Call:
     holds_slot: bool = False
     answered: bool = False
     claimed: bool = True  # False: effect-free, run without a claim in the ledger
+    # The blob as the parts it came in, unjoined (`blob` is then empty): for an
+    # action whose spec says `blob_in_pieces`.
+    pieces: tuple[bytes | memoryview, ...] = ()
 
     @property
     def cid(self) -> str:
         return self.req.correlation_id
+
+    @property
+    def blob_bytes(self) -> int:
+        return sum(len(piece) for piece in self.pieces) if self.pieces else len(self.blob)
+
+    def whole_blob(self) -> bytes:
+        return b"".join(self.pieces) if self.pieces else self.blob
 
 
 # The rest of a stage that has to wait, awaited in the call's task.
@@ -325,9 +347,15 @@ class Dispatcher:
         if self.results.pending:
             self.results.flush()
 
-    def submit(self, req: pb.ActionRequest, blob: bytes | None = None) -> None:
+    def submit(
+        self,
+        req: pb.ActionRequest,
+        blob: bytes | None = None,
+        pieces: tuple[bytes | memoryview, ...] = (),
+    ) -> None:
         """Claim `req` in the ledger and run it, or answer a duplicate. `blob`, when
-        given, is the request's blob, read apart from it."""
+        given, is the request's blob, read apart from it; `pieces`, when given, is the
+        blob in the parts it came in (for an action that takes them unjoined)."""
         cid = req.correlation_id
         if not cid or len(cid) > MAX_ID_CHARS:
             log.warning(
@@ -349,24 +377,34 @@ class Dispatcher:
             return
         request_blob = req.blob if blob is None else blob  # each read copies: read it once
         digest = carried_digest(req)  # computed once, where the call entered
-        if digest is None and len(request_blob) >= HASH_OFF_LOOP_BYTES:
+        size = sum(len(piece) for piece in pieces) if pieces else len(request_blob)
+        if digest is None and size >= HASH_OFF_LOOP_BYTES:
             # A server that sends no digest: hash a large blob in a thread, then claim.
-            task = asyncio.create_task(self._hash_then_claim(req, request_blob))
+            task = asyncio.create_task(self._hash_then_claim(req, request_blob, pieces))
             self._hashing.add(task)
             task.add_done_callback(self._hashing.discard)
             return
-        self._claim(req, request_blob, digest or call_digest(req, request_blob))
+        digest = digest or _digest(req, request_blob, pieces)
+        self._claim(req, request_blob, digest, pieces)
 
-    async def _hash_then_claim(self, req: pb.ActionRequest, blob: bytes) -> None:
-        digest = await asyncio.to_thread(call_digest, req, blob)
+    async def _hash_then_claim(
+        self, req: pb.ActionRequest, blob: bytes, pieces: tuple[bytes | memoryview, ...]
+    ) -> None:
+        digest = await asyncio.to_thread(_digest, req, blob, pieces)
         if self._draining:
             self.results.ack_request(
                 req.correlation_id, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down"
             )
             return
-        self._claim(req, blob, digest)
+        self._claim(req, blob, digest, pieces)
 
-    def _claim(self, req: pb.ActionRequest, request_blob: bytes, digest: str) -> None:
+    def _claim(
+        self,
+        req: pb.ActionRequest,
+        request_blob: bytes,
+        digest: str,
+        pieces: tuple[bytes | memoryview, ...] = (),
+    ) -> None:
         """Claim the call in the ledger and run it, or answer a duplicate. An
         effect-free call is not claimed (see worker.core.ledger): the ledger is only
         asked whether it knows the id."""
@@ -385,6 +423,7 @@ class Dispatcher:
             self._refuse_busy(req)
         elif begun.seen is Seen.NEW:
             call = self._new_call(req, request_blob, digest)
+            call.pieces = pieces
             call.claimed = claim
             self._calls[cid] = call
             if self.watcher is not None:
@@ -788,10 +827,10 @@ class Dispatcher:
                 "limit; send bulk data in the request blob",
                 {"errors": [{"loc": [], "msg": "args too large", "type": "too_long"}]},
             )
-        if call.blob and not spec.takes_blob:
+        if call.blob_bytes and not spec.takes_blob:
             raise WorkerError(
                 "validation_error",
-                f"{spec.scope} takes no blob, but {len(call.blob):,} bytes came with the call",
+                f"{spec.scope} takes no blob, but {call.blob_bytes:,} bytes came with the call",
                 {"errors": [{"loc": ["blob"], "msg": "unexpected blob", "type": "extra"}]},
             )
         try:
@@ -899,6 +938,7 @@ class Dispatcher:
             plan_id=req.plan_id,
             agent_id=req.agent_id,
             blob=call.blob,
+            pieces=call.pieces,
             roots=self.roots,
             paths=self.paths,
             config=self.config,
@@ -982,7 +1022,9 @@ class Dispatcher:
             if error.code in AUDITED_CODES:
                 self.results.audit(error.code, call.req, {"message": error.message})
         if self.telemetry.recordings.active(call.req.plan_id):  # `agentworker record start`
-            self.telemetry.recordings.keep_later(call.req, call.blob, result_json, blob)
+            # A recorded plan's blob goes whole into the recording (on the loop, as its
+            # row does): recording is for debugging, not for speed.
+            self.telemetry.recordings.keep_later(call.req, call.whole_blob(), result_json, blob)
         return result, blob
 
     def _invocation(
@@ -1009,7 +1051,7 @@ class Dispatcher:
             started_unix_ms=call.started_ms,
             finished_unix_ms=now_ms(),
             duration_ms=int((time.monotonic() - call.started_clock) * 1000),
-            bytes_in=len(req.args_json) + len(call.blob),
+            bytes_in=len(req.args_json) + call.blob_bytes,
             bytes_out=bytes_out,
             truncated=truncated,
             sandboxed=bool(spec and spec.sandboxed),

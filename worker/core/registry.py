@@ -89,10 +89,17 @@ class Context:
     # For an action-level "ask" (e.g. an allowlist rule): resolves when the person
     # approves, raises WorkerError otherwise. Headless workers never prompt.
     approve: Callable[[str, str], Awaitable[None]] = field(default=_never_approved)
+    # The request blob as the parts it came in, not joined, for an action whose spec
+    # says `blob_in_pieces` (then `blob` is empty); see `blob_pieces`.
+    pieces: Sequence[bytes | memoryview] = ()
 
     @property
     def data_dir(self) -> Path:
         return self.paths.data_dir
+
+    def blob_pieces(self) -> Sequence[bytes | memoryview]:
+        """The request blob, in the pieces it came in (or whole, as one piece)."""
+        return self.pieces or (self.blob,)
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,9 @@ class ActionSpec(Generic[A, R]):
     handler: Callable[[Context, A], Awaitable[Outcome[R]] | Outcome[R]]
     summary: str = ""
     takes_blob: bool = False
+    # A blob that came in parts reaches the handler as those parts (`Context.pieces`),
+    # not joined into one buffer first: for an action that only writes it out.
+    blob_in_pieces: bool = False
     sandboxed: bool = False
     # The error codes this action may answer beyond PIPELINE_CODES.
     codes: frozenset[ErrorCode] = frozenset()

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import Sequence
 from typing import Final, Literal
 
-from sandbox import Written, append_bytes, make_parents, write_atomic
+from sandbox import Data, Written, append_bytes, data_size, make_parents, write_atomic
 from worker.actions.host.fs_paths import CONFINED_CODES, check_lands_writable, confined
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
@@ -41,13 +42,16 @@ class FsWriteResult(Result):
 
 
 async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
-    data = ctx.blob
-    if len(data) > WRITE_BYTES:
+    # A large blob comes in the parts it travelled in (SPEC's blob_in_pieces): written
+    # and hashed piece by piece, never joined into one buffer first.
+    data = ctx.blob_pieces()
+    size = data_size(data)
+    if size > WRITE_BYTES:
         raise WorkerError(
             "too_large",
-            f"the blob is {len(data):,} bytes; fs_write takes at most {WRITE_BYTES:,} "
+            f"the blob is {size:,} bytes; fs_write takes at most {WRITE_BYTES:,} "
             "bytes per call. Write the first part, then append the rest in further calls.",
-            {"bytes": len(data), "limit": WRITE_BYTES},
+            {"bytes": size, "limit": WRITE_BYTES},
         )
     try:
         # Hashing and writing both release the GIL: overlap them rather than add them.
@@ -62,7 +66,7 @@ async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
     result = FsWriteResult(
         path=args.path,
         mode=args.mode,
-        bytes_written=len(data),
+        bytes_written=size,
         sha256=digest,
         size=written.size,
         created=written.created,
@@ -70,11 +74,14 @@ async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
     return Outcome(result)
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _sha256(data: Sequence[bytes | memoryview]) -> str:
+    hasher = hashlib.sha256()
+    for piece in data:
+        hasher.update(piece)
+    return hasher.hexdigest()
 
 
-def _write(ctx: Context, args: FsWriteArgs, data: bytes) -> Written:
+def _write(ctx: Context, args: FsWriteArgs, data: Data) -> Written:
     with confined(ctx, args.path, write=True) as (root, located):
         if args.make_parents:
             make_parents(
@@ -105,6 +112,7 @@ SPEC: Final = ActionSpec(
     summary="create, overwrite (atomically) or append to a file in a read-write root; "
     "the blob is the content, at most 16 MiB",
     takes_blob=True,
+    blob_in_pieces=True,
     codes=CONFINED_CODES,
     caps={"write_bytes": WRITE_BYTES},
 )
