@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,8 @@ HEAVY = ("grpc", "httpx", "pydantic", "google.protobuf", "textual")
 
 # Standard modules and parts of the worker `--help` has no use for, each costing
 # milliseconds at every start (issue 12: `--help` at once).
-SLOW_FOR_HELP = ("asyncio", "ssl", "ctypes", "subprocess", "sandbox", "worker.errors")
+# shutil (which loads bz2 and lzma) is what argparse asks the terminal's width of.
+SLOW_FOR_HELP = ("asyncio", "ssl", "ctypes", "subprocess", "sandbox", "worker.errors", "shutil")
 
 _PROBE = """
 import contextlib, io, json, sys
@@ -50,6 +53,27 @@ def test_help_imports_neither_grpc_nor_httpx() -> None:
 
 def test_help_imports_no_event_loop_tls_or_sandbox() -> None:
     assert _loaded_by("--help", heavy=SLOW_FOR_HELP) == []
+
+
+@pytest.mark.parametrize("columns", [None, "100", "0", "-3", "wide"])
+@pytest.mark.parametrize("terminal", [(132, 40), (0, 0), OSError])
+def test_help_is_as_wide_as_shutil_says(
+    monkeypatch: pytest.MonkeyPatch, columns: str | None, terminal: tuple[int, int] | type
+) -> None:
+    """The parsers' width comes without shutil, and is the width shutil would give."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+
+    def get_terminal_size(fd: int = 1) -> os.terminal_size:
+        if terminal is OSError:
+            raise OSError("not a terminal")
+        return os.terminal_size(terminal)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "get_terminal_size", get_terminal_size)
+    assert cli_main.terminal_columns() == shutil.get_terminal_size().columns
+    assert parser()._get_formatter()._width == shutil.get_terminal_size().columns - 2
 
 
 VERBS = sorted(parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
@@ -100,6 +124,8 @@ NOT_FOR_CALL = (
     "random",
     "secrets",
     "hmac",
+    # argparse's width without shutil (bz2, lzma): 3 ms.
+    "shutil",
 )
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import worker
 
@@ -98,9 +98,46 @@ def verb_of(argv: list[str]) -> str | None:
     return None
 
 
+def terminal_columns() -> int:
+    """What `shutil.get_terminal_size().columns` answers (COLUMNS when a positive number,
+    else the terminal on standard output, else 80), without importing shutil: that
+    loads bz2 and lzma, about 3 ms of every command's start, and argparse asks for the
+    width at each parser and argument it builds, so `call` paid it for no help shown."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        columns = 0
+    return columns or 80
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's own formatter, its width found by `terminal_columns` (as argparse
+    does with shutil: the columns less 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if len(args) < 4 and kwargs.get("width") is None:
+            kwargs["width"] = terminal_columns() - 2
+        super().__init__(*args, **kwargs)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Every parser of the command line, its verbs' too (add_subparsers makes them of
+    the parent's class), formats with HelpFormatter unless told otherwise."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The command line; with `verb`, only that verb's group is imported and added."""
-    top = argparse.ArgumentParser(
+    top = ArgumentParser(
         prog="agentworker",
         description="Let a remote AI agent work on this computer, inside the scopes you grant, "
         "with every call logged. Run `agentworker up` to start.",
