@@ -3,31 +3,53 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.transport import Keepalive, bearer, open_channel, read_token
 
 if TYPE_CHECKING:  # `agentworker call` imports this module: no pydantic on its path
     from worker.config import Config, Paths
+    from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+
+# Dispatch's method path, from the service's descriptor: `agentworker call` sends
+# its one call without the generated stub module (1 ms of its start: it loads
+# grpc._utilities to check gRPC's version), which the other methods load on first use.
+_DISPATCH = f"/{pb.DESCRIPTOR.services_by_name['ControlService'].full_name}/Dispatch"
 
 
-@dataclass
 class ControlClient:
-    channel: grpc.aio.Channel
-    stub: pb_grpc.ControlServiceStub
-    metadata: tuple[tuple[str, str], ...]
+    """A channel and the bearer metadata every call carries; `dispatch` for Dispatch,
+    `stub` for the rest. A plain class, not a dataclass: see worker.paths."""
+
+    def __init__(self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.channel = channel
+        self.metadata = metadata
+        self._stub: pb_grpc.ControlServiceStub | None = None
+        # As the generated stub makes it (a registered method: no per-call lookup).
+        self._dispatch = channel.unary_unary(
+            _DISPATCH,
+            request_serializer=pb.DispatchRequest.SerializeToString,
+            response_deserializer=pb.DispatchResponse.FromString,
+            _registered_method=True,
+        )
 
     @classmethod
     def connect(
         cls, address: str, token: str, tls_ca: Any = None, keepalive: Keepalive = Keepalive()
     ) -> ControlClient:
-        channel = open_channel(address, keepalive, tls_ca)
-        return cls(channel, pb_grpc.ControlServiceStub(channel), bearer(token))
+        return cls(open_channel(address, keepalive, tls_ca), bearer(token))
+
+    @property
+    def stub(self) -> pb_grpc.ControlServiceStub:
+        """The generated stub, made on first use."""
+        if self._stub is None:
+            from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+
+            self._stub = pb_grpc.ControlServiceStub(self.channel)
+        return self._stub
 
     @classmethod
     def local(
@@ -42,7 +64,7 @@ class ControlClient:
 
     async def dispatch(self, **fields: Any) -> pb.DispatchResponse:
         timeout = fields.get("timeout_ms", 0) / 1000 + 30 if fields.get("timeout_ms") else None
-        response: pb.DispatchResponse = await self.stub.Dispatch(
+        response: pb.DispatchResponse = await self._dispatch(
             pb.DispatchRequest(**fields), metadata=self.metadata, timeout=timeout
         )
         return response

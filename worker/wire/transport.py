@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 
@@ -21,8 +21,7 @@ MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 MAX_RESULT_BYTES = MAX_MESSAGE_BYTES - 256 * 1024
 
 
-@dataclass(frozen=True)
-class Keepalive:
+class Keepalive(NamedTuple):  # not a dataclass: see worker.paths
     time_s: float = 10.0
     ping_timeout_s: float = 5.0
 
