@@ -55,8 +55,9 @@ async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
         )
     try:
         # Hashing and writing both release the GIL: overlap them rather than add them.
-        digest, written = await asyncio.gather(
-            asyncio.to_thread(_sha256, data), asyncio.to_thread(_write, ctx, args, data)
+        # The write (and its fsyncs) takes longer: it is handed to a thread first.
+        written, digest = await asyncio.gather(
+            asyncio.to_thread(_write, ctx, args, data), asyncio.to_thread(_sha256, data)
         )
     except WorkerError as exc:
         if exc.code is not ErrorCode.NOT_FOUND or args.make_parents:
