@@ -266,6 +266,15 @@ def _size(outgoing: Outgoing) -> int:
     return outgoing.size if isinstance(outgoing, Chunked) else len(outgoing)
 
 
+def _stop(session: Session, transfer: Chunked) -> None:
+    """Send no more of a transfer whose request will not follow; if parts went, cancel
+    the call, so that the worker drops what it holds of it."""
+    transfer.stop()
+    if transfer.sent:
+        cancel = pb.Cancel(correlation_id=transfer.request.correlation_id, reason="not sent")
+        session.send(pb.ServerMessage(cancel=cancel))
+
+
 def _parts_and_digest(
     transfer: Chunked, request: pb.ActionRequest, loop: asyncio.AbstractEventLoop
 ) -> str | None:
@@ -890,7 +899,8 @@ class Hub:
         digest = request.args_digest
         refusal = too_large(_size(outgoing), framed=True)
         if refusal is not None:  # neither stored nor sent: it could never be delivered
-            assert early is None  # a blob sent early is well within the limit
+            if early is not None:  # not reached: `_sent_early` leaves a call this large out
+                _stop(early[0], early[1])
             return worker_id, Answer(error_result(cid, refusal))
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(
@@ -982,7 +992,8 @@ class Hub:
             session is None
             or session.protocol < PARTS_PROTOCOL
             or len(blob) <= PART_BYTES
-            or too_large(len(blob) + PART_BYTES) is not None  # near the limit: checked whole
+            # Near the limit (the parts' framing adds a little): checked whole, first.
+            or too_large(len(blob) + request.ByteSize() + PART_BYTES) is not None
         ):
             return None
         transfer = Chunked.begun(request, blob)
@@ -991,10 +1002,7 @@ class Hub:
         try:
             digest = await asyncio.to_thread(_parts_and_digest, transfer, request, loop)
         except BaseException:  # the caller went away (or a bug): send no more of it
-            transfer.stop()
-            if transfer.sent:  # the worker drops what it holds of it
-                cancel = pb.Cancel(correlation_id=request.correlation_id, reason="not sent")
-                session.send(pb.ServerMessage(cancel=cancel))
+            _stop(session, transfer)
             raise
         assert digest is not None  # only a stopped transfer has none
         request.args_digest = digest
