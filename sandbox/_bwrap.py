@@ -265,23 +265,60 @@ def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
 
     A hidden place (the worker's own config and data) only matters where a shared
     folder would expose it: a folder becomes an empty read-only tmpfs, a file an
-    empty one (/dev/null); one that does not exist has nothing to hide.
+    empty one (/dev/null); one that does not exist has nothing to hide. Each folder
+    on the way down to it is pinned (see `_pins`).
     """
     steps: list[tuple[int, int, list[str]]] = []
     sealed: list[str] = []  # read-only once every mount is in: deeper ones need mount points
     for mount in mounts:
         flag = "--bind" if mount.writable else "--ro-bind"
         steps.append((_depth(mount.inside), 0, [flag, mount.path, mount.inside]))
-    for path in hidden:
+    covered = [path for path in hidden if os.path.lexists(path)]
+    for path in covered:
         if not any(_inside(path, mount.inside) for mount in mounts):
             continue
         if os.path.isdir(path):
             steps.append((_depth(path), 1, ["--tmpfs", path]))
             sealed += ["--remount-ro", path]
-        elif os.path.lexists(path):
+        else:
             steps.append((_depth(path), 1, ["--ro-bind", "/dev/null", path]))
-    ordered = [arg for _, _, step in sorted(steps, key=lambda s: (s[0], s[1])) for arg in step]
+    steps += _pins(mounts, covered)
+    # By depth; at one depth, mounts and pins before what hides; then by path, for a stable order.
+    ordered = [
+        arg for *_, step in sorted(steps, key=lambda s: (s[0], s[1], s[2][-1])) for arg in step
+    ]
     return ordered + sealed
+
+
+def _pins(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[tuple[int, int, list[str]]]:
+    """Every folder between a shared folder and a hidden place in it, bound onto itself.
+
+    Hiding goes by path. A program that renamed an ancestor of the worker's data
+    folder (`mv ~/.local ~/x`, with the home shared) would bring that folder out from
+    under its path, and the next sandbox would show it whole. The kernel refuses to
+    rename or remove a mount point of the caller's own namespace (EBUSY), so with the
+    way down made of mount points, a program can move none of it. Nothing inside a
+    hidden place is bound: that would show what the tmpfs covers.
+    """
+    pins: dict[str, list[str]] = {}
+    for path in hidden:
+        parts = path.rstrip("/").split("/")
+        for depth in range(2, len(parts)):
+            folder = "/".join(parts[:depth])
+            holder = _deepest_holder(mounts, folder)
+            if holder is None or holder.inside == folder or folder in pins:
+                continue
+            if any(_inside(folder, place) for place in hidden):
+                continue
+            source = holder.path + folder[len(holder.inside.rstrip("/")) :]
+            flag = "--bind" if holder.writable else "--ro-bind"
+            pins[folder] = [flag, source, folder]
+    return [(_depth(folder), 0, step) for folder, step in pins.items()]
+
+
+def _deepest_holder(mounts: Sequence[Mount], path: str) -> Mount | None:
+    holders = [mount for mount in mounts if _inside(path, mount.inside)]
+    return max(holders, key=lambda mount: _depth(mount.inside), default=None)
 
 
 def private_files(private: Sequence[PrivateDir]) -> list[bytes]:

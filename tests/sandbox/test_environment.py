@@ -64,8 +64,40 @@ def test_hidden_folders_land_on_top_of_the_shared_folder_that_holds_them(tmp_pat
     )
     assert args == [
         "--ro-bind", str(me), str(me),
+        "--ro-bind", str(me / ".config"), str(me / ".config"),
         "--ro-bind", "/dev/null", str(policy),
         "--bind", str(ws), str(ws),
         "--tmpfs", str(config),
         "--remount-ro", str(config),
+    ]  # fmt: skip
+
+
+def test_the_way_down_to_a_hidden_place_is_pinned_with_the_writability_of_its_folder(
+    tmp_path: Path,
+) -> None:
+    """Each folder between a shared folder and a hidden place is bound onto itself (a
+    mount point cannot be renamed), with its shared folder's writability; a shared
+    folder on the way is a mount point already, and nothing inside a hidden place
+    is bound (that would show what its tmpfs covers)."""
+    me = tmp_path / "me"
+    data = me / ".local" / "share" / "work" / "agentworker"
+    (data / "blobs").mkdir(parents=True)
+    (me / ".config" / "agentworker").mkdir(parents=True)
+    args = _folders(
+        [Mount(str(me), True), Mount(str(me / ".local" / "share" / "work"), False)],
+        [str(data), str(data / "blobs"), str(me / ".config" / "agentworker")],
+    )
+    local, share, work = me / ".local", me / ".local" / "share", me / ".local" / "share" / "work"
+    assert args == [
+        "--bind", str(me), str(me),
+        "--bind", str(me / ".config"), str(me / ".config"),
+        "--bind", str(local), str(local),
+        "--bind", str(share), str(share),
+        "--tmpfs", str(me / ".config" / "agentworker"),
+        "--ro-bind", str(work), str(work),
+        "--tmpfs", str(data),
+        "--tmpfs", str(data / "blobs"),
+        "--remount-ro", str(data),
+        "--remount-ro", str(data / "blobs"),
+        "--remount-ro", str(me / ".config" / "agentworker"),
     ]  # fmt: skip

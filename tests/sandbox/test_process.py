@@ -346,6 +346,37 @@ def test_folders_to_hide_are_blank_even_inside_a_shared_folder(share: Path) -> N
     assert done.stdout == b"" and b"No such file" in done.stderr
 
 
+def test_no_program_can_move_a_hidden_folder_out_from_under_its_path(share: Path) -> None:
+    """Hiding goes by path: a program that renamed an ancestor of the worker's data
+    folder (the person's home shared read-write) would have the next sandbox show it
+    whole. Every folder on the way down is a mount point, which cannot be moved,
+    removed or renamed over."""
+    own = share / ".local" / "share" / "agentworker"
+    own.mkdir(parents=True)
+    (own / "hub.token").write_text("the-token")
+    (share / "spare").mkdir()
+    view = view_of(share, hidden=(str(own),))
+    moves = """
+        import errno, os
+        for move in (lambda: os.rename(".local", "moved"),
+                     lambda: os.rename(".local/share", ".local/moved"),
+                     lambda: os.rename("spare", ".local"),
+                     lambda: os.rmdir(".local/share")):
+            try:
+                move()
+            except OSError as exc:
+                print(errno.errorcode[exc.errno])
+    """
+    script = [PYTHON, "-c", textwrap.dedent(moves)]
+    done = asyncio.run(run(script, view, Limits(), pid_cap=PidCap()))
+    assert done.stdout.split() == [b"EBUSY"] * 4, done
+    assert sorted(os.listdir(share)) == [".local", "a.txt", "spare"]
+    assert os.listdir(share / ".local") == ["share"]
+    look = ["/usr/bin/grep", "-r", "the-token", "."]
+    done = asyncio.run(run(look, view, Limits(), pid_cap=PidCap()))
+    assert (done.exit_code, done.stdout) == (1, b""), done
+
+
 def test_read_only_mounts_refuse_writes(share: Path) -> None:
     view = view_of(share, mounts=(Mount(str(share), False),))
     done = asyncio.run(run(["/usr/bin/touch", "new"], view, Limits(), pid_cap=PidCap()))
