@@ -37,7 +37,7 @@ from worker.core.console_socket import ConsoleServer, socket_path
 from worker.core.ledger import State
 from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
-from worker.core.registry import Services
+from worker.core.registry import MIB, Services
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry
 from worker.errors import (
@@ -171,6 +171,7 @@ def build_dispatcher(
         limits=Limits(
             max_concurrency=config.worker.max_concurrency,
             max_accepted=config.worker.max_accepted,
+            max_unacked_bytes=config.worker.max_unacked_mib * MIB,
             default_timeout_s=config.worker.default_timeout_s,
         ),
         config=config,

@@ -70,6 +70,9 @@ class WorkerSection(_Strict):
     tls_ca: Path | None = None
     max_concurrency: int = Field(default=8, ge=1, le=256)
     max_accepted: int = Field(default=4096, ge=1, le=1_000_000)
+    # Results the server has not acknowledged, kept on disk until it does: past this
+    # the worker takes no new call (`busy`), so a server that never acks cannot fill it.
+    max_unacked_mib: int = Field(default=256, ge=1, le=1_000_000)
     default_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
     drain_grace_s: float = Field(default=20.0, ge=0, le=3_600)
     # The diagnostic surface (workerDiag.*) exists for tests and benchmarks only.

@@ -210,6 +210,28 @@ def test_a_flood_past_the_accept_limit_answers_busy_and_runs_nothing(tmp_path: P
     play(tmp_path, scenario, {"max_concurrency": 1, "max_accepted": 3})
 
 
+def test_past_its_budget_of_unacked_results_the_worker_runs_no_new_call(tmp_path: Path) -> None:
+    """A server that never acks makes the worker keep every result on disk; past
+    [worker] max_unacked_mib a new call is refused `busy` without running, and runs
+    once the server acks."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        half = b"x" * (512 * 1024)
+        for cid in ("u1", "u2"):
+            hub.request(cid, '{"blob_repeat": 1, "mark": "kept"}', blob=half)
+            assert error_code(await hub.next("result")) == "ok"
+        hub.request("u3", '{"mark": "kept"}')
+        refused = await hub.next("result")
+        assert refused.correlation_id == "u3" and error_code(refused) == "busy"
+        assert refused.error.retryable and "not acknowledged 1 MiB" in refused.error.message
+        hub.send(ack=pb.Ack(correlation_ids=["u1", "u2"]))
+        hub.request("u3", '{"mark": "kept"}')
+        again = await hub.next("result")
+        assert error_code(again) == "ok" and json.loads(again.result_json)["marks"] == 3
+
+    play(tmp_path, scenario, {"max_unacked_mib": 1}, ack_results=False)
+
+
 def test_malformed_server_messages_are_answered_not_obeyed(tmp_path: Path) -> None:
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
         hub.request("", "{}")

@@ -44,6 +44,7 @@ diagnostics = true
 drain_grace_s = {drain_grace_s}
 max_concurrency = {max_concurrency}
 max_accepted = {max_accepted}
+max_unacked_mib = {max_unacked_mib}
 
 [connection]
 keepalive_time_s = {keepalive_s}
@@ -220,6 +221,7 @@ def write_config(home: Path, listen: str, extra_config: str = "", **settings: An
         "drain_grace_s": 10,
         "max_concurrency": 8,
         "max_accepted": 4096,
+        "max_unacked_mib": 256,
         "backoff_base_s": 0.1,
         "backoff_cap_s": 1.0,
     }

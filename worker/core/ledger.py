@@ -81,6 +81,8 @@ BLOBS_SUFFIX: Final = LEDGER_BLOBS_SUFFIX  # their folder: the database's path +
 # How stale the cached kills and grants may be: a grant or lift made from the CLI
 # (another process) takes effect within this.
 RECHECK_S = 0.1
+RECOUNT_S: Final = 1.0  # see State.over_unacked_budget
+_IDS_PER_QUERY: Final = 500  # ids in one `IN (...)`: well under SQLite's variable limit
 
 
 class Seen(enum.Enum):
@@ -162,6 +164,11 @@ class State:
         self._ttl_ms = int(ttl_s * 1000)
         self._held: dict[str, _Held] = {}  # effect-free results not yet acked, oldest first
         self._held_bytes = 0
+        # Results recorded and not acked (each its result and blob): with the held ones,
+        # what a server that does not ack makes the worker keep (see unacked_bytes).
+        self._recorded_unacked_bytes = 0
+        self._counted_at = 0.0
+        self._count_unacked()
         # Kills and grants are read on every call but change rarely (often from the CLI,
         # another process): cache them until SQLite's data_version says someone wrote.
         self._seen_version = -1
@@ -262,6 +269,7 @@ class State:
             cid = next(iter(self._held))
             h = self._held.pop(cid)
             self._held_bytes -= len(h.result) + len(h.blob)
+            self._recorded_unacked_bytes += len(h.result) + len(h.blob)
             rows.append(
                 (cid, h.digest, h.plan_id, h.result, h.blob or None, len(h.blob), h.finished_ms)
             )
@@ -291,6 +299,7 @@ class State:
             in_file = len(blob) >= FILE_BLOB_BYTES and self._write_blob(cid, blob)
             kept = None if in_file else blob or None
             rows.append((result, kept, len(blob), int(in_file), finished, cid))
+            self._recorded_unacked_bytes += len(result) + len(blob)
         write_many(
             self._db,
             "UPDATE calls SET state = 'DONE', result = ?, result_blob = ?, blob_bytes = ?,"
@@ -332,7 +341,10 @@ class State:
         by the next ones); a held effect-free result is written now, without its blob."""
         held = [(cid, self._held.pop(cid)) for cid in correlation_ids if cid in self._held]
         self._held_bytes -= sum(len(h.result) + len(h.blob) for _cid, h in held)
-        with db.transaction(self._db) if held else contextlib.nullcontext():
+        held_ids = {cid for cid, _h in held}
+        recorded = [cid for cid in correlation_ids if cid not in held_ids]
+        with db.transaction(self._db):
+            freed = self._unacked_sizes(recorded)
             if held:
                 self._db.executemany(
                     "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
@@ -355,9 +367,47 @@ class State:
                 self._db,
                 "UPDATE calls SET acked = 1, result_blob = NULL, blob_file = 0"
                 " WHERE correlation_id = ? AND state = 'DONE'",
-                [(cid,) for cid in correlation_ids if cid not in dict(held)],
+                [(cid,) for cid in recorded],
             )
+        self._recorded_unacked_bytes -= freed
         self._drop_blob_files(correlation_ids)  # once the ack committed
+
+    def _unacked_sizes(self, correlation_ids: list[str]) -> int:
+        """The bytes of those of these results that are recorded and not yet acked."""
+        total = 0
+        for start in range(0, len(correlation_ids), _IDS_PER_QUERY):
+            ids = correlation_ids[start : start + _IDS_PER_QUERY]
+            marks = ",".join("?" * len(ids))
+            total += self._db.execute(
+                "SELECT COALESCE(SUM(length(result) + blob_bytes), 0) FROM calls"
+                f" WHERE state = 'DONE' AND acked = 0 AND correlation_id IN ({marks})",
+                ids,
+            ).fetchone()[0]
+        return total
+
+    @property
+    def unacked_bytes(self) -> int:
+        """The results, blobs and all, the server has not acked: kept in memory, the
+        database and blob files until it does."""
+        return self._recorded_unacked_bytes + self._held_bytes
+
+    def over_unacked_budget(self, budget: int) -> bool:
+        """Whether the results the server has not acked take `budget` bytes or more:
+        the worker then runs no new call (Dispatcher), so a server that never acks
+        cannot fill the disk. The running count is checked against the database before
+        it says yes (at most once a second), so a miscount never refuses for long."""
+        if self.unacked_bytes < budget:
+            return False
+        if time.monotonic() - self._counted_at >= RECOUNT_S:
+            self._count_unacked()
+        return self.unacked_bytes >= budget
+
+    def _count_unacked(self) -> None:
+        self._recorded_unacked_bytes = self._db.execute(
+            "SELECT COALESCE(SUM(length(result) + blob_bytes), 0) FROM calls"
+            " WHERE state = 'DONE' AND acked = 0"
+        ).fetchone()[0]
+        self._counted_at = time.monotonic()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:

@@ -47,6 +47,7 @@ from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.redaction import args_preview
 from worker.core.registry import (
+    MIB,
     ActionSpec,
     Context,
     Effect,
@@ -104,6 +105,9 @@ class Limits:
     # Calls accepted (running or waiting for a slot); past this a new call answers
     # `busy` at once, so a flooding server cannot exhaust the worker's memory.
     max_accepted: int = 4096
+    # Results the server has not acked (kept on disk until it does): past this no new
+    # call runs (`busy`), so a server that never acks cannot fill the person's disk.
+    max_unacked_bytes: int = 256 * 1024 * 1024
     default_timeout_s: float = 60.0
 
 
@@ -417,10 +421,11 @@ class Dispatcher:
         spec = self.registry.get(f"{req.surface}.{req.action}")
         claim = spec is None or spec.effect is not Effect.NONE
         begun = self.state.begin(cid, digest, req.plan_id, claim=claim)
-        if begun.seen is Seen.NEW and len(self._calls) >= self.limits.max_accepted:
+        busy = self._busy() if begun.seen is Seen.NEW else None
+        if busy is not None:
             if claim:
                 self.state.forget(cid)  # it never ran: a later delivery may run it
-            self._refuse_busy(req)
+            self.refuse(req, busy)
         elif begun.seen is Seen.NEW:
             call = self._new_call(req, request_blob, digest)
             call.pieces = pieces
@@ -478,13 +483,22 @@ class Dispatcher:
             started_clock=clock,
         )
 
-    def _refuse_busy(self, req: pb.ActionRequest) -> None:
-        error = WorkerError(
-            "busy",
-            f"the worker already holds {len(self._calls)} calls (limit "
-            f"{self.limits.max_accepted}); nothing was run, send it again later",
-        )
-        self.refuse(req, error)
+    def _busy(self) -> WorkerError | None:
+        """Why a new call cannot be taken now (nothing of it runs), or None."""
+        if len(self._calls) >= self.limits.max_accepted:
+            return WorkerError(
+                "busy",
+                f"the worker already holds {len(self._calls)} calls (limit "
+                f"{self.limits.max_accepted}); nothing was run, send it again later",
+            )
+        if self.state.over_unacked_budget(self.limits.max_unacked_bytes):
+            return WorkerError(
+                "busy",
+                f"the server has not acknowledged {self.state.unacked_bytes // MIB} MiB of "
+                f"results (limit {self.limits.max_unacked_bytes // MIB} MiB, [worker] "
+                "max_unacked_mib); nothing was run, send it again once it has",
+            )
+        return None
 
     def refuse_unless_known(self, req: pb.ActionRequest, error: WorkerError) -> None:
         """Refuse a request that could not be taken (its blob's parts were refused or
