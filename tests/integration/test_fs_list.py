@@ -62,6 +62,29 @@ def test_depth_and_hidden(live: Cluster, box: Path) -> None:
     assert ".hidden" in names(listing(live, box.name, hidden=True))
 
 
+def test_a_name_that_is_not_utf8_is_listed_escaped_and_marked(live: Cluster, box: Path) -> None:
+    """Such a name cannot travel in JSON as it is: the entry shows its other bytes as
+    \\xNN and says no fs_* call can name it; the rest of the listing is untouched."""
+    folder = os.fsencode(box / "sub")
+    os.close(os.open(folder + b"/caf\xe9.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+    os.mkdir(folder + b"/d\xff")
+    os.close(os.open(folder + b"/d\xff/inner.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+    os.symlink(b"b\xfe", folder + b"/link")
+    entries = listing(live, f"{box.name}/sub", depth=2)["entries"]
+    marked = {e["path"]: (e["name"], e["error"]) for e in entries}  # type: ignore[attr-defined]
+    assert marked == {
+        "b.txt": ("b.txt", None),
+        "caf\\xe9.txt": ("caf\\xe9.txt", "name_not_utf8"),
+        "d\\xff": ("d\\xff", "name_not_utf8"),
+        "d\\xff/inner.txt": ("inner.txt", "name_not_utf8"),
+        "deep": ("deep", None),
+        "deep/c.txt": ("c.txt", None),
+        "link": ("link", "name_not_utf8"),
+    }
+    out, _ = call(live, "fs_stat", {"path": f"{box.name}/sub/link"})
+    assert out["result"]["symlink_target"] == f"{box.name}/sub/b\\xfe", out
+
+
 def test_the_entry_limit_truncates(live: Cluster, box: Path) -> None:
     for i in range(30):
         (box / f"n{i:02}").write_text("")

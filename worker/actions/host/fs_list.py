@@ -18,13 +18,14 @@ import orjson
 from pydantic import Field
 
 from sandbox import ConfinedDir, ConfinementError, Problem, Row, file_kind, list_tree
-from worker.actions.host.fs_paths import CONFINED_CODES, confined
+from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined
 from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, PathArg, Result
 from worker.errors import CONFINEMENT_CODES
 
 LIST_ENTRIES: Final = 10_000  # per call (truncated past it)
 LIST_DEPTH: Final = 32
 SCAN_PER_FOLDER: Final = 100_000  # names read from one folder before giving up
+NOT_UTF8: Final = "name_not_utf8"
 
 
 class FsListArgs(Args):
@@ -42,7 +43,10 @@ class FsEntry(Result):
     mtime: float
     mode: str  # octal permission bits, e.g. "0o644"
     symlink_target: str | None = None  # root-relative, only when it stays inside
-    error: str | None = None  # why a folder's contents are missing, if they are
+    # Why a folder's contents are missing, if they are; or "name_not_utf8": the name on
+    # disk is not UTF-8, so `path` and `name` show its other bytes as \xNN and no fs_*
+    # call can name it (exec can, by a pattern: `ls`, `mv caf*`).
+    error: str | None = None
 
 
 class FsListResult(Result):
@@ -71,7 +75,23 @@ def _list(ctx: Context, args: FsListArgs) -> Outcome[FsListResult]:
     # byte as pydantic does, in under half its time (tests hold that the text is the
     # model's own).
     answer = {"path": args.path, "entries": listing.entries, "truncated": listing.truncated}
-    return Outcome(Json(orjson.dumps(answer).decode()), truncated=listing.truncated)
+    try:
+        text = orjson.dumps(answer)
+    except orjson.JSONEncodeError:  # a name (or a link's target) that is not UTF-8
+        answer["entries"] = [_nameable(entry) for entry in listing.entries]
+        text = orjson.dumps(answer)
+    return Outcome(Json(text.decode()), truncated=listing.truncated)
+
+
+def _nameable(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry with each name that is not UTF-8 shown with \\xNN escapes (see
+    fs_paths.carried), and marked so."""
+    for key in ("path", "name", "symlink_target"):
+        if entry[key] is not None:
+            entry[key], changed = carried(entry[key])
+            if changed:
+                entry["error"] = entry["error"] or NOT_UTF8
+    return entry
 
 
 def _rows(root: ConfinedDir, base: str) -> Row[dict[str, Any]]:

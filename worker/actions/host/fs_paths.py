@@ -81,3 +81,14 @@ def check_lands_writable(ctx: Context, parent_fd: int, path: str) -> None:
             "it can be read but not changed.",
             {"path": path},
         ) from exc
+
+
+def carried(name: str) -> tuple[str, bool]:
+    """A name read from the disk as JSON can carry it, and whether it had to change.
+    A name that is not UTF-8 comes to Python with its other bytes as lone surrogates,
+    which no JSON writer takes: those are shown as \\xNN (`caf\\xe9.txt`)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace"), True
+    return name, False

@@ -9,7 +9,7 @@ import stat as stat_mod
 from typing import Final
 
 from sandbox import file_kind
-from worker.actions.host.fs_paths import CONFINED_CODES, confined
+from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined
 from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
 
 
@@ -31,7 +31,8 @@ class FsStatResult(Result):
     mtime: float
     atime: float
     ctime: float
-    symlink_target: str | None = None  # root-relative, only when it stays inside
+    # Root-relative, only when it stays inside; bytes that are not UTF-8 shown as \xNN.
+    symlink_target: str | None = None
 
 
 def fs_stat(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
@@ -42,6 +43,8 @@ def fs_stat(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
         target = None
         if stat_mod.S_ISLNK(st.st_mode):
             target = root.readlink_inside(located.relative)
+            if target is not None:
+                target, _changed = carried(target)
     # Every value comes straight from the kernel's stat, typed by os.stat_result:
     # trusted data, so the model is built without a validation pass.
     return Outcome(
