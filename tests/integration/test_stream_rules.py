@@ -232,6 +232,29 @@ def test_past_its_budget_of_unacked_results_the_worker_runs_no_new_call(tmp_path
     play(tmp_path, scenario, {"max_unacked_mib": 1}, ack_results=False)
 
 
+def test_calls_waiting_for_a_slot_when_the_budget_fills_do_not_run(tmp_path: Path) -> None:
+    """Accepted in one burst before the unacked results reached their budget, calls
+    waiting for a slot are refused `busy` when they get it, unrun and unclaimed."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("big", '{"hold": "big", "blob_repeat": 2}', blob=b"x" * (512 * 1024))
+        assert (await hub.next("ack")).kind == pb.ActionAck.STARTED
+        for cid in ("w1", "w2", "w3"):
+            hub.request(cid, '{"mark": "waited"}')  # accepted, waiting for the one slot
+        release(tmp_path, "big")
+        answers = {}
+        while len(answers) < 4:
+            result = await hub.next("result")
+            answers[result.correlation_id] = error_code(result)
+        assert answers == {"big": "ok", "w1": "busy", "w2": "busy", "w3": "busy"}
+        hub.send(ack=pb.Ack(correlation_ids=["big"]))
+        hub.request("w1", '{"mark": "waited"}')
+        again = await hub.next("result")
+        assert error_code(again) == "ok" and json.loads(again.result_json)["marks"] == 1
+
+    play(tmp_path, scenario, {"max_concurrency": 1, "max_unacked_mib": 1}, ack_results=False)
+
+
 def test_malformed_server_messages_are_answered_not_obeyed(tmp_path: Path) -> None:
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
         hub.request("", "{}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -82,7 +83,6 @@ BLOBS_SUFFIX: Final = LEDGER_BLOBS_SUFFIX  # their folder: the database's path +
 # (another process) takes effect within this.
 RECHECK_S = 0.1
 RECOUNT_S: Final = 1.0  # see State.over_unacked_budget
-_IDS_PER_QUERY: Final = 500  # ids in one `IN (...)`: well under SQLite's variable limit
 
 
 class Seen(enum.Enum):
@@ -339,12 +339,13 @@ class State:
     def ack(self, correlation_ids: list[str]) -> None:
         """The server has these results: their blobs go (the pages they took are reused
         by the next ones); a held effect-free result is written now, without its blob."""
+        correlation_ids = list(dict.fromkeys(correlation_ids))  # each id counts once
         held = [(cid, self._held.pop(cid)) for cid in correlation_ids if cid in self._held]
         self._held_bytes -= sum(len(h.result) + len(h.blob) for _cid, h in held)
         held_ids = {cid for cid, _h in held}
         recorded = [cid for cid in correlation_ids if cid not in held_ids]
-        with db.transaction(self._db):
-            freed = self._unacked_sizes(recorded)
+        freed = 0
+        with db.transaction(self._db) if held else contextlib.nullcontext():
             if held:
                 self._db.executemany(
                     "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
@@ -363,27 +364,19 @@ class State:
                         for cid, h in held
                     ],
                 )
-            write_many(
-                self._db,
-                "UPDATE calls SET acked = 1, result_blob = NULL, blob_file = 0"
-                " WHERE correlation_id = ? AND state = 'DONE'",
-                [(cid,) for cid in recorded],
-            )
-        self._recorded_unacked_bytes -= freed
+            if recorded:
+                # One statement, rows found by key (the `+` keeps SQLite off the index of
+                # unacked rows, which would scan them all); each row that was unacked
+                # says what it held. All fetched: the statement ends, and commits.
+                rows = self._db.execute(
+                    "UPDATE calls SET acked = 1, result_blob = NULL, blob_file = 0"
+                    " WHERE correlation_id IN (SELECT value FROM json_each(?))"
+                    " AND +state = 'DONE' AND +acked = 0 RETURNING length(result) + blob_bytes",
+                    (json.dumps(recorded),),
+                ).fetchall()
+                freed = sum(size or 0 for (size,) in rows)
+        self._recorded_unacked_bytes = max(0, self._recorded_unacked_bytes - freed)
         self._drop_blob_files(correlation_ids)  # once the ack committed
-
-    def _unacked_sizes(self, correlation_ids: list[str]) -> int:
-        """The bytes of those of these results that are recorded and not yet acked."""
-        total = 0
-        for start in range(0, len(correlation_ids), _IDS_PER_QUERY):
-            ids = correlation_ids[start : start + _IDS_PER_QUERY]
-            marks = ",".join("?" * len(ids))
-            total += self._db.execute(
-                "SELECT COALESCE(SUM(length(result) + blob_bytes), 0) FROM calls"
-                f" WHERE state = 'DONE' AND acked = 0 AND correlation_id IN ({marks})",
-                ids,
-            ).fetchone()[0]
-        return total
 
     @property
     def unacked_bytes(self) -> int:

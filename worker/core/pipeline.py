@@ -150,6 +150,7 @@ class Call:
     # The blob as the parts it came in, unjoined (`blob` is then empty): for an
     # action whose spec says `blob_in_pieces`.
     pieces: tuple[bytes | memoryview, ...] = ()
+    refused: bool = False  # refused before its handler: its claim goes, nothing recorded
 
     @property
     def cid(self) -> str:
@@ -270,6 +271,7 @@ class Dispatcher:
             ("pause", self._check_paused),
             ("scope", self._check_scope),
             ("slot", self._take_slot),
+            ("unacked", self._check_unacked),
             ("handler", self._call_handler),
             ("size_cap", self._size_cap),
         ]
@@ -491,14 +493,23 @@ class Dispatcher:
                 f"the worker already holds {len(self._calls)} calls (limit "
                 f"{self.limits.max_accepted}); nothing was run, send it again later",
             )
-        if self.state.over_unacked_budget(self.limits.max_unacked_bytes):
-            return WorkerError(
-                "busy",
-                f"the server has not acknowledged {self.state.unacked_bytes // MIB} MiB of "
-                f"results (limit {self.limits.max_unacked_bytes // MIB} MiB, [worker] "
-                "max_unacked_mib); nothing was run, send it again once it has",
-            )
+        if self._over_unacked():
+            return self._over_budget()
         return None
+
+    def _over_unacked(self) -> bool:
+        """Whether the results the server has not acked (those just finished and not
+        yet recorded too) take the budget of [worker] max_unacked_mib."""
+        budget = self.limits.max_unacked_bytes - self.results.pending_bytes
+        return self.state.over_unacked_budget(budget)
+
+    def _over_budget(self) -> WorkerError:
+        return WorkerError(
+            "busy",
+            f"the server has not acknowledged {self.state.unacked_bytes // MIB} MiB of "
+            f"results (limit {self.limits.max_unacked_bytes // MIB} MiB, [worker] "
+            "max_unacked_mib); nothing was run, send it again once it has",
+        )
 
     def refuse_unless_known(self, req: pb.ActionRequest, error: WorkerError) -> None:
         """Refuse a request that could not be taken (its blob's parts were refused or
@@ -921,6 +932,13 @@ class Dispatcher:
 
         return wait
 
+    def _check_unacked(self, call: Call) -> None:
+        """Checked again once the call has its slot: calls accepted in one burst before
+        the unacked results reached their budget would otherwise all run past it."""
+        if self._over_unacked():
+            call.refused = True
+            raise self._over_budget()
+
     def _call_handler(self, call: Call) -> Later | None:
         spec = call.spec
         assert spec is not None
@@ -1012,6 +1030,12 @@ class Dispatcher:
             blob = b""
         if self.watcher is not None:
             self.watcher.call_finished(call.req, result, len(blob))
+        if call.refused:  # never ran: a later delivery may run it
+            if call.claimed:
+                self.state.forget(call.cid)
+            self.results.send(pb.WorkerMessage(result=result))
+            self._settle()
+            return
         held = None if call.claimed else (call.digest, call.req.plan_id)
         self.results.add(Finished(result, blob, held), now=not self._batching and not self._calls)
         self._settle()

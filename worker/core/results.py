@@ -96,6 +96,11 @@ class Results:
         """Results finished but not yet recorded."""
         return len(self._finished)
 
+    @property
+    def pending_bytes(self) -> int:
+        """What the results not yet recorded will add to the unacked ones (see State)."""
+        return sum(f.result.ByteSize() + len(f.blob) for f in self._finished)
+
     # ------------------------------------------------------------- results
 
     def add(self, finished: Finished, *, now: bool) -> None:
