@@ -33,6 +33,7 @@ from sandbox.paths import (
     Problem,
     Root,
     locate,
+    moved_root,
     openat2_available,
 )
 from sandbox.state import Containment
@@ -58,6 +59,7 @@ __all__ = [
     "list_tree",
     "locate",
     "make_parents",
+    "moved_root",
     "open_regular",
     "openat2_available",
     "read_at",

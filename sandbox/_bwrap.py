@@ -282,7 +282,7 @@ def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
             sealed += ["--remount-ro", path]
         else:
             steps.append((_depth(path), 1, ["--ro-bind", "/dev/null", path]))
-    steps += _pins(mounts, covered)
+    steps += _pins(mounts, covered + [mount.inside for mount in mounts])
     # By depth; at one depth, mounts and pins before what hides; then by path, for a stable order.
     ordered = [
         arg for *_, step in sorted(steps, key=lambda s: (s[0], s[1], s[2][-1])) for arg in step
@@ -290,18 +290,23 @@ def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
     return ordered + sealed
 
 
-def _pins(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[tuple[int, int, list[str]]]:
-    """Every folder between a shared folder and a hidden place in it, bound onto itself.
+def _pins(mounts: Sequence[Mount], places: Sequence[str]) -> list[tuple[int, int, list[str]]]:
+    """Every folder between a shared folder and a place in it (a hidden place, or
+    another shared folder), bound onto itself.
 
-    Hiding goes by path. A program that renamed an ancestor of the worker's data
-    folder (`mv ~/.local ~/x`, with the home shared) would bring that folder out from
-    under its path, and the next sandbox would show it whole. The kernel refuses to
+    Hiding and sharing go by path. A program that renamed an ancestor of the worker's
+    data folder (`mv ~/.local ~/x`, with the home shared) would bring that folder out
+    from under its path, and the next sandbox would show it whole; one that moved a
+    folder on the way to a shared folder nested in the home and put a link there
+    (`mv ~/p/vendor ~/v0; ln -s ../.local ~/p/vendor`) would have the next sandbox,
+    and fs_*, take the link's target for the shared folder. The kernel refuses to
     rename or remove a mount point of the caller's own namespace (EBUSY), so with the
     way down made of mount points, a program can move none of it. Nothing inside a
     hidden place is bound: that would show what the tmpfs covers.
     """
+    hidden = [place for place in places if not any(m.inside == place for m in mounts)]
     pins: dict[str, list[str]] = {}
-    for path in hidden:
+    for path in places:
         parts = path.rstrip("/").split("/")
         for depth in range(2, len(parts)):
             folder = "/".join(parts[:depth])

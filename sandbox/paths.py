@@ -81,9 +81,23 @@ class Root:
             if not place.is_absolute() or place == self.path or not place.is_relative_to(self.path):
                 raise ValueError(f"{place} is not a place inside the root {self.path}")
 
+    def in_place(self) -> bool:
+        """Whether the path still leads to itself, no link or move on its way (see
+        `confined`): what a sandbox binds by path must be checked so first."""
+        return os.path.realpath(self.path) == str(self.path)
+
     def confined(self, *, use_openat2: bool | None = None) -> ConfinedDir:
-        """This root opened for confined access, its withheld places enforced."""
-        return ConfinedDir(self.path, use_openat2=use_openat2, withheld=self.withheld)
+        """This root opened for confined access, its withheld places enforced.
+
+        Refused if the folder is no longer at its path: a folder on the way to a
+        shared folder inside another was moved and a link put in its place (`mv
+        ~/proj/vendor ~/v0; ln -s ../.local ~/proj/vendor`), and this root's path now
+        leads somewhere else, past the places withheld from the outer one."""
+        confined = ConfinedDir(self.path, use_openat2=use_openat2, withheld=self.withheld)
+        if confined.where() != str(self.path):  # the kernel's name for what was opened
+            confined.close()
+            raise ConfinementError(Problem.OUTSIDE, moved_root(self.path))
+        return confined
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,15 @@ def _withheld_refusal(path: str) -> ConfinementError:
         path,
         "leads into the worker's own folders (its settings, token and data), which are "
         "never shared, even when a shared folder holds them.",
+    )
+
+
+def moved_root(path: Path) -> str:
+    """Why a shared folder that is no longer at its path is not used."""
+    return (
+        f"the shared folder {path} is no longer at that path (a folder on its way was "
+        "moved, or replaced by a link); nothing is read, written or run through it until "
+        "it is put back"
     )
 
 
@@ -282,6 +305,12 @@ class ConfinedDir:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def where(self) -> str:
+        """Where the opened folder is, by the kernel's own name for it."""
+        if self._fd is None:
+            raise ValueError("the folder is closed")
+        return _landed(self._fd)
 
     def close(self) -> None:
         """Release the root's fd; safe to call twice."""

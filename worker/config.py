@@ -324,6 +324,14 @@ def roots_of(config: Config, paths: Paths) -> list[Root]:
             log.warning("root %s does not exist or is not a folder; skipped", folder)
             continue
         real = Path(os.path.realpath(folder))
+        if _within_own(real, folders, files, paths):
+            log.warning(
+                "root %s holds places of the worker's own files (its settings, token and "
+                "data); skipped: share a folder of your own, or the workspace %s",
+                real,
+                paths.workspace,
+            )
+            continue
         withheld = _withheld_in(real, folders, files)
         if withheld:
             log.warning(
@@ -352,9 +360,23 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
     ]
     if config.exec.policy is not None:
         files.append(Path(config.exec.policy))
-    files += [p for p in (config.hub.tls_cert, config.hub.tls_key) if p is not None]
+    tls = (config.hub.tls_cert, config.hub.tls_key, config.worker.tls_ca)
+    files += [p for p in tls if p is not None]
     real = [Path(os.path.realpath(os.path.expanduser(place))) for place in folders]
     return real, [Path(os.path.realpath(os.path.expanduser(place))) for place in files]
+
+
+def _within_own(root: Path, folders: list[Path], files: list[Path], paths: Paths) -> bool:
+    """Whether `root` is one of the worker's own folders, or inside one and holding
+    places of its own files, the workspace (made to be shared) aside. Such a file is
+    withheld by its path, but the sandbox can only blank what exists: one not there
+    yet could be made by a program (an allowlist.toml the policy then reads, a
+    ui.sock posing as the person's console)."""
+    if root.is_relative_to(Path(os.path.realpath(paths.workspace))):
+        return False
+    if not any(root.is_relative_to(folder) for folder in folders):
+        return False
+    return any(place.is_relative_to(root) for place in files)
 
 
 def _withheld_in(root: Path, folders: list[Path], files: list[Path]) -> tuple[Path, ...]:

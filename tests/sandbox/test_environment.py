@@ -65,6 +65,7 @@ def test_hidden_folders_land_on_top_of_the_shared_folder_that_holds_them(tmp_pat
     assert args == [
         "--ro-bind", str(me), str(me),
         "--ro-bind", str(me / ".config"), str(me / ".config"),
+        "--ro-bind", str(me / "work"), str(me / "work"),
         "--ro-bind", "/dev/null", str(policy),
         "--bind", str(ws), str(ws),
         "--tmpfs", str(config),

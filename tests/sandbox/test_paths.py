@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import ConfinedDir, ConfinementError, Problem, openat2_available
+from sandbox import ConfinedDir, ConfinementError, Problem, Root, openat2_available
 from sandbox._walk import MAX_HOPS
 from tests.sandbox.support import INSIDE, SECRET, Tree
 
@@ -514,3 +514,24 @@ def test_missing_or_swapped_root(tree: Tree, use_openat2: bool) -> None:
     with pytest.raises(ConfinementError) as caught:
         ConfinedDir(tree.root / "swapped", use_openat2=use_openat2)
     assert caught.value.problem in {Problem.OUTSIDE, Problem.NOT_A_FOLDER}
+
+
+def test_a_root_whose_way_was_moved_and_linked_elsewhere_is_refused(
+    tree: Tree, use_openat2: bool
+) -> None:
+    """A shared folder nested in another, its parent moved and a link put in its place:
+    the path now leads to a folder the root never was (past the places withheld from
+    the outer root), so nothing goes through it, by fs_* or exec."""
+    nested = tree.root / "proj" / "vendor" / "docs"
+    nested.mkdir(parents=True)
+    root = Root(nested, writable=False)
+    assert root.in_place()
+    root.confined(use_openat2=use_openat2).close()
+    (tree.outside / "docs").mkdir()
+    os.rename(tree.root / "proj" / "vendor", tree.root / "proj" / "v0")
+    (tree.root / "proj" / "vendor").symlink_to(tree.outside)
+    assert not root.in_place()
+    with pytest.raises(ConfinementError) as caught:
+        root.confined(use_openat2=use_openat2)
+    assert caught.value.problem == Problem.OUTSIDE
+    assert f"the shared folder {nested} is no longer at that path" in caught.value.message

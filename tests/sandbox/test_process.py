@@ -377,6 +377,29 @@ def test_no_program_can_move_a_hidden_folder_out_from_under_its_path(share: Path
     assert (done.exit_code, done.stdout) == (1, b""), done
 
 
+def test_no_program_can_move_the_way_to_a_shared_folder_nested_in_another(share: Path) -> None:
+    """A folder on the way to a nested shared folder, moved and replaced by a link,
+    would have the next sandbox (and fs_*) take the link's target for that folder."""
+    nested = share / "proj" / "vendor" / "docs"
+    nested.mkdir(parents=True)
+    mounts = (Mount(str(share), True), Mount(str(nested), False))
+    view = view_of(share, mounts=mounts)
+    moves = """
+        import errno, os
+        for move in (lambda: os.rename("proj/vendor", "proj/v0"),
+                     lambda: os.rename("proj", "p0"),
+                     lambda: os.rmdir("proj/vendor/docs")):
+            try:
+                move()
+            except OSError as exc:
+                print(errno.errorcode[exc.errno])
+    """
+    script = [PYTHON, "-c", textwrap.dedent(moves)]
+    done = asyncio.run(run(script, view, Limits(), pid_cap=PidCap()))
+    assert done.stdout.split() == [b"EBUSY"] * 3, done
+    assert nested.is_dir() and not (share / "proj" / "v0").exists()
+
+
 def test_read_only_mounts_refuse_writes(share: Path) -> None:
     view = view_of(share, mounts=(Mount(str(share), False),))
     done = asyncio.run(run(["/usr/bin/touch", "new"], view, Limits(), pid_cap=PidCap()))

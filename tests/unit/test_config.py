@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import Paths, first_start, load
+from worker.config import Paths, first_start, load, roots_of
 from worker.errors import ConfigError
 from worker.wire.transport import read_or_create_token
 
@@ -76,3 +76,40 @@ def test_token_made_by_racing_starts_is_one_whole_token(paths: Paths) -> None:
         tokens = set(pool.map(lambda _: read_or_create_token(paths.token_file), range(32)))
     assert len(tokens) == 1 and len(tokens.pop()) == 64
     assert set(paths.token_file.parent.iterdir()) - before == {paths.token_file}
+
+
+def test_a_shared_home_withholds_every_file_the_worker_trusts(tmp_path: Path) -> None:
+    """The CA the worker trusts for its server (as the hub's certificate and key, and
+    the exec policy) may lie in a shared folder: replaced there, the agent's CA would
+    have the worker hand its token to whoever it trusts."""
+    home = tmp_path.resolve()
+    own = Paths(config_dir=home / ".config" / "aw", data_dir=home / ".local" / "share" / "aw")
+    own.ensure()
+    ca, policy = home / "certs" / "ca.pem", home / "certs" / "policy.toml"
+    own.config_file.write_text(
+        f'[worker]\ntls_ca = "{ca}"\n\n[exec]\npolicy = "{policy}"\n\n'
+        f'[[root]]\npath = "{home}"\nmode = "rw"\n'
+    )
+    (root,) = roots_of(load(own), own)
+    assert {ca, policy, own.config_dir, own.data_dir} <= set(root.withheld)
+
+
+def test_a_root_that_holds_places_of_the_workers_own_files_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing in such a root could be withheld before it exists (an allowlist.toml
+    the agent writes, a ui.sock posing as the person's console); a folder inside them
+    that holds none of the worker's files is shared as any other."""
+    home = tmp_path.resolve()
+    own = Paths(config_dir=home / "config", data_dir=home / "data")
+    own.ensure()
+    own.workspace.mkdir()
+    (own.data_dir / "inner").mkdir()
+    roots = "".join(
+        f'[[root]]\npath = "{folder}"\nmode = "rw"\n'
+        for folder in (own.config_dir, own.data_dir, own.data_dir / "inner", own.workspace)
+    )
+    own.config_file.write_text(roots)
+    shared = [root.path for root in roots_of(load(own), own)]
+    assert shared == [own.data_dir / "inner", own.workspace]
+    assert caplog.text.count("holds places of the worker's own files") == 2

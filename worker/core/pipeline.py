@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pydantic import ValidationError
 
@@ -83,6 +83,10 @@ log = logging.getLogger(__name__)
 MAX_ARGS_BYTES = 1024 * 1024
 # A correlation id past this is refused unclaimed (a hub's ids are 32 hex digits).
 MAX_ID_CHARS = 256
+# The most of a server's reason for a cancel or a kill that is kept (in the ledger).
+MAX_REASON_CHARS: Final = 1000
+# The longest each other name of a request may be (see `submit`).
+_NAMES: Final = {"plan_id": MAX_ID_CHARS, "agent_id": MAX_ID_CHARS, "surface": 64, "action": 64}
 # After a drain's grace, how long cancelled calls get to stop before they are answered
 # anyway (`outcome_unknown`) and the drain returns: a handler that ignores its
 # cancellation cannot hold the worker up longer than grace + this.
@@ -365,7 +369,7 @@ class Dispatcher:
         cid = req.correlation_id
         if not cid or len(cid) > MAX_ID_CHARS:
             log.warning(
-                "refusing a request with a correlation id of %d characters (action %s)",
+                "refusing a request with a correlation id of %d characters (action %.64s)",
                 len(cid),
                 req.action,
             )
@@ -376,6 +380,17 @@ class Dispatcher:
             )
             self.refuse(req, error)
             return
+        # Names that are kept (the ledger, telemetry, audit rows) and echoed in answers:
+        # a server could otherwise have each request store megabytes of them for 90 days.
+        for field, value in _NAMES.items():
+            if len(getattr(req, field)) > value:
+                error = WorkerError(
+                    "validation_error",
+                    f"a request's {field} may have at most {value} characters (this one has "
+                    f"{len(getattr(req, field)):,}); nothing was run",
+                )
+                self.refuse(req, error)
+                return
         if self._draining:
             self.results.ack_request(
                 cid, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down"
@@ -547,14 +562,18 @@ class Dispatcher:
         call = self._calls.get(correlation_id)
         if call is None:
             return False
-        self._stop(call, WorkerError("cancelled", f"cancelled: {reason}"))
+        self._stop(call, WorkerError("cancelled", f"cancelled: {reason[:MAX_REASON_CHARS]}"))
         return True
 
     def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> int:
         """Refuse the plan's later calls (durably) and cancel its running ones."""
-        if not plan_id:
-            log.warning("ignoring a kill without a plan id (from %s)", killed_by)
+        if not plan_id or len(plan_id) > MAX_ID_CHARS:
+            # No call of such a plan can run here (a request's plan_id is as bounded).
+            log.warning(
+                "ignoring a kill of a plan id of %d characters (from %s)", len(plan_id), killed_by
+            )
             return 0
+        reason = reason[:MAX_REASON_CHARS]
         self.state.kill_plan(plan_id, reason, killed_by)
         self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
         error = WorkerError("plan_killed", f"plan {plan_id!r} was killed: {reason}")
