@@ -44,8 +44,8 @@ class Tui:
 
 
 def main() -> int:
-    # cli_main reports StartupErrors itself, and imports worker.errors (which loads
-    # the sandbox package) only once a verb runs: `--help` never needs it.
-    from worker.cli.main import main as cli_main
+    # The command line reports StartupErrors itself, and imports worker.errors (which
+    # loads the sandbox package) only once a verb runs: `--help` never needs it.
+    from worker.cli.main import entry
 
-    return cli_main(frontend=Tui())
+    return entry(frontend=Tui())

@@ -1,5 +1,5 @@
 import sys
 
-from worker.cli.main import main
+from worker.cli.main import entry
 
-sys.exit(main())
+sys.exit(entry())
