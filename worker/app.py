@@ -485,12 +485,17 @@ async def run_worker(
     *,
     sandbox: bool = False,
     frontend: Frontend | None = None,
+    built: Callable[[], None] | None = None,
 ) -> None:
+    """A worker dialling `target` (the configured server by default); `built` is
+    called once the worker is built, before it dials."""
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
         desktop = computer.build(config, paths.data_dir)
         dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
         target = target or worker_target(paths, config)
+        if built is not None:
+            built()
 
         def ready() -> None:
             log.info("ready: worker %s connected to %s", dispatcher.worker_id, target.address)
@@ -502,9 +507,15 @@ async def run_worker(
 
 
 async def run_up(
-    paths: Paths, config: Config, *, sandbox: bool = False, frontend: Frontend | None = None
+    paths: Paths,
+    config: Config,
+    *,
+    sandbox: bool = False,
+    frontend: Frontend | None = None,
+    built: Callable[[], None] | None = None,
 ) -> None:
-    """Hub and worker in one process on loopback: the embedded default."""
+    """Hub and worker in one process on loopback: the embedded default. `built` is
+    called once both are built, before the worker dials."""
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
         running = await start_hub(paths, config)
@@ -512,6 +523,8 @@ async def run_up(
         desktop = computer.build(config, paths.data_dir)
         dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
         target = Target(address=running.address, token=read_or_create_token(paths.token_file))
+        if built is not None:
+            built()
 
         def ready() -> None:
             steps = "\n".join(f"  {step}" for step in next_steps(sandbox))

@@ -208,3 +208,24 @@ def test_the_command_runs_a_brief_verb_without_the_collector_and_freezes_it_afte
 
 def test_the_brief_verbs_are_verbs() -> None:
     assert cli_main.BRIEF.issubset(VERBS)
+
+
+def test_up_builds_without_the_collector_and_freezes_what_it_built(tmp_path: Path) -> None:
+    """`up` imports and builds its hub and worker with the cyclic collector off, then
+    freezes what that made and collects again from there (worker.memory.settle):
+    about 100 collections of its start (issue 12: READY at once). The probe stops
+    `up` at that point, as ctrl-C would."""
+    probe = (
+        "import gc; from worker import memory; from worker.cli.main import main\n"
+        "seen = []\n"
+        "def settle():\n"
+        "    seen.append(gc.isenabled()); real(); seen.append(gc.isenabled())\n"
+        "    raise KeyboardInterrupt\n"
+        "real, memory.settle = memory.settle, settle\n"
+        "code = main(['up', '--headless'])\n"
+        "print(code, *seen, gc.get_freeze_count() > 0)\n"
+    )
+    env = {**os.environ, "AGENTWORKER_HOME": str(tmp_path)}
+    (tmp_path / "config.toml").write_text('[hub]\nlisten = "127.0.0.1:0"\n')
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.stdout.splitlines()[-1].split() == ["130", "False", "True", "True"], done

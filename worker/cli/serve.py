@@ -90,14 +90,20 @@ def _log_to_file(paths: Paths, name: str = "agentworker.log") -> None:
 def _up(paths: Paths, args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker import app, memory
+    from worker import memory
+
+    memory.hold_collection()  # until the worker is built (`settle`)
+    from worker import app
 
     memory.keep_large_buffers()
 
     app.prepare(paths)
     config = config_of(paths, args)
+    tui = _tui(paths, args)
     with _refused_as_unreachable():
-        asyncio.run(app.run_up(paths, config, sandbox=args.sandbox, frontend=_tui(paths, args)))
+        asyncio.run(
+            app.run_up(paths, config, sandbox=args.sandbox, frontend=tui, built=memory.settle)
+        )
     return EXIT_OK
 
 
@@ -116,16 +122,22 @@ def _hub(paths: Paths, args: argparse.Namespace) -> int:
 def _run(paths: Paths, args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker import app, memory
+    from worker import memory
+
+    memory.hold_collection()  # until the worker is built (`settle`)
+    from worker import app
 
     memory.keep_large_buffers()
 
     app.prepare(paths)
     config = config_of(paths, args)
     target = app.worker_target(paths, config)
+    tui = _tui(paths, args)
     with _refused_as_unreachable():
         asyncio.run(
-            app.run_worker(paths, config, target, sandbox=args.sandbox, frontend=_tui(paths, args))
+            app.run_worker(
+                paths, config, target, sandbox=args.sandbox, frontend=tui, built=memory.settle
+            )
         )
     return EXIT_OK
 
