@@ -138,7 +138,9 @@ def build_dispatcher(
     state = State(paths.data_dir / "state.db")
     # In the ledger's database, on its connection: one file, and an ack is recorded
     # only after the row of its result (see Dispatcher.ack).
-    telemetry = Telemetry(state.connection, config.telemetry.retention_days)
+    telemetry = Telemetry(
+        state.connection, config.telemetry.retention_days, config.telemetry.max_rows
+    )
     static = grants_of(config)
     registry = actions.build(diagnostics=config.worker.diagnostics)
     if not desktop.available:
@@ -320,6 +322,12 @@ async def _housekeeping(dispatcher: Dispatcher) -> None:
             prune_telemetry(dispatcher.telemetry)
             telemetry_due = time.time() + TELEMETRY_PRUNE_EVERY_S
         dispatcher.state.prune()
+        if capped := dispatcher.telemetry.cap_rows():
+            log.warning(
+                "telemetry: forgot the %d oldest rows past [telemetry] max_rows (%d)",
+                capped,
+                dispatcher.telemetry.max_rows,
+            )
         memory.give_back()
         await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
 

@@ -90,6 +90,9 @@ class ConnectionSection(_Strict):
 
 class TelemetrySection(_Strict):
     retention_days: int = Field(default=90, ge=1)
+    # The most invocation rows (and audit events) kept, the oldest going first: rows
+    # are bounded by size as well as by age.
+    max_rows: int = Field(default=1_000_000, ge=1000)
 
 
 class ExecSection(_Strict):

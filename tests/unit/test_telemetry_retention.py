@@ -68,3 +68,21 @@ def test_the_worker_prunes_on_start_and_logs_how_much(
         "3 days" in caplog.messages
     )
     assert app.TELEMETRY_PRUNE_EVERY_S == 86_400
+
+
+def test_rows_past_the_cap_go_oldest_first_whatever_their_age(tmp_path: Path) -> None:
+    """Retention bounds telemetry by age; the cap by size: a server sending calls (or
+    refused ones, each an audit event) by the million cannot fill the disk in 90 days."""
+    state = State(tmp_path / "state.db")
+    try:
+        telemetry = Telemetry(state.connection, max_rows=3)
+        for i in range(5):
+            _fill(telemetry, 0, f"c{i}")
+        assert telemetry.cap_rows() == 4  # two of each kind
+        kept = [row["correlation_id"] for row in telemetry.rows(limit=10)]
+        assert sorted(kept) == ["c2", "c3", "c4"]
+        assert [row["correlation_id"] for row in telemetry.audit_rows("c1")] == []
+        assert len(telemetry.audit_rows("c2")) == 1
+        assert telemetry.cap_rows() == 0
+    finally:
+        state.close()

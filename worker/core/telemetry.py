@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS audit_events (
 CREATE INDEX IF NOT EXISTS audit_time ON audit_events (unix_ms);
 """
 
+# The most invocation rows, and audit events, kept (the oldest go first): about 0.5 GB.
+MAX_ROWS: Final = 1_000_000
+
 # Errors worth an audit row: the person will want to know someone tried (ErrorCode.audited).
 AUDITED_CODES: Final = frozenset(code for code in ErrorCode if code.audited)
 
@@ -55,9 +58,12 @@ class Telemetry:
     """The invocation and audit tables, kept in the call ledger's database so a call's
     row and its result commit together; whoever opened the connection closes it."""
 
-    def __init__(self, conn: sqlite3.Connection, retention_days: int = 90) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, retention_days: int = 90, max_rows: int = MAX_ROWS
+    ) -> None:
         conn.executescript(_SCHEMA)
         self._db = conn
+        self.max_rows = max_rows
         # Plans recorded for replay keep their calls' args and results beside the rows.
         self.recordings = Recordings(conn)
         self.retention_days = retention_days
@@ -133,6 +139,20 @@ class Telemetry:
     def prune(self, now: int | None = None) -> int:
         """Forget what is past retention; the number of invocation rows removed."""
         return self.prune_all(now)[0]
+
+    def cap_rows(self) -> int:
+        """Forget the oldest invocation rows and audit events past `max_rows` of each;
+        how many went. Retention bounds telemetry by age, this by size: a server that
+        sends a million calls a day (or a million refused ones, each an audit event)
+        cannot fill the person's disk within the 90 days."""
+        self.flush()
+        gone = 0
+        for table in ("invocations", "audit_events"):
+            gone += self._db.execute(
+                f"DELETE FROM {table} WHERE rowid <= (SELECT MAX(rowid) FROM {table}) - ?",
+                (self.max_rows,),
+            ).rowcount
+        return gone
 
     def prune_all(self, now: int | None = None) -> tuple[int, int, int]:
         """Forget invocation rows, audit events and recorded calls past retention;
