@@ -15,8 +15,9 @@ import pytest
 
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
-from worker.core.pipeline import MAX_ID_CHARS, Dispatcher, Outgoing
-from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.core.pipeline import MAX_ID_CHARS, Dispatcher, Outgoing, _payload
+from worker.core.registry import ActionSpec, Args, Context, Json, Outcome, Result
+from worker.errors import WorkerError
 from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import MAX_TIMEOUT_MS
@@ -247,3 +248,14 @@ def test_an_absurd_correlation_id_is_refused_unclaimed(tmp_path: Path) -> None:
         asyncio.run(run())
     [result] = answers.results
     assert result.error.code == "validation_error"
+
+
+def test_a_result_is_measured_in_bytes_not_characters() -> None:
+    """11 M characters of CJK text are 33 MB on the wire: over the message limit,
+    though their count is not (sent, it would fail the stream at every resend)."""
+    text = "字" * (11 * 1024 * 1024)
+    with pytest.raises(WorkerError) as refused:
+        _payload(Outcome(Json(f'"{text}"')))
+    assert refused.value.code == "result_too_large"
+    assert refused.value.details["bytes"] == len(text.encode()) + 2
+    assert _payload(Outcome(Json('"字"')))[0] == '"字"'

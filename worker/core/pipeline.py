@@ -181,6 +181,8 @@ def _payload(outcome: object) -> _Payload:
     result = outcome.result
     result_json = result.text if isinstance(result, Json) else result.model_dump_json()
     size = len(result_json) + len(outcome.blob)
+    if size + 3 * len(result_json) > MAX_RESULT_BYTES:  # up to 4 bytes a character: count
+        size = len(result_json.encode()) + len(outcome.blob)
     if size > MAX_RESULT_BYTES:
         raise WorkerError(
             "result_too_large",
