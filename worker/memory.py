@@ -7,7 +7,7 @@ so each 16 MiB call touched ~100 MiB of new pages: the kernel zeroed and charged
 page to the cgroup on first touch, and that page-fault work was half the hub's time
 moving a blob. With buffers up to the largest message served from the heap and freed
 memory kept for the next call, a 16 MiB call through hub and worker takes half the
-time (docs/architecture.md, "Performance"). The cost: a long-running process keeps
+time (docs/architecture.md, "Blobs"). The cost: a long-running process keeps
 the memory its largest calls freed until its hourly housekeeping gives it back
 (`give_back`).
 """
