@@ -15,6 +15,7 @@ from worker.wire.framing import (
     PART_BYTES,
     Batcher,
     Chunked,
+    blob_part,
     message_part,
     outgoing_size,
     pending_parts,
@@ -201,5 +202,32 @@ def test_a_call_whose_caller_leaves_before_its_digest_sends_no_more_parts(tmp_pa
         assert cancel.cancel.correlation_id == transfer.request.correlation_id
         assert not hub.store.open_calls("w")  # never recorded, never sent whole
         hub.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_message_behind_a_part_not_yet_built_does_not_wait_for_it() -> None:
+    """The hub queues a new call's transfer before its parts are built (they are made
+    as its digest is computed): a small message queued behind it goes meanwhile."""
+
+    async def go() -> None:
+        request = pb.ActionRequest(correlation_id="new", **CALL)
+        transfer = Chunked.begun(request, BLOB)  # no part built yet
+        outbox: asyncio.Queue[bytes | Chunked | None] = asyncio.Queue()
+        outbox.put_nowait(transfer)
+        beat = message_part(pb.ServerMessage(heartbeat=pb.Heartbeat()).SerializeToString())
+        outbox.put_nowait(beat)
+        batches = Batcher(outbox, outgoing_size, None, spread_parts, pending_parts)
+        first = asyncio.ensure_future(batches.next_batch())
+        for _ in range(3):  # no part will come: only a batch that did not wait is done
+            await asyncio.sleep(0)
+        assert first.done() and first.result() == [beat]
+        waiting = asyncio.ensure_future(batches.next_batch())  # now it waits for the part
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        view = memoryview(BLOB)
+        transfer.add(blob_part("new", 0, view[:PART_BYTES]))
+        (part,) = messages(await waiting)
+        assert part.blob_part.offset == 0 and part.blob_part.data == BLOB[:PART_BYTES]
 
     asyncio.run(go())

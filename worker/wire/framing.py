@@ -58,6 +58,7 @@ class Batcher(Generic[M]):
         resumed, self._rest = self._rest, None
         if resumed is not None:  # behind what queued while its last part went out
             self._outbox.put_nowait(resumed)
+        rotated = 0
         while True:
             if self._carry is not None:
                 first: M | None = self._carry
@@ -68,6 +69,16 @@ class Batcher(Generic[M]):
                 first = await self._outbox.get()
             if first is None:
                 return None
+            if (
+                self._pending is not None
+                and rotated < self._outbox.qsize()
+                and self._pending(first) is not None
+            ):
+                # Its next part is not built yet: what queued behind it goes first (once
+                # round the outbox, then it is waited for).
+                rotated += 1
+                self._outbox.put_nowait(first)
+                continue
             # A transfer already under way is not held back again for each part.
             pause = None if self._hold is None or first is resumed else self._hold()
             if pause is not None:
