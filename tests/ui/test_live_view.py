@@ -7,8 +7,10 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from textual.widgets import DataTable
 
+import ui.app
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from tests.ui.rig import Rig, silent, until
 from ui.app import WorkerApp
@@ -100,6 +102,34 @@ def test_the_stop_key_pauses_everything_until_pressed_again(tmp_path: Path) -> N
             again = rig.call("probe", "{}", surface="workerDiag")
             await rig.result(again)
             assert rig.code(again) == "ok"
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_calls_are_drawn_together_not_once_per_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app shares the worker's event loop: a redraw of the calls for each call's
+    start and end made every call wait for it (77 ms a granted fs_stat, 4 ms headless).
+    A burst of calls is drawn in one pass, each call once, as it ended."""
+
+    monkeypatch.setattr(ui.app, "REDRAW_EVERY_S", 2.0)  # the burst fits one, however slow
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.fs_read"])])
+        app = WorkerApp(rig.link(), notifier=silent)
+        drawn: list[str] = []
+        upsert = app._upsert_call
+        app._upsert_call = lambda call: (drawn.append(call["id"]), upsert(call))[1]  # type: ignore[method-assign]
+        async with app.run_test(size=(100, 30)) as pilot:
+            burst = [rig.call("fs_read", '{"path": "a.txt"}') for _ in range(5)]
+            for cid in burst:
+                await rig.result(cid)
+            table = app.query_one("#calls", DataTable)
+            await until(lambda: table.row_count == 5, pilot)
+            assert sorted(drawn) == sorted(burst)  # each once: started and ended together
+            assert {str(app.calls[cid]["status"]) for cid in burst} == {"ok"}
         rig.close()
 
     asyncio.run(scenario())
