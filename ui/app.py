@@ -370,6 +370,8 @@ class WorkerApp(App[None]):
 
     @on(DataTable.RowHighlighted, "#calls")
     def _call_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if not self._alive():  # told as the app closes: the detail pane is gone
+            return
         call = self.calls.get(event.row_key.value or "")
         if call is not None:
             self._show_detail(call)
