@@ -146,6 +146,15 @@ def test_the_quota_refuses_a_write_saying_quota_and_use(live: Cluster, plan: str
     assert (files_of(live, "bench", plan) / "grown").stat().st_size < QUOTA // 2
 
 
+def test_a_write_that_travels_in_parts_counts_against_the_quota(live: Cluster, plan: str) -> None:
+    """The hub sends a blob over 1 MiB in parts, and fs_write takes them unjoined: the
+    quota is checked against the parts' bytes (it was checked against 0)."""
+    out, _ = call(live, plan, "fs_write", {"path": "parted"}, os.urandom(QUOTA + 1024 * 1024))
+    assert out["error"]["code"] == "too_large", out
+    assert out["error"]["details"]["quota_bytes"] == QUOTA
+    assert not (files_of(live, "bench", plan) / "parted").exists()
+
+
 def test_a_program_that_writes_past_the_quota_is_answered_too_large(
     live: Cluster, plan: str
 ) -> None:

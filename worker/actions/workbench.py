@@ -327,7 +327,7 @@ def _write(bench: Workbench) -> Callable[[Context, fs_write.FsWriteArgs], Awaita
         plan_ctx, workspace = _plan_context(bench, ctx)
         path = _inside(args.path)
         try:  # counting the use walks the workspace: not on the event loop
-            await asyncio.to_thread(bench.workspaces.check_room, workspace, len(ctx.blob))
+            await asyncio.to_thread(bench.workspaces.check_room, workspace, ctx.blob_bytes)
         except WorkspaceError as exc:
             raise _translated(exc) from None
         try:

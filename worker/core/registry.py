@@ -101,6 +101,12 @@ class Context:
         """The request blob, in the pieces it came in (or whole, as one piece)."""
         return self.pieces or (self.blob,)
 
+    @property
+    def blob_bytes(self) -> int:
+        """The request blob's size, whole or in pieces: a check of its size asks this,
+        never `len(blob)`, which is 0 for a blob that came in pieces."""
+        return sum(memoryview(piece).nbytes for piece in self.blob_pieces())
+
 
 @dataclass(frozen=True)
 class Json:
