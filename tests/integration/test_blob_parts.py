@@ -210,6 +210,16 @@ def test_parts_are_kept_as_they_came_and_copied_once_unless_they_would_pin_more(
         viewed, small = link._parts._parts["viewed"], link._parts._parts["small"]
         assert all(isinstance(part, memoryview) for part in viewed)
         assert isinstance(small[0], bytes)  # a view would pin the 600 KB envelope
+        # Parts are judged one by one: a tiny part beside a large one (of another call,
+        # refused at once here for its offset) is copied, not a view of both.
+        beside = [
+            pb.ServerMessage(blob_part=pb.BlobPart(correlation_id="junk", data=big, offset=1)),
+            pb.ServerMessage(blob_part=pb.BlobPart(correlation_id="pin", data=b"p")),
+        ]
+        hub.send_raw(pb.ServerEnvelope(messages=beside).SerializeToString())
+        hub.request("after-pin", ECHO)
+        assert error_code(await hub.next("result")) == "ok"  # the envelope was read
+        assert isinstance(link._parts._parts["pin"][0], bytes)
         hub.request("viewed", ECHO, blob_in_parts=len(big))
         result = await hub.next("result")
         assert error_code(result) == "ok" and result.blob == big

@@ -754,30 +754,31 @@ async def _owned(
     decoded: list[tuple[pb.ServerMessage, memoryview | None]], envelope_bytes: int
 ) -> list[Buffer | None]:
     """The blobs of `decode_with_blobs` (of an envelope of `envelope_bytes`), each
-    request's copied into bytes of its own (its call keeps it), and the parts' data
-    left views of their envelope when they are most of it: they are copied once, when
-    joined, and keep alive no more than twice the bytes they are counted as. Large
-    copies are made in a thread."""
-    parts = sum(len(blob) for msg, blob in decoded if blob is not None and _is_part(msg))
-    views = parts * 2 >= envelope_bytes
+    request's copied into bytes of its own (its call keeps it), and a part's data left
+    a view of its envelope when that part alone is at least half of it: copied once,
+    when joined, it keeps alive no more than twice the bytes it is counted as. Judged
+    part by part: a tiny part beside a large one (refused, or another call's) would
+    otherwise pin the whole envelope while counted as a few bytes. Large copies are
+    made in a thread."""
+    kept = [_kept_as_view(msg, blob, envelope_bytes) for msg, blob in decoded]
     copied = sum(
-        len(blob) for msg, blob in decoded if blob is not None and not (views and _is_part(msg))
+        len(blob) for (_msg, blob), view in zip(decoded, kept, strict=True) if blob and not view
     )
     if copied < HASH_OFF_LOOP_BYTES:
-        return _copies(decoded, views)
-    return await asyncio.to_thread(_copies, decoded, views)
+        return _copies(decoded, kept)
+    return await asyncio.to_thread(_copies, decoded, kept)
 
 
-def _is_part(msg: pb.ServerMessage) -> bool:
-    return msg.HasField("blob_part")
+def _kept_as_view(msg: pb.ServerMessage, blob: memoryview | None, envelope_bytes: int) -> bool:
+    return blob is not None and msg.HasField("blob_part") and len(blob) * 2 >= envelope_bytes
 
 
 def _copies(
-    decoded: list[tuple[pb.ServerMessage, memoryview | None]], part_views: bool
+    decoded: list[tuple[pb.ServerMessage, memoryview | None]], kept: list[bool]
 ) -> list[Buffer | None]:
     return [
-        blob if blob is None or (part_views and _is_part(msg)) else bytes(blob)
-        for msg, blob in decoded
+        blob if blob is None or view else bytes(blob)
+        for (_msg, blob), view in zip(decoded, kept, strict=True)
     ]
 
 
