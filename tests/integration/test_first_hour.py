@@ -228,6 +228,29 @@ def test_blob_out_never_keeps_an_older_answer(up: Up, tmp_path: Path) -> None:
     assert f"removed {target}: the call failed" in failed.stderr
 
 
+def test_the_blob_out_file_is_in_place_before_the_answer_is_printed(up: Up, tmp_path: Path) -> None:
+    """A script that reads the answer may open the file at once. The command is
+    stopped as its first byte of answer arrives; the file must already hold the blob."""
+    target = tmp_path / "out.bin"
+    target.write_text("an old answer")
+    (up.home / "workspace" / "page.txt").write_text("the new answer")
+    up.cli("grant", "workerHost.fs_*", "--agent", "me")
+    argv = ["call", "fs_read", '{"path": "page.txt"}', "--agent", "me", "--blob-out", str(target)]
+    command = subprocess.Popen(
+        [sys.executable, "-m", "worker", *argv], env=up.env, stdout=subprocess.PIPE
+    )
+    assert command.stdout is not None
+    try:
+        assert command.stdout.read(1) == b"{"
+        command.send_signal(signal.SIGSTOP)
+        assert target.read_bytes() == b"the new answer"
+    finally:
+        command.send_signal(signal.SIGCONT)
+        command.stdout.read()
+        command.stdout.close()
+        assert command.wait(60) == 0
+
+
 def test_fs_write_without_a_blob_is_refused_with_the_way_to_write_an_empty_file(up: Up) -> None:
     up.cli("grant", "workerHost.fs_*", "--agent", "me")
     refused = up.cli("call", "fs_write", '{"path": "e.txt", "mode": "create"}', "--agent", "me")

@@ -84,11 +84,12 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
             timeout_ms=int(args.timeout * 1000),
         )
         ok = response.result.status == pb.ActionResult.OK
+        # The blob file first: a reader that has the answer may open it at once.
+        note = _blobs.write_blob_out(args.blob_out, ok, response.result.blob)
         # Flushed at once: a reader on a pipe has the answer now, not after the
         # channel, the event loop and the interpreter have closed (stdout on a pipe
         # is block-buffered and would wait for the exit).
         print(json.dumps(result_to_dict(response), indent=2, ensure_ascii=False), flush=True)
-        note = _blobs.write_blob_out(args.blob_out, ok, response.result.blob)
         if note:
             print(f"agentworker: {note}", file=sys.stderr)
         return EXIT_OK if ok else EXIT_FAILED
