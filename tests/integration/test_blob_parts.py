@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_stream_rules import error_code, play
+from tests.integration.test_stream_rules import MIB, error_code, play
 from tests.support.scripted_hub import ScriptedHub
 from worker.core import blob_parts
 from worker.core.connection import WorkerConnection
@@ -254,5 +254,67 @@ def test_an_fs_write_in_parts_writes_them_unjoined_and_knows_them_again(tmp_path
         send_parts(hub, "w1", other, 1024 * 1024)  # the same id, another blob
         hub.request("w1", args, **write)
         assert (await hub.next("ack")).kind == pb.ActionAck.REJECTED_ARGS_MISMATCH
+
+    play(tmp_path, scenario, protocol=2)
+
+
+def _with_cancel(cid: str, request: pb.ActionRequest, blob: bytes = b"") -> bytes:
+    """One envelope: `blob` in parts, then `request`, then a Cancel of it."""
+    messages = [
+        pb.ServerMessage(
+            blob_part=pb.BlobPart(correlation_id=cid, data=blob[at : at + MIB], offset=at)
+        )
+        for at in range(0, len(blob), MIB)
+    ]
+    messages.append(pb.ServerMessage(request=request))
+    messages.append(pb.ServerMessage(cancel=pb.Cancel(correlation_id=cid, reason="stop it")))
+    return pb.ServerEnvelope(messages=messages).SerializeToString()
+
+
+def test_a_cancel_right_behind_a_call_hashed_first_stops_it_before_it_runs(
+    tmp_path: Path,
+) -> None:
+    """A request with a large blob and no args_digest is hashed in a thread before it
+    is claimed; a Cancel read meanwhile refuses it `cancelled` once hashed, nothing
+    run: an fs_write whose blob came in parts (taken unjoined), and a request whose
+    blob came inline."""
+    blob = os.urandom(2 * MIB)
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        write = pb.ActionRequest(
+            correlation_id="w1",
+            surface="workerHost",
+            action="fs_write",
+            agent_id="tester",
+            args_json=json.dumps({"path": "cancelled.bin", "mode": "overwrite"}),
+            attempt=1,
+            blob_in_parts=len(blob),
+        )
+        hub.send_raw(_with_cancel("w1", write, blob))
+        refused = await hub.next("result")
+        assert refused.correlation_id == "w1"
+        assert error_code(refused) == "cancelled" and "stop it" in refused.error.message
+        assert not (tmp_path / "workspace" / "cancelled.bin").exists()
+        inline = pb.ActionRequest(
+            correlation_id="i1",
+            surface="workerDiag",
+            action="probe",
+            agent_id="tester",
+            args_json=ECHO,
+            attempt=1,
+            blob=blob,
+        )
+        hub.send_raw(_with_cancel("i1", inline))
+        refused = await hub.next("result")
+        assert refused.correlation_id == "i1" and error_code(refused) == "cancelled"
+        assert await marks_after(hub, "after") == 1  # the probe never ran
+        assert not link.dispatcher.state.running_ids()  # neither was claimed
+        # Never claimed: sent again, the write runs.
+        send_parts(hub, "w1", blob, MIB)
+        hub.request(
+            "w1", write.args_json, surface="workerHost", action="fs_write", blob_in_parts=len(blob)
+        )
+        assert error_code(await hub.next("result")) == "ok"
+        assert (tmp_path / "workspace" / "cancelled.bin").read_bytes() == blob
 
     play(tmp_path, scenario, protocol=2)

@@ -297,6 +297,10 @@ class Dispatcher:
         self.held_plans: Callable[[], list[tuple[str, int]]] | None = None
         self._teardowns: set[asyncio.Task[None]] = set()
         self._hashing: set[asyncio.Task[None]] = set()  # requests whose digest is computed
+        # The ids of those requests (how many of each), and why those cancelled while
+        # hashed were: refused, unclaimed, once hashed (see `cancel`).
+        self._hashing_ids: dict[str, int] = {}
+        self._hashing_stops: dict[str, WorkerError] = {}
 
     @property
     def draining(self) -> bool:
@@ -403,6 +407,7 @@ class Dispatcher:
         size = sum(len(piece) for piece in pieces) if pieces else len(request_blob)
         if digest is None and size >= HASH_OFF_LOOP_BYTES:
             # A server that sends no digest: hash a large blob in a thread, then claim.
+            self._hashing_ids[cid] = self._hashing_ids.get(cid, 0) + 1
             task = asyncio.create_task(self._hash_then_claim(req, request_blob, pieces))
             self._hashing.add(task)
             task.add_done_callback(self._hashing.discard)
@@ -413,7 +418,18 @@ class Dispatcher:
     async def _hash_then_claim(
         self, req: pb.ActionRequest, blob: bytes, pieces: tuple[bytes | memoryview, ...]
     ) -> None:
-        digest = await asyncio.to_thread(_digest, req, blob, pieces)
+        cid = req.correlation_id
+        try:
+            digest = await asyncio.to_thread(_digest, req, blob, pieces)
+        finally:
+            stop = self._hashing_stops.get(cid)
+            self._hashing_ids[cid] -= 1
+            if not self._hashing_ids[cid]:
+                del self._hashing_ids[cid]
+                self._hashing_stops.pop(cid, None)
+        if stop is not None:  # cancelled while it was hashed: nothing of it ran
+            self.refuse_unless_known(req, stop)
+            return
         if self._draining:
             self.results.ack_request(
                 req.correlation_id, pb.ActionAck.REJECTED_DRAINING, "the worker is shutting down"
@@ -563,6 +579,11 @@ class Dispatcher:
     def cancel(self, correlation_id: str, reason: str) -> bool:
         call = self._calls.get(correlation_id)
         if call is None:
+            if correlation_id in self._hashing_ids:  # not claimed yet: refused once hashed
+                self._hashing_stops[correlation_id] = WorkerError(
+                    "cancelled", f"cancelled before it started: {reason[:MAX_REASON_CHARS]}"
+                )
+                return True
             return False
         self._stop(call, WorkerError("cancelled", f"cancelled: {reason[:MAX_REASON_CHARS]}"))
         return True
