@@ -4,6 +4,7 @@ parts that break a bound or do not add up; the stream goes on after each."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_stream_rules import MIB, error_code, play
+from tests.support.cluster import release
 from tests.support.scripted_hub import ScriptedHub
 from worker.core import blob_parts
 from worker.core.connection import WorkerConnection
@@ -318,3 +320,47 @@ def test_a_cancel_right_behind_a_call_hashed_first_stops_it_before_it_runs(
         assert (tmp_path / "workspace" / "cancelled.bin").read_bytes() == blob
 
     play(tmp_path, scenario, protocol=2)
+
+
+def test_past_its_bound_on_queued_blobs_a_new_call_answers_busy_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    """Calls accepted and waiting for a slot keep their request blobs: together, those
+    blobs (a blob in unjoined pieces too) are bounded, and a call past the bound is
+    refused `busy`, unclaimed, so it runs when sent again."""
+    blob = os.urandom(MIB)
+
+    def write(hub: ScriptedHub, cid: str, **fields: object) -> None:
+        args = json.dumps({"path": f"{cid}.bin", "mode": "overwrite"})
+        hub.request(
+            cid,
+            args,
+            surface="workerHost",
+            action="fs_write",
+            args_digest=f"blake3:{cid}",
+            **fields,
+        )
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        link.dispatcher.limits = dataclasses.replace(
+            link.dispatcher.limits, max_accepted_blob_bytes=3 * MIB
+        )
+        hub.request("holder", json.dumps({"hold": "h"}))  # takes the one slot
+        assert (await hub.next("ack")).kind == pb.ActionAck.STARTED
+        write(hub, "q0", blob=blob)
+        write(hub, "q1", blob=blob)
+        send_parts(hub, "q2", blob, MIB // 2)  # taken as two pieces
+        write(hub, "q2", blob_in_parts=len(blob))
+        write(hub, "q3", blob=blob)  # 4 MiB held with it: past the bound
+        refused = await hub.next("result")
+        assert refused.correlation_id == "q3", refused
+        assert error_code(refused) == "busy" and refused.error.retryable
+        assert sorted(link.dispatcher.state.running_ids()) == ["holder", "q0", "q1", "q2"]
+        release(link.dispatcher.paths.data_dir, "h")
+        done = {(await hub.next("result")).correlation_id for _ in range(4)}
+        assert done == {"holder", "q0", "q1", "q2"}
+        write(hub, "q3", blob=blob)  # the others answered: it is taken now
+        assert error_code(await hub.next("result")) == "ok"
+        assert (tmp_path / "workspace" / "q3.bin").read_bytes() == blob
+
+    play(tmp_path, scenario, {"max_concurrency": 1}, protocol=2)

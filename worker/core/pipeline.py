@@ -112,6 +112,10 @@ class Limits:
     # Results the server has not acked (kept on disk until it does): past this no new
     # call runs (`busy`), so a server that never acks cannot fill the person's disk.
     max_unacked_bytes: int = 256 * 1024 * 1024
+    # The request blobs of accepted calls (running or waiting for a slot), together:
+    # past this a new call answers `busy` at once, as past `max_accepted`, so queued
+    # calls cannot hold max_accepted x 32 MiB. A call alone is never refused by it.
+    max_accepted_blob_bytes: int = 256 * 1024 * 1024
     default_timeout_s: float = 60.0
 
 
@@ -301,6 +305,7 @@ class Dispatcher:
         # hashed were: refused, unclaimed, once hashed (see `cancel`).
         self._hashing_ids: dict[str, int] = {}
         self._hashing_stops: dict[str, WorkerError] = {}
+        self._blob_bytes = 0  # the request blobs of the calls in `_calls`, together
 
     @property
     def draining(self) -> bool:
@@ -342,7 +347,9 @@ class Dispatcher:
                 yield
         except sqlite3.Error:
             for call in claimed:
-                self._calls.pop(call.cid, None)
+                held = self._calls.pop(call.cid, None)
+                if held is not None:
+                    self._blob_bytes -= held.blob_bytes
             claimed.clear()
             self._settle()
             raise
@@ -456,7 +463,8 @@ class Dispatcher:
         spec = self.registry.get(f"{req.surface}.{req.action}")
         claim = spec is None or spec.effect is not Effect.NONE
         begun = self.state.begin(cid, digest, req.plan_id, claim=claim)
-        busy = self._busy() if begun.seen is Seen.NEW else None
+        size = sum(len(piece) for piece in pieces) if pieces else len(request_blob)
+        busy = self._busy(size) if begun.seen is Seen.NEW else None
         if busy is not None:
             if claim:
                 self.state.forget(cid)  # it never ran: a later delivery may run it
@@ -466,6 +474,7 @@ class Dispatcher:
             call.pieces = pieces
             call.claimed = claim
             self._calls[cid] = call
+            self._blob_bytes += size
             if self.watcher is not None:
                 self.watcher.call_started(req)
             self._idle.clear()
@@ -518,13 +527,23 @@ class Dispatcher:
             started_clock=clock,
         )
 
-    def _busy(self) -> WorkerError | None:
-        """Why a new call cannot be taken now (nothing of it runs), or None."""
+    def _busy(self, blob_bytes: int) -> WorkerError | None:
+        """Why a new call with a blob of `blob_bytes` cannot be taken now (nothing of
+        it runs), or None."""
         if len(self._calls) >= self.limits.max_accepted:
             return WorkerError(
                 "busy",
                 f"the worker already holds {len(self._calls)} calls (limit "
                 f"{self.limits.max_accepted}); nothing was run, send it again later",
+            )
+        limit = self.limits.max_accepted_blob_bytes
+        if self._blob_bytes and self._blob_bytes + blob_bytes > limit:
+            return WorkerError(
+                "busy",
+                f"the worker already holds {self._blob_bytes:,} bytes of accepted calls' "
+                f"blobs (limit {limit:,}); this call's {blob_bytes:,} would pass it. "
+                "Nothing was run, send it again later",
+                {"blob_bytes": self._blob_bytes, "limit": limit},
             )
         if self._over_unacked():
             return self._over_budget()
@@ -1055,7 +1074,9 @@ class Dispatcher:
         if call.answered:
             return
         call.answered = True
-        self._calls.pop(call.cid, None)
+        gone = self._calls.pop(call.cid, None)
+        if gone is not None:
+            self._blob_bytes -= gone.blob_bytes
         self._slots.release(call)
         try:
             result, blob = self._result_of(call)
