@@ -417,3 +417,40 @@ def test_a_server_heartbeating_behind_the_workers_own_backlog_is_not_taken_for_s
             beating.cancel()
 
     asyncio.run(go())
+
+
+def test_a_cancel_once_the_thread_work_is_done_does_not_claim_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fs_write's write runs in a thread; a Cancel handled after that work has
+    ended but before its result reached the call's task cannot undo the write: the
+    answer is `outcome_unknown`, not `cancelled`. The Cancel is handled from the
+    thread's own completion, ahead of its result on the loop."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        loop = asyncio.get_running_loop()
+        threads = link.dispatcher.threads
+        loop.set_default_executor(threads)  # as worker.app does
+        finished = threads._finished
+        cancel = pb.ServerMessage(cancel=pb.Cancel(correlation_id="w", reason="stop"))
+
+        def finished_then_cancel(cid: str, *args: bool, **kwargs: bool) -> None:
+            finished(cid, *args, **kwargs)
+            if cid == "w" and not threads.running("w"):  # its last job has ended
+                loop.call_soon_threadsafe(link._handle, cancel)
+
+        monkeypatch.setattr(threads, "_finished", finished_then_cancel)
+        hub.request(
+            "w",
+            json.dumps({"path": "w.bin", "mode": "overwrite"}),
+            surface="workerHost",
+            action="fs_write",
+            blob=b"w" * 1000,
+            args_digest="blake3:w",
+        )
+        result = await hub.next("result")
+        assert (tmp_path / "workspace" / "w.bin").read_bytes() == b"w" * 1000
+        assert error_code(result) == "outcome_unknown", result
+        assert result.error.details_json and "cancelled" in result.error.details_json
+
+    play(tmp_path, scenario)

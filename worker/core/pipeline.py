@@ -26,6 +26,7 @@ Results and acks leave through the `Outbox` passed in (see results.py).
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import contextlib
 import inspect
 import json
@@ -33,7 +34,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -159,6 +160,9 @@ class Call:
     # action whose spec says `blob_in_pieces`.
     pieces: tuple[bytes | memoryview, ...] = ()
     refused: bool = False  # refused before its handler: its claim goes, nothing recorded
+    # Stopped when a job of its own had finished in a thread and the task had not yet
+    # taken its result: that work is done, whatever the task does next.
+    done_in_thread: bool = False
 
     @property
     def cid(self) -> str:
@@ -170,6 +174,37 @@ class Call:
 
     def whole_blob(self) -> bytes:
         return b"".join(self.pieces) if self.pieces else self.blob
+
+
+class _Steps(collections.abc.Coroutine[Any, Any, None]):
+    """A call's task coroutine, noting each step of it: a step that resumes it takes
+    what its thread jobs returned (`CallThreads.seen`); one that throws a cancel in
+    while a job has finished unseen marks the call `done_in_thread`, since that
+    job's result, and the fact that its work completed, would otherwise be lost."""
+
+    def __init__(self, coro: Coroutine[Any, Any, None], call: Call, threads: CallThreads) -> None:
+        self._coro = coro
+        self._call = call
+        self._threads = threads
+
+    def send(self, value: Any) -> Any:
+        self._threads.seen(self._call.cid)
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        cid = self._call.cid
+        if self._threads.finished_unseen(cid):
+            self._call.done_in_thread = True
+        self._threads.seen(cid)
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - asyncio throws one
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, None]:  # pragma: no cover - a task's own
+        return self._coro.__await__()
 
 
 # The rest of a stage that has to wait, awaited in the call's task.
@@ -838,7 +873,9 @@ class Dispatcher:
 
     def _continue_in_task(self, call: Call, later: Later, stage: int) -> None:
         self.results.started(call.cid)
-        task = asyncio.create_task(self._rest(call, later, stage), name=f"call-{call.cid}")
+        self.threads.watch(call.cid)  # until `_answer`
+        steps = _Steps(self._rest(call, later, stage), call, self.threads)
+        task = asyncio.create_task(steps, name=f"call-{call.cid}")
         call.task = task
         # Whatever ends the task — even a cancel before its first step, which runs
         # neither its body nor its `finally` — answers the call.
@@ -875,10 +912,19 @@ class Dispatcher:
     def _left_running(self, call: Call, stop: WorkerError | None) -> WorkerError | None:
         """A call stopped while its work runs in a thread: a thread cannot be stopped,
         so the work may yet take effect, and the answer says so (`outcome_unknown`)
-        instead of claiming it was stopped. None if nothing of it runs."""
+        instead of claiming it was stopped. So too when such work had just finished and
+        its result had not reached the task yet. None if nothing of it ran so."""
+        why = stop.message if stop is not None else "cancelled"
+        if call.done_in_thread and not self.threads.running(call.cid):
+            log.warning("call %s was stopped (%s) as its work in a thread ended", call.cid, why)
+            return WorkerError(
+                "outcome_unknown",
+                f"{why}; but its work in a thread had just finished, and may have taken "
+                "effect. Check its effect before retrying.",
+                {"stopped": stop.code if stop is not None else "cancelled"},
+            )
         if not self.threads.running(call.cid):
             return None
-        why = stop.message if stop is not None else "cancelled"
         log.warning("call %s was stopped (%s) while its work ran in a thread", call.cid, why)
         return WorkerError(
             "outcome_unknown",
@@ -1074,6 +1120,7 @@ class Dispatcher:
         if call.answered:
             return
         call.answered = True
+        self.threads.unwatch(call.cid)
         gone = self._calls.pop(call.cid, None)
         if gone is not None:
             self._blob_bytes -= gone.blob_bytes

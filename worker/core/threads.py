@@ -8,8 +8,9 @@ So the pool counts the jobs of each call (the pipeline names the call in
 `CURRENT_CALL` for its task; `to_thread` and `run_in_executor` submit from that
 task), and it can say two things:
 
-- whether a stopped call's work is still running in a thread, so its answer says
-  the effect is unknown instead of claiming it was stopped;
+- whether a stopped call's work is still running in a thread, or finished there
+  with its result not yet back in the call's task (`finished_unseen`), so its answer
+  says the effect is unknown instead of claiming it was stopped;
 - whether anything at all still runs in a thread when the worker is leaving, so it
   leaves without joining it (see worker.app), instead of hanging past its drain.
 """
@@ -37,6 +38,8 @@ class CallThreads(ThreadPoolExecutor):
         super().__init__(max_workers=max_workers, thread_name_prefix="agentworker")
         self._lock = threading.Lock()
         self._jobs: Counter[str] = Counter()  # call id ("" for none) -> jobs not finished
+        self._watched: set[str] = set()  # calls whose finished jobs are noted (`watch`)
+        self._unseen: set[str] = set()  # watched calls with a job finished since `seen`
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         cid = CURRENT_CALL.get()
@@ -49,14 +52,38 @@ class CallThreads(ThreadPoolExecutor):
             raise
         # Done when it returns, raises, or is cancelled before it started (then it
         # never runs): in each case it holds no thread any more.
-        future.add_done_callback(lambda _f: self._finished(cid))
+        future.add_done_callback(lambda f: self._finished(cid, ran=not f.cancelled()))
         return future
 
-    def _finished(self, cid: str) -> None:
+    def _finished(self, cid: str, ran: bool = False) -> None:
         with self._lock:
             self._jobs[cid] -= 1
             if self._jobs[cid] <= 0:
                 del self._jobs[cid]
+            if ran and cid in self._watched:
+                self._unseen.add(cid)
+
+    def watch(self, cid: str) -> None:
+        """Note the jobs of call `cid` that finish from now on, until `unwatch`."""
+        with self._lock:
+            self._watched.add(cid)
+
+    def unwatch(self, cid: str) -> None:
+        with self._lock:
+            self._watched.discard(cid)
+            self._unseen.discard(cid)
+
+    def seen(self, cid: str) -> None:
+        """The call's task has run since: whatever its jobs returned reached it."""
+        if cid in self._unseen:  # read without the lock: this runs at each step
+            with self._lock:
+                self._unseen.discard(cid)
+
+    def finished_unseen(self, cid: str) -> bool:
+        """Whether a job of the watched call `cid` ran to its end in a thread since the
+        call's task last ran: its work is done, its result not yet taken."""
+        with self._lock:
+            return cid in self._unseen
 
     def running(self, cid: str) -> int:
         """Jobs of call `cid` not finished (queued or in a thread)."""
