@@ -282,7 +282,7 @@ def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
             sealed += ["--remount-ro", path]
         else:
             steps.append((_depth(path), 1, ["--ro-bind", "/dev/null", path]))
-    steps += _pins(mounts, covered + [mount.inside for mount in mounts])
+    steps += _pins(mounts, covered)
     # By depth; at one depth, mounts and pins before what hides; then by path, for a stable order.
     ordered = [
         arg for *_, step in sorted(steps, key=lambda s: (s[0], s[1], s[2][-1])) for arg in step
@@ -290,7 +290,7 @@ def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
     return ordered + sealed
 
 
-def _pins(mounts: Sequence[Mount], places: Sequence[str]) -> list[tuple[int, int, list[str]]]:
+def _pins(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[tuple[int, int, list[str]]]:
     """Every folder between a shared folder and a place in it (a hidden place, or
     another shared folder), bound onto itself.
 
@@ -304,9 +304,8 @@ def _pins(mounts: Sequence[Mount], places: Sequence[str]) -> list[tuple[int, int
     way down made of mount points, a program can move none of it. Nothing inside a
     hidden place is bound: that would show what the tmpfs covers.
     """
-    hidden = [place for place in places if not any(m.inside == place for m in mounts)]
     pins: dict[str, list[str]] = {}
-    for path in places:
+    for path in [*hidden, *(mount.inside for mount in mounts)]:
         parts = path.rstrip("/").split("/")
         for depth in range(2, len(parts)):
             folder = "/".join(parts[:depth])

@@ -346,6 +346,18 @@ def test_folders_to_hide_are_blank_even_inside_a_shared_folder(share: Path) -> N
     assert done.stdout == b"" and b"No such file" in done.stderr
 
 
+def _errors_of(moves: list[str], view: View) -> list[str]:
+    """Each of `moves` (Python calls on `os`) run in the sandbox: the errno it met, by
+    name, or "ok"."""
+    script = "import errno, os\n" + "".join(
+        f"try:\n    {move}\n    print('ok')\nexcept OSError as exc:\n"
+        "    print(errno.errorcode[exc.errno])\n"
+        for move in moves
+    )
+    done = asyncio.run(run([PYTHON, "-c", script], view, Limits(), pid_cap=PidCap()))
+    return done.stdout.decode().split()
+
+
 def test_no_program_can_move_a_hidden_folder_out_from_under_its_path(share: Path) -> None:
     """Hiding goes by path: a program that renamed an ancestor of the worker's data
     folder (the person's home shared read-write) would have the next sandbox show it
@@ -356,20 +368,13 @@ def test_no_program_can_move_a_hidden_folder_out_from_under_its_path(share: Path
     (own / "hub.token").write_text("the-token")
     (share / "spare").mkdir()
     view = view_of(share, hidden=(str(own),))
-    moves = """
-        import errno, os
-        for move in (lambda: os.rename(".local", "moved"),
-                     lambda: os.rename(".local/share", ".local/moved"),
-                     lambda: os.rename("spare", ".local"),
-                     lambda: os.rmdir(".local/share")):
-            try:
-                move()
-            except OSError as exc:
-                print(errno.errorcode[exc.errno])
-    """
-    script = [PYTHON, "-c", textwrap.dedent(moves)]
-    done = asyncio.run(run(script, view, Limits(), pid_cap=PidCap()))
-    assert done.stdout.split() == [b"EBUSY"] * 4, done
+    moves = [
+        'os.rename(".local", "moved")',
+        'os.rename(".local/share", ".local/moved")',
+        'os.rename("spare", ".local")',
+        'os.rmdir(".local/share")',
+    ]
+    assert _errors_of(moves, view) == ["EBUSY"] * 4
     assert sorted(os.listdir(share)) == [".local", "a.txt", "spare"]
     assert os.listdir(share / ".local") == ["share"]
     look = ["/usr/bin/grep", "-r", "the-token", "."]
@@ -384,19 +389,8 @@ def test_no_program_can_move_the_way_to_a_shared_folder_nested_in_another(share:
     nested.mkdir(parents=True)
     mounts = (Mount(str(share), True), Mount(str(nested), False))
     view = view_of(share, mounts=mounts)
-    moves = """
-        import errno, os
-        for move in (lambda: os.rename("proj/vendor", "proj/v0"),
-                     lambda: os.rename("proj", "p0"),
-                     lambda: os.rmdir("proj/vendor/docs")):
-            try:
-                move()
-            except OSError as exc:
-                print(errno.errorcode[exc.errno])
-    """
-    script = [PYTHON, "-c", textwrap.dedent(moves)]
-    done = asyncio.run(run(script, view, Limits(), pid_cap=PidCap()))
-    assert done.stdout.split() == [b"EBUSY"] * 3, done
+    moves = ['os.rename("proj/vendor", "proj/v0")', 'os.rename("proj", "p0")']
+    assert _errors_of([*moves, 'os.rmdir("proj/vendor/docs")'], view) == ["EBUSY"] * 3
     assert nested.is_dir() and not (share / "proj" / "v0").exists()
 
 

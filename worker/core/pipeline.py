@@ -915,21 +915,19 @@ class Dispatcher:
         instead of claiming it was stopped. So too when such work had just finished and
         its result had not reached the task yet. None if nothing of it ran so."""
         why = stop.message if stop is not None else "cancelled"
-        if call.done_in_thread and not self.threads.running(call.cid):
-            log.warning("call %s was stopped (%s) as its work in a thread ended", call.cid, why)
-            return WorkerError(
-                "outcome_unknown",
-                f"{why}; but its work in a thread had just finished, and may have taken "
-                "effect. Check its effect before retrying.",
-                {"stopped": stop.code if stop is not None else "cancelled"},
+        if self.threads.running(call.cid):
+            effect = (
+                "was still running in a thread, which cannot be interrupted, "
+                "so it may or may not take effect"
             )
-        if not self.threads.running(call.cid):
+        elif call.done_in_thread:
+            effect = "in a thread had just finished, and may have taken effect"
+        else:
             return None
-        log.warning("call %s was stopped (%s) while its work ran in a thread", call.cid, why)
+        log.warning("call %s was stopped (%s); its work %s", call.cid, why, effect)
         return WorkerError(
             "outcome_unknown",
-            f"{why}; but its work was still running in a thread, which cannot be "
-            "interrupted, so it may or may not take effect. Check its effect before retrying.",
+            f"{why}; but its work {effect}. Check its effect before retrying.",
             {"stopped": stop.code if stop is not None else "cancelled"},
         )
 

@@ -83,6 +83,7 @@ class Results:
         self.telemetry = telemetry
         self.outbox = outbox
         self._finished: list[Finished] = []  # waiting for flush()
+        self._pending_bytes = 0  # their results and blobs
         self._flush_scheduled = False
         self._telemetry_timer: asyncio.TimerHandle | None = None
         # STARTED acks wait a moment and leave together; a call whose result is out
@@ -98,8 +99,9 @@ class Results:
 
     @property
     def pending_bytes(self) -> int:
-        """What the results not yet recorded will add to the unacked ones (see State)."""
-        return sum(f.result.ByteSize() + len(f.blob) for f in self._finished)
+        """What the results not yet recorded will add to the unacked ones (see State):
+        counted as each is added, so a new call's budget check does not sum them again."""
+        return self._pending_bytes
 
     # ------------------------------------------------------------- results
 
@@ -107,6 +109,7 @@ class Results:
         """Queue a finished result: recorded and sent at once when `now`, else in the
         next loop turn together with any others that finish meanwhile."""
         self._finished.append(finished)
+        self._pending_bytes += finished.result.ByteSize() + len(finished.blob)
         if now:
             self.flush()
         elif not self._flush_scheduled:
@@ -119,6 +122,7 @@ class Results:
         just after, off the caller's path (see `ack`)."""
         self._flush_scheduled = False
         finished, self._finished = self._finished, []
+        self._pending_bytes = 0
         encoded = [(f.result.correlation_id, f.result.SerializeToString(), f) for f in finished]
         recorded = [(cid, data, f.blob) for cid, data, f in encoded if f.held is None]
         try:
