@@ -33,7 +33,6 @@ from sandbox.paths import (
     Problem,
     Root,
     locate,
-    moved_root,
     openat2_available,
 )
 from sandbox.state import Containment
@@ -59,7 +58,6 @@ __all__ = [
     "list_tree",
     "locate",
     "make_parents",
-    "moved_root",
     "open_regular",
     "openat2_available",
     "read_at",

@@ -73,6 +73,10 @@ class Root:
     # symlink used: the worker's own folders and files (its settings, token, data),
     # when a person shares a folder that holds them. Absolute and resolved.
     withheld: tuple[Path, ...] = ()
+    # The withheld places that were folders when the root was made, by identity: a
+    # place is withheld by its path, so a folder moved away from it (by a program
+    # outside any sandbox, `mv ~/.local ~/old`) would be in plain view at its new one.
+    anchors: tuple[Anchor, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.path.is_absolute() or ".." in self.path.parts:
@@ -81,10 +85,25 @@ class Root:
             if not place.is_absolute() or place == self.path or not place.is_relative_to(self.path):
                 raise ValueError(f"{place} is not a place inside the root {self.path}")
 
-    def in_place(self) -> bool:
-        """Whether the path still leads to itself, no link or move on its way (see
-        `confined`): what a sandbox binds by path must be checked so first."""
-        return os.path.realpath(self.path) == str(self.path)
+    @classmethod
+    def sharing(cls, path: Path, *, writable: bool, withheld: tuple[Path, ...] = ()) -> Root:
+        """A root whose withheld folders are anchored as they are now."""
+        return cls(path, writable, withheld, tuple(_anchors(withheld)))
+
+    def moved(self) -> str | None:
+        """Why this root cannot be used as it was shared, or None: its path no longer
+        leads to itself (a link or a move on its way), or a folder withheld from it is
+        no longer at its path. What a sandbox binds or blanks by path must be checked
+        so first; `confined` checks the withheld folders itself."""
+        if os.path.realpath(self.path) != str(self.path):
+            return moved_root(self.path)
+        return self._withheld_moved()
+
+    def _withheld_moved(self) -> str | None:
+        for anchor in self.anchors:  # one stat each, a few microseconds
+            if not anchor.in_place():
+                return moved_withheld(anchor.path, self.path)
+        return None
 
     def confined(self, *, use_openat2: bool | None = None) -> ConfinedDir:
         """This root opened for confined access, its withheld places enforced.
@@ -97,7 +116,44 @@ class Root:
         if confined.where() != str(self.path):  # the kernel's name for what was opened
             confined.close()
             raise ConfinementError(Problem.OUTSIDE, moved_root(self.path))
+        why = self._withheld_moved()
+        if why is not None:
+            confined.close()
+            raise ConfinementError(Problem.OUTSIDE, why)
         return confined
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A folder as it was: its path, and the identity of what was there."""
+
+    path: Path
+    device: int
+    inode: int
+
+    def in_place(self) -> bool:
+        """Whether the same folder is still at the path, by the kernel's own name for
+        it: a link put in the place of it or of a folder on its way does not pass."""
+        try:
+            fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            same = (st.st_dev, st.st_ino) == (self.device, self.inode)
+            return same and _landed(fd) == str(self.path)
+        finally:
+            os.close(fd)
+
+
+def _anchors(places: Sequence[Path]) -> Iterator[Anchor]:
+    for place in places:
+        try:
+            st = os.stat(place, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            yield Anchor(place, st.st_dev, st.st_ino)
 
 
 @dataclass(frozen=True)
@@ -132,6 +188,17 @@ def moved_root(path: Path) -> str:
         f"the shared folder {path} is no longer at that path (a folder on its way was "
         "moved, or replaced by a link); nothing is read, written or run through it until "
         "it is put back"
+    )
+
+
+def moved_withheld(place: Path, root: Path) -> str:
+    """Why a shared folder is not used while one of the worker's own folders in it is
+    away from its path."""
+    return (
+        f"the worker's own folder {place} is no longer at that path (it, or a folder on "
+        f"its way, was moved or replaced while the worker ran), so it cannot be kept "
+        f"hidden; nothing is read, written or run through the shared folder {root} until "
+        "it is put back or the worker is restarted"
     )
 
 

@@ -343,7 +343,7 @@ def roots_of(config: Config, paths: Paths) -> list[Root]:
                 real,
                 ", ".join(str(place) for place in withheld),
             )
-        roots.append(Root(path=real, writable=entry.mode == "rw", withheld=withheld))
+        roots.append(Root.sharing(real, writable=entry.mode == "rw", withheld=withheld))
     return roots
 
 

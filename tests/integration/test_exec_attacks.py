@@ -8,6 +8,7 @@ was broken.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.host_calls import call, call_many, error_code, shared_cluster
+from tests.support.host_calls import call, call_many, dispatch, error_code, shared_cluster
 
 RACE_ROUNDS = 200
 GIT = ["git", "-c", "user.email=a@b", "-c", "user.name=n", "-c", "commit.gpgsign=false"]
@@ -300,6 +301,38 @@ def test_e_the_workers_own_folders_stay_out_of_reach_when_a_root_holds_them(
     assert out["status"] == "ok" and out["result"]["exit_code"] == 1, (out.get("error"), blob)
     log = (home / "worker.log").read_text()
     assert f"holds the worker's own {home}" in log, log[-2000:]
+
+
+def test_the_workers_own_folder_moved_away_from_its_path_closes_the_root_holding_it(
+    home_shared: Cluster,
+) -> None:
+    """The worker's home is withheld by its path. Moved away by a program outside any
+    sandbox (the person's `mv`), its token and databases would be in plain view at the
+    new path; fs_* and exec refuse the root holding it until it is back."""
+    live = home_shared
+    home, base = live.home, live.home.parent
+    away, secret = base / "home-away", live.token
+    token = secret.encode()
+    os.rename(home, away)
+
+    def refused(action: str, args: dict[str, Any]) -> None:
+        out, blob = live.run(lambda c: dispatch(c, action, args, b""), token=secret)
+        assert error_code(out) == "path_not_allowed", (action, out)
+        assert f"the worker's own folder {home} is no longer at that" in out["error"]["message"]
+        assert token not in blob
+
+    try:
+        refused("fs_read", {"path": f"{away}/hub.token"})
+        refused("fs_stat", {"path": f"{away}/state.db"})
+        refused("fs_list", {"path": str(base)})
+        # exec's own path check opens the root first, and refuses the same way
+        refused("exec", {"argv": ["cat", "home-away/hub.token"], "cwd": str(base)})
+    finally:
+        os.rename(away, home)
+    out, _ = call(live, "fs_list", {"path": str(base)})
+    assert out["status"] == "ok", out
+    out, _ = call(live, "exec", {"argv": ["ls"], "cwd": str(base)})
+    assert out["status"] == "ok", out
 
 
 def test_clear_errors_for_an_argument_over_the_kernels_limit_and_a_huge_offset(

@@ -17,6 +17,7 @@ import pytest
 
 from sandbox import ConfinedDir, ConfinementError, Problem, Root, openat2_available
 from sandbox._walk import MAX_HOPS
+from sandbox.paths import moved_root
 from tests.sandbox.support import INSIDE, SECRET, Tree
 
 
@@ -525,13 +526,42 @@ def test_a_root_whose_way_was_moved_and_linked_elsewhere_is_refused(
     nested = tree.root / "proj" / "vendor" / "docs"
     nested.mkdir(parents=True)
     root = Root(nested, writable=False)
-    assert root.in_place()
+    assert root.moved() is None
     root.confined(use_openat2=use_openat2).close()
     (tree.outside / "docs").mkdir()
     os.rename(tree.root / "proj" / "vendor", tree.root / "proj" / "v0")
     (tree.root / "proj" / "vendor").symlink_to(tree.outside)
-    assert not root.in_place()
+    assert root.moved() == moved_root(nested)
     with pytest.raises(ConfinementError) as caught:
         root.confined(use_openat2=use_openat2)
     assert caught.value.problem == Problem.OUTSIDE
     assert f"the shared folder {nested} is no longer at that path" in caught.value.message
+
+
+def test_a_root_is_refused_while_a_folder_withheld_from_it_is_away(
+    tree: Tree, use_openat2: bool
+) -> None:
+    """A place is withheld by its path: moved away from it by a program outside any
+    sandbox (`mv ~/.local ~/old`), the worker's data would be in plain view at its new
+    path. The root is refused, by fs_* and exec, until the folder is back."""
+    data = tree.root / "home" / ".local" / "aw"
+    data.mkdir(parents=True)
+    root = Root.sharing(tree.root, writable=True, withheld=(data,))
+    assert [anchor.path for anchor in root.anchors] == [data]
+    root.confined(use_openat2=use_openat2).close()
+    os.rename(tree.root / "home" / ".local", tree.root / "home" / "old")
+    why = root.moved()
+    assert why is not None and f"the worker's own folder {data} is no longer at that" in why
+    with pytest.raises(ConfinementError) as caught:
+        root.confined(use_openat2=use_openat2)
+    assert caught.value.problem == Problem.OUTSIDE and caught.value.message == why
+    data.mkdir(parents=True)  # a new folder at the path is not the one withheld
+    assert root.moved() == why
+    data.rmdir()
+    (tree.root / "home" / ".local").rmdir()
+    (tree.root / "home" / ".local").symlink_to("old")  # nor a link to where it went
+    assert root.moved() == why
+    (tree.root / "home" / ".local").unlink()
+    os.rename(tree.root / "home" / "old", tree.root / "home" / ".local")
+    assert root.moved() is None
+    root.confined(use_openat2=use_openat2).close()

@@ -151,9 +151,11 @@ class Cluster:
 
     # ------------------------------------------------------------- control calls
 
-    def run(self, coro_fn: Any) -> Any:
+    def run(self, coro_fn: Any, *, token: str | None = None) -> Any:
+        """`coro_fn(client)` on a new client, with the hub's token read now unless given."""
+
         async def go() -> Any:
-            client = ControlClient.connect(self.listen, self.token)
+            client = ControlClient.connect(self.listen, token or self.token)
             try:
                 return await coro_fn(client)
             finally:

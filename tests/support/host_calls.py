@@ -18,7 +18,7 @@ from tests.support.cluster import Cluster, cluster, wait_for
 from worker.hub.client import ControlClient, result_to_dict
 
 
-async def _dispatch(
+async def dispatch(
     client: ControlClient, action: str, args: dict[str, Any], blob: bytes, **fields: Any
 ) -> tuple[dict[str, Any], bytes]:
     """`workerHost.<action>` as agent `tester`: (what `call` prints, the blob)."""
@@ -38,7 +38,7 @@ def call(
 ) -> tuple[dict[str, Any], bytes]:
     """Dispatch `workerHost.<action>` as agent `tester`: (what `call` prints, the blob)."""
     result: tuple[dict[str, Any], bytes] = live.run(
-        lambda c: _dispatch(c, action, args, blob, **fields)
+        lambda c: dispatch(c, action, args, blob, **fields)
     )
     return result
 
@@ -55,7 +55,7 @@ def call_many(
             action: str, args: dict[str, Any], blob: bytes
         ) -> tuple[dict[str, Any], bytes]:
             async with slots:
-                return await _dispatch(client, action, args, blob)
+                return await dispatch(client, action, args, blob)
 
         return await asyncio.gather(*(one(*request) for request in requests))
 

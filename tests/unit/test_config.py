@@ -92,6 +92,7 @@ def test_a_shared_home_withholds_every_file_the_worker_trusts(tmp_path: Path) ->
     )
     (root,) = roots_of(load(own), own)
     assert {ca, policy, own.config_dir, own.data_dir} <= set(root.withheld)
+    assert {anchor.path for anchor in root.anchors} == {own.config_dir, own.data_dir}
 
 
 def test_a_root_that_holds_places_of_the_workers_own_files_is_skipped(

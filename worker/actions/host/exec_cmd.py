@@ -27,7 +27,7 @@ from typing import Annotated, Final
 from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
-from sandbox import Root, confinement, environment, moved_root
+from sandbox import Root, confinement, environment
 from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
@@ -97,9 +97,10 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             f"{command[:PREVIEW_CHARS]}\nin {cwd}\n{decision.reason}",
         )
     assert decision.program is not None
-    for root in ctx.roots:  # bound by path: each must still be where it was
-        if not root.in_place():
-            raise WorkerError("sandbox_unavailable", moved_root(root.path))
+    for root in ctx.roots:  # bound and blanked by path: each must still be as it was
+        why = root.moved()
+        if why is not None:
+            raise WorkerError("sandbox_unavailable", why)
     entry = await landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
         if decision.walks and not ctx.config.fs.allow_hard_links:
