@@ -115,44 +115,97 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
+# What the filter answers for a number of the native table (see `build`).
+_ALLOW, _EPERM, _ENOSYS, _CLONE_FLAGS, _IOCTL_CMD = "allow", "eperm", "enosys", "clone", "ioctl"
+_NEXT: Final = "next"  # a jump's target: the next instruction
+
+
+def verdicts(machine: str) -> dict[int, str]:
+    """Each number of the native table the filter does not simply allow, and what it
+    answers: EPERM, ENOSYS, or a look at clone's flags or ioctl's request."""
+    column = 0 if machine == "x86_64" else 1
+    said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
+    said[_CLONE3[column]] = _ENOSYS
+    said[_CLONE[column]] = _CLONE_FLAGS
+    said[_IOCTL[column]] = _IOCTL_CMD
+    return said
+
+
+def runs(machine: str) -> list[tuple[int, str]]:
+    """The native table's number line (0 to 2**32 - 1) as runs of one answer: each
+    run's first number and its answer, in order."""
+    said = verdicts(machine)
+
+    def answer(number: int) -> str:
+        if machine == "x86_64" and number >= _X32_BIT:
+            return _EPERM  # the x32 ABI's numbers: refused whole
+        return said.get(number, _ALLOW)
+
+    edges = {0, *said, *(number + 1 for number in said)}
+    if machine == "x86_64":
+        edges.add(_X32_BIT)
+    return [
+        (number, answer(number))
+        for number in sorted(edges)
+        if number == 0 or answer(number) != answer(number - 1)
+    ]
+
+
 def build(machine: str) -> bytes | None:
-    """The filter program for `machine` (os.uname().machine), or None if unknown."""
+    """The filter program for `machine` (os.uname().machine), or None if unknown.
+
+    Only the machine's native table is let through: any other ABI is refused whole.
+    The call's number then goes down a balanced tree of `JGE` tests over `runs`, to
+    the answer of the run it falls in: about ten steps for any number, where a
+    list of tests takes one per refused call before it. When it installs a filter,
+    the kernel runs it once for every number of the table (interrupts off) to learn
+    which calls it may let through unfiltered; over a list of 55 that walk was most
+    of what the filter cost each exec (see docs/architecture.md, The exec sandbox).
+    """
     if machine not in AUDIT_ARCH:
         return None
-    column = 0 if machine == "x86_64" else 1
-    denied = sorted({number for pair in DENIED.values() if (number := pair[column]) is not None})
-    prog: list[bytes] = []
-    # 1. Only this machine's native table: any other ABI is refused whole.
-    prog += [_insn(_LD_W_ABS, _ARCH), _insn(_JEQ_K, AUDIT_ARCH[machine], 1, 0), _ret(_DENY)]
-    prog.append(_insn(_LD_W_ABS, _NR))
-    if machine == "x86_64":
-        prog += [_insn(_JGE_K, _X32_BIT, 0, 1), _ret(_DENY)]
-    # 2. The plain list.
-    for number in denied:
-        prog += [_insn(_JEQ_K, number, 0, 1), _ret(_DENY)]
-    # 3. clone3's flags live in memory, out of a filter's sight: make libc use clone.
-    prog += [_insn(_JEQ_K, _CLONE3[column], 0, 1), _ret(_NOSYS)]
-    # 4. clone with any namespace flag (flags are clone's first argument, low word).
-    prog += [
-        _insn(_JEQ_K, _CLONE[column], 0, 3),
-        _insn(_LD_W_ABS, _ARG0),
-        _insn(_JSET_K, CLONE_NAMESPACES_ALL, 0, 1),
-        _ret(_DENY),
-        _insn(_LD_W_ABS, _NR),  # back to the number for the next test
+    # (code, k, jt, jf), a jump's targets as labels: _NEXT, an answer, or a test's index.
+    prog: list[tuple[int, int, object, object]] = [
+        (_LD_W_ABS, _ARCH, _NEXT, _NEXT),
+        (_JEQ_K, AUDIT_ARCH[machine], _NEXT, _EPERM),
+        (_LD_W_ABS, _NR, _NEXT, _NEXT),
     ]
-    # 5. ioctl(fd, TIOCSTI, ...): pushing input into a terminal.
-    prog += [
-        _insn(_JEQ_K, _IOCTL[column], 0, 3),
-        _insn(_LD_W_ABS, _ARG1),
-        _insn(_JEQ_K, TIOCSTI, 0, 1),
-        _ret(_DENY),
-    ]
-    prog.append(_ret(RET_ALLOW))
-    return b"".join(prog)
+    line = runs(machine)
 
+    def test(lo: int, hi: int) -> object:
+        """The label that tells line[lo:hi] apart: the answer of a single run, else a
+        test of the middle run's first number, emitted here (its subtrees after it)."""
+        if hi - lo == 1:
+            return line[lo][1]
+        mid = (lo + hi) // 2
+        at = len(prog)
+        prog.append((_JGE_K, line[mid][0], _NEXT, _NEXT))
+        below = test(lo, mid)
+        prog[at] = (_JGE_K, line[mid][0], test(mid, hi), below)
+        return at
 
-def _ret(value: int) -> bytes:
-    return _insn(_RET_K, value)
+    test(0, len(line))
+    labels: dict[object, int] = {}
+    # clone with any namespace flag (its first argument's low word), ioctl TIOCSTI.
+    labels[_CLONE_FLAGS] = len(prog)
+    prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JSET_K, CLONE_NAMESPACES_ALL, _EPERM, _ALLOW)]
+    labels[_IOCTL_CMD] = len(prog)
+    prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, TIOCSTI, _EPERM, _ALLOW)]
+    for answer, value in ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS)):
+        labels[answer] = len(prog)
+        prog.append((_RET_K, value, _NEXT, _NEXT))
+
+    def skip(at: int, target: object) -> int:
+        if target == _NEXT:
+            return 0
+        to = target if isinstance(target, int) else labels[target]
+        if not 0 <= to - at - 1 <= 255:  # classic BPF jumps only forward, by a byte
+            raise ValueError(f"a seccomp jump from {at} to {to} cannot be encoded")
+        return to - at - 1
+
+    return b"".join(
+        _insn(code, k, skip(at, jt), skip(at, jf)) for at, (code, k, jt, jf) in enumerate(prog)
+    )
 
 
 @functools.cache
