@@ -135,3 +135,21 @@ def test_a_large_results_blob_is_read_apart_and_framed_once_into_the_response() 
     assert pb.DispatchResponse.FromString(answer.response("w")) == expected
     small = pb.WorkerEnvelope(messages=[pb.WorkerMessage(result=result)]).SerializeToString()
     assert _worker_envelope(small) == [(pb.WorkerMessage(result=result), None)]
+
+
+def test_a_large_result_without_a_blob_is_parsed_once_and_an_empty_one_stays_a_result() -> None:
+    """A 1.5 MB listing has no blob to read apart: parsed from the received bytes as it
+    is. A result whose only field is its blob is still a result once read apart."""
+    from worker.hub.server import READ_APART_BYTES, Answer, _worker_envelope
+
+    listing = pb.ActionResult(correlation_id="l", status=pb.ActionResult.OK)
+    listing.result_json = '{"entries": ["' + "é" * READ_APART_BYTES + '"]}'
+    only_blob = pb.ActionResult(blob=os.urandom(READ_APART_BYTES))
+    messages = [pb.WorkerMessage(result=listing), pb.WorkerMessage(result=only_blob)]
+    envelope = pb.WorkerEnvelope(messages=messages).SerializeToString()
+    (first, none), (second, apart) = _worker_envelope(envelope)
+    assert first.result == listing and none is None
+    assert second.WhichOneof("kind") == "result" and second.result == pb.ActionResult()
+    assert apart is not None and bytes(apart) == only_blob.blob
+    response = pb.DispatchResponse.FromString(Answer(first.result, none).response("w"))
+    assert response == pb.DispatchResponse(worker_id="w", result=listing)

@@ -216,7 +216,11 @@ class HubStore:
             for result, apart, keep_blob in results:
                 cid = result.correlation_id
                 blob: Buffer = result.blob if apart is None else apart  # each read copies
-                answer = without_blob(result).SerializeToString()
+                # Copied field by field only to leave a blob out: a result with none (or
+                # read apart from it) is serialized as it is (a 1.5 MB listing's JSON was
+                # copied twice more).
+                bare = without_blob(result) if apart is None and blob else result
+                answer = bare.SerializeToString()
                 kept = bytes(blob) if keep_blob and blob else None
                 added = self._unwritten.get(cid)
                 if added is not None and cid not in whole:

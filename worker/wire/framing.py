@@ -207,13 +207,16 @@ def _nested_part(outer_field: int, body: bytes, blob_field: int, blob: Buffer) -
     return b"".join([_tag(_MESSAGES_FIELD), _varint(size), *message, *pieces])
 
 
-def nested_message(outer_field: int, body: bytes, blob_field: int, blob: Buffer) -> bytes:
-    """Field `outer_field` holding the message `body` with `blob` appended as its field
-    `blob_field` (fields may come in any order): one copy of the blob."""
-    pieces: list[Buffer] = [_tag(outer_field), b"", body]
+def nested_message(
+    outer_field: int, body: bytes, blob_field: int, blob: Buffer, *, after: bytes = b""
+) -> bytes:
+    """`after` (serialized fields of the parent), then field `outer_field` holding the
+    message `body` with `blob` appended as its field `blob_field` (fields may come in
+    any order): one copy of the blob, and of `body`."""
+    pieces: list[Buffer] = [after, _tag(outer_field), b"", body]
     if blob:
         pieces += [_tag(blob_field), _varint(len(blob)), blob]
-    pieces[1] = _varint(sum(len(piece) for piece in pieces[2:]))
+    pieces[2] = _varint(sum(len(piece) for piece in pieces[3:]))
     return b"".join(pieces)
 
 
