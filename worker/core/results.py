@@ -82,7 +82,9 @@ class Results:
         self.state = state
         self.telemetry = telemetry
         self.outbox = outbox
-        self._finished: list[Finished] = []  # waiting for flush()
+        # Waiting for flush(), each with its result serialized (once: for its size, the
+        # ledger and the wire alike; a 1.5 MB listing took 0.25 ms a serialization).
+        self._finished: list[tuple[Finished, bytes]] = []
         self._pending_bytes = 0  # their results and blobs
         self._flush_scheduled = False
         self._telemetry_timer: asyncio.TimerHandle | None = None
@@ -108,8 +110,9 @@ class Results:
     def add(self, finished: Finished, *, now: bool) -> None:
         """Queue a finished result: recorded and sent at once when `now`, else in the
         next loop turn together with any others that finish meanwhile."""
-        self._finished.append(finished)
-        self._pending_bytes += finished.result.ByteSize() + len(finished.blob)
+        data = finished.result.SerializeToString()
+        self._finished.append((finished, data))
+        self._pending_bytes += len(data) + len(finished.blob)
         if now:
             self.flush()
         elif not self._flush_scheduled:
@@ -123,7 +126,7 @@ class Results:
         self._flush_scheduled = False
         finished, self._finished = self._finished, []
         self._pending_bytes = 0
-        encoded = [(f.result.correlation_id, f.result.SerializeToString(), f) for f in finished]
+        encoded = [(f.result.correlation_id, data, f) for f, data in finished]
         recorded = [(cid, data, f.blob) for cid, data, f in encoded if f.held is None]
         try:
             if recorded:
