@@ -1,14 +1,17 @@
 """The person's view of a running worker: calls as they happen, plans, grants, and
 the approval prompts, with the kill switch and the global stop one key away.
 
-The app knows the worker only through a `Link` (worker.console): the console in
-this process for `agentworker up`/`run`, or the local socket for `agentworker ui`.
+The app knows the worker only through a `Link` (worker.console): the local socket,
+from the TUI's own process that `agentworker up`/`run` start (ui/child.py) or from
+`agentworker ui`; the tests also drive it on a console in their own process.
 Events arrive as plain dicts and become Textual messages; every text in them was
 made inert by the worker, and it is drawn as plain `Text`, never as markup.
 """
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -43,10 +46,11 @@ LINK_MARKS: Final = {
     "detached": ("✖ worker gone", "red"),
 }
 STATUS_STYLES: Final = {"running": "yellow", "ok": "green"}
-# Calls and plans are drawn at most this often. The app shares the worker's event
-# loop (`agentworker up`), and one redraw of the table took 30 ms on a slow machine:
-# drawn for each call's start and end, it made every call wait for it (a granted
-# fs_stat 4 ms headless, 77 ms with the TUI). Prompts are drawn at once.
+# Calls and plans are drawn at most this often; prompts at once. One redraw of the
+# calls table takes about 30 ms on a slow machine: drawn at each call's start and
+# end, a busy worker would keep the TUI's process drawing, on a core the worker
+# needs, and let the events it has not read pile up on the socket (where past
+# console_socket.MAX_BACKLOG the worker drops it).
 REDRAW_EVERY_S: Final = 0.25
 
 
@@ -71,7 +75,9 @@ def _duration(ms: int | None) -> str:
 
 
 class WorkerApp(App[None]):
-    """See the module summary. `clock` and `notifier` are there for tests."""
+    """See the module summary. `clock` and `notifier` are there for tests.
+    `quit_stops_worker`: the TUI of `up` or `run` (ui/child.py), which leaves when
+    the worker goes, and on a SIGINT, SIGTERM or hang-up as on the person's q."""
 
     TITLE = "agentworker"
     CSS = """
@@ -94,6 +100,7 @@ class WorkerApp(App[None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter"),
         Binding("k", "kill", "Kill plan"),
@@ -132,6 +139,8 @@ class WorkerApp(App[None]):
         self._modal: ApprovalModal | None = None
         self._closing = False
         self.failure: StartupError | None = None  # why the app could not start
+        # The worker's socket closed without the worker saying it stopped.
+        self.worker_gone = False
         # Calls and plans told since the last redraw (see REDRAW_EVERY_S).
         self._changed_calls: dict[str, dict[str, Any]] = {}
         self._changed_plans: list[dict[str, Any]] | None = None
@@ -187,6 +196,10 @@ class WorkerApp(App[None]):
         ):
             plans.add_column(label, key=key)
         self._fit(self.size.width)
+        if self.quit_stops_worker and sys.platform != "win32":
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.add_signal_handler(sig, self.exit)
         self.install_screen(self._approval, "approval")
         try:
             snapshot = await self.link.open(self._receive)
@@ -240,8 +253,12 @@ class WorkerApp(App[None]):
             self.paused = bool(event["paused"])
             self._refresh_header()
         elif kind == "detached":
+            stopped = self.link_state.get("state") == "stopped"
             self.link_state = {"state": "detached", "detail": "the worker went away"}
             self._refresh_header()
+            if self.quit_stops_worker:  # nothing left to show: the terminal is the shell's
+                self.worker_gone = not stopped
+                self.exit()
         elif kind == "snapshot":
             self._apply_snapshot(event)
 

@@ -2,45 +2,39 @@
 
 `worker.cli` never imports `ui`; this module's `main` is the installed
 `agentworker` command: it passes the TUI to the worker's command line, which shows
-it for `up`, `run` (on a terminal, without --headless) and `ui`. Textual is
-imported only once a TUI is really shown, so `agentworker call` and friends, and
-a headless worker, never load it.
+it for `ui` on this process's loop, and for `up` and `run` (on a terminal, without
+--headless) in a process of its own (ui/child.py) that the worker starts. Textual
+is imported only once a TUI is really shown, so `agentworker call` and friends, and
+a worker (headless or not), never load it.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `agentworker --help` imports this module: keep it light
-    import asyncio
+    from pathlib import Path
 
     from worker.core.console import Link
 
 
 class Tui:
-    """worker.app.Frontend: the Textual app on the worker's own event loop."""
+    """worker.app.Frontend: the Textual app."""
 
-    async def serve(self, link: Link, stop: asyncio.Event | None = None) -> None:
-        import asyncio
-
+    async def serve(self, link: Link) -> None:
+        """`agentworker ui`: the app on this process's loop until the person quits."""
         from ui.app import WorkerApp
 
-        app = WorkerApp(link, quit_stops_worker=stop is not None)
-        watcher: asyncio.Task[None] | None = None
-        if stop is not None:
-
-            async def close_when_stopped() -> None:
-                await stop.wait()
-                app.exit()
-
-            watcher = asyncio.create_task(close_when_stopped())
-        try:
-            await app.run_async()
-        finally:
-            if watcher is not None:
-                watcher.cancel()
+        app = WorkerApp(link)
+        await app.run_async()
         if app.failure is not None:
             raise app.failure
+
+    def command(self, socket: Path, log_file: Path) -> list[str]:
+        """The TUI's own process for `up` and `run`. `-P`: the folder the person runs
+        the worker in is not searched for modules (a `textual.py` there is not ours)."""
+        return [sys.executable, "-P", "-m", "ui.child", str(socket), str(log_file)]
 
 
 def main() -> int:

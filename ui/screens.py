@@ -128,7 +128,7 @@ Keys
   s                   global stop: pause every plan / resume
   g                   grants in force, with expiry; r revokes one
   ?                   this help
-  q                   quit (with `agentworker up` or `run`, stops the worker)
+  q or ctrl+c         quit (with `agentworker up` or `run`, stops the worker)
 
 In an approval prompt (focus starts on Deny; enter presses the focused button)
 

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,7 +32,7 @@ from worker.actions import computer
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
 from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
-from worker.core.console import Console, Link, LocalLink
+from worker.core.console import Console, Link
 from worker.core.console_socket import ConsoleServer, socket_path
 from worker.core.ledger import State
 from worker.core.pause import PauseState, PauseSwitch
@@ -40,6 +40,7 @@ from worker.core.pipeline import Dispatcher, Limits
 from worker.core.registry import MIB, Services
 from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry
+from worker.core.tui_process import TuiProcess, describe_exit
 from worker.errors import (
     ConfigError,
     InsecureError,
@@ -195,8 +196,10 @@ def build_console(
     ui_in_process: bool = False,
 ) -> Console:
     """The person's console on a worker, with the approval broker behind it: the
-    dispatcher asks it when a call needs the person. With `ui_in_process` (the TUI
-    runs here) a UI is always attached; otherwise one attaches over the socket."""
+    dispatcher asks it when a call needs the person. With `ui_in_process` (a TUI on
+    this process's own loop, as the UI tests drive it) a UI is always attached;
+    otherwise one attaches over the socket (`agentworker ui`, or the TUI's own
+    process that `up` and `run` start)."""
     broker = ApprovalBroker(
         dispatcher.state,
         dispatcher.telemetry,
@@ -436,12 +439,25 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
 
 
 class Frontend(Protocol):
-    """A UI that runs on the worker's event loop: the TUI, which lives in `ui/` (the
-    worker never imports it; the `agentworker` command hands it in)."""
+    """The TUI, which lives in `ui/` (the worker never imports it; the `agentworker`
+    command hands it in)."""
 
-    async def serve(self, link: Link, stop: asyncio.Event | None = None) -> None:
-        """Run until the person quits, or until `stop` is set."""
+    async def serve(self, link: Link) -> None:
+        """`agentworker ui`: run on this process's loop until the person quits."""
         ...
+
+    def command(self, socket: Path, log_file: Path) -> list[str]:
+        """The argv of the TUI's own process for `up` and `run`, attached to the
+        console `socket`; `log_file` is where the worker logs (named to the person
+        should the worker go away)."""
+        ...
+
+
+class TuiLaunch(NamedTuple):
+    """How `up` and `run` start their TUI (worker.core.tui_process)."""
+
+    argv: list[str]
+    log_file: Path
 
 
 def _terminal_gone() -> bool:
@@ -492,11 +508,12 @@ async def run_worker(
     target: Target | None = None,
     *,
     sandbox: bool = False,
-    frontend: Frontend | None = None,
+    tui: TuiLaunch | None = None,
     built: Callable[[], None] | None = None,
 ) -> None:
-    """A worker dialling `target` (the configured server by default); `built` is
-    called once the worker is built, before it dials."""
+    """A worker dialling `target` (the configured server by default), with its TUI
+    in a process of its own when `tui` says how to start it; `built` is called once
+    the worker is built, before it dials."""
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
         desktop = computer.build(config, paths.data_dir)
@@ -509,7 +526,7 @@ async def run_worker(
             log.info("ready: worker %s connected to %s", dispatcher.worker_id, target.address)
 
         await _serve_worker(
-            dispatcher, target, config, paths, "run", frontend, bench, desktop, on_ready=ready
+            dispatcher, target, config, paths, "run", tui, bench, desktop, on_ready=ready
         )
     _leave_if_stuck(dispatcher)
 
@@ -519,11 +536,12 @@ async def run_up(
     config: Config,
     *,
     sandbox: bool = False,
-    frontend: Frontend | None = None,
+    tui: TuiLaunch | None = None,
     built: Callable[[], None] | None = None,
 ) -> None:
-    """Hub and worker in one process on loopback: the embedded default. `built` is
-    called once both are built, before the worker dials."""
+    """Hub and worker in one process on loopback: the embedded default (with its
+    TUI in a process of its own when `tui` says how). `built` is called once both are
+    built, before the worker dials."""
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
         running = await start_hub(paths, config)
@@ -545,7 +563,7 @@ async def run_up(
 
         try:
             await _serve_worker(
-                dispatcher, target, config, paths, "up", frontend, bench, desktop, on_ready=ready
+                dispatcher, target, config, paths, "up", tui, bench, desktop, on_ready=ready
             )
         finally:
             await running.stop()
@@ -567,7 +585,7 @@ async def _serve_worker(
     config: Config,
     paths: Paths,
     mode: str,
-    frontend: Frontend | None,
+    tui_launch: TuiLaunch | None,
     bench: workbench.Workbench | None = None,
     desktop: computer.Desktop | None = None,
     on_ready: Callable[[], None] | None = None,
@@ -602,9 +620,7 @@ async def _serve_worker(
         dispatcher.pause.subscribe(on_pause)
     hotkey = asyncio.create_task(desktop.start_hotkey()) if desktop is not None and gui else None
     connection = build_connection(dispatcher, target, config, gui_available=gui)
-    console = build_console(
-        dispatcher, config, server=target.address, mode=mode, ui_in_process=frontend is not None
-    )
+    console = build_console(dispatcher, config, server=target.address, mode=mode)
     connection.on_state = console.set_link
     if dispatcher.pause is not None:
         console.pause, console.paused = pause_hooks(dispatcher.pause, "tui")
@@ -619,7 +635,7 @@ async def _serve_worker(
     sweeps = asyncio.create_task(_sweep_workspaces(dispatcher, bench)) if bench else None
     link = asyncio.create_task(connection.run())
     stopper = asyncio.create_task(stop.wait())
-    waiting = {link, stopper}
+    waiting: set[asyncio.Task[Any]] = {link, stopper}
     ready = asyncio.create_task(_say_ready(connection, on_ready))
     loop = asyncio.get_running_loop()
     settings = [config]
@@ -627,9 +643,8 @@ async def _serve_worker(
     def hangup() -> None:
         # SIGHUP is `agentworker reload`, unless the TUI's terminal went away (a closed
         # window, a dropped ssh): then the person is gone and the worker stops, as
-        # any terminal program does. Left running, Textual would block the loop (and
-        # every call) on writes to a terminal nobody reads.
-        if frontend is not None and _terminal_gone():
+        # any terminal program does (the TUI's process leaves on its own hang-up).
+        if tui_launch is not None and _terminal_gone():
             log.warning("the terminal hung up: stopping")
             stop.set()
         elif bench is None:
@@ -638,23 +653,33 @@ async def _serve_worker(
             log.info("SIGHUP: sandbox mode has no roots or grants to read again")
 
     loop.add_signal_handler(signal.SIGHUP, hangup)
-    ui: asyncio.Task[None] | None = None
-    if frontend is not None:
-        ui = asyncio.create_task(frontend.serve(LocalLink(console), stop))
-        waiting.add(ui)
+    tui = await _start_tui(tui_launch, console) if ui_server is not None else None
+    if tui_launch is not None and ui_server is None:
+        _say(f"no TUI: its socket could not be made (see {tui_launch.log_file}); serving headless")
+    watch = asyncio.create_task(tui.wait()) if tui is not None else None
+    if watch is not None:
+        waiting.add(watch)
     log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
     try:
-        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if link in done and ui is not None and not ui.done():
+        done: set[asyncio.Task[Any]] = set()
+        while not done:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if watch in done and tui is not None and not _tui_ends_the_worker(tui):
+                # A crash or a kill of the TUI alone: the worker serves on headless.
+                _lost_tui(tui, console)
+                waiting.discard(watch)
+                done.discard(watch)
+                watch = None
+        if link in done and watch is not None and not watch.done():
             # The person sees why in the header; the worker ends when they quit.
             with contextlib.suppress(Exception):
                 link.result()
-            await ui
+            await watch
             link.result()
         elif link in done:
             link.result()  # re-raise a fatal refusal
         else:
-            stop.set()  # the person quit the TUI, or a signal: the UI closes too
+            stop.set()  # the person quit the TUI, or a signal: the TUI closes too
             # Nobody will answer now: calls waiting for the person are refused.
             console.broker.close_all("the worker is stopping")
             log.info(
@@ -676,13 +701,12 @@ async def _serve_worker(
             sweeps.cancel()
         stopper.cancel()
         console.broker.close_all("the worker is stopping")
+        # The TUI's process sees this, then its socket close, and leaves the terminal.
         console.set_link(LinkState("stopped", "the worker stopped"))
-        if ui is not None and not ui.done():
-            stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ui, 5.0)
         if ui_server is not None:
             await ui_server.stop()
+        if tui is not None:
+            await tui.close()
         dispatcher.close()
         if desktop is not None:
             desktop.close()
@@ -703,6 +727,45 @@ def pause_hooks(
             switch.resume()
 
     return set_paused, lambda: switch.current().active
+
+
+async def _start_tui(launch: TuiLaunch | None, console: Console) -> TuiProcess | None:
+    """The TUI's own process, attached over the console socket (worker.core.tui_process).
+    It counts as an attached UI from now until it ends: a call that needs the person
+    while it starts waits for its prompt, as it did with the TUI in this process."""
+    if launch is None:
+        return None
+    assert console.broker is not None
+    try:
+        tui = await TuiProcess.start(launch.argv, launch.log_file)
+    except OSError as exc:
+        _say(f"no TUI: it could not start ({exc}); serving headless")
+        return None
+    console.broker.attach()
+    return tui
+
+
+def _tui_ends_the_worker(tui: TuiProcess) -> bool:
+    """The person quit it (exit 0), or the terminal hung up under it."""
+    return tui.ended_by_the_person() or _terminal_gone()
+
+
+def _lost_tui(tui: TuiProcess, console: Console) -> None:
+    assert console.broker is not None and tui.proc.returncode is not None
+    console.broker.detach()
+    tui.take_back_terminal()
+    how = describe_exit(tui.proc.returncode)
+    log.warning("the TUI ended (%s); serving on headless", how)
+    _say(
+        f"the TUI ended unexpectedly ({how}). The worker serves on without it: calls "
+        "that need your approval are refused until a UI attaches (`agentworker ui`). "
+        f"Ctrl+C stops the worker; its log is {tui.log_file}"
+    )
+
+
+def _say(text: str) -> None:
+    """A line for the person at the terminal (the log goes to its file)."""
+    print(f"agentworker: {text}", file=sys.stderr, flush=True)
 
 
 async def _serve_console(console: Console, paths: Paths) -> ConsoleServer | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from worker.cli._common import EXIT_OK, config_of
 
 if TYPE_CHECKING:
-    from worker.app import Frontend
+    from worker.app import Frontend, TuiLaunch
     from worker.config import Paths
 
 SANDBOX_HELP = (
@@ -64,18 +64,22 @@ def _add_headless_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _tui(paths: Paths, args: argparse.Namespace) -> Frontend | None:
-    """The TUI when it can be shown (a frontend, a terminal, no --headless); while it
+def _tui(paths: Paths, args: argparse.Namespace) -> TuiLaunch | None:
+    """How to start the TUI when it can be shown (a frontend, a terminal, no
+    --headless): in a process of its own, attached over the console socket. While it
     runs, the log goes to a file so nothing draws over the screen."""
     frontend: Frontend | None = args.frontend
     on_terminal = sys.stdin.isatty() and sys.stdout.isatty()
     if frontend is None or args.headless or not on_terminal:
         return None
-    _log_to_file(paths)
-    return frontend
+    from worker.app import TuiLaunch
+    from worker.core.console_socket import socket_path
+
+    log_file = args.log_file.resolve() if args.log_file else _log_to_file(paths)
+    return TuiLaunch(frontend.command(socket_path(paths), log_file), log_file)
 
 
-def _log_to_file(paths: Paths, name: str = "agentworker.log") -> None:
+def _log_to_file(paths: Paths, name: str = "agentworker.log") -> Path:
     paths.ensure()
     log_file = paths.data_dir / name
     handler = logging.FileHandler(log_file, encoding="utf-8")
@@ -85,6 +89,7 @@ def _log_to_file(paths: Paths, name: str = "agentworker.log") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     print(f"agentworker: logging to {log_file}", file=sys.stderr)
+    return log_file
 
 
 def _up(paths: Paths, args: argparse.Namespace) -> int:
@@ -100,10 +105,8 @@ def _up(paths: Paths, args: argparse.Namespace) -> int:
     app.prepare(paths)
     config = config_of(paths, args)
     tui = _tui(paths, args)
-    with _refused_as_unreachable():
-        asyncio.run(
-            app.run_up(paths, config, sandbox=args.sandbox, frontend=tui, built=memory.settle)
-        )
+    with _told_not_traced(tui), _refused_as_unreachable():
+        asyncio.run(app.run_up(paths, config, sandbox=args.sandbox, tui=tui, built=memory.settle))
     return EXIT_OK
 
 
@@ -133,10 +136,10 @@ def _run(paths: Paths, args: argparse.Namespace) -> int:
     config = config_of(paths, args)
     target = app.worker_target(paths, config)
     tui = _tui(paths, args)
-    with _refused_as_unreachable():
+    with _told_not_traced(tui), _refused_as_unreachable():
         asyncio.run(
             app.run_worker(
-                paths, config, target, sandbox=args.sandbox, frontend=tui, built=memory.settle
+                paths, config, target, sandbox=args.sandbox, tui=tui, built=memory.settle
             )
         )
     return EXIT_OK
@@ -158,6 +161,26 @@ def _ui(paths: Paths, args: argparse.Namespace) -> int:
     link = SocketLink(socket_path(paths))
     asyncio.run(frontend.serve(link))
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _told_not_traced(tui: TuiLaunch | None) -> Iterator[None]:
+    """With a TUI the person is at a terminal: a worker that fails on an unexpected
+    error says so there, and where its log holds the traceback."""
+    from worker.errors import StartupError, WorkerError
+
+    try:
+        yield
+    except (StartupError, WorkerError):
+        raise
+    except Exception as exc:
+        if tui is None:
+            raise
+        logging.getLogger("agentworker").exception("the worker failed")
+        raise StartupError(  # exit status 1, the message on the terminal
+            f"the worker stopped on an unexpected error ({type(exc).__name__}: {exc}); "
+            f"the details are in {tui.log_file}"
+        ) from exc
 
 
 @contextlib.contextmanager

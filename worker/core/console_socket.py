@@ -35,6 +35,8 @@ _MAX_PATH: Final = 100
 MAX_LINE: Final = 1024 * 1024
 # A client this far behind (bytes not yet sent) is dropped.
 MAX_BACKLOG: Final = 8 * 1024 * 1024
+# How long a stopping worker lets a UI read what was still queued for it.
+CLOSE_GRACE_S: Final = 2.0
 
 
 class NoWorkerError(StartupError):
@@ -80,7 +82,7 @@ class ConsoleServer:
         self.console = console
         self.path = path
         self._server: asyncio.Server | None = None
-        self._sessions: set[asyncio.Task[None]] = set()
+        self._sessions: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def start(self) -> None:
         _private_folder(self.path.parent)
@@ -98,11 +100,20 @@ class ConsoleServer:
         os.chmod(self.path, 0o600)
 
     async def stop(self) -> None:
+        """Each UI is sent what is already queued for it (the worker's last "stopped"
+        among it), then its connection is closed and its session ends by itself. A
+        session cancelled instead makes asyncio 3.11 log a CancelledError traceback.
+        A UI that reads nothing more (stopped with Ctrl+Z, say) is cut off after
+        CLOSE_GRACE_S."""
         if self._server is not None:
             self._server.close()
-            for task in list(self._sessions):
-                task.cancel()
-            await asyncio.gather(*self._sessions, return_exceptions=True)
+            for writer in list(self._sessions.values()):
+                writer.close()
+            if self._sessions:
+                _, stuck = await asyncio.wait(list(self._sessions), timeout=CLOSE_GRACE_S)
+                for task in stuck:
+                    self._sessions[task].transport.abort()
+                await asyncio.gather(*stuck, return_exceptions=True)
             await self._server.wait_closed()
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
@@ -110,7 +121,7 @@ class ConsoleServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._sessions.add(task)
+        self._sessions[task] = writer
         try:
             sock = writer.get_extra_info("socket")
             uid = _peer_uid(sock) if sock is not None else None
@@ -122,7 +133,7 @@ class ConsoleServer:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, RecursionError) as exc:
             log.info("a UI connection ended: %s", exc or type(exc).__name__)
         finally:
-            self._sessions.discard(task)
+            self._sessions.pop(task, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -1,0 +1,138 @@
+"""The TUI of `agentworker up` in a process of its own (worker/core/tui_process.py,
+ui/child.py): the real command on a real pseudo-terminal, the worker its parent,
+the TUI attached over the worker's real console socket. Every way out leaves no
+process behind and the terminal to the shell."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.cluster import Cluster, call_in_background, cluster
+from tests.support.terminal import AGENTWORKER, Terminal, wait_gone
+
+READY = "● ready"
+PROMPT = "A call outside the agent's grants"
+
+
+@dataclass
+class Up:
+    """`agentworker up` on a terminal, and the cluster helpers to call through it."""
+
+    live: Cluster
+    terminal: Terminal
+
+    @property
+    def worker(self) -> subprocess.Popen[bytes]:
+        return self.terminal.proc
+
+    def tui(self) -> psutil.Process:
+        (child,) = psutil.Process(self.worker.pid).children()
+        assert "ui.child" in " ".join(child.cmdline())
+        return child
+
+    @property
+    def log_file(self) -> Path:
+        return self.live.home / "agentworker.log"
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    with cluster(tmp_path / "home", hub=False, worker=False) as live:
+        terminal = Terminal([AGENTWORKER, "up"], live.env)
+        try:
+            terminal.expect(READY)
+            yield Up(live, terminal)
+        finally:
+            terminal.close()
+
+
+def _stopped_cleanly(up: Up, *, tui_pid: int) -> None:
+    assert up.worker.wait(60) == 0, up.terminal.tail()
+    up.terminal.until_closed()
+    assert not psutil.pid_exists(tui_pid) or psutil.Process(tui_pid).status() == "zombie"
+    assert "Traceback" not in up.terminal.screen, up.terminal.tail()
+    assert "Traceback" not in up.log_file.read_text(), up.log_file.read_text()[-3000:]
+
+
+def _said_the_worker_went_away(terminal: Terminal, log_file: Path) -> None:
+    """The last words on the terminal name the log; no traceback anywhere."""
+    screen = terminal.screen.replace("\r\n", "")
+    said = screen.rfind("the worker went away without stopping")
+    assert said >= 0 and str(log_file) in screen[said:], terminal.tail()
+    assert "Traceback" not in screen, terminal.tail()
+
+
+def test_the_tui_runs_beside_the_worker_and_answers_its_prompts(up: Up) -> None:
+    """A prompt shows in the TUI's process and its answer reaches the call; quitting
+    it (q) stops the worker, which waits for it to leave the terminal."""
+    tui = up.tui()
+    assert tui.pid != up.worker.pid
+    asked = up.terminal.mark()
+    call = call_in_background(up.live, "workerHost.fs_stat", '{"path": "."}', agent_id="stranger")
+    up.terminal.expect(PROMPT, after=asked)
+    up.terminal.type("d")
+    call["thread"].join(60)
+    assert call["out"]["error"]["code"] == "scope_denied", call
+    up.terminal.type("q")
+    _stopped_cleanly(up, tui_pid=tui.pid)
+
+
+@pytest.mark.parametrize("how", ["the key", "the signal"])
+def test_ctrl_c_once_stops_the_worker_and_its_tui(up: Up, how: str) -> None:
+    """Ctrl+C as the TUI reads it (a key, the terminal in raw mode), or as a terminal
+    not in raw mode delivers it (SIGINT to the whole foreground group)."""
+    tui = up.tui()
+    if how == "the key":
+        up.terminal.type("\x03")
+    else:
+        os.killpg(up.worker.pid, signal.SIGINT)
+    _stopped_cleanly(up, tui_pid=tui.pid)
+
+
+def test_killing_the_worker_ends_its_tui_which_says_where_the_log_is(up: Up) -> None:
+    tui = up.tui()
+    up.worker.kill()
+    up.worker.wait(60)
+    up.terminal.until_closed()  # the TUI, the last to hold the terminal, left it
+    wait_gone(tui.pid)  # and it is not left running
+    _said_the_worker_went_away(up.terminal, up.log_file)
+
+
+def test_killing_the_tui_leaves_the_worker_serving_as_with_no_ui(up: Up) -> None:
+    """The worker takes the terminal back, says so, and answers calls: granted ones
+    run, one that needs the person is refused as with no UI attached."""
+    tui = up.tui()
+    told = up.terminal.mark()
+    tui.kill()
+    up.terminal.expect("the TUI ended unexpectedly (killed by SIGKILL)", after=told)
+    assert up.live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+    refused = up.live.call("workerHost.fs_stat", '{"path": "."}', agent_id="stranger")
+    assert refused["error"]["code"] == "scope_required", refused
+    up.worker.send_signal(signal.SIGTERM)
+    _stopped_cleanly(up, tui_pid=tui.pid)
+
+
+def test_the_tui_process_exits_non_zero_when_its_worker_is_killed(live: Cluster) -> None:
+    """ui.child on its own, against a headless worker: a worker killed under it is
+    reported with the log's path, and the status says it (1)."""
+    socket = live.home / "ui.sock"
+    log_file = live.home / "worker.log"
+    child = Terminal([sys.executable, "-P", "-m", "ui.child", str(socket), str(log_file)], live.env)
+    try:
+        child.expect(READY)
+        worker = next(p for p in live.procs if p.name == "worker")
+        worker.kill()
+        assert child.proc.wait(60) == 1, child.tail()
+        child.until_closed()
+        _said_the_worker_went_away(child, log_file)
+    finally:
+        child.close()
