@@ -36,6 +36,7 @@ async def linked(
     paths = Paths(home, home)
     config = load(paths)
     dispatcher = app.build_dispatcher(paths, config)
+    asyncio.get_running_loop().set_default_executor(dispatcher.threads)  # as the app does
     address = await hub.start()
     link = WorkerConnection(
         dispatcher, Target(address, TOKEN), heartbeat_s=0.2, backoff=Backoff(0.05, 0.2)
