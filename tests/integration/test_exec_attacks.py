@@ -245,9 +245,11 @@ def test_d_a_program_that_walks_folders_never_reaches_a_hard_linked_file(
 
 @pytest.fixture(scope="module")
 def home_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A worker whose second shared folder holds its own home (config, token, data)."""
+    """A worker whose second shared folder holds its own home (config, token, data);
+    a third holds none of it."""
     base = tmp_path_factory.mktemp("shares-home")
-    root = f'[[root]]\npath = "{base}"\nmode = "rw"\n'
+    other = tmp_path_factory.mktemp("beside-home", numbered=False)
+    root = "".join(f'[[root]]\npath = "{folder}"\nmode = "rw"\n' for folder in (base, other))
     with shared_cluster(base / "home", extra_config=root) as c:
         yield c
 
@@ -304,7 +306,7 @@ def test_e_the_workers_own_folders_stay_out_of_reach_when_a_root_holds_them(
 
 
 def test_the_workers_own_folder_moved_away_from_its_path_closes_the_root_holding_it(
-    home_shared: Cluster,
+    home_shared: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The worker's home is withheld by its path. Moved away by a program outside any
     sandbox (the person's `mv`), its token and databases would be in plain view at the
@@ -327,6 +329,15 @@ def test_the_workers_own_folder_moved_away_from_its_path_closes_the_root_holding
         refused("fs_list", {"path": str(base)})
         # exec's own path check opens the root first, and refuses the same way
         refused("exec", {"argv": ["cat", "home-away/hub.token"], "cwd": str(base)})
+        # run in another shared folder, it is refused all the same: the sandbox shows
+        # every shared folder, and blanks the worker's own by their paths
+        beside = tmp_path_factory.getbasetemp() / "beside-home"
+        refused("exec", {"argv": ["cat", f"{away}/hub.token"], "cwd": str(beside)})
+        out, _ = live.run(
+            lambda c: dispatch(c, "exec", {"argv": ["ls"], "cwd": str(beside)}, b""), token=secret
+        )
+        assert error_code(out) == "sandbox_unavailable", out
+        assert f"the worker's own folder {home} is no longer at that" in out["error"]["message"]
     finally:
         os.rename(away, home)
     out, _ = call(live, "fs_list", {"path": str(base)})
