@@ -350,6 +350,8 @@ def roots_of(config: Config, paths: Paths) -> list[Root]:
 def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
     """The worker's own folders, and its own files (which may lie elsewhere), resolved."""
     folders = [paths.config_dir, paths.data_dir]
+    if paths.ui_socket.parent != paths.data_dir:  # a long data path: the socket's folder
+        folders.append(paths.ui_socket.parent)
     files = [
         paths.config_file,
         paths.token_file,
@@ -357,7 +359,7 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
         paths.workbench,
         paths.exec_cache,
         paths.data_dir / "worker_id",
-        paths.data_dir / "ui.sock",  # the person's console: approvals are answered there
+        paths.ui_socket,  # the person's console: approvals are answered there
         *(paths.data_dir / f"{db}{suffix}" for db in DATABASES for suffix in DB_FILE_SUFFIXES),
         paths.data_dir / f"{STATE_DB}{LEDGER_BLOBS_SUFFIX}",  # unacked result blobs
     ]

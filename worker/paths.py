@@ -17,6 +17,10 @@ APP = "agentworker"
 DEFAULT_LISTEN = "127.0.0.1:7421"
 CONFIG_FILE = "config.toml"
 TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
+UI_SOCKET = "ui.sock"
+# A Unix socket's address holds 108 bytes on Linux, 104 on macOS: past this the UI
+# socket goes to a short path.
+_MAX_SOCKET_PATH = 100
 
 
 class Paths(NamedTuple):
@@ -69,6 +73,20 @@ class Paths(NamedTuple):
     def workbench(self) -> Path:
         """Sandbox mode's per-plan workspaces."""
         return self.data_dir / "workbench"
+
+    @property
+    def ui_socket(self) -> Path:
+        """Where this data folder's worker listens for its UI (worker.core.console_socket):
+        in the data folder when the path fits a socket address, else in a per-user
+        folder under the temp folder, named by a digest of the data folder."""
+        path = self.data_dir / UI_SOCKET
+        if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+            return path
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha256(os.fsencode(self.data_dir.resolve())).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"agentworker-{os.getuid()}" / f"{digest}.sock"
 
     def ensure(self) -> None:
         for folder in (self.config_dir, self.data_dir):

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import socket
+import stat
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,9 +28,6 @@ from worker.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME: Final = "ui.sock"
-# sun_path holds 108 bytes on Linux, 104 on macOS; past this a short path is used.
-_MAX_PATH: Final = 100
 MAX_LINE: Final = 1024 * 1024
 # A client this far behind (bytes not yet sent) is dropped.
 MAX_BACKLOG: Final = 8 * 1024 * 1024
@@ -46,33 +42,50 @@ class NoWorkerError(StartupError):
 
 
 def socket_path(paths: Paths) -> Path:
-    """Where this data folder's worker listens. In the data folder when the path
-    fits a socket address, else in a per-user 0700 folder under the temp dir."""
-    path = paths.data_dir / SOCKET_NAME
-    if len(os.fsencode(path)) <= _MAX_PATH:
-        return path
-    digest = hashlib.sha256(os.fsencode(paths.data_dir.resolve())).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"agentworker-{os.getuid()}" / f"{digest}.sock"
+    """Where this data folder's worker listens (`Paths.ui_socket`)."""
+    return paths.ui_socket
 
 
 def _private_folder(folder: Path) -> None:
-    """The socket's folder must be ours and writable by us alone: another user who
-    could write there could put a socket of their own in its place."""
+    """The socket's folder must be a folder (not a link to one), ours, and writable by
+    us alone: another user who could write there, or had put a link there to a
+    folder they can swap, could put a socket of their own in its place."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = folder.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise StartupError(
-            f"{folder} must belong to you and be writable by you alone (chmod go-w) to "
-            "hold the UI socket"
+            f"{folder} must be a folder (not a link) that belongs to you and is writable "
+            "by you alone (chmod go-w) to hold the UI socket; if another user made it, "
+            "remove it or set AGENTWORKER_HOME to a shorter path"
         )
 
 
-def _peer_uid(sock: socket.socket) -> int | None:
+def _peer(sock: socket.socket) -> tuple[int, int] | None:
+    """The other end's (pid, uid) as the kernel says, or None where it cannot."""
     if not hasattr(socket, "SO_PEERCRED"):
         return None  # the folder's mode guards it on platforms without SO_PEERCRED
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
+def _refusal(sock: socket.socket | None) -> str | None:
+    """Why a UI connection is refused, or None. Another user may not attach; nor may a
+    process in another pid namespace than the worker's: a program in the exec sandbox
+    runs as this user, and the UI socket is the power to approve its own calls."""
+    peer = _peer(sock) if sock is not None else None
+    if peer is None:
+        return None
+    pid, uid = peer
+    if uid != os.getuid():
+        return f"refused a UI connection from uid {uid}"
+    try:
+        same = os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    except OSError:  # gone already, or no /proc to ask: it may not approve anything
+        same = False
+    if not same:
+        return f"refused a UI connection from pid {pid}, in another pid namespace (a sandbox)"
+    return None
 
 
 class ConsoleServer:
@@ -123,10 +136,9 @@ class ConsoleServer:
         assert task is not None
         self._sessions[task] = writer
         try:
-            sock = writer.get_extra_info("socket")
-            uid = _peer_uid(sock) if sock is not None else None
-            if uid is not None and uid != os.getuid():
-                log.warning("refused a UI connection from uid %d", uid)
+            why = _refusal(writer.get_extra_info("socket"))
+            if why is not None:
+                log.warning("%s", why)
                 return
             await self._session(reader, writer)
         # RecursionError: JSON nested past the parser's depth ends that session, nothing else.
@@ -200,6 +212,13 @@ class SocketLink:
             raise NoWorkerError(
                 f"{self.path} belongs to another user: attach as the user running the worker",
             ) from None
+        peer = _peer(writer.get_extra_info("socket"))
+        if peer is not None and peer[1] != os.getuid():
+            writer.close()
+            raise NoWorkerError(
+                f"the socket at {self.path} is served by another user (uid {peer[1]}), not "
+                "by your worker: refusing to attach",
+            )
         self._writer = writer
         writer.write(encode({"op": "attach", "asks": self.asks}))
         line = await reader.readline()
