@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,23 +37,26 @@ except OSError:
 
 
 @pytest.fixture
-def long_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A home too long for a socket address, with the machine's temp folder in a shared
-    folder: the UI socket then lives under that temp folder."""
-    temp = tmp_path / "tmp"
-    temp.mkdir(mode=0o1777)
+def long_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A home too long for a socket address, with the machine's temp folder (short:
+    the socket's address must fit under it) made a shared folder: the UI socket then
+    lives under that temp folder."""
+    temp = Path(tempfile.mkdtemp(prefix="aw-t-", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(temp))
     monkeypatch.setattr(tempfile, "tempdir", None)
     home = tmp_path / ("home-with-a-long-name-" + "h" * 80)
     home.mkdir()
     (home / "allowlist.toml").write_text(PYTHON3)
-    return home
+    try:
+        yield home
+    finally:
+        shutil.rmtree(temp)
 
 
 def test_the_fallback_socket_is_out_of_a_sandboxed_programs_reach(long_home: Path) -> None:
     """A shared folder that holds the temp folder holds the socket's folder too: it is
     withheld from fs_* and blanked in the sandbox, as the data folder's ui.sock is."""
-    temp = long_home.parent / "tmp"
+    temp = Path(tempfile.gettempdir())
     sock = Paths(config_dir=long_home, data_dir=long_home).ui_socket
     assert sock.is_relative_to(temp)
     extra = (
