@@ -1,7 +1,10 @@
 """fs_read of 1 MiB, fs_write of 16 MiB and fs_list of 10,000 entries end to end,
 beside raw local I/O and raw gRPC, same run; and head-of-line blocking.
 
-Each operation is timed one call at a time, several ways, on the same bytes:
+Each operation is timed one call at a time, several ways, on the same bytes, the
+ways taking turns in rounds (each round in the other order): a shared machine's speed
+drifts over seconds, and taking turns weighs that drift on the raw baselines and on
+ours alike (rows timed one after the other gave fs_list 1.60-2.29x its baseline):
 
   fs_read 1 MiB    raw open/read/close in this process
                    raw gRPC unary echo of 1 MiB (what carrying the bytes costs)
@@ -22,7 +25,8 @@ Each operation is timed one call at a time, several ways, on the same bytes:
                    part of it spent inside the worker (its telemetry duration_ms)
   head of line     a small unary echo's latency while another process streams 16 MiB
                    echoes at the same server, beside fs_stat's while another process
-                   streams 16 MiB fs_writes through the same hub and worker
+                   streams 16 MiB fs_writes through the same hub and worker; the two
+                   loads take turns too, in blocks (`--blocks`), their samples pooled
 
 Printed: p50/p99 latency, throughput at p50, and each figure's ratio to the
 first (raw local) row; each goal of issue 12 beside its baseline and ratio
@@ -30,6 +34,7 @@ first (raw local) row; each goal of issue 12 beside its baseline and ratio
 durations are whole milliseconds.
 
     python benchmarks/bench_fs.py [--reads 200] [--writes 30] [--lists 30] [--stats 300]
+                                  [--rounds 10] [--blocks 3]
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -158,9 +164,27 @@ def echo(channel: grpc.aio.Channel, data: bytes) -> OneCall:
     return one
 
 
+# How many turns the ways of one table take (`timed_rows`); --rounds sets it.
+ROUNDS = 10
+
+
 async def timed_rows(calls: list[tuple[str, OneCall]], count: int) -> list[tuple[str, list[float]]]:
-    """Each call timed `count` times, in order (a pipeline row fills its `inside` list)."""
-    return [(name, await timed(one, count, min_warm_up=3)) for name, one in calls]
+    """Each call timed `count` times, the calls taking turns in ROUNDS rounds, each round
+    in the other order, after a warm-up of each; a pipeline row fills its `inside`
+    list (warm-up first, so its last `count` entries are the timed calls')."""
+    for _name, one in calls:
+        for _ in range(max(3, count // 20)):
+            await one()
+    samples: dict[str, list[float]] = {name: [] for name, _one in calls}
+    rounds = max(1, min(ROUNDS, count))
+    for turn in range(rounds):
+        share = count // rounds + (1 if turn < count % rounds else 0)
+        for name, one in calls if turn % 2 == 0 else calls[::-1]:
+            for _ in range(share):
+                start = time.perf_counter()
+                await one()
+                samples[name].append((time.perf_counter() - start) * 1000)
+    return [(name, samples[name]) for name, _one in calls]
 
 
 async def read_table(
@@ -309,25 +333,42 @@ async def _under_load(argv: list[str], one: OneCall, count: int) -> list[float]:
         loader.wait(30)
 
 
+# How many blocks the head-of-line rows take turns in (`head_of_line_table`); --blocks.
+BLOCKS = 3
+
+
 async def head_of_line_table(
     client: ControlClient, channel: grpc.aio.Channel, echo_addr: str, home: Home, stats: int
 ) -> None:
+    """Each row timed `stats` times in BLOCKS blocks, the four rows (and so the two loads)
+    taking turns, each block in the other order; each row's samples pooled."""
     small = echo(channel, b"x" * 64)
     fs_stat = dispatch_call(client, "workerHost.fs_stat", {"path": "."}, b"", 0)
-    rows = [
-        ("raw small echo, alone", await timed(small, stats, min_warm_up=20)),
-        (
-            "raw small echo, 16 MiB echoes streaming",
-            await _under_load(["echo", echo_addr], small, stats),
-        ),
-        ("fs_stat via hub → worker, alone", await timed(fs_stat, stats, min_warm_up=20)),
-        (
-            "fs_stat, 16 MiB fs_writes streaming",
-            await _under_load(
-                ["hub", home.listen, home.token_file.read_text().strip()], fs_stat, stats
-            ),
-        ),
+    hub_load = ["hub", home.listen, home.token_file.read_text().strip()]
+    names = [
+        "raw small echo, alone",
+        "raw small echo, 16 MiB echoes streaming",
+        "fs_stat via hub → worker, alone",
+        "fs_stat, 16 MiB fs_writes streaming",
     ]
+
+    async def alone(one: OneCall, count: int) -> list[float]:
+        return await timed(one, count, min_warm_up=20)
+
+    ways = [
+        lambda count: alone(small, count),
+        lambda count: _under_load(["echo", echo_addr], small, count),
+        lambda count: alone(fs_stat, count),
+        lambda count: _under_load(hub_load, fs_stat, count),
+    ]
+    samples: list[list[float]] = [[] for _ in names]
+    blocks = max(1, min(BLOCKS, stats))
+    for block in range(blocks):
+        share = stats // blocks + (1 if block < stats % blocks else 0)
+        order = range(len(ways)) if block % 2 == 0 else reversed(range(len(ways)))
+        for index in order:
+            samples[index] += await ways[index](share)
+    rows = list(zip(names, samples, strict=True))
     report(f"head of line: {stats} small calls, 1 in flight", rows, name_width=44)
     _goal(
         "head of line: fs_stat p99 / echo p99 under 16 MiB load",
@@ -376,12 +417,16 @@ async def bench(reads: int, writes: int, lists: int, stats: int, home_dir: Path)
 
 
 def main() -> None:
+    global ROUNDS, BLOCKS  # set once, from the command line, before anything runs
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--reads", type=int, default=200)
     parser.add_argument("--writes", type=int, default=30)
     parser.add_argument("--lists", type=int, default=30)
     parser.add_argument("--stats", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="turns the ways of a table take")
+    parser.add_argument("--blocks", type=int, default=BLOCKS, help="turns the loads take")
     args = parser.parse_args()
+    ROUNDS, BLOCKS = args.rounds, args.blocks
     print(machine())
     with tempfile.TemporaryDirectory() as home:
         asyncio.run(bench(args.reads, args.writes, args.lists, args.stats, Path(home)))
