@@ -626,6 +626,8 @@ async def _serve_worker(
         console.pause, console.paused = pause_hooks(dispatcher.pause, "tui")
     assert console.broker is not None
     connection.answer_scopes = console.broker.scope_request
+    if desktop is not None and gui:
+        console.broker.listeners.append(_input_waits_while_asking(console.broker, desktop))
     ui_server = await _serve_console(console, paths)
     stop = _stop_event()
     housekeeping = asyncio.create_task(_housekeeping(dispatcher))
@@ -712,6 +714,20 @@ async def _serve_worker(
             desktop.close()
         if bench is not None:  # the plans' cgroups, and what runs in them
             await bench.close()
+
+
+def _input_waits_while_asking(
+    broker: ApprovalBroker, desktop: computer.Desktop
+) -> Callable[[str, dict[str, Any]], None]:
+    """A prompt listener that holds the desktop's input while any prompt waits."""
+
+    def on_prompt(_kind: str, _body: dict[str, Any]) -> None:
+        waiting = broker.pending()
+        desktop.hold_input(
+            "the person at this worker is being asked to approve something" if waiting else None
+        )
+
+    return on_prompt
 
 
 def pause_hooks(

@@ -4,6 +4,7 @@ desktop, and the person's controls: taking the desktop back, the stop hotkey,
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -17,7 +18,10 @@ import pytest
 from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.desktop import TkApp, XServer
 from worker.actions.computer import ACTIONS
+from worker.config import Paths
+from worker.core.console_socket import SocketLink
 from worker.core.pause import PauseSwitch
+from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 
 GRANT = """
@@ -185,3 +189,59 @@ def test_with_no_display_the_surface_is_absent_and_says_why(
         assert "DISPLAY is not set" in refused["error"]["message"]
         assert "desktop session" in refused["error"]["details"]["fix"]
         assert "computer surface absent" in live.procs[1].log()
+
+
+@pytest.mark.computer_config("[ui]\nprompt_timeout_s = 2\n")
+def test_while_a_prompt_waits_the_agents_input_waits_for_the_persons_answer(
+    desk: Cluster,
+) -> None:
+    """The prompt may be on this desktop (the TUI's terminal): a click or a key the agent
+    sends while the person is asked could answer it for them, so it waits for the
+    answer (here, the prompt's 2 s running out). The console tells a UI both, in the
+    order they happened."""
+
+    async def scenario(client: ControlClient) -> list[str]:
+        told: list[str] = []
+        prompted, moved_done = asyncio.Event(), asyncio.Event()
+
+        def on_event(event: dict[str, Any]) -> None:
+            kind = event.get("type")
+            if kind in {"prompt", "prompt_closed"}:
+                told.append(kind)
+                prompted.set()
+            elif kind == "call" and "mouse_move" in event["call"]["action"]:
+                told.append(f"move {event['call']['status']}")
+                if event["call"]["status"] != "running":
+                    moved_done.set()
+
+        link = SocketLink(Paths.at(desk.home).ui_socket)
+        await link.open(on_event)
+        try:
+            asked = asyncio.ensure_future(
+                client.stub.RequestScope(
+                    pb.RequestScopeRequest(
+                        agent_id="tester",
+                        plan_id="p",
+                        scopes=["workerHost.fs_write"],
+                        reason="a prompt on screen",
+                        timeout_ms=60_000,
+                    ),
+                    metadata=client.metadata,
+                )
+            )
+            await prompted.wait()
+            response = await client.dispatch(
+                agent_id="tester",
+                surface="workerComputer",
+                action="mouse_move",
+                args_json='{"x": 40, "y": 30}',
+            )
+            assert response.result.status == pb.ActionResult.OK, response.result.error
+            assert not (await asked).granted
+            await moved_done.wait()
+            return told
+        finally:
+            await link.close()
+
+    told = desk.run(scenario)
+    assert told.index("prompt_closed") < told.index("move ok"), told

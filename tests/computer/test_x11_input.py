@@ -15,6 +15,7 @@ from PIL import Image
 from tests.computer import models as m
 from tests.computer.conftest import run
 from tests.support.desktop import Computer, TkApp
+from worker.actions.computer import Desktop
 from worker.core.pause import PauseSwitch
 from worker.errors import WorkerError
 
@@ -196,6 +197,39 @@ def test_a_pause_stops_a_running_move_at_its_next_step(
     error = run(pause_while_moving())
     assert error.code == "paused"
     assert "stop pressed in a test" in error.message
+
+
+def test_while_the_person_is_asked_input_stops_and_waits_for_their_answer(
+    computer: Computer, desktop: Desktop, app: TkApp
+) -> None:
+    """The prompt may be on this desktop (the TUI's terminal): a key or a click the agent
+    makes while the person is asked could answer it for them."""
+
+    async def asked_while_moving() -> tuple[WorkerError, tuple[int, int]]:
+        args = m.MouseMoveArgs(x=1500, y=800, duration_ms=30_000)
+        running = asyncio.create_task(computer.mouse_move(None, args))
+        start = (await computer.cursor_position(None, m.CursorPositionArgs())).result
+        while True:  # until the pointer is on its way
+            now = (await computer.cursor_position(None, m.CursorPositionArgs())).result
+            if (now.x, now.y) != (start.x, start.y):
+                break
+            await asyncio.sleep(0.01)
+        desktop.hold_input("the person is asked in a test")
+        with pytest.raises(WorkerError) as caught:
+            await running
+        waiting = asyncio.create_task(computer.mouse_move(None, m.MouseMoveArgs(x=40, y=30)))
+        while desktop.input_waiting == 0:  # until it waits for the answer
+            await asyncio.sleep(0)
+        held = (await computer.cursor_position(None, m.CursorPositionArgs())).result
+        assert not waiting.done() and (held.x, held.y) != (40, 30)
+        desktop.hold_input(None)
+        await waiting
+        moved = (await computer.cursor_position(None, m.CursorPositionArgs())).result
+        return caught.value, (moved.x, moved.y)
+
+    error, moved = run(asked_while_moving())
+    assert error.code == "paused" and "the person is asked in a test" in error.message
+    assert moved == (40, 30)
 
 
 # ------------------------------------------------------------------ screenshots

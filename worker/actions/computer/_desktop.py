@@ -81,6 +81,11 @@ class Desktop:
         self._shots: collections.OrderedDict[str, ShotSpace] = collections.OrderedDict()
         self._guards: set[Guard] = set()
         self._driving_until = 0.0  # monotonic time the takeover watch stays armed until
+        # Why input waits now (the person is being asked to approve something), or None;
+        # `_answered` is set while it is None (made on the loop, as `_lock` is).
+        self._asking: str | None = None
+        self._answered: asyncio.Event | None = None
+        self.input_waiting = 0  # input actions waiting for the person's answer
         self._stop_hotkey: Callable[[], None] | None = None
         if pause is not None:
             pause.subscribe(self._on_pause)
@@ -160,7 +165,17 @@ class Desktop:
         loop = asyncio.get_running_loop()
         if self._lock is None or self._lock_loop is not loop:
             self._lock, self._lock_loop = asyncio.Lock(), loop
+            self._answered = asyncio.Event()
+            if self._asking is None:
+                self._answered.set()
+        assert self._answered is not None
         async with self._lock:
+            while self._asking is not None:
+                self.input_waiting += 1
+                try:
+                    await self._answered.wait()
+                finally:
+                    self.input_waiting -= 1
             if self.pause is not None:
                 self.pause.check(COMPUTER_SURFACE)  # paused while it queued
             guard = Guard()
@@ -222,6 +237,24 @@ class Desktop:
         return x, y
 
     # -------------------------------------------------------------- the person
+
+    def hold_input(self, why: str | None) -> None:
+        """While the person is asked to approve something (`why`), input actions wait
+        for their answer and one running stops at its next step: the prompt may be on
+        this very desktop (the TUI's terminal), and a key typed or a click made there
+        now could answer it for them. None lets input go on. On the loop's thread."""
+        self._asking = why
+        if self._answered is not None:
+            if why is None:
+                self._answered.set()
+            else:
+                self._answered.clear()
+        if why is not None:
+            stopped = WorkerError(
+                "paused", f"input stopped: {why}; try again once they have answered"
+            )
+            for guard in list(self._guards):
+                guard.interrupt(stopped)
 
     def _on_person_input(self, what: str) -> None:
         """From the watcher's thread: the person used the desktop."""
