@@ -24,7 +24,7 @@ from typing import Literal
 
 import grpc
 
-from tests.support.cluster import free_port, until_worker_connected, wait_for
+from tests.support.cluster import START_WITHIN_S, free_port, until_worker_connected, wait_for
 from worker import memory
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
@@ -145,7 +145,7 @@ def relay() -> Iterator[str]:
     serving = subprocess.Popen([sys.executable, "-c", RELAY, "serve", address])
     working = None
     try:
-        wait_for(lambda: listening(address), 15)
+        wait_for(lambda: listening(address), START_WITHIN_S)
         working = subprocess.Popen([sys.executable, "-c", RELAY, "work", address])
         yield address
     finally:
@@ -220,7 +220,7 @@ def exited(proc: subprocess.Popen[bytes], home: Home, command: str, what: str) -
 @contextlib.asynccontextmanager
 async def connected(home: Home) -> AsyncIterator[ControlClient]:
     """A client of the hub in `home`, once the hub answers and a worker is in."""
-    wait_for(home.token_file.exists, 15)
+    wait_for(home.token_file.exists, START_WITHIN_S)
     client = ControlClient.connect(home.listen, home.token_file.read_text().strip())
     try:
         await until_worker_connected(client)

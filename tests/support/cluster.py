@@ -56,6 +56,10 @@ backoff_cap_s = {backoff_cap_s}
 
 
 PORT_ATTEMPTS = 3
+# How long a hub or a worker may take to start: a ceiling for a machine under heavy
+# load (a start took over 15 s at a load of 30 on 2 cores), not a pace; an exit is
+# seen at once.
+START_WITHIN_S = 60.0
 
 
 def free_port() -> int:
@@ -134,12 +138,14 @@ class Cluster:
 
     def start_hub(self) -> Proc:
         hub = self.spawn("hub", "hub")
-        wait_for(lambda: (self.home / "hub.token").exists() and self._hub_answers(), 15, hub)
+        wait_for(
+            lambda: (self.home / "hub.token").exists() and self._hub_answers(), START_WITHIN_S, hub
+        )
         return hub
 
     def start_worker(self, *argv: str) -> Proc:
         worker = self.spawn("worker", "run", *argv)
-        wait_for(lambda: self.status().connected_workers >= 1, 15, worker)
+        wait_for(lambda: self.status().connected_workers >= 1, START_WITHIN_S, worker)
         return worker
 
     def _hub_answers(self) -> bool:
