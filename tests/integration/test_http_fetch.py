@@ -135,15 +135,39 @@ def test_redirect_methods_follow_the_rules(
     assert seen["method"] == method and seen["body"] == sent
 
 
-def test_credentials_are_dropped_when_a_redirect_changes_origin(
+# An agent's headers: credentials under any name, and the few that say how to answer.
+AGENT_HEADERS = {
+    "Authorization": "Bearer secret",
+    "Cookie": "s=1",
+    "X-Api-Key": "key-secret",
+    "Private-Token": "gitlab-secret",
+    "X-Auth-Token": "auth-secret",
+    "X-Anything": "unknown-secret",
+    "Accept": "application/json",
+    "Accept-Language": "de",
+    "User-Agent": "agent/1",
+}
+
+
+def test_only_answer_headers_follow_a_redirect_to_another_origin(
     live: Cluster, server: TestServer
 ) -> None:
+    """A redirect elsewhere takes none of the agent's headers but Accept, Accept-Language,
+    User-Agent (and Content-Type, Accept-Encoding): any other may be a credential."""
     other = f"http://localhost:{server.port}/echo"  # another origin, opened on purpose too
-    headers = {"Authorization": "Bearer secret", "Cookie": "s=1", "X-Kept": "yes"}
-    _, body = ok(live, server.url(f"/redirect?to={other}"), headers=headers)
+    _, body = ok(live, server.url(f"/redirect?to={other}"), headers=AGENT_HEADERS)
     seen = json.loads(body)["headers"]
-    assert "authorization" not in seen and "cookie" not in seen
-    assert seen["x-kept"] == "yes"
+    assert not [value for value in seen.values() if "secret" in value], seen
+    assert seen["accept"] == "application/json" and seen["accept-language"] == "de"
+    assert seen["user-agent"] == "agent/1"
+
+
+def test_the_agents_headers_follow_a_redirect_within_the_origin(
+    live: Cluster, server: TestServer
+) -> None:
+    _, body = ok(live, server.url("/redirect?to=/echo"), headers=AGENT_HEADERS)
+    seen = json.loads(body)["headers"]
+    assert {name.lower(): value for name, value in AGENT_HEADERS.items()}.items() <= seen.items()
 
 
 def test_proxy_variables_in_the_environment_are_ignored(live: Cluster, server: TestServer) -> None:

@@ -6,9 +6,12 @@ Every hop — the first URL and each redirect, at most 5, followed here rather
 than by httpx so that each is checked — passes the URL guard (see ssrf), and the
 connection goes to the address the guard approved (see fetching.pinned). Proxy
 settings from the environment are ignored: a proxy would make the guard's
-check meaningless. Timeouts: connect, read (between bytes) and total (the whole
-call, redirects and body included); each defaults to, and may not exceed, the
-`[http]` setting. The request itself, on httpx, is in fetching/request.py.
+check meaningless. A redirect to another origin (scheme, host or port) takes
+none of the headers the agent set but `FOLLOWING_HEADERS`: any other may be a
+credential for the first origin alone (X-Api-Key, Private-Token, ...).
+Timeouts: connect, read (between bytes) and total (the whole call, redirects
+and body included); each defaults to, and may not exceed, the `[http]` setting.
+The request itself, on httpx, is in fetching/request.py.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ BODY_BYTES: Final = 5 * MIB  # the response body, counted after decoding
 RAW_BYTES: Final = 10 * MIB
 REQUEST_BYTES: Final = 16 * MIB
 REDIRECTS: Final = 5
+# The only headers of the agent's that a redirect carries to another origin (scheme,
+# host or port); the rest stay with the origin they were meant for, for every later
+# hop too. These say how to answer, never who asks.
+FOLLOWING_HEADERS: Final = frozenset(
+    {"accept", "accept-encoding", "accept-language", "content-type", "user-agent"}
+)
 
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -74,6 +83,7 @@ Seconds = Annotated[float, Field(gt=0, le=3_600)]
 class HttpFetchArgs(Args):
     url: Annotated[str, StringConstraints(min_length=1, max_length=8192)]
     method: Method = "GET"
+    # Sent to the URL's origin; a redirect to another origin keeps FOLLOWING_HEADERS only.
     headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=64)] = {}
     follow_redirects: bool = True
     connect_timeout_s: Seconds | None = None
@@ -116,7 +126,9 @@ SPEC: Final = ActionSpec(
     result=HttpFetchResult,
     handler=http_fetch,
     summary="one HTTP(S) request to a public address (or a host opened in [http]); the blob "
-    "is the request body, the result blob the response body, at most 5 MiB",
+    "is the request body, the result blob the response body, at most 5 MiB; a redirect to "
+    "another origin drops the headers set but Accept, Accept-Encoding, Accept-Language, "
+    "Content-Type and User-Agent",
     takes_blob=True,
     codes=frozenset(
         {

@@ -18,6 +18,7 @@ from worker.actions.host.fetching.pinned import PinnedTransport, Pins
 from worker.actions.host.fetching.ssrf import DEFAULT_PORTS, UrlGuard
 from worker.actions.host.http_fetch import (
     BODY_BYTES,
+    FOLLOWING_HEADERS,
     RAW_BYTES,
     REDIRECTS,
     REQUEST_BYTES,
@@ -29,9 +30,6 @@ from worker.core.registry import Context, Outcome
 from worker.errors import WorkerError
 from worker.hosts import parse_pattern
 from worker.wire.protocol import VERSION
-
-# Dropped when a redirect leads to another scheme, host or port.
-_CREDENTIAL_HEADERS: Final = ("authorization", "cookie")
 
 
 async def fetch(ctx: Context, args: HttpFetchArgs) -> Outcome[HttpFetchResult]:
@@ -156,8 +154,12 @@ async def _fetch(
             if content is None:
                 headers.pop("content-type", None)
             if _origin(target) != _origin(url):
-                for name in _CREDENTIAL_HEADERS:
-                    headers.pop(name, None)
+                # Any header the agent set may hold a secret for this origin alone
+                # (X-Api-Key, Private-Token, ...): only the few that say how to answer
+                # go on to another scheme, host or port (and never come back).
+                for name in args.headers:
+                    if name.lower() not in FOLLOWING_HEADERS:
+                        headers.pop(name, None)
             url = target
         received = await read_body(response, cap=BODY_BYTES, raw_cap=RAW_BYTES)
     result = HttpFetchResult(
