@@ -46,3 +46,60 @@ def test_content_never_reaches_the_preview() -> None:
     for key in ("content", "data", "body", "text"):
         preview = args_preview(json.dumps({"path": "a.txt", key: "the person's words"}))
         assert "person" not in preview and json.loads(preview)[key] == "***"
+
+
+SIGNATURE = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+
+def test_args_are_parsed_before_anything_is_decided() -> None:
+    """JSON may write a URL as `https:\\/\\/…` (PHP's json_encode does) or a key as
+    `tok\\u0065n`: the text then shows neither, the args do."""
+    escaped = (
+        '{"url":"https:\\/\\/bucket.s3.amazonaws.com\\/r.pdf?X-Amz-Signature=' + SIGNATURE + '"}'
+    )
+    assert json.loads(escaped)["url"].startswith("https://")
+    assert SIGNATURE[:8] not in args_preview(escaped)
+    assert "abc" not in args_preview('{"tok\\u0065n": "abc"}')
+
+
+def test_args_that_did_not_parse_are_not_kept() -> None:
+    """Short invalid args (a raw escape in a string) were kept as sent."""
+    assert args_preview('{"path": "\x1b[2J"}') == "<invalid json>"
+
+
+def test_secrets_in_an_argv_are_masked() -> None:
+    token = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
+    argvs = [
+        ["git", "-c", "http.extraheader=AUTHORIZATION: basic eC1hY2Nlc3M6Z2hwXzE2", "fetch"],
+        ["gh", "auth", "login", "--with-token", "s3cr3t-value"],
+        ["mysql", "--password=s3cr3t-value", "-u", "root"],
+        ["env", "AWS_SECRET_ACCESS_KEY=s3cr3t-value", "make"],
+        ["curl", "-H", "X-Api-Key: s3cr3t-value", "https://x.test/"],
+        ["curl", "-H", "Authorization: Bearer s3cr3t-value", "https://x.test/"],
+        ["tool", "--token-file", "/tmp/t", "run", token],
+    ]
+    for argv in argvs:
+        preview = args_preview(json.dumps({"argv": argv}))
+        assert "s3cr3t" not in preview and "eC1h" not in preview and token not in preview, preview
+    kept = json.loads(args_preview(json.dumps({"argv": ["git", "-C", "proj", "status"]})))
+    assert kept == {"argv": ["git", "-C", "proj", "status"]}
+
+
+def test_tokens_in_url_paths_are_masked_hashes_are_not() -> None:
+    urls = {
+        "https://api.telegram.org/bot123456:ABC-DEF1234ghIkl-zyx57W2v1u123ew11/getMe": "ABC-DEF",
+        "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX": "XXXX",
+        "https://discord.com/api/webhooks/1234567/AbCdEf123-_xyzXYZ987abc": "AbCdEf",
+        "https://x.test/v1/s/Zk3Q9xLm2Rt7Wp4Yb8Nc1Vd6/download": "Zk3Q9",
+    }
+    for url, secret in urls.items():
+        assert secret not in args_preview(json.dumps({"url": url})), url
+    commit = "https://github.com/o/r/commit/9f86d081884c7d659a2feaa0c55ad015a3bf4f1b"
+    assert json.loads(args_preview(json.dumps({"url": commit}))) == {"url": commit}
+
+
+def test_a_megabyte_of_suspect_strings_costs_one_parse() -> None:
+    """Only what the preview can show is searched: 4,000 strings of 256 secret-looking
+    words each would take seconds of pattern searching otherwise."""
+    args = json.dumps({"argv": ["token: " * 36] * 4_000})
+    assert len(args_preview(args)) <= PREVIEW_CHARS

@@ -8,7 +8,18 @@ must not end up there, nor a megabyte of text. Masked, whatever the action:
 - every query value and fragment of a URL, and a password in its user part (the
   parameter names stay);
 - content (`content`, `data`, `body`, `text`): what a call writes or types is
-  the person's, not telemetry's.
+  the person's, not telemetry's;
+- in a list of strings (exec's argv), the value of a secret-looking flag
+  (`--password=…`, `--with-token …`) and of a secret-looking `NAME=value`
+  (`-c http.extraheader=…`, `API_KEY=…`);
+- in any string, a secret-looking header written out (`Authorization: …`), the
+  credentials of an auth scheme (`Bearer …`, `Basic …`), values shaped like the
+  tokens services issue (`ghp_…`, `xoxb-…`, `glpat-…`, `AKIA…`, JWTs), and in a
+  URL's path the tokens that live there (Telegram's `/bot<token>/`, Slack's and
+  Discord's webhooks, any long mixed-case segment).
+
+The args are parsed before anything is decided: JSON may spell a URL `https:\\/\\/`
+or a key `"tok\\u0065n"`, which no look at the text finds.
 """
 
 from __future__ import annotations
@@ -25,22 +36,79 @@ _ALL_VALUES_KEY: Final = re.compile(r"headers?", re.I)
 _CONTENT_KEY: Final = re.compile(r"content|data|body|text", re.I)
 # A scheme is short: bounded, so a long run of letters costs linear time, not quadratic.
 _URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s\"'<>]*")
+# Words that make a name (a key, a flag, a header, a variable) secret-looking.
+_MASKED_WORD: Final = (
+    r"(?:token|secret|passw|pwd|authori[sz]ation|api[-_]?key|cookie|credential"
+    r"|private[-_]?key|access[-_]?key)"
+)
+_NAME: Final = r"[A-Za-z0-9_.-]{0,40}"
+# A flag whose value follows as the next item: --password, --with-token, --api-key.
+_SECRET_FLAG: Final = re.compile(rf"--?{_NAME}{_MASKED_WORD}{_NAME}", re.I)
+# A secret-looking name given a value: --password=x, API_KEY=x, http.extraheader=x.
+_ASSIGNED: Final = re.compile(
+    rf"(?<![A-Za-z0-9_.-])(-{{0,2}}{_NAME}(?:{_MASKED_WORD}|extraheader){_NAME})=[^\s&]+",
+    re.I,
+)
+# A header written out, as curl -H and git's extraheader take it: the rest is its value.
+_HEADER_LINE: Final = re.compile(
+    rf"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]{{0,40}}{_MASKED_WORD}[A-Za-z0-9_-]{{0,40}}:\s*)\S.*",
+    re.I | re.S,
+)
+# An auth scheme's credentials: Authorization's value written without its name.
+_SCHEME: Final = re.compile(r"\b(Bearer|Basic|Digest|Token)\s+[A-Za-z0-9._~+/=-]{8,}", re.I)
+# Tokens as services issue them: their shapes are public, so they can be told apart.
+_TOKEN_SHAPED: Final = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|xox[abposre]-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|AIza[0-9A-Za-z_-]{35}|npm_[A-Za-z0-9]{36}|hf_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{50,}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
+)
+# What any of the above needs to find something, as literals searched in the lowered
+# text: one scan, and most strings hold none (a case-blind alternation is ten times
+# slower).
+_MARKERS: Final = (
+    "token|secret|passw|pwd|authori|apikey|api_key|api-key|cookie|credential|private"
+    "|accesskey|access_key|access-key|extraheader|bearer|basic|digest|ghp_|gho_|ghu_"
+    "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj"
+)
+_SUSPECT: Final = re.compile(_MARKERS)
+# And for the args' whole text: a URL, an escape, a key whose values are all masked.
+_NOT_PLAIN: Final = re.compile(_MARKERS + r"|://|\\|header|content|data|body|text")
+# In a URL's path: Telegram's bot token, Slack's and Discord's webhook secrets, and any
+# long segment mixing upper case, lower case and digits (a hash or a UUID does not).
+_PATH_TOKENS: Final = re.compile(
+    r"(?<=/bot)\d+:[A-Za-z0-9_-]+"
+    r"|(?<=/services/)[^?#]+"
+    r"|(?<=/webhooks/)\d+/[A-Za-z0-9_-]+"
+    r"|(?<=/)(?=[A-Za-z0-9_-]{0,200}[a-z])(?=[A-Za-z0-9_-]{0,200}[A-Z])"
+    r"(?=[A-Za-z0-9_-]{0,200}[0-9])[A-Za-z0-9_-]{20,}(?=/|$)"
+)
 _LONG_STRING: Final = 80
+# The most of one string searched: every pattern's marker comes before what it masks,
+# so what the first _LONG_STRING characters show is decided within these.
+_SCANNED: Final = 320
+_FLAG_CHARS: Final = 100
 _PARSED_AT_MOST: Final = 1024 * 1024  # args past this are refused anyway; cut, they fail to parse
 
 
 def args_preview(args_json: str) -> str:
     """A short, redacted look at the args for people reading telemetry."""
-    plain = not _SECRET_KEY.search(args_json) and "://" not in args_json
-    if len(args_json) <= PREVIEW_CHARS and plain and not _masked_keys_in(args_json):
-        return args_json  # nothing to shorten or hide
     try:
         value = json.loads(args_json[:_PARSED_AT_MOST]) if args_json else {}
-        return json.dumps(_redact(value), ensure_ascii=False)[:PREVIEW_CHARS]
+        if len(args_json) <= PREVIEW_CHARS and _plain(args_json):
+            return args_json  # valid, short, and nothing in it to hide
+        return json.dumps(_Redactor().value(value), ensure_ascii=False)[:PREVIEW_CHARS]
     except ValueError:
         return "<invalid json>"
     except RecursionError:  # 2 KB of `[` nest deeper than Python's stack goes
         return "<json nested too deeply>"
+
+
+def _plain(args_json: str) -> bool:
+    """Whether JSON text that parsed holds nothing a preview masks, by its text alone:
+    true only without a backslash (no escape can then spell what the patterns look
+    for differently), URL, secret-looking word or key whose values are masked."""
+    return _NOT_PLAIN.search(args_json.lower()) is None
 
 
 def args_for_replay(args_json: str) -> tuple[str | None, bool]:
@@ -49,13 +117,11 @@ def args_for_replay(args_json: str) -> tuple[str | None, bool]:
     object; the flag says whether anything was masked."""
     try:
         value = json.loads(args_json) if args_json else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, False
     if not isinstance(value, dict):
         return None, False
-    if not _SECRET_KEY.search(args_json):
-        return json.dumps(value, ensure_ascii=False), False
-    masked = _secret_keys_masked(value)
+    masked = _secret_keys_masked(value)  # on the parsed keys: `tok\u0065n` is a token
     return json.dumps(masked, ensure_ascii=False), masked != value
 
 
@@ -72,39 +138,89 @@ def _secret_keys_masked(value: Any) -> Any:
 
 
 def masked_url(text: str) -> str:
-    """Every URL in `text` with its query values, fragment and password masked."""
+    """Every URL in `text` with its query values, fragment, password and path tokens
+    masked."""
     if "://" not in text:
         return text
     return _URL.sub(lambda found: _mask_url(found.group(0)), text)
 
 
-def _masked_keys_in(args_json: str) -> bool:
-    return bool(_ALL_VALUES_KEY.search(args_json) or _CONTENT_KEY.search(args_json))
+def masked_text(text: str) -> str:
+    """`text` with its URLs masked (see masked_url) and every secret-looking header,
+    auth scheme's credentials, `NAME=value` of a secret-looking name and token-shaped
+    value in it masked."""
+    text = masked_url(text)
+    if not _SUSPECT.search(text.lower()):  # one scan for the common case: nothing to see
+        return text
+    text = _HEADER_LINE.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    text = _SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
+    text = _ASSIGNED.sub(lambda m: f"{m.group(1)}={MASK}", text)
+    return _TOKEN_SHAPED.sub(MASK, text)
 
 
-def _redact(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _redact_item(str(k), v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redact(v) for v in value]
-    if isinstance(value, str):
-        value = masked_url(value)
-        return value[:_LONG_STRING] + "…" if len(value) > _LONG_STRING else value
-    return value
+class _Redactor:
+    """One preview's walk over the parsed args, in the order json.dumps writes them.
 
+    Only what the preview can show is looked at: a string's first `_SCANNED`
+    characters (what is masked before them is all its first 80 can hold), and no
+    string at all once the preview's length is reached (the rest is cut anyway), so
+    a megabyte of args costs one parse, not a megabyte of pattern searches.
+    """
 
-def _redact_item(key: str, value: Any) -> Any:
-    if _SECRET_KEY.search(key) or _CONTENT_KEY.fullmatch(key):
-        return MASK
-    if _ALL_VALUES_KEY.fullmatch(key):
+    def __init__(self) -> None:
+        self.left = PREVIEW_CHARS
+
+    def value(self, value: Any) -> Any:
         if isinstance(value, dict):
-            return {str(name): MASK for name in value}
-        if isinstance(value, list):  # [[name, value], ...]
-            return [
-                [str(pair[0]), MASK] if isinstance(pair, list) and pair else MASK for pair in value
-            ]
-        return MASK
-    return _redact(value)
+            return {str(k): self.item(str(k), v) for k, v in value.items()}
+        if isinstance(value, list):
+            return self.items(value)
+        if isinstance(value, str):
+            return self.text(value)
+        self.left -= 2
+        return value
+
+    def text(self, value: str) -> str:
+        if self.left <= 0:
+            return "…"  # past what the preview shows
+        shown = masked_text(value[:_SCANNED])
+        if len(value) > _SCANNED or len(shown) > _LONG_STRING:
+            shown = shown[:_LONG_STRING] + "…"
+        self.left -= len(shown) + 4
+        return shown
+
+    def items(self, items: list[Any]) -> list[Any]:
+        """A list's items; in one like an argv, the value after a secret-looking flag
+        (`--password hunter2`, `--with-token ghp_…`) is masked too."""
+        out = []
+        after_flag = False
+        for item in items:
+            if after_flag and isinstance(item, str) and not item.startswith("-"):
+                out.append(MASK)
+                self.left -= 5
+            else:
+                out.append(self.value(item))
+            after_flag = (
+                isinstance(item, str)
+                and len(item) <= _FLAG_CHARS
+                and _SECRET_FLAG.fullmatch(item) is not None
+            )
+        return out
+
+    def item(self, key: str, value: Any) -> Any:
+        self.left -= len(key) + 4
+        if _SECRET_KEY.search(key) or _CONTENT_KEY.fullmatch(key):
+            return MASK
+        if _ALL_VALUES_KEY.fullmatch(key):
+            if isinstance(value, dict):
+                return {str(name): MASK for name in value}
+            if isinstance(value, list):  # [[name, value], ...]
+                return [
+                    [str(pair[0]), MASK] if isinstance(pair, list) and pair else MASK
+                    for pair in value
+                ]
+            return MASK
+        return self.value(value)
 
 
 def _mask_url(url: str) -> str:
@@ -121,6 +237,7 @@ def _mask_url(url: str) -> str:
             if field
         )
         fragment = MASK if parts.fragment else ""
-        return urlunsplit(SplitResult(parts.scheme, netloc, parts.path, query, fragment))
+        path = _PATH_TOKENS.sub(MASK, parts.path) if len(parts.path) > 20 else parts.path
+        return urlunsplit(SplitResult(parts.scheme, netloc, path, query, fragment))
     except ValueError:
         return MASK  # not a URL after all, and not worth the risk
