@@ -259,3 +259,21 @@ def test_a_result_is_measured_in_bytes_not_characters() -> None:
     assert refused.value.code == "result_too_large"
     assert refused.value.details["bytes"] == len(text.encode()) + 2
     assert _payload(Outcome(Json('"字"')))[0] == '"字"'
+
+
+def test_a_correlation_id_that_is_not_printable_is_refused_unclaimed(tmp_path: Path) -> None:
+    """The id is written where people read it (telemetry, `agentworker record`'s
+    comments): a line break or an escape in it could forge a line there."""
+    refused = ["c1\n{}", "c2\x1b[2J", "c3\u2028", "c4\u202e", "c5\x85", "c6\x00"]
+    kept = ["plan 7: étape ✓ (retry)", "字-1"]
+    with dispatcher_at(tmp_path) as (dispatcher, answers):
+
+        async def run() -> None:
+            for cid in refused + kept:
+                dispatcher.submit(stat(cid))
+            await dispatcher.drain(5)
+
+        asyncio.run(run())
+    codes = answers.codes()
+    assert all(codes[cid] == "validation_error" for cid in refused), codes
+    assert all(codes[cid] == "" for cid in kept), codes  # "": answered ok

@@ -192,3 +192,33 @@ def test_with_timing_each_step_waits_as_long_as_the_session_paused(tmp_path: Pat
     waits = [item.step.wait_ms if isinstance(item, fmt.Entry) else None for item in paced.items]
     assert waits[1:] == gaps[1:]  # the first step (with a blob missing here) is malformed
     assert all(e.step.wait_ms == 0 for e in plain.entries)
+
+
+def test_a_servers_names_in_a_comment_cannot_start_a_step(tmp_path: Path) -> None:
+    """An action name (up to 64 characters of anything) and a correlation id are the
+    server's; a line break in either, written raw into a comment, made the rest a
+    step of the script, which `replay` ran."""
+    step = '{"action":"fs_write","args":{"path":"I"}}'
+    data, workspace = tmp_path / "data", tmp_path / "workspace"
+    data.mkdir()
+    workspace.mkdir()
+
+    async def calls() -> None:
+        async with in_process(_config(workspace), tmp_path, data) as worker:
+            await worker.call(_request("a1", "p", f"x\n{step}\n#", {}), b"")
+            await worker.call(_request("a2", "p", "", {}), b"")
+
+    asyncio.run(calls())
+    state = State(data / "state.db")
+    try:
+        # A row an older worker let in (it now refuses such an id on arrival).
+        state.connection.execute(
+            "UPDATE invocations SET correlation_id = ? WHERE correlation_id = 'a2'",
+            (f"c1\u2028{step}\r#",),
+        )
+        recorded = record(state.connection, "p", "s.blobs")
+    finally:
+        state.close()
+    assert len(recorded.lines) == 3 and all(line.startswith("#") for line in recorded.lines[1:])
+    assert fmt.parse(recorded.text(), base=tmp_path).items == ()
+    assert "\\n" + step in recorded.text() and "\\u2028" + step in recorded.text()

@@ -49,8 +49,10 @@ class BlobParts:
     def add(self, correlation_id: str, data: Buffer, offset: int) -> bool:
         """Keep a part that starts at `offset` of its blob; past a bound, or out of
         order, drop the call's parts and refuse it. False for a part no request could
-        claim (no id, or one longer than any request's)."""
+        claim (no id, one longer than any request's or one not printable)."""
         if not correlation_id or len(correlation_id) > MAX_ID_CHARS:
+            return False
+        if not correlation_id.isprintable():
             return False
         if correlation_id in self._refused:
             return True

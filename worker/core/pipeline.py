@@ -82,7 +82,8 @@ log = logging.getLogger(__name__)
 
 # Structured args stay small; bulk data travels in the request blob.
 MAX_ARGS_BYTES = 1024 * 1024
-# A correlation id past this is refused unclaimed (a hub's ids are 32 hex digits).
+# A correlation id past this is refused unclaimed (a hub's ids are 32 hex digits), as is
+# one with a character that is not printable (str.isprintable).
 MAX_ID_CHARS = 256
 # The most of a server's reason for a cancel or a kill that is kept (in the ledger).
 MAX_REASON_CHARS: Final = 1000
@@ -415,16 +416,20 @@ class Dispatcher:
         given, is the request's blob, read apart from it; `pieces`, when given, is the
         blob in the parts it came in (for an action that takes them unjoined)."""
         cid = req.correlation_id
-        if not cid or len(cid) > MAX_ID_CHARS:
+        if not cid or len(cid) > MAX_ID_CHARS or not cid.isprintable():
             log.warning(
-                "refusing a request with a correlation id of %d characters (action %.64s)",
+                "refusing a request with a correlation id of %d characters (action %r)",
                 len(cid),
-                req.action,
+                req.action[:64],
             )
+            # Printable only: the id is written where people read it (telemetry, the
+            # audit log, `agentworker record`'s comments), and a line break or an escape
+            # in it could forge a line there.
             error = WorkerError(
                 "validation_error",
-                f"a request needs a correlation_id of 1 to {MAX_ID_CHARS} characters; "
-                "nothing was run",
+                f"a request needs a correlation_id of 1 to {MAX_ID_CHARS} printable "
+                "characters (no control, format or line-separator characters); nothing "
+                "was run",
             )
             self.refuse(req, error)
             return

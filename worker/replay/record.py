@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from worker.core.approvals import inert
 from worker.core.recording import RecordedCall, Recordings
 from worker.replay.script import DEFAULT_SURFACE, FORMAT_VERSION, HEADER_KEY
 
@@ -74,6 +75,13 @@ def _when(unix_ms: int) -> str:
     return datetime.fromtimestamp(unix_ms / 1000, UTC).isoformat(timespec="seconds")
 
 
+def _comment(text: str) -> str:
+    """`text` (a server's id or name) as it may stand in a comment line: every line
+    break and control character escaped, so it cannot end the comment and start a
+    step of its own."""
+    return inert(text, 1000)
+
+
 def record(
     conn: sqlite3.Connection, plan_id: str, blob_dir: str, *, timing: bool = False
 ) -> Recorded:
@@ -117,16 +125,17 @@ def record(
         call = recorded_calls.get(row["correlation_id"])
         if not row["action"]:
             out.lines.append(
-                f"# {_when(row['started_unix_ms'])} call {row['correlation_id']}: "
-                f"{row['error_code'] or row['status']}, its action unknown; not replayable"
+                f"# {_when(row['started_unix_ms'])} call {_comment(row['correlation_id'])}: "
+                f"{_comment(row['error_code'] or row['status'])}, its action unknown; "
+                "not replayable"
             )
             continue
         if call is None or call.args_json is None:
             out.without_args += 1
             why = "recording was off for the plan" if call is None else "they were not JSON"
+            outcome = row["status"] + (f" {row['error_code']}" if row["error_code"] else "")
             out.lines.append(
-                f"# {_when(row['started_unix_ms'])} {name} ({row['status']}"
-                f"{' ' + row['error_code'] if row['error_code'] else ''}): "
+                f"# {_when(row['started_unix_ms'])} {_comment(name)} ({_comment(outcome)}): "
                 f"its args were not kept ({why})"
             )
             continue
