@@ -4,6 +4,7 @@ shipped JSON Schema accepts exactly the lines the parser accepts."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +231,71 @@ def test_entries_and_malformed_lines_keep_script_order() -> None:
     kinds = [type(item) for item in script.items]
     assert kinds == [Entry, Malformed, Entry]
     assert [item.index for item in script.items] == [1, 2, 3]
+
+
+# --- a script from someone else: its blobs stay in its folder -------------------------
+
+
+def _one_blob(folder: Path, name: str) -> fmt.Script:
+    line = json.dumps({"action": "fs_write", "args": {"path": "a"}, "blob": name})
+    return parse(line + "\n", base=folder)
+
+
+def _refused(script: fmt.Script, problem: str) -> None:
+    assert script.entries == []
+    (bad,) = script.malformed
+    assert bad.line == 1 and any(problem in p for p in bad.problems), bad.problems
+
+
+def test_a_blob_that_is_a_link_or_behind_one_leading_out_is_refused(tmp_path: Path) -> None:
+    """`notes.txt -> ~/.ssh/id_ed25519` in a folder of recorded plans copied the key
+    into the workspace at replay."""
+    key = tmp_path / "ssh" / "id_ed25519"
+    key.parent.mkdir()
+    key.write_text("PRIVATE KEY")
+    plans = tmp_path / "plans"
+    (plans / "inside").mkdir(parents=True)
+    (plans / "inside" / "real.txt").write_text("fine")
+    (plans / "notes.txt").symlink_to(key)
+    (plans / "ssh").symlink_to(key.parent)
+    (plans / "alias.txt").symlink_to("inside/real.txt")  # inside, but a link all the same
+    _refused(_one_blob(plans, "notes.txt"), "symbolic link")
+    _refused(_one_blob(plans, "ssh/id_ed25519"), "outside")
+    _refused(_one_blob(plans, "alias.txt"), "symbolic link")
+    (entry,) = _one_blob(plans, "inside/real.txt").entries
+    assert entry.read_blob() == b"fine"
+
+
+def test_a_blob_swapped_for_a_link_after_the_script_was_read_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_text("PRIVATE KEY")
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    (plans / "notes.txt").write_text("notes")
+    (entry,) = _one_blob(plans, "notes.txt").entries
+    (plans / "notes.txt").unlink()
+    (plans / "notes.txt").symlink_to(key)
+    with pytest.raises(fmt.BlobError, match="symbolic link"):
+        entry.read_blob()
+
+
+def test_a_blob_that_is_not_a_regular_file_is_refused_unopened(tmp_path: Path) -> None:
+    """A FIFO blob blocked the parse (and so a dry run) until something wrote to it."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "folder").mkdir()
+    _refused(_one_blob(tmp_path, "pipe"), "not a regular file")
+    _refused(_one_blob(tmp_path, "folder"), "not a regular file")
+
+
+def test_a_blob_larger_than_an_fs_write_is_refused(tmp_path: Path) -> None:
+    with (tmp_path / "big.bin").open("wb") as big:  # sparse: no 16 MiB written
+        big.truncate(fmt.BLOB_BYTES + 1)
+    _refused(_one_blob(tmp_path, "big.bin"), f"at most {fmt.BLOB_BYTES:,}")
+
+
+def test_a_line_nested_too_deeply_is_a_malformed_line() -> None:
+    deep = "[" * 200_000
+    script = _parse(f'{{"action": "fs_stat", "args": {{"path": "."}}}}\n{deep}\n')
+    assert [e.line for e in script.entries] == [1]
+    (bad,) = script.malformed
+    assert bad.line == 2 and bad.action == "?" and "nested too deeply" in bad.problems[0]

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from worker.core.registry import Registry
 from worker.replay.expect import Answer, Mismatch, check
-from worker.replay.script import DEFAULT_SURFACE, Entry, Malformed, Script
+from worker.replay.script import DEFAULT_SURFACE, BlobError, Entry, Malformed, Script
 from worker.replay.targets import Target
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import WORKBENCH_SURFACE
@@ -167,9 +167,9 @@ async def _run_step(entry: Entry, target: Target) -> StepReport:
     step.note = entry.step.note
     try:
         blob = entry.read_blob()
-    except OSError as exc:
+    except BlobError as exc:
         step.outcome = "malformed"
-        step.problems.append(f"blob: cannot read {entry.blob_path}: {exc.strerror}")
+        step.problems.append(str(exc))
         return step
     begun = time.perf_counter()
     answer = await target.call(request_of(entry), blob)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
@@ -37,12 +39,16 @@ from pydantic import (
     model_validator,
 )
 
+from sandbox.paths import ConfinedDir, ConfinementError
+from worker.actions.host.fs_write import WRITE_BYTES
 from worker.errors import CODES, WorkerError
 
 FORMAT_VERSION: Final = 1
 HEADER_KEY: Final = "agentworker_replay"
 DEFAULT_SURFACE: Final = "workerHost"
 SCHEMA_FILE: Final = "script.schema.json"
+# A blob is at most what one fs_write takes (and so what any call may carry).
+BLOB_BYTES: Final = WRITE_BYTES
 
 
 def _known_code(value: str) -> str:
@@ -179,6 +185,7 @@ class Entry:
     blob_path: Path | None
     blob_sha256: str  # of the request blob (b'' when none)
     correlation_id: str = ""
+    blob_base: Path | None = None  # the script's folder, which the blob must be inside
 
     @property
     def expect(self) -> Expect:
@@ -188,7 +195,16 @@ class Entry:
         return json.dumps(self.step.args, ensure_ascii=False, separators=(",", ":"))
 
     def read_blob(self) -> bytes:
-        return self.blob_path.read_bytes() if self.blob_path is not None else b""
+        """The blob's bytes, read again as `read_blob` allows; BlobError if it cannot be
+        or is no longer what the script was read with (its id follows from it)."""
+        if self.blob_path is None or self.blob_base is None or self.step.blob is None:
+            return b""
+        data = read_blob(self.blob_base, self.step.blob)
+        if hashlib.sha256(data).hexdigest() != self.blob_sha256:
+            raise BlobError(
+                f"blob: {self.step.blob!r} changed after the script was read; run it again"
+            )
+        return data
 
     def identity(self) -> str:
         """What makes this step the call it is (its expectation and pause do not)."""
@@ -213,7 +229,7 @@ class Malformed:
         """The action the line names, if it names one (for reports)."""
         try:
             value = json.loads(self.text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return "?"
         action = value.get("action") if isinstance(value, dict) else None
         return action if isinstance(action, str) else "?"
@@ -273,6 +289,8 @@ def parse(text: str, *, base: Path, path: Path | None = None, run_label: str = "
             item: Entry | Malformed = Malformed(
                 number, len(items) + 1, raw, (f"not valid JSON: {exc}",)
             )
+        except RecursionError:
+            item = Malformed(number, len(items) + 1, raw, ("nested too deeply to read",))
         else:
             if isinstance(value, dict) and HEADER_KEY in value:
                 if not first:
@@ -341,11 +359,9 @@ def _entry(number: int, raw: str, index: int, header: Header, base: Path) -> Ent
             )
         blob_path = base / posix
         try:
-            digest = hashlib.sha256(blob_path.read_bytes()).hexdigest()
-        except OSError as exc:
-            return Malformed(
-                number, index, raw, (f"blob: cannot read {blob_path}: {exc.strerror}",)
-            )
+            digest = hashlib.sha256(read_blob(base, step.blob)).hexdigest()
+        except BlobError as exc:
+            return Malformed(number, index, raw, (str(exc),))
     return Entry(
         line=number,
         index=index,
@@ -355,6 +371,55 @@ def _entry(number: int, raw: str, index: int, header: Header, base: Path) -> Ent
         task=step.task if step.task is not None else header.task,
         blob_path=blob_path,
         blob_sha256=digest,
+        blob_base=base if blob_path is not None else None,
+    )
+
+
+class BlobError(Exception):
+    """A step's blob cannot be sent; the message says why, for the run's report."""
+
+
+def read_blob(base: Path, name: str) -> bytes:
+    """The bytes of blob `name` (relative) in the script's folder `base`.
+
+    A script may come from someone else (a shared folder of recorded plans), so its
+    blob is opened as the worker opens an agent's path: resolved beneath the folder
+    by the kernel (no `..`, no link leading out), the blob itself never a link
+    (`notes.txt -> ~/.ssh/id_ed25519` is refused), a regular file only (a FIFO would
+    block even a dry run; opened non-blocking, it is refused), at most BLOB_BYTES.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+    try:
+        with ConfinedDir(Path(os.path.realpath(base))) as folder:
+            fd = folder.open(name, flags)
+    except ConfinementError as exc:
+        raise BlobError(f"blob: cannot read it: {exc.message}") from None
+    except OSError as exc:
+        raise BlobError(f"blob: cannot read {name!r}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BlobError(
+                f"blob: {name!r} is not a regular file (a FIFO, device, socket or folder "
+                "cannot be sent)"
+            )
+        if info.st_size > BLOB_BYTES:
+            raise BlobError(_too_large(name, info.st_size))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(BLOB_BYTES + 1)
+    except OSError as exc:
+        raise BlobError(f"blob: cannot read {name!r}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > BLOB_BYTES:  # it grew as it was read
+        raise BlobError(_too_large(name, len(data)))
+    return data
+
+
+def _too_large(name: str, size: int) -> str:
+    return (
+        f"blob: {name!r} has {size:,} bytes or more; a blob may have at most "
+        f"{BLOB_BYTES:,} (what one fs_write takes)"
     )
 
 
