@@ -2,8 +2,10 @@
 
 Everything shown came through the console already inert (worker.approvals.inert),
 and is put on screen as plain `Text`, never parsed as markup: nothing an agent
-sends can draw on, recolour or spoof the prompt. A countdown shows when the worker
-denies on its own; pressing nothing is a denial too.
+sends can draw on, recolour or spoof the prompt. A call is shown whole (its args as
+the action takes them, paths resolved, the blob's start) in a box that scrolls
+(arrow and page keys), never cut or masked: the person approves what they can read.
+A countdown shows when the worker denies on its own; pressing nothing is a denial too.
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ class ApprovalModal(ModalScreen[Answer | None]):
     DEFAULT_CSS = """
     ApprovalModal { align: center middle; background: $background; }
     ApprovalModal #dialog {
-        width: 96; max-width: 100%; height: auto; max-height: 100%;
+        width: 96; max-width: 100%; height: 100%;
         border: thick $warning; background: $surface; padding: 0 1;
     }
     ApprovalModal #title { text-style: bold; color: $warning; }
     ApprovalModal #facts { height: auto; }
     ApprovalModal #preview-box {
-        height: auto; max-height: 8; border: round $primary-darken-1; margin: 0 0;
+        height: 1fr; min-height: 3; border: round $primary-darken-1; margin: 0 0;
     }
     ApprovalModal #countdown { color: $text-muted; }
     ApprovalModal #buttons { height: auto; margin-top: 0; }
@@ -72,6 +74,13 @@ class ApprovalModal(ModalScreen[Answer | None]):
         Binding("t", "next_period", "Period"),
         Binding("left", "app.focus_previous", show=False),
         Binding("right", "app.focus_next", show=False),
+        # The call's box scrolls while the focus stays on the buttons.
+        Binding("up", "scroll('scroll_up')", show=False),
+        Binding("down", "scroll('scroll_down')", show=False),
+        Binding("pageup", "scroll('scroll_page_up')", show=False),
+        Binding("pagedown", "scroll('scroll_page_down')", show=False),
+        Binding("home", "scroll('scroll_home')", show=False),
+        Binding("end", "scroll('scroll_end')", show=False),
     ]
     AUTO_FOCUS = "#deny"
 
@@ -100,8 +109,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
     def _fill(self) -> None:
         self.query_one("#title", Static).update(self._title())
         self.query_one("#facts", Static).update(self._facts())
-        preview = self.prompt.get("preview") or "(nothing to show)"
-        self.query_one("#preview", Static).update(Text(preview))
+        self.query_one("#preview", Static).update(self._preview())
+        self.query_one("#preview-box", VerticalScroll).scroll_home(animate=False)
         self.query_one("#countdown", Static).update(self._countdown())
         self.query_one("#once", Button).display = "once" in self.prompt.get("choices", ())
         self.query_one("#agent", Button).label = self._agent_label()
@@ -118,7 +127,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
             yield Static(self._title(), id="title")
             yield Static(self._facts(), id="facts")
             with VerticalScroll(id="preview-box"):
-                yield Static(Text(self.prompt.get("preview") or "(nothing to show)"), id="preview")
+                yield Static(self._preview(), id="preview")
             yield Static(self._countdown(), id="countdown")
             with Horizontal(id="buttons"):
                 yield Button("Deny", id="deny", variant="primary")
@@ -165,6 +174,17 @@ class ApprovalModal(ModalScreen[Answer | None]):
         text.rstrip()
         return text
 
+    def _preview(self) -> Text:
+        preview = str(self.prompt.get("preview") or "")
+        if self.prompt.get("kind") == "scope_request":
+            text = Text("What the server says it will do (its words, not checked):\n", style="dim")
+            text.append(preview or "(nothing)")
+            return text
+        return Text(preview or "(nothing to show)")
+
+    def action_scroll(self, how: str) -> None:
+        getattr(self.query_one("#preview-box", VerticalScroll), how)(animate=False)
+
     def _remaining_s(self) -> int:
         left = (int(self.prompt.get("deadline_ms", 0)) / 1000) - self.clock()
         return max(0, math.ceil(left))
@@ -172,7 +192,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
     def _countdown(self) -> Text:
         return Text(
             f"Denied by itself in {self._remaining_s()} s · "
-            "d deny · x deny+kill · o once · p plan · a agent · t period",
+            "d deny · x deny+kill · o once · p plan · a agent · t period · ↑↓ scroll",
             style="dim",
         )
 

@@ -22,6 +22,7 @@ from worker.config import (
     UiSection,
     WorkerSection,
 )
+from worker.core.approvals import ApprovalBroker
 from worker.core.console import Console, LocalLink
 from worker.core.pipeline import Dispatcher, Outgoing
 from worker.wire.framing import worker_message_of
@@ -93,6 +94,7 @@ class Rig:
         plan: str = "plan-a",
         surface: str = "workerHost",
         timeout_ms: int = 0,
+        blob: bytes = b"",
     ) -> str:
         """Hand one request to the worker, as the connection does; returns its id."""
         self._count += 1
@@ -107,6 +109,7 @@ class Rig:
                 action=action,
                 args_json=args,
                 timeout_ms=timeout_ms,
+                blob=blob,
             )
         )
         return cid
@@ -125,6 +128,23 @@ class Rig:
 
     def close(self) -> None:
         self.dispatcher.close()
+
+
+async def prompts_waiting(broker: ApprovalBroker, count: int, within_s: float = 20.0) -> None:
+    """Wait until `count` prompts wait in `broker`, woken by the broker's own news."""
+    changed = asyncio.Event()
+
+    def told(_kind: str, _body: dict[str, Any]) -> None:
+        changed.set()
+
+    broker.listeners.append(told)
+    try:
+        async with asyncio.timeout(within_s):
+            while len(broker.pending()) < count:
+                changed.clear()
+                await changed.wait()
+    finally:
+        broker.listeners.remove(told)
 
 
 async def until(condition: Any, pilot: Any, within_s: float = 20.0) -> None:

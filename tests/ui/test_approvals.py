@@ -4,8 +4,10 @@ against a real dispatcher, broker and console."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
+from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from tests.ui.rig import Rig, silent, until
@@ -167,6 +169,36 @@ def test_a_preview_with_escape_sequences_is_shown_inert(tmp_path: Path) -> None:
             assert "\\e[2J" in shown and "\\u202e" in shown
             await pilot.press("d")
             await rig.result(cid)
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_prompt_shows_the_whole_call_in_a_box_that_scrolls(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        app = _app(rig)
+        path = "notes/" + "a" * 240 + "/../../.git/hooks/pre-commit"
+        body = "".join(f"echo line {n}\n" for n in range(200)).encode()
+        async with app.run_test(size=(100, 30)) as pilot:
+            cid = rig.call("fs_write", json.dumps({"path": path}), blob=body)
+            await until(lambda: _modal(app) is not None, pilot)
+            modal = _modal(app)
+            assert modal is not None
+            shown = str(modal.query_one("#preview", Static).render())
+            assert path in shown and "│ echo line 70" in shown, shown
+            assert "echo line 199" not in shown  # the blob: its first 1 KiB
+            assert f"resolves to: {rig.workspace / '.git/hooks/pre-commit'}" in shown
+            box = modal.query_one("#preview-box", VerticalScroll)
+            await until(lambda: box.max_scroll_y > 0, pilot)  # laid out, taller than the box
+            await pilot.press("end")
+            assert box.scroll_y == box.max_scroll_y
+            await pilot.press("home")
+            assert box.scroll_y == 0
+            assert app.focused is not None and app.focused.id == "deny"
+            await pilot.press("d")
+            await rig.result(cid)
+            assert rig.code(cid) == "scope_denied"
         rig.close()
 
     asyncio.run(scenario())

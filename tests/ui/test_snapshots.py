@@ -130,7 +130,14 @@ PROMPT = {
     "scopes": ["workerHost.fs_write"],
     "reason": "a call outside the agent's grants",
     # What an agent sent, already inert: it shows as text, it does nothing.
-    "preview": '{"path": "report.md\\e[2J\\e[32mAPPROVED\\u202e"}',
+    "preview": (
+        "args, as the action takes them:\n{\n"
+        '  "path": "report.md\\e[2J\\e[32mAPPROVED\\u202e",\n'
+        '  "mode": "create",\n  "make_parents": false\n}\n'
+        "path resolves to: /home/ada/.local/share/agentworker/workspace/report.md\\e[2J"
+        "\\e[32mAPPROVED\\u202e  (in /home/ada/.local/share/agentworker/workspace, "
+        "read-write)\nblob (31 bytes):\n│ # Report\n│ \n│ All tests pass."
+    ),
     "waiting": 2,
     "created_ms": MS,
     "deadline_ms": MS + 45_000,

@@ -3,8 +3,10 @@
 Four things ask: a server's ScopeRequest (and so the hub's RequestScope), a call
 outside the granted scopes, and an allowlist `ask` rule. Each becomes a `Prompt`
 that waits for whichever UI is attached — the TUI in this process or
-`agentworker ui` over the local socket. Identical pending asks share one prompt;
-prompts queue in arrival order and none is dropped while another is open.
+`agentworker ui` over the local socket. A call's prompt shows the call whole
+(worker.core.prompt_text); pending asks share one prompt only when they are the same
+call, args and blob alike; prompts queue in arrival order and none is dropped while
+another is open.
 
 The person's answer is turned into effects here and nowhere else: a grant stored
 where the choice grants (for this plan, for this agent for a period), an audit
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from worker.core import prompt_text
 from worker.core.ledger import State
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Grant, scope_required
 from worker.core.telemetry import Telemetry
@@ -80,11 +83,13 @@ _ESCAPED: Final = re.compile(
 _NAMED: Final = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e"}
 
 
-def inert(text: str, limit: int = PREVIEW_LIMIT) -> str:
+def inert(text: str, limit: int | None = PREVIEW_LIMIT) -> str:
     """`text` as something safe to put on a terminal: every control, escape, bidi
     and invisible character shown as a visible escape (`\\e`, `\\n`, `\\u202e`), so
     nothing an agent sends can move the cursor, recolour, clear or spoof the screen
-    or a line of the prompt. Cut at `limit` characters (with a note)."""
+    or a line of the prompt. Cut at `limit` characters (with a note); None: whole."""
+    if limit is None:
+        return _ESCAPED.sub(_escape, text)
     cut = len(text) > limit
     shown = _ESCAPED.sub(_escape, text[:limit])
     return shown + (f" … (+{len(text) - limit:,} chars)" if cut else "")
@@ -116,6 +121,9 @@ class Prompt:
     """One question to the person; several identical waiting asks share it.
 
     Fields hold what the asker sent; `to_dict` is what a UI shows (all of it inert).
+    A call's prompt shows the call whole (`preview`, worker.core.prompt_text); asks
+    share a prompt only when their calls are the same, blob included (`identity`).
+    A ScopeRequest's preview is the server's own words, shown cut.
     """
 
     id: str
@@ -127,13 +135,22 @@ class Prompt:
     preview: str
     created_ms: int
     deadline_ms: int
+    identity: str = ""  # the call's args and blob (prompt_text.identity); "" for a scope request
     correlation_ids: list[str] = field(default_factory=list)
     shown: bool = False  # a UI was attached while it waited
     waiters: list[asyncio.Future[Resolution]] = field(default_factory=list, repr=False)
 
     @property
     def key(self) -> tuple[str, ...]:
-        return (self.kind, self.agent_id, self.plan_id, *self.scopes, self.reason, self.preview)
+        return (
+            self.kind,
+            self.agent_id,
+            self.plan_id,
+            *self.scopes,
+            self.reason,
+            self.preview,
+            self.identity,
+        )
 
     @property
     def grants(self) -> tuple[str, ...]:
@@ -145,6 +162,14 @@ class Prompt:
             return (Choice.PLAN, Choice.AGENT, Choice.DENY, Choice.KILL)
         return (Choice.ONCE, Choice.PLAN, Choice.AGENT, Choice.DENY, Choice.KILL)
 
+    def view(self) -> str:
+        """The preview as a UI shows it. A call's is whole (its size was checked before
+        it was asked about), its line breaks its own (prompt_text), each line inert; a
+        ScopeRequest's is the server's words, on one line and cut."""
+        if self.kind is Kind.SCOPE_REQUEST:
+            return inert(self.preview)
+        return "\n".join(inert(line, None) for line in self.preview.split("\n"))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -153,7 +178,7 @@ class Prompt:
             "plan_id": inert(self.plan_id, 200),
             "scopes": [inert(s.removeprefix(ASK_PREFIX), 300) for s in self.scopes],
             "reason": inert(self.reason, 500),
-            "preview": inert(self.preview),
+            "preview": self.view(),
             "waiting": max(1, len(self.correlation_ids)),
             "created_ms": self.created_ms,
             "deadline_ms": self.deadline_ms,
@@ -228,6 +253,12 @@ class ApprovalBroker:
         """The pipeline's question (the Approver protocol): the grant given, None for
         a denial; WorkerError(scope_required) when no one could be asked."""
         kind = Kind.ASK_RULE if request.scope.startswith(ASK_PREFIX) else Kind.OUT_OF_SCOPE
+        same_call = ""
+        if self.can_ask:
+            shown = len(inert(request.preview, None))  # as Prompt.view counts it
+            if shown > prompt_text.SHOW_LIMIT:
+                raise too_long_to_show(request, kind, shown)
+            same_call = await prompt_text.identity(request.preview, request.blob)
         resolution = await self.request(
             kind,
             agent_id=request.agent_id,
@@ -236,6 +267,7 @@ class ApprovalBroker:
             reason=request.reason,
             preview=request.preview,
             correlation_id=request.correlation_id,
+            identity=same_call,
         )
         if resolution.headless and kind is Kind.OUT_OF_SCOPE:
             raise scope_required(request)
@@ -283,11 +315,14 @@ class ApprovalBroker:
         reason: str = "",
         preview: str = "",
         correlation_id: str = "",
+        identity: str = "",
     ) -> Resolution:
         """Wait for the person's answer to one question (shared with identical ones)."""
         if not self.can_ask:
             return Resolution(None, None, "no UI attached", headless=True)
-        prompt = self._open(kind, agent_id, plan_id, scopes, reason, preview, correlation_id)
+        prompt = self._open(
+            kind, agent_id, plan_id, scopes, reason, preview, correlation_id, identity
+        )
         waiter: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
         prompt.waiters.append(waiter)
         try:
@@ -313,6 +348,7 @@ class ApprovalBroker:
         reason: str,
         preview: str,
         correlation_id: str,
+        identity: str,
     ) -> Prompt:
         now = _now_ms()
         fresh = Prompt(
@@ -325,6 +361,7 @@ class ApprovalBroker:
             preview=preview,
             created_ms=now,
             deadline_ms=now + int(self.timeout_s * 1000),
+            identity=identity,
             shown=self.can_ask,
         )
         for prompt in self._prompts.values():
@@ -476,6 +513,26 @@ class ApprovalBroker:
             },
         )
         self.emit_audit(event)
+
+
+def too_long_to_show(request: ApprovalRequest, kind: Kind, shown: int) -> WorkerError:
+    """The refusal of a call too long for a prompt: it is not asked about cut."""
+    what = request.scope.removeprefix(ASK_PREFIX)
+    if kind is Kind.ASK_RULE:
+        hint = "an allowlist rule asks the person about it each time: send a shorter call"
+    else:
+        hint = (
+            f"grant it ahead (`agentworker grant {request.scope} --agent "
+            f"{request.agent_id or '*'}`) or send a shorter call"
+        )
+    limit = prompt_text.SHOW_LIMIT
+    return WorkerError(
+        "scope_required",
+        f"{what} needs the approval of the person at this worker, and this call is too "
+        f"long to show them ({shown:,} characters; a prompt shows at most {limit:,} and "
+        f"never a cut call): {hint}",
+        {"needs_approval": what, "shown_chars": shown, "show_limit": limit},
+    )
 
 
 def granted_by_choice(scopes: tuple[str, ...]) -> tuple[str, ...]:

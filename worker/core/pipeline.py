@@ -46,6 +46,7 @@ from worker.clock import now_ms
 from worker.config import Config, Paths
 from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
+from worker.core.prompt_text import call_text
 from worker.core.redaction import args_preview
 from worker.core.registry import (
     MIB,
@@ -1017,16 +1018,9 @@ class Dispatcher:
         if self.scopes.allowed(req.agent_id, spec.scope, req.plan_id):
             call.decision = "granted"
             return None
-        request = ApprovalRequest(
-            correlation_id=req.correlation_id,
-            agent_id=req.agent_id,
-            plan_id=req.plan_id,
-            scope=spec.scope,
-            preview=args_preview(req.args_json),
-            reason="a call outside the agent's grants",
-        )
 
         async def ask() -> None:
+            request = self._approval_request(call, spec.scope, "a call outside the agent's grants")
             call.decision = await self.scopes.require(request)
 
         return ask
@@ -1088,22 +1082,36 @@ class Dispatcher:
             containment=self.containment,
             services=self.services,
             in_flight=self.in_flight,
-            approve=lambda what, preview: self._approve(req, what, preview),
+            approve=lambda what, preview: self._approve(call, what, preview),
         )
 
-    async def _approve(self, req: pb.ActionRequest, what: str, preview: str) -> None:
-        """An action's own ask (an allowlist rule): passes if the person approved this
-        very ask for the plan or agent before, else asks them."""
-        key = ASK_PREFIX + what
-        if self.scopes.allowed(req.agent_id, key, req.plan_id):
-            return
-        request = ApprovalRequest(
+    def _approval_request(
+        self, call: Call, scope: str, reason: str, note: str = ""
+    ) -> ApprovalRequest:
+        """The question put to the person about `call`: the whole call, never the
+        telemetry's cut and masked preview (worker.core.prompt_text)."""
+        req = call.req
+        pieces = call.pieces or ((call.blob,) if call.blob else ())
+        shown = call_text(req.surface, call.args, self.roots, pieces)
+        return ApprovalRequest(
             correlation_id=req.correlation_id,
             agent_id=req.agent_id,
             plan_id=req.plan_id,
-            scope=key,
-            preview=preview,
-            reason="an allowlist rule asks the person each time",
+            scope=scope,
+            preview=f"{note}\n\n{shown}" if note else shown,
+            reason=reason,
+            blob=pieces,
+        )
+
+    async def _approve(self, call: Call, what: str, preview: str) -> None:
+        """An action's own ask (an allowlist rule): passes if the person approved this
+        very ask for the plan or agent before, else asks them."""
+        req = call.req
+        key = ASK_PREFIX + what
+        if self.scopes.allowed(req.agent_id, key, req.plan_id):
+            return
+        request = self._approval_request(
+            call, key, "an allowlist rule asks the person each time", preview
         )
         if self.scopes.approver is None:
             raise WorkerError(

@@ -7,7 +7,7 @@ server can ask (a ScopeRequest, or an out-of-scope call) but never grant.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
@@ -49,8 +49,11 @@ class ApprovalRequest:
     agent_id: str
     plan_id: str
     scope: str  # the scope, or ASK_PREFIX + what an allowlist rule asks about
-    preview: str
+    preview: str  # the whole call as the prompt shows it (worker.core.prompt_text)
     reason: str = ""
+    # The call's blob, as the parts it came in: asks share a prompt only when their
+    # blobs are the same too.
+    blob: Sequence[bytes | memoryview] = ()
 
 
 class Approver(Protocol):
