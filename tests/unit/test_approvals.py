@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 from tests.ui.rig import Rig, prompts_waiting
+from worker.config import GrantSection
 from worker.core.approvals import Choice, Decision, Kind, inert
 from worker.core.redaction import args_preview
 from worker.wire.proto import agentworker_pb2 as pb
@@ -285,6 +286,38 @@ def test_a_call_too_long_to_show_is_refused_not_shown_cut(tmp_path: Path) -> Non
         assert rig.code(cid) == "scope_required", rig.results[cid]
         assert "too long to show" in rig.results[cid].error.message
         assert opened == []  # never put to the person
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_wildcard_scope_grant_never_settles_a_waiting_ask_rule_prompt(tmp_path: Path) -> None:
+    """A ScopeRequest for `*Host.*` granted for the plan leaves an exec that an `ask`
+    rule holds waiting for its own answer (the person never saw that command)."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.exec"])])
+        broker = rig.console.broker
+        assert broker is not None
+        asked = asyncio.ensure_future(
+            broker.scope_request(
+                pb.ScopeRequest(
+                    request_id="r1", agent_id="agent-1", plan_id="plan-a", scopes=["*Host.*"]
+                )
+            )
+        )
+        call = rig.call("exec", json.dumps({"argv": ["touch", "asked-for.txt"]}))
+        await prompts_waiting(broker, 2)
+        scope_prompt, ask_prompt = broker.pending()
+        assert ask_prompt.kind is Kind.ASK_RULE
+        broker.decide(scope_prompt.id, Decision(Choice.PLAN))
+        assert (await asked).granted
+        assert [p.id for p in broker.pending()] == [ask_prompt.id]  # still asks
+        assert call not in rig.results
+        broker.decide(ask_prompt.id, Decision(Choice.DENY))
+        await rig.result(call)
+        assert rig.code(call) == "scope_denied"
+        assert not (rig.workspace / "asked-for.txt").exists()
         rig.close()
 
     asyncio.run(scenario())

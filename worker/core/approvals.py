@@ -453,16 +453,30 @@ class ApprovalBroker:
         return resolution
 
     def _settle_covered(self) -> None:
-        """Waiting prompts that the grants just made now cover need no answer of their own."""
+        """Waiting prompts that the grants just made now cover need no answer of their own.
+
+        As `Scopes.allowed` rules: an allowlist ask is answered only by an approval of
+        that very ask, never by a scope grant (`*Host.*` or `*.*` match `ask:…` as
+        patterns, and the person never saw the command)."""
         now = datetime.now(UTC)
         grants = [
             Grant(g.agent, g.scope, g.plan, g.expires, g.granted_by) for g in self.state.grants()
         ]
+
+        def cover(prompt: Prompt, scope: str) -> Grant | None:
+            ask = scope.startswith(ASK_PREFIX)
+            return next(
+                (
+                    g
+                    for g in grants
+                    if g.scope.startswith(ASK_PREFIX) == ask
+                    and g.admits(prompt.agent_id, scope, prompt.plan_id, now)
+                ),
+                None,
+            )
+
         for prompt in list(self._prompts.values()):
-            covering = [
-                next((g for g in grants if g.admits(prompt.agent_id, s, prompt.plan_id, now)), None)
-                for s in prompt.scopes
-            ]
+            covering = [cover(prompt, s) for s in prompt.scopes]
             first = covering[0]
             if first is not None and all(covering):
                 self._close(prompt, Resolution(first, None, "covered by a grant just made"))
