@@ -321,3 +321,46 @@ def test_a_wildcard_scope_grant_never_settles_a_waiting_ask_rule_prompt(tmp_path
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_an_ask_approval_for_the_plan_answers_that_whole_command_in_that_folder_only(
+    tmp_path: Path,
+) -> None:
+    """Approved "for this plan", `touch <long name>` runs again unasked; the same 300
+    characters followed by more, or the same command in another folder, are asked."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.exec"])])
+        broker = rig.console.broker
+        assert broker is not None
+        (rig.workspace / "drafts").mkdir()
+        long_name = "drafts/" + "n" * 290 + ".txt"
+
+        def touch(*argv: str, cwd: str | None = None) -> str:
+            args: dict[str, object] = {"argv": ["touch", *argv]}
+            if cwd is not None:
+                args["cwd"] = cwd
+            return rig.call("exec", json.dumps(args))
+
+        first = touch(long_name)
+        await prompts_waiting(broker, 1)
+        (prompt,) = broker.pending()
+        assert f"command: touch {long_name}\n" in prompt.preview, prompt.preview
+        broker.decide(prompt.id, Decision(Choice.PLAN))
+        await rig.result(first)
+        assert rig.code(first) == "ok"
+        again = touch(long_name)
+        await rig.result(again)
+        assert rig.code(again) == "ok"  # the very command it approved
+        longer = touch(long_name, "IMPORTANT-elsewhere.txt")
+        elsewhere = touch(long_name, cwd="drafts")  # the same argv in another folder
+        await prompts_waiting(broker, 2)
+        for waiting in broker.pending():
+            broker.decide(waiting.id, Decision(Choice.DENY))
+        for cid in (longer, elsewhere):
+            await rig.result(cid)
+            assert rig.code(cid) == "scope_denied"
+        assert not (rig.workspace / "IMPORTANT-elsewhere.txt").exists()
+        rig.close()
+
+    asyncio.run(scenario())

@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import shlex
 import shutil
 import tempfile
 import time
@@ -74,7 +73,6 @@ from worker.wire.protocol import WORKBENCH_SURFACE
 log = logging.getLogger(__name__)
 
 SURFACE: Final = WORKBENCH_SURFACE
-PREVIEW_CHARS: Final = 300
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
@@ -369,11 +367,8 @@ async def _run_in_workspace(
     )
     program = exec_cmd._admitted(decision, ctx.roots)
     if decision.verdict == "ask":
-        command = shlex.join(args.argv)
-        await ctx.approve(
-            f"{SURFACE}.exec: `{command[:PREVIEW_CHARS]}`",
-            f"{command[:PREVIEW_CHARS]}\nin {_as_seen_inside(workspace, cwd)}\n{decision.reason}",
-        )
+        inside = _as_seen_inside(workspace, cwd)
+        await ctx.approve(*exec_cmd.ask_about(SURFACE, args.argv, inside, decision.reason))
     assert decision.program is not None
     entry = await exec_cmd.landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:

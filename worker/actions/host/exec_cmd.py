@@ -17,6 +17,8 @@ request's deadline passing first is the `timeout` error.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import shlex
 import signal
@@ -33,10 +35,12 @@ from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.config import ExecSection, Paths
+from worker.core.prompt_text import one_line
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
 
-PREVIEW_CHARS: Final = 300
+# An `ask` approval's name shows this much of its command (its digest binds all of it).
+ASK_LABEL_CHARS: Final = 60
 OUTPUT_BYTES: Final = 1 * MIB  # stdout + stderr together, per call
 
 
@@ -91,11 +95,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     decision = policy_for(ctx.config, ctx.paths, ctx.policies).decide(args.argv, check)
     program = _admitted(decision, ctx.roots)
     if decision.verdict == "ask":
-        command = shlex.join(args.argv)
-        await ctx.approve(
-            f"workerHost.exec: `{command[:PREVIEW_CHARS]}`",
-            f"{command[:PREVIEW_CHARS]}\nin {cwd}\n{decision.reason}",
-        )
+        await ctx.approve(*ask_about("workerHost", args.argv, cwd, decision.reason))
     assert decision.program is not None
     for root in ctx.roots:  # bound and blanked by path: each must still be as it was
         why = root.moved()
@@ -181,6 +181,25 @@ def _timeout(args: ExecArgs, settings: ExecSection) -> float:
             {"errors": [{"loc": ["timeout_s"], "msg": "over the ceiling", "type": "too_large"}]},
         )
     return args.timeout_s
+
+
+def ask_about(surface: str, argv: Sequence[str], cwd: str, reason: str) -> tuple[str, str]:
+    """What an allowlist `ask` is asked (and its approval kept) as, and what its prompt
+    says. The name is bound to the whole command and its working folder by a digest,
+    so an approval "for this plan" or "for this agent" answers that command in that
+    folder and nothing else (keyed on the first 300 characters, with no folder, it let
+    any longer command with that start run unasked). The prompt shows it whole."""
+    command = shlex.join(argv)
+    bound = json.dumps([list(argv), cwd]).encode()  # ASCII: every other char escaped
+    digest = hashlib.sha256(bound).hexdigest()
+    label = command if len(command) <= ASK_LABEL_CHARS else command[: ASK_LABEL_CHARS - 1] + "…"
+    place = cwd if len(cwd) <= ASK_LABEL_CHARS else "…" + cwd[-(ASK_LABEL_CHARS - 1) :]
+    what = f"{surface}.exec `{one_line(label)}` in {one_line(place)} (sha256 {digest})"
+    note = (
+        f"command: {one_line(command)}\nworking folder: {one_line(cwd)}\n"
+        f"the allowlist asks: {one_line(reason)}"
+    )
+    return what, note
 
 
 def _working_dir(ctx: Context, cwd: str | None) -> str:
