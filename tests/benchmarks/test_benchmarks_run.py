@@ -165,16 +165,28 @@ def test_computer_benchmark_runs_beside_its_baselines(goals_file: Path) -> None:
 
 
 def test_tui_benchmark_prints_memory_and_prompt_latency_beside_baselines(goals_file: Path) -> None:
-    out = _run("bench_tui.py", "--prompts", "3", "--calls", "10", goals=goals_file)
+    out = _run(
+        "bench_tui.py",
+        *("--prompts", "3", "--calls", "10", "--rounds", "2", "--per-round", "3"),
+        *("--gap-ms", "10"),
+        goals=goals_file,
+    )
     for row in (
+        "raw: headless, back to back",
+        "with the TUI, back to back",
+        "raw: headless, 10 ms apart",
+        "with the TUI, 10 ms apart",
         "agentworker up --headless",
         "agentworker up (TUI)",
+        "the TUI process",
         "raw: one screen read",
         "raw: a granted call's round trip",
         "call dispatched → prompt on screen",
     ):
         assert row in out, f"{row!r} missing:\n{out}"
-    _recorded(goals_file, "bench_tui", 1)
+    assert out.count("ratio TUI / headless, p50") == 2, out
+    assert out.count("ratio TUI / headless, p99") == 2, out
+    _recorded(goals_file, "bench_tui", 4)
 
 
 @pytest.mark.timeout(300)
