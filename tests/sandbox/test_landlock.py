@@ -126,6 +126,53 @@ def test_the_helper_is_built_once_per_source_and_kept_private(tmp_path: Path) ->
     assert built.stat().st_mtime_ns == first
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="built with the C library elsewhere")
+def test_on_x86_64_the_helper_is_built_without_the_c_library(entry: str) -> None:
+    assert _entry.interpreter_of(entry) is None  # static: no loader, no C library's start
+    assert _entry.recipes()[0] == _entry.FREESTANDING
+
+
+def test_the_helper_built_with_the_c_library_confines_alike(
+    share: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the build without the C library fails, or on other machines."""
+    monkeypatch.setattr(_entry, "recipes", lambda machine=None: [_entry.WITH_LIBC])
+    built = _entry.build(tmp_path / "cache", "cc")
+    assert _entry.interpreter_of(built) is not None  # the C library's, dynamically
+    seen = probe(view_of(share, built), f"{share}/new.txt", "/x")
+    assert seen["status"] == "seccomp 2 nnp 1"
+    assert seen["exec"] == str(errno.EACCES)
+    assert seen[f"write {share}/new.txt"] == "ok" and seen["write /x"] == str(errno.EACCES)
+
+
+def test_the_helper_refuses_a_line_it_cannot_read_whole(entry: str) -> None:
+    """Run outside a sandbox (Landlock then binds only it): each malformed line exits 125
+    with its message before anything runs; a whole one runs the program."""
+    loader = _entry.interpreter_of("/usr/bin/true")
+    run_true = ["-x", "/usr/bin/true", *(["-x", loader] if loader else []), "--", "/usr/bin/true"]
+    for line, says in [
+        (["-r", "4:0", "--", "/usr/bin/true"], b"not a number in -r"),
+        (["-r", "4:0:1x", "--", "/usr/bin/true"], b"not a number in -r"),
+        (["-r", "4:0:99999999999999999999", "--", "/usr/bin/true"], b"too large a number"),
+        (["-L", "", "--", "/usr/bin/true"], b"not a number in -L"),
+        (["-q", "1", "--", "/usr/bin/true"], b"unknown option -q"),
+        (["-xx", "/usr/bin/true", "--", "/usr/bin/true"], b"unknown option -xx"),
+        (["-w", "/tmp", "-x"], b"no value for -x"),
+        (["-x", "/usr/bin/true", "--"], b"no program was named"),
+        (["-x", "/usr/bin/true"], b"no program was named"),
+        (["-x", "/no/such", "--", "/usr/bin/true"], b"cannot open /no/such: No such file"),
+        # Its loader may not execute: Landlock's refusal, told as the helper's.
+        *([(["-x", "/usr/bin/true", "--", "/usr/bin/true"], b"cannot execute")] if loader else []),
+    ]:
+        done = subprocess.run([entry, *line], capture_output=True, check=False)
+        assert (done.returncode, done.stderr[: len(_entry.SAYS) + len(says)]) == (
+            _entry.FAILED,
+            _entry.SAYS + says,
+        ), line
+    done = subprocess.run([entry, "-r", "4:0:0", *run_true], capture_output=True, check=False)
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
 def test_a_folder_others_can_write_is_never_used(tmp_path: Path) -> None:
     cache = tmp_path / "open"
     cache.mkdir()
