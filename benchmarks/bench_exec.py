@@ -14,9 +14,11 @@ each per round, so a busy moment of a shared machine lands on every row alike):
   sandbox.run         sandbox.process.run with that line (its child handling included)
   pipeline            caller → hub → worker → allowlist → sandbox → back (`agentworker up`)
 
-Printed: p50/p99 latency and each figure's ratio to raw, then the two budgets:
-Landlock + seccomp add at most 1 ms to raw bwrap (p50), and exec through the hub is
-at most 1.5x exec's exact bwrap line.
+Printed: p50/p99 latency and each figure's ratio to raw, what each step of exec's
+line adds (the median of the rounds' differences, each round running the lines
+back to back, and their middle half), then the two budgets: Landlock + seccomp add
+at most 1 ms to raw bwrap (p50), and exec through the hub is at most 1.5x exec's
+exact bwrap line.
 
     python benchmarks/bench_exec.py [--calls 200]
 """
@@ -113,6 +115,12 @@ def sandbox_call(argv: list[str], workspace: Path, expect: int, entry: str) -> O
     return one
 
 
+def paired(before: list[float], after: list[float]) -> tuple[float, float, float]:
+    """What `after` adds to `before`, round by round: the quartiles of the differences."""
+    q1, median, q3 = statistics.quantiles([b - a for a, b in zip(before, after, strict=True)])
+    return q1, median, q3
+
+
 async def interleaved(calls: list[OneCall], rounds: int) -> list[list[float]]:
     """Latencies (ms) of each call, one of each per round, after a warm-up round."""
     for one in calls:
@@ -152,6 +160,11 @@ async def bench(calls: int, home_dir: Path) -> None:
                 report(label, list(zip([n for n, _ in rows], samples, strict=True)), name_width=26)
                 p50 = [statistics.median(s) for s in samples]
                 what = " ".join(argv)
+                steps = [(1, 2, "+prlimit"), (2, 3, "+LL+seccomp over +prlimit"), (1, 3, "+LL+sc")]
+                print("  added, median of the rounds' differences (and their middle half):")
+                for before, after, name in steps:
+                    added = paired(samples[before], samples[after])
+                    print(f"    {name:28}{added[1]:+7.2f} ms  [{added[0]:+.2f}..{added[2]:+.2f}]")
                 goal(
                     f"exec {what}: Landlock + seccomp (+ limits) over raw bwrap",
                     p50[3],
