@@ -143,7 +143,8 @@ class WorkerApp(App[None]):
         self.worker_gone = False
         # Calls and plans told since the last redraw (see REDRAW_EVERY_S).
         self._changed_calls: dict[str, dict[str, Any]] = {}
-        self._changed_plans: list[dict[str, Any]] | None = None
+        # plan -> its row, or None: no longer listed
+        self._changed_plans: dict[str, dict[str, Any] | None] = {}
         self._redraw_due = False
         self._header: Static | None = None  # once mounted (see _alive)
         self._table: DataTable[Any] | None = None
@@ -234,11 +235,11 @@ class WorkerApp(App[None]):
             return
         event = message.event
         kind = event.get("type")
-        if kind in ("call", "plans"):
+        if kind in ("call", "plan"):
             if kind == "call":
                 self._changed_calls[event["call"]["id"]] = event["call"]
             else:
-                self._changed_plans = event["plans"]
+                self._changed_plans[str(event["raw"])] = event["plan"]
             if not self._redraw_due:
                 self._redraw_due = True
                 self.set_timer(REDRAW_EVERY_S, self._redraw)
@@ -269,7 +270,7 @@ class WorkerApp(App[None]):
         """Draw the calls and plans told since the last redraw, each once."""
         self._redraw_due = False
         changed, self._changed_calls = self._changed_calls, {}
-        plans, self._changed_plans = self._changed_plans, None
+        plans, self._changed_plans = self._changed_plans, {}
         if not self._alive():
             return
         table = self._calls_table()
@@ -278,13 +279,12 @@ class WorkerApp(App[None]):
             self._upsert_call(call)
         if self.follow and table.row_count > rows:  # once: each move redraws the detail
             table.move_cursor(row=table.row_count - 1)
-        if plans is not None:
-            self.plans = plans
-            self._show_plans()
+        for raw, plan in plans.items():
+            self._upsert_plan(raw, plan)
 
     def _apply_snapshot(self, snapshot: Event) -> None:
         # The whole state as of now: what waited to be drawn is older.
-        self._changed_calls, self._changed_plans = {}, None
+        self._changed_calls, self._changed_plans = {}, {}
         self.worker_info = snapshot.get("worker", {})
         self.link_state = snapshot.get("link", self.link_state)
         self.paused = bool(snapshot.get("paused"))
@@ -452,20 +452,26 @@ class WorkerApp(App[None]):
         keep = table.cursor_row
         table.clear()
         for plan in self.plans:
-            state = str(plan["state"])
-            style = {"killed": "bold red", "running": "yellow"}.get(state, "")
-            label = (
-                f"killed: {plan['reason']}" if state == "killed" and plan.get("reason") else state
-            )
-            table.add_row(
-                Text(str(plan["plan_id"]) or "(none)"),
-                Text(label, style=style),
-                Text(str(plan["running"]), justify="right"),
-                Text(str(plan["calls"]), justify="right"),
-                key=str(plan["raw"]),
-            )
+            table.add_row(*_plan_cells(plan), key=str(plan["raw"]))
         if table.row_count:
             table.move_cursor(row=min(keep, table.row_count - 1))
+
+    def _upsert_plan(self, raw: str, plan: dict[str, Any] | None) -> None:
+        """One plan's row changed (the worker tells each change, not the whole list)."""
+        table = self._main.query_one("#plans", DataTable)
+        at = next((i for i, known in enumerate(self.plans) if known["raw"] == raw), None)
+        if plan is None:
+            if at is not None:
+                del self.plans[at]
+                table.remove_row(raw)
+            return
+        if at is None:
+            self.plans.append(plan)
+            table.add_row(*_plan_cells(plan), key=raw)
+            return
+        self.plans[at] = plan
+        for key, cell in zip(("plan", "state", "running", "calls"), _plan_cells(plan), strict=True):
+            table.update_cell(raw, key, cell)
 
     def _show_grants(self) -> None:
         if isinstance(self.screen, GrantsScreen):
@@ -621,3 +627,15 @@ class WorkerApp(App[None]):
         """The app is closing (the person quit, or the worker stops): let go of the link."""
         self._closing = True
         await self.link.close()
+
+
+def _plan_cells(plan: dict[str, Any]) -> tuple[Text, Text, Text, Text]:
+    state = str(plan["state"])
+    style = {"killed": "bold red", "running": "yellow"}.get(state, "")
+    label = f"killed: {plan['reason']}" if state == "killed" and plan.get("reason") else state
+    return (
+        Text(str(plan["plan_id"]) or "(none)"),
+        Text(label, style=style),
+        Text(str(plan["running"]), justify="right"),
+        Text(str(plan["calls"]), justify="right"),
+    )

@@ -21,6 +21,8 @@ from worker import app
 from worker.config import Paths, load
 from worker.core import connection
 from worker.core.connection import Backoff, FatalConnectionError, Target, WorkerConnection
+from worker.core.console import encode
+from worker.core.ledger import MAX_SERVER_KILLS
 from worker.wire.proto import agentworker_pb2 as pb
 
 MIB = 1024 * 1024
@@ -147,6 +149,63 @@ def test_kill_plan_cancels_running_calls_and_refuses_later_ones_durably(tmp_path
         assert error_code(await hub.next("result")) == "plan_killed"
 
     play(tmp_path, after_restart)
+
+
+def test_a_servers_kill_flood_is_bounded_and_reaches_a_ui_one_plan_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """A server's kills of made-up plans are pruned, oldest first, past MAX_SERVER_KILLS
+    (the person's kills never); a UI is told of each plan that changed, not the list."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        dispatcher = link.dispatcher
+        console = app.build_console(
+            dispatcher, load(Paths(tmp_path, tmp_path)), server="s", mode="t"
+        )
+        events: list[dict[str, Any]] = []
+        snapshot = console.subscribe(events.append, asks=False)
+        assert snapshot["plans"] == []
+        hub.send(kill_plan=pb.KillPlan(plan_id="both", reason="the server's"))
+        hub.request("sync", "{}", plan_id="other")
+        assert error_code(await hub.next("result")) == "ok"  # the kill came before
+        assert console.handle({"op": "kill", "plan": "mine"})["ok"]
+        assert console.handle({"op": "kill", "plan": "both"})["ok"]  # the person's now
+        flood = [f"made-up-{i:05d}" for i in range(MAX_SERVER_KILLS + 50)]
+        hub.send_raw(
+            pb.ServerEnvelope(
+                messages=[
+                    pb.ServerMessage(kill_plan=pb.KillPlan(plan_id=p, reason="x")) for p in flood
+                ]
+            ).SerializeToString()
+        )
+        for plan in ("mine", "both", flood[0], flood[49], flood[50], flood[-1]):
+            hub.request(f"after-{plan}", "{}", plan_id=plan)
+        answers = {}
+        while len(answers) < 6:
+            result = await hub.next("result")
+            answers[result.correlation_id.removeprefix("after-")] = error_code(result)
+        assert answers == {
+            "mine": "plan_killed",
+            "both": "plan_killed",
+            flood[0]: "ok",  # pruned: the oldest of the server's kills
+            flood[49]: "ok",
+            flood[50]: "plan_killed",
+            flood[-1]: "plan_killed",
+        }
+        kills = dispatcher.state.kills()
+        assert sum(by == "server" for _, _, by, _ in kills) == MAX_SERVER_KILLS
+        assert {plan for plan, _, by, _ in kills if by != "server"} == {"mine", "both"}
+        # Each event is one plan's row; a pruned plan is told gone.
+        assert all(event["type"] in ("plan", "call") for event in events)
+        assert max(len(encode(event)) for event in events) < 4096
+        told = {event["raw"]: event["plan"] for event in events if event["type"] == "plan"}
+        assert told["mine"]["state"] == told["both"]["state"] == "killed"
+        assert told[flood[0]]["state"] == "idle"  # its call ran, after the kill was pruned
+        assert told[flood[-1]]["state"] == "killed"
+        assert told[flood[1]] is None  # pruned, never called
+        assert len(encode(console.snapshot())) < 2 * MIB
+
+    play(tmp_path, scenario)
 
 
 def test_unacked_results_are_resent_after_a_reconnect(tmp_path: Path) -> None:

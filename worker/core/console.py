@@ -15,7 +15,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
 
 from worker.core.approvals import ApprovalBroker, Choice, Decision, inert
@@ -28,6 +28,9 @@ from worker.wire.proto import agentworker_pb2 as pb
 log = logging.getLogger(__name__)
 
 RECENT_CALLS: Final = 500
+# Plans a UI is shown for the calls seen (this run), the most recent; killed plans
+# are shown besides (a server's kills are bounded by the ledger, MAX_SERVER_KILLS).
+RECENT_PLANS: Final = 500
 RESULT_PREVIEW: Final = 2000
 
 Event = dict[str, Any]
@@ -51,8 +54,10 @@ class Console:
         self.static_grants = static_grants
         self.link = LinkState("connecting", server)
         self._calls: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
-        self._plans: dict[str, int] = {}  # plan -> calls seen (this run)
+        # plan -> calls seen (this run), the least recently called first
+        self._plans: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._running: dict[str, str] = {}  # call id -> plan, started and not finished
+        self._running_plans: collections.Counter[str] = collections.Counter()
         self._subscribers: list[Subscriber] = []
         # Pausing is the global stop's; set by the assembly when there is one.
         self.pause: Callable[[bool, str], None] | None = None
@@ -77,9 +82,16 @@ class Console:
             if asks and self.broker is not None and not self.broker.always_attached:
                 self.broker.detach()
 
-    def _tell_plans(self) -> None:
-        if self._subscribers:  # reading the kills costs a query: only for someone
-            self._tell({"type": "plans", "plans": self.plans()})
+    def _tell_plan(self, plan: str) -> None:
+        """A UI is told of the one plan that changed (its row, or None: no longer
+        listed), never the whole list: with thousands of kills that list was megabytes
+        at every call's start and end."""
+        if self._subscribers:
+            self._tell({"type": "plan", "raw": plan, "plan": self._plan_row(plan)})
+
+    def plans_changed(self, plans: Iterable[str]) -> None:
+        for plan in plans:
+            self._tell_plan(plan)
 
     def _tell(self, event: Event) -> None:
         for subscriber in list(self._subscribers):
@@ -128,17 +140,21 @@ class Console:
             "args": inert(req.args_json, RESULT_PREVIEW),
         }
         self._remember(row)
-        self._plans[req.plan_id] = self._plans.get(req.plan_id, 0) + 1
         self._running[req.correlation_id] = req.plan_id
+        self._running_plans[req.plan_id] += 1
+        self._count_call(req.plan_id)
         self._tell({"type": "call", "call": row})
-        self._tell_plans()
+        self._tell_plan(req.plan_id)
 
     def call_finished(
         self, req: pb.ActionRequest, result: pb.ActionResult, blob_bytes: int
     ) -> None:
         inv = result.invocation
         row = self._calls.get(req.correlation_id)
-        self._running.pop(req.correlation_id, None)
+        if self._running.pop(req.correlation_id, None) is not None:
+            self._running_plans[req.plan_id] -= 1
+            if self._running_plans[req.plan_id] <= 0:
+                del self._running_plans[req.plan_id]
         if row is None:  # started before we watched, or dropped from the recent rows
             row = {
                 "id": req.correlation_id,
@@ -149,7 +165,7 @@ class Console:
                 "action": inert(f"{req.surface}.{req.action}", 200),
                 "args": inert(req.args_json, RESULT_PREVIEW),
             }
-            self._plans[req.plan_id] = self._plans.get(req.plan_id, 0) + 1
+            self._count_call(req.plan_id)
         failed = result.status == pb.ActionResult.ERROR
         row.update(
             {
@@ -171,7 +187,7 @@ class Console:
         )
         self._remember(row)
         self._tell({"type": "call", "call": row})
-        self._tell_plans()
+        self._tell_plan(req.plan_id)
 
     def pause_changed(self) -> None:
         """The global stop was set or lifted (here, by `agentworker pause`, a hotkey)."""
@@ -186,26 +202,41 @@ class Console:
     def _on_prompt(self, kind: str, body: dict[str, Any]) -> None:
         self._tell({"type": kind, "prompt": body})
 
+    def _count_call(self, plan: str) -> None:
+        self._plans[plan] = self._plans.get(plan, 0) + 1
+        self._plans.move_to_end(plan)
+        if len(self._plans) <= RECENT_PLANS:
+            return
+        # The least recently called plan with no call running leaves the list.
+        gone = next((p for p in self._plans if p not in self._running_plans), None)
+        if gone is not None:
+            del self._plans[gone]
+            self._tell_plan(gone)
+
+    def _plan_row(self, plan: str, reason: str | None = None) -> dict[str, Any] | None:
+        if reason is None:
+            reason = self.dispatcher.state.killed(plan)  # cached: no query
+        calls = self._plans.get(plan)
+        if reason is None and calls is None:
+            return None
+        running = self._running_plans.get(plan, 0)
+        return {
+            "plan_id": inert(plan, 200),
+            "raw": plan,
+            "state": "killed" if reason is not None else "running" if running else "idle",
+            "running": running,
+            "calls": calls or 0,
+            "reason": inert(reason or "", 300),
+        }
+
     def plans(self) -> list[dict[str, Any]]:
-        running: dict[str, int] = {}
-        for plan in self._running.values():
-            running[plan] = running.get(plan, 0) + 1
+        """Every plan a UI lists: the recent ones, then the killed ones."""
         killed = dict(self.dispatcher.state.killed_plans())
-        names = list(dict.fromkeys([*self._plans, *killed]))
         rows = []
-        for plan in names:
-            reason = killed.get(plan)
-            state = "killed" if reason is not None else "running" if running.get(plan) else "idle"
-            rows.append(
-                {
-                    "plan_id": inert(plan, 200),
-                    "raw": plan,
-                    "state": state,
-                    "running": running.get(plan, 0),
-                    "calls": self._plans.get(plan, 0),
-                    "reason": inert(reason or "", 300),
-                }
-            )
+        for plan in dict.fromkeys([*self._plans, *killed]):
+            row = self._plan_row(plan, killed.get(plan))
+            if row is not None:
+                rows.append(row)
         return rows
 
     def grants(self) -> list[dict[str, Any]]:
@@ -246,14 +277,13 @@ class Console:
             if op == "kill":
                 plan = _text(command, "plan")
                 stopped = self.dispatcher.kill_plan(plan, "killed from the UI", "ui")
-                self._tell_plans()
                 return {"ok": True, "stopped": stopped}
             if op == "lift":
                 plan = _text(command, "plan")
                 lifted = self.dispatcher.state.lift_kill(plan)
                 if lifted:
                     self.dispatcher.telemetry.audit("lift", plan_id=plan, detail={"by": "ui"})
-                self._tell_plans()
+                    self._tell_plan(plan)
                 return {"ok": lifted}
             if op == "revoke":
                 grant_id = command.get("grant_id")
@@ -299,8 +329,6 @@ class Console:
             return {"ok": False, "code": "not_found", "message": "that prompt is no longer waiting"}
         if resolution.grant is not None and choice is not Choice.ONCE:
             self._tell({"type": "grants", "grants": self.grants()})
-        if choice is Choice.KILL:
-            self._tell_plans()
         return {"ok": True, "granted": resolution.grant is not None}
 
 

@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS killed_plans (
     killed_by TEXT NOT NULL,
     killed_ms INTEGER NOT NULL
 );
+CREATE INDEX IF NOT EXISTS killed_plans_by ON killed_plans (killed_by);
 CREATE TABLE IF NOT EXISTS grants (
     id         INTEGER PRIMARY KEY,
     agent      TEXT NOT NULL,
@@ -73,6 +74,12 @@ CREATE TABLE IF NOT EXISTS grants (
 """
 
 DEFAULT_TTL_S = 24 * 3600
+# Kills a server may make this worker keep; past it its oldest kills go (a kill made
+# here, by the person, is never dropped). A kill outlives restarts, and the console
+# lists every kill: unbounded, a server's flood of KillPlans for made-up plans grew
+# state.db without end and made each UI event megabytes long.
+MAX_SERVER_KILLS: Final = 1000
+SERVER: Final = "server"  # `killed_by` of a server's KillPlan
 # Effect-free results held in memory past this many bytes (a server that does not ack)
 # are written to the ledger, oldest first, as any unacked result is.
 HELD_BYTES: Final = 64 * 1024 * 1024
@@ -173,7 +180,10 @@ class State:
         # another process): cache them until SQLite's data_version says someone wrote.
         self._seen_version = -1
         self._checked_at = 0.0
-        self._kills: dict[str, str] = {}
+        self._kills: dict[str, tuple[str, str]] = {}  # plan -> (reason, killed by)
+        self._kills_moved: set[str] = set()  # plans whose kill another process changed
+        self._kills_read = False
+        self._prune_server_kills()  # a state.db from before the bound
         self._grants: list[StoredGrant] = []
 
     def _refresh(self) -> None:
@@ -185,12 +195,20 @@ class State:
         if version == self._seen_version:
             return
         self._seen_version = version
-        self._kills = {
-            plan: f"{reason} (by {by})"
+        kills = {
+            plan: (reason, by)
             for plan, reason, by in self._db.execute(
                 "SELECT plan_id, reason, killed_by FROM killed_plans"
             )
         }
+        if self._kills_read and kills != self._kills:
+            self._kills_moved.update(
+                plan
+                for plan in kills.keys() | self._kills.keys()
+                if kills.get(plan) != self._kills.get(plan)
+            )
+        self._kills = kills
+        self._kills_read = True
         self._grants = self._read_grants()
 
     def _changed(self) -> None:
@@ -462,21 +480,65 @@ class State:
 
     # ------------------------------------------------------------- kill switch
 
-    def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> None:
+    def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> list[str]:
+        """Record the kill; a kill made here replaces a server's kill of the plan (so
+        it is never pruned). Returns the plans whose server kill was pruned to make
+        room (see MAX_SERVER_KILLS): they are no longer killed."""
+        self._refresh()
         self._db.execute(
-            "INSERT OR IGNORE INTO killed_plans VALUES (?, ?, ?, ?)",
-            (plan_id, reason, killed_by, now_ms()),
+            "INSERT INTO killed_plans VALUES (?, ?, ?, ?) ON CONFLICT (plan_id) DO UPDATE"
+            " SET reason = excluded.reason, killed_by = excluded.killed_by,"
+            " killed_ms = excluded.killed_ms"
+            " WHERE killed_plans.killed_by = ? AND excluded.killed_by != ?",
+            (plan_id, reason, killed_by, now_ms(), SERVER, SERVER),
         )
-        self._changed()
+        known = self._kills.get(plan_id)
+        if known is None or (known[1] == SERVER and killed_by != SERVER):
+            self._kills[plan_id] = (reason, killed_by)
+        return self._prune_server_kills() if killed_by == SERVER else []
+
+    def _prune_server_kills(self) -> list[str]:
+        (count,) = self._db.execute(
+            "SELECT count(*) FROM killed_plans WHERE killed_by = ?", (SERVER,)
+        ).fetchone()
+        if count <= MAX_SERVER_KILLS:
+            return []
+        oldest = [
+            plan
+            for (plan,) in self._db.execute(
+                "SELECT plan_id FROM killed_plans WHERE killed_by = ? ORDER BY killed_ms, rowid"
+                " LIMIT ?",
+                (SERVER, count - MAX_SERVER_KILLS),
+            )
+        ]
+        self._db.executemany("DELETE FROM killed_plans WHERE plan_id = ?", ((p,) for p in oldest))
+        for plan in oldest:
+            self._kills.pop(plan, None)
+        return oldest
 
     def lift_kill(self, plan_id: str) -> bool:
-        self._changed()
+        self._refresh()
         cur = self._db.execute("DELETE FROM killed_plans WHERE plan_id = ?", (plan_id,))
+        self._kills.pop(plan_id, None)
         return cur.rowcount > 0
 
     def kill_reason(self, plan_id: str) -> str | None:
         self._refresh()
-        return self._kills.get(plan_id)
+        kill = self._kills.get(plan_id)
+        return None if kill is None else f"{kill[0]} (by {kill[1]})"
+
+    def killed(self, plan_id: str) -> str | None:
+        """The plan's kill's reason (from the cache: no query), or None."""
+        self._refresh()
+        kill = self._kills.get(plan_id)
+        return None if kill is None else kill[0]
+
+    def kills_moved(self) -> set[str]:
+        """Plans killed or lifted by another process (`agentworker kill`) since the last
+        ask: what a UI's list of plans must show anew."""
+        self._refresh()
+        moved, self._kills_moved = self._kills_moved, set()
+        return moved
 
     def killed_plans(self) -> list[tuple[str, str]]:
         return list(self._db.execute("SELECT plan_id, reason FROM killed_plans ORDER BY killed_ms"))

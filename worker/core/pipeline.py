@@ -34,7 +34,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -104,6 +104,10 @@ class CallWatcher(Protocol):
     def call_finished(
         self, req: pb.ActionRequest, result: pb.ActionResult, blob_bytes: int
     ) -> None: ...
+
+    def plans_changed(self, plans: Iterable[str]) -> None:
+        """These plans were killed or lifted."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -657,7 +661,9 @@ class Dispatcher:
             )
             return 0
         reason = reason[:MAX_REASON_CHARS]
-        self.state.kill_plan(plan_id, reason, killed_by)
+        pruned = self.state.kill_plan(plan_id, reason, killed_by)
+        if self.watcher is not None:
+            self.watcher.plans_changed([plan_id, *pruned])
         self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
         error = WorkerError("plan_killed", f"plan {plan_id!r} was killed: {reason}")
         victims = [call for call in self._calls.values() if call.req.plan_id == plan_id]
@@ -738,6 +744,9 @@ class Dispatcher:
     def enforce_kills(self) -> int:
         """Stop running calls of plans killed in the ledger meanwhile (by `agentworker
         kill` from another process, say); the intake refuses their new calls already."""
+        moved = self.state.kills_moved()
+        if moved and self.watcher is not None:
+            self.watcher.plans_changed(moved)
         stopped = 0
         for call in list(self._calls.values()):
             plan = call.req.plan_id
