@@ -7,18 +7,21 @@ so each 16 MiB call touched ~100 MiB of new pages: the kernel zeroed and charged
 page to the cgroup on first touch, and that page-fault work was half the hub's time
 moving a blob. With buffers up to the largest message served from the heap and freed
 memory kept for the next call, a 16 MiB call through hub and worker takes half the
-time (docs/architecture.md, "Blobs"). The cost: a long-running process keeps
-the memory its largest calls freed until its hourly housekeeping gives it back
-(`give_back`).
+time (docs/architecture.md, "Blobs"). The cost: a process keeps the memory its
+largest calls freed while they keep coming; `IdleGiveBack` gives it back once none
+has ended for a couple of seconds (after a burst of sixteen 16 MiB writes the hub
+and the worker each kept some 200 MiB until their hourly housekeeping).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import functools
 import gc
 import logging
 import sys
+from typing import Final
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,47 @@ def give_back() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+# A call moving at least this much (its request's or its result's blob) counts as large.
+LARGE_CALL_BYTES: Final = 1024 * 1024
+# After the last large call ends, how long the freed memory is kept for the next one.
+IDLE_GIVE_BACK_S: Final = 2.0
+
+
+class IdleGiveBack:
+    """Gives the heap's free memory back once no large call has ended for
+    `IDLE_GIVE_BACK_S`: calls that follow each other reuse the pages (the point of
+    `keep_large_buffers`), and a burst's hundreds of MiB do not stay for the hour. Used
+    on the event loop; one per process part that moves blobs (the hub, the worker)."""
+
+    def __init__(self, idle_s: float = IDLE_GIVE_BACK_S) -> None:
+        self.idle_s = idle_s
+        self._timer: asyncio.TimerHandle | None = None
+        self.given_back = 0  # times the memory was given back (tests, logs)
+
+    def ended(self, nbytes: int) -> None:
+        """A call that moved `nbytes` (its largest blob) ended."""
+        if nbytes < LARGE_CALL_BYTES:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a call run outside one): the hourly give-back
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        # A timer by nature: memory is given back after an idle while.
+        self._timer = loop.call_later(self.idle_s, self._give_back)
+
+    def _give_back(self) -> None:
+        self._timer = None
+        give_back()
+        self.given_back += 1
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def hold_collection() -> None:

@@ -199,6 +199,81 @@ def test_control_calls_need_the_token_and_health_does_not(tmp_path: Path) -> Non
         assert isinstance(status, pb.StatusResponse)
 
 
+def _peak_mib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_call_without_the_token_is_refused_before_its_request_is_read(tmp_path: Path) -> None:
+    """Eight tokenless 30 MiB Dispatches at once: the hub refuses each unread, so its
+    peak memory grows by far less than they sent (it read all 240 MiB before)."""
+    size, count = 30 * 1024 * 1024, 8
+
+    async def flood(listen: str) -> list[grpc.StatusCode]:
+        options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+        channels = [grpc.aio.insecure_channel(listen, options=options) for _ in range(count)]
+        body = pb.DispatchRequest(worker_id="w", blob=bytes(size)).SerializeToString()
+        method = "/agentworker.v1.ControlService/Dispatch"
+        calls = [
+            ch.unary_unary(method)(body, metadata=(("authorization", "Bearer no"),))
+            for ch in channels
+        ]
+        codes = []
+        for call in calls:
+            try:
+                await call
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code())
+        for channel in channels:
+            await channel.close()
+        return codes
+
+    with cluster(tmp_path / "home", worker=False) as live:
+        hub = live.procs[0].pid
+        before = _peak_mib(hub)
+        assert asyncio.run(flood(live.listen)) == [grpc.StatusCode.UNAUTHENTICATED] * count
+        assert _peak_mib(hub) - before < 120  # 240 MiB when each was read
+        assert live.status().connected_workers == 0  # and it still answers
+
+
+def _anon_mib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no RssAnon")
+
+
+def test_the_memory_a_burst_of_large_calls_freed_is_given_back_once_they_stop(
+    live: Cluster,
+) -> None:
+    """Eight 16 MiB fs_writes at once: the hub keeps its freed buffers while such
+    calls come (see worker.memory), and gives them back once they stop, not at the
+    hourly housekeeping. (The worker does too, but what it can give back varies: much
+    of what it keeps after a burst is gRPC's own.)"""
+    hub = live.procs[0].pid
+
+    async def burst(client: Any) -> list[int]:
+        blob = bytes(16 * 1024 * 1024)
+        writes = [
+            client.dispatch(
+                agent_id="tester",
+                surface="workerHost",
+                action="fs_write",
+                args_json=json.dumps({"path": f"burst-{i}.bin"}),
+                blob=blob,
+            )
+            for i in range(8)
+        ]
+        return [reply.result.status for reply in await asyncio.gather(*writes)]
+
+    assert live.run(burst) == [pb.ActionResult.OK] * 8
+    peak = _anon_mib(hub)
+    assert peak > 100, peak  # it held some of the burst's buffers
+    wait_for(lambda: _anon_mib(hub) < peak - 48, 30)
+
+
 def test_plaintext_to_a_non_loopback_address_is_refused(tmp_path: Path) -> None:
     with cluster(tmp_path / "home", hub=False, worker=False) as live:
         worker = live.spawn("remote", "run", "--server", "agents.example.com:7421", "--token", "t")

@@ -63,6 +63,7 @@ from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
+from worker.memory import IdleGiveBack
 from worker.wire.framing import result_part
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
@@ -307,6 +308,8 @@ class Dispatcher:
         self.limits = limits
         self.outbox = outbox if outbox is not None else Outbox()
         self.watcher: CallWatcher | None = None
+        # The memory a burst of large calls freed goes back once they stop.
+        self.memory = IdleGiveBack()
         self.results = Results(state, telemetry, self.outbox)
         self.results.on_flushed = self._settle
         self.policies = PolicyFile()  # the exec allowlist, for every call's Context
@@ -819,6 +822,7 @@ class Dispatcher:
 
     def close(self) -> None:
         """Record what finished, then close the stores."""
+        self.memory.close()
         self.results.flush()
         self.results.write_telemetry()
         self.state.close()  # the telemetry tables share its connection
@@ -1160,6 +1164,7 @@ class Dispatcher:
             blob = b""
         if self.watcher is not None:
             self.watcher.call_finished(call.req, result, len(blob))
+        self.memory.ended(max(call.blob_bytes, len(blob)))
         if call.refused:  # never ran: a later delivery may run it
             if call.claimed:
                 self.state.forget(call.cid)

@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore, StoredCall
+from worker.memory import IdleGiveBack
 from worker.wire.framing import (
     PART_BYTES,
     RESULT_FIELD,
@@ -323,6 +324,8 @@ class Hub:
         self._held: dict[str, dict[str, int]] = {}
         self._open_calls: dict[str, int] = {}
         self._teardowns: dict[str, asyncio.Future[pb.ActionResult]] = {}
+        # The memory a burst of large calls freed goes back once they stop.
+        self.memory = IdleGiveBack()
 
     # ------------------------------------------------------------- worker stream
 
@@ -1108,6 +1111,7 @@ class Hub:
         )
 
     def shutdown(self) -> None:
+        self.memory.close()
         self.store_results()
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
@@ -1225,11 +1229,16 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
             request, blob = request.request, request.blob
         if not request.surface or not request.action:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")
+        moved = len(blob) if blob is not None else len(request.blob)
         try:
-            return await self.hub.dispatch_serialized(request, blob)
+            response = await self.hub.dispatch_serialized(request, blob)
+            moved = max(moved, len(response))
+            return response
         except LookupError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # unreachable: abort raises
+        finally:
+            self.hub.memory.ended(moved)
 
     async def ListWorkers(  # noqa: N802
         self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext

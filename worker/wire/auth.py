@@ -3,13 +3,15 @@
 The check is a handler lookup, not a server interceptor: gRPC asks a generic
 handler for each call's method handler synchronously, where an interceptor costs
 every RPC an extra coroutine and await on the hub's loop (a Dispatch is one RPC).
+Either way it runs before the request is read, and a refused call's request is never
+read (see `_refusal`).
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import grpc
 
@@ -33,7 +35,7 @@ class BearerAuth(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyp
             return None  # not ours: UNIMPLEMENTED, or another handler's (health)
         if hmac.compare_digest(_presented(details), self._expected):
             return handler
-        return _refusal(handler, REFUSAL)
+        return _REFUSED
 
 
 def _presented(details: grpc.HandlerCallDetails) -> bytes:
@@ -43,14 +45,12 @@ def _presented(details: grpc.HandlerCallDetails) -> bytes:
     return b""
 
 
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    async def abort(_request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+async def _abort(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
 
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(abort)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(abort)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(abort)
-    return grpc.unary_unary_rpc_method_handler(abort)
+
+# What a call without the token gets, whatever its method: a streaming handler, which
+# never reads the request (the wire is the same for a unary call). For a unary method
+# gRPC reads the whole request (up to the 32 MiB limit) before its handler runs, so
+# sixteen tokenless 30 MiB calls at once took the hub from 62 to 708 MiB resident.
+_REFUSED: Final = grpc.stream_stream_rpc_method_handler(_abort)
