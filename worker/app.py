@@ -236,7 +236,12 @@ def worker_target(paths: Paths, config: Config) -> Target:
     token = config.worker.token
     if token is None:
         token = read_token(paths.token_file)
-    return Target(address=address, token=token, tls_ca=config.worker.tls_ca)
+    return Target(
+        address=address,
+        token=token,
+        tls_ca=config.worker.tls_ca,
+        worker_key=read_or_create_token(paths.worker_key_file),
+    )
 
 
 def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Config:
@@ -548,7 +553,11 @@ async def run_up(
         log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
         desktop = computer.build(config, paths.data_dir)
         dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
-        target = Target(address=running.address, token=read_or_create_token(paths.token_file))
+        target = Target(
+            address=running.address,
+            token=read_or_create_token(paths.token_file),
+            worker_key=read_or_create_token(paths.worker_key_file),
+        )
         if built is not None:
             built()
 

@@ -360,6 +360,7 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
         paths.exec_cache,
         paths.data_dir / "worker_id",
         paths.ui_socket,  # the person's console: approvals are answered there
+        paths.worker_key_file,  # proves to a hub that this is the worker of that id
         *(paths.data_dir / f"{db}{suffix}" for db in DATABASES for suffix in DB_FILE_SUFFIXES),
         paths.data_dir / f"{STATE_DB}{LEDGER_BLOBS_SUFFIX}",  # unacked result blobs
     ]

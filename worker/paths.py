@@ -17,6 +17,7 @@ APP = "agentworker"
 DEFAULT_LISTEN = "127.0.0.1:7421"
 CONFIG_FILE = "config.toml"
 TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
+WORKER_KEY_FILE = "worker.key"  # the worker's own secret, beside its worker_id
 UI_SOCKET = "ui.sock"
 # A Unix socket's address holds 108 bytes on Linux, 104 on macOS: past this the UI
 # socket goes to a short path.
@@ -59,6 +60,10 @@ class Paths(NamedTuple):
     @property
     def token_file(self) -> Path:
         return self.config_dir / TOKEN_FILE
+
+    @property
+    def worker_key_file(self) -> Path:
+        return self.data_dir / WORKER_KEY_FILE
 
     @property
     def workspace(self) -> Path:

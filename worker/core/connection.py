@@ -47,7 +47,7 @@ from worker.wire.protocol import (
     VERSION,
     error_pb,
 )
-from worker.wire.transport import Keepalive, bearer, open_channel
+from worker.wire.transport import Keepalive, open_channel, worker_metadata
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class Target:
     address: str
     token: str
     tls_ca: Path | None = None
+    worker_key: str = ""  # see transport.WORKER_KEY_HEADER; none: the hub binds none
 
 
 class WorkerConnection:
@@ -238,7 +239,7 @@ class WorkerConnection:
             # Envelopes come as bytes and are decoded here: a message that does not
             # decode is answered or dropped, never the end of the worker (see _decode).
             stream = channel.stream_stream(STREAM_METHOD)
-            call = stream(metadata=bearer(self.target.token))
+            call = stream(metadata=worker_metadata(self.target.token, self.target.worker_key))
             tasks.append(asyncio.create_task(_write_outbox(call, outbox)))
             try:
                 first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)

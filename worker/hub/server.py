@@ -11,6 +11,8 @@ sends.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import sqlite3
@@ -65,7 +67,7 @@ from worker.wire.protocol import (
     legacy_digest,
     same_call,
 )
-from worker.wire.transport import MAX_MESSAGE_BYTES
+from worker.wire.transport import MAX_MESSAGE_BYTES, WORKER_KEY_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -345,6 +347,15 @@ class Hub:
                 f"protocol mismatch: the worker speaks {hello.protocol_min}..{hello.protocol_max}, "
                 f"this hub {PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade the older side",
             )
+        key_digest = _key_digest(context)
+        bound = self.store.worker_key(hello.worker_id)
+        if bound and not hmac.compare_digest(bound, key_digest):
+            log.warning(
+                "refused a Hello for worker %s: not the key it is known by here (%s)",
+                hello.worker_id,
+                "none given" if not key_digest else "another key",
+            )
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _taken(hello.worker_id))
         session = Session(
             hello=hello,
             session_id=uuid.uuid4().hex,
@@ -355,7 +366,7 @@ class Hub:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)
             previous.close()
         self.sessions[hello.worker_id] = session
-        self.store.seen_worker(hello)
+        self.store.seen_worker(hello, key_digest)
         self.learn_placements(session)
         log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
         for msg, blob in first[1:]:
@@ -1116,6 +1127,24 @@ class Hub:
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
             session.close()
+
+
+def _key_digest(context: grpc.aio.ServicerContext) -> str:
+    """sha256 of the worker key the stream came with ('' without one)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == WORKER_KEY_HEADER:
+            raw = value.encode() if isinstance(value, str) else bytes(value)
+            return hashlib.sha256(raw).hexdigest() if raw else ""
+    return ""
+
+
+def _taken(worker_id: str) -> str:
+    return (
+        f"worker id {worker_id!r} belongs to another worker at this hub: this worker's key "
+        "is not the one that id first came with. A worker's id and key live together in "
+        "its data folder (worker_id, worker.key): move both, or remove worker_id there to "
+        "get a new id"
+    )
 
 
 def _log_teardown(done: asyncio.Future[pb.ActionResult]) -> None:

@@ -53,7 +53,8 @@ CREATE INDEX IF NOT EXISTS calls_open ON calls (worker_id, state);
 CREATE TABLE IF NOT EXISTS workers (
     worker_id    TEXT PRIMARY KEY,
     hello        BLOB NOT NULL,
-    last_seen_ms INTEGER NOT NULL
+    last_seen_ms INTEGER NOT NULL,
+    key_digest   TEXT NOT NULL DEFAULT ''  -- sha256 of the key it first came with
 );
 CREATE TABLE IF NOT EXISTS queued_kills (
     worker_id  TEXT NOT NULL,
@@ -135,6 +136,9 @@ class HubStore:
         for name, definition in _ADDED_COLUMNS.items():
             if name not in columns:  # a hub.db from before the column
                 self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {definition}")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(workers)")}
+        if "key_digest" not in columns:
+            self._db.execute("ALTER TABLE workers ADD COLUMN key_digest TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         self.flush()
@@ -297,12 +301,23 @@ class HubStore:
         ).fetchall()
         return [_call(row) for row in rows]
 
-    def seen_worker(self, hello: pb.Hello) -> None:
+    def seen_worker(self, hello: pb.Hello, key_digest: str = "") -> None:
+        """Record the worker's Hello; the first key it comes with is bound to its id
+        for good (see worker_key)."""
         self._db.execute(
-            "INSERT INTO workers VALUES (?, ?, ?) ON CONFLICT (worker_id) DO UPDATE"
-            " SET hello = excluded.hello, last_seen_ms = excluded.last_seen_ms",
-            (hello.worker_id, hello.SerializeToString(), now_ms()),
+            "INSERT INTO workers VALUES (?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE"
+            " SET hello = excluded.hello, last_seen_ms = excluded.last_seen_ms,"
+            " key_digest = CASE WHEN key_digest = '' THEN excluded.key_digest"
+            " ELSE key_digest END",
+            (hello.worker_id, hello.SerializeToString(), now_ms(), key_digest),
         )
+
+    def worker_key(self, worker_id: str) -> str:
+        """The digest of the key bound to `worker_id` ('' while none is)."""
+        row = self._db.execute(
+            "SELECT key_digest FROM workers WHERE worker_id = ?", (worker_id,)
+        ).fetchone()
+        return "" if row is None else str(row[0])
 
     def knows_worker(self, worker_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM workers WHERE worker_id = ?", (worker_id,))

@@ -102,6 +102,19 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
+# Metadata of a worker's stream: its own key (`worker.key` in its data folder), which
+# the hub binds to the worker's id at its first Hello and asks of every later one, so
+# another holder of the token cannot take that worker's place (docs/architecture.md,
+# "The protocol and its guarantees").
+WORKER_KEY_HEADER = "agentworker-worker-key"
+
+
+def worker_metadata(token: str, worker_key: str) -> tuple[tuple[str, str], ...]:
+    if not worker_key:
+        return bearer(token)
+    return (*bearer(token), (WORKER_KEY_HEADER, worker_key))
+
+
 def read_or_create_token(path: Path) -> str:
     """The hub's token, made on first start and readable by this user only.
 
