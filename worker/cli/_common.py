@@ -24,7 +24,52 @@ Verb = Callable[["Paths", argparse.Namespace], int]
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", help="hub address (default: this machine's hub)")
-    p.add_argument("--token", help="bearer token (default: the local hub's token file)")
+    add_token_flags(p)
+
+
+def add_token_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--token-file FILE (or AGENTWORKER_TOKEN), or --token TOKEN: visible to every
+    local user in the process list (/proc/PID/cmdline), so it is warned about."""
+    one = p.add_mutually_exclusive_group()
+    one.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="read the bearer token from FILE (default: AGENTWORKER_TOKEN, else the local "
+        "hub's token file)",
+    )
+    one.add_argument(
+        "--token",
+        help="the bearer token itself; every user of this machine can read it in the "
+        "process list: prefer --token-file or AGENTWORKER_TOKEN",
+    )
+
+
+VISIBLE_FLAG_WARNING: Final = (
+    "agentworker: warning: --token shows the token to every user of this machine (ps, "
+    "/proc/PID/cmdline); use --token-file FILE or AGENTWORKER_TOKEN instead"
+)
+
+
+def settle_token(args: argparse.Namespace) -> None:
+    """Before a verb runs: the token of --token-file read into `args.token`, or a
+    warning for a --token given on the command line."""
+    import sys
+
+    token_file = getattr(args, "token_file", None)
+    if token_file is not None:
+        from worker.wire.transport import read_token
+
+        args.token = read_token(token_file)
+    elif getattr(args, "token", None):
+        print(VISIBLE_FLAG_WARNING, file=sys.stderr)
+
+
+def flag_or_env_token(args: argparse.Namespace) -> str | None:
+    """A client verb's token: --token(-file), else AGENTWORKER_TOKEN (None: neither)."""
+    import os
+
+    return getattr(args, "token", None) or os.environ.get("AGENTWORKER_TOKEN") or None
 
 
 def config_of(paths: Paths, args: argparse.Namespace) -> Config:
@@ -90,7 +135,7 @@ def with_client(
     from worker.wire.transport import read_token
 
     address, tls_ca = hub_of(paths, args)
-    token = getattr(args, "token", None) or read_token(paths.token_file)
+    token = flag_or_env_token(args) or read_token(paths.token_file)
 
     async def go() -> int:
         client = ControlClient.connect(address, token, tls_ca)

@@ -218,10 +218,12 @@ def _main(argv: list[str] | None, frontend: Frontend | None) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     # Imported once a verb is chosen, and only there: Paths needs no pydantic, but the
     # errors load the sandbox package, which `call` has no use for.
+    from worker.cli._common import settle_token
     from worker.paths import Paths
 
     try:
         paths = Paths.at(args.home) if args.home else Paths.from_env()
+        settle_token(args)
         code: int = args.handler(paths, args)
         return code
     except KeyboardInterrupt:

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from worker.cli._common import add_token_flags, flag_or_env_token
+
 if TYPE_CHECKING:
     from worker.config import Paths
     from worker.core.ledger import State
@@ -69,7 +71,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     hub = replay.add_argument_group("through a hub")
     hub.add_argument("--server", help="hub address, host:port")
-    hub.add_argument("--token", help="bearer token (default: the local hub's token file)")
+    add_token_flags(hub)
     hub.add_argument("--tls-ca", type=Path, help="CA certificate to verify a TLS hub")
     hub.add_argument("--worker", default="", help="worker id, when several are connected")
 
@@ -152,7 +154,7 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Rep
     try:
         if args.server:
             config = load(paths)
-            token = args.token or read_token(paths.token_file)
+            token = flag_or_env_token(args) or read_token(paths.token_file)
             tls_ca = args.tls_ca or config.worker.tls_ca
             async with through_hub(args.server, token, tls_ca, args.worker) as hub:
                 return await replay(

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.cli._common import EXIT_OK, config_of
+from worker.cli._common import EXIT_OK, add_token_flags, config_of
 
 if TYPE_CHECKING:
     from worker.app import Frontend, TuiLaunch
@@ -38,7 +38,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "run", help="run a worker alone; with no flags it joins this machine's hub"
     )
     run.add_argument("--server", help="hub or agent server address, host:port")
-    run.add_argument("--token", help="bearer token (default: the local hub's token file)")
+    add_token_flags(run)
     run.add_argument("--tls-ca", type=Path, help="CA certificate to verify a TLS server")
     run.add_argument("--max-concurrency", type=int, help="calls executed at once (default 8)")
     run.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
