@@ -238,42 +238,6 @@ def test_a_call_without_the_token_is_refused_before_its_request_is_read(tmp_path
         assert live.status().connected_workers == 0  # and it still answers
 
 
-def _anon_mib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) // 1024
-    raise AssertionError("no RssAnon")
-
-
-def test_the_memory_a_burst_of_large_calls_freed_is_given_back_once_they_stop(
-    live: Cluster,
-) -> None:
-    """Eight 16 MiB fs_writes at once: the hub keeps its freed buffers while such
-    calls come (see worker.memory), and gives them back once they stop, not at the
-    hourly housekeeping. (The worker does too, but what it can give back varies: much
-    of what it keeps after a burst is gRPC's own.)"""
-    hub = live.procs[0].pid
-
-    async def burst(client: Any) -> list[int]:
-        blob = bytes(16 * 1024 * 1024)
-        writes = [
-            client.dispatch(
-                agent_id="tester",
-                surface="workerHost",
-                action="fs_write",
-                args_json=json.dumps({"path": f"burst-{i}.bin"}),
-                blob=blob,
-            )
-            for i in range(8)
-        ]
-        return [reply.result.status for reply in await asyncio.gather(*writes)]
-
-    assert live.run(burst) == [pb.ActionResult.OK] * 8
-    peak = _anon_mib(hub)
-    assert peak > 100, peak  # it held some of the burst's buffers
-    wait_for(lambda: _anon_mib(hub) < peak - 48, 30)
-
-
 def test_plaintext_to_a_non_loopback_address_is_refused(tmp_path: Path) -> None:
     with cluster(tmp_path / "home", hub=False, worker=False) as live:
         worker = live.spawn("remote", "run", "--server", "agents.example.com:7421", "--token", "t")
