@@ -562,12 +562,13 @@ async def run_up(
             built()
 
         def ready() -> None:
-            steps = "\n".join(f"  {step}" for step in next_steps(sandbox))
+            # The steps are ours, lines and all: in the message, not its values (which
+            # the CLI's log lines show inert, line breaks escaped).
+            steps = "\n".join(f"  {step}" for step in next_steps(sandbox)).replace("%", "%%")
             log.info(
-                "ready: hub on %s with worker %s connected. Try, in another terminal:\n%s",
+                "ready: hub on %s with worker %s connected. Try, in another terminal:\n" + steps,
                 running.address,
                 dispatcher.worker_id,
-                steps,
             )
 
         try:

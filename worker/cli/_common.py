@@ -7,6 +7,10 @@ Only the standard library at the top: every verb module imports this, and
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import logging
+import re
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -150,6 +154,73 @@ def with_client(
         from worker.errors import HubUnreachableError
 
         raise HubUnreachableError(f"the hub answered {exc.code().name}: {exc.details()}") from exc
+
+
+# ---------------------------------------------------------------- text from outside
+
+
+def shown(text: str) -> str:
+    """`text` from outside this machine's person (a server's ids, an agent's args, a
+    worker's name, a kill's reason) as it may be printed to a terminal: every
+    control, escape, bidi and invisible character written as a visible escape
+    (`worker.core.approvals.inert`, as the TUI shows them), so none can retitle the
+    window, clear the screen or draw a line of its own. Plain ASCII is as it was."""
+    if text.isascii() and text.isprintable():
+        return text  # the common case, without loading the approvals module
+    from worker.core.approvals import inert
+
+    return inert(text, len(text))
+
+
+def json_shown(value: Any, **dumps: Any) -> str:
+    """`value` as JSON that is safe on a terminal and still the same JSON: what `shown`
+    would escape is written as a JSON escape (`\\u001b`, `\\u202e`); json.dumps
+    with ensure_ascii=False escapes the C0 controls but leaves C1 controls (a
+    terminal's CSI, `\\x9b`), bidi overrides and line separators as they are."""
+    text = json.dumps(value, ensure_ascii=False, **dumps)
+    if text.isascii() and "\x7f" not in text:
+        return text
+    return _BEYOND_ASCII.sub(lambda found: _json_char(found.group()), text)
+
+
+_BEYOND_ASCII: Final = re.compile("[^\x00-\x7e]")
+
+
+@functools.cache
+def _json_char(char: str) -> str:
+    from worker.core.approvals import inert
+
+    if inert(char, 1) == char:
+        return char
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # JSON writes it as a UTF-16 surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class ShownFormatter(logging.Formatter):
+    """Log lines with every value logged `shown`: a log names a server's ids and
+    actions, and goes to the terminal (or a file read on one). The message's own
+    text (a line break of ours, `ready:`'s next commands) and a traceback are ours,
+    kept as they are."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        args = record.args
+        if isinstance(args, tuple) and args:
+            record = logging.makeLogRecord(record.__dict__)
+            record.args = tuple(_shown_arg(arg) for arg in args)
+        elif isinstance(args, dict) and args:
+            record = logging.makeLogRecord(record.__dict__)
+            record.args = {key: _shown_arg(arg) for key, arg in args.items()}
+        return super().format(record)
+
+
+def _shown_arg(arg: object) -> object:
+    return arg if isinstance(arg, int | float) else shown(str(arg))
 
 
 def iso(unix_ms: int) -> str:

@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import EXIT_FAILED, EXIT_OK
+from worker.cli._common import EXIT_FAILED, EXIT_OK, shown
 from worker.cli.plans import local_state
 
 if TYPE_CHECKING:
@@ -87,7 +87,11 @@ def _grants(paths: Paths, args: argparse.Namespace) -> int:
     elif not rows:
         print("no grants made with `agentworker grant` (config.toml may hold more)")
     for r in rows if not args.json else []:
-        print(f"{r['id']}: {r['scope']} agent={r['agent']} plan={r['plan']} expires={r['expires']}")
+        # A grant made in the UI names the agent and plan as the server sent them.
+        print(
+            f"{r['id']}: {shown(str(r['scope']))} agent={shown(str(r['agent']))} "
+            f"plan={shown(str(r['plan']))} expires={r['expires']}"
+        )
     return EXIT_OK
 
 

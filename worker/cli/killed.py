@@ -26,6 +26,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.cli._common import shown
     from worker.core.ledger import State
 
     state_db = paths.data_dir / "state.db"
@@ -52,6 +53,10 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
         print("no plan is killed")
     else:
         for r in rows:
-            print(f"{r['plan']}  killed {r['killed_at']} by {r['killed_by']}: {r['reason']}")
+            # A server's KillPlan names the plan and says the reason.
+            print(
+                f"{shown(r['plan'])}  killed {r['killed_at']} by {shown(r['killed_by'])}: "
+                f"{shown(r['reason'])}"
+            )
         print("lift one with `agentworker lift PLAN`")
     return 0

@@ -207,11 +207,16 @@ def _main(argv: list[str] | None, frontend: Frontend | None) -> int:
     args.frontend = frontend
     if args.log_file:
         args.log_file.parent.mkdir(parents=True, exist_ok=True)
+    had = list(logging.getLogger().handlers)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         **({"filename": str(args.log_file)} if args.log_file else {"stream": sys.stderr}),
     )
+    from worker.cli._common import LOG_FORMAT, ShownFormatter, shown
+
+    for handler in logging.getLogger().handlers:  # a server's ids reach these lines
+        if handler not in had:
+            handler.setFormatter(ShownFormatter(LOG_FORMAT))
     # httpx and httpcore log each request's full URL at INFO, query string included:
     # a token in a fetched URL would land in the log.
     for chatty in ("httpx", "httpcore"):
@@ -233,7 +238,8 @@ def _main(argv: list[str] | None, frontend: Frontend | None) -> int:
         errors = sys.modules.get("worker.errors")
         if errors is None or not isinstance(exc, errors.StartupError | errors.WorkerError):
             raise
-        print(f"agentworker: {exc.message}", file=sys.stderr)
+        # A message may carry a hub's words (a status's details) or a server's ids.
+        print(f"agentworker: {shown(exc.message)}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, errors.StartupError) else 1
 
 

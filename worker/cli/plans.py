@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags, with_client
+from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags, shown, with_client
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -72,10 +72,10 @@ def _kill(paths: Paths, args: argparse.Namespace) -> int:
         except grpc.aio.AioRpcError as exc:
             print(f"the hub was not told ({exc.code().name}): {HUB_UNTOLD}")
             return EXIT_OK
-        told = ", ".join(reply.worker_ids) or "none connected"
+        told = ", ".join(shown(w) for w in reply.worker_ids) or "none connected"
         print(f"the hub told its workers: {told}")
         if reply.queued_worker_ids:
-            away = ", ".join(reply.queued_worker_ids)
+            away = ", ".join(shown(w) for w in reply.queued_worker_ids)
             print(f"and will tell these when they next connect: {away}")
         return EXIT_OK
 

@@ -14,6 +14,8 @@ from worker.cli._common import (
     add_server_flags,
     config_of,
     iso,
+    json_shown,
+    shown,
     with_client,
 )
 
@@ -89,7 +91,7 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
         # Flushed at once: a reader on a pipe has the answer now, not after the
         # channel, the event loop and the interpreter have closed (stdout on a pipe
         # is block-buffered and would wait for the exit).
-        print(json.dumps(result_to_dict(response), indent=2, ensure_ascii=False), flush=True)
+        print(json_shown(result_to_dict(response), indent=2), flush=True)
         if note:
             print(f"agentworker: {note}", file=sys.stderr)
         return EXIT_OK if ok else EXIT_FAILED
@@ -123,7 +125,8 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
             for r in rows:
                 link = "connected" if r["connected"] else f"last seen {r['last_seen']}"
                 print(
-                    f"{r['worker_id']}  {link}  in flight {r['in_flight']}/{r['max_concurrency']}"
+                    f"{shown(str(r['worker_id']))}  {link}  "
+                    f"in flight {r['in_flight']}/{r['max_concurrency']}"
                 )
         return EXIT_OK
 

@@ -176,12 +176,11 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Rep
 
 
 def _print(report: Report, as_json: bool) -> int:
-    import json
-
+    from worker.cli._common import json_shown
     from worker.replay.render import summary
 
     if as_json:
-        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+        print(json_shown(report.to_json(), indent=2))
     else:
         print(summary(report))
     return EXIT_OK if report.ok else EXIT_FAILED

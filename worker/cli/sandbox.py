@@ -14,7 +14,7 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags
+from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags, shown
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -73,7 +73,7 @@ def _list(paths: Paths, args: argparse.Namespace) -> int:
     else:
         for plan in plans:
             used = _iso(plan.last_used_unix)
-            print(f"{plan.plan_id}  {_size(plan.bytes_used)}  last used {used}")
+            print(f"{shown(plan.plan_id)}  {_size(plan.bytes_used)}  last used {used}")
     return EXIT_OK
 
 
@@ -104,11 +104,12 @@ def _teardown(paths: Paths, args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     elif reply.result.status == pb.ActionResult.OK:
         removed = out.get("result", {}).get("removed")
-        where = f" on worker {reply.worker_id}" if reply.worker_id else ""
+        where = f" on worker {shown(reply.worker_id)}" if reply.worker_id else ""
         said = "workspace removed" if removed else "had no workspace (nothing to remove)"
         print(f"plan {args.plan}: {said}{where}")
     else:
-        print(f"plan {args.plan}: {out['error']['code']}: {out['error']['message']}")
+        error = f"{out['error']['code']}: {out['error']['message']}"
+        print(f"plan {args.plan}: {shown(error)}")
     return EXIT_OK if reply.result.status == pb.ActionResult.OK else EXIT_FAILED
 
 

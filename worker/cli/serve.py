@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.cli._common import EXIT_OK, add_token_flags, config_of
+from worker.cli._common import EXIT_OK, LOG_FORMAT, ShownFormatter, add_token_flags, config_of
 
 if TYPE_CHECKING:
     from worker.app import Frontend, TuiLaunch
@@ -83,7 +83,7 @@ def _log_to_file(paths: Paths, name: str = "agentworker.log") -> Path:
     paths.ensure()
     log_file = paths.data_dir / name
     handler = logging.FileHandler(log_file, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(ShownFormatter(LOG_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -119,17 +119,23 @@ def _export(rows: list[dict[str, Any]], table: Table, form: str, out: TextIO) ->
     import csv
     import json
 
+    from worker.cli._common import json_shown, shown
+
     if form == "jsonl":
         for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            out.write(json_shown(row) + "\n")
         return
     columns = [c if c != "detail_json" else "detail" for c in table.columns]
     writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
+    # CSV has no escapes: to a file the cells are the data, to a terminal they are shown.
+    on_terminal = out.isatty()
     for row in rows:
         cells = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in row.items()}
         if "detail" in cells:
             cells["detail"] = json.dumps(cells["detail"], sort_keys=True)
+        if on_terminal:
+            cells = {k: shown(v) if isinstance(v, str) else v for k, v in cells.items()}
         writer.writerow(cells)
 
 
@@ -147,32 +153,34 @@ class _Printer:
         self.as_json = as_json
 
     def row(self, row: dict[str, Any]) -> None:
-        import json
+        """Ids, names, previews and details are the server's and the agent's: shown
+        (worker.cli._common.shown), never printed raw to the terminal."""
+        from worker.cli._common import json_shown, shown
 
         if self.as_json:
-            print(json.dumps(row, ensure_ascii=False), flush=True)
+            print(json_shown(row), flush=True)
             return
         if self.audit:
-            detail = json.dumps(row["detail"], ensure_ascii=False, sort_keys=True)
+            detail = json_shown(row["detail"], sort_keys=True)
             cells = [
                 _when(row["unix_ms"]),
-                row["kind"].ljust(18),
-                f"plan={row['plan_id'] or '-'}",
-                f"agent={row['agent_id'] or '-'}",
-                detail[:100],
+                shown(row["kind"]).ljust(18),
+                f"plan={shown(row['plan_id']) or '-'}",
+                f"agent={shown(row['agent_id']) or '-'}",
+                shown(detail[:100]),
             ]
         else:
             outcome = row["status"] + (f" {row['error_code']}" if row["error_code"] else "")
-            preview = row["args_preview"]
+            preview = shown(row["args_preview"])
             if len(preview) > PREVIEW_CHARS:
                 preview = preview[: PREVIEW_CHARS - 1] + "…"
             cells = [
                 _when(row["started_unix_ms"]),
-                f"{row['surface']}.{row['action']}".ljust(22),
-                outcome.ljust(22),
+                shown(f"{row['surface']}.{row['action']}").ljust(22),
+                shown(outcome).ljust(22),
                 f"{row['duration_ms']:>6} ms",
-                f"plan={row['plan_id'] or '-'}",
-                f"agent={row['agent_id'] or '-'}",
+                f"plan={shown(row['plan_id']) or '-'}",
+                f"agent={shown(row['agent_id']) or '-'}",
                 preview,
             ]
         print("  ".join(cells), flush=True)

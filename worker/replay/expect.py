@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
+from worker.core.approvals import inert
 from worker.replay.script import Expect
 
 MISSING: Final = object()  # an expected key that the answer does not have
@@ -106,10 +107,11 @@ def _same(expected: Any, actual: Any) -> bool:
 
 
 def shown(value: Any) -> str:
-    """A value as a person reads it in a diff: JSON, cut short."""
+    """A value as a person reads it in a diff: JSON, cut short, inert (a worker's
+    answer, or a script someone else wrote, may hold escapes for the terminal)."""
     if value is MISSING:
         return "(missing)"
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    text = inert(json.dumps(value, ensure_ascii=False, sort_keys=True), _SHOWN_CHARS)
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
 
 
@@ -117,11 +119,11 @@ def render(mismatches: list[Mismatch], answer: Answer | None = None, indent: str
     """The diff of expected and actual, one place per block."""
     lines = []
     for m in mismatches:
-        lines.append(f"{indent}{m.path}")
+        lines.append(f"{indent}{inert(m.path)}")
         lines.append(f"{indent}  - expected: {shown(m.expected)}")
         lines.append(f"{indent}  + actual:   {shown(m.actual)}")
     if answer is not None and answer.status == "error" and answer.error_message:
-        said = f"{answer.error_code}: {answer.error_message}".splitlines()
+        said = [inert(line) for line in f"{answer.error_code}: {answer.error_message}".splitlines()]
         lines.append(f"{indent}the worker said: {said[0]}")
         lines += [f"{indent}  {line}" for line in said[1:]]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import statistics
 import time
 from typing import Final, TextIO
 
+from worker.core.approvals import inert
 from worker.replay.expect import render as render_diff
 from worker.replay.runner import FAILING, Report, StepReport
 
@@ -36,7 +37,7 @@ class ProgressBar:
         filled = BAR_WIDTH * done // total if total else BAR_WIDTH
         failed = f"  {self.failed} failed" if self.failed else ""
         text = f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done:>{len(str(total))}}/{total}"
-        text += f"{failed}  {step.action}"
+        text += f"{failed}  {inert(step.action, 200)}"
         self.stream.write("\r" + text.ljust(self._width))
         self._width = len(text)
         self.stream.flush()
@@ -74,7 +75,7 @@ def summary(report: Report) -> str:
     if len(report.steps) <= EACH_STEP_UP_TO:
         head = ["line", "step", "action", "outcome", "status", "error", "ms"]
         rows = [
-            [str(s.line), str(s.index or ""), s.action, s.outcome, *_answer_cells(s)]
+            [str(s.line), str(s.index or ""), inert(s.action, 200), s.outcome, *_answer_cells(s)]
             for s in report.steps
         ]
         if report.mode == "dry-run":
@@ -89,7 +90,7 @@ def summary(report: Report) -> str:
             failed = sum(1 for s in of if s.outcome in FAILING)
             rows.append(
                 [
-                    action,
+                    inert(action, 200),
                     str(len(of)),
                     str(passed),
                     str(failed),
@@ -103,9 +104,9 @@ def summary(report: Report) -> str:
     if problems:
         lines += ["", "what fell short:"]
     for s in problems:
-        note = f" ({s.note})" if s.note else ""
-        lines.append(f"  line {s.line}: {s.action}{note}: {s.outcome}")
-        lines += [f"    {p}" for p in s.problems]
+        note = f" ({inert(s.note)})" if s.note else ""
+        lines.append(f"  line {s.line}: {inert(s.action, 200)}{note}: {s.outcome}")
+        lines += [f"    {inert(p)}" for p in s.problems]
         if s.mismatches:
             lines.append(render_diff(s.mismatches, s.answer))
     counts = ", ".join(
