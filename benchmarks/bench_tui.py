@@ -44,6 +44,7 @@ from worker.wire.proto import agentworker_pb2 as pb
 
 AGENTWORKER = str(Path(sys.executable).parent / "agentworker")
 PROMPT_TEXT = "A call outside the agent's grants"
+ANSWERABLE_TEXT = "Denied by itself in"  # the prompt takes keys once this shows
 
 
 class Tmux:
@@ -150,6 +151,8 @@ async def prompts(home: Home, tmux: Tmux, count: int) -> tuple[list[float], list
                 if PROMPT_TEXT in screen:
                     break
             shown.append((time.perf_counter() - start) * 1000)
+            while ANSWERABLE_TEXT not in screen:  # its grace over (ui.approval.GRACE_S)
+                screen = await asyncio.to_thread(tmux.screen)
             tmux.run("send-keys", "-t", "main", "d")
             reply = await call
             assert reply.result.error.code == "scope_denied", reply.result

@@ -6,6 +6,13 @@ sends can draw on, recolour or spoof the prompt. A call is shown whole (its args
 the action takes them, paths resolved, the blob's start) in a box that scrolls
 (arrow and page keys), never cut or masked: the person approves what they can read.
 A countdown shows when the worker denies on its own; pressing nothing is a denial too.
+
+When a prompt comes on screen (the first, or the next one after the last ended by
+its deadline or the server's Cancel), no answer is taken for `GRACE_S`: the buttons
+are disabled, the frame changes colour and the line under the call says so, so a key
+pressed for the prompt that was there is not taken as the answer to one never read.
+The grace is measured on the app's clock (tests move it), and focus then starts on
+Deny.
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ PERIODS: tuple[tuple[str, float], ...] = (
 )
 DEFAULT_PERIOD = 1
 
+# After a prompt comes on screen, keys and clicks are not answers for this long.
+GRACE_S: Final = 1.0
+# While the grace lasts, how often the screen checks whether it has ended.
+_GRACE_CHECK_S: Final = 0.1
+
 KIND_TITLES: Final = {
     "scope_request": "The agent asks for scopes",
     "out_of_scope": "A call outside the agent's grants",
@@ -55,6 +67,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
         width: 96; max-width: 100%; height: 100%;
         border: thick $warning; background: $surface; padding: 0 1;
     }
+    ApprovalModal #dialog.fresh { border: thick $accent; }
     ApprovalModal #title { text-style: bold; color: $warning; }
     ApprovalModal #facts { height: auto; }
     ApprovalModal #preview-box {
@@ -93,6 +106,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.clock = clock
         self.period = DEFAULT_PERIOD
         self.painted_at: float | None = None
+        self.answers_from = math.inf  # the clock's time from which keys are answers
+        self.armed = False  # the grace is over: the buttons take answers
 
     @property
     def prompt_id(self) -> str:
@@ -114,6 +129,30 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.query_one("#countdown", Static).update(self._countdown())
         self.query_one("#once", Button).display = "once" in self.prompt.get("choices", ())
         self.query_one("#agent", Button).label = self._agent_label()
+        self._hold()
+
+    def _hold(self) -> None:
+        """A prompt just came on screen: no answers for GRACE_S, and it shows."""
+        self.answers_from = self.clock() + GRACE_S
+        self.armed = False
+        for button in self.query(Button):
+            button.disabled = True
+        self.query_one("#dialog").set_class(True, "fresh")
+        self.query_one("#countdown", Static).update(self._countdown())
+        self.set_timer(_GRACE_CHECK_S, self._arm)
+
+    def _arm(self) -> None:
+        """The grace is over (else look again shortly): answers count, focus on Deny."""
+        if self.armed or not self.is_current:
+            return
+        if self.clock() < self.answers_from:
+            self.set_timer(_GRACE_CHECK_S, self._arm)
+            return
+        self.armed = True
+        for button in self.query(Button):
+            button.disabled = False
+        self.query_one("#dialog").set_class(False, "fresh")
+        self.query_one("#countdown", Static).update(self._countdown())
         self.query_one("#deny", Button).focus()
 
     def on_screen_resume(self) -> None:
@@ -190,6 +229,12 @@ class ApprovalModal(ModalScreen[Answer | None]):
         return max(0, math.ceil(left))
 
     def _countdown(self) -> Text:
+        if not self.armed:
+            return Text(
+                "A new prompt: read it. Keys wait a moment, so one meant for the last "
+                "prompt does not answer this one.",
+                style="bold",
+            )
         return Text(
             f"Denied by itself in {self._remaining_s()} s · "
             "d deny · x deny+kill · o once · p plan · a agent · t period · ↑↓ scroll",
@@ -217,7 +262,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.query_one("#agent", Button).label = self._agent_label()
 
     def action_choose(self, choice: str) -> None:
-        if choice not in self.prompt.get("choices", ()):
+        if self.clock() < self.answers_from or choice not in self.prompt.get("choices", ()):
             self.app.bell()
             return
         answer: Answer = {"choice": choice}

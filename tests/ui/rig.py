@@ -8,6 +8,7 @@ dispatcher as the connection would, and what the worker sends back is caught her
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,43 @@ async def prompts_waiting(broker: ApprovalBroker, count: int, within_s: float = 
                 await changed.wait()
     finally:
         broker.listeners.remove(told)
+
+
+class MovableClock:
+    """A clock that stands still until the test moves it: give it to WorkerApp, and a
+    prompt's grace (ui.approval.GRACE_S) ends when the test says, however slow the
+    machine (on the wall clock a loaded machine let it pass before a key came)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def skip(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def answerable(app: Any, pilot: Any) -> Any:
+    """The approval modal on screen once it takes answers (its grace over: skipped
+    on a MovableClock, waited for on any other)."""
+    from ui.approval import GRACE_S
+
+    await until(lambda: on_screen(app) is not None, pilot)
+    modal = app.screen
+    if isinstance(app.clock, MovableClock):
+        app.clock.skip(GRACE_S)
+    await until(lambda: app.screen is modal and modal.armed, pilot)
+    return modal
+
+
+def on_screen(app: Any) -> Any:
+    """The approval modal once its prompt has been painted (None before): the modal is
+    reused, and until then it may still be leaving with the last prompt."""
+    from ui.approval import ApprovalModal
+
+    screen = app.screen
+    return screen if isinstance(screen, ApprovalModal) and screen.painted_at else None
 
 
 async def until(condition: Any, pilot: Any, within_s: float = 20.0) -> None:

@@ -8,15 +8,15 @@ import json
 from pathlib import Path
 
 from textual.containers import VerticalScroll
-from textual.widgets import Static
+from textual.widgets import Button, Static
 
-from tests.ui.rig import Rig, silent, until
+from tests.ui.rig import MovableClock, Rig, answerable, on_screen, silent, until
 from ui.app import WorkerApp
-from ui.approval import ApprovalModal
+from ui.approval import GRACE_S, ApprovalModal
 
 
 def _app(rig: Rig) -> WorkerApp:
-    return WorkerApp(rig.link(), notifier=silent)
+    return WorkerApp(rig.link(), notifier=silent, clock=MovableClock())
 
 
 def _modal(app: WorkerApp) -> ApprovalModal | None:
@@ -29,12 +29,12 @@ def test_approve_once_runs_the_call_and_the_next_one_prompts_again(tmp_path: Pat
         app = _app(rig)
         async with app.run_test(size=(100, 30)) as pilot:
             first = rig.call("fs_read", '{"path": "a.txt"}')
-            await until(lambda: _modal(app) is not None, pilot)
+            await answerable(app, pilot)
             await pilot.press("o")
             assert (await rig.result(first)).status == 1, rig.results[first]
             assert "once" in rig.results[first].invocation.decision
             second = rig.call("fs_read", '{"path": "b.txt"}')
-            await until(lambda: _modal(app) is not None, pilot)
+            await answerable(app, pilot)
             assert second not in rig.results
             await pilot.press("d")
             assert rig.code(await _code(rig, second)) == "scope_denied"
@@ -54,7 +54,7 @@ def test_for_this_plan_lets_the_plan_run_and_another_plan_is_asked(tmp_path: Pat
         app = _app(rig)
         async with app.run_test(size=(100, 30)) as pilot:
             first = rig.call("fs_list", '{"path": "."}', plan="plan-a")
-            await until(lambda: _modal(app) is not None, pilot)
+            await answerable(app, pilot)
             await pilot.press("p")
             await rig.result(first)
             assert rig.code(first) == "ok"
@@ -66,7 +66,7 @@ def test_for_this_plan_lets_the_plan_run_and_another_plan_is_asked(tmp_path: Pat
                 assert rig.code(cid) == "ok"
             assert _modal(app) is None
             other = rig.call("fs_read", '{"path": "a.txt"}', plan="plan-b")
-            await until(lambda: _modal(app) is not None, pilot)
+            await answerable(app, pilot)
             modal = _modal(app)
             assert modal is not None and modal.prompt["plan_id"] == "plan-b"
             await pilot.press("escape")
@@ -84,7 +84,7 @@ def test_deny_answers_scope_denied(tmp_path: Path) -> None:
         app = _app(rig)
         async with app.run_test(size=(100, 30)) as pilot:
             cid = rig.call("fs_write", '{"path": "new.txt", "mode": "create"}')
-            await until(lambda: _modal(app) is not None and app.focused is not None, pilot)
+            await answerable(app, pilot)
             assert app.focused is not None and app.focused.id == "deny"
             await pilot.press("enter")  # focus starts on Deny
             await rig.result(cid)
@@ -117,7 +117,7 @@ def test_deny_and_kill_refuses_the_plan_afterwards(tmp_path: Path) -> None:
         app = _app(rig)
         async with app.run_test(size=(100, 30)) as pilot:
             cid = rig.call("fs_read", '{"path": "a.txt"}', plan="doomed")
-            await until(lambda: _modal(app) is not None, pilot)
+            await answerable(app, pilot)
             await pilot.press("x")
             await rig.result(cid)
             assert rig.code(cid) in ("scope_denied", "plan_killed")
@@ -138,6 +138,7 @@ def test_prompts_queue_and_identical_calls_share_one(tmp_path: Path) -> None:
             same = [rig.call("fs_read", '{"path": "a.txt"}') for _ in range(3)]
             other = rig.call("fs_write", '{"path": "x.txt", "mode": "create"}')
             await until(lambda: _modal(app) is not None and len(app.prompts) == 2, pilot)
+            await answerable(app, pilot)
             modal = _modal(app)
             assert modal is not None and modal.prompt["waiting"] == 3 and modal.more == 1
             first = modal.prompt_id
@@ -146,6 +147,7 @@ def test_prompts_queue_and_identical_calls_share_one(tmp_path: Path) -> None:
                 await rig.result(cid)
                 assert rig.code(cid) == "ok"
             await until(lambda: (m := _modal(app)) is not None and m.prompt_id != first, pilot)
+            await answerable(app, pilot)
             await pilot.press("d")
             await rig.result(other)
             assert rig.code(other) == "scope_denied"
@@ -161,7 +163,7 @@ def test_a_preview_with_escape_sequences_is_shown_inert(tmp_path: Path) -> None:
         hostile_agent = "evil\x1b[2J\x1b[H\x1b[32mAPPROVED\x1b[0m\u202e"
         async with app.run_test(size=(100, 30)) as pilot:
             cid = rig.call("fs_read", '{"path": "a\u202etxt.exe\u0085"}', agent=hostile_agent)
-            await until(lambda: _modal(app) is not None, pilot)
+            await answerable(app, pilot)
             modal = _modal(app)
             assert modal is not None
             shown = "".join(str(widget.render()) for widget in modal.query(Static))
@@ -182,7 +184,7 @@ def test_the_prompt_shows_the_whole_call_in_a_box_that_scrolls(tmp_path: Path) -
         body = "".join(f"echo line {n}\n" for n in range(200)).encode()
         async with app.run_test(size=(100, 30)) as pilot:
             cid = rig.call("fs_write", json.dumps({"path": path}), blob=body)
-            await until(lambda: _modal(app) is not None, pilot)
+            await answerable(app, pilot)
             modal = _modal(app)
             assert modal is not None
             shown = str(modal.query_one("#preview", Static).render())
@@ -202,3 +204,50 @@ def test_the_prompt_shows_the_whole_call_in_a_box_that_scrolls(tmp_path: Path) -
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_a_key_pressed_as_the_next_prompt_replaces_the_last_answers_nothing(
+    tmp_path: Path,
+) -> None:
+    """The server's Cancel ends the prompt on screen and the next one comes on at once:
+    keys pressed then (meant for the last) answer nothing until the grace has passed
+    on the app's clock; the change shows, and focus then starts on Deny."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        clock = MovableClock()
+        app = WorkerApp(rig.link(), notifier=silent, clock=clock)
+        async with app.run_test(size=(100, 30)) as pilot:
+            first = rig.call("fs_read", '{"path": "a.txt"}')
+            modal = await answerable(app, pilot)
+            shown_first = modal.prompt_id
+            second = rig.call("fs_write", '{"path": "notes.txt", "mode": "create"}')
+            await until(lambda: len(app.prompts) == 2, pilot)
+            rig.dispatcher.cancel(first, "by the server")
+            await until(lambda: on_screen(app) and modal.prompt_id != shown_first, pilot)
+            assert "fs_write" in modal.prompt["scopes"][0]
+            shown_second = modal.prompt_id
+            assert not modal.armed and modal.query_one("#dialog").has_class("fresh")
+            assert all(button.disabled for button in modal.query(Button))
+            await pilot.press("p")  # meant for the first prompt
+            assert app.screen is modal
+            await pilot.click(modal.query_one("#plan", Button))
+            assert app.screen is modal
+            await pilot.press("enter")
+            assert app.screen is modal and modal.prompt_id == shown_second in app.prompts
+            clock.skip(GRACE_S)
+            await until(lambda: modal.armed, pilot)
+            assert not modal.query_one("#dialog").has_class("fresh")
+            assert app.focused is not None and app.focused.id == "deny"
+            await pilot.press("enter")
+            await rig.result(second)
+            assert rig.code(second) == "scope_denied"
+            assert rig.dispatcher.state.grants() == []  # "p" granted nothing
+            await rig.result(first)
+            assert rig.code(first) == "cancelled"
+        rig.close()
+
+    asyncio.run(scenario())
+

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import Cluster, cluster
-from tests.ui.rig import silent, until
+from tests.ui.rig import MovableClock, answerable, silent, until
 from ui.app import WorkerApp
 from ui.approval import ApprovalModal
 from worker.config import Paths
@@ -44,7 +44,7 @@ def test_request_scope_is_approved_in_an_attached_ui_and_the_call_then_runs(
     live: Cluster,
 ) -> None:
     async def scenario() -> None:
-        app = WorkerApp(SocketLink(_socket(live)), notifier=silent)
+        app = WorkerApp(SocketLink(_socket(live)), notifier=silent, clock=MovableClock())
         client = ControlClient.connect(live.listen, live.token)
         try:
             async with app.run_test(size=(100, 30)) as pilot:
@@ -62,8 +62,7 @@ def test_request_scope_is_approved_in_an_attached_ui_and_the_call_then_runs(
                         metadata=client.metadata,
                     )
                 )
-                await until(lambda: isinstance(app.screen, ApprovalModal), pilot)
-                modal = app.screen
+                modal = await answerable(app, pilot)
                 assert isinstance(modal, ApprovalModal)
                 assert modal.prompt["reason"] == "write the report"
                 assert "once" not in modal.prompt["choices"]
@@ -97,7 +96,7 @@ def test_with_no_ui_attached_a_call_is_refused_at_once_as_headless(live: Cluster
 
 def test_a_call_waits_for_an_attached_ui_and_a_denial_reaches_the_caller(live: Cluster) -> None:
     async def scenario() -> None:
-        app = WorkerApp(SocketLink(_socket(live)), notifier=silent)
+        app = WorkerApp(SocketLink(_socket(live)), notifier=silent, clock=MovableClock())
         client = ControlClient.connect(live.listen, live.token)
         try:
             async with app.run_test(size=(100, 30)) as pilot:
@@ -111,7 +110,7 @@ def test_a_call_waits_for_an_attached_ui_and_a_denial_reaches_the_caller(live: C
                         args_json='{"path": "."}',
                     )
                 )
-                await until(lambda: isinstance(app.screen, ApprovalModal), pilot)
+                await answerable(app, pilot)
                 await pilot.press("d")
                 response = await asyncio.wait_for(call, 20)
                 assert response.result.error.code == "scope_denied"

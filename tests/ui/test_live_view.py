@@ -12,9 +12,8 @@ from textual.widgets import DataTable
 
 import ui.app
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
-from tests.ui.rig import Rig, silent, until
+from tests.ui.rig import MovableClock, Rig, answerable, silent, until
 from ui.app import WorkerApp
-from ui.approval import ApprovalModal
 from ui.screens import GrantsScreen
 from worker.config import GrantSection
 
@@ -60,7 +59,7 @@ def test_revoking_a_grant_makes_the_next_call_ask_again(tmp_path: Path) -> None:
     async def scenario() -> None:
         rig = Rig(tmp_path)
         rig.dispatcher.state.add_grant("agent-1", "workerHost.fs_read", "*", None, "cli:test")
-        app = WorkerApp(rig.link(), notifier=silent)
+        app = WorkerApp(rig.link(), notifier=silent, clock=MovableClock())
         async with app.run_test(size=(100, 30)) as pilot:
             first = rig.call("fs_read", '{"path": "a.txt"}')
             await rig.result(first)
@@ -74,7 +73,7 @@ def test_revoking_a_grant_makes_the_next_call_ask_again(tmp_path: Path) -> None:
             assert rig.dispatcher.state.grants() == []
             await pilot.press("escape")
             second = rig.call("fs_read", '{"path": "a.txt"}')
-            await until(lambda: isinstance(app.screen, ApprovalModal), pilot)
+            await answerable(app, pilot)
             await pilot.press("d")
             await rig.result(second)
             assert rig.code(second) == "scope_denied"

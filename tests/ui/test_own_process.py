@@ -21,6 +21,7 @@ from tests.support.terminal import AGENTWORKER, Terminal, wait_gone
 
 READY = "● ready"
 PROMPT = "A call outside the agent's grants"
+ANSWERABLE = "Denied by itself in"  # the prompt's last line, once it takes keys
 
 
 @dataclass
@@ -79,6 +80,7 @@ def test_the_tui_runs_beside_the_worker_and_answers_its_prompts(up: Up) -> None:
     asked = up.terminal.mark()
     call = call_in_background(up.live, "workerHost.fs_stat", '{"path": "."}', agent_id="stranger")
     up.terminal.expect(PROMPT, after=asked)
+    up.terminal.expect(ANSWERABLE, after=asked)  # its grace over (ui.approval.GRACE_S)
     up.terminal.type("d")
     call["thread"].join(60)
     assert call["out"]["error"]["code"] == "scope_denied", call

@@ -17,8 +17,9 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from tests.ui.rig import silent
+from tests.ui.rig import on_screen, silent, until
 from ui.app import WorkerApp
+from ui.approval import GRACE_S
 from worker.core.console import Event, Subscriber
 
 NOW = 1_795_000_000.0  # the fixed clock, in seconds
@@ -187,8 +188,29 @@ def utc() -> Iterator[None]:
     time.tzset()
 
 
+class StoppedClock:
+    """NOW, until a test moves it on."""
+
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _app(prompts: list[dict[str, Any]] | None = None) -> WorkerApp:
-    return WorkerApp(ScriptedLink(prompts or []), clock=lambda: NOW, notifier=silent)
+    return WorkerApp(ScriptedLink(prompts or []), clock=StoppedClock(), notifier=silent)
+
+
+async def _answerable(pilot: Pilot[Any]) -> None:
+    """The prompt as it stands once its grace is over (ui.approval.GRACE_S): the
+    clock moved on by it, the countdown reads 44 s."""
+    app = pilot.app
+    assert isinstance(app, WorkerApp) and isinstance(app.clock, StoppedClock)
+    await until(lambda: on_screen(app) is not None, pilot)
+    app.clock.now = NOW + GRACE_S
+    await until(lambda: on_screen(app).armed, pilot)
+    await _steady(pilot)
 
 
 async def _steady(pilot: Pilot[Any]) -> None:
@@ -204,7 +226,7 @@ def test_main_screen(snap_compare: Any, size: tuple[int, int]) -> None:
 
 @pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
 def test_approval_prompt(snap_compare: Any, size: tuple[int, int]) -> None:
-    assert snap_compare(_app([PROMPT]), terminal_size=size, run_before=_steady)
+    assert snap_compare(_app([PROMPT]), terminal_size=size, run_before=_answerable)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])

@@ -21,6 +21,9 @@ from worker.core.console_socket import socket_path
 
 AGENTWORKER = str(Path(sys.executable).parent / "agentworker")
 
+# The prompt's last line once it takes keys (its grace, ui.approval.GRACE_S, over).
+ANSWERABLE = "Denied by itself in"
+
 
 class Terminal:
     """One tmux server of our own, with one window running a command."""
@@ -113,6 +116,7 @@ def test_up_on_a_terminal_shows_the_tui_and_a_prompt_is_approved_by_keyboard(
     call = _call(env, "fs_stat", '{"path": "."}', "--agent", "planner", "--plan", "demo")
     screen = terminal.wait_for("A call outside the agent's grants")
     assert "planner" in screen and "workerHost.fs_stat" in screen
+    terminal.wait_for(ANSWERABLE)
     terminal.keys("p")  # for this plan
     out, _ = call.communicate(timeout=30)
     assert json.loads(out)["status"] == "ok"
@@ -142,6 +146,7 @@ def test_ui_attaches_to_a_headless_worker_and_approves_from_the_keyboard(
         terminal.wait_for("● ready")
         call = _call(env, "fs_stat", '{"path": "."}', "--agent", "planner")
         terminal.wait_for("A call outside the agent's grants")
+        terminal.wait_for(ANSWERABLE)
         terminal.keys("o")  # once
         out, _ = call.communicate(timeout=30)
         assert json.loads(out)["status"] == "ok"
