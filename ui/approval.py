@@ -18,10 +18,12 @@ Deny.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
+from rich.table import Table
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -38,6 +40,11 @@ PERIODS: tuple[tuple[str, float], ...] = (
     ("24 h", 24 * 3600.0),
 )
 DEFAULT_PERIOD = 1
+
+# The facts' label column ("Plan/agent" is the longest label).
+LABEL_WIDTH: Final = 10
+# A run of whitespace in a server's text, or one whitespace character other than a space.
+_WHITESPACE: Final = re.compile(r"\s{2,}|[^\S ]")
 
 # After a prompt comes on screen, keys and clicks are not answers for this long.
 GRACE_S: Final = 1.0
@@ -190,28 +197,32 @@ class ApprovalModal(ModalScreen[Answer | None]):
             title.append(f"   ({self.more} more waiting)", style="dim")
         return title
 
-    def _facts(self) -> Text:
+    def _facts(self) -> Table:
+        """The prompt's rows. Agent, plan and scopes each keep to one line, cut with an
+        ellipsis, and the reason wraps inside its own column: nothing a server names
+        can wrap into a line that passes for another row (a space-padded agent id
+        drew fake "Wants" and "Why" rows). Runs of whitespace are shown counted."""
         p = self.prompt
-        text = Text()
-        rows = [
-            ("Agent", p.get("agent_id") or "(none)"),
-            ("Plan", p.get("plan_id") or "(none)"),
-            ("Wants", ", ".join(p.get("scopes", ()))),
+        table = Table.grid(padding=(0, 1), expand=True)
+        table.add_column(width=LABEL_WIDTH, no_wrap=True, style="bold")
+        table.add_column(ratio=1)
+        rows: list[tuple[str, Text]] = [
+            ("Agent", _shown(str(p.get("agent_id") or "(none)"), one_line=True)),
+            ("Plan", _shown(str(p.get("plan_id") or "(none)"), one_line=True)),
+            ("Wants", _shown(", ".join(p.get("scopes", ())), one_line=True)),
         ]
         grants = [g for g in p.get("grants", ()) if g not in p.get("scopes", ())]
         if grants:
-            rows.append(("Plan/agent", "also " + ", ".join(grants) + " (read-only)"))
+            also = "also " + ", ".join(grants) + " (read-only)"
+            rows.append(("Plan/agent", _shown(also, one_line=True)))
         if p.get("reason"):
-            rows.append(("Why", str(p["reason"])))
+            rows.append(("Why", _shown(str(p["reason"]), one_line=False)))
         waiting = int(p.get("waiting", 1))
         if waiting > 1:
-            rows.append(("Calls", f"{waiting} identical calls wait on this answer"))
+            rows.append(("Calls", Text(f"{waiting} identical calls wait on this answer")))
         for label, value in rows:
-            text.append(f"{label:<11}", style="bold")
-            text.append(str(value))
-            text.append("\n")
-        text.rstrip()
-        return text
+            table.add_row(label, value)
+        return table
 
     def _preview(self) -> Text:
         preview = str(self.prompt.get("preview") or "")
@@ -274,3 +285,22 @@ class ApprovalModal(ModalScreen[Answer | None]):
     def _pressed(self, event: Button.Pressed) -> None:
         if event.button.id:
             self.action_choose(event.button.id)
+
+
+def _shown(value: str, *, one_line: bool) -> Text:
+    """A server's text for one of the prompt's rows: a run of whitespace (or a space
+    that is not a plain one) shown counted and marked, never as the blank it is, and
+    on one line cut with an ellipsis when `one_line`."""
+    text = Text(no_wrap=one_line, overflow="ellipsis" if one_line else "fold")
+    at = 0
+    for match in _WHITESPACE.finditer(value):
+        text.append(value[at : match.start()])
+        run = match.group()
+        if run.strip(" "):
+            names = " ".join(f"U+{ord(c):04X}" for c in run[:3]) + (" …" if len(run) > 3 else "")
+            text.append(f"⟨{names}⟩", style="reverse")
+        else:
+            text.append(f"⟨{len(run)} spaces⟩", style="reverse")
+        at = match.end()
+    text.append(value[at:])
+    return text

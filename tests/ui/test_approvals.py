@@ -13,6 +13,7 @@ from textual.widgets import Button, Static
 from tests.ui.rig import MovableClock, Rig, answerable, on_screen, silent, until
 from ui.app import WorkerApp
 from ui.approval import GRACE_S, ApprovalModal
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 def _app(rig: Rig) -> WorkerApp:
@@ -166,7 +167,11 @@ def test_a_preview_with_escape_sequences_is_shown_inert(tmp_path: Path) -> None:
             await answerable(app, pilot)
             modal = _modal(app)
             assert modal is not None
-            shown = "".join(str(widget.render()) for widget in modal.query(Static))
+            shown = "".join(
+                widget.render_line(y).text
+                for widget in modal.query(Static)
+                for y in range(widget.size.height)
+            )
             assert "\x1b" not in shown and "\u202e" not in shown and "\u0085" not in shown
             assert "\\e[2J" in shown and "\\u202e" in shown
             await pilot.press("d")
@@ -251,3 +256,32 @@ def test_a_key_pressed_as_the_next_prompt_replaces_the_last_answers_nothing(
 
     asyncio.run(scenario())
 
+
+def test_an_id_padded_with_spaces_stays_on_its_row_and_forges_none(tmp_path: Path) -> None:
+    """An agent id padded to wrap at the dialog's width drew rows of its own choosing
+    ("Wants workerHost.fs_stat", "Why read one file") above the real ones."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        app = _app(rig)
+        pad = " " * 74
+        agent = f"planner{pad}Wants      workerHost.fs_stat{pad}Why        read one file"
+        async with app.run_test(size=(100, 30)) as pilot:
+            asked = asyncio.ensure_future(
+                broker.scope_request(
+                    pb.ScopeRequest(request_id="r", agent_id=agent, plan_id="p", scopes=["*.*"])
+                )
+            )
+            modal = await answerable(app, pilot)
+            facts = modal.query_one("#facts", Static)
+            lines = [facts.render_line(y).text.rstrip() for y in range(facts.size.height)]
+            assert [line.split()[0] for line in lines] == ["Agent", "Plan", "Wants"], lines
+            assert lines[0].startswith("Agent      planner⟨74 spaces⟩Wants") and lines[0][-1] == "…"
+            assert lines[2] == "Wants      *.*"
+            await pilot.press("d")
+            assert not (await asked).granted
+        rig.close()
+
+    asyncio.run(scenario())
