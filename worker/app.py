@@ -33,7 +33,7 @@ from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
 from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
 from worker.core.console import Console, Link
-from worker.core.console_socket import ConsoleServer, socket_path
+from worker.core.console_socket import ConsoleServer
 from worker.core.ledger import State
 from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
@@ -796,7 +796,7 @@ def _say(text: str) -> None:
 
 async def _serve_console(console: Console, paths: Paths) -> ConsoleServer | None:
     """The local socket `agentworker ui` attaches to; the worker runs on without it."""
-    server = ConsoleServer(console, socket_path(paths))
+    server = ConsoleServer(console, paths.ui_socket)
     try:
         await server.start()
     except (OSError, StartupError) as exc:

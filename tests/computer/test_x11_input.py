@@ -177,18 +177,23 @@ def test_a_cancelled_combo_still_releases_its_keys(computer: Computer, app: TkAp
     app.wait(lambda e: e == {"event": "key", "kind": "KeyRelease", "keysym": "Control_L"})
 
 
+async def _slow_move_under_way(computer: Computer) -> asyncio.Task[Any]:
+    """A 30 s move, started and seen to move the pointer."""
+    args = m.MouseMoveArgs(x=1500, y=800, duration_ms=30_000)
+    task = asyncio.create_task(computer.mouse_move(None, args))
+    start = (await computer.cursor_position(None, m.CursorPositionArgs())).result
+    while True:  # until the pointer is on its way
+        now = (await computer.cursor_position(None, m.CursorPositionArgs())).result
+        if (now.x, now.y) != (start.x, start.y):
+            return task
+        await asyncio.sleep(0.01)
+
+
 def test_a_pause_stops_a_running_move_at_its_next_step(
     computer: Computer, app: TkApp, pause: PauseSwitch
 ) -> None:
     async def pause_while_moving() -> WorkerError:
-        args = m.MouseMoveArgs(x=1500, y=800, duration_ms=30_000)
-        task = asyncio.create_task(computer.mouse_move(None, args))
-        start = (await computer.cursor_position(None, m.CursorPositionArgs())).result
-        while True:  # until the pointer is on its way
-            now = (await computer.cursor_position(None, m.CursorPositionArgs())).result
-            if (now.x, now.y) != (start.x, start.y):
-                break
-            await asyncio.sleep(0.01)
+        task = await _slow_move_under_way(computer)
         pause.stop("stop pressed in a test", "test")
         with pytest.raises(WorkerError) as caught:
             await task
@@ -206,14 +211,7 @@ def test_while_the_person_is_asked_input_stops_and_waits_for_their_answer(
     makes while the person is asked could answer it for them."""
 
     async def asked_while_moving() -> tuple[WorkerError, tuple[int, int]]:
-        args = m.MouseMoveArgs(x=1500, y=800, duration_ms=30_000)
-        running = asyncio.create_task(computer.mouse_move(None, args))
-        start = (await computer.cursor_position(None, m.CursorPositionArgs())).result
-        while True:  # until the pointer is on its way
-            now = (await computer.cursor_position(None, m.CursorPositionArgs())).result
-            if (now.x, now.y) != (start.x, start.y):
-                break
-            await asyncio.sleep(0.01)
+        running = await _slow_move_under_way(computer)
         desktop.hold_input("the person is asked in a test")
         with pytest.raises(WorkerError) as caught:
             await running

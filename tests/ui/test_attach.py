@@ -17,7 +17,7 @@ from tests.ui.rig import MovableClock, answerable, silent, until
 from ui.app import WorkerApp
 from ui.approval import ApprovalModal
 from worker.config import Paths
-from worker.core.console_socket import NoWorkerError, SocketLink, socket_path
+from worker.core.console_socket import NoWorkerError, SocketLink
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -29,7 +29,7 @@ def live(tmp_path: Path) -> Cluster:  # type: ignore[misc]
 
 
 def _socket(live: Cluster) -> Path:
-    return socket_path(Paths(config_dir=live.home, data_dir=live.home))
+    return Paths(config_dir=live.home, data_dir=live.home).ui_socket
 
 
 def test_the_socket_is_open_to_its_user_only(live: Cluster) -> None:

@@ -17,7 +17,6 @@ import pytest
 
 from tests.support.cluster import free_port
 from worker.config import Paths
-from worker.core.console_socket import socket_path
 
 AGENTWORKER = str(Path(sys.executable).parent / "agentworker")
 
@@ -138,7 +137,7 @@ def test_ui_attaches_to_a_headless_worker_and_approves_from_the_keyboard(
     )
     try:
         home = Path(env["AGENTWORKER_HOME"])
-        socket_ready = socket_path(Paths(config_dir=home, data_dir=home))
+        socket_ready = Paths(config_dir=home, data_dir=home).ui_socket
         deadline = time.monotonic() + 30
         while not socket_ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

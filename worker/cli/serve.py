@@ -73,10 +73,9 @@ def _tui(paths: Paths, args: argparse.Namespace) -> TuiLaunch | None:
     if frontend is None or args.headless or not on_terminal:
         return None
     from worker.app import TuiLaunch
-    from worker.core.console_socket import socket_path
 
     log_file = args.log_file.resolve() if args.log_file else _log_to_file(paths)
-    return TuiLaunch(frontend.command(socket_path(paths), log_file), log_file)
+    return TuiLaunch(frontend.command(paths.ui_socket, log_file), log_file)
 
 
 def _log_to_file(paths: Paths, name: str = "agentworker.log") -> Path:
@@ -149,7 +148,7 @@ def _ui(paths: Paths, args: argparse.Namespace) -> int:
     """Attach the TUI to the worker already running with this data folder."""
     import asyncio
 
-    from worker.core.console_socket import SocketLink, socket_path
+    from worker.core.console_socket import SocketLink
     from worker.errors import UsageError
 
     frontend: Frontend | None = args.frontend
@@ -158,7 +157,7 @@ def _ui(paths: Paths, args: argparse.Namespace) -> int:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("`agentworker ui` needs a terminal")
     _log_to_file(paths, "agentworker-ui.log")
-    link = SocketLink(socket_path(paths))
+    link = SocketLink(paths.ui_socket)
     asyncio.run(frontend.serve(link))
     return EXIT_OK
 

@@ -22,7 +22,6 @@ import struct
 from pathlib import Path
 from typing import Any, Final
 
-from worker.config import Paths
 from worker.core.console import Console, Event, Subscriber, encode
 from worker.errors import StartupError
 
@@ -39,11 +38,6 @@ class NoWorkerError(StartupError):
     """`agentworker ui` found no worker to attach to (or may not open its socket)."""
 
     exit_code = 3
-
-
-def socket_path(paths: Paths) -> Path:
-    """Where this data folder's worker listens (`Paths.ui_socket`)."""
-    return paths.ui_socket
 
 
 def _private_folder(folder: Path) -> None:
