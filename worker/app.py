@@ -230,12 +230,19 @@ def _watch_pause(dispatcher: Dispatcher, switch: PauseSwitch, console: Console) 
     console.pause, console.paused = pause_hooks(switch, "tui")
 
 
+def local_workers_token(paths: Paths) -> Path:
+    """The token file a worker beside its hub uses: the workers' token, which cannot
+    send calls (a hub before it made only hub.token, which it then uses)."""
+    workers = paths.workers_token_file
+    return workers if workers.exists() or not paths.token_file.exists() else paths.token_file
+
+
 def worker_target(paths: Paths, config: Config) -> Target:
     """Where the worker dials: the configured server, else this machine's hub."""
     address = config.worker.server or config.hub.listen
     token = config.worker.token
     if token is None:
-        token = read_token(paths.token_file)
+        token = read_token(local_workers_token(paths))
     return Target(
         address=address,
         token=token,
@@ -409,6 +416,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         # Said before gRPC tries: its own failure to bind logs a C-core line first.
         raise InUseError(_ADDRESS_IN_USE.format(address=address))
     token = read_or_create_token(paths.token_file)
+    workers_token = read_or_create_token(paths.workers_token_file)
     hub = Hub(
         HubStore(paths.data_dir / "hub.db"),
         heartbeat_s=config.connection.heartbeat_s,
@@ -416,7 +424,11 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     )
     server = grpc.aio.server(options=server_options(keepalive_of(config)))
     server.add_generic_rpc_handlers(
-        (BearerAuth(token, [worker_service(hub), control_service(hub)]),)
+        (
+            BearerAuth(
+                token, [worker_service(hub), control_service(hub)], workers_token=workers_token
+            ),
+        )
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -555,7 +567,7 @@ async def run_up(
         dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
         target = Target(
             address=running.address,
-            token=read_or_create_token(paths.token_file),
+            token=read_token(paths.workers_token_file),  # start_hub made it
             worker_key=read_or_create_token(paths.worker_key_file),
         )
         if built is not None:

@@ -355,6 +355,7 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
     files = [
         paths.config_file,
         paths.token_file,
+        paths.workers_token_file,
         paths.config_dir / USER_POLICY,
         paths.workbench,
         paths.exec_cache,

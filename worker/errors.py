@@ -376,6 +376,10 @@ class CredentialsError(StartupError):
     exit_code = 5
 
 
+class TokenRefusedError(CredentialsError):
+    """The hub answered, and refused the token sent (UNAUTHENTICATED)."""
+
+
 class InUseError(StartupError):
     """Something this command needs is taken: the data folder's lock, an address."""
 

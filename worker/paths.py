@@ -17,6 +17,8 @@ APP = "agentworker"
 DEFAULT_LISTEN = "127.0.0.1:7421"
 CONFIG_FILE = "config.toml"
 TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
+# The token a worker needs to serve a hub: it opens WorkerService only, never Dispatch.
+WORKERS_TOKEN_FILE = "hub-workers.token"  # noqa: S105 - a file name, not a secret
 WORKER_KEY_FILE = "worker.key"  # the worker's own secret, beside its worker_id
 UI_SOCKET = "ui.sock"
 # A Unix socket's address holds 108 bytes on Linux, 104 on macOS: past this the UI
@@ -60,6 +62,10 @@ class Paths(NamedTuple):
     @property
     def token_file(self) -> Path:
         return self.config_dir / TOKEN_FILE
+
+    @property
+    def workers_token_file(self) -> Path:
+        return self.config_dir / WORKERS_TOKEN_FILE
 
     @property
     def worker_key_file(self) -> Path:

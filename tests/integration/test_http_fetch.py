@@ -162,6 +162,27 @@ def test_only_answer_headers_follow_a_redirect_to_another_origin(
     assert seen["user-agent"] == "agent/1"
 
 
+@pytest.mark.parametrize("status", [307, 308])
+def test_a_redirect_that_would_resend_the_body_elsewhere_is_answered_not_followed(
+    live: Cluster, server: TestServer, status: int
+) -> None:
+    """A 307 or 308 keeps the method and the body: to another origin, the body (which may
+    hold what was meant for this one alone) would go too. The redirect is the answer."""
+    other = f"http://localhost:{server.port}/echo"
+    result, _ = ok(
+        live, server.url(f"/redirect?status={status}&to={other}"), b"secret", method="POST"
+    )
+    assert result["status"] == status and result["redirects"] == []
+    assert ["Location", other] in result["headers"]
+    assert f"localhost:{server.port}" in result["redirect_not_followed"]
+    assert "re-send the request body" in result["redirect_not_followed"]
+    # Without a body, or with a redirect that drops it (303), it is followed.
+    result, body = ok(live, server.url(f"/redirect?status={status}&to={other}"))
+    assert result["redirect_not_followed"] is None and json.loads(body)["method"] == "GET"
+    result, body = ok(live, server.url(f"/redirect?status=303&to={other}"), b"x", method="POST")
+    assert json.loads(body)["body"] == "" and result["redirects"] == [other]
+
+
 def test_the_agents_headers_follow_a_redirect_within_the_origin(
     live: Cluster, server: TestServer
 ) -> None:

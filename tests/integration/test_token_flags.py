@@ -36,7 +36,13 @@ def test_a_token_file_keeps_the_token_off_the_command_line_and_token_warns(
         quiet = cli("status", "--token-file", str(right))
         assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
         refused = cli("workers", "--token-file", str(wrong))  # the file is what is used
-        assert refused.returncode == 3 and "UNAUTHENTICATED" in refused.stderr, refused.stderr
+        assert refused.returncode == 5 and "refused the token" in refused.stderr, refused.stderr
+        # A hub that answers and refuses is not "no hub": status says which it is.
+        told = cli("status", "--token-file", str(wrong))
+        assert told.returncode == 5 and "no hub answered" not in told.stderr, told.stderr
+        assert f"the hub at {live.listen} refused the token" in told.stderr, told.stderr
+        as_json = cli("status", "--json", "--token-file", str(wrong))
+        assert as_json.returncode == 5 and '"state": "token_refused"' in as_json.stdout
         missing = cli("status", "--token-file", str(tmp_path / "none"))
         assert missing.returncode == 5, missing.stderr
         visible = cli("status", "--token", live.token)  # still works, but says why not

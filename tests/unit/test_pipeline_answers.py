@@ -10,13 +10,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
 from worker.core.pipeline import MAX_ID_CHARS, Dispatcher, Outgoing, _payload
-from worker.core.registry import ActionSpec, Args, Context, Json, Outcome, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, Result
+from worker.core.threads import looking
 from worker.errors import WorkerError
 from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
@@ -181,12 +183,25 @@ class GateArgs(Args):
     pass
 
 
+@pytest.mark.parametrize(
+    ("effect", "in_thread", "answer"),
+    [
+        (Effect.ANY, asyncio.to_thread, "outcome_unknown"),
+        # Only looks: its work cannot take effect, whatever the thread does.
+        (Effect.NONE, asyncio.to_thread, "cancelled"),
+        # A job that only looks, within an action that may change things (a quota
+        # count before a program starts) is not the call's work.
+        (Effect.ANY, looking, "cancelled"),
+    ],
+    ids=["effect", "no-effect", "looking"],
+)
 def test_a_call_stopped_while_its_work_runs_in_a_thread_answers_outcome_unknown(
-    tmp_path: Path,
+    tmp_path: Path, effect: Effect, in_thread: Any, answer: str
 ) -> None:
     """A thread cannot be interrupted: the cancel reaches the task, the work goes on and
-    may yet take effect, so the answer may not say `cancelled`. Work still queued for a
-    thread is cancelled for real (it never runs), and nothing of it is left counted."""
+    may yet take effect, so the answer may not say `cancelled` — unless that work only
+    looks. Work still queued for a thread is cancelled for real (it never runs), and
+    nothing of it is left counted."""
     entered, release = threading.Event(), threading.Event()
 
     def blocking(_ctx: Context, _args: GateArgs) -> Outcome[Result]:
@@ -195,9 +210,12 @@ def test_a_call_stopped_while_its_work_runs_in_a_thread_answers_outcome_unknown(
         return Outcome(Result())
 
     async def gate(ctx: Context, args: GateArgs) -> Outcome[Result]:
-        return await asyncio.to_thread(blocking, ctx, args)
+        return cast(Outcome[Result], await in_thread(blocking, ctx, args))
 
-    spec = ActionSpec(surface="workerDiag", name="gate", args=GateArgs, result=Result, handler=gate)
+    spec = ActionSpec(
+        surface="workerDiag", name="gate", args=GateArgs, result=Result, handler=gate, effect=effect
+    )
+    counted = {"stuck": 1} if in_thread is asyncio.to_thread else {"": 1}
     with dispatcher_at(tmp_path) as (dispatcher, answers):
         dispatcher.registry[spec.scope] = spec
         threads = dispatcher.threads
@@ -208,18 +226,18 @@ def test_a_call_stopped_while_its_work_runs_in_a_thread_answers_outcome_unknown(
             request.action = "gate"
             dispatcher.submit(request)
             await asyncio.to_thread(entered.wait, 60)
-            assert threads.unfinished() == {"stuck": 1}
+            assert threads.unfinished() == counted
             dispatcher.cancel("stuck", "changed my mind")
             await dispatcher.drain(5)
-            assert threads.unfinished() == {"stuck": 1}, "the thread runs on"
+            assert threads.unfinished() == counted, "the thread runs on"
             release.set()
 
         asyncio.run(run())  # joins the executor: the thread has ended
     assert threads.unfinished() == {}
     [result] = answers.results
-    assert result.error.code == "outcome_unknown"
+    assert result.error.code == answer
     assert "changed my mind" in result.error.message
-    assert "in a thread" in result.error.message
+    assert ("in a thread" in result.error.message) == (answer == "outcome_unknown")
 
 
 def test_deadlines_past_the_ceiling_are_cut_to_it(tmp_path: Path) -> None:

@@ -67,6 +67,7 @@ from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
+from worker.core.threads import looking
 from worker.errors import ErrorCode, WorkerError, from_workspace
 from worker.wire.protocol import WORKBENCH_SURFACE
 
@@ -325,7 +326,7 @@ def _write(bench: Workbench) -> Callable[[Context, fs_write.FsWriteArgs], Awaita
         plan_ctx, workspace = _plan_context(bench, ctx)
         path = _inside(args.path)
         try:  # counting the use walks the workspace: not on the event loop
-            await asyncio.to_thread(bench.workspaces.check_room, workspace, ctx.blob_bytes)
+            await looking(bench.workspaces.check_room, workspace, ctx.blob_bytes)
         except WorkspaceError as exc:
             raise _translated(exc) from None
         try:
@@ -397,7 +398,7 @@ async def _run_in_workspace(
             group = await bench.plan_group(ctx.plan_id)
             counted = group.counters() if group is not None else None
             limits = exec_cmd.limits_of(settings, timeout_s)
-            before = await asyncio.to_thread(bench.workspaces.use, workspace)
+            before = await looking(bench.workspaces.use, workspace)
             room = max(0, bench.workspaces.quota_bytes - before)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             try:
@@ -417,7 +418,7 @@ async def _run_in_workspace(
                 bench.workspaces.changed(workspace)  # whatever ran may have written
             # Counted again (and kept for the next call): RLIMIT_FSIZE bounds each file
             # by the room left, not the files together, nor folders.
-            used = await asyncio.to_thread(bench.workspaces.use, workspace)
+            used = await looking(bench.workspaces.use, workspace)
             met = [] if group is None or counted is None else group.counters().met_since(counted)
     _check_quota(bench, workspace, before, used, done.exit_code, done.signal)
     result = exec_cmd.ExecResult(

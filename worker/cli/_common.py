@@ -151,8 +151,20 @@ def with_client(
     try:
         return asyncio.run(go())
     except grpc.aio.AioRpcError as exc:
-        from worker.errors import HubUnreachableError
+        from worker.errors import HubUnreachableError, TokenRefusedError
+        from worker.wire.auth import WORKERS_ONLY
 
+        if exc.code() is grpc.StatusCode.PERMISSION_DENIED and exc.details() == WORKERS_ONLY:
+            raise TokenRefusedError(
+                f"the hub at {address} takes this token from workers only; calls need "
+                "hub.token from its config folder (--token-file or AGENTWORKER_TOKEN)"
+            ) from exc
+        if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+            raise TokenRefusedError(
+                f"the hub at {address} refused the token sent ({exc.details()}); use the "
+                "token of that hub: hub.token in its data folder, given with --token-file "
+                "or AGENTWORKER_TOKEN"
+            ) from exc
         raise HubUnreachableError(f"the hub answered {exc.code().name}: {exc.details()}") from exc
 
 

@@ -405,6 +405,14 @@ async def _ask_hub(paths: Paths, config: Config) -> Finding:
                 f"use the token in {paths.token_file} of the hub's machine ([worker] token)",
                 {"address": address},
             )
+        if code == grpc.StatusCode.PERMISSION_DENIED:  # a workers' token: serves, not calls
+            return Finding(
+                "hub",
+                "ok",
+                f"the hub at {address} takes this token as a worker's (it may serve, not "
+                "call); its status is for callers",
+                details={"address": address},
+            )
         return Finding(
             "hub",
             "warn",

@@ -134,11 +134,17 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _status(paths: Paths, args: argparse.Namespace) -> int:
-    from worker.errors import CredentialsError, HubUnreachableError
+    from worker.errors import CredentialsError, HubUnreachableError, TokenRefusedError
     from worker.wire.proto import agentworker_pb2 as pb
 
     try:
         return _ask_status(paths, args, pb)
+    except TokenRefusedError as refused:  # a hub answered: not "no hub"
+        if args.json:
+            print(json_shown({"state": "token_refused", "message": refused.message}))
+        else:
+            print(f"agentworker: {shown(refused.message)}", file=sys.stderr)
+        return refused.exit_code
     except (HubUnreachableError, CredentialsError):  # no token file: no hub ran here
         address = args.server or config_of(paths, args).hub.listen
         hint = "start one with `agentworker up` (or `agentworker service install`)"

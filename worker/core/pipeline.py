@@ -932,7 +932,10 @@ class Dispatcher:
         """A call stopped while its work runs in a thread: a thread cannot be stopped,
         so the work may yet take effect, and the answer says so (`outcome_unknown`)
         instead of claiming it was stopped. So too when such work had just finished and
-        its result had not reached the task yet. None if nothing of it ran so."""
+        its result had not reached the task yet. None if nothing of it ran so, or if
+        the action only looks (its work can take no effect)."""
+        if call.spec is not None and call.spec.effect is Effect.NONE:
+            return None
         why = stop.message if stop is not None else "cancelled"
         if self.threads.running(call.cid):
             effect = (

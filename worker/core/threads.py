@@ -17,7 +17,9 @@ task), and it can say two things:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +31,17 @@ CURRENT_CALL: contextvars.ContextVar[str] = contextvars.ContextVar("current_call
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+async def looking(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """`asyncio.to_thread` for a job that only looks (a quota count, a walk that
+    checks paths): it is not counted as its call's work, so a call stopped while it
+    runs answers how it was stopped, not that its work may have taken effect."""
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    context.run(CURRENT_CALL.set, "")  # the pool reads the call from the submitter
+    job = context.run(loop.run_in_executor, None, functools.partial(fn, *args, **kwargs))
+    return await job
 
 
 class CallThreads(ThreadPoolExecutor):

@@ -16,14 +16,30 @@ from typing import Any, Final
 import grpc
 
 REFUSAL = "a valid bearer token is required (see hub.token in the config dir)"
+WORKERS_ONLY = (
+    "this is the workers' token (hub-workers.token): it lets a worker serve, not call; "
+    "callers use hub.token"
+)
+# Every method of the worker's own service, as gRPC names them.
+WORKER_METHODS: Final = "/agentworker.v1.WorkerService/"
 
 
 class BearerAuth(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
-    """`handlers` behind the token: a call that does not present it gets a handler
-    that answers UNAUTHENTICATED, whatever method it names."""
+    """`handlers` behind the tokens: the callers' token opens every method; the
+    workers' token opens only the methods of `WORKER_SERVICE` (a worker's machine
+    holds it, and must not be able to send calls to other workers). A call that
+    presents neither gets a handler that answers UNAUTHENTICATED, whatever method it
+    names; the workers' token on another method gets PERMISSION_DENIED."""
 
-    def __init__(self, token: str, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+    def __init__(
+        self,
+        token: str,
+        handlers: Sequence[grpc.GenericRpcHandler],
+        *,
+        workers_token: str | None = None,
+    ) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._workers = f"Bearer {workers_token}".encode() if workers_token else None
         self._handlers = tuple(handlers)
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -33,8 +49,11 @@ class BearerAuth(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyp
                 break
         else:
             return None  # not ours: UNIMPLEMENTED, or another handler's (health)
-        if hmac.compare_digest(_presented(details), self._expected):
+        presented = _presented(details)
+        if hmac.compare_digest(presented, self._expected):
             return handler
+        if self._workers is not None and hmac.compare_digest(presented, self._workers):
+            return handler if details.method.startswith(WORKER_METHODS) else _WORKERS_ONLY
         return _REFUSED
 
 
@@ -49,8 +68,13 @@ async def _abort(_requests: Any, context: grpc.aio.ServicerContext) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
 
 
+async def _abort_workers_only(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, WORKERS_ONLY)
+
+
 # What a call without the token gets, whatever its method: a streaming handler, which
 # never reads the request (the wire is the same for a unary call). For a unary method
 # gRPC reads the whole request (up to the 32 MiB limit) before its handler runs, so
 # sixteen tokenless 30 MiB calls at once took the hub from 62 to 708 MiB resident.
 _REFUSED: Final = grpc.stream_stream_rpc_method_handler(_abort)
+_WORKERS_ONLY: Final = grpc.stream_stream_rpc_method_handler(_abort_workers_only)

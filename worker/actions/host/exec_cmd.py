@@ -16,7 +16,6 @@ request's deadline passing first is the `timeout` error.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -37,6 +36,7 @@ from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.config import ExecSection, Paths
 from worker.core.prompt_text import one_line
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
+from worker.core.threads import looking
 from worker.errors import ErrorCode, WorkerError
 
 # An `ask` approval's name shows this much of its command (its digest binds all of it).
@@ -104,7 +104,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     entry = await landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
         if decision.walks and not ctx.config.fs.allow_hard_links:
-            await asyncio.to_thread(check_walked, ctx.roots, cwd, decision.searched, git.env)
+            await looking(check_walked, ctx.roots, cwd, decision.searched, git.env)
         view = View(
             cwd=cwd,
             mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),

@@ -8,7 +8,9 @@ connection goes to the address the guard approved (see fetching.pinned). Proxy
 settings from the environment are ignored: a proxy would make the guard's
 check meaningless. A redirect to another origin (scheme, host or port) takes
 none of the headers the agent set but `FOLLOWING_HEADERS`: any other may be a
-credential for the first origin alone (X-Api-Key, Private-Token, ...).
+credential for the first origin alone (X-Api-Key, Private-Token, ...). Nor
+does it take the body: a 307 or 308 to another origin, which would re-send it,
+is answered as it is, not followed (`redirect_not_followed` says why).
 Timeouts: connect, read (between bytes) and total (the whole call, redirects
 and body included); each defaults to, and may not exceed, the `[http]` setting.
 The request itself, on httpx, is in fetching/request.py.
@@ -104,6 +106,9 @@ class HttpFetchResult(Result):
     body_error: str | None  # why the body is incomplete, if the server ended it badly
     redirects: list[str]  # each URL redirected to, in order
     redirect_limit_reached: bool  # stopped at a 6th redirect; this is that response
+    # Why the redirect this response is was not followed: a 307 or 308 to another
+    # origin would re-send the request body there. None when nothing was withheld.
+    redirect_not_followed: str | None
     address: str  # the IP address connected to
     elapsed_ms: int
 
@@ -128,7 +133,8 @@ SPEC: Final = ActionSpec(
     summary="one HTTP(S) request to a public address (or a host opened in [http]); the blob "
     "is the request body, the result blob the response body, at most 5 MiB; a redirect to "
     "another origin drops the headers set but Accept, Accept-Encoding, Accept-Language, "
-    "Content-Type and User-Agent",
+    "Content-Type and User-Agent, and a 307/308 that would re-send the body there is answered, "
+    "not followed",
     takes_blob=True,
     codes=frozenset(
         {

@@ -101,6 +101,7 @@ async def _fetch(
     method: str = args.method
     content: bytes | None = body or None
     redirects: list[str] = []
+    withheld: str | None = None
     client = httpx.AsyncClient(
         transport=PinnedTransport(pins, _ssl_context()),
         trust_env=False,  # HTTP_PROXY, ALL_PROXY, NO_PROXY, .netrc: all ignored
@@ -131,7 +132,6 @@ async def _fetch(
             if not (args.follow_redirects and response.is_redirect) or limit_reached:
                 break
             location = response.headers["location"]
-            await response.aclose()
             try:
                 if "\\" in location or any(ch.isspace() or ord(ch) < 0x20 for ch in location):
                     raise httpx.InvalidURL("a backslash, space or control character in it")
@@ -149,8 +149,20 @@ async def _fetch(
                     f"valid URL ({exc})",
                     {"url": str(url)[:2000], "location": location[:2000]},
                 ) from None
+            next_method, next_content = _redirected_method(response.status_code, method, content)
+            if next_content is not None and _origin(target) != _origin(url):
+                # A 307 or 308 re-sends the body, which may hold what was meant for this
+                # origin alone: the redirect is answered, not followed.
+                withheld = (
+                    f"a {response.status_code} redirect to another origin "
+                    f"({_shown_origin(target)}) would re-send the request body there; "
+                    "it was not followed. Send the request to that URL yourself if it "
+                    "should have the body."
+                )
+                break
+            await response.aclose()
             redirects.append(str(target))
-            method, content = _redirected_method(response.status_code, method, content)
+            method, content = next_method, next_content
             if content is None:
                 headers.pop("content-type", None)
             if _origin(target) != _origin(url):
@@ -175,6 +187,7 @@ async def _fetch(
         body_error=received.error,
         redirects=redirects,
         redirect_limit_reached=limit_reached,
+        redirect_not_followed=withheld,
         address=destination.address,
         elapsed_ms=int((time.monotonic() - started) * 1000),
     )
@@ -190,6 +203,11 @@ def _redirected_method(status: int, method: str, content: bytes | None) -> tuple
 
 def _origin(url: httpx.URL) -> tuple[str, bytes, int]:
     return url.scheme, url.raw_host, url.port or DEFAULT_PORTS.get(url.scheme, 0)
+
+
+def _shown_origin(url: httpx.URL) -> str:
+    scheme, _host, port = _origin(url)
+    return f"{scheme}://{url.host[:200]}:{port}"
 
 
 def _translate(exc: httpx.HTTPError, url: httpx.URL) -> WorkerError:
