@@ -1,7 +1,8 @@
 """The TUI's own process for `agentworker up` and `run`.
 
 The worker starts it (worker/core/tui_process.py) as `python -m ui.child SOCKET LOG`
-once its console socket listens, and it attaches there as `agentworker ui` does.
+(the one-file build: `agentworker --ui-child SOCKET LOG`, see ui/frozen.py) once its
+console socket listens, and it attaches there as `agentworker ui` does.
 It owns the terminal while it runs. Its exit status is the worker's cue: 0 when
 the person quit (q, Ctrl+C, SIGINT, SIGTERM, a hang-up), which stops the worker;
 it also leaves with 0 when the worker told it that it stopped. A worker that went
@@ -57,11 +58,15 @@ def _say(text: str) -> None:
     print(f"agentworker: {text}", file=sys.stderr, flush=True)
 
 
-if __name__ == "__main__":
-    code = main()
-    # Leave at once: the worker waits for this process before it stops, and the
-    # interpreter's teardown after a Textual app takes a few hundred ms.
+def run_and_leave(argv: list[str] | None = None) -> None:
+    """`main`, then leave at once: the worker waits for this process before it stops,
+    and the interpreter's teardown after a Textual app takes a few hundred ms."""
+    code = main(argv)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run_and_leave()

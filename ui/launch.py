@@ -33,7 +33,13 @@ class Tui:
 
     def command(self, socket: Path, log_file: Path) -> list[str]:
         """The TUI's own process for `up` and `run`. `-P`: the folder the person runs
-        the worker in is not searched for modules (a `textual.py` there is not ours)."""
+        the worker in is not searched for modules (a `textual.py` there is not ours).
+        The one-file build is no interpreter: it is started again, told so by a flag
+        (ui/frozen.py)."""
+        if getattr(sys, "frozen", False):
+            from ui.frozen import UI_CHILD_FLAG
+
+            return [sys.executable, UI_CHILD_FLAG, str(socket), str(log_file)]
         return [sys.executable, "-P", "-m", "ui.child", str(socket), str(log_file)]
 
 

@@ -55,4 +55,26 @@ echo "smoke: a call through the hub wrote and read back a file"
 kill -TERM "$UP_PID"
 wait "$UP_PID" || fail "up did not stop cleanly on SIGTERM"
 UP_PID=""
+
+# On a terminal, `up` shows its TUI in a process of its own: the binary started again
+# (ui/frozen.py). tmux is the terminal (Textual draws on standard error: not
+# redirected); q quits both.
+command -v tmux > /dev/null || fail "tmux is needed for the TUI's check (apt-get install tmux)"
+TMUX_SOCKET="agentworker-smoke-$$"
+screen() { tmux -L "$TMUX_SOCKET" capture-pane -p -t main 2>/dev/null || true; }
+tmux -L "$TMUX_SOCKET" -f /dev/null new-session -d -s main -x 120 -y 40 \
+  "AGENTWORKER_HOME='$AGENTWORKER_HOME' AGENTWORKER_LISTEN='$AGENTWORKER_LISTEN' '$BIN' up; echo \"exit=\$?\" > '$WORK/tui.exit'; sleep 60"
+for _ in $(seq 1 600); do
+  if screen | grep -q "● ready"; then break; fi
+  sleep 0.1
+done
+screen | grep -q "● ready" || { screen >&2; tmux -L "$TMUX_SOCKET" kill-server; fail "the TUI did not show a ready worker within 60 s"; }
+tmux -L "$TMUX_SOCKET" send-keys -t main q
+for _ in $(seq 1 300); do
+  if [ -f "$WORK/tui.exit" ]; then break; fi
+  sleep 0.1
+done
+tmux -L "$TMUX_SOCKET" kill-server
+[ "$(cat "$WORK/tui.exit" 2>/dev/null)" = "exit=0" ] || fail "up with its TUI did not stop on q ($(cat "$WORK/tui.exit" 2>/dev/null || echo 'still running'))"
+echo "smoke: the TUI showed a ready worker, and q stopped both"
 echo "smoke: ok"
