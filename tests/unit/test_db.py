@@ -4,6 +4,7 @@ nothing is written, and lets go of the database when it is closed."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -69,6 +70,41 @@ def test_commits_wake_the_checkpointer_and_reads_do_not(
         db.close(conn)
 
 
+def test_the_checkpointer_is_woken_for_a_first_commit_and_a_full_batch_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each checkpoint ends in fsyncs that stall the writers' commits: it runs after
+    `every` commits (or once they stop), never after each one."""
+    checkpointer = db.Checkpointer(tmp_path / "c.db", every=4, quiet_s=3600)
+    try:
+        sets: list[int] = []
+        monkeypatch.setattr(
+            checkpointer._written, "set", lambda: sets.append(checkpointer._commits)
+        )
+        for _ in range(9):
+            checkpointer.wake()
+        assert sets[:2] == [1, 4], "the first commit, then the fourth"
+        assert all(count >= 4 for count in sets[1:]), "no wake-up for a commit in between"
+    finally:
+        monkeypatch.undo()
+        checkpointer.stop()
+
+
+def test_a_batch_of_commits_is_copied_in_without_waiting_for_quiet(tmp_path: Path) -> None:
+    path = tmp_path / "batch.db"
+    conn = db.connect(path, SCHEMA)
+    db.close(conn)  # the schema written; now a connection whose checkpointer never idles out
+    conn = sqlite3.connect(path, isolation_level=None, factory=db.Database)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.checkpointer = db.Checkpointer(path, every=8, quiet_s=3600)
+    try:
+        for _ in range(8):
+            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(4096),))
+        assert conn.checkpointer.wait_for(lambda: _database_pages(path) >= 8, 30)
+    finally:
+        conn.close()
+
+
 def test_each_database_has_its_own_checkpointer_thread(tmp_path: Path) -> None:
     first, second = db.connect(tmp_path / "a.db", SCHEMA), db.connect(tmp_path / "b.db", SCHEMA)
     try:
@@ -84,7 +120,8 @@ def test_each_database_has_its_own_checkpointer_thread(tmp_path: Path) -> None:
 def test_a_closed_database_is_let_go(tmp_path: Path) -> None:
     path = tmp_path / "gone.db"
     conn = db.connect(path, SCHEMA)
-    conn.execute("INSERT INTO t VALUES (x'00')")
+    for _ in range(db.CHECKPOINT_COMMITS):  # a round at once, not once they stop
+        conn.execute("INSERT INTO t VALUES (x'00')")
     assert conn.checkpointer is not None
     checkpointer = conn.checkpointer
     assert checkpointer.wait_for(lambda: checkpointer.rounds >= 1, 30)
