@@ -241,6 +241,12 @@ def machine() -> str:
     )
 
 
+def loadavg() -> str:
+    """The machine's load averages (1, 5 and 15 min), to print beside a figure: on a
+    shared machine a figure means little without it."""
+    return "load " + ", ".join(f"{avg:.2f}" for avg in os.getloadavg())
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -15,9 +15,13 @@ Everything runs on loopback and is measured in the same run:
   shape of caller → hub → worker with nothing of ours in it; see _common.RELAY).
 
 Printed: p50/p99 latency and calls/s with 1 and with 64 calls in flight, and each
-figure's ratio to the raw bidi echo. The bidi echo and the hub → worker → hub row
-are measured in alternating rounds and pooled: a shared machine's speed drifts over
-seconds, and alternating makes the drift weigh on the baseline and on ours alike.
+figure's ratio to the raw bidi echo, with the machine's load beside each table. A
+shared machine's speed drifts over seconds, so each figure is measured in rounds
+that take turns with its baseline's and pooled: the bidi echo with hub → worker →
+hub, and the unary echo, the relay and both Dispatch topologies (all started first)
+with each other. The drift then weighs on the baseline and on ours alike (a Dispatch
+row measured after its unary echo once read 3.07x the echo one run and 3.70x the
+next with the same code).
 
     python benchmarks/bench_roundtrip.py [--calls 5000]
 """
@@ -49,6 +53,7 @@ from benchmarks._common import (
     exited,
     goal,
     listening,
+    loadavg,
     make_home,
     percentile,
     relay,
@@ -114,42 +119,10 @@ async def echo_bench(address: str, calls: int, in_flight: int) -> tuple[list[flo
         return result
 
 
-async def relay_bench(address: str, calls: int, in_flight: int) -> tuple[list[float], float]:
-    """The bare two-hop relay, a small request down and a small reply (fs_stat's size) back."""
-    async with grpc.aio.insecure_channel(address) as channel:
-        one = relay_call(channel, b'{"path": "bench.txt"}' + b"x" * 200, FS_STAT_REPLY_BYTES)
-        return await measure(one, calls, in_flight)
-
-
-async def unary_bench(address: str, calls: int, in_flight: int) -> tuple[list[float], float]:
-    """A bare unary call: what any request/response over gRPC costs, for context."""
-    async with grpc.aio.insecure_channel(address) as channel:
-        unary = channel.unary_unary("/Echo/Call")
-        payload = b'{"path": "bench.txt"}' + b"x" * 200
-
-        async def one() -> None:
-            await unary(payload)
-
-        return await measure(one, calls, in_flight)
-
-
 FS_STAT = pb.DispatchRequest(
     agent_id="bench", surface="workerHost", action="fs_stat", args_json='{"path": "bench.txt"}'
 )
 FS_STAT_REPLY_BYTES = 400  # about what fs_stat's result takes on the wire
-
-
-async def control_bench(
-    client: ControlClient, calls: int, in_flight: int
-) -> tuple[list[float], float]:
-    """Each call a ControlService.Dispatch RPC into the hub, which sends it on."""
-
-    async def one() -> None:
-        reply = await client.stub.Dispatch(FS_STAT, metadata=client.metadata)
-        if reply.result.status != pb.ActionResult.OK:
-            raise RuntimeError(reply.result.error.message)
-
-    return await measure(one, calls, in_flight)
 
 
 async def stream_bench(hub: Hub, calls: int, in_flight: int) -> tuple[list[float], float]:
@@ -301,21 +274,71 @@ TOPOLOGIES = {
 }
 
 
+async def taking_turns(
+    echo_addr: str, relay_addr: str, clients: dict[str, ControlClient], calls: int, in_flight: int
+) -> tuple[Measured, Measured, dict[str, Measured]]:
+    """The raw unary echo, the raw relay and each Dispatch topology, in rounds taken in
+    turn (the order rotating each round); each pooled over its rounds."""
+    async with (
+        grpc.aio.insecure_channel(echo_addr) as echo_channel,
+        grpc.aio.insecure_channel(relay_addr) as relay_channel,
+    ):
+        unary = echo_channel.unary_unary("/Echo/Call")
+        payload = b'{"path": "bench.txt"}' + b"x" * 200
+
+        async def echo_one() -> None:
+            await unary(payload)
+
+        def dispatch_one(client: ControlClient) -> OneCall:
+            async def one() -> None:
+                reply = await client.stub.Dispatch(FS_STAT, metadata=client.metadata)
+                if reply.result.status != pb.ActionResult.OK:
+                    raise RuntimeError(reply.result.error.message)
+
+            return one
+
+        ways: list[tuple[str, OneCall]] = [
+            ("unary", echo_one),
+            ("relay", relay_call(relay_channel, payload, FS_STAT_REPLY_BYTES)),
+            *((name, dispatch_one(client)) for name, client in clients.items()),
+        ]
+        rounds: dict[str, list[Measured]] = {name: [] for name, _ in ways}
+        for turn in range(ROUNDS):
+            for name, one in ways[turn % len(ways) :] + ways[: turn % len(ways)]:
+                rounds[name].append(await measure(one, calls // ROUNDS, in_flight))
+    pooled_rounds = {name: pooled(measured) for name, measured in rounds.items()}
+    unary_m, relayed = pooled_rounds.pop("unary"), pooled_rounds.pop("relay")
+    return unary_m, relayed, pooled_rounds
+
+
 async def run(calls: int, home: Path) -> None:
     echo_addr = f"127.0.0.1:{free_port()}"
     echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_addr])
     try:
         wait_for(lambda: listening(echo_addr), 15)
         for in_flight in (1, 64):
+            before = loadavg()
             raw, stream = await alternating(echo_addr, home / f"{in_flight}-hub", calls, in_flight)
-            unary = await unary_bench(echo_addr, calls, in_flight)
-            with relay() as relay_addr:
-                relayed = await relay_bench(relay_addr, calls, in_flight)
             ours = {"fs_stat hub → worker → hub": stream}
-            for i, (name, commands) in enumerate(TOPOLOGIES.items()):
-                async with topology(home / f"{in_flight}-{i}", commands) as client:
-                    ours[name] = await control_bench(client, calls, in_flight)
-            report(f"{calls} calls, {in_flight} in flight", raw, unary, relayed, ours)
+            async with contextlib.AsyncExitStack() as started:
+                relay_addr = started.enter_context(relay())
+                clients = {
+                    name: await started.enter_async_context(
+                        topology(home / f"{in_flight}-{i}", commands)
+                    )
+                    for i, (name, commands) in enumerate(TOPOLOGIES.items())
+                }
+                unary, relayed, dispatched = await taking_turns(
+                    echo_addr, relay_addr, clients, calls, in_flight
+                )
+            ours.update(dispatched)
+            report(
+                f"{calls} calls, {in_flight} in flight ({before}; after: {loadavg()})",
+                raw,
+                unary,
+                relayed,
+                ours,
+            )
             dispatch_goals(in_flight, unary, ours)
             beside_relay(relayed, ours)
     finally:
