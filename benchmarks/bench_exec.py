@@ -13,12 +13,16 @@ each per round, so a busy moment of a shared machine lands on every row alike):
                       as root, Landlock) and the seccomp filter
   sandbox.run         sandbox.process.run with that line (its child handling included)
   pipeline            caller → hub → worker → allowlist → sandbox → back (`agentworker up`)
+  raw two-hop relay   a bare gRPC relay (_common.RELAY: caller → relay → its worker and
+                      back, nothing of ours) carrying the program's output back, spaced
+                      as the pipeline's calls are: the floor of the hops alone
 
 Printed: p50/p99 latency and each figure's ratio to raw, what each step of exec's
 line adds (the median of the rounds' differences, each round running the lines
-back to back, and their middle half), then the two budgets: Landlock + seccomp add
-at most 1 ms to raw bwrap (p50), and exec through the hub is at most 1.5x exec's
-exact bwrap line.
+back to back, and their middle half), what the pipeline adds to exec's line and how
+much of that the bare relay's hops alone take, then the two budgets: Landlock +
+seccomp add at most 1 ms to raw bwrap (p50), and exec through the hub is at most
+1.5x exec's exact bwrap line.
 
     python benchmarks/bench_exec.py [--calls 200]
 """
@@ -35,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import (
@@ -46,6 +52,8 @@ from benchmarks._common import (
     goal,
     machine,
     make_home,
+    relay,
+    relay_call,
     report,
 )
 from sandbox import _entry, _pidcap, _seccomp, environment
@@ -139,8 +147,11 @@ async def bench(calls: int, home_dir: Path) -> None:
     home = make_home(home_dir, mode="ro", scopes=["workerHost.exec"])
     (home.workspace / "one-mib.bin").write_bytes(os.urandom(MIB))
     entry = _entry.build(home_dir / "bench-exec-cache", "cc")
-    with agentworker(["up"], home):
-        async with connected(home) as client:
+    with agentworker(["up"], home), relay() as relay_address:
+        async with (
+            connected(home) as client,
+            grpc.aio.insecure_channel(relay_address) as relayed,
+        ):
             for argv, expect in ((["true"], 0), (["cat", "one-mib.bin"], MIB)):
                 pinned = ["/usr/bin/" + argv[0], *argv[1:]]
                 ws = home.workspace
@@ -154,6 +165,7 @@ async def bench(calls: int, home_dir: Path) -> None:
                         "exec via hub → worker",
                         dispatch_call(client, "workerHost.exec", {"argv": argv}, b"", expect),
                     ),
+                    ("raw two-hop relay", relay_call(relayed, b"", expect)),
                 ]
                 samples = await interleaved([one for _, one in rows], calls)
                 label = f"exec {' '.join(argv)}: {calls} rounds, 1 in flight, interleaved"
@@ -165,6 +177,11 @@ async def bench(calls: int, home_dir: Path) -> None:
                 for before, after, name in steps:
                     added = paired(samples[before], samples[after])
                     print(f"    {name:28}{added[1]:+7.2f} ms  [{added[0]:+.2f}..{added[2]:+.2f}]")
+                over = p50[5] - p50[3]
+                print(
+                    f"  the pipeline over exec's line: {over:+.2f} ms, of which the bare relay's "
+                    f"hops alone take {p50[6]:.2f} ms (ours beyond them {over - p50[6]:+.2f} ms)"
+                )
                 goal(
                     f"exec {what}: Landlock + seccomp (+ limits) over raw bwrap",
                     p50[3],

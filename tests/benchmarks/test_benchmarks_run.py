@@ -78,6 +78,8 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
         "raw bwrap +LL+seccomp",
         "sandbox.run",
         "exec via hub → worker",
+        "raw two-hop relay",
+        "the pipeline over exec's line",
         "Landlock + seccomp (+ limits) over raw bwrap",
         "hub → worker / exec's exact bwrap line",
     ):
