@@ -67,6 +67,30 @@ def test_a_program_runs_in_its_folder_with_stdin_and_exit_code(share: Path) -> N
     assert failed.exit_code == 1 and b"No such file" in failed.stderr
 
 
+def test_bubblewrap_has_a_group_of_its_own_and_the_program_a_session(
+    share: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bubblewrap: its own process group (a terminal's Ctrl+C to the worker's group
+    misses it) in the worker's session (a session per exec is a scheduling group per
+    exec); the program: a session of its own, with no controlling terminal."""
+    seen: list[tuple[int, int, int]] = []
+
+    class Watched(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            seen.append((self.pid, os.getpgid(self.pid), os.getsid(self.pid)))
+
+    monkeypatch.setattr("sandbox.process.subprocess.Popen", Watched)
+    # Its session's leader is inside the sandbox (one outside its pid namespace reads 0):
+    # the program itself, or bubblewrap's init above it where prlimit starts it.
+    leader = "import os; print(os.getsid(0) in (1, os.getpid()))"
+    done = sandboxed(share, [PYTHON, "-c", leader])
+    assert done.exit_code == 0 and done.stdout == b"True\n", done
+    pid, group, session = seen[0]  # bubblewrap (a root worker's pid cap runs nsenter next)
+    assert group == pid != os.getpgid(0)
+    assert session == os.getsid(0)
+
+
 def test_output_is_capped_and_the_rest_drained_so_the_program_finishes(share: Path) -> None:
     flood = "import sys; sys.stdout.write('x' * 5_000_000); sys.stderr.write('done')"
     done = sandboxed(share, [PYTHON, "-c", flood], output_bytes=1024 * 1024)
