@@ -16,9 +16,11 @@ The bookkeeping sits beside the workspace, never in it, where the agent could
 change it. Every folder is made owner-only and checked after it is made (owner,
 type, mode): a folder someone else made or opened up is refused, not used.
 
-Disk use is what the files take on disk (allocated blocks), counted by a walk
-that never follows a link; it is cached and counted again after anything may
-have changed it. The quota is checked before each write and bounds each file a
+Disk use is what the files take on disk (allocated blocks), with the number of
+entries, counted by a walk that holds folders by descriptor, never follows a link,
+opens up what a program shut and refuses what it still cannot count, and stops
+past `max_entries` (`count_use`); it is cached and counted again after anything
+may have changed it. The quota is checked before each write and bounds each file a
 program writes (RLIMIT_FSIZE), so a plan can end up over it only through many
 files (or folders) written by programs in one call; that call is answered
 `too_large` (the worker counts again after each program), and the plan can then
@@ -145,25 +147,139 @@ def _make_private(path: Path) -> None:
     _owner_only(path)
 
 
-def disk_use(folder: Path) -> int:
-    """Bytes `folder` takes on disk (allocated blocks), walked without following links."""
-    total = 0
-    stack = [str(folder)]
-    while stack:
-        here = stack.pop()
+# Entries a plan's workspace may hold by default ([sandbox] max_entries): an empty file
+# takes no blocks, so bytes alone would let a plan make files without end, and every
+# count walks them all.
+MAX_ENTRIES: Final = 100_000
+# Folders nested deeper than this are not counted (the walk holds a descriptor per
+# level): the count fails closed, and the plan can write no more.
+MAX_DEPTH: Final = 256
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ENTER: Final = stat.S_IRUSR | stat.S_IXUSR
+
+
+@dataclass(frozen=True)
+class Use:
+    """What a workspace holds: bytes on disk (allocated blocks) and entries (files,
+    folders, links; the workspace folder itself not counted). `complete` is False when
+    the count stopped at its cap of entries: then both figures are at least this."""
+
+    bytes: int
+    entries: int
+    complete: bool = True
+
+
+def _uncountable(shown: str, why: str) -> WorkspaceError:
+    return WorkspaceError(
+        WorkspaceProblem.NO_ROOM,
+        f"part of the workspace cannot be counted against its quota ({shown}: {why}), so "
+        "the plan can write nothing more. Tear the plan down to start over.",
+        {"path": shown},
+    )
+
+
+def _open_folder(parent_fd: int, name: str, st: os.stat_result, shown: str) -> int | None:
+    """A descriptor of folder `name` (lstat `st`) in `parent_fd`, never through a link;
+    None if it went meanwhile. A folder a program shut (mode 000, or no search bit) is
+    opened up first, since the worker owns it: owner read and search are added on the
+    folder itself, held by an O_PATH descriptor, so a link swapped in is never followed."""
+    if st.st_mode & _ENTER == _ENTER:
         try:
-            with os.scandir(here) as entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(entry.path)
-        except OSError:
-            continue
-    return total
+            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM):
+                raise _uncountable(shown, exc.strerror or str(exc)) from None
+    try:
+        held = os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
+        )
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ENOTDIR, ELOOP: something else took its place
+        raise _uncountable(shown, exc.strerror or str(exc)) from None
+    try:
+        now = os.fstat(held)
+        if now.st_uid != os.geteuid():
+            raise _uncountable(shown, f"a folder of user {now.st_uid}, not the worker's")
+        # fchmod refuses an O_PATH descriptor; its /proc name reaches the same inode.
+        os.chmod(f"/proc/self/fd/{held}", stat.S_IMODE(now.st_mode) | _ENTER)
+        return os.open(".", _DIR_FLAGS, dir_fd=held)
+    except OSError as exc:
+        raise _uncountable(shown, exc.strerror or str(exc)) from None
+    finally:
+        os.close(held)
+
+
+def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
+    """What the workspace `files` holds, walked by descriptor without following a link.
+    Nothing is skipped: a folder a program made unreadable is opened up (the worker owns
+    it), and anything that still cannot be counted, or folders deeper than MAX_DEPTH,
+    raise WorkspaceError (NO_ROOM) rather than count less. The walk stops once it has
+    seen more than `max_entries` entries (`complete` False), so it is bounded."""
+    total = 0
+    entries = 0
+    shown = str(files)
+    try:
+        top = os.open(files.parent, _DIR_FLAGS)
+    except FileNotFoundError:
+        return Use(0, 0)
+    except OSError as exc:
+        raise _uncountable(shown, exc.strerror or str(exc)) from None
+    stack: list[tuple[int, list[tuple[str, os.stat_result]], str]] = [(top, [], str(files.parent))]
+    try:
+        try:
+            st = os.stat(files.name, dir_fd=top, follow_symlinks=False)
+        except FileNotFoundError:
+            return Use(0, 0)
+        if not stat.S_ISDIR(st.st_mode):
+            raise _uncountable(shown, "not a folder")
+        stack[0][1].append((files.name, st))
+        while stack:
+            parent_fd, pending, where = stack[-1]
+            if not pending:
+                os.close(parent_fd)
+                stack.pop()
+                continue
+            name, st = pending.pop()
+            here = f"{where}/{name}"
+            if len(stack) > MAX_DEPTH:
+                raise _uncountable(here, f"folders nested more than {MAX_DEPTH} deep")
+            fd = _open_folder(parent_fd, name, st, here)
+            if fd is None:
+                continue
+            folders: list[tuple[str, os.stat_result]] = []
+            try:
+                with os.scandir(fd) as listing:
+                    for entry in listing:
+                        try:
+                            est = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        entries += 1
+                        total += est.st_blocks * 512
+                        if entries > max_entries:
+                            return Use(total, entries, complete=False)
+                        if stat.S_ISDIR(est.st_mode):
+                            folders.append((entry.name, est))
+            except OSError as exc:
+                os.close(fd)
+                raise _uncountable(here, exc.strerror or str(exc)) from None
+            stack.append((fd, folders, here))
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+    return Use(total, entries)
+
+
+def disk_use(folder: Path) -> int:
+    """Bytes `folder` takes on disk (allocated blocks), as far as a count of at most
+    MAX_ENTRIES entries sees (for reports: the quota uses `count_use`)."""
+    try:
+        return count_use(folder).bytes
+    except WorkspaceError:
+        return 0
 
 
 def remove_tree(path: Path) -> None:
@@ -189,11 +305,15 @@ def remove_tree(path: Path) -> None:
 class Workspaces:
     """Every plan's workspace under `base` (owner-only), with a quota per plan."""
 
-    def __init__(self, base: Path, *, quota_bytes: int) -> None:
+    def __init__(self, base: Path, *, quota_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
         self.base = base
         self.quota_bytes = quota_bytes
+        self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._use: dict[str, int] = {}  # key -> bytes, while known
+        # key -> the last count (or why it failed), while nothing may have changed it
+        self._use: dict[str, Use | WorkspaceError] = {}
+        self._changes: dict[str, int] = {}  # key -> `changed` calls (a count started
+        # before one is not kept)
         self._opened: dict[str, Workspace] = {}
 
     def prepare(self) -> None:
@@ -252,31 +372,68 @@ class Workspaces:
         with contextlib.suppress(OSError):
             os.utime(workspace.folder / META)
 
-    def use(self, workspace: Workspace) -> int:
-        """Bytes the workspace takes (cached until `changed`)."""
+    def known_use(self, workspace: Workspace) -> Use | None:
+        """The cached count, if nothing changed since; raises what the count raised."""
         known = self._use.get(workspace.key)
-        if known is None:
-            known = disk_use(workspace.files)
-            self._use[workspace.key] = known
+        if isinstance(known, WorkspaceError):
+            raise WorkspaceError(known.problem, known.message, known.details)
         return known
+
+    def use(self, workspace: Workspace) -> Use:
+        """What the workspace holds (cached until `changed`); WorkspaceError (NO_ROOM)
+        when part of it cannot be counted. A walk, at most `max_entries` entries long:
+        in the worker, Workbench.use runs it off the shared pool, one per plan at once."""
+        known = self.known_use(workspace)
+        if known is not None:
+            return known
+        with self._lock:
+            changes = self._changes.get(workspace.key, 0)
+        try:
+            counted: Use | WorkspaceError = count_use(workspace.files, self.max_entries)
+        except WorkspaceError as exc:
+            counted = exc
+        with self._lock:
+            if self._changes.get(workspace.key, 0) == changes:
+                self._use[workspace.key] = counted
+        if isinstance(counted, WorkspaceError):
+            raise counted
+        return counted
 
     def changed(self, workspace: Workspace) -> None:
         """Something may have written to the workspace: count it again when next asked."""
-        self._use.pop(workspace.key, None)
+        with self._lock:
+            self._use.pop(workspace.key, None)
+            self._changes[workspace.key] = self._changes.get(workspace.key, 0) + 1
+
+    def over_entries(self, used: Use) -> bool:
+        return not used.complete or used.entries > self.max_entries
 
     def room(self, workspace: Workspace) -> int:
         """Bytes the plan may still write before its quota is reached."""
-        return max(0, self.quota_bytes - self.use(workspace))
+        return max(0, self.quota_bytes - self.use(workspace).bytes)
 
-    def check_room(self, workspace: Workspace, incoming: int) -> None:
-        used = self.use(workspace)
-        if used + incoming > self.quota_bytes:
+    def check_room(self, workspace: Workspace, incoming: int, used: Use | None = None) -> None:
+        """Refuse (NO_ROOM) a write of `incoming` bytes, and a new entry, that would not
+        fit the plan's quota or its cap of entries; `used` is the count if known."""
+        if used is None:
+            used = self.use(workspace)
+        if used.entries >= self.max_entries or not used.complete:
+            more = "more than " if not used.complete else ""
             raise WorkspaceError(
                 WorkspaceProblem.NO_ROOM,
-                f"plan {workspace.plan_id!r} has used {used:,} of its {self.quota_bytes:,}-byte "
-                f"workspace quota; {incoming:,} more bytes would not fit. Write less, or tear "
-                "the plan down to start over.",
-                {"quota_bytes": self.quota_bytes, "used_bytes": used, "bytes": incoming},
+                f"plan {workspace.plan_id!r} holds {more}{used.entries - (not used.complete):,} "
+                f"files and folders, its cap ([sandbox] max_entries = {self.max_entries:,}); "
+                "nothing more may be written. Remove files it no longer needs (one archive "
+                "instead of many small files), or tear the plan down to start over.",
+                {"max_entries": self.max_entries, "entries": used.entries},
+            )
+        if used.bytes + incoming > self.quota_bytes:
+            raise WorkspaceError(
+                WorkspaceProblem.NO_ROOM,
+                f"plan {workspace.plan_id!r} has used {used.bytes:,} of its "
+                f"{self.quota_bytes:,}-byte workspace quota; {incoming:,} more bytes would "
+                "not fit. Write less, or tear the plan down to start over.",
+                {"quota_bytes": self.quota_bytes, "used_bytes": used.bytes, "bytes": incoming},
             )
 
     # ------------------------------------------------------------- all plans
@@ -297,6 +454,7 @@ class Workspaces:
         with self._lock:
             self._opened.pop(key, None)
             self._use.pop(key, None)
+            self._changes[key] = self._changes.get(key, 0) + 1
             trash = self.base / f"{TRASH_PREFIX}{key}.{secrets.token_hex(4)}"
             try:
                 os.rename(self.base / key, trash)

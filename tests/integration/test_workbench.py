@@ -40,12 +40,15 @@ from worker.wire.proto import agentworker_pb2 as pb
 
 SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-children"}
 QUOTA = 2 * 1024 * 1024
+MAX_ENTRIES = 300
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("workbench")
-    settings = exec_config(base, PYTHON3) + f"\n[sandbox]\nquota_mb = {QUOTA // 1024**2}\n"
+    settings = exec_config(base, PYTHON3) + (
+        f"\n[sandbox]\nquota_mb = {QUOTA // 1024**2}\nmax_entries = {MAX_ENTRIES}\n"
+    )
     with sandbox_cluster(base, extra_config=settings, env=SECRETS) as c:
         yield c
 
@@ -182,6 +185,28 @@ def test_a_program_that_writes_past_the_quota_is_answered_too_large(
     assert sorted(blob.split()) == [b"more", *(f"part{i}".encode() for i in range(6))]
     assert teardown(live, plan)["result"]["removed"] is True
     assert call(live, plan, "fs_write", {"path": "more"}, b"x")[0]["status"] == "ok"
+
+
+def test_a_plan_past_its_cap_of_entries_can_write_nothing_more(live: Cluster, plan: str) -> None:
+    """Empty files take no disk, so a plan's files are capped by count as well: the
+    program that makes too many is answered too_large, and every write after it is
+    refused, each after one bounded walk (they are counted once, then the count is
+    kept), until a program removes files."""
+    many = f"for i in range({MAX_ENTRIES + 50}):\n    open('e' + str(i), 'w').close()"
+    out, _ = run(live, plan, ["python3", "-c", many])
+    assert out["error"]["code"] == "too_large", out
+    assert out["error"]["details"]["max_entries"] == MAX_ENTRIES
+    assert f"{MAX_ENTRIES:,} files and folders" in out["error"]["message"]
+    out, _ = call(live, plan, "fs_write", {"path": "one-more"}, b"")
+    error = out["error"]
+    assert error["code"] == "too_large" and "max_entries" in error["message"], out
+    assert error["details"] == {"max_entries": MAX_ENTRIES, "entries": MAX_ENTRIES + 1}
+    assert not (files_of(live, "bench", plan) / "one-more").exists()
+    out, _ = run(
+        live, plan, ["python3", "-c", "import os\nfor i in range(100):\n    os.remove(f'e{i}')"]
+    )
+    assert out["status"] == "ok", out
+    assert call(live, plan, "fs_write", {"path": "one-more"}, b"x")[0]["status"] == "ok"
 
 
 def test_teardown_stops_the_plans_programs_and_removes_its_workspace(

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -16,6 +21,7 @@ from sandbox.workspaces import (
     WorkspaceError,
     WorkspaceProblem,
     Workspaces,
+    count_use,
     disk_use,
     plan_key,
 )
@@ -88,7 +94,7 @@ def test_the_quota_counts_disk_use_and_says_quota_and_use(spaces: Workspaces) ->
     spaces.check_room(workspace, 60 * 1024)
     (workspace.files / "big").write_bytes(os.urandom(40 * 1024))
     spaces.changed(workspace)
-    used = spaces.use(workspace)
+    used = spaces.use(workspace).bytes
     assert used >= 40 * 1024
     with pytest.raises(WorkspaceError) as caught:
         spaces.check_room(workspace, 30 * 1024)
@@ -158,3 +164,85 @@ def test_last_used_reads_one_plan_and_none_once_it_is_gone(spaces: Workspaces) -
     assert used is not None and abs(used - time.time()) < 60
     spaces.teardown("plan-a")
     assert spaces.last_used("plan-a") is None
+
+
+def test_the_count_caps_entries_and_refuses_a_plan_at_its_cap(tmp_path: Path) -> None:
+    """Empty files take no disk: the plan's entries are capped, and the walk stops there."""
+    spaces = Workspaces(tmp_path / "workbench", quota_bytes=64 * 1024, max_entries=100)
+    spaces.prepare()
+    workspace = spaces.open("plan-a")
+    os.mkdir(workspace.files / "d")
+    for i in range(99):
+        (workspace.files / "d" / str(i)).touch()
+    used = spaces.use(workspace)
+    assert (used.entries, used.complete) == (100, True)
+    with pytest.raises(WorkspaceError) as caught:
+        spaces.check_room(workspace, 0)
+    assert caught.value.problem is WorkspaceProblem.NO_ROOM
+    assert "max_entries = 100" in caught.value.message
+    for i in range(99, 500):
+        (workspace.files / "d" / str(i)).touch()
+    spaces.changed(workspace)
+    assert spaces.use(workspace) == count_use(workspace.files, 100)
+    assert (spaces.use(workspace).entries, spaces.use(workspace).complete) == (101, False)
+    with pytest.raises(WorkspaceError) as caught:
+        spaces.check_room(workspace, 0)
+    assert "more than 100 files" in caught.value.message
+
+
+def test_a_folder_shut_by_a_program_is_counted_when_the_worker_is_not_root() -> None:
+    """A plan's program writes, then chmods the folder 000 (or 100, or 400): the worker
+    (a regular user, the files' owner) opens it up and counts it, without following a
+    link; what it still cannot count refuses further writes. As uid 1000: root reads
+    anything."""
+    share = Path(tempfile.mkdtemp(prefix="aw-user-", dir="/tmp"))
+    os.chown(share, 1000, 1000)
+    script = textwrap.dedent(
+        f"""
+        import os, stat
+        from pathlib import Path
+        from sandbox.workspaces import Workspaces, WorkspaceError
+        spaces = Workspaces(Path({str(share)!r}) / "wb", quota_bytes=1 << 20)
+        spaces.prepare()
+        ws = spaces.open("plan-a")
+        outside = Path({str(share)!r}) / "outside"
+        outside.mkdir(mode=0o500)
+        for mode, name in ((0o000, "a"), (0o100, "b"), (0o400, "c"), (0o200, "d")):
+            os.makedirs(ws.files / name / "inner")
+            (ws.files / name / "inner" / "big").write_bytes(os.urandom(256 * 1024))
+            os.chmod(ws.files / name / "inner", 0)
+            os.chmod(ws.files / name, mode)
+        (ws.files / "link").symlink_to(outside)
+        used = spaces.use(ws)
+        assert used.bytes >= 4 * 256 * 1024 and used.entries == 13, used
+        try:
+            spaces.check_room(ws, 1)
+        except WorkspaceError as exc:
+            assert "quota" in exc.message
+        else:
+            raise AssertionError("not refused")
+        assert stat.S_IMODE(outside.stat().st_mode) == 0o500  # never through the link
+        print("counted", used.bytes)
+        """
+    )
+    try:
+        out = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=1000",
+                "--regid=1000",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
+        )
+        assert out.returncode == 0, out.stderr
+        assert "counted" in out.stdout
+    finally:
+        shutil.rmtree(share)

@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -55,6 +56,7 @@ from sandbox.process import (
 )
 from sandbox.workspaces import (
     MOUNT_POINT,
+    Use,
     Workspace,
     WorkspaceError,
     Workspaces,
@@ -67,13 +69,14 @@ from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
-from worker.core.threads import looking
 from worker.errors import ErrorCode, WorkerError, from_workspace
 from worker.wire.protocol import WORKBENCH_SURFACE
 
 log = logging.getLogger(__name__)
 
 SURFACE: Final = WORKBENCH_SURFACE
+# Threads counting plans' quotas (each plan walks on one at a time).
+COUNT_THREADS: Final = 2
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
@@ -107,12 +110,48 @@ class Workbench:
         self.backend = choice.backend if choice is not None else None
         self._exec_slots: dict[str, asyncio.Semaphore] = {}
         self._groups: dict[str, asyncio.Future[PlanGroup]] = {}
+        # Quota counts walk a plan's workspace: on threads of their own, never the
+        # shared pool every plan's file work waits on, and one walk per plan at once.
+        self._counting = ThreadPoolExecutor(COUNT_THREADS, thread_name_prefix="agentworker-quota")
+        self._walks: dict[str, asyncio.Future[Use]] = {}
+
+    async def use(self, workspace: Workspace) -> Use:
+        """What the plan's workspace holds: the cached count, or a walk. Callers that
+        arrive while the plan's walk runs share it (or, if the workspace changed since
+        it began, wait for it and walk once more); WorkspaceError as `Workspaces.use`."""
+        while True:
+            known = self.workspaces.known_use(workspace)
+            if known is not None:
+                return known
+            walk = self._walks.get(workspace.key)
+            if walk is None:
+                break
+            # Its count is kept (then the next turn returns it), unless the workspace
+            # changed while it ran: then the next turn walks again.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(walk)
+        loop = asyncio.get_running_loop()
+        walk = asyncio.ensure_future(
+            loop.run_in_executor(self._counting, self.workspaces.use, workspace)
+        )
+        self._walks[workspace.key] = walk
+
+        def finished(_: asyncio.Future[Use]) -> None:
+            if self._walks.get(workspace.key) is walk:
+                del self._walks[workspace.key]
+            if not walk.cancelled():
+                walk.exception()  # retrieved: a caller that left may not
+
+        walk.add_done_callback(finished)
+        return await asyncio.shield(walk)
 
     @classmethod
     def at(cls, base: Path, settings: SandboxSection) -> Workbench:
         """The workbench at `base`; WorkerError (sandbox_unavailable) when cgroups
         should apply here and cannot be readied."""
-        workspaces = Workspaces(base, quota_bytes=settings.quota_mb * 1024**2)
+        workspaces = Workspaces(
+            base, quota_bytes=settings.quota_mb * 1024**2, max_entries=settings.max_entries
+        )
         workspaces.prepare()
         choice = plan_cgroups(base, settings)
         if choice.backend is not None:
@@ -203,6 +242,7 @@ class Workbench:
     async def close(self) -> None:
         """At the worker's end: destroy every plan's cgroup (killing what runs in it),
         then what the backend made."""
+        self._counting.shutdown(wait=False, cancel_futures=True)
         for plan_id in list(self._groups):
             with contextlib.suppress(WorkerError):
                 await self._remove(plan_id, None, self._groups.pop(plan_id))
@@ -325,8 +365,8 @@ def _write(bench: Workbench) -> Callable[[Context, fs_write.FsWriteArgs], Awaita
     async def confined(ctx: Context, args: fs_write.FsWriteArgs) -> Outcome[Any]:
         plan_ctx, workspace = _plan_context(bench, ctx)
         path = _inside(args.path)
-        try:  # counting the use walks the workspace: not on the event loop
-            await looking(bench.workspaces.check_room, workspace, ctx.blob_bytes)
+        try:  # counting the use walks the workspace: on the workbench's own threads
+            bench.workspaces.check_room(workspace, ctx.blob_bytes, await bench.use(workspace))
         except WorkspaceError as exc:
             raise _translated(exc) from None
         try:
@@ -398,8 +438,11 @@ async def _run_in_workspace(
             group = await bench.plan_group(ctx.plan_id)
             counted = group.counters() if group is not None else None
             limits = exec_cmd.limits_of(settings, timeout_s)
-            before = await looking(bench.workspaces.use, workspace)
-            room = max(0, bench.workspaces.quota_bytes - before)
+            try:
+                before = await bench.use(workspace)
+            except WorkspaceError as exc:
+                raise _translated(exc) from None
+            room = max(0, bench.workspaces.quota_bytes - before.bytes)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             try:
                 done = await run(
@@ -418,7 +461,10 @@ async def _run_in_workspace(
                 bench.workspaces.changed(workspace)  # whatever ran may have written
             # Counted again (and kept for the next call): RLIMIT_FSIZE bounds each file
             # by the room left, not the files together, nor folders.
-            used = await looking(bench.workspaces.use, workspace)
+            try:
+                used = await bench.use(workspace)
+            except WorkspaceError as exc:
+                raise _translated(exc) from None
             met = [] if group is None or counted is None else group.counters().met_since(counted)
     _check_quota(bench, workspace, before, used, done.exit_code, done.signal)
     result = exec_cmd.ExecResult(
@@ -439,27 +485,45 @@ async def _run_in_workspace(
 def _check_quota(
     bench: Workbench,
     workspace: Workspace,
-    before: int,
-    used: int,
+    before: Use,
+    after: Use,
     exit_code: int | None,
     signal: int | None,
 ) -> None:
     """`too_large` when a program's writes took the plan to its quota or past it (each
-    file was bounded by the room left, not the files together): what it wrote is
-    kept, and the plan, full, can write no more (fs_write refuses, programs get no
-    room) until it is torn down."""
-    quota = bench.workspaces.quota_bytes
-    if used <= before or used < quota:
+    file was bounded by the room left, not the files together), or past its cap of
+    entries: what it wrote is kept, and the plan, full, can write no more (fs_write
+    refuses, programs get no room) until it is torn down (or, for entries, until a
+    program removes files)."""
+    workspaces = bench.workspaces
+    if workspaces.over_entries(after) and after.entries > before.entries:
+        cap = workspaces.max_entries
+        raise WorkerError(
+            "too_large",
+            f"the program left more than {cap:,} files and folders in plan "
+            f"{workspace.plan_id!r}'s workspace, its cap ([sandbox] max_entries); the plan "
+            "can write nothing more. Remove files it no longer needs (one archive instead "
+            "of many small files), or tear the plan down to start over.",
+            {
+                "max_entries": cap,
+                "entries": after.entries,
+                "exit_code": exit_code,
+                "signal": exec_cmd._signal_name(signal),
+            },
+        )
+    quota = workspaces.quota_bytes
+    used = after.bytes
+    if used <= before.bytes or used < quota:
         return
     raise WorkerError(
         "too_large",
         f"the program filled plan {workspace.plan_id!r}'s workspace: it now uses {used:,} "
-        f"bytes of its {quota:,}-byte quota ({before:,} before the program ran). What it "
+        f"bytes of its {quota:,}-byte quota ({before.bytes:,} before the program ran). What it "
         "wrote is kept, but the plan can write nothing more; tear it down to start over.",
         {
             "quota_bytes": quota,
             "used_bytes": used,
-            "used_before_bytes": before,
+            "used_before_bytes": before.bytes,
             "exit_code": exit_code,
             "signal": exec_cmd._signal_name(signal),
         },

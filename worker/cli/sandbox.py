@@ -54,7 +54,11 @@ def _list(paths: Paths, args: argparse.Namespace) -> int:
     from worker.config import load
 
     config = load(paths)
-    workspaces = Workspaces(paths.workbench, quota_bytes=config.sandbox.quota_mb * 1024**2)
+    workspaces = Workspaces(
+        paths.workbench,
+        quota_bytes=config.sandbox.quota_mb * 1024**2,
+        max_entries=config.sandbox.max_entries,
+    )
     plans = workspaces.plans()
     rows = [
         {

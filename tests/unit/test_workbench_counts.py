@@ -1,0 +1,52 @@
+"""The workbench's quota counts: off the shared pool, one walk per plan at once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+import sandbox.workspaces as workspaces_module
+from sandbox.workspaces import Use, Workspaces
+from worker.actions.workbench import Workbench
+from worker.config import SandboxSection
+
+
+def test_a_plans_concurrent_counts_share_one_walk_on_the_workbenchs_own_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20)
+    spaces.prepare()
+    bench = Workbench(spaces, SandboxSection(cgroups="off"))
+    a, b = spaces.open("plan-a"), spaces.open("plan-b")
+    walks: list[tuple[str, str]] = []
+    release = threading.Event()
+    real = workspaces_module.count_use
+
+    def counted(files: Path, max_entries: int) -> Use:
+        walks.append((files.parent.name, threading.current_thread().name))
+        if files == a.files:
+            release.wait(10)  # plan A's walk is slow
+        return real(files, max_entries)
+
+    monkeypatch.setattr(workspaces_module, "count_use", counted)
+
+    async def scenario() -> None:
+        slow = [asyncio.ensure_future(bench.use(a)) for _ in range(8)]
+        await asyncio.sleep(0)
+        # While A's one walk runs, B's count is not held behind it.
+        assert (await asyncio.wait_for(bench.use(b), 10)).entries == 0
+        release.set()
+        assert {use.entries for use in await asyncio.gather(*slow)} == {0}
+        spaces.changed(a)
+        await bench.use(a)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        asyncio.run(bench.close())
+    assert [key for key, _ in walks] == [a.key, b.key, a.key]
+    assert all(name.startswith("agentworker-quota") for _, name in walks), walks
