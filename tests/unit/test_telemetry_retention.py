@@ -4,6 +4,7 @@ the worker's start and daily after, and the count is logged."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from worker import app
 from worker.clock import now_ms
 from worker.config import Config, Paths, TelemetrySection
 from worker.core.ledger import State
-from worker.core.telemetry import DAY_MS, Telemetry
+from worker.core.telemetry import CAPPED_KIND, DAY_MS, Telemetry, fair_share
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -21,7 +22,7 @@ def _fill(telemetry: Telemetry, age_days: float, cid: str) -> None:
     """An invocation row, an audit event and a recorded call, `age_days` old."""
     at = now_ms() - int(age_days * DAY_MS)
     telemetry.record(pb.Invocation(invocation_id=cid, correlation_id=cid, started_unix_ms=at))
-    telemetry.audit("kill", correlation_id=cid)
+    telemetry.audit("path_not_allowed", correlation_id=cid)
     telemetry._db.execute("UPDATE audit_events SET unix_ms = ? WHERE correlation_id = ?", (at, cid))
     telemetry.recordings.keep_later(
         pb.ActionRequest(correlation_id=cid, plan_id="p"), b"", "{}", b""
@@ -72,17 +73,71 @@ def test_the_worker_prunes_on_start_and_logs_how_much(
 
 def test_rows_past_the_cap_go_oldest_first_whatever_their_age(tmp_path: Path) -> None:
     """Retention bounds telemetry by age; the cap by size: a server sending calls (or
-    refused ones, each an audit event) by the million cannot fill the disk in 90 days."""
+    refused ones, each an audit event) by the million cannot fill the disk in 90 days.
+    An audit kind over the cap keeps its first event and its newest."""
     state = State(tmp_path / "state.db")
     try:
         telemetry = Telemetry(state.connection, max_rows=3)
         for i in range(5):
             _fill(telemetry, 0, f"c{i}")
-        assert telemetry.cap_rows() == 4  # two of each kind
+        assert telemetry.cap_rows() == 4  # two of each table
         kept = [row["correlation_id"] for row in telemetry.rows(limit=10)]
         assert sorted(kept) == ["c2", "c3", "c4"]
-        assert [row["correlation_id"] for row in telemetry.audit_rows("c1")] == []
-        assert len(telemetry.audit_rows("c2")) == 1
+        assert [len(telemetry.audit_rows(f"c{i}")) for i in range(5)] == [1, 0, 0, 1, 1]
         assert telemetry.cap_rows() == 0
     finally:
         state.close()
+
+
+def _audit_log(telemetry: Telemetry) -> list[tuple[str, str, dict[str, object]]]:
+    cur = telemetry._db.execute(
+        "SELECT kind, correlation_id, detail_json FROM audit_events ORDER BY rowid"
+    )
+    return [(kind, cid, json.loads(detail)) for kind, cid, detail in cur]
+
+
+def test_a_flood_of_refusals_erases_neither_the_persons_acts_nor_other_kinds(
+    tmp_path: Path,
+) -> None:
+    """Review2 finding 04: 1,100 refused calls past `max_rows = 1000` erased the
+    agent's earlier `cat /etc/shadow` attempt and the person's own kill. The cap now
+    takes a flood's rows from its own kind, keeping its first and last with a count,
+    and never the person's acts."""
+    state = State(tmp_path / "state.db")
+    try:
+        telemetry = Telemetry(state.connection, max_rows=1000)
+        telemetry.audit("path_not_allowed", correlation_id="shadow", agent_id="evil")
+        telemetry.audit("kill", plan_id="p-evil", detail={"reason": "no", "by": "cli"})
+        telemetry.audit("kill", plan_id="p-x", detail={"reason": "flood", "by": "server"})
+        telemetry.audit("lift", plan_id="p-evil", detail={"by": "ui"})
+        for i in range(1100):
+            telemetry.audit("scope_required", correlation_id=f"f{i}", agent_id="evil")
+        assert telemetry.cap_rows() == 102  # 1,102 of the agent's (and server's): 1,000 kept
+        log = _audit_log(telemetry)
+        kinds = [kind for kind, _, _ in log]
+        assert kinds.count("scope_required") == 1000 - 2 and "path_not_allowed" in kinds
+        assert [cid for kind, cid, _ in log if kind == "path_not_allowed"] == ["shadow"]
+        assert sum(1 for kind, _, d in log if kind == "kill" and d.get("by") == "cli") == 1
+        assert "lift" in kinds
+        flood = [cid for kind, cid, _ in log if kind == "scope_required"]
+        assert flood[0] == "f0" and flood[-1] == "f1099" and "f1" not in flood
+        (capped,) = [d for kind, _, d in log if kind == CAPPED_KIND]
+        assert capped["kind"] == "scope_required" and capped["removed"] == 102
+        # The same flood again takes only its own kind, never the first of it.
+        for i in range(1100, 2200):
+            telemetry.audit("scope_required", correlation_id=f"f{i}", agent_id="evil")
+        telemetry.cap_rows()
+        log = _audit_log(telemetry)
+        assert [cid for kind, cid, _ in log if kind == "path_not_allowed"] == ["shadow"]
+        flood = [cid for kind, cid, _ in log if kind == "scope_required"]
+        assert flood[0] == "f0" and flood[-1] == "f2199" and len(flood) == 998
+        assert sum(1 for kind, _, d in log if kind == "kill" and d.get("by") == "cli") == 1
+    finally:
+        state.close()
+
+
+def test_each_kind_keeps_a_fair_share() -> None:
+    assert fair_share([1, 5, 1000], 100) == 94
+    assert fair_share([10, 10], 100) == 10
+    assert fair_share([500, 500], 100) == 50
+    assert fair_share([5000], 1) == 2

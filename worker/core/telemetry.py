@@ -45,10 +45,37 @@ CREATE TABLE IF NOT EXISTS audit_events (
     unix_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_time ON audit_events (unix_ms);
+CREATE INDEX IF NOT EXISTS audit_kind ON audit_events (kind);
 """
 
 # The most invocation rows, and audit events, kept (the oldest go first): about 0.5 GB.
 MAX_ROWS: Final = 1_000_000
+
+# Audit events of the person's own acts: `max_rows` never removes them (retention does),
+# so no flood of the agent's rows can. A kill the server sent is not the person's.
+PERSON_KINDS: Final = ("kill", "lift", "revoke", "approval_granted", "approval_denied")
+# What the cap leaves where it removed a kind's rows: the kind, how many, and when the
+# first and last of them were (kept like the person's rows: at most one per kind a run).
+CAPPED_KIND: Final = "audit_capped"
+_KEPT: Final = (
+    f"(kind IN ({', '.join(repr(k) for k in PERSON_KINDS)})"
+    " AND COALESCE(json_extract(detail_json, '$.by'), '') != 'server')"
+    f" OR kind = '{CAPPED_KIND}'"
+)
+
+
+def fair_share(counts: list[int], total: int) -> int:
+    """The most rows each kind may keep so that all kinds together keep at most `total`,
+    the kinds with fewer keeping all of theirs (at least 2: a kind's first and last)."""
+    left = total
+    ordered = sorted(counts)
+    for i, count in enumerate(ordered):
+        share = left // (len(ordered) - i)
+        if count > share:
+            return max(2, share)
+        left -= count
+    return max(2, ordered[-1] if ordered else 2)
+
 
 # Errors worth an audit row: the person will want to know someone tried (ErrorCode.audited).
 AUDITED_CODES: Final = frozenset(code for code in ErrorCode if code.audited)
@@ -141,17 +168,60 @@ class Telemetry:
         return self.prune_all(now)[0]
 
     def cap_rows(self) -> int:
-        """Forget the oldest invocation rows and audit events past `max_rows` of each;
-        how many went. Retention bounds telemetry by age, this by size: a server that
-        sends a million calls a day (or a million refused ones, each an audit event)
-        cannot fill the person's disk within the 90 days."""
+        """Forget the oldest invocation rows past `max_rows`, and audit events past it
+        by kind (`_cap_audit`); how many went. Retention bounds telemetry by age, this
+        by size: a server that sends a million calls a day (or a million refused ones,
+        each an audit event) cannot fill the person's disk within the 90 days."""
         self.flush()
+        gone = self._db.execute(
+            "DELETE FROM invocations WHERE rowid <= (SELECT MAX(rowid) FROM invocations) - ?",
+            (self.max_rows,),
+        ).rowcount
+        with transaction(self._db):
+            gone += self._cap_audit()
+        return gone
+
+    def _cap_audit(self) -> int:
+        """Audit events past `max_rows`, removed so a flood erases only its own kind:
+        the person's own acts (PERSON_KINDS) are never removed; every other kind keeps
+        a fair share of `max_rows` (a kind with fewer keeps all), and a kind over its
+        share keeps its first event and its newest, the ones between replaced by one
+        CAPPED_KIND event saying how many went and when they were."""
+        counts = dict(
+            self._db.execute(
+                f"SELECT kind, COUNT(*) FROM audit_events WHERE NOT ({_KEPT}) GROUP BY kind"
+            ).fetchall()
+        )
+        if sum(counts.values()) <= self.max_rows:
+            return 0
+        share = fair_share(list(counts.values()), self.max_rows)
         gone = 0
-        for table in ("invocations", "audit_events"):
-            gone += self._db.execute(
-                f"DELETE FROM {table} WHERE rowid <= (SELECT MAX(rowid) FROM {table}) - ?",
-                (self.max_rows,),
-            ).rowcount
+        for kind, count in sorted(counts.items()):
+            if count <= share:
+                continue
+            of_kind = f"FROM audit_events WHERE kind = ? AND NOT ({_KEPT})"
+            (first,) = self._db.execute(f"SELECT MIN(rowid) {of_kind}", (kind,)).fetchone()
+            (cut,) = self._db.execute(
+                f"SELECT rowid {of_kind} ORDER BY rowid DESC LIMIT 1 OFFSET ?", (kind, share - 2)
+            ).fetchone()
+            between = f"{of_kind} AND rowid > ? AND rowid < ?"
+            n, earliest, latest = self._db.execute(
+                f"SELECT COUNT(*), MIN(unix_ms), MAX(unix_ms) {between}", (kind, first, cut)
+            ).fetchone()
+            if not n:
+                continue
+            self._db.execute(f"DELETE {between}", (kind, first, cut))
+            self.audit(
+                CAPPED_KIND,
+                detail={
+                    "kind": kind,
+                    "removed": n,
+                    "first_removed_unix_ms": earliest,
+                    "last_removed_unix_ms": latest,
+                    "max_rows": self.max_rows,
+                },
+            )
+            gone += n
         return gone
 
     def prune_all(self, now: int | None = None) -> tuple[int, int, int]:
