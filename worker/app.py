@@ -421,6 +421,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         HubStore(paths.data_dir / "hub.db"),
         heartbeat_s=config.connection.heartbeat_s,
         default_timeout_s=config.hub.default_timeout_s,
+        held_blob_bytes=config.hub.held_blobs_mib * 1024 * 1024,
     )
     server = grpc.aio.server(options=server_options(keepalive_of(config)))
     server.add_generic_rpc_handlers(

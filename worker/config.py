@@ -50,6 +50,8 @@ class HubSection(_Strict):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     default_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
+    # Request blobs held at once for calls not yet answered; past it, `busy`.
+    held_blobs_mib: int = Field(default=256, ge=16, le=65_536)
 
 
 class RootSection(_Strict):

@@ -30,6 +30,7 @@ CONFIG = """\
 [hub]
 listen = "{listen}"
 default_timeout_s = 30
+held_blobs_mib = {held_blobs_mib}
 
 [[root]]
 path = "{workspace}"
@@ -238,6 +239,7 @@ def write_config(home: Path, listen: str, extra_config: str = "", **settings: An
         "max_unacked_mib": 256,
         "backoff_base_s": 0.1,
         "backoff_cap_s": 1.0,
+        "held_blobs_mib": 256,
     }
     values.update(settings)
     home.mkdir(parents=True, exist_ok=True)

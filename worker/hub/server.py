@@ -302,13 +302,26 @@ def _parts_and_digest(
     return fed_digest(hasher)
 
 
+# The request blobs a hub holds at once for calls not yet answered (each up to 16 MiB):
+# past this a new call with a blob is answered `busy` at once, so callers that outpace
+# a slow or absent worker cannot grow the hub without bound ([hub] held_blobs_mib).
+HELD_BLOB_BYTES: Final = 256 * 1024 * 1024
+
+
 class Hub:
     def __init__(
-        self, store: HubStore, *, heartbeat_s: float = 5.0, default_timeout_s: float = 60.0
+        self,
+        store: HubStore,
+        *,
+        heartbeat_s: float = 5.0,
+        default_timeout_s: float = 60.0,
+        held_blob_bytes: int = HELD_BLOB_BYTES,
     ) -> None:
         self.store = store
         self.heartbeat_s = heartbeat_s
         self.default_timeout_s = default_timeout_s
+        self.held_blob_bytes = held_blob_bytes
+        self._holding = 0  # request blob bytes of Dispatch calls under way
         self.sessions: dict[str, Session] = {}
         self._waiters: dict[str, list[asyncio.Future[Answer]]] = {}  # by call id
         self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
@@ -873,15 +886,29 @@ class Hub:
         return answer.response(worker_id)
 
     async def _dispatch(self, req: pb.DispatchRequest, blob: Buffer | None) -> tuple[str, Answer]:
+        """A call whose blob would take the hub past `held_blob_bytes` is answered `busy`."""
+        blob = req.blob if blob is None else blob
+        size = len(blob)
         try:
+            if size and self._holding + size > self.held_blob_bytes:
+                raise WorkerError(
+                    "busy",
+                    f"the hub already holds {self._holding:,} bytes of request blobs for "
+                    f"calls not yet answered, and this call's {size:,} would pass its limit "
+                    f"of {self.held_blob_bytes:,} ([hub] held_blobs_mib); retry once some "
+                    "finish",
+                    {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
+                )
             worker_id = self.route(req)
         except WorkerError as exc:
             return req.worker_id, Answer(error_result(req.correlation_id, exc))
         self._open_calls[worker_id] = self._open_calls.get(worker_id, 0) + 1
+        self._holding += size
         try:
-            return await self._dispatch_to(worker_id, req, req.blob if blob is None else blob)
+            return await self._dispatch_to(worker_id, req, blob)
         finally:
             self._open_calls[worker_id] -= 1
+            self._holding -= size
 
     async def _dispatch_to(
         self, worker_id: str, req: pb.DispatchRequest, blob: Buffer
