@@ -35,9 +35,9 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import secrets
-import shutil
 import stat
 import threading
 import time
@@ -48,6 +48,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from sandbox.paths import Root
+
+log = logging.getLogger(__name__)
 
 FILES: Final = "files"
 META: Final = "plan.json"
@@ -283,23 +285,107 @@ def disk_use(folder: Path) -> int:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove `path` and all in it, symlink-safe (rmtree works on fds), opening up
-    folders a program made unreadable to us on the way."""
-
-    def retry(func: Callable[..., Any], failed: str, _info: Any) -> None:
-        parent = os.path.dirname(failed)
-        with contextlib.suppress(OSError):
-            os.chmod(parent, 0o700)
-        with contextlib.suppress(OSError):
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
+    """Remove `path` and all in it: never following a link, opening up folders a
+    program made unreadable or unwritable to us, one folder open at a time and
+    without recursion. A plan can make a tree thousands of levels deep (fs_write's
+    `make_parents`, any program): `shutil.rmtree` recursed once per level before
+    Python 3.12, and such a tree raised RecursionError, which left it in place."""
+    try:
+        fd = _open_folder(str(path), None)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
         with contextlib.suppress(FileNotFoundError):
-            func(failed)
-
+            os.unlink(path)  # a file or a link where the folder was: itself only
+        return
+    # Each folder from `path` down to the one open: its identity (to check the way
+    # back up), its name in the one above, and its sub-folders not yet removed.
+    levels = [(os.fstat(fd), "", _clear_files(fd))]
+    try:
+        while True:
+            _seen, name, pending = levels[-1]
+            if pending:
+                child_name = pending.pop()
+                try:
+                    child = _open_folder(child_name, fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    _unlink(child_name, fd)  # swapped for a file or a link since
+                    continue
+                os.close(fd)
+                fd = child
+                levels.append((os.fstat(fd), child_name, _clear_files(fd)))
+                continue
+            if len(levels) == 1:
+                break
+            parent = os.open("..", _FOLDER, dir_fd=fd)
+            expected, found = levels[-2][0], os.fstat(parent)
+            if (found.st_dev, found.st_ino) != (expected.st_dev, expected.st_ino):
+                os.close(parent)
+                raise OSError(errno.ESTALE, f"a folder under {path} moved while it was removed")
+            os.close(fd)
+            fd = parent
+            levels.pop()
+            _as_owner(os.rmdir, name, fd)
+    finally:
+        os.close(fd)
     with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(path, onerror=retry)
-    if os.path.lexists(path):  # a second pass for what the first opened up
-        shutil.rmtree(path, ignore_errors=True)
+        os.rmdir(path)
+
+
+_FOLDER: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_folder(name: str, dir_fd: int | None) -> int:
+    """The folder `name` (never a link) opened to list, made readable to us first
+    if a program took that away."""
+    try:
+        return os.open(name, _FOLDER, dir_fd=dir_fd)
+    except PermissionError:
+        handle = os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+        try:
+            # An O_PATH handle cannot be fchmod'ed; its /proc name can, and names
+            # exactly this folder (no path is looked up again).
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)
+        finally:
+            os.close(handle)
+        return os.open(name, _FOLDER, dir_fd=dir_fd)
+
+
+def _clear_files(fd: int) -> list[str]:
+    """Unlink everything in the open folder but its sub-folders; their names."""
+    folders = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(entry.name)
+            else:
+                _unlink(entry.name, fd)
+    return folders
+
+
+def _unlink(name: str, fd: int) -> None:
+    _as_owner(os.unlink, name, fd)
+
+
+def _as_owner(remove: Callable[..., None], name: str, fd: int) -> None:
+    """`remove` the entry `name` of the open folder `fd`, making the folder writable
+    to us first if a program took that away."""
+    try:
+        remove(name, dir_fd=fd)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        os.fchmod(fd, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            remove(name, dir_fd=fd)
 
 
 class Workspaces:
@@ -322,7 +408,10 @@ class Workspaces:
         _make_private(self.base)
         for name in os.listdir(self.base):
             if name.startswith(TRASH_PREFIX):
-                remove_tree(self.base / name)
+                try:
+                    remove_tree(self.base / name)
+                except OSError as exc:  # never a reason not to start: it is out of use
+                    log.warning("could not remove %s, a removed plan's files: %s", name, exc)
 
     # ------------------------------------------------------------- one plan
 

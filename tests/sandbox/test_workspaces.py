@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository: `sandbox` imports from it
+
 from sandbox.workspaces import (
     FILES,
     META,
@@ -246,3 +248,71 @@ def test_a_folder_shut_by_a_program_is_counted_when_the_worker_is_not_root() -> 
         assert "counted" in out.stdout
     finally:
         shutil.rmtree(share)
+def _deep_tree(top: Path, levels: int) -> None:
+    """`levels` nested folders under `top`, a file in each (made by handle: the path
+    would be too long to name)."""
+    here = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("a", dir_fd=here)
+            below = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=here)
+            os.close(here)
+            here = below
+            os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=here))
+    finally:
+        os.close(here)
+
+
+def test_a_tree_thousands_of_levels_deep_is_removed_and_nothing_beyond_it(
+    spaces: Workspaces, tmp_path: Path
+) -> None:
+    """One fs_write with `make_parents` makes a tree 1,200 levels deep; shutil.rmtree
+    recursed per level and raised RecursionError: teardown failed, and the leftover
+    stopped the next start."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    workspace = spaces.open("plan-a")
+    _deep_tree(workspace.files, 3000)
+    (workspace.files / "out").symlink_to(outside)
+    assert spaces.teardown("plan-a") is True
+    assert os.listdir(spaces.base) == [] and (outside / "keep").exists()
+    # Left by a crash mid-removal: the next start finishes it.
+    _deep_tree(spaces.open("plan-b").files, 3000)
+    trash = spaces.detach("plan-b")
+    spaces.prepare()
+    assert trash is not None and not trash.exists()
+
+
+REMOVE_AS_OWNER = """
+import os, sys
+from pathlib import Path
+from sandbox.workspaces import remove_tree
+top = Path(sys.argv[1])
+(top / "locked" / "deep").mkdir(parents=True)
+(top / "locked" / "deep" / "f").write_text("x")
+(top / "readonly").mkdir()
+(top / "readonly" / "f").write_text("x")
+os.chmod(top / "locked" / "deep", 0)
+os.chmod(top / "locked", 0)  # unreadable: not listed, not entered
+os.chmod(top / "readonly", 0o500)  # its entries cannot be unlinked
+remove_tree(top)
+print("gone" if not top.exists() else "left")
+"""
+
+
+def test_folders_a_program_locked_are_opened_up_and_removed() -> None:
+    """As the worker's own (unprivileged) user: root would not notice the locks."""
+    holder = Path(tempfile.mkdtemp(prefix="aw-locked-"))  # pytest's folders are root's own
+    try:
+        top = holder / "tree"
+        top.mkdir()
+        argv = [sys.executable, "-c", REMOVE_AS_OWNER, str(top)]
+        if os.geteuid() == 0:
+            for owned in (holder, top):  # as the worker owns its base folder and the tree
+                os.chown(owned, 4242, 4242)
+            argv = ["setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.stdout.strip() == "gone", done.stderr
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)

@@ -258,8 +258,11 @@ class Workbench:
             used = self.workspaces.last_used(plan_id)
             if plan_id in busy() or used is None or time.time() - used < idle_s:
                 continue
-            if (await self.teardown(plan_id))["removed"]:
-                removed.append(plan_id)
+            try:
+                if (await self.teardown(plan_id))["removed"]:
+                    removed.append(plan_id)
+            except (OSError, WorkerError) as exc:  # the next plan, and the next round, go on
+                log.warning("the idle plan %r could not be removed: %s", plan_id, exc)
         return removed
 
     def limits_note(self, exec_settings: ExecSection) -> str:
