@@ -122,6 +122,7 @@ class Limits:
     file_size_bytes: int = 64 * 1024**2
     open_files: int = 1024
     processes: int = 64
+    tmp_bytes: int = 256 * 1024**2  # the sandbox's /tmp, all its files together
     drain_s: float = 1.0  # how long to wait for the pipes to close after exit
 
 
@@ -185,7 +186,10 @@ def command(
         args += ["--ro-bind", path, path]
     # The sandbox's own /tmp: a private tmpfs, gone with it.
     args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
-    args += ["--tmpfs", "/tmp"]  # noqa: S108
+    # Its size bounds what a program keeps there: tmpfs pages are memory no rlimit
+    # counts (GNU sort spilled 976 MiB there with memory_mb = 256). --size needs
+    # bubblewrap 0.5.0 or later; an older one says so, and exec is unavailable.
+    args += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]  # noqa: S108
     args += _folders(view.mounts, view.hidden)
     args += _private(view.private, file_fds)
     if view.entry is not None:

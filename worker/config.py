@@ -107,6 +107,7 @@ class ExecSection(_Strict):
     cpu_s: int = Field(default=300, ge=1, le=86_400)
     memory_mb: int = Field(default=4096, ge=16)  # address space per process
     file_size_mb: int = Field(default=64, ge=1)
+    tmp_mb: int = Field(default=256, ge=1, le=1_048_576)  # the sandbox's /tmp, all its files
     open_files: int = Field(default=1024, ge=16, le=1_048_576)
     max_processes: int = Field(default=64, ge=1, le=4096)
     # Variables passed from the worker's environment; secret-looking names are refused.

@@ -31,7 +31,8 @@ SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-chi
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("exec")
     rules = (PYTHON3, PRINTENV, ENV, YES, TOUCH_ASKS)
-    settings = exec_config(base, *rules, extra='pass_env = ["LANG", "HARMLESS_VAR"]\n')
+    extra = 'pass_env = ["LANG", "HARMLESS_VAR"]\ntmp_mb = 32\n'
+    settings = exec_config(base, *rules, extra=extra)
     with cluster(base / "home", worker=False, extra_config=settings) as c:
         env = {
             "AGENTWORKER_TOKEN": c.token,
@@ -240,6 +241,31 @@ def test_a_fork_bomb_and_a_memory_hog_are_contained(live: Cluster) -> None:
     hog, hog_blob = run_exec(live, ["python3", "-c", "b = bytearray(16 * 1024**3)"])
     assert hog["result"]["exit_code"] == 1 and b"MemoryError" in hog_blob
     assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+
+
+FILL_TMP = """
+import errno
+written = 0
+try:
+    for n in range(64):  # 4 MiB files, each far under the per-file cap
+        with open(f"/tmp/f{n}", "wb") as f:
+            for _ in range(4):
+                f.write(bytes(1024 * 1024))
+                written += 1
+except OSError as exc:
+    print("full" if exc.errno == errno.ENOSPC else exc, written)
+else:
+    print("all", written)
+"""
+
+
+def test_the_sandboxs_tmp_holds_no_more_than_its_size(live: Cluster) -> None:
+    """/tmp is a tmpfs: its pages are memory that no rlimit counts (GNU sort spilled
+    976 MiB there with memory_mb = 256). It is as large as [exec] tmp_mb (32 here)."""
+    out, blob = run_exec(live, ["python3", "-c", FILL_TMP])
+    assert out["status"] == "ok", out
+    verdict, written = blob.decode().split()
+    assert verdict == "full" and 28 <= int(written) <= 32, blob
 
 
 def test_an_ask_rule_is_refused_when_no_one_can_be_asked(live: Cluster) -> None:

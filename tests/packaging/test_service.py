@@ -10,8 +10,11 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from worker.cli.service import build_unit, check_unit, systemd_quote
+import pytest
+
+from worker.cli.service import Kind, build_unit, check_unit, systemd_quote
 from worker.config import Paths
+from worker.errors import UsageError
 
 TASK_NS = "{http://schemas.microsoft.com/windows/2004/02/mit/task}"
 
@@ -125,6 +128,18 @@ def test_systemd_quote_keeps_paths_literal() -> None:
     assert systemd_quote("/home/a b/x") == '"/home/a b/x"'
     assert systemd_quote("50%$HOME") == '"50%%$$HOME"'
     assert systemd_quote('say "hi"\\') == '"say \\"hi\\"\\\\"'
+
+
+@pytest.mark.parametrize("kind", ["systemd", "launchd", "windows"])
+def test_a_path_with_a_line_break_is_refused_not_written_into_a_unit(
+    tmp_path: Path, kind: Kind
+) -> None:
+    """A newline in the home's name would end ExecStart's line and start one of its
+    own: `ExecStart=/bin/sh -c ...`, run at every login."""
+    home = tmp_path / "x\nExecStart=/bin/sh -c 'touch /tmp/owned'\nX-Rest="
+    with pytest.raises(UsageError) as refused:
+        build_unit(Paths.at(home), kind)
+    assert "control character" in refused.value.message
 
 
 def test_launchd_agent_is_a_plist_that_restarts_on_failure(tmp_path: Path) -> None:

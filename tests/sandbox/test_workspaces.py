@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: `sandbox` imports from it
-
 from sandbox.workspaces import (
     FILES,
     META,
@@ -27,6 +25,8 @@ from sandbox.workspaces import (
     disk_use,
     plan_key,
 )
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: `sandbox` imports from it
 
 
 @pytest.fixture

@@ -164,6 +164,21 @@ def _launchd_log() -> Path:
     return Path.home() / "Library" / "Logs" / "agentworker" / "agentworker.log"
 
 
+def _printable(argv: list[str]) -> list[str]:
+    """`argv` as it may go into a unit: a control character (a newline in a folder's
+    name) would end the line it is on and start one of its own, a new ExecStart say."""
+    for word in argv:
+        if not word.isprintable():
+            from worker.errors import UsageError
+
+            raise UsageError(
+                f"cannot write a service that runs {word!r}: it holds a control character "
+                "(a line break, say), which would add lines of its own to the unit. Move "
+                "agentworker, or its --home, to a folder whose path has none."
+            )
+    return argv
+
+
 def build_unit(
     paths: Paths, kind: Kind, *, worker_only: bool = False, sandbox: bool = False
 ) -> Unit:
@@ -171,11 +186,15 @@ def build_unit(
     from xml.sax.saxutils import escape
 
     if kind == "systemd":
-        argv = service_argv(paths, worker_only=worker_only, sandbox=sandbox, log_file=None)
+        argv = _printable(
+            service_argv(paths, worker_only=worker_only, sandbox=sandbox, log_file=None)
+        )
         text = _fill(_template(kind), {"exec_start": " ".join(systemd_quote(a) for a in argv)})
         return Unit(kind, _systemd_dir() / UNIT_NAME, text, f"journalctl --user -u {UNIT_NAME}")
     if kind == "launchd":
-        argv = service_argv(paths, worker_only=worker_only, sandbox=sandbox, log_file=None)
+        argv = _printable(
+            service_argv(paths, worker_only=worker_only, sandbox=sandbox, log_file=None)
+        )
         log = _launchd_log()
         indent = " " * 4
         fields = {
@@ -190,7 +209,7 @@ def build_unit(
         plist = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist"
         return Unit(kind, plist, text, f"{log} (or Console.app)")
     log = _windows_log(paths)
-    argv = service_argv(paths, worker_only=worker_only, sandbox=sandbox, log_file=log)
+    argv = _printable(service_argv(paths, worker_only=worker_only, sandbox=sandbox, log_file=log))
     fields = {
         "task_name": TASK_NAME,
         "user": escape(_windows_user()),

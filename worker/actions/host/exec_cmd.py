@@ -167,6 +167,7 @@ def limits_of(settings: ExecSection, timeout_s: float) -> Limits:
         file_size_bytes=settings.file_size_mb * 1024**2,
         open_files=settings.open_files,
         processes=settings.max_processes,
+        tmp_bytes=settings.tmp_mb * 1024**2,
     )
 
 
