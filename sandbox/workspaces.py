@@ -291,7 +291,7 @@ def remove_tree(path: Path) -> None:
     `make_parents`, any program): `shutil.rmtree` recursed once per level before
     Python 3.12, and such a tree raised RecursionError, which left it in place."""
     try:
-        fd = _open_folder(str(path), None)
+        fd = _open_to_remove(str(path), None)
     except FileNotFoundError:
         return
     except OSError as exc:
@@ -309,7 +309,7 @@ def remove_tree(path: Path) -> None:
             if pending:
                 child_name = pending.pop()
                 try:
-                    child = _open_folder(child_name, fd)
+                    child = _open_to_remove(child_name, fd)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
@@ -323,7 +323,7 @@ def remove_tree(path: Path) -> None:
                 continue
             if len(levels) == 1:
                 break
-            parent = os.open("..", _FOLDER, dir_fd=fd)
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
             expected, found = levels[-2][0], os.fstat(parent)
             if (found.st_dev, found.st_ino) != (expected.st_dev, expected.st_ino):
                 os.close(parent)
@@ -338,14 +338,11 @@ def remove_tree(path: Path) -> None:
         os.rmdir(path)
 
 
-_FOLDER: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _open_folder(name: str, dir_fd: int | None) -> int:
+def _open_to_remove(name: str, dir_fd: int | None) -> int:
     """The folder `name` (never a link) opened to list, made readable to us first
     if a program took that away."""
     try:
-        return os.open(name, _FOLDER, dir_fd=dir_fd)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except PermissionError:
         handle = os.open(
             name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
@@ -356,7 +353,7 @@ def _open_folder(name: str, dir_fd: int | None) -> int:
             os.chmod(f"/proc/self/fd/{handle}", 0o700)
         finally:
             os.close(handle)
-        return os.open(name, _FOLDER, dir_fd=dir_fd)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 
 def _clear_files(fd: int) -> list[str]:

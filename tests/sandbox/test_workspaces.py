@@ -248,6 +248,8 @@ def test_a_folder_shut_by_a_program_is_counted_when_the_worker_is_not_root() -> 
         assert "counted" in out.stdout
     finally:
         shutil.rmtree(share)
+
+
 def _deep_tree(top: Path, levels: int) -> None:
     """`levels` nested folders under `top`, a file in each (made by handle: the path
     would be too long to name)."""
