@@ -6,11 +6,13 @@ import functools
 import grp
 import pwd
 import stat as stat_mod
-from typing import Final
+from typing import Any, Final
+
+import orjson
 
 from sandbox import file_kind
 from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined
-from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
+from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, PathArg, Result
 
 
 class FsStatArgs(Args):
@@ -46,24 +48,29 @@ def fs_stat(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
             if target is not None:
                 target, _changed = carried(target)
     # Every value comes straight from the kernel's stat, typed by os.stat_result:
-    # trusted data, so the model is built without a validation pass.
-    return Outcome(
-        FsStatResult.model_construct(
-            path=args.path,
-            type=file_kind(st),
-            size=st.st_size,
-            mode=oct(stat_mod.S_IMODE(st.st_mode)),
-            uid=st.st_uid,
-            gid=st.st_gid,
-            owner=_owner(st.st_uid),
-            group=_group(st.st_gid),
-            nlink=st.st_nlink,
-            mtime=st.st_mtime,
-            atime=st.st_atime,
-            ctime=st.st_ctime,
-            symlink_target=target,
-        )
-    )
+    # trusted data, so it is written as the model's JSON without building the model
+    # (pydantic's model_construct and dump took 20 us of each call's 60 here). orjson
+    # writes these plain types byte for byte as pydantic does (as fs_list's answer;
+    # tests hold that the text is the model's own), in the model's field order.
+    answer: dict[str, Any] = {
+        "path": args.path,
+        "type": file_kind(st),
+        "size": st.st_size,
+        "mode": oct(stat_mod.S_IMODE(st.st_mode)),
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "owner": _owner(st.st_uid),
+        "group": _group(st.st_gid),
+        "nlink": st.st_nlink,
+        "mtime": st.st_mtime,
+        "atime": st.st_atime,
+        "ctime": st.st_ctime,
+        "symlink_target": target,
+    }
+    try:
+        return Outcome(Json(orjson.dumps(answer).decode()))
+    except orjson.JSONEncodeError:  # a path orjson will not write (a lone surrogate)
+        return Outcome(FsStatResult.model_construct(**answer))
 
 
 @functools.lru_cache(maxsize=256)
