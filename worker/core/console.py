@@ -37,6 +37,87 @@ Event = dict[str, Any]
 Subscriber = Callable[[Event], None]
 
 
+def _kept(text: str) -> tuple[str, int]:
+    """What a row keeps of a text it shows cut at RESULT_PREVIEW: that much, and its length."""
+    return text[:RESULT_PREVIEW], len(text)
+
+
+def _shown(kept: tuple[str, int]) -> str:
+    """`inert(text, RESULT_PREVIEW)` of the text `_kept` kept."""
+    text, length = kept
+    shown = inert(text, None)
+    if length > RESULT_PREVIEW:
+        shown += f" … (+{length - RESULT_PREVIEW:,} chars)"
+    return shown
+
+
+class _Seen:
+    """A call as the console keeps it, raw (its texts cut to what a row shows), until
+    a UI needs its row."""
+
+    __slots__ = ("action", "agent_id", "args", "end", "id", "plan_id", "started_ms", "task_id")
+
+    def __init__(self, req: pb.ActionRequest, started_ms: int) -> None:
+        self.id = req.correlation_id
+        self.started_ms = started_ms
+        self.agent_id = req.agent_id
+        self.plan_id = req.plan_id
+        self.task_id = req.task_id
+        self.action = f"{req.surface}.{req.action}"
+        self.args = _kept(req.args_json)
+        # Once finished: the result's status, duration, decision, result and error
+        # texts, blob size and its telemetry's fields.
+        self.end: tuple[Any, ...] | None = None
+
+    def finish(self, result: pb.ActionResult, blob_bytes: int) -> None:
+        inv = result.invocation
+        failed = result.status == pb.ActionResult.ERROR
+        self.end = (
+            result.error.code if failed else "ok",
+            inv.duration_ms,
+            inv.decision,
+            _kept("" if failed else result.result_json),
+            blob_bytes,
+            _kept(result.error.message if failed else ""),
+            {
+                "scope": inv.scope,
+                "bytes_in": inv.bytes_in,
+                "bytes_out": inv.bytes_out,
+                "truncated": inv.truncated,
+                "sandboxed": inv.sandboxed,
+                "args_digest": inv.args_digest,
+            },
+        )
+
+    def row(self) -> dict[str, Any]:
+        """The call as a UI shows it: plain JSON-able data, every text made inert."""
+        row: dict[str, Any] = {
+            "id": self.id,
+            "started_ms": self.started_ms,
+            "agent_id": inert(self.agent_id, 200),
+            "plan_id": inert(self.plan_id, 200),
+            "task_id": inert(self.task_id, 200),
+            "action": inert(self.action, 200),
+            "status": "running",
+            "duration_ms": None,
+            "args": _shown(self.args),
+        }
+        if self.end is not None:
+            status, duration_ms, decision, result, blob_bytes, error, telemetry = self.end
+            row.update(
+                {
+                    "status": status,
+                    "duration_ms": duration_ms,
+                    "decision": inert(decision, 200),
+                    "result": _shown(result),
+                    "blob_bytes": blob_bytes,
+                    "error": _shown(error),
+                    "telemetry": telemetry,
+                }
+            )
+        return row
+
+
 class Console:
     def __init__(
         self,
@@ -53,7 +134,10 @@ class Console:
         self.mode = mode
         self.static_grants = static_grants
         self.link = LinkState("connecting", server)
-        self._calls: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        # The recent calls, kept as they came and made into a UI's rows (every text made
+        # inert) only when a UI is told of them: most calls of a worker with no UI
+        # attached are never shown, and their rows cost 25-30 us of each call.
+        self._calls: collections.OrderedDict[str, _Seen] = collections.OrderedDict()
         # plan -> calls seen (this run), the least recently called first
         self._plans: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._running: dict[str, str] = {}  # call id -> plan, started and not finished
@@ -106,7 +190,7 @@ class Console:
             "type": "snapshot",
             "worker": self.worker_info(),
             "link": self.link.to_dict(),
-            "calls": list(self._calls.values()),
+            "calls": [seen.row() for seen in self._calls.values()],
             "plans": self.plans(),
             "grants": self.grants(),
             "prompts": [p.to_dict() for p in self.broker.pending()] if self.broker else [],
@@ -128,74 +212,39 @@ class Console:
         self._tell({"type": "link", "link": link.to_dict()})
 
     def call_started(self, req: pb.ActionRequest) -> None:
-        row = {
-            "id": req.correlation_id,
-            "started_ms": int(time.time() * 1000),
-            "agent_id": inert(req.agent_id, 200),
-            "plan_id": inert(req.plan_id, 200),
-            "task_id": inert(req.task_id, 200),
-            "action": inert(f"{req.surface}.{req.action}", 200),
-            "status": "running",
-            "duration_ms": None,
-            "args": inert(req.args_json, RESULT_PREVIEW),
-        }
-        self._remember(row)
+        seen = _Seen(req, int(time.time() * 1000))
+        self._remember(seen)
         self._running[req.correlation_id] = req.plan_id
         self._running_plans[req.plan_id] += 1
         self._count_call(req.plan_id)
-        self._tell({"type": "call", "call": row})
-        self._tell_plan(req.plan_id)
+        if self._subscribers:
+            self._tell({"type": "call", "call": seen.row()})
+            self._tell_plan(req.plan_id)
 
     def call_finished(
         self, req: pb.ActionRequest, result: pb.ActionResult, blob_bytes: int
     ) -> None:
-        inv = result.invocation
-        row = self._calls.get(req.correlation_id)
+        seen = self._calls.get(req.correlation_id)
         if self._running.pop(req.correlation_id, None) is not None:
             self._running_plans[req.plan_id] -= 1
             if self._running_plans[req.plan_id] <= 0:
                 del self._running_plans[req.plan_id]
-        if row is None:  # started before we watched, or dropped from the recent rows
-            row = {
-                "id": req.correlation_id,
-                "started_ms": inv.started_unix_ms,
-                "agent_id": inert(req.agent_id, 200),
-                "plan_id": inert(req.plan_id, 200),
-                "task_id": inert(req.task_id, 200),
-                "action": inert(f"{req.surface}.{req.action}", 200),
-                "args": inert(req.args_json, RESULT_PREVIEW),
-            }
+        if seen is None:  # started before we watched, or dropped from the recent rows
+            seen = _Seen(req, result.invocation.started_unix_ms)
             self._count_call(req.plan_id)
-        failed = result.status == pb.ActionResult.ERROR
-        row.update(
-            {
-                "status": result.error.code if failed else "ok",
-                "duration_ms": inv.duration_ms,
-                "decision": inert(inv.decision, 200),
-                "result": "" if failed else inert(result.result_json, RESULT_PREVIEW),
-                "blob_bytes": blob_bytes,
-                "error": inert(result.error.message, RESULT_PREVIEW) if failed else "",
-                "telemetry": {
-                    "scope": inv.scope,
-                    "bytes_in": inv.bytes_in,
-                    "bytes_out": inv.bytes_out,
-                    "truncated": inv.truncated,
-                    "sandboxed": inv.sandboxed,
-                    "args_digest": inv.args_digest,
-                },
-            }
-        )
-        self._remember(row)
-        self._tell({"type": "call", "call": row})
-        self._tell_plan(req.plan_id)
+        seen.finish(result, blob_bytes)
+        self._remember(seen)
+        if self._subscribers:
+            self._tell({"type": "call", "call": seen.row()})
+            self._tell_plan(req.plan_id)
 
     def pause_changed(self) -> None:
         """The global stop was set or lifted (here, by `agentworker pause`, a hotkey)."""
         self._tell({"type": "paused", "paused": self.paused()})
 
-    def _remember(self, row: dict[str, Any]) -> None:
-        self._calls[row["id"]] = row
-        self._calls.move_to_end(row["id"])
+    def _remember(self, seen: _Seen) -> None:
+        self._calls[seen.id] = seen
+        self._calls.move_to_end(seen.id)
         while len(self._calls) > RECENT_CALLS:
             self._calls.popitem(last=False)
 
