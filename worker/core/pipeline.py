@@ -33,7 +33,6 @@ import json
 import logging
 import sqlite3
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -63,6 +62,7 @@ from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
+from worker.ids import new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import result_part
 from worker.wire.proto import agentworker_pb2 as pb
@@ -1211,7 +1211,7 @@ class Dispatcher:
         if error is not None and error.code in ("scope_required", "scope_denied"):
             decision = "denied"
         return pb.Invocation(
-            invocation_id=uuid.uuid4().hex,
+            invocation_id=new_id(),
             correlation_id=req.correlation_id,
             worker_id=self.worker_id,
             owner_user_id=req.owner_user_id,

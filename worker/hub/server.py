@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore, StoredCall
+from worker.ids import new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
     PART_BYTES,
@@ -920,7 +921,7 @@ class Hub:
         timeout_ms = min(req.timeout_ms, MAX_TIMEOUT_MS)
         timeout_s = timeout_ms / 1000 if timeout_ms else self.default_timeout_s
         request = pb.ActionRequest(
-            correlation_id=req.correlation_id or uuid.uuid4().hex,
+            correlation_id=req.correlation_id or new_id(),
             plan_id=req.plan_id,
             agent_id=req.agent_id,
             owner_user_id=req.owner_user_id,
