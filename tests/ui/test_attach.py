@@ -4,6 +4,7 @@ the local socket: real hub and worker subprocesses, the TUI driven with Pilot.""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import subprocess
@@ -173,3 +174,61 @@ def test_hostile_lines_on_the_socket_end_that_session_only(live: Cluster) -> Non
     asyncio.run(attach())
     worker = next(p for p in live.procs if p.name == "worker")
     assert "Traceback" not in worker.log(), worker.log()[-3000:]
+
+
+def test_a_ui_attaches_while_many_prompts_showing_whole_calls_wait(live: Cluster) -> None:
+    """The snapshot sent every waiting prompt on one line, and a UI reads at most
+    1 MiB a line: some 64 prompts that show whole calls kept any UI from attaching
+    (their calls were denied at their timeout). It comes in pages now."""
+
+    count = 72
+    # About 15,500 characters shown each, under the 16,384 a prompt shows whole.
+    headers = {f"X-Filler-{j}": "h" * 500 for j in range(30)}
+
+    async def scenario() -> None:
+        waiting: set[str] = set()
+        all_waiting = asyncio.Event()
+
+        def told(event: dict[str, object]) -> None:
+            if event.get("type") == "prompt":
+                waiting.add(str(event["prompt"]["id"]))  # type: ignore[index]
+                if len(waiting) == count:
+                    all_waiting.set()
+
+        holder = SocketLink(_socket(live))  # attached, so the calls wait for a person
+        await holder.open(told)
+        client = ControlClient.connect(live.listen, live.token)
+        try:
+            calls = [
+                asyncio.create_task(
+                    client.dispatch(
+                        agent_id="stranger",
+                        plan_id="p",
+                        surface="workerHost",
+                        action="http_fetch",
+                        args_json=json.dumps(
+                            {"url": f"http://127.0.0.1:9/{i}", "headers": headers}
+                        ),
+                    )
+                )
+                for i in range(count)
+            ]
+            await asyncio.wait_for(all_waiting.wait(), 60)
+            late = SocketLink(_socket(live))
+            snapshot = await late.open(lambda _event: None)
+            prompts = snapshot["prompts"]
+            assert {p["id"] for p in prompts} == waiting
+            assert all("h" * 500 in p["preview"] for p in prompts)  # whole, not cut
+            for prompt in prompts:
+                reply = await late.command(
+                    {"op": "decide", "prompt_id": prompt["id"], "choice": "deny"}
+                )
+                assert reply["ok"], reply
+            for response in await asyncio.wait_for(asyncio.gather(*calls), 60):
+                assert response.result.error.code == "scope_denied", response.result
+            await late.close()
+            await holder.close()
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())

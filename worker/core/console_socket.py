@@ -4,8 +4,8 @@ The socket lives in the data folder (writable by its user alone) with mode 0600,
 uid is checked as well (SO_PEERCRED), so only the user running the worker can
 attach — the socket is the power to approve calls. The protocol is one JSON object
 per line: the client opens with `{"op": "attach"}`, the worker answers with the
-console's snapshot and then streams events; commands carry a `req` number and
-get a reply with the same number. A client that cannot keep up is dropped rather
+console's snapshot (in pages: see `pages`) and then streams events; commands carry
+a `req` number and get a reply with the same number. A client that cannot keep up is dropped rather
 than let its backlog grow without bound.
 """
 
@@ -32,6 +32,37 @@ MAX_LINE: Final = 1024 * 1024
 MAX_BACKLOG: Final = 8 * 1024 * 1024
 # How long a stopping worker lets a UI read what was still queued for it.
 CLOSE_GRACE_S: Final = 2.0
+# The snapshot's lists are sent in lines of about this many bytes at most, well under
+# MAX_LINE: on one line, about 64 waiting prompts that show whole calls passed it, and
+# no UI could attach (their calls were denied at their timeout).
+SNAPSHOT_PAGE: Final = 256 * 1024
+_SNAPSHOT_LISTS: Final = ("prompts", "calls", "plans", "grants")
+# Events told while a UI reads its snapshot wait for it, up to this many.
+MAX_HELD: Final = 100_000
+
+
+def pages(snapshot: Event) -> list[bytes]:
+    """The snapshot as lines of about SNAPSHOT_PAGE bytes at most: the first is the
+    snapshot with what fits of its lists, each next one a "snapshot_more" with more
+    items; every line but the last says "more". One item is never split (the largest,
+    a prompt showing a whole call, is bounded by prompt_text.SHOW_LIMIT well under
+    MAX_LINE)."""
+    lines: list[Event] = []
+    page: Event = {**snapshot, **{key: [] for key in _SNAPSHOT_LISTS}}
+    size = len(encode(page))
+    for key in _SNAPSHOT_LISTS:
+        for item in snapshot.get(key, ()):
+            more = len(encode(item))  # its newline stands for the comma before it
+            if size + more > SNAPSHOT_PAGE and any(page[k] for k in _SNAPSHOT_LISTS):
+                lines.append(page)
+                page = {"type": "snapshot_more", **{k: [] for k in _SNAPSHOT_LISTS}}
+                size = len(encode(page))
+            page[key].append(item)
+            size += more
+    lines.append(page)
+    for earlier in lines[:-1]:
+        earlier["more"] = True
+    return [encode(line) for line in lines]
 
 
 class NoWorkerError(StartupError):
@@ -150,8 +181,17 @@ class ConsoleServer:
             return
         asks = opening.get("asks", True) is not False
         gone = asyncio.Event()
+        # What is told while the snapshot is sent, in order, for after it (None: sent).
+        held: list[Event] | None = []
 
         def send(event: Event) -> None:
+            if held is not None:
+                held.append(event)
+                if len(held) > MAX_HELD:
+                    log.warning("a UI did not read its snapshot; dropping it")
+                    gone.set()
+                    writer.close()
+                return
             if writer.is_closing():
                 gone.set()
                 return
@@ -163,10 +203,16 @@ class ConsoleServer:
                 return
             writer.write(encode(event))
 
-        snapshot = self.console.subscribe(send, asks=asks)
+        snapshot = pages(self.console.subscribe(send, asks=asks))
         log.info("a UI attached")
         try:
-            writer.write(encode(snapshot))
+            for page in snapshot:  # read at the UI's pace, not all queued here at once
+                writer.write(page)
+                await writer.drain()
+            told: list[Event] = held or []
+            held = None
+            for event in told:
+                send(event)
             while not gone.is_set():
                 line = await reader.readline()
                 if not line:
@@ -219,6 +265,15 @@ class SocketLink:
         if not line:
             raise NoWorkerError("the worker closed the connection at once")
         snapshot: Event = json.loads(line)
+        page = snapshot
+        while page.get("more"):  # the rest of the snapshot (see `pages`)
+            line = await reader.readline()
+            if not line:
+                raise NoWorkerError("the worker closed the connection while it attached")
+            page = json.loads(line)
+            for key in _SNAPSHOT_LISTS:
+                snapshot.setdefault(key, []).extend(page.get(key, ()))
+        snapshot.pop("more", None)
         self._reader_task = asyncio.create_task(self._read(reader, on_event))
         return snapshot
 
