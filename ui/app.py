@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar, Final
 
+from rich.table import Table
 from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -28,7 +29,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from ui.approval import Answer, ApprovalModal
+from ui.approval import Answer, ApprovalModal, server_text
 from ui.notify import Notifier, desktop_notifier
 from ui.screens import GrantsScreen, HelpScreen
 from worker.core.console import Event, Link
@@ -36,6 +37,8 @@ from worker.errors import StartupError
 
 # Wide enough to put the detail pane beside the calls instead of under them.
 WIDE_COLUMNS = 120
+# The detail pane's label column ("telemetry" is the longest label).
+DETAIL_LABEL_WIDTH: Final = 9
 
 LINK_MARKS: Final = {
     "connecting": ("◌ connecting", "yellow"),
@@ -407,7 +410,13 @@ class WorkerApp(App[None]):
             self._show_detail(call)
 
     def _show_detail(self, call: dict[str, Any]) -> None:
-        text = Text()
+        """The selected call's rows. Ids, the action, status and decision keep to one
+        line each (cut with an ellipsis, whitespace runs shown counted), and args,
+        result and error wrap inside their own column, as in the prompt: a space-padded
+        agent or plan id wrapped into lines that passed for rows of its choosing."""
+        table = Table.grid(padding=(0, 1), expand=True)
+        table.add_column(width=DETAIL_LABEL_WIDTH, no_wrap=True, style="bold")
+        table.add_column(ratio=1)
         for label, key in (
             ("call", "id"),
             ("agent", "agent_id"),
@@ -419,31 +428,29 @@ class WorkerApp(App[None]):
         ):
             value = call.get(key)
             if value:
-                text.append(f"{label:<9}", style="bold")
-                text.append(f"{value}\n")
-        text.append(f"{'duration':<9}", style="bold")
-        text.append(f"{_duration(call.get('duration_ms'))}\n")
-        text.append(f"{'args':<9}", style="bold")
-        text.append(f"{call.get('args', '')}\n")
+                table.add_row(label, server_text(str(value), one_line=True))
+        table.add_row("duration", Text(_duration(call.get("duration_ms"))))
+        table.add_row("args", server_text(str(call.get("args", "")), one_line=False))
         if call.get("error"):
-            text.append(f"{'error':<9}", style="bold red")
-            text.append(f"{call['error']}\n")
+            table.add_row(
+                Text("error", style="bold red"), server_text(str(call["error"]), one_line=False)
+            )
         elif call.get("result"):
-            text.append(f"{'result':<9}", style="bold")
-            text.append(f"{call['result']}\n")
+            table.add_row("result", server_text(str(call["result"]), one_line=False))
             if call.get("blob_bytes"):
-                text.append(f"{'':<9}+ {call['blob_bytes']:,} bytes of blob\n")
+                table.add_row("", Text(f"+ {call['blob_bytes']:,} bytes of blob"))
         telemetry = call.get("telemetry")
         if telemetry:
-            text.append(f"{'telemetry':<9}", style="bold")
-            text.append(
-                f"scope {telemetry['scope']} · in {telemetry['bytes_in']:,} B · "
-                f"out {telemetry['bytes_out']:,} B"
-                + (" · truncated" if telemetry.get("truncated") else "")
-                + (" · sandboxed" if telemetry.get("sandboxed") else "")
+            table.add_row(
+                "telemetry",
+                Text(
+                    f"scope {telemetry['scope']} · in {telemetry['bytes_in']:,} B · "
+                    f"out {telemetry['bytes_out']:,} B"
+                    + (" · truncated" if telemetry.get("truncated") else "")
+                    + (" · sandboxed" if telemetry.get("sandboxed") else "")
+                ),
             )
-        text.rstrip()
-        self._main.query_one("#detail", Static).update(text)
+        self._main.query_one("#detail", Static).update(table)
 
     # ------------------------------------------------------------- plans and grants
 

@@ -207,16 +207,16 @@ class ApprovalModal(ModalScreen[Answer | None]):
         table.add_column(width=LABEL_WIDTH, no_wrap=True, style="bold")
         table.add_column(ratio=1)
         rows: list[tuple[str, Text]] = [
-            ("Agent", _shown(str(p.get("agent_id") or "(none)"), one_line=True)),
-            ("Plan", _shown(str(p.get("plan_id") or "(none)"), one_line=True)),
-            ("Wants", _shown(", ".join(p.get("scopes", ())), one_line=True)),
+            ("Agent", server_text(str(p.get("agent_id") or "(none)"), one_line=True)),
+            ("Plan", server_text(str(p.get("plan_id") or "(none)"), one_line=True)),
+            ("Wants", server_text(", ".join(p.get("scopes", ())), one_line=True)),
         ]
         grants = [g for g in p.get("grants", ()) if g not in p.get("scopes", ())]
         if grants:
             also = "also " + ", ".join(grants) + " (read-only)"
-            rows.append(("Plan/agent", _shown(also, one_line=True)))
+            rows.append(("Plan/agent", server_text(also, one_line=True)))
         if p.get("reason"):
-            rows.append(("Why", _shown(str(p["reason"]), one_line=False)))
+            rows.append(("Why", server_text(str(p["reason"]), one_line=False)))
         waiting = int(p.get("waiting", 1))
         if waiting > 1:
             rows.append(("Calls", Text(f"{waiting} identical calls wait on this answer")))
@@ -287,10 +287,10 @@ class ApprovalModal(ModalScreen[Answer | None]):
             self.action_choose(event.button.id)
 
 
-def _shown(value: str, *, one_line: bool) -> Text:
-    """A server's text for one of the prompt's rows: a run of whitespace (or a space
-    that is not a plain one) shown counted and marked, never as the blank it is, and
-    on one line cut with an ellipsis when `one_line`."""
+def server_text(value: str, *, one_line: bool) -> Text:
+    """A server's text for one of the prompt's rows (or the calls' detail pane's): a
+    run of whitespace (or a space that is not a plain one) shown counted and marked,
+    never as the blank it is, and on one line cut with an ellipsis when `one_line`."""
     text = Text(no_wrap=one_line, overflow="ellipsis" if one_line else "fold")
     at = 0
     for match in _WHITESPACE.finditer(value):

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 import ui.app
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
@@ -129,6 +129,38 @@ def test_calls_are_drawn_together_not_once_per_change(
             await until(lambda: table.row_count == 5, pilot)
             assert sorted(drawn) == sorted(burst)  # each once: started and ended together
             assert {str(app.calls[cid]["status"]) for cid in burst} == {"ok"}
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_padded_id_stays_on_its_row_in_the_calls_detail(tmp_path: Path) -> None:
+    """An agent or plan id padded to wrap at the detail pane's width drew rows of its
+    own choosing ("status ok", "decision granted") among the call's real ones."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="*", scopes=["workerHost.fs_read"])])
+        app = WorkerApp(rig.link(), notifier=silent)
+        pad = " " * 88
+        agent = f"a{pad}status   ok"
+        plan = f"p{pad}decision granted"
+        async with app.run_test(size=(100, 40)) as pilot:
+            cid = rig.call("fs_read", '{"path": "a.txt"}', agent=agent, plan=plan)
+            await rig.result(cid)
+            detail = app.query_one("#detail", Static)
+
+            def lines() -> list[str]:
+                return [detail.render_line(y).text.rstrip() for y in range(detail.size.height)]
+
+            await until(lambda: any(line.startswith("telemetry") for line in lines()), pilot)
+            shown = lines()
+            labels = [line.split()[0] for line in shown if line[:1].strip()]
+            assert labels == [
+                "call", "agent", "plan", "action", "status", "decision", "duration", "args",
+                "result", "telemetry",
+            ], shown  # fmt: skip
+            assert "agent     a⟨88 spaces⟩status⟨3 spaces⟩ok" in shown, shown
+            assert "plan      p⟨88 spaces⟩decision granted" in shown, shown
         rig.close()
 
     asyncio.run(scenario())
