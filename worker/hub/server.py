@@ -325,7 +325,9 @@ class Hub:
         self._holding = 0  # request blob bytes of Dispatch calls under way
         self.sessions: dict[str, Session] = {}
         self._waiters: dict[str, list[asyncio.Future[Answer]]] = {}  # by call id
-        self._scope_waiters: dict[str, asyncio.Future[pb.ScopeDecision]] = {}
+        # Scope requests and teardowns awaiting answers, by id, with the worker asked:
+        # only that worker's answer counts (see _from_its_worker).
+        self._scope_waiters: dict[str, tuple[str, asyncio.Future[pb.ScopeDecision]]] = {}
         # (session, answer, delivered to a caller?) not yet stored; see store_results.
         self._unstored: list[tuple[Session, Answer, bool]] = []
         # Request blobs of pending calls, by call id: held while the call may have to
@@ -338,8 +340,11 @@ class Hub:
         # What each connected worker holds, by its own word (its Hello) and by the plans
         # placed and used there since: plan -> last use (unix ms). See learn_placements.
         self._held: dict[str, dict[str, int]] = {}
+        # Plans placed on a worker's word alone (its Hello), since this hub started:
+        # another worker's claim may contest those, never a placement the hub made.
+        self._learned: set[str] = set()
         self._open_calls: dict[str, int] = {}
-        self._teardowns: dict[str, asyncio.Future[pb.ActionResult]] = {}
+        self._teardowns: dict[str, tuple[str, asyncio.Future[pb.ActionResult]]] = {}
         # The memory a burst of large calls freed goes back once they stop.
         self.memory = IdleGiveBack()
 
@@ -492,9 +497,13 @@ class Hub:
         elif kind == "heartbeat":
             session.heartbeat = msg.heartbeat
         elif kind == "scope_decision":
-            waiter = self._scope_waiters.pop(msg.scope_decision.request_id, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(msg.scope_decision)
+            request_id = msg.scope_decision.request_id
+            asked = self._scope_waiters.get(request_id)
+            if asked is None or not self._from_its_worker(session, asked[0], request_id):
+                return
+            del self._scope_waiters[request_id]
+            if not asked[1].done():
+                asked[1].set_result(msg.scope_decision)
         elif kind == "audit":
             log.info(
                 "audit from %s: %s %s", session.worker_id, msg.audit.kind, msg.audit.detail_json
@@ -525,10 +534,16 @@ class Hub:
         result = answer.result
         cid = result.correlation_id
         session.running.discard(cid)
-        teardown = self._teardowns.pop(cid, None)
+        teardown = self._teardowns.get(cid)
         if teardown is not None:  # not a call: nothing to store or ack
-            if not teardown.done():
-                teardown.set_result(result)
+            if self._from_its_worker(session, teardown[0], cid):
+                del self._teardowns[cid]
+                if not teardown[1].done():
+                    teardown[1].set_result(result)
+            return
+        if not self._from_its_worker(session, self.store.worker_of(cid), cid):
+            # Neither handed on nor stored; acked, so that a worker holding it lets it go.
+            session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=[cid])))
             return
         delivered = self._answer(cid, answer)
         if result.error.code == "busy" and not result.HasField("invocation"):
@@ -543,6 +558,20 @@ class Hub:
         # should this hub die. Its blob is stored only if no caller took it.
         self._unstored.append((session, answer, delivered))
         self._store_soon()
+
+    @staticmethod
+    def _from_its_worker(session: Session, sent_to: str | None, cid: str) -> bool:
+        """Whether an answer keyed by `cid` (a result, an ack, a scope decision), which
+        came on `session`, may count: the call, scope request or teardown was sent to
+        that session's worker (`sent_to`), or is unknown here (a result for an unknown
+        call is acked and let go). A worker answering for another's is logged and
+        ignored: the workers' token lets a machine serve, not answer for its peers."""
+        if sent_to is None or sent_to == session.worker_id:
+            return True
+        log.warning(
+            "worker %s answered %s, sent to worker %s: ignored", session.worker_id, cid, sent_to
+        )
+        return False
 
     def _takes_parts(self, worker_id: str) -> bool:
         """Whether the worker's stream takes a large blob in parts (protocol 2)."""
@@ -607,6 +636,8 @@ class Hub:
         if ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
             return  # DUPLICATE_DONE needs nothing; DRAINING calls wait for a reconnect
         for cid in ack.correlation_ids:
+            if not self._from_its_worker(session, self.store.worker_of(cid), cid):
+                continue
             self._blobs.pop(cid, None)
             result = error_result(cid, WorkerError("args_mismatch", ack.message))
             self.store.complete(result)
@@ -686,6 +717,7 @@ class Hub:
                     {"plan_id": req.plan_id, "worker_id": placed},
                 )
             self._held.setdefault(placed, {})[req.plan_id] = now_ms()
+            self._learned.discard(req.plan_id)  # used here: the hub's placement now
             return placed
         worker_id = req.worker_id or self._least_loaded(req.plan_id)
         self._place(req.plan_id, worker_id)
@@ -693,13 +725,18 @@ class Hub:
         log.info("plan %s placed on worker %s", req.plan_id, worker_id)
         return worker_id
 
-    def _place(self, plan_id: str, worker_id: str) -> None:
+    def _place(self, plan_id: str, worker_id: str, *, learned: bool = False) -> None:
         self.placements[plan_id] = worker_id
         self.store.place(plan_id, worker_id)
+        if learned:
+            self._learned.add(plan_id)
+        else:
+            self._learned.discard(plan_id)
 
     def _unplace(self, plan_id: str) -> None:
         del self.placements[plan_id]
         self.store.unplace(plan_id)
+        self._learned.discard(plan_id)
 
     def learn_placements(self, session: Session) -> None:
         """Take a connecting worker's word for the workspaces it holds (its Hello), so
@@ -710,9 +747,12 @@ class Hub:
           data folder lost), and with no call still on its way there, is unplaced; if
           another connected worker holds it, it goes there.
         - A plan it holds that the hub has no record of is placed here.
-        - A plan recorded on another worker stays there while that worker is away (its
-          calls get the retryable `sandbox_unavailable`; the record is not overturned
-          on a guess); when both are connected and hold it, the workspace used last wins.
+        - A plan recorded on another worker stays there: a claim never takes a plan
+          from the worker the hub placed it on (or found it on at its start), away or
+          not; only a teardown, or that worker saying it no longer holds it, frees it.
+          Anyone with the workers' token can say Hello under a new id, and a plan's
+          calls carry its files and secrets. Only a plan this hub placed on a claim
+          alone (since it started) is contested: the workspace used last wins.
         """
         worker_id = session.worker_id
         # A worker's clock may run ahead (or lie): a last use in the future would win
@@ -740,10 +780,18 @@ class Hub:
         for plan_id in held:
             recorded = self.placements.get(plan_id)
             if recorded is None:
-                self._place(plan_id, worker_id)
+                self._place(plan_id, worker_id, learned=True)
                 learned += 1
+            elif recorded != worker_id and plan_id in self._learned:
+                self._settle(plan_id)  # a claim against a claim
             elif recorded != worker_id:
-                self._settle(plan_id)
+                log.warning(
+                    "plan %s: worker %s says it holds a workspace of it, but the plan is "
+                    "placed on worker %s; its calls stay there",
+                    plan_id,
+                    worker_id,
+                    recorded,
+                )
         if learned:
             log.info("worker %s holds %d plan(s) this hub had no record of", worker_id, learned)
 
@@ -775,7 +823,7 @@ class Hub:
                 latest,
             )
         if placed != latest:
-            self._place(plan_id, latest)
+            self._place(plan_id, latest, learned=True)
 
     def _least_loaded(self, plan_id: str) -> str:
         candidates = [
@@ -830,8 +878,7 @@ class Hub:
             self._held.get(worker_id, {}).pop(req.plan_id, None)
             removed = removed or bool(json.loads(result.result_json or "{}").get("removed"))
         if self.placements.get(req.plan_id) in targets:
-            del self.placements[req.plan_id]
-            self.store.unplace(req.plan_id)
+            self._unplace(req.plan_id)
         worker_id = targets[0] if len(targets) == 1 else ""
         answer: dict[str, Any] = {"plan_id": req.plan_id, "removed": removed}
         if away:
@@ -850,7 +897,7 @@ class Hub:
     def _send_teardown(self, session: Session, plan_id: str) -> asyncio.Future[pb.ActionResult]:
         cid = uuid.uuid4().hex
         waiter: asyncio.Future[pb.ActionResult] = asyncio.get_running_loop().create_future()
-        self._teardowns[cid] = waiter
+        self._teardowns[cid] = (session.worker_id, waiter)
         waiter.add_done_callback(lambda _: self._teardowns.pop(cid, None))
         session.send(pb.ServerMessage(teardown=pb.Teardown(plan_id=plan_id, correlation_id=cid)))
         return waiter
@@ -1075,7 +1122,8 @@ class Hub:
         if session is None:
             raise LookupError(f"worker {req.worker_id} is not connected")
         request_id = uuid.uuid4().hex
-        waiter = self._scope_waiters[request_id] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[pb.ScopeDecision] = asyncio.get_running_loop().create_future()
+        self._scope_waiters[request_id] = (session.worker_id, waiter)
         session.send(
             pb.ServerMessage(
                 scope_request=pb.ScopeRequest(

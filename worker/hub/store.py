@@ -194,6 +194,18 @@ class HubStore:
         )
         return True
 
+    def worker_of(self, correlation_id: str) -> str | None:
+        """The worker the call was sent to, or None for a call this hub does not know.
+        Asked for each result: a call added since the last commit is looked up in
+        memory, any other by its key, without a commit."""
+        added = self._unwritten.get(correlation_id)
+        if added is not None:
+            return str(added[1])
+        row = self._db.execute(
+            "SELECT worker_id FROM calls WHERE correlation_id = ?", (correlation_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def unadd(self, correlation_id: str) -> None:
         """Take back a call added and not yet written (it was never sent)."""
         self._unwritten.pop(correlation_id, None)
