@@ -745,7 +745,7 @@ def _input_waits_while_asking(
     """A prompt listener that holds the desktop's input while any prompt waits."""
 
     def on_prompt(_kind: str, _body: dict[str, Any]) -> None:
-        waiting = broker.pending()
+        waiting = broker.waiting()  # counted, not listed: this runs on every prompt event
         desktop.hold_input(
             "the person at this worker is being asked to approve something" if waiting else None
         )

@@ -35,6 +35,8 @@ class Rogue:
         self.acked: set[str] = set()
         self.ack_came = asyncio.Event()
         self.received: list[pb.ActionRequest] = []
+        self.scope_requests: list[pb.ScopeRequest] = []  # never answered
+        self.asked = asyncio.Event()
         self._out: asyncio.Queue[pb.WorkerEnvelope] = asyncio.Queue()
         self._channel = grpc.aio.insecure_channel(live.listen)
         hello = pb.Hello(
@@ -82,6 +84,9 @@ class Rogue:
                 elif kind == "ack":
                     self.acked.update(msg.ack.correlation_ids)
                     self.ack_came.set()
+                elif kind == "scope_request":
+                    self.scope_requests.append(msg.scope_request)
+                    self.asked.set()
                 elif kind == "request":
                     self.received.append(msg.request)
                     self.send(self.forged(msg.request.correlation_id))

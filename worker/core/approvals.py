@@ -42,6 +42,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 PREVIEW_LIMIT: Final = 2000
+REASON_LIMIT: Final = 500
+# A server's ScopeRequests waiting for the person at once, at most; more are refused
+# at once ("busy"). Each is a question on the person's screen: a server asking more
+# than this at a time floods them (and the worker's memory), it does not inform.
+MAX_WAITING_SCOPE_REQUESTS: Final = 64
+# A ScopeRequest naming more scopes than this is refused: no person reads them all.
+MAX_SCOPES_ASKED: Final = 32
+# Agent and plan ids longer than this in a ScopeRequest are refused (a grant names
+# them whole, so they cannot be cut).
+MAX_ID_CHARS: Final = 256
 
 # Approving one of these "for this plan" or "for this agent" grants the others too:
 # they read and change nothing, so a person who let an agent list a folder is not
@@ -83,16 +93,22 @@ _ESCAPED: Final = re.compile(
 _NAMED: Final = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e"}
 
 
-def inert(text: str, limit: int | None = PREVIEW_LIMIT) -> str:
+def inert(text: str, limit: int | None = PREVIEW_LIMIT, left_out: int = 0) -> str:
     """`text` as something safe to put on a terminal: every control, escape, bidi
     and invisible character shown as a visible escape (`\\e`, `\\n`, `\\u202e`), so
     nothing an agent sends can move the cursor, recolour, clear or spoof the screen
-    or a line of the prompt. Cut at `limit` characters (with a note); None: whole."""
+    or a line of the prompt. Cut at `limit` characters (with a note counting them and
+    the `left_out` characters already cut off its end); None: whole."""
     if limit is None:
         return _ESCAPED.sub(_escape, text)
-    cut = len(text) > limit
+    more = max(0, len(text) - limit) + left_out
     shown = _ESCAPED.sub(_escape, text[:limit])
-    return shown + (f" … (+{len(text) - limit:,} chars)" if cut else "")
+    return shown + (f" … (+{more:,} chars)" if more else "")
+
+
+def _kept(text: str, limit: int) -> tuple[str, int]:
+    """`text` cut to what a prompt can show, and how many characters were cut."""
+    return text[:limit], max(0, len(text) - limit)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -136,6 +152,9 @@ class Prompt:
     created_ms: int
     deadline_ms: int
     identity: str = ""  # the call's args and blob (prompt_text.identity); "" for a scope request
+    # Characters of a ScopeRequest's reason and preview cut off on arrival (a prompt
+    # shows REASON_LIMIT and PREVIEW_LIMIT of them: the rest is never kept).
+    left_out: tuple[int, int] = (0, 0)
     correlation_ids: list[str] = field(default_factory=list)
     shown: bool = False  # a UI was attached while it waited
     waiters: list[asyncio.Future[Resolution]] = field(default_factory=list, repr=False)
@@ -167,7 +186,7 @@ class Prompt:
         it was asked about), its line breaks its own (prompt_text), each line inert; a
         ScopeRequest's is the server's words, on one line and cut."""
         if self.kind is Kind.SCOPE_REQUEST:
-            return inert(self.preview)
+            return inert(self.preview, PREVIEW_LIMIT, self.left_out[1])
         return "\n".join(inert(line, None) for line in self.preview.split("\n"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,7 +196,7 @@ class Prompt:
             "agent_id": inert(self.agent_id, 200),
             "plan_id": inert(self.plan_id, 200),
             "scopes": [inert(s.removeprefix(ASK_PREFIX), 300) for s in self.scopes],
-            "reason": inert(self.reason, 500),
+            "reason": inert(self.reason, REASON_LIMIT, self.left_out[0]),
             "preview": self.view(),
             "waiting": max(1, len(self.correlation_ids)),
             "created_ms": self.created_ms,
@@ -234,6 +253,8 @@ class ApprovalBroker:
         self.always_attached = always_attached
         self.attached = 0  # UIs attached over the local socket
         self._prompts: dict[str, Prompt] = {}  # in arrival order
+        self._by_key: dict[tuple[str, ...], Prompt] = {}  # the same, by what they ask
+        self._scope_requests = 0  # ScopeRequests waiting for an answer (see scope_request)
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.listeners: list[Listener] = []
         # Set by the assembly once the dispatcher exists (it owns kills and the wire).
@@ -248,6 +269,10 @@ class ApprovalBroker:
 
     def pending(self) -> list[Prompt]:
         return list(self._prompts.values())
+
+    def waiting(self) -> int:
+        """How many prompts wait (without listing them)."""
+        return len(self._prompts)
 
     async def ask(self, request: ApprovalRequest) -> Grant | None:
         """The pipeline's question (the Approver protocol): the grant given, None for
@@ -277,20 +302,33 @@ class ApprovalBroker:
 
     async def scope_request(self, request: pb.ScopeRequest) -> pb.ScopeDecision:
         """A server's ScopeRequest, answered as the ScopeDecision that goes back."""
-        scopes = tuple(request.scopes)
-        bad = [s for s in scopes if not _SCOPE.fullmatch(s)]
-        if bad or not scopes:
-            reason = f"not scopes: {', '.join(map(repr, bad))}" if bad else "no scopes asked"
-            resolution = Resolution(None, None, reason)
-        else:
-            resolution = await self.request(
-                Kind.SCOPE_REQUEST,
-                agent_id=request.agent_id,
-                plan_id=request.plan_id,
-                scopes=scopes,
-                reason=request.reason,
-                preview=request.preview,
+        scopes = tuple(request.scopes[:MAX_SCOPES_ASKED])
+        refusal = _not_askable(request)
+        if refusal is not None:
+            resolution = Resolution(None, None, refusal)
+        elif self.can_ask and self._scope_requests >= MAX_WAITING_SCOPE_REQUESTS:
+            resolution = Resolution(
+                None,
+                None,
+                f"busy: {self._scope_requests} scope requests already wait for the person at "
+                "this worker (the most it keeps); ask again once they are answered",
             )
+        else:
+            reason, reason_cut = _kept(request.reason, REASON_LIMIT)
+            preview, preview_cut = _kept(request.preview, PREVIEW_LIMIT)
+            self._scope_requests += 1
+            try:
+                resolution = await self.request(
+                    Kind.SCOPE_REQUEST,
+                    agent_id=request.agent_id,
+                    plan_id=request.plan_id,
+                    scopes=scopes,
+                    reason=reason,
+                    preview=preview,
+                    left_out=(reason_cut, preview_cut),
+                )
+            finally:
+                self._scope_requests -= 1
         if resolution.headless:
             reason = (
                 "no one could be asked (no UI attached at the worker); grants are made "
@@ -316,12 +354,13 @@ class ApprovalBroker:
         preview: str = "",
         correlation_id: str = "",
         identity: str = "",
+        left_out: tuple[int, int] = (0, 0),
     ) -> Resolution:
         """Wait for the person's answer to one question (shared with identical ones)."""
         if not self.can_ask:
             return Resolution(None, None, "no UI attached", headless=True)
         prompt = self._open(
-            kind, agent_id, plan_id, scopes, reason, preview, correlation_id, identity
+            kind, agent_id, plan_id, scopes, reason, preview, correlation_id, identity, left_out
         )
         waiter: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
         prompt.waiters.append(waiter)
@@ -349,6 +388,7 @@ class ApprovalBroker:
         preview: str,
         correlation_id: str,
         identity: str,
+        left_out: tuple[int, int] = (0, 0),
     ) -> Prompt:
         now = _now_ms()
         fresh = Prompt(
@@ -363,16 +403,19 @@ class ApprovalBroker:
             deadline_ms=now + int(self.timeout_s * 1000),
             identity=identity,
             shown=self.can_ask,
+            left_out=left_out,
         )
-        for prompt in self._prompts.values():
-            if prompt.key == fresh.key:
-                if correlation_id:
-                    prompt.correlation_ids.append(correlation_id)
-                self._tell("prompt", prompt.to_dict())
-                return prompt
+        key = (*fresh.key, str(left_out))
+        prompt = self._by_key.get(key)
+        if prompt is not None:  # the same question waits already: one answer for both
+            if correlation_id:
+                prompt.correlation_ids.append(correlation_id)
+            self._tell("prompt", prompt.to_dict())
+            return prompt
         if correlation_id:
             fresh.correlation_ids.append(correlation_id)
         self._prompts[fresh.id] = fresh
+        self._by_key[key] = fresh
         loop = asyncio.get_running_loop()
         self._timers[fresh.id] = loop.call_later(self.timeout_s, self._expire, fresh.id)
         self._tell("prompt", fresh.to_dict())
@@ -483,6 +526,9 @@ class ApprovalBroker:
 
     def _close(self, prompt: Prompt, resolution: Resolution) -> None:
         self._prompts.pop(prompt.id, None)
+        key = (*prompt.key, str(prompt.left_out))
+        if self._by_key.get(key) is prompt:
+            del self._by_key[key]
         timer = self._timers.pop(prompt.id, None)
         if timer is not None:
             timer.cancel()
@@ -547,6 +593,21 @@ def too_long_to_show(request: ApprovalRequest, kind: Kind, shown: int) -> Worker
         f"never a cut call): {hint}",
         {"needs_approval": what, "shown_chars": shown, "show_limit": limit},
     )
+
+
+def _not_askable(request: pb.ScopeRequest) -> str | None:
+    """Why a ScopeRequest is refused without asking anyone, or None."""
+    scopes = request.scopes
+    if not scopes:
+        return "no scopes asked"
+    if len(scopes) > MAX_SCOPES_ASKED:
+        return f"{len(scopes)} scopes asked at once; at most {MAX_SCOPES_ASKED} per request"
+    bad = [s for s in scopes if not _SCOPE.fullmatch(s)]
+    if bad:
+        return f"not scopes: {', '.join(inert(repr(s), 100) for s in bad[:5])}"
+    if max(len(request.agent_id), len(request.plan_id)) > MAX_ID_CHARS:
+        return f"an agent or plan id longer than {MAX_ID_CHARS} characters"
+    return None
 
 
 def granted_by_choice(scopes: tuple[str, ...]) -> tuple[str, ...]:

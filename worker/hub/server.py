@@ -90,6 +90,11 @@ STORE_DELAY_S = 0.05
 HOLD_S = 0.002
 # How long a teardown waits for the worker (it stops the plan's calls, then removes files).
 TEARDOWN_TIMEOUT_S = 60.0
+# RequestScopes waiting at once for one worker's person, at most (more answer "busy"),
+# and the longest reason and preview relayed (a prompt shows 500 and 2,000 of them).
+SCOPE_REQUESTS_PER_WORKER: Final = 64
+SCOPE_REASON_CHARS: Final = 4096
+SCOPE_PREVIEW_CHARS: Final = 64 * 1024
 
 
 @dataclass
@@ -1121,6 +1126,9 @@ class Hub:
         session = self.sessions.get(self.pick_worker(req.worker_id))
         if session is None:
             raise LookupError(f"worker {req.worker_id} is not connected")
+        refusal = self._scope_refusal(session, req)
+        if refusal is not None:
+            return pb.ScopeDecision(granted=False, scopes=req.scopes, reason=refusal)
         request_id = uuid.uuid4().hex
         waiter: asyncio.Future[pb.ScopeDecision] = asyncio.get_running_loop().create_future()
         self._scope_waiters[request_id] = (session.worker_id, waiter)
@@ -1140,10 +1148,29 @@ class Hub:
         try:
             return await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
-            self._scope_waiters.pop(request_id, None)
             return pb.ScopeDecision(
                 request_id=request_id, granted=False, reason="no answer in time"
             )
+        finally:  # answered, timed out, or the caller went away: no longer waited for
+            self._scope_waiters.pop(request_id, None)
+
+    def _scope_refusal(self, session: Session, req: pb.RequestScopeRequest) -> str | None:
+        """Why a RequestScope is answered at once, without asking the worker, or None."""
+        if len(req.reason) > SCOPE_REASON_CHARS or len(req.preview) > SCOPE_PREVIEW_CHARS:
+            return (
+                f"too_large: a scope request's reason is at most {SCOPE_REASON_CHARS:,} "
+                f"characters and its preview {SCOPE_PREVIEW_CHARS:,} (this one: "
+                f"{len(req.reason):,} and {len(req.preview):,}); the person is shown 500 "
+                "and 2,000 of them"
+            )
+        waiting = sum(1 for asked, _ in self._scope_waiters.values() if asked == session.worker_id)
+        if waiting >= SCOPE_REQUESTS_PER_WORKER:
+            return (
+                f"busy: {waiting} scope requests already wait for the person at worker "
+                f"{session.worker_id!r} (the most the hub relays); ask again once they are "
+                "answered"
+            )
+        return None
 
     def kill_plan(self, req: pb.KillPlanRequest) -> pb.KillPlanResponse:
         """Tell each target worker now, or, if it is away, when it next connects."""

@@ -1,0 +1,112 @@
+"""A flood of ScopeRequests (review2 finding 06): each is a question on the person's
+screen, so the worker keeps at most MAX_WAITING_SCOPE_REQUESTS waiting and answers
+the rest "busy" at once, keeps only what a prompt shows of a reason and a preview,
+and the hub relays at most SCOPE_REQUESTS_PER_WORKER at a time to one worker."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_stream_rules import error_code, play
+from tests.integration.test_worker_trust import Rogue
+from tests.support.cluster import cluster
+from tests.support.scripted_hub import ScriptedHub
+from worker.core.approvals import (
+    MAX_WAITING_SCOPE_REQUESTS,
+    PREVIEW_LIMIT,
+    ApprovalBroker,
+    Choice,
+    Decision,
+)
+from worker.core.connection import WorkerConnection
+from worker.hub.client import ControlClient
+from worker.hub.server import SCOPE_PREVIEW_CHARS, SCOPE_REQUESTS_PER_WORKER
+from worker.wire.proto import agentworker_pb2 as pb
+
+PREVIEW = "p" * (256 * 1024)
+EXTRA = 8
+
+
+def test_the_worker_keeps_a_bounded_number_of_scope_requests_cut_to_what_is_shown(
+    tmp_path: Path,
+) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        state = link.dispatcher
+        broker = ApprovalBroker(state.state, state.telemetry, always_attached=True)
+        link.answer_scopes = broker.scope_request
+        for n in range(MAX_WAITING_SCOPE_REQUESTS + EXTRA):
+            asked = pb.ScopeRequest(
+                request_id=f"s{n}",
+                agent_id="flood",
+                plan_id="p",
+                scopes=["workerHost.fs_write"],
+                reason=f"{n} " + "r" * 10_000,
+                preview=PREVIEW,
+            )
+            hub.send(scope_request=asked)
+        # The ones past the bound are answered at once, the others wait for the person.
+        busy = [await hub.next("scope_decision") for _ in range(EXTRA)]
+        assert {d.request_id for d in busy} == {
+            f"s{n}" for n in range(MAX_WAITING_SCOPE_REQUESTS, MAX_WAITING_SCOPE_REQUESTS + EXTRA)
+        }
+        assert all(not d.granted and d.reason.startswith("busy: ") for d in busy), busy[0]
+        prompts = broker.pending()
+        assert len(prompts) == broker.waiting() == MAX_WAITING_SCOPE_REQUESTS
+        kept = prompts[0]
+        assert len(kept.preview) == PREVIEW_LIMIT and len(kept.reason) == 500
+        shown = kept.to_dict()
+        assert shown["preview"].endswith(f" … (+{len(PREVIEW) - PREVIEW_LIMIT:,} chars)")
+        assert shown["reason"].endswith(f" … (+{10_002 - 500:,} chars)")
+        hub.request("after", "{}")  # the stream goes on
+        assert error_code(await hub.next("result")) == "ok"
+        # An answer frees a place: the next request waits again.
+        broker.decide(kept.id, Decision(Choice.DENY))
+        denied = await hub.next("scope_decision")
+        assert denied.request_id == "s0" and not denied.granted
+        hub.send(scope_request=pb.ScopeRequest(request_id="again", scopes=["workerHost.fs_read"]))
+        hub.request("after-2", "{}")
+        assert error_code(await hub.next("result")) == "ok"
+        assert broker.waiting() == MAX_WAITING_SCOPE_REQUESTS
+        broker.close_all("the test ends")
+
+    play(tmp_path, scenario)
+
+
+def test_the_hub_relays_a_bounded_number_of_scope_requests_per_worker(tmp_path: Path) -> None:
+    with cluster(tmp_path / "hub", worker=False) as live:
+
+        async def scenario() -> None:
+            slow = Rogue(live)  # a worker whose person never answers
+            await slow.welcomed.wait()
+            client = ControlClient.connect(live.listen, live.token)
+
+            def ask(n: int, preview: str = "") -> Any:
+                request = pb.RequestScopeRequest(
+                    worker_id=slow.worker_id,
+                    agent_id="flood",
+                    scopes=["workerHost.fs_write"],
+                    reason=f"ask {n}",
+                    preview=preview,
+                    timeout_ms=60_000,
+                )
+                return client.stub.RequestScope(request, metadata=client.metadata)
+
+            try:
+                large = await asyncio.wait_for(ask(-2, "x" * (SCOPE_PREVIEW_CHARS + 1)), 10)
+                assert not large.granted and large.reason.startswith("too_large: "), large
+                waiting = [asyncio.ensure_future(ask(n)) for n in range(SCOPE_REQUESTS_PER_WORKER)]
+                while len(slow.scope_requests) < SCOPE_REQUESTS_PER_WORKER:
+                    slow.asked.clear()
+                    await asyncio.wait_for(slow.asked.wait(), 20)
+                over = await asyncio.wait_for(ask(-1), 10)
+                assert not over.granted and over.reason.startswith("busy: "), over
+                assert len(slow.scope_requests) == SCOPE_REQUESTS_PER_WORKER
+                for pending in waiting:
+                    pending.cancel()
+            finally:
+                await client.close()
+                await slow.close()
+
+        asyncio.run(scenario())
