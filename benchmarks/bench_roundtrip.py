@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import (
     ECHO_SERVER,
+    START_WITHIN_S,
     Home,
     OneCall,
     agentworker,
@@ -263,7 +264,7 @@ async def topology(path: Path, commands: list[list[str]]) -> AsyncIterator[Contr
     with contextlib.ExitStack() as processes:  # stopped last started, first
         for argv in commands:
             processes.enter_context(agentworker(argv, home))
-            wait_for(home.token_file.exists, 15)  # `run` reads the token `hub` writes
+            wait_for(home.token_file.exists, START_WITHIN_S)  # `run` reads the token `hub` writes
         async with connected(home) as client:
             yield client
 
@@ -315,7 +316,7 @@ async def run(calls: int, home: Path) -> None:
     echo_addr = f"127.0.0.1:{free_port()}"
     echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_addr])
     try:
-        wait_for(lambda: listening(echo_addr), 15)
+        wait_for(lambda: listening(echo_addr), START_WITHIN_S)
         for in_flight in (1, 64):
             before = loadavg()
             raw, stream = await alternating(echo_addr, home / f"{in_flight}-hub", calls, in_flight)

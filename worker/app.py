@@ -415,8 +415,11 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     if _address_taken(address):
         # Said before gRPC tries: its own failure to bind logs a C-core line first.
         raise InUseError(_ADDRESS_IN_USE.format(address=address))
-    token = read_or_create_token(paths.token_file)
+    # The workers' token first: a worker started beside the hub waits for hub.token,
+    # and then finds its own beside it (else it would take hub.token, see
+    # local_workers_token).
     workers_token = read_or_create_token(paths.workers_token_file)
+    token = read_or_create_token(paths.token_file)
     hub = Hub(
         HubStore(paths.data_dir / "hub.db"),
         heartbeat_s=config.connection.heartbeat_s,
