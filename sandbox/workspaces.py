@@ -194,22 +194,25 @@ def _open_folder(parent_fd: int, name: str, st: os.stat_result, shown: str) -> i
             if exc.errno not in (errno.EACCES, errno.EPERM):
                 raise _uncountable(shown, exc.strerror or str(exc)) from None
     try:
-        held = os.open(
-            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
-        )
+        return _opened_up(name, parent_fd, _ENTER)
     except FileNotFoundError:
         return None
-    except OSError as exc:  # ENOTDIR, ELOOP: something else took its place
+    except OSError as exc:  # ENOTDIR, ELOOP: something else took its place; another's
         raise _uncountable(shown, exc.strerror or str(exc)) from None
+
+
+def _opened_up(name: str, dir_fd: int | None, add: int) -> int:
+    """Folder `name` opened to list after adding `add` to its owner's mode bits: for a
+    folder a program shut. The mode is changed on the folder itself, held by an O_PATH
+    descriptor (never through a link), and only on one of the worker's own."""
+    held = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         now = os.fstat(held)
         if now.st_uid != os.geteuid():
-            raise _uncountable(shown, f"a folder of user {now.st_uid}, not the worker's")
+            raise OSError(errno.EPERM, f"a folder of user {now.st_uid}, not the worker's")
         # fchmod refuses an O_PATH descriptor; its /proc name reaches the same inode.
-        os.chmod(f"/proc/self/fd/{held}", stat.S_IMODE(now.st_mode) | _ENTER)
+        os.chmod(f"/proc/self/fd/{held}", stat.S_IMODE(now.st_mode) | add)
         return os.open(".", _DIR_FLAGS, dir_fd=held)
-    except OSError as exc:
-        raise _uncountable(shown, exc.strerror or str(exc)) from None
     finally:
         os.close(held)
 
@@ -344,16 +347,7 @@ def _open_to_remove(name: str, dir_fd: int | None) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except PermissionError:
-        handle = os.open(
-            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
-        )
-        try:
-            # An O_PATH handle cannot be fchmod'ed; its /proc name can, and names
-            # exactly this folder (no path is looked up again).
-            os.chmod(f"/proc/self/fd/{handle}", 0o700)
-        finally:
-            os.close(handle)
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        return _opened_up(name, dir_fd, stat.S_IRWXU)
 
 
 def _clear_files(fd: int) -> list[str]:
