@@ -17,7 +17,15 @@ SCHEMA = "CREATE TABLE IF NOT EXISTS t (v BLOB);"
 
 def _database_pages(path: Path) -> int:
     """Pages in the main database file itself (the log not counted)."""
-    return path.stat().st_size // 4096
+    return path.stat().st_size // db.PAGE_BYTES
+
+
+def _layout(conn: sqlite3.Connection) -> tuple[int, int, str]:
+    return (
+        conn.execute("PRAGMA page_size").fetchone()[0],
+        conn.execute("PRAGMA auto_vacuum").fetchone()[0],
+        conn.execute("PRAGMA journal_mode").fetchone()[0],
+    )
 
 
 def _open_handles(path: Path) -> list[str]:
@@ -37,8 +45,8 @@ def test_the_log_is_copied_in_without_a_commit_paying_for_it(tmp_path: Path) -> 
     conn = db.connect(path, SCHEMA)
     try:
         for _ in range(300):  # below SQLite's own 1000-page threshold: it would not run
-            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(512),))
-        assert path.with_name("x.db-wal").stat().st_size > 100_000
+            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(4096),))
+        assert path.with_name("x.db-wal").stat().st_size > 1_000_000
         assert conn.checkpointer is not None
         copied = conn.checkpointer.wait_for(lambda: _database_pages(path) >= 20, 30)
         assert copied, "the rows never reached the database file"
@@ -99,7 +107,7 @@ def test_a_batch_of_commits_is_copied_in_without_waiting_for_quiet(tmp_path: Pat
     conn.checkpointer = db.Checkpointer(path, every=8, quiet_s=3600)
     try:
         for _ in range(8):
-            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(4096),))
+            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(db.PAGE_BYTES),))
         assert conn.checkpointer.wait_for(lambda: _database_pages(path) >= 8, 30)
     finally:
         conn.close()
@@ -156,3 +164,56 @@ def test_an_existing_database_open_to_others_is_made_private(tmp_path: Path) -> 
         name.chmod(0o644)
     db.close(db.connect(path, SCHEMA))
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_new_database_has_large_pages_whose_free_ones_can_be_given_back(
+    tmp_path: Path,
+) -> None:
+    conn = db.connect(tmp_path / "new.db", SCHEMA)
+    try:
+        assert _layout(conn) == (db.PAGE_BYTES, 2, "wal")  # 2: INCREMENTAL
+    finally:
+        db.close(conn)
+
+
+def test_a_database_from_before_is_converted_once_with_its_rows(tmp_path: Path) -> None:
+    """4 KiB pages in WAL mode without auto_vacuum, as earlier versions made them."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute("CREATE TABLE t (v BLOB)")
+    rows = [(os.urandom(3000),) for _ in range(50)]
+    old.executemany("INSERT INTO t VALUES (?)", rows)
+    assert _layout(old) == (4096, 0, "wal")
+    old.close()
+    conn = db.connect(path, SCHEMA)
+    try:
+        assert _layout(conn) == (db.PAGE_BYTES, 2, "wal")
+        assert conn.execute("SELECT v FROM t ORDER BY rowid").fetchall() == rows
+    finally:
+        db.close(conn)
+
+
+def test_a_database_another_connection_is_reading_is_left_for_a_later_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "busy.db"
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA journal_mode=WAL")
+    other.execute("CREATE TABLE t (v BLOB)")
+    other.execute("INSERT INTO t VALUES (x'01')")
+    other.execute("BEGIN")
+    other.execute("SELECT v FROM t").fetchall()  # holds a read: no conversion now
+    conn = db.connect(path, SCHEMA)
+    try:
+        assert _layout(conn)[0] == 4096
+        conn.execute("INSERT INTO t VALUES (x'02')")  # and it works as it is
+    finally:
+        db.close(conn)
+        other.close()
+    conn = db.connect(path, SCHEMA)
+    try:
+        assert _layout(conn) == (db.PAGE_BYTES, 2, "wal"), "converted at the next start"
+        assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2
+    finally:
+        db.close(conn)

@@ -7,10 +7,11 @@ late duplicate still finds its answer — but not their blobs, which go with the
 (a late duplicate is then answered `blob_gone`, with the outcome). A blob of
 `FILE_BLOB_BYTES` or more waits for its ack in a file of its own beside the database
 (`state.db-blobs/`), written before its row commits: SQLite writes a blob as one log
-frame per 4 KiB page, so recording exec's 1 MiB of output took 2.7 ms and dropping it
-1.8 ms, on the event loop; a file takes one write and one unlink. Like the log, it
-survives a crash of the process; the file ends with the blob's BLAKE3, so after a
-power cut a blob found short, or unwritten, is answered `blob_gone`, never sent cut.
+frame per page, so recording exec's 1 MiB of output took 2.7 ms and dropping it
+1.8 ms, on the event loop (with 4 KiB pages; worker.db has larger ones now); a file
+takes one write and one unlink. Like the log, it survives a crash of the process;
+the file ends with the blob's BLAKE3, so after a power cut a blob found short, or
+unwritten, is answered `blob_gone`, never sent cut.
 
 A call with no effect (its action's `effect` is `Effect.NONE`: a read, a listing, a
 screenshot) is not claimed before it runs: running it twice does no harm, so it does
