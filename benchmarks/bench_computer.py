@@ -12,6 +12,7 @@ The reference hub runs in this process and sends each call down the stream to a 
   screenshot JPEG   raw grab + Pillow JPEG q75                          ← baseline
                     screenshot (JPEG q75) hub → worker → hub
   input             raw XTEST: 100 characters typed from this process    ← baseline
+                    raw XQueryPointer from this process
                     cursor_position, mouse_click, key_type of 100 characters,
                     each hub → worker → hub
 
@@ -178,6 +179,17 @@ def raw_typing() -> OneCall:
     return one
 
 
+def raw_pointer() -> OneCall:
+    """XQueryPointer through python-xlib from this process: the X server's round trip
+    that cursor_position cannot do without."""
+    root = xdisplay.Display().screen().root
+
+    async def one() -> None:
+        root.query_pointer()
+
+    return one
+
+
 sizes: dict[str, int] = {}
 
 
@@ -284,6 +296,7 @@ async def bench(calls: int, path: Path) -> None:
             inputs = await rounds(
                 [
                     ("raw XTEST typing, 100 characters", raw_typing()),
+                    ("raw XQueryPointer (python-xlib)", raw_pointer()),
                     (
                         "fs_stat hub → worker → hub (any call's floor)",
                         call(hub, "fs_stat", '{"path": "."}', surface="workerHost"),

@@ -57,6 +57,9 @@ def test_display_info_shows_both_monitors(two_monitors: tuple[XServer, Computer]
     assert rects == [(0, 0, 640, 480), (640, 0, 800, 600)]
     assert [mon.primary for mon in info.monitors] == [True, False]
     assert (info.bounds.width, info.bounds.height) == (1440, 600)
+    run(computer.mouse_move(None, m.MouseMoveArgs(x=700, y=10)))
+    where = run(computer.cursor_position(None, m.CursorPositionArgs())).result
+    assert (where.x, where.y, where.monitor) == (700, 10, 1)
 
 
 def test_clicks_on_the_second_monitor_land(two_monitors: tuple[XServer, Computer]) -> None:
@@ -106,7 +109,12 @@ def test_a_screenshot_taken_before_the_layout_changed_is_stale(
                     None, m.MouseMoveArgs(x=5, y=5, screenshot_id=shot.screenshot_id)
                 )
             )
+            asked = m.CursorPositionArgs(screenshot_id=shot.screenshot_id)
+            assert run(computer.cursor_position(None, asked)).result.in_screenshot is not None
             server.run("xrandr", "-s", "1024x768")
+            with pytest.raises(WorkerError) as caught:  # asked afresh: not the old layout
+                run(computer.cursor_position(None, asked))
+            assert caught.value.details["stale"] is True
             with pytest.raises(WorkerError) as caught:
                 args = m.MouseMoveArgs(x=5, y=5, screenshot_id=shot.screenshot_id)
                 run(computer.mouse_move(None, args))

@@ -21,11 +21,14 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from worker.actions.computer._geometry import Layout, Rect
 from worker.actions.computer._keys import Press
 from worker.errors import WorkerError
+
+if TYPE_CHECKING:
+    from worker.actions.computer._x11_line import PointerLine
 
 Button = Literal["left", "right", "middle"]
 
@@ -116,6 +119,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def cursor_position(self) -> tuple[int, int]: ...
+
+    def pointer_line(self) -> PointerLine | None:
+        """A connection the event loop asks where the pointer is and what the monitors
+        are, without a thread (blocking to open); None where the platform has none, and
+        `cursor_position` and `layout` run in the desktop's query thread instead."""
+        return None
 
     def cursor_image(self) -> CursorImage | None:
         """The pointer's current shape, where the platform tells (else one is drawn)."""

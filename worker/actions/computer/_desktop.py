@@ -6,9 +6,12 @@ interleaving, the screenshots whose coordinate spaces callers may name, and the
 link to the pause switch.
 
 Threads: input actions run one at a time in the `input` thread, under the desktop
-lock; screenshots in the `grab` thread; everything that only asks (cursor, monitors,
+lock; screenshots in the `grab` thread; everything that only asks (monitors,
 windows) in the `query` thread, so a long `key_type` never delays a screenshot. Each
-thread holds its own display connection (python-xlib and mss are per-thread).
+thread holds its own display connection (python-xlib and mss are per-thread). The
+pointer's position is asked by the event loop itself, on a connection of its own
+that it never blocks on (`pointer`, worker.actions.computer._x11_line), where the
+backend offers one.
 
 The person stays in charge: while the agent drives (an input action ran within
 `takeover_window_s`), input the worker did not inject trips the switch's takeover;
@@ -29,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 from worker.actions.computer._backend import (
     Availability,
@@ -47,6 +50,9 @@ from worker.config import Config
 from worker.core.pause import COMPUTER_SURFACE, PauseState, PauseSwitch
 from worker.core.registry import Context
 from worker.errors import ErrorCode, WorkerError
+
+if TYPE_CHECKING:  # the X11 line is imported with the X11 backend, when it loads
+    from worker.actions.computer._x11_line import PointerLine
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,9 @@ class Desktop:
         self._input = concurrent.futures.ThreadPoolExecutor(1, "desktop-input")
         self._query = concurrent.futures.ThreadPoolExecutor(1, "desktop-query")
         self._grab = concurrent.futures.ThreadPoolExecutor(1, "desktop-grab")
+        # The loop's own line to the display server (see `pointer`): None until the
+        # first call opens it, False where the backend has none.
+        self._line: PointerLine | Literal[False] | None = None
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._shots: collections.OrderedDict[str, ShotSpace] = collections.OrderedDict()
@@ -132,6 +141,8 @@ class Desktop:
             )
 
     def close(self) -> None:
+        if self._line:
+            self._line.close()
         if self._backend is not None:
             self._backend.close()
         for pool in (self._input, self._query, self._grab):
@@ -148,6 +159,26 @@ class Desktop:
         self._check()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._query, lambda: fn(self.backend()))
+
+    async def pointer(self) -> tuple[int, int, Layout]:
+        """Where the pointer is and the layout, asked now. On the loop's own line to the
+        display server where the backend has one (no thread hop, one round trip, at most
+        _x11_line.BOUND_S of waiting); else in the query thread."""
+        self._check()
+        line = self._line
+        if line is None or (line and line.closed):
+            line = await self.query(self._open_line)
+        if not line:
+            return await self.query(lambda b: (*b.cursor_position(), b.layout()))
+        return await line.where()
+
+    def _open_line(self, backend: Backend) -> PointerLine | Literal[False]:
+        """In the query thread, which runs one job at a time: calls that found no line
+        at once open one between them."""
+        line = self._line
+        if line is None or (line and line.closed):
+            line = self._line = backend.pointer_line() or False
+        return line
 
     async def grab(self, fn: Callable[[Backend], T]) -> T:
         """Run a screenshot in the grab thread."""

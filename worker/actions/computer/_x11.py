@@ -42,6 +42,7 @@ from worker.actions.computer._backend import (
 )
 from worker.actions.computer._geometry import Layout, Monitor, Rect
 from worker.actions.computer._keys import Press
+from worker.actions.computer._x11_line import PointerLine, compose_layout
 from worker.errors import WorkerError
 
 log = logging.getLogger(__name__)
@@ -281,24 +282,19 @@ class X11Backend(Backend):
                 name = self._atom_names[m.name] = d.get_atom_name(m.name)
             rect = Rect(m.x, m.y, m.width_in_pixels, m.height_in_pixels)
             randr.append(Monitor(rect, primary=bool(m.primary), name=name))
-        xinerama: list[Monitor] = []
+        xinerama: list[Rect] = []
         if d.has_extension("XINERAMA") and d.xinerama_is_active():
-            for index, s in enumerate(d.xinerama_query_screens().screens):
-                rect = Rect(s.x, s.y, s.width, s.height)
-                xinerama.append(Monitor(rect, primary=index == 0, name=f"xinerama-{index}"))
-        # More monitors from Xinerama than from RandR: several X screens joined into
-        # one desktop, where XTEST motion stays on the pointer's screen; warp instead.
-        self._warp = len(xinerama) > len(randr)
-        monitors = xinerama if self._warp else randr
-        if not monitors:
-            screen = d.screen()
-            monitors = [
-                Monitor(Rect(0, 0, screen.width_in_pixels, screen.height_in_pixels), True, "screen")
+            xinerama = [
+                Rect(s.x, s.y, s.width, s.height) for s in d.xinerama_query_screens().screens
             ]
-        if not any(m.primary for m in monitors):
-            first = monitors[0]
-            monitors[0] = Monitor(first.rect, True, first.name, first.scale)
-        return Layout(tuple(monitors), "x11")
+        screen = d.screen()
+        layout, self._warp = compose_layout(
+            randr, xinerama, Rect(0, 0, screen.width_in_pixels, screen.height_in_pixels)
+        )
+        return layout
+
+    def pointer_line(self) -> PointerLine:
+        return PointerLine(_open(), self._atom_names)
 
     def grab(self, rect: Rect) -> Grab:
         region = {"left": rect.x, "top": rect.y, "width": rect.width, "height": rect.height}

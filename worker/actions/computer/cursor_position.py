@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Final
 
 from worker.actions.computer import _desktop
-from worker.actions.computer._backend import Backend
 from worker.actions.computer._shared import DESKTOP_CODES, SURFACE, PointResult, ShotId
 from worker.core.registry import ActionSpec, Args, Context, Effect, Outcome, Result
 from worker.errors import ErrorCode
@@ -24,19 +23,13 @@ class CursorPositionResult(Result):
 
 async def cursor_position(ctx: Context, args: CursorPositionArgs) -> Outcome[CursorPositionResult]:
     desktop = _desktop.of(ctx)
-
-    def job(backend: Backend) -> CursorPositionResult:
-        x, y = backend.cursor_position()
-        layout = backend.layout()
-        in_shot = None
-        if args.screenshot_id is not None:
-            mapped = desktop.space(args.screenshot_id, layout).from_physical(x, y)
-            in_shot = PointResult(x=mapped[0], y=mapped[1]) if mapped else None
-        return CursorPositionResult(
-            x=x, y=y, monitor=layout.monitor_at(x, y), in_screenshot=in_shot
-        )
-
-    return Outcome(await desktop.query(job))
+    x, y, layout = await desktop.pointer()
+    in_shot = None
+    if args.screenshot_id is not None:
+        mapped = desktop.space(args.screenshot_id, layout).from_physical(x, y)
+        in_shot = PointResult(x=mapped[0], y=mapped[1]) if mapped else None
+    result = CursorPositionResult(x=x, y=y, monitor=layout.monitor_at(x, y), in_screenshot=in_shot)
+    return Outcome(result)
 
 
 SPEC: Final = ActionSpec(
