@@ -58,6 +58,7 @@ from benchmarks._common import (
 )
 from sandbox import _entry, _pidcap, _seccomp, environment
 from sandbox._bwrap import command, find_tools
+from sandbox._spawn import Starts
 from sandbox.process import Limits, Mount, PidCap, View, run
 
 
@@ -114,9 +115,10 @@ def raw_bwrap_call(argv: list[str], workspace: Path, expect: int, mode: str, ent
 
 def sandbox_call(argv: list[str], workspace: Path, expect: int, entry: str) -> OneCall:
     view = view_of(workspace, entry, seccomp=True)
+    pid_cap, starts = PidCap(), Starts()  # kept from one call to the next, as a worker's
 
     async def one() -> None:
-        done = await run(argv, view, Limits(), pid_cap=PidCap())
+        done = await run(argv, view, Limits(), pid_cap=pid_cap, starts=starts)
         if done.exit_code != 0 or len(done.stdout) != expect:
             raise RuntimeError(f"sandboxed {argv} failed: {done}")
 

@@ -30,13 +30,15 @@ until the worker has moved the sandbox's first process into the cgroup: every
 process of the program starts inside it, none can fork outside. A failed move
 kills the sandbox before anything in it ran.
 
-Nothing here uses preexec_fn (unsafe with threads), so subprocess takes its vfork
-path: limits are set inside the sandbox, and bubblewrap gives the program a session
-of its own (--new-session: no controlling terminal). bubblewrap itself gets a process
-group of its own, so the signals a terminal sends the worker's group (Ctrl+C) miss
-it, but stays in the worker's session: with the kernel's autogroups a new session is
-a new scheduling group, and one made for bubblewrap at every exec waited for a CPU
-behind everything else on a busy machine (6-11 ms an exec at load 15-17).
+Nothing here uses preexec_fn (unsafe with threads): limits are set inside the sandbox,
+and bubblewrap gives the program a session of its own (--new-session: no controlling
+terminal). bubblewrap is started by os.posix_spawn where the entry helper closes what
+it inherits, else by subprocess's vfork path with close_fds (sandbox._spawn). bubblewrap
+itself gets a process group of its own, so the signals a terminal sends the worker's
+group (Ctrl+C) miss it, but stays in the worker's session: with the kernel's
+autogroups a new session is a new scheduling group, and one made for bubblewrap at
+every exec waited for a CPU behind everything else on a busy machine (6-11 ms an exec
+at load 15-17).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from sandbox._bwrap import (
     visible_by_default,
 )
 from sandbox._pidcap import PidCap
+from sandbox._spawn import Spawned, Starts
 from sandbox.cgroups import PlanGroup
 
 __all__ = [
@@ -107,9 +110,17 @@ class _Child:
     read and discarded, so a chatty program never blocks on a full pipe) and feeds
     stdin without ever waiting on it."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], out: int, err: int, budget: int) -> None:
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes] | Spawned,
+        out: int,
+        err: int,
+        budget: int,
+        starts: Starts,
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.popen = popen
+        self.starts = starts
         self.budget = budget
         # What was kept, as read; small reads are gathered into one bytearray, so a
         # program writing a byte at a time costs its bytes, not an object per byte.
@@ -245,6 +256,8 @@ class _Child:
             self.loop.remove_reader(self.pidfd)
             os.close(self.pidfd)
             self.pidfd = -1
+        if isinstance(self.popen, Spawned) and self.popen.poll() is None:
+            self.starts.not_reaped(self.popen)
 
 
 async def run(
@@ -255,12 +268,16 @@ async def run(
     *,
     pid_cap: PidCap,
     cgroup: PlanGroup | None = None,
+    starts: Starts | None = None,
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
     across sandboxes and latches a refusal should capping ever misbehave. With
     `cgroup`, the sandbox joins it before anything in it runs (CgroupError, and
-    nothing ran, when it cannot)."""
+    nothing ran, when it cannot). `starts`, the caller's too (a worker's
+    `Containment` holds one), says how bubblewrap is started (sandbox._spawn); a
+    fresh one when none is given."""
+    starts = starts or Starts()
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
     if capped:
@@ -304,21 +321,14 @@ async def run(
         _widen(out_w, limits.output_bytes)
         err_r, err_w = _pipe(ours, theirs)
         in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+        # bubblewrap gets the read end of its report too: were the worker to die, its
+        # write would otherwise raise SIGPIPE and kill it before it let the sandbox go
+        # on, leaving that waiting forever (the entry closes it for the program).
+        keep = (info_r, *(fd for fd in theirs if fd not in (out_w, err_w, in_r)))
         started = time.monotonic()
         try:
-            # As asyncio's subprocess_exec does: vfork and exec, on the loop; argv only, no shell.
-            popen = subprocess.Popen(  # noqa: ASYNC220
-                line,
-                stdin=in_r,
-                stdout=out_w,
-                stderr=err_w,
-                env=dict(view.env),
-                cwd="/",
-                # bubblewrap gets the read end of its report too: were the worker to die, its
-                # write would otherwise raise SIGPIPE and kill it before it let the sandbox
-                # go on, leaving that waiting forever (the entry closes it for the program).
-                pass_fds=(info_r, *(fd for fd in theirs if fd not in (out_w, err_w, in_r))),
-                process_group=0,  # not a new session: see the module's doc
+            popen = starts.start(
+                line, view.env, in_r, out_w, err_w, keep, closes_all=lifeline_r is not None
             )
         except OSError as exc:
             raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
@@ -329,7 +339,9 @@ async def run(
         for owned in (out_r, err_r, in_w, lifeline_w, block_w):
             if owned in ours:
                 ours.remove(owned)  # the child watcher and the sandbox own these now
-        child = _Child(popen, out_r, err_r, limits.output_bytes)
+        child = _Child(popen, out_r, err_r, limits.output_bytes, starts)
+        if isinstance(popen, Spawned):
+            child.loop.call_soon(starts.check)  # while it runs
         if stdin:
             child.feed(stdin, in_w)
         sandbox = _Sandbox(child, info_r, lifeline_w, block_w)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from sandbox._leftovers import Leftovers
 from sandbox._pidcap import PidCap
+from sandbox._spawn import Starts
 
 
 class Containment:
-    """The pid cap's latch (sandbox._pidcap) and the leftover sweeps (sandbox._leftovers)."""
+    """The pid cap's latch (sandbox._pidcap), the leftover sweeps (sandbox._leftovers)
+    and how bubblewrap is started (sandbox._spawn)."""
 
     def __init__(self) -> None:
         self.pid_cap = PidCap()
         self.leftovers = Leftovers()
+        self.starts = Starts()

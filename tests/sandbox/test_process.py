@@ -15,10 +15,12 @@ import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox import _pidcap, environment
+from sandbox._spawn import Starts
 from sandbox.process import Completed, Limits, Mount, PidCap, SandboxUnavailableError, View, run
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 
@@ -74,13 +76,14 @@ def test_bubblewrap_has_a_group_of_its_own_and_the_program_a_session(
     misses it) in the worker's session (a session per exec is a scheduling group per
     exec); the program: a session of its own, with no controlling terminal."""
     seen: list[tuple[int, int, int]] = []
+    start = Starts.start
 
-    class Watched(subprocess.Popen):  # type: ignore[type-arg]
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            seen.append((self.pid, os.getpgid(self.pid), os.getsid(self.pid)))
+    def watched(self: Starts, *args: Any, **kwargs: Any) -> Any:
+        started = start(self, *args, **kwargs)
+        seen.append((started.pid, os.getpgid(started.pid), os.getsid(started.pid)))
+        return started
 
-    monkeypatch.setattr("sandbox.process.subprocess.Popen", Watched)
+    monkeypatch.setattr(Starts, "start", watched)
     # Its session's leader is inside the sandbox (one outside its pid namespace reads 0):
     # the program itself, or bubblewrap's init above it where prlimit starts it.
     leader = "import os; print(os.getsid(0) in (1, os.getpid()))"
@@ -460,6 +463,58 @@ def test_the_environment_is_exactly_what_was_built(share: Path) -> None:
     seen = dict(line.split("=", 1) for line in done.stdout.decode().splitlines())
     seen.pop("PWD", None)  # the program's shell-less start still reports its folder
     assert seen == env
+
+
+def test_a_descriptor_the_worker_left_inheritable_never_reaches_the_program(
+    share: Path,
+) -> None:
+    """With the entry helper bubblewrap is started by os.posix_spawn, which closes
+    nothing: an inheritable descriptor of the worker's (a library's) reaches bubblewrap,
+    and the entry closes it before the program starts; the worker notices it while the
+    sandbox runs and starts bubblewrap with Popen's close_fds from then on. Without
+    the entry, Popen's close_fds keeps it from bubblewrap in the first place."""
+    starts = Starts()  # a worker's, kept from one sandbox to the next
+    (share / "leaked.txt").write_text("the worker's\n")
+    leaked = os.open(share / "leaked.txt", os.O_RDONLY)
+    os.set_inheritable(leaked, True)
+    held = textwrap.dedent(
+        """
+        import os
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                print(os.readlink(f"/proc/self/fd/{name}"))
+            except OSError:  # the listing's own
+                pass
+        """
+    )
+    argv = [PYTHON, "-c", held]
+    try:
+        first = asyncio.run(run(argv, view_of(share), Limits(), pid_cap=PidCap(), starts=starts))
+        still_spawned = starts.posix_spawn
+        second = asyncio.run(run(argv, view_of(share), Limits(), pid_cap=PidCap(), starts=starts))
+    finally:
+        os.close(leaked)
+    for done in (first, second):
+        assert done.exit_code == 0 and b"pipe:" in done.stdout, done
+        assert b"leaked.txt" not in done.stdout
+    assert still_spawned is (ENTRY is None)  # only the posix_spawn path looks
+
+
+def test_the_program_starts_with_no_signal_blocked_and_none_ignored_that_python_ignores(
+    share: Path,
+) -> None:
+    """The worker ignores SIGPIPE and SIGXFSZ (Python does): a program must not inherit
+    that (a broken pipe would go unnoticed, a file past its size limit would not stop
+    it), nor a blocked signal. Started by posix_spawn, it finds glibc's two internal
+    signals (32 and 33) ignored, which glibc's posix_spawn does and no option undoes; a
+    glibc program installs its own handlers for them at start."""
+    done = sandboxed(share, ["/usr/bin/grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"])
+    masks = {
+        name: int(mask, 16)
+        for name, mask in (line.split(":\t") for line in done.stdout.decode().splitlines())
+    }
+    assert masks["SigBlk"] == 0, done
+    assert masks["SigIgn"] & ~(1 << 31 | 1 << 32) == 0, done
 
 
 def test_a_missing_bubblewrap_is_sandbox_unavailable(share: Path) -> None:

@@ -455,6 +455,7 @@ async def _run_in_workspace(
                     ctx.blob or None,
                     pid_cap=ctx.containment.pid_cap,
                     cgroup=group,
+                    starts=ctx.containment.starts,
                 )
             except SandboxUnavailableError as exc:
                 raise WorkerError("sandbox_unavailable", str(exc)) from None

@@ -125,6 +125,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
                 limits_of(settings, timeout_s),
                 ctx.blob or None,
                 pid_cap=ctx.containment.pid_cap,
+                starts=ctx.containment.starts,
             )
         except SandboxUnavailableError as exc:
             raise WorkerError("sandbox_unavailable", str(exc)) from None
