@@ -430,7 +430,14 @@ class _Sandbox:
                 self.kill()
                 await self.child.until(self.child.exited, EXIT_GRACE_S)
             await self.child.until(self.child.pipes_closed, limits.drain_s)
-            if not timed_out and self._take_info(running=False) and self.init_pid is None:
+            # An exit of 0 is the program's own (bubblewrap's failures exit 1, the
+            # entry's 125, prlimit's 1 or 127): no report to read to know it started.
+            if (
+                not timed_out
+                and self.child.returncode != 0
+                and self._take_info(running=False)
+                and self.init_pid is None
+            ):
                 raise SandboxUnavailableError(self._bwrap_complaint())  # it never started
         except BaseException:
             self.kill()

@@ -471,18 +471,7 @@ async def _run_in_workspace(
                 raise _translated(exc) from None
             met = [] if group is None or counted is None else group.counters().met_since(counted)
     _check_quota(bench, workspace, before, used, done.exit_code, done.signal)
-    result = exec_cmd.ExecResult(
-        program=program,
-        rule=decision.rule_id or "",
-        exit_code=done.exit_code,
-        signal=exec_cmd._signal_name(done.signal),
-        timed_out=done.timed_out,
-        stdout_bytes=len(done.stdout),
-        stderr_bytes=len(done.stderr),
-        truncated=done.truncated,
-        duration_ms=int(done.duration_s * 1000),
-        plan_limits=met,
-    )
+    result = exec_cmd.result_of(program, decision.rule_id or "", done, plan_limits=met)
     return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
 
 

@@ -23,19 +23,28 @@ import shlex
 import signal
 import stat
 from collections.abc import Sequence
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
+import orjson
 from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
 from sandbox import Root, confinement, environment
-from sandbox.process import Limits, Mount, SandboxUnavailableError, View, run, visible_by_default
+from sandbox.process import (
+    Completed,
+    Limits,
+    Mount,
+    SandboxUnavailableError,
+    View,
+    run,
+    visible_by_default,
+)
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
 from worker.actions.host.fs_paths import CONFINED_CODES, confined
 from worker.config import ExecSection, Paths
 from worker.core.prompt_text import one_line
-from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
+from worker.core.registry import MIB, ActionSpec, Args, Context, Json, Outcome, PathArg, Result
 from worker.core.threads import looking
 from worker.errors import ErrorCode, WorkerError
 
@@ -129,18 +138,35 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             )
         except SandboxUnavailableError as exc:
             raise WorkerError("sandbox_unavailable", str(exc)) from None
-    result = ExecResult(
-        program=program,
-        rule=decision.rule_id or "",
-        exit_code=done.exit_code,
-        signal=_signal_name(done.signal),
-        timed_out=done.timed_out,
-        stdout_bytes=len(done.stdout),
-        stderr_bytes=len(done.stderr),
+    return Outcome(
+        result_of(program, decision.rule_id or "", done),
+        blob=done.stdout + done.stderr,
         truncated=done.truncated,
-        duration_ms=int(done.duration_s * 1000),
     )
-    return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
+
+
+def result_of(
+    program: str, rule: str, done: Completed, *, plan_limits: Sequence[str] = ()
+) -> Json | ExecResult:
+    """The result of a program that ran, as ExecResult's JSON written straight from its
+    plain values (building and dumping the model took ~0.06 ms of each call, on its
+    way back); the model itself should orjson refuse a string (a lone surrogate)."""
+    answer: dict[str, Any] = {
+        "program": program,
+        "rule": rule,
+        "exit_code": done.exit_code,
+        "signal": _signal_name(done.signal),
+        "timed_out": done.timed_out,
+        "stdout_bytes": len(done.stdout),
+        "stderr_bytes": len(done.stderr),
+        "truncated": done.truncated,
+        "duration_ms": int(done.duration_s * 1000),
+        "plan_limits": list(plan_limits),
+    }
+    try:
+        return Json(orjson.dumps(answer).decode())
+    except orjson.JSONEncodeError:
+        return ExecResult.model_construct(**answer)
 
 
 async def landlock_entry(settings: ExecSection, paths: Paths) -> str | None:
