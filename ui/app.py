@@ -25,8 +25,10 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.driver import Driver
+from textual.geometry import Region
 from textual.message import Message
 from textual.screen import Screen
+from textual.strip import Strip
 from textual.widgets import DataTable, Footer, Input, Static
 
 from ui.approval import Answer, ApprovalModal, server_text
@@ -55,6 +57,48 @@ STATUS_STYLES: Final = {"running": "yellow", "ok": "green"}
 # needs, and let the events it has not read pile up on the socket (where past
 # console_socket.MAX_BACKLOG the worker drops it).
 REDRAW_EVERY_S: Final = 0.25
+# While calls keep coming, drawing them takes at most this share of one core: after
+# a redraw the next waits until the CPU the last cost (its changes, and drawing the
+# calls table, as CallsTable counts it) is this share of the time (at most
+# REDRAW_AT_MOST_S). A redraw of the calls table costs 70-100 ms of CPU on a loaded 2-core machine
+# (Textual's DataTable renders every visible cell again after any change), and at
+# four a second the TUI's process spent 2-4 ms of CPU per granted call back to back
+# and 20-27 ms per call 100 ms apart, more than the worker serving them.
+REDRAW_SHARE: Final = 0.1
+REDRAW_AT_MOST_S: Final = 2.0
+
+
+class CallsTable(DataTable[Any]):
+    """The calls, counting the CPU their drawing takes (see REDRAW_SHARE)."""
+
+    drawing_cpu = 0.0  # seconds of this process's CPU, all told
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        began = time.process_time()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self.drawing_cpu += time.process_time() - began
+
+
+class QuietFooter(Footer):
+    """The key bar, rebuilt only when the keys it shows change. Textual's rebuilds its
+    dozen widgets whenever its screen's bindings are told to refresh, which a screen
+    is each time another is pushed over it or popped off it: each prompt rebuilt the
+    hidden calls screen's footer on its way to the screen, and again as it left."""
+
+    _shown: tuple[Any, ...] | None = None
+
+    def bindings_changed(self, screen: Screen[Any]) -> None:
+        if screen is not self.app.screen:
+            return  # hidden: looked at again when its screen is on top
+        shown = tuple(
+            (key, on.binding.action, on.binding.description, on.binding.show, on.enabled)
+            for key, on in screen.active_bindings.items()
+        )
+        if shown != self._shown:
+            self._shown = shown
+            super().bindings_changed(screen)
 
 
 class ConsoleEvent(Message):
@@ -149,8 +193,12 @@ class WorkerApp(App[None]):
         # plan -> its row, or None: no longer listed
         self._changed_plans: dict[str, dict[str, Any] | None] = {}
         self._redraw_due = False
+        # The earliest the next redraw may come (monotonic clock), and the calls table's
+        # drawing CPU as the last one ended (see REDRAW_SHARE).
+        self._next_redraw_at = 0.0
+        self._drawn_cpu = 0.0
         self._header: Static | None = None  # once mounted (see _alive)
-        self._table: DataTable[Any] | None = None
+        self._table: CallsTable | None = None
 
     def get_driver_class(self) -> type[Driver]:
         driver = super().get_driver_class()
@@ -175,12 +223,12 @@ class WorkerApp(App[None]):
         yield Static(id="stopped")
         yield Input(placeholder="filter: agent, plan, action or status (esc clears)", id="filter")
         with Horizontal(id="body"):
-            yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
+            yield CallsTable(id="calls", cursor_type="row", zebra_stripes=True)
             with Vertical(id="side"):
                 with VerticalScroll(id="detail-box"):
                     yield Static(id="detail")
                 yield DataTable(id="plans", cursor_type="row")
-        yield Footer()
+        yield QuietFooter()
 
     async def on_mount(self) -> None:
         self._header = self._main.query_one("#header", Static)
@@ -238,14 +286,20 @@ class WorkerApp(App[None]):
             return
         event = message.event
         kind = event.get("type")
-        if kind in ("call", "plan"):
+        if kind in ("call", "plan", "changes"):
             if kind == "call":
                 self._changed_calls[event["call"]["id"]] = event["call"]
-            else:
+            elif kind == "plan":
                 self._changed_plans[str(event["raw"])] = event["plan"]
+            else:  # several at once (console_socket.CHANGES_EVERY_S)
+                for call in event["calls"]:
+                    self._changed_calls[call["id"]] = call
+                for plan in event["plans"]:
+                    self._changed_plans[str(plan["raw"])] = plan["plan"]
             if not self._redraw_due:
                 self._redraw_due = True
-                self.set_timer(REDRAW_EVERY_S, self._redraw)
+                wait = max(REDRAW_EVERY_S, self._next_redraw_at - time.monotonic())
+                self.set_timer(wait, self._redraw)
         elif kind == "prompt":
             self._prompt_waiting(event["prompt"])
         elif kind == "prompt_closed":
@@ -270,12 +324,17 @@ class WorkerApp(App[None]):
             self._apply_snapshot(event)
 
     def _redraw(self) -> None:
-        """Draw the calls and plans told since the last redraw, each once."""
+        """Draw the calls and plans told since the last redraw, each once. Not while a
+        prompt covers them: its own way to the screen, and the worker, need the CPU."""
+        if self._modal is not None:
+            self.set_timer(REDRAW_EVERY_S, self._redraw)
+            return
         self._redraw_due = False
         changed, self._changed_calls = self._changed_calls, {}
         plans, self._changed_plans = self._changed_plans, {}
         if not self._alive():
             return
+        began = time.process_time()
         table = self._calls_table()
         rows = table.row_count
         for call in changed.values():
@@ -284,6 +343,10 @@ class WorkerApp(App[None]):
             table.move_cursor(row=table.row_count - 1)
         for raw, plan in plans.items():
             self._upsert_plan(raw, plan)
+        # What the last redraw cost: this one's changes, and drawing the last one's.
+        drawn, self._drawn_cpu = table.drawing_cpu - self._drawn_cpu, table.drawing_cpu
+        cost = time.process_time() - began + drawn
+        self._next_redraw_at = time.monotonic() + min(REDRAW_AT_MOST_S, cost / REDRAW_SHARE)
 
     def _apply_snapshot(self, snapshot: Event) -> None:
         # The whole state as of now: what waited to be drawn is older.
@@ -361,10 +424,10 @@ class WorkerApp(App[None]):
             Text(_duration(call.get("duration_ms")), justify="right"),
         ]
 
-    def _calls_table(self) -> DataTable[Any]:
+    def _calls_table(self) -> CallsTable:
         """The calls (asked at each redraw: not looked up in the screen each time)."""
         if self._table is None:
-            self._table = self._main.query_one("#calls", DataTable)
+            self._table = self._main.query_one("#calls", CallsTable)
         return self._table
 
     def _upsert_call(self, call: dict[str, Any]) -> None:
@@ -509,7 +572,7 @@ class WorkerApp(App[None]):
         self.prompts.pop(prompt_id, None)
         if self._modal is not None and self._modal.prompt_id == prompt_id:
             modal, self._modal = self._modal, None
-            modal.dismiss(None)
+            modal.leave(None)
         elif self._modal is not None:
             self._modal.update_prompt(self._modal.prompt, len(self.prompts) - 1)
         self._refresh_header()

@@ -121,12 +121,11 @@ class ApprovalModal(ModalScreen[Answer | None]):
         return str(self.prompt["id"])
 
     def load(self, prompt: dict[str, Any], more: int) -> None:
-        """Show `prompt` next: fresh content, the default period, focus back on Deny."""
+        """Show `prompt` next (its content goes in once, as the screen comes on), with
+        the default period, focus back on Deny."""
         self.prompt, self.more = prompt, more
         self.period = DEFAULT_PERIOD
         self.painted_at = None
-        if self.is_mounted:
-            self._fill()
 
     def _fill(self) -> None:
         self.query_one("#title", Static).update(self._title())
@@ -142,11 +141,24 @@ class ApprovalModal(ModalScreen[Answer | None]):
         """A prompt just came on screen: no answers for GRACE_S, and it shows."""
         self.answers_from = self.clock() + GRACE_S
         self.armed = False
+        self._held_look()
+        self.query_one("#countdown", Static).update(self._countdown())
+        self.set_timer(_GRACE_CHECK_S, self._arm)
+
+    def _held_look(self) -> None:
+        """Buttons disabled, the frame recoloured. The screen is composed in this look
+        and leaves in it (`leave`), so a prompt coming on screen changes no style of
+        its own: each change restyles widgets on the prompt's way to the screen."""
         for button in self.query(Button):
             button.disabled = True
         self.query_one("#dialog").set_class(True, "fresh")
-        self.query_one("#countdown", Static).update(self._countdown())
-        self.set_timer(_GRACE_CHECK_S, self._arm)
+
+    def leave(self, answer: Answer | None) -> None:
+        """Off the screen with `answer` (None: the prompt went away), in the held look."""
+        self.armed = False
+        self.answers_from = math.inf
+        self._held_look()
+        self.dismiss(answer)
 
     def _arm(self) -> None:
         """The grace is over (else look again shortly): answers count, focus on Deny."""
@@ -160,7 +172,9 @@ class ApprovalModal(ModalScreen[Answer | None]):
             button.disabled = False
         self.query_one("#dialog").set_class(False, "fresh")
         self.query_one("#countdown", Static).update(self._countdown())
-        self.query_one("#deny", Button).focus()
+        # At once, not as Widget.focus does it (on a later turn): armed means Deny has
+        # the focus, and a key read in between went to nothing.
+        self.set_focus(self.query_one("#deny", Button))
 
     def on_screen_resume(self) -> None:
         if not self.prompt.get("id"):
@@ -169,18 +183,18 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.call_after_refresh(self._painted)
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
+        with Vertical(id="dialog", classes="fresh"):
             yield Static(self._title(), id="title")
             yield Static(self._facts(), id="facts")
             with VerticalScroll(id="preview-box"):
                 yield Static(self._preview(), id="preview")
             yield Static(self._countdown(), id="countdown")
             with Horizontal(id="buttons"):
-                yield Button("Deny", id="deny", variant="primary")
-                yield Button("Deny+kill plan", id="deny_kill", variant="error")
-                yield Button("Once", id="once")
-                yield Button("This plan", id="plan", variant="success")
-                yield Button(self._agent_label(), id="agent", variant="warning")
+                yield Button("Deny", id="deny", variant="primary", disabled=True)
+                yield Button("Deny+kill plan", id="deny_kill", variant="error", disabled=True)
+                yield Button("Once", id="once", disabled=True)
+                yield Button("This plan", id="plan", variant="success", disabled=True)
+                yield Button(self._agent_label(), id="agent", variant="warning", disabled=True)
 
     def on_mount(self) -> None:
         self.set_interval(0.5, self._tick)
@@ -279,7 +293,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
         answer: Answer = {"choice": choice}
         if choice == "agent":
             answer["period_s"] = PERIODS[self.period][1]
-        self.dismiss(answer)
+        self.leave(answer)
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:

@@ -209,10 +209,12 @@ def test_while_a_prompt_waits_the_agents_input_waits_for_the_persons_answer(
             if kind in {"prompt", "prompt_closed"}:
                 told.append(kind)
                 prompted.set()
-            elif kind == "call" and "mouse_move" in event["call"]["action"]:
-                told.append(f"move {event['call']['status']}")
-                if event["call"]["status"] != "running":
-                    moved_done.set()
+            elif kind == "changes":  # calls come together (console_socket.CHANGES_EVERY_S)
+                for call in event["calls"]:
+                    if "mouse_move" in call["action"]:
+                        told.append(f"move {call['status']}")
+                        if call["status"] != "running":
+                            moved_done.set()
 
         link = SocketLink(Paths.at(desk.home).ui_socket)
         await link.open(on_event)

@@ -10,15 +10,17 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.cluster import Cluster, cluster
-from tests.ui.rig import MovableClock, answerable, silent, until
+from tests.ui.rig import MovableClock, Rig, answerable, silent, until
 from ui.app import WorkerApp
 from ui.approval import ApprovalModal
-from worker.config import Paths
-from worker.core.console_socket import NoWorkerError, SocketLink
+from worker.config import GrantSection, Paths
+from worker.core import console_socket
+from worker.core.console_socket import ConsoleServer, NoWorkerError, SocketLink
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -230,5 +232,79 @@ def test_a_ui_attaches_while_many_prompts_showing_whole_calls_wait(live: Cluster
             await holder.close()
         finally:
             await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_calls_reach_a_ui_together_with_each_row_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call's start and end, and each plan they touched, went to a UI as a line
+    of its own: four lines a call for a busy worker to encode and write, and for the
+    TUI's process to wake for. They go together now, each row once as it last was,
+    ahead of any other event (here a command's reply) so the order holds."""
+    monkeypatch.setattr(console_socket, "CHANGES_EVERY_S", 60.0)  # only the reply sends them
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.fs_read"])])
+        server = ConsoleServer(rig.console, rig.paths.ui_socket)
+        await server.start()
+        told: list[dict[str, Any]] = []
+        link = SocketLink(rig.paths.ui_socket)
+        await link.open(told.append)
+        burst = [rig.call("fs_read", '{"path": "a.txt"}', plan=f"plan-{i % 2}") for i in range(6)]
+        for cid in burst:
+            await rig.result(cid)
+        assert told == []
+        assert (await link.command({"op": "grants"}))["ok"]
+        assert [event["type"] for event in told] == ["changes"], told
+        rows = {row["id"]: row for row in told[0]["calls"]}
+        assert sorted(rows) == sorted(burst) and len(told[0]["calls"]) == len(burst)
+        assert {row["status"] for row in rows.values()} == {"ok"}
+        plans = {plan["raw"]: plan["plan"] for plan in told[0]["plans"]}
+        assert sorted(plans) == ["plan-0", "plan-1"] and len(told[0]["plans"]) == 2
+        assert plans["plan-0"]["calls"] == 3 and plans["plan-0"]["state"] == "idle"
+        await link.close()
+        await server.stop()
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_many_calls_changed_together_reach_a_ui_in_lines_it_can_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calls that changed together went as one line, and a UI reads at most
+    1 MiB a line (MAX_LINE): a few dozen calls with long non-ASCII args, finished
+    within one wait, made a line it could not read, and the UI was cut off. They come
+    in pages now, as the snapshot does, every row in one of them."""
+    monkeypatch.setattr(console_socket, "CHANGES_EVERY_S", 60.0)  # only the reply sends them
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.fs_read"])])
+        server = ConsoleServer(rig.console, rig.paths.ui_socket)
+        await server.start()
+        told: list[dict[str, Any]] = []
+        link = SocketLink(rig.paths.ui_socket)
+        await link.open(told.append)
+        path = "\U0001f600" * 2000  # 12 bytes each on the line (ensure_ascii)
+        burst = [
+            rig.call("fs_read", json.dumps({"path": path}, ensure_ascii=False)) for _ in range(64)
+        ]
+        for cid in burst:
+            await rig.result(cid)
+        assert (await link.command({"op": "grants"}))["ok"]
+        assert {event["type"] for event in told} == {"changes"}, [e["type"] for e in told]
+        lines = [console_socket.encode(event) for event in told]
+        assert sum(map(len, lines)) > console_socket.MAX_LINE  # one line would not do
+        assert max(map(len, lines)) <= console_socket.SNAPSHOT_PAGE
+        rows = [row for event in told for row in event["calls"]]
+        assert sorted(row["id"] for row in rows) == sorted(burst)
+        assert all(path[:1900] in row["args"] and row["status"] != "running" for row in rows)
+        assert [plan["raw"] for event in told for plan in event["plans"]] == ["plan-a"]
+        assert not link.closed.is_set()
+        await link.close()
+        await server.stop()
+        rig.close()
 
     asyncio.run(scenario())

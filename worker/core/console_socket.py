@@ -19,6 +19,7 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
@@ -32,9 +33,17 @@ MAX_LINE: Final = 1024 * 1024
 MAX_BACKLOG: Final = 8 * 1024 * 1024
 # How long a stopping worker lets a UI read what was still queued for it.
 CLOSE_GRACE_S: Final = 2.0
-# The snapshot's lists are sent in lines of about this many bytes at most, well under
-# MAX_LINE: on one line, about 64 waiting prompts that show whole calls passed it, and
-# no UI could attach (their calls were denied at their timeout).
+# Calls and plans that changed are sent to a UI together, at most this often, as a
+# "changes" event holding each row once, as it last was (paged: see changes_lines);
+# every other event goes at once (the changes before it first, so a UI reads them in
+# the order they happened).
+# One line per call's start and end and per plan touched made a busy worker encode
+# and write four lines a call, and the TUI's process wake, parse and queue each.
+CHANGES_EVERY_S: Final = 0.05
+# The snapshot's lists, and the rows that changed, are sent in lines of about this
+# many bytes at most, well under MAX_LINE: on one line, about 64 waiting prompts that
+# show whole calls passed it, and no UI could attach (their calls were denied at their
+# timeout); so would a few dozen calls with long non-ASCII args finished together.
 SNAPSHOT_PAGE: Final = 256 * 1024
 _SNAPSHOT_LISTS: Final = ("prompts", "calls", "plans", "grants")
 # Events told while a UI reads its snapshot wait for it, up to this many.
@@ -63,6 +72,38 @@ def pages(snapshot: Event) -> list[bytes]:
     for earlier in lines[:-1]:
         earlier["more"] = True
     return [encode(line) for line in lines]
+
+
+def changes_lines(calls: Iterable[Event], plans: Iterable[Event]) -> list[bytes]:
+    """Calls' and plans' rows that changed, as "changes" lines of at most SNAPSHOT_PAGE
+    bytes, as the snapshot is paged: however many calls changed together, no line
+    passes MAX_LINE. Each line stands alone (a UI takes the rows it holds). A row is
+    never split; the largest, a call's, shows its texts cut at console.RESULT_PREVIEW
+    characters (some tens of KiB encoded at most), so none passes SNAPSHOT_PAGE alone.
+    Each row is encoded once, as `encode` would, and the lines joined from them."""
+    lines: list[bytes] = []
+    page: dict[str, list[str]] = {"calls": [], "plans": []}
+    empty = size = len(_changes_line(page))
+    for key, rows in (("calls", calls), ("plans", plans)):
+        for row in rows:
+            text = _dumps(row)
+            if size + len(text) + 1 > SNAPSHOT_PAGE and (page["calls"] or page["plans"]):
+                lines.append(_changes_line(page))
+                page, size = {"calls": [], "plans": []}, empty
+            page[key].append(text)
+            size += len(text) + 1  # and its comma
+    if page["calls"] or page["plans"]:
+        lines.append(_changes_line(page))
+    return lines
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+
+
+def _changes_line(page: dict[str, list[str]]) -> bytes:
+    calls, plans = ",".join(page["calls"]), ",".join(page["plans"])
+    return f'{{"type":"changes","calls":[{calls}],"plans":[{plans}]}}\n'.encode()
 
 
 class NoWorkerError(StartupError):
@@ -181,17 +222,14 @@ class ConsoleServer:
             return
         asks = opening.get("asks", True) is not False
         gone = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        calls: dict[str, dict[str, Any]] = {}  # changed since the last "changes"
+        plans: dict[str, dict[str, Any] | None] = {}  # raw plan id -> its row, or None
+        due: asyncio.TimerHandle | None = None
         # What is told while the snapshot is sent, in order, for after it (None: sent).
         held: list[Event] | None = []
 
-        def send(event: Event) -> None:
-            if held is not None:
-                held.append(event)
-                if len(held) > MAX_HELD:
-                    log.warning("a UI did not read its snapshot; dropping it")
-                    gone.set()
-                    writer.close()
-                return
+        def write(line: bytes) -> None:
             if writer.is_closing():
                 gone.set()
                 return
@@ -201,7 +239,42 @@ class ConsoleServer:
                 gone.set()
                 writer.close()
                 return
-            writer.write(encode(event))
+            writer.write(line)
+
+        def flush() -> None:
+            nonlocal due
+            if due is not None:
+                due.cancel()
+                due = None
+            if calls or plans:
+                lines = changes_lines(
+                    calls.values(), ({"raw": raw, "plan": row} for raw, row in plans.items())
+                )
+                calls.clear()
+                plans.clear()
+                for line in lines:
+                    write(line)
+
+        def send(event: Event) -> None:
+            nonlocal due
+            if held is not None:
+                held.append(event)
+                if len(held) > MAX_HELD:
+                    log.warning("a UI did not read its snapshot; dropping it")
+                    gone.set()
+                    writer.close()
+                return
+            kind = event.get("type")
+            if kind == "call":
+                calls[event["call"]["id"]] = event["call"]
+            elif kind == "plan":
+                plans[event["raw"]] = event["plan"]
+            else:
+                flush()
+                write(encode(event))
+                return
+            if due is None:
+                due = loop.call_later(CHANGES_EVERY_S, flush)
 
         snapshot = pages(self.console.subscribe(send, asks=asks))
         log.info("a UI attached")
@@ -225,6 +298,8 @@ class ConsoleServer:
                 await writer.drain()
         finally:
             self.console.unsubscribe(send, asks=asks)
+            if due is not None:
+                due.cancel()
             log.info("a UI detached")
 
 
