@@ -68,6 +68,7 @@ class WorkspaceProblem(StrEnum):
     BAD_PLAN_ID = "bad_plan_id"  # missing, too long, or with a NUL byte
     NOT_PRIVATE = "not_private"  # a folder that is not ours alone (a link, a stranger's, 0755)
     NO_ROOM = "no_room"  # the plan's quota, or the disk, is full
+    TOO_MANY_PLANS = "too_many_plans"  # max_plans workspaces exist: a new plan waits
     FAILED = "failed"  # the operating system refused for another reason
 
 
@@ -153,6 +154,7 @@ def _make_private(path: Path) -> None:
 # takes no blocks, so bytes alone would let a plan make files without end, and every
 # count walks them all.
 MAX_ENTRIES: Final = 100_000
+MAX_PLANS: Final = 64
 # Folders nested deeper than this are not counted (the walk holds a descriptor per
 # level): the count fails closed, and the plan can write no more.
 MAX_DEPTH: Final = 256
@@ -382,10 +384,20 @@ def _as_owner(remove: Callable[..., None], name: str, fd: int) -> None:
 class Workspaces:
     """Every plan's workspace under `base` (owner-only), with a quota per plan."""
 
-    def __init__(self, base: Path, *, quota_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(
+        self,
+        base: Path,
+        *,
+        quota_bytes: int,
+        max_entries: int = MAX_ENTRIES,
+        max_plans: int = MAX_PLANS,
+    ) -> None:
         self.base = base
         self.quota_bytes = quota_bytes
         self.max_entries = max_entries
+        # Each plan may take quota_bytes: without a bound on plans, a server naming new
+        # ones would fill the disk however small the quota.
+        self.max_plans = max_plans
         self._lock = threading.Lock()
         # key -> the last count (or why it failed), while nothing may have changed it
         self._use: dict[str, Use | WorkspaceError] = {}
@@ -415,9 +427,29 @@ class Workspaces:
             if known is not None and os.path.isdir(known.files):
                 self._touch(known)
                 return known
+            if not os.path.isdir(self.base / key):
+                self._check_plan_room(plan_id)
             workspace = self._create(plan_id, key)
             self._opened[key] = workspace
             return workspace
+
+    def _check_plan_room(self, plan_id: str) -> None:
+        """Refuse a new plan's workspace while `max_plans` exist (a removal's leftovers
+        not counted)."""
+        try:
+            with os.scandir(self.base) as found:
+                held = sum(1 for entry in found if not entry.name.startswith(TRASH_PREFIX))
+        except FileNotFoundError:
+            return
+        if held >= self.max_plans:
+            raise WorkspaceError(
+                WorkspaceProblem.TOO_MANY_PLANS,
+                f"plan {plan_id!r} gets no workspace: the sandbox holds {held} plans' "
+                f"workspaces, its limit ([sandbox] max_plans = {self.max_plans}). Tear down "
+                "a finished plan (the server's Teardown, or `agentworker sandbox teardown "
+                "PLAN`) and try again, or raise the limit.",
+                {"plans": held, "max_plans": self.max_plans},
+            )
 
     def _create(self, plan_id: str, key: str) -> Workspace:
         folder = self.base / key

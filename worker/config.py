@@ -163,6 +163,9 @@ class SandboxSection(_Strict):
     quota_mb: int = Field(default=1024, ge=1)  # disk a plan's workspace may take
     # Files, folders and links a plan's workspace may hold (empty files take no disk).
     max_entries: int = Field(default=100_000, ge=100, le=10_000_000)
+    # Plans holding a workspace at once (so the disk they may take is max_plans x quota_mb);
+    # a new plan past it is answered `busy` until one is torn down or swept.
+    max_plans: int = Field(default=64, ge=1, le=100_000)
     idle_hours: float = Field(default=168.0, gt=0)  # workspaces unused this long are swept
     sweep_every_s: float = Field(default=600.0, ge=0.05, le=86_400)
     # Programs of one plan running at once: with per-sandbox rlimits, this bounds the plan.
@@ -265,6 +268,7 @@ mode = "rw"
 # [sandbox]
 # quota_mb = 1024                   # disk a plan's workspace may take
 # max_entries = 100000              # files, folders and links a plan's workspace may hold
+# max_plans = 64                    # plans with a workspace at once (disk: max_plans x quota_mb)
 # plan_processes = 256
 # plan_memory_mb = 4096             # memory in use, no swap
 # plan_cpus = 2.0                   # CPUs' worth of time

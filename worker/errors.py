@@ -283,6 +283,7 @@ WORKSPACE_CODES: Final[dict[WorkspaceProblem, ErrorCode]] = {
     WorkspaceProblem.BAD_PLAN_ID: ErrorCode.VALIDATION_ERROR,
     WorkspaceProblem.NOT_PRIVATE: ErrorCode.PERMISSION_DENIED,
     WorkspaceProblem.NO_ROOM: ErrorCode.TOO_LARGE,
+    WorkspaceProblem.TOO_MANY_PLANS: ErrorCode.BUSY,
     WorkspaceProblem.FAILED: ErrorCode.INTERNAL_ERROR,
 }
 

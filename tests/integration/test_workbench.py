@@ -581,3 +581,19 @@ def test_idle_workspaces_are_swept_but_not_while_their_plan_runs(tmp_path: Path)
         assert teardown(live, busy)["status"] == "ok"
         thread.join(15)
         assert wait_until_gone(tag) == []
+
+
+def test_a_new_plan_past_max_plans_is_answered_busy_until_one_is_torn_down(
+    tmp_path: Path,
+) -> None:
+    settings = exec_config(tmp_path, PYTHON3) + "\n[sandbox]\nmax_plans = 1\n"
+    with sandbox_cluster(tmp_path, extra_config=settings) as live:
+        first, second = new_plan(), new_plan()
+        assert call(live, first, "fs_write", {"path": "f"}, b"x")[0]["status"] == "ok"
+        out, _ = call(live, second, "fs_write", {"path": "f"}, b"x")
+        error = out["error"]
+        assert out["status"] == "error" and error["code"] == "busy", out
+        assert "max_plans = 1" in error["message"] and error["retryable"], out
+        assert error["details"] == {"plans": 1, "max_plans": 1}
+        assert teardown(live, first)["status"] == "ok"
+        assert call(live, second, "fs_write", {"path": "f"}, b"x")[0]["status"] == "ok"

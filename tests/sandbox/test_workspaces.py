@@ -318,3 +318,22 @@ def test_folders_a_program_locked_are_opened_up_and_removed() -> None:
         assert done.stdout.strip() == "gone", done.stderr
     finally:
         shutil.rmtree(holder, ignore_errors=True)
+
+
+def test_a_new_plan_past_max_plans_gets_no_workspace_until_one_goes(tmp_path: Path) -> None:
+    """Each plan may take its quota: the number of plans bounds what all take."""
+    spaces = Workspaces(tmp_path / "workbench", quota_bytes=64 * 1024, max_plans=2)
+    spaces.prepare()
+    spaces.open("plan-a")
+    spaces.open("plan-b")
+    with pytest.raises(WorkspaceError) as caught:
+        spaces.open("plan-c")
+    assert caught.value.problem is WorkspaceProblem.TOO_MANY_PLANS
+    assert "max_plans = 2" in caught.value.message and "Tear down" in caught.value.message
+    assert caught.value.details == {"plans": 2, "max_plans": 2}
+    assert not (spaces.base / plan_key("plan-c")).exists()
+    restarted = Workspaces(spaces.base, quota_bytes=spaces.quota_bytes, max_plans=2)
+    assert restarted.open("plan-a").plan_id == "plan-a", "a plan that has one keeps it"
+    (spaces.base / f"{TRASH_PREFIX}left").mkdir()  # a removal's leftovers do not count
+    assert spaces.teardown("plan-b")
+    assert spaces.open("plan-c").plan_id == "plan-c"

@@ -150,7 +150,10 @@ class Workbench:
         """The workbench at `base`; WorkerError (sandbox_unavailable) when cgroups
         should apply here and cannot be readied."""
         workspaces = Workspaces(
-            base, quota_bytes=settings.quota_mb * 1024**2, max_entries=settings.max_entries
+            base,
+            quota_bytes=settings.quota_mb * 1024**2,
+            max_entries=settings.max_entries,
+            max_plans=settings.max_plans,
         )
         workspaces.prepare()
         choice = plan_cgroups(base, settings)
