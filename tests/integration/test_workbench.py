@@ -597,3 +597,43 @@ def test_a_new_plan_past_max_plans_is_answered_busy_until_one_is_torn_down(
         assert error["details"] == {"plans": 1, "max_plans": 1}
         assert teardown(live, first)["status"] == "ok"
         assert call(live, second, "fs_write", {"path": "f"}, b"x")[0]["status"] == "ok"
+
+
+# Writes 128 KiB files one after another for ever: each within the room RLIMIT_FSIZE
+# leaves, all together without end.
+FLOOD = """
+import itertools, time
+for i in itertools.count():
+    with open(f'flood{i}', 'wb') as f:
+        f.write(b'x' * 131072)
+    time.sleep(0.01)
+"""
+EMPTY_FILES = """
+import itertools, time
+for i in itertools.count():
+    open(f'empty{i}', 'w').close()
+    if i % 100 == 0:
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize(("code", "reached"), [(FLOOD, "quota"), (EMPTY_FILES, "max_entries")])
+def test_a_program_that_keeps_filling_its_workspace_is_stopped_while_it_runs(
+    live: Cluster, plan: str, code: str, reached: str
+) -> None:
+    """Without the watch it would run until its timeout, taking what disk it could."""
+    tag = marker()
+    out, _ = run(live, plan, ["python3", "-c", code, tag], timeout_s=300)
+    error = out["error"]
+    assert error["code"] == "too_large" and "stopped while it ran" in error["message"], out
+    assert reached in error["message"], out
+    details = error["details"]
+    assert details["stopped"] is True and details["quota_bytes"] == QUOTA, details
+    if reached == "quota":
+        assert details["used_bytes"] >= 2 * QUOTA, details
+    else:
+        assert details["entries"] == MAX_ENTRIES + 1, details
+    assert wait_until_gone(tag, within_s=30) == []
+    out, _ = call(live, plan, "fs_write", {"path": "more"}, b"x")
+    assert out["error"]["code"] == "too_large", "and the plan, full, can write no more"
+    assert teardown(live, plan)["result"]["removed"] is True

@@ -46,6 +46,7 @@ from typing import Any, Final, TypeVar
 from sandbox import cgroups, environment
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
 from sandbox.process import (
+    Completed,
     Limits,
     Mount,
     PidCap,
@@ -77,6 +78,16 @@ log = logging.getLogger(__name__)
 SURFACE: Final = WORKBENCH_SURFACE
 # Threads counting plans' quotas (each plan walks on one at a time).
 COUNT_THREADS: Final = 2
+# While a plan's program runs, its workspace is counted again this often (or, for a
+# workspace whose count takes long, ten counts' time apart: a tenth of a thread's time
+# at most), and the program is stopped once the plan holds twice its quota, or more
+# than its cap of entries (a count stops one past it). RLIMIT_FSIZE bounds each file
+# by the room left, not the files together, so a program writing file after file
+# would otherwise fill the disk until its timeout. Twice, not once: a program that
+# ends past its quota is answered `too_large` by the count after it all the same, with
+# its exit code; the watch is for one that would not stop.
+WATCH_EVERY_S: Final = 1.0
+WATCH_SLACK: Final = 2
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
@@ -451,14 +462,19 @@ async def _run_in_workspace(
             room = max(0, bench.workspaces.quota_bytes - before.bytes)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             try:
-                done = await run(
-                    [program, *args.argv[1:]],
-                    view,
-                    limits,
-                    ctx.blob or None,
-                    pid_cap=ctx.containment.pid_cap,
-                    cgroup=group,
-                    starts=ctx.containment.starts,
+                done = await _watched(
+                    bench,
+                    workspace,
+                    before,
+                    run(
+                        [program, *args.argv[1:]],
+                        view,
+                        limits,
+                        ctx.blob or None,
+                        pid_cap=ctx.containment.pid_cap,
+                        cgroup=group,
+                        starts=ctx.containment.starts,
+                    ),
                 )
             except SandboxUnavailableError as exc:
                 raise WorkerError("sandbox_unavailable", str(exc)) from None
@@ -476,6 +492,78 @@ async def _run_in_workspace(
     _check_quota(bench, workspace, before, used, done.exit_code, done.signal)
     result = exec_cmd.result_of(program, decision.rule_id or "", done, plan_limits=met)
     return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
+
+
+async def _watched(
+    bench: Workbench, workspace: Workspace, before: Use, running: Awaitable[Completed]
+) -> Completed:
+    """The program's run, stopped (as a Cancel stops it: the call's task is cancelled,
+    and the run kills the sandbox) and answered `too_large` if its workspace passes
+    twice its quota or its cap of entries while it runs. The run stays in the call's
+    own task, where the pipeline sees its thread work."""
+    task = asyncio.current_task()
+    assert task is not None
+    watch = asyncio.ensure_future(_overfilled(bench, workspace, before))
+
+    def stop(_: asyncio.Future[Use | WorkspaceError]) -> None:
+        if not watch.cancelled() and watch.exception() is None:
+            task.cancel()
+
+    watch.add_done_callback(stop)
+    try:
+        return await running
+    except asyncio.CancelledError:
+        # Ours alone (no Cancel, kill or deadline came too): the answer is the watch's.
+        if watch.done() and not watch.cancelled() and task.cancelling() == 1:
+            task.uncancel()
+            raise _stopped(bench, workspace, watch.result()) from None
+        raise
+    finally:
+        watch.remove_done_callback(stop)
+        watch.cancel()
+
+
+async def _overfilled(bench: Workbench, workspace: Workspace, before: Use) -> Use | WorkspaceError:
+    """Returns once the workspace holds WATCH_SLACK times its quota or more than its
+    cap of entries (either more than `before`), or cannot be counted: what was found."""
+    workspaces = bench.workspaces
+    pause = WATCH_EVERY_S
+    while True:
+        await asyncio.sleep(pause)
+        workspaces.changed(workspace)  # the program may have written since the last count
+        began = time.monotonic()
+        try:
+            used = await bench.use(workspace)
+        except WorkspaceError as exc:
+            return exc
+        pause = max(WATCH_EVERY_S, 10 * (time.monotonic() - began))
+        if workspaces.over_entries(used) and used.entries > before.entries:
+            return used
+        if used.bytes >= WATCH_SLACK * workspaces.quota_bytes and used.bytes > before.bytes:
+            return used
+
+
+def _stopped(bench: Workbench, workspace: Workspace, found: Use | WorkspaceError) -> WorkerError:
+    if isinstance(found, WorkspaceError):
+        return _translated(found)
+    workspaces = bench.workspaces
+    if workspaces.over_entries(found):
+        what = f"more than {workspaces.max_entries:,} files and folders ([sandbox] max_entries)"
+    else:
+        what = f"{found.bytes:,} bytes of its {workspaces.quota_bytes:,}-byte quota"
+    return WorkerError(
+        "too_large",
+        f"the program was stopped while it ran: plan {workspace.plan_id!r}'s workspace "
+        f"reached {what}. What it wrote is kept, but the plan can write nothing more; "
+        "remove files it no longer needs, or tear it down to start over.",
+        {
+            "stopped": True,
+            "quota_bytes": workspaces.quota_bytes,
+            "used_bytes": found.bytes,
+            "max_entries": workspaces.max_entries,
+            "entries": found.entries,
+        },
+    )
 
 
 def _check_quota(
