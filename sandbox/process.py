@@ -52,6 +52,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
@@ -91,6 +92,11 @@ READ_MIN: Final = 64 * 1024
 # the program have written it all before the loop came round.
 READ_MAX: Final = 1024 * 1024
 SMALL_READ: Final = 4096  # reads shorter than this are gathered, not kept one by one
+# Moves of a sandbox into its plan's cgroup run here, not in the caller's default pool.
+# The program waits at its start line until the move is done, so a run stopped
+# meanwhile ran nothing; a pool that counts a call's thread work as work that may yet
+# take effect (the worker's) would otherwise answer such a stop as an unknown outcome.
+_JOINING: Final = ThreadPoolExecutor(2, thread_name_prefix="sandbox-cgroup-join")
 
 
 @dataclass(frozen=True)
@@ -418,7 +424,8 @@ class _Sandbox:
                 if self.pidfd is not None and cgroup is not None:
                     # It and all it will start join the plan's cgroup. In a thread: a move
                     # can wait for the kernel's cgroup locks.
-                    await asyncio.to_thread(cgroup.join, init_pid)
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(_JOINING, cgroup.join, init_pid)
                 if self.pidfd is not None and cap_from_outside is not None:
                     await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
             if self.block_w is not None:
