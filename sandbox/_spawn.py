@@ -24,6 +24,10 @@ from collections.abc import Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
+# What posix_spawn sets to SIG_DFL in the child: all it may (glibc's own internal
+# signals are not among Python's valid ones, and SIGKILL and SIGSTOP cannot be set).
+_EVERY_SIGNAL = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+
 
 class Spawned:
     """bubblewrap's process as os.posix_spawn started it: what a Popen gives the child
@@ -102,7 +106,10 @@ class Starts:
             file_actions=actions,
             setpgroup=0,
             setsigmask=(),
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            # Every disposition to its default, not only what Python set (SIGPIPE,
+            # SIGXFSZ): a worker started with signals ignored (nohup, a shell's
+            # background job) must not hand that to the program.
+            setsigdef=_EVERY_SIGNAL,
         )
         return Spawned(pid)
 
