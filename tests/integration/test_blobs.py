@@ -186,6 +186,9 @@ def test_disk_stays_small_after_a_thousand_reads_of_a_mebibyte(tmp_path: Path) -
         live.run(lambda c: calls(c, "workerHost.fs_read", '{"path": "page.bin"}', b"", 1000))
         live.run(lambda c: calls(c, "workerDiag.probe", '{"blob_repeat": 1}', data, 100))
         wait_for(lambda: _acked(live) == 1100, 30)
-        # What is left: pages for the blobs in flight at once (8 here) and the log, a
-        # bound set by concurrency, not by how many calls ran.
-        assert _disk(live.home) < 32 * MIB, _disk(live.home)
+        # What is left: pages for the blobs in flight at once (8 here) and the logs, a
+        # bound set by concurrency and the checkpoints' pace, not by how many calls ran
+        # (1,000 reads of 1 MiB kept took 2 GB). A commit's log frames are 32 KiB pages
+        # (worker.db): 14 MB after this test on a quiet machine, 34.6 MB once at load 15,
+        # when the checkpointer fell behind.
+        assert _disk(live.home) < 64 * MIB, _disk(live.home)
