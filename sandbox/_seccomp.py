@@ -10,7 +10,9 @@ userfaultfd and io_uring (the usual routes of kernel exploits), module and kexec
 loading, clocks, swap, reboot, and file handles that bypass path checks
 (open_by_handle_at). `clone3` answers ENOSYS, so the C library falls back to
 `clone`, whose flags a filter can see. ioctl TIOCSTI (typing into the terminal)
-is refused too.
+is refused too, and so is `fallocate` with FALLOC_FL_KEEP_SIZE (EOPNOTSUPP, as a file
+system without it answers): blocks kept past a file's end escape RLIMIT_FSIZE, the
+one bound on what a program's file may take.
 
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
@@ -90,6 +92,8 @@ _CLONE: Final[tuple[int, int]] = (56, 220)
 _CLONE3: Final[tuple[int, int]] = (435, 435)
 _IOCTL: Final[tuple[int, int]] = (16, 29)
 TIOCSTI: Final = 0x5412
+_FALLOCATE: Final[tuple[int, int]] = (285, 47)
+FALLOC_FL_KEEP_SIZE: Final = 0x01  # also set by every hole-punching mode
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (and NEWTIME, 0x80).
 CLONE_NAMESPACES: Final = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
 CLONE_NAMESPACES_ALL: Final = CLONE_NAMESPACES | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
@@ -107,6 +111,7 @@ RET_ALLOW: Final = 0x7FFF0000
 RET_ERRNO: Final = 0x00050000
 _DENY: Final = RET_ERRNO | errno.EPERM
 _NOSYS: Final = RET_ERRNO | errno.ENOSYS
+_NOTSUP: Final = RET_ERRNO | errno.EOPNOTSUPP
 # struct seccomp_data: nr, arch, instruction_pointer, args[6]
 _NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
 
@@ -116,18 +121,21 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 
 # What the filter answers for a number of the native table (see `build`).
-_ALLOW, _EPERM, _ENOSYS, _CLONE_FLAGS, _IOCTL_CMD = "allow", "eperm", "enosys", "clone", "ioctl"
+_ALLOW, _EPERM, _ENOSYS, _NOTSUPP = "allow", "eperm", "enosys", "eopnotsupp"
+_CLONE_FLAGS, _IOCTL_CMD, _FALLOCATE_MODE = "clone", "ioctl", "fallocate"
 _NEXT: Final = "next"  # a jump's target: the next instruction
 
 
 def verdicts(machine: str) -> dict[int, str]:
     """Each number of the native table the filter does not simply allow, and what it
-    answers: EPERM, ENOSYS, or a look at clone's flags or ioctl's request."""
+    answers: EPERM, ENOSYS, or a look at clone's flags, ioctl's request or
+    fallocate's mode."""
     column = 0 if machine == "x86_64" else 1
     said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
     said[_CLONE3[column]] = _ENOSYS
     said[_CLONE[column]] = _CLONE_FLAGS
     said[_IOCTL[column]] = _IOCTL_CMD
+    said[_FALLOCATE[column]] = _FALLOCATE_MODE
     return said
 
 
@@ -186,12 +194,16 @@ def build(machine: str) -> bytes | None:
 
     test(0, len(line))
     labels: dict[object, int] = {}
-    # clone with any namespace flag (its first argument's low word), ioctl TIOCSTI.
+    # clone with any namespace flag (its first argument's low word), ioctl TIOCSTI,
+    # fallocate keeping the size (its mode, the second argument).
     labels[_CLONE_FLAGS] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JSET_K, CLONE_NAMESPACES_ALL, _EPERM, _ALLOW)]
     labels[_IOCTL_CMD] = len(prog)
     prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, TIOCSTI, _EPERM, _ALLOW)]
-    for answer, value in ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS)):
+    labels[_FALLOCATE_MODE] = len(prog)
+    prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JSET_K, FALLOC_FL_KEEP_SIZE, _NOTSUPP, _ALLOW)]
+    answers = ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS), (_NOTSUPP, _NOTSUP))
+    for answer, value in answers:
         labels[answer] = len(prog)
         prog.append((_RET_K, value, _NEXT, _NEXT))
 

@@ -25,6 +25,7 @@ from sandbox.process import Limits, Mount, PidCap, View, run
 ALLOW = _seccomp.RET_ALLOW
 EPERM = _seccomp.RET_ERRNO | errno.EPERM
 ENOSYS = _seccomp.RET_ERRNO | errno.ENOSYS
+EOPNOTSUPP = _seccomp.RET_ERRNO | errno.EOPNOTSUPP
 X32 = 0x40000000
 ARCHES = {
     "x86_64": 0xC000003E,
@@ -55,6 +56,10 @@ ARGUMENTS = [
     (1 << 32 | SIGCHLD, 0),
     (_seccomp.CLONE_NAMESPACES_ALL << 32, 1 << 32 | 0x5412),
     (_seccomp.CLONE_NAMESPACES_ALL, 0x5412 << 32),
+    (3, 0x01),  # fallocate: FALLOC_FL_KEEP_SIZE
+    (3, 0x03),  # PUNCH_HOLE | KEEP_SIZE
+    (3, 0x10),  # ZERO_RANGE: grows the file, so RLIMIT_FSIZE holds
+    (3, 0x01 << 32),  # in the high word, which the kernel's mode (an int) does not have
 ]
 
 
@@ -91,12 +96,14 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
         return EPERM
     if number == _seccomp._IOCTL[column] and arg1 & 0xFFFFFFFF == _seccomp.TIOCSTI:
         return EPERM
+    if number == _seccomp._FALLOCATE[column] and arg1 & _seccomp.FALLOC_FL_KEEP_SIZE:
+        return EOPNOTSUPP
     return ALLOW
 
 
 def listed(machine: str) -> bytes:
     """The filter as it was built before the tree (one test per refused number), kept
-    to show the tree answers every call exactly as it did."""
+    to show the tree answers every call exactly as it did (fallocate's test added)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -113,7 +120,10 @@ def listed(machine: str) -> bytes:
     prog += [insn(0x15, _seccomp._CLONE[column], 0, 3), insn(0x20, 16)]
     prog += [insn(0x45, _seccomp.CLONE_NAMESPACES_ALL, 0, 1), insn(0x06, EPERM), insn(0x20, 0)]
     prog += [insn(0x15, _seccomp._IOCTL[column], 0, 3), insn(0x20, 24)]
-    prog += [insn(0x15, _seccomp.TIOCSTI, 0, 1), insn(0x06, EPERM), insn(0x06, ALLOW)]
+    prog += [insn(0x15, _seccomp.TIOCSTI, 0, 1), insn(0x06, EPERM), insn(0x20, 0)]
+    prog += [insn(0x15, _seccomp._FALLOCATE[column], 0, 3), insn(0x20, 24)]
+    prog += [insn(0x45, _seccomp.FALLOC_FL_KEEP_SIZE, 0, 1), insn(0x06, EOPNOTSUPP)]
+    prog += [insn(0x06, ALLOW)]
     return b"".join(prog)
 
 
@@ -175,3 +185,35 @@ def test_the_kernel_refuses_every_listed_call_under_the_filter(tmp_path: Path, e
     told_apart = [n for n in numbers if bare[n] != "EPERM"]
     assert len(told_apart) > len(numbers) // 2, bare
     print(f"{len(told_apart)} of {len(numbers)} fail otherwise without the filter: {bare}")
+
+
+FALLOCATE = textwrap.dedent(
+    """
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open("f", os.O_WRONLY | os.O_CREAT, 0o600)
+    for mode in (1, 3, 0):  # KEEP_SIZE, PUNCH_HOLE | KEEP_SIZE, plain
+        done = libc.fallocate(fd, mode, ctypes.c_long(0), ctypes.c_long(1 << 20))
+        print(mode, ctypes.get_errno() if done == -1 else "ok")
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_blocks_past_a_files_end_cannot_be_taken(tmp_path: Path, entry: str) -> None:
+    """RLIMIT_FSIZE bounds a file's size, not blocks fallocate keeps past its end: one
+    call took 64 MiB of a plan's 2 MiB quota (review3 finding 01)."""
+    share = Path(os.path.realpath(tmp_path))
+    view = View(
+        cwd=str(share),
+        mounts=(Mount(str(share), True),),
+        env=environment.build({}, []),
+        entry=entry,
+    )
+    argv = ["/usr/bin/python3", "-I", "-c", FALLOCATE]
+    done = asyncio.run(run(argv, view, Limits(), pid_cap=PidCap()))
+    assert done.exit_code == 0, done.stderr
+    said = dict(line.split() for line in done.stdout.decode().splitlines())
+    assert said["1"] == said["3"] == str(errno.EOPNOTSUPP), said
+    assert said["0"] == "ok", "growing a file (which RLIMIT_FSIZE bounds) still works"
+    assert (share / "f").stat().st_size == 1 << 20
