@@ -202,6 +202,11 @@ def test_a_plan_past_its_cap_of_entries_can_write_nothing_more(live: Cluster, pl
     assert error["code"] == "too_large" and "max_entries" in error["message"], out
     assert error["details"] == {"max_entries": MAX_ENTRIES, "entries": MAX_ENTRIES + 1}
     assert not (files_of(live, "bench", plan) / "one-more").exists()
+    # Its count stopped at the cap, so what it holds is not known: a program gets no room
+    # (it once got a whole quota per file, unseen by every count after: review3's 14).
+    out, blob = run(live, plan, ["python3", "-c", "open('big', 'wb').write(b'x' * 65536)"])
+    assert out["status"] == "ok" and out["result"]["exit_code"] == 1, (out, blob)
+    assert b"File too large" in blob
     out, _ = run(
         live, plan, ["python3", "-c", "import os\nfor i in range(100):\n    os.remove(f'e{i}')"]
     )

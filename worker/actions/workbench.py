@@ -79,14 +79,15 @@ SURFACE: Final = WORKBENCH_SURFACE
 # Threads counting plans' quotas (each plan walks on one at a time).
 COUNT_THREADS: Final = 2
 # While a plan's program runs, its workspace is counted again this often (or, for a
-# workspace whose count takes long, ten counts' time apart: a tenth of a thread's time
-# at most), and the program is stopped once the plan holds twice its quota, or more
-# than its cap of entries (a count stops one past it). RLIMIT_FSIZE bounds each file
-# by the room left, not the files together, so a program writing file after file
-# would otherwise fill the disk until its timeout. Twice, not once: a program that
-# ends past its quota is answered `too_large` by the count after it all the same, with
-# its exit code; the watch is for one that would not stop.
+# workspace whose count takes long, ten counts' time apart, up to WATCH_AT_MOST_S),
+# and the program is stopped once the plan holds twice its quota, or more than its cap
+# of entries (a count stops one past it). RLIMIT_FSIZE bounds each file by the room
+# left, not the files together, so a program writing file after file would otherwise
+# fill the disk until its timeout. Twice, not once: a program that ends past its quota
+# is answered `too_large` by the count after it all the same, with its exit code; the
+# watch is for one that would not stop.
 WATCH_EVERY_S: Final = 1.0
+WATCH_AT_MOST_S: Final = 5.0
 WATCH_SLACK: Final = 2
 
 A = TypeVar("A", bound=Args)
@@ -459,7 +460,10 @@ async def _run_in_workspace(
                 before = await bench.use(workspace)
             except WorkspaceError as exc:
                 raise _translated(exc) from None
-            room = max(0, bench.workspaces.quota_bytes - before.bytes)
+            # A plan past its cap of entries has a count that stopped there: what it holds
+            # is not known, so its programs get no room at all.
+            full = bench.workspaces.over_entries(before)
+            room = 0 if full else max(0, bench.workspaces.quota_bytes - before.bytes)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             try:
                 done = await _watched(
@@ -536,7 +540,7 @@ async def _overfilled(bench: Workbench, workspace: Workspace, before: Use) -> Us
             used = await bench.use(workspace)
         except WorkspaceError as exc:
             return exc
-        pause = max(WATCH_EVERY_S, 10 * (time.monotonic() - began))
+        pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * (time.monotonic() - began)))
         if workspaces.over_entries(used) and used.entries > before.entries:
             return used
         if used.bytes >= WATCH_SLACK * workspaces.quota_bytes and used.bytes > before.bytes:
