@@ -121,7 +121,7 @@ def _page_layout(conn: sqlite3.Connection, path: Path) -> None:
             conn.execute(f"PRAGMA page_size={PAGE_BYTES}")
         conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("VACUUM")
-    except sqlite3.OperationalError as exc:
+    except sqlite3.DatabaseError as exc:  # busy, or a page VACUUM cannot read: not fatal
         log.info("%s: left as it is for now (%s); converted at a later start", path, exc)
 
 
