@@ -49,13 +49,32 @@ class Spawned:
         return self.returncode
 
 
+def _dup2_onto_itself_keeps() -> bool:
+    """Whether posix_spawn's dup2 of a descriptor onto its own number clears its
+    close-on-exec flag, as the descriptors kept for bubblewrap need: glibc 2.29 and
+    later, and musl. An older glibc leaves the flag set, so bubblewrap would start
+    without them and every exec fail: Popen then starts it."""
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return True  # not glibc
+    name, _, version = libc.partition(" ")
+    if name != "glibc":
+        return True
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 29)
+
+
 class Starts:
     """How this worker starts bubblewrap, kept from one sandbox to the next (the
     worker's `Containment` holds one): whether posix_spawn may still be used, and the
     processes it started that were killed and not yet reaped."""
 
     def __init__(self) -> None:
-        self.posix_spawn = True
+        self.posix_spawn = _dup2_onto_itself_keeps()
         self._unreaped: list[Spawned] = []
 
     def start(

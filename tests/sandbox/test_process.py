@@ -601,3 +601,19 @@ def test_a_filter_exists_only_for_the_tables_it_knows() -> None:
     assert program is not None and len(program) % 8 == 0
     assert _seccomp.build("riscv64") is None
     assert _seccomp.build("aarch64") is not None
+
+
+@pytest.mark.parametrize(
+    ("libc", "spawns"),
+    [("glibc 2.36", True), ("glibc 2.29", True), ("glibc 2.28", False), (None, True)],
+)
+def test_posix_spawn_is_used_only_where_it_hands_bubblewrap_its_descriptors(
+    monkeypatch: pytest.MonkeyPatch, libc: str | None, spawns: bool
+) -> None:
+    """Before glibc 2.29 a dup2 onto the same number kept close-on-exec: bubblewrap
+    would start without its descriptors and every exec fail (review3's 10). None: not
+    glibc (musl clears it too)."""
+    from sandbox import _spawn
+
+    monkeypatch.setattr(_spawn.os, "confstr", lambda name: libc)
+    assert _spawn.Starts().posix_spawn is spawns
