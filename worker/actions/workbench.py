@@ -508,9 +508,15 @@ async def _watched(
     task = asyncio.current_task()
     assert task is not None
     watch = asyncio.ensure_future(_overfilled(bench, workspace, before))
+    # Whether the run may still be stopped by the watch, and whether it was: a stop
+    # scheduled as the run ended (same loop turn) must not cancel what comes after,
+    # and a Cancel that came before the stop is the Cancel's answer, not the watch's.
+    running_now, stopped = True, False
 
     def stop(_: asyncio.Future[Use | WorkspaceError]) -> None:
-        if not watch.cancelled() and watch.exception() is None:
+        nonlocal stopped
+        if running_now and not watch.cancelled() and watch.exception() is None:
+            stopped = True
             task.cancel()
 
     watch.add_done_callback(stop)
@@ -518,11 +524,12 @@ async def _watched(
         return await running
     except asyncio.CancelledError:
         # Ours alone (no Cancel, kill or deadline came too): the answer is the watch's.
-        if watch.done() and not watch.cancelled() and task.cancelling() == 1:
+        if stopped and task.cancelling() == 1:
             task.uncancel()
             raise _stopped(bench, workspace, watch.result()) from None
         raise
     finally:
+        running_now = False
         watch.remove_done_callback(stop)
         watch.cancel()
 
