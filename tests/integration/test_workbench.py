@@ -48,6 +48,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("workbench")
     settings = exec_config(base, PYTHON3) + (
         f"\n[sandbox]\nquota_mb = {QUOTA // 1024**2}\nmax_entries = {MAX_ENTRIES}\n"
+        # Each test uses plans of its own, and some leave them: more than the default 64
+        # when tests are repeated (their bound has a test of its own, below).
+        "max_plans = 100000\n"
     )
     with sandbox_cluster(base, extra_config=settings, env=SECRETS) as c:
         yield c
