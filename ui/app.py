@@ -34,7 +34,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from ui.approval import Answer, ApprovalModal, server_text
 from ui.notify import Notifier, desktop_notifier
 from ui.screens import GrantsScreen, HelpScreen
-from worker.core.console import Event, Link
+from worker.core.console import RECENT_CALLS, Event, Link
 from worker.errors import StartupError
 
 # Wide enough to put the detail pane beside the calls instead of under them.
@@ -287,15 +287,22 @@ class WorkerApp(App[None]):
         event = message.event
         kind = event.get("type")
         if kind in ("call", "plan", "changes"):
+            changed = self._changed_calls
             if kind == "call":
-                self._changed_calls[event["call"]["id"]] = event["call"]
+                changed.pop(event["call"]["id"], None)  # last changed, last in line
+                changed[event["call"]["id"]] = event["call"]
             elif kind == "plan":
                 self._changed_plans[str(event["raw"])] = event["plan"]
             else:  # several at once (console_socket.CHANGES_EVERY_S)
                 for call in event["calls"]:
-                    self._changed_calls[call["id"]] = call
+                    changed.pop(call["id"], None)
+                    changed[call["id"]] = call
                 for plan in event["plans"]:
                     self._changed_plans[str(plan["raw"])] = plan["plan"]
+            # Only the newest RECENT_CALLS are ever shown: behind a long prompt the
+            # changes waiting to be drawn stay that many, not every call meanwhile.
+            while len(changed) > RECENT_CALLS:
+                del changed[next(iter(changed))]
             if not self._redraw_due:
                 self._redraw_due = True
                 wait = max(REDRAW_EVERY_S, self._next_redraw_at - time.monotonic())
@@ -433,6 +440,11 @@ class WorkerApp(App[None]):
     def _upsert_call(self, call: dict[str, Any]) -> None:
         self.calls[call["id"]] = call
         table = self._calls_table()
+        while len(self.calls) > RECENT_CALLS:  # the worker's console keeps as many
+            oldest = next(iter(self.calls))
+            del self.calls[oldest]
+            if oldest in table.rows:
+                table.remove_row(oldest)
         if not self._matches(call):
             return
         if call["id"] in table.rows:

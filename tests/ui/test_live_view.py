@@ -164,3 +164,27 @@ def test_a_padded_id_stays_on_its_row_in_the_calls_detail(tmp_path: Path) -> Non
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_the_calls_kept_are_the_newest_as_many_as_the_worker_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every call since the TUI attached was kept, and behind a prompt every change
+    waited to be drawn: 1,500 of them froze the TUI for 2 s once drawn (review3's 13)."""
+    monkeypatch.setattr(ui.app, "RECENT_CALLS", 3)
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.fs_read"])])
+        app = WorkerApp(rig.link(), notifier=silent)
+        async with app.run_test(size=(100, 30)) as pilot:
+            calls = []
+            for _ in range(5):
+                calls.append(rig.call("fs_read", '{"path": "a.txt"}'))
+                await rig.result(calls[-1])
+            table = app.query_one("#calls", DataTable)
+            await until(lambda: list(app.calls) == calls[-3:], pilot)
+            await until(lambda: [row.value for row in table.rows] == calls[-3:], pilot)
+            assert len(app._changed_calls) <= 3
+        rig.close()
+
+    asyncio.run(scenario())
