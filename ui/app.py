@@ -66,6 +66,12 @@ REDRAW_EVERY_S: Final = 0.25
 # and 20-27 ms per call 100 ms apart, more than the worker serving them.
 REDRAW_SHARE: Final = 0.1
 REDRAW_AT_MOST_S: Final = 2.0
+# While calls keep coming they are drawn in a pause between them: once nothing has
+# changed for this long (the worker tells changes every CHANGES_EVERY_S while there
+# are any), or REDRAW_AT_MOST_S after the oldest change not yet drawn. A redraw that
+# ran while calls were in flight took CPU from the worker serving them (the two
+# share the terminal session's scheduling group), and their slowest (p99) showed it.
+QUIET_S: Final = 0.15
 
 
 class CallsTable(DataTable[Any]):
@@ -197,6 +203,8 @@ class WorkerApp(App[None]):
         # drawing CPU as the last one ended (see REDRAW_SHARE).
         self._next_redraw_at = 0.0
         self._drawn_cpu = 0.0
+        # When the last change came, and the oldest not drawn (monotonic; see QUIET_S).
+        self._changed_at = self._undrawn_since = 0.0
         self._header: Static | None = None  # once mounted (see _alive)
         self._table: CallsTable | None = None
 
@@ -303,10 +311,11 @@ class WorkerApp(App[None]):
             # changes waiting to be drawn stay that many, not every call meanwhile.
             while len(changed) > RECENT_CALLS:
                 del changed[next(iter(changed))]
+            self._changed_at = now = time.monotonic()
             if not self._redraw_due:
                 self._redraw_due = True
-                wait = max(REDRAW_EVERY_S, self._next_redraw_at - time.monotonic())
-                self.set_timer(wait, self._redraw)
+                self._undrawn_since = now
+                self.set_timer(max(REDRAW_EVERY_S, self._next_redraw_at - now), self._redraw)
         elif kind == "prompt":
             self._prompt_waiting(event["prompt"])
         elif kind == "prompt_closed":
@@ -335,6 +344,11 @@ class WorkerApp(App[None]):
         prompt covers them: its own way to the screen, and the worker, need the CPU."""
         if self._modal is not None:
             self.set_timer(REDRAW_EVERY_S, self._redraw)
+            return
+        now = time.monotonic()
+        quiet_for = now - self._changed_at
+        if quiet_for < QUIET_S and now - self._undrawn_since < REDRAW_AT_MOST_S:
+            self.set_timer(QUIET_S - quiet_for, self._redraw)  # calls still coming
             return
         self._redraw_due = False
         changed, self._changed_calls = self._changed_calls, {}

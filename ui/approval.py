@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Final
 
 from rich.table import Table
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -115,6 +115,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.painted_at: float | None = None
         self.answers_from = math.inf  # the clock's time from which keys are answers
         self.armed = False  # the grace is over: the buttons take answers
+        self._css_seen: int | None = None  # the app's CSS as this screen last came on
 
     @property
     def prompt_id(self) -> str:
@@ -176,7 +177,16 @@ class ApprovalModal(ModalScreen[Answer | None]):
         # the focus, and a key read in between went to nothing.
         self.set_focus(self.query_one("#deny", Button))
 
-    def on_screen_resume(self) -> None:
+    def on_screen_resume(self, event: events.ScreenResume) -> None:
+        # Textual restyles every widget of a screen as it comes on: a quarter of the
+        # TUI's CPU from a prompt's arrival to its paint. This one comes on in the
+        # look it left in (`leave`), and a widget changed since was restyled then;
+        # only CSS changed meanwhile (a theme) makes it restyle. Textual reads the
+        # event after this handler (a subclass's handler comes first).
+        css = getattr(self.app, "_css_update_count", None)
+        if css is not None and css == self._css_seen:
+            event.refresh_styles = False
+        self._css_seen = css
         if not self.prompt.get("id"):
             return  # composed ahead of the first prompt, not shown
         self._fill()
