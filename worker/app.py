@@ -52,6 +52,7 @@ from worker.errors import (
 from worker.hub.server import Hub, control_service, worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
+from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import (
     Keepalive,
@@ -286,7 +287,11 @@ def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Confi
 
 
 def build_connection(
-    dispatcher: Dispatcher, target: Target, config: Config, gui_available: bool = False
+    dispatcher: Dispatcher,
+    target: Target,
+    config: Config,
+    gui_available: bool = False,
+    link: LocalLink | None = None,
 ) -> WorkerConnection:
     return WorkerConnection(
         dispatcher,
@@ -295,6 +300,7 @@ def build_connection(
         heartbeat_s=config.connection.heartbeat_s,
         backoff=Backoff(config.connection.backoff_base_s, config.connection.backoff_cap_s),
         gui_available=gui_available,
+        link=link,
     )
 
 
@@ -567,6 +573,9 @@ async def run_up(
         bench = await start_workbench(paths, config) if sandbox else None
         running = await start_hub(paths, config)
         log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
+        # Hub and worker share this process: request blobs go from one to the other by
+        # reference, not down their stream (worker.wire.local).
+        local = running.hub.link = LocalLink()
         desktop = computer.build(config, paths.data_dir)
         dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
         target = Target(
@@ -589,7 +598,16 @@ async def run_up(
 
         try:
             await _serve_worker(
-                dispatcher, target, config, paths, "up", tui, bench, desktop, on_ready=ready
+                dispatcher,
+                target,
+                config,
+                paths,
+                "up",
+                tui,
+                bench,
+                desktop,
+                on_ready=ready,
+                local=local,
             )
         finally:
             await running.stop()
@@ -615,6 +633,7 @@ async def _serve_worker(
     bench: workbench.Workbench | None = None,
     desktop: computer.Desktop | None = None,
     on_ready: Callable[[], None] | None = None,
+    local: LocalLink | None = None,
 ) -> None:
     lost = dispatcher.recover()
     if lost:
@@ -645,7 +664,7 @@ async def _serve_worker(
     if dispatcher.pause is not None:
         dispatcher.pause.subscribe(on_pause)
     hotkey = asyncio.create_task(desktop.start_hotkey()) if desktop is not None and gui else None
-    connection = build_connection(dispatcher, target, config, gui_available=gui)
+    connection = build_connection(dispatcher, target, config, gui_available=gui, link=local)
     console = build_console(dispatcher, config, server=target.address, mode=mode)
     connection.on_state = console.set_link
     if dispatcher.pause is not None:

@@ -38,6 +38,7 @@ from worker.wire.framing import (
     read_varint,
     split_field,
 )
+from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
@@ -132,6 +133,7 @@ class WorkerConnection:
         heartbeat_s: float = 5.0,
         backoff: Backoff = Backoff(),
         gui_available: bool = False,
+        link: LocalLink | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.target = target
@@ -151,6 +153,10 @@ class WorkerConnection:
         # Blobs coming in parts ahead of their requests (protocol 2), and the requests
         # whose parts are being joined (in a thread) before they are submitted.
         self._parts = BlobParts()
+        # A hub in this process hands blobs over by reference (worker.wire.local), on
+        # the session this worker opened (its id: `_session_id`).
+        self._link = link
+        self._session_id = ""
         self._joins: dict[str, asyncio.Task[None]] = {}
         # Cancels for requests whose parts came and which are not claimed yet.
         self._cancelled_early: dict[str, str] = {}
@@ -247,6 +253,9 @@ class WorkerConnection:
                 _raise_if_fatal(exc)
                 raise
             welcome = self._check_welcome(first)
+            if self._link is not None:
+                self._session_id = welcome.session_id
+                self._link.attach(welcome.session_id)
             loop = asyncio.get_running_loop()
             self._healthy_at = loop.time() + STABLE_S
             healthy = loop.call_later(
@@ -276,6 +285,8 @@ class WorkerConnection:
             for task in tasks:
                 task.cancel()
             self._parts.clear()  # parts of requests that never came: sent again whole
+            if self._link is not None and self._session_id:
+                self._link.detach(self._session_id)
             self._cancelled_early = {
                 cid: why for cid, why in self._cancelled_early.items() if cid in self._joins
             }
@@ -513,6 +524,10 @@ class WorkerConnection:
         (one copy, off the loop). One whose parts were refused, or do not add up, is
         refused, unless it repeats a call the worker knows (answered as a duplicate)."""
         cid = req.correlation_id
+        if self._link is not None and not self._parts.holds(cid):
+            handed = self._link.take(self._session_id, cid)
+            if handed is not None:  # held to the bounds of parts that came on the stream
+                self._parts.add(cid, handed, 0)
         try:
             parts = self._parts.take(cid, req.blob_in_parts)
         except WorkerError as error:

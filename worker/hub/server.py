@@ -49,6 +49,7 @@ from worker.wire.framing import (
     split_field,
     spread_parts,
 )
+from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
@@ -352,6 +353,8 @@ class Hub:
         self._teardowns: dict[str, tuple[str, asyncio.Future[pb.ActionResult]]] = {}
         # The memory a burst of large calls freed goes back once they stop.
         self.memory = IdleGiveBack()
+        # Hands request blobs to a worker in this process (`up`), see worker.wire.local.
+        self.link: LocalLink | None = None
 
     # ------------------------------------------------------------- worker stream
 
@@ -420,6 +423,8 @@ class Hub:
             session.close()
             reader.cancel()
             beats.cancel()
+            if self.link is not None:
+                self.link.detach(session.session_id)
             if self.sessions.get(hello.worker_id) is session:
                 del self.sessions[hello.worker_id]
                 self._held.pop(hello.worker_id, None)
@@ -555,9 +560,11 @@ class Hub:
             # Refused before it ran: not an outcome to keep. The caller may retry the id
             # (with its blob, which is let go meanwhile).
             self._blobs.pop(cid, None)
+            self._let_go(cid)
             self.store.abandon(cid)
             return
         self._blobs.pop(cid, None)  # answered: never sent again
+        self._let_go(cid)
         # Stored with the others of the next group commit (see STORE_DELAY_S); acked
         # only once stored, so until then the worker keeps the result and re-sends it
         # should this hub die. Its blob is stored only if no caller took it.
@@ -595,6 +602,7 @@ class Hub:
             log.exception("could not record call %s; it was not sent", correlation_id)
             self.store.unadd(correlation_id)  # nor will it be, by a later flush
             self._blobs.pop(correlation_id, None)
+            self._let_go(correlation_id)
             return False
         return True
 
@@ -644,6 +652,7 @@ class Hub:
             if not self._from_its_worker(session, self.store.worker_of(cid), cid):
                 continue
             self._blobs.pop(cid, None)
+            self._let_go(cid)
             result = error_result(cid, WorkerError("args_mismatch", ack.message))
             self.store.complete(result)
             self._answer(cid, Answer(result))
@@ -654,8 +663,14 @@ class Hub:
             await asyncio.sleep(self.heartbeat_s)
             session.send(pb.ServerMessage(heartbeat=pb.Heartbeat(unix_ms=now_ms())))
 
+    def _let_go(self, correlation_id: str) -> None:
+        """A blob handed to the local worker and not taken goes with its call."""
+        if self.link is not None:
+            self.link.drop(correlation_id)
+
     def _abandon(self, correlation_id: str, session: Session | None) -> None:
         self._blobs.pop(correlation_id, None)
+        self._let_go(correlation_id)
         self.store.abandon(correlation_id)
         if session is not None:
             session.send(
@@ -1096,6 +1111,14 @@ class Hub:
             or too_large(len(blob) + request.ByteSize() + PART_BYTES) is not None
         ):
             return None
+        if self.link is not None and self.link.local(session.session_id):
+            # The worker is in this process: it gets the blob by reference, and only
+            # the request goes down the stream (worker.wire.local).
+            request.args_digest = await asyncio.to_thread(call_digest, request, blob)
+            self.link.put(session.session_id, request.correlation_id, blob)
+            handed = Chunked([], request, blob, count=1)  # the request's part: added later
+            session.send(handed)
+            return session, handed
         transfer = Chunked.begun(request, blob)
         session.send(transfer)
         loop = asyncio.get_running_loop()
