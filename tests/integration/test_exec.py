@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,20 +180,23 @@ def test_env_and_printenv_show_no_token_or_secret(live: Cluster) -> None:
 
 
 def test_yes_flood_is_capped_and_the_worker_stays_responsive(live: Cluster) -> None:
-    flood = in_background(live, ["yes"], timeout_s=2)
-    slowest = 0.0
+    """Calls are answered while yes floods: an order of events, not a time (a worker
+    stuck on the flood's pipe would answer nothing until the flood ends). The limit
+    this replaced, each call under 1 s by the clock, failed at load 16."""
+    flood = in_background(live, ["yes"], timeout_s=3)
+    answered_meanwhile = 0
     while flood["thread"].is_alive():
-        started = time.monotonic()
-        out = live.call("workerHost.fs_stat", '{"path": "."}')
-        assert out["status"] == "ok"
-        slowest = max(slowest, time.monotonic() - started)
+        out, _ = call(live, "fs_stat", {"path": "."})
+        assert out["status"] == "ok", out
+        answered_meanwhile += flood["thread"].is_alive()
     out, blob = flood["out"], flood["blob"]
     assert out["status"] == "ok", out
     assert out["result"]["truncated"] and out["result"]["timed_out"]
     assert out["result"]["signal"] == "SIGKILL"
     assert len(blob) == 1024 * 1024 and set(blob) == set(b"y\n")
     assert out["invocation"]["truncated"] is True
-    assert slowest < 1.0, f"a call took {slowest:.2f} s while yes was flooding"
+    # The first may come before yes starts; the rest cannot all.
+    assert answered_meanwhile >= 3, "calls waited for the flood to end"
 
 
 def test_the_exec_timeout_returns_the_output_so_far_and_kills_every_child(live: Cluster) -> None:
