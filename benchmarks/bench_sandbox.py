@@ -79,9 +79,11 @@ def dispatch(client: ControlClient, surface: str, action: str, args: object, pla
 
 async def bench(calls: int, base: Path) -> None:
     plain = make_home(base / "plain", mode="ro", scopes=["workerHost.exec"])
-    sandboxed = make_home(base / "sandboxed", mode="ro", scopes=[])
+    # The "first call" row makes a plan per call: more than the default max_plans (64).
+    many = "\n[sandbox]\nmax_plans = 100000\n"
+    sandboxed = make_home(base / "sandboxed", mode="ro", scopes=[], extra_config=many)
     no_cgroups = make_home(
-        base / "no-cgroups", mode="ro", scopes=[], extra_config='\n[sandbox]\ncgroups = "off"\n'
+        base / "no-cgroups", mode="ro", scopes=[], extra_config=many + 'cgroups = "off"\n'
     )
     scratch = base / "scratch"
     scratch.mkdir(mode=0o700)
