@@ -26,6 +26,11 @@ from worker.actions.computer._geometry import Layout, Monitor, Rect
 from worker.errors import WorkerError
 
 BOUND_S: Final = 5.0  # longest a query waits for the X server's replies
+# A broken or hostile server could announce a reply of 16 GiB, or send events without
+# end. No reply asked for here comes near the first (a monitor is ~100 bytes), nor
+# does a query's whole read near the second; past either the line is closed.
+MAX_REPLY_BYTES: Final = 1 << 20
+MAX_READ_BYTES: Final = 4 << 20
 QUERY_POINTER: Final = 38  # core request opcodes
 GET_ATOM_NAME: Final = 17
 RR_GET_MONITORS: Final = 42  # RandR 1.5 minor opcode
@@ -184,12 +189,19 @@ class PointerLine:
         await loop.sock_sendall(self._socket, b"".join(requests))
         replies: list[bytes] = []
         buffer = self._buffer
+        read = 0
         while True:
             while len(buffer) >= 32:
                 kind = buffer[0]
                 size = 32
                 if kind == REPLY or kind & 0x7F == GENERIC_EVENT:
                     size += 4 * struct.unpack_from(o + "I", buffer, 4)[0]
+                if size > MAX_REPLY_BYTES:
+                    raise WorkerError(
+                        "internal_error",
+                        f"the X server announced a reply of {size:,} bytes to a query of the "
+                        "pointer, which needs a few hundred; the connection was closed",
+                    )
                 if len(buffer) < size:
                     break
                 packet = bytes(buffer[:size])
@@ -212,4 +224,14 @@ class PointerLine:
             chunk = await loop.sock_recv(self._socket, 65536)
             if not chunk:
                 raise ConnectionResetError("the X server closed the connection")
+            read += len(chunk)
+            if read > MAX_READ_BYTES:
+                raise WorkerError(
+                    "internal_error",
+                    f"the X server sent over {MAX_READ_BYTES:,} bytes without answering a "
+                    "query of the pointer; the connection was closed",
+                )
             buffer += chunk
+            # sock_recv returns at once while data waits: without this a server that
+            # keeps sending would hold the loop, and the bound's timer with it.
+            await asyncio.sleep(0)
