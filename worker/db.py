@@ -80,13 +80,17 @@ class Database(sqlite3.Connection):
         super().close()
 
 
-def connect(path: Path, schema: str) -> Database:
+def connect(path: Path, schema: str, *, convert: bool = True) -> Database:
+    """Open (or make) the database at `path` with `schema`. `convert=False` for a
+    command-line tool beside a worker: a database from before is converted by the
+    worker or hub that owns it, at its start; a tool converting it would hold every
+    other process out (the worker's kill switch included) for as long as that takes."""
     private_folder(path.parent)
     _private_files(path)
     conn = sqlite3.connect(
         path, isolation_level=None, timeout=10.0, check_same_thread=False, factory=Database
     )
-    _page_layout(conn, path)
+    _page_layout(conn, path, convert)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
@@ -102,11 +106,11 @@ def connect(path: Path, schema: str) -> Database:
     return conn
 
 
-def _page_layout(conn: sqlite3.Connection, path: Path) -> None:
+def _page_layout(conn: sqlite3.Connection, path: Path, convert: bool) -> None:
     """Give the database PAGE_BYTES pages whose free ones can be given back: set
-    before its first table (a new one), or by one VACUUM (one from before, out of WAL
-    mode for it, since a log's pages keep their size; skipped while another
-    connection is busy with it, to be done at a later open)."""
+    before its first table (a new one), or by one VACUUM (one from before, if
+    `convert`, out of WAL mode for it, since a log's pages keep their size; skipped
+    while another connection is busy with it, to be done at a later open)."""
     size = conn.execute("PRAGMA page_size").fetchone()[0]
     vacuum = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
     if size == PAGE_BYTES and vacuum == _INCREMENTAL:
@@ -115,6 +119,14 @@ def _page_layout(conn: sqlite3.Connection, path: Path) -> None:
         conn.execute(f"PRAGMA page_size={PAGE_BYTES}")  # both take effect with the first table
         conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         return
+    if not convert:
+        return
+    with contextlib.suppress(OSError):
+        log.warning(
+            "converting %s (%.0f MB) to larger pages, once; other processes wait meanwhile",
+            path,
+            path.stat().st_size / 1e6,
+        )
     try:
         if size != PAGE_BYTES:
             conn.execute("PRAGMA journal_mode=DELETE")

@@ -217,3 +217,24 @@ def test_a_database_another_connection_is_reading_is_left_for_a_later_start(
         assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2
     finally:
         db.close(conn)
+
+
+def test_a_command_line_tool_leaves_the_conversion_to_the_worker(tmp_path: Path) -> None:
+    """A tool (`agentworker kill`) converting would hold the worker out meanwhile."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("CREATE TABLE t (v BLOB)")
+    old.execute("INSERT INTO t VALUES (x'01')")
+    old.close()
+    conn = db.connect(path, SCHEMA, convert=False)
+    try:
+        assert _layout(conn) == (4096, 0, "wal")
+        conn.execute("INSERT INTO t VALUES (x'02')")  # and it works as it is
+    finally:
+        db.close(conn)
+    conn = db.connect(path, SCHEMA)
+    try:
+        assert _layout(conn) == (db.PAGE_BYTES, 2, "wal")
+        assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2
+    finally:
+        db.close(conn)
