@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 FILES: Final = "files"
 META: Final = "plan.json"
 TRASH_PREFIX: Final = ".trash-"
+# An empty read-only folder: the root of a look-only call of a plan with no workspace.
+EMPTY: Final = ".empty"
 MAX_PLAN_ID_BYTES: Final = 1024
 # Where a plan's workspace appears inside its exec sandbox, and the absolute spelling
 # file actions accept for it too.
@@ -155,6 +157,7 @@ def _make_private(path: Path) -> None:
 # count walks them all.
 MAX_ENTRIES: Final = 100_000
 MAX_PLANS: Final = 64
+MAX_PLANS_PER_AGENT: Final = 32
 # Folders nested deeper than this are not counted (the walk holds a descriptor per
 # level): the count fails closed, and the plan can write no more.
 MAX_DEPTH: Final = 256
@@ -182,25 +185,32 @@ def _uncountable(shown: str, why: str) -> WorkspaceError:
     )
 
 
+# A folder listed, then gone or swapped for a file or a link before it is opened (a
+# program may do that as the walk passes): counted as it was listed, not entered. The
+# count is a moment's; after a program ends, nothing moves.
+_WENT: Final = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
 def _open_folder(parent_fd: int, name: str, st: os.stat_result, shown: str) -> int | None:
     """A descriptor of folder `name` (lstat `st`) in `parent_fd`, never through a link;
-    None if it went meanwhile. A folder a program shut (mode 000, or no search bit) is
-    opened up first, since the worker owns it: owner read and search are added on the
-    folder itself, held by an O_PATH descriptor, so a link swapped in is never followed."""
+    None if it went meanwhile (or something else took its place). A folder a program
+    shut (mode 000, or no search bit) is opened up first, since the worker owns it:
+    owner read and search are added on the folder itself, held by an O_PATH
+    descriptor, so a link swapped in is never followed."""
     if st.st_mode & _ENTER == _ENTER:
         try:
             return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-        except FileNotFoundError:
-            return None
         except OSError as exc:
+            if exc.errno in _WENT:
+                return None
             if exc.errno not in (errno.EACCES, errno.EPERM):
                 raise _uncountable(shown, exc.strerror or str(exc)) from None
     try:
         return _opened_up(name, parent_fd, _ENTER)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:  # ENOTDIR, ELOOP: something else took its place; another's
-        raise _uncountable(shown, exc.strerror or str(exc)) from None
+    except OSError as exc:
+        if exc.errno in _WENT:
+            return None
+        raise _uncountable(shown, exc.strerror or str(exc)) from None  # another's
 
 
 def _opened_up(name: str, dir_fd: int | None, add: int) -> int:
@@ -227,14 +237,14 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
     seen more than `max_entries` entries (`complete` False), so it is bounded."""
     total = 0
     entries = 0
-    shown = str(files)
+    shown = MOUNT_POINT  # paths in messages as programs see them, not the host's
     try:
         top = os.open(files.parent, _DIR_FLAGS)
     except FileNotFoundError:
         return Use(0, 0)
     except OSError as exc:
         raise _uncountable(shown, exc.strerror or str(exc)) from None
-    stack: list[tuple[int, list[tuple[str, os.stat_result]], str]] = [(top, [], str(files.parent))]
+    stack: list[tuple[int, list[tuple[str, os.stat_result]], str]] = [(top, [], "")]
     try:
         try:
             st = os.stat(files.name, dir_fd=top, follow_symlinks=False)
@@ -250,7 +260,7 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
                 stack.pop()
                 continue
             name, st = pending.pop()
-            here = f"{where}/{name}"
+            here = f"{where}/{name}" if where else MOUNT_POINT
             if len(stack) > MAX_DEPTH:
                 raise _uncountable(here, f"folders nested more than {MAX_DEPTH} deep")
             fd = _open_folder(parent_fd, name, st, here)
@@ -381,6 +391,33 @@ def _as_owner(remove: Callable[..., None], name: str, fd: int) -> None:
             remove(name, dir_fd=fd)
 
 
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    """The plan's plan.json, or None if it has none that reads as a plan's."""
+    try:
+        fd = os.open(folder / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            info = json.loads(handle.read(64 * 1024))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("plan_id"), str):
+        return None
+    return info
+
+
+def _write_meta(folder: Path, meta: dict[str, Any]) -> None:
+    """plan.json written whole or not at all (a temp file renamed over it)."""
+    temp = folder / f".{META}.{secrets.token_hex(4)}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(meta, handle)
+        os.rename(temp, folder / META)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 class Workspaces:
     """Every plan's workspace under `base` (owner-only), with a quota per plan."""
 
@@ -391,6 +428,7 @@ class Workspaces:
         quota_bytes: int,
         max_entries: int = MAX_ENTRIES,
         max_plans: int = MAX_PLANS,
+        max_plans_per_agent: int = MAX_PLANS_PER_AGENT,
     ) -> None:
         self.base = base
         self.quota_bytes = quota_bytes
@@ -398,6 +436,7 @@ class Workspaces:
         # Each plan may take quota_bytes: without a bound on plans, a server naming new
         # ones would fill the disk however small the quota.
         self.max_plans = max_plans
+        self.max_plans_per_agent = max_plans_per_agent
         self._lock = threading.Lock()
         # key -> the last count (or why it failed), while nothing may have changed it
         self._use: dict[str, Use | WorkspaceError] = {}
@@ -406,10 +445,21 @@ class Workspaces:
         self._opened: dict[str, Workspace] = {}
 
     def prepare(self) -> None:
-        """Make the base folder (owner-only) and finish removals a crash interrupted."""
+        """Make the base folder (owner-only) and the empty stand-in, finish removals a
+        crash interrupted, and remove plan folders without a readable plan.json (left
+        by a version that made the folder before its plan.json): no plan can be named
+        for them, so they would be counted against max_plans and never swept."""
         self.base.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         _make_private(self.base)
+        _make_private(self.base / EMPTY)
+        os.chmod(self.base / EMPTY, 0o500)  # nothing is ever written there
         for name in os.listdir(self.base):
+            if not name.startswith(".") and _read_meta(self.base / name) is None:
+                log.warning("removing %s: a plan folder without a readable %s", name, META)
+                trash = f"{TRASH_PREFIX}{name}.{secrets.token_hex(4)}"
+                with contextlib.suppress(OSError):
+                    os.rename(self.base / name, self.base / trash)
+                    name = trash
             if name.startswith(TRASH_PREFIX):
                 try:
                     remove_tree(self.base / name)
@@ -418,8 +468,9 @@ class Workspaces:
 
     # ------------------------------------------------------------- one plan
 
-    def open(self, plan_id: str) -> Workspace:
-        """The plan's workspace, made now if this is its first call; marks it used."""
+    def open(self, plan_id: str, agent_id: str = "") -> Workspace:
+        """The plan's workspace, made now (for `agent_id`) if this is its first call;
+        marks it used."""
         check_plan_id(plan_id)
         key = plan_key(plan_id)
         with self._lock:
@@ -428,19 +479,43 @@ class Workspaces:
                 self._touch(known)
                 return known
             if not os.path.isdir(self.base / key):
-                self._check_plan_room(plan_id)
-            workspace = self._create(plan_id, key)
+                self._check_plan_room(plan_id, agent_id)
+            workspace = self._create(plan_id, key, agent_id)
             self._opened[key] = workspace
             return workspace
 
-    def _check_plan_room(self, plan_id: str) -> None:
-        """Refuse a new plan's workspace while `max_plans` exist (a removal's leftovers
-        not counted)."""
+    def find(self, plan_id: str) -> Workspace | None:
+        """The plan's workspace if it has one (marked used), else None: for a call that
+        only looks, which must not take one of `max_plans` for a plan that has none."""
+        check_plan_id(plan_id)
+        key = plan_key(plan_id)
+        with self._lock:
+            known = self._opened.get(key)
+            if known is None and _read_meta(self.base / key) is not None:
+                folder = self.base / key
+                known = Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
+            if known is None or not os.path.isdir(known.files):
+                return None
+            self._opened[key] = known
+            self._touch(known)
+            return known
+
+    @property
+    def empty(self) -> Root:
+        """A read-only empty folder: what a look-only call of a plan without a workspace
+        sees, as it would see its plan's workspace before anything was written."""
+        return Root(path=self.base / EMPTY, writable=False)
+
+    def _check_plan_room(self, plan_id: str, agent_id: str) -> None:
+        """Refuse a new plan's workspace while `max_plans` exist, or `max_plans_per_agent`
+        made for this agent (a removal's leftovers not counted): one agent of the server
+        must not take every workspace from the others."""
         try:
             with os.scandir(self.base) as found:
-                held = sum(1 for entry in found if not entry.name.startswith(TRASH_PREFIX))
+                keys = [entry.name for entry in found if not entry.name.startswith(".")]
         except FileNotFoundError:
             return
+        held = len(keys)
         if held >= self.max_plans:
             raise WorkspaceError(
                 WorkspaceProblem.TOO_MANY_PLANS,
@@ -450,20 +525,29 @@ class Workspaces:
                 "PLAN`) and try again, or raise the limit.",
                 {"plans": held, "max_plans": self.max_plans},
             )
+        if held < self.max_plans_per_agent:
+            return
+        mine = sum(
+            1 for key in keys if (_read_meta(self.base / key) or {}).get("agent_id") == agent_id
+        )
+        if mine >= self.max_plans_per_agent:
+            raise WorkspaceError(
+                WorkspaceProblem.TOO_MANY_PLANS,
+                f"plan {plan_id!r} gets no workspace: agent {agent_id!r} already holds {mine} "
+                f"plans' workspaces, the limit for one agent ([sandbox] max_plans_per_agent "
+                f"= {self.max_plans_per_agent}). Tear down one of its finished plans and try "
+                "again, or raise the limit.",
+                {"plans": mine, "max_plans_per_agent": self.max_plans_per_agent},
+            )
 
-    def _create(self, plan_id: str, key: str) -> Workspace:
+    def _create(self, plan_id: str, key: str, agent_id: str) -> Workspace:
         folder = self.base / key
+        meta = {"plan_id": plan_id, "agent_id": agent_id, "created_unix": time.time()}
         try:
             _make_private(self.base)
-            _make_private(folder)
-            meta = folder / META
-            try:
-                fd = os.open(meta, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    json.dump({"plan_id": plan_id, "created_unix": time.time()}, handle)
+            if _read_meta(folder) is None:
+                self._make_whole(folder, meta)
+            _owner_only(folder)
             _make_private(folder / FILES)
         except WorkspaceError:
             raise
@@ -479,6 +563,28 @@ class Workspaces:
         workspace = Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
         self._touch(workspace)
         return workspace
+
+    def _make_whole(self, folder: Path, meta: dict[str, Any]) -> None:
+        """Make the plan's folder with its plan.json and files/ under a name no count
+        sees, then rename it into place: a failure (a full disk) or a crash midway
+        leaves only a leftover `prepare` removes, never a folder without its plan.json.
+        A folder already there without a readable plan.json (from before) gets one."""
+        made = self.base / f"{TRASH_PREFIX}new-{secrets.token_hex(8)}"
+        try:
+            _make_private(made)
+            _write_meta(made, meta)
+            _make_private(made / FILES)
+            try:
+                os.rename(made, folder)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+        finally:
+            with contextlib.suppress(OSError):
+                remove_tree(made)
+        _owner_only(folder)
+        _write_meta(folder, meta)
 
     def _touch(self, workspace: Workspace) -> None:
         with contextlib.suppress(OSError):
@@ -583,17 +689,18 @@ class Workspaces:
         except FileNotFoundError:
             return []
         for name in names:
-            if name.startswith(TRASH_PREFIX):
+            if name.startswith("."):
                 continue
             folder = self.base / name
-            try:
-                meta = folder / META
-                st = os.lstat(meta)
-                info = json.loads(meta.read_text(encoding="utf-8"))
-                plan_id = str(info["plan_id"])
-                created = float(info.get("created_unix", st.st_mtime))
-            except (OSError, ValueError, KeyError, TypeError):
+            info = _read_meta(folder)
+            if info is None:
                 continue
+            try:
+                st = os.lstat(folder / META)
+                created = float(info.get("created_unix", st.st_mtime))
+            except (OSError, ValueError, TypeError):
+                continue
+            plan_id = info["plan_id"]
             found.append(
                 PlanInfo(
                     plan_id=plan_id,

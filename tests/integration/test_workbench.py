@@ -598,6 +598,14 @@ def test_a_new_plan_past_max_plans_is_answered_busy_until_one_is_torn_down(
     with sandbox_cluster(tmp_path, extra_config=settings) as live:
         first, second = new_plan(), new_plan()
         assert call(live, first, "fs_write", {"path": "f"}, b"x")[0]["status"] == "ok"
+        # A call that only looks makes no workspace, so looks take no slot (and need
+        # no grant): each answers as a new, empty workspace would.
+        looked = [new_plan() for _ in range(3)]
+        assert call(live, looked[0], "fs_list", {"path": "."})[0]["result"]["entries"] == []
+        out, _ = call(live, looked[1], "fs_read", {"path": "/workspace/f"})
+        assert out["error"]["code"] == "not_found", out
+        out, _ = call(live, looked[2], "fs_stat", {"path": "."})
+        assert out["result"]["type"] == "directory", out
         out, _ = call(live, second, "fs_write", {"path": "f"}, b"x")
         error = out["error"]
         assert out["status"] == "error" and error["code"] == "busy", out

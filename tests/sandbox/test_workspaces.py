@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.workspaces import (
+    EMPTY,
     FILES,
     META,
     TRASH_PREFIX,
@@ -126,7 +127,7 @@ def test_teardown_removes_everything_and_is_idempotent(spaces: Workspaces) -> No
     assert not workspace.folder.exists()
     assert spaces.teardown("plan-a") is False
     assert spaces.teardown("never-ran") is False
-    assert os.listdir(spaces.base) == []
+    assert os.listdir(spaces.base) == [EMPTY]
     assert not (spaces.open("plan-a").files / "a").exists()  # a new start is empty
 
 
@@ -278,7 +279,7 @@ def test_a_tree_thousands_of_levels_deep_is_removed_and_nothing_beyond_it(
     _deep_tree(workspace.files, 3000)
     (workspace.files / "out").symlink_to(outside)
     assert spaces.teardown("plan-a") is True
-    assert os.listdir(spaces.base) == [] and (outside / "keep").exists()
+    assert os.listdir(spaces.base) == [EMPTY] and (outside / "keep").exists()
     # Left by a crash mid-removal: the next start finishes it.
     _deep_tree(spaces.open("plan-b").files, 3000)
     trash = spaces.detach("plan-b")
@@ -337,3 +338,105 @@ def test_a_new_plan_past_max_plans_gets_no_workspace_until_one_goes(tmp_path: Pa
     (spaces.base / f"{TRASH_PREFIX}left").mkdir()  # a removal's leftovers do not count
     assert spaces.teardown("plan-b")
     assert spaces.open("plan-c").plan_id == "plan-c"
+
+
+def test_one_agent_may_hold_at_most_max_plans_per_agent(tmp_path: Path) -> None:
+    """One agent of the server cannot take every workspace from the others."""
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=64 * 1024, max_plans=5, max_plans_per_agent=2)
+    spaces.prepare()
+    spaces.open("plan-m1", "mallory")
+    spaces.open("plan-m2", "mallory")
+    with pytest.raises(WorkspaceError) as caught:
+        spaces.open("plan-m3", "mallory")
+    assert caught.value.problem is WorkspaceProblem.TOO_MANY_PLANS
+    assert "max_plans_per_agent = 2" in caught.value.message
+    assert caught.value.details == {"plans": 2, "max_plans_per_agent": 2}
+    assert spaces.open("plan-a1", "alice").plan_id == "plan-a1"
+    assert spaces.open("plan-m1", "mallory").plan_id == "plan-m1", "a plan that has one keeps it"
+
+
+def test_finding_a_plan_never_makes_its_workspace(tmp_path: Path) -> None:
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=64 * 1024, max_plans=1)
+    spaces.prepare()
+    assert spaces.find("plan-looked-at") is None
+    assert spaces.plans(sizes=False) == []
+    assert list(spaces.empty.path.iterdir()) == [] and not spaces.empty.writable
+    made = spaces.open("plan-made")
+    assert spaces.find("plan-made") == made
+    restarted = Workspaces(spaces.base, quota_bytes=spaces.quota_bytes)
+    assert restarted.find("plan-made") == made
+
+
+FULL_DISK_OPEN = r"""
+import resource, signal, sys
+from pathlib import Path
+from sandbox.workspaces import Workspaces, WorkspaceError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # every write fails, as on a full disk
+try:
+    Workspaces(Path(sys.argv[1]), quota_bytes=1 << 20, max_plans=1).open("plan-disk-full")
+except WorkspaceError as exc:
+    print(exc.problem)
+"""
+
+
+def test_a_workspace_whose_plan_json_could_not_be_written_takes_no_slot(tmp_path: Path) -> None:
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20, max_plans=1)
+    spaces.prepare()
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_OPEN, str(spaces.base)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.stdout.strip() == "failed", done.stderr
+    assert not (spaces.base / plan_key("plan-disk-full")).exists()
+    assert spaces.open("plan-later").plan_id == "plan-later", "the slot is free"
+    spaces.prepare()  # a restart removes the half-made folder's leftovers
+    assert sorted(os.listdir(spaces.base)) == sorted([EMPTY, plan_key("plan-later")])
+
+
+def test_a_plan_folder_without_its_plan_json_is_removed_at_start(tmp_path: Path) -> None:
+    """As an earlier version could leave one (its folder made before its plan.json)."""
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20, max_plans=1)
+    spaces.prepare()
+    phantom = spaces.base / plan_key("plan-phantom")
+    (phantom / "files").mkdir(parents=True, mode=0o700)
+    (phantom / "plan.json").write_bytes(b"")
+    spaces.prepare()
+    assert not phantom.exists()
+    assert spaces.open("plan-later").plan_id == "plan-later"
+
+
+# Swaps `x` between a folder, a file and a link for as long as it runs (its own
+# process, as a program in the sandbox would be: truly beside the walk).
+FLIP = r"""
+import os, sys, time
+os.chdir(sys.argv[1])
+print("flipping", flush=True)
+while True:
+    os.mkdir("x"); time.sleep(0.0003); os.rmdir("x")
+    open("x", "w").close(); time.sleep(0.0003); os.unlink("x")
+    os.symlink(".", "x"); time.sleep(0.0003); os.unlink("x")
+"""
+
+
+def test_a_folder_swapped_for_a_file_or_link_while_counted_is_not_uncountable(
+    tmp_path: Path,
+) -> None:
+    """A program may swap a folder for a file or a link as the walk passes (a build
+    replacing its output folder): the count goes on, as for an entry that went. (Before,
+    about one walk in six here failed as "cannot be counted", and the watch stopped
+    the program.)"""
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(2000):  # a listing long enough for the swap to fall inside it
+        (files / f"f{i}").touch()
+    with subprocess.Popen([sys.executable, "-c", FLIP, str(files)], stdout=subprocess.PIPE) as flip:
+        try:
+            assert flip.stdout is not None and flip.stdout.readline() == b"flipping\n"
+            for _ in range(100):
+                assert count_use(files).entries >= 2000
+        finally:
+            flip.kill()

@@ -166,6 +166,7 @@ class Workbench:
             quota_bytes=settings.quota_mb * 1024**2,
             max_entries=settings.max_entries,
             max_plans=settings.max_plans,
+            max_plans_per_agent=settings.max_plans_per_agent,
         )
         workspaces.prepare()
         choice = plan_cgroups(base, settings)
@@ -208,9 +209,15 @@ class Workbench:
                 del self._groups[plan_id]  # the next call tries again
             raise _refused(exc) from None
 
-    def open(self, plan_id: str) -> Workspace:
+    def open(self, plan_id: str, agent_id: str) -> Workspace:
         try:
-            return self.workspaces.open(plan_id)
+            return self.workspaces.open(plan_id, agent_id)
+        except WorkspaceError as exc:
+            raise _translated(exc) from None
+
+    def find(self, plan_id: str) -> Workspace | None:
+        try:
+            return self.workspaces.find(plan_id)
         except WorkspaceError as exc:
             raise _translated(exc) from None
 
@@ -353,27 +360,37 @@ def _as_seen_outside(workspace: Workspace, path: str) -> str:
 
 
 def _plan_context(bench: Workbench, ctx: Context) -> tuple[Context, Workspace]:
-    workspace = bench.open(ctx.plan_id)
+    workspace = bench.open(ctx.plan_id, ctx.agent_id)
     return dataclasses.replace(ctx, roots=(workspace.root,)), workspace
+
+
+def _looking_context(bench: Workbench, ctx: Context) -> Context:
+    """For a call that only looks: the plan's workspace if it has one, else an empty
+    read-only folder, so that a look never makes a workspace (each one counts against
+    max_plans, and a look needs no grant)."""
+    workspace = bench.find(ctx.plan_id)
+    root = bench.workspaces.empty if workspace is None else workspace.root
+    return dataclasses.replace(ctx, roots=(root,))
 
 
 # ----------------------------------------------------------------- the actions
 
 
-def _fs(
+def _look(
     bench: Workbench, handler: Callable[[Context, A], Awaitable[Outcome[R]]]
 ) -> Callable[[Context, A], Awaitable[Outcome[R]]]:
     async def confined(ctx: Context, args: A) -> Outcome[R]:
-        plan_ctx, _ = _plan_context(bench, ctx)
         path = args.path  # type: ignore[attr-defined]
-        return await handler(plan_ctx, args.model_copy(update={"path": _inside(path)}))
+        return await handler(
+            _looking_context(bench, ctx), args.model_copy(update={"path": _inside(path)})
+        )
 
     return confined
 
 
 def _stat(bench: Workbench) -> Callable[[Context, fs_stat.FsStatArgs], Outcome[Any]]:
     def confined(ctx: Context, args: fs_stat.FsStatArgs) -> Outcome[Any]:
-        plan_ctx, _ = _plan_context(bench, ctx)
+        plan_ctx = _looking_context(bench, ctx)
         return fs_stat.fs_stat(plan_ctx, args.model_copy(update={"path": _inside(args.path)}))
 
     return confined
@@ -642,7 +659,7 @@ def build(bench: Workbench) -> Registry:
         ),
         (
             fs_read.SPEC,
-            _fs(bench, fs_read.fs_read),
+            _look(bench, fs_read.fs_read),
             "up to 1 MiB of a regular file in the plan's workspace (offset/length), in the blob",
         ),
         (
@@ -652,7 +669,7 @@ def build(bench: Workbench) -> Registry:
         ),
         (
             fs_list.SPEC,
-            _fs(bench, fs_list.fs_list),
+            _look(bench, fs_list.fs_list),
             "a folder's entries in the plan's workspace, symlinks never entered",
         ),
         (
