@@ -1,7 +1,9 @@
-"""`agentworker up`: hub and worker in one process hand request blobs over by
-reference (worker.wire.local), not as BlobParts down their stream; a worker that did
-not open its session in this process is never handed anything, and a handed blob is
-held to the bounds parts are."""
+"""`agentworker up`: hub and worker in one process hand blobs over by reference
+(worker.wire.local): a request's not as BlobParts down their stream, a result's not
+inside the result. A worker that did not open its session in this process is never
+handed anything nor hands anything, a handed request blob is held to the bounds parts
+are, and nothing handed stays held once its call is answered, its caller gone, or
+its stream dropped."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import pytest
 from tests.support.cluster import free_port, write_config
 from worker import app
 from worker.config import Paths, load
-from worker.core import blob_parts
+from worker.core import blob_parts, connection
+from worker.core.connection import WorkerConnection
 from worker.hub import server
 from worker.hub.server import Hub
-from worker.wire.local import LocalLink
+from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import read_or_create_token, read_token
 
@@ -28,7 +31,7 @@ MIB = 1024 * 1024
 
 
 @contextlib.asynccontextmanager
-async def up(home: Path, *, local: bool) -> AsyncIterator[tuple[Hub, LocalLink]]:
+async def up(home: Path, *, local: bool) -> AsyncIterator[tuple[Hub, LocalLink, WorkerConnection]]:
     """A hub and a worker in this event loop, as `agentworker up` assembles them; with
     `local`, the worker says its session is in this process."""
     write_config(home, f"127.0.0.1:{free_port()}")
@@ -47,7 +50,7 @@ async def up(home: Path, *, local: bool) -> AsyncIterator[tuple[Hub, LocalLink]]
     runner = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(worker.connected.wait(), 30)
-        yield running.hub, link
+        yield running.hub, link, worker
     finally:
         runner.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -61,6 +64,37 @@ def write(path: str, blob: bytes) -> pb.DispatchRequest:
     return pb.DispatchRequest(
         agent_id="tester", surface="workerHost", action="fs_write", args_json=args, blob=blob
     )
+
+
+def read(path: str, correlation_id: str = "") -> pb.DispatchRequest:
+    return pb.DispatchRequest(
+        correlation_id=correlation_id,
+        agent_id="tester",
+        surface="workerHost",
+        action="fs_read",
+        args_json=json.dumps({"path": path}),
+    )
+
+
+async def read_bytes(hub: Hub, request: pb.DispatchRequest) -> bytes:
+    """The blob of an OK answer, as ControlService's caller gets it."""
+    reply = pb.DispatchResponse.FromString(await hub.dispatch_serialized(request, None))
+    assert reply.result.status == pb.ActionResult.OK, reply.result.error.message
+    return reply.result.blob
+
+
+def written(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every envelope the worker writes to its stream from now on."""
+    sizes: list[int] = []
+    real = connection.envelope_of
+
+    def counted(parts: list[bytes]) -> bytes:
+        envelope = real(parts)
+        sizes.append(len(envelope))
+        return envelope
+
+    monkeypatch.setattr(connection, "envelope_of", counted)
+    return sizes
 
 
 def parts_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -83,7 +117,7 @@ def test_a_large_blob_reaches_the_local_worker_with_no_part_sent(
     blobs = [os.urandom(3 * MIB + 7), os.urandom(2 * MIB)]
 
     async def scenario() -> None:
-        async with up(tmp_path, local=True) as (hub, link):
+        async with up(tmp_path, local=True) as (hub, link, _worker):
             for i, blob in enumerate(blobs):
                 reply = await hub.dispatch(write(f"big-{i}.bin", blob))
                 assert reply.result.status == pb.ActionResult.OK, reply.result.error.message
@@ -102,7 +136,7 @@ def test_a_worker_whose_session_is_not_local_gets_parts(
     blob = os.urandom(3 * MIB)
 
     async def scenario() -> None:
-        async with up(tmp_path, local=False) as (hub, link):
+        async with up(tmp_path, local=False) as (hub, link, _worker):
             reply = await hub.dispatch(write("parts.bin", blob))
             assert reply.result.status == pb.ActionResult.OK, reply.result.error.message
             assert link.held == 0  # nothing handed to a session nobody said was local
@@ -118,7 +152,7 @@ def test_a_handed_blob_past_the_bound_of_parts_is_refused_and_nothing_runs(
     monkeypatch.setattr(blob_parts, "MAX_CALL_BYTES", 2 * MIB)
 
     async def scenario() -> pb.ActionResult:
-        async with up(tmp_path, local=True) as (hub, link):
+        async with up(tmp_path, local=True) as (hub, link, _worker):
             reply = await hub.dispatch(write("refused.bin", os.urandom(3 * MIB)))
             assert link.held == 0
             return reply.result
@@ -139,3 +173,139 @@ def test_the_link_hands_a_blob_only_to_the_session_that_said_it_is_local() -> No
     link.put("s1", "c3", b"z")
     link.detach("s1")  # the stream ended: what was not taken goes
     assert link.held == 0 and not link.local("s1")
+
+
+def test_a_result_blob_reaches_the_local_hub_by_reference_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = written(monkeypatch)
+    blobs = [os.urandom(MIB), os.urandom(MIB - 3)]
+    got: list[bytes] = []
+
+    async def scenario() -> None:
+        async with up(tmp_path, local=True) as (hub, link, _worker):
+            for i, blob in enumerate(blobs):
+                (tmp_path / "workspace" / f"page-{i}.bin").write_bytes(blob)
+                got.append(await read_bytes(hub, read(f"page-{i}.bin")))
+            assert link.held == 0  # each taken as its result was read
+
+    asyncio.run(scenario())
+    assert got == blobs
+    assert sizes and max(sizes) < 64 * 1024  # no result carried its blob down the stream
+
+
+def test_a_worker_whose_session_is_not_local_sends_result_blobs_inside_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = written(monkeypatch)
+    blob = os.urandom(MIB)
+
+    async def scenario() -> bytes:
+        async with up(tmp_path, local=False) as (hub, link, _worker):
+            (tmp_path / "workspace" / "page.bin").write_bytes(blob)
+            got = await read_bytes(hub, read("page.bin"))
+            assert link.held == 0 and not link.results_held  # nothing handed either way
+            return got
+
+    assert asyncio.run(scenario()) == blob
+    assert max(sizes) > MIB  # the result's envelope, its blob in it
+
+
+def test_a_result_whose_caller_left_is_taken_kept_and_replayed_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller goes away as the result leaves the worker: the hub takes the blob
+    all the same (nothing stays handed), and a retry of the id gets the bytes; the hub
+    stores nothing meanwhile, so the worker answers the retry as a duplicate, from the
+    result it still holds, its blob handed over again."""
+    blob = os.urandom(MIB)
+    handed: list[str] = []
+
+    async def scenario() -> bytes:
+        async with up(tmp_path, local=True) as (hub, link, _worker):
+            (tmp_path / "workspace" / "page.bin").write_bytes(blob)
+            monkeypatch.setattr(hub, "_store_soon", lambda: None)  # no ack: still held
+            taken = asyncio.Event()
+            first = asyncio.create_task(read_bytes(hub, read("page.bin", "read-1")))
+            hand, take = link.hand_result, link.take_result
+
+            def hand_and_leave(session_id: str, key: tuple[str, str, str], data: bytes) -> bool:
+                handed.append(key[0])
+                first.cancel()  # the caller goes away as its result leaves the worker
+                return hand(session_id, key, data)
+
+            def take_and_tell(session_id: str, key: tuple[str, str, str]) -> bytes | None:
+                data = take(session_id, key)
+                taken.set()
+                return data
+
+            monkeypatch.setattr(link, "hand_result", hand_and_leave)
+            monkeypatch.setattr(link, "take_result", take_and_tell)
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await taken.wait()
+            assert link.held == 0
+            again = await read_bytes(hub, read("page.bin", "read-1"))
+            assert link.held == 0
+            return again
+
+    assert asyncio.run(scenario()) == blob
+    assert handed == ["read-1", "read-1"]  # the result, then the worker's replay of it
+
+
+def test_a_result_handed_as_the_stream_drops_is_let_go_and_sent_again_inside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub's stream ends with a result written and its blob handed, not read: the
+    blob goes with the stream, and the worker sends the unacked result again on the
+    next one (with its blob in it), which answers the waiting caller."""
+    sizes = written(monkeypatch)
+    blob = os.urandom(MIB)
+    held_at_drop: list[int] = []
+
+    async def scenario() -> bytes:
+        async with up(tmp_path, local=True) as (hub, link, worker):
+            (tmp_path / "workspace" / "page.bin").write_bytes(blob)
+            handle = hub._handle
+
+            def drop_at_first_result(
+                session: server.Session, msg: pb.WorkerMessage, data: bytes | memoryview | None
+            ) -> None:
+                if msg.WhichOneof("kind") == "result" and not held_at_drop:
+                    held_at_drop.append(link.held)
+                    session.close()  # the stream ends with the result unread
+                    return
+                handle(session, msg, data)
+
+            monkeypatch.setattr(hub, "_handle", drop_at_first_result)
+            got = await read_bytes(hub, read("page.bin"))
+            assert worker.sessions_started == 2
+            assert link.held == 0
+            return got
+
+    assert asyncio.run(scenario()) == blob
+    assert held_at_drop == [1]  # handed, then let go with its stream
+    assert max(sizes) > MIB  # sent again inside the result
+
+
+def test_the_link_hands_result_blobs_on_a_local_session_to_the_result_they_came_with() -> None:
+    link = LocalLink()
+    done = pb.ActionResult(correlation_id="c1", status=pb.ActionResult.OK)
+    done.invocation.invocation_id = "i1"
+    assert not link.hand_result("s1", result_key(done), b"x")  # not local: kept in it
+    link.attach("s1")
+    assert link.hand_result("s1", result_key(done), b"x")
+    assert link.hand_result("s1", result_key(done), b"x")  # a replay sent before it was read
+    gone = pb.ActionResult(correlation_id="c1", status=pb.ActionResult.ERROR, replayed=True)
+    gone.invocation.CopyFrom(done.invocation)
+    gone.error.code = "blob_gone"
+    assert link.take_result("s1", result_key(gone)) is None  # not the result it came with
+    assert link.take_result("s2", result_key(done)) is None  # another session's
+    assert link.take_result("s1", result_key(done)) == b"x"
+    link.detach("s1")  # the worker's end: the hub may still read what was written
+    assert not link.hand_result("s1", result_key(done), b"y") and link.held == 1
+    assert link.take_result("s1", result_key(done)) == b"x" and link.held == 0
+    link.attach("s2")
+    assert link.hand_result("s2", result_key(done), b"z")
+    link.end("s2")  # the hub's end: it reads no more of the session
+    assert link.held == 0 and not link.results_held and not link.local("s2")

@@ -38,7 +38,7 @@ from worker.wire.framing import (
     read_varint,
     split_field,
 )
-from worker.wire.local import LocalLink
+from worker.wire.local import HandedResult, LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
@@ -246,7 +246,7 @@ class WorkerConnection:
             # decode is answered or dropped, never the end of the worker (see _decode).
             stream = channel.stream_stream(STREAM_METHOD)
             call = stream(metadata=worker_metadata(self.target.token, self.target.worker_key))
-            tasks.append(asyncio.create_task(_write_outbox(call, outbox)))
+            tasks.append(asyncio.create_task(_write_outbox(call, outbox, self._hand_result)))
             try:
                 first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
@@ -266,7 +266,8 @@ class WorkerConnection:
             )
             self.sessions_started += 1
             self._outbox = outbox
-            self.dispatcher.outbox.attach(self._send)
+            local = self._link is not None
+            self.dispatcher.outbox.attach(self._send, self._send_handed if local else None)
             for cid in welcome.abandoned_ids:
                 self.dispatcher.cancel(cid, "the server abandoned the call")
             tasks.append(asyncio.create_task(self._resend_unacked(outbox)))
@@ -607,6 +608,18 @@ class WorkerConnection:
             part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
             self._outbox.put_nowait(part)
 
+    def _send_handed(self, result: HandedResult) -> None:
+        """Queue a result whose blob goes to the hub of this process by reference (as
+        the writer sends it, `_hand_result`)."""
+        if self._outbox is not None:
+            self._outbox.put_nowait(result)
+
+    def _hand_result(self, result: HandedResult) -> bool:
+        """Hand the result's blob to the hub of this process, as the writer sends the
+        result without it; False when this session is not (or no longer) local."""
+        link = self._link
+        return link is not None and link.hand_result(self._session_id, result.key, result.blob)
+
     @property
     def outgoing_bytes(self) -> int:
         """Bytes waiting to go to the server on this session (0 offline)."""
@@ -648,8 +661,9 @@ class WorkerConnection:
 OUTBOX_HIGH_BYTES = 64 * 1024 * 1024
 
 
-class _Outbox(asyncio.Queue[bytes | None]):
-    """The stream's outgoing envelope parts, and how many bytes of them wait."""
+class _Outbox(asyncio.Queue[bytes | HandedResult | None]):
+    """The stream's outgoing envelope parts (and results whose blobs go by reference,
+    counted with them), and how many bytes of them wait."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -657,15 +671,15 @@ class _Outbox(asyncio.Queue[bytes | None]):
         self._has_room = asyncio.Event()
         self._has_room.set()
 
-    def _put(self, item: bytes | None) -> None:
+    def _put(self, item: bytes | HandedResult | None) -> None:
         super()._put(item)
-        self.waiting_bytes += len(item or b"")
+        self.waiting_bytes += 0 if item is None else len(item)
         if self.waiting_bytes > OUTBOX_HIGH_BYTES:
             self._has_room.clear()
 
-    def _get(self) -> bytes | None:
+    def _get(self) -> bytes | HandedResult | None:
         item = super()._get()
-        self.waiting_bytes -= len(item or b"")
+        self.waiting_bytes -= 0 if item is None else len(item)
         if self.waiting_bytes <= OUTBOX_HIGH_BYTES // 2:
             self._has_room.set()
         return item
@@ -681,14 +695,19 @@ class _Outbox(asyncio.Queue[bytes | None]):
 
 
 async def _write_outbox(
-    call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[bytes | None]
+    call: grpc.aio.StreamStreamCall,
+    outbox: asyncio.Queue[bytes | HandedResult | None],
+    hand: Callable[[HandedResult], bool],
 ) -> None:
     """The stream's only writer (concurrent writes would kill the stream), sending
-    whatever queued up meanwhile as one envelope."""
-    batches = Batcher(outbox, len)
+    whatever queued up meanwhile as one envelope. A result's blob is handed to the hub
+    of this process (`hand`) just before the result goes without it, in the order the
+    results go; if it cannot be, the result carries it."""
+    batches: Batcher[bytes | HandedResult] = Batcher(outbox, len)
     try:
         while (batch := await batches.next_batch()) is not None:
-            await call.write(envelope_of(batch))
+            parts = [m if isinstance(m, bytes) else m.part(hand(m)) for m in batch]
+            await call.write(envelope_of(parts))
         await call.done_writing()
     except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
         pass  # the stream is gone; the reader sees why and the session ends

@@ -64,7 +64,6 @@ from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
 from worker.ids import new_id
 from worker.memory import IdleGiveBack
-from worker.wire.framing import result_part
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
@@ -537,7 +536,7 @@ class Dispatcher:
                 self.results.send(pb.WorkerMessage(result=blob_gone(cached, begun.blob_bytes)))
                 return
             cached.replayed = True
-            self.results.send(result_part(cached.SerializeToString(), begun.blob or b""))
+            self.results.replay(cached, begun.blob or b"")
         else:
             self._answer_duplicate(req, begun.seen)
 

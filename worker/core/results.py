@@ -9,7 +9,9 @@ for `ACK_DELAY_S`), duplicate acks and audit events.
 
 The `Outbox` is the one way out: the connection attaches its session's writer while a
 stream is up and detaches it when the stream ends; offline, messages go nowhere (a
-result is durable and re-sent after the next handshake).
+result is durable and re-sent after the next handshake). On a session with a hub in
+this process (`agentworker up`) a result's blob goes to the hub by reference, not
+framed into the result (`worker.wire.local.HandedResult`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from worker.core.ledger import State
 from worker.core.telemetry import Telemetry
 from worker.wire.framing import result_part
+from worker.wire.local import HandedResult, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import blob_gone
 
@@ -50,12 +53,17 @@ class Outbox:
 
     def __init__(self, sink: Emit | None = None) -> None:
         self._sink = sink
+        self._hand: Callable[[HandedResult], None] | None = None
 
-    def attach(self, sink: Emit) -> None:
+    def attach(self, sink: Emit, hand: Callable[[HandedResult], None] | None = None) -> None:
+        """Send to `sink`; with `hand`, the session's hub is in this process and takes a
+        result's blob by reference (`result`)."""
         self._sink = sink
+        self._hand = hand
 
     def detach(self) -> None:
         self._sink = None
+        self._hand = None
 
     @property
     def attached(self) -> bool:
@@ -64,6 +72,16 @@ class Outbox:
     def __call__(self, msg: Outgoing) -> None:
         if self._sink is not None:
             self._sink(msg)
+
+    def result(self, result: pb.ActionResult, data: bytes, blob: bytes) -> None:
+        """A result, serialized as `data` (without its blob), and its blob: framed in
+        (one copy), or handed over by reference to a hub in this process."""
+        if self._sink is None:
+            return
+        if blob and self._hand is not None:
+            self._hand(HandedResult(result_key(result), data, blob))
+        else:
+            self._sink(result_part(data, blob))
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,7 @@ class Results:
             if f.held is not None:  # effect-free: in memory until acked (see ledger)
                 self.state.hold(cid, f.held[0], f.held[1], data, f.blob)
             self._started.pop(cid, None)
-            self.outbox(result_part(data, f.blob))
+            self.outbox.result(f.result, data, f.blob)
         if not self._started and self._started_timer is not None:
             # Every call it was for has answered: no wake-up for nothing.
             self._started_timer.cancel()
@@ -229,6 +247,10 @@ class Results:
     def send(self, msg: Outgoing) -> None:
         """A message outside the ledger (a refusal of what was never claimed, a replay)."""
         self.outbox(msg)
+
+    def replay(self, result: pb.ActionResult, blob: bytes) -> None:
+        """A recorded result sent again (a duplicate of a finished call), with its blob."""
+        self.outbox.result(result, result.SerializeToString(), blob)
 
     def audit(self, kind: str, req: pb.ActionRequest, detail: dict[str, Any]) -> None:
         event = self.telemetry.audit(

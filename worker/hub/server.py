@@ -49,7 +49,7 @@ from worker.wire.framing import (
     split_field,
     spread_parts,
 )
-from worker.wire.local import LocalLink
+from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
@@ -353,7 +353,8 @@ class Hub:
         self._teardowns: dict[str, tuple[str, asyncio.Future[pb.ActionResult]]] = {}
         # The memory a burst of large calls freed goes back once they stop.
         self.memory = IdleGiveBack()
-        # Hands request blobs to a worker in this process (`up`), see worker.wire.local.
+        # Hands request blobs to a worker in this process (`up`), and takes its result
+        # blobs, see worker.wire.local.
         self.link: LocalLink | None = None
 
     # ------------------------------------------------------------- worker stream
@@ -423,8 +424,8 @@ class Hub:
             session.close()
             reader.cancel()
             beats.cancel()
-            if self.link is not None:
-                self.link.detach(session.session_id)
+            if self.link is not None:  # its reader stopped: what was handed and not taken goes
+                self.link.end(session.session_id)
             if self.sessions.get(hello.worker_id) is session:
                 del self.sessions[hello.worker_id]
                 self._held.pop(hello.worker_id, None)
@@ -498,10 +499,15 @@ class Hub:
         finally:
             session.close()
 
-    def _handle(self, session: Session, msg: pb.WorkerMessage, blob: memoryview | None) -> None:
+    def _handle(self, session: Session, msg: pb.WorkerMessage, blob: Buffer | None) -> None:
         kind = msg.WhichOneof("kind")
         if kind == "result":
-            self._on_result(session, Answer(msg.result, blob))
+            result = msg.result
+            link = self.link
+            if blob is None and link is not None and link.results_held and not result.blob:
+                # From the worker of this process, its blob by reference (worker.wire.local).
+                blob = link.take_result(session.session_id, result_key(result))
+            self._on_result(session, Answer(result, blob))
         elif kind == "ack":
             self._on_ack(session, msg.ack)
         elif kind == "heartbeat":
