@@ -292,14 +292,16 @@ def dispatch_call(
     inside: list[float] | None = None,
 ) -> OneCall:
     """One Dispatch of `action` (surface.name) as agent `bench`, checked for an OK result
-    with an `expect`-byte blob; `inside` collects the worker's own duration_ms."""
+    with an `expect`-byte blob; `inside` collects the worker's own duration_ms. Sent as a
+    caller using ControlClient sends it: the request serialized for each call, its blob
+    joined to it in one copy (`client.dispatch_bytes`)."""
     surface, _, name = action.rpartition(".")
-    request = pb.DispatchRequest(
+    fields = dict(
         agent_id="bench", surface=surface, action=name, args_json=json.dumps(args), blob=blob
     )
 
     async def one() -> None:
-        reply = await client.stub.Dispatch(request, metadata=client.metadata)
+        reply = await client.dispatch(**fields)
         if reply.result.status != pb.ActionResult.OK:
             raise RuntimeError(reply.result.error.message)
         if len(reply.result.blob) != expect:

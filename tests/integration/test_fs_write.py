@@ -99,6 +99,17 @@ def test_sixteen_mib_exactly_is_written(live: Cluster, box: Path) -> None:
     assert (box / "big").read_bytes() == data
 
 
+def test_a_blob_given_as_a_view_is_written_as_it_is(live: Cluster, box: Path) -> None:
+    # A caller may hand ControlClient a view of its own buffer (no bytes made of it
+    # first); the request carries the view's bytes, and only those.
+    buffer = bytearray(os.urandom(3 * MIB))
+    view = memoryview(buffer)[1:-1]
+    out, _ = write(live, f"{box.name}/viewed", view)  # type: ignore[arg-type]
+    assert out["status"] == "ok", out
+    assert (box / "viewed").read_bytes() == bytes(view)
+    assert out["result"]["sha256"] == hashlib.sha256(view).hexdigest()
+
+
 def test_one_byte_over_sixteen_mib_is_too_large(live: Cluster, box: Path) -> None:
     out, _ = write(live, f"{box.name}/big", bytes(CAP + 1))
     assert error_code(out) == "too_large", out

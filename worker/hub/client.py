@@ -18,6 +18,39 @@ if TYPE_CHECKING:  # `agentworker call` imports this module: no pydantic on its 
 # its one call without the generated stub module (1 ms of its start: it loads
 # grpc._utilities to check gRPC's version), which the other methods load on first use.
 _DISPATCH = f"/{pb.DESCRIPTOR.services_by_name['ControlService'].full_name}/Dispatch"
+_BLOB_FIELD = pb.DispatchRequest.DESCRIPTOR.fields_by_name["blob"].number
+_LENGTH_DELIMITED = 2
+
+
+def dispatch_bytes(fields: dict[str, Any]) -> bytes:
+    """`pb.DispatchRequest(**fields)` serialized, its blob (bytes or a view) written
+    apart: the request's other fields through protobuf, then the blob's tag, length
+    and bytes joined to them, one copy. Through protobuf a blob is copied into the
+    message and again by its encoder: a 16 MiB fs_write's request took 15 ms to
+    serialize where this takes 4 (at load 7). The bytes parse as the same message
+    (a field's place in it does not matter)."""
+    blob = fields.get("blob", b"")
+    head = pb.DispatchRequest(**{k: v for k, v in fields.items() if k != "blob"})
+    size = memoryview(blob).nbytes
+    if not size:
+        return head.SerializeToString()
+    return b"".join(
+        (
+            head.SerializeToString(),
+            _varint(_BLOB_FIELD << 3 | _LENGTH_DELIMITED),
+            _varint(size),
+            blob,
+        )
+    )
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 class ControlClient:
@@ -28,10 +61,11 @@ class ControlClient:
         self.channel = channel
         self.metadata = metadata
         self._stub: pb_grpc.ControlServiceStub | None = None
-        # As the generated stub makes it (a registered method: no per-call lookup).
+        # As the generated stub makes it (a registered method: no per-call lookup), but
+        # for requests serialized already (`dispatch_bytes`).
         self._dispatch = channel.unary_unary(
             _DISPATCH,
-            request_serializer=pb.DispatchRequest.SerializeToString,
+            request_serializer=None,
             response_deserializer=pb.DispatchResponse.FromString,
             _registered_method=True,
         )
@@ -63,9 +97,11 @@ class ControlClient:
         await self.channel.close()
 
     async def dispatch(self, **fields: Any) -> pb.DispatchResponse:
+        """One Dispatch of a request with these fields (a large blob is best passed as
+        bytes or a view of them: it is copied once, see `dispatch_bytes`)."""
         timeout = fields.get("timeout_ms", 0) / 1000 + 30 if fields.get("timeout_ms") else None
         response: pb.DispatchResponse = await self._dispatch(
-            pb.DispatchRequest(**fields), metadata=self.metadata, timeout=timeout
+            dispatch_bytes(fields), metadata=self.metadata, timeout=timeout
         )
         return response
 
