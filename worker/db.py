@@ -40,9 +40,10 @@ PAGE_BYTES = 32 * 1024
 # Free pages beyond this many are given back to the file system (4 MiB of them).
 FREE_PAGES_KEPT = 4 * 1024 * 1024 // PAGE_BYTES
 _INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
-# The checkpointer copies the log in after this many commits, or once commits have
-# stopped for this long (see Checkpointer).
+# The checkpointer copies the log in after this many commits, or once they have
+# written this many bytes, or once commits have stopped for this long (see Checkpointer).
 CHECKPOINT_COMMITS = 64
+CHECKPOINT_BYTES = 16 * 1024 * 1024  # half of SQLite's own threshold (1,000 pages)
 CHECKPOINT_QUIET_S = 1.0
 
 
@@ -53,14 +54,18 @@ class Database(sqlite3.Connection):
 
     checkpointer: Checkpointer | None = None
     _changes = 0  # total_changes when the checkpointer was last woken
+    _bytes = 0  # bytes the statements since then were given (what their commit writes)
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         cursor = super().execute(sql, parameters)
+        self._bytes += _weight(parameters)
         self._committed()
         return cursor
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
         cursor = super().executemany(sql, parameters)
+        if isinstance(parameters, list | tuple):  # an iterator is spent: not counted
+            self._bytes += sum(_weight(row) for row in parameters)
         self._committed()
         return cursor
 
@@ -68,16 +73,28 @@ class Database(sqlite3.Connection):
         """After a statement: rows changed and no transaction left open means a commit
         reached the log, so the checkpointer has work (a read costs one comparison)."""
         changes = self.total_changes
-        if changes != self._changes and not self.in_transaction:
+        if self.in_transaction:
+            return
+        if changes != self._changes:
             self._changes = changes
             if self.checkpointer is not None:
-                self.checkpointer.wake()
+                self.checkpointer.wake(self._bytes)
+        self._bytes = 0
 
     def close(self) -> None:
         if self.checkpointer is not None:
             self.checkpointer.stop()
             self.checkpointer = None
         super().close()
+
+
+def _weight(parameters: Any) -> int:
+    """About how many bytes a statement's parameters bring to the log: its texts and
+    blobs (a tuple or list of values, or a mapping's)."""
+    values = parameters.values() if isinstance(parameters, dict) else parameters
+    if not isinstance(values, list | tuple) and not isinstance(parameters, dict):
+        return 0
+    return sum(len(v) for v in values if isinstance(v, bytes | str | memoryview))
 
 
 def connect(path: Path, schema: str, *, convert: bool = True) -> Database:
@@ -194,15 +211,20 @@ class Checkpointer:
     A checkpoint ends in fsyncs of the log and of the database, and on a journalling
     file system a commit's own write waits while they run (its file times go in the
     same journal), so it checkpoints once `every` commits have reached the log, or
-    once commits have stopped for `quiet_s` (an idle database ends with its log
-    copied in), never after each one: a checkpoint after every call took the
-    worker's and the hub's commits during exec from 0.1 ms to 0.6-0.8 ms at p90,
-    13-33 ms at worst. It sleeps until its database's first commit since its last
-    round wakes it (`wake`); while it waits for more it looks once per `quiet_s`,
-    never per commit; an idle database costs no wake-ups at all. Under a stream of
-    commits it runs at most one round per `gap_s`. SQLite's own threshold (1,000
-    pages in the log) still checkpoints inside a commit should the log outgrow it
-    first, so the log stays bounded. Its own connection is opened read-write only (a
+    once they have written `every_bytes`, or once commits have stopped for `quiet_s`
+    (an idle database ends with its log copied in), never after each one: a
+    checkpoint after every call took the worker's and the hub's commits during exec
+    from 0.1 ms to 0.6-0.8 ms at p90, 13-33 ms at worst. It sleeps until its
+    database's first commit since its last round wakes it (`wake`); while it waits
+    for more it looks once per `quiet_s`, never per commit; an idle database costs no
+    wake-ups at all. Under a stream of commits it runs at most one round per `gap_s`.
+    SQLite's own threshold (1,000 pages in the log, 32 MiB) still checkpoints inside a
+    commit should the log outgrow it first, so the log stays bounded; the bytes
+    counted keep large rows from reaching it first. Before they were counted, 64
+    commits of a 10,000-entry fs_list's answer (1.5 MB each, stored by the hub and by
+    the ledger) passed it every 21 listings, and the event loop copied 32 MiB into the
+    database and waited for its fsyncs inside a commit (about a seventh of the
+    loop's time while listings ran). Its own connection is opened read-write only (a
     removed file is never re-created).
     """
 
@@ -212,12 +234,15 @@ class Checkpointer:
         gap_s: float = 0.1,
         every: int = CHECKPOINT_COMMITS,
         quiet_s: float = CHECKPOINT_QUIET_S,
+        every_bytes: int = CHECKPOINT_BYTES,
     ) -> None:
         self._path = path.resolve()
         self._gap_s = gap_s
         self._every = every
+        self._every_bytes = every_bytes
         self._quiet_s = quiet_s
         self._commits = 0  # commits since the last round (a lost count only delays one)
+        self._bytes = 0  # what they wrote, about (likewise)
         self._stopping = threading.Event()
         self._written = threading.Event()
         self._log = self._path.with_name(self._path.name + "-wal")
@@ -233,12 +258,17 @@ class Checkpointer:
         """Checkpoints run so far."""
         return self._rounds
 
-    def wake(self) -> None:
-        """A commit reached the log (any thread). Wakes the thread for the first commit
-        since its last round, and once `every` have come; counts the others."""
+    def wake(self, written_bytes: int = 0) -> None:
+        """A commit of about `written_bytes` reached the log (any thread). Wakes the
+        thread for the first commit since its last round, and once `every` have come
+        or `every_bytes` been written; counts the others."""
         self._commits += 1
-        if self._commits == 1 or self._commits >= self._every:
+        self._bytes += written_bytes
+        if self._commits == 1 or self._commits >= self._every or self._bytes >= self._every_bytes:
             self._written.set()
+
+    def _full(self) -> bool:
+        return self._commits >= self._every or self._bytes >= self._every_bytes
 
     def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
         """Block until `ready()` holds after a checkpoint (or already does); for tests."""
@@ -264,6 +294,7 @@ class Checkpointer:
                 if not self._gathered():
                     return
                 self._commits = 0
+                self._bytes = 0
                 try:
                     st = self._log.stat()
                 except FileNotFoundError:
@@ -290,10 +321,10 @@ class Checkpointer:
                 own.close()
 
     def _gathered(self) -> bool:
-        """Wait until `every` commits have come since the last round, or none for
-        `quiet_s`; False if the database is closing meanwhile."""
+        """Wait until `every` commits have come since the last round (or `every_bytes`
+        been written), or none for `quiet_s`; False if the database is closing meanwhile."""
         seen = self._commits
-        while self._commits < self._every:
+        while not self._full():
             self._written.wait(self._quiet_s)
             if self._stopping.is_set():
                 return False

@@ -62,7 +62,7 @@ def test_commits_wake_the_checkpointer_and_reads_do_not(
     try:
         assert conn.checkpointer is not None
         wakes: list[str] = []
-        monkeypatch.setattr(conn.checkpointer, "wake", lambda: wakes.append("woken"))
+        monkeypatch.setattr(conn.checkpointer, "wake", lambda _bytes: wakes.append("woken"))
         conn.execute("SELECT count(*) FROM t").fetchone()
         assert wakes == [], "a read wrote nothing"
         conn.execute("INSERT INTO t VALUES (x'01')")
@@ -96,6 +96,60 @@ def test_the_checkpointer_is_woken_for_a_first_commit_and_a_full_batch_only(
     finally:
         monkeypatch.undo()
         checkpointer.stop()
+
+
+def test_the_checkpointer_is_woken_once_commits_have_written_enough(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large rows fill the log in few commits (a 10,000-entry listing's answer is 1.5 MB):
+    what the commits wrote counts too, so that SQLite's own threshold, which copies
+    the log in inside a commit on the event loop, is not reached first."""
+    checkpointer = db.Checkpointer(tmp_path / "c.db", every=100, quiet_s=3600, every_bytes=1000)
+    try:
+        sets: list[int] = []
+        monkeypatch.setattr(checkpointer._written, "set", lambda: sets.append(checkpointer._bytes))
+        checkpointer.wake(10)
+        checkpointer.wake(500)
+        checkpointer.wake(600)
+        assert sets == [10, 1110], "the first commit, then the one past 1,000 bytes"
+    finally:
+        monkeypatch.undo()
+        checkpointer.stop()
+
+
+def test_the_bytes_a_commit_writes_are_counted_for_the_checkpointer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = db.connect(tmp_path / "w.db", SCHEMA)
+    try:
+        assert conn.checkpointer is not None
+        woken: list[int] = []
+        monkeypatch.setattr(conn.checkpointer, "wake", woken.append)
+        conn.execute("INSERT INTO t VALUES (?)", (b"x" * 5000,))
+        with db.transaction(conn):
+            conn.execute("INSERT INTO t VALUES (?)", ("y" * 300,))
+            conn.executemany("INSERT INTO t VALUES (?)", [(b"z" * 100,), (b"z" * 200,)])
+        conn.execute("SELECT count(*) FROM t WHERE v != ?", (b"w" * 7000,)).fetchone()
+        conn.execute("INSERT INTO t VALUES (x'01')")
+        assert woken == [5000, 600, 0], "each commit's texts and blobs; a read's count nothing"
+    finally:
+        db.close(conn)
+
+
+def test_a_large_commit_is_copied_in_without_waiting_for_more(tmp_path: Path) -> None:
+    path = tmp_path / "large.db"
+    conn = db.connect(path, SCHEMA)
+    db.close(conn)  # the schema written; now a connection whose checkpointer never idles out
+    conn = sqlite3.connect(path, isolation_level=None, factory=db.Database)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.checkpointer = db.Checkpointer(path, every=64, quiet_s=3600, every_bytes=1024 * 1024)
+    try:
+        conn.execute("INSERT INTO t VALUES (x'01')")  # the thread wakes, and waits for more
+        conn.execute("INSERT INTO t VALUES (?)", (os.urandom(2 * 1024 * 1024),))
+        pages = 2 * 1024 * 1024 // db.PAGE_BYTES
+        assert conn.checkpointer.wait_for(lambda: _database_pages(path) >= pages, 30)
+    finally:
+        conn.close()
 
 
 def test_a_batch_of_commits_is_copied_in_without_waiting_for_quiet(tmp_path: Path) -> None:
