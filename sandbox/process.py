@@ -275,6 +275,7 @@ async def run(
     pid_cap: PidCap,
     cgroup: PlanGroup | None = None,
     starts: Starts | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
@@ -282,7 +283,8 @@ async def run(
     `cgroup`, the sandbox joins it before anything in it runs (CgroupError, and
     nothing ran, when it cannot). `starts`, the caller's too (a worker's
     `Containment` holds one), says how bubblewrap is started (sandbox._spawn); a
-    fresh one when none is given."""
+    fresh one when none is given. `on_start` is told bubblewrap's pid once it started
+    (every process of the sandbox descends from it)."""
     starts = starts or Starts()
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
@@ -352,6 +354,8 @@ async def run(
             child.feed(stdin, in_w)
         sandbox = _Sandbox(child, info_r, lifeline_w, block_w)
         try:
+            if on_start is not None:
+                on_start(popen.pid)
             return await sandbox.drive(
                 tools, limits, started, pid_cap if capped and not entry else None, cgroup
             )

@@ -169,11 +169,14 @@ _ENTER: Final = stat.S_IRUSR | stat.S_IXUSR
 class Use:
     """What a workspace holds: bytes on disk (allocated blocks) and entries (files,
     folders, links; the workspace folder itself not counted). `complete` is False when
-    the count stopped at its cap of entries: then both figures are at least this."""
+    the count stopped at its cap of entries: then both figures are at least this.
+    `held_open` (within `bytes`): what programs hold in files they removed but keep
+    open, when the watch of a running program counted it (sandbox.held_open)."""
 
     bytes: int
     entries: int
     complete: bool = True
+    held_open: int = 0
 
 
 def _uncountable(shown: str, why: str) -> WorkspaceError:

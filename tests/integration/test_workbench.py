@@ -653,3 +653,36 @@ def test_a_program_that_keeps_filling_its_workspace_is_stopped_while_it_runs(
     out, _ = call(live, plan, "fs_write", {"path": "more"}, b"x")
     assert out["error"]["code"] == "too_large", "and the plan, full, can write no more"
     assert teardown(live, plan)["result"]["removed"] is True
+
+
+# Removes each file it wrote and keeps it open: blocks no name leads to, each file
+# within the room RLIMIT_FSIZE leaves, together four times the quota.
+HOLD_REMOVED = """
+import os, time
+held = []
+for i in range(16):
+    fd = os.open(f'held{i}', os.O_CREAT | os.O_RDWR, 0o600)
+    os.write(fd, b'x' * 524288)
+    os.unlink(f'held{i}')
+    held.append(fd)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_program_holding_removed_files_open_past_the_quota_is_stopped(
+    live: Cluster, plan: str
+) -> None:
+    """No walk of the workspace sees a removed file a program keeps open (review3
+    finding 02): without the watch's look at the sandbox's open files, this program
+    held 4x the quota, unseen, until its timeout."""
+    tag = marker()
+    out, _ = run(live, plan, ["python3", "-c", HOLD_REMOVED, tag], timeout_s=60)
+    error = out["error"]
+    assert error["code"] == "too_large" and "removed but kept open" in error["message"], out
+    details = error["details"]
+    assert details["stopped"] is True and details["used_bytes"] >= 2 * QUOTA, details
+    assert details["held_open_bytes"] > QUOTA, details
+    assert wait_until_gone(tag, within_s=30) == []
+    out, _ = call(live, plan, "fs_write", {"path": "more"}, b"x")  # their blocks went with it
+    assert out["status"] == "ok", out

@@ -45,6 +45,7 @@ from typing import Any, Final, TypeVar
 
 from sandbox import cgroups, environment
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
+from sandbox.held_open import held_open_bytes
 from sandbox.process import (
     Completed,
     Limits,
@@ -156,6 +157,13 @@ class Workbench:
 
         walk.add_done_callback(finished)
         return await asyncio.shield(walk)
+
+    async def held_open(self, workspace: Workspace, sandbox_pid: int) -> int:
+        """Bytes the sandbox of `sandbox_pid` holds in files of the workspace's file
+        system it removed but keeps open (sandbox.held_open), on the count threads."""
+        device = os.stat(workspace.files).st_dev
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._counting, held_open_bytes, sandbox_pid, device)
 
     @classmethod
     def at(cls, base: Path, settings: SandboxSection) -> Workbench:
@@ -482,11 +490,13 @@ async def _run_in_workspace(
             full = bench.workspaces.over_entries(before)
             room = 0 if full else max(0, bench.workspaces.quota_bytes - before.bytes)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
+            sandbox_pid: list[int] = []  # bubblewrap's, once it started
             try:
                 done = await _watched(
                     bench,
                     workspace,
                     before,
+                    sandbox_pid,
                     run(
                         [program, *args.argv[1:]],
                         view,
@@ -495,6 +505,7 @@ async def _run_in_workspace(
                         pid_cap=ctx.containment.pid_cap,
                         cgroup=group,
                         starts=ctx.containment.starts,
+                        on_start=sandbox_pid.append,
                     ),
                 )
             except SandboxUnavailableError as exc:
@@ -516,15 +527,20 @@ async def _run_in_workspace(
 
 
 async def _watched(
-    bench: Workbench, workspace: Workspace, before: Use, running: Awaitable[Completed]
+    bench: Workbench,
+    workspace: Workspace,
+    before: Use,
+    sandbox_pid: list[int],
+    running: Awaitable[Completed],
 ) -> Completed:
     """The program's run, stopped (as a Cancel stops it: the call's task is cancelled,
-    and the run kills the sandbox) and answered `too_large` if its workspace passes
+    and the run kills the sandbox) and answered `too_large` if its workspace (with
+    what the sandbox of `sandbox_pid`, once known, holds in removed files) passes
     twice its quota or its cap of entries while it runs. The run stays in the call's
     own task, where the pipeline sees its thread work."""
     task = asyncio.current_task()
     assert task is not None
-    watch = asyncio.ensure_future(_overfilled(bench, workspace, before))
+    watch = asyncio.ensure_future(_overfilled(bench, workspace, before, sandbox_pid))
     # Whether the run may still be stopped by the watch, and whether it was: a stop
     # scheduled as the run ended (same loop turn) must not cancel what comes after,
     # and a Cancel that came before the stop is the Cancel's answer, not the watch's.
@@ -551,9 +567,12 @@ async def _watched(
         watch.cancel()
 
 
-async def _overfilled(bench: Workbench, workspace: Workspace, before: Use) -> Use | WorkspaceError:
+async def _overfilled(
+    bench: Workbench, workspace: Workspace, before: Use, sandbox_pid: list[int]
+) -> Use | WorkspaceError:
     """Returns once the workspace holds WATCH_SLACK times its quota or more than its
-    cap of entries (either more than `before`), or cannot be counted: what was found."""
+    cap of entries (either more than `before`), or cannot be counted: what was found.
+    Bytes the sandbox holds in files it removed but keeps open count too."""
     workspaces = bench.workspaces
     pause = WATCH_EVERY_S
     while True:
@@ -564,6 +583,9 @@ async def _overfilled(bench: Workbench, workspace: Workspace, before: Use) -> Us
             used = await bench.use(workspace)
         except WorkspaceError as exc:
             return exc
+        if sandbox_pid:
+            held = await bench.held_open(workspace, sandbox_pid[0])
+            used = dataclasses.replace(used, bytes=used.bytes + held, held_open=held)
         pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * (time.monotonic() - began)))
         if workspaces.over_entries(used) and used.entries > before.entries:
             return used
@@ -579,6 +601,8 @@ def _stopped(bench: Workbench, workspace: Workspace, found: Use | WorkspaceError
         what = f"more than {workspaces.max_entries:,} files and folders ([sandbox] max_entries)"
     else:
         what = f"{found.bytes:,} bytes of its {workspaces.quota_bytes:,}-byte quota"
+        if found.held_open:
+            what += f" ({found.held_open:,} of them in files it removed but kept open)"
     return WorkerError(
         "too_large",
         f"the program was stopped while it ran: plan {workspace.plan_id!r}'s workspace "
@@ -590,6 +614,7 @@ def _stopped(bench: Workbench, workspace: Workspace, found: Use | WorkspaceError
             "used_bytes": found.bytes,
             "max_entries": workspaces.max_entries,
             "entries": found.entries,
+            "held_open_bytes": found.held_open,
         },
     )
 

@@ -1,0 +1,51 @@
+"""What a sandbox's processes hold in files they removed but keep open: found by pid,
+across a process tree, counted once per file, on the workspace's file system only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sandbox.held_open import descendants, held_open_bytes
+
+# A grandchild (so the tree is walked, not one pid) holds: two descriptors of one
+# removed 1 MiB file, a removed file in /dev/shm (another file system: memory), and a
+# file that still has its name. Then it says so and waits to be killed.
+HOLDER = r"""
+import os, subprocess, sys, time
+if sys.argv[2] == "parent":
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[3], sys.argv[1], "child", ""])
+    child.wait()
+    sys.exit()
+folder = sys.argv[1]
+removed = os.open(os.path.join(folder, "removed"), os.O_CREAT | os.O_RDWR, 0o600)
+os.write(removed, b"x" * (1 << 20))
+os.unlink(os.path.join(folder, "removed"))
+again = os.dup(removed)
+shm = os.open("/dev/shm/held-open-test-%d" % os.getpid(), os.O_CREAT | os.O_RDWR, 0o600)
+os.write(shm, b"y" * (1 << 20))
+os.unlink("/dev/shm/held-open-test-%d" % os.getpid())
+named = os.open(os.path.join(folder, "named"), os.O_CREAT | os.O_RDWR, 0o600)
+os.write(named, b"z" * (1 << 20))
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def test_removed_files_held_by_a_process_tree_are_counted_once_on_its_device(
+    tmp_path: Path,
+) -> None:
+    argv = [sys.executable, "-c", HOLDER, str(tmp_path), "parent", HOLDER]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE) as top:
+        try:
+            assert top.stdout is not None and top.stdout.readline() == b"holding\n"
+            assert len(descendants(top.pid)) == 1
+            held = held_open_bytes(top.pid, os.stat(tmp_path).st_dev)
+            assert (1 << 20) <= held < (2 << 20), held
+            assert held_open_bytes(os.getpid(), os.stat(tmp_path).st_dev) == held
+        finally:
+            for pid in descendants(top.pid):
+                os.kill(pid, 9)
+            top.wait()
