@@ -168,7 +168,13 @@ class SandboxSection(_Strict):
     max_plans: int = Field(default=64, ge=1, le=100_000)
     # Of them, made for one agent (the server's agent_id): one agent, or one gone wrong,
     # must not take every workspace and leave the others' plans answered `busy`.
-    max_plans_per_agent: int = Field(default=32, ge=1, le=100_000)
+    # Unset: half of max_plans.
+    max_plans_per_agent: int | None = Field(default=None, ge=1, le=100_000)
+
+    @property
+    def plans_per_agent(self) -> int:
+        return self.max_plans_per_agent or max(1, self.max_plans // 2)
+
     idle_hours: float = Field(default=168.0, gt=0)  # workspaces unused this long are swept
     sweep_every_s: float = Field(default=600.0, ge=0.05, le=86_400)
     # Programs of one plan running at once: with per-sandbox rlimits, this bounds the plan.
@@ -272,7 +278,7 @@ mode = "rw"
 # quota_mb = 1024                   # disk a plan's workspace may take
 # max_entries = 100000              # files, folders and links a plan's workspace may hold
 # max_plans = 64                    # plans with a workspace at once (disk: max_plans x quota_mb)
-# max_plans_per_agent = 32          # of them, plans one agent may hold
+# max_plans_per_agent = 32          # of them, plans one agent may hold (unset: half)
 # plan_processes = 256
 # plan_memory_mb = 4096             # memory in use, no swap
 # plan_cpus = 2.0                   # CPUs' worth of time

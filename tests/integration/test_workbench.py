@@ -686,3 +686,4 @@ def test_a_program_holding_removed_files_open_past_the_quota_is_stopped(
     assert wait_until_gone(tag, within_s=30) == []
     out, _ = call(live, plan, "fs_write", {"path": "more"}, b"x")  # their blocks went with it
     assert out["status"] == "ok", out
+    assert teardown(live, plan)["result"]["removed"] is True

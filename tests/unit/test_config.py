@@ -114,3 +114,13 @@ def test_a_root_that_holds_places_of_the_workers_own_files_is_skipped(
     shared = [root.path for root in roots_of(load(own), own)]
     assert shared == [own.data_dir / "inner", own.workspace]
     assert caplog.text.count("holds places of the worker's own files") == 2
+
+
+def test_one_agents_plans_are_half_of_max_plans_unless_set() -> None:
+    """Raising max_plans raises what one agent may hold with it."""
+    from worker.config import SandboxSection
+
+    assert SandboxSection().plans_per_agent == 32
+    assert SandboxSection(max_plans=1000).plans_per_agent == 500
+    assert SandboxSection(max_plans=1).plans_per_agent == 1
+    assert SandboxSection(max_plans=1000, max_plans_per_agent=7).plans_per_agent == 7

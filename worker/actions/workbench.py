@@ -174,7 +174,7 @@ class Workbench:
             quota_bytes=settings.quota_mb * 1024**2,
             max_entries=settings.max_entries,
             max_plans=settings.max_plans,
-            max_plans_per_agent=settings.max_plans_per_agent,
+            max_plans_per_agent=settings.plans_per_agent,
         )
         workspaces.prepare()
         choice = plan_cgroups(base, settings)
