@@ -10,14 +10,15 @@ from pathlib import Path
 
 from sandbox.held_open import descendants, held_open_bytes
 
-# A grandchild (so the tree is walked, not one pid) holds: two descriptors of one
-# removed 1 MiB file, a removed file in /dev/shm (another file system: memory), and a
-# file that still has its name. Then it says so and waits to be killed.
+# Two levels down from the process it is started as (so the tree is walked, not one
+# pid), it holds: two descriptors of one removed 1 MiB file, a removed file in
+# /dev/shm (another file system: memory), and a file that still has its name. Then it
+# says so and waits to be killed.
 HOLDER = r"""
 import os, subprocess, sys, time
-if sys.argv[2] == "parent":
-    child = subprocess.Popen([sys.executable, "-c", sys.argv[3], sys.argv[1], "child", ""])
-    child.wait()
+if int(sys.argv[2]) > 0:
+    below = [sys.executable, "-c", sys.argv[3], sys.argv[1], str(int(sys.argv[2]) - 1), sys.argv[3]]
+    subprocess.Popen(below).wait()
     sys.exit()
 folder = sys.argv[1]
 removed = os.open(os.path.join(folder, "removed"), os.O_CREAT | os.O_RDWR, 0o600)
@@ -37,14 +38,13 @@ time.sleep(600)
 def test_removed_files_held_by_a_process_tree_are_counted_once_on_its_device(
     tmp_path: Path,
 ) -> None:
-    argv = [sys.executable, "-c", HOLDER, str(tmp_path), "parent", HOLDER]
+    argv = [sys.executable, "-c", HOLDER, str(tmp_path), "2", HOLDER]
     with subprocess.Popen(argv, stdout=subprocess.PIPE) as top:
         try:
             assert top.stdout is not None and top.stdout.readline() == b"holding\n"
-            assert len(descendants(top.pid)) == 1
+            assert len(descendants(top.pid)) == 2
             held = held_open_bytes(top.pid, os.stat(tmp_path).st_dev)
             assert (1 << 20) <= held < (2 << 20), held
-            assert held_open_bytes(os.getpid(), os.stat(tmp_path).st_dev) == held
         finally:
             for pid in descendants(top.pid):
                 os.kill(pid, 9)
