@@ -33,7 +33,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from ui.approval import Answer, ApprovalModal, server_text
 from ui.notify import Notifier, desktop_notifier
-from ui.screens import GrantsScreen, HelpScreen
+from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
 from worker.core.console import RECENT_CALLS, Event, Link
 from worker.errors import StartupError
 
@@ -657,8 +657,17 @@ class WorkerApp(App[None]):
         plan = self._selected_plan()
         if plan is None:
             return
-        reply = await self.link.command({"op": "lift", "plan": plan})
-        self.notify("kill lifted" if reply.get("ok") else "that plan was not killed")
+        asked = await self.link.command({"op": "lift", "plan": plan})
+        confirm = asked.get("confirm")
+        if not isinstance(confirm, str):
+            self.notify(str(asked.get("message") or "that plan was not killed"))
+            return
+
+        async def answered(lift: bool | None) -> None:
+            reply = await self.link.command({"op": "confirm_lift", "confirm": confirm, "yes": lift})
+            self.notify("kill lifted" if reply.get("ok") else str(reply.get("message", "")))
+
+        self.push_screen(ConfirmLiftScreen(plan, clock=self.clock), answered)
 
     async def action_stop(self) -> None:
         reply = await self.link.command({"op": "resume" if self.paused else "pause"})

@@ -1,17 +1,21 @@
-"""The grants screen and the help screen."""
+"""The grants screen, the confirmation of a lift and the help screen."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Button, DataTable, Footer, Static
+
+from ui.approval import GRACE_S, server_text
 
 if TYPE_CHECKING:
     from ui.app import WorkerApp
@@ -124,7 +128,8 @@ Keys
   f                   follow new calls on / off
   k                   kill the selected plan: its running calls are stopped and
                       every later call refused, until you lift it
-  l                   lift the selected plan's kill
+  l                   lift the selected plan's kill (after you confirm it with y;
+                      the agent's input waits meanwhile)
   s                   global stop: pause every plan / resume
   g                   grants in force, with expiry; r revokes one
   ?                   this help
@@ -139,6 +144,72 @@ In an approval prompt (focus starts on Deny; enter presses the focused button)
   a                   allow for this agent for a period; t changes the period
   (no answer)         denied when the countdown ends
 """
+
+
+class ConfirmLiftScreen(ModalScreen[bool]):
+    """Lift a plan's kill? Dismissed with True (lift) or False (keep it killed).
+
+    Lifting lets a stopped plan run again, and this screen may be on the desktop the
+    agent drives: the worker holds the agent's input while it waits (see
+    worker.core.console, CONFIRM_LIFT_S), and like a prompt it takes no key for
+    GRACE_S after it comes on, so a key typed before the hold is not the answer.
+    Focus starts on "Keep killed"."""
+
+    DEFAULT_CSS = """
+    ConfirmLiftScreen { align: center middle; }
+    ConfirmLiftScreen #confirm { width: 72; max-width: 100%; height: auto;
+        border: thick $warning; background: $surface; padding: 0 1; }
+    ConfirmLiftScreen #confirm.fresh { border: thick $accent; }
+    ConfirmLiftScreen Horizontal { height: auto; }
+    ConfirmLiftScreen Button { margin: 0 1 0 0; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,n", "answer(False)", "Keep killed"),
+        Binding("y", "answer(True)", "Lift"),
+    ]
+    AUTO_FOCUS = "#keep"
+
+    def __init__(self, plan: str, *, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.plan = plan
+        self.clock = clock
+        self.answers_from = clock() + GRACE_S
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm", classes="fresh"):
+            yield Static(Text("Lift the kill?", style="bold"))
+            text = Text("Plan ")
+            text.append(server_text(self.plan, one_line=True))
+            text.append(
+                " may run again: its calls will no longer be refused. If you did not "
+                "press l, the agent may have typed it: keep the plan killed."
+            )
+            yield Static(text)
+            with Horizontal():
+                yield Button("Keep killed (n)", id="keep", variant="primary", disabled=True)
+                yield Button("Lift (y)", id="lift", variant="warning", disabled=True)
+
+    def on_mount(self) -> None:
+        self.set_timer(GRACE_S, self._arm)
+
+    def _arm(self) -> None:
+        if self.clock() < self.answers_from:
+            self.set_timer(0.1, self._arm)
+            return
+        for button in self.query(Button):
+            button.disabled = False
+        self.query_one("#confirm").set_class(False, "fresh")
+        self.set_focus(self.query_one("#keep", Button))
+
+    def action_answer(self, lift: bool) -> None:
+        if self.clock() < self.answers_from:
+            self.app.bell()
+            return
+        self.dismiss(lift)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.action_answer(event.button.id == "lift")
 
 
 class HelpScreen(ModalScreen[None]):

@@ -672,7 +672,9 @@ async def _serve_worker(
     assert console.broker is not None
     connection.answer_scopes = console.broker.scope_request
     if desktop is not None and gui:
-        console.broker.listeners.append(_input_waits_while_asking(console.broker, desktop))
+        hold = _input_waits_while_asking(console, desktop)
+        console.broker.listeners.append(lambda _kind, _body: hold())
+        console.on_confirming = hold
     ui_server = await _serve_console(console, paths)
     stop = _stop_event()
     housekeeping = asyncio.create_task(_housekeeping(dispatcher))
@@ -761,18 +763,21 @@ async def _serve_worker(
             await bench.close()
 
 
-def _input_waits_while_asking(
-    broker: ApprovalBroker, desktop: computer.Desktop
-) -> Callable[[str, dict[str, Any]], None]:
-    """A prompt listener that holds the desktop's input while any prompt waits."""
+def _input_waits_while_asking(console: Console, desktop: computer.Desktop) -> Callable[[], None]:
+    """Holds the desktop's input while any prompt waits, or a lift waits for the
+    person's confirmation (called on every prompt event, and as lifts come and go)."""
+    broker = console.broker
+    assert broker is not None
 
-    def on_prompt(_kind: str, _body: dict[str, Any]) -> None:
-        waiting = broker.waiting()  # counted, not listed: this runs on every prompt event
-        desktop.hold_input(
-            "the person at this worker is being asked to approve something" if waiting else None
-        )
+    def hold() -> None:
+        why = None
+        if broker.waiting():  # counted, not listed: this runs on every prompt event
+            why = "the person at this worker is being asked to approve something"
+        elif console.confirming():
+            why = "the person at this worker is asked to confirm lifting a kill"
+        desktop.hold_input(why)
 
-    return on_prompt
+    return hold
 
 
 def pause_hooks(

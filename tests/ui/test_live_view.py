@@ -14,7 +14,8 @@ import ui.app
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from tests.ui.rig import MovableClock, Rig, answerable, silent, until
 from ui.app import WorkerApp
-from ui.screens import GrantsScreen
+from ui.approval import GRACE_S
+from ui.screens import ConfirmLiftScreen, GrantsScreen
 from worker.config import GrantSection
 
 
@@ -29,9 +30,12 @@ def _program_runs(tag: str) -> bool:
 
 
 def test_the_kill_key_stops_a_running_exec_and_refuses_the_plan(tmp_path: Path) -> None:
+    """And the lift key lifts the kill only once the person confirms it after a grace."""
+
     async def scenario() -> None:
         rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.exec"])])
-        app = WorkerApp(rig.link(), notifier=silent)
+        clock = MovableClock()
+        app = WorkerApp(rig.link(), notifier=silent, clock=clock)
         tag = marker()
         async with app.run_test(size=(100, 30)) as pilot:
             args = json.dumps({"argv": ["python3", "-c", STUBBORN, tag], "timeout_s": 60})
@@ -49,7 +53,17 @@ def test_the_kill_key_stops_a_running_exec_and_refuses_the_plan(tmp_path: Path) 
             assert rig.code(later) == "plan_killed"
             await until(lambda: app.plans[0]["state"] == "killed", pilot)
             await pilot.press("l")
+            await until(lambda: isinstance(app.screen, ConfirmLiftScreen), pilot)
+            assert rig.console.confirming(), "the agent's input waits meanwhile"
+            await pilot.press("y")  # within the grace: not an answer
+            assert isinstance(app.screen, ConfirmLiftScreen)
+            assert rig.dispatcher.state.killed("long-plan") is not None
+            clock.skip(GRACE_S)
+            await until(lambda: not app.screen.query_one("#lift").disabled, pilot)
+            await pilot.press("y")
             await until(lambda: app.plans[0]["state"] != "killed", pilot)
+            assert not rig.console.confirming()
+            assert rig.dispatcher.state.killed("long-plan") is None
         rig.close()
 
     asyncio.run(scenario())

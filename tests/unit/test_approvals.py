@@ -148,7 +148,14 @@ def test_a_kill_from_the_console_survives_a_restart(tmp_path: Path) -> None:
         cid = again.call("fs_read", '{"path": "a.txt"}', plan="doomed")
         await again.result(cid)
         assert again.code(cid) == "plan_killed"
-        assert again.console.handle({"op": "lift", "plan": "doomed"})["ok"]
+        asked = again.console.handle({"op": "lift", "plan": "doomed"})
+        assert not asked["ok"] and again.console.confirming(), "lifted only once confirmed"
+        assert again.dispatcher.state.killed("doomed") is not None
+        done = again.console.handle(
+            {"op": "confirm_lift", "confirm": asked["confirm"], "yes": True}
+        )
+        assert done["ok"] and not again.console.confirming()
+        assert again.dispatcher.state.killed("doomed") is None
         again.close()
 
     asyncio.run(scenario())
@@ -361,6 +368,35 @@ def test_an_ask_approval_for_the_plan_answers_that_whole_command_in_that_folder_
             await rig.result(cid)
             assert rig.code(cid) == "scope_denied"
         assert not (rig.workspace / "IMPORTANT-elsewhere.txt").exists()
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lift_waiting_for_its_confirmation_holds_the_desktops_input(tmp_path: Path) -> None:
+    """The confirmation may be on the desktop the agent drives: its input waits."""
+    from worker.app import _input_waits_while_asking
+
+    class Desktop:  # what the desktop is told, as worker.app wires it
+        def __init__(self) -> None:
+            self.held: list[str | None] = []
+
+        def hold_input(self, why: str | None) -> None:
+            self.held.append(why)
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        desktop = Desktop()
+        rig.console.on_confirming = _input_waits_while_asking(rig.console, desktop)  # type: ignore[arg-type]
+        assert rig.console.handle({"op": "kill", "plan": "p"})["ok"]
+        asked = rig.console.handle({"op": "lift", "plan": "p"})
+        assert desktop.held[-1] is not None and "lifting a kill" in desktop.held[-1]
+        kept = rig.console.handle({"op": "confirm_lift", "confirm": asked["confirm"], "yes": False})
+        assert not kept["ok"] and desktop.held[-1] is None
+        assert rig.dispatcher.state.killed("p") is not None
+        again = rig.console.handle({"op": "confirm_lift", "confirm": asked["confirm"], "yes": True})
+        assert not again["ok"], "a confirmation answers once"
+        assert rig.dispatcher.state.killed("p") is not None
         rig.close()
 
     asyncio.run(scenario())

@@ -11,9 +11,11 @@ a UI toolkit. Every text that came from the server is made inert before it leave
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
@@ -32,6 +34,11 @@ RECENT_CALLS: Final = 500
 # are shown besides (a server's kills are bounded by the ledger, MAX_SERVER_KILLS).
 RECENT_PLANS: Final = 500
 RESULT_PREVIEW: Final = 2000
+# A kill lifted from a UI is lifted only once the person confirms it, on a second
+# screen, with the desktop's input held meanwhile: the UI may be on the very desktop
+# the agent drives, where a key it types would otherwise lift the kill of its plan.
+# A confirmation not given within this long is dropped (and the input let go).
+CONFIRM_LIFT_S: Final = 60.0
 
 Event = dict[str, Any]
 Subscriber = Callable[[Event], None]
@@ -146,6 +153,10 @@ class Console:
         # Pausing is the global stop's; set by the assembly when there is one.
         self.pause: Callable[[bool, str], None] | None = None
         self.paused: Callable[[], bool] = lambda: False
+        # Lifts waiting for the person's confirmation: id -> (plan, when it goes).
+        self._lifts: dict[str, tuple[str, float]] = {}
+        # Told when lifts start or stop waiting (the assembly holds desktop input).
+        self.on_confirming: Callable[[], None] = lambda: None
         dispatcher.watcher = self
         if broker is not None:
             broker.listeners.append(self._on_prompt)
@@ -328,12 +339,9 @@ class Console:
                 stopped = self.dispatcher.kill_plan(plan, "killed from the UI", "ui")
                 return {"ok": True, "stopped": stopped}
             if op == "lift":
-                plan = _text(command, "plan")
-                lifted = self.dispatcher.state.lift_kill(plan)
-                if lifted:
-                    self.dispatcher.telemetry.audit("lift", plan_id=plan, detail={"by": "ui"})
-                    self._tell_plan(plan)
-                return {"ok": lifted}
+                return self._ask_to_lift(_text(command, "plan"))
+            if op == "confirm_lift":
+                return self._confirm_lift(_text(command, "confirm"), command.get("yes") is True)
             if op == "revoke":
                 grant_id = command.get("grant_id")
                 if not isinstance(grant_id, int):
@@ -354,6 +362,41 @@ class Console:
             raise WorkerError("validation_error", f"unknown op {op!r}")
         except WorkerError as exc:
             return {"ok": False, "code": exc.code, "message": exc.message}
+
+    def confirming(self) -> bool:
+        """A lift waits for the person's confirmation."""
+        now = time.monotonic()
+        return any(until > now for _plan, until in self._lifts.values())
+
+    def _ask_to_lift(self, plan: str) -> dict[str, Any]:
+        """The first step of a lift: nothing is lifted yet; the UI asks the person to
+        confirm (`confirm_lift` with the id returned), and input is held meanwhile."""
+        if self.dispatcher.state.killed(plan) is None:
+            return {"ok": False, "message": "that plan was not killed"}
+        confirm = secrets.token_hex(8)
+        self._lifts[confirm] = (plan, time.monotonic() + CONFIRM_LIFT_S)
+        asyncio.get_running_loop().call_later(CONFIRM_LIFT_S, self._drop_lift, confirm)
+        self.on_confirming()
+        return {"ok": False, "confirm": confirm, "plan": plan, "within_s": CONFIRM_LIFT_S}
+
+    def _drop_lift(self, confirm: str) -> tuple[str, float] | None:
+        waiting = self._lifts.pop(confirm, None)
+        if waiting is not None:
+            self.on_confirming()
+        return waiting
+
+    def _confirm_lift(self, confirm: str, yes: bool) -> dict[str, Any]:
+        waiting = self._drop_lift(confirm)
+        if waiting is None or waiting[1] <= time.monotonic():
+            return {"ok": False, "message": "that confirmation is no longer waiting; press l again"}
+        plan = waiting[0]
+        if not yes:
+            return {"ok": False, "message": "the kill stays"}
+        lifted = self.dispatcher.state.lift_kill(plan)
+        if lifted:
+            self.dispatcher.telemetry.audit("lift", plan_id=plan, detail={"by": "ui"})
+            self._tell_plan(plan)
+        return {"ok": lifted}
 
     def _decide(self, command: dict[str, Any]) -> dict[str, Any]:
         if self.broker is None:
