@@ -1,5 +1,6 @@
 """`agentworker --help` answers without loading the heavy parts (grpc, httpx, pydantic),
-and `agentworker call` loads only what a call needs (grpc, protobuf, the token).
+and `agentworker call` loads only what a call needs (grpc, protobuf, the token), with
+protobuf loading while the channel connects and json while the Dispatch is out.
 
 The probe runs the installed command's own entry point (ui.launch.main), as a
 person typing the command would."""
@@ -133,10 +134,67 @@ NOT_FOR_CALL = (
 )
 
 
+# What `call` does in order, noted by the probe below: the channel is asked to connect
+# before the generated protobuf module loads (gRPC's threads connect meanwhile), and
+# the Dispatch is under way before json (for the answer) loads.
+_CALL_ORDER_PROBE = """
+import contextlib, io, sys
+import grpc.aio._channel as aio
+from ui.launch import main
+
+events = []
+
+def note(event):
+    if event not in events:
+        events.append(event)
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("json", "worker.wire.proto.agentworker_pb2"):
+            note("import " + name)
+
+def get_state(self, try_to_connect=False, _real=aio.Channel.get_state):
+    if try_to_connect:
+        note("connect")
+    return _real(self, try_to_connect)
+
+def call(self, *args, _real=aio.UnaryUnaryMultiCallable.__call__, **kwargs):
+    note("Dispatch")
+    return _real(self, *args, **kwargs)
+
+class Out(io.StringIO):
+    def write(self, text):
+        note("output")
+        return super().write(text)
+
+sys.meta_path.insert(0, Watch())
+aio.Channel.get_state, aio.UnaryUnaryMultiCallable.__call__ = get_state, call
+out = Out()
+with contextlib.redirect_stdout(out):
+    code = main()
+print(code, *events, sep="|")
+"""
+
+
 @pytest.mark.parametrize("action", ["workerHost.fs_stat", "fs_stat"])
 def test_call_imports_only_what_a_call_needs(live: Cluster, action: str) -> None:
     argv = ("call", action, '{"path": "."}', "--agent", "tester")
     assert _loaded_by(*argv, heavy=NOT_FOR_CALL, env=live.env) == []
+    # and in an order that lets the waits overlap the loading
+    ordered = subprocess.run(
+        [sys.executable, "-c", _CALL_ORDER_PROBE, *argv],
+        env=live.env,
+        capture_output=True,
+        text=True,
+    )
+    assert ordered.stdout.splitlines()[-1].split("|") == [
+        "0",
+        "connect",
+        "import worker.wire.proto.agentworker_pb2",
+        "Dispatch",
+        "import json",
+        "output",
+    ], ordered
     # and the call itself went through
     done = subprocess.run(
         [sys.executable, "-m", "worker", *argv], env=live.env, capture_output=True, text=True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,8 +59,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _call(paths: Paths, args: argparse.Namespace) -> int:
     from worker.cli import _blobs
-    from worker.hub.client import result_to_dict
-    from worker.wire.proto import agentworker_pb2 as pb
 
     surface, _, action = args.action.rpartition(".")
     if not surface:  # a bare name: the computer surface's list says whose it is
@@ -73,7 +70,13 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
     _blobs.check_blob_out(args.blob_out)
 
     async def body(client: ControlClient) -> int:
-        response = await client.dispatch(
+        import asyncio
+
+        # Loaded by with_client once the channel is connecting (see there).
+        from worker.hub.client import result_to_dict
+        from worker.wire.proto import agentworker_pb2 as pb
+
+        sent = client.begin_dispatch(
             worker_id=args.worker,
             correlation_id=args.id,
             plan_id=args.plan,
@@ -85,6 +88,12 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
             blob=blob,
             timeout_ms=int(args.timeout * 1000),
         )
+        # One turn of the loop sends it; json (for the answer, a few ms to load) then
+        # loads while the hub and the worker run the call (issue 12: `call` at once).
+        await asyncio.sleep(0)
+        import json  # noqa: F401 - used by result_to_dict and json_shown
+
+        response = await sent
         ok = response.result.status == pb.ActionResult.OK
         # The blob file first: a reader that has the answer may open it at once.
         note = _blobs.write_blob_out(args.blob_out, ok, response.result.blob)
@@ -100,6 +109,8 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _workers(paths: Paths, args: argparse.Namespace) -> int:
+    import json
+
     from worker.wire.proto import agentworker_pb2 as pb
 
     async def body(client: ControlClient) -> int:
@@ -134,6 +145,8 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _status(paths: Paths, args: argparse.Namespace) -> int:
+    import json
+
     from worker.errors import CredentialsError, HubUnreachableError, TokenRefusedError
     from worker.wire.proto import agentworker_pb2 as pb
 
@@ -156,6 +169,7 @@ def _status(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _ask_status(paths: Paths, args: argparse.Namespace, pb: Any) -> int:
+    import json
 
     async def body(client: ControlClient) -> int:
         reply = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -11,6 +10,8 @@ from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import Keepalive, bearer, open_channel, read_token
 
 if TYPE_CHECKING:  # `agentworker call` imports this module: no pydantic on its path
+    from collections.abc import Awaitable
+
     from worker.config import Config, Paths
     from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
@@ -99,15 +100,24 @@ class ControlClient:
     async def dispatch(self, **fields: Any) -> pb.DispatchResponse:
         """One Dispatch of a request with these fields (a large blob is best passed as
         bytes or a view of them: it is copied once, see `dispatch_bytes`)."""
+        response: pb.DispatchResponse = await self.begin_dispatch(**fields)
+        return response
+
+    def begin_dispatch(self, **fields: Any) -> Awaitable[pb.DispatchResponse]:
+        """`dispatch`, begun: awaiting what this returns answers the DispatchResponse.
+        gRPC's call, not a coroutine: it goes out when the loop next turns, awaited
+        or not (`agentworker call` loads json while it is out)."""
         timeout = fields.get("timeout_ms", 0) / 1000 + 30 if fields.get("timeout_ms") else None
-        response: pb.DispatchResponse = await self._dispatch(
+        call: Awaitable[pb.DispatchResponse] = self._dispatch(
             dispatch_bytes(fields), metadata=self.metadata, timeout=timeout
         )
-        return response
+        return call
 
 
 def result_to_dict(response: pb.DispatchResponse) -> dict[str, Any]:
     """What `agentworker call` prints: result and error decoded, the blob summarised."""
+    import json  # here: `agentworker call` loads it while its Dispatch is out
+
     result = response.result
     out: dict[str, Any] = {
         "worker_id": response.worker_id,
