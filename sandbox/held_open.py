@@ -21,10 +21,40 @@ from __future__ import annotations
 import os
 import stat
 from collections import defaultdict
+from typing import Final
+
+# Descriptors one look examines, at most: what a sandbox may hold with the default
+# limits (64 processes of 1,024 files). About 5 us each.
+MOST_LOOKED_AT: Final = 65_536
 
 
 def descendants(pid: int) -> list[int]:
-    """`pid`'s descendants now (a moment's view: /proc read once), not `pid` itself."""
+    """`pid`'s descendants now (a moment's view), not `pid` itself: read down from it
+    through each thread's children file (Linux's CONFIG_PROC_CHILDREN), so the cost is
+    the sandbox's processes, not the machine's; the machine's /proc where the kernel
+    has no such file."""
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return _descendants_by_parent(pid)
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # it ended meanwhile
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children", "rb") as handle:
+                    children = [int(word) for word in handle.read().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _descendants_by_parent(pid: int) -> list[int]:
     children: defaultdict[int, list[int]] = defaultdict(list)
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -47,9 +77,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def held_open_bytes(pid: int, device: int) -> int:
+def held_open_bytes(pid: int, device: int, most: int = MOST_LOOKED_AT) -> int:
     """Bytes on disk (allocated blocks) of files on `device` that no name leads to any
-    more and that `pid`'s descendants hold open; 0 once they have all ended."""
+    more and that `pid`'s descendants hold open; 0 once they have all ended. At most
+    `most` descriptors are looked at (the cost is the program's to choose)."""
     seen: set[int] = set()
     total = 0
     for process in descendants(pid):
@@ -58,6 +89,8 @@ def held_open_bytes(pid: int, device: int) -> int:
             names = os.listdir(folder)
         except OSError:  # ended, or not ours to look into
             continue
+        names = names[:most]
+        most -= len(names)
         for name in names:
             try:
                 st = os.stat(f"{folder}/{name}")  # the open file itself, not the link

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox.held_open import descendants, held_open_bytes
+from sandbox.held_open import _descendants_by_parent, descendants, held_open_bytes
 
 # Two levels down from the process it is started as (so the tree is walked, not one
 # pid), it holds: two descriptors of one removed 1 MiB file, a removed file in
@@ -43,8 +43,11 @@ def test_removed_files_held_by_a_process_tree_are_counted_once_on_its_device(
         try:
             assert top.stdout is not None and top.stdout.readline() == b"holding\n"
             assert len(descendants(top.pid)) == 2
+            assert sorted(descendants(top.pid)) == sorted(_descendants_by_parent(top.pid))
             held = held_open_bytes(top.pid, os.stat(tmp_path).st_dev)
             assert (1 << 20) <= held < (2 << 20), held
+            # Bounded: past its descriptors 0-2, the first look at the holder stops.
+            assert held_open_bytes(top.pid, os.stat(tmp_path).st_dev, most=3) == 0
         finally:
             for pid in descendants(top.pid):
                 os.kill(pid, 9)

@@ -50,3 +50,38 @@ def test_a_plans_concurrent_counts_share_one_walk_on_the_workbenchs_own_threads(
         asyncio.run(bench.close())
     assert [key for key, _ in walks] == [a.key, b.key, a.key]
     assert all(name.startswith("agentworker-quota") for _, name in walks), walks
+
+
+def test_a_look_at_what_a_program_holds_open_never_holds_up_the_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its cost is the program's to choose (review4 finding 03): on a thread of its own."""
+    import worker.actions.workbench as workbench_module
+
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20)
+    spaces.prepare()
+    bench = Workbench(spaces, SandboxSection(cgroups="off"))
+    a, b = spaces.open("plan-a"), spaces.open("plan-b")
+    looking = threading.Event()
+    release = threading.Event()
+
+    def slow_look(pid: int, device: int) -> int:
+        looking.set()
+        release.wait(10)
+        return 0
+
+    monkeypatch.setattr(workbench_module, "held_open_bytes", slow_look)
+
+    async def scenario() -> None:
+        looks = [asyncio.ensure_future(bench.held_open(a, 1)) for _ in range(3)]
+        await asyncio.get_running_loop().run_in_executor(None, looking.wait, 10)
+        assert (await asyncio.wait_for(bench.use(b), 10)).entries == 0
+        assert (await asyncio.wait_for(bench.use(a), 10)).entries == 0
+        release.set()
+        assert await asyncio.gather(*looks) == [0, 0, 0]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        asyncio.run(bench.close())

@@ -127,6 +127,10 @@ class Workbench:
         # shared pool every plan's file work waits on, and one walk per plan at once.
         self._counting = ThreadPoolExecutor(COUNT_THREADS, thread_name_prefix="agentworker-quota")
         self._walks: dict[str, asyncio.Future[Use]] = {}
+        # Looks at what running programs hold open: a thread of their own, since a
+        # program chooses their cost (its processes and descriptors), and the counts
+        # every plan's writes wait on must not queue behind them.
+        self._holding = ThreadPoolExecutor(1, thread_name_prefix="agentworker-held-open")
 
     async def use(self, workspace: Workspace) -> Use:
         """What the plan's workspace holds: the cached count, or a walk. Callers that
@@ -163,7 +167,7 @@ class Workbench:
         system it removed but keeps open (sandbox.held_open), on the count threads."""
         device = os.stat(workspace.files).st_dev
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._counting, held_open_bytes, sandbox_pid, device)
+        return await loop.run_in_executor(self._holding, held_open_bytes, sandbox_pid, device)
 
     @classmethod
     def at(cls, base: Path, settings: SandboxSection) -> Workbench:
@@ -273,6 +277,7 @@ class Workbench:
         """At the worker's end: destroy every plan's cgroup (killing what runs in it),
         then what the backend made."""
         self._counting.shutdown(wait=False, cancel_futures=True)
+        self._holding.shutdown(wait=False, cancel_futures=True)
         for plan_id in list(self._groups):
             with contextlib.suppress(WorkerError):
                 await self._remove(plan_id, None, self._groups.pop(plan_id))
