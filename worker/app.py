@@ -137,7 +137,7 @@ def build_dispatcher(
     """The worker side; with `bench`, in sandbox mode: workbenchHost.* per plan, no
     shared folders, no prompts (the plan's workspace is all a call can reach)."""
     desktop = desktop or computer.build(config, paths.data_dir)
-    state = State(paths.data_dir / "state.db")
+    state = State(paths.data_dir / "state.db", convert=True)  # the worker owns state.db
     # In the ledger's database, on its connection: one file, and an ack is recorded
     # only after the row of its result (see Dispatcher.ack).
     telemetry = Telemetry(

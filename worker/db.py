@@ -97,11 +97,11 @@ def _weight(parameters: Any) -> int:
     return sum(len(v) for v in values if isinstance(v, bytes | str | memoryview))
 
 
-def connect(path: Path, schema: str, *, convert: bool = True) -> Database:
-    """Open (or make) the database at `path` with `schema`. `convert=False` for a
-    command-line tool beside a worker: a database from before is converted by the
-    worker or hub that owns it, at its start; a tool converting it would hold every
-    other process out (the worker's kill switch included) for as long as that takes."""
+def connect(path: Path, schema: str, *, convert: bool = False) -> Database:
+    """Open (or make) the database at `path` with `schema`. `convert=True` only for the
+    worker or hub that owns it, at its start: a database from before is converted
+    then; a command-line tool converting it would hold every other process out (the
+    worker's kill switch included) for as long as that takes."""
     private_folder(path.parent)
     _private_files(path)
     conn = sqlite3.connect(

@@ -240,7 +240,7 @@ def test_a_database_from_before_is_converted_once_with_its_rows(tmp_path: Path) 
     old.executemany("INSERT INTO t VALUES (?)", rows)
     assert _layout(old) == (4096, 0, "wal")
     old.close()
-    conn = db.connect(path, SCHEMA)
+    conn = db.connect(path, SCHEMA, convert=True)
     try:
         assert _layout(conn) == (db.PAGE_BYTES, 2, "wal")
         assert conn.execute("SELECT v FROM t ORDER BY rowid").fetchall() == rows
@@ -258,14 +258,14 @@ def test_a_database_another_connection_is_reading_is_left_for_a_later_start(
     other.execute("INSERT INTO t VALUES (x'01')")
     other.execute("BEGIN")
     other.execute("SELECT v FROM t").fetchall()  # holds a read: no conversion now
-    conn = db.connect(path, SCHEMA)
+    conn = db.connect(path, SCHEMA, convert=True)
     try:
         assert _layout(conn)[0] == 4096
         conn.execute("INSERT INTO t VALUES (x'02')")  # and it works as it is
     finally:
         db.close(conn)
         other.close()
-    conn = db.connect(path, SCHEMA)
+    conn = db.connect(path, SCHEMA, convert=True)
     try:
         assert _layout(conn) == (db.PAGE_BYTES, 2, "wal"), "converted at the next start"
         assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2
@@ -274,19 +274,20 @@ def test_a_database_another_connection_is_reading_is_left_for_a_later_start(
 
 
 def test_a_command_line_tool_leaves_the_conversion_to_the_worker(tmp_path: Path) -> None:
-    """A tool (`agentworker kill`) converting would hold the worker out meanwhile."""
+    """A tool (`agentworker kill`, `record`) converting would hold the worker out
+    meanwhile: only its owner converts (convert=True at the worker's and hub's start)."""
     path = tmp_path / "old.db"
     old = sqlite3.connect(path, isolation_level=None)
     old.execute("CREATE TABLE t (v BLOB)")
     old.execute("INSERT INTO t VALUES (x'01')")
     old.close()
-    conn = db.connect(path, SCHEMA, convert=False)
+    conn = db.connect(path, SCHEMA)
     try:
         assert _layout(conn) == (4096, 0, "wal")
         conn.execute("INSERT INTO t VALUES (x'02')")  # and it works as it is
     finally:
         db.close(conn)
-    conn = db.connect(path, SCHEMA)
+    conn = db.connect(path, SCHEMA, convert=True)
     try:
         assert _layout(conn) == (db.PAGE_BYTES, 2, "wal")
         assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2

@@ -32,7 +32,7 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
     state_db = paths.data_dir / "state.db"
     rows = []
     if state_db.exists():  # no worker has run here yet: nothing was ever killed
-        state = State(state_db, convert=False)
+        state = State(state_db)
         try:
             rows = [
                 {

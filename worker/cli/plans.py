@@ -41,7 +41,7 @@ def local_state(paths: Paths) -> State:
     from worker.core.ledger import State
 
     paths.ensure()
-    return State(paths.data_dir / "state.db", convert=False)
+    return State(paths.data_dir / "state.db")
 
 
 def _kill(paths: Paths, args: argparse.Namespace) -> int:

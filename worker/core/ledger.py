@@ -160,7 +160,7 @@ class StoredGrant:
 
 
 class State:
-    def __init__(self, path: Path, ttl_s: float = DEFAULT_TTL_S, *, convert: bool = True) -> None:
+    def __init__(self, path: Path, ttl_s: float = DEFAULT_TTL_S, *, convert: bool = False) -> None:
         self._db = connect(path, _SCHEMA, convert=convert)  # convert: see worker.db.connect
         self._blob_dir = Path(f"{path}{BLOBS_SUFFIX}")
         self._blob_store = BlobFiles(self._blob_dir)

@@ -130,7 +130,7 @@ class StoredCall:
 
 class HubStore:
     def __init__(self, path: Path) -> None:
-        self._db = connect(path, _SCHEMA)
+        self._db = connect(path, _SCHEMA, convert=True)  # the hub owns hub.db
         self._unwritten: dict[str, tuple[object, ...]] = {}  # added, not yet flushed
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
         for name, definition in _ADDED_COLUMNS.items():
