@@ -177,6 +177,9 @@ class Use:
     entries: int
     complete: bool = True
     held_open: int = 0
+    # Folders listed, then gone (moved, removed, swapped) before the walk entered them:
+    # their contents are not in this count (sandbox.workspaces._open_folder).
+    moved: int = 0
 
 
 def _uncountable(shown: str, why: str) -> WorkspaceError:
@@ -240,6 +243,7 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
     seen more than `max_entries` entries (`complete` False), so it is bounded."""
     total = 0
     entries = 0
+    moved = 0
     shown = MOUNT_POINT  # paths in messages as programs see them, not the host's
     try:
         top = os.open(files.parent, _DIR_FLAGS)
@@ -268,6 +272,7 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
                 raise _uncountable(here, f"folders nested more than {MAX_DEPTH} deep")
             fd = _open_folder(parent_fd, name, st, here)
             if fd is None:
+                moved += 1
                 continue
             folders: list[tuple[str, os.stat_result]] = []
             try:
@@ -280,7 +285,7 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
                         entries += 1
                         total += est.st_blocks * 512
                         if entries > max_entries:
-                            return Use(total, entries, complete=False)
+                            return Use(total, entries, complete=False, moved=moved)
                         if stat.S_ISDIR(est.st_mode):
                             folders.append((entry.name, est))
             except OSError as exc:
@@ -290,7 +295,7 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
     finally:
         for fd, _, _ in stack:
             os.close(fd)
-    return Use(total, entries)
+    return Use(total, entries, moved=moved)
 
 
 def disk_use(folder: Path) -> int:

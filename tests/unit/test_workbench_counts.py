@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import sandbox.workspaces as workspaces_module
-from sandbox.workspaces import Use, Workspaces
+from sandbox.workspaces import Use, WorkspaceError, Workspaces
 from worker.actions.workbench import Workbench
 from worker.config import SandboxSection
 
@@ -84,4 +84,42 @@ def test_a_look_at_what_a_program_holds_open_never_holds_up_the_counts(
         asyncio.run(scenario())
     finally:
         release.set()
+        asyncio.run(bench.close())
+
+
+@pytest.mark.parametrize("moving_counts", [1, 2, 3])
+def test_the_watch_counts_again_when_folders_move_and_stops_a_program_that_keeps_moving_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moving_counts: int
+) -> None:
+    """A folder moved out of the walk's way is left out of a count (review4 finding 02):
+    a count with moved folders is taken again; three in a row stop the program."""
+    from worker.actions.workbench import WATCH_REWALKS, _steady_count
+
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20)
+    spaces.prepare()
+    bench = Workbench(spaces, SandboxSection(cgroups="off"))
+    plan = spaces.open("plan-a")
+    walks: list[int] = []
+    real = workspaces_module.count_use
+
+    def moving(files: Path, max_entries: int) -> Use:
+        walks.append(1)
+        found = real(files, max_entries)
+        # As a program told by inotify when the walk passes would have it.
+        return Use(found.bytes, found.entries, moved=1 if len(walks) <= moving_counts else 0)
+
+    monkeypatch.setattr(workspaces_module, "count_use", moving)
+
+    async def scenario() -> None:
+        if moving_counts < WATCH_REWALKS:
+            assert (await _steady_count(bench, plan)).moved == 0
+            assert len(walks) == moving_counts + 1
+        else:
+            with pytest.raises(WorkspaceError, match="moved under each of 3 counts"):
+                await _steady_count(bench, plan)
+            assert len(walks) == WATCH_REWALKS
+
+    try:
+        asyncio.run(scenario())
+    finally:
         asyncio.run(bench.close())

@@ -61,6 +61,7 @@ from sandbox.workspaces import (
     Use,
     Workspace,
     WorkspaceError,
+    WorkspaceProblem,
     Workspaces,
     check_plan_id,
     plan_key,
@@ -90,6 +91,9 @@ COUNT_THREADS: Final = 2
 WATCH_EVERY_S: Final = 1.0
 WATCH_AT_MOST_S: Final = 5.0
 WATCH_SLACK: Final = 2
+# Counts in a row, at once, after one whose folders moved under it; if each of them
+# had folders move, the program is stopped as uncountable (see `_overfilled`).
+WATCH_REWALKS: Final = 3
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
@@ -585,7 +589,7 @@ async def _overfilled(
         workspaces.changed(workspace)  # the program may have written since the last count
         began = time.monotonic()
         try:
-            used = await bench.use(workspace)
+            used = await _steady_count(bench, workspace)
         except WorkspaceError as exc:
             return exc
         if sandbox_pid:
@@ -598,9 +602,34 @@ async def _overfilled(
             return used
 
 
+async def _steady_count(bench: Workbench, workspace: Workspace) -> Use:
+    """A count of the running program's workspace in which no folder moved under the
+    walk. A folder listed and gone when entered is left out of a count, and a program
+    told when the walk passes (inotify) can move its files out of the walk's way every
+    time (review4 finding 02); a program that builds and cleans moves folders too,
+    though rarely under every count. So a count with moved folders is taken again at
+    once, and WATCH_REWALKS such counts in a row fail closed: the program cannot be
+    counted, and is stopped."""
+    for _ in range(WATCH_REWALKS):
+        used = await bench.use(workspace)
+        if not used.moved:
+            return used
+        bench.workspaces.changed(workspace)
+    raise WorkspaceError(
+        WorkspaceProblem.NO_ROOM,
+        f"folders of the workspace moved under each of {WATCH_REWALKS} counts in a row "
+        "while the program ran, so what it wrote cannot be counted against the quota.",
+        {"moved_folders": used.moved},
+    )
+
+
 def _stopped(bench: Workbench, workspace: Workspace, found: Use | WorkspaceError) -> WorkerError:
     if isinstance(found, WorkspaceError):
-        return _translated(found)
+        return WorkerError(
+            _translated(found).code,  # too_large: the watch's counts fail as no_room
+            f"the program was stopped while it ran: {found.message}",
+            {**found.details, "stopped": True},
+        )
     workspaces = bench.workspaces
     if workspaces.over_entries(found):
         what = f"more than {workspaces.max_entries:,} files and folders ([sandbox] max_entries)"
