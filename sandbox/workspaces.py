@@ -412,6 +412,28 @@ def _read_meta(folder: Path) -> dict[str, Any] | None:
     return info
 
 
+def _meta_broken(folder: Path) -> bool:
+    """The folder's plan.json is missing, or not a plan's: no plan can ever be named for
+    the folder. Not when it cannot be read now (EIO, EMFILE): that may pass, and the
+    plan's files are not removed for it."""
+    try:
+        fd = os.open(folder / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(64 * 1024)
+    except OSError:
+        return False
+    try:
+        info = json.loads(data)
+    except ValueError:
+        return True
+    return not isinstance(info, dict) or not isinstance(info.get("plan_id"), str)
+
+
 def _write_meta(folder: Path, meta: dict[str, Any]) -> None:
     """plan.json written whole or not at all (a temp file renamed over it)."""
     temp = folder / f".{META}.{secrets.token_hex(4)}"
@@ -462,7 +484,7 @@ class Workspaces:
         _make_private(self.base / EMPTY)
         os.chmod(self.base / EMPTY, 0o500)  # nothing is ever written there
         for name in os.listdir(self.base):
-            if not name.startswith(".") and _read_meta(self.base / name) is None:
+            if not name.startswith(".") and _meta_broken(self.base / name):
                 log.warning("removing %s: a plan folder without a readable %s", name, META)
                 trash = f"{TRASH_PREFIX}{name}.{secrets.token_hex(4)}"
                 with contextlib.suppress(OSError):

@@ -399,13 +399,17 @@ def test_a_workspace_whose_plan_json_could_not_be_written_takes_no_slot(tmp_path
 
 def test_a_plan_folder_without_its_plan_json_is_removed_at_start(tmp_path: Path) -> None:
     """As an earlier version could leave one (its folder made before its plan.json)."""
-    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20, max_plans=1)
+    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20, max_plans=2)
     spaces.prepare()
     phantom = spaces.base / plan_key("plan-phantom")
     (phantom / "files").mkdir(parents=True, mode=0o700)
     (phantom / "plan.json").write_bytes(b"")
+    kept = spaces.base / plan_key("plan-unreadable-now")
+    (kept / "files").mkdir(parents=True, mode=0o700)
+    (kept / "plan.json").mkdir()  # reads fail (EISDIR), as EIO would: not a reason to remove
     spaces.prepare()
     assert not phantom.exists()
+    assert (kept / "files").is_dir()
     assert spaces.open("plan-later").plan_id == "plan-later"
 
 
