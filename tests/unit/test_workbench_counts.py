@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,20 @@ from worker.actions.workbench import Workbench
 from worker.config import SandboxSection
 
 
-def test_a_plans_concurrent_counts_share_one_walk_on_the_workbenchs_own_threads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def bench(tmp_path: Path) -> Iterator[Workbench]:
+    """A workbench of its own (no cgroups), closed after the test."""
     spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20)
     spaces.prepare()
-    bench = Workbench(spaces, SandboxSection(cgroups="off"))
+    made = Workbench(spaces, SandboxSection(cgroups="off"))
+    yield made
+    asyncio.run(made.close())
+
+
+def test_a_plans_concurrent_counts_share_one_walk_on_the_workbenchs_own_threads(
+    bench: Workbench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spaces = bench.workspaces
     a, b = spaces.open("plan-a"), spaces.open("plan-b")
     walks: list[tuple[str, str]] = []
     release = threading.Event()
@@ -47,20 +56,17 @@ def test_a_plans_concurrent_counts_share_one_walk_on_the_workbenchs_own_threads(
         asyncio.run(scenario())
     finally:
         release.set()
-        asyncio.run(bench.close())
     assert [key for key, _ in walks] == [a.key, b.key, a.key]
     assert all(name.startswith("agentworker-quota") for _, name in walks), walks
 
 
 def test_a_look_at_what_a_program_holds_open_never_holds_up_the_counts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bench: Workbench, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its cost is the program's to choose (review4 finding 03): on a thread of its own."""
     import worker.actions.workbench as workbench_module
 
-    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20)
-    spaces.prepare()
-    bench = Workbench(spaces, SandboxSection(cgroups="off"))
+    spaces = bench.workspaces
     a, b = spaces.open("plan-a"), spaces.open("plan-b")
     looking = threading.Event()
     release = threading.Event()
@@ -84,20 +90,17 @@ def test_a_look_at_what_a_program_holds_open_never_holds_up_the_counts(
         asyncio.run(scenario())
     finally:
         release.set()
-        asyncio.run(bench.close())
 
 
 @pytest.mark.parametrize("moving_counts", [1, 2, 3])
 def test_the_watch_counts_again_when_folders_move_and_stops_a_program_that_keeps_moving_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moving_counts: int
+    bench: Workbench, monkeypatch: pytest.MonkeyPatch, moving_counts: int
 ) -> None:
     """A folder moved out of the walk's way is left out of a count (review4 finding 02):
     a count with moved folders is taken again; three in a row stop the program."""
     from worker.actions.workbench import WATCH_REWALKS, _steady_count
 
-    spaces = Workspaces(tmp_path / "wb", quota_bytes=1 << 20)
-    spaces.prepare()
-    bench = Workbench(spaces, SandboxSection(cgroups="off"))
+    spaces = bench.workspaces
     plan = spaces.open("plan-a")
     walks: list[int] = []
     real = workspaces_module.count_use
@@ -119,7 +122,4 @@ def test_the_watch_counts_again_when_folders_move_and_stops_a_program_that_keeps
                 await _steady_count(bench, plan)
             assert len(walks) == WATCH_REWALKS
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        asyncio.run(bench.close())
+    asyncio.run(scenario())
