@@ -399,39 +399,40 @@ def _as_owner(remove: Callable[..., None], name: str, fd: int) -> None:
             remove(name, dir_fd=fd)
 
 
-def _read_meta(folder: Path) -> dict[str, Any] | None:
-    """The plan's plan.json, or None if it has none that reads as a plan's."""
+def _plan_meta(folder: Path) -> dict[str, Any] | None:
+    """The folder's plan.json if it reads as a plan's; None if it is missing or not a
+    plan's (no plan can ever be named for the folder). OSError when it cannot be read
+    now (EIO, EMFILE): that may pass."""
     try:
         fd = os.open(folder / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as handle:
-            info = json.loads(handle.read(64 * 1024))
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(64 * 1024)
+    try:
+        info = json.loads(data)
+    except ValueError:
         return None
     if not isinstance(info, dict) or not isinstance(info.get("plan_id"), str):
         return None
     return info
 
 
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    """The plan's plan.json, or None if it has none that reads as a plan's now."""
+    try:
+        return _plan_meta(folder)
+    except OSError:
+        return None
+
+
 def _meta_broken(folder: Path) -> bool:
-    """The folder's plan.json is missing, or not a plan's: no plan can ever be named for
-    the folder. Not when it cannot be read now (EIO, EMFILE): that may pass, and the
-    plan's files are not removed for it."""
+    """No plan can be named for the folder; not when its plan.json cannot be read now
+    (the plan's files are not removed for that)."""
     try:
-        fd = os.open(folder / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
+        return _plan_meta(folder) is None
     except OSError:
         return False
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read(64 * 1024)
-    except OSError:
-        return False
-    try:
-        info = json.loads(data)
-    except ValueError:
-        return True
-    return not isinstance(info, dict) or not isinstance(info.get("plan_id"), str)
 
 
 def _write_meta(folder: Path, meta: dict[str, Any]) -> None:
@@ -522,8 +523,7 @@ class Workspaces:
         with self._lock:
             known = self._opened.get(key)
             if known is None and _read_meta(self.base / key) is not None:
-                folder = self.base / key
-                known = Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
+                known = self._workspace(plan_id, key)
             if known is None or not os.path.isdir(known.files):
                 return None
             self._opened[key] = known
@@ -590,9 +590,13 @@ class Workspaces:
                 ),
                 f"could not make the workspace of plan {plan_id!r}: {exc.strerror}",
             ) from exc
-        workspace = Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
+        workspace = self._workspace(plan_id, key)
         self._touch(workspace)
         return workspace
+
+    def _workspace(self, plan_id: str, key: str) -> Workspace:
+        folder = self.base / key
+        return Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
 
     def _make_whole(self, folder: Path, meta: dict[str, Any]) -> None:
         """Make the plan's folder with its plan.json and files/ under a name no count

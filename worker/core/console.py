@@ -153,8 +153,9 @@ class Console:
         # Pausing is the global stop's; set by the assembly when there is one.
         self.pause: Callable[[bool, str], None] | None = None
         self.paused: Callable[[], bool] = lambda: False
-        # Lifts waiting for the person's confirmation: id -> (plan, when it goes).
-        self._lifts: dict[str, tuple[str, float]] = {}
+        # Lifts waiting for the person's confirmation (id -> plan), each dropped by a
+        # timer CONFIRM_LIFT_S after it was asked.
+        self._lifts: dict[str, str] = {}
         # Told when lifts start or stop waiting (the assembly holds desktop input).
         self.on_confirming: Callable[[], None] = lambda: None
         dispatcher.watcher = self
@@ -365,8 +366,7 @@ class Console:
 
     def confirming(self) -> bool:
         """A lift waits for the person's confirmation."""
-        now = time.monotonic()
-        return any(until > now for _plan, until in self._lifts.values())
+        return bool(self._lifts)
 
     def _ask_to_lift(self, plan: str) -> dict[str, Any]:
         """The first step of a lift: nothing is lifted yet; the UI asks the person to
@@ -374,22 +374,21 @@ class Console:
         if self.dispatcher.state.killed(plan) is None:
             return {"ok": False, "message": "that plan was not killed"}
         confirm = secrets.token_hex(8)
-        self._lifts[confirm] = (plan, time.monotonic() + CONFIRM_LIFT_S)
+        self._lifts[confirm] = plan
         asyncio.get_running_loop().call_later(CONFIRM_LIFT_S, self._drop_lift, confirm)
         self.on_confirming()
         return {"ok": False, "confirm": confirm, "plan": plan, "within_s": CONFIRM_LIFT_S}
 
-    def _drop_lift(self, confirm: str) -> tuple[str, float] | None:
-        waiting = self._lifts.pop(confirm, None)
-        if waiting is not None:
+    def _drop_lift(self, confirm: str) -> str | None:
+        plan = self._lifts.pop(confirm, None)
+        if plan is not None:
             self.on_confirming()
-        return waiting
+        return plan
 
     def _confirm_lift(self, confirm: str, yes: bool) -> dict[str, Any]:
-        waiting = self._drop_lift(confirm)
-        if waiting is None or waiting[1] <= time.monotonic():
+        plan = self._drop_lift(confirm)
+        if plan is None:
             return {"ok": False, "message": "that confirmation is no longer waiting; press l again"}
-        plan = waiting[0]
         if not yes:
             return {"ok": False, "message": "the kill stays"}
         lifted = self.dispatcher.state.lift_kill(plan)

@@ -8,6 +8,7 @@ import grpc
 
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import Keepalive, bearer, open_channel, read_token
+from worker.wire.varint import field_head
 
 if TYPE_CHECKING:  # `agentworker call` imports this module: no pydantic on its path
     from collections.abc import Awaitable
@@ -20,7 +21,6 @@ if TYPE_CHECKING:  # `agentworker call` imports this module: no pydantic on its 
 # grpc._utilities to check gRPC's version), which the other methods load on first use.
 _DISPATCH = f"/{pb.DESCRIPTOR.services_by_name['ControlService'].full_name}/Dispatch"
 _BLOB_FIELD = pb.DispatchRequest.DESCRIPTOR.fields_by_name["blob"].number
-_LENGTH_DELIMITED = 2
 
 
 def dispatch_bytes(fields: dict[str, Any]) -> bytes:
@@ -35,23 +35,7 @@ def dispatch_bytes(fields: dict[str, Any]) -> bytes:
     size = memoryview(blob).nbytes
     if not size:
         return head.SerializeToString()
-    return b"".join(
-        (
-            head.SerializeToString(),
-            _varint(_BLOB_FIELD << 3 | _LENGTH_DELIMITED),
-            _varint(size),
-            blob,
-        )
-    )
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return b"".join((head.SerializeToString(), field_head(_BLOB_FIELD, size), blob))
 
 
 class ControlClient:

@@ -14,6 +14,8 @@ from typing import Generic, TypeVar
 
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import MAX_MESSAGE_BYTES
+from worker.wire.varint import LENGTH_DELIMITED, field_head
+from worker.wire.varint import varint as _varint
 
 # Room left for the envelope's own framing.
 MAX_ENVELOPE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
@@ -134,7 +136,6 @@ class Batcher(Generic[M]):
 # 16 MiB request or a 1 MiB result is copied once on its way to gRPC (when its
 # part is built), not once per layer of framing.
 
-_LENGTH_DELIMITED = 2
 RESULT_FIELD = pb.WorkerMessage.DESCRIPTOR.fields_by_name["result"].number
 _REQUEST_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["request"].number
 _BLOB_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["blob"].number
@@ -142,22 +143,13 @@ _RESULT_BLOB_FIELD = pb.ActionResult.DESCRIPTOR.fields_by_name["blob"].number
 _MESSAGES_FIELD = pb.WorkerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _tag(field_number: int) -> bytes:
-    return _varint(field_number << 3 | _LENGTH_DELIMITED)
+    return _varint(field_number << 3 | LENGTH_DELIMITED)
 
 
 def framed(field_number: int, payload: bytes) -> bytes:
     """`payload` (a serialized message) as field `field_number` of its parent."""
-    return _tag(field_number) + _varint(len(payload)) + payload
+    return field_head(field_number, len(payload)) + payload
 
 
 def framed_size(payload_bytes: int, field_number: int = _MESSAGES_FIELD) -> int:
@@ -410,7 +402,7 @@ def _delimited_fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
             pos += 8
         elif wire_type == 5:
             pos += 4
-        elif wire_type == _LENGTH_DELIMITED:
+        elif wire_type == LENGTH_DELIMITED:
             length, pos = read_varint(view, pos)
             if pos + length <= end:
                 yield number, field_start, pos, pos + length
