@@ -23,7 +23,7 @@ from worker.core import blob_parts, connection
 from worker.core.connection import WorkerConnection
 from worker.hub import server
 from worker.hub.server import Hub
-from worker.wire.local import LocalLink, result_key
+from worker.wire.local import HandedResult, LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import read_or_create_token, read_token
 
@@ -211,6 +211,54 @@ def test_a_worker_whose_session_is_not_local_sends_result_blobs_inside_results(
     assert max(sizes) > MIB  # the result's envelope, its blob in it
 
 
+def listing(correlation_id: str) -> pb.DispatchRequest:
+    return pb.DispatchRequest(
+        correlation_id=correlation_id,
+        agent_id="tester",
+        surface="workerHost",
+        action="fs_list",
+        args_json=json.dumps({"path": "many", "limit": 3000}),
+    )
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_large_result_reaches_the_hub_by_reference_on_a_local_session_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local: bool
+) -> None:
+    """A listing of 3,000 entries (about 450 KB of JSON, no blob) goes to a hub in this
+    process by reference, its stub down the stream; the caller's response, the hub's
+    stored answer (a retry of the id) and the in-process answer are the very result a
+    worker elsewhere sends down the stream whole."""
+    sizes = written(monkeypatch)
+    many = tmp_path / "workspace" / "many"
+    many.mkdir(parents=True)
+    for i in range(3000):
+        (many / f"entry-{i:04d}.txt").write_bytes(b"x" * (i % 7))
+
+    async def scenario() -> list[pb.ActionResult]:
+        async with up(tmp_path, local=local) as (hub, link, _worker):
+            first = pb.DispatchResponse.FromString(
+                await hub.dispatch_serialized(listing("list-1"), None)
+            ).result
+            hub.store_results()  # stored now, as its group commit would
+            again = (await hub.dispatch(listing("list-1"))).result
+            other = (await hub.dispatch(listing("list-2"))).result
+            assert link.held == 0
+            return [first, again, other]
+
+    first, again, other = asyncio.run(scenario())
+    assert first.status == pb.ActionResult.OK, first.error.message
+    entries = json.loads(first.result_json)["entries"]
+    assert len(entries) == 3000 and entries[-1]["name"] == "entry-2999.txt"
+    assert again.replayed and again.result_json == first.result_json
+    assert again.invocation == first.invocation
+    assert other.result_json == first.result_json and other.status == pb.ActionResult.OK
+    if local:
+        assert sizes and max(sizes) < 64 * 1024  # each result's stub only
+    else:
+        assert max(sizes) > len(first.result_json)  # the result down the stream
+
+
 def test_a_result_whose_caller_left_is_taken_kept_and_replayed_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,15 +277,15 @@ def test_a_result_whose_caller_left_is_taken_kept_and_replayed_intact(
             first = asyncio.create_task(read_bytes(hub, read("page.bin", "read-1")))
             hand, take = link.hand_result, link.take_result
 
-            def hand_and_leave(session_id: str, key: tuple[str, str, str], data: bytes) -> bool:
-                handed.append(key[0])
+            def hand_and_leave(session_id: str, result: HandedResult) -> bool:
+                handed.append(result.key[0])
                 first.cancel()  # the caller goes away as its result leaves the worker
-                return hand(session_id, key, data)
+                return hand(session_id, result)
 
-            def take_and_tell(session_id: str, key: tuple[str, str, str]) -> bytes | None:
-                data = take(session_id, key)
+            def take_and_tell(session_id: str, key: tuple[str, str, str]) -> HandedResult | None:
+                result = take(session_id, key)
                 taken.set()
-                return data
+                return result
 
             monkeypatch.setattr(link, "hand_result", hand_and_leave)
             monkeypatch.setattr(link, "take_result", take_and_tell)
@@ -288,24 +336,35 @@ def test_a_result_handed_as_the_stream_drops_is_let_go_and_sent_again_inside_it(
     assert max(sizes) > MIB  # sent again inside the result
 
 
-def test_the_link_hands_result_blobs_on_a_local_session_to_the_result_they_came_with() -> None:
+def test_the_link_hands_results_on_a_local_session_to_the_stub_they_came_with() -> None:
     link = LocalLink()
-    done = pb.ActionResult(correlation_id="c1", status=pb.ActionResult.OK)
+    done = pb.ActionResult(correlation_id="c1", status=pb.ActionResult.OK, result_json="{}")
     done.invocation.invocation_id = "i1"
-    assert not link.hand_result("s1", result_key(done), b"x")  # not local: kept in it
+
+    def handing(blob: bytes) -> HandedResult:
+        return HandedResult(result_key(done), done.SerializeToString(), blob)
+
+    x, y, z = handing(b"x"), handing(b"y"), handing(b"z")
+    assert not link.hand_result("s1", x)  # not local: it goes whole
     link.attach("s1")
-    assert link.hand_result("s1", result_key(done), b"x")
-    assert link.hand_result("s1", result_key(done), b"x")  # a replay sent before it was read
+    assert link.hand_result("s1", x)
+    assert link.hand_result("s1", x)  # a replay sent before it was read
     gone = pb.ActionResult(correlation_id="c1", status=pb.ActionResult.ERROR, replayed=True)
     gone.invocation.CopyFrom(done.invocation)
     gone.error.code = "blob_gone"
     assert link.take_result("s1", result_key(gone)) is None  # not the result it came with
     assert link.take_result("s2", result_key(done)) is None  # another session's
-    assert link.take_result("s1", result_key(done)) == b"x"
+    assert link.take_result("s1", result_key(done)) is x
     link.detach("s1")  # the worker's end: the hub may still read what was written
-    assert not link.hand_result("s1", result_key(done), b"y") and link.held == 1
-    assert link.take_result("s1", result_key(done)) == b"x" and link.held == 0
+    assert not link.hand_result("s1", y) and link.held == 1
+    assert link.take_result("s1", result_key(done)) is x and link.held == 0
     link.attach("s2")
-    assert link.hand_result("s2", result_key(done), b"z")
+    assert link.hand_result("s2", z)
     link.end("s2")  # the hub's end: it reads no more of the session
     assert link.held == 0 and not link.results_held and not link.local("s2")
+    # Down the stream: the stub (no result_json, no blob) once handed, else all of it.
+    assert pb.WorkerEnvelope.FromString(x.part(True)).messages[0].result == pb.ActionResult(
+        correlation_id="c1", status=pb.ActionResult.OK, invocation=done.invocation
+    )
+    whole = pb.WorkerEnvelope.FromString(x.part(False)).messages[0].result
+    assert whole.result_json == "{}" and whole.blob == b"x"

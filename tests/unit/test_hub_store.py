@@ -52,7 +52,10 @@ def test_a_result_blob_is_kept_only_until_a_caller_takes_it(tmp_path: Path) -> N
     # Nobody was waiting for "waiting" (a hub restarted): its blob is kept for the caller.
     # (The hub reads a large result's blob apart from it: "taken" comes so.)
     store.complete_many(
-        [(_ok("taken"), memoryview(blob), False), (_ok_with_blob("waiting", blob), None, True)]
+        [
+            (_ok("taken"), memoryview(blob), False, None),
+            (_ok_with_blob("waiting", blob), None, True, None),
+        ]
     )
     taken = store.get("taken")
     assert taken is not None and taken.result is not None and taken.result.blob == b""
@@ -133,7 +136,7 @@ def test_a_result_arriving_before_the_flush_stores_its_call_first(tmp_path: Path
     path = tmp_path / "hub.db"
     store = HubStore(path)
     store.add("w", "d", _request("quick"), 0, now_ms() + 60_000)
-    assert store.complete_many([(_ok("quick"), None, False)]) == [True]
+    assert store.complete_many([(_ok("quick"), None, False, None)]) == [True]
     assert _committed_ids(path) == {"quick"}
     done = store.get("quick")
     assert done is not None and done.state == "DONE" and done.result == _ok("quick")
@@ -152,9 +155,9 @@ def test_calls_added_and_answered_between_commits_are_written_once_answered(
     store.add("w", "d-slow", _request("slow"), 0, deadline)  # not answered yet
     blob = os.urandom(100)
     answers = [
-        (_ok("quick"), memoryview(blob), False),
-        (_ok("written"), None, False),
-        (_ok("stranger"), None, False),  # a result for a call this hub never sent
+        (_ok("quick"), memoryview(blob), False, None),
+        (_ok("written"), None, False, None),
+        (_ok("stranger"), None, False, None),  # a result for a call this hub never sent
     ]
     assert store.complete_many(answers) == [True, True, False]
     assert _committed_ids(path) == {"written", "quick", "slow"}
@@ -200,10 +203,10 @@ def test_a_resent_result_restores_a_blob_its_first_delivery_let_go(tmp_path: Pat
     store = HubStore(tmp_path / "hub.db")
     store.add("w", "d", _request("again"), 0, now_ms() + 60_000)
     blob = os.urandom(1000)
-    assert store.complete_many([(_ok("again"), memoryview(blob), False)]) == [True]
+    assert store.complete_many([(_ok("again"), memoryview(blob), False, None)]) == [True]
     gone = store.get("again")
     assert gone is not None and gone.result_blob_gone
-    assert store.complete_many([(_ok_with_blob("again", blob), None, True)]) == [False]
+    assert store.complete_many([(_ok_with_blob("again", blob), None, True, None)]) == [False]
     kept = store.get("again")
     assert kept is not None and kept.result is not None and kept.result.blob == blob
     store.close()

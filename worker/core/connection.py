@@ -609,16 +609,16 @@ class WorkerConnection:
             self._outbox.put_nowait(part)
 
     def _send_handed(self, result: HandedResult) -> None:
-        """Queue a result whose blob goes to the hub of this process by reference (as
-        the writer sends it, `_hand_result`)."""
+        """Queue a result that goes to the hub of this process by reference (as the
+        writer sends its stub, `_hand_result`)."""
         if self._outbox is not None:
             self._outbox.put_nowait(result)
 
     def _hand_result(self, result: HandedResult) -> bool:
-        """Hand the result's blob to the hub of this process, as the writer sends the
-        result without it; False when this session is not (or no longer) local."""
+        """Hand the result to the hub of this process, as the writer sends its stub;
+        False when this session is not (or no longer) local."""
         link = self._link
-        return link is not None and link.hand_result(self._session_id, result.key, result.blob)
+        return link is not None and link.hand_result(self._session_id, result)
 
     @property
     def outgoing_bytes(self) -> int:
@@ -700,9 +700,9 @@ async def _write_outbox(
     hand: Callable[[HandedResult], bool],
 ) -> None:
     """The stream's only writer (concurrent writes would kill the stream), sending
-    whatever queued up meanwhile as one envelope. A result's blob is handed to the hub
-    of this process (`hand`) just before the result goes without it, in the order the
-    results go; if it cannot be, the result carries it."""
+    whatever queued up meanwhile as one envelope. A result is handed to the hub of
+    this process (`hand`) just before its stub goes, in the order the results go; if
+    it cannot be, the result goes whole."""
     batches: Batcher[bytes | HandedResult] = Batcher(outbox, len)
     try:
         while (batch := await batches.next_batch()) is not None:

@@ -10,8 +10,8 @@ for `ACK_DELAY_S`), duplicate acks and audit events.
 The `Outbox` is the one way out: the connection attaches its session's writer while a
 stream is up and detaches it when the stream ends; offline, messages go nowhere (a
 result is durable and re-sent after the next handshake). On a session with a hub in
-this process (`agentworker up`) a result's blob goes to the hub by reference, not
-framed into the result (`worker.wire.local.HandedResult`).
+this process (`agentworker up`) a result with a blob, or a large one, goes to the hub
+by reference, not framed into the stream (`worker.wire.local.HandedResult`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from worker.core.ledger import State
 from worker.core.telemetry import Telemetry
 from worker.wire.framing import result_part
-from worker.wire.local import HandedResult, result_key
+from worker.wire.local import HandedResult, handed, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import blob_gone
 
@@ -57,7 +57,7 @@ class Outbox:
 
     def attach(self, sink: Emit, hand: Callable[[HandedResult], None] | None = None) -> None:
         """Send to `sink`; with `hand`, the session's hub is in this process and takes a
-        result's blob by reference (`result`)."""
+        result with a blob, or a large one, by reference (`result`)."""
         self._sink = sink
         self._hand = hand
 
@@ -78,7 +78,7 @@ class Outbox:
         (one copy), or handed over by reference to a hub in this process."""
         if self._sink is None:
             return
-        if blob and self._hand is not None:
+        if self._hand is not None and handed(data, blob):
             self._hand(HandedResult(result_key(result), data, blob))
         else:
             self._sink(result_part(data, blob))

@@ -231,25 +231,34 @@ def _worker_envelope(data: bytes) -> Incoming:
 @dataclass(frozen=True)
 class Answer:
     """A call's result as the hub hands it on: `result`, and when it was read apart
-    from its blob, the blob (else `result` holds its own)."""
+    from its blob, the blob (else `result` holds its own). A result the worker of this
+    process handed over (worker.wire.local) comes `serialized` (without its blob), and
+    `result` is then its stub: the same without its `result_json`."""
 
     result: pb.ActionResult
     blob: Buffer | None = None
+    serialized: bytes | None = None
 
     def message(self) -> pb.ActionResult:
         """The result with its blob in it (a copy of the blob, for in-process callers)."""
-        if self.blob is None:
+        if self.serialized is not None:
+            whole = pb.ActionResult.FromString(self.serialized)
+        elif self.blob is None:
             return self.result
-        whole = pb.ActionResult()
-        whole.CopyFrom(self.result)
-        whole.blob = bytes(self.blob)
+        else:
+            whole = pb.ActionResult()
+            whole.CopyFrom(self.result)
+        if self.blob:
+            whole.blob = bytes(self.blob)
         return whole
 
     def response(self, worker_id: str) -> bytes:
         """A serialized DispatchResponse carrying this result: its blob copied once (a
-        1 MiB fs_read's was copied twice, the second time to put the worker id first)."""
+        1 MiB fs_read's was copied twice, the second time to put the worker id first),
+        and a handed result's bytes as they came (a 1.5 MB listing is not serialized
+        again)."""
         worker = pb.DispatchResponse(worker_id=worker_id).SerializeToString()
-        body = self.result.SerializeToString()
+        body = self.serialized if self.serialized is not None else self.result.SerializeToString()
         blob = b"" if self.blob is None else self.blob
         return nested_message(_RESPONSE_RESULT, body, _RESULT_BLOB, blob, after=worker)
 
@@ -505,8 +514,12 @@ class Hub:
             result = msg.result
             link = self.link
             if blob is None and link is not None and link.results_held and not result.blob:
-                # From the worker of this process, its blob by reference (worker.wire.local).
-                blob = link.take_result(session.session_id, result_key(result))
+                # From the worker of this process: its stub, the result by reference
+                # (worker.wire.local).
+                handed = link.take_result(session.session_id, result_key(result))
+                if handed is not None:
+                    self._on_result(session, Answer(result, handed.blob, handed.result))
+                    return
             self._on_result(session, Answer(result, blob))
         elif kind == "ack":
             self._on_ack(session, msg.ack)
@@ -555,7 +568,7 @@ class Hub:
             if self._from_its_worker(session, teardown[0], cid):
                 del self._teardowns[cid]
                 if not teardown[1].done():
-                    teardown[1].set_result(result)
+                    teardown[1].set_result(answer.message())
             return
         if not self._from_its_worker(session, self.store.worker_of(cid), cid):
             # Neither handed on nor stored; acked, so that a worker holding it lets it go.
@@ -635,7 +648,10 @@ class Hub:
             self.store.flush()
             return
         stored = self.store.complete_many(
-            [(answer.result, answer.blob, not taken) for _, answer, taken in unstored]
+            [
+                (answer.result, answer.blob, not taken, answer.serialized)
+                for _, answer, taken in unstored
+            ]
         )
         acks: dict[str, tuple[Session, list[str]]] = {}
         for (session, answer, _taken), new in zip(unstored, stored, strict=True):

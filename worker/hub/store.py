@@ -216,27 +216,28 @@ class HubStore:
 
     def complete(self, result: pb.ActionResult, *, keep_blob: bool = False) -> bool:
         """Store a result; False when the call is unknown or already has one."""
-        return self.complete_many([(result, None, keep_blob)])[0]
+        return self.complete_many([(result, None, keep_blob, None)])[0]
 
     def complete_many(
-        self, results: list[tuple[pb.ActionResult, Buffer | None, bool]]
+        self, results: list[tuple[pb.ActionResult, Buffer | None, bool, bytes | None]]
     ) -> list[bool]:
-        """`complete` for each (result, its blob if read apart from it, keep the blob?),
-        in one commit. A result's blob is stored only when asked (no caller took it
-        yet); its size always is. A call added since the last commit and answered
-        meanwhile (most calls: commits are STORE_DELAY_S apart) is written once, with
-        its answer, not written pending and then updated."""
+        """`complete` for each (result, its blob if read apart from it, keep the blob?,
+        the result serialized without its blob if it came so), in one commit. A
+        result's blob is stored only when asked (no caller took it yet); its size
+        always is. A call added since the last commit and answered meanwhile (most
+        calls: commits are STORE_DELAY_S apart) is written once, with its answer, not
+        written pending and then updated."""
         stored: list[bool] = []
         whole: dict[str, tuple[object, ...]] = {}  # added and answered: one row each
         with db.transaction(self._db):
-            for result, apart, keep_blob in results:
+            for result, apart, keep_blob, serialized in results:
                 cid = result.correlation_id
                 blob: Buffer = result.blob if apart is None else apart  # each read copies
                 # Copied field by field only to leave a blob out: a result with none (or
                 # read apart from it) is serialized as it is (a 1.5 MB listing's JSON was
                 # copied twice more).
                 bare = without_blob(result) if apart is None and blob else result
-                answer = bare.SerializeToString()
+                answer = bare.SerializeToString() if serialized is None else serialized
                 kept = bytes(blob) if keep_blob and blob else None
                 added = self._unwritten.get(cid)
                 if added is not None and cid not in whole:

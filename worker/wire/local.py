@@ -17,16 +17,20 @@ says so, on the Welcome of a stream it opened (`attach`): a worker elsewhere can
 be handed anything, whatever id it claims. What was handed and not taken goes when
 its call is answered or abandoned, or when the stream ends (`drop`, `detach`).
 
-A result's blob goes the other way the same way (`HandedResult`): the worker, once the
-result is recorded (or held, for an effect-free call), hands the blob over as it
-writes the result down the stream without it, and the hub takes it as it reads that
-result, before anything else sees it. Down the stream a 1 MiB blob cost a copy into
-the result's envelope part, gRPC's copies on both sides and the loopback's send, all
-on the one event loop. A result is told apart by its call, its invocation and its
+A result goes the other way the same way (`HandedResult`) when it has a blob or is
+large itself (`HAND_RESULT_BYTES`: fs_list's 10,000 entries are 1.5 MB of JSON): the
+worker, once the result is recorded (or held, for an effect-free call), hands the
+result's bytes (serialized as the ledger keeps them) and its blob over as it writes
+the result down the stream without its `result_json` and blob, and the hub takes them
+as it reads that result, before anything else sees it. Down the stream a 1 MiB blob
+cost a copy into the result's envelope part, gRPC's copies on both sides and the
+loopback's send, all on the one event loop, and a 1.5 MB listing the same plus a parse
+in the hub; the hub now builds the caller's response and its stored row from the
+handed bytes as they are. A result is told apart by its call, its invocation and its
 error code (`result_key`): the worker's copies of one result (a replay of it, sent
-again before the first was read) carry the same blob, and a result without a blob
-that shares its call and invocation (`blob_gone`) has another error code. The worker
-hands only on a session this process attached, and writes the blob inside the result
+again before the first was read) are the same, and a result without a blob that
+shares its call and invocation (`blob_gone`) has another error code. The worker hands
+only on a session this process attached, and writes the whole result down the stream
 when the session is gone; what was handed and not taken goes when the hub ends the
 session (`end`): the hub reads nothing of it after that. The worker's own end of the
 session (`detach`) leaves them, as the hub may still read results already written.
@@ -35,9 +39,16 @@ session (`detach`) leaves them, as the hub may still read results already writte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Final
 
-from worker.wire.framing import Buffer, result_part
+from worker.wire.framing import Buffer, result_part, split_field
 from worker.wire.proto import agentworker_pb2 as pb
+
+# A result this large without its blob (serialized) goes to a hub in this process by
+# reference, as a result with a blob always does; a smaller one is parsed quicker.
+HAND_RESULT_BYTES: Final = 64 * 1024
+_RESULT_JSON: Final = pb.ActionResult.DESCRIPTOR.fields_by_name["result_json"].number
 
 # A result as the hub tells it apart: its call's id, its invocation's id, its error code.
 ResultKey = tuple[str, str, str]
@@ -47,30 +58,43 @@ def result_key(result: pb.ActionResult) -> ResultKey:
     return (result.correlation_id, result.invocation.invocation_id, result.error.code)
 
 
+def handed(result_bytes: bytes, blob: bytes) -> bool:
+    """Whether a result (serialized without its blob) and its blob go to a hub in this
+    process by reference (`HandedResult`), rather than down the stream."""
+    return bool(blob) or len(result_bytes) >= HAND_RESULT_BYTES
+
+
 @dataclass(frozen=True, eq=False)
 class HandedResult:
     """A result on its way to a hub in this process: `result` (serialized, without its
-    blob) goes down the stream, `blob` by reference (`LocalLink.hand_result`)."""
+    blob) and `blob` by reference (`LocalLink.hand_result`), and down the stream the
+    result without its `result_json` (`stub`), which the hub reads them by."""
 
     key: ResultKey
     result: bytes
     blob: bytes
 
     def __len__(self) -> int:
-        """What it may take on the wire: with its blob, should the hub be gone."""
+        """What it may take on the wire: whole, should the hub be gone."""
         return len(self.result) + len(self.blob) + 32  # and the framing's tags and lengths
 
+    @cached_property
+    def stub(self) -> bytes:
+        """The result without its `result_json` (serialized; small): its call, status,
+        error and invocation, all the hub needs to read it by."""
+        return split_field(self.result, _RESULT_JSON)[0]
+
     def part(self, handed: bool) -> bytes:
-        """The result's envelope part: without its blob once handed, else with it."""
-        return result_part(self.result, b"" if handed else self.blob)
+        """The result's envelope part: its stub once handed, else the whole result."""
+        return result_part(self.stub) if handed else result_part(self.result, self.blob)
 
 
 class LocalLink:
     def __init__(self) -> None:
         self._sessions: set[str] = set()
         self._blobs: dict[str, tuple[str, Buffer]] = {}  # call id -> (session id, blob)
-        # Result blobs handed to the hub and not read yet: (session id, result) -> blobs.
-        self._results: dict[tuple[str, ResultKey], list[bytes]] = {}
+        # Results handed to the hub and not read yet: (session id, result) -> results.
+        self._results: dict[tuple[str, ResultKey], list[HandedResult]] = {}
 
     def attach(self, session_id: str) -> None:
         """The worker in this process opened this session (its Welcome said so)."""
@@ -108,30 +132,30 @@ class LocalLink:
     def drop(self, correlation_id: str) -> None:
         self._blobs.pop(correlation_id, None)
 
-    def hand_result(self, session_id: str, key: ResultKey, blob: bytes) -> bool:
-        """Hand the hub the blob of the result about to be written on a local session
-        without it; False (nothing kept) when the session is not local (any more): the
-        result then carries its blob."""
+    def hand_result(self, session_id: str, result: HandedResult) -> bool:
+        """Hand the hub the result about to be written on a local session as its stub;
+        False (nothing kept) when the session is not local (any more): the result then
+        goes down the stream whole."""
         if session_id not in self._sessions:
             return False
-        self._results.setdefault((session_id, key), []).append(blob)
+        self._results.setdefault((session_id, result.key), []).append(result)
         return True
 
     @property
     def results_held(self) -> bool:
-        """Whether any result blob waits to be taken."""
+        """Whether any handed result waits to be taken."""
         return bool(self._results)
 
-    def take_result(self, session_id: str, key: ResultKey) -> bytes | None:
-        """The blob handed for this result on this session (once for each time it was
+    def take_result(self, session_id: str, key: ResultKey) -> HandedResult | None:
+        """The result handed for this stub on this session (once for each time it was
         handed); None if none was."""
         handed = self._results.get((session_id, key))
         if handed is None:
             return None
-        blob = handed.pop(0)
+        result = handed.pop(0)
         if not handed:
             del self._results[(session_id, key)]
-        return blob
+        return result
 
     @property
     def held(self) -> int:
