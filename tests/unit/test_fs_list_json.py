@@ -75,3 +75,23 @@ def test_odd_names_times_and_modes_are_written_as_the_model_writes_them(tmp_path
     assert sorted(by_name) == sorted([*names, "setuid"])
     assert by_name[names[0]].mtime == 1e-05 and by_name[names[1]].mtime == -1.5
     assert by_name["setuid"].mode == "0o4755"
+
+
+def test_entries_that_share_a_mode_are_each_their_own(tmp_path: Path) -> None:
+    """Entries of one st_mode are copies of one finished entry: each has its own name,
+    size and time, and the one whose name is not UTF-8 alone is escaped and marked."""
+    folder = tmp_path / "same"
+    folder.mkdir()
+    for i in range(20):
+        (folder / f"f{i:02d}").write_bytes(b"x" * i)
+        os.utime(folder / f"f{i:02d}", ns=(i * 1_000_000_000, i * 1_000_000_000))
+    with open(os.path.join(os.fsencode(folder), b"caf\xe9"), "wb") as odd:
+        odd.write(b"y" * 99)
+    model = listed(tmp_path, folder, fs_list.FsListArgs(path="."))
+    plain = [entry for entry in model.entries if entry.name.startswith("f")]
+    assert [(e.name, e.size, e.mtime, e.error) for e in plain] == [
+        (f"f{i:02d}", i, float(i), None) for i in range(20)
+    ]
+    (odd_entry,) = [entry for entry in model.entries if not entry.name.startswith("f")]
+    assert odd_entry.name == "caf\\xe9" and odd_entry.size == 99
+    assert odd_entry.error == fs_list.NOT_UTF8 and odd_entry.mode == plain[0].mode

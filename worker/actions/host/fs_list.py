@@ -98,32 +98,49 @@ def _rows(root: ConfinedDir, base: str) -> Row[dict[str, Any]]:
     """What the listing keeps of each entry: its FsEntry's fields, in order, made as
     the walk finds it (no stat result or other record per entry is kept)."""
     prefix = "" if base == "." else f"{base}/"
-    # type and mode by st_mode: a tree holds few distinct ones, so one dict lookup per
-    # entry instead of three calls (a tenth of a 10,000-entry listing's time).
-    described: dict[int, tuple[str, str]] = {}
+    # An entry's type and mode follow from its st_mode, and a tree holds few distinct
+    # ones: each has a finished entry to copy (not a symlink's, whose target is read
+    # each time), whose four fields of its own are then set. Copying it costs 0.28 us
+    # an entry where building the dict took 0.4 (a 10,000-entry listing: 2.8 ms
+    # against 4.0 of rows, in a process doing nothing else); deciding type and mode
+    # once per st_mode spared three calls an entry, a tenth of the listing.
+    templates: dict[int, dict[str, Any]] = {}
 
     def row(
         path: str, name: str, st: os.stat_result, error: Problem | str | None
     ) -> dict[str, Any]:
-        mode = st.st_mode
-        try:
-            kind, perms = described[mode]
-        except KeyError:
-            kind, perms = described[mode] = (file_kind(st), oct(stat_mod.S_IMODE(mode)))
+        template = templates.get(st.st_mode)
+        if template is None or error is not None:
+            return described(path, name, st, error)
+        entry = template.copy()  # keeps the fields' order: the model's
+        entry["path"] = path
+        entry["name"] = name
+        entry["size"] = st.st_size
+        entry["mtime"] = st.st_mtime
+        return entry
+
+    def described(
+        path: str, name: str, st: os.stat_result, error: Problem | str | None
+    ) -> dict[str, Any]:
+        """An entry made field by field (a symlink, an error, a new st_mode)."""
+        kind = file_kind(st)
         target = None
         if kind == "symlink":
             with contextlib.suppress(ConfinementError):  # gone or changed since it was listed
                 target = root.readlink_inside(prefix + path)
-        return {
+        entry = {
             "path": path,
             "name": name,
             "type": kind,
             "size": st.st_size,
             "mtime": st.st_mtime,
-            "mode": perms,
+            "mode": oct(stat_mod.S_IMODE(st.st_mode)),
             "symlink_target": target,
             "error": None if error is None else _error(error),
         }
+        if kind != "symlink" and error is None:
+            templates[st.st_mode] = entry.copy()
+        return entry
 
     return row
 
