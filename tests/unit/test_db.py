@@ -131,7 +131,11 @@ def test_the_bytes_a_commit_writes_are_counted_for_the_checkpointer(
             conn.executemany("INSERT INTO t VALUES (?)", [(b"z" * 100,), (b"z" * 200,)])
         conn.execute("SELECT count(*) FROM t WHERE v != ?", (b"w" * 7000,)).fetchone()
         conn.execute("INSERT INTO t VALUES (x'01')")
-        assert woken == [5000, 600, 0], "each commit's texts and blobs; a read's count nothing"
+        conn.execute("INSERT INTO t VALUES (:v)", {"v": memoryview(b"m" * 50)})
+        conn.executemany("INSERT INTO t VALUES (?)", [[7], ["n" * 40]])  # rows as lists
+        assert woken == [5000, 600, 0, 50, 40], (
+            "each commit's texts and blobs; a read's count nothing"
+        )
     finally:
         db.close(conn)
 
