@@ -9,6 +9,7 @@ from worker.wire.framing import (
     envelope_bytes,
     request_message,
     result_message,
+    when_idle,
 )
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -153,3 +154,40 @@ def test_a_large_result_without_a_blob_is_parsed_once_and_an_empty_one_stays_a_r
     assert apart is not None and bytes(apart) == only_blob.blob
     response = pb.DispatchResponse.FromString(Answer(first.result, none).response("w"))
     assert response == pb.DispatchResponse(worker_id="w", result=listing)
+
+
+def busy(turns: int, seen: list[str]) -> None:
+    """Keep the running loop busy for `turns` more turns, noting each in `seen`."""
+    seen.append("busy")
+    if turns > 1:
+        asyncio.get_running_loop().call_soon(busy, turns - 1, seen)
+
+
+def test_idle_callbacks_wait_for_the_loop_to_run_out_of_work_and_share_one_chain() -> None:
+    async def go() -> list[str]:
+        seen: list[str] = []
+        busy(20, seen)
+        when_idle(lambda: seen.append("first"), 3600)
+        when_idle(lambda: seen.append("second"), 3600)  # the same chain calls it
+        done = asyncio.Event()
+        when_idle(done.set, 3600)
+        await done.wait()
+        return seen
+
+    assert asyncio.run(go()) == ["busy"] * 20 + ["first", "second"]
+
+
+def test_an_idle_callback_comes_within_its_bound_on_a_loop_that_never_idles() -> None:
+    async def go() -> None:
+        called = asyncio.Event()
+
+        def spin() -> None:  # busy for as long as the callback has not come
+            if not called.is_set():
+                asyncio.get_running_loop().call_soon(spin)
+
+        spin()
+        when_idle(called.set, 0.01)
+        async with asyncio.timeout(60):  # only a broken bound would reach this
+            await called.wait()
+
+    asyncio.run(go())

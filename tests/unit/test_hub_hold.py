@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
+from worker.hub import server
 from worker.hub.server import HOLD_S, Hub, Session
 from worker.hub.store import HubStore
 from worker.wire.proto import agentworker_pb2 as pb
@@ -30,14 +33,44 @@ def test_a_lone_call_is_not_held(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_a_call_is_held_until_results_come_and_the_loop_runs_out_of_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the worker's results come, the batch still waits while other work is ready
+    (in `up`, the worker's; anywhere, the next Dispatches gRPC hands over)."""
+    monkeypatch.setattr(server, "HOLD_S", 3600)  # only the results and the loop count
+
+    async def go() -> None:
+        hub, session = hub_and_session(tmp_path)
+        hub._open_calls["w"] = 2  # another call is at the worker
+        held = hub._hold(session)
+        assert held is not None and not held.done()
+        seen: list[bool] = []
+
+        def other_work(turns: int) -> None:
+            seen.append(held.done())
+            if turns > 1:
+                asyncio.get_running_loop().call_soon(other_work, turns - 1)
+
+        other_work(10)
+        session.settle()  # what the reader does when the worker's results come
+        session.settle()  # results twice before the loop idles: one wait
+        await held
+        assert seen == [False] * 10, "the batch went while other work was ready"
+        hub.store.close()
+
+    asyncio.run(go())
+
+
 def test_a_call_is_held_until_results_come_or_the_hold_ends(tmp_path: Path) -> None:
     async def go() -> None:
         hub, session = hub_and_session(tmp_path)
         hub._open_calls["w"] = 2  # another call is at the worker
         held = hub._hold(session)
         assert held is not None and not held.done()
-        session.release()  # what the reader does when the worker's results come
-        assert held.done()
+        session.settle()  # what the reader does when the worker's results come
+        async with asyncio.timeout(60):
+            await held
         timed = hub._hold(session)  # no results this time: the hold ends by itself
         assert timed is not None
         async with asyncio.timeout(HOLD_S + 5):

@@ -48,6 +48,7 @@ from worker.wire.framing import (
     request_part,
     split_field,
     spread_parts,
+    when_idle,
 )
 from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
@@ -113,8 +114,10 @@ class Session:
     transfers: dict[str, Chunked] = field(default_factory=dict)
     heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
     closed: bool = False
-    # Set by the worker's next results (or HOLD_S): the outbox's writer waits on it.
+    # Set once the worker's next results came and the loop has nothing else to run (or
+    # after HOLD_S): the outbox's writer waits on it (see Hub._hold).
     held: asyncio.Future[None] | None = None
+    settling: asyncio.Future[None] | None = None  # the `held` that `settle` will set
     # Calls the worker said are running (acked STARTED or DUPLICATE_RUNNING) and has
     # not answered yet: slow ones, whose results nothing waits for (see Hub._hold).
     running: set[str] = field(default_factory=set)
@@ -150,6 +153,20 @@ class Session:
         if self.held is not None and not self.held.done():
             self.held.set_result(None)
         self.held = None
+
+    def settle(self) -> None:
+        """The worker's results came: let the held batch go once the loop has nothing
+        else to run (see Hub._hold)."""
+        held = self.held
+        if held is None or held.done() or self.settling is held:
+            return
+        self.settling = held
+
+        def go() -> None:
+            if self.held is held:  # not let go meanwhile (HOLD_S), nor another batch's
+                self.release()
+
+        when_idle(go, HOLD_S)
 
     def close(self) -> None:
         if not self.closed:
@@ -500,7 +517,7 @@ class Hub:
             async for envelope in requests:
                 for msg, blob in envelope:
                     self._handle(session, msg, blob)
-                session.release()  # results came: what waited goes now
+                session.settle()  # results came: what waited goes before the loop sleeps
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception:
@@ -546,8 +563,11 @@ class Hub:
         """What the writer of `session`'s stream waits for before it sends the batch it
         started (Nagle's rule, for calls): while the worker has calls of this hub's in
         hand, their results are on their way, and new requests wait for them (or
-        HOLD_S) so that everything queued meanwhile leaves as one stream message. Under
-        load, a stream message per call costs more CPU than the call itself on both
+        HOLD_S) so that everything queued meanwhile leaves as one stream message. Once
+        they came, the batch still waits for the loop to run out of other work
+        (`framing.when_idle`): the Dispatches gRPC hands over one loop turn at a time
+        join it meanwhile, as do the worker's own in `up`, where it shares the loop.
+        Under load, a stream message per call costs more CPU than the call itself on both
         sides, and holding makes the worker answer a batch in one message too. With no
         other call open (one caller, one call at a time) nothing waits, nor for calls
         the worker said are running (a long exec): their results are not on their way."""

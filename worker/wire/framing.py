@@ -8,6 +8,7 @@ envelope — never more than fits the message limit — and writes that.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -141,6 +142,42 @@ _REQUEST_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["request"].number
 _BLOB_FIELD = pb.ActionRequest.DESCRIPTOR.fields_by_name["blob"].number
 _RESULT_BLOB_FIELD = pb.ActionResult.DESCRIPTOR.fields_by_name["blob"].number
 _MESSAGES_FIELD = pb.WorkerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
+
+
+# The callbacks waiting for each loop to run out of work (see `when_idle`): one chain
+# of turns per loop, since two would each see the other's turn queued and never end.
+_IDLE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def when_idle(callback: Callable[[], None], within_s: float) -> None:
+    """Call `callback` in the running loop's first turn that leaves nothing else ready
+    to run (just before the loop waits for I/O or a timer, as a server writes out its
+    replies before it sleeps), or `within_s` from now at the latest. A writer holding
+    a batch until then sends it with every message the work under way queued: the
+    calls gRPC hands the hub one per loop turn, and in `up`, where the hub and the
+    worker share the loop, the worker's too. asyncio has no public hook for that
+    moment; its loop's queue of ready callbacks (`_ready`, there since asyncio began)
+    says it. A loop without one (another implementation) calls back in the next turn."""
+    loop = asyncio.get_running_loop()
+    waiting = _IDLE.get(loop)
+    if waiting is not None:  # a chain of turns is under way: it calls this one too
+        waiting.append(callback)
+        return
+    waiting = _IDLE[loop] = [callback]
+    ready = getattr(loop, "_ready", None)
+    deadline = loop.time() + within_s
+
+    def turn() -> None:
+        if ready and loop.time() < deadline:
+            loop.call_soon(turn)
+            return
+        del _IDLE[loop]
+        for each in waiting:
+            each()
+
+    loop.call_soon(turn)
 
 
 def _tag(field_number: int) -> bytes:
