@@ -22,6 +22,7 @@ from sandbox.files import (
     make_parents,
     open_regular,
     read_at,
+    read_cached,
     write_atomic,
 )
 from sandbox.fs_types import file_kind
@@ -61,5 +62,6 @@ __all__ = [
     "open_regular",
     "openat2_available",
     "read_at",
+    "read_cached",
     "write_atomic",
 ]

@@ -135,6 +135,32 @@ def read_at(fd: int, offset: int, length: int) -> bytes:
     return b"".join(chunks)
 
 
+# preadv's flag for "answer from the page cache or not at all" (Linux 4.14 and later).
+_NOWAIT: Final = getattr(os, "RWF_NOWAIT", None)
+
+
+def read_cached(fd: int, offset: int, length: int) -> bytes | None:
+    """Up to `length` bytes at `offset` (fewer only at the end of the file, as far as
+    it reached when this began), if the kernel holds all of them in its page cache:
+    read with RWF_NOWAIT, which never waits for a disk. None when some are not there,
+    or when the system cannot read that way (not Linux, a file system without it)."""
+    if _NOWAIT is None:
+        return None
+    length = min(length, max(0, os.fstat(fd).st_size - offset))
+    buffer = bytearray(length)
+    got = 0
+    with memoryview(buffer) as view:
+        while got < length:
+            try:
+                read = os.preadv(fd, [view[got:]], offset + got, _NOWAIT)
+            except OSError:  # EAGAIN: not cached; EOPNOTSUPP: cannot say
+                return None
+            if not read:
+                break
+            got += read
+        return bytes(view[:got])
+
+
 def _lstat(parent_fd: int, name: str) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=parent_fd, follow_symlinks=False)

@@ -26,6 +26,7 @@ from sandbox import (
     make_parents,
     open_regular,
     read_at,
+    read_cached,
     write_atomic,
 )
 from tests.sandbox.support import INSIDE, SECRET, Tree
@@ -105,6 +106,39 @@ def test_read_at_pages_and_stops_at_the_end(tree: Tree, confined: ConfinedDir) -
         assert read_at(fd, 0, 6) == b"inside"
         assert read_at(fd, 7, 100) == b"data\n"
         assert read_at(fd, 1000, 10) == b""
+    finally:
+        os.close(fd)
+
+
+def test_a_cached_read_reads_what_read_at_reads(tree: Tree, confined: ConfinedDir) -> None:
+    """A file just written is in the page cache: read from it, page by page, as read_at
+    reads, never more than the file holds."""
+    (tree.root / "big.bin").write_bytes(os.urandom(3 * 65536 + 17))
+    fd = open_regular(confined, "big.bin")
+    try:
+        for offset, length in [(0, 6), (0, 1 << 20), (65536, 65536), (196600, 100), (10**9, 10)]:
+            assert read_cached(fd, offset, length) == read_at(fd, offset, length)
+        assert read_cached(fd, 5, 0) == b""
+    finally:
+        os.close(fd)
+
+
+def test_a_page_the_kernel_let_go_is_not_read_from_the_cache(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    path = tree.root / "cold.bin"
+    with open(path, "wb") as out:
+        out.write(os.urandom(1 << 20))
+        out.flush()
+        os.fsync(out.fileno())  # clean pages, which the kernel may drop
+    fd = open_regular(confined, "cold.bin")
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        cached = read_cached(fd, 0, 1 << 20)
+        if cached is not None:  # kept in memory all the same (tmpfs): never partial
+            assert cached == path.read_bytes()
+            pytest.skip("this file system keeps files in memory: it had the page")
+        assert read_at(fd, 0, 1 << 20) == path.read_bytes()
     finally:
         os.close(fd)
 

@@ -718,7 +718,7 @@ def build(bench: Workbench) -> Registry:
         ),
         (
             fs_read.SPEC,
-            _look(bench, fs_read.fs_read),
+            _look(bench, fs_read.read_in_thread),
             "up to 1 MiB of a regular file in the plan's workspace (offset/length), in the blob",
         ),
         (
