@@ -5,7 +5,8 @@ The app knows the worker only through a `Link` (worker.console): the local socke
 from the TUI's own process that `agentworker up`/`run` start (ui/child.py) or from
 `agentworker ui`; the tests also drive it on a console in their own process.
 Events arrive as plain dicts and become Textual messages; every text in them was
-made inert by the worker, and it is drawn as plain `Text`, never as markup.
+made inert by the worker, and it is drawn through ui.shown all the same (inert
+again, which changes nothing of an inert text), as plain `Text`, never as markup.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.driver import Driver
 from textual.geometry import Region
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.widgets import DataTable, Footer, Input, Static
 
-from ui.approval import Answer, ApprovalModal, server_text
+from ui.approval import Answer, ApprovalModal
 from ui.notify import Notifier, desktop_notifier
 from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
+from ui.shown import server_text, shown
 from worker.core.console import RECENT_CALLS, Event, Link
 from worker.errors import StartupError
 
@@ -397,20 +400,20 @@ class WorkerApp(App[None]):
             return
         info = self.worker_info
         state = str(self.link_state.get("state", "connecting"))
-        mark, colour = LINK_MARKS.get(state, (state, "yellow"))
+        mark, colour = LINK_MARKS.get(state, (shown(state), "yellow"))
         text = Text()
         text.append("agentworker", style="bold")
         text.append(f"  {mark}", style=f"bold {colour}")
-        detail = str(self.link_state.get("detail") or "")
+        detail = shown(self.link_state.get("detail") or "")
         retry = self.link_state.get("retry_at_ms")
         if state == "backoff" and retry:
             left = max(0.0, int(retry) / 1000 - self.clock())
             text.append(f" (retry in {left:.0f} s: {detail})", style=colour)
         elif state in ("fatal", "detached") and detail:
             text.append(f": {detail}", style=colour)
-        text.append(f"  worker {info.get('worker_id', '?')}")
-        text.append(f"  server {info.get('server', '?')}")
-        text.append(f"  mode {info.get('mode', '?')}")
+        text.append(f"  worker {shown(info.get('worker_id', '?'))}")
+        text.append(f"  server {shown(info.get('server', '?'))}")
+        text.append(f"  mode {shown(info.get('mode', '?'))}")
         if self.prompts:
             text.append(f"  ⚠ {len(self.prompts)} waiting", style="bold yellow")
         if not self.follow:
@@ -438,10 +441,10 @@ class WorkerApp(App[None]):
         status = str(call.get("status", ""))
         return [
             Text(_clock_text(call.get("started_ms"))),
-            Text(str(call.get("agent_id", ""))),
-            Text(str(call.get("plan_id", ""))),
-            Text(str(call.get("action", ""))),
-            Text(status, style=STATUS_STYLES.get(status, "red")),
+            Text(shown(call.get("agent_id", ""))),
+            Text(shown(call.get("plan_id", ""))),
+            Text(shown(call.get("action", ""))),
+            Text(shown(status), style=STATUS_STYLES.get(status, "red")),
             Text(_duration(call.get("duration_ms")), justify="right"),
         ]
 
@@ -517,15 +520,15 @@ class WorkerApp(App[None]):
         ):
             value = call.get(key)
             if value:
-                table.add_row(label, server_text(str(value), one_line=True))
+                table.add_row(label, server_text(value, one_line=True))
         table.add_row("duration", Text(_duration(call.get("duration_ms"))))
-        table.add_row("args", server_text(str(call.get("args", "")), one_line=False))
+        table.add_row("args", server_text(call.get("args", ""), one_line=False))
         if call.get("error"):
             table.add_row(
-                Text("error", style="bold red"), server_text(str(call["error"]), one_line=False)
+                Text("error", style="bold red"), server_text(call["error"], one_line=False)
             )
         elif call.get("result"):
-            table.add_row("result", server_text(str(call["result"]), one_line=False))
+            table.add_row("result", server_text(call["result"], one_line=False))
             if call.get("blob_bytes"):
                 table.add_row("", Text(f"+ {call['blob_bytes']:,} bytes of blob"))
         telemetry = call.get("telemetry")
@@ -533,7 +536,7 @@ class WorkerApp(App[None]):
             table.add_row(
                 "telemetry",
                 Text(
-                    f"scope {telemetry['scope']} · in {telemetry['bytes_in']:,} B · "
+                    f"scope {shown(telemetry['scope'])} · in {telemetry['bytes_in']:,} B · "
                     f"out {telemetry['bytes_out']:,} B"
                     + (" · truncated" if telemetry.get("truncated") else "")
                     + (" · sandboxed" if telemetry.get("sandboxed") else "")
@@ -626,7 +629,7 @@ class WorkerApp(App[None]):
     async def _send_decision(self, prompt_id: str, answer: Answer) -> None:
         reply = await self.link.command({"op": "decide", "prompt_id": prompt_id, **answer})
         if not reply.get("ok"):
-            self.notify(str(reply.get("message", "the answer was not taken")), severity="warning")
+            self._tell(reply.get("message", "the answer was not taken"), severity="warning")
 
     # ------------------------------------------------------------- actions
 
@@ -644,6 +647,10 @@ class WorkerApp(App[None]):
                 return str(plan["raw"])
         return None
 
+    def _tell(self, message: object, *, severity: SeverityLevel = "information") -> None:
+        """A notice with the worker's words in it: through ui.shown, never as markup."""
+        self.notify(shown(message), severity=severity, markup=False)
+
     async def action_kill(self) -> None:
         plan = self._selected_plan()
         if plan is None:
@@ -651,7 +658,7 @@ class WorkerApp(App[None]):
             return
         reply = await self.link.command({"op": "kill", "plan": plan})
         if reply.get("ok"):
-            self.notify(f"plan killed; {reply.get('stopped', 0)} running call(s) stopped")
+            self._tell(f"plan killed; {reply.get('stopped', 0)} running call(s) stopped")
 
     async def action_lift(self) -> None:
         plan = self._selected_plan()
@@ -660,12 +667,12 @@ class WorkerApp(App[None]):
         asked = await self.link.command({"op": "lift", "plan": plan})
         confirm = asked.get("confirm")
         if not isinstance(confirm, str):
-            self.notify(str(asked.get("message") or "that plan was not killed"))
+            self._tell(asked.get("message") or "that plan was not killed")
             return
 
         async def answered(lift: bool | None) -> None:
             reply = await self.link.command({"op": "confirm_lift", "confirm": confirm, "yes": lift})
-            self.notify("kill lifted" if reply.get("ok") else str(reply.get("message", "")))
+            self._tell("kill lifted" if reply.get("ok") else reply.get("message", ""))
 
         self.push_screen(ConfirmLiftScreen(plan, clock=self.clock), answered)
 
@@ -675,7 +682,7 @@ class WorkerApp(App[None]):
             self.paused = bool(reply.get("paused"))
             self._refresh_header()
         else:
-            self.notify(str(reply.get("message", "")), severity="warning")
+            self._tell(reply.get("message", ""), severity="warning")
 
     def action_grants(self) -> None:
         if not isinstance(self.screen, GrantsScreen):
@@ -735,12 +742,14 @@ class WorkerApp(App[None]):
 
 
 def _plan_cells(plan: dict[str, Any]) -> tuple[Text, Text, Text, Text]:
-    state = str(plan["state"])
+    state = shown(plan["state"])
     style = {"killed": "bold red", "running": "yellow"}.get(state, "")
-    label = f"killed: {plan['reason']}" if state == "killed" and plan.get("reason") else state
+    label = (
+        f"killed: {shown(plan['reason'])}" if state == "killed" and plan.get("reason") else state
+    )
     return (
-        Text(str(plan["plan_id"]) or "(none)"),
+        Text(shown(plan["plan_id"]) or "(none)"),
         Text(label, style=style),
-        Text(str(plan["running"]), justify="right"),
-        Text(str(plan["calls"]), justify="right"),
+        Text(shown(plan["running"]), justify="right"),
+        Text(shown(plan["calls"]), justify="right"),
     )

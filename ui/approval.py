@@ -1,10 +1,11 @@
 """The approval prompt: one modal per waiting question, focus starting on Deny.
 
 Everything shown came through the console already inert (worker.approvals.inert),
-and is put on screen as plain `Text`, never parsed as markup: nothing an agent
-sends can draw on, recolour or spoof the prompt. A call is shown whole (its args as
-the action takes them, paths resolved, the blob's start) in a box that scrolls
-(arrow and page keys), never cut or masked: the person approves what they can read.
+and goes on screen through ui.shown all the same, as plain `Text`, never parsed as
+markup: nothing an agent sends can draw on, recolour or spoof the prompt. A call
+is shown whole (its args as the action takes them, paths resolved, the blob's
+start) in a box that scrolls (arrow and page keys), never cut or masked: the
+person approves what they can read.
 A countdown shows when the worker denies on its own; pressing nothing is a denial too.
 
 When a prompt comes on screen (the first, or the next one after the last ended by
@@ -18,7 +19,6 @@ Deny.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
@@ -32,6 +32,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from ui.shown import server_text, shown
+
 # The periods "for this agent" offers, cycled with the period key.
 PERIODS: tuple[tuple[str, float], ...] = (
     ("15 min", 900.0),
@@ -43,8 +45,6 @@ DEFAULT_PERIOD = 1
 
 # The facts' label column ("Plan/agent" is the longest label).
 LABEL_WIDTH: Final = 10
-# A run of whitespace in a server's text, or one whitespace character other than a space.
-_WHITESPACE: Final = re.compile(r"\s{2,}|[^\S ]")
 
 # After a prompt comes on screen, keys and clicks are not answers for this long.
 GRACE_S: Final = 1.0
@@ -249,7 +249,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
         return table
 
     def _preview(self) -> Text:
-        preview = str(self.prompt.get("preview") or "")
+        preview = shown(self.prompt.get("preview") or "", lines=True)
         if self.prompt.get("kind") == "scope_request":
             text = Text("What the server says it will do (its words, not checked):\n", style="dim")
             text.append(preview or "(nothing)")
@@ -309,22 +309,3 @@ class ApprovalModal(ModalScreen[Answer | None]):
     def _pressed(self, event: Button.Pressed) -> None:
         if event.button.id:
             self.action_choose(event.button.id)
-
-
-def server_text(value: str, *, one_line: bool) -> Text:
-    """A server's text for one of the prompt's rows (or the calls' detail pane's): a
-    run of whitespace (or a space that is not a plain one) shown counted and marked,
-    never as the blank it is, and on one line cut with an ellipsis when `one_line`."""
-    text = Text(no_wrap=one_line, overflow="ellipsis" if one_line else "fold")
-    at = 0
-    for match in _WHITESPACE.finditer(value):
-        text.append(value[at : match.start()])
-        run = match.group()
-        if run.strip(" "):
-            names = " ".join(f"U+{ord(c):04X}" for c in run[:3]) + (" …" if len(run) > 3 else "")
-            text.append(f"⟨{names}⟩", style="reverse")
-        else:
-            text.append(f"⟨{len(run)} spaces⟩", style="reverse")
-        at = match.end()
-    text.append(value[at:])
-    return text

@@ -15,7 +15,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Static
 
-from ui.approval import GRACE_S, server_text
+from ui.approval import GRACE_S
+from ui.shown import plan_shown, server_text, shown
 
 if TYPE_CHECKING:
     from ui.app import WorkerApp
@@ -92,14 +93,14 @@ class GrantsScreen(Screen[None]):
         now = self.app_state.clock()
         for g in grants:
             key = str(g["id"]) if g.get("id") is not None else f"config-{table.row_count}"
-            scope = Text(("ask " if g.get("ask") else "") + str(g["scope"]))
+            scope = Text(("ask " if g.get("ask") else "") + shown(g["scope"]))
             table.add_row(
-                Text(str(g["id"]) if g.get("id") is not None else "cfg"),
-                Text(str(g["agent"])),
+                Text(shown(g["id"]) if g.get("id") is not None else "cfg"),
+                Text(shown(g["agent"])),
                 scope,
-                Text(str(g["plan"])),
+                Text(shown(g["plan"])),
                 Text(expiry(g.get("expires_ms"), now)),
-                Text(str(g["granted_by"])),
+                Text(shown(g["granted_by"])),
                 key=key,
             )
         if table.row_count:
@@ -171,7 +172,7 @@ class ConfirmLiftScreen(ModalScreen[bool]):
 
     def __init__(self, plan: str, *, clock: Callable[[], float]) -> None:
         super().__init__()
-        self.plan = plan
+        self.plan = plan  # the plan id whole, as the server sent it: never drawn as is
         self.clock = clock
         self.answers_from = clock() + GRACE_S
 
@@ -179,7 +180,8 @@ class ConfirmLiftScreen(ModalScreen[bool]):
         with Vertical(id="confirm", classes="fresh"):
             yield Static(Text("Lift the kill?", style="bold"))
             text = Text("Plan ")
-            text.append(server_text(self.plan, one_line=True))
+            # Whole (wrapped, not cut at the frame): the person reads which plan it is.
+            text.append(server_text(plan_shown(self.plan), one_line=False))
             text.append(
                 " may run again: its calls will no longer be refused. If you did not "
                 "press l, the agent may have typed it: keep the plan killed."

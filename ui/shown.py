@@ -1,0 +1,61 @@
+"""What the TUI puts on the screen of a text that came from the server: one path.
+
+Every text a server chose (ids, actions, args, results, errors, reasons, a prompt's
+preview, the link's detail, a grant's fields, a command's reply) reaches a widget
+through `shown` (as a plain string) or `server_text` (as one of the prompt's or
+the detail pane's rows), never as it came, and never as markup. Both make it inert
+(worker.core.approvals.inert: every control, escape, bidi and invisible character
+shown as a visible escape such as `\\e` or `\\u202e`): the worker sends its texts
+inert already, inert changes nothing of an inert text, and a screen that draws a
+raw one (the lift confirmation drew the raw plan id: review5's 04) cannot happen
+by a caller forgetting. Rich and Textual strip only BEL, BS, VT, FF and CR: an ESC
+drawn as is reaches the person's terminal.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from rich.text import Text
+
+from worker.core.approvals import inert
+
+# A run of whitespace in a server's text, or one whitespace character other than a space.
+_WHITESPACE: Final = re.compile(r"\s{2,}|[^\S ]")
+
+
+def shown(value: object, *, lines: bool = False) -> str:
+    """`value` as the TUI may draw it: inert, whole. `lines`: its line breaks stay
+    (the worker's own layout of a prompt's preview), each line inert."""
+    text = str(value)
+    if lines:
+        return "\n".join(inert(line, None) for line in text.split("\n"))
+    return inert(text, None)
+
+
+def plan_shown(raw: str) -> str:
+    """A plan id, given whole as the server sent it, as the TUI names the plan: inert
+    and cut at 200 characters, as the worker's rows show it."""
+    return inert(raw, 200)
+
+
+def server_text(raw: object, *, one_line: bool) -> Text:
+    """A server's text for one of the prompt's rows (or the calls' detail pane's, or
+    the lift confirmation's): inert (`shown`), a run of whitespace (or a space that
+    is not a plain one) shown counted and marked, never as the blank it is, and on
+    one line cut with an ellipsis when `one_line`."""
+    value = shown(raw)
+    text = Text(no_wrap=one_line, overflow="ellipsis" if one_line else "fold")
+    at = 0
+    for match in _WHITESPACE.finditer(value):
+        text.append(value[at : match.start()])
+        run = match.group()
+        if run.strip(" "):
+            names = " ".join(f"U+{ord(c):04X}" for c in run[:3]) + (" …" if len(run) > 3 else "")
+            text.append(f"⟨{names}⟩", style="reverse")
+        else:
+            text.append(f"⟨{len(run)} spaces⟩", style="reverse")
+        at = match.end()
+    text.append(value[at:])
+    return text
