@@ -78,11 +78,15 @@ class IdleGiveBack:
     """Gives the heap's free memory back once no large call has ended for
     `IDLE_GIVE_BACK_S`: calls that follow each other reuse the pages (the point of
     `keep_large_buffers`), and a burst's hundreds of MiB do not stay for the hour. Used
-    on the event loop; one per process part that moves blobs (the hub, the worker)."""
+    on the event loop; one per process part that moves blobs (the hub, the worker).
+
+    One timer per idle wait, not one per call: a call that ends while it is armed only
+    notes its end, and the timer, when it fires early, waits out the rest."""
 
     def __init__(self, idle_s: float = IDLE_GIVE_BACK_S) -> None:
         self.idle_s = idle_s
         self._timer: asyncio.TimerHandle | None = None
+        self._last_end = 0.0  # the loop's time when the last large call ended
         self.given_back = 0  # times the memory was given back (tests, logs)
 
     def ended(self, nbytes: int) -> None:
@@ -93,12 +97,16 @@ class IdleGiveBack:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a call run outside one): the hourly give-back
             return
-        if self._timer is not None:
-            self._timer.cancel()
-        # A timer by nature: memory is given back after an idle while.
-        self._timer = loop.call_later(self.idle_s, self._give_back)
+        self._last_end = loop.time()
+        if self._timer is None:
+            # A timer by nature: memory is given back after an idle while.
+            self._timer = loop.call_at(self._last_end + self.idle_s, self._due, loop)
 
-    def _give_back(self) -> None:
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        idle_from = self._last_end + self.idle_s
+        if loop.time() < idle_from:  # a large call ended meanwhile
+            self._timer = loop.call_at(idle_from, self._due, loop)
+            return
         self._timer = None
         give_back()
         self.given_back += 1

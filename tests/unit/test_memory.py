@@ -4,11 +4,14 @@ slow). Each case runs in a process of its own, so the malloc settings stay there
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from worker.memory import LARGE_CALL_BYTES, IdleGiveBack
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 BLOB = 16 * 1024 * 1024
@@ -70,3 +73,34 @@ def test_the_memory_large_calls_freed_is_given_back() -> None:
     out = subprocess.run([sys.executable, "-c", GIVE_BACK], capture_output=True, text=True)
     kept, given_back = map(int, out.stdout.split())
     assert kept - given_back >= 3 * BLOB // 2**20  # most of the 64 MiB freed went back
+
+
+def test_large_calls_ending_share_one_timer_and_the_give_back_waits_for_the_last() -> None:
+    """Each large call used to cancel the timer and make a new one (hub and worker, every
+    call): now a call that ends while it is armed only notes its end, and the timer,
+    firing before the idle time since that end is over, waits out the rest."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        idle = IdleGiveBack(idle_s=3600)
+        idle.ended(LARGE_CALL_BYTES - 1)  # a small call: nothing to give back
+        assert idle._timer is None
+        idle.ended(LARGE_CALL_BYTES)
+        armed = idle._timer
+        assert armed is not None
+        idle.ended(LARGE_CALL_BYTES)
+        assert idle._timer is armed  # no second timer
+        idle._last_end += 60  # as if the last call ended a minute after the first
+        armed.cancel()
+        idle._due(loop)  # the first one's hour is up, the last one's is not
+        assert idle.given_back == 0
+        assert idle._timer is not None and idle._timer.when() == idle._last_end + 3600
+        idle.close()
+
+        quick = IdleGiveBack(idle_s=0)
+        quick.ended(LARGE_CALL_BYTES)
+        while quick._timer is not None:  # due at once: fires within a turn or two
+            await asyncio.sleep(0)
+        assert quick.given_back == 1
+
+    asyncio.run(scenario())
