@@ -637,15 +637,12 @@ class WorkerApp(App[None]):
         plans = self._main.query_one("#plans", DataTable)
         if plans.has_focus and plans.row_count:
             return plans.coordinate_to_cell_key(plans.cursor_coordinate).row_key.value
-        call_id = self._selected_call()
-        call = self.calls.get(call_id or "")
-        if call is None:
-            return None
-        # The raw plan id: the plans table is keyed by it.
-        for plan in self.plans:
-            if plan["plan_id"] == call.get("plan_id"):
-                return str(plan["raw"])
-        return None
+        call = self.calls.get(self._selected_call() or "")
+        # The call's plan id whole, as the worker keys the plan: never matched by the id
+        # shown (cut and escaped, two plans' ids may show alike, and k on one call
+        # killed the first plan listed whose id looked the same: review5's 05).
+        plan = call.get("plan_raw") if call is not None else None
+        return plan if isinstance(plan, str) else None
 
     def _tell(self, message: object, *, severity: SeverityLevel = "information") -> None:
         """A notice with the worker's words in it: through ui.shown, never as markup."""

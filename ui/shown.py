@@ -19,7 +19,7 @@ from typing import Final
 
 from rich.text import Text
 
-from worker.core.approvals import inert
+from worker.core.approvals import MAX_ID_CHARS, inert
 
 # A run of whitespace in a server's text, or one whitespace character other than a space.
 _WHITESPACE: Final = re.compile(r"\s{2,}|[^\S ]")
@@ -35,9 +35,10 @@ def shown(value: object, *, lines: bool = False) -> str:
 
 
 def plan_shown(raw: str) -> str:
-    """A plan id, given whole as the server sent it, as the TUI names the plan: inert
-    and cut at 200 characters, as the worker's rows show it."""
-    return inert(raw, 200)
+    """A plan id, given whole as the server sent it, as the TUI names the plan it acts
+    on: inert, and whole (a plan id is at most MAX_ID_CHARS; the worker's rows cut
+    them at 200, where two ids that differ after it look alike)."""
+    return inert(raw, MAX_ID_CHARS)
 
 
 def server_text(raw: object, *, one_line: bool) -> Text:

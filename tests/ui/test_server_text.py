@@ -72,6 +72,7 @@ def _call() -> dict[str, Any]:
         "started_ms": 1_795_000_000_000,
         "agent_id": EVIL,
         "plan_id": EVIL,
+        "plan_raw": EVIL,
         "task_id": EVIL,
         "action": EVIL,
         "status": EVIL,

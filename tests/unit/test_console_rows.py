@@ -61,6 +61,7 @@ async def _rows(tmp_path: Path) -> None:
     assert later[0] == quiet and later[1] == told
     for row in (quiet, told):
         assert row["agent_id"] == "agent\\u202e" and row["plan_id"] == "plan\\n1"
+        assert row["plan_raw"] == "plan\n1"  # whole, a key for a UI's kill and lift
         assert row["args"].startswith('{"text": "\\e[2J') and "\x1b" not in row["args"]
         assert row["args"].endswith(" … (+516 chars)")
         assert row["status"] == "not_found" and row["error"] == "gone\\x07"

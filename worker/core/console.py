@@ -6,7 +6,9 @@ starting and finishing, prompts opening and closing, the link's state, plans and
 grants changing), and it acts through `handle` (answer a prompt, kill or lift a
 plan, revoke a grant, pause or resume). Everything here is plain JSON-able data,
 so the in-process TUI and a socket client take the same path; nothing here imports
-a UI toolkit. Every text that came from the server is made inert before it leaves.
+a UI toolkit. Every text that came from the server is made inert before it leaves;
+a plan's id goes whole besides, as the key a UI kills and lifts by (`raw` in a plan's
+row, `plan_raw` in a call's), never to be drawn.
 """
 
 from __future__ import annotations
@@ -97,12 +99,17 @@ class _Seen:
         )
 
     def row(self) -> dict[str, Any]:
-        """The call as a UI shows it: plain JSON-able data, every text made inert."""
+        """The call as a UI shows it: plain JSON-able data, every text made inert (the
+        raw plan id besides, as a key)."""
         row: dict[str, Any] = {
             "id": self.id,
             "started_ms": self.started_ms,
             "agent_id": inert(self.agent_id, 200),
             "plan_id": inert(self.plan_id, 200),
+            # The plan id whole, as the server sent it: a key, never drawn. A UI's kill
+            # and lift act on it (the shown plan_id is cut and escaped: two plans'
+            # ids may show alike).
+            "plan_raw": self.plan_id,
             "task_id": inert(self.task_id, 200),
             "action": inert(self.action, 200),
             "status": "running",
