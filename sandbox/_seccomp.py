@@ -12,7 +12,10 @@ loading, clocks, swap, reboot, and file handles that bypass path checks
 `clone`, whose flags a filter can see. ioctl TIOCSTI (typing into the terminal)
 is refused too, and so is `fallocate` with FALLOC_FL_KEEP_SIZE (EOPNOTSUPP, as a file
 system without it answers): blocks kept past a file's end escape RLIMIT_FSIZE, the
-one bound on what a program's file may take.
+one bound on what a program's file may take. So are memory no bound sees (memfd_create,
+System V shared memory and message queues), and prctl PR_SET_DUMPABLE: a process that
+is not dumpable hides its open files from a worker that is not root, and the watch of a
+workspace counts what they hold (sandbox.held_open).
 
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
@@ -87,6 +90,12 @@ DENIED: Final[Mapping[str, tuple[int | None, int | None]]] = {
     "migrate_pages": (256, 238),
     "move_pages": (279, 239),
     "process_madvise": (440, 440),
+    # Memory no file-system bound or count sees: anonymous files and System V shared
+    # memory and message queues (a private IPC namespace's live as long as its
+    # sandbox, and its limits are the machine's).
+    "memfd_create": (319, 279),
+    "shmget": (29, 194),
+    "msgget": (68, 186),
 }
 _CLONE: Final[tuple[int, int]] = (56, 220)
 _CLONE3: Final[tuple[int, int]] = (435, 435)
@@ -94,6 +103,8 @@ _IOCTL: Final[tuple[int, int]] = (16, 29)
 TIOCSTI: Final = 0x5412
 _FALLOCATE: Final[tuple[int, int]] = (285, 47)
 FALLOC_FL_KEEP_SIZE: Final = 0x01  # also set by every hole-punching mode
+_PRCTL: Final[tuple[int, int]] = (157, 167)
+PR_SET_DUMPABLE: Final = 4
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (and NEWTIME, 0x80).
 CLONE_NAMESPACES: Final = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
 CLONE_NAMESPACES_ALL: Final = CLONE_NAMESPACES | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
@@ -123,6 +134,7 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 # What the filter answers for a number of the native table (see `build`).
 _ALLOW, _EPERM, _ENOSYS, _NOTSUPP = "allow", "eperm", "enosys", "eopnotsupp"
 _CLONE_FLAGS, _IOCTL_CMD, _FALLOCATE_MODE = "clone", "ioctl", "fallocate"
+_PRCTL_OPTION = "prctl"
 _NEXT: Final = "next"  # a jump's target: the next instruction
 
 
@@ -136,6 +148,7 @@ def verdicts(machine: str) -> dict[int, str]:
     said[_CLONE[column]] = _CLONE_FLAGS
     said[_IOCTL[column]] = _IOCTL_CMD
     said[_FALLOCATE[column]] = _FALLOCATE_MODE
+    said[_PRCTL[column]] = _PRCTL_OPTION
     return said
 
 
@@ -195,13 +208,16 @@ def build(machine: str) -> bytes | None:
     test(0, len(line))
     labels: dict[object, int] = {}
     # clone with any namespace flag (its first argument's low word), ioctl TIOCSTI,
-    # fallocate keeping the size (its mode, the second argument).
+    # fallocate keeping the size (its mode, the second argument), prctl
+    # PR_SET_DUMPABLE (its option, the first).
     labels[_CLONE_FLAGS] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JSET_K, CLONE_NAMESPACES_ALL, _EPERM, _ALLOW)]
     labels[_IOCTL_CMD] = len(prog)
     prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, TIOCSTI, _EPERM, _ALLOW)]
     labels[_FALLOCATE_MODE] = len(prog)
     prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JSET_K, FALLOC_FL_KEEP_SIZE, _NOTSUPP, _ALLOW)]
+    labels[_PRCTL_OPTION] = len(prog)
+    prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JEQ_K, PR_SET_DUMPABLE, _EPERM, _ALLOW)]
     answers = ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS), (_NOTSUPP, _NOTSUP))
     for answer, value in answers:
         labels[answer] = len(prog)

@@ -1,17 +1,30 @@
-"""Disk a sandbox's programs hold in files they removed but keep open.
+"""Disk a sandbox's programs hold in files they removed but keep open or mapped.
 
-A file a program unlinks while it holds it open keeps its blocks until the last
-descriptor closes, and no walk of the workspace's names sees it. Each such file is
-bounded by RLIMIT_FSIZE (the room left in the plan's quota) and their number by the
-sandbox's open-files limit, which together are many times the quota. So while a
-program runs, the workbench's watch adds what this module finds to its count of the
-workspace (worker.actions.workbench, `_overfilled`).
+A file a program unlinks while it holds it open (or mapped) keeps its blocks until
+the last descriptor and mapping go, and no walk of the workspace's names sees it.
+Each such file is bounded by RLIMIT_FSIZE (the room left in the plan's quota) and
+their number by the sandbox's open-files and mapping limits, which together are many
+times the quota. So while a program runs, the workbench's watch adds what this module
+finds to its count of the workspace (worker.actions.workbench, `_overfilled`).
 
 Found by pid, from the outside: every process descended from bubblewrap's (all of the
-sandbox's processes are: orphans in its pid namespace go to its pid 1), each of its
-descriptors that leads to a regular file with no name left (st_nlink 0) on the
-workspace's file system, counted once per inode by its allocated blocks. Files on
-another file system (the sandbox's private /tmp, memfds) are memory, bounded elsewhere.
+sandbox's processes are: orphans in its pid namespace go to its pid 1), and in each,
+
+- every thread's descriptor table (a thread may have a table of its own, and a
+  process whose first thread exited shows no table at /proc/PID/fd), and
+- its memory map (a file mapped and then closed has no descriptor left),
+
+each regular file with no name left (st_nlink 0) on the workspace's file system,
+counted once per inode by its allocated blocks. A mapped file's blocks can be read
+only by a root worker (/proc/PID/map_files); any other worker counts each one at
+`unknown_bytes`, the most RLIMIT_FSIZE let it hold. Files on another file system (the
+sandbox's private /tmp, bounded by its size) are not the workspace's.
+
+What cannot be looked at fails closed (`UnseenError`): a process whose tables are not
+ours to read (one that made itself non-dumpable, which the seccomp filter refuses),
+or more descriptors and mappings than the sandbox's limits allow. A file passed in a
+socket message still in flight (SCM_RIGHTS) is in no process's table: /proc cannot
+show it, and only a per-plan file-system quota would bound it.
 
 Standard library only, no worker imports: it can be reviewed and tested alone.
 """
@@ -21,11 +34,18 @@ from __future__ import annotations
 import os
 import stat
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Final
 
-# Descriptors one look examines, at most: what a sandbox may hold with the default
-# limits (64 processes of 1,024 files). About 5 us each.
+# Descriptors and mapped ranges one look examines, at most: what a sandbox may hold
+# with the default limits (64 processes of 1,024 files), and as many mappings. About
+# 5 us each. The worker passes its own figure from the limits it ran the program with.
 MOST_LOOKED_AT: Final = 65_536
+_DELETED: Final = b" (deleted)"
+
+
+class UnseenError(Exception):
+    """Part of what the sandbox holds could not be looked at; the message says which."""
 
 
 def descendants(pid: int) -> list[int]:
@@ -39,11 +59,7 @@ def descendants(pid: int) -> list[int]:
     todo = [pid]
     while todo:
         parent = todo.pop()
-        try:
-            threads = os.listdir(f"/proc/{parent}/task")
-        except OSError:  # it ended meanwhile
-            continue
-        for thread in threads:
+        for thread in _threads(parent):
             try:
                 with open(f"/proc/{parent}/task/{thread}/children", "rb") as handle:
                     children = [int(word) for word in handle.read().split()]
@@ -52,6 +68,13 @@ def descendants(pid: int) -> list[int]:
             found += children
             todo += children
     return found
+
+
+def _threads(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:  # it ended meanwhile
+        return []
 
 
 def _descendants_by_parent(pid: int) -> list[int]:
@@ -77,31 +100,103 @@ def _descendants_by_parent(pid: int) -> list[int]:
     return found
 
 
-def held_open_bytes(pid: int, device: int, most: int = MOST_LOOKED_AT) -> int:
+@dataclass
+class _Look:
+    device: int
+    unknown_bytes: int
+    left: int  # descriptors and mappings still to look at
+    seen: set[int] = field(default_factory=set)  # inodes counted
+    total: int = 0
+
+    def spend(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise UnseenError(
+                "the program holds more open files and mapped ranges than its limits "
+                "allow to be looked at"
+            )
+
+    def count(self, inode: int, size: int) -> None:
+        if inode not in self.seen:
+            self.seen.add(inode)
+            self.total += size
+
+
+def held_open_bytes(
+    pid: int, device: int, *, unknown_bytes: int, most: int = MOST_LOOKED_AT
+) -> int:
     """Bytes on disk (allocated blocks) of files on `device` that no name leads to any
-    more and that `pid`'s descendants hold open; 0 once they have all ended. At most
-    `most` descriptors are looked at (the cost is the program's to choose)."""
-    seen: set[int] = set()
-    total = 0
+    more and that `pid`'s descendants hold open or mapped; 0 once they have all ended.
+    A removed mapped file whose blocks cannot be read counts `unknown_bytes`. Raises
+    UnseenError past `most` descriptors and mappings, or for a table not ours to read."""
+    look = _Look(device, unknown_bytes, most)
     for process in descendants(pid):
-        folder = f"/proc/{process}/fd"
+        mapped = False
+        for thread in _threads(process):
+            _descriptors(look, f"/proc/{process}/task/{thread}")
+            # Threads share one memory map; a thread that ended (the first, say) shows
+            # none, so the first that shows one is read.
+            mapped = mapped or _mappings(look, process, thread)
+    return look.total
+
+
+def _descriptors(look: _Look, task: str) -> None:
+    try:
+        names = os.listdir(f"{task}/fd")
+    except PermissionError:
+        if _ended(task):  # an ended thread's files (root's, then) are closed
+            return
+        raise UnseenError(
+            f"the open files of process {task.split('/')[2]} are not ours to read"
+        ) from None
+    except OSError:  # it ended
+        return
+    look.spend(len(names))
+    for name in names:
         try:
-            names = os.listdir(folder)
-        except OSError:  # ended, or not ours to look into
+            st = os.stat(f"{task}/fd/{name}")  # the open file itself, not the link
+        except OSError:
             continue
-        names = names[:most]
-        most -= len(names)
-        for name in names:
-            try:
-                st = os.stat(f"{folder}/{name}")  # the open file itself, not the link
-            except OSError:
-                continue
-            if (
-                st.st_nlink == 0
-                and st.st_dev == device
-                and stat.S_ISREG(st.st_mode)
-                and st.st_ino not in seen
-            ):
-                seen.add(st.st_ino)
-                total += st.st_blocks * 512
-    return total
+        if st.st_nlink == 0 and st.st_dev == look.device and stat.S_ISREG(st.st_mode):
+            look.count(st.st_ino, st.st_blocks * 512)
+
+
+def _ended(task: str) -> bool:
+    """Whether the thread at `task` (a /proc folder) has exited: a zombie, or gone."""
+    try:
+        with open(f"{task}/stat", "rb") as handle:
+            line = handle.read()
+    except OSError:
+        return True
+    return line[line.rindex(b")") + 2 : line.rindex(b")") + 3] in (b"Z", b"X")
+
+
+def _mappings(look: _Look, process: int, thread: str) -> bool:
+    """Counts the removed files `thread`'s memory map holds; False if it shows none."""
+    try:
+        with open(f"/proc/{process}/task/{thread}/maps", "rb") as handle:
+            lines = handle.read().splitlines()
+    except PermissionError:
+        raise UnseenError(f"the memory map of process {process} is not ours to read") from None
+    except OSError:
+        return False
+    look.spend(len(lines))
+    for line in lines:
+        if not line.endswith(_DELETED):
+            continue
+        # start-end perms offset major:minor inode path
+        span, _, _, dev, inode = line.split(maxsplit=5)[:5]
+        major, minor = (int(part, 16) for part in dev.split(b":"))
+        if os.makedev(major, minor) != look.device or int(inode) in look.seen:
+            continue
+        try:
+            # A thread's own pid shows its map's files (/proc/PID/task/TID has none).
+            st = os.stat(f"/proc/{thread}/map_files/{span.decode()}")
+        except PermissionError:  # only root may follow these links
+            look.count(int(inode), look.unknown_bytes)
+            continue
+        except OSError:  # unmapped meanwhile
+            continue
+        if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
+            look.count(st.st_ino, st.st_blocks * 512)
+    return bool(lines)

@@ -655,29 +655,39 @@ def test_a_program_that_keeps_filling_its_workspace_is_stopped_while_it_runs(
     assert teardown(live, plan)["result"]["removed"] is True
 
 
-# Removes each file it wrote and keeps it open: blocks no name leads to, each file
-# within the room RLIMIT_FSIZE leaves, together four times the quota.
+# Removes each file it wrote and keeps it open, or only a page of it mapped: blocks no
+# name leads to, each file within the room RLIMIT_FSIZE leaves, together four times the
+# quota.
 HOLD_REMOVED = """
-import os, time
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
 held = []
 for i in range(16):
     fd = os.open(f'held{i}', os.O_CREAT | os.O_RDWR, 0o600)
     os.write(fd, b'x' * 524288)
     os.unlink(f'held{i}')
-    held.append(fd)
+    if sys.argv[1] == 'mapped':
+        assert libc.mmap(None, 4096, 1, 1, fd, 0) != ctypes.c_void_p(-1).value
+        os.close(fd)
+    else:
+        held.append(fd)
 while True:
     time.sleep(1)
 """
 
 
+@pytest.mark.parametrize("how", ["open", "mapped"])
 def test_a_program_holding_removed_files_open_past_the_quota_is_stopped(
-    live: Cluster, plan: str
+    live: Cluster, plan: str, how: str
 ) -> None:
     """No walk of the workspace sees a removed file a program keeps open (review3
-    finding 02): without the watch's look at the sandbox's open files, this program
-    held 4x the quota, unseen, until its timeout."""
+    finding 02) or mapped (review4 finding 01): without the watch's look at the
+    sandbox's open files and memory maps, this program held 4x the quota, unseen,
+    until its timeout."""
     tag = marker()
-    out, _ = run(live, plan, ["python3", "-c", HOLD_REMOVED, tag], timeout_s=60)
+    out, _ = run(live, plan, ["python3", "-c", HOLD_REMOVED, how, tag], timeout_s=60)
     error = out["error"]
     assert error["code"] == "too_large" and "removed but kept open" in error["message"], out
     details = error["details"]

@@ -3,12 +3,20 @@ across a process tree, counted once per file, on the workspace's file system onl
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox.held_open import _descendants_by_parent, descendants, held_open_bytes
+import pytest
+
+import sandbox.held_open as held_open_module
+from sandbox.held_open import UnseenError, _descendants_by_parent, descendants, held_open_bytes
+
+MiB = 1 << 20
 
 # Two levels down from the process it is started as (so the tree is walked, not one
 # pid), it holds: two descriptors of one removed 1 MiB file, a removed file in
@@ -44,11 +52,141 @@ def test_removed_files_held_by_a_process_tree_are_counted_once_on_its_device(
             assert top.stdout is not None and top.stdout.readline() == b"holding\n"
             assert len(descendants(top.pid)) == 2
             assert sorted(descendants(top.pid)) == sorted(_descendants_by_parent(top.pid))
-            held = held_open_bytes(top.pid, os.stat(tmp_path).st_dev)
-            assert (1 << 20) <= held < (2 << 20), held
-            # Bounded: past its descriptors 0-2, the first look at the holder stops.
-            assert held_open_bytes(top.pid, os.stat(tmp_path).st_dev, most=3) == 0
+            device = os.stat(tmp_path).st_dev
+            held = held_open_bytes(top.pid, device, unknown_bytes=0)
+            assert MiB <= held < 2 * MiB, held
+            # Bounded: past that many descriptors and mapped ranges, it fails closed.
+            with pytest.raises(UnseenError, match="more open files and mapped ranges"):
+                held_open_bytes(top.pid, device, unknown_bytes=0, most=3)
         finally:
             for pid in descendants(top.pid):
                 os.kill(pid, 9)
             top.wait()
+
+
+# Holds two removed files no /proc/PID/fd shows (review4 finding 01): one only mapped
+# (its descriptor closed), one open in a thread after the process's first thread
+# ended (its /proc/PID/fd is then empty). Says so and waits to be killed.
+HIDER = r"""
+import ctypes, os, sys, threading, time
+folder = sys.argv[1]
+
+def removed(name):
+    fd = os.open(os.path.join(folder, name), os.O_CREAT | os.O_RDWR, 0o600)
+    os.write(fd, b"x" * (1 << 20))
+    os.unlink(os.path.join(folder, name))
+    return fd
+
+fd = removed("mapped")
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
+# One page of it, PROT_READ, MAP_SHARED.
+assert libc.mmap(None, 4096, 1, 1, fd, 0) != ctypes.c_void_p(-1).value
+os.close(fd)  # (Python's mmap would keep a descriptor of its own)
+
+def hold():
+    kept = removed("kept")
+    leader = "/proc/%d/stat" % os.getpid()
+    while open(leader).read().rsplit(") ", 1)[1][0] != "Z":  # the first thread ended
+        time.sleep(0.01)
+    print("holding", flush=True)
+    time.sleep(600)
+
+threading.Thread(target=hold).start()
+libc.syscall(60 if os.uname().machine == "x86_64" else 93, 0)  # exit, this thread only
+"""
+
+
+@pytest.fixture
+def shared_folder() -> Iterator[Path]:
+    """A folder another user may write in (the held_open tests run as nobody too)."""
+    with tempfile.TemporaryDirectory(prefix="held-open-") as folder:
+        os.chmod(folder, 0o777)  # noqa: S103 - a test's scratch folder
+        yield Path(folder)
+
+
+def _spawn(argv: list[str], as_nobody: bool) -> subprocess.Popen[bytes]:
+    ids = {"user": 65534, "group": 65534, "extra_groups": []} if as_nobody else {}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, **ids)  # type: ignore[call-overload]
+
+
+def test_files_held_only_by_a_mapping_or_a_thread_whose_leader_ended_are_counted(
+    shared_folder: Path,
+) -> None:
+    parent = _spawn(
+        [
+            sys.executable,
+            "-c",
+            "import sys, subprocess; subprocess.run(sys.argv[1:])",
+            sys.executable,
+            "-c",
+            HIDER,
+            str(shared_folder),
+        ],
+        as_nobody=False,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"holding\n"
+        device = os.stat(shared_folder).st_dev
+        # Root reads the mapped file's own blocks: both files, 1 MiB each.
+        held = held_open_bytes(parent.pid, device, unknown_bytes=7)
+        assert 2 * MiB <= held < 3 * MiB, held
+    finally:
+        _kill_tree(parent)
+
+
+# held_open.py's own text, run by a worker that is not root (nobody), against `pid`.
+LOOKER = """
+import json, sys
+pid, device = int(sys.argv[1]), int(sys.argv[2])
+try:
+    print(json.dumps(held_open_bytes(pid, device, unknown_bytes=7 << 20)))
+except UnseenError as exc:
+    print(json.dumps(str(exc)))
+"""
+
+
+def _look_as_nobody(pid: int, device: int) -> object:
+    source = Path(held_open_module.__file__).read_text() + LOOKER
+    looker = _spawn(["/usr/bin/python3", "-I", "-c", source, str(pid), str(device)], True)
+    out, _ = looker.communicate(timeout=60)
+    assert looker.returncode == 0
+    return json.loads(out)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a holder and a looker as another user")
+def test_a_worker_that_is_not_root_counts_a_mapped_file_at_its_most_and_fails_closed(
+    shared_folder: Path,
+) -> None:
+    """Only root may read a mapped file's blocks: another worker counts it at the most
+    RLIMIT_FSIZE let it hold. A process that made itself not dumpable hides its
+    tables from such a worker (review4 finding 05): the look fails, not counts 0."""
+    device = os.stat(shared_folder).st_dev
+    wrapper = "import sys, subprocess; subprocess.run(sys.argv[1:])"
+    holder = ["/usr/bin/python3", "-c", wrapper, "/usr/bin/python3", "-c"]
+    parent = _spawn([*holder, HIDER, str(shared_folder)], as_nobody=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"holding\n"
+        held = _look_as_nobody(parent.pid, device)
+        assert held == MiB + (7 << 20), held  # the thread's file, and the mapped one's most
+    finally:
+        _kill_tree(parent)
+    hiding = HIDER.replace(
+        "threading.Thread", "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); threading.Thread"
+    )
+    parent = _spawn([*holder, hiding, str(shared_folder)], as_nobody=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"holding\n"
+        said = _look_as_nobody(parent.pid, device)
+        assert isinstance(said, str) and "not ours to read" in said, said
+    finally:
+        _kill_tree(parent)
+
+
+def _kill_tree(parent: subprocess.Popen[bytes]) -> None:
+    for pid in descendants(parent.pid):
+        os.kill(pid, 9)
+    parent.wait()
+    assert parent.stdout is not None
+    parent.stdout.close()

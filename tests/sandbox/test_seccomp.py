@@ -60,6 +60,9 @@ ARGUMENTS = [
     (3, 0x03),  # PUNCH_HOLE | KEEP_SIZE
     (3, 0x10),  # ZERO_RANGE: grows the file, so RLIMIT_FSIZE holds
     (3, 0x01 << 32),  # in the high word, which the kernel's mode (an int) does not have
+    (_seccomp.PR_SET_DUMPABLE, 0),  # prctl: the option, not its value, is refused
+    (_seccomp.PR_SET_DUMPABLE | 1 << 32, 1),  # the option is an int: the low word is it
+    (_seccomp.PR_SET_DUMPABLE << 32, 0),
 ]
 
 
@@ -98,12 +101,15 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
         return EPERM
     if number == _seccomp._FALLOCATE[column] and arg1 & _seccomp.FALLOC_FL_KEEP_SIZE:
         return EOPNOTSUPP
+    if number == _seccomp._PRCTL[column] and arg0 & 0xFFFFFFFF == _seccomp.PR_SET_DUMPABLE:
+        return EPERM
     return ALLOW
 
 
 def listed(machine: str) -> bytes:
     """The filter as it was built before the tree (one test per refused number), kept
-    to show the tree answers every call exactly as it did (fallocate's test added)."""
+    to show the tree answers every call exactly as it did (fallocate's and prctl's
+    tests added)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -123,6 +129,8 @@ def listed(machine: str) -> bytes:
     prog += [insn(0x15, _seccomp.TIOCSTI, 0, 1), insn(0x06, EPERM), insn(0x20, 0)]
     prog += [insn(0x15, _seccomp._FALLOCATE[column], 0, 3), insn(0x20, 24)]
     prog += [insn(0x45, _seccomp.FALLOC_FL_KEEP_SIZE, 0, 1), insn(0x06, EOPNOTSUPP)]
+    prog += [insn(0x20, 0), insn(0x15, _seccomp._PRCTL[column], 0, 3), insn(0x20, 16)]
+    prog += [insn(0x15, _seccomp.PR_SET_DUMPABLE, 0, 1), insn(0x06, EPERM)]
     prog += [insn(0x06, ALLOW)]
     return b"".join(prog)
 
@@ -217,3 +225,36 @@ def test_blocks_past_a_files_end_cannot_be_taken(tmp_path: Path, entry: str) -> 
     assert said["1"] == said["3"] == str(errno.EOPNOTSUPP), said
     assert said["0"] == "ok", "growing a file (which RLIMIT_FSIZE bounds) still works"
     assert (share / "f").stat().st_size == 1 << 20
+
+
+DUMPABLE = textwrap.dedent(
+    """
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    print(ctypes.get_errno() if done == -1 else "ok", libc.prctl(3, 0, 0, 0, 0))  # GET
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_a_sandboxed_program_cannot_hide_its_open_files(tmp_path: Path, entry: str) -> None:
+    """A process that is not dumpable has its /proc files owned by root, so a worker
+    that is not root cannot see what it holds open (review4 finding 05)."""
+    share = Path(os.path.realpath(tmp_path))
+
+    def probe(seccomp: bool) -> list[str]:
+        view = View(
+            cwd=str(share),
+            mounts=(Mount(str(share), False),),
+            env=environment.build({}, []),
+            entry=entry,
+            seccomp=seccomp,
+        )
+        argv = ["/usr/bin/python3", "-I", "-c", DUMPABLE]
+        done = asyncio.run(run(argv, view, Limits(), pid_cap=PidCap()))
+        assert done.exit_code == 0, done.stderr
+        return done.stdout.decode().split()
+
+    assert probe(True) == [str(errno.EPERM), "1"]
+    assert probe(False) == ["ok", "0"], "without the filter it could"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import sandbox.workspaces as workspaces_module
+from sandbox.process import Limits
 from sandbox.workspaces import Use, WorkspaceError, Workspaces
 from worker.actions.workbench import Workbench
 from worker.config import SandboxSection
@@ -71,7 +72,7 @@ def test_a_look_at_what_a_program_holds_open_never_holds_up_the_counts(
     looking = threading.Event()
     release = threading.Event()
 
-    def slow_look(pid: int, device: int) -> int:
+    def slow_look(pid: int, device: int, **limits: int) -> int:
         looking.set()
         release.wait(10)
         return 0
@@ -79,7 +80,7 @@ def test_a_look_at_what_a_program_holds_open_never_holds_up_the_counts(
     monkeypatch.setattr(workbench_module, "held_open_bytes", slow_look)
 
     async def scenario() -> None:
-        looks = [asyncio.ensure_future(bench.held_open(a, 1)) for _ in range(3)]
+        looks = [asyncio.ensure_future(bench.held_open(a, 1, Limits())) for _ in range(3)]
         await asyncio.get_running_loop().run_in_executor(None, looking.wait, 10)
         assert (await asyncio.wait_for(bench.use(b), 10)).entries == 0
         assert (await asyncio.wait_for(bench.use(a), 10)).entries == 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -45,7 +46,7 @@ from typing import Any, Final, TypeVar
 
 from sandbox import cgroups, environment
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
-from sandbox.held_open import held_open_bytes
+from sandbox.held_open import UnseenError, held_open_bytes
 from sandbox.process import (
     Completed,
     Limits,
@@ -94,6 +95,9 @@ WATCH_SLACK: Final = 2
 # Counts in a row, at once, after one whose folders moved under it; if each of them
 # had folders move, the program is stopped as uncountable (see `_overfilled`).
 WATCH_REWALKS: Final = 3
+# Descriptors and mapped ranges one look for removed files may examine (about 5 us
+# each): twice what the sandbox's limits let its processes hold, up to this.
+HELD_OPEN_MOST: Final = 1 << 20
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
@@ -166,12 +170,26 @@ class Workbench:
         walk.add_done_callback(finished)
         return await asyncio.shield(walk)
 
-    async def held_open(self, workspace: Workspace, sandbox_pid: int) -> int:
-        """Bytes the sandbox of `sandbox_pid` holds in files of the workspace's file
-        system it removed but keeps open (sandbox.held_open), on the count threads."""
+    async def held_open(self, workspace: Workspace, sandbox_pid: int, limits: Limits) -> int:
+        """Bytes the sandbox of `sandbox_pid`, run with `limits`, holds in files of the
+        workspace's file system it removed but keeps open or mapped (sandbox.held_open),
+        on a thread of its own. WorkspaceError (no_room) when part of it cannot be
+        looked at: the program cannot be counted."""
         device = os.stat(workspace.files).st_dev
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._holding, held_open_bytes, sandbox_pid, device)
+        look = functools.partial(
+            held_open_bytes,
+            sandbox_pid,
+            device,
+            unknown_bytes=limits.file_size_bytes,
+            most=min(HELD_OPEN_MOST, 2 * limits.processes * limits.open_files),
+        )
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._holding, look)
+        except UnseenError as exc:
+            raise WorkspaceError(
+                WorkspaceProblem.NO_ROOM,
+                f"{exc}, so what it keeps in files it removed cannot be counted against the quota.",
+            ) from None
 
     @classmethod
     def at(cls, base: Path, settings: SandboxSection) -> Workbench:
@@ -506,6 +524,7 @@ async def _run_in_workspace(
                     workspace,
                     before,
                     sandbox_pid,
+                    limits,
                     run(
                         [program, *args.argv[1:]],
                         view,
@@ -540,16 +559,18 @@ async def _watched(
     workspace: Workspace,
     before: Use,
     sandbox_pid: list[int],
+    limits: Limits,
     running: Awaitable[Completed],
 ) -> Completed:
     """The program's run, stopped (as a Cancel stops it: the call's task is cancelled,
     and the run kills the sandbox) and answered `too_large` if its workspace (with
-    what the sandbox of `sandbox_pid`, once known, holds in removed files) passes
+    what the sandbox of `sandbox_pid`, once known and run with `limits`, holds in
+    removed files) passes
     twice its quota or its cap of entries while it runs. The run stays in the call's
     own task, where the pipeline sees its thread work."""
     task = asyncio.current_task()
     assert task is not None
-    watch = asyncio.ensure_future(_overfilled(bench, workspace, before, sandbox_pid))
+    watch = asyncio.ensure_future(_overfilled(bench, workspace, before, sandbox_pid, limits))
     # Whether the run may still be stopped by the watch, and whether it was: a stop
     # scheduled as the run ended (same loop turn) must not cancel what comes after,
     # and a Cancel that came before the stop is the Cancel's answer, not the watch's.
@@ -577,11 +598,11 @@ async def _watched(
 
 
 async def _overfilled(
-    bench: Workbench, workspace: Workspace, before: Use, sandbox_pid: list[int]
+    bench: Workbench, workspace: Workspace, before: Use, sandbox_pid: list[int], limits: Limits
 ) -> Use | WorkspaceError:
     """Returns once the workspace holds WATCH_SLACK times its quota or more than its
     cap of entries (either more than `before`), or cannot be counted: what was found.
-    Bytes the sandbox holds in files it removed but keeps open count too."""
+    Bytes the sandbox holds in files it removed but keeps open or mapped count too."""
     workspaces = bench.workspaces
     pause = WATCH_EVERY_S
     while True:
@@ -590,11 +611,11 @@ async def _overfilled(
         began = time.monotonic()
         try:
             used = await _steady_count(bench, workspace)
+            if sandbox_pid:
+                held = await bench.held_open(workspace, sandbox_pid[0], limits)
+                used = dataclasses.replace(used, bytes=used.bytes + held, held_open=held)
         except WorkspaceError as exc:
             return exc
-        if sandbox_pid:
-            held = await bench.held_open(workspace, sandbox_pid[0])
-            used = dataclasses.replace(used, bytes=used.bytes + held, held_open=held)
         pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * (time.monotonic() - began)))
         if workspaces.over_entries(used) and used.entries > before.entries:
             return used
@@ -636,7 +657,7 @@ def _stopped(bench: Workbench, workspace: Workspace, found: Use | WorkspaceError
     else:
         what = f"{found.bytes:,} bytes of its {workspaces.quota_bytes:,}-byte quota"
         if found.held_open:
-            what += f" ({found.held_open:,} of them in files it removed but kept open)"
+            what += f" ({found.held_open:,} of them in files it removed but kept open or mapped)"
     return WorkerError(
         "too_large",
         f"the program was stopped while it ran: plan {workspace.plan_id!r}'s workspace "
