@@ -474,6 +474,9 @@ class Workspaces:
         self._changes: dict[str, int] = {}  # key -> `changed` calls (a count started
         # before one is not kept)
         self._opened: dict[str, Workspace] = {}
+        # key -> the agent its plan.json names: read once per plan folder, not once per
+        # new plan for every plan (review4 finding 06: 2.5 s at 20,000 plans)
+        self._agents: dict[str, str | None] = {}
 
     def prepare(self) -> None:
         """Make the base folder (owner-only) and the empty stand-in, finish removals a
@@ -557,9 +560,7 @@ class Workspaces:
             )
         if held < self.max_plans_per_agent:
             return
-        mine = sum(
-            1 for key in keys if (_read_meta(self.base / key) or {}).get("agent_id") == agent_id
-        )
+        mine = sum(1 for key in keys if self._agent_of(key) == agent_id)
         if mine >= self.max_plans_per_agent:
             raise WorkspaceError(
                 WorkspaceProblem.TOO_MANY_PLANS,
@@ -569,6 +570,11 @@ class Workspaces:
                 "again, or raise the limit.",
                 {"plans": mine, "max_plans_per_agent": self.max_plans_per_agent},
             )
+
+    def _agent_of(self, key: str) -> str | None:
+        if key not in self._agents:
+            self._agents[key] = (_read_meta(self.base / key) or {}).get("agent_id")
+        return self._agents[key]
 
     def _create(self, plan_id: str, key: str, agent_id: str) -> Workspace:
         folder = self.base / key
@@ -590,6 +596,7 @@ class Workspaces:
                 ),
                 f"could not make the workspace of plan {plan_id!r}: {exc.strerror}",
             ) from exc
+        self._agents.pop(key, None)  # its plan.json says, from now on
         workspace = self._workspace(plan_id, key)
         self._touch(workspace)
         return workspace
@@ -706,6 +713,7 @@ class Workspaces:
         with self._lock:
             self._opened.pop(key, None)
             self._use.pop(key, None)
+            self._agents.pop(key, None)
             self._changes[key] = self._changes.get(key, 0) + 1
             trash = self.base / f"{TRASH_PREFIX}{key}.{secrets.token_hex(4)}"
             try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import sandbox.workspaces as workspaces_module
 from sandbox.workspaces import (
     EMPTY,
     FILES,
@@ -353,6 +354,37 @@ def test_one_agent_may_hold_at_most_max_plans_per_agent(tmp_path: Path) -> None:
     assert caught.value.details == {"plans": 2, "max_plans_per_agent": 2}
     assert spaces.open("plan-a1", "alice").plan_id == "plan-a1"
     assert spaces.open("plan-m1", "mallory").plan_id == "plan-m1", "a plan that has one keeps it"
+
+
+def test_a_new_plan_reads_each_plans_owner_once_not_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review4 finding 06: each new plan read every plan's plan.json (2.5 s at 20,000
+    plans). A torn-down plan made again for another agent counts as that agent's."""
+    made = Workspaces(tmp_path / "wb", quota_bytes=64 * 1024, max_plans=50)
+    made.prepare()
+    for n in range(10):
+        made.open(f"plan-{n}", f"agent-{n}")
+    spaces = Workspaces(made.base, quota_bytes=64 * 1024, max_plans=50, max_plans_per_agent=3)
+    read: list[str] = []
+    real_read = workspaces_module._read_meta
+
+    def reading(folder: Path) -> dict[str, object] | None:
+        read.append(folder.name)
+        return real_read(folder)
+
+    monkeypatch.setattr(workspaces_module, "_read_meta", reading)
+    spaces.open("plan-x1", "mallory")
+    first = len(read)
+    assert first >= 10
+    spaces.open("plan-x2", "mallory")
+    spaces.open("plan-x3", "mallory")
+    assert len(read) - first <= 4, read[first:]  # the new plans' own, not every plan's
+    with pytest.raises(WorkspaceError):
+        spaces.open("plan-x4", "mallory")
+    assert spaces.teardown("plan-x1")
+    assert spaces.open("plan-x1", "alice").plan_id == "plan-x1"
+    assert spaces.open("plan-x4", "mallory").plan_id == "plan-x4", "x1 is alice's now"
 
 
 def test_finding_a_plan_never_makes_its_workspace(tmp_path: Path) -> None:
