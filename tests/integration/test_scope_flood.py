@@ -1,7 +1,9 @@
 """A flood of ScopeRequests (review2 finding 06): each is a question on the person's
-screen, so the worker keeps at most MAX_WAITING_SCOPE_REQUESTS waiting and answers
-the rest "busy" at once, keeps only what a prompt shows of a reason and a preview,
-and the hub relays at most SCOPE_REQUESTS_PER_WORKER at a time to one worker."""
+screen, so the worker keeps at most MAX_WAITING_SCOPE_REQUESTS waiting (and at most
+MAX_WAITING_PER_AGENT of one agent's) and answers the rest "busy" at once, keeps only
+what a prompt shows of a reason and a preview, and the hub relays at most
+SCOPE_REQUESTS_PER_WORKER at a time to one worker (SCOPE_REQUESTS_PER_AGENT of one
+agent's)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from tests.integration.test_worker_trust import Rogue
 from tests.support.cluster import cluster
 from tests.support.scripted_hub import ScriptedHub
 from worker.core.approvals import (
+    MAX_WAITING_PER_AGENT,
     MAX_WAITING_SCOPE_REQUESTS,
     PREVIEW_LIMIT,
     ApprovalBroker,
@@ -22,11 +25,16 @@ from worker.core.approvals import (
 )
 from worker.core.connection import WorkerConnection
 from worker.hub.client import ControlClient
-from worker.hub.server import SCOPE_PREVIEW_CHARS, SCOPE_REQUESTS_PER_WORKER
+from worker.hub.server import (
+    SCOPE_PREVIEW_CHARS,
+    SCOPE_REQUESTS_PER_AGENT,
+    SCOPE_REQUESTS_PER_WORKER,
+)
 from worker.wire.proto import agentworker_pb2 as pb
 
 PREVIEW = "p" * (256 * 1024)
 EXTRA = 8
+AGENTS = 8  # the flood's agents: none of them past its own bound
 
 
 def test_the_worker_keeps_a_bounded_number_of_scope_requests_cut_to_what_is_shown(
@@ -39,7 +47,7 @@ def test_the_worker_keeps_a_bounded_number_of_scope_requests_cut_to_what_is_show
         for n in range(MAX_WAITING_SCOPE_REQUESTS + EXTRA):
             asked = pb.ScopeRequest(
                 request_id=f"s{n}",
-                agent_id="flood",
+                agent_id=f"flood-{n % AGENTS}",
                 plan_id="p",
                 scopes=["workerHost.fs_write"],
                 reason=f"{n} " + "r" * 10_000,
@@ -74,6 +82,33 @@ def test_the_worker_keeps_a_bounded_number_of_scope_requests_cut_to_what_is_show
     play(tmp_path, scenario)
 
 
+def test_one_agent_cannot_take_every_place_for_scope_requests(tmp_path: Path) -> None:
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        state = link.dispatcher
+        broker = ApprovalBroker(state.state, state.telemetry, always_attached=True)
+        link.answer_scopes = broker.scope_request
+        for n in range(MAX_WAITING_PER_AGENT + 2):
+            asked = pb.ScopeRequest(
+                request_id=f"m{n}", agent_id="mallory", plan_id=f"p{n}", scopes=["workerHost.exec"]
+            )
+            hub.send(scope_request=asked)
+        busy = [await hub.next("scope_decision") for _ in range(2)]
+        assert {d.request_id for d in busy} == {
+            f"m{MAX_WAITING_PER_AGENT}",
+            f"m{MAX_WAITING_PER_AGENT + 1}",
+        }
+        assert all(d.reason.startswith("busy: ") and "'mallory'" in d.reason for d in busy)
+        alice = pb.ScopeRequest(request_id="a0", agent_id="alice", scopes=["workerHost.fs_read"])
+        hub.send(scope_request=alice)
+        hub.request("after", "{}")  # in order: alice's request was taken before this
+        assert error_code(await hub.next("result")) == "ok"
+        assert broker.waiting() == MAX_WAITING_PER_AGENT + 1, "alice's waits for the person"
+        assert {p.agent_id for p in broker.pending()} == {"mallory", "alice"}
+        broker.close_all("the test ends")
+
+    play(tmp_path, scenario)
+
+
 def test_the_hub_relays_a_bounded_number_of_scope_requests_per_worker(tmp_path: Path) -> None:
     with cluster(tmp_path / "hub", worker=False) as live:
 
@@ -82,10 +117,10 @@ def test_the_hub_relays_a_bounded_number_of_scope_requests_per_worker(tmp_path: 
             await slow.welcomed.wait()
             client = ControlClient.connect(live.listen, live.token)
 
-            def ask(n: int, preview: str = "") -> Any:
+            def ask(n: int, preview: str = "", agent: str = "") -> Any:
                 request = pb.RequestScopeRequest(
                     worker_id=slow.worker_id,
-                    agent_id="flood",
+                    agent_id=agent or f"flood-{n % 8}",
                     scopes=["workerHost.fs_write"],
                     reason=f"ask {n}",
                     preview=preview,
@@ -96,12 +131,26 @@ def test_the_hub_relays_a_bounded_number_of_scope_requests_per_worker(tmp_path: 
             try:
                 large = await asyncio.wait_for(ask(-2, "x" * (SCOPE_PREVIEW_CHARS + 1)), 10)
                 assert not large.granted and large.reason.startswith("too_large: "), large
-                waiting = [asyncio.ensure_future(ask(n)) for n in range(SCOPE_REQUESTS_PER_WORKER)]
+                waiting = [
+                    asyncio.ensure_future(ask(n))
+                    for n in range(SCOPE_REQUESTS_PER_WORKER - SCOPE_REQUESTS_PER_AGENT - 1)
+                ]
+                waiting += [
+                    asyncio.ensure_future(ask(n, agent="mallory"))
+                    for n in range(SCOPE_REQUESTS_PER_AGENT)
+                ]
+                while len(slow.scope_requests) < len(waiting):
+                    slow.asked.clear()
+                    await asyncio.wait_for(slow.asked.wait(), 20)
+                theirs = await asyncio.wait_for(ask(-3, agent="mallory"), 10)
+                assert not theirs.granted and "of agent 'mallory'" in theirs.reason, theirs
+                waiting.append(asyncio.ensure_future(ask(-4, agent="alice")))
                 while len(slow.scope_requests) < SCOPE_REQUESTS_PER_WORKER:
                     slow.asked.clear()
                     await asyncio.wait_for(slow.asked.wait(), 20)
-                over = await asyncio.wait_for(ask(-1), 10)
+                over = await asyncio.wait_for(ask(-1, agent="alice"), 10)
                 assert not over.granted and over.reason.startswith("busy: "), over
+                assert "at worker" in over.reason and "of agent" not in over.reason, over
                 assert len(slow.scope_requests) == SCOPE_REQUESTS_PER_WORKER
                 for pending in waiting:
                     pending.cancel()

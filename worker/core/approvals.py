@@ -20,6 +20,7 @@ time is a denial.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import logging
@@ -47,6 +48,8 @@ REASON_LIMIT: Final = 500
 # at once ("busy"). Each is a question on the person's screen: a server asking more
 # than this at a time floods them (and the worker's memory), it does not inform.
 MAX_WAITING_SCOPE_REQUESTS: Final = 64
+# ... and of one agent's, at most: one agent's flood must not take every place.
+MAX_WAITING_PER_AGENT: Final = 16
 # A ScopeRequest naming more scopes than this is refused: no person reads them all.
 MAX_SCOPES_ASKED: Final = 32
 # Agent and plan ids longer than this in a ScopeRequest are refused (a grant names
@@ -254,7 +257,9 @@ class ApprovalBroker:
         self.attached = 0  # UIs attached over the local socket
         self._prompts: dict[str, Prompt] = {}  # in arrival order
         self._by_key: dict[tuple[str, ...], Prompt] = {}  # the same, by what they ask
-        self._scope_requests = 0  # ScopeRequests waiting for an answer (see scope_request)
+        # ScopeRequests waiting for an answer (see scope_request), in all and by agent
+        self._scope_requests = 0
+        self._scope_requests_of: collections.Counter[str] = collections.Counter()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.listeners: list[Listener] = []
         # Set by the assembly once the dispatcher exists (it owns kills and the wire).
@@ -313,10 +318,19 @@ class ApprovalBroker:
                 f"busy: {self._scope_requests} scope requests already wait for the person at "
                 "this worker (the most it keeps); ask again once they are answered",
             )
+        elif self.can_ask and self._scope_requests_of[request.agent_id] >= MAX_WAITING_PER_AGENT:
+            resolution = Resolution(
+                None,
+                None,
+                f"busy: {MAX_WAITING_PER_AGENT} scope requests of agent "
+                f"{inert(request.agent_id, 200)!r} already wait for the person at this worker "
+                "(the most it keeps for one agent); ask again once they are answered",
+            )
         else:
             reason, reason_cut = _kept(request.reason, REASON_LIMIT)
             preview, preview_cut = _kept(request.preview, PREVIEW_LIMIT)
             self._scope_requests += 1
+            self._scope_requests_of[request.agent_id] += 1
             try:
                 resolution = await self.request(
                     Kind.SCOPE_REQUEST,
@@ -329,6 +343,9 @@ class ApprovalBroker:
                 )
             finally:
                 self._scope_requests -= 1
+                self._scope_requests_of[request.agent_id] -= 1
+                if not self._scope_requests_of[request.agent_id]:
+                    del self._scope_requests_of[request.agent_id]
         if resolution.headless:
             reason = (
                 "no one could be asked (no UI attached at the worker); grants are made "

@@ -95,6 +95,8 @@ TEARDOWN_TIMEOUT_S = 60.0
 # RequestScopes waiting at once for one worker's person, at most (more answer "busy"),
 # and the longest reason and preview relayed (a prompt shows 500 and 2,000 of them).
 SCOPE_REQUESTS_PER_WORKER: Final = 64
+# ... of them for one agent, at most: one agent's flood must not leave the others no room.
+SCOPE_REQUESTS_PER_AGENT: Final = 16
 SCOPE_REASON_CHARS: Final = 4096
 SCOPE_PREVIEW_CHARS: Final = 64 * 1024
 
@@ -359,7 +361,8 @@ class Hub:
         self._waiters: dict[str, list[asyncio.Future[Answer]]] = {}  # by call id
         # Scope requests and teardowns awaiting answers, by id, with the worker asked:
         # only that worker's answer counts (see _from_its_worker).
-        self._scope_waiters: dict[str, tuple[str, asyncio.Future[pb.ScopeDecision]]] = {}
+        # request id -> (worker id, agent id, the caller's waiter)
+        self._scope_waiters: dict[str, tuple[str, str, asyncio.Future[pb.ScopeDecision]]] = {}
         # (session, answer, delivered to a caller?) not yet stored; see store_results.
         self._unstored: list[tuple[Session, Answer, bool]] = []
         # Request blobs of pending calls, by call id: held while the call may have to
@@ -548,8 +551,8 @@ class Hub:
             if asked is None or not self._from_its_worker(session, asked[0], request_id):
                 return
             del self._scope_waiters[request_id]
-            if not asked[1].done():
-                asked[1].set_result(msg.scope_decision)
+            if not asked[2].done():
+                asked[2].set_result(msg.scope_decision)
         elif kind == "audit":
             log.info(
                 "audit from %s: %s %s", session.worker_id, msg.audit.kind, msg.audit.detail_json
@@ -1196,7 +1199,7 @@ class Hub:
             return pb.ScopeDecision(granted=False, scopes=req.scopes, reason=refusal)
         request_id = uuid.uuid4().hex
         waiter: asyncio.Future[pb.ScopeDecision] = asyncio.get_running_loop().create_future()
-        self._scope_waiters[request_id] = (session.worker_id, waiter)
+        self._scope_waiters[request_id] = (session.worker_id, req.agent_id, waiter)
         session.send(
             pb.ServerMessage(
                 scope_request=pb.ScopeRequest(
@@ -1228,12 +1231,22 @@ class Hub:
                 f"{len(req.reason):,} and {len(req.preview):,}); the person is shown 500 "
                 "and 2,000 of them"
             )
-        waiting = sum(1 for asked, _ in self._scope_waiters.values() if asked == session.worker_id)
-        if waiting >= SCOPE_REQUESTS_PER_WORKER:
+        waiting = [
+            agent
+            for worker, agent, _ in self._scope_waiters.values()
+            if worker == session.worker_id
+        ]
+        if len(waiting) >= SCOPE_REQUESTS_PER_WORKER:
             return (
-                f"busy: {waiting} scope requests already wait for the person at worker "
+                f"busy: {len(waiting)} scope requests already wait for the person at worker "
                 f"{session.worker_id!r} (the most the hub relays); ask again once they are "
                 "answered"
+            )
+        if waiting.count(req.agent_id) >= SCOPE_REQUESTS_PER_AGENT:
+            return (
+                f"busy: {SCOPE_REQUESTS_PER_AGENT} scope requests of agent {req.agent_id!r} "
+                f"already wait for the person at worker {session.worker_id!r} (the most the "
+                "hub relays for one agent); ask again once they are answered"
             )
         return None
 
