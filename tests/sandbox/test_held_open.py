@@ -73,7 +73,10 @@ folder = sys.argv[1]
 
 def removed(name):
     fd = os.open(os.path.join(folder, name), os.O_CREAT | os.O_RDWR, 0o600)
-    os.write(fd, b"x" * (1 << 20))
+    with os.fdopen(os.dup(fd), "wb") as file:  # writes it all, whatever os.write takes
+        file.write(b"x" * (1 << 20))
+    os.fsync(fd)
+    assert os.fstat(fd).st_blocks * 512 >= 1 << 20, os.fstat(fd)
     os.unlink(os.path.join(folder, name))
     return fd
 

@@ -177,11 +177,11 @@ class Cluster:
         return asyncio.run(go())
 
     def status(self) -> pb.StatusResponse:
-        return self.run(lambda c: c.stub.Status(pb.StatusRequest(), metadata=c.metadata, timeout=2))
+        return self.run(lambda c: c.stub.Status(pb.StatusRequest(), metadata=c.metadata, timeout=30))
 
     def workers(self) -> list[pb.WorkerInfo]:
         reply = self.run(
-            lambda c: c.stub.ListWorkers(pb.ListWorkersRequest(), metadata=c.metadata, timeout=2)
+            lambda c: c.stub.ListWorkers(pb.ListWorkersRequest(), metadata=c.metadata, timeout=30)
         )
         return list(reply.workers)
 
