@@ -10,9 +10,11 @@ userfaultfd and io_uring (the usual routes of kernel exploits), module and kexec
 loading, clocks, swap, reboot, and file handles that bypass path checks
 (open_by_handle_at). `clone3` answers ENOSYS, so the C library falls back to
 `clone`, whose flags a filter can see. ioctl TIOCSTI (typing into the terminal)
-is refused too, and so is `fallocate` with FALLOC_FL_KEEP_SIZE (EOPNOTSUPP, as a file
-system without it answers): blocks kept past a file's end escape RLIMIT_FSIZE, the
-one bound on what a program's file may take. So are memory no bound sees (memfd_create,
+is refused too, and so is every `fallocate` but the plain one (mode 0), with
+EOPNOTSUPP as a file system without them answers: blocks kept past a file's end
+(FALLOC_FL_KEEP_SIZE) and a range inserted into a file (FALLOC_FL_INSERT_RANGE, which
+grows it unchecked) escape RLIMIT_FSIZE, the one bound on what a program's file may
+take; glibc's posix_fallocate writes instead. So are memory no bound sees (memfd_create,
 System V shared memory and message queues), and prctl PR_SET_DUMPABLE: a process that
 is not dumpable hides its open files from a worker that is not root, and the watch of a
 workspace counts what they hold (sandbox.held_open).
@@ -103,6 +105,9 @@ _IOCTL: Final[tuple[int, int]] = (16, 29)
 TIOCSTI: Final = 0x5412
 _FALLOCATE: Final[tuple[int, int]] = (285, 47)
 FALLOC_FL_KEEP_SIZE: Final = 0x01  # also set by every hole-punching mode
+# fallocate modes let through: the plain one alone (review5 finding 07: INSERT_RANGE,
+# 0x20, grew a file past RLIMIT_FSIZE; a list of refused bits misses such a mode).
+FALLOCATE_PLAIN: Final = 0
 _PRCTL: Final[tuple[int, int]] = (157, 167)
 PR_SET_DUMPABLE: Final = 4
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (and NEWTIME, 0x80).
@@ -208,14 +213,14 @@ def build(machine: str) -> bytes | None:
     test(0, len(line))
     labels: dict[object, int] = {}
     # clone with any namespace flag (its first argument's low word), ioctl TIOCSTI,
-    # fallocate keeping the size (its mode, the second argument), prctl
+    # fallocate other than plain (its mode, the second argument), prctl
     # PR_SET_DUMPABLE (its option, the first).
     labels[_CLONE_FLAGS] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JSET_K, CLONE_NAMESPACES_ALL, _EPERM, _ALLOW)]
     labels[_IOCTL_CMD] = len(prog)
     prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, TIOCSTI, _EPERM, _ALLOW)]
     labels[_FALLOCATE_MODE] = len(prog)
-    prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JSET_K, FALLOC_FL_KEEP_SIZE, _NOTSUPP, _ALLOW)]
+    prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, FALLOCATE_PLAIN, _ALLOW, _NOTSUPP)]
     labels[_PRCTL_OPTION] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JEQ_K, PR_SET_DUMPABLE, _EPERM, _ALLOW)]
     answers = ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS), (_NOTSUPP, _NOTSUP))

@@ -75,17 +75,22 @@ def names(live: Cluster) -> dict[str, str]:
     return {worker_id_of(live, name): name for name in ("w1", "w2")}
 
 
-def busy_with(live: Cluster, plan: str) -> tuple[threading.Thread, str]:
-    """A call of `plan` that runs until the plan is torn down."""
+def busy_with(live: Cluster, plan: str) -> tuple[threading.Thread, list[Any], str]:
+    """A call of `plan` that runs until the plan is torn down; the list gets its
+    answer (or what its thread raised) when it ends."""
     tag = marker()
+    answer: list[Any] = []
 
     def stubborn() -> None:
-        run(live, plan, ["python3", "-c", STUBBORN, tag], timeout_s=300)
+        try:
+            answer.append(run(live, plan, ["python3", "-c", STUBBORN, tag], timeout_s=300)[0])
+        except Exception as exc:  # noqa: BLE001 - the test reports it, not the thread
+            answer.append(exc)
 
     thread = threading.Thread(target=stubborn, daemon=True)
     thread.start()
     wait_for(lambda: len(processes_with(tag)) >= 2, 15)
-    return thread, tag
+    return thread, answer, tag
 
 
 def test_plans_stick_and_a_new_plan_goes_to_the_idle_worker(
@@ -97,7 +102,7 @@ def test_plans_stick_and_a_new_plan_goes_to_the_idle_worker(
     assert where(live, p1, worker_id=x) == x  # naming a worker places a new plan there
     assert where(live, p2, worker_id=x) == x
     assert where(live, p3, worker_id=y) == y
-    thread, tag = busy_with(live, p3)  # y runs a call; x holds more plans but is idle
+    thread, answer, tag = busy_with(live, p3)  # y runs a call; x holds more plans but is idle
     p4 = new_plan()
     assert where(live, p4) == x
     for _ in range(3):  # sticky, however loaded: each plan where its workspace is
@@ -105,7 +110,8 @@ def test_plans_stick_and_a_new_plan_goes_to_the_idle_worker(
         assert where(live, p1) == x and where(live, p4) == x
     assert files_of(live, "w1", p4).is_dir() and not files_of(live, "w2", p4).exists()
     assert teardown(live, p3)["result"]["removed"] is True
-    thread.join(15)
+    thread.join(60)
+    assert len(answer) == 1 and isinstance(answer[0], dict), answer  # the call was answered
     assert wait_until_gone(tag) == []
     p5 = new_plan()  # both idle now: the one holding fewer plans
     assert where(live, p5) == y

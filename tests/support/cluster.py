@@ -177,7 +177,9 @@ class Cluster:
         return asyncio.run(go())
 
     def status(self) -> pb.StatusResponse:
-        return self.run(lambda c: c.stub.Status(pb.StatusRequest(), metadata=c.metadata, timeout=30))
+        return self.run(
+            lambda c: c.stub.Status(pb.StatusRequest(), metadata=c.metadata, timeout=30)
+        )
 
     def workers(self) -> list[pb.WorkerInfo]:
         reply = self.run(
