@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,8 +13,10 @@ from pathlib import Path
 import pytest
 
 import sandbox.workspaces as workspaces_module
+from sandbox.held_open import descendants
 from sandbox.process import Limits
 from sandbox.workspaces import Use, WorkspaceError, Workspaces
+from tests.support.cluster import wait_for
 from worker.actions.workbench import Workbench
 from worker.config import SandboxSection
 
@@ -124,3 +129,64 @@ def test_the_watch_counts_again_when_folders_move_and_stops_a_program_that_keeps
             assert len(walks) == WATCH_REWALKS
 
     asyncio.run(scenario())
+
+
+# Under a stand-in for bubblewrap's process: a child that forks a grandchild, both
+# moving a folder between two others as fast as they can (a program keeping its files
+# out of a walk's way), and telling each move on stdout.
+MOVER = r"""
+import os, sys
+folder = sys.argv[1]
+os.fork()  # two movers
+while True:
+    for a, b in (("one", "two"), ("two", "one")):
+        try:
+            os.rename(f"{folder}/{a}/moved", f"{folder}/{b}/moved")
+        except OSError:
+            pass
+"""
+
+
+def _states(pids: list[int]) -> set[str]:
+    found = set()
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as handle:
+            found.add(handle.read().rsplit(") ", 1)[1][0])
+    return found
+
+
+def test_a_count_stops_the_plans_running_programs_while_it_walks(
+    bench: Workbench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program told where the walk is (inotify) moved its files out of its way, into a
+    folder it had passed (review5 finding 01): the plan's programs are stopped for the
+    walk, every process of them, and go on after it."""
+    spaces = bench.workspaces
+    plan = spaces.open("plan-moving")
+    for name in ("one", "two"):
+        (plan.files / name).mkdir()
+    (plan.files / "one" / "moved").mkdir()
+    (plan.files / "one" / "moved" / "data").write_bytes(b"x" * 300_000)
+    argv = [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])"]
+    top = subprocess.Popen([*argv, sys.executable, "-c", MOVER, str(plan.files)])
+    seen: list[set[str]] = []
+    real = workspaces_module.count_use
+
+    def counted(files: Path, max_entries: int) -> Use:
+        seen.append(_states(descendants(top.pid)))
+        return real(files, max_entries)
+
+    monkeypatch.setattr(workspaces_module, "count_use", counted)
+    try:
+        wait_for(lambda: len(descendants(top.pid)) == 2, 10)
+        bench.started(plan, top.pid)
+        for _ in range(20):
+            spaces.changed(plan)
+            assert asyncio.run(bench.use(plan)).bytes >= 300_000  # never out of the way
+        assert seen and all(states == {"T"} for states in seen), seen
+        wait_for(lambda: "T" not in _states(descendants(top.pid)), 10)  # and they go on
+        bench.ended(plan, top.pid)
+    finally:
+        for pid in descendants(top.pid):
+            os.kill(pid, 9)
+        top.wait()

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from sandbox import cgroups, environment
+from sandbox import cgroups, environment, still
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
 from sandbox.held_open import UnseenError, held_open_bytes
 from sandbox.process import (
@@ -98,6 +98,9 @@ WATCH_REWALKS: Final = 3
 # Descriptors and mapped ranges one look for removed files may examine (about 5 us
 # each): twice what the sandbox's limits let its processes hold, up to this.
 HELD_OPEN_MOST: Final = 1 << 20
+# Looks for a stopped program's processes all stopped before a count walks on anyway
+# (about 0.4 s in all): a process inside a long system call stops when it ends.
+STILL_CHECKS: Final = 16
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
@@ -139,6 +142,20 @@ class Workbench:
         # program chooses their cost (its processes and descriptors), and the counts
         # every plan's writes wait on must not queue behind them.
         self._holding = ThreadPoolExecutor(1, thread_name_prefix="agentworker-held-open")
+        # plan key -> bubblewrap's pid of each of its programs running now: stopped
+        # while the plan's workspace is counted (sandbox.still)
+        self._running: dict[str, list[int]] = {}
+
+    def started(self, workspace: Workspace, sandbox_pid: int) -> None:
+        """A program of the plan runs in the sandbox of `sandbox_pid` until `ended`."""
+        self._running.setdefault(workspace.key, []).append(sandbox_pid)
+
+    def ended(self, workspace: Workspace, sandbox_pid: int) -> None:
+        running = self._running.get(workspace.key, [])
+        if sandbox_pid in running:
+            running.remove(sandbox_pid)
+        if not running:
+            self._running.pop(workspace.key, None)
 
     async def use(self, workspace: Workspace) -> Use:
         """What the plan's workspace holds: the cached count, or a walk. Callers that
@@ -155,10 +172,7 @@ class Workbench:
             # changed while it ran: then the next turn walks again.
             with contextlib.suppress(Exception):
                 await asyncio.shield(walk)
-        loop = asyncio.get_running_loop()
-        walk = asyncio.ensure_future(
-            loop.run_in_executor(self._counting, self.workspaces.use, workspace)
-        )
+        walk = asyncio.ensure_future(self._walk_still(workspace))
         self._walks[workspace.key] = walk
 
         def finished(_: asyncio.Future[Use]) -> None:
@@ -169,6 +183,24 @@ class Workbench:
 
         walk.add_done_callback(finished)
         return await asyncio.shield(walk)
+
+    async def _walk_still(self, workspace: Workspace) -> Use:
+        """A walk of the workspace (on the count threads) with the plan's running
+        programs stopped: a program moving its files out of the walk's way would be
+        left out of the count (review5 finding 01)."""
+        stopped = [still.stop(pid) for pid in self._running.get(workspace.key, ())]
+        try:
+            pause = 0.0005
+            for _ in range(STILL_CHECKS):  # a long system call ends before its stop
+                if not any(still.moving(each.pids) for each in stopped):
+                    break
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 0.05)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._counting, self.workspaces.use, workspace)
+        finally:
+            for each in stopped:
+                each.resume()
 
     async def held_open(self, workspace: Workspace, sandbox_pid: int, limits: Limits) -> int:
         """Bytes the sandbox of `sandbox_pid`, run with `limits`, holds in files of the
@@ -518,6 +550,11 @@ async def _run_in_workspace(
             room = 0 if full else max(0, bench.workspaces.quota_bytes - before.bytes)
             limits = dataclasses.replace(limits, file_size_bytes=min(limits.file_size_bytes, room))
             sandbox_pid: list[int] = []  # bubblewrap's, once it started
+
+            def started(pid: int) -> None:
+                sandbox_pid.append(pid)
+                bench.started(workspace, pid)
+
             try:
                 done = await _watched(
                     bench,
@@ -533,7 +570,7 @@ async def _run_in_workspace(
                         pid_cap=ctx.containment.pid_cap,
                         cgroup=group,
                         starts=ctx.containment.starts,
-                        on_start=sandbox_pid.append,
+                        on_start=started,
                     ),
                 )
             except SandboxUnavailableError as exc:
@@ -541,6 +578,8 @@ async def _run_in_workspace(
             except CgroupError as exc:
                 raise _refused(exc) from None
             finally:
+                for pid in sandbox_pid:
+                    bench.ended(workspace, pid)
                 bench.workspaces.changed(workspace)  # whatever ran may have written
             # Counted again (and kept for the next call): RLIMIT_FSIZE bounds each file
             # by the room left, not the files together, nor folders.

@@ -1,0 +1,99 @@
+"""Holding a sandbox's processes still while its workspace is counted.
+
+A count walks a workspace while its programs may run: a program told by inotify where
+the walk is can move its files out of the walk's way every time, into a folder it
+already passed (review5 finding 01), and no check of the walk's own sees that. So the
+workbench stops every process of the plan's running sandboxes (SIGSTOP, which no
+program can catch or ignore) for the walk, and lets them go on (SIGCONT) after it. A
+process the program had stopped itself goes on too.
+
+Standard library only, no worker imports: it can be reviewed and tested alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable
+from typing import Final
+
+from sandbox.held_open import descendants
+
+# Rounds of "stop what is new" before a stop gives up looking for more: a process sent
+# SIGSTOP may fork once more before it stops; its child is found in the next round.
+ROUNDS: Final = 8
+_STILL: Final = (b"T", b"t", b"Z", b"X")  # stopped, traced, or ended
+
+
+class Stopped:
+    """Processes stopped by `stop`, held by pidfd: `resume` reaches each one, never a
+    process that took its pid after it ended."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+        self._fds: list[int] = []
+
+    def add(self, pid: int) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGSTOP)
+        except ProcessLookupError:  # ended meanwhile
+            os.close(fd)
+            return
+        self.pids.append(pid)
+        self._fds.append(fd)
+
+    def resume(self) -> None:
+        """Lets them go on (SIGCONT); those that ended meanwhile are skipped."""
+        fds, self._fds, self.pids = self._fds, [], []
+        for fd in fds:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def stop(sandbox_pid: int) -> Stopped:
+    """Sends SIGSTOP to every descendant of `sandbox_pid` (bubblewrap's), again for any
+    new one, until none is new; call `resume` on what it returns."""
+    stopped = Stopped()
+    seen: set[int] = set()
+    try:
+        for _ in range(ROUNDS):
+            new = [pid for pid in descendants(sandbox_pid) if pid not in seen]
+            if not new:
+                break
+            for pid in new:
+                seen.add(pid)
+                stopped.add(pid)
+    except BaseException:
+        stopped.resume()
+        raise
+    return stopped
+
+
+def moving(pids: Iterable[int]) -> list[int]:
+    """Those of `pids` with a thread not stopped yet (a signal is taken when a thread
+    next leaves the kernel: a long system call finishes first)."""
+    found = []
+    for pid in pids:
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # ended
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/stat", "rb") as handle:
+                    line = handle.read()
+            except OSError:
+                continue
+            state = line[line.rindex(b")") + 2 : line.rindex(b")") + 3]
+            if state not in _STILL:
+                found.append(pid)
+                break
+    return found
