@@ -17,7 +17,7 @@ from sandbox.held_open import descendants
 from sandbox.process import Limits
 from sandbox.workspaces import Use, WorkspaceError, Workspaces
 from tests.support.cluster import wait_for
-from worker.actions.workbench import Workbench
+from worker.actions.workbench import Workbench, _until_due
 from worker.config import SandboxSection
 
 
@@ -190,3 +190,20 @@ def test_a_count_stops_the_plans_running_programs_while_it_walks(
         for pid in descendants(top.pid):
             os.kill(pid, 9)
         top.wait()
+
+
+def test_the_watch_counts_at_once_when_the_disk_fills(tmp_path: Path) -> None:
+    """A program writes hundreds of MB a second: between its counts (a second apart)
+    the watch looks at the file system's free space, and counts at once when it fell
+    by the room left before the stop (review5 finding 07)."""
+
+    async def scenario() -> None:
+        waiting = asyncio.ensure_future(_until_due(tmp_path, 600.0, 0.0, 1 << 20))
+        await asyncio.sleep(0)
+        with open(tmp_path / "written", "wb") as handle:  # 4 MiB, room 1 MiB
+            handle.write(os.urandom(4 << 20))
+            handle.flush()
+            os.fsync(handle.fileno())
+        await asyncio.wait_for(waiting, 60)  # not the 600 s
+
+    asyncio.run(scenario())

@@ -82,16 +82,20 @@ SURFACE: Final = WORKBENCH_SURFACE
 # Threads counting plans' quotas (each plan walks on one at a time).
 COUNT_THREADS: Final = 2
 # While a plan's program runs, its workspace is counted again this often (or, for a
-# workspace whose count takes long, ten counts' time apart, up to WATCH_AT_MOST_S),
-# and the program is stopped once the plan holds twice its quota, or more than its cap
-# of entries (a count stops one past it). RLIMIT_FSIZE bounds each file by the room
-# left, not the files together, so a program writing file after file would otherwise
-# fill the disk until its timeout. Twice, not once: a program that ends past its quota
-# is answered `too_large` by the count after it all the same, with its exit code; the
-# watch is for one that would not stop.
+# workspace whose count takes long, ten counts' time apart, up to WATCH_AT_MOST_S;
+# sooner when the disk fills, see WATCH_POLL_S), and the program is stopped once the
+# plan holds twice its quota, or more than its cap of entries (a count stops one past
+# it). RLIMIT_FSIZE bounds each file by the room left, not the files together, so a
+# program writing file after file would otherwise fill the disk until its timeout.
+# Twice, not once: a program that ends past its quota is answered `too_large` by the
+# count after it all the same, with its exit code; the watch is for one that would not
+# stop.
 WATCH_EVERY_S: Final = 1.0
 WATCH_AT_MOST_S: Final = 5.0
 WATCH_SLACK: Final = 2
+# Between counts, the watch looks at the file system's free space this often, and
+# counts at once when it fell by the room left before the stop (`_until_due`).
+WATCH_POLL_S: Final = 0.02
 # Counts in a row, at once, after one whose folders moved under it; if each of them
 # had folders move, the program is stopped as uncountable (see `_overfilled`).
 WATCH_REWALKS: Final = 3
@@ -643,9 +647,12 @@ async def _overfilled(
     cap of entries (either more than `before`), or cannot be counted: what was found.
     Bytes the sandbox holds in files it removed but keeps open or mapped count too."""
     workspaces = bench.workspaces
-    pause = WATCH_EVERY_S
+    pause, took, used = WATCH_EVERY_S, 0.0, before
     while True:
-        await asyncio.sleep(pause)
+        # Sooner if the disk filled by more than the room left before the stop: a
+        # program writes hundreds of MB a second, many times a quota (review5 07).
+        room = WATCH_SLACK * workspaces.quota_bytes - used.bytes
+        await _until_due(workspace.files, pause, 10 * took, room)
         workspaces.changed(workspace)  # the program may have written since the last count
         began = time.monotonic()
         try:
@@ -655,11 +662,32 @@ async def _overfilled(
                 used = dataclasses.replace(used, bytes=used.bytes + held, held_open=held)
         except WorkspaceError as exc:
             return exc
-        pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * (time.monotonic() - began)))
+        took = time.monotonic() - began
+        pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * took))
         if workspaces.over_entries(used) and used.entries > before.entries:
             return used
         if used.bytes >= WATCH_SLACK * workspaces.quota_bytes and used.bytes > before.bytes:
             return used
+
+
+async def _until_due(files: Path, pause: float, least: float, room: int) -> None:
+    """Waits `pause` seconds, or only `least` (at most `pause`) if the file system of
+    `files` meanwhile lost `room` bytes or more of its free space, to whoever wrote
+    them: a look at it (statvfs) every WATCH_POLL_S costs microseconds."""
+    loop = asyncio.get_running_loop()
+    start, free = loop.time(), _free_bytes(files)
+    while (left := start + pause - loop.time()) > 0:
+        await asyncio.sleep(min(left, WATCH_POLL_S))
+        if loop.time() - start >= least and free - _free_bytes(files) >= room:
+            return
+
+
+def _free_bytes(files: Path) -> int:
+    try:
+        found = os.statvfs(files)
+    except OSError:  # torn down meanwhile: the count says so
+        return 0
+    return found.f_bfree * found.f_frsize
 
 
 async def _steady_count(bench: Workbench, workspace: Workspace) -> Use:
