@@ -184,8 +184,10 @@ def command(
     args += _system_view()
     for path in view.extra_files:
         args += ["--ro-bind", path, path]
+    # Its own /proc and /dev. /dev is a tmpfs without a size, so it is read-only (writes
+    # to its devices still go through): no files kept there (review5 finding 03).
+    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
     # The sandbox's own /tmp: a private tmpfs, gone with it.
-    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
     # Its size bounds what a program keeps there: tmpfs pages are memory no rlimit
     # counts (GNU sort spilled 976 MiB there with memory_mb = 256). --size needs
     # bubblewrap 0.5.0 or later; an older one says so, and exec is unavailable.
