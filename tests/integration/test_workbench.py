@@ -9,6 +9,7 @@ sandbox itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -29,6 +30,7 @@ from tests.support.cluster import Cluster, cluster, free_port, wait_for, write_c
 from tests.support.policies import PYTHON3, exec_config
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from tests.support.workbench import (
+    SURFACE,
     call,
     files_of,
     run,
@@ -36,6 +38,7 @@ from tests.support.workbench import (
     teardown,
 )
 from worker.errors import NoSandboxError
+from worker.hub.client import ControlClient, result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
 
 SECRETS = {"GITHUB_TOKEN": "ghp_not_for_children", "MY_API_KEY": "sk-not-for-children"}
@@ -696,4 +699,32 @@ def test_a_program_holding_removed_files_open_past_the_quota_is_stopped(
     assert wait_until_gone(tag, within_s=30) == []
     out, _ = call(live, plan, "fs_write", {"path": "more"}, b"x")  # their blocks went with it
     assert out["status"] == "ok", out
+    assert teardown(live, plan)["result"]["removed"] is True
+
+
+def test_concurrent_writes_of_one_plan_cannot_pass_its_quota_together(
+    live: Cluster, plan: str
+) -> None:
+    """Each write was checked against the same count, which held none of the others:
+    64 MiB went into a 16 MiB quota (review5 finding 06)."""
+    size = QUOTA // 2 - 64 * 1024
+
+    async def burst(client: ControlClient) -> list[dict[str, Any]]:
+        def write(n: int) -> Any:
+            return client.dispatch(
+                agent_id="anyone",
+                surface=SURFACE,
+                action="fs_write",
+                args_json=json.dumps({"path": f"part{n}"}),
+                blob=b"x" * size,
+                plan_id=plan,
+            )
+
+        return [result_to_dict(done) for done in await asyncio.gather(*map(write, range(8)))]
+
+    said = live.run(burst)
+    written = [out for out in said if out["status"] == "ok"]
+    assert 1 <= len(written) <= 2, said
+    assert all(out["error"]["code"] == "too_large" for out in said if out not in written), said
+    assert sum(p.stat().st_size for p in files_of(live, "bench", plan).iterdir()) <= QUOTA
     assert teardown(live, plan)["result"]["removed"] is True
