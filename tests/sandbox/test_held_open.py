@@ -110,8 +110,11 @@ def shared_folder() -> Iterator[Path]:
 
 
 def _spawn(argv: list[str], as_nobody: bool) -> subprocess.Popen[bytes]:
+    """`argv` with a pipe for its output and nothing of the test's: pytest's capture of
+    stderr is a removed file on /tmp, which a child would hold too."""
     ids = {"user": 65534, "group": 65534, "extra_groups": []} if as_nobody else {}
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, **ids)  # type: ignore[call-overload]
+    quiet = {"stdin": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, **quiet, **ids)  # type: ignore[call-overload]
 
 
 def test_files_held_only_by_a_mapping_or_a_thread_whose_leader_ended_are_counted(
