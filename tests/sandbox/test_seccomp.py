@@ -165,6 +165,22 @@ PROBE = textwrap.dedent(
 )
 
 
+def python_in_sandbox(share: Path, entry: str, seccomp: bool, code: str, *args: str) -> str:
+    """What the system's python3 running `code` prints in a sandbox of `share` (read-only),
+    with the filter or without it."""
+    view = View(
+        cwd=str(share),
+        mounts=(Mount(str(share), False),),
+        env=environment.build({}, []),
+        entry=entry,
+        seccomp=seccomp,
+    )
+    argv = ["/usr/bin/python3", "-I", "-c", code, *args]
+    done = asyncio.run(run(argv, view, Limits(), pid_cap=PidCap()))
+    assert done.exit_code == 0, done.stderr
+    return done.stdout.decode()
+
+
 @pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
 def test_the_kernel_refuses_every_listed_call_under_the_filter(tmp_path: Path, entry: str) -> None:
     column = 0 if os.uname().machine == "x86_64" else 1
@@ -172,19 +188,8 @@ def test_the_kernel_refuses_every_listed_call_under_the_filter(tmp_path: Path, e
     share = Path(os.path.realpath(tmp_path))
 
     def probe(seccomp: bool) -> dict[int, str]:
-        view = View(
-            cwd=str(share),
-            mounts=(Mount(str(share), False),),
-            env=environment.build({}, []),
-            entry=entry,
-            seccomp=seccomp,
-        )
-        argv = ["/usr/bin/python3", "-I", "-c", PROBE, *map(str, numbers)]
-        done = asyncio.run(run(argv, view, Limits(), pid_cap=PidCap()))
-        assert done.exit_code == 0, done.stderr
-        return {
-            int(n): said for n, said in (line.split() for line in done.stdout.decode().splitlines())
-        }
+        said = python_in_sandbox(share, entry, seccomp, PROBE, *map(str, numbers))
+        return {int(n): what for n, what in (line.split() for line in said.splitlines())}
 
     filtered, bare = probe(True), probe(False)
     assert filtered == dict.fromkeys(numbers, "EPERM")
@@ -248,17 +253,7 @@ def test_a_sandboxed_program_cannot_hide_its_open_files(tmp_path: Path, entry: s
     share = Path(os.path.realpath(tmp_path))
 
     def probe(seccomp: bool) -> list[str]:
-        view = View(
-            cwd=str(share),
-            mounts=(Mount(str(share), False),),
-            env=environment.build({}, []),
-            entry=entry,
-            seccomp=seccomp,
-        )
-        argv = ["/usr/bin/python3", "-I", "-c", DUMPABLE]
-        done = asyncio.run(run(argv, view, Limits(), pid_cap=PidCap()))
-        assert done.exit_code == 0, done.stderr
-        return done.stdout.decode().split()
+        return python_in_sandbox(share, entry, seccomp, DUMPABLE).split()
 
     assert probe(True) == [str(errno.EPERM), "1"]
     assert probe(False) == ["ok", "0"], "without the filter it could"
