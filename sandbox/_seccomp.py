@@ -10,7 +10,8 @@ userfaultfd and io_uring (the usual routes of kernel exploits), module and kexec
 loading, clocks, swap, reboot, and file handles that bypass path checks
 (open_by_handle_at). `clone3` answers ENOSYS, so the C library falls back to
 `clone`, whose flags a filter can see. ioctl TIOCSTI (typing into the terminal)
-is refused too, and so is `fallocate`, with EOPNOTSUPP as a file system without it
+is refused too, and XFS's space requests (EOPNOTSUPP: they reserve blocks as fallocate
+does), and so is `fallocate`, with EOPNOTSUPP as a file system without it
 answers (glibc's posix_fallocate then writes): blocks kept past a file's end
 (FALLOC_FL_KEEP_SIZE) and a range inserted into a file (FALLOC_FL_INSERT_RANGE, which
 grows it unchecked) escape RLIMIT_FSIZE, the one bound on what a program's file may
@@ -104,6 +105,21 @@ _CLONE: Final[tuple[int, int]] = (56, 220)
 _CLONE3: Final[tuple[int, int]] = (435, 435)
 _IOCTL: Final[tuple[int, int]] = (16, 29)
 TIOCSTI: Final = 0x5412
+# ioctl requests refused, and how: typing into the terminal, and XFS's space requests,
+# which any file system of the fallocate family takes (RESVSP64 is fallocate with
+# FALLOC_FL_KEEP_SIZE: 256 MiB under a 1 MiB file limit, review6 finding 08).
+REFUSED_IOCTLS: Final[Mapping[int, str]] = {
+    TIOCSTI: "eperm",
+    0x4030580A: "eopnotsupp",  # XFS_IOC_ALLOCSP
+    0x4030580B: "eopnotsupp",  # XFS_IOC_FREESP
+    0x40305824: "eopnotsupp",  # XFS_IOC_ALLOCSP64
+    0x40305825: "eopnotsupp",  # XFS_IOC_FREESP64
+    0x40305828: "eopnotsupp",  # XFS_IOC_RESVSP
+    0x40305829: "eopnotsupp",  # XFS_IOC_UNRESVSP
+    0x4030582A: "eopnotsupp",  # XFS_IOC_RESVSP64
+    0x4030582B: "eopnotsupp",  # XFS_IOC_UNRESVSP64
+    0x40305839: "eopnotsupp",  # XFS_IOC_ZERO_RANGE
+}
 _FALLOCATE: Final[tuple[int, int]] = (285, 47)
 _PRCTL: Final[tuple[int, int]] = (157, 167)
 PR_SET_DUMPABLE: Final = 4
@@ -209,12 +225,15 @@ def build(machine: str) -> bytes | None:
 
     test(0, len(line))
     labels: dict[object, int] = {}
-    # clone with any namespace flag (its first argument's low word), ioctl TIOCSTI,
+    # clone with any namespace flag (its first argument's low word), ioctl's refused requests,
     # prctl PR_SET_DUMPABLE (its option, the first).
     labels[_CLONE_FLAGS] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JSET_K, CLONE_NAMESPACES_ALL, _EPERM, _ALLOW)]
     labels[_IOCTL_CMD] = len(prog)
-    prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, TIOCSTI, _EPERM, _ALLOW)]
+    prog.append((_LD_W_ABS, _ARG1, _NEXT, _NEXT))
+    *first, (last, its) = REFUSED_IOCTLS.items()
+    prog += [(_JEQ_K, request, answer, _NEXT) for request, answer in first]
+    prog.append((_JEQ_K, last, its, _ALLOW))
     labels[_PRCTL_OPTION] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JEQ_K, PR_SET_DUMPABLE, _EPERM, _ALLOW)]
     answers = ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS), (_NOTSUPP, _NOTSUP))

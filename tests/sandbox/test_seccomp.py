@@ -56,6 +56,9 @@ ARGUMENTS = [
     (1 << 32 | SIGCHLD, 0),
     (_seccomp.CLONE_NAMESPACES_ALL << 32, 1 << 32 | 0x5412),
     (_seccomp.CLONE_NAMESPACES_ALL, 0x5412 << 32),
+    (3, 0x4030582A),  # ioctl XFS_IOC_RESVSP64 (review6 finding 08)
+    (3, 0x40305839 | 1 << 32),  # XFS_IOC_ZERO_RANGE, the request's low word
+    (3, 0x4030582C),  # the request after it: let through
     (3, 0x01),  # fallocate: FALLOC_FL_KEEP_SIZE (every mode is refused)
     (3, 0x03),  # PUNCH_HOLE | KEEP_SIZE
     (3, 0x10),  # ZERO_RANGE
@@ -100,6 +103,8 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
         return EPERM
     if number == _seccomp._IOCTL[column] and arg1 & 0xFFFFFFFF == _seccomp.TIOCSTI:
         return EPERM
+    if number == _seccomp._IOCTL[column] and arg1 & 0xFFFFFFFF in _seccomp.REFUSED_IOCTLS:
+        return EOPNOTSUPP  # XFS's space requests
     if number == _seccomp._FALLOCATE[column]:
         return EOPNOTSUPP  # every mode
     if number == _seccomp._PRCTL[column] and arg0 & 0xFFFFFFFF == _seccomp.PR_SET_DUMPABLE:
@@ -109,8 +114,8 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
 
 def listed(machine: str) -> bytes:
     """The filter as it was built before the tree (one test per refused number), kept
-    to show the tree answers every call exactly as it did (fallocate's and prctl's
-    tests added, then fallocate refused in every mode)."""
+    to show the tree answers every call exactly as it did (fallocate's, prctl's and
+    ioctl's space requests' tests added, then fallocate refused in every mode)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -126,8 +131,12 @@ def listed(machine: str) -> bytes:
     prog += [insn(0x15, _seccomp._CLONE3[column], 0, 1), insn(0x06, ENOSYS)]
     prog += [insn(0x15, _seccomp._CLONE[column], 0, 3), insn(0x20, 16)]
     prog += [insn(0x45, _seccomp.CLONE_NAMESPACES_ALL, 0, 1), insn(0x06, EPERM), insn(0x20, 0)]
-    prog += [insn(0x15, _seccomp._IOCTL[column], 0, 3), insn(0x20, 24)]
-    prog += [insn(0x15, _seccomp.TIOCSTI, 0, 1), insn(0x06, EPERM), insn(0x20, 0)]
+    refused = _seccomp.REFUSED_IOCTLS
+    prog += [insn(0x15, _seccomp._IOCTL[column], 0, 1 + 2 * len(refused)), insn(0x20, 24)]
+    for request in refused:
+        said = EPERM if request == _seccomp.TIOCSTI else EOPNOTSUPP
+        prog += [insn(0x15, request, 0, 1), insn(0x06, said)]
+    prog += [insn(0x20, 0)]
     prog += [insn(0x15, _seccomp._FALLOCATE[column], 0, 1), insn(0x06, EOPNOTSUPP)]
     prog += [insn(0x20, 0), insn(0x15, _seccomp._PRCTL[column], 0, 3), insn(0x20, 16)]
     prog += [insn(0x15, _seccomp.PR_SET_DUMPABLE, 0, 1), insn(0x06, EPERM)]
@@ -210,6 +219,11 @@ FALLOCATE = textwrap.dedent(
     for mode, size in ((1, 1), (3, 1), (0, 1), (0x20, 64), (0x10, 64)):
         done = libc.fallocate(fd, mode, ctypes.c_long(0), ctypes.c_long(size << 20))
         print(mode, ctypes.get_errno() if done == -1 else "ok")
+    # XFS_IOC_RESVSP64 with struct xfs_flock64 {l_whence 0, l_start 0, l_len 64 MiB}
+    flock = (ctypes.c_char * 48).from_buffer_copy(bytes(4) + (0).to_bytes(8, "little")
+                                                 + (64 << 20).to_bytes(8, "little") + bytes(28))
+    done = libc.ioctl(fd, ctypes.c_ulong(0x4030582A), flock)
+    print("resvsp64", ctypes.get_errno() if done == -1 else "ok")
     """
 )
 
