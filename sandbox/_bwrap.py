@@ -46,6 +46,10 @@ ETC_FILES: Final = (
 )
 
 
+# The sandbox's /dev/shm, all its files together: semaphores and small shared memory.
+SHM_BYTES: Final = 16 * 1024**2
+
+
 class SandboxUnavailableError(Exception):
     """The sandbox cannot be built here; the message says what is missing."""
 
@@ -185,8 +189,10 @@ def command(
     for path in view.extra_files:
         args += ["--ro-bind", path, path]
     # Its own /proc and /dev. /dev is a tmpfs without a size, so it is read-only (writes
-    # to its devices still go through): no files kept there (review5 finding 03).
+    # to its devices still go through): no files kept there (review5 finding 03); POSIX
+    # shared memory and semaphores get a small /dev/shm of their own (review6 04).
     args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    args += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]  # noqa: S108 (its own tmpfs)
     # The sandbox's own /tmp: a private tmpfs, gone with it.
     # Its size bounds what a program keeps there: tmpfs pages are memory no rlimit
     # counts (GNU sort spilled 976 MiB there with memory_mb = 256). --size needs
@@ -251,7 +257,7 @@ def _entry_args(
     for mount in view.mounts:
         if mount.writable:
             line += ["-w", mount.inside]
-    line += ["-w", "/tmp", "-d", "/dev", "--", *argv]  # noqa: S108 (the sandbox's own tmpfs)
+    line += ["-w", "/tmp", "-w", "/dev/shm", "-d", "/dev", "--", *argv]  # noqa: S108 (its own tmpfses)
     return line
 
 

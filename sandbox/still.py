@@ -30,7 +30,7 @@ class Stopped:
     process that took its pid after it ended."""
 
     def __init__(self) -> None:
-        self.pids: list[int] = []
+        self.pids: set[int] = set()
         self._fds: list[int] = []
 
     def add(self, pid: int) -> None:
@@ -43,12 +43,12 @@ class Stopped:
         except ProcessLookupError:  # ended meanwhile
             os.close(fd)
             return
-        self.pids.append(pid)
+        self.pids.add(pid)
         self._fds.append(fd)
 
     def resume(self) -> None:
         """Lets them go on (SIGCONT); those that ended meanwhile are skipped."""
-        fds, self._fds, self.pids = self._fds, [], []
+        fds, self._fds, self.pids = self._fds, [], set()
         for fd in fds:
             try:
                 signal.pidfd_send_signal(fd, signal.SIGCONT)
@@ -58,18 +58,18 @@ class Stopped:
                 os.close(fd)
 
 
-def stop(sandbox_pid: int) -> Stopped:
-    """Sends SIGSTOP to every descendant of `sandbox_pid` (bubblewrap's), again for any
-    new one, until none is new; call `resume` on what it returns."""
-    stopped = Stopped()
-    seen: set[int] = set()
+def stop(sandbox_pid: int, stopped: Stopped | None = None) -> Stopped:
+    """Sends SIGSTOP to every descendant of `sandbox_pid` (bubblewrap's) not in
+    `stopped` yet, again for any new one, for at most ROUNDS rounds; call `resume` on
+    what it returns. A chain of processes each forking the next may outrun it: see
+    `settled`."""
+    stopped = Stopped() if stopped is None else stopped
     try:
         for _ in range(ROUNDS):
-            new = [pid for pid in descendants(sandbox_pid) if pid not in seen]
+            new = [pid for pid in descendants(sandbox_pid) if pid not in stopped.pids]
             if not new:
                 break
             for pid in new:
-                seen.add(pid)
                 stopped.add(pid)
     except BaseException:
         stopped.resume()
@@ -77,9 +77,16 @@ def stop(sandbox_pid: int) -> Stopped:
     return stopped
 
 
+def settled(sandbox_pid: int, stopped: Stopped) -> bool:
+    """Whether every descendant of `sandbox_pid` now is one `stopped` holds, with each
+    of its threads stopped (a signal is taken when a thread next leaves the kernel: a
+    long system call finishes first)."""
+    now = descendants(sandbox_pid)
+    return set(now) <= set(stopped.pids) and not moving(now)
+
+
 def moving(pids: Iterable[int]) -> list[int]:
-    """Those of `pids` with a thread not stopped yet (a signal is taken when a thread
-    next leaves the kernel: a long system call finishes first)."""
+    """Those of `pids` with a thread not stopped yet."""
     found = []
     for pid in pids:
         try:

@@ -327,10 +327,10 @@ def test_memory_files_cpu_and_open_files_are_limited(share: Path) -> None:
 
 DEV_WRITER = """
 import os
-for path in ("/dev/shm/kept", "/dev/kept", "/tmp/kept"):
+for path, size in (("/dev/kept", 4096), ("/dev/shm/kept", 4096), ("/dev/shm/more", 32 << 20)):
     try:
         with open(path, "wb") as handle:
-            handle.write(b"x" * 4096)
+            handle.write(b"x" * size)
         print(path, "written")
     except OSError as exc:
         print(path, exc.errno)
@@ -341,19 +341,21 @@ with open("/dev/null", "wb") as null:
 
 def test_the_sandboxs_dev_keeps_no_files_and_its_devices_work(share: Path) -> None:
     """/dev is a tmpfs of bubblewrap's without a size: 96 MiB went into /dev/shm while
-    /tmp was held to 8 MiB, where Landlock does not guard it (review5 finding 03)."""
+    /tmp was held to 8 MiB, where Landlock does not guard it (review5 finding 03). It is
+    read-only, with a /dev/shm of 16 MiB for POSIX semaphores (review6 finding 04)."""
     said = sandboxed(share, [PYTHON, "-c", DEV_WRITER]).stdout.decode().split()
-    erofs = str(errno.EROFS)
     assert said == [
-        "/dev/shm/kept",
-        erofs,
         "/dev/kept",
-        erofs,
-        "/tmp/kept",
+        str(errno.EROFS),
+        "/dev/shm/kept",
         "written",
+        "/dev/shm/more",
+        str(errno.ENOSPC),
         "/dev/null",
         "1",
     ]
+    lock = "import multiprocessing; multiprocessing.Lock(); print('locked')"
+    assert sandboxed(share, [PYTHON, "-c", lock]).stdout == b"locked\n"
 
 
 def test_every_resource_limit_is_set_inside_the_sandbox(share: Path) -> None:

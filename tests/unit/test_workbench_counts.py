@@ -204,7 +204,7 @@ def test_the_watch_counts_at_once_when_the_disk_fills(tmp_path: Path) -> None:
     by the room left before the stop (review5 finding 07)."""
 
     async def scenario() -> None:
-        waiting = asyncio.ensure_future(_until_due(tmp_path, 600.0, 0.0, 1 << 20))
+        waiting = asyncio.ensure_future(_until_due(tmp_path, 600.0, 1 << 20))
         await asyncio.sleep(0)
         # 4 MiB at a time, room 1 MiB: others on this file system may free space meanwhile,
         # so write until it has looked (the 600 s are never waited for).

@@ -100,7 +100,10 @@ WATCH_POLL_S: Final = 0.02
 # had folders move, the program is stopped as uncountable (see `_overfilled`).
 WATCH_REWALKS: Final = 3
 # Descriptors and mapped ranges one look for removed files may examine (about 5 us
-# each): twice what the sandbox's limits let its processes hold, up to this.
+# each): what the sandbox's limits let its processes hold, with MAPS_PER_PROCESS
+# mappings each (python3 with ssl has 137; open_files does not bound them: review6
+# finding 09), up to HELD_OPEN_MOST.
+MAPS_PER_PROCESS: Final = 4096
 HELD_OPEN_MOST: Final = 1 << 20
 # Looks for a stopped program's processes all stopped before a count walks on anyway
 # (about 0.4 s in all): a process inside a long system call stops when it ends.
@@ -154,8 +157,8 @@ class Workbench:
 
     def with_writes(self, used: Use, workspace: Workspace) -> Use:
         """`used` with the plan's fs_writes under way added: their bytes and an entry
-        each (counted twice where the count holds them already: a write may then wait
-        for one to finish)."""
+        each (twice where the count holds part of them already: a write that then does
+        not fit is refused, and fits once the others have finished)."""
         size, count = self._writes.get(workspace.key, (0, 0))
         return dataclasses.replace(used, bytes=used.bytes + size, entries=used.entries + count)
 
@@ -214,17 +217,27 @@ class Workbench:
     async def _walk_still(self, workspace: Workspace) -> Use:
         """A walk of the workspace (on the count threads) with the plan's running
         programs stopped: a program moving its files out of the walk's way would be
-        left out of the count (review5 finding 01)."""
-        stopped = [still.stop(pid) for pid in self._running.get(workspace.key, ())]
+        left out of the count (review5 finding 01). If they could not all be held
+        still (a chain of forks outran the stop, review6 finding 01), the count says
+        so as a moved one does (`Use.moved`), and the watch counts again."""
+        sandboxes = list(self._running.get(workspace.key, ()))
+        stopped: list[still.Stopped] = []
         try:
-            pause = 0.0005
-            for _ in range(STILL_CHECKS):  # a long system call ends before its stop
-                if not any(still.moving(each.pids) for each in stopped):
+            for pid in sandboxes:  # one by one: each is resumed, whatever fails after
+                stopped.append(still.stop(pid))
+            held = list(zip(sandboxes, stopped, strict=True))
+            pause, steady = 0.0005, not held
+            for _ in range(STILL_CHECKS):
+                steady = all(still.settled(pid, each) for pid, each in held)
+                if steady:
                     break
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 0.05)
+                for pid, each in held:
+                    still.stop(pid, each)  # new ones meanwhile
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._counting, self.workspaces.use, workspace)
+            used = await loop.run_in_executor(self._counting, self.workspaces.use, workspace)
+            return used if steady else dataclasses.replace(used, moved=max(used.moved, 1))
         finally:
             for each in stopped:
                 each.resume()
@@ -240,7 +253,7 @@ class Workbench:
             sandbox_pid,
             device,
             unknown_bytes=limits.file_size_bytes,
-            most=min(HELD_OPEN_MOST, 2 * limits.processes * limits.open_files),
+            most=min(HELD_OPEN_MOST, limits.processes * (limits.open_files + MAPS_PER_PROCESS)),
         )
         try:
             return await asyncio.get_running_loop().run_in_executor(self._holding, look)
@@ -677,12 +690,12 @@ async def _overfilled(
     cap of entries (either more than `before`), or cannot be counted: what was found.
     Bytes the sandbox holds in files it removed but keeps open or mapped count too."""
     workspaces = bench.workspaces
-    pause, took, used = WATCH_EVERY_S, 0.0, before
+    pause, used = WATCH_EVERY_S, before
     while True:
         # Sooner if the disk filled by more than the room left before the stop: a
         # program writes hundreds of MB a second, many times a quota (review5 07).
         room = WATCH_SLACK * workspaces.quota_bytes - used.bytes
-        await _until_due(workspace.files, pause, 10 * took, room)
+        await _until_due(workspace.files, pause, room)
         workspaces.changed(workspace)  # the program may have written since the last count
         began = time.monotonic()
         try:
@@ -692,23 +705,23 @@ async def _overfilled(
                 used = dataclasses.replace(used, bytes=used.bytes + held, held_open=held)
         except WorkspaceError as exc:
             return exc
-        took = time.monotonic() - began
-        pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * took))
+        pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * (time.monotonic() - began)))
         if workspaces.over_entries(used) and used.entries > before.entries:
             return used
         if used.bytes >= WATCH_SLACK * workspaces.quota_bytes and used.bytes > before.bytes:
             return used
 
 
-async def _until_due(files: Path, pause: float, least: float, room: int) -> None:
-    """Waits `pause` seconds, or only `least` (at most `pause`) if the file system of
-    `files` meanwhile lost `room` bytes or more of its free space, to whoever wrote
-    them: a look at it (statvfs) every WATCH_POLL_S costs microseconds."""
+async def _until_due(files: Path, pause: float, room: int) -> None:
+    """Waits `pause` seconds, or less once the file system of `files` lost `room` bytes
+    or more of its free space, to whoever wrote them: a look at it (statvfs) every
+    WATCH_POLL_S costs microseconds. No least wait: a program may make its own counts
+    slow (review6 finding 02)."""
     loop = asyncio.get_running_loop()
     start, free = loop.time(), _free_bytes(files)
     while (left := start + pause - loop.time()) > 0:
         await asyncio.sleep(min(left, WATCH_POLL_S))
-        if loop.time() - start >= least and free - _free_bytes(files) >= room:
+        if free - _free_bytes(files) >= room:
             return
 
 
