@@ -31,7 +31,9 @@ from sandbox._bwrap import SandboxUnavailableError, Tools
 from sandbox.environment import SAFE_PATH
 
 PID_MAX: Final = Path("/proc/sys/kernel/pid_max")
-PID_MAX_FLOOR: Final = 301  # the kernel refuses anything lower (RESERVED_PIDS + 1)
+# Once a pid namespace's pids wrap, new ones start again at RESERVED_PIDS (300), not 1:
+# a cap of 301 left a sandbox one pid after its first 300 (review6 finding 90).
+RESERVED_PIDS: Final = 300
 NAMESPACED_SINCE: Final = (6, 14)
 
 
@@ -50,8 +52,10 @@ def kernel_namespaces_pid_max(release: str | None = None) -> bool:
 
 
 def cap_for(processes: int) -> int:
-    """pid_max for a sandbox allowed `processes` (its init and helpers take pids too)."""
-    return max(PID_MAX_FLOOR, processes + 3)
+    """pid_max for a sandbox allowed `processes` (its init and helpers take pids too):
+    after the pids wrap, `processes` + 3 of them, from RESERVED_PIDS up; before, up to
+    RESERVED_PIDS more."""
+    return RESERVED_PIDS + processes + 3
 
 
 _MOVED: Final = (

@@ -200,6 +200,17 @@ def test_a_fork_bomb_is_capped_then_killed(share: Path) -> None:
     assert wait_until_gone(tag) == []
 
 
+def test_a_sandbox_under_the_process_cap_forks_again_and_again(share: Path) -> None:
+    """One process at a time, 400 in all: a root worker's cap (the sandbox's pid_max)
+    left one pid once the pids wrapped past 300 (review6 finding 90)."""
+    serial = (
+        "import os\nfor _ in range(400):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        os._exit(0)\n    os.waitpid(pid, 0)\nprint('forked')"
+    )
+    done = sandboxed(share, [PYTHON, "-c", serial], processes=8)
+    assert done.stdout == b"forked\n", done.stderr
+
+
 @pytest.fixture
 def user_share() -> Iterator[Path]:
     """A folder a regular user (uid 1000) owns, on a path that user can reach."""
