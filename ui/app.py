@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Final
 
 from rich.table import Table
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -36,7 +36,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from ui.approval import Answer, ApprovalModal
 from ui.notify import Notifier, desktop_notifier
 from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
-from ui.shown import server_text, shown
+from ui.shown import plan_shown, server_text, shown
 from worker.core.console import RECENT_CALLS, Event, Link
 from worker.errors import StartupError
 
@@ -78,9 +78,12 @@ QUIET_S: Final = 0.15
 
 
 class CallsTable(DataTable[Any]):
-    """The calls, counting the CPU their drawing takes (see REDRAW_SHARE)."""
+    """The calls, counting the CPU their drawing takes (see REDRAW_SHARE), and telling
+    `picked` when the person moves the cursor or picks a row (a key or a click), even
+    where it stays: following the newest call ends there (see WorkerApp._picked)."""
 
     drawing_cpu = 0.0  # seconds of this process's CPU, all told
+    picked: Callable[[], None] = staticmethod(lambda: None)
 
     def render_lines(self, crop: Region) -> list[Strip]:
         began = time.process_time()
@@ -88,6 +91,49 @@ class CallsTable(DataTable[Any]):
             return super().render_lines(crop)
         finally:
             self.drawing_cpu += time.process_time() - began
+
+    # Each, as the person's: told before the cursor moves, so a redraw in between
+    # cannot take it to the newest call.
+    def action_cursor_up(self) -> None:
+        self.picked()
+        super().action_cursor_up()
+
+    def action_cursor_down(self) -> None:
+        self.picked()
+        super().action_cursor_down()
+
+    def action_page_up(self) -> None:
+        self.picked()
+        super().action_page_up()
+
+    def action_page_down(self) -> None:
+        self.picked()
+        super().action_page_down()
+
+    def action_scroll_top(self) -> None:
+        self.picked()
+        super().action_scroll_top()
+
+    def action_scroll_bottom(self) -> None:
+        self.picked()
+        super().action_scroll_bottom()
+
+    def action_scroll_home(self) -> None:
+        self.picked()
+        super().action_scroll_home()
+
+    def action_scroll_end(self) -> None:
+        self.picked()
+        super().action_scroll_end()
+
+    def action_select_cursor(self) -> None:
+        self.picked()
+        super().action_select_cursor()
+
+    async def _on_click(self, event: events.Click) -> None:
+        # Textual calls each class's handler in turn (this one first), DataTable's too.
+        if event.style.meta.get("row", -1) >= 0:  # a row, not the header
+            self.picked()
 
 
 class QuietFooter(Footer):
@@ -188,7 +234,10 @@ class WorkerApp(App[None]):
         self.grants: list[dict[str, Any]] = []
         self.prompts: dict[str, dict[str, Any]] = {}  # waiting, in arrival order
         self.paused = False
+        # The calls' cursor goes to each newest call until the person moves it (or
+        # picks a row): from then on it stays on the call they picked (review5's 08).
         self.follow = True
+        self._followed: str | None = None  # the call following last put the cursor on
         self.filter_text = ""
         # The one prompt screen (see ApprovalModal), and whether it is showing.
         self._approval = ApprovalModal({"id": ""}, clock=clock)
@@ -243,7 +292,8 @@ class WorkerApp(App[None]):
 
     async def on_mount(self) -> None:
         self._header = self._main.query_one("#header", Static)
-        calls = self._main.query_one("#calls", DataTable)
+        calls = self._calls_table()
+        calls.picked = self._picked
         for label, key in (
             ("time", "time"),
             ("agent", "agent"),
@@ -361,10 +411,12 @@ class WorkerApp(App[None]):
         began = time.process_time()
         table = self._calls_table()
         rows = table.row_count
+        if self.follow and self._selected_call() not in (None, self._followed):
+            self._picked()  # moved by other means than following, and not yet told
         for call in changed.values():
             self._upsert_call(call)
         if self.follow and table.row_count > rows:  # once: each move redraws the detail
-            table.move_cursor(row=table.row_count - 1)
+            self._follow_to_newest(table)
         for raw, plan in plans.items():
             self._upsert_plan(raw, plan)
         # What the last redraw cost: this one's changes, and drawing the last one's.
@@ -417,7 +469,7 @@ class WorkerApp(App[None]):
         if self.prompts:
             text.append(f"  ⚠ {len(self.prompts)} waiting", style="bold yellow")
         if not self.follow:
-            text.append("  (not following)", style="dim")
+            text.append("  not following new calls: f follows", style="bold")
         self._main.query_one("#header", Static).update(text)
         banner = self._main.query_one("#stopped", Static)
         banner.set_class(self.paused, "on")
@@ -457,11 +509,19 @@ class WorkerApp(App[None]):
     def _upsert_call(self, call: dict[str, Any]) -> None:
         self.calls[call["id"]] = call
         table = self._calls_table()
+        # The call the person picked stays, and the cursor on it: removing a row above
+        # it left the cursor where it was, on the next call (a decoy's, under the
+        # person's finger), and the oldest call going took the cursor to another.
+        picked = None if self.follow else self._selected_call()
+        removed = False
         while len(self.calls) > RECENT_CALLS:  # the worker's console keeps as many
-            oldest = next(iter(self.calls))
+            oldest = next(cid for cid in self.calls if cid != picked)
             del self.calls[oldest]
             if oldest in table.rows:
                 table.remove_row(oldest)
+                removed = True
+        if removed and picked is not None:
+            _keep_cursor_on(table, picked)
         if not self._matches(call):
             return
         if call["id"] in table.rows:
@@ -477,27 +537,46 @@ class WorkerApp(App[None]):
             self._show_detail(call)
 
     def _rebuild_calls(self) -> None:
-        table = self._main.query_one("#calls", DataTable)
+        table = self._calls_table()
+        picked = None if self.follow else self._selected_call()
         table.clear()
         for call in self.calls.values():
             if self._matches(call):
                 table.add_row(*self._cells(call), key=call["id"])
-        if table.row_count:
-            table.move_cursor(row=table.row_count - 1 if self.follow else 0)
+        if self.follow:
+            self._follow_to_newest(table)
+        elif picked is not None and picked in table.rows:
+            _keep_cursor_on(table, picked)
+        selected = self.calls.get(self._selected_call() or "")
+        if selected is not None:  # the detail is the cursor's call's, however it got there
+            self._show_detail(selected)
         else:
             self._main.query_one("#detail", Static).update(Text("No calls yet.", style="dim"))
 
     def _selected_call(self) -> str | None:
-        table = self._calls_table()
-        if not table.row_count:
-            return None
-        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return _key_under_cursor(self._calls_table())
+
+    def _follow_to_newest(self, table: DataTable[Any]) -> None:
+        if table.row_count:
+            table.move_cursor(row=table.row_count - 1)
+            self._followed = self._selected_call()
+
+    def _picked(self) -> None:
+        """The person moved the calls' cursor or picked a row: following ends, so the
+        cursor stays on what they picked and `k` kills its plan, not the plan of a
+        call that came meanwhile (review5's 08). `f` follows again."""
+        if self.follow:
+            self.follow = False
+            self._refresh_header()
 
     @on(DataTable.RowHighlighted, "#calls")
     def _call_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if not self._alive():  # told as the app closes: the detail pane is gone
             return
-        call = self.calls.get(event.row_key.value or "")
+        key = event.row_key.value
+        if self.follow and key != self._followed and key == self._selected_call():
+            self._picked()  # moved there by other means than following
+        call = self.calls.get(key or "")
         if call is not None:
             self._show_detail(call)
 
@@ -548,11 +627,13 @@ class WorkerApp(App[None]):
 
     def _show_plans(self) -> None:
         table = self._main.query_one("#plans", DataTable)
-        keep = table.cursor_row
+        keep, picked = table.cursor_row, _key_under_cursor(table)
         table.clear()
         for plan in self.plans:
             table.add_row(*_plan_cells(plan), key=str(plan["raw"]))
-        if table.row_count:
+        if picked is not None and picked in table.rows:
+            _keep_cursor_on(table, picked)  # the same plan, wherever its row is now
+        elif table.row_count:
             table.move_cursor(row=min(keep, table.row_count - 1))
 
     def _upsert_plan(self, raw: str, plan: dict[str, Any] | None) -> None:
@@ -562,7 +643,12 @@ class WorkerApp(App[None]):
         if plan is None:
             if at is not None:
                 del self.plans[at]
+                picked = _key_under_cursor(table)
                 table.remove_row(raw)
+                if picked is not None and picked != raw:
+                    # A row above it went: the cursor stays on the plan the person
+                    # picked, not on the one that moved up under it.
+                    _keep_cursor_on(table, picked)
             return
         if at is None:
             self.plans.append(plan)
@@ -636,7 +722,7 @@ class WorkerApp(App[None]):
     def _selected_plan(self) -> str | None:
         plans = self._main.query_one("#plans", DataTable)
         if plans.has_focus and plans.row_count:
-            return plans.coordinate_to_cell_key(plans.cursor_coordinate).row_key.value
+            return _key_under_cursor(plans)
         call = self.calls.get(self._selected_call() or "")
         # The call's plan id whole, as the worker keys the plan: never matched by the id
         # shown (cut and escaped, two plans' ids may show alike, and k on one call
@@ -655,7 +741,10 @@ class WorkerApp(App[None]):
             return
         reply = await self.link.command({"op": "kill", "plan": plan})
         if reply.get("ok"):
-            self._tell(f"plan killed; {reply.get('stopped', 0)} running call(s) stopped")
+            # Named: the person sees which plan the key killed.
+            self._tell(
+                f"plan {plan_shown(plan)} killed; {reply.get('stopped', 0)} running call(s) stopped"
+            )
 
     async def action_lift(self) -> None:
         plan = self._selected_plan()
@@ -669,7 +758,8 @@ class WorkerApp(App[None]):
 
         async def answered(lift: bool | None) -> None:
             reply = await self.link.command({"op": "confirm_lift", "confirm": confirm, "yes": lift})
-            self._tell("kill lifted" if reply.get("ok") else reply.get("message", ""))
+            lifted = f"the kill of plan {plan_shown(plan)} lifted"
+            self._tell(lifted if reply.get("ok") else reply.get("message", ""))
 
         self.push_screen(ConfirmLiftScreen(plan, clock=self.clock), answered)
 
@@ -692,9 +782,7 @@ class WorkerApp(App[None]):
     def action_follow(self) -> None:
         self.follow = not self.follow
         if self.follow:
-            table = self._main.query_one("#calls", DataTable)
-            if table.row_count:
-                table.move_cursor(row=table.row_count - 1)
+            self._follow_to_newest(self._calls_table())
         self._refresh_header()
 
     def action_switch_table(self) -> None:
@@ -750,3 +838,16 @@ def _plan_cells(plan: dict[str, Any]) -> tuple[Text, Text, Text, Text]:
         Text(shown(plan["running"]), justify="right"),
         Text(shown(plan["calls"]), justify="right"),
     )
+
+
+def _key_under_cursor(table: DataTable[Any]) -> str | None:
+    if not table.row_count:
+        return None
+    return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+
+def _keep_cursor_on(table: DataTable[Any], key: str) -> None:
+    """The cursor back on `key`'s row, where rows removed above it moved it off."""
+    row = table.get_row_index(key)
+    if table.cursor_row != row:
+        table.move_cursor(row=row)

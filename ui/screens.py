@@ -126,9 +126,11 @@ Keys
   ↑ ↓ / PgUp PgDn    move through the calls (or plans)
   tab                 switch between the calls and the plans
   /                   filter the calls (agent, plan, action, status); esc clears
-  f                   follow new calls on / off
-  k                   kill the selected plan: its running calls are stopped and
-                      every later call refused, until you lift it
+  f                   follow new calls on / off: the cursor goes to each newest
+                      call; moving it (or picking a row) turns following off
+  k                   kill the selected plan (the selected call's): its running
+                      calls are stopped and every later call refused, until you
+                      lift it; the notice names the plan killed
   l                   lift the selected plan's kill (after you confirm it with y;
                       the agent's input waits meanwhile)
   s                   global stop: pause every plan / resume
