@@ -82,15 +82,9 @@ def _descendants_by_parent(pid: int) -> list[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                line = handle.read()
-        except OSError:  # it ended meanwhile
-            continue
-        # The name (in parentheses) may hold spaces and parentheses: the fields after
-        # its last ")" are state, then the parent's pid.
-        fields = line[line.rindex(b")") + 2 :].split()
-        children[int(fields[1])].append(int(name))
+        fields = stat_fields(f"/proc/{name}")
+        if fields is not None:  # else it ended meanwhile
+            children[int(fields[1])].append(int(name))
     found: list[int] = []
     todo = [pid]
     while todo:
@@ -161,14 +155,23 @@ def _descriptors(look: _Look, task: str) -> None:
             look.count(st.st_ino, st.st_blocks * 512)
 
 
-def _ended(task: str) -> bool:
-    """Whether the thread at `task` (a /proc folder) has exited: a zombie, or gone."""
+def stat_fields(folder: str) -> list[bytes] | None:
+    """The fields of the stat file of `folder` (a process's or a thread's /proc folder)
+    after its name, state first, then the parent's pid; None once it is gone. The name
+    (in parentheses) may hold spaces and parentheses, so the fields start after its
+    last ")"."""
     try:
-        with open(f"{task}/stat", "rb") as handle:
+        with open(f"{folder}/stat", "rb") as handle:
             line = handle.read()
     except OSError:
-        return True
-    return line[line.rindex(b")") + 2 : line.rindex(b")") + 3] in (b"Z", b"X")
+        return None
+    return line[line.rindex(b")") + 2 :].split()
+
+
+def _ended(task: str) -> bool:
+    """Whether the thread at `task` (a /proc folder) has exited: a zombie, or gone."""
+    fields = stat_fields(task)
+    return fields is None or fields[0] in (b"Z", b"X")
 
 
 def _mappings(look: _Look, process: int, thread: str) -> bool:

@@ -17,7 +17,7 @@ import signal
 from collections.abc import Iterable
 from typing import Final
 
-from sandbox.held_open import descendants
+from sandbox.held_open import descendants, stat_fields
 
 # Rounds of "stop what is new" before a stop gives up looking for more: a process sent
 # SIGSTOP may fork once more before it stops; its child is found in the next round.
@@ -94,13 +94,8 @@ def moving(pids: Iterable[int]) -> list[int]:
         except OSError:  # ended
             continue
         for thread in threads:
-            try:
-                with open(f"/proc/{pid}/task/{thread}/stat", "rb") as handle:
-                    line = handle.read()
-            except OSError:
-                continue
-            state = line[line.rindex(b")") + 2 : line.rindex(b")") + 3]
-            if state not in _STILL:
+            fields = stat_fields(f"/proc/{pid}/task/{thread}")
+            if fields is not None and fields[0] not in _STILL:
                 found.append(pid)
                 break
     return found
