@@ -3,7 +3,9 @@ mss for pixels. Pure Python on top of the X protocol — no compiler, no evdev.
 
 - input goes through XTEST on one connection per thread; a character missing from
   the keyboard layout (an accent, CJK) is typed by mapping its Unicode keysym onto
-  a spare keycode for as long as it is needed, as xdotool does;
+  a spare keycode for as long as it is needed, as xdotool does; a press, a release or
+  a scroll waits until the pointer is where the motion before it sent it (a window
+  manager's click-to-focus grab freezes the pointer for a moment: `_arrive`);
 - monitors come from RandR 1.5 (or Xinerama, when it describes more of them);
 - windows from the window manager's EWMH properties;
 - the person's input is told apart from ours with the RECORD extension: every
@@ -62,6 +64,13 @@ REMAP_SETTLE_S: Final = 0.05
 # credit not used within this time was a request that caused no event (a move to
 # where the pointer already was).
 CREDIT_TTL_S: Final = 1.0
+# A press on a window the window manager watches (openbox's click to focus) freezes
+# the pointer until the manager replays it. XTEST input sent meanwhile is queued, and
+# the X server delivers a queued release where the pointer was frozen: a fast drag
+# left the slider where it was in about half of the runs (Xvfb 21, openbox 3.6). So a
+# step that depends on where the pointer is waits until the pointer is there.
+ARRIVE_TIMEOUT_S: Final = 2.0
+ARRIVE_POLL_S: Final = 0.002
 MODIFIER_MASKS: Final = {
     "ctrl": X.ControlMask,
     "shift": X.ShiftMask,
@@ -353,6 +362,24 @@ class X11Backend(Backend):
         else:
             d.xtest_fake_input(X.MotionNotify, x=x, y=y)
 
+    def _arrive(self, guard: Guard, x: int, y: int) -> None:
+        """Return once the pointer is at (x, y): the motion sent there has been
+        processed, not queued behind a frozen pointer."""
+        root = self._display().screen().root
+        deadline = time.monotonic() + ARRIVE_TIMEOUT_S
+        while True:
+            at = root.query_pointer()  # a round trip: every request before it is done
+            if (at.root_x, at.root_y) == (x, y):
+                return
+            if time.monotonic() > deadline:
+                raise WorkerError(
+                    "busy",
+                    f"the pointer did not reach ({x}, {y}) within {ARRIVE_TIMEOUT_S:g} s: "
+                    "another program holds it (a grab, a pointer barrier); try again "
+                    "once that program lets go",
+                )
+            guard.wait(ARRIVE_POLL_S)
+
     def _button(self, kind: int, button: int) -> None:
         self._display().xtest_fake_input(kind, button)
 
@@ -404,13 +431,14 @@ class X11Backend(Backend):
                 d.sync()
                 guard.wait(step_s)
             self._motion(x, y)
-        d.sync()
+        self._arrive(guard, *path[-1])
 
     def click(
         self, guard: Guard, x: int, y: int, button: Button, clicks: int, hold: Sequence[Press]
     ) -> None:
         code = BUTTONS[button]
         self._motion(x, y)
+        self._arrive(guard, x, y)
         with self._holding(hold):
             for _ in range(clicks):
                 self._button(X.ButtonPress, code)
@@ -428,6 +456,7 @@ class X11Backend(Backend):
         code = BUTTONS[button]
         x0, y0 = path[0]
         self._motion(x0, y0)
+        self._arrive(guard, x0, y0)
         with self._holding(hold):
             self._button(X.ButtonPress, code)
             try:
@@ -438,11 +467,13 @@ class X11Backend(Backend):
                     else:
                         guard.check()
                     self._motion(x, y)
+                self._arrive(guard, *path[-1])  # the press may have frozen the pointer
             finally:
                 self._button(X.ButtonRelease, code)
 
     def scroll(self, guard: Guard, x: int, y: int, dx: int, dy: int) -> None:
         self._motion(x, y)
+        self._arrive(guard, x, y)
         vertical = SCROLL_DOWN if dy > 0 else SCROLL_UP
         horizontal = SCROLL_RIGHT if dx > 0 else SCROLL_LEFT
         for button, count in ((vertical, abs(dy)), (horizontal, abs(dx))):
