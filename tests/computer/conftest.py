@@ -18,11 +18,8 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="session")
 def xserver() -> Iterator[XServer]:
-    server = start_xvfb(1600, 900)
-    try:
+    with start_xvfb(1600, 900) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

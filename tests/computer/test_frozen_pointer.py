@@ -21,8 +21,7 @@ from Xlib import display as xdisplay
 
 from tests.computer import models as m
 from tests.computer.conftest import run
-from tests.support.desktop import Computer, TkApp, XServer, start_xvfb, tk_app
-from worker.actions.computer import Desktop, DesktopSettings, detect
+from tests.support.desktop import Computer, TkApp, XServer, computer_on, start_xvfb, tk_app
 from worker.errors import WorkerError
 
 
@@ -78,11 +77,8 @@ def _window_titled(server: XServer, title: str) -> int:
 
 @pytest.fixture(scope="module")
 def bare() -> Iterator[XServer]:
-    server = start_xvfb(1200, 800, window_manager=False)
-    try:
+    with start_xvfb(1200, 800, window_manager=False) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -93,15 +89,8 @@ def bare_app(bare: XServer) -> Iterator[TkApp]:
 
 @pytest.fixture
 def computer(bare: XServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Computer]:
-    monkeypatch.setenv("DISPLAY", bare.display)
-    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    monkeypatch.delenv("XDG_SESSION_TYPE", raising=False)
-    desktop = Desktop(detect(), None, DesktopSettings(stop_hotkey="", takeover=False))
-    try:
-        with Computer.on(desktop, tmp_path) as handlers:
-            yield handlers
-    finally:
-        desktop.close()
+    with computer_on(bare, monkeypatch, tmp_path) as handlers:
+        yield handlers
 
 
 @contextlib.contextmanager

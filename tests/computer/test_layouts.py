@@ -11,43 +11,25 @@ import pytest
 
 from tests.computer import models as m
 from tests.computer.conftest import run
-from tests.support.desktop import Computer, XServer, start_xephyr, start_xvfb, tk_app
-from worker.actions.computer import Desktop, DesktopSettings, detect
+from tests.support.desktop import Computer, XServer, computer_on, start_xephyr, start_xvfb, tk_app
 from worker.errors import WorkerError
 
 
 @pytest.fixture(scope="module")
 def host() -> Iterator[XServer]:
-    server = start_xvfb(1800, 1400, window_manager=False)
-    try:
+    with start_xvfb(1800, 1400, window_manager=False) as server:
         yield server
-    finally:
-        server.stop()
-
-
-def _computer_on(
-    server: XServer, monkeypatch: pytest.MonkeyPatch, data_dir: Path
-) -> Iterator[Computer]:
-    monkeypatch.setenv("DISPLAY", server.display)
-    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    desktop = Desktop(detect(), None, DesktopSettings(stop_hotkey="", takeover=False))
-    try:
-        with Computer.on(desktop, data_dir) as handlers:
-            yield handlers
-    finally:
-        desktop.close()
 
 
 @pytest.fixture
 def two_monitors(
     host: XServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[tuple[XServer, Computer]]:
-    server = start_xephyr(host, "640x480", "800x600", xinerama=True)
-    try:
-        for computer in _computer_on(server, monkeypatch, tmp_path):
-            yield server, computer
-    finally:
-        server.stop()
+    with (
+        start_xephyr(host, "640x480", "800x600", xinerama=True) as server,
+        computer_on(server, monkeypatch, tmp_path) as computer,
+    ):
+        yield server, computer
 
 
 def test_display_info_shows_both_monitors(two_monitors: tuple[XServer, Computer]) -> None:
@@ -100,27 +82,22 @@ def test_a_point_in_the_gap_below_the_smaller_monitor_is_out_of_bounds(
 def test_a_screenshot_taken_before_the_layout_changed_is_stale(
     host: XServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    server = start_xephyr(host, "800x600")
-    try:
-        for computer in _computer_on(server, monkeypatch, tmp_path):
-            shot = run(computer.screenshot(None, m.ScreenshotArgs())).result
-            run(
-                computer.mouse_move(
-                    None, m.MouseMoveArgs(x=5, y=5, screenshot_id=shot.screenshot_id)
-                )
-            )
-            asked = m.CursorPositionArgs(screenshot_id=shot.screenshot_id)
-            assert run(computer.cursor_position(None, asked)).result.in_screenshot is not None
-            server.run("xrandr", "-s", "1024x768")
-            with pytest.raises(WorkerError) as caught:  # asked afresh: not the old layout
-                run(computer.cursor_position(None, asked))
-            assert caught.value.details["stale"] is True
-            with pytest.raises(WorkerError) as caught:
-                args = m.MouseMoveArgs(x=5, y=5, screenshot_id=shot.screenshot_id)
-                run(computer.mouse_move(None, args))
-            assert caught.value.code == "out_of_bounds"
-            assert caught.value.details["stale"] is True
-            fresh = run(computer.screenshot(None, m.ScreenshotArgs())).result
-            assert (fresh.width, fresh.height) == (1024, 768)
-    finally:
-        server.stop()
+    with (
+        start_xephyr(host, "800x600") as server,
+        computer_on(server, monkeypatch, tmp_path) as computer,
+    ):
+        shot = run(computer.screenshot(None, m.ScreenshotArgs())).result
+        run(computer.mouse_move(None, m.MouseMoveArgs(x=5, y=5, screenshot_id=shot.screenshot_id)))
+        asked = m.CursorPositionArgs(screenshot_id=shot.screenshot_id)
+        assert run(computer.cursor_position(None, asked)).result.in_screenshot is not None
+        server.run("xrandr", "-s", "1024x768")
+        with pytest.raises(WorkerError) as caught:  # asked afresh: not the old layout
+            run(computer.cursor_position(None, asked))
+        assert caught.value.details["stale"] is True
+        with pytest.raises(WorkerError) as caught:
+            args = m.MouseMoveArgs(x=5, y=5, screenshot_id=shot.screenshot_id)
+            run(computer.mouse_move(None, args))
+        assert caught.value.code == "out_of_bounds"
+        assert caught.value.details["stale"] is True
+        fresh = run(computer.screenshot(None, m.ScreenshotArgs())).result
+        assert (fresh.width, fresh.height) == (1024, 768)

@@ -50,6 +50,12 @@ class XServer:
         )
         return done.stdout
 
+    def __enter__(self) -> XServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         for proc in [*self.helpers, self.proc]:
             if proc.poll() is None:
@@ -210,6 +216,24 @@ def tk_app(server: XServer, *args: str) -> Iterator[TkApp]:
         yield app
     finally:
         app.stop()
+
+
+@contextlib.contextmanager
+def computer_on(
+    server: XServer, monkeypatch: Any, data_dir: Path, settings: Any = None
+) -> Iterator[Computer]:
+    """The computer actions' handlers on `server`'s display, through a desktop of
+    their own (no stop hotkey, no takeover watch unless `settings` say so)."""
+    monkeypatch.setenv("DISPLAY", server.display)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.delenv("XDG_SESSION_TYPE", raising=False)
+    settings = settings or computer.DesktopSettings(stop_hotkey="", takeover=False)
+    desktop = computer.Desktop(computer.detect(), None, settings)
+    try:
+        with Computer.on(desktop, data_dir) as handlers:
+            yield handlers
+    finally:
+        desktop.close()
 
 
 class Computer:
