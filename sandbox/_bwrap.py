@@ -191,7 +191,12 @@ def command(
     # Its own /proc and /dev. /dev is a tmpfs without a size, so it is read-only (writes
     # to its devices still go through): no files kept there (review5 finding 03); POSIX
     # shared memory and semaphores get a small /dev/shm of their own (review6 04).
-    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    # No ptys: each open of /dev/ptmx took one of the machine's shared pool (kernel.pty.max,
+    # 3,072 for every non-initial devpts together) and bubblewrap's devpts has no max=;
+    # an empty read-only tmpfs over /dev/pts leaves /dev/ptmx (a link to pts/ptmx) leading
+    # nowhere (review6 07). The devpts beneath is out of reach: no capabilities, no mount.
+    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
+    args += ["--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts", "--remount-ro", "/dev"]
     args += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]  # noqa: S108 (its own tmpfs)
     # The sandbox's own /tmp: a private tmpfs, gone with it.
     # Its size bounds what a program keeps there: tmpfs pages are memory no rlimit

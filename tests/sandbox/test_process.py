@@ -369,6 +369,45 @@ def test_the_sandboxs_dev_keeps_no_files_and_its_devices_work(share: Path) -> No
     assert sandboxed(share, [PYTHON, "-c", lock]).stdout == b"locked\n"
 
 
+PTY_TAKER = """
+import errno, os
+for path in ("/dev/ptmx", "/dev/pts/ptmx"):
+    for mode in (os.O_RDWR, os.O_RDONLY):
+        try:
+            os.open(path, mode | os.O_NOCTTY)
+            print(path, "opened")
+        except OSError as exc:
+            print(path, errno.errorcode[exc.errno])
+try:
+    os.openpty()
+    print("openpty", "opened")
+except OSError as exc:
+    print("openpty", errno.errorcode[exc.errno])
+try:
+    open("/dev/pts/0", "w")
+except OSError as exc:
+    print("/dev/pts/0", errno.errorcode[exc.errno])
+print("/dev/pts", len(os.listdir("/dev/pts")))
+"""
+
+
+def test_the_sandbox_has_no_pty_to_take_from_the_machines_pool(share: Path) -> None:
+    """Each open of /dev/ptmx took one pty of the machine's pool (3,072 shared by every
+    devpts but the first), with no cap per sandbox: a program holding 64 x 1024 of them
+    left every other user and container of the machine without a terminal (review6
+    finding 07). The sandbox has no pty device at all now."""
+    said = sandboxed(share, [PYTHON, "-c", PTY_TAKER]).stdout.decode().splitlines()
+    assert said == [
+        "/dev/ptmx ENOENT",
+        "/dev/ptmx ENOENT",
+        "/dev/pts/ptmx ENOENT",
+        "/dev/pts/ptmx ENOENT",
+        "openpty ENOENT",
+        "/dev/pts/0 EROFS",
+        "/dev/pts 0",
+    ]
+
+
 def test_every_resource_limit_is_set_inside_the_sandbox(share: Path) -> None:
     show = (
         "import resource as r\n"
