@@ -1,12 +1,19 @@
 """What a hub holds for callers is bounded: request blobs of calls not yet answered
-stay under `[hub] held_blobs_mib`, and a call past it is answered `busy` at once."""
+stay under `[hub] held_blobs_mib`, and a call past it is answered `busy` at once; a
+ControlService request larger than its method takes is refused undecoded."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
+import grpc
+import pytest
+
 from tests.support.cluster import Cluster, call_in_background, cluster, release, wait_for
+from worker.hub.client import ControlClient
+from worker.hub.server import CONTROL_REQUEST_BYTES, CONTROL_REQUEST_BYTES_OTHERWISE
+from worker.wire.proto import agentworker_pb2 as pb
 
 MIB = 1024 * 1024
 
@@ -33,6 +40,60 @@ def test_blobs_held_for_unanswered_calls_are_bounded(tmp_path: Path) -> None:
         # What the answered call held is given back.
         again = live.call("workerDiag.probe", "{}", correlation_id="b2", blob=b"b" * 10 * MIB)
         assert again["status"] == "ok", again
+
+
+def _padded(message: bytes, size: int) -> bytes:
+    """`message` with an unknown length-delimited field (number 15) making it `size`
+    bytes: proto3 keeps unknown fields, so it decodes as the message it was."""
+    room = size - len(message) - 1 - 3  # the tag, a 3-byte varint length
+    assert 1 << 14 <= room < 1 << 21
+    length = bytes([room & 0x7F | 0x80, room >> 7 & 0x7F | 0x80, room >> 14])
+    return message + bytes([15 << 3 | 2]) + length + b"x" * room
+
+
+def test_each_control_method_takes_requests_only_as_large_as_it_needs(tmp_path: Path) -> None:
+    """gRPC's limit is the server's, 32 MiB (a 16 MiB blob must fit a Dispatch), and it
+    held on every method: a KillPlan with a 30 MiB reason went to every worker and was
+    queued in the hub's database for those away. Each method now has its own cap,
+    refused RESOURCE_EXHAUSTED before the request is decoded, with what to do."""
+    small, scope = CONTROL_REQUEST_BYTES_OTHERWISE, CONTROL_REQUEST_BYTES["RequestScope"]
+    kill = pb.KillPlanRequest(plan_id="p-limits", reason="r").SerializeToString()
+    teardown = pb.TeardownRequest(plan_id="p-limits").SerializeToString()
+    ask = pb.RequestScopeRequest(agent_id="tester", scopes=["workerHost.exec"])
+    oversized = {
+        "ListWorkers": _padded(b"", small + 1),
+        "Status": _padded(b"", small + 1),
+        "KillPlan": _padded(kill, small + 1),
+        "Teardown": _padded(teardown, small + 1),
+        "RequestScope": _padded(ask.SerializeToString(), scope + 1),
+    }
+
+    async def send(client: ControlClient, method: str, raw: bytes) -> grpc.aio.AioRpcError:
+        call = client.channel.unary_unary(f"/agentworker.v1.ControlService/{method}")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(raw, metadata=client.metadata, timeout=30)
+        return caught.value
+
+    with cluster(tmp_path / "home") as live:
+        for method, raw in oversized.items():
+            refused = live.run(lambda c, m=method, r=raw: send(c, m, r))
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, refused)
+            limit = scope if method == "RequestScope" else small
+            assert refused.details() == (
+                f"the {method} request is {limit + 1:,} bytes, over the {limit:,} that "
+                f"{method} takes (only Dispatch carries a blob); send less"
+            )
+        # Refused undecoded: the kill never reached the worker.
+        assert live.call("workerDiag.probe", "{}", plan_id="p-limits")["status"] == "ok"
+        # At the cap, a request is taken as before.
+        at_cap = pb.KillPlanRequest.FromString(_padded(kill, small))
+        told = live.run(lambda c: c.stub.KillPlan(at_cap, metadata=c.metadata, timeout=30))
+        assert len(told.worker_ids) == 1, told
+        killed = live.call("workerDiag.probe", "{}", plan_id="p-limits")
+        assert killed["error"]["code"] == "plan_killed", killed
+        assert live.status().state == pb.StatusResponse.CONNECTED
+        # Dispatch still takes a blob far over the others' caps.
+        assert live.call("workerDiag.probe", "{}", blob=b"d" * 2 * MIB)["status"] == "ok"
 
 
 def _in_ledger(live: Cluster, cid: str) -> bool:

@@ -99,6 +99,13 @@ SCOPE_REQUESTS_PER_WORKER: Final = 64
 SCOPE_REQUESTS_PER_AGENT: Final = 16
 SCOPE_REASON_CHARS: Final = 4096
 SCOPE_PREVIEW_CHARS: Final = 64 * 1024
+# The largest request each ControlService method takes, refused before it is decoded.
+# gRPC's limit is the server's, MAX_MESSAGE_BYTES, which Dispatch needs for a 16 MiB
+# blob; no other method carries one. RequestScope: a reason and a preview at their
+# limits above (4 bytes a character in UTF-8 at most: 272 KiB), scopes and ids, with
+# room; the others carry a few ids and a reason.
+CONTROL_REQUEST_BYTES: Final = {"Dispatch": MAX_MESSAGE_BYTES, "RequestScope": 1024 * 1024}
+CONTROL_REQUEST_BYTES_OTHERWISE: Final = 64 * 1024
 
 
 @dataclass
@@ -1365,6 +1372,28 @@ class _Undecodable:
         self.type_name = type_name
 
 
+class _Oversized:
+    """What a control request larger than its method takes is handed on as."""
+
+    def __init__(self, method: str, size: int, limit: int) -> None:
+        self.method, self.size, self.limit = method, size, limit
+
+    def message(self) -> str:
+        return (
+            f"the {self.method} request is {self.size:,} bytes, over the {self.limit:,} "
+            f"that {self.method} takes (only Dispatch carries a blob); send less"
+        )
+
+
+def _bounded(method: str, parse: Callable[[bytes], object]) -> Callable[[bytes], object]:
+    limit = CONTROL_REQUEST_BYTES.get(method, CONTROL_REQUEST_BYTES_OTHERWISE)
+
+    def read(data: bytes) -> object:
+        return _Oversized(method, len(data), limit) if len(data) > limit else parse(data)
+
+    return read
+
+
 def _lenient(message_type: Any) -> Callable[[bytes], object]:
     def parse(data: bytes) -> object:
         try:
@@ -1379,6 +1408,8 @@ def _refusing_undecodable(
     behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Oversized):
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message())
         if isinstance(request, _Undecodable):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -1398,16 +1429,18 @@ def _serialized(response: Any) -> bytes:
 def control_service(hub: Hub) -> grpc.GenericRpcHandler:
     """ControlService, whose requests are decoded so that one which does not decode
     (invalid UTF-8 in a string field, say) answers INVALID_ARGUMENT with the reason,
-    not UNKNOWN with a traceback in the hub's log."""
+    not UNKNOWN with a traceback in the hub's log; one larger than its method takes
+    (CONTROL_REQUEST_BYTES) answers RESOURCE_EXHAUSTED undecoded."""
     servicer = ControlServicer(hub)
     service = pb.DESCRIPTOR.services_by_name["ControlService"]
     handlers = {
         method.name: grpc.unary_unary_rpc_method_handler(
             _refusing_undecodable(getattr(servicer, method.name)),
-            request_deserializer=(
+            request_deserializer=_bounded(
+                method.name,
                 _dispatch_request
                 if method.name == "Dispatch"
-                else _lenient(getattr(pb, method.input_type.name))
+                else _lenient(getattr(pb, method.input_type.name)),
             ),
             response_serializer=_serialized,
         )
