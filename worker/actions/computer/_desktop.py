@@ -9,9 +9,9 @@ Threads: input actions run one at a time in the `input` thread, under the deskto
 lock; screenshots in the `grab` thread; everything that only asks (monitors,
 windows) in the `query` thread, so a long `key_type` never delays a screenshot. Each
 thread holds its own display connection (python-xlib and mss are per-thread). The
-pointer's position is asked by the event loop itself, on a connection of its own
-that it never blocks on (`pointer`, worker.actions.computer._x11_line), where the
-backend offers one.
+pointer's position and the layout (a cursor_position's, a screenshot's) are asked by
+the event loop itself, on a connection of its own that it never blocks on (`pointer`,
+worker.actions.computer._x11_line), where the backend offers one.
 
 The person stays in charge: while the agent drives (an input action ran within
 `takeover_window_s`), input the worker did not inject trips the switch's takeover;
@@ -164,12 +164,20 @@ class Desktop:
         """Where the pointer is and the layout, asked now. On the loop's own line to the
         display server where the backend has one (no thread hop, one round trip, at most
         _x11_line.BOUND_S of waiting); else in the query thread."""
+        where = await self.pointer_on_line()
+        if where is None:
+            return await self.query(lambda b: (*b.cursor_position(), b.layout()))
+        return where
+
+    async def pointer_on_line(self) -> tuple[int, int, Layout] | None:
+        """`pointer`, asked on the loop's own line; None where the backend has none (the
+        caller then asks the backend in a desktop thread, as it would anyway)."""
         self._check()
         line = self._line
         if line is None or (line and line.closed):
             line = await self.query(self._open_line)
         if not line:
-            return await self.query(lambda b: (*b.cursor_position(), b.layout()))
+            return None
         return await line.where()
 
     def _open_line(self, backend: Backend) -> PointerLine | Literal[False]:
