@@ -326,11 +326,12 @@ def test_malformed_server_messages_are_answered_not_obeyed(tmp_path: Path) -> No
         assert error_code(await hub.next("result")) == "ok"
         # Names the worker keeps (ledger, telemetry, audit) come bounded: megabytes of
         # them per request, kept 90 days, would fill the disk with nothing run.
-        for field in ("plan_id", "agent_id", "surface", "action"):
+        for field in ("plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action"):
             hub.request(f"long-{field}", "{}", **{field: "p" * 4_000_000})
             refused = await hub.next("result")
             assert error_code(refused) == "validation_error", field
-            assert f"{field} may have at most" in refused.error.message
+            message = refused.error.message
+            assert message.startswith(f"a request's {field} ") and "at most" in message
         hub.send(kill_plan=pb.KillPlan(plan_id="k" * 4_000_000, reason="r"))
         hub.send(kill_plan=pb.KillPlan(plan_id="short", reason="r" * 4_000_000))
         hub.request("after-long-kills", "{}", plan_id="short")

@@ -161,9 +161,14 @@ def test_a_preview_with_escape_sequences_is_shown_inert(tmp_path: Path) -> None:
     async def scenario() -> None:
         rig = Rig(tmp_path)
         app = _app(rig)
+        # (An agent id with escapes is refused where it enters now: validation_error.)
         hostile_agent = "evil\x1b[2J\x1b[H\x1b[32mAPPROVED\x1b[0m\u202e"
+        refused = rig.call("fs_read", '{"path": "a.txt"}', agent=hostile_agent)
+        await rig.result(refused)
+        assert rig.code(refused) == "validation_error"
         async with app.run_test(size=(100, 30)) as pilot:
-            cid = rig.call("fs_read", '{"path": "a\u202etxt.exe\u0085"}', agent=hostile_agent)
+            args = '{"path": "a\\u001b[2J\\u001b[32mAPPROVED\u202etxt.exe\u0085"}'
+            cid = rig.call("fs_read", args, agent="agent-1")
             await answerable(app, pilot)
             modal = _modal(app)
             assert modal is not None

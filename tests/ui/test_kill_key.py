@@ -27,8 +27,8 @@ def _killed(rig: Rig, plan: str) -> bool:
 LOOK_ALIKES = [
     # The same first 200 characters and the same length: the same "(+6 chars)" note.
     pytest.param("x" * 200 + "-decoy", "x" * 200 + "-real!", id="cut-alike"),
-    # A real ESC is shown as the two characters \e: so is a backslash and an e.
-    pytest.param("plan\\e", "plan\x1b", id="escape-alike"),
+    # (A real ESC was shown as the two characters \e, as a backslash and an e are: a
+    # plan id with one is refused where it enters now, validation_error.)
 ]
 
 

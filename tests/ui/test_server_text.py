@@ -35,17 +35,21 @@ def _raw_in(drawn: str) -> list[str]:
 
 
 def test_the_lift_confirmation_shows_a_killed_plans_id_inert(tmp_path: Path) -> None:
-    """A plan id is only length-checked, and a server can kill its own plan so that it
-    waits in the plans list for the person to lift it."""
+    """A server could kill its own plan so that it waits in the plans list for the
+    person to lift it. A plan id that is not printable is refused where it enters now,
+    so such a kill is one kept from an older worker, which took any plan id."""
 
     async def scenario() -> None:
         rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.fs_read"])])
+        refused = rig.call("fs_read", '{"path": "a.txt"}', plan=EVIL)
+        await rig.result(refused)
+        assert rig.code(refused) == "validation_error"
+        assert rig.dispatcher.kill_plan(EVIL, "the server's own kill", "server") == 0
+        assert rig.dispatcher.state.killed(EVIL) is None
+        rig.dispatcher.state.kill_plan(EVIL, "kept from an older worker", "server")
         clock = MovableClock()
         app = WorkerApp(rig.link(), notifier=silent, clock=clock)
         async with app.run_test(size=(120, 30)) as pilot:
-            first = rig.call("fs_read", '{"path": "a.txt"}', plan=EVIL)
-            await rig.result(first)
-            rig.dispatcher.kill_plan(EVIL, "the server's own kill", "server")  # a KillPlan
             await until(lambda: app.plans and app.plans[0]["state"] == "killed", pilot)
             plans = app.query_one("#plans", DataTable)
             while not plans.has_focus:  # to the plans (past the detail pane)

@@ -16,10 +16,11 @@ import pytest
 
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
-from worker.core.pipeline import MAX_ID_CHARS, Dispatcher, Outgoing, _payload
+from worker.core.pipeline import Dispatcher, Outgoing, _payload
 from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, Result
 from worker.core.threads import looking
 from worker.errors import WorkerError
+from worker.ids import MAX_ID_CHARS
 from worker.wire.framing import worker_message_of
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import MAX_TIMEOUT_MS

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from worker import ids
 from worker.core import prompt_text
 from worker.core.ledger import State
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Grant, scope_required
@@ -53,8 +54,8 @@ MAX_WAITING_PER_AGENT: Final = 16
 # A ScopeRequest naming more scopes than this is refused: no person reads them all.
 MAX_SCOPES_ASKED: Final = 32
 # Agent and plan ids longer than this in a ScopeRequest are refused (a grant names
-# them whole, so they cannot be cut).
-MAX_ID_CHARS: Final = 256
+# them whole, so they cannot be cut), as are ids worker.ids.id_problem refuses.
+MAX_ID_CHARS: Final = ids.MAX_ID_CHARS
 
 # Approving one of these "for this plan" or "for this agent" grants the others too:
 # they read and change nothing, so a person who let an agent list a folder is not
@@ -622,8 +623,10 @@ def _not_askable(request: pb.ScopeRequest) -> str | None:
     bad = [s for s in scopes if not _SCOPE.fullmatch(s)]
     if bad:
         return f"not scopes: {', '.join(inert(repr(s), 100) for s in bad[:5])}"
-    if max(len(request.agent_id), len(request.plan_id)) > MAX_ID_CHARS:
-        return f"an agent or plan id longer than {MAX_ID_CHARS} characters"
+    for name in ("agent_id", "plan_id"):
+        problem = ids.id_problem(name, getattr(request, name))
+        if problem is not None:
+            return problem[1]
     return None
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from worker.core.pipeline import MAX_ID_CHARS
 from worker.errors import WorkerError
+from worker.ids import id_problem
 from worker.wire.framing import Buffer
 from worker.wire.transport import MAX_MESSAGE_BYTES
 
@@ -50,9 +50,7 @@ class BlobParts:
         """Keep a part that starts at `offset` of its blob; past a bound, or out of
         order, drop the call's parts and refuse it. False for a part no request could
         claim (no id, one longer than any request's or one not printable)."""
-        if not correlation_id or len(correlation_id) > MAX_ID_CHARS:
-            return False
-        if not correlation_id.isprintable():
+        if id_problem("correlation_id", correlation_id, required=True) is not None:
             return False
         if correlation_id in self._refused:
             return True

@@ -26,9 +26,10 @@ from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
 from worker.core.blob_parts import BlobParts
-from worker.core.pipeline import MAX_ID_CHARS, Dispatcher
+from worker.core.pipeline import Dispatcher
 from worker.core.results import Outgoing
 from worker.errors import WorkerError
+from worker.ids import id_problem
 from worker.wire.framing import (
     Batcher,
     Buffer,
@@ -843,7 +844,7 @@ def request_id_of(message: bytes) -> str | None:
                     cid = raw.decode("utf-8")
                 except UnicodeDecodeError:
                     return None
-                return cid if 0 < len(cid) <= MAX_ID_CHARS and cid.isprintable() else None
+                return None if id_problem("correlation_id", cid, required=True) else cid
     return None
 
 

@@ -62,7 +62,7 @@ from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
-from worker.ids import new_id
+from worker.ids import MAX_ID_CHARS, id_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
@@ -83,13 +83,13 @@ log = logging.getLogger(__name__)
 
 # Structured args stay small; bulk data travels in the request blob.
 MAX_ARGS_BYTES = 1024 * 1024
-# A correlation id past this is refused unclaimed (a hub's ids are 32 hex digits), as is
-# one with a character that is not printable (str.isprintable).
-MAX_ID_CHARS = 256
 # The most of a server's reason for a cancel or a kill that is kept (in the ledger).
 MAX_REASON_CHARS: Final = 1000
+# A request's ids, refused unclaimed unless worker.ids.id_problem passes them (at most
+# MAX_ID_CHARS printable characters; the correlation id is required).
+_IDS: Final = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id")
 # The longest each other name of a request may be (see `submit`).
-_NAMES: Final = {"plan_id": MAX_ID_CHARS, "agent_id": MAX_ID_CHARS, "surface": 64, "action": 64}
+_NAMES: Final = {"surface": 64, "action": 64}
 # After a drain's grace, how long cancelled calls get to stop before they are answered
 # anyway (`outcome_unknown`) and the drain returns: a handler that ignores its
 # cancellation cannot hold the worker up longer than grace + this.
@@ -423,25 +423,22 @@ class Dispatcher:
         given, is the request's blob, read apart from it; `pieces`, when given, is the
         blob in the parts it came in (for an action that takes them unjoined)."""
         cid = req.correlation_id
-        if not cid or len(cid) > MAX_ID_CHARS or not cid.isprintable():
-            log.warning(
-                "refusing a request with a correlation id of %d characters (action %r)",
-                len(cid),
-                req.action[:64],
-            )
-            # Printable only: the id is written where people read it (telemetry, the
-            # audit log, `agentworker record`'s comments), and a line break or an escape
-            # in it could forge a line there.
-            error = WorkerError(
-                "validation_error",
-                f"a request needs a correlation_id of 1 to {MAX_ID_CHARS} printable "
-                "characters (no control, format or line-separator characters); nothing "
-                "was run",
-            )
-            self.refuse(req, error)
-            return
-        # Names that are kept (the ledger, telemetry, audit rows) and echoed in answers:
-        # a server could otherwise have each request store megabytes of them for 90 days.
+        # Ids are kept (the ledger, telemetry, audit rows), echoed in answers and shown
+        # (the TUI, `agentworker record`'s comments): printable only, since a line break
+        # or an escape in one could forge a line there, and bounded, since a server
+        # could otherwise have each request store megabytes of them for 90 days.
+        for field in _IDS:
+            problem = id_problem(field, getattr(req, field), required=field == "correlation_id")
+            if problem is not None:
+                kind, text = problem
+                log.warning("refusing a request (action %r): %s", req.action[:64], text)
+                error = WorkerError(
+                    "validation_error",
+                    f"a request's {text}; nothing was run",
+                    {"errors": [{"loc": [field], "msg": text, "type": kind}]},
+                )
+                self.refuse(req, error)
+                return
         for field, value in _NAMES.items():
             if len(getattr(req, field)) > value:
                 error = WorkerError(
@@ -656,11 +653,10 @@ class Dispatcher:
 
     def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> int:
         """Refuse the plan's later calls (durably) and cancel its running ones."""
-        if not plan_id or len(plan_id) > MAX_ID_CHARS:
+        problem = id_problem("plan_id", plan_id, required=True)
+        if problem is not None:
             # No call of such a plan can run here (a request's plan_id is as bounded).
-            log.warning(
-                "ignoring a kill of a plan id of %d characters (from %s)", len(plan_id), killed_by
-            )
+            log.warning("ignoring a kill (from %s): %s", killed_by, problem[1])
             return 0
         reason = reason[:MAX_REASON_CHARS]
         pruned = self.state.kill_plan(plan_id, reason, killed_by)
@@ -691,6 +687,9 @@ class Dispatcher:
                 )
             if not plan_id:
                 raise WorkerError("validation_error", "a teardown needs a plan_id")
+            problem = id_problem("plan_id", plan_id)
+            if problem is not None:  # no call of such a plan can have run here
+                raise WorkerError("validation_error", f"a teardown's {problem[1]}")
             error = WorkerError("cancelled", f"plan {plan_id!r} was torn down")
             stopped = [call for call in self._calls.values() if call.req.plan_id == plan_id]
             for call in stopped:

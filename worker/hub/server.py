@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore, StoredCall
-from worker.ids import new_id
+from worker.ids import id_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
     PART_BYTES,
@@ -97,6 +97,8 @@ TEARDOWN_TIMEOUT_S = 60.0
 SCOPE_REQUESTS_PER_WORKER: Final = 64
 # ... of them for one agent, at most: one agent's flood must not leave the others no room.
 SCOPE_REQUESTS_PER_AGENT: Final = 16
+# The ids a call names, each checked by worker.ids.id_problem (see `bad_id`).
+CALL_IDS: Final = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id")
 SCOPE_REASON_CHARS: Final = 4096
 SCOPE_PREVIEW_CHARS: Final = 64 * 1024
 # The largest request each ControlService method takes, refused before it is decoded.
@@ -197,6 +199,22 @@ def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
         status=pb.ActionResult.ERROR,
         error=error_pb(error),
     )
+
+
+def bad_id(what: str, message: Any, *names: str) -> WorkerError | None:
+    """`validation_error` for the first of `message`'s ids (`names`) that
+    worker.ids.id_problem refuses, or None: what a caller names is kept (hub.db) and
+    relayed to workers, which refuse the same ids; refused here, nothing of it is."""
+    for name in names:
+        problem = id_problem(name, getattr(message, name))
+        if problem is not None:
+            kind, text = problem
+            return WorkerError(
+                "validation_error",
+                f"{what}'s {text}; nothing was sent",
+                {"errors": [{"loc": [name], "msg": text, "type": kind}]},
+            )
+    return None
 
 
 def too_large(message_bytes: int, *, framed: bool = False) -> WorkerError | None:
@@ -925,6 +943,9 @@ class Hub:
         Idempotent: a plan with no workspace anywhere is torn down already."""
         if not req.plan_id:
             raise WorkerError("validation_error", "a teardown needs a plan_id")
+        refused = bad_id("the teardown", req, "plan_id")
+        if refused is not None:
+            raise refused
         placed = self.placements.get(req.plan_id)
         if req.worker_id:
             if req.worker_id not in self.sessions and not self.store.knows_worker(req.worker_id):
@@ -1010,6 +1031,9 @@ class Hub:
         blob = req.blob if blob is None else blob
         size = len(blob)
         try:
+            refused = bad_id("the call", req, *CALL_IDS)
+            if refused is not None:
+                raise refused
             if size and self._holding + size > self.held_blob_bytes:
                 raise WorkerError(
                     "busy",
@@ -1231,6 +1255,9 @@ class Hub:
 
     def _scope_refusal(self, session: Session, req: pb.RequestScopeRequest) -> str | None:
         """Why a RequestScope is answered at once, without asking the worker, or None."""
+        refused = bad_id("the scope request", req, "agent_id", "plan_id")
+        if refused is not None:
+            return f"validation_error: {refused.message}"
         if len(req.reason) > SCOPE_REASON_CHARS or len(req.preview) > SCOPE_PREVIEW_CHARS:
             return (
                 f"too_large: a scope request's reason is at most {SCOPE_REASON_CHARS:,} "
@@ -1507,6 +1534,9 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
     ) -> pb.KillPlanResponse:
         if not request.plan_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "plan_id is required")
+        refused = bad_id("the kill", request, "plan_id")
+        if refused is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused.message)
         try:
             return self.hub.kill_plan(request)
         except LookupError as exc:
