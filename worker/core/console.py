@@ -6,9 +6,12 @@ starting and finishing, prompts opening and closing, the link's state, plans and
 grants changing), and it acts through `handle` (answer a prompt, kill or lift a
 plan, revoke a grant, pause or resume). Everything here is plain JSON-able data,
 so the in-process TUI and a socket client take the same path; nothing here imports
-a UI toolkit. Every text that came from the server is made inert before it leaves;
-a plan's id goes whole besides, as the key a UI kills and lifts by (`raw` in a plan's
-row, `plan_raw` in a call's), never to be drawn.
+a UI toolkit. Every text that came from the server or a file (the config's grants,
+the link's error) is made inert before it leaves, by one neutraliser
+(approvals.inert): call and plan rows are built inert, and every other event, the
+snapshot's other parts and each command's reply pass through `outgoing`. A plan's
+id goes whole besides, as the key a UI kills and lifts by (`raw` in a plan's row,
+`plan_raw` in a call's), never to be drawn.
 """
 
 from __future__ import annotations
@@ -42,8 +45,28 @@ RESULT_PREVIEW: Final = 2000
 # A confirmation not given within this long is dropped (and the input let go).
 CONFIRM_LIFT_S: Final = 60.0
 
+# The most of the link's detail (the server's or the network's error text) a UI gets.
+LINK_DETAIL: Final = 1000
+# Keys whose value goes as it is: a raw plan id (a key to act by, never drawn), the
+# id of a call (printable: the pipeline refuses others), a UI's own request id, a
+# lift's confirmation token.
+_KEPT_AS_IS: Final = frozenset({"raw", "plan_raw", "id", "req", "confirm"})
+
 Event = dict[str, Any]
 Subscriber = Callable[[Event], None]
+
+
+def outgoing(value: Any) -> Any:
+    """`value` (JSON-able) with every text in it inert (approvals.inert, whole: an
+    inert text stays as it is), but the values of _KEPT_AS_IS keys. The one way out
+    to a UI for what is not a call's or a plan's row (those are built inert)."""
+    if isinstance(value, str):
+        return inert(value, None)
+    if isinstance(value, dict):
+        return {k: v if k in _KEPT_AS_IS else outgoing(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [outgoing(item) for item in value]
+    return value
 
 
 def _kept(text: str) -> tuple[str, int]:
@@ -197,6 +220,8 @@ class Console:
             self._tell_plan(plan)
 
     def _tell(self, event: Event) -> None:
+        if event.get("type") not in ("call", "plan"):  # their rows are built inert
+            event = outgoing(event)
         for subscriber in list(self._subscribers):
             try:
                 subscriber(event)
@@ -207,12 +232,14 @@ class Console:
     def snapshot(self) -> Event:
         return {
             "type": "snapshot",
-            "worker": self.worker_info(),
-            "link": self.link.to_dict(),
+            "worker": outgoing(self.worker_info()),
+            "link": outgoing(self._link()),
             "calls": [seen.row() for seen in self._calls.values()],
             "plans": self.plans(),
-            "grants": self.grants(),
-            "prompts": [p.to_dict() for p in self.broker.pending()] if self.broker else [],
+            "grants": outgoing(self.grants()),
+            "prompts": outgoing(
+                [p.to_dict() for p in self.broker.pending()] if self.broker else []
+            ),
             "paused": self.paused(),
         }
 
@@ -228,7 +255,11 @@ class Console:
 
     def set_link(self, link: LinkState) -> None:
         self.link = link
-        self._tell({"type": "link", "link": link.to_dict()})
+        self._tell({"type": "link", "link": self._link()})
+
+    def _link(self) -> dict[str, Any]:
+        """The link's state; its detail may be the server's text (a refusal's details)."""
+        return {**self.link.to_dict(), "detail": inert(self.link.detail, LINK_DETAIL)}
 
     def call_started(self, req: pb.ActionRequest) -> None:
         seen = _Seen(req, int(time.time() * 1000))
@@ -308,14 +339,14 @@ class Console:
         return rows
 
     def grants(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = [
+        rows: list[dict[str, Any]] = [  # the config file's: its text, made inert as well
             {
                 "id": None,
-                "agent": g.agent,
-                "scope": g.scope,
-                "plan": g.plan,
+                "agent": inert(g.agent, 200),
+                "scope": inert(g.scope, 300),
+                "plan": inert(g.plan, 200),
                 "expires_ms": int(g.expires.timestamp() * 1000) if g.expires else None,
-                "granted_by": g.granted_by,
+                "granted_by": inert(g.granted_by, 100),
             }
             for g in self.static_grants
         ]
@@ -337,7 +368,11 @@ class Console:
     # ------------------------------------------------------------- what a UI does
 
     def handle(self, command: dict[str, Any]) -> dict[str, Any]:
-        """One command from a UI; the reply says what happened (or the error)."""
+        """One command from a UI; the reply says what happened (or the error), inert."""
+        reply: dict[str, Any] = outgoing(self._handle(command))
+        return reply
+
+    def _handle(self, command: dict[str, Any]) -> dict[str, Any]:
         op = command.get("op")
         try:
             if op == "decide":
