@@ -7,6 +7,13 @@ workbench stops every process of the plan's running sandboxes (SIGSTOP, which no
 program can catch or ignore) for the walk, and lets them go on (SIGCONT) after it. A
 process the program had stopped itself goes on too.
 
+SIGSTOP holds a process only until something sends it SIGCONT, and a program can have
+the kernel do that on an event of its choosing: an inotify descriptor with O_ASYNC and
+F_SETSIG, woken by the walk opening a folder it watches (review7 finding 03), a POSIX
+timer. So `runs` notes how often each stopped thread has been put on a CPU before the
+walk, and again after it: a thread that ran meanwhile was not held, and the count is
+marked as one things moved under.
+
 Standard library only, no worker imports: it can be reviewed and tested alone.
 """
 
@@ -83,6 +90,41 @@ def settled(sandbox_pid: int, stopped: Stopped) -> bool:
     long system call finishes first)."""
     now = descendants(sandbox_pid)
     return set(now) <= set(stopped.pids) and not moving(now)
+
+
+def runs(held: Iterable[Stopped]) -> dict[int, int]:
+    """For each thread of the processes `held` holds: how many times it has been put on
+    a CPU (/proc/TID/schedstat's third field, which only a thread's arrival on a CPU
+    moves; a kernel without it: its context switches). A stopped thread's figure stays
+    the same until something lets it run."""
+    seen: dict[int, int] = {}
+    for each in held:
+        for pid in each.pids:
+            try:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except OSError:  # ended: the figures of before have it, so they differ
+                continue
+            for thread in threads:
+                count = _times_run(f"/proc/{pid}/task/{thread}")
+                if count is not None:
+                    seen[int(thread)] = count
+    return seen
+
+
+def _times_run(task: str) -> int | None:
+    try:
+        with open(f"{task}/schedstat", "rb") as handle:
+            return int(handle.read().split()[2])
+    except FileNotFoundError:
+        pass
+    except (OSError, IndexError, ValueError):
+        return None
+    try:
+        with open(f"{task}/status", "rb") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    return sum(int(line.split()[1]) for line in lines if b"ctxt_switches:" in line)
 
 
 def moving(pids: Iterable[int]) -> list[int]:

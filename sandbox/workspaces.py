@@ -170,13 +170,15 @@ class Use:
     """What a workspace holds: bytes on disk (allocated blocks) and entries (files,
     folders, links; the workspace folder itself not counted). `complete` is False when
     the count stopped at its cap of entries: then both figures are at least this.
-    `held_open` (within `bytes`): what programs hold in files they removed but keep
-    open, when the watch of a running program counted it (sandbox.held_open)."""
+    `held_open` (not in `bytes`): what the plan's running programs hold in files they
+    removed but keep open or mapped, looked at while they were stopped for the walk
+    (sandbox.held_open); `unseen` says why that could not be looked at, if so."""
 
     bytes: int
     entries: int
     complete: bool = True
     held_open: int = 0
+    unseen: str = ""
     # Folders listed, then gone (moved, removed, swapped) before the walk entered them:
     # their contents are not in this count (sandbox.workspaces._open_folder).
     moved: int = 0

@@ -117,6 +117,58 @@ def _translated(exc: WorkspaceError) -> WorkerError:
     return from_workspace(exc)
 
 
+def _stop_still(sandboxes: list[int]) -> tuple[list[still.Stopped], bool]:
+    """Stops every process of `sandboxes` (bubblewrap's pids) and waits, a bounded
+    while, until each thread is stopped: what stopped, and whether all of them did."""
+    stopped: list[still.Stopped] = []
+    try:
+        for pid in sandboxes:  # one by one: each is resumed, whatever fails after
+            stopped.append(still.stop(pid))
+        held = list(zip(sandboxes, stopped, strict=True))
+        pause, steady = 0.0005, False
+        for _ in range(STILL_CHECKS):
+            steady = all(still.settled(pid, each) for pid, each in held)
+            if steady:
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+            for pid, each in held:
+                still.stop(pid, each)  # new ones meanwhile
+    except BaseException:
+        for each in stopped:
+            each.resume()
+        raise
+    return stopped, steady
+
+
+def _resume_when_stopped(done: asyncio.Future[tuple[list[still.Stopped], bool]]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        for each in done.result()[0]:
+            each.resume()
+
+
+def _held_open_of(workspace: Workspace, running: dict[int, Limits]) -> tuple[int, str]:
+    """Bytes the sandboxes of `running`, each with its limits, hold in files of the
+    workspace's file system they removed but keep open or mapped (sandbox.held_open),
+    and why part of it could not be looked at ("" if it could)."""
+    try:
+        device = os.stat(workspace.files).st_dev
+    except OSError:  # torn down meanwhile: the walk says so
+        return 0, ""
+    total = 0
+    for pid, limits in running.items():
+        try:
+            total += held_open_bytes(
+                pid,
+                device,
+                unknown_bytes=limits.file_size_bytes,
+                most=min(HELD_OPEN_MOST, limits.processes * (limits.open_files + MAPS_PER_PROCESS)),
+            )
+        except UnseenError as exc:
+            return total, str(exc)
+    return total, ""
+
+
 def plan_cgroups(base: Path, settings: SandboxSection) -> cgroups.Choice:
     """Which cgroups would bound the plans of the workbench at `base` (nothing made)."""
     if settings.cgroups == "off":
@@ -149,9 +201,9 @@ class Workbench:
         # program chooses their cost (its processes and descriptors), and the counts
         # every plan's writes wait on must not queue behind them.
         self._holding = ThreadPoolExecutor(1, thread_name_prefix="agentworker-held-open")
-        # plan key -> bubblewrap's pid of each of its programs running now: stopped
-        # while the plan's workspace is counted (sandbox.still)
-        self._running: dict[str, list[int]] = {}
+        # plan key -> bubblewrap's pid of each of its programs running now, and the
+        # limits it runs with: stopped while the plan's workspace is counted (sandbox.still)
+        self._running: dict[str, dict[int, Limits]] = {}
         # plan key -> (bytes, how many) of its fs_writes under way
         self._writes: dict[str, tuple[int, int]] = {}
 
@@ -176,14 +228,13 @@ class Workbench:
             else:
                 self._writes[workspace.key] = (size - incoming, count - 1)
 
-    def started(self, workspace: Workspace, sandbox_pid: int) -> None:
+    def started(self, workspace: Workspace, sandbox_pid: int, limits: Limits) -> None:
         """A program of the plan runs in the sandbox of `sandbox_pid` until `ended`."""
-        self._running.setdefault(workspace.key, []).append(sandbox_pid)
+        self._running.setdefault(workspace.key, {})[sandbox_pid] = limits
 
     def ended(self, workspace: Workspace, sandbox_pid: int) -> None:
-        running = self._running.get(workspace.key, [])
-        if sandbox_pid in running:
-            running.remove(sandbox_pid)
+        running = self._running.get(workspace.key, {})
+        running.pop(sandbox_pid, None)
         if not running:
             self._running.pop(workspace.key, None)
 
@@ -215,53 +266,37 @@ class Workbench:
         return await asyncio.shield(walk)
 
     async def _walk_still(self, workspace: Workspace) -> Use:
-        """A walk of the workspace (on the count threads) with the plan's running
-        programs stopped: a program moving its files out of the walk's way would be
-        left out of the count (review5 finding 01). If they could not all be held
-        still (a chain of forks outran the stop, review6 finding 01), the count says
-        so as a moved one does (`Use.moved`), and the watch counts again."""
-        sandboxes = list(self._running.get(workspace.key, ()))
-        stopped: list[still.Stopped] = []
+        """A walk of the workspace with the plan's running programs stopped: a program
+        moving its files out of the walk's way would be left out of the count (review5
+        finding 01). While they are stopped, what they hold in files they removed is
+        looked at too (`Use.held_open`): a look after they went on could be dodged by
+        naming such a file for it (review7 finding 01). If they could not all be held
+        still (a chain of forks outran the stop, review6 finding 01; one had itself sent
+        SIGCONT, review7 finding 03), the count says so as a moved one does
+        (`Use.moved`), and the watch counts again. All of it on the count threads
+        (the /proc walks are the program's to make long: review7 finding 05), the look
+        on its own thread."""
+        loop = asyncio.get_running_loop()
+        running = dict(self._running.get(workspace.key, {}))
+        if not running:
+            return await loop.run_in_executor(self._counting, self.workspaces.use, workspace)
+        stopping = loop.run_in_executor(self._counting, _stop_still, list(running))
         try:
-            for pid in sandboxes:  # one by one: each is resumed, whatever fails after
-                stopped.append(still.stop(pid))
-            held = list(zip(sandboxes, stopped, strict=True))
-            pause, steady = 0.0005, not held
-            for _ in range(STILL_CHECKS):
-                steady = all(still.settled(pid, each) for pid, each in held)
-                if steady:
-                    break
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, 0.05)
-                for pid, each in held:
-                    still.stop(pid, each)  # new ones meanwhile
-            loop = asyncio.get_running_loop()
+            stopped, steady = await asyncio.shield(stopping)
+        except asyncio.CancelledError:  # the thread goes on: let them go once it is done
+            stopping.add_done_callback(_resume_when_stopped)
+            raise
+        try:
+            before = await loop.run_in_executor(self._counting, still.runs, stopped)
             used = await loop.run_in_executor(self._counting, self.workspaces.use, workspace)
-            return used if steady else dataclasses.replace(used, moved=max(used.moved, 1))
+            look = functools.partial(_held_open_of, workspace, running)
+            held, unseen = await loop.run_in_executor(self._holding, look)
+            ran = await loop.run_in_executor(self._counting, still.runs, stopped) != before
         finally:
             for each in stopped:
                 each.resume()
-
-    async def held_open(self, workspace: Workspace, sandbox_pid: int, limits: Limits) -> int:
-        """Bytes the sandbox of `sandbox_pid`, run with `limits`, holds in files of the
-        workspace's file system it removed but keeps open or mapped (sandbox.held_open),
-        on a thread of its own. WorkspaceError (no_room) when part of it cannot be
-        looked at: the program cannot be counted."""
-        device = os.stat(workspace.files).st_dev
-        look = functools.partial(
-            held_open_bytes,
-            sandbox_pid,
-            device,
-            unknown_bytes=limits.file_size_bytes,
-            most=min(HELD_OPEN_MOST, limits.processes * (limits.open_files + MAPS_PER_PROCESS)),
-        )
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._holding, look)
-        except UnseenError as exc:
-            raise WorkspaceError(
-                WorkspaceProblem.NO_ROOM,
-                f"{exc}, so what it keeps in files it removed cannot be counted against the quota.",
-            ) from None
+        used = dataclasses.replace(used, held_open=held, unseen=unseen)
+        return used if steady and not ran else dataclasses.replace(used, moved=max(used.moved, 1))
 
     @classmethod
     def at(cls, base: Path, settings: SandboxSection) -> Workbench:
@@ -600,15 +635,13 @@ async def _run_in_workspace(
 
             def started(pid: int) -> None:
                 sandbox_pid.append(pid)
-                bench.started(workspace, pid)
+                bench.started(workspace, pid, limits)
 
             try:
                 done = await _watched(
                     bench,
                     workspace,
                     before,
-                    sandbox_pid,
-                    limits,
                     run(
                         [program, *args.argv[1:]],
                         view,
@@ -644,19 +677,16 @@ async def _watched(
     bench: Workbench,
     workspace: Workspace,
     before: Use,
-    sandbox_pid: list[int],
-    limits: Limits,
     running: Awaitable[Completed],
 ) -> Completed:
     """The program's run, stopped (as a Cancel stops it: the call's task is cancelled,
-    and the run kills the sandbox) and answered `too_large` if its workspace (with
-    what the sandbox of `sandbox_pid`, once known and run with `limits`, holds in
-    removed files) passes
-    twice its quota or its cap of entries while it runs. The run stays in the call's
-    own task, where the pipeline sees its thread work."""
+    and the run kills the sandbox) and answered `too_large` if its workspace (with what
+    the plan's running programs hold in removed files) passes twice its quota or its
+    cap of entries while it runs. The run stays in the call's own task, where the
+    pipeline sees its thread work."""
     task = asyncio.current_task()
     assert task is not None
-    watch = asyncio.ensure_future(_overfilled(bench, workspace, before, sandbox_pid, limits))
+    watch = asyncio.ensure_future(_overfilled(bench, workspace, before))
     # Whether the run may still be stopped by the watch, and whether it was: a stop
     # scheduled as the run ended (same loop turn) must not cancel what comes after,
     # and a Cancel that came before the stop is the Cancel's answer, not the watch's.
@@ -683,12 +713,11 @@ async def _watched(
         watch.cancel()
 
 
-async def _overfilled(
-    bench: Workbench, workspace: Workspace, before: Use, sandbox_pid: list[int], limits: Limits
-) -> Use | WorkspaceError:
+async def _overfilled(bench: Workbench, workspace: Workspace, before: Use) -> Use | WorkspaceError:
     """Returns once the workspace holds WATCH_SLACK times its quota or more than its
     cap of entries (either more than `before`), or cannot be counted: what was found.
-    Bytes the sandbox holds in files it removed but keeps open or mapped count too."""
+    Bytes the plan's programs hold in files they removed but keep open or mapped count
+    too."""
     workspaces = bench.workspaces
     pause, used = WATCH_EVERY_S, before
     while True:
@@ -700,11 +729,15 @@ async def _overfilled(
         began = time.monotonic()
         try:
             used = await _steady_count(bench, workspace)
-            if sandbox_pid:
-                held = await bench.held_open(workspace, sandbox_pid[0], limits)
-                used = dataclasses.replace(used, bytes=used.bytes + held, held_open=held)
         except WorkspaceError as exc:
             return exc
+        if used.unseen:
+            return WorkspaceError(
+                WorkspaceProblem.NO_ROOM,
+                f"{used.unseen}, so what it keeps in files it removed cannot be counted "
+                "against the quota.",
+            )
+        used = dataclasses.replace(used, bytes=used.bytes + used.held_open)
         pause = min(WATCH_AT_MOST_S, max(WATCH_EVERY_S, 10 * (time.monotonic() - began)))
         if workspaces.over_entries(used) and used.entries > before.entries:
             return used
@@ -748,8 +781,9 @@ async def _steady_count(bench: Workbench, workspace: Workspace) -> Use:
         bench.workspaces.changed(workspace)
     raise WorkspaceError(
         WorkspaceProblem.NO_ROOM,
-        f"folders of the workspace moved under each of {WATCH_REWALKS} counts in a row "
-        "while the program ran, so what it wrote cannot be counted against the quota.",
+        f"folders of the workspace moved, or its programs could not be held still, under "
+        f"each of {WATCH_REWALKS} counts in a row while the program ran, so what it wrote "
+        "cannot be counted against the quota.",
         {"moved_folders": used.moved},
     )
 
