@@ -11,8 +11,9 @@ SIGSTOP holds a process only until something sends it SIGCONT, and a program can
 the kernel do that on an event of its choosing: an inotify descriptor with O_ASYNC and
 F_SETSIG, woken by the walk opening a folder it watches (review7 finding 03), a POSIX
 timer. So `runs` notes how often each stopped thread has been put on a CPU before the
-walk, and again after it: a thread that ran meanwhile was not held, and the count is
-marked as one things moved under.
+walk, and again after it, with each thread's state (`settled`): a thread that ran
+meanwhile, or was woken and waits for a CPU, was not held, and the count is marked as
+one things moved under.
 
 Standard library only, no worker imports: it can be reviewed and tested alone.
 """

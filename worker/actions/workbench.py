@@ -141,6 +141,17 @@ def _stop_still(sandboxes: list[int]) -> tuple[list[still.Stopped], bool]:
     return stopped, steady
 
 
+def _still_since(
+    sandboxes: list[int], stopped: list[still.Stopped], before: dict[int, int]
+) -> bool:
+    """Whether every thread `stopped` holds stayed stopped since `before` (its figures of
+    `still.runs`): none was put on a CPU, none is waiting for one (woken by a SIGCONT it
+    has not run on yet), and no process was added."""
+    if still.runs(stopped) != before:
+        return False
+    return all(still.settled(pid, each) for pid, each in zip(sandboxes, stopped, strict=True))
+
+
 def _resume_when_stopped(done: asyncio.Future[tuple[list[still.Stopped], bool]]) -> None:
     if not done.cancelled() and done.exception() is None:
         for each in done.result()[0]:
@@ -291,7 +302,8 @@ class Workbench:
             used = await loop.run_in_executor(self._counting, self.workspaces.use, workspace)
             look = functools.partial(_held_open_of, workspace, running)
             held, unseen = await loop.run_in_executor(self._holding, look)
-            ran = await loop.run_in_executor(self._counting, still.runs, stopped) != before
+            held_still = functools.partial(_still_since, list(running), stopped, before)
+            ran = not await loop.run_in_executor(self._counting, held_still)
         finally:
             for each in stopped:
                 each.resume()
