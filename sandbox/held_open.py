@@ -48,6 +48,12 @@ class UnseenError(Exception):
     """Part of what the sandbox holds could not be looked at; the message says which."""
 
 
+# What reading a process's /proc files raises once it has ended. Any other error (no
+# descriptor left: EMFILE) is raised to the caller: a process, thread or file left out
+# of a look would be neither stopped nor counted (review7 finding 06).
+GONE: Final = (FileNotFoundError, ProcessLookupError)
+
+
 def descendants(pid: int) -> list[int]:
     """`pid`'s descendants now (a moment's view), not `pid` itself: read down from it
     through each thread's children file (Linux's CONFIG_PROC_CHILDREN), so the cost is
@@ -63,8 +69,10 @@ def descendants(pid: int) -> list[int]:
             try:
                 with open(f"/proc/{parent}/task/{thread}/children", "rb") as handle:
                     children = [int(word) for word in handle.read().split()]
-            except OSError:
+            except GONE:  # ended meanwhile
                 continue
+            # Any other error (no descriptor left: EMFILE) is raised: a process left out
+            # would be neither stopped nor looked at (review7 finding 06).
             found += children
             todo += children
     return found
@@ -73,7 +81,7 @@ def descendants(pid: int) -> list[int]:
 def _threads(pid: int) -> list[str]:
     try:
         return os.listdir(f"/proc/{pid}/task")
-    except OSError:  # it ended meanwhile
+    except GONE:  # it ended meanwhile
         return []
 
 
@@ -143,7 +151,7 @@ def _descriptors(look: _Look, task: str) -> None:
         raise UnseenError(
             f"the open files of process {task.split('/')[2]} are not ours to read"
         ) from None
-    except OSError:  # it ended
+    except GONE:  # it ended
         return
     look.spend(len(names))
     for name in names:
@@ -163,7 +171,7 @@ def stat_fields(folder: str) -> list[bytes] | None:
     try:
         with open(f"{folder}/stat", "rb") as handle:
             line = handle.read()
-    except OSError:
+    except GONE:
         return None
     return line[line.rindex(b")") + 2 :].split()
 
@@ -181,7 +189,7 @@ def _mappings(look: _Look, process: int, thread: str) -> bool:
             lines = handle.read().splitlines()
     except PermissionError:
         raise UnseenError(f"the memory map of process {process} is not ours to read") from None
-    except OSError:
+    except GONE:  # it ended
         return False
     look.spend(len(lines))
     for line in lines:

@@ -25,7 +25,7 @@ import signal
 from collections.abc import Iterable
 from typing import Final
 
-from sandbox.held_open import descendants, stat_fields
+from sandbox.held_open import GONE, descendants, stat_fields
 
 # Rounds of "stop what is new" before a stop gives up looking for more: a process sent
 # SIGSTOP may fork once more before it stops; its child is found in the next round.
@@ -103,7 +103,7 @@ def runs(held: Iterable[Stopped]) -> dict[int, int]:
         for pid in each.pids:
             try:
                 threads = os.listdir(f"/proc/{pid}/task")
-            except OSError:  # ended: the figures of before have it, so they differ
+            except GONE:  # ended: the figures of before have it, so they differ
                 continue
             for thread in threads:
                 count = _times_run(f"/proc/{pid}/task/{thread}")
@@ -116,14 +116,14 @@ def _times_run(task: str) -> int | None:
     try:
         with open(f"{task}/schedstat", "rb") as handle:
             return int(handle.read().split()[2])
-    except FileNotFoundError:
+    except FileNotFoundError:  # no schedstat in this kernel, or the thread ended
         pass
-    except (OSError, IndexError, ValueError):
+    except ProcessLookupError:
         return None
     try:
         with open(f"{task}/status", "rb") as handle:
             lines = handle.read().splitlines()
-    except OSError:
+    except GONE:
         return None
     return sum(int(line.split()[1]) for line in lines if b"ctxt_switches:" in line)
 
@@ -134,7 +134,7 @@ def moving(pids: Iterable[int]) -> list[int]:
     for pid in pids:
         try:
             threads = os.listdir(f"/proc/{pid}/task")
-        except OSError:  # ended
+        except GONE:  # ended
             continue
         for thread in threads:
             fields = stat_fields(f"/proc/{pid}/task/{thread}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -15,9 +16,10 @@ from pathlib import Path
 import pytest
 
 import sandbox.workspaces as workspaces_module
+import worker.actions.workbench as workbench_module
 from sandbox.held_open import descendants
 from sandbox.process import Limits
-from sandbox.workspaces import Use, Workspace, WorkspaceError, Workspaces
+from sandbox.workspaces import Use, Workspace, WorkspaceError, WorkspaceProblem, Workspaces
 from tests.support.cluster import wait_for
 from worker.actions.workbench import Workbench, _until_due
 from worker.config import SandboxSection
@@ -314,3 +316,43 @@ def test_the_watch_counts_at_once_when_the_disk_fills(tmp_path: Path) -> None:
         raise AssertionError("256 MiB written and the watch did not look")
 
     asyncio.run(scenario())
+
+
+def test_a_count_that_cannot_hold_the_programs_still_fails_closed(bench: Workbench) -> None:
+    """With no descriptor left for a pidfd (other plans' counts hold theirs), the stop
+    failed with OSError, which ended the watch and left the program unwatched (review7
+    finding 06): the plan is uncountable instead."""
+    plan = bench.workspaces.open("plan-crowded")
+
+    async def scenario() -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        used = {int(fd) for fd in os.listdir("/proc/self/fd")}
+        lowest_free = next(n for n in range(len(used) + 1) if n not in used)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no open succeeds
+        try:
+            with pytest.raises(WorkspaceError) as caught:
+                await bench.use(plan)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert caught.value.problem is WorkspaceProblem.NO_ROOM
+        assert "could not be held still" in caught.value.message
+
+    with running_in(bench, plan, "import time; time.sleep(60)"):
+        asyncio.run(scenario())
+
+
+def test_the_watch_fails_closed_when_a_count_fails_unexpectedly(
+    bench: Workbench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any error of a count ends the watch with the answer that stops the program, not
+    with an exception that stopped nothing (review7 finding 06)."""
+    plan = bench.workspaces.open("plan-broken")
+
+    def broken(files: Path, max_entries: int) -> Use:
+        raise RuntimeError("a defect in the count")
+
+    monkeypatch.setattr(workspaces_module, "count_use", broken)
+    monkeypatch.setattr(workbench_module, "WATCH_EVERY_S", 0.0)
+    found = asyncio.run(workbench_module._overfilled(bench, plan, Use(0, 0)))
+    assert isinstance(found, WorkspaceError) and found.problem is WorkspaceProblem.NO_ROOM
+    assert "RuntimeError: a defect in the count" in found.message

@@ -134,9 +134,16 @@ def _stop_still(sandboxes: list[int]) -> tuple[list[still.Stopped], bool]:
             pause = min(2 * pause, 0.05)
             for pid, each in held:
                 still.stop(pid, each)  # new ones meanwhile
-    except BaseException:
+    except BaseException as exc:
         for each in stopped:
             each.resume()
+        if isinstance(exc, OSError):  # no descriptor left for a pidfd (review7 finding 06)
+            raise WorkspaceError(
+                WorkspaceProblem.NO_ROOM,
+                f"the plan's running programs could not be held still for a count of its "
+                f"workspace ({exc.strerror or exc}), so it cannot be counted; try again once "
+                "fewer programs run.",
+            ) from None
         raise
     return stopped, steady
 
@@ -177,6 +184,8 @@ def _held_open_of(workspace: Workspace, running: dict[int, Limits]) -> tuple[int
             )
         except UnseenError as exc:
             return total, str(exc)
+        except OSError as exc:  # no descriptor left to look with (review7 finding 06)
+            return total, f"what its processes hold open could not be looked at ({exc})"
     return total, ""
 
 
@@ -706,7 +715,7 @@ async def _watched(
 
     def stop(_: asyncio.Future[Use | WorkspaceError]) -> None:
         nonlocal stopped
-        if running_now and not watch.cancelled() and watch.exception() is None:
+        if running_now and not watch.cancelled():  # ended with an error too: fail closed
             stopped = True
             task.cancel()
 
@@ -717,12 +726,24 @@ async def _watched(
         # Ours alone (no Cancel, kill or deadline came too): the answer is the watch's.
         if stopped and task.cancelling() == 1:
             task.uncancel()
-            raise _stopped(bench, workspace, watch.result()) from None
+            raise _stopped(bench, workspace, _found(watch)) from None
         raise
     finally:
         running_now = False
         watch.remove_done_callback(stop)
         watch.cancel()
+
+
+def _found(watch: asyncio.Future[Use | WorkspaceError]) -> Use | WorkspaceError:
+    """What the watch found; an error it ended with (`_overfilled` turns each into its
+    answer, so only a defect of ours) as the program being uncountable."""
+    if watch.exception() is None:
+        return watch.result()
+    return WorkspaceError(
+        WorkspaceProblem.NO_ROOM,
+        "its workspace could not be counted (the worker's watch failed, see its log), so "
+        "what it writes cannot be counted against the quota.",
+    )
 
 
 async def _overfilled(bench: Workbench, workspace: Workspace, before: Use) -> Use | WorkspaceError:
@@ -743,6 +764,13 @@ async def _overfilled(bench: Workbench, workspace: Workspace, before: Use) -> Us
             used = await _steady_count(bench, workspace)
         except WorkspaceError as exc:
             return exc
+        except Exception as exc:  # fail closed: a watch that ended would stop nothing
+            log.exception("a count of plan %r's workspace failed", workspace.plan_id)
+            return WorkspaceError(
+                WorkspaceProblem.NO_ROOM,
+                f"its workspace could not be counted ({type(exc).__name__}: {exc}), so what "
+                "it writes cannot be counted against the quota.",
+            )
         if used.unseen:
             return WorkspaceError(
                 WorkspaceProblem.NO_ROOM,
