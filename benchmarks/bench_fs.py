@@ -35,6 +35,7 @@ durations are whole milliseconds.
 
     python benchmarks/bench_fs.py [--reads 200] [--writes 30] [--lists 30] [--stats 300]
                                   [--rounds 10] [--blocks 3]
+                                  [--tables read write list head_of_line]
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from benchmarks._common import (
     connected,
     dispatch_call,
     goal,
+    loadavg,
     machine,
     make_home,
     percentile,
@@ -369,7 +371,7 @@ async def head_of_line_table(
         for index in order:
             samples[index] += await ways[index](share)
     rows = list(zip(names, samples, strict=True))
-    report(f"head of line: {stats} small calls, 1 in flight", rows, name_width=44)
+    report(f"head of line: {stats} small calls, 1 in flight ({loadavg()})", rows, name_width=44)
     _goal(
         "head of line: fs_stat p99 / echo p99 under 16 MiB load",
         rows[3][1],
@@ -380,7 +382,17 @@ async def head_of_line_table(
     )
 
 
-async def bench(reads: int, writes: int, lists: int, stats: int, home_dir: Path) -> None:
+TABLES = ("read", "write", "list", "head_of_line")
+
+
+async def bench(
+    reads: int,
+    writes: int,
+    lists: int,
+    stats: int,
+    home_dir: Path,
+    tables: tuple[str, ...] = TABLES,
+) -> None:
     diagnostics = "[worker]\ndiagnostics = true\n"  # for the no-op workerDiag.probe row
     home = make_home(home_dir, mode="rw", scopes=SCOPES, extra_config=diagnostics)
     echo_addr = f"127.0.0.1:{free_port()}"
@@ -406,11 +418,15 @@ async def bench(reads: int, writes: int, lists: int, stats: int, home_dir: Path)
             ):
                 await channel.channel_ready()
                 one_mib_file = home.workspace / "one-mib.bin"
-                await read_table(client, channel, relayed, one_mib_file, one_mib, reads)
+                if "read" in tables:
+                    await read_table(client, channel, relayed, one_mib_file, one_mib, reads)
                 raw_target = home_dir / "raw-target.bin"
-                await write_table(client, channel, relayed, raw_target, sixteen, writes)
-                await list_table(client, relayed, listed, lists)
-                await head_of_line_table(client, channel, echo_addr, home, stats)
+                if "write" in tables:
+                    await write_table(client, channel, relayed, raw_target, sixteen, writes)
+                if "list" in tables:
+                    await list_table(client, relayed, listed, lists)
+                if "head_of_line" in tables:
+                    await head_of_line_table(client, channel, echo_addr, home, stats)
     finally:
         echo_server.terminate()
         echo_server.wait(10)
@@ -425,11 +441,15 @@ def main() -> None:
     parser.add_argument("--stats", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="turns the ways of a table take")
     parser.add_argument("--blocks", type=int, default=BLOCKS, help="turns the loads take")
+    parser.add_argument(
+        "--tables", nargs="+", choices=TABLES, default=list(TABLES), help="the tables to run"
+    )
     args = parser.parse_args()
     ROUNDS, BLOCKS = args.rounds, args.blocks
     print(machine())
+    tables = tuple(args.tables)
     with tempfile.TemporaryDirectory() as home:
-        asyncio.run(bench(args.reads, args.writes, args.lists, args.stats, Path(home)))
+        asyncio.run(bench(args.reads, args.writes, args.lists, args.stats, Path(home), tables))
 
 
 if __name__ == "__main__":
