@@ -4,6 +4,7 @@ hand (Nagle's rule, for calls): one caller's calls, one at a time, never wait.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from worker.hub import server
 from worker.hub.server import HOLD_S, Hub, Session
 from worker.hub.store import HubStore
+from worker.wire.framing import PART_BYTES
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -93,6 +95,40 @@ def test_calls_the_worker_said_are_running_hold_nothing(tmp_path: Path) -> None:
         done = pb.ActionResult(correlation_id="long", status=pb.ActionResult.OK)
         hub._handle(session, pb.WorkerMessage(result=done), None)
         assert session.running == set()
+        hub.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_call_carrying_a_large_blob_holds_nothing(tmp_path: Path) -> None:
+    """A 16 MiB fs_write takes longer than HOLD_S from the moment it enters, not only once
+    the worker acks it STARTED: a quick call beside it goes at once. Beside a quick call,
+    the same call is held."""
+
+    async def go() -> None:
+        hub, session = hub_and_session(tmp_path)
+        hub.sessions["w"] = session  # connected; nothing reads its stream
+
+        async def beside(blob: bytes) -> asyncio.Future[None] | None:
+            request = pb.DispatchRequest(
+                agent_id="a", surface="workerHost", action="fs_write", args_json="{}"
+            )
+            call = asyncio.create_task(hub._dispatch(request, blob))
+            while session.outbox.empty():  # sent: its request waits on the stream
+                await asyncio.sleep(0)
+            session.outbox.get_nowait()  # taken by the writer, as it goes
+            hub._open_calls["w"] += 1  # and a quick call, being sent now
+            held = hub._hold(session)
+            hub._open_calls["w"] -= 1
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            return held
+
+        assert await beside(bytes(PART_BYTES + 1)) is None
+        quick = await beside(b"small")
+        assert quick is not None
+        session.release()
         hub.store.close()
 
     asyncio.run(go())

@@ -404,6 +404,8 @@ class Hub:
         # another worker's claim may contest those, never a placement the hub made.
         self._learned: set[str] = set()
         self._open_calls: dict[str, int] = {}
+        # Of those, calls carrying a blob of more than a part: slow (see `_hold`).
+        self._open_large: dict[str, int] = {}
         self._teardowns: dict[str, tuple[str, asyncio.Future[pb.ActionResult]]] = {}
         # The memory a burst of large calls freed goes back once they stop.
         self.memory = IdleGiveBack()
@@ -598,9 +600,16 @@ class Hub:
         Under load, a stream message per call costs more CPU than the call itself on both
         sides, and holding makes the worker answer a batch in one message too. With no
         other call open (one caller, one call at a time) nothing waits, nor for calls
-        the worker said are running (a long exec): their results are not on their way."""
+        the worker said are running (a long exec): their results are not on their way.
+        Nor for a call carrying a blob of more than a part, from the moment it enters:
+        moving and handling its bytes takes longer than HOLD_S, and until its STARTED
+        ack came (ACK_DELAY_S) a 16 MiB fs_write held each fs_stat beside it for HOLD_S,
+        longer while the loop was busy. (One acked STARTED counts twice here: a batch
+        then goes without a hold a little more often than it could.)"""
         queued = session.outbox.qsize() + 1  # this batch, at most: every message waiting
-        if self._open_calls.get(session.worker_id, 0) - len(session.running) <= queued:
+        worker_id = session.worker_id
+        slow = len(session.running) + self._open_large.get(worker_id, 0)
+        if self._open_calls.get(worker_id, 0) - slow <= queued:
             return None  # no quick call elsewhere: no result is on its way to release it
         held = session.held = asyncio.get_running_loop().create_future()
         timer = asyncio.get_running_loop().call_later(HOLD_S, session.release)
@@ -1047,11 +1056,14 @@ class Hub:
         except WorkerError as exc:
             return req.worker_id, Answer(error_result(req.correlation_id, exc))
         self._open_calls[worker_id] = self._open_calls.get(worker_id, 0) + 1
+        large = int(size > PART_BYTES)
+        self._open_large[worker_id] = self._open_large.get(worker_id, 0) + large
         self._holding += size
         try:
             return await self._dispatch_to(worker_id, req, blob)
         finally:
             self._open_calls[worker_id] -= 1
+            self._open_large[worker_id] -= large
             self._holding -= size
 
     async def _dispatch_to(
