@@ -15,7 +15,11 @@ sandbox's processes are: orphans in its pid namespace go to its pid 1), and in e
 - its memory map (a file mapped and then closed has no descriptor left),
 
 each regular file with no name left (st_nlink 0) on the workspace's file system,
-counted once per inode by its allocated blocks. A mapped file's blocks can be read
+counted once per inode by its allocated blocks. The file system is told by its
+superblock's device, as memory maps name it: on btrfs stat's st_dev is a device per
+subvolume, and a program may make subvolumes in its workspace (review7 finding 08), so
+a removed file there is placed by its descriptor's mount (fdinfo's mnt_id, in the
+process's mountinfo). A mapped file's blocks can be read
 only by a root worker (/proc/PID/map_files); any other worker counts each one at
 `unknown_bytes`, the most RLIMIT_FSIZE let it hold. Files on another file system (the
 sandbox's private /tmp, bounded by its size) are not the workspace's.
@@ -102,13 +106,65 @@ def _descendants_by_parent(pid: int) -> list[int]:
     return found
 
 
+def superblock_device(path: str) -> int:
+    """The device of the file system holding `path` as memory maps and mountinfo name
+    it (its superblock's); stat's st_dev is another on btrfs, one per subvolume."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        mount = _mount_id(f"/proc/self/fdinfo/{fd}")
+        devices = _mount_devices("/proc/self")
+    finally:
+        os.close(fd)
+    if mount is None or mount not in devices:
+        raise OSError(f"no mount of {path} in /proc/self/mountinfo")
+    return devices[mount]
+
+
+def _mount_id(fdinfo: str) -> int | None:
+    with open(fdinfo, "rb") as handle:
+        for line in handle:
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
+def _mount_devices(process: str) -> dict[int, int]:
+    """Mount id -> its file system's device, in `process`'s mount namespace."""
+    devices = {}
+    with open(f"{process}/mountinfo", "rb") as handle:
+        for line in handle:
+            fields = line.split(maxsplit=3)  # id, parent id, major:minor, ...
+            major, minor = fields[2].split(b":")
+            devices[int(fields[0])] = os.makedev(int(major), int(minor))
+    return devices
+
+
 @dataclass
 class _Look:
-    device: int
+    device: int  # the workspace's st_dev
+    superblock: int  # its file system's device (the same but on btrfs)
     unknown_bytes: int
     left: int  # descriptors and mappings still to look at
-    seen: set[int] = field(default_factory=set)  # inodes counted
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (device, inode) counted
     total: int = 0
+    mounts: dict[str, dict[int, int]] = field(default_factory=dict)  # per process
+
+    def on_workspace_fs(self, task: str, name: str, st: os.stat_result) -> bool:
+        """Whether descriptor `name` of `task` (a /proc thread folder), a removed file
+        `st`, is on the workspace's file system."""
+        if st.st_dev == self.device:
+            return True
+        if self.superblock == self.device:  # st_dev is the file system's: another one
+            return False
+        process = "/".join(task.split("/")[:3])
+        try:
+            mount = _mount_id(f"{task}/fdinfo/{name}")
+            if process not in self.mounts:
+                self.mounts[process] = _mount_devices(process)
+        except GONE:  # closed, or ended, meanwhile
+            return False
+        # A mount not listed (gone meanwhile): counted, as the look fails closed.
+        return self.mounts[process].get(mount or -1, self.superblock) == self.superblock
 
     def spend(self, count: int) -> None:
         self.left -= count
@@ -118,20 +174,27 @@ class _Look:
                 "allow to be looked at"
             )
 
-    def count(self, inode: int, size: int) -> None:
+    def count(self, inode: tuple[int, int], size: int) -> None:
         if inode not in self.seen:
             self.seen.add(inode)
             self.total += size
 
 
 def held_open_bytes(
-    pid: int, device: int, *, unknown_bytes: int, most: int = MOST_LOOKED_AT
+    pid: int,
+    device: int,
+    *,
+    unknown_bytes: int,
+    most: int = MOST_LOOKED_AT,
+    superblock: int | None = None,
 ) -> int:
-    """Bytes on disk (allocated blocks) of files on `device` that no name leads to any
-    more and that `pid`'s descendants hold open or mapped; 0 once they have all ended.
-    A removed mapped file whose blocks cannot be read counts `unknown_bytes`. Raises
-    UnseenError past `most` descriptors and mappings, or for a table not ours to read."""
-    look = _Look(device, unknown_bytes, most)
+    """Bytes on disk (allocated blocks) of files on the file system of `device` (a
+    stat's st_dev; `superblock` its superblock's device where that differs, on btrfs:
+    `superblock_device`) that no name leads to any more and that `pid`'s descendants
+    hold open or mapped; 0 once they have all ended. A removed mapped file whose blocks
+    cannot be read counts `unknown_bytes`. Raises UnseenError past `most` descriptors
+    and mappings, or for a table not ours to read."""
+    look = _Look(device, device if superblock is None else superblock, unknown_bytes, most)
     for process in descendants(pid):
         mapped = False
         for thread in _threads(process):
@@ -159,8 +222,10 @@ def _descriptors(look: _Look, task: str) -> None:
             st = os.stat(f"{task}/fd/{name}")  # the open file itself, not the link
         except OSError:
             continue
-        if st.st_nlink == 0 and st.st_dev == look.device and stat.S_ISREG(st.st_mode):
-            look.count(st.st_ino, st.st_blocks * 512)
+        if st.st_nlink or not stat.S_ISREG(st.st_mode):
+            continue
+        if look.on_workspace_fs(task, name, st):
+            look.count((st.st_dev, st.st_ino), st.st_blocks * 512)
 
 
 def stat_fields(folder: str) -> list[bytes] | None:
@@ -198,16 +263,17 @@ def _mappings(look: _Look, process: int, thread: str) -> bool:
         # start-end perms offset major:minor inode path
         span, _, _, dev, inode = line.split(maxsplit=5)[:5]
         major, minor = (int(part, 16) for part in dev.split(b":"))
-        if os.makedev(major, minor) != look.device or int(inode) in look.seen:
+        mapped_on = os.makedev(major, minor)  # the superblock's device
+        if mapped_on not in (look.device, look.superblock):
             continue
         try:
             # A thread's own pid shows its map's files (/proc/PID/task/TID has none).
             st = os.stat(f"/proc/{thread}/map_files/{span.decode()}")
         except PermissionError:  # only root may follow these links
-            look.count(int(inode), look.unknown_bytes)
+            look.count((mapped_on, int(inode)), look.unknown_bytes)
             continue
         except OSError:  # unmapped meanwhile
             continue
         if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
-            look.count(st.st_ino, st.st_blocks * 512)
+            look.count((st.st_dev, st.st_ino), st.st_blocks * 512)
     return bool(lines)

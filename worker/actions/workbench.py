@@ -46,7 +46,7 @@ from typing import Any, Final, TypeVar
 
 from sandbox import cgroups, environment, still
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
-from sandbox.held_open import UnseenError, held_open_bytes
+from sandbox.held_open import UnseenError, held_open_bytes, superblock_device
 from sandbox.process import (
     Completed,
     Limits,
@@ -171,8 +171,11 @@ def _held_open_of(workspace: Workspace, running: dict[int, Limits]) -> tuple[int
     and why part of it could not be looked at ("" if it could)."""
     try:
         device = os.stat(workspace.files).st_dev
-    except OSError:  # torn down meanwhile: the walk says so
+        superblock = superblock_device(str(workspace.files))
+    except FileNotFoundError:  # torn down meanwhile: the walk says so
         return 0, ""
+    except OSError as exc:
+        return 0, f"the workspace's file system could not be told ({exc})"
     total = 0
     for pid, limits in running.items():
         try:
@@ -180,6 +183,7 @@ def _held_open_of(workspace: Workspace, running: dict[int, Limits]) -> tuple[int
                 pid,
                 device,
                 unknown_bytes=limits.file_size_bytes,
+                superblock=superblock,
                 most=min(HELD_OPEN_MOST, limits.processes * (limits.open_files + MAPS_PER_PROCESS)),
             )
         except UnseenError as exc:
