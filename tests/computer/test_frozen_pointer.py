@@ -119,14 +119,17 @@ def test_a_drag_waits_out_a_frozen_pointer(
     assert bare_app.wait(lambda e: e["event"] == "scale")["value"] == 100
 
 
-def test_a_pointer_held_frozen_is_reported_busy_and_the_button_let_go(
+def test_a_pointer_held_after_the_press_is_no_busy_and_the_button_is_let_go(
     bare: XServer, bare_app: TkApp, computer: Computer
 ) -> None:
+    """The drag pressed, moved and let go by then: `busy` would say nothing was done
+    and invite a second drag (review7 finding 09)."""
     with freezing(bare, bare_app, hold_s=None) as manager:
         with pytest.raises(WorkerError) as caught:
             run(computer.mouse_drag(None, _slider_drag(bare_app)))
-        assert caught.value.code == "busy"
+        assert caught.value.code == "outcome_unknown" and not caught.value.retryable
         assert "another program holds it" in caught.value.message
+        assert "the drag pressed at" in caught.value.message
         manager.let_go()
     # The release was sent all the same: once the manager lets go, nothing is held.
     bare_app.wait(lambda e: e["event"] == "scale")
@@ -134,3 +137,39 @@ def test_a_pointer_held_frozen_is_reported_busy_and_the_button_let_go(
     end = bare_app.ready["slider_end"]
     assert (where.x, where.y) == (end[0], end[1])
     run(computer.mouse_click(None, m.MouseClickArgs(x=end[0], y=end[1] + 200)))
+
+
+@contextlib.contextmanager
+def confining(server: XServer, size: int) -> Iterator[None]:
+    """Another client holds the pointer inside a window of `size` pixels at the top
+    left (a grab with confine_to), as a game or a remote-desktop viewer may."""
+    d = xdisplay.Display(server.display)
+    try:
+        screen = d.screen()
+        window = screen.root.create_window(
+            0, 0, size, size, 0, screen.root_depth, event_mask=X.StructureNotifyMask
+        )
+        window.map()
+        while d.next_event().type != X.MapNotify:
+            pass
+        mask = X.ButtonPressMask | X.ButtonReleaseMask | X.PointerMotionMask
+        status = window.grab_pointer(False, mask, X.GrabModeAsync, X.GrabModeAsync, window, 0, 0)
+        assert status == X.GrabSuccess, status
+        d.sync()
+        yield
+    finally:
+        d.close()
+
+
+def test_a_pointer_held_elsewhere_before_the_press_is_busy_and_nothing_is_pressed(
+    bare: XServer, bare_app: TkApp, computer: Computer
+) -> None:
+    (sx, sy), (ex, ey) = bare_app.ready["slider"], bare_app.ready["slider_end"]
+    with confining(bare, 20):
+        args = m.MouseDragArgs(start=m.Point(x=sx, y=sy), end=m.Point(x=ex, y=ey))
+        with pytest.raises(WorkerError) as caught:
+            run(computer.mouse_drag(None, args))
+    assert caught.value.code == "busy" and caught.value.retryable
+    assert "nothing was pressed" in caught.value.message
+    run(computer.mouse_drag(None, args))  # once the grab is gone, as the message says
+    bare_app.wait(lambda e: e["event"] == "scale" and e["value"] == 100)

@@ -362,9 +362,11 @@ class X11Backend(Backend):
         else:
             d.xtest_fake_input(X.MotionNotify, x=x, y=y)
 
-    def _arrive(self, guard: Guard, x: int, y: int) -> None:
+    def _arrive(self, guard: Guard, x: int, y: int, done: str = "") -> None:
         """Return once the pointer is at (x, y): the motion sent there has been
-        processed, not queued behind a frozen pointer."""
+        processed, not queued behind a frozen pointer. Past ARRIVE_TIMEOUT_S: `busy`
+        while nothing but the pointer's move was sent, `outcome_unknown` (not to be
+        sent again blindly) once `done` says what already happened (review7 09)."""
         root = self._display().screen().root
         deadline = time.monotonic() + ARRIVE_TIMEOUT_S
         while True:
@@ -372,13 +374,21 @@ class X11Backend(Backend):
             if (at.root_x, at.root_y) == (x, y):
                 return
             if time.monotonic() > deadline:
-                raise WorkerError(
-                    "busy",
-                    f"the pointer did not reach ({x}, {y}) within {ARRIVE_TIMEOUT_S:g} s: "
-                    "another program holds it (a grab, a pointer barrier); try again "
-                    "once that program lets go",
-                )
+                break
             guard.wait(ARRIVE_POLL_S)
+        held = (
+            f"the pointer did not reach ({x}, {y}) within {ARRIVE_TIMEOUT_S:g} s: another "
+            "program holds it (a grab, a pointer barrier)"
+        )
+        if not done:
+            raise WorkerError(
+                "busy", f"{held}; nothing was pressed. Try again once that program lets go."
+            )
+        raise WorkerError(
+            "outcome_unknown",
+            f"{held}, and {done}: look at the screen before doing it again.",
+            {"stuck_at": [at.root_x, at.root_y]},
+        )
 
     def _button(self, kind: int, button: int) -> None:
         self._display().xtest_fake_input(kind, button)
@@ -431,7 +441,7 @@ class X11Backend(Backend):
                 d.sync()
                 guard.wait(step_s)
             self._motion(x, y)
-        self._arrive(guard, *path[-1])
+        self._arrive(guard, *path[-1], done="the pointer moved only part of the way")
 
     def click(
         self, guard: Guard, x: int, y: int, button: Button, clicks: int, hold: Sequence[Press]
@@ -467,7 +477,12 @@ class X11Backend(Backend):
                     else:
                         guard.check()
                     self._motion(x, y)
-                self._arrive(guard, *path[-1])  # the press may have frozen the pointer
+                # The press may have frozen the pointer (a window manager's grab).
+                self._arrive(
+                    guard,
+                    *path[-1],
+                    done=f"the drag pressed at ({x0}, {y0}) and let go where the pointer was held",
+                )
             finally:
                 self._button(X.ButtonRelease, code)
 
