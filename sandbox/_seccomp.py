@@ -105,7 +105,8 @@ _CLONE: Final[tuple[int, int]] = (56, 220)
 _CLONE3: Final[tuple[int, int]] = (435, 435)
 _IOCTL: Final[tuple[int, int]] = (16, 29)
 TIOCSTI: Final = 0x5412
-# ioctl requests refused, and how: typing into the terminal, and XFS's space requests,
+# ioctl requests refused, and how: typing into the terminal, btrfs' subvolume requests
+# (below), and XFS's space requests,
 # which any file system of the fallocate family takes (RESVSP64 is fallocate with
 # FALLOC_FL_KEEP_SIZE: 256 MiB under a 1 MiB file limit, review6 finding 08).
 REFUSED_IOCTLS: Final[Mapping[int, str]] = {
@@ -119,6 +120,17 @@ REFUSED_IOCTLS: Final[Mapping[int, str]] = {
     0x4030582A: "eopnotsupp",  # XFS_IOC_RESVSP64
     0x4030582B: "eopnotsupp",  # XFS_IOC_UNRESVSP64
     0x40305839: "eopnotsupp",  # XFS_IOC_ZERO_RANGE
+    # btrfs subvolumes (any user's in a folder it may write): a read-only snapshot in a
+    # workspace can be removed by no one but root with btrfs' own tools, and teardown
+    # left it and its quota's worth of disk behind for good (review7 finding 10).
+    0x50009401: "eopnotsupp",  # BTRFS_IOC_SNAP_CREATE
+    0x5000940E: "eopnotsupp",  # BTRFS_IOC_SUBVOL_CREATE
+    0x5000940F: "eopnotsupp",  # BTRFS_IOC_SNAP_DESTROY
+    0x40089413: "eopnotsupp",  # BTRFS_IOC_DEFAULT_SUBVOL
+    0x50009417: "eopnotsupp",  # BTRFS_IOC_SNAP_CREATE_V2
+    0x50009418: "eopnotsupp",  # BTRFS_IOC_SUBVOL_CREATE_V2
+    0x4008941A: "eopnotsupp",  # BTRFS_IOC_SUBVOL_SETFLAGS
+    0x5000943F: "eopnotsupp",  # BTRFS_IOC_SNAP_DESTROY_V2
 }
 _FALLOCATE: Final[tuple[int, int]] = (285, 47)
 _PRCTL: Final[tuple[int, int]] = (157, 167)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +47,18 @@ def entry(tmp_path_factory: pytest.TempPathFactory) -> str:
     from sandbox import _entry
 
     return _entry.build(tmp_path_factory.mktemp("exec-cache"), "cc")
+
+
+@pytest.fixture
+def btrfs(tmp_path: Path) -> Iterator[Path]:
+    """A btrfs file system on a loop image, mounted for the test (root only)."""
+    image, mounted = tmp_path / "btrfs.img", tmp_path / "btrfs"
+    with open(image, "wb") as handle:
+        handle.truncate(256 << 20)
+    subprocess.run(["mkfs.btrfs", "-q", str(image)], check=True, capture_output=True)
+    mounted.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mounted)], check=True)
+    try:
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)

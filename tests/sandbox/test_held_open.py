@@ -223,21 +223,6 @@ time.sleep(600)
 """
 
 
-@pytest.fixture
-def btrfs(tmp_path: Path) -> Iterator[Path]:
-    """A btrfs file system on a loop image, mounted for the test (root only)."""
-    image, mounted = tmp_path / "btrfs.img", tmp_path / "btrfs"
-    with open(image, "wb") as handle:
-        handle.truncate(256 * MiB)
-    subprocess.run(["mkfs.btrfs", "-q", str(image)], check=True, capture_output=True)
-    mounted.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(image), str(mounted)], check=True)
-    try:
-        yield mounted
-    finally:
-        subprocess.run(["umount", str(mounted)], check=True)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a btrfs image needs root")
 def test_on_btrfs_mapped_files_and_files_in_a_new_subvolume_are_counted(btrfs: Path) -> None:
     """btrfs gives each subvolume its own st_dev, and memory maps name the superblock's

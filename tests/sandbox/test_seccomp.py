@@ -59,6 +59,8 @@ ARGUMENTS = [
     (3, 0x4030582A),  # ioctl XFS_IOC_RESVSP64 (review6 finding 08)
     (3, 0x40305839 | 1 << 32),  # XFS_IOC_ZERO_RANGE, the request's low word
     (3, 0x4030582C),  # the request after it: let through
+    (3, 0x5000940E),  # BTRFS_IOC_SUBVOL_CREATE (review7 finding 10)
+    (3, 0x5000940D),  # the request before it: let through
     (3, 0x01),  # fallocate: FALLOC_FL_KEEP_SIZE (every mode is refused)
     (3, 0x03),  # PUNCH_HOLE | KEEP_SIZE
     (3, 0x10),  # ZERO_RANGE
@@ -104,7 +106,7 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
     if number == _seccomp._IOCTL[column] and arg1 & 0xFFFFFFFF == _seccomp.TIOCSTI:
         return EPERM
     if number == _seccomp._IOCTL[column] and arg1 & 0xFFFFFFFF in _seccomp.REFUSED_IOCTLS:
-        return EOPNOTSUPP  # XFS's space requests
+        return EOPNOTSUPP  # XFS's space requests, btrfs' subvolume requests
     if number == _seccomp._FALLOCATE[column]:
         return EOPNOTSUPP  # every mode
     if number == _seccomp._PRCTL[column] and arg0 & 0xFFFFFFFF == _seccomp.PR_SET_DUMPABLE:
@@ -248,6 +250,42 @@ def test_fallocate_is_refused_in_every_mode(tmp_path: Path, entry: str) -> None:
     said = dict(line.split() for line in done.stdout.decode().splitlines())
     assert set(said.values()) == {str(errno.EOPNOTSUPP)}, said
     assert (share / "f").stat().st_size == 4096 and (share / "f").stat().st_blocks <= 8
+
+
+SUBVOLUME = textwrap.dedent(
+    """
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    import os
+    folder = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    args = ctypes.create_string_buffer(bytes(8) + b"sub", 4096)  # btrfs_ioctl_vol_args
+    done = libc.ioctl(folder, ctypes.c_ulong(0x5000940E), args)  # BTRFS_IOC_SUBVOL_CREATE
+    print(ctypes.get_errno() if done == -1 else "ok")
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a btrfs image needs root")
+@pytest.mark.parametrize("seccomp", [True, False], ids=["filtered", "bare"])
+def test_a_btrfs_subvolume_cannot_be_made_in_a_workspace(
+    btrfs: Path, entry: str, seccomp: bool
+) -> None:
+    """A read-only snapshot of a subvolume the program made can be removed by no one but
+    root with btrfs' tools: teardown left it behind for good (review7 finding 10)."""
+    share = btrfs / "workspace"
+    share.mkdir()
+    view = View(
+        cwd=str(share),
+        mounts=(Mount(str(share), True),),
+        env=environment.build({}, []),
+        entry=entry,
+        seccomp=seccomp,
+    )
+    argv = ["/usr/bin/python3", "-I", "-c", SUBVOLUME]
+    done = asyncio.run(run(argv, view, Limits(), pid_cap=PidCap()))
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.decode().split() == ([str(errno.EOPNOTSUPP)] if seccomp else ["ok"])
+    assert (share / "sub").exists() is not seccomp
 
 
 DUMPABLE = textwrap.dedent(
