@@ -4,13 +4,20 @@ For anyone else the kernel enforces RLIMIT_NPROC per user namespace, so the
 prlimit inside each sandbox caps that sandbox alone. Root is exempt from it, so
 a fork bomb run by a root worker needs another bound: since Linux 6.14 each pid
 namespace has its own `kernel.pid_max`, and a sandbox is its own pid namespace.
-The sandbox's entry helper (sandbox/entry.c) writes the cap from inside, through
+Once a namespace has handed out pid 300 (the kernel's RESERVED_PIDS) its pids wrap
+back to 300, never below, so pid_max N leaves pids 300 to N - 1; before that every
+pid from 1 up is free (a cap of 300 + 64 + 3 let 366 run at once, review7 finding
+04), so the first 300 are spent before the program starts. The sandbox's entry
+helper (sandbox/entry.c) writes the cap from inside, and spends them (outside a
+plan's cgroup: in one, whose pids they would take, the worker sets the sandbox's
+`ns_last_pid` from outside while it is held at its start), through
 a procfs of the sandbox's own, before it applies Landlock, which then refuses
 every write outside the shared read-write folders, /tmp and /dev (so the program
 cannot raise the cap again, nor write any other sysctl). Without the entry
 helper, while bubblewrap holds the sandbox at its start line (--block-fd), a
-helper that joins only the sandbox's pid namespace writes the cap; the sysctl it
-opens belongs to the writer's pid namespace, so nothing outside changes. There
+helper that joins only the sandbox's pid namespace writes the cap, and a second
+one its `ns_last_pid` (300: the worker, root over the namespace, may); the sysctl
+each opens belongs to the writer's pid namespace, so nothing outside changes. There
 the sandbox cannot raise it again: its /proc is read-only and it has no
 capabilities.
 
@@ -31,9 +38,11 @@ from sandbox._bwrap import SandboxUnavailableError, Tools
 from sandbox.environment import SAFE_PATH
 
 PID_MAX: Final = Path("/proc/sys/kernel/pid_max")
+NS_LAST_PID: Final = Path("/proc/sys/kernel/ns_last_pid")
 # Once a pid namespace's pids wrap, new ones start again at RESERVED_PIDS (300), not 1:
 # a cap of 301 left a sandbox one pid after its first 300 (review6 finding 90).
 RESERVED_PIDS: Final = 300
+PID_MAX_LEAST: Final = RESERVED_PIDS + 1  # the kernel refuses a lower pid_max
 NAMESPACED_SINCE: Final = (6, 14)
 
 
@@ -52,10 +61,17 @@ def kernel_namespaces_pid_max(release: str | None = None) -> bool:
 
 
 def cap_for(processes: int) -> int:
-    """pid_max for a sandbox allowed `processes` (its init and helpers take pids too):
-    after the pids wrap, `processes` + 3 of them, from RESERVED_PIDS up; before, up to
-    RESERVED_PIDS more."""
-    return RESERVED_PIDS + processes + 3
+    """pid_max for a sandbox allowed `processes` at once, its first process (pid 1:
+    the program, or bubblewrap's init without the entry) among them: pids 1 to
+    RESERVED_PIDS are spent before the program starts, so the others get pids from
+    RESERVED_PIDS to pid_max - 1 (`most_at_once`)."""
+    return max(PID_MAX_LEAST, RESERVED_PIDS + processes - 1)
+
+
+def most_at_once(processes: int) -> int:
+    """Processes a root worker's sandbox allowed `processes` can hold at once: that
+    many (2 when it is 1, the least pid_max the kernel takes)."""
+    return cap_for(processes) - RESERVED_PIDS + 1
 
 
 _MOVED: Final = (
@@ -103,38 +119,55 @@ class PidCap:
             raise SandboxUnavailableError(self.refused)
 
     async def cap_processes(self, tools: Tools, init_pid: int, processes: int) -> None:
-        """Set pid_max inside the sandbox whose first process is `init_pid` (from outside:
-        only where the entry helper is not used)."""
+        """Set pid_max inside the sandbox whose first process is `init_pid`, and its last
+        pid to RESERVED_PIDS, so the program's pids start past them (from outside: only
+        where the entry helper is not used, while the sandbox is held at its start)."""
         self.check_kernel()
         before = _read_pid_max()
-        helper = await asyncio.create_subprocess_exec(
-            tools.nsenter,
-            f"--target={init_pid}",
-            "--pid",
-            "--",
-            tools.tee,
-            str(PID_MAX),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env={"PATH": SAFE_PATH, "LANG": "C"},
-        )
+        failed: SandboxUnavailableError | None = None
         try:
-            _, err = await helper.communicate(f"{cap_for(processes)}\n".encode())
-        finally:
-            if helper.returncode is None:  # cancelled mid-write: do not leave it behind
-                helper.kill()
-                await helper.wait()
-        after = _read_pid_max()
-        if after != before:
+            for sysctl, value in ((PID_MAX, cap_for(processes)), (NS_LAST_PID, RESERVED_PIDS)):
+                await _write_inside(tools, init_pid, sysctl, value)
+        except SandboxUnavailableError as exc:
+            failed = exc
+        if _read_pid_max() != before:
             PID_MAX.write_text(before + "\n")
             self.refused = _MOVED
             raise SandboxUnavailableError(self.refused)
-        if helper.returncode != 0:
-            raise SandboxUnavailableError(
-                "could not cap the sandbox's processes: "
-                + err.decode(errors="replace").strip()[:300]
-            )
+        if failed is not None:
+            raise failed
+
+    async def pass_reserved(self, tools: Tools, init_pid: int) -> None:
+        """Set the last pid of the sandbox whose first process is `init_pid` (held at its
+        start) to RESERVED_PIDS, so its next pids come after them: where the entry writes
+        the cap but must not spend pids (a plan's cgroup would count them)."""
+        await _write_inside(tools, init_pid, NS_LAST_PID, RESERVED_PIDS)
+
+
+async def _write_inside(tools: Tools, init_pid: int, sysctl: Path, value: int) -> None:
+    """`value` into `sysctl` as a process of the pid namespace of `init_pid` sees it."""
+    helper = await asyncio.create_subprocess_exec(
+        tools.nsenter,
+        f"--target={init_pid}",
+        "--pid",
+        "--",
+        tools.tee,
+        str(sysctl),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": SAFE_PATH, "LANG": "C"},
+    )
+    try:
+        _, err = await helper.communicate(f"{value}\n".encode())
+    finally:
+        if helper.returncode is None:  # cancelled mid-write: do not leave it behind
+            helper.kill()
+            await helper.wait()
+    if helper.returncode != 0:
+        raise SandboxUnavailableError(
+            "could not cap the sandbox's processes: " + err.decode(errors="replace").strip()[:300]
+        )
 
 
 def _read_pid_max() -> str:

@@ -9,6 +9,7 @@
  *               closes every descriptor but stdin, stdout and stderr;
  *   -r R:S:H    sets resource limit R (its number) to soft S and hard H;
  *   -p N:PATH   writes N to PATH: pid_max of the sandbox's own pid namespace;
+ *   -s N        spends the namespace's pids until one is N (300, RESERVED_PIDS; below);
  *   -x PATH     lets PATH be executed (repeated: the program, its ELF interpreter);
  *   -w PATH     lets files be written, made and removed beneath PATH (repeated);
  *   -d PATH     lets existing files beneath PATH be written, nothing made (/dev);
@@ -48,6 +49,19 @@
 #define MAKE_AND_REMOVE (0x1ff0ull) /* REMOVE_DIR, REMOVE_FILE, MAKE_CHAR ... MAKE_SYM */
 #define REFER (1ull << 13)          /* ABI 2 */
 #define TRUNCATE (1ull << 14)       /* ABI 3 */
+
+/* Once a pid namespace has handed out pid 300 (the kernel's RESERVED_PIDS), its pids
+ * wrap back to 300, never below: pid_max N then leaves pids 300 to N-1 however many
+ * were spent. Before that, every pid from 1 up is free, and a cap of 300 + P let P +
+ * 300 processes run at once (review7 finding 04). The last pid cannot be set here
+ * (ns_last_pid wants CAP_CHECKPOINT_RESTORE over the namespace, which belongs to the
+ * machine's user namespace for a root worker), so threads that end at once take pids
+ * 2 to 300, at most SPENDERS alive together: 4 ms with a core free, 10-25 ms on a
+ * loaded 2-core machine (each must get a CPU to end). In a plan's cgroup, whose pids
+ * they would take, the worker writes ns_last_pid from outside instead (no -s). */
+#define SPENDERS 4
+#define SPEND_FLAGS 0x350f00ul /* CLONE_VM FS FILES SIGHAND THREAD SYSVSEM PARENT_SETTID CHILD_CLEARTID */
+#define FUTEX_WAIT 0 /* not private: the kernel wakes a cleared tid as a shared futex */
 
 struct ruleset_attr { uint64_t handled_access_fs; };
 struct __attribute__((packed)) path_beneath { uint64_t allowed_access; int32_t parent_fd; };
@@ -111,6 +125,8 @@ static const char *said(long err) {
     case ENOSYS: return "Function not implemented";
     case ELOOP: return "Too many levels of symbolic links";
     case EOPNOTSUPP: return "Operation not supported";
+    case EAGAIN: return "Resource temporarily unavailable";
+    case ECHILD: return "No child processes";
     default: return 0;
     }
 }
@@ -180,6 +196,59 @@ static void close_all_but(int keep) { /* every descriptor above stderr, except `
         if (fd != keep) SYS1(SYS_close, fd);
 }
 
+#ifdef AGENTWORKER_NOLIBC
+/* Starts a thread that ends at once: its pid (written to *tid too, which the kernel
+ * clears when the thread is gone), or -errno. The thread shares this stack, so it
+ * runs nothing but the system call that ends it: it never touches memory. */
+static long start_ending_thread(volatile int *tid) {
+    register long r10 __asm__("r10") = (long)tid;
+    register long r8 __asm__("r8") = 0;
+    long result;
+    __asm__ volatile("syscall\n\t"
+                     "test %%rax, %%rax\n\t"
+                     "jnz 1f\n\t"
+                     "mov $60, %%eax\n\t" /* exit: this thread only */
+                     "xor %%edi, %%edi\n\t"
+                     "syscall\n"
+                     "1:\n\t"
+                     : "=a"(result)
+                     : "a"((long)SYS_clone), "D"(SPEND_FLAGS), "S"(0L), "d"(tid), "r"(r10), "r"(r8)
+                     : "rcx", "r11", "memory");
+    return result;
+}
+
+static void until_gone(volatile int *tid) {
+    for (int seen; (seen = *tid) != 0;) SYS4(SYS_futex, tid, FUTEX_WAIT, seen, 0);
+}
+
+static void spend_pids(long until) {
+    static volatile int tids[SPENDERS];
+    long pid = 0;
+    for (unsigned n = 0; pid < until; n++) {
+        if (n > 2 * until) fail("cannot spend the sandbox's first pids", 0, EAGAIN);
+        volatile int *slot = &tids[n % SPENDERS];
+        until_gone(slot);
+        pid = start_ending_thread(slot);
+        if (pid < 0) fail("cannot spend the sandbox's first pids", 0, -pid);
+    }
+    for (int i = 0; i < SPENDERS; i++) until_gone(&tids[i]);
+}
+#else
+/* With the C library: a child per pid, each reaped before the next (vfork: the child
+ * only exits). */
+static void spend_pids(long until) {
+    long pid = 0;
+    for (unsigned n = 0; pid < until; n++) {
+        if (n > 2 * until) fail("cannot spend the sandbox's first pids", 0, EAGAIN);
+        pid = vfork();
+        if (pid == 0) _exit(0);
+        if (pid < 0) fail("cannot spend the sandbox's first pids", 0, errno);
+        long reaped = SYS4(SYS_wait4, pid, 0, 0, 0);
+        if (reaped != pid) fail("cannot reap a spent pid", 0, reaped < 0 ? -reaped : ECHILD);
+    }
+}
+#endif
+
 static int entry(int argc, char **argv, char **envp) {
     long abi = SYS3(NR_create_ruleset, 0, 0, VERSION_FLAG);
     if (abi < 1) fail("Landlock is not available", 0, abi < 0 ? -abi : ENOSYS);
@@ -220,6 +289,11 @@ static int entry(int argc, char **argv, char **envp) {
             long wrote = fd < 0 ? fd : SYS3(SYS_write, fd, text, size);
             if (wrote != (long)size) fail("cannot cap processes at", path, wrote < 0 ? -wrote : EIO);
             SYS1(SYS_close, fd);
+        } else if (option[1] == 's') {
+            const char *text = value;
+            unsigned long long until = number(&text, 0, option);
+            if (until > 4096) fail("too many pids to spend in", option, EINVAL);
+            spend_pids((long)until);
         } else if (option[1] == 'x') {
             allow(ruleset, value, EXECUTE);
         } else if (option[1] == 'w') {

@@ -324,6 +324,9 @@ async def run(
             seccomp_fd=seccomp_fd,
             lifeline_fd=lifeline_r,
             pid_cap=_pidcap.cap_for(limits.processes) if capped and entry else None,
+            # In a plan's cgroup the spending would take the plan's pids (and fail where
+            # its programs hold them all): the worker sets the last pid from outside.
+            spend_pids=_pidcap.RESERVED_PIDS if capped and entry and cgroup is None else None,
         )
         out_r, out_w = _pipe(ours, theirs)
         _widen(out_w, limits.output_bytes)
@@ -357,7 +360,12 @@ async def run(
             if on_start is not None:
                 on_start(popen.pid)
             return await sandbox.drive(
-                tools, limits, started, pid_cap if capped and not entry else None, cgroup
+                tools,
+                limits,
+                started,
+                pid_cap if capped and not entry else None,
+                cgroup,
+                pid_cap if capped and entry and cgroup is not None else None,
             )
         finally:
             sandbox.kill()
@@ -413,6 +421,7 @@ class _Sandbox:
         started: float,
         cap_from_outside: PidCap | None,
         cgroup: PlanGroup | None,
+        pass_from_outside: PidCap | None = None,
     ) -> Completed:
         try:
             if self.block_w is not None:
@@ -432,6 +441,8 @@ class _Sandbox:
                     await loop.run_in_executor(_JOINING, cgroup.join, init_pid)
                 if self.pidfd is not None and cap_from_outside is not None:
                     await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
+                if self.pidfd is not None and pass_from_outside is not None:
+                    await pass_from_outside.pass_reserved(tools, init_pid)
             if self.block_w is not None:
                 with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
                     os.write(self.block_w, b"go")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import cgroups, environment
+from sandbox import _pidcap, cgroups, environment
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
 from sandbox.process import Completed, Limits, Mount, PidCap, View, run
 from tests.support.procs import marker, processes_with
@@ -132,6 +132,55 @@ def test_a_plans_processes_are_capped_together_and_teardown_kills_and_removes(
     assert not any(folder.exists() for folder in plan_a.folders)
     plan_b.destroy()
     assert not any(folder.exists() for folder in plan_b.folders)
+
+
+HOLDS = textwrap.dedent(
+    """
+    import os
+    hold, release = os.pipe()
+    alive = []
+    while len(alive) < 1000:
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            os.close(release)
+            os.read(hold, 1)
+            os._exit(0)
+        alive.append(pid)
+    os.close(release)
+    for pid in alive:
+        os.waitpid(pid, 0)
+    print(len(alive) + 1, min(alive, default=0))
+    """
+)
+
+
+@pytest.mark.skipif(not _pidcap.needed(), reason="the pid cap is a root worker's")
+def test_a_root_sandbox_in_a_roomy_plan_holds_at_most_its_processes(
+    backend: cgroups.Backend, share: Path, entry: str
+) -> None:
+    """In a plan's cgroup the entry spends no pids (they would be the plan's): the worker
+    sets the sandbox's last pid to 300 from outside, so its cap holds from the first
+    fork (review7 finding 04: 366 of 64 before the pids wrapped)."""
+    roomy = backend.create("e" * 32, PlanLimits(1024, ROOMY.memory_bytes, 1.0))
+    try:
+        done = asyncio.run(
+            run(
+                [PYTHON, "-c", HOLDS],
+                view_of(share, entry),
+                Limits(timeout_s=60, processes=64),
+                pid_cap=PidCap(),
+                cgroup=roomy,
+            )
+        )
+        assert done.exit_code == 0, done.stderr
+        alive, lowest = (int(word) for word in done.stdout.split())
+        assert 60 <= alive <= _pidcap.most_at_once(64) == 64
+        assert lowest >= _pidcap.RESERVED_PIDS
+    finally:
+        roomy.destroy()
 
 
 def test_a_memory_hog_is_killed_in_its_plan_and_the_next_plan_runs(

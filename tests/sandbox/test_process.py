@@ -23,8 +23,10 @@ import pytest
 
 from sandbox import _pidcap, environment
 from sandbox._spawn import Starts
+from sandbox.held_open import held_open_bytes
 from sandbox.process import Completed, Limits, Mount, PidCap, SandboxUnavailableError, View, run
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
+from worker.actions.workbench import MAPS_PER_PROCESS
 
 PYTHON = "/usr/bin/python3"  # the system's: the sandbox only sees /usr, not the venv
 ENTRY: str | None = None  # set per test by `start_with`
@@ -193,11 +195,133 @@ def test_a_fork_bomb_is_capped_then_killed(share: Path) -> None:
     )
     tag = marker()
     done = sandboxed(share, [PYTHON, "-c", bomb, tag], timeout_s=2.5, processes=32)
-    cap = _pidcap.cap_for(32) if _pidcap.needed() else 32
+    cap = _pidcap.most_at_once(32) if _pidcap.needed() else 32
     assert done.timed_out
     assert 0 < len(done.stdout) <= cap
     assert b"E" in done.stdout, "no fork ever failed: the process cap did not hold"
     assert wait_until_gone(tag) == []
+
+
+def test_a_sandbox_holds_at_most_its_processes_at_once(share: Path) -> None:
+    """One process forks children that wait on a pipe until a fork fails: 64 at most
+    alive at once, counting itself. A root worker's pid cap let 366 (300 + 64 + 3)
+    before its pids first wrapped (review7 finding 04); the first 300 are now spent
+    before the program starts."""
+    holder = textwrap.dedent(
+        """
+        import os
+        hold, release = os.pipe()
+        alive = []
+        for _ in range(1000):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                os.close(release)
+                os.read(hold, 1)
+                os._exit(0)
+            alive.append(pid)
+        os.close(release)
+        for pid in alive:
+            os.waitpid(pid, 0)
+        print(len(alive) + 1, os.getpid(), min(alive, default=0))
+        """
+    )
+    done = sandboxed(share, [PYTHON, "-c", holder], processes=64, timeout_s=60)
+    assert done.exit_code == 0, done.stderr
+    alive, own, lowest = (int(word) for word in done.stdout.split())
+    assert alive <= 64  # RLIMIT_NPROC, or a root worker's pid cap
+    assert alive >= 60, "most of the 64 should be had (bubblewrap's init is one of them)"
+    if _pidcap.needed():
+        assert _pidcap.most_at_once(64) == 64
+        assert lowest >= _pidcap.RESERVED_PIDS, "the pids below 300 were spent first"
+        assert own == 1 if ENTRY else own > _pidcap.RESERVED_PIDS
+
+
+def test_a_program_at_its_process_cap_with_every_file_open_can_be_looked_at(
+    share: Path,
+) -> None:
+    """The held-open look's budget is sized from the limits: processes x (open files +
+    MAPS_PER_PROCESS). A program that forks to its cap and opens every descriptor it may
+    in each process stays within it (366 root-run processes of 1,024 files did not,
+    and the watch stopped a legitimate program as uncountable: review7 finding 04)."""
+    holder = textwrap.dedent(
+        """
+        import os
+        hold, release = os.pipe()
+        ready_r, ready_w = os.pipe()
+
+        def fill():  # every descriptor RLIMIT_NOFILE allows
+            try:
+                while True:
+                    os.dup(0)
+            except OSError:
+                pass
+
+        alive = []
+        for _ in range(1000):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                os.close(release)
+                fill()
+                os.write(ready_w, b".")
+                os.read(hold, 1)
+                os._exit(0)
+            alive.append(pid)
+        os.close(ready_w)
+        got = b""
+        while len(got) < len(alive):
+            got += os.read(ready_r, 4096)
+        ready = os.open("ready", os.O_WRONLY)  # a FIFO the test reads
+        fill()
+        os.write(ready, b"%d" % (len(alive) + 1))
+        os.close(ready)
+        with open("go", "rb") as go:  # a FIFO: open until the test looked
+            go.read()
+        os.close(release)
+        for pid in alive:
+            os.waitpid(pid, 0)
+        """
+    )
+    os.mkfifo(share / "ready")
+    os.mkfifo(share / "go")
+    limits = Limits(processes=64, open_files=1024, timeout_s=120)
+    most = limits.processes * (limits.open_files + MAPS_PER_PROCESS)
+    started: list[int] = []
+
+    async def go() -> tuple[int, int, Completed]:
+        loop = asyncio.get_running_loop()
+        running = asyncio.ensure_future(
+            run(
+                [PYTHON, "-c", holder],
+                view_of(share),
+                limits,
+                pid_cap=PidCap(),
+                on_start=started.append,
+            )
+        )
+        said = loop.run_in_executor(None, (share / "ready").read_bytes)
+        await asyncio.wait({running, said}, return_when=asyncio.FIRST_COMPLETED)
+        if not said.done():  # it ended first: unblock the reader, say why
+            os.close(os.open(share / "ready", os.O_WRONLY))
+            await said
+            raise AssertionError((await running).stderr)
+        alive = int(await said)
+        device = os.stat(share).st_dev
+        held = await loop.run_in_executor(
+            None, lambda: held_open_bytes(started[0], device, unknown_bytes=1, most=most)
+        )
+        await loop.run_in_executor(None, (share / "go").write_bytes, b"")
+        return alive, held, await running
+
+    alive, held, done = asyncio.run(go())
+    assert done.exit_code == 0, done.stderr
+    assert 60 <= alive <= 64
+    assert held == 0
 
 
 def test_a_sandbox_under_the_process_cap_forks_again_and_again(share: Path) -> None:
