@@ -19,7 +19,11 @@ take, and even plain fallocate takes disk faster than any watch of a workspace c
 look (1 GiB in 0.07 s, file after file). So are memory no bound sees (memfd_create,
 System V shared memory and message queues), and prctl PR_SET_DUMPABLE: a process that
 is not dumpable hides its open files from a worker that is not root, and the watch of a
-workspace counts what they hold (sandbox.held_open).
+workspace counts what they hold (sandbox.held_open). fcntl F_SETSIG is refused: with
+O_ASYNC it has the kernel send the process a signal of its choosing on an event, and
+SIGCONT so sent undid the stop that holds a plan's programs still while their
+workspace is counted (review7 finding 03; defence in depth: a POSIX timer or
+mq_notify can still send one, which no filter sees in a sigevent).
 
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
@@ -135,6 +139,10 @@ REFUSED_IOCTLS: Final[Mapping[int, str]] = {
 _FALLOCATE: Final[tuple[int, int]] = (285, 47)
 _PRCTL: Final[tuple[int, int]] = (157, 167)
 PR_SET_DUMPABLE: Final = 4
+_FCNTL: Final[tuple[int, int]] = (72, 25)
+F_SETSIG: Final = 10
+# fcntl commands refused (its second argument, an unsigned int), with EPERM.
+REFUSED_FCNTLS: Final = (F_SETSIG,)
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (and NEWTIME, 0x80).
 CLONE_NAMESPACES: Final = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
 CLONE_NAMESPACES_ALL: Final = CLONE_NAMESPACES | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
@@ -164,14 +172,14 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 # What the filter answers for a number of the native table (see `build`).
 _ALLOW, _EPERM, _ENOSYS, _NOTSUPP = "allow", "eperm", "enosys", "eopnotsupp"
 _CLONE_FLAGS, _IOCTL_CMD = "clone", "ioctl"
-_PRCTL_OPTION = "prctl"
+_PRCTL_OPTION, _FCNTL_CMD = "prctl", "fcntl"
 _NEXT: Final = "next"  # a jump's target: the next instruction
 
 
 def verdicts(machine: str) -> dict[int, str]:
     """Each number of the native table the filter does not simply allow, and what it
-    answers: EPERM, ENOSYS, EOPNOTSUPP, or a look at clone's flags, ioctl's request
-    or prctl's option."""
+    answers: EPERM, ENOSYS, EOPNOTSUPP, or a look at clone's flags, ioctl's request,
+    prctl's option or fcntl's command."""
     column = 0 if machine == "x86_64" else 1
     said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
     said[_CLONE3[column]] = _ENOSYS
@@ -179,6 +187,7 @@ def verdicts(machine: str) -> dict[int, str]:
     said[_IOCTL[column]] = _IOCTL_CMD
     said[_FALLOCATE[column]] = _NOTSUPP  # every mode (review5 finding 07)
     said[_PRCTL[column]] = _PRCTL_OPTION
+    said[_FCNTL[column]] = _FCNTL_CMD
     return said
 
 
@@ -238,7 +247,7 @@ def build(machine: str) -> bytes | None:
     test(0, len(line))
     labels: dict[object, int] = {}
     # clone with any namespace flag (its first argument's low word), ioctl's refused requests,
-    # prctl PR_SET_DUMPABLE (its option, the first).
+    # prctl PR_SET_DUMPABLE (its option, the first), fcntl's refused commands.
     labels[_CLONE_FLAGS] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JSET_K, CLONE_NAMESPACES_ALL, _EPERM, _ALLOW)]
     labels[_IOCTL_CMD] = len(prog)
@@ -248,6 +257,11 @@ def build(machine: str) -> bytes | None:
     prog.append((_JEQ_K, last, its, _ALLOW))
     labels[_PRCTL_OPTION] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JEQ_K, PR_SET_DUMPABLE, _EPERM, _ALLOW)]
+    labels[_FCNTL_CMD] = len(prog)  # fcntl's refused commands (its second argument)
+    prog.append((_LD_W_ABS, _ARG1, _NEXT, _NEXT))
+    *before, final = REFUSED_FCNTLS
+    prog += [(_JEQ_K, command, _EPERM, _NEXT) for command in before]
+    prog.append((_JEQ_K, final, _EPERM, _ALLOW))
     answers = ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS), (_NOTSUPP, _NOTSUP))
     for answer, value in answers:
         labels[answer] = len(prog)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 import struct
 import textwrap
 from pathlib import Path
@@ -69,6 +70,10 @@ ARGUMENTS = [
     (_seccomp.PR_SET_DUMPABLE, 0),  # prctl: the option, not its value, is refused
     (_seccomp.PR_SET_DUMPABLE | 1 << 32, 1),  # the option is an int: the low word is it
     (_seccomp.PR_SET_DUMPABLE << 32, 0),
+    (3, _seccomp.F_SETSIG),  # fcntl F_SETSIG: SIGCONT on an event (review7 finding 03)
+    (3, _seccomp.F_SETSIG | 1 << 32),  # the command is an unsigned int: the low word
+    (3, _seccomp.F_SETSIG << 32),
+    (3, 11),  # F_GETSIG: let through
 ]
 
 
@@ -111,13 +116,16 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
         return EOPNOTSUPP  # every mode
     if number == _seccomp._PRCTL[column] and arg0 & 0xFFFFFFFF == _seccomp.PR_SET_DUMPABLE:
         return EPERM
+    if number == _seccomp._FCNTL[column] and arg1 & 0xFFFFFFFF in _seccomp.REFUSED_FCNTLS:
+        return EPERM
     return ALLOW
 
 
 def listed(machine: str) -> bytes:
     """The filter as it was built before the tree (one test per refused number), kept
     to show the tree answers every call exactly as it did (fallocate's, prctl's and
-    ioctl's space requests' tests added, then fallocate refused in every mode)."""
+    ioctl's space requests' tests added, then fallocate refused in every mode, then
+    fcntl's commands)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -142,6 +150,11 @@ def listed(machine: str) -> bytes:
     prog += [insn(0x15, _seccomp._FALLOCATE[column], 0, 1), insn(0x06, EOPNOTSUPP)]
     prog += [insn(0x20, 0), insn(0x15, _seccomp._PRCTL[column], 0, 3), insn(0x20, 16)]
     prog += [insn(0x15, _seccomp.PR_SET_DUMPABLE, 0, 1), insn(0x06, EPERM)]
+    commands = _seccomp.REFUSED_FCNTLS
+    prog += [insn(0x20, 0), insn(0x15, _seccomp._FCNTL[column], 0, 1 + 2 * len(commands))]
+    prog.append(insn(0x20, 24))
+    for command in commands:
+        prog += [insn(0x15, command, 0, 1), insn(0x06, EPERM)]
     prog += [insn(0x06, ALLOW)]
     return b"".join(prog)
 
@@ -309,3 +322,30 @@ def test_a_sandboxed_program_cannot_hide_its_open_files(tmp_path: Path, entry: s
 
     assert probe(True) == [str(errno.EPERM), "1"]
     assert probe(False) == ["ok", "0"], "without the filter it could"
+
+
+SETSIG = textwrap.dedent(
+    """
+    import ctypes, os, signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    read, _ = os.pipe()
+    done = libc.fcntl(read, 10, ctypes.c_int(signal.SIGCONT))  # F_SETSIG
+    print(ctypes.get_errno() if done == -1 else "ok", libc.fcntl(read, 11))  # F_GETSIG
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_a_sandboxed_program_cannot_have_the_kernel_send_it_sigcont(
+    tmp_path: Path, entry: str
+) -> None:
+    """fcntl F_SETSIG with O_ASYNC has the kernel signal the process on an event of its
+    choosing: SIGCONT on an inotify event of the count's own walk woke a program the
+    count had stopped (review7 finding 03). F_GETSIG still answers."""
+    share = Path(os.path.realpath(tmp_path))
+
+    def probe(seccomp: bool) -> list[str]:
+        return python_in_sandbox(share, entry, seccomp, SETSIG).split()
+
+    assert probe(True) == [str(errno.EPERM), "0"]
+    assert probe(False) == ["ok", str(int(signal.SIGCONT))], "without the filter it could"
