@@ -16,14 +16,26 @@ answers (glibc's posix_fallocate then writes): blocks kept past a file's end
 (FALLOC_FL_KEEP_SIZE) and a range inserted into a file (FALLOC_FL_INSERT_RANGE, which
 grows it unchecked) escape RLIMIT_FSIZE, the one bound on what a program's file may
 take, and even plain fallocate takes disk faster than any watch of a workspace can
-look (1 GiB in 0.07 s, file after file). So are memory no bound sees (memfd_create,
-System V shared memory and message queues), and prctl PR_SET_DUMPABLE: a process that
+look (1 GiB in 0.07 s, file after file). So are memfd_create and System V shared
+memory and message queues (memory RLIMIT_AS does not count, though not the only such
+memory: socket and pipe buffers, below), and prctl PR_SET_DUMPABLE: a process that
 is not dumpable hides its open files from a worker that is not root, and the watch of a
 workspace counts what they hold (sandbox.held_open). fcntl F_SETSIG is refused: with
 O_ASYNC it has the kernel send the process a signal of its choosing on an event, and
 SIGCONT so sent undid the stop that holds a plan's programs still while their
 workspace is counted (review7 finding 03; defence in depth: a POSIX timer or
 mq_notify can still send one, which no filter sees in a sigevent).
+
+Socket and pipe buffers are kernel memory no rlimit counts: a socketpair written to
+and never read holds its send buffer in the kernel (review7 finding 02). So
+setsockopt SO_SNDBUF and SO_RCVBUF answer success and change nothing (the kernel
+clamps them silently to net.core.[wr]mem_max anyway: here every socket keeps the
+system's default, about 208 KiB, not up to 8 MiB), SO_SNDBUFFORCE and
+SO_RCVBUFFORCE answer EPERM (as they do without CAP_NET_ADMIN), and fcntl
+F_SETPIPE_SZ answers EPERM (as it does past pipe-max-size; a pipe keeps its 64
+KiB). That bounds each socket and pipe, not their number: where a plan has no
+memory cgroup (rlimits mode) its programs can still pin about 100-200 MiB of
+buffers per process within RLIMIT_NOFILE; only a cgroup bounds the plan's.
 
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
@@ -141,8 +153,19 @@ _PRCTL: Final[tuple[int, int]] = (157, 167)
 PR_SET_DUMPABLE: Final = 4
 _FCNTL: Final[tuple[int, int]] = (72, 25)
 F_SETSIG: Final = 10
+F_SETPIPE_SZ: Final = 1031
 # fcntl commands refused (its second argument, an unsigned int), with EPERM.
-REFUSED_FCNTLS: Final = (F_SETSIG,)
+REFUSED_FCNTLS: Final = (F_SETSIG, F_SETPIPE_SZ)
+_SETSOCKOPT: Final[tuple[int, int]] = (54, 208)
+SOL_SOCKET: Final = 1
+# setsockopt(fd, SOL_SOCKET, option) refused (its third argument, an int), and how:
+# "ignore" answers success without doing it.
+REFUSED_SOCKOPTS: Final[Mapping[int, str]] = {
+    7: "ignore",  # SO_SNDBUF
+    8: "ignore",  # SO_RCVBUF
+    32: "eperm",  # SO_SNDBUFFORCE
+    33: "eperm",  # SO_RCVBUFFORCE
+}
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (and NEWTIME, 0x80).
 CLONE_NAMESPACES: Final = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
 CLONE_NAMESPACES_ALL: Final = CLONE_NAMESPACES | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
@@ -159,10 +182,11 @@ _RET_K: Final = 0x06
 RET_ALLOW: Final = 0x7FFF0000
 RET_ERRNO: Final = 0x00050000
 _DENY: Final = RET_ERRNO | errno.EPERM
+_IGNORED: Final = RET_ERRNO | 0  # the call answers 0 (success), not run
 _NOSYS: Final = RET_ERRNO | errno.ENOSYS
 _NOTSUP: Final = RET_ERRNO | errno.EOPNOTSUPP
 # struct seccomp_data: nr, arch, instruction_pointer, args[6]
-_NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
+_NR, _ARCH, _ARG0, _ARG1, _ARG2 = 0, 4, 16, 24, 32
 
 
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
@@ -171,15 +195,16 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 # What the filter answers for a number of the native table (see `build`).
 _ALLOW, _EPERM, _ENOSYS, _NOTSUPP = "allow", "eperm", "enosys", "eopnotsupp"
+_IGNORE = "ignore"
 _CLONE_FLAGS, _IOCTL_CMD = "clone", "ioctl"
-_PRCTL_OPTION, _FCNTL_CMD = "prctl", "fcntl"
+_PRCTL_OPTION, _FCNTL_CMD, _SOCKOPT = "prctl", "fcntl", "setsockopt"
 _NEXT: Final = "next"  # a jump's target: the next instruction
 
 
 def verdicts(machine: str) -> dict[int, str]:
     """Each number of the native table the filter does not simply allow, and what it
     answers: EPERM, ENOSYS, EOPNOTSUPP, or a look at clone's flags, ioctl's request,
-    prctl's option or fcntl's command."""
+    prctl's option, fcntl's command or setsockopt's level and option."""
     column = 0 if machine == "x86_64" else 1
     said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
     said[_CLONE3[column]] = _ENOSYS
@@ -188,6 +213,7 @@ def verdicts(machine: str) -> dict[int, str]:
     said[_FALLOCATE[column]] = _NOTSUPP  # every mode (review5 finding 07)
     said[_PRCTL[column]] = _PRCTL_OPTION
     said[_FCNTL[column]] = _FCNTL_CMD
+    said[_SETSOCKOPT[column]] = _SOCKOPT
     return said
 
 
@@ -247,7 +273,8 @@ def build(machine: str) -> bytes | None:
     test(0, len(line))
     labels: dict[object, int] = {}
     # clone with any namespace flag (its first argument's low word), ioctl's refused requests,
-    # prctl PR_SET_DUMPABLE (its option, the first), fcntl's refused commands.
+    # prctl PR_SET_DUMPABLE (its option, the first), fcntl's refused commands, setsockopt's
+    # buffer sizes.
     labels[_CLONE_FLAGS] = len(prog)
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JSET_K, CLONE_NAMESPACES_ALL, _EPERM, _ALLOW)]
     labels[_IOCTL_CMD] = len(prog)
@@ -262,7 +289,19 @@ def build(machine: str) -> bytes | None:
     *before, final = REFUSED_FCNTLS
     prog += [(_JEQ_K, command, _EPERM, _NEXT) for command in before]
     prog.append((_JEQ_K, final, _EPERM, _ALLOW))
-    answers = ((_ALLOW, RET_ALLOW), (_EPERM, _DENY), (_ENOSYS, _NOSYS), (_NOTSUPP, _NOTSUP))
+    labels[_SOCKOPT] = len(prog)  # setsockopt: the level (second), then the option (third)
+    prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, SOL_SOCKET, _NEXT, _ALLOW)]
+    prog.append((_LD_W_ABS, _ARG2, _NEXT, _NEXT))
+    *options, (last_option, its_answer) = REFUSED_SOCKOPTS.items()
+    prog += [(_JEQ_K, option, answer, _NEXT) for option, answer in options]
+    prog.append((_JEQ_K, last_option, its_answer, _ALLOW))
+    answers = (
+        (_ALLOW, RET_ALLOW),
+        (_EPERM, _DENY),
+        (_ENOSYS, _NOSYS),
+        (_NOTSUPP, _NOTSUP),
+        (_IGNORE, _IGNORED),
+    )
     for answer, value in answers:
         labels[answer] = len(prog)
         prog.append((_RET_K, value, _NEXT, _NEXT))

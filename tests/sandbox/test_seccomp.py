@@ -74,12 +74,22 @@ ARGUMENTS = [
     (3, _seccomp.F_SETSIG | 1 << 32),  # the command is an unsigned int: the low word
     (3, _seccomp.F_SETSIG << 32),
     (3, 11),  # F_GETSIG: let through
+    (3, _seccomp.F_SETPIPE_SZ),  # pipe buffers: kernel memory no rlimit counts (review7 02)
+    (3, 1032),  # F_GETPIPE_SZ: let through
+    # setsockopt(fd, level, option): buffer sizes at SOL_SOCKET only, the low words
+    (3, _seccomp.SOL_SOCKET, 7),  # SO_SNDBUF: answered 0, not done
+    (3, _seccomp.SOL_SOCKET | 1 << 32, 8 | 1 << 32),  # SO_RCVBUF
+    (3, _seccomp.SOL_SOCKET, 32),  # SO_SNDBUFFORCE: EPERM
+    (3, _seccomp.SOL_SOCKET, 33),  # SO_RCVBUFFORCE
+    (3, _seccomp.SOL_SOCKET, 9),  # SO_KEEPALIVE: let through
+    (3, 6, 7),  # another level's option 7 (IPPROTO_TCP): let through
+    (3, _seccomp.SOL_SOCKET << 32, 7),
 ]
 
 
-def answer(program: bytes, arch: int, number: int, arg0: int, arg1: int) -> int:
+def answer(program: bytes, arch: int, number: int, arg0: int, arg1: int, arg2: int = 0) -> int:
     """What `program` returns for this call (struct seccomp_data, little-endian)."""
-    data = struct.pack("<IIQ6Q", number, arch, 0, arg0, arg1, 0, 0, 0, 0)
+    data = struct.pack("<IIQ6Q", number, arch, 0, arg0, arg1, arg2, 0, 0, 0)
     code = list(struct.iter_unpack("=HBBI", program))
     pc, a = 0, 0
     for _ in range(len(code)):  # forward jumps only: never more steps than instructions
@@ -97,7 +107,7 @@ def answer(program: bytes, arch: int, number: int, arg0: int, arg1: int) -> int:
     raise AssertionError("the program ran off its end")
 
 
-def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
+def rule(machine: str, arch: int, number: int, arg0: int, arg1: int, arg2: int = 0) -> int:
     """What the filter is meant to answer, from its tables."""
     column = 0 if machine == "x86_64" else 1
     if arch != _seccomp.AUDIT_ARCH[machine] or (machine == "x86_64" and number >= X32):
@@ -118,6 +128,12 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int) -> int:
         return EPERM
     if number == _seccomp._FCNTL[column] and arg1 & 0xFFFFFFFF in _seccomp.REFUSED_FCNTLS:
         return EPERM
+    if number == _seccomp._SETSOCKOPT[column] and arg1 & 0xFFFFFFFF == _seccomp.SOL_SOCKET:
+        option = arg2 & 0xFFFFFFFF
+        if option in (7, 8):  # SO_SNDBUF, SO_RCVBUF: answered 0 (success), not done
+            return _seccomp.RET_ERRNO
+        if option in (32, 33):  # the FORCE kinds
+            return EPERM
     return ALLOW
 
 
@@ -125,7 +141,7 @@ def listed(machine: str) -> bytes:
     """The filter as it was built before the tree (one test per refused number), kept
     to show the tree answers every call exactly as it did (fallocate's, prctl's and
     ioctl's space requests' tests added, then fallocate refused in every mode, then
-    fcntl's commands)."""
+    fcntl's commands, then setsockopt's buffer sizes)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -155,6 +171,13 @@ def listed(machine: str) -> bytes:
     prog.append(insn(0x20, 24))
     for command in commands:
         prog += [insn(0x15, command, 0, 1), insn(0x06, EPERM)]
+    options = _seccomp.REFUSED_SOCKOPTS
+    prog += [insn(0x20, 0), insn(0x15, _seccomp._SETSOCKOPT[column], 0, 3 + 2 * len(options))]
+    prog += [insn(0x20, 24), insn(0x15, _seccomp.SOL_SOCKET, 0, 1 + 2 * len(options))]
+    prog.append(insn(0x20, 32))
+    for option, how in options.items():
+        said = EPERM if how == "eperm" else _seccomp.RET_ERRNO
+        prog += [insn(0x15, option, 0, 1), insn(0x06, said)]
     prog += [insn(0x06, ALLOW)]
     return b"".join(prog)
 
@@ -168,11 +191,11 @@ def test_the_filter_answers_every_call_as_its_rule_and_the_old_list_did(machine:
     differ = []
     for arch in ARCHES.values():
         for number in NUMBERS:
-            for arg0, arg1 in ARGUMENTS:
-                meant = rule(machine, arch, number, arg0, arg1)
-                now = answer(program, arch, number, arg0, arg1)
-                if now != meant or answer(before, arch, number, arg0, arg1) != meant:
-                    differ.append((hex(arch), number, arg0, arg1, hex(meant), hex(now)))
+            for args in ARGUMENTS:
+                meant = rule(machine, arch, number, *args)
+                now = answer(program, arch, number, *args)
+                if now != meant or answer(before, arch, number, *args) != meant:
+                    differ.append((hex(arch), number, args, hex(meant), hex(now)))
     assert differ == []
 
 
@@ -349,3 +372,54 @@ def test_a_sandboxed_program_cannot_have_the_kernel_send_it_sigcont(
 
     assert probe(True) == [str(errno.EPERM), "0"]
     assert probe(False) == ["ok", str(int(signal.SIGCONT))], "without the filter it could"
+
+
+BUFFERS = textwrap.dedent(
+    """
+    import errno, fcntl, os, socket
+    def tried(call):
+        try:
+            call()
+            return "ok"
+        except OSError as exc:
+            return errno.errorcode[exc.errno]
+    a, b = socket.socketpair()
+    sizes = []
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        before = a.getsockopt(socket.SOL_SOCKET, option)
+        said = tried(lambda: a.setsockopt(socket.SOL_SOCKET, option, 8 << 20))
+        sizes.append(f"{said}:{a.getsockopt(socket.SOL_SOCKET, option) > before}")
+    for option in (32, 33):  # SO_SNDBUFFORCE, SO_RCVBUFFORCE
+        sizes.append(tried(lambda: a.setsockopt(socket.SOL_SOCKET, option, 8 << 20)))
+    read, write = os.pipe()
+    sizes.append(tried(lambda: fcntl.fcntl(write, 1031, 1 << 20)))  # F_SETPIPE_SZ
+    sizes.append(str(fcntl.fcntl(write, 1032)))  # F_GETPIPE_SZ
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # another option: done
+    sizes.append(str(a.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)))
+    print(*sizes)
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_a_sandboxed_program_cannot_grow_its_socket_or_pipe_buffers(
+    tmp_path: Path, entry: str
+) -> None:
+    """Socket and pipe buffers are kernel memory no rlimit counts: one socketpair held 8
+    MiB past RLIMIT_AS (review7 finding 02). SO_SNDBUF and SO_RCVBUF answer success and
+    leave the system's default (as the kernel's silent clamp to wmem_max would); the
+    FORCE kinds and F_SETPIPE_SZ answer EPERM."""
+    share = Path(os.path.realpath(tmp_path))
+
+    def probe(seccomp: bool) -> list[str]:
+        return python_in_sandbox(share, entry, seccomp, BUFFERS).split()
+
+    assert probe(True) == ["ok:False", "ok:False", "EPERM", "EPERM", "EPERM", "65536", "1"]
+    # Without it they grow, where the machine lets a socket's grow past its default.
+    core = Path("/proc/sys/net/core")
+    more = [
+        int((core / f"{kind}mem_max").read_text()) > int((core / f"{kind}mem_default").read_text())
+        for kind in "wr"
+    ]
+    grown = [f"ok:{more[0]}", f"ok:{more[1]}", "EPERM", "EPERM", "ok", str(1 << 20), "1"]
+    assert probe(False) == grown, "without the filter it could (the FORCE kinds need a capability)"

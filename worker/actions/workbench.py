@@ -488,7 +488,9 @@ def limits_note(
     return (
         f"per-plan limits by rlimits ({choice.note}): at most {settings.plan_execs} "
         f"program(s) of a plan at once, {per_sandbox}, so memory and CPU are bounded per "
-        "process, not per plan"
+        "process, not per plan; kernel memory (socket and pipe buffers) is bounded only per "
+        "socket and pipe, by the system's defaults, hundreds of MiB per process: only a "
+        "memory cgroup bounds it"
     )
 
 
