@@ -10,13 +10,16 @@ from __future__ import annotations
 from sandbox._leftovers import Leftovers
 from sandbox._pidcap import PidCap
 from sandbox._spawn import Starts
+from sandbox.mounts import MountTable
 
 
 class Containment:
-    """The pid cap's latch (sandbox._pidcap), the leftover sweeps (sandbox._leftovers)
-    and how bubblewrap is started (sandbox._spawn)."""
+    """The pid cap's latch (sandbox._pidcap), the leftover sweeps (sandbox._leftovers),
+    how bubblewrap is started (sandbox._spawn) and which roots no lookup can hang in
+    (sandbox.mounts)."""
 
     def __init__(self) -> None:
         self.pid_cap = PidCap()
         self.leftovers = Leftovers()
         self.starts = Starts()
+        self.mounts = MountTable()

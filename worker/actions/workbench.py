@@ -557,8 +557,10 @@ def _look(
     return confined
 
 
-def _stat(bench: Workbench) -> Callable[[Context, fs_stat.FsStatArgs], Outcome[Any]]:
-    def confined(ctx: Context, args: fs_stat.FsStatArgs) -> Outcome[Any]:
+def _stat(
+    bench: Workbench,
+) -> Callable[[Context, fs_stat.FsStatArgs], Outcome[Any] | Awaitable[Outcome[Any]]]:
+    def confined(ctx: Context, args: fs_stat.FsStatArgs) -> Outcome[Any] | Awaitable[Outcome[Any]]:
         plan_ctx = _looking_context(bench, ctx)
         return fs_stat.fs_stat(plan_ctx, args.model_copy(update={"path": _inside(args.path)}))
 

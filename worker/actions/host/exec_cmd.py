@@ -41,7 +41,7 @@ from sandbox.process import (
 )
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
-from worker.actions.host.fs_paths import CONFINED_CODES, confined
+from worker.actions.host.fs_paths import CONFINED_CODES, all_local, confined
 from worker.config import ExecSection, Paths
 from worker.core.prompt_text import one_line
 from worker.core.registry import MIB, ActionSpec, Args, Context, Json, Outcome, PathArg, Result
@@ -99,17 +99,19 @@ class ExecResult(Result):
 async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     settings = ctx.config.exec
     timeout_s = _timeout(args, settings)
-    cwd = _working_dir(ctx, args.cwd)
-    check = path_check(ctx.roots, cwd, allow_hard_links=ctx.config.fs.allow_hard_links)
-    decision = policy_for(ctx.config, ctx.paths, ctx.policies).decide(args.argv, check)
-    program = _admitted(decision, ctx.roots)
+    # The working folder's and the arguments' lookups, and the roots' own, on the loop
+    # only where none can hang (fs_paths.on_loop); in a thread elsewhere.
+    local = all_local(ctx)
+    if local:
+        cwd, decision, program = _judged(ctx, args)
+    else:
+        cwd, decision, program = await looking(_judged, ctx, args)
     if decision.verdict == "ask":
         await ctx.approve(*ask_about("workerHost", args.argv, cwd, decision.reason))
     assert decision.program is not None
-    for root in ctx.roots:  # bound and blanked by path: each must still be as it was
-        why = root.moved()
-        if why is not None:
-            raise WorkerError("sandbox_unavailable", why)
+    why = _moved(ctx.roots) if local else await looking(_moved, ctx.roots)
+    if why is not None:
+        raise WorkerError("sandbox_unavailable", why)
     entry = await landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
         if decision.walks and not ctx.config.fs.allow_hard_links:
@@ -143,6 +145,24 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         blob=done.stdout + done.stderr,
         truncated=done.truncated,
     )
+
+
+def _judged(ctx: Context, args: ExecArgs) -> tuple[str, Decision, str]:
+    """The working folder, the allowlist's decision (its paths checked by the kernel)
+    and the program to run, or the refusal as a WorkerError."""
+    cwd = _working_dir(ctx, args.cwd)
+    check = path_check(ctx.roots, cwd, allow_hard_links=ctx.config.fs.allow_hard_links)
+    decision = policy_for(ctx.config, ctx.paths, ctx.policies).decide(args.argv, check)
+    return cwd, decision, _admitted(decision, ctx.roots)
+
+
+def _moved(roots: Sequence[Root]) -> str | None:
+    """Why a root cannot be bound and blanked by path as it was shared, or None."""
+    for root in roots:
+        why = root.moved()
+        if why is not None:
+            return why
+    return None
 
 
 def result_of(

@@ -31,6 +31,29 @@ _HARD_LINK_HINT = (
 )
 
 
+def on_loop(ctx: Context, path: str) -> bool:
+    """Whether a lookup of `path` may be made on the event loop: it lies in a root where
+    no lookup can reach a file system that may never answer (a FUSE mount whose daemon
+    is gone, NFS, CIFS...: `sandbox.mounts`, the worker's table in its Containment), or
+    its text is refused before any lookup. Elsewhere a lookup that hangs would stop the
+    worker: every call, the heartbeats and the kill switch. About a microsecond when
+    every root is local."""
+    roots, local = ctx.roots, ctx.containment.mounts.local
+    if all(local(str(root.path)) for root in roots):
+        return True
+    try:
+        root = locate(roots, path).root
+    except ConfinementError:
+        return True  # answered from the text alone
+    return local(str(root.path))
+
+
+def all_local(ctx: Context) -> bool:
+    """Whether a lookup anywhere in the roots may be made on the event loop (on_loop)."""
+    local = ctx.containment.mounts.local
+    return all(local(str(root.path)) for root in ctx.roots)
+
+
 @contextmanager
 def confined(
     ctx: Context, path: str, *, write: bool = False

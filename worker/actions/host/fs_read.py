@@ -19,7 +19,7 @@ from typing import Annotated, Final, Literal
 from pydantic import Field
 
 from sandbox import open_regular, read_at, read_cached
-from worker.actions.host.fs_paths import CONFINED_CODES, confined
+from worker.actions.host.fs_paths import CONFINED_CODES, confined, on_loop
 from worker.core.registry import MIB, ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
 
 READ_BYTES: Final = 1 * MIB  # per call; page with offset/length
@@ -59,8 +59,9 @@ def fs_read(
     or nothing, never waiting for a disk (a 1 MiB page: about 45 us here, where the
     hop to a thread and back cost the call its own task, two wake-ups and, on a busy
     machine, waits for a core). Any other page, and a page to decode into text, is
-    read in a thread."""
-    if args.encoding is None:
+    read in a thread, and so is every page under a root where a lookup may never
+    return (a FUSE or network mount on the way or beneath: `on_loop`)."""
+    if args.encoding is None and on_loop(ctx, args.path):
         cached = _read(ctx, args, cached_only=True)
         if cached is not None:
             return cached

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import grp
 import pwd
 import stat as stat_mod
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import orjson
 
 from sandbox import file_kind
-from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined
+from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined, on_loop
 from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, PathArg, Result
 
 
@@ -37,9 +39,19 @@ class FsStatResult(Result):
     symlink_target: str | None = None
 
 
-def fs_stat(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
-    # A plain function: a stat or two never waits long enough to be worth a thread hop,
-    # or even a task of its own (see ActionSpec.handler).
+def fs_stat(
+    ctx: Context, args: FsStatArgs
+) -> Outcome[FsStatResult] | Awaitable[Outcome[FsStatResult]]:
+    """A plain function: on a local disk a stat or two never waits long enough to be
+    worth a thread hop, or even a task of its own (see ActionSpec.handler), so it runs
+    in the turn that received the call. Under a root where a lookup may never return
+    (a FUSE or network mount on the way or beneath: `on_loop`), in a thread."""
+    if on_loop(ctx, args.path):
+        return stat_now(ctx, args)
+    return asyncio.to_thread(stat_now, ctx, args)
+
+
+def stat_now(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:
     with confined(ctx, args.path) as (root, located):
         st = root.stat(located.relative, follow_symlinks=args.follow_symlinks)
         target = None
