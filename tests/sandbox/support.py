@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,31 @@ from sandbox import ConfinedDir, write_atomic
 
 INSIDE = "inside data\n"
 SECRET = "outside secret\n"
+
+# Forks children that wait on a pipe until a fork is refused, lets them go, and prints
+# how many processes it had at once (itself counted), its own pid and its children's
+# lowest: a sandbox's process cap, seen from inside.
+FORK_UNTIL_REFUSED = textwrap.dedent(
+    """
+    import os
+    hold, release = os.pipe()
+    alive = []
+    while len(alive) < 1000:
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            os.close(release)
+            os.read(hold, 1)
+            os._exit(0)
+        alive.append(pid)
+    os.close(release)
+    for pid in alive:
+        os.waitpid(pid, 0)
+    print(len(alive) + 1, os.getpid(), min(alive, default=0))
+    """
+)
 
 
 @dataclass(frozen=True)

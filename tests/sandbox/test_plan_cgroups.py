@@ -28,6 +28,7 @@ import pytest
 from sandbox import _pidcap, cgroups, environment
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
 from sandbox.process import Completed, Limits, Mount, PidCap, View, run
+from tests.sandbox.support import FORK_UNTIL_REFUSED
 from tests.support.procs import marker, processes_with
 
 PYTHON = "/usr/bin/python3"  # the system's: the sandbox only sees /usr
@@ -134,29 +135,6 @@ def test_a_plans_processes_are_capped_together_and_teardown_kills_and_removes(
     assert not any(folder.exists() for folder in plan_b.folders)
 
 
-HOLDS = textwrap.dedent(
-    """
-    import os
-    hold, release = os.pipe()
-    alive = []
-    while len(alive) < 1000:
-        try:
-            pid = os.fork()
-        except OSError:
-            break
-        if pid == 0:
-            os.close(release)
-            os.read(hold, 1)
-            os._exit(0)
-        alive.append(pid)
-    os.close(release)
-    for pid in alive:
-        os.waitpid(pid, 0)
-    print(len(alive) + 1, min(alive, default=0))
-    """
-)
-
-
 @pytest.mark.skipif(not _pidcap.needed(), reason="the pid cap is a root worker's")
 def test_a_root_sandbox_in_a_roomy_plan_holds_at_most_its_processes(
     backend: cgroups.Backend, share: Path, entry: str
@@ -168,7 +146,7 @@ def test_a_root_sandbox_in_a_roomy_plan_holds_at_most_its_processes(
     try:
         done = asyncio.run(
             run(
-                [PYTHON, "-c", HOLDS],
+                [PYTHON, "-c", FORK_UNTIL_REFUSED],
                 view_of(share, entry),
                 Limits(timeout_s=60, processes=64),
                 pid_cap=PidCap(),
@@ -176,7 +154,7 @@ def test_a_root_sandbox_in_a_roomy_plan_holds_at_most_its_processes(
             )
         )
         assert done.exit_code == 0, done.stderr
-        alive, lowest = (int(word) for word in done.stdout.split())
+        alive, _own, lowest = (int(word) for word in done.stdout.split())
         assert 60 <= alive <= _pidcap.most_at_once(64) == 64
         assert lowest >= _pidcap.RESERVED_PIDS
     finally:

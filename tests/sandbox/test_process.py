@@ -25,6 +25,7 @@ from sandbox import _pidcap, environment
 from sandbox._spawn import Starts
 from sandbox.held_open import held_open_bytes
 from sandbox.process import Completed, Limits, Mount, PidCap, SandboxUnavailableError, View, run
+from tests.sandbox.support import FORK_UNTIL_REFUSED
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from worker.actions.workbench import MAPS_PER_PROCESS
 
@@ -207,28 +208,7 @@ def test_a_sandbox_holds_at_most_its_processes_at_once(share: Path) -> None:
     alive at once, counting itself. A root worker's pid cap let 366 (300 + 64 + 3)
     before its pids first wrapped (review7 finding 04); the first 300 are now spent
     before the program starts."""
-    holder = textwrap.dedent(
-        """
-        import os
-        hold, release = os.pipe()
-        alive = []
-        for _ in range(1000):
-            try:
-                pid = os.fork()
-            except OSError:
-                break
-            if pid == 0:
-                os.close(release)
-                os.read(hold, 1)
-                os._exit(0)
-            alive.append(pid)
-        os.close(release)
-        for pid in alive:
-            os.waitpid(pid, 0)
-        print(len(alive) + 1, os.getpid(), min(alive, default=0))
-        """
-    )
-    done = sandboxed(share, [PYTHON, "-c", holder], processes=64, timeout_s=60)
+    done = sandboxed(share, [PYTHON, "-c", FORK_UNTIL_REFUSED], processes=64, timeout_s=60)
     assert done.exit_code == 0, done.stderr
     alive, own, lowest = (int(word) for word in done.stdout.split())
     assert alive <= 64  # RLIMIT_NPROC, or a root worker's pid cap
