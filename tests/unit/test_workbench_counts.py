@@ -373,3 +373,39 @@ def test_the_watch_fails_closed_when_a_count_fails_unexpectedly(
     found = asyncio.run(workbench_module._overfilled(bench, plan, Use(0, 0)))
     assert isinstance(found, WorkspaceError) and found.problem is WorkspaceProblem.NO_ROOM
     assert "RuntimeError: a defect in the count" in found.message
+
+
+def test_a_write_that_does_not_fit_beside_writes_under_way_waits_for_them_to_end(
+    bench: Workbench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write under way counts whole, and twice where the count already holds its
+    bytes: a second write that fits once it is done waits for it, and is refused only
+    if it does not fit with none under way (review6 finding 06: it was refused at once)."""
+    third = 384 << 10  # of the fixture's 1 MiB quota
+
+    async def scenario() -> None:
+        plan = bench.workspaces.open("plan-waits")
+        waiting = asyncio.Event()
+        asked = bench.a_write_ends
+
+        def noted(workspace: Workspace) -> asyncio.Future[None] | None:
+            ends = asked(workspace)
+            waiting.set()
+            return ends
+
+        monkeypatch.setattr(bench, "a_write_ends", noted)
+        for name, then_fits in (("one", True), ("two", False)):
+            waiting.clear()
+            with bench.writing(plan, third):  # under way, its bytes on disk
+                (plan.files / name).write_bytes(b"x" * third)
+                bench.workspaces.changed(plan)
+                next_write = asyncio.create_task(workbench_module._room_for(bench, plan, third))
+                await asyncio.wait_for(waiting.wait(), 10)
+                assert not next_write.done()
+            if then_fits:  # 768 KiB with none under way
+                await asyncio.wait_for(next_write, 10)
+            else:  # 1,152 KiB
+                with pytest.raises(WorkspaceError, match="quota"):
+                    await asyncio.wait_for(next_write, 10)
+
+    asyncio.run(scenario())

@@ -230,13 +230,23 @@ class Workbench:
         self._running: dict[str, dict[int, Limits]] = {}
         # plan key -> (bytes, how many) of its fs_writes under way
         self._writes: dict[str, tuple[int, int]] = {}
+        # plan key -> futures of writes waiting for one under way to end (`a_write_ends`)
+        self._write_ends: dict[str, list[asyncio.Future[None]]] = {}
 
     def with_writes(self, used: Use, workspace: Workspace) -> Use:
         """`used` with the plan's fs_writes under way added: their bytes and an entry
-        each (twice where the count holds part of them already: a write that then does
-        not fit is refused, and fits once the others have finished)."""
+        each (twice where the count holds part of them already, so a write that then
+        does not fit waits for them: `a_write_ends`)."""
         size, count = self._writes.get(workspace.key, (0, 0))
         return dataclasses.replace(used, bytes=used.bytes + size, entries=used.entries + count)
+
+    def a_write_ends(self, workspace: Workspace) -> asyncio.Future[None] | None:
+        """Done when one of the plan's fs_writes under way ends; None if none is."""
+        if workspace.key not in self._writes:
+            return None
+        ends = asyncio.get_running_loop().create_future()
+        self._write_ends.setdefault(workspace.key, []).append(ends)
+        return ends
 
     @contextlib.contextmanager
     def writing(self, workspace: Workspace, incoming: int) -> Iterator[None]:
@@ -251,6 +261,9 @@ class Workbench:
                 del self._writes[workspace.key]
             else:
                 self._writes[workspace.key] = (size - incoming, count - 1)
+            for waiting in self._write_ends.pop(workspace.key, []):
+                if not waiting.done():  # a waiting call cancelled meanwhile: done
+                    waiting.set_result(None)
 
     def started(self, workspace: Workspace, sandbox_pid: int, limits: Limits) -> None:
         """A program of the plan runs in the sandbox of `sandbox_pid` until `ended`."""
@@ -571,14 +584,8 @@ def _write(bench: Workbench) -> Callable[[Context, fs_write.FsWriteArgs], Awaita
     async def confined(ctx: Context, args: fs_write.FsWriteArgs) -> Outcome[Any]:
         plan_ctx, workspace = _plan_context(bench, ctx)
         path = _inside(args.path)
-        try:  # counting the use walks the workspace: on the workbench's own threads
-            used = await bench.use(workspace)
-            # With the plan's writes under way, which the count may not hold yet: each
-            # passed the check on the same count (review5 finding 06: 64 MiB went into a
-            # 16 MiB quota). No await between the check and the reservation.
-            bench.workspaces.check_room(
-                workspace, ctx.blob_bytes, bench.with_writes(used, workspace)
-            )
+        try:
+            await _room_for(bench, workspace, ctx.blob_bytes)
         except WorkspaceError as exc:
             raise _translated(exc) from None
         with bench.writing(workspace, ctx.blob_bytes):
@@ -588,6 +595,29 @@ def _write(bench: Workbench) -> Callable[[Context, fs_write.FsWriteArgs], Awaita
                 bench.workspaces.changed(workspace)
 
     return confined
+
+
+async def _room_for(bench: Workbench, workspace: Workspace, incoming: int) -> None:
+    """Returns once `incoming` bytes fit beside the plan's use and its writes under way
+    (reserve them before the next await); raises WorkspaceError if they do not.
+
+    The writes under way count whole, since the count may not hold them yet (each
+    passed the check on the same count: review5 finding 06, 64 MiB went into a 16 MiB
+    quota), and so twice where it holds part of them: a write that does not fit beside
+    them waits for one to end and counts again, and is refused only when it does not
+    fit with none under way (review6 finding 06: two 6 MiB writes to a 16 MiB plan, the
+    second was refused)."""
+    while True:
+        # Counting walks the workspace: on the workbench's own threads.
+        used = await bench.use(workspace)
+        try:
+            bench.workspaces.check_room(workspace, incoming, bench.with_writes(used, workspace))
+            return
+        except WorkspaceError:
+            ends = bench.a_write_ends(workspace)
+            if ends is None:
+                raise
+            await ends
 
 
 def _fetch(bench: Workbench) -> Callable[[Context, Any], Awaitable[Outcome[Any]]]:
