@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -49,9 +49,10 @@ from worker.errors import (
     StartupError,
     WorkerError,
 )
-from worker.hub.server import Hub, control_service, worker_service
+from worker.hub.server import Hub, control_service, local_streams, worker_service
 from worker.hub.store import HubStore
 from worker.wire.auth import BearerAuth
+from worker.wire.inproc import LocalCall, LocalStreams
 from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import (
@@ -292,6 +293,7 @@ def build_connection(
     config: Config,
     gui_available: bool = False,
     link: LocalLink | None = None,
+    dial: Callable[[Sequence[tuple[str, str]]], LocalCall] | None = None,
 ) -> WorkerConnection:
     return WorkerConnection(
         dispatcher,
@@ -301,6 +303,7 @@ def build_connection(
         backoff=Backoff(config.connection.backoff_base_s, config.connection.backoff_cap_s),
         gui_available=gui_available,
         link=link,
+        dial=dial,
     )
 
 
@@ -362,11 +365,13 @@ class RunningHub:
     hub: Hub
     address: str
     housekeeping: asyncio.Task[None]
+    # Streams of a worker in this process (`up`), opened without gRPC.
+    local: LocalStreams
 
     async def stop(self, grace_s: float = 2.0) -> None:
         self.housekeeping.cancel()
         self.hub.shutdown()
-        await self.server.stop(grace_s)
+        await asyncio.gather(self.server.stop(grace_s), self.local.stop(grace_s))
         self.hub.store.close()
 
 
@@ -459,7 +464,13 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     host = address.rsplit(":", 1)[0]
     housekeeping = asyncio.create_task(_hub_housekeeping(hub))
-    return RunningHub(server=server, hub=hub, address=f"{host}:{port}", housekeeping=housekeeping)
+    return RunningHub(
+        server=server,
+        hub=hub,
+        address=f"{host}:{port}",
+        housekeeping=housekeeping,
+        local=local_streams(hub),
+    )
 
 
 # ----------------------------------------------------------------- entry points
@@ -608,6 +619,9 @@ async def run_up(
                 desktop,
                 on_ready=ready,
                 local=local,
+                # ... and their stream runs inside the process, without gRPC
+                # (worker.wire.inproc).
+                dial=running.local.open_stream,
             )
         finally:
             await running.stop()
@@ -634,6 +648,7 @@ async def _serve_worker(
     desktop: computer.Desktop | None = None,
     on_ready: Callable[[], None] | None = None,
     local: LocalLink | None = None,
+    dial: Callable[[Sequence[tuple[str, str]]], LocalCall] | None = None,
 ) -> None:
     lost = dispatcher.recover()
     if lost:
@@ -664,7 +679,9 @@ async def _serve_worker(
     if dispatcher.pause is not None:
         dispatcher.pause.subscribe(on_pause)
     hotkey = asyncio.create_task(desktop.start_hotkey()) if desktop is not None and gui else None
-    connection = build_connection(dispatcher, target, config, gui_available=gui, link=local)
+    connection = build_connection(
+        dispatcher, target, config, gui_available=gui, link=local, dial=dial
+    )
     console = build_console(dispatcher, config, server=target.address, mode=mode)
     connection.on_state = console.set_link
     if dispatcher.pause is not None:

@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,8 @@ MIB = 1024 * 1024
 @contextlib.asynccontextmanager
 async def up(home: Path, *, local: bool) -> AsyncIterator[tuple[Hub, LocalLink, WorkerConnection]]:
     """A hub and a worker in this event loop, as `agentworker up` assembles them; with
-    `local`, the worker says its session is in this process."""
+    `local`, the worker says its session is in this process, and its stream runs in it
+    (worker.wire.inproc), else over gRPC."""
     write_config(home, f"127.0.0.1:{free_port()}")
     paths = Paths(home, home)
     config = load(paths)
@@ -47,7 +49,13 @@ async def up(home: Path, *, local: bool) -> AsyncIterator[tuple[Hub, LocalLink, 
         token=read_token(paths.workers_token_file),
         worker_key=read_or_create_token(paths.worker_key_file),
     )
-    worker = app.build_connection(dispatcher, target, config, link=link if local else None)
+    worker = app.build_connection(
+        dispatcher,
+        target,
+        config,
+        link=link if local else None,
+        dial=running.local.open_stream if local else None,
+    )
     runner = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(worker.connected.wait(), 30)
@@ -427,3 +435,80 @@ def test_the_link_hands_results_on_a_local_session_to_the_stub_they_came_with() 
     )
     whole = pb.WorkerEnvelope.FromString(x.part(False)).messages[0].result
     assert whole.result_json == "{}" and whole.blob == b"x"
+
+
+@contextlib.asynccontextmanager
+async def hub_and_worker_parts(home: Path) -> AsyncIterator[tuple[app.RunningHub, Any]]:
+    """A started hub and what its worker in this process is built from (`connect`
+    builds a connection to it over the in-process stream, with the given key)."""
+    write_config(home, f"127.0.0.1:{free_port()}")
+    paths = Paths(home, home)
+    config = load(paths)
+    running = await app.start_hub(paths, config)
+    dispatcher = app.build_dispatcher(paths, config)
+    asyncio.get_running_loop().set_default_executor(dispatcher.threads)
+
+    def connect(worker_key: str) -> WorkerConnection:
+        token = read_token(paths.workers_token_file)
+        target = app.Target(address=running.address, token=token, worker_key=worker_key)
+        return app.build_connection(
+            dispatcher, target, config, link=LocalLink(), dial=running.local.open_stream
+        )
+
+    try:
+        yield running, connect
+    finally:
+        if not running.local.stopped:  # not stopped by the test
+            await running.stop()
+        dispatcher.close()
+
+
+def test_the_in_process_stream_binds_a_worker_to_its_key_as_grpc_does(tmp_path: Path) -> None:
+    """The hub reads the worker's key from the in-process stream's metadata: another
+    key for the same worker id is refused PERMISSION_DENIED, fatal for the worker."""
+
+    async def scenario() -> None:
+        async with hub_and_worker_parts(tmp_path) as (running, connect):
+            first = connect("the-key")
+            runner = asyncio.create_task(first.run())
+            await asyncio.wait_for(first.connected.wait(), 30)
+            assert list(running.hub.sessions) == [first.dispatcher.worker_id]
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+            with pytest.raises(connection.FatalConnectionError, match="belongs to another"):
+                await asyncio.wait_for(connect("another-key").run(), 30)
+
+    asyncio.run(scenario())
+
+
+def test_the_hubs_stop_ends_the_in_process_session_and_the_worker_waits_to_dial(
+    tmp_path: Path,
+) -> None:
+    """The hub's stop ends its worker's in-process session (a Drain, then the end of the
+    stream); the worker is not refused for good: it backs off and dials again."""
+
+    async def scenario() -> list[str]:
+        async with hub_and_worker_parts(tmp_path) as (running, connect):
+            worker = connect("the-key")
+            states: list[str] = []
+            backing_off = asyncio.Event()
+
+            def on_state(state: connection.LinkState) -> None:
+                states.append(state.state)
+                if state.state == "backoff":
+                    backing_off.set()
+
+            worker.on_state = on_state
+            runner = asyncio.create_task(worker.run())
+            await asyncio.wait_for(worker.connected.wait(), 30)
+            await running.stop()
+            await asyncio.wait_for(backing_off.wait(), 30)
+            assert not runner.done()
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+            return states
+
+    states = asyncio.run(scenario())
+    assert states[:3] == ["connecting", "ready", "backoff"]

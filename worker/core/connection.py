@@ -39,6 +39,7 @@ from worker.wire.framing import (
     read_varint,
     split_field,
 )
+from worker.wire.inproc import LocalCall
 from worker.wire.local import HandedResult, LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
@@ -135,6 +136,7 @@ class WorkerConnection:
         backoff: Backoff = Backoff(),
         gui_available: bool = False,
         link: LocalLink | None = None,
+        dial: Callable[[Sequence[tuple[str, str]]], LocalCall] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.target = target
@@ -158,6 +160,9 @@ class WorkerConnection:
         # the session this worker opened (its id: `_session_id`).
         self._link = link
         self._session_id = ""
+        # A hub in this process opens the stream itself, without gRPC (`up`, see
+        # worker.wire.inproc); None: the stream is dialled over gRPC.
+        self._dial = dial
         self._joins: dict[str, asyncio.Task[None]] = {}
         # Cancels for requests whose parts came and which are not claimed yet.
         self._cancelled_early: dict[str, str] = {}
@@ -236,17 +241,25 @@ class WorkerConnection:
     # ------------------------------------------------------------- one session
 
     async def _session(self) -> None:
-        channel = open_channel(self.target.address, self.keepalive, self.target.tls_ca)
+        channel = None
+        if self._dial is None:
+            channel = open_channel(self.target.address, self.keepalive, self.target.tls_ca)
         outbox = _Outbox()
         outbox.put_nowait(message_part(pb.WorkerMessage(hello=self._hello()).SerializeToString()))
         tasks: list[asyncio.Task[None]] = []
         healthy: asyncio.TimerHandle | None = None
+        metadata = worker_metadata(self.target.token, self.target.worker_key)
+        call: grpc.aio.StreamStreamCall | LocalCall
+        local_call: LocalCall | None = None
         try:
             # Requests go out as bytes this side frames itself (see envelopes.py).
             # Envelopes come as bytes and are decoded here: a message that does not
             # decode is answered or dropped, never the end of the worker (see _decode).
-            stream = channel.stream_stream(STREAM_METHOD)
-            call = stream(metadata=worker_metadata(self.target.token, self.target.worker_key))
+            if channel is None:
+                assert self._dial is not None
+                call = local_call = self._dial(metadata)
+            else:
+                call = channel.stream_stream(STREAM_METHOD)(metadata=metadata)
             tasks.append(asyncio.create_task(_write_outbox(call, outbox, self._hand_result)))
             try:
                 first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
@@ -292,7 +305,10 @@ class WorkerConnection:
             self._cancelled_early = {
                 cid: why for cid, why in self._cancelled_early.items() if cid in self._joins
             }
-            await channel.close(grace=None)
+            if channel is not None:
+                await channel.close(grace=None)
+            if local_call is not None:
+                local_call.cancel()  # the hub's handler ends, as on a closed channel
 
     async def _resend_unacked(self, outbox: _Outbox) -> None:
         """Every result the server has not acked goes out again, no faster than the
@@ -336,7 +352,7 @@ class WorkerConnection:
 
     async def _read(
         self,
-        call: grpc.aio.StreamStreamCall[pb.WorkerEnvelope, pb.ServerEnvelope],
+        call: grpc.aio.StreamStreamCall[pb.WorkerEnvelope, pb.ServerEnvelope] | LocalCall,
         outbox: _Outbox,
         silence_limit_s: float | None,
     ) -> None:
@@ -696,7 +712,7 @@ class _Outbox(asyncio.Queue[bytes | HandedResult | None]):
 
 
 async def _write_outbox(
-    call: grpc.aio.StreamStreamCall,
+    call: grpc.aio.StreamStreamCall | LocalCall,
     outbox: asyncio.Queue[bytes | HandedResult | None],
     hand: Callable[[HandedResult], bool],
 ) -> None:

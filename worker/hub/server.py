@@ -50,6 +50,7 @@ from worker.wire.framing import (
     spread_parts,
     when_idle,
 )
+from worker.wire.inproc import LocalStreams
 from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -1497,6 +1498,12 @@ def worker_service(hub: Hub) -> grpc.GenericRpcHandler:
         response_serializer=None,  # already bytes
     )
     return grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler})
+
+
+def local_streams(hub: Hub) -> LocalStreams:
+    """WorkerService.Stream for a worker in this process (`up`), without gRPC: the same
+    handler, reading the same bytes (worker.wire.inproc)."""
+    return LocalStreams(hub.stream, _worker_envelope)
 
 
 class ControlServicer(pb_grpc.ControlServiceServicer):
