@@ -725,7 +725,10 @@ async def _serve_worker(
     watch = asyncio.create_task(tui.wait()) if tui is not None else None
     if watch is not None:
         waiting.add(watch)
-    log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
+    if dial is None:
+        log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
+    else:
+        log.info("worker %s opening its stream to the hub in this process", dispatcher.worker_id)
     try:
         done: set[asyncio.Task[Any]] = set()
         while not done:
