@@ -162,7 +162,6 @@ def command(
     seccomp_fd: int | None = None,
     lifeline_fd: int | None = None,
     pid_cap: int | None = None,
-    spend_pids: int | None = None,
 ) -> list[str]:
     """bwrap [namespaces] [view] -- entry [limits, Landlock] -- argv, with `view.entry`;
     bwrap [namespaces] [view] -- prlimit [limits] -- argv without it.
@@ -172,8 +171,7 @@ def command(
     `seccomp_fd` reads the filter bubblewrap installs just before the program
     starts (see sandbox._seccomp). `lifeline_fd` (entry only) is the read end of a
     pipe whose write end only the worker holds: the entry exits when it finds it
-    closed. `pid_cap` (entry only) is pid_max for the sandbox's pid namespace;
-    `spend_pids` (entry only) has it spend the namespace's pids up to that one.
+    closed. `pid_cap` (entry only) is pid_max for the sandbox's pid namespace.
     """
     args = [
         tools.bwrap,
@@ -226,7 +224,7 @@ def command(
         *args,
         "--as-pid-1",
         "--",
-        *_entry_args(argv, view, limits, lifeline_fd, pid_cap, spend_pids),
+        *_entry_args(argv, view, limits, lifeline_fd, pid_cap),
     ]
 
 
@@ -252,7 +250,6 @@ def _entry_args(
     limits: Limits,
     lifeline_fd: int | None,
     pid_cap: int | None,
-    spend_pids: int | None = None,
 ) -> list[str]:
     """The entry helper's command line (see sandbox/entry.c): limits, the pid cap, what
     may be executed and where writes may go, then the program."""
@@ -263,8 +260,6 @@ def _entry_args(
         line += ["-r", f"{number}:{soft}:{hard}"]
     if pid_cap is not None:
         line += ["-p", f"{pid_cap}:{_entry.PROC_INSIDE}/sys/kernel/pid_max"]
-    if spend_pids is not None:
-        line += ["-s", str(spend_pids)]
     programs = [argv[0], *view.may_execute]
     for program in programs:
         interpreter = _entry.interpreter_of(program)

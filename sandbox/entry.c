@@ -9,7 +9,6 @@
  *               closes every descriptor but stdin, stdout and stderr;
  *   -r R:S:H    sets resource limit R (its number) to soft S and hard H;
  *   -p N:PATH   writes N to PATH: pid_max of the sandbox's own pid namespace;
- *   -s N        spends the namespace's pids until one is N (300, RESERVED_PIDS; below);
  *   -x PATH     lets PATH be executed (repeated: the program, its ELF interpreter);
  *   -w PATH     lets files be written, made and removed beneath PATH (repeated);
  *   -d PATH     lets existing files beneath PATH be written, nothing made (/dev);
@@ -26,6 +25,22 @@
  * the processor for its features with dozens of CPUID instructions (each traps to
  * the hypervisor on a virtual machine: 0.2-0.3 ms of each exec there), and the
  * dynamic loader's. Built without it, the C library's syscall() makes the calls.
+ *
+ * Run outside the sandbox as `-N FD:LAST` (nothing else on its line), it does one
+ * other job, for a root worker: it sets the last pid of the pid namespace whose
+ * first process the pidfd FD names to LAST (300), while bubblewrap holds that
+ * sandbox at its start line. Once a pid namespace has handed out pid 300 (the
+ * kernel's RESERVED_PIDS), its pids wrap back to 300, never below: pid_max N then
+ * leaves pids 300 to N-1. Before that every pid from 1 up is free, and a cap of 300 +
+ * P let P + 300 processes run at once (review7 finding 04). The sandbox cannot set
+ * its own last pid (ns_last_pid wants CAP_CHECKPOINT_RESTORE over the namespace,
+ * which belongs to the machine's user namespace for a root worker; spending pids 2
+ * to 300 with threads instead took 4 ms an exec with a core free, 25 ms at load 20).
+ * The worker may, but only from a process of that namespace, which reads its own
+ * namespace's sysctl: this joins it (setns: for its children) and forks one child
+ * that writes /proc/sys/kernel/ns_last_pid and exits (only where its own pid there is
+ * below LAST: a fresh namespace, never the machine's); it reaps it and exits 0, or
+ * 125 with its message. One small static process and a fork, not nsenter and tee.
  *
  * No libc wrapper exists for Landlock in older C libraries, so the system calls and
  * structures are declared here (they are the same on every architecture).
@@ -50,18 +65,9 @@
 #define REFER (1ull << 13)          /* ABI 2 */
 #define TRUNCATE (1ull << 14)       /* ABI 3 */
 
-/* Once a pid namespace has handed out pid 300 (the kernel's RESERVED_PIDS), its pids
- * wrap back to 300, never below: pid_max N then leaves pids 300 to N-1 however many
- * were spent. Before that, every pid from 1 up is free, and a cap of 300 + P let P +
- * 300 processes run at once (review7 finding 04). The last pid cannot be set here
- * (ns_last_pid wants CAP_CHECKPOINT_RESTORE over the namespace, which belongs to the
- * machine's user namespace for a root worker), so threads that end at once take pids
- * 2 to 300, at most SPENDERS alive together: 4 ms with a core free, 10-25 ms on a
- * loaded 2-core machine (each must get a CPU to end). In a plan's cgroup, whose pids
- * they would take, the worker writes ns_last_pid from outside instead (no -s). */
-#define SPENDERS 4
-#define SPEND_FLAGS 0x350f00ul /* CLONE_VM FS FILES SIGHAND THREAD SYSVSEM PARENT_SETTID CHILD_CLEARTID */
-#define FUTEX_WAIT 0 /* not private: the kernel wakes a cleared tid as a shared futex */
+#define NEWPID 0x20000000 /* CLONE_NEWPID, for setns */
+#define CHILD_EXITS 17    /* SIGCHLD: the fork's child tells its parent when it ends */
+#define LAST_PID "/proc/sys/kernel/ns_last_pid"
 
 struct ruleset_attr { uint64_t handled_access_fs; };
 struct __attribute__((packed)) path_beneath { uint64_t allowed_access; int32_t parent_fd; };
@@ -127,6 +133,8 @@ static const char *said(long err) {
     case EOPNOTSUPP: return "Operation not supported";
     case EAGAIN: return "Resource temporarily unavailable";
     case ECHILD: return "No child processes";
+    case EINTR: return "Interrupted system call";
+    case EIO: return "Input/output error";
     default: return 0;
     }
 }
@@ -196,60 +204,47 @@ static void close_all_but(int keep) { /* every descriptor above stderr, except `
         if (fd != keep) SYS1(SYS_close, fd);
 }
 
-#ifdef AGENTWORKER_NOLIBC
-/* Starts a thread that ends at once: its pid (written to *tid too, which the kernel
- * clears when the thread is gone), or -errno. The thread shares this stack, so it
- * runs nothing but the system call that ends it: it never touches memory. */
-static long start_ending_thread(volatile int *tid) {
-    register long r10 __asm__("r10") = (long)tid;
-    register long r8 __asm__("r8") = 0;
-    long result;
-    __asm__ volatile("syscall\n\t"
-                     "test %%rax, %%rax\n\t"
-                     "jnz 1f\n\t"
-                     "mov $60, %%eax\n\t" /* exit: this thread only */
-                     "xor %%edi, %%edi\n\t"
-                     "syscall\n"
-                     "1:\n\t"
-                     : "=a"(result)
-                     : "a"((long)SYS_clone), "D"(SPEND_FLAGS), "S"(0L), "d"(tid), "r"(r10), "r"(r8)
-                     : "rcx", "r11", "memory");
-    return result;
+/* Writes `text` (`size` bytes) to the sysctl at `path`, or fails saying `what`. */
+static void write_sysctl(const char *path, const char *text, unsigned long size, const char *what) {
+    long fd = SYS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CLOEXEC, 0);
+    long wrote = fd < 0 ? fd : SYS3(SYS_write, fd, text, size);
+    if (wrote != (long)size) fail(what, path, wrote < 0 ? -wrote : EIO);
+    SYS1(SYS_close, fd);
 }
 
-static void until_gone(volatile int *tid) {
-    for (int seen; (seen = *tid) != 0;) SYS4(SYS_futex, tid, FUTEX_WAIT, seen, 0);
-}
-
-static void spend_pids(long until) {
-    static volatile int tids[SPENDERS];
-    long pid = 0;
-    for (unsigned n = 0; pid < until; n++) {
-        if (n > 2 * until) fail("cannot spend the sandbox's first pids", 0, EAGAIN);
-        volatile int *slot = &tids[n % SPENDERS];
-        until_gone(slot);
-        pid = start_ending_thread(slot);
-        if (pid < 0) fail("cannot spend the sandbox's first pids", 0, -pid);
+/* `-N FD:LAST`, outside the sandbox: see the top of this file. */
+static int set_last_pid(const char *value) {
+    const char *text = value;
+    long pidfd = (long)number(&text, ':', "-N");
+    unsigned long long last = number(&text, 0, "-N");
+    if (last > 4096) fail("too large a last pid in", "-N", EINVAL);
+    char line[24];
+    unsigned long size = put_number(line, 0, sizeof line - 1, last);
+    line[size++] = '\n';
+    long none[4] = {0, 0, 0, 0}; /* SIGCHLD at its default: ignored, the child would reap itself */
+    SYS4(SYS_rt_sigaction, CHILD_EXITS, none, 0, 8);
+    long done = SYS2(SYS_setns, pidfd, NEWPID);
+    if (done) fail("cannot join the sandbox's pid namespace", 0, -done);
+    long pid = SYS5(SYS_clone, CHILD_EXITS, 0, 0, 0, 0); /* a fork: its own copy of memory */
+    if (pid < 0) fail("cannot start a process in the sandbox's pid namespace", 0, -pid);
+    if (pid == 0) {
+        /* Only ever forward, and only in a namespace that has not yet handed out LAST:
+         * never the machine's own, were it given a pidfd of a process outside. */
+        long own = SYS1(SYS_getpid, 0);
+        if (own < 1 || (unsigned long long)own >= last)
+            fail("not a fresh pid namespace (its pids are past the last one asked for)", 0, EINVAL);
+        write_sysctl(LAST_PID, line, size, "cannot set the sandbox's last pid at");
+        leave(0);
     }
-    for (int i = 0; i < SPENDERS; i++) until_gone(&tids[i]);
+    int status = 0;
+    long reaped = SYS4(SYS_wait4, pid, &status, 0, 0);
+    if (reaped != pid) fail("cannot reap the process that set the last pid", 0, reaped < 0 ? -reaped : ECHILD);
+    if ((status & 0x7f) != 0) fail("the process that set the last pid was killed", 0, EINTR);
+    return (status >> 8) & 0xff; /* 0, or 125 with its message said */
 }
-#else
-/* With the C library: a child per pid, each reaped before the next (vfork: the child
- * only exits). */
-static void spend_pids(long until) {
-    long pid = 0;
-    for (unsigned n = 0; pid < until; n++) {
-        if (n > 2 * until) fail("cannot spend the sandbox's first pids", 0, EAGAIN);
-        pid = vfork();
-        if (pid == 0) _exit(0);
-        if (pid < 0) fail("cannot spend the sandbox's first pids", 0, errno);
-        long reaped = SYS4(SYS_wait4, pid, 0, 0, 0);
-        if (reaped != pid) fail("cannot reap a spent pid", 0, reaped < 0 ? -reaped : ECHILD);
-    }
-}
-#endif
 
 static int entry(int argc, char **argv, char **envp) {
+    if (argc == 3 && same(argv[1], "-N")) return set_last_pid(argv[2]);
     long abi = SYS3(NR_create_ruleset, 0, 0, VERSION_FLAG);
     if (abi < 1) fail("Landlock is not available", 0, abi < 0 ? -abi : ENOSYS);
     uint64_t writes = WRITE_FILE | MAKE_AND_REMOVE | (abi >= 2 ? REFER : 0);
@@ -285,15 +280,7 @@ static int entry(int argc, char **argv, char **envp) {
             char text[24];
             unsigned long size = put_number(text, 0, sizeof text - 1, cap);
             text[size++] = '\n';
-            long fd = SYS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CLOEXEC, 0);
-            long wrote = fd < 0 ? fd : SYS3(SYS_write, fd, text, size);
-            if (wrote != (long)size) fail("cannot cap processes at", path, wrote < 0 ? -wrote : EIO);
-            SYS1(SYS_close, fd);
-        } else if (option[1] == 's') {
-            const char *text = value;
-            unsigned long long until = number(&text, 0, option);
-            if (until > 4096) fail("too many pids to spend in", option, EINVAL);
-            spend_pids((long)until);
+            write_sysctl(path, text, size, "cannot cap processes at");
         } else if (option[1] == 'x') {
             allow(ruleset, value, EXECUTE);
         } else if (option[1] == 'w') {

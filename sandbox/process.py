@@ -3,9 +3,10 @@
 `run` starts bubblewrap (see sandbox._bwrap for what the sandbox sees). With the
 entry helper (`View.entry`) the sandbox's first process sets the limits, caps
 processes and applies Landlock itself, then becomes the program: no second
-process, no handshake. Without it, `prlimit` sets the limits and, for a root
-worker, bubblewrap holds the sandbox at its start line (--block-fd) while
-sandbox._pidcap caps its processes from outside.
+process, no handshake; for a root worker bubblewrap first holds the sandbox at its
+start line (--block-fd) while the same helper, run outside, sets the sandbox's last
+pid (sandbox._pidcap). Without it, `prlimit` sets the limits and, for a root
+worker, the sandbox is held while sandbox._pidcap caps its processes from outside.
 
 It reads stdout and stderr together up to `Limits.output_bytes`, then keeps
 draining and discarding so a chatty program never blocks on a full pipe. The
@@ -301,11 +302,12 @@ async def run(
         block_w: int | None = None
         if entry:
             lifeline_r, lifeline_w = _pipe(theirs, ours)
-        if not entry or cgroup is not None:
+        if not entry or cgroup is not None or capped:
             # Held at its start line until its report is read: without the entry (which
             # closes every other descriptor) the program inherits the report's pipe, and
             # one that read it first would make a call that ran look as if it never
-            # started (see _Sandbox.drive).
+            # started (see _Sandbox.drive). A root worker's sandbox is held until its
+            # last pid is set from outside (sandbox._pidcap), a plan's until it joined.
             block_r, block_w = _pipe(theirs, ours)
         file_fds = [_memory_file(content) for content in private_files(view.private)]
         theirs += file_fds
@@ -324,9 +326,6 @@ async def run(
             seccomp_fd=seccomp_fd,
             lifeline_fd=lifeline_r,
             pid_cap=_pidcap.cap_for(limits.processes) if capped and entry else None,
-            # In a plan's cgroup the spending would take the plan's pids (and fail where
-            # its programs hold them all): the worker sets the last pid from outside.
-            spend_pids=_pidcap.RESERVED_PIDS if capped and entry and cgroup is None else None,
         )
         out_r, out_w = _pipe(ours, theirs)
         _widen(out_w, limits.output_bytes)
@@ -365,7 +364,7 @@ async def run(
                 started,
                 pid_cap if capped and not entry else None,
                 cgroup,
-                pid_cap if capped and entry and cgroup is not None else None,
+                view.entry if capped else None,
             )
         finally:
             sandbox.kill()
@@ -421,15 +420,15 @@ class _Sandbox:
         started: float,
         cap_from_outside: PidCap | None,
         cgroup: PlanGroup | None,
-        pass_from_outside: PidCap | None = None,
+        pass_with: str | None = None,
     ) -> Completed:
         try:
             if self.block_w is not None:
                 # Held at its start line (--block-fd) until pid 1 is known and, where
-                # needed, in place. Elsewhere (the entry helper, no cgroup) nothing
-                # needs pid 1 unless the sandbox is killed: `kill` then reads
-                # bubblewrap's report while bubblewrap is stopped, and the exit is the
-                # one event waited for.
+                # needed, in place and capped. Elsewhere (the entry helper, a regular
+                # user's worker, no cgroup) nothing needs pid 1 unless the sandbox is
+                # killed: `kill` then reads bubblewrap's report while bubblewrap is
+                # stopped, and the exit is the one event waited for.
                 init_pid = await self._child_pid()
                 if init_pid is None:
                     await self.child.until(self.child.exited, EXIT_GRACE_S)
@@ -441,8 +440,8 @@ class _Sandbox:
                     await loop.run_in_executor(_JOINING, cgroup.join, init_pid)
                 if self.pidfd is not None and cap_from_outside is not None:
                     await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
-                if self.pidfd is not None and pass_from_outside is not None:
-                    await pass_from_outside.pass_reserved(tools, init_pid)
+                if self.pidfd is not None and pass_with is not None:
+                    await _pidcap.pass_reserved(pass_with, self.pidfd, self.child.starts)
             if self.block_w is not None:
                 with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
                     os.write(self.block_w, b"go")

@@ -156,6 +156,11 @@ def test_the_helper_refuses_a_line_it_cannot_read_whole(entry: str) -> None:
         (["-r", "4:0:1x", "--", "/usr/bin/true"], b"not a number in -r"),
         (["-r", "4:0:99999999999999999999", "--", "/usr/bin/true"], b"too large a number"),
         (["-L", "", "--", "/usr/bin/true"], b"not a number in -L"),
+        # -N (run outside, alone on its line: see sandbox._pidcap.pass_reserved)
+        (["-N", "3x"], b"not a number in -N"),
+        (["-N", "3:5000"], b"too large a last pid in -N"),
+        (["-N", "99:300"], b"cannot join the sandbox's pid namespace: Bad file descriptor"),
+        (["-N", "3:300", "--", "/usr/bin/true"], b"unknown option -N"),
         (["-q", "1", "--", "/usr/bin/true"], b"unknown option -q"),
         (["-xx", "/usr/bin/true", "--", "/usr/bin/true"], b"unknown option -xx"),
         (["-w", "/tmp", "-x"], b"no value for -x"),

@@ -94,7 +94,7 @@ def test_bubblewrap_has_a_group_of_its_own_and_the_program_a_session(
     leader = "import os; print(os.getsid(0) in (1, os.getpid()))"
     done = sandboxed(share, [PYTHON, "-c", leader])
     assert done.exit_code == 0 and done.stdout == b"True\n", done
-    pid, group, session = seen[0]  # bubblewrap (a root worker's pid cap runs nsenter next)
+    pid, group, session = seen[0]  # bubblewrap (the pid cap's helpers start elsewhere)
     assert group == pid != os.getpgid(0)
     assert session == os.getsid(0)
 
