@@ -438,10 +438,14 @@ class _Sandbox:
                     # can wait for the kernel's cgroup locks.
                     loop = asyncio.get_running_loop()
                     await loop.run_in_executor(_JOINING, cgroup.join, init_pid)
-                if self.pidfd is not None and cap_from_outside is not None:
-                    await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
-                if self.pidfd is not None and pass_with is not None:
-                    await _pidcap.pass_reserved(pass_with, self.pidfd, self.child.starts)
+                try:
+                    if self.pidfd is not None and cap_from_outside is not None:
+                        await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
+                    if self.pidfd is not None and pass_with is not None:
+                        await _pidcap.pass_reserved(pass_with, self.pidfd, self.child.starts)
+                except SandboxUnavailableError:
+                    await self._failed_first(limits)
+                    raise
             if self.block_w is not None:
                 with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
                     os.write(self.block_w, b"go")
@@ -466,6 +470,17 @@ class _Sandbox:
             await self.child.until(self.child.exited, EXIT_GRACE_S)
             raise
         return self._completed(timed_out, time.monotonic() - started)
+
+    async def _failed_first(self, limits: Limits) -> None:
+        """The pid cap could not be set from outside: were it because bubblewrap failed
+        while it built the sandbox (the info comes before its mounts, so the cap is set
+        meanwhile; a folder gone leaves no pid namespace to join), say what bubblewrap
+        said instead."""
+        self.kill()
+        await self.child.until(self.child.exited, EXIT_GRACE_S)
+        await self.child.until(self.child.pipes_closed, limits.drain_s)
+        if self.child.collected(self.child.stderr).startswith(b"bwrap: "):
+            raise SandboxUnavailableError(self._bwrap_complaint())
 
     def kill(self) -> None:
         """SIGKILL the sandbox's pid 1 (so the kernel kills every process in it) and

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import _pidcap
+from sandbox import _pidcap, environment
 from sandbox._bwrap import SandboxUnavailableError
 from sandbox._spawn import Starts
+from sandbox.process import Limits, Mount, PidCap, View, run
 
 pytestmark = pytest.mark.skipif(not _pidcap.needed(), reason="the pid cap is a root worker's")
 
@@ -83,3 +84,20 @@ def test_a_cancelled_pass_leaves_no_helper_running(tmp_path: Path) -> None:
     assert (ended.si_code, ended.si_status) == (os.CLD_KILLED, signal.SIGKILL)
     assert [spawned.pid for spawned in starts._unreaped] == [pid]
     os.waitpid(pid, 0)
+
+
+def test_a_sandbox_bubblewrap_could_not_build_says_what_bubblewrap_said(
+    entry: str, tmp_path: Path
+) -> None:
+    """bubblewrap reports the sandbox's pid before it makes the mounts, so the last pid
+    is set while it builds; a shared folder gone by then fails the build, and the call
+    says so as bubblewrap did, not as the pid cap that found no sandbox to join."""
+    gone = tmp_path / "gone"
+    view = View(
+        cwd="/",
+        mounts=(Mount(str(gone), True),),
+        env=environment.build({}, []),
+        entry=entry,
+    )
+    with pytest.raises(SandboxUnavailableError, match="bubblewrap could not build the sandbox"):
+        asyncio.run(run(["/usr/bin/true"], view, Limits(), pid_cap=PidCap()))
