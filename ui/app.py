@@ -36,7 +36,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from ui.approval import Answer, ApprovalModal
 from ui.notify import Notifier, desktop_notifier
 from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
-from ui.shown import plan_shown, server_text, shown
+from ui.shown import cell_text, id_text, plan_shown, server_text, shown
 from worker.core.console import RECENT_CALLS, Event, Link
 from worker.errors import StartupError
 
@@ -493,8 +493,8 @@ class WorkerApp(App[None]):
         status = str(call.get("status", ""))
         return [
             Text(_clock_text(call.get("started_ms"))),
-            Text(shown(call.get("agent_id", ""))),
-            Text(shown(call.get("plan_id", ""))),
+            cell_text(call.get("agent_id", "")),
+            cell_text(call.get("plan_id", "")),
             Text(shown(call.get("action", ""))),
             Text(shown(status), style=STATUS_STYLES.get(status, "red")),
             Text(_duration(call.get("duration_ms")), justify="right"),
@@ -599,7 +599,10 @@ class WorkerApp(App[None]):
         ):
             value = call.get(key)
             if value:
-                table.add_row(label, server_text(value, one_line=True))
+                ids = ("id", "agent_id", "plan_id", "task_id")
+                table.add_row(
+                    label, id_text(value) if key in ids else server_text(value, one_line=True)
+                )
         table.add_row("duration", Text(_duration(call.get("duration_ms"))))
         table.add_row("args", server_text(call.get("args", ""), one_line=False))
         if call.get("error"):
@@ -833,7 +836,7 @@ def _plan_cells(plan: dict[str, Any]) -> tuple[Text, Text, Text, Text]:
         f"killed: {shown(plan['reason'])}" if state == "killed" and plan.get("reason") else state
     )
     return (
-        Text(shown(plan["plan_id"]) or "(none)"),
+        cell_text(plan["plan_id"]) if plan["plan_id"] else Text("(none)"),
         Text(label, style=style),
         Text(shown(plan["running"]), justify="right"),
         Text(shown(plan["calls"]), justify="right"),

@@ -32,7 +32,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from ui.shown import server_text, shown
+from ui.shown import id_text, server_text, shown
 
 # The periods "for this agent" offers, cycled with the period key.
 PERIODS: tuple[tuple[str, float], ...] = (
@@ -231,8 +231,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
         table.add_column(width=LABEL_WIDTH, no_wrap=True, style="bold")
         table.add_column(ratio=1)
         rows: list[tuple[str, Text]] = [
-            ("Agent", server_text(str(p.get("agent_id") or "(none)"), one_line=True)),
-            ("Plan", server_text(str(p.get("plan_id") or "(none)"), one_line=True)),
+            ("Agent", id_text(str(p.get("agent_id") or "(none)"))),
+            ("Plan", id_text(str(p.get("plan_id") or "(none)"))),
             ("Wants", server_text(", ".join(p.get("scopes", ())), one_line=True)),
         ]
         grants = [g for g in p.get("grants", ()) if g not in p.get("scopes", ())]

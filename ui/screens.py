@@ -16,7 +16,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Static
 
 from ui.approval import GRACE_S
-from ui.shown import plan_shown, server_text, shown
+from ui.shown import cell_text, plan_shown, server_text, shown
 
 if TYPE_CHECKING:
     from ui.app import WorkerApp
@@ -96,9 +96,9 @@ class GrantsScreen(Screen[None]):
             scope = Text(("ask " if g.get("ask") else "") + shown(g["scope"]))
             table.add_row(
                 Text(shown(g["id"]) if g.get("id") is not None else "cfg"),
-                Text(shown(g["agent"])),
+                cell_text(g["agent"]),
                 scope,
-                Text(shown(g["plan"])),
+                cell_text(g["plan"]),
                 Text(expiry(g.get("expires_ms"), now)),
                 Text(shown(g["granted_by"])),
                 key=key,
@@ -183,7 +183,7 @@ class ConfirmLiftScreen(ModalScreen[bool]):
             yield Static(Text("Lift the kill?", style="bold"))
             text = Text("Plan ")
             # Whole (wrapped, not cut at the frame): the person reads which plan it is.
-            text.append(server_text(plan_shown(self.plan), one_line=False))
+            text.append(server_text(plan_shown(self.plan), one_line=False, foreign=True))
             text.append(
                 " may run again: its calls will no longer be refused. If you did not "
                 "press l, the agent may have typed it: keep the plan killed."

@@ -15,6 +15,7 @@ drawn as is reaches the person's terminal.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Final
 
 from rich.text import Text
@@ -23,6 +24,7 @@ from worker.core.approvals import MAX_ID_CHARS, inert
 
 # A run of whitespace in a server's text, or one whitespace character other than a space.
 _WHITESPACE: Final = re.compile(r"\s{2,}|[^\S ]")
+_CUT: Final = re.compile(r" … \(\+[\d,]+ chars\)$")
 
 
 def shown(value: object, *, lines: bool = False) -> str:
@@ -41,22 +43,66 @@ def plan_shown(raw: str) -> str:
     return inert(raw, MAX_ID_CHARS)
 
 
-def server_text(raw: object, *, one_line: bool) -> Text:
+def server_text(raw: object, *, one_line: bool, foreign: bool = False) -> Text:
     """A server's text for one of the prompt's rows (or the calls' detail pane's, or
     the lift confirmation's): inert (`shown`), a run of whitespace (or a space that
     is not a plain one) shown counted and marked, never as the blank it is, and on
-    one line cut with an ellipsis when `one_line`."""
-    value = shown(raw)
+    one line cut with an ellipsis when `one_line`; with `foreign`, each character
+    outside ASCII marked (an id's: see `id_text`)."""
+    return _marked(shown(raw), one_line=one_line, foreign=foreign)
+
+
+def id_text(raw: object) -> Text:
+    """An id (agent, plan, task, call) for one of the prompt's or the detail pane's
+    rows: as `server_text` on one line, and each character outside ASCII marked, the
+    first few named ahead of it. Ids are names machines give, and a letter of another
+    script drawn like a Latin one (Cyrillic small a, U+0430, for a) passes for another
+    agent's or plan's id on screen."""
+    body, cut = _cut_off(shown(raw))
+    foreign = [char for char in body if not char.isascii()]
+    text = _marked(body, one_line=True, foreign=bool(foreign))
+    text.append(cut)
+    if foreign:
+        text = Text.assemble((f"⟨not ASCII: {_named(foreign)}⟩", "reverse"), " ", text)
+        text.no_wrap, text.overflow = True, "ellipsis"
+    return text
+
+
+def cell_text(raw: object) -> Text:
+    """An id for a cell of the calls table: inert, each character outside ASCII marked."""
+    body, cut = _cut_off(shown(raw))
+    text = _marked(body, one_line=True, foreign=not body.isascii())
+    text.append(cut)
+    return text
+
+
+def _named(chars: Sequence[str]) -> str:
+    """The first three of `chars` by code point, and an ellipsis if there are more."""
+    return " ".join(f"U+{ord(c):04X}" for c in chars[:3]) + (" …" if len(chars) > 3 else "")
+
+
+def _cut_off(value: str) -> tuple[str, str]:
+    """`value` and the worker's note on an id it cut short, apart (or '')."""
+    cut = _CUT.search(value)
+    return (value[: cut.start()], cut.group()) if cut else (value, "")
+
+
+def _marked(value: str, *, one_line: bool, foreign: bool) -> Text:
     text = Text(no_wrap=one_line, overflow="ellipsis" if one_line else "fold")
+    append = _append_marking_foreign if foreign else Text.append
     at = 0
     for match in _WHITESPACE.finditer(value):
-        text.append(value[at : match.start()])
+        append(text, value[at : match.start()])
         run = match.group()
         if run.strip(" "):
-            names = " ".join(f"U+{ord(c):04X}" for c in run[:3]) + (" …" if len(run) > 3 else "")
-            text.append(f"⟨{names}⟩", style="reverse")
+            text.append(f"⟨{_named(run)}⟩", style="reverse")
         else:
             text.append(f"⟨{len(run)} spaces⟩", style="reverse")
         at = match.end()
-    text.append(value[at:])
+    append(text, value[at:])
     return text
+
+
+def _append_marking_foreign(text: Text, segment: str) -> None:
+    for char in segment:
+        text.append(char, style=None if char.isascii() else "reverse")

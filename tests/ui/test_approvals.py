@@ -290,3 +290,40 @@ def test_an_id_padded_with_spaces_stays_on_its_row_and_forges_none(tmp_path: Pat
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_an_id_with_letters_outside_ascii_is_marked_and_named(tmp_path: Path) -> None:
+    """A Cyrillic а (U+0430) drawn as a Latin a made "\\u0430lice" pass for alice in the
+    prompt: ids are marked where they hold a character outside ASCII, and the first
+    few are named ahead of the id."""
+    look_alike = "\u0430lic\u0435"  # Cyrillic a and e
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            asked = asyncio.ensure_future(
+                broker.scope_request(
+                    pb.ScopeRequest(
+                        request_id="r", agent_id=look_alike, plan_id="plan-a", scopes=["*.*"]
+                    )
+                )
+            )
+            modal = await answerable(app, pilot)
+            facts = modal.query_one("#facts", Static)
+            lines = [facts.render_line(y).text.rstrip() for y in range(facts.size.height)]
+            assert lines[0] == f"Agent      ⟨not ASCII: U+0430 U+0435⟩ {look_alike}", lines
+            assert lines[1] == "Plan       plan-a", lines  # an ASCII id as it is
+            marked = [
+                segment.text
+                for segment in facts.render_line(0)
+                if segment.style is not None and segment.style.reverse
+            ]
+            assert "\u0430" in marked and "\u0435" in marked, marked
+            await pilot.press("d")
+            assert not (await asked).granted
+        rig.close()
+
+    asyncio.run(scenario())
