@@ -293,7 +293,7 @@ def test_an_id_padded_with_spaces_stays_on_its_row_and_forges_none(tmp_path: Pat
 
 
 def test_an_id_with_letters_outside_ascii_is_marked_and_named(tmp_path: Path) -> None:
-    """A Cyrillic а (U+0430) drawn as a Latin a made "\\u0430lice" pass for alice in the
+    """A Cyrillic small a (U+0430) drawn as a Latin a made "\\u0430lice" pass for alice in the
     prompt: ids are marked where they hold a character outside ASCII, and the first
     few are named ahead of the id."""
     look_alike = "\u0430lic\u0435"  # Cyrillic a and e
