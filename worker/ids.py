@@ -7,17 +7,23 @@ hub, its invocation id at the worker), and on the 2-core machine the project is
 measured on, building the UUID object took 12 of uuid4's 15 us.
 
 `id_problem` is the one rule for ids a request carries (correlation, plan, agent,
-owner, task): what the hub takes from callers and the worker from a server.
+owner, task): what the hub takes from callers and the worker from a server;
+`name_problem` the one for the surface and action it names.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Final
 
 # The longest id a request may carry. A hub's own are 32 hex digits; a server's plan
 # and agent ids are its choice, and are kept (ledger, telemetry, audit) and shown.
 MAX_ID_CHARS: Final = 256
+# A surface's or action's name: every real one is a short word of letters, digits and
+# underscores (workerHost, fs_read); a server's unknown one is kept and shown all the same.
+MAX_NAME_CHARS: Final = 64
+_NAME: Final = re.compile(r"[A-Za-z0-9_.-]*")
 
 
 def new_id() -> str:
@@ -48,4 +54,21 @@ def id_problem(name: str, value: str, *, required: bool = False) -> tuple[str, s
                 f"position {index}: an id is letters, digits, punctuation and spaces, with "
                 "no control, format (bidi) or line-separator character"
             )
+    return None
+
+
+def name_problem(name: str, value: str) -> tuple[str, str] | None:
+    """Why `value` cannot be the `name` (surface or action) of a request ((kind, a
+    sentence a person can act on)), or None. At most MAX_NAME_CHARS ASCII letters,
+    digits, `_`, `.` and `-`: an unknown action is answered `unknown_action` and kept
+    (telemetry, the console's call rows) under its name, which an escape sequence in it
+    would carry to a terminal (review8 finding 03)."""
+    if len(value) > MAX_NAME_CHARS:
+        return "too_long", f"{name} has {len(value):,} characters; at most {MAX_NAME_CHARS}"
+    if not _NAME.fullmatch(value):
+        bad = next(char for char in value if not _NAME.fullmatch(char))
+        return "not_a_name", (
+            f"{name} has U+{ord(bad):04X}, which no surface or action name has: a name is "
+            "ASCII letters, digits, '_', '.' and '-'"
+        )
     return None

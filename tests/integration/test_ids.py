@@ -1,4 +1,5 @@
 """Ids (correlation, plan, agent, owner, task) are at most 256 printable characters,
+and a surface's or action's name at most 64 ASCII letters, digits, `_`, `.` and `-`,
 refused `validation_error` where they enter: at the hub from a caller, and at the
 worker from a server that does not check them (a scripted hub). They were kept and
 shown as they came, escapes, bidi overrides and line breaks included (the TUI made
@@ -57,6 +58,27 @@ def test_the_hub_refuses_a_call_with_an_id_that_is_not_printable(live: Cluster, 
         assert stored.fetchone() == (0,), "refused before it was stored"
     too_long = live.call("workerHost.fs_stat", '{"path": "."}', **{field: "x" * 257})
     assert too_long["error"]["details"]["errors"][0]["type"] == "too_long"
+
+
+# Not a surface's or action's name: as above, and a space, a slash, a letter of another script.
+BAD_NAMES = [*BAD, "fs read", "fs/read", "fs_r\u0435ad"]
+
+
+def test_the_hub_refuses_a_call_naming_an_action_or_surface_no_name_has(live: Cluster) -> None:
+    """An unknown action was answered `unknown_action` and kept under its name, escapes
+    and all, in telemetry and the console's call rows (review8 finding 03)."""
+    for n, value in enumerate(BAD_NAMES):
+        for field, action in (("action", f"workerHost.{value}"), ("surface", f"{value}.fs_stat")):
+            out = live.call(action, '{"path": "."}', correlation_id=f"name-{field}-{n}")
+            assert out["error"]["code"] == "validation_error", (value, out)
+            message = out["error"]["message"]
+            assert message.startswith(f"the call's {field} has U+"), message
+            assert "which no surface or action name has" in message and value not in message
+    with contextlib.closing(sqlite3.connect(live.home / "hub.db")) as db:
+        stored = db.execute("SELECT count(*) FROM calls WHERE correlation_id LIKE 'name-%'")
+        assert stored.fetchone() == (0,), "refused before it was stored"
+    unknown = live.call("workerHost.no_such-action.v2", "{}")  # a name, unknown
+    assert unknown["error"]["code"] == "unknown_action", unknown
 
 
 def test_printable_ids_of_any_script_still_go_through(live: Cluster) -> None:
@@ -118,6 +140,13 @@ def test_the_worker_refuses_such_ids_from_a_server_that_sends_them(tmp_path: Pat
                 message = result.error.message
                 assert message.startswith(f"a request's {field} has a character that is not")
                 assert _said(value) in message and value not in message
+        for field in ("surface", "action"):
+            for n, value in enumerate(BAD_NAMES):
+                hub.request(f"{field}-{n}", "{}", **{field: value})
+                result = await hub.next("result")
+                assert error_code(result) == "validation_error", result
+                assert result.error.message.startswith(f"a request's {field} has U+")
+                assert value not in result.error.message
         hub.request("ok-1", "{}", plan_id=GOOD[0], task_id=GOOD[1])
         assert error_code(await hub.next("result")) == "ok"
         # A kill of such a plan is ignored (no call of it can run), and a scope request

@@ -62,7 +62,7 @@ from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
 from worker.core.telemetry import AUDITED_CODES, Telemetry
 from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
-from worker.ids import MAX_ID_CHARS, id_problem, new_id
+from worker.ids import MAX_ID_CHARS, id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
@@ -88,8 +88,8 @@ MAX_REASON_CHARS: Final = 1000
 # A request's ids, refused unclaimed unless worker.ids.id_problem passes them (at most
 # MAX_ID_CHARS printable characters; the correlation id is required).
 _IDS: Final = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id")
-# The longest each other name of a request may be (see `submit`).
-_NAMES: Final = {"surface": 64, "action": 64}
+# A request's names, refused unclaimed unless worker.ids.name_problem passes them.
+_NAMES: Final = ("surface", "action")
 # After a drain's grace, how long cancelled calls get to stop before they are answered
 # anyway (`outcome_unknown`) and the drain returns: a handler that ignores its
 # cancellation cannot hold the worker up longer than grace + this.
@@ -441,8 +441,12 @@ class Dispatcher:
         # (the TUI, `agentworker record`'s comments): printable only, since a line break
         # or an escape in one could forge a line there, and bounded, since a server
         # could otherwise have each request store megabytes of them for 90 days.
-        for field in _IDS:
-            problem = id_problem(field, getattr(req, field), required=field == "correlation_id")
+        for field in (*_IDS, *_NAMES):
+            problem = (
+                id_problem(field, getattr(req, field), required=field == "correlation_id")
+                if field in _IDS
+                else name_problem(field, getattr(req, field))
+            )
             if problem is not None:
                 kind, text = problem
                 log.warning("refusing a request (action %r): %s", req.action[:64], text)
@@ -450,15 +454,6 @@ class Dispatcher:
                     "validation_error",
                     f"a request's {text}; nothing was run",
                     {"errors": [{"loc": [field], "msg": text, "type": kind}]},
-                )
-                self.refuse(req, error)
-                return
-        for field, value in _NAMES.items():
-            if len(getattr(req, field)) > value:
-                error = WorkerError(
-                    "validation_error",
-                    f"a request's {field} may have at most {value} characters (this one has "
-                    f"{len(getattr(req, field)):,}); nothing was run",
                 )
                 self.refuse(req, error)
                 return

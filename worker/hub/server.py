@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore, StoredCall
-from worker.ids import id_problem, new_id
+from worker.ids import id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
     PART_BYTES,
@@ -98,8 +98,10 @@ TEARDOWN_TIMEOUT_S = 60.0
 SCOPE_REQUESTS_PER_WORKER: Final = 64
 # ... of them for one agent, at most: one agent's flood must not leave the others no room.
 SCOPE_REQUESTS_PER_AGENT: Final = 16
-# The ids a call names, each checked by worker.ids.id_problem (see `bad_id`).
+# The ids a call names, each checked by worker.ids.id_problem (see `bad_id`), and its
+# names, by worker.ids.name_problem.
 CALL_IDS: Final = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id")
+CALL_NAMES: Final = ("surface", "action")
 SCOPE_REASON_CHARS: Final = 4096
 SCOPE_PREVIEW_CHARS: Final = 64 * 1024
 # The largest request each ControlService method takes, refused before it is decoded.
@@ -204,10 +206,12 @@ def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
 
 def bad_id(what: str, message: Any, *names: str) -> WorkerError | None:
     """`validation_error` for the first of `message`'s ids (`names`) that
-    worker.ids.id_problem refuses, or None: what a caller names is kept (hub.db) and
-    relayed to workers, which refuse the same ids; refused here, nothing of it is."""
+    worker.ids.id_problem refuses (for a surface or action: name_problem), or None:
+    what a caller names is kept (hub.db) and relayed to workers, which refuse the same;
+    refused here, nothing of it is."""
     for name in names:
-        problem = id_problem(name, getattr(message, name))
+        value = getattr(message, name)
+        problem = name_problem(name, value) if name in CALL_NAMES else id_problem(name, value)
         if problem is not None:
             kind, text = problem
             return WorkerError(
@@ -1041,7 +1045,7 @@ class Hub:
         blob = req.blob if blob is None else blob
         size = len(blob)
         try:
-            refused = bad_id("the call", req, *CALL_IDS)
+            refused = bad_id("the call", req, *CALL_IDS, *CALL_NAMES)
             if refused is not None:
                 raise refused
             if size and self._holding + size > self.held_blob_bytes:
