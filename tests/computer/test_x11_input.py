@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from tests.computer import models as m
 from tests.computer.conftest import run
 from tests.support.desktop import Computer, TkApp
 from worker.actions.computer import Desktop
+from worker.actions.computer._backend import Guard
 from worker.core.pause import PauseSwitch
 from worker.errors import WorkerError
 
@@ -345,3 +347,66 @@ def test_an_ambiguous_title_lists_the_candidates(computer: Computer, app: TkApp)
     assert caught.value.code == "validation_error"
     titles = {c["title"] for c in caught.value.details["candidates"]}
     assert titles == {"agentworker test app", "agentworker second window"}
+
+
+def test_a_drag_stopped_after_its_press_answers_outcome_unknown(
+    computer: Computer, desktop: Desktop, app: TkApp
+) -> None:
+    """A drag stopped by a prompt after its press answered `paused`, which is retryable:
+    a server retrying it dragged again (review8 finding 10)."""
+    start, end = app.ready["slider"], app.ready["slider_end"]
+    args = m.MouseDragArgs(
+        start=m.Point(x=start[0], y=start[1]), end=m.Point(x=end[0], y=end[1]), duration_ms=5000
+    )
+
+    async def prompted_while_dragging() -> WorkerError:
+        drag = asyncio.create_task(computer.mouse_drag(None, args))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            None, lambda: app.wait(lambda e: e["event"] == "scale" and e["value"] > 5, 20)
+        )
+        desktop.hold_input("the person is asked in a test")
+        try:
+            with pytest.raises(WorkerError) as caught:
+                await drag
+        finally:
+            desktop.hold_input(None)
+        return caught.value
+
+    error = run(prompted_while_dragging())
+    assert error.code == "outcome_unknown", error
+    assert error.message.startswith(f"stopped part way, after the drag pressed at ({start[0]}, ")
+    assert "(input stopped: the person is asked in a test" in error.message
+    assert error.details == {"stopped": "paused"}
+
+
+@pytest.mark.parametrize("effect", ["", "3 of the 9 characters were typed"])
+def test_a_sequence_stopped_answers_paused_until_it_has_had_an_effect(
+    desktop: Desktop, pause: PauseSwitch, effect: str
+) -> None:
+    """Whatever the sequence (a key_type between its chunks, a combo holding its keys),
+    once its guard notes an effect a retry would repeat, being stopped answers
+    `outcome_unknown` naming it; before that, `paused` (retryable: nothing was done)."""
+    under_way = threading.Event()
+
+    def sequence(_backend: object, guard: Guard) -> None:
+        if effect:
+            guard.did(effect)
+        under_way.set()
+        guard.wait(60)
+
+    async def stopped() -> WorkerError:
+        running = asyncio.create_task(desktop.act(sequence))
+        await asyncio.get_running_loop().run_in_executor(None, under_way.wait, 20)
+        pause.stop("stop pressed in a test", "test")
+        with pytest.raises(WorkerError) as caught:
+            await running
+        return caught.value
+
+    error = run(stopped())
+    if not effect:
+        assert error.code == "paused" and error.retryable
+    else:
+        assert error.code == "outcome_unknown" and not error.retryable, error
+        assert "stop pressed in a test" in error.message and effect in error.message
+        assert error.details == {"stopped": "paused"}

@@ -55,11 +55,19 @@ class StepsInterruptedError(Exception):
 
 
 class Guard:
-    """Lets a running input sequence be stopped from outside its thread."""
+    """Lets a running input sequence be stopped from outside its thread, and notes what
+    of it had an effect by then (`did`)."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
         self.why: WorkerError | None = None
+        self.done = ""  # what the sequence did that sending it again would repeat
+
+    def did(self, what: str) -> None:
+        """Note that the sequence had an effect a retry would repeat (a press, typed
+        characters): stopped from now on, it answers `outcome_unknown`, not a
+        retryable code (review8 finding 10)."""
+        self.done = what
 
     def interrupt(self, why: WorkerError | None = None) -> None:
         if self.why is None:

@@ -229,9 +229,7 @@ class Desktop:
                     await future
                 raise
             except StepsInterruptedError:
-                raise guard.why or WorkerError(
-                    "cancelled", "the action was stopped before it finished"
-                ) from None
+                raise _stopped(guard) from None
             finally:
                 self._guards.discard(guard)
                 self._mark_driving()
@@ -365,3 +363,20 @@ def of(ctx: Context) -> Desktop:
     if desktop is None:  # a worker assembled without one: a bug of the assembly
         raise WorkerError(ErrorCode.INTERNAL_ERROR, "this worker was assembled without a desktop")
     return desktop
+
+
+def _stopped(guard: Guard) -> WorkerError:
+    """What a sequence stopped between its steps answers: why it was stopped (`paused`,
+    retryable: nothing was done), or once it had an effect a retry would repeat (a
+    drag's press, typed characters), `outcome_unknown` with what was done and why it
+    stopped (review8 finding 10: a drag stopped by a prompt after its press answered
+    `paused`, and a server retrying it dragged again)."""
+    why = guard.why or WorkerError("cancelled", "the action was stopped before it finished")
+    if not guard.done:
+        return why
+    return WorkerError(
+        "outcome_unknown",
+        f"stopped part way, after {guard.done} ({why.message.rstrip('.')}); look at the "
+        "screen before sending it again",
+        {"stopped": str(why.code)},
+    )

@@ -99,6 +99,7 @@ class PynputBackend(Backend):
         self._mouse.position = path[0]
         with self._holding(hold):
             self._mouse.press(which)
+            guard.did(f"the drag pressed at {tuple(path[0])} and let go where the pointer was")
             try:
                 for point in path[1:]:
                     if step_s:
@@ -124,10 +125,13 @@ class PynputBackend(Backend):
                     self._keyboard.tap(keyboard.Key.tab)
                 else:
                     self._keyboard.type(ch)
+            typed = min(start + CHUNK, len(text))
+            guard.did(f"{typed:,} of the {len(text):,} characters were typed")
         return len(text)
 
     def combo(self, guard: Guard, keys: Sequence[Press], hold_s: float) -> None:
         with self._holding(keys):
+            guard.did("the keys were pressed, and let go early")
             if hold_s:
                 guard.wait(hold_s)
 

@@ -469,6 +469,7 @@ class X11Backend(Backend):
         self._arrive(guard, x0, y0)
         with self._holding(hold):
             self._button(X.ButtonPress, code)
+            guard.did(f"the drag pressed at ({x0}, {y0}) and let go where the pointer was")
             try:
                 for x, y in path[1:]:
                     if step_s:
@@ -525,6 +526,7 @@ class X11Backend(Backend):
                     shift_down = False
                 d.sync()
                 start += len(chunk)
+                guard.did(f"{start:,} of the {len(text):,} characters were typed")
         finally:
             if shift_down:
                 self._key(X.KeyRelease, shift)
@@ -555,6 +557,7 @@ class X11Backend(Backend):
                 self._key(X.KeyPress, keycode)
                 pressed.append(keycode)
             d.sync()
+            guard.did("the keys were pressed, and let go early")
             if hold_s:
                 guard.wait(hold_s)
         finally:
