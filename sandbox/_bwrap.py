@@ -162,6 +162,7 @@ def command(
     seccomp_fd: int | None = None,
     lifeline_fd: int | None = None,
     pid_cap: int | None = None,
+    diag_fd: int | None = None,
 ) -> list[str]:
     """bwrap [namespaces] [view] -- entry [limits, Landlock] -- argv, with `view.entry`;
     bwrap [namespaces] [view] -- prlimit [limits] -- argv without it.
@@ -172,6 +173,8 @@ def command(
     starts (see sandbox._seccomp). `lifeline_fd` (entry only) is the read end of a
     pipe whose write end only the worker holds: the entry exits when it finds it
     closed. `pid_cap` (entry only) is pid_max for the sandbox's pid namespace.
+    `diag_fd` (entry only) is a socket over which the entry sends a sock_diag socket of
+    the sandbox's network namespace (sandbox.sockets).
     """
     args = [
         tools.bwrap,
@@ -224,7 +227,7 @@ def command(
         *args,
         "--as-pid-1",
         "--",
-        *_entry_args(argv, view, limits, lifeline_fd, pid_cap),
+        *_entry_args(argv, view, limits, lifeline_fd, pid_cap, diag_fd),
     ]
 
 
@@ -250,10 +253,13 @@ def _entry_args(
     limits: Limits,
     lifeline_fd: int | None,
     pid_cap: int | None,
+    diag_fd: int | None = None,
 ) -> list[str]:
     """The entry helper's command line (see sandbox/entry.c): limits, the pid cap, what
     may be executed and where writes may go, then the program."""
     line = [_entry.INSIDE]
+    if diag_fd is not None:  # before -L, which closes every other descriptor
+        line += ["-n", str(diag_fd)]
     if lifeline_fd is not None:
         line += ["-L", str(lifeline_fd)]
     for number, soft, hard in _limits(limits):

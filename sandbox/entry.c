@@ -3,6 +3,10 @@
  * bubblewrap has built the sandbox (namespaces, mounts, the seccomp filter) and
  * runs this as the sandbox's first process. It then, in this order:
  *
+ *   -n FD       sends the worker, over the socket FD, a sock_diag netlink socket of
+ *               the sandbox's own network namespace (the worker sums what the
+ *               sandbox's sockets hold in kernel buffers through it: no rlimit
+ *               counts that; see sandbox/sockets.py);
  *   -L FD       exits at once if the worker that started the sandbox is gone (the
  *               read end of a pipe whose write end only the worker holds), so a
  *               sandbox whose worker died while it was starting never runs on; then
@@ -50,6 +54,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 
 #define NR_create_ruleset 444
@@ -74,6 +79,8 @@ struct __attribute__((packed)) path_beneath { uint64_t allowed_access; int32_t p
 struct limit { uint64_t soft, hard; };
 struct wait_none { long seconds, nanoseconds; };
 struct lifeline { int fd; short events, revents; };
+#define NETLINK_FAMILY 16 /* AF_NETLINK */
+#define NETLINK_SOCK_DIAG 4
 
 #ifdef AGENTWORKER_NOLIBC
 #if !defined(__x86_64__)
@@ -204,6 +211,29 @@ static void close_all_but(int keep) { /* every descriptor above stderr, except `
         if (fd != keep) SYS1(SYS_close, fd);
 }
 
+/* Sends a new sock_diag socket of this network namespace over the socket `to`. */
+static void send_diag(int to) {
+    long made = SYS3(SYS_socket, NETLINK_FAMILY, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (made < 0) fail("cannot make a sock_diag socket", 0, -made);
+    int diag = (int)made;
+    char byte = 'n';
+    struct iovec part = {.iov_base = &byte, .iov_len = 1};
+    union { struct cmsghdr header; char room[CMSG_SPACE(sizeof(int))]; } control;
+    for (unsigned long i = 0; i < sizeof control.room; i++) control.room[i] = 0;
+    control.header.cmsg_len = CMSG_LEN(sizeof(int));
+    control.header.cmsg_level = SOL_SOCKET;
+    control.header.cmsg_type = SCM_RIGHTS;
+    *(int *)CMSG_DATA(&control.header) = diag;
+    struct msghdr message = {
+        .msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
+        .msg_controllen = sizeof control.room,
+    };
+    long sent = SYS3(SYS_sendmsg, to, &message, MSG_NOSIGNAL);
+    if (sent != 1) fail("cannot send the sock_diag socket", 0, sent < 0 ? -sent : EIO);
+    SYS1(SYS_close, diag);
+    SYS1(SYS_close, to);
+}
+
 /* Writes `text` (`size` bytes) to the sysctl at `path`, or fails saying `what`. */
 static void write_sysctl(const char *path, const char *text, unsigned long size, const char *what) {
     long fd = SYS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CLOEXEC, 0);
@@ -259,7 +289,10 @@ static int entry(int argc, char **argv, char **envp) {
         const char *option = argv[at], *value = argv[at + 1];
         if (option[0] != '-' || !option[1] || option[2]) fail("unknown option", option, EINVAL);
         if (at + 1 >= argc) fail("no value for", option, EINVAL);
-        if (option[1] == 'L') {
+        if (option[1] == 'n') {
+            const char *text = value;
+            send_diag((int)number(&text, 0, option));
+        } else if (option[1] == 'L') {
             const char *text = value;
             long fd = (long)number(&text, 0, option);
             struct lifeline line = {.fd = (int)fd, .events = 1 /* POLLIN */};

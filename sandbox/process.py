@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
-from sandbox import _entry, _pidcap, _seccomp
+from sandbox import _entry, _pidcap, _seccomp, sockets
 from sandbox._bwrap import (
     Limits,
     Mount,
@@ -277,6 +277,7 @@ async def run(
     cgroup: PlanGroup | None = None,
     starts: Starts | None = None,
     on_start: Callable[[int], None] | None = None,
+    on_sockets: Callable[[sockets.SocketMemory], None] | None = None,
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
@@ -285,7 +286,9 @@ async def run(
     nothing ran, when it cannot). `starts`, the caller's too (a worker's
     `Containment` holds one), says how bubblewrap is started (sandbox._spawn); a
     fresh one when none is given. `on_start` is told bubblewrap's pid once it started
-    (every process of the sandbox descends from it)."""
+    (every process of the sandbox descends from it). `on_sockets` (with the entry
+    helper only) is told, once bubblewrap started, how to sum what the sandbox's
+    sockets hold in kernel buffers (sandbox.sockets), valid until the run ends."""
     starts = starts or Starts()
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
@@ -294,14 +297,20 @@ async def run(
     entry = view.entry is not None
     ours: list[int] = []  # descriptors this process keeps
     theirs: list[int] = []  # descriptors only bubblewrap keeps: closed here once it started
+    memory: sockets.SocketMemory | None = None
     try:
         info_r, info_w = _pipe(ours, theirs)
         lifeline_r: int | None = None
         lifeline_w: int | None = None
         block_r: int | None = None
         block_w: int | None = None
+        diag_fd: int | None = None
         if entry:
             lifeline_r, lifeline_w = _pipe(theirs, ours)
+            if on_sockets is not None:
+                our_end, diag_fd = sockets.channel()
+                memory = sockets.SocketMemory(our_end)
+                theirs.append(diag_fd)
         if not entry or cgroup is not None or capped:
             # Held at its start line until its report is read: without the entry (which
             # closes every other descriptor) the program inherits the report's pipe, and
@@ -326,6 +335,7 @@ async def run(
             seccomp_fd=seccomp_fd,
             lifeline_fd=lifeline_r,
             pid_cap=_pidcap.cap_for(limits.processes) if capped and entry else None,
+            diag_fd=diag_fd,
         )
         out_r, out_w = _pipe(ours, theirs)
         _widen(out_w, limits.output_bytes)
@@ -358,6 +368,8 @@ async def run(
         try:
             if on_start is not None:
                 on_start(popen.pid)
+            if on_sockets is not None and memory is not None:
+                on_sockets(memory)
             return await sandbox.drive(
                 tools,
                 limits,
@@ -373,6 +385,7 @@ async def run(
             if capped and entry:
                 pid_cap.check_machine()
     finally:
+        sockets.close_quietly(memory)
         for fd in (*ours, *theirs):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from sandbox import cgroups, environment, still
+from sandbox import sockets as socket_memory
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
 from sandbox.held_open import UnseenError, held_open_bytes, superblock_device
 from sandbox.process import (
@@ -57,6 +58,7 @@ from sandbox.process import (
     run,
     visible_by_default,
 )
+from sandbox.sockets import SocketMemory, SocketsUnseenError
 from sandbox.workspaces import (
     MOUNT_POINT,
     Use,
@@ -105,6 +107,13 @@ WATCH_REWALKS: Final = 3
 # finding 09), up to HELD_OPEN_MOST.
 MAPS_PER_PROCESS: Final = 4096
 HELD_OPEN_MOST: Final = 1 << 20
+# Where a plan has no cgroup (rlimits mode), what its running programs' sockets hold in
+# kernel buffers (sandbox.sockets) is summed this often, and the program is stopped once
+# the plan's together pass plan_memory_mb: memory no rlimit counts (review7 finding 02).
+# A process queues about 6 GB/s into socketpairs on this machine's cores, so a plan may
+# pass its memory by what its programs queue in one such wait. A plan whose sums take
+# long is summed ten sums' time apart, up to WATCH_AT_MOST_S.
+SOCKETS_EVERY_S: Final = 0.05
 # Looks for a stopped program's processes all stopped before a count walks on anyway
 # (about 0.4 s in all): a process inside a long system call stops when it ends.
 STILL_CHECKS: Final = 16
@@ -232,6 +241,12 @@ class Workbench:
         self._writes: dict[str, tuple[int, int]] = {}
         # plan key -> futures of writes waiting for one under way to end (`a_write_ends`)
         self._write_ends: dict[str, list[asyncio.Future[None]]] = {}
+        # rlimits mode: plan key -> bubblewrap's pid -> what its sandbox's sockets hold,
+        # summed on a thread of its own (a program chooses how many sockets it has).
+        self._sockets: dict[str, dict[int, SocketMemory]] = {}
+        # Why they cannot be summed on this machine ('' when they can): said at start.
+        self.sockets_unseen = socket_memory.probe() if self.backend is None else ""
+        self._summing = ThreadPoolExecutor(1, thread_name_prefix="agentworker-sockets")
 
     def with_writes(self, used: Use, workspace: Workspace) -> Use:
         """`used` with the plan's fs_writes under way added: their bytes and an entry
@@ -274,6 +289,32 @@ class Workbench:
         running.pop(sandbox_pid, None)
         if not running:
             self._running.pop(workspace.key, None)
+        watched = self._sockets.get(workspace.key, {})
+        watched.pop(sandbox_pid, None)
+        if not watched:
+            self._sockets.pop(workspace.key, None)
+
+    @property
+    def watches_sockets(self) -> bool:
+        """Whether the plans' socket buffers are summed by the watch: where no cgroup
+        charges them to the plan (rlimits mode)."""
+        return self.backend is None and not self.sockets_unseen
+
+    def sockets_of(self, workspace: Workspace, sandbox_pid: int, memory: SocketMemory) -> None:
+        """The sockets of the sandbox of `sandbox_pid` (a program of the plan) are
+        summed through `memory` until `ended`."""
+        self._sockets.setdefault(workspace.key, {})[sandbox_pid] = memory
+
+    async def socket_bytes(self, workspace: Workspace) -> int:
+        """What the plan's running programs' sockets hold in kernel buffers now
+        (SocketsUnseenError when they cannot be summed)."""
+        watched = list(self._sockets.get(workspace.key, {}).values())
+        if not watched:
+            return 0
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._summing, lambda: sum(each.queued() for each in watched)
+        )
 
     async def use(self, workspace: Workspace) -> Use:
         """What the plan's workspace holds: the cached count, or a walk. Callers that
@@ -445,6 +486,7 @@ class Workbench:
         then what the backend made."""
         self._counting.shutdown(wait=False, cancel_futures=True)
         self._holding.shutdown(wait=False, cancel_futures=True)
+        self._summing.shutdown(wait=False, cancel_futures=True)
         for plan_id in list(self._groups):
             with contextlib.suppress(WorkerError):
                 await self._remove(plan_id, None, self._groups.pop(plan_id))
@@ -470,7 +512,7 @@ class Workbench:
     def limits_note(self, exec_settings: ExecSection) -> str:
         """Which limits bound a plan's programs, for the start-up log."""
         assert self.choice is not None
-        return limits_note(self.settings, exec_settings, self.choice)
+        return limits_note(self.settings, exec_settings, self.choice, self.sockets_unseen)
 
 
 def _refused(exc: CgroupError) -> WorkerError:
@@ -483,10 +525,14 @@ def _refused(exc: CgroupError) -> WorkerError:
 
 
 def limits_note(
-    settings: SandboxSection, exec_settings: ExecSection, choice: cgroups.Choice
+    settings: SandboxSection,
+    exec_settings: ExecSection,
+    choice: cgroups.Choice,
+    sockets_unseen: str = "",
 ) -> str:
     """Which limits bound a plan's programs: a cgroup per plan (of which kind, where),
-    or rlimits and why not cgroups."""
+    or rlimits and why not cgroups (and, if so, why socket buffers cannot be summed
+    here: `sockets_unseen`)."""
     per_sandbox = (
         f"each sandbox at most {exec_settings.max_processes} processes, "
         f"{exec_settings.memory_mb} MiB of address space per process and "
@@ -498,12 +544,24 @@ def limits_note(
             f"{settings.plan_processes} processes, {settings.plan_memory_mb} MiB of memory "
             f"(no swap) and {settings.plan_cpus:g} CPU(s); {per_sandbox}"
         )
+    if sockets_unseen:
+        summed = (
+            f"what they hold in socket buffers (kernel memory no rlimit counts) is bounded "
+            f"only per socket, by the system's defaults, since it cannot be summed here "
+            f"({sockets_unseen})"
+        )
+    else:
+        summed = (
+            "what a plan's programs hold in socket buffers (kernel memory no rlimit counts) "
+            f"is summed while they run and they are stopped past {settings.plan_memory_mb} "
+            "MiB (plan_memory_mb), where exec runs its Landlock entry helper (without it "
+            "nothing sums them)"
+        )
     return (
         f"per-plan limits by rlimits ({choice.note}): at most {settings.plan_execs} "
         f"program(s) of a plan at once, {per_sandbox}, so memory and CPU are bounded per "
-        "process, not per plan; kernel memory (socket and pipe buffers) is bounded only per "
-        "socket and pipe, by the system's defaults, hundreds of MiB per process: only a "
-        "memory cgroup bounds it"
+        f"process, not per plan; {summed}; pipe buffers are bounded only per pipe, by the "
+        "system's defaults: only a memory cgroup bounds all kernel memory"
     )
 
 
@@ -696,6 +754,9 @@ async def _run_in_workspace(
                 sandbox_pid.append(pid)
                 bench.started(workspace, pid, limits)
 
+            def sockets_of(memory: SocketMemory) -> None:
+                bench.sockets_of(workspace, sandbox_pid[-1], memory)
+
             try:
                 done = await _watched(
                     bench,
@@ -710,6 +771,7 @@ async def _run_in_workspace(
                         cgroup=group,
                         starts=ctx.containment.starts,
                         on_start=started,
+                        on_sockets=sockets_of if bench.watches_sockets else None,
                     ),
                 )
             except SandboxUnavailableError as exc:
@@ -741,35 +803,45 @@ async def _watched(
     """The program's run, stopped (as a Cancel stops it: the call's task is cancelled,
     and the run kills the sandbox) and answered `too_large` if its workspace (with what
     the plan's running programs hold in removed files) passes twice its quota or its
-    cap of entries while it runs. The run stays in the call's own task, where the
-    pipeline sees its thread work."""
+    cap of entries while it runs, or, in rlimits mode, once the plan's running
+    programs' sockets hold more than its memory. The run stays in the call's own task,
+    where the pipeline sees its thread work."""
     task = asyncio.current_task()
     assert task is not None
     watch = asyncio.ensure_future(_overfilled(bench, workspace, before))
-    # Whether the run may still be stopped by the watch, and whether it was: a stop
+    sockets = (
+        asyncio.ensure_future(_sockets_over(bench, workspace)) if bench.watches_sockets else None
+    )
+    watches: list[asyncio.Future[Any]] = [watch] if sockets is None else [watch, sockets]
+    # Whether the run may still be stopped by a watch, and which one stopped it: a stop
     # scheduled as the run ended (same loop turn) must not cancel what comes after,
     # and a Cancel that came before the stop is the Cancel's answer, not the watch's.
-    running_now, stopped = True, False
+    running_now = True
+    stopped_by: list[asyncio.Future[Any]] = []
 
-    def stop(_: asyncio.Future[Use | WorkspaceError]) -> None:
-        nonlocal stopped
-        if running_now and not watch.cancelled():  # ended with an error too: fail closed
-            stopped = True
+    def stop(ended: asyncio.Future[Any]) -> None:
+        # Ended with an error too: fail closed.
+        if running_now and not ended.cancelled() and not stopped_by:
+            stopped_by.append(ended)
             task.cancel()
 
-    watch.add_done_callback(stop)
+    for each in watches:
+        each.add_done_callback(stop)
     try:
         return await running
     except asyncio.CancelledError:
         # Ours alone (no Cancel, kill or deadline came too): the answer is the watch's.
-        if stopped and task.cancelling() == 1:
+        if stopped_by and task.cancelling() == 1:
             task.uncancel()
+            if stopped_by[0] is sockets:
+                raise _sockets_stopped(bench, workspace, _held(sockets)) from None
             raise _stopped(bench, workspace, _found(watch)) from None
         raise
     finally:
         running_now = False
-        watch.remove_done_callback(stop)
-        watch.cancel()
+        for each in watches:
+            each.remove_done_callback(stop)
+            each.cancel()
 
 
 def _found(watch: asyncio.Future[Use | WorkspaceError]) -> Use | WorkspaceError:
@@ -781,6 +853,63 @@ def _found(watch: asyncio.Future[Use | WorkspaceError]) -> Use | WorkspaceError:
         WorkspaceProblem.NO_ROOM,
         "its workspace could not be counted (the worker's watch failed, see its log), so "
         "what it writes cannot be counted against the quota.",
+    )
+
+
+def _held(watch: asyncio.Future[int | SocketsUnseenError]) -> int | SocketsUnseenError:
+    """What the socket watch found; an error it ended with (a defect of ours) as the
+    sockets being unseen."""
+    if watch.exception() is None:
+        return watch.result()
+    return SocketsUnseenError("the worker's watch failed (see its log)")
+
+
+async def _sockets_over(bench: Workbench, workspace: Workspace) -> int | SocketsUnseenError:
+    """Returns once the plan's running programs' sockets hold more than the plan's
+    memory in kernel buffers (what they hold), or cannot be summed (why): rlimits mode,
+    where no cgroup charges it and no rlimit counts it (review7 finding 02)."""
+    most, pause = bench.settings.plan_memory_mb * 1024**2, SOCKETS_EVERY_S
+    while True:
+        await asyncio.sleep(pause)
+        began = time.monotonic()
+        try:
+            held = await bench.socket_bytes(workspace)
+        except SocketsUnseenError as exc:
+            return exc
+        except Exception as exc:  # fail closed: a watch that ended would stop nothing
+            log.exception("a sum of plan %r's socket buffers failed", workspace.plan_id)
+            return SocketsUnseenError(f"{type(exc).__name__}: {exc}")
+        if held > most:
+            return held
+        # Ten sums' time apart for a plan whose sums take long (thousands of sockets):
+        # the thread, and the interpreter, are not the program's to hold.
+        pause = min(WATCH_AT_MOST_S, max(SOCKETS_EVERY_S, 10 * (time.monotonic() - began)))
+
+
+def _sockets_stopped(
+    bench: Workbench, workspace: Workspace, found: int | SocketsUnseenError
+) -> WorkerError:
+    most = bench.settings.plan_memory_mb * 1024**2
+    details: dict[str, Any] = {
+        "stopped": True,
+        "plan_limits": ["memory"],
+        "plan_memory_bytes": most,
+    }
+    if isinstance(found, SocketsUnseenError):
+        return WorkerError(
+            "too_large",
+            f"the program was stopped while it ran: what plan {workspace.plan_id!r}'s "
+            f"programs hold in socket buffers could not be summed ({found}), so it cannot "
+            "be held to the plan's memory.",
+            details,
+        )
+    return WorkerError(
+        "too_large",
+        f"the program was stopped while it ran: plan {workspace.plan_id!r}'s programs held "
+        f"{found:,} bytes in socket buffers (data written to sockets and not read), past "
+        f"the plan's memory of {most:,} bytes ([sandbox] plan_memory_mb). Read what is "
+        "written to a socket, or write less at once.",
+        {**details, "socket_bytes": found},
     )
 
 
