@@ -17,10 +17,10 @@ answers (glibc's posix_fallocate then writes): blocks kept past a file's end
 grows it unchecked) escape RLIMIT_FSIZE, the one bound on what a program's file may
 take, and even plain fallocate takes disk faster than any watch of a workspace can
 look (1 GiB in 0.07 s, file after file). So are memfd_create and System V shared
-memory and message queues (memory RLIMIT_AS does not count, though not the only such
-memory: socket and pipe buffers, below), and prctl PR_SET_DUMPABLE: a process that
-is not dumpable hides its open files from a worker that is not root, and the watch of a
-workspace counts what they hold (sandbox.held_open). fcntl F_SETSIG is refused: with
+memory, message queues and semaphores (memory RLIMIT_AS does not count, though not
+the only such memory: socket and pipe buffers, below), and prctl PR_SET_DUMPABLE: a
+process that is not dumpable hides its open files from a worker that is not root, and
+the watch of a workspace counts what they hold (sandbox.held_open). fcntl F_SETSIG is refused: with
 O_ASYNC it has the kernel send the process a signal of its choosing on an event, and
 SIGCONT so sent undid the stop that holds a plan's programs still while their
 workspace is counted (review7 finding 03; defence in depth: a POSIX timer or
@@ -111,11 +111,13 @@ DENIED: Final[Mapping[str, tuple[int | None, int | None]]] = {
     "move_pages": (279, 239),
     "process_madvise": (440, 440),
     # Memory no file-system bound or count sees: anonymous files and System V shared
-    # memory and message queues (a private IPC namespace's live as long as its
-    # sandbox, and its limits are the machine's).
+    # memory, message queues and semaphores (a private IPC namespace's live as long as
+    # its sandbox, and its limits are the machine's: an array of 32,000 semaphores is 2
+    # MiB of kernel memory, 32,000 arrays of them; review8 finding 07).
     "memfd_create": (319, 279),
     "shmget": (29, 194),
     "msgget": (68, 186),
+    "semget": (64, 190),
 }
 _CLONE: Final[tuple[int, int]] = (56, 220)
 _CLONE3: Final[tuple[int, int]] = (435, 435)

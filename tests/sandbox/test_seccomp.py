@@ -423,3 +423,30 @@ def test_a_sandboxed_program_cannot_grow_its_socket_or_pipe_buffers(
     ]
     grown = [f"ok:{more[0]}", f"ok:{more[1]}", "EPERM", "EPERM", "ok", str(1 << 20), "1"]
     assert probe(False) == grown, "without the filter it could (the FORCE kinds need a capability)"
+
+
+SEMAPHORES = textwrap.dedent(
+    """
+    import ctypes, multiprocessing
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = libc.semget(0, 32000, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT: 2 MiB
+    said = ctypes.get_errno() if done == -1 else "ok"
+    lock = multiprocessing.get_context("fork").Lock()  # a POSIX semaphore: a /dev/shm file
+    print(said, lock.acquire(timeout=0), lock.acquire(timeout=0))
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_a_sandboxed_program_cannot_make_system_v_semaphores(tmp_path: Path, entry: str) -> None:
+    """An array of 32,000 System V semaphores is 2 MiB of kernel memory no rlimit counts:
+    384 of them took 880 MB under a 128 MiB RLIMIT_AS (review8 finding 07). POSIX
+    semaphores (files in the sandbox's /dev/shm, counted by its size) still work."""
+    share = Path(os.path.realpath(tmp_path))
+
+    def probe(seccomp: bool) -> list[str]:
+        return python_in_sandbox(share, entry, seccomp, SEMAPHORES).split()
+
+    assert probe(True) == [str(errno.EPERM), "True", "False"]
+    assert probe(False) == ["ok", "True", "False"], "without the filter it could"
+
