@@ -9,7 +9,10 @@ namespace flag, pivot_root, chroot), kernel keyrings, BPF, perf events,
 userfaultfd and io_uring (the usual routes of kernel exploits), module and kexec
 loading, clocks, swap, reboot, and file handles that bypass path checks
 (open_by_handle_at). `clone3` answers ENOSYS, so the C library falls back to
-`clone`, whose flags a filter can see. ioctl TIOCSTI (typing into the terminal)
+`clone`, whose flags a filter can see, and so does `io_setup` (Linux's native AIO,
+whose contexts take events from a pool of the whole machine, fs.aio-max-nr: programs
+that use it through libaio fall back to threads; glibc's POSIX aio never uses it).
+ioctl TIOCSTI (typing into the terminal)
 is refused too, and XFS's space requests (EOPNOTSUPP: they reserve blocks as fallocate
 does), and so is `fallocate`, with EOPNOTSUPP as a file system without it
 answers (glibc's posix_fallocate then writes): blocks kept past a file's end
@@ -121,6 +124,14 @@ DENIED: Final[Mapping[str, tuple[int | None, int | None]]] = {
 }
 _CLONE: Final[tuple[int, int]] = (56, 220)
 _CLONE3: Final[tuple[int, int]] = (435, 435)
+# Calls that answer ENOSYS, as a kernel built without them does, so that a program that
+# asks falls back to what it does without them: clone3 (to clone, whose flags the filter
+# sees), and io_setup: each context takes its events from the machine's fs.aio-max-nr,
+# shared by every user, and one sandbox took all 65,536 of them (review8 finding 06).
+ABSENT: Final[Mapping[str, tuple[int, int]]] = {
+    "clone3": _CLONE3,
+    "io_setup": (206, 0),
+}
 _IOCTL: Final[tuple[int, int]] = (16, 29)
 TIOCSTI: Final = 0x5412
 # ioctl requests refused, and how: typing into the terminal, btrfs' subvolume requests
@@ -209,7 +220,7 @@ def verdicts(machine: str) -> dict[int, str]:
     prctl's option, fcntl's command or setsockopt's level and option."""
     column = 0 if machine == "x86_64" else 1
     said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
-    said[_CLONE3[column]] = _ENOSYS
+    said.update({pair[column]: _ENOSYS for pair in ABSENT.values()})
     said[_CLONE[column]] = _CLONE_FLAGS
     said[_IOCTL[column]] = _IOCTL_CMD
     said[_FALLOCATE[column]] = _NOTSUPP  # every mode (review5 finding 07)

@@ -114,8 +114,8 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int, arg2: int =
         return EPERM
     if number in {pair[column] for pair in _seccomp.DENIED.values()}:
         return EPERM
-    if number == _seccomp._CLONE3[column]:
-        return ENOSYS
+    if number in {pair[column] for pair in _seccomp.ABSENT.values()}:
+        return ENOSYS  # clone3, io_setup
     if number == _seccomp._CLONE[column] and arg0 & _seccomp.CLONE_NAMESPACES_ALL:
         return EPERM
     if number == _seccomp._IOCTL[column] and arg1 & 0xFFFFFFFF == _seccomp.TIOCSTI:
@@ -141,7 +141,7 @@ def listed(machine: str) -> bytes:
     """The filter as it was built before the tree (one test per refused number), kept
     to show the tree answers every call exactly as it did (fallocate's, prctl's and
     ioctl's space requests' tests added, then fallocate refused in every mode, then
-    fcntl's commands, then setsockopt's buffer sizes)."""
+    fcntl's commands, then setsockopt's buffer sizes, then io_setup answered ENOSYS)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -154,7 +154,8 @@ def listed(machine: str) -> bytes:
         prog += [insn(0x35, X32, 0, 1), insn(0x06, EPERM)]
     for number in denied:
         prog += [insn(0x15, number, 0, 1), insn(0x06, EPERM)]
-    prog += [insn(0x15, _seccomp._CLONE3[column], 0, 1), insn(0x06, ENOSYS)]
+    for pair in _seccomp.ABSENT.values():
+        prog += [insn(0x15, pair[column], 0, 1), insn(0x06, ENOSYS)]
     prog += [insn(0x15, _seccomp._CLONE[column], 0, 3), insn(0x20, 16)]
     prog += [insn(0x45, _seccomp.CLONE_NAMESPACES_ALL, 0, 1), insn(0x06, EPERM), insn(0x20, 0)]
     refused = _seccomp.REFUSED_IOCTLS
@@ -450,3 +451,35 @@ def test_a_sandboxed_program_cannot_make_system_v_semaphores(tmp_path: Path, ent
     assert probe(True) == [str(errno.EPERM), "True", "False"]
     assert probe(False) == ["ok", "True", "False"], "without the filter it could"
 
+
+AIO = textwrap.dedent(
+    """
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    context = ctypes.c_ulong(0)
+    done = libc.syscall(ctypes.c_long(SETUP), ctypes.c_uint(1), ctypes.byref(context))
+    print(ctypes.get_errno() if done == -1 else "ok")
+    if done == 0:
+        libc.syscall(ctypes.c_long(SETUP + 1), context)  # io_destroy follows io_setup
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_a_sandboxed_program_cannot_take_the_machines_aio_events(
+    tmp_path: Path, entry: str
+) -> None:
+    """io_setup takes its events from fs.aio-max-nr, one pool for the whole machine: one
+    sandbox took all 65,536 and every other program's io_setup answered EAGAIN (review8
+    finding 06). It answers ENOSYS, as a kernel without it does, so libaio's users fall
+    back to threads."""
+    share = Path(os.path.realpath(tmp_path))
+    setup = _seccomp.ABSENT["io_setup"][0 if os.uname().machine == "x86_64" else 1]
+    code = AIO.replace("SETUP", str(setup))
+
+    def probe(seccomp: bool) -> list[str]:
+        return python_in_sandbox(share, entry, seccomp, code).split()
+
+    assert probe(True) == [str(errno.ENOSYS)]
+    assert probe(False) == ["ok"], "without the filter it could"
