@@ -11,7 +11,8 @@ loading, clocks, swap, reboot, and file handles that bypass path checks
 (open_by_handle_at). `clone3` answers ENOSYS, so the C library falls back to
 `clone`, whose flags a filter can see, and so does `io_setup` (Linux's native AIO,
 whose contexts take events from a pool of the whole machine, fs.aio-max-nr: programs
-that use it through libaio fall back to threads; glibc's POSIX aio never uses it).
+that use it through libaio fall back to threads; glibc's POSIX aio never uses it),
+and `vmsplice`, whose page references in a pipe kept whole huge pages (below).
 ioctl TIOCSTI (typing into the terminal)
 is refused too, and XFS's space requests (EOPNOTSUPP: they reserve blocks as fallocate
 does), and so is `fallocate`, with EOPNOTSUPP as a file system without it
@@ -35,10 +36,11 @@ setsockopt SO_SNDBUF and SO_RCVBUF answer success and change nothing (the kernel
 clamps them silently to net.core.[wr]mem_max anyway: here every socket keeps the
 system's default, about 208 KiB, not up to 8 MiB), SO_SNDBUFFORCE and
 SO_RCVBUFFORCE answer EPERM (as they do without CAP_NET_ADMIN), and fcntl
-F_SETPIPE_SZ answers EPERM (as it does past pipe-max-size; a pipe keeps its 64
-KiB). That bounds each socket and pipe, not their number: where a plan has no
-memory cgroup (rlimits mode) its programs can still pin about 100-200 MiB of
-buffers per process within RLIMIT_NOFILE; only a cgroup bounds the plan's.
+F_SETPIPE_SZ answers EPERM (as it does past pipe-max-size; a pipe keeps its 16
+slots of 4 KiB pages, since vmsplice, whose slots held references to whole 2 MiB huge
+pages, answers ENOSYS). That bounds each socket and pipe, not their number: where a
+plan has no memory cgroup (rlimits mode) its programs can still pin about 100-200 MiB
+of buffers per process within RLIMIT_NOFILE; only a cgroup bounds the plan's.
 
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
@@ -128,9 +130,14 @@ _CLONE3: Final[tuple[int, int]] = (435, 435)
 # asks falls back to what it does without them: clone3 (to clone, whose flags the filter
 # sees), and io_setup: each context takes its events from the machine's fs.aio-max-nr,
 # shared by every user, and one sandbox took all 65,536 of them (review8 finding 06).
+# And vmsplice: it puts references to the caller's own pages into a pipe, and a reference
+# to one 4 KiB piece of a huge page keeps all 2 MiB of it, after munmap too: 16 slots kept
+# 32 MiB per pipe, 1.47 GB from 48 pipes under a 128 MiB RLIMIT_AS (review8 finding 01).
+# Programs that use it (rare: none of the shipped tools, nor glibc) fall back to write.
 ABSENT: Final[Mapping[str, tuple[int, int]]] = {
     "clone3": _CLONE3,
     "io_setup": (206, 0),
+    "vmsplice": (278, 75),
 }
 _IOCTL: Final[tuple[int, int]] = (16, 29)
 TIOCSTI: Final = 0x5412
