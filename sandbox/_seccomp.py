@@ -20,7 +20,9 @@ answers (glibc's posix_fallocate then writes): blocks kept past a file's end
 (FALLOC_FL_KEEP_SIZE) and a range inserted into a file (FALLOC_FL_INSERT_RANGE, which
 grows it unchecked) escape RLIMIT_FSIZE, the one bound on what a program's file may
 take, and even plain fallocate takes disk faster than any watch of a workspace can
-look (1 GiB in 0.07 s, file after file). So are memfd_create and System V shared
+look (1 GiB in 0.07 s, file after file). Setting an extended attribute answers
+EOPNOTSUPP too: a tmpfs (the sandbox's /tmp and /dev/shm) keeps xattrs beside its
+size=, in kernel memory. So are memfd_create and System V shared
 memory, message queues and semaphores (memory RLIMIT_AS does not count, though not
 the only such memory: socket and pipe buffers, below), and prctl PR_SET_DUMPABLE: a
 process that is not dumpable hides its open files from a worker that is not root, and
@@ -169,6 +171,19 @@ REFUSED_IOCTLS: Final[Mapping[int, str]] = {
     0x5000943F: "eopnotsupp",  # BTRFS_IOC_SNAP_DESTROY_V2
 }
 _FALLOCATE: Final[tuple[int, int]] = (285, 47)
+# Calls that answer EOPNOTSUPP, as a file system without them does: fallocate in every
+# mode (review5 finding 07), and setting extended attributes. A tmpfs charges its xattrs
+# to its inodes' space, not its size=: 768 MiB of user.* xattrs went into the sandbox's
+# 256 MiB /tmp (review8 finding 11). The filter cannot read the name nor the file
+# system, so every set is refused; programs treat it as a file system without xattrs
+# (cp -a, shutil.copy2 and rsync -a go on without them). Reading and removing them work.
+UNSUPPORTED: Final[Mapping[str, tuple[int, int]]] = {
+    "fallocate": _FALLOCATE,
+    "setxattr": (188, 5),
+    "lsetxattr": (189, 6),
+    "fsetxattr": (190, 7),
+    "setxattrat": (463, 463),
+}
 _PRCTL: Final[tuple[int, int]] = (157, 167)
 PR_SET_DUMPABLE: Final = 4
 _FCNTL: Final[tuple[int, int]] = (72, 25)
@@ -230,7 +245,7 @@ def verdicts(machine: str) -> dict[int, str]:
     said.update({pair[column]: _ENOSYS for pair in ABSENT.values()})
     said[_CLONE[column]] = _CLONE_FLAGS
     said[_IOCTL[column]] = _IOCTL_CMD
-    said[_FALLOCATE[column]] = _NOTSUPP  # every mode (review5 finding 07)
+    said.update({pair[column]: _NOTSUPP for pair in UNSUPPORTED.values()})
     said[_PRCTL[column]] = _PRCTL_OPTION
     said[_FCNTL[column]] = _FCNTL_CMD
     said[_SETSOCKOPT[column]] = _SOCKOPT

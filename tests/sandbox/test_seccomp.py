@@ -122,8 +122,8 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int, arg2: int =
         return EPERM
     if number == _seccomp._IOCTL[column] and arg1 & 0xFFFFFFFF in _seccomp.REFUSED_IOCTLS:
         return EOPNOTSUPP  # XFS's space requests, btrfs' subvolume requests
-    if number == _seccomp._FALLOCATE[column]:
-        return EOPNOTSUPP  # every mode
+    if number in {pair[column] for pair in _seccomp.UNSUPPORTED.values()}:
+        return EOPNOTSUPP  # fallocate in every mode, setting xattrs
     if number == _seccomp._PRCTL[column] and arg0 & 0xFFFFFFFF == _seccomp.PR_SET_DUMPABLE:
         return EPERM
     if number == _seccomp._FCNTL[column] and arg1 & 0xFFFFFFFF in _seccomp.REFUSED_FCNTLS:
@@ -142,7 +142,7 @@ def listed(machine: str) -> bytes:
     to show the tree answers every call exactly as it did (fallocate's, prctl's and
     ioctl's space requests' tests added, then fallocate refused in every mode, then
     fcntl's commands, then setsockopt's buffer sizes, then io_setup and vmsplice
-    answered ENOSYS)."""
+    answered ENOSYS, then setting xattrs EOPNOTSUPP)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -165,7 +165,8 @@ def listed(machine: str) -> bytes:
         said = EPERM if request == _seccomp.TIOCSTI else EOPNOTSUPP
         prog += [insn(0x15, request, 0, 1), insn(0x06, said)]
     prog += [insn(0x20, 0)]
-    prog += [insn(0x15, _seccomp._FALLOCATE[column], 0, 1), insn(0x06, EOPNOTSUPP)]
+    for pair in _seccomp.UNSUPPORTED.values():
+        prog += [insn(0x15, pair[column], 0, 1), insn(0x06, EOPNOTSUPP)]
     prog += [insn(0x20, 0), insn(0x15, _seccomp._PRCTL[column], 0, 3), insn(0x20, 16)]
     prog += [insn(0x15, _seccomp.PR_SET_DUMPABLE, 0, 1), insn(0x06, EPERM)]
     commands = _seccomp.REFUSED_FCNTLS
@@ -511,3 +512,60 @@ def test_a_sandboxed_program_cannot_put_its_pages_in_a_pipe(tmp_path: Path, entr
 
     assert probe(True) == [str(errno.ENOSYS), "4096"]
     assert probe(False) == ["4096", "4096"], "without the filter it could"
+
+
+XATTRS = textwrap.dedent(
+    """
+    import errno, os, shutil
+    def tried(call):
+        try:
+            call()
+            return "ok"
+        except OSError as exc:
+            return errno.errorcode[exc.errno]
+    for path in ("/tmp/f", "f"):  # the sandbox's tmpfs, and the shared folder
+        open(path, "w").close()
+    said = [tried(lambda: os.setxattr(path, "user.x", b"1" * 64)) for path in ("/tmp/f", "f")]
+    said.append(os.getxattr("source", "user.note").decode())  # reading still works
+    shutil.copy2("source", "copy")  # copies what it can: no xattrs where none can be set
+    said.append(",".join(os.listxattr("copy")) or "-")
+    print(*said)
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_a_sandboxed_program_cannot_set_extended_attributes(tmp_path: Path, entry: str) -> None:
+    """A tmpfs charges xattrs to its inodes' space, not its size=: 768 MiB of them went
+    into the sandbox's 256 MiB /tmp (review8 finding 11). Setting one answers EOPNOTSUPP,
+    as a file system without them does; shutil.copy2 and cp -a copy without them."""
+    share = Path(os.path.realpath(tmp_path))
+    source = share / "source"
+    source.write_text("data")
+    try:
+        os.setxattr(source, "user.note", b"kept")
+    except OSError as exc:
+        pytest.skip(f"the test's folder has no user xattrs: {exc}")
+
+    def sandboxed(seccomp: bool, argv: list[str]) -> str:
+        view = View(
+            cwd=str(share),
+            mounts=(Mount(str(share), True),),
+            env=environment.build({}, []),
+            entry=entry,
+            seccomp=seccomp,
+        )
+        done = asyncio.run(run(argv, view, Limits(), pid_cap=PidCap()))
+        assert done.exit_code == 0, done.stderr
+        return done.stdout.decode() + done.stderr.decode()
+
+    def probe(seccomp: bool) -> list[str]:
+        for made in ("f", "copy", "archived"):
+            (share / made).unlink(missing_ok=True)
+        said = sandboxed(seccomp, ["/usr/bin/python3", "-I", "-c", XATTRS]).split()
+        assert sandboxed(seccomp, ["/usr/bin/cp", "-a", "source", "archived"]) == ""
+        return [*said, ",".join(os.listxattr(share / "archived")) or "-"]
+
+    refused = errno.errorcode[errno.EOPNOTSUPP]  # ENOTSUP, the same number on Linux
+    assert probe(True) == [refused, refused, "kept", "-", "-"]
+    assert probe(False) == ["ok", "ok", "kept", "user.note", "user.note"], "without it, set"
