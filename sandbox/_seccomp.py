@@ -30,7 +30,9 @@ the watch of a workspace counts what they hold (sandbox.held_open). fcntl F_SETS
 O_ASYNC it has the kernel send the process a signal of its choosing on an event, and
 SIGCONT so sent undid the stop that holds a plan's programs still while their
 workspace is counted (review7 finding 03; defence in depth: a POSIX timer or
-mq_notify can still send one, which no filter sees in a sigevent).
+mq_notify can still send one, which no filter sees in a sigevent). fcntl F_SETLEASE
+answers EACCES: a program's lease on a shared file held every open of it by the
+person's programs for 45 s (review8 finding 13).
 
 Socket and pipe buffers are kernel memory no rlimit counts: a socketpair written to
 and never read holds its send buffer in the kernel (review7 finding 02). So
@@ -188,9 +190,18 @@ _PRCTL: Final[tuple[int, int]] = (157, 167)
 PR_SET_DUMPABLE: Final = 4
 _FCNTL: Final[tuple[int, int]] = (72, 25)
 F_SETSIG: Final = 10
+F_SETLEASE: Final = 1024
 F_SETPIPE_SZ: Final = 1031
-# fcntl commands refused (its second argument, an unsigned int), with EPERM.
-REFUSED_FCNTLS: Final = (F_SETSIG, F_SETPIPE_SZ)
+# fcntl commands refused (its second argument, an unsigned int), and how. A lease on a
+# file the program owns (a shared folder's, the person's for a desktop worker) made
+# every open of it by the person's own programs wait lease-break-time, 45 s, while the
+# program ignored SIGIO (review8 finding 13): EACCES, as the kernel answers for a file
+# not the caller's (programs that try one, Samba's kernel oplocks, go on without).
+REFUSED_FCNTLS: Final[Mapping[int, str]] = {
+    F_SETSIG: "eperm",
+    F_SETLEASE: "eacces",
+    F_SETPIPE_SZ: "eperm",
+}
 _SETSOCKOPT: Final[tuple[int, int]] = (54, 208)
 SOL_SOCKET: Final = 1
 # setsockopt(fd, SOL_SOCKET, option) refused (its third argument, an int), and how:
@@ -220,6 +231,7 @@ _DENY: Final = RET_ERRNO | errno.EPERM
 _IGNORED: Final = RET_ERRNO | 0  # the call answers 0 (success), not run
 _NOSYS: Final = RET_ERRNO | errno.ENOSYS
 _NOTSUP: Final = RET_ERRNO | errno.EOPNOTSUPP
+_NOACCESS: Final = RET_ERRNO | errno.EACCES
 # struct seccomp_data: nr, arch, instruction_pointer, args[6]
 _NR, _ARCH, _ARG0, _ARG1, _ARG2 = 0, 4, 16, 24, 32
 
@@ -230,6 +242,7 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 # What the filter answers for a number of the native table (see `build`).
 _ALLOW, _EPERM, _ENOSYS, _NOTSUPP = "allow", "eperm", "enosys", "eopnotsupp"
+_EACCES = "eacces"
 _IGNORE = "ignore"
 _CLONE_FLAGS, _IOCTL_CMD = "clone", "ioctl"
 _PRCTL_OPTION, _FCNTL_CMD, _SOCKOPT = "prctl", "fcntl", "setsockopt"
@@ -321,9 +334,9 @@ def build(machine: str) -> bytes | None:
     prog += [(_LD_W_ABS, _ARG0, _NEXT, _NEXT), (_JEQ_K, PR_SET_DUMPABLE, _EPERM, _ALLOW)]
     labels[_FCNTL_CMD] = len(prog)  # fcntl's refused commands (its second argument)
     prog.append((_LD_W_ABS, _ARG1, _NEXT, _NEXT))
-    *before, final = REFUSED_FCNTLS
-    prog += [(_JEQ_K, command, _EPERM, _NEXT) for command in before]
-    prog.append((_JEQ_K, final, _EPERM, _ALLOW))
+    *before, (final, said) = REFUSED_FCNTLS.items()
+    prog += [(_JEQ_K, command, answer, _NEXT) for command, answer in before]
+    prog.append((_JEQ_K, final, said, _ALLOW))
     labels[_SOCKOPT] = len(prog)  # setsockopt: the level (second), then the option (third)
     prog += [(_LD_W_ABS, _ARG1, _NEXT, _NEXT), (_JEQ_K, SOL_SOCKET, _NEXT, _ALLOW)]
     prog.append((_LD_W_ABS, _ARG2, _NEXT, _NEXT))
@@ -335,6 +348,7 @@ def build(machine: str) -> bytes | None:
         (_EPERM, _DENY),
         (_ENOSYS, _NOSYS),
         (_NOTSUPP, _NOTSUP),
+        (_EACCES, _NOACCESS),
         (_IGNORE, _IGNORED),
     )
     for answer, value in answers:

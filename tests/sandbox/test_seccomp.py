@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import signal
 import struct
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,9 @@ ARGUMENTS = [
     (3, 11),  # F_GETSIG: let through
     (3, _seccomp.F_SETPIPE_SZ),  # pipe buffers: kernel memory no rlimit counts (review7 02)
     (3, 1032),  # F_GETPIPE_SZ: let through
+    (3, _seccomp.F_SETLEASE),  # a lease held the person's opens 45 s (review8 finding 13)
+    (3, _seccomp.F_SETLEASE | 1 << 32),
+    (3, 1025),  # F_GETLEASE: let through
     # setsockopt(fd, level, option): buffer sizes at SOL_SOCKET only, the low words
     (3, _seccomp.SOL_SOCKET, 7),  # SO_SNDBUF: answered 0, not done
     (3, _seccomp.SOL_SOCKET | 1 << 32, 8 | 1 << 32),  # SO_RCVBUF
@@ -126,6 +131,8 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int, arg2: int =
         return EOPNOTSUPP  # fallocate in every mode, setting xattrs
     if number == _seccomp._PRCTL[column] and arg0 & 0xFFFFFFFF == _seccomp.PR_SET_DUMPABLE:
         return EPERM
+    if number == _seccomp._FCNTL[column] and arg1 & 0xFFFFFFFF == _seccomp.F_SETLEASE:
+        return _seccomp.RET_ERRNO | errno.EACCES
     if number == _seccomp._FCNTL[column] and arg1 & 0xFFFFFFFF in _seccomp.REFUSED_FCNTLS:
         return EPERM
     if number == _seccomp._SETSOCKOPT[column] and arg1 & 0xFFFFFFFF == _seccomp.SOL_SOCKET:
@@ -142,7 +149,7 @@ def listed(machine: str) -> bytes:
     to show the tree answers every call exactly as it did (fallocate's, prctl's and
     ioctl's space requests' tests added, then fallocate refused in every mode, then
     fcntl's commands, then setsockopt's buffer sizes, then io_setup and vmsplice
-    answered ENOSYS, then setting xattrs EOPNOTSUPP)."""
+    answered ENOSYS, then setting xattrs EOPNOTSUPP, then F_SETLEASE EACCES)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -172,8 +179,9 @@ def listed(machine: str) -> bytes:
     commands = _seccomp.REFUSED_FCNTLS
     prog += [insn(0x20, 0), insn(0x15, _seccomp._FCNTL[column], 0, 1 + 2 * len(commands))]
     prog.append(insn(0x20, 24))
-    for command in commands:
-        prog += [insn(0x15, command, 0, 1), insn(0x06, EPERM)]
+    for command, how in commands.items():
+        said = EPERM if how == "eperm" else _seccomp.RET_ERRNO | errno.EACCES
+        prog += [insn(0x15, command, 0, 1), insn(0x06, said)]
     options = _seccomp.REFUSED_SOCKOPTS
     prog += [insn(0x20, 0), insn(0x15, _seccomp._SETSOCKOPT[column], 0, 3 + 2 * len(options))]
     prog += [insn(0x20, 24), insn(0x15, _seccomp.SOL_SOCKET, 0, 1 + 2 * len(options))]
@@ -569,3 +577,38 @@ def test_a_sandboxed_program_cannot_set_extended_attributes(tmp_path: Path, entr
     refused = errno.errorcode[errno.EOPNOTSUPP]  # ENOTSUP, the same number on Linux
     assert probe(True) == [refused, refused, "kept", "-", "-"]
     assert probe(False) == ["ok", "ok", "kept", "user.note", "user.note"], "without it, set"
+
+
+LEASE = textwrap.dedent(
+    """
+    import ctypes, fcntl, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open("leased", os.O_RDONLY | os.O_CREAT, 0o600)
+    done = libc.fcntl(fd, 1024, ctypes.c_int(fcntl.F_RDLCK))  # F_SETLEASE
+    print(ctypes.get_errno() if done == -1 else "ok", libc.fcntl(fd, 1025))  # F_GETLEASE
+    """
+)
+
+
+@pytest.mark.skipif(_seccomp.filter_for_machine() is None, reason="no table for this machine")
+def test_a_sandboxed_program_cannot_lease_a_shared_file(tmp_path: Path, entry: str) -> None:
+    """A lease on a file the program owns in a shared folder made every open of it by the
+    person's programs wait lease-break-time (45 s) while the program ignored SIGIO (review8
+    finding 13). F_SETLEASE answers EACCES, as for a file not the caller's."""
+    share = Path(os.path.realpath(tmp_path))
+    view = View(
+        cwd=str(share),
+        mounts=(Mount(str(share), True),),
+        env=environment.build({}, []),
+        entry=entry,
+    )
+
+    def probe(seccomp: bool) -> list[str]:
+        (share / "leased").unlink(missing_ok=True)
+        argv = ["/usr/bin/python3", "-I", "-c", LEASE]
+        done = asyncio.run(run(argv, replace(view, seccomp=seccomp), Limits(), pid_cap=PidCap()))
+        assert done.exit_code == 0, done.stderr
+        return done.stdout.decode().split()
+
+    assert probe(True) == [str(errno.EACCES), str(int(fcntl.F_UNLCK))]
+    assert probe(False) == ["ok", str(int(fcntl.F_RDLCK))], "without the filter it could"
