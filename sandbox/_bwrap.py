@@ -48,6 +48,13 @@ ETC_FILES: Final = (
 
 # The sandbox's /dev/shm, all its files together: semaphores and small shared memory.
 SHM_BYTES: Final = 16 * 1024**2
+# Signals queued and POSIX timers (each preallocates one) at once, the sandbox's
+# processes together. The kernel counts them per user, in the sandbox's own user
+# namespace and up the chain to the machine's, where one sandbox took all of the
+# user's RLIMIT_SIGPENDING (96,346 timers here): every other program of the worker's
+# user (root, or the person) then got EAGAIN from timer_create, sigqueue and
+# mq_notify (review8 finding 02). The sandbox's count is held to its own limit.
+SIGPENDING: Final = 512
 
 
 class SandboxUnavailableError(Exception):
@@ -285,6 +292,7 @@ def _limits(limits: Limits) -> list[tuple[int, int, int]]:
         (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
         (resource.RLIMIT_NPROC, limits.processes, limits.processes),
         (resource.RLIMIT_CORE, 0, 0),
+        (resource.RLIMIT_SIGPENDING, SIGPENDING, SIGPENDING),
     ]
 
 
@@ -382,6 +390,7 @@ def _rlimits(limits: Limits) -> list[str]:
         f"--nofile={limits.open_files}",
         f"--nproc={limits.processes}",
         "--core=0",
+        f"--sigpending={SIGPENDING}",
     ]
 
 
