@@ -46,6 +46,18 @@ pages, answers ENOSYS). That bounds each socket and pipe, not their number: wher
 plan has no memory cgroup (rlimits mode) its programs can still pin about 100-200 MiB
 of buffers per process within RLIMIT_NOFILE; only a cgroup bounds the plan's.
 
+socket(AF_UNIX, ...) is refused with EPERM (socketpair(2), a call of its own that
+programs use for their own pipes, is not). A unix socket is a door to whatever
+listens on it, and what listens runs outside the sandbox, as the person: a named
+socket in a shared folder, even one shared read-only (connect needs no write on
+the mount, and Landlock's file rules of this kernel do not cover it: its right for
+that, LANDLOCK_ACCESS_FS_RESOLVE_UNIX, came in 2026, after Linux 6.18): Docker's
+socket, gpg and ssh agents, editors' IPC (review8 finding 15); and, where a rule
+keeps the network (the machine's network namespace, which abstract sockets belong
+to), the person's X server at @/tmp/.X11-unix/X0, which lets the person's uid in
+(review8 finding 14). No allowlisted tool needs one: glibc's lookups through nscd
+or systemd-resolved fall back to the files and DNS, syslog(3) drops its line.
+
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
 32-bit and x32 system-call tables of x86-64, get every call refused, so no ABI
@@ -203,6 +215,12 @@ REFUSED_FCNTLS: Final[Mapping[int, str]] = {
     F_SETPIPE_SZ: "eperm",
 }
 _SETSOCKOPT: Final[tuple[int, int]] = (54, 208)
+_SOCKET: Final[tuple[int, int]] = (41, 198)
+AF_UNIX: Final = 1
+# socket(domain, ...) refused for these domains (its first argument, an int), with EPERM:
+# unix sockets, the doors to services outside the sandbox that run as the person
+# (review8 findings 14 and 15; see the module's text). socketpair(2) is another call.
+REFUSED_DOMAINS: Final[tuple[int, ...]] = (AF_UNIX,)
 SOL_SOCKET: Final = 1
 # setsockopt(fd, SOL_SOCKET, option) refused (its third argument, an int), and how:
 # "ignore" answers success without doing it.
@@ -246,13 +264,14 @@ _EACCES = "eacces"
 _IGNORE = "ignore"
 _CLONE_FLAGS, _IOCTL_CMD = "clone", "ioctl"
 _PRCTL_OPTION, _FCNTL_CMD, _SOCKOPT = "prctl", "fcntl", "setsockopt"
+_SOCKET_DOMAIN = "socket"
 _NEXT: Final = "next"  # a jump's target: the next instruction
 
 
 def verdicts(machine: str) -> dict[int, str]:
     """Each number of the native table the filter does not simply allow, and what it
     answers: EPERM, ENOSYS, EOPNOTSUPP, or a look at clone's flags, ioctl's request,
-    prctl's option, fcntl's command or setsockopt's level and option."""
+    prctl's option, fcntl's command, setsockopt's level and option or socket's domain."""
     column = 0 if machine == "x86_64" else 1
     said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
     said.update({pair[column]: _ENOSYS for pair in ABSENT.values()})
@@ -262,6 +281,7 @@ def verdicts(machine: str) -> dict[int, str]:
     said[_PRCTL[column]] = _PRCTL_OPTION
     said[_FCNTL[column]] = _FCNTL_CMD
     said[_SETSOCKOPT[column]] = _SOCKOPT
+    said[_SOCKET[column]] = _SOCKET_DOMAIN
     return said
 
 
@@ -343,6 +363,10 @@ def build(machine: str) -> bytes | None:
     *options, (last_option, its_answer) = REFUSED_SOCKOPTS.items()
     prog += [(_JEQ_K, option, answer, _NEXT) for option, answer in options]
     prog.append((_JEQ_K, last_option, its_answer, _ALLOW))
+    labels[_SOCKET_DOMAIN] = len(prog)  # socket: its domain (the first argument)
+    prog.append((_LD_W_ABS, _ARG0, _NEXT, _NEXT))
+    prog += [(_JEQ_K, domain, _EPERM, _NEXT) for domain in REFUSED_DOMAINS[:-1]]
+    prog.append((_JEQ_K, REFUSED_DOMAINS[-1], _EPERM, _ALLOW))
     answers = (
         (_ALLOW, RET_ALLOW),
         (_EPERM, _DENY),

@@ -9,7 +9,15 @@ capabilities. On top of that:
   just before the program starts, lets the program execute only its pinned path
   (and its ELF interpreter), and write only beneath the shared read-write folders,
   the sandbox's own /tmp and its /dev: anything else is refused with EACCES, for
-  the program and everything it starts.
+  the program and everything it starts. From Landlock ABI 6 (Linux 6.12) it is
+  scoped too: no abstract unix socket, and no process, made outside the sandbox
+  can be reached (connect and kill answer EPERM).
+
+Unix sockets are doors to services outside that run as the person (review8 findings
+14 and 15): the filter refuses socket(AF_UNIX). A rule that keeps the network shares
+the machine's network namespace, whose abstract sockets (the person's X server at
+@/tmp/.X11-unix/X0) no file rule hides: where neither the filter nor Landlock's scope
+can be had, exec refuses such a rule (sandbox_unavailable) rather than open them.
 
 Where a layer cannot be had (no Landlock in the kernel, no C compiler to build the
 helper), exec still runs, inside bubblewrap with the seccomp filter, and the
@@ -68,8 +76,19 @@ class Landlock:
             "landlock",
             True,
             f"ABI {self.abi}: a program may execute only itself and write only in the "
-            "read-write shared folders and the sandbox's /tmp",
+            "read-write shared folders and the sandbox's /tmp"
+            + (
+                "; it reaches no abstract unix socket or process outside the sandbox"
+                if self.scopes
+                else ""
+            ),
         )
+
+    @property
+    def scopes(self) -> bool:
+        """Whether the helper scopes the sandbox (Landlock ABI 6+): no abstract unix
+        socket or signal outside its domain."""
+        return self.abi >= SCOPED_ABI
 
     async def entry(self) -> str | None:
         """The helper's path (built on the first call, off the event loop), or None when
@@ -89,6 +108,23 @@ class Landlock:
         return self.path
 
 
+SCOPED_ABI = 6  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET and LANDLOCK_SCOPE_SIGNAL
+
+
+def abstract_sockets_open(entry: str | None, landlock: Landlock) -> str | None:
+    """Why a sandbox that shares the machine's network namespace would reach its
+    abstract unix sockets (neither the filter's refusal of socket(AF_UNIX) nor
+    Landlock's scope applies), or None when it cannot."""
+    if _seccomp.filter_for_machine() is not None or (entry is not None and landlock.scopes):
+        return None
+    return (
+        "a rule that keeps the network shares the machine's abstract unix sockets (the "
+        "person's X server's among them), and this machine has neither the seccomp filter "
+        f"for {os.uname().machine} nor Landlock ABI {SCOPED_ABI} (Linux 6.12) to close them"
+        + (f" ({landlock.problem})" if landlock.problem else f" (ABI {landlock.abi})")
+    )
+
+
 @functools.cache
 def landlock_for(cache_dir: Path, cc: str = "cc") -> Landlock:
     """The one Landlock of a worker whose helper lives in `cache_dir`."""
@@ -104,11 +140,21 @@ def report(landlock: Landlock | None = None) -> list[Layer]:
             "seccomp",
             seccomp,
             "refuses ptrace, mount, namespaces, keyrings, bpf, perf events, "
-            "userfaultfd, io_uring and other kernel doors"
+            "userfaultfd, io_uring, unix sockets (socket(AF_UNIX)) and other kernel doors"
             if seccomp
             else f"no system-call table for {machine}: exec runs without the filter",
         )
     ]
     if landlock is not None:
         layers.append(landlock.layer())
+        if not seccomp and not (landlock.scopes and landlock.problem is None):
+            layers.append(
+                Layer(
+                    "unix sockets",
+                    False,
+                    "a named socket in a shared folder can be connected to, and rules with "
+                    "network = true answer sandbox_unavailable (they would reach the machine's "
+                    "abstract sockets, the X server's among them)",
+                )
+            )
     return layers

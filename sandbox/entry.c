@@ -18,7 +18,9 @@
  *   -d PATH     lets existing files beneath PATH be written, nothing made (/dev);
  *
  * then restricts itself with Landlock (execute and every kind of write handled, so
- * anything not named above is refused with EACCES) and executes the program named
+ * anything not named above is refused with EACCES; from ABI 6 on, scoped too: no
+ * abstract unix socket and no process outside the sandbox's domain can be reached,
+ * EPERM) and executes the program named
  * after `--`. Landlock holds for the program and everything it starts, and can
  * never be lifted. Any failure exits 125 with a line starting "agentworker-entry:"
  * on stderr: it never runs the program with less than it was asked for.
@@ -69,12 +71,17 @@
 #define MAKE_AND_REMOVE (0x1ff0ull) /* REMOVE_DIR, REMOVE_FILE, MAKE_CHAR ... MAKE_SYM */
 #define REFER (1ull << 13)          /* ABI 2 */
 #define TRUNCATE (1ull << 14)       /* ABI 3 */
+/* ABI 6: the sandbox may connect to no abstract unix socket, and signal no process,
+ * made outside its own Landlock domain (review8 finding 14: with the network kept,
+ * the machine's abstract sockets, the person's X server among them, are in reach). */
+#define SCOPE_ABSTRACT_UNIX_SOCKET (1ull << 0)
+#define SCOPE_SIGNAL (1ull << 1)
 
 #define NEWPID 0x20000000 /* CLONE_NEWPID, for setns */
 #define CHILD_EXITS 17    /* SIGCHLD: the fork's child tells its parent when it ends */
 #define LAST_PID "/proc/sys/kernel/ns_last_pid"
 
-struct ruleset_attr { uint64_t handled_access_fs; };
+struct ruleset_attr { uint64_t handled_access_fs, handled_access_net, scoped; };
 struct __attribute__((packed)) path_beneath { uint64_t allowed_access; int32_t parent_fd; };
 struct limit { uint64_t soft, hard; };
 struct wait_none { long seconds, nanoseconds; };
@@ -280,7 +287,12 @@ static int entry(int argc, char **argv, char **envp) {
     uint64_t writes = WRITE_FILE | MAKE_AND_REMOVE | (abi >= 2 ? REFER : 0);
     uint64_t truncate = abi >= 3 ? TRUNCATE : 0;
     struct ruleset_attr attr = {.handled_access_fs = EXECUTE | writes | truncate};
-    long made = SYS3(NR_create_ruleset, &attr, sizeof attr, 0);
+    unsigned long size = sizeof attr.handled_access_fs; /* what ABIs 1 to 3 know */
+    if (abi >= 6) {
+        attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL;
+        size = sizeof attr;
+    }
+    long made = SYS3(NR_create_ruleset, &attr, size, 0);
     if (made < 0) fail("cannot create a Landlock ruleset", 0, -made);
     int ruleset = (int)made;
 

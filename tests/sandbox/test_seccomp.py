@@ -89,6 +89,11 @@ ARGUMENTS = [
     (3, _seccomp.SOL_SOCKET, 9),  # SO_KEEPALIVE: let through
     (3, 6, 7),  # another level's option 7 (IPPROTO_TCP): let through
     (3, _seccomp.SOL_SOCKET << 32, 7),
+    (_seccomp.AF_UNIX, 1),  # socket(AF_UNIX, SOCK_STREAM): refused (review8 14, 15)
+    (_seccomp.AF_UNIX | 1 << 32, 2),  # the domain is an int: the low word is it
+    (_seccomp.AF_UNIX << 32, 1),
+    (2, 1),  # AF_INET
+    (10, 2),  # AF_INET6
 ]
 
 
@@ -141,6 +146,8 @@ def rule(machine: str, arch: int, number: int, arg0: int, arg1: int, arg2: int =
             return _seccomp.RET_ERRNO
         if option in (32, 33):  # the FORCE kinds
             return EPERM
+    if number == _seccomp._SOCKET[column] and arg0 & 0xFFFFFFFF == _seccomp.AF_UNIX:
+        return EPERM
     return ALLOW
 
 
@@ -149,7 +156,8 @@ def listed(machine: str) -> bytes:
     to show the tree answers every call exactly as it did (fallocate's, prctl's and
     ioctl's space requests' tests added, then fallocate refused in every mode, then
     fcntl's commands, then setsockopt's buffer sizes, then io_setup and vmsplice
-    answered ENOSYS, then setting xattrs EOPNOTSUPP, then F_SETLEASE EACCES)."""
+    answered ENOSYS, then setting xattrs EOPNOTSUPP, then F_SETLEASE EACCES, then
+    socket's unix domain)."""
 
     def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -189,6 +197,8 @@ def listed(machine: str) -> bytes:
     for option, how in options.items():
         said = EPERM if how == "eperm" else _seccomp.RET_ERRNO
         prog += [insn(0x15, option, 0, 1), insn(0x06, said)]
+    prog += [insn(0x20, 0), insn(0x15, _seccomp._SOCKET[column], 0, 3), insn(0x20, 16)]
+    prog += [insn(0x15, _seccomp.AF_UNIX, 0, 1), insn(0x06, EPERM)]
     prog += [insn(0x06, ALLOW)]
     return b"".join(prog)
 

@@ -113,6 +113,12 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     if why is not None:
         raise WorkerError("sandbox_unavailable", why)
     entry = await landlock_entry(settings, ctx.paths)
+    if decision.program.network:
+        why = confinement.abstract_sockets_open(
+            entry, confinement.landlock_for(ctx.paths.exec_cache, settings.cc)
+        )
+        if why is not None:
+            raise WorkerError("sandbox_unavailable", f"{why}: rule {decision.rule_id} not run")
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
         if decision.walks and not ctx.config.fs.allow_hard_links:
             await looking(check_walked, ctx.roots, cwd, decision.searched, git.env)

@@ -1,0 +1,177 @@
+"""Unix sockets are doors out of the sandbox (review8 findings 14 and 15): real listeners
+outside, a real sandbox (bubblewrap, the entry helper's Landlock, the seccomp filter).
+
+A named socket in a shared folder, read-only included, and, where a rule keeps the
+network, an abstract socket of the machine's network namespace (the X server's
+@/tmp/.X11-unix/X0): what listens runs outside, as the person. The filter refuses
+socket(AF_UNIX); Landlock ABI 6 scopes abstract sockets on its own; socketpair(2), a
+program's own pipe, still works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import _seccomp, confinement, environment
+from sandbox.process import Limits, Mount, PidCap, View, run
+
+FILTER = pytest.mark.skipif(
+    _seccomp.filter_for_machine() is None, reason="no table for this machine"
+)
+
+# Connects to the address given (a path, or an abstract name after "@"), says how it went.
+CONNECT = textwrap.dedent(
+    """
+    import errno, socket, sys
+    where = sys.argv[1]
+    address = "\\0" + where[1:] if where.startswith("@") else where
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        print("socket", errno.errorcode[exc.errno]); sys.exit()
+    try:
+        s.connect(address)
+    except OSError as exc:
+        print("connect", errno.errorcode[exc.errno]); sys.exit()
+    print("connected")
+    """
+)
+
+
+def in_sandbox(
+    share: Path, entry: str | None, seccomp: bool, network: bool, code: str, *args: str
+) -> str:
+    view = View(
+        cwd=str(share),
+        mounts=(Mount(str(share), False),),
+        env=environment.build({}, []),
+        entry=entry,
+        seccomp=seccomp,
+        network=network,
+    )
+    argv = ["/usr/bin/python3", "-I", "-c", code, *args]
+    done = asyncio.run(run(argv, view, Limits(timeout_s=60), pid_cap=PidCap()))
+    assert done.exit_code == 0, done.stderr
+    return done.stdout.decode().strip()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, socket.socket]]:
+    """A socket listening in a folder to be shared read-only, as a docker.sock would."""
+    share = Path(os.path.realpath(tmp_path)) / "share"
+    share.mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(share / "service.sock"))
+        listener.listen(4)
+        yield share, listener
+
+
+def attempt(
+    share: Path,
+    listener: socket.socket,
+    entry: str | None,
+    seccomp: bool,
+    network: bool,
+    where: str,
+) -> tuple[str, bool]:
+    """What the sandboxed program said, and whether the listener has a connection from
+    it waiting (a connect completes into the listener's backlog, answered or not)."""
+    said = in_sandbox(share, entry, seccomp, network, CONNECT, where)
+    listener.setblocking(False)
+    try:
+        peer, _ = listener.accept()
+    except BlockingIOError:
+        return said, False
+    peer.close()
+    return said, True
+
+
+@FILTER
+def test_a_named_socket_in_a_read_only_share_cannot_be_reached(
+    served: tuple[Path, socket.socket], entry: str
+) -> None:
+    """Review8 finding 15: the sandbox cannot even make a unix socket to connect with."""
+    share, listener = served
+    where = str(share / "service.sock")
+    assert attempt(share, listener, entry, True, False, where) == ("socket EPERM", False)
+    # Without the filter it is let in, read-only share, Landlock and all: what the
+    # filter closes (Landlock has no right for it before LANDLOCK_ACCESS_FS_RESOLVE_UNIX).
+    assert attempt(share, listener, entry, False, False, where) == ("connected", True)
+
+
+def abstract_listener() -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0agentworker-test-" + os.urandom(8).hex())
+    listener.listen(4)
+    return listener
+
+
+def abstract_name(listener: socket.socket) -> str:
+    name = listener.getsockname()
+    text = name.decode() if isinstance(name, bytes) else name
+    return "@" + text.lstrip("\0")
+
+
+@FILTER
+def test_an_abstract_socket_of_the_machine_is_out_of_reach_with_the_network(
+    tmp_path: Path, entry: str
+) -> None:
+    """Review8 finding 14: `network = true` shares the machine's network namespace, and
+    with it its abstract sockets (an X server's): the filter refuses the socket."""
+    share = Path(os.path.realpath(tmp_path))
+    with abstract_listener() as listener:
+        where = abstract_name(listener)
+        assert attempt(share, listener, entry, True, True, where) == ("socket EPERM", False)
+        # With no filter and no Landlock it connects: what the two close.
+        assert attempt(share, listener, None, False, True, where) == ("connected", True)
+        # Without the network, the sandbox has a namespace of its own: nothing listens.
+        assert attempt(share, listener, None, False, False, where) == (
+            "connect ECONNREFUSED",
+            False,
+        )
+
+
+def test_landlock_scope_alone_keeps_abstract_sockets_out_of_reach(
+    tmp_path: Path, entry: str
+) -> None:
+    """Where the filter is not had, Landlock ABI 6's scope closes finding 14 by itself."""
+    if not confinement.landlock_for(tmp_path / "cache").scopes:
+        pytest.skip("this kernel's Landlock has no scopes (ABI 6, Linux 6.12)")
+    share = Path(os.path.realpath(tmp_path))
+    with abstract_listener() as listener:
+        where = abstract_name(listener)
+        assert attempt(share, listener, entry, False, True, where) == ("connect EPERM", False)
+
+
+@FILTER
+def test_a_socketpair_still_works_in_the_sandbox(tmp_path: Path, entry: str) -> None:
+    """A program's own pipe (multiprocessing, asyncio's self-pipe) is socketpair(2)."""
+    code = "import socket; a, b = socket.socketpair(); a.sendall(b'x'); print(b.recv(1).decode())"
+    share = Path(os.path.realpath(tmp_path))
+    assert in_sandbox(share, entry, True, False, code) == "x"
+
+
+def test_a_rule_with_the_network_is_refused_where_nothing_closes_abstract_sockets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed: no filter for this machine and no Landlock scope: the reason to refuse."""
+    landlock = confinement.Landlock(tmp_path / "cache", "cc")
+    if _seccomp.filter_for_machine() is not None:
+        assert confinement.abstract_sockets_open(None, landlock) is None
+    monkeypatch.setattr(_seccomp, "filter_for_machine", lambda: None)
+    landlock.abi = 5
+    why = confinement.abstract_sockets_open("/entry", landlock)
+    assert why is not None and "abstract unix sockets" in why and "(ABI 5)" in why
+    assert confinement.abstract_sockets_open(None, landlock) is not None
+    layers = {layer.name: layer for layer in confinement.report(landlock)}
+    assert not layers["unix sockets"].active
+    landlock.abi = 6
+    assert confinement.abstract_sockets_open("/entry", landlock) is None
+    assert confinement.abstract_sockets_open(None, landlock) is not None
