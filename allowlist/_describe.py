@@ -21,6 +21,7 @@ def describe(policy: Policy) -> dict[str, Any]:
                 "paths": list(program.paths),
                 "resolved": program.resolve(),
                 "network": program.network,
+                "unix_sockets": program.unix_sockets,
                 "env": dict(program.env),
                 "rules": [
                     {
@@ -54,6 +55,7 @@ def render(policy: Policy) -> str:
     for name, program in data["programs"].items():
         where = program["resolved"] or f"not installed (pinned: {', '.join(program['paths'])})"
         extra = ", network" if program["network"] else ""
+        extra += ", unix sockets" if program["unix_sockets"] else ""
         lines.append(f"{name}  →  {where}{extra}")
         for rule in program["rules"]:
             lines.append(f"  {rule['decision']:<9} {rule['id']}: {rule['form']}")

@@ -25,6 +25,7 @@ _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PROGRAM_KEYS: Final = {
     "paths",
     "network",
+    "unix_sockets",
     "env",
     "style",
     "flags",
@@ -64,6 +65,7 @@ class _Layer:
     name: str
     paths: list[str] = field(default_factory=list)
     network: bool | None = None
+    unix_sockets: bool | None = None
     env: dict[str, str] = field(default_factory=dict)
     rules: list[Rule] = field(default_factory=list)
     denies: list[Deny] = field(default_factory=list)
@@ -99,6 +101,8 @@ def layer(*files: list[_Layer], sources: tuple[str, ...]) -> Policy:
             into = merged.setdefault(part.name, _Layer(part.name))
             into.paths = [*part.paths, *(p for p in into.paths if p not in part.paths)]
             into.network = part.network if part.network is not None else into.network
+            if part.unix_sockets is not None:
+                into.unix_sockets = part.unix_sockets
             into.env.update(part.env)
             into.rules.extend(part.rules)
             into.denies.extend(part.denies)
@@ -121,6 +125,7 @@ def layer(*files: list[_Layer], sources: tuple[str, ...]) -> Policy:
             rules=tuple(part.rules),
             denies=tuple(part.denies),
             network=bool(part.network),
+            unix_sockets=bool(part.unix_sockets),
             env=dict(part.env),
         )
         for name, part in sorted(merged.items())
@@ -175,10 +180,12 @@ def _program(name: str, raw: dict[str, Any], source: str) -> _Layer:
         for item in _tables(raw.get("deny", []), f"{where} deny")
     ]
     network = raw.get("network")
+    sockets = raw.get("unix_sockets")
     return _Layer(
         name=name,
         paths=paths,
         network=None if network is None else _bool(network, f"{where} network"),
+        unix_sockets=None if sockets is None else _bool(sockets, f"{where} unix_sockets"),
         env=cast(dict[str, str], env),
         rules=rules,
         denies=denies,

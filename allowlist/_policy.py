@@ -103,6 +103,9 @@ class Program:
     rules: tuple[Rule, ...] = ()
     denies: tuple[Deny, ...] = ()
     network: bool = False
+    # May make unix sockets (socket(AF_UNIX), refused by the filter otherwise): then
+    # connect to a named socket in a shared folder, whose service runs outside.
+    unix_sockets: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
 
     def resolve(self) -> str | None:

@@ -110,6 +110,9 @@ class View:
     private: tuple[PrivateDir, ...] = ()  # folders of the worker's own making
     seccomp: bool = True  # the filter of sandbox._seccomp, where this machine has one
     network: bool = False
+    # socket(AF_UNIX) let through by the filter (a rule's unix_sockets = true): then
+    # its named sockets in shared folders are in reach (review8 finding 15)
+    unix_sockets: bool = False
     bwrap: str = "bwrap"
     # The sandbox's own root (where bubblewrap makes /etc and the mount points) made
     # read-only once everything is in place: only the writable folders and /tmp take writes.

@@ -56,7 +56,8 @@ socket, gpg and ssh agents, editors' IPC (review8 finding 15); and, where a rule
 keeps the network (the machine's network namespace, which abstract sockets belong
 to), the person's X server at @/tmp/.X11-unix/X0, which lets the person's uid in
 (review8 finding 14). No allowlisted tool needs one: glibc's lookups through nscd
-or systemd-resolved fall back to the files and DNS, syslog(3) drops its line.
+or systemd-resolved fall back to the files and DNS, syslog(3) drops its line. A
+rule that says `unix_sockets = true` gets the filter without this refusal.
 
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
@@ -268,10 +269,11 @@ _SOCKET_DOMAIN = "socket"
 _NEXT: Final = "next"  # a jump's target: the next instruction
 
 
-def verdicts(machine: str) -> dict[int, str]:
+def verdicts(machine: str, unix_sockets: bool = False) -> dict[int, str]:
     """Each number of the native table the filter does not simply allow, and what it
     answers: EPERM, ENOSYS, EOPNOTSUPP, or a look at clone's flags, ioctl's request,
-    prctl's option, fcntl's command, setsockopt's level and option or socket's domain."""
+    prctl's option, fcntl's command, setsockopt's level and option or socket's domain
+    (not looked at with `unix_sockets`: a rule that lets its program make them)."""
     column = 0 if machine == "x86_64" else 1
     said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
     said.update({pair[column]: _ENOSYS for pair in ABSENT.values()})
@@ -281,14 +283,15 @@ def verdicts(machine: str) -> dict[int, str]:
     said[_PRCTL[column]] = _PRCTL_OPTION
     said[_FCNTL[column]] = _FCNTL_CMD
     said[_SETSOCKOPT[column]] = _SOCKOPT
-    said[_SOCKET[column]] = _SOCKET_DOMAIN
+    if not unix_sockets:
+        said[_SOCKET[column]] = _SOCKET_DOMAIN
     return said
 
 
-def runs(machine: str) -> list[tuple[int, str]]:
+def runs(machine: str, unix_sockets: bool = False) -> list[tuple[int, str]]:
     """The native table's number line (0 to 2**32 - 1) as runs of one answer: each
     run's first number and its answer, in order."""
-    said = verdicts(machine)
+    said = verdicts(machine, unix_sockets)
 
     def answer(number: int) -> str:
         if machine == "x86_64" and number >= _X32_BIT:
@@ -305,8 +308,9 @@ def runs(machine: str) -> list[tuple[int, str]]:
     ]
 
 
-def build(machine: str) -> bytes | None:
-    """The filter program for `machine` (os.uname().machine), or None if unknown.
+def build(machine: str, unix_sockets: bool = False) -> bytes | None:
+    """The filter program for `machine` (os.uname().machine), or None if unknown;
+    with `unix_sockets`, one that lets socket(AF_UNIX) through.
 
     Only the machine's native table is let through: any other ABI is refused whole.
     The call's number then goes down a balanced tree of `JGE` tests over `runs`, to
@@ -324,7 +328,7 @@ def build(machine: str) -> bytes | None:
         (_JEQ_K, AUDIT_ARCH[machine], _NEXT, _EPERM),
         (_LD_W_ABS, _NR, _NEXT, _NEXT),
     ]
-    line = runs(machine)
+    line = runs(machine, unix_sockets)
 
     def test(lo: int, hi: int) -> object:
         """The label that tells line[lo:hi] apart: the answer of a single run, else a
@@ -363,10 +367,11 @@ def build(machine: str) -> bytes | None:
     *options, (last_option, its_answer) = REFUSED_SOCKOPTS.items()
     prog += [(_JEQ_K, option, answer, _NEXT) for option, answer in options]
     prog.append((_JEQ_K, last_option, its_answer, _ALLOW))
-    labels[_SOCKET_DOMAIN] = len(prog)  # socket: its domain (the first argument)
-    prog.append((_LD_W_ABS, _ARG0, _NEXT, _NEXT))
-    prog += [(_JEQ_K, domain, _EPERM, _NEXT) for domain in REFUSED_DOMAINS[:-1]]
-    prog.append((_JEQ_K, REFUSED_DOMAINS[-1], _EPERM, _ALLOW))
+    if not unix_sockets:
+        labels[_SOCKET_DOMAIN] = len(prog)  # socket: its domain (the first argument)
+        prog.append((_LD_W_ABS, _ARG0, _NEXT, _NEXT))
+        prog += [(_JEQ_K, domain, _EPERM, _NEXT) for domain in REFUSED_DOMAINS[:-1]]
+        prog.append((_JEQ_K, REFUSED_DOMAINS[-1], _EPERM, _ALLOW))
     answers = (
         (_ALLOW, RET_ALLOW),
         (_EPERM, _DENY),
@@ -393,7 +398,7 @@ def build(machine: str) -> bytes | None:
 
 
 @functools.cache
-def filter_for_machine() -> bytes | None:
+def filter_for_machine(unix_sockets: bool = False) -> bytes | None:
     """This machine's filter, or None when its architecture has no table here (built
-    once: every exec installs the same bytes)."""
-    return build(os.uname().machine)
+    once of each kind: every exec installs one of the same two)."""
+    return build(os.uname().machine, unix_sockets)

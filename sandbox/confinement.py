@@ -111,16 +111,25 @@ class Landlock:
 SCOPED_ABI = 6  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET and LANDLOCK_SCOPE_SIGNAL
 
 
-def abstract_sockets_open(entry: str | None, landlock: Landlock) -> str | None:
+def abstract_sockets_open(
+    entry: str | None, landlock: Landlock, unix_sockets: bool = False
+) -> str | None:
     """Why a sandbox that shares the machine's network namespace would reach its
-    abstract unix sockets (neither the filter's refusal of socket(AF_UNIX) nor
-    Landlock's scope applies), or None when it cannot."""
-    if _seccomp.filter_for_machine() is not None or (entry is not None and landlock.scopes):
+    abstract unix sockets (neither the filter's refusal of socket(AF_UNIX), which a
+    rule's `unix_sockets` lifts, nor Landlock's scope applies), or None when it cannot."""
+    refused = not unix_sockets and _seccomp.filter_for_machine() is not None
+    if refused or (entry is not None and landlock.scopes):
         return None
+    filter_off = (
+        "lifted by the rule: unix_sockets = true"
+        if unix_sockets
+        else f"no table for {os.uname().machine}"
+    )
     return (
         "a rule that keeps the network shares the machine's abstract unix sockets (the "
-        "person's X server's among them), and this machine has neither the seccomp filter "
-        f"for {os.uname().machine} nor Landlock ABI {SCOPED_ABI} (Linux 6.12) to close them"
+        "person's X server's among them), and this machine has neither the seccomp filter's "
+        f"refusal of unix sockets ({filter_off}) nor Landlock ABI {SCOPED_ABI} (Linux 6.12) "
+        "to close them"
         + (f" ({landlock.problem})" if landlock.problem else f" (ABI {landlock.abi})")
     )
 

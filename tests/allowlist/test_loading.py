@@ -251,3 +251,16 @@ def test_walks_names_only_the_rules_own_flags() -> None:
     assert "not one of its options" in str(caught.value)
     with pytest.raises(PolicyError):
         _grep('walks = "yes"')
+
+
+def test_unix_sockets_is_a_programs_opt_in_a_later_file_may_change(tmp_path: Path) -> None:
+    """socket(AF_UNIX) is refused in the sandbox unless the program's rule says
+    unix_sockets = true (review8 findings 14 and 15); no shipped program says it."""
+    assert not any(program.unix_sockets for program in load_policy(None).programs.values())
+    mine = tmp_path / "allowlist.toml"
+    mine.write_text("[program.cat]\nunix_sockets = true\n")
+    assert load_policy(mine).programs["cat"].unix_sockets
+    assert not load_policy(mine).programs["ls"].unix_sockets
+    mine.write_text('[program.cat]\nunix_sockets = "yes"\n')
+    with pytest.raises(PolicyError, match="unix_sockets"):
+        load_policy(mine)

@@ -46,7 +46,13 @@ CONNECT = textwrap.dedent(
 
 
 def in_sandbox(
-    share: Path, entry: str | None, seccomp: bool, network: bool, code: str, *args: str
+    share: Path,
+    entry: str | None,
+    seccomp: bool,
+    network: bool,
+    code: str,
+    *args: str,
+    unix_sockets: bool = False,
 ) -> str:
     view = View(
         cwd=str(share),
@@ -55,6 +61,7 @@ def in_sandbox(
         entry=entry,
         seccomp=seccomp,
         network=network,
+        unix_sockets=unix_sockets,
     )
     argv = ["/usr/bin/python3", "-I", "-c", code, *args]
     done = asyncio.run(run(argv, view, Limits(timeout_s=60), pid_cap=PidCap()))
@@ -80,10 +87,11 @@ def attempt(
     seccomp: bool,
     network: bool,
     where: str,
+    unix_sockets: bool = False,
 ) -> tuple[str, bool]:
     """What the sandboxed program said, and whether the listener has a connection from
     it waiting (a connect completes into the listener's backlog, answered or not)."""
-    said = in_sandbox(share, entry, seccomp, network, CONNECT, where)
+    said = in_sandbox(share, entry, seccomp, network, CONNECT, where, unix_sockets=unix_sockets)
     listener.setblocking(False)
     try:
         peer, _ = listener.accept()
@@ -158,6 +166,41 @@ def test_a_socketpair_still_works_in_the_sandbox(tmp_path: Path, entry: str) -> 
     assert in_sandbox(share, entry, True, False, code) == "x"
 
 
+@FILTER
+def test_a_rule_that_opts_in_reaches_named_sockets_but_not_abstract_ones(
+    served: tuple[Path, socket.socket], entry: str, tmp_path: Path
+) -> None:
+    """`unix_sockets = true`: the filter lets socket(AF_UNIX) through, so the named
+    socket in the share is reached (what the rule asks for); with the network kept too,
+    Landlock's scope (ABI 6) still keeps the machine's abstract sockets out of reach."""
+    share, listener = served
+    named = str(share / "service.sock")
+    assert attempt(share, listener, entry, True, False, named, True) == ("connected", True)
+    if not confinement.landlock_for(tmp_path / "cache").scopes:
+        return  # exec refuses such a rule here (below)
+    with abstract_listener() as machine:
+        where = abstract_name(machine)
+        assert attempt(share, machine, entry, True, True, where, True) == ("connect EPERM", False)
+
+
+@FILTER
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_opt_in_filter_differs_only_in_letting_unix_sockets_be_made(machine: str) -> None:
+    from tests.sandbox.test_seccomp import ARCHES, ARGUMENTS, answer
+
+    closed, open_ = _seccomp.build(machine), _seccomp.build(machine, unix_sockets=True)
+    assert closed is not None and open_ is not None
+    socket_nr = _seccomp._SOCKET[0 if machine == "x86_64" else 1]
+    differ = set()
+    for arch in ARCHES.values():
+        for number in [*range(500), 0x40000000 + 41, 0xFFFFFFFF]:
+            for args in ARGUMENTS:
+                if answer(closed, arch, number, *args) != answer(open_, arch, number, *args):
+                    differ.add((arch, number, args[0] & 0xFFFFFFFF))
+                    assert answer(open_, arch, number, *args) == _seccomp.RET_ALLOW
+    assert differ == {(_seccomp.AUDIT_ARCH[machine], socket_nr, _seccomp.AF_UNIX)}
+
+
 def test_a_rule_with_the_network_is_refused_where_nothing_closes_abstract_sockets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -175,3 +218,11 @@ def test_a_rule_with_the_network_is_refused_where_nothing_closes_abstract_socket
     landlock.abi = 6
     assert confinement.abstract_sockets_open("/entry", landlock) is None
     assert confinement.abstract_sockets_open(None, landlock) is not None
+    monkeypatch.undo()
+    if _seccomp.filter_for_machine() is not None:  # a rule's opt-in lifts the filter's part
+        landlock.abi = 5
+        assert confinement.abstract_sockets_open(None, landlock, unix_sockets=False) is None
+        why = confinement.abstract_sockets_open("/entry", landlock, unix_sockets=True)
+        assert why is not None and "unix_sockets = true" in why
+        landlock.abi = 6
+        assert confinement.abstract_sockets_open("/entry", landlock, unix_sockets=True) is None

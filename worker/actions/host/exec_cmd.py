@@ -115,7 +115,9 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     entry = await landlock_entry(settings, ctx.paths)
     if decision.program.network:
         why = confinement.abstract_sockets_open(
-            entry, confinement.landlock_for(ctx.paths.exec_cache, settings.cc)
+            entry,
+            confinement.landlock_for(ctx.paths.exec_cache, settings.cc),
+            decision.program.unix_sockets,
         )
         if why is not None:
             raise WorkerError("sandbox_unavailable", f"{why}: rule {decision.rule_id} not run")
@@ -132,6 +134,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             extra_files=() if visible_by_default(program) else (program,),
             private=tuple(git.private),
             network=decision.program.network,
+            unix_sockets=decision.program.unix_sockets,
             bwrap=settings.bwrap,
             entry=entry,
         )
