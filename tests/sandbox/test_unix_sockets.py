@@ -186,7 +186,7 @@ def test_a_rule_that_opts_in_reaches_named_sockets_but_not_abstract_ones(
 @FILTER
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_the_opt_in_filter_differs_only_in_letting_unix_sockets_be_made(machine: str) -> None:
-    from tests.sandbox.test_seccomp import ARCHES, ARGUMENTS, answer
+    from tests.sandbox.test_seccomp import ARCHES, ARGUMENTS, SOCKET_ARGUMENTS, answer
 
     closed, open_ = _seccomp.build(machine), _seccomp.build(machine, unix_sockets=True)
     assert closed is not None and open_ is not None
@@ -194,7 +194,7 @@ def test_the_opt_in_filter_differs_only_in_letting_unix_sockets_be_made(machine:
     differ = set()
     for arch in ARCHES.values():
         for number in [*range(500), 0x40000000 + 41, 0xFFFFFFFF]:
-            for args in ARGUMENTS:
+            for args in [*ARGUMENTS, *SOCKET_ARGUMENTS]:
                 if answer(closed, arch, number, *args) != answer(open_, arch, number, *args):
                     differ.add((arch, number, args[0] & 0xFFFFFFFF))
                     assert answer(open_, arch, number, *args) == _seccomp.RET_ALLOW
