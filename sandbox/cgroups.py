@@ -191,7 +191,13 @@ class PlanGroup:
 
     def join(self, pid: int) -> None:
         """Move process `pid` (held before it runs anything) into the plan's cgroup,
-        in every hierarchy; CgroupError if any move fails."""
+        in every hierarchy; CgroupError if any move fails, or if the plan's processes
+        are then more than its cap (the caller kills `pid`, which never ran).
+
+        A move is not a fork: the kernel lets it take a cgroup past pids.max. A
+        sandbox joining a plan already at its cap ran its program as one process more
+        than the cap (one more for each sandbox joining so), the forks of the plan's
+        other programs having filled it meanwhile."""
         for place in self.places:
             procs = place.folder / "cgroup.procs"
             try:
@@ -200,6 +206,17 @@ class PlanGroup:
                 raise CgroupError(
                     f"could not move the sandbox into its plan's cgroup ({procs}): {_say(exc)}"
                 ) from None
+        folder = self._counter_files[1].parent  # the pids controller's cgroup
+        try:
+            current = int(self._files.read(folder / "pids.current"))
+            cap = self._files.read(folder / "pids.max").strip()
+        except (OSError, ValueError) as exc:
+            reason = _say(exc) if isinstance(exc, OSError) else "not a number"
+            raise CgroupError(
+                f"could not read the plan's process count ({folder}/pids.current): {reason}"
+            ) from None
+        if cap != "max" and current > int(cap):
+            raise CgroupError(f"the plan already runs its cap of {cap} processes")
 
     def counters(self) -> Counters:
         oom, pids, cpu = self._counter_files

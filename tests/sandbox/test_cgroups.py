@@ -172,6 +172,8 @@ class FakeCgroupFs(cgroups.Files):
             return " ".join(node["offered"]) + "\n"  # type: ignore[arg-type]
         if name == "cgroup.subtree_control":
             return " ".join(node["enabled"]) + "\n"  # type: ignore[arg-type]
+        if name == "pids.current" and "pids.max" in node["files"]:  # type: ignore[operator]
+            return f"{len(node['procs'])}\n"  # type: ignore[arg-type]
         files: dict[str, str] = node["files"]  # type: ignore[assignment]
         if name not in files:
             raise FileNotFoundError(2, "No such file or directory", str(path))

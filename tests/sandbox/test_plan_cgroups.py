@@ -14,6 +14,7 @@ never on the clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -81,9 +82,14 @@ async def until(check: Callable[[], bool], within_s: float = 20) -> None:
 
 
 # Forks children that wait, until a fork is refused; prints how many it made, then waits.
+# Run as `FORKS tag [go done]`: with FIFOs `go` and `done`, it starts forking once it
+# reads a byte from `go`, and writes one to `done` once it has printed.
 FORKS = textwrap.dedent(
     """
     import os, sys, time
+    gated = len(sys.argv) > 3
+    if gated:
+        os.read(os.open(sys.argv[2], os.O_RDONLY), 1)
     r, w = os.pipe()
     made = 0
     while made < 200:
@@ -97,9 +103,34 @@ FORKS = textwrap.dedent(
             os._exit(0)
         made += 1
     print(made, flush=True)
+    if gated:
+        os.write(os.open(sys.argv[3], os.O_WRONLY), b"!")
     time.sleep(600)
     """
 )
+
+
+def pids_current(group: PlanGroup) -> int:
+    return int((group.folders[0] / "pids.current").read_text())
+
+
+async def read_bytes(fd: int, count: int, within_s: float = 60) -> bytes:
+    """`count` bytes from `fd` (a FIFO's end), woken by the loop as they come."""
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    got = bytearray()
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, readable.set)
+    try:
+        async with asyncio.timeout(within_s):
+            while len(got) < count:
+                await readable.wait()
+                readable.clear()
+                with contextlib.suppress(BlockingIOError):
+                    got += os.read(fd, count - len(got))
+    finally:
+        loop.remove_reader(fd)
+    return bytes(got)
 
 
 def test_a_plans_processes_are_capped_together_and_teardown_kills_and_removes(
@@ -109,22 +140,33 @@ def test_a_plans_processes_are_capped_together_and_teardown_kills_and_removes(
     plan_a = backend.create("a" * 32, PlanLimits(cap, ROOMY.memory_bytes, 1.0))
     plan_b = backend.create("b" * 32, ROOMY)
     tag = marker()
+    for name in ("go", "done"):
+        os.mkfifo(share / name)
+    # Held open both ways here: the bombs' opens never wait, and never meet an end.
+    go_fd = os.open(share / "go", os.O_RDWR)
+    done_fd = os.open(share / "done", os.O_RDWR)
+    gated = [PYTHON, "-c", FORKS, tag, str(share / "go"), str(share / "done")]
 
     async def go() -> tuple[list[Completed], Completed]:
-        bombs = [
-            asyncio.create_task(in_group(share, entry, plan_a, [PYTHON, "-c", FORKS, tag]))
-            for _ in range(3)
-        ]
-        # Each of the three is refused a fork at the plan's cap: the cap is the plan's.
-        await until(lambda: plan_a.counters().forks_refused >= 3)
-        current = int((plan_a.folders[0] / "pids.current").read_text())
-        assert current <= cap
+        bombs = [asyncio.create_task(in_group(share, entry, plan_a, gated)) for _ in range(3)]
+        # All three in the plan's cgroup (one process each, waiting on `go`) before any
+        # forks: a sandbox joining a plan at its cap is refused instead.
+        await until(lambda: pids_current(plan_a) == 3)
+        os.write(go_fd, b"!!!")
+        await read_bytes(done_fd, 3)  # each printed what it made, after its refused fork
+        # Each of the three was refused a fork at the plan's cap: the cap is the plan's.
+        assert plan_a.counters().forks_refused >= 3
+        assert pids_current(plan_a) <= cap
         other = await in_group(share, entry, plan_b, ["/usr/bin/true"])
         assert subprocess.run(["true"], check=False).returncode == 0  # the worker forks
         await asyncio.to_thread(plan_a.destroy)  # teardown
         return list(await asyncio.gather(*bombs)), other
 
-    bombs, other = asyncio.run(go())
+    try:
+        bombs, other = asyncio.run(go())
+    finally:
+        os.close(go_fd)
+        os.close(done_fd)
     assert other.exit_code == 0
     made = [int(done.stdout) for done in bombs]
     assert sum(made) + len(bombs) <= cap, made  # each sandbox's first process counts too
@@ -133,6 +175,39 @@ def test_a_plans_processes_are_capped_together_and_teardown_kills_and_removes(
     assert not any(folder.exists() for folder in plan_a.folders)
     plan_b.destroy()
     assert not any(folder.exists() for folder in plan_b.folders)
+
+
+def test_a_sandbox_joining_a_plan_at_its_cap_is_refused_and_never_runs(
+    backend: cgroups.Backend, share: Path, entry: str
+) -> None:
+    """A move into a cgroup is not a fork: the kernel lets it past pids.max. A sandbox
+    that joined while the plan's other programs filled its cap ran as one process more
+    (17 of 16); it is refused instead, and its program never runs."""
+    cap = 4
+    plan = backend.create("f" * 32, PlanLimits(cap, ROOMY.memory_bytes, 1.0))
+    tag = marker()
+    ran = share / "ran"
+
+    async def go() -> Completed:
+        full = asyncio.create_task(in_group(share, entry, plan, [PYTHON, "-c", FORKS, tag]))
+        await until(lambda: plan.counters().forks_refused >= 1)  # at its cap, and stays
+        assert pids_current(plan) == cap
+        late = [PYTHON, "-c", f"open({str(ran)!r}, 'w')"]
+        with pytest.raises(CgroupError, match="already runs its cap of 4 processes"):
+            await in_group(share, entry, plan, late)
+        # Moved in before it was refused, the held process is killed and leaves.
+        await until(lambda: pids_current(plan) == cap)
+        await asyncio.to_thread(plan.destroy)
+        return await full
+
+    try:
+        filled = asyncio.run(go())
+    finally:
+        if not plan.destroyed:
+            plan.destroy()
+    assert not ran.exists()
+    assert int(filled.stdout) == cap - 1 and filled.signal == signal.SIGKILL, filled
+    assert processes_with(tag) == []
 
 
 @pytest.mark.skipif(not _pidcap.needed(), reason="the pid cap is a root worker's")
