@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
-from worker.core.redaction import PREVIEW_CHARS, args_preview
+from worker.core.redaction import (
+    NESTED_AT_MOST,
+    PREVIEW_CHARS,
+    args_for_replay,
+    args_preview,
+    nests_deeper,
+)
 
 
 def test_short_harmless_args_are_kept_as_sent() -> None:
@@ -103,3 +110,47 @@ def test_a_megabyte_of_suspect_strings_costs_one_parse() -> None:
     words each would take seconds of pattern searching otherwise."""
     args = json.dumps({"argv": ["token: " * 36] * 4_000})
     assert len(args_preview(args)) <= PREVIEW_CHARS
+
+
+def test_args_nested_past_what_any_action_takes_are_never_parsed_or_walked() -> None:
+    """Parsing, walking and writing args again each recurse once or more a level, and a
+    finalizer the garbage collector ran near Python's recursion limit met it itself
+    (RecursionError in `__del__`): test_fuzz_stream failed so at load. Each collection
+    here runs a finalizer that needs 150 frames, and none may find them missing."""
+    short: list[int] = []
+    collecting = True
+
+    def descend(levels: int) -> int:
+        return descend(levels - 1) if levels else 0
+
+    class Probe:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: only the collector frees it
+
+        def __del__(self) -> None:
+            if not collecting:
+                return
+            try:
+                descend(150)
+            except RecursionError:
+                short.append(1)
+            Probe()  # garbage for the next collection
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1)  # a collection at about every allocation
+    Probe()
+    try:
+        for depth in (NESTED_AT_MOST, NESTED_AT_MOST + 1, 900, 5000):
+            for text in ("[" * depth + "]" * depth, '{"a": ' * depth + "1" + "}" * depth):
+                preview = args_preview(text)
+                args, _ = args_for_replay(text)
+                if depth > NESTED_AT_MOST:
+                    assert preview == "<json nested too deeply>" and args is None
+                else:
+                    assert preview != "<json nested too deeply>", depth
+    finally:
+        collecting = False
+        gc.set_threshold(*thresholds)
+    assert short == []
+    assert not nests_deeper('["' + "[" * 5000 + '"]')  # brackets in a string do not nest
+    assert nests_deeper('[["\\"", ' * 201 + "]" * 201)

@@ -24,6 +24,7 @@ or a key `"tok\\u0065n"`, which no look at the text finds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any, Final
@@ -89,10 +90,31 @@ _LONG_STRING: Final = 80
 _SCANNED: Final = 320
 _FLAG_CHARS: Final = 100
 _PARSED_AT_MOST: Final = 1024 * 1024  # args past this are refused anyway; cut, they fail to parse
+# Args nested deeper than this are never parsed here: no action takes them (pydantic's
+# JSON parser refuses past 200 levels), and parsing, walking and writing them again
+# each recurse once or more a level. Near Python's recursion limit (1,000 frames, the
+# C parser's levels counted too), a finalizer the garbage collector runs meanwhile
+# meets the limit itself (RecursionError in `__del__`, its clean-up lost): a server's
+# 1 KB of `[` took every call's preview there (test_fuzz_stream failed so at load).
+NESTED_AT_MOST: Final = 200
+_STRING: Final = re.compile(r'"(?:[^"\\]++|\\.)*+"')
+_NOT_BRACKET: Final = re.compile(r"[^\[\]{}]++")
+_LEVEL: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def nests_deeper(text: str, levels: int = NESTED_AT_MOST) -> bool:
+    """Whether JSON `text` nests arrays and objects more than `levels` deep, told
+    without parsing it (no recursion): brackets inside strings do not count."""
+    if text.count("[") + text.count("{") <= levels:
+        return False
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(itertools.accumulate(map(_LEVEL.__getitem__, brackets)), default=0) > levels
 
 
 def args_preview(args_json: str) -> str:
     """A short, redacted look at the args for people reading telemetry."""
+    if nests_deeper(args_json[:_PARSED_AT_MOST]):
+        return "<json nested too deeply>"
     try:
         value = json.loads(args_json[:_PARSED_AT_MOST]) if args_json else {}
         if len(args_json) <= PREVIEW_CHARS and _plain(args_json):
@@ -115,6 +137,8 @@ def args_for_replay(args_json: str) -> tuple[str | None, bool]:
     """The args as a recorded plan keeps them for replay: whole, with the values of
     secret-looking keys masked as in previews. (None, False) when they are not a JSON
     object; the flag says whether anything was masked."""
+    if nests_deeper(args_json):
+        return None, False
     try:
         value = json.loads(args_json) if args_json else {}
     except (ValueError, RecursionError):
