@@ -45,6 +45,7 @@ from worker.wire.proto import agentworker_pb2 as pb
 AGENTWORKER = str(Path(sys.executable).parent / "agentworker")
 PROMPT_TEXT = "A call outside the agent's grants"
 ANSWERABLE_TEXT = "Denied by itself in"  # the prompt takes keys once this shows
+ANSWERED_WITHIN_S = 30.0  # a bound for a fault's report, not a measure
 
 
 class Tmux:
@@ -78,6 +79,12 @@ class Tmux:
         while text in self.screen():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{text!r} never went away:\n{self.screen()}")
+
+
+def log_tail(home: Home, lines: int = 40) -> str:
+    """The end of the worker's log (the TUI's lines among it)."""
+    found = sorted(home.path.rglob("agentworker.log"))
+    return "\n".join(found[0].read_text(errors="replace").splitlines()[-lines:]) if found else ""
 
 
 def rss_mib(pid: int) -> float:
@@ -154,7 +161,16 @@ async def prompts(home: Home, tmux: Tmux, count: int) -> tuple[list[float], list
             while ANSWERABLE_TEXT not in screen:  # its grace over (ui.approval.GRACE_S)
                 screen = await asyncio.to_thread(tmux.screen)
             tmux.run("send-keys", "-t", "main", "d")
-            reply = await call
+            # The Deny key on a prompt that shows it takes answers ends the call at
+            # once; one not taken is a fault to see, not a wait for the deadline.
+            done, _ = await asyncio.wait({call}, timeout=ANSWERED_WITHIN_S)
+            if not done:
+                raise RuntimeError(
+                    f"prompt {i}: the Deny key, sent on this screen, was not taken within "
+                    f"{ANSWERED_WITHIN_S:g} s:\n{screen}\nnow:\n{tmux.screen()}\n"
+                    f"the worker's log:\n{log_tail(home)}"
+                )
+            reply = call.result()
             assert reply.result.error.code == "scope_denied", reply.result
             await asyncio.to_thread(tmux.wait_gone, PROMPT_TEXT)
     return shown, reads

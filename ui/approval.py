@@ -18,6 +18,7 @@ Deny.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from ui.shown import id_text, server_text, shown
+
+log = logging.getLogger(__name__)
 
 # The periods "for this agent" offers, cycled with the period key.
 PERIODS: tuple[tuple[str, float], ...] = (
@@ -297,7 +300,15 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.query_one("#agent", Button).label = self._agent_label()
 
     def action_choose(self, choice: str) -> None:
-        if self.clock() < self.answers_from or choice not in self.prompt.get("choices", ()):
+        # Answers exactly while the prompt shows that it takes them (`armed`), never
+        # by the clock again: the app's clock is the wall clock (deadlines are unix
+        # times), and one stepped back after the grace (NTP, a VM resumed) refused
+        # keys on a prompt that said "Denied by itself in …", which then waited out its
+        # deadline; nor does a key answer a prompt still saying its keys wait.
+        if not self.armed or choice not in self.prompt.get("choices", ()):
+            # In the log (the worker's): a key a person says they pressed, not taken.
+            why = "offered" if self.armed else "taken yet (its grace)"
+            log.info("prompt %s: %r is not %s", self.prompt_id, choice, why)
             self.app.bell()
             return
         answer: Answer = {"choice": choice}

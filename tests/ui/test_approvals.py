@@ -262,6 +262,33 @@ def test_a_key_pressed_as_the_next_prompt_replaces_the_last_answers_nothing(
     asyncio.run(scenario())
 
 
+def test_a_prompt_that_shows_it_takes_answers_takes_a_key_whatever_the_clock_does(
+    tmp_path: Path,
+) -> None:
+    """The grace is measured on the app's clock, the wall clock (a prompt's deadline is
+    a unix time). Once the prompt shows that it takes answers (buttons on, "Denied by
+    itself in …"), a key answers it even if that clock then steps back (NTP, a VM
+    resumed): `d` rang the bell instead, and the call waited out its deadline."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        clock = MovableClock()
+        app = WorkerApp(rig.link(), notifier=silent, clock=clock)
+        async with app.run_test(size=(100, 30)) as pilot:
+            cid = rig.call("fs_write", '{"path": "new.txt", "mode": "create"}')
+            modal = await answerable(app, pilot)
+            assert str(modal.query_one("#countdown", Static).content).startswith(
+                "Denied by itself in"
+            )
+            clock.skip(-2 * GRACE_S)  # the wall clock steps back
+            await pilot.press("d")
+            await rig.result(cid, timeout_s=10)
+            assert rig.code(cid) == "scope_denied"
+        rig.close()
+
+    asyncio.run(scenario())
+
+
 def test_an_id_padded_with_spaces_stays_on_its_row_and_forges_none(tmp_path: Path) -> None:
     """An agent id padded to wrap at the dialog's width drew rows of its own choosing
     ("Wants workerHost.fs_stat", "Why read one file") above the real ones."""
