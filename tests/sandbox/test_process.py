@@ -127,12 +127,40 @@ def test_output_written_a_byte_at_a_time_and_in_blocks_comes_back_whole_in_order
     assert done.exit_code == 0 and done.stdout == expected
 
 
+# STUBBORN, saying "started" only once its setsid'd grandchild runs (a byte on a pipe).
+STUBBORN_STARTED = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            os.write(w, b"!")
+            time.sleep(600)
+        os._exit(0)
+    os.read(r, 1)
+    print("started", flush=True)
+    time.sleep(600)
+    """
+)
+
+
 def test_timeout_kills_every_process_including_setsid_grandchildren(share: Path) -> None:
-    tag = marker()
-    done = sandboxed(share, [PYTHON, "-c", STUBBORN, tag], timeout_s=1.0)
-    assert done.timed_out and done.signal == 9
-    assert done.stdout == b"started\n"
-    assert wait_until_gone(tag) == []
+    """What the timeout must kill has to be running when it comes: at load 30-40 a
+    sandbox's Python had not started within 1 s (2 runs in 6). A run whose program had
+    not said so (its grandchild running) proves nothing about the grandchild, so the
+    next run gives it twice the time; every run must still end killed, leaving none."""
+    for timeout_s in (1.0, 2.0, 4.0, 8.0, 16.0, 32.0):
+        tag = marker()
+        done = sandboxed(share, [PYTHON, "-c", STUBBORN_STARTED, tag], timeout_s=timeout_s)
+        assert done.timed_out and done.signal == 9
+        assert wait_until_gone(tag) == []
+        if done.stdout == b"started\n":
+            return
+        assert done.stdout == b"", done.stdout
+    pytest.fail("the program never had its grandchild running before a timeout of 32 s")
 
 
 def grandchild_of(tag: str) -> bool:
