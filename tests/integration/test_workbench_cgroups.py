@@ -30,9 +30,15 @@ from tests.support.workbench import call, in_parallel, run, sandbox_cluster, tea
 CAP = 24  # processes of one plan, all its sandboxes together
 MEMORY_MB = 96
 
-# Forks children that wait, until a fork is refused; then waits itself.
+# Forks children that wait, until a fork is refused; then waits itself. It starts
+# forking once `sys.argv[2]` programs have said they run, each by a file in the plan's
+# workspace (shared by its calls): a sandbox joins its plan's cgroup before its program
+# runs, and one joining a plan its others had filled is refused, not run past the cap.
 FORKS = (
-    "import os, sys, time\nr, w = os.pipe()\nmade = 0\nwhile made < 200:\n"
+    "import os, sys, time\nopen('joined-' + os.urandom(8).hex(), 'w').close()\n"
+    "while sum(n.startswith('joined-') for n in os.listdir('.')) < int(sys.argv[2]):\n"
+    "    time.sleep(0.01)\n"
+    "r, w = os.pipe()\nmade = 0\nwhile made < 200:\n"
     "    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
     "    if pid == 0:\n        os.close(w)\n        os.read(r, 1)\n        os._exit(0)\n"
     "    made += 1\nprint(made, flush=True)\ntime.sleep(600)\n"
@@ -84,7 +90,7 @@ def test_a_fork_bomb_over_several_calls_is_capped_plan_wide_and_teardown_ends_it
     box: dict[str, Any] = {}
 
     def detonate() -> None:
-        calls = [(bombing, ["python3", "-c", FORKS, tag], {"timeout_s": 120})] * 3
+        calls = [(bombing, ["python3", "-c", FORKS, tag, "3"], {"timeout_s": 120})] * 3
         box["answers"] = in_parallel(live, calls)
 
     thread = threading.Thread(target=detonate, daemon=True)
