@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sandbox import confinement
 from worker import actions, memory
@@ -51,7 +50,7 @@ from worker.errors import (
 )
 from worker.hub.server import Hub, control_service, local_streams, worker_service
 from worker.hub.store import HubStore
-from worker.wire.auth import BearerAuth
+from worker.wire.auth import BearerAuth, health_service
 from worker.wire.inproc import LocalCall, LocalStreams
 from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
@@ -445,8 +444,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
             ),
         )
     )
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.add_generic_rpc_handlers((health_service(),))  # open: see auth.health_service
     try:
         if tls:
             assert config.hub.tls_cert is not None and config.hub.tls_key is not None
@@ -461,7 +459,6 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     if port == 0:
         raise InUseError(_ADDRESS_IN_USE.format(address=address))
     await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     host = address.rsplit(":", 1)[0]
     housekeeping = asyncio.create_task(_hub_housekeeping(hub))
     return RunningHub(
