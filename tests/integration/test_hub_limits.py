@@ -4,6 +4,7 @@ ControlService request larger than its method takes is refused undecoded."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -13,7 +14,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.cluster import Cluster, call_in_background, cluster, release, wait_for
 from worker.hub.client import ControlClient
-from worker.hub.server import CONTROL_REQUEST_BYTES, CONTROL_REQUEST_BYTES_OTHERWISE
+from worker.hub.server import (
+    CONTROL_READS_AT_ONCE,
+    CONTROL_READS_AT_ONCE_OTHERWISE,
+    CONTROL_REQUEST_BYTES,
+    CONTROL_REQUEST_BYTES_OTHERWISE,
+)
 from worker.wire.proto import agentworker_pb2 as pb
 
 MIB = 1024 * 1024
@@ -104,6 +110,46 @@ def _in_ledger(live: Cluster, cid: str) -> bool:
     finally:
         db.close()
     return found is not None
+
+
+def test_control_requests_are_read_a_few_at_a_time(tmp_path: Path) -> None:
+    """gRPC reads a request whole (up to 32 MiB, whatever its method takes) before its
+    size can be checked, so sixteen 31 MiB ListWorkers at once took the hub from 63 to
+    525 MiB (review8 finding 09). A request is now read when its turn comes: at most
+    CONTROL_READS_AT_ONCE_OTHERWISE of the small methods' at once, Dispatch's apart."""
+    turns = CONTROL_READS_AT_ONCE_OTHERWISE
+    assert CONTROL_READS_AT_ONCE["Dispatch"] > 0
+
+    async def go(client: ControlClient) -> None:
+        # Calls whose request never comes hold every turn of the small methods.
+        held = [
+            client.channel.stream_stream("/agentworker.v1.ControlService/ListWorkers")(
+                metadata=client.metadata
+            )
+            for _ in range(turns)
+        ]
+        for call in held:
+            await call.wait_for_connection()
+        status = asyncio.ensure_future(
+            client.stub.Status(pb.StatusRequest(), metadata=client.metadata, timeout=60)
+        )
+        # Dispatch's reads are apart: a call goes meanwhile, and Status still waits.
+        answered = await client.dispatch(
+            agent_id="tester", surface="workerDiag", action="probe", args_json="{}"
+        )
+        assert answered.result.status == pb.ActionResult.OK, answered
+        assert not status.done()
+        held[0].cancel()  # a turn is free: Status is read and answered
+        assert (await status).connected_workers == 1
+        # The held call's request comes: it is read in turn and answered as ever.
+        await held[1].write(pb.ListWorkersRequest().SerializeToString())
+        await held[1].done_writing()
+        reply = pb.ListWorkersResponse.FromString(await held[1].read())
+        assert len(reply.workers) == 1
+        assert await held[1].code() == grpc.StatusCode.OK
+
+    with cluster(tmp_path / "home") as live:
+        live.run(go)
 
 
 def test_health_is_answered_without_reading_the_request(tmp_path: Path) -> None:
