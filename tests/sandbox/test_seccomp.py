@@ -260,6 +260,11 @@ PROBE = textwrap.dedent(
 )
 
 
+def printed(tmp_path: Path, entry: str, seccomp: bool, code: str) -> list[str]:
+    """The words `python_in_sandbox` prints running `code` in a sandbox of `tmp_path`."""
+    return python_in_sandbox(Path(os.path.realpath(tmp_path)), entry, seccomp, code).split()
+
+
 def python_in_sandbox(share: Path, entry: str, seccomp: bool, code: str, *args: str) -> str:
     """What the system's python3 running `code` prints in a sandbox of `share` (read-only),
     with the filter or without it."""
@@ -386,13 +391,8 @@ DUMPABLE = textwrap.dedent(
 def test_a_sandboxed_program_cannot_hide_its_open_files(tmp_path: Path, entry: str) -> None:
     """A process that is not dumpable has its /proc files owned by root, so a worker
     that is not root cannot see what it holds open (review4 finding 05)."""
-    share = Path(os.path.realpath(tmp_path))
-
-    def probe(seccomp: bool) -> list[str]:
-        return python_in_sandbox(share, entry, seccomp, DUMPABLE).split()
-
-    assert probe(True) == [str(errno.EPERM), "1"]
-    assert probe(False) == ["ok", "0"], "without the filter it could"
+    assert printed(tmp_path, entry, True, DUMPABLE) == [str(errno.EPERM), "1"]
+    assert printed(tmp_path, entry, False, DUMPABLE) == ["ok", "0"], "without the filter it could"
 
 
 SETSIG = textwrap.dedent(
@@ -413,13 +413,10 @@ def test_a_sandboxed_program_cannot_have_the_kernel_send_it_sigcont(
     """fcntl F_SETSIG with O_ASYNC has the kernel signal the process on an event of its
     choosing: SIGCONT on an inotify event of the count's own walk woke a program the
     count had stopped (review7 finding 03). F_GETSIG still answers."""
-    share = Path(os.path.realpath(tmp_path))
-
-    def probe(seccomp: bool) -> list[str]:
-        return python_in_sandbox(share, entry, seccomp, SETSIG).split()
-
-    assert probe(True) == [str(errno.EPERM), "0"]
-    assert probe(False) == ["ok", str(int(signal.SIGCONT))], "without the filter it could"
+    assert printed(tmp_path, entry, True, SETSIG) == [str(errno.EPERM), "0"]
+    assert printed(tmp_path, entry, False, SETSIG) == ["ok", str(int(signal.SIGCONT))], (
+        "without the filter it could"
+    )
 
 
 BUFFERS = textwrap.dedent(
@@ -457,12 +454,15 @@ def test_a_sandboxed_program_cannot_grow_its_socket_or_pipe_buffers(
     MiB past RLIMIT_AS (review7 finding 02). SO_SNDBUF and SO_RCVBUF answer success and
     leave the system's default (as the kernel's silent clamp to wmem_max would); the
     FORCE kinds and F_SETPIPE_SZ answer EPERM."""
-    share = Path(os.path.realpath(tmp_path))
-
-    def probe(seccomp: bool) -> list[str]:
-        return python_in_sandbox(share, entry, seccomp, BUFFERS).split()
-
-    assert probe(True) == ["ok:False", "ok:False", "EPERM", "EPERM", "EPERM", "65536", "1"]
+    assert printed(tmp_path, entry, True, BUFFERS) == [
+        "ok:False",
+        "ok:False",
+        "EPERM",
+        "EPERM",
+        "EPERM",
+        "65536",
+        "1",
+    ]
     # Without it they grow, where the machine lets a socket's grow past its default.
     core = Path("/proc/sys/net/core")
     more = [
@@ -470,7 +470,9 @@ def test_a_sandboxed_program_cannot_grow_its_socket_or_pipe_buffers(
         for kind in "wr"
     ]
     grown = [f"ok:{more[0]}", f"ok:{more[1]}", "EPERM", "EPERM", "ok", str(1 << 20), "1"]
-    assert probe(False) == grown, "without the filter it could (the FORCE kinds need a capability)"
+    assert printed(tmp_path, entry, False, BUFFERS) == grown, (
+        "without the filter it could (the FORCE kinds need a capability)"
+    )
 
 
 SEMAPHORES = textwrap.dedent(
@@ -490,13 +492,10 @@ def test_a_sandboxed_program_cannot_make_system_v_semaphores(tmp_path: Path, ent
     """An array of 32,000 System V semaphores is 2 MiB of kernel memory no rlimit counts:
     384 of them took 880 MB under a 128 MiB RLIMIT_AS (review8 finding 07). POSIX
     semaphores (files in the sandbox's /dev/shm, counted by its size) still work."""
-    share = Path(os.path.realpath(tmp_path))
-
-    def probe(seccomp: bool) -> list[str]:
-        return python_in_sandbox(share, entry, seccomp, SEMAPHORES).split()
-
-    assert probe(True) == [str(errno.EPERM), "True", "False"]
-    assert probe(False) == ["ok", "True", "False"], "without the filter it could"
+    assert printed(tmp_path, entry, True, SEMAPHORES) == [str(errno.EPERM), "True", "False"]
+    assert printed(tmp_path, entry, False, SEMAPHORES) == ["ok", "True", "False"], (
+        "without the filter it could"
+    )
 
 
 AIO = textwrap.dedent(
@@ -521,15 +520,10 @@ def test_a_sandboxed_program_cannot_take_the_machines_aio_events(
     sandbox took all 65,536 and every other program's io_setup answered EAGAIN (review8
     finding 06). It answers ENOSYS, as a kernel without it does, so libaio's users fall
     back to threads."""
-    share = Path(os.path.realpath(tmp_path))
     setup = _seccomp.ABSENT["io_setup"][0 if os.uname().machine == "x86_64" else 1]
     code = AIO.replace("SETUP", str(setup))
-
-    def probe(seccomp: bool) -> list[str]:
-        return python_in_sandbox(share, entry, seccomp, code).split()
-
-    assert probe(True) == [str(errno.ENOSYS)]
-    assert probe(False) == ["ok"], "without the filter it could"
+    assert printed(tmp_path, entry, True, code) == [str(errno.ENOSYS)]
+    assert printed(tmp_path, entry, False, code) == ["ok"], "without the filter it could"
 
 
 VMSPLICE = textwrap.dedent(
@@ -550,13 +544,10 @@ def test_a_sandboxed_program_cannot_put_its_pages_in_a_pipe(tmp_path: Path, entr
     """vmsplice puts references to the caller's pages in a pipe, and one to a 4 KiB piece
     of a huge page keeps all 2 MiB after munmap: 48 pipes kept 1.47 GB under a 128 MiB
     RLIMIT_AS (review8 finding 01). It answers ENOSYS, so a program writes instead."""
-    share = Path(os.path.realpath(tmp_path))
-
-    def probe(seccomp: bool) -> list[str]:
-        return python_in_sandbox(share, entry, seccomp, VMSPLICE).split()
-
-    assert probe(True) == [str(errno.ENOSYS), "4096"]
-    assert probe(False) == ["4096", "4096"], "without the filter it could"
+    assert printed(tmp_path, entry, True, VMSPLICE) == [str(errno.ENOSYS), "4096"]
+    assert printed(tmp_path, entry, False, VMSPLICE) == ["4096", "4096"], (
+        "without the filter it could"
+    )
 
 
 XATTRS = textwrap.dedent(
