@@ -10,10 +10,11 @@ each per round, so a busy moment of a shared machine lands on every row alike):
   raw bwrap +prlimit  the same with prlimit setting the limits (exec's line without
                       the entry helper: no Landlock) and no seccomp
   raw bwrap +LL+sc    exec's exact command line: the entry helper (limits, the pid cap
-                      as root, Landlock) and the seccomp filter; as root, without the
-                      hold at --block-fd while the worker sets the sandbox's last pid
-                      (sandbox._pidcap.pass_reserved): that is counted to sandbox.run
-                      and the pipeline, not to this line
+                      as root, Landlock) and the seccomp filter; without the hold at
+                      --block-fd while the worker writes the sandbox's user limits
+                      and, as root, sets its last pid (sandbox._startline.settle):
+                      that is counted to sandbox.run and the pipeline, not to this
+                      line
   sandbox.run         sandbox.process.run with that line (its child handling included)
   pipeline            caller → hub → worker → allowlist → sandbox → back (`agentworker up`)
   raw two-hop relay   a bare gRPC relay (_common.RELAY: caller → relay → its worker and

@@ -14,7 +14,7 @@ write outside the shared read-write folders, /tmp and /dev (so the program canno
 raise the cap again, nor write any other sysctl). The last pid it cannot set (that
 wants CAP_CHECKPOINT_RESTORE over the namespace, which belongs to the machine's user
 namespace for a root worker): while bubblewrap holds the sandbox at its start line
-(--block-fd), the worker runs the same helper outside (`pass_reserved`: `-N`, one
+(--block-fd), the worker runs the same helper outside (sandbox._startline: `-N`, one
 small static process that joins the sandbox's pid namespace and forks a child to
 write its `ns_last_pid`). Without the entry helper, a helper that joins only the
 sandbox's pid namespace writes the cap, and a second one its `ns_last_pid` (300:
@@ -31,15 +31,11 @@ ever move).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import os
-import signal
 from pathlib import Path
 from typing import Final
 
 from sandbox._bwrap import SandboxUnavailableError, Tools
-from sandbox._spawn import Spawned, Starts
 from sandbox.environment import SAFE_PATH
 
 PID_MAX: Final = Path("/proc/sys/kernel/pid_max")
@@ -141,88 +137,6 @@ class PidCap:
             raise SandboxUnavailableError(self.refused)
         if failed is not None:
             raise failed
-
-
-async def pass_reserved(entry: str, sandbox_pidfd: int, starts: Starts) -> None:
-    """Set the last pid of the sandbox whose first process `sandbox_pidfd` names (held
-    at its start) to RESERVED_PIDS, so its next pids come after them: the entry helper
-    run outside with `-N` (see sandbox/entry.c). Started on the loop, as bubblewrap is
-    (a vfork and exec of a small static program), and watched through a pidfd: no
-    thread, no wait. Its exit must be seen, and be 0: anything else refuses the exec."""
-    loop = asyncio.get_running_loop()
-    message_r, message_w = os.pipe()
-    watch = -1
-    pid: int | None = None
-    status: os.waitid_result | None = None
-    try:
-        try:
-            pid = _start_passing(entry, sandbox_pidfd, message_w)
-        except OSError as exc:
-            raise SandboxUnavailableError(f"could not cap the sandbox's processes: {exc}") from exc
-        finally:
-            os.close(message_w)
-        watch = os.pidfd_open(pid)
-        while status is None:
-            exited = loop.create_future()
-            loop.add_reader(watch, exited.set_result, None)
-            try:
-                await exited
-            finally:
-                loop.remove_reader(watch)
-            status = _exit_of(watch)
-        said = b"" if status.si_status == 0 else os.read(message_r, 1024)
-    finally:
-        os.close(message_r)
-        if watch >= 0:
-            if pid is not None and status is None:  # cancelled: not left behind
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(watch, signal.SIGKILL)
-                starts.not_reaped(Spawned(pid))
-            os.close(watch)
-    if status.si_code != os.CLD_EXITED or status.si_status != 0:
-        why = said.decode(errors="replace").strip()[:300]
-        raise SandboxUnavailableError(
-            "could not cap the sandbox's processes: "
-            + (why or f"its helper ended with status {status.si_status}")
-        )
-
-
-def _start_passing(entry: str, sandbox_pidfd: int, message_w: int) -> int:
-    """posix_spawn (vfork and exec) `entry -N 3:300` with the sandbox's pidfd as its 3
-    and `message_w` as its 2; its pid. Each is moved first above 3 where it is not, so
-    that no move onto 0-3 overwrites the other before it is made."""
-    moved = [
-        fd if fd > 3 else fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 4)
-        for fd in (sandbox_pidfd, message_w)
-    ]
-    try:
-        return os.posix_spawn(
-            entry,
-            [entry, "-N", f"3:{RESERVED_PIDS}"],
-            {},
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, moved[1], 2),
-                (os.POSIX_SPAWN_DUP2, moved[0], 3),
-            ],
-            setsigmask=(),
-        )
-    finally:
-        for fd, was in zip(moved, (sandbox_pidfd, message_w), strict=True):
-            if fd != was:
-                os.close(fd)
-
-
-def _exit_of(watch: int) -> os.waitid_result | None:
-    """The helper's exit, reaped through its pidfd; None while it runs. One reaped by
-    another (its exit never seen) refuses the exec."""
-    try:
-        return os.waitid(os.P_PIDFD, watch, os.WEXITED | os.WNOHANG)
-    except ChildProcessError:
-        raise SandboxUnavailableError(
-            "could not cap the sandbox's processes: its helper's exit was not seen"
-        ) from None
 
 
 async def _write_inside(tools: Tools, init_pid: int, sysctl: Path, value: int) -> None:

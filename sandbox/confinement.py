@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox import _entry, _seccomp
+from sandbox import _entry, _seccomp, _startline
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,7 @@ def report(landlock: Landlock | None = None) -> list[Layer]:
     ]
     if landlock is not None:
         layers.append(landlock.layer())
+        layers.append(user_limits_layer(landlock))
         if not seccomp and not (landlock.scopes and landlock.problem is None):
             layers.append(
                 Layer(
@@ -167,3 +168,45 @@ def report(landlock: Landlock | None = None) -> list[Layer]:
                 )
             )
     return layers
+
+
+def user_limits_layer(landlock: Landlock) -> Layer:
+    """Whether each sandbox gets a share of its user's inotify instances and watches
+    (sandbox._startline), not all of them: written by the entry helper, on Linux 5.11+."""
+    limits = _startline.user_limits()
+    whole = {name: _user_limit(name) for name, _ in _startline.USER_LIMITS}
+    mine = dict(limits)
+    if landlock.layer().active and "max_inotify_instances" in mine:
+        shares = " and ".join(
+            f"{mine[name]:,} of its user's {whole[name]} {what}"
+            for name, what in (
+                ("max_inotify_instances", "inotify instances"),
+                ("max_inotify_watches", "inotify watches"),
+            )
+            if name in mine
+        )
+        return Layer("user limits", True, f"each sandbox may take {shares}")
+    why = (
+        "this kernel counts them per user only (Linux 5.11+ counts them per user namespace)"
+        if "max_inotify_instances" not in mine
+        else "the entry helper writes each sandbox's share, and Landlock is off"
+    )
+    return Layer(
+        "user limits",
+        False,
+        f"a sandboxed program can take all {whole['max_inotify_instances']} inotify "
+        "instances of the worker's user (the person's editors and file managers then get "
+        f"none while it runs): {why}",
+    )
+
+
+def _user_limit(name: str) -> str:
+    """The user's whole of a per-user count, as the machine's sysctl says (its
+    /proc/sys/user, else fs.inotify's own, before Linux 5.11)."""
+    old = {"max_inotify_instances": "max_user_instances", "max_inotify_watches": "max_user_watches"}
+    for path in (_startline.USER_SYSCTLS / name, Path("/proc/sys/fs/inotify") / old[name]):
+        try:
+            return f"{int(path.read_text()):,}"
+        except (OSError, ValueError):
+            continue
+    return "?"

@@ -32,21 +32,37 @@
  * the hypervisor on a virtual machine: 0.2-0.3 ms of each exec there), and the
  * dynamic loader's. Built without it, the C library's syscall() makes the calls.
  *
- * Run outside the sandbox as `-N FD:LAST` (nothing else on its line), it does one
- * other job, for a root worker: it sets the last pid of the pid namespace whose
- * first process the pidfd FD names to LAST (300), while bubblewrap holds that
- * sandbox at its start line. Once a pid namespace has handed out pid 300 (the
- * kernel's RESERVED_PIDS), its pids wrap back to 300, never below: pid_max N then
- * leaves pids 300 to N-1. Before that every pid from 1 up is free, and a cap of 300 +
- * P let P + 300 processes run at once (review7 finding 04). The sandbox cannot set
- * its own last pid (ns_last_pid wants CAP_CHECKPOINT_RESTORE over the namespace,
- * which belongs to the machine's user namespace for a root worker; spending pids 2
- * to 300 with threads instead took 4 ms an exec with a core free, 25 ms at load 20).
- * The worker may, but only from a process of that namespace, which reads its own
- * namespace's sysctl: this joins it (setns: for its children) and forks one child
- * that writes /proc/sys/kernel/ns_last_pid and exits (only where its own pid there is
- * below LAST: a fresh namespace, never the machine's); it reaps it and exits 0, or
- * 125 with its message. One small static process and a fork, not nsenter and tee.
+ * Run outside the sandbox as `-O FD [-N LAST] [-u NAME:VALUE]...`, it does the
+ * worker's part of the sandbox's start while bubblewrap holds it at its start line
+ * (after its namespaces exist, before the program runs); FD is a pidfd of the
+ * sandbox's first process. It exits 0, or 125 with its message.
+ *
+ *   -N LAST     (a root worker) sets the last pid of the sandbox's pid namespace to
+ *               LAST (300). Once a pid namespace has handed out pid 300 (the kernel's
+ *               RESERVED_PIDS), its pids wrap back to 300, never below: pid_max N then
+ *               leaves pids 300 to N-1. Before that every pid from 1 up is free, and a
+ *               cap of 300 + P let P + 300 processes run at once (review7 finding 04).
+ *               The sandbox cannot set its own last pid (ns_last_pid wants
+ *               CAP_CHECKPOINT_RESTORE over the namespace, which belongs to the
+ *               machine's user namespace for a root worker; spending pids 2 to 300 with
+ *               threads instead took 4 ms an exec with a core free, 25 ms at load 20).
+ *               The worker may, but only from a process of that namespace, which reads
+ *               its own namespace's sysctl: this joins it (setns: for its children) and
+ *               forks one child that writes /proc/sys/kernel/ns_last_pid and exits (only
+ *               where its own pid there is below LAST: a fresh namespace, never the
+ *               machine's), and reaps it. Before any -u: once in the sandbox's user
+ *               namespace it holds no capability over the pid namespace's.
+ *   -u NAME:VALUE  writes VALUE to /proc/sys/user/NAME of the sandbox's own user
+ *               namespace: per-user counts the kernel keeps per user namespace and
+ *               charges up the chain to the machine's (inotify instances and watches:
+ *               one sandbox took all 128 of its user's instances, review8 finding 02).
+ *               Writing them wants CAP_SYS_RESOURCE over that namespace, which the
+ *               sandbox has dropped and its owner, the worker (root, or the person),
+ *               holds: this joins it (setns, once; refused for the namespace it is
+ *               already in, so never the machine's) and writes each. The program, with
+ *               no capability there, cannot raise them again.
+ *
+ * One small static process, not nsenter and tee.
  *
  * No libc wrapper exists for Landlock in older C libraries, so the system calls and
  * structures are declared here (they are the same on every architecture).
@@ -78,8 +94,11 @@
 #define SCOPE_SIGNAL (1ull << 1)
 
 #define NEWPID 0x20000000 /* CLONE_NEWPID, for setns */
+#define NEWUSER 0x10000000 /* CLONE_NEWUSER, for setns */
 #define CHILD_EXITS 17    /* SIGCHLD: the fork's child tells its parent when it ends */
 #define LAST_PID "/proc/sys/kernel/ns_last_pid"
+#define USER_SYSCTLS "/proc/sys/user/"
+#define NAME_MOST 48 /* the longest name a -u may give (max_inotify_instances: 21) */
 
 struct ruleset_attr { uint64_t handled_access_fs, handled_access_net, scoped; };
 struct __attribute__((packed)) path_beneath { uint64_t allowed_access; int32_t parent_fd; };
@@ -249,10 +268,10 @@ static void write_sysctl(const char *path, const char *text, unsigned long size,
     SYS1(SYS_close, fd);
 }
 
-/* `-N FD:LAST`, outside the sandbox: see the top of this file. */
-static int set_last_pid(const char *value) {
+/* `-N LAST`, outside the sandbox, for the sandbox whose first process `pidfd` names:
+ * see the top of this file. 0, or 125 with its message said. */
+static int set_last_pid(long pidfd, const char *value) {
     const char *text = value;
-    long pidfd = (long)number(&text, ':', "-N");
     unsigned long long last = number(&text, 0, "-N");
     if (last > 4096) fail("too large a last pid in", "-N", EINVAL);
     char line[24];
@@ -280,8 +299,57 @@ static int set_last_pid(const char *value) {
     return (status >> 8) & 0xff; /* 0, or 125 with its message said */
 }
 
+/* `-u NAME:VALUE`: VALUE into /proc/sys/user/NAME of the sandbox's user namespace,
+ * joined first unless `*joined` (see the top of this file). */
+static void set_user_limit(long pidfd, const char *value, int *joined) {
+    char path[sizeof USER_SYSCTLS + NAME_MOST];
+    unsigned long at = put(path, 0, sizeof path - 1, USER_SYSCTLS), start = at;
+    const char *text = value;
+    for (; *text && *text != ':'; text++) {
+        if ((*text < 'a' || *text > 'z') && *text != '_') fail("not a limit's name in", "-u", EINVAL);
+        if (at - start >= NAME_MOST) fail("too long a limit's name in", "-u", EINVAL);
+        path[at++] = *text;
+    }
+    path[at] = 0;
+    if (at == start || *text != ':') fail("not a limit's name in", "-u", EINVAL);
+    text++;
+    unsigned long long limit = number(&text, 0, "-u");
+    if (limit > 0x7fffffffull) fail("too large a limit in", "-u", EINVAL);
+    char line[24];
+    unsigned long size = put_number(line, 0, sizeof line - 1, limit);
+    line[size++] = '\n';
+    if (!*joined) {
+        long done = SYS2(SYS_setns, pidfd, NEWUSER);
+        if (done) fail("cannot join the sandbox's user namespace", 0, -done);
+        *joined = 1;
+    }
+    write_sysctl(path, line, size, "cannot set the sandbox's limit at");
+}
+
+/* `-O FD ...`, outside the sandbox: see the top of this file. */
+static int outside(int argc, char **argv) {
+    const char *text = argv[2];
+    long pidfd = (long)number(&text, 0, "-O");
+    int joined = 0, limits = 0;
+    for (int at = 3; at < argc; at += 2) { /* the whole line read before anything is done */
+        if (at + 1 >= argc) fail("no value for", argv[at], EINVAL);
+        if (same(argv[at], "-u")) limits = 1;
+        else if (!same(argv[at], "-N")) fail("unknown option outside the sandbox", argv[at], EINVAL);
+        else if (limits) fail("-N comes before every -u", 0, EINVAL);
+    }
+    for (int at = 3; at < argc; at += 2) {
+        if (same(argv[at], "-N")) {
+            int code = set_last_pid(pidfd, argv[at + 1]);
+            if (code) return code;
+        } else {
+            set_user_limit(pidfd, argv[at + 1], &joined);
+        }
+    }
+    return 0;
+}
+
 static int entry(int argc, char **argv, char **envp) {
-    if (argc == 3 && same(argv[1], "-N")) return set_last_pid(argv[2]);
+    if (argc >= 3 && same(argv[1], "-O")) return outside(argc, argv);
     long abi = SYS3(NR_create_ruleset, 0, 0, VERSION_FLAG);
     if (abi < 1) fail("Landlock is not available", 0, abi < 0 ? -abi : ENOSYS);
     uint64_t writes = WRITE_FILE | MAKE_AND_REMOVE | (abi >= 2 ? REFER : 0);

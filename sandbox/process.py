@@ -2,11 +2,13 @@
 
 `run` starts bubblewrap (see sandbox._bwrap for what the sandbox sees). With the
 entry helper (`View.entry`) the sandbox's first process sets the limits, caps
-processes and applies Landlock itself, then becomes the program: no second
-process, no handshake; for a root worker bubblewrap first holds the sandbox at its
-start line (--block-fd) while the same helper, run outside, sets the sandbox's last
-pid (sandbox._pidcap). Without it, `prlimit` sets the limits and, for a root
-worker, the sandbox is held while sandbox._pidcap caps its processes from outside.
+processes and applies Landlock itself, then becomes the program; bubblewrap first
+holds the sandbox at its start line (--block-fd) while the same helper, run outside,
+writes the sandbox's share of its user's inotify instances and watches in its user
+namespace and, for a root worker, sets its last pid (sandbox._startline). Without
+it, `prlimit` sets the limits and, for a root worker, the sandbox is held while
+sandbox._pidcap caps its processes from outside; its user's inotify instances are not
+shared out then (`agentworker doctor` says so).
 
 It reads stdout and stderr together up to `Limits.output_bytes`, then keeps
 draining and discarding so a chatty program never blocks on a full pipe. The
@@ -57,7 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
-from sandbox import _entry, _pidcap, _seccomp, sockets
+from sandbox import _entry, _pidcap, _seccomp, _startline, sockets
 from sandbox._bwrap import (
     Limits,
     Mount,
@@ -295,6 +297,9 @@ async def run(
     if capped:
         pid_cap.check_kernel()
     entry = view.entry is not None
+    # Its share of its user's per-user counts, written in its user namespace from
+    # outside while it is held (sandbox._startline): with the entry helper only.
+    user_limits = _startline.user_limits() if entry else ()
     ours: list[int] = []  # descriptors this process keeps
     theirs: list[int] = []  # descriptors only bubblewrap keeps: closed here once it started
     memory: sockets.SocketMemory | None = None
@@ -311,12 +316,13 @@ async def run(
                 our_end, diag_fd = sockets.channel()
                 memory = sockets.SocketMemory(our_end)
                 theirs.append(diag_fd)
-        if not entry or cgroup is not None or capped:
+        if not entry or cgroup is not None or capped or user_limits:
             # Held at its start line until its report is read: without the entry (which
             # closes every other descriptor) the program inherits the report's pipe, and
             # one that read it first would make a call that ran look as if it never
-            # started (see _Sandbox.drive). A root worker's sandbox is held until its
-            # last pid is set from outside (sandbox._pidcap), a plan's until it joined.
+            # started (see _Sandbox.drive). With the entry, held until its user limits
+            # are written and, for a root worker, its last pid set from outside
+            # (sandbox._startline); a plan's until it joined.
             block_r, block_w = _pipe(theirs, ours)
         file_fds = [_memory_file(content) for content in private_files(view.private)]
         theirs += file_fds
@@ -376,7 +382,9 @@ async def run(
                 started,
                 pid_cap if capped and not entry else None,
                 cgroup,
-                view.entry if capped else None,
+                view.entry if capped or user_limits else None,
+                last_pid=capped,
+                user_limits=user_limits,
             )
         finally:
             sandbox.kill()
@@ -433,15 +441,19 @@ class _Sandbox:
         started: float,
         cap_from_outside: PidCap | None,
         cgroup: PlanGroup | None,
-        pass_with: str | None = None,
+        settle_with: str | None = None,
+        *,
+        last_pid: bool = False,
+        user_limits: tuple[tuple[str, int], ...] = (),
     ) -> Completed:
         try:
             if self.block_w is not None:
                 # Held at its start line (--block-fd) until pid 1 is known and, where
-                # needed, in place and capped. Elsewhere (the entry helper, a regular
-                # user's worker, no cgroup) nothing needs pid 1 unless the sandbox is
-                # killed: `kill` then reads bubblewrap's report while bubblewrap is
-                # stopped, and the exit is the one event waited for.
+                # needed, in place, capped and its user limits written. Elsewhere (the
+                # entry helper for a regular user's worker on a kernel before 5.11, no
+                # cgroup) nothing needs pid 1 unless the sandbox is killed: `kill` then
+                # reads bubblewrap's report while bubblewrap is stopped, and the exit is
+                # the one event waited for.
                 init_pid = await self._child_pid()
                 if init_pid is None:
                     await self.child.until(self.child.exited, EXIT_GRACE_S)
@@ -454,8 +466,14 @@ class _Sandbox:
                 try:
                     if self.pidfd is not None and cap_from_outside is not None:
                         await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
-                    if self.pidfd is not None and pass_with is not None:
-                        await _pidcap.pass_reserved(pass_with, self.pidfd, self.child.starts)
+                    if self.pidfd is not None and settle_with is not None:
+                        await _startline.settle(
+                            settle_with,
+                            self.pidfd,
+                            self.child.starts,
+                            last_pid=last_pid,
+                            limits=user_limits,
+                        )
                 except SandboxUnavailableError:
                     await self._failed_first(limits)
                     raise

@@ -55,7 +55,8 @@ def probe(live: Any) -> tuple[dict[str, Any], list[str]]:
     return out, blob.decode().splitlines()
 
 
-def doctor(home: Path) -> dict[str, Any]:
+def doctor(home: Path) -> dict[str, dict[str, Any]]:
+    """doctor's findings by check, for the worker whose home is `home`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
     env["AGENTWORKER_HOME"] = str(home)
     done = subprocess.run(
@@ -66,9 +67,9 @@ def doctor(home: Path) -> dict[str, Any]:
         timeout=60,
         check=False,
     )
-    found = [f for f in json.loads(done.stdout)["findings"] if f["check"] == "landlock"]
-    assert len(found) == 1
-    return found[0]
+    found = {f["check"]: f for f in json.loads(done.stdout)["findings"]}
+    assert len(found) == len(json.loads(done.stdout)["findings"])
+    return found
 
 
 def test_a_program_may_execute_only_itself_and_write_only_where_shared(tmp_path: Path) -> None:
@@ -87,7 +88,11 @@ def test_a_program_may_execute_only_itself_and_write_only_where_shared(tmp_path:
         # Built once, in the worker's own data folder, which no shared folder shows.
         built = [p.name for p in (tmp_path / "home" / "exec-cache").iterdir()]
         assert len(built) == 1 and built[0].startswith("entry-")
-    assert doctor(tmp_path / "home")["status"] == "ok"
+    findings = doctor(tmp_path / "home")
+    assert findings["landlock"]["status"] == "ok"
+    # Each sandbox's share of its user's inotify instances, written by the entry helper.
+    shared = findings["user limits"]
+    assert shared["status"] == "ok" and "may take 8 of its user's" in shared["summary"]
 
 
 def test_without_a_compiler_the_worker_says_so_and_exec_runs_in_bubblewrap_alone(
@@ -105,9 +110,12 @@ def test_without_a_compiler_the_worker_says_so_and_exec_runs_in_bubblewrap_alone
         assert lines[:3] == ["seccomp 2", "write written.txt ok", "write /x ok"]
         assert lines[3:] == []  # execv of true succeeded
         assert worker.log().count(said) == 1  # once, at start
-    found = doctor(tmp_path / "home")
+    findings = doctor(tmp_path / "home")
+    found = findings["landlock"]
     assert found["status"] == "info" and "no C compiler" in found["summary"]
     assert "apt install gcc libc6-dev" in found["fix"]
+    shared = findings["user limits"]
+    assert shared["status"] == "info" and "can take all" in shared["summary"], shared
 
 
 def test_landlock_required_and_missing_refuses_exec_with_the_reason(tmp_path: Path) -> None:
@@ -118,5 +126,5 @@ def test_landlock_required_and_missing_refuses_exec_with_the_reason(tmp_path: Pa
         message = out["error"]["message"]
         assert 'landlock = "require"' in message and "no C compiler" in message
         assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
-    found = doctor(tmp_path / "home")
+    found = doctor(tmp_path / "home")["landlock"]
     assert found["status"] == "warn" and "required" in found["summary"]

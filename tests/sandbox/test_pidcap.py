@@ -1,5 +1,5 @@
-"""A root worker's pid cap, from outside: the entry helper run as `-N` sets a fresh pid
-namespace's last pid (sandbox._pidcap.pass_reserved), for real, as root."""
+"""A root worker's pid cap, from outside: the entry helper run as `-O FD -N 300` sets a
+fresh pid namespace's last pid (sandbox._startline.settle), for real, as root."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import _pidcap, environment
+from sandbox import _pidcap, _startline, environment
 from sandbox._bwrap import SandboxUnavailableError
 from sandbox._spawn import Starts
 from sandbox.process import Limits, Mount, PidCap, View, run
@@ -34,7 +34,7 @@ def test_the_helper_sets_a_fresh_namespaces_last_pid_so_its_next_pid_is_301(entr
             first = Path(f"/proc/{held.pid}/task/{held.pid}/children").read_text().split()
             pidfd = os.pidfd_open(int(first[0]))
             try:
-                asyncio.run(_pidcap.pass_reserved(entry, pidfd, Starts()))
+                asyncio.run(_startline.settle(entry, pidfd, Starts(), last_pid=True, limits=()))
             finally:
                 os.close(pidfd)
             held.stdin.write(b"go\n")
@@ -51,7 +51,7 @@ def test_the_helper_refuses_a_namespace_that_is_not_fresh(entry: str) -> None:
     pidfd = os.pidfd_open(os.getpid())
     try:
         with pytest.raises(SandboxUnavailableError, match="not a fresh pid namespace"):
-            asyncio.run(_pidcap.pass_reserved(entry, pidfd, Starts()))
+            asyncio.run(_startline.settle(entry, pidfd, Starts(), last_pid=True, limits=()))
     finally:
         os.close(pidfd)
 
@@ -69,7 +69,9 @@ def test_a_cancelled_pass_leaves_no_helper_running(tmp_path: Path) -> None:
     async def go() -> int:
         pidfd = os.pidfd_open(os.getpid())
         try:
-            passing = asyncio.create_task(_pidcap.pass_reserved(str(stuck), pidfd, starts))
+            passing = asyncio.create_task(
+                _startline.settle(str(stuck), pidfd, starts, last_pid=True, limits=())
+            )
             pid = int(await asyncio.to_thread(started.read_text))
             passing.cancel()
             with pytest.raises(asyncio.CancelledError):

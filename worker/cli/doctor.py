@@ -113,7 +113,8 @@ def diagnose(paths: Paths, *, reach_hub: bool = True) -> list[Finding]:
     findings += [_token(paths), *_tls(settings)]
     if reach_hub:
         findings.append(_hub(paths, settings))
-    findings += [_bubblewrap(settings), _landlock(settings, paths), _seccomp()]
+    findings += [_bubblewrap(settings), _landlock(settings, paths), _user_limits(settings, paths)]
+    findings.append(_seccomp())
     findings += [_plan_limits(settings, paths), *_display()]
     return findings
 
@@ -504,6 +505,27 @@ def _landlock(config: Config, paths: Paths) -> Finding:
     if config.exec.landlock == "require":
         return Finding("landlock", "warn", f"off, and required: {layer.detail}", fix, details)
     return Finding("landlock", "info", f"off: {layer.detail}", fix, details)
+
+
+def _user_limits(config: Config, paths: Paths) -> Finding:
+    """Whether each sandbox gets only a share of its user's inotify instances and
+    watches (sandbox._startline): where it does not, one sandboxed program can take
+    them all from the person's other programs while it runs."""
+    if not sys.platform.startswith("linux"):
+        return Finding("user limits", "info", "Linux only")
+    from sandbox import _startline, confinement  # imported as the check runs, like the verbs
+
+    landlock = confinement.Landlock(paths.exec_cache, config.exec.cc)
+    layer = confinement.user_limits_layer(landlock)
+    details = {"limits": dict(_startline.user_limits()), "applied": layer.active}
+    if layer.active:
+        return Finding("user limits", "ok", layer.detail, details=details)
+    fix = (
+        "Linux 5.11 or later counts them per user namespace, where each sandbox gets its share"
+        if not _startline.user_limits()
+        else "what turns Landlock on (above) gives each sandbox its share"
+    )
+    return Finding("user limits", "info", f"off: {layer.detail}", fix, details)
 
 
 def _plan_limits(config: Config, paths: Paths) -> Finding:
