@@ -55,6 +55,12 @@ SHM_BYTES: Final = 16 * 1024**2
 # user (root, or the person) then got EAGAIN from timer_create, sigqueue and
 # mq_notify (review8 finding 02). The sandbox's count is held to its own limit.
 SIGPENDING: Final = 512
+# Bytes of POSIX message queues (mq_open), counted per user the same way: a sandbox
+# without Landlock (whose rules refuse making a queue: EACCES) made 9 queues of the
+# default size, all of its user's RLIMIT_MSGQUEUE (819,200 bytes), and every other
+# program of the user got EMFILE from mq_open while it ran. None: no allowlisted tool
+# uses them (Python, Node and glibc's own libraries make none); mq_open answers EMFILE.
+MSGQUEUE: Final = 0
 
 
 class SandboxUnavailableError(Exception):
@@ -296,6 +302,7 @@ def _limits(limits: Limits) -> list[tuple[int, int, int]]:
         (resource.RLIMIT_NPROC, limits.processes, limits.processes),
         (resource.RLIMIT_CORE, 0, 0),
         (resource.RLIMIT_SIGPENDING, SIGPENDING, SIGPENDING),
+        (resource.RLIMIT_MSGQUEUE, MSGQUEUE, MSGQUEUE),
     ]
 
 
@@ -394,6 +401,7 @@ def _rlimits(limits: Limits) -> list[str]:
         f"--nproc={limits.processes}",
         "--core=0",
         f"--sigpending={SIGPENDING}",
+        f"--msgqueue={MSGQUEUE}",
     ]
 
 

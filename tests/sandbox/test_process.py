@@ -543,7 +543,7 @@ def test_the_sandbox_has_no_pty_to_take_from_the_machines_pool(share: Path) -> N
 def test_every_resource_limit_is_set_inside_the_sandbox(share: Path) -> None:
     show = (
         "import resource as r\n"
-        "for name in ('CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC', 'CORE', 'SIGPENDING'):\n"
+        "for name in ('CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC', 'CORE', 'SIGPENDING', 'MSGQUEUE'):\n"
         "    print(name, *r.getrlimit(getattr(r, 'RLIMIT_' + name)))"
     )
     limits = {
@@ -566,6 +566,7 @@ def test_every_resource_limit_is_set_inside_the_sandbox(share: Path) -> None:
         "NPROC": (33, 33),
         "CORE": (0, 0),
         "SIGPENDING": (512, 512),
+        "MSGQUEUE": (0, 0),
     }
 
 
@@ -595,6 +596,42 @@ def test_a_sandbox_takes_a_few_of_its_users_pending_signals(share: Path) -> None
         [PYTHON, "-c", TIMERS, "1024"], capture_output=True, check=True, text=True
     )
     assert here.stdout.split() == ["1024", "ok"], "outside, a program makes more than that"
+
+
+# Makes POSIX message queues of the default size (10 messages of 8 KiB) until refused or
+# it has argv[2], named argv[1] and a number; says how many and the errno, unlinks them.
+QUEUES = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "made, said = [], 'ok'\n"
+    "while len(made) < int(sys.argv[2]):\n"
+    "    name = b'/%s-%d' % (sys.argv[1].encode(), len(made))\n"
+    "    if libc.mq_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600, None) < 0:\n"
+    "        said = ctypes.get_errno()\n"
+    "        break\n"
+    "    made.append(name)\n"
+    "for name in made:\n"
+    "    libc.mq_unlink(name)\n"
+    "print(len(made), said)"
+)
+
+
+def test_a_sandbox_makes_no_message_queue_of_its_users(share: Path) -> None:
+    """POSIX message queues are counted per user in bytes (RLIMIT_MSGQUEUE, 819,200): a
+    sandbox without Landlock made 9 of the default size, all of it, and every other
+    program of the worker's user got EMFILE from mq_open meanwhile (with Landlock, whose
+    rules refuse making one, EACCES). The sandbox's limit is 0, checked first: EMFILE.
+    Outside, the user still makes one."""
+    done = sandboxed(share, [PYTHON, "-c", QUEUES, "inside", "16"])
+    made, said = done.stdout.decode().split()
+    assert (made, said) == ("0", str(errno.EMFILE)), done.stdout
+    here = subprocess.run(
+        [PYTHON, "-c", QUEUES, f"aw-test-{os.getpid()}", "1"],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    assert here.stdout.split() == ["1", "ok"], "outside, the user makes one"
 
 
 # Two processes of one sandbox take inotify instances until refused, and hold them: a
