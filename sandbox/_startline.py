@@ -53,6 +53,10 @@ USER_SYSCTLS: Final = Path("/proc/sys/user")
 USER_LIMITS: Final = (
     ("max_inotify_instances", 8),  # of the user's 128 (fs.inotify.max_user_instances)
     ("max_inotify_watches", 8192),  # of the user's ~190,000 here (max_user_watches)
+    # None of its 128 fanotify groups: the filter refuses fanotify_init (EPERM), but
+    # where it is off (a machine without its table), an unprivileged program could make
+    # them since Linux 5.13 (FAN_REPORT_FID); then it answers EMFILE.
+    ("max_fanotify_groups", 0),
 )
 
 

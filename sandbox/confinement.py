@@ -174,7 +174,7 @@ def user_limits_layer(landlock: Landlock) -> Layer:
     """Whether each sandbox gets a share of its user's inotify instances and watches
     (sandbox._startline), not all of them: written by the entry helper, on Linux 5.11+."""
     limits = _startline.user_limits()
-    whole = {name: _user_limit(name) for name, _ in _startline.USER_LIMITS}
+    whole = {name: _user_limit(name) for name in ("max_inotify_instances", "max_inotify_watches")}
     mine = dict(limits)
     if landlock.layer().active and "max_inotify_instances" in mine:
         shares = " and ".join(
@@ -185,6 +185,8 @@ def user_limits_layer(landlock: Landlock) -> Layer:
             )
             if name in mine
         )
+        if mine.get("max_fanotify_groups") == 0:
+            shares += ", and no fanotify group"
         return Layer("user limits", True, f"each sandbox may take {shares}")
     why = (
         "this kernel counts them per user only (Linux 5.11+ counts them per user namespace)"

@@ -598,6 +598,30 @@ def test_a_sandbox_takes_a_few_of_its_users_pending_signals(share: Path) -> None
     assert here.stdout.split() == ["1024", "ok"], "outside, a program makes more than that"
 
 
+FANOTIFY = (
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "fd = libc.fanotify_init(0x200, os.O_RDONLY)  # FAN_REPORT_FID: allowed unprivileged\n"
+    "print('ok' if fd >= 0 else ctypes.get_errno())"
+)
+
+
+def test_a_sandbox_without_the_filter_makes_no_fanotify_group(share: Path) -> None:
+    """fanotify groups are counted per user like inotify instances (128), and since
+    Linux 5.13 a program without privileges may make them: the filter refuses
+    fanotify_init, and where it is off the sandbox's user namespace allows none (EMFILE).
+    Outside, the user still makes one."""
+    if ENTRY is None:
+        pytest.skip("the entry helper writes the limit (without it doctor says it is not)")
+    view = view_of(share, seccomp=False)
+    done = asyncio.run(run([PYTHON, "-c", FANOTIFY], view, Limits(), pid_cap=PidCap()))
+    assert done.stdout.split() == [str(errno.EMFILE).encode()], done.stderr
+    filtered = sandboxed(share, [PYTHON, "-c", FANOTIFY])
+    assert filtered.stdout.split() == [str(errno.EPERM).encode()], filtered.stderr
+    here = subprocess.run([PYTHON, "-c", FANOTIFY], capture_output=True, check=True)
+    assert here.stdout.split() == [b"ok"], "outside, the user makes one"
+
+
 # Makes POSIX message queues of the default size (10 messages of 8 KiB) until refused or
 # it has argv[2], named argv[1] and a number; says how many and the errno, unlinks them.
 QUEUES = (
