@@ -93,6 +93,9 @@ def test_a_program_may_execute_only_itself_and_write_only_where_shared(tmp_path:
     # Each sandbox's share of its user's inotify instances, written by the entry helper.
     shared = findings["user limits"]
     assert shared["status"] == "ok" and "may take 8 of its user's" in shared["summary"]
+    # epoll watches are counted per uid: no share per sandbox, said as such.
+    epoll = findings["epoll watches"]
+    assert epoll["status"] == "info" and epoll["summary"].startswith("not shared out")
 
 
 def test_without_a_compiler_the_worker_says_so_and_exec_runs_in_bubblewrap_alone(
