@@ -6,6 +6,7 @@ machine cannot have Landlock)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import os
 import shutil
@@ -756,6 +757,43 @@ def test_a_sandbox_takes_a_few_of_its_users_inotify_instances(share: Path) -> No
     )
     assert took == [5, 3, errno.EMFILE], "8 for the sandbox, its processes together"
     assert got == 1, "outside, the user got an instance while the sandbox held its 8"
+
+
+# One inotify instance watches new files in the sandbox's /tmp until refused (at most
+# 9,000); says how many and the errno.
+WATCHES = textwrap.dedent(
+    """
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(0)
+    watched, said = 0, 0
+    while watched < 9000:
+        name = b"/tmp/w%d" % watched
+        os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o600))
+        if libc.inotify_add_watch(fd, name, 0x2) < 0:  # IN_MODIFY
+            said = ctypes.get_errno()
+            break
+        watched += 1
+    print(watched, said)
+    """
+)
+
+
+def test_a_sandbox_takes_a_few_of_its_users_inotify_watches(share: Path) -> None:
+    """inotify watches are counted per user the same way (max_user_watches): a sandbox's
+    processes together stop at its own 8,192 (ENOSPC, as the kernel says it); outside,
+    the user still adds one."""
+    if ENTRY is None:
+        pytest.skip("the entry helper writes the limit (without it doctor says it is not)")
+    done = sandboxed(share, [PYTHON, "-c", WATCHES], timeout_s=120)
+    assert done.stdout.split() == [b"8192", str(errno.ENOSPC).encode()], done.stderr
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(0)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert libc.inotify_add_watch(fd, str(share).encode(), 0x2) >= 0, "outside, one"
+    finally:
+        os.close(fd)
 
 
 def test_a_regular_users_sandbox_takes_a_few_of_its_inotify_instances(
