@@ -12,7 +12,10 @@ the machine sees it; the child runs the worker's dispatcher and checks what it a
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import mounts
-from tests.support.hung_fuse import HungMount, can_mount, hung_mount
+from sandbox.mounts import MountTable
+from tests.support.hung_fuse import MNT_DETACH, HungMount, can_mount, hung_mount
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection
 from worker.core.pipeline import Dispatcher, Outgoing
@@ -44,7 +48,7 @@ MOUNTINFO = (
 
 def test_a_root_is_local_when_every_mount_on_the_way_and_beneath_is() -> None:
     table = mounts.parse(MOUNTINFO)
-    assert ("/srv/data/cloud drive", "fuse.rclone") in table  # \040 is a space
+    assert ("/srv/data/cloud drive", "fuse.rclone") in {(m.point, m.kind) for m in table}
     assert mounts.local_under(table, "/srv/other")
     assert mounts.local_under(table, "/srv/other/deep/er")
     assert mounts.local_under(table, "/srv/data/code")  # beside the FUSE mount, not over it
@@ -54,6 +58,74 @@ def test_a_root_is_local_when_every_mount_on_the_way_and_beneath_is() -> None:
     assert not mounts.local_under(table, "/srv/odd")  # a type not known local: may hang
     assert not mounts.local_under(table, "/")  # every mount is beneath the root
     assert mounts.local_under(table, "/srv/dat")  # a prefix of a name is not a parent
+
+
+OVERLAYS = (
+    "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+    "40 27 0:50 / /srv/fuse rw - fuse.sshfs me@far: rw\n"
+    "41 27 0:51 / /srv/scratch rw - tmpfs tmpfs rw\n"
+    # an overlay over the FUSE mount, and one over local folders only
+    "42 27 0:52 / /srv/over rw - overlay overlay rw,lowerdir=/srv/fuse/base,"
+    "upperdir=/srv/scratch/u,workdir=/srv/scratch/w\n"
+    "43 27 0:53 / /srv/fine rw - overlay overlay rw,lowerdir=/srv/scratch/l\\134\\0541\\134:x:"
+    "/srv/scratch/l2,upperdir=/srv/scratch/u2,workdir=/srv/scratch/w2\n"
+    # the FUSE mount named as the second lower folder, after one with an escaped ':'
+    "44 27 0:54 / /srv/second rw - overlay overlay rw,lowerdir=/srv/scratch/a\\134:b:/srv/fuse\n"
+    # layers given one by one (lowerdir+), the data layer on FUSE
+    "45 27 0:55 / /srv/plus rw - overlay overlay rw,lowerdir+=/srv/scratch/l,datadir+=/srv/fuse/d\n"
+    "46 27 0:56 / /srv/bare rw - overlay overlay rw\n"  # no folders named: may hang
+    # an overlay whose lower folder is an overlay over FUSE
+    "47 27 0:57 / /srv/stack rw - overlay overlay rw,lowerdir=/srv/over/x\n"
+    # ext4 on loop devices: one backed by a file on FUSE, one on the local disk; an nbd
+    "48 27 7:0 / /srv/loopfuse rw - ext4 /dev/loop0 rw\n"
+    "49 27 7:1 / /srv/loopdisk rw - squashfs /dev/loop1 ro\n"
+    "50 27 43:0 / /srv/nbd rw - ext4 /dev/nbd0 rw\n"
+)
+BACKING = {"7:0": ("/srv/fuse/disk.img",), "7:1": ("/var/images/tools.sqfs",), "43:0": None}
+
+
+def test_an_overlay_or_a_loop_device_is_local_only_when_what_it_reads_is() -> None:
+    table = mounts.parse(OVERLAYS)
+    fine = next(m for m in table if m.point == "/srv/fine")
+    assert fine.layers == ("/srv/scratch/l,1:x", "/srv/scratch/l2", "/srv/scratch/u2")
+
+    def backing(device: str) -> tuple[str, ...] | None:
+        return BACKING.get(device, ())
+
+    def local(path: str) -> bool:
+        return mounts.local_under(table, path, backing)
+
+    assert not local("/srv/over/project")  # its lower folder is on FUSE
+    assert local("/srv/fine/project")
+    assert not local("/srv/second")  # the FUSE mount is its second lower folder
+    assert not local("/srv/plus")  # its data layer is on FUSE
+    assert not local("/srv/bare")  # an overlay that names no folders
+    assert not local("/srv/stack/deep")  # over an overlay over FUSE
+    assert not local("/srv/loopfuse")  # a loop device backed by a file on FUSE
+    assert local("/srv/loopdisk")
+    assert not local("/srv/nbd")  # a block device a program serves
+    assert local("/srv/scratch")
+
+
+def test_a_block_device_is_told_by_its_sysfs_entry(tmp_path: Path) -> None:
+    block, devices = tmp_path / "dev-block", tmp_path / "devices"
+    block.mkdir()
+    for name, number in (("loop3", "7:3"), ("loop4", "7:4"), ("nbd0", "43:0"), ("vda", "254:0")):
+        (devices / name).mkdir(parents=True)
+        (block / number).symlink_to(devices / name)
+    (devices / "loop3" / "loop").mkdir()
+    (devices / "loop3" / "loop" / "backing_file").write_text("/srv/fuse/disk.img\n")
+    (devices / "vda" / "vda1").mkdir()
+    (devices / "vda" / "vda1" / "partition").write_text("1\n")
+    (block / "254:1").symlink_to(devices / "vda" / "vda1")
+    backing = functools.partial(mounts.block_backing, sys_block=str(block))
+    assert backing("7:3") == ("/srv/fuse/disk.img",)
+    assert backing("7:4") is None  # a loop device whose backing file cannot be read
+    assert backing("43:0") is None
+    assert backing("254:0") == ()
+    assert backing("254:1") == ()  # a partition of a disk
+    assert backing("0:52") == ()  # no device
+    assert mounts.block_backing("7:3", sys_block=str(tmp_path / "none")) == ()
 
 
 def test_without_a_mount_table_no_root_is_local(tmp_path: Path) -> None:
@@ -73,6 +145,13 @@ def test_calls_beside_a_hung_lookup_answer_and_local_roots_stay_in_the_turn() ->
     if why is not None:
         pytest.skip(why)
     _in_a_mount_namespace_of_its_own("_beside_a_hung_lookup")
+
+
+def test_an_overlay_over_a_hung_mount_is_looked_up_in_a_thread() -> None:
+    why = can_mount()
+    if why is not None:
+        pytest.skip(why)
+    _in_a_mount_namespace_of_its_own("_over_a_hung_lookup")
 
 
 def _in_a_mount_namespace_of_its_own(scenario: str) -> None:
@@ -229,4 +308,64 @@ def _beside_a_hung_lookup() -> None:
         assert json.loads(answers["beside-stat"].result_json)["size"] == 5
         for cid in ("hung-read", "hung-stat", "hung-exec"):
             assert answers[cid].status != pb.ActionResult.OK, answers[cid]
+    print("ok")
+
+
+def _mount(source: str, target: Path, kind: str, options: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), str(target).encode(), kind.encode(), 0, options.encode()):
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {kind} at {target}: {os.strerror(errno)}")
+
+
+def _unmount(target: Path) -> None:
+    ctypes.CDLL(None, use_errno=True).umount2(str(target).encode(), MNT_DETACH)
+
+
+def _over_a_hung_lookup() -> None:
+    """An overlay in a root, its lower folder a hung FUSE mount outside every root (so
+    no mount of that type is on the way to the root or beneath it): a name not in its
+    upper folder is looked up in FUSE, so the root is not local (review8 finding 05)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        worker = _Worker(base / "w")
+        fuse, scratch = base / "fuse", base / "scratch"
+        fuse.mkdir()
+        scratch.mkdir()
+        table: MountTable = worker.dispatcher.containment.mounts
+
+        async def run() -> None:
+            assert table.local(str(worker.hung))
+            with hung_mount(fuse) as mount:
+                _mount("tmpfs", scratch, "tmpfs", "size=8m")
+                try:
+                    (scratch / "upper").mkdir()
+                    (scratch / "work").mkdir()
+                    _mount(
+                        "overlay",
+                        worker.hung / "mnt",
+                        "overlay",
+                        f"lowerdir={fuse},upperdir={scratch}/upper,workdir={scratch}/work",
+                    )
+                    try:
+                        assert not table.local(str(worker.hung)), "the overlay counts local"
+                        assert table.local(str(worker.plain))
+                        # Made on the loop, the lookup would not let `ask` return.
+                        worker.ask("over", "fs_stat", path=f"{worker.hung}/mnt/anything")
+                        assert "over" in worker.running()
+                        await _looked_up(mount, {"anything"})
+                        worker.ask("plain", "fs_stat", path=f"{worker.plain}/ok.txt")
+                        assert "plain" not in worker.running(), "a local root's stat left the turn"
+                        mount.stop()  # the server is gone: the lookup fails
+                        await worker.answered("over", "plain")
+                    finally:
+                        _unmount(worker.hung / "mnt")
+                finally:
+                    _unmount(scratch)
+            await worker.dispatcher.drain(60)
+
+        asyncio.run(run())
+        worker.dispatcher.close()
+        assert worker.answers["plain"].status == pb.ActionResult.OK, worker.answers["plain"]
+        assert worker.answers["over"].status != pb.ActionResult.OK
     print("ok")
