@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.cluster import Cluster, call_in_background, cluster, release, wait_for
+from tests.support.hub_inproc import own_channel
 from worker.hub.client import ControlClient
 from worker.hub.server import (
     CONTROL_READS_AT_ONCE,
@@ -116,37 +117,44 @@ def test_control_requests_are_read_a_few_at_a_time(tmp_path: Path) -> None:
     """gRPC reads a request whole (up to 32 MiB, whatever its method takes) before its
     size can be checked, so sixteen 31 MiB ListWorkers at once took the hub from 63 to
     525 MiB (review8 finding 09). A request is now read when its turn comes: at most
-    CONTROL_READS_AT_ONCE_OTHERWISE of the small methods' at once, Dispatch's apart."""
+    CONTROL_READS_AT_ONCE_OTHERWISE of the small methods' at once, one per connection,
+    Dispatch's apart, and KillPlan's and Status's apart too (test_hub_kill_path)."""
     turns = CONTROL_READS_AT_ONCE_OTHERWISE
     assert CONTROL_READS_AT_ONCE["Dispatch"] > 0
 
     async def go(client: ControlClient) -> None:
-        # Calls whose request never comes hold every turn of the small methods.
+        # Calls whose request never comes, each on its connection, hold every turn of the
+        # small methods.
+        channels = [own_channel(live.listen) for _ in range(turns)]
         held = [
-            client.channel.stream_stream("/agentworker.v1.ControlService/ListWorkers")(
+            channel.stream_stream("/agentworker.v1.ControlService/ListWorkers")(
                 metadata=client.metadata
             )
-            for _ in range(turns)
+            for channel in channels
         ]
         for call in held:
             await call.wait_for_connection()
-        status = asyncio.ensure_future(
-            client.stub.Status(pb.StatusRequest(), metadata=client.metadata, timeout=60)
+        listing = asyncio.ensure_future(
+            client.stub.ListWorkers(pb.ListWorkersRequest(), metadata=client.metadata, timeout=60)
         )
-        # Dispatch's reads are apart: a call goes meanwhile, and Status still waits.
+        # Dispatch's reads are apart: a call goes meanwhile, and ListWorkers still waits.
         answered = await client.dispatch(
             agent_id="tester", surface="workerDiag", action="probe", args_json="{}"
         )
         assert answered.result.status == pb.ActionResult.OK, answered
-        assert not status.done()
-        held[0].cancel()  # a turn is free: Status is read and answered
-        assert (await status).connected_workers == 1
+        status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata, timeout=60)
+        assert status.connected_workers == 1  # Status's reads are apart too
+        assert not listing.done()
+        held[0].cancel()  # a turn is free: ListWorkers is read and answered
+        assert len((await listing).workers) == 1
         # The held call's request comes: it is read in turn and answered as ever.
         await held[1].write(pb.ListWorkersRequest().SerializeToString())
         await held[1].done_writing()
         reply = pb.ListWorkersResponse.FromString(await held[1].read())
         assert len(reply.workers) == 1
         assert await held[1].code() == grpc.StatusCode.OK
+        for channel in channels:
+            await channel.close()
 
     with cluster(tmp_path / "home") as live:
         live.run(go)

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.store import HubStore, StoredCall
+from worker.hub.turns import Turns
 from worker.ids import id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
@@ -111,20 +112,41 @@ SCOPE_PREVIEW_CHARS: Final = 64 * 1024
 # room; the others carry a few ids and a reason.
 CONTROL_REQUEST_BYTES: Final = {"Dispatch": MAX_MESSAGE_BYTES, "RequestScope": 1024 * 1024}
 CONTROL_REQUEST_BYTES_OTHERWISE: Final = 64 * 1024
-# How many ControlService requests are read at once, Dispatch's and the rest's. gRPC
-# reads a request whole, up to MAX_MESSAGE_BYTES whatever its method takes, before
-# anything can look at its size (the caps above are checked after the read), so it is
-# the read that is bounded: a call waits for its turn with its request unread, and the
-# reads under way hold at most (2 + 2) x 32 MiB, however many calls come at once
-# (sixteen 31 MiB ListWorkers at once took the hub from 63 to 525 MiB). Reads apart so
-# that blobs being received never hold up a Status or a KillPlan.
-CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2}
+# How many ControlService requests are read at once, by kind. gRPC reads a request
+# whole, up to MAX_MESSAGE_BYTES whatever its method takes, before anything can look at
+# its size (the caps above are checked after the read), so it is the read that is
+# bounded: a call waits for its turn with its request unread, and the reads under way
+# hold at most (2 + 2 + 2) x 32 MiB, however many calls come at once (sixteen 31 MiB
+# ListWorkers at once took the hub from 63 to 525 MiB). Dispatch's reads are apart, so
+# that blobs being received never hold up the others; KillPlan's and Status's (the
+# kill switch and `agentworker status`) are apart from the rest too: two ListWorkers
+# sent a byte at a time held up a KillPlan for the 30 s they were let take then.
+CONTROL_READ_KIND: Final = {"Dispatch": "Dispatch", "KillPlan": "KillPlan", "Status": "KillPlan"}
+CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2, "KillPlan": 2}
 CONTROL_READS_AT_ONCE_OTHERWISE: Final = 2
+# ... of which one connection holds at most this many (a caller's other calls wait while
+# other connections' calls are read: worker.hub.turns). Dispatch's two may both be one
+# connection's (the agent server's blobs).
+CONTROL_READS_PER_CONNECTION: Final = {"Dispatch": 2}
+CONTROL_READS_PER_CONNECTION_OTHERWISE: Final = 1
 # How long a request may take to arrive once its turn came (a caller sends it whole at
 # once: a call whose request does not come must not keep the turn from the others).
-# Dispatch's may carry 32 MiB over a slow link.
-CONTROL_READ_WITHIN_S: Final = {"Dispatch": 300.0}
-CONTROL_READ_WITHIN_S_OTHERWISE: Final = 30.0
+# Dispatch's may carry 32 MiB over a slow link; the others' are small (64 KiB at most,
+# RequestScope's 1 MiB), KillPlan's and Status's a few hundred bytes in practice.
+CONTROL_READ_WITHIN_S: Final = {"Dispatch": 300.0, "KillPlan": 5.0, "Status": 5.0}
+CONTROL_READ_WITHIN_S_OTHERWISE: Final = 10.0
+
+
+def control_reads() -> dict[str, Turns]:
+    """The turns to read ControlService requests, by kind (CONTROL_READ_KIND; "": the
+    other methods')."""
+    return {
+        kind: Turns(
+            CONTROL_READS_AT_ONCE.get(kind, CONTROL_READS_AT_ONCE_OTHERWISE),
+            CONTROL_READS_PER_CONNECTION.get(kind, CONTROL_READS_PER_CONNECTION_OTHERWISE),
+        )
+        for kind in {"", *CONTROL_READ_KIND.values()}
+    }
 
 
 @dataclass
@@ -428,6 +450,9 @@ class Hub:
         self._teardowns: dict[str, tuple[str, asyncio.Future[pb.ActionResult]]] = {}
         # The memory a burst of large calls freed goes back once they stop.
         self.memory = IdleGiveBack()
+        # Turns to read ControlService requests, by kind ("" for the methods without
+        # turns of their own), see CONTROL_READS_AT_ONCE.
+        self.reads = control_reads()
         # Hands request blobs to a worker in this process (`up`), and takes its result
         # blobs, see worker.wire.local.
         self.link: LocalLink | None = None
@@ -1487,11 +1512,12 @@ def _serialized(response: Any) -> bytes:
 def _read_in_turn(
     method: str,
     behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
-    reads: asyncio.Semaphore,
+    reads: Turns,
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """A unary method served as a request-streaming one (the wire is the same), so
-    that its request is read here, when `reads` has room, not by gRPC before the
-    handler runs; its answer still goes out with its status, as a unary one's."""
+    that its request is read here, when `reads` gives its connection a turn, not by
+    gRPC before the handler runs; its answer still goes out with its status, as a
+    unary one's."""
     within_s = CONTROL_READ_WITHIN_S.get(method, CONTROL_READ_WITHIN_S_OTHERWISE)
     late = (
         f"the {method} request did not arrive within {within_s:g} s of its turn to be "
@@ -1499,7 +1525,7 @@ def _read_in_turn(
     )
 
     async def handle(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with reads:
+        async with reads.turn(context.peer()):
             try:
                 async with asyncio.timeout(within_s):
                     request = await context.read()
@@ -1526,17 +1552,15 @@ def control_service(hub: Hub) -> grpc.GenericRpcHandler:
     (invalid UTF-8 in a string field, say) answers INVALID_ARGUMENT with the reason,
     not UNKNOWN with a traceback in the hub's log; one larger than its method takes
     (CONTROL_REQUEST_BYTES) answers RESOURCE_EXHAUSTED undecoded. Requests are read a
-    few at a time (CONTROL_READS_AT_ONCE)."""
+    few at a time (CONTROL_READS_AT_ONCE, `hub.reads`)."""
     servicer = ControlServicer(hub)
     service = pb.DESCRIPTOR.services_by_name["ControlService"]
-    reads = {name: asyncio.Semaphore(count) for name, count in CONTROL_READS_AT_ONCE.items()}
-    otherwise = asyncio.Semaphore(CONTROL_READS_AT_ONCE_OTHERWISE)
     handlers = {
         method.name: grpc.stream_unary_rpc_method_handler(
             _read_in_turn(
                 method.name,
                 _refusing_undecodable(getattr(servicer, method.name)),
-                reads.get(method.name, otherwise),
+                hub.reads[CONTROL_READ_KIND.get(method.name, "")],
             ),
             request_deserializer=_bounded(
                 method.name,

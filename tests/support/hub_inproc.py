@@ -1,0 +1,123 @@
+"""A real hub (worker.app.start_hub: its gRPC server, auth and services) in the test's own
+event loop, so that a test can look at its state and change its timings, and a worker
+stream for it that a test drives by hand: the far side of the hub's boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tests.support.cluster import write_config
+from worker import app
+from worker.config import Paths, load
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
+from worker.wire.transport import bearer, worker_metadata
+
+
+@contextlib.asynccontextmanager
+async def hub_in_process(home: Path) -> AsyncIterator[app.RunningHub]:
+    write_config(home, "127.0.0.1:0")
+    paths = Paths(home, home)
+    running = await app.start_hub(paths, load(paths))
+    try:
+        yield running
+    finally:
+        await running.stop(0)
+
+
+def token_of(home: Path, name: str = "hub.token") -> str:
+    return (home / name).read_text().strip()
+
+
+def own_channel(address: str) -> grpc.aio.Channel:
+    """A channel on a connection of its own (gRPC shares one between channels to the
+    same address with the same options, and the hub tells callers by connection)."""
+    return grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def caller_metadata(home: Path) -> tuple[tuple[str, str], ...]:
+    return bearer(token_of(home))
+
+
+class HandWorker:
+    """A worker stream opened with the workers' token: it says Hello (or `first`), then
+    sends what the test gives it, and keeps what the hub sends, by kind."""
+
+    def __init__(
+        self,
+        address: str,
+        home: Path,
+        *,
+        first: pb.WorkerEnvelope | None = None,
+        hello: pb.Hello | None = None,
+    ) -> None:
+        self.worker_id = "hand-" + uuid.uuid4().hex[:8]
+        self.hello = hello or pb.Hello(
+            worker_id=self.worker_id,
+            instance_id=uuid.uuid4().hex,
+            version="hand",
+            protocol_min=PROTOCOL_MIN,
+            protocol_max=PROTOCOL_MAX,
+            surfaces=["workerDiag"],
+            actions=["workerDiag.probe"],
+            max_concurrency=4,
+        )
+        self.received: dict[str, list[Any]] = {}
+        self.came = asyncio.Event()
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._channel = own_channel(address)
+        opening = first or pb.WorkerEnvelope(messages=[pb.WorkerMessage(hello=self.hello)])
+
+        async def envelopes() -> AsyncIterator[bytes]:
+            yield opening.SerializeToString()
+            while (raw := await self._out.get()) is not None:
+                yield raw
+
+        call = self._channel.stream_stream(
+            "/agentworker.v1.WorkerService/Stream",
+            request_serializer=None,
+            response_deserializer=pb.ServerEnvelope.FromString,
+        )
+        metadata = worker_metadata(token_of(home, "hub-workers.token"), uuid.uuid4().hex)
+        self.call = call(envelopes(), metadata=metadata)
+        self._task = asyncio.ensure_future(self._serve())
+
+    def send(self, *messages: pb.WorkerMessage) -> None:
+        self.send_raw(pb.WorkerEnvelope(messages=list(messages)).SerializeToString())
+
+    def send_raw(self, envelope: bytes) -> None:
+        self._out.put_nowait(envelope)
+
+    async def _serve(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for envelope in self.call:
+                for msg in envelope.messages:
+                    kind = msg.WhichOneof("kind") or ""
+                    self.received.setdefault(kind, []).append(getattr(msg, kind) if kind else msg)
+                self.came.set()
+        self.came.set()
+
+    async def until(self, kind: str, count: int = 1) -> list[Any]:
+        """What the hub sent of `kind`, once it sent `count` of them (or the stream ended)."""
+        while len(self.received.get(kind, [])) < count and not self._task.done():
+            self.came.clear()
+            await self.came.wait()
+        return self.received.get(kind, [])
+
+    async def ended(self) -> grpc.StatusCode:
+        await self._task
+        return await self.call.code()
+
+    async def close(self) -> None:
+        self._out.put_nowait(None)
+        self.call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await self._task
+        await self._channel.close()
