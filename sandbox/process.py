@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from sandbox import _entry, _pidcap, _seccomp, _startline, sockets
 from sandbox._bwrap import (
@@ -102,6 +102,14 @@ SMALL_READ: Final = 4096  # reads shorter than this are gathered, not kept one b
 _JOINING: Final = ThreadPoolExecutor(2, thread_name_prefix="sandbox-cgroup-join")
 
 
+class Hasher(Protocol):
+    """What `run(hash_output=...)` makes: a hash fed the output as it is read."""
+
+    def update(self, data: bytes | bytearray, /) -> object: ...
+
+    def digest(self) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class Completed:
     exit_code: int | None  # None when the program was killed by a signal
@@ -111,6 +119,9 @@ class Completed:
     truncated: bool  # output beyond Limits.output_bytes was discarded
     timed_out: bool
     duration_s: float
+    # With `run(hash_output=...)`: the digest of stdout followed by stderr (what was
+    # kept), stdout hashed as it was read, while the program ran.
+    output_digest: bytes | None = None
 
 
 class _Child:
@@ -126,6 +137,7 @@ class _Child:
         err: int,
         budget: int,
         starts: Starts,
+        hasher: Hasher | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.popen = popen
@@ -136,6 +148,9 @@ class _Child:
         self.output: dict[int, list[bytes | bytearray]] = {out: [], err: []}
         self.stdout, self.stderr = out, err
         self.truncated = False
+        # Fed stdout as it is kept (stderr at the end: see `digest`), so hashing the
+        # output costs nothing once the program has exited.
+        self.hasher = hasher
         self.open_pipes: set[int] = set()
         self.stdin: int | None = None  # while stdin is still being fed
         self._waiter: asyncio.Future[None] | None = None  # see `until`
@@ -236,6 +251,8 @@ class _Child:
                 chunks[-1] += kept
             else:
                 chunks.append(bytearray(kept))
+            if fd == self.stdout and self.hasher is not None:
+                self.hasher.update(kept)
             self.budget -= take
         if take < len(data):
             self.truncated = True
@@ -246,6 +263,14 @@ class _Child:
             os.close(self.pidfd)
             self.pidfd = -1
             self._changed()
+
+    def digest(self, stderr: bytes) -> bytes | None:
+        """The hash of what was kept of stdout, then `stderr` (the kept stderr)."""
+        if self.hasher is None:
+            return None
+        if stderr:
+            self.hasher.update(stderr)
+        return self.hasher.digest()
 
     def collected(self, fd: int) -> bytes:
         """What was kept of `fd`'s output (one copy at most: none for a single read)."""
@@ -280,6 +305,7 @@ async def run(
     starts: Starts | None = None,
     on_start: Callable[[int], None] | None = None,
     on_sockets: Callable[[sockets.SocketMemory], None] | None = None,
+    hash_output: Callable[[], Hasher] | None = None,
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
@@ -290,7 +316,9 @@ async def run(
     fresh one when none is given. `on_start` is told bubblewrap's pid once it started
     (every process of the sandbox descends from it). `on_sockets` (with the entry
     helper only) is told, once bubblewrap started, how to sum what the sandbox's
-    sockets hold in kernel buffers (sandbox.sockets), valid until the run ends."""
+    sockets hold in kernel buffers (sandbox.sockets), valid until the run ends.
+    `hash_output` makes a hash that is fed the kept stdout as it is read, then the
+    kept stderr: its digest is `Completed.output_digest`."""
     starts = starts or Starts()
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
@@ -365,7 +393,14 @@ async def run(
         for owned in (out_r, err_r, in_w, lifeline_w, block_w):
             if owned in ours:
                 ours.remove(owned)  # the child watcher and the sandbox own these now
-        child = _Child(popen, out_r, err_r, limits.output_bytes, starts)
+        child = _Child(
+            popen,
+            out_r,
+            err_r,
+            limits.output_bytes,
+            starts,
+            hash_output() if hash_output is not None else None,
+        )
         if isinstance(popen, Spawned):
             child.loop.call_soon(starts.check)  # while it runs
         if stdin:
@@ -612,6 +647,7 @@ class _Sandbox:
             truncated=self.child.truncated,
             timed_out=timed_out,
             duration_s=duration,
+            output_digest=self.child.digest(stderr),
         )
 
     def _bwrap_complaint(self) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from blake3 import blake3
 
 from sandbox import _pidcap, environment
 from sandbox._spawn import Starts
@@ -126,6 +127,37 @@ def test_output_written_a_byte_at_a_time_and_in_blocks_comes_back_whole_in_order
     done = sandboxed(share, [PYTHON, "-c", writer])
     expected = b"".join(b"tick%d" % i + bytes([65 + i]) * 200_000 for i in range(3))
     assert done.exit_code == 0 and done.stdout == expected
+
+
+def test_the_output_digest_is_of_stdout_then_stderr_as_kept(share: Path) -> None:
+    """`hash_output` is fed stdout as it is read (in reads large and small, stderr
+    interleaved) and stderr at the end: its digest is the hash of exactly the bytes
+    returned, stdout then stderr, with output past the budget left out."""
+    writer = textwrap.dedent(
+        """
+        import os, time
+        for i in range(3):
+            for b in b"tick%d" % i:
+                os.write(1, bytes([b]))
+                os.write(2, b"e")
+                time.sleep(0.0002)
+            os.write(1, bytes([65 + i]) * 200_000)
+            os.write(2, b"err%d" % i)
+        os.write(1, b"z" * 400_000)
+        """
+    )
+    limits = Limits(output_bytes=700_000)
+    done = asyncio.run(
+        run([PYTHON, "-c", writer], view_of(share), limits, pid_cap=PidCap(), hash_output=blake3)
+    )
+    assert done.exit_code == 0 and done.truncated
+    assert len(done.stdout) + len(done.stderr) == 700_000 and done.stderr.count(b"e") >= 15
+    assert done.output_digest == blake3(done.stdout + done.stderr).digest()
+    quiet = asyncio.run(
+        run(["/usr/bin/true"], view_of(share), Limits(), pid_cap=PidCap(), hash_output=blake3)
+    )
+    assert quiet.output_digest == blake3(b"").digest()
+    assert sandboxed(share, ["/usr/bin/true"]).output_digest is None  # not asked for
 
 
 # STUBBORN, saying "started" only once its setsid'd grandchild runs (a byte on a pipe).

@@ -516,6 +516,56 @@ def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Pat
     dispatcher.close()
 
 
+def test_execs_large_output_is_kept_in_a_file_with_the_check_made_as_it_was_read(
+    tmp_path: Path,
+) -> None:
+    """exec hashes its output while the program runs (sandbox.process `hash_output`)
+    and the ledger's file takes that check instead of hashing the blob again: the file
+    still ends with the BLAKE3 of exactly the blob sent, stdout then stderr, so it is
+    sent again from the file while unacked."""
+    (tmp_path / "files").mkdir()
+    content = os.urandom(3 * FILE_BLOB_BYTES + 5)
+    (tmp_path / "files" / "big.bin").write_bytes(content)
+    config = Config(
+        root=[RootSection(path=tmp_path / "files", mode="ro")],
+        grant=[GrantSection(agent="t", scopes=["workerHost.exec"])],
+    )
+    dispatcher = app.build_dispatcher(Paths(config_dir=tmp_path, data_dir=tmp_path), config)
+    emitted: list[pb.WorkerMessage] = []
+
+    async def run() -> None:
+        answered = asyncio.Event()
+
+        def emit(out: Outgoing) -> None:
+            emitted.append(_decoded(out))
+            if emitted[-1].WhichOneof("kind") == "result":
+                answered.set()
+
+        dispatcher.outbox.attach(emit)
+        for cid, argv in (("cat", ["cat", "big.bin"]), ("both", ["cat", "big.bin", "absent"])):
+            answered.clear()
+            request = pb.ActionRequest(
+                correlation_id=cid,
+                agent_id="t",
+                surface="workerHost",
+                action="exec",
+                args_json=json.dumps({"argv": argv}),
+            )
+            dispatcher.submit(request)
+            await answered.wait()
+
+    asyncio.run(run())
+    cat, both = _results(emitted)
+    assert cat.status == both.status == pb.ActionResult.OK, (cat.error, both.error)
+    assert cat.blob == content and both.blob.startswith(content) and len(both.blob) > len(content)
+    for result in (cat, both):
+        kept = dispatcher.state.blob_path(result.correlation_id).read_bytes()
+        assert kept == result.blob + blake3.blake3(result.blob).digest()
+    dispatcher.results.resend_unacked()
+    assert [r.blob for r in _results(emitted)[2:]] == [cat.blob, both.blob]
+    dispatcher.close()
+
+
 def test_the_digest_is_taken_from_the_request_or_computed_off_the_loop(tmp_path: Path) -> None:
     """A carried digest is used as it is; with none, a large blob is hashed in a thread
     before the call is claimed (and a small one at once)."""

@@ -74,6 +74,7 @@ from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, h
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
+from worker.core.blob_files import check_hasher
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
 from worker.errors import ErrorCode, WorkerError, from_workspace
 from worker.wire.protocol import WORKBENCH_SURFACE
@@ -772,6 +773,7 @@ async def _run_in_workspace(
                         starts=ctx.containment.starts,
                         on_start=started,
                         on_sockets=sockets_of if bench.watches_sockets else None,
+                        hash_output=check_hasher,
                     ),
                 )
             except SandboxUnavailableError as exc:
@@ -791,7 +793,12 @@ async def _run_in_workspace(
             met = [] if group is None or counted is None else group.counters().met_since(counted)
     _check_quota(bench, workspace, before, used, done.exit_code, done.signal)
     result = exec_cmd.result_of(program, decision.rule_id or "", done, plan_limits=met)
-    return Outcome(result, blob=done.stdout + done.stderr, truncated=done.truncated)
+    return Outcome(
+        result,
+        blob=done.stdout + done.stderr,
+        truncated=done.truncated,
+        blob_check=done.output_digest,
+    )
 
 
 async def _watched(

@@ -51,8 +51,9 @@ class BlobFiles:
                 why = "it is not a folder (a symbolic link, or a file)"
             log.error("large results are kept in the database, not in %s: %s", folder, why)
 
-    def write(self, correlation_id: str, blob: bytes) -> bool:
-        """The blob, then its BLAKE3, in the call's file; False if it could not be."""
+    def write(self, correlation_id: str, blob: bytes, check: bytes | None = None) -> bool:
+        """The blob, then its BLAKE3 (`check`, when its caller has it: `check_hasher`
+        fed the blob), in the call's file; False if it could not be."""
         if self._fd is None:
             return False
         try:
@@ -63,7 +64,7 @@ class BlobFiles:
                 dir_fd=self._fd,
             )
             try:
-                for view in (memoryview(blob), memoryview(_check(blob))):
+                for view in (memoryview(blob), memoryview(check or _check(blob))):
                     while view:
                         view = view[os.write(fd, view) :]
             finally:
@@ -126,6 +127,13 @@ class BlobFiles:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def check_hasher() -> blake3.blake3:
+    """A hash whose digest, once fed a blob, is the check its file ends with: for a
+    caller that sees the blob in parts before it is whole (exec's output, hashed as
+    it is read while the program runs)."""
+    return blake3.blake3()
 
 
 def _check(blob: bytes) -> bytes:

@@ -28,7 +28,7 @@ import enum
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -309,13 +309,18 @@ class State:
     def finish(self, correlation_id: str, result: bytes, blob: bytes = b"") -> None:
         self.finish_many([(correlation_id, result, blob)])
 
-    def finish_many(self, results: list[tuple[str, bytes, bytes]]) -> None:
+    def finish_many(
+        self, results: list[tuple[str, bytes, bytes]], checks: Mapping[str, bytes] | None = None
+    ) -> None:
         """Record finished calls' results (each without its blob, and the blob), all
-        in one commit."""
+        in one commit. `checks` has the blobs' checks its caller computed already (by
+        id; see blob_files.check_hasher): a blob kept in a file is not hashed again."""
         finished = now_ms()
         rows = []
         for cid, result, blob in results:
-            in_file = len(blob) >= FILE_BLOB_BYTES and self._write_blob(cid, blob)
+            in_file = len(blob) >= FILE_BLOB_BYTES and self._write_blob(
+                cid, blob, checks.get(cid) if checks else None
+            )
             kept = None if in_file else blob or None
             rows.append((result, kept, len(blob), int(in_file), finished, cid))
             self._recorded_unacked_bytes += len(result) + len(blob)
@@ -330,10 +335,10 @@ class State:
         """Where a call's result blob waits for its ack when it is kept in a file."""
         return self._blob_dir / file_name(correlation_id)
 
-    def _write_blob(self, correlation_id: str, blob: bytes) -> bool:
+    def _write_blob(self, correlation_id: str, blob: bytes, check: bytes | None) -> bool:
         """Write the blob to its file (before its row commits); False if it could not
         be (it is then kept in the row, as a small one is)."""
-        if not self._blob_store.write(correlation_id, blob):
+        if not self._blob_store.write(correlation_id, blob, check):
             return False
         self._blob_files.add(correlation_id)
         return True

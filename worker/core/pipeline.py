@@ -126,8 +126,8 @@ class Limits:
     default_timeout_s: float = 60.0
 
 
-# A handler's outcome as it goes out: result JSON, blob, truncated.
-_Payload = tuple[str, bytes, bool]
+# A handler's outcome as it goes out: result JSON, blob, truncated, the blob's check.
+_Payload = tuple[str, bytes, bool, bytes | None]
 
 
 def _digest(req: pb.ActionRequest, blob: bytes, pieces: tuple[bytes | memoryview, ...]) -> str:
@@ -249,7 +249,7 @@ def _payload(outcome: object) -> _Payload:
             "limit; ask for less (page with offset/length or narrow the request)",
             {"bytes": size, "limit": MAX_RESULT_BYTES},
         )
-    return result_json, outcome.blob, outcome.truncated
+    return result_json, outcome.blob, outcome.truncated, outcome.blob_check
 
 
 class _Slots:
@@ -854,7 +854,7 @@ class Dispatcher:
                 "the worker stopped while this call was running; it may or may not have "
                 "taken effect and will not be run again. Check its effect before retrying.",
             )
-            result, _blob = self._result_of(call)
+            result, _blob, _check = self._result_of(call)
             with self.state.batch():
                 self.telemetry.record(result.invocation)
                 self.state.finish(cid, result.SerializeToString())
@@ -1160,7 +1160,7 @@ class Dispatcher:
             self._blob_bytes -= gone.blob_bytes
         self._slots.release(call)
         try:
-            result, blob = self._result_of(call)
+            result, blob, check = self._result_of(call)
         except Exception:
             log.exception("could not build the result of call %s", call.cid)
             error = WorkerError(
@@ -1171,7 +1171,7 @@ class Dispatcher:
             result = pb.ActionResult(
                 correlation_id=call.cid, status=pb.ActionResult.ERROR, error=error_pb(error)
             )
-            blob = b""
+            blob, check = b"", None
         if self.watcher is not None:
             self.watcher.call_finished(call.req, result, len(blob))
         self.memory.ended(max(call.blob_bytes, len(blob)))
@@ -1183,16 +1183,19 @@ class Dispatcher:
             self._settle()
             return
         held = None if call.claimed else (call.digest, call.req.plan_id)
-        self.results.add(Finished(result, blob, held), now=not self._batching and not self._calls)
+        self.results.add(
+            Finished(result, blob, held, check), now=not self._batching and not self._calls
+        )
         self._settle()
 
-    def _result_of(self, call: Call) -> tuple[pb.ActionResult, bytes]:
-        """The call's result (without its blob) and its blob."""
+    def _result_of(self, call: Call) -> tuple[pb.ActionResult, bytes, bytes | None]:
+        """The call's result (without its blob), its blob and the blob's check (None
+        when the handler did not compute it)."""
         error = call.error
         if error is None and call.payload is None:
             error = call.stop or WorkerError("cancelled", "cancelled before it finished")
-        result_json, blob, truncated = (
-            ("", b"", False) if error else (call.payload or ("", b"", False))
+        result_json, blob, truncated, check = (
+            ("", b"", False, None) if error else (call.payload or ("", b"", False, None))
         )
         invocation = self._invocation(call, error, len(result_json) + len(blob), truncated)
         result = pb.ActionResult(
@@ -1209,7 +1212,7 @@ class Dispatcher:
             # A recorded plan's blob goes whole into the recording (on the loop, as its
             # row does): recording is for debugging, not for speed.
             self.telemetry.recordings.keep_later(call.req, call.whole_blob(), result_json, blob)
-        return result, blob
+        return result, blob, check
 
     def _invocation(
         self, call: Call, error: WorkerError | None, bytes_out: int, truncated: bool

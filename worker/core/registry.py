@@ -128,6 +128,10 @@ class Outcome(Generic[R]):
     result: R | Json
     blob: bytes = b""
     truncated: bool = False
+    # The blob's check (worker.core.blob_files.check_hasher over it) when the handler
+    # has it already, so the ledger's file of a large blob is not hashed again on the
+    # loop (exec hashes its output as it reads it, while the program runs).
+    blob_check: bytes | None = None
 
 
 Handler = Callable[[Context, A], Awaitable[Outcome[Any]] | Outcome[Any]]

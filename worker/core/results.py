@@ -93,6 +93,7 @@ class Finished:
     result: pb.ActionResult
     blob: bytes = b""
     held: tuple[str, str] | None = None
+    check: bytes | None = None  # the blob's check, when its handler computed it
 
 
 class Results:
@@ -146,9 +147,10 @@ class Results:
         self._pending_bytes = 0
         encoded = [(f.result.correlation_id, data, f) for f, data in finished]
         recorded = [(cid, data, f.blob) for cid, data, f in encoded if f.held is None]
+        checks = {cid: f.check for cid, _, f in encoded if f.held is None and f.check is not None}
         try:
             if recorded:
-                self.state.finish_many(recorded)
+                self.state.finish_many(recorded, checks)
         except Exception:
             # Left RUNNING in the ledger: after a restart they answer outcome_unknown.
             log.exception("could not record %d result(s); they were not sent", len(recorded))

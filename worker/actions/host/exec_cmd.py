@@ -43,6 +43,7 @@ from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
 from worker.actions.host.fs_paths import CONFINED_CODES, all_local, confined
 from worker.config import ExecSection, Paths
+from worker.core.blob_files import check_hasher
 from worker.core.prompt_text import one_line
 from worker.core.registry import MIB, ActionSpec, Args, Context, Json, Outcome, PathArg, Result
 from worker.core.threads import looking
@@ -146,6 +147,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
                 ctx.blob or None,
                 pid_cap=ctx.containment.pid_cap,
                 starts=ctx.containment.starts,
+                hash_output=check_hasher,
             )
         except SandboxUnavailableError as exc:
             raise WorkerError("sandbox_unavailable", str(exc)) from None
@@ -153,6 +155,7 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         result_of(program, decision.rule_id or "", done),
         blob=done.stdout + done.stderr,
         truncated=done.truncated,
+        blob_check=done.output_digest,
     )
 
 
