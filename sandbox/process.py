@@ -306,6 +306,7 @@ async def run(
     on_start: Callable[[int], None] | None = None,
     on_sockets: Callable[[sockets.SocketMemory], None] | None = None,
     hash_output: Callable[[], Hasher] | None = None,
+    claim: Callable[[], None] | None = None,
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
@@ -318,7 +319,15 @@ async def run(
     helper only) is told, once bubblewrap started, how to sum what the sandbox's
     sockets hold in kernel buffers (sandbox.sockets), valid until the run ends.
     `hash_output` makes a hash that is fed the kept stdout as it is read, then the
-    kept stderr: its digest is `Completed.output_digest`."""
+    kept stderr: its digest is `Completed.output_digest`.
+
+    `claim` is called once before anything of the program can run; should it raise,
+    nothing of it ran and its exception is raised. With the entry helper it is called
+    while bubblewrap builds the sandbox (held at its start line, --block-fd, let go
+    only once `claim` returned), so its work costs the call nothing: a worker that
+    dies meanwhile lets the sandbox go on, but the entry then finds its lifeline
+    closed and exits before the program starts. Without the entry there is no such
+    check, and `claim` is called before bubblewrap starts."""
     starts = starts or Starts()
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
@@ -328,6 +337,11 @@ async def run(
     # Its share of its user's per-user counts, written in its user namespace from
     # outside while it is held (sandbox._startline): with the entry helper only.
     user_limits = _startline.user_limits() if entry else ()
+    if claim is not None and not entry:
+        claim()  # no lifeline to stop a program held for it (see the doc)
+        claim = None
+    # pid 1 must be known before the sandbox goes on (see below).
+    report_first = not entry or cgroup is not None or capped or bool(user_limits)
     ours: list[int] = []  # descriptors this process keeps
     theirs: list[int] = []  # descriptors only bubblewrap keeps: closed here once it started
     memory: sockets.SocketMemory | None = None
@@ -344,13 +358,14 @@ async def run(
                 our_end, diag_fd = sockets.channel()
                 memory = sockets.SocketMemory(our_end)
                 theirs.append(diag_fd)
-        if not entry or cgroup is not None or capped or user_limits:
+        if report_first or claim is not None:
             # Held at its start line until its report is read: without the entry (which
             # closes every other descriptor) the program inherits the report's pipe, and
             # one that read it first would make a call that ran look as if it never
             # started (see _Sandbox.drive). With the entry, held until its user limits
             # are written and, for a root worker, its last pid set from outside
-            # (sandbox._startline); a plan's until it joined.
+            # (sandbox._startline); a plan's until it joined; one with a `claim` until
+            # that returned.
             block_r, block_w = _pipe(theirs, ours)
         file_fds = [_memory_file(content) for content in private_files(view.private)]
         theirs += file_fds
@@ -420,6 +435,8 @@ async def run(
                 view.entry if capped or user_limits else None,
                 last_pid=capped,
                 user_limits=user_limits,
+                claim=claim,
+                report_first=report_first,
             )
         finally:
             sandbox.kill()
@@ -480,9 +497,16 @@ class _Sandbox:
         *,
         last_pid: bool = False,
         user_limits: tuple[tuple[str, int], ...] = (),
+        claim: Callable[[], None] | None = None,
+        report_first: bool = True,
     ) -> Completed:
         try:
-            if self.block_w is not None:
+            if claim is not None:
+                # Right after bubblewrap started, while it builds the sandbox, which waits
+                # at its start line (--block-fd) until this returned: nothing of the
+                # program runs before. Should it raise, the sandbox is killed below.
+                claim()
+            if report_first:
                 # Held at its start line (--block-fd) until pid 1 is known and, where
                 # needed, in place, capped and its user limits written. Elsewhere (the
                 # entry helper for a regular user's worker on a kernel before 5.11, no

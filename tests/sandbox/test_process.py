@@ -146,18 +146,64 @@ def test_the_output_digest_is_of_stdout_then_stderr_as_kept(share: Path) -> None
         os.write(1, b"z" * 400_000)
         """
     )
-    limits = Limits(output_bytes=700_000)
-    done = asyncio.run(
+    whole = asyncio.run(
+        run([PYTHON, "-c", writer], view_of(share), Limits(), pid_cap=PidCap(), hash_output=blake3)
+    )
+    assert whole.exit_code == 0 and not whole.truncated
+    assert whole.stderr == b"e" * 5 + b"err0" + b"e" * 5 + b"err1" + b"e" * 5 + b"err2"
+    assert whole.output_digest == blake3(whole.stdout + whole.stderr).digest()
+    limits = Limits(output_bytes=700_000)  # what is left out is not hashed either
+    cut = asyncio.run(
         run([PYTHON, "-c", writer], view_of(share), limits, pid_cap=PidCap(), hash_output=blake3)
     )
-    assert done.exit_code == 0 and done.truncated
-    assert len(done.stdout) + len(done.stderr) == 700_000 and done.stderr.count(b"e") >= 15
-    assert done.output_digest == blake3(done.stdout + done.stderr).digest()
+    assert cut.exit_code == 0 and cut.truncated
+    assert len(cut.stdout) + len(cut.stderr) == 700_000
+    assert cut.output_digest == blake3(cut.stdout + cut.stderr).digest()
     quiet = asyncio.run(
         run(["/usr/bin/true"], view_of(share), Limits(), pid_cap=PidCap(), hash_output=blake3)
     )
     assert quiet.output_digest == blake3(b"").digest()
     assert sandboxed(share, ["/usr/bin/true"]).output_digest is None  # not asked for
+
+
+def test_a_claim_is_made_before_anything_of_the_program_runs(share: Path) -> None:
+    """`claim` is called once, before the program starts (with the entry helper while
+    bubblewrap builds the sandbox, which waits for it): what it wrote, the program
+    reads."""
+    claims: list[int] = []
+
+    def claim() -> None:
+        claims.append(1)
+        (share / "claimed").write_text(f"claimed {len(claims)}\n")
+
+    done = asyncio.run(
+        run(["/usr/bin/cat", "claimed"], view_of(share), Limits(), pid_cap=PidCap(), claim=claim)
+    )
+    assert done.exit_code == 0 and done.stdout == b"claimed 1\n" and claims == [1]
+
+
+class _ClaimFailedError(Exception):
+    pass
+
+
+def test_a_claim_that_fails_leaves_no_process_and_nothing_run(share: Path) -> None:
+    """A claim that raises (its commit failed) while bubblewrap holds the sandbox kills
+    it before anything of the program ran: no file written, no process of it left,
+    and the claim's own exception is what the caller gets."""
+    tag = marker()
+    writes = f"open('ran', 'w').write('{tag}')"
+
+    def claim() -> None:
+        raise _ClaimFailedError("the ledger said no")
+
+    with pytest.raises(_ClaimFailedError):
+        asyncio.run(
+            run([PYTHON, "-c", writes], view_of(share), Limits(), pid_cap=PidCap(), claim=claim)
+        )
+    assert wait_until_gone(tag, within_s=20) == []  # bubblewrap's line names the tag too
+    assert not (share / "ran").exists()
+    done = sandboxed(share, [PYTHON, "-c", writes])  # the same program, unclaimed: it runs
+    assert done.exit_code == 0 and (share / "ran").read_text() == tag
 
 
 # STUBBORN, saying "started" only once its setsid'd grandchild runs (a byte on a pipe).
@@ -400,6 +446,49 @@ def as_regular_user(script: str) -> subprocess.CompletedProcess[str]:
     )
     assert out.returncode == 0, out.stderr
     return out
+
+
+def test_a_regular_users_claim_comes_before_the_program_and_a_failed_one_runs_nothing(
+    user_share: Path,
+) -> None:
+    """A regular user's worker (no pid cap to set from outside): the program reads what
+    the claim wrote, and after a claim that raised, nothing ran."""
+    share = user_share
+    entry = None
+    if ENTRY is not None:  # the session's helper, where uid 1000 may run it
+        place = Path(tempfile.mkdtemp(prefix="aw-entry-", dir="/tmp"))
+        place.chmod(0o755)
+        entry = str(place / "entry")
+        shutil.copy(ENTRY, entry)
+        os.chmod(entry, 0o755)  # noqa: S103 - uid 1000 must run it
+    script = textwrap.dedent(
+        f"""
+        import asyncio, pathlib
+        from sandbox import environment
+        from sandbox.process import Limits, Mount, PidCap, View, run
+        share = pathlib.Path({str(share)!r})
+        view = View(cwd=str(share), mounts=(Mount(str(share), True),),
+                    env=environment.build({{}}, []), entry={entry!r})
+        def claim():
+            (share / "claimed").write_text("claimed")
+        done = asyncio.run(run(["/usr/bin/cat", "claimed"], view, Limits(), pid_cap=PidCap(),
+                               claim=claim))
+        print(done.stdout.decode(), done.exit_code)
+        def refuse():
+            raise KeyError("no")
+        writes = ["{PYTHON}", "-c", "open('ran', 'w')"]
+        try:
+            asyncio.run(run(writes, view, Limits(), pid_cap=PidCap(), claim=refuse))
+        except KeyError:
+            print("refused", (share / "ran").exists())
+        """
+    )
+    try:
+        out = as_regular_user(script)
+    finally:
+        if entry is not None:
+            shutil.rmtree(Path(entry).parent)
+    assert out.stdout.split() == ["claimed", "0", "refused", "False"]
 
 
 def test_the_process_cap_holds_for_a_regular_user_through_rlimit_nproc(user_share: Path) -> None:

@@ -20,7 +20,7 @@ import blake3
 import pytest
 
 from worker import app
-from worker.config import Config, GrantSection, Paths, RootSection, WorkerSection
+from worker.config import Config, ExecSection, GrantSection, Paths, RootSection, WorkerSection
 from worker.core import results
 from worker.core.ledger import FILE_BLOB_BYTES
 from worker.core.pipeline import Dispatcher, Outgoing
@@ -564,6 +564,73 @@ def test_execs_large_output_is_kept_in_a_file_with_the_check_made_as_it_was_read
     dispatcher.results.resend_unacked()
     assert [r.blob for r in _results(emitted)[2:]] == [cat.blob, both.blob]
     dispatcher.close()
+
+
+PYTHON_POLICY = """
+[program.python3]
+paths = ["/usr/bin/python3"]
+[[program.python3.rule]]
+id = "test-python"
+reason = "tests: a program that leaves a mark"
+any_args = true
+"""
+
+
+def test_an_exec_whose_claim_cannot_commit_runs_nothing_and_runs_once_when_sent_again(
+    tmp_path: Path,
+) -> None:
+    """exec claims its call itself, while bubblewrap builds the sandbox that waits for
+    the claim: with the ledger locked by another connection the commit fails, the
+    held sandbox is killed before the program ran, the call is refused (not recorded,
+    so it may be sent again), and sent again once the lock is gone it runs, once."""
+    (tmp_path / "files").mkdir()
+    policy = tmp_path / "allowlist.toml"
+    policy.write_text(PYTHON_POLICY)
+    config = Config(
+        root=[RootSection(path=tmp_path / "files", mode="rw")],
+        grant=[GrantSection(agent="t", scopes=["workerHost.exec"])],
+        exec=ExecSection(policy=policy),
+    )
+    dispatcher = app.build_dispatcher(Paths(config_dir=tmp_path, data_dir=tmp_path), config)
+    dispatcher.state.connection.execute("PRAGMA busy_timeout = 50")  # not 10 s
+    mark = "open('ran', 'a').write('ran\\n')"
+    request = pb.ActionRequest(
+        correlation_id="once",
+        agent_id="t",
+        surface="workerHost",
+        action="exec",
+        args_json=json.dumps({"argv": ["python3", "-c", mark]}),
+    )
+    emitted: list[pb.WorkerMessage] = []
+
+    async def deliver() -> pb.ActionResult:
+        answered = asyncio.Event()
+
+        def emit(out: Outgoing) -> None:
+            emitted.append(_decoded(out))
+            if emitted[-1].WhichOneof("kind") == "result":
+                answered.set()
+
+        dispatcher.outbox.attach(emit)
+        dispatcher.submit(request)
+        await answered.wait()
+        return _results(emitted)[-1]
+
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as other:
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock: the claim cannot commit
+        refused = asyncio.run(deliver())
+        other.rollback()
+    assert refused.status == pb.ActionResult.ERROR and refused.error.code == "internal_error"
+    assert "nothing was run" in refused.error.message and refused.error.retryable
+    assert not (tmp_path / "files" / "ran").exists()
+    assert _ledger_state(tmp_path, "once") is None  # never claimed: free to run later
+    ran = asyncio.run(deliver())
+    assert ran.status == pb.ActionResult.OK and json.loads(ran.result_json)["exit_code"] == 0
+    again = asyncio.run(deliver())  # a repeat: answered from the ledger, not run
+    assert again.replayed and again.invocation.invocation_id == ran.invocation.invocation_id
+    assert (tmp_path / "files" / "ran").read_text() == "ran\n"
+    dispatcher.close()
+    assert _ledger_state(tmp_path, "once") == "DONE+row"
 
 
 def test_the_digest_is_taken_from_the_request_or_computed_off_the_loop(tmp_path: Path) -> None:

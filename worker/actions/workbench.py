@@ -1131,6 +1131,8 @@ def build(bench: Workbench) -> Registry:
                 summary=summary,
                 sandboxed=True,
                 codes=host.codes | _PLAN_CODES,
+                # Claimed before the handler runs: it makes the plan's workspace first.
+                claims_late=False,
             )
             for host, handler, summary in confined
         )

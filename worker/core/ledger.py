@@ -268,6 +268,14 @@ class State:
             blob = self._blob_store.read(correlation_id, blob_bytes)
         return Begin(Seen.DONE, result, blob, blob_bytes)
 
+    def claim(self, correlation_id: str, args_digest: str, plan_id: str) -> Seen:
+        """Claim a call looked up before (`begin` with `claim` False), committed when
+        this returns NEW; anything else says it is not this caller's to run. Never
+        inside a batch, whose commit would come only after the claimed call started."""
+        if self._db.in_transaction:
+            raise sqlite3.ProgrammingError("a claim inside a batch would commit too late")
+        return self.begin(correlation_id, args_digest, plan_id).seen
+
     def hold(
         self, correlation_id: str, args_digest: str, plan_id: str, result: bytes, blob: bytes
     ) -> None:

@@ -162,6 +162,9 @@ class Call:
     holds_slot: bool = False
     answered: bool = False
     claimed: bool = True  # False: effect-free, run without a claim in the ledger
+    # Its handler claims it (Context.claim) right before its effect: until then it is
+    # not `claimed`, and answered as an effect-free call is (see ActionSpec.claims_late).
+    claims_late: bool = False
     # The blob as the parts it came in, unjoined (`blob` is then empty): for an
     # action whose spec says `blob_in_pieces`.
     pieces: tuple[bytes | memoryview, ...] = ()
@@ -514,7 +517,9 @@ class Dispatcher:
             self._answer_duplicate(req, seen)
             return
         spec = self.registry.get(f"{req.surface}.{req.action}")
-        claim = spec is None or spec.effect is not Effect.NONE
+        effectful = spec is None or spec.effect is not Effect.NONE
+        late = effectful and spec is not None and spec.claims_late
+        claim = effectful and not late  # a late one is only looked up here
         begun = self.state.begin(cid, digest, req.plan_id, claim=claim)
         size = sum(len(piece) for piece in pieces) if pieces else len(request_blob)
         busy = self._busy(size) if begun.seen is Seen.NEW else None
@@ -526,6 +531,7 @@ class Dispatcher:
             call = self._new_call(req, request_blob, digest)
             call.pieces = pieces
             call.claimed = claim
+            call.claims_late = late
             self._calls[cid] = call
             self._blob_bytes += size
             if self.watcher is not None:
@@ -943,6 +949,8 @@ class Dispatcher:
         the action only looks (its work can take no effect)."""
         if call.spec is not None and call.spec.effect is Effect.NONE:
             return None
+        if call.claims_late and not call.claimed:  # its effect was never let start
+            return None
         why = stop.message if stop is not None else "cancelled"
         if self.threads.running(call.cid):
             effect = (
@@ -1106,7 +1114,37 @@ class Dispatcher:
             services=self.services,
             in_flight=self.in_flight,
             approve=lambda what, preview: self._approve(call, what, preview),
+            **({"claim": lambda: self._claim_late(call)} if call.claims_late else {}),
         )
+
+    def _claim_late(self, call: Call) -> None:
+        """Context.claim of a call whose handler claims it (ActionSpec.claims_late):
+        committed here, before its effect may start. Raises WorkerError when it cannot
+        be: stopped meanwhile, the ledger's commit failed, or the id is claimed already
+        (another process sharing this ledger); its handler then starts nothing."""
+        if call.claimed:
+            return
+        if call.stop is not None:
+            raise call.stop
+        try:
+            begun = self.state.claim(call.cid, call.digest, call.req.plan_id)
+        except sqlite3.Error as exc:
+            log.error("could not claim call %s before running it: %s", call.cid, exc)
+            call.refused = True  # never ran, nothing recorded: a later delivery may run it
+            raise WorkerError(
+                "internal_error",
+                f"the worker could not record this call before running it ({exc}); nothing "
+                "was run. Send it again once the worker's disk has room",
+                retryable=True,
+            ) from None
+        if begun is not Seen.NEW:
+            call.refused = True
+            raise WorkerError(
+                "internal_error",
+                f"call {call.cid} was claimed in this worker's ledger by another process "
+                "meanwhile; nothing was run here",
+            )
+        call.claimed = True
 
     def _approval_request(
         self, call: Call, scope: str, reason: str, note: str = ""

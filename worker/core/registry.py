@@ -54,6 +54,10 @@ def _no_nul(value: str) -> str:
 PathArg = Annotated[str, StringConstraints(min_length=1, max_length=4096), AfterValidator(_no_nul)]
 
 
+def _claimed_already() -> None:
+    """Context.claim for a call the pipeline claimed before its handler ran."""
+
+
 async def _never_approved(what: str, preview: str) -> None:
     raise WorkerError(
         "scope_required",
@@ -97,6 +101,11 @@ class Context:
     # The request blob as the parts it came in, not joined, for an action whose spec
     # says `blob_in_pieces` (then `blob` is empty); see `blob_pieces`.
     pieces: Sequence[bytes | memoryview] = ()
+    # For an action whose spec says `claims_late`: claims the call in the ledger (a
+    # commit), and must return before anything the handler does can take effect; it
+    # raises WorkerError, and the handler must then start nothing, when the claim
+    # cannot be made. Elsewhere the call was claimed before its handler ran: nothing.
+    claim: Callable[[], None] = _claimed_already
 
     @property
     def data_dir(self) -> Path:
@@ -204,6 +213,13 @@ class ActionSpec(Generic[A, R]):
     advertised: bool = True
     # Effect.NONE only for an action that changes nothing, whatever its args (see Effect).
     effect: Effect = Effect.ANY
+    # An effectful action whose handler claims its calls itself (Context.claim) right
+    # before its effect starts, so that the claim's commit overlaps work that has none:
+    # exec starts bubblewrap held at its start line, commits the claim while the
+    # sandbox is built, and only then lets it go on. Until it claims, a call is
+    # answered as an effect-free one is (its result held, not recorded): nothing of it
+    # took effect. A handler that never calls Context.claim must not say this.
+    claims_late: bool = False
 
     @property
     def scope(self) -> str:

@@ -148,6 +148,8 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
                 pid_cap=ctx.containment.pid_cap,
                 starts=ctx.containment.starts,
                 hash_output=check_hasher,
+                # Claimed while bubblewrap builds the sandbox, which waits for it.
+                claim=ctx.claim,
             )
         except SandboxUnavailableError as exc:
             raise WorkerError("sandbox_unavailable", str(exc)) from None
@@ -333,4 +335,5 @@ SPEC: Final = ActionSpec(
         ErrorCode.SANDBOX_UNAVAILABLE,
     },
     caps={"output_bytes": OUTPUT_BYTES},
+    claims_late=True,  # Context.claim, from sandbox.process.run: see exec_command
 )
