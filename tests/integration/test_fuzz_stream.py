@@ -3,8 +3,10 @@ args_json values go to a real worker (connection, pipeline, ledger, handlers)
 through a scripted hub. Whatever comes, the worker stays up, answers every
 well-formed call exactly once, and its ledger ends with no RUNNING rows.
 
-Bounded for CI (about 30 s): FUZZ_EXAMPLES examples of up to 40 envelopes each, each
-example against a fresh worker and ledger; AW_FUZZ_EXAMPLES=2000 runs longer.
+Bounded for CI (about 30 s in all): FUZZ_EXAMPLES examples of up to 40 envelopes each,
+each example against a fresh worker and ledger, in PARTS tests of their own (so xdist
+spreads them and none nears the per-test timeout on a loaded machine);
+AW_FUZZ_EXAMPLES=2000 runs longer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,6 +35,7 @@ from worker.core.connection import Backoff, Target, WorkerConnection, split_mess
 from worker.wire.proto import agentworker_pb2 as pb
 
 FUZZ_EXAMPLES = int(os.environ.get("AW_FUZZ_EXAMPLES", "200"))
+PARTS = 4
 ANSWER_WITHIN_S = 20.0
 
 ACTIONS = [
@@ -211,7 +215,7 @@ TOTALS: Counter[str] = Counter()  # for the closing line: what a run fed the wor
 
 
 @settings(
-    max_examples=FUZZ_EXAMPLES,
+    max_examples=-(-FUZZ_EXAMPLES // PARTS),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -228,7 +232,10 @@ def _fuzz(script_steps: list[Any], data: st.DataObject) -> None:
         asyncio.run(run_example(home, script_steps, draw_mutation))
 
 
-def test_no_server_input_stops_the_worker_or_leaves_a_call_unanswered(tmp_path: Path) -> None:
+@pytest.mark.parametrize("part", range(PARTS))
+def test_no_server_input_stops_the_worker_or_leaves_a_call_unanswered(
+    tmp_path: Path, part: int
+) -> None:
     TOTALS.clear()
     HOMES.append(tmp_path)
     _fuzz()

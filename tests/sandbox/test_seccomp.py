@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import os
 import signal
 import struct
@@ -103,19 +104,35 @@ SOCKET_ARGUMENTS = [
 SOCKET_NUMBERS = [40, 41, 42, 197, 198, 199, X32 + 41]
 
 
+@functools.cache
+def decoded(program: bytes) -> tuple[tuple[int, int, int, int], ...]:
+    """`program`'s instructions as (code, jt, jf, k), read once per program; a load
+    must name one aligned 32-bit word of seccomp_data's 64 bytes."""
+    code = tuple(struct.iter_unpack("=HBBI", program))
+    assert all(k % 4 == 0 and k < 64 for op, _, _, k in code if op == 0x20)
+    return code
+
+
 def answer(program: bytes, arch: int, number: int, arg0: int, arg1: int, arg2: int = 0) -> int:
-    """What `program` returns for this call (struct seccomp_data, little-endian)."""
-    data = struct.pack("<IIQ6Q", number, arch, 0, arg0, arg1, arg2, 0, 0, 0)
-    code = list(struct.iter_unpack("=HBBI", program))
+    """What `program` returns for this call (struct seccomp_data, little-endian, as
+    its sixteen 32-bit words: nr, arch, the instruction pointer, six arguments)."""
+    args = [part for arg in (arg0, arg1, arg2) for part in (arg & 0xFFFFFFFF, arg >> 32)]
+    words = [number, arch, 0, 0, *args, 0, 0, 0, 0, 0, 0]
+    code = decoded(program)
     pc, a = 0, 0
     for _ in range(len(code)):  # forward jumps only: never more steps than instructions
         op, jt, jf, k = code[pc]
         if op == 0x20:  # LD W ABS
-            a = struct.unpack_from("<I", data, k)[0]
+            a = words[k >> 2]
             pc += 1
-        elif op in (0x15, 0x25, 0x35, 0x45):  # JEQ, JGT, JGE, JSET with K
-            taken = {0x15: a == k, 0x25: a > k, 0x35: a >= k, 0x45: bool(a & k)}[op]
-            pc += 1 + (jt if taken else jf)
+        elif op == 0x15:  # JEQ, JGT, JGE, JSET with K
+            pc += 1 + (jt if a == k else jf)
+        elif op == 0x25:
+            pc += 1 + (jt if a > k else jf)
+        elif op == 0x35:
+            pc += 1 + (jt if a >= k else jf)
+        elif op == 0x45:
+            pc += 1 + (jt if a & k else jf)
         elif op == 0x06:  # RET K
             return int(k)
         else:
