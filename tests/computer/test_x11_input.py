@@ -410,3 +410,47 @@ def test_a_sequence_stopped_answers_paused_until_it_has_had_an_effect(
         assert error.code == "outcome_unknown" and not error.retryable, error
         assert "stop pressed in a test" in error.message and effect in error.message
         assert error.details == {"stopped": "paused"}
+
+
+@pytest.mark.parametrize("how", ["before its effect", "after its effect", "at its end"])
+def test_a_sequence_whose_call_is_cancelled_answers_as_a_stop_does(
+    desktop: Desktop, pause: PauseSwitch, how: str
+) -> None:
+    """The pipeline stops a call by cancelling its task (`agentworker pause` from another
+    process, a kill, the deadline). That too answers `outcome_unknown` once the action
+    had an effect, or ran to its end as the stop came (review10 finding 15: `paused`,
+    retryable, after 2,432 characters were typed); before any effect the cancel goes
+    on, and the pipeline answers the stop's reason."""
+    under_way, stopping = threading.Event(), threading.Event()
+
+    def sequence(_backend: object, guard: Guard) -> None:
+        if how == "after its effect":
+            guard.did("3 of the 9 characters were typed")
+        under_way.set()
+        if how == "at its end":
+            stopping.wait(60)  # the last step, which no stop breaks off
+        else:
+            guard.wait(60)
+
+    async def cancelled() -> WorkerError | None:
+        running = asyncio.create_task(desktop.act(sequence))
+        await asyncio.get_running_loop().run_in_executor(None, under_way.wait, 20)
+        pause.stop("stop pressed in a test", "test")
+        running.cancel()
+        stopping.set()
+        try:
+            await running
+        except asyncio.CancelledError:
+            return None
+        except WorkerError as error:
+            return error
+        raise AssertionError("a cancelled sequence answered as if it had not been")
+
+    error = run(cancelled())
+    if how == "before its effect":
+        assert error is None
+        return
+    assert error is not None and error.code == "outcome_unknown" and not error.retryable, error
+    assert "stop pressed in a test" in error.message and error.details == {"stopped": "paused"}
+    said = "3 of the 9 characters were typed" if how == "after its effect" else "ran to its end"
+    assert said in error.message, error.message

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import secrets
 import threading
@@ -224,15 +223,34 @@ class Desktop:
             try:
                 return await asyncio.shield(future)
             except asyncio.CancelledError:
-                guard.interrupt()
-                with contextlib.suppress(BaseException):
+                # The pipeline stops a call by cancelling it (`agentworker pause` from
+                # another process, a kill, the deadline): once the action had an effect a
+                # retry would repeat, that answers outcome_unknown too (review10 15).
+                guard.interrupt(self._why_cancelled())
+                try:
                     await future
+                    finished = True
+                except BaseException:  # noqa: BLE001 - stopped between steps, or failed
+                    finished = False
+                if finished or guard.done:
+                    raise _stopped(guard, finished) from None
                 raise
             except StepsInterruptedError:
                 raise _stopped(guard) from None
             finally:
                 self._guards.discard(guard)
                 self._mark_driving()
+
+    def _why_cancelled(self) -> WorkerError:
+        """Why a running input action's call was cancelled, as far as the desktop knows."""
+        if self.pause is not None:
+            try:
+                self.pause.check(COMPUTER_SURFACE)
+            except WorkerError as paused:
+                return paused
+        return WorkerError(
+            "cancelled", "its call was stopped (a kill, its deadline, or the server's Cancel)"
+        )
 
     def _mark_driving(self) -> None:
         self._driving_until = time.monotonic() + self.settings.takeover_window_s
@@ -365,13 +383,20 @@ def of(ctx: Context) -> Desktop:
     return desktop
 
 
-def _stopped(guard: Guard) -> WorkerError:
+def _stopped(guard: Guard, finished: bool = False) -> WorkerError:
     """What a sequence stopped between its steps answers: why it was stopped (`paused`,
     retryable: nothing was done), or once it had an effect a retry would repeat (a
     drag's press, typed characters), `outcome_unknown` with what was done and why it
     stopped (review8 finding 10: a drag stopped by a prompt after its press answered
     `paused`, and a server retrying it dragged again)."""
     why = guard.why or WorkerError("cancelled", "the action was stopped before it finished")
+    if finished:  # the stop came while its last step ran: all of it was done
+        return WorkerError(
+            "outcome_unknown",
+            f"it was stopped ({why.message.rstrip('.')}) as it ran to its end; look at the "
+            "screen before sending it again",
+            {"stopped": str(why.code)},
+        )
     if not guard.done:
         return why
     return WorkerError(

@@ -46,6 +46,7 @@ async def window_focus(ctx: Context, args: WindowFocusArgs) -> Outcome[WindowFoc
     window, layout = await desktop.query(find)
 
     def job(backend: Backend, guard: Guard) -> bool:
+        guard.did(f"the focus was asked for window {window.id}")  # stopped now: unknown
         return backend.focus(window.id, args.timeout_ms / 1000)
 
     focused = await desktop.act(job)
