@@ -165,6 +165,29 @@ def test_the_stop_hotkey_stops_a_running_plan(desk: Cluster, app: TkApp, xserver
     assert desk.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
 
 
+@pytest.mark.computer_config("[computer]\ntakeover = false\n")
+def test_an_agent_cannot_press_the_stop_hotkey_or_a_session_key(desk: Cluster, app: TkApp) -> None:
+    """An injected press of the stop hotkey tripped the worker's own grab: every plan of
+    every agent paused, on the record as the person's act (review10 finding 10)."""
+    wait_for(lambda: "emergency stop: press" in desk.procs[1].log(), 15)
+    reserved = [
+        '"ctrl+alt+shift+escape"',
+        '["shift", "Control", "alt", "esc"]',  # another order, another spelling
+        '"ctrl+alt+shift+super+Escape"',  # the hotkey's keys and more
+        '"ctrl+alt+backspace"',  # X's zap: ends the session where it is on
+        '"ctrl+alt+f1"',  # a text console
+    ]
+    for keys in reserved:
+        refused = computer(desk, "key_combo", f'{{"keys": {keys}}}')
+        assert refused["error"]["code"] == "validation_error", (keys, refused)
+        assert "an agent may not press it" in refused["error"]["message"] or (
+            "emergency-stop hotkey" in refused["error"]["message"]
+        )
+    assert computer(desk, "key_combo", '{"keys": "ctrl+alt+shift+a"}')["status"] == "ok"
+    assert computer(desk, "key_combo", '{"keys": "alt+f1"}')["status"] == "ok"
+    assert not pause_of(desk).current().active
+
+
 def test_agentworker_pause_and_resume(desk: Cluster) -> None:
     paused = agentworker(desk, "pause", "--reason", "lunch")
     assert paused.returncode == 0, paused.stderr
