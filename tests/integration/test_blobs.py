@@ -137,7 +137,7 @@ def test_a_result_no_caller_was_waiting_for_keeps_its_blob_until_one_takes_it(
         release(live.home, "uk-1")
         wait_for(lambda: worker_state(live, "uk-1") == ("DONE", 0), 10)
         live.start_hub()
-        wait_for(lambda: worker_state(live, "uk-1") == ("DONE", 1), 15)
+        wait_for(lambda: worker_state(live, "uk-1") == ("DONE", 1), 60)
         taken = dispatch(live, "workerDiag.probe", args, correlation_id="uk-1", blob=data)
         assert taken.status == pb.ActionResult.OK and taken.replayed and taken.blob == data
         later = dispatch(live, "workerDiag.probe", args, correlation_id="uk-1", blob=data)

@@ -41,7 +41,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             **SECRETS,
         }
         worker = c.spawn("worker", "run", env=env)
-        wait_for(lambda: c.status().connected_workers >= 1, 15, worker)
+        wait_for(lambda: c.status().connected_workers >= 1, 60, worker)
         yield c
 
 

@@ -330,7 +330,7 @@ def test_d5_after_a_healthy_session_a_hub_restart_is_redialled_at_once(tmp_path:
         def healthy_sessions() -> int:
             return worker.log().count("is healthy (the backoff starts over)")
 
-        wait_for(connected, 15, worker)
+        wait_for(connected, 60, worker)
         live.procs[0].kill()  # the hub dies; the worker's backoff climbs meanwhile
         healthy_before = healthy_sessions()
         time.sleep(OUTAGE_S)  # the outage itself, not a wait for anything

@@ -74,7 +74,7 @@ def test_a_hub_killed_mid_burst_loses_no_answer_and_runs_nothing_twice(tmp_path:
         assert len(outcomes) == CALLS and all(o is grpc.StatusCode.UNAVAILABLE for o in cut_off)
 
         live.start_hub()
-        wait_for(lambda: live.status().connected_workers == 1, 15)
+        wait_for(lambda: live.status().connected_workers == 1, 60)
         retries: dict[int, Any] = {}
         asyncio.run(dispatch_all(live, retries))  # each with its id again
         for i, retry in retries.items():

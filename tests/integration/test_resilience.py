@@ -49,7 +49,7 @@ def test_hub_killed_mid_call_does_not_run_the_call_twice(live: Cluster) -> None:
     assert pending.get("rpc_error") is grpc.StatusCode.UNAVAILABLE
     release(live.home, "hk-1")
     live.start_hub()
-    wait_for(lambda: live.status().connected_workers == 1, 15)
+    wait_for(lambda: live.status().connected_workers == 1, 60)
     # The caller retries with the same id: the hub re-sends, the worker answers from its ledger.
     out = live.call("workerDiag.probe", args, correlation_id="hk-1")
     assert out["status"] == "ok", out
@@ -312,7 +312,7 @@ def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> No
     worker = next(p for p in live.procs if p.name == "worker")
     wait_for(lambda: "checking running calls now" in worker.log(), 10, worker)  # nudged
     live.start_hub()
-    wait_for(lambda: live.status().connected_workers == 1, 15)
+    wait_for(lambda: live.status().connected_workers == 1, 60)
     # The caller asks again with the same id: the worker answers from its ledger.
     out = live.call("workerDiag.probe", args, correlation_id="lk-1", plan_id="p-local")
     assert out["error"]["code"] == "plan_killed", out

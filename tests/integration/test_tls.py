@@ -18,7 +18,7 @@ def test_worker_and_caller_reach_a_tls_hub(tmp_path: Path) -> None:
     with cluster(tmp_path / "home", hub=False, worker=False) as live:
         tls_env = {"AGENTWORKER_TLS_CERT": str(cert), "AGENTWORKER_TLS_KEY": str(key)}
         hub = live.spawn("hub", "hub", env=tls_env)
-        wait_for(lambda: (live.home / "hub.token").exists(), 15, hub)
+        wait_for(lambda: (live.home / "hub.token").exists(), 60, hub)
         worker = live.spawn("worker", "run", "--server", live.listen, "--tls-ca", str(ca))
 
         async def worker_connected() -> bool:

@@ -232,7 +232,7 @@ def test_teardown_stops_the_plans_programs_and_removes_its_workspace(
 
     thread = threading.Thread(target=stubborn, daemon=True)
     thread.start()
-    wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+    wait_for(lambda: len(processes_with(tag)) >= 2, 60)
     first = teardown(live, plan)
     assert first["status"] == "ok" and first["result"] == {"plan_id": plan, "removed": True}
     thread.join(15)
@@ -510,7 +510,7 @@ def test_a_fork_bomb_and_a_memory_hog_leave_the_worker_and_other_plans_working(
 
     thread = threading.Thread(target=detonate, daemon=True)
     thread.start()
-    wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+    wait_for(lambda: len(processes_with(tag)) >= 2, 60)
     out, _ = call(live, quiet, "fs_write", {"path": "still.txt"}, b"working")
     assert out["status"] == "ok", out
     out, blob = run(live, quiet, ["cat", "still.txt"])
@@ -584,7 +584,7 @@ def test_idle_workspaces_are_swept_but_not_while_their_plan_runs(tmp_path: Path)
 
         thread = threading.Thread(target=stubborn, daemon=True)
         thread.start()
-        wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+        wait_for(lambda: len(processes_with(tag)) >= 2, 60)
         assert call(live, idle, "fs_write", {"path": "f"}, b"x")[0]["status"] == "ok"
         idle_folder, busy_folder = files_of(live, "bench", idle), files_of(live, "bench", busy)
         wait_for(lambda: not idle_folder.exists(), 20)

@@ -66,7 +66,7 @@ def take_away(live: Cluster, worker_id: str) -> str:
     proc = next(p for p in live.procs if p.name == name and p.running())
     proc.signal(signal.SIGTERM)
     proc.wait(30)
-    wait_for(lambda: worker_id not in {w.worker_id for w in live.workers() if w.connected}, 15)
+    wait_for(lambda: worker_id not in {w.worker_id for w in live.workers() if w.connected}, 60)
     return name
 
 
@@ -89,7 +89,7 @@ def busy_with(live: Cluster, plan: str) -> tuple[threading.Thread, list[Any], st
 
     thread = threading.Thread(target=stubborn, daemon=True)
     thread.start()
-    wait_for(lambda: len(processes_with(tag)) >= 2, 15)
+    wait_for(lambda: len(processes_with(tag)) >= 2, 60)
     return thread, answer, tag
 
 
@@ -165,7 +165,7 @@ def test_a_teardown_while_the_worker_is_away_waits_for_it_to_return(
     assert out["result"]["entries"] == []
     assert files_of(live, name, plan).exists()
     start_sandbox_worker(live, name, settings)  # told on its return, before any call
-    wait_for(lambda: not files_of(live, name, plan).exists(), 15)
+    wait_for(lambda: not files_of(live, name, plan).exists(), 60)
 
 
 def test_placements_survive_a_hub_restart(fleet: tuple[Cluster, str]) -> None:

@@ -74,5 +74,5 @@ def shared_cluster(
     """A hub and a worker; the worker runs with `worker_env` added to its environment."""
     with cluster(home, worker=False, extra_config=extra_config) as live:
         worker = live.spawn("worker", "run", env=worker_env)
-        wait_for(lambda: live.status().connected_workers >= 1, 15, worker)
+        wait_for(lambda: live.status().connected_workers >= 1, 60, worker)
         yield live

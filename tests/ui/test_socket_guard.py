@@ -64,7 +64,7 @@ def test_the_fallback_socket_is_out_of_a_sandboxed_programs_reach(long_home: Pat
         f'[exec]\npolicy = "{long_home / "allowlist.toml"}"\n'
     )
     with cluster(long_home, extra_config=extra) as live:
-        wait_for(sock.exists, 15)
+        wait_for(sock.exists, 60)
         look = "import glob, sys; print(glob.glob(sys.argv[1] + '/agentworker-*/*'))"
         out, blob = call(live, "exec", {"argv": ["python3", "-c", look, str(temp)]})
         assert out["status"] == "ok" and blob == b"[]\n", (out, blob)
