@@ -171,8 +171,10 @@ def test_a_cancelled_combo_still_releases_its_keys(computer: Computer, app: TkAp
             app.wait, lambda e: e["event"] == "key" and e["keysym"].startswith("Shift")
         )
         task.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        with pytest.raises(WorkerError) as caught:  # the keys were pressed: review10 15
             await task
+        assert caught.value.code == "outcome_unknown", caught.value
+        assert "the keys were pressed" in caught.value.message
 
     run(cancel_while_held())
     app.wait(lambda e: e == {"event": "key", "kind": "KeyRelease", "keysym": "Shift_L"})
