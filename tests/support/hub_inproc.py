@@ -23,7 +23,9 @@ from worker.wire.transport import bearer, worker_metadata
 
 @contextlib.asynccontextmanager
 async def hub_in_process(home: Path) -> AsyncIterator[app.RunningHub]:
-    write_config(home, "127.0.0.1:0")
+    # Keepalive as a hub's default, not the suite's 1 s: a hand-driven stream is not
+    # dialled again when a ping goes unanswered for a second on a loaded machine.
+    write_config(home, "127.0.0.1:0", keepalive_s=10.0, ping_timeout_s=20.0)
     paths = Paths(home, home)
     running = await app.start_hub(paths, load(paths))
     try:
@@ -58,7 +60,7 @@ class HandWorker:
         first: pb.WorkerEnvelope | None = None,
         hello: pb.Hello | None = None,
     ) -> None:
-        self.worker_id = "hand-" + uuid.uuid4().hex[:8]
+        self.worker_id = hello.worker_id if hello else "hand-" + uuid.uuid4().hex[:8]
         self.hello = hello or pb.Hello(
             worker_id=self.worker_id,
             instance_id=uuid.uuid4().hex,
@@ -104,12 +106,17 @@ class HandWorker:
                 self.came.set()
         self.came.set()
 
-    async def until(self, kind: str, count: int = 1) -> list[Any]:
-        """What the hub sent of `kind`, once it sent `count` of them (or the stream ended)."""
+    async def until(self, kind: str, count: int = 1, *, or_end: bool = False) -> list[Any]:
+        """What the hub sent of `kind`, once it sent `count` of them; if the stream ends
+        first, an AssertionError with its status (or, `or_end`, what came)."""
         while len(self.received.get(kind, [])) < count and not self._task.done():
             self.came.clear()
             await self.came.wait()
-        return self.received.get(kind, [])
+        got = self.received.get(kind, [])
+        if len(got) < count and not or_end:
+            code, details = await self.call.code(), await self.call.details()
+            raise AssertionError(f"the stream ended ({code}: {details}) before {count} {kind}")
+        return got
 
     async def ended(self) -> grpc.StatusCode:
         await self._task

@@ -89,6 +89,7 @@ def test_calls_the_worker_said_are_running_hold_nothing(tmp_path: Path) -> None:
     async def go() -> None:
         hub, session = hub_and_session(tmp_path)
         hub._open_calls["w"] = 2  # a long call at the worker, and this one
+        hub._waiters["long"] = [asyncio.get_running_loop().create_future()]  # its caller
         started = pb.ActionAck(correlation_ids=["long"], kind=pb.ActionAck.STARTED)
         hub._handle(session, pb.WorkerMessage(ack=started), None)
         assert hub._hold(session) is None

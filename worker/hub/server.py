@@ -17,7 +17,7 @@ import json
 import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -31,11 +31,13 @@ from worker.hub.turns import Turns
 from worker.ids import id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
+    MAX_ENVELOPE_MESSAGES,
     PART_BYTES,
     RESULT_FIELD,
     Batcher,
     Buffer,
     Chunked,
+    TooManyFieldsError,
     announced,
     blob_part,
     chunked,
@@ -171,6 +173,16 @@ class Session:
     # Calls the worker said are running (acked STARTED or DUPLICATE_RUNNING) and has
     # not answered yet: slow ones, whose results nothing waits for (see Hub._hold).
     running: set[str] = field(default_factory=set)
+    # The ids its Hello named (running, or answered and not acked), whose results may
+    # come again: taken off as they come (at most HELLO_RESENT_IDS).
+    resent: set[str] = field(default_factory=set)
+    # Messages the hub did not ask for, so far (see UNSOLICITED_PER_STREAM), and the
+    # ids to ack at the end of the envelope being read (results not kept).
+    unsolicited: int = 0
+    acks: list[str] = field(default_factory=list)
+    audits_logged: int = 0  # of the envelope being read
+    # Why the hub ends the stream (a status and its details), once it must.
+    refusal: tuple[grpc.StatusCode, str] | None = None
 
     @property
     def worker_id(self) -> str:
@@ -280,37 +292,139 @@ _ENVELOPE_MESSAGES: Final = pb.WorkerEnvelope.DESCRIPTOR.fields_by_name["message
 _RESULT_BLOB: Final = pb.ActionResult.DESCRIPTOR.fields_by_name["blob"].number
 _RESPONSE_RESULT: Final = pb.DispatchResponse.DESCRIPTOR.fields_by_name["result"].number
 
+# What one worker stream may make the hub hold (anyone with the workers' token can open
+# one, under a worker id of its choosing). A Hello of at most HELLO_BYTES: its ids and
+# plans are used as the stream opens and then let go; the rest (what ListWorkers shows,
+# kept for the session and in hub.db) is at most HELLO_DESCRIBED_BYTES. A stream that
+# sends more than UNSOLICITED_PER_STREAM messages the hub did not ask for (results for
+# calls it never sent this worker or has answered already, decisions on no scope
+# request, acks of calls sent elsewhere, a second Hello), more than its Hello's re-sent
+# ids, is closed RESOURCE_EXHAUSTED; each of them is acked or dropped at once, never
+# held. A hostile stream sending sixteen 30 MiB results for unknown calls took the hub
+# from 64 to 463 MiB, and 400,000 small ones an envelope held its loop 5 s each.
+HELLO_BYTES: Final = 8 * 1024 * 1024
+# Plans a Hello may place (sandbox mode), the ones used last: a worker holds max_plans
+# (64 by default); 120,000 claimed in one Hello held the hub's loop over 30 s and grew
+# hub.db by 78 MB.
+HELLO_PLANS: Final = 4096
+HELLO_DESCRIBED_BYTES: Final = 64 * 1024
+UNSOLICITED_PER_STREAM: Final = 1024
+# Re-sent ids a Hello may name (running_ids and unacked_ids), kept until their results came.
+HELLO_RESENT_IDS: Final = 65_536
+# Of what a worker sends only to be logged (audit events, its goodbye), the hub logs at
+# most this many characters of a text, and this many audit events of an envelope.
+LOGGED_CHARS: Final = 1000
+AUDITS_LOGGED_PER_ENVELOPE: Final = 16
+# Unsolicited messages logged one by one on a stream; the rest are counted.
+UNSOLICITED_LOGGED: Final = 8
+
+
+def _shown(text: str) -> str:
+    """`text` as the hub logs what a worker sent: at most LOGGED_CHARS of it."""
+    if len(text) <= LOGGED_CHARS:
+        return text
+    return f"{text[:LOGGED_CHARS]}... ({len(text):,} characters)"
+
+
+def _described(hello: pb.Hello) -> pb.Hello:
+    """The Hello without the ids and plans a worker names as it connects (used then and
+    let go): what the hub keeps for the session and in hub.db."""
+    described = pb.Hello()
+    described.CopyFrom(hello)
+    for name in ("running_ids", "unacked_ids", "plans"):
+        described.ClearField(name)
+    return described
+
+
+def hello_refusal(hello: pb.Hello) -> str | None:
+    """Why the hub refuses a Hello for its size (RESOURCE_EXHAUSTED), or None."""
+    size = hello.ByteSize()
+    if size > HELLO_BYTES:
+        return (
+            f"the Hello is {size:,} bytes, over the {HELLO_BYTES:,} a hub takes: it names "
+            f"{len(hello.running_ids) + len(hello.unacked_ids):,} call ids and "
+            f"{len(hello.plans):,} plans; a worker with more than that to tell cannot "
+            "connect to this hub"
+        )
+    described = _described(hello).ByteSize()
+    if described > HELLO_DESCRIBED_BYTES:
+        return (
+            f"the Hello's description of the worker (its version, surfaces and actions) is "
+            f"{described:,} bytes, over the {HELLO_DESCRIBED_BYTES:,} a hub keeps"
+        )
+    return None
+
+
 # A worker's envelope as the hub reads it: each message, and for a result read apart
 # from its blob, the blob (a view of the bytes received).
 Incoming = list[tuple[pb.WorkerMessage, memoryview | None]]
 
 
-def _worker_envelope(data: bytes) -> Incoming:
+# A message (and the result in it) is read apart here a field at a time, in Python: one
+# with more fields than this (a worker's have a few; a hostile one, millions of 2-byte
+# ones) is parsed whole instead, at the parser's speed.
+FIELDS_READ_APART: Final = 64
+
+
+class EnvelopeRefused:
+    """A WorkerEnvelope the hub does not read, and why: the stream is closed."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _too_many(count: str) -> EnvelopeRefused:
+    return EnvelopeRefused(
+        f"a stream message carried {count} messages, more than the {MAX_ENVELOPE_MESSAGES} a "
+        "worker sends in one; the hub closed the stream"
+    )
+
+
+def _worker_envelope(data: bytes) -> Incoming | EnvelopeRefused:
     """A WorkerEnvelope off the wire. In a large one, each result is parsed without its
     blob and the blob is a view of `data`: the hub then copies a result blob once, into
     the caller's response (`Answer.response`), where parsing it and building a
     DispatchResponse around it copied it three times. Each message is parsed once,
     from a view of `data` (a 1.5 MB fs_list answer, which has no blob, was copied
-    three times on its way in). A DecodeError ends the stream, as gRPC's own
-    deserializer would."""
+    three times on its way in). An envelope of more than MAX_ENVELOPE_MESSAGES
+    messages (a worker's batches hold at most that many) is refused unread: 400,000
+    small results in one held the hub's loop for seconds each. A DecodeError ends the
+    stream, as gRPC's own deserializer would."""
     if len(data) >= READ_APART_BYTES:
         try:
             messages: Incoming = []
-            for message in fields_of(data, _ENVELOPE_MESSAGES):
-                rest, result = split_field(message, RESULT_FIELD)
-                blob = None if result is None or rest else split_field(result, _RESULT_BLOB)
-                if blob is None or blob[1] is None:  # no blob to read apart: parsed as it is
-                    # (from the view: upb parses any buffer, its stub says bytes)
-                    messages.append((pb.WorkerMessage.FromString(cast(bytes, message)), None))
-                    continue
-                parsed = pb.WorkerMessage()
-                parsed.result.SetInParent()
-                parsed.result.MergeFromString(blob[0])
-                messages.append((parsed, blob[1]))
+            for message in fields_of(data, _ENVELOPE_MESSAGES, most=MAX_ENVELOPE_MESSAGES):
+                messages.append(_worker_message(message))
             return messages
+        except TooManyFieldsError:
+            return _too_many(f"more than {MAX_ENVELOPE_MESSAGES}")
         except (ValueError, DecodeError):
             pass  # parsed whole below, which says what is wrong
-    return [(message, None) for message in pb.WorkerEnvelope.FromString(data).messages]
+    parsed = pb.WorkerEnvelope.FromString(data).messages
+    if len(parsed) > MAX_ENVELOPE_MESSAGES:
+        return _too_many(f"{len(parsed):,}")
+    return [(message, None) for message in parsed]
+
+
+def _worker_message(message: memoryview) -> tuple[pb.WorkerMessage, memoryview | None]:
+    """One message of a large envelope: a result read apart from its blob (a view),
+    any other parsed as it is (from the view: upb parses any buffer, its stub says
+    bytes). ValueError or DecodeError if it is not well framed."""
+    try:
+        rest, result = split_field(message, RESULT_FIELD, most=FIELDS_READ_APART)
+        blob = (
+            None
+            if result is None or rest
+            else split_field(result, _RESULT_BLOB, most=FIELDS_READ_APART)
+        )
+    except TooManyFieldsError:
+        blob = None
+    if blob is None or blob[1] is None:  # no blob to read apart: parsed as it is
+        return pb.WorkerMessage.FromString(cast(bytes, message)), None
+    parsed = pb.WorkerMessage()
+    parsed.result.SetInParent()
+    parsed.result.MergeFromString(blob[0])
+    return parsed, blob[1]
 
 
 @dataclass(frozen=True)
@@ -460,15 +574,25 @@ class Hub:
     # ------------------------------------------------------------- worker stream
 
     async def stream(
-        self, requests: AsyncIterator[Incoming], context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[Incoming | EnvelopeRefused],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[bytes]:
         """The worker's stream, read by `_worker_envelope`; what it yields are
         serialized ServerEnvelopes."""
         first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+        if isinstance(first, EnvelopeRefused):
+            log.warning("refused a worker stream: %s", first.message)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, first.message)
+            return  # unreachable: abort raises
         opening = first[0][0] if first else pb.WorkerMessage()
         if opening.WhichOneof("kind") != "hello" or not opening.hello.worker_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         hello = opening.hello
+        refusal = hello_refusal(hello)
+        if refusal is not None:
+            log.warning("refused a Hello for worker %s: %s", _shown(hello.worker_id), refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         if hello.protocol_max < PROTOCOL_MIN or hello.protocol_min > PROTOCOL_MAX:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -485,20 +609,25 @@ class Hub:
             )
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, _taken(hello.worker_id))
         session = Session(
-            hello=hello,
+            hello=_described(hello),
             session_id=uuid.uuid4().hex,
             protocol=min(PROTOCOL_MAX, hello.protocol_max),
         )
+        resent = [*hello.running_ids, *hello.unacked_ids]
+        session.resent = set(resent[:HELLO_RESENT_IDS])
         previous = self.sessions.get(hello.worker_id)
         if previous is not None:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)
             previous.close()
         self.sessions[hello.worker_id] = session
-        self.store.seen_worker(hello, key_digest)
-        self.learn_placements(session)
+        self.store.seen_worker(session.hello, key_digest)
+        self.learn_placements(session, hello.plans)
         log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
-        for msg, blob in first[1:]:
-            self._handle(session, msg, blob)
+        self._handle_all(session, first[1:])
+        # Let go of the first envelope (its messages and any blob): this generator's
+        # frame lives as long as the stream, and held it all along.
+        worker_id = hello.worker_id
+        del first, opening, hello, resent
         reader = asyncio.create_task(self._read(session, requests))
         beats = asyncio.create_task(self._beat(session))
         batches: Batcher[bytes | Chunked] = Batcher(
@@ -520,17 +649,19 @@ class Hub:
             while (batch := await batches.next_batch()) is not None:
                 # spread_parts leaves envelope parts only: a transfer goes a part at a time.
                 yield envelope_of(cast(list[bytes], batch))
+            if session.refusal is not None:
+                await context.abort(*session.refusal)
         finally:
             session.close()
             reader.cancel()
             beats.cancel()
             if self.link is not None:  # its reader stopped: what was handed and not taken goes
                 self.link.end(session.session_id)
-            if self.sessions.get(hello.worker_id) is session:
-                del self.sessions[hello.worker_id]
-                self._held.pop(hello.worker_id, None)
-                self.store.touch_worker(hello.worker_id)
-            log.info("worker %s disconnected", hello.worker_id)
+            if self.sessions.get(worker_id) is session:
+                del self.sessions[worker_id]
+                self._held.pop(worker_id, None)
+                self.store.touch_worker(worker_id)
+            log.info("worker %s disconnected", worker_id)
 
     def _welcome(self, session: Session) -> pb.ServerMessage:
         abandoned = [
@@ -549,7 +680,7 @@ class Hub:
 
     def _resend_open_calls(self, session: Session) -> None:
         """Send again what the worker may never have received; it answers duplicates itself."""
-        known = set(session.hello.running_ids) | set(session.hello.unacked_ids)
+        known = session.resent
         now = now_ms()
         for call in self.store.open_calls(session.worker_id):
             cid = call.correlation_id
@@ -586,11 +717,17 @@ class Hub:
         self._answer(correlation_id, Answer(result))
         return True
 
-    async def _read(self, session: Session, requests: AsyncIterator[Incoming]) -> None:
+    async def _read(
+        self, session: Session, requests: AsyncIterator[Incoming | EnvelopeRefused]
+    ) -> None:
         try:
             async for envelope in requests:
-                for msg, blob in envelope:
-                    self._handle(session, msg, blob)
+                if isinstance(envelope, EnvelopeRefused):
+                    self._refuse(session, envelope.message)
+                    return
+                self._handle_all(session, envelope)
+                if session.refusal is not None:
+                    return
                 session.settle()  # results came: what waited goes before the loop sleeps
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
@@ -598,6 +735,15 @@ class Hub:
             log.exception("worker %s: reading its stream failed", session.worker_id)
         finally:
             session.close()
+
+    def _handle_all(self, session: Session, envelope: Incoming) -> None:
+        """The messages of one envelope, in order; then one Ack for the results not kept."""
+        session.audits_logged = 0
+        for msg, blob in envelope:
+            self._handle(session, msg, blob)
+            if session.refusal is not None:
+                return
+        self._acks_now(session)
 
     def _handle(self, session: Session, msg: pb.WorkerMessage, blob: Buffer | None) -> None:
         kind = msg.WhichOneof("kind")
@@ -615,23 +761,41 @@ class Hub:
         elif kind == "ack":
             self._on_ack(session, msg.ack)
         elif kind == "heartbeat":
-            session.heartbeat = msg.heartbeat
+            # A copy: the message itself would keep its whole envelope in memory.
+            session.heartbeat = pb.Heartbeat()
+            session.heartbeat.CopyFrom(msg.heartbeat)
         elif kind == "scope_decision":
             request_id = msg.scope_decision.request_id
             asked = self._scope_waiters.get(request_id)
             if asked is None or not self._from_its_worker(session, asked[0], request_id):
+                self._unsolicited(session, "a decision on no scope request of this hub's")
                 return
             del self._scope_waiters[request_id]
             if not asked[2].done():
-                asked[2].set_result(msg.scope_decision)
+                decision = pb.ScopeDecision()
+                decision.CopyFrom(msg.scope_decision)
+                asked[2].set_result(decision)
         elif kind == "audit":
-            log.info(
-                "audit from %s: %s %s", session.worker_id, msg.audit.kind, msg.audit.detail_json
-            )
+            session.audits_logged += 1
+            if session.audits_logged <= AUDITS_LOGGED_PER_ENVELOPE:
+                audit = msg.audit
+                log.info(
+                    "audit from %s: %s %s",
+                    session.worker_id,
+                    _shown(audit.kind),
+                    _shown(audit.detail_json),
+                )
+            elif session.audits_logged == AUDITS_LOGGED_PER_ENVELOPE + 1:
+                log.info(
+                    "worker %s sent more than %d audit events in one message: the rest of "
+                    "them are not logged here (the worker's own audit log has them)",
+                    session.worker_id,
+                    AUDITS_LOGGED_PER_ENVELOPE,
+                )
         elif kind == "goodbye":
-            log.info("worker %s says goodbye: %s", session.worker_id, msg.goodbye.reason)
+            log.info("worker %s says goodbye: %s", session.worker_id, _shown(msg.goodbye.reason))
         else:
-            log.warning("worker %s sent an unexpected %s", session.worker_id, kind)
+            self._unsolicited(session, f"a message of kind {kind or 'none'}")
 
     def _hold(self, session: Session) -> asyncio.Future[None] | None:
         """What the writer of `session`'s stream waits for before it sends the batch it
@@ -670,10 +834,13 @@ class Hub:
                 del self._teardowns[cid]
                 if not teardown[1].done():
                     teardown[1].set_result(answer.message())
+            else:
+                self._unsolicited(session, f"the result of another worker's teardown {cid}")
             return
-        if not self._from_its_worker(session, self.store.worker_of(cid), cid):
-            # Neither handed on nor stored; acked, so that a worker holding it lets it go.
-            session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=[cid])))
+        if not self._solicited(session, cid):
+            # Neither handed on nor stored, nor held: acked at the end of its envelope, so
+            # that a worker holding it lets it go.
+            session.acks.append(cid)
             return
         delivered = self._answer(cid, answer)
         if result.error.code == "busy" and not result.HasField("invocation"):
@@ -691,6 +858,56 @@ class Hub:
         self._unstored.append((session, answer, delivered))
         self._store_soon()
 
+    def _solicited(self, session: Session, cid: str) -> bool:
+        """Whether a result for `cid` that came on `session` is one the hub takes: a call
+        sent to that worker and not answered yet, or a result the worker's Hello said
+        it would send again (its call answered here already, or unknown here: a hub
+        that lost its record of it). Any other is counted against the stream (see
+        UNSOLICITED_PER_STREAM)."""
+        called = self.store.call_state(cid)
+        resent = cid in session.resent
+        session.resent.discard(cid)
+        if called is None:  # unknown here: acked and let go, as ever
+            if not resent:
+                self._unsolicited(session, f"a result for call {_shown(cid)}, unknown here")
+            return False
+        sent_to, state = called
+        if not self._from_its_worker(session, sent_to, cid):
+            self._unsolicited(session, f"a result for call {_shown(cid)} sent to another worker")
+            return False
+        if state == "DONE" and not resent:
+            self._unsolicited(session, f"a result for call {_shown(cid)}, answered already")
+            return False
+        return True
+
+    def _unsolicited(self, session: Session, what: str) -> None:
+        """Count a message the hub did not ask for; past the stream's allowance (its
+        Hello's re-sent ids are not counted), end the stream."""
+        session.unsolicited += 1
+        if session.unsolicited <= UNSOLICITED_LOGGED:
+            log.warning("worker %s sent %s: ignored", session.worker_id, what)
+        if session.unsolicited <= UNSOLICITED_PER_STREAM or session.refusal is not None:
+            return
+        self._refuse(
+            session,
+            f"this stream sent more than {UNSOLICITED_PER_STREAM:,} messages the hub did not "
+            f"ask for (the last: {what}); results come for calls the hub sent this worker, "
+            "once each, and decisions for its scope requests. The hub closed the stream",
+        )
+
+    @staticmethod
+    def _refuse(session: Session, refusal: str) -> None:
+        """End the stream RESOURCE_EXHAUSTED with `refusal`, and log it."""
+        log.warning("worker %s: %s", session.worker_id, refusal)
+        session.refusal = (grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        session.close()
+
+    def _acks_now(self, session: Session) -> None:
+        """Ack the results of an envelope that were not kept (one Ack message)."""
+        if session.acks:
+            session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=session.acks)))
+            session.acks = []
+
     @staticmethod
     def _from_its_worker(session: Session, sent_to: str | None, cid: str) -> bool:
         """Whether an answer keyed by `cid` (a result, an ack, a scope decision), which
@@ -701,7 +918,10 @@ class Hub:
         if sent_to is None or sent_to == session.worker_id:
             return True
         log.warning(
-            "worker %s answered %s, sent to worker %s: ignored", session.worker_id, cid, sent_to
+            "worker %s answered %s, sent to worker %s: ignored",
+            session.worker_id,
+            _shown(cid),
+            sent_to,
         )
         return False
 
@@ -767,12 +987,17 @@ class Hub:
 
     def _on_ack(self, session: Session, ack: pb.ActionAck) -> None:
         if ack.kind in (pb.ActionAck.STARTED, pb.ActionAck.DUPLICATE_RUNNING):
-            session.running.update(ack.correlation_ids)  # not answered at once: slow
+            # Not answered at once: slow. Only calls a caller waits for count (see
+            # `_hold`), and only they are kept.
+            waited = self._waiters
+            session.running.update(cid for cid in ack.correlation_ids if cid in waited)
             return
         if ack.kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
             return  # DUPLICATE_DONE needs nothing; DRAINING calls wait for a reconnect
         for cid in ack.correlation_ids:
-            if not self._from_its_worker(session, self.store.worker_of(cid), cid):
+            sent_to = self.store.worker_of(cid)
+            if sent_to is None or not self._from_its_worker(session, sent_to, cid):
+                self._unsolicited(session, f"a refusal of call {_shown(cid)}, not sent to it")
                 continue
             self._blobs.pop(cid, None)
             self._let_go(cid)
@@ -792,6 +1017,8 @@ class Hub:
             self.link.drop(correlation_id)
 
     def _abandon(self, correlation_id: str, session: Session | None) -> None:
+        if session is not None:
+            session.running.discard(correlation_id)
         self._blobs.pop(correlation_id, None)
         self._let_go(correlation_id)
         self.store.abandon(correlation_id)
@@ -881,7 +1108,7 @@ class Hub:
         self.store.unplace(plan_id)
         self._learned.discard(plan_id)
 
-    def learn_placements(self, session: Session) -> None:
+    def learn_placements(self, session: Session, plans: Iterable[pb.HeldPlan]) -> None:
         """Take a connecting worker's word for the workspaces it holds (its Hello), so
         a hub whose hub.db was lost, or restored from an older copy, routes each plan
         back to its files instead of placing it anew on an empty workspace.
@@ -901,7 +1128,20 @@ class Hub:
         # A worker's clock may run ahead (or lie): a last use in the future would win
         # every tie-break below for ever, so no claim is later than this hub's now.
         now = now_ms()
-        held = {plan.plan_id: min(plan.last_used_unix_ms, now) for plan in session.hello.plans}
+        claims = sorted(plans, key=lambda plan: plan.last_used_unix_ms, reverse=True)
+        if len(claims) > HELLO_PLANS:
+            log.warning(
+                "worker %s says it holds %d plans; the hub takes the %d used last (the "
+                "rest are placed anew when next used)",
+                worker_id,
+                len(claims),
+                HELLO_PLANS,
+            )
+        held: dict[str, int] = {}
+        for plan in claims[:HELLO_PLANS]:
+            if id_problem("plan_id", plan.plan_id) is None:  # never a call's plan id
+                held.setdefault(plan.plan_id, min(plan.last_used_unix_ms, now))
+        del claims
         for plan_id in self.store.queued_teardowns(worker_id):
             held.pop(plan_id, None)  # its removal is on the way: not a home for the plan
         self._held[worker_id] = held

@@ -206,6 +206,17 @@ class HubStore:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    def call_state(self, correlation_id: str) -> tuple[str, str] | None:
+        """The worker a call was sent to and its state (PENDING, DONE, ABANDONED), or
+        None for a call this hub does not know: `worker_of`, with the state."""
+        added = self._unwritten.get(correlation_id)
+        if added is not None:
+            return str(added[1]), "PENDING"
+        row = self._db.execute(
+            "SELECT worker_id, state FROM calls WHERE correlation_id = ?", (correlation_id,)
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
+
     def unadd(self, correlation_id: str) -> None:
         """Take back a call added and not yet written (it was never sent)."""
         self._unwritten.pop(correlation_id, None)

@@ -423,13 +423,24 @@ def read_varint(data: Buffer, pos: int) -> tuple[int, int]:
     raise ValueError("truncated varint")
 
 
-def _delimited_fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
+class TooManyFieldsError(ValueError):
+    """A message has more fields than its reader takes (`most`)."""
+
+
+def _delimited_fields(
+    view: memoryview, most: int | None = None
+) -> Iterator[tuple[int, int, int, int]]:
     """Each length-delimited top-level field of the message `view`: its number, where
     the field starts, and where its value starts and ends. ValueError if the message is
-    not well framed."""
+    not well framed, TooManyFieldsError once it has more than `most` fields of any kind
+    (each is read here in Python: a hostile message of 2-byte fields has millions)."""
     end = len(view)
     pos = 0
+    left = -1 if most is None else most
     while pos < end:
+        if left == 0:
+            raise TooManyFieldsError(f"more than {most:,} fields")
+        left -= 1
         field_start = pos
         key, pos = read_varint(view, pos)
         number, wire_type = key >> 3, key & 7
@@ -450,15 +461,19 @@ def _delimited_fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
             raise ValueError("a field runs past the end of the message")
 
 
-def split_field(data: Buffer, field_number: int) -> tuple[bytes, memoryview | None]:
+def split_field(
+    data: Buffer, field_number: int, *, most: int | None = None
+) -> tuple[bytes, memoryview | None]:
     """The serialized message `data` without its length-delimited field `field_number`,
     and that field's value (the last one, as a parser would take it), or None when it
-    has none. ValueError if `data` is not a well-framed message."""
+    has none. ValueError if `data` is not a well-framed message, TooManyFieldsError if
+    it has more than `most` fields (read here a field at a time: a parser reads many
+    faster)."""
     view = memoryview(data)
     kept: list[memoryview] = []
     found: memoryview | None = None
     start = 0
-    for number, field_start, value_start, value_end in _delimited_fields(view):
+    for number, field_start, value_start, value_end in _delimited_fields(view, most):
         if number == field_number:
             kept.append(view[start:field_start])
             found = view[value_start:value_end]
@@ -467,13 +482,14 @@ def split_field(data: Buffer, field_number: int) -> tuple[bytes, memoryview | No
     return b"".join(kept), found
 
 
-def fields_of(data: Buffer, field_number: int) -> list[memoryview]:
+def fields_of(data: Buffer, field_number: int, *, most: int | None = None) -> list[memoryview]:
     """The values of the length-delimited top-level field `field_number` of `data`, as
-    views (no copy); ValueError if `data` is not a well-framed message."""
+    views (no copy); ValueError if `data` is not a well-framed message, and
+    TooManyFieldsError if it has more than `most` fields."""
     view = memoryview(data)
     return [
         view[value_start:value_end]
-        for number, _, value_start, value_end in _delimited_fields(view)
+        for number, _, value_start, value_end in _delimited_fields(view, most)
         if number == field_number
     ]
 
