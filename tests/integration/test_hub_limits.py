@@ -20,6 +20,7 @@ from worker.hub.server import (
     CONTROL_READS_AT_ONCE_OTHERWISE,
     CONTROL_REQUEST_BYTES,
     CONTROL_REQUEST_BYTES_OTHERWISE,
+    DISPATCH_BESIDES_BLOB_BYTES,
 )
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -53,10 +54,10 @@ def test_blobs_held_for_unanswered_calls_are_bounded(tmp_path: Path) -> None:
 def _padded(message: bytes, size: int) -> bytes:
     """`message` with an unknown length-delimited field (number 15) making it `size`
     bytes: proto3 keeps unknown fields, so it decodes as the message it was."""
-    room = size - len(message) - 1 - 3  # the tag, a 3-byte varint length
-    assert 1 << 14 <= room < 1 << 21
-    length = bytes([room & 0x7F | 0x80, room >> 7 & 0x7F | 0x80, room >> 14])
-    return message + bytes([15 << 3 | 2]) + length + b"x" * room
+    room = size - len(message) - 1 - 4  # the tag, a 4-byte varint length
+    assert 1 << 14 <= room < 1 << 28
+    length = bytes([room & 0x7F | 0x80, room >> 7 & 0x7F | 0x80, room >> 14 & 0x7F | 0x80])
+    return message + bytes([15 << 3 | 2]) + length + bytes([room >> 21]) + b"x" * room
 
 
 def test_each_control_method_takes_requests_only_as_large_as_it_needs(tmp_path: Path) -> None:
@@ -102,6 +103,15 @@ def test_each_control_method_takes_requests_only_as_large_as_it_needs(tmp_path: 
         assert live.status().state == pb.StatusResponse.CONNECTED
         # Dispatch still takes a blob far over the others' caps.
         assert live.call("workerDiag.probe", "{}", blob=b"d" * 2 * MIB)["status"] == "ok"
+        # But not as much besides its blob: refused before it is parsed.
+        dispatch = pb.DispatchRequest(agent_id="tester", surface="workerDiag", action="probe")
+        padded = _padded(dispatch.SerializeToString(), DISPATCH_BESIDES_BLOB_BYTES + 1)
+        refused = live.run(lambda c: send(c, "Dispatch", padded))
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+        assert refused.details().startswith(
+            f"the Dispatch request carries {DISPATCH_BESIDES_BLOB_BYTES + 1:,} bytes besides "
+            "its blob"
+        )
 
 
 def _in_ledger(live: Cluster, cid: str) -> bool:

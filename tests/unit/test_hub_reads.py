@@ -14,6 +14,7 @@ import pytest
 
 from worker.hub import server
 from worker.hub.turns import Turns
+from worker.wire.proto import agentworker_pb2 as pb
 
 
 async def _echo(request: bytes, _context: Any) -> bytes:
@@ -119,3 +120,43 @@ def test_a_turn_handed_to_a_call_that_goes_away_comes_back() -> None:
             assert turns.held("c") == 1
 
     asyncio.run(go())
+
+
+def _field(number: int, value: bytes) -> bytes:
+    """A length-delimited field, as the wire has it."""
+    head, length = bytearray([number << 3 | 2]), len(value)
+    while length > 0x7F:
+        head.append(length & 0x7F | 0x80)
+        length >>= 7
+    head.append(length)
+    return bytes(head) + value
+
+
+def test_a_dispatch_is_measured_before_it_is_parsed_and_parsed_once() -> None:
+    """What a Dispatch carries besides its blob is measured on the wire: past
+    DISPATCH_BESIDES_BLOB_BYTES it is refused unparsed (a request padded to 31 MiB with
+    an unknown field was parsed with it and kept while answered), and a request that
+    does not decode is not parsed a second time, blob and all."""
+    head = pb.DispatchRequest(agent_id="a", surface="workerDiag", action="probe")
+    limit = server.DISPATCH_BESIDES_BLOB_BYTES
+    padded = head.SerializeToString() + _field(15, b"x" * limit) + _field(10, b"b" * 100)
+    refused = server._dispatch_request(padded)
+    assert isinstance(refused, server._Refused)
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    besides = len(padded) - 100
+    assert refused.message == (
+        f"the Dispatch request carries {besides:,} bytes besides its blob, over the "
+        f"{limit:,} a call's ids and args_json take (args_json: 1,048,576 characters at "
+        "most); bulk data goes in blob"
+    )
+    # The most args_json a worker takes (in characters) passes, with a blob of any size.
+    widest = pb.DispatchRequest(agent_id="a", args_json="\U0001f600" * (1024 * 1024))
+    taken = server._dispatch_request(widest.SerializeToString() + _field(10, b"b" * limit))
+    assert isinstance(taken, server._WithBlob) and len(taken.blob) == limit
+    assert taken.request.args_json == widest.args_json and not taken.request.blob
+    # Invalid UTF-8 beside a blob, or more fields than a DispatchRequest has: undecodable.
+    for bad in (
+        head.SerializeToString() + _field(4, b"\xff") + _field(10, b"b" * 100),
+        _field(4, b"a") * (server.DISPATCH_FIELDS + 1),
+    ):
+        assert isinstance(server._dispatch_request(bad), server._Undecodable)

@@ -67,6 +67,7 @@ from worker.memory import IdleGiveBack
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
+    MAX_ARGS_BYTES,
     MAX_TIMEOUT_MS,
     blob_gone,
     call_digest,
@@ -81,8 +82,6 @@ __all__ = ["Call", "Dispatcher", "Limits", "Outbox", "Outgoing"]
 
 log = logging.getLogger(__name__)
 
-# Structured args stay small; bulk data travels in the request blob.
-MAX_ARGS_BYTES = 1024 * 1024
 # The most of a server's reason for a cancel or a kill that is kept (in the ledger).
 MAX_REASON_CHARS: Final = 1000
 # A request's ids, refused unclaimed unless worker.ids.id_problem passes them (at most

@@ -59,6 +59,7 @@ from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
+    MAX_ARGS_BYTES,
     MAX_TIMEOUT_MS,
     PARTS_PROTOCOL,
     PROTOCOL_MAX,
@@ -1680,12 +1681,49 @@ class _WithBlob:
 _DISPATCH_BLOB_FIELD = pb.DispatchRequest.DESCRIPTOR.fields_by_name["blob"].number
 
 
+# What a DispatchRequest may carry besides its blob: args_json (MAX_ARGS_BYTES
+# characters, 4 bytes each at most in UTF-8), ids and names, with room. More is refused
+# before it is parsed: a request padded to 31 MiB with an unknown field was parsed with
+# it and kept while the call was answered (sixteen at once took the hub to 640 MiB).
+DISPATCH_BESIDES_BLOB_BYTES: Final = 4 * MAX_ARGS_BYTES + 64 * 1024
+# The most fields a DispatchRequest is read with, a field at a time (it has 11).
+DISPATCH_FIELDS: Final = 64
+
+
+class _Refused:
+    """What a control request refused unparsed is handed on as: a status and why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code, self.message = code, message
+
+
+_UNDECODABLE_DISPATCH: Final = "DispatchRequest"
+
+
 def _dispatch_request(data: bytes) -> object:
+    """A DispatchRequest and its blob, a view of `data`: the request is parsed without
+    the blob, once, and only when what it carries besides the blob is within
+    DISPATCH_BESIDES_BLOB_BYTES (measured on the wire, before any copy). One that
+    does not decode is not parsed again (it was, whole, blob and all)."""
     try:
-        rest, blob = split_field(data, _DISPATCH_BLOB_FIELD)
+        blob_bytes = sum(
+            len(value) for value in fields_of(data, _DISPATCH_BLOB_FIELD, most=DISPATCH_FIELDS)
+        )
+    except ValueError:  # not well framed, or too many fields for a DispatchRequest
+        return _Undecodable(_UNDECODABLE_DISPATCH)
+    besides = len(data) - blob_bytes
+    if besides > DISPATCH_BESIDES_BLOB_BYTES:
+        return _Refused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the Dispatch request carries {besides:,} bytes besides its blob, over the "
+            f"{DISPATCH_BESIDES_BLOB_BYTES:,} a call's ids and args_json take (args_json: "
+            f"{MAX_ARGS_BYTES:,} characters at most); bulk data goes in blob",
+        )
+    try:
+        rest, blob = split_field(data, _DISPATCH_BLOB_FIELD, most=DISPATCH_FIELDS)
         return _WithBlob(pb.DispatchRequest.FromString(rest), b"" if blob is None else blob)
     except (ValueError, DecodeError):
-        return _lenient(pb.DispatchRequest)(data)  # answered INVALID_ARGUMENT, as before
+        return _Undecodable(_UNDECODABLE_DISPATCH)  # answered INVALID_ARGUMENT, as before
 
 
 class _Undecodable:
@@ -1733,6 +1771,8 @@ def _refusing_undecodable(
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, _Oversized):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message())
+        if isinstance(request, _Refused):
+            await context.abort(request.code, request.message)
         if isinstance(request, _Undecodable):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

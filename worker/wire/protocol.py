@@ -162,3 +162,7 @@ def error_pb(error: WorkerError) -> pb.Error:
 # default_timeout_s allow). A longer one — or a wrapped-around `timeout_ms` such as
 # 2**32 - 1, which would be 49.7 days — is cut to this, with a line in the log.
 MAX_TIMEOUT_MS: Final = 86_400_000
+# A call's structured arguments (args_json, in characters) stay small, at both ends:
+# bulk data travels in the request blob. The worker refuses more (`validation_error`);
+# the hub refuses a Dispatch whose fields besides its blob pass what that allows.
+MAX_ARGS_BYTES: Final = 1024 * 1024
