@@ -43,7 +43,8 @@ MIB = 1024 * 1024
 GOALS_ENV = "AGENTWORKER_BENCH_GOALS"
 
 # A bare gRPC echo, run as `python -c ECHO_SERVER ADDRESS [MAX_MESSAGE_BYTES]`:
-# /Echo/Stream echoes each message of a bidi stream, /Echo/Call a unary request.
+# /Echo/Stream echoes each message of a bidi stream, /Echo/Call a unary request, and
+# /Echo/Sink takes a unary request and answers nothing (bytes one way only).
 ECHO_SERVER = """
 import asyncio, sys, grpc
 sys.path.insert(0, REPOSITORY)
@@ -54,6 +55,8 @@ async def echo(requests, context):
         yield message
 async def call(request, context):
     return request
+async def sink(request, context):
+    return b""
 async def main():
     options = None
     if len(sys.argv) > 2:
@@ -63,6 +66,7 @@ async def main():
     handlers = {
         "Stream": grpc.stream_stream_rpc_method_handler(echo),
         "Call": grpc.unary_unary_rpc_method_handler(call),
+        "Sink": grpc.unary_unary_rpc_method_handler(sink),
     }
     routes = grpc.method_handlers_generic_handler("Echo", handlers)
     server.add_generic_rpc_handlers((routes,))

@@ -15,10 +15,16 @@ ours alike (rows timed one after the other gave fs_list 1.60-2.29x its baseline)
                    raw write + fsync
                    raw atomic replace: temp file, write, fsync, rename, fsync folder
                    raw gRPC unary echo of 16 MiB
+                   raw gRPC unary call carrying 16 MiB one way (an empty answer)
                    raw two-hop relay carrying 16 MiB down
-                   the same 16 MiB sent through the pipeline to a no-op action
-                   fs_write (overwrite) via caller → hub → worker → back, and the
-                   part of it spent inside the worker (its telemetry duration_ms)
+                   the same 16 MiB sent through the pipeline to a no-op action (`up`)
+                   fs_write (overwrite) via `up` (caller → hub and worker in one
+                   process) and via `agentworker hub` + `agentworker run` (caller →
+                   hub → worker process), and the part of each spent inside the
+                   worker (its telemetry duration_ms); each beside its floor, the
+                   bytes' way in and the raw atomic write in series: through `up` a
+                   one-way 16 MiB unary call, through hub + run two 16 MiB hops (as
+                   many bytes as the echo carries)
   fs_list 10,000   raw os.scandir + lstat of each entry, in this process
                    raw two-hop relay carrying back as many bytes as fs_list's answer
                    fs_list (limit 10,000) via caller → hub → worker → back, and the
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -49,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -74,7 +81,7 @@ from benchmarks._common import (
     report,
     timed,
 )
-from tests.support.cluster import free_port
+from tests.support.cluster import START_WITHIN_S, free_port, wait_for
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import MAX_MESSAGE_BYTES
@@ -82,6 +89,12 @@ from worker.wire.transport import MAX_MESSAGE_BYTES
 SCOPES = ["workerHost.fs_read", "workerHost.fs_write", "workerHost.fs_list"]
 SCOPES += ["workerHost.fs_stat", "workerDiag.probe"]
 LIST_ENTRIES = 10_000
+# The topologies a caller reaches a worker through: `agentworker up` (hub and worker in
+# one process, the worker's stream in memory: the product's main command), and
+# `agentworker hub` + `agentworker run` (two processes, the stream over gRPC).
+UP = "`up`"
+SPLIT = "hub + run"
+DIAGNOSTICS = "[worker]\ndiagnostics = true\n"  # for the no-op workerDiag.probe row
 
 # A background load for the head-of-line rows, run as another process:
 # `python -c LOADER echo ADDRESS` (16 MiB unary echoes) or
@@ -214,44 +227,100 @@ async def read_table(
     beside_relay("fs_read 1 MiB", rows[3][1], rows[2][1])
 
 
+def sink(channel: grpc.aio.Channel, data: bytes) -> OneCall:
+    """A unary call carrying `data` one way, answered with nothing (/Echo/Sink)."""
+    unary = channel.unary_unary("/Echo/Sink")
+
+    async def one() -> None:
+        if len(await unary(data)) != 0:
+            raise RuntimeError("the sink answered bytes")
+
+    return one
+
+
 async def write_table(
-    client: ControlClient,
+    clients: dict[str, ControlClient],
     channel: grpc.aio.Channel,
     relayed: grpc.aio.Channel,
     raw_target: Path,
     data: bytes,
     writes: int,
 ) -> None:
-    inside: list[float] = []
+    """fs_write of 16 MiB through each topology (`clients`: UP and SPLIT), beside the
+    raw rows, every way taking turns."""
     overwrite = {"path": "out.bin", "mode": "overwrite"}
+    inside: dict[str, list[float]] = {name: [] for name in clients}
+    ours = [
+        (
+            f"fs_write via {name}",
+            dispatch_call(client, "workerHost.fs_write", overwrite, data, 0, inside[name]),
+        )
+        for name, client in clients.items()
+    ]
     rows = await timed_rows(
         [
             ("raw open/write/close", raw_write(raw_target, data, sync=False)),
             ("raw write + fsync", raw_write(raw_target, data, sync=True)),
             ("raw atomic (temp, fsync, rename)", raw_atomic(raw_target, data)),
             ("raw gRPC unary echo, 16 MiB", echo(channel, data)),
+            ("raw gRPC unary, 16 MiB one way", sink(channel, data)),
             ("raw two-hop relay, 16 MiB down", relay_call(relayed, data, 0)),
             (
-                "16 MiB blob to a no-op (workerDiag.probe)",
-                dispatch_call(client, "workerDiag.probe", {}, data, 0),
+                f"16 MiB blob to a no-op via {UP}",
+                dispatch_call(clients[UP], "workerDiag.probe", {}, data, 0),
             ),
-            (
-                "fs_write via hub → worker",
-                dispatch_call(client, "workerHost.fs_write", overwrite, data, 0, inside),
-            ),
+            *ours,
         ],
         writes,
     )
-    rows.append(("  of which inside the worker (telemetry)", inside[-writes:]))
-    report(f"fs_write 16 MiB: {writes} calls, 1 in flight", rows, name_width=44, size=16 * MIB)
-    _goal("fs_write 16 MiB / 16 MiB echo (p50)", rows[6][1], rows[3][1], "16 MiB echo", 1.5)
-    beside_relay("16 MiB to a no-op", rows[5][1], rows[4][1])
+    for name in clients:
+        rows.append((f"  of which inside the worker, {name}", inside[name][-writes:]))
+    report(
+        f"fs_write 16 MiB: {writes} calls, 1 in flight ({loadavg()})",
+        rows,
+        name_width=44,
+        size=16 * MIB,
+    )
+    by_name = dict(rows)
+    atomic, echoed = (
+        by_name["raw atomic (temp, fsync, rename)"],
+        by_name["raw gRPC unary echo, 16 MiB"],
+    )
+    one_way, relayed_down = (
+        by_name["raw gRPC unary, 16 MiB one way"],
+        by_name["raw two-hop relay, 16 MiB down"],
+    )
+    beside_relay(
+        f"16 MiB to a no-op via {UP}", by_name[f"16 MiB blob to a no-op via {UP}"], relayed_down
+    )
     # A unary Dispatch arrives whole before anything may be claimed or written, and the
-    # write is durable (fsync before the rename): the two raw rows in series are a floor
-    # no pipeline of ours goes under.
-    floor = statistics.median(rows[3][1]) + statistics.median(rows[2][1])
-    ratio = statistics.median(rows[6][1]) / floor
-    print(f"  fs_write beside its floor, 16 MiB echo + raw atomic in series (p50): {ratio:.2f}x")
+    # write is durable (fsync before the rename): the bytes' way in and the raw atomic
+    # write, in series, are a floor no pipeline of ours goes under. Through `up` the
+    # bytes take one gRPC hop, one way (caller → hub; the worker gets them in the
+    # process): a one-way 16 MiB unary call. Through hub + run they take two, the
+    # second down the worker's stream: as many bytes as the echo carries, there and back.
+    floors = {
+        UP: (
+            "one-way 16 MiB unary + raw atomic",
+            statistics.median(one_way) + statistics.median(atomic),
+        ),
+        SPLIT: ("16 MiB echo + raw atomic", statistics.median(echoed) + statistics.median(atomic)),
+    }
+    for name in clients:
+        samples = by_name[f"fs_write via {name}"]
+        _goal(
+            f"fs_write 16 MiB via {name} / 16 MiB echo (p50)", samples, echoed, "16 MiB echo", 1.5
+        )
+        floor_name, floor = floors[name]
+        goal(
+            f"fs_write 16 MiB via {name} / its floor (p50)",
+            statistics.median(samples),
+            " ms",
+            1.0,
+            baseline=floor,
+            baseline_name=floor_name,
+            on="ratio",
+        )
 
 
 def beside_relay(what: str, samples: list[float], relayed: list[float]) -> None:
@@ -391,6 +460,19 @@ async def head_of_line_table(
 TABLES = ("read", "write", "list", "head_of_line")
 
 
+@contextlib.asynccontextmanager
+async def split(path: Path) -> AsyncIterator[ControlClient]:
+    """`agentworker hub` and `agentworker run` in a fresh home (its workspace on the
+    same file system as `up`'s); a client of the hub once the worker is in."""
+    home = make_home(path, mode="rw", scopes=SCOPES, extra_config=DIAGNOSTICS)
+    with contextlib.ExitStack() as processes:  # stopped last started, first
+        for argv in (["hub"], ["run"]):
+            processes.enter_context(agentworker(argv, home))
+            wait_for(home.token_file.exists, START_WITHIN_S)  # `run` reads the token `hub` writes
+        async with connected(home) as client:
+            yield client
+
+
 async def bench(
     reads: int,
     writes: int,
@@ -399,8 +481,7 @@ async def bench(
     home_dir: Path,
     tables: tuple[str, ...] = TABLES,
 ) -> None:
-    diagnostics = "[worker]\ndiagnostics = true\n"  # for the no-op workerDiag.probe row
-    home = make_home(home_dir, mode="rw", scopes=SCOPES, extra_config=diagnostics)
+    home = make_home(home_dir / UP.strip("`"), mode="rw", scopes=SCOPES, extra_config=DIAGNOSTICS)
     echo_addr = f"127.0.0.1:{free_port()}"
     one_mib, sixteen = os.urandom(MIB), os.urandom(16 * MIB)
     (home.workspace / "one-mib.bin").write_bytes(one_mib)
@@ -428,7 +509,9 @@ async def bench(
                     await read_table(client, channel, relayed, one_mib_file, one_mib, reads)
                 raw_target = home_dir / "raw-target.bin"
                 if "write" in tables:
-                    await write_table(client, channel, relayed, raw_target, sixteen, writes)
+                    async with split(home_dir / "split") as split_client:
+                        clients = {UP: client, SPLIT: split_client}
+                        await write_table(clients, channel, relayed, raw_target, sixteen, writes)
                 if "list" in tables:
                     await list_table(client, relayed, listed, lists)
                 if "head_of_line" in tables:

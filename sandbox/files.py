@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import queue
 import stat
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -200,8 +202,74 @@ def _write_all(fd: int, data: Data) -> None:
             view = view[written:]
 
 
+class _Releaser:
+    """Closes descriptors of replaced files in a thread of its own (see `write_atomic`).
+
+    A file whose last name goes is freed (its page cache and its blocks) when its last
+    descriptor closes; replaced by a rename with none open, inside the rename: 3.7 ms
+    of a 16 MiB overwrite's 16 here, in series with the write's answer. Held open
+    through the rename and closed here, it is freed beside the answer instead. The
+    thread starts on first use and lives as long as the process (a daemon: at exit the
+    kernel closes what is left); a child process forked meanwhile starts afresh, its
+    own thread on its first use. `drain` waits until it has closed all it was given."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._fds: queue.SimpleQueue[int | threading.Event] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def close_later(self, fd: int) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="sandbox-release", daemon=True
+                )
+                self._thread.start()
+        self._fds.put(fd)
+
+    def drain(self) -> None:
+        """Return once every descriptor handed over so far is closed."""
+        done = threading.Event()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                return
+        self._fds.put(done)
+        done.wait()
+
+    def _run(self) -> None:
+        while True:
+            item = self._fds.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            with contextlib.suppress(OSError):
+                os.close(item)
+
+
+releaser: Final = _Releaser()
+
+
+def _hold(parent_fd: int, name: str) -> int | None:
+    """A descriptor of the file now at `name` (O_PATH: it opens nothing, needs no
+    permission on the file and never follows a link), or None."""
+    try:
+        return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError:
+        return None
+
+
 def write_atomic(
-    parent_fd: int, name: str, data: Data, *, replace: bool, shown: str = ""
+    parent_fd: int,
+    name: str,
+    data: Data,
+    *,
+    replace: bool,
+    shown: str = "",
+    data_in: Callable[[], None] | None = None,
 ) -> Written:
     """Make `name` in the directory `parent_fd` hold exactly `data`, atomically.
 
@@ -209,7 +277,8 @@ def write_atomic(
     swaps the content of an existing regular file, keeping its permission bits.
     A symlink, folder, FIFO or device at `name` is refused. Other links to a
     replaced file keep the old content: the name gets a new file. Messages name
-    `shown` (the caller's path), else `name`.
+    `shown` (the caller's path), else `name`. `data_in`, if given, is called once
+    every byte is in the (temporary) file, before it is flushed to disk.
     """
     shown = shown or name
     with _translating(shown):
@@ -222,24 +291,34 @@ def write_atomic(
         temp = temp_name(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temp, flags, _NEW_FILE_MODE, dir_fd=parent_fd)
+        # The file replaced, held through the rename: freed once the write is done,
+        # beside its answer, not inside the rename (_Releaser).
+        replaced: int | None = None
         try:
             try:
-                _write_all(fd, data)
-                if existing is not None:
-                    _keep_owner(fd, existing)
-                    os.fchmod(fd, stat.S_IMODE(existing.st_mode) & _KEPT_MODE_BITS)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if replace:
-                os.rename(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-            else:
-                _link_new(parent_fd, temp, name)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=parent_fd)
-            raise
-        os.fsync(parent_fd)
+                try:
+                    _write_all(fd, data)
+                    if data_in is not None:
+                        data_in()
+                    if existing is not None:
+                        _keep_owner(fd, existing)
+                        os.fchmod(fd, stat.S_IMODE(existing.st_mode) & _KEPT_MODE_BITS)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if replace:
+                    replaced = _hold(parent_fd, name) if existing is not None else None
+                    os.rename(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+                else:
+                    _link_new(parent_fd, temp, name)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=parent_fd)
+                raise
+            os.fsync(parent_fd)
+        finally:
+            if replaced is not None:
+                releaser.close_later(replaced)
     return Written(created=existing is None, size=data_size(data))
 
 
@@ -267,12 +346,19 @@ def _link_new(parent_fd: int, temp: str, name: str) -> None:
 
 
 def append_bytes(
-    parent_fd: int, name: str, data: Data, *, allow_hard_links: bool = False, shown: str = ""
+    parent_fd: int,
+    name: str,
+    data: Data,
+    *,
+    allow_hard_links: bool = False,
+    shown: str = "",
+    data_in: Callable[[], None] | None = None,
 ) -> Written:
     """Add `data` at the end of the regular file `name` (created when missing), in place.
 
     Not atomic: a crash part-way leaves some of `data` appended. The name is never
-    followed; the file actually opened is checked before a byte is written.
+    followed; the file actually opened is checked before a byte is written. `data_in`
+    as for `write_atomic`.
     """
     shown = shown or name
     with _translating(shown):
@@ -297,6 +383,8 @@ def append_bytes(
             _check_links(shown, opened, allow_hard_links)
             os.set_blocking(fd, True)
             _write_all(fd, data)
+            if data_in is not None:
+                data_in()
             os.fsync(fd)
             size = os.fstat(fd).st_size
         finally:

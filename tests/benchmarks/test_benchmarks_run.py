@@ -93,19 +93,25 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
     )
     for row in (
         "raw open/write/close",
-        "fs_write via hub → worker",
+        "raw gRPC unary, 16 MiB one way",
+        "fs_write via `up`",
+        "fs_write via hub + run",
+        "fs_write 16 MiB via `up` / its floor",
+        "fs_write 16 MiB via hub + run / its floor",
         "fs_read",
         "raw os.scandir + lstat",
         "fs_list via hub → worker",
         "raw two-hop relay, 1 MiB back",
         "raw two-hop relay, 16 MiB down",
         "fs_read 1 MiB beside the raw two-hop relay",
-        "16 MiB to a no-op beside the raw two-hop relay",
+        "16 MiB to a no-op via `up` beside the raw two-hop relay",
         "raw small echo, 16 MiB echoes streaming",
         "fs_stat, 16 MiB fs_writes streaming",
     ):
         assert row in fs_out, f"{row!r} missing:\n{fs_out}"
-    _recorded(goals_file, "bench_fs", 4)
+    # fs_read, fs_write through each topology beside the echo and beside its floor,
+    # fs_list, head of line.
+    _recorded(goals_file, "bench_fs", 7)
 
 
 @pytest.mark.timeout(300)

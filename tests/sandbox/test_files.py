@@ -23,6 +23,7 @@ from sandbox import (
     HardLinkError,
     Problem,
     append_bytes,
+    files,
     make_parents,
     open_regular,
     read_at,
@@ -224,6 +225,75 @@ def test_a_crash_mid_write_leaves_the_old_content_whole(tree: Tree, confined: Co
     assert (tree.root / "precious").read_bytes() == old
     debris = [p for p in tree.root.iterdir() if p.name.endswith(".agentworker-tmp")]
     assert len(debris) == 1 and debris[0].stat().st_size == 1 << 20, "it died mid-write"
+
+
+def _deleted_files_held() -> list[str]:
+    """What this process's descriptors name that has no name any more."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.endswith(" (deleted)"):
+                held.append(target)
+    return held
+
+
+def test_a_replaced_file_is_let_go_once_the_write_is_done(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    """The old file is held through the rename (freed beside the answer, not inside the
+    rename) and closed by the releaser: nothing of it stays open."""
+    (tree.root / "big.bin").write_bytes(b"old" * 100_000)
+    with parent_of(confined, "big.bin") as (parent, name):
+        for content in (b"new", b"newer"):
+            write_atomic(parent, name, content, replace=True)
+    files.releaser.drain()
+    assert (tree.root / "big.bin").read_bytes() == b"newer"
+    assert not [held for held in _deleted_files_held() if "big.bin" in held]
+
+
+def test_data_in_is_called_once_the_bytes_are_in_before_the_name_changes(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    """`data_in` comes once every byte is in the temporary file and the name still
+    holds the old content; a write refused before its bytes went in never calls it."""
+    (tree.root / "data.txt").write_bytes(b"old")
+    seen: list[tuple[bytes, list[bytes]]] = []
+
+    def data_in() -> None:
+        temps = [p.read_bytes() for p in tree.root.iterdir() if p.name.endswith("-tmp")]
+        seen.append(((tree.root / "data.txt").read_bytes(), temps))
+
+    with parent_of(confined, "data.txt") as (parent, name):
+        write_atomic(parent, name, [b"new ", memoryview(b"bytes")], replace=True, data_in=data_in)
+        refusal(write_atomic, parent, name, b"x", replace=False, data_in=data_in)
+        append_bytes(parent, name, b"!", data_in=data_in)
+    with parent_of(confined, "sub") as (parent, name):
+        refusal(append_bytes, parent, name, b"x", data_in=data_in)
+    assert seen == [(b"old", [b"new bytes"]), (b"new bytes!", [])]
+    assert (tree.root / "data.txt").read_bytes() == b"new bytes!"
+
+
+def test_a_rename_that_fails_leaves_no_temporary_file_and_holds_nothing(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    """The name turns into a folder once the bytes are in (another program's doing):
+    the rename fails, the temporary file goes, and what was held for it is let go."""
+    target = tree.root / "swapped"
+    target.write_bytes(b"old" * 100_000)
+
+    def swap() -> None:
+        target.unlink()
+        target.mkdir()
+        (target / "inside").write_bytes(b"keep")
+
+    with parent_of(confined, "swapped") as (parent, name):
+        error = refusal(write_atomic, parent, name, b"new", replace=True, data_in=swap)
+    assert error.problem == Problem.A_FOLDER
+    files.releaser.drain()
+    assert sorted(os.listdir(tree.root / "swapped")) == ["inside"]
+    assert not [p for p in tree.root.iterdir() if p.name.endswith(".agentworker-tmp")]
+    assert not [held for held in _deleted_files_held() if "swapped" in held]
 
 
 # --- append_bytes ---------------------------------------------------------------------
