@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 
 from rich.table import Table
@@ -30,10 +30,12 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.errors import NoWidget
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from ui.shown import id_text, server_text, shown
+from worker.core.approvals import READ_ONLY_HOST
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,52 @@ KIND_TITLES: Final = {
 
 # A decision as the console takes it: {"choice": ..., "period_s": ...}
 Answer = dict[str, Any]
+
+# The answers that grant or run something: taken only while the prompt shows every
+# scope it grants (`_all_shown`); a denial is taken whatever shows.
+APPROVALS: Final = frozenset({"once", "plan", "agent"})
+
+
+def _breadth(scope: str) -> int:
+    """0 a pattern over surfaces (`*.*`), 1 a pattern over actions, 2 one action with
+    effects, 3 one read-only action: the prompt lists scopes in this order."""
+    surface, _, action = scope.partition(".")
+    if set("*?") & set(surface):
+        return 0
+    if set("*?") & set(action):
+        return 1
+    return 3 if scope in READ_ONLY_HOST else 2
+
+
+_MARKS: Final = ("a pattern: actions of many surfaces", "a pattern: many actions")
+
+
+def scopes_text(scopes: Sequence[str]) -> Text:
+    """Every scope a choice grants, each once, the broadest first (patterns marked, `*.*`
+    as EVERY action), wrapped over as many lines as it takes and never cut: the list
+    is what the person signs (review10 02: five read-only scopes filled the one line
+    the row had, and the `*.*` after them was cut off the screen)."""
+    text = Text(overflow="fold")
+    for n, scope in enumerate(sorted(dict.fromkeys(scopes), key=_breadth)):
+        if n:
+            text.append(", ")
+        breadth = _breadth(scope)
+        if breadth > 1:
+            text.append_text(server_text(scope, one_line=False))
+            continue
+        mark = "EVERY action" if scope == "*.*" else _MARKS[breadth]
+        text.append_text(server_text(scope, one_line=False))
+        text.append(f" ({mark})", style="bold reverse")
+    return text
+
+
+def _counted(scopes: Sequence[str]) -> str:
+    count = len(dict.fromkeys(scopes))
+    broad = sum(_breadth(s) < 2 for s in dict.fromkeys(scopes))
+    counted = f"{count} scope{'s' if count != 1 else ''}"
+    if broad:
+        counted += f", {broad} of them {'patterns' if broad > 1 else 'a pattern'}"
+    return counted
 
 
 class ApprovalModal(ModalScreen[Answer | None]):
@@ -220,15 +268,20 @@ class ApprovalModal(ModalScreen[Answer | None]):
 
     def _title(self) -> Text:
         title = Text(KIND_TITLES.get(str(self.prompt.get("kind")), "Approval needed"))
+        if self.prompt.get("kind") == "scope_request":
+            title.append(
+                f": {_counted(self.prompt.get('grants') or self.prompt.get('scopes', ()))}"
+            )
         if self.more:
             title.append(f"   ({self.more} more waiting)", style="dim")
         return title
 
     def _facts(self) -> Table:
-        """The prompt's rows. Agent, plan and scopes each keep to one line, cut with an
-        ellipsis, and the reason wraps inside its own column: nothing a server names
-        can wrap into a line that passes for another row (a space-padded agent id
-        drew fake "Wants" and "Why" rows). Runs of whitespace are shown counted."""
+        """The prompt's rows. Agent and plan each keep to one line, cut with an
+        ellipsis; the scopes (every one, `scopes_text`) and the reason wrap inside
+        their own column: nothing a server names can wrap into a line that passes for
+        another row (a space-padded agent id drew fake "Wants" and "Why" rows). Runs
+        of whitespace are shown counted."""
         p = self.prompt
         table = Table.grid(padding=(0, 1), expand=True)
         table.add_column(width=LABEL_WIDTH, no_wrap=True, style="bold")
@@ -236,12 +289,12 @@ class ApprovalModal(ModalScreen[Answer | None]):
         rows: list[tuple[str, Text]] = [
             ("Agent", id_text(str(p.get("agent_id") or "(none)"))),
             ("Plan", id_text(str(p.get("plan_id") or "(none)"))),
-            ("Wants", server_text(", ".join(p.get("scopes", ())), one_line=True)),
+            ("Wants", scopes_text(p.get("scopes", ()))),
         ]
         grants = [g for g in p.get("grants", ()) if g not in p.get("scopes", ())]
         if grants:
-            also = "also " + ", ".join(grants) + " (read-only)"
-            rows.append(("Plan/agent", server_text(also, one_line=True)))
+            also = Text("also ").append_text(scopes_text(grants)).append(" (read-only)")
+            rows.append(("Plan/agent", also))
         if p.get("reason"):
             rows.append(("Why", server_text(str(p["reason"]), one_line=False)))
         waiting = int(p.get("waiting", 1))
@@ -305,6 +358,19 @@ class ApprovalModal(ModalScreen[Answer | None]):
         # times), and one stepped back after the grace (NTP, a VM resumed) refused
         # keys on a prompt that said "Denied by itself in …", which then waited out its
         # deadline; nor does a key answer a prompt still saying its keys wait.
+        if choice in APPROVALS and self.armed and not self._all_shown():
+            log.info(
+                "prompt %s: %r not taken: the terminal cuts the prompt", self.prompt_id, choice
+            )
+            self.query_one("#countdown", Static).update(
+                Text(
+                    "The terminal is too small to show all this prompt grants: enlarge it "
+                    "to approve (d denies).",
+                    style="bold",
+                )
+            )
+            self.app.bell()
+            return
         if not self.armed or choice not in self.prompt.get("choices", ()):
             # In the log (the worker's): a key a person says they pressed, not taken.
             why = "offered" if self.armed else "taken yet (its grace)"
@@ -315,6 +381,16 @@ class ApprovalModal(ModalScreen[Answer | None]):
         if choice == "agent":
             answer["period_s"] = PERIODS[self.period][1]
         self.leave(answer)
+
+    def _all_shown(self) -> bool:
+        """Whether the rows naming what an approval grants are on screen whole."""
+        dialog, facts = self.query_one("#dialog"), self.query_one("#facts", Static)
+        try:
+            shown_at = self.find_widget(facts)
+        except NoWidget:  # not on screen at all
+            return False
+        inside = dialog.content_region
+        return facts.size.height > 0 and shown_at.region.bottom <= inside.bottom
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:

@@ -4,9 +4,12 @@ against a real dispatcher, broker and console."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import re
 from pathlib import Path
 
+import pytest
 from textual.containers import VerticalScroll
 from textual.widgets import Button, Static
 
@@ -311,7 +314,7 @@ def test_an_id_padded_with_spaces_stays_on_its_row_and_forges_none(tmp_path: Pat
             lines = [facts.render_line(y).text.rstrip() for y in range(facts.size.height)]
             assert [line.split()[0] for line in lines] == ["Agent", "Plan", "Wants"], lines
             assert lines[0].startswith("Agent      planner⟨74 spaces⟩Wants") and lines[0][-1] == "…"
-            assert lines[2] == "Wants      *.*"
+            assert lines[2] == "Wants      *.* (EVERY action)"
             await pilot.press("d")
             assert not (await asked).granted
         rig.close()
@@ -351,6 +354,91 @@ def test_an_id_with_letters_outside_ascii_is_marked_and_named(tmp_path: Path) ->
             assert "\u0430" in marked and "\u0435" in marked, marked
             await pilot.press("d")
             assert not (await asked).granted
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def _screen_text(app: WorkerApp) -> str:
+    """What the terminal shows, as text (the screenshot's SVG without its markup)."""
+    svg = re.sub(r"<[^>]+>", "", app.export_screenshot())
+    return html.unescape(svg).replace("\xa0", " ")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40)])
+def test_a_scope_request_shows_every_scope_it_grants_broadest_first(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """review10 02: the scopes were drawn on one line cut with an ellipsis, and five
+    read-only scopes ahead of `*.*` hid it; "p" granted it. Every scope is on screen
+    now, the broadest first and marked, counted in the title (each once)."""
+    harmless = ["workerHost.fs_stat", "workerHost.fs_list", "workerHost.fs_read"]
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        app = _app(rig)
+        async with app.run_test(size=size) as pilot:
+            asked = asyncio.ensure_future(
+                broker.scope_request(
+                    pb.ScopeRequest(
+                        request_id="r",
+                        agent_id="planner",
+                        plan_id="p",
+                        scopes=[*harmless, *harmless[:2], "workerHost.exec", "*.*"],
+                        reason="check the sizes of the report files",
+                    )
+                )
+            )
+            modal = await answerable(app, pilot)
+            text = _screen_text(app)
+            assert "The agent asks for scopes: 5 scopes, 1 of them a pattern" in text, text
+            assert "*.* (EVERY action)" in text, text
+            for scope in (*harmless, "workerHost.exec"):
+                assert scope in text, (scope, text)
+            facts = modal.query_one("#facts", Static)
+            wants = " ".join(facts.render_line(y).text for y in range(facts.size.height))
+            assert wants.index("*.*") < wants.index("workerHost.exec") < wants.index("fs_stat")
+            await pilot.press("p")
+            decision = await asked
+            assert decision.granted and len(decision.scopes) == 5, decision
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_prompt_the_terminal_cuts_takes_no_approval(tmp_path: Path) -> None:
+    """32 long scopes cannot all show in 80x24: "p" is not taken (the prompt says to
+    enlarge the terminal), a denial is, and once it all shows "p" is taken."""
+    scopes = [
+        f"workerHost.fs_{'x' * 60}{chr(ord('a') + n // 26)}{chr(ord('a') + n % 26)}"
+        for n in range(32)
+    ]
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        app = _app(rig)
+        async with app.run_test(size=(80, 24)) as pilot:
+            asked = asyncio.ensure_future(
+                broker.scope_request(
+                    pb.ScopeRequest(request_id="r", agent_id="planner", plan_id="p", scopes=scopes)
+                )
+            )
+            modal = await answerable(app, pilot)
+            await pilot.press("p")
+            await until(
+                lambda: "too small" in str(modal.query_one("#countdown", Static).content), pilot
+            )
+            assert not asked.done() and app.screen is modal
+            await pilot.resize_terminal(200, 60)
+            await until(lambda: modal._all_shown(), pilot)
+            text = _screen_text(app)
+            assert all(scope in text for scope in scopes), text
+            await pilot.press("p")
+            assert (await asked).granted
         rig.close()
 
     asyncio.run(scenario())

@@ -53,6 +53,9 @@ MAX_WAITING_SCOPE_REQUESTS: Final = 64
 MAX_WAITING_PER_AGENT: Final = 16
 # A ScopeRequest naming more scopes than this is refused: no person reads them all.
 MAX_SCOPES_ASKED: Final = 32
+# A scope longer than this in a ScopeRequest is refused: a prompt shows each scope
+# whole (the longest real one, surface and action, is about 30 characters).
+MAX_SCOPE_CHARS: Final = 100
 # Agent and plan ids longer than this in a ScopeRequest are refused (a grant names
 # them whole, so they cannot be cut), as are ids worker.ids.id_problem refuses.
 MAX_ID_CHARS: Final = ids.MAX_ID_CHARS
@@ -308,7 +311,9 @@ class ApprovalBroker:
 
     async def scope_request(self, request: pb.ScopeRequest) -> pb.ScopeDecision:
         """A server's ScopeRequest, answered as the ScopeDecision that goes back."""
-        scopes = tuple(request.scopes[:MAX_SCOPES_ASKED])
+        # Each scope once (a prompt lists each once; review10 02 padded the list with
+        # repeats), in the order asked.
+        scopes = tuple(dict.fromkeys(request.scopes[:MAX_SCOPES_ASKED]))
         refusal = _not_askable(request)
         if refusal is not None:
             resolution = Resolution(None, None, refusal)
@@ -623,6 +628,9 @@ def _not_askable(request: pb.ScopeRequest) -> str | None:
     bad = [s for s in scopes if not _SCOPE.fullmatch(s)]
     if bad:
         return f"not scopes: {', '.join(inert(repr(s), 100) for s in bad[:5])}"
+    long = [s for s in scopes if len(s) > MAX_SCOPE_CHARS]
+    if long:
+        return f"a scope longer than {MAX_SCOPE_CHARS} characters: {inert(long[0], 100)}"
     for name in ("agent_id", "plan_id"):
         problem = ids.id_problem(name, getattr(request, name))
         if problem is not None:
