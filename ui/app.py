@@ -333,6 +333,14 @@ class WorkerApp(App[None]):
     def _receive(self, event: Event) -> None:
         self.post_message(ConsoleEvent(event))
 
+    def on_app_focus(self, _event: events.AppFocus) -> None:
+        if self._modal is not None:
+            self._modal.focus_came()
+
+    def on_app_blur(self, _event: events.AppBlur) -> None:
+        if self._modal is not None:
+            self._modal.focus_went()
+
     def on_resize(self, event: Any) -> None:
         self._fit(event.size.width)
 

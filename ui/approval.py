@@ -167,6 +167,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.answers_from = math.inf  # the clock's time from which keys are answers
         self.armed = False  # the grace is over: the buttons take answers
         self._css_seen: int | None = None  # the app's CSS as this screen last came on
+        self._arming = False  # a timer runs `_arm`
+        self._due = False  # `_arm`'s last check found the grace over
 
     @property
     def prompt_id(self) -> str:
@@ -190,12 +192,42 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self._hold()
 
     def _hold(self) -> None:
-        """A prompt just came on screen: no answers for GRACE_S, and it shows."""
+        """A prompt just came on screen (or the terminal the focus): no answers for
+        GRACE_S, and it shows."""
         self.answers_from = self.clock() + GRACE_S
         self.armed = False
+        self._due = False
         self._held_look()
         self.query_one("#countdown", Static).update(self._countdown())
-        self.set_timer(_GRACE_CHECK_S, self._arm)
+        if not self._arming:
+            self._arming = True
+            self.set_timer(_GRACE_CHECK_S, self._arm)
+
+    def focus_came(self) -> None:
+        """The terminal got the desktop's focus back (Textual's AppFocus, from the
+        terminal's focus reporting): the grace starts again, as for a new prompt. The
+        focus may have been moved here by an agent (window_focus, a click) while the
+        person typed elsewhere, and their next keys are not meant for this prompt
+        (review10 finding 14)."""
+        if self.is_current and self.prompt.get("id"):
+            log.info("prompt %s: the terminal got the focus; answers wait again", self.prompt_id)
+            self._hold()
+
+    def focus_went(self) -> None:
+        """The terminal lost the desktop's focus (AppBlur): no answers until it is back
+        and the grace after that (`focus_came`) is over."""
+        if self.is_current and self.prompt.get("id"):
+            self._hold()
+            self.answers_from = math.inf
+
+    def on_key(self, event: events.Key) -> None:
+        """A key in the grace answers nothing (`action_choose` logs it) and starts the
+        grace again: a prompt takes answers only once the keyboard has been quiet for
+        GRACE_S, so a person typing on into a terminal the focus was moved to answers
+        nothing (review10 finding 14)."""
+        if not self.armed and self.answers_from != math.inf and self.prompt.get("id"):
+            self.answers_from = max(self.answers_from, self.clock() + GRACE_S)
+            self._due = False
 
     def _held_look(self) -> None:
         """Buttons disabled, the frame recoloured. The screen is composed in this look
@@ -214,9 +246,15 @@ class ApprovalModal(ModalScreen[Answer | None]):
 
     def _arm(self) -> None:
         """The grace is over (else look again shortly): answers count, focus on Deny."""
+        self._arming = False
         if self.armed or not self.is_current:
             return
-        if self.clock() < self.answers_from:
+        # Armed only at the second check past the grace in a row: keys that waited in
+        # the terminal while the TUI did not run (a loaded machine) are read before
+        # that check and start the grace again, rather than answer after it.
+        due, self._due = self._due, self.clock() >= self.answers_from
+        if not (due and self._due):
+            self._arming = True
             self.set_timer(_GRACE_CHECK_S, self._arm)
             return
         self.armed = True

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import logging
 import re
 from pathlib import Path
 
 import pytest
+from textual import events
 from textual.containers import VerticalScroll
 from textual.widgets import Button, Static
 
@@ -439,6 +441,49 @@ def test_a_prompt_the_terminal_cuts_takes_no_approval(tmp_path: Path) -> None:
             assert all(scope in text for scope in scopes), text
             await pilot.press("p")
             assert (await asked).granted
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_terminal_getting_the_focus_starts_the_grace_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review10 14: an agent moved the focus to the TUI's terminal while the person
+    typed elsewhere, and after the grace their keys answered the prompt. Losing the
+    focus holds the prompt, getting it back starts the grace again (the key then is
+    not taken, and is logged), and a key in the grace starts it again too: answers
+    come only after the keyboard has been quiet for GRACE_S."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        clock = MovableClock()
+        app = WorkerApp(rig.link(), notifier=silent, clock=clock)
+        async with app.run_test(size=(100, 30)) as pilot:
+            cid = rig.call("fs_write", '{"path": "new.txt", "mode": "create"}')
+            modal = await answerable(app, pilot)
+            app.post_message(events.AppBlur())
+            await until(lambda: not modal.armed, pilot)
+            clock.skip(10 * GRACE_S)
+            await pilot.press("o")  # the focus is elsewhere: nothing is an answer
+            app.post_message(events.AppFocus())
+            await until(lambda: modal.answers_from == clock() + GRACE_S, pilot)
+            with caplog.at_level(logging.INFO, logger="ui.approval"):
+                await pilot.press("o")  # typed on by the person: not taken, logged
+            assert "'once' is not taken yet" in caplog.text, caplog.text
+            assert not modal.armed and app.screen is modal and cid not in rig.results
+            clock.skip(GRACE_S / 2)
+            await pilot.press("a")  # still typing: the grace starts again
+            clock.skip(GRACE_S / 2)
+            await pilot.pause()
+            assert not modal.armed and modal.answers_from > clock()
+            clock.skip(GRACE_S / 2)
+            await until(lambda: modal.armed, pilot)
+            assert app.focused is not None and app.focused.id == "deny"
+            await pilot.press("d")
+            await rig.result(cid)
+            assert rig.code(cid) == "scope_denied"
+            assert rig.dispatcher.state.grants() == []
         rig.close()
 
     asyncio.run(scenario())
