@@ -112,6 +112,11 @@ def _counted(scopes: Sequence[str]) -> str:
     return counted
 
 
+def _waiting(prompt: dict[str, Any]) -> int:
+    """How many identical calls wait on `prompt`, as its "Calls" row shows."""
+    return max(1, int(prompt.get("waiting", 1)))
+
+
 class ApprovalModal(ModalScreen[Answer | None]):
     """Dismissed with the person's answer, or None when the prompt went away.
 
@@ -335,7 +340,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
             rows.append(("Plan/agent", also))
         if p.get("reason"):
             rows.append(("Why", server_text(str(p["reason"]), one_line=False)))
-        waiting = int(p.get("waiting", 1))
+        waiting = _waiting(p)
         if waiting > 1:
             rows.append(("Calls", Text(f"{waiting} identical calls wait on this answer")))
         for label, value in rows:
@@ -379,10 +384,22 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.query_one("#countdown", Static).update(self._countdown())
 
     def update_prompt(self, prompt: dict[str, Any], more: int) -> None:
-        """The same prompt changed (more calls wait on it) or the queue behind it moved."""
+        """The same prompt changed (more calls wait on it) or the queue behind it moved.
+        More calls waiting start the grace again: "once" lets through as many calls as
+        the prompt shows (the answer says how many, `action_choose`), so a count that
+        grows under the person's finger must be read first (review10 finding 11: one
+        "o" on a prompt armed showing 1 call let through 51)."""
+        grew = prompt.get("id") == self.prompt.get("id") and _waiting(prompt) > _waiting(
+            self.prompt
+        )
         self.prompt, self.more = prompt, more
         self.query_one("#title", Static).update(self._title())
         self.query_one("#facts", Static).update(self._facts())
+        if grew and self.is_current and self.answers_from != math.inf:
+            log.info(
+                "prompt %s: %d calls wait now; answers wait again", self.prompt_id, _waiting(prompt)
+            )
+            self._hold()
 
     # ------------------------------------------------------------- answering
 
@@ -415,7 +432,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
             log.info("prompt %s: %r is not %s", self.prompt_id, choice, why)
             self.app.bell()
             return
-        answer: Answer = {"choice": choice}
+        # The calls the prompt shows: "once" lets through no more of them.
+        answer: Answer = {"choice": choice, "waiting": _waiting(self.prompt)}
         if choice == "agent":
             answer["period_s"] = PERIODS[self.period][1]
         self.leave(answer)

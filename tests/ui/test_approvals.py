@@ -487,3 +487,76 @@ def test_the_terminal_getting_the_focus_starts_the_grace_again(
         rig.close()
 
     asyncio.run(scenario())
+
+
+_APPEND = '{"path": "ledger.txt", "mode": "append"}'
+_PAY = b"pay 100 EUR\n"
+
+
+def test_calls_joining_a_prompt_start_its_grace_again_and_once_runs_what_it_showed(
+    tmp_path: Path,
+) -> None:
+    """review10 11: identical calls joined an armed prompt in place (no new grace), and
+    one "o" let through every call waiting when the worker read it, 51 where the prompt
+    had said 1. A call joining now starts the grace again, and "o" lets through the
+    calls the prompt showed: here 3 of 3, each run once."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            first = rig.call("fs_write", _APPEND, blob=_PAY)
+            modal = await answerable(app, pilot)
+            assert modal.prompt["waiting"] == 1
+            joined = [rig.call("fs_write", _APPEND, blob=_PAY) for _ in range(2)]
+            await until(lambda: modal.prompt["waiting"] == 3, pilot)
+            assert not modal.armed  # read the new count first
+            await pilot.press("o")  # in the new grace: not taken
+            assert app.screen is modal and not any(c in rig.results for c in [first, *joined])
+            await answerable(app, pilot)
+            await pilot.press("o")
+            for cid in (first, *joined):
+                await rig.result(cid)
+                assert rig.code(cid) == "ok", rig.results[cid]
+            assert (rig.workspace / "ledger.txt").read_text() == "pay 100 EUR\n" * 3
+        rig.close()
+
+    asyncio.run(scenario())
+
+
+def test_once_for_the_calls_shown_leaves_later_ones_a_prompt_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """The answer says how many calls the prompt showed ("waiting"): calls that joined
+    after it (after the key press) are not let through by it but asked about anew."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        app = _app(rig)
+        async with app.run_test(size=(100, 30)) as pilot:
+            calls = [rig.call("fs_write", _APPEND, blob=_PAY) for _ in range(3)]
+            await until(lambda: sum(len(p.waiters) for p in broker.pending()) == 3, pilot)
+            modal = await answerable(app, pilot)
+            shown = modal.prompt_id
+            # As the TUI answers for a prompt that showed one call, two joining after.
+            reply = await app.link.command(
+                {"op": "decide", "prompt_id": shown, "choice": "once", "waiting": 1}
+            )
+            assert reply["ok"] and reply["granted"], reply
+            await rig.result(calls[0])
+            assert rig.code(calls[0]) == "ok"
+            await until(lambda: (m := on_screen(app)) is not None and m.prompt_id != shown, pilot)
+            again = await answerable(app, pilot)
+            assert again.prompt["waiting"] == 2 and not any(c in rig.results for c in calls[1:])
+            await pilot.press("d")
+            for cid in calls[1:]:
+                await rig.result(cid)
+                assert rig.code(cid) == "scope_denied"
+            assert (rig.workspace / "ledger.txt").read_text() == "pay 100 EUR\n"
+        rig.close()
+
+    asyncio.run(scenario())

@@ -28,7 +28,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -88,6 +88,9 @@ class Decision:
     choice: Choice
     period_s: float | None = None  # for Choice.AGENT
     by: str = "ui"
+    # How many calls the prompt showed waiting when the person answered (`waiting`):
+    # "once" lets through that many, the first to ask; None, all that wait.
+    calls: int | None = None
 
 
 # ---------------------------------------------------------------- inert text
@@ -205,7 +208,7 @@ class Prompt:
             "scopes": [inert(s.removeprefix(ASK_PREFIX), 300) for s in self.scopes],
             "reason": inert(self.reason, REASON_LIMIT, self.left_out[0]),
             "preview": self.view(),
-            "waiting": max(1, len(self.correlation_ids)),
+            "waiting": max(1, len(self.waiters)),
             "created_ms": self.created_ms,
             "deadline_ms": self.deadline_ms,
             "grants": [inert(s.removeprefix(ASK_PREFIX), 300) for s in self.grants],
@@ -382,15 +385,26 @@ class ApprovalBroker:
         """Wait for the person's answer to one question (shared with identical ones)."""
         if not self.can_ask:
             return Resolution(None, None, "no UI attached", headless=True)
-        prompt = self._open(
-            kind, agent_id, plan_id, scopes, reason, preview, correlation_id, identity, left_out
-        )
         waiter: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
-        prompt.waiters.append(waiter)
+        prompt = self._open(
+            kind,
+            agent_id,
+            plan_id,
+            scopes,
+            reason,
+            preview,
+            correlation_id,
+            identity,
+            left_out,
+            waiter,
+        )
         try:
             return await waiter
         except asyncio.CancelledError:
-            # The call went away (its deadline, a cancel, a kill): stop asking for it.
+            # The call went away (its deadline, a cancel, a kill): stop asking for it,
+            # on the prompt it waits on now ("once" for fewer calls moves the others
+            # to a prompt of their own, `_rest`).
+            prompt = next((p for p in self._prompts.values() if waiter in p.waiters), prompt)
             with contextlib.suppress(ValueError):
                 prompt.waiters.remove(waiter)
             with contextlib.suppress(ValueError):
@@ -411,7 +425,8 @@ class ApprovalBroker:
         preview: str,
         correlation_id: str,
         identity: str,
-        left_out: tuple[int, int] = (0, 0),
+        left_out: tuple[int, int],
+        waiter: asyncio.Future[Resolution],
     ) -> Prompt:
         now = _now_ms()
         fresh = Prompt(
@@ -431,10 +446,12 @@ class ApprovalBroker:
         key = (*fresh.key, str(left_out))
         prompt = self._by_key.get(key)
         if prompt is not None:  # the same question waits already: one answer for both
+            prompt.waiters.append(waiter)
             if correlation_id:
                 prompt.correlation_ids.append(correlation_id)
             self._tell("prompt", prompt.to_dict())
             return prompt
+        fresh.waiters.append(waiter)
         if correlation_id:
             fresh.correlation_ids.append(correlation_id)
         self._prompts[fresh.id] = fresh
@@ -485,6 +502,9 @@ class ApprovalBroker:
                 reason = "denied and killed by the person at this worker"
                 self.kill(prompt.plan_id, reason, decision.by)
             return resolution
+        rest = None
+        if decision.choice is Choice.ONCE and decision.calls is not None:
+            rest = self._split(prompt, max(1, decision.calls))
         agent, plan = _literal(prompt.agent_id), _literal(prompt.plan_id)
         scope = (
             prompt.scopes[0] if prompt.kind is Kind.SCOPE_REQUEST else _literal(prompt.scopes[0])
@@ -514,9 +534,44 @@ class ApprovalBroker:
             },
         )
         self._close(prompt, resolution)
+        if rest is not None:
+            self._reopen(rest)
         if grant_ids:
             self._settle_covered()
         return resolution
+
+    def _split(self, prompt: Prompt, calls: int) -> Prompt | None:
+        """ "Once" for the `calls` the person saw: the calls that joined after those
+        leave `prompt` for a prompt of their own (`_reopen`), which the person sees
+        and answers anew. Before, one "o" on a prompt that showed one call let through
+        51 identical appends, 10 of them sent after the key (review10 finding 11)."""
+        if len(prompt.waiters) <= calls:
+            return None
+        now = _now_ms()
+        rest = replace(
+            prompt,
+            id=uuid.uuid4().hex[:12],
+            created_ms=now,
+            deadline_ms=now + int(self.timeout_s * 1000),
+            waiters=prompt.waiters[calls:],
+            correlation_ids=prompt.correlation_ids[calls:],
+        )
+        del prompt.waiters[calls:]
+        del prompt.correlation_ids[calls:]
+        return rest
+
+    def _reopen(self, rest: Prompt) -> None:
+        """The calls "once" did not cover ask again, on a prompt of their own."""
+        live = [w for w in rest.waiters if not w.done()]
+        if not live:
+            return
+        rest.waiters = live
+        key = (*rest.key, str(rest.left_out))
+        self._prompts[rest.id] = rest
+        self._by_key[key] = rest
+        loop = asyncio.get_running_loop()
+        self._timers[rest.id] = loop.call_later(self.timeout_s, self._expire, rest.id)
+        self._tell("prompt", rest.to_dict())
 
     def _settle_covered(self) -> None:
         """Waiting prompts that the grants just made now cover need no answer of their own.

@@ -455,8 +455,12 @@ class Console:
             raise WorkerError(
                 "validation_error", "period_s must be a number of seconds (≤ 30 days)"
             )
+        calls = command.get("waiting")
+        if calls is not None and not (isinstance(calls, int) and not isinstance(calls, bool)):
+            raise WorkerError("validation_error", "waiting must be the number of calls shown")
         resolution = self.broker.decide(
-            _text(command, "prompt_id"), Decision(choice, float(period) if period else None)
+            _text(command, "prompt_id"),
+            Decision(choice, float(period) if period else None, calls=calls),
         )
         if resolution is None:
             return {"ok": False, "code": "not_found", "message": "that prompt is no longer waiting"}
