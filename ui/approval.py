@@ -174,6 +174,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self._css_seen: int | None = None  # the app's CSS as this screen last came on
         self._arming = False  # a timer runs `_arm`
         self._due = False  # `_arm`'s last check found the grace over
+        self._cut = False  # an approval was refused: the terminal cut the prompt
 
     @property
     def prompt_id(self) -> str:
@@ -202,6 +203,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
         self.answers_from = self.clock() + GRACE_S
         self.armed = False
         self._due = False
+        self._cut = False
         self._held_look()
         self.query_one("#countdown", Static).update(self._countdown())
         if not self._arming:
@@ -369,6 +371,12 @@ class ApprovalModal(ModalScreen[Answer | None]):
                 "prompt does not answer this one.",
                 style="bold",
             )
+        if self._cut and not self._all_shown():
+            return Text(
+                "The terminal is too small to show all this prompt grants: enlarge it "
+                "to approve (d denies).",
+                style="bold",
+            )
         return Text(
             f"Denied by itself in {self._remaining_s()} s · "
             "d deny · x deny+kill · o once · p plan · a agent · t period · ↑↓ scroll",
@@ -417,13 +425,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
             log.info(
                 "prompt %s: %r not taken: the terminal cuts the prompt", self.prompt_id, choice
             )
-            self.query_one("#countdown", Static).update(
-                Text(
-                    "The terminal is too small to show all this prompt grants: enlarge it "
-                    "to approve (d denies).",
-                    style="bold",
-                )
-            )
+            self._cut = True  # said until the prompt shows whole (`_countdown`)
+            self.query_one("#countdown", Static).update(self._countdown())
             self.app.bell()
             return
         if not self.armed or choice not in self.prompt.get("choices", ()):
