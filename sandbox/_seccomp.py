@@ -46,8 +46,18 @@ pages, answers ENOSYS). That bounds each socket and pipe, not their number: wher
 plan has no memory cgroup (rlimits mode) its programs can still pin about 100-200 MiB
 of buffers per process within RLIMIT_NOFILE; only a cgroup bounds the plan's.
 
-socket(AF_UNIX, ...) is refused with EPERM (socketpair(2), a call of its own that
-programs use for their own pipes, is not). A unix socket is a door to whatever
+socket(2) is allowed, not refused by list: AF_INET and AF_INET6, of type SOCK_STREAM
+or SOCK_DGRAM (with SOCK_NONBLOCK and SOCK_CLOEXEC) and protocol 0, TCP or UDP. Any
+other family answers EAFNOSUPPORT, as a kernel without it does: AF_VSOCK above all,
+which no network namespace holds, so a sandbox with the network off bound the
+machine's vsock ports and could reach the VM's host at CID 2 (review9 finding 01),
+and netlink (glibc's getaddrinfo then assumes both IPv4 and IPv6, as it does where
+NETLINK_ROUTE cannot be opened); any other type or protocol (raw, MPTCP, UDP-Lite,
+SCTP, ping) answers EPROTONOSUPPORT, as a kernel without MPTCP does. That keeps every
+socket a sandbox makes in the plan's socket sum (sandbox.sockets: AF_UNIX, TCP and UDP
+only), which MPTCP's, UDP-Lite's and netlink's buffers escaped (review9 finding 03).
+
+socket(AF_UNIX, ...) is refused with EPERM. A unix socket is a door to whatever
 listens on it, and what listens runs outside the sandbox, as the person: a named
 socket in a shared folder, even one shared read-only (connect needs no write on
 the mount, and Landlock's file rules of this kernel do not cover it: its right for
@@ -56,8 +66,14 @@ socket, gpg and ssh agents, editors' IPC (review8 finding 15); and, where a rule
 keeps the network (the machine's network namespace, which abstract sockets belong
 to), the person's X server at @/tmp/.X11-unix/X0, which lets the person's uid in
 (review8 finding 14). No allowlisted tool needs one: glibc's lookups through nscd
-or systemd-resolved fall back to the files and DNS, syslog(3) drops its line. A
-rule that says `unix_sockets = true` gets the filter without this refusal.
+or systemd-resolved fall back to the files and DNS, syslog(3) drops its line.
+socketpair(2), a call of its own that programs use for their own pipes
+(multiprocessing, asyncio, ssh, rsync), is allowed for AF_UNIX SOCK_STREAM and
+SOCK_SEQPACKET, whose ends answer EISCONN to connect; a SOCK_DGRAM pair answers
+EPERM: its ends sendto and connect any named datagram socket they resolve, read-only
+shares included, descriptors passed with them (review9 finding 02). A rule that says
+`unix_sockets = true` gets socket(AF_UNIX) and every AF_UNIX socketpair; the other
+families stay refused.
 
 The filter is classic BPF, built here from syscall numbers (standard library only,
 no libseccomp). It knows x86-64 and AArch64; any other architecture, and the
@@ -217,11 +233,37 @@ REFUSED_FCNTLS: Final[Mapping[int, str]] = {
 }
 _SETSOCKOPT: Final[tuple[int, int]] = (54, 208)
 _SOCKET: Final[tuple[int, int]] = (41, 198)
+_SOCKETPAIR: Final[tuple[int, int]] = (53, 199)
 AF_UNIX: Final = 1
-# socket(domain, ...) refused for these domains (its first argument, an int), with EPERM:
-# unix sockets, the doors to services outside the sandbox that run as the person
-# (review8 findings 14 and 15; see the module's text). socketpair(2) is another call.
-REFUSED_DOMAINS: Final[tuple[int, ...]] = (AF_UNIX,)
+AF_INET: Final = 2
+AF_INET6: Final = 10
+AF_NETLINK: Final = 16
+NETLINK_SOCK_DIAG: Final = 4
+SOCK_RAW: Final = 3
+SOCK_STREAM: Final = 1
+SOCK_DGRAM: Final = 2
+SOCK_SEQPACKET: Final = 5
+SOCK_TYPE_MASK: Final = 0xF  # a socket type's low bits; the flags above them
+SOCK_FLAGS: Final = 0o4000 | 0o2000000  # SOCK_NONBLOCK | SOCK_CLOEXEC
+# socket(domain, type, protocol) is allowed, not refused by list (review9 findings 01, 03):
+# the internet families, a stream or datagram type with its flags, and protocol 0, TCP or
+# UDP, which the sandbox's own loopback and, with `network = true`, the machine's network
+# take; whatever else a kernel has (vsock, which no network namespace holds; netlink;
+# MPTCP and UDP-Lite, whose buffers the plan's socket sum does not see; raw, packet,
+# XDP, AF_ALG and whatever comes next) is not a tool's. See the module's text.
+SOCKET_DOMAINS: Final[tuple[int, ...]] = (AF_INET, AF_INET6)
+SOCKET_TYPES: Final[tuple[int, ...]] = (SOCK_STREAM, SOCK_DGRAM)
+SOCKET_PROTOCOLS: Final[tuple[int, ...]] = (0, 6, 17)  # the type's own, IPPROTO_TCP, _UDP
+# With `diag` (the entry helper sends the worker a sock_diag socket of the sandbox,
+# sandbox/entry.c's -n), socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG),
+# exactly as the helper asks, is let through too: the helper then adds a filter of its
+# own that refuses every netlink socket before the program starts.
+DIAG_SOCKET: Final[tuple[int, int, int]] = (AF_NETLINK, SOCK_RAW | 0o2000000, NETLINK_SOCK_DIAG)
+# socketpair(AF_UNIX, type): a program's own pipe, stream or seqpacket, whose ends cannot
+# be connected elsewhere (EISCONN). A datagram end can: sendto and connect reach any
+# named datagram socket it resolves (review9 finding 02), so it is refused as
+# socket(AF_UNIX) is (EPERM).
+SOCKETPAIR_TYPES: Final[tuple[int, ...]] = (SOCK_STREAM, SOCK_SEQPACKET)
 SOL_SOCKET: Final = 1
 # setsockopt(fd, SOL_SOCKET, option) refused (its third argument, an int), and how:
 # "ignore" answers success without doing it.
@@ -243,6 +285,7 @@ _LD_W_ABS: Final = 0x20
 _JEQ_K: Final = 0x15
 _JGE_K: Final = 0x35
 _JSET_K: Final = 0x45
+_AND_K: Final = 0x54  # BPF_ALU | BPF_AND | BPF_K
 _RET_K: Final = 0x06
 RET_ALLOW: Final = 0x7FFF0000
 RET_ERRNO: Final = 0x00050000
@@ -251,6 +294,8 @@ _IGNORED: Final = RET_ERRNO | 0  # the call answers 0 (success), not run
 _NOSYS: Final = RET_ERRNO | errno.ENOSYS
 _NOTSUP: Final = RET_ERRNO | errno.EOPNOTSUPP
 _NOACCESS: Final = RET_ERRNO | errno.EACCES
+_NOFAMILY: Final = RET_ERRNO | errno.EAFNOSUPPORT
+_NOPROTOCOL: Final = RET_ERRNO | errno.EPROTONOSUPPORT
 # struct seccomp_data: nr, arch, instruction_pointer, args[6]
 _NR, _ARCH, _ARG0, _ARG1, _ARG2 = 0, 4, 16, 24, 32
 
@@ -262,18 +307,19 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 # What the filter answers for a number of the native table (see `build`).
 _ALLOW, _EPERM, _ENOSYS, _NOTSUPP = "allow", "eperm", "enosys", "eopnotsupp"
 _EACCES = "eacces"
+_EAFNOSUPPORT, _EPROTONOSUPPORT = "eafnosupport", "eprotonosupport"
 _IGNORE = "ignore"
 _CLONE_FLAGS, _IOCTL_CMD = "clone", "ioctl"
 _PRCTL_OPTION, _FCNTL_CMD, _SOCKOPT = "prctl", "fcntl", "setsockopt"
-_SOCKET_DOMAIN = "socket"
+_SOCKET_DOMAIN, _SOCKETPAIR_DOMAIN = "socket", "socketpair"
 _NEXT: Final = "next"  # a jump's target: the next instruction
 
 
 def verdicts(machine: str, unix_sockets: bool = False) -> dict[int, str]:
     """Each number of the native table the filter does not simply allow, and what it
     answers: EPERM, ENOSYS, EOPNOTSUPP, or a look at clone's flags, ioctl's request,
-    prctl's option, fcntl's command, setsockopt's level and option or socket's domain
-    (not looked at with `unix_sockets`: a rule that lets its program make them)."""
+    prctl's option, fcntl's command, setsockopt's level and option, or socket's and
+    socketpair's domain, type and protocol."""
     column = 0 if machine == "x86_64" else 1
     said = {number: _EPERM for pair in DENIED.values() if (number := pair[column]) is not None}
     said.update({pair[column]: _ENOSYS for pair in ABSENT.values()})
@@ -283,8 +329,8 @@ def verdicts(machine: str, unix_sockets: bool = False) -> dict[int, str]:
     said[_PRCTL[column]] = _PRCTL_OPTION
     said[_FCNTL[column]] = _FCNTL_CMD
     said[_SETSOCKOPT[column]] = _SOCKOPT
-    if not unix_sockets:
-        said[_SOCKET[column]] = _SOCKET_DOMAIN
+    said[_SOCKET[column]] = _SOCKET_DOMAIN
+    said[_SOCKETPAIR[column]] = _SOCKETPAIR_DOMAIN
     return said
 
 
@@ -308,9 +354,10 @@ def runs(machine: str, unix_sockets: bool = False) -> list[tuple[int, str]]:
     ]
 
 
-def build(machine: str, unix_sockets: bool = False) -> bytes | None:
+def build(machine: str, unix_sockets: bool = False, diag: bool = False) -> bytes | None:
     """The filter program for `machine` (os.uname().machine), or None if unknown;
-    with `unix_sockets`, one that lets socket(AF_UNIX) through.
+    with `unix_sockets`, one that lets socket(AF_UNIX) and every socketpair(AF_UNIX)
+    through; with `diag`, the entry helper's sock_diag socket (DIAG_SOCKET).
 
     Only the machine's native table is let through: any other ABI is refused whole.
     The call's number then goes down a balanced tree of `JGE` tests over `runs`, to
@@ -367,17 +414,55 @@ def build(machine: str, unix_sockets: bool = False) -> bytes | None:
     *options, (last_option, its_answer) = REFUSED_SOCKOPTS.items()
     prog += [(_JEQ_K, option, answer, _NEXT) for option, answer in options]
     prog.append((_JEQ_K, last_option, its_answer, _ALLOW))
+    # socket: the domain (the first argument), then for the internet ones the type
+    # (second: no flag but SOCK_NONBLOCK and SOCK_CLOEXEC, then its low bits) and the
+    # protocol (third). A family not allowed answers EAFNOSUPPORT, as a kernel without it
+    # does (programs then try the next); a type or protocol EPROTONOSUPPORT, as a kernel
+    # without MPTCP answers (Go and curl then use TCP); AF_UNIX EPERM, as before.
+    labels[_SOCKET_DOMAIN] = len(prog)
+    prog.append((_LD_W_ABS, _ARG0, _NEXT, _NEXT))
+    prog += [(_JEQ_K, domain, "socket type", _NEXT) for domain in SOCKET_DOMAINS]
+    if diag:
+        prog.append((_JEQ_K, DIAG_SOCKET[0], "diag socket", _NEXT))
+    prog.append((_JEQ_K, AF_UNIX, _ALLOW if unix_sockets else _EPERM, _EAFNOSUPPORT))
+    if diag:
+        labels["diag socket"] = len(prog)
+        prog.append((_LD_W_ABS, _ARG1, _NEXT, _NEXT))
+        prog.append((_JEQ_K, DIAG_SOCKET[1], _NEXT, _EAFNOSUPPORT))
+        prog.append((_LD_W_ABS, _ARG2, _NEXT, _NEXT))
+        prog.append((_JEQ_K, DIAG_SOCKET[2], _ALLOW, _EAFNOSUPPORT))
+    labels["socket type"] = len(prog)
+    prog.append((_LD_W_ABS, _ARG1, _NEXT, _NEXT))
+    prog.append((_JSET_K, ~(SOCK_TYPE_MASK | SOCK_FLAGS) & 0xFFFFFFFF, _EPROTONOSUPPORT, _NEXT))
+    prog.append((_AND_K, SOCK_TYPE_MASK, _NEXT, _NEXT))
+    *types, last_type = SOCKET_TYPES
+    prog += [(_JEQ_K, kind, "socket protocol", _NEXT) for kind in types]
+    prog.append((_JEQ_K, last_type, "socket protocol", _EPROTONOSUPPORT))
+    labels["socket protocol"] = len(prog)
+    prog.append((_LD_W_ABS, _ARG2, _NEXT, _NEXT))
+    *protocols, last_protocol = SOCKET_PROTOCOLS
+    prog += [(_JEQ_K, protocol, _ALLOW, _NEXT) for protocol in protocols]
+    prog.append((_JEQ_K, last_protocol, _ALLOW, _EPROTONOSUPPORT))
+    # socketpair: AF_UNIX only (the one family with pairs, but TIPC's), any of its types
+    # with `unix_sockets`, else a stream or seqpacket type with no other flags.
+    labels[_SOCKETPAIR_DOMAIN] = len(prog)
+    prog.append((_LD_W_ABS, _ARG0, _NEXT, _NEXT))
+    prog.append((_JEQ_K, AF_UNIX, _ALLOW if unix_sockets else _NEXT, _EAFNOSUPPORT))
     if not unix_sockets:
-        labels[_SOCKET_DOMAIN] = len(prog)  # socket: its domain (the first argument)
-        prog.append((_LD_W_ABS, _ARG0, _NEXT, _NEXT))
-        prog += [(_JEQ_K, domain, _EPERM, _NEXT) for domain in REFUSED_DOMAINS[:-1]]
-        prog.append((_JEQ_K, REFUSED_DOMAINS[-1], _EPERM, _ALLOW))
+        prog.append((_LD_W_ABS, _ARG1, _NEXT, _NEXT))
+        prog.append((_JSET_K, ~(SOCK_TYPE_MASK | SOCK_FLAGS) & 0xFFFFFFFF, _EPERM, _NEXT))
+        prog.append((_AND_K, SOCK_TYPE_MASK, _NEXT, _NEXT))
+        *kinds, last_kind = SOCKETPAIR_TYPES
+        prog += [(_JEQ_K, kind, _ALLOW, _NEXT) for kind in kinds]
+        prog.append((_JEQ_K, last_kind, _ALLOW, _EPERM))
     answers = (
         (_ALLOW, RET_ALLOW),
         (_EPERM, _DENY),
         (_ENOSYS, _NOSYS),
         (_NOTSUPP, _NOTSUP),
         (_EACCES, _NOACCESS),
+        (_EAFNOSUPPORT, _NOFAMILY),
+        (_EPROTONOSUPPORT, _NOPROTOCOL),
         (_IGNORE, _IGNORED),
     )
     for answer, value in answers:
@@ -398,7 +483,7 @@ def build(machine: str, unix_sockets: bool = False) -> bytes | None:
 
 
 @functools.cache
-def filter_for_machine(unix_sockets: bool = False) -> bytes | None:
+def filter_for_machine(unix_sockets: bool = False, diag: bool = False) -> bytes | None:
     """This machine's filter, or None when its architecture has no table here (built
-    once of each kind: every exec installs one of the same two)."""
-    return build(os.uname().machine, unix_sockets)
+    once of each kind: every exec installs one of the same four)."""
+    return build(os.uname().machine, unix_sockets, diag)

@@ -14,10 +14,13 @@ capabilities. On top of that:
   can be reached (connect and kill answer EPERM).
 
 Unix sockets are doors to services outside that run as the person (review8 findings
-14 and 15): the filter refuses socket(AF_UNIX). A rule that keeps the network shares
-the machine's network namespace, whose abstract sockets (the person's X server at
-@/tmp/.X11-unix/X0) no file rule hides: where neither the filter nor Landlock's scope
-can be had, exec refuses such a rule (sandbox_unavailable) rather than open them.
+14 and 15): the filter refuses socket(AF_UNIX) and socketpair(AF_UNIX, SOCK_DGRAM),
+whose ends sendto any named datagram socket (review9 finding 02), and lets socket()
+make TCP and UDP sockets of AF_INET and AF_INET6 only (review9 findings 01 and 03).
+A rule that keeps the network shares the machine's network namespace, whose abstract
+sockets (the person's X server at @/tmp/.X11-unix/X0) no file rule hides: where
+neither the filter nor Landlock's scope can be had, exec refuses such a rule
+(sandbox_unavailable) rather than open them.
 
 Where a layer cannot be had (no Landlock in the kernel, no C compiler to build the
 helper), exec still runs, inside bubblewrap with the seccomp filter, and the
@@ -149,7 +152,9 @@ def report(landlock: Landlock | None = None) -> list[Layer]:
             "seccomp",
             seccomp,
             "refuses ptrace, mount, namespaces, keyrings, bpf, perf events, "
-            "userfaultfd, io_uring, unix sockets (socket(AF_UNIX)) and other kernel doors"
+            "userfaultfd, io_uring, unix sockets (socket(AF_UNIX), datagram socketpairs) and "
+            "other kernel doors, and lets socket() make only TCP and UDP sockets of AF_INET "
+            "and AF_INET6 (no vsock, netlink, MPTCP or raw)"
             if seccomp
             else f"no system-call table for {machine}: exec runs without the filter",
         )

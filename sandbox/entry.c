@@ -6,7 +6,8 @@
  *   -n FD       sends the worker, over the socket FD, a sock_diag netlink socket of
  *               the sandbox's own network namespace (the worker sums what the
  *               sandbox's sockets hold in kernel buffers through it: no rlimit
- *               counts that; see sandbox/sockets.py);
+ *               counts that; see sandbox/sockets.py), then adds a seccomp filter
+ *               that refuses every netlink socket after it (refuse_netlink);
  *   -L FD       exits at once if the worker that started the sandbox is gone (the
  *               read end of a pipe whose write end only the worker holds), so a
  *               sandbox whose worker died while it was starting never runs on; then
@@ -107,6 +108,9 @@ struct wait_none { long seconds, nanoseconds; };
 struct lifeline { int fd; short events, revents; };
 #define NETLINK_FAMILY 16 /* AF_NETLINK */
 #define NETLINK_SOCK_DIAG 4
+/* classic BPF for seccomp (linux/filter.h), our own names */
+struct filter_insn { uint16_t code; uint8_t jt, jf; uint32_t k; };
+struct filter_prog { unsigned short len; const struct filter_insn *insns; };
 
 #ifdef AGENTWORKER_NOLIBC
 #if !defined(__x86_64__)
@@ -260,6 +264,27 @@ static void send_diag(int to) {
     SYS1(SYS_close, to);
 }
 
+/* After send_diag: no more netlink sockets. The worker's filter lets socket(AF_NETLINK,
+ * SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG) through for send_diag alone (it is
+ * installed before this runs); this second filter, which holds for the program and all
+ * it starts as the first does, answers EAFNOSUPPORT to every socket(AF_NETLINK) from
+ * now on, as a kernel without netlink would (review9 finding 03: the plan's socket sum
+ * does not see netlink buffers). The first filter has refused other architectures. */
+static void refuse_netlink(void) {
+    static const struct filter_insn insns[] = {
+        {0x20, 0, 0, 0},                               /* A = the call's number */
+        {0x15, 0, 3, SYS_socket},                      /* socket? else let through */
+        {0x20, 0, 0, 16},                              /* A = its domain (the low word) */
+        {0x15, 0, 1, NETLINK_FAMILY},                  /* AF_NETLINK? */
+        {0x06, 0, 0, 0x00050000u | EAFNOSUPPORT},      /* SECCOMP_RET_ERRNO */
+        {0x06, 0, 0, 0x7fff0000u},                     /* SECCOMP_RET_ALLOW */
+    };
+    struct filter_prog prog = {sizeof insns / sizeof insns[0], insns};
+    long done = SYS5(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    if (!done) done = SYS3(SYS_prctl, PR_SET_SECCOMP, 2 /* SECCOMP_MODE_FILTER */, &prog);
+    if (done) fail("cannot refuse netlink sockets", 0, -done);
+}
+
 /* Writes `text` (`size` bytes) to the sysctl at `path`, or fails saying `what`. */
 static void write_sysctl(const char *path, const char *text, unsigned long size, const char *what) {
     long fd = SYS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CLOEXEC, 0);
@@ -372,6 +397,7 @@ static int entry(int argc, char **argv, char **envp) {
         if (option[1] == 'n') {
             const char *text = value;
             send_diag((int)number(&text, 0, option));
+            refuse_netlink();
         } else if (option[1] == 'L') {
             const char *text = value;
             long fd = (long)number(&text, 0, option);

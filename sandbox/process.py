@@ -369,7 +369,11 @@ async def run(
             block_r, block_w = _pipe(theirs, ours)
         file_fds = [_memory_file(content) for content in private_files(view.private)]
         theirs += file_fds
-        rules = _seccomp.filter_for_machine(view.unix_sockets) if view.seccomp else None
+        rules = (
+            _seccomp.filter_for_machine(view.unix_sockets, diag=diag_fd is not None)
+            if view.seccomp
+            else None
+        )
         seccomp_fd = _memory_file(rules) if rules is not None else None
         if seccomp_fd is not None:
             theirs.append(seccomp_fd)

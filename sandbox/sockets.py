@@ -18,7 +18,10 @@ socketpair before the program starts (entry.c, `-n`). The worker alone holds it 
 
 The sum is, for each AF_UNIX, TCP and UDP socket (IPv4 and IPv6), what is queued to
 receive, what its sends hold (an AF_UNIX send is charged to the sender until it is
-read) and its backlog: a little over what is queued, never under.
+read) and its backlog: a little over what is queued, never under. Those are the only
+sockets a sandbox can make: the seccomp filter (sandbox._seccomp) refuses every other
+family and protocol (MPTCP's, UDP-Lite's and netlink's buffers read 0 here: review9
+finding 03), and the entry helper refuses netlink once its own socket is out.
 """
 
 from __future__ import annotations

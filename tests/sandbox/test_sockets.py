@@ -147,3 +147,40 @@ def test_a_channel_closed_before_it_sent_means_nothing_ran() -> None:
 
 def test_this_kernel_lists_every_family_summed() -> None:
     assert probe() == ""
+
+
+def test_the_entry_makes_its_sock_diag_socket_and_the_program_none(
+    tmp_path: Path, entry: str
+) -> None:
+    """The filter lets the entry helper's socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC,
+    NETLINK_SOCK_DIAG) through; the helper then adds a filter that refuses every netlink
+    socket, so the program makes none the sum cannot see (review9 finding 03), not even
+    the one the helper made."""
+    code = textwrap.dedent(
+        """
+        import errno, socket
+        for protocol in (4, 0):  # NETLINK_SOCK_DIAG as the helper asks, NETLINK_ROUTE
+            try:
+                socket.socket(16, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
+                print("ok")
+            except OSError as exc:
+                print(errno.errorcode[exc.errno])
+        """
+    )
+
+    async def go() -> tuple[str, int]:
+        found: list[SocketMemory] = []
+        done = await run(
+            [PYTHON, "-c", code],
+            view_of(tmp_path, entry),
+            Limits(),
+            pid_cap=PidCap(),
+            on_sockets=found.append,
+        )
+        assert done.exit_code == 0, done
+        assert len(found) == 1
+        return done.stdout.decode(), found[0].queued()
+
+    said, held = asyncio.run(go())
+    assert said.split() == ["EAFNOSUPPORT", "EAFNOSUPPORT"]
+    assert held == 0  # the helper's socket came out and sums

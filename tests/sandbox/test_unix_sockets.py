@@ -186,11 +186,14 @@ def test_a_rule_that_opts_in_reaches_named_sockets_but_not_abstract_ones(
 @FILTER
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_the_opt_in_filter_differs_only_in_letting_unix_sockets_be_made(machine: str) -> None:
+    """socket(AF_UNIX) and socketpair(AF_UNIX) of every type, the datagram one included;
+    the other families stay refused (review9 finding 01)."""
     from tests.sandbox.test_seccomp import ARCHES, ARGUMENTS, SOCKET_ARGUMENTS, answer
 
     closed, open_ = _seccomp.build(machine), _seccomp.build(machine, unix_sockets=True)
     assert closed is not None and open_ is not None
-    socket_nr = _seccomp._SOCKET[0 if machine == "x86_64" else 1]
+    column = 0 if machine == "x86_64" else 1
+    socket_nr, pair_nr = _seccomp._SOCKET[column], _seccomp._SOCKETPAIR[column]
     differ = set()
     for arch in ARCHES.values():
         for number in [*range(500), 0x40000000 + 41, 0xFFFFFFFF]:
@@ -198,7 +201,8 @@ def test_the_opt_in_filter_differs_only_in_letting_unix_sockets_be_made(machine:
                 if answer(closed, arch, number, *args) != answer(open_, arch, number, *args):
                     differ.add((arch, number, args[0] & 0xFFFFFFFF))
                     assert answer(open_, arch, number, *args) == _seccomp.RET_ALLOW
-    assert differ == {(_seccomp.AUDIT_ARCH[machine], socket_nr, _seccomp.AF_UNIX)}
+    native = _seccomp.AUDIT_ARCH[machine]
+    assert differ == {(native, socket_nr, _seccomp.AF_UNIX), (native, pair_nr, _seccomp.AF_UNIX)}
 
 
 def test_a_rule_with_the_network_is_refused_where_nothing_closes_abstract_sockets(
@@ -226,3 +230,35 @@ def test_a_rule_with_the_network_is_refused_where_nothing_closes_abstract_socket
         assert why is not None and "unix_sockets = true" in why
         landlock.abi = 6
         assert confinement.abstract_sockets_open("/entry", landlock, unix_sockets=True) is None
+
+
+@FILTER
+def test_a_named_datagram_socket_in_a_read_only_share_cannot_be_reached(
+    tmp_path: Path, entry: str
+) -> None:
+    """A datagram socketpair's end can be given any address per send (and connected
+    anew): socket(AF_UNIX) refused, it still sent a service outside a datagram with a
+    descriptor of the workspace (review9 finding 02). socketpair(AF_UNIX, SOCK_DGRAM)
+    answers EPERM; without the filter the datagram arrives (the test's own control)."""
+    share = Path(os.path.realpath(tmp_path)) / "share"
+    share.mkdir()
+    code = textwrap.dedent(
+        """
+        import errno, socket, sys
+        try:
+            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            a.sendto(b"from inside", sys.argv[1])
+            print("sent")
+        except OSError as exc:
+            print(errno.errorcode[exc.errno])
+        """
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as service:
+        service.bind(str(share / "service.sock"))
+        service.setblocking(False)
+        where = str(share / "service.sock")
+        assert in_sandbox(share, entry, True, False, code, where) == "EPERM"
+        with pytest.raises(BlockingIOError):
+            service.recv(64)  # nothing arrived (the run has ended)
+        assert in_sandbox(share, entry, False, False, code, where) == "sent"
+        assert service.recv(64) == b"from inside"
