@@ -38,7 +38,7 @@ import re
 import select
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final, NamedTuple
 
 MOUNTINFO: Final = "/proc/self/mountinfo"
@@ -178,26 +178,39 @@ def local_under(mounts: Iterable[Mount], path: str, backing: Backing = _plain) -
     return _local(list(mounts), path, backing, set())
 
 
-def _local(mounts: list[Mount], path: str, backing: Backing, seen: set[str]) -> bool:
-    if path in seen:  # a folder already being judged: its answer comes from there
-        return True
-    seen.add(path)
+def may_hang_under(mounts: Iterable[Mount], path: str, backing: Backing = _plain) -> list[Mount]:
+    """The mounts on the way to or beneath `path` that `local_under` finds may hang."""
+    listed = list(mounts)
+    return [m for m in _crossed(listed, path) if not _mount_local(listed, m, backing, {path})]
+
+
+def _crossed(mounts: list[Mount], path: str) -> Iterator[Mount]:
+    """The mounts a lookup to or beneath `path` may cross."""
     path = path.rstrip("/") or "/"
     inside = "/" if path == "/" else path + "/"
     for mount in mounts:
         point = mount.point
         on_the_way = point == "/" or point == path or inside.startswith(point.rstrip("/") + "/")
-        if not (on_the_way or point.startswith(inside)):
-            continue
-        if mount.kind not in LOCAL_TYPES:
-            return False
-        sources = mount.layers if mount.kind == "overlay" else backing(mount.device)
-        if sources is None:
-            return False
-        for source in sources:
-            if not source.startswith("/") or not _local(mounts, source, backing, seen):
-                return False
-    return True
+        if on_the_way or point.startswith(inside):
+            yield mount
+
+
+def _local(mounts: list[Mount], path: str, backing: Backing, seen: set[str]) -> bool:
+    if path in seen:  # a folder already being judged: its answer comes from there
+        return True
+    seen.add(path)
+    return all(_mount_local(mounts, m, backing, seen) for m in _crossed(mounts, path))
+
+
+def _mount_local(mounts: list[Mount], mount: Mount, backing: Backing, seen: set[str]) -> bool:
+    if mount.kind not in LOCAL_TYPES:
+        return False
+    sources = mount.layers if mount.kind == "overlay" else backing(mount.device)
+    if sources is None:
+        return False
+    return all(
+        source.startswith("/") and _local(mounts, source, backing, seen) for source in sources
+    )
 
 
 class MountTable:
@@ -254,6 +267,15 @@ class MountTable:
                     self._verdicts.clear()
                 self._verdicts[path] = verdict
             return verdict
+
+    def may_hang(self, path: str) -> tuple[str, ...]:
+        """The mounts on the way to or beneath `path` that may hang, as "type at point"
+        (for a message: not kept; empty where the table cannot be read)."""
+        with self._lock:
+            mounts = self._mounts
+        if mounts is None:
+            return ()
+        return tuple(f"{m.kind} at {m.point}" for m in may_hang_under(mounts, path, self._backing))
 
     def close(self) -> None:
         if self._closer is not None:

@@ -6,7 +6,9 @@ A few lines of the FUSE protocol over /dev/fuse, no library: the server answers 
 GETATTR of its root and STATFS, reports the name of each LOOKUP on a pipe (so a test
 waits for the lookup to be under way, never for a time), and answers none. The kernel
 sends the lookups of one folder one at a time: the others wait in the kernel for the
-first (in fuse_lock_inode), which hangs them as surely.
+first (in fuse_lock_inode), which hangs them as surely. With `parallel`, the server
+asks for parallel lookups (FUSE_PARALLEL_DIROPS), so each one reaches it, and a test
+can wait until every one of its lookups is under way.
 
 Mounting needs root and /dev/fuse. Mount only in a private mount namespace of your own
 (`unshare -m --propagation private`): a hung mount in the machine's namespace would
@@ -61,8 +63,11 @@ class HungMount:
         self.server.wait()
 
 
+FUSE_PARALLEL_DIROPS = 1 << 18
+
+
 @contextmanager
-def hung_mount(target: Path) -> Iterator[HungMount]:
+def hung_mount(target: Path, *, parallel: bool = False) -> Iterator[HungMount]:
     fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     libc = ctypes.CDLL(None, use_errno=True)
     options = f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()
@@ -72,13 +77,16 @@ def hung_mount(target: Path) -> Iterator[HungMount]:
         raise OSError(errno, f"mount fuse at {target}: {os.strerror(errno)}")
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     server = subprocess.Popen(
-        [sys.executable, __file__, str(fd), str(write_end), str(os.getpid())],
+        [sys.executable, __file__, str(fd), str(write_end), str(os.getpid()), str(int(parallel))],
         pass_fds=(fd, write_end),
     )
     os.close(fd)
     os.close(write_end)
     mount = HungMount(target, server, read_end)
     try:
+        # The root's attributes come only once the server answered INIT: until then
+        # the kernel takes the folder's lock for each lookup, parallel or not.
+        os.stat(target)
         yield mount
     finally:
         mount.stop()
@@ -86,7 +94,7 @@ def hung_mount(target: Path) -> Iterator[HungMount]:
         os.close(read_end)
 
 
-def _serve(fd: int, reports: int, parent: int) -> None:
+def _serve(fd: int, reports: int, parent: int, parallel: bool) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the test
     if os.getppid() != parent:
@@ -106,7 +114,8 @@ def _serve(fd: int, reports: int, parent: int) -> None:
             os.write(fd, struct.pack("<IiQ", 16 + len(body), error, unique) + body)
 
         if opcode == 26:  # INIT: protocol 7.31, no readahead, one background request
-            reply(struct.pack("<IIIIHHIIHHIIH22x", 7, 31, 0, 0, 1, 1, 4096, 1, 1, 0, 0, 0, 0))
+            flags = FUSE_PARALLEL_DIROPS if parallel else 0
+            reply(struct.pack("<IIIIHHIIHHIIH22x", 7, 31, 0, flags, 1, 1, 4096, 1, 1, 0, 0, 0, 0))
         elif opcode == 3:  # GETATTR (of the root: nothing else is ever found)
             reply(struct.pack("<QII", 1, 0, 0) + root)
         elif opcode == 17:  # STATFS
@@ -121,4 +130,4 @@ def _serve(fd: int, reports: int, parent: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["1"])

@@ -29,6 +29,7 @@ from tests.support.hung_fuse import MNT_DETACH, HungMount, can_mount, hung_mount
 from worker import app
 from worker.config import Config, GrantSection, Paths, RootSection
 from worker.core.pipeline import Dispatcher, Outgoing
+from worker.core.threads import LANE_THREADS
 from worker.wire.framing import worker_message_of
 from worker.wire.local import HandedResult
 from worker.wire.proto import agentworker_pb2 as pb
@@ -154,6 +155,13 @@ def test_an_overlay_over_a_hung_mount_is_looked_up_in_a_thread() -> None:
     _in_a_mount_namespace_of_its_own("_over_a_hung_lookup")
 
 
+def test_stuck_lookups_hold_their_roots_lane_never_the_shared_pool() -> None:
+    why = can_mount()
+    if why is not None:
+        pytest.skip(why)
+    _in_a_mount_namespace_of_its_own("_stuck_in_a_lane")
+
+
 def _in_a_mount_namespace_of_its_own(scenario: str) -> None:
     # Only a bound on a failure, below pytest's own: each step waits on an event. A
     # loop blocked by a lookup never gets past it: the child's threads are shown.
@@ -229,7 +237,7 @@ class _Worker:
         self.answers[result.correlation_id] = result
         self.changed.set()
 
-    def ask(self, cid: str, action: str, **args: object) -> None:
+    def ask(self, cid: str, action: str, timeout_ms: int = 0, **args: object) -> None:
         self.dispatcher.submit(
             pb.ActionRequest(
                 correlation_id=cid,
@@ -237,6 +245,7 @@ class _Worker:
                 surface="workerHost",
                 action=action,
                 args_json=json.dumps(args),
+                timeout_ms=timeout_ms,
             )
         )
 
@@ -252,12 +261,13 @@ class _Worker:
             await self.changed.wait()
 
 
-async def _looked_up(mount: HungMount, names: set[str]) -> None:
+async def _looked_up(mount: HungMount, names: set[str], every: bool = False) -> None:
     """Until the FUSE server has received a LOOKUP of one of `names` (it is sent the
-    lookups of one folder one at a time: the others wait in the kernel for that one)."""
+    lookups of one folder one at a time: the others wait in the kernel for that one),
+    or of `every` one of them (a server that asked for parallel lookups)."""
     loop = asyncio.get_running_loop()
     seen: set[str] = set()
-    while not names & seen:
+    while not (names <= seen if every else names & seen):
         readable = loop.create_future()
         loop.add_reader(mount.reports, readable.set_result, None)
         try:
@@ -368,4 +378,62 @@ def _over_a_hung_lookup() -> None:
         worker.dispatcher.close()
         assert worker.answers["plain"].status == pb.ActionResult.OK, worker.answers["plain"]
         assert worker.answers["over"].status != pb.ActionResult.OK
+    print("ok")
+
+
+def _stuck_in_a_lane() -> None:
+    """Lookups stuck in a hung FUSE mount hold threads of their root's lane, at most
+    LANE_THREADS, never the worker's shared pool: once every thread of the lane belongs
+    to a call that stopped waiting, calls under that root answer `busy` at once, naming
+    the mount, and the other root's thread work goes on (review8 finding 04)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = _Worker(Path(tmp))
+        hung, plain = worker.hung, worker.plain
+        lanes = worker.dispatcher.threads.lanes
+        stuck = [f"x{n}" for n in range(LANE_THREADS)]
+        long = 3_600_000  # no deadline comes first: the calls are cancelled
+
+        async def run() -> None:
+            with hung_mount(hung / "mnt", parallel=True) as mount:
+                for name in stuck:
+                    worker.ask(name, "fs_stat", long, path=f"{hung}/mnt/{name}")
+                await _looked_up(mount, set(stuck), every=True)
+                # Its lane is full of lookups whose calls still wait: one more waits too.
+                worker.ask("in-line", "fs_read", long, path=f"{hung}/mnt/y", encoding="utf-8")
+                # The other root's work runs in the shared pool (the calls, though, take
+                # concurrency slots: eight at once, these three fill them).
+                for n in range(3):
+                    worker.ask(
+                        f"plain-{n}", "fs_read", long, path=f"{plain}/ok.txt", encoding="utf-8"
+                    )
+                await worker.answered(*(f"plain-{n}" for n in range(3)))
+                assert "in-line" in worker.running()
+                assert lanes.held() == LANE_THREADS
+                # The calls stop; their threads stay in the kernel, stuck.
+                for name in stuck:
+                    assert worker.dispatcher.cancel(name, "the test stops it")
+                await worker.answered(*stuck, "in-line")
+                assert lanes.stuck() == {str(hung): LANE_THREADS}
+                # Beside the stuck lookups, in their root: refused at once, naming the mount.
+                worker.ask("again", "fs_stat", long, path=f"{hung}/ok.txt")
+                worker.ask("again-exec", "exec", long, argv=["ls"], cwd=str(hung))
+                worker.ask("plain-after", "fs_read", long, path=f"{plain}/ok.txt", encoding="utf-8")
+                await worker.answered("again", "again-exec", "plain-after")
+                mount.stop()  # the server is gone: the stuck lookups fail, their threads end
+                await lanes.idle()
+                worker.ask("after", "fs_stat", long, path=f"{hung}/ok.txt")
+                await worker.answered("after")
+            await worker.dispatcher.drain(60)
+
+        asyncio.run(run())
+        worker.dispatcher.close()
+        answers = worker.answers
+        for name in stuck:
+            assert answers[name].error.code == "cancelled", answers[name]
+        for cid in ("in-line", "again", "again-exec"):
+            error = answers[cid].error
+            assert error.code == "busy" and error.retryable, answers[cid]
+            assert f"fuse.hung at {hung}/mnt" in error.message, error.message
+        for cid in (*(f"plain-{n}" for n in range(3)), "plain-after", "after"):
+            assert answers[cid].status == pb.ActionResult.OK, answers[cid]
     print("ok")

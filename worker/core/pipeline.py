@@ -1111,6 +1111,7 @@ class Dispatcher:
             policies=self.policies,
             containment=self.containment,
             services=self.services,
+            threads=self.threads,
             in_flight=self.in_flight,
             approve=lambda what, preview: self._approve(call, what, preview),
             **({"claim": lambda: self._claim_late(call)} if call.claims_late else {}),

@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 from allowlist import PolicyFile
 from sandbox import Containment, Root
 from worker.config import Config, Paths
+from worker.core.threads import CallThreads
 from worker.errors import ErrorCode, WorkerError
 
 MIB: Final = 1024 * 1024
@@ -106,6 +107,9 @@ class Context:
     # raises WorkerError, and the handler must then start nothing, when the claim
     # cannot be made. Elsewhere the call was claimed before its handler ran: nothing.
     claim: Callable[[], None] = _claimed_already
+    # The worker's threads: the loop's default executor, and the lanes apart from it
+    # for folders whose file system may hang (worker.core.threads, fs_paths.in_thread).
+    threads: CallThreads = field(default_factory=CallThreads)
 
     @property
     def data_dir(self) -> Path:

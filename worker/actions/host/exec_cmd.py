@@ -16,6 +16,7 @@ request's deadline passing first is the `timeout` error.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -41,12 +42,17 @@ from sandbox.process import (
 )
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
-from worker.actions.host.fs_paths import CONFINED_CODES, all_local, confined
+from worker.actions.host.fs_paths import (
+    CONFINED_CODES,
+    all_local,
+    confined,
+    hanging_root,
+    in_thread,
+)
 from worker.config import ExecSection, Paths
 from worker.core.blob_files import check_hasher
 from worker.core.prompt_text import one_line
 from worker.core.registry import MIB, ActionSpec, Args, Context, Json, Outcome, PathArg, Result
-from worker.core.threads import looking
 from worker.errors import ErrorCode, WorkerError
 
 # An `ask` approval's name shows this much of its command (its digest binds all of it).
@@ -101,16 +107,18 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     settings = ctx.config.exec
     timeout_s = _timeout(args, settings)
     # The working folder's and the arguments' lookups, and the roots' own, on the loop
-    # only where none can hang (fs_paths.on_loop); in a thread elsewhere.
+    # only where none can hang (fs_paths.on_loop); elsewhere in a thread of the lane of
+    # the working folder's root (or of the first root whose lookups may hang).
     local = all_local(ctx)
+    lane = None if local else hanging_root(ctx, args.cwd, reaching_all=True)
     if local:
         cwd, decision, program = _judged(ctx, args)
     else:
-        cwd, decision, program = await looking(_judged, ctx, args)
+        cwd, decision, program = await in_thread(ctx, lane, _judged, ctx, args, looks=True)
     if decision.verdict == "ask":
         await ctx.approve(*ask_about("workerHost", args.argv, cwd, decision.reason))
     assert decision.program is not None
-    why = _moved(ctx.roots) if local else await looking(_moved, ctx.roots)
+    why = _moved(ctx.roots) if local else await in_thread(ctx, lane, _moved, ctx.roots, looks=True)
     if why is not None:
         raise WorkerError("sandbox_unavailable", why)
     entry = await landlock_entry(settings, ctx.paths)
@@ -122,9 +130,11 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         )
         if why is not None:
             raise WorkerError("sandbox_unavailable", f"{why}: rule {decision.rule_id} not run")
-    async with git_view(decision.program, program, ctx.roots, cwd) as git:
+    lane = None if local else hanging_root(ctx, cwd, reaching_all=True)
+    thread = functools.partial(in_thread, ctx, lane)
+    async with git_view(decision.program, program, ctx.roots, cwd, thread) as git:
         if decision.walks and not ctx.config.fs.allow_hard_links:
-            await looking(check_walked, ctx.roots, cwd, decision.searched, git.env)
+            await thread(check_walked, ctx.roots, cwd, decision.searched, git.env, looks=True)
         view = View(
             cwd=cwd,
             mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),

@@ -31,7 +31,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,10 +91,15 @@ class GitView:
 
 @asynccontextmanager
 async def git_view(
-    program: Program, path: str, roots: Sequence[Root], cwd: str
+    program: Program,
+    path: str,
+    roots: Sequence[Root],
+    cwd: str,
+    thread: Callable[..., Awaitable[GitView]] = asyncio.to_thread,
 ) -> AsyncIterator[GitView]:
-    """For git: the env and private common folder to run it in `cwd`. For any other
-    program: nothing to add."""
+    """For git: the env and private common folder to run it in `cwd`, looked up in a
+    `thread` (exec's: a lane of its own where the roots' lookups may hang). For any
+    other program: nothing to add."""
     if program.name != "git":
         yield GitView()
         return
@@ -106,7 +111,7 @@ async def git_view(
                 "private settings go inside the sandbox; git cannot run with it shared",
             )
     with tempfile.TemporaryDirectory(prefix="agentworker-git-") as scratch:
-        yield await asyncio.to_thread(_prepare, path, roots, cwd, Path(scratch))
+        yield await thread(_prepare, path, roots, cwd, Path(scratch))
 
 
 def _prepare(git: str, roots: Sequence[Root], cwd: str, scratch: Path) -> GitView:

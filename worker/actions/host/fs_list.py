@@ -8,7 +8,6 @@ with a million files costs one capped call, not a stalled worker.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import stat as stat_mod
@@ -18,7 +17,7 @@ import orjson
 from pydantic import Field
 
 from sandbox import ConfinedDir, ConfinementError, Problem, Row, file_kind, list_tree
-from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined
+from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined, hanging_root, in_thread
 from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, PathArg, Result
 from worker.errors import CONFINEMENT_CODES
 
@@ -56,7 +55,7 @@ class FsListResult(Result):
 
 
 async def fs_list(ctx: Context, args: FsListArgs) -> Outcome[FsListResult]:
-    return await asyncio.to_thread(_list, ctx, args)
+    return await in_thread(ctx, hanging_root(ctx, args.path), _list, ctx, args)
 
 
 def _list(ctx: Context, args: FsListArgs) -> Outcome[FsListResult]:

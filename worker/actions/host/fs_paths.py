@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Final, TypeVar
 
-from sandbox import ConfinedDir, ConfinementError, HardLinkError, Located, locate
+from sandbox import ConfinedDir, ConfinementError, HardLinkError, Located, Root, locate
 from worker.core.registry import Context
+from worker.core.threads import looking
 from worker.errors import ErrorCode, WorkerError, from_confinement, from_os_error
 
 # What `confined` may answer: a refusal, or the file system's own no.
@@ -52,6 +54,48 @@ def all_local(ctx: Context) -> bool:
     """Whether a lookup anywhere in the roots may be made on the event loop (on_loop)."""
     local = ctx.containment.mounts.local
     return all(local(str(root.path)) for root in ctx.roots)
+
+
+T = TypeVar("T")
+
+
+def hanging_root(ctx: Context, path: str | None, *, reaching_all: bool = False) -> Root | None:
+    """The root a lookup of `path` is made in, if a lookup there may never return (see
+    on_loop); None when it cannot hang there or its text is refused before any lookup.
+    For work `reaching_all` roots (exec's checks), the first root where one may hang
+    when `path`'s root (or no path) names none."""
+    local = ctx.containment.mounts.local
+    if all(local(str(root.path)) for root in ctx.roots):
+        return None
+    if path is not None:
+        try:
+            root = locate(ctx.roots, path).root
+        except ConfinementError:
+            root = None
+        if root is not None and not local(str(root.path)):
+            return root
+    if not reaching_all:
+        return None
+    return next(root for root in ctx.roots if not local(str(root.path)))
+
+
+def in_thread(
+    ctx: Context, root: Root | None, fn: Callable[..., T], /, *args: object, looks: bool = False
+) -> Awaitable[T]:
+    """fn(*args) in a thread: the worker's pool (`asyncio.to_thread`, or `looking` for
+    a job that only `looks`) when `root` is None, else a thread of that root's own
+    lane (worker.core.threads.Lanes), so that lookups stuck in its file system never
+    hold a thread another root's calls need; `busy` when its stuck lookups fill it."""
+    if root is None:
+        return looking(fn, *args) if looks else asyncio.to_thread(fn, *args)
+    folder = str(root.path)
+    mounts = ctx.containment.mounts
+
+    def where() -> str:
+        hazards = mounts.may_hang(folder)
+        return f"{folder} ({', '.join(hazards)})" if hazards else folder
+
+    return ctx.threads.lanes.run(folder, where, fn, *args, looks=looks)
 
 
 @contextmanager

@@ -10,7 +10,6 @@ socket or device is refused before it is opened, so none can hang the call.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import os
 from collections.abc import Awaitable
@@ -19,7 +18,7 @@ from typing import Annotated, Final, Literal
 from pydantic import Field
 
 from sandbox import open_regular, read_at, read_cached
-from worker.actions.host.fs_paths import CONFINED_CODES, confined, on_loop
+from worker.actions.host.fs_paths import CONFINED_CODES, confined, hanging_root, in_thread, on_loop
 from worker.core.registry import MIB, ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
 
 READ_BYTES: Final = 1 * MIB  # per call; page with offset/length
@@ -69,7 +68,7 @@ def fs_read(
 
 
 async def read_in_thread(ctx: Context, args: FsReadArgs) -> Outcome[FsReadResult]:
-    outcome = await asyncio.to_thread(_read, ctx, args)
+    outcome = await in_thread(ctx, hanging_root(ctx, args.path), _read, ctx, args)
     assert outcome is not None  # only a read of the cache alone finds nothing
     return outcome
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import grp
 import pwd
@@ -13,7 +12,14 @@ from typing import Any, Final
 import orjson
 
 from sandbox import file_kind
-from worker.actions.host.fs_paths import CONFINED_CODES, carried, confined, on_loop
+from worker.actions.host.fs_paths import (
+    CONFINED_CODES,
+    carried,
+    confined,
+    hanging_root,
+    in_thread,
+    on_loop,
+)
 from worker.core.registry import ActionSpec, Args, Context, Effect, Json, Outcome, PathArg, Result
 
 
@@ -45,10 +51,11 @@ def fs_stat(
     """A plain function: on a local disk a stat or two never waits long enough to be
     worth a thread hop, or even a task of its own (see ActionSpec.handler), so it runs
     in the turn that received the call. Under a root where a lookup may never return
-    (a FUSE or network mount on the way or beneath: `on_loop`), in a thread."""
+    (a FUSE or network mount on the way or beneath: `on_loop`), in a thread of that
+    root's own (`in_thread`)."""
     if on_loop(ctx, args.path):
         return stat_now(ctx, args)
-    return asyncio.to_thread(stat_now, ctx, args)
+    return in_thread(ctx, hanging_root(ctx, args.path), stat_now, ctx, args)
 
 
 def stat_now(ctx: Context, args: FsStatArgs) -> Outcome[FsStatResult]:

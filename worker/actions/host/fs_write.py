@@ -17,7 +17,13 @@ from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
 from sandbox import Data, Written, append_bytes, data_size, make_parents, write_atomic
-from worker.actions.host.fs_paths import CONFINED_CODES, check_lands_writable, confined
+from worker.actions.host.fs_paths import (
+    CONFINED_CODES,
+    check_lands_writable,
+    confined,
+    hanging_root,
+    in_thread,
+)
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
 
@@ -86,7 +92,8 @@ async def _written_and_hashed(
     def in_file() -> None:  # in the writing thread
         loop.call_soon_threadsafe(_settled, data_in)
 
-    writing = asyncio.ensure_future(asyncio.to_thread(_write, ctx, args, data, in_file))
+    root = hanging_root(ctx, args.path)  # a root that may hang writes in a lane of its own
+    writing = asyncio.ensure_future(in_thread(ctx, root, _write, ctx, args, data, in_file))
     hashing: asyncio.Future[str] | None = None
     try:
         await asyncio.wait((writing, data_in), return_when=asyncio.FIRST_COMPLETED)
