@@ -6,10 +6,13 @@ import gc
 import json
 
 from worker.core.redaction import (
+    MASK,
     NESTED_AT_MOST,
     PREVIEW_CHARS,
     args_for_replay,
     args_preview,
+    masked_detail,
+    masked_message,
     nests_deeper,
 )
 
@@ -154,3 +157,33 @@ def test_args_nested_past_what_any_action_takes_are_never_parsed_or_walked() -> 
     assert short == []
     assert not nests_deeper('["' + "[" * 5000 + '"]')  # brackets in a string do not nest
     assert nests_deeper('[["\\"", ' * 201 + "]" * 201)
+
+
+def test_a_message_quoting_a_call_keeps_none_of_its_secrets() -> None:
+    """Refusals quote the URL or the argv (review10 01): as kept at rest, masked."""
+    said = [
+        "'http://127.0.0.1:9/x?access_token=QSECRET0123' is a loopback address",
+        "no rule allows `grep -r --password=ARGSECRET0 .`",
+        "no rule allows `grep -r --password ARGSECRET1 .`",
+        "argv ['curl', '--password', 'ARGSECRET2', 'x']",
+        "https://user:ARGSECRET3@example.com/r.git is not allowed",
+        "curl -H 'Authorization: Bearer HDRSECRET0123456789' x",
+    ]
+    for text in said:
+        masked = masked_message(text)
+        assert "SECRET" not in masked, masked
+        assert MASK in masked, masked
+    assert masked_message("`rm` is not an allowed program") == "`rm` is not an allowed program"
+
+
+def test_a_detail_is_masked_at_any_depth_argv_included() -> None:
+    detail = {
+        "url": "http://h/x?token=QSECRET0123",
+        "argv": ["grep", "--password", "ARGSECRET4", "-r", "."],
+        "tried": {"grep": ["option --api-key=ARGSECRET5 not allowed"]},
+        "count": 3,
+    }
+    masked = masked_detail(detail)
+    assert "SECRET" not in json.dumps(masked), masked
+    assert masked["argv"] == ["grep", "--password", MASK, "-r", "."]
+    assert masked["count"] == 3

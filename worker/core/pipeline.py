@@ -46,7 +46,7 @@ from worker.config import Config, Paths
 from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.prompt_text import call_text
-from worker.core.redaction import args_preview
+from worker.core.redaction import args_preview, masked_detail, masked_message
 from worker.core.registry import (
     MIB,
     ActionSpec,
@@ -1244,8 +1244,16 @@ class Dispatcher:
         )
         if error is not None:
             result.error.CopyFrom(error_pb(error))
+            # A refusal quotes the call (the URL, the argv): what the ledger, the hub's
+            # store, recordings and the audit row keep of it is masked as previews are
+            # (review10 01). The agent knows what it sent.
+            masked = masked_message(error.message)
+            if masked != error.message:
+                result.error.message = masked
+            if error.details and result.error.details_json:
+                result.error.details_json = json.dumps(masked_detail(error.details), default=str)
             if error.code in AUDITED_CODES:
-                self.results.audit(error.code, call.req, {"message": error.message})
+                self.results.audit(error.code, call.req, {"message": masked})
         if self.telemetry.recordings.active(call.req.plan_id):  # `agentworker record start`
             # A recorded plan's blob goes whole into the recording (on the loop, as its
             # row does): recording is for debugging, not for speed.

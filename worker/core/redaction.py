@@ -182,6 +182,47 @@ def masked_text(text: str) -> str:
     return _TOKEN_SHAPED.sub(MASK, text)
 
 
+# In a message: a secret-looking flag and the value after it (`--password hunter2`),
+# as argv items quoted with spaces between them (shlex.join, a list's repr).
+_FLAG_THEN_VALUE: Final = re.compile(
+    rf"(?<![A-Za-z0-9_.-])(--?{_NAME}{_MASKED_WORD}{_NAME}(?:['\",]+\s*|\s+)['\"]?)"
+    r"(?!-)[^\s'\",\]]+",
+    re.I,
+)
+
+
+def masked_message(text: str) -> str:
+    """A text that quotes a call's args (a refusal's message, a log line), as kept at
+    rest: masked as in previews (masked_text), and a secret-looking flag's value that
+    follows it as the next word too. Not cut short."""
+    text = masked_text(text)
+    if not _SUSPECT.search(text.lower()):
+        return text
+    return _FLAG_THEN_VALUE.sub(lambda m: f"{m.group(1)}{MASK}", text)
+
+
+def masked_detail(value: Any) -> Any:
+    """An audit event's detail with every string in it masked (masked_message): its
+    messages quote the refused call's URL or argv."""
+    if isinstance(value, str):
+        return masked_message(value)
+    if isinstance(value, dict):
+        return {k: masked_detail(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):  # an argv: the value after a secret flag too
+        out: list[Any] = []
+        after_flag = False
+        for item in value:
+            secret = after_flag and isinstance(item, str) and not item.startswith("-")
+            out.append(MASK if secret else masked_detail(item))
+            after_flag = (
+                isinstance(item, str)
+                and len(item) <= _FLAG_CHARS
+                and _SECRET_FLAG.fullmatch(item) is not None
+            )
+        return out
+    return value
+
+
 class _Redactor:
     """One preview's walk over the parsed args, in the order json.dumps writes them.
 

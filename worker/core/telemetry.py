@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from worker.clock import now_ms
 from worker.core.recording import Recordings
+from worker.core.redaction import masked_detail
 from worker.db import transaction, write_many
 from worker.errors import ErrorCode
 from worker.wire.proto import agentworker_pb2 as pb
@@ -146,7 +147,9 @@ class Telemetry:
             kind=kind,
             plan_id=plan_id,
             agent_id=agent_id,
-            detail_json=json.dumps(detail or {}, sort_keys=True),
+            # Its messages quote the call (a refused URL, an argv): masked as previews are,
+            # since audit rows are kept 90 days and the hub logs them (review10 01).
+            detail_json=json.dumps(masked_detail(detail or {}), sort_keys=True),
             unix_ms=now_ms(),
         )
         self._db.execute(
