@@ -225,3 +225,76 @@ def test_a_servers_names_in_a_comment_cannot_start_a_step(tmp_path: Path) -> Non
     assert len(recorded.lines) == 3 and all(line.startswith("#") for line in recorded.lines[1:])
     assert fmt.parse(recorded.text(), base=tmp_path).items == ()
     assert "\\n" + step in recorded.text() and "\\u2028" + step in recorded.text()
+
+
+def test_a_refused_call_keeps_no_blob_and_its_step_says_so(tmp_path: Path) -> None:
+    """review10 05: a call refused before it ran (here: an agent with no grant) kept
+    its whole request blob while the plan was recorded."""
+    data, workspace = tmp_path / "data", tmp_path / "workspace"
+    data.mkdir()
+    workspace.mkdir()
+    state = State(data / "state.db")
+    Recordings(state.connection).start("p", "test")
+    state.close()
+    blob = b"x" * (1024 * 1024)
+
+    async def calls() -> None:
+        async with in_process(_config(workspace), tmp_path, data) as worker:
+            refused = _request("w1", "p", "fs_write", {"path": "a.txt", "mode": "create"})
+            refused.agent_id = "nobody"
+            answer = await worker.call(refused, blob)
+            assert answer.error_code == "scope_required", answer
+
+    asyncio.run(calls())
+    state = State(data / "state.db")
+    try:
+        kept, left_out = state.connection.execute(
+            "SELECT length(request_blob), blob_left_out FROM recorded_calls"
+            " WHERE correlation_id = 'w1'"
+        ).fetchone()
+        recorded = record(state.connection, "p", "s.blobs")
+    finally:
+        state.close()
+    assert (kept, left_out) == (0, len(blob))
+    assert not (workspace / "a.txt").exists()
+    assert recorded.steps == 1 and recorded.blobs == {}
+    assert f"({len(blob)} bytes) was not kept" in recorded.text()
+    (step,) = fmt.parse(recorded.text(), base=tmp_path).entries
+    assert step.step.blob is None and step.expect.error_code == "scope_required"
+
+
+def test_recordings_keep_blobs_up_to_their_bound_and_say_when_it_is_reached(
+    tmp_path: Path,
+) -> None:
+    data, workspace = tmp_path / "data", tmp_path / "workspace"
+    data.mkdir()
+    workspace.mkdir()
+    state = State(data / "state.db")
+    Recordings(state.connection).start("p", "test")
+    state.close()
+
+    async def calls() -> None:
+        async with in_process(_config(workspace), tmp_path, data) as worker:
+            worker.dispatcher.telemetry.recordings.max_blob_bytes = 10
+            for n in range(3):
+                write = _request(f"w{n}", "p", "fs_write", {"path": f"{n}.txt", "mode": "create"})
+                answer = await worker.call(write, b"12345678")
+                assert answer.status == "ok", answer
+
+    asyncio.run(calls())
+    state = State(data / "state.db")
+    try:
+        kept = state.connection.execute(
+            "SELECT correlation_id, length(request_blob), blob_left_out FROM recorded_calls"
+            " ORDER BY correlation_id"
+        ).fetchall()
+        full = state.connection.execute(
+            "SELECT detail_json FROM audit_events WHERE kind = 'recording_full'"
+        ).fetchall()
+        recorded = record(state.connection, "p", "s.blobs")
+    finally:
+        state.close()
+    assert kept == [("w0", 8, 0), ("w1", 0, 8), ("w2", 0, 8)]
+    assert len(full) == 1 and "their bound" in json.loads(full[0][0])["message"]
+    assert recorded.steps == 1 and recorded.without_args == 2
+    assert recorded.text().count("the recordings reached their bound") == 2

@@ -46,6 +46,7 @@ from worker.config import Config, Paths
 from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.prompt_text import call_text
+from worker.core.recording import FULL_KIND
 from worker.core.redaction import args_preview, masked_detail, masked_message
 from worker.core.registry import (
     MIB,
@@ -168,6 +169,7 @@ class Call:
     # action whose spec says `blob_in_pieces`.
     pieces: tuple[bytes | memoryview, ...] = ()
     refused: bool = False  # refused before its handler: its claim goes, nothing recorded
+    ran: bool = False  # its handler was called: it may have had an effect
     # Stopped when a job of its own had finished in a thread and the task had not yet
     # taken its result: that work is done, whatever the task does next.
     done_in_thread: bool = False
@@ -1076,6 +1078,7 @@ class Dispatcher:
     def _call_handler(self, call: Call) -> Later | None:
         spec = call.spec
         assert spec is not None
+        call.ran = True
         context = self._context(call)
         if spec.inline:
             outcome = spec.handler(context, call.args)
@@ -1256,8 +1259,17 @@ class Dispatcher:
                 self.results.audit(error.code, call.req, {"message": masked})
         if self.telemetry.recordings.active(call.req.plan_id):  # `agentworker record start`
             # A recorded plan's blob goes whole into the recording (on the loop, as its
-            # row does): recording is for debugging, not for speed.
-            self.telemetry.recordings.keep_later(call.req, call.whole_blob(), result_json, blob)
+            # row does): recording is for debugging, not for speed. Not a refused
+            # call's, nor past the recordings' bound (worker.core.recording).
+            recordings = self.telemetry.recordings
+            if recordings.keep_later(call.req, call.whole_blob(), result_json, blob, ran=call.ran):
+                message = (
+                    f"the recordings hold {recordings.max_blob_bytes // MIB} MiB of request "
+                    "blobs, their bound: this call and later ones of recorded plans are kept "
+                    "without their blob until older recorded calls are pruned"
+                )
+                log.warning("%s", message)
+                self.results.audit(FULL_KIND, call.req, {"message": message})
         return result, blob, check
 
     def _invocation(

@@ -6,6 +6,10 @@ expectation filled from what happened: the status, the error code, the result
 durations, owners, HTTP headers), exec's exit code and the result blob's digest.
 A call's args are known only if recording was switched on for the plan when it
 ran (`agentworker record start PLAN`); calls without them are written as comments.
+A refused call's request blob was not kept (worker.core.recording): its step goes
+without it, after a comment saying so; a call that ran but whose blob the
+recordings' bound left out is written as a comment too (it cannot be replayed as it
+was).
 """
 
 from __future__ import annotations
@@ -139,6 +143,19 @@ def record(
                 f"its args were not kept ({why})"
             )
             continue
+        if call.blob_left_out and row["status"] == "ok":
+            out.without_args += 1
+            out.lines.append(
+                f"# {_when(row['started_unix_ms'])} {_comment(name)} (ok): its request blob "
+                f"({call.blob_left_out} bytes) was not kept (the recordings reached their "
+                "bound); not replayable"
+            )
+            continue
+        if call.blob_left_out:
+            out.lines.append(
+                f"# its request blob ({call.blob_left_out} bytes) was not kept (refused before "
+                "it ran, or past the recordings' bound): the step below goes without it"
+            )
         out.steps += 1
         step: dict[str, Any] = {
             "action": row["action"] if row["surface"] == DEFAULT_SURFACE else name,
