@@ -16,7 +16,6 @@ import pytest
 
 from tests.support.hub_inproc import HandWorker, caller_metadata, hub_in_process, own_channel
 from worker.hub.server import (
-    AUDITS_LOGGED_PER_ENVELOPE,
     HELLO_BYTES,
     HELLO_PLANS,
     LOGGED_CHARS,
@@ -173,12 +172,15 @@ def test_what_a_worker_sends_only_to_be_logged_is_logged_in_bounded_pieces(
             await acked(rogue, "last")
             await rogue.close()
 
-    with caplog.at_level(logging.INFO, logger="worker.hub.server"):
+    with caplog.at_level(logging.INFO, logger="worker.hub"):
         asyncio.run(go())
-    lines = [r.getMessage() for r in caplog.records if r.name == "worker.hub.server"]
+    hub_loggers = ("worker.hub.server", "worker.hub.audit_log")
+    lines = [r.getMessage() for r in caplog.records if r.name in hub_loggers]
     audits = [line for line in lines if line.startswith("audit from")]
-    assert len(audits) == AUDITS_LOGGED_PER_ENVELOPE
-    assert any("more than 16 audit events in one message" in line for line in lines)
+    # The first event whole (cut short), the other 99 counted (review10 12); the count
+    # is logged when the minute ends or, here, when the hub stops.
+    assert 1 <= len(audits) <= 2, audits
+    assert not any("99 more" in line for line in audits[:1]), audits
     assert max(len(line) for line in lines) < 3 * LOGGED_CHARS, max(map(len, lines))
     assert any(line.endswith("... (100,000 characters)") for line in lines)
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import logging.handlers
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from worker.cli._common import EXIT_OK, LOG_FORMAT, ShownFormatter, add_token_flags, config_of
 
@@ -78,10 +79,20 @@ def _tui(paths: Paths, args: argparse.Namespace) -> TuiLaunch | None:
     return TuiLaunch(frontend.command(paths.ui_socket, log_file), log_file)
 
 
-def _log_to_file(paths: Paths, name: str = "agentworker.log") -> Path:
+# The log file is rotated (review10 finding 12): at most LOG_FILES files of
+# LOG_FILE_BYTES each, `agentworker.log` then `.1` (newer) to `.3` (oldest).
+LOG_FILE_BYTES: Final = 5 * 1024 * 1024
+LOG_FILES: Final = 4
+
+
+def _log_to_file(
+    paths: Paths, name: str = "agentworker.log", max_bytes: int = LOG_FILE_BYTES
+) -> Path:
     paths.ensure()
     log_file = paths.data_dir / name
-    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler = logging.handlers.RotatingFileHandler(
+        log_file, maxBytes=max_bytes, backupCount=LOG_FILES - 1, encoding="utf-8"
+    )
     handler.setFormatter(ShownFormatter(LOG_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
 from worker.errors import WorkerError
+from worker.hub.audit_log import AuditLines
 from worker.hub.store import HubStore, StoredCall
 from worker.hub.turns import Turns
 from worker.ids import id_problem, name_problem, new_id
@@ -181,7 +182,6 @@ class Session:
     # ids to ack at the end of the envelope being read (results not kept).
     unsolicited: int = 0
     acks: list[str] = field(default_factory=list)
-    audits_logged: int = 0  # of the envelope being read
     # Why the hub ends the stream (a status and its details), once it must.
     refusal: tuple[grpc.StatusCode, str] | None = None
 
@@ -313,9 +313,8 @@ UNSOLICITED_PER_STREAM: Final = 1024
 # Re-sent ids a Hello may name (running_ids and unacked_ids), kept until their results came.
 HELLO_RESENT_IDS: Final = 65_536
 # Of what a worker sends only to be logged (audit events, its goodbye), the hub logs at
-# most this many characters of a text, and this many audit events of an envelope.
+# most this many characters of a text; audit events are counted (hub.audit_log).
 LOGGED_CHARS: Final = 1000
-AUDITS_LOGGED_PER_ENVELOPE: Final = 16
 # Unsolicited messages logged one by one on a stream; the rest are counted.
 UNSOLICITED_LOGGED: Final = 8
 
@@ -571,6 +570,7 @@ class Hub:
         # Hands request blobs to a worker in this process (`up`), and takes its result
         # blobs, see worker.wire.local.
         self.link: LocalLink | None = None
+        self.audit_lines = AuditLines(shown=_shown)
 
     # ------------------------------------------------------------- worker stream
 
@@ -739,7 +739,6 @@ class Hub:
 
     def _handle_all(self, session: Session, envelope: Incoming) -> None:
         """The messages of one envelope, in order; then one Ack for the results not kept."""
-        session.audits_logged = 0
         for msg, blob in envelope:
             self._handle(session, msg, blob)
             if session.refusal is not None:
@@ -776,23 +775,8 @@ class Hub:
                 decision = pb.ScopeDecision()
                 decision.CopyFrom(msg.scope_decision)
                 asked[2].set_result(decision)
-        elif kind == "audit":
-            session.audits_logged += 1
-            if session.audits_logged <= AUDITS_LOGGED_PER_ENVELOPE:
-                audit = msg.audit
-                log.info(
-                    "audit from %s: %s %s",
-                    session.worker_id,
-                    _shown(audit.kind),
-                    _shown(audit.detail_json),
-                )
-            elif session.audits_logged == AUDITS_LOGGED_PER_ENVELOPE + 1:
-                log.info(
-                    "worker %s sent more than %d audit events in one message: the rest of "
-                    "them are not logged here (the worker's own audit log has them)",
-                    session.worker_id,
-                    AUDITS_LOGGED_PER_ENVELOPE,
-                )
+        elif kind == "audit":  # counted: the worker's audit table has each (review10 12)
+            self.audit_lines.event(session.worker_id, msg.audit)
         elif kind == "goodbye":
             log.info("worker %s says goodbye: %s", session.worker_id, _shown(msg.goodbye.reason))
         else:
@@ -1635,6 +1619,7 @@ class Hub:
 
     def shutdown(self) -> None:
         self.memory.close()
+        self.audit_lines.close()
         self.store_results()
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
