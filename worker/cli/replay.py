@@ -166,7 +166,10 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Rep
             app.prepare(paths)  # a worker's first start: config.toml and the workspace
         config = config_for_replay(load(paths), args.config, args.grants)
         config_dir = args.config.resolve().parent if args.config else paths.config_dir
-        async with in_process(config, config_dir, args.data_dir, sandbox=args.sandbox) as worker:
+        # The person's pause switch and killed plans stop the replay too (review10 03).
+        async with in_process(
+            config, config_dir, args.data_dir, sandbox=args.sandbox, person_dir=paths.data_dir
+        ) as worker:
             return await replay(
                 script, worker, mode="in-process", fail_fast=args.fail_fast, progress=bar
             )

@@ -119,4 +119,6 @@ def summary(report: Report) -> str:
     if ran and report.seconds > 0:
         rate = f", {ran / report.seconds:,.0f} steps/s"
     lines += ["", f"{len(report.steps)} steps: {counts or 'none'} in {report.seconds:.2f} s{rate}"]
+    if report.stopped:
+        lines.append(f"the replay stopped: {inert(report.stopped, 1000)}")
     return "\n".join(lines)

@@ -75,6 +75,7 @@ class Report:
     mode: str  # "in-process", "hub ADDR" or "dry-run"
     steps: list[StepReport] = field(default_factory=list)
     seconds: float = 0.0
+    stopped: str | None = None  # why the person stopped the run (pause, a kill), if so
 
     def count(self, outcome: str) -> int:
         return sum(1 for s in self.steps if s.outcome == outcome)
@@ -97,6 +98,7 @@ class Report:
                 if self.count(o)
             },
             "steps": [s.to_json() for s in self.steps],
+            **({"stopped": self.stopped} if self.stopped else {}),
         }
 
 
@@ -154,6 +156,11 @@ async def replay(
         report.steps.append(step)
         if step.outcome in FAILING and fail_fast:
             stopped = True
+        person_stop = getattr(target, "person_stop", None)
+        if person_stop and not stopped:  # paused or killed by the person: no more steps
+            stopped = True
+            report.stopped = person_stop
+            step.outcome = "failed" if step.outcome == "passed" else step.outcome
         if progress is not None:
             progress(len(report.steps), total, step)
     report.seconds = time.perf_counter() - begun

@@ -5,7 +5,11 @@ pipeline (ledger, validation, kill switch, scopes, policy, caps, telemetry):
 
 - `in_process` builds a worker's dispatcher from a config and a grants profile and
   hands it each request through its public entry points (`submit`, `emit`, `ack`),
-  as the worker's connection does, without a network in between;
+  as the worker's connection does, without a network in between. Its ledger and
+  telemetry are its own (a fresh folder by default), but the person's stop is the
+  person's (review10 finding 03): the pause switch of their data folder (`agentworker
+  pause`, the stop hotkey, the TUI) and the plans killed there stop it, checked
+  before each step and while one runs (`PersonsStop`);
 - `through_hub` calls a hub's ControlService.Dispatch, which sends the request down
   a connected worker's stream (`agentworker call` does the same).
 """
@@ -16,16 +20,19 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 import tempfile
 import tomllib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from worker import app
+from worker.actions import computer
 from worker.config import Config, GrantSection, Paths
+from worker.core.pause import PauseState
 from worker.core.pipeline import Dispatcher, Outgoing
 from worker.errors import WorkerError
 from worker.hub.client import ControlClient
@@ -35,6 +42,9 @@ from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import error_pb
 
 log = logging.getLogger(__name__)
+
+# How often a running step looks at the person's kills and pause switch.
+PERSON_CHECK_S = 0.5
 
 
 class Target(Protocol):
@@ -60,13 +70,19 @@ class InProcess:
     """Requests straight into a dispatcher, results straight back (and acked, as a
     hub acks what it stored: the ledger may then forget them)."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, before: Callable[[], None] | None = None) -> None:
         self.dispatcher = dispatcher
+        self._before = before  # run before each step: the person's kills brought in
         self._waiting: dict[str, asyncio.Future[pb.ActionResult]] = {}
         self._acks: list[str] = []
+        # Why the person stopped this replay (a step answered `paused` or `plan_killed`
+        # by their stop): the runner runs no further step.
+        self.person_stop: str | None = None
         dispatcher.outbox.attach(self._emit)
 
     async def call(self, request: pb.ActionRequest, blob: bytes) -> Answer:
+        if self._before is not None:
+            self._before()
         if blob:
             request.blob = blob
         cid = request.correlation_id
@@ -77,7 +93,10 @@ class InProcess:
             result = await future
         finally:
             self._waiting.pop(cid, None)
-        return answer_of(result)
+        answer = answer_of(result)
+        if answer.error_code in ("paused", "plan_killed"):
+            self.person_stop = f"stopped by the person: {answer.error_message}"
+        return answer
 
     def _emit(self, message: Outgoing) -> None:
         msg = worker_message_of(message) if isinstance(message, bytes) else message
@@ -152,34 +171,113 @@ def config_for_replay(base: Config, config_file: Path | None, grants_file: Path 
     return config
 
 
+class PersonsStop:
+    """The plans killed in the person's data folder, read from its state.db read-only
+    (the replay's worker has a ledger of its own), and brought into the replay's
+    ledger as kills of the same plans: its kill switch then refuses their steps and
+    stops a running one (`Dispatcher.kill_plan`)."""
+
+    def __init__(self, person_dir: Path, dispatcher: Dispatcher) -> None:
+        self.db_path = person_dir / "state.db"
+        self.dispatcher = dispatcher
+        self._brought: set[str] = set()
+
+    def killed(self) -> list[tuple[str, str, str]]:
+        """(plan, reason, killed by) of every plan killed there now."""
+        if not self.db_path.exists():
+            return []
+        uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as db:
+            try:
+                return list(db.execute("SELECT plan_id, reason, killed_by FROM killed_plans"))
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):  # no worker ever ran there
+                    return []
+                raise
+
+    def bring_in(self) -> None:
+        """Kill here every plan killed there since the last look (before each step,
+        and every KILL_CHECK_S while one runs)."""
+        for plan, reason, by in self.killed():
+            if plan not in self._brought:
+                self._brought.add(plan)
+                self.dispatcher.kill_plan(plan, f"{reason} (killed by {by} on this machine)", by)
+
+
 @contextlib.asynccontextmanager
 async def in_process(
-    config: Config, config_dir: Path, data_dir: Path | None = None, *, sandbox: bool = False
+    config: Config,
+    config_dir: Path,
+    data_dir: Path | None = None,
+    *,
+    sandbox: bool = False,
+    person_dir: Path | None = None,
 ) -> AsyncIterator[InProcess]:
     """A worker built from `config`: its ledger and telemetry in `data_dir`, or in a
     fresh folder removed afterwards (every step then runs anew). With `sandbox`, in
-    sandbox mode: workbenchHost.* in a workspace per plan under the data dir."""
+    sandbox mode: workbenchHost.* in a workspace per plan under the data dir. With
+    `person_dir` (the person's data folder), its pause switch (and the stop hotkey,
+    with a desktop) and its killed plans stop the replay as they stop the worker."""
     with contextlib.ExitStack() as stack:
         if data_dir is None:
             data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="replay-")))
         paths = Paths(config_dir=config_dir, data_dir=data_dir)
         stack.enter_context(app.worker_lock(paths))
         bench = await app.start_workbench(paths, config) if sandbox else None
-        dispatcher = app.build_dispatcher(paths, config, bench=bench)
+        desktop = None if person_dir is None else computer.build(config, person_dir)
+        dispatcher = app.build_dispatcher(paths, config, bench=bench, desktop=desktop)
+        watch: asyncio.Task[None] | None = None
+        hotkey: asyncio.Task[None] | None = None
         try:
             lost = dispatcher.recover()
             if lost:
                 log.warning(
                     "%d call(s) of an earlier run in %s: outcome_unknown", len(lost), data_dir
                 )
-            target = InProcess(dispatcher)
+            stop = None if person_dir is None else PersonsStop(person_dir, dispatcher)
+            target = InProcess(dispatcher, before=None if stop is None else stop.bring_in)
+            if stop is not None:
+                watch = asyncio.create_task(_watch_the_person(dispatcher, stop))
+            if desktop is not None and desktop.available and bench is None:
+                hotkey = asyncio.create_task(desktop.start_hotkey())
             yield target
             await dispatcher.drain(config.worker.drain_grace_s)
             target.flush_acks()
         finally:
+            for task in (watch, hotkey):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            if desktop is not None:
+                desktop.close()
             dispatcher.close()
             if bench is not None:  # the plans' cgroups, and what runs in them
                 await bench.close()
+
+
+async def _watch_the_person(dispatcher: Dispatcher, stop: PersonsStop) -> None:
+    """While a step runs: a pause (told at once when this process sees the switch
+    change, else at the next look) or a kill made meanwhile stops it, as the
+    worker's own check does (app._enforce_kills)."""
+    loop = asyncio.get_running_loop()
+    changed = asyncio.Event()
+
+    def on_pause(_state: PauseState) -> None:  # any thread: the hotkey's
+        loop.call_soon_threadsafe(changed.set)
+
+    if dispatcher.pause is not None:
+        dispatcher.pause.subscribe(on_pause)
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), PERSON_CHECK_S)
+        changed.clear()
+        try:
+            stop.bring_in()
+        except sqlite3.Error as exc:
+            log.warning("could not read the killed plans of %s: %s", stop.db_path, exc)
+        if dispatcher.enforce_pause():
+            log.info("stopped the running step: paused on this machine")
 
 
 # ----------------------------------------------------------------- through a hub
