@@ -30,7 +30,13 @@ from worker import actions, memory
 from worker.actions import computer
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
-from worker.core.connection import Backoff, LinkState, Target, WorkerConnection
+from worker.core.connection import (
+    Backoff,
+    LinkState,
+    Target,
+    WorkerConnection,
+    local_hub_key,
+)
 from worker.core.console import Console, Link
 from worker.core.console_socket import ConsoleServer
 from worker.core.ledger import State
@@ -239,9 +245,11 @@ def local_workers_token(paths: Paths) -> Path:
 
 
 def worker_target(paths: Paths, config: Config) -> Target:
-    """Where the worker dials: the configured server, else this machine's hub."""
+    """Where the worker dials: the configured server, else this machine's hub (known to
+    the ledger as `up` knows it, by its token: see connection.local_hub_key)."""
     address = config.worker.server or config.hub.listen
     token = config.worker.token
+    own_hub = config.worker.server is None and token is None
     if token is None:
         token = read_token(local_workers_token(paths))
     return Target(
@@ -249,6 +257,7 @@ def worker_target(paths: Paths, config: Config) -> Target:
         token=token,
         tls_ca=config.worker.tls_ca,
         worker_key=read_or_create_token(paths.worker_key_file),
+        key=local_hub_key(token) if own_hub else "",
     )
 
 
@@ -586,10 +595,14 @@ async def run_up(
         local = running.hub.link = LocalLink()
         desktop = computer.build(config, paths.data_dir)
         dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
+        token = read_token(paths.workers_token_file)  # start_hub made it
         target = Target(
             address=running.address,
-            token=read_token(paths.workers_token_file),  # start_hub made it
+            token=token,
             worker_key=read_or_create_token(paths.worker_key_file),
+            # The same hub at each start, whatever port it has this time (the ledger
+            # sends its results only to it: worker.core.ledger).
+            key=local_hub_key(token),
         )
         if built is not None:
             built()

@@ -6,13 +6,15 @@ the outbox holds. A dropped stream is redialled with full-jitter exponential
 backoff capped at 30 s; a refusal that retrying cannot fix (bad token, permission,
 unknown service, protocol mismatch) ends the worker with the reason. A dropped
 stream does not cancel running calls: their results wait in the ledger and are
-re-sent after the next handshake.
+re-sent after the next handshake, to that server only (`Target.server_key`): the
+results of another server the worker served before are held for it, not sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import uuid
@@ -117,12 +119,49 @@ class LinkState:
         return {"state": self.state, "detail": self.detail, "retry_at_ms": self.retry_at_ms}
 
 
+# The server key of this data folder's own hub (`agentworker up`, or `run` with no
+# server named), before its token's digest: see local_hub_key.
+LOCAL_HUB: Final = "local-hub"
+
+
+def _token_digest(token: str) -> str:
+    """A digest of a server's token that says which token it was, never what it is."""
+    return hashlib.sha256(b"agentworker server token\0" + token.encode()).hexdigest()[:16]
+
+
+def server_key(address: str, token: str, *, tls: bool) -> str:
+    """Which server a worker serves: the address it dials (its scheme and spelling
+    made one: `dns:///Host:443` is `host:443`), whether over TLS, and a digest of the
+    token (another token at the same address is another server, or another account of
+    it). The ledger stamps each call with it (worker.core.ledger): only that server
+    is told of the call and sent its result. The CA file is left out: renewing it
+    leaves the server the same."""
+    spelled = address.strip()
+    if not spelled.startswith("unix:"):  # a socket's path keeps its case
+        spelled = spelled.removeprefix("dns:///").removeprefix("dns:").lower()
+    return f"{'tls' if tls else 'plain'}://{spelled}#{_token_digest(token)}"
+
+
+def local_hub_key(token: str) -> str:
+    """The key of this data folder's own hub (`up`'s in-process one, or the one `run`
+    dials with no server named): known by its workers' token, which it made and keeps
+    beside hub.db, not by the port it listens on this time (`[hub] listen` with port 0
+    gives another each start)."""
+    return f"{LOCAL_HUB}#{_token_digest(token)}"
+
+
 @dataclass(frozen=True)
 class Target:
     address: str
     token: str
     tls_ca: Path | None = None
     worker_key: str = ""  # see transport.WORKER_KEY_HEADER; none: the hub binds none
+    # Which server this is, for the ledger; empty: server_key of the address and token.
+    key: str = ""
+
+    @property
+    def server_key(self) -> str:
+        return self.key or server_key(self.address, self.token, tls=self.tls_ca is not None)
 
 
 class WorkerConnection:
@@ -140,6 +179,9 @@ class WorkerConnection:
     ) -> None:
         self.dispatcher = dispatcher
         self.target = target
+        # The ledger tells, sends and answers this server only its own calls (one
+        # connection per dispatcher: the worker serves one server for its lifetime).
+        dispatcher.state.server = target.server_key
         self.keepalive = keepalive
         self.heartbeat_s = heartbeat_s
         self.backoff = backoff
@@ -288,6 +330,7 @@ class WorkerConnection:
             self.connected.set()
             self.on_state(LinkState("ready", f"session {welcome.session_id}"))
             log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
+            self._log_held_for_others()
             tasks.append(asyncio.create_task(self._heartbeats()))
             if self._handle_all(self._decode(first)[1:]):
                 return
@@ -317,6 +360,21 @@ class WorkerConnection:
             await outbox.room()
             self._send(message)
 
+    def _log_held_for_others(self) -> None:
+        """Say, once per session, which other servers' results the ledger holds (never
+        sent here; they go when their server is dialled again, or at their age)."""
+        state = self.dispatcher.state
+        for held in state.held_for_others():
+            log.warning(
+                "holding %d result(s) (%s bytes) of another server, %s, that it has not "
+                "acked: not sent to %s; kept for it until %.0f h after they finished",
+                held.count,
+                f"{held.bytes:,}",
+                held.server,
+                self.target.address,
+                state.ttl_s / 3600,
+            )
+
     def _hello(self) -> pb.Hello:
         state = self.dispatcher.state
         registry = self.dispatcher.registry
@@ -331,8 +389,8 @@ class WorkerConnection:
             actions=sorted(name for name, spec in registry.items() if spec.advertised),
             gui_available=self.gui_available,
             max_concurrency=self.dispatcher.limits.max_concurrency,
-            running_ids=state.running_ids(),
-            unacked_ids=[unacked.correlation_id for unacked in state.unacked_results()],
+            running_ids=state.running_ids(),  # this server's calls only, as below
+            unacked_ids=state.unacked_ids(),
             plans=[pb.HeldPlan(plan_id=plan, last_used_unix_ms=used) for plan, used in held],
         )
 

@@ -19,6 +19,17 @@ not pay for a commit first. Its result is held in memory (`hold`) until the serv
 acks it, and only then written, without its blob, so duplicates are still answered
 from here. A worker that dies meanwhile has nothing of it on disk: the server sends
 it again, and it runs again.
+
+Each call is stamped with the server that sent it (`server`: a key the connection
+derives from the address it dials and a digest of its token, see
+`worker.core.connection.Target.server_key`; never the token). Only that server is told
+of it (its Hello lists the call's id as running or unacked), is sent its result again,
+may ack it, and is answered from it when it sends the id again: a worker started again
+against another server (another address or token, the same data folder) holds the
+first server's results for it, unsent, until it connects to that server again or they
+are `ttl_s` old (`prune`); they count toward the unacked budget meanwhile. Rows of a
+state.db from before servers were recorded are stamped `UNRECORDED_SERVER`, which no
+server's key equals: held, never sent, since whose they were is not known.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
@@ -41,6 +53,8 @@ from worker.core.blob_files import BlobFiles, file_name
 from worker.db import connect, write_many
 from worker.wire.protocol import same_call
 
+log = logging.getLogger(__name__)
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     correlation_id TEXT PRIMARY KEY,
@@ -53,7 +67,8 @@ CREATE TABLE IF NOT EXISTS calls (
     finished_ms    INTEGER,
     result_blob    BLOB,           -- its blob, until the server acks it
     blob_bytes     INTEGER NOT NULL DEFAULT 0, -- the blob's size, kept or not
-    blob_file      INTEGER NOT NULL DEFAULT 0  -- 1: the blob is in a file (see blob_path)
+    blob_file      INTEGER NOT NULL DEFAULT 0, -- 1: the blob is in a file (see blob_path)
+    server         TEXT NOT NULL DEFAULT 'unrecorded' -- the key of the server that sent it
 );
 CREATE INDEX IF NOT EXISTS calls_unacked ON calls (state, acked);
 CREATE TABLE IF NOT EXISTS killed_plans (
@@ -93,18 +108,28 @@ RECHECK_S = 0.1
 RECOUNT_S: Final = 1.0  # see State.over_unacked_budget
 
 
+# The server of a call recorded before calls were stamped with theirs (and of a row
+# written without one): no server's key equals it, so such a result is held, never sent.
+UNRECORDED_SERVER: Final = "unrecorded"
+# The server of a State no connection names (a command-line tool, an in-process replay).
+NO_SERVER: Final = ""
+
+
 class Seen(enum.Enum):
     NEW = "new"
     RUNNING = "running"
     DONE = "done"
     MISMATCH = "mismatch"
+    OTHER_SERVER = "other_server"  # the id is another server's call: nothing of it is told
 
 
-# Columns added since the first state.db, with their definitions (added on open).
+# Columns added since the first state.db, with their definitions (added on open). A
+# row from before `server` was added is stamped UNRECORDED_SERVER: held, not sent.
 _ADDED_COLUMNS: Final = {
     "result_blob": "BLOB",
     "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
     "blob_file": "INTEGER NOT NULL DEFAULT 0",
+    "server": f"TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}'",
 }
 
 
@@ -147,6 +172,18 @@ class _Held:
     result: bytes
     blob: bytes
     finished_ms: int
+    server: str
+
+
+@dataclass(frozen=True)
+class HeldForOther:
+    """Results of another server, not acked by it: held for it (see the module's
+    docstring)."""
+
+    server: str
+    count: int
+    bytes: int
+    oldest_ms: int  # when the oldest of them finished
 
 
 @dataclass(frozen=True)
@@ -170,6 +207,9 @@ class State:
             if name not in columns:  # a state.db from before the column
                 self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {definition}")
         self._ttl_ms = int(ttl_s * 1000)
+        # The server whose calls this process serves (its WorkerConnection names it):
+        # the only one told of, sent, acking and answered from the calls stamped with it.
+        self.server = NO_SERVER
         self._held: dict[str, _Held] = {}  # effect-free results not yet acked, oldest first
         self._held_bytes = 0
         # Results recorded and not acked (each its result and blob): with the held ones,
@@ -236,30 +276,35 @@ class State:
     ) -> Begin:
         """Claim a call; only a NEW answer lets the caller execute it. With `claim`
         False (an effect-free call) nothing is written: NEW says only that the ledger
-        knows nothing of the id."""
+        knows nothing of the id. An id another server's call holds is OTHER_SERVER,
+        whatever its args: nothing of that call is told to this one."""
         held = self._held.get(correlation_id)
         if held is not None:
+            if held.server != self.server:
+                return Begin(Seen.OTHER_SERVER)
             if held.digest != args_digest:
                 return Begin(Seen.MISMATCH)
             return Begin(Seen.DONE, held.result, held.blob, len(held.blob))
         if claim:
             try:
                 self._db.execute(
-                    "INSERT INTO calls (correlation_id, args_digest, plan_id, state, created_ms)"
-                    " VALUES (?, ?, ?, 'RUNNING', ?)",
-                    (correlation_id, args_digest, plan_id, now_ms()),
+                    "INSERT INTO calls (correlation_id, args_digest, plan_id, state, created_ms,"
+                    " server) VALUES (?, ?, ?, 'RUNNING', ?, ?)",
+                    (correlation_id, args_digest, plan_id, now_ms(), self.server),
                 )
                 return Begin(Seen.NEW)
             except sqlite3.IntegrityError:
                 pass
         row = self._db.execute(
-            "SELECT args_digest, state, result, result_blob, blob_bytes, blob_file FROM calls"
-            " WHERE correlation_id = ?",
+            "SELECT args_digest, state, result, result_blob, blob_bytes, blob_file, server"
+            " FROM calls WHERE correlation_id = ?",
             (correlation_id,),
         ).fetchone()
         if row is None:  # not claimed, and not known
             return Begin(Seen.NEW)
-        digest, state, result, blob, blob_bytes, in_file = row
+        digest, state, result, blob, blob_bytes, in_file, server = row
+        if server != self.server:
+            return Begin(Seen.OTHER_SERVER)
         if not same_call(digest, args_digest):
             return Begin(Seen.MISMATCH)
         if state == "RUNNING":
@@ -281,7 +326,7 @@ class State:
     ) -> None:
         """Keep an effect-free call's result (without its blob, and the blob) in memory
         until the server acks it; nothing is written."""
-        held = _Held(args_digest, plan_id, result, blob, now_ms())
+        held = _Held(args_digest, plan_id, result, blob, now_ms(), self.server)
         self._held[correlation_id] = held
         self._held_bytes += len(result) + len(blob)
         if self._held_bytes > HELD_BYTES:
@@ -298,20 +343,30 @@ class State:
             self._held_bytes -= len(h.result) + len(h.blob)
             self._recorded_unacked_bytes += len(h.result) + len(h.blob)
             rows.append(
-                (cid, h.digest, h.plan_id, h.result, h.blob or None, len(h.blob), h.finished_ms)
+                (
+                    cid,
+                    h.digest,
+                    h.plan_id,
+                    h.result,
+                    h.blob or None,
+                    len(h.blob),
+                    h.finished_ms,
+                    h.server,
+                )
             )
         with db.transaction(self._db):
             self._db.executemany(
                 "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
-                " result, result_blob, blob_bytes, acked, created_ms, finished_ms)"
-                " VALUES (?1, ?2, ?3, 'DONE', ?4, ?5, ?6, 0, ?7, ?7)",
+                " result, result_blob, blob_bytes, acked, created_ms, finished_ms, server)"
+                " VALUES (?1, ?2, ?3, 'DONE', ?4, ?5, ?6, 0, ?7, ?7, ?8)",
                 rows,
             )
 
     def forget(self, correlation_id: str) -> None:
         """Drop a claim that was never executed (refused before it started)."""
         self._db.execute(
-            "DELETE FROM calls WHERE correlation_id = ? AND state = 'RUNNING'", (correlation_id,)
+            "DELETE FROM calls WHERE correlation_id = ? AND state = 'RUNNING' AND server = ?",
+            (correlation_id, self.server),
         )
 
     def finish(self, correlation_id: str, result: bytes, blob: bytes = b"") -> None:
@@ -370,19 +425,25 @@ class State:
 
     def ack(self, correlation_ids: list[str]) -> None:
         """The server has these results: their blobs go (the pages they took are reused
-        by the next ones); a held effect-free result is written now, without its blob."""
+        by the next ones); a held effect-free result is written now, without its blob.
+        Only the results of this server: another's ack of them lets nothing go."""
         correlation_ids = list(dict.fromkeys(correlation_ids))  # each id counts once
-        held = [(cid, self._held.pop(cid)) for cid in correlation_ids if cid in self._held]
+        held = [
+            (cid, self._held.pop(cid))
+            for cid in correlation_ids
+            if cid in self._held and self._held[cid].server == self.server
+        ]
         self._held_bytes -= sum(len(h.result) + len(h.blob) for _cid, h in held)
         held_ids = {cid for cid, _h in held}
         recorded = [cid for cid in correlation_ids if cid not in held_ids]
         freed = 0
+        let_go = []  # the recorded results this ack let go (their blob files go too)
         with db.transaction(self._db) if held else contextlib.nullcontext():
             if held:
                 self._db.executemany(
                     "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
-                    " result, acked, created_ms, finished_ms, blob_bytes)"
-                    " VALUES (?, ?, ?, 'DONE', ?, 1, ?, ?, ?)",
+                    " result, acked, created_ms, finished_ms, blob_bytes, server)"
+                    " VALUES (?, ?, ?, 'DONE', ?, 1, ?, ?, ?, ?)",
                     [
                         (
                             cid,
@@ -392,6 +453,7 @@ class State:
                             h.finished_ms,
                             h.finished_ms,
                             len(h.blob),
+                            h.server,
                         )
                         for cid, h in held
                     ],
@@ -403,12 +465,14 @@ class State:
                 rows = self._db.execute(
                     "UPDATE calls SET acked = 1, result_blob = NULL, blob_file = 0"
                     " WHERE correlation_id IN (SELECT value FROM json_each(?))"
-                    " AND +state = 'DONE' AND +acked = 0 RETURNING length(result) + blob_bytes",
-                    (json.dumps(recorded),),
+                    " AND +state = 'DONE' AND +acked = 0 AND +server = ?"
+                    " RETURNING correlation_id, length(result) + blob_bytes",
+                    (json.dumps(recorded), self.server),
                 ).fetchall()
-                freed = sum(size or 0 for (size,) in rows)
+                freed = sum(size or 0 for _cid, size in rows)
+                let_go = [cid for cid, _size in rows]
         self._recorded_unacked_bytes = max(0, self._recorded_unacked_bytes - freed)
-        self._drop_blob_files(correlation_ids)  # once the ack committed
+        self._drop_blob_files(let_go)  # once the ack committed
 
     @property
     def unacked_bytes(self) -> int:
@@ -417,7 +481,8 @@ class State:
         return self._recorded_unacked_bytes + self._held_bytes
 
     def over_unacked_budget(self, budget: int) -> bool:
-        """Whether the results the server has not acked take `budget` bytes or more:
+        """Whether the results not acked (every server's: those held for another server
+        take room too, until `prune` drops them) take `budget` bytes or more:
         the worker then runs no new call (Dispatcher), so a server that never acks
         cannot fill the disk. The running count is checked against the database before
         it says yes (at most once a second), so a miscount never refuses for long."""
@@ -447,11 +512,13 @@ class State:
         finally:
             self._db.execute("COMMIT")
 
-    def unacked_results(self) -> list[Unacked]:
-        """Every result the server has not acked, recorded or held, oldest first."""
+    def unacked_results(self, *, every_server: bool = False) -> list[Unacked]:
+        """Every result this server has not acked (with `every_server`, every server's),
+        recorded or held, oldest first."""
         rows = self._db.execute(
             "SELECT correlation_id, result, result_blob, blob_bytes, blob_file, finished_ms"
-            " FROM calls WHERE state = 'DONE' AND acked = 0"
+            " FROM calls WHERE state = 'DONE' AND acked = 0 AND (? OR server = ?)",
+            (every_server, self.server),
         ).fetchall()
         found = [
             (
@@ -463,6 +530,7 @@ class State:
         found += [
             (h.finished_ms, Unacked(cid, h.result, h.blob, len(h.blob)))
             for cid, h in self._held.items()
+            if every_server or h.server == self.server
         ]
         found.sort(key=lambda pair: pair[0] or 0)
         return [unacked for _finished, unacked in found]
@@ -474,23 +542,89 @@ class State:
         ).fetchone()
         return row is not None and bool(row[0])
 
+    def unacked_ids(self) -> list[str]:
+        """The ids of the results this server has not acked (as its Hello lists them)."""
+        rows = self._db.execute(
+            "SELECT correlation_id FROM calls WHERE state = 'DONE' AND acked = 0 AND server = ?"
+            " ORDER BY finished_ms",
+            (self.server,),
+        ).fetchall()
+        held = [cid for cid, h in self._held.items() if h.server == self.server]
+        return [cid for (cid,) in rows] + held
+
     def has_unacked(self) -> bool:
-        if self._held:
+        """Whether this server has results it has not acked (what a shutdown waits for;
+        another server's cannot be acked here)."""
+        if any(h.server == self.server for h in self._held.values()):
             return True
-        row = self._db.execute("SELECT 1 FROM calls WHERE state = 'DONE' AND acked = 0 LIMIT 1")
+        row = self._db.execute(
+            "SELECT 1 FROM calls WHERE state = 'DONE' AND acked = 0 AND server = ? LIMIT 1",
+            (self.server,),
+        )
         return row.fetchone() is not None
 
-    def running_ids(self) -> list[str]:
-        rows = self._db.execute("SELECT correlation_id FROM calls WHERE state = 'RUNNING'")
+    def running_ids(self, *, every_server: bool = False) -> list[str]:
+        """The calls of this server (with `every_server`, of every one) recorded as
+        running: after a crash, what may or may not have happened."""
+        rows = self._db.execute(
+            "SELECT correlation_id FROM calls WHERE state = 'RUNNING' AND (? OR server = ?)",
+            (every_server, self.server),
+        )
         return [cid for (cid,) in rows]
 
+    def held_for_others(self) -> list[HeldForOther]:
+        """The results of other servers not acked by them, per server (see the module's
+        docstring): what the connection says it holds, and keeps from this server."""
+        totals: dict[str, list[int]] = {}
+        for server, count, size, oldest in self._db.execute(
+            "SELECT server, count(*), COALESCE(SUM(length(result) + blob_bytes), 0),"
+            " MIN(finished_ms) FROM calls WHERE state = 'DONE' AND acked = 0 AND server != ?"
+            " GROUP BY server",
+            (self.server,),
+        ):
+            totals[server] = [count, size, oldest or 0]
+        for h in self._held.values():
+            if h.server != self.server:
+                total = totals.setdefault(h.server, [0, 0, h.finished_ms])
+                total[0] += 1
+                total[1] += len(h.result) + len(h.blob)
+                total[2] = min(total[2], h.finished_ms)
+        return [HeldForOther(server, *total) for server, total in sorted(totals.items())]
+
+    @property
+    def ttl_s(self) -> float:
+        """How long an acked call, or a result held for another server, is kept."""
+        return self._ttl_ms / 1000
+
     def prune(self) -> int:
+        """Forget acked calls `ttl_s` after they finished, and results held for another
+        server as long after (it did not come back for them): their blob files go too."""
         cutoff = now_ms() - self._ttl_ms
         cur = self._db.execute(
             "DELETE FROM calls WHERE state = 'DONE' AND acked = 1 AND finished_ms < ?", (cutoff,)
         )
+        pruned = cur.rowcount
+        dropped = self._db.execute(
+            "DELETE FROM calls WHERE state = 'DONE' AND acked = 0 AND server != ?"
+            " AND finished_ms < ? RETURNING correlation_id, server, blob_file",
+            (self.server, cutoff),
+        ).fetchall()
+        if dropped:
+            for cid, _server, in_file in dropped:
+                if in_file:
+                    self._blob_files.discard(cid)
+                    self._blob_store.remove(cid)
+            servers = sorted({server for _cid, server, _in_file in dropped})
+            log.warning(
+                "dropped %d result(s) held for another server (%s) and never acked by it: "
+                "kept %g h after they finished",
+                len(dropped),
+                ", ".join(servers),
+                self._ttl_ms / 3_600_000,
+            )
+            self._count_unacked()
         db.give_back_free_pages(self._db)
-        return cur.rowcount
+        return pruned + len(dropped)
 
     # ------------------------------------------------------------- kill switch
 

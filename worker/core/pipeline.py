@@ -554,14 +554,19 @@ class Dispatcher:
             self._answer_duplicate(req, begun.seen)
 
     def _answer_duplicate(self, req: pb.ActionRequest, seen: Seen) -> None:
-        """A delivery of an id that runs now (RUNNING), or was used for another call."""
+        """A delivery of an id that runs now (RUNNING), or was used for another call:
+        with other args, or by another server (OTHER_SERVER: refused as a mismatch,
+        whatever its args, so nothing of that server's call is told to this one)."""
         cid = req.correlation_id
         if seen is Seen.RUNNING:
             self.results.ack_request(cid, pb.ActionAck.DUPLICATE_RUNNING)
         else:
             message = (
-                f"correlation id {cid} was already used for a call with different arguments; "
-                "use a new id for a new call"
+                f"correlation id {cid} was already used here for a call another server sent; "
+                "nothing was run. Use a new id for a new call"
+                if seen is Seen.OTHER_SERVER
+                else f"correlation id {cid} was already used for a call with different "
+                "arguments; use a new id for a new call"
             )
             self.results.ack_request(cid, pb.ActionAck.REJECTED_ARGS_MISMATCH, message)
             self.results.audit("args_mismatch", req, {"message": message})
@@ -616,10 +621,17 @@ class Dispatcher:
         return self.state.over_unacked_budget(budget)
 
     def _over_budget(self) -> WorkerError:
+        others = sum(held.bytes for held in self.state.held_for_others())
+        held = (
+            f" ({others // MIB} MiB of them are another server's, held for it: they go "
+            f"{self.state.ttl_s / 3600:.0f} h after they finished)"
+            if others
+            else ""
+        )
         return WorkerError(
             "busy",
             f"the server has not acknowledged {self.state.unacked_bytes // MIB} MiB of "
-            f"results (limit {self.limits.max_unacked_bytes // MIB} MiB, [worker] "
+            f"results{held} (limit {self.limits.max_unacked_bytes // MIB} MiB, [worker] "
             "max_unacked_mib); nothing was run, send it again once it has",
         )
 
@@ -852,7 +864,8 @@ class Dispatcher:
         Results recorded whose telemetry rows were not yet written get them now."""
         self._restore_telemetry()
         self.state.sweep_blob_files()
-        lost = self.state.running_ids()
+        # Every server's: each is answered outcome_unknown, told to its own server only.
+        lost = self.state.running_ids(every_server=True)
         for cid in lost:
             req = pb.ActionRequest(correlation_id=cid)
             call = self._new_call(req, b"", call_digest(req))
@@ -871,7 +884,7 @@ class Dispatcher:
         # Rows are written just after their results and before their acks, so a row
         # can be missing only for a result still unacked, which carries the row.
         missing = []
-        for unacked in self.state.unacked_results():
+        for unacked in self.state.unacked_results(every_server=True):
             cid = unacked.correlation_id
             invocation = pb.ActionResult.FromString(unacked.result).invocation
             if invocation.invocation_id and not self.telemetry.has(cid):

@@ -1,0 +1,184 @@
+"""The ledger keeps each call with the server that sent it (review10 finding 16): only
+that server is told of it, sent its result, acks it and is answered from it; the
+others' results are held, counted, and dropped at the ledger's TTL. A state.db from
+before servers were recorded is converted in place, its rows held, never sent."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from worker.clock import now_ms
+from worker.core.connection import Target, local_hub_key, server_key
+from worker.core.ledger import (
+    FILE_BLOB_BYTES,
+    UNRECORDED_SERVER,
+    HeldForOther,
+    Seen,
+    State,
+)
+
+DIGEST = "blake3:" + "cd" * 32
+A = server_key("127.0.0.1:7000", "token-of-a", tls=False)
+B = server_key("127.0.0.1:7001", "token-of-b", tls=False)
+DAY_MS = 24 * 3600 * 1000
+
+# The calls table as state.db had it before servers were recorded (what a person's
+# worker made until this change), and its index.
+OLD_CALLS = """
+CREATE TABLE calls (
+    correlation_id TEXT PRIMARY KEY,
+    args_digest    TEXT NOT NULL,
+    plan_id        TEXT NOT NULL,
+    state          TEXT NOT NULL CHECK (state IN ('RUNNING', 'DONE')),
+    result         BLOB,
+    acked          INTEGER NOT NULL DEFAULT 0,
+    created_ms     INTEGER NOT NULL,
+    finished_ms    INTEGER,
+    result_blob    BLOB,
+    blob_bytes     INTEGER NOT NULL DEFAULT 0,
+    blob_file      INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX calls_unacked ON calls (state, acked);
+"""
+
+
+def _record(state: State, cid: str, blob: bytes) -> None:
+    assert state.begin(cid, DIGEST, "p").seen is Seen.NEW
+    state.finish(cid, b"result of " + cid.encode(), blob)
+
+
+def test_each_server_is_told_sent_and_acks_only_its_own_results(tmp_path: Path) -> None:
+    state = State(tmp_path / "state.db")
+    state.server = A
+    big = b"a" * FILE_BLOB_BYTES  # kept in a file until A acks it
+    _record(state, "a-file", big)
+    _record(state, "a-row", b"small")
+    state.hold("a-held", DIGEST, "p", b"r", b"held blob")  # effect-free, in memory
+    assert state.begin("a-run", DIGEST, "p").seen is Seen.NEW
+    a_bytes = state.unacked_bytes
+
+    state.server = B
+    assert state.unacked_results() == [] and state.unacked_ids() == []
+    assert state.running_ids() == [] and not state.has_unacked()
+    assert state.running_ids(every_server=True) == ["a-run"]
+    assert {u.correlation_id for u in state.unacked_results(every_server=True)} == {
+        "a-file",
+        "a-row",
+        "a-held",
+    }
+    # B's ack of A's ids lets nothing go: not the rows, not the file, not the held one.
+    state.ack(["a-file", "a-row", "a-held"])
+    assert state.unacked_bytes == a_bytes  # still counted against the budget
+    held = state.held_for_others()
+    assert [(h.server, h.count) for h in held] == [(A, 3)]
+    assert held[0].bytes == a_bytes
+    # An id of A's, sent by B, is answered from none of it, whatever its args.
+    for cid in ("a-file", "a-row", "a-held", "a-run"):
+        assert state.begin(cid, DIGEST, "p").seen is Seen.OTHER_SERVER
+        assert state.begin(cid, "blake3:" + "00" * 32, "p", claim=False).seen is Seen.OTHER_SERVER
+    state.forget("a-run")  # never B's to drop
+    _record(state, "b-1", b"")
+    assert state.unacked_ids() == ["b-1"] and state.has_unacked()
+    state.close()  # the held result is written, with its server
+
+    again = State(tmp_path / "state.db")
+    again.sweep_blob_files()  # as the worker does at its start
+    again.server = A
+    assert sorted(again.unacked_ids()) == ["a-file", "a-held", "a-row"]
+    assert again.running_ids() == ["a-run"]
+    by_id = {u.correlation_id: u for u in again.unacked_results()}
+    assert by_id["a-file"].blob == big and by_id["a-held"].blob == b"held blob"
+    again.ack(["a-file", "a-row", "a-held"])
+    assert again.unacked_ids() == [] and not again.blob_path("a-file").exists()
+    assert [h.server for h in again.held_for_others()] == [B]
+    again.close()
+
+
+def test_results_held_for_another_server_go_at_the_ledgers_ttl(tmp_path: Path) -> None:
+    state = State(tmp_path / "state.db")
+    state.server = A
+    _record(state, "a-old", b"a" * FILE_BLOB_BYTES)
+    _record(state, "a-new", b"n")
+    state.server = B
+    _record(state, "b-old", b"b")
+    old = now_ms() - DAY_MS - 1000  # finished past the TTL (24 h)
+    state.connection.execute(
+        "UPDATE calls SET finished_ms = ? WHERE correlation_id IN ('a-old', 'b-old')", (old,)
+    )
+    assert state.blob_path("a-old").exists()
+    assert state.prune() == 1
+    assert not state.blob_path("a-old").exists()
+    # B's own unacked result stays however old (it is re-sent to B); A's newer one too.
+    assert state.unacked_ids() == ["b-old"]
+    assert [(h.server, h.count) for h in state.held_for_others()] == [(A, 1)]
+    assert state.unacked_bytes == len(b"result of b-old") + 1 + len(b"result of a-new") + 1
+    state.close()
+
+
+def test_an_old_state_db_is_converted_and_its_results_are_held(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as old:
+        old.executescript(OLD_CALLS)
+        now = now_ms()
+        old.executemany(
+            "INSERT INTO calls (correlation_id, args_digest, plan_id, state, result, acked,"
+            " created_ms, finished_ms, result_blob, blob_bytes) VALUES (?, ?, 'p', ?, ?, ?,"
+            " ?, ?, ?, ?)",
+            [
+                ("done", DIGEST, "DONE", b"its result", 0, now, now, b"its blob", 8),
+                ("acked", DIGEST, "DONE", b"acked result", 1, now, now, None, 0),
+                ("running", DIGEST, "RUNNING", None, 0, now, None, None, 0),
+            ],
+        )
+    old.close()
+
+    state = State(path, convert=True)  # the worker's own open
+    state.server = A
+    columns = {row[1] for row in state.connection.execute("PRAGMA table_info(calls)")}
+    assert "server" in columns
+    servers = dict(state.connection.execute("SELECT correlation_id, server FROM calls"))
+    assert servers == dict.fromkeys(("done", "acked", "running"), UNRECORDED_SERVER)
+    # Whose they were is not known: told to no server, sent to none, answered to none.
+    assert state.unacked_ids() == [] and state.running_ids() == []
+    assert state.running_ids(every_server=True) == ["running"]
+    size = len(b"its result") + 8
+    assert state.held_for_others() == [HeldForOther(UNRECORDED_SERVER, 1, size, now)]
+    assert state.unacked_bytes == size  # counted against the budget until they go
+    for cid in ("done", "acked", "running"):
+        assert state.begin(cid, DIGEST, "p").seen is Seen.OTHER_SERVER
+    state.ack(["done"])
+    assert state.unacked_bytes == size
+    # New calls are stamped with the server that sends them.
+    _record(state, "new", b"")
+    assert state.unacked_ids() == ["new"]
+    state.close()
+
+    again = State(path, convert=True)  # a second open changes nothing more
+    again.server = A
+    assert again.unacked_ids() == ["new"]
+    again.connection.execute("UPDATE calls SET finished_ms = ?", (now - DAY_MS - 1000,))
+    again.prune()  # the acked row and the held one go; A's own stays
+    assert sorted(
+        cid for (cid,) in again.connection.execute("SELECT correlation_id FROM calls")
+    ) == [
+        "new",
+        "running",
+    ]
+    again.close()
+
+
+def test_a_server_is_known_by_its_address_and_its_tokens_digest() -> None:
+    key = server_key("Agents.Example.com:443", "s3cret-token", tls=True)
+    assert key == server_key("dns:///agents.example.com:443", "s3cret-token", tls=True)
+    assert "s3cret" not in key and key.startswith("tls://agents.example.com:443#")
+    assert key != server_key("agents.example.com:443", "another-token", tls=True)
+    assert key != server_key("agents.example.com:443", "s3cret-token", tls=False)
+    assert key != server_key("other.example.com:443", "s3cret-token", tls=True)
+    assert Target("127.0.0.1:7421", "t").server_key == server_key("127.0.0.1:7421", "t", tls=False)
+    tls = Target("h:443", "t", tls_ca=Path("ca.pem"))
+    assert tls.server_key == server_key("h:443", "t", tls=True)
+    # This data folder's own hub: by its token, whatever port it has this time.
+    local = Target("127.0.0.1:40001", "t", key=local_hub_key("t"))
+    assert local.server_key == Target("127.0.0.1:40002", "t", key=local_hub_key("t")).server_key
+    assert local.server_key != local_hub_key("another")
