@@ -91,23 +91,61 @@ HEALTH_SERVICE: Final = "grpc.health.v1.Health"
 _SERVING: Final = health_pb2.HealthCheckResponse(
     status=health_pb2.HealthCheckResponse.SERVING
 ).SerializeToString()
+# Watch calls held open at once (a watcher is told SERVING and then nothing more until
+# the hub stops, so a held one costs the hub its call, its task and what HTTP/2 took in
+# of its unread request, ~80 KiB): at most this many of all callers', and of them this
+# many of one connection's. Any other Watch is told SERVING and ended at once, as Check
+# is: a watcher that wants more watches again (gRPC's health-checking clients retry a
+# stream that ended). Held for ever without a bound, 2,400 tokenless Watch calls took the
+# hub from 63 to 255 MiB (review9 finding 04).
+HEALTH_WATCHES_HELD: Final = 64
+HEALTH_WATCHES_PER_CONNECTION: Final = 4
 
 
 async def _check(_requests: Any, _context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
     yield _SERVING
 
 
-async def _watch(_requests: Any, _context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-    yield _SERVING
-    await asyncio.Event().wait()  # no change to tell until the call or the hub ends
+class _Watches:
+    """The Watch calls held open, by connection (gRPC's `context.peer()`)."""
+
+    def __init__(self, held: int, per_connection: int) -> None:
+        self.most = held
+        self.per_connection = per_connection
+        self.by_peer: dict[str, int] = {}
+        self.held = 0
+
+    async def watch(
+        self, _requests: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        yield _SERVING
+        peer = context.peer()
+        if self.held >= self.most or self.by_peer.get(peer, 0) >= self.per_connection:
+            return  # told SERVING and ended, as Check
+        self.held += 1
+        self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+        try:
+            await asyncio.Event().wait()  # no change to tell until the call or the hub ends
+        finally:
+            self.held -= 1
+            left = self.by_peer[peer] - 1
+            if left:
+                self.by_peer[peer] = left
+            else:
+                del self.by_peer[peer]
 
 
-def health_service() -> grpc.GenericRpcHandler:
-    """grpc.health.v1.Health's Check and Watch, whose requests are never read."""
+def health_service(
+    held: int = HEALTH_WATCHES_HELD, per_connection: int = HEALTH_WATCHES_PER_CONNECTION
+) -> grpc.GenericRpcHandler:
+    """grpc.health.v1.Health's Check and Watch, whose requests are never read; at most
+    `held` Watch calls held open (`per_connection` of one connection's), the others
+    answered and ended."""
+    watches = _Watches(held, per_connection)
     return grpc.method_handlers_generic_handler(
         HEALTH_SERVICE,
         {
             "Check": grpc.stream_stream_rpc_method_handler(_check),
-            "Watch": grpc.stream_stream_rpc_method_handler(_watch),
+            "Watch": grpc.stream_stream_rpc_method_handler(watches.watch),
         },
     )
