@@ -161,6 +161,19 @@ def parser(verb: str | None = None) -> argparse.ArgumentParser:
     return top
 
 
+# gRPC's experiments this program turns off (GRPC_EXPERIMENTS, unless set already):
+# the EventEngine listener and client, which read a connection's socket in a thread
+# of EventEngine's pool and hand each message to the thread that polls the
+# completion queue, which hands it to the event loop. Off, that polling thread reads
+# the socket itself, as gRPC did before them: one thread hop less for every message
+# each way (a unary call's server, 10.4 voluntary context switches a call -> 6.1),
+# and about 0.1 ms less on a Dispatch through `hub` + `run`, one at a time, where
+# each call crosses four sockets. gRPC reads the variable once, at its first import,
+# so it is set before any verb runs (a gRPC that no longer knows a name says so once,
+# "Unknown experiment", and goes on).
+GRPC_SETTINGS: Final = "-event_engine_listener,-event_engine_client"
+
+
 def entry(frontend: Frontend | None = None) -> int:
     """The process's own way in: the installed command (ui.launch.main, which hands
     in the TUI) and `python -m worker`. Around `main`, which tests call in-process
@@ -178,8 +191,13 @@ def entry(frontend: Frontend | None = None) -> int:
 
     Pydantic's plugins are off unless the environment says otherwise: agentworker
     uses none, and looking for them read every installed package's entry points
-    (5-9 ms of each start that builds a model)."""
+    (5-9 ms of each start that builds a model).
+
+    gRPC's sockets are read by its own polling thread unless the environment says
+    otherwise (GRPC_EXPERIMENTS, read once, as gRPC is first imported: see
+    GRPC_SETTINGS)."""
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_SETTINGS)
     if verb_of(sys.argv[1:]) in BRIEF:
         gc.disable()
     code = main(frontend=frontend)
