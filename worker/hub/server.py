@@ -860,7 +860,10 @@ class Hub:
         if not self._from_its_worker(session, sent_to, cid):
             self._unsolicited(session, f"a result for call {_shown(cid)} sent to another worker")
             return False
-        if state == "DONE" and not resent:
+        if state == "DONE" and not resent and cid not in self._waiters:
+            # A caller waiting for it is a repeat of the call sent again to its worker
+            # (the hub had not committed the first answer yet when the repeat came: see
+            # `_dispatch_to`); with no one waiting, it was answered already.
             self._unsolicited(session, f"a result for call {_shown(cid)}, answered already")
             return False
         return True
