@@ -703,6 +703,8 @@ async def _serve_worker(
         console.broker.listeners.append(lambda _kind, _body: hold())
         console.on_confirming = hold
     ui_server = await _serve_console(console, paths)
+    if desktop is not None and gui and ui_server is not None:
+        desktop.ui_pids = lambda: ui_server.ui_pids  # their terminals are the person's
     stop = _stop_event()
     housekeeping = asyncio.create_task(_housekeeping(dispatcher))
     nudged = asyncio.Event()

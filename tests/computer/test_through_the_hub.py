@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
-from tests.support.desktop import TkApp, XServer
+from tests.support.desktop import TkApp, XServer, tk_app
 from worker.actions.computer import ACTIONS
 from worker.config import Paths
 from worker.core.console_socket import SocketLink
@@ -272,3 +272,27 @@ def test_while_a_prompt_waits_the_agents_input_waits_for_the_persons_answer(
 
     told = desk.run(scenario)
     assert told.index("prompt_closed") < told.index("move ok"), told
+
+
+def test_the_terminal_of_an_attached_ui_is_out_of_the_agents_reach(
+    desk: Cluster, xserver: XServer
+) -> None:
+    """review10 finding 14: an agent that focused the terminal running `agentworker ui`
+    just before asking for something out of scope had the person's typing answer the
+    prompt. Here a child of the Tk app attaches as the UI (the app stands for its
+    terminal): the worker refuses to focus the app's windows or click on them."""
+    ui_socket = Paths.at(desk.home).ui_socket
+    with tk_app(xserver, "--attach", str(ui_socket)) as terminal:
+        if {"event": "attached"} not in terminal.seen:  # it may come before "ready"
+            terminal.wait(lambda e: e["event"] == "attached")
+        x, y = terminal.centre("left")
+        for action, args in (
+            ("window_focus", '{"title": "agentworker second window"}'),
+            ("mouse_click", f'{{"x": {x}, "y": {y}}}'),
+            ("mouse_drag", f'{{"start": {{"x": 1500, "y": 850}}, "end": {{"x": {x}, "y": {y}}}}}'),
+        ):
+            refused = computer(desk, action, args)
+            assert refused["status"] == "error", (action, refused)
+            assert refused["error"]["code"] == "permission_denied", (action, refused)
+            assert "approval UI" in refused["error"]["message"]
+        assert computer(desk, "mouse_click", '{"x": 1500, "y": 850}')["status"] == "ok"

@@ -1,7 +1,11 @@
 """A small Tk application that records what it receives, one JSON line per event
 on stdout. The computer tests drive it through the worker and read the lines.
 
-    python tk_app.py [--x X --y Y]    (DISPLAY must be set)
+    python tk_app.py [--x X --y Y] [--attach SOCKET]    (DISPLAY must be set)
+
+--attach: a child process of the app attaches to a worker's UI socket as
+`agentworker ui` does (the app stands for the terminal that runs the UI) and
+reports {"event": "attached"} once the worker has answered.
 
 First line: {"event": "ready", "widgets": {name: [root_x, root_y, width, height]},
 "windows": {name: title}}. Afterwards: click, text, selection, scale, yview, wheel,
@@ -12,12 +16,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tkinter as tk
 
 RED, GREEN, BLUE = "#ff0000", "#00ff00", "#0000ff"
 TITLE = "agentworker test app"
 SECOND_TITLE = "agentworker second window"
+
+
+ATTACH = """
+import os, select, socket, sys
+ui = socket.socket(socket.AF_UNIX)
+ui.connect(sys.argv[1])
+ui.sendall(b'{"op": "attach", "asks": true}\\n')
+told = False
+while True:  # until the worker or the app (its stdin) goes
+    ready, _, _ = select.select([ui, 0], [], [])
+    if 0 in ready or not ui.recv(65536):
+        break
+    if not told:
+        os.write(1, b"attached\\n")
+        told = True
+"""
 
 
 def emit(**event: object) -> None:
@@ -31,7 +52,16 @@ def main() -> None:
     parser.add_argument("--y", type=int, default=0)
     parser.add_argument("--second-x", type=int, default=900)
     parser.add_argument("--second-y", type=int, default=0)
+    parser.add_argument("--attach", default="")
     opts = parser.parse_args()
+    attach = None
+    if opts.attach:  # it ends when the app does (its stdin closes)
+        attach = subprocess.Popen(
+            [sys.executable, "-c", ATTACH, opts.attach],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
 
     root = tk.Tk(className="AgentworkerTest")
     root.title(TITLE)
@@ -168,6 +198,16 @@ def main() -> None:
             root.after(10, when_mapped)
 
     root.after(0, when_mapped)
+    if attach is not None:
+        assert attach.stdout is not None
+        told = attach.stdout
+
+        def attached(_file: object, _mask: int) -> None:
+            root.tk.deletefilehandler(told)
+            if told.readline():
+                emit(event="attached")
+
+        root.tk.createfilehandler(told, tk.READABLE, attached)
     root.mainloop()
 
 

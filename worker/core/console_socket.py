@@ -12,6 +12,7 @@ than let its backlog grow without bound.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -162,6 +163,11 @@ class ConsoleServer:
         self.path = path
         self._server: asyncio.Server | None = None
         self._sessions: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        # The pids of the UIs attached to answer prompts (sessions per pid), and the same
+        # as a set replaced whole on each change: the desktop's input thread reads it
+        # (worker.actions.computer._own_ui: their windows are the person's alone).
+        self._ui_sessions: collections.Counter[int] = collections.Counter()
+        self.ui_pids: frozenset[int] = frozenset()
 
     async def start(self) -> None:
         _private_folder(self.path.parent)
@@ -276,7 +282,11 @@ class ConsoleServer:
             if due is None:
                 due = loop.call_later(CHANGES_EVERY_S, flush)
 
+        peer = _peer(writer.get_extra_info("socket")) if asks else None
         snapshot = pages(self.console.subscribe(send, asks=asks))
+        if peer is not None:
+            self._ui_sessions[peer[0]] += 1
+            self.ui_pids = frozenset(+self._ui_sessions)
         log.info("a UI attached")
         try:
             for page in snapshot:  # read at the UI's pace, not all queued here at once
@@ -298,6 +308,9 @@ class ConsoleServer:
                 await writer.drain()
         finally:
             self.console.unsubscribe(send, asks=asks)
+            if peer is not None:
+                self._ui_sessions[peer[0]] -= 1
+                self.ui_pids = frozenset(+self._ui_sessions)
             if due is not None:
                 due.cancel()
             log.info("a UI detached")

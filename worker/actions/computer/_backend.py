@@ -180,6 +180,11 @@ class Backend(abc.ABC):
             "not_supported", f"focusing windows is not implemented for {self.server} yet"
         )
 
+    def window_at(self, x: int, y: int) -> tuple[int, int | None] | None:
+        """The top-level window the person sees at (x, y), as (id, pid), or None
+        (the bare desktop, or a platform that cannot tell)."""
+        return None
+
     # -------------------------------------------------------------- the person
     def watch(self, on_person_input: Callable[[str], None]) -> Callable[[], None] | None:
         """Call `on_person_input(what)` for input the worker did not inject; returns a

@@ -28,7 +28,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, TypeVar
@@ -44,6 +44,7 @@ from worker.actions.computer._backend import (
 )
 from worker.actions.computer._geometry import Layout, ShotSpace
 from worker.actions.computer._keys import parse_combo
+from worker.actions.computer._own_ui import own_ui
 from worker.actions.computer._shared import WindowResult
 from worker.config import Config
 from worker.core.pause import COMPUTER_SURFACE, PauseState, PauseSwitch
@@ -95,6 +96,9 @@ class Desktop:
         self._answered: asyncio.Event | None = None
         self.input_waiting = 0  # input actions waiting for the person's answer
         self._stop_hotkey: Callable[[], None] | None = None
+        # The pids of the UIs attached now (set by the assembly: the console socket's
+        # peers), whose windows, like the worker's own terminal, the agent may not reach.
+        self.ui_pids: Callable[[], Iterable[int]] = tuple
         if pause is not None:
             pause.subscribe(self._on_pause)
 
@@ -292,6 +296,17 @@ class Desktop:
         return x, y
 
     # -------------------------------------------------------------- the person
+
+    def refuse_own_window(self, backend: Backend, x: int, y: int, what: str) -> None:
+        """`permission_denied` when (x, y) is on the terminal of the worker or of an
+        attached UI (worker.actions.computer._own_ui). In the input thread, just
+        before the input it guards."""
+        found = backend.window_at(x, y)
+        if found is not None:
+            own_ui(self.ui_pids()).refuse(*found, what)
+
+    def refuse_own(self, window: Window, what: str) -> None:
+        own_ui(self.ui_pids()).refuse(window.id, window.pid, what)
 
     def hold_input(self, why: str | None) -> None:
         """While the person is asked to approve something (`why`), input actions wait

@@ -55,6 +55,7 @@ FAKE_INPUT: Final = 2  # XTEST minor opcode
 WARP_POINTER: Final = 41  # core request opcode
 PID_MASK: Final = 1 << 1  # X-Resource: LocalClientPIDMask
 CHUNK: Final = 64  # characters per round trip when typing
+CLIENT_SEARCH_DEPTH: Final = 3  # frame → (decoration) → client, as window managers nest
 # A remapped keycode is translated by each client with its own copy of the keymap,
 # which it refreshes only when it reads the MappingNotify. Reusing a keycode the same
 # text already pressed for another character therefore waits this long first; text
@@ -595,20 +596,48 @@ class X11Backend(Backend):
                 wm_class = window.get_wm_class()
             except error.XError:  # it closed meanwhile
                 continue
-            pid = self._property(window, "_NET_WM_PID", Xatom.CARDINAL)
-            if pid is None or not len(pid):
-                pid = self._client_pid(int(wid))
             found.append(
                 Window(
                     id=int(wid),
                     title=title,
                     app=wm_class[1] if wm_class else "",
-                    pid=int(pid[0]) if pid is not None and len(pid) else None,
+                    pid=self._pid_of(window),
                     rect=Rect(int(origin.x), int(origin.y), geometry.width, geometry.height),
                     focused=int(wid) == active_id,
                 )
             )
         return found
+
+    def window_at(self, x: int, y: int) -> tuple[int, int | None] | None:
+        d = self._display()
+        root = d.screen().root
+        try:
+            top = root.translate_coords(root, x, y).child  # the frame on top at (x, y)
+            client = self._client_in(top, CLIENT_SEARCH_DEPTH) if top else None
+        except error.XError:  # it closed meanwhile
+            return None
+        if client is None:
+            return None
+        return client.id, self._pid_of(client)
+
+    def _client_in(self, window: Any, depth: int) -> Any:
+        """The application's window in a window manager's frame: the one that carries
+        WM_STATE (the window itself when it is not reparented), as xprop looks."""
+        if self._property(window, "WM_STATE") is not None:
+            return window
+        if depth == 0:
+            return None
+        for child in reversed(window.query_tree().children):  # the top one first
+            found = self._client_in(child, depth - 1)
+            if found is not None:
+                return found
+        return None
+
+    def _pid_of(self, window: Any) -> int | None:
+        pid = self._property(window, "_NET_WM_PID", Xatom.CARDINAL)
+        if pid is None or not len(pid):
+            pid = self._client_pid(int(window.id))
+        return int(pid[0]) if pid is not None and len(pid) else None
 
     def _client_pid(self, window_id: int) -> list[int] | None:
         """The pid of the client that made the window, as the X server knows it

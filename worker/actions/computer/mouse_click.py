@@ -20,6 +20,7 @@ from worker.actions.computer._shared import (
     ShotId,
 )
 from worker.core.registry import ActionSpec, Args, Context, Outcome
+from worker.errors import ErrorCode
 
 
 class MouseClickArgs(Args):
@@ -46,6 +47,7 @@ async def mouse_click(ctx: Context, args: MouseClickArgs) -> Outcome[InputResult
             x, y = backend.cursor_position()
         else:
             x, y = desktop.physical(backend.layout(), args.x, args.y, args.screenshot_id)
+        desktop.refuse_own_window(backend, x, y, "mouse_click")
         backend.click(guard, x, y, args.button, args.clicks, hold)
         return InputResult(x=x, y=y)
 
@@ -59,5 +61,5 @@ SPEC: Final = ActionSpec(
     result=InputResult,
     handler=mouse_click,
     summary="click left/right/middle 1-3 times, holding modifiers",
-    codes=POINTER_CODES,
+    codes=POINTER_CODES | {ErrorCode.PERMISSION_DENIED},
 )

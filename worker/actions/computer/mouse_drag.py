@@ -21,6 +21,7 @@ from worker.actions.computer._shared import (
     ShotId,
 )
 from worker.core.registry import ActionSpec, Args, Context, Outcome
+from worker.errors import ErrorCode
 
 
 class MouseDragArgs(Args):
@@ -61,6 +62,8 @@ async def mouse_drag(ctx: Context, args: MouseDragArgs) -> Outcome[InputResult]:
             step_s = args.duration_ms / 1000 / max(1, len(path) - 1)
         else:
             path, step_s = line(corners, max(DRAG_STEPS, len(corners))), 0.0
+        for end in (path[0], path[-1]):  # where it presses, and where it drops
+            desktop.refuse_own_window(backend, *end, "mouse_drag")
         backend.drag(guard, path, args.button, step_s, hold)
         return InputResult(x=path[-1][0], y=path[-1][1])
 
@@ -74,5 +77,5 @@ SPEC: Final = ActionSpec(
     result=InputResult,
     handler=mouse_drag,
     summary="press, move through the points (start/end or a path), release",
-    codes=POINTER_CODES,
+    codes=POINTER_CODES | {ErrorCode.PERMISSION_DENIED},
 )

@@ -46,6 +46,7 @@ async def window_focus(ctx: Context, args: WindowFocusArgs) -> Outcome[WindowFoc
     window, layout = await desktop.query(find)
 
     def job(backend: Backend, guard: Guard) -> bool:
+        desktop.refuse_own(window, "window_focus")
         guard.did(f"the focus was asked for window {window.id}")  # stopped now: unknown
         return backend.focus(window.id, args.timeout_ms / 1000)
 
@@ -93,5 +94,5 @@ SPEC: Final = ActionSpec(
     result=WindowFocusResult,
     handler=window_focus,
     summary="bring a window to the front by id or by title (an ambiguous title is an error)",
-    codes=DESKTOP_CODES | {ErrorCode.NOT_FOUND},
+    codes=DESKTOP_CODES | {ErrorCode.NOT_FOUND, ErrorCode.PERMISSION_DENIED},
 )
