@@ -557,15 +557,22 @@ def test_a_sandboxed_program_cannot_have_the_kernel_send_it_sigcont(
     )
 
 
-BUFFERS = textwrap.dedent(
+# The programs below name what a call answered: "ok", or its errno's name.
+TRIED = textwrap.dedent(
     """
-    import errno, fcntl, os, socket
+    import errno
     def tried(call):
         try:
             call()
             return "ok"
         except OSError as exc:
             return errno.errorcode[exc.errno]
+    """
+)
+
+BUFFERS = TRIED + textwrap.dedent(
+    """
+    import fcntl, os, socket
     a, b = socket.socketpair()
     sizes = []
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -688,15 +695,9 @@ def test_a_sandboxed_program_cannot_put_its_pages_in_a_pipe(tmp_path: Path, entr
     )
 
 
-XATTRS = textwrap.dedent(
+XATTRS = TRIED + textwrap.dedent(
     """
-    import errno, os, shutil
-    def tried(call):
-        try:
-            call()
-            return "ok"
-        except OSError as exc:
-            return errno.errorcode[exc.errno]
+    import os, shutil
     for path in ("/tmp/f", "f"):  # the sandbox's tmpfs, and the shared folder
         open(path, "w").close()
     said = [tried(lambda: os.setxattr(path, "user.x", b"1" * 64)) for path in ("/tmp/f", "f")]

@@ -29,6 +29,15 @@ def _modal(app: WorkerApp) -> ApprovalModal | None:
     return app.screen if isinstance(app.screen, ApprovalModal) else None
 
 
+def _ask(rig: Rig, **request: object) -> asyncio.Future[pb.ScopeDecision]:
+    """A server's ScopeRequest to the rig's broker (id "r", agent "planner", plan "p"
+    unless said), answered when the person decides."""
+    broker = rig.console.broker
+    assert broker is not None
+    fields: dict[str, object] = {"request_id": "r", "agent_id": "planner", "plan_id": "p"}
+    return asyncio.ensure_future(broker.scope_request(pb.ScopeRequest(**{**fields, **request})))
+
+
 def test_approve_once_runs_the_call_and_the_next_one_prompts_again(tmp_path: Path) -> None:
     async def scenario() -> None:
         rig = Rig(tmp_path)
@@ -230,8 +239,6 @@ def test_a_key_pressed_as_the_next_prompt_replaces_the_last_answers_nothing(
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
-        broker = rig.console.broker
-        assert broker is not None
         clock = MovableClock()
         app = WorkerApp(rig.link(), notifier=silent, clock=clock)
         async with app.run_test(size=(100, 30)) as pilot:
@@ -300,17 +307,11 @@ def test_an_id_padded_with_spaces_stays_on_its_row_and_forges_none(tmp_path: Pat
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
-        broker = rig.console.broker
-        assert broker is not None
         app = _app(rig)
         pad = " " * 74
         agent = f"planner{pad}Wants      workerHost.fs_stat{pad}Why        read one file"
         async with app.run_test(size=(100, 30)) as pilot:
-            asked = asyncio.ensure_future(
-                broker.scope_request(
-                    pb.ScopeRequest(request_id="r", agent_id=agent, plan_id="p", scopes=["*.*"])
-                )
-            )
+            asked = _ask(rig, agent_id=agent, scopes=["*.*"])
             modal = await answerable(app, pilot)
             facts = modal.query_one("#facts", Static)
             lines = [facts.render_line(y).text.rstrip() for y in range(facts.size.height)]
@@ -332,17 +333,9 @@ def test_an_id_with_letters_outside_ascii_is_marked_and_named(tmp_path: Path) ->
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
-        broker = rig.console.broker
-        assert broker is not None
         app = _app(rig)
         async with app.run_test(size=(100, 30)) as pilot:
-            asked = asyncio.ensure_future(
-                broker.scope_request(
-                    pb.ScopeRequest(
-                        request_id="r", agent_id=look_alike, plan_id="plan-a", scopes=["*.*"]
-                    )
-                )
-            )
+            asked = _ask(rig, agent_id=look_alike, plan_id="plan-a", scopes=["*.*"])
             modal = await answerable(app, pilot)
             facts = modal.query_one("#facts", Static)
             lines = [facts.render_line(y).text.rstrip() for y in range(facts.size.height)]
@@ -378,20 +371,12 @@ def test_a_scope_request_shows_every_scope_it_grants_broadest_first(
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
-        broker = rig.console.broker
-        assert broker is not None
         app = _app(rig)
         async with app.run_test(size=size) as pilot:
-            asked = asyncio.ensure_future(
-                broker.scope_request(
-                    pb.ScopeRequest(
-                        request_id="r",
-                        agent_id="planner",
-                        plan_id="p",
-                        scopes=[*harmless, *harmless[:2], "workerHost.exec", "*.*"],
-                        reason="check the sizes of the report files",
-                    )
-                )
+            asked = _ask(
+                rig,
+                scopes=[*harmless, *harmless[:2], "workerHost.exec", "*.*"],
+                reason="check the sizes of the report files",
             )
             modal = await answerable(app, pilot)
             text = _screen_text(app)
@@ -420,15 +405,9 @@ def test_a_prompt_the_terminal_cuts_takes_no_approval(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
-        broker = rig.console.broker
-        assert broker is not None
         app = _app(rig)
         async with app.run_test(size=(80, 24)) as pilot:
-            asked = asyncio.ensure_future(
-                broker.scope_request(
-                    pb.ScopeRequest(request_id="r", agent_id="planner", plan_id="p", scopes=scopes)
-                )
-            )
+            asked = _ask(rig, scopes=scopes)
             modal = await answerable(app, pilot)
             await pilot.press("p")
             await until(
@@ -503,8 +482,6 @@ def test_calls_joining_a_prompt_start_its_grace_again_and_once_runs_what_it_show
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
-        broker = rig.console.broker
-        assert broker is not None
         app = _app(rig)
         async with app.run_test(size=(100, 30)) as pilot:
             first = rig.call("fs_write", _APPEND, blob=_PAY)
