@@ -138,6 +138,9 @@ async def _dispatch_all(
     return list(await asyncio.gather(*(one(r) for r in requests)))
 
 
+# 10,000 calls through hub and worker: 48 s at load 16, ~80 s at load 25 (all three
+# processes share two cores), so the suite's 120 s limit is too near for this one.
+@pytest.mark.timeout(360)
 def test_d2_a_killed_plans_thousand_writes_are_each_answered(live: Cluster) -> None:
     """`agentworker kill P`, then 1,000 fs_write calls in P, 64 in flight: ten runs."""
     for run in range(10):
