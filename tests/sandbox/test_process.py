@@ -33,6 +33,9 @@ from worker.actions.workbench import MAPS_PER_PROCESS
 
 PYTHON = "/usr/bin/python3"  # the system's: the sandbox only sees /usr, not the venv
 ENTRY: str | None = None  # set per test by `start_with`
+# For limits only the entry helper writes (without it `doctor` says they are not):
+# such a test runs with the helper alone, not skipped in the other case.
+ENTRY_ONLY = pytest.mark.parametrize("start_with", ["entry"], indirect=True)
 
 
 @pytest.fixture(autouse=True, params=["entry", "prlimit"])
@@ -728,13 +731,12 @@ FANOTIFY = (
 )
 
 
+@ENTRY_ONLY
 def test_a_sandbox_without_the_filter_makes_no_fanotify_group(share: Path) -> None:
     """fanotify groups are counted per user like inotify instances (128), and since
     Linux 5.13 a program without privileges may make them: the filter refuses
     fanotify_init, and where it is off the sandbox's user namespace allows none (EMFILE).
     Outside, the user still makes one."""
-    if ENTRY is None:
-        pytest.skip("the entry helper writes the limit (without it doctor says it is not)")
     view = view_of(share, seccomp=False)
     done = asyncio.run(run([PYTHON, "-c", FANOTIFY], view, Limits(), pid_cap=PidCap()))
     assert done.stdout.split() == [str(errno.EMFILE).encode()], done.stderr
@@ -862,13 +864,12 @@ HELD_INOTIFY = textwrap.dedent(
 )
 
 
+@ENTRY_ONLY
 def test_a_sandbox_takes_a_few_of_its_users_inotify_instances(share: Path) -> None:
     """inotify instances are counted per user: one sandbox took all 128 of its user's,
     and every other program of the worker's user got EMFILE from inotify_init while it
     ran (review8 finding 02). A sandbox's processes together stop at its own 8, written
     in its user namespace from outside; outside, the user still gets one meanwhile."""
-    if ENTRY is None:
-        pytest.skip("the entry helper writes the limit (without it doctor says it is not)")
     namespace: dict[str, Any] = {}
     exec(INOTIFY_OUTSIDE + HELD_INOTIFY, namespace)  # noqa: S102 - the test's own fixed text
     took, got = asyncio.run(
@@ -900,12 +901,11 @@ WATCHES = textwrap.dedent(
 )
 
 
+@ENTRY_ONLY
 def test_a_sandbox_takes_a_few_of_its_users_inotify_watches(share: Path) -> None:
     """inotify watches are counted per user the same way (max_user_watches): a sandbox's
     processes together stop at its own 8,192 (ENOSPC, as the kernel says it); outside,
     the user still adds one."""
-    if ENTRY is None:
-        pytest.skip("the entry helper writes the limit (without it doctor says it is not)")
     done = sandboxed(share, [PYTHON, "-c", WATCHES], timeout_s=120)
     assert done.stdout.split() == [b"8192", str(errno.ENOSPC).encode()], done.stderr
     libc = ctypes.CDLL(None, use_errno=True)
@@ -917,14 +917,13 @@ def test_a_sandbox_takes_a_few_of_its_users_inotify_watches(share: Path) -> None
         os.close(fd)
 
 
+@ENTRY_ONLY
 def test_a_regular_users_sandbox_takes_a_few_of_its_inotify_instances(
     user_share: Path,
 ) -> None:
     """The same for a worker that is not root (uid 1000, the person): it owns the
     sandbox's user namespace, so it writes the limit as root does; while the sandbox
     holds its 8, the person's other programs get the rest of the 128."""
-    if ENTRY is None:
-        pytest.skip("the entry helper writes the limit (without it doctor says it is not)")
     share = user_share
     script = (
         INOTIFY_OUTSIDE
