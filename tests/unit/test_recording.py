@@ -9,6 +9,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from worker.config import Config, GrantSection, RootSection
 from worker.core.ledger import State
 from worker.core.recording import Recordings
@@ -32,7 +34,45 @@ def test_args_for_replay_mask_secret_looking_values_and_cut_nothing() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("args", "kept"),
+    [
+        (  # a token in a query (rec7's leftover: keys were the only thing looked at)
+            {"url": "https://api.example/v1?access_token=SECRET123&page=2#top"},
+            {"url": "https://api.example/v1?access_token=***&page=2#top"},
+        ),
+        ({"url": "https://ann:pw@example.org/a?b=c"}, {"url": "https://ann:***@example.org/a?b=c"}),
+        (
+            {"argv": ["curl", "-H", "Authorization: Bearer abcdefghijk", "--password", "hunter2"]},
+            {"argv": ["curl", "-H", "Authorization: ***", "--password", "***"]},
+        ),
+        (
+            {
+                "argv": [
+                    "git",
+                    "push",
+                    "--token=xyz",
+                    "https://hooks.slack.com/services/T0001/B0001/XXXXXXXX",
+                ]
+            },
+            {"argv": ["git", "push", "--token=***", "https://hooks.slack.com/services/***"]},
+        ),
+        (
+            {"text": "the key is ghp_abcdefghijklmnopqrstuvwxyz0123"},
+            {"text": "the key is ***"},
+        ),
+    ],
+)
+def test_args_for_replay_mask_secrets_inside_strings_and_keep_the_rest(
+    args: dict[str, object], kept: dict[str, object]
+) -> None:
+    replayed, masked = args_for_replay(json.dumps(args))
+    assert masked and json.loads(replayed or "") == kept
+
+
 def test_args_without_secrets_are_kept_as_they_are() -> None:
+    url = '{"url": "https://example.org/a%20b?q=1&page=2#frag"}'  # not re-encoded
+    assert args_for_replay(url) == (url, False)
     assert args_for_replay('{"path": "token.txt"}') == ('{"path": "token.txt"}', False)
     assert args_for_replay("") == ("{}", False)
 

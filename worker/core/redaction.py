@@ -134,9 +134,9 @@ def _plain(args_json: str) -> bool:
 
 
 def args_for_replay(args_json: str) -> tuple[str | None, bool]:
-    """The args as a recorded plan keeps them for replay: whole, with the values of
-    secret-looking keys masked as in previews. (None, False) when they are not a JSON
-    object; the flag says whether anything was masked."""
+    """The args as a recorded plan keeps them for replay: whole, with only what looks
+    secret masked (`_secrets_masked`). (None, False) when they are not a JSON object;
+    the flag says whether anything was masked."""
     if nests_deeper(args_json):
         return None, False
     try:
@@ -145,20 +145,43 @@ def args_for_replay(args_json: str) -> tuple[str | None, bool]:
         return None, False
     if not isinstance(value, dict):
         return None, False
-    masked = _secret_keys_masked(value)  # on the parsed keys: `tok\u0065n` is a token
+    masked = _secrets_masked(value)  # on the parsed keys: `tok\u0065n` is a token
     return json.dumps(masked, ensure_ascii=False), masked != value
 
 
-def _secret_keys_masked(value: Any) -> Any:
-    """Only the values of secret-looking keys masked, nothing cut: for replay."""
+def _secrets_masked(value: Any) -> Any:
+    """For replay, nothing cut and only what looks secret masked: the values of
+    secret-looking keys, and in every string what `secrets_in_text` finds; in a list
+    like an argv, the value after a secret-looking flag. Content, other query values
+    and headers' names stay, so the call replays as it was."""
     if isinstance(value, dict):
         return {
-            k: MASK if _SECRET_KEY.search(str(k)) else _secret_keys_masked(v)
-            for k, v in value.items()
+            k: MASK if _SECRET_KEY.search(str(k)) else _secrets_masked(v) for k, v in value.items()
         }
+    if isinstance(value, str):
+        return secrets_in_text(value)
     if isinstance(value, list):
-        return [_secret_keys_masked(v) for v in value]
+        out: list[Any] = []
+        after_flag = False
+        for item in value:
+            secret = after_flag and isinstance(item, str) and not item.startswith("-")
+            out.append(MASK if secret else _secrets_masked(item))
+            after_flag = (
+                isinstance(item, str)
+                and len(item) <= _FLAG_CHARS
+                and _SECRET_FLAG.fullmatch(item) is not None
+            )
+        return out
     return value
+
+
+def secrets_in_text(text: str) -> str:
+    """`text` with what looks secret masked and nothing else: a URL's password and the
+    tokens its path holds, a secret-looking `NAME=value` (a query's `access_token=`,
+    argv's `--password=`), header, auth scheme's credentials and token-shaped value."""
+    if "://" in text:
+        text = _URL.sub(lambda found: _mask_url_secrets(found.group(0)), text)
+    return _secret_words_masked(text)
 
 
 def masked_url(text: str) -> str:
@@ -173,7 +196,12 @@ def masked_text(text: str) -> str:
     """`text` with its URLs masked (see masked_url) and every secret-looking header,
     auth scheme's credentials, `NAME=value` of a secret-looking name and token-shaped
     value in it masked."""
-    text = masked_url(text)
+    return _secret_words_masked(masked_url(text))
+
+
+def _secret_words_masked(text: str) -> str:
+    """Secret-looking headers, auth schemes' credentials, `NAME=value`s and token-shaped
+    values masked in `text`."""
     if not _SUSPECT.search(text.lower()):  # one scan for the common case: nothing to see
         return text
     text = _HEADER_LINE.sub(lambda m: f"{m.group(1)}{MASK}", text)
@@ -291,11 +319,7 @@ class _Redactor:
 def _mask_url(url: str) -> str:
     try:
         parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            user, _, host = netloc.rpartition("@")
-            name, has_password, _ = user.partition(":")
-            netloc = f"{name}:{MASK}@{host}" if has_password else f"{user}@{host}"
+        netloc = _netloc_masked(parts.netloc)
         query = "&".join(
             f"{field.partition('=')[0]}={MASK}" if "=" in field else MASK
             for field in parts.query.split("&")
@@ -306,3 +330,24 @@ def _mask_url(url: str) -> str:
         return urlunsplit(SplitResult(parts.scheme, netloc, path, query, fragment))
     except ValueError:
         return MASK  # not a URL after all, and not worth the risk
+
+
+def _mask_url_secrets(url: str) -> str:
+    """A URL with its password and path tokens masked, the rest as it was (for replay)."""
+    try:
+        parts = urlsplit(url)
+        path = _PATH_TOKENS.sub(MASK, parts.path) if len(parts.path) > 20 else parts.path
+        netloc = _netloc_masked(parts.netloc)
+        if (netloc, path) == (parts.netloc, parts.path):
+            return url  # as written: urlunsplit would normalise it
+        return urlunsplit(parts._replace(netloc=netloc, path=path))
+    except ValueError:
+        return MASK
+
+
+def _netloc_masked(netloc: str) -> str:
+    if "@" not in netloc:
+        return netloc
+    user, _, host = netloc.rpartition("@")
+    name, has_password, _ = user.partition(":")
+    return f"{name}:{MASK}@{host}" if has_password else f"{user}@{host}"
