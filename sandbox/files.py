@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import queue
 import stat
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -194,12 +196,54 @@ def data_size(data: Data) -> int:
     return sum(len(piece) for piece in _pieces(data))
 
 
-def _write_all(fd: int, data: Data) -> None:
+# A write of at least WRITEBACK_FROM bytes goes in WRITEBACK_BYTES slices, and the
+# kernel is told to start writing each slice to disk as soon as it is in the page cache
+# (sync_file_range's SYNC_FILE_RANGE_WRITE, which starts the writeback and waits for
+# nothing). The fsync that follows then waits only for the tail, where it used to
+# start all of it: for 16 MiB here, the copy into the page cache 3.7 -> 4.5 ms and the
+# fsync after it 6.4-7.0 -> 2.3-3.5 ms. It is a hint, never the durability: the fsync
+# still comes before the write is answered or renamed into place.
+WRITEBACK_FROM: Final = 2 * 1024 * 1024
+WRITEBACK_BYTES: Final = 1024 * 1024
+_SYNC_FILE_RANGE_WRITE: Final = 2  # <fcntl.h>
+
+
+@functools.cache
+def _writeback() -> Callable[[int, int, int], object] | None:
+    """libc's sync_file_range (Linux), loaded on first use; None elsewhere. ctypes lets
+    go of the GIL around the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # only here: a process that never writes a large file never loads it
+
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, length: int) -> object:
+        return function(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # an error: no hint
+
+    return start
+
+
+def _write_all(fd: int, data: Data, *, at: int | None = None) -> None:
+    """Write every byte of `data` at the file's position. `at`, when given, is where that
+    position is in the file: a large write then starts its writeback as it goes (see
+    WRITEBACK_FROM)."""
+    start = _writeback() if at is not None and data_size(data) >= WRITEBACK_FROM else None
+    done = started = 0
     for piece in _pieces(data):
         view = memoryview(piece)
         while view:
-            written = os.write(fd, view)
+            written = os.write(fd, view if start is None else view[:WRITEBACK_BYTES])
             view = view[written:]
+            done += written
+            if start is not None and done - started >= WRITEBACK_BYTES:
+                start(fd, (at or 0) + started, done - started)
+                started = done
 
 
 class _Releaser:
@@ -297,7 +341,7 @@ def write_atomic(
         try:
             try:
                 try:
-                    _write_all(fd, data)
+                    _write_all(fd, data, at=0)
                     if data_in is not None:
                         data_in()
                     if existing is not None:
@@ -382,7 +426,7 @@ def append_bytes(
                 raise _not_regular(shown, opened)
             _check_links(shown, opened, allow_hard_links)
             os.set_blocking(fd, True)
-            _write_all(fd, data)
+            _write_all(fd, data, at=opened.st_size)
             if data_in is not None:
                 data_in()
             os.fsync(fd)

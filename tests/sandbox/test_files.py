@@ -296,6 +296,70 @@ def test_a_rename_that_fails_leaves_no_temporary_file_and_holds_nothing(
     assert not [held for held in _deleted_files_held() if "swapped" in held]
 
 
+def _recording_writeback(
+    monkeypatch: pytest.MonkeyPatch, real: bool = True
+) -> list[tuple[int, int]]:
+    """The ranges whose writeback a write starts (the real hint still given), or with
+    `real` False, a system without sync_file_range."""
+    started: list[tuple[int, int]] = []
+    start = files._writeback()
+    if real:
+        assert start is not None, "Linux has sync_file_range"
+
+    def recorded(fd: int, offset: int, length: int) -> object:
+        started.append((offset, length))
+        return None if start is None else start(fd, offset, length)
+
+    monkeypatch.setattr(files, "_writeback", lambda: recorded if real else None)
+    return started
+
+
+def test_a_large_write_starts_its_writeback_slice_by_slice(
+    tree: Tree, confined: ConfinedDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces of odd sizes, across slice boundaries: every byte lands in order, and the
+    writeback of each whole slice is started as it goes in (the tail is the fsync's);
+    an append's slices are counted from where the file ended."""
+    started = _recording_writeback(monkeypatch)
+    slice_ = files.WRITEBACK_BYTES
+    pieces = [os.urandom(3), os.urandom(slice_ + 5), memoryview(os.urandom(700_000))]
+    pieces += [os.urandom(2 * slice_ - 3), b"", os.urandom(123_457)]
+    data = b"".join(pieces)
+    with parent_of(confined, "big.bin") as (parent, name):
+        written = write_atomic(parent, name, pieces, replace=True)
+        assert written.size == len(data)
+        assert (tree.root / "big.bin").read_bytes() == data
+        _in_order_from(0, started, len(data))
+        started.clear()
+        append_bytes(parent, name, pieces)
+    assert (tree.root / "big.bin").read_bytes() == data + data
+    _in_order_from(len(data), started, len(data))
+
+
+def _in_order_from(at: int, started: list[tuple[int, int]], size: int) -> None:
+    """Slices of at least WRITEBACK_BYTES each, one after another from `at`, leaving
+    less than one slice to the fsync."""
+    for offset, length in started:
+        assert offset == at and length >= files.WRITEBACK_BYTES
+        at += length
+    assert 0 <= size - sum(length for _offset, length in started) < files.WRITEBACK_BYTES
+
+
+def test_a_small_write_or_a_system_without_the_hint_writes_all_the_same(
+    tree: Tree, confined: ConfinedDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = _recording_writeback(monkeypatch)
+    small = os.urandom(files.WRITEBACK_FROM - 1)
+    with parent_of(confined, "small.bin") as (parent, name):
+        write_atomic(parent, name, small, replace=True)
+    assert (tree.root / "small.bin").read_bytes() == small and started == []
+    _recording_writeback(monkeypatch, real=False)
+    large = os.urandom(3 * files.WRITEBACK_BYTES + 1)
+    with parent_of(confined, "large.bin") as (parent, name):
+        write_atomic(parent, name, [large[:10], large[10:]], replace=False)
+    assert (tree.root / "large.bin").read_bytes() == large
+
+
 # --- append_bytes ---------------------------------------------------------------------
 
 
