@@ -314,6 +314,7 @@ def write_atomic(
     replace: bool,
     shown: str = "",
     data_in: Callable[[], None] | None = None,
+    before_place: Callable[[], None] | None = None,
 ) -> Written:
     """Make `name` in the directory `parent_fd` hold exactly `data`, atomically.
 
@@ -322,7 +323,9 @@ def write_atomic(
     A symlink, folder, FIFO or device at `name` is refused. Other links to a
     replaced file keep the old content: the name gets a new file. Messages name
     `shown` (the caller's path), else `name`. `data_in`, if given, is called once
-    every byte is in the (temporary) file, before it is flushed to disk.
+    every byte is in the (temporary) file, before it is flushed to disk;
+    `before_place` once the file is on disk, before anything at `name` changes: if
+    it raises, the temporary file is removed and nothing else is done.
     """
     shown = shown or name
     with _translating(shown):
@@ -350,6 +353,8 @@ def write_atomic(
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+                if before_place is not None:
+                    before_place()
                 if replace:
                     replaced = _hold(parent_fd, name) if existing is not None else None
                     os.rename(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)

@@ -12,6 +12,8 @@ import contextlib
 import gc
 import json
 import os
+import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -512,3 +514,56 @@ def test_the_hubs_stop_ends_the_in_process_session_and_the_worker_waits_to_dial(
 
     states = asyncio.run(scenario())
     assert states[:3] == ["connecting", "ready", "backoff"]
+
+
+def test_a_local_write_is_on_disk_before_the_hub_has_hashed_it_and_placed_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside `up` the request goes to the worker with its blob at once, and the digest
+    follows by the link once the hub has hashed the blob and recorded the call: the
+    worker writes and flushes the temporary file meanwhile, and claims and renames it
+    only after. Here the hub's hash waits until the worker's file is on disk: then the
+    name still holds the old content and the worker's ledger holds nothing of the call;
+    the call ends OK, claimed with the hub's digest."""
+    from worker.actions.host import fs_write
+
+    blob = os.urandom(3 * MIB + 1)
+    on_disk, seen = threading.Event(), []
+    real_wait, real_digest = fs_write._Verdict.wait, server.call_digest
+    (tmp_path / "workspace").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "workspace" / "late.bin").write_bytes(b"old")
+
+    def wait(verdict: fs_write._Verdict) -> bool:
+        on_disk.set()
+        return real_wait(verdict)
+
+    def digest(request: pb.ActionRequest, data: bytes | memoryview | None = None) -> str:
+        assert on_disk.wait(60), "the worker's temporary file is on disk first"
+        temporary = [p for p in (tmp_path / "workspace").iterdir() if p.name.endswith("-tmp")]
+        with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+            rows = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+        seen.append(([p.read_bytes() == blob for p in temporary], rows))
+        seen.append((tmp_path / "workspace" / "late.bin").read_bytes())
+        return real_digest(request, data)
+
+    monkeypatch.setattr(fs_write._Verdict, "wait", wait)
+    monkeypatch.setattr(server, "call_digest", digest)
+
+    async def scenario() -> pb.ActionResult:
+        async with up(tmp_path, local=True) as (hub, link, _worker):
+            reply = await hub.dispatch(write("late.bin", blob))
+            assert link.held == 0
+            return reply.result
+
+    result = asyncio.run(scenario())
+    assert seen == [([True], 0), b"old"]
+    assert result.status == pb.ActionResult.OK, result.error.message
+    request = pb.ActionRequest(
+        surface="workerHost",
+        action="fs_write",
+        agent_id="tester",
+        args_json=write("late.bin", b"").args_json,
+    )
+    assert result.invocation.args_digest == real_digest(request, blob)
+    assert (tmp_path / "workspace" / "late.bin").read_bytes() == blob
+    assert not [p for p in (tmp_path / "workspace").iterdir() if p.name.endswith("-tmp")]

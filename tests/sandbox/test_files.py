@@ -12,6 +12,7 @@ import resource
 import signal
 import socket
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from sandbox import (
     ConfinementError,
     HardLinkError,
     Problem,
+    _leftovers,
     append_bytes,
     files,
     make_parents,
@@ -30,6 +32,7 @@ from sandbox import (
     read_cached,
     write_atomic,
 )
+from sandbox._leftovers import Leftovers
 from tests.sandbox.support import INSIDE, SECRET, Tree
 
 
@@ -272,6 +275,73 @@ def test_data_in_is_called_once_the_bytes_are_in_before_the_name_changes(
         refusal(append_bytes, parent, name, b"x", data_in=data_in)
     assert seen == [(b"old", [b"new bytes"]), (b"new bytes!", [])]
     assert (tree.root / "data.txt").read_bytes() == b"new bytes!"
+
+
+def test_before_place_comes_once_the_file_is_on_disk_and_its_no_places_nothing(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    """`before_place` (fs_write's wait for its claim) comes with every byte in the
+    temporary file and the name unchanged; when it raises, the temporary file goes and
+    the name keeps its old content (or stays free)."""
+    (tree.root / "data.txt").write_bytes(b"old")
+    seen: list[tuple[bytes, list[bytes]]] = []
+
+    def look() -> list[bytes]:
+        return [p.read_bytes() for p in tree.root.iterdir() if p.name.endswith("-tmp")]
+
+    def placed() -> None:
+        seen.append(((tree.root / "data.txt").read_bytes(), look()))
+
+    def refused() -> None:
+        placed()
+        raise RuntimeError("not claimed")
+
+    with parent_of(confined, "data.txt") as (parent, name):
+        write_atomic(parent, name, [b"new ", b"bytes"], replace=True, before_place=placed)
+        with pytest.raises(RuntimeError, match="not claimed"):
+            write_atomic(parent, name, b"newer", replace=True, before_place=refused)
+    with (
+        parent_of(confined, "fresh.txt") as (parent, name),
+        pytest.raises(RuntimeError, match="not claimed"),
+    ):
+        write_atomic(parent, name, b"never", replace=False, before_place=refused)
+    assert seen == [
+        (b"old", [b"new bytes"]),
+        (b"new bytes", [b"newer"]),
+        (b"new bytes", [b"never"]),
+    ]
+    assert (tree.root / "data.txt").read_bytes() == b"new bytes"
+    assert not (tree.root / "fresh.txt").exists() and look() == []
+
+
+def test_a_crash_while_waiting_to_place_leaves_the_old_content_and_a_temporary_file_swept_later(
+    tree: Tree, confined: ConfinedDir
+) -> None:
+    """The worker dies (SIGKILL: no cleanup runs) with the new content on disk in its
+    temporary file, waiting for its claim: the name still holds the old content whole,
+    and the temporary file is our leftover, which a sweep takes once it is stale."""
+    old, new = b"old content\n" * 1000, os.urandom(3 * files.WRITEBACK_BYTES + 5)
+    (tree.root / "precious").write_bytes(old)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            parent, name = confined.open_parent("precious")
+            die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+            write_atomic(parent, name, new, replace=True, before_place=die)
+        finally:
+            os._exit(0)  # reached only if the crash did not happen
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert (tree.root / "precious").read_bytes() == old
+    (debris,) = [p for p in tree.root.iterdir() if p.name.endswith(".agentworker-tmp")]
+    assert debris.read_bytes() == new, "it died with the whole file written"
+    folder = os.open(tree.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        stale = time.time() + _leftovers.STALE_S + 1
+        assert Leftovers().sweep(folder, now=stale) == [debris.name]
+    finally:
+        os.close(folder)
+    assert not debris.exists() and (tree.root / "precious").read_bytes() == old
 
 
 def test_a_rename_that_fails_leaves_no_temporary_file_and_holds_nothing(

@@ -600,28 +600,32 @@ class WorkerConnection:
         (one copy, off the loop). One whose parts were refused, or do not add up, is
         refused, unless it repeats a call the worker knows (answered as a duplicate)."""
         cid = req.correlation_id
+        digest: asyncio.Future[str] | None = None  # the hub's, when handed with the blob
         if self._link is not None and not self._parts.holds(cid):
             handed = self._link.take(self._session_id, cid)
             if handed is not None:  # held to the bounds of parts that came on the stream
                 self._parts.add(cid, handed, 0)
+                digest = self._link.take_digest(self._session_id, cid)
         try:
             parts = self._parts.take(cid, req.blob_in_parts)
         except WorkerError as error:
             self._cancelled_early.pop(cid, None)
-            self.dispatcher.refuse_unless_known(req, error)
+            self.dispatcher.refuse_unless_known(req, error, digest)
             return
         if len(parts) == 1 and len(parts[0]) < HASH_OFF_LOOP_BYTES:
-            self._submit_unless_cancelled(req, bytes(parts[0]))
+            self._submit_unless_cancelled(req, bytes(parts[0]), digest=digest)
             return
         spec = self.dispatcher.registry.get(f"{req.surface}.{req.action}")
         if spec is not None and spec.blob_in_pieces:  # written out as they are: no join
-            self._submit_unless_cancelled(req, b"", tuple(parts))
+            self._submit_unless_cancelled(req, b"", tuple(parts), digest=digest)
             return
-        task = asyncio.create_task(self._join_then_submit(req, parts))
+        task = asyncio.create_task(self._join_then_submit(req, parts, digest))
         self._joins[cid] = task
         task.add_done_callback(lambda _task: self._joins.pop(cid, None))
 
-    async def _join_then_submit(self, req: pb.ActionRequest, parts: list[Buffer]) -> None:
+    async def _join_then_submit(
+        self, req: pb.ActionRequest, parts: list[Buffer], digest: asyncio.Future[str] | None
+    ) -> None:
         try:
             # The blob's one copy: each part is a view of the envelope it came in.
             blob = await asyncio.to_thread(b"".join, parts)
@@ -631,18 +635,23 @@ class WorkerConnection:
                 raise
             log.exception("could not join the parts of call %s", req.correlation_id)
             error = WorkerError("internal_error", "the worker could not put the blob together")
-            self.dispatcher.refuse_unless_known(req, error)
+            self.dispatcher.refuse_unless_known(req, error, digest)
             return
-        self._submit_unless_cancelled(req, blob)
+        self._submit_unless_cancelled(req, blob, digest=digest)
 
     def _submit_unless_cancelled(
-        self, req: pb.ActionRequest, blob: bytes, pieces: tuple[Buffer, ...] = ()
+        self,
+        req: pb.ActionRequest,
+        blob: bytes,
+        pieces: tuple[Buffer, ...] = (),
+        *,
+        digest: asyncio.Future[str] | None = None,
     ) -> None:
         reason = self._cancelled_early.pop(req.correlation_id, None)
         if reason is None:
-            self.dispatcher.submit(req, blob, pieces)
+            self.dispatcher.submit(req, blob, pieces, handed=digest)
             return
-        self.dispatcher.refuse_unless_known(req, _cancelled(reason))
+        self.dispatcher.refuse_unless_known(req, _cancelled(reason), digest)
 
     def _scope_request(self, request: pb.ScopeRequest) -> None:
         """Ask the person (the answer may take a while: the stream goes on meanwhile)."""

@@ -57,6 +57,8 @@ from worker.core.registry import (
     Outcome,
     Registry,
     Services,
+    claimed_already,
+    digest_known,
 )
 from worker.core.results import Finished, Outbox, Outgoing, Results
 from worker.core.scopes import ASK_PREFIX, ApprovalRequest, Scopes
@@ -140,6 +142,45 @@ def _digest(req: pb.ActionRequest, blob: bytes, pieces: tuple[bytes | memoryview
     return fed_digest(hasher)
 
 
+def _unrecorded() -> WorkerError:
+    """The answer to a call whose digest the hub was to hand over and never did: its
+    caller left before the hub recorded it, so no one waits for the answer."""
+    return WorkerError(
+        "cancelled",
+        "the hub did not record this call (its caller left first); nothing of it was run",
+        retryable=True,
+    )
+
+
+def _came(handed: asyncio.Future[str]) -> str:
+    """The digest a resolved future handed over; empty when it never came."""
+    if handed.cancelled() or handed.exception() is not None:
+        return ""
+    return handed.result()
+
+
+def _digest_came(call: Call) -> None:
+    """The hub's digest of a call started before it came, once its future is done (its
+    callbacks may not have run yet): now the call's digest, or, when the hub did not
+    record the call, a call refused (never claimed, so nothing of it ran)."""
+    soon = call.digest_soon
+    if soon is None or not soon.done() or call.digest:
+        return
+    call.digest = _came(soon)
+    if not call.digest:
+        call.refused = True
+
+
+async def _digest_ready(call: Call) -> None:
+    """Context.digest_ready of a call started before its digest came."""
+    soon = call.digest_soon
+    if soon is not None and not soon.done():
+        await asyncio.wait((soon,))
+    _digest_came(call)
+    if not call.digest:
+        raise _unrecorded()
+
+
 @dataclass(eq=False)
 class Call:
     """One call from its claim to its answer: what came in, and what became of it."""
@@ -173,6 +214,10 @@ class Call:
     # Stopped when a job of its own had finished in a thread and the task had not yet
     # taken its result: that work is done, whatever the task does next.
     done_in_thread: bool = False
+    # A call started before its digest came (see `Dispatcher.submit`): the hub's future
+    # of it. `digest` is set when it resolves; the call claims (Context.digest_ready)
+    # and is answered only after that.
+    digest_soon: asyncio.Future[str] | None = None
 
     @property
     def cid(self) -> str:
@@ -436,10 +481,24 @@ class Dispatcher:
         req: pb.ActionRequest,
         blob: bytes | None = None,
         pieces: tuple[bytes | memoryview, ...] = (),
+        *,
+        handed: asyncio.Future[str] | None = None,
     ) -> None:
         """Claim `req` in the ledger and run it, or answer a duplicate. `blob`, when
         given, is the request's blob, read apart from it; `pieces`, when given, is the
-        blob in the parts it came in (for an action that takes them unjoined)."""
+        blob in the parts it came in (for an action that takes them unjoined).
+
+        `handed`, for a request that carries no digest, is the hub's future of it (a hub in
+        this process hands it over once it has recorded the call: worker.wire.local).
+        A call whose handler claims it late (fs_write) and whose id is new here starts
+        at once, its digest still on its way: it claims once the digest came, and is
+        answered only then, so nothing of it is answered before the hub knows it.
+        Any other such request waits for the digest first (nothing is answered before
+        it either), then goes on as one that carried it."""
+        if handed is not None and not carried_digest(req):
+            if not self._starts_before_digest(req, blob, pieces, handed):
+                self._later(req, req.blob if blob is None else blob, pieces, handed)
+            return
         cid = req.correlation_id
         # Ids are kept (the ledger, telemetry, audit rows), echoed in answers and shown
         # (the TUI, `agentworker record`'s comments): printable only, since a line break
@@ -479,20 +538,85 @@ class Dispatcher:
         digest = digest or _digest(req, request_blob, pieces)
         self._claim(req, request_blob, digest, pieces)
 
-    async def _hash_then_claim(
-        self, req: pb.ActionRequest, blob: bytes, pieces: tuple[bytes | memoryview, ...]
+    def _starts_before_digest(
+        self,
+        req: pb.ActionRequest,
+        blob: bytes | None,
+        pieces: tuple[bytes | memoryview, ...],
+        digest: asyncio.Future[str],
+    ) -> bool:
+        """Start `req` with its digest on its way (see `submit`), if it may: its ids
+        pass, its handler claims it late, its id is new here (running nor known to the
+        ledger, which answers anything but NEW for a known id asked with no digest), and
+        it would not be refused busy. False, having done nothing, otherwise."""
+        cid = req.correlation_id
+        spec = self.registry.get(f"{req.surface}.{req.action}")
+        if (
+            self._draining
+            or spec is None
+            or spec.effect is Effect.NONE
+            or not spec.claims_late
+            or cid in self._calls
+            or any(id_problem(f, getattr(req, f), required=f == "correlation_id") for f in _IDS)
+            or any(name_problem(field, getattr(req, field)) for field in _NAMES)
+        ):
+            return False
+        if self.state.begin(cid, "", req.plan_id, claim=False).seen is not Seen.NEW:
+            return False
+        request_blob = req.blob if blob is None else blob
+        size = sum(len(piece) for piece in pieces) if pieces else len(request_blob)
+        if self._busy(size) is not None:
+            return False
+        self._claim(req, request_blob, "", pieces, digest)
+        return True
+
+    def _later(
+        self,
+        req: pb.ActionRequest,
+        blob: bytes,
+        pieces: tuple[bytes | memoryview, ...],
+        digest: asyncio.Future[str],
     ) -> None:
+        """`req`, submitted once the hub's digest of it came (see `submit`)."""
+        cid = req.correlation_id
+        self._hashing_ids[cid] = self._hashing_ids.get(cid, 0) + 1
+        task = asyncio.create_task(self._hash_then_claim(req, blob, pieces, digest))
+        self._hashing.add(task)
+        task.add_done_callback(self._hashing.discard)
+
+    async def _hash_then_claim(
+        self,
+        req: pb.ActionRequest,
+        blob: bytes,
+        pieces: tuple[bytes | memoryview, ...],
+        handed: asyncio.Future[str] | None = None,
+    ) -> None:
+        """Claim `req` once its digest is known: computed here in a thread, or the hub's
+        `handed` one. Should the hub not record the call (`handed` cancelled), it is
+        refused: nothing of it ran."""
         cid = req.correlation_id
         try:
-            digest = await asyncio.to_thread(_digest, req, blob, pieces)
+            if handed is None:
+                digest = await asyncio.to_thread(_digest, req, blob, pieces)
+            else:
+                await asyncio.wait((handed,))
+                digest = _came(handed)
         finally:
             stop = self._hashing_stops.get(cid)
             self._hashing_ids[cid] -= 1
             if not self._hashing_ids[cid]:
                 del self._hashing_ids[cid]
                 self._hashing_stops.pop(cid, None)
+        if handed is not None and digest:
+            req.args_digest = digest  # as if it had come with it
         if stop is not None:  # cancelled while it was hashed: nothing of it ran
             self.refuse_unless_known(req, stop)
+            return
+        if handed is not None:
+            if digest:
+                self.submit(req, blob, pieces)
+            else:
+                self.refuse(req, _unrecorded())
             return
         if self._draining:
             self.results.ack_request(
@@ -507,13 +631,20 @@ class Dispatcher:
         request_blob: bytes,
         digest: str,
         pieces: tuple[bytes | memoryview, ...] = (),
+        digest_soon: asyncio.Future[str] | None = None,
     ) -> None:
         """Claim the call in the ledger and run it, or answer a duplicate. An
         effect-free call is not claimed (see worker.core.ledger): the ledger is only
-        asked whether it knows the id."""
+        asked whether it knows the id. With `digest_soon` (and `digest` empty), the call
+        is new here and starts before its digest came (see `submit`)."""
         cid = req.correlation_id
         running = self._calls.get(cid)
+        soon = None if running is None else running.digest_soon
+        if soon is not None and not soon.done():  # compared once its digest came
+            soon.add_done_callback(lambda _f: self._claim(req, request_blob, digest, pieces))
+            return
         if running is not None:  # claimed or not, it runs now
+            _digest_came(running)
             seen = Seen.RUNNING if running.digest == digest else Seen.MISMATCH
             self._answer_duplicate(req, seen)
             return
@@ -533,6 +664,9 @@ class Dispatcher:
             call.pieces = pieces
             call.claimed = claim
             call.claims_late = late
+            if digest_soon is not None:
+                call.digest_soon = digest_soon
+                digest_soon.add_done_callback(lambda _soon: _digest_came(call))
             self._calls[cid] = call
             self._blob_bytes += size
             if self.watcher is not None:
@@ -635,12 +769,24 @@ class Dispatcher:
             "max_unacked_mib); nothing was run, send it again once it has",
         )
 
-    def refuse_unless_known(self, req: pb.ActionRequest, error: WorkerError) -> None:
+    def refuse_unless_known(
+        self,
+        req: pb.ActionRequest,
+        error: WorkerError,
+        handed: asyncio.Future[str] | None = None,
+    ) -> None:
         """Refuse a request that could not be taken (its blob's parts were refused or
         did not add up, or it was cancelled before it was claimed) with `error`, unless
         it repeats a call this worker knows: that is answered as a duplicate (RUNNING
         or DONE, from memory or the ledger), so a refusal never stands in for a call's
-        real outcome."""
+        real outcome. With `handed`, the hub's digest on its way (see `submit`), only
+        once it came: before, the hub does not know the call and drops any answer."""
+        if handed is not None and not carried_digest(req):
+            if not handed.done():
+                handed.add_done_callback(lambda _f: self.refuse_unless_known(req, error, handed))
+                return
+            if _came(handed):
+                req.args_digest = _came(handed)
         cid = req.correlation_id
         if cid in self._calls:
             self.results.ack_request(cid, pb.ActionAck.DUPLICATE_RUNNING)
@@ -1130,7 +1276,8 @@ class Dispatcher:
             threads=self.threads,
             in_flight=self.in_flight,
             approve=lambda what, preview: self._approve(call, what, preview),
-            **({"claim": lambda: self._claim_late(call)} if call.claims_late else {}),
+            claim=(lambda: self._claim_late(call)) if call.claims_late else claimed_already,
+            digest_ready=(lambda: _digest_ready(call)) if call.digest_soon else digest_known,
         )
 
     def _claim_late(self, call: Call) -> None:
@@ -1207,6 +1354,11 @@ class Dispatcher:
         result recorded and sent (with others finishing in the same turn)."""
         if call.answered:
             return
+        soon = call.digest_soon
+        if soon is not None and not soon.done():  # answered once the hub recorded it
+            soon.add_done_callback(lambda _f: self._answer(call))
+            return
+        _digest_came(call)
         call.answered = True
         self.threads.unwatch(call.cid)
         gone = self._calls.pop(call.cid, None)

@@ -55,7 +55,11 @@ def _no_nul(value: str) -> str:
 PathArg = Annotated[str, StringConstraints(min_length=1, max_length=4096), AfterValidator(_no_nul)]
 
 
-def _claimed_already() -> None:
+async def digest_known() -> None:
+    """Context.digest_ready for a call whose digest came with it."""
+
+
+def claimed_already() -> None:
     """Context.claim for a call the pipeline claimed before its handler ran."""
 
 
@@ -106,7 +110,10 @@ class Context:
     # commit), and must return before anything the handler does can take effect; it
     # raises WorkerError, and the handler must then start nothing, when the claim
     # cannot be made. Elsewhere the call was claimed before its handler ran: nothing.
-    claim: Callable[[], None] = _claimed_already
+    claim: Callable[[], None] = claimed_already
+    # Resolves once the call's digest is known, which `claim` needs: a call may start
+    # while the hub still hashes its blob (see worker.wire.local). Elsewhere: at once.
+    digest_ready: Callable[[], Awaitable[None]] = field(default=digest_known)
     # The worker's threads: the loop's default executor, and the lanes apart from it
     # for folders whose file system may hang (worker.core.threads, fs_paths.in_thread).
     threads: CallThreads = field(default_factory=CallThreads)
@@ -220,7 +227,8 @@ class ActionSpec(Generic[A, R]):
     # An effectful action whose handler claims its calls itself (Context.claim) right
     # before its effect starts, so that the claim's commit overlaps work that has none:
     # exec starts bubblewrap held at its start line, commits the claim while the
-    # sandbox is built, and only then lets it go on. Until it claims, a call is
+    # sandbox is built, and only then lets it go on; fs_write writes and flushes its
+    # temporary file, then claims, then renames it into place. Until it claims, a call is
     # answered as an effect-free one is (its result held, not recorded): nothing of it
     # took effect. A handler that never calls Context.claim must not say this.
     claims_late: bool = False

@@ -1359,13 +1359,35 @@ class Hub:
             timeout_ms=int(timeout_s * 1000),
             attempt=1,
         )
-        cid = request.correlation_id
         # `blob` is held while the call is pending (a view of the bytes received: the
         # hub never copies it but once, into the message to the worker).
         # The digest, computed once here and carried to the worker in the request, and
         # the request's envelope part: a large blob's bytes are read off the loop. A new
         # call's parts go while its digest is computed (`_sent_early`).
         early = None if req.correlation_id else await self._sent_early(worker_id, request, blob)
+        # The digest handed to the worker in this process, whose request went without it:
+        # resolved once the call is recorded and waited for, so that nothing the worker
+        # answers comes before the hub knows the call; cancelled should it not be.
+        handed = None if early is None else early[2]
+        try:
+            return await self._recorded_and_sent(worker_id, req, request, blob, early, handed)
+        finally:
+            if handed is not None and not handed.done():
+                handed.cancel()
+
+    async def _recorded_and_sent(
+        self,
+        worker_id: str,
+        req: pb.DispatchRequest,
+        request: pb.ActionRequest,
+        blob: Buffer,
+        early: tuple[Session, Chunked, asyncio.Future[str] | None] | None,
+        handed: asyncio.Future[str] | None,
+    ) -> tuple[str, Answer]:
+        """`_dispatch_to`, once the call's digest is known: record it, send it (unless it
+        went early) and wait for its answer."""
+        cid = request.correlation_id
+        timeout_s = request.timeout_ms / 1000
         if early is not None and self.sessions.get(worker_id) is early[0]:
             outgoing: Outgoing = early[1]
         else:  # not sent early, or to a stream the worker has left since
@@ -1420,10 +1442,12 @@ class Hub:
             self._waiters.pop(cid, None)
             return worker_id, Answer(error_result(cid, _NOT_RECORDED))
         session = self.sessions.get(worker_id)
-        if early is not None:  # its parts are on their way: the request follows them
-            assert isinstance(outgoing, Chunked)
+        if handed is not None:  # the request went already; now its digest
+            handed.set_result(digest)
+        if early is not None and handed is None:  # its parts are on their way: the request
+            assert isinstance(outgoing, Chunked)  # follows them
             outgoing.add(announced(request, len(blob)))
-        elif session is not None:
+        elif early is None and session is not None:
             session.send(outgoing)
         if is_new:
             self._store_soon()
@@ -1450,14 +1474,16 @@ class Hub:
 
     async def _sent_early(
         self, worker_id: str, request: pb.ActionRequest, blob: Buffer
-    ) -> tuple[Session, Chunked] | None:
+    ) -> tuple[Session, Chunked, asyncio.Future[str] | None] | None:
         """For a new call the hub named itself whose blob goes in parts: queue the
         transfer at once and build its parts and the call's digest in one thread, so
         the parts go while the digest is computed (it rides in the request, which
         goes after them, and covers every byte of the blob all the same). Returns the
         stream and the transfer, with the digest set in `request`; the caller adds the
-        request's own part once the call is recorded. None when the call does not
-        qualify, for the usual way.
+        request's own part once the call is recorded. To the worker in this process the
+        request has gone already, without its digest, and the third item is the future
+        that hands it over: the caller resolves it once the call is recorded (or cancels
+        it). None when the call does not qualify, for the usual way.
 
         Only an id the hub made (no caller knows it, so no duplicate, retry or second
         caller can meet it) is sent early: a call whose id the caller chose is
@@ -1473,12 +1499,19 @@ class Hub:
             return None
         if self.link is not None and self.link.local(session.session_id):
             # The worker is in this process: it gets the blob by reference, and only
-            # the request goes down the stream (worker.wire.local).
-            request.args_digest = await asyncio.to_thread(call_digest, request, blob)
-            self.link.put(session.session_id, request.correlation_id, blob)
-            handed = Chunked([], request, blob, count=1)  # the request's part: added later
-            session.send(handed)
-            return session, handed
+            # the request goes down the stream (worker.wire.local), at once: the digest
+            # follows by the link once the call is recorded (`_handed_digest`), so the
+            # worker starts the call while the blob is hashed here.
+            handed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self.link.put(session.session_id, request.correlation_id, blob, handed)
+            alone = Chunked([announced(request, len(blob))], request, blob)
+            session.send(alone)
+            try:
+                request.args_digest = await asyncio.to_thread(call_digest, request, blob)
+            except BaseException:  # the caller went away: the call is never recorded
+                handed.cancel()
+                raise
+            return session, alone, handed
         transfer = Chunked.begun(request, blob)
         session.send(transfer)
         loop = asyncio.get_running_loop()
@@ -1489,7 +1522,7 @@ class Hub:
             raise
         assert digest is not None  # only a stopped transfer has none
         request.args_digest = digest
-        return session, transfer
+        return session, transfer, None
 
     def _replay(self, call: StoredCall) -> pb.ActionResult:
         """A finished call's stored answer, for a caller repeating its id. A result blob

@@ -10,12 +10,18 @@ one event loop that every other call of `up` waits on. Handed over, the worker g
 a view of the very bytes the hub received.
 
 Only the bytes move this way: the request still goes down the stream after them
-(announcing `blob_in_parts`, as after parts), with the digest the hub computed over
-every byte, and the worker holds the handed blob to the bounds parts are held to
-(`worker.core.blob_parts`). A session is local only when the worker in this process
-says so, on the Welcome of a stream it opened (`attach`): a worker elsewhere can never
-be handed anything, whatever id it claims. What was handed and not taken goes when
-its call is answered or abandoned, or when the stream ends (`drop`, `detach`).
+(announcing `blob_in_parts`, as after parts), and the worker holds the handed blob to
+the bounds parts are held to (`worker.core.blob_parts`). The request goes at once,
+without its digest: the hub hashes every byte in a thread meanwhile and hands the
+digest over too (`digest`), once the call is recorded in its store, so the worker may
+start the call (an fs_write writes its temporary file) while the hub hashes, claims it
+only once the digest came, and answers nothing the hub has not recorded. Should the
+hub not record the call (its caller left), the digest never comes (`cancel`): the
+worker then refuses the call, and nothing of it took effect. A session is local only
+when the worker in this process says so, on the Welcome of a stream it opened
+(`attach`): a worker elsewhere can never be handed anything, whatever id it claims.
+What was handed and not taken goes when its call is answered or abandoned, or when the
+stream ends (`drop`, `detach`).
 
 A result goes the other way the same way (`HandedResult`) when it has a blob or is
 large itself (`HAND_RESULT_BYTES`: fs_list's 10,000 entries are 1.5 MB of JSON): the
@@ -38,6 +44,7 @@ session (`detach`) leaves them, as the hub may still read results already writte
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Final
@@ -93,6 +100,8 @@ class LocalLink:
     def __init__(self) -> None:
         self._sessions: set[str] = set()
         self._blobs: dict[str, tuple[str, Buffer]] = {}  # call id -> (session id, blob)
+        # The digests on their way with handed blobs: call id -> (session id, future).
+        self._digests: dict[str, tuple[str, asyncio.Future[str]]] = {}
         # Results handed to the hub and not read yet: (session id, result) -> results.
         self._results: dict[tuple[str, ResultKey], list[HandedResult]] = {}
 
@@ -106,6 +115,8 @@ class LocalLink:
         self._sessions.discard(session_id)
         for cid in [c for c, (s, _b) in self._blobs.items() if s == session_id]:
             del self._blobs[cid]
+        for cid in [c for c, (s, _d) in self._digests.items() if s == session_id]:
+            del self._digests[cid]
 
     def end(self, session_id: str) -> None:
         """The hub reads no more of the session: everything of it not taken goes."""
@@ -116,10 +127,19 @@ class LocalLink:
     def local(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    def put(self, session_id: str, correlation_id: str, blob: Buffer) -> None:
-        """Hand `blob` to the worker of a local session, for the request that follows."""
+    def put(
+        self,
+        session_id: str,
+        correlation_id: str,
+        blob: Buffer,
+        digest: asyncio.Future[str] | None = None,
+    ) -> None:
+        """Hand `blob` to the worker of a local session, for the request that follows;
+        with `digest`, that request carries none: the call's digest comes by it."""
         if session_id in self._sessions:
             self._blobs[correlation_id] = (session_id, blob)
+            if digest is not None:
+                self._digests[correlation_id] = (session_id, digest)
 
     def take(self, session_id: str, correlation_id: str) -> Buffer | None:
         """The blob handed for this call on this session, once; None if none was."""
@@ -129,8 +149,19 @@ class LocalLink:
         del self._blobs[correlation_id]
         return handed[1]
 
+    def take_digest(self, session_id: str, correlation_id: str) -> asyncio.Future[str] | None:
+        """The digest handed with this call's blob on this session, once: a future the
+        hub resolves once it recorded the call (or cancels when it will not); None if
+        the request carries its digest."""
+        handed = self._digests.get(correlation_id)
+        if handed is None or handed[0] != session_id:
+            return None
+        del self._digests[correlation_id]
+        return handed[1]
+
     def drop(self, correlation_id: str) -> None:
         self._blobs.pop(correlation_id, None)
+        self._digests.pop(correlation_id, None)
 
     def hand_result(self, session_id: str, result: HandedResult) -> bool:
         """Hand the hub the result about to be written on a local session as its stub;
@@ -160,4 +191,8 @@ class LocalLink:
     @property
     def held(self) -> int:
         """Blobs handed and not taken, both ways (for tests)."""
-        return len(self._blobs) + sum(len(blobs) for blobs in self._results.values())
+        return (
+            len(self._blobs)
+            + len(self._digests)
+            + sum(len(blobs) for blobs in self._results.values())
+        )

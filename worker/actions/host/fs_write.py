@@ -6,6 +6,15 @@ file (or makes it); `append` adds to its end. Creating and replacing are atomic
 content whole or the new content whole, never half. A symlink at the name is
 refused, not written through. At most 16 MiB per call. A write also sweeps up
 temporary files an earlier, crashed write left in the same folder.
+
+A call is claimed in the ledger by its handler (`ActionSpec.claims_late`): creating
+and replacing write the temporary file and flush it to disk, which no one sees (its
+name is ours, and a crash leaves it to the sweep), while the call is claimed, and
+rename the file into place, the call's one visible effect, only once the claim is
+committed. So the claim's commit, and the wait for the call's digest that it needs
+(the hub may still be hashing the blob: `Context.digest_ready`), are not in series
+before the bytes go to disk. Appending, and a write that makes missing folders, change
+what others see as they go: they claim first.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
@@ -77,38 +87,94 @@ async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
     return Outcome(result)
 
 
+async def _claimed(ctx: Context, verdict: _Verdict) -> None:
+    """Claim the call (Context.claim) once its digest is known, and let the writing
+    thread put its file in place, in the same turn: once claimed, the write may take
+    effect; until then it may not."""
+    await ctx.digest_ready()
+    ctx.claim()
+    verdict.give(True)
+
+
 async def _written_and_hashed(
     ctx: Context, args: FsWriteArgs, data: Sequence[bytes | memoryview]
 ) -> tuple[Written, str]:
-    """The write and the SHA-256 of its bytes, each in a thread (both release the GIL).
+    """The write and the SHA-256 of its bytes, each in a thread (both release the GIL),
+    the call claimed on the loop meanwhile, before the write's effect.
 
-    The hash begins once the bytes are in the file, while the file is flushed to disk:
-    begun with the write, the two copies of 16 MiB (the hash's reads, the write's into
-    the page cache) slowed each other, and the write's copy took 6-8 ms instead of
-    3.7. A write refused before its bytes went in is never hashed."""
+    Creating and replacing claim the call while its temporary file is written and
+    flushed (the claim waits for the call's digest, which may still be on its way), and
+    rename the file into place only once the claim is committed: the thread waits for
+    that verdict, which has mostly come by then. The hash begins once the bytes are in
+    the file, while the file is flushed to disk: begun with the write, the two copies of
+    16 MiB (the hash's reads, the write's into the page cache) slowed each other, and
+    the write's copy took 6-8 ms instead of 3.7. A write refused before its bytes went
+    in is never hashed."""
     loop = asyncio.get_running_loop()
     data_in: asyncio.Future[None] = loop.create_future()
+    verdict = _Verdict()
 
     def in_file() -> None:  # in the writing thread
         loop.call_soon_threadsafe(_settled, data_in)
 
+    def place() -> None:  # in the writing thread: the temporary file is on disk
+        if not verdict.wait():
+            raise _NotClaimedError
+
+    late = args.mode != "append" and not args.make_parents
+    if not late:  # its first byte changes what others see: claimed before it
+        await _claimed(ctx, verdict)
     root = hanging_root(ctx, args.path)  # a root that may hang writes in a lane of its own
-    writing = asyncio.ensure_future(in_thread(ctx, root, _write, ctx, args, data, in_file))
+    writing = asyncio.ensure_future(
+        in_thread(ctx, root, _write, ctx, args, data, in_file, place if late else None)
+    )
+    claiming = asyncio.ensure_future(_claimed(ctx, verdict)) if late else None
     hashing: asyncio.Future[str] | None = None
     try:
         await asyncio.wait((writing, data_in), return_when=asyncio.FIRST_COMPLETED)
         if data_in.done():
             hashing = asyncio.ensure_future(asyncio.to_thread(_sha256, data))
+        if claiming is not None:
+            await asyncio.wait((writing, claiming), return_when=asyncio.FIRST_COMPLETED)
+            if claiming.done():
+                claiming.result()  # a claim that failed: raised here, nothing placed
         written = await writing
         if hashing is None:  # not reached: the bytes are in before the write returns
             hashing = asyncio.ensure_future(asyncio.to_thread(_sha256, data))
         return written, await hashing
     finally:
-        # A failure or a cancel: the threads run on (the pipeline says what that means
-        # for the call), their futures are let go without a word.
-        for job in (writing, hashing):
+        # A failure or a cancel before the claim: the temporary file goes, unnamed.
+        verdict.give(False)
+        # The threads run on (the pipeline says what that means for the call), their
+        # futures are let go without a word; a claim still waiting for its digest stops.
+        for job in (writing, claiming, hashing):
             if job is not None and not job.done():
                 job.cancel()
+
+
+class _NotClaimedError(Exception):
+    """The call was not claimed (refused, stopped, or its claim failed): the writing
+    thread removes its temporary file and renames nothing."""
+
+
+class _Verdict:
+    """Whether the writing thread may put its file in place: given once on the loop
+    (after the claim's commit, or no), awaited in the thread. The first word stands."""
+
+    def __init__(self) -> None:
+        self._given = threading.Event()
+        self._lock = threading.Lock()
+        self._go = False
+
+    def give(self, go: bool) -> None:
+        with self._lock:
+            if not self._given.is_set():
+                self._go = go
+                self._given.set()
+
+    def wait(self) -> bool:
+        self._given.wait()
+        return self._go
 
 
 def _settled(future: asyncio.Future[None]) -> None:
@@ -123,7 +189,13 @@ def _sha256(data: Sequence[bytes | memoryview]) -> str:
     return hasher.hexdigest()
 
 
-def _write(ctx: Context, args: FsWriteArgs, data: Data, data_in: Callable[[], None]) -> Written:
+def _write(
+    ctx: Context,
+    args: FsWriteArgs,
+    data: Data,
+    data_in: Callable[[], None],
+    place: Callable[[], None] | None,
+) -> Written:
     with confined(ctx, args.path, write=True) as (root, located):
         if args.make_parents:
             make_parents(
@@ -140,7 +212,13 @@ def _write(ctx: Context, args: FsWriteArgs, data: Data, data_in: Callable[[], No
             else:
                 replace = args.mode == "overwrite"
                 done = write_atomic(
-                    parent, name, data, replace=replace, shown=args.path, data_in=data_in
+                    parent,
+                    name,
+                    data,
+                    replace=replace,
+                    shown=args.path,
+                    data_in=data_in,
+                    before_place=place,
                 )
             # After the write, so that sweeping (best effort) never delays or fails it.
             ctx.containment.leftovers.sweep(parent)
@@ -161,4 +239,5 @@ SPEC: Final = ActionSpec(
     blob_in_pieces=True,
     codes=CONFINED_CODES,
     caps={"write_bytes": WRITE_BYTES},
+    claims_late=True,  # Context.claim, once the temporary file is on disk: see the module
 )
