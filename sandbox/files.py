@@ -229,10 +229,13 @@ def _writeback() -> Callable[[int, int, int], object] | None:
     return start
 
 
-def _write_all(fd: int, data: Data, *, at: int | None = None) -> None:
+def _write_all(
+    fd: int, data: Data, *, at: int | None = None, wrote: Callable[[int], None] | None = None
+) -> None:
     """Write every byte of `data` at the file's position. `at`, when given, is where that
     position is in the file: a large write then starts its writeback as it goes (see
-    WRITEBACK_FROM)."""
+    WRITEBACK_FROM). `wrote`, if given, is told how many bytes of `data` are in after
+    each write (a slice at a time for a large one)."""
     start = _writeback() if at is not None and data_size(data) >= WRITEBACK_FROM else None
     done = started = 0
     for piece in _pieces(data):
@@ -241,6 +244,8 @@ def _write_all(fd: int, data: Data, *, at: int | None = None) -> None:
             written = os.write(fd, view if start is None else view[:WRITEBACK_BYTES])
             view = view[written:]
             done += written
+            if wrote is not None:
+                wrote(done)
             if start is not None and done - started >= WRITEBACK_BYTES:
                 start(fd, (at or 0) + started, done - started)
                 started = done
@@ -315,6 +320,7 @@ def write_atomic(
     shown: str = "",
     data_in: Callable[[], None] | None = None,
     before_place: Callable[[], None] | None = None,
+    wrote: Callable[[int], None] | None = None,
 ) -> Written:
     """Make `name` in the directory `parent_fd` hold exactly `data`, atomically.
 
@@ -325,7 +331,8 @@ def write_atomic(
     `shown` (the caller's path), else `name`. `data_in`, if given, is called once
     every byte is in the (temporary) file, before it is flushed to disk;
     `before_place` once the file is on disk, before anything at `name` changes: if
-    it raises, the temporary file is removed and nothing else is done.
+    it raises, the temporary file is removed and nothing else is done. `wrote`, if
+    given, is told how many bytes of `data` are in the file as they go in.
     """
     shown = shown or name
     with _translating(shown):
@@ -344,7 +351,7 @@ def write_atomic(
         try:
             try:
                 try:
-                    _write_all(fd, data, at=0)
+                    _write_all(fd, data, at=0, wrote=wrote)
                     if data_in is not None:
                         data_in()
                     if existing is not None:
@@ -402,12 +409,13 @@ def append_bytes(
     allow_hard_links: bool = False,
     shown: str = "",
     data_in: Callable[[], None] | None = None,
+    wrote: Callable[[int], None] | None = None,
 ) -> Written:
     """Add `data` at the end of the regular file `name` (created when missing), in place.
 
     Not atomic: a crash part-way leaves some of `data` appended. The name is never
     followed; the file actually opened is checked before a byte is written. `data_in`
-    as for `write_atomic`.
+    and `wrote` as for `write_atomic`.
     """
     shown = shown or name
     with _translating(shown):
@@ -431,7 +439,7 @@ def append_bytes(
                 raise _not_regular(shown, opened)
             _check_links(shown, opened, allow_hard_links)
             os.set_blocking(fd, True)
-            _write_all(fd, data, at=opened.st_size)
+            _write_all(fd, data, at=opened.st_size, wrote=wrote)
             if data_in is not None:
                 data_in()
             os.fsync(fd)

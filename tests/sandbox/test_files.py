@@ -415,6 +415,23 @@ def _in_order_from(at: int, started: list[tuple[int, int]], size: int) -> None:
     assert 0 <= size - sum(length for _offset, length in started) < files.WRITEBACK_BYTES
 
 
+def test_wrote_tells_how_much_is_in_as_it_goes_in(tree: Tree, confined: ConfinedDir) -> None:
+    """`wrote` counts the bytes of `data` in the file after each write: a slice at a
+    time for a large write, up to all of it, for a replace and an append alike."""
+    large = [os.urandom(files.WRITEBACK_BYTES + 1), os.urandom(files.WRITEBACK_FROM)]
+    for data, count in ((b"small", 5), (large, sum(len(p) for p in large))):
+        counts: list[int] = []
+        with parent_of(confined, "counted.bin") as (parent, name):
+            write_atomic(parent, name, data, replace=True, wrote=counts.append)
+            assert counts == sorted(counts) and counts[-1] == count
+            assert all(
+                b - a <= files.WRITEBACK_BYTES for a, b in zip([0, *counts], counts, strict=False)
+            )
+            counts.clear()
+            append_bytes(parent, name, data, wrote=counts.append)
+            assert counts == sorted(counts) and counts[-1] == count
+
+
 def test_a_small_write_or_a_system_without_the_hint_writes_all_the_same(
     tree: Tree, confined: ConfinedDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -254,3 +254,50 @@ def test_a_repeat_while_the_digest_is_on_its_way_is_answered_once_it_came(
     assert not (tmp_path / "files" / "other").exists()
     dispatcher.close()
     assert _ledger(tmp_path, "w5") == ("DONE", "blake3:same") and _ledger(tmp_path, "w6") is None
+
+
+def test_the_hash_trails_the_write_slice_by_slice_and_stops_where_it_stopped() -> None:
+    """The hashing thread hashes a slice only once the writing thread said it is in the
+    file: told the bytes went in a slice at a time it gives the SHA-256 of them all;
+    when the write stops part-way it gives none, and reads nothing past what went in."""
+    import hashlib
+    import os
+
+    data = [os.urandom(fs_write.HASH_SLICE_BYTES + 3), memoryview(os.urandom(2_000_001))]
+    whole = b"".join(data)
+
+    def hashed(steps: list[int], stop: bool) -> tuple[str | None, list[int]]:
+        progress = fs_write._Progress()
+        read: list[int] = []
+        real_update = hashlib.sha256
+
+        class Counting:
+            def __init__(self) -> None:
+                self._h = real_update()
+
+            def update(self, part: memoryview) -> None:
+                read.append(len(part))
+                self._h.update(part)
+
+            def hexdigest(self) -> str:
+                return self._h.hexdigest()
+
+        answer: list[str | None] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fs_write.hashlib, "sha256", Counting)
+            thread = threading.Thread(
+                target=lambda: answer.append(fs_write._sha256(data, progress))
+            )
+            thread.start()
+            for count in steps:
+                progress.wrote(count)
+            if stop:
+                progress.stop()
+            thread.join()
+        return answer[0], read
+
+    steps = [*range(1_000_000, len(whole), 1_000_000), len(whole)]
+    digest, read = hashed(steps, stop=False)
+    assert digest == hashlib.sha256(whole).hexdigest() and sum(read) == len(whole)
+    digest, read = hashed([fs_write.HASH_SLICE_BYTES + 10], stop=True)
+    assert digest is None and sum(read) <= fs_write.HASH_SLICE_BYTES + 10
