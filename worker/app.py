@@ -54,9 +54,10 @@ from worker.errors import (
     StartupError,
     WorkerError,
 )
+from worker.hub.health import Health
 from worker.hub.server import Hub, control_service, local_streams, worker_service
 from worker.hub.store import HubStore
-from worker.wire.auth import BearerAuth, health_service
+from worker.wire.auth import BearerAuth
 from worker.wire.inproc import LocalCall, LocalStreams
 from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
@@ -375,6 +376,7 @@ class RunningHub:
     housekeeping: asyncio.Task[None]
     # Streams of a worker in this process (`up`), opened without gRPC.
     local: LocalStreams
+    health: Health
 
     async def stop(self, grace_s: float = 2.0) -> None:
         self.housekeeping.cancel()
@@ -453,7 +455,10 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
             ),
         )
     )
-    server.add_generic_rpc_handlers((health_service(),))  # open: see auth.health_service
+    # gRPC health, open without the token, for the hub itself ("") and its services.
+    services = [service.full_name for service in pb.DESCRIPTOR.services_by_name.values()]
+    health = Health(services, read=hub.memory.ended)
+    server.add_generic_rpc_handlers((health.handler(),))
     try:
         if tls:
             assert config.hub.tls_cert is not None and config.hub.tls_key is not None
@@ -476,6 +481,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         address=f"{host}:{port}",
         housekeeping=housekeeping,
         local=local_streams(hub),
+        health=health,
     )
 
 

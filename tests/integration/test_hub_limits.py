@@ -170,20 +170,28 @@ def test_control_requests_are_read_a_few_at_a_time(tmp_path: Path) -> None:
         live.run(go)
 
 
-def test_health_is_answered_without_reading_the_request(tmp_path: Path) -> None:
+def test_health_reads_its_requests_in_turn(tmp_path: Path) -> None:
     """gRPC health is open without the token; as a unary method its request was read
     whole first, up to 32 MiB: sixteen tokenless 31 MiB Health/Check calls at once took
-    the hub from 62 MiB to 1.2 GB (review8 finding 12). It is answered unread now."""
+    the hub from 62 MiB to 1.2 GB (review8 finding 12). Its requests are read in turn
+    now (worker.hub.health), and one longer than a service name is refused."""
     serving = health_pb2.HealthCheckResponse.SERVING
 
     async def go(client: ControlClient) -> None:
-        # A call whose request never comes is answered all the same: it is not read.
+        # A request sent on a stream, as the hub reads it.
         check = client.channel.stream_stream("/grpc.health.v1.Health/Check")()
+        await check.write(health_pb2.HealthCheckRequest().SerializeToString())
         assert health_pb2.HealthCheckResponse.FromString(await check.read()).status == serving
         assert await check.code() == grpc.StatusCode.OK
-        watch = client.channel.stream_stream("/grpc.health.v1.Health/Watch")()
-        assert health_pb2.HealthCheckResponse.FromString(await watch.read()).status == serving
-        watch.cancel()
+        # Four 31 MiB requests at once: each refused once read, none answered.
+        oversized = _padded(b"", 31 * MIB)
+        calls = [
+            client.channel.unary_unary("/grpc.health.v1.Health/Check")(oversized) for _ in range(4)
+        ]
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # The ordinary client's calls, as before.
         health = health_pb2_grpc.HealthStub(client.channel)
         request = health_pb2.HealthCheckRequest()

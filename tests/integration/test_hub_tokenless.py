@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.cluster import cluster
 from tests.support.hub_inproc import own_channel
 from worker.hub.client import ControlClient
-from worker.wire.auth import HEALTH_WATCHES_HELD, HEALTH_WATCHES_PER_CONNECTION
+from worker.hub.health import HEALTH_WATCHES_HELD, HEALTH_WATCHES_PER_CONNECTION
 from worker.wire.proto import agentworker_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
