@@ -390,6 +390,9 @@ async def _hub_housekeeping(hub: Hub) -> None:
         pruned = hub.store.prune()
         if pruned:
             log.info("hub: forgot %d calls past their keeping time", pruned)
+        forgotten = hub.store.forget_workers(hub.sessions)
+        if forgotten:
+            log.info("hub: forgot %d workers away past their keeping time", forgotten)
         memory.give_back()
         await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
 

@@ -184,6 +184,8 @@ class Session:
     acks: list[str] = field(default_factory=list)
     # Why the hub ends the stream (a status and its details), once it must.
     refusal: tuple[grpc.StatusCode, str] | None = None
+    # When it began (unix ms): the time it was connected counts for its worker's row.
+    started_ms: int = field(default_factory=now_ms)
 
     @property
     def worker_id(self) -> str:
@@ -620,8 +622,11 @@ class Hub:
         if previous is not None:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)
             previous.close()
+        known = bool(bound) or self.store.knows_worker(hello.worker_id)
         self.sessions[hello.worker_id] = session
         self.store.seen_worker(session.hello, key_digest)
+        if not known:
+            self._forget_workers()
         self.learn_placements(session, hello.plans)
         log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
         self._handle_all(session, first[1:])
@@ -661,8 +666,20 @@ class Hub:
             if self.sessions.get(worker_id) is session:
                 del self.sessions[worker_id]
                 self._held.pop(worker_id, None)
-                self.store.touch_worker(worker_id)
+            self.store.touch_worker(worker_id, now_ms() - session.started_ms)
             log.info("worker %s disconnected", worker_id)
+
+    def _forget_workers(self) -> None:
+        """A new worker's row came: past the workers away remembered, forget some
+        (worker.hub.store.WORKERS_AWAY_KEPT)."""
+        if self.store.known_workers() - len(self.sessions) <= self.store.workers_away_kept:
+            return
+        forgotten = self.store.forget_workers(self.sessions)
+        log.info(
+            "hub: forgot %d worker(s) away, past the %d remembered (those connected the least)",
+            forgotten,
+            self.store.workers_away_kept,
+        )
 
     def _welcome(self, session: Session) -> pb.ServerMessage:
         abandoned = [
@@ -1641,7 +1658,7 @@ class Hub:
         return infos
 
     def status(self) -> pb.StatusResponse:
-        known = len(self.store.workers())
+        known = self.store.known_workers()
         connected = len(self.sessions)
         if connected:
             state = pb.StatusResponse.CONNECTED

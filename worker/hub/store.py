@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS workers (
     worker_id    TEXT PRIMARY KEY,
     hello        BLOB NOT NULL,
     last_seen_ms INTEGER NOT NULL,
-    key_digest   TEXT NOT NULL DEFAULT ''  -- sha256 of the key it first came with
+    key_digest   TEXT NOT NULL DEFAULT '',  -- sha256 of the key it first came with
+    connected_ms INTEGER NOT NULL DEFAULT 0  -- how long it was connected, its sessions together
 );
 CREATE TABLE IF NOT EXISTS queued_kills (
     worker_id  TEXT NOT NULL,
@@ -82,6 +83,16 @@ ABANDONED_KEPT_MS = 24 * 3600 * 1000
 # Finished and abandoned calls are kept this long (a caller retrying an id gets the
 # stored answer), then pruned; like the worker's ledger.
 CALLS_KEPT_MS = 24 * 3600 * 1000
+# Workers away are remembered (ListWorkers, Status, kills queued for them, the key their
+# id is bound to) this long after they were last seen, and at most this many of them:
+# anyone with hub-workers.token may say Hello under new ids, and each grew the table
+# for good. Past the count, a new worker's row makes room by forgetting those away that
+# were connected the least, their sessions together (a fleeting id goes before the
+# person's worker that served for hours), then those seen longest ago. Connected
+# workers are never forgotten. A worker forgotten is known again by its next Hello, its
+# id bound again to the key it brings.
+WORKERS_KEPT_MS = 30 * 24 * 3600 * 1000
+WORKERS_AWAY_KEPT = 1024
 _INSERT_CALL = (
     "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
     " blob_bytes, state, result, created_ms, deadline_ms)"
@@ -139,6 +150,11 @@ class HubStore:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(workers)")}
         if "key_digest" not in columns:
             self._db.execute("ALTER TABLE workers ADD COLUMN key_digest TEXT NOT NULL DEFAULT ''")
+        if "connected_ms" not in columns:
+            self._db.execute(
+                "ALTER TABLE workers ADD COLUMN connected_ms INTEGER NOT NULL DEFAULT 0"
+            )
+        self.workers_away_kept = WORKERS_AWAY_KEPT
 
     def close(self) -> None:
         self.flush()
@@ -327,9 +343,10 @@ class HubStore:
 
     def seen_worker(self, hello: pb.Hello, key_digest: str = "") -> None:
         """Record the worker's Hello; the first key it comes with is bound to its id
-        for good (see worker_key)."""
+        for as long as the id is remembered (see worker_key, WORKERS_KEPT_MS)."""
         self._db.execute(
-            "INSERT INTO workers VALUES (?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE"
+            "INSERT INTO workers (worker_id, hello, last_seen_ms, key_digest)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE"
             " SET hello = excluded.hello, last_seen_ms = excluded.last_seen_ms,"
             " key_digest = CASE WHEN key_digest = '' THEN excluded.key_digest"
             " ELSE key_digest END",
@@ -347,10 +364,39 @@ class HubStore:
         row = self._db.execute("SELECT 1 FROM workers WHERE worker_id = ?", (worker_id,))
         return row.fetchone() is not None
 
-    def touch_worker(self, worker_id: str) -> None:
+    def touch_worker(self, worker_id: str, connected_ms: int = 0) -> None:
+        """The worker was seen now, after a session of `connected_ms`."""
         self._db.execute(
-            "UPDATE workers SET last_seen_ms = ? WHERE worker_id = ?", (now_ms(), worker_id)
+            "UPDATE workers SET last_seen_ms = ?, connected_ms = connected_ms + ?"
+            " WHERE worker_id = ?",
+            (now_ms(), max(0, connected_ms), worker_id),
         )
+
+    def known_workers(self) -> int:
+        row = self._db.execute("SELECT COUNT(*) FROM workers").fetchone()
+        return int(row[0])
+
+    def forget_workers(self, connected: Container[str], now: int | None = None) -> int:
+        """Forget workers away since WORKERS_KEPT_MS, and past `workers_away_kept` of
+        those away, the ones connected the least, then seen longest ago (see
+        WORKERS_AWAY_KEPT); never one in `connected`. How many were forgotten."""
+        cutoff = (now if now is not None else now_ms()) - WORKERS_KEPT_MS
+        rows = self._db.execute(
+            "SELECT worker_id, last_seen_ms FROM workers"
+            " ORDER BY connected_ms DESC, last_seen_ms DESC, worker_id"
+        ).fetchall()
+        away = [(worker_id, seen) for worker_id, seen in rows if worker_id not in connected]
+        gone = [
+            worker_id
+            for kept, (worker_id, seen) in enumerate(away)
+            if seen < cutoff or kept >= self.workers_away_kept
+        ]
+        if gone:
+            with db.transaction(self._db):
+                self._db.executemany(
+                    "DELETE FROM workers WHERE worker_id = ?", [(worker_id,) for worker_id in gone]
+                )
+        return len(gone)
 
     def queue_kill(self, worker_id: str, plan_id: str, reason: str) -> None:
         """Keep a kill for a worker that is away, to deliver when it connects."""
