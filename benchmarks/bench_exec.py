@@ -20,6 +20,14 @@ each per round, so a busy moment of a shared machine lands on every row alike):
   raw two-hop relay   a bare gRPC relay (_common.RELAY: caller → relay → its worker and
                       back, nothing of ours) carrying the program's output back, spaced
                       as the pipeline's calls are: the floor of the hops alone
+  sandbox built ahead
+                      sandbox.process.run taking the sandbox built ahead for its plan
+                      after its previous call (sandbox.warm), as the worker's exec does
+
+Each call is followed by an untimed pause (--pause-ms, 40): what a call leaves to do
+after it answered (the worker builds the plan's next sandbox 5 ms after a call's program
+ended, and writes telemetry) then lands in no other row's time. Without it, the
+next sandbox built during the raw rows made them slower, and the ratio look better.
 
 Printed: p50/p99 latency and each figure's ratio to raw, what each step of exec's
 line adds (the median of the rounds' differences, each round running the lines
@@ -28,7 +36,7 @@ much of that the bare relay's hops alone take, then the two budgets: Landlock +
 seccomp add at most 1 ms to raw bwrap (p50), and exec through the hub is at most
 1.5x exec's exact bwrap line.
 
-    python benchmarks/bench_exec.py [--calls 200]
+    python benchmarks/bench_exec.py [--calls 200] [--pause-ms 40]
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from sandbox import _entry, _pidcap, _seccomp, environment
 from sandbox._bwrap import command, find_tools
 from sandbox._spawn import Starts
 from sandbox.process import Limits, Mount, PidCap, View, run
+from sandbox.warm import WarmSandboxes
 
 
 def raw_call(argv: list[str], cwd: Path, expect: int) -> OneCall:
@@ -117,12 +126,17 @@ def raw_bwrap_call(argv: list[str], workspace: Path, expect: int, mode: str, ent
     return one
 
 
-def sandbox_call(argv: list[str], workspace: Path, expect: int, entry: str) -> OneCall:
+def sandbox_call(
+    argv: list[str], workspace: Path, expect: int, entry: str, *, ahead: bool = False
+) -> OneCall:
     view = view_of(workspace, entry, seccomp=True)
     pid_cap, starts = PidCap(), Starts()  # kept from one call to the next, as a worker's
+    warm = WarmSandboxes() if ahead else None
 
     async def one() -> None:
-        done = await run(argv, view, Limits(), pid_cap=pid_cap, starts=starts)
+        done = await run(
+            argv, view, Limits(), pid_cap=pid_cap, starts=starts, warm=warm, warm_for="bench"
+        )
         if done.exit_code != 0 or len(done.stdout) != expect:
             raise RuntimeError(f"sandboxed {argv} failed: {done}")
 
@@ -135,21 +149,24 @@ def paired(before: list[float], after: list[float]) -> tuple[float, float, float
     return q1, median, q3
 
 
-async def interleaved(calls: list[OneCall], rounds: int) -> list[list[float]]:
-    """Latencies (ms) of each call, one of each per round, after a warm-up round."""
+async def interleaved(calls: list[OneCall], rounds: int, pause_s: float) -> list[list[float]]:
+    """Latencies (ms) of each call, one of each per round, after a warm-up round; each
+    call followed by an untimed pause of `pause_s` (see the module's doc)."""
     for one in calls:
         for _ in range(5):
             await one()
+            await asyncio.sleep(pause_s)
     samples: list[list[float]] = [[] for _ in calls]
     for _ in range(rounds):
         for index, one in enumerate(calls):
             start = time.perf_counter()
             await one()
             samples[index].append((time.perf_counter() - start) * 1000)
+            await asyncio.sleep(pause_s)
     return samples
 
 
-async def bench(calls: int, home_dir: Path) -> None:
+async def bench(calls: int, home_dir: Path, pause_s: float) -> None:
     home = make_home(home_dir, mode="ro", scopes=["workerHost.exec"])
     (home.workspace / "one-mib.bin").write_bytes(os.urandom(MIB))
     entry = _entry.build(home_dir / "bench-exec-cache", "cc")
@@ -172,8 +189,12 @@ async def bench(calls: int, home_dir: Path) -> None:
                         dispatch_call(client, "workerHost.exec", {"argv": argv}, b"", expect),
                     ),
                     ("raw two-hop relay", relay_call(relayed, b"", expect)),
+                    (
+                        "sandbox built ahead",
+                        sandbox_call(pinned, ws, expect, entry, ahead=True),
+                    ),
                 ]
-                samples = await interleaved([one for _, one in rows], calls)
+                samples = await interleaved([one for _, one in rows], calls, pause_s)
                 label = f"exec {' '.join(argv)}: {calls} rounds, 1 in flight, interleaved"
                 report(label, list(zip([n for n, _ in rows], samples, strict=True)), name_width=26)
                 p50 = [statistics.median(s) for s in samples]
@@ -211,10 +232,11 @@ async def bench(calls: int, home_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--pause-ms", type=float, default=40.0)
     args = parser.parse_args()
     print(machine())
     with tempfile.TemporaryDirectory() as home:
-        asyncio.run(bench(args.calls, Path(home)))
+        asyncio.run(bench(args.calls, Path(home), args.pause_ms / 1000))
 
 
 if __name__ == "__main__":

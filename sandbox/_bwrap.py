@@ -179,9 +179,16 @@ def command(
     lifeline_fd: int | None = None,
     pid_cap: int | None = None,
     diag_fd: int | None = None,
+    wait_fd: int | None = None,
 ) -> list[str]:
     """bwrap [namespaces] [view] -- entry [limits, Landlock] -- argv, with `view.entry`;
     bwrap [namespaces] [view] -- prlimit [limits] -- argv without it.
+
+    With `wait_fd` (entry only: a sandbox built ahead of its call, sandbox.warm) the
+    entry's line ends before what is the call's own: it waits on `wait_fd` for
+    `call_words` (the folder to start in, the environment, what may be executed and
+    argv), and `argv`, `view.cwd` and `view.env` are not part of the line (bubblewrap
+    starts in /, which the entry leaves for the call's folder).
 
     `file_fds` holds one readable descriptor per file of `view.private`, in order
     (see `private_files`); bubblewrap copies each into the sandbox's tmpfs.
@@ -230,7 +237,7 @@ def command(
             args += ["--proc", _entry.PROC_INSIDE]
     if view.read_only_root:
         args += ["--remount-ro", "/"]
-    args += ["--chdir", view.cwd]
+    args += ["--chdir", "/" if wait_fd is not None else view.cwd]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     if block_fd is not None:
@@ -238,13 +245,41 @@ def command(
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     if view.entry is None:
+        if wait_fd is not None:
+            raise ValueError("only the entry helper waits for its call")
         return [*args, "--", tools.prlimit, *_rlimits(limits), "--", *argv]
+    if wait_fd is not None:
+        waits = ["-W", str(wait_fd)]
+        return [
+            *args,
+            "--as-pid-1",
+            "--",
+            _entry.INSIDE,
+            *waits,
+            *_entry_options(view, limits, lifeline_fd, pid_cap, diag_fd),
+        ]
     return [
         *args,
         "--as-pid-1",
         "--",
-        *_entry_args(argv, view, limits, lifeline_fd, pid_cap, diag_fd),
+        _entry.INSIDE,
+        *_entry_options(view, limits, lifeline_fd, pid_cap, diag_fd),
+        *_executables(argv, view),
+        "--",
+        *argv,
     ]
+
+
+def call_words(argv: Sequence[str], view: View) -> list[str]:
+    """What a sandbox built ahead of its call (`command(wait_fd=...)`) is sent for it:
+    the rest of the entry's line (see sandbox/entry.c, -W). The program's environment
+    is `view.env` with PWD set to its folder, as bubblewrap's --chdir sets it."""
+    env = dict(view.env)
+    env["PWD"] = view.cwd  # where it stood, or last (as bubblewrap's setenv puts it)
+    words = ["-C", view.cwd]
+    for name, value in env.items():
+        words += ["-e", f"{name}={value}"]
+    return [*words, *_executables(argv, view), "--", *argv]
 
 
 @functools.lru_cache(maxsize=1)
@@ -263,17 +298,16 @@ def _system_view() -> tuple[str, ...]:
     return tuple(args)
 
 
-def _entry_args(
-    argv: Sequence[str],
+def _entry_options(
     view: View,
     limits: Limits,
     lifeline_fd: int | None,
     pid_cap: int | None,
     diag_fd: int | None = None,
 ) -> list[str]:
-    """The entry helper's command line (see sandbox/entry.c): limits, the pid cap, what
-    may be executed and where writes may go, then the program."""
-    line = [_entry.INSIDE]
+    """The entry helper's options (see sandbox/entry.c) that are not the call's own:
+    limits, the pid cap and where writes may go."""
+    line: list[str] = []
     if diag_fd is not None:  # before -L, which closes every other descriptor
         line += ["-n", str(diag_fd)]
     if lifeline_fd is not None:
@@ -282,14 +316,20 @@ def _entry_args(
         line += ["-r", f"{number}:{soft}:{hard}"]
     if pid_cap is not None:
         line += ["-p", f"{pid_cap}:{_entry.PROC_INSIDE}/sys/kernel/pid_max"]
-    programs = [argv[0], *view.may_execute]
-    for program in programs:
-        interpreter = _entry.interpreter_of(program)
-        line += ["-x", program] + (["-x", interpreter] if interpreter else [])
     for mount in view.mounts:
         if mount.writable:
             line += ["-w", mount.inside]
-    line += ["-w", "/tmp", "-w", "/dev/shm", "-d", "/dev", "--", *argv]  # noqa: S108 (its own tmpfses)
+    line += ["-w", "/tmp", "-w", "/dev/shm", "-d", "/dev"]  # noqa: S108 (its own tmpfses)
+    return line
+
+
+def _executables(argv: Sequence[str], view: View) -> list[str]:
+    """The entry's -x options: the program and what else it may execute, each with its
+    ELF interpreter."""
+    line: list[str] = []
+    for program in [argv[0], *view.may_execute]:
+        interpreter = _entry.interpreter_of(program)
+        line += ["-x", program] + (["-x", interpreter] if interpreter else [])
     return line
 
 

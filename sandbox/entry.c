@@ -18,6 +18,20 @@
  *   -w PATH     lets files be written, made and removed beneath PATH (repeated);
  *   -d PATH     lets existing files beneath PATH be written, nothing made (/dev);
  *
+ * Given `-W FD` first (a sandbox built ahead of its call, see sandbox/warm.py), it
+ * first waits for the call: it reads from FD the message's length (4 bytes, little
+ * endian) and that many bytes of NUL-ended strings, closes FD, and takes the strings as
+ * more options after its own line, in the same order as above, where two more are
+ * let through:
+ *
+ *   -C DIR      starts the program in DIR (as bubblewrap's --chdir would);
+ *   -e NAME=VALUE  one variable of the program's environment (repeated: all of it;
+ *               the environment bubblewrap gave this process is not passed on);
+ *
+ * and `--` with the program. A message cut short, or FD closed before it came (the
+ * worker gone), exits 125 with nothing run. Nothing of the line above is done before
+ * the message came: the limits, the pid cap and Landlock are set after, as without -W.
+ *
  * then restricts itself with Landlock (execute and every kind of write handled, so
  * anything not named above is refused with EACCES; from ABI 6 on, scoped too: no
  * abstract unix socket and no process outside the sandbox's domain can be reached,
@@ -100,6 +114,9 @@
 #define LAST_PID "/proc/sys/kernel/ns_last_pid"
 #define USER_SYSCTLS "/proc/sys/user/"
 #define NAME_MOST 48 /* the longest name a -u may give (max_inotify_instances: 21) */
+
+#define CALL_MOST (64 * 1024) /* -W: the longest message of a call (sandbox/warm.py) */
+#define WORDS_MOST 8192       /* -W: the most strings its line and the message hold */
 
 struct ruleset_attr { uint64_t handled_access_fs, handled_access_net, scoped; };
 struct __attribute__((packed)) path_beneath { uint64_t allowed_access; int32_t parent_fd; };
@@ -373,8 +390,57 @@ static int outside(int argc, char **argv) {
     return 0;
 }
 
+static char call[CALL_MOST + 1];
+static char *words[WORDS_MOST + 1];
+static char *environment[WORDS_MOST + 1];
+
+/* Reads exactly `size` bytes of `fd` into `into`; fails (nothing run) on an end before. */
+static void read_exactly(int fd, char *into, unsigned long size) {
+    for (unsigned long at = 0; at < size;) {
+        long got = SYS3(SYS_read, fd, into + at, size - at);
+        if (got == -EINTR) continue;
+        if (got <= 0) fail("no call came: the worker is gone", 0, got < 0 ? -got : EPIPE);
+        at += (unsigned long)got;
+    }
+}
+
+/* `-W FD`: waits for the call (see the top of this file). Its line without `-W FD`,
+ * then the message's strings, become the line the options are read from: its count. */
+static int wait_for_call(int argc, char **argv) {
+    const char *text = argv[2];
+    int fd = (int)number(&text, 0, "-W");
+    unsigned char head[4];
+    read_exactly(fd, (char *)head, sizeof head);
+    unsigned long size = head[0] | (unsigned long)head[1] << 8 | (unsigned long)head[2] << 16 |
+                         (unsigned long)head[3] << 24;
+    if (size == 0 || size > CALL_MOST) fail("a call of the wrong length", "-W", E2BIG);
+    read_exactly(fd, call, size);
+    SYS1(SYS_close, fd);
+    if (call[size - 1] != 0) fail("a call not ended", "-W", EINVAL);
+    int count = 0;
+    words[count++] = argv[0];
+    for (int at = 3; at < argc; at++) {
+        if (count >= WORDS_MOST) fail("too many options", "-W", E2BIG);
+        words[count++] = argv[at];
+    }
+    for (unsigned long at = 0; at < size; at++) {
+        if (count >= WORDS_MOST) fail("too many options", "-W", E2BIG);
+        words[count++] = call + at;
+        while (call[at]) at++;
+    }
+    words[count] = 0;
+    return count;
+}
+
 static int entry(int argc, char **argv, char **envp) {
     if (argc >= 3 && same(argv[1], "-O")) return outside(argc, argv);
+    int waited = argc >= 3 && same(argv[1], "-W");
+    const char *folder = 0;
+    int variables = 0;
+    if (waited) {
+        argc = wait_for_call(argc, argv);
+        argv = words;
+    }
     long abi = SYS3(NR_create_ruleset, 0, 0, VERSION_FLAG);
     if (abi < 1) fail("Landlock is not available", 0, abi < 0 ? -abi : ENOSYS);
     uint64_t writes = WRITE_FILE | MAKE_AND_REMOVE | (abi >= 2 ? REFER : 0);
@@ -426,12 +492,24 @@ static int entry(int argc, char **argv, char **envp) {
             allow(ruleset, value, writes | truncate);
         } else if (option[1] == 'd') {
             allow(ruleset, value, WRITE_FILE | truncate);
+        } else if (option[1] == 'C' && waited) {
+            folder = value;
+        } else if (option[1] == 'e' && waited) {
+            if (variables >= WORDS_MOST) fail("too many variables", 0, E2BIG);
+            environment[variables++] = (char *)value;
         } else {
             fail("unknown option", option, EINVAL);
         }
     }
     if (at + 1 >= argc) fail("no program was named", 0, EINVAL);
     char **program = argv + at + 1;
+    if (waited) {
+        if (!folder) fail("no folder to start in", "-W", EINVAL);
+        long moved = SYS1(SYS_chdir, folder);
+        if (moved) fail("cannot start in", folder, -moved);
+        environment[variables] = 0;
+        envp = environment;
+    }
     long done = SYS5(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     if (done) fail("cannot set no_new_privs", 0, -done);
     done = SYS2(NR_restrict_self, ruleset, 0);

@@ -52,11 +52,12 @@ import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from sandbox import _entry, _pidcap, _seccomp, _startline, sockets
@@ -67,6 +68,7 @@ from sandbox._bwrap import (
     SandboxUnavailableError,
     Tools,
     View,
+    call_words,
     command,
     find_tools,
     private_files,
@@ -75,6 +77,7 @@ from sandbox._bwrap import (
 from sandbox._pidcap import PidCap
 from sandbox._spawn import Spawned, Starts
 from sandbox.cgroups import PlanGroup
+from sandbox.warm import WarmSandboxes
 
 __all__ = [
     "Completed",
@@ -152,7 +155,7 @@ class _Child:
         # output costs nothing once the program has exited.
         self.hasher = hasher
         self.open_pipes: set[int] = set()
-        self.stdin: int | None = None  # while stdin is still being fed
+        self.feeding: set[int] = set()  # descriptors still being written (stdin, a call)
         self._waiter: asyncio.Future[None] | None = None  # see `until`
         self.pidfd = os.pidfd_open(popen.pid)
         self.loop.add_reader(self.pidfd, self._reap)
@@ -207,7 +210,8 @@ class _Child:
                 signal.pidfd_send_signal(self.pidfd, number)
 
     def feed(self, data: bytes, fd: int) -> None:
-        """Write `data` to `fd` (the program's stdin) as it drains, then close it."""
+        """Write `data` to `fd` (the program's stdin, or a waiting sandbox's call) as it
+        drains, then close it."""
         os.set_blocking(fd, False)
         view = memoryview(data)
 
@@ -222,10 +226,12 @@ class _Child:
             if not view:
                 self.loop.remove_writer(fd)
                 os.close(fd)
-                self.stdin = None
+                self.feeding.discard(fd)
 
-        self.loop.add_writer(fd, writable)
-        self.stdin = fd
+        self.feeding.add(fd)
+        writable()  # a pipe with room takes it all now: no loop turn
+        if fd in self.feeding:
+            self.loop.add_writer(fd, writable)
 
     def _readable(self, fd: int) -> None:
         try:
@@ -282,10 +288,10 @@ class _Child:
             self.loop.remove_reader(fd)
             os.close(fd)
         self.open_pipes.clear()
-        if self.stdin is not None:
-            self.loop.remove_writer(self.stdin)
-            os.close(self.stdin)
-            self.stdin = None
+        for fd in list(self.feeding):
+            self.loop.remove_writer(fd)
+            os.close(fd)
+        self.feeding.clear()
         if self.pidfd >= 0:
             self.loop.remove_reader(self.pidfd)
             os.close(self.pidfd)
@@ -307,6 +313,8 @@ async def run(
     on_sockets: Callable[[sockets.SocketMemory], None] | None = None,
     hash_output: Callable[[], Hasher] | None = None,
     claim: Callable[[], None] | None = None,
+    warm: WarmSandboxes | None = None,
+    warm_for: str = "",
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
@@ -327,8 +335,30 @@ async def run(
     only once `claim` returned), so its work costs the call nothing: a worker that
     dies meanwhile lets the sandbox go on, but the entry then finds its lifeline
     closed and exits before the program starts. Without the entry there is no such
-    check, and `claim` is called before bubblewrap starts."""
+    check, and `claim` is called before bubblewrap starts.
+
+    With `warm` (the caller's, one per worker; the entry helper, no cgroup, no
+    `on_sockets`) the sandbox may be one built ahead for plan `warm_for`, exactly as
+    this call's would be (sandbox.warm): `claim` is then called before the call is
+    sent to it, and nothing of the program runs before. Either way, once the program
+    has run, the plan's next sandbox is built ahead."""
     starts = starts or Starts()
+    if warm is not None and view.entry is not None and cgroup is None and on_sockets is None:
+        words = _call_message(argv, view)
+        if words is not None:
+            return await _run_warm(
+                words,
+                view,
+                limits,
+                stdin,
+                pid_cap=pid_cap,
+                starts=starts,
+                on_start=on_start,
+                hash_output=hash_output,
+                claim=claim,
+                warm=warm,
+                plan=warm_for,
+            )
     tools = find_tools(view.bwrap)
     capped = _pidcap.needed()
     if capped:
@@ -455,6 +485,328 @@ async def run(
                 os.close(fd)
 
 
+# The longest call a sandbox built ahead is sent (entry.c's CALL_MOST), and the most
+# strings in it with the entry's own line (its WORDS_MOST, less room for that line).
+CALL_MOST: Final = 64 * 1024
+CALL_WORDS_MOST: Final = 8192 - 256
+
+
+def _call_message(argv: Sequence[str], view: View) -> bytes | None:
+    """What a sandbox built ahead is sent for this call (sandbox/entry.c, -W): its
+    length, then its words, each ended by a NUL. None when it would be too long: the
+    call then builds its sandbox with its argv on bubblewrap's line, as before."""
+    words = call_words(argv, view)
+    if len(words) > CALL_WORDS_MOST:
+        return None
+    try:
+        encoded = [os.fsencode(word) for word in words]
+    except UnicodeError:
+        return None
+    if any(b"\0" in word for word in encoded):
+        return None
+    body = b"\0".join(encoded) + b"\0"
+    if len(body) > CALL_MOST:
+        return None
+    return struct.pack("<I", len(body)) + body
+
+
+# Where the bubblewrap line names a file or folder it binds: the name after each.
+_BINDS: Final = frozenset({"--ro-bind", "--bind", "--ro-bind-try", "--dev-bind"})
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """All a sandbox is built from but its call's own words (argv, folder, environment):
+    two calls of one shape get the very same sandbox. `line` is bubblewrap's whole line
+    for it, every descriptor's number left out (what the view makes of the file system
+    now: which hidden places exist, the folders pinned), and `files` the (device,
+    inode) behind each name it binds, None for one absent: a name that now leads
+    elsewhere makes another shape."""
+
+    view: View
+    limits: Limits
+    stdin: bool
+    capped: bool
+    tools: Tools
+    line: tuple[str, ...]
+    files: tuple[tuple[int, int] | None, ...]
+
+    @classmethod
+    def of(cls, tools: Tools, view: View, limits: Limits, stdin: bool, capped: bool) -> _Shape:
+        view = replace(view, cwd="/", env={})
+        limits = replace(limits, timeout_s=0.0)  # counted from the call's start, outside
+        files = [0] * len(private_files(view.private))
+        line = command(
+            tools,
+            (),
+            view,
+            limits,
+            info_fd=0,
+            block_fd=0,
+            file_fds=files,
+            seccomp_fd=0 if view.seccomp else None,
+            lifeline_fd=0,
+            pid_cap=_pidcap.cap_for(limits.processes) if capped else None,
+            wait_fd=0,
+        )
+        names = [line[at + 1] for at, arg in enumerate(line[:-1]) if arg in _BINDS]
+        return cls(view, limits, stdin, capped, tools, tuple(line), _identities(names))
+
+
+def _identities(names: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
+    found: list[tuple[int, int] | None] = []
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            found.append(None)
+        else:
+            found.append((st.st_dev, st.st_ino))
+    return tuple(found)
+
+
+class _Prepared:
+    """A sandbox built and waiting for its call: bubblewrap let go from its start line
+    (its report read, its limits written), its entry helper reading the call's pipe."""
+
+    def __init__(
+        self,
+        shape: _Shape,
+        child: _Child,
+        sandbox: _Sandbox,
+        call_w: int,
+        in_w: int,
+        ours: list[int],
+        pid_cap: PidCap,
+    ) -> None:
+        self.shape = shape
+        self.child = child
+        self.sandbox = sandbox
+        self.call_w = call_w
+        self.in_w = in_w
+        self.ours = ours  # descriptors this process keeps (its report's pipe)
+        self.pid_cap = pid_cap
+        self.done = False
+
+    @property
+    def pid(self) -> int | None:
+        """Its first process (the entry helper, waiting), as this process sees it."""
+        return self.sandbox.init_pid
+
+    def alive(self) -> bool:
+        """Still waiting: neither it nor bubblewrap ended (a failed build exits)."""
+        return not self.done and not self.child.exited() and self.sandbox.pidfd is not None
+
+    async def go(
+        self,
+        words: bytes,
+        stdin: bytes | None,
+        limits: Limits,
+        hash_output: Callable[[], Hasher] | None,
+        on_start: Callable[[int], None] | None,
+    ) -> Completed:
+        """Send the call and see it through; the sandbox is let go of either way."""
+        child, sandbox = self.child, self.sandbox
+        try:
+            if hash_output is not None:
+                child.hasher = hash_output()
+            started = time.monotonic()
+            call_w, self.call_w = self.call_w, -1
+            child.feed(words, call_w)  # all of it now, into an empty pipe
+            if stdin:
+                in_w, self.in_w = self.in_w, -1
+                child.feed(stdin, in_w)
+            if on_start is not None:
+                on_start(child.popen.pid)
+            try:
+                timed_out = await sandbox.finish(limits, started)
+            except BaseException:
+                sandbox.kill()
+                await child.until(child.exited, EXIT_GRACE_S)
+                raise
+            return sandbox._completed(timed_out, time.monotonic() - started)
+        finally:
+            self.kill()
+            if self.shape.capped:  # the entry capped it once the call came
+                self.pid_cap.check_machine()
+
+    def kill(self) -> None:
+        """Kill it (never waits; safe to call more than once) and close what it held."""
+        if self.done:
+            return
+        self.done = True
+        self.sandbox.kill()
+        self.sandbox.stop_watching()
+        self.child.close()
+        for fd in (self.call_w, self.in_w, *self.ours):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.call_w = self.in_w = -1
+        self.ours.clear()
+
+    async def discard(self) -> None:
+        """Kill it and wait until it is reaped: its first process is killed, bubblewrap
+        reaps it and exits (killed too should it not within EXIT_GRACE_S), and is
+        reaped here."""
+        if self.done:
+            return
+        try:
+            if self.sandbox.pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self.sandbox.pidfd, signal.SIGKILL)
+            else:
+                self.sandbox.kill()
+            await self.child.until(self.child.exited, EXIT_GRACE_S)
+        finally:
+            self.kill()
+
+
+async def _prepare(
+    shape: _Shape,
+    pid_cap: PidCap,
+    starts: Starts,
+    claim: Callable[[], None] | None = None,
+) -> _Prepared:
+    """Start bubblewrap for a sandbox of `shape` whose entry waits for its call, and see
+    it through its start line (`claim` called while it is held there)."""
+    view, limits, tools = shape.view, shape.limits, shape.tools
+    user_limits = _startline.user_limits()
+    ours: list[int] = []
+    theirs: list[int] = []
+    prepared: _Prepared | None = None
+    try:
+        info_r, info_w = _pipe(ours, theirs)
+        lifeline_r, lifeline_w = _pipe(theirs, ours)
+        call_r, call_w = _pipe(theirs, ours)
+        block_r, block_w = _pipe(theirs, ours)
+        file_fds = [_memory_file(content) for content in private_files(view.private)]
+        theirs += file_fds
+        rules = _seccomp.filter_for_machine(view.unix_sockets) if view.seccomp else None
+        seccomp_fd = _memory_file(rules) if rules is not None else None
+        if seccomp_fd is not None:
+            theirs.append(seccomp_fd)
+        line = command(
+            tools,
+            (),
+            view,
+            limits,
+            info_fd=info_w,
+            block_fd=block_r,
+            file_fds=file_fds,
+            seccomp_fd=seccomp_fd,
+            lifeline_fd=lifeline_r,
+            pid_cap=_pidcap.cap_for(limits.processes) if shape.capped else None,
+            wait_fd=call_r,
+        )
+        out_r, out_w = _pipe(ours, theirs)
+        _widen(out_w, limits.output_bytes)
+        err_r, err_w = _pipe(ours, theirs)
+        in_r, in_w = _pipe(theirs, ours) if shape.stdin else (subprocess.DEVNULL, -1)
+        keep = (info_r, *(fd for fd in theirs if fd not in (out_w, err_w, in_r)))
+        try:
+            popen = starts.start(line, view.env, in_r, out_w, err_w, keep, closes_all=True)
+        except OSError as exc:
+            raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
+        finally:
+            for fd in theirs:
+                os.close(fd)
+            theirs.clear()
+        for owned in (out_r, err_r, in_w, lifeline_w, block_w, call_w):
+            if owned in ours:
+                ours.remove(owned)  # the child watcher, the sandbox and the call own these
+        child = _Child(popen, out_r, err_r, limits.output_bytes, starts)
+        if isinstance(popen, Spawned):
+            child.loop.call_soon(starts.check)
+        sandbox = _Sandbox(child, info_r, lifeline_w, block_w)
+        prepared = _Prepared(shape, child, sandbox, call_w, in_w, ours, pid_cap)
+        ours = []  # the prepared sandbox's now
+        await sandbox.hold(
+            tools,
+            limits,
+            None,
+            None,
+            view.entry if shape.capped or user_limits else None,
+            last_pid=shape.capped,
+            user_limits=user_limits,
+            claim=claim,
+        )
+        sandbox.release()
+    except BaseException:
+        if prepared is not None:
+            prepared.sandbox.kill()
+            with contextlib.suppress(BaseException):
+                await prepared.child.until(prepared.child.exited, EXIT_GRACE_S)
+            prepared.kill()
+        raise
+    finally:
+        for fd in (*ours, *theirs):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    return prepared
+
+
+async def _run_warm(
+    words: bytes,
+    view: View,
+    limits: Limits,
+    stdin: bytes | None,
+    *,
+    pid_cap: PidCap,
+    starts: Starts,
+    on_start: Callable[[int], None] | None,
+    hash_output: Callable[[], Hasher] | None,
+    claim: Callable[[], None] | None,
+    warm: WarmSandboxes,
+    plan: str,
+) -> Completed:
+    """`run` in a sandbox whose entry waits for its call: the one built ahead for
+    `plan` if it has this call's shape, else one built now (claimed while held at its
+    start line, as `run` does); then the plan's next one is built ahead."""
+    tools = find_tools(view.bwrap)
+    capped = _pidcap.needed()
+    if capped:
+        pid_cap.check_kernel()
+    shape = _Shape.of(tools, view, limits, bool(stdin), capped)
+    prepared = await _taken(warm, plan, shape)
+    if prepared is not None:
+        if claim is not None:
+            try:
+                claim()  # before the call is sent: nothing of it has run
+            except BaseException:
+                await prepared.discard()
+                raise
+    else:
+        prepared = await _prepare(shape, pid_cap, starts, claim)
+    done = await prepared.go(words, stdin, limits, hash_output, on_start)
+    warm.refill(plan, shape, lambda: _prepare(shape, pid_cap, starts))
+    return done
+
+
+async def _taken(warm: WarmSandboxes, plan: str, shape: _Shape) -> _Prepared | None:
+    """The sandbox held for `plan` if it has `shape` and still waits; else None (one
+    that does not is let go)."""
+    building = warm.take(plan, shape)
+    if building is None:
+        return None
+    try:
+        prepared = await asyncio.shield(building)
+    except asyncio.CancelledError:
+        # This call was stopped while its sandbox was still being built: let it go.
+        building.cancel()
+        if building.done() and not building.cancelled() and building.exception() is None:
+            await building.result().discard()
+        raise
+    except Exception:  # noqa: BLE001 - its build failed: this call builds its own
+        return None
+    if not isinstance(prepared, _Prepared):
+        return None
+    if not prepared.alive():
+        await prepared.discard()
+        return None
+    return prepared
+
+
 def _pipe(reader_list: list[int], writer_list: list[int]) -> tuple[int, int]:
     """A pipe (both ends close-on-exec), its read end added to `reader_list` and its
     write end to `writer_list`."""
@@ -505,65 +857,102 @@ class _Sandbox:
         report_first: bool = True,
     ) -> Completed:
         try:
-            if claim is not None:
-                # Right after bubblewrap started, while it builds the sandbox, which waits
-                # at its start line (--block-fd) until this returned: nothing of the
-                # program runs before. Should it raise, the sandbox is killed below.
-                claim()
-            if report_first:
-                # Held at its start line (--block-fd) until pid 1 is known and, where
-                # needed, in place, capped and its user limits written. Elsewhere (the
-                # entry helper for a regular user's worker on a kernel before 5.11, no
-                # cgroup) nothing needs pid 1 unless the sandbox is killed: `kill` then
-                # reads bubblewrap's report while bubblewrap is stopped, and the exit is
-                # the one event waited for.
-                init_pid = await self._child_pid()
-                if init_pid is None:
-                    await self.child.until(self.child.exited, EXIT_GRACE_S)
-                    raise SandboxUnavailableError(self._bwrap_complaint())
-                if self.pidfd is not None and cgroup is not None:
-                    # It and all it will start join the plan's cgroup. In a thread: a move
-                    # can wait for the kernel's cgroup locks.
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(_JOINING, cgroup.join, init_pid)
-                try:
-                    if self.pidfd is not None and cap_from_outside is not None:
-                        await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
-                    if self.pidfd is not None and settle_with is not None:
-                        await _startline.settle(
-                            settle_with,
-                            self.pidfd,
-                            self.child.starts,
-                            last_pid=last_pid,
-                            limits=user_limits,
-                        )
-                except SandboxUnavailableError:
-                    await self._failed_first(limits)
-                    raise
-            if self.block_w is not None:
-                with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
-                    os.write(self.block_w, b"go")
-            remaining = limits.timeout_s - (time.monotonic() - started)
-            timed_out = not await self.child.until(self.child.exited, remaining)
-            if timed_out:
-                self.kill()
-                await self.child.until(self.child.exited, EXIT_GRACE_S)
-            await self.child.until(self.child.pipes_closed, limits.drain_s)
-            # An exit of 0 is the program's own (bubblewrap's failures exit 1, the
-            # entry's 125, prlimit's 1 or 127): no report to read to know it started.
-            if (
-                not timed_out
-                and self.child.returncode != 0
-                and self._take_info(running=False)
-                and self.init_pid is None
-            ):
-                raise SandboxUnavailableError(self._bwrap_complaint())  # it never started
+            await self.hold(
+                tools,
+                limits,
+                cap_from_outside,
+                cgroup,
+                settle_with,
+                last_pid=last_pid,
+                user_limits=user_limits,
+                claim=claim,
+                report_first=report_first,
+            )
+            self.release()
+            timed_out = await self.finish(limits, started)
         except BaseException:
             self.kill()
             # Reap it before the caller moves on.
             await self.child.until(self.child.exited, EXIT_GRACE_S)
             raise
         return self._completed(timed_out, time.monotonic() - started)
+
+    async def hold(
+        self,
+        tools: Tools,
+        limits: Limits,
+        cap_from_outside: PidCap | None,
+        cgroup: PlanGroup | None,
+        settle_with: str | None = None,
+        *,
+        last_pid: bool = False,
+        user_limits: tuple[tuple[str, int], ...] = (),
+        claim: Callable[[], None] | None = None,
+        report_first: bool = True,
+    ) -> None:
+        """What is done while bubblewrap holds the sandbox at its start line. Should it
+        raise, the caller kills the sandbox."""
+        if claim is not None:
+            # Right after bubblewrap started, while it builds the sandbox, which waits
+            # at its start line (--block-fd) until this returned: nothing of the
+            # program runs before. Should it raise, the sandbox is killed below.
+            claim()
+        if report_first:
+            # Held at its start line (--block-fd) until pid 1 is known and, where
+            # needed, in place, capped and its user limits written. Elsewhere (the
+            # entry helper for a regular user's worker on a kernel before 5.11, no
+            # cgroup) nothing needs pid 1 unless the sandbox is killed: `kill` then
+            # reads bubblewrap's report while bubblewrap is stopped, and the exit is
+            # the one event waited for.
+            init_pid = await self._child_pid()
+            if init_pid is None:
+                await self.child.until(self.child.exited, EXIT_GRACE_S)
+                raise SandboxUnavailableError(self._bwrap_complaint())
+            if self.pidfd is not None and cgroup is not None:
+                # It and all it will start join the plan's cgroup. In a thread: a move
+                # can wait for the kernel's cgroup locks.
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(_JOINING, cgroup.join, init_pid)
+            try:
+                if self.pidfd is not None and cap_from_outside is not None:
+                    await cap_from_outside.cap_processes(tools, init_pid, limits.processes)
+                if self.pidfd is not None and settle_with is not None:
+                    await _startline.settle(
+                        settle_with,
+                        self.pidfd,
+                        self.child.starts,
+                        last_pid=last_pid,
+                        limits=user_limits,
+                    )
+            except SandboxUnavailableError:
+                await self._failed_first(limits)
+                raise
+
+    def release(self) -> None:
+        """Let bubblewrap go on from its start line."""
+        if self.block_w is not None:
+            with contextlib.suppress(BrokenPipeError):  # it already failed: the exit says
+                os.write(self.block_w, b"go")
+
+    async def finish(self, limits: Limits, started: float) -> bool:
+        """Wait for the program's exit (or its timeout, counted from `started`) and its
+        pipes; whether it timed out. Should it raise, the caller kills the sandbox."""
+        remaining = limits.timeout_s - (time.monotonic() - started)
+        timed_out = not await self.child.until(self.child.exited, remaining)
+        if timed_out:
+            self.kill()
+            await self.child.until(self.child.exited, EXIT_GRACE_S)
+        await self.child.until(self.child.pipes_closed, limits.drain_s)
+        # An exit of 0 is the program's own (bubblewrap's failures exit 1, the
+        # entry's 125, prlimit's 1 or 127): no report to read to know it started.
+        if (
+            not timed_out
+            and self.child.returncode != 0
+            and self._take_info(running=False)
+            and self.init_pid is None
+        ):
+            raise SandboxUnavailableError(self._bwrap_complaint())  # it never started
+        return timed_out
 
     async def _failed_first(self, limits: Limits) -> None:
         """The pid cap could not be set from outside: were it because bubblewrap failed

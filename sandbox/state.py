@@ -11,15 +11,17 @@ from sandbox._leftovers import Leftovers
 from sandbox._pidcap import PidCap
 from sandbox._spawn import Starts
 from sandbox.mounts import MountTable
+from sandbox.warm import WarmSandboxes
 
 
 class Containment:
     """The pid cap's latch (sandbox._pidcap), the leftover sweeps (sandbox._leftovers),
-    how bubblewrap is started (sandbox._spawn) and which roots no lookup can hang in
-    (sandbox.mounts)."""
+    how bubblewrap is started (sandbox._spawn), which roots no lookup can hang in
+    (sandbox.mounts) and the sandboxes built ahead of their calls (sandbox.warm)."""
 
     def __init__(self) -> None:
         self.pid_cap = PidCap()
         self.leftovers = Leftovers()
         self.starts = Starts()
         self.mounts = MountTable()
+        self.warm = WarmSandboxes()

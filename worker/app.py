@@ -275,6 +275,7 @@ def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Confi
     dispatcher.roots = roots_of(fresh, paths)
     dispatcher.scopes.replace_static(grants_of(fresh))
     dispatcher.config = fresh
+    dispatcher.containment.warm.discard()  # built for the roots and limits read before
     log.info(
         "reloaded %s: %d root(s), %d grant(s) from the file",
         paths.config_file,
@@ -797,6 +798,8 @@ async def _serve_worker(
             await ui_server.stop()
         if tui is not None:
             await tui.close()
+        # The sandboxes built ahead of calls: killed, and reaped before the worker ends.
+        await dispatcher.containment.warm.aclose()
         dispatcher.close()
         if desktop is not None:
             desktop.close()

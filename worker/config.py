@@ -118,6 +118,11 @@ class ExecSection(_Strict):
     # "auto": Landlock where this machine has it, and exec in bubblewrap + seccomp where
     # not (said at start and by doctor); "require": exec refuses where it is missing.
     landlock: Literal["auto", "require"] = "auto"
+    # Sandboxes built ahead of a plan's next exec (sandbox.warm): for this many plans at
+    # most (the ones used last; 0: none), each let go when no call took it within
+    # ahead_idle_s.
+    ahead_plans: int = Field(default=4, ge=0, le=64)
+    ahead_idle_s: float = Field(default=30.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _coherent(self) -> ExecSection:

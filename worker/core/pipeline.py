@@ -834,6 +834,7 @@ class Dispatcher:
             return 0
         reason = reason[:MAX_REASON_CHARS]
         pruned = self.state.kill_plan(plan_id, reason, killed_by)
+        self.containment.warm.discard(plan_id)  # its sandbox built ahead: never used now
         if self.watcher is not None:
             self.watcher.plans_changed([plan_id, *pruned])
         self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
@@ -922,6 +923,8 @@ class Dispatcher:
         moved = self.state.kills_moved()
         if moved and self.watcher is not None:
             self.watcher.plans_changed(moved)
+        for plan in moved:
+            self.containment.warm.discard(plan)
         stopped = 0
         for call in list(self._calls.values()):
             plan = call.req.plan_id
@@ -936,6 +939,7 @@ class Dispatcher:
         hotkey, ran `agentworker pause`, or took the desktop back)."""
         if self.pause is None or not self.pause.current().active:
             return 0
+        self.containment.warm.discard()  # no sandbox built ahead outlives a pause
         stopped = 0
         for call in list(self._calls.values()):
             if call.stop is not None:
@@ -956,6 +960,7 @@ class Dispatcher:
         them; a call still not stopped `stop_s` later is answered `outcome_unknown`
         and left behind (see `stragglers`). Returns within grace_s + stop_s."""
         self._draining = True
+        self.containment.warm.close()  # the sandboxes built ahead: killed, none built again
         if await self._idle_within(grace_s):
             return
         for call in list(self._calls.values()):
@@ -994,6 +999,7 @@ class Dispatcher:
 
     def close(self) -> None:
         """Record what finished, then close the stores."""
+        self.containment.warm.close()
         self.memory.close()
         self.results.flush()
         self.results.write_telemetry()

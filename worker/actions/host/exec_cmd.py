@@ -149,6 +149,8 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             bwrap=settings.bwrap,
             entry=entry,
         )
+        warm = ctx.containment.warm
+        warm.most, warm.idle_s = settings.ahead_plans, settings.ahead_idle_s  # as reloaded
         try:
             done = await run(
                 [program, *args.argv[1:]],
@@ -158,8 +160,11 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
                 pid_cap=ctx.containment.pid_cap,
                 starts=ctx.containment.starts,
                 hash_output=check_hasher,
-                # Claimed while bubblewrap builds the sandbox, which waits for it.
+                # Claimed while bubblewrap builds the sandbox, which waits for it; or,
+                # in one built ahead for the plan (sandbox.warm), before it is sent.
                 claim=ctx.claim,
+                warm=warm,
+                warm_for=ctx.plan_id,
             )
         except SandboxUnavailableError as exc:
             raise WorkerError("sandbox_unavailable", str(exc)) from None
