@@ -347,8 +347,9 @@ def prune_telemetry(telemetry: Telemetry) -> int:
 
 
 async def _housekeeping(dispatcher: Dispatcher) -> None:
-    """Telemetry pruned on start and daily; the ledger's acked calls hourly, and the
-    memory that large calls freed given back (worker.memory)."""
+    """Telemetry pruned on start and daily; the ledger's acked calls (and the results
+    it held for other servers) hourly, and the memory that large calls freed given back
+    (worker.memory)."""
     telemetry_due = 0.0
     while True:
         # The wall clock, not the monotonic one: a day spent suspended counts.

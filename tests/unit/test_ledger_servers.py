@@ -8,15 +8,20 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from tests.support.cluster import write_config
+from worker import app
 from worker.clock import now_ms
+from worker.config import Paths, load
 from worker.core.connection import Target, local_hub_key, server_key
 from worker.core.ledger import (
     FILE_BLOB_BYTES,
+    NO_SERVER,
     UNRECORDED_SERVER,
     HeldForOther,
     Seen,
     State,
 )
+from worker.wire.transport import read_or_create_token
 
 DIGEST = "blake3:" + "cd" * 32
 A = server_key("127.0.0.1:7000", "token-of-a", tls=False)
@@ -107,6 +112,11 @@ def test_results_held_for_another_server_go_at_the_ledgers_ttl(tmp_path: Path) -
         "UPDATE calls SET finished_ms = ? WHERE correlation_id IN ('a-old', 'b-old')", (old,)
     )
     assert state.blob_path("a-old").exists()
+    state.server = NO_SERVER  # a State no connection names (yet) judges no server's
+    assert state.prune() == 0
+    kept = {u.correlation_id for u in state.unacked_results(every_server=True)}
+    assert kept == {"a-new", "a-old", "b-old"}
+    state.server = B
     assert state.prune() == 1
     assert not state.blob_path("a-old").exists()
     # B's own unacked result stays however old (it is re-sent to B); A's newer one too.
@@ -182,3 +192,26 @@ def test_a_server_is_known_by_its_address_and_its_tokens_digest() -> None:
     local = Target("127.0.0.1:40001", "t", key=local_hub_key("t"))
     assert local.server_key == Target("127.0.0.1:40002", "t", key=local_hub_key("t")).server_key
     assert local.server_key != local_hub_key("another")
+
+
+def test_run_knows_this_machines_hub_as_up_does_and_a_named_server_by_its_address(
+    tmp_path: Path,
+) -> None:
+    write_config(tmp_path, "127.0.0.1:7421")
+    paths = Paths(tmp_path, tmp_path)
+    paths.ensure()
+    token = read_or_create_token(paths.workers_token_file)
+    config = load(paths)
+    assert app.worker_target(paths, config).server_key == local_hub_key(token)
+    named = config.model_copy(
+        update={"worker": config.worker.model_copy(update={"server": "127.0.0.1:7421"})}
+    )
+    assert app.worker_target(paths, named).server_key == server_key(
+        "127.0.0.1:7421", token, tls=False
+    )
+    other = config.model_copy(
+        update={"worker": config.worker.model_copy(update={"token": "another token"})}
+    )
+    assert app.worker_target(paths, other).server_key == server_key(
+        "127.0.0.1:7421", "another token", tls=False
+    )

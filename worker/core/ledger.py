@@ -604,9 +604,11 @@ class State:
             "DELETE FROM calls WHERE state = 'DONE' AND acked = 1 AND finished_ms < ?", (cutoff,)
         )
         pruned = cur.rowcount
+        # Only a State that knows its server can tell another's (not a tool's, nor a
+        # worker's before its connection names it: that would drop its own results).
         dropped = self._db.execute(
-            "DELETE FROM calls WHERE state = 'DONE' AND acked = 0 AND server != ?"
-            " AND finished_ms < ? RETURNING correlation_id, server, blob_file",
+            "DELETE FROM calls WHERE state = 'DONE' AND acked = 0 AND server != ?1"
+            " AND ?1 != '' AND finished_ms < ?2 RETURNING correlation_id, server, blob_file",
             (self.server, cutoff),
         ).fetchall()
         if dropped:
