@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
@@ -161,17 +162,7 @@ def _secrets_masked(value: Any) -> Any:
     if isinstance(value, str):
         return secrets_in_text(value)
     if isinstance(value, list):
-        out: list[Any] = []
-        after_flag = False
-        for item in value:
-            secret = after_flag and isinstance(item, str) and not item.startswith("-")
-            out.append(MASK if secret else _secrets_masked(item))
-            after_flag = (
-                isinstance(item, str)
-                and len(item) <= _FLAG_CHARS
-                and _SECRET_FLAG.fullmatch(item) is not None
-            )
-        return out
+        return _argv_masked(value, _secrets_masked)
     return value
 
 
@@ -237,18 +228,24 @@ def masked_detail(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: masked_detail(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):  # an argv: the value after a secret flag too
-        out: list[Any] = []
-        after_flag = False
-        for item in value:
-            secret = after_flag and isinstance(item, str) and not item.startswith("-")
-            out.append(MASK if secret else masked_detail(item))
-            after_flag = (
-                isinstance(item, str)
-                and len(item) <= _FLAG_CHARS
-                and _SECRET_FLAG.fullmatch(item) is not None
-            )
-        return out
+        return _argv_masked(value, masked_detail)
     return value
+
+
+def _argv_masked(items: Iterable[Any], each: Callable[[Any], Any]) -> list[Any]:
+    """A list like an argv: the value after a secret-looking flag masked, every other
+    item passed through `each`."""
+    out: list[Any] = []
+    after_flag = False
+    for item in items:
+        secret = after_flag and isinstance(item, str) and not item.startswith("-")
+        out.append(MASK if secret else each(item))
+        after_flag = (
+            isinstance(item, str)
+            and len(item) <= _FLAG_CHARS
+            and _SECRET_FLAG.fullmatch(item) is not None
+        )
+    return out
 
 
 class _Redactor:
