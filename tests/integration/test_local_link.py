@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import json
 import os
 import sqlite3
@@ -29,6 +30,7 @@ from worker.hub import server
 from worker.hub.server import Hub
 from worker.wire.local import HandedResult, LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import SHA256_SCHEME, digest_of_sha256
 from worker.wire.transport import read_or_create_token, read_token
 
 MIB = 1024 * 1024
@@ -529,7 +531,7 @@ def test_a_local_write_is_on_disk_before_the_hub_has_hashed_it_and_placed_after(
 
     blob = os.urandom(3 * MIB + 1)
     on_disk, seen = threading.Event(), []
-    real_wait, real_digest = fs_write._Verdict.wait, server.call_digest
+    real_wait, real_hash = fs_write._Verdict.wait, server.blob_sha256
     (tmp_path / "workspace").mkdir(parents=True, exist_ok=True)
     (tmp_path / "workspace" / "late.bin").write_bytes(b"old")
 
@@ -537,17 +539,17 @@ def test_a_local_write_is_on_disk_before_the_hub_has_hashed_it_and_placed_after(
         on_disk.set()
         return real_wait(verdict)
 
-    def digest(request: pb.ActionRequest, data: bytes | memoryview | None = None) -> str:
+    def digest(data: bytes | memoryview) -> bytes:  # the hash the digest is made from
         assert on_disk.wait(60), "the worker's temporary file is on disk first"
         temporary = [p for p in (tmp_path / "workspace").iterdir() if p.name.endswith("-tmp")]
         with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
             rows = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
         seen.append(([p.read_bytes() == blob for p in temporary], rows))
         seen.append((tmp_path / "workspace" / "late.bin").read_bytes())
-        return real_digest(request, data)
+        return real_hash(data)
 
     monkeypatch.setattr(fs_write._Verdict, "wait", wait)
-    monkeypatch.setattr(server, "call_digest", digest)
+    monkeypatch.setattr(server, "blob_sha256", digest)
 
     async def scenario() -> pb.ActionResult:
         async with up(tmp_path, local=True) as (hub, link, _worker):
@@ -564,6 +566,41 @@ def test_a_local_write_is_on_disk_before_the_hub_has_hashed_it_and_placed_after(
         agent_id="tester",
         args_json=write("late.bin", b"").args_json,
     )
-    assert result.invocation.args_digest == real_digest(request, blob)
+    # Made from the blob's SHA-256, which the hub handed over with it: the answer's.
+    assert result.invocation.args_digest == digest_of_sha256(request, hashlib.sha256(blob).digest())
+    assert json.loads(result.result_json)["sha256"] == hashlib.sha256(blob).hexdigest()
     assert (tmp_path / "workspace" / "late.bin").read_bytes() == blob
     assert not [p for p in (tmp_path / "workspace").iterdir() if p.name.endswith("-tmp")]
+
+
+def test_a_handed_write_repeated_under_its_id_is_checked_in_the_scheme_it_was_recorded_in(
+    tmp_path: Path,
+) -> None:
+    """A write handed over inside `up` is recorded under the digest made from its blob's
+    SHA-256. A caller repeating its id (a call whose id the caller names is hashed the
+    usual way, BLAKE3 over the blob) is hashed again in the recorded scheme: with the
+    same bytes it is answered as the same call (replayed, not written again), with other
+    bytes `args_mismatch`; neither touches the file."""
+    blob = os.urandom(2 * MIB + 3)
+    target = tmp_path / "workspace" / "twice.bin"
+
+    async def scenario() -> tuple[pb.ActionResult, pb.ActionResult, pb.ActionResult]:
+        async with up(tmp_path, local=True) as (hub, link, _worker):
+            first = (await hub.dispatch(write("twice.bin", blob))).result
+            assert first.status == pb.ActionResult.OK, first.error.message
+            target.write_bytes(b"changed since")
+            again = write("twice.bin", blob)
+            again.correlation_id = first.correlation_id
+            repeat = (await hub.dispatch(again)).result
+            other = write("twice.bin", blob[:-1] + bytes([blob[-1] ^ 1]))
+            other.correlation_id = first.correlation_id
+            mismatch = (await hub.dispatch(other)).result
+            assert link.held == 0
+            return first, repeat, mismatch
+
+    first, repeat, mismatch = asyncio.run(scenario())
+    assert first.invocation.args_digest.startswith(SHA256_SCHEME)
+    assert repeat.status == pb.ActionResult.OK and repeat.replayed, repeat.error.message
+    assert json.loads(repeat.result_json) == json.loads(first.result_json)
+    assert mismatch.error.code == "args_mismatch", mismatch.error.message
+    assert target.read_bytes() == b"changed since"

@@ -1,14 +1,26 @@
 """The call digest: BLAKE3 over every field that says what to do and every byte of the
-blob, and how a digest recorded before BLAKE3 (a bare sha256) meets today's."""
+blob (or, for a blob the hub hands to the worker of its own process, over the fields and
+the blob's SHA-256), and how a digest recorded in another scheme (a bare sha256 before
+BLAKE3, BLAKE3 over the blob before the SHA-256 one) meets today's."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from worker.core.ledger import Seen, State
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.protocol import DIGEST_SCHEME, call_digest, same_call
+from worker.wire.protocol import (
+    DIGEST_SCHEME,
+    SHA256_SCHEME,
+    blob_sha256,
+    call_digest,
+    digest_as,
+    digest_of_sha256,
+    same_call,
+)
 
 BLOB = bytes(range(256)) * 65536  # 16 MiB
 
@@ -31,44 +43,100 @@ def test_the_digest_covers_each_field_and_every_byte_of_the_blob() -> None:
     assert moved != digest
 
 
-def test_two_digests_of_todays_scheme_match_only_when_equal() -> None:
-    one, other = call_digest(_request(), b"one"), call_digest(_request(), b"other")
+def _sha256_digest(req: pb.ActionRequest, blob: bytes) -> str:
+    return digest_of_sha256(req, blob_sha256(blob))
+
+
+def test_the_digest_made_from_the_blobs_sha256_covers_each_field_and_every_byte() -> None:
+    digest = _sha256_digest(_request(), BLOB)
+    assert digest.startswith(SHA256_SCHEME) and len(digest) == len(SHA256_SCHEME) + 64
+    assert digest_of_sha256(_request(), hashlib.sha256(BLOB).digest()) == digest
+    assert _sha256_digest(_request(), BLOB[:-1] + b"\x01") != digest
+    for field, value in [("plan_id", "q"), ("agent_id", "b"), ("args_json", "{}")]:
+        assert _sha256_digest(_request(**{field: value}), BLOB) != digest
+    moved = _sha256_digest(_request(surface="workerHos", action="tfs_write"), BLOB)
+    assert moved != digest
+    # The scheme each digest names is the one digest_as makes again.
+    assert digest_as(digest, _request(), BLOB) == digest
+    blake = call_digest(_request(), BLOB)
+    assert blake != digest and digest_as(blake, _request(), BLOB) == blake
+
+
+@pytest.mark.parametrize("digest", [call_digest, _sha256_digest])
+def test_two_digests_of_one_scheme_match_only_when_equal(digest: object) -> None:
+    assert callable(digest)
+    one, other = digest(_request(), b"one"), digest(_request(), b"other")
     assert same_call(one, one)
     assert not same_call(one, other)
+    assert not same_call(one, other, lambda: one)  # one scheme: never hashed again
 
 
-def test_a_call_recorded_before_blake3_is_the_same_call_when_retried_after(
-    tmp_path: Path,
+def test_where_only_digests_are_at_hand_an_older_schemes_row_is_the_same_call() -> None:
+    """The worker's ledger: a row an earlier version recorded (bare sha256, or BLAKE3
+    over the blob) is taken as the call a newer scheme's delivery names; a row of the
+    newest scheme matches nothing but itself."""
+    bare = hashlib.sha256(b"recorded before BLAKE3").hexdigest()
+    blake, newest = call_digest(_request(), b"x"), _sha256_digest(_request(), b"x")
+    assert same_call(bare, blake) and same_call(bare, newest) and same_call(blake, newest)
+    assert not same_call(newest, blake) and not same_call(blake, bare)
+    assert not same_call(newest, bare)
+
+
+_BARE = hashlib.sha256(b"what an earlier version recorded").hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "digest"),
+    [(_BARE, call_digest), (_BARE, _sha256_digest), (call_digest(_request()), _sha256_digest)],
+    ids=["before BLAKE3", "before BLAKE3, then SHA-256's", "BLAKE3 over the blob, then SHA-256's"],
+)
+def test_a_call_recorded_by_an_earlier_version_is_the_same_call_when_retried_after(
+    tmp_path: Path, recorded: str, digest: object
 ) -> None:
+    assert callable(digest)
+    delivered = digest(_request(), BLOB)
     state = State(tmp_path / "state.db")
-    legacy = hashlib.sha256(b"what an earlier version recorded").hexdigest()
-    assert state.begin("in-flight", legacy, "p").seen is Seen.NEW
+    assert state.begin("in-flight", recorded, "p").seen is Seen.NEW
     state.finish("in-flight", pb.ActionResult(correlation_id="in-flight").SerializeToString())
-    retried = state.begin("in-flight", call_digest(_request(), BLOB), "p")
+    retried = state.begin("in-flight", delivered, "p")
     assert retried.seen is Seen.DONE  # answered from the ledger, not run again
 
     # Today's digests still tell a re-used id apart.
-    assert state.begin("reused", call_digest(_request(), b"one"), "p").seen is Seen.NEW
-    assert state.begin("reused", call_digest(_request(), b"two"), "p").seen is Seen.MISMATCH
+    assert state.begin("reused", digest(_request(), b"one"), "p").seen is Seen.NEW
+    assert state.begin("reused", digest(_request(), b"two"), "p").seen is Seen.MISMATCH
     state.close()
 
 
-def test_the_hub_checks_a_pre_blake3_call_against_its_own_old_digest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["before BLAKE3", "BLAKE3 over the blob", "from its SHA-256"])
+def test_the_hub_checks_a_call_recorded_in_another_scheme_in_that_scheme(
+    tmp_path: Path, scheme: str
+) -> None:
+    """A call the hub recorded in another scheme than the one a retry of its id is
+    hashed in (an earlier version's, or, inside `up`, the digest made from the blob's
+    SHA-256 for a blob handed to the worker): the retry is hashed again in the recorded
+    scheme, refused `args_mismatch` with other bytes and sent on with the same ones,
+    under the digest it was recorded with (the worker's ledger may hold that one)."""
     import asyncio
 
     from worker.clock import now_ms
     from worker.hub.server import Hub, Session
     from worker.hub.store import HubStore
-    from worker.wire.protocol import legacy_digest
 
     async def go() -> None:
         hub = Hub(HubStore(tmp_path / "hub.db"))
         session = Session(hello=pb.Hello(worker_id="w"), session_id="s", protocol=2)
         hub.sessions["w"] = session
         alice = _request(correlation_id="old")
-        recorded = legacy_digest(alice, b"alice's notes")
-        hub.store.add("w", recorded, alice, 13, now_ms() + 60_000)
-        hub.store.flush()  # pending, recorded by the previous version
+        notes = b"alice's notes" * 30_000  # hashed again off the loop: 390 KB
+        recorded = {
+            "before BLAKE3": digest_as("", alice, notes),  # a bare sha256
+            "BLAKE3 over the blob": call_digest(alice, notes),
+            "from its SHA-256": _sha256_digest(alice, notes),
+        }[scheme]
+        assert digest_as(recorded, alice, notes) == recorded
+        assert scheme != "before BLAKE3" or len(recorded) == 64
+        hub.store.add("w", recorded, alice, len(notes), now_ms() + 60_000)
+        hub.store.flush()  # pending, recorded so
 
         mallory = pb.DispatchRequest(correlation_id="old", worker_id="w", blob=b"mallory's")
         for field in ("surface", "action", "plan_id", "agent_id", "args_json"):
@@ -79,10 +147,11 @@ def test_the_hub_checks_a_pre_blake3_call_against_its_own_old_digest(tmp_path: P
 
         retry = pb.DispatchRequest()
         retry.CopyFrom(mallory)
-        retry.blob = b"alice's notes"
+        retry.blob = notes
         retried = asyncio.create_task(hub.dispatch(retry))
         sent = await session.outbox.get()  # the same call: sent on
         assert sent is not None
+        assert isinstance(sent, bytes) and recorded.encode() in sent
         retried.cancel()
         hub.store.close()
 

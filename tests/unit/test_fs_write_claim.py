@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import sqlite3
 import threading
@@ -121,6 +122,47 @@ def test_the_temporary_file_is_on_disk_before_the_claim_and_placed_only_after_it
     assert (tmp_path / "files" / "target").read_bytes() == NEW and _temporary_files(tmp_path) == []
     dispatcher.close()
     assert _ledger(tmp_path, "w1") == ("DONE", "blake3:handed")
+
+
+@pytest.mark.parametrize("handed_hash", ["given", "never given"])
+def test_a_write_takes_the_hubs_sha256_of_the_blob_it_handed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handed_hash: str
+) -> None:
+    """Inside `up` the hub hashes the blob it hands over (its digest is made from the
+    blob's SHA-256) and hands that hash over too: the write answers with it, hashing
+    nothing itself. Should the hash not come (cancelled), the write hashes the blob."""
+    dispatcher = _dispatcher(tmp_path)
+    hashed: list[int] = []
+    real_hash = fs_write._sha256
+    monkeypatch.setattr(fs_write, "_sha256", lambda d, p: (hashed.append(1), real_hash(d, p))[1])
+    real_whole = fs_write._sha256_of
+    monkeypatch.setattr(fs_write, "_sha256_of", lambda d: (hashed.append(2), real_whole(d))[1])
+    came = threading.Event()
+    real = fs_write._Verdict.wait
+    monkeypatch.setattr(fs_write._Verdict, "wait", lambda self: (came.set(), real(self))[1])
+    by_hub = hashlib.sha256(NEW).hexdigest()
+
+    async def scenario() -> pb.ActionResult:
+        out = _Out(dispatcher)
+        loop = asyncio.get_running_loop()
+        handed: asyncio.Future[str] = loop.create_future()
+        sha256: asyncio.Future[str] = loop.create_future()
+        dispatcher.submit(_request("w0"), NEW, handed=handed, handed_sha256=sha256)
+        await asyncio.to_thread(came.wait)  # the temporary file is on disk
+        if handed_hash == "given":
+            sha256.set_result(by_hub)
+        else:
+            sha256.cancel()
+        handed.set_result("blake3+sha256:handed")
+        return await out.result()
+
+    result = asyncio.run(scenario())
+    assert result.status == pb.ActionResult.OK, result.error.message
+    assert json.loads(result.result_json)["sha256"] == by_hub
+    assert hashed == ([] if handed_hash == "given" else [2])
+    assert (tmp_path / "files" / "target").read_bytes() == NEW and _temporary_files(tmp_path) == []
+    dispatcher.close()
+    assert _ledger(tmp_path, "w0") == ("DONE", "blake3+sha256:handed")
 
 
 def test_a_write_whose_digest_never_comes_changes_nothing(

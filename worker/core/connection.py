@@ -601,11 +601,13 @@ class WorkerConnection:
         refused, unless it repeats a call the worker knows (answered as a duplicate)."""
         cid = req.correlation_id
         digest: asyncio.Future[str] | None = None  # the hub's, when handed with the blob
+        sha256: asyncio.Future[str] | None = None  # the blob's, the same way
         if self._link is not None and not self._parts.holds(cid):
             handed = self._link.take(self._session_id, cid)
             if handed is not None:  # held to the bounds of parts that came on the stream
                 self._parts.add(cid, handed, 0)
                 digest = self._link.take_digest(self._session_id, cid)
+                sha256 = self._link.take_sha256(self._session_id, cid)
         try:
             parts = self._parts.take(cid, req.blob_in_parts)
         except WorkerError as error:
@@ -617,7 +619,7 @@ class WorkerConnection:
             return
         spec = self.dispatcher.registry.get(f"{req.surface}.{req.action}")
         if spec is not None and spec.blob_in_pieces:  # written out as they are: no join
-            self._submit_unless_cancelled(req, b"", tuple(parts), digest=digest)
+            self._submit_unless_cancelled(req, b"", tuple(parts), digest=digest, sha256=sha256)
             return
         task = asyncio.create_task(self._join_then_submit(req, parts, digest))
         self._joins[cid] = task
@@ -646,10 +648,11 @@ class WorkerConnection:
         pieces: tuple[Buffer, ...] = (),
         *,
         digest: asyncio.Future[str] | None = None,
+        sha256: asyncio.Future[str] | None = None,
     ) -> None:
         reason = self._cancelled_early.pop(req.correlation_id, None)
         if reason is None:
-            self.dispatcher.submit(req, blob, pieces, handed=digest)
+            self.dispatcher.submit(req, blob, pieces, handed=digest, handed_sha256=sha256)
             return
         self.dispatcher.refuse_unless_known(req, _cancelled(reason), digest)
 

@@ -181,6 +181,17 @@ async def _digest_ready(call: Call) -> None:
         raise _unrecorded()
 
 
+async def _sha256_came(call: Call) -> str | None:
+    """Context.blob_sha256: the hub's SHA-256 of the blob it handed over (hex), once it
+    came; None if it never will (the handler then hashes the blob itself)."""
+    soon = call.sha256_soon
+    if soon is None:
+        return None
+    if not soon.done():
+        await asyncio.wait((soon,))
+    return _came(soon) or None
+
+
 @dataclass(eq=False)
 class Call:
     """One call from its claim to its answer: what came in, and what became of it."""
@@ -218,6 +229,9 @@ class Call:
     # of it. `digest` is set when it resolves; the call claims (Context.digest_ready)
     # and is answered only after that.
     digest_soon: asyncio.Future[str] | None = None
+    # With `digest_soon`: the blob's SHA-256 (hex) the same hub hands over as it hashes
+    # the blob for the digest (Context.blob_sha256).
+    sha256_soon: asyncio.Future[str] | None = None
 
     @property
     def cid(self) -> str:
@@ -483,6 +497,7 @@ class Dispatcher:
         pieces: tuple[bytes | memoryview, ...] = (),
         *,
         handed: asyncio.Future[str] | None = None,
+        handed_sha256: asyncio.Future[str] | None = None,
     ) -> None:
         """Claim `req` in the ledger and run it, or answer a duplicate. `blob`, when
         given, is the request's blob, read apart from it; `pieces`, when given, is the
@@ -494,9 +509,11 @@ class Dispatcher:
         at once, its digest still on its way: it claims once the digest came, and is
         answered only then, so nothing of it is answered before the hub knows it.
         Any other such request waits for the digest first (nothing is answered before
-        it either), then goes on as one that carried it."""
+        it either), then goes on as one that carried it. `handed_sha256`, with `handed`,
+        is the same hub's SHA-256 of the blob (Context.blob_sha256), given to a call that
+        starts before its digest."""
         if handed is not None and not carried_digest(req):
-            if not self._starts_before_digest(req, blob, pieces, handed):
+            if not self._starts_before_digest(req, blob, pieces, handed, handed_sha256):
                 self._later(req, req.blob if blob is None else blob, pieces, handed)
             return
         cid = req.correlation_id
@@ -544,6 +561,7 @@ class Dispatcher:
         blob: bytes | None,
         pieces: tuple[bytes | memoryview, ...],
         digest: asyncio.Future[str],
+        sha256: asyncio.Future[str] | None = None,
     ) -> bool:
         """Start `req` with its digest on its way (see `submit`), if it may: its ids
         pass, its handler claims it late, its id is new here (running nor known to the
@@ -567,7 +585,7 @@ class Dispatcher:
         size = sum(len(piece) for piece in pieces) if pieces else len(request_blob)
         if self._busy(size) is not None:
             return False
-        self._claim(req, request_blob, "", pieces, digest)
+        self._claim(req, request_blob, "", pieces, digest, sha256)
         return True
 
     def _later(
@@ -632,6 +650,7 @@ class Dispatcher:
         digest: str,
         pieces: tuple[bytes | memoryview, ...] = (),
         digest_soon: asyncio.Future[str] | None = None,
+        sha256_soon: asyncio.Future[str] | None = None,
     ) -> None:
         """Claim the call in the ledger and run it, or answer a duplicate. An
         effect-free call is not claimed (see worker.core.ledger): the ledger is only
@@ -666,6 +685,7 @@ class Dispatcher:
             call.claims_late = late
             if digest_soon is not None:
                 call.digest_soon = digest_soon
+                call.sha256_soon = sha256_soon
                 digest_soon.add_done_callback(lambda _soon: _digest_came(call))
             self._calls[cid] = call
             self._blob_bytes += size
@@ -1284,6 +1304,7 @@ class Dispatcher:
             approve=lambda what, preview: self._approve(call, what, preview),
             claim=(lambda: self._claim_late(call)) if call.claims_late else claimed_already,
             digest_ready=(lambda: _digest_ready(call)) if call.digest_soon else digest_known,
+            blob_sha256=None if call.sha256_soon is None else (lambda: _sha256_came(call)),
         )
 
     def _claim_late(self, call: Call) -> None:

@@ -114,6 +114,10 @@ class Context:
     # Resolves once the call's digest is known, which `claim` needs: a call may start
     # while the hub still hashes its blob (see worker.wire.local). Elsewhere: at once.
     digest_ready: Callable[[], Awaitable[None]] = field(default=digest_known)
+    # When the hub in this process hands the blob over and hashes it for the digest
+    # (worker.wire.local): the blob's SHA-256 (hex) from that hash, or None should it
+    # not come. None (no callable) elsewhere: a handler that needs the hash makes it.
+    blob_sha256: Callable[[], Awaitable[str | None]] | None = None
     # The worker's threads: the loop's default executor, and the lanes apart from it
     # for folders whose file system may hang (worker.core.threads, fs_paths.in_thread).
     threads: CallThreads = field(default_factory=CallThreads)

@@ -69,12 +69,15 @@ from worker.wire.protocol import (
     WORKBENCH_SURFACE,
     WORKER_SERVICE,
     blob_gone,
+    blob_sha256,
     call_digest,
+    digest_as,
     digest_feed,
+    digest_of_sha256,
     error_pb,
     fed_digest,
-    legacy_digest,
     same_call,
+    schemes_differ,
 )
 from worker.wire.transport import MAX_MESSAGE_BYTES, WORKER_KEY_HEADER
 
@@ -517,6 +520,14 @@ def _parts_and_digest(
         hasher.update(piece)
         loop.call_soon_threadsafe(transfer.add, blob_part(cid, at, piece))
     return fed_digest(hasher)
+
+
+async def _recorded_digest(recorded: str, request: pb.ActionRequest, blob: Buffer) -> str:
+    """`request`'s digest in the scheme `recorded` was made in (`digest_as`), off the
+    event loop when the blob is large."""
+    if len(blob) >= HASH_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(digest_as, recorded, request, blob)
+    return digest_as(recorded, request, blob)
 
 
 # The request blobs a hub holds at once for calls not yet answered (each up to 16 MiB):
@@ -1422,8 +1433,14 @@ class Hub:
         )
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
-            legacy = lambda: legacy_digest(request, blob)  # noqa: E731  (rare: a legacy row)
-            if not same_call(existing.args_digest, digest, legacy):
+            recorded = existing.args_digest
+            # A digest of another scheme (an earlier version's, or today's other: see
+            # `same_call`) is compared in its own: the call is at hand here.
+            if recorded != digest and schemes_differ(recorded, digest):
+                same = recorded == await _recorded_digest(recorded, request, blob)
+            else:
+                same = same_call(recorded, digest)
+            if not same:
                 error = WorkerError(
                     "args_mismatch",
                     f"correlation id {cid} was already used for a call with different arguments; "
@@ -1439,7 +1456,10 @@ class Hub:
             request.CopyFrom(existing.request)
             request.attempt += 1
             request.timeout_ms = remaining_ms
-            request.args_digest = digest  # the same call (a legacy row may lack it)
+            # The same call, under the digest it was recorded with (the worker may have
+            # it so in its ledger: a row of an earlier version's scheme); a legacy row
+            # may lack it.
+            request.args_digest = recorded or digest
             if not blob and request.blob:  # a legacy row: its blob is in the request
                 blob = request.blob
                 request.ClearField("blob")
@@ -1519,15 +1539,23 @@ class Hub:
             # the request goes down the stream (worker.wire.local), at once: the digest
             # follows by the link once the call is recorded (`_handed_digest`), so the
             # worker starts the call while the blob is hashed here.
-            handed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            self.link.put(session.session_id, request.correlation_id, blob, handed)
+            # The blob's SHA-256, which the digest is made from, goes over too, as soon
+            # as it is known: fs_write answers with it and need not hash 16 MiB again.
+            loop = asyncio.get_running_loop()
+            handed: asyncio.Future[str] = loop.create_future()
+            sha256: asyncio.Future[str] = loop.create_future()
+            self.link.put(session.session_id, request.correlation_id, blob, handed, sha256)
             alone = Chunked([announced(request, len(blob))], request, blob)
             session.send(alone)
             try:
-                request.args_digest = await asyncio.to_thread(call_digest, request, blob)
+                hashed = await asyncio.to_thread(blob_sha256, blob)
             except BaseException:  # the caller went away: the call is never recorded
                 handed.cancel()
+                sha256.cancel()
                 raise
+            if not sha256.done():
+                sha256.set_result(hashed.hex())
+            request.args_digest = digest_of_sha256(request, hashed)
             return session, alone, handed
         transfer = Chunked.begun(request, blob)
         session.send(transfer)

@@ -102,6 +102,8 @@ class LocalLink:
         self._blobs: dict[str, tuple[str, Buffer]] = {}  # call id -> (session id, blob)
         # The digests on their way with handed blobs: call id -> (session id, future).
         self._digests: dict[str, tuple[str, asyncio.Future[str]]] = {}
+        # The handed blobs' SHA-256 (hex), on its way the same way (`sha256`).
+        self._sha256s: dict[str, tuple[str, asyncio.Future[str]]] = {}
         # Results handed to the hub and not read yet: (session id, result) -> results.
         self._results: dict[tuple[str, ResultKey], list[HandedResult]] = {}
 
@@ -117,6 +119,8 @@ class LocalLink:
             del self._blobs[cid]
         for cid in [c for c, (s, _d) in self._digests.items() if s == session_id]:
             del self._digests[cid]
+        for cid in [c for c, (s, _d) in self._sha256s.items() if s == session_id]:
+            del self._sha256s[cid]
 
     def end(self, session_id: str) -> None:
         """The hub reads no more of the session: everything of it not taken goes."""
@@ -133,13 +137,19 @@ class LocalLink:
         correlation_id: str,
         blob: Buffer,
         digest: asyncio.Future[str] | None = None,
+        sha256: asyncio.Future[str] | None = None,
     ) -> None:
         """Hand `blob` to the worker of a local session, for the request that follows;
-        with `digest`, that request carries none: the call's digest comes by it."""
+        with `digest`, that request carries none: the call's digest comes by it. With
+        `sha256`, the blob's SHA-256 (hex) comes by it too, as soon as the hub has it
+        (before the digest, which is made from it): fs_write's answer gives it, and the
+        hub's hash of the very bytes handed spares the worker a second pass over them."""
         if session_id in self._sessions:
             self._blobs[correlation_id] = (session_id, blob)
             if digest is not None:
                 self._digests[correlation_id] = (session_id, digest)
+            if sha256 is not None:
+                self._sha256s[correlation_id] = (session_id, sha256)
 
     def take(self, session_id: str, correlation_id: str) -> Buffer | None:
         """The blob handed for this call on this session, once; None if none was."""
@@ -159,9 +169,19 @@ class LocalLink:
         del self._digests[correlation_id]
         return handed[1]
 
+    def take_sha256(self, session_id: str, correlation_id: str) -> asyncio.Future[str] | None:
+        """The SHA-256 handed with this call's blob on this session, once (a future the
+        hub resolves once it hashed the blob); None if none was."""
+        handed = self._sha256s.get(correlation_id)
+        if handed is None or handed[0] != session_id:
+            return None
+        del self._sha256s[correlation_id]
+        return handed[1]
+
     def drop(self, correlation_id: str) -> None:
         self._blobs.pop(correlation_id, None)
         self._digests.pop(correlation_id, None)
+        self._sha256s.pop(correlation_id, None)
 
     def hand_result(self, session_id: str, result: HandedResult) -> bool:
         """Hand the hub the result about to be written on a local session as its stub;
@@ -194,5 +214,6 @@ class LocalLink:
         return (
             len(self._blobs)
             + len(self._digests)
+            + len(self._sha256s)
             + sum(len(blobs) for blobs in self._results.values())
         )

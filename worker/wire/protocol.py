@@ -32,9 +32,13 @@ VERSION: Final = worker.__version__
 # A blob at least this large is hashed in a thread, never on the event loop
 # (BLAKE3 runs at about 4 GB/s here, and releases the GIL).
 HASH_OFF_LOOP_BYTES: Final = 256 * 1024
-# What a digest starts with: its hash. A digest without it was written by a version
-# that hashed with sha256 (see `same_call`).
+# What a digest starts with: how it was made. Today's are of two schemes: BLAKE3 over
+# the call's fields and every byte of its blob (`call_digest`), and, for a blob the hub
+# hands to the worker of its own process, BLAKE3 over the fields and the blob's SHA-256
+# (`digest_of_sha256`). A digest without a scheme was written by a version that hashed
+# with sha256 alone (see `same_call`).
 DIGEST_SCHEME: Final = "blake3:"
+SHA256_SCHEME: Final = "blake3+sha256:"
 # A carried digest longer than this is ignored (the worker computes its own).
 MAX_DIGEST_CHARS: Final = 128
 
@@ -44,11 +48,11 @@ def call_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -
     given, stands for the request's own (kept apart from it).
 
     It covers the whole call (every field that says what to do, and every byte of the
-    blob): a digest over a prefix and the length would answer a caller who re-used an
-    id for a different 16 MiB write that shares its first bytes with the old write's
-    result, silently. It is computed once, where the call enters (the hub's
-    Dispatch), and carried in `ActionRequest.args_digest`; the worker takes it from
-    there (docs/architecture.md, "Blobs").
+    blob): a digest over a prefix and the length would let a re-used id with a
+    different write of the same size answer with the old write's result. It is
+    computed once, where the call enters (the hub's Dispatch), and carried in
+    `ActionRequest.args_digest`; the worker takes it from there (docs/architecture.md,
+    "Blobs").
 
     The hash is BLAKE3 (256 bits, like sha256, and 3.6x its speed here: 4 ms for a
     16 MiB blob where sha256 took 14.6 ms)."""
@@ -65,8 +69,35 @@ def fed_digest(hasher: blake3.blake3) -> str:
     return DIGEST_SCHEME + hasher.hexdigest()
 
 
-def legacy_digest(req: pb.ActionRequest, blob: bytes | memoryview | None = None) -> str:
-    """`call_digest` as versions before BLAKE3 wrote it: sha256, without the scheme."""
+def blob_sha256(blob: bytes | memoryview) -> bytes:
+    """The blob's SHA-256, from which `digest_of_sha256` makes the call's digest."""
+    return hashlib.sha256(blob).digest()
+
+
+def digest_of_sha256(req: pb.ActionRequest, sha256: bytes) -> str:
+    """The call's digest made from its blob's SHA-256 (`blob_sha256`): BLAKE3 over its
+    fields, as `call_digest` hashes them, and that hash. It covers every byte of the blob
+    as `call_digest` does (through SHA-256, as collision-resistant as the digest).
+
+    The hub uses it for a blob it hands to the worker of its own process (`up`,
+    worker.wire.local), and hands the SHA-256 over too: fs_write answers with the
+    SHA-256 of what it wrote, and those are the very bytes, so one pass over a 16 MiB
+    blob serves both, where BLAKE3 over the blob (2.2 ms) and SHA-256 over it again in
+    the worker (8-9 ms) took two."""
+    hasher = _fields_fed(blake3.blake3(), req)
+    hasher.update(b"sha256\x00")
+    hasher.update(sha256)
+    return SHA256_SCHEME + hasher.hexdigest()
+
+
+def digest_as(recorded: str, req: pb.ActionRequest, blob: bytes | memoryview | None) -> str:
+    """The digest of `req` with `blob` in the scheme `recorded` was made in: one of
+    today's two, or, for a digest without a scheme (recorded by a version before
+    BLAKE3), sha256 over the fields and the blob."""
+    if recorded.startswith(SHA256_SCHEME):
+        return digest_of_sha256(req, blob_sha256(req.blob if blob is None else blob))
+    if recorded.startswith(DIGEST_SCHEME):
+        return call_digest(req, blob)
     return _fed(hashlib.sha256(), req, blob).hexdigest()
 
 
@@ -93,21 +124,39 @@ def _fields_fed(h: _H, req: pb.ActionRequest) -> _H:
     return h
 
 
+def _age(digest: str) -> int:
+    """How recent a digest's scheme is: 2 BLAKE3 over the blob's SHA-256 (the newest),
+    1 BLAKE3 over the blob, 0 none (sha256 alone, by a version before BLAKE3)."""
+    if digest.startswith(SHA256_SCHEME):
+        return 2
+    return 1 if digest.startswith(DIGEST_SCHEME) else 0
+
+
 def same_call(recorded: str, delivered: str, recompute: Callable[[], str] | None = None) -> bool:
     """Whether a delivery's digest names the call recorded under its correlation id.
 
-    A digest recorded by an earlier version (sha256, without the scheme) is compared
-    with `recompute()`, the delivered call's `legacy_digest`, where the call itself is
-    at hand (the hub has it). Where only its digest is (the worker's ledger), such a
-    call, in flight across the upgrade, is taken as the same call: a false mismatch
-    would make the caller run it again under a new id, which correlation ids exist to
-    prevent, and the id alone still decides that nothing runs twice. Rows age out
-    within a day."""
+    Digests of one scheme name the same call only when equal. Of two schemes, where
+    the call itself is at hand (the hub has it), the delivered call is hashed again in
+    the recorded digest's scheme (`recompute()`, `digest_as`) and compared. Where only
+    its digest is (the worker's ledger), a call recorded in an older scheme than the
+    delivered one (by an earlier version, in flight across the upgrade) is taken as the
+    same call: a false mismatch would make the caller run it again under a new id, which
+    correlation ids exist to prevent, and the id alone still decides that nothing runs
+    twice. Rows age out within a day. The hub sends a call again under the digest it
+    recorded it with, so a worker meets one id under two schemes only across an
+    upgrade; one recorded in a newer scheme than the delivered matches nothing else."""
     if recorded == delivered:
         return True
-    if recorded.startswith(DIGEST_SCHEME) or not delivered.startswith(DIGEST_SCHEME):
+    if not schemes_differ(recorded, delivered):
         return False
-    return True if recompute is None else recorded == recompute()
+    if recompute is not None:
+        return recorded == recompute()
+    return _age(recorded) < _age(delivered)
+
+
+def schemes_differ(recorded: str, delivered: str) -> bool:
+    """Whether two digests are of different schemes (see `same_call`)."""
+    return _age(recorded) != _age(delivered)
 
 
 def carried_digest(req: pb.ActionRequest) -> str | None:

@@ -128,14 +128,20 @@ async def _written_and_hashed(
         in_thread(ctx, root, _write, ctx, args, data, progress, place if late else None)
     )
     claiming = asyncio.ensure_future(_claimed(ctx, verdict)) if late else None
-    hashing = asyncio.ensure_future(asyncio.to_thread(_sha256, data, progress))
+    # Inside `up` the hub hashes the very bytes handed over (its digest is made from
+    # their SHA-256), and hands that hash over too: no second pass over 16 MiB here.
+    hashing = (
+        asyncio.ensure_future(asyncio.to_thread(_sha256, data, progress))
+        if ctx.blob_sha256 is None
+        else None
+    )
     try:
         if claiming is not None:
             await asyncio.wait((writing, claiming), return_when=asyncio.FIRST_COMPLETED)
             if claiming.done():
                 claiming.result()  # a claim that failed: raised here, nothing placed
         written = await writing
-        digest = await hashing
+        digest = await hashing if hashing is not None else await _handed_sha256(ctx, data)
         assert digest is not None  # every byte went in
         return written, digest
     finally:
@@ -148,6 +154,23 @@ async def _written_and_hashed(
         for job in (writing, claiming, hashing):
             if job is not None and not job.done():
                 job.cancel()
+
+
+async def _handed_sha256(ctx: Context, data: Sequence[bytes | memoryview]) -> str:
+    """The hub's SHA-256 of the blob (Context.blob_sha256), or, should it not come,
+    the blob's hashed here."""
+    assert ctx.blob_sha256 is not None
+    handed = await ctx.blob_sha256()
+    if handed is not None:
+        return handed
+    return await asyncio.to_thread(_sha256_of, data)
+
+
+def _sha256_of(data: Sequence[bytes | memoryview]) -> str:
+    hasher = hashlib.sha256()
+    for piece in data:
+        hasher.update(piece)
+    return hasher.hexdigest()
 
 
 class _Progress:
