@@ -57,6 +57,7 @@ from worker.errors import (
 from worker.hub.health import Health
 from worker.hub.server import Hub, control_service, local_streams, worker_service
 from worker.hub.store import HubStore
+from worker.wire import own_hub
 from worker.wire.auth import BearerAuth
 from worker.wire.inproc import LocalCall, LocalStreams
 from worker.wire.local import LocalLink
@@ -246,11 +247,13 @@ def local_workers_token(paths: Paths) -> Path:
 
 
 def worker_target(paths: Paths, config: Config) -> Target:
-    """Where the worker dials: the configured server, else this machine's hub (known to
-    the ledger as `up` knows it, by its token: see connection.local_hub_key)."""
+    """Where the worker dials: the configured server, else this machine's hub, on its
+    Unix socket (or its port, once the kernel says this user holds it: never another
+    user's listener, worker.wire.own_hub), known to the ledger as `up` knows it, by its
+    token (see connection.local_hub_key)."""
     address = config.worker.server or config.hub.listen
     token = config.worker.token
-    own_hub = config.worker.server is None and token is None
+    own = config.worker.server is None
     if token is None:
         token = read_token(local_workers_token(paths))
     return Target(
@@ -258,7 +261,8 @@ def worker_target(paths: Paths, config: Config) -> Target:
         token=token,
         tls_ca=config.worker.tls_ca,
         worker_key=read_or_create_token(paths.worker_key_file),
-        key=local_hub_key(token) if own_hub else "",
+        key=local_hub_key(token) if own and config.worker.token is None else "",
+        own_hub=own_hub.OwnHub(paths.hub_socket, config.hub.listen) if own else None,
     )
 
 
@@ -379,6 +383,8 @@ class RunningHub:
     # Streams of a worker in this process (`up`), opened without gRPC.
     local: LocalStreams
     health: Health
+    # Where it also serves for this user's verbs and worker (worker.wire.own_hub).
+    socket: Path | None = None
 
     async def stop(self, grace_s: float = 2.0) -> None:
         self.housekeeping.cancel()
@@ -441,6 +447,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     if _address_taken(address):
         # Said before gRPC tries: its own failure to bind logs a C-core line first.
         raise InUseError(_ADDRESS_IN_USE.format(address=address))
+    local_socket = _own_socket(paths)
     # The workers' token first: a worker started beside the hub waits for hub.token,
     # and then finds its own beside it (else it would take hub.token, see
     # local_workers_token).
@@ -477,6 +484,8 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         port = 0
     if port == 0:
         raise InUseError(_ADDRESS_IN_USE.format(address=address))
+    if local_socket is not None:
+        _serve_socket(server, local_socket)
     await server.start()
     host = address.rsplit(":", 1)[0]
     housekeeping = asyncio.create_task(_hub_housekeeping(hub))
@@ -487,7 +496,39 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         housekeeping=housekeeping,
         local=local_streams(hub),
         health=health,
+        socket=local_socket,
     )
+
+
+def _own_socket(paths: Paths) -> Path | None:
+    """The Unix socket this hub serves on for its own user's verbs and worker (`run`
+    with no --server), who can tell it is theirs (worker.wire.own_hub; review11 finding
+    06); None where the platform has none. Its folder is made this user's alone, and a
+    hub already serving there is another hub of this data folder."""
+    if not own_hub.serves_socket():
+        return None
+    path = paths.hub_socket
+    own_hub.private_folder(path.parent)
+    if own_hub.socket_answers(path):
+        raise InUseError(
+            f"another hub of this data folder serves its socket at {path}: stop it first "
+            "(`agentworker status` asks it), or give this one another AGENTWORKER_HOME"
+        )
+    return path
+
+
+def _serve_socket(server: grpc.aio.Server, path: Path) -> None:
+    """Serve on `path` too, owner only (a stopped hub's socket there is replaced; gRPC
+    removes it when the server stops). The token is asked there as on TCP."""
+    old = os.umask(0o077)  # the socket is made 0600 (0700 for a folder, should one be)
+    try:
+        served = server.add_insecure_port(f"{own_hub.UNIX_SCHEME}{path}")
+    except RuntimeError:
+        served = 0
+    finally:
+        os.umask(old)
+    if served == 0:
+        raise StartupError(f"could not serve the hub's socket at {path}: see the log above")
 
 
 # ----------------------------------------------------------------- entry points
@@ -529,9 +570,21 @@ def _stop_event() -> asyncio.Event:
     return stop
 
 
+def _say_listening(running: RunningHub, paths: Paths) -> None:
+    if running.socket is None:
+        log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
+    else:
+        log.info(
+            "hub listening on %s and, for you alone, on %s (token in %s)",
+            running.address,
+            running.socket,
+            paths.token_file,
+        )
+
+
 async def run_hub(paths: Paths, config: Config, listen: str | None = None) -> None:
     running = await start_hub(paths, config, listen)
-    log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
+    _say_listening(running, paths)
     await _stop_event().wait()
     log.info("hub stopping")
     await running.stop()
@@ -600,7 +653,7 @@ async def run_up(
     with worker_lock(paths):
         bench = await start_workbench(paths, config) if sandbox else None
         running = await start_hub(paths, config)
-        log.info("hub listening on %s (token in %s)", running.address, paths.token_file)
+        _say_listening(running, paths)
         # Hub and worker share this process: request blobs go from one to the other by
         # reference, not down their stream (worker.wire.local).
         local = running.hub.link = LocalLink()

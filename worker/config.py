@@ -375,8 +375,9 @@ def roots_of(config: Config, paths: Paths) -> list[Root]:
 def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
     """The worker's own folders, and its own files (which may lie elsewhere), resolved."""
     folders = [paths.config_dir, paths.data_dir]
-    if paths.ui_socket.parent != paths.data_dir:  # a long data path: the socket's folder
-        folders.append(paths.ui_socket.parent)
+    for sock in (paths.ui_socket, paths.hub_socket):
+        if sock.parent != paths.data_dir and sock.parent not in folders:  # a long data path
+            folders.append(sock.parent)  # the sockets' folder under the temp folder
     files = [
         paths.config_file,
         paths.token_file,
@@ -386,6 +387,7 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
         paths.exec_cache,
         paths.data_dir / "worker_id",
         paths.ui_socket,  # the person's console: approvals are answered there
+        paths.hub_socket,  # this data folder's hub, for this user's verbs and worker
         paths.worker_key_file,  # proves to a hub that this is the worker of that id
         *(paths.data_dir / f"{db}{suffix}" for db in DATABASES for suffix in DB_FILE_SUFFIXES),
         paths.data_dir / f"{STATE_DB}{LEDGER_BLOBS_SUFFIX}",  # unacked result blobs

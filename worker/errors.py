@@ -393,6 +393,11 @@ class InsecureError(StartupError):
     exit_code = 7
 
 
+class NotYourHubError(InsecureError):
+    """What answers where this machine's hub should (its socket, its port) is another
+    user's: no token is sent to it (worker.wire.own_hub)."""
+
+
 class NoSandboxError(StartupError):
     """Sandbox mode was asked for, and this machine cannot build the sandbox."""
 

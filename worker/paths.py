@@ -21,6 +21,10 @@ TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
 WORKERS_TOKEN_FILE = "hub-workers.token"  # noqa: S105 - a file name, not a secret
 WORKER_KEY_FILE = "worker.key"  # the worker's own secret, beside its worker_id
 UI_SOCKET = "ui.sock"
+# Where this data folder's hub also serves (`agentworker hub`, `up`): the way `run` with no
+# --server and the CLI's verbs reach it, a hub they can tell is this user's
+# (worker.wire.own_hub; review11 finding 06).
+HUB_SOCKET = "hub.sock"
 # A Unix socket's address holds 108 bytes on Linux, 104 on macOS: past this the UI
 # socket goes to a short path.
 _MAX_SOCKET_PATH = 100
@@ -90,14 +94,23 @@ class Paths(NamedTuple):
         """Where this data folder's worker listens for its UI (worker.core.console_socket):
         in the data folder when the path fits a socket address, else in a per-user
         folder under the temp folder, named by a digest of the data folder."""
-        path = self.data_dir / UI_SOCKET
+        return self._socket(UI_SOCKET, "sock")
+
+    @property
+    def hub_socket(self) -> Path:
+        """Where this data folder's hub serves besides its TCP address, for this user
+        alone (worker.wire.own_hub): placed as the UI's socket is."""
+        return self._socket(HUB_SOCKET, "hub.sock")
+
+    def _socket(self, name: str, suffix: str) -> Path:
+        path = self.data_dir / name
         if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
             return path
         import hashlib
         import tempfile
 
         digest = hashlib.sha256(os.fsencode(self.data_dir.resolve())).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"agentworker-{os.getuid()}" / f"{digest}.sock"
+        return Path(tempfile.gettempdir()) / f"agentworker-{os.getuid()}" / f"{digest}.{suffix}"
 
     def ensure(self) -> None:
         for folder in (self.config_dir, self.data_dir):

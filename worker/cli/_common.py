@@ -129,18 +129,27 @@ def with_client(
     body: Callable[[ControlClient], Coroutine[Any, Any, int]],
 ) -> int:
     """Run `body` against the hub (this machine's, or --server); the one place a gRPC
-    failure talking to it becomes a HubUnreachableError."""
+    failure talking to it becomes a HubUnreachableError. This machine's hub is dialled
+    only once it is known to be this user's (NotYourHubError otherwise: nothing sent)."""
     import asyncio
 
     import grpc
 
     from worker.wire.transport import Keepalive, bearer, open_channel, read_token
 
-    address, tls_ca = hub_of(paths, args)
+    address, tls_ca = hub_of(paths, args)  # the address its messages name
     token = flag_or_env_token(args) or read_token(paths.token_file)
+    target = address
+    if not getattr(args, "server", None):
+        # This machine's hub: on its Unix socket, or on its port once the kernel says the
+        # listener is this user's; never another user's (worker.wire.own_hub).
+        from worker.wire.own_hub import OwnHub
+
+        dial = OwnHub(paths.hub_socket, address).dial()
+        target, tls_ca = dial.target, None if dial.local_socket else tls_ca
 
     async def go() -> int:
-        channel = open_channel(address, Keepalive(), tls_ca)
+        channel = open_channel(target, Keepalive(), tls_ca)
         try:
             # Connecting (TCP, TLS, HTTP/2's settings) goes on in gRPC's own threads
             # from here, while the generated protobuf module loads (the largest part

@@ -392,7 +392,21 @@ async def _ask_hub(paths: Paths, config: Config) -> Finding:
             "start one: `agentworker up` (or `agentworker service install`)",
             {"address": address},
         )
-    client = ControlClient.connect(address, token, config.worker.tls_ca)
+    from worker.errors import HubUnreachableError, NotYourHubError
+
+    try:
+        client = ControlClient.local(paths, config, config.worker.server, token)
+    except NotYourHubError as exc:  # another user's listener: no token was sent
+        fix = "start your own hub once its port is free: `agentworker up`"
+        return Finding("hub", "blocker", exc.message, fix, {"address": address})
+    except HubUnreachableError:
+        return Finding(
+            "hub",
+            "warn",
+            f"no hub answered at {address} (unavailable)",
+            "start one: `agentworker up` (or `agentworker service install`)",
+            {"address": address},
+        )
     try:
         reply = await client.stub.Status(
             pb.StatusRequest(), metadata=client.metadata, timeout=HUB_TIMEOUT_S

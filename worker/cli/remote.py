@@ -147,11 +147,22 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
 def _status(paths: Paths, args: argparse.Namespace) -> int:
     import json
 
-    from worker.errors import CredentialsError, HubUnreachableError, TokenRefusedError
+    from worker.errors import (
+        CredentialsError,
+        HubUnreachableError,
+        NotYourHubError,
+        TokenRefusedError,
+    )
     from worker.wire.proto import agentworker_pb2 as pb
 
     try:
         return _ask_status(paths, args, pb)
+    except NotYourHubError as refused:  # another user's listener: no token was sent
+        if args.json:
+            print(json_shown({"state": "not_your_hub", "message": refused.message}))
+        else:
+            print(f"agentworker: {shown(refused.message)}", file=sys.stderr)
+        return refused.exit_code
     except TokenRefusedError as refused:  # a hub answered: not "no hub"
         if args.json:
             print(json_shown({"state": "token_refused", "message": refused.message}))

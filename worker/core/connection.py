@@ -30,7 +30,7 @@ from worker.clock import now_ms
 from worker.core.blob_parts import BlobParts
 from worker.core.pipeline import Dispatcher
 from worker.core.results import Outgoing
-from worker.errors import WorkerError
+from worker.errors import NotYourHubError, StartupError, WorkerError
 from worker.ids import id_problem
 from worker.wire.framing import (
     Batcher,
@@ -43,6 +43,7 @@ from worker.wire.framing import (
 )
 from worker.wire.inproc import LocalCall
 from worker.wire.local import HandedResult, LocalLink
+from worker.wire.own_hub import OwnHub
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
@@ -84,6 +85,15 @@ class FatalConnectionError(Exception):
 
 class _StreamEndedError(Exception):
     """The stream ended; why, for the log."""
+
+
+class _NotDialledError(Exception):
+    """This machine's hub was not dialled: none answers where it serves, or what holds
+    its socket or its port is another user's (`refused`; worker.wire.own_hub)."""
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass(frozen=True)
@@ -146,7 +156,9 @@ def local_hub_key(token: str) -> str:
     """The key of this data folder's own hub (`up`'s in-process one, or the one `run`
     dials with no server named): known by its workers' token, which it made and keeps
     beside hub.db, not by the port it listens on this time (`[hub] listen` with port 0
-    gives another each start)."""
+    gives another each start). Only this user's hub is ever dialled under it: `run`
+    reaches it on its Unix socket, or on a port the kernel says this user holds
+    (`Target.own_hub`), never another user's listener on its port (review11 06)."""
     return f"{LOCAL_HUB}#{_token_digest(token)}"
 
 
@@ -158,6 +170,9 @@ class Target:
     worker_key: str = ""  # see transport.WORKER_KEY_HEADER; none: the hub binds none
     # Which server this is, for the ledger; empty: server_key of the address and token.
     key: str = ""
+    # This machine's hub (`run` with no server named): dialled on its Unix socket, or
+    # at `address` only when the kernel says its port is this user's (worker.wire.own_hub).
+    own_hub: OwnHub | None = None
 
     @property
     def server_key(self) -> str:
@@ -194,6 +209,7 @@ class WorkerConnection:
         self._stopping = False
         self._session_task: asyncio.Task[None] | None = None
         self._healthy_at: float | None = None  # when the current session counts as healthy
+        self._dialled = target.address  # where the current session was dialled
         self._bad_inputs = 0  # server messages that could not be decoded
         # Blobs coming in parts ahead of their requests (protocol 2), and the requests
         # whose parts are being joined (in a thread) before they are submitted.
@@ -237,11 +253,17 @@ class WorkerConnection:
                 if self._stopping:
                     return
                 raise
+            except _NotDialledError as exc:
+                why = str(exc)
+                if exc.refused:  # nothing was sent; said each time, the person must act
+                    log.error("not dialling this machine's hub: %s", why)
+                else:
+                    log.info("no hub to dial yet: %s", why)
             except (grpc.aio.AioRpcError, _StreamEndedError, OSError, TimeoutError) as exc:
                 if self._stopping:
                     return
                 why = _describe(exc)
-                log.warning("connection to %s lost: %s", self.target.address, why)
+                log.warning("connection to %s lost: %s", self._dialled, why)
             finally:
                 self._detach()
             if self._stopping:
@@ -285,7 +307,8 @@ class WorkerConnection:
     async def _session(self) -> None:
         channel = None
         if self._dial is None:
-            channel = open_channel(self.target.address, self.keepalive, self.target.tls_ca)
+            address, tls_ca = self._where()
+            channel = open_channel(address, self.keepalive, tls_ca)
         outbox = _Outbox()
         outbox.put_nowait(message_part(pb.WorkerMessage(hello=self._hello()).SerializeToString()))
         tasks: list[asyncio.Task[None]] = []
@@ -329,7 +352,7 @@ class WorkerConnection:
             tasks.append(asyncio.create_task(self._resend_unacked(outbox)))
             self.connected.set()
             self.on_state(LinkState("ready", f"session {welcome.session_id}"))
-            log.info("connected to %s (session %s)", self.target.address, welcome.session_id)
+            log.info("connected to %s (session %s)", self._dialled, welcome.session_id)
             self._log_held_for_others()
             tasks.append(asyncio.create_task(self._heartbeats()))
             if self._handle_all(self._decode(first)[1:]):
@@ -352,6 +375,21 @@ class WorkerConnection:
                 await channel.close(grace=None)
             if local_call is not None:
                 local_call.cancel()  # the hub's handler ends, as on a closed channel
+
+    def _where(self) -> tuple[str, Path | None]:
+        """The address to dial and the CA to trust there: the target's, or for this
+        machine's hub its socket (no TLS on it), or its port once the kernel says the
+        listener is this user's. Nothing is dialled otherwise (_NotDialledError)."""
+        own = self.target.own_hub
+        if own is None:
+            self._dialled = self.target.address
+            return self.target.address, self.target.tls_ca
+        try:
+            dial = own.dial()
+        except StartupError as exc:
+            raise _NotDialledError(exc.message, refused=isinstance(exc, NotYourHubError)) from None
+        self._dialled = dial.target
+        return dial.target, None if dial.local_socket else self.target.tls_ca
 
     async def _resend_unacked(self, outbox: _Outbox) -> None:
         """Every result the server has not acked goes out again, no faster than the

@@ -74,9 +74,16 @@ class ControlClient:
     def local(
         cls, paths: Paths, config: Config, server: str | None = None, token: str | None = None
     ) -> ControlClient:
-        """This machine's hub unless told otherwise: default address, token from the config dir."""
-        address = server or config.hub.listen
-        return cls.connect(address, token or read_token(paths.token_file), config.worker.tls_ca)
+        """This machine's hub unless told otherwise, token from the config dir: on its
+        Unix socket, or its port once the kernel says the listener is this user's
+        (worker.wire.own_hub; NotYourHubError otherwise, and nothing is sent)."""
+        token = token or read_token(paths.token_file)
+        if server:
+            return cls.connect(server, token, config.worker.tls_ca)
+        from worker.wire.own_hub import OwnHub
+
+        dial = OwnHub(paths.hub_socket, config.hub.listen).dial()
+        return cls.connect(dial.target, token, None if dial.local_socket else config.worker.tls_ca)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -85,8 +85,11 @@ def is_loopback(target: str) -> bool:
 
 
 def open_channel(target: str, keepalive: Keepalive, tls_ca: Path | None = None) -> grpc.aio.Channel:
-    """A channel to `target`: plaintext to loopback, TLS to anything else."""
+    """A channel to `target`: plaintext to loopback or a Unix socket (`unix:PATH`: this
+    machine's hub, see worker.wire.own_hub), TLS to anything else."""
     options = client_options(keepalive)
+    if target.startswith("unix:"):
+        return grpc.aio.insecure_channel(target, options=options)
     if tls_ca is not None:
         creds = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
         return grpc.aio.secure_channel(target, creds, options=options)

@@ -1,0 +1,129 @@
+"""This machine's hub is told apart from whoever listens on its port (review11 finding 06).
+
+A real `agentworker hub` serves on its Unix socket in the data folder too, and a real
+`agentworker run` with no --server dials that socket, as the CLI's verbs do. Another
+user (a child that becomes uid 65534 before it binds) who takes the hub's TCP port while
+the hub is away is sent nothing: no connection from the worker or the verbs, no token,
+and the person is told what happened and what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster, cluster, wait_for
+from worker.config import Paths
+
+ROOT = Path(__file__).resolve().parents[2]
+WITHIN_S = 60.0  # a ceiling for a loaded machine, not a pace
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Cluster]:
+    with cluster(tmp_path / "home") as c:
+        yield c
+
+
+def hub_socket(live: Cluster) -> Path:
+    return Paths.at(live.home).hub_socket
+
+
+def cli(live: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *argv],
+        env=live.env,
+        capture_output=True,
+        text=True,
+        timeout=WITHIN_S,
+        check=False,
+    )
+
+
+def test_run_and_the_verbs_reach_their_hub_on_its_socket(live: Cluster) -> None:
+    path = hub_socket(live)
+    info = path.lstat()
+    assert stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid()
+    assert stat.S_IMODE(info.st_mode) & 0o077 == 0  # this user's alone
+    worker = next(p for p in live.procs if p.name == "worker")
+    wait_for(lambda: f"connected to unix:{path}" in worker.log(), WITHIN_S, worker)
+    done = cli(live, "call", "fs_stat", '{"path": "."}', "--agent", "tester")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "ok"
+    status = cli(live, "status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "connected"
+    # Stopped, the hub takes its socket with it.
+    hub = next(p for p in live.procs if p.name == "hub")
+    hub.signal(signal.SIGTERM)
+    hub.wait(WITHIN_S)
+    assert not path.exists()
+
+
+class Squatter:
+    """tests/support/port_squatter.py as another user, on the hub's port."""
+
+    def __init__(self, *argv: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.port_squatter", *argv],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "listening"
+
+    def report(self) -> dict[str, object]:
+        out, _ = self.proc.communicate(timeout=WITHIN_S)  # closes its stdin: it reports
+        got: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+        return got
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "crashed"])
+def test_another_user_on_the_hub_port_is_sent_nothing(live: Cluster, stop: int) -> None:
+    hub = next(p for p in live.procs if p.name == "hub")
+    worker = next(p for p in live.procs if p.name == "worker")
+    tokens = [(live.home / name).read_text().strip() for name in ("hub.token", "hub-workers.token")]
+    hub.signal(stop)
+    hub.wait(WITHIN_S)
+    # A stopped hub took its socket with it; a crashed one left it, answering no one.
+    assert hub_socket(live).exists() is (stop == signal.SIGKILL)
+    squatter = Squatter(live.listen)
+    seen = len(worker.log())  # what the worker says from here on, with the squatter there
+    try:
+        status = cli(live, "status")
+        call = cli(live, "call", "fs_stat", '{"path": "."}', "--agent", "tester")
+        kill = cli(live, "kill", "plan-sq")
+        if stop == signal.SIGTERM:
+            # No socket: the port is asked about, and it is another user's.
+            said = "not dialling this machine's hub: refusing to send a token to"
+            for answer in (status, call):
+                assert answer.returncode == 7, answer.stderr
+                assert f"refusing to send a token to {live.listen}" in answer.stderr
+                assert "held by another user (uid 65534)" in answer.stderr
+                assert "Nothing was sent" in answer.stderr and "Traceback" not in answer.stderr
+        else:
+            # The crashed hub's socket: the hub is down, and nothing else is dialled.
+            said = f"no hub to dial yet: no hub answered at {hub_socket(live)}"
+            assert status.returncode == 3 and "no hub answered" in status.stderr
+            assert call.returncode == 3 and "no hub answered" in call.stderr
+        assert kill.returncode == 0 and "the hub was not told" in kill.stdout
+        # The worker decided twice while the squatter listened, and dialled it neither time.
+        wait_for(lambda: worker.log()[seen:].count(said) >= 2, WITHIN_S, worker)
+    finally:
+        got = squatter.report()
+    assert got["uid"] == 65534
+    assert got["connections"] == 0, got
+    assert not any(token in str(got["received"]) for token in tokens)
+    # The person's own hub, back, is the worker's hub again.
+    live.start_hub()
+    wait_for(live._worker_in, WITHIN_S, worker)
+    assert cli(live, "status").returncode == 0
