@@ -397,16 +397,7 @@ async def run(
             # (sandbox._startline); a plan's until it joined; one with a `claim` until
             # that returned.
             block_r, block_w = _pipe(theirs, ours)
-        file_fds = [_memory_file(content) for content in private_files(view.private)]
-        theirs += file_fds
-        rules = (
-            _seccomp.filter_for_machine(view.unix_sockets, diag=diag_fd is not None)
-            if view.seccomp
-            else None
-        )
-        seccomp_fd = _memory_file(rules) if rules is not None else None
-        if seccomp_fd is not None:
-            theirs.append(seccomp_fd)
+        file_fds, seccomp_fd = _view_files(view, theirs, diag=diag_fd is not None)
         line = command(
             tools,
             argv,
@@ -424,21 +415,8 @@ async def run(
         _widen(out_w, limits.output_bytes)
         err_r, err_w = _pipe(ours, theirs)
         in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
-        # bubblewrap gets the read end of its report too: were the worker to die, its
-        # write would otherwise raise SIGPIPE and kill it before it let the sandbox go
-        # on, leaving that waiting forever (the entry closes it for the program).
-        keep = (info_r, *(fd for fd in theirs if fd not in (out_w, err_w, in_r)))
         started = time.monotonic()
-        try:
-            popen = starts.start(
-                line, view.env, in_r, out_w, err_w, keep, closes_all=lifeline_r is not None
-            )
-        except OSError as exc:
-            raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
-        finally:
-            for fd in theirs:
-                os.close(fd)
-            theirs.clear()
+        popen = _start(starts, line, view, (in_r, out_w, err_w), info_r, theirs, closes_all=entry)
         for owned in (out_r, err_r, in_w, lifeline_w, block_w):
             if owned in ours:
                 ours.remove(owned)  # the child watcher and the sandbox own these now
@@ -680,12 +658,7 @@ async def _prepare(
         lifeline_r, lifeline_w = _pipe(theirs, ours)
         call_r, call_w = _pipe(theirs, ours)
         block_r, block_w = _pipe(theirs, ours)
-        file_fds = [_memory_file(content) for content in private_files(view.private)]
-        theirs += file_fds
-        rules = _seccomp.filter_for_machine(view.unix_sockets) if view.seccomp else None
-        seccomp_fd = _memory_file(rules) if rules is not None else None
-        if seccomp_fd is not None:
-            theirs.append(seccomp_fd)
+        file_fds, seccomp_fd = _view_files(view, theirs, diag=False)
         line = command(
             tools,
             (),
@@ -703,15 +676,7 @@ async def _prepare(
         _widen(out_w, limits.output_bytes)
         err_r, err_w = _pipe(ours, theirs)
         in_r, in_w = _pipe(theirs, ours) if shape.stdin else (subprocess.DEVNULL, -1)
-        keep = (info_r, *(fd for fd in theirs if fd not in (out_w, err_w, in_r)))
-        try:
-            popen = starts.start(line, view.env, in_r, out_w, err_w, keep, closes_all=True)
-        except OSError as exc:
-            raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
-        finally:
-            for fd in theirs:
-                os.close(fd)
-            theirs.clear()
+        popen = _start(starts, line, view, (in_r, out_w, err_w), info_r, theirs, closes_all=True)
         for owned in (out_r, err_r, in_w, lifeline_w, block_w, call_w):
             if owned in ours:
                 ours.remove(owned)  # the child watcher, the sandbox and the call own these
@@ -805,6 +770,45 @@ async def _taken(warm: WarmSandboxes, plan: str, shape: _Shape) -> _Prepared | N
         await prepared.discard()
         return None
     return prepared
+
+
+def _view_files(view: View, theirs: list[int], *, diag: bool) -> tuple[list[int], int | None]:
+    """The memory files bubblewrap places in the sandbox (private files, then the seccomp
+    filter when the view has one), each added to `theirs`."""
+    file_fds = [_memory_file(content) for content in private_files(view.private)]
+    theirs += file_fds
+    rules = _seccomp.filter_for_machine(view.unix_sockets, diag=diag) if view.seccomp else None
+    seccomp_fd = _memory_file(rules) if rules is not None else None
+    if seccomp_fd is not None:
+        theirs.append(seccomp_fd)
+    return file_fds, seccomp_fd
+
+
+def _start(
+    starts: Starts,
+    line: list[str],
+    view: View,
+    stdio: tuple[int, int, int],
+    info_r: int,
+    theirs: list[int],
+    *,
+    closes_all: bool,
+) -> subprocess.Popen[bytes] | Spawned:
+    """Start bubblewrap with `stdio` (in, out, err) and every descriptor of `theirs`, which
+    are closed here once it started (or failed to)."""
+    in_r, out_w, err_w = stdio
+    # bubblewrap gets the read end of its report too: were the worker to die, its
+    # write would otherwise raise SIGPIPE and kill it before it let the sandbox go
+    # on, leaving that waiting forever (the entry closes it for the program).
+    keep = (info_r, *(fd for fd in theirs if fd not in stdio))
+    try:
+        return starts.start(line, view.env, in_r, out_w, err_w, keep, closes_all=closes_all)
+    except OSError as exc:
+        raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
+    finally:
+        for fd in theirs:
+            os.close(fd)
+        theirs.clear()
 
 
 def _pipe(reader_list: list[int], writer_list: list[int]) -> tuple[int, int]:

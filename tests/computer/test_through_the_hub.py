@@ -5,8 +5,6 @@ desktop, and the person's controls: taking the desktop back, the stop hotkey,
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -51,16 +49,6 @@ def desk(
 
 def computer(live: Cluster, action: str, args: str = "{}", **fields: Any) -> dict[str, Any]:
     return live.call(f"workerComputer.{action}", args, **fields)
-
-
-def agentworker(live: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *argv],
-        env=live.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def pause_of(live: Cluster) -> PauseSwitch:
@@ -135,7 +123,7 @@ def test_worker_input_never_takes_over_but_another_clients_does(
     assert "agentworker resume" in refused["error"]["message"]
     assert desk.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"  # host goes on
 
-    resumed = agentworker(desk, "resume")
+    resumed = desk.cli("resume")
     assert resumed.returncode == 0 and "desktop takeover" in resumed.stdout
     assert computer(desk, "cursor_position")["result"]["x"] == 20
 
@@ -161,7 +149,7 @@ def test_the_stop_hotkey_stops_a_running_plan(desk: Cluster, app: TkApp, xserver
 
     for call in (("workerHost.fs_stat", '{"path": "."}'), ("workerComputer.display_info", "{}")):
         assert desk.call(*call)["error"]["code"] == "paused"
-    assert agentworker(desk, "resume").returncode == 0
+    assert desk.cli("resume").returncode == 0
     assert desk.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
 
 
@@ -189,14 +177,14 @@ def test_an_agent_cannot_press_the_stop_hotkey_or_a_session_key(desk: Cluster, a
 
 
 def test_agentworker_pause_and_resume(desk: Cluster) -> None:
-    paused = agentworker(desk, "pause", "--reason", "lunch")
+    paused = desk.cli("pause", "--reason", "lunch")
     assert paused.returncode == 0, paused.stderr
     refused = desk.call("workerHost.fs_stat", '{"path": "."}')
     assert refused["error"]["code"] == "paused" and "lunch" in refused["error"]["message"]
     assert refused["error"]["retryable"]
-    assert agentworker(desk, "resume").returncode == 0
+    assert desk.cli("resume").returncode == 0
     assert desk.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
-    assert agentworker(desk, "resume").returncode == 1  # nothing left to lift
+    assert desk.cli("resume").returncode == 1  # nothing left to lift
 
 
 def test_with_no_display_the_surface_is_absent_and_says_why(

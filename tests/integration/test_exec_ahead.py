@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -199,18 +197,6 @@ def ledger_result(live: Cluster, cid: str) -> bytes:
     return bytes(row[0]) if row and row[0] else b""
 
 
-def aw(live: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
-    """`agentworker <argv>` on this machine, as the person runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *argv],
-        env=live.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def test_the_persons_kill_and_pause_from_a_shell_let_them_go(tmp_path: Path) -> None:
     """`agentworker kill` and `pause` are recorded by another process: the worker,
     nudged, discards the killed plan's sandbox, and every one on a pause."""
@@ -220,12 +206,12 @@ def test_the_persons_kill_and_pause_from_a_shell_let_them_go(tmp_path: Path) -> 
         where(live, "plan-b")
         now = held_now(live, 2)
         pids_b = [pid for pid, mark in now.items() if mark != mark_a]
-        assert aw(live, "kill", "plan-b").returncode == 0
+        assert live.cli("kill", "plan-b").returncode == 0
         wait_for(lambda: gone(pids_b), 60)
         assert list(held(worker_of(live).pid).values()) == [mark_a]
         pids = list(held(worker_of(live).pid))
-        assert aw(live, "pause").returncode == 0
+        assert live.cli("pause").returncode == 0
         wait_for(lambda: gone(pids), 60)
         assert held(worker_of(live).pid) == {}
-        assert aw(live, "resume").returncode == 0
+        assert live.cli("resume").returncode == 0
         assert where(live, "plan-a") == ""  # built for itself: none was held

@@ -56,6 +56,19 @@ async def worker_at(
         dispatcher.close()
 
 
+async def left_running(home: Path, hub: ScriptedHub, cid: str) -> None:
+    """`cid` claimed for `hub` in `home`'s ledger and never finished, as a crash leaves
+    it (`hub` started; the worker's configured server is elsewhere)."""
+    write_config(home, "127.0.0.1:1")
+    await hub.start()
+    paths = Paths(home, home)
+    paths.ensure()
+    ledger = State(paths.data_dir / "state.db")
+    ledger.server = Target(hub.address, TOKEN).server_key
+    assert ledger.claim(cid, "digest", "plan") is Seen.NEW
+    ledger.close()
+
+
 async def until_result(hub: ScriptedHub, *cids: str) -> list[pb.WorkerMessage]:
     """Every message from the worker up to and with the results of `cids`."""
     seen = []
@@ -172,15 +185,8 @@ def test_a_call_left_running_is_told_to_its_server_only(tmp_path: Path) -> None:
     outcome_unknown at its next start, B is not sent that either; A is told both."""
 
     async def go() -> None:
-        write_config(tmp_path, "127.0.0.1:1")
         a = ScriptedHub(ack_results=False)
-        await a.start()
-        paths = Paths(tmp_path, tmp_path)
-        paths.ensure()
-        ledger = State(paths.data_dir / "state.db")
-        ledger.server = Target(a.address, TOKEN).server_key
-        assert ledger.claim("r-1", "digest", "plan") is Seen.NEW
-        ledger.close()
+        await left_running(tmp_path, a, "r-1")
 
         b = ScriptedHub(ack_results=False)
         async with worker_at(tmp_path, b) as link:
@@ -212,15 +218,8 @@ def test_the_hello_names_only_the_running_calls_of_its_server(tmp_path: Path) ->
     ran finds them): each server's Hello lists its own running ids only."""
 
     async def go() -> None:
-        write_config(tmp_path, "127.0.0.1:1")
         a, b = ScriptedHub(), ScriptedHub()
-        await a.start()
-        paths = Paths(tmp_path, tmp_path)
-        paths.ensure()
-        ledger = State(paths.data_dir / "state.db")
-        ledger.server = Target(a.address, TOKEN).server_key
-        assert ledger.claim("r-a", "digest", "plan") is Seen.NEW
-        ledger.close()
+        await left_running(tmp_path, a, "r-a")
         async with worker_at(tmp_path, b, recover=False) as link:
             await b.dials(1)
             assert list(b.hellos[0].running_ids) == []

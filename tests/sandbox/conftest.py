@@ -1,4 +1,5 @@
-"""Fixtures: a root with a secret next to it, and both resolvers to test against."""
+"""Fixtures: a root with a secret next to it, both resolvers to test against, the entry
+helper and a folder to share with a sandbox."""
 
 from __future__ import annotations
 
@@ -62,3 +63,12 @@ def btrfs(tmp_path: Path) -> Iterator[Path]:
         yield mounted
     finally:
         subprocess.run(["umount", str(mounted)], check=True)
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Path:
+    """A folder to share with a sandbox, holding `a.txt` ("inside")."""
+    folder = Path(os.path.realpath(tmp_path)) / "share"
+    folder.mkdir()
+    (folder / "a.txt").write_text("inside\n")
+    return folder

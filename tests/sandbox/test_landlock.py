@@ -38,13 +38,6 @@ PROBE = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def share(tmp_path: Path) -> Path:
-    folder = Path(os.path.realpath(tmp_path)) / "share"
-    folder.mkdir()
-    return folder
-
-
 def view_of(share: Path, entry: str, **changes: object) -> View:
     fields: dict[str, object] = {
         "cwd": str(share),

@@ -48,13 +48,6 @@ def backend() -> Iterator[cgroups.Backend]:
     assert not any(Path(folder).exists() for folder in choice.backend.where.split(", "))
 
 
-@pytest.fixture
-def share(tmp_path: Path) -> Path:
-    folder = Path(os.path.realpath(tmp_path)) / "share"
-    folder.mkdir()
-    return folder
-
-
 def view_of(share: Path, entry: str) -> View:
     return View(
         cwd=str(share),

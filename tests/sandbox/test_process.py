@@ -46,14 +46,6 @@ def start_with(request: pytest.FixtureRequest, entry: str) -> Iterator[None]:
     ENTRY = None
 
 
-@pytest.fixture
-def share(tmp_path: Path) -> Path:
-    folder = Path(os.path.realpath(tmp_path)) / "share"
-    folder.mkdir()
-    (folder / "a.txt").write_text("inside\n")
-    return folder
-
-
 def view_of(share: Path, **changes: object) -> View:
     fields: dict[str, object] = {
         "cwd": str(share),

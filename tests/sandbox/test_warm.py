@@ -35,14 +35,6 @@ SEEN = (
 )
 
 
-@pytest.fixture
-def share(tmp_path: Path) -> Path:
-    folder = Path(os.path.realpath(tmp_path)) / "share"
-    folder.mkdir()
-    (folder / "a.txt").write_text("inside\n")
-    return folder
-
-
 def view_of(share: Path, entry: str, **changes: object) -> View:
     fields: dict[str, object] = {
         "cwd": str(share),

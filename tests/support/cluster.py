@@ -162,6 +162,17 @@ class Cluster:
         except (grpc.aio.AioRpcError, OSError):
             return False
 
+    def cli(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """`agentworker <argv>` with this cluster's environment, as the person runs it."""
+        return subprocess.run(
+            [sys.executable, "-m", "worker", *argv],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     # ------------------------------------------------------------- control calls
 
     def run(self, coro_fn: Any, *, token: str | None = None) -> Any:

@@ -7,8 +7,6 @@ import asyncio
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,20 +131,10 @@ def test_attaching_with_no_worker_running_says_so(tmp_path: Path) -> None:
 
 
 def test_pause_and_resume_from_the_command_line(live: Cluster) -> None:
-    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "worker", *argv],
-            env=live.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    assert cli("pause", "--reason", "lunch").returncode == 0
+    assert live.cli("pause", "--reason", "lunch").returncode == 0
     out = live.call("workerHost.fs_stat", '{"path": "."}')
     assert out["error"]["code"] == "paused" and "lunch" in out["error"]["message"]
-    resumed = cli("resume")
+    resumed = live.cli("resume")
     assert resumed.returncode == 0 and "lunch" in resumed.stdout
     assert live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
 
