@@ -8,11 +8,14 @@ import html
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual import events
 from textual.containers import VerticalScroll
+from textual.pilot import Pilot
 from textual.widgets import Button, Static
 
 from tests.ui.rig import MovableClock, Rig, answerable, on_screen, silent, until
@@ -23,6 +26,27 @@ from worker.wire.proto import agentworker_pb2 as pb
 
 def _app(rig: Rig) -> WorkerApp:
     return WorkerApp(rig.link(), notifier=silent, clock=MovableClock())
+
+
+def on_the_tui(
+    tmp_path: Path,
+    scenario: Callable[[Rig, WorkerApp, Pilot[None]], Awaitable[None]],
+    *,
+    size: tuple[int, int] = (100, 30),
+    **rig_options: Any,
+) -> None:
+    """`scenario` driving the TUI of a fresh rig (closed after, whatever happened)."""
+
+    async def go() -> None:
+        rig = Rig(tmp_path, **rig_options)
+        try:
+            app = _app(rig)
+            async with app.run_test(size=size) as pilot:
+                await scenario(rig, app, pilot)
+        finally:
+            rig.close()
+
+    asyncio.run(go())
 
 
 def _modal(app: WorkerApp) -> ApprovalModal | None:
@@ -39,23 +63,19 @@ def _ask(rig: Rig, **request: object) -> asyncio.Future[pb.ScopeDecision]:
 
 
 def test_approve_once_runs_the_call_and_the_next_one_prompts_again(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            first = rig.call("fs_read", '{"path": "a.txt"}')
-            await answerable(app, pilot)
-            await pilot.press("o")
-            assert (await rig.result(first)).status == 1, rig.results[first]
-            assert "once" in rig.results[first].invocation.decision
-            second = rig.call("fs_read", '{"path": "b.txt"}')
-            await answerable(app, pilot)
-            assert second not in rig.results
-            await pilot.press("d")
-            assert rig.code(await _code(rig, second)) == "scope_denied"
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        first = rig.call("fs_read", '{"path": "a.txt"}')
+        await answerable(app, pilot)
+        await pilot.press("o")
+        assert (await rig.result(first)).status == 1, rig.results[first]
+        assert "once" in rig.results[first].invocation.decision
+        second = rig.call("fs_read", '{"path": "b.txt"}')
+        await answerable(app, pilot)
+        assert second not in rig.results
+        await pilot.press("d")
+        assert rig.code(await _code(rig, second)) == "scope_denied"
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario)
 
 
 async def _code(rig: Rig, cid: str) -> str:
@@ -64,111 +84,91 @@ async def _code(rig: Rig, cid: str) -> str:
 
 
 def test_for_this_plan_lets_the_plan_run_and_another_plan_is_asked(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            first = rig.call("fs_list", '{"path": "."}', plan="plan-a")
-            await answerable(app, pilot)
-            await pilot.press("p")
-            await rig.result(first)
-            assert rig.code(first) == "ok"
-            # Read-only file scopes come together "for this plan".
-            later = [rig.call("fs_read", f'{{"path": "{n}.txt"}}') for n in "abc"]
-            later.append(rig.call("fs_stat", '{"path": "a.txt"}'))
-            for cid in later:
-                await rig.result(cid)
-                assert rig.code(cid) == "ok"
-            assert _modal(app) is None
-            other = rig.call("fs_read", '{"path": "a.txt"}', plan="plan-b")
-            await answerable(app, pilot)
-            modal = _modal(app)
-            assert modal is not None and modal.prompt["plan_id"] == "plan-b"
-            await pilot.press("escape")
-            await rig.result(other)
-            assert rig.code(other) == "scope_denied"
-            assert "approval_granted" in rig.audits() and "approval_denied" in rig.audits()
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        first = rig.call("fs_list", '{"path": "."}', plan="plan-a")
+        await answerable(app, pilot)
+        await pilot.press("p")
+        await rig.result(first)
+        assert rig.code(first) == "ok"
+        # Read-only file scopes come together "for this plan".
+        later = [rig.call("fs_read", f'{{"path": "{n}.txt"}}') for n in "abc"]
+        later.append(rig.call("fs_stat", '{"path": "a.txt"}'))
+        for cid in later:
+            await rig.result(cid)
+            assert rig.code(cid) == "ok"
+        assert _modal(app) is None
+        other = rig.call("fs_read", '{"path": "a.txt"}', plan="plan-b")
+        await answerable(app, pilot)
+        modal = _modal(app)
+        assert modal is not None and modal.prompt["plan_id"] == "plan-b"
+        await pilot.press("escape")
+        await rig.result(other)
+        assert rig.code(other) == "scope_denied"
+        assert "approval_granted" in rig.audits() and "approval_denied" in rig.audits()
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario)
 
 
 def test_deny_answers_scope_denied(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            cid = rig.call("fs_write", '{"path": "new.txt", "mode": "create"}')
-            await answerable(app, pilot)
-            assert app.focused is not None and app.focused.id == "deny"
-            await pilot.press("enter")  # focus starts on Deny
-            await rig.result(cid)
-            assert rig.code(cid) == "scope_denied"
-            assert not (rig.workspace / "new.txt").exists()
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        cid = rig.call("fs_write", '{"path": "new.txt", "mode": "create"}')
+        await answerable(app, pilot)
+        assert app.focused is not None and app.focused.id == "deny"
+        await pilot.press("enter")  # focus starts on Deny
+        await rig.result(cid)
+        assert rig.code(cid) == "scope_denied"
+        assert not (rig.workspace / "new.txt").exists()
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario)
 
 
 def test_a_prompt_nobody_answers_is_a_denial(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        rig = Rig(tmp_path, timeout_s=1)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            cid = rig.call("fs_read", '{"path": "a.txt"}')
-            await until(lambda: _modal(app) is not None, pilot)
-            await rig.result(cid)
-            assert rig.code(cid) == "scope_denied"
-            await until(lambda: _modal(app) is None, pilot)
-            assert "approval_timeout" in rig.audits()
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        cid = rig.call("fs_read", '{"path": "a.txt"}')
+        await until(lambda: _modal(app) is not None, pilot)
+        await rig.result(cid)
+        assert rig.code(cid) == "scope_denied"
+        await until(lambda: _modal(app) is None, pilot)
+        assert "approval_timeout" in rig.audits()
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario, timeout_s=1)
 
 
 def test_deny_and_kill_refuses_the_plan_afterwards(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            cid = rig.call("fs_read", '{"path": "a.txt"}', plan="doomed")
-            await answerable(app, pilot)
-            await pilot.press("x")
-            await rig.result(cid)
-            assert rig.code(cid) in ("scope_denied", "plan_killed")
-            after = rig.call("fs_read", '{"path": "a.txt"}', plan="doomed")
-            await rig.result(after)
-            assert rig.code(after) == "plan_killed"
-            assert _modal(app) is None
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        cid = rig.call("fs_read", '{"path": "a.txt"}', plan="doomed")
+        await answerable(app, pilot)
+        await pilot.press("x")
+        await rig.result(cid)
+        assert rig.code(cid) in ("scope_denied", "plan_killed")
+        after = rig.call("fs_read", '{"path": "a.txt"}', plan="doomed")
+        await rig.result(after)
+        assert rig.code(after) == "plan_killed"
+        assert _modal(app) is None
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario)
 
 
 def test_prompts_queue_and_identical_calls_share_one(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            same = [rig.call("fs_read", '{"path": "a.txt"}') for _ in range(3)]
-            other = rig.call("fs_write", '{"path": "x.txt", "mode": "create"}')
-            await until(lambda: _modal(app) is not None and len(app.prompts) == 2, pilot)
-            await answerable(app, pilot)
-            modal = _modal(app)
-            assert modal is not None and modal.prompt["waiting"] == 3 and modal.more == 1
-            first = modal.prompt_id
-            await pilot.press("o")
-            for cid in same:
-                await rig.result(cid)
-                assert rig.code(cid) == "ok"
-            await until(lambda: (m := _modal(app)) is not None and m.prompt_id != first, pilot)
-            await answerable(app, pilot)
-            await pilot.press("d")
-            await rig.result(other)
-            assert rig.code(other) == "scope_denied"
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        same = [rig.call("fs_read", '{"path": "a.txt"}') for _ in range(3)]
+        other = rig.call("fs_write", '{"path": "x.txt", "mode": "create"}')
+        await until(lambda: _modal(app) is not None and len(app.prompts) == 2, pilot)
+        await answerable(app, pilot)
+        modal = _modal(app)
+        assert modal is not None and modal.prompt["waiting"] == 3 and modal.more == 1
+        first = modal.prompt_id
+        await pilot.press("o")
+        for cid in same:
+            await rig.result(cid)
+            assert rig.code(cid) == "ok"
+        await until(lambda: (m := _modal(app)) is not None and m.prompt_id != first, pilot)
+        await answerable(app, pilot)
+        await pilot.press("d")
+        await rig.result(other)
+        assert rig.code(other) == "scope_denied"
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario)
 
 
 def test_a_preview_with_escape_sequences_is_shown_inert(tmp_path: Path) -> None:
@@ -331,27 +331,23 @@ def test_an_id_with_letters_outside_ascii_is_marked_and_named(tmp_path: Path) ->
     few are named ahead of the id."""
     look_alike = "\u0430lic\u0435"  # Cyrillic a and e
 
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            asked = _ask(rig, agent_id=look_alike, plan_id="plan-a", scopes=["*.*"])
-            modal = await answerable(app, pilot)
-            facts = modal.query_one("#facts", Static)
-            lines = [facts.render_line(y).text.rstrip() for y in range(facts.size.height)]
-            assert lines[0] == f"Agent      ⟨not ASCII: U+0430 U+0435⟩ {look_alike}", lines
-            assert lines[1] == "Plan       plan-a", lines  # an ASCII id as it is
-            marked = [
-                segment.text
-                for segment in facts.render_line(0)
-                if segment.style is not None and segment.style.reverse
-            ]
-            assert "\u0430" in marked and "\u0435" in marked, marked
-            await pilot.press("d")
-            assert not (await asked).granted
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        asked = _ask(rig, agent_id=look_alike, plan_id="plan-a", scopes=["*.*"])
+        modal = await answerable(app, pilot)
+        facts = modal.query_one("#facts", Static)
+        lines = [facts.render_line(y).text.rstrip() for y in range(facts.size.height)]
+        assert lines[0] == f"Agent      ⟨not ASCII: U+0430 U+0435⟩ {look_alike}", lines
+        assert lines[1] == "Plan       plan-a", lines  # an ASCII id as it is
+        marked = [
+            segment.text
+            for segment in facts.render_line(0)
+            if segment.style is not None and segment.style.reverse
+        ]
+        assert "\u0430" in marked and "\u0435" in marked, marked
+        await pilot.press("d")
+        assert not (await asked).granted
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario)
 
 
 def _screen_text(app: WorkerApp) -> str:
@@ -369,30 +365,26 @@ def test_a_scope_request_shows_every_scope_it_grants_broadest_first(
     now, the broadest first and marked, counted in the title (each once)."""
     harmless = ["workerHost.fs_stat", "workerHost.fs_list", "workerHost.fs_read"]
 
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=size) as pilot:
-            asked = _ask(
-                rig,
-                scopes=[*harmless, *harmless[:2], "workerHost.exec", "*.*"],
-                reason="check the sizes of the report files",
-            )
-            modal = await answerable(app, pilot)
-            text = _screen_text(app)
-            assert "The agent asks for scopes: 5 scopes, 1 of them a pattern" in text, text
-            assert "*.* (EVERY action)" in text, text
-            for scope in (*harmless, "workerHost.exec"):
-                assert scope in text, (scope, text)
-            facts = modal.query_one("#facts", Static)
-            wants = " ".join(facts.render_line(y).text for y in range(facts.size.height))
-            assert wants.index("*.*") < wants.index("workerHost.exec") < wants.index("fs_stat")
-            await pilot.press("p")
-            decision = await asked
-            assert decision.granted and len(decision.scopes) == 5, decision
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        asked = _ask(
+            rig,
+            scopes=[*harmless, *harmless[:2], "workerHost.exec", "*.*"],
+            reason="check the sizes of the report files",
+        )
+        modal = await answerable(app, pilot)
+        text = _screen_text(app)
+        assert "The agent asks for scopes: 5 scopes, 1 of them a pattern" in text, text
+        assert "*.* (EVERY action)" in text, text
+        for scope in (*harmless, "workerHost.exec"):
+            assert scope in text, (scope, text)
+        facts = modal.query_one("#facts", Static)
+        wants = " ".join(facts.render_line(y).text for y in range(facts.size.height))
+        assert wants.index("*.*") < wants.index("workerHost.exec") < wants.index("fs_stat")
+        await pilot.press("p")
+        decision = await asked
+        assert decision.granted and len(decision.scopes) == 5, decision
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario, size=size)
 
 
 def test_a_prompt_the_terminal_cuts_takes_no_approval(tmp_path: Path) -> None:
@@ -403,26 +395,22 @@ def test_a_prompt_the_terminal_cuts_takes_no_approval(tmp_path: Path) -> None:
         for n in range(32)
     ]
 
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(80, 24)) as pilot:
-            asked = _ask(rig, scopes=scopes)
-            modal = await answerable(app, pilot)
-            await pilot.press("p")
-            await until(
-                lambda: "too small" in str(modal.query_one("#countdown", Static).content), pilot
-            )
-            assert not asked.done() and app.screen is modal
-            await pilot.resize_terminal(200, 60)
-            await until(lambda: modal._all_shown(), pilot)
-            text = _screen_text(app)
-            assert all(scope in text for scope in scopes), text
-            await pilot.press("p")
-            assert (await asked).granted
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        asked = _ask(rig, scopes=scopes)
+        modal = await answerable(app, pilot)
+        await pilot.press("p")
+        await until(
+            lambda: "too small" in str(modal.query_one("#countdown", Static).content), pilot
+        )
+        assert not asked.done() and app.screen is modal
+        await pilot.resize_terminal(200, 60)
+        await until(lambda: modal._all_shown(), pilot)
+        text = _screen_text(app)
+        assert all(scope in text for scope in scopes), text
+        await pilot.press("p")
+        assert (await asked).granted
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario, size=(80, 24))
 
 
 def test_the_terminal_getting_the_focus_starts_the_grace_again(
@@ -480,27 +468,23 @@ def test_calls_joining_a_prompt_start_its_grace_again_and_once_runs_what_it_show
     had said 1. A call joining now starts the grace again, and "o" lets through the
     calls the prompt showed: here 3 of 3, each run once."""
 
-    async def scenario() -> None:
-        rig = Rig(tmp_path)
-        app = _app(rig)
-        async with app.run_test(size=(100, 30)) as pilot:
-            first = rig.call("fs_write", _APPEND, blob=_PAY)
-            modal = await answerable(app, pilot)
-            assert modal.prompt["waiting"] == 1
-            joined = [rig.call("fs_write", _APPEND, blob=_PAY) for _ in range(2)]
-            await until(lambda: modal.prompt["waiting"] == 3, pilot)
-            assert not modal.armed  # read the new count first
-            await pilot.press("o")  # in the new grace: not taken
-            assert app.screen is modal and not any(c in rig.results for c in [first, *joined])
-            await answerable(app, pilot)
-            await pilot.press("o")
-            for cid in (first, *joined):
-                await rig.result(cid)
-                assert rig.code(cid) == "ok", rig.results[cid]
-            assert (rig.workspace / "ledger.txt").read_text() == "pay 100 EUR\n" * 3
-        rig.close()
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        first = rig.call("fs_write", _APPEND, blob=_PAY)
+        modal = await answerable(app, pilot)
+        assert modal.prompt["waiting"] == 1
+        joined = [rig.call("fs_write", _APPEND, blob=_PAY) for _ in range(2)]
+        await until(lambda: modal.prompt["waiting"] == 3, pilot)
+        assert not modal.armed  # read the new count first
+        await pilot.press("o")  # in the new grace: not taken
+        assert app.screen is modal and not any(c in rig.results for c in [first, *joined])
+        await answerable(app, pilot)
+        await pilot.press("o")
+        for cid in (first, *joined):
+            await rig.result(cid)
+            assert rig.code(cid) == "ok", rig.results[cid]
+        assert (rig.workspace / "ledger.txt").read_text() == "pay 100 EUR\n" * 3
 
-    asyncio.run(scenario())
+    on_the_tui(tmp_path, scenario)
 
 
 def test_once_for_the_calls_shown_leaves_later_ones_a_prompt_of_their_own(
