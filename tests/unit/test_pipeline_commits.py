@@ -85,14 +85,7 @@ def test_every_result_is_in_the_ledger_before_it_is_sent_and_its_row_follows(
     tmp_path: Path,
 ) -> None:
     dispatcher = _dispatcher(tmp_path)
-    stat = dispatcher.registry["workerHost.fs_stat"].handler
-    seen_by_handler: list[str | None] = []
-
-    def stat_and_look(ctx: Context, args: Any) -> Any:
-        seen_by_handler.append(_ledger_state(tmp_path, ctx.correlation_id))
-        return stat(ctx, args)
-
-    _replace_handler(dispatcher, stat_and_look)
+    seen_by_handler = _stat_looks_at_its_ledger_row(dispatcher, tmp_path)
     sent: dict[str, str | None] = {}
 
     def emit(out: Outgoing) -> None:
@@ -222,6 +215,20 @@ def test_rows_unwritten_at_a_stop_are_restored_from_the_ledger(tmp_path: Path) -
 # --- plain-function handlers run in the turn that received them -----------------------
 
 
+def _stat_looks_at_its_ledger_row(dispatcher: Dispatcher, tmp_path: Path) -> list[str | None]:
+    """fs_stat's handler made to note its call's ledger state (as `_ledger_state` reads
+    it from another connection) before it runs: the list it appends to."""
+    stat = dispatcher.registry["workerHost.fs_stat"].handler
+    seen_by_handler: list[str | None] = []
+
+    def stat_and_look(ctx: Context, args: Any) -> Any:
+        seen_by_handler.append(_ledger_state(tmp_path, ctx.correlation_id))
+        return stat(ctx, args)
+
+    _replace_handler(dispatcher, stat_and_look)
+    return seen_by_handler
+
+
 def _replace_handler(dispatcher: Dispatcher, handler: object) -> None:
     spec = dispatcher.registry["workerHost.fs_stat"]
     dispatcher.registry[spec.scope] = dataclasses.replace(spec, handler=handler)
@@ -235,14 +242,7 @@ def test_a_plain_handler_answers_within_submit_and_only_after_its_claim_committe
     tmp_path: Path,
 ) -> None:
     dispatcher = _dispatcher(tmp_path)
-    stat = dispatcher.registry["workerHost.fs_stat"].handler
-    seen_by_handler: list[str | None] = []
-
-    def stat_and_look(ctx: Context, args: Any) -> Any:
-        seen_by_handler.append(_ledger_state(tmp_path, ctx.correlation_id))
-        return stat(ctx, args)
-
-    _replace_handler(dispatcher, stat_and_look)
+    seen_by_handler = _stat_looks_at_its_ledger_row(dispatcher, tmp_path)
     emitted: list[pb.WorkerMessage] = []
     dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
 
@@ -345,14 +345,7 @@ def test_an_effect_free_call_runs_unclaimed_and_is_still_answered_once(tmp_path:
     in memory until acked, then written without its blob. Every duplicate meanwhile and
     after is answered, never run again; one with other args is refused."""
     dispatcher = _dispatcher(tmp_path, effect=Effect.NONE)
-    stat = dispatcher.registry["workerHost.fs_stat"].handler
-    seen_by_handler: list[str | None] = []
-
-    def stat_and_look(ctx: Context, args: Any) -> Any:
-        seen_by_handler.append(_ledger_state(tmp_path, ctx.correlation_id))
-        return stat(ctx, args)
-
-    _replace_handler(dispatcher, stat_and_look)
+    seen_by_handler = _stat_looks_at_its_ledger_row(dispatcher, tmp_path)
     emitted: list[pb.WorkerMessage] = []
     dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
     other = _request("c1")
