@@ -1,6 +1,6 @@
-"""The agent may not focus or click the person's own line to the worker: the
-terminal of the worker or of an attached UI (review10 finding 14). Here the Tk test
-app stands for that terminal: its pid is given as an attached UI's."""
+"""The agent may not focus, click, scroll or type into the person's own line to the
+worker: the terminal of the worker or of an attached UI (review10 finding 14). Here
+the Tk test app stands for that terminal: its pid is given as an attached UI's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from tests.computer import models as m
 from tests.computer.conftest import run
-from tests.computer.test_x11_input import SECOND_TITLE, _managed, _windows_once
+from tests.computer.test_x11_input import SECOND_TITLE, _focus_text, _managed, _windows_once
 from tests.support.desktop import Computer, TkApp
 from worker.actions.computer import Desktop
 from worker.errors import WorkerError
@@ -57,3 +57,23 @@ def test_a_window_of_another_program_is_not_refused(
     x, y = app.centre("left")
     run(computer.mouse_click(None, m.MouseClickArgs(x=x, y=y)))
     app.wait(lambda e: e["event"] == "click" and e["widget"] == "left")
+
+
+def test_keys_are_not_typed_into_the_ui_terminal_the_person_left_focused(
+    computer: Computer, desktop: Desktop, app: TkApp
+) -> None:
+    """The person answered a prompt and left its terminal focused: the agent's keys
+    (say `l` then `y`, lifting a kill) and its wheel there are refused, and none
+    reaches the window. Once the focus is elsewhere, typing goes on."""
+    _focus_text(computer, app)  # as the person's click would leave it
+    desktop.ui_pids = lambda: {app.proc.pid}
+    refused = _refused(computer.key_type(None, m.KeyTypeArgs(text="ly")))
+    assert "approval UI" in refused.message and refused.details["pid"] == app.proc.pid
+    _refused(computer.key_combo(None, m.KeyComboArgs(keys="ctrl+l")))
+    x, y = app.centre("listbox")
+    _refused(computer.mouse_scroll(None, m.MouseScrollArgs(x=x, y=y, dy=3)))
+
+    desktop.ui_pids = tuple  # the UI went: its window is any other now
+    run(computer.key_type(None, m.KeyTypeArgs(text="ok")))
+    app.wait_text("ok")  # the first text the app ever saw: nothing refused reached it
+    assert not [e for e in app.seen if e["event"] == "wheel"]

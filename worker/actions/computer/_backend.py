@@ -185,6 +185,11 @@ class Backend(abc.ABC):
         (the bare desktop, or a platform that cannot tell)."""
         return None
 
+    def focused_window(self) -> tuple[int, int | None] | None:
+        """The top-level window that has the keyboard focus (where typed keys go), as
+        (id, pid), or None (none, or a platform that cannot tell)."""
+        return None
+
     # -------------------------------------------------------------- the person
     def watch(self, on_person_input: Callable[[str], None]) -> Callable[[], None] | None:
         """Call `on_person_input(what)` for input the worker did not inject; returns a

@@ -305,6 +305,15 @@ class Desktop:
         if found is not None:
             own_ui(self.ui_pids()).refuse(*found, what)
 
+    def refuse_own_focus(self, backend: Backend, what: str) -> None:
+        """`permission_denied` when the keyboard focus is on the terminal of the worker
+        or of an attached UI: the person left it there (say, after answering a
+        prompt), and keys typed now would drive it (its kill and lift keys). In the
+        input thread, just before the keys."""
+        found = backend.focused_window()
+        if found is not None:
+            own_ui(self.ui_pids()).refuse(*found, what)
+
     def refuse_own(self, window: Window, what: str) -> None:
         own_ui(self.ui_pids()).refuse(window.id, window.pid, what)
 

@@ -3,8 +3,9 @@
 A prompt opens in the terminal that runs the TUI. An agent that could bring that
 terminal to the front just before asking for something out of scope would have the
 person's typing, meant for another window, answer the prompt (review10 finding 14).
-So window_focus, and a click or the ends of a drag, are refused on any window that
-belongs to:
+So window_focus, a click, a wheel or the ends of a drag, and keys typed while the
+keyboard focus is there (the person may have left it so), are refused on any window
+that belongs to:
 
 - the worker itself or one of its ancestors (the terminal running `agentworker up`
   is the parent of its shell, which is the worker's parent); and

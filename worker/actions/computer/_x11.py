@@ -620,6 +620,35 @@ class X11Backend(Backend):
             return None
         return client.id, self._pid_of(client)
 
+    def focused_window(self) -> tuple[int, int | None] | None:
+        d = self._display()
+        try:
+            focus = d.get_input_focus().focus
+            if isinstance(focus, int):  # None or PointerRoot: no window holds it
+                return None
+            client = self._client_above(focus, d.screen().root.id)
+        except error.XError:  # it closed meanwhile
+            return None
+        if client is None:
+            return None
+        return client.id, self._pid_of(client)
+
+    def _client_above(self, window: Any, root_id: int) -> Any:
+        """The application's window that holds `window` (a toolkit focuses one of its
+        inner windows): the nearest one up the tree carrying WM_STATE, else the one
+        inside `window` when that is a window manager's frame."""
+        start = window
+        for _ in range(CLIENT_SEARCH_DEPTH * 4):
+            if window.id == root_id:
+                break
+            if self._property(window, "WM_STATE") is not None:
+                return window
+            parent = window.query_tree().parent
+            if not parent:
+                break
+            window = parent
+        return self._client_in(start, CLIENT_SEARCH_DEPTH)
+
     def _client_in(self, window: Any, depth: int) -> Any:
         """The application's window in a window manager's frame: the one that carries
         WM_STATE (the window itself when it is not reparented), as xprop looks."""

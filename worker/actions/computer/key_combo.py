@@ -18,6 +18,7 @@ from typing import Annotated, Final
 from pydantic import Field, StringConstraints
 
 from worker.actions.computer import _desktop
+from worker.actions.computer._backend import Backend, Guard
 from worker.actions.computer._keys import Press, parse_combo
 from worker.actions.computer._shared import DESKTOP_CODES, SURFACE, DurationMs, KeyName
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
@@ -76,7 +77,12 @@ async def key_combo(ctx: Context, args: KeyComboArgs) -> Outcome[KeyComboResult]
     desktop = _desktop.of(ctx)
     refuse_reserved(keys, desktop.settings.stop_hotkey)
     hold_s = args.hold_ms / 1000
-    await desktop.act(lambda backend, guard: backend.combo(guard, keys, hold_s))
+
+    def job(backend: Backend, guard: Guard) -> None:
+        desktop.refuse_own_focus(backend, "key_combo")
+        backend.combo(guard, keys, hold_s)
+
+    await desktop.act(job)
     return Outcome(KeyComboResult(keys=[k.label for k in keys]))
 
 
@@ -87,5 +93,5 @@ SPEC: Final = ActionSpec(
     result=KeyComboResult,
     handler=key_combo,
     summary="press keys together (ctrl+shift+left), hold, then release them all",
-    codes=DESKTOP_CODES | {ErrorCode.UNKNOWN_KEY},
+    codes=DESKTOP_CODES | {ErrorCode.UNKNOWN_KEY, ErrorCode.PERMISSION_DENIED},
 )

@@ -7,8 +7,10 @@ from typing import Annotated, Final
 from pydantic import StringConstraints
 
 from worker.actions.computer import _desktop
+from worker.actions.computer._backend import Backend, Guard
 from worker.actions.computer._shared import DESKTOP_CODES, SURFACE
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Result
+from worker.errors import ErrorCode
 
 MAX_CHARS: Final = 100_000
 
@@ -22,8 +24,13 @@ class KeyTypeResult(Result):
 
 
 async def key_type(ctx: Context, args: KeyTypeArgs) -> Outcome[KeyTypeResult]:
-    count = await _desktop.of(ctx).act(lambda backend, guard: backend.type_text(guard, args.text))
-    return Outcome(KeyTypeResult(characters=count))
+    desktop = _desktop.of(ctx)
+
+    def job(backend: Backend, guard: Guard) -> int:
+        desktop.refuse_own_focus(backend, "key_type")
+        return backend.type_text(guard, args.text)
+
+    return Outcome(KeyTypeResult(characters=await desktop.act(job)))
 
 
 SPEC: Final = ActionSpec(
@@ -33,6 +40,6 @@ SPEC: Final = ActionSpec(
     result=KeyTypeResult,
     handler=key_type,
     summary="type Unicode text exactly (newline is Return, tab is Tab), in chunks",
-    codes=DESKTOP_CODES,
+    codes=DESKTOP_CODES | {ErrorCode.PERMISSION_DENIED},
     caps={"characters": MAX_CHARS},
 )

@@ -10,6 +10,7 @@ from worker.actions.computer import _desktop
 from worker.actions.computer._backend import Backend, Guard
 from worker.actions.computer._shared import POINTER_CODES, SURFACE, Coord, InputResult, ShotId
 from worker.core.registry import ActionSpec, Args, Context, Outcome
+from worker.errors import ErrorCode
 
 
 class MouseScrollArgs(Args):
@@ -38,6 +39,7 @@ async def mouse_scroll(ctx: Context, args: MouseScrollArgs) -> Outcome[InputResu
             x, y = backend.cursor_position()
         else:
             x, y = desktop.physical(backend.layout(), args.x, args.y, args.screenshot_id)
+        desktop.refuse_own_window(backend, x, y, "mouse_scroll")
         backend.scroll(guard, x, y, args.dx, args.dy)
         return InputResult(x=x, y=y)
 
@@ -51,5 +53,5 @@ SPEC: Final = ActionSpec(
     result=InputResult,
     handler=mouse_scroll,
     summary="wheel clicks, vertical and horizontal, at a point",
-    codes=POINTER_CODES,
+    codes=POINTER_CODES | {ErrorCode.PERMISSION_DENIED},
 )
