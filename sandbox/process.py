@@ -527,13 +527,17 @@ class _Shape:
             pid_cap=_pidcap.cap_for(limits.processes) if capped else None,
             wait_fd=0,
         )
-        names = [line[at + 1] for at, arg in enumerate(line[:-1]) if arg in _BINDS]
-        return cls(view, limits, stdin, capped, tools, tuple(line), _identities(names))
+        return cls(view, limits, stdin, capped, tools, tuple(line), _identities(line))
+
+    def as_now(self) -> _Shape:
+        """This shape with what its bound names lead to now."""
+        return replace(self, files=_identities(self.line))
 
 
-def _identities(names: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
+def _identities(line: Sequence[str]) -> tuple[tuple[int, int] | None, ...]:
+    """The (device, inode) behind each name `line` binds, None for one absent."""
     found: list[tuple[int, int] | None] = []
-    for name in names:
+    for name in (line[at + 1] for at, arg in enumerate(line[:-1]) if arg in _BINDS):
         try:
             st = os.stat(name)
         except OSError:
@@ -744,7 +748,9 @@ async def _run_warm(
     else:
         prepared = await _prepare(shape, pid_cap, starts, claim)
     done = await prepared.go(words, stdin, limits, hash_output, on_start)
-    warm.refill(plan, shape, lambda: _prepare(shape, pid_cap, starts))
+    # Built ahead with what its bound names lead to then, just before bubblewrap binds
+    # them (later than this call looked); the call that takes it compares (_taken).
+    warm.refill(plan, shape, lambda: _prepare(shape.as_now(), pid_cap, starts))
     return done
 
 
@@ -766,7 +772,8 @@ async def _taken(warm: WarmSandboxes, plan: str, shape: _Shape) -> _Prepared | N
         return None
     if not isinstance(prepared, _Prepared):
         return None
-    if not prepared.alive():
+    if prepared.shape != shape or not prepared.alive():
+        # Ended, or built while a bound name led elsewhere than it does for this call.
         await prepared.discard()
         return None
     return prepared

@@ -223,6 +223,39 @@ def test_a_shared_folder_replaced_or_a_hidden_place_made_is_never_served_from_be
     running(go)
 
 
+def test_a_folder_swapped_only_while_the_next_sandbox_was_built_is_not_served_from(
+    share: Path, entry: str, tmp_path: Path
+) -> None:
+    """The shared folder is another one from the call's start until the plan's next
+    sandbox is built, then put back (review11): the next call compares what the names
+    led to when that sandbox was built, not when the call before it looked."""
+
+    async def go() -> None:
+        view = view_of(share, entry)
+        runner = Runner()
+        wait = "import os, time\nopen('started', 'w').close()\n" + (
+            "while not os.path.exists('go'): time.sleep(0.01)"
+        )
+        first = asyncio.ensure_future(runner.run([PYTHON, "-c", wait], view))
+        await until(lambda: (share / "started").exists())
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "a.txt").write_text("the other folder\n")
+        share.rename(tmp_path / "original")
+        other.rename(share)
+        (tmp_path / "original" / "go").touch()  # the program sees its own folder
+        assert (await first).exit_code == 0
+        await runner.held()  # built while the name led to the other folder
+        share.rename(other)
+        (tmp_path / "original").rename(share)
+        done = await runner.run([PYTHON, "-c", "print(open('a.txt').read())"], view)
+        assert done.exit_code == 0, done
+        assert done.stdout.decode() == "inside\n\n"
+        await runner.warm.aclose()
+
+    running(go)
+
+
 def test_discard_idle_and_close_kill_and_reap_and_build_none_after(share: Path, entry: str) -> None:
     async def go() -> None:
         view = view_of(share, entry)
