@@ -187,3 +187,28 @@ def test_a_detail_is_masked_at_any_depth_argv_included() -> None:
     assert "SECRET" not in json.dumps(masked), masked
     assert masked["argv"] == ["grep", "--password", MASK, "-r", "."]
     assert masked["count"] == 3
+
+
+def test_known_programs_short_password_options_are_masked() -> None:
+    """mysql -pX, sshpass -p X, curl -u user:pw (review11): options no name gives away."""
+    cases = {
+        ("mysql", "-ps3cr3t-value", "-u", "root", "db"): ["mysql", "-p" + MASK, "-u", "root", "db"],
+        ("/usr/bin/sshpass", "-p", "s3cr3t-value", "ssh", "h"): [
+            "/usr/bin/sshpass", "-p", MASK, "ssh", "h",
+        ],
+        ("sshpass", "-ps3cr3t-value", "ssh", "h"): ["sshpass", "-p" + MASK, "ssh", "h"],
+        ("curl", "-u", "me:s3cr3t-value", "https://x.test/"): [
+            "curl", "-u", MASK, "https://x.test/",
+        ],
+        ("curl", "--user=me:s3cr3t-value", "-p", "https://x.test/"): [
+            "curl", "--user=" + MASK, "-p", "https://x.test/",
+        ],
+        ("smbclient", "-Ume%s3cr3t-value", "//h/s"): ["smbclient", "-U" + MASK, "//h/s"],
+    }  # fmt: skip
+    for argv, expected in cases.items():
+        assert json.loads(args_preview(json.dumps({"argv": list(argv)})))["argv"] == expected
+        assert masked_detail(list(argv)) == expected
+    # The same letters mean nothing secret to other programs, and a lone -p asks mysql
+    # on the terminal: the next word is the database.
+    for argv in (["grep", "-p", "pattern"], ["mysql", "-p", "db"], ["cp", "-u", "a", "b"]):
+        assert masked_detail(argv) == argv

@@ -74,8 +74,27 @@ _MARKERS: Final = (
     "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj"
 )
 _SUSPECT: Final = re.compile(_MARKERS)
-# And for the args' whole text: a URL, an escape, a key whose values are all masked.
-_NOT_PLAIN: Final = re.compile(_MARKERS + r"|://|\\|header|content|data|body|text")
+# Programs whose short (or plainly named) options take a password or user:password,
+# and how each takes its value: "joined" (-pSECRET only: a lone -p asks on the
+# terminal), "either" (-p SECRET or -pSECRET), "next" (--user u:p or --user=u:p).
+_PROGRAM_SECRET_FLAGS: Final[dict[str, dict[str, str]]] = {
+    **{
+        name: {"-p": "joined"}
+        for name in ("mysql", "mysqldump", "mysqladmin", "mysqlimport", "mariadb", "mariadb-dump")
+    },
+    "sshpass": {"-p": "either"},
+    "curl": {"-u": "either", "--user": "next", "-U": "either", "--proxy-user": "next"},
+    "smbclient": {"-U": "either", "--user": "next"},
+}
+
+
+# And for the args' whole text: a URL, an escape, a key whose values are all masked,
+# a program named above.
+_NOT_PLAIN: Final = re.compile(
+    _MARKERS
+    + r"|://|\\|header|content|data|body|text|"
+    + "|".join(map(re.escape, _PROGRAM_SECRET_FLAGS))
+)
 # In a URL's path: Telegram's bot token, Slack's and Discord's webhook secrets, and any
 # long segment mixing upper case, lower case and digits (a hash or a UUID does not).
 _PATH_TOKENS: Final = re.compile(
@@ -232,20 +251,46 @@ def masked_detail(value: Any) -> Any:
     return value
 
 
-def _argv_masked(items: Iterable[Any], each: Callable[[Any], Any]) -> list[Any]:
-    """A list like an argv: the value after a secret-looking flag masked, every other
-    item passed through `each`."""
-    out: list[Any] = []
+def _argv_plan(items: list[Any]) -> list[str | None]:
+    """For each item of a list like an argv: MASK, the item with its joined secret
+    masked (`-p` + MASK), or None to show it as any value is shown. Masked: the value
+    after a secret-looking flag (`--password hunter2`, `--with-token ghp_…`), and the
+    value of a known program's secret option (mysql -pX, sshpass -p X, curl -u u:p)."""
+    program = items[0].rsplit("/", 1)[-1] if items and isinstance(items[0], str) else ""
+    flags = _PROGRAM_SECRET_FLAGS.get(program, {})
+    plan: list[str | None] = []
     after_flag = False
     for item in items:
-        secret = after_flag and isinstance(item, str) and not item.startswith("-")
-        out.append(MASK if secret else each(item))
-        after_flag = (
-            isinstance(item, str)
-            and len(item) <= _FLAG_CHARS
-            and _SECRET_FLAG.fullmatch(item) is not None
+        text = item if isinstance(item, str) else ""
+        if after_flag and isinstance(item, str) and not text.startswith("-"):
+            plan.append(MASK)
+        else:
+            plan.append(_joined_masked(text, flags))
+        after_flag = flags.get(text) in ("either", "next") or (
+            len(text) <= _FLAG_CHARS and _SECRET_FLAG.fullmatch(text) is not None
         )
-    return out
+    return plan
+
+
+def _joined_masked(text: str, flags: dict[str, str]) -> str | None:
+    """`text` with the secret joined to a known program's option masked, or None."""
+    for flag, how in flags.items():
+        if how == "next":
+            if text.startswith(flag + "="):
+                return flag + "=" + MASK
+        elif len(text) > len(flag) and text.startswith(flag) and not text.startswith("--"):
+            return flag + MASK
+    return None
+
+
+def _argv_masked(items: Iterable[Any], each: Callable[[Any], Any]) -> list[Any]:
+    """A list like an argv: its secrets masked (_argv_plan), every other item passed
+    through `each`."""
+    items = list(items)
+    return [
+        each(item) if masked is None else masked
+        for item, masked in zip(items, _argv_plan(items), strict=True)
+    ]
 
 
 class _Redactor:
@@ -280,21 +325,14 @@ class _Redactor:
         return shown
 
     def items(self, items: list[Any]) -> list[Any]:
-        """A list's items; in one like an argv, the value after a secret-looking flag
-        (`--password hunter2`, `--with-token ghp_…`) is masked too."""
+        """A list's items; in one like an argv, its secrets too (_argv_plan)."""
         out = []
-        after_flag = False
-        for item in items:
-            if after_flag and isinstance(item, str) and not item.startswith("-"):
-                out.append(MASK)
-                self.left -= 5
-            else:
+        for item, masked in zip(items, _argv_plan(items), strict=True):
+            if masked is None:
                 out.append(self.value(item))
-            after_flag = (
-                isinstance(item, str)
-                and len(item) <= _FLAG_CHARS
-                and _SECRET_FLAG.fullmatch(item) is not None
-            )
+            else:
+                out.append(masked)
+                self.left -= len(masked) + 4
         return out
 
     def item(self, key: str, value: Any) -> Any:
