@@ -168,6 +168,11 @@ class WarmSandboxes:
     def _let_go(self, held: _Held) -> None:
         task = held.task
         if not task.done():
+            if task.get_loop().is_closed():
+                # Its loop ended with the build still waiting (a process that runs one
+                # loop after another): nothing of it runs again, and what it started
+                # ends with its lifeline, this process.
+                return
             task.cancel()  # a build cancelled kills what it started (sandbox.process)
             return
         if task.cancelled() or task.exception() is not None:

@@ -582,7 +582,9 @@ def test_an_exec_whose_claim_cannot_commit_runs_nothing_and_runs_once_when_sent_
     config = Config(
         root=[RootSection(path=tmp_path / "files", mode="rw")],
         grant=[GrantSection(agent="t", scopes=["workerHost.exec"])],
-        exec=ExecSection(policy=policy),
+        # None built ahead: each delivery is its own event loop (asyncio.run), and a
+        # plan's next sandbox would still be building when one ends.
+        exec=ExecSection(policy=policy, ahead_plans=0),
     )
     dispatcher = app.build_dispatcher(Paths(config_dir=tmp_path, data_dir=tmp_path), config)
     dispatcher.state.connection.execute("PRAGMA busy_timeout = 50")  # not 10 s
