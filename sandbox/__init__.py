@@ -12,6 +12,7 @@ without the worker around it.
 """
 
 from sandbox._leftovers import Leftovers
+from sandbox.arriving import ArrivalStopped, Arriving, each_part
 from sandbox.files import (
     ChangedWhileOpenedError,
     Data,
@@ -39,6 +40,8 @@ from sandbox.paths import (
 from sandbox.state import Containment
 
 __all__ = [
+    "ArrivalStopped",
+    "Arriving",
     "ChangedWhileOpenedError",
     "ConfinedDir",
     "ConfinementError",
@@ -55,6 +58,7 @@ __all__ = [
     "Written",
     "append_bytes",
     "data_size",
+    "each_part",
     "file_kind",
     "list_tree",
     "locate",

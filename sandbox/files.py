@@ -28,11 +28,12 @@ import queue
 import stat
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from sandbox._leftovers import temp_name
+from sandbox.arriving import Arriving, each_part
 from sandbox.fs_types import file_kind
 from sandbox.paths import ConfinedDir, ConfinementError, Problem, _show, _translating
 
@@ -184,16 +185,22 @@ def _regular_or_missing(parent_fd: int, name: str, shown: str) -> os.stat_result
 
 
 # What a write takes: bytes, or the pieces they came in (written one after another,
-# never joined into one buffer first).
-Data = bytes | Sequence[bytes | memoryview]
+# never joined into one buffer first), of which one may still be coming (`Arriving`:
+# its parts are written as they come).
+Data = bytes | Sequence[bytes | memoryview | Arriving]
 
 
-def _pieces(data: Data) -> Sequence[bytes | memoryview]:
-    return (data,) if isinstance(data, bytes) else data
+def _pieces(data: Data) -> Iterator[bytes | memoryview]:
+    """Every piece of `data`, in order; an `Arriving` one's parts as they come."""
+    if isinstance(data, bytes):
+        yield data
+        return
+    yield from each_part(data)
 
 
 def data_size(data: Data) -> int:
-    return sum(len(piece) for piece in _pieces(data))
+    """The bytes of `data` (an `Arriving` piece counts its announced size; never waits)."""
+    return len(data) if isinstance(data, bytes) else sum(len(piece) for piece in data)
 
 
 # A write of at least WRITEBACK_FROM bytes goes in WRITEBACK_BYTES slices, and the

@@ -242,7 +242,7 @@ def test_hello_describes_the_worker(tmp_path: Path) -> None:
         assert hello.worker_id and hello.instance_id
         assert "workerHost.fs_stat" in hello.actions
         assert hello.max_concurrency == 8
-        assert (hello.protocol_min, hello.protocol_max) == (1, 2)  # 2: blobs in parts
+        assert (hello.protocol_min, hello.protocol_max) == (1, 3)  # 3: blobs after requests
 
     play(tmp_path, scenario)
 

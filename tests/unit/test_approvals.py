@@ -400,3 +400,50 @@ def test_a_lift_waiting_for_its_confirmation_holds_the_desktops_input(tmp_path: 
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_a_blob_that_follows_its_request_is_shown_once_it_came_whole(tmp_path: Path) -> None:
+    """Protocol 3: an fs_write outside the agent's grants whose blob follows its request
+    is put to the person only once the whole blob and its digest came, showing the blob's
+    start and size as for any call; approved once, it writes every byte."""
+    from worker.core.blob_parts import Following
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        broker = rig.console.broker
+        assert broker is not None
+        opened: list[str] = []
+        broker.listeners.append(lambda kind, _body: opened.append(kind))
+        blob = b"first line of the notes\n" + b"x" * (3 * 1024 * 1024)
+        coming = Following(len(blob))
+        digest: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        rig._event("w")
+        args = json.dumps({"path": "notes.txt", "mode": "overwrite"})
+        request = pb.ActionRequest(
+            correlation_id="w",
+            agent_id="agent-1",
+            plan_id="plan-a",
+            surface="workerHost",
+            action="fs_write",
+            args_json=args,
+            blob_in_parts=len(blob),
+            parts_follow=True,
+        )
+        rig.dispatcher.submit(request, b"", (coming,), handed=digest)
+        for at in range(0, len(blob), 1024 * 1024):
+            coming.add(blob[at : at + 1024 * 1024])
+            await asyncio.sleep(0)
+        assert broker.pending() == [] and opened == []  # no digest yet: not shown
+        coming.settle()
+        digest.set_result("blake3:w")
+        await prompts_waiting(broker, 1)
+        (prompt,) = broker.pending()
+        assert "first line of the notes" in prompt.preview
+        assert f"of {len(blob):,} bytes" in prompt.preview
+        broker.decide(prompt.id, Decision(Choice.ONCE))
+        await rig.result("w")
+        assert rig.code("w") == "ok", rig.results["w"]
+        assert (rig.workspace / "notes.txt").read_bytes() == blob
+        rig.close()
+
+    asyncio.run(scenario())

@@ -7,13 +7,17 @@ past: one call's parts may not exceed what one message could carry (else the cal
 is refused `too_large` when its request comes); all parts held at once may not
 exceed eight such calls' bytes nor 64 calls, each part and id counted with its
 bookkeeping (else `busy`); and parts come in order, with no gaps or repeats (else
-`validation_error`). A refused call's parts are dropped at once.
+`validation_error`). A refused call's parts are dropped at once. A blob that follows
+its request (protocol 3) is counted within the same bounds, whole, from its request
+(`reserve`) until its last part and digest came or it stopped (`release`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
+from sandbox import Arriving
 from worker.errors import WorkerError
 from worker.ids import id_problem
 from worker.wire.framing import Buffer
@@ -31,6 +35,9 @@ MAX_CALLS: Final = 64
 # Ids whose parts were refused, remembered until their request comes (bounded: a
 # server that never sends the requests cannot grow it without limit).
 MAX_REFUSED_IDS: Final = 1024
+# What a blob that follows its request is counted in parts of (a hub's part size), for
+# their bookkeeping: its parts are counted all at once, when the request comes.
+PART_BYTES_GUESS: Final = 1024 * 1024
 
 
 class BlobParts:
@@ -41,6 +48,8 @@ class BlobParts:
         self._held = 0
         # Refused ids, with the error their request gets.
         self._refused: dict[str, WorkerError] = {}
+        # Blobs that follow their requests (protocol 3): what each was counted as.
+        self._reserved: dict[str, int] = {}
 
     @property
     def held_bytes(self) -> int:
@@ -69,6 +78,26 @@ class BlobParts:
             self._held += cost
         return True
 
+    def reserve(self, correlation_id: str, size: int) -> WorkerError | None:
+        """Count a blob of `size` bytes that follows its request (protocol 3) as held,
+        all of it at once, until `release`; the error its request is refused with when
+        it would pass a bound (nothing counted then)."""
+        if size > MAX_CALL_BYTES:
+            return _too_large()
+        cost = size + ID_OVERHEAD_BYTES + -(-size // PART_BYTES_GUESS) * PART_OVERHEAD_BYTES
+        if (
+            self._held + cost > MAX_HELD_BYTES
+            or len(self._sizes) + len(self._reserved) >= MAX_CALLS
+        ):
+            return _busy()
+        self._reserved[correlation_id] = cost
+        self._held += cost
+        return None
+
+    def release(self, correlation_id: str) -> None:
+        """A blob that followed its request is no longer held here (see `reserve`)."""
+        self._held -= self._reserved.pop(correlation_id, 0)
+
     def holds(self, correlation_id: str) -> bool:
         """Whether parts of this call are held (its request has not come yet)."""
         return correlation_id in self._sizes
@@ -96,6 +125,7 @@ class BlobParts:
         self._parts.clear()
         self._sizes.clear()
         self._refused.clear()
+        self._reserved.clear()
         self._held = 0
 
     def refuse(self, correlation_id: str, error: WorkerError) -> None:
@@ -143,3 +173,17 @@ def _busy() -> WorkerError:
         "nothing was run: send it again later",
         {"limit": MAX_HELD_BYTES},
     )
+
+
+class Following(Arriving):
+    """A blob that follows its request (protocol 3), handed to its call as it comes
+    (sandbox.Arriving); `settled` resolves on the event loop once it came whole with its
+    digest, or stopped coming (`settle`), for what must see all of it (a prompt)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(self) -> None:
+        if not self.settled.done():
+            self.settled.set_result(None)

@@ -27,8 +27,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
-from worker.core.blob_parts import BlobParts
-from worker.core.pipeline import Dispatcher
+from worker.core.blob_parts import BlobParts, Following
+from worker.core.pipeline import Dispatcher, stream_ended
+from worker.core.registry import Effect
 from worker.core.results import Outgoing
 from worker.errors import NotYourHubError, StartupError, WorkerError
 from worker.ids import id_problem
@@ -46,7 +47,9 @@ from worker.wire.local import HandedResult, LocalLink
 from worker.wire.own_hub import OwnHub
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
+    FOLLOW_PROTOCOL,
     HASH_OFF_LOOP_BYTES,
+    MAX_DIGEST_CHARS,
     PROTOCOL_MAX,
     PROTOCOL_MIN,
     STREAM_METHOD,
@@ -224,6 +227,9 @@ class WorkerConnection:
         self._joins: dict[str, asyncio.Task[None]] = {}
         # Cancels for requests whose parts came and which are not claimed yet.
         self._cancelled_early: dict[str, str] = {}
+        # Requests whose blobs follow them (protocol 3), until their digest came.
+        self._follows: dict[str, _Follow] = {}
+        self._protocol = PROTOCOL_MIN  # the session's, from its Welcome
         self.on_state: Callable[[LinkState], None] = lambda _state: None
         # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
         self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
@@ -332,6 +338,7 @@ class WorkerConnection:
                 _raise_if_fatal(exc)
                 raise
             welcome = self._check_welcome(first)
+            self._protocol = welcome.protocol
             if self._link is not None:
                 self._session_id = welcome.session_id
                 self._link.attach(welcome.session_id)
@@ -365,6 +372,10 @@ class WorkerConnection:
                 healthy.cancel()
             for task in tasks:
                 task.cancel()
+            # Blobs still following their requests stop: their calls are refused
+            # (nothing of them took effect), and the hub sends them again.
+            for follow in list(self._follows.values()):
+                self._stop_follow(follow, stream_ended())
             self._parts.clear()  # parts of requests that never came: sent again whole
             if self._link is not None and self._session_id:
                 self._link.detach(self._session_id)
@@ -589,7 +600,9 @@ class WorkerConnection:
         request's own blob (bytes), or a part's data (a view of its envelope)."""
         kind = msg.WhichOneof("kind")
         if kind == "request":
-            if msg.request.blob_in_parts:
+            if msg.request.parts_follow:
+                self._request_before_parts(msg.request)
+            elif msg.request.blob_in_parts:
                 self._submit_from_parts(msg.request)
             else:
                 assert not isinstance(blob, memoryview)  # _owned made it bytes
@@ -597,7 +610,12 @@ class WorkerConnection:
         elif kind == "blob_part":
             part = msg.blob_part
             data = part.data if blob is None else blob  # read apart when large
-            if not self._parts.add(part.correlation_id, data, part.offset):
+            follow = self._follows.get(part.correlation_id)
+            if follow is not None:
+                self._follow_part(follow, part, data)
+            elif part.args_digest:
+                pass  # the end of a blob whose call was stopped already: nothing to do
+            elif not self._parts.add(part.correlation_id, data, part.offset):
                 self._count_bad_input("a blob part without a usable correlation id")
         elif kind == "ack":
             self.dispatcher.ack(list(msg.ack.correlation_ids))
@@ -605,6 +623,12 @@ class WorkerConnection:
         elif kind == "cancel":
             cid = msg.cancel.correlation_id
             reason = msg.cancel.reason or "by the server"
+            follow = self._follows.get(cid)
+            if follow is not None:
+                # Its blob is still coming, its digest too: the hub stopped sending the
+                # call (its caller left before it was recorded), or abandons it. Refused,
+                # nothing of it took effect (a temporary file written goes).
+                self._stop_follow(follow, _cancelled(reason))
             if self._parts.holds(cid):
                 # Its request has not come: its parts go now, and it is refused if it does.
                 self._parts.refuse(cid, _cancelled(reason))
@@ -632,6 +656,108 @@ class WorkerConnection:
             log.warning(
                 "ignoring a server message of %s (%d odd messages so far)", what, self._bad_inputs
             )
+
+    def _request_before_parts(self, req: pb.ActionRequest) -> None:
+        """A request whose blob follows it (protocol 3), its digest after the blob. An
+        action that writes its blob as it comes and claims its call late (fs_write)
+        starts at once, its parts handed to it as they come (`Following`), and claims
+        (and answers) only once the digest came, as inside `up` (worker.wire.local).
+        Any other keeps its parts as protocol 2 does and is submitted, as one whose
+        parts came ahead of it, once the digest came. Within the bounds of parts held
+        (`BlobParts.reserve`; past them, the parts are held and bounded as protocol 2's)."""
+        cid = req.correlation_id
+        if (
+            cid in self._follows
+            or self._parts.holds(cid)
+            or len(self._follows) >= MAX_FOLLOWING
+            or id_problem("correlation_id", cid, required=True) is not None
+        ):
+            # One transfer of a call at a time; a hub sends few at once.
+            self._count_bad_input("a request whose blob follows it, not taken")
+            return
+        size = req.blob_in_parts
+        req.ClearField("args_digest")  # it comes last, once the hub recorded the call
+        spec = self.dispatcher.registry.get(f"{req.surface}.{req.action}")
+        streamed: Following | None = None
+        if self._protocol < FOLLOW_PROTOCOL:
+            self._parts.refuse(cid, _follow_refused(f"protocol {self._protocol} was chosen"))
+        elif (
+            spec is not None
+            and spec.blob_in_pieces
+            and spec.claims_late
+            and spec.effect is not Effect.NONE
+            and self._parts.reserve(cid, size) is None
+        ):
+            streamed = Following(size)
+        loop = asyncio.get_running_loop()
+        follow = _Follow(req, streamed, loop.create_future())
+        self._follows[cid] = follow
+        if streamed is not None:
+            self.dispatcher.submit(req, b"", (streamed,), handed=follow.digest)
+
+    def _follow_part(self, follow: _Follow, part: pb.BlobPart, data: Buffer) -> None:
+        """A part of a blob that follows its request, or its end (the digest)."""
+        cid = part.correlation_id
+        req, size = follow.request, follow.request.blob_in_parts
+        if part.args_digest:  # the end: the digest, once the hub recorded the call
+            del self._follows[cid]
+            self._parts.release(cid)
+            digest = part.args_digest
+            if len(digest) > MAX_DIGEST_CHARS or data or part.offset != size:
+                error = _follow_refused("its last part was not the blob's end with its digest")
+                if follow.streamed is not None:
+                    self._stop_follow(follow, error)
+                    return
+                self._parts.refuse(cid, error)
+            elif follow.received != size:
+                error = _follow_refused(f"{follow.received:,} bytes of {size:,} came")
+                if follow.streamed is not None:
+                    self._stop_follow(follow, error)
+                    return
+                self._parts.refuse(cid, error)
+            if follow.streamed is None:  # submitted as one whose parts came ahead of it
+                req.parts_follow = False
+                req.args_digest = digest
+                self._submit_from_parts(req)
+                return
+            follow.streamed.settle()
+            if not follow.digest.done():
+                follow.digest.set_result(digest)
+            return
+        if part.offset != follow.received:
+            error = _follow_refused(
+                f"a part starts at byte {part.offset:,}, where byte {follow.received:,} was next"
+            )
+        elif follow.received + len(data) > size:
+            error = _follow_refused(f"its parts came to more than the {size:,} bytes announced")
+        else:
+            follow.received += len(data)
+            if follow.streamed is not None:
+                follow.streamed.add(data)
+            else:
+                self._parts.add(cid, data, part.offset)
+            return
+        if follow.streamed is not None:
+            self._stop_follow(follow, error)
+        else:
+            self._parts.refuse(cid, error)
+
+    def _stop_follow(self, follow: _Follow, error: WorkerError) -> None:
+        """A blob that follows its request stops coming before its digest: the call,
+        started, is refused (never claimed: its temporary file goes), and its parts
+        held so far go."""
+        cid = follow.request.correlation_id
+        if self._follows.get(cid) is follow:
+            del self._follows[cid]
+        self._parts.release(cid)
+        if follow.streamed is not None:
+            follow.streamed.stop(error)
+            follow.streamed.settle()
+            if not follow.digest.done():  # the call's answer: why (see pipeline._no_digest)
+                follow.digest.set_exception(error)
+        else:
+            self._parts.refuse(cid, error)
+            follow.digest.cancel()
 
     def _submit_from_parts(self, req: pb.ActionRequest) -> None:
         """Submit a request whose blob came ahead of it in parts, joined in a thread
@@ -970,6 +1096,32 @@ def request_id_of(message: bytes) -> str | None:
                     return None
                 return None if id_problem("correlation_id", cid, required=True) else cid
     return None
+
+
+# Requests whose blobs follow them (protocol 3) held at once: a hub sends a call's
+# transfer whole before the next (one or two at a time); past this one is not taken.
+MAX_FOLLOWING: Final = 64
+
+
+@dataclass(eq=False)
+class _Follow:
+    """A request whose blob follows it (protocol 3), until the blob's end came with the
+    call's digest: `streamed`, the blob as it comes, handed to the call already started
+    (None: its parts are held as protocol 2's, in `BlobParts`), and `digest`, the future
+    the call waits on (resolved by the end, cancelled if the blob stops coming)."""
+
+    request: pb.ActionRequest
+    streamed: Following | None
+    digest: asyncio.Future[str]
+    received: int = 0
+
+
+def _follow_refused(why: str) -> WorkerError:
+    return WorkerError(
+        "validation_error",
+        f"the request's blob, sent after it, did not come as it must: {why}; nothing was "
+        "run: send the call again",
+    )
 
 
 def _cancelled(reason: str) -> WorkerError:

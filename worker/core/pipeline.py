@@ -40,9 +40,10 @@ from typing import Any, Final, Protocol
 from pydantic import ValidationError
 
 from allowlist import PolicyFile
-from sandbox import Containment, Root
+from sandbox import Arriving, Containment, Root
 from worker.clock import now_ms
 from worker.config import Config, Paths
+from worker.core.blob_parts import Following
 from worker.core.ledger import Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.prompt_text import call_text
@@ -128,17 +129,22 @@ class Limits:
     default_timeout_s: float = 60.0
 
 
+# A piece of a request's blob: bytes, a view of the message it came in, or a blob still
+# coming after its request (protocol 3, `Following`).
+Piece = bytes | memoryview | Arriving
+
 # A handler's outcome as it goes out: result JSON, blob, truncated, the blob's check.
 _Payload = tuple[str, bytes, bool, bytes | None]
 
 
-def _digest(req: pb.ActionRequest, blob: bytes, pieces: tuple[bytes | memoryview, ...]) -> str:
+def _digest(req: pb.ActionRequest, blob: bytes, pieces: tuple[Piece, ...]) -> str:
     """The call's digest over its blob, or over the pieces it came in."""
     if not pieces:
         return call_digest(req, blob)
     hasher = digest_feed(req)
     for piece in pieces:
-        hasher.update(piece)
+        for part in _came_parts(piece):
+            hasher.update(part)
     return fed_digest(hasher)
 
 
@@ -171,6 +177,34 @@ def _digest_came(call: Call) -> None:
         call.refused = True
 
 
+def stream_ended() -> WorkerError:
+    """Why a call started before its blob and digest came (protocol 3) stopped when its
+    stream ended. Such a refusal is never sent (`_unsendable`): the hub sends the call
+    again on its next stream, and a refusal reaching it there would stand for that
+    delivery, which runs."""
+    return WorkerError(
+        "cancelled",
+        "the stream ended while the request's blob was still coming; nothing of it was "
+        "run (the server sends it again)",
+        {"stream_ended": True},
+        retryable=True,
+    )
+
+
+def _unsendable(error: WorkerError | None) -> bool:
+    return error is not None and error.code == "cancelled" and "stream_ended" in error.details
+
+
+def _no_digest(soon: asyncio.Future[str]) -> WorkerError:
+    """Why a digest on its way never came: what the future was failed with (a blob that
+    stopped coming after its request, protocol 3), or the hub's cancel."""
+    if not soon.cancelled() and isinstance(soon.exception(), WorkerError):
+        error = soon.exception()
+        assert isinstance(error, WorkerError)
+        return error
+    return _unrecorded()
+
+
 async def _digest_ready(call: Call) -> None:
     """Context.digest_ready of a call started before its digest came."""
     soon = call.digest_soon
@@ -178,7 +212,27 @@ async def _digest_ready(call: Call) -> None:
         await asyncio.wait((soon,))
     _digest_came(call)
     if not call.digest:
-        raise _unrecorded()
+        raise _unrecorded() if soon is None else _no_digest(soon)
+
+
+def _came_parts(piece: Piece) -> tuple[bytes | memoryview, ...]:
+    """A piece of a blob as parts: a blob still coming (protocol 3), what came of it."""
+    return piece.came() if isinstance(piece, Arriving) else (piece,)
+
+
+async def _arrived(call: Call) -> None:
+    """Before a call's blob is shown (a prompt): a blob still coming after its request
+    (protocol 3) is waited for, and the call holds its parts from then on; a blob that
+    stopped coming stops the call."""
+    for piece in call.pieces:
+        if isinstance(piece, Following):
+            await asyncio.wait((piece.settled,))
+            if not piece.complete:
+                stopped = piece.stopped
+                if isinstance(stopped, WorkerError):
+                    raise stopped
+                raise WorkerError("cancelled", "the blob stopped coming; nothing was run")
+    call.pieces = tuple(part for piece in call.pieces for part in _came_parts(piece))
 
 
 async def _sha256_came(call: Call) -> str | None:
@@ -219,7 +273,7 @@ class Call:
     claims_late: bool = False
     # The blob as the parts it came in, unjoined (`blob` is then empty): for an
     # action whose spec says `blob_in_pieces`.
-    pieces: tuple[bytes | memoryview, ...] = ()
+    pieces: tuple[Piece, ...] = ()
     refused: bool = False  # refused before its handler: its claim goes, nothing recorded
     ran: bool = False  # its handler was called: it may have had an effect
     # Stopped when a job of its own had finished in a thread and the task had not yet
@@ -242,7 +296,9 @@ class Call:
         return sum(len(piece) for piece in self.pieces) if self.pieces else len(self.blob)
 
     def whole_blob(self) -> bytes:
-        return b"".join(self.pieces) if self.pieces else self.blob
+        if not self.pieces:
+            return self.blob
+        return b"".join(part for piece in self.pieces for part in _came_parts(piece))
 
     def let_go(self) -> None:
         """Once answered: drop the request's blob, the outcome (and its result blob,
@@ -424,6 +480,9 @@ class Dispatcher:
         # The ids of those requests (how many of each), and why those cancelled while
         # hashed were: refused, unclaimed, once hashed (see `cancel`).
         self._hashing_ids: dict[str, int] = {}
+        # Deliveries of an id whose call, started before its digest, was refused as the
+        # digest never came: taken once that call is answered (see `_claim`).
+        self._after_answer: dict[str, Callable[[], None]] = {}
         self._hashing_stops: dict[str, WorkerError] = {}
         self._blob_bytes = 0  # the request blobs of the calls in `_calls`, together
 
@@ -494,7 +553,7 @@ class Dispatcher:
         self,
         req: pb.ActionRequest,
         blob: bytes | None = None,
-        pieces: tuple[bytes | memoryview, ...] = (),
+        pieces: tuple[Piece, ...] = (),
         *,
         handed: asyncio.Future[str] | None = None,
         handed_sha256: asyncio.Future[str] | None = None,
@@ -559,7 +618,7 @@ class Dispatcher:
         self,
         req: pb.ActionRequest,
         blob: bytes | None,
-        pieces: tuple[bytes | memoryview, ...],
+        pieces: tuple[Piece, ...],
         digest: asyncio.Future[str],
         sha256: asyncio.Future[str] | None = None,
     ) -> bool:
@@ -592,7 +651,7 @@ class Dispatcher:
         self,
         req: pb.ActionRequest,
         blob: bytes,
-        pieces: tuple[bytes | memoryview, ...],
+        pieces: tuple[Piece, ...],
         digest: asyncio.Future[str],
     ) -> None:
         """`req`, submitted once the hub's digest of it came (see `submit`)."""
@@ -606,7 +665,7 @@ class Dispatcher:
         self,
         req: pb.ActionRequest,
         blob: bytes,
-        pieces: tuple[bytes | memoryview, ...],
+        pieces: tuple[Piece, ...],
         handed: asyncio.Future[str] | None = None,
     ) -> None:
         """Claim `req` once its digest is known: computed here in a thread, or the hub's
@@ -634,7 +693,7 @@ class Dispatcher:
             if digest:
                 self.submit(req, blob, pieces)
             else:
-                self.refuse(req, _unrecorded())
+                self.refuse(req, _no_digest(handed))
             return
         if self._draining:
             self.results.ack_request(
@@ -648,7 +707,7 @@ class Dispatcher:
         req: pb.ActionRequest,
         request_blob: bytes,
         digest: str,
-        pieces: tuple[bytes | memoryview, ...] = (),
+        pieces: tuple[Piece, ...] = (),
         digest_soon: asyncio.Future[str] | None = None,
         sha256_soon: asyncio.Future[str] | None = None,
     ) -> None:
@@ -664,6 +723,14 @@ class Dispatcher:
             return
         if running is not None:  # claimed or not, it runs now
             _digest_came(running)
+            if running.refused and soon is not None:
+                # Started before its digest, which never came (its stream ended, or the
+                # hub stopped sending it): it ran nothing and is on its way out, refused.
+                # This delivery (the hub's again) is taken once that one is answered.
+                self._after_answer[cid] = lambda: self._claim(
+                    req, request_blob, digest, pieces, digest_soon, sha256_soon
+                )
+                return
             seen = Seen.RUNNING if running.digest == digest else Seen.MISMATCH
             self._answer_duplicate(req, seen)
             return
@@ -824,6 +891,8 @@ class Dispatcher:
 
     def refuse(self, req: pb.ActionRequest, error: WorkerError) -> None:
         """Answer a request that was never claimed (so never ran) with `error`."""
+        if _unsendable(error):  # see stream_ended
+            return
         result = pb.ActionResult(
             correlation_id=req.correlation_id,
             status=pb.ActionResult.ERROR,
@@ -1237,6 +1306,7 @@ class Dispatcher:
             return None
 
         async def ask() -> None:
+            await _arrived(call)
             request = self._approval_request(call, spec.scope, "a call outside the agent's grants")
             call.decision = await self.scopes.require(request)
 
@@ -1342,7 +1412,9 @@ class Dispatcher:
         """The question put to the person about `call`: the whole call, never the
         telemetry's cut and masked preview (worker.core.prompt_text)."""
         req = call.req
-        pieces = call.pieces or ((call.blob,) if call.blob else ())
+        pieces = tuple(part for piece in call.pieces for part in _came_parts(piece)) or (
+            (call.blob,) if call.blob else ()
+        )
         shown = call_text(req.surface, call.args, self.roots, pieces)
         return ApprovalRequest(
             correlation_id=req.correlation_id,
@@ -1361,6 +1433,7 @@ class Dispatcher:
         key = ASK_PREFIX + what
         if self.scopes.allowed(req.agent_id, key, req.plan_id):
             return
+        await _arrived(call)
         request = self._approval_request(
             call, key, "an allowlist rule asks the person each time", preview
         )
@@ -1412,8 +1485,13 @@ class Dispatcher:
         if call.refused:  # never ran: a later delivery may run it
             if call.claimed:
                 self.state.forget(call.cid)
-            self.results.send(pb.WorkerMessage(result=result))
+            soon = call.digest_soon
+            if soon is None or not soon.done() or not _unsendable(_no_digest(soon)):
+                self.results.send(pb.WorkerMessage(result=result))
             self._settle()
+            later = self._after_answer.pop(call.cid, None)
+            if later is not None:  # a delivery of the same id that waited for this answer
+                later()
             return
         held = None if call.claimed else (call.digest, call.req.plan_id)
         self.results.add(

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Generic, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 from allowlist import PolicyFile
-from sandbox import Containment, Root
+from sandbox import Arriving, Containment, Root
 from worker.config import Config, Paths
 from worker.core.threads import CallThreads
 from worker.errors import ErrorCode, WorkerError
@@ -105,7 +105,9 @@ class Context:
     approve: Callable[[str, str], Awaitable[None]] = field(default=_never_approved)
     # The request blob as the parts it came in, not joined, for an action whose spec
     # says `blob_in_pieces` (then `blob` is empty); see `blob_pieces`.
-    pieces: Sequence[bytes | memoryview] = ()
+    # A blob that follows its request (protocol 3) is one piece still coming
+    # (sandbox.Arriving): read in a thread, each part waited for.
+    pieces: Sequence[bytes | memoryview | Arriving] = ()
     # For an action whose spec says `claims_late`: claims the call in the ledger (a
     # commit), and must return before anything the handler does can take effect; it
     # raises WorkerError, and the handler must then start nothing, when the claim
@@ -126,7 +128,7 @@ class Context:
     def data_dir(self) -> Path:
         return self.paths.data_dir
 
-    def blob_pieces(self) -> Sequence[bytes | memoryview]:
+    def blob_pieces(self) -> Sequence[bytes | memoryview | Arriving]:
         """The request blob, in the pieces it came in (or whole, as one piece)."""
         return self.pieces or (self.blob,)
 
@@ -134,7 +136,10 @@ class Context:
     def blob_bytes(self) -> int:
         """The request blob's size, whole or in pieces: a check of its size asks this,
         never `len(blob)`, which is 0 for a blob that came in pieces."""
-        return sum(memoryview(piece).nbytes for piece in self.blob_pieces())
+        return sum(
+            len(piece) if isinstance(piece, Arriving) else memoryview(piece).nbytes
+            for piece in self.blob_pieces()
+        )
 
 
 @dataclass(frozen=True)

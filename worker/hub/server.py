@@ -42,6 +42,7 @@ from worker.wire.framing import (
     announced,
     blob_part,
     chunked,
+    digest_part,
     envelope_of,
     fields_of,
     framed_size,
@@ -59,6 +60,7 @@ from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
+    FOLLOW_PROTOCOL,
     HASH_OFF_LOOP_BYTES,
     MAX_ARGS_BYTES,
     MAX_TIMEOUT_MS,
@@ -1482,8 +1484,11 @@ class Hub:
         if handed is not None:  # the request went already; now its digest
             handed.set_result(digest)
         if early is not None and handed is None:  # its parts are on their way: the request
-            assert isinstance(outgoing, Chunked)  # follows them
-            outgoing.add(announced(request, len(blob)))
+            assert isinstance(outgoing, Chunked)  # follows them (or went first: its digest)
+            if outgoing.follow:
+                outgoing.add(digest_part(cid, len(blob), digest))
+            else:
+                outgoing.add(announced(request, len(blob)))
         elif early is None and session is not None:
             session.send(outgoing)
         if is_new:
@@ -1557,7 +1562,12 @@ class Hub:
                 sha256.set_result(hashed.hex())
             request.args_digest = digest_of_sha256(request, hashed)
             return session, alone, handed
-        transfer = Chunked.begun(request, blob)
+        # Protocol 3: the request goes first, without its digest, and the worker writes
+        # the parts as they come; the digest goes last, once the call is recorded.
+        follow = session.protocol >= FOLLOW_PROTOCOL
+        transfer = Chunked.begun(request, blob, follow=follow)
+        if follow:
+            transfer.add(announced(request, len(blob), follow=True))
         session.send(transfer)
         loop = asyncio.get_running_loop()
         try:

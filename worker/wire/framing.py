@@ -279,6 +279,7 @@ class Chunked:
     sent: int = 0
     count: int = -1  # how many parts in all; -1: as many as `parts` holds
     stopped: bool = False
+    follow: bool = False  # protocol 3: the request went first, its digest goes last
     _coming: asyncio.Future[None] | None = None
 
     def __post_init__(self) -> None:
@@ -286,10 +287,13 @@ class Chunked:
             self.count = len(self.parts)
 
     @classmethod
-    def begun(cls, request: pb.ActionRequest, blob: Buffer) -> Chunked:
+    def begun(cls, request: pb.ActionRequest, blob: Buffer, *, follow: bool = False) -> Chunked:
         """A transfer of `blob` whose parts are yet to be built (`add`), and then the
-        request's (`add` too)."""
-        return cls([], request, blob, count=-(-len(blob) // PART_BYTES) + 1)
+        request's (`add` too). With `follow` (protocol 3) the request's part goes first
+        (`announced(..., follow=True)`, added at once), then the parts, then the one
+        that carries the digest (`digest_part`)."""
+        count = -(-len(blob) // PART_BYTES) + (2 if follow else 1)
+        return cls([], request, blob, count=count, follow=follow)
 
     @property
     def finished(self) -> bool:
@@ -349,13 +353,24 @@ def blob_part(correlation_id: str, offset: int, data: Buffer) -> bytes:
     return _nested_part(_BLOB_PART_FIELD, header, _PART_DATA_FIELD, data)
 
 
-def announced(request: pb.ActionRequest, blob_bytes: int) -> bytes:
-    """`request`, announcing a blob of `blob_bytes` that went ahead of it in parts, as
+def announced(request: pb.ActionRequest, blob_bytes: int, *, follow: bool = False) -> bytes:
+    """`request`, announcing a blob of `blob_bytes` that went ahead of it in parts (or,
+    with `follow`, protocol 3, that follows it, its digest after: none is sent here), as
     an envelope part."""
     copy = pb.ActionRequest()
     copy.CopyFrom(request)
     copy.blob_in_parts = blob_bytes
+    if follow:
+        copy.parts_follow = True
+        copy.ClearField("args_digest")
     return request_part(copy, b"")
+
+
+def digest_part(correlation_id: str, blob_bytes: int, digest: str) -> bytes:
+    """The BlobPart that ends a blob that followed its request (protocol 3): no data,
+    at the blob's end, with the call's digest; as an envelope part."""
+    part = pb.BlobPart(correlation_id=correlation_id, offset=blob_bytes, args_digest=digest)
+    return _nested_part(_BLOB_PART_FIELD, part.SerializeToString(), _PART_DATA_FIELD, b"")
 
 
 def chunked(request: pb.ActionRequest, blob: Buffer) -> Chunked:

@@ -22,8 +22,11 @@ WORKBENCH_SURFACE: Final = "workbenchHost"
 
 PROTOCOL_MIN: Final = 1
 # 2: a hub may send a large request blob ahead of its request, in BlobParts.
-PROTOCOL_MAX: Final = 2
+# 3: or the request first, its blob's parts after it, and its digest last
+# (`ActionRequest.parts_follow`, `BlobPart.args_digest`).
+PROTOCOL_MAX: Final = 3
 PARTS_PROTOCOL: Final = 2
+FOLLOW_PROTOCOL: Final = 3
 
 
 VERSION: Final = worker.__version__

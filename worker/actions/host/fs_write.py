@@ -26,7 +26,17 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
-from sandbox import Data, Written, append_bytes, data_size, make_parents, write_atomic
+from sandbox import (
+    ArrivalStopped,
+    Arriving,
+    Data,
+    Written,
+    append_bytes,
+    data_size,
+    each_part,
+    make_parents,
+    write_atomic,
+)
 from worker.actions.host.fs_paths import (
     CONFINED_CODES,
     check_lands_writable,
@@ -72,6 +82,11 @@ async def fs_write(ctx: Context, args: FsWriteArgs) -> Outcome[FsWriteResult]:
         )
     try:
         written, digest = await _written_and_hashed(ctx, args, data)
+    except ArrivalStopped as stopped:  # the blob stopped coming (protocol 3): why
+        reason = stopped.reason
+        if isinstance(reason, WorkerError):
+            raise reason from None
+        raise WorkerError("cancelled", f"the blob stopped coming: {reason}") from None
     except WorkerError as exc:
         if exc.code is not ErrorCode.NOT_FOUND or args.make_parents:
             raise
@@ -98,7 +113,7 @@ async def _claimed(ctx: Context, verdict: _Verdict) -> None:
 
 
 async def _written_and_hashed(
-    ctx: Context, args: FsWriteArgs, data: Sequence[bytes | memoryview]
+    ctx: Context, args: FsWriteArgs, data: Sequence[bytes | memoryview | Arriving]
 ) -> tuple[Written, str]:
     """The write and the SHA-256 of its bytes, each in a thread (both release the GIL),
     the call claimed on the loop meanwhile, before the write's effect.
@@ -146,9 +161,13 @@ async def _written_and_hashed(
         return written, digest
     finally:
         # A failure or a cancel before the claim: the temporary file goes, unnamed; the
-        # hash stops where the write did.
+        # hash stops where the write did, and a blob still coming (protocol 3) is no
+        # longer waited for.
         verdict.give(False)
         progress.stop()
+        for piece in data:
+            if isinstance(piece, Arriving):
+                piece.stop(WorkerError("cancelled", "the write stopped; nothing was placed"))
         # The threads run on (the pipeline says what that means for the call), their
         # futures are let go without a word; a claim still waiting for its digest stops.
         for job in (writing, claiming, hashing):
@@ -156,7 +175,7 @@ async def _written_and_hashed(
                 job.cancel()
 
 
-async def _handed_sha256(ctx: Context, data: Sequence[bytes | memoryview]) -> str:
+async def _handed_sha256(ctx: Context, data: Sequence[bytes | memoryview | Arriving]) -> str:
     """The hub's SHA-256 of the blob (Context.blob_sha256), or, should it not come,
     the blob's hashed here."""
     assert ctx.blob_sha256 is not None
@@ -166,9 +185,9 @@ async def _handed_sha256(ctx: Context, data: Sequence[bytes | memoryview]) -> st
     return await asyncio.to_thread(_sha256_of, data)
 
 
-def _sha256_of(data: Sequence[bytes | memoryview]) -> str:
+def _sha256_of(data: Sequence[bytes | memoryview | Arriving]) -> str:
     hasher = hashlib.sha256()
-    for piece in data:
+    for piece in each_part(data):
         hasher.update(piece)
     return hasher.hexdigest()
 
@@ -226,19 +245,22 @@ class _Verdict:
         return self._go
 
 
-def _sha256(data: Sequence[bytes | memoryview], progress: _Progress) -> str | None:
+def _sha256(data: Sequence[bytes | memoryview | Arriving], progress: _Progress) -> str | None:
     """The SHA-256 of `data`, each slice hashed once it is in the file; None if the
     write stopped before all of it went in."""
     hasher = hashlib.sha256()
     done = 0
-    for piece in data:
-        view = memoryview(piece)
-        for at in range(0, len(view), HASH_SLICE_BYTES):
-            part = view[at : at + HASH_SLICE_BYTES]
-            if not progress.until(done + len(part)):
-                return None
-            hasher.update(part)
-            done += len(part)
+    try:
+        for piece in each_part(data):
+            view = memoryview(piece)
+            for at in range(0, len(view), HASH_SLICE_BYTES):
+                part = view[at : at + HASH_SLICE_BYTES]
+                if not progress.until(done + len(part)):
+                    return None
+                hasher.update(part)
+                done += len(part)
+    except ArrivalStopped:  # the blob stopped coming (protocol 3): so did the write
+        return None
     return hasher.hexdigest()
 
 

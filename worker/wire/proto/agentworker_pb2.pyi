@@ -266,14 +266,16 @@ class ServerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[ActionRequest, _Mapping]] = ..., scope_request: _Optional[_Union[ScopeRequest, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., kill_plan: _Optional[_Union[KillPlan, _Mapping]] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., blob_part: _Optional[_Union[BlobPart, _Mapping]] = ...) -> None: ...
 
 class BlobPart(_message.Message):
-    __slots__ = ("correlation_id", "data", "offset")
+    __slots__ = ("correlation_id", "data", "offset", "args_digest")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     correlation_id: str
     data: bytes
     offset: int
-    def __init__(self, correlation_id: _Optional[str] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
+    args_digest: str
+    def __init__(self, correlation_id: _Optional[str] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ..., args_digest: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "protocol", "heartbeat_interval_ms", "abandoned_ids")
@@ -288,7 +290,7 @@ class Welcome(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., protocol: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., abandoned_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ActionRequest(_message.Message):
-    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest", "blob_in_parts")
+    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest", "blob_in_parts", "parts_follow")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +304,7 @@ class ActionRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     BLOB_IN_PARTS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     correlation_id: str
     plan_id: str
     agent_id: str
@@ -315,7 +318,8 @@ class ActionRequest(_message.Message):
     attempt: int
     args_digest: str
     blob_in_parts: int
-    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., args_digest: _Optional[str] = ..., blob_in_parts: _Optional[int] = ...) -> None: ...
+    parts_follow: bool
+    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., args_digest: _Optional[str] = ..., blob_in_parts: _Optional[int] = ..., parts_follow: _Optional[bool] = ...) -> None: ...
 
 class ScopeRequest(_message.Message):
     __slots__ = ("request_id", "agent_id", "plan_id", "scopes", "reason", "preview")
