@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +27,14 @@ def chain() -> Iterator[tuple[int, int]]:
     assert shell.stdout is not None
     child = int(shell.stdout.readline())
     try:
+        # Its pid is printed as it forks: while it execs sleep its environment cannot
+        # be read (the UI would be skipped as ended). Wait for the exec.
+        comm = f"/proc/{child}/comm"
+        for _ in range(10_000):
+            with open(comm, encoding="ascii") as handle:
+                if handle.read().strip() == "sleep":
+                    break
+            time.sleep(0.001)
         yield shell.pid, child
     finally:
         subprocess.run(["kill", str(child)], check=False)
