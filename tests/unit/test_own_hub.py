@@ -128,3 +128,35 @@ def test_a_port_held_by_another_user_is_refused(folder: Path) -> None:
         assert "Nothing was sent" in refused.value.message
     finally:
         other.communicate(timeout=60)
+
+
+@as_root
+def test_doctor_names_another_users_listener_as_a_blocker(tmp_path: Path) -> None:
+    """`agentworker doctor` asks the hub's status with hub.token: never of a squatter."""
+    import asyncio
+
+    from tests.support.cluster import write_config
+    from worker.cli.doctor import _ask_hub
+    from worker.config import Paths, load
+
+    port = unused_port()
+    home = tmp_path / "home"
+    write_config(home, port)
+    (home / "hub.token").write_text("ab" * 32)
+    paths = Paths.at(home)
+    other = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.port_squatter", port],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "listening"
+        finding = asyncio.run(_ask_hub(paths, load(paths)))
+    finally:
+        out, _ = other.communicate(timeout=60)
+    assert finding.status == "blocker"
+    assert "held by another user (uid 65534)" in finding.summary
+    assert "Nothing was sent" in finding.summary
+    assert '"connections": 0' in out
