@@ -20,6 +20,7 @@ import contextlib
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,9 +132,11 @@ async def measure(alone: Hub, crowded: Hub, workers: int, calls: int, rounds: in
         more, more_tasks = await connect_workers(crowded, ["sim-0"], channels)
         sims, tasks = sims + more, tasks + more_tasks
         rss_one = crowded.process.memory_info().rss
+        started = time.perf_counter()
         more, more_tasks = await connect_workers(
             crowded, [f"sim-{i}" for i in range(1, workers)], channels
         )
+        connect_s = time.perf_counter() - started
         sims, tasks = sims + more, tasks + more_tasks
         rss_many = crowded.process.memory_info().rss
         per_worker = (rss_many - rss_one) / max(1, workers - 1)
@@ -155,6 +158,10 @@ async def measure(alone: Hub, crowded: Hub, workers: int, calls: int, rounds: in
         ):
             p50 = statistics.median(samples)
             print(f"  {name:34}{p50:9.2f}{percentile(samples, 0.99):9.2f}{p50 / p50_one:9.2f}")
+        print(
+            f"  {workers - 1} workers new to the hub, {STREAMS_PER_CHANNEL} streams a "
+            f"connection, all said Hello at once: all welcomed in {connect_s:.2f} s"
+        )
         print(
             f"  hub RSS with 1 worker {rss_one / KB / KB:.1f} MiB, with {workers} "
             f"{rss_many / KB / KB:.1f} MiB: {per_worker / KB:.1f} KB per idle worker"

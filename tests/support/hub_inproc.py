@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from tests.support.cluster import write_config
+from tests.support.cluster import Proc, write_config
 from worker import app
 from worker.config import Paths, load
 from worker.wire.proto import agentworker_pb2 as pb
@@ -32,6 +35,37 @@ async def hub_in_process(home: Path) -> AsyncIterator[app.RunningHub]:
         yield running
     finally:
         await running.stop(0)
+
+
+def real_worker(home: Path, address: str, name: str = "worker") -> Proc:
+    """A real worker (`agentworker run`, a process of its own) dialling the hub at
+    `address`, with the suite's settings (config.toml is written anew with the address:
+    the hub read its own already)."""
+    write_config(home, address, keepalive_s=10.0, ping_timeout_s=20.0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTWORKER_", "HTTP"))}
+    env["AGENTWORKER_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    return Proc(name, ["run"], env, home / f"{name}.log").start()
+
+
+async def until_connected(running: app.RunningHub, proc: Proc, count: int = 1) -> list[str]:
+    """Wait until `count` workers are connected to the hub in this loop (the ids), or
+    raise with the log of `proc` if it exits first."""
+    while len(running.hub.sessions) < count:
+        if not proc.running():
+            raise AssertionError(f"{proc.name} exited early:\n{proc.log()}")
+        await asyncio.sleep(0.02)  # the hub runs in this loop: it is not held up
+    return list(running.hub.sessions)
+
+
+async def stop_worker(proc: Proc) -> None:
+    """SIGTERM, waited for off the loop (the hub in it serves the worker's goodbye)."""
+    if proc.running():
+        proc.signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def token_of(home: Path, name: str = "hub.token") -> str:

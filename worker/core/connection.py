@@ -52,6 +52,7 @@ from worker.wire.protocol import (
     MAX_DIGEST_CHARS,
     PROTOCOL_MAX,
     PROTOCOL_MIN,
+    RETRY_AFTER_KEY,
     STREAM_METHOD,
     VERSION,
     error_pb,
@@ -249,6 +250,7 @@ class WorkerConnection:
             clean_end = False
             self._session_task = asyncio.create_task(self._session())
             why = "the server ended the session"
+            retry_after_s = 0.0  # what a server that refused us busy asked us to wait
             try:
                 await self._session_task
                 clean_end = True  # Drain/Goodbye: come back soon
@@ -270,6 +272,8 @@ class WorkerConnection:
                     return
                 why = _describe(exc)
                 log.warning("connection to %s lost: %s", self._dialled, why)
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    retry_after_s = retry_after(exc)
             finally:
                 self._detach()
             if self._stopping:
@@ -279,6 +283,11 @@ class WorkerConnection:
             if down_since is None or clean_end or healthy:
                 down_since = now  # the backoff starts over
             delay = self.backoff.delay(now - down_since)
+            if retry_after_s:
+                # As told, spread over as long again: a fleet refused together does not
+                # come back together.
+                spread = min(RETRY_AFTER_MAX_S, retry_after_s * random.uniform(1.0, 2.0))
+                delay = max(delay, spread)
             self.on_state(LinkState("backoff", why, now_ms() + int(delay * 1000)))
             log.info("reconnecting to %s in %.1f s", self.target.address, delay)
             await asyncio.sleep(delay)  # the backoff itself: waiting is the point
@@ -1126,6 +1135,26 @@ def _follow_refused(why: str) -> WorkerError:
 
 def _cancelled(reason: str) -> WorkerError:
     return WorkerError("cancelled", f"cancelled before it started: {reason}")
+
+
+# The longest wait a server's retry-after-ms makes the worker take.
+RETRY_AFTER_MAX_S: Final = 60.0
+
+
+def retry_after(exc: grpc.aio.AioRpcError) -> float:
+    """How long a server that refused the stream busy (RESOURCE_EXHAUSTED, with
+    RETRY_AFTER_KEY in its trailing metadata) asked this worker to wait, in seconds
+    (at most RETRY_AFTER_MAX_S); 0 when it did not ask."""
+    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return 0.0
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY:
+            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            try:
+                return min(RETRY_AFTER_MAX_S, max(0.0, int(text) / 1000))
+            except ValueError:
+                return 0.0
+    return 0.0
 
 
 def _raise_if_fatal(exc: grpc.aio.AioRpcError) -> None:

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -27,6 +28,7 @@ from google.protobuf.message import DecodeError
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.audit_log import AuditLines
+from worker.hub.rates import Rate
 from worker.hub.store import HubStore, StoredCall
 from worker.hub.turns import Turns
 from worker.ids import id_problem, name_problem, new_id
@@ -55,7 +57,7 @@ from worker.wire.framing import (
     spread_parts,
     when_idle,
 )
-from worker.wire.inproc import LocalStreams
+from worker.wire.inproc import LOCAL_PEER, LocalStreams
 from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -67,6 +69,7 @@ from worker.wire.protocol import (
     PARTS_PROTOCOL,
     PROTOCOL_MAX,
     PROTOCOL_MIN,
+    RETRY_AFTER_KEY,
     VERSION,
     WORKBENCH_SURFACE,
     WORKER_SERVICE,
@@ -322,6 +325,34 @@ HELLO_RESENT_IDS: Final = 65_536
 # Of what a worker sends only to be logged (audit events, its goodbye), the hub logs at
 # most this many characters of a text; audit events are counted (hub.audit_log).
 LOGGED_CHARS: Final = 1000
+# How often worker streams may say Hello: each costs the hub its parsing, a write to
+# hub.db and log lines, and anyone with hub-workers.token dialling in a tight loop paid
+# them without a bound. As token buckets (worker.hub.rates.Rate, `Hellos`), checked once
+# a Hello is read and its key is the id's (so a Hello naming another worker's id costs
+# that worker nothing), before anything is written: a burst, then so many a second.
+# - One worker id: 30, then 1 a second. The worker's own backoff never meets it (full
+#   jitter; a session that fails at once does not start it over): at worst 13.4 of the
+#   burst in 100,000 simulated runs of sessions failing at once (median 4.8).
+# - Ids new to this hub (a new row in hub.db), of all: 4,096 at once, then 32 a second:
+#   a fleet deployed at once is taken whole, a flood of made-up ids is not.
+# - Every Hello, of all: 8,192 at once, then 256 a second: a fleet reconnecting
+#   together after a restart of the hub or of the network is taken whole.
+# Nothing is counted per connection or per address: a fleet behind one NAT address,
+# or many workers in one process on one connection (benchmarks/bench_hub_scale.py:
+# 1,000 of them, 100 streams a connection), says Hello from one. A worker in the hub's
+# process (`up`) is not counted. A Hello past a bound is refused RESOURCE_EXHAUSTED,
+# "busy: ...", with how long to wait in its trailing metadata (RETRY_AFTER_KEY, at
+# least HELLO_RETRY_MIN_S for the bounds of all), which the worker waits at least;
+# refusals are logged one line a minute.
+HELLO_BURST_PER_WORKER: Final = 30
+HELLOS_PER_S_PER_WORKER: Final = 1.0
+NEW_WORKER_BURST: Final = 4096
+NEW_WORKERS_PER_S: Final = 32.0
+HELLO_BURST: Final = 8192
+HELLOS_PER_S: Final = 256.0
+HELLO_RETRY_MIN_S: Final = 1.0
+RETRY_AFTER_MAX_S: Final = 60.0
+REFUSALS_LOGGED_EVERY_S: Final = 60.0
 # Unsolicited messages logged one by one on a stream; the rest are counted.
 UNSOLICITED_LOGGED: Final = 8
 
@@ -586,6 +617,8 @@ class Hub:
         # blobs, see worker.wire.local.
         self.link: LocalLink | None = None
         self.audit_lines = AuditLines(shown=_shown)
+        # How often worker streams may say Hello (HELLO_BURST_PER_WORKER and below).
+        self.hellos = Hellos()
 
     # ------------------------------------------------------------- worker stream
 
@@ -624,6 +657,15 @@ class Hub:
                 "none given" if not key_digest else "another key",
             )
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, _taken(hello.worker_id))
+        known = bool(bound) or self.store.knows_worker(hello.worker_id)
+        if context.peer() != LOCAL_PEER:  # `up`'s own worker is not counted
+            busy = self.hellos.admit(hello.worker_id, new=not known)
+            if busy is not None:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    busy.message,
+                    trailing_metadata=((RETRY_AFTER_KEY, str(busy.retry_ms)),),
+                )
         session = Session(
             hello=_described(hello),
             session_id=uuid.uuid4().hex,
@@ -635,7 +677,6 @@ class Hub:
         if previous is not None:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)
             previous.close()
-        known = bool(bound) or self.store.knows_worker(hello.worker_id)
         self.sessions[hello.worker_id] = session
         self.store.seen_worker(session.hello, key_digest)
         if not known:
@@ -1715,6 +1756,64 @@ class Hub:
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
             session.close()
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A Hello refused past a bound: what to tell the worker, and how long to wait."""
+
+    message: str
+    retry_ms: int
+
+
+class Hellos:
+    """How often worker streams may say Hello: a bucket per worker id, one for the ids
+    new to this hub and one for all (see HELLO_BURST_PER_WORKER and below)."""
+
+    def __init__(self) -> None:
+        self.per_worker = Rate(HELLO_BURST_PER_WORKER, HELLOS_PER_S_PER_WORKER)
+        self.new = Rate(NEW_WORKER_BURST, NEW_WORKERS_PER_S, keys=1)
+        self.all = Rate(HELLO_BURST, HELLOS_PER_S, keys=1)
+        self.refused = 0  # Hellos refused, in all
+        self._unlogged = 0  # ... since the last line about them
+        self._logged_at: float | None = None
+
+    def admit(self, worker_id: str, *, new: bool) -> Busy | None:
+        """Count a Hello of `worker_id` (`new`: an id this hub does not know), or say
+        why it is refused (then nothing is counted)."""
+        now = asyncio.get_running_loop().time()
+        checks = [(self.per_worker, worker_id, f"worker {_shown(worker_id)!r}", 0.0)]
+        if new:
+            checks.append((self.new, "", "workers new to this hub", HELLO_RETRY_MIN_S))
+        checks.append((self.all, "", "all workers together", HELLO_RETRY_MIN_S))
+        for rate, key, whose, at_least_s in checks:
+            wait_s = rate.wait_s(key, now)
+            if wait_s:
+                return self._refuse(now, whose, rate, max(wait_s, at_least_s))
+        for rate, key, _, _ in checks:
+            rate.take(key, now)
+        return None
+
+    def _refuse(self, now: float, whose: str, rate: Rate, wait_s: float) -> Busy:
+        self.refused += 1
+        self._unlogged += 1
+        if self._logged_at is None or now - self._logged_at >= REFUSALS_LOGGED_EVERY_S:
+            log.warning(
+                "hub: refused %d worker Hello(s) busy since the last line like this (the "
+                "last: %s, past %g at once, then %g a second)",
+                self._unlogged,
+                whose,
+                rate.burst,
+                rate.per_s,
+            )
+            self._unlogged = 0
+            self._logged_at = now
+        retry_ms = max(1, math.ceil(min(wait_s, RETRY_AFTER_MAX_S) * 1000))
+        return Busy(
+            f"busy: {whose} said Hello more often than this hub takes ({rate.burst:g} at "
+            f"once, then {rate.per_s:g} a second); retry in {retry_ms / 1000:.1f} s",
+            retry_ms,
+        )
 
 
 def _key_digest(context: grpc.aio.ServicerContext) -> str:

@@ -67,6 +67,9 @@ Metadata = Sequence[tuple[str, str]]
 # The hub's stream handler: (request iterator, servicer context) -> what it yields.
 Handler = Callable[[AsyncIterator[Any], Any], AsyncIterator[bytes]]
 
+# What `context.peer()` names a stream opened in this process (`up`'s worker).
+LOCAL_PEER: Final = "in-process"
+
 
 class _Pipe:
     """One direction of a stream: byte strings in order, then an end (EOF, or an error
@@ -162,7 +165,7 @@ class _Context:
         raise _AbortedError(code, details)
 
     def peer(self) -> str:
-        return "in-process"
+        return LOCAL_PEER
 
 
 def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

@@ -27,6 +27,10 @@ PROTOCOL_MIN: Final = 1
 PROTOCOL_MAX: Final = 3
 PARTS_PROTOCOL: Final = 2
 FOLLOW_PROTOCOL: Final = 3
+# A server that refuses a stream busy (RESOURCE_EXHAUSTED) may say in the trailing
+# metadata how long to wait before the next dial, in milliseconds (the reference hub's
+# reconnect bounds, worker.hub.server.Hellos); the worker waits at least that.
+RETRY_AFTER_KEY: Final = "retry-after-ms"
 
 
 VERSION: Final = worker.__version__

@@ -62,6 +62,14 @@ def server_options(keepalive: Keepalive) -> list[tuple[str, int]]:
         # meanwhile (sixteen 31 MiB calls waiting: 520 MiB), where it takes the initial
         # 64 KiB now. A request being read still gets a window as large as it is.
         ("grpc.http2.bdp_probe", 0),
+        # Calls that arrived and wait for the server's loop to take them: past 1,000 of
+        # them gRPC cancels new ones at random, surely past 3,000 (its defaults, "random
+        # early detection"), and 1,200 workers saying Hello at once after a restart of
+        # the hub had a few of their streams cancelled (CANCELLED, or INTERNAL at the
+        # worker's write). A fleet of 4,096 is taken whole; past 8,192, as many as the
+        # hub's Hello bounds take at once (worker.hub.server.HELLO_BURST), none is.
+        ("grpc.server.max_pending_requests", 4096),
+        ("grpc.server.max_pending_requests_hard_limit", 8192),
     ]
 
 
