@@ -128,13 +128,15 @@ CONTROL_REQUEST_BYTES_OTHERWISE: Final = 64 * 1024
 # whole, up to MAX_MESSAGE_BYTES whatever its method takes, before anything can look at
 # its size (the caps above are checked after the read), so it is the read that is
 # bounded: a call waits for its turn with its request unread, and the reads under way
-# hold at most (2 + 2 + 2) x 32 MiB, however many calls come at once (sixteen 31 MiB
+# hold at most (2 + 2 + 2 + 2) x 32 MiB, however many calls come at once (sixteen 31 MiB
 # ListWorkers at once took the hub from 63 to 525 MiB). Dispatch's reads are apart, so
-# that blobs being received never hold up the others; KillPlan's and Status's (the
-# kill switch and `agentworker status`) are apart from the rest too: two ListWorkers
-# sent a byte at a time held up a KillPlan for the 30 s they were let take then.
-CONTROL_READ_KIND: Final = {"Dispatch": "Dispatch", "KillPlan": "KillPlan", "Status": "KillPlan"}
-CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2, "KillPlan": 2}
+# that blobs being received never hold up the others; KillPlan's (the kill switch) are
+# apart from every other method's, Status's too (`agentworker status`), and the rest
+# share theirs: two ListWorkers sent a byte at a time held up a KillPlan for the 30 s
+# they were let take then, and Status calls that never sent their request held it 5 s
+# a pair in turn, as long as they kept coming (review9 finding 05).
+CONTROL_READ_KIND: Final = {"Dispatch": "Dispatch", "KillPlan": "KillPlan", "Status": "Status"}
+CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2, "KillPlan": 2, "Status": 2}
 CONTROL_READS_AT_ONCE_OTHERWISE: Final = 2
 # ... of which one connection holds at most this many (a caller's other calls wait while
 # other connections' calls are read: worker.hub.turns). Dispatch's two may both be one
