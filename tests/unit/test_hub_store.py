@@ -210,3 +210,45 @@ def test_a_resent_result_restores_a_blob_its_first_delivery_let_go(tmp_path: Pat
     kept = store.get("again")
     assert kept is not None and kept.result is not None and kept.result.blob == blob
     store.close()
+
+
+def test_the_workers_a_plan_ran_on_are_found_written_or_not(tmp_path: Path) -> None:
+    store = HubStore(tmp_path / "hub.db")
+    deadline = now_ms() + 60_000
+    for cid, worker, plan in (("a", "w1", "p"), ("b", "w3", "q"), ("c", "w1", "p")):
+        request = _request(cid)
+        request.plan_id = plan
+        store.add(worker, "d", request, 0, deadline)
+    store.flush()
+    waiting = _request("d")
+    waiting.plan_id = "p"
+    store.add("w2", "d", waiting, 0, deadline)  # not written yet
+    assert store.workers_of_plan("p") == {"w1", "w2"}
+    assert store.workers_of_plan("q") == {"w3"}
+    assert store.workers_of_plan("nowhere") == set()
+    store.complete(_ok("d"))
+    assert store.workers_of_plan("p") == {"w1", "w2"}
+    store.close()
+
+
+def test_a_hub_db_from_before_plans_were_kept_reads_them_from_its_requests(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hub.db"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE calls (correlation_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL,"
+        " args_digest TEXT NOT NULL, request BLOB NOT NULL, state TEXT NOT NULL,"
+        " result BLOB, created_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL)"
+    )
+    ran = _request("ran")
+    ran.plan_id = "p-old"
+    for cid, worker, request in (("ran", "w-old", ran.SerializeToString()), ("bad", "w", b"\xff")):
+        old.execute(
+            "INSERT INTO calls VALUES (?, ?, 'd', ?, 'DONE', NULL, 0, 0)", (cid, worker, request)
+        )
+    old.commit()
+    old.close()
+    store = HubStore(path)
+    assert store.workers_of_plan("p-old") == {"w-old"}
+    store.close()

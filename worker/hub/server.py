@@ -1700,11 +1700,17 @@ class Hub:
         return None
 
     def kill_plan(self, req: pb.KillPlanRequest) -> pb.KillPlanResponse:
-        """Tell each target worker now, or, if it is away, when it next connects."""
+        """Tell each target worker now, or, if it is away, when it next connects. With no
+        worker named, the targets are every connected worker and, of those away, the
+        ones the plan ran on: a call of it sent there (hub.db keeps calls a day after
+        they end) or its workspace placed there. It was queued for every worker the hub
+        knew, away or not (up to WORKERS_AWAY_KEPT rows a kill, a made-up plan's too)."""
         if req.worker_id:
             targets = [self.pick_worker(req.worker_id)]
         else:
-            targets = sorted({hello.worker_id for hello, _ in self.store.workers()})
+            ran = self.store.workers_of_plan(req.plan_id)
+            placed = self.placements.get(req.plan_id)
+            targets = sorted({*self.sessions, *ran, *([placed] if placed else [])})
         reply = pb.KillPlanResponse()
         kill = pb.KillPlan(plan_id=req.plan_id, reason=req.reason)
         for worker_id in targets:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from google.protobuf.message import DecodeError
+
 from worker import db
 from worker.clock import now_ms
 from worker.db import connect
@@ -47,7 +49,8 @@ CREATE TABLE IF NOT EXISTS calls (
     deadline_ms    INTEGER NOT NULL,
     blob_bytes     INTEGER NOT NULL DEFAULT 0,  -- the request blob's size
     result_blob    BLOB,           -- a result blob no caller has taken yet
-    result_blob_bytes INTEGER NOT NULL DEFAULT 0
+    result_blob_bytes INTEGER NOT NULL DEFAULT 0,
+    plan_id        TEXT NOT NULL DEFAULT ''  -- the request's, for the kills naming no worker
 );
 CREATE INDEX IF NOT EXISTS calls_open ON calls (worker_id, state);
 CREATE TABLE IF NOT EXISTS workers (
@@ -95,14 +98,14 @@ WORKERS_KEPT_MS = 30 * 24 * 3600 * 1000
 WORKERS_AWAY_KEPT = 1024
 _INSERT_CALL = (
     "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
-    " blob_bytes, state, result, created_ms, deadline_ms)"
-    " VALUES (?, ?, ?, ?, ?, 'PENDING', NULL, ?, ?)"
+    " blob_bytes, created_ms, deadline_ms, plan_id, state, result)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', NULL)"
 )
 # A call added and answered since the last commit, written once (see complete_many).
 _INSERT_ANSWERED = (
     "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
-    " blob_bytes, created_ms, deadline_ms, state, result, result_blob, result_blob_bytes)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, 'DONE', ?, ?, ?)"
+    " blob_bytes, created_ms, deadline_ms, plan_id, state, result, result_blob,"
+    " result_blob_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'DONE', ?, ?, ?)"
 )
 _CALL_COLUMNS = (
     "correlation_id, worker_id, args_digest, request, request_blob, state, result, deadline_ms,"
@@ -114,6 +117,7 @@ _ADDED_COLUMNS: Final = {
     "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
     "result_blob": "BLOB",
     "result_blob_bytes": "INTEGER NOT NULL DEFAULT 0",
+    "plan_id": "TEXT NOT NULL DEFAULT ''",
 }
 
 
@@ -147,6 +151,10 @@ class HubStore:
         for name, definition in _ADDED_COLUMNS.items():
             if name not in columns:  # a hub.db from before the column
                 self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {definition}")
+        if "plan_id" not in columns:  # its calls' plans are in their requests: read once
+            self._db.create_function("plan_of", 1, _plan_of, deterministic=True)
+            self._db.execute("UPDATE calls SET plan_id = plan_of(request)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS calls_plan ON calls (plan_id, worker_id)")
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(workers)")}
         if "key_digest" not in columns:
             self._db.execute("ALTER TABLE workers ADD COLUMN key_digest TEXT NOT NULL DEFAULT ''")
@@ -207,8 +215,18 @@ class HubStore:
             blob_bytes,
             now_ms(),
             deadline_ms,
+            request.plan_id,
         )
         return True
+
+    def workers_of_plan(self, plan_id: str) -> set[str]:
+        """The workers this hub sent a call of `plan_id`, as long as it keeps the calls
+        (CALLS_KEPT_MS after they ended)."""
+        sent = {str(row[1]) for row in self._unwritten.values() if row[7] == plan_id}
+        rows = self._db.execute(
+            "SELECT DISTINCT worker_id FROM calls WHERE plan_id = ?", (plan_id,)
+        ).fetchall()
+        return sent | {str(worker_id) for (worker_id,) in rows}
 
     def worker_of(self, correlation_id: str) -> str | None:
         """The worker the call was sent to, or None for a call this hub does not know.
@@ -454,6 +472,14 @@ class HubStore:
     def workers(self) -> list[tuple[pb.Hello, int]]:
         rows = self._db.execute("SELECT hello, last_seen_ms FROM workers ORDER BY worker_id")
         return [(pb.Hello.FromString(hello), seen) for hello, seen in rows]
+
+
+def _plan_of(request: bytes) -> str:
+    """The plan of a stored ActionRequest ('' if it does not decode)."""
+    try:
+        return pb.ActionRequest.FromString(request).plan_id
+    except DecodeError:
+        return ""
 
 
 def without_blob(result: pb.ActionResult) -> pb.ActionResult:
