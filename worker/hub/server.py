@@ -355,6 +355,9 @@ HELLOS_PER_S: Final = 256.0
 HELLO_RETRY_MIN_S: Final = 1.0
 RETRY_AFTER_MAX_S: Final = 60.0
 REFUSALS_LOGGED_EVERY_S: Final = 60.0
+# Streams refused before their Hello (it does not decode, say) are logged one line
+# each, this many at once, then one a minute (`PacedLines`).
+REFUSED_LINES_BURST: Final = 10
 # Unsolicited messages logged one by one on a stream; the rest are counted.
 UNSOLICITED_LOGGED: Final = 8
 
@@ -407,10 +410,25 @@ FIELDS_READ_APART: Final = 64
 
 
 class EnvelopeRefused:
-    """A WorkerEnvelope the hub does not read, and why: the stream is closed."""
+    """A WorkerEnvelope the hub does not read, and why: the stream is closed with
+    `code` (RESOURCE_EXHAUSTED: too many messages; INVALID_ARGUMENT: it does not
+    decode)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(
+        self, message: str, code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
+    ) -> None:
         self.message = message
+        self.code = code
+
+
+def _undecodable(data: bytes) -> EnvelopeRefused:
+    return EnvelopeRefused(
+        f"a stream message of {len(data):,} bytes does not decode as an "
+        f"{pb.WorkerEnvelope.DESCRIPTOR.full_name}: WorkerService.Stream takes the envelopes "
+        "an agentworker worker sends, a Hello first (is this an agentworker worker, "
+        "dialling this hub's address?); the hub closed the stream",
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
 
 
 def _too_many(count: str) -> EnvelopeRefused:
@@ -428,8 +446,9 @@ def _worker_envelope(data: bytes) -> Incoming | EnvelopeRefused:
     from a view of `data` (a 1.5 MB fs_list answer, which has no blob, was copied
     three times on its way in). An envelope of more than MAX_ENVELOPE_MESSAGES
     messages (a worker's batches hold at most that many) is refused unread: 400,000
-    small results in one held the hub's loop for seconds each. A DecodeError ends the
-    stream, as gRPC's own deserializer would."""
+    small results in one held the hub's loop for seconds each. One that does not decode
+    ends the stream INVALID_ARGUMENT, saying so (raised here, gRPC's deserializer logged
+    a DecodeError's traceback for each and answered UNKNOWN)."""
     if len(data) >= READ_APART_BYTES:
         try:
             messages: Incoming = []
@@ -440,7 +459,10 @@ def _worker_envelope(data: bytes) -> Incoming | EnvelopeRefused:
             return _too_many(f"more than {MAX_ENVELOPE_MESSAGES}")
         except (ValueError, DecodeError):
             pass  # parsed whole below, which says what is wrong
-    parsed = pb.WorkerEnvelope.FromString(data).messages
+    try:
+        parsed = pb.WorkerEnvelope.FromString(data).messages
+    except DecodeError:
+        return _undecodable(data)
     if len(parsed) > MAX_ENVELOPE_MESSAGES:
         return _too_many(f"{len(parsed):,}")
     return [(message, None) for message in parsed]
@@ -621,6 +643,8 @@ class Hub:
         self.audit_lines = AuditLines(shown=_shown)
         # How often worker streams may say Hello (HELLO_BURST_PER_WORKER and below).
         self.hellos = Hellos()
+        # Streams refused before their Hello are logged a few lines a minute at most.
+        self.stream_refusals = PacedLines()
 
     # ------------------------------------------------------------- worker stream
 
@@ -631,10 +655,20 @@ class Hub:
     ) -> AsyncIterator[bytes]:
         """The worker's stream, read by `_worker_envelope`; what it yields are
         serialized ServerEnvelopes."""
-        first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+        try:
+            first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+        except (TimeoutError, StopAsyncIteration) as exc:
+            late = isinstance(exc, TimeoutError)
+            first = EnvelopeRefused(
+                f"no Hello came within {HANDSHAKE_TIMEOUT_S:g} s of the stream's start: a "
+                "worker says Hello first, at once; the hub closed the stream"
+                if late
+                else "the stream ended before its Hello: a worker says Hello first",
+                grpc.StatusCode.DEADLINE_EXCEEDED if late else grpc.StatusCode.INVALID_ARGUMENT,
+            )
         if isinstance(first, EnvelopeRefused):
-            log.warning("refused a worker stream: %s", first.message)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, first.message)
+            self.stream_refusals.log("refused a worker stream before its Hello: %s", first.message)
+            await context.abort(first.code, first.message)
             return  # unreachable: abort raises
         opening = first[0][0] if first else pb.WorkerMessage()
         if opening.WhichOneof("kind") != "hello" or not opening.hello.worker_id:
@@ -797,7 +831,7 @@ class Hub:
         try:
             async for envelope in requests:
                 if isinstance(envelope, EnvelopeRefused):
-                    self._refuse(session, envelope.message)
+                    self._refuse(session, envelope.message, envelope.code)
                     return
                 self._handle_all(session, envelope)
                 if session.refusal is not None:
@@ -957,10 +991,14 @@ class Hub:
         )
 
     @staticmethod
-    def _refuse(session: Session, refusal: str) -> None:
-        """End the stream RESOURCE_EXHAUSTED with `refusal`, and log it."""
+    def _refuse(
+        session: Session,
+        refusal: str,
+        code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ) -> None:
+        """End the stream with `code` and `refusal`, and log it."""
         log.warning("worker %s: %s", session.worker_id, refusal)
-        session.refusal = (grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        session.refusal = (code, refusal)
         session.close()
 
     def _acks_now(self, session: Session) -> None:
@@ -1764,6 +1802,28 @@ class Hub:
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
             session.close()
+
+
+class PacedLines:
+    """Warnings of one kind, as one line each up to `burst` at once and then one a
+    minute (a client looping on a refusal would write the log full), each saying how
+    many were left out since the last one."""
+
+    def __init__(self, burst: int = REFUSED_LINES_BURST) -> None:
+        self.rate = Rate(burst, 1 / 60, keys=1)
+        self.left_out = 0
+
+    def log(self, message: str, *args: object) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.rate.wait_s("", now):
+            self.left_out += 1
+            return
+        self.rate.take("", now)
+        if self.left_out:
+            message += " (and %d more like it not logged since the last)"
+            args = (*args, self.left_out)
+            self.left_out = 0
+        log.warning(message, *args)
 
 
 @dataclass(frozen=True)
