@@ -8,10 +8,20 @@ confinement as the shared folders), and programs see it alone, at a fixed path,
 inside their bubblewrap sandbox. A plan is torn down (its folder removed) on
 request, and a plan left idle past an age is swept.
 
-    <base>/<key>/plan.json   the plan id and when it was made; its mtime is the last use
+    <base>/<key>/plan.json   the plan id, its server and when it was made; its mtime is
+                             the last use
     <base>/<key>/files/      the workspace: all the agent ever sees
 
-`key` is a digest of the plan id, so any id the server sends is a safe name.
+A workspace belongs to a plan of one server (the key the worker knows the server
+by: its address and a digest of its token, see worker.core.connection.server_key).
+`key` is a digest of both, so any id a server sends is a safe name, and another
+server naming the same plan id reaches another folder, never this one: a worker
+started again with the same data folder against another server neither sees nor
+reaches the first server's workspaces, and finds them again when it returns.
+Workspaces made before servers were recorded (named by the plan id alone) are given
+their server once (`sort_old`) if the worker can tell it, else marked UNCLAIMED,
+which no server's key equals: kept, reached by no call, until the person claims
+one for a server (`claim`) or removes it.
 The bookkeeping sits beside the workspace, never in it, where the agent could
 change it. Every folder is made owner-only and checked after it is made (owner,
 type, mode): a folder someone else made or opened up is refused, not used.
@@ -42,7 +52,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -60,6 +70,10 @@ MAX_PLAN_ID_BYTES: Final = 1024
 # Where a plan's workspace appears inside its exec sandbox, and the absolute spelling
 # file actions accept for it too.
 MOUNT_POINT: Final = "/workspace"
+# The server of a workspace from before workspaces were kept per server whose server
+# is not known: no server's key equals it (theirs name a scheme or `local-hub#`), so
+# no call reaches it until the person claims it for one (`Workspaces.claim`).
+UNCLAIMED: Final = "unclaimed"
 
 
 class WorkspaceProblem(StrEnum):
@@ -89,13 +103,15 @@ class WorkspaceError(Exception):
 
 @dataclass(frozen=True)
 class PlanInfo:
-    """One plan's workspace as `list` reports it."""
+    """One plan's workspace as `list` reports it. `server` is UNCLAIMED for one no
+    server reaches (from before servers were recorded, not claimed yet)."""
 
     plan_id: str
     key: str
     bytes_used: int
     created_unix: float
     last_used_unix: float
+    server: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,14 +120,35 @@ class Workspace:
     key: str
     folder: Path  # <base>/<key>
     files: Path  # the workspace itself (real path)
+    server: str = ""
 
     @property
     def root(self) -> Root:
         return Root(path=self.files, writable=True)
 
 
-def plan_key(plan_id: str) -> str:
+def plan_key(plan_id: str, server: str = "") -> str:
+    """The folder name of `server`'s plan `plan_id`: a digest of both (as JSON, so no
+    two pairs spell alike)."""
+    pair = json.dumps([server, plan_id]).encode()
+    return hashlib.sha256(b"agentworker workspace\0" + pair).hexdigest()[:32]
+
+
+def old_plan_key(plan_id: str) -> str:
+    """The folder name a plan's workspace had before workspaces were kept per server."""
     return hashlib.sha256(plan_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _check_server(server: str) -> None:
+    if server == UNCLAIMED:
+        raise WorkspaceError(
+            WorkspaceProblem.FAILED,
+            f"{UNCLAIMED!r} names no server: it marks workspaces no server may reach",
+        )
+
+
+def _belongs(meta: dict[str, Any], server: str, plan_id: str) -> bool:
+    return meta.get("server") == server and meta.get("plan_id") == plan_id
 
 
 def check_plan_id(plan_id: str) -> None:
@@ -437,6 +474,13 @@ def _meta_broken(folder: Path) -> bool:
         return False
 
 
+def _rewrite_meta(folder: Path, meta: dict[str, Any]) -> None:
+    """plan.json replaced by `meta`, its mtime (the plan's last use) kept."""
+    used = os.lstat(folder / META)
+    _write_meta(folder, meta)
+    os.utime(folder / META, ns=(used.st_atime_ns, used.st_mtime_ns), follow_symlinks=False)
+
+
 def _write_meta(folder: Path, meta: dict[str, Any]) -> None:
     """plan.json written whole or not at all (a temp file renamed over it)."""
     temp = folder / f".{META}.{secrets.token_hex(4)}"
@@ -476,9 +520,9 @@ class Workspaces:
         self._changes: dict[str, int] = {}  # key -> `changed` calls (a count started
         # before one is not kept)
         self._opened: dict[str, Workspace] = {}
-        # key -> the agent its plan.json names: read once per plan folder, not once per
-        # new plan for every plan (review4 finding 06: 2.5 s at 20,000 plans)
-        self._agents: dict[str, str | None] = {}
+        # key -> the server and agent its plan.json names: read once per plan folder,
+        # not once per new plan for every plan (review4 finding 06: 2.5 s at 20,000 plans)
+        self._agents: dict[str, tuple[str | None, str | None]] = {}
 
     def prepare(self) -> None:
         """Make the base folder (owner-only) and the empty stand-in, finish removals a
@@ -504,31 +548,36 @@ class Workspaces:
 
     # ------------------------------------------------------------- one plan
 
-    def open(self, plan_id: str, agent_id: str = "") -> Workspace:
-        """The plan's workspace, made now (for `agent_id`) if this is its first call;
-        marks it used."""
+    def open(self, plan_id: str, agent_id: str = "", *, server: str = "") -> Workspace:
+        """`server`'s plan's workspace, made now (for `agent_id`) if this is its first
+        call; marks it used."""
         check_plan_id(plan_id)
-        key = plan_key(plan_id)
+        _check_server(server)
+        key = plan_key(plan_id, server)
         with self._lock:
             known = self._opened.get(key)
             if known is not None and os.path.isdir(known.files):
                 self._touch(known)
                 return known
             if not os.path.isdir(self.base / key):
-                self._check_plan_room(plan_id, agent_id)
-            workspace = self._create(plan_id, key, agent_id)
+                self._check_plan_room(plan_id, agent_id, server)
+            workspace = self._create(plan_id, key, agent_id, server)
             self._opened[key] = workspace
             return workspace
 
-    def find(self, plan_id: str) -> Workspace | None:
-        """The plan's workspace if it has one (marked used), else None: for a call that
-        only looks, which must not take one of `max_plans` for a plan that has none."""
+    def find(self, plan_id: str, *, server: str = "") -> Workspace | None:
+        """`server`'s plan's workspace if it has one (marked used), else None: for a
+        call that only looks, which must not take one of `max_plans` for a plan that
+        has none."""
         check_plan_id(plan_id)
-        key = plan_key(plan_id)
+        _check_server(server)
+        key = plan_key(plan_id, server)
         with self._lock:
             known = self._opened.get(key)
-            if known is None and _read_meta(self.base / key) is not None:
-                known = self._workspace(plan_id, key)
+            if known is None:
+                meta = _read_meta(self.base / key)
+                if meta is not None and _belongs(meta, server, plan_id):
+                    known = self._workspace(plan_id, key, server)
             if known is None or not os.path.isdir(known.files):
                 return None
             self._opened[key] = known
@@ -541,10 +590,11 @@ class Workspaces:
         sees, as it would see its plan's workspace before anything was written."""
         return Root(path=self.base / EMPTY, writable=False)
 
-    def _check_plan_room(self, plan_id: str, agent_id: str) -> None:
-        """Refuse a new plan's workspace while `max_plans` exist, or `max_plans_per_agent`
-        made for this agent (a removal's leftovers not counted): one agent of the server
-        must not take every workspace from the others."""
+    def _check_plan_room(self, plan_id: str, agent_id: str, server: str) -> None:
+        """Refuse a new plan's workspace while `max_plans` exist (every server's, and
+        those no server reaches), or `max_plans_per_agent` made for this agent of this
+        server (a removal's leftovers not counted): one agent of the server must not
+        take every workspace from the others."""
         try:
             with os.scandir(self.base) as found:
                 keys = [entry.name for entry in found if not entry.name.startswith(".")]
@@ -562,7 +612,7 @@ class Workspaces:
             )
         if held < self.max_plans_per_agent:
             return
-        mine = sum(1 for key in keys if self._agent_of(key) == agent_id)
+        mine = sum(1 for key in keys if self._agent_of(key) == (server, agent_id))
         if mine >= self.max_plans_per_agent:
             raise WorkspaceError(
                 WorkspaceProblem.TOO_MANY_PLANS,
@@ -573,18 +623,31 @@ class Workspaces:
                 {"plans": mine, "max_plans_per_agent": self.max_plans_per_agent},
             )
 
-    def _agent_of(self, key: str) -> str | None:
+    def _agent_of(self, key: str) -> tuple[str | None, str | None]:
         if key not in self._agents:
-            self._agents[key] = (_read_meta(self.base / key) or {}).get("agent_id")
+            meta = _read_meta(self.base / key) or {}
+            self._agents[key] = (meta.get("server"), meta.get("agent_id"))
         return self._agents[key]
 
-    def _create(self, plan_id: str, key: str, agent_id: str) -> Workspace:
+    def _create(self, plan_id: str, key: str, agent_id: str, server: str) -> Workspace:
         folder = self.base / key
-        meta = {"plan_id": plan_id, "agent_id": agent_id, "created_unix": time.time()}
+        meta = {
+            "plan_id": plan_id,
+            "agent_id": agent_id,
+            "created_unix": time.time(),
+            "server": server,
+        }
         try:
             _make_private(self.base)
-            if _read_meta(folder) is None:
+            found = _read_meta(folder)
+            if found is None:
                 self._make_whole(folder, meta)
+            elif not _belongs(found, server, plan_id):  # a digest's clash: never shared
+                raise WorkspaceError(
+                    WorkspaceProblem.FAILED,
+                    f"the workspace folder {folder} holds another plan's files; plan "
+                    f"{plan_id!r} gets no workspace while it is there",
+                )
             _owner_only(folder)
             _make_private(folder / FILES)
         except WorkspaceError:
@@ -599,13 +662,13 @@ class Workspaces:
                 f"could not make the workspace of plan {plan_id!r}: {exc.strerror}",
             ) from exc
         self._agents.pop(key, None)  # its plan.json says, from now on
-        workspace = self._workspace(plan_id, key)
+        workspace = self._workspace(plan_id, key, server)
         self._touch(workspace)
         return workspace
 
-    def _workspace(self, plan_id: str, key: str) -> Workspace:
+    def _workspace(self, plan_id: str, key: str, server: str) -> Workspace:
         folder = self.base / key
-        return Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)))
+        return Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)), server)
 
     def _make_whole(self, folder: Path, meta: dict[str, Any]) -> None:
         """Make the plan's folder with its plan.json and files/ under a name no count
@@ -699,19 +762,20 @@ class Workspaces:
 
     # ------------------------------------------------------------- all plans
 
-    def teardown(self, plan_id: str) -> bool:
-        """Remove the plan's workspace; True if there was one. Idempotent."""
-        trash = self.detach(plan_id)
+    def teardown(self, plan_id: str, *, server: str = "") -> bool:
+        """Remove `server`'s plan's workspace; True if there was one. Idempotent."""
+        trash = self.detach(plan_id, server=server)
         if trash is None:
             return False
         remove_tree(trash)
         return True
 
-    def detach(self, plan_id: str) -> Path | None:
-        """Take the plan's workspace out of use at once (a rename); the folder to remove
-        with `remove_tree`, or None if the plan had none. A later first call of the
-        plan starts clean even while the old tree is still being removed."""
-        key = plan_key(plan_id)
+    def detach(self, plan_id: str, *, server: str = "") -> Path | None:
+        """Take `server`'s plan's workspace out of use at once (a rename); the folder to
+        remove with `remove_tree`, or None if the plan had none. A later first call of
+        the plan starts clean even while the old tree is still being removed."""
+        _check_server(server)
+        key = plan_key(plan_id, server)
         with self._lock:
             self._opened.pop(key, None)
             self._use.pop(key, None)
@@ -724,9 +788,12 @@ class Workspaces:
                 return None
         return trash
 
-    def plans(self, *, sizes: bool = True) -> list[PlanInfo]:
-        """Every plan holding a workspace, most recently used first (`bytes_used` is 0
-        unless `sizes`: counting walks every file)."""
+    def plans(self, *, sizes: bool = True, server: str | None = None) -> list[PlanInfo]:
+        """Every plan holding a workspace (with `server`, only that server's), most
+        recently used first (`bytes_used` is 0 unless `sizes`: counting walks every
+        file). A workspace no server reaches says UNCLAIMED: one from before servers
+        were recorded not yet sorted (`sort_old`), or one not named for its server
+        and plan (a move `sort_old` or `claim` did not finish)."""
         found = []
         try:
             names = os.listdir(self.base)
@@ -745,6 +812,11 @@ class Workspaces:
             except (OSError, ValueError, TypeError):
                 continue
             plan_id = info["plan_id"]
+            owner = info.get("server")
+            if not isinstance(owner, str) or name != plan_key(plan_id, owner):
+                owner = UNCLAIMED
+            if server is not None and owner != server:
+                continue
             found.append(
                 PlanInfo(
                     plan_id=plan_id,
@@ -752,27 +824,142 @@ class Workspaces:
                     bytes_used=disk_use(folder / FILES) if sizes else 0,
                     created_unix=created,
                     last_used_unix=st.st_mtime,
+                    server=owner,
                 )
             )
         return sorted(found, key=lambda p: p.last_used_unix, reverse=True)
 
-    def last_used(self, plan_id: str) -> float | None:
-        """When the plan's workspace was last used (unix time), or None if it has none."""
+    def last_used(self, plan_id: str, *, server: str = "") -> float | None:
+        """When `server`'s plan's workspace was last used (unix time), or None if it has
+        none."""
         try:
-            return os.lstat(self.base / plan_key(plan_id) / META).st_mtime
+            return os.lstat(self.base / plan_key(plan_id, server) / META).st_mtime
         except OSError:
             return None
 
-    def idle(self, idle_s: float, busy: Iterable[str] = (), now: float | None = None) -> list[str]:
-        """Plans unused for `idle_s` and not in `busy`: the ones a sweep removes."""
+    def idle(
+        self, idle_s: float, busy: Iterable[tuple[str, str]] = (), now: float | None = None
+    ) -> list[tuple[str, str]]:
+        """Plans unused for `idle_s` and not in `busy`, as (server, plan id): the ones a
+        sweep removes, whichever server's. Never an UNCLAIMED one: the person decides."""
         moment = time.time() if now is None else now
         spared = set(busy)
         return [
-            plan.plan_id
+            (plan.server, plan.plan_id)
             for plan in self.plans(sizes=False)
-            if plan.plan_id not in spared and moment - plan.last_used_unix >= idle_s
+            if plan.server != UNCLAIMED
+            and (plan.server, plan.plan_id) not in spared
+            and moment - plan.last_used_unix >= idle_s
         ]
 
-    def sweep(self, idle_s: float, busy: Iterable[str] = (), now: float | None = None) -> list[str]:
-        """Tear down every plan unused for `idle_s` that is not in `busy`; the ids removed."""
-        return [plan for plan in self.idle(idle_s, busy, now) if self.teardown(plan)]
+    def sweep(
+        self, idle_s: float, busy: Iterable[tuple[str, str]] = (), now: float | None = None
+    ) -> list[tuple[str, str]]:
+        """Tear down every plan unused for `idle_s` that is not in `busy`; those removed,
+        as (server, plan id)."""
+        return [
+            (server, plan)
+            for server, plan in self.idle(idle_s, busy, now)
+            if self.teardown(plan, server=server)
+        ]
+
+    # ------------------------------------------------------------- servers
+
+    def sort_old(self, servers_of: Callable[[list[str]], dict[str, str]]) -> list[PlanInfo]:
+        """Give each workspace made before workspaces were kept per server (a plan.json
+        without `server`) its server once: the one `servers_of` names for its plan id
+        (the worker's ledger, when it recorded that server's calls of the plan and no
+        other's), else UNCLAIMED. Then name every folder for its server and plan (a
+        rename: the files stay). Run at the worker's start, before any call. Returns
+        the workspaces sorted now, with their server."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        try:
+            names = os.listdir(self.base)
+        except FileNotFoundError:
+            return []
+        for name in names:
+            meta = None if name.startswith(".") else _read_meta(self.base / name)
+            if meta is not None:
+                found.append((name, meta))
+        old = [meta["plan_id"] for _name, meta in found if not isinstance(meta.get("server"), str)]
+        owners = servers_of(old) if old else {}
+        sorted_now = []
+        for name, meta in found:
+            plan_id, server = meta["plan_id"], meta.get("server")
+            folder = self.base / name
+            with self._lock:
+                if not isinstance(server, str):
+                    server = owners.get(plan_id) or UNCLAIMED
+                    try:
+                        _rewrite_meta(folder, {**meta, "server": server})
+                    except OSError as exc:
+                        log.warning("workspace %s could not be sorted: %s", name, exc)
+                        continue
+                    sorted_now.append((plan_id, name, server))
+                wanted = plan_key(plan_id, server)
+                if name != wanted:
+                    self._move(folder, self.base / wanted)
+        return [
+            PlanInfo(plan_id, plan_key(plan_id, server), 0, 0.0, 0.0, server)
+            for plan_id, _name, server in sorted_now
+        ]
+
+    def claim(self, plan_id: str, server: str) -> PlanInfo:
+        """Give the UNCLAIMED workspace of plan `plan_id` to `server`: its calls of the
+        plan reach it from now on. WorkspaceError when there is no such workspace, or
+        the server holds one of the plan already."""
+        check_plan_id(plan_id)
+        _check_server(server)
+        if not server:
+            raise WorkspaceError(WorkspaceProblem.FAILED, "name the server to claim it for")
+        with self._lock:
+            unclaimed = [
+                p for p in self.plans(sizes=False) if p.plan_id == plan_id and p.server == UNCLAIMED
+            ]
+            if not unclaimed:
+                raise WorkspaceError(
+                    WorkspaceProblem.FAILED,
+                    f"no unclaimed workspace of plan {plan_id!r} here (`agentworker sandbox "
+                    "list` shows each workspace's server)",
+                )
+            folder = self.base / unclaimed[0].key
+            wanted = self.base / plan_key(plan_id, server)
+            if os.path.lexists(wanted):
+                raise WorkspaceError(
+                    WorkspaceProblem.FAILED,
+                    f"server {server} holds a workspace of plan {plan_id!r} already; tear "
+                    "that one down first (`agentworker sandbox teardown`) to claim this one",
+                )
+            meta = _read_meta(folder)
+            if meta is None:
+                raise WorkspaceError(
+                    WorkspaceProblem.FAILED, f"the workspace {folder} went meanwhile"
+                )
+            try:
+                _rewrite_meta(folder, {**meta, "server": server})
+                os.rename(folder, wanted)  # never over a workspace: it is not empty
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    _rewrite_meta(folder, meta)  # unclaimed as it was
+                raise WorkspaceError(
+                    WorkspaceProblem.FAILED,
+                    f"the workspace of plan {plan_id!r} could not be claimed: {exc}",
+                ) from None
+            self._agents.pop(folder.name, None)
+        return replace(unclaimed[0], key=wanted.name, server=server)
+
+    def _move(self, folder: Path, wanted: Path) -> None:
+        """Name a workspace's folder for its server and plan; one already there (which
+        cannot be another's: the name is a digest of both) keeps it, and this one
+        stays where no call reaches it."""
+        if os.path.lexists(wanted):
+            log.warning(
+                "workspace %s stays unreachable: %s is there already", folder.name, wanted.name
+            )
+            return
+        try:
+            os.rename(folder, wanted)
+        except OSError as exc:
+            log.warning("workspace %s could not be renamed for its server: %s", folder.name, exc)
+            return
+        self._agents.pop(folder.name, None)

@@ -39,7 +39,7 @@ from worker.core.connection import (
 )
 from worker.core.console import Console, Link
 from worker.core.console_socket import ConsoleServer
-from worker.core.ledger import State
+from worker.core.ledger import UNRECORDED_SERVER, State
 from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.registry import MIB, Services
@@ -190,7 +190,22 @@ def build_dispatcher(
         pause=desktop.pause,
         services=Services(desktop),
     )
+    for grant in state.sort_old_grants():
+        log.info(
+            "grant %d (%s for agent %r, plan %r), made before grants were kept per server, is %s",
+            grant.id,
+            grant.scope,
+            grant.agent,
+            grant.plan,
+            "for no server: grant it again for the one it is for (`agentworker grant`)"
+            if grant.server == UNRECORDED_SERVER
+            else f"server {grant.server}'s (its plan's calls, in the ledger)",
+        )
     if bench is not None:
+        # A call reaches its plan's workspace of the server that sent it (the one the
+        # ledger serves: its connection names it), never another server's.
+        bench.server = lambda: state.server
+        bench.sort_old(state.servers_of_plans)
         dispatcher.on_teardown = bench.teardown
         dispatcher.held_plans = bench.held
     return dispatcher
@@ -756,6 +771,8 @@ async def _serve_worker(
     connection = build_connection(
         dispatcher, target, config, gui_available=gui, link=local, dial=dial
     )
+    if bench is not None:
+        _say_whose_workspaces(bench, target.server_key)
     console = build_console(dispatcher, config, server=target.address, mode=mode)
     connection.on_state = console.set_link
     if dispatcher.pause is not None:
@@ -859,6 +876,24 @@ async def _serve_worker(
             desktop.close()
         if bench is not None:  # the plans' cgroups, and what runs in them
             await bench.close()
+
+
+def _say_whose_workspaces(bench: workbench.Workbench, server: str) -> None:
+    """The start log: whose plans this worker serves, and the workspaces it keeps for
+    other servers (untouched, and not told of) and for none (to claim)."""
+    from sandbox.workspaces import UNCLAIMED
+
+    plans = bench.workspaces.plans(sizes=False)
+    mine = sum(plan.server == server for plan in plans)
+    unclaimed = sum(plan.server == UNCLAIMED for plan in plans)
+    log.info(
+        "sandbox mode: serving the plans of server %s (%d workspace(s) here); %d of other "
+        "servers' kept for them, unseen by this one; %d unclaimed (`agentworker sandbox list`)",
+        server,
+        mine,
+        len(plans) - mine - unclaimed,
+        unclaimed,
+    )
 
 
 def _input_waits_while_asking(console: Console, desktop: computer.Desktop) -> Callable[[], None]:

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from sandbox import _pidcap, cgroups
-from sandbox.workspaces import plan_key
 from tests.support.cluster import Cluster, cluster, free_port, wait_for, write_config
 from tests.support.policies import PYTHON3, exec_config
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
@@ -33,6 +32,7 @@ from tests.support.workbench import (
     SURFACE,
     call,
     files_of,
+    key_of,
     run,
     sandbox_cluster,
     teardown,
@@ -307,7 +307,7 @@ def test_two_plans_cannot_reach_each_others_files_by_file_actions(live: Cluster)
     call(live, a, "fs_write", {"path": "secret.txt"}, b"a's secret")
     call(live, b, "fs_write", {"path": "mine.txt"}, b"b's")
     host_secret = files_of(live, "bench", a) / "secret.txt"
-    key = plan_key(a)
+    key = key_of(live, a)
     for path in (
         "..",
         "../..",
@@ -332,7 +332,7 @@ def test_links_one_plan_plants_into_another_lead_nowhere(live: Cluster) -> None:
     plant = (
         "import os\n"
         f"os.symlink({str(target)!r}, 'absolute')\n"
-        f"os.symlink('../../{plan_key(b)}/files/mine.txt', 'relative')\n"
+        f"os.symlink('../../{key_of(live, b)}/files/mine.txt', 'relative')\n"
         f"os.symlink({str(target.parent)!r}, 'folder')\n"
         "print(1)"
     )
@@ -366,13 +366,13 @@ def test_exec_sees_only_its_own_workspace(live: Cluster) -> None:
         "'here': os.listdir('.'), 'parent': os.listdir('..'), 'root': os.listdir('/'),"
         f"'other': attempt(lambda: os.listdir({str(host_other)!r})),"
         f"'other_file': attempt(lambda: open({str(host_other / 'a.txt')!r}).read()),"
-        f"'by_key': attempt(lambda: os.listdir('/workspace/../{plan_key(a)}')),"
+        f"'by_key': attempt(lambda: os.listdir('/workspace/../{key_of(live, a)}')),"
         f"'data': attempt(lambda: os.listdir({str(live.home.parent)!r})),"
         "}))"
     )
     seen = py(live, b, code)
     assert seen["here"] == ["b.txt"]
-    assert seen["parent"] == seen["root"] and plan_key(a) not in seen["root"]
+    assert seen["parent"] == seen["root"] and key_of(live, a) not in seen["root"]
     assert "workspace" in seen["root"]
     for probe in ("other", "other_file", "by_key", "data"):
         assert seen[probe][0] == "refused", (probe, seen)
@@ -489,7 +489,9 @@ def test_exec_can_neither_see_nor_mount_cgroups_nor_leave_its_plans(
     assert seen["write"][0] == "refused", seen
     choice = cgroups.choose("any")
     if choice.backend is not None:  # it runs in its plan's cgroup, in every hierarchy
-        held = [line for line in seen["own"].splitlines() if f"plan-{plan_key(plan)[:16]}-" in line]
+        held = [
+            line for line in seen["own"].splitlines() if f"plan-{key_of(live, plan)[:16]}-" in line
+        ]
         assert len(held) == (1 if choice.backend.kind == "cgroup v2" else 3), seen["own"]
 
 

@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 
 from sandbox import cgroups
-from sandbox.workspaces import plan_key
 from tests.support.cluster import Cluster, wait_for
 from tests.support.policies import PYTHON3, exec_config
 from tests.support.procs import marker, processes_with, wait_until_gone
-from tests.support.workbench import call, in_parallel, run, sandbox_cluster, teardown
+from tests.support.workbench import call, in_parallel, key_of, run, sandbox_cluster, teardown
 
 CAP = 24  # processes of one plan, all its sandboxes together
 MEMORY_MB = 96
@@ -67,7 +66,7 @@ def plan_folders(live: Cluster, plan: str) -> list[Path]:
     said = next(p for p in live.procs if p.name == "bench").log()
     found = re.search(r"per-plan limits by cgroup v1 \(root\) at (.*?): all of", said)
     assert found, said
-    key = plan_key(plan)[:16]
+    key = key_of(live, plan)[:16]
     return [
         folder
         for base in found.group(1).split(", ")

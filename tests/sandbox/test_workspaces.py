@@ -147,7 +147,7 @@ def test_the_sweep_removes_idle_plans_only_and_spares_busy_ones(spaces: Workspac
     long_ago = time.time() - 3600
     for plan in ("old", "busy-old"):
         os.utime(spaces.base / plan_key(plan) / META, (long_ago, long_ago))
-    assert spaces.sweep(idle_s=600, busy={"busy-old"}) == ["old"]
+    assert spaces.sweep(idle_s=600, busy={("", "busy-old")}) == [("", "old")]
     assert sorted(p.plan_id for p in spaces.plans()) == ["busy-old", "fresh"]
 
 

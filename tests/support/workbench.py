@@ -16,6 +16,7 @@ from typing import Any
 
 from sandbox.workspaces import FILES, plan_key
 from tests.support.cluster import Cluster, Proc, cluster, wait_for, write_config
+from worker.core.connection import server_key
 from worker.hub.client import ControlClient, result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -50,9 +51,15 @@ def worker_id_of(live: Cluster, name: str) -> str:
     return (live.home.parent / name / "worker_id").read_text().strip()
 
 
+def key_of(live: Cluster, plan: str) -> str:
+    """The folder name of plan `plan`'s workspace at a worker start_sandbox_worker
+    started: a digest of the plan and of the key it knows the hub by."""
+    return plan_key(plan, server_key(live.listen, live.token, tls=False))
+
+
 def files_of(live: Cluster, name: str, plan: str) -> Path:
     """Where worker `name` keeps plan `plan`'s workspace on the host."""
-    return live.home.parent / name / "workbench" / plan_key(plan) / FILES
+    return live.home.parent / name / "workbench" / key_of(live, plan) / FILES
 
 
 @contextlib.contextmanager

@@ -57,13 +57,14 @@ def test_a_socket_client_gets_config_grants_and_the_links_error_inert(tmp_path: 
     async def scenario() -> None:
         grant = GrantSection(agent=EVIL, scopes=["workerHost.fs_read"], plan=EVIL)
         rig = Rig(tmp_path, grants=[grant])
-        # A kill kept from an older worker, which took any plan id (item: ids are printable).
-        rig.dispatcher.state.kill_plan(EVIL, EVIL, "server")
         server = ConsoleServer(rig.console, rig.paths.ui_socket)
         await server.start()
         hub = RefusingHub()
         address = await hub.start()
         link = WorkerConnection(rig.dispatcher, Target(address, TOKEN), backoff=Backoff(0.05, 0.2))
+        # A kill kept from an older worker, which took any plan id (item: ids are printable),
+        # by the server the worker serves.
+        rig.dispatcher.state.kill_plan(EVIL, EVIL, "server")
         link.on_state = rig.console.set_link
         reader, writer = await asyncio.open_unix_connection(
             str(rig.paths.ui_socket), limit=MAX_LINE

@@ -15,8 +15,10 @@ from worker.config import Paths, load
 from worker.core.connection import Target, local_hub_key, server_key
 from worker.core.ledger import (
     FILE_BLOB_BYTES,
+    NEXT_SERVER,
     NO_SERVER,
     UNRECORDED_SERVER,
+    UNSORTED_SERVER,
     HeldForOther,
     Seen,
     State,
@@ -215,3 +217,120 @@ def test_run_knows_this_machines_hub_as_up_does_and_a_named_server_by_its_addres
     assert app.worker_target(paths, other).server_key == server_key(
         "127.0.0.1:7421", "another token", tls=False
     )
+
+
+def test_a_plans_server_is_known_only_when_its_calls_came_from_it_alone(tmp_path: Path) -> None:
+    state = State(tmp_path / "state.db")
+    for server, cid, plan in (
+        ("a", "a-1", "only-a"),
+        ("a", "a-2", "only-a"),
+        ("a", "a-3", "both"),
+        ("b", "b-1", "both"),
+        (UNRECORDED_SERVER, "old-1", "old"),
+        ("a", "a-4", "old"),
+    ):
+        state.server = server
+        assert state.begin(cid, DIGEST, plan).seen is Seen.NEW
+    state.server = "b"
+    state.hold("b-held", DIGEST, "held-b", b"r", b"")
+    wanted = ["only-a", "both", "old", "held-b", "never"]
+    assert state.servers_of_plans(wanted) == {"only-a": "a", "held-b": "b"}
+    state.close()
+
+
+OLD_GRANTS = """
+CREATE TABLE grants (
+    id         INTEGER PRIMARY KEY,
+    agent      TEXT NOT NULL,
+    scope      TEXT NOT NULL,
+    plan       TEXT NOT NULL,
+    expires_ms INTEGER,
+    granted_by TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+"""
+
+
+def test_grants_are_per_server_and_old_ones_go_to_a_known_server_once(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    old = sqlite3.connect(path)
+    old.executescript(OLD_GRANTS)
+    for agent, plan in (("a", "only-a"), ("b", "*"), ("c", "both")):
+        old.execute(
+            "INSERT INTO grants (agent, scope, plan, expires_ms, granted_by, created_ms)"
+            " VALUES (?, 'workerHost.fs_stat', ?, NULL, 'ui:plan', 1)",
+            (agent, plan),
+        )
+    old.commit()
+    old.close()
+    state = State(path, convert=True)
+    assert state.served() is None
+    assert {g.server for g in state.grants(every_server=True)} == {UNSORTED_SERVER}
+    for server, cid, plan in (("A", "a-1", "only-a"), ("A", "a-2", "both"), ("B", "b-1", "both")):
+        state.server = server
+        assert state.begin(cid, DIGEST, plan).seen is Seen.NEW
+    state.server = "A"
+    state.record_served()
+    sorted_now = {g.agent: g.server for g in state.sort_old_grants()}
+    assert sorted_now == {"a": "A", "b": UNRECORDED_SERVER, "c": UNRECORDED_SERVER}
+    assert state.sort_old_grants() == []  # once
+    assert [g.agent for g in state.grants()] == ["a"]
+    made = state.add_grant("d", "workerHost.*", "*", None, "cli")  # for the server served
+    state.add_grant("e", "workerHost.*", "*", None, "cli", server="B")
+    assert [g.agent for g in state.grants()] == ["a", "d"]
+    state.server = "B"
+    assert [g.agent for g in state.grants()] == ["e"]
+    assert len(state.grants(every_server=True)) == 5
+    assert state.revoke_grant(made) and len(state.grants(every_server=True)) == 4
+    state.close()
+    again = State(path)  # the person's CLI: which server the worker here served last
+    assert again.served() == "A"
+    again.close()
+
+
+def test_a_grant_made_before_any_server_was_served_is_the_first_ones(tmp_path: Path) -> None:
+    state = State(tmp_path / "state.db")
+    state.add_grant("me", "workerHost.fs_stat", "*", None, "cli", server=NEXT_SERVER)
+    assert state.grants() == [] and state.served() is None
+    state.server = A
+    state.record_served()
+    assert [(g.agent, g.server) for g in state.grants()] == [("me", A)]
+    state.add_grant("later", "workerHost.fs_stat", "*", None, "cli", server=NEXT_SERVER)
+    state.server = B
+    state.record_served()  # not the first: a later mark waits for no one
+    assert state.served() == B and state.grants() == []
+    state.close()
+
+
+def test_a_servers_kill_binds_its_own_plan_and_the_persons_every_servers(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    old = sqlite3.connect(path)  # a kill from before kills were kept per server
+    old.executescript(
+        "CREATE TABLE killed_plans (plan_id TEXT PRIMARY KEY, reason TEXT NOT NULL,"
+        " killed_by TEXT NOT NULL, killed_ms INTEGER NOT NULL);"
+        "INSERT INTO killed_plans VALUES ('old', 'then', 'server', 1);"
+    )
+    old.commit()
+    old.close()
+    state = State(path, convert=True)
+    state.server = A
+    state.kill_plan("p", "A's", "server")
+    state.kill_plan("mine", "the person's", "cli")
+    state.kill_plan("both", "A's", "server")
+    assert state.kill_reason("p") == "A's (by server)" and state.killed("mine")
+    assert sorted(plan for plan, _ in state.killed_plans()) == ["both", "mine", "old", "p"]
+    state.server = B
+    assert state.kill_reason("p") is None and state.killed("p") is None
+    assert state.kill_reason("mine") and state.kill_reason("old")
+    state.kill_plan("both", "B's", "server")  # two servers killed the id: every server's
+    state.kill_plan("p", "the person's now", "ui")  # the person's replaces A's
+    state.server = "plain://elsewhere:1#0000000000000000"
+    assert {plan for plan, _ in state.killed_plans()} == {"both", "mine", "old", "p"}
+    assert state.kill_reason("p") == "the person's now (by ui)"
+    assert {plan: server for plan, _, _, _, server in state.kills()} == {
+        "old": "*",
+        "p": "*",
+        "mine": "*",
+        "both": "*",
+    }
+    state.close()

@@ -61,6 +61,7 @@ from sandbox.process import (
 from sandbox.sockets import SocketMemory, SocketsUnseenError
 from sandbox.workspaces import (
     MOUNT_POINT,
+    UNCLAIMED,
     Use,
     Workspace,
     WorkspaceError,
@@ -225,6 +226,11 @@ class Workbench:
         self.settings = settings
         self.choice = choice
         self.backend = choice.backend if choice is not None else None
+        # The server whose plans the calls are: each call reaches that server's
+        # workspace of its plan only (sandbox.workspaces). The worker's ledger names it
+        # (worker.core.ledger.State.server: one per worker's lifetime).
+        self.server: Callable[[], str] = lambda: ""
+        # By the plan's workspace key (its server's and its own).
         self._exec_slots: dict[str, asyncio.Semaphore] = {}
         self._groups: dict[str, asyncio.Future[PlanGroup]] = {}
         # Quota counts walk a plan's workspace: on threads of their own, never the
@@ -412,58 +418,87 @@ class Workbench:
             cpus=self.settings.plan_cpus,
         )
 
-    async def plan_group(self, plan_id: str) -> PlanGroup | None:
+    async def plan_group(self, workspace: Workspace) -> PlanGroup | None:
         """The plan's cgroup, made on its first exec (None where cgroups do not apply);
         WorkerError (sandbox_unavailable) when it cannot be made: the call is refused,
         never run without its limits."""
         if self.backend is None:
             return None
-        made = self._groups.get(plan_id)
+        key = workspace.key
+        made = self._groups.get(key)
         if made is None:
-            backend, key, limits = self.backend, plan_key(plan_id), self.plan_limits()
+            backend, limits = self.backend, self.plan_limits()
             made = asyncio.ensure_future(asyncio.to_thread(backend.create, key, limits))
-            self._groups[plan_id] = made
+            self._groups[key] = made
         try:
             return await asyncio.shield(made)
         except CgroupError as exc:
-            if self._groups.get(plan_id) is made:
-                del self._groups[plan_id]  # the next call tries again
+            if self._groups.get(key) is made:
+                del self._groups[key]  # the next call tries again
             raise _refused(exc) from None
 
     def open(self, plan_id: str, agent_id: str) -> Workspace:
+        """The plan's workspace, of the server the worker serves (made now if new)."""
         try:
-            return self.workspaces.open(plan_id, agent_id)
+            return self.workspaces.open(plan_id, agent_id, server=self.server())
         except WorkspaceError as exc:
             raise _translated(exc) from None
 
     def find(self, plan_id: str) -> Workspace | None:
         try:
-            return self.workspaces.find(plan_id)
+            return self.workspaces.find(plan_id, server=self.server())
         except WorkspaceError as exc:
             raise _translated(exc) from None
 
     def held(self) -> list[tuple[str, int]]:
-        """Every plan holding a workspace here, with its last use (unix ms): what the
-        worker tells the hub when it connects, so the hub routes the plan back here."""
+        """Every plan of the server the worker serves holding a workspace here, with its
+        last use (unix ms): what the worker tells that server's hub when it connects, so
+        the hub routes the plan back here. Never another server's plans."""
         return [
             (plan.plan_id, int(plan.last_used_unix * 1000))
-            for plan in self.workspaces.plans(sizes=False)
+            for plan in self.workspaces.plans(sizes=False, server=self.server())
         ]
 
-    def exec_slot(self, plan_id: str) -> asyncio.Semaphore:
-        slot = self._exec_slots.get(plan_id)
+    def sort_old(self, servers_of: Callable[[list[str]], dict[str, str]]) -> None:
+        """Workspaces from before they were kept per server get theirs, or none
+        (Workspaces.sort_old); said in the log, with how to claim the others."""
+        for plan in self.workspaces.sort_old(servers_of):
+            if plan.server == UNCLAIMED:
+                log.warning(
+                    "the workspace of plan %r was made before workspaces were kept per "
+                    "server, and which server it was made for is not known: no server's "
+                    "calls reach it until you claim it (`agentworker sandbox claim PLAN`) "
+                    "or tear it down",
+                    plan.plan_id,
+                )
+            else:
+                log.info(
+                    "the workspace of plan %r, made before workspaces were kept per "
+                    "server, is server %s's (its calls of the plan, in the ledger)",
+                    plan.plan_id,
+                    plan.server,
+                )
+
+    def exec_slot(self, workspace: Workspace) -> asyncio.Semaphore:
+        slot = self._exec_slots.get(workspace.key)
         if slot is None:
-            slot = self._exec_slots[plan_id] = asyncio.Semaphore(self.settings.plan_execs)
+            slot = self._exec_slots[workspace.key] = asyncio.Semaphore(self.settings.plan_execs)
         return slot
 
-    def teardown(self, plan_id: str) -> Awaitable[dict[str, Any]]:
-        """Take the plan's workspace and cgroup out of use now (a later call starts
-        afresh) and return their removal, to await once the plan's calls have stopped:
-        the cgroup's processes killed and the cgroup removed, then the workspace.
-        Idempotent."""
-        self._exec_slots.pop(plan_id, None)
-        group = self._groups.pop(plan_id, None)
-        trash = self.workspaces.detach(plan_id)
+    def teardown(self, plan_id: str, server: str | None = None) -> Awaitable[dict[str, Any]]:
+        """Take the plan's workspace (the served server's, or `server`'s) and cgroup out
+        of use now (a later call starts afresh) and return their removal, to await once
+        the plan's calls have stopped: the cgroup's processes killed and the cgroup
+        removed, then the workspace. Idempotent."""
+        if server is None:
+            server = self.server()
+        key = plan_key(plan_id, server)
+        self._exec_slots.pop(key, None)
+        group = self._groups.pop(key, None)
+        try:
+            trash = self.workspaces.detach(plan_id, server=server)
+        except WorkspaceError as exc:
+            raise _translated(exc) from None
         return self._remove(plan_id, trash, group)
 
     async def _remove(
@@ -488,23 +523,30 @@ class Workbench:
         self._counting.shutdown(wait=False, cancel_futures=True)
         self._holding.shutdown(wait=False, cancel_futures=True)
         self._summing.shutdown(wait=False, cancel_futures=True)
-        for plan_id in list(self._groups):
+        for key in list(self._groups):
             with contextlib.suppress(WorkerError):
-                await self._remove(plan_id, None, self._groups.pop(plan_id))
+                await self._remove(key, None, self._groups.pop(key))
         if self.backend is not None:
             await asyncio.to_thread(self.backend.close)
 
     async def sweep(self, busy: Callable[[], set[str]]) -> list[str]:
         """Remove the workspaces idle past `idle_hours` whose plans run nothing now
-        (asked again before each one: a call may have come meanwhile)."""
+        (asked again before each one: a call may have come meanwhile): every server's,
+        by its last use, but never an UNCLAIMED one. `busy` names the served server's
+        plans with calls running."""
         idle_s = self.settings.idle_hours * 3600
+
+        def running() -> set[tuple[str, str]]:
+            served = self.server()
+            return {(served, plan) for plan in busy()}
+
         removed = []
-        for plan_id in self.workspaces.idle(idle_s, busy()):
-            used = self.workspaces.last_used(plan_id)
-            if plan_id in busy() or used is None or time.time() - used < idle_s:
+        for server, plan_id in self.workspaces.idle(idle_s, running()):
+            used = self.workspaces.last_used(plan_id, server=server)
+            if (server, plan_id) in running() or used is None or time.time() - used < idle_s:
                 continue
             try:
-                if (await self.teardown(plan_id))["removed"]:
+                if (await self.teardown(plan_id, server))["removed"]:
                     removed.append(plan_id)
             except (OSError, WorkerError) as exc:  # the next plan, and the next round, go on
                 log.warning("the idle plan %r could not be removed: %s", plan_id, exc)
@@ -736,8 +778,8 @@ async def _run_in_workspace(
             read_only_root=True,
             entry=entry,
         )
-        async with bench.exec_slot(ctx.plan_id):
-            group = await bench.plan_group(ctx.plan_id)
+        async with bench.exec_slot(workspace):
+            group = await bench.plan_group(workspace)
             counted = group.counters() if group is not None else None
             limits = exec_cmd.limits_of(settings, timeout_s)
             try:

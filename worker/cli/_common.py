@@ -48,6 +48,42 @@ def add_token_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     )
 
 
+def add_served_flags(p: argparse.ArgumentParser) -> None:
+    """Flags that name a server as the worker knows it (its key: the address it dials
+    and a digest of the token it dials with), for what the person keeps per server."""
+    group = p.add_argument_group(
+        "the server (default: the one the worker here serves, or served last)"
+    )
+    group.add_argument("--server", help="its address, as `agentworker run --server` names it")
+    add_token_flags(group)
+    group.add_argument("--tls-ca", type=Path, help="as `run --tls-ca`: it speaks TLS")
+    group.add_argument("--server-key", help="its key, as `sandbox list` or the worker's log say")
+
+
+def server_named(
+    paths: Paths, args: argparse.Namespace, served: str | None, before_any: str | None = None
+) -> tuple[str, str]:
+    """The key of the server the flags of `add_served_flags` name, and how it was
+    chosen (for the person): `served` is the one the worker here serves (or served
+    last), the default; with none, `before_any` if given (a mark the worker turns into
+    the first server it serves), else the one `run` serves with no flags."""
+    if args.server_key:
+        return args.server_key, "named by its key"
+    if args.server or args.token or args.tls_ca:
+        from worker.app import worker_target
+
+        return worker_target(paths, config_of(paths, args)).server_key, "named as `run` names it"
+    if served:
+        return served, "the server the worker here serves, or served last"
+    if before_any is not None:
+        return before_any, "no worker has served a server from here yet: the first one it serves"
+    from worker.app import worker_target
+
+    return worker_target(paths, config_of(paths, args)).server_key, (
+        "the server `agentworker run` serves with no flags"
+    )
+
+
 VISIBLE_FLAG_WARNING: Final = (
     "agentworker: warning: --token shows the token to every user of this machine (ps, "
     "/proc/PID/cmdline); use --token-file FILE or AGENTWORKER_TOKEN instead"

@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import EXIT_FAILED, EXIT_OK, shown
+from worker.cli._common import EXIT_FAILED, EXIT_OK, add_served_flags, shown
 from worker.cli.plans import local_state
 
 if TYPE_CHECKING:
@@ -29,9 +29,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     grant.add_argument("--agent", default="*", help="agent id or pattern (default: any)")
     grant.add_argument("--plan", default="*", help="plan id or pattern (default: any)")
     grant.add_argument("--for", dest="duration", help="expire after e.g. 30m, 8h, 7d")
+    add_served_flags(grant)
     grant.set_defaults(handler=_grant)
 
-    grants = sub.add_parser("grants", help="list grants made with `grant`")
+    grants = sub.add_parser(
+        "grants", help="list grants made with `grant` or in the UI, each with its server"
+    )
     grants.add_argument("--json", action="store_true", help="machine-readable output")
     grants.set_defaults(handler=_grants)
 
@@ -61,13 +64,38 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
             f"{args.scope!r} is not a scope: write surface.action, e.g. workerHost.fs_stat "
             "or workerHost.*",
         )
+    from worker.cli._common import server_named
+    from worker.core.ledger import NEXT_SERVER
+
     expires = datetime.now(UTC) + _parse_duration(args.duration) if args.duration else None
-    grant_id = local_state(paths).add_grant(
-        args.agent, args.scope, args.plan, expires, granted_by=f"cli:{os.getuid()}"
-    )
+    state = local_state(paths)
+    try:
+        server, how = server_named(paths, args, state.served(), NEXT_SERVER)
+        grant_id = state.add_grant(
+            args.agent,
+            args.scope,
+            args.plan,
+            expires,
+            granted_by=f"cli:{os.getuid()}",
+            server=server,
+        )
+    finally:
+        state.close()
     until = f" until {expires.isoformat(timespec='seconds')}" if expires else ""
     print(f"grant {grant_id}: {args.scope} for agent {args.agent}, plan {args.plan}{until}")
+    whose = "the first server" if server == NEXT_SERVER else f"server {shown(server)}"
+    print(f"  for {whose} ({how}); it admits no other server's calls")
     return EXIT_OK
+
+
+def _server_shown(server: str) -> str:
+    from worker.core.ledger import NEXT_SERVER, UNRECORDED_SERVER, UNSORTED_SERVER
+
+    if server in (UNRECORDED_SERVER, UNSORTED_SERVER):
+        return "none (made before grants were kept per server; grant it again)"
+    if server == NEXT_SERVER:
+        return "the first one the worker here serves"
+    return server
 
 
 def _grants(paths: Paths, args: argparse.Namespace) -> int:
@@ -79,8 +107,9 @@ def _grants(paths: Paths, args: argparse.Namespace) -> int:
             "plan": g.plan,
             "expires": g.expires.isoformat() if g.expires else None,
             "granted_by": g.granted_by,
+            "server": g.server,
         }
-        for g in local_state(paths).grants()
+        for g in local_state(paths).grants(every_server=True)
     ]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -90,7 +119,8 @@ def _grants(paths: Paths, args: argparse.Namespace) -> int:
         # A grant made in the UI names the agent and plan as the server sent them.
         print(
             f"{r['id']}: {shown(str(r['scope']))} agent={shown(str(r['agent']))} "
-            f"plan={shown(str(r['plan']))} expires={r['expires']}"
+            f"plan={shown(str(r['plan']))} expires={r['expires']} "
+            f"server={shown(_server_shown(str(r['server'])))}"
         )
     return EXIT_OK
 

@@ -27,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
     from worker.cli._common import shown
-    from worker.core.ledger import State
+    from worker.core.ledger import ANY_SERVER, State
 
     state_db = paths.data_dir / "state.db"
     rows = []
@@ -42,8 +42,10 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
                     "killed_at": datetime.fromtimestamp(ms / 1000, UTC).isoformat(
                         timespec="seconds"
                     ),
+                    # A server's kill binds its own plan of the id; the person's, all.
+                    "server": server,
                 }
-                for plan, reason, by, ms in state.kills()
+                for plan, reason, by, ms, server in state.kills()
             ]
         finally:
             state.close()
@@ -54,9 +56,10 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
     else:
         for r in rows:
             # A server's KillPlan names the plan and says the reason.
+            whose = "every server's" if r["server"] == ANY_SERVER else f"server {r['server']}'s"
             print(
                 f"{shown(r['plan'])}  killed {r['killed_at']} by {shown(r['killed_by'])}: "
-                f"{shown(r['reason'])}"
+                f"{shown(r['reason'])}  ({shown(whose)} plan of this id)"
             )
         print("lift one with `agentworker lift PLAN`")
     return 0

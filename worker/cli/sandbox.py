@@ -1,10 +1,13 @@
-"""`agentworker sandbox list` and `agentworker sandbox teardown PLAN`: sandbox mode's plans.
+"""`agentworker sandbox list`, `teardown PLAN` and `claim PLAN`: sandbox mode's plans.
 
 `list` reads this machine's workspaces directly (it needs no hub): each plan, the
-disk its workspace takes and when a call last used it. `teardown` goes through
-the hub, which finds the worker holding the plan; that worker stops the plan's
-running calls and removes its workspace. Tearing down a plan twice, or one that
-never ran, succeeds.
+server it belongs to, the disk its workspace takes and when a call last used it.
+`teardown` goes through the hub, which finds the worker holding the plan; that
+worker stops the plan's running calls and removes its workspace (of that hub's
+plan: another server's workspace of the same plan id stays). Tearing down a plan
+twice, or one that never ran, succeeds. `claim` gives a workspace no server reaches
+(made before workspaces were kept per server, whose server the worker could not
+tell) to a server, named as `run` names it; a claimed one can then be torn down.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags, shown
+from worker.cli._common import EXIT_FAILED, EXIT_OK, add_served_flags, add_server_flags, shown
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -41,16 +44,28 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     teardown.add_argument("--worker", default="", help="worker id (default: the one holding it)")
     teardown.add_argument("--json", action="store_true", help="machine-readable output")
     add_server_flags(teardown)
+    claim = verbs.add_parser(
+        "claim",
+        help="give an unclaimed workspace (from before workspaces were kept per server) to "
+        "a server",
+        description="The server is named as `agentworker run` names it: --server ADDR with "
+        "--token-file FILE (the worker's token) and --tls-ca; or --server-key KEY as `sandbox "
+        "list` shows it. With none, the server the worker here serves (or served last).",
+    )
+    claim.add_argument("plan", help="the plan id")
+    add_served_flags(claim)
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
     if args.sandbox_command == "list":
         return _list(paths, args)
+    if args.sandbox_command == "claim":
+        return _claim(paths, args)
     return _teardown(paths, args)
 
 
 def _list(paths: Paths, args: argparse.Namespace) -> int:
-    from sandbox.workspaces import Workspaces
+    from sandbox.workspaces import UNCLAIMED, Workspaces
     from worker.config import load
 
     config = load(paths)
@@ -63,10 +78,12 @@ def _list(paths: Paths, args: argparse.Namespace) -> int:
     rows = [
         {
             "plan_id": plan.plan_id,
+            "server": plan.server,
             "bytes": plan.bytes_used,
             "quota_bytes": workspaces.quota_bytes,
             "created": _iso(plan.created_unix),
             "last_used": _iso(plan.last_used_unix),
+            "folder": str(workspaces.base / plan.key),
         }
         for plan in plans
     ]
@@ -77,7 +94,36 @@ def _list(paths: Paths, args: argparse.Namespace) -> int:
     else:
         for plan in plans:
             used = _iso(plan.last_used_unix)
-            print(f"{shown(plan.plan_id)}  {_size(plan.bytes_used)}  last used {used}")
+            if plan.server == UNCLAIMED:
+                whose = "unclaimed: no server reaches it (`agentworker sandbox claim PLAN`)"
+            else:
+                whose = f"server {shown(plan.server)}"
+            print(f"{shown(plan.plan_id)}  {_size(plan.bytes_used)}  last used {used}  {whose}")
+    return EXIT_OK
+
+
+def _claim(paths: Paths, args: argparse.Namespace) -> int:
+    from sandbox.workspaces import WorkspaceError, Workspaces
+    from worker.cli._common import config_of, server_named
+    from worker.cli.plans import local_state
+
+    config = config_of(paths, args)
+    state = local_state(paths)
+    try:
+        server, how = server_named(paths, args, state.served())
+    finally:
+        state.close()
+    workspaces = Workspaces(paths.workbench, quota_bytes=config.sandbox.quota_mb * 1024**2)
+    try:
+        workspaces.claim(args.plan, server)
+    except WorkspaceError as exc:
+        print(f"plan {shown(args.plan)}: {shown(exc.message)}")
+        return EXIT_FAILED
+    print(
+        f"plan {shown(args.plan)}: its workspace is server {shown(server)}'s now ({how}); "
+        "that server's calls of the plan reach it (a running worker names it to the server "
+        "at its next connect)"
+    )
     return EXIT_OK
 
 

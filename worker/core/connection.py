@@ -201,6 +201,7 @@ class WorkerConnection:
         # The ledger tells, sends and answers this server only its own calls (one
         # connection per dispatcher: the worker serves one server for its lifetime).
         dispatcher.state.server = target.server_key
+        dispatcher.state.record_served()  # the person's `grant` is for it by default
         self.keepalive = keepalive
         self.heartbeat_s = heartbeat_s
         self.backoff = backoff

@@ -41,7 +41,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -75,7 +75,8 @@ CREATE TABLE IF NOT EXISTS killed_plans (
     plan_id   TEXT PRIMARY KEY,
     reason    TEXT NOT NULL,
     killed_by TEXT NOT NULL,
-    killed_ms INTEGER NOT NULL
+    killed_ms INTEGER NOT NULL,
+    server    TEXT NOT NULL DEFAULT '*' -- whose plan of the id it binds: a key, or * (all)
 );
 CREATE INDEX IF NOT EXISTS killed_plans_by ON killed_plans (killed_by);
 CREATE TABLE IF NOT EXISTS grants (
@@ -85,7 +86,13 @@ CREATE TABLE IF NOT EXISTS grants (
     plan       TEXT NOT NULL,
     expires_ms INTEGER,
     granted_by TEXT NOT NULL,
-    created_ms INTEGER NOT NULL
+    created_ms INTEGER NOT NULL,
+    server     TEXT NOT NULL DEFAULT 'unsorted' -- the key of the server it was granted for
+);
+CREATE TABLE IF NOT EXISTS served (  -- the server the worker here serves, or served last
+    one        INTEGER PRIMARY KEY CHECK (one = 1),
+    server     TEXT NOT NULL,
+    since_ms   INTEGER NOT NULL
 );
 """
 
@@ -96,6 +103,10 @@ DEFAULT_TTL_S = 24 * 3600
 # state.db without end and made each UI event megabytes long.
 MAX_SERVER_KILLS: Final = 1000
 SERVER: Final = "server"  # `killed_by` of a server's KillPlan
+# `killed_plans.server` of a kill that binds the plan id whichever server names it: the
+# person's (and a server kill from before kills were kept per server, or of an id two
+# servers killed).
+ANY_SERVER: Final = "*"
 # Effect-free results held in memory past this many bytes (a server that does not ack)
 # are written to the ledger, oldest first, as any unacked result is.
 HELD_BYTES: Final = 64 * 1024 * 1024
@@ -123,13 +134,27 @@ class Seen(enum.Enum):
     OTHER_SERVER = "other_server"  # the id is another server's call: nothing of it is told
 
 
-# Columns added since the first state.db, with their definitions (added on open). A
-# row from before `server` was added is stamped UNRECORDED_SERVER: held, not sent.
+# The server of a grant made before grants were kept per server, until the worker's
+# next start sorts it (`sort_old_grants`): to the server it was made for, if the ledger
+# can tell, else UNRECORDED_SERVER. Neither is any server's key: such a grant admits
+# no call.
+UNSORTED_SERVER: Final = "unsorted"
+# The server of a grant the person made before the worker here served any: the first
+# one it serves gets it (`record_served`).
+NEXT_SERVER: Final = "next"
+
+# Columns added since the first state.db, with their definitions (added on open), by
+# table. A call from before `server` was added is stamped UNRECORDED_SERVER: held, not
+# sent; a grant, UNSORTED_SERVER.
 _ADDED_COLUMNS: Final = {
-    "result_blob": "BLOB",
-    "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
-    "blob_file": "INTEGER NOT NULL DEFAULT 0",
-    "server": f"TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}'",
+    "calls": {
+        "result_blob": "BLOB",
+        "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
+        "blob_file": "INTEGER NOT NULL DEFAULT 0",
+        "server": f"TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}'",
+    },
+    "grants": {"server": f"TEXT NOT NULL DEFAULT '{UNSORTED_SERVER}'"},
+    "killed_plans": {"server": f"TEXT NOT NULL DEFAULT '{ANY_SERVER}'"},
 }
 
 
@@ -194,6 +219,7 @@ class StoredGrant:
     plan: str
     expires: datetime | None
     granted_by: str
+    server: str = NO_SERVER  # the key of the server it was granted for
 
 
 class State:
@@ -202,10 +228,11 @@ class State:
         self._blob_dir = Path(f"{path}{BLOBS_SUFFIX}")
         self._blob_store = BlobFiles(self._blob_dir)
         self._blob_files: set[str] = set()  # calls whose blob this process wrote to a file
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
-        for name, definition in _ADDED_COLUMNS.items():
-            if name not in columns:  # a state.db from before the column
-                self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {definition}")
+        for table, added in _ADDED_COLUMNS.items():
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, definition in added.items():
+                if name not in columns:  # a state.db from before the column
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
         self._ttl_ms = int(ttl_s * 1000)
         # The server whose calls this process serves (its WorkerConnection names it):
         # the only one told of, sent, acking and answered from the calls stamped with it.
@@ -221,7 +248,8 @@ class State:
         # another process): cache them until SQLite's data_version says someone wrote.
         self._seen_version = -1
         self._checked_at = 0.0
-        self._kills: dict[str, tuple[str, str]] = {}  # plan -> (reason, killed by)
+        # plan -> (reason, killed by, whose plan of the id it binds: a key, or ANY_SERVER)
+        self._kills: dict[str, tuple[str, str, str]] = {}
         self._kills_moved: set[str] = set()  # plans whose kill another process changed
         self._kills_read = False
         self._prune_server_kills()  # a state.db from before the bound
@@ -237,9 +265,9 @@ class State:
             return
         self._seen_version = version
         kills = {
-            plan: (reason, by)
-            for plan, reason, by in self._db.execute(
-                "SELECT plan_id, reason, killed_by FROM killed_plans"
+            plan: (reason, by, server)
+            for plan, reason, by, server in self._db.execute(
+                "SELECT plan_id, reason, killed_by, server FROM killed_plans"
             )
         }
         if self._kills_read and kills != self._kills:
@@ -572,6 +600,25 @@ class State:
         )
         return [cid for (cid,) in rows]
 
+    def servers_of_plans(self, plan_ids: list[str]) -> dict[str, str]:
+        """For each of `plan_ids` whose calls in the ledger all came from one known
+        server, that server (a plan with calls from before servers were recorded, or
+        from two servers, or none, is not named): whose a workspace from before they
+        were kept per server is (sandbox.workspaces.Workspaces.sort_old)."""
+        wanted = set(plan_ids)
+        seen: dict[str, set[str]] = {}
+        for plan, server in self._db.execute("SELECT DISTINCT plan_id, server FROM calls"):
+            if plan in wanted:
+                seen.setdefault(plan, set()).add(server)
+        for h in self._held.values():
+            if h.plan_id in wanted:
+                seen.setdefault(h.plan_id, set()).add(h.server)
+        return {
+            plan: next(iter(servers))
+            for plan, servers in seen.items()
+            if len(servers) == 1 and not servers & {UNRECORDED_SERVER, NO_SERVER}
+        }
+
     def held_for_others(self) -> list[HeldForOther]:
         """The results of other servers not acked by them, per server (see the module's
         docstring): what the connection says it holds, and keeps from this server."""
@@ -631,20 +678,31 @@ class State:
     # ------------------------------------------------------------- kill switch
 
     def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> list[str]:
-        """Record the kill; a kill made here replaces a server's kill of the plan (so
-        it is never pruned). Returns the plans whose server kill was pruned to make
-        room (see MAX_SERVER_KILLS): they are no longer killed."""
+        """Record the kill. A kill made here (the person's) binds the plan id whichever
+        server names it, and replaces a server's kill of the plan (so it is never
+        pruned). A server's kill (`killed_by` SERVER) binds that server's plan only: a
+        server stops its own plans, never another's of the same id; a plan id two
+        servers killed is bound for every server. Returns the plans whose server kill
+        was pruned to make room (see MAX_SERVER_KILLS): they are no longer killed."""
         self._refresh()
-        self._db.execute(
-            "INSERT INTO killed_plans VALUES (?, ?, ?, ?) ON CONFLICT (plan_id) DO UPDATE"
-            " SET reason = excluded.reason, killed_by = excluded.killed_by,"
-            " killed_ms = excluded.killed_ms"
-            " WHERE killed_plans.killed_by = ? AND excluded.killed_by != ?",
-            (plan_id, reason, killed_by, now_ms(), SERVER, SERVER),
-        )
-        known = self._kills.get(plan_id)
-        if known is None or (known[1] == SERVER and killed_by != SERVER):
-            self._kills[plan_id] = (reason, killed_by)
+        server = self.server if killed_by == SERVER else ANY_SERVER
+        with self.batch():
+            row = self._db.execute(
+                "SELECT killed_by, server FROM killed_plans WHERE plan_id = ?", (plan_id,)
+            ).fetchone()
+            if row is None or (row[0] == SERVER and killed_by != SERVER):
+                self._db.execute(
+                    "INSERT OR REPLACE INTO killed_plans VALUES (?, ?, ?, ?, ?)",
+                    (plan_id, reason, killed_by, now_ms(), server),
+                )
+                self._kills[plan_id] = (reason, killed_by, server)
+            elif row[0] == SERVER and killed_by == SERVER and row[1] != server:
+                self._db.execute(
+                    "UPDATE killed_plans SET server = ? WHERE plan_id = ?", (ANY_SERVER, plan_id)
+                )
+                known = self._kills.get(plan_id)
+                if known is not None:
+                    self._kills[plan_id] = (known[0], known[1], ANY_SERVER)
         return self._prune_server_kills() if killed_by == SERVER else []
 
     def _prune_server_kills(self) -> list[str]:
@@ -672,15 +730,23 @@ class State:
         self._kills.pop(plan_id, None)
         return cur.rowcount > 0
 
-    def kill_reason(self, plan_id: str) -> str | None:
-        self._refresh()
+    def _binding(self, plan_id: str) -> tuple[str, str, str] | None:
         kill = self._kills.get(plan_id)
+        if kill is None or kill[2] not in (ANY_SERVER, self.server):
+            return None  # another server's kill of its own plan of this id
+        return kill
+
+    def kill_reason(self, plan_id: str) -> str | None:
+        """Why the plan is killed for the server this State serves, or None."""
+        self._refresh()
+        kill = self._binding(plan_id)
         return None if kill is None else f"{kill[0]} (by {kill[1]})"
 
     def killed(self, plan_id: str) -> str | None:
-        """The plan's kill's reason (from the cache: no query), or None."""
+        """The reason of the plan's kill that binds the server served (from the cache:
+        no query), or None."""
         self._refresh()
-        kill = self._kills.get(plan_id)
+        kill = self._binding(plan_id)
         return None if kill is None else kill[0]
 
     def kills_moved(self) -> set[str]:
@@ -691,26 +757,51 @@ class State:
         return moved
 
     def killed_plans(self) -> list[tuple[str, str]]:
-        return list(self._db.execute("SELECT plan_id, reason FROM killed_plans ORDER BY killed_ms"))
-
-    def kills(self) -> list[tuple[str, str, str, int]]:
-        """Every killed plan: id, reason, who killed it, when (unix ms), oldest first."""
+        """The plans killed for the server served: id and reason, oldest first."""
         return list(
             self._db.execute(
-                "SELECT plan_id, reason, killed_by, killed_ms FROM killed_plans ORDER BY killed_ms"
+                "SELECT plan_id, reason FROM killed_plans WHERE server IN (?, ?)"
+                " ORDER BY killed_ms",
+                (ANY_SERVER, self.server),
+            )
+        )
+
+    def kills(self) -> list[tuple[str, str, str, int, str]]:
+        """Every killed plan: id, reason, who killed it, when (unix ms), and whose plan
+        of the id it binds (a server's key, or ANY_SERVER), oldest first."""
+        return list(
+            self._db.execute(
+                "SELECT plan_id, reason, killed_by, killed_ms, server FROM killed_plans"
+                " ORDER BY killed_ms"
             )
         )
 
     # ------------------------------------------------------------- local grants
 
     def add_grant(
-        self, agent: str, scope: str, plan: str, expires: datetime | None, granted_by: str
+        self,
+        agent: str,
+        scope: str,
+        plan: str,
+        expires: datetime | None,
+        granted_by: str,
+        server: str | None = None,
     ) -> int:
+        """A grant for `server` (default: the one this State serves): it admits that
+        server's calls only."""
         expires_ms = None if expires is None else int(expires.timestamp() * 1000)
         cur = self._db.execute(
-            "INSERT INTO grants (agent, scope, plan, expires_ms, granted_by, created_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (agent, scope, plan, expires_ms, granted_by, now_ms()),
+            "INSERT INTO grants (agent, scope, plan, expires_ms, granted_by, created_ms, server)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                agent,
+                scope,
+                plan,
+                expires_ms,
+                granted_by,
+                now_ms(),
+                self.server if server is None else server,
+            ),
         )
         self._changed()
         return int(cur.lastrowid or 0)
@@ -719,13 +810,18 @@ class State:
         self._changed()
         return self._db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount > 0
 
-    def grants(self) -> list[StoredGrant]:
+    def grants(self, *, every_server: bool = False) -> list[StoredGrant]:
+        """The grants for the server this State serves (with `every_server`, every
+        grant: for the person's listings). A grant for another server admits none of
+        this one's calls, whatever its agent and plan patterns say."""
         self._refresh()
-        return self._grants
+        if every_server:
+            return self._grants
+        return [g for g in self._grants if g.server == self.server]
 
     def _read_grants(self) -> list[StoredGrant]:
         rows = self._db.execute(
-            "SELECT id, agent, scope, plan, expires_ms, granted_by FROM grants ORDER BY id"
+            "SELECT id, agent, scope, plan, expires_ms, granted_by, server FROM grants ORDER BY id"
         ).fetchall()
         return [
             StoredGrant(
@@ -735,6 +831,54 @@ class State:
                 plan=plan,
                 expires=None if exp is None else datetime.fromtimestamp(exp / 1000).astimezone(),
                 granted_by=by,
+                server=server,
             )
-            for gid, agent, scope, plan, exp, by in rows
+            for gid, agent, scope, plan, exp, by, server in rows
         ]
+
+    def sort_old_grants(self) -> list[StoredGrant]:
+        """Give each grant from before grants were kept per server (UNSORTED_SERVER) its
+        server once: a grant for one plan (no pattern) whose calls in the ledger all
+        came from one recorded server is that server's (`servers_of_plans`); any other
+        is UNRECORDED_SERVER, for no server, until the person grants it again. Run at
+        the worker's start. Returns the grants sorted now."""
+        old = [
+            g.plan
+            for g in self.grants(every_server=True)
+            if g.server == UNSORTED_SERVER and not any(c in g.plan for c in "*?[")
+        ]
+        owners = self.servers_of_plans(old)
+        sorted_now = []
+        for g in self.grants(every_server=True):
+            if g.server != UNSORTED_SERVER:
+                continue
+            server = owners.get(g.plan, UNRECORDED_SERVER)
+            self._db.execute("UPDATE grants SET server = ? WHERE id = ?", (server, g.id))
+            sorted_now.append(replace(g, server=server))
+        if sorted_now:
+            self._changed()
+        return sorted_now
+
+    # ------------------------------------------------------------- the server served
+
+    def record_served(self) -> None:
+        """Remember the server this State serves (`server`), for the person's CLI: a
+        grant made there is for it unless another server is named. Grants made before
+        any server was served here (NEXT_SERVER) are this one's."""
+        with self.batch():
+            first = self._db.execute("SELECT 1 FROM served").fetchone() is None
+            self._db.execute(
+                "INSERT INTO served VALUES (1, ?, ?) ON CONFLICT (one) DO UPDATE"
+                " SET server = excluded.server, since_ms = excluded.since_ms",
+                (self.server, now_ms()),
+            )
+            if first:
+                self._db.execute(
+                    "UPDATE grants SET server = ? WHERE server = ?", (self.server, NEXT_SERVER)
+                )
+        self._changed()
+
+    def served(self) -> str | None:
+        """The server the worker here serves, or served last (None: none yet)."""
+        row = self._db.execute("SELECT server FROM served").fetchone()
+        return None if row is None else str(row[0])
