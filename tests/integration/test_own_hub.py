@@ -37,14 +37,7 @@ def hub_socket(live: Cluster) -> Path:
 
 
 def cli(live: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *argv],
-        env=live.env,
-        capture_output=True,
-        text=True,
-        timeout=WITHIN_S,
-        check=False,
-    )
+    return live.cli(*argv, timeout=WITHIN_S)
 
 
 def test_run_and_the_verbs_reach_their_hub_on_its_socket(live: Cluster) -> None:

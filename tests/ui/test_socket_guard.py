@@ -20,8 +20,9 @@ from tests.support.cluster import cluster, wait_for
 from tests.support.host_calls import call
 from tests.support.policies import PYTHON3
 from worker.config import Paths
-from worker.core.console_socket import NoWorkerError, SocketLink, _private_folder
+from worker.core.console_socket import NoWorkerError, SocketLink
 from worker.errors import StartupError
+from worker.wire.own_hub import private_folder
 
 AS_USER_1000 = ("setpriv", "--reuid=1000", "--regid=1000", "--clear-groups")
 # Attach, and print the first line the worker answers (empty: it closed at once).
@@ -98,8 +99,8 @@ def test_a_link_in_place_of_the_sockets_folder_is_refused(tmp_path: Path) -> Non
     real.mkdir(mode=0o700)
     (tmp_path / "agentworker-x").symlink_to(real)
     with pytest.raises(StartupError, match="must be a folder \\(not a link\\)"):
-        _private_folder(tmp_path / "agentworker-x")
-    _private_folder(real)  # the folder itself passes
+        private_folder(tmp_path / "agentworker-x", "the UI socket")
+    private_folder(real, "the UI socket")  # the folder itself passes
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root (CI is root)")

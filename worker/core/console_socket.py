@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Final
 
 from worker.core.console import Console, Event, Subscriber, encode
 from worker.errors import StartupError
+from worker.wire.own_hub import private_folder
 
 log = logging.getLogger(__name__)
 
@@ -113,20 +113,6 @@ class NoWorkerError(StartupError):
     exit_code = 3
 
 
-def _private_folder(folder: Path) -> None:
-    """The socket's folder must be a folder (not a link to one), ours, and writable by
-    us alone: another user who could write there, or had put a link there to a
-    folder they can swap, could put a socket of their own in its place."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = folder.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise StartupError(
-            f"{folder} must be a folder (not a link) that belongs to you and is writable "
-            "by you alone (chmod go-w) to hold the UI socket; if another user made it, "
-            "remove it or set AGENTWORKER_HOME to a shorter path"
-        )
-
-
 def _peer(sock: socket.socket) -> tuple[int, int] | None:
     """The other end's (pid, uid) as the kernel says, or None where it cannot."""
     if not hasattr(socket, "SO_PEERCRED"):
@@ -170,7 +156,7 @@ class ConsoleServer:
         self.ui_pids: frozenset[int] = frozenset()
 
     async def start(self) -> None:
-        _private_folder(self.path.parent)
+        private_folder(self.path.parent, "the UI socket")
         # Only one worker per data folder runs (the worker lock), so a socket left
         # here is a dead worker's.
         with contextlib.suppress(FileNotFoundError):

@@ -174,9 +174,10 @@ def socket_answers(path: Path) -> bool:
         return True
 
 
-def private_folder(folder: Path) -> None:
-    """Make the socket's folder (owner only) and check it is this user's alone: a folder
-    another user may write in, or a link to one, could be given a socket of theirs."""
+def private_folder(folder: Path, holds: str = "the hub's socket") -> None:
+    """Make the folder of a socket (`holds` names it) owner-only and check it is this
+    user's alone: a folder another user may write in, or a link to one, could be given
+    a socket of theirs."""
     from worker.errors import StartupError  # here: the errors load the sandbox package
 
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -184,7 +185,7 @@ def private_folder(folder: Path) -> None:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise StartupError(
             f"{folder} must be a folder (not a link) that belongs to you and is writable "
-            "by you alone (chmod go-w) to hold the hub's socket; if another user made it, "
+            f"by you alone (chmod go-w) to hold {holds}; if another user made it, "
             "remove it or set AGENTWORKER_HOME to a shorter path"
         )
 
