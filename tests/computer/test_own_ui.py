@@ -4,12 +4,27 @@ the Tk test app stands for that terminal: its pid is given as an attached UI's."
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+from typing import Any
+
 import pytest
+from Xlib import X
+from Xlib.display import Display
+from Xlib.xobject.drawable import Window as XWindow
 
 from tests.computer import models as m
 from tests.computer.conftest import run
 from tests.computer.test_x11_input import SECOND_TITLE, _focus_text, _managed, _windows_once
-from tests.support.desktop import Computer, TkApp
+from tests.support.desktop import (
+    Computer,
+    OtherClient,
+    TkApp,
+    XServer,
+    computer_on,
+    start_xvfb,
+    tk_app,
+)
 from worker.actions.computer import Desktop
 from worker.errors import WorkerError
 
@@ -77,3 +92,155 @@ def test_keys_are_not_typed_into_the_ui_terminal_the_person_left_focused(
     run(computer.key_type(None, m.KeyTypeArgs(text="ok")))
     app.wait_text("ok")  # the first text the app ever saw: nothing refused reached it
     assert not [e for e in app.seen if e["event"] == "wheel"]
+
+
+# ------------------------------------------------------------------ fail closed
+
+
+def _closing_after(
+    monkeypatch: pytest.MonkeyPatch, cls: type, name: str, other: OtherClient
+) -> list[Any]:
+    """The X request `cls.name` answers the worker's input thread, and then (once)
+    `other`'s window is destroyed before the worker goes on: the X server's real
+    answer, then a real X error for what the worker asks next about that window. The
+    replies seen are returned (the test checks the worker saw what it meant to)."""
+    real = getattr(cls, name)
+    seen: list[Any] = []
+
+    def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = real(self, *args, **kwargs)
+        if not seen and threading.current_thread().name.startswith("desktop-input"):
+            seen.append(reply)
+            other.destroy()
+        return reply
+
+    monkeypatch.setattr(cls, name, request)
+    return seen
+
+
+def _busy(call: object) -> WorkerError:
+    with pytest.raises(WorkerError) as caught:
+        run(call)  # type: ignore[arg-type]
+    assert caught.value.code == "busy" and caught.value.retryable, caught.value
+    assert "nothing was sent" in caught.value.message
+    return caught.value
+
+
+def _pressed(app: TkApp) -> list[str]:
+    return [e["keysym"] for e in app.seen if e["event"] == "key" and e["kind"] == "KeyPress"]
+
+
+def test_keys_wait_when_the_focus_cannot_be_told(
+    computer: Computer,
+    desktop: Desktop,
+    app: TkApp,
+    xserver: XServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another program's window holds the focus, and closes just after the X server
+    said so: the walk up from it meets a real BadWindow. Where keys go then is not
+    known (the server gives the focus back to the root, so keys go to the window under
+    the pointer: here the person's terminal), so none is typed: `busy`, retryable."""
+    desktop.ui_pids = lambda: {app.proc.pid}
+    x, y = app.centre("text")
+    run(computer.mouse_move(None, m.MouseMoveArgs(x=x, y=y)))
+    calls = [
+        lambda: computer.key_type(None, m.KeyTypeArgs(text="ly")),
+        lambda: computer.key_combo(None, m.KeyComboArgs(keys="y")),
+    ]
+    for call in calls:
+        with OtherClient(xserver, 1400, 780) as other, monkeypatch.context() as patch:
+            other.focus()
+            seen = _closing_after(patch, Display, "get_input_focus", other)
+            refused = _busy(call())
+            assert "keyboard focus" in refused.message and "BadWindow" in refused.message
+            assert [reply.focus.id for reply in seen] == [other.id]  # it saw that window
+
+    desktop.ui_pids = tuple  # the UI went: typing goes on
+    _focus_text(computer, app)
+    run(computer.key_type(None, m.KeyTypeArgs(text="ok")))
+    app.wait_text("ok")  # the first text the app ever saw
+    assert not {"l", "y"} & set(_pressed(app))
+
+
+def test_a_click_waits_when_the_window_at_its_point_cannot_be_told(
+    computer: Computer,
+    desktop: Desktop,
+    app: TkApp,
+    xserver: XServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another program's window lies over the person's terminal at the click's point,
+    and closes just after the X server named it: the look inside it meets a real
+    BadWindow, and a click now would land on the terminal beneath. Nothing is sent:
+    `busy`, and the app sees no click, nor wheel."""
+    desktop.ui_pids = lambda: {app.proc.pid}
+    calls = [
+        lambda x, y: computer.mouse_click(None, m.MouseClickArgs(x=x, y=y)),
+        lambda x, y: computer.mouse_scroll(None, m.MouseScrollArgs(x=x, y=y, dy=3)),
+    ]
+    for widget, call in zip(("left", "listbox"), calls, strict=True):
+        x, y = app.centre(widget)
+        with OtherClient(xserver, x - 10, y - 10, 20, 20) as other, monkeypatch.context() as patch:
+            seen = _closing_after(patch, XWindow, "translate_coords", other)
+            refused = _busy(call(x, y))
+            assert f"at ({x}, {y})" in refused.message and "BadWindow" in refused.message
+            assert [reply.child.id for reply in seen] == [other.id]  # it saw that window
+
+    desktop.ui_pids = tuple  # the UI went: clicks go on
+    x, y = app.centre("right")
+    run(computer.mouse_click(None, m.MouseClickArgs(x=x, y=y)))
+    app.wait(lambda e: e["event"] == "click" and e["widget"] == "right")
+    # The first click the app ever saw was the one allowed; no wheel came before it.
+    assert [e["widget"] for e in app.seen if e["event"] == "click"] == ["right"]
+    assert not [e for e in app.seen if e["event"] == "wheel"]
+
+
+def test_keys_go_where_no_window_has_the_focus(computer: Computer, xserver: XServer) -> None:
+    """A screen where no window holds the focus (openbox's own, the root, or none)
+    takes keys as before: not knowing where keys go is not the same as knowing they
+    go to no one's terminal."""
+    with OtherClient(xserver, 1400, 780) as other:
+        other.focus()
+        other.destroy()  # the focus goes back to the root, and openbox takes it from there
+    run(computer.key_type(None, m.KeyTypeArgs(text="x")))
+    run(computer.key_combo(None, m.KeyComboArgs(keys="shift")))
+
+
+def test_with_no_window_manager_keys_go_to_the_window_under_the_pointer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No window manager: the X server's focus is PointerRoot, so keys go to the window
+    under the pointer. Over the person's terminal they are refused; over the bare root,
+    or with the focus on no window at all, they are typed."""
+    with (
+        start_xvfb(1600, 900, window_manager=False) as server,
+        tk_app(server) as app,
+        computer_on(server, monkeypatch, tmp_path) as computer,
+        OtherClient(server, 1560, 860, 20, 20) as other,
+    ):
+        assert other.display.get_input_focus().focus == X.PointerRoot
+        desktop = computer.ctx.services.get(Desktop)
+        assert desktop is not None
+        desktop.ui_pids = lambda: {app.proc.pid}
+        x, y = app.centre("text")
+        run(computer.mouse_move(None, m.MouseMoveArgs(x=x, y=y)))
+        refused = _refused(computer.key_type(None, m.KeyTypeArgs(text="ly")))
+        assert refused.details["pid"] == app.proc.pid
+        _refused(computer.key_combo(None, m.KeyComboArgs(keys="y")))
+
+        run(computer.mouse_move(None, m.MouseMoveArgs(x=1400, y=700)))  # the bare root
+        run(computer.key_type(None, m.KeyTypeArgs(text="x")))
+        other.display.set_input_focus(X.NONE, X.RevertToNone, X.CurrentTime)
+        other.display.sync()
+        run(computer.mouse_move(None, m.MouseMoveArgs(x=x, y=y)))
+        run(computer.key_type(None, m.KeyTypeArgs(text="x")))  # to no window at all
+        # The refused keys reached nothing: with the focus back on the pointer's window
+        # and the text widget clicked, the first text the app sees is typed now.
+        other.display.set_input_focus(X.PointerRoot, X.RevertToPointerRoot, X.CurrentTime)
+        other.display.sync()
+        desktop.ui_pids = tuple
+        _focus_text(computer, app)
+        run(computer.key_type(None, m.KeyTypeArgs(text="ok")))
+        app.wait_text("ok")
+        assert not {"l", "y"} & set(_pressed(app))

@@ -253,3 +253,59 @@ class Computer:
     def __getattr__(self, action: str) -> Callable[[object, Any], Any]:
         handler = importlib.import_module(f"worker.actions.computer.{action}").SPEC.handler
         return lambda _ctx, args: handler(self.ctx, args)
+
+
+class OtherClient:
+    """Another program on the display, driven by the test over an X connection of its
+    own: it maps a plain window (not managed by the window manager: override-redirect,
+    so nothing but this client moves or focuses it) and can focus or destroy it at the
+    moment a test names."""
+
+    def __init__(self, server: XServer, x: int, y: int, width: int = 80, height: int = 60) -> None:
+        from Xlib import X
+        from Xlib import display as xdisplay
+
+        self.display = xdisplay.Display(server.display)
+        root = self.display.screen().root
+        self.window = root.create_window(
+            x,
+            y,
+            width,
+            height,
+            0,
+            X.CopyFromParent,
+            override_redirect=True,
+            background_pixel=self.display.screen().white_pixel,
+            event_mask=X.StructureNotifyMask | X.FocusChangeMask,
+        )
+        self.id: int = self.window.id
+        self.window.map()
+        self.wait(X.MapNotify)
+
+    def wait(self, kind: int) -> None:
+        """Until the X server reports an event of `kind` on the window."""
+        while True:
+            event = self.display.next_event()
+            if event.type == kind and event.window.id == self.id:
+                return
+
+    def focus(self) -> None:
+        """The keyboard focus to the window, as the X server has it once this returns."""
+        from Xlib import X
+
+        self.window.set_input_focus(X.RevertToParent, X.CurrentTime)
+        self.wait(X.FocusIn)
+
+    def destroy(self) -> None:
+        """Gone, as the X server has it once this returns (later requests naming it fail)."""
+        self.window.destroy()
+        self.display.sync()
+
+    def close(self) -> None:
+        self.display.close()
+
+    def __enter__(self) -> OtherClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

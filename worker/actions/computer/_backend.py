@@ -54,6 +54,12 @@ class StepsInterruptedError(Exception):
     """An input sequence stopped between steps (a cancel or a pause)."""
 
 
+class WindowUnknownError(Exception):
+    """The display server could not say which window is at a point or holds the
+    keyboard focus: one closed or moved while it was asked (an X error, or an answer
+    that changed between two looks). Not "no window": the input it guards may not go."""
+
+
 class Guard:
     """Lets a running input sequence be stopped from outside its thread, and notes what
     of it had an effect by then (`did`)."""
@@ -182,12 +188,15 @@ class Backend(abc.ABC):
 
     def window_at(self, x: int, y: int) -> tuple[int, int | None] | None:
         """The top-level window the person sees at (x, y), as (id, pid), or None
-        (the bare desktop, or a platform that cannot tell)."""
+        (the bare desktop, or a platform that cannot tell); WindowUnknownError when
+        the display server could not say (a window closed as it was asked)."""
         return None
 
     def focused_window(self) -> tuple[int, int | None] | None:
         """The top-level window that has the keyboard focus (where typed keys go), as
-        (id, pid), or None (none, or a platform that cannot tell)."""
+        (id, pid), or None (keys go to no window, or a platform that cannot tell);
+        WindowUnknownError when the display server could not say (a window closed as
+        it was asked)."""
         return None
 
     # -------------------------------------------------------------- the person

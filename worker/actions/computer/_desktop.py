@@ -39,6 +39,7 @@ from worker.actions.computer._backend import (
     Guard,
     StepsInterruptedError,
     Window,
+    WindowUnknownError,
     detect,
     load_backend,
 )
@@ -299,18 +300,26 @@ class Desktop:
 
     def refuse_own_window(self, backend: Backend, x: int, y: int, what: str) -> None:
         """`permission_denied` when (x, y) is on the terminal of the worker or of an
-        attached UI (worker.actions.computer._own_ui). In the input thread, just
-        before the input it guards."""
-        found = backend.window_at(x, y)
+        attached UI (worker.actions.computer._own_ui); `busy` when the display server
+        could not say which window is there. In the input thread, just before the
+        input it guards."""
+        try:
+            found = backend.window_at(x, y)
+        except WindowUnknownError as exc:
+            raise _unknown(what, f"which window is at ({x}, {y})", exc) from None
         if found is not None:
             own_ui(self.ui_pids()).refuse(*found, what)
 
     def refuse_own_focus(self, backend: Backend, what: str) -> None:
         """`permission_denied` when the keyboard focus is on the terminal of the worker
         or of an attached UI: the person left it there (say, after answering a
-        prompt), and keys typed now would drive it (its kill and lift keys). In the
-        input thread, just before the keys."""
-        found = backend.focused_window()
+        prompt), and keys typed now would drive it (its kill and lift keys); `busy`
+        when the display server could not say where the focus is (it fails closed).
+        In the input thread, just before the keys."""
+        try:
+            found = backend.focused_window()
+        except WindowUnknownError as exc:
+            raise _unknown(what, "which window holds the keyboard focus", exc) from None
         if found is not None:
             own_ui(self.ui_pids()).refuse(*found, what)
 
@@ -405,6 +414,19 @@ def of(ctx: Context) -> Desktop:
     if desktop is None:  # a worker assembled without one: a bug of the assembly
         raise WorkerError(ErrorCode.INTERNAL_ERROR, "this worker was assembled without a desktop")
     return desktop
+
+
+def _unknown(what: str, which: str, why: WindowUnknownError) -> WorkerError:
+    """What an input action answers when the check for the person's own windows could
+    not tell where its input would go: nothing was sent (it might have reached the
+    person's terminal), and asking again may well tell."""
+    return WorkerError(
+        "busy",
+        f"{what}: the display server could not say {which} ({why}; a window closed or "
+        "moved as it was asked), so nothing was sent, for it might have reached the "
+        "person's own terminal; try again",
+        {"reason": "window unknown"},
+    )
 
 
 def _stopped(guard: Guard, finished: bool = False) -> WorkerError:

@@ -41,6 +41,7 @@ from worker.actions.computer._backend import (
     Grab,
     Guard,
     Window,
+    WindowUnknownError,
 )
 from worker.actions.computer._geometry import Layout, Monitor, Rect
 from worker.actions.computer._keys import Press
@@ -218,6 +219,12 @@ def keysym_of_char(ch: str) -> int:
     if 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xFF:
         return code
     return 0x01000000 | code
+
+
+def _window_id(window: Any) -> int:
+    """A reply's window field as an id: python-xlib gives X.NONE and X.PointerRoot as
+    ints, a window as an object."""
+    return int(getattr(window, "id", window) or 0)
 
 
 class X11Backend(Backend):
@@ -613,31 +620,58 @@ class X11Backend(Backend):
         root = d.screen().root
         try:
             top = root.translate_coords(root, x, y).child  # the frame on top at (x, y)
-            client = self._client_in(top, CLIENT_SEARCH_DEPTH) if top else None
-        except error.XError:  # it closed meanwhile
-            return None
-        if client is None:
-            return None
-        return client.id, self._pid_of(client)
+            if not top:
+                return None
+            # The application's window in the frame; with no window manager (no
+            # WM_STATE anywhere), or on a menu (override-redirect), the window itself.
+            client = self._client_in(top, CLIENT_SEARCH_DEPTH) or top
+            found = self._settled(client)
+            again = root.translate_coords(root, x, y).child
+        except error.XError as exc:  # a window closed as it was asked: which one is there now?
+            raise WindowUnknownError(f"the X server answered {type(exc).__name__}") from exc
+        if _window_id(again) != _window_id(top):
+            raise WindowUnknownError(f"the window on top at ({x}, {y}) changed as it was asked")
+        return found
 
     def focused_window(self) -> tuple[int, int | None] | None:
         d = self._display()
+        root = d.screen().root
         try:
             focus = d.get_input_focus().focus
-            if isinstance(focus, int):  # None or PointerRoot: no window holds it
+            if focus == X.NONE:  # typed keys go to no window
                 return None
-            client = self._client_above(focus, d.screen().root.id)
-        except error.XError:  # it closed meanwhile
-            return None
+            if focus == X.PointerRoot or _window_id(focus) == root.id:
+                # Keys go to the window under the pointer (X delivers them to the
+                # pointer's window when it is inside the focus window: the root holds all).
+                pointer = root.query_pointer()
+                found = self.window_at(pointer.root_x, pointer.root_y)
+            else:
+                found = self._settled(self._client_above(focus, root.id))
+            again = d.get_input_focus().focus
+        except error.XError as exc:  # a window closed as it was asked: where do keys go now?
+            raise WindowUnknownError(f"the X server answered {type(exc).__name__}") from exc
+        if _window_id(again) != _window_id(focus):
+            raise WindowUnknownError("the keyboard focus moved as it was asked")
+        return found
+
+    def _settled(self, client: Any) -> tuple[int, int | None] | None:
+        """(id, pid) of a window found for a check, or None; an X error if it closed
+        while its pid was asked (the pid's lookups take a closed window for one
+        without a pid)."""
         if client is None:
             return None
-        return client.id, self._pid_of(client)
+        pid = self._pid_of(client)
+        client.get_attributes()  # still there once its pid is known
+        return client.id, pid
 
     def _client_above(self, window: Any, root_id: int) -> Any:
         """The application's window that holds `window` (a toolkit focuses one of its
         inner windows): the nearest one up the tree carrying WM_STATE, else the one
-        inside `window` when that is a window manager's frame."""
+        inside `window` when that is a window manager's frame, else (no window manager
+        sets WM_STATE) the top-level window above it, unless that is override-redirect
+        (a window manager's own, such as openbox's stand-in when nothing has focus)."""
         start = window
+        top = None
         for _ in range(CLIENT_SEARCH_DEPTH * 4):
             if window.id == root_id:
                 break
@@ -646,8 +680,13 @@ class X11Backend(Backend):
             parent = window.query_tree().parent
             if not parent:
                 break
-            window = parent
-        return self._client_in(start, CLIENT_SEARCH_DEPTH)
+            top, window = window, parent
+        client = self._client_in(start, CLIENT_SEARCH_DEPTH)
+        if client is None and top is not None and window.id == root_id:
+            attributes = top.get_attributes()
+            if attributes.map_state == X.IsViewable and not attributes.override_redirect:
+                return top
+        return client
 
     def _client_in(self, window: Any, depth: int) -> Any:
         """The application's window in a window manager's frame: the one that carries
