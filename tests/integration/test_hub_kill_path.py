@@ -19,6 +19,7 @@ from tests.support.hub_inproc import (
     caller_metadata,
     hub_in_process,
     own_channel,
+    probe_request,
     real_worker,
     stop_worker,
     until_connected,
@@ -138,14 +139,7 @@ def test_a_flood_of_status_and_list_workers_does_not_hold_up_a_kill(
                 assert list(told.worker_ids) == [worker_id]
                 assert status_turns.waiting() + other_turns.waiting() == calls - slots
                 assert not any(call.done() for call in [*stalled, *whole])
-                call = pb.DispatchRequest(
-                    worker_id=worker_id,
-                    agent_id="tester",
-                    plan_id="p-flood",
-                    surface="workerDiag",
-                    action="probe",
-                    args_json="{}",
-                )
+                call = probe_request(worker_id, "p-flood")
                 reply = await stub.Dispatch(call, metadata=metadata, timeout=60)
                 assert reply.result.error.code == "plan_killed", reply.result
                 for stalled_call in stalled:

@@ -15,6 +15,7 @@ from tests.support.hub_inproc import (
     caller_metadata,
     hub_in_process,
     own_channel,
+    probe_request,
     real_worker,
     stop_worker,
     until_connected,
@@ -33,17 +34,6 @@ def _queued(home: Path) -> list[tuple[str, str]]:
         db.close()
 
 
-def _probe(worker_id: str, plan_id: str) -> pb.DispatchRequest:
-    return pb.DispatchRequest(
-        worker_id=worker_id,
-        agent_id="tester",
-        plan_id=plan_id,
-        surface="workerDiag",
-        action="probe",
-        args_json="{}",
-    )
-
-
 def test_a_kill_naming_no_worker_is_queued_only_where_the_plan_ran(tmp_path: Path) -> None:
     home = tmp_path / "home"
 
@@ -56,7 +46,9 @@ def test_a_kill_naming_no_worker_is_queued_only_where_the_plan_ran(tmp_path: Pat
             live = None
             try:
                 (ran_on,) = await until_connected(running, worker)
-                reply = await stub.Dispatch(_probe(ran_on, "p-ran"), metadata=metadata, timeout=60)
+                reply = await stub.Dispatch(
+                    probe_request(ran_on, "p-ran"), metadata=metadata, timeout=60
+                )
                 assert reply.result.status == pb.ActionResult.OK, reply.result
                 await stop_worker(worker)
                 # Workers the hub remembers, away, that never ran the plan; one connected.
@@ -87,7 +79,9 @@ def test_a_kill_naming_no_worker_is_queued_only_where_the_plan_ran(tmp_path: Pat
                 # call is refused there.
                 worker = real_worker(home, running.address)
                 await until_connected(running, worker, 2)
-                again = await stub.Dispatch(_probe(ran_on, "p-ran"), metadata=metadata, timeout=60)
+                again = await stub.Dispatch(
+                    probe_request(ran_on, "p-ran"), metadata=metadata, timeout=60
+                )
                 assert again.result.error.code == "plan_killed", again.result
                 assert _queued(home) == []
             finally:

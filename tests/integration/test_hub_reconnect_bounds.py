@@ -23,9 +23,9 @@ import pytest
 
 from tests.support.cluster import cluster
 from tests.support.hub_inproc import (
-    caller_metadata,
     hub_in_process,
     own_channel,
+    probe,
     real_worker,
     stop_worker,
     token_of,
@@ -41,7 +41,6 @@ from worker.hub.server import (
     NEW_WORKER_BURST,
 )
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, RETRY_AFTER_KEY, STREAM_METHOD
 from worker.wire.transport import worker_metadata
 
@@ -307,18 +306,7 @@ def test_hostile_clients_looping_are_refused_busy(
                 # The person's worker was served all along, on its first stream.
                 assert running.hub.sessions[person_id] is person_session
                 control = own_channel(running.address)
-                reply = await pb_grpc.ControlServiceStub(control).Dispatch(
-                    pb.DispatchRequest(
-                        worker_id=person_id,
-                        agent_id="tester",
-                        surface="workerDiag",
-                        action="probe",
-                        args_json="{}",
-                    ),
-                    metadata=caller_metadata(home),
-                    timeout=60,
-                )
-                assert reply.result.status == pb.ActionResult.OK, reply.result
+                await probe(control, home, person_id)
                 await control.close()
             finally:
                 await stop_worker(person)

@@ -18,9 +18,9 @@ import grpc
 import pytest
 
 from tests.support.hub_inproc import (
-    caller_metadata,
     hub_in_process,
     own_channel,
+    probe,
     real_worker,
     stop_worker,
     token_of,
@@ -29,7 +29,6 @@ from tests.support.hub_inproc import (
 from worker.hub import server
 from worker.hub.server import REFUSED_LINES_BURST
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD
 from worker.wire.transport import worker_metadata
 
@@ -127,18 +126,7 @@ def test_an_undecodable_stream_message_is_refused_in_one_line(
 
                 # The real worker was served throughout.
                 assert list(running.hub.sessions) == [worker_id]
-                reply = await pb_grpc.ControlServiceStub(channel).Dispatch(
-                    pb.DispatchRequest(
-                        worker_id=worker_id,
-                        agent_id="tester",
-                        surface="workerDiag",
-                        action="probe",
-                        args_json="{}",
-                    ),
-                    metadata=caller_metadata(home),
-                    timeout=60,
-                )
-                assert reply.result.status == pb.ActionResult.OK, reply.result
+                await probe(channel, home, worker_id)
             finally:
                 await channel.close()
                 await stop_worker(worker)

@@ -13,16 +13,15 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.port_squatter import Squatter
 from worker.config import Paths
 
-ROOT = Path(__file__).resolve().parents[2]
 WITHIN_S = 60.0  # a ceiling for a loaded machine, not a pace
 
 
@@ -57,26 +56,6 @@ def test_run_and_the_verbs_reach_their_hub_on_its_socket(live: Cluster) -> None:
     hub.signal(signal.SIGTERM)
     hub.wait(WITHIN_S)
     assert not path.exists()
-
-
-class Squatter:
-    """tests/support/port_squatter.py as another user, on the hub's port."""
-
-    def __init__(self, *argv: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.port_squatter", *argv],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "listening"
-
-    def report(self) -> dict[str, object]:
-        out, _ = self.proc.communicate(timeout=WITHIN_S)  # closes its stdin: it reports
-        got: dict[str, object] = json.loads(out.strip().splitlines()[-1])
-        return got
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")

@@ -20,6 +20,7 @@ from tests.support.cluster import Proc, write_config
 from worker import app
 from worker.config import Paths, load
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
 from worker.wire.transport import bearer, worker_metadata
 
@@ -80,6 +81,28 @@ def own_channel(address: str) -> grpc.aio.Channel:
 
 def caller_metadata(home: Path) -> tuple[tuple[str, str], ...]:
     return bearer(token_of(home))
+
+
+def probe_request(worker_id: str, plan_id: str = "") -> pb.DispatchRequest:
+    """A Dispatch of workerDiag.probe (an action with no effect) to `worker_id`."""
+    return pb.DispatchRequest(
+        worker_id=worker_id,
+        agent_id="tester",
+        plan_id=plan_id,
+        surface="workerDiag",
+        action="probe",
+        args_json="{}",
+    )
+
+
+async def probe(channel: grpc.aio.Channel, home: Path, worker_id: str) -> None:
+    """Dispatch a probe to `worker_id` as the person's caller and check it ran: the
+    worker is still served."""
+    stub = pb_grpc.ControlServiceStub(channel)
+    reply = await stub.Dispatch(
+        probe_request(worker_id), metadata=caller_metadata(home), timeout=60
+    )
+    assert reply.result.status == pb.ActionResult.OK, reply.result
 
 
 class HandWorker:

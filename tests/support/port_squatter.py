@@ -7,17 +7,43 @@ every byte they sent) and leaves.
     python -m tests.support.port_squatter HOST:PORT
     python -m tests.support.port_squatter --unix PATH   (bound as root, listened as 65534)
 
-Only the standard library: it must not load anything of the project's as root."""
+A test drives it with `Squatter(*argv)`. Only the standard library: it must not load
+anything of the project's as root."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 OTHER_UID = 65534
+ROOT = Path(__file__).resolve().parents[2]
+WITHIN_S = 60.0  # a ceiling for a loaded machine, not a pace
+
+
+class Squatter:
+    """This program in a process of its own, listening (`argv` as above)."""
+
+    def __init__(self, *argv: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.port_squatter", *argv],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "listening"
+
+    def report(self) -> dict[str, object]:
+        """Closes its stdin; what it saw: its uid, connections, the bytes sent."""
+        out, _ = self.proc.communicate(timeout=WITHIN_S)
+        got: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+        return got
 
 
 def become_other_user() -> None:

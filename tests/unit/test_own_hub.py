@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.port_squatter import Squatter
 from worker.errors import HubUnreachableError, NotYourHubError
 from worker.wire.own_hub import Dial, OwnHub, listeners
 
-ROOT = Path(__file__).resolve().parents[2]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
 
 
@@ -93,33 +91,19 @@ def test_a_socket_file_of_another_user_is_refused(folder: Path, tcp: str) -> Non
 @as_root
 def test_a_socket_served_by_another_user_is_refused(folder: Path, tcp: str) -> None:
     path = folder / "hub.sock"
-    other = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.port_squatter", "--unix", str(path)],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    other = Squatter("--unix", str(path))
     try:
-        assert other.stdout is not None and other.stdout.readline().strip() == "listening"
         with pytest.raises(NotYourHubError, match=r"runs as another user \(uid 65534\)"):
             OwnHub(path, tcp).dial()
     finally:
-        other.communicate(timeout=60)
+        other.report()
 
 
 @as_root
 def test_a_port_held_by_another_user_is_refused(folder: Path) -> None:
     port = unused_port()
-    other = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.port_squatter", port],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    other = Squatter(port)
     try:
-        assert other.stdout is not None and other.stdout.readline().strip() == "listening"
         assert listeners(port) == {65534}
         with pytest.raises(NotYourHubError) as refused:
             OwnHub(folder / "hub.sock", port).dial()
@@ -127,7 +111,7 @@ def test_a_port_held_by_another_user_is_refused(folder: Path) -> None:
         assert "another user (uid 65534)" in refused.value.message
         assert "Nothing was sent" in refused.value.message
     finally:
-        other.communicate(timeout=60)
+        other.report()
 
 
 @as_root
@@ -144,19 +128,12 @@ def test_doctor_names_another_users_listener_as_a_blocker(tmp_path: Path) -> Non
     write_config(home, port)
     (home / "hub.token").write_text("ab" * 32)
     paths = Paths.at(home)
-    other = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.port_squatter", port],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    other = Squatter(port)
     try:
-        assert other.stdout is not None and other.stdout.readline().strip() == "listening"
         finding = asyncio.run(_ask_hub(paths, load(paths)))
     finally:
-        out, _ = other.communicate(timeout=60)
+        got = other.report()
     assert finding.status == "blocker"
     assert "held by another user (uid 65534)" in finding.summary
     assert "Nothing was sent" in finding.summary
-    assert '"connections": 0' in out
+    assert got["connections"] == 0
