@@ -10,12 +10,17 @@ from typing import Any
 
 import pytest
 from Xlib import X
-from Xlib.display import Display
 from Xlib.xobject.drawable import Window as XWindow
 
 from tests.computer import models as m
 from tests.computer.conftest import run
-from tests.computer.test_x11_input import SECOND_TITLE, _focus_text, _managed, _windows_once
+from tests.computer.test_x11_input import (
+    SECOND_TITLE,
+    TITLE,
+    _focus_text,
+    _managed,
+    _windows_once,
+)
 from tests.support.desktop import (
     Computer,
     OtherClient,
@@ -40,6 +45,7 @@ def test_the_ui_terminal_cannot_be_focused_clicked_or_dragged_onto(
     computer: Computer, desktop: Desktop, app: TkApp
 ) -> None:
     _managed(computer)
+    _focus_text(computer, app)  # where the window manager's focus of a new window is done
     desktop.ui_pids = lambda: {app.proc.pid}
     refused = _refused(computer.window_focus(None, m.WindowFocusArgs(title=SECOND_TITLE)))
     assert "approval UI" in refused.message and refused.details["pid"] == app.proc.pid
@@ -118,6 +124,29 @@ def _closing_after(
     return seen
 
 
+def _closing_before(
+    monkeypatch: pytest.MonkeyPatch, cls: type, name: str, other: OtherClient
+) -> list[int]:
+    """The worker's input thread asks `other`'s window (`cls.name`, a request on it),
+    and (once) the window closes just before the request reaches the X server: a real
+    X error. The windows asked are returned."""
+    real = getattr(cls, name)
+    seen: list[int] = []
+
+    def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            not seen
+            and self.id == other.id
+            and threading.current_thread().name.startswith("desktop-input")
+        ):
+            seen.append(self.id)
+            other.destroy()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, request)
+    return seen
+
+
 def _busy(call: object) -> WorkerError:
     with pytest.raises(WorkerError) as caught:
         run(call)  # type: ignore[arg-type]
@@ -138,9 +167,11 @@ def test_keys_wait_when_the_focus_cannot_be_told(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Another program's window holds the focus, and closes just after the X server
-    said so: the walk up from it meets a real BadWindow. Where keys go then is not
-    known (the server gives the focus back to the root, so keys go to the window under
-    the pointer: here the person's terminal), so none is typed: `busy`, retryable."""
+    said so: the walk up from it to its application's window meets a real BadWindow.
+    Where keys go then is not known (the server gives the focus back to the root, so
+    keys go to the window under the pointer: here the person's terminal), so none is
+    typed: `busy`, retryable."""
+    _focus_text(computer, app)  # where the window manager's focus of a new window is done
     desktop.ui_pids = lambda: {app.proc.pid}
     x, y = app.centre("text")
     run(computer.mouse_move(None, m.MouseMoveArgs(x=x, y=y)))
@@ -151,10 +182,11 @@ def test_keys_wait_when_the_focus_cannot_be_told(
     for call in calls:
         with OtherClient(xserver, 1400, 780) as other, monkeypatch.context() as patch:
             other.focus()
-            seen = _closing_after(patch, Display, "get_input_focus", other)
+            # The walk up from the focused window to its application's: it closed.
+            seen = _closing_before(patch, XWindow, "query_tree", other)
             refused = _busy(call())
             assert "keyboard focus" in refused.message and "BadWindow" in refused.message
-            assert [reply.focus.id for reply in seen] == [other.id]  # it saw that window
+            assert seen == [other.id]  # the worker did look at that window
 
     desktop.ui_pids = tuple  # the UI went: typing goes on
     _focus_text(computer, app)
@@ -174,6 +206,7 @@ def test_a_click_waits_when_the_window_at_its_point_cannot_be_told(
     and closes just after the X server named it: the look inside it meets a real
     BadWindow, and a click now would land on the terminal beneath. Nothing is sent:
     `busy`, and the app sees no click, nor wheel."""
+    _focus_text(computer, app)  # where the window manager's focus of a new window is done
     desktop.ui_pids = lambda: {app.proc.pid}
     calls = [
         lambda x, y: computer.mouse_click(None, m.MouseClickArgs(x=x, y=y)),
@@ -244,3 +277,75 @@ def test_with_no_window_manager_keys_go_to_the_window_under_the_pointer(
         run(computer.key_type(None, m.KeyTypeArgs(text="ok")))
         app.wait_text("ok")
         assert not {"l", "y"} & set(_pressed(app))
+
+
+# ------------------------------------------------------------------ the window manager
+
+
+def _editor(computer: Computer, app: TkApp, editor: TkApp) -> m.Point:
+    """The person's focus history as review11 07 found it: the UI's terminal (`app`)
+    focused a moment ago (answering a prompt, say), then their editor, where they type
+    now. The point returned is on the editor's titlebar."""
+    _focus_text(computer, app)
+    _focus_text(computer, editor)
+    windows = _windows_once(
+        computer, lambda ws: any(w.pid == editor.proc.pid and w.title == TITLE for w in ws)
+    )
+    main = next(w for w in windows if w.pid == editor.proc.pid and w.title == TITLE)
+    return m.Point(x=main.x + 150, y=main.y - 8)
+
+
+def _focus_went_back(refused: WorkerError, computer: Computer, editor: TkApp) -> None:
+    assert "window manager" in refused.message and refused.details["focus_back"] is True
+    editor.wait(lambda e: e["event"] == "focus")  # the editor has the focus again
+    run(computer.key_type(None, m.KeyTypeArgs(text="ok")))  # as the person's next keys
+    editor.wait_text("ok")
+
+
+def test_a_click_whose_window_manager_focuses_the_ui_terminal_gives_the_focus_back(
+    computer: Computer, desktop: Desktop, app: TkApp, xserver: XServer
+) -> None:
+    """review11 07: a middle click on the editor's titlebar (openbox: Lower,
+    FocusToBottom, Unfocus) lets the focus fall back to the window focused before it,
+    the UI's terminal. The click was made; the focus goes back to the editor, and the
+    action answers `permission_denied`, saying so."""
+    with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
+        titlebar = _editor(computer, app, editor)
+        desktop.ui_pids = lambda: {app.proc.pid}
+        call = computer.mouse_click(
+            None, m.MouseClickArgs(x=titlebar.x, y=titlebar.y, button="middle")
+        )
+        refused = _refused(call)
+        assert "mouse_click was done" in refused.message
+        assert refused.details["pid"] == app.proc.pid
+        _focus_went_back(refused, computer, editor)
+    assert not [e for e in app.seen if e["event"] == "text"]  # no key reached the UI's
+
+
+def test_keys_whose_window_manager_focuses_the_ui_terminal_give_the_focus_back(
+    computer: Computer, desktop: Desktop, app: TkApp, xserver: XServer
+) -> None:
+    """alt+escape typed in the editor, an allowed window (openbox: Lower, FocusToBottom,
+    Unfocus, as its titlebar's middle click), gives the focus to the window focused
+    before, the UI's terminal; the window manager's switch is undone."""
+    with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
+        _editor(computer, app, editor)
+        desktop.ui_pids = lambda: {app.proc.pid}
+        refused = _refused(computer.key_combo(None, m.KeyComboArgs(keys="alt+escape")))
+        assert "key_combo was done" in refused.message
+        _focus_went_back(refused, computer, editor)
+    assert not [e for e in app.seen if e["event"] == "text"]
+
+
+def test_a_click_that_moves_the_focus_elsewhere_is_left_alone(
+    computer: Computer, desktop: Desktop, app: TkApp, xserver: XServer
+) -> None:
+    """The focus the agent's input moves to another window (its click on the editor),
+    or off the UI's terminal the person left focused, stays where it went."""
+    with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
+        _editor(computer, app, editor)
+        _focus_text(computer, app)
+        desktop.ui_pids = lambda: {app.proc.pid}
+        _focus_text(computer, editor)  # a click: the focus leaves the UI's terminal
+        run(computer.key_type(None, m.KeyTypeArgs(text="ok")))
+        editor.wait_text("ok")

@@ -199,6 +199,35 @@ class Backend(abc.ABC):
         it was asked)."""
         return None
 
+    def managed(self) -> bool:
+        """A window manager runs (it may move the focus in answer to input); False
+        where none runs or the platform cannot tell."""
+        return False
+
+    def input_focus(self) -> int:
+        """Where the keyboard focus is now, as the display server has it, unresolved: a
+        window's id (any window, an application's inner one or a window manager's), or
+        0 (no window) or 1 (the window under the pointer, X's PointerRoot); 0 where the
+        platform cannot tell. Cheap: it only tells whether the focus moved."""
+        return 0
+
+    def focus_holder(self, target: int) -> tuple[int, int | None] | None:
+        """The top-level window (id, pid) that an `input_focus` answer sends keys to, as
+        `focused_window` resolves it; None where none (or it closed meanwhile)."""
+        return None
+
+    def settle(self) -> bool:
+        """Return once the window manager has handled the input this thread sent since
+        its last settle (what a titlebar's click or alt+tab makes it do: move the
+        focus): True, or False at once when it sent none. Bounded: a manager that does
+        not answer is not waited for past a moment. False where the platform cannot tell."""
+        return False
+
+    def refocus(self, target: int, timeout_s: float) -> None:
+        """Put the keyboard focus back on `target` (an `input_focus` answer): through the
+        window manager when it manages that window, so that it agrees, else directly."""
+        return None
+
     # -------------------------------------------------------------- the person
     def watch(self, on_person_input: Callable[[str], None]) -> Callable[[], None] | None:
         """Call `on_person_input(what)` for input the worker did not inject; returns a

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 SHOTS_KEPT: Final = 64
+FOCUS_BACK_TIMEOUT_S: Final = 2.0  # for the window manager to give the focus back
 
 
 @dataclass(frozen=True)
@@ -199,8 +200,10 @@ class Desktop:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._grab, lambda: fn(self.backend()))
 
-    async def act(self, fn: Callable[[Backend, Guard], T]) -> T:
-        """Run an input action alone (the desktop lock), stoppable between its steps.
+    async def act(self, fn: Callable[[Backend, Guard], T], what: str = "the input action") -> T:
+        """Run an input action alone (the desktop lock), stoppable between its steps,
+        and keep what it makes the window manager do from putting the keyboard focus
+        on the person's own terminal (`_keep_focus`).
 
         A cancelled call interrupts the thread and waits for it to let go of every key
         and button before the cancellation goes on."""
@@ -224,7 +227,7 @@ class Desktop:
             guard = Guard()
             self._guards.add(guard)
             self._mark_driving()
-            future = loop.run_in_executor(self._input, lambda: fn(self.backend(), guard))
+            future = loop.run_in_executor(self._input, lambda: self._run(fn, guard, what))
             try:
                 return await asyncio.shield(future)
             except asyncio.CancelledError:
@@ -245,6 +248,78 @@ class Desktop:
             finally:
                 self._guards.discard(guard)
                 self._mark_driving()
+
+    def _run(self, fn: Callable[[Backend, Guard], T], guard: Guard, what: str) -> T:
+        """In the input thread: the action, then `_keep_focus` (also when the action
+        failed or was stopped: what it sent before may move the focus all the same)."""
+        backend = self.backend()
+        # With no window manager nothing moves the focus in answer to input.
+        before = backend.input_focus() if backend.managed() else None
+        try:
+            result = fn(backend, guard)
+        except BaseException:
+            kept = None if before is None else self._keep_focus(backend, before, what)
+            if kept is not None:
+                log.warning("%s", kept.message)
+            raise
+        kept = None if before is None else self._keep_focus(backend, before, what)
+        if kept is not None:
+            raise kept
+        return result
+
+    def _keep_focus(self, backend: Backend, before: int, what: str) -> WorkerError | None:
+        """After an input action: when the keyboard focus is now on the terminal of the
+        worker or of an attached UI, and was not before, put it back where it was
+        (review11 finding 07) and return what the action answers instead of its result.
+
+        The agent may not focus that terminal (window_focus, a click on it are
+        refused), but the window manager does it for a click or keys elsewhere: a
+        middle click on a titlebar in openbox lowers that window and gives the focus to
+        the one below, alt+tab to the next, a menu's entry to its window. Then the
+        person's next keys, meant for their window, would go to the TUI. What those
+        inputs are depends on the window manager and its settings, so the result is
+        judged, not the input: once the manager has handled what the action sent
+        (`Backend.settle`: it answered a request sent after it), where is the focus?
+        A focus the manager moves later, on a timer (focus follows the mouse with a
+        delay), is not seen: a limit said in docs/architecture.md."""
+        if not backend.settle():
+            return None  # it sent nothing (refused, or stopped before its first step)
+        now = backend.input_focus()
+        if now == before:
+            return None
+        own = own_ui(self.ui_pids())
+        try:
+            found = backend.focus_holder(now)
+        except WindowUnknownError:
+            found = (now, None)  # it moved again as it was asked: put it back all the same
+        else:
+            if found is None or not own.owns(*found):
+                return None
+        try:
+            was = backend.focus_holder(before)
+        except WindowUnknownError:
+            was = None  # the window it was on closed: not the person's terminal
+        if was is not None and own.owns(*was):
+            return None  # it was there already: the person left it so
+        backend.refocus(before, FOCUS_BACK_TIMEOUT_S)
+        try:
+            holder = backend.focused_window()
+            back = holder is None or not own.owns(*holder)
+        except WindowUnknownError:
+            back = False
+        where = (
+            f"the focus was put back where it was (window {before})"
+            if back
+            else "the focus could not be put back: the person's next keys would go there"
+        )
+        return WorkerError(
+            "permission_denied",
+            f"{what} was done, but then the window manager gave the keyboard focus to "
+            f"window {found[0]}, which belongs to this worker's own terminal or approval "
+            f"UI (a titlebar's click, alt+tab, a window menu do that); {where}. Act on "
+            "another window, in a way that leaves the focus on it",
+            {"window": found[0], "pid": found[1], "focus_back": back},
+        )
 
     def _why_cancelled(self) -> WorkerError:
         """Why a running input action's call was cancelled, as far as the desktop knows."""

@@ -73,6 +73,12 @@ CREDIT_TTL_S: Final = 1.0
 # step that depends on where the pointer is waits until the pointer is there.
 ARRIVE_TIMEOUT_S: Final = 2.0
 ARRIVE_POLL_S: Final = 0.002
+# After an input action the window manager may move the focus (a titlebar's middle
+# click in openbox, alt+tab). `settle` waits until the X server has processed every
+# release the action sent (a window manager's synchronous grab queues them), then for
+# the manager to answer a request sent after them; it handles its events in order.
+# A manager that does not answer within this time is not waited for.
+SETTLE_TIMEOUT_S: Final = 2.0
 MODIFIER_MASKS: Final = {
     "ctrl": X.ControlMask,
     "shift": X.ShiftMask,
@@ -364,6 +370,7 @@ class X11Backend(Backend):
     # -------------------------------------------------------------- input
 
     def _motion(self, x: int, y: int) -> None:
+        self._local.sent = True
         d = self._display()
         if self._warp:
             d.screen().root.warp_pointer(x, y)
@@ -399,10 +406,25 @@ class X11Backend(Backend):
         )
 
     def _button(self, kind: int, button: int) -> None:
+        pressed = self._pressed()
+        if kind == X.ButtonPress and button <= 5:  # the pointer's state has buttons 1-5
+            pressed.add(("button", button))
         self._display().xtest_fake_input(kind, button)
 
     def _key(self, kind: int, keycode: int) -> None:
+        pressed = self._pressed()
+        if kind == X.KeyPress:
+            pressed.add(("key", keycode))
         self._display().xtest_fake_input(kind, keycode)
+
+    def _pressed(self) -> set[tuple[str, int]]:
+        self._local.sent = True
+        """The buttons and keys this thread pressed since its last `settle` (and a note
+        that it sent input)."""
+        pressed: set[tuple[str, int]] | None = getattr(self._local, "pressed", None)
+        if pressed is None:
+            pressed = self._local.pressed = set()
+        return pressed
 
     @contextlib.contextmanager
     def _holding(self, hold: Sequence[Press]) -> Iterator[None]:
@@ -634,25 +656,130 @@ class X11Backend(Backend):
         return found
 
     def focused_window(self) -> tuple[int, int | None] | None:
+        return self.focus_holder(self.input_focus())
+
+    def input_focus(self) -> int:
+        return _window_id(self._display().get_input_focus().focus)
+
+    def managed(self) -> bool:
+        """An EWMH window manager runs; whether it answers _NET_REQUEST_FRAME_EXTENTS
+        (`settle`'s round trip) is noted for this thread."""
+        supported = self._property(self._display().screen().root, "_NET_SUPPORTED", Xatom.ATOM)
+        self._local.answers_extents = (
+            supported is not None and self._atom("_NET_REQUEST_FRAME_EXTENTS") in supported
+        )
+        return supported is not None
+
+    def focus_holder(self, target: int) -> tuple[int, int | None] | None:
         d = self._display()
         root = d.screen().root
         try:
-            focus = d.get_input_focus().focus
-            if focus == X.NONE:  # typed keys go to no window
+            if target == X.NONE:  # typed keys go to no window
                 return None
-            if focus == X.PointerRoot or _window_id(focus) == root.id:
+            if target == X.PointerRoot or target == root.id:
                 # Keys go to the window under the pointer (X delivers them to the
                 # pointer's window when it is inside the focus window: the root holds all).
                 pointer = root.query_pointer()
                 found = self.window_at(pointer.root_x, pointer.root_y)
             else:
+                focus = d.create_resource_object("window", target)
                 found = self._settled(self._client_above(focus, root.id))
             again = d.get_input_focus().focus
         except error.XError as exc:  # a window closed as it was asked: where do keys go now?
             raise WindowUnknownError(f"the X server answered {type(exc).__name__}") from exc
-        if _window_id(again) != _window_id(focus):
+        if _window_id(again) != target:
             raise WindowUnknownError("the keyboard focus moved as it was asked")
         return found
+
+    def settle(self) -> bool:
+        if not getattr(self._local, "sent", False):
+            return False
+        self._local.sent = False
+        d = self._display()
+        pressed = self._pressed()
+        self._local.sent = False
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while pressed:  # every release processed, not queued behind a frozen device
+            mask = d.screen().root.query_pointer().mask
+            keymap = d.query_keymap()
+            for kind, code in list(pressed):
+                if kind == "button":
+                    down = mask & (X.Button1Mask << (code - 1))
+                else:
+                    down = keymap[code // 8] & (1 << (code % 8))
+                if not down:
+                    pressed.discard((kind, code))
+            if not pressed or time.monotonic() > deadline:
+                break
+            time.sleep(ARRIVE_POLL_S)
+        pressed.clear()
+        self._window_manager_round_trip(deadline)
+        return True
+
+    def _window_manager_round_trip(self, deadline: float) -> None:
+        """Ask the window manager for a probe window's frame extents (EWMH's
+        _NET_REQUEST_FRAME_EXTENTS) and wait for its answer: by then it has handled
+        every event the X server gave it before the request. On a connection of its
+        own (this thread's holds the keyboard's MappingNotify)."""
+        if not getattr(self._local, "answers_extents", False):
+            return  # a window manager that cannot be asked (`managed`): no waiting for it
+        d: xdisplay.Display | None = getattr(self._local, "settle_display", None)
+        if d is None:
+            d = self._local.settle_display = _open()
+            self._closers.append(d.close)
+        root = d.screen().root
+        request = self._atom("_NET_REQUEST_FRAME_EXTENTS")  # atoms are the server's
+        extents = self._atom("_NET_FRAME_EXTENTS")
+        probe = root.create_window(
+            -10, -10, 1, 1, 0, 0, X.InputOnly, X.CopyFromParent, event_mask=X.PropertyChangeMask
+        )
+        try:
+            message = xevent.ClientMessage(window=probe, client_type=request, data=(32, [0] * 5))
+            root.send_event(
+                message, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask
+            )
+            d.flush()
+            while True:
+                while d.pending_events():
+                    event = d.next_event()
+                    if (
+                        event.type == X.PropertyNotify
+                        and event.window.id == probe.id
+                        and event.atom == extents
+                    ):
+                        return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.debug("the window manager did not answer within %s s", SETTLE_TIMEOUT_S)
+                    return
+                select.select([d.fileno()], [], [], left)
+        finally:
+            probe.destroy()
+            d.flush()
+
+    def refocus(self, target: int, timeout_s: float) -> None:
+        try:
+            self._refocus(target, timeout_s)
+        finally:
+            self._local.sent = False  # the worker's own doing, not the next action's
+
+    def _refocus(self, target: int, timeout_s: float) -> None:
+        d = self._display()
+        root = d.screen().root
+        try:
+            if target in (X.NONE, X.PointerRoot):
+                d.set_input_focus(target, X.RevertToPointerRoot, X.CurrentTime)
+                d.sync()
+                return
+            window = d.create_resource_object("window", target)
+            client = self._client_above(window, root.id)
+            if client is not None and self._property(client, "WM_STATE") is not None:
+                self.focus(client.id, timeout_s)  # the manager's way: it agrees with it
+                return
+            window.set_input_focus(X.RevertToParent, X.CurrentTime)
+            d.sync()
+        except error.XError as exc:  # it closed meanwhile: the caller looks where it is
+            log.debug("could not put the focus back on window %s: %s", target, exc)
 
     def _settled(self, client: Any) -> tuple[int, int | None] | None:
         """(id, pid) of a window found for a check, or None; an X error if it closed
@@ -734,6 +861,7 @@ class X11Backend(Backend):
 
     def focus(self, window_id: int, timeout_s: float) -> bool:
         # A connection of its own: it listens to the root's property changes while it waits.
+        self._local.sent = True
         d = _open()
         try:
             root = d.screen().root

@@ -82,7 +82,7 @@ async def key_combo(ctx: Context, args: KeyComboArgs) -> Outcome[KeyComboResult]
         desktop.refuse_own_focus(backend, "key_combo")
         backend.combo(guard, keys, hold_s)
 
-    await desktop.act(job)
+    await desktop.act(job, "key_combo")
     return Outcome(KeyComboResult(keys=[k.label for k in keys]))
 
 

@@ -30,7 +30,7 @@ async def key_type(ctx: Context, args: KeyTypeArgs) -> Outcome[KeyTypeResult]:
         desktop.refuse_own_focus(backend, "key_type")
         return backend.type_text(guard, args.text)
 
-    return Outcome(KeyTypeResult(characters=await desktop.act(job)))
+    return Outcome(KeyTypeResult(characters=await desktop.act(job, "key_type")))
 
 
 SPEC: Final = ActionSpec(

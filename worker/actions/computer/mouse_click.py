@@ -51,7 +51,7 @@ async def mouse_click(ctx: Context, args: MouseClickArgs) -> Outcome[InputResult
         backend.click(guard, x, y, args.button, args.clicks, hold)
         return InputResult(x=x, y=y)
 
-    return Outcome(await desktop.act(job))
+    return Outcome(await desktop.act(job, "mouse_click"))
 
 
 SPEC: Final = ActionSpec(

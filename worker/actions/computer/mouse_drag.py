@@ -67,7 +67,7 @@ async def mouse_drag(ctx: Context, args: MouseDragArgs) -> Outcome[InputResult]:
         backend.drag(guard, path, args.button, step_s, hold)
         return InputResult(x=path[-1][0], y=path[-1][1])
 
-    return Outcome(await desktop.act(job))
+    return Outcome(await desktop.act(job, "mouse_drag"))
 
 
 SPEC: Final = ActionSpec(

@@ -38,7 +38,7 @@ async def mouse_move(ctx: Context, args: MouseMoveArgs) -> Outcome[InputResult]:
             backend.move(guard, [(x, y)], 0.0)
         return InputResult(x=x, y=y)
 
-    return Outcome(await desktop.act(job))
+    return Outcome(await desktop.act(job, "mouse_move"))
 
 
 SPEC: Final = ActionSpec(

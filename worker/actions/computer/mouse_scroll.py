@@ -43,7 +43,7 @@ async def mouse_scroll(ctx: Context, args: MouseScrollArgs) -> Outcome[InputResu
         backend.scroll(guard, x, y, args.dx, args.dy)
         return InputResult(x=x, y=y)
 
-    return Outcome(await desktop.act(job))
+    return Outcome(await desktop.act(job, "mouse_scroll"))
 
 
 SPEC: Final = ActionSpec(

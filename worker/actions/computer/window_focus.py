@@ -50,7 +50,7 @@ async def window_focus(ctx: Context, args: WindowFocusArgs) -> Outcome[WindowFoc
         guard.did(f"the focus was asked for window {window.id}")  # stopped now: unknown
         return backend.focus(window.id, args.timeout_ms / 1000)
 
-    focused = await desktop.act(job)
+    focused = await desktop.act(job, "window_focus")
     return Outcome(
         WindowFocusResult(window=_desktop.window_result(window, layout), focused=focused)
     )
