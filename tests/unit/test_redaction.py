@@ -5,6 +5,9 @@ from __future__ import annotations
 import gc
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from worker.core.redaction import (
     MASK,
     NESTED_AT_MOST,
@@ -212,3 +215,90 @@ def test_known_programs_short_password_options_are_masked() -> None:
     # on the terminal: the next word is the database.
     for argv in (["grep", "-p", "pattern"], ["mysql", "-p", "db"], ["cp", "-u", "a", "b"]):
         assert masked_detail(argv) == argv
+
+
+def _all_three(argv: list[str]) -> list[list[str]]:
+    """An argv as a preview, an audit detail and a recording keep it."""
+    replay, _ = args_for_replay(json.dumps({"argv": argv}))
+    assert replay is not None
+    return [
+        json.loads(args_preview(json.dumps({"argv": argv})))["argv"],
+        masked_detail(argv),
+        json.loads(replay)["argv"],
+    ]
+
+
+def test_a_password_option_in_a_cluster_of_short_options_is_masked() -> None:
+    """getopt, popt, curl and MySQL's my_getopt read -vpX as -v then -p X: the option
+    that takes the password may come last in a cluster, its value joined or next."""
+    secret = "s3cr3t-value"
+    cases = {
+        ("curl", "-vu", "me:" + secret, "https://x.test/"): ["curl", "-vu", MASK, "https://x.test/"],
+        ("curl", "-vume:" + secret, "https://x.test/"): ["curl", "-vu" + MASK, "https://x.test/"],
+        ("curl", "-sSLU", "me:" + secret, "x"): ["curl", "-sSLU", MASK, "x"],
+        ("sshpass", "-vp", secret, "ssh", "h"): ["sshpass", "-vp", MASK, "ssh", "h"],
+        ("sshpass", "-vp" + secret, "ssh", "h"): ["sshpass", "-vp" + MASK, "ssh", "h"],
+        ("mysql", "-hhost", "-uroot", "-p" + secret, "db"): [
+            "mysql", "-hhost", "-uroot", "-p" + MASK, "db",
+        ],
+        ("mysql", "-Bp" + secret, "db"): ["mysql", "-Bp" + MASK, "db"],
+        ("mysqldump", "-vvp" + secret, "db"): ["mysqldump", "-vvp" + MASK, "db"],
+        ("smbclient", "-NU", "me%" + secret, "//h/s"): ["smbclient", "-NU", MASK, "//h/s"],
+        ("smbclient", "-NUme%" + secret, "//h/s"): ["smbclient", "-NU" + MASK, "//h/s"],
+        # smbclient's second operand is the password; sshpass's command is read as its own.
+        ("smbclient", "//h/s", secret, "-N"): ["smbclient", "//h/s", MASK, "-N"],
+        ("sshpass", "-p", secret, "mysql", "-Bp" + secret): [
+            "sshpass", "-p", MASK, "mysql", "-Bp" + MASK,
+        ],
+        # A password that is the word "secret" is no secret-looking flag: db stays.
+        ("mysql", "-psecret", "db"): ["mysql", "-p" + MASK, "db"],
+    }  # fmt: skip
+    for argv, expected in cases.items():
+        assert _all_three(list(argv)) == [expected] * 3, argv
+
+
+def test_clusters_without_a_password_option_are_left_as_they_are() -> None:
+    """Letters that are another option's value (curl -XPUT is no -U, mysql -hpdb is a
+    host), a lone -p that asks mysql on the terminal, options after `--` or after the
+    command sshpass runs (ssh -p 22 is a port), and programs not known to take a
+    password (ls -lp) are shown as sent."""
+    for argv in (
+        ["curl", "-v", "https://x.test/"],
+        ["curl", "-sSLo", "out.html", "https://x.test/"],
+        ["curl", "-XPUT", "-H", "-ua", "https://x.test/"],
+        ["curl", "-dupe=1", "https://x.test/"],
+        ["curl", "--", "-uX"],
+        ["mysql", "-hpdb", "-uproot", "db"],
+        ["mysql", "-vp", "db"],
+        ["mysql", "-e", "-pselect", "db"],
+        ["sshpass", "-f", "file", "ssh", "-p", "22", "-vp", "2", "h"],
+        ["smbclient", "-L", "host", "-N"],
+        ["ls", "-lp"],
+        ["grep", "-rp", "x", "."],
+    ):
+        assert _all_three(argv) == [argv] * 3, argv
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    flags=st.text(alphabet="vsSLkfiIjJlnNOqR0123456789#", max_size=6),
+    value_letter=st.sampled_from(list("AbcCdDeEFHKmoPQrtTwxXyYz")),
+    value=st.text(alphabet="uUpP:%abz-", min_size=1, max_size=12),
+    secret_letter=st.sampled_from(["u", "U"]),
+    joined=st.booleans(),
+)
+def test_curl_clusters_are_read_as_curl_reads_them(
+    flags: str, value_letter: str, value: str, secret_letter: str, joined: bool
+) -> None:
+    """Any cluster of curl's plain flags ending in -u or -U hides the password joined
+    to it or after it; one ending in an option that takes a value shows that value,
+    whatever letters it holds."""
+    password = "pw:" + value
+    argv = ["curl", f"-{flags}{secret_letter}" + (password if joined else ""), "x"]
+    if not joined:
+        argv.insert(2, password)
+    masked = masked_detail(argv)
+    assert password not in json.dumps(masked)
+    assert masked[1].startswith(f"-{flags}{secret_letter}")
+    shown = ["curl", f"-{flags}{value_letter}{value}", "x"]
+    assert masked_detail(shown) == shown

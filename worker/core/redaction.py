@@ -11,7 +11,9 @@ must not end up there, nor a megabyte of text. Masked, whatever the action:
   the person's, not telemetry's;
 - in a list of strings (exec's argv), the value of a secret-looking flag
   (`--password=…`, `--with-token …`) and of a secret-looking `NAME=value`
-  (`-c http.extraheader=…`, `API_KEY=…`);
+  (`-c http.extraheader=…`, `API_KEY=…`), and the password a known program takes
+  by a short option, in a cluster too (`mysql -Bpsecret`, `curl -vu user:pw`,
+  `sshpass -vp X`, `smbclient -NU u%pw`: `_PROGRAMS`);
 - in any string, a secret-looking header written out (`Authorization: …`), the
   credentials of an auth scheme (`Bearer …`, `Basic …`), values shaped like the
   tokens services issue (`ghp_…`, `xoxb-…`, `glpat-…`, `AKIA…`, JWTs), and in a
@@ -28,6 +30,7 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
@@ -74,26 +77,51 @@ _MARKERS: Final = (
     "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj"
 )
 _SUSPECT: Final = re.compile(_MARKERS)
-# Programs whose short (or plainly named) options take a password or user:password,
-# and how each takes its value: "joined" (-pSECRET only: a lone -p asks on the
-# terminal), "either" (-p SECRET or -pSECRET), "next" (--user u:p or --user=u:p).
-_PROGRAM_SECRET_FLAGS: Final[dict[str, dict[str, str]]] = {
-    **{
-        name: {"-p": "joined"}
-        for name in ("mysql", "mysqldump", "mysqladmin", "mysqlimport", "mariadb", "mariadb-dump")
-    },
-    "sshpass": {"-p": "either"},
-    "curl": {"-u": "either", "--user": "next", "-U": "either", "--proxy-user": "next"},
-    "smbclient": {"-U": "either", "--user": "next"},
+
+
+@dataclass(frozen=True)
+class _Options:
+    """How a program reads its options, as much as finding its password takes.
+
+    `secret`: its options that take a password or user:password, and how each takes
+    its value: "joined" (-pSECRET only: a lone -p asks on the terminal), "either" (-p
+    SECRET or -pSECRET), "next" (--user u:p or --user=u:p). Short options cluster
+    (getopt, popt, curl, MySQL's my_getopt): -vpSECRET is -v then -p SECRET, and an
+    option that takes a value takes the rest of its word, or the next word when none
+    is left. So a cluster is read letter by letter up to the first that takes a value:
+    `values` (required) and `optional` (the rest of the word only) name those letters,
+    lest a value's letters be read as options (curl -XPUT is no -U). `runs_command`:
+    its first operand is a command with options of its own (sshpass ssh -p 22: a
+    port). `secret_operand`: the operand that is a password (smbclient //h/s PASS)."""
+
+    secret: dict[str, str]
+    values: str = ""
+    optional: str = ""
+    runs_command: bool = False
+    secret_operand: int = 0  # 1 for the first operand; 0 for none
+
+
+_MYSQL: Final = {"-p": "joined"}
+_PROGRAMS: Final[dict[str, _Options]] = {
+    **{name: _Options(_MYSQL, "DehPSu", "#") for name in ("mysql", "mariadb")},
+    **{name: _Options(_MYSQL, "hPSurwT", "#") for name in ("mysqldump", "mariadb-dump")},
+    "mysqladmin": _Options(_MYSQL, "hPSuci", "#"),
+    "mysqlimport": _Options(_MYSQL, "hPSuc", "#"),
+    "sshpass": _Options({"-p": "either"}, "fdP", runs_command=True),
+    "curl": _Options(
+        {"-u": "either", "--user": "next", "-U": "either", "--proxy-user": "next"},
+        "AbcCdDeEFHKmoPQrtTwxXyYz",
+    ),
+    "smbclient": _Options(
+        {"-U": "either", "--user": "next"}, "WIpnsdlORTDcbtmLMAi", secret_operand=2
+    ),
 }
 
 
 # And for the args' whole text: a URL, an escape, a key whose values are all masked,
 # a program named above.
 _NOT_PLAIN: Final = re.compile(
-    _MARKERS
-    + r"|://|\\|header|content|data|body|text|"
-    + "|".join(map(re.escape, _PROGRAM_SECRET_FLAGS))
+    _MARKERS + r"|://|\\|header|content|data|body|text|" + "|".join(map(re.escape, _PROGRAMS))
 )
 # In a URL's path: Telegram's bot token, Slack's and Discord's webhook secrets, and any
 # long segment mixing upper case, lower case and digits (a hash or a UUID does not).
@@ -255,32 +283,63 @@ def _argv_plan(items: list[Any]) -> list[str | None]:
     """For each item of a list like an argv: MASK, the item with its joined secret
     masked (`-p` + MASK), or None to show it as any value is shown. Masked: the value
     after a secret-looking flag (`--password hunter2`, `--with-token ghp_…`), and the
-    value of a known program's secret option (mysql -pX, sshpass -p X, curl -u u:p)."""
-    program = items[0].rsplit("/", 1)[-1] if items and isinstance(items[0], str) else ""
-    flags = _PROGRAM_SECRET_FLAGS.get(program, {})
+    value of a known program's secret option (mysql -pX, sshpass -p X, curl -u u:p),
+    in a cluster of short options too (curl -vu u:p, sshpass -vpX: `_Options`)."""
+    options = _program_options(items[0] if items else None)
     plan: list[str | None] = []
-    after_flag = False
-    for item in items:
+    then = ""  # what the next item is: "secret", "value" (an option's, shown) or ""
+    operands = 0
+    for index, item in enumerate(items):
         text = item if isinstance(item, str) else ""
-        if after_flag and isinstance(item, str) and not text.startswith("-"):
+        now, then = then, ""
+        if now == "secret" and isinstance(item, str) and not text.startswith("-"):
             plan.append(MASK)
-        else:
-            plan.append(_joined_masked(text, flags))
-        after_flag = flags.get(text) in ("either", "next") or (
-            len(text) <= _FLAG_CHARS and _SECRET_FLAG.fullmatch(text) is not None
-        )
+            continue
+        masked = None
+        if index > 0 and options is not None and now != "value" and isinstance(item, str):
+            if text == "--":
+                options = None  # operands only from here
+            elif text.startswith("-") and text != "-":
+                masked, then = _option_masked(text, options)
+            elif options.runs_command:
+                options = _program_options(text)  # the command it runs, with its own
+            else:
+                operands += 1
+                masked = MASK if operands == options.secret_operand else None
+        plan.append(masked)
+        if masked is None and not then and len(text) <= _FLAG_CHARS:  # -psecret is no flag
+            then = "secret" if _SECRET_FLAG.fullmatch(text) is not None else ""
     return plan
 
 
-def _joined_masked(text: str, flags: dict[str, str]) -> str | None:
-    """`text` with the secret joined to a known program's option masked, or None."""
-    for flag, how in flags.items():
-        if how == "next":
-            if text.startswith(flag + "="):
-                return flag + "=" + MASK
-        elif len(text) > len(flag) and text.startswith(flag) and not text.startswith("--"):
-            return flag + MASK
-    return None
+def _program_options(program: Any) -> _Options | None:
+    if not isinstance(program, str):
+        return None
+    return _PROGRAMS.get(program.rsplit("/", 1)[-1])
+
+
+def _option_masked(text: str, options: _Options) -> tuple[str | None, str]:
+    """An option word of a known program: the word with a password joined to it masked
+    (or None), and what the next item is ("secret", "value", or "")."""
+    if text.startswith("--"):
+        name, equals, _ = text.partition("=")
+        if options.secret.get(name) != "next":
+            return None, ""
+        return (name + "=" + MASK, "") if equals else (None, "secret")
+    # A cluster of short options: -vu, -vpX, -Bpsecret; read as far as a flag goes
+    # (a word of a megabyte costs no more than one of a hundred characters).
+    for at in range(1, min(len(text), _FLAG_CHARS)):
+        letter, rest = text[at], text[at + 1 :]
+        how = options.secret.get("-" + letter)
+        if how is not None:
+            if rest:
+                return text[: at + 1] + MASK, ""
+            return None, "secret" if how == "either" else ""
+        if letter in options.values:
+            return None, "" if rest else "value"
+        if letter in options.optional:
+            return None, ""
+    return None, ""
 
 
 def _argv_masked(items: Iterable[Any], each: Callable[[Any], Any]) -> list[Any]:
