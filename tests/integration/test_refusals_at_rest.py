@@ -41,6 +41,11 @@ REFUSED = (
         },
     ),
     ("exec", {"argv": ["curl", "-H", f"Authorization: Bearer {HEADER_SECRET}", "x"]}),
+    # Passwords that known programs take by short options, in clusters too.
+    ("exec", {"argv": ["curl", "-vu", f"me:{ARG_SECRET}", "x"]}),
+    ("exec", {"argv": ["mysql", "-h", "db", f"-Bp{ARG_SECRET}"]}),
+    ("exec", {"argv": ["sshpass", "-vp", ARG_SECRET, "ssh", "h"]}),
+    ("exec", {"argv": ["smbclient", f"-NUme%{ARG_SECRET}", "//h/s"]}),
 )
 
 

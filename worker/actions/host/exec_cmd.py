@@ -52,6 +52,7 @@ from worker.actions.host.fs_paths import (
 from worker.config import ExecSection, Paths
 from worker.core.blob_files import check_hasher
 from worker.core.prompt_text import one_line
+from worker.core.redaction import masked_argv
 from worker.core.registry import MIB, ActionSpec, Args, Context, Json, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
 
@@ -265,11 +266,15 @@ def ask_about(surface: str, argv: Sequence[str], cwd: str, reason: str) -> tuple
     says. The name is bound to the whole command and its working folder by a digest,
     so an approval "for this plan" or "for this agent" answers that command in that
     folder and nothing else (keyed on the first 300 characters, with no folder, it let
-    any longer command with that start run unasked). The prompt shows it whole."""
+    any longer command with that start run unasked). The prompt shows it whole; the
+    name, kept at rest (a grant for the plan or agent, audit rows, a refusal's message),
+    shows it with its secrets masked (curl -u ***): the digest binds the command
+    itself."""
     command = shlex.join(argv)
     bound = json.dumps([list(argv), cwd]).encode()  # ASCII: every other char escaped
     digest = hashlib.sha256(bound).hexdigest()
-    label = command if len(command) <= ASK_LABEL_CHARS else command[: ASK_LABEL_CHARS - 1] + "…"
+    named = shlex.join(masked_argv(argv))
+    label = named if len(named) <= ASK_LABEL_CHARS else named[: ASK_LABEL_CHARS - 1] + "…"
     place = cwd if len(cwd) <= ASK_LABEL_CHARS else "…" + cwd[-(ASK_LABEL_CHARS - 1) :]
     what = f"{surface}.exec `{one_line(label)}` in {one_line(place)} (sha256 {digest})"
     note = (
