@@ -22,6 +22,7 @@ from tests.integration.test_exec_ahead import WHERE, gone, held, settings
 from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.host_calls import call
 from tests.support.servers import START_S, Worker, key_of, workers_token
+from worker.core.ledger import MAX_SERVER_KILLS
 from worker.wire.proto import agentworker_pb2 as pb
 
 STAT = json.dumps({"path": "."})
@@ -118,6 +119,47 @@ def test_a_servers_kill_binds_its_own_plan_and_the_persons_kill_every_servers(
     assert code_of(a, plan) == "plan_killed"
     assert code_of(a, persons) == "plan_killed"
     assert code_of(a, theirs) == "ok"
+    assert worker.cli("lift", plan).returncode == 0
+    assert code_of(a, plan) == "ok"
+
+
+def test_a_servers_flood_of_kills_prunes_its_own_kills_only(
+    hubs: tuple[Cluster, Cluster], worker: Worker
+) -> None:
+    """B's kills of made-up plans past MAX_SERVER_KILLS prune B's oldest kills, never A's
+    (review12 finding 04: they pruned A's kill of A's plan, and it ran again at A)."""
+    a, b = hubs
+    tag = uuid.uuid4().hex[:8]
+    plan = f"plan-{tag}-a"
+    worker.at(a)
+    kill_from(a, plan, "A stops its plan")
+    wait_for(lambda: plan in worker.cli("killed").stdout, START_S)
+
+    worker.at(b)
+    flood = [f"made-up-{tag}-{n:05d}" for n in range(MAX_SERVER_KILLS + 1)]
+
+    async def kill_all(client: Any) -> None:
+        for made_up in flood:
+            await client.stub.KillPlan(
+                pb.KillPlanRequest(plan_id=made_up, reason="x"),
+                metadata=client.metadata,
+                timeout=30,
+            )
+
+    b.run(kill_all)
+
+    def killed() -> dict[str, str]:
+        out = worker.cli("killed", "--json").stdout
+        return {k["plan"]: k["server"] for k in json.loads(out)}
+
+    wait_for(lambda: flood[-1] in killed(), START_S)  # the worker read the whole flood
+    listed = killed()
+    assert listed[plan] == key_of(a), listed
+    assert flood[0] not in listed and flood[1] in listed  # B's oldest went, B's alone
+    assert sum(server == key_of(b) for server in listed.values()) == MAX_SERVER_KILLS
+
+    worker.at(a)  # back at A: its plan is still killed
+    assert code_of(a, plan) == "plan_killed"
     assert worker.cli("lift", plan).returncode == 0
     assert code_of(a, plan) == "ok"
 

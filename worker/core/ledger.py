@@ -100,7 +100,10 @@ DEFAULT_TTL_S = 24 * 3600
 # Kills a server may make this worker keep; past it its oldest kills go (a kill made
 # here, by the person, is never dropped). A kill outlives restarts, and the console
 # lists every kill: unbounded, a server's flood of KillPlans for made-up plans grew
-# state.db without end and made each UI event megabytes long.
+# state.db without end and made each UI event megabytes long. Counted per server
+# (`killed_plans.server`): one server's flood prunes its own kills only, never
+# another's (review12 finding 04: B's 1,001 made-up kills pruned A's kill, and A's
+# killed plan ran again at A).
 MAX_SERVER_KILLS: Final = 1000
 SERVER: Final = "server"  # `killed_by` of a server's KillPlan
 # `killed_plans.server` of a kill that binds the plan id whichever server names it: the
@@ -703,26 +706,49 @@ class State:
                 known = self._kills.get(plan_id)
                 if known is not None:
                     self._kills[plan_id] = (known[0], known[1], ANY_SERVER)
-        return self._prune_server_kills() if killed_by == SERVER else []
+        return self._prune_server_kills(server) if killed_by == SERVER else []
 
-    def _prune_server_kills(self) -> list[str]:
-        (count,) = self._db.execute(
-            "SELECT count(*) FROM killed_plans WHERE killed_by = ?", (SERVER,)
-        ).fetchone()
-        if count <= MAX_SERVER_KILLS:
+    def _prune_server_kills(self, server: str | None = None) -> list[str]:
+        """Past MAX_SERVER_KILLS of one server's kills (`server`; None: of each), its
+        oldest go. Kills that bind every server (ANY_SERVER) are a share of their own."""
+        shares = (
+            [server]
+            if server is not None
+            else [
+                key
+                for (key,) in self._db.execute(
+                    "SELECT server FROM killed_plans WHERE killed_by = ? GROUP BY server"
+                    " HAVING count(*) > ?",
+                    (SERVER, MAX_SERVER_KILLS),
+                )
+            ]
+        )
+        oldest: list[str] = []
+        for key in shares:
+            oldest += self._oldest_server_kills(key)
+        if not oldest:
             return []
-        oldest = [
-            plan
-            for (plan,) in self._db.execute(
-                "SELECT plan_id FROM killed_plans WHERE killed_by = ? ORDER BY killed_ms, rowid"
-                " LIMIT ?",
-                (SERVER, count - MAX_SERVER_KILLS),
-            )
-        ]
         self._db.executemany("DELETE FROM killed_plans WHERE plan_id = ?", ((p,) for p in oldest))
         for plan in oldest:
             self._kills.pop(plan, None)
         return oldest
+
+    def _oldest_server_kills(self, server: str) -> list[str]:
+        """The kills of `server` past its MAX_SERVER_KILLS, oldest first."""
+        (count,) = self._db.execute(
+            "SELECT count(*) FROM killed_plans WHERE killed_by = ? AND server = ?",
+            (SERVER, server),
+        ).fetchone()
+        if count <= MAX_SERVER_KILLS:
+            return []
+        return [
+            plan
+            for (plan,) in self._db.execute(
+                "SELECT plan_id FROM killed_plans WHERE killed_by = ? AND server = ?"
+                " ORDER BY killed_ms, rowid LIMIT ?",
+                (SERVER, server, count - MAX_SERVER_KILLS),
+            )
+        ]
 
     def lift_kill(self, plan_id: str) -> bool:
         self._refresh()
