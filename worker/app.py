@@ -484,7 +484,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
     )
     # gRPC health, open without the token, for the hub itself ("") and its services.
     services = [service.full_name for service in pb.DESCRIPTOR.services_by_name.values()]
-    health = Health(services, read=hub.memory.ended)
+    health = Health(services, token=token, workers_token=workers_token, read=hub.memory.ended)
     server.add_generic_rpc_handlers((health.handler(),))
     try:
         if tls:

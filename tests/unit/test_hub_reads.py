@@ -122,6 +122,48 @@ def test_a_turn_handed_to_a_call_that_goes_away_comes_back() -> None:
     asyncio.run(go())
 
 
+def test_calls_put_behind_take_a_turn_only_when_no_other_waits() -> None:
+    """gRPC health puts the calls of connections whose requests came late behind
+    (worker.hub.health): they are handed a turn only when no other call waits."""
+
+    async def go() -> None:
+        turns = Turns(1, per_peer=1)
+        order: list[str] = []
+        release: dict[str, asyncio.Event] = {}
+
+        async def take(peer: str, name: str, behind: bool = False) -> None:
+            async with turns.turn(peer, behind=behind):
+                order.append(name)
+                release[name] = asyncio.Event()
+                await release[name].wait()
+
+        async def settled() -> None:
+            for _ in range(5):  # every task that can move has moved
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.ensure_future(take("a", "a1"))]
+        await settled()
+        tasks += [
+            asyncio.ensure_future(take("late", "late1", behind=True)),
+            asyncio.ensure_future(take("b", "b1")),
+            asyncio.ensure_future(take("c", "c1")),
+        ]
+        await settled()
+        assert turns.waiting() == 3 and turns.waiting(behind=True) == 1
+        assert turns.wanting() == 2  # b1, c1: a turn given back goes to one of them
+        turns.put_behind(lambda peer: peer == "b")  # b's requests came late meanwhile
+        assert turns.waiting(behind=False) == 1 and turns.waiting(behind=True) == 2
+        for name, then in (("a1", "c1"), ("c1", "late1"), ("late1", "b1")):
+            release[name].set()
+            await settled()
+            assert order[-1] == then, order
+        release["b1"].set()
+        await asyncio.gather(*tasks)
+        assert turns.held() == 0 and turns.waiting() == 0
+
+    asyncio.run(go())
+
+
 def _field(number: int, value: bytes) -> bytes:
     """A length-delimited field, as the wire has it."""
     head, length = bytearray([number << 3 | 2]), len(value)

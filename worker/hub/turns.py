@@ -7,7 +7,9 @@ that sends its request slowly (a byte at a time) or not at all holds one meanwhi
 connection holds at most `per_peer` of a kind's turns: the rest go to other
 connections' calls first, whatever came earlier, so a caller on one connection cannot
 take every turn of a kind (the person's `agentworker kill`, on a connection of its own,
-then waits behind no one's slow read).
+then waits behind no one's slow read). A call may be put behind: it is handed a turn
+only when no other waits (gRPC health puts the calls of connections whose requests came
+late there: worker.hub.health).
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 
 class Turns:
     """At most `slots` holders at once, at most `per_peer` of them for one peer (a
     connection: gRPC's `context.peer()`); waiting calls take turns in the order they
-    came, passing those whose peer holds its share."""
+    came, passing those whose peer holds its share; calls put behind take a turn only
+    when no call waits that is not behind."""
 
     def __init__(self, slots: int, per_peer: int | None = None) -> None:
         self.slots = slots
@@ -29,17 +32,29 @@ class Turns:
         self._free = slots
         self._held: dict[str, int] = {}  # peer -> turns it holds (none: absent)
         self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()
+        self._behind: deque[tuple[str, asyncio.Future[None]]] = deque()
 
     def held(self, peer: str | None = None) -> int:
         """Turns held now: by `peer`, or by all."""
         return self.slots - self._free if peer is None else self._held.get(peer, 0)
 
-    def waiting(self) -> int:
-        return sum(not future.done() for _, future in self._waiting)
+    def waiting(self, *, behind: bool | None = None) -> int:
+        """Calls waiting for a turn: all, or those put behind (True) or not (False)."""
+        queues: tuple[deque[tuple[str, asyncio.Future[None]]], ...]
+        if behind is None:
+            queues = (self._waiting, self._behind)
+        else:
+            queues = (self._behind,) if behind else (self._waiting,)
+        return sum(not future.done() for queue in queues for _, future in queue)
+
+    def wanting(self) -> int:
+        """Waiting calls, not put behind, that a turn given back could go to (their peer
+        holds less than its share)."""
+        return sum(not future.done() and self._may(peer) for peer, future in self._waiting)
 
     @contextlib.asynccontextmanager
-    async def turn(self, peer: str) -> AsyncIterator[None]:
-        await self._take(peer)
+    async def turn(self, peer: str, *, behind: bool = False) -> AsyncIterator[None]:
+        await self._take(peer, behind)
         try:
             yield
         finally:
@@ -52,23 +67,31 @@ class Turns:
         self._free -= 1
         self._held[peer] = self._held.get(peer, 0) + 1
 
-    async def _take(self, peer: str) -> None:
+    async def _take(self, peer: str, behind: bool) -> None:
         # While a turn is free, no waiting call may take it (each was handed one as it
         # became free, or its peer holds its share): a newcomer does not pass one.
         if self._free and self._may(peer):
             self._hold(peer)
             return
         entry = (peer, asyncio.get_running_loop().create_future())
-        self._waiting.append(entry)
+        (self._behind if behind else self._waiting).append(entry)
         try:
             await entry[1]
         except asyncio.CancelledError:
             if entry[1].done() and not entry[1].cancelled():
                 self._give_back(peer)  # handed a turn just as its call went away
             else:
-                with contextlib.suppress(ValueError):
-                    self._waiting.remove(entry)
+                for queue in (self._waiting, self._behind):
+                    with contextlib.suppress(ValueError):
+                        queue.remove(entry)
             raise
+
+    def put_behind(self, late: Callable[[str], bool]) -> None:
+        """The waiting calls of the peers `late` names go behind every other waiting call."""
+        keep: deque[tuple[str, asyncio.Future[None]]] = deque()
+        for entry in self._waiting:
+            (self._behind if late(entry[0]) else keep).append(entry)
+        self._waiting = keep
 
     def _give_back(self, peer: str) -> None:
         held = self._held[peer] - 1
@@ -80,15 +103,17 @@ class Turns:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """Free turns to the earliest waiting calls whose peers may hold one more."""
-        passed: list[tuple[str, asyncio.Future[None]]] = []
-        while self._free and self._waiting:
-            peer, future = self._waiting.popleft()
-            if future.done():  # its call went away
-                continue
-            if self._may(peer):
-                self._hold(peer)
-                future.set_result(None)
-            else:
-                passed.append((peer, future))
-        self._waiting.extendleft(reversed(passed))
+        """Free turns to the earliest waiting calls whose peers may hold one more, those
+        put behind last."""
+        for queue in (self._waiting, self._behind):
+            passed: list[tuple[str, asyncio.Future[None]]] = []
+            while self._free and queue:
+                peer, future = queue.popleft()
+                if future.done():  # its call went away
+                    continue
+                if self._may(peer):
+                    self._hold(peer)
+                    future.set_result(None)
+                else:
+                    passed.append((peer, future))
+            queue.extendleft(reversed(passed))

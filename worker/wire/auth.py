@@ -50,7 +50,7 @@ class BearerAuth(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyp
                 break
         else:
             return None  # not ours: UNIMPLEMENTED, or health (worker.hub.health, open)
-        presented = _presented(details)
+        presented = presented_token(details.invocation_metadata)
         if hmac.compare_digest(presented, self._expected):
             return handler
         if self._workers is not None and hmac.compare_digest(presented, self._workers):
@@ -58,8 +58,9 @@ class BearerAuth(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyp
         return _REFUSED
 
 
-def _presented(details: grpc.HandlerCallDetails) -> bytes:
-    for key, value in details.invocation_metadata or ():
+def presented_token(metadata: Any) -> bytes:
+    """The `authorization` a call's metadata presents ("Bearer <token>"; b"": none)."""
+    for key, value in metadata or ():
         if key == "authorization":
             return value.encode() if isinstance(value, str) else bytes(value)
     return b""
