@@ -19,6 +19,7 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -804,7 +805,8 @@ class WorkerConnection:
     ) -> None:
         try:
             # The blob's one copy: each part is a view of the envelope it came in.
-            blob = await asyncio.to_thread(b"".join, parts)
+            loop = asyncio.get_running_loop()
+            blob = await loop.run_in_executor(_STREAM_COPIES, b"".join, parts)
         except BaseException as exc:
             self._cancelled_early.pop(req.correlation_id, None)
             if not isinstance(exc, Exception):
@@ -1062,7 +1064,16 @@ async def _owned(
     )
     if copied < HASH_OFF_LOOP_BYTES:
         return _copies(decoded, kept)
-    return await asyncio.to_thread(_copies, decoded, kept)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_STREAM_COPIES, _copies, decoded, kept)
+
+
+# The stream's own copies (a large envelope's blobs, a blob's parts joined): a thread
+# apart from the worker's pool. In the pool, the reader's copy waited behind calls
+# whose threads wait for parts only the reader can bring: nothing more was read (no
+# part, Cancel, KillPlan or heartbeat) until the silence limit dropped the stream
+# (review12 finding 01). Its jobs only copy: they never wait on anything.
+_STREAM_COPIES: Final = ThreadPoolExecutor(1, thread_name_prefix="agentworker-stream")
 
 
 def _kept_as_view(msg: pb.ServerMessage, blob: memoryview | None, envelope_bytes: int) -> bool:

@@ -28,6 +28,11 @@ another thread would only get stuck too. A stuck thread ends, and gives its plac
 back, when the file system answers (or its server goes away: ENOTCONN). So one file
 system that stops answering costs at most LANE_THREADS threads, and never a thread
 another folder's calls need.
+
+A job that waits for bytes still on their way (a write whose blob comes in parts) runs
+in a thread of its own as well (`CallThreads.apart`), counted as its call's work: in the
+pool, six of them held every thread while the stream that would bring their bytes
+waited for one (review12 finding 01).
 """
 
 from __future__ import annotations
@@ -134,6 +139,44 @@ class CallThreads(ThreadPoolExecutor):
         """Every unfinished job, by call id ("" for jobs of no call)."""
         with self._lock:
             return dict(self._jobs)
+
+    async def apart(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """fn(*args) in a thread of its own, outside the pool, counted as the current
+        call's work like a pool job. For a job that waits for bytes still on their way
+        (a blob coming in parts): six of them held all six of the pool's threads, so the
+        stream's own work that would bring those bytes, and every other call's, waited
+        behind them (review12 finding 01). Such jobs are bounded by the transfers the
+        connection lets follow at once (connection.MAX_FOLLOWING)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        cid = CURRENT_CALL.get()
+
+        def deliver(result: Any, error: BaseException | None) -> None:
+            if done.cancelled():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def work() -> None:
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                error = exc
+            self._finished(cid, ran=True)
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for it
+                loop.call_soon_threadsafe(deliver, result, error)
+
+        self._started(cid)
+        try:
+            threading.Thread(target=work, name="agentworker-apart", daemon=True).start()
+        except BaseException:
+            self._finished(cid)
+            raise
+        return await done
 
 
 class _Lane:

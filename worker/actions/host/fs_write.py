@@ -24,7 +24,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from sandbox import (
     ArrivalStopped,
@@ -139,14 +139,24 @@ async def _written_and_hashed(
     if not late:  # its first byte changes what others see: claimed before it
         await _claimed(ctx, verdict)
     root = hanging_root(ctx, args.path)  # a root that may hang writes in a lane of its own
+    # A blob still coming (protocol 3, an upload) is waited for by the writing and the
+    # hashing threads: threads of their own, never the pool's (CallThreads.apart).
+    coming = any(isinstance(piece, Arriving) for piece in data)
+    place_late = place if late else None
     writing = asyncio.ensure_future(
-        in_thread(ctx, root, _write, ctx, args, data, progress, place if late else None)
+        ctx.threads.apart(_write, ctx, args, data, progress, place_late)
+        if coming and root is None
+        else in_thread(ctx, root, _write, ctx, args, data, progress, place_late)
     )
     claiming = asyncio.ensure_future(_claimed(ctx, verdict)) if late else None
     # Inside `up` the hub hashes the very bytes handed over (its digest is made from
     # their SHA-256), and hands that hash over too: no second pass over 16 MiB here.
     hashing = (
-        asyncio.ensure_future(asyncio.to_thread(_sha256, data, progress))
+        asyncio.ensure_future(
+            ctx.threads.apart(_sha256, data, progress)
+            if coming
+            else asyncio.to_thread(_sha256, data, progress)
+        )
         if ctx.blob_sha256 is None
         else None
     )
@@ -170,9 +180,17 @@ async def _written_and_hashed(
                 piece.stop(WorkerError("cancelled", "the write stopped; nothing was placed"))
         # The threads run on (the pipeline says what that means for the call), their
         # futures are let go without a word; a claim still waiting for its digest stops.
+        # What a job that failed too ends with is taken here (the call's answer says
+        # why): left unread, asyncio logged its traceback (review12 finding 07).
         for job in (writing, claiming, hashing):
-            if job is not None and not job.done():
+            if job is not None:
+                job.add_done_callback(_taken)
                 job.cancel()
+
+
+def _taken(job: asyncio.Future[Any]) -> None:
+    if not job.cancelled():
+        job.exception()
 
 
 async def _handed_sha256(ctx: Context, data: Sequence[bytes | memoryview | Arriving]) -> str:
