@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from worker.hub import server
+from worker.hub.health import address_of
 from worker.hub.turns import Turns
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -162,6 +163,22 @@ def test_calls_put_behind_take_a_turn_only_when_no_other_waits() -> None:
         assert turns.held() == 0 and turns.waiting() == 0
 
     asyncio.run(go())
+
+
+def test_health_counts_a_late_address_by_its_ipv4_address_or_ipv6_64() -> None:
+    """gRPC health holds an address late once enough of its connections were (worker.hub
+    .health): an IPv6 caller has a /64 to pick addresses from, so that is one address."""
+    assert address_of("ipv4:203.0.113.7:5000") == address_of("ipv4:203.0.113.7:6000")
+    assert address_of("ipv4:203.0.113.7:5000") == "ipv4:203.0.113.7"
+    assert address_of("ipv4:203.0.113.8:5000") != "ipv4:203.0.113.7"
+    # gRPC names IPv6 peers percent-encoded; either way, one /64 is one address.
+    assert address_of("ipv6:%5B2001:db8::1%5D:5000") == "ipv6:2001:db8::/64"
+    assert address_of("ipv6:[2001:db8::ffff:1]:6000") == "ipv6:2001:db8::/64"
+    assert address_of("ipv6:%5B2001:db8:0:1::1%5D:5000") == "ipv6:2001:db8:0:1::/64"
+    assert address_of("ipv6:%5Bfe80::1%25eth0%5D:5000") == "ipv6:fe80::/64"
+    assert address_of("ipv6:%5B::ffff:203.0.113.7%5D:5000") == "ipv4:203.0.113.7"
+    assert address_of("unix:") == "unix:"
+    assert address_of("ipv4:not-an-address:1") == "ipv4:not-an-address:1"
 
 
 def _field(number: int, value: bytes) -> bytes:

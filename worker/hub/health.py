@@ -18,11 +18,12 @@ other health check for minutes (review11 finding 05). So, for calls without the 
   all callers HEALTH_WAITING waiting; another is answered busy at once, unread;
 - a call whose request has not come HEALTH_PROMPT_S into its turn gives the turn up to
   a call that waits (busy), and a call that held a turn without its request coming makes
-  its connection late for HEALTH_LATE_FOR_S (its address too, while its connections go
-  late faster than HEALTH_LATE_PER_ADDRESS in that time): a late connection's calls wait
-  behind every other's, HEALTH_WAITING_LATE of them at most, and give their turn up to
-  any other at once. A health check sends its request with the call (gRPC's clients,
-  probes and load balancers do), so it is read as its turn comes and is never late.
+  its connection late for HEALTH_LATE_FOR_S (its address too, an IPv6 one by its /64,
+  while its connections go late faster than HEALTH_LATE_PER_ADDRESS in that time): a
+  late connection's calls wait behind every other's, HEALTH_WAITING_LATE of them at
+  most, and give their turn up to any other at once. A health check sends its request
+  with the call (gRPC's clients, probes and load balancers do), so it is read as its
+  turn comes and is never late.
 A call presenting the callers' token (hub.token) is read on turns of its own, behind no
 tokenless call; one presenting a token that is neither the callers' nor the workers' is
 refused UNAUTHENTICATED, unread.
@@ -38,7 +39,10 @@ Held without a bound, 2,400 tokenless Watch calls took the hub from 63 to 255 Mi
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
+import ipaddress
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -117,10 +121,25 @@ class _Holder:
     timer: asyncio.TimerHandle | None = None
 
 
-def _address(peer: str) -> str:
-    """Where a connection comes from: its peer without the port ("ipv4:10.0.0.7")."""
+@functools.lru_cache(maxsize=4096)
+def address_of(peer: str) -> str:
+    """Where a connection comes from, as gRPC names it (`context.peer()`): its address
+    without the port ("ipv4:10.0.0.7"); for IPv6 its /64, which one host or site holds
+    whole ("ipv6:2001:db8::/64"), an IPv4 one mapped into IPv6 as IPv4; any other peer
+    (a Unix socket's "unix:") as it is."""
     kind, _, rest = peer.partition(":")
-    return f"{kind}:{rest.rsplit(':', 1)[0]}" if kind in ("ipv4", "ipv6") else peer
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = urllib.parse.unquote(rest.rsplit(":", 1)[0]).strip("[]").split("%", 1)[0]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return peer
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return f"ipv4:{ip.ipv4_mapped}"
+        return f"ipv6:{ipaddress.IPv6Network((ip, 64), strict=False)}"
+    return f"ipv4:{ip}"
 
 
 class Health:
@@ -191,7 +210,7 @@ class Health:
         """Whether `peer`'s calls wait behind others' (its requests came late)."""
         return (
             self.late_connections.wait_s(peer, now) > 0
-            or self.late_addresses.wait_s(_address(peer), now) > 0
+            or self.late_addresses.wait_s(address_of(peer), now) > 0
         )
 
     async def _own(self, context: grpc.aio.ServicerContext) -> bool:
@@ -332,7 +351,7 @@ class Health:
         now = asyncio.get_running_loop().time()
         waits_s = self.late_connections.wait_s(peer, now)
         if not waits_s:  # a connection late anew: its address counts it
-            self.late_addresses.take(_address(peer), now)
+            self.late_addresses.take(address_of(peer), now)
         if waits_s < HEALTH_LATE_FOR_S:  # late twice as long at most
             self.late_connections.take(peer, now)
         self.reads.put_behind(lambda waiting: self.late(waiting, now))
