@@ -23,7 +23,6 @@ from tests.support.hub_inproc import hub_in_process, own_channel, token_of
 from worker import app
 from worker.hub.client import ControlClient
 from worker.hub.health import HEALTH_REQUEST_BYTES
-from worker.hub.rates import Rate
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import bearer
 from worker.wire.varint import field_head
@@ -273,7 +272,7 @@ def test_a_call_without_its_request_gives_its_turn_to_a_waiting_check(tmp_path: 
             # The late connection's next call waits behind, and gives its turn up at once.
             late = next(ch for ch, call in zip(channels, silent, strict=True) if call.done())
             again = _silent(late, 1)[0]
-            await _until(lambda: health.reads.held() == 2 or health.reads.waiting(behind=True))
+            await _until(lambda: health.reads.held() == 2 or health.reads.waiting(2))
             assert await _check(channels[2]) == Status.SERVING
             assert (await _refused(again))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
             (other,) = first[1]
@@ -305,7 +304,7 @@ def test_a_late_connection_has_few_places_to_wait(tmp_path: Path) -> None:
             holding = [*_silent(channels[1], 1), *_silent(channels[2], 1)]
             await _until(lambda: health.reads.held() == 2)
             behind = _silent(channels[0], 1)[0]
-            await _until(lambda: health.reads.waiting(behind=True) == 1)
+            await _until(lambda: health.reads.waiting(2) == 1)
             code, details = await _refused(_silent(channels[0], 1)[0])
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "came late, and 1 such calls already wait" in details, details
@@ -315,23 +314,29 @@ def test_a_late_connection_has_few_places_to_wait(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
-def test_an_address_whose_connections_come_late_waits_behind(tmp_path: Path) -> None:
+def test_an_address_whose_connections_come_late_ranks_between(tmp_path: Path) -> None:
     """Once HEALTH_LATE_PER_ADDRESS connections of one address came late, a new
-    connection of that address (loopback: every caller here) waits behind too."""
+    connection of that address (loopback: every caller here) waits behind other
+    addresses' calls, but ahead of the late connections': a Check on one takes the turn
+    of a late connection's silent call at once, not that of a silent call of its rank."""
 
     async def go() -> None:
-        async with _hub_with_channels(tmp_path / "home", 5) as (running, channels):
+        async with _hub_with_channels(tmp_path / "home", 6) as (running, channels):
             health = running.health
             health.read_within_s = 0.0
             for channel in channels[: health.late_addresses.burst]:
                 code, _details = await _refused(_silent(channel, 1)[0])
                 assert code == grpc.StatusCode.DEADLINE_EXCEEDED
             health.read_within_s = 600.0
-            holding = _silent(channels[-2], 1)  # one turn held: the other is free
+            late = _silent(channels[0], 1)[0]  # a late connection's: rank 2
             await _until(lambda: health.reads.held() == 1)
-            fresh = _silent(channels[-1], 2)  # one reading (a free turn), one behind
-            await _until(lambda: health.reads.waiting(behind=True) == 1)
-            for call in [*holding, *fresh]:
+            fresh = _silent(channels[-2], 2)  # a new connection's: rank 1, one of them waits
+            await _until(lambda: health.reads.waiting(1) == 1)
+            assert await _check(channels[-1]) == Status.SERVING
+            code, details = await _refused(late)
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert not any(call.done() for call in fresh)
+            for call in fresh:
                 call.cancel()
 
     asyncio.run(go())
@@ -343,21 +348,26 @@ def test_a_check_gets_through_while_silent_calls_flood_the_hub(tmp_path: Path) -
     open eight silent calls each (half refused at once), the turns go from one silent
     call to another as the waiting ones ask, and a Check that sends its request, on a
     connection of its own, is answered while they hold on; so are Status and a Check with
-    hub.token. The flood's connections count as other addresses than the Check's (on
-    loopback every caller is one address: test_an_address_whose_...)."""
+    hub.token (on loopback every caller is one address, late here: the Check's connection
+    goes ahead of the late connections')."""
     home = tmp_path / "home"
 
     async def go() -> None:
         async with _hub_with_channels(home, 13) as (running, channels):
             health = running.health
             health.prompt_s = 0.0
-            health.late_addresses = Rate(100, 1.0)
             flood = [call for channel in channels[:12] for call in _silent(channel, 8)]
             ends = [asyncio.ensure_future(_refused(call)) for call in flood]
-            # Each connection held a turn and gave it up to another's waiting call, but the
-            # two holding them now (their other calls wait for them: no other call does).
-            await _until(lambda: len(health.late_connections) == 10)
-            await _until(lambda: health.reads.held() == 2 and not health.reads.wanting())
+            # Turns went from silent call to silent call while another connection's waited,
+            # till the flood's address went late and those left wait behind the holders.
+            await _until(
+                lambda: (
+                    len(health.late_connections) >= health.late_addresses.burst
+                    and health.reads.held() == 2
+                    and not health.reads.wanting(0)
+                    and not health.reads.wanting(1)
+                )
+            )
             for _ in range(3):
                 assert await _check(channels[12]) == Status.SERVING
             person = bearer(token_of(home))

@@ -123,17 +123,18 @@ def test_a_turn_handed_to_a_call_that_goes_away_comes_back() -> None:
     asyncio.run(go())
 
 
-def test_calls_put_behind_take_a_turn_only_when_no_other_waits() -> None:
-    """gRPC health puts the calls of connections whose requests came late behind
-    (worker.hub.health): they are handed a turn only when no other call waits."""
+def test_a_call_of_a_higher_rank_takes_a_turn_only_when_no_lower_one_waits() -> None:
+    """gRPC health ranks the calls of connections and addresses whose requests came late
+    (worker.hub.health): they are handed a turn only when no call of a lower rank waits
+    that may take it, and a call's rank may rise while it waits."""
 
     async def go() -> None:
         turns = Turns(1, per_peer=1)
         order: list[str] = []
         release: dict[str, asyncio.Event] = {}
 
-        async def take(peer: str, name: str, behind: bool = False) -> None:
-            async with turns.turn(peer, behind=behind):
+        async def take(peer: str, name: str, rank: int = 0) -> None:
+            async with turns.turn(peer, rank=rank):
                 order.append(name)
                 release[name] = asyncio.Event()
                 await release[name].wait()
@@ -145,19 +146,24 @@ def test_calls_put_behind_take_a_turn_only_when_no_other_waits() -> None:
         tasks = [asyncio.ensure_future(take("a", "a1"))]
         await settled()
         tasks += [
-            asyncio.ensure_future(take("late", "late1", behind=True)),
+            asyncio.ensure_future(take("late", "late1", rank=2)),
+            asyncio.ensure_future(take("addr", "addr1", rank=1)),
             asyncio.ensure_future(take("b", "b1")),
             asyncio.ensure_future(take("c", "c1")),
+            asyncio.ensure_future(take("a", "a2")),
         ]
         await settled()
-        assert turns.waiting() == 3 and turns.waiting(behind=True) == 1
-        assert turns.wanting() == 2  # b1, c1: a turn given back goes to one of them
-        turns.put_behind(lambda peer: peer == "b")  # b's requests came late meanwhile
-        assert turns.waiting(behind=False) == 1 and turns.waiting(behind=True) == 2
-        for name, then in (("a1", "c1"), ("c1", "late1"), ("late1", "b1")):
+        assert turns.waiting() == 5 and turns.waiting(2) == 1 and turns.waiting(1) == 1
+        assert turns.wanting(0) == 2  # b1, c1 (a holds its share): a turn given back goes
+        turns.put_behind(lambda peer: 2 if peer == "b" else 0)  # b came late meanwhile
+        assert turns.waiting(0) == 2 and turns.waiting(2) == 2
+        for name, then in (("a1", "c1"), ("c1", "a2"), ("a2", "addr1"), ("addr1", "late1")):
             release[name].set()
             await settled()
             assert order[-1] == then, order
+        release["late1"].set()
+        await settled()
+        assert order[-1] == "b1", order
         release["b1"].set()
         await asyncio.gather(*tasks)
         assert turns.held() == 0 and turns.waiting() == 0

@@ -16,14 +16,17 @@ other health check for minutes (review11 finding 05). So, for calls without the 
 - a call has HEALTH_READ_WITHIN_S from its start, waiting and reading together;
 - a connection has at most HEALTH_CALLS_PER_CONNECTION calls waiting or being read, and
   all callers HEALTH_WAITING waiting; another is answered busy at once, unread;
-- a call whose request has not come HEALTH_PROMPT_S into its turn gives the turn up to
-  a call that waits (busy), and a call that held a turn without its request coming makes
-  its connection late for HEALTH_LATE_FOR_S (its address too, an IPv6 one by its /64,
-  while its connections go late faster than HEALTH_LATE_PER_ADDRESS in that time): a
-  late connection's calls wait behind every other's, HEALTH_WAITING_LATE of them at
-  most, and give their turn up to any other at once. A health check sends its request
-  with the call (gRPC's clients, probes and load balancers do), so it is read as its
-  turn comes and is never late.
+- a call that held a turn without its request coming makes its connection late for
+  HEALTH_LATE_FOR_S, and its address too (an IPv6 one by its /64) while its connections
+  go late faster than HEALTH_LATE_PER_ADDRESS in that time. Calls are ranked: 0, 1 if
+  their address is late, 2 if their connection is; a call waits behind those of lower
+  ranks, and of rank 2 HEALTH_WAITING_LATE wait at most;
+- a call whose request has not come gives its turn up (busy) to a waiting call that
+  could take it: at once if that call's rank is lower, HEALTH_PROMPT_S into the turn if
+  it is the same.
+A health check sends its request with the call (gRPC's clients, probes and load
+balancers do), so it is read as its turn comes and its connection is never late; one
+on a connection of its own goes ahead of every connection that was.
 A call presenting the callers' token (hub.token) is read on turns of its own, behind no
 tokenless call; one presenting a token that is neither the callers' nor the workers' is
 refused UNAUTHENTICATED, unread.
@@ -72,7 +75,7 @@ HEALTH_CALLS_PER_CONNECTION: Final = 4
 HEALTH_PROMPT_S: Final = 2.0
 # A connection whose call held a turn and sent no request is late this long; the address
 # it comes from is late while its connections go late faster than this many in that
-# time. Of the late ones' calls, this many wait at most.
+# time. Of late connections' calls, this many wait at most.
 HEALTH_LATE_FOR_S: Final = 60.0
 HEALTH_LATE_PER_ADDRESS: Final = 3
 HEALTH_WAITING_LATE: Final = 8
@@ -116,7 +119,7 @@ class _Holder:
 
     budget: asyncio.Timeout
     since: float
-    late: bool
+    rank: int
     gave_up: bool = False  # its turn went to a waiting call
     timer: asyncio.TimerHandle | None = None
 
@@ -206,12 +209,12 @@ class Health:
         names = ", ".join(repr(name) for name in sorted(self.served))
         return f'the hub serves {names} ("": the hub itself), not the service this names'
 
-    def late(self, peer: str, now: float) -> bool:
-        """Whether `peer`'s calls wait behind others' (its requests came late)."""
-        return (
-            self.late_connections.wait_s(peer, now) > 0
-            or self.late_addresses.wait_s(address_of(peer), now) > 0
-        )
+    def rank(self, peer: str, now: float) -> int:
+        """2 if `peer`'s (a connection's) requests came late, 1 if its address's did, else
+        0: a call waits behind those of lower ranks."""
+        if self.late_connections.wait_s(peer, now) > 0:
+            return 2
+        return int(self.late_addresses.wait_s(address_of(peer), now) > 0)
 
     async def _own(self, context: grpc.aio.ServicerContext) -> bool:
         """Whether the call presents the callers' token; refused if it presents a token
@@ -229,11 +232,11 @@ class Health:
         )
         raise AssertionError("unreachable: abort raises")
 
-    async def _admit(self, context: grpc.aio.ServicerContext, peer: str, now: float) -> bool:
-        """Whether a tokenless call of `peer` waits behind the others; refused busy at
-        once, unread, past the bounds."""
+    async def _admit(self, context: grpc.aio.ServicerContext, peer: str, now: float) -> int:
+        """The rank a tokenless call of `peer` waits with; refused busy at once, unread,
+        past the bounds."""
         busy = None
-        late = self.late(peer, now)
+        rank = self.rank(peer, now)
         if self.calls.get(peer, 0) >= self.calls_per_connection:
             busy = (
                 f"{self.calls_per_connection} health calls of this connection already wait "
@@ -242,14 +245,14 @@ class Health:
             )
         elif self.reads.waiting() >= self.waiting_most:
             busy = f"{self.waiting_most} health calls already wait to be read; ask again later"
-        elif late and self.reads.waiting(behind=True) >= self.waiting_late:
+        elif rank == 2 and self.reads.waiting(2) >= self.waiting_late:
             busy = (
-                "this connection's health requests (or its address's) came late, and "
+                "this connection's health requests came late, and "
                 f"{self.waiting_late} such calls already wait; send the request with the call"
             )
         if busy is not None:
             await self._abort_busy(context, busy)
-        return late
+        return rank
 
     async def _named(self, context: grpc.aio.ServicerContext) -> str:
         """The service the call's request names, read in turn; a refusal otherwise."""
@@ -258,28 +261,27 @@ class Health:
         peer = context.peer()
         within_s = self.read_within_s
         if await self._own(context):
-            reads, late = self.own_reads, False
+            reads, rank = self.own_reads, 0
             if reads.waiting() >= self.waiting_most:
                 await self._abort_busy(
                     context,
                     f"{self.waiting_most} health calls already wait to be read; ask again later",
                 )
         else:
-            reads, late = self.reads, await self._admit(context, peer, start)
+            reads, rank = self.reads, await self._admit(context, peer, start)
             self.calls[peer] = self.calls.get(peer, 0) + 1
         request: Any = None
         holder: _Holder | None = None
         try:
             async with asyncio.timeout_at(start + within_s) as budget:
-                if reads is self.reads and not late:
+                if reads is self.reads:
                     loop.call_soon(self._give_turns)  # once this call waits, if it does
-                async with reads.turn(peer, behind=late):
-                    now = loop.time()  # late now, if its connection went late meanwhile
-                    holder = _Holder(budget, now, reads is self.reads and self.late(peer, now))
+                async with reads.turn(peer, rank=rank):
+                    now = loop.time()  # its rank now: its connection may have gone late
+                    holder = _Holder(budget, now, self.rank(peer, now))
                     if reads is self.reads:
                         self._holders.add(holder)
-                        if not holder.late:
-                            holder.timer = loop.call_at(now + self.prompt_s, self._give_turns)
+                        holder.timer = loop.call_at(now + self.prompt_s, self._give_turns)
                     try:
                         request = await context.read()
                     finally:
@@ -342,7 +344,7 @@ class Health:
         """A tokenless call ends its turn: one that held it without its request coming
         (its time ran out, it gave the turn up, or its caller went) makes its connection
         late, and counts against its address (HEALTH_LATE_PER_ADDRESS); the waiting
-        calls of those that are late go behind the others."""
+        calls of those go behind the others of lower ranks."""
         self._holders.discard(holder)
         if holder.timer is not None:
             holder.timer.cancel()
@@ -354,19 +356,24 @@ class Health:
             self.late_addresses.take(address_of(peer), now)
         if waits_s < HEALTH_LATE_FOR_S:  # late twice as long at most
             self.late_connections.take(peer, now)
-        self.reads.put_behind(lambda waiting: self.late(waiting, now))
+        self.reads.put_behind(lambda waiting: self.rank(waiting, now))
 
     def _give_turns(self) -> None:
-        """Turns held by calls whose requests have not come go to waiting calls that are
-        not late: a late caller's at once, any other's HEALTH_PROMPT_S into its turn."""
+        """Turns held by calls whose requests have not come go to waiting calls that could
+        take them: at once to a call of a lower rank, HEALTH_PROMPT_S into the turn to one
+        of the same (a freed turn goes to the lowest rank waiting: worker.hub.turns)."""
         now = asyncio.get_running_loop().time()
-        wanted = self.reads.wanting()
-        for holder in sorted(self._holders, key=lambda h: (not h.late, h.since)):
-            if wanted <= 0:
+        wanting = [self.reads.wanting(rank) for rank in range(3)]
+        for holder in sorted(self._holders, key=lambda h: (-h.rank, h.since)):
+            lowest = next((rank for rank, count in enumerate(wanting) if count), None)
+            if lowest is None:
                 return
-            if holder.gave_up:
-                wanted -= 1
-            elif holder.late or now - holder.since >= self.prompt_s:
-                holder.gave_up = True
-                holder.budget.reschedule(now)
-                wanted -= 1
+            if (
+                holder.gave_up
+                or lowest < holder.rank
+                or (lowest == holder.rank and now - holder.since >= self.prompt_s)
+            ):
+                wanting[lowest] -= 1  # this holder's turn goes to that call
+                if not holder.gave_up:
+                    holder.gave_up = True
+                    holder.budget.reschedule(now)

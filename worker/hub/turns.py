@@ -7,9 +7,9 @@ that sends its request slowly (a byte at a time) or not at all holds one meanwhi
 connection holds at most `per_peer` of a kind's turns: the rest go to other
 connections' calls first, whatever came earlier, so a caller on one connection cannot
 take every turn of a kind (the person's `agentworker kill`, on a connection of its own,
-then waits behind no one's slow read). A call may be put behind: it is handed a turn
-only when no other waits (gRPC health puts the calls of connections whose requests came
-late there: worker.hub.health).
+then waits behind no one's slow read). A call may wait with a rank: it is handed a
+turn only when no call of a lower rank waits (gRPC health ranks the calls of connections
+and addresses whose requests came late so: worker.hub.health).
 """
 
 from __future__ import annotations
@@ -19,42 +19,41 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
+_Entry = tuple[str, "asyncio.Future[None]"]  # a waiting call: its peer, its turn to come
+
 
 class Turns:
     """At most `slots` holders at once, at most `per_peer` of them for one peer (a
     connection: gRPC's `context.peer()`); waiting calls take turns in the order they
-    came, passing those whose peer holds its share; calls put behind take a turn only
-    when no call waits that is not behind."""
+    came, passing those whose peer holds its share; a call of a higher rank (0 unless
+    said) takes a turn only when no call of a lower rank waits that may take it."""
 
     def __init__(self, slots: int, per_peer: int | None = None) -> None:
         self.slots = slots
         self.per_peer = min(slots, per_peer or slots)
         self._free = slots
         self._held: dict[str, int] = {}  # peer -> turns it holds (none: absent)
-        self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()
-        self._behind: deque[tuple[str, asyncio.Future[None]]] = deque()
+        # Waiting calls by rank: a rank's are handed turns once no lower rank's may.
+        self._queues: list[deque[_Entry]] = [deque()]
 
     def held(self, peer: str | None = None) -> int:
         """Turns held now: by `peer`, or by all."""
         return self.slots - self._free if peer is None else self._held.get(peer, 0)
 
-    def waiting(self, *, behind: bool | None = None) -> int:
-        """Calls waiting for a turn: all, or those put behind (True) or not (False)."""
-        queues: tuple[deque[tuple[str, asyncio.Future[None]]], ...]
-        if behind is None:
-            queues = (self._waiting, self._behind)
-        else:
-            queues = (self._behind,) if behind else (self._waiting,)
+    def waiting(self, rank: int | None = None) -> int:
+        """Calls waiting for a turn: all, or those of `rank`."""
+        queues = self._queues if rank is None else self._queues[rank : rank + 1]
         return sum(not future.done() for queue in queues for _, future in queue)
 
-    def wanting(self) -> int:
-        """Waiting calls, not put behind, that a turn given back could go to (their peer
-        holds less than its share)."""
-        return sum(not future.done() and self._may(peer) for peer, future in self._waiting)
+    def wanting(self, rank: int = 0) -> int:
+        """Waiting calls of `rank` that a turn given back could go to (their peer holds
+        less than its share)."""
+        queues = self._queues[rank : rank + 1]
+        return sum(not f.done() and self._may(peer) for queue in queues for peer, f in queue)
 
     @contextlib.asynccontextmanager
-    async def turn(self, peer: str, *, behind: bool = False) -> AsyncIterator[None]:
-        await self._take(peer, behind)
+    async def turn(self, peer: str, *, rank: int = 0) -> AsyncIterator[None]:
+        await self._take(peer, rank)
         try:
             yield
         finally:
@@ -67,31 +66,39 @@ class Turns:
         self._free -= 1
         self._held[peer] = self._held.get(peer, 0) + 1
 
-    async def _take(self, peer: str, behind: bool) -> None:
+    def _queue(self, rank: int) -> deque[_Entry]:
+        while len(self._queues) <= rank:
+            self._queues.append(deque())
+        return self._queues[rank]
+
+    async def _take(self, peer: str, rank: int) -> None:
         # While a turn is free, no waiting call may take it (each was handed one as it
         # became free, or its peer holds its share): a newcomer does not pass one.
         if self._free and self._may(peer):
             self._hold(peer)
             return
         entry = (peer, asyncio.get_running_loop().create_future())
-        (self._behind if behind else self._waiting).append(entry)
+        self._queue(rank).append(entry)
         try:
             await entry[1]
         except asyncio.CancelledError:
             if entry[1].done() and not entry[1].cancelled():
                 self._give_back(peer)  # handed a turn just as its call went away
             else:
-                for queue in (self._waiting, self._behind):
+                for queue in self._queues:
                     with contextlib.suppress(ValueError):
                         queue.remove(entry)
             raise
 
-    def put_behind(self, late: Callable[[str], bool]) -> None:
-        """The waiting calls of the peers `late` names go behind every other waiting call."""
-        keep: deque[tuple[str, asyncio.Future[None]]] = deque()
-        for entry in self._waiting:
-            (self._behind if late(entry[0]) else keep).append(entry)
-        self._waiting = keep
+    def put_behind(self, rank_of: Callable[[str], int]) -> None:
+        """Waiting calls whose peer's rank (`rank_of`) is now above their queue's go to the
+        end of their rank's."""
+        for rank in range(len(self._queues)):
+            keep: deque[_Entry] = deque()
+            for entry in self._queues[rank]:
+                now = rank_of(entry[0])
+                (self._queue(now) if now > rank else keep).append(entry)
+            self._queues[rank] = keep
 
     def _give_back(self, peer: str) -> None:
         held = self._held[peer] - 1
@@ -103,10 +110,10 @@ class Turns:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """Free turns to the earliest waiting calls whose peers may hold one more, those
-        put behind last."""
-        for queue in (self._waiting, self._behind):
-            passed: list[tuple[str, asyncio.Future[None]]] = []
+        """Free turns to the earliest waiting calls whose peers may hold one more, of the
+        lowest rank first."""
+        for queue in self._queues:
+            passed: list[_Entry] = []
             while self._free and queue:
                 peer, future = queue.popleft()
                 if future.done():  # its call went away
