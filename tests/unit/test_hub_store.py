@@ -11,7 +11,7 @@ import pytest
 
 from worker.core.ledger import now_ms
 from worker.core.registry import MIB
-from worker.hub.store import CALLS_KEPT_MS, HubStore
+from worker.hub.store import CALLS_KEPT_MS, KILL_REASON_CHARS, KILLS_KEPT, HubStore
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -252,3 +252,60 @@ def test_a_hub_db_from_before_plans_were_kept_reads_them_from_its_requests(
     store = HubStore(path)
     assert store.workers_of_plan("p-old") == {"w-old"}
     store.close()
+
+
+def test_kills_are_kept_numbered_and_bounded_one_row_a_plan(tmp_path: Path) -> None:
+    """A kill is one row (never one per worker), numbered for the workers to confirm;
+    past KILLS_KEPT the oldest go; they outlive the hub, and so does their epoch."""
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    first = store.kill("p", "stop")
+    named = store.kill("q", "stop there", "w1")
+    assert (first.seq, named.seq) == (1, 2)
+    assert store.killed("p", "w2", 0) and not store.killed("p", "w2", first.seq)
+    assert store.killed("q", "w1", 0) and not store.killed("q", "w2", 0)
+    assert [k.plan_id for k in store.kills_after("w1", 0)] == ["p", "q"]
+    assert [k.plan_id for k in store.kills_after("w2", 0)] == ["p"]
+    again = store.kill("p", "again")  # numbered anew: reaches those that confirmed the first
+    assert again.seq == 3 and store.killed("p", "w2", first.seq)
+    assert [(k.plan_id, k.reason) for k in store.kills_after("w2", 2)] == [("p", "again")]
+    store.kill("r", "x" * 5000)
+    assert store.kills_after("w9", 3)[0].reason == "x" * KILL_REASON_CHARS
+    epoch = store.kills_epoch
+    store.seen_worker(pb.Hello(worker_id="w2"))
+    assert store.kills_confirmed("w2") == 0
+    store.touch_worker("w2", 10, kills_through=3)  # its session ended, confirmed through 3
+    assert store.kills_confirmed("w2") == 3 and store.kills_confirmed("w-unknown") == 0
+    store.close()
+
+    store = HubStore(path)  # a restart: the same kills, the same numbers
+    assert store.kills_epoch == epoch
+    assert store.killed("p", "w2", 0) and store.killed("q", "w1", 2 - 1)
+    for n in range(KILLS_KEPT):
+        store.kill(f"made-up-{n}", "flood")
+    assert not store.killed("p", "w2", 0) and not store.killed("q", "w1", 0)
+    assert len(store.kills_after("w1", 0)) == KILLS_KEPT
+    store.close()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT count(*) FROM kills").fetchone() == (KILLS_KEPT,)
+    db.close()
+
+
+def test_kills_queued_by_a_hub_db_from_before_are_kept_for_their_workers(tmp_path: Path) -> None:
+    path = tmp_path / "hub.db"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE queued_kills (worker_id TEXT NOT NULL, plan_id TEXT NOT NULL,"
+        " reason TEXT NOT NULL, created_ms INTEGER NOT NULL, PRIMARY KEY (worker_id, plan_id))"
+    )
+    old.execute("INSERT INTO queued_kills VALUES ('w1', 'p', 'stop', 1)")
+    old.commit()
+    old.close()
+    store = HubStore(path)
+    assert [(k.plan_id, k.reason) for k in store.kills_after("w1", 0)] == [("p", "stop")]
+    assert store.kills_after("w2", 0) == [] and store.killed("p", "w1", 0)
+    store.close()
+    db = sqlite3.connect(path)
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+    db.close()
+    assert "queued_kills" not in tables

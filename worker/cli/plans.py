@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from worker.cli._common import EXIT_FAILED, EXIT_OK, add_server_flags, shown, with_client
@@ -72,10 +73,10 @@ def _kill(paths: Paths, args: argparse.Namespace) -> int:
         except grpc.aio.AioRpcError as exc:
             print(f"the hub was not told ({exc.code().name}): {HUB_UNTOLD}")
             return EXIT_OK
-        told = ", ".join(shown(w) for w in reply.worker_ids) or "none connected"
+        told = _listed(reply.worker_ids) or "none connected"
         print(f"the hub told its workers: {told}")
         if reply.queued_worker_ids:
-            away = ", ".join(shown(w) for w in reply.queued_worker_ids)
+            away = _listed(reply.queued_worker_ids)
             print(f"and will tell these when they next connect: {away}")
         return EXIT_OK
 
@@ -84,6 +85,17 @@ def _kill(paths: Paths, args: argparse.Namespace) -> int:
     except StartupError as exc:  # no hub on this machine, say
         print(f"the hub was not told ({exc.message}): {HUB_UNTOLD}")
         return EXIT_OK
+
+
+# Workers named in a line of `kill`'s answer; the rest are counted (a hub remembers up
+# to 1,024 workers away, and tells each).
+WORKERS_NAMED: Final = 8
+
+
+def _listed(worker_ids: Sequence[str]) -> str:
+    named = ", ".join(shown(w) for w in worker_ids[:WORKERS_NAMED])
+    more = len(worker_ids) - WORKERS_NAMED
+    return f"{named} and {more:,} more" if more > 0 else named
 
 
 def _lift(paths: Paths, args: argparse.Namespace) -> int:

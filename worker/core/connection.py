@@ -233,6 +233,11 @@ class WorkerConnection:
         # Requests whose blobs follow them (protocol 3), until their digest came.
         self._follows: dict[str, _Follow] = {}
         self._protocol = PROTOCOL_MIN  # the session's, from its Welcome
+        # The sequence the server numbers its kills in (the session's Welcome; empty: it
+        # numbers none), and whether a heartbeat confirming kills is on its way.
+        self._kills_epoch = ""
+        self._kills_seen = 0  # the last numbered kill recorded, not yet written as seen
+        self._confirming_kills = False
         self.on_state: Callable[[LinkState], None] = lambda _state: None
         # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
         self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
@@ -350,6 +355,11 @@ class WorkerConnection:
                 raise
             welcome = self._check_welcome(first)
             self._protocol = welcome.protocol
+            # The sequence this server numbers its kills in: another than the one kept
+            # starts the count of those recorded over (the server sends them all).
+            self._kills_epoch = welcome.kills_epoch
+            self._kills_seen = 0
+            self.dispatcher.state.mark_kills(welcome.kills_epoch, 0)
             if self._link is not None:
                 self._session_id = welcome.session_id
                 self._link.attach(welcome.session_id)
@@ -439,6 +449,7 @@ class WorkerConnection:
         state = self.dispatcher.state
         registry = self.dispatcher.registry
         held = self.dispatcher.held_plans() if self.dispatcher.held_plans else []
+        kills_epoch, kills_through = state.kill_mark()
         return pb.Hello(
             worker_id=self.dispatcher.worker_id,
             instance_id=self.instance_id,
@@ -452,6 +463,8 @@ class WorkerConnection:
             running_ids=state.running_ids(),  # this server's calls only, as below
             unacked_ids=state.unacked_ids(),
             plans=[pb.HeldPlan(plan_id=plan, last_used_unix_ms=used) for plan, used in held],
+            kills_epoch=kills_epoch,
+            kills_through=kills_through,
         )
 
     def _check_welcome(self, envelope: object) -> pb.Welcome:
@@ -647,7 +660,16 @@ class WorkerConnection:
                 self._cancelled_early[cid] = reason
             self.dispatcher.cancel(cid, reason)
         elif kind == "kill_plan":
-            self.dispatcher.kill_plan(msg.kill_plan.plan_id, msg.kill_plan.reason, "server")
+            kill = msg.kill_plan
+            self.dispatcher.kill_plan(kill.plan_id, kill.reason, "server")
+            if kill.seq and self._kills_epoch:
+                # Recorded: confirmed to the server by a heartbeat sent at once, one for
+                # all the kills read in this turn (and one write of how far). Until then
+                # it sends the kill again at each Hello.
+                self._kills_seen = max(self._kills_seen, kill.seq)
+                if not self._confirming_kills:
+                    self._confirming_kills = True
+                    asyncio.get_running_loop().call_soon(self._confirm_kills, self._kills_epoch)
         elif kind == "scope_request":
             self._scope_request(msg.scope_request)
         elif kind == "teardown":
@@ -900,6 +922,20 @@ class WorkerConnection:
             self._send_heartbeat()
             await asyncio.sleep(self.heartbeat_s)
 
+    def _kills_through(self) -> int:
+        """The server's numbered kills recorded here, through which (0: none of the
+        session's epoch)."""
+        epoch, through = self.dispatcher.state.kill_mark()
+        return through if epoch and epoch == self._kills_epoch else 0
+
+    def _confirm_kills(self, epoch: str) -> None:
+        self._confirming_kills = False
+        if epoch != self._kills_epoch:
+            return  # read in a session since ended: its kills come again
+        self.dispatcher.state.mark_kills(epoch, self._kills_seen)
+        if self._outbox is not None:
+            self._send_heartbeat()
+
     def _send_heartbeat(self) -> None:
         d = self.dispatcher
         if d.draining:
@@ -911,7 +947,11 @@ class WorkerConnection:
         self._send(
             pb.WorkerMessage(
                 heartbeat=pb.Heartbeat(
-                    in_flight=d.in_flight(), queued=d.queued(), state=state, unix_ms=now_ms()
+                    in_flight=d.in_flight(),
+                    queued=d.queued(),
+                    state=state,
+                    unix_ms=now_ms(),
+                    kills_through=self._kills_through(),
                 )
             )
         )

@@ -89,6 +89,11 @@ CREATE TABLE IF NOT EXISTS grants (
     created_ms INTEGER NOT NULL,
     server     TEXT NOT NULL DEFAULT 'unsorted' -- the key of the server it was granted for
 );
+CREATE TABLE IF NOT EXISTS kill_marks (  -- a server's numbered kills recorded here
+    server  TEXT PRIMARY KEY,  -- its key
+    epoch   TEXT NOT NULL,     -- the sequence they are numbered in (Welcome.kills_epoch)
+    through INTEGER NOT NULL   -- recorded through this one (KillPlan.seq)
+);
 CREATE TABLE IF NOT EXISTS served (  -- the server the worker here serves, or served last
     one        INTEGER PRIMARY KEY CHECK (one = 1),
     server     TEXT NOT NULL,
@@ -749,6 +754,28 @@ class State:
                 (SERVER, server, count - MAX_SERVER_KILLS),
             )
         ]
+
+    def kill_mark(self) -> tuple[str, int]:
+        """The numbered kills of the server served that are recorded here: the epoch
+        they are numbered in and through which one (Hello.kills_epoch, kills_through)."""
+        row = self._db.execute(
+            "SELECT epoch, through FROM kill_marks WHERE server = ?", (self.server,)
+        ).fetchone()
+        return ("", 0) if row is None else (str(row[0]), int(row[1]))
+
+    def mark_kills(self, epoch: str, through: int) -> None:
+        """The server served numbers its kills in `epoch` (its Welcome), and this one's
+        kills through `through` are recorded (its KillPlans, once `kill_plan` recorded
+        each). Another epoch than the one kept starts the count over."""
+        if not epoch:
+            return
+        kept_epoch, kept = self.kill_mark()
+        if kept_epoch == epoch and kept >= through:
+            return
+        self._db.execute(
+            "INSERT OR REPLACE INTO kill_marks VALUES (?, ?, ?)",
+            (self.server, epoch, through),
+        )
 
     def lift_kill(self, plan_id: str) -> bool:
         self._refresh()

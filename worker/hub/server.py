@@ -196,6 +196,9 @@ class Session:
     refusal: tuple[grpc.StatusCode, str] | None = None
     # When it began (unix ms): the time it was connected counts for its worker's row.
     started_ms: int = field(default_factory=now_ms)
+    # The hub's kills the worker confirmed recording, through this one (KillPlan.seq):
+    # from its Hello (0 for another epoch's), then its heartbeats.
+    kills_through: int = 0
 
     @property
     def worker_id(self) -> str:
@@ -709,6 +712,8 @@ class Hub:
         )
         resent = [*hello.running_ids, *hello.unacked_ids]
         session.resent = set(resent[:HELLO_RESENT_IDS])
+        if hello.kills_epoch == self.store.kills_epoch:
+            session.kills_through = hello.kills_through
         previous = self.sessions.get(hello.worker_id)
         if previous is not None:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)
@@ -735,8 +740,10 @@ class Hub:
         )
         try:
             session.send(self._welcome(session))
-            # Kills first: a re-sent call of a killed plan is then refused, not run.
-            for kill in self.store.take_kills(session.worker_id):
+            # Kills first: a re-sent call of a killed plan is then refused, not run. Every
+            # kill the worker has not confirmed, whether it was away at the kill or it was
+            # sent and the stream ended before the worker read it.
+            for kill in self.store.kills_after(session.worker_id, session.kills_through):
                 session.send(pb.ServerMessage(kill_plan=kill))
             # Teardowns asked for while it was away, before any call of those plans.
             for plan_id in self.store.take_teardowns(session.worker_id):
@@ -756,7 +763,7 @@ class Hub:
             if self.sessions.get(worker_id) is session:
                 del self.sessions[worker_id]
                 self._held.pop(worker_id, None)
-            self.store.touch_worker(worker_id, now_ms() - session.started_ms)
+            self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
             log.info("worker %s disconnected", worker_id)
 
     def _forget_workers(self) -> None:
@@ -783,6 +790,7 @@ class Hub:
                 protocol=session.protocol,
                 heartbeat_interval_ms=int(self.heartbeat_s * 1000),
                 abandoned_ids=abandoned,
+                kills_epoch=self.store.kills_epoch,
             )
         )
 
@@ -871,6 +879,7 @@ class Hub:
             # A copy: the message itself would keep its whole envelope in memory.
             session.heartbeat = pb.Heartbeat()
             session.heartbeat.CopyFrom(msg.heartbeat)
+            session.kills_through = max(session.kills_through, msg.heartbeat.kills_through)
         elif kind == "scope_decision":
             request_id = msg.scope_decision.request_id
             asked = self._scope_waiters.get(request_id)
@@ -1436,6 +1445,14 @@ class Hub:
                     {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
                 )
             worker_id = self.route(req)
+            if req.plan_id and self._killed_there(req, worker_id):
+                raise WorkerError(
+                    "plan_killed",
+                    f"plan {req.plan_id!r} was killed at this hub "
+                    f"({self.store.kill_reason(req.plan_id)}), and worker {worker_id!r} has "
+                    "not confirmed the kill yet: none of the plan's calls go there until it "
+                    "has (then the worker answers; only its person lifts a kill there)",
+                )
         except WorkerError as exc:
             return req.worker_id, Answer(error_result(req.correlation_id, exc))
         self._open_calls[worker_id] = self._open_calls.get(worker_id, 0) + 1
@@ -1737,27 +1754,41 @@ class Hub:
             )
         return None
 
-    def kill_plan(self, req: pb.KillPlanRequest) -> pb.KillPlanResponse:
-        """Tell each target worker now, or, if it is away, when it next connects. With no
-        worker named, the targets are every connected worker and, of those away, the
-        ones the plan ran on: a call of it sent there (hub.db keeps calls a day after
-        they end) or its workspace placed there. It was queued for every worker the hub
-        knew, away or not (up to WORKERS_AWAY_KEPT rows a kill, a made-up plan's too)."""
-        if req.worker_id:
-            targets = [self.pick_worker(req.worker_id)]
+    def _killed_there(self, req: pb.DispatchRequest, worker_id: str) -> bool:
+        """Whether this hub killed the call's plan for `worker_id` and the worker has not
+        confirmed the kill (a worker away: in its last session). A repeat of a call
+        recorded before goes on: the worker answers it from its ledger, or refuses it,
+        the kill being sent ahead of it."""
+        if not self.store.killed(req.plan_id, worker_id, 0):
+            return False
+        session = self.sessions.get(worker_id)
+        if session is not None:
+            through = session.kills_through
         else:
-            ran = self.store.workers_of_plan(req.plan_id)
-            placed = self.placements.get(req.plan_id)
-            targets = sorted({*self.sessions, *ran, *([placed] if placed else [])})
+            through = self.store.kills_confirmed(worker_id)
+        if not self.store.killed(req.plan_id, worker_id, through):
+            return False
+        return not (req.correlation_id and self.store.call_state(req.correlation_id))
+
+    def kill_plan(self, req: pb.KillPlanRequest) -> pb.KillPlanResponse:
+        """Keep the kill in hub.db (committed before the answer; see store.KILLS_KEPT),
+        send it to each target worker connected, and to every other at its next Hello,
+        again at each Hello until the worker confirms it (Heartbeat.kills_through), so
+        that neither a stream that ends before the worker read it, nor a hub restart,
+        nor a worker away, new or not, loses it; until then the plan's calls to that
+        worker are refused here. With no worker named, the targets are every worker,
+        those to come too. Before, a connected worker was sent the kill and nothing was
+        kept (lost with its stream), and of those away only the ones the plan ran on
+        were queued (review12 findings 02, 08)."""
+        named = self.pick_worker(req.worker_id) if req.worker_id else ""
+        kill = self.store.kill(req.plan_id, req.reason, named)
         reply = pb.KillPlanResponse()
-        kill = pb.KillPlan(plan_id=req.plan_id, reason=req.reason)
-        for worker_id in targets:
+        for worker_id in [named] if named else sorted({*self.sessions, *self.store.worker_ids()}):
             session = self.sessions.get(worker_id)
             if session is not None:
                 session.send(pb.ServerMessage(kill_plan=kill))
                 reply.worker_ids.append(worker_id)
             else:
-                self.store.queue_kill(worker_id, req.plan_id, req.reason)
                 reply.queued_worker_ids.append(worker_id)
         return reply
 

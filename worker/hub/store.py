@@ -23,6 +23,7 @@ The store keeps each blob's size, so a late repeat says what went (`blob_gone`).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,14 +59,20 @@ CREATE TABLE IF NOT EXISTS workers (
     hello        BLOB NOT NULL,
     last_seen_ms INTEGER NOT NULL,
     key_digest   TEXT NOT NULL DEFAULT '',  -- sha256 of the key it first came with
-    connected_ms INTEGER NOT NULL DEFAULT 0  -- how long it was connected, its sessions together
+    connected_ms INTEGER NOT NULL DEFAULT 0,  -- how long it was connected, its sessions together
+    kills_through INTEGER NOT NULL DEFAULT 0  -- kills.seq it confirmed, through (at its last end)
 );
-CREATE TABLE IF NOT EXISTS queued_kills (
-    worker_id  TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS kills (  -- the plans this hub killed (see KILLS_KEPT)
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,  -- KillPlan.seq: never used again
     plan_id    TEXT NOT NULL,
+    worker_id  TEXT NOT NULL,  -- '' every worker
     reason     TEXT NOT NULL,
     created_ms INTEGER NOT NULL,
-    PRIMARY KEY (worker_id, plan_id)
+    UNIQUE (plan_id, worker_id)
+);
+CREATE TABLE IF NOT EXISTS kills_epoch (  -- names the sequence of kills.seq
+    one   INTEGER PRIMARY KEY CHECK (one = 1),
+    epoch TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS queued_teardowns (  -- for a worker that was away
     worker_id  TEXT NOT NULL,
@@ -86,7 +93,7 @@ ABANDONED_KEPT_MS = 24 * 3600 * 1000
 # Finished and abandoned calls are kept this long (a caller retrying an id gets the
 # stored answer), then pruned; like the worker's ledger.
 CALLS_KEPT_MS = 24 * 3600 * 1000
-# Workers away are remembered (ListWorkers, Status, kills queued for them, the key their
+# Workers away are remembered (ListWorkers, Status, the key their
 # id is bound to) this long after they were last seen, and at most this many of them:
 # anyone with hub-workers.token may say Hello under new ids, and each grew the table
 # for good. Past the count, a new worker's row makes room by forgetting those away that
@@ -96,6 +103,15 @@ CALLS_KEPT_MS = 24 * 3600 * 1000
 # id bound again to the key it brings.
 WORKERS_KEPT_MS = 30 * 24 * 3600 * 1000
 WORKERS_AWAY_KEPT = 1024
+# The plans this hub killed, one row a plan (and a worker, for a kill naming one), kept
+# until this many newer kills came: each goes to every worker at its Hello until the
+# worker confirms it (Heartbeat.kills_through), whenever it comes back, so a kill is
+# kept by count, not by age. As many as a worker keeps of one server's kills
+# (worker.core.ledger.MAX_SERVER_KILLS): all of them fit there. A caller's flood of
+# kills of made-up plans pushes out this hub's oldest kills, never grows the table.
+KILLS_KEPT: Final = 1000
+# A kill's reason is kept this long (the worker keeps as much: pipeline.MAX_REASON_CHARS).
+KILL_REASON_CHARS: Final = 1000
 _INSERT_CALL = (
     "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
     " blob_bytes, created_ms, deadline_ms, plan_id, state, result)"
@@ -162,7 +178,39 @@ class HubStore:
             self._db.execute(
                 "ALTER TABLE workers ADD COLUMN connected_ms INTEGER NOT NULL DEFAULT 0"
             )
+        if "kills_through" not in columns:
+            self._db.execute(
+                "ALTER TABLE workers ADD COLUMN kills_through INTEGER NOT NULL DEFAULT 0"
+            )
         self.workers_away_kept = WORKERS_AWAY_KEPT
+        self._take_queued_kills()
+        row = self._db.execute("SELECT epoch FROM kills_epoch").fetchone()
+        if row is None:
+            row = (uuid.uuid4().hex,)
+            self._db.execute("INSERT INTO kills_epoch VALUES (1, ?)", row)
+        self.kills_epoch: str = row[0]
+        # plan -> [(seq, worker named or '')]: what Dispatch asks, without a query.
+        self._kills: dict[str, list[tuple[int, str]]] = {}
+        for seq, plan_id, worker_id in self._db.execute(
+            "SELECT seq, plan_id, worker_id FROM kills"
+        ):
+            self._kills.setdefault(plan_id, []).append((seq, worker_id))
+
+    def _take_queued_kills(self) -> None:
+        """A hub.db from before kills were kept: its kills queued for workers away are
+        kept as kills of the plan for each of those workers."""
+        if not self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'queued_kills'"
+        ).fetchone():
+            return
+        with db.transaction(self._db):
+            self._db.execute(
+                "INSERT OR REPLACE INTO kills (plan_id, worker_id, reason, created_ms)"
+                " SELECT plan_id, worker_id, reason, created_ms FROM queued_kills"
+                " ORDER BY created_ms"
+            )
+            self._db.execute("DROP TABLE queued_kills")
+            self._prune_kills()
 
     def close(self) -> None:
         self.flush()
@@ -382,13 +430,26 @@ class HubStore:
         row = self._db.execute("SELECT 1 FROM workers WHERE worker_id = ?", (worker_id,))
         return row.fetchone() is not None
 
-    def touch_worker(self, worker_id: str, connected_ms: int = 0) -> None:
-        """The worker was seen now, after a session of `connected_ms`."""
+    def touch_worker(self, worker_id: str, connected_ms: int = 0, kills_through: int = 0) -> None:
+        """The worker was seen now, after a session of `connected_ms` in which it
+        confirmed this hub's kills through `kills_through`."""
         self._db.execute(
-            "UPDATE workers SET last_seen_ms = ?, connected_ms = connected_ms + ?"
-            " WHERE worker_id = ?",
-            (now_ms(), max(0, connected_ms), worker_id),
+            "UPDATE workers SET last_seen_ms = ?, connected_ms = connected_ms + ?,"
+            " kills_through = ? WHERE worker_id = ?",
+            (now_ms(), max(0, connected_ms), kills_through, worker_id),
         )
+
+    def kills_confirmed(self, worker_id: str) -> int:
+        """Through which of this hub's kills the worker, away, confirmed recording them
+        in its last session (0: none, or a worker not remembered)."""
+        row = self._db.execute(
+            "SELECT kills_through FROM workers WHERE worker_id = ?", (worker_id,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def worker_ids(self) -> list[str]:
+        """Every worker remembered (see WORKERS_AWAY_KEPT), connected or away."""
+        return [str(w) for (w,) in self._db.execute("SELECT worker_id FROM workers")]
 
     def known_workers(self) -> int:
         row = self._db.execute("SELECT COUNT(*) FROM workers").fetchone()
@@ -416,21 +477,61 @@ class HubStore:
                 )
         return len(gone)
 
-    def queue_kill(self, worker_id: str, plan_id: str, reason: str) -> None:
-        """Keep a kill for a worker that is away, to deliver when it connects."""
-        self._db.execute(
-            "INSERT OR REPLACE INTO queued_kills VALUES (?, ?, ?, ?)",
-            (worker_id, plan_id, reason, now_ms()),
+    def kill(self, plan_id: str, reason: str, worker_id: str = "") -> pb.KillPlan:
+        """Keep a kill of the plan (for `worker_id` alone, or every worker), numbered
+        after every kill before it (a kill of the plan again is numbered anew, and so
+        reaches the workers that confirmed the last one); past KILLS_KEPT, the oldest
+        go. Committed before it returns: what the hub answers a caller is on disk."""
+        reason = reason[:KILL_REASON_CHARS]
+        with db.transaction(self._db):
+            self._db.execute(
+                "DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", (plan_id, worker_id)
+            )
+            cur = self._db.execute(
+                "INSERT INTO kills (plan_id, worker_id, reason, created_ms) VALUES (?, ?, ?, ?)",
+                (plan_id, worker_id, reason, now_ms()),
+            )
+            seq = int(cur.lastrowid or 0)
+            pruned = self._prune_kills()
+        kills = [k for k in self._kills.get(plan_id, []) if k[1] != worker_id]
+        self._kills[plan_id] = [*kills, (seq, worker_id)]
+        for gone_plan, gone_seq in pruned:
+            left = [k for k in self._kills.get(gone_plan, []) if k[0] != gone_seq]
+            if left:
+                self._kills[gone_plan] = left
+            else:
+                self._kills.pop(gone_plan, None)
+        return pb.KillPlan(plan_id=plan_id, reason=reason, seq=seq)
+
+    def _prune_kills(self) -> list[tuple[str, int]]:
+        gone = self._db.execute(
+            "SELECT plan_id, seq FROM kills ORDER BY seq DESC LIMIT -1 OFFSET ?", (KILLS_KEPT,)
+        ).fetchall()
+        self._db.executemany("DELETE FROM kills WHERE seq = ?", [(seq,) for _, seq in gone])
+        return [(str(plan_id), int(seq)) for plan_id, seq in gone]
+
+    def kills_after(self, worker_id: str, through: int) -> list[pb.KillPlan]:
+        """The kills for `worker_id` numbered after `through`, in order."""
+        rows = self._db.execute(
+            "SELECT seq, plan_id, reason FROM kills WHERE seq > ? AND worker_id IN ('', ?)"
+            " ORDER BY seq",
+            (through, worker_id),
+        ).fetchall()
+        return [pb.KillPlan(plan_id=plan, reason=reason, seq=seq) for seq, plan, reason in rows]
+
+    def killed(self, plan_id: str, worker_id: str, through: int) -> bool:
+        """Whether this hub killed the plan for `worker_id` in a kill numbered after
+        `through` (one the worker has not confirmed). No query: from memory."""
+        return any(
+            seq > through and named in ("", worker_id)
+            for seq, named in self._kills.get(plan_id, ())
         )
 
-    def take_kills(self, worker_id: str) -> list[pb.KillPlan]:
-        """The kills queued for `worker_id`, oldest first, removed from the queue."""
-        rows = self._db.execute(
-            "SELECT plan_id, reason FROM queued_kills WHERE worker_id = ? ORDER BY created_ms",
-            (worker_id,),
-        ).fetchall()
-        self._db.execute("DELETE FROM queued_kills WHERE worker_id = ?", (worker_id,))
-        return [pb.KillPlan(plan_id=plan, reason=reason) for plan, reason in rows]
+    def kill_reason(self, plan_id: str) -> str:
+        row = self._db.execute(
+            "SELECT reason FROM kills WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,)
+        ).fetchone()
+        return str(row[0]) if row else ""
 
     def queue_teardown(self, worker_id: str, plan_id: str) -> None:
         """Keep a teardown for a worker that is away, to deliver when it connects."""

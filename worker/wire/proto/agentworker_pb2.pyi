@@ -32,7 +32,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[ActionAck, _Mapping]] = ..., result: _Optional[_Union[ActionResult, _Mapping]] = ..., scope_decision: _Optional[_Union[ScopeDecision, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., audit: _Optional[_Union[AuditEvent, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "instance_id", "version", "protocol_min", "protocol_max", "surfaces", "actions", "gui_available", "max_concurrency", "running_ids", "unacked_ids", "plans")
+    __slots__ = ("worker_id", "instance_id", "version", "protocol_min", "protocol_max", "surfaces", "actions", "gui_available", "max_concurrency", "running_ids", "unacked_ids", "plans", "kills_epoch", "kills_through")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class Hello(_message.Message):
     RUNNING_IDS_FIELD_NUMBER: _ClassVar[int]
     UNACKED_IDS_FIELD_NUMBER: _ClassVar[int]
     PLANS_FIELD_NUMBER: _ClassVar[int]
+    KILLS_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KILLS_THROUGH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     instance_id: str
     version: str
@@ -57,7 +59,9 @@ class Hello(_message.Message):
     running_ids: _containers.RepeatedScalarFieldContainer[str]
     unacked_ids: _containers.RepeatedScalarFieldContainer[str]
     plans: _containers.RepeatedCompositeFieldContainer[HeldPlan]
-    def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_min: _Optional[int] = ..., protocol_max: _Optional[int] = ..., surfaces: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., running_ids: _Optional[_Iterable[str]] = ..., unacked_ids: _Optional[_Iterable[str]] = ..., plans: _Optional[_Iterable[_Union[HeldPlan, _Mapping]]] = ...) -> None: ...
+    kills_epoch: str
+    kills_through: int
+    def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_min: _Optional[int] = ..., protocol_max: _Optional[int] = ..., surfaces: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., running_ids: _Optional[_Iterable[str]] = ..., unacked_ids: _Optional[_Iterable[str]] = ..., plans: _Optional[_Iterable[_Union[HeldPlan, _Mapping]]] = ..., kills_epoch: _Optional[str] = ..., kills_through: _Optional[int] = ...) -> None: ...
 
 class HeldPlan(_message.Message):
     __slots__ = ("plan_id", "last_used_unix_ms")
@@ -190,7 +194,7 @@ class ScopeDecision(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., granted: _Optional[bool] = ..., scopes: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("in_flight", "queued", "state", "unix_ms")
+    __slots__ = ("in_flight", "queued", "state", "unix_ms", "kills_through")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[Heartbeat.State]
@@ -205,11 +209,13 @@ class Heartbeat(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    KILLS_THROUGH_FIELD_NUMBER: _ClassVar[int]
     in_flight: int
     queued: int
     state: Heartbeat.State
     unix_ms: int
-    def __init__(self, in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., state: _Optional[_Union[Heartbeat.State, str]] = ..., unix_ms: _Optional[int] = ...) -> None: ...
+    kills_through: int
+    def __init__(self, in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., state: _Optional[_Union[Heartbeat.State, str]] = ..., unix_ms: _Optional[int] = ..., kills_through: _Optional[int] = ...) -> None: ...
 
 class AuditEvent(_message.Message):
     __slots__ = ("event_id", "correlation_id", "kind", "plan_id", "agent_id", "detail_json", "unix_ms")
@@ -278,16 +284,18 @@ class BlobPart(_message.Message):
     def __init__(self, correlation_id: _Optional[str] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ..., args_digest: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "protocol", "heartbeat_interval_ms", "abandoned_ids")
+    __slots__ = ("session_id", "protocol", "heartbeat_interval_ms", "abandoned_ids", "kills_epoch")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_IDS_FIELD_NUMBER: _ClassVar[int]
+    KILLS_EPOCH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     protocol: int
     heartbeat_interval_ms: int
     abandoned_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., protocol: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., abandoned_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    kills_epoch: str
+    def __init__(self, session_id: _Optional[str] = ..., protocol: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., abandoned_ids: _Optional[_Iterable[str]] = ..., kills_epoch: _Optional[str] = ...) -> None: ...
 
 class ActionRequest(_message.Message):
     __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest", "blob_in_parts", "parts_follow")
@@ -346,12 +354,14 @@ class Cancel(_message.Message):
     def __init__(self, correlation_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class KillPlan(_message.Message):
-    __slots__ = ("plan_id", "reason")
+    __slots__ = ("plan_id", "reason", "seq")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     reason: str
-    def __init__(self, plan_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    seq: int
+    def __init__(self, plan_id: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Teardown(_message.Message):
     __slots__ = ("plan_id", "correlation_id")
