@@ -84,16 +84,60 @@ def test_one_peer_holds_at_most_its_share_and_others_pass_it() -> None:
         c1 = asyncio.ensure_future(take("c", "c1"))
         await settled()
         assert order == ["a1", "b1"] and turns.waiting() == 2
-        release["a1"].set()  # a's turn back: a2 came before c1 and may hold one again
+        # a's turn back: a2 came before c1, but c has not been served, a has
+        release["a1"].set()
         await settled()
-        assert order == ["a1", "b1", "a2"]
-        c1.cancel()  # a call that goes away while it waits leaves no trace
+        assert order == ["a1", "b1", "c1"]
+        a2.cancel()  # a call that goes away while it waits leaves no trace
         await settled()
         assert turns.waiting() == 0
         release["b1"].set()
-        release["a2"].set()
-        await asyncio.gather(a1, a2, b1)
+        release["c1"].set()
+        await asyncio.gather(a1, b1, c1)
         assert turns.held() == 0 and turns.held("a") == 0
+
+    asyncio.run(go())
+
+
+def test_a_turn_goes_round_the_connections_not_to_the_earliest_call() -> None:
+    """Two connections queue many calls whose requests never come (each holds a turn
+    until its read time is up); another caller's call, come last, is handed the first
+    turn given back, not the queuers' next calls (review12 finding 03)."""
+
+    async def go() -> None:
+        turns = Turns(2, per_peer=1)
+        order: list[str] = []
+        release: dict[str, asyncio.Event] = {}
+
+        async def take(peer: str, name: str) -> None:
+            async with turns.turn(peer):
+                order.append(name)
+                release[name] = asyncio.Event()
+                await release[name].wait()
+
+        async def settled() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        calls = [
+            asyncio.ensure_future(take(peer, f"{peer}{i}")) for i in range(12) for peer in "ab"
+        ]
+        await settled()
+        victim = asyncio.ensure_future(take("v", "v0"))
+        await settled()
+        assert order == ["a0", "b0"] and turns.waiting() == 23
+        release["a0"].set()
+        await settled()
+        assert order == ["a0", "b0", "v0"]
+        release["b0"].set()  # then the queuers, each in turn
+        await settled()
+        release["v0"].set()
+        await settled()
+        assert order[3:5] == ["a1", "b1"]
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, victim, return_exceptions=True)
+        assert turns.held() == 0 and turns.waiting() == 0
 
     asyncio.run(go())
 

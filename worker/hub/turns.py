@@ -7,9 +7,14 @@ that sends its request slowly (a byte at a time) or not at all holds one meanwhi
 connection holds at most `per_peer` of a kind's turns: the rest go to other
 connections' calls first, whatever came earlier, so a caller on one connection cannot
 take every turn of a kind (the person's `agentworker kill`, on a connection of its own,
-then waits behind no one's slow read). A call may wait with a rank: it is handed a
-turn only when no call of a lower rank waits (gRPC health ranks the calls of connections
-and addresses whose requests came late so: worker.hub.health).
+then waits behind no one's slow read). A turn given back goes to the waiting call of
+the connection served longest ago (round-robin across connections), not to the call
+that came first: a connection that queued many calls whose requests never come took a
+turn after each of its own, and another caller's KillPlan waited behind them all, 5 s
+each (review12 finding 03: 59 s behind 24); now behind one per connection at most.
+A call may wait with a rank: it is handed a turn only when no call of a lower rank
+waits (gRPC health ranks the calls of connections and addresses whose requests came
+late so: worker.hub.health).
 """
 
 from __future__ import annotations
@@ -21,18 +26,27 @@ from collections.abc import AsyncIterator, Callable
 
 _Entry = tuple[str, "asyncio.Future[None]"]  # a waiting call: its peer, its turn to come
 
+# Peers whose last turn is remembered; past it, those neither holding nor waiting are
+# forgotten (a forgotten peer counts as served longest ago).
+PEERS_REMEMBERED = 1024
+
 
 class Turns:
     """At most `slots` holders at once, at most `per_peer` of them for one peer (a
-    connection: gRPC's `context.peer()`); waiting calls take turns in the order they
-    came, passing those whose peer holds its share; a call of a higher rank (0 unless
-    said) takes a turn only when no call of a lower rank waits that may take it."""
+    connection: gRPC's `context.peer()`); a turn goes to the waiting call of the peer
+    that holds fewest and was handed one longest ago (its earliest), passing those
+    whose peer holds its share; a call of a higher rank (0 unless said) takes a turn
+    only when no call of a lower rank waits that may take it."""
 
     def __init__(self, slots: int, per_peer: int | None = None) -> None:
         self.slots = slots
         self.per_peer = min(slots, per_peer or slots)
         self._free = slots
         self._held: dict[str, int] = {}  # peer -> turns it holds (none: absent)
+        # peer -> when it was last handed a turn (a count of turns handed). Forgotten for
+        # peers neither holding nor waiting once past PEERS_REMEMBERED (as if long ago).
+        self._served: dict[str, int] = {}
+        self._handed = 0
         # Waiting calls by rank: a rank's are handed turns once no lower rank's may.
         self._queues: list[deque[_Entry]] = [deque()]
 
@@ -65,6 +79,12 @@ class Turns:
     def _hold(self, peer: str) -> None:
         self._free -= 1
         self._held[peer] = self._held.get(peer, 0) + 1
+        self._handed += 1
+        self._served[peer] = self._handed
+        if len(self._served) > PEERS_REMEMBERED:
+            present = {p for queue in self._queues for p, f in queue if not f.done()}
+            present.update(self._held)
+            self._served = {p: at for p, at in self._served.items() if p in present}
 
     def _queue(self, rank: int) -> deque[_Entry]:
         while len(self._queues) <= rank:
@@ -110,17 +130,24 @@ class Turns:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """Free turns to the earliest waiting calls whose peers may hold one more, of the
-        lowest rank first."""
+        """Free turns to waiting calls whose peers may hold one more, of the lowest rank
+        first: within a rank, the earliest call of the peer that holds fewest turns and
+        was handed one longest ago."""
         for queue in self._queues:
-            passed: list[_Entry] = []
             while self._free and queue:
-                peer, future = queue.popleft()
-                if future.done():  # its call went away
-                    continue
-                if self._may(peer):
-                    self._hold(peer)
-                    future.set_result(None)
-                else:
-                    passed.append((peer, future))
-            queue.extendleft(reversed(passed))
+                while queue and queue[0][1].done():  # their calls went away
+                    queue.popleft()
+                best: int | None = None
+                best_key = (0, 0)
+                for at, (peer, future) in enumerate(queue):
+                    if future.done() or not self._may(peer):
+                        continue
+                    key = (self._held.get(peer, 0), self._served.get(peer, 0))
+                    if best is None or key < best_key:
+                        best, best_key = at, key
+                if best is None:
+                    break
+                peer, future = queue[best]
+                del queue[best]
+                self._hold(peer)
+                future.set_result(None)
