@@ -43,7 +43,8 @@ PART_BYTES_GUESS: Final = 1024 * 1024
 class BlobParts:
     def __init__(self) -> None:
         # Each part a view of the message it came in (copied once, when joined).
-        self._parts: dict[str, list[Buffer]] = {}
+        # (Inside `up`, a blob handed over still coming is one part: sandbox.Arriving.)
+        self._parts: dict[str, list[Buffer | Arriving]] = {}
         self._sizes: dict[str, int] = {}
         self._held = 0
         # Refused ids, with the error their request gets.
@@ -55,7 +56,7 @@ class BlobParts:
     def held_bytes(self) -> int:
         return self._held
 
-    def add(self, correlation_id: str, data: Buffer, offset: int) -> bool:
+    def add(self, correlation_id: str, data: Buffer | Arriving, offset: int) -> bool:
         """Keep a part that starts at `offset` of its blob; past a bound, or out of
         order, drop the call's parts and refuse it. False for a part no request could
         claim (no id, one longer than any request's or one not printable)."""
@@ -102,7 +103,7 @@ class BlobParts:
         """Whether parts of this call are held (its request has not come yet)."""
         return correlation_id in self._sizes
 
-    def take(self, correlation_id: str, expected: int) -> list[Buffer]:
+    def take(self, correlation_id: str, expected: int) -> list[Buffer | Arriving]:
         """The parts of the request that has come, in order; a WorkerError when they
         were refused or do not add up to the `expected` bytes it announces."""
         refused = self._refused.pop(correlation_id, None)
@@ -139,7 +140,7 @@ class BlobParts:
         while len(self._refused) > MAX_REFUSED_IDS:
             del self._refused[next(iter(self._refused))]
 
-    def _drop(self, correlation_id: str) -> list[Buffer]:
+    def _drop(self, correlation_id: str) -> list[Buffer | Arriving]:
         parts = self._parts.pop(correlation_id, [])
         if self._sizes.pop(correlation_id, None) is not None:
             self._held -= ID_OVERHEAD_BYTES

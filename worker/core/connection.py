@@ -27,6 +27,7 @@ from typing import Final
 import grpc
 from google.protobuf.message import DecodeError
 
+from sandbox import ArrivalStopped, Arriving, each_part
 from worker.clock import now_ms
 from worker.core.blob_parts import BlobParts, Following
 from worker.core.pipeline import Dispatcher, stream_ended
@@ -812,6 +813,7 @@ class WorkerConnection:
             self.dispatcher.refuse_unless_known(req, error, digest)
             return
         if len(parts) == 1 and len(parts[0]) < HASH_OFF_LOOP_BYTES:
+            assert not isinstance(parts[0], Arriving)  # a hub hands only a large blob so
             self._submit_unless_cancelled(req, bytes(parts[0]), digest=digest)
             return
         spec = self.dispatcher.registry.get(f"{req.surface}.{req.action}")
@@ -823,12 +825,33 @@ class WorkerConnection:
         task.add_done_callback(lambda _task: self._joins.pop(cid, None))
 
     async def _join_then_submit(
-        self, req: pb.ActionRequest, parts: list[Buffer], digest: asyncio.Future[str] | None
+        self,
+        req: pb.ActionRequest,
+        parts: list[Buffer | Arriving],
+        digest: asyncio.Future[str] | None,
     ) -> None:
         try:
-            # The blob's one copy: each part is a view of the envelope it came in.
-            loop = asyncio.get_running_loop()
-            blob = await loop.run_in_executor(_STREAM_COPIES, b"".join, parts)
+            # The blob's one copy: each part is a view of the envelope it came in; the
+            # stream's copy thread joins them. A blob handed inside `up` as it comes (a
+            # DispatchUpload's) is waited for, part by part, in a thread of its own: never
+            # the stream's copy thread (its jobs never wait) nor the pool (review12
+            # finding 01: calls waiting for bytes there held the threads others needed).
+            if any(isinstance(part, Arriving) for part in parts):
+                blob = await self.dispatcher.threads.apart(_joined, parts)
+            else:
+                whole = [part for part in parts if not isinstance(part, Arriving)]
+                loop = asyncio.get_running_loop()
+                blob = await loop.run_in_executor(_STREAM_COPIES, b"".join, whole)
+        except ArrivalStopped as stopped:  # the hub stopped handing it: why
+            self._cancelled_early.pop(req.correlation_id, None)
+            reason = stopped.reason
+            error = (
+                reason
+                if isinstance(reason, WorkerError)
+                else WorkerError("cancelled", "the blob stopped coming; nothing was run")
+            )
+            self.dispatcher.refuse_unless_known(req, error, digest)
+            return
         except BaseException as exc:
             self._cancelled_early.pop(req.correlation_id, None)
             if not isinstance(exc, Exception):
@@ -843,7 +866,7 @@ class WorkerConnection:
         self,
         req: pb.ActionRequest,
         blob: bytes,
-        pieces: tuple[Buffer, ...] = (),
+        pieces: tuple[Buffer | Arriving, ...] = (),
         *,
         digest: asyncio.Future[str] | None = None,
         sha256: asyncio.Future[str] | None = None,
@@ -1220,3 +1243,8 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return str(exc) or type(exc).__name__
+
+
+def _joined(parts: list[Buffer | Arriving]) -> bytes:
+    """A blob's parts joined (in a thread: a part still coming is waited for)."""
+    return b"".join(each_part(parts))

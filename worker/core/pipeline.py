@@ -79,10 +79,11 @@ from worker.wire.protocol import (
     digest_feed,
     error_pb,
     fed_digest,
+    stream_ended,
 )
 from worker.wire.transport import MAX_RESULT_BYTES
 
-__all__ = ["Call", "Dispatcher", "Limits", "Outbox", "Outgoing"]
+__all__ = ["Call", "Dispatcher", "Limits", "Outbox", "Outgoing", "stream_ended"]
 
 log = logging.getLogger(__name__)
 
@@ -175,20 +176,6 @@ def _digest_came(call: Call) -> None:
     call.digest = _came(soon)
     if not call.digest:
         call.refused = True
-
-
-def stream_ended() -> WorkerError:
-    """Why a call started before its blob and digest came (protocol 3) stopped when its
-    stream ended. Such a refusal is never sent (`_unsendable`): the hub sends the call
-    again on its next stream, and a refusal reaching it there would stand for that
-    delivery, which runs."""
-    return WorkerError(
-        "cancelled",
-        "the stream ended while the request's blob was still coming; nothing of it was "
-        "run (the server sends it again)",
-        {"stream_ended": True},
-        retryable=True,
-    )
 
 
 def _unsendable(error: WorkerError | None) -> bool:

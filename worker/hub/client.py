@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -19,8 +20,24 @@ if TYPE_CHECKING:  # `agentworker call` imports this module: no pydantic on its 
 # Dispatch's method path, from the service's descriptor: `agentworker call` sends
 # its one call without the generated stub module (1 ms of its start: it loads
 # grpc._utilities to check gRPC's version), which the other methods load on first use.
-_DISPATCH = f"/{pb.DESCRIPTOR.services_by_name['ControlService'].full_name}/Dispatch"
+_SERVICE = pb.DESCRIPTOR.services_by_name["ControlService"].full_name
+_DISPATCH = f"/{_SERVICE}/Dispatch"
+_UPLOAD = f"/{_SERVICE}/DispatchUpload"
 _BLOB_FIELD = pb.DispatchRequest.DESCRIPTOR.fields_by_name["blob"].number
+_DATA_FIELD = pb.DispatchUploadPart.DESCRIPTOR.fields_by_name["data"].number
+
+# A blob larger than this goes up a DispatchUpload, in parts of UPLOAD_PART_BYTES: the
+# hub relays each part to the worker as it comes, so the blob's way to the hub, its
+# relay and the worker's write overlap (a 16 MiB fs_write). A smaller one goes whole,
+# in a Dispatch (the hub's parts to a worker are of a MiB: a blob of one part gains
+# nothing).
+UPLOAD_BYTES = 1024 * 1024
+UPLOAD_PART_BYTES = 1024 * 1024
+# The header a hub sends once it takes an upload's parts (its admission passed): a
+# caller sends none before (a refusal, or a hub without DispatchUpload, ends the call
+# with no such header, and a part sent meanwhile would fail at the caller's end, which
+# gRPC then gives for the call's status).
+UPLOAD_TAKEN = ("agentworker-upload", "send-parts")
 
 
 def dispatch_bytes(fields: dict[str, Any]) -> bytes:
@@ -36,6 +53,13 @@ def dispatch_bytes(fields: dict[str, Any]) -> bytes:
     if not size:
         return head.SerializeToString()
     return b"".join((head.SerializeToString(), field_head(_BLOB_FIELD, size), blob))
+
+
+def upload_part(offset: int, data: bytes | memoryview) -> bytes:
+    """A DispatchUploadPart of `data` (the blob's bytes from `offset`), serialized: its
+    data joined to the rest in one copy (as `dispatch_bytes` joins a blob)."""
+    head = pb.DispatchUploadPart(offset=offset).SerializeToString()
+    return b"".join((head, field_head(_DATA_FIELD, memoryview(data).nbytes), data))
 
 
 class ControlClient:
@@ -54,6 +78,14 @@ class ControlClient:
             response_deserializer=pb.DispatchResponse.FromString,
             _registered_method=True,
         )
+        self._upload = channel.stream_unary(
+            _UPLOAD,
+            request_serializer=None,
+            response_deserializer=pb.DispatchResponse.FromString,
+            _registered_method=True,
+        )
+        # False once the hub said it has no DispatchUpload (one older than it).
+        self.uploads = True
 
     @classmethod
     def connect(
@@ -99,10 +131,53 @@ class ControlClient:
         gRPC's call, not a coroutine: it goes out when the loop next turns, awaited
         or not (`agentworker call` loads json while it is out)."""
         timeout = fields.get("timeout_ms", 0) / 1000 + 30 if fields.get("timeout_ms") else None
+        if self.uploads and memoryview(fields.get("blob", b"")).nbytes > UPLOAD_BYTES:
+            return asyncio.ensure_future(self._uploaded(fields, timeout))
         call: Awaitable[pb.DispatchResponse] = self._dispatch(
             dispatch_bytes(fields), metadata=self.metadata, timeout=timeout
         )
         return call
+
+    async def _uploaded(self, fields: dict[str, Any], deadline_s: float | None) -> Any:
+        """The call, its blob sent up a DispatchUpload a part at a time; through a
+        Dispatch to a hub that has no DispatchUpload."""
+        blob = memoryview(fields["blob"]).cast("B")
+        size = blob.nbytes
+        call = self._upload(metadata=self.metadata, timeout=deadline_s)
+        accepted = False  # the hub asked for the parts
+        try:
+            request = pb.DispatchRequest(**{k: v for k, v in fields.items() if k != "blob"})
+            await call.write(
+                pb.DispatchUploadPart(request=request, blob_bytes=size).SerializeToString()
+            )
+            # The hub's headers say it takes the parts; an answer instead (a refusal: too
+            # large, busy; or no DispatchUpload at all) comes before any is sent.
+            accepted = UPLOAD_TAKEN in tuple(await call.initial_metadata() or ())
+            for at in range(0, size if accepted else 0, UPLOAD_PART_BYTES):
+                await call.write(upload_part(at, blob[at : at + UPLOAD_PART_BYTES]))
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # Before the hub asked for parts: it ended the call unread (it has no
+            # DispatchUpload, or refused the token), and gRPC may give the failed send
+            # for its status. Nothing of the call ran: a Dispatch says which.
+            if not accepted and not call.done():
+                return await self._dispatched(fields, deadline_s)
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            if accepted or exc.code() not in (
+                grpc.StatusCode.UNIMPLEMENTED,
+                grpc.StatusCode.INTERNAL,  # a send that failed, as above
+            ):
+                raise
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.uploads = False  # a hub from before DispatchUpload
+        return await self._dispatched(fields, deadline_s)
+
+    async def _dispatched(self, fields: dict[str, Any], deadline_s: float | None) -> Any:
+        return await self._dispatch(
+            dispatch_bytes(fields), metadata=self.metadata, timeout=deadline_s
+        )
 
 
 def result_to_dict(response: pb.DispatchResponse) -> dict[str, Any]:

@@ -11,6 +11,7 @@ sends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -18,7 +19,7 @@ import logging
 import math
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -27,7 +28,9 @@ from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
 from worker.errors import WorkerError
+from worker.hub import upload
 from worker.hub.audit_log import AuditLines
+from worker.hub.client import UPLOAD_TAKEN
 from worker.hub.rates import Rate
 from worker.hub.store import HubStore, StoredCall
 from worker.hub.turns import Turns
@@ -62,6 +65,7 @@ from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
+    BLOB_CAP_HINTS,
     FOLLOW_PROTOCOL,
     HASH_OFF_LOOP_BYTES,
     MAX_ARGS_BYTES,
@@ -73,6 +77,7 @@ from worker.wire.protocol import (
     VERSION,
     WORKBENCH_SURFACE,
     WORKER_SERVICE,
+    blob_cap,
     blob_gone,
     blob_sha256,
     call_digest,
@@ -83,6 +88,7 @@ from worker.wire.protocol import (
     fed_digest,
     same_call,
     schemes_differ,
+    stream_ended,
 )
 from worker.wire.transport import MAX_MESSAGE_BYTES, WORKER_KEY_HEADER
 
@@ -122,7 +128,11 @@ SCOPE_PREVIEW_CHARS: Final = 64 * 1024
 # blob; no other method carries one. RequestScope: a reason and a preview at their
 # limits above (4 bytes a character in UTF-8 at most: 272 KiB), scopes and ids, with
 # room; the others carry a few ids and a reason.
-CONTROL_REQUEST_BYTES: Final = {"Dispatch": MAX_MESSAGE_BYTES, "RequestScope": 1024 * 1024}
+CONTROL_REQUEST_BYTES: Final = {
+    "Dispatch": MAX_MESSAGE_BYTES,
+    "DispatchUpload": MAX_MESSAGE_BYTES,  # each of its messages
+    "RequestScope": 1024 * 1024,
+}
 CONTROL_REQUEST_BYTES_OTHERWISE: Final = 64 * 1024
 # How many ControlService requests are read at once, by kind. gRPC reads a request
 # whole, up to MAX_MESSAGE_BYTES whatever its method takes, before anything can look at
@@ -135,7 +145,15 @@ CONTROL_REQUEST_BYTES_OTHERWISE: Final = 64 * 1024
 # share theirs: two ListWorkers sent a byte at a time held up a KillPlan for the 30 s
 # they were let take then, and Status calls that never sent their request held it 5 s
 # a pair in turn, as long as they kept coming (review9 finding 05).
-CONTROL_READ_KIND: Final = {"Dispatch": "Dispatch", "KillPlan": "KillPlan", "Status": "Status"}
+# A DispatchUpload is read in one of Dispatch's turns, every part of it (the turn is
+# let go once its last part came): what uploads hold and how many go at once are
+# bounded as Dispatch's reads are.
+CONTROL_READ_KIND: Final = {
+    "Dispatch": "Dispatch",
+    "DispatchUpload": "Dispatch",
+    "KillPlan": "KillPlan",
+    "Status": "Status",
+}
 CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2, "KillPlan": 2, "Status": 2}
 CONTROL_READS_AT_ONCE_OTHERWISE: Final = 2
 # ... of which one connection holds at most this many (a caller's other calls wait while
@@ -199,6 +217,9 @@ class Session:
     # The hub's kills the worker confirmed recording, through this one (KillPlan.seq):
     # from its Hello (0 for another epoch's), then its heartbeats.
     kills_through: int = 0
+    # What to do when it ends: uploads handed to its worker as they come stop (see
+    # Hub._upload_handed), by call id.
+    on_close: dict[str, Callable[[], None]] = field(default_factory=dict)
 
     @property
     def worker_id(self) -> str:
@@ -251,6 +272,9 @@ class Session:
             self.closed = True
             self.outbox.put_nowait(None)
             self.release()
+            for stop in self.on_close.values():
+                stop()
+            self.on_close.clear()
 
 
 _NOT_RECORDED: Final = WorkerError(
@@ -284,6 +308,22 @@ def bad_id(what: str, message: Any, *names: str) -> WorkerError | None:
                 {"errors": [{"loc": [name], "msg": text, "type": kind}]},
             )
     return None
+
+
+def _blob_refusal(req: pb.DispatchRequest, size: int) -> WorkerError | None:
+    """Why a call announcing a blob of `size` bytes is refused before any of it is read
+    (`too_large`: past its action's cap, or past what a message to the worker carries),
+    or None."""
+    cap = blob_cap(req.surface, req.action)
+    if cap is not None and size > cap:
+        hint = BLOB_CAP_HINTS.get(req.action, "Send less.")
+        return WorkerError(
+            "too_large",
+            f"the blob is {size:,} bytes; {req.action} takes at most {cap:,} bytes per "
+            f"call (nothing of it was read or run). {hint}",
+            {"bytes": size, "limit": cap},
+        )
+    return too_large(size + req.ByteSize() + PART_BYTES)
 
 
 def too_large(message_bytes: int, *, framed: bool = False) -> WorkerError | None:
@@ -582,6 +622,26 @@ def _parts_and_digest(
     return fed_digest(hasher)
 
 
+_LEFT: Final = "the caller left before the call's blob came whole; nothing of it was run"
+
+
+def _fail(future: asyncio.Future[str], error: WorkerError) -> None:
+    """Fail a digest on its way to the worker with `error` (the worker's call stops with
+    it), marked retrieved: the worker may never have taken the future."""
+    if not future.done():
+        future.set_exception(error)
+        future.exception()
+
+
+async def _whole(blob: Buffer | upload.Pieces) -> Buffer:
+    """A blob in one piece: an upload's parts joined (in a thread: a copy)."""
+    if not isinstance(blob, upload.Pieces):
+        return blob
+    if len(blob.parts) <= 1:
+        return blob.parts[0] if blob.parts else b""
+    return await asyncio.to_thread(blob.joined)
+
+
 async def _recorded_digest(recorded: str, request: pb.ActionRequest, blob: Buffer) -> str:
     """`request`'s digest in the scheme `recorded` was made in (`digest_as`), off the
     event loop when the blob is large."""
@@ -620,7 +680,7 @@ class Hub:
         self._unstored: list[tuple[Session, Answer, bool]] = []
         # Request blobs of pending calls, by call id: held while the call may have to
         # be sent again (a reconnect), never written to the store; see _dispatch_to.
-        self._blobs: dict[str, Buffer] = {}
+        self._blobs: dict[str, Buffer | upload.Pieces] = {}
         self._store_scheduled = False
         # Sandbox mode: plan -> the worker holding its workspace (sticky), the calls each
         # worker has open (its load, as this hub sees it) and teardowns awaiting answers.
@@ -807,7 +867,9 @@ class Hub:
                 continue
             request = pb.ActionRequest()
             request.CopyFrom(call.request)
-            blob: Buffer = self._blobs.get(cid, b"")
+            held = self._blobs.get(cid, b"")
+            # An upload's parts, joined on the loop: rare, as below.
+            blob = held.joined() if isinstance(held, upload.Pieces) else held
             if call.blob_bytes and not blob and not request.blob:
                 # Its blob was in the memory of a hub that stopped: only the caller has
                 # it now, and its retry with the same id brings it (and is sent then).
@@ -1432,50 +1494,62 @@ class Hub:
         blob = req.blob if blob is None else blob
         size = len(blob)
         try:
-            refused = bad_id("the call", req, *CALL_IDS, *CALL_NAMES)
-            if refused is not None:
-                raise refused
-            if size and self._holding + size > self.held_blob_bytes:
-                raise WorkerError(
-                    "busy",
-                    f"the hub already holds {self._holding:,} bytes of request blobs for "
-                    f"calls not yet answered, and this call's {size:,} would pass its limit "
-                    f"of {self.held_blob_bytes:,} ([hub] held_blobs_mib); retry once some "
-                    "finish",
-                    {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
-                )
-            worker_id = self.route(req)
-            if req.plan_id and self._killed_there(req, worker_id):
-                raise WorkerError(
-                    "plan_killed",
-                    f"plan {req.plan_id!r} was killed at this hub "
-                    f"({self.store.kill_reason(req.plan_id)}), and worker {worker_id!r} has "
-                    "not confirmed the kill yet: none of the plan's calls go there until it "
-                    "has (then the worker answers; only its person lifts a kill there)",
-                )
+            worker_id = self._admitted(req, size)
         except WorkerError as exc:
             return req.worker_id, Answer(error_result(req.correlation_id, exc))
+        with self._counted(worker_id, size):
+            return await self._dispatch_to(worker_id, req, blob)
+
+    def _admitted(self, req: pb.DispatchRequest, size: int) -> str:
+        """The worker a call with a blob of `size` bytes goes to; a WorkerError when it
+        is refused before anything of it is sent (its ids, the blobs held, its route, a
+        kill its worker has not confirmed)."""
+        refused = bad_id("the call", req, *CALL_IDS, *CALL_NAMES)
+        if refused is not None:
+            raise refused
+        if size and self._holding + size > self.held_blob_bytes:
+            raise WorkerError(
+                "busy",
+                f"the hub already holds {self._holding:,} bytes of request blobs for "
+                f"calls not yet answered, and this call's {size:,} would pass its limit "
+                f"of {self.held_blob_bytes:,} ([hub] held_blobs_mib); retry once some "
+                "finish",
+                {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
+            )
+        worker_id = self.route(req)
+        if req.plan_id and self._killed_there(req, worker_id):
+            raise WorkerError(
+                "plan_killed",
+                f"plan {req.plan_id!r} was killed at this hub "
+                f"({self.store.kill_reason(req.plan_id)}), and worker {worker_id!r} has "
+                "not confirmed the kill yet: none of the plan's calls go there until it "
+                "has (then the worker answers; only its person lifts a kill there)",
+            )
+        return worker_id
+
+    @contextlib.contextmanager
+    def _counted(self, worker_id: str, size: int) -> Iterator[None]:
+        """A call open at its worker, holding a blob of `size` bytes, while inside."""
         self._open_calls[worker_id] = self._open_calls.get(worker_id, 0) + 1
         large = int(size > PART_BYTES)
         self._open_large[worker_id] = self._open_large.get(worker_id, 0) + large
         self._holding += size
         try:
-            return await self._dispatch_to(worker_id, req, blob)
+            yield
         finally:
             self._open_calls[worker_id] -= 1
             self._open_large[worker_id] -= large
             self._holding -= size
 
-    async def _dispatch_to(
-        self, worker_id: str, req: pb.DispatchRequest, blob: Buffer
-    ) -> tuple[str, Answer]:
+    def _action_request(self, req: pb.DispatchRequest) -> pb.ActionRequest:
+        """The request a Dispatch sends its worker (without its blob and digest)."""
         if req.timeout_ms > MAX_TIMEOUT_MS:
             log.warning(
                 "a call asks for a %d ms deadline; cut to %d", req.timeout_ms, MAX_TIMEOUT_MS
             )
         timeout_ms = min(req.timeout_ms, MAX_TIMEOUT_MS)
         timeout_s = timeout_ms / 1000 if timeout_ms else self.default_timeout_s
-        request = pb.ActionRequest(
+        return pb.ActionRequest(
             correlation_id=req.correlation_id or new_id(),
             plan_id=req.plan_id,
             agent_id=req.agent_id,
@@ -1487,6 +1561,11 @@ class Hub:
             timeout_ms=int(timeout_s * 1000),
             attempt=1,
         )
+
+    async def _dispatch_to(
+        self, worker_id: str, req: pb.DispatchRequest, blob: Buffer
+    ) -> tuple[str, Answer]:
+        request = self._action_request(req)
         # `blob` is held while the call is pending (a view of the bytes received: the
         # hub never copies it but once, into the message to the worker).
         # The digest, computed once here and carried to the worker in the request, and
@@ -1508,7 +1587,7 @@ class Hub:
         worker_id: str,
         req: pb.DispatchRequest,
         request: pb.ActionRequest,
-        blob: Buffer,
+        blob: Buffer | upload.Pieces,
         early: tuple[Session, Chunked, asyncio.Future[str] | None] | None,
         handed: asyncio.Future[str] | None,
     ) -> tuple[str, Answer]:
@@ -1520,6 +1599,7 @@ class Hub:
             outgoing: Outgoing = early[1]
         else:  # not sent early, or to a stream the worker has left since
             early = None
+            blob = await _whole(blob)
             outgoing = await _prepared(request, blob, self._takes_parts(worker_id))
         digest = request.args_digest
         refusal = too_large(_size(outgoing), framed=True)
@@ -1533,6 +1613,7 @@ class Hub:
         )
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
+            blob = await _whole(blob)  # (an upload's is recorded new: it has a new id)
             recorded = existing.args_digest
             # A digest of another scheme (an earlier version's, or today's other: see
             # `same_call`) is compared in its own: the call is at hand here.
@@ -1676,6 +1757,181 @@ class Hub:
         assert digest is not None  # only a stopped transfer has none
         request.args_digest = digest
         return session, transfer, None
+
+    async def dispatch_upload(
+        self, req: pb.DispatchRequest, size: int, next_part: upload.NextPart
+    ) -> bytes:
+        """Dispatch of a call whose blob of `size` bytes comes in parts (`next_part`,
+        ControlService.DispatchUpload), its response serialized. A call the hub names
+        itself, to a worker that speaks protocol 3, goes to the worker at once and its
+        parts as they come (the worker writes them meanwhile), its digest (computed here
+        as they pass) once the blob came whole and the call is recorded. Any other (an
+        id the caller chose: it is committed before the worker gets it, and that takes
+        its digest; an older worker; a blob of one part) is sent as a Dispatch with
+        that blob once all of it came. Either way a blob that does not come as
+        announced is refused, and nothing of it runs (the worker removes what it wrote,
+        claims nothing)."""
+        try:
+            refused = bad_id("the call", req, *CALL_IDS, *CALL_NAMES) or _blob_refusal(req, size)
+            if refused is not None:
+                raise refused
+            worker_id = self._admitted(req, size)
+        except WorkerError as exc:
+            return Answer(error_result(req.correlation_id, exc)).response(req.worker_id)
+        with self._counted(worker_id, size):
+            worker_id, answer = await self._upload_to(worker_id, req, size, next_part)
+        return answer.response(worker_id)
+
+    async def _upload_to(
+        self, worker_id: str, req: pb.DispatchRequest, size: int, next_part: upload.NextPart
+    ) -> tuple[str, Answer]:
+        request = self._action_request(req)
+        read_within_s = CONTROL_READ_WITHIN_S.get("Dispatch", CONTROL_READ_WITHIN_S_OTHERWISE)
+        within_s = min(request.timeout_ms / 1000, read_within_s)
+        session = self.sessions.get(worker_id)
+        # As `_sent_early`: only a call the hub names itself goes before it is recorded.
+        if session is not None and not req.correlation_id and size > PART_BYTES:
+            if self.link is not None and self.link.local(session.session_id):
+                return await self._upload_handed(
+                    worker_id, session, req, request, size, next_part, within_s
+                )
+            if session.protocol >= FOLLOW_PROTOCOL:
+                return await self._upload_relayed(
+                    worker_id, session, req, request, size, next_part, within_s
+                )
+        try:
+            pieces = await upload.receive(next_part, size, within_s=within_s)
+        except WorkerError as exc:
+            return worker_id, Answer(error_result(request.correlation_id, exc))
+        return await self._dispatch_to(worker_id, req, await _whole(pieces))
+
+    async def _upload_relayed(
+        self,
+        worker_id: str,
+        session: Session,
+        req: pb.DispatchRequest,
+        request: pb.ActionRequest,
+        size: int,
+        next_part: upload.NextPart,
+        within_s: float,
+    ) -> tuple[str, Answer]:
+        """An upload relayed down a worker's stream as it comes (protocol 3): the request
+        at once, each part framed as it came, the digest (BLAKE3 over the call and every
+        byte, fed the parts as they pass) once the call is recorded."""
+        cid = request.correlation_id
+        transfer = Chunked.relayed(request, size)
+        session.send(transfer)
+        hasher = digest_feed(request)
+        try:
+            pieces = await upload.receive(
+                next_part,
+                size,
+                within_s=within_s,
+                feed=upload.relay_feed(cid, hasher),
+                transfer=transfer,
+            )
+        except BaseException as exc:  # refused, or the caller went: the worker lets it go
+            _stop(session, transfer)
+            if isinstance(exc, WorkerError):
+                return worker_id, Answer(error_result(cid, exc))
+            raise
+        request.args_digest = fed_digest(hasher)
+        if self.sessions.get(worker_id) is not session:
+            # The worker's stream ended meanwhile, and its worker let go of what came on
+            # it: the call goes whole, recorded first, on its next stream (or waits).
+            _stop(session, transfer)
+            return await self._sent_anew(worker_id, req, request, pieces)
+        transfer.ending(1)  # the digest's part, once the call is recorded
+        early = (session, transfer, None)
+        return await self._recorded_and_sent(worker_id, req, request, pieces, early, None)
+
+    async def _sent_anew(
+        self,
+        worker_id: str,
+        req: pb.DispatchRequest,
+        request: pb.ActionRequest,
+        pieces: upload.Pieces,
+    ) -> tuple[str, Answer]:
+        """An upload whose worker stream ended while it came: recorded and sent whole, as
+        a Dispatch's, under an id of its own. The delivery begun on the stream that ended
+        went under another (the hub named both, no caller knows either): should the
+        worker answer that one after all (it refuses a request whose handed blob went
+        with its stream), the answer is to a call unknown here, never to this one."""
+        request.correlation_id = new_id()
+        blob = await _whole(pieces)
+        return await self._recorded_and_sent(worker_id, req, request, blob, None, None)
+
+    async def _upload_handed(
+        self,
+        worker_id: str,
+        session: Session,
+        req: pb.DispatchRequest,
+        request: pb.ActionRequest,
+        size: int,
+        next_part: upload.NextPart,
+        within_s: float,
+    ) -> tuple[str, Answer]:
+        """An upload handed to the worker of this process as it comes (`up`,
+        worker.wire.local): the request at once, the blob as one piece still coming
+        (sandbox.Arriving) each part of which the worker reads as it is handed, its
+        SHA-256 (fed the parts in a thread as they pass) as soon as all came, and the
+        digest made from it once the call is recorded, as `_sent_early` does."""
+        from sandbox import Arriving  # the worker of this process has it loaded
+
+        assert self.link is not None
+        cid = request.correlation_id
+        loop = asyncio.get_running_loop()
+        arriving = Arriving(size)
+        handed: asyncio.Future[str] = loop.create_future()
+        sha256: asyncio.Future[str] = loop.create_future()
+        self.link.put(session.session_id, cid, arriving, handed, sha256)
+        alone = Chunked([announced(request, size)], request, b"")
+        session.send(alone)
+
+        def stream_ends() -> None:
+            # The call the worker started stops unanswered (its refusal would stand for
+            # the delivery that follows, on the worker's next stream), its file removed.
+            ended = stream_ended()
+            arriving.stop(ended)
+            _fail(handed, ended)
+            assert self.link is not None
+            self.link.drop(cid)
+
+        session.on_close[cid] = stream_ends
+        hasher = hashlib.sha256()
+        try:
+            pieces = await upload.receive(
+                next_part,
+                size,
+                within_s=within_s,
+                hand=arriving.add,
+                feed=upload.hash_feed(hasher),
+            )
+        except BaseException as exc:  # refused, or the caller went: nothing of it runs
+            session.on_close.pop(cid, None)
+            error = exc if isinstance(exc, WorkerError) else WorkerError("cancelled", _LEFT)
+            arriving.stop(error)
+            _fail(handed, error)
+            sha256.cancel()
+            self.link.drop(cid)
+            if isinstance(exc, WorkerError):
+                return worker_id, Answer(error_result(cid, exc))
+            raise
+        session.on_close.pop(cid, None)
+        hashed = hasher.digest()
+        sha256.set_result(hashed.hex())
+        request.args_digest = digest_of_sha256(request, hashed)
+        if self.sessions.get(worker_id) is not session:
+            # The worker's stream ended meanwhile (the call it started stopped): the call
+            # goes whole, recorded first, on the worker's next stream (or waits for it).
+            stream_ends()
+            return await self._sent_anew(worker_id, req, request, pieces)
+        try:
+            early = (session, alone, handed)
+            return await self._recorded_and_sent(worker_id, req, request, pieces, early, handed)
+        finally:
+            if not handed.done():
+                handed.cancel()
 
     def _replay(self, call: StoredCall) -> pb.ActionResult:
         """A finished call's stored answer, for a caller repeating its id. A result blob
@@ -2000,6 +2256,39 @@ def _dispatch_request(data: bytes) -> object:
         return _Undecodable(_UNDECODABLE_DISPATCH)  # answered INVALID_ARGUMENT, as before
 
 
+class _UploadPart:
+    """A DispatchUploadPart read without its data, and the data: a view of the bytes
+    received (as a Dispatch's blob is, `_WithBlob`)."""
+
+    def __init__(self, header: pb.DispatchUploadPart, data: Buffer) -> None:
+        self.header = header
+        self.data = data
+
+
+_UPLOAD_DATA_FIELD = pb.DispatchUploadPart.DESCRIPTOR.fields_by_name["data"].number
+_UNDECODABLE_UPLOAD: Final = "DispatchUploadPart"
+
+
+def _upload_part(data: bytes) -> object:
+    """A DispatchUploadPart and its data, a view of `data`, read as `_dispatch_request`
+    reads a Dispatch: what it carries besides its data is bounded before it is parsed."""
+    try:
+        rest, found = split_field(data, _UPLOAD_DATA_FIELD, most=DISPATCH_FIELDS)
+    except ValueError:
+        return _Undecodable(_UNDECODABLE_UPLOAD)
+    if len(rest) > DISPATCH_BESIDES_BLOB_BYTES:
+        return _Refused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"a DispatchUpload message carries {len(rest):,} bytes besides its data, over "
+            f"the {DISPATCH_BESIDES_BLOB_BYTES:,} a call's ids and args_json take",
+        )
+    try:
+        header = pb.DispatchUploadPart.FromString(rest)
+    except DecodeError:
+        return _Undecodable(_UNDECODABLE_UPLOAD)
+    return _UploadPart(header, b"" if found is None else found)
+
+
 class _Undecodable:
     """What a control request that does not decode is handed on as."""
 
@@ -2043,16 +2332,7 @@ def _refusing_undecodable(
     behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, _Oversized):
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message())
-        if isinstance(request, _Refused):
-            await context.abort(request.code, request.message)
-        if isinstance(request, _Undecodable):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the {request.type_name} does not decode: a string field is not valid "
-                "UTF-8, or the message is truncated",
-            )
+        await _refuse_unread(request, context)
         return await behaviour(request, context)
 
     return handle
@@ -2101,6 +2381,91 @@ def _read_in_turn(
     return handle
 
 
+def _upload_in_turn(
+    hub: Hub, reads: Turns
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """ControlService.DispatchUpload: its first message (the call and its blob's size)
+    read as a Dispatch's request is (in a turn of Dispatch's, within its time), then
+    its parts, in the same turn (let go once the last came), handed to the hub as it
+    reads them (`Hub.dispatch_upload`)."""
+    within_s = CONTROL_READ_WITHIN_S.get("Dispatch", CONTROL_READ_WITHIN_S_OTHERWISE)
+    late = (
+        f"the DispatchUpload's first message did not arrive within {within_s:g} s of its "
+        "turn to be read; send it when the call begins"
+    )
+
+    async def handle(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with contextlib.AsyncExitStack() as turn:
+            await turn.enter_async_context(reads.turn(context.peer()))
+            try:
+                async with asyncio.timeout(within_s):
+                    first = await context.read()
+            except TimeoutError:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, late)
+            if first is grpc.aio.EOF:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request")
+            await _refuse_unread(first, context)
+            assert isinstance(first, _UploadPart)
+            header = first.header
+            req = header.request
+            if not header.HasField("request") or first.data or header.offset or req.blob:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "a DispatchUpload begins with its call (`request`, its blob empty) and "
+                    "the blob's size (`blob_bytes`); the blob's bytes follow as `data`",
+                )
+            if not req.surface or not req.action:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required"
+                )
+            size = header.blob_bytes
+            del first, header
+
+            accepted = False
+
+            async def next_part() -> tuple[int, Buffer] | None:
+                nonlocal accepted
+                if not accepted:  # the caller waits for this before it sends a part
+                    accepted = True
+                    await context.send_initial_metadata((UPLOAD_TAKEN,))
+                part = await context.read()
+                if part is grpc.aio.EOF:
+                    await turn.aclose()  # every part came: the next upload's turn
+                    return None
+                if not isinstance(part, _UploadPart) or part.header.HasField("request"):
+                    raise WorkerError(
+                        "validation_error",
+                        "a DispatchUpload message after the first did not decode, or carried "
+                        "a call again: after the call come only the blob's bytes (`data`, "
+                        "`offset`); nothing was run",
+                    )
+                return part.header.offset, part.data
+
+            try:
+                return await hub.dispatch_upload(req, size, next_part)
+            except LookupError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                raise  # unreachable: abort raises
+            finally:
+                hub.memory.ended(size)
+
+    return handle
+
+
+async def _refuse_unread(request: object, context: grpc.aio.ServicerContext) -> None:
+    """Abort for a request refused as read (too large, or not decoding)."""
+    if isinstance(request, _Oversized):
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message())
+    if isinstance(request, _Refused):
+        await context.abort(request.code, request.message)
+    if isinstance(request, _Undecodable):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the {request.type_name} does not decode: a string field is not valid "
+            "UTF-8, or the message is truncated",
+        )
+
+
 def control_service(hub: Hub) -> grpc.GenericRpcHandler:
     """ControlService, whose requests are decoded so that one which does not decode
     (invalid UTF-8 in a string field, say) answers INVALID_ARGUMENT with the reason,
@@ -2109,18 +2474,19 @@ def control_service(hub: Hub) -> grpc.GenericRpcHandler:
     few at a time (CONTROL_READS_AT_ONCE, `hub.reads`)."""
     servicer = ControlServicer(hub)
     service = pb.DESCRIPTOR.services_by_name["ControlService"]
+    parsers = {"Dispatch": _dispatch_request, "DispatchUpload": _upload_part}
     handlers = {
         method.name: grpc.stream_unary_rpc_method_handler(
-            _read_in_turn(
+            _upload_in_turn(hub, hub.reads[CONTROL_READ_KIND[method.name]])
+            if method.name == "DispatchUpload"
+            else _read_in_turn(
                 method.name,
                 _refusing_undecodable(getattr(servicer, method.name)),
                 hub.reads[CONTROL_READ_KIND.get(method.name, "")],
             ),
             request_deserializer=_bounded(
                 method.name,
-                _dispatch_request
-                if method.name == "Dispatch"
-                else _lenient(getattr(pb, method.input_type.name)),
+                parsers.get(method.name) or _lenient(getattr(pb, method.input_type.name)),
             ),
             response_serializer=_serialized,
         )

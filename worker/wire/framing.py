@@ -11,7 +11,7 @@ import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import MAX_MESSAGE_BYTES
@@ -262,6 +262,10 @@ _BLOB_PART_FIELD = pb.ServerMessage.DESCRIPTOR.fields_by_name["blob_part"].numbe
 _PART_DATA_FIELD = pb.BlobPart.DESCRIPTOR.fields_by_name["data"].number
 
 
+# A transfer's count of parts while it is not known yet (`Chunked.relayed`).
+_OPEN_ENDED: Final = 1 << 62
+
+
 @dataclass(eq=False)
 class Chunked:
     """A request whose blob goes ahead of it in BlobParts, one part per envelope,
@@ -294,6 +298,19 @@ class Chunked:
         that carries the digest (`digest_part`)."""
         count = -(-len(blob) // PART_BYTES) + (2 if follow else 1)
         return cls([], request, blob, count=count, follow=follow)
+
+    @classmethod
+    def relayed(cls, request: pb.ActionRequest, size: int) -> Chunked:
+        """A protocol 3 transfer of a blob of `size` bytes still coming to the hub (a
+        DispatchUpload): the request's part (`announced`, follow) at once, then the parts
+        as they come (`add`), however many; `ending` says when the last is near."""
+        first = announced(request, size, follow=True)
+        return cls([first], request, b"", count=_OPEN_ENDED, follow=True)
+
+    def ending(self, more: int) -> None:
+        """Only `more` parts are still to come (a transfer begun `relayed`)."""
+        self.count = len(self.parts) + more
+        self._wake()
 
     @property
     def finished(self) -> bool:

@@ -47,10 +47,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from worker.wire.framing import Buffer, result_part, split_field
 from worker.wire.proto import agentworker_pb2 as pb
+
+if TYPE_CHECKING:
+    from sandbox import Arriving
 
 # A result this large without its blob (serialized) goes to a hub in this process by
 # reference, as a result with a blob always does; a smaller one is parsed quicker.
@@ -99,7 +102,7 @@ class HandedResult:
 class LocalLink:
     def __init__(self) -> None:
         self._sessions: set[str] = set()
-        self._blobs: dict[str, tuple[str, Buffer]] = {}  # call id -> (session id, blob)
+        self._blobs: dict[str, tuple[str, Buffer | Arriving]] = {}  # call id -> (session id, blob)
         # The digests on their way with handed blobs: call id -> (session id, future).
         self._digests: dict[str, tuple[str, asyncio.Future[str]]] = {}
         # The handed blobs' SHA-256 (hex), on its way the same way (`sha256`).
@@ -135,7 +138,7 @@ class LocalLink:
         self,
         session_id: str,
         correlation_id: str,
-        blob: Buffer,
+        blob: Buffer | Arriving,
         digest: asyncio.Future[str] | None = None,
         sha256: asyncio.Future[str] | None = None,
     ) -> None:
@@ -143,7 +146,9 @@ class LocalLink:
         with `digest`, that request carries none: the call's digest comes by it. With
         `sha256`, the blob's SHA-256 (hex) comes by it too, as soon as the hub has it
         (before the digest, which is made from it): fs_write's answer gives it, and the
-        hub's hash of the very bytes handed spares the worker a second pass over them."""
+        hub's hash of the very bytes handed spares the worker a second pass over them.
+        `blob` may be still coming (sandbox.Arriving, a DispatchUpload's): the worker
+        takes it as one part, which its call reads as it comes."""
         if session_id in self._sessions:
             self._blobs[correlation_id] = (session_id, blob)
             if digest is not None:
@@ -151,7 +156,7 @@ class LocalLink:
             if sha256 is not None:
                 self._sha256s[correlation_id] = (session_id, sha256)
 
-    def take(self, session_id: str, correlation_id: str) -> Buffer | None:
+    def take(self, session_id: str, correlation_id: str) -> Buffer | Arriving | None:
         """The blob handed for this call on this session, once; None if none was."""
         handed = self._blobs.get(correlation_id)
         if handed is None or handed[0] != session_id:

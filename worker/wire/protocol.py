@@ -204,6 +204,20 @@ def blob_gone(result: pb.ActionResult, blob_bytes: int) -> pb.ActionResult:
     return gone
 
 
+def stream_ended() -> WorkerError:
+    """Why a call started before its blob and digest came (protocol 3, or handed inside
+    `up`) stopped when its stream ended. Such a refusal is never sent (the worker's
+    `pipeline._unsendable`): the hub sends the call again on the worker's next stream,
+    and a refusal reaching it there would stand for that delivery, which runs."""
+    return WorkerError(
+        "cancelled",
+        "the stream ended while the request's blob was still coming; nothing of it was "
+        "run (the server sends it again)",
+        {"stream_ended": True},
+        retryable=True,
+    )
+
+
 def error_pb(error: WorkerError) -> pb.Error:
     """The error as it travels in an ActionResult."""
     return pb.Error(
@@ -212,6 +226,22 @@ def error_pb(error: WorkerError) -> pb.Error:
         details_json=json.dumps(error.details, default=str),
         retryable=error.retryable,
     )
+
+
+# The most bytes a call's blob may hold where its action caps it (DESIGN.md §4), by
+# action name on the host surfaces: fs_write takes 16 MiB. The worker refuses more
+# (`too_large`); the hub refuses a DispatchUpload that announces more before it reads
+# any of its parts (`blob_cap`).
+BLOB_CAPS: Final = {"fs_write": 16 * 1024 * 1024}
+# What to do instead, said with a refusal past the cap.
+BLOB_CAP_HINTS: Final = {"fs_write": "Write the first part, then append the rest in further calls."}
+
+
+def blob_cap(surface: str, action: str) -> int | None:
+    """The cap on a call's blob for this action (BLOB_CAPS), or None without one."""
+    if surface in ("workerHost", WORKBENCH_SURFACE):
+        return BLOB_CAPS.get(action)
+    return None
 
 
 # The longest deadline a call may have, at both ends (the most `[worker]` and `[hub]`

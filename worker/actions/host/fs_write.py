@@ -46,8 +46,9 @@ from worker.actions.host.fs_paths import (
 )
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, PathArg, Result
 from worker.errors import ErrorCode, WorkerError
+from worker.wire.protocol import BLOB_CAPS
 
-WRITE_BYTES: Final = 16 * MIB  # per call; above is too_large
+WRITE_BYTES: Final = BLOB_CAPS["fs_write"]  # per call (16 MiB); above is too_large
 HASH_SLICE_BYTES: Final = MIB  # the hash trails the write by this much at most
 
 Mode = Literal["create", "overwrite", "append"]

@@ -409,6 +409,18 @@ class DispatchRequest(_message.Message):
     timeout_ms: int
     def __init__(self, worker_id: _Optional[str] = ..., correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
+class DispatchUploadPart(_message.Message):
+    __slots__ = ("request", "blob_bytes", "offset", "data")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    BLOB_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    request: DispatchRequest
+    blob_bytes: int
+    offset: int
+    data: bytes
+    def __init__(self, request: _Optional[_Union[DispatchRequest, _Mapping]] = ..., blob_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class DispatchResponse(_message.Message):
     __slots__ = ("worker_id", "result")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -124,6 +124,11 @@ class ControlServiceStub:
                 request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchRequest.SerializeToString,
                 response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
                 _registered_method=True)
+        self.DispatchUpload = channel.stream_unary(
+                '/agentworker.v1.ControlService/DispatchUpload',
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchUploadPart.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/agentworker.v1.ControlService/ListWorkers',
                 request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.ListWorkersRequest.SerializeToString,
@@ -157,6 +162,15 @@ class ControlServiceServicer:
 
     def Dispatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DispatchUpload(self, request_iterator, context):
+        """Dispatch of a call whose blob comes in parts (DispatchUploadPart): the hub relays
+        each part to the worker as it arrives, so the blob's crossing to the hub, its
+        relay and the worker's write overlap. The same call, checks and answer as Dispatch.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -197,6 +211,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
             'Dispatch': grpc.unary_unary_rpc_method_handler(
                     servicer.Dispatch,
                     request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.SerializeToString,
+            ),
+            'DispatchUpload': grpc.stream_unary_rpc_method_handler(
+                    servicer.DispatchUpload,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchUploadPart.FromString,
                     response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
@@ -252,6 +271,33 @@ class ControlService:
             target,
             '/agentworker.v1.ControlService/Dispatch',
             worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DispatchUpload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/agentworker.v1.ControlService/DispatchUpload',
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchUploadPart.SerializeToString,
             worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,218 @@
+"""A call's blob as it comes up a DispatchUpload, read a part at a time (ControlService).
+
+A unary Dispatch reaches the hub whole: the hub has every byte of a 16 MiB fs_write
+before it sends the worker any, and the call took the caller's hop, the hub's relay
+and the worker's write one after the other. A DispatchUpload brings the call first
+and its blob after it in parts (`DispatchUploadPart`); the hub relays each part to the
+worker as it arrives (down the stream, protocol 3: the request ahead of its parts, the
+digest last; inside `up`, handed over by reference), so the three overlap
+(docs/architecture.md, "Blobs").
+
+`receive` reads the parts and checks them as they come: in order (each says where it
+starts), never more than announced (`too_large` at once), all of it (a stream that
+ends short is `validation_error`), at most `max_parts` of them, within the call's
+deadline (`timeout`). Each part is kept as the view of the message it came in (the
+blob the hub holds while the call may have to be sent again: `Pieces`, joined only
+should it have to go whole), handed on at once (`hand`), and fed to the call's digest
+and framed as a BlobPart when relayed down a stream (`feed`): in a thread, one part
+after the other, never on the event loop; the reader goes on reading meanwhile, a few
+parts ahead at most (`AHEAD`). A refused upload is answered once its caller stopped
+sending (`_drained`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import blake3
+
+from worker.errors import WorkerError
+from worker.wire.framing import PART_BYTES, Buffer, Chunked, blob_part
+
+# Parts read and not yet taken (copied, hashed, framed), at most: past them the reader
+# waits, and gRPC's flow control holds the caller back.
+AHEAD: Final = 4
+# The smallest part worth a message of its own (but the last): an upload of N bytes
+# may come in N / MIN_PART_BYTES + 2 parts at most, so tiny parts cannot multiply the
+# hub's and the worker's bookkeeping.
+MIN_PART_BYTES: Final = 64 * 1024
+
+# What the caller's next part is: its offset and bytes, or None once it sent them all.
+NextPart = Callable[[], Awaitable[tuple[int, Buffer] | None]]
+
+
+def max_parts(size: int) -> int:
+    return size // MIN_PART_BYTES + 2
+
+
+class Pieces:
+    """A blob as the parts it came in (views of the messages that brought them), joined
+    only where it must go whole (sent again on another stream: `joined`)."""
+
+    def __init__(self, parts: list[Buffer], size: int) -> None:
+        self.parts = parts
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def joined(self) -> bytes:
+        """The blob in one piece (a copy: on the loop only where that is rare)."""
+        return b"".join(self.parts)
+
+
+# Run in a thread on each part, in order (its offset and bytes): what it returns are
+# envelope parts to relay (framed BlobParts), in order.
+Feed = Callable[[int, memoryview], list[bytes]]
+
+
+async def receive(
+    next_part: NextPart,
+    size: int,
+    *,
+    within_s: float,
+    hand: Callable[[memoryview], None] | None = None,
+    feed: Feed | None = None,
+    transfer: Chunked | None = None,
+) -> Pieces:
+    """The whole blob of `size` bytes, read off `next_part` within `within_s`: each part
+    given to `hand` on the loop as it came, then to `feed` in a thread, what that
+    returns added to `transfer`. A WorkerError says why the upload was refused."""
+    pieces = Pieces([], size)
+    queue: asyncio.Queue[memoryview | None] = asyncio.Queue(AHEAD)
+    taking = asyncio.ensure_future(_take(queue, feed, transfer))
+    try:
+        try:
+            async with asyncio.timeout(within_s):
+                try:
+                    await _read(next_part, pieces, queue, taking, hand)
+                except WorkerError:
+                    # The caller is answered once it stopped sending (a send after the
+                    # answer would fail at its end, and gRPC would give it that failure
+                    # for the answer); what it sends meanwhile is let go as it comes.
+                    await _drained(next_part, size)
+                    raise
+        except TimeoutError:
+            raise WorkerError(
+                "timeout",
+                f"the call's blob did not come whole within {within_s:g} s (its deadline); "
+                "nothing was run: send it again",
+                {"blob_bytes": size},
+            ) from None
+        await queue.put(None)
+        await taking
+    finally:
+        if not taking.done():
+            taking.cancel()
+    return pieces
+
+
+async def _read(
+    next_part: NextPart,
+    pieces: Pieces,
+    queue: asyncio.Queue[memoryview | None],
+    taking: asyncio.Future[None],
+    hand: Callable[[memoryview], None] | None,
+) -> None:
+    size = pieces.size
+    received = 0
+    parts = 0
+    most = max_parts(size)
+    while (part := await next_part()) is not None:
+        offset, data = part
+        parts += 1
+        if offset != received:
+            raise WorkerError(
+                "validation_error",
+                f"a part of the blob starts at byte {offset:,}, where byte {received:,} was "
+                "next (parts come in order, with no gaps or repeats); nothing was run: send "
+                "the call again",
+                {"expected_offset": received, "offset": offset},
+            )
+        if received + len(data) > size:
+            raise WorkerError(
+                "too_large",
+                f"the blob's parts came to more than the {size:,} bytes announced; nothing "
+                "was run: announce the blob's true size",
+                {"announced": size, "received": received + len(data)},
+            )
+        if parts > most:
+            raise WorkerError(
+                "validation_error",
+                f"the blob came in more than {most:,} parts; send parts of at least "
+                f"{MIN_PART_BYTES:,} bytes (but the last); nothing was run",
+                {"parts": parts, "limit": most},
+            )
+        if not data:
+            continue
+        received += len(data)
+        view = memoryview(data)
+        pieces.parts.append(view)
+        if hand is not None:
+            hand(view)
+        if taking.done():  # it failed: its error says why
+            taking.result()
+        await queue.put(view)
+    if received != size:
+        raise WorkerError(
+            "validation_error",
+            f"the upload ended after {received:,} of the {size:,} bytes announced; nothing "
+            "was run: send the call again",
+            {"announced": size, "received": received},
+        )
+
+
+async def _drained(next_part: NextPart, size: int) -> None:
+    """Read and drop what the caller still sends of a refused upload, until it ends, or
+    a blob's worth of bytes or parts more (`max_parts`), or a message that is refused."""
+    dropped = parts = 0
+    with contextlib.suppress(WorkerError):
+        while dropped <= size and parts <= max_parts(size):
+            part = await next_part()
+            if part is None:
+                return
+            dropped += len(part[1])
+            parts += 1
+
+
+async def _take(
+    queue: asyncio.Queue[memoryview | None], feed: Feed | None, transfer: Chunked | None
+) -> None:
+    """Each part in turn fed in a thread, what it makes added to the transfer (the hub's
+    writer sends them as they come)."""
+    offset = 0
+    while (view := await queue.get()) is not None:
+        if feed is not None:
+            framed = await asyncio.to_thread(feed, offset, view)
+            if transfer is not None:
+                for part in framed:
+                    transfer.add(part)
+        offset += len(view)
+
+
+def relay_feed(correlation_id: str, hasher: blake3.blake3) -> Feed:
+    """A feed for a transfer down a worker's stream: each part hashed into the call's
+    digest and framed as BlobParts of at most PART_BYTES."""
+
+    def feed(offset: int, view: memoryview) -> list[bytes]:
+        hasher.update(view)
+        return [
+            blob_part(correlation_id, offset + at, view[at : at + PART_BYTES])
+            for at in range(0, len(view), PART_BYTES)
+        ]
+
+    return feed
+
+
+def hash_feed(hasher: hashlib._Hash) -> Feed:
+    """A feed that only hashes (the blob handed to a worker in this process)."""
+
+    def feed(_offset: int, view: memoryview) -> list[bytes]:
+        hasher.update(view)
+        return []
+
+    return feed
