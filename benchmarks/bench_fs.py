@@ -20,11 +20,15 @@ ours alike (rows timed one after the other gave fs_list 1.60-2.29x its baseline)
                    the same 16 MiB sent through the pipeline to a no-op action (`up`)
                    fs_write (overwrite) via `up` (caller → hub and worker in one
                    process) and via `agentworker hub` + `agentworker run` (caller →
-                   hub → worker process), and the part of each spent inside the
-                   worker (its telemetry duration_ms); each beside its floor, the
-                   bytes' way in and the raw atomic write in series: through `up` a
-                   one-way 16 MiB unary call, through hub + run two 16 MiB hops (as
-                   many bytes as the echo carries)
+                   hub → worker process), sent as ControlClient sends it (a
+                   DispatchUpload: the hub relays each part as it comes), and the
+                   same as a unary Dispatch; the part of each spent inside the worker
+                   (its telemetry duration_ms); each beside its stages in series, the
+                   bytes' way in and the raw atomic write (through `up` a one-way
+                   16 MiB unary call, through hub + run two 16 MiB hops: as many bytes
+                   as the echo carries), which overlapping them goes under, and the
+                   fully overlapped floor (the slower of the one-way hop and the
+                   atomic write)
   fs_list 10,000   raw os.scandir + lstat of each entry, in this process
                    raw two-hop relay carrying back as many bytes as fs_list's answer
                    fs_list (limit 10,000) via caller → hub → worker → back, and the
@@ -257,6 +261,17 @@ async def write_table(
         )
         for name, client in clients.items()
     ]
+    # The same write as a unary Dispatch (the whole blob at the hub before it relays any):
+    # the way every caller went before DispatchUpload, and still goes for small blobs.
+    for name, client in clients.items():
+        whole = ControlClient(client.channel, client.metadata)
+        whole.uploads = False
+        ours.append(
+            (
+                f"  the same, unary Dispatch, {name}",
+                dispatch_call(whole, "workerHost.fs_write", overwrite, data, 0),
+            )
+        )
     rows = await timed_rows(
         [
             ("raw open/write/close", raw_write(raw_target, data, sync=False)),
@@ -293,33 +308,44 @@ async def write_table(
     beside_relay(
         f"16 MiB to a no-op via {UP}", by_name[f"16 MiB blob to a no-op via {UP}"], relayed_down
     )
-    # A unary Dispatch arrives whole before anything may be claimed or written, and the
-    # write is durable (fsync before the rename): the bytes' way in and the raw atomic
-    # write, in series, are a floor no pipeline of ours goes under. Through `up` the
-    # bytes take one gRPC hop, one way (caller → hub; the worker gets them in the
-    # process): a one-way 16 MiB unary call. Through hub + run they take two, the
-    # second down the worker's stream: as many bytes as the echo carries, there and back.
-    floors = {
+    # The stages of a write, in series: the bytes' way in and the raw atomic write (the
+    # write is durable: fsync before the rename). Through `up` the bytes take one gRPC
+    # hop, one way (caller → hub; the worker gets them in the process): a one-way 16 MiB
+    # unary call. Through hub + run they take two, the second down the worker's stream:
+    # as many bytes as the echo carries, there and back. A unary Dispatch arrives whole
+    # before anything is relayed or written, so this was a floor; a DispatchUpload
+    # relays each part as it comes and the worker writes it meanwhile, so the stages
+    # overlap, and the goal is to be under their sum. What no overlap goes under: the
+    # slowest stage alone (the bytes' one-way hop, or the atomic write), printed beside.
+    serial = {
         UP: (
             "one-way 16 MiB unary + raw atomic",
             statistics.median(one_way) + statistics.median(atomic),
         ),
         SPLIT: ("16 MiB echo + raw atomic", statistics.median(echoed) + statistics.median(atomic)),
     }
+    overlapped = max(statistics.median(one_way), statistics.median(atomic))
     for name in clients:
         samples = by_name[f"fs_write via {name}"]
         _goal(
             f"fs_write 16 MiB via {name} / 16 MiB echo (p50)", samples, echoed, "16 MiB echo", 1.5
         )
-        floor_name, floor = floors[name]
+        serial_name, in_series = serial[name]
         goal(
-            f"fs_write 16 MiB via {name} / its floor (p50)",
+            f"fs_write 16 MiB via {name} / its stages in series (p50)",
             statistics.median(samples),
             " ms",
             1.0,
-            baseline=floor,
-            baseline_name=floor_name,
+            baseline=in_series,
+            baseline_name=serial_name,
             on="ratio",
+        )
+        unary = statistics.median(by_name[f"  the same, unary Dispatch, {name}"])
+        print(
+            f"  fs_write via {name} (p50): {statistics.median(samples):.2f} ms; as a unary "
+            f"Dispatch {unary:.2f} ms ({statistics.median(samples) / unary:.2f}x); fully "
+            f"overlapped floor, max(one-way 16 MiB unary, raw atomic) {overlapped:.2f} ms "
+            f"({statistics.median(samples) / overlapped:.2f}x)"
         )
 
 

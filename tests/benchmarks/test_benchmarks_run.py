@@ -96,8 +96,10 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
         "raw gRPC unary, 16 MiB one way",
         "fs_write via `up`",
         "fs_write via hub + run",
-        "fs_write 16 MiB via `up` / its floor",
-        "fs_write 16 MiB via hub + run / its floor",
+        "fs_write 16 MiB via `up` / its stages in series",
+        "fs_write 16 MiB via hub + run / its stages in series",
+        "the same, unary Dispatch, `up`",
+        "fully overlapped floor",
         "fs_read",
         "raw os.scandir + lstat",
         "fs_list via hub → worker",
@@ -109,7 +111,7 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
         "fs_stat, 16 MiB fs_writes streaming",
     ):
         assert row in fs_out, f"{row!r} missing:\n{fs_out}"
-    # fs_read, fs_write through each topology beside the echo and beside its floor,
+    # fs_read, fs_write through each topology beside the echo and beside its stages in series,
     # fs_list, head of line.
     _recorded(goals_file, "bench_fs", 7)
 
