@@ -38,6 +38,7 @@ from worker.hub.client import ControlClient, upload_part
 from worker.hub.server import Hub
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import read_token
+from worker.wire.varint import field_head
 
 # fs_write's writing threads that have ended (a fixture of test_parts_follow's).
 writes = test_parts_follow.writes
@@ -253,6 +254,37 @@ def test_a_blob_that_does_not_come_as_announced_is_refused_and_places_nothing(
     expected = {"out of order": "validation_error", "short": "validation_error"}
     assert error_code(result) == expected.get(broken, "too_large"), result
     assert result.error.message.endswith(("send the call again", "announce the blob's true size"))
+    placed_nothing(tmp_path, result.correlation_id)
+
+
+@TOPOLOGIES
+def test_a_part_padded_beside_its_data_is_refused_and_places_nothing(
+    tmp_path: Path, writes: Writes, begun: Begun, local: bool
+) -> None:
+    """A part carries its offset and data only: one byte of data beside padding (an
+    unknown field, which protobuf skips) would keep the whole message alive with the
+    call (review13 01: ~4 MiB a part, 1 GiB an upload)."""
+    blob = os.urandom(2 * MIB)
+    padding = field_head(1000, MIB) + b"\0" * MIB
+
+    async def scenario() -> pb.ActionResult:
+        async with up(tmp_path, local=local) as (hub, _link, worker), caller(tmp_path) as client:
+            target(tmp_path).write_bytes(OLD)
+            upload = Upload(client, call(), len(blob))
+            await upload.begin()
+            await upload.parts(blob, end=MIB)
+            await begun.writing()
+            await upload.call.write(upload_part(MIB, blob[MIB : MIB + 1]) + padding)
+            result = await upload.answer()
+            await writes.until(1)
+            quiet(hub, worker)
+            return result
+
+    result = asyncio.run(scenario())
+    assert error_code(result) == "validation_error", result
+    assert f"carries {len(padding) + 4:,} bytes besides its data, over the 32" in (
+        result.error.message
+    )
     placed_nothing(tmp_path, result.correlation_id)
 
 

@@ -150,7 +150,7 @@ async def _read(
         if not data:
             continue
         received += len(data)
-        view = memoryview(data)
+        view = _unpinned(memoryview(data))
         pieces.parts.append(view)
         if hand is not None:
             hand(view)
@@ -164,6 +164,15 @@ async def _read(
             "was run: send the call again",
             {"announced": size, "received": received},
         )
+
+
+def _unpinned(view: memoryview) -> memoryview:
+    """`view`, or a copy of it when it is a small part of the message it came in: kept
+    while the call may be sent again, a view keeps its whole message alive."""
+    whole = view.obj
+    if isinstance(whole, bytes | bytearray) and len(whole) > 2 * view.nbytes + 4096:
+        return memoryview(bytes(view))
+    return view
 
 
 async def _drained(next_part: NextPart, size: int) -> None:
