@@ -341,6 +341,40 @@ def test_an_upload_that_stops_coming_places_nothing(
 
 
 @TOPOLOGIES
+def test_a_stalled_upload_holds_back_nothing_else_sent_to_the_worker(
+    tmp_path: Path, begun: Begun, local: bool
+) -> None:
+    """While an upload's caller sends nothing more, the hub's other messages to the
+    worker go: another call is answered on the same stream (review13 09: the hub's
+    writer waited for the upload's next part, heartbeats too, until the worker took the
+    stream for dead and dropped it, and what was queued on it with it)."""
+    blob = os.urandom(3 * MIB)
+
+    async def scenario() -> list[pb.ActionResult]:
+        async with up(tmp_path, local=local) as (hub, _link, _worker), caller(tmp_path) as client:
+            target(tmp_path).write_bytes(OLD)
+            (session,) = hub.sessions.values()
+            upload = Upload(client, call(), len(blob))
+            await upload.begin()
+            await upload.parts(blob, end=MIB)
+            await begun.writing()  # the stall: no more parts for now
+            stat = await client.dispatch(
+                agent_id="tester",
+                surface="workerHost",
+                action="fs_stat",
+                args_json=json.dumps({"path": "target.bin"}),
+            )
+            assert list(hub.sessions.values()) == [session]  # the same stream throughout
+            await upload.parts(blob, start=MIB)
+            return [stat.result, await upload.answer()]
+
+    stat, written = asyncio.run(scenario())
+    assert error_code(stat) == "ok" and json.loads(stat.result_json)["size"] == len(OLD)
+    assert error_code(written) == "ok", written
+    assert target(tmp_path).read_bytes() == blob
+
+
+@TOPOLOGIES
 def test_a_retried_upload_is_the_same_call_or_an_args_mismatch(tmp_path: Path, local: bool) -> None:
     """An id the caller chose: the same bytes again answer the recorded outcome, other
     bytes `args_mismatch`, and the file is written once."""

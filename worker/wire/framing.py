@@ -11,7 +11,7 @@ import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar, cast
 
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import MAX_MESSAGE_BYTES
@@ -24,6 +24,9 @@ MAX_ENVELOPE_MESSAGES = 512
 
 
 M = TypeVar("M")
+
+
+_PART_CAME: Final = object()  # Batcher._part_or_message: the part came first
 
 
 class Batcher(Generic[M]):
@@ -82,13 +85,24 @@ class Batcher(Generic[M]):
                 rotated += 1
                 self._outbox.put_nowait(first)
                 continue
+            if self._pending is not None and (coming := self._pending(first)) is not None:
+                # Its next part is waited for, and so is the outbox: a message queued
+                # meanwhile goes first. (Waiting for the part alone, an upload whose
+                # caller stalls held back heartbeats, kills and every other call to the
+                # worker: review13 finding 09.)
+                other = await self._part_or_message(coming)
+                if other is _PART_CAME:
+                    self._carry = first  # looked at again: its part may go now
+                elif other is None:  # the outbox ended: what still comes never goes
+                    self._ended = True
+                else:
+                    self._outbox.put_nowait(first)
+                    self._carry = cast(M, other)
+                continue
             # A transfer already under way is not held back again for each part.
             pause = None if self._hold is None or first is resumed else self._hold()
             if pause is not None:
                 await pause
-            if self._pending is not None:
-                while (coming := self._pending(first)) is not None:
-                    await coming
             if self._spread is None:
                 break
             part, self._rest = self._spread(first)
@@ -122,6 +136,20 @@ class Batcher(Generic[M]):
             if self._rest is not None:
                 break  # a part ends the batch
         return batch
+
+    async def _part_or_message(self, coming: Awaitable[None]) -> M | object | None:
+        """Whichever comes first: the awaited part (`_PART_CAME`), or the outbox's next
+        message (taken off it; None once it ended)."""
+        getting = asyncio.ensure_future(self._outbox.get())
+        waiting = asyncio.ensure_future(coming)  # a transfer's own future: never cancelled
+        try:
+            await asyncio.wait((getting, waiting), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getting.done():
+                getting.cancel()
+        if getting.done() and not getting.cancelled():
+            return getting.result()  # taken: it must go, even if the part came too
+        return _PART_CAME
 
 
 # ------------------------------------------------------------- wire framing
