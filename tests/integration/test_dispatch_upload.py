@@ -33,7 +33,7 @@ from worker.actions.host import fs_write
 from worker.config import Paths, load
 from worker.core import connection
 from worker.core.connection import WorkerConnection
-from worker.hub import server
+from worker.hub import server, upload
 from worker.hub.client import ControlClient, upload_part
 from worker.hub.server import Hub
 from worker.wire.proto import agentworker_pb2 as pb
@@ -155,7 +155,7 @@ def begun(writes: Writes, monkeypatch: pytest.MonkeyPatch) -> Begun:
 def quiet(hub: Hub, worker: WorkerConnection) -> None:
     """Nothing of an upload left held: the hub's blobs, the worker's parts."""
     assert hub._holding == 0 and hub._blobs == {}
-    assert hub.reads["Dispatch"].held() == 0
+    assert hub.reads["DispatchUpload"].held() == 0
     assert worker._follows == {} and worker._parts.held_bytes == 0
 
 
@@ -179,7 +179,8 @@ def test_an_upload_is_relayed_and_written_as_it_comes(
             await upload.begin()
             await upload.parts(blob, end=2 * MIB)
             await relayed.came.wait()  # relayed while the upload goes on
-            assert hub.reads["Dispatch"].held() == 1  # read in a turn of Dispatch's
+            assert hub.reads["DispatchUpload"].held() == 1  # read in a turn of the uploads'
+            assert hub.reads["Dispatch"].held() == 0
             await upload.parts(blob, start=2 * MIB)
             result = await upload.answer()
             quiet(hub, worker)
@@ -372,6 +373,71 @@ def test_a_stalled_upload_holds_back_nothing_else_sent_to_the_worker(
     assert error_code(stat) == "ok" and json.loads(stat.result_json)["size"] == len(OLD)
     assert error_code(written) == "ok", written
     assert target(tmp_path).read_bytes() == blob
+
+
+def test_stalled_uploads_hold_back_no_dispatch(
+    tmp_path: Path, writes: Writes, begun: Begun
+) -> None:
+    """Uploads are read on turns of their own: two whose caller stopped sending hold
+    back no Dispatch (review13 05: they held both of Dispatch's turns up to 600 s)."""
+    blob = os.urandom(3 * MIB)
+
+    async def scenario() -> pb.ActionResult:
+        async with up(tmp_path, local=False) as (hub, _link, worker), caller(tmp_path) as client:
+            target(tmp_path).write_bytes(OLD)
+            stalled = [Upload(client, call(), len(blob)) for _ in range(2)]
+            for each in stalled:
+                await each.begin()
+                await each.parts(blob, end=MIB)
+            await begun.writing()
+            stat = await client.dispatch(
+                agent_id="tester",
+                surface="workerHost",
+                action="fs_stat",
+                args_json=json.dumps({"path": "target.bin"}),
+            )
+            assert not any(each.call.done() for each in stalled)  # still read, meanwhile
+            for each in stalled:
+                each.call.cancel()
+            await writes.until(2)
+            while hub._holding or worker._follows:  # the hub learns of the cancels in turn
+                await asyncio.sleep(0.01)
+            quiet(hub, worker)
+            return stat.result
+
+    assert error_code(asyncio.run(scenario())) == "ok"
+    placed_nothing(tmp_path)
+
+
+@TOPOLOGIES
+def test_an_upload_that_sends_nothing_more_ends_at_its_part_time(
+    tmp_path: Path, writes: Writes, begun: Begun, local: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that stops sending is refused once no part came for PART_WITHIN_S, long
+    before the call's deadline: its turn and the worker's call are let go."""
+    monkeypatch.setattr(upload, "PART_WITHIN_S", 0.5)
+    blob = os.urandom(3 * MIB)
+
+    async def scenario() -> pb.ActionResult:
+        async with up(tmp_path, local=local) as (hub, _link, worker), caller(tmp_path) as client:
+            target(tmp_path).write_bytes(OLD)
+            stalled = Upload(client, call(timeout_ms=600_000), len(blob))
+            await stalled.begin()
+            await stalled.parts(blob, end=MIB)
+            await begun.writing()
+            result: pb.ActionResult = (await stalled.call).result
+            await writes.until(1)
+            while hub._holding or worker._follows:
+                await asyncio.sleep(0.01)
+            quiet(hub, worker)
+            return result
+
+    result = asyncio.run(scenario())
+    assert error_code(result) == "timeout", result
+    assert "no part of the call's blob came for 0.5 s (after byte 1,048,576)" in (
+        result.error.message
+    )
+    placed_nothing(tmp_path, result.correlation_id)
 
 
 @TOPOLOGIES

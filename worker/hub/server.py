@@ -138,34 +138,45 @@ CONTROL_REQUEST_BYTES_OTHERWISE: Final = 64 * 1024
 # whole, up to MAX_MESSAGE_BYTES whatever its method takes, before anything can look at
 # its size (the caps above are checked after the read), so it is the read that is
 # bounded: a call waits for its turn with its request unread, and the reads under way
-# hold at most (2 + 2 + 2 + 2) x 32 MiB, however many calls come at once (sixteen 31 MiB
+# hold at most (2 + 4 + 2 + 2 + 2) x 32 MiB, however many calls come at once (sixteen 31 MiB
 # ListWorkers at once took the hub from 63 to 525 MiB). Dispatch's reads are apart, so
 # that blobs being received never hold up the others; KillPlan's (the kill switch) are
 # apart from every other method's, Status's too (`agentworker status`), and the rest
 # share theirs: two ListWorkers sent a byte at a time held up a KillPlan for the 30 s
 # they were let take then, and Status calls that never sent their request held it 5 s
 # a pair in turn, as long as they kept coming (review9 finding 05).
-# A DispatchUpload is read in one of Dispatch's turns, every part of it (the turn is
+# A DispatchUpload is read in a turn of the uploads' own, every part of it (the turn is
 # let go once its last part came): what uploads hold and how many go at once are
-# bounded as Dispatch's reads are.
+# bounded as Dispatch's reads are, and uploads whose callers stall hold back no
+# Dispatch (review13 finding 05: two held Dispatch's turns up to 600 s).
 CONTROL_READ_KIND: Final = {
     "Dispatch": "Dispatch",
-    "DispatchUpload": "Dispatch",
+    "DispatchUpload": "DispatchUpload",
     "KillPlan": "KillPlan",
     "Status": "Status",
 }
-CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2, "KillPlan": 2, "Status": 2}
+# An upload holds its turn while its parts come (a 16 MiB one some 15 ms on loopback, a
+# stalled one up to its deadline): uploads have turns of their own, so that stalled ones
+# hold back no Dispatch (review13 finding 05), and no connection holds them all.
+CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2, "DispatchUpload": 4, "KillPlan": 2, "Status": 2}
 CONTROL_READS_AT_ONCE_OTHERWISE: Final = 2
 # ... of which one connection holds at most this many (a caller's other calls wait while
 # other connections' calls are read: worker.hub.turns). Dispatch's two may both be one
 # connection's (the agent server's blobs).
-CONTROL_READS_PER_CONNECTION: Final = {"Dispatch": 2}
+CONTROL_READS_PER_CONNECTION: Final = {"Dispatch": 2, "DispatchUpload": 2}
 CONTROL_READS_PER_CONNECTION_OTHERWISE: Final = 1
 # How long a request may take to arrive once its turn came (a caller sends it whole at
 # once: a call whose request does not come must not keep the turn from the others).
 # Dispatch's may carry 32 MiB over a slow link; the others' are small (64 KiB at most,
 # RequestScope's 1 MiB), KillPlan's and Status's a few hundred bytes in practice.
-CONTROL_READ_WITHIN_S: Final = {"Dispatch": 300.0, "KillPlan": 5.0, "Status": 5.0}
+# An upload's first message is small (the call and its blob's size); its parts have
+# the call's deadline, and each its own time after the last (upload.PART_WITHIN_S).
+CONTROL_READ_WITHIN_S: Final = {
+    "Dispatch": 300.0,
+    "DispatchUpload": 10.0,
+    "KillPlan": 5.0,
+    "Status": 5.0,
+}
 CONTROL_READ_WITHIN_S_OTHERWISE: Final = 10.0
 
 
@@ -2399,7 +2410,7 @@ def _upload_in_turn(
     read as a Dispatch's request is (in a turn of Dispatch's, within its time), then
     its parts, in the same turn (let go once the last came), handed to the hub as it
     reads them (`Hub.dispatch_upload`)."""
-    within_s = CONTROL_READ_WITHIN_S.get("Dispatch", CONTROL_READ_WITHIN_S_OTHERWISE)
+    within_s = CONTROL_READ_WITHIN_S.get("DispatchUpload", CONTROL_READ_WITHIN_S_OTHERWISE)
     late = (
         f"the DispatchUpload's first message did not arrive within {within_s:g} s of its "
         "turn to be read; send it when the call begins"

@@ -36,6 +36,11 @@ from worker.wire.framing import PART_BYTES, Buffer, Chunked, blob_part
 # Parts read and not yet taken (copied, hashed, framed), at most: past them the reader
 # waits, and gRPC's flow control holds the caller back.
 AHEAD: Final = 4
+# How long the next part may take after the last one (after the call, the first): a
+# caller that stalls is refused then, not at the call's deadline (up to 300 s), and
+# lets go of its turn and of the worker's call (review13 finding 05). A 1 MiB part in
+# 60 s is a link of 17 KB/s.
+PART_WITHIN_S: Final = 60.0
 # The smallest part worth a message of its own (but the last): an upload of N bytes
 # may come in N / MIN_PART_BYTES + 2 parts at most, so tiny parts cannot multiply the
 # hub's and the worker's bookkeeping.
@@ -90,6 +95,13 @@ async def receive(
             async with asyncio.timeout(within_s):
                 try:
                     await _read(next_part, pieces, queue, taking, hand)
+                except _StalledError as stalled:  # it sends nothing: nothing to let go of
+                    raise WorkerError(
+                        "timeout",
+                        f"no part of the call's blob came for {PART_WITHIN_S:g} s (after "
+                        f"byte {stalled.received:,}); nothing was run: send the call again",
+                        {"received": stalled.received, "part_within_s": PART_WITHIN_S},
+                    ) from None
                 except WorkerError:
                     # The caller is answered once it stopped sending (a send after the
                     # answer would fail at its end, and gRPC would give it that failure
@@ -122,7 +134,7 @@ async def _read(
     received = 0
     parts = 0
     most = max_parts(size)
-    while (part := await next_part()) is not None:
+    while (part := await _within(next_part, received)) is not None:
         offset, data = part
         parts += 1
         if offset != received:
@@ -164,6 +176,23 @@ async def _read(
             "was run: send the call again",
             {"announced": size, "received": received},
         )
+
+
+class _StalledError(Exception):
+    """No part came within PART_WITHIN_S, after `received` bytes."""
+
+    def __init__(self, received: int) -> None:
+        super().__init__(received)
+        self.received = received
+
+
+async def _within(next_part: NextPart, received: int) -> tuple[int, Buffer] | None:
+    """The caller's next part, if it comes within PART_WITHIN_S."""
+    try:
+        async with asyncio.timeout(PART_WITHIN_S):
+            return await next_part()
+    except TimeoutError:
+        raise _StalledError(received) from None
 
 
 def _unpinned(view: memoryview) -> memoryview:
