@@ -674,6 +674,7 @@ class WorkerConnection:
         elif kind == "scope_request":
             self._scope_request(msg.scope_request)
         elif kind == "teardown":
+            self._torn_down_while_coming(msg.teardown.plan_id)
             self.dispatcher.teardown(msg.teardown.plan_id, msg.teardown.correlation_id)
         elif kind == "drain":
             log.info("the server asks us to drain: %s", msg.drain.reason)
@@ -752,6 +753,10 @@ class WorkerConnection:
             if follow.streamed is None:  # submitted as one whose parts came ahead of it
                 req.parts_follow = False
                 req.args_digest = digest
+                if follow.torn_down is not None:
+                    self._parts.refuse(cid, follow.torn_down)
+                    self.dispatcher.refuse_unless_known(req, follow.torn_down)
+                    return
                 self._submit_from_parts(req)
                 return
             follow.streamed.settle()
@@ -775,6 +780,17 @@ class WorkerConnection:
             self._stop_follow(follow, error)
         else:
             self._parts.refuse(cid, error)
+
+    def _torn_down_while_coming(self, plan_id: str) -> None:
+        """The plan's calls whose blob still comes and that are not started (an action
+        that takes its blob whole): each is refused, once its digest came (before, the
+        hub drops an answer), instead of running after the teardown and making the
+        plan's workspace anew (review13 finding 08). A started one (fs_write) is one of
+        the plan's running calls: the teardown stops it."""
+        error = WorkerError("cancelled", f"plan {plan_id!r} was torn down")
+        for follow in self._follows.values():
+            if plan_id and follow.request.plan_id == plan_id and follow.streamed is None:
+                follow.torn_down = error
 
     def _stop_follow(self, follow: _Follow, error: WorkerError) -> None:
         """A blob that follows its request stops coming before its digest: the call,
@@ -1198,6 +1214,7 @@ class _Follow:
     streamed: Following | None
     digest: asyncio.Future[str]
     received: int = 0
+    torn_down: WorkerError | None = None  # its plan's teardown came meanwhile
 
 
 def _follow_refused(why: str) -> WorkerError:
