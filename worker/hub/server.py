@@ -98,6 +98,19 @@ log = logging.getLogger(__name__)
 # the deadline and answers `timeout` itself; the slack covers the trip back.
 RESULT_SLACK_S = 5.0
 HANDSHAKE_TIMEOUT_S = 10.0
+# How many worker streams' first messages (their Hellos) are read at once, and how many
+# of them one connection's: gRPC reads a stream message whole, up to MAX_MESSAGE_BYTES,
+# when the hub asks for it, and the hub asked for every new stream's at once, before
+# anything could look at it (review12 finding 09: 80 streams of the workers' token,
+# each sending 31 MiB first, took the hub up 802 MiB, and it stayed). A stream waits
+# for its turn with its first message unread (gRPC's flow control leaves it with the
+# sender: 40 streams writing 31 MiB behind held turns, the hub +1 MiB), and
+# HANDSHAKE_TIMEOUT_S counts from its turn. Reads at once cost about 3x their size each
+# (48 streams of 31 MiB: +407 MiB before, +204 at two at once, +253 at four). A Hello is
+# small and comes at once, so a fleet reconnecting is read two at a time without
+# waiting long.
+HELLO_READS_AT_ONCE: Final = 2
+HELLO_READS_PER_CONNECTION: Final = 1
 # Calls sent and results received are stored together, at most one commit per this
 # long (a group commit): never on a caller's path (it has its answer already), and
 # under load one commit for many calls. Each stored result is then acked, so until
@@ -719,6 +732,8 @@ class Hub:
         self.hellos = Hellos()
         # Streams refused before their Hello are logged a few lines a minute at most.
         self.stream_refusals = PacedLines()
+        # Turns to read worker streams' first messages (HELLO_READS_AT_ONCE).
+        self.hello_reads = Turns(HELLO_READS_AT_ONCE, HELLO_READS_PER_CONNECTION)
 
     # ------------------------------------------------------------- worker stream
 
@@ -730,11 +745,11 @@ class Hub:
         """The worker's stream, read by `_worker_envelope`; what it yields are
         serialized ServerEnvelopes."""
         try:
-            first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+            first = await self._first_message(requests, context.peer())
         except (TimeoutError, StopAsyncIteration) as exc:
             late = isinstance(exc, TimeoutError)
             first = EnvelopeRefused(
-                f"no Hello came within {HANDSHAKE_TIMEOUT_S:g} s of the stream's start: a "
+                f"no Hello came within {HANDSHAKE_TIMEOUT_S:g} s of its turn to be read: a "
                 "worker says Hello first, at once; the hub closed the stream"
                 if late
                 else "the stream ended before its Hello: a worker says Hello first",
@@ -836,6 +851,16 @@ class Hub:
                 self._held.pop(worker_id, None)
             self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
             log.info("worker %s disconnected", worker_id)
+
+    async def _first_message(
+        self, requests: AsyncIterator[Incoming | EnvelopeRefused], peer: str
+    ) -> Incoming | EnvelopeRefused:
+        """A stream's first message, read when `hello_reads` gives its connection a turn
+        (`up`'s own worker, whose messages are in memory already, takes none)."""
+        if peer == LOCAL_PEER:
+            return await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+        async with self.hello_reads.turn(peer):
+            return await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
 
     def _forget_workers(self) -> None:
         """A new worker's row came: past the workers away remembered, forget some
