@@ -359,12 +359,7 @@ def test_a_stalled_upload_holds_back_nothing_else_sent_to_the_worker(
             await upload.begin()
             await upload.parts(blob, end=MIB)
             await begun.writing()  # the stall: no more parts for now
-            stat = await client.dispatch(
-                agent_id="tester",
-                surface="workerHost",
-                action="fs_stat",
-                args_json=json.dumps({"path": "target.bin"}),
-            )
+            stat = await _stat_target(client)
             assert list(hub.sessions.values()) == [session]  # the same stream throughout
             await upload.parts(blob, start=MIB)
             return [stat.result, await upload.answer()]
@@ -373,6 +368,16 @@ def test_a_stalled_upload_holds_back_nothing_else_sent_to_the_worker(
     assert error_code(stat) == "ok" and json.loads(stat.result_json)["size"] == len(OLD)
     assert error_code(written) == "ok", written
     assert target(tmp_path).read_bytes() == blob
+
+
+async def _stat_target(client: ControlClient) -> pb.DispatchResponse:
+    """A plain Dispatch (fs_stat of the target) beside the uploads."""
+    return await client.dispatch(
+        agent_id="tester",
+        surface="workerHost",
+        action="fs_stat",
+        args_json=json.dumps({"path": "target.bin"}),
+    )
 
 
 def test_stalled_uploads_hold_back_no_dispatch(
@@ -390,12 +395,7 @@ def test_stalled_uploads_hold_back_no_dispatch(
                 await each.begin()
                 await each.parts(blob, end=MIB)
             await begun.writing()
-            stat = await client.dispatch(
-                agent_id="tester",
-                surface="workerHost",
-                action="fs_stat",
-                args_json=json.dumps({"path": "target.bin"}),
-            )
+            stat = await _stat_target(client)
             assert not any(each.call.done() for each in stalled)  # still read, meanwhile
             for each in stalled:
                 each.call.cancel()

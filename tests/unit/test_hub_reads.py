@@ -60,21 +60,32 @@ def test_a_request_that_does_not_arrive_gives_its_turn_back(
     asyncio.run(go())
 
 
+class _Holders:
+    """Calls taking turns of `turns`, each holding its turn until released by name;
+    `order` says in which order they got them."""
+
+    def __init__(self, turns: Turns) -> None:
+        self.turns = turns
+        self.order: list[str] = []
+        self.release: dict[str, asyncio.Event] = {}
+
+    async def take(self, peer: str, name: str) -> None:
+        async with self.turns.turn(peer):
+            self.order.append(name)
+            self.release[name] = asyncio.Event()
+            await self.release[name].wait()
+
+
+async def _settled() -> None:
+    for _ in range(5):  # every task that can move has moved
+        await asyncio.sleep(0)
+
+
 def test_one_peer_holds_at_most_its_share_and_others_pass_it() -> None:
     async def go() -> None:
         turns = Turns(2, per_peer=1)
-        order: list[str] = []
-        release: dict[str, asyncio.Event] = {}
-
-        async def take(peer: str, name: str) -> None:
-            async with turns.turn(peer):
-                order.append(name)
-                release[name] = asyncio.Event()
-                await release[name].wait()
-
-        async def settled() -> None:
-            for _ in range(5):  # every task that can move has moved
-                await asyncio.sleep(0)
+        holders = _Holders(turns)
+        order, release, take, settled = holders.order, holders.release, holders.take, _settled
 
         a1 = asyncio.ensure_future(take("a", "a1"))
         a2 = asyncio.ensure_future(take("a", "a2"))
@@ -106,18 +117,8 @@ def test_a_turn_goes_round_the_connections_not_to_the_earliest_call() -> None:
 
     async def go() -> None:
         turns = Turns(2, per_peer=1)
-        order: list[str] = []
-        release: dict[str, asyncio.Event] = {}
-
-        async def take(peer: str, name: str) -> None:
-            async with turns.turn(peer):
-                order.append(name)
-                release[name] = asyncio.Event()
-                await release[name].wait()
-
-        async def settled() -> None:
-            for _ in range(5):
-                await asyncio.sleep(0)
+        holders = _Holders(turns)
+        order, release, take, settled = holders.order, holders.release, holders.take, _settled
 
         calls = [
             asyncio.ensure_future(take(peer, f"{peer}{i}")) for i in range(12) for peer in "ab"
