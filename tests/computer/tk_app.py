@@ -9,7 +9,7 @@ reports {"event": "attached"} once the worker has answered.
 
 First line: {"event": "ready", "widgets": {name: [root_x, root_y, width, height]},
 "windows": {name: title}}. Afterwards: click, text, selection, scale, yview, wheel,
-combo, focus events.
+combo, focus, leave events.
 """
 
 from __future__ import annotations
@@ -154,6 +154,17 @@ def main() -> None:
             "<FocusIn>",
             lambda e, n=name, w=window: emit(event="focus", window=n) if e.widget is w else None,
         )
+
+    def report_leave(path: str, detail: str) -> None:
+        # With no window manager, Tk takes the focus implicitly while the pointer is in
+        # its window and, on leaving it, sets the X focus back to PointerRoot. The round
+        # trip (winfo_pointerxy) lets that request reach the X server before the report.
+        if path == str(root) and detail != "NotifyInferior":
+            root.winfo_pointerxy()
+            emit(event="leave", window="main")
+
+    # tkinter's Event has no crossing detail (%d): a Tcl command takes it as it is.
+    root.bind("<Leave>", f"+{root.register(report_leave)} %W %d")
 
     for kind in ("KeyPress", "KeyRelease"):
         root.bind_all(
