@@ -4,12 +4,20 @@ the Tk test app stands for that terminal: its pid is given as an attached UI's."
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from Xlib import X
+from Xlib.display import Display as XDisplay
+from Xlib.protocol import event as xevent
 from Xlib.xobject.drawable import Window as XWindow
 
 from tests.computer import models as m
@@ -30,7 +38,7 @@ from tests.support.desktop import (
     start_xvfb,
     tk_app,
 )
-from worker.actions.computer import Desktop
+from worker.actions.computer import Desktop, _x11
 from worker.errors import WorkerError
 
 
@@ -352,3 +360,94 @@ def test_a_click_that_moves_the_focus_elsewhere_is_left_alone(
         _focus_text(computer, editor)  # a click: the focus leaves the UI's terminal
         run(computer.key_type(None, m.KeyTypeArgs(text="ok")))
         editor.wait_text("ok")
+
+
+@contextlib.contextmanager
+def _window_manager_held(xserver: XServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """openbox is stopped (SIGSTOP) in the block, as a busy machine may leave it
+    unscheduled: once the worker has asked it for its answer after the input
+    (_NET_REQUEST_FRAME_EXTENTS), it goes on when the worker next waits on the X server
+    or asks it where the focus is, whichever comes first. So it handles the agent's
+    input only after the worker either waited for it or looked without it."""
+    openbox = xserver.helpers[0]
+    with OtherClient(xserver, 1560, 860, 1, 1) as other:
+        request = other.display.intern_atom("_NET_REQUEST_FRAME_EXTENTS")
+    asked: list[bool] = []
+    held = [True]
+
+    def go_on() -> None:
+        if asked and held[0]:
+            held[0] = False
+            os.kill(openbox.pid, signal.SIGCONT)
+
+    real_send = XWindow.send_event
+
+    def send_event(self: Any, event: Any, *args: Any, **kwargs: Any) -> Any:
+        sent = real_send(self, event, *args, **kwargs)
+        if isinstance(event, xevent.ClientMessage) and event.client_type == request:
+            asked.append(True)
+        return sent
+
+    real_focus = XDisplay.get_input_focus
+
+    def get_input_focus(self: Any) -> Any:
+        reply = real_focus(self)
+        go_on()
+        return reply
+
+    def wait(*args: Any) -> Any:
+        go_on()
+        return select.select(*args)
+
+    monkeypatch.setattr(XWindow, "send_event", send_event)
+    monkeypatch.setattr(XDisplay, "get_input_focus", get_input_focus)
+    monkeypatch.setattr(_x11, "select", SimpleNamespace(select=wait))
+    os.kill(openbox.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(openbox.pid, signal.SIGCONT)
+        monkeypatch.undo()
+
+
+def test_the_focus_is_judged_once_a_slow_window_manager_handled_the_keys(
+    computer: Computer,
+    desktop: Desktop,
+    app: TkApp,
+    xserver: XServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """openbox handles the agent's alt+escape only after the worker asked it for its
+    answer: the worker waits for that answer (not an earlier one's), and then for the
+    focus to stop moving, before it looks where the focus is."""
+    with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
+        _editor(computer, app, editor)
+        desktop.ui_pids = lambda: {app.proc.pid}
+        with _window_manager_held(xserver, monkeypatch):
+            refused = _refused(computer.key_combo(None, m.KeyComboArgs(keys="alt+escape")))
+        assert "key_combo was done" in refused.message
+        _focus_went_back(refused, computer, editor)
+    assert not [e for e in app.seen if e["event"] == "text"]
+
+
+def test_a_focus_the_window_manager_moves_on_its_own_focus_event_is_seen(
+    computer: Computer,
+    desktop: Desktop,
+    app: TkApp,
+    xserver: XServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """alt+space opens the editor's window menu (openbox) and `n` picks its Iconify:
+    openbox unmaps the editor, the X server gives the focus to its frame, and only on
+    that focus event, queued behind the worker's request, does openbox give the focus
+    to the window focused before, the UI's terminal. The worker asks again while the
+    focus moves, so it sees that second move too."""
+    with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
+        _editor(computer, app, editor)
+        desktop.ui_pids = lambda: {app.proc.pid}
+        run(computer.key_combo(None, m.KeyComboArgs(keys="alt+space")))  # the menu opens
+        with _window_manager_held(xserver, monkeypatch):
+            refused = _refused(computer.key_combo(None, m.KeyComboArgs(keys="n")))
+        assert "key_combo was done" in refused.message
+        _focus_went_back(refused, computer, editor)
+    assert not [e for e in app.seen if e["event"] == "text"]

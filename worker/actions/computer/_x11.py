@@ -76,9 +76,11 @@ ARRIVE_POLL_S: Final = 0.002
 # After an input action the window manager may move the focus (a titlebar's middle
 # click in openbox, alt+tab). `settle` waits until the X server has processed every
 # release the action sent (a window manager's synchronous grab queues them), then for
-# the manager to answer a request sent after them; it handles its events in order.
-# A manager that does not answer within this time is not waited for.
+# the manager to answer a request sent after them (it handles its events in order),
+# and again while the focus moved meanwhile (`_window_manager_rounds`), at most
+# SETTLE_ROUNDS times. A manager that does not answer within this time is not waited for.
 SETTLE_TIMEOUT_S: Final = 2.0
+SETTLE_ROUNDS: Final = 6
 MODIFIER_MASKS: Final = {
     "ctrl": X.ControlMask,
     "shift": X.ShiftMask,
@@ -713,49 +715,79 @@ class X11Backend(Backend):
                 break
             time.sleep(ARRIVE_POLL_S)
         pressed.clear()
-        self._window_manager_round_trip(deadline)
+        self._window_manager_rounds(deadline)
         return True
 
-    def _window_manager_round_trip(self, deadline: float) -> None:
-        """Ask the window manager for a probe window's frame extents (EWMH's
-        _NET_REQUEST_FRAME_EXTENTS) and wait for its answer: by then it has handled
-        every event the X server gave it before the request. On a connection of its
-        own (this thread's holds the keyboard's MappingNotify)."""
+    def _window_manager_rounds(self, deadline: float) -> None:
+        """Round trips to the window manager (`_window_manager_round_trip`) until one in
+        which the keyboard focus did not move, or the deadline.
+
+        An answer says the manager handled every event the X server gave it before the
+        request: the input, and the focus events of each focus change made before the
+        request was sent (the focus is read just before it). A focus change made while
+        the request waits (the manager's own, in answer to the input) queues its focus
+        events behind the request, and what the manager does about them comes after
+        its answer: openbox gives the focus to the window focused before when the focus
+        falls to a frame or the root (an iconified window's). So one more round, while
+        the focus moved. A focus moved by another program (the application that got it,
+        on WM_TAKE_FOCUS) or on a timer is not ordered by the manager's answers."""
         if not getattr(self._local, "answers_extents", False):
             return  # a window manager that cannot be asked (`managed`): no waiting for it
         d: xdisplay.Display | None = getattr(self._local, "settle_display", None)
         if d is None:
             d = self._local.settle_display = _open()
             self._closers.append(d.close)
+        focus = _window_id(d.get_input_focus().focus)
+        for _ in range(SETTLE_ROUNDS):
+            if not self._window_manager_round_trip(d, deadline):
+                return
+            now = _window_id(d.get_input_focus().focus)
+            if now == focus:
+                return
+            focus = now
+        log.debug("the keyboard focus still moved after %s rounds", SETTLE_ROUNDS)
+
+    def _window_manager_round_trip(self, d: xdisplay.Display, deadline: float) -> bool:
+        """Ask the window manager for a new probe window's frame extents (EWMH's
+        _NET_REQUEST_FRAME_EXTENTS) and wait for its answer: by then it has handled
+        every event the X server gave it before the request. On a connection of its
+        own (the input thread's holds the keyboard's MappingNotify). False when it did
+        not answer by the deadline.
+
+        python-xlib hands a freed resource id out again at once, and a probe's id named
+        the answer: the deleted properties of the probe destroyed after the last answer
+        (PropertyNotify, as the X server destroys a window), or the manager's late answer
+        to it, were taken for this one's, and no round trip waited (the focus was judged
+        before openbox had handled the keys). So the last probe is destroyed only once
+        this one holds an id of its own, and only a new value counts."""
         root = d.screen().root
         request = self._atom("_NET_REQUEST_FRAME_EXTENTS")  # atoms are the server's
         extents = self._atom("_NET_FRAME_EXTENTS")
         probe = root.create_window(
             -10, -10, 1, 1, 0, 0, X.InputOnly, X.CopyFromParent, event_mask=X.PropertyChangeMask
         )
-        try:
-            message = xevent.ClientMessage(window=probe, client_type=request, data=(32, [0] * 5))
-            root.send_event(
-                message, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask
-            )
-            d.flush()
-            while True:
-                while d.pending_events():
-                    event = d.next_event()
-                    if (
-                        event.type == X.PropertyNotify
-                        and event.window.id == probe.id
-                        and event.atom == extents
-                    ):
-                        return
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.debug("the window manager did not answer within %s s", SETTLE_TIMEOUT_S)
-                    return
-                select.select([d.fileno()], [], [], left)
-        finally:
-            probe.destroy()
-            d.flush()
+        previous = getattr(self._local, "probe", None)
+        self._local.probe = probe
+        if previous is not None:
+            previous.destroy()
+        message = xevent.ClientMessage(window=probe, client_type=request, data=(32, [0] * 5))
+        root.send_event(message, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask)
+        d.flush()
+        while True:
+            while d.pending_events():
+                event = d.next_event()
+                if (
+                    event.type == X.PropertyNotify
+                    and event.window.id == probe.id
+                    and event.atom == extents
+                    and event.state == X.PropertyNewValue
+                ):
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.debug("the window manager did not answer within %s s", SETTLE_TIMEOUT_S)
+                return False
+            select.select([d.fileno()], [], [], left)
 
     def refocus(self, target: int, timeout_s: float) -> None:
         try:
@@ -882,6 +914,10 @@ class X11Backend(Backend):
                 window.set_input_focus(X.RevertToParent, X.CurrentTime)
             d.sync()
             deadline = time.monotonic() + timeout_s
+            # Once the manager answered a request sent after the message (and the focus
+            # stopped moving), it handled the message: a _NET_ACTIVE_WINDOW read now is
+            # not one from before a focus change still in its queue.
+            self._window_manager_rounds(deadline)
             while True:
                 prop = root.get_full_property(active_atom, Xatom.WINDOW)
                 if prop is not None and len(prop.value) and int(prop.value[0]) == window_id:
