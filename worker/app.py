@@ -149,7 +149,10 @@ def build_dispatcher(
     # In the ledger's database, on its connection: one file, and an ack is recorded
     # only after the row of its result (see Dispatcher.ack).
     telemetry = Telemetry(
-        state.connection, config.telemetry.retention_days, config.telemetry.max_rows
+        state.connection,
+        config.telemetry.retention_days,
+        config.telemetry.max_rows,
+        convert=True,  # as its ledger: tables from before are made per server here
     )
     static = grants_of(config)
     registry = actions.build(diagnostics=config.worker.diagnostics)

@@ -362,6 +362,23 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """Like `transaction`, holding the write lock from its start: for a change made
+    after reading what is there (a table from before, converted on open), so that of
+    two processes opening the database at once the second reads what the first made."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 def write_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
     """Run `sql` for each row in one commit (one statement commits by itself)."""
     if len(rows) == 1:

@@ -102,8 +102,9 @@ def test_a_session_recorded_through_a_hub_replays_on_a_fresh_worker_the_same(
     home = tmp_path / "recorded"
     with cluster(home, worker=False) as live:
         monkeypatch.setenv("AGENTWORKER_HOME", str(home))
-        assert run_cli(capsys, "record", "start", "rec")[0] == 0
         worker = live.start_worker()
+        # The plan of the server the worker serves (a plan id is one server's).
+        assert run_cli(capsys, "record", "start", "rec")[0] == 0
         happened = _session(live)
         worker.signal(signal.SIGTERM)  # its last telemetry rows are written as it stops
         assert worker.wait(20) == 0

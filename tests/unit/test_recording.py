@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from worker.config import Config, GrantSection, RootSection
-from worker.core.ledger import State
+from worker.core.ledger import NO_SERVER, State
 from worker.core.recording import Recordings
 from worker.core.redaction import args_for_replay
 from worker.core.telemetry import Telemetry
@@ -20,6 +20,8 @@ from worker.replay import script as fmt
 from worker.replay.record import record, stable
 from worker.replay.targets import in_process
 from worker.wire.proto import agentworker_pb2 as pb
+
+IN_PROCESS = NO_SERVER  # the server of an in-process worker (no connection names one)
 
 
 def test_args_for_replay_mask_secret_looking_values_and_cut_nothing() -> None:
@@ -88,11 +90,11 @@ def test_recording_switched_on_elsewhere_is_seen_at_the_next_check(tmp_path: Pat
     cli = State(tmp_path / "state.db")
     try:
         watching = Recordings(worker.connection, recheck_s=0)
-        assert not watching.active("p")
-        assert Recordings(cli.connection).start("p", "cli")
-        assert watching.active("p")
-        assert Recordings(cli.connection).stop("p")
-        assert not watching.active("p")
+        assert not watching.active("A", "p")
+        assert Recordings(cli.connection).start("A", "p", "cli")
+        assert watching.active("A", "p")
+        assert Recordings(cli.connection).stop("A", "p")
+        assert not watching.active("A", "p")
     finally:
         worker.close()
         cli.close()
@@ -102,9 +104,9 @@ def test_starting_twice_and_stopping_what_was_not_started_say_so(tmp_path: Path)
     state = State(tmp_path / "state.db")
     try:
         recordings = Recordings(state.connection)
-        assert recordings.start("p", "me") and not recordings.start("p", "me")
-        assert [plan for plan, _, _ in recordings.plans()] == ["p"]
-        assert recordings.stop("p") and not recordings.stop("p")
+        assert recordings.start("A", "p", "me") and not recordings.start("A", "p", "me")
+        assert [(who, plan) for who, plan, _, _ in recordings.plans()] == [("A", "p")]
+        assert recordings.stop("A", "p") and not recordings.stop("A", "p")
     finally:
         state.close()
 
@@ -134,7 +136,7 @@ def _session(tmp_path: Path) -> Path:
     data.mkdir()
     workspace.mkdir()
     state = State(data / "state.db")
-    Recordings(state.connection).start("kept", "test")
+    Recordings(state.connection).start(IN_PROCESS, "kept", "test")
     state.close()
 
     async def calls() -> None:
@@ -172,7 +174,7 @@ def test_record_writes_the_plan_as_a_script_whose_steps_expect_what_happened(
     state = State(data / "state.db")
     try:
         Telemetry(state.connection)
-        recorded = record(state.connection, "kept", "s.blobs")
+        recorded = record(state.connection, IN_PROCESS, "kept", "s.blobs")
     finally:
         state.close()
     assert recorded.steps == 5 and recorded.without_args == 0 and recorded.redacted == 1
@@ -202,7 +204,7 @@ def test_calls_made_before_recording_became_comments(tmp_path: Path) -> None:
     data = _session(tmp_path)
     state = State(data / "state.db")
     try:
-        recorded = record(state.connection, "other", "s.blobs")
+        recorded = record(state.connection, IN_PROCESS, "other", "s.blobs")
     finally:
         state.close()
     assert recorded.steps == 0 and recorded.without_args == 1
@@ -224,8 +226,10 @@ def test_with_timing_each_step_waits_as_long_as_the_session_paused(tmp_path: Pat
             "SELECT started_unix_ms, finished_unix_ms FROM invocations WHERE plan_id = 'kept'"
             " ORDER BY started_unix_ms, rowid"
         ).fetchall()
-        paced = fmt.parse(record(state.connection, "kept", "b", timing=True).text(), base=data)
-        plain = fmt.parse(record(state.connection, "kept", "b").text(), base=data)
+        paced = fmt.parse(
+            record(state.connection, IN_PROCESS, "kept", "b", timing=True).text(), base=data
+        )
+        plain = fmt.parse(record(state.connection, IN_PROCESS, "kept", "b").text(), base=data)
     finally:
         state.close()
     gaps = [0] + [max(0, start - end) for (start, _), (_, end) in zip(rows[1:], rows, strict=False)]
@@ -259,7 +263,7 @@ def test_a_servers_names_in_a_comment_cannot_start_a_step(tmp_path: Path) -> Non
             "UPDATE invocations SET correlation_id = ? WHERE correlation_id = 'a2'",
             (f"c1\u2028{step}\r#",),
         )
-        recorded = record(state.connection, "p", "s.blobs")
+        recorded = record(state.connection, IN_PROCESS, "p", "s.blobs")
     finally:
         state.close()
     assert len(recorded.lines) == 3 and all(line.startswith("#") for line in recorded.lines[1:])
@@ -274,7 +278,7 @@ def test_a_refused_call_keeps_no_blob_and_its_step_says_so(tmp_path: Path) -> No
     data.mkdir()
     workspace.mkdir()
     state = State(data / "state.db")
-    Recordings(state.connection).start("p", "test")
+    Recordings(state.connection).start(IN_PROCESS, "p", "test")
     state.close()
     blob = b"x" * (1024 * 1024)
 
@@ -292,7 +296,7 @@ def test_a_refused_call_keeps_no_blob_and_its_step_says_so(tmp_path: Path) -> No
             "SELECT length(request_blob), blob_left_out FROM recorded_calls"
             " WHERE correlation_id = 'w1'"
         ).fetchone()
-        recorded = record(state.connection, "p", "s.blobs")
+        recorded = record(state.connection, IN_PROCESS, "p", "s.blobs")
     finally:
         state.close()
     assert (kept, left_out) == (0, len(blob))
@@ -310,7 +314,7 @@ def test_recordings_keep_blobs_up_to_their_bound_and_say_when_it_is_reached(
     data.mkdir()
     workspace.mkdir()
     state = State(data / "state.db")
-    Recordings(state.connection).start("p", "test")
+    Recordings(state.connection).start(IN_PROCESS, "p", "test")
     state.close()
 
     async def calls() -> None:
@@ -331,7 +335,7 @@ def test_recordings_keep_blobs_up_to_their_bound_and_say_when_it_is_reached(
         full = state.connection.execute(
             "SELECT detail_json FROM audit_events WHERE kind = 'recording_full'"
         ).fetchall()
-        recorded = record(state.connection, "p", "s.blobs")
+        recorded = record(state.connection, IN_PROCESS, "p", "s.blobs")
     finally:
         state.close()
     assert kept == [("w0", 8, 0), ("w1", 0, 8), ("w2", 0, 8)]

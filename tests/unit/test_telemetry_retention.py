@@ -25,7 +25,7 @@ def _fill(telemetry: Telemetry, age_days: float, cid: str) -> None:
     telemetry.audit("path_not_allowed", correlation_id=cid)
     telemetry._db.execute("UPDATE audit_events SET unix_ms = ? WHERE correlation_id = ?", (at, cid))
     telemetry.recordings.keep_later(
-        pb.ActionRequest(correlation_id=cid, plan_id="p"), b"", "{}", b""
+        "A", pb.ActionRequest(correlation_id=cid, plan_id="p"), b"", "{}", b""
     )
     telemetry.recordings.flush()
     telemetry._db.execute(
@@ -42,7 +42,7 @@ def test_prune_all_forgets_each_kind_past_retention_and_counts_them(tmp_path: Pa
         assert telemetry.prune_all() == (1, 1, 1)
         assert telemetry.prune_all() == (0, 0, 0)
         assert [row["correlation_id"] for row in telemetry.rows()] == ["new"]
-        assert list(telemetry.recordings.calls("p")) == ["new"]
+        assert list(telemetry.recordings.calls("A", "p")) == ["new"]
     finally:
         state.close()
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import add_token_flags, flag_or_env_token
+from worker.cli._common import add_served_flags, add_token_flags, flag_or_env_token
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -81,7 +81,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description="agentworker record start PLAN: from now on, this machine's worker keeps "
         "the args of the plan's calls (secret-looking values masked) and their results. "
         "agentworker record PLAN -o FILE: the plan's calls as a script, each step expecting "
-        "what happened. agentworker record stop PLAN: keep no more.",
+        "what happened. agentworker record stop PLAN: keep no more. A plan is one server's "
+        "(another server's plan of the same id is another plan): start records the plan of "
+        "the server the worker here serves, or served last, unless the flags below name "
+        "another; PLAN and stop take the server whose plan of the id was recorded, and say "
+        "which when several were.",
     )
     recording.add_argument(
         "words", nargs="+", metavar="PLAN | start PLAN | stop PLAN", help="what to do"
@@ -99,6 +103,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="keep the session's pace: each step waits (wait_ms) as long as the plan paused "
         "before that call",
     )
+    add_served_flags(recording)
     recording.set_defaults(handler=record)
 
 
@@ -205,40 +210,122 @@ def record(paths: Paths, args: argparse.Namespace) -> int:
     try:
         telemetry = Telemetry(state.connection)
         if len(words) == 2:
-            return _switch(telemetry, words[0], words[1])
-        return _write_script(state, words[0], args.output, args.timing)
+            return _switch(paths, args, state, telemetry, words[0], words[1])
+        return _write_script(paths, args, state, words[0])
     finally:
         state.close()
 
 
-def _switch(telemetry: Telemetry, verb: str, plan: str) -> int:
+def _named(args: argparse.Namespace) -> bool:
+    """Whether the flags name a server (else the CLI chooses, and says which)."""
+    return bool(args.server_key or args.server or args.token or args.tls_ca)
+
+
+def _server_of_plan(
+    paths: Paths, args: argparse.Namespace, state: State, plan: str, candidates: list[str]
+) -> tuple[str, str]:
+    """The server whose plan `record PLAN` or `record stop PLAN` means, and how it was
+    chosen: the one the flags name; else the only one of `candidates` (the servers
+    with the plan recorded); else, of several, the one the worker here serves or
+    served last; else a UsageError naming them."""
+    from worker.cli._common import server_named, shown
+    from worker.errors import UsageError
+
+    served = state.served()
+    if _named(args) or not candidates:
+        return server_named(paths, args, served)
+    if len(candidates) == 1:
+        return candidates[0], "the only server with this plan recorded"
+    if served in candidates:
+        return served, "the server the worker here serves, or served last"
+    raise UsageError(
+        f"plan {shown(plan)} was recorded for several servers: "
+        + ", ".join(shown(c) for c in candidates)
+        + f"; name one: agentworker record {shown(plan)} --server-key KEY"
+    )
+
+
+def _switch(
+    paths: Paths,
+    args: argparse.Namespace,
+    state: State,
+    telemetry: Telemetry,
+    verb: str,
+    plan: str,
+) -> int:
     import os
+
+    from worker.cli._common import server_named, shown
+    from worker.errors import UsageError
 
     recordings = telemetry.recordings
     if verb == "start":
-        started = recordings.start(plan, f"cli:{os.getuid()}")
+        served = state.served()
+        if served is None and not _named(args):
+            raise UsageError(
+                f"which server's plan {shown(plan)} to record is not known: a plan id is "
+                "one server's, and no worker has served a server from this data folder yet. "
+                "Start the worker (`agentworker up`, or `agentworker run --server ADDRESS "
+                "--token-file FILE`) and run this again, or name the server as `run` does: "
+                f"agentworker record start {shown(plan)} --server ADDRESS --token-file FILE"
+            )
+        server, how = server_named(paths, args, served)
+        started = recordings.start(server, plan, f"cli:{os.getuid()}")
         print(
-            f"recording plan {plan}" + ("" if started else " (it already was)") + ": its calls "
-            f"keep their args for `agentworker record {plan}` until `record stop {plan}`"
+            f"recording plan {shown(plan)}" + ("" if started else " (it already was)") + ": "
+            f"its calls keep their args for `agentworker record {shown(plan)}` until "
+            f"`record stop {shown(plan)}`"
+        )
+        print(
+            f"  of server {shown(server)} ({how}); another server's plan of this id is not recorded"
         )
         return EXIT_OK
-    stopped = recordings.stop(plan)
-    print(
-        f"plan {plan}: recording stopped; what was kept stays (pruned with the telemetry)"
-        if stopped
-        else f"plan {plan} was not being recorded"
+    being = [who for who, recorded, _, _ in recordings.plans() if recorded == plan]
+    server, how = _server_of_plan(paths, args, state, plan, being)
+    stopped = recordings.stop(server, plan)
+    if stopped:
+        print(
+            f"plan {shown(plan)} of server {shown(server)} ({how}): recording stopped; what "
+            "was kept stays (pruned with the telemetry)"
+        )
+        return EXIT_OK
+    others = "".join(
+        f"; it is for server {shown(who)} (--server-key {shown(who)})" for who in being
     )
-    return EXIT_OK if stopped else EXIT_FAILED
+    print(f"plan {shown(plan)} of server {shown(server)} was not being recorded{others}")
+    return EXIT_FAILED
 
 
-def _write_script(state: State, plan: str, output: Path | None, timing: bool) -> int:
+def _write_script(paths: Paths, args: argparse.Namespace, state: State, plan: str) -> int:
+    from worker.cli._common import shown
+    from worker.core.ledger import UNRECORDED_SERVER
+    from worker.core.recording import Recordings
     from worker.errors import WorkerError
     from worker.replay.record import record as record_plan
+    from worker.replay.record import servers_of_plan
 
+    output: Path | None = args.output
+    called = servers_of_plan(state.connection, plan)
+    recordings = Recordings(state.connection)
+    # Whose plan: the servers with calls of it recorded, else those it is recorded for
+    # (none came yet), else those with calls of it.
+    being = sorted({who for who, recorded, _, _ in recordings.plans() if recorded == plan})
+    server, how = _server_of_plan(
+        paths, args, state, plan, recordings.servers(plan) or being or called
+    )
     stem = output.stem if output is not None else "script"
-    recorded = record_plan(state.connection, plan, f"{stem}.blobs", timing=timing)
+    recorded = record_plan(state.connection, server, plan, f"{stem}.blobs", timing=args.timing)
+    others = [who for who in called if who != server]
     if len(recorded.lines) == 1:
-        raise WorkerError("not_found", f"no calls of plan {plan} in this machine's telemetry")
+        elsewhere = "".join(
+            f"; server {shown(who)} has calls in a plan of this id (--server-key {shown(who)})"
+            for who in others
+        )
+        raise WorkerError(
+            "not_found",
+            f"no calls of plan {plan} of server {server} ({how}) in this machine's "
+            f"telemetry{elsewhere}",
+        )
     if output is None:
         if recorded.blobs:
             raise WorkerError(
@@ -253,14 +340,20 @@ def _write_script(state: State, plan: str, output: Path | None, timing: bool) ->
             (output.parent / name).write_bytes(data)
         output.write_text(recorded.text(), encoding="utf-8")
     where = f" to {output}" if output is not None else ""
-    notes = []
+    notes = [f"plan {shown(plan)} of server {shown(server)} ({how})"]
     if recorded.without_args:
         notes.append(
             f"{recorded.without_args} call(s) without args, as comments (recording was off: "
-            f"`agentworker record start {plan}` before the session)"
+            f"`agentworker record start {shown(plan)}` before the session)"
         )
     if recorded.redacted:
         notes.append(f"{recorded.redacted} step(s) with secret-looking values masked (***)")
+    for who in others:
+        before = " (from before recordings were kept per server)"
+        notes.append(
+            f"server {shown(who)}{before if who == UNRECORDED_SERVER else ''} has calls in a "
+            f"plan of this id too, left out (--server-key {shown(who)} writes them)"
+        )
     print(
         f"wrote {recorded.steps} step(s){where}" + "".join(f"; {n}" for n in notes),
         file=sys.stderr,

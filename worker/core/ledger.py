@@ -608,6 +608,21 @@ class State:
         )
         return [cid for (cid,) in rows]
 
+    def servers_of_calls(self, correlation_ids: list[str]) -> dict[str, str]:
+        """The server each of these calls (recorded or held) came from, if known: whose
+        its telemetry row is when the worker writes it after a crash (`recover`)."""
+        found = {cid: h.server for cid, h in self._held.items() if cid in correlation_ids}
+        for start in range(0, len(correlation_ids), 500):
+            chunk = correlation_ids[start : start + 500]
+            found.update(
+                self._db.execute(
+                    "SELECT correlation_id, server FROM calls WHERE correlation_id IN"
+                    f" ({', '.join('?' for _ in chunk)})",
+                    chunk,
+                ).fetchall()
+            )
+        return found
+
     def servers_of_plans(self, plan_ids: list[str]) -> dict[str, str]:
         """For each of `plan_ids` whose calls in the ledger all came from one known
         server, that server (a plan with calls from before servers were recorded, or

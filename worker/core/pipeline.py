@@ -44,7 +44,7 @@ from sandbox import Arriving, Containment, Root
 from worker.clock import now_ms
 from worker.config import Config, Paths
 from worker.core.blob_parts import Following
-from worker.core.ledger import Seen, State
+from worker.core.ledger import UNRECORDED_SERVER, Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.prompt_text import call_text
 from worker.core.recording import FULL_KIND
@@ -421,6 +421,8 @@ class Dispatcher:
         self.registry = registry
         self.state = state
         self.telemetry = telemetry
+        # Its rows are of the server this ledger serves (the connection names it).
+        telemetry.server = lambda: state.server
         self.scopes = scopes
         self.roots = roots
         self.paths = paths
@@ -1094,6 +1096,7 @@ class Dispatcher:
         self.state.sweep_blob_files()
         # Every server's: each is answered outcome_unknown, told to its own server only.
         lost = self.state.running_ids(every_server=True)
+        servers = self.state.servers_of_calls(lost)  # each row is its own server's
         for cid in lost:
             req = pb.ActionRequest(correlation_id=cid)
             call = self._new_call(req, b"", call_digest(req))
@@ -1104,7 +1107,7 @@ class Dispatcher:
             )
             result, _blob, _check = self._result_of(call)
             with self.state.batch():
-                self.telemetry.record(result.invocation)
+                self.telemetry.record(result.invocation, servers.get(cid, UNRECORDED_SERVER))
                 self.state.finish(cid, result.SerializeToString())
         return lost
 
@@ -1119,7 +1122,15 @@ class Dispatcher:
                 missing.append(invocation)
         if missing:
             log.info("writing %d telemetry row(s) the last run left unwritten", len(missing))
-            self.telemetry.record_many(missing)
+            servers = self.state.servers_of_calls([row.correlation_id for row in missing])
+            whose = {
+                row.correlation_id: servers.get(row.correlation_id, UNRECORDED_SERVER)
+                for row in missing
+            }
+            for server in sorted(set(whose.values())):
+                self.telemetry.record_many(
+                    [row for row in missing if whose[row.correlation_id] == server], server
+                )
 
     def _stop(self, call: Call, error: WorkerError) -> None:
         """Cancel a call; it answers `error`. A call with no task yet is waiting for its
@@ -1514,12 +1525,16 @@ class Dispatcher:
                 result.error.details_json = json.dumps(masked_detail(error.details), default=str)
             if error.code in AUDITED_CODES:
                 self.results.audit(error.code, call.req, {"message": masked})
-        if self.telemetry.recordings.active(call.req.plan_id):  # `agentworker record start`
+        # `agentworker record start`: this server's plan of the id, not another's.
+        if self.telemetry.recordings.active(self.state.server, call.req.plan_id):
             # A recorded plan's blob goes whole into the recording (on the loop, as its
             # row does): recording is for debugging, not for speed. Not a refused
             # call's, nor past the recordings' bound (worker.core.recording).
             recordings = self.telemetry.recordings
-            if recordings.keep_later(call.req, call.whole_blob(), result_json, blob, ran=call.ran):
+            kept_full = recordings.keep_later(
+                self.state.server, call.req, call.whole_blob(), result_json, blob, ran=call.ran
+            )
+            if kept_full:
                 message = (
                     f"the recordings hold {recordings.max_blob_bytes // MIB} MiB of request "
                     "blobs, their bound: this call and later ones of recorded plans are kept "

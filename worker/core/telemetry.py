@@ -3,6 +3,13 @@
 Rows live in a local SQLite database (WAL) and also ride back to the server inside
 each ActionResult. Policy-relevant events (denials, kills, path refusals) add an
 audit row linked by correlation id. Rows older than the retention period are pruned.
+
+Each invocation row keeps, locally, the key of the server that sent the call (its
+`server` column; not sent: the server knows who it is): plan ids are unique per
+server only, and `agentworker record PLAN` draws a plan's script from these rows
+(review12 finding 04). Rows of a state.db from before get the server the ledger
+still knows for their call when the worker converts it (`convert`), else
+UNRECORDED_SERVER.
 """
 
 from __future__ import annotations
@@ -10,12 +17,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
+from collections.abc import Callable
 from typing import Any, Final
 
 from worker.clock import now_ms
+from worker.core.ledger import UNRECORDED_SERVER
 from worker.core.recording import Recordings
 from worker.core.redaction import masked_detail
-from worker.db import transaction, write_many
+from worker.db import immediate, transaction, write_many
 from worker.errors import ErrorCode
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -32,7 +41,8 @@ _TYPES: Final = {
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS invocations (
     kind TEXT NOT NULL DEFAULT '{ROW_KIND}',
-    {", ".join(f"{name} {_TYPES[name]}" for name in COLUMNS)}
+    {", ".join(f"{name} {_TYPES[name]}" for name in COLUMNS)},
+    server TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}' -- the key of the server that sent it
 );
 CREATE INDEX IF NOT EXISTS invocations_started ON invocations (started_unix_ms);
 CREATE INDEX IF NOT EXISTS invocations_correlation ON invocations (correlation_id);
@@ -48,6 +58,24 @@ CREATE TABLE IF NOT EXISTS audit_events (
 CREATE INDEX IF NOT EXISTS audit_time ON audit_events (unix_ms);
 CREATE INDEX IF NOT EXISTS audit_kind ON audit_events (kind);
 """
+
+# A state.db from before invocation rows kept their server: the column, and the server
+# the ledger still knows for each row's call (its `calls` row, kept 24 h after the ack).
+_ADD_SERVER: Final = (
+    f"ALTER TABLE invocations ADD COLUMN server TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}'"
+)
+_SORT_OLD_ROWS: Final = (
+    "UPDATE invocations SET server = c.server FROM calls AS c"
+    " WHERE invocations.correlation_id = c.correlation_id AND invocations.plan_id = c.plan_id"
+    " AND c.server NOT IN ('', ?)"
+)
+
+
+def has_server_column(conn: sqlite3.Connection) -> bool:
+    """Whether the invocation rows keep their server (no: a state.db from before, not
+    yet converted by the worker; its rows are all UNRECORDED_SERVER's)."""
+    return any(row[1] == "server" for row in conn.execute("PRAGMA table_info(invocations)"))
+
 
 # The most invocation rows, and audit events, kept (the oldest go first): about 0.5 GB.
 MAX_ROWS: Final = 1_000_000
@@ -87,42 +115,70 @@ class Telemetry:
     row and its result commit together; whoever opened the connection closes it."""
 
     def __init__(
-        self, conn: sqlite3.Connection, retention_days: int = 90, max_rows: int = MAX_ROWS
+        self,
+        conn: sqlite3.Connection,
+        retention_days: int = 90,
+        max_rows: int = MAX_ROWS,
+        *,
+        convert: bool = False,
     ) -> None:
+        """`convert`: the worker, at its start, converts tables from before (see the
+        module's docstring and worker.db.connect); only the worker writes rows."""
         conn.executescript(_SCHEMA)
+        if convert and not has_server_column(conn):
+            with immediate(conn):
+                if not has_server_column(conn):  # another process may have done it
+                    conn.execute(_ADD_SERVER)
+                    if conn.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'calls'"
+                    ).fetchone():
+                        conn.execute(_SORT_OLD_ROWS, (UNRECORDED_SERVER,))
         self._db = conn
         self.max_rows = max_rows
         # Plans recorded for replay keep their calls' args and results beside the rows.
-        self.recordings = Recordings(conn)
+        self.recordings = Recordings(conn, convert=convert)
         self.retention_days = retention_days
-        self._queued: list[pb.Invocation] = []  # see record_later
+        # The key of the server whose calls this process serves (the Dispatcher points
+        # it at its ledger's, which the connection names): stamped on each row.
+        self.server: Callable[[], str] = lambda: ""
+        self._queued: list[tuple[str, pb.Invocation]] = []  # see record_later
         self._insert = (
-            f"INSERT INTO invocations ({', '.join(COLUMNS)})"
-            f" VALUES ({', '.join('?' for _ in COLUMNS)})"
+            f"INSERT INTO invocations ({', '.join(COLUMNS)}, server)"
+            f" VALUES ({', '.join('?' for _ in COLUMNS)}, ?)"
         )
 
-    def record(self, row: pb.Invocation) -> None:
-        self.record_many([row])
+    def record(self, row: pb.Invocation, server: str | None = None) -> None:
+        self.record_many([row], server)
 
-    def record_many(self, rows: list[pb.Invocation]) -> None:
-        """One invocation row each, all in one commit."""
-        write_many(self._db, self._insert, [[getattr(row, n) for n in COLUMNS] for row in rows])
+    def record_many(self, rows: list[pb.Invocation], server: str | None = None) -> None:
+        """One invocation row each, all in one commit, each of `server` (default: the
+        one this process serves)."""
+        who = self.server() if server is None else server
+        self._write([(who, row) for row in rows])
+
+    def _write(self, rows: list[tuple[str, pb.Invocation]]) -> None:
+        write_many(
+            self._db,
+            self._insert,
+            [[*(getattr(row, n) for n in COLUMNS), who] for who, row in rows],
+        )
 
     def record_later(self, rows: list[pb.Invocation]) -> None:
         """Keep rows for the next `flush` (the pipeline writes a call's row just after
-        its result: see Dispatcher.flush_results)."""
-        self._queued.extend(rows)
+        its result: see Dispatcher.flush_results), each of the server served now."""
+        who = self.server()
+        self._queued.extend((who, row) for row in rows)
 
     def flush(self) -> None:
         """Write the rows kept by `record_later` (and recorded plans' calls), in one
         commit; should that fail, they stay queued for the next try."""
         if self.recordings.pending():
             with transaction(self._db):
-                self.record_many(self._queued)
+                self._write(self._queued)
                 self.recordings.write_pending()
             self.recordings.written()
         elif self._queued:
-            self.record_many(self._queued)
+            self._write(self._queued)
         self._queued = []
 
     def has(self, correlation_id: str) -> bool:

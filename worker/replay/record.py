@@ -6,6 +6,8 @@ expectation filled from what happened: the status, the error code, the result
 durations, owners, HTTP headers), exec's exit code and the result blob's digest.
 A call's args are known only if recording was switched on for the plan when it
 ran (`agentworker record start PLAN`); calls without them are written as comments.
+A plan is one server's (plan ids are unique per server only): its script holds that
+server's calls, never another server's in a plan of the same id (review12 04).
 A refused call's request blob was not kept (worker.core.recording): its step goes
 without it, after a comment saying so; a call that ran but whose blob the
 recordings' bound left out is written as a comment too (it cannot be replayed as it
@@ -22,7 +24,9 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from worker.core.approvals import inert
+from worker.core.ledger import UNRECORDED_SERVER
 from worker.core.recording import RecordedCall, Recordings
+from worker.core.telemetry import has_server_column
 from worker.replay.script import DEFAULT_SURFACE, FORMAT_VERSION, HEADER_KEY
 
 # Result fields left out of a recorded expectation: they differ between two runs of
@@ -86,18 +90,38 @@ def _comment(text: str) -> str:
     return inert(text, 1000)
 
 
-def record(
-    conn: sqlite3.Connection, plan_id: str, blob_dir: str, *, timing: bool = False
-) -> Recorded:
-    """The plan's calls as a script; request blobs are named `<blob_dir>/step-N.bin`.
-    With `timing`, each step waits as long as the session paused before the call."""
-    recorded_calls = Recordings(conn).calls(plan_id)
+def servers_of_plan(conn: sqlite3.Connection, plan_id: str) -> list[str]:
+    """The servers with calls in a plan of this id, in the telemetry (rows from before
+    rows kept their server, not converted yet, are UNRECORDED_SERVER's)."""
+    if not has_server_column(conn):
+        found = conn.execute(
+            "SELECT 1 FROM invocations WHERE plan_id = ? LIMIT 1", (plan_id,)
+        ).fetchone()
+        return [UNRECORDED_SERVER] if found else []
     rows = conn.execute(
+        "SELECT DISTINCT server FROM invocations WHERE plan_id = ? ORDER BY server", (plan_id,)
+    )
+    return [str(server) for (server,) in rows]
+
+
+def record(
+    conn: sqlite3.Connection, server: str, plan_id: str, blob_dir: str, *, timing: bool = False
+) -> Recorded:
+    """The server's plan's calls as a script; request blobs are named
+    `<blob_dir>/step-N.bin`. With `timing`, each step waits as long as the session
+    paused before the call."""
+    recorded_calls = Recordings(conn).calls(server, plan_id)
+    select = (
         "SELECT correlation_id, worker_id, agent_id, task_id, surface, action, status,"
         " error_code, started_unix_ms, finished_unix_ms FROM invocations WHERE plan_id = ?"
-        " ORDER BY started_unix_ms, rowid",
-        (plan_id,),
-    ).fetchall()
+    )
+    order = " ORDER BY started_unix_ms, rowid"
+    if has_server_column(conn):
+        rows = conn.execute(select + " AND server = ?" + order, (plan_id, server)).fetchall()
+    elif server == UNRECORDED_SERVER:  # not converted yet: every row is from before
+        rows = conn.execute(select + order, (plan_id,)).fetchall()
+    else:
+        rows = []
     names = (
         "correlation_id",
         "worker_id",
