@@ -213,6 +213,50 @@ def test_a_servers_kill_flood_is_bounded_and_reaches_a_ui_one_plan_at_a_time(
     play(tmp_path, scenario)
 
 
+def test_a_flood_of_kills_of_made_up_plans_keeps_the_kills_of_plans_in_use(
+    tmp_path: Path,
+) -> None:
+    """review14 finding 02, the worker's half: a server's kill of a plan a call of which
+    came here (before the kill, or refused after it) stays when that server then kills
+    MAX_SERVER_KILLS + 1 made-up plans; the flood prunes its own oldest."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("ran", "{}", plan_id="in-use")
+        assert error_code(await hub.next("result")) == "ok"
+        hub.send(kill_plan=pb.KillPlan(plan_id="in-use", reason="the person's, through the hub"))
+        hub.send(kill_plan=pb.KillPlan(plan_id="asked", reason="before its first call"))
+        hub.request("refused", "{}", plan_id="asked")
+        assert error_code(await hub.next("result")) == "plan_killed"
+        hub.send(kill_plan=pb.KillPlan(plan_id="never", reason="never called"))
+        flood = [f"made-up-{i:05d}" for i in range(MAX_SERVER_KILLS + 1)]
+        hub.send_raw(
+            pb.ServerEnvelope(
+                messages=[
+                    pb.ServerMessage(kill_plan=pb.KillPlan(plan_id=p, reason="x")) for p in flood
+                ]
+            ).SerializeToString()
+        )
+        for plan in ("in-use", "asked", "never", flood[2], flood[3], flood[-1]):
+            hub.request(f"after-{plan}", "{}", plan_id=plan)
+        answers = {}
+        while len(answers) < 6:
+            result = await hub.next("result")
+            answers[result.correlation_id.removeprefix("after-")] = error_code(result)
+        assert answers == {
+            "in-use": "plan_killed",
+            "asked": "plan_killed",
+            # 1,004 kills: the four oldest of plans no call came for are pruned
+            "never": "ok",
+            flood[2]: "ok",
+            flood[3]: "plan_killed",
+            flood[-1]: "plan_killed",
+        }
+        kills = link.dispatcher.state.kills()
+        assert sum(by == "server" for _, _, by, _, _ in kills) == MAX_SERVER_KILLS
+
+    play(tmp_path, scenario)
+
+
 def test_unacked_results_are_resent_after_a_reconnect(tmp_path: Path) -> None:
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
         hub.request("u1", "{}")

@@ -283,12 +283,55 @@ def test_kills_are_kept_numbered_and_bounded_one_row_a_plan(tmp_path: Path) -> N
     assert store.killed("p", "w2", 0) and store.killed("q", "w1", 2 - 1)
     for n in range(KILLS_KEPT):
         store.kill(f"made-up-{n}", "flood")
-    assert not store.killed("p", "w2", 0) and not store.killed("q", "w1", 0)
+    # p and q were asked for by calls (plans in use): a flood of kills of plans never
+    # dispatched prunes its own oldest and r (never asked for), not them.
+    assert store.killed("p", "w2", 0) and store.killed("q", "w1", 0)
+    assert not store.killed("r", "w2", 0) and not store.killed("made-up-1", "w2", 0)
+    assert store.killed("made-up-2", "w2", 0)
     assert len(store.kills_after("w1", 0)) == KILLS_KEPT
     store.close()
     db = sqlite3.connect(path)
     assert db.execute("SELECT count(*) FROM kills").fetchone() == (KILLS_KEPT,)
     db.close()
+
+
+def test_a_flood_of_kills_of_plans_never_dispatched_keeps_the_kills_of_plans_in_use(
+    tmp_path: Path,
+) -> None:
+    """review14 finding 02: 1,000 kills of made-up plans pushed out a kill still owed to
+    a worker away. A kill of a plan this hub sent a call of, placed, or refused a call
+    of for the kill, goes only once KILLS_KEPT kills of plans in use are newer; a hub.db
+    from before the mark counts its kills as in use."""
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    store.add("w", "d", pb.ActionRequest(correlation_id="c1", plan_id="sent"), 0, now_ms() + 1)
+    store.kill("sent", "the person's")
+    store.place("placed", "w")
+    store.kill("placed", "the person's")
+    store.kill("asked", "before its first call")
+    assert store.killed("asked", "w", 0)  # its first call, refused: a plan in use now
+    store.kill("never", "never called")
+    for n in range(KILLS_KEPT + 1):
+        store.kill(f"made-up-{n}", "flood")
+    assert all(store.killed(plan, "w", 0) for plan in ("sent", "placed", "asked"))
+    assert not store.killed("never", "w", 0)
+    assert [k.plan_id for k in store.kills_after("w", 0)][:3] == ["sent", "placed", "asked"]
+    store.close()
+    store = HubStore(path)  # the mark outlives the hub
+    for n in range(KILLS_KEPT):
+        store.kill(f"more-{n}", "flood")
+    assert all(store.killed(plan, "w", 0) for plan in ("sent", "placed", "asked"))
+    store.close()
+
+    db = sqlite3.connect(path)  # a hub.db from before the mark: its kills count as in use
+    db.execute("ALTER TABLE kills DROP COLUMN used")
+    db.commit()
+    db.close()
+    store = HubStore(path)
+    for n in range(KILLS_KEPT):
+        store.kill(f"after-upgrade-{n}", "flood")
+    assert store.killed("sent", "w", 0) and store.killed("more-5", "w", 0)
+    store.close()
 
 
 def test_kills_queued_by_a_hub_db_from_before_are_kept_for_their_workers(tmp_path: Path) -> None:

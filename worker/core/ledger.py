@@ -71,12 +71,14 @@ CREATE TABLE IF NOT EXISTS calls (
     server         TEXT NOT NULL DEFAULT 'unrecorded' -- the key of the server that sent it
 );
 CREATE INDEX IF NOT EXISTS calls_unacked ON calls (state, acked);
+CREATE INDEX IF NOT EXISTS calls_plan ON calls (plan_id);  -- a kill asks whether its plan is in use
 CREATE TABLE IF NOT EXISTS killed_plans (
     plan_id   TEXT PRIMARY KEY,
     reason    TEXT NOT NULL,
     killed_by TEXT NOT NULL,
     killed_ms INTEGER NOT NULL,
-    server    TEXT NOT NULL DEFAULT '*' -- whose plan of the id it binds: a key, or * (all)
+    server    TEXT NOT NULL DEFAULT '*', -- whose plan of the id it binds: a key, or * (all)
+    used      INTEGER NOT NULL DEFAULT 1 -- a call of the plan came here (see MAX_SERVER_KILLS)
 );
 CREATE INDEX IF NOT EXISTS killed_plans_by ON killed_plans (killed_by);
 CREATE TABLE IF NOT EXISTS grants (
@@ -108,7 +110,11 @@ DEFAULT_TTL_S = 24 * 3600
 # state.db without end and made each UI event megabytes long. Counted per server
 # (`killed_plans.server`): one server's flood prunes its own kills only, never
 # another's (review12 finding 04: B's 1,001 made-up kills pruned A's kill, and A's
-# killed plan ran again at A).
+# killed plan ran again at A). Within a server's share, kills of plans no call ever
+# came for go first: a kill of a plan in use (a call of it was recorded here, before
+# or after the kill) goes only once this many kills of plans in use are newer, so a
+# flood of kills of made-up plans never lifts it (review14 finding 02: 1,001 of them
+# did, and the killed plan ran again).
 MAX_SERVER_KILLS: Final = 1000
 SERVER: Final = "server"  # `killed_by` of a server's KillPlan
 # `killed_plans.server` of a kill that binds the plan id whichever server names it: the
@@ -162,7 +168,10 @@ _ADDED_COLUMNS: Final = {
         "server": f"TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}'",
     },
     "grants": {"server": f"TEXT NOT NULL DEFAULT '{UNSORTED_SERVER}'"},
-    "killed_plans": {"server": f"TEXT NOT NULL DEFAULT '{ANY_SERVER}'"},
+    "killed_plans": {
+        "server": f"TEXT NOT NULL DEFAULT '{ANY_SERVER}'",
+        "used": "INTEGER NOT NULL DEFAULT 1",
+    },
 }
 
 
@@ -258,6 +267,7 @@ class State:
         self._checked_at = 0.0
         # plan -> (reason, killed by, whose plan of the id it binds: a key, or ANY_SERVER)
         self._kills: dict[str, tuple[str, str, str]] = {}
+        self._unused_kills: set[str] = set()  # killed plans no call came for (yet)
         self._kills_moved: set[str] = set()  # plans whose kill another process changed
         self._kills_read = False
         self._prune_server_kills()  # a state.db from before the bound
@@ -277,6 +287,9 @@ class State:
             for plan, reason, by, server in self._db.execute(
                 "SELECT plan_id, reason, killed_by, server FROM killed_plans"
             )
+        }
+        self._unused_kills = {
+            plan for (plan,) in self._db.execute("SELECT plan_id FROM killed_plans WHERE NOT used")
         }
         if self._kills_read and kills != self._kills:
             self._kills_moved.update(
@@ -714,11 +727,19 @@ class State:
                 "SELECT killed_by, server FROM killed_plans WHERE plan_id = ?", (plan_id,)
             ).fetchone()
             if row is None or (row[0] == SERVER and killed_by != SERVER):
+                used = self._db.execute(
+                    "SELECT 1 FROM calls WHERE plan_id = ? LIMIT 1", (plan_id,)
+                ).fetchone()
                 self._db.execute(
-                    "INSERT OR REPLACE INTO killed_plans VALUES (?, ?, ?, ?, ?)",
-                    (plan_id, reason, killed_by, now_ms(), server),
+                    "INSERT OR REPLACE INTO killed_plans (plan_id, reason, killed_by,"
+                    " killed_ms, server, used) VALUES (?, ?, ?, ?, ?, ?)",
+                    (plan_id, reason, killed_by, now_ms(), server, used is not None),
                 )
                 self._kills[plan_id] = (reason, killed_by, server)
+                if used is None:
+                    self._unused_kills.add(plan_id)
+                else:
+                    self._unused_kills.discard(plan_id)
             elif row[0] == SERVER and killed_by == SERVER and row[1] != server:
                 self._db.execute(
                     "UPDATE killed_plans SET server = ? WHERE plan_id = ?", (ANY_SERVER, plan_id)
@@ -765,7 +786,7 @@ class State:
             plan
             for (plan,) in self._db.execute(
                 "SELECT plan_id FROM killed_plans WHERE killed_by = ? AND server = ?"
-                " ORDER BY killed_ms, rowid LIMIT ?",
+                " ORDER BY used, killed_ms, rowid LIMIT ?",
                 (SERVER, server, count - MAX_SERVER_KILLS),
             )
         ]
@@ -805,10 +826,18 @@ class State:
         return kill
 
     def kill_reason(self, plan_id: str) -> str | None:
-        """Why the plan is killed for the server this State serves, or None."""
+        """Why the plan is killed for the server this State serves, or None. Asked for a
+        call of the plan: a kill of a plan no call had come for is now of a plan in use
+        (see MAX_SERVER_KILLS)."""
         self._refresh()
         kill = self._binding(plan_id)
-        return None if kill is None else f"{kill[0]} (by {kill[1]})"
+        if kill is None:
+            return None
+        if plan_id in self._unused_kills:
+            self._unused_kills.discard(plan_id)
+            with self.batch():
+                self._db.execute("UPDATE killed_plans SET used = 1 WHERE plan_id = ?", (plan_id,))
+        return f"{kill[0]} (by {kill[1]})"
 
     def killed(self, plan_id: str) -> str | None:
         """The reason of the plan's kill that binds the server served (from the cache:

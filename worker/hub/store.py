@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS kills (  -- the plans this hub killed (see KILLS_KEPT
     worker_id  TEXT NOT NULL,  -- '' every worker
     reason     TEXT NOT NULL,
     created_ms INTEGER NOT NULL,
+    used       INTEGER NOT NULL DEFAULT 1,  -- of a plan this hub dispatched (see KILLS_KEPT)
     UNIQUE (plan_id, worker_id)
 );
 CREATE TABLE IF NOT EXISTS kills_epoch (  -- names the sequence of kills.seq
@@ -109,6 +110,10 @@ WORKERS_AWAY_KEPT = 1024
 # kept by count, not by age. As many as a worker keeps of one server's kills
 # (worker.core.ledger.MAX_SERVER_KILLS): all of them fit there. A caller's flood of
 # kills of made-up plans pushes out this hub's oldest kills, never grows the table.
+# Kills of plans this hub never dispatched go first: a kill of a plan in use (a call
+# of it sent, a workspace placed, or a call refused for the kill) goes only once this
+# many kills of plans in use are newer (review14 finding 02: 1,000 kills of made-up
+# plans pushed out a kill still owed to a worker away, and the plan ran again).
 KILLS_KEPT: Final = 1000
 # A kill's reason is kept this long (the worker keeps as much: pipeline.MAX_REASON_CHARS).
 KILL_REASON_CHARS: Final = 1000
@@ -182,6 +187,9 @@ class HubStore:
             self._db.execute(
                 "ALTER TABLE workers ADD COLUMN kills_through INTEGER NOT NULL DEFAULT 0"
             )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(kills)")}
+        if "used" not in columns:  # a hub.db from before: its kills count as in use
+            self._db.execute("ALTER TABLE kills ADD COLUMN used INTEGER NOT NULL DEFAULT 1")
         self.workers_away_kept = WORKERS_AWAY_KEPT
         self._take_queued_kills()
         row = self._db.execute("SELECT epoch FROM kills_epoch").fetchone()
@@ -191,10 +199,13 @@ class HubStore:
         self.kills_epoch: str = row[0]
         # plan -> [(seq, worker named or '')]: what Dispatch asks, without a query.
         self._kills: dict[str, list[tuple[int, str]]] = {}
-        for seq, plan_id, worker_id in self._db.execute(
-            "SELECT seq, plan_id, worker_id FROM kills"
+        self._unused_kills: set[str] = set()  # killed plans never dispatched (yet)
+        for seq, plan_id, worker_id, used in self._db.execute(
+            "SELECT seq, plan_id, worker_id, used FROM kills"
         ):
             self._kills.setdefault(plan_id, []).append((seq, worker_id))
+            if not used:
+                self._unused_kills.add(plan_id)
 
     def _take_queued_kills(self) -> None:
         """A hub.db from before kills were kept: its kills queued for workers away are
@@ -483,29 +494,44 @@ class HubStore:
         reaches the workers that confirmed the last one); past KILLS_KEPT, the oldest
         go. Committed before it returns: what the hub answers a caller is on disk."""
         reason = reason[:KILL_REASON_CHARS]
+        used = (
+            (plan_id in self._kills and plan_id not in self._unused_kills)
+            or bool(self.workers_of_plan(plan_id))
+            or self._placed(plan_id)
+        )
         with db.transaction(self._db):
             self._db.execute(
                 "DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", (plan_id, worker_id)
             )
             cur = self._db.execute(
-                "INSERT INTO kills (plan_id, worker_id, reason, created_ms) VALUES (?, ?, ?, ?)",
-                (plan_id, worker_id, reason, now_ms()),
+                "INSERT INTO kills (plan_id, worker_id, reason, created_ms, used)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (plan_id, worker_id, reason, now_ms(), used),
             )
             seq = int(cur.lastrowid or 0)
             pruned = self._prune_kills()
         kills = [k for k in self._kills.get(plan_id, []) if k[1] != worker_id]
         self._kills[plan_id] = [*kills, (seq, worker_id)]
+        if not used:
+            self._unused_kills.add(plan_id)
         for gone_plan, gone_seq in pruned:
             left = [k for k in self._kills.get(gone_plan, []) if k[0] != gone_seq]
             if left:
                 self._kills[gone_plan] = left
             else:
                 self._kills.pop(gone_plan, None)
+                self._unused_kills.discard(gone_plan)
         return pb.KillPlan(plan_id=plan_id, reason=reason, seq=seq)
+
+    def _placed(self, plan_id: str) -> bool:
+        return bool(
+            self._db.execute("SELECT 1 FROM placements WHERE plan_id = ?", (plan_id,)).fetchone()
+        )
 
     def _prune_kills(self) -> list[tuple[str, int]]:
         gone = self._db.execute(
-            "SELECT plan_id, seq FROM kills ORDER BY seq DESC LIMIT -1 OFFSET ?", (KILLS_KEPT,)
+            "SELECT plan_id, seq FROM kills ORDER BY used DESC, seq DESC LIMIT -1 OFFSET ?",
+            (KILLS_KEPT,),
         ).fetchall()
         self._db.executemany("DELETE FROM kills WHERE seq = ?", [(seq,) for _, seq in gone])
         return [(str(plan_id), int(seq)) for plan_id, seq in gone]
@@ -521,11 +547,18 @@ class HubStore:
 
     def killed(self, plan_id: str, worker_id: str, through: int) -> bool:
         """Whether this hub killed the plan for `worker_id` in a kill numbered after
-        `through` (one the worker has not confirmed). No query: from memory."""
-        return any(
+        `through` (one the worker has not confirmed). No query: from memory, but for the
+        first call of a plan killed before it was ever dispatched, which marks the kill as
+        of a plan in use (see KILLS_KEPT)."""
+        found = any(
             seq > through and named in ("", worker_id)
             for seq, named in self._kills.get(plan_id, ())
         )
+        if found and plan_id in self._unused_kills:
+            self._unused_kills.discard(plan_id)
+            with db.transaction(self._db):
+                self._db.execute("UPDATE kills SET used = 1 WHERE plan_id = ?", (plan_id,))
+        return found
 
     def kill_reason(self, plan_id: str) -> str:
         row = self._db.execute(
