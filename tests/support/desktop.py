@@ -296,6 +296,12 @@ class OtherClient:
         self.window.set_input_focus(X.RevertToParent, X.CurrentTime)
         self.wait(X.FocusIn)
 
+    def focus_off_the_root(self) -> bool:
+        """The keyboard focus is on a window other than the root (or on none), as the X
+        server has it now."""
+        focus = self.display.get_input_focus().focus
+        return int(getattr(focus, "id", focus)) != self.display.screen().root.id
+
     def destroy(self) -> None:
         """Gone, as the X server has it once this returns (later requests naming it fail)."""
         self.window.destroy()

@@ -279,7 +279,9 @@ class Desktop:
         person's next keys, meant for their window, would go to the TUI. What those
         inputs are depends on the window manager and its settings, so the result is
         judged, not the input: once the manager has handled what the action sent
-        (`Backend.settle`: it answered a request sent after it), where is the focus?
+        (`Backend.settle`: it answered a request sent after it, and again while the
+        focus moved, for what it does on the focus events of its own move comes after),
+        where is the focus?
         A focus the manager moves later, on a timer (focus follows the mouse with a
         delay), is not seen: a limit said in docs/architecture.md."""
         if not backend.settle():
