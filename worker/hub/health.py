@@ -24,6 +24,7 @@ other health check for minutes (review11 finding 05). So, for calls without the 
 - a call whose request has not come gives its turn up (busy) to a waiting call that
   could take it: at once if that call's rank is lower, HEALTH_PROMPT_S into the turn if
   it is the same.
+This is worker.hub.turns.Gate, which worker streams' Hellos are read through too.
 A health check sends its request with the call (gRPC's clients, probes and load
 balancers do), so it is read as its turn comes and its connection is never late; one
 on a connection of its own goes ahead of every connection that was.
@@ -42,20 +43,17 @@ Held without a bound, 2,400 tokenless Watch calls took the hub from 63 to 255 Mi
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
-import ipaddress
-import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
-from worker.hub.rates import Rate
-from worker.hub.turns import Turns
+from worker.hub.turns import Gate, Turns, Unread, address_of
+
+__all__ = ["HEALTH_SERVICE", "Health", "address_of"]
 from worker.wire.auth import presented_token
 
 HEALTH_SERVICE: Final = "grpc.health.v1.Health"
@@ -113,40 +111,9 @@ class _Watches:
                 del self.by_peer[peer]
 
 
-@dataclass(eq=False)
-class _Holder:
-    """A call holding a turn, its request not read yet."""
-
-    budget: asyncio.Timeout
-    since: float
-    rank: int
-    gave_up: bool = False  # its turn went to a waiting call
-    timer: asyncio.TimerHandle | None = None
-
-
-@functools.lru_cache(maxsize=4096)
-def address_of(peer: str) -> str:
-    """Where a connection comes from, as gRPC names it (`context.peer()`): its address
-    without the port ("ipv4:10.0.0.7"); for IPv6 its /64, which one host or site holds
-    whole ("ipv6:2001:db8::/64"), an IPv4 one mapped into IPv6 as IPv4; any other peer
-    (a Unix socket's "unix:") as it is."""
-    kind, _, rest = peer.partition(":")
-    if kind not in ("ipv4", "ipv6"):
-        return peer
-    host = urllib.parse.unquote(rest.rsplit(":", 1)[0]).strip("[]").split("%", 1)[0]
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return peer
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return f"ipv4:{ip.ipv4_mapped}"
-        return f"ipv6:{ipaddress.IPv6Network((ip, 64), strict=False)}"
-    return f"ipv4:{ip}"
-
-
-class Health:
-    """Check and Watch for the services named `served` (and "", the hub itself)."""
+class Health(Gate):
+    """Check and Watch for the services named `served` (and "", the hub itself); its
+    tokenless calls' requests are read through the Gate (worker.hub.turns)."""
 
     def __init__(
         self,
@@ -161,24 +128,22 @@ class Health:
         """`read(nbytes)` is told each request's size once it was read (the hub gives
         the memory of large ones back once they stop: worker.memory.IdleGiveBack).
         `token`, the callers': a call that presents it is read on turns of its own."""
+        super().__init__(  # the tokenless calls' reads (`reads`), a turn per connection
+            HEALTH_READS_AT_ONCE,
+            1,
+            read_within_s=HEALTH_READ_WITHIN_S,
+            prompt_s=HEALTH_PROMPT_S,
+            waiting_most=HEALTH_WAITING,
+            waiting_late=HEALTH_WAITING_LATE,
+            calls_per_connection=HEALTH_CALLS_PER_CONNECTION,
+            late_for_s=HEALTH_LATE_FOR_S,
+            late_per_address=HEALTH_LATE_PER_ADDRESS,
+        )
         self.served = frozenset({"", *served})
         self._read = read
         self._tokens = [f"Bearer {t}".encode() for t in (token, workers_token) if t]
-        self.reads = Turns(HEALTH_READS_AT_ONCE, 1)  # tokenless calls'
         self.own_reads = Turns(HEALTH_READS_AT_ONCE, 1)  # calls with the callers' token
         self.watches = _Watches(watches_held, watches_per_connection)
-        # The bounds, attributes so that a test may make them small.
-        self.read_within_s = HEALTH_READ_WITHIN_S
-        self.prompt_s = HEALTH_PROMPT_S
-        self.waiting_most = HEALTH_WAITING
-        self.waiting_late = HEALTH_WAITING_LATE
-        self.calls_per_connection = HEALTH_CALLS_PER_CONNECTION
-        self.calls: dict[str, int] = {}  # connection -> tokenless calls waiting or read
-        self.late_connections = Rate(1, 1 / HEALTH_LATE_FOR_S)
-        self.late_addresses = Rate(
-            HEALTH_LATE_PER_ADDRESS, HEALTH_LATE_PER_ADDRESS / HEALTH_LATE_FOR_S
-        )
-        self._holders: set[_Holder] = set()
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -209,13 +174,6 @@ class Health:
         names = ", ".join(repr(name) for name in sorted(self.served))
         return f'the hub serves {names} ("": the hub itself), not the service this names'
 
-    def rank(self, peer: str, now: float) -> int:
-        """2 if `peer`'s (a connection's) requests came late, 1 if its address's did, else
-        0: a call waits behind those of lower ranks."""
-        if self.late_connections.wait_s(peer, now) > 0:
-            return 2
-        return int(self.late_addresses.wait_s(address_of(peer), now) > 0)
-
     async def _own(self, context: grpc.aio.ServicerContext) -> bool:
         """Whether the call presents the callers' token; refused if it presents a token
         that is not the hub's."""
@@ -232,27 +190,25 @@ class Health:
         )
         raise AssertionError("unreachable: abort raises")
 
-    async def _admit(self, context: grpc.aio.ServicerContext, peer: str, now: float) -> int:
-        """The rank a tokenless call of `peer` waits with; refused busy at once, unread,
-        past the bounds."""
-        busy = None
-        rank = self.rank(peer, now)
-        if self.calls.get(peer, 0) >= self.calls_per_connection:
+    async def _admit(self, context: grpc.aio.ServicerContext, peer: str, now: float) -> None:
+        """Refuse a tokenless call of `peer` busy at once, unread, past the bounds."""
+        past = self.admit(peer, address_of(peer), now)
+        if past is None:
+            return
+        if past == "peer":
             busy = (
                 f"{self.calls_per_connection} health calls of this connection already wait "
                 "to be read; a health check sends its request with the call: wait for "
                 "their answers"
             )
-        elif self.reads.waiting() >= self.waiting_most:
-            busy = f"{self.waiting_most} health calls already wait to be read; ask again later"
-        elif rank == 2 and self.reads.waiting(2) >= self.waiting_late:
+        elif past == "late":
             busy = (
                 "this connection's health requests came late, and "
                 f"{self.waiting_late} such calls already wait; send the request with the call"
             )
-        if busy is not None:
-            await self._abort_busy(context, busy)
-        return rank
+        else:
+            busy = f"{self.waiting_most} health calls already wait to be read; ask again later"
+        await self._abort_busy(context, busy)
 
     async def _named(self, context: grpc.aio.ServicerContext) -> str:
         """The service the call's request names, read in turn; a refusal otherwise."""
@@ -260,56 +216,53 @@ class Health:
         start = loop.time()
         peer = context.peer()
         within_s = self.read_within_s
+        request: Any = None
         if await self._own(context):
-            reads, rank = self.own_reads, 0
-            if reads.waiting() >= self.waiting_most:
+            if self.own_reads.waiting() >= self.waiting_most:
                 await self._abort_busy(
                     context,
                     f"{self.waiting_most} health calls already wait to be read; ask again later",
                 )
-        else:
-            reads, rank = self.reads, await self._admit(context, peer, start)
-            self.calls[peer] = self.calls.get(peer, 0) + 1
-        request: Any = None
-        holder: _Holder | None = None
-        try:
-            async with asyncio.timeout_at(start + within_s) as budget:
-                if reads is self.reads:
-                    loop.call_soon(self._give_turns)  # once this call waits, if it does
-                async with reads.turn(peer, rank=rank):
-                    now = loop.time()  # its rank now: its connection may have gone late
-                    holder = _Holder(budget, now, self.rank(peer, now))
-                    if reads is self.reads:
-                        self._holders.add(holder)
-                        holder.timer = loop.call_at(now + self.prompt_s, self._give_turns)
-                    try:
+            turned = False
+            try:
+                async with asyncio.timeout_at(start + (within_s or 0.0)):
+                    async with self.own_reads.turn(peer):
+                        turned = True
                         request = await context.read()
-                    finally:
-                        if reads is self.reads:  # before its turn is handed on
-                            self._let_go(peer, holder, request is None)
-        except TimeoutError:
-            request = None
-        finally:
-            if reads is self.reads:
-                self._leave(peer)
-        if request is None and holder is None:
-            await self._abort_busy(
-                context,
-                f"waited {within_s:g} s for a turn to have the health request read (others' "
-                "calls held the turns); ask again",
-            )
-        if request is None and holder is not None and holder.gave_up:
-            await self._abort_busy(
-                context,
-                "the health request had not come when others waited for the turn to be read; "
-                "send the request with the call",
-            )
-        if request is None:
-            await context.abort(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"the health request did not arrive within {within_s:g} s of the call's "
-                "start; send it with the call",
-            )
+            except TimeoutError:
+                if not turned:
+                    await self._abort_busy(
+                        context,
+                        f"waited {within_s:g} s for a turn to have the health request read "
+                        "(others' calls held the turns); ask again",
+                    )
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the health request did not arrive within {within_s:g} s of the call's "
+                    "start; send it with the call",
+                )
+        else:
+            await self._admit(context, peer, start)
+            try:
+                request = await self.read(peer, address_of(peer), context.read, start=start)
+            except Unread as unread:
+                if unread.why == "waited":
+                    await self._abort_busy(
+                        context,
+                        f"waited {within_s:g} s for a turn to have the health request read "
+                        "(others' calls held the turns); ask again",
+                    )
+                if unread.why == "gave_up":
+                    await self._abort_busy(
+                        context,
+                        "the health request had not come when others waited for the turn to "
+                        "be read; send the request with the call",
+                    )
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the health request did not arrive within {within_s:g} s of the call's "
+                    "start; send it with the call",
+                )
         if request is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request")
         size = len(request)
@@ -332,48 +285,3 @@ class Health:
     @staticmethod
     async def _abort_busy(context: grpc.aio.ServicerContext, why: str) -> None:
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"busy: {why}")
-
-    def _leave(self, peer: str) -> None:
-        left = self.calls[peer] - 1
-        if left:
-            self.calls[peer] = left
-        else:
-            del self.calls[peer]
-
-    def _let_go(self, peer: str, holder: _Holder, unread: bool) -> None:
-        """A tokenless call ends its turn: one that held it without its request coming
-        (its time ran out, it gave the turn up, or its caller went) makes its connection
-        late, and counts against its address (HEALTH_LATE_PER_ADDRESS); the waiting
-        calls of those go behind the others of lower ranks."""
-        self._holders.discard(holder)
-        if holder.timer is not None:
-            holder.timer.cancel()
-        if not unread:
-            return
-        now = asyncio.get_running_loop().time()
-        waits_s = self.late_connections.wait_s(peer, now)
-        if not waits_s:  # a connection late anew: its address counts it
-            self.late_addresses.take(address_of(peer), now)
-        if waits_s < HEALTH_LATE_FOR_S:  # late twice as long at most
-            self.late_connections.take(peer, now)
-        self.reads.put_behind(lambda waiting: self.rank(waiting, now))
-
-    def _give_turns(self) -> None:
-        """Turns held by calls whose requests have not come go to waiting calls that could
-        take them: at once to a call of a lower rank, HEALTH_PROMPT_S into the turn to one
-        of the same (a freed turn goes to the lowest rank waiting: worker.hub.turns)."""
-        now = asyncio.get_running_loop().time()
-        wanting = [self.reads.wanting(rank) for rank in range(3)]
-        for holder in sorted(self._holders, key=lambda h: (-h.rank, h.since)):
-            lowest = next((rank for rank, count in enumerate(wanting) if count), None)
-            if lowest is None:
-                return
-            if (
-                holder.gave_up
-                or lowest < holder.rank
-                or (lowest == holder.rank and now - holder.since >= self.prompt_s)
-            ):
-                wanting[lowest] -= 1  # this holder's turn goes to that call
-                if not holder.gave_up:
-                    holder.gave_up = True
-                    holder.budget.reschedule(now)

@@ -33,7 +33,7 @@ from worker.hub.audit_log import AuditLines
 from worker.hub.client import UPLOAD_TAKEN
 from worker.hub.rates import Rate
 from worker.hub.store import HubStore, StoredCall
-from worker.hub.turns import Turns
+from worker.hub.turns import Gate, Turns, Unread, address_of
 from worker.ids import id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
@@ -111,6 +111,31 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # waiting long.
 HELLO_READS_AT_ONCE: Final = 2
 HELLO_READS_PER_CONNECTION: Final = 1
+# A turn held without a Hello coming is given up, and its holder goes behind, as gRPC
+# health's requests are (worker.hub.turns.Gate): four streams of the workers' token that
+# never said Hello, reopened as the hub ended them, held both turns 10 s each and kept a
+# restarted worker out as long as they were kept up (review14 finding 04). So:
+# - a stream whose key a worker remembered here is bound to (hub.db: a worker coming
+#   back) is read on turns of its own (`known_hello_reads`), a turn per key, and of one
+#   key HELLO_STREAMS_PER_KEY wait at most: streams of keys the hub does not know never
+#   stand in its way;
+# - a turn held HELLO_PROMPT_S without its Hello goes to a stream waiting for one (at
+#   once to one of a lower rank), and the silent stream's connection (for a known key:
+#   the key) goes behind the others for HELLO_LATE_FOR_S, its address too while its
+#   connections go late faster than HELLO_LATE_PER_ADDRESS in that time;
+# - the streams waiting or read at once are bounded: HELLO_STREAMS_PER_CONNECTION of a
+#   connection, HELLO_STREAMS_PER_ADDRESS of an address (a fleet behind one NAT says
+#   Hello together: 1,200 in tests), HELLO_STREAMS_PER_LATE_ADDRESS while the address is
+#   late, HELLO_WAITING waiting in all; another is refused busy, unread.
+HELLO_PROMPT_S: Final = 2.0
+HELLO_LATE_FOR_S: Final = 60.0
+HELLO_LATE_PER_ADDRESS: Final = 3
+HELLO_STREAMS_PER_KEY: Final = 2
+HELLO_STREAMS_PER_CONNECTION: Final = 256
+HELLO_STREAMS_PER_ADDRESS: Final = 2048
+HELLO_STREAMS_PER_LATE_ADDRESS: Final = 16
+HELLO_WAITING: Final = 8192
+HELLO_WAITING_LATE: Final = 16
 # Calls sent and results received are stored together, at most one commit per this
 # long (a group commit): never on a caller's path (it has its answer already), and
 # under load one commit for many calls. Each stored result is then acked, so until
@@ -191,6 +216,25 @@ CONTROL_READ_WITHIN_S: Final = {
     "Status": 5.0,
 }
 CONTROL_READ_WITHIN_S_OTHERWISE: Final = 10.0
+
+
+def hello_reads(*, known: bool) -> Gate:
+    """The turns to read worker streams' first messages: those of keys the hub knows
+    (`known`, a turn per key) or the others' (a turn per connection); see
+    HELLO_READS_AT_ONCE and HELLO_PROMPT_S."""
+    return Gate(
+        HELLO_READS_AT_ONCE,
+        HELLO_READS_PER_CONNECTION,
+        read_within_s=None,  # a stream waits with its message unread; its worker redials
+        prompt_s=HELLO_PROMPT_S,
+        waiting_most=HELLO_WAITING,
+        waiting_late=HELLO_WAITING_LATE,
+        calls_per_connection=HELLO_STREAMS_PER_KEY if known else HELLO_STREAMS_PER_CONNECTION,
+        calls_per_address=HELLO_STREAMS_PER_ADDRESS,
+        calls_per_late_address=HELLO_STREAMS_PER_LATE_ADDRESS,
+        late_for_s=HELLO_LATE_FOR_S,
+        late_per_address=HELLO_LATE_PER_ADDRESS,
+    )
 
 
 def control_reads() -> dict[str, Turns]:
@@ -732,8 +776,10 @@ class Hub:
         self.hellos = Hellos()
         # Streams refused before their Hello are logged a few lines a minute at most.
         self.stream_refusals = PacedLines()
-        # Turns to read worker streams' first messages (HELLO_READS_AT_ONCE).
-        self.hello_reads = Turns(HELLO_READS_AT_ONCE, HELLO_READS_PER_CONNECTION)
+        # Turns to read worker streams' first messages (HELLO_READS_AT_ONCE): of keys a
+        # worker remembered here is bound to, and of the others.
+        self.known_hello_reads = hello_reads(known=True)
+        self.hello_reads = hello_reads(known=False)
 
     # ------------------------------------------------------------- worker stream
 
@@ -745,16 +791,35 @@ class Hub:
         """The worker's stream, read by `_worker_envelope`; what it yields are
         serialized ServerEnvelopes."""
         try:
-            first = await self._first_message(requests, context.peer())
-        except (TimeoutError, StopAsyncIteration) as exc:
-            late = isinstance(exc, TimeoutError)
+            first = await self._first_message(requests, context)
+        except (TimeoutError, Unread, StopAsyncIteration) as exc:
+            late = not isinstance(exc, StopAsyncIteration)
+            if isinstance(exc, Unread) and exc.why == "gave_up":
+                why = (
+                    "no Hello came in its turn to be read, and other streams waited for the "
+                    "turn: a worker says Hello first, at once; the hub closed the stream"
+                )
+            elif late:
+                why = (
+                    f"no Hello came within {HANDSHAKE_TIMEOUT_S:g} s of its turn to be read: a "
+                    "worker says Hello first, at once; the hub closed the stream"
+                )
+            else:
+                why = "the stream ended before its Hello: a worker says Hello first"
             first = EnvelopeRefused(
-                f"no Hello came within {HANDSHAKE_TIMEOUT_S:g} s of its turn to be read: a "
-                "worker says Hello first, at once; the hub closed the stream"
-                if late
-                else "the stream ended before its Hello: a worker says Hello first",
+                why,
                 grpc.StatusCode.DEADLINE_EXCEEDED if late else grpc.StatusCode.INVALID_ARGUMENT,
             )
+        except _BusyStream as refused:
+            self.stream_refusals.log(
+                "refused a worker stream before its Hello: %s", refused.message
+            )
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                refused.message,
+                trailing_metadata=((RETRY_AFTER_KEY, str(int(HELLO_RETRY_MIN_S * 1000))),),
+            )
+            return  # unreachable: abort raises
         if isinstance(first, EnvelopeRefused):
             self.stream_refusals.log("refused a worker stream before its Hello: %s", first.message)
             await context.abort(first.code, first.message)
@@ -853,14 +918,41 @@ class Hub:
             log.info("worker %s disconnected", worker_id)
 
     async def _first_message(
-        self, requests: AsyncIterator[Incoming | EnvelopeRefused], peer: str
+        self, requests: AsyncIterator[Incoming | EnvelopeRefused], context: Any
     ) -> Incoming | EnvelopeRefused:
-        """A stream's first message, read when `hello_reads` gives its connection a turn
-        (`up`'s own worker, whose messages are in memory already, takes none)."""
+        """A stream's first message, read in its turn: on `known_hello_reads` a turn of
+        its key's if a worker remembered here is bound to its key, else on `hello_reads`
+        a turn of its connection's (`up`'s own worker, whose messages are in memory
+        already, takes none). _BusyStream past the bounds (HELLO_STREAMS_PER_ADDRESS...)."""
+        peer = context.peer()
         if peer == LOCAL_PEER:
             return await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
-        async with self.hello_reads.turn(peer):
-            return await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+        address = address_of(peer)
+        key_digest = _key_digest(context)
+        if self.store.knows_key(key_digest):
+            gate, who, whose = self.known_hello_reads, key_digest, "this worker key"
+        else:
+            gate, who, whose = self.hello_reads, peer, "this connection"
+        past = gate.admit(who, address, asyncio.get_running_loop().time())
+        if past is not None:
+            raise _BusyStream(
+                "busy: "
+                + {
+                    "peer": f"{gate.calls_per_connection} streams of {whose} already wait to "
+                    "say Hello",
+                    "address": "streams from this address already wait to say Hello "
+                    f"({gate.calls_per_address} at most, {gate.calls_per_late_address} while "
+                    "its streams' Hellos come late)",
+                    "all": f"{gate.waiting_most} worker streams already wait to say Hello",
+                    "late": "this connection's Hellos came late, and "
+                    f"{gate.waiting_late} such streams already wait",
+                }[past]
+                + f"; retry in {HELLO_RETRY_MIN_S:g} s"
+            )
+        first: Incoming | EnvelopeRefused = await gate.read(
+            who, address, lambda: anext(requests), turn_within_s=HANDSHAKE_TIMEOUT_S
+        )
+        return first
 
     def _forget_workers(self) -> None:
         """A new worker's row came: past the workers away remembered, forget some
@@ -2147,6 +2239,14 @@ class PacedLines:
             args = (*args, self.left_out)
             self.left_out = 0
         log.warning(message, *args)
+
+
+class _BusyStream(Exception):  # noqa: N818 (a refusal, not a fault)
+    """A stream refused before its Hello was read, past a bound of the hello reads."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,8 @@ class HubStore:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(kills)")}
         if "used" not in columns:  # a hub.db from before: its kills count as in use
             self._db.execute("ALTER TABLE kills ADD COLUMN used INTEGER NOT NULL DEFAULT 1")
+        # A worker stream's key is looked up before its Hello is read (worker.hub.server).
+        self._db.execute("CREATE INDEX IF NOT EXISTS workers_key ON workers (key_digest)")
         self.workers_away_kept = WORKERS_AWAY_KEPT
         self._take_queued_kills()
         row = self._db.execute("SELECT epoch FROM kills_epoch").fetchone()
@@ -436,6 +438,13 @@ class HubStore:
             "SELECT key_digest FROM workers WHERE worker_id = ?", (worker_id,)
         ).fetchone()
         return "" if row is None else str(row[0])
+
+    def knows_key(self, key_digest: str) -> bool:
+        """Whether a worker remembered here is bound to the key of this digest."""
+        if not key_digest:
+            return False
+        row = self._db.execute("SELECT 1 FROM workers WHERE key_digest = ? LIMIT 1", (key_digest,))
+        return row.fetchone() is not None
 
     def knows_worker(self, worker_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM workers WHERE worker_id = ?", (worker_id,))

@@ -15,14 +15,23 @@ each (review12 finding 03: 59 s behind 24); now behind one per connection at mos
 A call may wait with a rank: it is handed a turn only when no call of a lower rank
 waits (gRPC health ranks the calls of connections and addresses whose requests came
 late so: worker.hub.health).
+A Gate puts reads whose message should come with the call on turns so ranked, and
+bounds those waiting: gRPC health's requests and worker streams' Hellos.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import ipaddress
+import urllib.parse
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from worker.hub.rates import Rate
 
 _Entry = tuple[str, "asyncio.Future[None]"]  # a waiting call: its peer, its turn to come
 
@@ -151,3 +160,225 @@ class Turns:
                 del queue[best]
                 self._hold(peer)
                 future.set_result(None)
+
+
+@functools.lru_cache(maxsize=4096)
+def address_of(peer: str) -> str:
+    """Where a connection comes from, as gRPC names it (`context.peer()`): its address
+    without the port ("ipv4:10.0.0.7"); for IPv6 its /64, which one host or site holds
+    whole ("ipv6:2001:db8::/64"), an IPv4 one mapped into IPv6 as IPv4; any other peer
+    (a Unix socket's "unix:") as it is."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = urllib.parse.unquote(rest.rsplit(":", 1)[0]).strip("[]").split("%", 1)[0]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return peer
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return f"ipv4:{ip.ipv4_mapped}"
+        return f"ipv6:{ipaddress.IPv6Network((ip, 64), strict=False)}"
+    return f"ipv4:{ip}"
+
+
+@dataclass(eq=False)
+class _Holder:
+    """A read holding a turn, its message not come yet."""
+
+    budget: asyncio.Timeout
+    since: float
+    rank: int
+    gave_up: bool = False  # its turn went to a waiting read
+    timer: asyncio.TimerHandle | None = None
+
+
+class Unread(Exception):  # noqa: N818 (an outcome, not a fault)
+    """A read that ended without its message: `why` is "waited" (no turn came within
+    its time), "gave_up" (its turn went to a waiting read while its message had not
+    come) or "late" (its message did not come within its time)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+_NONE: Any = object()  # no message read
+
+
+class Gate:
+    """Reads whose message should come with the call (a health request, a worker
+    stream's Hello), on turns (`reads`, a Turns), bounded against callers whose message
+    never comes: gRPC health's (worker.hub.health) and the worker streams' first
+    messages (worker.hub.server) use it.
+
+    - A read has `read_within_s` from its start (None: no bound), waiting and reading
+      together, and `turn_within_s` from its turn (None: no bound).
+    - `admit` bounds the reads waiting or under way: a peer's (`calls_per_connection`),
+      an address's (`calls_per_address`; `calls_per_late_address` while the address is
+      late), all (`waiting_most` waiting), and of rank 2 `waiting_late` waiting.
+    - A read that held a turn without its message coming makes its peer late for
+      `late_for_s`, and its address too while its peers go late faster than
+      `late_per_address` in that time. Reads are ranked: 0, 1 if their address is late,
+      2 if their peer is; a read waits behind those of lower ranks (worker.hub.turns).
+    - A read whose message has not come gives its turn up to a waiting read that could
+      take it: at once if that one's rank is lower, `prompt_s` into the turn if it is
+      the same.
+    A peer is what holds turns and goes late: a connection (gRPC's `context.peer()`)
+    for health; for worker streams of a known key, that key."""
+
+    def __init__(
+        self,
+        slots: int,
+        per_peer: int,
+        *,
+        read_within_s: float | None,
+        turn_within_s: float | None = None,
+        prompt_s: float,
+        waiting_most: int,
+        waiting_late: int,
+        calls_per_connection: int,
+        calls_per_address: int | None = None,
+        calls_per_late_address: int | None = None,
+        late_for_s: float,
+        late_per_address: int,
+    ) -> None:
+        self.reads = Turns(slots, per_peer)
+        # The bounds, attributes so that a test may make them small.
+        self.read_within_s = read_within_s
+        self.turn_within_s = turn_within_s
+        self.prompt_s = prompt_s
+        self.waiting_most = waiting_most
+        self.waiting_late = waiting_late
+        self.calls_per_connection = calls_per_connection
+        self.calls_per_address = calls_per_address
+        self.calls_per_late_address = calls_per_late_address
+        self.late_for_s = late_for_s
+        self.calls: dict[str, int] = {}  # peer -> reads waiting or under way
+        self.address_calls: dict[str, int] = {}  # address -> the same
+        self._addresses: dict[str, str] = {}  # peer -> its address, while it reads
+        self.late_connections = Rate(1, 1 / late_for_s)
+        self.late_addresses = Rate(late_per_address, late_per_address / late_for_s)
+        self._holders: set[_Holder] = set()
+
+    def rank(self, peer: str, address: str, now: float) -> int:
+        """2 if `peer`'s messages came late, 1 if its address's did, else 0: a read
+        waits behind those of lower ranks."""
+        if self.late_connections.wait_s(peer, now) > 0:
+            return 2
+        return int(self.late_addresses.wait_s(address, now) > 0)
+
+    def admit(self, peer: str, address: str, now: float) -> str | None:
+        """None when a read of `peer` may wait for its turn; else which bound it is past:
+        "peer", "address", "all" or "late"."""
+        rank = self.rank(peer, address, now)
+        per_address = self.calls_per_late_address if rank else self.calls_per_address
+        if self.calls.get(peer, 0) >= self.calls_per_connection:
+            return "peer"
+        if per_address is not None and self.address_calls.get(address, 0) >= per_address:
+            return "address"
+        if self.reads.waiting() >= self.waiting_most:
+            return "all"
+        if rank == 2 and self.reads.waiting(2) >= self.waiting_late:
+            return "late"
+        return None
+
+    async def read(
+        self,
+        peer: str,
+        address: str,
+        read: Callable[[], Awaitable[Any]],
+        *,
+        start: float | None = None,
+        turn_within_s: float | None = _NONE,
+    ) -> Any:
+        """What `read()` gave, read in `peer`'s turn (admitted: see `admit`); Unread if it
+        gave nothing in time. `start`: when the call began (now unless said)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time() if start is None else start
+        if turn_within_s is _NONE:
+            turn_within_s = self.turn_within_s
+        rank = self.rank(peer, address, start)
+        self.calls[peer] = self.calls.get(peer, 0) + 1
+        self.address_calls[address] = self.address_calls.get(address, 0) + 1
+        self._addresses[peer] = address
+        message = _NONE
+        holder: _Holder | None = None
+        within = None if self.read_within_s is None else start + self.read_within_s
+        try:
+            async with asyncio.timeout_at(within) as budget:
+                loop.call_soon(self._give_turns)  # once this read waits, if it does
+                async with self.reads.turn(peer, rank=rank):
+                    now = loop.time()  # its rank now: its peer may have gone late
+                    if turn_within_s is not None:
+                        until = now + turn_within_s
+                        budget.reschedule(until if within is None else min(within, until))
+                    holder = _Holder(budget, now, self.rank(peer, address, now))
+                    self._holders.add(holder)
+                    holder.timer = loop.call_at(now + self.prompt_s, self._give_turns)
+                    try:
+                        message = await read()
+                    finally:  # before its turn is handed on
+                        self._let_go(peer, address, holder, message is _NONE)
+        except TimeoutError:
+            pass
+        finally:
+            self._leave(peer, address)
+        if message is _NONE:
+            raise Unread("waited" if holder is None else "gave_up" if holder.gave_up else "late")
+        return message
+
+    def _leave(self, peer: str, address: str) -> None:
+        left = self.calls[peer] - 1
+        if left:
+            self.calls[peer] = left
+        else:
+            del self.calls[peer]
+            del self._addresses[peer]
+        left = self.address_calls[address] - 1
+        if left:
+            self.address_calls[address] = left
+        else:
+            del self.address_calls[address]
+
+    def _let_go(self, peer: str, address: str, holder: _Holder, unread: bool) -> None:
+        """A read ends its turn: one that held it without its message coming (its time
+        ran out, it gave the turn up, or its caller went) makes its peer late, and
+        counts against its address (`late_per_address`); the waiting reads of those go
+        behind the others of lower ranks."""
+        self._holders.discard(holder)
+        if holder.timer is not None:
+            holder.timer.cancel()
+        if not unread:
+            return
+        now = asyncio.get_running_loop().time()
+        waits_s = self.late_connections.wait_s(peer, now)
+        if not waits_s:  # a peer late anew: its address counts it
+            self.late_addresses.take(address, now)
+        if waits_s < self.late_for_s:  # late twice as long at most
+            self.late_connections.take(peer, now)
+        self.reads.put_behind(lambda waiting: self.rank(waiting, self._where(waiting), now))
+
+    def _where(self, peer: str) -> str:
+        return self._addresses.get(peer, peer)
+
+    def _give_turns(self) -> None:
+        """Turns held by reads whose messages have not come go to waiting reads that
+        could take them: at once to one of a lower rank, `prompt_s` into the turn to one
+        of the same (a freed turn goes to the lowest rank waiting: Turns)."""
+        now = asyncio.get_running_loop().time()
+        wanting = [self.reads.wanting(rank) for rank in range(3)]
+        for holder in sorted(self._holders, key=lambda h: (-h.rank, h.since)):
+            lowest = next((rank for rank, count in enumerate(wanting) if count), None)
+            if lowest is None:
+                return
+            if (
+                holder.gave_up
+                or lowest < holder.rank
+                or (lowest == holder.rank and now - holder.since >= self.prompt_s)
+            ):
+                wanting[lowest] -= 1  # this holder's turn goes to that read
+                if not holder.gave_up:
+                    holder.gave_up = True
+                    holder.budget.reschedule(now)
