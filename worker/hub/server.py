@@ -127,6 +127,18 @@ HELLO_READS_PER_CONNECTION: Final = 1
 #   connection, HELLO_STREAMS_PER_ADDRESS of an address (a fleet behind one NAT says
 #   Hello together: 1,200 in tests), HELLO_STREAMS_PER_LATE_ADDRESS while the address is
 #   late, HELLO_WAITING waiting in all; another is refused busy, unread.
+# How many worker streams' later messages are read at once, and of them one
+# connection's, while the hub expects none from their workers. gRPC reads a message whole,
+# up to MAX_MESSAGE_BYTES, once the hub asks for it, and the hub asked every stream for
+# its next message as soon as it had read one: 48 streams of the workers' token, each
+# sending 31 MiB after a small Hello, took the hub's peak up 535 MiB (review14 finding
+# 05). So a stream's next message is asked for at once only while the hub expects its
+# worker's answers (calls open there, a scope request or a teardown asked); otherwise
+# it waits for one of these turns, its message left with the sender (gRPC's flow
+# control), and a message the hub comes to expect meanwhile is asked for at once. A
+# worker with nothing to answer sends heartbeats and audit events, a few hundred bytes.
+LATER_READS_AT_ONCE: Final = 2
+LATER_READS_PER_CONNECTION: Final = 1
 HELLO_PROMPT_S: Final = 2.0
 HELLO_LATE_FOR_S: Final = 60.0
 HELLO_LATE_PER_ADDRESS: Final = 3
@@ -280,6 +292,9 @@ class Session:
     acks: list[str] = field(default_factory=list)
     # Why the hub ends the stream (a status and its details), once it must.
     refusal: tuple[grpc.StatusCode, str] | None = None
+    # Set as the hub sends the worker something other than a heartbeat: a reader waiting
+    # for a turn looks again whether it expects answers (see Hub._next).
+    sent: asyncio.Event = field(default_factory=asyncio.Event)
     # When it began (unix ms): the time it was connected counts for its worker's row.
     started_ms: int = field(default_factory=now_ms)
     # The hub's kills the worker confirmed recording, through this one (KillPlan.seq):
@@ -298,6 +313,8 @@ class Session:
         its blob in parts (whole, for a worker that does not take parts)."""
         if self.closed:
             return
+        if not isinstance(msg, pb.ServerMessage) or not msg.HasField("heartbeat"):
+            self.sent.set()
         if isinstance(msg, Chunked):
             if self.protocol < PARTS_PROTOCOL:
                 self.outbox.put_nowait(msg.inline())
@@ -780,6 +797,9 @@ class Hub:
         # worker remembered here is bound to, and of the others.
         self.known_hello_reads = hello_reads(known=True)
         self.hello_reads = hello_reads(known=False)
+        # Turns to read worker streams' later messages while no answer is expected of
+        # them (LATER_READS_AT_ONCE).
+        self.later_reads = Turns(LATER_READS_AT_ONCE, LATER_READS_PER_CONNECTION)
 
     # ------------------------------------------------------------- worker stream
 
@@ -880,7 +900,7 @@ class Hub:
         # frame lives as long as the stream, and held it all along.
         worker_id = hello.worker_id
         del first, opening, hello, resent
-        reader = asyncio.create_task(self._read(session, requests))
+        reader = asyncio.create_task(self._read(session, requests, context.peer()))
         beats = asyncio.create_task(self._beat(session))
         batches: Batcher[bytes | Chunked] = Batcher(
             session.outbox,
@@ -1023,11 +1043,61 @@ class Hub:
         self._answer(correlation_id, Answer(result))
         return True
 
+    def _expects(self, session: Session) -> bool:
+        """Whether the hub waits for answers of `session`'s worker: results of calls
+        open there, a scope decision, a teardown's result."""
+        worker_id = session.worker_id
+        if self._open_calls.get(worker_id, 0):
+            return True
+        return any(asked[0] == worker_id for asked in self._scope_waiters.values()) or any(
+            asked[0] == worker_id for asked in self._teardowns.values()
+        )
+
+    async def _next(
+        self, session: Session, requests: AsyncIterator[Incoming | EnvelopeRefused], peer: str
+    ) -> Incoming | EnvelopeRefused | None:
+        """The stream's next message (None once it ended): asked for at once while the
+        hub expects answers of its worker (or for `up`'s own worker, whose messages are
+        in memory), else in a turn of `later_reads` (LATER_READS_AT_ONCE); a reader
+        waiting for one asks at once as soon as the hub sends something it expects an
+        answer to."""
+        while True:
+            session.sent.clear()
+            if peer == LOCAL_PEER or self._expects(session):
+                return await anext(requests, None)
+            reading = False
+
+            async def in_turn() -> Incoming | EnvelopeRefused | None:
+                nonlocal reading
+                async with self.later_reads.turn(peer):
+                    reading = True
+                    return await anext(requests, None)
+
+            read = asyncio.ensure_future(in_turn())
+            sent = asyncio.ensure_future(session.sent.wait())
+            try:
+                await asyncio.wait((read, sent), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                read.cancel()
+                raise
+            finally:
+                sent.cancel()
+            if not read.done() and not reading:
+                read.cancel()  # still waiting for its turn: nothing asked of gRPC yet
+                with contextlib.suppress(asyncio.CancelledError):
+                    await read
+                if read.cancelled():
+                    continue  # look again: the hub may expect answers now
+            return await read  # done, or asked for already: a message is on its way
+
     async def _read(
-        self, session: Session, requests: AsyncIterator[Incoming | EnvelopeRefused]
+        self,
+        session: Session,
+        requests: AsyncIterator[Incoming | EnvelopeRefused],
+        peer: str = "",
     ) -> None:
         try:
-            async for envelope in requests:
+            while (envelope := await self._next(session, requests, peer)) is not None:
                 if isinstance(envelope, EnvelopeRefused):
                     self._refuse(session, envelope.message, envelope.code)
                     return
