@@ -66,6 +66,10 @@ CREATE TABLE recorded_calls (
     blob_left_out INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX recorded_calls_plan ON recorded_calls (plan_id, unix_ms);
+CREATE TABLE audit_events (
+    event_id TEXT PRIMARY KEY, correlation_id TEXT, kind TEXT NOT NULL, plan_id TEXT,
+    agent_id TEXT, detail_json TEXT, unix_ms INTEGER NOT NULL
+);
 """
 EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
@@ -99,14 +103,19 @@ def _old_state_db(path: Path, *, left_out: bool) -> None:
                 (cid, f'{{"path": "{name}"}}', cid.encode(), EMPTY_SHA, 1000 + n),
             )
         db.execute("INSERT INTO recording_plans VALUES ('P', 1, 'cli:0')")
+        for cid in ("a1", "old1"):
+            db.execute(
+                "INSERT INTO audit_events VALUES (?, ?, 'path_not_allowed', 'P', 'rec', '{}', 1)",
+                (f"e-{cid}", cid),
+            )
         db.commit()
 
 
-def _counts(path: Path) -> tuple[int, int, int]:
+def _counts(path: Path) -> tuple[int, ...]:
     with contextlib.closing(sqlite3.connect(path)) as db:
-        return tuple(  # type: ignore[return-value]
+        return tuple(
             db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-            for table in ("invocations", "recorded_calls", "recording_plans")
+            for table in ("invocations", "recorded_calls", "recording_plans", "audit_events")
         )
 
 
@@ -131,7 +140,7 @@ def test_a_state_db_from_before_is_converted_with_nothing_lost(
         assert len(_steps(conn, UNRECORDED_SERVER)) == 2 and _steps(conn, "A") == []
     finally:
         cli.close()
-    assert _counts(path) == (2, 2, 1)
+    assert _counts(path) == (2, 2, 1, 2)
 
     for _ in range(2):  # the worker's start; again: nothing more changes
         worker = State(path, convert=True)
@@ -139,6 +148,10 @@ def test_a_state_db_from_before_is_converted_with_nothing_lost(
             conn = worker.connection
             telemetry = Telemetry(conn, convert=True)
             assert sorted(conn.execute("SELECT correlation_id, server FROM invocations")) == [
+                ("a1", "A"),
+                ("old1", UNRECORDED_SERVER),
+            ]
+            assert sorted(conn.execute("SELECT correlation_id, server FROM audit_events")) == [
                 ("a1", "A"),
                 ("old1", UNRECORDED_SERVER),
             ]
@@ -151,7 +164,7 @@ def test_a_state_db_from_before_is_converted_with_nothing_lost(
             assert not telemetry.recordings.active("B", "P")
         finally:
             worker.close()
-        assert _counts(path) == (2, 2, 1)
+        assert _counts(path) == (2, 2, 1, 2)
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

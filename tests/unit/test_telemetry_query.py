@@ -3,8 +3,10 @@ names, alone and together, and the CLI prints and exports what was selected."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 from worker.cli.main import main
 from worker.core import telemetry_query as tq
 from worker.core.ledger import State
-from worker.core.telemetry import Telemetry
+from worker.core.telemetry import COLUMNS, Telemetry
 from worker.errors import WorkerError
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -38,23 +40,24 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("AGENTWORKER_HOME", str(tmp_path))
     state = State(tmp_path / "state.db")
     telemetry = Telemetry(state.connection)
-    telemetry.record_many(
-        [
-            pb.Invocation(
-                invocation_id=iid,
-                correlation_id=f"c-{iid}",
-                plan_id=plan,
-                agent_id=agent,
-                surface=name.split(".")[0],
-                action=name.split(".")[1],
-                status=status,
-                error_code=code,
-                started_unix_ms=started,
-                args_preview='{"path": "."}',
-            )
-            for iid, plan, agent, name, status, code, started in ROWS
-        ]
-    )
+    rows = [
+        pb.Invocation(
+            invocation_id=iid,
+            correlation_id=f"c-{iid}",
+            plan_id=plan,
+            agent_id=agent,
+            surface=name.split(".")[0],
+            action=name.split(".")[1],
+            status=status,
+            error_code=code,
+            started_unix_ms=started,
+            args_preview='{"path": "."}',
+        )
+        for iid, plan, agent, name, status, code, started in ROWS
+    ]
+    telemetry.record_many(rows[:3], server="A")  # server A sent i1-i3, B i4-i6
+    telemetry.record_many(rows[3:], server="B")
+    telemetry.server = lambda: "A"  # audit events: the server served when written
     telemetry.audit("kill", plan_id="p1", detail={"reason": "r", "by": "cli"})
     telemetry.audit(
         "scope_required",
@@ -63,6 +66,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         agent_id="a1",
         detail={"action": "workerHost.exec"},
     )
+    telemetry.server = lambda: "B"
     telemetry.audit(
         "path_not_allowed",
         correlation_id="c-i2",
@@ -102,6 +106,9 @@ def _ids(home: Path, filters: tq.Filters, **kw: int) -> list[str]:
         (tq.Filters(agent="a1", action="fs_stat", plan="p1"), ["i1", "i6"]),
         (tq.Filters(plan="p2", error_code="not_found"), []),
         (tq.Filters(plan="nope"), []),
+        (tq.Filters(server="A"), ["i1", "i2", "i3"]),
+        (tq.Filters(server="B", plan="p1"), ["i6"]),
+        (tq.Filters(server="C"), []),
     ],
 )
 def test_each_filter_selects_exactly_its_rows(
@@ -129,6 +136,8 @@ def test_rows_past_a_rowid_are_the_ones_written_after_it(home: Path) -> None:
         (tq.Filters(action="exec"), ["scope_required"]),
         (tq.Filters(action="workerHost.fs_read"), ["path_not_allowed"]),
         (tq.Filters(correlation_id="c-i2"), ["path_not_allowed"]),
+        (tq.Filters(server="A"), ["kill", "scope_required"]),
+        (tq.Filters(server="B", plan="p1"), ["path_not_allowed"]),
     ],
 )
 def test_audit_filters_select_exactly_their_events(
@@ -166,6 +175,8 @@ def test_the_query_command_applies_its_filters(
     assert [r["invocation_id"] for r in rows] == ["i5", "i6"]
     rows = _cli(capsys, "telemetry", "tail", "-n", "1", "--action", "fs_read", "--json")
     assert [r["invocation_id"] for r in rows] == ["i2"]
+    rows = _cli(capsys, "telemetry", "query", "--plan", "p1", "--server-key", "B", "--json")
+    assert [(r["invocation_id"], r["server"]) for r in rows] == [("i6", "B")]
 
 
 def test_the_audit_command_applies_its_filters(
@@ -174,6 +185,30 @@ def test_the_audit_command_applies_its_filters(
     rows = _cli(capsys, "audit", "query", "--plan", "p1", "--json")
     assert [r["kind"] for r in rows] == ["kill", "path_not_allowed"]
     assert rows[0]["detail"] == {"reason": "r", "by": "cli"}
+    rows = _cli(capsys, "audit", "query", "--plan", "p1", "--server-key", "A", "--json")
+    assert [(r["kind"], r["server"]) for r in rows] == [("kill", "A")]
+
+
+def test_a_state_db_from_before_the_server_column_reads_as_unrecorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader converts nothing (the worker does, at its start): rows of tables from
+    before the column are every one of an unknown server."""
+    monkeypatch.setenv("AGENTWORKER_HOME", str(tmp_path))
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        db.execute(f"CREATE TABLE invocations ({', '.join(COLUMNS)})")
+        db.execute(f"CREATE TABLE audit_events ({', '.join(tq.AUDIT_COLUMNS[:-1])})")
+        db.execute(
+            "INSERT INTO invocations (invocation_id, plan_id, truncated, sandboxed)"
+            " VALUES ('i1', 'p1', 0, 0)"
+        )
+        db.execute("INSERT INTO audit_events (kind, plan_id, unix_ms) VALUES ('kill', 'p1', 1)")
+        db.commit()
+    rows = _cli(capsys, "telemetry", "query", "--server-key", "unrecorded", "--json")
+    assert [(r["invocation_id"], r["server"]) for r in rows] == [("i1", "unrecorded")]
+    assert _cli(capsys, "telemetry", "query", "--server-key", "A", "--json") == []
+    rows = _cli(capsys, "audit", "query", "--plan", "p1", "--json")
+    assert [(r["kind"], r["server"]) for r in rows] == [("kill", "unrecorded")]
 
 
 def test_export_writes_json_lines_or_csv(

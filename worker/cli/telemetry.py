@@ -56,6 +56,13 @@ def _filters(p: argparse.ArgumentParser, *, audit: bool) -> None:
     else:
         f.add_argument("--status", choices=("ok", "error"))
         f.add_argument("--error-code", help="e.g. scope_required, not_found")
+    f.add_argument(
+        "--server-key",
+        metavar="KEY",
+        help="the server that sent the call (audit: the one served), by its key as "
+        "`record` and the worker's log show it; `unrecorded`: rows from before rows "
+        "kept their server",
+    )
     f.add_argument("--since", help="from this time on")
     f.add_argument("--until", help="before this time")
 
@@ -82,6 +89,7 @@ def _run(paths: Paths, args: argparse.Namespace) -> int:
         status=getattr(args, "status", None),
         error_code=getattr(args, "error_code", None),
         kind=getattr(args, "kind", None),
+        server=args.server_key,
         since_ms=tq.moment_ms(args.since) if args.since else None,
         until_ms=tq.moment_ms(args.until) if args.until else None,
     )

@@ -5,11 +5,12 @@ each ActionResult. Policy-relevant events (denials, kills, path refusals) add an
 audit row linked by correlation id. Rows older than the retention period are pruned.
 
 Each invocation row keeps, locally, the key of the server that sent the call (its
-`server` column; not sent: the server knows who it is): plan ids are unique per
-server only, and `agentworker record PLAN` draws a plan's script from these rows
-(review12 finding 04). Rows of a state.db from before get the server the ledger
-still knows for their call when the worker converts it (`convert`), else
-UNRECORDED_SERVER.
+`server` column; not sent: the server knows who it is), and each audit row the
+server served when it was written: plan ids are unique per server only, and
+`agentworker record PLAN` draws a plan's script from these rows (review12 finding
+04), `telemetry`/`audit --server-key` selects by it. Rows of a state.db from before
+get the server the ledger still knows for their call when the worker converts it
+(`convert`), else UNRECORDED_SERVER.
 """
 
 from __future__ import annotations
@@ -53,28 +54,31 @@ CREATE TABLE IF NOT EXISTS audit_events (
     plan_id TEXT,
     agent_id TEXT,
     detail_json TEXT,
-    unix_ms INTEGER NOT NULL
+    unix_ms INTEGER NOT NULL,
+    server TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}' -- the server served when it happened
 );
 CREATE INDEX IF NOT EXISTS audit_time ON audit_events (unix_ms);
 CREATE INDEX IF NOT EXISTS audit_kind ON audit_events (kind);
 """
 
-# A state.db from before invocation rows kept their server: the column, and the server
-# the ledger still knows for each row's call (its `calls` row, kept 24 h after the ack).
-_ADD_SERVER: Final = (
-    f"ALTER TABLE invocations ADD COLUMN server TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}'"
-)
-_SORT_OLD_ROWS: Final = (
-    "UPDATE invocations SET server = c.server FROM calls AS c"
+# A state.db from before invocation rows and audit events kept their server: the
+# column, and the server the ledger still knows for each row's call (its `calls` row,
+# kept 24 h after the ack).
+_ADD_SERVER: Final = "ALTER TABLE {table} ADD COLUMN server TEXT NOT NULL DEFAULT '{unrecorded}'"
+_SORT_OLD_ROWS: Final = {
+    "invocations": "UPDATE invocations SET server = c.server FROM calls AS c"
     " WHERE invocations.correlation_id = c.correlation_id AND invocations.plan_id = c.plan_id"
-    " AND c.server NOT IN ('', ?)"
-)
+    " AND c.server NOT IN ('', ?)",
+    "audit_events": "UPDATE audit_events SET server = c.server FROM calls AS c"
+    " WHERE audit_events.correlation_id = c.correlation_id AND c.correlation_id != ''"
+    " AND c.server NOT IN ('', ?)",
+}
 
 
-def has_server_column(conn: sqlite3.Connection) -> bool:
-    """Whether the invocation rows keep their server (no: a state.db from before, not
-    yet converted by the worker; its rows are all UNRECORDED_SERVER's)."""
-    return any(row[1] == "server" for row in conn.execute("PRAGMA table_info(invocations)"))
+def has_server_column(conn: sqlite3.Connection, table: str = "invocations") -> bool:
+    """Whether the table's rows keep their server (no: a state.db from before, not yet
+    converted by the worker; its rows are all UNRECORDED_SERVER's)."""
+    return any(row[1] == "server" for row in conn.execute(f"PRAGMA table_info({table})"))
 
 
 # The most invocation rows, and audit events, kept (the oldest go first): about 0.5 GB.
@@ -125,14 +129,17 @@ class Telemetry:
         """`convert`: the worker, at its start, converts tables from before (see the
         module's docstring and worker.db.connect); only the worker writes rows."""
         conn.executescript(_SCHEMA)
-        if convert and not has_server_column(conn):
+        if convert and not all(has_server_column(conn, t) for t in _SORT_OLD_ROWS):
             with immediate(conn):
-                if not has_server_column(conn):  # another process may have done it
-                    conn.execute(_ADD_SERVER)
-                    if conn.execute(
-                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'calls'"
-                    ).fetchone():
-                        conn.execute(_SORT_OLD_ROWS, (UNRECORDED_SERVER,))
+                ledger = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'calls'"
+                ).fetchone()
+                for table, sort in _SORT_OLD_ROWS.items():
+                    if has_server_column(conn, table):  # another process may have done it
+                        continue
+                    conn.execute(_ADD_SERVER.format(table=table, unrecorded=UNRECORDED_SERVER))
+                    if ledger:
+                        conn.execute(sort, (UNRECORDED_SERVER,))
         self._db = conn
         self.max_rows = max_rows
         # Plans recorded for replay keep their calls' args and results beside the rows.
@@ -209,7 +216,8 @@ class Telemetry:
             unix_ms=now_ms(),
         )
         self._db.execute(
-            "INSERT INTO audit_events VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO audit_events (event_id, correlation_id, kind, plan_id, agent_id,"
+            " detail_json, unix_ms, server) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 event.event_id,
                 event.correlation_id,
@@ -218,6 +226,7 @@ class Telemetry:
                 event.agent_id,
                 event.detail_json,
                 event.unix_ms,
+                self.server(),
             ),
         )
         return event

@@ -25,7 +25,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from worker.core.telemetry import COLUMNS
+from worker.core.ledger import UNRECORDED_SERVER
+from worker.core.telemetry import COLUMNS, has_server_column
 from worker.errors import WorkerError
 
 AUDIT_COLUMNS: Final = (
@@ -36,6 +37,7 @@ AUDIT_COLUMNS: Final = (
     "agent_id",
     "detail_json",
     "unix_ms",
+    "server",
 )
 
 
@@ -46,7 +48,8 @@ class Table:
     time_column: str
 
 
-INVOCATIONS: Final = Table("invocations", COLUMNS, "started_unix_ms")
+# The server's key is the worker's own column (worker.core.telemetry), not the row's.
+INVOCATIONS: Final = Table("invocations", (*COLUMNS, "server"), "started_unix_ms")
 AUDIT: Final = Table("audit_events", AUDIT_COLUMNS, "unix_ms")
 
 
@@ -63,8 +66,11 @@ class Filters:
     correlation_id: str | None = None
     since_ms: int | None = None  # inclusive
     until_ms: int | None = None  # exclusive
+    server: str | None = None  # its key: the server that sent the call (served, for audit)
 
-    def where(self, table: Table) -> tuple[str, list[Any]]:
+    def where(self, table: Table, server: str = "server") -> tuple[str, list[Any]]:
+        """The WHERE clause and its parameters; `server`: the column's expression (a
+        constant for a state.db from before the column, see `_server_of`)."""
         clauses: list[str] = []
         params: list[Any] = []
 
@@ -72,6 +78,8 @@ class Filters:
             clauses.append(clause)
             params.append(value)
 
+        if self.server is not None:
+            add(f"{server} = ?", self.server)
         if self.plan is not None:
             add("plan_id = ?", self.plan)
         if self.agent is not None:
@@ -110,10 +118,11 @@ def select_rows(
 ) -> list[tuple[int, dict[str, Any]]]:
     """(rowid, row) of the matching rows past `after_rowid`, oldest first; with
     `last`, only the newest `last` of them."""
-    where, params = filters.where(table)
+    server = _server_of(conn, table)
+    where, params = filters.where(table, server)
     where += (" AND " if where else " WHERE ") + "rowid > ?"
     params.append(after_rowid)
-    columns = ", ".join(table.columns)
+    columns = ", ".join(c if c != "server" else f"{server} AS server" for c in table.columns)
     if last is None:
         sql = f"SELECT rowid, {columns} FROM {table.name}{where} ORDER BY rowid"
     else:
@@ -123,6 +132,13 @@ def select_rows(
         )
         params.append(last)
     return [(row[0], _shaped(table, row[1:])) for row in conn.execute(sql, params)]
+
+
+def _server_of(conn: sqlite3.Connection, table: Table) -> str:
+    """The expression of a row's server: its column, or, in a state.db from before the
+    column that no worker has converted yet (this reader converts nothing), the mark
+    of rows whose server is not known."""
+    return "server" if has_server_column(conn, table.name) else f"'{UNRECORDED_SERVER}'"
 
 
 def _shaped(table: Table, values: tuple[Any, ...]) -> dict[str, Any]:
