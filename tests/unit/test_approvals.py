@@ -4,8 +4,11 @@ identical asks share a prompt, answers become grants and audit rows, kills last.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
+import re
+import sqlite3
 from pathlib import Path
 
 from tests.ui.rig import Rig, prompts_waiting
@@ -447,3 +450,82 @@ def test_a_blob_that_follows_its_request_is_shown_once_it_came_whole(tmp_path: P
         rig.close()
 
     asyncio.run(scenario())
+
+
+def _stored(home: Path) -> bytes:
+    """state.db and its log as they lie on disk."""
+    return b"".join(path.read_bytes() for path in sorted(home.glob("state.db*")) if path.is_file())
+
+
+def test_an_ask_approved_for_the_plan_keeps_no_argument_in_its_grant_or_audit_rows(
+    tmp_path: Path,
+) -> None:
+    """review14 01: the grant and the approval's audit row name the ask by program,
+    count, folder and digest; no argument of the command is in state.db's grants or
+    audit rows, and the approval answers that command again unasked."""
+    secret = "PW0mask15-secret-name.txt"
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.exec"])])
+        broker = rig.console.broker
+        assert broker is not None
+        first = rig.call("exec", json.dumps({"argv": ["touch", secret]}))
+        await prompts_waiting(broker, 1)
+        (prompt,) = broker.pending()
+        assert f"command: touch {secret}\n" in prompt.preview  # the person reads it whole
+        assert not any(secret in scope for scope in prompt.scopes), prompt.scopes
+        broker.decide(prompt.id, Decision(Choice.PLAN))
+        await rig.result(first)
+        again = rig.call("exec", json.dumps({"argv": ["touch", secret]}))
+        await rig.result(again)
+        assert [rig.code(first), rig.code(again)] == ["ok", "ok"]
+        assert "approval_granted" in rig.audits()
+        rig.close()
+
+    asyncio.run(scenario())
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        (scope,) = [s for (s,) in db.execute("SELECT scope FROM grants")]
+        audits = [d for (d,) in db.execute("SELECT detail_json FROM audit_events")]
+    assert re.fullmatch(
+        r"ask:workerHost\.exec touch \(1 arg\) in .* \(sha256 [0-9a-f]{64}\)", scope
+    )
+    assert audits and not any(secret in detail for detail in audits), audits
+
+
+def test_a_grant_kept_under_an_asks_earlier_name_is_renamed_at_start_and_still_answers(
+    tmp_path: Path,
+) -> None:
+    """A state.db from before review14 keeps an ask's grant under its masked argv: the
+    worker renames the row at its start (its argv gone from the file and its log), and
+    the grant answers the same command in the same folder still, headless."""
+    secret = "PW0mask15-earlier-name.txt"
+
+    exec_granted = [GrantSection(agent="agent-1", scopes=["workerHost.exec"])]
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=exec_granted, ui_in_process=False)
+        folder = str(rig.workspace)
+        digest = hashlib.sha256(json.dumps([["touch", secret], folder]).encode()).hexdigest()
+        earlier = f"ask:workerHost.exec `touch {secret}` in {folder} (sha256 {digest})"
+        rig.dispatcher.state.add_grant("agent-1", earlier, "plan-a", None, "ui:plan")
+        rig.close()
+        assert secret.encode() in _stored(tmp_path)
+        rig = Rig(tmp_path, grants=exec_granted, ui_in_process=False)  # the next start
+        assert secret.encode() not in _stored(tmp_path)  # nor in free pages, nor the log
+        again = rig.call("exec", json.dumps({"argv": ["touch", secret]}))
+        other = rig.call("exec", json.dumps({"argv": ["touch", secret + "x"]}))
+        await rig.result(again)
+        await rig.result(other)
+        assert rig.code(again) == "ok", rig.results[again]
+        assert rig.code(other) == "scope_required"  # another command: asked (none to ask)
+        (grant,) = rig.dispatcher.state.grants()
+        assert grant.scope.startswith("ask:workerHost.exec touch (1 arg) in ")
+        assert grant.scope.endswith(f"(sha256 {digest})")
+        rig.close()
+
+    asyncio.run(scenario())
+    assert (tmp_path / "workspace" / secret).exists()
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        scopes = [s for (s,) in db.execute("SELECT scope FROM grants")]
+        audits = [d for (d,) in db.execute("SELECT detail_json FROM audit_events")]
+    assert not any(secret in s for s in scopes + audits), (scopes, audits)

@@ -38,6 +38,8 @@ import contextlib
 import enum
 import json
 import logging
+import re
+import shlex
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
@@ -50,6 +52,7 @@ from worker import db
 from worker.clock import now_ms
 from worker.config import LEDGER_BLOBS_SUFFIX
 from worker.core.blob_files import BlobFiles, file_name
+from worker.core.scopes import ASK_PREFIX, ask_name
 from worker.db import connect, write_many
 from worker.wire.protocol import same_call
 
@@ -175,6 +178,37 @@ _ADDED_COLUMNS: Final = {
 }
 
 
+# The name an allowlist ask's grant was kept under before review14 (finding 01): its
+# argv, masked as previews mask them, which left every password the masking did not
+# know in state.db. Renamed on open to the name asks have now (scopes.ask_name).
+_ASK_EARLIER: Final = re.compile(
+    r"ask:([A-Za-z]+)\.exec `(.*)` in (.*) \(sha256 ([0-9a-f]{64})\)", re.S
+)
+
+
+def _renamed_ask(pattern: str) -> str | None:
+    """A grant's pattern kept under an ask's earlier name, under its name now (as a
+    pattern: fnmatch's specials escaped, as approvals._literal does); None for any
+    other. The surface and digest stay, and they are what a grant for an ask matches
+    on (scopes.ask_binding): it answers the same command in the same folder as
+    before. The program is the label's first word; the count of its arguments when
+    the label held them all (it was cut at 60 characters), else "args not kept"."""
+    found = _ASK_EARLIER.fullmatch(pattern)
+    if found is None:
+        return None
+    surface, label, place, digest = (
+        re.sub(r"\[([*?\[])\]", r"\1", part) for part in found.groups()
+    )
+    try:
+        words: list[str] | None = shlex.split(label) if not label.endswith("…") else None
+    except ValueError:  # a cut label, or one no shell would read back
+        words = None
+    program = words[0] if words else label.split(" ", 1)[0].strip("'\"")
+    name = ask_name(surface, program, None if not words else len(words) - 1, "", digest)
+    name = name.replace(" in  (sha256", f" in {place} (sha256", 1)  # the folder as it was shown
+    return re.sub(r"([*?\[])", r"[\1]", ASK_PREFIX + name)
+
+
 @dataclass(frozen=True)
 class Begin:
     seen: Seen
@@ -250,6 +284,8 @@ class State:
             for name, definition in added.items():
                 if name not in columns:  # a state.db from before the column
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+        if convert:  # the worker, at its start: the owner converts (worker.db.connect)
+            self._rename_asks()
         self._ttl_ms = int(ttl_s * 1000)
         # The server whose calls this process serves (its WorkerConnection names it):
         # the only one told of, sent, acking and answered from the calls stamped with it.
@@ -874,6 +910,32 @@ class State:
         )
 
     # ------------------------------------------------------------- local grants
+
+    def _rename_asks(self) -> None:
+        """Grants kept under an ask's earlier name (its masked argv) renamed in place
+        (_renamed_ask): the rows stay, and answer the same asks; their argv leaves
+        state.db, the freed space zeroed (secure_delete) and the log of pages that
+        held it emptied (a checkpoint that truncates it)."""
+        rows = self._db.execute(
+            "SELECT id, scope FROM grants WHERE scope LIKE ? ESCAPE '!'",
+            (ASK_PREFIX + "%.exec `%",),
+        ).fetchall()
+        renamed = [(new, gid) for gid, scope in rows if (new := _renamed_ask(scope)) is not None]
+        if not renamed:
+            return
+        self._db.execute("PRAGMA secure_delete = ON")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("UPDATE grants SET scope = ? WHERE id = ?", renamed)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            self._db.execute("PRAGMA secure_delete = OFF")
+        log.info("renamed %d grants of allowlist asks: no argv in their names", len(renamed))
 
     def add_grant(
         self,

@@ -342,12 +342,6 @@ def _option_masked(text: str, options: _Options) -> tuple[str | None, str]:
     return None, ""
 
 
-def masked_argv(argv: Iterable[str]) -> list[str]:
-    """An argv as a text kept at rest may name it (an allowlist ask's label): whole,
-    with only its secrets masked, as a recording masks them."""
-    return _argv_masked(argv, _secrets_masked)
-
-
 def _argv_masked(items: Iterable[Any], each: Callable[[Any], Any]) -> list[Any]:
     """A list like an argv: its secrets masked (_argv_plan), every other item passed
     through `each`."""

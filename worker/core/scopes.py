@@ -7,18 +7,58 @@ server can ask (a ScopeRequest, or an out-of-scope call) but never grant.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Final, Protocol
 
+from worker.core.redaction import secrets_in_text
 from worker.errors import WorkerError
 
 # Approvals of allowlist `ask` rules are kept as grants under this prefix, out of
 # reach of scope patterns such as `workerHost.*` or `*`: granting a scope never
 # answers an ask rule, and an ask approval never grants a scope.
 ASK_PREFIX: Final = "ask:"
+# An ask's name shows this much of its program and of its folder (its digest binds all).
+ASK_LABEL_CHARS: Final = 60
+# An ask's name starts with its surface and ends with the digest of its whole command
+# and folder (ask_name); a grant kept for it is the name as a pattern that matches only
+# itself (fnmatch's specials escaped as `[*]`), which leaves both ends as they were.
+_ASK_BOUND: Final = re.compile(r"ask:([A-Za-z]+)\.exec .*\(sha256 ([0-9a-f]{64})\)", re.S)
+
+
+def ask_name(surface: str, program: str, args: int | None, cwd: str, digest: str) -> str:
+    """An allowlist ask's name (without ASK_PREFIX), kept at rest in grants, audit rows,
+    refusals and logs: `<surface>.exec <program> (<n> args) in <folder> (sha256 <hex>)`,
+    the digest binding the whole command and folder (exec_cmd.ask_about). No argument
+    is in it: masking argv there leaked each password the masking did not know
+    (review14 finding 01). `args` None: a count not known (a grant renamed from an
+    ask's earlier name, ledger._renamed_ask). The program is the one the allowlist
+    resolved, a secret-looking text in it masked all the same."""
+    if len(program) > ASK_LABEL_CHARS:
+        program = os.path.basename(program)
+    shown = secrets_in_text(program)
+    if len(shown) > ASK_LABEL_CHARS:
+        shown = shown[: ASK_LABEL_CHARS - 1] + "…"
+    place = cwd if len(cwd) <= ASK_LABEL_CHARS else "…" + cwd[-(ASK_LABEL_CHARS - 1) :]
+    count = "args not kept" if args is None else "1 arg" if args == 1 else f"{args} args"
+    return f"{surface}.exec {_one_line(shown)} ({count}) in {_one_line(place)} (sha256 {digest})"
+
+
+def ask_binding(scope: str) -> tuple[str, str] | None:
+    """What binds an ask's name (or a grant's pattern kept for it): its surface and
+    the digest of its command and folder; None for a scope, or an ask of another shape.
+    Grants for asks match on this, so a grant kept under an earlier name of the same
+    ask (its argv masked in it, before review14) answers it still."""
+    found = _ASK_BOUND.fullmatch(scope)
+    return None if found is None else (found.group(1), found.group(2))
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "\\n").replace("\r", "\\r")
 
 
 @dataclass(frozen=True)
@@ -34,9 +74,20 @@ class Grant:
             return False
         return (
             fnmatchcase(agent, self.agent)
-            and fnmatchcase(scope, self.scope)
+            and _scope_admits(self.scope, scope)
             and fnmatchcase(plan, self.plan)
         )
+
+
+def _scope_admits(pattern: str, scope: str) -> bool:
+    """A grant's scope pattern against a call's scope; an ask's against an ask's by
+    what binds them (ask_binding): the name's middle is for people, the digest is the
+    command."""
+    if pattern.startswith(ASK_PREFIX) and scope.startswith(ASK_PREFIX):
+        bound, asked = ask_binding(pattern), ask_binding(scope)
+        if bound is not None and asked is not None:
+            return bound == asked
+    return fnmatchcase(scope, pattern)
 
 
 def _aware(moment: datetime) -> datetime:

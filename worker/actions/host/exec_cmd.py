@@ -52,12 +52,10 @@ from worker.actions.host.fs_paths import (
 from worker.config import ExecSection, Paths
 from worker.core.blob_files import check_hasher
 from worker.core.prompt_text import one_line
-from worker.core.redaction import masked_argv
 from worker.core.registry import MIB, ActionSpec, Args, Context, Json, Outcome, PathArg, Result
+from worker.core.scopes import ask_name
 from worker.errors import ErrorCode, WorkerError
 
-# An `ask` approval's name shows this much of its command (its digest binds all of it).
-ASK_LABEL_CHARS: Final = 60
 OUTPUT_BYTES: Final = 1 * MIB  # stdout + stderr together, per call
 
 
@@ -266,22 +264,20 @@ def ask_about(surface: str, argv: Sequence[str], cwd: str, reason: str) -> tuple
     says. The name is bound to the whole command and its working folder by a digest,
     so an approval "for this plan" or "for this agent" answers that command in that
     folder and nothing else (keyed on the first 300 characters, with no folder, it let
-    any longer command with that start run unasked). The prompt shows it whole; the
-    name, kept at rest (a grant for the plan or agent, audit rows, a refusal's message),
-    shows it with its secrets masked (curl -u ***): the digest binds the command
-    itself."""
+    any longer command with that start run unasked; scopes.ask_binding matches on the
+    digest). The name is kept at rest (a grant for the plan or agent, audit rows, a
+    refusal's message, the hub's log): it names the program, how many arguments it
+    has, the folder and the digest, and no argument at all. Masked argv there leaked
+    every password the masking did not know (review14 01: curl --pass, openssl -pass,
+    timeout 5 curl -u ...); the digest binds the command without showing it. Only the
+    prompt, which is not kept, shows the command whole."""
     command = shlex.join(argv)
     bound = json.dumps([list(argv), cwd]).encode()  # ASCII: every other char escaped
     digest = hashlib.sha256(bound).hexdigest()
-    named = shlex.join(masked_argv(argv))
-    label = named if len(named) <= ASK_LABEL_CHARS else named[: ASK_LABEL_CHARS - 1] + "…"
-    place = cwd if len(cwd) <= ASK_LABEL_CHARS else "…" + cwd[-(ASK_LABEL_CHARS - 1) :]
-    what = f"{surface}.exec `{one_line(label)}` in {one_line(place)} (sha256 {digest})"
-    note = (
+    return ask_name(surface, argv[0] if argv else "", len(argv) - 1, cwd, digest), (
         f"command: {one_line(command)}\nworking folder: {one_line(cwd)}\n"
         f"the allowlist asks: {one_line(reason)}"
     )
-    return what, note
 
 
 def _working_dir(ctx: Context, cwd: str | None) -> str:
