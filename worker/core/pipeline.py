@@ -48,7 +48,7 @@ from worker.core.ledger import UNRECORDED_SERVER, Seen, State
 from worker.core.pause import PauseSwitch
 from worker.core.prompt_text import call_text
 from worker.core.recording import FULL_KIND
-from worker.core.redaction import args_preview, masked_detail, masked_message
+from worker.core.redaction import args_preview, argv_secrets, masked_detail, masked_message
 from worker.core.registry import (
     MIB,
     ActionSpec,
@@ -1518,11 +1518,15 @@ class Dispatcher:
             # A refusal quotes the call (the URL, the argv): what the ledger, the hub's
             # store, recordings and the audit row keep of it is masked as previews are
             # (review10 01). The agent knows what it sent.
-            masked = masked_message(error.message)
+            # The passwords its argv holds are masked wherever the message quotes them,
+            # in the allowlist's words too (review14 01).
+            known = argv_secrets(call.req.args_json)
+            masked = masked_message(error.message, known)
             if masked != error.message:
                 result.error.message = masked
             if error.details and result.error.details_json:
-                result.error.details_json = json.dumps(masked_detail(error.details), default=str)
+                details = masked_detail(error.details, known)
+                result.error.details_json = json.dumps(details, default=str)
             if error.code in AUDITED_CODES:
                 self.results.audit(error.code, call.req, {"message": masked})
         # `agentworker record start`: this server's plan of the id, not another's.

@@ -26,25 +26,33 @@ or a key `"tok\\u0065n"`, which no look at the text finds.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Final
+import shlex
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Final, ParamSpec, TypeVar
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 PREVIEW_CHARS: Final = 240
 MASK: Final = "***"
-_SECRET_KEY: Final = re.compile(r"token|secret|passw|authori[sz]ation|api[-_]?key|cookie", re.I)
+# `pass` as a word of its own (--pass, -passin, --proxy-pass, REDIS_PASS, passphrase),
+# not inside another (--passive, bypass, compass).
+_PASS: Final = r"(?<![a-z])pass(?:phrase|in|out)?(?![a-z])"  # noqa: S105 (a pattern)
+_SECRET_KEY: Final = re.compile(
+    rf"token|secret|passw|{_PASS}|bearer|authori[sz]ation|api[-_]?key|cookie", re.I
+)
 _ALL_VALUES_KEY: Final = re.compile(r"headers?", re.I)
 _CONTENT_KEY: Final = re.compile(r"content|data|body|text", re.I)
 # A scheme is short: bounded, so a long run of letters costs linear time, not quadratic.
 _URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s\"'<>]*")
 # Words that make a name (a key, a flag, a header, a variable) secret-looking.
 _MASKED_WORD: Final = (
-    r"(?:token|secret|passw|pwd|authori[sz]ation|api[-_]?key|cookie|credential"
-    r"|private[-_]?key|access[-_]?key)"
+    rf"(?:token|secret|passw|{_PASS}|bearer|pwd|authori[sz]ation|api[-_]?key|cookie"
+    r"|credential|private[-_]?key|access[-_]?key)"
 )
 _NAME: Final = r"[A-Za-z0-9_.-]{0,40}"
 # A flag whose value follows as the next item: --password, --with-token, --api-key.
@@ -72,7 +80,7 @@ _TOKEN_SHAPED: Final = re.compile(
 # text: one scan, and most strings hold none (a case-blind alternation is ten times
 # slower).
 _MARKERS: Final = (
-    "token|secret|passw|pwd|authori|apikey|api_key|api-key|cookie|credential|private"
+    "token|secret|pass|pwd|authori|apikey|api_key|api-key|cookie|credential|private"
     "|accesskey|access_key|access-key|extraheader|bearer|basic|digest|ghp_|gho_|ghu_"
     "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj"
 )
@@ -84,44 +92,170 @@ class _Options:
     """How a program reads its options, as much as finding its password takes.
 
     `secret`: its options that take a password or user:password, and how each takes
-    its value: "joined" (-pSECRET only: a lone -p asks on the terminal), "either" (-p
-    SECRET or -pSECRET), "next" (--user u:p or --user=u:p). Short options cluster
-    (getopt, popt, curl, MySQL's my_getopt): -vpSECRET is -v then -p SECRET, and an
-    option that takes a value takes the rest of its word, or the next word when none
-    is left. So a cluster is read letter by letter up to the first that takes a value:
-    `values` (required) and `optional` (the rest of the word only) name those letters,
-    lest a value's letters be read as options (curl -XPUT is no -U). `runs_command`:
-    its first operand is a command with options of its own (sshpass ssh -p 22: a
-    port). `secret_operand`: the operand that is a password (smbclient //h/s PASS)."""
+    its value: "joined" (-pSECRET or --password=SECRET only: a lone -p asks on the
+    terminal), "either" (-p SECRET or -pSECRET), "next" (--user u:p or --user=u:p),
+    "cert" (curl's -E/--cert file:password: masked after the last `:`). Short
+    options cluster (getopt, popt, curl, MySQL's my_getopt): -vpSECRET is -v then -p
+    SECRET, and an option that takes a value takes the rest of its word, or the next
+    word when none is left. So a cluster is read letter by letter up to the first that
+    takes a value: `values` (required) and `optional` (the rest of the word only) name
+    those letters, lest a value's letters be read as options (curl -XPUT is no -U);
+    `long_values`, the long options whose value may be the next word (timeout
+    --signal KILL). `words`: its options are whole words, never clusters (openssl
+    -passin, redis-cli -a). `prefixes`: a long option may be cut to any prefix of
+    this many characters or more (my_getopt: mysql --pass=X is --password=X).
 
-    secret: dict[str, str]
+    What it runs: `command_at`, the operand that is a command with options of its own
+    (1: the first, sshpass ssh -p 22 where -p is a port; 2: the second, timeout 5
+    curl ...), its `NAME=value` operands not counted when `assignments` (env, sudo);
+    `script`, the option letter whose presence makes the first operand a shell script
+    (sh -c '...', read by `_script_masked`), `script_values` the option letters whose
+    value is a command line (env -S). `subcommands`: how a subcommand reads its own
+    options (docker login -p). `secret_operand`: the operand that is a password
+    (smbclient //h/s PASS); `secret_last_with`: an option letter that makes the last
+    operand the password (htpasswd -b file user PASS)."""
+
+    secret: dict[str, str] = field(default_factory=dict)
     values: str = ""
     optional: str = ""
-    runs_command: bool = False
+    long_values: tuple[str, ...] = ()
+    words: bool = False
+    prefixes: int = 0
+    command_at: int = 0
+    assignments: bool = False
+    script: str = ""
+    script_values: str = ""
+    subcommands: dict[str, _Options] = field(default_factory=dict)
     secret_operand: int = 0  # 1 for the first operand; 0 for none
+    secret_last_with: str = ""
 
 
-_MYSQL: Final = {"-p": "joined"}
+_MYSQL: Final = {"-p": "joined", "--password": "joined"}
+_MYSQL_PREFIX: Final = len("--pa")  # --p is --port's, --pipe's, ... too: refused as ambiguous
+_LDAP: Final = "bDdEefHhlOoPpRSsTUXYyz"  # OpenLDAP's tools: the letters that take a value
+_SHELL: Final = _Options(values="oO", long_values=("--rcfile", "--init-file"), script="c")
+_LOGIN: Final = {"login": _Options({"-p": "either"}, "u")}  # docker login -p X
+_GLOBAL_UTILS: Final = {
+    # Wrappers whose argv carries a command: the command's own options are read as its.
+    "timeout": _Options(values="ks", long_values=("--kill-after", "--signal"), command_at=2),
+    "env": _Options(
+        values="uCS",
+        long_values=("--unset", "--chdir", "--split-string"),
+        command_at=1,
+        assignments=True,
+        script_values="S",
+    ),
+    "nice": _Options(values="n", long_values=("--adjustment",), command_at=1),
+    "nohup": _Options(command_at=1),
+    "setsid": _Options(command_at=1),
+    "stdbuf": _Options(values="ioe", long_values=("--input", "--output", "--error"), command_at=1),
+    "ionice": _Options(
+        values="cnpPu",
+        long_values=("--class", "--classdata", "--pid", "--pgid", "--uid"),
+        command_at=1,
+    ),
+    "taskset": _Options(long_values=("--cpu-list",), command_at=2),
+    "chrt": _Options(values="T", command_at=2),
+    "time": _Options(values="fo", long_values=("--format", "--output"), command_at=1),
+    "sudo": _Options(
+        values="CDghpRrTUu",
+        long_values=(
+            "--close-from",
+            "--chdir",
+            "--group",
+            "--host",
+            "--prompt",
+            "--role",
+            "--type",
+            "--command-timeout",
+            "--other-user",
+            "--user",
+        ),
+        command_at=1,
+        assignments=True,
+    ),
+    "doas": _Options(values="Cu", command_at=1),
+    "xargs": _Options(
+        values="adEIsLnP",
+        optional="eil",
+        long_values=(
+            "--arg-file",
+            "--delimiter",
+            "--max-args",
+            "--max-procs",
+            "--max-chars",
+            "--process-slot-var",
+        ),
+        command_at=1,
+    ),
+}
 _PROGRAMS: Final[dict[str, _Options]] = {
-    **{name: _Options(_MYSQL, "DehPSu", "#") for name in ("mysql", "mariadb")},
-    **{name: _Options(_MYSQL, "hPSurwT", "#") for name in ("mysqldump", "mariadb-dump")},
-    "mysqladmin": _Options(_MYSQL, "hPSuci", "#"),
-    "mysqlimport": _Options(_MYSQL, "hPSuc", "#"),
-    "sshpass": _Options({"-p": "either"}, "fdP", runs_command=True),
+    **{
+        name: _Options(_MYSQL, "DehPSu", "#", prefixes=_MYSQL_PREFIX)
+        for name in ("mysql", "mariadb")
+    },
+    **{
+        name: _Options(_MYSQL, "hPSurwT", "#", prefixes=_MYSQL_PREFIX)
+        for name in ("mysqldump", "mariadb-dump")
+    },
+    "mysqladmin": _Options(_MYSQL, "hPSuci", "#", prefixes=_MYSQL_PREFIX),
+    "mysqlimport": _Options(_MYSQL, "hPSuc", "#", prefixes=_MYSQL_PREFIX),
+    "sshpass": _Options({"-p": "either"}, "fdP", command_at=1),
     "curl": _Options(
-        {"-u": "either", "--user": "next", "-U": "either", "--proxy-user": "next"},
-        "AbcCdDeEFHKmoPQrtTwxXyYz",
+        {
+            "-u": "either",
+            "--user": "next",
+            "-U": "either",
+            "--proxy-user": "next",
+            "-E": "cert",
+            "--cert": "cert",
+            "--proxy-cert": "cert",
+        },
+        "AbcCdDeFHKmoPQrtTwxXyYz",
     ),
     "smbclient": _Options(
         {"-U": "either", "--user": "next"}, "WIpnsdlORTDcbtmLMAi", secret_operand=2
     ),
+    "zip": _Options({"-P": "either"}, "bnOstZ"),
+    "unzip": _Options({"-P": "either"}, "dx"),
+    # 7-Zip's switches are words: -pSECRET; every other switch takes the rest of its word.
+    **{
+        name: _Options({"-p": "joined"}, optional="abcdefghijklmnoqrstuvwxyz")
+        for name in ("7z", "7za", "7zr")
+    },
+    "openssl": _Options({"-k": "next"}, words=True),
+    "redis-cli": _Options({"-a": "next"}, words=True),
+    "htpasswd": _Options(values="Cr", secret_last_with="b"),  # noqa: S106 (a letter)
+    **{
+        name: _Options({"-w": "either"}, _LDAP)
+        for name in (
+            "ldapsearch",
+            "ldapadd",
+            "ldapmodify",
+            "ldapdelete",
+            "ldapmodrdn",
+            "ldapcompare",
+            "ldapwhoami",
+            "ldapexop",
+        )
+    },
+    "ldappasswd": _Options({"-w": "either", "-a": "either", "-s": "either"}, _LDAP),
+    **{
+        name: _Options(values="cHl", subcommands=_LOGIN) for name in ("docker", "podman", "nerdctl")
+    },
+    **{name: _SHELL for name in ("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash")},
+    **_GLOBAL_UTILS,
 }
 
 
 # And for the args' whole text: a URL, an escape, a key whose values are all masked,
-# a program named above.
+# a program named above (as an argv's whole item: a name or a path to it).
 _NOT_PLAIN: Final = re.compile(
-    _MARKERS + r"|://|\\|header|content|data|body|text|" + "|".join(map(re.escape, _PROGRAMS))
+    _MARKERS
+    + r"|://|\\|header|content|data|body|text"
+    + r'|"(?:[^"\\]*/)?(?:'
+    + "|".join(map(re.escape, _PROGRAMS))
+    + ')"'
 )
 # In a URL's path: Telegram's bot token, Slack's and Discord's webhook secrets, and any
 # long segment mixing upper case, lower case and digits (a hash or a UUID does not).
@@ -150,6 +284,27 @@ _NOT_BRACKET: Final = re.compile(r"[^\[\]{}]++")
 _LEVEL: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _scripts_read(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`function` reads scripts within one share (_SCRIPTS_CHARS) for a preview, a
+    detail, a recording or a refusal; calls nested in it keep the outer share."""
+
+    @functools.wraps(function)
+    def sharing(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if _scripts_left.get() is not None:
+            return function(*args, **kwargs)
+        token = _scripts_left.set([_SCRIPTS_CHARS])
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _scripts_left.reset(token)
+
+    return sharing
+
+
 def nests_deeper(text: str, levels: int = NESTED_AT_MOST) -> bool:
     """Whether JSON `text` nests arrays and objects more than `levels` deep, told
     without parsing it (no recursion): brackets inside strings do not count."""
@@ -159,6 +314,7 @@ def nests_deeper(text: str, levels: int = NESTED_AT_MOST) -> bool:
     return max(itertools.accumulate(map(_LEVEL.__getitem__, brackets)), default=0) > levels
 
 
+@_scripts_read
 def args_preview(args_json: str) -> str:
     """A short, redacted look at the args for people reading telemetry."""
     if nests_deeper(args_json[:_PARSED_AT_MOST]):
@@ -181,6 +337,7 @@ def _plain(args_json: str) -> bool:
     return _NOT_PLAIN.search(args_json.lower()) is None
 
 
+@_scripts_read
 def args_for_replay(args_json: str) -> tuple[str | None, bool]:
     """The args as a recorded plan keeps them for replay: whole, with only what looks
     secret masked (`_secrets_masked`). (None, False) when they are not a JSON object;
@@ -257,58 +414,156 @@ _FLAG_THEN_VALUE: Final = re.compile(
 )
 
 
-def masked_message(text: str) -> str:
+def masked_message(text: str, known: tuple[str, ...] = ()) -> str:
     """A text that quotes a call's args (a refusal's message, a log line), as kept at
     rest: masked as in previews (masked_text), and a secret-looking flag's value that
-    follows it as the next word too. Not cut short."""
+    follows it as the next word too; and each of `known` (the passwords the call's
+    argv holds, `argv_secrets`) wherever it is, however the text quoted the argv
+    (the allowlist's "`curl -E c.pem:X …` fits rule …"). Not cut short."""
+    for secret in known:
+        text = text.replace(secret, MASK)
     text = masked_text(text)
     if not _SUSPECT.search(text.lower()):
         return text
     return _FLAG_THEN_VALUE.sub(lambda m: f"{m.group(1)}{MASK}", text)
 
 
-def masked_detail(value: Any) -> Any:
-    """An audit event's detail with every string in it masked (masked_message): its
-    messages quote the refused call's URL or argv."""
+@_scripts_read
+def masked_detail(value: Any, known: tuple[str, ...] = ()) -> Any:
+    """An audit event's detail with every string in it masked (masked_message, with
+    `known`): its messages quote the refused call's URL or argv."""
     if isinstance(value, str):
-        return masked_message(value)
+        return masked_message(value, known)
     if isinstance(value, dict):
-        return {k: masked_detail(v) for k, v in value.items()}
+        return {k: masked_detail(v, known) for k, v in value.items()}
     if isinstance(value, (list, tuple)):  # an argv: the value after a secret flag too
-        return _argv_masked(value, masked_detail)
+        return _argv_masked(value, lambda item: masked_detail(item, known))
     return value
 
 
-def _argv_plan(items: list[Any]) -> list[str | None]:
+# A password this short is not looked for in a message's text: replacing two letters
+# wherever they stand would leave the message unreadable (and say which they were).
+_KNOWN_AT_LEAST: Final = 4
+_KNOWN_AT_MOST: Final = 64  # passwords looked for in one message, at most
+
+
+@_scripts_read
+def argv_secrets(args_json: str) -> tuple[str, ...]:
+    """The passwords a call's argv holds, as `_argv_plan` finds them (the item after
+    `--pass`, the X of `-pX` and of curl's `c.pem:X`, those in a `sh -c` script), so
+    a message that quotes the argv in its own way is masked too (masked_message's
+    `known`). () for args with no argv (or that do not parse)."""
+    if '"argv"' not in args_json or nests_deeper(args_json[:_PARSED_AT_MOST]):
+        return ()
+    try:
+        args = json.loads(args_json[:_PARSED_AT_MOST])
+    except (ValueError, RecursionError):
+        return ()
+    argv = args.get("argv") if isinstance(args, dict) else None
+    if not isinstance(argv, list):
+        return ()
+    found = sorted(set(_secret_parts(argv, 0)), key=len, reverse=True)  # the longest first
+    return tuple(s for s in found if len(s) >= _KNOWN_AT_LEAST)[:_KNOWN_AT_MOST]
+
+
+def _secret_parts(items: list[Any], depth: int) -> Iterator[str]:
+    for item, masked in zip(items, _argv_plan(items, depth), strict=True):
+        if masked is None or not isinstance(item, str):
+            continue
+        if isinstance(masked, _Script):
+            yield from _script_secrets(item, depth)
+        elif masked == MASK:
+            yield item
+        else:  # -pX, c.pem:X: the password is what the mask stands for
+            yield item[len(masked) - len(MASK) :]
+
+
+def _script_secrets(script: str, depth: int) -> Iterator[str]:
+    for words in _script_commands(script):
+        if words is not None:
+            first = 0
+            while first < len(words) and _ASSIGNMENT.match(words[first]):
+                first += 1
+            yield from _secret_parts(words[first:], depth + 1)
+
+
+class _Script(str):
+    """A shell script (or command line) of an argv with secrets masked in it: the
+    text it is shown as still passes through the caller's own masking."""
+
+
+# A script longer than this is not split into words (shlex is slow Python: a script
+# of 128 KiB would hold the loop), nor one nested deeper: its text is masked as any
+# text is (`masked_message` and the like), and no more.
+_SCRIPT_CHARS: Final = 4096
+_SCRIPT_DEPTH: Final = 3
+# And at most this many characters of scripts in all, per preview, audit detail,
+# recording or refusal: args of a megabyte could hold 250 lists of `sh -c` and 4 KiB.
+_SCRIPTS_CHARS: Final = 2 * _SCRIPT_CHARS
+_scripts_left: ContextVar[list[int] | None] = ContextVar("_scripts_left", default=None)
+_ASSIGNMENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_OPERATOR: Final = re.compile(r"[;&|()<>]+")
+
+
+def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
     """For each item of a list like an argv: MASK, the item with its joined secret
-    masked (`-p` + MASK), or None to show it as any value is shown. Masked: the value
-    after a secret-looking flag (`--password hunter2`, `--with-token ghp_…`), and the
-    value of a known program's secret option (mysql -pX, sshpass -p X, curl -u u:p),
-    in a cluster of short options too (curl -vu u:p, sshpass -vpX: `_Options`)."""
+    masked (`-p` + MASK, `c.pem:` + MASK), a `_Script` with its secrets masked, or
+    None to show it as any value is shown. Masked: the value after a secret-looking
+    flag (`--password hunter2`, `--with-token ghp_…`, `-passin pass:…`), and the
+    value of a known program's secret option (mysql -pX, sshpass -p X, curl -u u:p,
+    zip -P X), in a cluster of short options too (curl -vu u:p, sshpass -vpX:
+    `_Options`), behind the wrappers that run it (timeout 5 curl -u u:p, env, nice,
+    sudo ...) and in a shell's script (sh -c 'curl -u u:p', best effort)."""
     options = _program_options(items[0] if items else None)
     plan: list[str | None] = []
-    then = ""  # what the next item is: "secret", "value" (an option's, shown) or ""
+    then = ""  # what the next item is: "secret", "cert", "script", "value" (shown) or ""
     operands = 0
+    only_operands = False  # after `--`
+    script_next = False  # sh -c: the first operand is a script
+    flagged = ""  # the letters of the short options given (htpasswd -b)
+    last_operand = -1
     for index, item in enumerate(items):
         text = item if isinstance(item, str) else ""
         now, then = then, ""
-        if now == "secret" and isinstance(item, str) and not text.startswith("-"):
-            plan.append(MASK)
-            continue
-        masked = None
+        if isinstance(item, str) and now in ("secret", "cert", "script"):
+            if now == "script":
+                plan.append(_script_masked(text, depth))
+                continue
+            if not text.startswith("-"):
+                plan.append(MASK if now == "secret" else _cert_masked(text))
+                continue
+        masked: str | None = None
         if index > 0 and options is not None and now != "value" and isinstance(item, str):
-            if text == "--":
-                options = None  # operands only from here
-            elif text.startswith("-") and text != "-":
+            if text == "--" and not only_operands:
+                only_operands = True
+            elif not only_operands and text.startswith("-") and text != "-":
                 masked, then = _option_masked(text, options)
-            elif options.runs_command:
-                options = _program_options(text)  # the command it runs, with its own
+                if not text.startswith("--"):
+                    flagged += text[1:_FLAG_CHARS]
+                    script_next = script_next or bool(options.script and options.script in text)
+            elif options.script and text.startswith("+") and not only_operands:
+                pass  # a shell's +o, +e: options too
+            elif options.assignments and operands == 0 and _ASSIGNMENT.match(text):
+                pass  # env NAME=value command: shown as any NAME=value is
+            elif operands == 0 and text in options.subcommands:
+                options = options.subcommands[text]
             else:
                 operands += 1
-                masked = MASK if operands == options.secret_operand else None
+                last_operand = index
+                if script_next and operands == 1:
+                    masked = _script_masked(text, depth)
+                elif operands == options.command_at:  # the command it runs, with its own
+                    options = _program_options(text)
+                    operands, only_operands, script_next, flagged = 0, False, False, ""
+                    last_operand = -1
+                elif operands == options.secret_operand:
+                    masked = MASK
         plan.append(masked)
         if masked is None and not then and len(text) <= _FLAG_CHARS:  # -psecret is no flag
             then = "secret" if _SECRET_FLAG.fullmatch(text) is not None else ""
+    secret_last = "" if options is None else options.secret_last_with
+    if secret_last and secret_last in flagged and last_operand > 0:
+        plan[last_operand] = MASK
     return plan
 
 
@@ -318,14 +573,35 @@ def _program_options(program: Any) -> _Options | None:
     return _PROGRAMS.get(program.rsplit("/", 1)[-1])
 
 
+def _cert_masked(value: str) -> str | None:
+    """curl's `file:password` with the password masked (after the last `:`)."""
+    head, colon, _ = value.rpartition(":")
+    return head + colon + MASK if colon else None
+
+
+def _joined(how: str, option: str, value: str) -> str | None:
+    """An option word with the password joined to it masked, by how it takes it."""
+    if how == "cert":
+        masked = _cert_masked(value)
+        return None if masked is None else option + masked
+    return option + MASK
+
+
 def _option_masked(text: str, options: _Options) -> tuple[str | None, str]:
     """An option word of a known program: the word with a password joined to it masked
-    (or None), and what the next item is ("secret", "value", or "")."""
-    if text.startswith("--"):
-        name, equals, _ = text.partition("=")
-        if options.secret.get(name) != "next":
+    (or None), and what the next item is ("secret", "cert", "script", "value", or "")."""
+    if text.startswith("--") or options.words:
+        name, equals, value = text.partition("=")
+        how = options.secret.get(name) or _prefix_of_secret(name, options)
+        if how is None:
+            if not equals and name in options.long_values:
+                return None, "value"
             return None, ""
-        return (name + "=" + MASK, "") if equals else (None, "secret")
+        if equals:
+            return _joined(how, name + "=", value), ""
+        if how == "joined":
+            return None, ""  # asks on the terminal
+        return None, "cert" if how == "cert" else "secret"
     # A cluster of short options: -vu, -vpX, -Bpsecret; read as far as a flag goes
     # (a word of a megabyte costs no more than one of a hundred characters).
     for at in range(1, min(len(text), _FLAG_CHARS)):
@@ -333,8 +609,12 @@ def _option_masked(text: str, options: _Options) -> tuple[str | None, str]:
         how = options.secret.get("-" + letter)
         if how is not None:
             if rest:
-                return text[: at + 1] + MASK, ""
-            return None, "secret" if how == "either" else ""
+                return _joined(how, text[: at + 1], rest), ""
+            if how == "joined":
+                return None, ""
+            return None, "cert" if how == "cert" else "secret"
+        if letter in options.script_values:
+            return None, "" if rest else "script"
         if letter in options.values:
             return None, "" if rest else "value"
         if letter in options.optional:
@@ -342,12 +622,77 @@ def _option_masked(text: str, options: _Options) -> tuple[str | None, str]:
     return None, ""
 
 
+def _prefix_of_secret(name: str, options: _Options) -> str | None:
+    """How a cut long option takes its value, when the program reads any long enough
+    prefix of a long option as that option (my_getopt: --pas is --password)."""
+    if not options.prefixes or len(name) < options.prefixes or not name.startswith("--"):
+        return None
+    return next((how for full, how in options.secret.items() if full.startswith(name)), None)
+
+
+def _script_masked(script: str, depth: int) -> _Script | None:
+    """A shell script (sh -c '…', env -S '…') with the secrets of each command in it
+    masked as an argv's are, written back with its words quoted; None when nothing was
+    masked, or it was not read (longer than _SCRIPT_CHARS, nested deeper than
+    _SCRIPT_DEPTH, not splittable). Best effort: it reads simple commands split at
+    `;`, `&`, `|`, parentheses and redirections, with their leading NAME=value
+    assignments, as shlex reads them; not expansions, functions or here-documents."""
+    if depth >= _SCRIPT_DEPTH:
+        return None
+    shown: list[str] = []
+    changed = False
+    for words in _script_commands(script):
+        if words is None:
+            return None
+        if len(words) == 1 and _OPERATOR.fullmatch(words[0]):
+            shown.append(words[0])
+            continue
+        first = 0
+        while first < len(words) and _ASSIGNMENT.match(words[first]):
+            first += 1
+        plan = [None] * first + _argv_plan(words[first:], depth + 1)
+        for word, masked in zip(words, plan, strict=True):
+            changed = changed or masked is not None
+            shown.append(shlex.quote(word if masked is None else str(masked)))
+    return _Script(" ".join(shown)) if changed else None
+
+
+def _script_commands(script: str) -> Iterator[list[str] | None]:
+    """A script's simple commands as lists of words, each operator between them as a
+    list of its own; one None when it cannot be read (too long, an unclosed quote)."""
+    left = _scripts_left.get()
+    if len(script) > _SCRIPT_CHARS or (left is not None and left[0] < len(script)):
+        yield None
+        return
+    if left is not None:
+        left[0] -= len(script)
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|()<>")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        tokens = list(lexer)
+    except ValueError:  # an unclosed quote
+        yield None
+        return
+    start = 0
+    for end, token in enumerate(tokens):
+        if _OPERATOR.fullmatch(token):
+            if end > start:
+                yield tokens[start:end]
+            yield [token]
+            start = end + 1
+    if start < len(tokens):
+        yield tokens[start:]
+
+
 def _argv_masked(items: Iterable[Any], each: Callable[[Any], Any]) -> list[Any]:
-    """A list like an argv: its secrets masked (_argv_plan), every other item passed
-    through `each`."""
+    """A list like an argv: its secrets masked (_argv_plan), every other item (and a
+    script with its secrets masked) passed through `each`."""
     items = list(items)
     return [
-        each(item) if masked is None else masked
+        each(item if masked is None else str(masked))
+        if masked is None or isinstance(masked, _Script)
+        else masked
         for item, masked in zip(items, _argv_plan(items), strict=True)
     ]
 
@@ -389,6 +734,8 @@ class _Redactor:
         for item, masked in zip(items, _argv_plan(items), strict=True):
             if masked is None:
                 out.append(self.value(item))
+            elif isinstance(masked, _Script):
+                out.append(self.value(str(masked)))
             else:
                 out.append(masked)
                 self.left -= len(masked) + 4
