@@ -263,3 +263,60 @@ def test_a_kill_reaches_the_worker_after_a_hub_restart_lost_it_on_its_way(
                 await relay.close()
 
     asyncio.run(go())
+
+
+def test_rotating_the_workers_token_keeps_the_persons_lifts_and_the_kills_in_force(
+    tmp_path: Path,
+) -> None:
+    """The person rotates hub-workers.token: the worker comes back under another key and
+    the hub sends every kill again; the kill the person lifted stays lifted, the other
+    stays in force (review14 finding 07: every lift was undone)."""
+    hub_home, home = tmp_path / "hub", tmp_path / "w"
+
+    async def go() -> None:
+        relay: Relay | None = None
+        worker: Proc | None = None
+        try:
+            async with hub_in_process(hub_home) as running:
+                relay = Relay(port_of(running.address))
+                address = await relay.start()  # the same address across the hub's restart
+                worker = worker_via(home, hub_home, address)
+                (worker_id,) = await until_connected(running, worker)
+                channel = own_channel(running.address)
+                stub = pb_grpc.ControlServiceStub(channel)
+                try:
+                    for plan in ("lifted", "kept"):
+                        await stub.KillPlan(
+                            pb.KillPlanRequest(plan_id=plan, reason="stop"),
+                            metadata=caller_metadata(hub_home),
+                            timeout=60,
+                        )
+                    await until_confirmed(running, worker_id)
+                    assert (await asyncio.to_thread(cli, home, "lift", "lifted")).returncode == 0
+                    assert await code_of(stub, hub_home, probe_request(worker_id, "lifted")) == "ok"
+                finally:
+                    await channel.close()
+                    await stop_worker(worker)
+            (hub_home / "hub-workers.token").unlink()  # rotated: the hub makes another
+            async with hub_in_process(hub_home) as running:
+                relay.port = port_of(running.address)
+                worker = worker_via(home, hub_home, address)
+                await until_connected(running, worker)
+                await until_confirmed(running, worker_id)
+                channel = own_channel(running.address)
+                stub = pb_grpc.ControlServiceStub(channel)
+                try:
+                    lifted = await code_of(stub, hub_home, probe_request(worker_id, "lifted"))
+                    assert lifted == "ok", lifted
+                    kept = await code_of(stub, hub_home, probe_request(worker_id, "kept"))
+                    assert kept.startswith("plan_killed") and "at this hub" not in kept, kept
+                finally:
+                    await channel.close()
+                    await stop_worker(worker)
+        finally:
+            if worker is not None:
+                await stop_worker(worker)
+            if relay is not None:
+                await relay.close()
+
+    asyncio.run(go())

@@ -334,3 +334,36 @@ def test_a_servers_kill_binds_its_own_plan_and_the_persons_every_servers(tmp_pat
         "both": "*",
     }
     state.close()
+
+
+def test_a_hubs_kills_recorded_are_known_by_its_epoch_under_any_token_of_its_address(
+    tmp_path: Path,
+) -> None:
+    """The mark of a hub's kills recorded here is read by the hub's epoch, under the key
+    of any token at the same address (the person rotated hub-workers.token), never under
+    another address's (review14 finding 07)."""
+    path = tmp_path / "state.db"
+    old = sqlite3.connect(path)  # a mark as a state.db before this kept it
+    old.executescript(
+        "CREATE TABLE kill_marks (server TEXT PRIMARY KEY, epoch TEXT NOT NULL,"
+        " through INTEGER NOT NULL);"
+        f"INSERT INTO kill_marks VALUES ('{A}', 'epoch-a', 7);"
+    )
+    old.commit()
+    old.close()
+    state = State(path, convert=True)
+    state.server = server_key("127.0.0.1:7000", "rotated", tls=False)
+    assert state.kill_mark() == ("", 0)  # its Hello names no mark: the hub sends them all
+    assert state.hub_kills_recorded("epoch-a") == 7
+    assert state.hub_kills_recorded("another-epoch") == 0 and state.hub_kills_recorded("") == 0
+    state.server = B  # another address: another server, whatever epoch it claims
+    assert state.hub_kills_recorded("epoch-a") == 0
+    state.mark_kills("epoch-a", 9)
+    state.server = A
+    assert state.hub_kills_recorded("epoch-a") == 7
+    local = local_hub_key("t1")
+    state.server = local
+    state.mark_kills("epoch-l", 3)
+    state.server = local_hub_key("t2")
+    assert state.hub_kills_recorded("epoch-l") == 3
+    state.close()

@@ -662,7 +662,8 @@ class WorkerConnection:
             self.dispatcher.cancel(cid, reason)
         elif kind == "kill_plan":
             kill = msg.kill_plan
-            self.dispatcher.kill_plan(kill.plan_id, kill.reason, "server")
+            if not self._replayed_kill_lifted(kill):
+                self.dispatcher.kill_plan(kill.plan_id, kill.reason, "server")
             if kill.seq and self._kills_epoch:
                 # Recorded: confirmed to the server by a heartbeat sent at once, one for
                 # all the kills read in this turn (and one write of how far). Until then
@@ -966,6 +967,25 @@ class WorkerConnection:
         session's epoch)."""
         epoch, through = self.dispatcher.state.kill_mark()
         return through if epoch and epoch == self._kills_epoch else 0
+
+    def _replayed_kill_lifted(self, kill: pb.KillPlan) -> bool:
+        """Whether `kill` is one of this hub's kills (its epoch, its seq) recorded here
+        before, under another key of the same address, that is no longer here: the
+        person lifted it. The hub sends every kill again to a worker whose key changed
+        (hub-workers.token rotated): one still in force is recorded anew (so it binds
+        the new key too), one lifted stays lifted (review14 finding 07: the rotation
+        undid every lift)."""
+        state = self.dispatcher.state
+        if not kill.seq or not self._kills_epoch:
+            return False
+        if kill.seq > state.hub_kills_recorded(self._kills_epoch):
+            return False
+        if state.server_kill_of(kill.plan_id):
+            return False
+        log.info(
+            "kill of plan %r recorded here before and lifted since: stays lifted", kill.plan_id
+        )
+        return True
 
     def _confirm_kills(self, epoch: str) -> None:
         self._confirming_kills = False

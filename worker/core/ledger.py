@@ -835,6 +835,30 @@ class State:
         ).fetchone()
         return ("", 0) if row is None else (str(row[0]), int(row[1]))
 
+    def hub_kills_recorded(self, epoch: str) -> int:
+        """Through which of the kills numbered in `epoch` (a hub's hub.db: its
+        Welcome.kills_epoch) this worker recorded them, under the key of the server
+        served or any key of the same address (another token: the person rotated
+        hub-workers.token). A kill at or below it was recorded here before: if it is
+        no longer here, the person lifted it (or it was pruned), and a replay of it
+        must not impose it again (review14 finding 07)."""
+        if not epoch:
+            return 0
+        address, hashed, _ = self.server.rpartition("#")
+        row = self._db.execute(
+            "SELECT max(through) FROM kill_marks WHERE epoch = ?"
+            " AND (server = ? OR (? AND substr(server, 1, ?) = ?))",
+            (epoch, self.server, bool(hashed), len(address) + 1, f"{address}#"),
+        ).fetchone()
+        return int(row[0] or 0)
+
+    def server_kill_of(self, plan_id: str) -> bool:
+        """Whether a server's kill of the plan is recorded here (for any server)."""
+        row = self._db.execute(
+            "SELECT 1 FROM killed_plans WHERE plan_id = ? AND killed_by = ?", (plan_id, SERVER)
+        ).fetchone()
+        return row is not None
+
     def mark_kills(self, epoch: str, through: int) -> None:
         """The server served numbers its kills in `epoch` (its Welcome), and this one's
         kills through `through` are recorded (its KillPlans, once `kill_plan` recorded
