@@ -11,7 +11,7 @@ import pytest
 
 from worker.core.ledger import now_ms
 from worker.core.registry import MIB
-from worker.hub.store import CALLS_KEPT_MS, KILL_REASON_CHARS, KILLS_KEPT, HubStore
+from worker.hub.store import CALLS_KEPT_MS, KILL_REASON_BYTES, KILLS_KEPT, HubStore
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -269,8 +269,12 @@ def test_kills_are_kept_numbered_and_bounded_one_row_a_plan(tmp_path: Path) -> N
     again = store.kill("p", "again")  # numbered anew: reaches those that confirmed the first
     assert again.seq == 3 and store.killed("p", "w2", first.seq)
     assert [(k.plan_id, k.reason) for k in store.kills_after("w2", 2)] == [("p", "again")]
-    store.kill("r", "x" * 5000)
-    assert store.kills_after("w9", 3)[0].reason == "x" * KILL_REASON_CHARS
+    store.kill("r", "\N{GRINNING FACE}" * 1000)  # cut in UTF-8 bytes, on a character
+    assert store.kills_after("w9", 3)[0].reason == "\N{GRINNING FACE}" * (KILL_REASON_BYTES // 4)
+    # A page: at most so many kills, and as many as fit in so many bytes (one at least).
+    assert [k.plan_id for k in store.kills_after("w1", 0, 2)] == ["q", "p"]
+    assert [k.plan_id for k in store.kills_after("w1", 0, 10, 1)] == ["q"]
+    assert [k.plan_id for k in store.kills_after("w1", 0, 10, 30)] == ["q", "p"]
     epoch = store.kills_epoch
     store.seen_worker(pb.Hello(worker_id="w2"))
     assert store.kills_confirmed("w2") == 0

@@ -300,6 +300,12 @@ class Session:
     # The hub's kills the worker confirmed recording, through this one (KillPlan.seq):
     # from its Hello (0 for another epoch's), then its heartbeats.
     kills_through: int = 0
+    # The backlog of kills it is sent a page at a time (Hub._send_kill_page): while
+    # `kills_paging`, through which one the pages went (`kills_sent`), and the resent
+    # calls held back until their plan's kill has gone ahead of them.
+    kills_paging: bool = True
+    kills_sent: int = 0
+    held_resends: set[str] = field(default_factory=set)
     # What to do when it ends: uploads handed to its worker as they come stop (see
     # Hub._upload_handed), by call id.
     on_close: dict[str, Callable[[], None]] = field(default_factory=dict)
@@ -452,6 +458,11 @@ HELLO_DESCRIBED_BYTES: Final = 64 * 1024
 UNSOLICITED_PER_STREAM: Final = 1024
 # Re-sent ids a Hello may name (running_ids and unacked_ids), kept until their results came.
 HELLO_RESENT_IDS: Final = 65_536
+# A worker's backlog of kills (those it has not confirmed) goes a page at a time: at
+# most this many kills and bytes (plan ids and reasons, UTF-8; one kill at least), the
+# next once it confirmed the page. What a stream that never reads pins of it is one page.
+KILL_PAGE: Final = 64
+KILL_PAGE_BYTES: Final = 16 * 1024
 # Of what a worker sends only to be logged (audit events, its goodbye), the hub logs at
 # most this many characters of a text; audit events are counted (hub.audit_log).
 LOGGED_CHARS: Final = 1000
@@ -913,9 +924,10 @@ class Hub:
             session.send(self._welcome(session))
             # Kills first: a re-sent call of a killed plan is then refused, not run. Every
             # kill the worker has not confirmed, whether it was away at the kill or it was
-            # sent and the stream ended before the worker read it.
-            for kill in self.store.kills_after(session.worker_id, session.kills_through):
-                session.send(pb.ServerMessage(kill_plan=kill))
+            # sent and the stream ended before the worker read it: a page now, the next
+            # once the worker confirmed it (see KILL_PAGE).
+            session.kills_sent = session.kills_through
+            self._send_kill_page(session)
             # Teardowns asked for while it was away, before any call of those plans.
             for plan_id in self.store.take_teardowns(session.worker_id):
                 self._send_teardown(session, plan_id).add_done_callback(_log_teardown)
@@ -1002,13 +1014,46 @@ class Hub:
             )
         )
 
-    def _resend_open_calls(self, session: Session) -> None:
-        """Send again what the worker may never have received; it answers duplicates itself."""
+    def _send_kill_page(self, session: Session) -> None:
+        """Queue the next page of the kills `session`'s worker has not confirmed (at most
+        KILL_PAGE kills and KILL_PAGE_BYTES); the next goes once the worker confirmed
+        this one (Heartbeat.kills_through). A page short of full is the last: then kills
+        go to it as they are made (Hub.kill_plan), and the resent calls held back for
+        their plan's kill go. Whole, every Hello queued the backlog (up to 1,000 kills,
+        4 MiB) for a stream that need never read it (review14 finding 06: 200 such
+        Hellos held 839 MiB)."""
+        page = self.store.kills_after(
+            session.worker_id, session.kills_sent, KILL_PAGE, KILL_PAGE_BYTES
+        )
+        for kill in page:
+            session.send(pb.ServerMessage(kill_plan=kill))
+        if page:
+            session.kills_sent = page[-1].seq
+            if self.store.kills_after(session.worker_id, session.kills_sent, 1):
+                return  # more: after this page is confirmed
+        session.kills_paging = False
+        if session.held_resends:
+            held, session.held_resends = session.held_resends, set()
+            self._resend_open_calls(session, held)
+
+    def _kill_to_come(self, session: Session, plan_id: str) -> bool:
+        """Whether a kill of the plan for `session`'s worker is in a page of its backlog
+        not yet sent: a call of the plan must not go ahead of it."""
+        return session.kills_paging and self.store.killed(
+            plan_id, session.worker_id, session.kills_sent
+        )
+
+    def _resend_open_calls(self, session: Session, only: set[str] | None = None) -> None:
+        """Send again what the worker may never have received; it answers duplicates
+        itself. A call whose plan's kill is still to come waits for it (`only`: those)."""
         known = session.resent
         now = now_ms()
         for call in self.store.open_calls(session.worker_id):
             cid = call.correlation_id
-            if call.state != "PENDING" or cid in known:
+            if call.state != "PENDING" or cid in known or (only is not None and cid not in only):
+                continue
+            if self._kill_to_come(session, call.request.plan_id):
+                session.held_resends.add(cid)
                 continue
             if call.deadline_ms <= now:
                 self._abandon(cid, session)
@@ -1140,6 +1185,8 @@ class Hub:
             session.heartbeat = pb.Heartbeat()
             session.heartbeat.CopyFrom(msg.heartbeat)
             session.kills_through = max(session.kills_through, msg.heartbeat.kills_through)
+            if session.kills_paging and session.kills_through >= session.kills_sent:
+                self._send_kill_page(session)  # the page went and is confirmed: the next
         elif kind == "scope_decision":
             request_id = msg.scope_decision.request_id
             asked = self._scope_waiters.get(request_id)
@@ -2222,6 +2269,8 @@ class Hub:
             through = self.store.kills_confirmed(worker_id)
         if not self.store.killed(req.plan_id, worker_id, through):
             return False
+        if session is not None and self._kill_to_come(session, req.plan_id):
+            return True  # its kill has not gone to the worker yet: nothing goes ahead of it
         return not (req.correlation_id and self.store.call_state(req.correlation_id))
 
     def kill_plan(self, req: pb.KillPlanRequest) -> pb.KillPlanResponse:
@@ -2240,7 +2289,8 @@ class Hub:
         for worker_id in [named] if named else sorted({*self.sessions, *self.store.worker_ids()}):
             session = self.sessions.get(worker_id)
             if session is not None:
-                session.send(pb.ServerMessage(kill_plan=kill))
+                if not session.kills_paging:  # else a page of its backlog brings it, in order
+                    session.send(pb.ServerMessage(kill_plan=kill))
                 reply.worker_ids.append(worker_id)
             else:
                 reply.queued_worker_ids.append(worker_id)

@@ -115,8 +115,17 @@ WORKERS_AWAY_KEPT = 1024
 # many kills of plans in use are newer (review14 finding 02: 1,000 kills of made-up
 # plans pushed out a kill still owed to a worker away, and the plan ran again).
 KILLS_KEPT: Final = 1000
-# A kill's reason is kept this long (the worker keeps as much: pipeline.MAX_REASON_CHARS).
-KILL_REASON_CHARS: Final = 1000
+# A kill's reason is kept this long, in UTF-8 bytes (it was 1,000 characters, up to
+# 4,000 bytes: review14 finding 06). The worker keeps no more than it is sent.
+KILL_REASON_BYTES: Final = 512
+
+
+def utf8_prefix(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, on a character's boundary."""
+    data = text.encode()
+    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
+
+
 _INSERT_CALL = (
     "INSERT OR IGNORE INTO calls (correlation_id, worker_id, args_digest, request,"
     " blob_bytes, created_ms, deadline_ms, plan_id, state, result)"
@@ -502,7 +511,7 @@ class HubStore:
         after every kill before it (a kill of the plan again is numbered anew, and so
         reaches the workers that confirmed the last one); past KILLS_KEPT, the oldest
         go. Committed before it returns: what the hub answers a caller is on disk."""
-        reason = reason[:KILL_REASON_CHARS]
+        reason = utf8_prefix(reason, KILL_REASON_BYTES)
         used = (
             (plan_id in self._kills and plan_id not in self._unused_kills)
             or bool(self.workers_of_plan(plan_id))
@@ -545,14 +554,25 @@ class HubStore:
         self._db.executemany("DELETE FROM kills WHERE seq = ?", [(seq,) for _, seq in gone])
         return [(str(plan_id), int(seq)) for plan_id, seq in gone]
 
-    def kills_after(self, worker_id: str, through: int) -> list[pb.KillPlan]:
-        """The kills for `worker_id` numbered after `through`, in order."""
+    def kills_after(
+        self, worker_id: str, through: int, limit: int = -1, limit_bytes: int = 0
+    ) -> list[pb.KillPlan]:
+        """The kills for `worker_id` numbered after `through`, in order: at most `limit`
+        of them (-1: all) and, with `limit_bytes`, as many as fit in it (plan ids and
+        reasons, UTF-8), one at least."""
         rows = self._db.execute(
             "SELECT seq, plan_id, reason FROM kills WHERE seq > ? AND worker_id IN ('', ?)"
-            " ORDER BY seq",
-            (through, worker_id),
+            " ORDER BY seq LIMIT ?",
+            (through, worker_id, limit),
         ).fetchall()
-        return [pb.KillPlan(plan_id=plan, reason=reason, seq=seq) for seq, plan, reason in rows]
+        kills: list[pb.KillPlan] = []
+        size = 0
+        for seq, plan, reason in rows:
+            size += len(plan.encode()) + len(reason.encode())
+            if limit_bytes and kills and size > limit_bytes:
+                break
+            kills.append(pb.KillPlan(plan_id=plan, reason=reason, seq=seq))
+        return kills
 
     def killed(self, plan_id: str, worker_id: str, through: int) -> bool:
         """Whether this hub killed the plan for `worker_id` in a kill numbered after
