@@ -356,3 +356,20 @@ def test_kills_queued_by_a_hub_db_from_before_are_kept_for_their_workers(tmp_pat
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
     db.close()
     assert "queued_kills" not in tables
+
+
+def test_a_kill_tells_the_worker_whether_its_plan_is_in_use(tmp_path: Path) -> None:
+    """KillPlan.in_use: of a plan dispatched before the kill, or whose call the hub
+    refused for it (review14 finding 02, variant B: the worker never saw that call)."""
+    store = HubStore(tmp_path / "hub.db")
+    store.add("w", "d", pb.ActionRequest(correlation_id="c1", plan_id="sent"), 0, now_ms() + 1)
+    assert store.kill("sent", "stop").in_use
+    assert not store.kill("asked", "stop").in_use
+    assert not store.kill("never", "stop").in_use
+    assert store.killed("asked", "w", 0)  # a call of it, refused here
+    assert {k.plan_id: k.in_use for k in store.kills_after("w", 0)} == {
+        "sent": True,
+        "asked": True,
+        "never": False,
+    }
+    store.close()

@@ -15,6 +15,7 @@ from worker.config import Paths, load
 from worker.core.connection import Target, local_hub_key, server_key
 from worker.core.ledger import (
     FILE_BLOB_BYTES,
+    MAX_SERVER_KILLS,
     NEXT_SERVER,
     NO_SERVER,
     UNRECORDED_SERVER,
@@ -367,3 +368,19 @@ def test_a_hubs_kills_recorded_are_known_by_its_epoch_under_any_token_of_its_add
     state.server = local_hub_key("t2")
     assert state.hub_kills_recorded("epoch-l") == 3
     state.close()
+
+
+def test_a_kill_the_server_says_is_of_a_plan_in_use_is_pruned_last(tmp_path: Path) -> None:
+    """review14 finding 02, variant B: no call of the plan came here (the hub refused
+    it itself), but the server says the plan is in use (KillPlan.in_use), as it may say
+    again of a kill recorded before: such a kill outlives a flood of made-up kills."""
+    state = State(tmp_path / "state.db")
+    state.server = A
+    state.kill_plan("told-at-once", "stop", "server", True)
+    state.kill_plan("told-later", "stop", "server")
+    state.kill_plan("told-later", "stop", "server", True)  # the same kill, again, in use
+    state.kill_plan("never", "stop", "server")
+    for n in range(MAX_SERVER_KILLS):
+        state.kill_plan(f"made-up-{n}", "flood", "server")
+    assert state.killed("told-at-once") and state.killed("told-later")
+    assert state.killed("never") is None

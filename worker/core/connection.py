@@ -663,7 +663,7 @@ class WorkerConnection:
         elif kind == "kill_plan":
             kill = msg.kill_plan
             if not self._replayed_kill_lifted(kill):
-                self.dispatcher.kill_plan(kill.plan_id, kill.reason, "server")
+                self.dispatcher.kill_plan(kill.plan_id, kill.reason, "server", kill.in_use)
             if kill.seq and self._kills_epoch:
                 # Recorded: confirmed to the server by a heartbeat sent at once, one for
                 # all the kills read in this turn (and one write of how far). Until then

@@ -749,7 +749,9 @@ class State:
 
     # ------------------------------------------------------------- kill switch
 
-    def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> list[str]:
+    def kill_plan(
+        self, plan_id: str, reason: str, killed_by: str, in_use: bool = False
+    ) -> list[str]:
         """Record the kill. A kill made here (the person's) binds the plan id whichever
         server names it, and replaces a server's kill of the plan (so it is never
         pruned). A server's kill (`killed_by` SERVER) binds that server's plan only: a
@@ -762,17 +764,23 @@ class State:
             row = self._db.execute(
                 "SELECT killed_by, server FROM killed_plans WHERE plan_id = ?", (plan_id,)
             ).fetchone()
+            if in_use and plan_id in self._unused_kills:  # the server saw a call of it
+                self._unused_kills.discard(plan_id)
+                self._db.execute("UPDATE killed_plans SET used = 1 WHERE plan_id = ?", (plan_id,))
             if row is None or (row[0] == SERVER and killed_by != SERVER):
-                used = self._db.execute(
-                    "SELECT 1 FROM calls WHERE plan_id = ? LIMIT 1", (plan_id,)
-                ).fetchone()
+                used = in_use or (
+                    self._db.execute(
+                        "SELECT 1 FROM calls WHERE plan_id = ? LIMIT 1", (plan_id,)
+                    ).fetchone()
+                    is not None
+                )
                 self._db.execute(
                     "INSERT OR REPLACE INTO killed_plans (plan_id, reason, killed_by,"
                     " killed_ms, server, used) VALUES (?, ?, ?, ?, ?, ?)",
-                    (plan_id, reason, killed_by, now_ms(), server, used is not None),
+                    (plan_id, reason, killed_by, now_ms(), server, used),
                 )
                 self._kills[plan_id] = (reason, killed_by, server)
-                if used is None:
+                if not used:
                     self._unused_kills.add(plan_id)
                 else:
                     self._unused_kills.discard(plan_id)

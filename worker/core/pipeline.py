@@ -903,15 +903,16 @@ class Dispatcher:
         self._stop(call, WorkerError("cancelled", f"cancelled: {reason[:MAX_REASON_CHARS]}"))
         return True
 
-    def kill_plan(self, plan_id: str, reason: str, killed_by: str) -> int:
-        """Refuse the plan's later calls (durably) and cancel its running ones."""
+    def kill_plan(self, plan_id: str, reason: str, killed_by: str, in_use: bool = False) -> int:
+        """Refuse the plan's later calls (durably) and cancel its running ones. `in_use`:
+        the server says the plan is in use (KillPlan.in_use; see ledger.MAX_SERVER_KILLS)."""
         problem = id_problem("plan_id", plan_id, required=True)
         if problem is not None:
             # No call of such a plan can run here (a request's plan_id is as bounded).
             log.warning("ignoring a kill (from %s): %s", killed_by, problem[1])
             return 0
         reason = reason[:MAX_REASON_CHARS]
-        pruned = self.state.kill_plan(plan_id, reason, killed_by)
+        pruned = self.state.kill_plan(plan_id, reason, killed_by, in_use)
         self.containment.warm.discard(plan_id)  # its sandbox built ahead: never used now
         if self.watcher is not None:
             self.watcher.plans_changed([plan_id, *pruned])

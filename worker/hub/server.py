@@ -2256,21 +2256,24 @@ class Hub:
         return None
 
     def _killed_there(self, req: pb.DispatchRequest, worker_id: str) -> bool:
-        """Whether this hub killed the call's plan for `worker_id` and the worker has not
-        confirmed the kill (a worker away: in its last session). A repeat of a call
+        """Whether this hub killed the call's plan for `worker_id` and the kill has not
+        gone ahead of the call: for a worker away, one it had not confirmed in its last
+        session; for one connected, one not yet sent on its stream. A repeat of a call
         recorded before goes on: the worker answers it from its ledger, or refuses it,
         the kill being sent ahead of it."""
         if not self.store.killed(req.plan_id, worker_id, 0):
             return False
         session = self.sessions.get(worker_id)
         if session is not None:
-            through = session.kills_through
-        else:
-            through = self.store.kills_confirmed(worker_id)
+            # A kill sent on this stream goes ahead of the call, which the worker then
+            # refuses itself, and so learns the plan is in use (ledger.MAX_SERVER_KILLS):
+            # refused here before the worker confirmed the kill, a flood of kills of
+            # made-up plans later pruned it there, and the plan ran (review14 finding 02,
+            # its variant B). One in a page still to come goes first: refused here.
+            return self._kill_to_come(session, req.plan_id)
+        through = self.store.kills_confirmed(worker_id)
         if not self.store.killed(req.plan_id, worker_id, through):
             return False
-        if session is not None and self._kill_to_come(session, req.plan_id):
-            return True  # its kill has not gone to the worker yet: nothing goes ahead of it
         return not (req.correlation_id and self.store.call_state(req.correlation_id))
 
     def kill_plan(self, req: pb.KillPlanRequest) -> pb.KillPlanResponse:

@@ -539,7 +539,7 @@ class HubStore:
             else:
                 self._kills.pop(gone_plan, None)
                 self._unused_kills.discard(gone_plan)
-        return pb.KillPlan(plan_id=plan_id, reason=reason, seq=seq)
+        return pb.KillPlan(plan_id=plan_id, reason=reason, seq=seq, in_use=used)
 
     def _placed(self, plan_id: str) -> bool:
         return bool(
@@ -561,17 +561,20 @@ class HubStore:
         of them (-1: all) and, with `limit_bytes`, as many as fit in it (plan ids and
         reasons, UTF-8), one at least."""
         rows = self._db.execute(
-            "SELECT seq, plan_id, reason FROM kills WHERE seq > ? AND worker_id IN ('', ?)"
+            "SELECT seq, plan_id, reason, used FROM kills WHERE seq > ? AND worker_id IN ('', ?)"
             " ORDER BY seq LIMIT ?",
             (through, worker_id, limit),
         ).fetchall()
         kills: list[pb.KillPlan] = []
         size = 0
-        for seq, plan, reason in rows:
+        for seq, plan, reason, used in rows:
             size += len(plan.encode()) + len(reason.encode())
             if limit_bytes and kills and size > limit_bytes:
                 break
-            kills.append(pb.KillPlan(plan_id=plan, reason=reason, seq=seq))
+            # In use as it goes: a call refused here before the kill reached the worker
+            # marked it, and the worker, which never saw that call, learns it so.
+            in_use = bool(used) and plan not in self._unused_kills
+            kills.append(pb.KillPlan(plan_id=plan, reason=reason, seq=seq, in_use=in_use))
         return kills
 
     def killed(self, plan_id: str, worker_id: str, through: int) -> bool:

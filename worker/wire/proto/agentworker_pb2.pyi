@@ -354,14 +354,16 @@ class Cancel(_message.Message):
     def __init__(self, correlation_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class KillPlan(_message.Message):
-    __slots__ = ("plan_id", "reason", "seq")
+    __slots__ = ("plan_id", "reason", "seq", "in_use")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    IN_USE_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     reason: str
     seq: int
-    def __init__(self, plan_id: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    in_use: bool
+    def __init__(self, plan_id: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., in_use: _Optional[bool] = ...) -> None: ...
 
 class Teardown(_message.Message):
     __slots__ = ("plan_id", "correlation_id")
