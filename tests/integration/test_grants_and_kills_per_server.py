@@ -155,7 +155,10 @@ def test_a_servers_flood_of_kills_prunes_its_own_kills_only(
     wait_for(lambda: flood[-1] in killed(), START_S)  # the worker read the whole flood
     listed = killed()
     assert listed[plan] == key_of(a), listed
-    assert flood[0] not in listed and flood[1] in listed  # B's oldest went, B's alone
+    # B's oldest went, B's alone (and B's own earlier kills of plans in use stay, review14
+    # finding 02: how many of the flood go depends on those).
+    gone = [made_up for made_up in flood if made_up not in listed]
+    assert gone and gone == flood[: len(gone)]
     assert sum(server == key_of(b) for server in listed.values()) == MAX_SERVER_KILLS
 
     worker.at(a)  # back at A: its plan is still killed
