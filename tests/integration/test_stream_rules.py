@@ -156,6 +156,23 @@ def test_kill_plan_cancels_running_calls_and_refuses_later_ones_durably(tmp_path
     play(tmp_path, after_restart)
 
 
+def _send_kills(hub: ScriptedHub, plans: list[str]) -> None:
+    """A server's kills of `plans`, in one envelope."""
+    kills = [pb.ServerMessage(kill_plan=pb.KillPlan(plan_id=p, reason="x")) for p in plans]
+    hub.send_raw(pb.ServerEnvelope(messages=kills).SerializeToString())
+
+
+async def _codes_after(hub: ScriptedHub, plans: list[str]) -> dict[str, str]:
+    """The error code (or ok) of one call of each plan, sent now."""
+    for plan in plans:
+        hub.request(f"after-{plan}", "{}", plan_id=plan)
+    answers: dict[str, str] = {}
+    while len(answers) < len(plans):
+        result = await hub.next("result")
+        answers[result.correlation_id.removeprefix("after-")] = error_code(result)
+    return answers
+
+
 def test_a_servers_kill_flood_is_bounded_and_reaches_a_ui_one_plan_at_a_time(
     tmp_path: Path,
 ) -> None:
@@ -176,19 +193,10 @@ def test_a_servers_kill_flood_is_bounded_and_reaches_a_ui_one_plan_at_a_time(
         assert console.handle({"op": "kill", "plan": "mine"})["ok"]
         assert console.handle({"op": "kill", "plan": "both"})["ok"]  # the person's now
         flood = [f"made-up-{i:05d}" for i in range(MAX_SERVER_KILLS + 50)]
-        hub.send_raw(
-            pb.ServerEnvelope(
-                messages=[
-                    pb.ServerMessage(kill_plan=pb.KillPlan(plan_id=p, reason="x")) for p in flood
-                ]
-            ).SerializeToString()
+        _send_kills(hub, flood)
+        answers = await _codes_after(
+            hub, ["mine", "both", flood[0], flood[49], flood[50], flood[-1]]
         )
-        for plan in ("mine", "both", flood[0], flood[49], flood[50], flood[-1]):
-            hub.request(f"after-{plan}", "{}", plan_id=plan)
-        answers = {}
-        while len(answers) < 6:
-            result = await hub.next("result")
-            answers[result.correlation_id.removeprefix("after-")] = error_code(result)
         assert answers == {
             "mine": "plan_killed",
             "both": "plan_killed",
@@ -229,19 +237,10 @@ def test_a_flood_of_kills_of_made_up_plans_keeps_the_kills_of_plans_in_use(
         assert error_code(await hub.next("result")) == "plan_killed"
         hub.send(kill_plan=pb.KillPlan(plan_id="never", reason="never called"))
         flood = [f"made-up-{i:05d}" for i in range(MAX_SERVER_KILLS + 1)]
-        hub.send_raw(
-            pb.ServerEnvelope(
-                messages=[
-                    pb.ServerMessage(kill_plan=pb.KillPlan(plan_id=p, reason="x")) for p in flood
-                ]
-            ).SerializeToString()
+        _send_kills(hub, flood)
+        answers = await _codes_after(
+            hub, ["in-use", "asked", "never", flood[2], flood[3], flood[-1]]
         )
-        for plan in ("in-use", "asked", "never", flood[2], flood[3], flood[-1]):
-            hub.request(f"after-{plan}", "{}", plan_id=plan)
-        answers = {}
-        while len(answers) < 6:
-            result = await hub.next("result")
-            answers[result.correlation_id.removeprefix("after-")] = error_code(result)
         assert answers == {
             "in-use": "plan_killed",
             "asked": "plan_killed",

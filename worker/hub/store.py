@@ -573,8 +573,7 @@ class HubStore:
                 break
             # In use as it goes: a call refused here before the kill reached the worker
             # marked it, and the worker, which never saw that call, learns it so.
-            in_use = bool(used) and plan not in self._unused_kills
-            kills.append(pb.KillPlan(plan_id=plan, reason=reason, seq=seq, in_use=in_use))
+            kills.append(pb.KillPlan(plan_id=plan, reason=reason, seq=seq, in_use=bool(used)))
         return kills
 
     def killed(self, plan_id: str, worker_id: str, through: int) -> bool:
