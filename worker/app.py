@@ -55,7 +55,8 @@ from worker.errors import (
     WorkerError,
 )
 from worker.hub.health import Health
-from worker.hub.server import Hub, control_service, local_streams, worker_service
+from worker.hub.server import Hub
+from worker.hub.services import control_service, local_streams, worker_service
 from worker.hub.store import HubStore
 from worker.wire import own_hub
 from worker.wire.auth import BearerAuth

@@ -33,7 +33,7 @@ from worker.actions.host import fs_write
 from worker.config import Paths, load
 from worker.core import connection
 from worker.core.connection import WorkerConnection
-from worker.hub import server, upload
+from worker.hub import services, upload
 from worker.hub.client import ControlClient, upload_part
 from worker.hub.server import Hub
 from worker.wire.proto import agentworker_pb2 as pb
@@ -540,7 +540,7 @@ def test_a_client_falls_back_to_dispatch_for_a_hub_without_uploads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hub from before DispatchUpload answers UNIMPLEMENTED: the call goes as a Dispatch."""
-    monkeypatch.setattr(server, "_upload_in_turn", _unimplemented)
+    monkeypatch.setattr(services, "_upload_in_turn", _unimplemented)
     blob = os.urandom(2 * MIB)
 
     async def scenario() -> tuple[pb.ActionResult, bool]:

@@ -28,7 +28,7 @@ from tests.support.hub_inproc import (
     until_connected,
 )
 from worker.hub import server
-from worker.hub.server import HELLO_READS_AT_ONCE, HELLO_READS_PER_CONNECTION
+from worker.hub.reads import HELLO_READS_AT_ONCE, HELLO_READS_PER_CONNECTION
 from worker.hub.turns import Turns
 from worker.wire.protocol import RETRY_AFTER_KEY, STREAM_METHOD
 from worker.wire.transport import worker_metadata

@@ -24,7 +24,7 @@ from tests.support.hub_inproc import (
     stop_worker,
     until_connected,
 )
-from worker.hub import server
+from worker.hub import reads as read_bounds
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
@@ -34,8 +34,8 @@ CONTROL = "/agentworker.v1.ControlService/"
 def test_a_kill_is_not_held_up_by_slow_requests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "CONTROL_READ_WITHIN_S", {})
-    monkeypatch.setattr(server, "CONTROL_READ_WITHIN_S_OTHERWISE", 3600.0)
+    monkeypatch.setattr(read_bounds, "CONTROL_READ_WITHIN_S", {})
+    monkeypatch.setattr(read_bounds, "CONTROL_READ_WITHIN_S_OTHERWISE", 3600.0)
     home = tmp_path / "home"
 
     async def go() -> None:
@@ -87,8 +87,8 @@ def test_a_flood_of_status_and_list_workers_does_not_hold_up_a_kill(
 ) -> None:
     """Review9 finding 05: Status calls whose requests never came held KillPlan's turns
     (they shared them), 5 s a pair, in turn, for as long as more came."""
-    monkeypatch.setattr(server, "CONTROL_READ_WITHIN_S", {})
-    monkeypatch.setattr(server, "CONTROL_READ_WITHIN_S_OTHERWISE", 3600.0)
+    monkeypatch.setattr(read_bounds, "CONTROL_READ_WITHIN_S", {})
+    monkeypatch.setattr(read_bounds, "CONTROL_READ_WITHIN_S_OTHERWISE", 3600.0)
     home = tmp_path / "home"
 
     async def go() -> None:
@@ -103,7 +103,10 @@ def test_a_flood_of_status_and_list_workers_does_not_hold_up_a_kill(
                 # whose requests never come (every turn of theirs is held), then 25 Status
                 # calls each sent whole, waiting behind them.
                 reads = running.hub.reads
-                status_turns, other_turns = reads[server.CONTROL_READ_KIND["Status"]], reads[""]
+                status_turns, other_turns = (
+                    reads[read_bounds.CONTROL_READ_KIND["Status"]],
+                    reads[""],
+                )
                 slots = status_turns.slots + other_turns.slots
 
                 async def until_waiting(count: int) -> None:

@@ -23,7 +23,7 @@ from tests.support.hub_inproc import (
     stop_worker,
     until_connected,
 )
-from worker.hub.server import LATER_READS_AT_ONCE
+from worker.hub.reads import LATER_READS_AT_ONCE
 from worker.wire.proto import agentworker_pb2 as pb
 
 

@@ -15,9 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.cluster import Cluster, call_in_background, cluster, release, wait_for
 from tests.support.hub_inproc import own_channel
 from worker.hub.client import ControlClient
-from worker.hub.server import (
-    CONTROL_READS_AT_ONCE,
-    CONTROL_READS_AT_ONCE_OTHERWISE,
+from worker.hub.reads import CONTROL_READS_AT_ONCE, CONTROL_READS_AT_ONCE_OTHERWISE
+from worker.hub.services import (
     CONTROL_REQUEST_BYTES,
     CONTROL_REQUEST_BYTES_OTHERWISE,
     DISPATCH_BESIDES_BLOB_BYTES,

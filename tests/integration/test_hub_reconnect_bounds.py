@@ -1,4 +1,4 @@
-"""How often worker streams may say Hello at the hub (worker.hub.server.Hellos): a
+"""How often worker streams may say Hello at the hub (worker.hub.hellos.Hellos): a
 bucket per worker id, one for the ids new to the hub and one for all. A fleet saying
 Hello together from one connection (one process, one NAT address), new or coming back
 after a restart of the hub, is never refused; a hostile client looping on one id or on
@@ -32,14 +32,14 @@ from tests.support.hub_inproc import (
     until_connected,
 )
 from worker.core.connection import Backoff
-from worker.hub.rates import Rate
-from worker.hub.server import (
+from worker.hub.hellos import (
     HELLO_BURST,
     HELLO_BURST_PER_WORKER,
     HELLO_RETRY_MIN_S,
     HELLOS_PER_S_PER_WORKER,
     NEW_WORKER_BURST,
 )
+from worker.hub.rates import Rate
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, RETRY_AFTER_KEY, STREAM_METHOD
 from worker.wire.transport import worker_metadata
@@ -261,7 +261,7 @@ def test_a_real_worker_refused_busy_waits_as_told(tmp_path: Path) -> None:
 def test_hostile_clients_looping_are_refused_busy(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="worker.hub.server")
+    caplog.set_level(logging.WARNING, logger="worker.hub")
     home = tmp_path / "home"
 
     async def go() -> None:

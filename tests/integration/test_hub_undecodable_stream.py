@@ -27,7 +27,7 @@ from tests.support.hub_inproc import (
     until_connected,
 )
 from worker.hub import server
-from worker.hub.server import REFUSED_LINES_BURST
+from worker.hub.hellos import REFUSED_LINES_BURST
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN, STREAM_METHOD
 from worker.wire.transport import worker_metadata

@@ -15,13 +15,9 @@ import grpc
 import pytest
 
 from tests.support.hub_inproc import HandWorker, caller_metadata, hub_in_process, own_channel
-from worker.hub.server import (
-    HELLO_BYTES,
-    HELLO_PLANS,
-    LOGGED_CHARS,
-    READ_APART_BYTES,
-    UNSOLICITED_PER_STREAM,
-)
+from worker.hub.audit_log import LOGGED_CHARS
+from worker.hub.envelopes import READ_APART_BYTES
+from worker.hub.hellos import HELLO_BYTES, HELLO_PLANS, UNSOLICITED_PER_STREAM
 from worker.wire.framing import MAX_ENVELOPE_MESSAGES
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -174,7 +170,7 @@ def test_what_a_worker_sends_only_to_be_logged_is_logged_in_bounded_pieces(
 
     with caplog.at_level(logging.INFO, logger="worker.hub"):
         asyncio.run(go())
-    hub_loggers = ("worker.hub.server", "worker.hub.audit_log")
+    hub_loggers = ("worker.hub.server", "worker.hub.hellos", "worker.hub.audit_log")
     lines = [r.getMessage() for r in caplog.records if r.name in hub_loggers]
     audits = [line for line in lines if line.startswith("audit from")]
     # The first event whole (cut short), the other 99 counted (review10 12); the count

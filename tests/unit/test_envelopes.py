@@ -118,7 +118,7 @@ def test_a_request_framed_with_its_blob_is_what_the_worker_will_parse() -> None:
 
 
 def test_a_large_results_blob_is_read_apart_and_framed_once_into_the_response() -> None:
-    from worker.hub.server import READ_APART_BYTES, Answer, _worker_envelope
+    from worker.hub.envelopes import READ_APART_BYTES, Answer, worker_envelope
 
     blob = os.urandom(READ_APART_BYTES + 5)
     result = pb.ActionResult(correlation_id="c", status=pb.ActionResult.OK, result_json="{}")
@@ -127,7 +127,7 @@ def test_a_large_results_blob_is_read_apart_and_framed_once_into_the_response() 
     whole.blob = blob
     beat = pb.WorkerMessage(heartbeat=pb.Heartbeat(in_flight=1))
     envelope = pb.WorkerEnvelope(messages=[beat, pb.WorkerMessage(result=whole)])
-    (first, none), (second, apart) = _worker_envelope(envelope.SerializeToString())
+    (first, none), (second, apart) = worker_envelope(envelope.SerializeToString())
     assert first == beat and none is None
     assert apart is not None and bytes(apart) == blob and second.result == result
     answer = Answer(second.result, apart)
@@ -135,20 +135,20 @@ def test_a_large_results_blob_is_read_apart_and_framed_once_into_the_response() 
     expected = pb.DispatchResponse(worker_id="w", result=whole)
     assert pb.DispatchResponse.FromString(answer.response("w")) == expected
     small = pb.WorkerEnvelope(messages=[pb.WorkerMessage(result=result)]).SerializeToString()
-    assert _worker_envelope(small) == [(pb.WorkerMessage(result=result), None)]
+    assert worker_envelope(small) == [(pb.WorkerMessage(result=result), None)]
 
 
 def test_a_large_result_without_a_blob_is_parsed_once_and_an_empty_one_stays_a_result() -> None:
     """A 1.5 MB listing has no blob to read apart: parsed from the received bytes as it
     is. A result whose only field is its blob is still a result once read apart."""
-    from worker.hub.server import READ_APART_BYTES, Answer, _worker_envelope
+    from worker.hub.envelopes import READ_APART_BYTES, Answer, worker_envelope
 
     listing = pb.ActionResult(correlation_id="l", status=pb.ActionResult.OK)
     listing.result_json = '{"entries": ["' + "é" * READ_APART_BYTES + '"]}'
     only_blob = pb.ActionResult(blob=os.urandom(READ_APART_BYTES))
     messages = [pb.WorkerMessage(result=listing), pb.WorkerMessage(result=only_blob)]
     envelope = pb.WorkerEnvelope(messages=messages).SerializeToString()
-    (first, none), (second, apart) = _worker_envelope(envelope)
+    (first, none), (second, apart) = worker_envelope(envelope)
     assert first.result == listing and none is None
     assert second.WhichOneof("kind") == "result" and second.result == pb.ActionResult()
     assert apart is not None and bytes(apart) == only_blob.blob

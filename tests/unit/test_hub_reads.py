@@ -1,4 +1,4 @@
-"""A ControlService request is read when its turn comes (worker.hub.server
+"""A ControlService request is read when its turn comes (worker.hub.services
 `_read_in_turn`, review8 finding 09): a call whose request does not arrive gives the
 turn back with a clear refusal. A real gRPC server and client over loopback; the one
 thing shortened is how long a request may take to arrive (10 s in the hub). And the
@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from worker.hub import server
+from worker.hub import reads, services
 from worker.hub.health import address_of
 from worker.hub.turns import Turns
 from worker.wire.proto import agentworker_pb2 as pb
@@ -25,11 +25,11 @@ async def _echo(request: bytes, _context: Any) -> bytes:
 def test_a_request_that_does_not_arrive_gives_its_turn_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(server, "CONTROL_READ_WITHIN_S_OTHERWISE", 0.5)
+    monkeypatch.setattr(reads, "CONTROL_READ_WITHIN_S_OTHERWISE", 0.5)
 
     async def go() -> None:
         turns = Turns(1)
-        read = server._read_in_turn("ListWorkers", _echo, turns)
+        read = services._read_in_turn("ListWorkers", _echo, turns)
         handler = grpc.stream_unary_rpc_method_handler(read)
         hub = grpc.aio.server()
         hub.add_generic_rpc_handlers(
@@ -248,10 +248,10 @@ def test_a_dispatch_is_measured_before_it_is_parsed_and_parsed_once() -> None:
     an unknown field was parsed with it and kept while answered), and a request that
     does not decode is not parsed a second time, blob and all."""
     head = pb.DispatchRequest(agent_id="a", surface="workerDiag", action="probe")
-    limit = server.DISPATCH_BESIDES_BLOB_BYTES
+    limit = services.DISPATCH_BESIDES_BLOB_BYTES
     padded = head.SerializeToString() + _field(15, b"x" * limit) + _field(10, b"b" * 100)
-    refused = server._dispatch_request(padded)
-    assert isinstance(refused, server._Refused)
+    refused = services._dispatch_request(padded)
+    assert isinstance(refused, services._Refused)
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     besides = len(padded) - 100
     assert refused.message == (
@@ -261,12 +261,12 @@ def test_a_dispatch_is_measured_before_it_is_parsed_and_parsed_once() -> None:
     )
     # The most args_json a worker takes (in characters) passes, with a blob of any size.
     widest = pb.DispatchRequest(agent_id="a", args_json="\U0001f600" * (1024 * 1024))
-    taken = server._dispatch_request(widest.SerializeToString() + _field(10, b"b" * limit))
-    assert isinstance(taken, server._WithBlob) and len(taken.blob) == limit
+    taken = services._dispatch_request(widest.SerializeToString() + _field(10, b"b" * limit))
+    assert isinstance(taken, services._WithBlob) and len(taken.blob) == limit
     assert taken.request.args_json == widest.args_json and not taken.request.blob
     # Invalid UTF-8 beside a blob, or more fields than a DispatchRequest has: undecodable.
     for bad in (
         head.SerializeToString() + _field(4, b"\xff") + _field(10, b"b" * 100),
-        _field(4, b"a") * (server.DISPATCH_FIELDS + 1),
+        _field(4, b"a") * (services.DISPATCH_FIELDS + 1),
     ):
-        assert isinstance(server._dispatch_request(bad), server._Undecodable)
+        assert isinstance(services._dispatch_request(bad), services._Undecodable)

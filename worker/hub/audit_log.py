@@ -24,6 +24,18 @@ INTERVAL_S: Final = 60.0
 MAX_KEYS: Final = 64
 OTHER_AGENTS: Final = "(other agents)"
 
+# Of what a worker sends only to be logged (audit events, its goodbye), the hub logs at
+# most this many characters of a text; audit events are counted (hub.audit_log).
+LOGGED_CHARS: Final = 1000
+
+
+def shown(text: str) -> str:
+    """`text` as the hub logs what a worker sent: at most LOGGED_CHARS of it."""
+    if len(text) <= LOGGED_CHARS:
+        return text
+    return f"{text[:LOGGED_CHARS]}... ({len(text):,} characters)"
+
+
 _Key: TypeAlias = tuple[str, str, str]  # worker, agent, kind
 
 

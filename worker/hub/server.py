@@ -16,59 +16,67 @@ import hashlib
 import hmac
 import json
 import logging
-import math
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from worker.clock import now_ms
 from worker.errors import WorkerError
-from worker.hub import upload
-from worker.hub.audit_log import AuditLines
-from worker.hub.client import UPLOAD_TAKEN
-from worker.hub.rates import Rate
+from worker.hub import reads, upload
+from worker.hub.audit_log import AuditLines, shown
+from worker.hub.envelopes import Answer, EnvelopeRefused, Incoming
+from worker.hub.hellos import (
+    HELLO_PLANS,
+    HELLO_RESENT_IDS,
+    HELLO_RETRY_MIN_S,
+    UNSOLICITED_PER_STREAM,
+    BusyStream,
+    Hellos,
+    PacedLines,
+    hello_description,
+    hello_refusal,
+    id_taken_message,
+    worker_key_digest,
+)
+from worker.hub.reads import (
+    LATER_READS_AT_ONCE,
+    LATER_READS_PER_CONNECTION,
+    control_reads,
+    hello_reads,
+)
 from worker.hub.store import HubStore, StoredCall
-from worker.hub.turns import Gate, Turns, Unread, address_of
+from worker.hub.turns import Turns, Unread, address_of
 from worker.ids import id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
-    MAX_ENVELOPE_MESSAGES,
     PART_BYTES,
-    RESULT_FIELD,
     Batcher,
     Buffer,
     Chunked,
-    TooManyFieldsError,
     announced,
     blob_part,
     chunked,
     digest_part,
     envelope_of,
-    fields_of,
     framed_size,
     message_part,
-    nested_message,
     outgoing_size,
     pending_parts,
     request_part,
-    split_field,
     spread_parts,
     when_idle,
 )
-from worker.wire.inproc import LOCAL_PEER, LocalStreams
+from worker.wire.inproc import LOCAL_PEER
 from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import (
     BLOB_CAP_HINTS,
     FOLLOW_PROTOCOL,
     HASH_OFF_LOOP_BYTES,
-    MAX_ARGS_BYTES,
     MAX_TIMEOUT_MS,
     PARTS_PROTOCOL,
     PROTOCOL_MAX,
@@ -76,7 +84,6 @@ from worker.wire.protocol import (
     RETRY_AFTER_KEY,
     VERSION,
     WORKBENCH_SURFACE,
-    WORKER_SERVICE,
     blob_cap,
     blob_gone,
     blob_sha256,
@@ -90,7 +97,7 @@ from worker.wire.protocol import (
     schemes_differ,
     stream_ended,
 )
-from worker.wire.transport import MAX_MESSAGE_BYTES, WORKER_KEY_HEADER
+from worker.wire.transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -98,56 +105,8 @@ log = logging.getLogger(__name__)
 # the deadline and answers `timeout` itself; the slack covers the trip back.
 RESULT_SLACK_S = 5.0
 HANDSHAKE_TIMEOUT_S = 10.0
-# How many worker streams' first messages (their Hellos) are read at once, and how many
-# of them one connection's: gRPC reads a stream message whole, up to MAX_MESSAGE_BYTES,
-# when the hub asks for it, and the hub asked for every new stream's at once, before
-# anything could look at it (review12 finding 09: 80 streams of the workers' token,
-# each sending 31 MiB first, took the hub up 802 MiB, and it stayed). A stream waits
-# for its turn with its first message unread (gRPC's flow control leaves it with the
-# sender: 40 streams writing 31 MiB behind held turns, the hub +1 MiB), and
-# HANDSHAKE_TIMEOUT_S counts from its turn. Reads at once cost about 3x their size each
-# (48 streams of 31 MiB: +407 MiB before, +204 at two at once, +253 at four). A Hello is
-# small and comes at once, so a fleet reconnecting is read two at a time without
-# waiting long.
-HELLO_READS_AT_ONCE: Final = 2
-HELLO_READS_PER_CONNECTION: Final = 1
-# A turn held without a Hello coming is given up, and its holder goes behind, as gRPC
-# health's requests are (worker.hub.turns.Gate): four streams of the workers' token that
-# never said Hello, reopened as the hub ended them, held both turns 10 s each and kept a
-# restarted worker out as long as they were kept up (review14 finding 04). So:
-# - a stream whose key a worker remembered here is bound to (hub.db: a worker coming
-#   back) is read on turns of its own (`known_hello_reads`), a turn per key, and of one
-#   key HELLO_STREAMS_PER_KEY wait at most: streams of keys the hub does not know never
-#   stand in its way;
-# - a turn held HELLO_PROMPT_S without its Hello goes to a stream waiting for one (at
-#   once to one of a lower rank), and the silent stream's connection (for a known key:
-#   the key) goes behind the others for HELLO_LATE_FOR_S, its address too while its
-#   connections go late faster than HELLO_LATE_PER_ADDRESS in that time;
-# - the streams waiting or read at once are bounded: HELLO_STREAMS_PER_CONNECTION of a
-#   connection, HELLO_STREAMS_PER_ADDRESS of an address (a fleet behind one NAT says
-#   Hello together: 1,200 in tests), HELLO_STREAMS_PER_LATE_ADDRESS while the address is
-#   late, HELLO_WAITING waiting in all; another is refused busy, unread.
-# How many worker streams' later messages are read at once, and of them one
-# connection's, while the hub expects none from their workers. gRPC reads a message whole,
-# up to MAX_MESSAGE_BYTES, once the hub asks for it, and the hub asked every stream for
-# its next message as soon as it had read one: 48 streams of the workers' token, each
-# sending 31 MiB after a small Hello, took the hub's peak up 535 MiB (review14 finding
-# 05). So a stream's next message is asked for at once only while the hub expects its
-# worker's answers (calls open there, a scope request or a teardown asked); otherwise
-# it waits for one of these turns, its message left with the sender (gRPC's flow
-# control), and a message the hub comes to expect meanwhile is asked for at once. A
-# worker with nothing to answer sends heartbeats and audit events, a few hundred bytes.
-LATER_READS_AT_ONCE: Final = 2
-LATER_READS_PER_CONNECTION: Final = 1
-HELLO_PROMPT_S: Final = 2.0
-HELLO_LATE_FOR_S: Final = 60.0
-HELLO_LATE_PER_ADDRESS: Final = 3
-HELLO_STREAMS_PER_KEY: Final = 2
-HELLO_STREAMS_PER_CONNECTION: Final = 256
-HELLO_STREAMS_PER_ADDRESS: Final = 2048
-HELLO_STREAMS_PER_LATE_ADDRESS: Final = 16
-HELLO_WAITING: Final = 8192
-HELLO_WAITING_LATE: Final = 16
+
+
 # Calls sent and results received are stored together, at most one commit per this
 # long (a group commit): never on a caller's path (it has its answer already), and
 # under load one commit for many calls. Each stored result is then acked, so until
@@ -173,92 +132,6 @@ CALL_IDS: Final = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "ta
 CALL_NAMES: Final = ("surface", "action")
 SCOPE_REASON_CHARS: Final = 4096
 SCOPE_PREVIEW_CHARS: Final = 64 * 1024
-# The largest request each ControlService method takes, refused before it is decoded.
-# gRPC's limit is the server's, MAX_MESSAGE_BYTES, which Dispatch needs for a 16 MiB
-# blob; no other method carries one. RequestScope: a reason and a preview at their
-# limits above (4 bytes a character in UTF-8 at most: 272 KiB), scopes and ids, with
-# room; the others carry a few ids and a reason.
-CONTROL_REQUEST_BYTES: Final = {
-    "Dispatch": MAX_MESSAGE_BYTES,
-    "DispatchUpload": MAX_MESSAGE_BYTES,  # each of its messages
-    "RequestScope": 1024 * 1024,
-}
-CONTROL_REQUEST_BYTES_OTHERWISE: Final = 64 * 1024
-# How many ControlService requests are read at once, by kind. gRPC reads a request
-# whole, up to MAX_MESSAGE_BYTES whatever its method takes, before anything can look at
-# its size (the caps above are checked after the read), so it is the read that is
-# bounded: a call waits for its turn with its request unread, and the reads under way
-# hold at most (2 + 4 + 2 + 2 + 2) x 32 MiB, however many calls come at once (sixteen 31 MiB
-# ListWorkers at once took the hub from 63 to 525 MiB). Dispatch's reads are apart, so
-# that blobs being received never hold up the others; KillPlan's (the kill switch) are
-# apart from every other method's, Status's too (`agentworker status`), and the rest
-# share theirs: two ListWorkers sent a byte at a time held up a KillPlan for the 30 s
-# they were let take then, and Status calls that never sent their request held it 5 s
-# a pair in turn, as long as they kept coming (review9 finding 05).
-# A DispatchUpload is read in a turn of the uploads' own, every part of it (the turn is
-# let go once its last part came): what uploads hold and how many go at once are
-# bounded as Dispatch's reads are, and uploads whose callers stall hold back no
-# Dispatch (review13 finding 05: two held Dispatch's turns up to 600 s).
-CONTROL_READ_KIND: Final = {
-    "Dispatch": "Dispatch",
-    "DispatchUpload": "DispatchUpload",
-    "KillPlan": "KillPlan",
-    "Status": "Status",
-}
-# An upload holds its turn while its parts come (a 16 MiB one some 15 ms on loopback, a
-# stalled one up to its deadline): uploads have turns of their own, so that stalled ones
-# hold back no Dispatch (review13 finding 05), and no connection holds them all.
-CONTROL_READS_AT_ONCE: Final = {"Dispatch": 2, "DispatchUpload": 4, "KillPlan": 2, "Status": 2}
-CONTROL_READS_AT_ONCE_OTHERWISE: Final = 2
-# ... of which one connection holds at most this many (a caller's other calls wait while
-# other connections' calls are read: worker.hub.turns). Dispatch's two may both be one
-# connection's (the agent server's blobs).
-CONTROL_READS_PER_CONNECTION: Final = {"Dispatch": 2, "DispatchUpload": 2}
-CONTROL_READS_PER_CONNECTION_OTHERWISE: Final = 1
-# How long a request may take to arrive once its turn came (a caller sends it whole at
-# once: a call whose request does not come must not keep the turn from the others).
-# Dispatch's may carry 32 MiB over a slow link; the others' are small (64 KiB at most,
-# RequestScope's 1 MiB), KillPlan's and Status's a few hundred bytes in practice.
-# An upload's first message is small (the call and its blob's size); its parts have
-# the call's deadline, and each its own time after the last (upload.PART_WITHIN_S).
-CONTROL_READ_WITHIN_S: Final = {
-    "Dispatch": 300.0,
-    "DispatchUpload": 10.0,
-    "KillPlan": 5.0,
-    "Status": 5.0,
-}
-CONTROL_READ_WITHIN_S_OTHERWISE: Final = 10.0
-
-
-def hello_reads(*, known: bool) -> Gate:
-    """The turns to read worker streams' first messages: those of keys the hub knows
-    (`known`, a turn per key) or the others' (a turn per connection); see
-    HELLO_READS_AT_ONCE and HELLO_PROMPT_S."""
-    return Gate(
-        HELLO_READS_AT_ONCE,
-        HELLO_READS_PER_CONNECTION,
-        read_within_s=None,  # a stream waits with its message unread; its worker redials
-        prompt_s=HELLO_PROMPT_S,
-        waiting_most=HELLO_WAITING,
-        waiting_late=HELLO_WAITING_LATE,
-        calls_per_connection=HELLO_STREAMS_PER_KEY if known else HELLO_STREAMS_PER_CONNECTION,
-        calls_per_address=HELLO_STREAMS_PER_ADDRESS,
-        calls_per_late_address=HELLO_STREAMS_PER_LATE_ADDRESS,
-        late_for_s=HELLO_LATE_FOR_S,
-        late_per_address=HELLO_LATE_PER_ADDRESS,
-    )
-
-
-def control_reads() -> dict[str, Turns]:
-    """The turns to read ControlService requests, by kind (CONTROL_READ_KIND; "": the
-    other methods')."""
-    return {
-        kind: Turns(
-            CONTROL_READS_AT_ONCE.get(kind, CONTROL_READS_AT_ONCE_OTHERWISE),
-            CONTROL_READS_PER_CONNECTION.get(kind, CONTROL_READS_PER_CONNECTION_OTHERWISE),
-        )
-        for kind in {"", *CONTROL_READ_KIND.values()}
-    }
 
 
 @dataclass
@@ -432,235 +305,15 @@ def too_large(message_bytes: int, *, framed: bool = False) -> WorkerError | None
     )
 
 
-# A WorkerEnvelope at least this large has its results' blobs read apart (see
-# `_worker_envelope`); a smaller one is parsed whole, which is quicker for it.
-READ_APART_BYTES: Final = 64 * 1024
-_ENVELOPE_MESSAGES: Final = pb.WorkerEnvelope.DESCRIPTOR.fields_by_name["messages"].number
-_RESULT_BLOB: Final = pb.ActionResult.DESCRIPTOR.fields_by_name["blob"].number
-_RESPONSE_RESULT: Final = pb.DispatchResponse.DESCRIPTOR.fields_by_name["result"].number
-
-# What one worker stream may make the hub hold (anyone with the workers' token can open
-# one, under a worker id of its choosing). A Hello of at most HELLO_BYTES: its ids and
-# plans are used as the stream opens and then let go; the rest (what ListWorkers shows,
-# kept for the session and in hub.db) is at most HELLO_DESCRIBED_BYTES. A stream that
-# sends more than UNSOLICITED_PER_STREAM messages the hub did not ask for (results for
-# calls it never sent this worker or has answered already, decisions on no scope
-# request, acks of calls sent elsewhere, a second Hello), more than its Hello's re-sent
-# ids, is closed RESOURCE_EXHAUSTED; each of them is acked or dropped at once, never
-# held. A hostile stream sending sixteen 30 MiB results for unknown calls took the hub
-# from 64 to 463 MiB, and 400,000 small ones an envelope held its loop 5 s each.
-HELLO_BYTES: Final = 8 * 1024 * 1024
-# Plans a Hello may place (sandbox mode), the ones used last: a worker holds max_plans
-# (64 by default); 120,000 claimed in one Hello held the hub's loop over 30 s and grew
-# hub.db by 78 MB.
-HELLO_PLANS: Final = 4096
-HELLO_DESCRIBED_BYTES: Final = 64 * 1024
-UNSOLICITED_PER_STREAM: Final = 1024
-# Re-sent ids a Hello may name (running_ids and unacked_ids), kept until their results came.
-HELLO_RESENT_IDS: Final = 65_536
 # A worker's backlog of kills (those it has not confirmed) goes a page at a time: at
 # most this many kills and bytes (plan ids and reasons, UTF-8; one kill at least), the
 # next once it confirmed the page. What a stream that never reads pins of it is one page.
 KILL_PAGE: Final = 64
 KILL_PAGE_BYTES: Final = 16 * 1024
-# Of what a worker sends only to be logged (audit events, its goodbye), the hub logs at
-# most this many characters of a text; audit events are counted (hub.audit_log).
-LOGGED_CHARS: Final = 1000
-# How often worker streams may say Hello: each costs the hub its parsing, a write to
-# hub.db and log lines, and anyone with hub-workers.token dialling in a tight loop paid
-# them without a bound. As token buckets (worker.hub.rates.Rate, `Hellos`), checked once
-# a Hello is read and its key is the id's (so a Hello naming another worker's id costs
-# that worker nothing), before anything is written: a burst, then so many a second.
-# - One worker id: 30, then 1 a second. The worker's own backoff never meets it (full
-#   jitter; a session that fails at once does not start it over): at worst 13.4 of the
-#   burst in 100,000 simulated runs of sessions failing at once (median 4.8).
-# - Ids new to this hub (a new row in hub.db), of all: 4,096 at once, then 32 a second:
-#   a fleet deployed at once is taken whole, a flood of made-up ids is not.
-# - Every Hello, of all: 8,192 at once, then 256 a second: a fleet reconnecting
-#   together after a restart of the hub or of the network is taken whole.
-# Nothing is counted per connection or per address: a fleet behind one NAT address,
-# or many workers in one process on one connection (benchmarks/bench_hub_scale.py:
-# 1,000 of them, 100 streams a connection), says Hello from one. A worker in the hub's
-# process (`up`) is not counted. A Hello past a bound is refused RESOURCE_EXHAUSTED,
-# "busy: ...", with how long to wait in its trailing metadata (RETRY_AFTER_KEY, at
-# least HELLO_RETRY_MIN_S for the bounds of all), which the worker waits at least;
-# refusals are logged one line a minute.
-HELLO_BURST_PER_WORKER: Final = 30
-HELLOS_PER_S_PER_WORKER: Final = 1.0
-NEW_WORKER_BURST: Final = 4096
-NEW_WORKERS_PER_S: Final = 32.0
-HELLO_BURST: Final = 8192
-HELLOS_PER_S: Final = 256.0
-HELLO_RETRY_MIN_S: Final = 1.0
-RETRY_AFTER_MAX_S: Final = 60.0
-REFUSALS_LOGGED_EVERY_S: Final = 60.0
-# Streams refused before their Hello (it does not decode, say) are logged one line
-# each, this many at once, then one a minute (`PacedLines`).
-REFUSED_LINES_BURST: Final = 10
+
+
 # Unsolicited messages logged one by one on a stream; the rest are counted.
 UNSOLICITED_LOGGED: Final = 8
-
-
-def _shown(text: str) -> str:
-    """`text` as the hub logs what a worker sent: at most LOGGED_CHARS of it."""
-    if len(text) <= LOGGED_CHARS:
-        return text
-    return f"{text[:LOGGED_CHARS]}... ({len(text):,} characters)"
-
-
-def _described(hello: pb.Hello) -> pb.Hello:
-    """The Hello without the ids and plans a worker names as it connects (used then and
-    let go): what the hub keeps for the session and in hub.db."""
-    described = pb.Hello()
-    described.CopyFrom(hello)
-    for name in ("running_ids", "unacked_ids", "plans"):
-        described.ClearField(name)
-    return described
-
-
-def hello_refusal(hello: pb.Hello) -> str | None:
-    """Why the hub refuses a Hello for its size (RESOURCE_EXHAUSTED), or None."""
-    size = hello.ByteSize()
-    if size > HELLO_BYTES:
-        return (
-            f"the Hello is {size:,} bytes, over the {HELLO_BYTES:,} a hub takes: it names "
-            f"{len(hello.running_ids) + len(hello.unacked_ids):,} call ids and "
-            f"{len(hello.plans):,} plans; a worker with more than that to tell cannot "
-            "connect to this hub"
-        )
-    described = _described(hello).ByteSize()
-    if described > HELLO_DESCRIBED_BYTES:
-        return (
-            f"the Hello's description of the worker (its version, surfaces and actions) is "
-            f"{described:,} bytes, over the {HELLO_DESCRIBED_BYTES:,} a hub keeps"
-        )
-    return None
-
-
-# A worker's envelope as the hub reads it: each message, and for a result read apart
-# from its blob, the blob (a view of the bytes received).
-Incoming = list[tuple[pb.WorkerMessage, memoryview | None]]
-
-
-# A message (and the result in it) is read apart here a field at a time, in Python: one
-# with more fields than this (a worker's have a few; a hostile one, millions of 2-byte
-# ones) is parsed whole instead, at the parser's speed.
-FIELDS_READ_APART: Final = 64
-
-
-class EnvelopeRefused:
-    """A WorkerEnvelope the hub does not read, and why: the stream is closed with
-    `code` (RESOURCE_EXHAUSTED: too many messages; INVALID_ARGUMENT: it does not
-    decode)."""
-
-    def __init__(
-        self, message: str, code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
-    ) -> None:
-        self.message = message
-        self.code = code
-
-
-def _undecodable(data: bytes) -> EnvelopeRefused:
-    return EnvelopeRefused(
-        f"a stream message of {len(data):,} bytes does not decode as an "
-        f"{pb.WorkerEnvelope.DESCRIPTOR.full_name}: WorkerService.Stream takes the envelopes "
-        "an agentworker worker sends, a Hello first (is this an agentworker worker, "
-        "dialling this hub's address?); the hub closed the stream",
-        grpc.StatusCode.INVALID_ARGUMENT,
-    )
-
-
-def _too_many(count: str) -> EnvelopeRefused:
-    return EnvelopeRefused(
-        f"a stream message carried {count} messages, more than the {MAX_ENVELOPE_MESSAGES} a "
-        "worker sends in one; the hub closed the stream"
-    )
-
-
-def _worker_envelope(data: bytes) -> Incoming | EnvelopeRefused:
-    """A WorkerEnvelope off the wire. In a large one, each result is parsed without its
-    blob and the blob is a view of `data`: the hub then copies a result blob once, into
-    the caller's response (`Answer.response`), where parsing it and building a
-    DispatchResponse around it copied it three times. Each message is parsed once,
-    from a view of `data` (a 1.5 MB fs_list answer, which has no blob, was copied
-    three times on its way in). An envelope of more than MAX_ENVELOPE_MESSAGES
-    messages (a worker's batches hold at most that many) is refused unread: 400,000
-    small results in one held the hub's loop for seconds each. One that does not decode
-    ends the stream INVALID_ARGUMENT, saying so (raised here, gRPC's deserializer logged
-    a DecodeError's traceback for each and answered UNKNOWN)."""
-    if len(data) >= READ_APART_BYTES:
-        try:
-            messages: Incoming = []
-            for message in fields_of(data, _ENVELOPE_MESSAGES, most=MAX_ENVELOPE_MESSAGES):
-                messages.append(_worker_message(message))
-            return messages
-        except TooManyFieldsError:
-            return _too_many(f"more than {MAX_ENVELOPE_MESSAGES}")
-        except (ValueError, DecodeError):
-            pass  # parsed whole below, which says what is wrong
-    try:
-        parsed = pb.WorkerEnvelope.FromString(data).messages
-    except DecodeError:
-        return _undecodable(data)
-    if len(parsed) > MAX_ENVELOPE_MESSAGES:
-        return _too_many(f"{len(parsed):,}")
-    return [(message, None) for message in parsed]
-
-
-def _worker_message(message: memoryview) -> tuple[pb.WorkerMessage, memoryview | None]:
-    """One message of a large envelope: a result read apart from its blob (a view),
-    any other parsed as it is (from the view: upb parses any buffer, its stub says
-    bytes). ValueError or DecodeError if it is not well framed."""
-    try:
-        rest, result = split_field(message, RESULT_FIELD, most=FIELDS_READ_APART)
-        blob = (
-            None
-            if result is None or rest
-            else split_field(result, _RESULT_BLOB, most=FIELDS_READ_APART)
-        )
-    except TooManyFieldsError:
-        blob = None
-    if blob is None or blob[1] is None:  # no blob to read apart: parsed as it is
-        return pb.WorkerMessage.FromString(cast(bytes, message)), None
-    parsed = pb.WorkerMessage()
-    parsed.result.SetInParent()
-    parsed.result.MergeFromString(blob[0])
-    return parsed, blob[1]
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A call's result as the hub hands it on: `result`, and when it was read apart
-    from its blob, the blob (else `result` holds its own). A result the worker of this
-    process handed over (worker.wire.local) comes `serialized` (without its blob), and
-    `result` is then its stub: the same without its `result_json`."""
-
-    result: pb.ActionResult
-    blob: Buffer | None = None
-    serialized: bytes | None = None
-
-    def message(self) -> pb.ActionResult:
-        """The result with its blob in it (a copy of the blob, for in-process callers)."""
-        if self.serialized is not None:
-            whole = pb.ActionResult.FromString(self.serialized)
-        elif self.blob is None:
-            return self.result
-        else:
-            whole = pb.ActionResult()
-            whole.CopyFrom(self.result)
-        if self.blob:
-            whole.blob = bytes(self.blob)
-        return whole
-
-    def response(self, worker_id: str) -> bytes:
-        """A serialized DispatchResponse carrying this result: its blob copied once (a
-        1 MiB fs_read's was copied twice, the second time to put the worker id first),
-        and a handed result's bytes as they came (a 1.5 MB listing is not serialized
-        again)."""
-        worker = pb.DispatchResponse(worker_id=worker_id).SerializeToString()
-        body = self.serialized if self.serialized is not None else self.result.SerializeToString()
-        blob = b"" if self.blob is None else self.blob
-        return nested_message(_RESPONSE_RESULT, body, _RESULT_BLOB, blob, after=worker)
 
 
 # A request as it goes to its worker: one envelope part, or its blob in parts ahead
@@ -799,7 +452,7 @@ class Hub:
         # Hands request blobs to a worker in this process (`up`), and takes its result
         # blobs, see worker.wire.local.
         self.link: LocalLink | None = None
-        self.audit_lines = AuditLines(shown=_shown)
+        self.audit_lines = AuditLines(shown=shown)
         # How often worker streams may say Hello (HELLO_BURST_PER_WORKER and below).
         self.hellos = Hellos()
         # Streams refused before their Hello are logged a few lines a minute at most.
@@ -819,7 +472,7 @@ class Hub:
         requests: AsyncIterator[Incoming | EnvelopeRefused],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[bytes]:
-        """The worker's stream, read by `_worker_envelope`; what it yields are
+        """The worker's stream, read by `worker_envelope`; what it yields are
         serialized ServerEnvelopes."""
         try:
             first = await self._first_message(requests, context)
@@ -841,7 +494,7 @@ class Hub:
                 why,
                 grpc.StatusCode.DEADLINE_EXCEEDED if late else grpc.StatusCode.INVALID_ARGUMENT,
             )
-        except _BusyStream as refused:
+        except BusyStream as refused:
             self.stream_refusals.log(
                 "refused a worker stream before its Hello: %s", refused.message
             )
@@ -861,7 +514,7 @@ class Hub:
         hello = opening.hello
         refusal = hello_refusal(hello)
         if refusal is not None:
-            log.warning("refused a Hello for worker %s: %s", _shown(hello.worker_id), refusal)
+            log.warning("refused a Hello for worker %s: %s", shown(hello.worker_id), refusal)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         if hello.protocol_max < PROTOCOL_MIN or hello.protocol_min > PROTOCOL_MAX:
             await context.abort(
@@ -869,7 +522,7 @@ class Hub:
                 f"protocol mismatch: the worker speaks {hello.protocol_min}..{hello.protocol_max}, "
                 f"this hub {PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade the older side",
             )
-        key_digest = _key_digest(context)
+        key_digest = worker_key_digest(context)
         bound = self.store.worker_key(hello.worker_id)
         if bound and not hmac.compare_digest(bound, key_digest):
             log.warning(
@@ -877,7 +530,9 @@ class Hub:
                 hello.worker_id,
                 "none given" if not key_digest else "another key",
             )
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _taken(hello.worker_id))
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, id_taken_message(hello.worker_id)
+            )
         known = bool(bound) or self.store.knows_worker(hello.worker_id)
         if context.peer() != LOCAL_PEER:  # `up`'s own worker is not counted
             busy = self.hellos.admit(hello.worker_id, new=not known)
@@ -888,7 +543,7 @@ class Hub:
                     trailing_metadata=((RETRY_AFTER_KEY, str(busy.retry_ms)),),
                 )
         session = Session(
-            hello=_described(hello),
+            hello=hello_description(hello),
             session_id=uuid.uuid4().hex,
             protocol=min(PROTOCOL_MAX, hello.protocol_max),
         )
@@ -955,19 +610,19 @@ class Hub:
         """A stream's first message, read in its turn: on `known_hello_reads` a turn of
         its key's if a worker remembered here is bound to its key, else on `hello_reads`
         a turn of its connection's (`up`'s own worker, whose messages are in memory
-        already, takes none). _BusyStream past the bounds (HELLO_STREAMS_PER_ADDRESS...)."""
+        already, takes none). BusyStream past the bounds (HELLO_STREAMS_PER_ADDRESS...)."""
         peer = context.peer()
         if peer == LOCAL_PEER:
             return await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
         address = address_of(peer)
-        key_digest = _key_digest(context)
+        key_digest = worker_key_digest(context)
         if self.store.knows_key(key_digest):
             gate, who, whose = self.known_hello_reads, key_digest, "this worker key"
         else:
             gate, who, whose = self.hello_reads, peer, "this connection"
         past = gate.admit(who, address, asyncio.get_running_loop().time())
         if past is not None:
-            raise _BusyStream(
+            raise BusyStream(
                 "busy: "
                 + {
                     "peer": f"{gate.calls_per_connection} streams of {whose} already wait to "
@@ -1201,7 +856,7 @@ class Hub:
         elif kind == "audit":  # counted: the worker's audit table has each (review10 12)
             self.audit_lines.event(session.worker_id, msg.audit)
         elif kind == "goodbye":
-            log.info("worker %s says goodbye: %s", session.worker_id, _shown(msg.goodbye.reason))
+            log.info("worker %s says goodbye: %s", session.worker_id, shown(msg.goodbye.reason))
         else:
             self._unsolicited(session, f"a message of kind {kind or 'none'}")
 
@@ -1277,17 +932,17 @@ class Hub:
         session.resent.discard(cid)
         if called is None:  # unknown here: acked and let go, as ever
             if not resent:
-                self._unsolicited(session, f"a result for call {_shown(cid)}, unknown here")
+                self._unsolicited(session, f"a result for call {shown(cid)}, unknown here")
             return False
         sent_to, state = called
         if not self._from_its_worker(session, sent_to, cid):
-            self._unsolicited(session, f"a result for call {_shown(cid)} sent to another worker")
+            self._unsolicited(session, f"a result for call {shown(cid)} sent to another worker")
             return False
         if state == "DONE" and not resent and cid not in self._waiters:
             # A caller waiting for it is a repeat of the call sent again to its worker
             # (the hub had not committed the first answer yet when the repeat came: see
             # `_dispatch_to`); with no one waiting, it was answered already.
-            self._unsolicited(session, f"a result for call {_shown(cid)}, answered already")
+            self._unsolicited(session, f"a result for call {shown(cid)}, answered already")
             return False
         return True
 
@@ -1335,7 +990,7 @@ class Hub:
         log.warning(
             "worker %s answered %s, sent to worker %s: ignored",
             session.worker_id,
-            _shown(cid),
+            shown(cid),
             sent_to,
         )
         return False
@@ -1412,7 +1067,7 @@ class Hub:
         for cid in ack.correlation_ids:
             sent_to = self.store.worker_of(cid)
             if sent_to is None or not self._from_its_worker(session, sent_to, cid):
-                self._unsolicited(session, f"a refusal of call {_shown(cid)}, not sent to it")
+                self._unsolicited(session, f"a refusal of call {shown(cid)}, not sent to it")
                 continue
             self._blobs.pop(cid, None)
             self._let_go(cid)
@@ -2031,7 +1686,9 @@ class Hub:
         self, worker_id: str, req: pb.DispatchRequest, size: int, next_part: upload.NextPart
     ) -> tuple[str, Answer]:
         request = self._action_request(req)
-        read_within_s = CONTROL_READ_WITHIN_S.get("Dispatch", CONTROL_READ_WITHIN_S_OTHERWISE)
+        read_within_s = reads.CONTROL_READ_WITHIN_S.get(
+            "Dispatch", reads.CONTROL_READ_WITHIN_S_OTHERWISE
+        )
         within_s = min(request.timeout_ms / 1000, read_within_s)
         session = self.sessions.get(worker_id)
         # As `_sent_early`: only a call the hub names itself goes before it is recorded.
@@ -2342,112 +1999,6 @@ class Hub:
             session.close()
 
 
-class PacedLines:
-    """Warnings of one kind, as one line each up to `burst` at once and then one a
-    minute (a client looping on a refusal would write the log full), each saying how
-    many were left out since the last one."""
-
-    def __init__(self, burst: int = REFUSED_LINES_BURST) -> None:
-        self.rate = Rate(burst, 1 / 60, keys=1)
-        self.left_out = 0
-
-    def log(self, message: str, *args: object) -> None:
-        now = asyncio.get_running_loop().time()
-        if self.rate.wait_s("", now):
-            self.left_out += 1
-            return
-        self.rate.take("", now)
-        if self.left_out:
-            message += " (and %d more like it not logged since the last)"
-            args = (*args, self.left_out)
-            self.left_out = 0
-        log.warning(message, *args)
-
-
-class _BusyStream(Exception):  # noqa: N818 (a refusal, not a fault)
-    """A stream refused before its Hello was read, past a bound of the hello reads."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-@dataclass(frozen=True)
-class Busy:
-    """A Hello refused past a bound: what to tell the worker, and how long to wait."""
-
-    message: str
-    retry_ms: int
-
-
-class Hellos:
-    """How often worker streams may say Hello: a bucket per worker id, one for the ids
-    new to this hub and one for all (see HELLO_BURST_PER_WORKER and below)."""
-
-    def __init__(self) -> None:
-        self.per_worker = Rate(HELLO_BURST_PER_WORKER, HELLOS_PER_S_PER_WORKER)
-        self.new = Rate(NEW_WORKER_BURST, NEW_WORKERS_PER_S, keys=1)
-        self.all = Rate(HELLO_BURST, HELLOS_PER_S, keys=1)
-        self.refused = 0  # Hellos refused, in all
-        self._unlogged = 0  # ... since the last line about them
-        self._logged_at: float | None = None
-
-    def admit(self, worker_id: str, *, new: bool) -> Busy | None:
-        """Count a Hello of `worker_id` (`new`: an id this hub does not know), or say
-        why it is refused (then nothing is counted)."""
-        now = asyncio.get_running_loop().time()
-        checks = [(self.per_worker, worker_id, f"worker {_shown(worker_id)!r}", 0.0)]
-        if new:
-            checks.append((self.new, "", "workers new to this hub", HELLO_RETRY_MIN_S))
-        checks.append((self.all, "", "all workers together", HELLO_RETRY_MIN_S))
-        for rate, key, whose, at_least_s in checks:
-            wait_s = rate.wait_s(key, now)
-            if wait_s:
-                return self._refuse(now, whose, rate, max(wait_s, at_least_s))
-        for rate, key, _, _ in checks:
-            rate.take(key, now)
-        return None
-
-    def _refuse(self, now: float, whose: str, rate: Rate, wait_s: float) -> Busy:
-        self.refused += 1
-        self._unlogged += 1
-        if self._logged_at is None or now - self._logged_at >= REFUSALS_LOGGED_EVERY_S:
-            log.warning(
-                "hub: refused %d worker Hello(s) busy since the last line like this (the "
-                "last: %s, past %g at once, then %g a second)",
-                self._unlogged,
-                whose,
-                rate.burst,
-                rate.per_s,
-            )
-            self._unlogged = 0
-            self._logged_at = now
-        retry_ms = max(1, math.ceil(min(wait_s, RETRY_AFTER_MAX_S) * 1000))
-        return Busy(
-            f"busy: {whose} said Hello more often than this hub takes ({rate.burst:g} at "
-            f"once, then {rate.per_s:g} a second); retry in {retry_ms / 1000:.1f} s",
-            retry_ms,
-        )
-
-
-def _key_digest(context: grpc.aio.ServicerContext) -> str:
-    """sha256 of the worker key the stream came with ('' without one)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == WORKER_KEY_HEADER:
-            raw = value.encode() if isinstance(value, str) else bytes(value)
-            return hashlib.sha256(raw).hexdigest() if raw else ""
-    return ""
-
-
-def _taken(worker_id: str) -> str:
-    return (
-        f"worker id {worker_id!r} belongs to another worker at this hub: this worker's key "
-        "is not the one that id first came with. A worker's id and key live together in "
-        "its data folder (worker_id, worker.key): move both, or remove worker_id there to "
-        "get a new id"
-    )
-
-
 def _log_teardown(done: asyncio.Future[pb.ActionResult]) -> None:
     if done.cancelled():
         return
@@ -2456,394 +2007,3 @@ def _log_teardown(done: asyncio.Future[pb.ActionResult]) -> None:
         log.info("a teardown queued for a worker that was away is done: %s", result.result_json)
     else:
         log.warning("a teardown queued for a worker that was away failed: %s", result.error.message)
-
-
-class _WithBlob:
-    """A DispatchRequest read without its blob, and the blob: a view of the received
-    bytes (parsing the request and reading its blob field would copy it twice)."""
-
-    def __init__(self, request: pb.DispatchRequest, blob: Buffer) -> None:
-        self.request = request
-        self.blob = blob
-
-
-_DISPATCH_BLOB_FIELD = pb.DispatchRequest.DESCRIPTOR.fields_by_name["blob"].number
-
-
-# What a DispatchRequest may carry besides its blob: args_json (MAX_ARGS_BYTES
-# characters, 4 bytes each at most in UTF-8), ids and names, with room. More is refused
-# before it is parsed: a request padded to 31 MiB with an unknown field was parsed with
-# it and kept while the call was answered (sixteen at once took the hub to 640 MiB).
-DISPATCH_BESIDES_BLOB_BYTES: Final = 4 * MAX_ARGS_BYTES + 64 * 1024
-# The most fields a DispatchRequest is read with, a field at a time (it has 11).
-DISPATCH_FIELDS: Final = 64
-
-
-class _Refused:
-    """What a control request refused unparsed is handed on as: a status and why."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        self.code, self.message = code, message
-
-
-_UNDECODABLE_DISPATCH: Final = "DispatchRequest"
-
-
-def _dispatch_request(data: bytes) -> object:
-    """A DispatchRequest and its blob, a view of `data`: the request is parsed without
-    the blob, once, and only when what it carries besides the blob is within
-    DISPATCH_BESIDES_BLOB_BYTES (measured on the wire, before any copy). One that
-    does not decode is not parsed again (it was, whole, blob and all)."""
-    try:
-        blob_bytes = sum(
-            len(value) for value in fields_of(data, _DISPATCH_BLOB_FIELD, most=DISPATCH_FIELDS)
-        )
-    except ValueError:  # not well framed, or too many fields for a DispatchRequest
-        return _Undecodable(_UNDECODABLE_DISPATCH)
-    besides = len(data) - blob_bytes
-    if besides > DISPATCH_BESIDES_BLOB_BYTES:
-        return _Refused(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"the Dispatch request carries {besides:,} bytes besides its blob, over the "
-            f"{DISPATCH_BESIDES_BLOB_BYTES:,} a call's ids and args_json take (args_json: "
-            f"{MAX_ARGS_BYTES:,} characters at most); bulk data goes in blob",
-        )
-    try:
-        rest, blob = split_field(data, _DISPATCH_BLOB_FIELD, most=DISPATCH_FIELDS)
-        return _WithBlob(pb.DispatchRequest.FromString(rest), b"" if blob is None else blob)
-    except (ValueError, DecodeError):
-        return _Undecodable(_UNDECODABLE_DISPATCH)  # answered INVALID_ARGUMENT, as before
-
-
-class _UploadPart:
-    """A DispatchUploadPart read without its data, and the data: a view of the bytes
-    received (as a Dispatch's blob is, `_WithBlob`)."""
-
-    def __init__(self, header: pb.DispatchUploadPart, data: Buffer) -> None:
-        self.header = header
-        self.data = data
-
-
-_UPLOAD_DATA_FIELD = pb.DispatchUploadPart.DESCRIPTOR.fields_by_name["data"].number
-# What a part after the first may carry besides its data: its offset (a varint field).
-UPLOAD_PART_BESIDES_DATA_BYTES: Final = 32
-_UNDECODABLE_UPLOAD: Final = "DispatchUploadPart"
-
-
-def _upload_part(data: bytes) -> object:
-    """A DispatchUploadPart and its data, a view of `data`, read as `_dispatch_request`
-    reads a Dispatch: what it carries besides its data is bounded before it is parsed."""
-    try:
-        rest, found = split_field(data, _UPLOAD_DATA_FIELD, most=DISPATCH_FIELDS)
-    except ValueError:
-        return _Undecodable(_UNDECODABLE_UPLOAD)
-    if len(rest) > DISPATCH_BESIDES_BLOB_BYTES:
-        return _Refused(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"a DispatchUpload message carries {len(rest):,} bytes besides its data, over "
-            f"the {DISPATCH_BESIDES_BLOB_BYTES:,} a call's ids and args_json take",
-        )
-    try:
-        header = pb.DispatchUploadPart.FromString(rest)
-    except DecodeError:
-        return _Undecodable(_UNDECODABLE_UPLOAD)
-    if not header.HasField("request") and len(rest) > UPLOAD_PART_BESIDES_DATA_BYTES:
-        # A part's data is kept as a view of its message while the call may be sent
-        # again: padding beside one byte of data kept ~4 MiB alive a part (review13 01).
-        return _Refused(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"a DispatchUpload part carries {len(rest):,} bytes besides its data, over the "
-            f"{UPLOAD_PART_BESIDES_DATA_BYTES} its offset takes: after the call come only "
-            "the blob's bytes (`data`, `offset`)",
-        )
-    return _UploadPart(header, b"" if found is None else found)
-
-
-class _Undecodable:
-    """What a control request that does not decode is handed on as."""
-
-    def __init__(self, type_name: str) -> None:
-        self.type_name = type_name
-
-
-class _Oversized:
-    """What a control request larger than its method takes is handed on as."""
-
-    def __init__(self, method: str, size: int, limit: int) -> None:
-        self.method, self.size, self.limit = method, size, limit
-
-    def message(self) -> str:
-        return (
-            f"the {self.method} request is {self.size:,} bytes, over the {self.limit:,} "
-            f"that {self.method} takes (only Dispatch carries a blob); send less"
-        )
-
-
-def _bounded(method: str, parse: Callable[[bytes], object]) -> Callable[[bytes], object]:
-    limit = CONTROL_REQUEST_BYTES.get(method, CONTROL_REQUEST_BYTES_OTHERWISE)
-
-    def read(data: bytes) -> object:
-        return _Oversized(method, len(data), limit) if len(data) > limit else parse(data)
-
-    return read
-
-
-def _lenient(message_type: Any) -> Callable[[bytes], object]:
-    def parse(data: bytes) -> object:
-        try:
-            return message_type.FromString(data)
-        except DecodeError:
-            return _Undecodable(message_type.DESCRIPTOR.name)
-
-    return parse
-
-
-def _refusing_undecodable(
-    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
-) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _refuse_unread(request, context)
-        return await behaviour(request, context)
-
-    return handle
-
-
-def _serialized(response: Any) -> bytes:
-    """A response, unless it is serialized already (Dispatch's, see `Answer.response`)."""
-    return response if isinstance(response, bytes) else bytes(response.SerializeToString())
-
-
-def _read_in_turn(
-    method: str,
-    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
-    reads: Turns,
-) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """A unary method served as a request-streaming one (the wire is the same), so
-    that its request is read here, when `reads` gives its connection a turn, not by
-    gRPC before the handler runs; its answer still goes out with its status, as a
-    unary one's."""
-    within_s = CONTROL_READ_WITHIN_S.get(method, CONTROL_READ_WITHIN_S_OTHERWISE)
-    late = (
-        f"the {method} request did not arrive within {within_s:g} s of its turn to be "
-        "read; send the request whole when the call begins"
-    )
-
-    async def handle(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with reads.turn(context.peer()):
-            try:
-                async with asyncio.timeout(within_s):
-                    request = await context.read()
-            except TimeoutError:
-                request = None
-        if request is None:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, late)
-        if request is grpc.aio.EOF:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request")
-        try:
-            return await behaviour(request, context)
-        except grpc.aio.AbortError as exc:
-            # A refusal (context.abort raises) would carry the frames that hold the
-            # request on: they outlived the call, and sixteen refused 31 MiB Dispatches
-            # kept the hub at 641 MiB; without them, 353.
-            del request
-            raise exc.with_traceback(None) from None
-
-    return handle
-
-
-def _upload_in_turn(
-    hub: Hub, reads: Turns
-) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """ControlService.DispatchUpload: its first message (the call and its blob's size)
-    read as a Dispatch's request is (in a turn of Dispatch's, within its time), then
-    its parts, in the same turn (let go once the last came), handed to the hub as it
-    reads them (`Hub.dispatch_upload`)."""
-    within_s = CONTROL_READ_WITHIN_S.get("DispatchUpload", CONTROL_READ_WITHIN_S_OTHERWISE)
-    late = (
-        f"the DispatchUpload's first message did not arrive within {within_s:g} s of its "
-        "turn to be read; send it when the call begins"
-    )
-
-    async def handle(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with contextlib.AsyncExitStack() as turn:
-            await turn.enter_async_context(reads.turn(context.peer()))
-            try:
-                async with asyncio.timeout(within_s):
-                    first = await context.read()
-            except TimeoutError:
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, late)
-            if first is grpc.aio.EOF:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request")
-            await _refuse_unread(first, context)
-            assert isinstance(first, _UploadPart)
-            header = first.header
-            req = header.request
-            if not header.HasField("request") or first.data or header.offset or req.blob:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "a DispatchUpload begins with its call (`request`, its blob empty) and "
-                    "the blob's size (`blob_bytes`); the blob's bytes follow as `data`",
-                )
-            if not req.surface or not req.action:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required"
-                )
-            size = header.blob_bytes
-            del first, header
-
-            accepted = False
-
-            async def next_part() -> tuple[int, Buffer] | None:
-                nonlocal accepted
-                if not accepted:  # the caller waits for this before it sends a part
-                    accepted = True
-                    await context.send_initial_metadata((UPLOAD_TAKEN,))
-                part = await context.read()
-                if part is grpc.aio.EOF:
-                    await turn.aclose()  # every part came: the next upload's turn
-                    return None
-                if isinstance(part, _Refused):
-                    raise WorkerError("validation_error", f"{part.message}; nothing was run")
-                if not isinstance(part, _UploadPart) or part.header.HasField("request"):
-                    raise WorkerError(
-                        "validation_error",
-                        "a DispatchUpload message after the first did not decode, or carried "
-                        "a call again: after the call come only the blob's bytes (`data`, "
-                        "`offset`); nothing was run",
-                    )
-                return part.header.offset, part.data
-
-            try:
-                return await hub.dispatch_upload(req, size, next_part)
-            except LookupError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-                raise  # unreachable: abort raises
-            finally:
-                hub.memory.ended(size)
-
-    return handle
-
-
-async def _refuse_unread(request: object, context: grpc.aio.ServicerContext) -> None:
-    """Abort for a request refused as read (too large, or not decoding)."""
-    if isinstance(request, _Oversized):
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message())
-    if isinstance(request, _Refused):
-        await context.abort(request.code, request.message)
-    if isinstance(request, _Undecodable):
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"the {request.type_name} does not decode: a string field is not valid "
-            "UTF-8, or the message is truncated",
-        )
-
-
-def control_service(hub: Hub) -> grpc.GenericRpcHandler:
-    """ControlService, whose requests are decoded so that one which does not decode
-    (invalid UTF-8 in a string field, say) answers INVALID_ARGUMENT with the reason,
-    not UNKNOWN with a traceback in the hub's log; one larger than its method takes
-    (CONTROL_REQUEST_BYTES) answers RESOURCE_EXHAUSTED undecoded. Requests are read a
-    few at a time (CONTROL_READS_AT_ONCE, `hub.reads`)."""
-    servicer = ControlServicer(hub)
-    service = pb.DESCRIPTOR.services_by_name["ControlService"]
-    parsers = {"Dispatch": _dispatch_request, "DispatchUpload": _upload_part}
-    handlers = {
-        method.name: grpc.stream_unary_rpc_method_handler(
-            _upload_in_turn(hub, hub.reads[CONTROL_READ_KIND[method.name]])
-            if method.name == "DispatchUpload"
-            else _read_in_turn(
-                method.name,
-                _refusing_undecodable(getattr(servicer, method.name)),
-                hub.reads[CONTROL_READ_KIND.get(method.name, "")],
-            ),
-            request_deserializer=_bounded(
-                method.name,
-                parsers.get(method.name) or _lenient(getattr(pb, method.input_type.name)),
-            ),
-            response_serializer=_serialized,
-        )
-        for method in service.methods
-    }
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
-
-
-def worker_service(hub: Hub) -> grpc.GenericRpcHandler:
-    """WorkerService.Stream, answering with envelopes the hub serialized itself (see
-    framing.py), so the generated servicer's serializer is left out."""
-    handler = grpc.stream_stream_rpc_method_handler(
-        hub.stream,
-        request_deserializer=_worker_envelope,
-        response_serializer=None,  # already bytes
-    )
-    return grpc.method_handlers_generic_handler(WORKER_SERVICE, {"Stream": handler})
-
-
-def local_streams(hub: Hub) -> LocalStreams:
-    """WorkerService.Stream for a worker in this process (`up`), without gRPC: the same
-    handler, reading the same bytes (worker.wire.inproc)."""
-    return LocalStreams(hub.stream, _worker_envelope)
-
-
-class ControlServicer(pb_grpc.ControlServiceServicer):
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-
-    async def Dispatch(  # noqa: N802
-        self, request: pb.DispatchRequest | _WithBlob, context: grpc.aio.ServicerContext
-    ) -> bytes:
-        blob = None
-        if isinstance(request, _WithBlob):  # as control_service reads it
-            request, blob = request.request, request.blob
-        if not request.surface or not request.action:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")
-        moved = len(blob) if blob is not None else len(request.blob)
-        try:
-            response = await self.hub.dispatch_serialized(request, blob)
-            moved = max(moved, len(response))
-            return response
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            raise  # unreachable: abort raises
-        finally:
-            self.hub.memory.ended(moved)
-
-    async def ListWorkers(  # noqa: N802
-        self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListWorkersResponse:
-        return pb.ListWorkersResponse(workers=self.hub.worker_infos())
-
-    async def Status(  # noqa: N802
-        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
-    ) -> pb.StatusResponse:
-        return self.hub.status()
-
-    async def RequestScope(  # noqa: N802
-        self, request: pb.RequestScopeRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ScopeDecision:
-        try:
-            return await self.hub.request_scope(request)
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            raise
-
-    async def KillPlan(  # noqa: N802
-        self, request: pb.KillPlanRequest, context: grpc.aio.ServicerContext
-    ) -> pb.KillPlanResponse:
-        if not request.plan_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "plan_id is required")
-        refused = bad_id("the kill", request, "plan_id")
-        if refused is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused.message)
-        try:
-            return self.hub.kill_plan(request)
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-            raise  # unreachable: abort raises
-
-    async def Teardown(  # noqa: N802
-        self, request: pb.TeardownRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DispatchResponse:
-        try:
-            return await self.hub.teardown(request)
-        except WorkerError as exc:
-            return pb.DispatchResponse(worker_id=request.worker_id, result=error_result("", exc))

@@ -1,7 +1,7 @@
 """Turns to read ControlService requests: a few at once, and a few of them per connection.
 
 gRPC reads a request whole, up to the server's 32 MiB limit, so the hub reads each
-request when its turn comes (worker.hub.server `_read_in_turn`): the reads under way
+request when its turn comes (worker.hub.services `_read_in_turn`): the reads under way
 bound what requests hold. A turn is held until the request has arrived, so a caller
 that sends its request slowly (a byte at a time) or not at all holds one meanwhile. One
 connection holds at most `per_peer` of a kind's turns: the rest go to other
@@ -211,7 +211,7 @@ class Gate:
     """Reads whose message should come with the call (a health request, a worker
     stream's Hello), on turns (`reads`, a Turns), bounded against callers whose message
     never comes: gRPC health's (worker.hub.health) and the worker streams' first
-    messages (worker.hub.server) use it.
+    messages (worker.hub.server, on worker.hub.reads) use it.
 
     - A read has `read_within_s` from its start (None: no bound), waiting and reading
       together, and `turn_within_s` from its turn (None: no bound).

@@ -29,7 +29,7 @@ PARTS_PROTOCOL: Final = 2
 FOLLOW_PROTOCOL: Final = 3
 # A server that refuses a stream busy (RESOURCE_EXHAUSTED) may say in the trailing
 # metadata how long to wait before the next dial, in milliseconds (the reference hub's
-# reconnect bounds, worker.hub.server.Hellos); the worker waits at least that.
+# reconnect bounds, worker.hub.hellos.Hellos); the worker waits at least that.
 RETRY_AFTER_KEY: Final = "retry-after-ms"
 
 

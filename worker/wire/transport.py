@@ -58,7 +58,7 @@ def server_options(keepalive: Keepalive) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", 50),
         ("grpc.so_reuseport", 0),
         # No window grown from bandwidth probes: a call's request waiting for its turn to
-        # be read (worker.hub.server.CONTROL_READS_AT_ONCE) would take in megabytes
+        # be read (worker.hub.reads.CONTROL_READS_AT_ONCE) would take in megabytes
         # meanwhile (sixteen 31 MiB calls waiting: 520 MiB), where it takes the initial
         # 64 KiB now. A request being read still gets a window as large as it is.
         ("grpc.http2.bdp_probe", 0),
@@ -67,7 +67,7 @@ def server_options(keepalive: Keepalive) -> list[tuple[str, int]]:
         # early detection"), and 1,200 workers saying Hello at once after a restart of
         # the hub had a few of their streams cancelled (CANCELLED, or INTERNAL at the
         # worker's write). A fleet of 4,096 is taken whole; past 8,192, as many as the
-        # hub's Hello bounds take at once (worker.hub.server.HELLO_BURST), none is.
+        # hub's Hello bounds take at once (worker.hub.hellos.HELLO_BURST), none is.
         ("grpc.server.max_pending_requests", 4096),
         ("grpc.server.max_pending_requests_hard_limit", 8192),
     ]
