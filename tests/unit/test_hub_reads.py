@@ -168,6 +168,31 @@ def test_a_turn_handed_to_a_call_that_goes_away_comes_back() -> None:
     asyncio.run(go())
 
 
+def test_a_wait_asked_without_a_task_leaves_the_queue_when_woken_or_gives_its_turn_back() -> None:
+    """Turns.ask (the hub's idle worker streams wait so, worker.hub.server Hub._next):
+    one future, resolved True with a turn or False by whoever wakes it; withdrawn, a
+    woken wait leaves the queue and a turn handed to it goes back."""
+
+    async def go() -> None:
+        turns = Turns(1)
+        assert turns.ask("a") is None  # held at once
+        woken = turns.ask("b")
+        assert woken is not None and turns.waiting() == 1
+        woken.set_result(False)  # a send woke it before its turn came
+        turns.withdraw("b", woken)
+        assert turns.waiting() == 0
+        handed = turns.ask("c")
+        assert handed is not None
+        turns.give_back("a")  # hands the turn to c's wait, not to b's woken one
+        assert handed.done() and handed.result() is True
+        assert turns.held("c") == 1 and turns.held("b") == 0
+        turns.withdraw("c", handed)  # its reader went away with the turn handed
+        assert turns.held() == 0 and turns.waiting() == 0
+        assert turns.ask("d") is None
+
+    asyncio.run(go())
+
+
 def test_a_call_of_a_higher_rank_takes_a_turn_only_when_no_lower_one_waits() -> None:
     """gRPC health ranks the calls of connections and addresses whose requests came late
     (worker.hub.health): they are handed a turn only when no call of a lower rank waits

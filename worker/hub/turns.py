@@ -33,7 +33,9 @@ from typing import Any
 
 from worker.hub.rates import Rate
 
-_Entry = tuple[str, "asyncio.Future[None]"]  # a waiting call: its peer, its turn to come
+# A waiting call: its peer, and its turn to come (True once handed; a caller of `ask`
+# may resolve it False itself to stop waiting: see `ask`).
+_Entry = tuple[str, "asyncio.Future[bool]"]
 
 # Peers whose last turn is remembered; past it, those neither holding nor waiting are
 # forgotten (a forgotten peer counts as served longest ago).
@@ -81,6 +83,38 @@ class Turns:
             yield
         finally:
             self._give_back(peer)
+
+    def ask(self, peer: str) -> asyncio.Future[bool] | None:
+        """A turn for `peer` without a task to wait in: None when it holds one now,
+        else the future its turn comes by (resolved True). The caller may resolve the
+        future False itself to stop waiting (nothing is handed to it then), and ends
+        either way with `withdraw` unless it goes on to hold the turn, which it gives
+        back with `give_back`. A reader that waits for either of two things (a turn, or
+        something else) so keeps one future and no task (worker.hub.server: Hub._next)."""
+        if self._free and self._may(peer):
+            self._hold(peer)
+            return None
+        entry = (peer, asyncio.get_running_loop().create_future())
+        self._queue(0).append(entry)
+        return entry[1]
+
+    def withdraw(self, peer: str, turn: asyncio.Future[bool]) -> None:
+        """`turn` (from `ask`) is waited for no more: a turn handed to it goes back, a
+        wait still queued leaves the queue."""
+        if turn.done() and not turn.cancelled() and turn.result():
+            self.give_back(peer)
+            return
+        if not turn.done():
+            turn.cancel()
+        for queue in self._queues:
+            for entry in queue:
+                if entry[1] is turn:
+                    queue.remove(entry)
+                    return
+
+    def give_back(self, peer: str) -> None:
+        """A turn taken by `ask` (held at once, or handed) goes back."""
+        self._give_back(peer)
 
     def _may(self, peer: str) -> bool:
         return self._held.get(peer, 0) < self.per_peer
@@ -159,7 +193,7 @@ class Turns:
                 peer, future = queue[best]
                 del queue[best]
                 self._hold(peer)
-                future.set_result(None)
+                future.set_result(True)
 
 
 @functools.lru_cache(maxsize=4096)
