@@ -40,6 +40,7 @@ from tests.support.desktop import (
     wait_until,
 )
 from worker.actions.computer import Desktop, _x11
+from worker.actions.computer._backend import Guard
 from worker.errors import WorkerError
 
 
@@ -350,6 +351,61 @@ def test_keys_whose_window_manager_focuses_the_ui_terminal_give_the_focus_back(
         refused = _refused(computer.key_combo(None, m.KeyComboArgs(keys="alt+escape")))
         assert "key_combo was done" in refused.message
         _focus_went_back(refused, computer, editor)
+    assert not [e for e in app.seen if e["event"] == "text"]
+
+
+def test_keys_stop_once_the_focus_moves_to_the_ui_terminal_while_they_are_typed(
+    computer: Computer,
+    desktop: Desktop,
+    app: TkApp,
+    xserver: XServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The focus goes to the UI's terminal while key_type types into the editor (here
+    another client's click puts it there once the first chunk is typed; a window the
+    keys closed would let it fall there): the next chunk is not typed, the call answers
+    `permission_denied` saying how much was, and the focus goes back to the editor."""
+    typed_once, focus_moved = threading.Event(), threading.Event()
+    real_did = Guard.did
+
+    def did_then_wait(self: Guard, what: str) -> None:
+        real_did(self, what)
+        if not typed_once.is_set():  # after the first chunk: the test moves the focus
+            typed_once.set()
+            assert focus_moved.wait(60)
+
+    text = "a" * (3 * _x11.CHUNK)
+    with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
+        _editor(computer, app, editor)
+        desktop.ui_pids = lambda: {app.proc.pid}
+        monkeypatch.setattr(Guard, "did", did_then_wait)
+        outcome: list[BaseException | object] = []
+
+        def typing() -> None:
+            try:
+                outcome.append(run(computer.key_type(None, m.KeyTypeArgs(text=text))))
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                outcome.append(exc)
+
+        typist = threading.Thread(target=typing)
+        typist.start()
+        try:
+            assert typed_once.wait(60)
+            while not app.events.empty():  # earlier focus events are not this one
+                app.seen.append(app.events.get())
+            x, y = app.centre("text")
+            xserver.run("xdotool", "mousemove", str(x), str(y), "click", "1")
+            app.wait(lambda e: e["event"] == "focus" and e["window"] == "text")
+        finally:
+            focus_moved.set()
+            typist.join(60)
+        (refused,) = outcome
+        assert isinstance(refused, WorkerError), refused
+        assert refused.code == "permission_denied" and refused.details["pid"] == app.proc.pid
+        chunk = f"{_x11.CHUNK} of the {len(text):,} characters were typed"
+        assert chunk in refused.message and refused.details["done"] == chunk
+        editor.wait_text("a" * _x11.CHUNK)
+        editor.wait(lambda e: e["event"] == "focus")  # the focus went back to the editor
     assert not [e for e in app.seen if e["event"] == "text"]
 
 

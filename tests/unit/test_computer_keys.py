@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from worker.actions.computer._backend import detect
-from worker.actions.computer._keys import KEYS, lookup, parse_combo
+from worker.actions.computer._keys import KEYS, chunks, lookup, parse_combo
 from worker.errors import WorkerError
 
 
@@ -79,3 +79,13 @@ def test_wayland_is_recognised_even_with_xwayland_display() -> None:
 
 def test_an_x11_session_is_a_desktop() -> None:
     assert detect({"DISPLAY": ":0", "XDG_SESSION_TYPE": "x11"}, "linux").available
+
+
+def test_typed_text_is_cut_into_chunks_that_end_each_line() -> None:
+    """The pynput backends type a chunk between focus checks: at most the chunk's size,
+    and a line's end (the key most likely to close a window) ends one. Nothing is lost."""
+    text = "ab\ncdefg\n\nh" + "x" * 7
+    pieces = list(chunks(text, 4))
+    assert "".join(pieces) == text
+    assert pieces == ["ab\n", "cdef", "g\n", "\n", "hxxx", "xxxx"]
+    assert max(map(len, chunks("y" * 1000, 64))) == 64

@@ -68,6 +68,9 @@ class Guard:
         self._stop = threading.Event()
         self.why: WorkerError | None = None
         self.done = ""  # what the sequence did that sending it again would repeat
+        # Run by `check` before each step once set: what must still hold for the next
+        # step to go (key_type: the focus is not on the person's terminal).
+        self.before_step: Callable[[], None] | None = None
 
     def did(self, what: str) -> None:
         """Note that the sequence had an effect a retry would repeat (a press, typed
@@ -83,6 +86,8 @@ class Guard:
     def check(self) -> None:
         if self._stop.is_set():
             raise StepsInterruptedError
+        if self.before_step is not None:
+            self.before_step()
 
     def wait(self, seconds: float) -> None:
         """Pace a movement: returns after `seconds`, or raises at once when stopped."""

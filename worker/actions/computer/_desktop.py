@@ -393,12 +393,38 @@ class Desktop:
         prompt), and keys typed now would drive it (its kill and lift keys); `busy`
         when the display server could not say where the focus is (it fails closed).
         In the input thread, just before the keys."""
-        try:
-            found = backend.focused_window()
-        except WindowUnknownError as exc:
-            raise _unknown(what, "which window holds the keyboard focus", exc) from None
-        if found is not None:
-            own_ui(self.ui_pids()).refuse(*found, what)
+        self.focus_check(backend, what)()
+
+    def focus_check(
+        self, backend: Backend, what: str, guard: Guard | None = None
+    ) -> Callable[[], None]:
+        """`refuse_own_focus` as a check to run before each step of a long sequence of
+        keys (key_type's chunks): the keys typed so far may have moved the focus (a
+        window they closed let it fall on the person's terminal), and the rest must not
+        follow it there. The worker's and the UIs' processes are read once; a refusal
+        after `guard` noted keys typed says how many went."""
+        own = own_ui(self.ui_pids())
+
+        def check() -> None:
+            try:
+                found = backend.focused_window()
+            except WindowUnknownError as exc:
+                raise _unknown(what, "which window holds the keyboard focus", exc) from None
+            if found is None:
+                return
+            try:
+                own.refuse(*found, what)
+            except WorkerError as exc:
+                if guard is None or not guard.done:
+                    raise
+                raise WorkerError(
+                    exc.code,
+                    f"{exc.message}. The keyboard focus moved there while the keys were "
+                    f"typed: {guard.done}, and the rest were not",
+                    {**exc.details, "done": guard.done},
+                ) from None
+
+        return check
 
     def refuse_own(self, window: Window, what: str) -> None:
         own_ui(self.ui_pids()).refuse(window.id, window.pid, what)

@@ -8,6 +8,7 @@ An unknown name is `unknown_key`, with the closest known names.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -145,3 +146,11 @@ def _split_plus(text: str) -> list[str]:
             continue
         out.append(part.strip())
     return out
+
+
+def chunks(text: str, size: int) -> Iterator[str]:
+    """`text` in pieces of at most `size` characters, each line ending one: the focus is
+    checked before each (as the X11 backend's `_next_chunk` ends its)."""
+    for line in text.splitlines(keepends=True):
+        for at in range(0, len(line), size):
+            yield line[at : at + size]

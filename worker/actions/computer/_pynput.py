@@ -17,7 +17,7 @@ from pynput import keyboard, mouse
 
 from worker.actions.computer._backend import Backend, Button, Grab, Guard
 from worker.actions.computer._geometry import Layout, Monitor, Rect
-from worker.actions.computer._keys import Press
+from worker.actions.computer._keys import Press, chunks
 from worker.errors import WorkerError
 
 CHUNK = 64
@@ -116,16 +116,17 @@ class PynputBackend(Backend):
 
     def type_text(self, guard: Guard, text: str) -> int:
         text = text.replace("\r\n", "\n")
-        for start in range(0, len(text), CHUNK):
+        typed = 0
+        for chunk in chunks(text, CHUNK):
             guard.check()
-            for ch in text[start : start + CHUNK]:
+            for ch in chunk:
                 if ch == "\n":
                     self._keyboard.tap(keyboard.Key.enter)
                 elif ch == "\t":
                     self._keyboard.tap(keyboard.Key.tab)
                 else:
                     self._keyboard.type(ch)
-            typed = min(start + CHUNK, len(text))
+            typed += len(chunk)
             guard.did(f"{typed:,} of the {len(text):,} characters were typed")
         return len(text)
 

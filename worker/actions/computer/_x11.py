@@ -567,7 +567,9 @@ class X11Backend(Backend):
 
     @staticmethod
     def _next_chunk(kb: _Keyboard, keysyms: list[int], start: int) -> list[int]:
-        """Up to CHUNK keysyms from `start`, with no more off-layout ones than fit at once."""
+        """Up to CHUNK keysyms from `start`, with no more off-layout ones than fit at once,
+        ending after a Return: the focus is checked before each chunk, and a Return is
+        the key most likely to close a window or open another."""
         limit = kb.chunk_limit()
         foreign: set[int] = set()
         end = start
@@ -578,6 +580,8 @@ class X11Backend(Backend):
                     break
                 foreign.add(keysym)
             end += 1
+            if keysym == XK.XK_Return:
+                break
         return keysyms[start:end]
 
     def combo(self, guard: Guard, keys: Sequence[Press], hold_s: float) -> None:
