@@ -129,7 +129,7 @@ def test_a_hello_past_its_cap_is_refused_and_of_one_the_hub_keeps_the_descriptio
             await acked(taken, f"{999:08d}-" + "u" * 60)
             session = running.hub.sessions["taken"]
             assert session.unsolicited == 0
-            assert running.hub.placements["plan-999"] == "taken"
+            assert running.hub.placements.by_plan["plan-999"] == "taken"
             for kept in (session.hello, *(h for h, _ in running.hub.store.workers())):
                 assert list(kept.actions) == ["workerDiag.probe"]
                 assert not kept.unacked_ids and not kept.plans
@@ -141,7 +141,7 @@ def test_a_hello_past_its_cap_is_refused_and_of_one_the_hub_keeps_the_descriptio
             )
             claimed = HandWorker(running.address, home, hello=many)
             await claimed.until("welcome")
-            placed = {p for p, w in running.hub.placements.items() if w == "many"}
+            placed = {p for p, w in running.hub.placements.by_plan.items() if w == "many"}
             assert len(placed) == HELLO_PLANS
             assert placed.isdisjoint({"m-0", "m-1", "m-2"}) and f"m-{HELLO_PLANS + 2}" in placed
             await claimed.close()

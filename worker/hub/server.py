@@ -18,7 +18,7 @@ import json
 import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -30,7 +30,6 @@ from worker.hub import reads, upload
 from worker.hub.audit_log import AuditLines, shown
 from worker.hub.envelopes import Answer, EnvelopeRefused, Incoming
 from worker.hub.hellos import (
-    HELLO_PLANS,
     HELLO_RESENT_IDS,
     HELLO_RETRY_MIN_S,
     UNSOLICITED_PER_STREAM,
@@ -42,6 +41,7 @@ from worker.hub.hellos import (
     id_taken_message,
     worker_key_digest,
 )
+from worker.hub.placement import Placements
 from worker.hub.reads import (
     LATER_READS_AT_ONCE,
     LATER_READS_PER_CONNECTION,
@@ -83,7 +83,6 @@ from worker.wire.protocol import (
     PROTOCOL_MIN,
     RETRY_AFTER_KEY,
     VERSION,
-    WORKBENCH_SURFACE,
     blob_cap,
     blob_gone,
     blob_sha256,
@@ -437,16 +436,10 @@ class Hub:
         # be sent again (a reconnect), never written to the store; see _dispatch_to.
         self._blobs: dict[str, Buffer | upload.Pieces] = {}
         self._store_scheduled = False
-        # Sandbox mode: plan -> the worker holding its workspace (sticky), the calls each
-        # worker has open (its load, as this hub sees it) and teardowns awaiting answers.
-        self.placements: dict[str, str] = store.placements()
-        # What each connected worker holds, by its own word (its Hello) and by the plans
-        # placed and used there since: plan -> last use (unix ms). See learn_placements.
-        self._held: dict[str, dict[str, int]] = {}
-        # Plans placed on a worker's word alone (its Hello), since this hub started:
-        # another worker's claim may contest those, never a placement the hub made.
-        self._learned: set[str] = set()
+        # The calls each worker has open (its load, as this hub sees it); sandbox mode's
+        # placements of plans (worker.hub.placement) and teardowns awaiting answers.
         self._open_calls: dict[str, int] = {}
+        self.placements = Placements(store, self.sessions, self._open_calls)
         # Of those, calls carrying a blob of more than a part: slow (see `_hold`).
         self._open_large: dict[str, int] = {}
         self._teardowns: dict[str, tuple[str, asyncio.Future[pb.ActionResult]]] = {}
@@ -565,7 +558,7 @@ class Hub:
         self.store.seen_worker(session.hello, key_digest)
         if not known:
             self._forget_workers()
-        self.learn_placements(session, hello.plans)
+        self.placements.learn(session, hello.plans)
         log.info("worker %s connected (instance %s)", hello.worker_id, hello.instance_id)
         self._handle_all(session, first[1:])
         # Let go of the first envelope (its messages and any blob): this generator's
@@ -606,7 +599,7 @@ class Hub:
                 self.link.end(session.session_id)
             if self.sessions.get(worker_id) is session:
                 del self.sessions[worker_id]
-                self._held.pop(worker_id, None)
+                self.placements.held.pop(worker_id, None)
             self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
             log.info("worker %s disconnected", worker_id)
 
@@ -1122,186 +1115,6 @@ class Hub:
 
     # ------------------------------------------------------------- sandbox mode
 
-    def _sandbox_workers(self) -> list[Session]:
-        prefix = f"{WORKBENCH_SURFACE}."
-        return [
-            session
-            for session in self.sessions.values()
-            if any(action.startswith(prefix) for action in session.hello.actions)
-        ]
-
-    def route(self, req: pb.DispatchRequest) -> str:
-        """The worker for a call: for a sandbox plan, the one holding its workspace
-        (placing a new plan on the least loaded sandbox worker); else `pick_worker`."""
-        if req.surface != WORKBENCH_SURFACE:
-            return self.pick_worker(req.worker_id)
-        if not req.plan_id:
-            raise WorkerError(
-                "validation_error",
-                f"{WORKBENCH_SURFACE} calls run in a plan's workspace: give the call a plan_id",
-            )
-        placed = self.placements.get(req.plan_id)
-        if placed is not None:
-            if req.worker_id and req.worker_id != placed:
-                raise WorkerError(
-                    "validation_error",
-                    f"plan {req.plan_id!r} has its workspace on worker {placed!r}, not "
-                    f"{req.worker_id!r}; send its calls there (or leave the worker out)",
-                    {"plan_id": req.plan_id, "worker_id": placed},
-                )
-            if placed not in self.sessions:
-                raise WorkerError(
-                    "sandbox_unavailable",
-                    f"plan {req.plan_id!r} has its workspace on worker {placed!r}, which is not "
-                    "connected now. Try again once it is back (its files are kept there); a new "
-                    "empty workspace elsewhere would lose them. Tear the plan down to start over.",
-                    {"plan_id": req.plan_id, "worker_id": placed},
-                )
-            self._held.setdefault(placed, {})[req.plan_id] = now_ms()
-            self._learned.discard(req.plan_id)  # used here: the hub's placement now
-            return placed
-        worker_id = req.worker_id or self._least_loaded(req.plan_id)
-        self._place(req.plan_id, worker_id)
-        self._held.setdefault(worker_id, {})[req.plan_id] = now_ms()
-        log.info("plan %s placed on worker %s", req.plan_id, worker_id)
-        return worker_id
-
-    def _place(self, plan_id: str, worker_id: str, *, learned: bool = False) -> None:
-        self.placements[plan_id] = worker_id
-        self.store.place(plan_id, worker_id)
-        if learned:
-            self._learned.add(plan_id)
-        else:
-            self._learned.discard(plan_id)
-
-    def _unplace(self, plan_id: str) -> None:
-        del self.placements[plan_id]
-        self.store.unplace(plan_id)
-        self._learned.discard(plan_id)
-
-    def learn_placements(self, session: Session, plans: Iterable[pb.HeldPlan]) -> None:
-        """Take a connecting worker's word for the workspaces it holds (its Hello), so
-        a hub whose hub.db was lost, or restored from an older copy, routes each plan
-        back to its files instead of placing it anew on an empty workspace.
-
-        - A plan recorded on this worker that it no longer holds (swept, torn down, its
-          data folder lost), and with no call still on its way there, is unplaced; if
-          another connected worker holds it, it goes there.
-        - A plan it holds that the hub has no record of is placed here.
-        - A plan recorded on another worker stays there: a claim never takes a plan
-          from the worker the hub placed it on (or found it on at its start), away or
-          not; only a teardown, or that worker saying it no longer holds it, frees it.
-          Anyone with the workers' token can say Hello under a new id, and a plan's
-          calls carry its files and secrets. Only a plan this hub placed on a claim
-          alone (since it started) is contested: the workspace used last wins.
-        """
-        worker_id = session.worker_id
-        # A worker's clock may run ahead (or lie): a last use in the future would win
-        # every tie-break below for ever, so no claim is later than this hub's now.
-        now = now_ms()
-        claims = sorted(plans, key=lambda plan: plan.last_used_unix_ms, reverse=True)
-        if len(claims) > HELLO_PLANS:
-            log.warning(
-                "worker %s says it holds %d plans; the hub takes the %d used last (the "
-                "rest are placed anew when next used)",
-                worker_id,
-                len(claims),
-                HELLO_PLANS,
-            )
-        held: dict[str, int] = {}
-        for plan in claims[:HELLO_PLANS]:
-            if id_problem("plan_id", plan.plan_id) is None:  # never a call's plan id
-                held.setdefault(plan.plan_id, min(plan.last_used_unix_ms, now))
-        del claims
-        for plan_id in self.store.queued_teardowns(worker_id):
-            held.pop(plan_id, None)  # its removal is on the way: not a home for the plan
-        self._held[worker_id] = held
-        on_the_way = {
-            call.request.plan_id
-            for call in self.store.open_calls(worker_id)
-            if call.state == "PENDING"
-        }
-        for plan_id, placed in list(self.placements.items()):
-            if placed != worker_id or plan_id in held:
-                continue
-            if plan_id in on_the_way:  # placed here, its first call not yet delivered
-                held[plan_id] = now_ms()
-                continue
-            self._unplace(plan_id)
-            log.info("plan %s: worker %s no longer holds its workspace", plan_id, worker_id)
-            self._settle(plan_id)
-        learned = 0
-        for plan_id in held:
-            recorded = self.placements.get(plan_id)
-            if recorded is None:
-                self._place(plan_id, worker_id, learned=True)
-                learned += 1
-            elif recorded != worker_id and plan_id in self._learned:
-                self._settle(plan_id)  # a claim against a claim
-            elif recorded != worker_id:
-                log.warning(
-                    "plan %s: worker %s says it holds a workspace of it, but the plan is "
-                    "placed on worker %s; its calls stay there",
-                    plan_id,
-                    worker_id,
-                    recorded,
-                )
-        if learned:
-            log.info("worker %s holds %d plan(s) this hub had no record of", worker_id, learned)
-
-    def _settle(self, plan_id: str) -> None:
-        """Place `plan_id` on the connected worker whose workspace of it was used last,
-        unless its record names a worker that is away (which keeps it)."""
-        placed = self.placements.get(plan_id)
-        if placed is not None and placed not in self.sessions:
-            log.warning(
-                "plan %s: its record names worker %s, which is away; other workers hold a "
-                "workspace of it too, and its calls wait for %s",
-                plan_id,
-                placed,
-                placed,
-            )
-            return
-        holders = [
-            (self._held[worker_id][plan_id], worker_id) for worker_id in self._holders(plan_id)
-        ]
-        if not holders:
-            return
-        _, latest = max(holders)
-        if len(holders) > 1:
-            log.warning(
-                "plan %s has a workspace on %d workers (%s); its calls go to %s, used last",
-                plan_id,
-                len(holders),
-                ", ".join(sorted(w for _, w in holders)),
-                latest,
-            )
-        if placed != latest:
-            self._place(plan_id, latest, learned=True)
-
-    def _least_loaded(self, plan_id: str) -> str:
-        candidates = [
-            s for s in self._sandbox_workers() if s.heartbeat.state != pb.Heartbeat.DRAINING
-        ]
-        if not candidates:
-            raise WorkerError(
-                "sandbox_unavailable",
-                f"no sandbox worker is connected to take plan {plan_id!r}; start one with "
-                "`agentworker run --sandbox` (or `agentworker up --sandbox`)",
-                {"plan_id": plan_id},
-            )
-        plans: dict[str, int] = {}
-        for worker_id in self.placements.values():
-            plans[worker_id] = plans.get(worker_id, 0) + 1
-
-        # Busy: the calls this hub has open there (its own, exact count; a heartbeat's
-        # in_flight lags by up to a beat), then the plans it holds.
-        def load(session: Session) -> tuple[int, int, str]:
-            worker_id = session.worker_id
-            return self._open_calls.get(worker_id, 0), plans.get(worker_id, 0), worker_id
-
-        return min(candidates, key=load).worker_id
-
     async def teardown(self, req: pb.TeardownRequest) -> pb.DispatchResponse:
         """Remove a plan's workspace at the worker holding it (stopping its calls).
         Idempotent: a plan with no workspace anywhere is torn down already."""
@@ -1310,7 +1123,7 @@ class Hub:
         refused = bad_id("the teardown", req, "plan_id")
         if refused is not None:
             raise refused
-        placed = self.placements.get(req.plan_id)
+        placed = self.placements.by_plan.get(req.plan_id)
         if req.worker_id:
             if req.worker_id not in self.sessions and not self.store.knows_worker(req.worker_id):
                 raise WorkerError(
@@ -1318,9 +1131,9 @@ class Hub:
                 )
             targets = [req.worker_id]
         elif placed is not None:  # and any other connected worker holding a copy
-            targets = [placed, *sorted(self._holders(req.plan_id) - {placed})]
+            targets = [placed, *sorted(self.placements.holders(req.plan_id) - {placed})]
         else:  # no record here (a hub.db lost, say): every sandbox worker checks
-            targets = [session.worker_id for session in self._sandbox_workers()]
+            targets = [session.worker_id for session in self.placements.sandbox_workers()]
         # A worker that is away is told when it next connects (before any call); the
         # plan is no longer placed, so its next call starts afresh wherever it lands.
         away = [worker_id for worker_id in targets if worker_id not in self.sessions]
@@ -1332,24 +1145,16 @@ class Hub:
         for worker_id, result in zip(here, answers, strict=True):
             if result.status != pb.ActionResult.OK:
                 return pb.DispatchResponse(worker_id=worker_id, result=result)
-            self._held.get(worker_id, {}).pop(req.plan_id, None)
+            self.placements.held.get(worker_id, {}).pop(req.plan_id, None)
             removed = removed or bool(json.loads(result.result_json or "{}").get("removed"))
-        if self.placements.get(req.plan_id) in targets:
-            self._unplace(req.plan_id)
+        if self.placements.by_plan.get(req.plan_id) in targets:
+            self.placements.unplace(req.plan_id)
         worker_id = targets[0] if len(targets) == 1 else ""
         answer: dict[str, Any] = {"plan_id": req.plan_id, "removed": removed}
         if away:
             answer["queued_worker_ids"] = away
         result = pb.ActionResult(status=pb.ActionResult.OK, result_json=json.dumps(answer))
         return pb.DispatchResponse(worker_id=worker_id, result=result)
-
-    def _holders(self, plan_id: str) -> set[str]:
-        """The connected workers holding a workspace of `plan_id`."""
-        return {
-            worker_id
-            for worker_id, plans in self._held.items()
-            if plan_id in plans and worker_id in self.sessions
-        }
 
     def _send_teardown(self, session: Session, plan_id: str) -> asyncio.Future[pb.ActionResult]:
         cid = uuid.uuid4().hex
@@ -1417,7 +1222,7 @@ class Hub:
                 "finish",
                 {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
             )
-        worker_id = self.route(req)
+        worker_id = self.placements.route(req, self.pick_worker)
         if req.plan_id and self._killed_there(req, worker_id):
             raise WorkerError(
                 "plan_killed",
