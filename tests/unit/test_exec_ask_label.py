@@ -91,3 +91,58 @@ def test_a_cut_earlier_name_is_renamed_without_a_count() -> None:
     assert renamed.startswith("ask:workerHost.exec curl (args not kept) in /w (sha256 ")
     assert _renamed_ask(renamed) is None  # a name of now is left as it is
     assert _renamed_ask("workerHost.fs_read") is None
+
+
+# review15 05: exec's blob is the program's stdin, and for `python3 -`, `sh -s`, psql
+# or `git apply` the stdin is the command. An ask binds it.
+SCRIPT = b"print('the script the person was shown')\n"
+OTHER = b"import pathlib; pathlib.Path('PWNED').write_text('x')\n"
+
+
+def _with_stdin(stdin: bytes, argv: tuple[str, ...] = ("python3", "-")) -> tuple[str, str]:
+    digest = hashlib.sha256(stdin).hexdigest() if stdin else None
+    return ask_about("workerHost", list(argv), FOLDER, "asks", digest, len(stdin))
+
+
+def test_an_asks_digest_binds_its_stdin() -> None:
+    shown, note = _with_stdin(SCRIPT)
+    other, _ = _with_stdin(OTHER)
+    empty, _ = _with_stdin(b"")
+    bindings = {ask_binding(ASK_PREFIX + name) for name in (shown, other, empty)}
+    assert len(bindings) == 3  # another stdin, or none: another ask
+    stdin = hashlib.sha256(SCRIPT).hexdigest()
+    expected = hashlib.sha256(
+        json.dumps([["python3", "-"], FOLDER, {"stdin_sha256": stdin}]).encode()
+    ).hexdigest()
+    assert shown == (
+        f"workerHost.exec python3 (1 arg, {len(SCRIPT)} bytes of stdin) in {FOLDER} "
+        f"(sha256 {expected})"
+    )
+    assert "print(" not in shown  # the name at rest holds none of the stdin
+    # The prompt says what the stdin is: its size, its digest, that it is the input.
+    assert f"\nstdin: {len(SCRIPT)} bytes, sha256 {stdin}: the program's input" in note
+    assert "stdin: none" in _with_stdin(b"")[1]
+
+
+def test_a_grant_kept_before_stdin_was_bound_answers_no_other_stdin() -> None:
+    """A grant kept before review15 05 is bound to [argv, cwd] alone: it answers that
+    command with no stdin (its digest is unchanged), never one with a stdin."""
+    before = hashlib.sha256(json.dumps([["python3", "-"], FOLDER]).encode()).hexdigest()
+    kept = Grant(
+        "agent",
+        _literal(f"{ASK_PREFIX}workerHost.exec python3 (1 arg) in {FOLDER} (sha256 {before})"),
+        "plan",
+    )
+    now = datetime.now(UTC)
+    for stdin in (SCRIPT, OTHER, b"\n"):
+        name, _ = _with_stdin(stdin)
+        assert not kept.admits("agent", ASK_PREFIX + name, "plan", now), stdin
+    none, _ = _with_stdin(b"")
+    assert kept.admits("agent", ASK_PREFIX + none, "plan", now)
+    # And a grant for one stdin answers that stdin only.
+    shown, _ = _with_stdin(SCRIPT)
+    grant = Grant("agent", _literal(ASK_PREFIX + shown), "plan")
+    assert grant.admits("agent", ASK_PREFIX + shown, "plan", now)
+    for stdin in (OTHER, b"", SCRIPT + b" "):
+        name, _ = _with_stdin(stdin)
+        assert not grant.admits("agent", ASK_PREFIX + name, "plan", now), stdin

@@ -753,7 +753,10 @@ async def _run_in_workspace(
     program = exec_cmd._admitted(decision, ctx.roots)
     if decision.verdict == "ask":
         inside = _as_seen_inside(workspace, cwd)
-        await ctx.approve(*exec_cmd.ask_about(SURFACE, args.argv, inside, decision.reason))
+        stdin = await exec_cmd.stdin_sha256(ctx.blob)
+        await ctx.approve(
+            *exec_cmd.ask_about(SURFACE, args.argv, inside, decision.reason, stdin, len(ctx.blob))
+        )
     assert decision.program is not None
     entry = await exec_cmd.landlock_entry(settings, ctx.paths)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:

@@ -30,10 +30,19 @@ ASK_LABEL_CHARS: Final = 60
 _ASK_BOUND: Final = re.compile(r"ask:([A-Za-z]+)\.exec .*\(sha256 ([0-9a-f]{64})\)", re.S)
 
 
-def ask_name(surface: str, program: str, args: int | None, cwd: str, digest: str) -> str:
+def ask_name(
+    surface: str,
+    program: str,
+    args: int | None,
+    cwd: str,
+    digest: str,
+    *,
+    stdin: int | None = None,
+) -> str:
     """An allowlist ask's name (without ASK_PREFIX), kept at rest in grants, audit rows,
     refusals and logs: `<surface>.exec <program> (<n> args) in <folder> (sha256 <hex>)`,
-    the digest binding the whole command and folder (exec_cmd.ask_about). No argument
+    the digest binding the whole command, folder and stdin (exec_cmd.ask_about); a call
+    with a stdin of `stdin` bytes says so: `(<n> args, <m> bytes of stdin)`. No argument
     is in it: masking argv there leaked each password the masking did not know
     (review14 finding 01). `args` None: a count not known (a grant renamed from an
     ask's earlier name, ledger._renamed_ask). The program is the one the allowlist
@@ -45,6 +54,8 @@ def ask_name(surface: str, program: str, args: int | None, cwd: str, digest: str
         shown = shown[: ASK_LABEL_CHARS - 1] + "…"
     place = cwd if len(cwd) <= ASK_LABEL_CHARS else "…" + cwd[-(ASK_LABEL_CHARS - 1) :]
     count = "args not kept" if args is None else "1 arg" if args == 1 else f"{args} args"
+    if stdin is not None:
+        count += f", {stdin:,} bytes of stdin"
     return f"{surface}.exec {_one_line(shown)} ({count}) in {_one_line(place)} (sha256 {digest})"
 
 

@@ -16,6 +16,7 @@ request's deadline passing first is the `timeout` error.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
@@ -115,7 +116,10 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
     else:
         cwd, decision, program = await in_thread(ctx, lane, _judged, ctx, args, looks=True)
     if decision.verdict == "ask":
-        await ctx.approve(*ask_about("workerHost", args.argv, cwd, decision.reason))
+        stdin = await stdin_sha256(ctx.blob)
+        await ctx.approve(
+            *ask_about("workerHost", args.argv, cwd, decision.reason, stdin, len(ctx.blob))
+        )
     assert decision.program is not None
     why = _moved(ctx.roots) if local else await in_thread(ctx, lane, _moved, ctx.roots, looks=True)
     if why is not None:
@@ -259,23 +263,71 @@ def _timeout(args: ExecArgs, settings: ExecSection) -> float:
     return args.timeout_s
 
 
-def ask_about(surface: str, argv: Sequence[str], cwd: str, reason: str) -> tuple[str, str]:
+# A stdin this large is hashed in a thread, off the event loop.
+_STDIN_HASHED_IN_THREAD: Final = 256 * 1024
+
+
+async def stdin_sha256(stdin: bytes) -> str | None:
+    """The SHA-256 (hex) of an exec's stdin (its blob) that its ask binds, or None
+    when there is none."""
+    if not stdin:
+        return None
+    if len(stdin) >= _STDIN_HASHED_IN_THREAD:
+        return await asyncio.to_thread(lambda: hashlib.sha256(stdin).hexdigest())
+    return hashlib.sha256(stdin).hexdigest()
+
+
+def ask_about(
+    surface: str,
+    argv: Sequence[str],
+    cwd: str,
+    reason: str,
+    stdin: str | None = None,
+    stdin_bytes: int = 0,
+) -> tuple[str, str]:
     """What an allowlist `ask` is asked (and its approval kept) as, and what its prompt
-    says. The name is bound to the whole command and its working folder by a digest,
-    so an approval "for this plan" or "for this agent" answers that command in that
-    folder and nothing else (keyed on the first 300 characters, with no folder, it let
-    any longer command with that start run unasked; scopes.ask_binding matches on the
-    digest). The name is kept at rest (a grant for the plan or agent, audit rows, a
-    refusal's message, the hub's log): it names the program, how many arguments it
-    has, the folder and the digest, and no argument at all. Masked argv there leaked
-    every password the masking did not know (review14 01: curl --pass, openssl -pass,
-    timeout 5 curl -u ...); the digest binds the command without showing it. Only the
-    prompt, which is not kept, shows the command whole."""
+    says. The name is bound to the whole command, its working folder and its stdin by
+    a digest, so an approval "for this plan" or "for this agent" answers that command
+    in that folder with that input and nothing else (keyed on the first 300
+    characters, with no folder, it let any longer command with that start run unasked;
+    scopes.ask_binding matches on the digest). `stdin` is the SHA-256 (hex) of the
+    call's blob, the program's stdin (stdin_sha256), None when it has none: for a
+    program that reads its program from stdin (`python3 -`, `sh -s`, psql, `git
+    apply`), the stdin *is* the command, and an approval of one script answered every
+    other (review15 05). A call with no stdin is bound to [argv, cwd] as before, so a
+    grant kept before stdin was bound answers that command with no stdin only, never
+    one with a stdin it was not shown.
+
+    The name is kept at rest (a grant for the plan or agent, audit rows, a refusal's
+    message, the hub's log): it names the program, how many arguments it has, the size
+    of its stdin, the folder and the digest, and no argument at all. Masked argv there
+    leaked every password the masking did not know (review14 01: curl --pass, openssl
+    -pass, timeout 5 curl -u ...); the digest binds the command without showing it.
+    Only the prompt, which is not kept, shows the command whole, and says what its
+    stdin is (its start is shown below it, as the call's blob)."""
     command = shlex.join(argv)
-    bound = json.dumps([list(argv), cwd]).encode()  # ASCII: every other char escaped
-    digest = hashlib.sha256(bound).hexdigest()
-    return ask_name(surface, argv[0] if argv else "", len(argv) - 1, cwd, digest), (
-        f"command: {one_line(command)}\nworking folder: {one_line(cwd)}\n"
+    bound: list[Any] = [list(argv), cwd]
+    if stdin is not None:
+        bound.append({"stdin_sha256": stdin})
+    encoded = json.dumps(bound).encode()  # ASCII: every other char escaped
+    digest = hashlib.sha256(encoded).hexdigest()
+    name = ask_name(
+        surface,
+        argv[0] if argv else "",
+        len(argv) - 1,
+        cwd,
+        digest,
+        stdin=None if stdin is None else stdin_bytes,
+    )
+    if stdin is None:
+        given = "stdin: none (the program's input is empty)"
+    else:
+        given = (
+            f"stdin: {stdin_bytes:,} bytes, sha256 {stdin}: the program's input, shown "
+            "below as the blob; an approval is for this stdin only"
+        )
+    return name, (
+        f"command: {one_line(command)}\nworking folder: {one_line(cwd)}\n{given}\n"
         f"the allowlist asks: {one_line(reason)}"
     )
 
