@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import queue
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -88,13 +90,12 @@ async def receive(
     given to `hand` on the loop as it came, then to `feed` in a thread, what that
     returns added to `transfer`. A WorkerError says why the upload was refused."""
     pieces = Pieces([], size)
-    queue: asyncio.Queue[memoryview | None] = asyncio.Queue(AHEAD)
-    taking = asyncio.ensure_future(_take(queue, feed, transfer))
+    feeder = _Feeder(feed, transfer)
     try:
         try:
             async with asyncio.timeout(within_s):
                 try:
-                    await _read(next_part, pieces, queue, taking, hand)
+                    await _read(next_part, pieces, feeder, hand)
                 except _StalledError as stalled:  # it sends nothing: nothing to let go of
                     raise WorkerError(
                         "timeout",
@@ -115,19 +116,16 @@ async def receive(
                 "nothing was run: send it again",
                 {"blob_bytes": size},
             ) from None
-        await queue.put(None)
-        await taking
+        await feeder.finished()
     finally:
-        if not taking.done():
-            taking.cancel()
+        feeder.stop()
     return pieces
 
 
 async def _read(
     next_part: NextPart,
     pieces: Pieces,
-    queue: asyncio.Queue[memoryview | None],
-    taking: asyncio.Future[None],
+    feeder: _Feeder,
     hand: Callable[[memoryview], None] | None,
 ) -> None:
     size = pieces.size
@@ -166,9 +164,7 @@ async def _read(
         pieces.parts.append(view)
         if hand is not None:
             hand(view)
-        if taking.done():  # it failed: its error says why
-            taking.result()
-        await queue.put(view)
+        await feeder.put(view)
     if received != size:
         raise WorkerError(
             "validation_error",
@@ -217,19 +213,92 @@ async def _drained(next_part: NextPart, size: int) -> None:
             parts += 1
 
 
-async def _take(
-    queue: asyncio.Queue[memoryview | None], feed: Feed | None, transfer: Chunked | None
-) -> None:
-    """Each part in turn fed in a thread, what it makes added to the transfer (the hub's
-    writer sends them as they come)."""
-    offset = 0
-    while (view := await queue.get()) is not None:
-        if feed is not None:
-            framed = await asyncio.to_thread(feed, offset, view)
-            if transfer is not None:
-                for part in framed:
-                    transfer.add(part)
-        offset += len(view)
+class _Feeder:
+    """Feeds each part in turn to `feed` in a thread of its own, one part after the
+    other as they come, and adds what it makes to `transfer` on the loop (the hub's
+    writer sends them as they come). The reader is held back once AHEAD parts wait
+    (`put`), and gRPC's flow control holds the caller back.
+
+    One thread the whole upload long, not a pool job a part: a part handed to the pool
+    went only once the loop had taken the last one's result, and each took two hand-
+    overs between the loop and a thread, each waiting for the GIL while the loop
+    received the next part; the feed fell behind the parts as they came."""
+
+    def __init__(self, feed: Feed | None, transfer: Chunked | None) -> None:
+        self._feed = feed
+        self._transfer = transfer
+        self._loop = asyncio.get_running_loop()
+        self._room = asyncio.Semaphore(AHEAD)
+        self._parts: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._ended: asyncio.Future[None] = self._loop.create_future()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    async def put(self, view: memoryview) -> None:
+        """Feed `view`, the next part, once fewer than AHEAD parts wait; the feed's
+        error, if it failed."""
+        if self._feed is None:
+            return
+        await self._room.acquire()
+        if self._ended.done():  # it failed: its error says why
+            self._ended.result()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hub-upload-feed", daemon=True)
+            self._thread.start()
+        self._parts.put(view)
+
+    async def finished(self) -> None:
+        """Once every part put was fed and what it made added (the feed's error, if it
+        failed)."""
+        if self._thread is None:
+            return
+        self._parts.put(None)
+        await self._ended
+
+    def stop(self) -> None:
+        """No more parts: the thread ends after the part it is feeding, and what it
+        makes is dropped."""
+        self._stopped = True
+        if self._thread is not None:
+            self._parts.put(None)
+        if not self._ended.done():
+            self._ended.cancel()
+        elif not self._ended.cancelled():
+            self._ended.exception()  # taken: the reader's own error says why it stopped
+
+    def _run(self) -> None:
+        assert self._feed is not None
+        offset = 0
+        try:
+            while (view := self._parts.get()) is not None and not self._stopped:
+                made = self._feed(offset, view)
+                offset += len(view)
+                self._call(self._fed, made)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            self._call(self._end, exc)
+        else:
+            self._call(self._end, None)
+
+    def _call(self, fn: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for it
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _fed(self, made: list[bytes]) -> None:
+        if self._stopped:
+            return
+        if self._transfer is not None:
+            for part in made:
+                self._transfer.add(part)
+        self._room.release()
+
+    def _end(self, error: BaseException | None) -> None:
+        if self._ended.done():
+            return
+        if error is not None:
+            self._ended.set_exception(error)
+            self._room.release()  # a reader waiting for room hears of it
+        else:
+            self._ended.set_result(None)
 
 
 def relay_feed(correlation_id: str, hasher: blake3.blake3) -> Feed:
