@@ -9,12 +9,21 @@ next writes, `auto_vacuum=INCREMENTAL` lets `give_back_free_pages` return a surp
 to the file system, and the log is cut back to `WAL_LIMIT_BYTES` after each
 checkpoint that empties it.
 
-Pages are `PAGE_BYTES` (32 KiB), not SQLite's 4 KiB: a large row (a 1.5 MB listing, an
-exec's 1 MiB of output) is a chain of overflow pages, each its own frame in the log,
-and one such row took 4.7-9.7 ms to commit with 4 KiB pages against 1.4 ms with
-32 KiB, on the event loop of both hub and worker. A small commit (a call's claim and
-its finish) went from 0.045 to 0.087 ms. A database from before gets both settings
-by one VACUUM when it is opened.
+Pages are `PAGE_BYTES` (4 KiB, SQLite's own) in a new database. They were 32 KiB for a
+while, for large rows that are not blobs (a 1.5 MB listing): each page is a frame in the
+log, and such a row committed in 1.4 ms with 32 KiB against 4.7-9.7 ms with 4 KiB then;
+measured again once blobs had left the databases, a 1 MB row commits in 0.74 ms (32 KiB)
+against 1.15 ms (4 KiB). But every small row in a grown database dirties a leaf of each
+index on a random key (a call's id) and writes it whole: with 300,000 calls in hub.db an
+insert in a 130-row commit took 26.7 us with 32 KiB pages against 14.8 us with 4 KiB,
+and ControlService.Dispatch at 64 in flight with grown databases (300,000 rows in each
+big table) went from 1,150-1,430 to 1,400-1,810 calls/s through `up` and from
+1,230-1,430 to 1,590-1,950 through hub + run (two runs of alternated rounds, load
+27-31; 8 KiB pages did about as well; with fresh databases the sizes did alike).
+A database with other pages (32 KiB ones from before) keeps them unless it is at most
+`CONVERT_UP_TO_BYTES`: converting is one VACUUM, which holds every other process (the
+kill switch included) out while it runs. One without
+`auto_vacuum` (from before that) is converted whatever its size, as it always was.
 """
 
 from __future__ import annotations
@@ -36,9 +45,12 @@ log = logging.getLogger(__name__)
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # SQLite's files for one database (as config's)
 # The write-ahead log is truncated to this after a checkpoint that empties it.
 WAL_LIMIT_BYTES = 4 * 1024 * 1024
-PAGE_BYTES = 32 * 1024
-# Free pages beyond this many are given back to the file system (4 MiB of them).
-FREE_PAGES_KEPT = 4 * 1024 * 1024 // PAGE_BYTES
+PAGE_BYTES = 4 * 1024
+# A database whose pages are not PAGE_BYTES is given them (one VACUUM, at its owner's
+# start) only while it is this small: a VACUUM holds every other process out meanwhile.
+CONVERT_UP_TO_BYTES = 16 * 1024 * 1024
+# Free pages beyond these bytes of them are given back to the file system.
+FREE_BYTES_KEPT = 4 * 1024 * 1024
 _INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 # The checkpointer copies the log in after this many commits, or once they have
 # written this many bytes, or once commits have stopped for this long (see Checkpointer).
@@ -138,7 +150,9 @@ def _page_layout(conn: sqlite3.Connection, path: Path, convert: bool) -> None:
     """Give the database PAGE_BYTES pages whose free ones can be given back: set
     before its first table (a new one), or by one VACUUM (one from before, if
     `convert`, out of WAL mode for it, since a log's pages keep their size; skipped
-    while another connection is busy with it, to be done at a later open)."""
+    while another connection is busy with it, to be done at a later open). One that
+    can give free pages back already keeps its page size unless it is at most
+    CONVERT_UP_TO_BYTES (a larger VACUUM would hold the other processes out)."""
     size = conn.execute("PRAGMA page_size").fetchone()[0]
     vacuum = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
     if size == PAGE_BYTES and vacuum == _INCREMENTAL:
@@ -149,12 +163,18 @@ def _page_layout(conn: sqlite3.Connection, path: Path, convert: bool) -> None:
         return
     if not convert:
         return
-    with contextlib.suppress(OSError):
-        log.warning(
-            "converting %s (%.0f MB) to larger pages, once; other processes wait meanwhile",
-            path,
-            path.stat().st_size / 1e6,
-        )
+    try:
+        file_bytes = path.stat().st_size
+    except OSError:
+        return
+    if vacuum == _INCREMENTAL and file_bytes > CONVERT_UP_TO_BYTES:
+        return  # keeps its pages: they work, and converting would stall every process
+    log.warning(
+        "converting %s (%.0f MB) to %d-byte pages, once; other processes wait meanwhile",
+        path,
+        file_bytes / 1e6,
+        PAGE_BYTES,
+    )
     try:
         if size != PAGE_BYTES:
             conn.execute("PRAGMA journal_mode=DELETE")
@@ -165,9 +185,12 @@ def _page_layout(conn: sqlite3.Connection, path: Path, convert: bool) -> None:
         log.info("%s: left as it is for now (%s); converted at a later start", path, exc)
 
 
-def give_back_free_pages(conn: sqlite3.Connection, keep: int = FREE_PAGES_KEPT) -> int:
-    """Return free pages beyond `keep` to the file system; how many went. Cheap when
-    there are few: called after deletes (pruning), not on a call's path."""
+def give_back_free_pages(conn: sqlite3.Connection, keep: int | None = None) -> int:
+    """Return free pages beyond `keep` (default: FREE_BYTES_KEPT of the database's own
+    pages) to the file system; how many went. Cheap when there are few: called after
+    deletes (pruning), not on a call's path."""
+    if keep is None:
+        keep = FREE_BYTES_KEPT // int(conn.execute("PRAGMA page_size").fetchone()[0])
     free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
     if free <= keep:
         return 0

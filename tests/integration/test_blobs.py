@@ -188,7 +188,7 @@ def test_disk_stays_small_after_a_thousand_reads_of_a_mebibyte(tmp_path: Path) -
         wait_for(lambda: _acked(live) == 1100, 30)
         # What is left: pages for the blobs in flight at once (8 here) and the logs, a
         # bound set by concurrency and the checkpoints' pace, not by how many calls ran
-        # (1,000 reads of 1 MiB kept took 2 GB). A commit's log frames are 32 KiB pages
-        # (worker.db): 14 MB after this test on a quiet machine, 34.6 MB once at load 15,
-        # when the checkpointer fell behind.
+        # (1,000 reads of 1 MiB kept took 2 GB). A commit's log frames are whole pages
+        # (worker.db; 32 KiB when measured): 14 MB after this test on a quiet machine,
+        # 34.6 MB once at load 15, when the checkpointer fell behind.
         assert _disk(live.home) < 64 * MIB, _disk(live.home)

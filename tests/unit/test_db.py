@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from worker import db
+from worker.core.ledger import State
+from worker.hub.store import HubStore
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (v BLOB);"
 
@@ -248,6 +250,68 @@ def test_a_database_from_before_is_converted_once_with_its_rows(tmp_path: Path) 
     try:
         assert _layout(conn) == (db.PAGE_BYTES, 2, "wal")
         assert conn.execute("SELECT v FROM t ORDER BY rowid").fetchall() == rows
+    finally:
+        db.close(conn)
+
+
+def _file_page_size(path: Path) -> int:
+    """The page size a database file was written with, read from the file itself."""
+    with sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True) as reader:
+        size: int = reader.execute("PRAGMA page_size").fetchone()[0]
+    reader.close()
+    return size
+
+
+def test_a_new_hub_and_worker_database_have_4_kib_pages(tmp_path: Path) -> None:
+    """Small rows on random keys dirty one index leaf each: 4 KiB pages write an eighth
+    of what 32 KiB ones did (see worker.db)."""
+    assert db.PAGE_BYTES == 4096
+    ledger = State(tmp_path / "state.db", convert=True)
+    store = HubStore(tmp_path / "hub.db")
+    ledger.close()
+    store.close()
+    assert _file_page_size(tmp_path / "state.db") == 4096
+    assert _file_page_size(tmp_path / "hub.db") == 4096
+
+
+def _old_32_kib_database(path: Path, rows: int, row_bytes: int) -> None:
+    """A database as the versions with 32 KiB pages made it (WAL, INCREMENTAL)."""
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("PRAGMA page_size=32768")
+    old.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute("CREATE TABLE t (v BLOB)")
+    old.execute("BEGIN")
+    old.executemany(
+        "INSERT INTO t VALUES (?)", [(bytes([i % 256]) * row_bytes,) for i in range(rows)]
+    )
+    old.execute("COMMIT")
+    old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert _layout(old) == (32768, 2, "wal")
+    old.close()
+
+
+def test_a_small_database_with_32_kib_pages_is_given_4_kib_ones(tmp_path: Path) -> None:
+    path = tmp_path / "small.db"
+    _old_32_kib_database(path, rows=20, row_bytes=1000)
+    conn = db.connect(path, SCHEMA, convert=True)
+    try:
+        assert _layout(conn) == (db.PAGE_BYTES, 2, "wal")
+        assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 20
+    finally:
+        db.close(conn)
+    assert _file_page_size(path) == db.PAGE_BYTES
+
+
+def test_a_large_database_with_32_kib_pages_keeps_them(tmp_path: Path) -> None:
+    """Its VACUUM would hold every other process out: it works as it is."""
+    path = tmp_path / "large.db"
+    _old_32_kib_database(path, rows=db.CONVERT_UP_TO_BYTES // 8192 + 64, row_bytes=8192)
+    assert path.stat().st_size > db.CONVERT_UP_TO_BYTES
+    conn = db.connect(path, SCHEMA, convert=True)
+    try:
+        assert _layout(conn) == (32768, 2, "wal")
+        conn.execute("INSERT INTO t VALUES (x'02')")  # and it works as it is
     finally:
         db.close(conn)
 
