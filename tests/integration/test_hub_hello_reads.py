@@ -29,7 +29,7 @@ from tests.support.hub_inproc import (
 )
 from worker.hub import server
 from worker.hub.reads import HELLO_READS_AT_ONCE, HELLO_READS_PER_CONNECTION
-from worker.hub.turns import Turns
+from worker.hub.turns import Turns, address_of
 from worker.wire.protocol import RETRY_AFTER_KEY, STREAM_METHOD
 from worker.wire.transport import worker_metadata
 
@@ -217,6 +217,64 @@ def test_streams_waiting_from_one_address_are_bounded(tmp_path: Path) -> None:
                 worker = HandWorker(running.address, home)
                 await worker.until("welcome")
                 await worker.close()
+            finally:
+                for channel in channels:
+                    await channel.close()
+
+    asyncio.run(go())
+
+
+def _silent_of(channel: grpc.aio.Channel, home: Path, key: str) -> grpc.aio.StreamStreamCall:
+    """A stream of worker key `key` that never sends its first message."""
+    return channel.stream_stream(STREAM_METHOD, request_serializer=None)(
+        metadata=worker_metadata(token_of(home, "hub-workers.token"), key)
+    )
+
+
+def test_a_known_key_never_late_is_not_bound_by_its_late_neighbours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review15 finding 04: the known keys' late-address bound (HELLO_STREAMS_PER_LATE_
+    ADDRESS; here 4) was shared by every key of the address, so keys gone late (their
+    streams silent) filled it with silent streams, and a worker of the same address (a
+    NAT, the same host) coming back was refused busy for as long as they were kept up.
+    Now that bound counts and binds late keys' streams only: the worker's key never went
+    late, so its stream is admitted, the late keys' turns go to it, and it is welcomed."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            gate = running.hub.known_hello_reads
+            gate.calls_per_late_address = 4
+            keys = [uuid.uuid4().hex for _ in range(3)]
+            victim = HandWorker(running.address, home)
+            for hand in [victim, *(HandWorker(running.address, home, key=k) for k in keys)]:
+                await hand.until("welcome")  # its key is now bound to its id in hub.db
+                await hand.close()
+            channels = [own_channel(running.address) for _ in range(7)]
+            try:
+                # Their keys go late: a stream of each holds its turn without a Hello.
+                monkeypatch.setattr(server, "HANDSHAKE_TIMEOUT_S", 0.2)
+                first = [_silent_of(channels[n], home, key) for n, key in enumerate(keys)]
+                for call in first:
+                    assert await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                address = address_of("ipv4:127.0.0.1:1")  # the streams' (loopback)
+                loop = asyncio.get_running_loop()
+                assert gate.late_addresses.wait_s(address, loop.time()) > 0  # address late
+                monkeypatch.setattr(server, "HANDSHAKE_TIMEOUT_S", 3600.0)
+                # Their silent streams now fill the late-address places: 2 of each key.
+                silent = [_silent_of(channels[3 + n % 4], home, keys[n % 3]) for n in range(6)]
+                await _until(lambda: sum(call.done() for call in silent) == 2)
+                await _until(lambda: gate.address_calls.get(address) == 4)
+                for call in silent:
+                    if call.done():
+                        assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                back = HandWorker(running.address, home, hello=victim.hello, key=victim.key)
+                try:
+                    await back.until("welcome")
+                    assert back.worker_id in running.hub.sessions
+                finally:
+                    await back.close()
             finally:
                 for channel in channels:
                     await channel.close()

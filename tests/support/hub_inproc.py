@@ -116,7 +116,9 @@ class HandWorker:
         *,
         first: pb.WorkerEnvelope | None = None,
         hello: pb.Hello | None = None,
+        key: str | None = None,
     ) -> None:
+        self.key = key or uuid.uuid4().hex  # its worker key (a worker's own, kept)
         self.worker_id = hello.worker_id if hello else "hand-" + uuid.uuid4().hex[:8]
         self.hello = hello or pb.Hello(
             worker_id=self.worker_id,
@@ -144,7 +146,7 @@ class HandWorker:
             request_serializer=None,
             response_deserializer=pb.ServerEnvelope.FromString,
         )
-        metadata = worker_metadata(token_of(home, "hub-workers.token"), uuid.uuid4().hex)
+        metadata = worker_metadata(token_of(home, "hub-workers.token"), self.key)
         self.call = call(envelopes(), metadata=metadata)
         self._task = asyncio.ensure_future(self._serve())
 

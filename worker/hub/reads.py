@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from worker.hub.turns import Gate, Turns
+from worker.hub.turns import Gate, LaterReads, Turns
 
 # How many worker streams' first messages (their Hellos) are read at once, and how many
 # of them one connection's: gRPC reads a stream message whole, up to MAX_MESSAGE_BYTES,
@@ -42,7 +42,12 @@ HELLO_READS_PER_CONNECTION: Final = 1
 # - the streams waiting or read at once are bounded: HELLO_STREAMS_PER_CONNECTION of a
 #   connection, HELLO_STREAMS_PER_ADDRESS of an address (a fleet behind one NAT says
 #   Hello together: 1,200 in tests), HELLO_STREAMS_PER_LATE_ADDRESS while the address is
-#   late, HELLO_WAITING waiting in all; another is refused busy, unread.
+#   late, HELLO_WAITING waiting in all; another is refused busy, unread. For known keys
+#   HELLO_STREAMS_PER_LATE_ADDRESS bounds the streams of late keys only, counted over
+#   those alone: 12 keys x 2 silent streams from one address held all 16 places of its
+#   keys together, and a restarted worker at that address (a NAT, the same host) was
+#   refused busy for 45 s+ (review15 finding 04); a key that never went late is bounded
+#   by its own HELLO_STREAMS_PER_KEY, and its stream waits behind no late key's.
 # How many worker streams' later messages are read at once, and of them one
 # connection's, while the hub expects none from their workers. gRPC reads a message whole,
 # up to MAX_MESSAGE_BYTES, once the hub asks for it, and the hub asked every stream for
@@ -55,6 +60,17 @@ HELLO_READS_PER_CONNECTION: Final = 1
 # worker with nothing to answer sends heartbeats and audit events, a few hundred bytes.
 LATER_READS_AT_ONCE: Final = 2
 LATER_READS_PER_CONNECTION: Final = 1
+# A turn held LATER_SILENT_S without the message coming, while another stream waits for
+# one, is given up and the silent stream ends (gRPC cannot take back a read it was asked
+# for, and one left asked for outside a turn would be read whole outside the bound); its
+# connection goes behind the others for HELLO_LATE_FOR_S, its address too while its
+# connections go late faster than HELLO_LATE_PER_ADDRESS in that time (as for Hellos:
+# worker.hub.turns.LaterReads). Two streams that said Hello and then nothing held both
+# turns for ever, and no worker with no call open was read: heartbeats, audit events,
+# and the confirmations the kill backlog's pages wait for (review15 finding 02). A
+# worker sends a heartbeat every connection.heartbeat_s (5 s unless configured), so a
+# worker's stream in its turn has a message well within this.
+LATER_SILENT_S: Final = 15.0
 HELLO_PROMPT_S: Final = 2.0
 HELLO_LATE_FOR_S: Final = 60.0
 HELLO_LATE_PER_ADDRESS: Final = 3
@@ -128,6 +144,21 @@ def hello_reads(*, known: bool) -> Gate:
         calls_per_connection=HELLO_STREAMS_PER_KEY if known else HELLO_STREAMS_PER_CONNECTION,
         calls_per_address=HELLO_STREAMS_PER_ADDRESS,
         calls_per_late_address=HELLO_STREAMS_PER_LATE_ADDRESS,
+        late_for_s=HELLO_LATE_FOR_S,
+        late_per_address=HELLO_LATE_PER_ADDRESS,
+        # A known key that never went late is bounded as if its address were not late:
+        # its own two streams, whatever its address's other keys did (review15 04).
+        late_address_counts_late=known,
+    )
+
+
+def later_reads() -> LaterReads:
+    """The turns to read worker streams' later messages while the hub expects none of
+    them (LATER_READS_AT_ONCE, LATER_SILENT_S)."""
+    return LaterReads(
+        LATER_READS_AT_ONCE,
+        LATER_READS_PER_CONNECTION,
+        silent_s=LATER_SILENT_S,
         late_for_s=HELLO_LATE_FOR_S,
         late_per_address=HELLO_LATE_PER_ADDRESS,
     )

@@ -42,14 +42,9 @@ from worker.hub.hellos import (
     worker_key_digest,
 )
 from worker.hub.placement import Placements
-from worker.hub.reads import (
-    LATER_READS_AT_ONCE,
-    LATER_READS_PER_CONNECTION,
-    control_reads,
-    hello_reads,
-)
+from worker.hub.reads import control_reads, hello_reads, later_reads
 from worker.hub.store import HubStore, StoredCall
-from worker.hub.turns import Turns, Unread, address_of
+from worker.hub.turns import Unread, address_of
 from worker.ids import id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
@@ -158,6 +153,10 @@ class Session:
     # The ids its Hello named (running, or answered and not acked), whose results may
     # come again: taken off as they come (at most HELLO_RESENT_IDS).
     resent: set[str] = field(default_factory=set)
+    # Calls sent to its worker whose results it owes though no caller may wait for them
+    # (Hub._expects): those its Hello named that are open here, and those sent again at
+    # its Hello; taken off as their results come, or as they are abandoned.
+    owed: set[str] = field(default_factory=set)
     # Messages the hub did not ask for, so far (see UNSOLICITED_PER_STREAM), and the
     # ids to ack at the end of the envelope being read (results not kept).
     unsolicited: int = 0
@@ -462,7 +461,7 @@ class Hub:
         self.hello_reads = hello_reads(known=False)
         # Turns to read worker streams' later messages while no answer is expected of
         # them (LATER_READS_AT_ONCE).
-        self.later_reads = Turns(LATER_READS_AT_ONCE, LATER_READS_PER_CONNECTION)
+        self.later_reads = later_reads()
 
     # ------------------------------------------------------------- worker stream
 
@@ -548,6 +547,12 @@ class Hub:
         )
         resent = [*hello.running_ids, *hello.unacked_ids]
         session.resent = set(resent[:HELLO_RESENT_IDS])
+        if session.resent:
+            session.owed = {
+                call.correlation_id
+                for call in self.store.open_calls(hello.worker_id)
+                if call.correlation_id in session.resent
+            }
         if hello.kills_epoch == self.store.kills_epoch:
             session.kills_through = hello.kills_through
         previous = self.sessions.get(hello.worker_id)
@@ -728,6 +733,7 @@ class Hub:
             part = _digest_and_part(request, blob, session.protocol >= PARTS_PROTOCOL)
             if self._refused_too_large(cid, _size(part)):
                 continue
+            session.owed.add(cid)
             session.send(part)
 
     def _refused_too_large(self, correlation_id: str, part_bytes: int) -> bool:
@@ -744,9 +750,14 @@ class Hub:
 
     def _expects(self, session: Session) -> bool:
         """Whether the hub waits for answers of `session`'s worker: results of calls
-        open there, a scope decision, a teardown's result."""
+        open there (a caller waiting, or owed: a call it said is running, one its Hello
+        named or one sent again then, whose caller may have left), a scope decision, a
+        teardown's result. An owed result is one of a call stored for that worker: a
+        stream's Hello alone makes none (review15 finding 02: a call running when the
+        link dropped, its caller gone, was read in turns, and its worker's heartbeats
+        confirming the kill backlog with it)."""
         worker_id = session.worker_id
-        if self._open_calls.get(worker_id, 0):
+        if self._open_calls.get(worker_id, 0) or session.running or session.owed:
             return True
         return any(asked[0] == worker_id for asked in self._scope_waiters.values()) or any(
             asked[0] == worker_id for asked in self._teardowns.values()
@@ -759,14 +770,16 @@ class Hub:
         hub expects answers of its worker (or for `up`'s own worker, whose messages are
         in memory), else in a turn of `later_reads` (LATER_READS_AT_ONCE); a reader
         waiting for one asks at once as soon as the hub sends something it expects an
-        answer to."""
+        answer to. A turn held LATER_SILENT_S without the message coming while another
+        stream waits for one ends this stream (`_silent`)."""
+        address = address_of(peer)
         while True:
             if peer == LOCAL_PEER or self._expects(session):
                 return await anext(requests, None)
             # One future to wait on, for the turn or for a send that wakes it, and no
             # task: an idle stream waits so (1,000 idle workers took the hub 5 KB more
             # each with a task for each of the two and asyncio.wait over them).
-            turn = self.later_reads.ask(peer)
+            turn = self.later_reads.ask(peer, address)
             if turn is not None:
                 session.waiting = turn
                 try:
@@ -779,10 +792,22 @@ class Hub:
                 if not handed:  # woken by a send: look again, the hub may expect answers
                     self.later_reads.withdraw(peer, turn)
                     continue
+            holder = self.later_reads.hold(peer, address, lambda: self._silent(session))
             try:  # in its turn: the message is asked of gRPC, and awaited whatever is sent
                 return await anext(requests, None)
             finally:
-                self.later_reads.give_back(peer)
+                self.later_reads.give_back(holder)
+
+    def _silent(self, session: Session) -> None:
+        """`session`'s stream held a later-read turn LATER_SILENT_S with no message while
+        another stream waited for one: it ends (its worker dials again)."""
+        self._refuse(
+            session,
+            f"no message within {self.later_reads.silent_s:g} s of its turn to be read while "
+            "other streams waited for one (a worker sends a heartbeat every few seconds); "
+            "its stream ends",
+            grpc.StatusCode.UNAVAILABLE,
+        )
 
     async def _read(
         self,
@@ -885,6 +910,7 @@ class Hub:
         result = answer.result
         cid = result.correlation_id
         session.running.discard(cid)
+        session.owed.discard(cid)
         teardown = self._teardowns.get(cid)
         if teardown is not None:  # not a call: nothing to store or ack
             if self._from_its_worker(session, teardown[0], cid):
@@ -1083,6 +1109,7 @@ class Hub:
     def _abandon(self, correlation_id: str, session: Session | None) -> None:
         if session is not None:
             session.running.discard(correlation_id)
+            session.owed.discard(correlation_id)
         self._blobs.pop(correlation_id, None)
         self._let_go(correlation_id)
         self.store.abandon(correlation_id)

@@ -84,7 +84,7 @@ class Turns:
         finally:
             self._give_back(peer)
 
-    def ask(self, peer: str) -> asyncio.Future[bool] | None:
+    def ask(self, peer: str, rank: int = 0) -> asyncio.Future[bool] | None:
         """A turn for `peer` without a task to wait in: None when it holds one now,
         else the future its turn comes by (resolved True). The caller may resolve the
         future False itself to stop waiting (nothing is handed to it then), and ends
@@ -95,7 +95,7 @@ class Turns:
             self._hold(peer)
             return None
         entry = (peer, asyncio.get_running_loop().create_future())
-        self._queue(0).append(entry)
+        self._queue(rank).append(entry)
         return entry[1]
 
     def withdraw(self, peer: str, turn: asyncio.Future[bool]) -> None:
@@ -251,7 +251,9 @@ class Gate:
       together, and `turn_within_s` from its turn (None: no bound).
     - `admit` bounds the reads waiting or under way: a peer's (`calls_per_connection`),
       an address's (`calls_per_address`; `calls_per_late_address` while the address is
-      late), all (`waiting_most` waiting), and of rank 2 `waiting_late` waiting.
+      late, or with `late_address_counts_late` the reads of late peers only, counted
+      over those alone), all (`waiting_most` waiting), and of rank 2 `waiting_late`
+      waiting.
     - A read that held a turn without its message coming makes its peer late for
       `late_for_s`, and its address too while its peers go late faster than
       `late_per_address` in that time. Reads are ranked: 0, 1 if their address is late,
@@ -277,6 +279,7 @@ class Gate:
         calls_per_late_address: int | None = None,
         late_for_s: float,
         late_per_address: int,
+        late_address_counts_late: bool = False,
     ) -> None:
         self.reads = Turns(slots, per_peer)
         # The bounds, attributes so that a test may make them small.
@@ -288,9 +291,12 @@ class Gate:
         self.calls_per_connection = calls_per_connection
         self.calls_per_address = calls_per_address
         self.calls_per_late_address = calls_per_late_address
+        self.late_address_counts_late = late_address_counts_late
         self.late_for_s = late_for_s
         self.calls: dict[str, int] = {}  # peer -> reads waiting or under way
         self.address_calls: dict[str, int] = {}  # address -> the same
+        # address -> those of them whose peer was late as they came (rank 2)
+        self.late_address_calls: dict[str, int] = {}
         self._addresses: dict[str, str] = {}  # peer -> its address, while it reads
         self.late_connections = Rate(1, 1 / late_for_s)
         self.late_addresses = Rate(late_per_address, late_per_address / late_for_s)
@@ -307,9 +313,18 @@ class Gate:
         """None when a read of `peer` may wait for its turn; else which bound it is past:
         "peer", "address", "all" or "late"."""
         rank = self.rank(peer, address, now)
-        per_address = self.calls_per_late_address if rank else self.calls_per_address
         if self.calls.get(peer, 0) >= self.calls_per_connection:
             return "peer"
+        if self.late_address_counts_late:
+            # The late-address bound counts late peers' reads only, and binds them only:
+            # a peer that never went late is bounded as its address's were not late.
+            late_calls = self.late_address_calls.get(address, 0)
+            late_most = self.calls_per_late_address
+            if rank == 2 and late_most is not None and late_calls >= late_most:
+                return "address"
+            per_address = self.calls_per_address
+        else:
+            per_address = self.calls_per_late_address if rank else self.calls_per_address
         if per_address is not None and self.address_calls.get(address, 0) >= per_address:
             return "address"
         if self.reads.waiting() >= self.waiting_most:
@@ -334,8 +349,11 @@ class Gate:
         if turn_within_s is _NONE:
             turn_within_s = self.turn_within_s
         rank = self.rank(peer, address, start)
+        late = self.late_address_counts_late and rank == 2
         self.calls[peer] = self.calls.get(peer, 0) + 1
         self.address_calls[address] = self.address_calls.get(address, 0) + 1
+        if late:
+            self.late_address_calls[address] = self.late_address_calls.get(address, 0) + 1
         self._addresses[peer] = address
         message = _NONE
         holder: _Holder | None = None
@@ -358,12 +376,18 @@ class Gate:
         except TimeoutError:
             pass
         finally:
-            self._leave(peer, address)
+            self._leave(peer, address, late)
         if message is _NONE:
             raise Unread("waited" if holder is None else "gave_up" if holder.gave_up else "late")
         return message
 
-    def _leave(self, peer: str, address: str) -> None:
+    def _leave(self, peer: str, address: str, late: bool) -> None:
+        if late:
+            left = self.late_address_calls[address] - 1
+            if left:
+                self.late_address_calls[address] = left
+            else:
+                del self.late_address_calls[address]
         left = self.calls[peer] - 1
         if left:
             self.calls[peer] = left
@@ -416,3 +440,121 @@ class Gate:
                 if not holder.gave_up:
                     holder.gave_up = True
                     holder.budget.reschedule(now)
+
+
+@dataclass(eq=False)
+class LaterHolder:
+    """A later read holding its turn, its message not come yet."""
+
+    peer: str
+    address: str
+    since: float
+    rank: int
+    give_up: Callable[[], None]  # ends its stream (its read cannot be taken back)
+    timer: asyncio.TimerHandle | None = None
+    gave_up: bool = False  # its turn went to a waiting read
+    returned: bool = False  # its turn went back
+
+
+class LaterReads:
+    """Turns to read worker streams' later messages (Turns, one per connection), bounded
+    in time: a read that held its turn `silent_s` without its message coming while
+    another read waits that could take it gives the turn up, and its stream ends
+    (`give_up`: gRPC cannot take back a read asked for, and one left asked for outside
+    a turn would be read whole outside the bound). Its connection then goes late for
+    `late_for_s`, and its address too while its connections go late faster than
+    `late_per_address` in that time: reads are ranked as Gate's (0, 1 if their address
+    is late, 2 if their connection is), and a read waits behind those of lower ranks.
+    A worker sends a heartbeat every few seconds, so a worker's stream holding a turn
+    has its message within `silent_s`; a stream that says nothing holds a turn at most
+    that long, and then waits behind the others (review15 finding 02: two streams that
+    said Hello and then nothing held both turns for ever)."""
+
+    def __init__(
+        self,
+        slots: int,
+        per_peer: int,
+        *,
+        silent_s: float,
+        late_for_s: float,
+        late_per_address: int,
+    ) -> None:
+        self.turns = Turns(slots, per_peer)
+        self.silent_s = silent_s  # an attribute, so that a test may make it small
+        self.late_for_s = late_for_s
+        self.late_connections = Rate(1, 1 / late_for_s)
+        self.late_addresses = Rate(late_per_address, late_per_address / late_for_s)
+        self._holders: set[LaterHolder] = set()
+        self._addresses: dict[str, str] = {}  # peer -> its address, while it waits
+        self.gave_up = 0  # turns given up so far (streams ended so)
+
+    def held(self, peer: str | None = None) -> int:
+        return self.turns.held(peer)
+
+    def waiting(self, rank: int | None = None) -> int:
+        return self.turns.waiting(rank)
+
+    def rank(self, peer: str, address: str, now: float) -> int:
+        """2 if `peer`'s reads held turns silent, 1 if its address's did, else 0."""
+        if self.late_connections.wait_s(peer, now) > 0:
+            return 2
+        return int(self.late_addresses.wait_s(address, now) > 0)
+
+    def ask(self, peer: str, address: str) -> asyncio.Future[bool] | None:
+        """As Turns.ask, ranked: None when `peer` holds a turn now, else the future its
+        turn comes by. A holder silent long enough gives its turn up to this one."""
+        loop = asyncio.get_running_loop()
+        turn = self.turns.ask(peer, self.rank(peer, address, loop.time()))
+        if turn is not None:
+            self._addresses[peer] = address
+            turn.add_done_callback(lambda _: self._addresses.pop(peer, None))
+            loop.call_soon(self._give_turns)
+        return turn
+
+    def withdraw(self, peer: str, turn: asyncio.Future[bool]) -> None:
+        self.turns.withdraw(peer, turn)
+
+    def hold(self, peer: str, address: str, give_up: Callable[[], None]) -> LaterHolder:
+        """`peer` holds a turn (from `ask`) and its read is asked for: its holder, to hand
+        to `give_back` once the read ended."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        holder = LaterHolder(peer, address, now, self.rank(peer, address, now), give_up)
+        holder.timer = loop.call_at(now + self.silent_s, self._give_turns)
+        self._holders.add(holder)
+        return holder
+
+    def give_back(self, holder: LaterHolder) -> None:
+        """The holder's read ended (or it gave up): its turn goes back, once."""
+        if holder.returned:
+            return
+        holder.returned = True
+        self._holders.discard(holder)
+        if holder.timer is not None:
+            holder.timer.cancel()
+        self.turns.give_back(holder.peer)
+
+    def _give_turns(self) -> None:
+        """Holders silent `silent_s` give their turns up to waiting reads of their rank
+        or lower, the latest ranked first."""
+        now = asyncio.get_running_loop().time()
+        wanting = [self.turns.wanting(rank) for rank in range(3)]
+        for holder in sorted(self._holders, key=lambda h: (-h.rank, h.since)):
+            if now - holder.since < self.silent_s:
+                continue
+            lowest = next((rank for rank, count in enumerate(wanting) if count), None)
+            if lowest is None or lowest > holder.rank:
+                continue
+            wanting[lowest] -= 1
+            holder.gave_up = True
+            self.gave_up += 1
+            waits_s = self.late_connections.wait_s(holder.peer, now)
+            if not waits_s:  # a connection late anew: its address counts it
+                self.late_addresses.take(holder.address, now)
+            if waits_s < self.late_for_s:
+                self.late_connections.take(holder.peer, now)
+            self.turns.put_behind(
+                lambda peer: self.rank(peer, self._addresses.get(peer, peer), now)
+            )
+            self.give_back(holder)
+            holder.give_up()
