@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -310,6 +311,72 @@ def test_rotating_the_workers_token_keeps_the_persons_lifts_and_the_kills_in_for
                     assert lifted == "ok", lifted
                     kept = await code_of(stub, hub_home, probe_request(worker_id, "kept"))
                     assert kept.startswith("plan_killed") and "at this hub" not in kept, kept
+                finally:
+                    await channel.close()
+                    await stop_worker(worker)
+        finally:
+            if worker is not None:
+                await stop_worker(worker)
+            if relay is not None:
+                await relay.close()
+
+    asyncio.run(go())
+
+
+def test_a_kill_made_after_hub_db_was_restored_from_a_backup_reaches_the_worker(
+    tmp_path: Path,
+) -> None:
+    """hub.db restored from a backup numbers its next kills with seqs the worker already
+    confirmed: the hub sees a mark past any seq it numbered, and numbers kills in a new
+    epoch, so the next kill reaches the worker and its plan is refused (review15 finding
+    08: the kill was never sent, and the plan's call ran)."""
+    hub_home, home = tmp_path / "hub", tmp_path / "w"
+    backup = tmp_path / "hub.db.backup"
+
+    async def kill(stub: pb_grpc.ControlServiceStub, plan: str) -> None:
+        await stub.KillPlan(
+            pb.KillPlanRequest(plan_id=plan, reason="stop"),
+            metadata=caller_metadata(hub_home),
+            timeout=60,
+        )
+
+    async def go() -> None:
+        relay: Relay | None = None
+        worker: Proc | None = None
+        try:
+            async with hub_in_process(hub_home) as running:
+                relay = Relay(port_of(running.address))
+                worker = worker_via(home, hub_home, await relay.start())
+                (worker_id,) = await until_connected(running, worker)
+                channel = own_channel(running.address)
+                stub = pb_grpc.ControlServiceStub(channel)
+                try:
+                    await kill(stub, "old-0")
+                    with (
+                        contextlib.closing(sqlite3.connect(hub_home / "hub.db")) as src,
+                        contextlib.closing(sqlite3.connect(backup)) as dst,
+                    ):
+                        src.backup(dst)
+                    for n in range(1, 6):
+                        await kill(stub, f"old-{n}")
+                    await until_confirmed(running, worker_id)  # through 6
+                finally:
+                    await channel.close()
+            for suffix in ("", "-wal", "-shm"):
+                (hub_home / f"hub.db{suffix}").unlink(missing_ok=True)
+            backup.rename(hub_home / "hub.db")
+            async with hub_in_process(hub_home) as running:
+                relay.port = port_of(running.address)
+                await until_connected(running, worker)
+                channel = own_channel(running.address)
+                stub = pb_grpc.ControlServiceStub(channel)
+                try:
+                    await kill(stub, "p")
+                    code = await code_of(stub, hub_home, probe_request(worker_id, "p"))
+                    assert code.startswith("plan_killed"), code
+                    await until_confirmed(running, worker_id)
+                    code = await code_of(stub, hub_home, probe_request(worker_id, "p"))
+                    assert code.startswith("plan_killed") and "at this hub" not in code, code
                 finally:
                     await channel.close()
                     await stop_worker(worker)

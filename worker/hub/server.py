@@ -554,7 +554,20 @@ class Hub:
                 if call.correlation_id in session.resent
             }
         if hello.kills_epoch == self.store.kills_epoch:
-            session.kills_through = hello.kills_through
+            if hello.kills_through > self.store.kills_issued():
+                # Confirmed kills this hub.db never numbered: it went back (restored from
+                # a backup), and its next kills would reuse seqs the worker confirmed, never
+                # to be sent (review15 finding 08). A new epoch: every worker takes them all.
+                log.warning(
+                    "worker %s confirmed kills through %d, past the %d hub.db numbered: "
+                    "hub.db went back (a backup?); numbering kills in a new epoch",
+                    hello.worker_id,
+                    hello.kills_through,
+                    self.store.kills_issued(),
+                )
+                self.store.new_kills_epoch()
+            else:
+                session.kills_through = hello.kills_through
         previous = self.sessions.get(hello.worker_id)
         if previous is not None:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)

@@ -506,6 +506,23 @@ class HubStore:
                 )
         return len(gone)
 
+    def kills_issued(self) -> int:
+        """The highest kill seq this hub.db ever numbered (0: none)."""
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'kills'").fetchone()
+        return int(row[0]) if row else 0
+
+    def new_kills_epoch(self) -> str:
+        """Number the kills in a new sequence: every worker's mark (Hello.kills_through)
+        is of the old one, so each takes every kill kept anew (a lift at a worker is then
+        undone: fail closed). For a hub.db that went back (a backup restored), whose
+        next seqs are ones workers confirmed already (review15 finding 08)."""
+        epoch = uuid.uuid4().hex
+        with db.transaction(self._db):
+            self._db.execute("UPDATE kills_epoch SET epoch = ?", (epoch,))
+            self._db.execute("UPDATE workers SET kills_through = 0")
+        self.kills_epoch = epoch
+        return epoch
+
     def kill(self, plan_id: str, reason: str, worker_id: str = "") -> pb.KillPlan:
         """Keep a kill of the plan (for `worker_id` alone, or every worker), numbered
         after every kill before it (a kill of the plan again is numbered anew, and so
