@@ -12,12 +12,16 @@ A real `agentworker hub` and `agentworker run` (tests/support/cluster.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from tests.support.cluster import Cluster, cluster, wait_for
-from worker.core.ledger import MAX_SERVER_KILLS
+from worker.core.ledger import ALL_PLANS, MAX_SERVER_KILLS
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -70,3 +74,81 @@ def test_a_kill_of_a_plan_first_called_after_it_outlives_a_flood(tmp_path: Path)
         assert list(live.run(_kill("first-called-after")).worker_ids)
         assert _stat(live, "first-called-after") == "plan_killed"
         _flood_then_check(live, ["first-called-after"], "a")
+
+
+def _pinned_flood(live: Cluster, tag: str, worker_id: str, *, away: bool) -> None:
+    """MAX_SERVER_KILLS + 1 made-up plans, each dispatched once (so "in use" at the hub
+    and, the worker connected, at the worker), then killed (review15 finding 01)."""
+
+    async def send(client: Any) -> None:
+        at_once = asyncio.Semaphore(16)
+
+        async def one(n: int) -> None:
+            plan = f"pinned-{tag}-{n:05d}"
+            request = pb.DispatchRequest(
+                agent_id="tester",
+                surface="workerHost",
+                action="fs_stat",
+                args_json='{"path": "."}',
+                plan_id=plan,
+                worker_id=worker_id,
+                timeout_ms=60_000,
+            )
+            async with at_once:
+                if away:  # the caller leaves; the hub keeps the call for the worker
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await client.stub.Dispatch(request, metadata=client.metadata, timeout=0.2)
+                else:
+                    await client.stub.Dispatch(request, metadata=client.metadata, timeout=120)
+                await _kill(plan)(client)
+
+        await asyncio.gather(*(one(n) for n in range(MAX_SERVER_KILLS + 1)))
+
+    live.run(send)
+
+
+def test_a_kill_owed_to_a_worker_away_outlives_a_flood_of_kills_of_plans_in_use(
+    tmp_path: Path,
+) -> None:
+    """The worker away: the hub never prunes a kill it has not confirmed, so the killed
+    plan's call is refused when it is back (review15 finding 01, A: each made-up plan
+    dispatched before its kill, born "in use", pushed the person's kill out)."""
+    with cluster(tmp_path / "home") as live:
+        (worker_id,) = [w.worker_id for w in live.workers()]
+        assert _stat(live, "victim") == "ok"
+        worker = next(p for p in live.procs if p.name == "worker")
+        worker.signal(signal.SIGTERM)
+        worker.wait(60)
+        wait_for(lambda: live.status().connected_workers == 0, 60)
+        assert list(live.run(_kill("victim")).queued_worker_ids) == [worker_id]
+        _pinned_flood(live, "away", worker_id, away=True)
+        live.start_worker()
+        assert _stat(live, "victim") == "plan_killed"
+        wait_for(lambda: _killed_at_worker(live, "pinned-away-01000"), 120)
+        assert _stat(live, "victim") == "plan_killed"
+
+
+def test_a_kill_confirmed_by_the_worker_outlives_a_flood_of_kills_of_plans_in_use(
+    tmp_path: Path,
+) -> None:
+    """The worker connected: past MAX_SERVER_KILLS kills of plans in use it keeps no
+    more, and stops every plan of the server (a kill of ALL_PLANS, until the person
+    lifts it); a kill that comes then is not the one pruned. Before, the person's kill
+    went first and the plan ran, and a kill of a plan not yet called was pruned as it
+    came (review15 finding 01, B and C)."""
+    with cluster(tmp_path / "home") as live:
+        (worker_id,) = [w.worker_id for w in live.workers()]
+        assert _stat(live, "victim") == "ok"
+        assert list(live.run(_kill("victim")).worker_ids) == [worker_id]
+        assert _stat(live, "victim") == "plan_killed"
+        _pinned_flood(live, "here", worker_id, away=False)
+        wait_for(lambda: _killed_at_worker(live, "pinned-here-01000"), 60)
+        assert _stat(live, "victim") == "plan_killed"
+        assert _killed_at_worker(live, ALL_PLANS)
+        assert list(live.run(_kill("fresh")).worker_ids) == [worker_id]
+        wait_for(lambda: _killed_at_worker(live, "fresh"), 60)
+        assert _stat(live, "fresh") == "plan_killed"
+        # The person looks, and lifts the stop: the plans the server killed stay killed.
+        assert live.cli("lift", ALL_PLANS).returncode == 0
+        assert _stat(live, "fresh") == "plan_killed"
+        assert _stat(live, "other") == "ok"

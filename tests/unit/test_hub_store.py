@@ -11,7 +11,14 @@ import pytest
 
 from worker.core.ledger import now_ms
 from worker.core.registry import MIB
-from worker.hub.store import CALLS_KEPT_MS, KILL_REASON_BYTES, KILLS_KEPT, HubStore
+from worker.hub import store as store_module
+from worker.hub.store import (
+    CALLS_KEPT_MS,
+    KILL_REASON_BYTES,
+    KILLS_KEPT,
+    HubStore,
+    KillsFullError,
+)
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -285,8 +292,8 @@ def test_kills_are_kept_numbered_and_bounded_one_row_a_plan(tmp_path: Path) -> N
     store = HubStore(path)  # a restart: the same kills, the same numbers
     assert store.kills_epoch == epoch
     assert store.killed("p", "w2", 0) and store.killed("q", "w1", 2 - 1)
-    for n in range(KILLS_KEPT):
-        store.kill(f"made-up-{n}", "flood")
+    for n in range(KILLS_KEPT):  # every worker confirms each (w2's mark is in hub.db)
+        store.kill(f"made-up-{n}", "flood", confirmed=KILLS_KEPT + 4)
     # p and q were asked for by calls (plans in use): a flood of kills of plans never
     # dispatched prunes its own oldest and r (never asked for), not them.
     assert store.killed("p", "w2", 0) and store.killed("q", "w1", 0)
@@ -372,4 +379,32 @@ def test_a_kill_tells_the_worker_whether_its_plan_is_in_use(tmp_path: Path) -> N
         "asked": True,
         "never": False,
     }
+    store.close()
+
+
+def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_none_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review15 finding 01: a Dispatch of each made-up plan before its kill made the
+    flood's kills "in use", and they pushed out the kill owed to a worker away. Now
+    only kills every remembered worker confirmed are pruned; past KILLS_HELD kills not
+    confirmed, a new kill is refused, and none is lost."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", KILLS_KEPT + 10)
+    store = HubStore(tmp_path / "hub.db")
+    store.seen_worker(pb.Hello(worker_id="away"))
+    store.touch_worker("away", 10, kills_through=0)
+    victim = store.kill("victim", "stop")
+    store.killed("victim", "away", 0)  # a call of it: in use
+    for n in range(KILLS_KEPT + 9):
+        store.kill(f"made-up-{n}", "flood")
+        store.killed(f"made-up-{n}", "away", 0)  # a call of it: in use
+    assert store.killed("victim", "away", 0)
+    with pytest.raises(KillsFullError):
+        store.kill("one-more", "flood")
+    store.kill("victim", "again")  # a kill of a plan killed already is kept anew
+    assert store.killed("victim", "away", victim.seq)
+    # The worker back, every kill confirmed: the oldest go, past KILLS_KEPT.
+    store.kill("one-more", "flood", confirmed=store.kills_issued())
+    assert len(store.kills_after("away", 0)) == KILLS_KEPT
+    assert store.killed("victim", "away", 0) and not store.killed("made-up-0", "away", 0)
     store.close()

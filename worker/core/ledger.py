@@ -117,9 +117,17 @@ DEFAULT_TTL_S = 24 * 3600
 # came for go first: a kill of a plan in use (a call of it was recorded here, before
 # or after the kill) goes only once this many kills of plans in use are newer, so a
 # flood of kills of made-up plans never lifts it (review14 finding 02: 1,001 of them
-# did, and the killed plan ran again).
+# did, and the killed plan ran again). The kill that comes is never the one pruned, and
+# a kill of a plan in use is never pruned without a trace: past MAX_SERVER_KILLS kills
+# of plans in use, this worker can no longer say which of the server's plans are
+# killed, so it stops them all (an ALL_PLANS kill, OVERFLOW's, binding that server; the
+# person lifts it with `agentworker lift '*'`). A flood of kills of plans the server
+# made run (a Dispatch, then a KillPlan, each time) then stops its plans; before, it
+# pushed out the person's kill, and the killed plan ran (review15 finding 01).
 MAX_SERVER_KILLS: Final = 1000
 SERVER: Final = "server"  # `killed_by` of a server's KillPlan
+ALL_PLANS: Final = "*"  # the plan id of a kill that binds every plan of its server
+OVERFLOW: Final = "worker"  # `killed_by` of that kill, when the worker made it
 # `killed_plans.server` of a kill that binds the plan id whichever server names it: the
 # person's (and a server kill from before kills were kept per server, or of an id two
 # servers killed).
@@ -791,9 +799,9 @@ class State:
                 known = self._kills.get(plan_id)
                 if known is not None:
                     self._kills[plan_id] = (known[0], known[1], ANY_SERVER)
-        return self._prune_server_kills(server) if killed_by == SERVER else []
+        return self._prune_server_kills(server, plan_id) if killed_by == SERVER else []
 
-    def _prune_server_kills(self, server: str | None = None) -> list[str]:
+    def _prune_server_kills(self, server: str | None = None, arriving: str = "") -> list[str]:
         """Past MAX_SERVER_KILLS of one server's kills (`server`; None: of each), its
         oldest go. Kills that bind every server (ANY_SERVER) are a share of their own."""
         shares = (
@@ -810,16 +818,44 @@ class State:
         )
         oldest: list[str] = []
         for key in shares:
-            oldest += self._oldest_server_kills(key)
+            pruned = self._oldest_server_kills(key, arriving)
+            if any(used for _, used in pruned):
+                self._stop_all_plans(key)
+            oldest += [plan for plan, _ in pruned]
         if not oldest:
             return []
         self._db.executemany("DELETE FROM killed_plans WHERE plan_id = ?", ((p,) for p in oldest))
         for plan in oldest:
             self._kills.pop(plan, None)
+            self._unused_kills.discard(plan)
         return oldest
 
-    def _oldest_server_kills(self, server: str) -> list[str]:
-        """The kills of `server` past its MAX_SERVER_KILLS, oldest first."""
+    def _stop_all_plans(self, server: str) -> None:
+        """Record OVERFLOW's kill of ALL_PLANS for `server` (see MAX_SERVER_KILLS): a
+        kill of one of its plans in use is about to be pruned."""
+        row = self._db.execute(
+            "SELECT killed_by, server FROM killed_plans WHERE plan_id = ?", (ALL_PLANS,)
+        ).fetchone()
+        if row is not None and row[0] != SERVER and row[1] in (server, ANY_SERVER):
+            return  # stopped already
+        binds = server if row is None or (row[0] == SERVER and row[1] == server) else ANY_SERVER
+        reason = (
+            f"more than {MAX_SERVER_KILLS:,} kills of plans in use came from server {server}: "
+            "past that the worker could not keep them all, so every plan of that server is "
+            "stopped here until the person lifts it (agentworker lift '*')"
+        )
+        log.warning("%s", reason)
+        self._db.execute(
+            "INSERT OR REPLACE INTO killed_plans (plan_id, reason, killed_by, killed_ms,"
+            " server, used) VALUES (?, ?, ?, ?, ?, 1)",
+            (ALL_PLANS, reason, OVERFLOW, now_ms(), binds),
+        )
+        self._kills[ALL_PLANS] = (reason, OVERFLOW, binds)
+        self._unused_kills.discard(ALL_PLANS)
+
+    def _oldest_server_kills(self, server: str, arriving: str = "") -> list[tuple[str, bool]]:
+        """The kills of `server` past its MAX_SERVER_KILLS, oldest first (those of plans
+        no call came for first), never `arriving`'s: plan, and whether in use."""
         (count,) = self._db.execute(
             "SELECT count(*) FROM killed_plans WHERE killed_by = ? AND server = ?",
             (SERVER, server),
@@ -827,11 +863,11 @@ class State:
         if count <= MAX_SERVER_KILLS:
             return []
         return [
-            plan
-            for (plan,) in self._db.execute(
-                "SELECT plan_id FROM killed_plans WHERE killed_by = ? AND server = ?"
-                " ORDER BY used, killed_ms, rowid LIMIT ?",
-                (SERVER, server, count - MAX_SERVER_KILLS),
+            (plan, bool(used))
+            for plan, used in self._db.execute(
+                "SELECT plan_id, used FROM killed_plans WHERE killed_by = ? AND server = ?"
+                " AND plan_id != ? ORDER BY used, killed_ms, rowid LIMIT ?",
+                (SERVER, server, arriving, count - MAX_SERVER_KILLS),
             )
         ]
 
@@ -888,10 +924,11 @@ class State:
         return cur.rowcount > 0
 
     def _binding(self, plan_id: str) -> tuple[str, str, str] | None:
-        kill = self._kills.get(plan_id)
-        if kill is None or kill[2] not in (ANY_SERVER, self.server):
-            return None  # another server's kill of its own plan of this id
-        return kill
+        for killed in (plan_id, ALL_PLANS):
+            kill = self._kills.get(killed)
+            if kill is not None and kill[2] in (ANY_SERVER, self.server):
+                return kill
+        return None  # none, or another server's kill of its own plan of this id
 
     def kill_reason(self, plan_id: str) -> str | None:
         """Why the plan is killed for the server this State serves, or None. Asked for a

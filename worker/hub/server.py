@@ -1790,7 +1790,10 @@ class Hub:
         kept (lost with its stream), and of those away only the ones the plan ran on
         were queued (review12 findings 02, 08)."""
         named = self.pick_worker(req.worker_id) if req.worker_id else ""
-        kill = self.store.kill(req.plan_id, req.reason, named)
+        confirmed = self.store.kills_confirmed_by_all(
+            {worker_id: s.kills_through for worker_id, s in self.sessions.items()}
+        )
+        kill = self.store.kill(req.plan_id, req.reason, named, confirmed)
         reply = pb.KillPlanResponse()
         for worker_id in [named] if named else sorted({*self.sessions, *self.store.worker_ids()}):
             session = self.sessions.get(worker_id)

@@ -24,7 +24,7 @@ The store keeps each blob's size, so a late repeat says what went (`blob_gone`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -114,10 +114,21 @@ WORKERS_AWAY_KEPT = 1024
 # of it sent, a workspace placed, or a call refused for the kill) goes only once this
 # many kills of plans in use are newer (review14 finding 02: 1,000 kills of made-up
 # plans pushed out a kill still owed to a worker away, and the plan ran again).
+# A kill a worker remembered here has not confirmed is never pruned: whatever a caller
+# marks "in use" (a Dispatch of each made-up plan before its kill), a flood pushed out
+# the person's kill owed to a worker away (review15 finding 01). Those are bounded
+# apart: past KILLS_HELD kills some worker has not confirmed, a KillPlan of a plan not
+# killed already is refused (KillsFullError), loudly, and no kill is lost.
 KILLS_KEPT: Final = 1000
+KILLS_HELD: Final = 10_000
+ALL_CONFIRMED: Final = 2**63 - 1  # a kill seq past any: with no worker, every kill is confirmed
 # A kill's reason is kept this long, in UTF-8 bytes (it was 1,000 characters, up to
 # 4,000 bytes: review14 finding 06). The worker keeps no more than it is sent.
 KILL_REASON_BYTES: Final = 512
+
+
+class KillsFullError(Exception):
+    """KILLS_HELD kills wait for a worker to confirm them: no new one is kept."""
 
 
 def utf8_prefix(text: str, limit: int) -> str:
@@ -523,12 +534,41 @@ class HubStore:
         self.kills_epoch = epoch
         return epoch
 
-    def kill(self, plan_id: str, reason: str, worker_id: str = "") -> pb.KillPlan:
+    def kills_confirmed_by_all(self, connected: Mapping[str, int] | None = None) -> int:
+        """Through which kill every worker remembered here confirmed recording them:
+        `connected` (worker -> its session's mark) in place of the marks of their last
+        sessions."""
+        connected = connected or {}
+        marks = [
+            connected.get(worker_id, int(through))
+            for worker_id, through in self._db.execute(
+                "SELECT worker_id, kills_through FROM workers"
+            )
+        ]
+        return min([*marks, *connected.values()], default=ALL_CONFIRMED)  # no worker: all
+
+    def kill(
+        self, plan_id: str, reason: str, worker_id: str = "", confirmed: int | None = None
+    ) -> pb.KillPlan:
         """Keep a kill of the plan (for `worker_id` alone, or every worker), numbered
         after every kill before it (a kill of the plan again is numbered anew, and so
         reaches the workers that confirmed the last one); past KILLS_KEPT, the oldest
-        go. Committed before it returns: what the hub answers a caller is on disk."""
+        of those every worker confirmed (through `confirmed`; None: by their marks in
+        hub.db) go. KillsFullError past KILLS_HELD kills not confirmed. Committed before it
+        returns: what the hub answers a caller is on disk."""
         reason = utf8_prefix(reason, KILL_REASON_BYTES)
+        if confirmed is None:
+            confirmed = self.kills_confirmed_by_all()
+        if not any(k[1] == worker_id for k in self._kills.get(plan_id, ())):
+            (held,) = self._db.execute(
+                "SELECT count(*) FROM kills WHERE seq > ?", (confirmed,)
+            ).fetchone()
+            if held >= KILLS_HELD:
+                raise KillsFullError(
+                    f"busy: {held:,} kills wait for a worker to confirm them (the most this "
+                    "hub keeps; a worker away confirms them when it comes back): kill the "
+                    "plan at the worker (agentworker kill), or forget the worker away"
+                )
         used = (
             (plan_id in self._kills and plan_id not in self._unused_kills)
             or bool(self.workers_of_plan(plan_id))
@@ -544,7 +584,7 @@ class HubStore:
                 (plan_id, worker_id, reason, now_ms(), used),
             )
             seq = int(cur.lastrowid or 0)
-            pruned = self._prune_kills()
+            pruned = self._prune_kills(confirmed)
         kills = [k for k in self._kills.get(plan_id, []) if k[1] != worker_id]
         self._kills[plan_id] = [*kills, (seq, worker_id)]
         if not used:
@@ -563,11 +603,17 @@ class HubStore:
             self._db.execute("SELECT 1 FROM placements WHERE plan_id = ?", (plan_id,)).fetchone()
         )
 
-    def _prune_kills(self) -> list[tuple[str, int]]:
+    def _prune_kills(self, confirmed: int | None = None) -> list[tuple[str, int]]:
+        """Past KILLS_KEPT, the kills every worker confirmed (through `confirmed`), those
+        of plans not in use first, then the oldest; never one not confirmed."""
+        if confirmed is None:
+            confirmed = self.kills_confirmed_by_all()
         gone = self._db.execute(
-            "SELECT plan_id, seq FROM kills ORDER BY used DESC, seq DESC LIMIT -1 OFFSET ?",
-            (KILLS_KEPT,),
+            "SELECT plan_id, seq FROM kills ORDER BY seq > ? DESC, used DESC, seq DESC"
+            " LIMIT -1 OFFSET ?",
+            (confirmed, KILLS_KEPT),
         ).fetchall()
+        gone = [(plan_id, seq) for plan_id, seq in gone if seq <= confirmed]
         self._db.executemany("DELETE FROM kills WHERE seq = ?", [(seq,) for _, seq in gone])
         return [(str(plan_id), int(seq)) for plan_id, seq in gone]
 
