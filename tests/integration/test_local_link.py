@@ -518,6 +518,50 @@ def test_the_hubs_stop_ends_the_in_process_session_and_the_worker_waits_to_dial(
     assert states[:3] == ["connecting", "ready", "backoff"]
 
 
+def test_a_worker_cancelled_while_a_stopped_hub_refuses_its_dial_ends(tmp_path: Path) -> None:
+    """A stopped hub refuses a dial at once (UNAVAILABLE). A cancel of the worker that
+    comes at any turn of the loop around that refusal ends the worker; it is never
+    lost in the refusal's read, leaving the worker to dial again, uncancellable (on
+    Python 3.11, asyncio.wait_for lost it when it came as the read ended: one turn
+    or a few after the dial, which a loaded machine hits by chance)."""
+
+    async def cancelled_after(connect: Any, turns: int) -> bool:
+        """Whether a cancel `turns` turns of the loop after the worker's dial ended it."""
+        worker = connect("the-key")
+        dialling, dialled_again = asyncio.Event(), asyncio.Event()
+        cancelled = False
+
+        def on_state(state: connection.LinkState) -> None:
+            if state.state == "connecting":
+                dialling.set()
+            if cancelled and state.state == "backoff":
+                dialled_again.set()  # the cancel was lost: it waits to dial again
+
+        worker.on_state = on_state
+        runner = asyncio.create_task(worker.run())
+        await dialling.wait()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        runner.cancel()
+        cancelled = True
+        again = asyncio.create_task(dialled_again.wait())
+        await asyncio.wait({runner, again}, return_when=asyncio.FIRST_COMPLETED)
+        again.cancel()
+        ended = runner.done()
+        if not ended:
+            runner.cancel()  # in its backoff now, where a cancel is not lost
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        return ended
+
+    async def scenario() -> list[int]:
+        async with hub_and_worker_parts(tmp_path) as (running, connect):
+            await running.stop()
+            return [turns for turns in range(12) if not await cancelled_after(connect, turns)]
+
+    assert asyncio.run(scenario()) == []
+
+
 def test_a_local_write_is_on_disk_before_the_hub_has_hashed_it_and_placed_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

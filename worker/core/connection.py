@@ -251,6 +251,8 @@ class WorkerConnection:
     async def run(self) -> None:
         """Hold a session until `shutdown`; raises FatalConnectionError on a hard refusal."""
         loop = asyncio.get_running_loop()
+        this = asyncio.current_task()
+        assert this is not None
         down_since: float | None = None  # the end of the last healthy session
         while not self._stopping:
             self.on_state(LinkState("connecting", self.target.address))
@@ -286,6 +288,11 @@ class WorkerConnection:
                 self._detach()
             if self._stopping:
                 return
+            if this.cancelling():
+                # Cancelled as the session ended: the session's own end (the stream's
+                # error, say) came out of it, not the cancel. Leave all the same; a
+                # cancelled worker that went on dialling would never end.
+                raise asyncio.CancelledError
             now = loop.time()
             healthy = self._healthy_at is not None and now >= self._healthy_at
             if down_since is None or clean_end or healthy:
@@ -350,7 +357,10 @@ class WorkerConnection:
                 call = channel.stream_stream(STREAM_METHOD)(metadata=metadata)
             tasks.append(asyncio.create_task(_write_outbox(call, outbox, self._hand_result)))
             try:
-                first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
+                # Not asyncio.wait_for: on Python 3.11 a cancel that comes as the read
+                # ends (a refusal read at once: a stopped hub's) is lost in it.
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                    first = await call.read()
             except grpc.aio.AioRpcError as exc:
                 _raise_if_fatal(exc)
                 raise
