@@ -23,6 +23,9 @@ TOKEN = "scripted-token"
 
 
 class ScriptedHub(pb_grpc.WorkerServiceServicer):
+    # Channel arguments of its gRPC server beside the message limits.
+    server_options: tuple[tuple[str, int], ...] = ()
+
     def __init__(
         self, *, protocol: int = 1, ack_results: bool = True, heartbeat_ms: int = 0
     ) -> None:
@@ -42,7 +45,7 @@ class ScriptedHub(pb_grpc.WorkerServiceServicer):
         limits = [
             (f"grpc.max_{way}_message_length", MAX_MESSAGE_BYTES) for way in ("send", "receive")
         ]
-        self._server = grpc.aio.server(options=limits)
+        self._server = grpc.aio.server(options=[*limits, *self.server_options])
         # Registered by hand, not with the generated helper, so that raw bytes (an
         # envelope no honest hub would send) go out as they are.
         handler = grpc.stream_stream_rpc_method_handler(

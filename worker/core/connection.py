@@ -77,6 +77,9 @@ HANDSHAKE_TIMEOUT_S = 15.0
 # redialled in well under a second, not at the outage's 30 s ceiling).
 STABLE_S = 2.0
 MIN_SILENCE_S = 1.0
+# The silence limit is counted in this many looks (see _Silence): a look that comes
+# late, the worker's own loop held up, counts as one look's time at most.
+SILENCE_LOOKS = 4
 FLUSH_TIMEOUT_S = 5.0
 
 
@@ -225,6 +228,8 @@ class WorkerConnection:
         # the session this worker opened (its id: `_session_id`).
         self._link = link
         self._session_id = ""
+        # The silence of the server on the stream being read (None: no limit, or none yet).
+        self._silence: _Silence | None = None
         # A hub in this process opens the stream itself, without gRPC (`up`, see
         # worker.wire.inproc); None: the stream is dialled over gRPC.
         self._dial = dial
@@ -503,25 +508,29 @@ class WorkerConnection:
         because the transport answers pings without it). While the outbox is full, the
         server's next messages wait: it takes what it asked for before it asks again."""
         loop = asyncio.get_running_loop()
+        silence: _Silence | None = None
         try:
-            # One deadline pushed back on every envelope (no task per read).
-            async with asyncio.timeout(silence_limit_s) as silence:
+            async with asyncio.timeout(None) as deadline:
+                if silence_limit_s is not None:
+                    silence = self._silence = _Silence(
+                        silence_limit_s, lambda: deadline.reschedule(loop.time())
+                    )
 
                 async def room() -> None:
                     # While our own backlog drains, the server's heartbeats wait unread
-                    # behind it: that is no silence of the server's.
-                    if outbox.has_room:
-                        return
-                    silence.reschedule(None)
-                    await outbox.room()
-                    if silence_limit_s is not None:
-                        silence.reschedule(loop.time() + silence_limit_s)
+                    # behind it: that is no silence of the server's (nor is the time
+                    # spent on what it sent: the silence counts while a read waits).
+                    if not outbox.has_room:
+                        await outbox.room()
 
                 while True:
                     await room()
+                    if silence is not None:
+                        silence.listening = True
                     envelope = await call.read()
-                    if silence_limit_s is not None:
-                        silence.reschedule(loop.time() + silence_limit_s)
+                    if silence is not None:
+                        silence.listening = False
+                        silence.heard = True
                     if envelope is grpc.aio.EOF:
                         raise _StreamEndedError("the server ended the stream")
                     if not isinstance(envelope, bytes):
@@ -543,6 +552,9 @@ class WorkerConnection:
         except grpc.aio.AioRpcError as exc:
             _raise_if_fatal(exc)
             raise
+        finally:
+            if silence is not None:
+                silence.close()
 
     def _decode(self, envelope: bytes) -> list[pb.ServerMessage]:
         """The envelope's messages. One that does not decode (invalid UTF-8 in a string
@@ -1155,6 +1167,55 @@ def decode_with_blobs(
 
 
 _EMPTY: Final = memoryview(b"")
+
+
+class _Silence:
+    """The server's silence on one stream, as far as the worker can tell it: looks
+    `limit_s / SILENCE_LOOKS` apart, and the server taken for gone once
+    SILENCE_LOOKS looks in a row found the worker waiting on a read (`listening`)
+    and nothing come since the look before (`heard`).
+
+    A look that finds something came, or the worker busy elsewhere (its own backlog
+    draining ahead of what the server sent, or handling what came), starts the count
+    over. A look that comes late, after the worker's own loop was held up (a loaded
+    machine, a thread holding the GIL, a suspend), counts as one look all the same,
+    never as the time it missed: what the server sent meanwhile waits unread in the
+    transport and is read before the next look. So a stall of the worker's own is
+    not taken for the server's silence (a deadline pushed back on each envelope took
+    a stall past it for silence, though heartbeats waited to be read), while a
+    server that says nothing is taken for gone after `limit_s` to
+    `limit_s * (1 + 1 / SILENCE_LOOKS)`. One timer a look, none per envelope."""
+
+    def __init__(self, limit_s: float, expire: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._look_s = limit_s / SILENCE_LOOKS
+        self._expire = expire
+        self.listening = False  # a read of the stream waits
+        self.heard = False  # something came since the last look
+        self.silent_looks = 0  # looks in a row that found nothing come
+        self.busy_looks = 0  # looks that found the worker not reading (tests wait on it)
+        self.looked = asyncio.Event()  # set at each look, and at the end (tests wait on it)
+        self.closed = False  # the stream's reading ended
+        self._timer = self._loop.call_later(self._look_s, self._look)
+
+    def _look(self) -> None:
+        if not self.listening:
+            self.busy_looks += 1
+        if self.heard or not self.listening:
+            self.heard = False
+            self.silent_looks = 0
+        else:
+            self.silent_looks += 1
+        self.looked.set()
+        if self.silent_looks >= SILENCE_LOOKS:
+            self._expire()
+            return
+        self._timer = self._loop.call_later(self._look_s, self._look)
+
+    def close(self) -> None:
+        self._timer.cancel()
+        self.closed = True
+        self.looked.set()
 
 
 async def _owned(
