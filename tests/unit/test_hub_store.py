@@ -399,7 +399,7 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_n
         store.kill(f"made-up-{n}", "flood")
         store.killed(f"made-up-{n}", "away", 0)  # a call of it: in use
     assert store.killed("victim", "away", 0)
-    with pytest.raises(KillsFullError):
+    with pytest.raises(KillsFullError, match="30 days is forgotten"):
         store.kill("one-more", "flood")
     store.kill("victim", "again")  # a kill of a plan killed already is kept anew
     assert store.killed("victim", "away", victim.seq)

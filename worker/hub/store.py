@@ -566,8 +566,9 @@ class HubStore:
             if held >= KILLS_HELD:
                 raise KillsFullError(
                     f"busy: {held:,} kills wait for a worker to confirm them (the most this "
-                    "hub keeps; a worker away confirms them when it comes back): kill the "
-                    "plan at the worker (agentworker kill), or forget the worker away"
+                    "hub keeps; a worker away confirms them when it comes back, and one away "
+                    "30 days is forgotten with its kills): kill the plan at the worker "
+                    "(agentworker kill)"
                 )
         used = (
             (plan_id in self._kills and plan_id not in self._unused_kills)

@@ -174,7 +174,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def type_text(self, guard: Guard, text: str) -> int:
-        """Type `text` exactly; returns the number of characters sent."""
+        """Type `text` exactly, in chunks (`_keys.chunks`), calling `guard.check()`
+        before every chunk, the first included (key_type's focus check rides on it);
+        returns the number of characters sent."""
 
     @abc.abstractmethod
     def combo(self, guard: Guard, keys: Sequence[Press], hold_s: float) -> None:

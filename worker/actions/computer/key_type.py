@@ -27,11 +27,10 @@ async def key_type(ctx: Context, args: KeyTypeArgs) -> Outcome[KeyTypeResult]:
     desktop = _desktop.of(ctx)
 
     def job(backend: Backend, guard: Guard) -> int:
-        # Before the first key and before each chunk after it: keys typed may move the
-        # focus, and the rest must not follow it onto the person's terminal.
-        check = desktop.focus_check(backend, "key_type", guard)
-        check()
-        guard.before_step = check
+        # Run by the backend's guard.check() before every chunk, the first included: keys
+        # typed may move the focus, and the rest must not follow it onto the person's
+        # terminal.
+        guard.before_step = desktop.focus_check(backend, "key_type", guard)
         return backend.type_text(guard, args.text)
 
     return Outcome(KeyTypeResult(characters=await desktop.act(job, "key_type")))
