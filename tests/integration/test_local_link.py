@@ -26,8 +26,9 @@ from worker import app
 from worker.config import Paths, load
 from worker.core import blob_parts, connection, pipeline
 from worker.core.connection import WorkerConnection
-from worker.hub import server
+from worker.hub import delivery
 from worker.hub.server import Hub
+from worker.hub.session import Session
 from worker.wire.local import HandedResult, LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import SHA256_SCHEME, digest_of_sha256
@@ -113,13 +114,13 @@ def written(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def parts_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The offsets of every BlobPart the hub builds from now on."""
     built: list[int] = []
-    real = server.blob_part
+    real = delivery.blob_part
 
     def counted(correlation_id: str, offset: int, data: bytes | memoryview) -> bytes:
         built.append(offset)
         return real(correlation_id, offset, data)
 
-    monkeypatch.setattr(server, "blob_part", counted)
+    monkeypatch.setattr(delivery, "blob_part", counted)
     return built
 
 
@@ -388,7 +389,7 @@ def test_a_result_handed_as_the_stream_drops_is_let_go_and_sent_again_inside_it(
             handle = hub._handle
 
             def drop_at_first_result(
-                session: server.Session, msg: pb.WorkerMessage, data: bytes | memoryview | None
+                session: Session, msg: pb.WorkerMessage, data: bytes | memoryview | None
             ) -> None:
                 if msg.WhichOneof("kind") == "result" and not held_at_drop:
                     held_at_drop.append(link.held)
@@ -575,7 +576,7 @@ def test_a_local_write_is_on_disk_before_the_hub_has_hashed_it_and_placed_after(
 
     blob = os.urandom(3 * MIB + 1)
     on_disk, seen = threading.Event(), []
-    real_wait, real_hash = fs_write._Verdict.wait, server.blob_sha256
+    real_wait, real_hash = fs_write._Verdict.wait, delivery.blob_sha256
     (tmp_path / "workspace").mkdir(parents=True, exist_ok=True)
     (tmp_path / "workspace" / "late.bin").write_bytes(b"old")
 
@@ -593,7 +594,7 @@ def test_a_local_write_is_on_disk_before_the_hub_has_hashed_it_and_placed_after(
         return real_hash(data)
 
     monkeypatch.setattr(fs_write._Verdict, "wait", wait)
-    monkeypatch.setattr(server, "blob_sha256", digest)
+    monkeypatch.setattr(delivery, "blob_sha256", digest)
 
     async def scenario() -> pb.ActionResult:
         async with up(tmp_path, local=True) as (hub, link, _worker):

@@ -9,7 +9,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from worker.hub.server import Hub, Session
+from worker.hub.server import Hub
+from worker.hub.session import Session
 from worker.hub.store import HubStore
 from worker.wire.framing import (
     PART_BYTES,

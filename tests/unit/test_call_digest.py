@@ -119,7 +119,8 @@ def test_the_hub_checks_a_call_recorded_in_another_scheme_in_that_scheme(
     import asyncio
 
     from worker.clock import now_ms
-    from worker.hub.server import Hub, Session
+    from worker.hub.server import Hub
+    from worker.hub.session import Session
     from worker.hub.store import HubStore
 
     async def go() -> None:

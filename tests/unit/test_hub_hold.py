@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from worker.hub import server
-from worker.hub.server import HOLD_S, Hub, Session
+from worker.hub import session as session_module
+from worker.hub.server import Hub
+from worker.hub.session import HOLD_S, Session
 from worker.hub.store import HubStore
 from worker.wire.framing import PART_BYTES
 from worker.wire.proto import agentworker_pb2 as pb
@@ -40,7 +42,9 @@ def test_a_call_is_held_until_results_come_and_the_loop_runs_out_of_work(
 ) -> None:
     """Once the worker's results come, the batch still waits while other work is ready
     (in `up`, the worker's; anywhere, the next Dispatches gRPC hands over)."""
-    monkeypatch.setattr(server, "HOLD_S", 3600)  # only the results and the loop count
+    # Only the results and the loop count (the Hub's timer, and the Session's idle wait).
+    for module in (server, session_module):
+        monkeypatch.setattr(module, "HOLD_S", 3600)
 
     async def go() -> None:
         hub, session = hub_and_session(tmp_path)

@@ -10,7 +10,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from worker.hub.server import Hub, Session
+from worker.hub.server import Hub
+from worker.hub.session import Session
 from worker.hub.store import HubStore
 from worker.wire.proto import agentworker_pb2 as pb
 

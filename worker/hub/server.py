@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final, cast
 
 import grpc
 
 from worker.clock import now_ms
 from worker.errors import WorkerError
-from worker.hub import reads, upload
+from worker.hub import delivery, reads, upload
 from worker.hub.audit_log import AuditLines, shown
+from worker.hub.delivery import too_large
 from worker.hub.envelopes import Answer, EnvelopeRefused, Incoming
 from worker.hub.hellos import (
     HELLO_RESENT_IDS,
@@ -43,6 +42,7 @@ from worker.hub.hellos import (
 )
 from worker.hub.placement import Placements
 from worker.hub.reads import control_reads, hello_reads, later_reads
+from worker.hub.session import HOLD_S, Session
 from worker.hub.store import HubStore, StoredCall
 from worker.hub.turns import Unread, address_of
 from worker.ids import id_problem, name_problem, new_id
@@ -53,17 +53,11 @@ from worker.wire.framing import (
     Buffer,
     Chunked,
     announced,
-    blob_part,
-    chunked,
     digest_part,
     envelope_of,
-    framed_size,
-    message_part,
     outgoing_size,
     pending_parts,
-    request_part,
     spread_parts,
-    when_idle,
 )
 from worker.wire.inproc import LOCAL_PEER
 from worker.wire.local import LocalLink, result_key
@@ -71,7 +65,6 @@ from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     BLOB_CAP_HINTS,
     FOLLOW_PROTOCOL,
-    HASH_OFF_LOOP_BYTES,
     MAX_TIMEOUT_MS,
     PARTS_PROTOCOL,
     PROTOCOL_MAX,
@@ -80,18 +73,10 @@ from worker.wire.protocol import (
     VERSION,
     blob_cap,
     blob_gone,
-    blob_sha256,
-    call_digest,
-    digest_as,
-    digest_feed,
-    digest_of_sha256,
     error_pb,
-    fed_digest,
     same_call,
     schemes_differ,
-    stream_ended,
 )
-from worker.wire.transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +94,6 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # and a call on its way meanwhile waits for it: the rarer the commits, the fewer
 # calls do (at 10 ms, a fifth of the calls of a caller calling one at a time did).
 STORE_DELAY_S = 0.05
-# While a worker has other calls of this hub's in hand, a new request waits for the
-# worker's next results, or this long at most, and then leaves with every message
-# queued meanwhile, in one stream message (see Hub._hold).
-HOLD_S = 0.002
 # How long a teardown waits for the worker (it stops the plan's calls, then removes files).
 TEARDOWN_TIMEOUT_S = 60.0
 # RequestScopes waiting at once for one worker's person, at most (more answer "busy"),
@@ -126,123 +107,6 @@ CALL_IDS: Final = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "ta
 CALL_NAMES: Final = ("surface", "action")
 SCOPE_REASON_CHARS: Final = 4096
 SCOPE_PREVIEW_CHARS: Final = 64 * 1024
-
-
-@dataclass
-class Session:
-    """One connected worker stream."""
-
-    hello: pb.Hello
-    session_id: str
-    # Serialized ServerMessages framed as envelope parts (see framing.py): a request's
-    # blob is framed in, never copied into a message object.
-    outbox: asyncio.Queue[bytes | Chunked | None] = field(default_factory=asyncio.Queue)
-    # The protocol this stream speaks (the Welcome's choice): 2 takes blobs in parts.
-    protocol: int = PROTOCOL_MIN
-    # Requests whose blobs go in parts on this stream, by call id (see `send`).
-    transfers: dict[str, Chunked] = field(default_factory=dict)
-    heartbeat: pb.Heartbeat = field(default_factory=pb.Heartbeat)
-    closed: bool = False
-    # Set once the worker's next results came and the loop has nothing else to run (or
-    # after HOLD_S): the outbox's writer waits on it (see Hub._hold).
-    held: asyncio.Future[None] | None = None
-    settling: asyncio.Future[None] | None = None  # the `held` that `settle` will set
-    # Calls the worker said are running (acked STARTED or DUPLICATE_RUNNING) and has
-    # not answered yet: slow ones, whose results nothing waits for (see Hub._hold).
-    running: set[str] = field(default_factory=set)
-    # The ids its Hello named (running, or answered and not acked), whose results may
-    # come again: taken off as they come (at most HELLO_RESENT_IDS).
-    resent: set[str] = field(default_factory=set)
-    # Calls sent to its worker whose results it owes though no caller may wait for them
-    # (Hub._expects): those its Hello named that are open here, and those sent again at
-    # its Hello; taken off as their results come, or as they are abandoned.
-    owed: set[str] = field(default_factory=set)
-    # Messages the hub did not ask for, so far (see UNSOLICITED_PER_STREAM), and the
-    # ids to ack at the end of the envelope being read (results not kept).
-    unsolicited: int = 0
-    acks: list[str] = field(default_factory=list)
-    # Why the hub ends the stream (a status and its details), once it must.
-    refusal: tuple[grpc.StatusCode, str] | None = None
-    # While its reader waits for a turn of `later_reads`, the future that turn comes by
-    # (Turns.ask): resolved False as the hub sends the worker something other than a
-    # heartbeat, so that the reader looks again whether it expects answers (Hub._next).
-    waiting: asyncio.Future[bool] | None = None
-    # When it began (unix ms): the time it was connected counts for its worker's row.
-    started_ms: int = field(default_factory=now_ms)
-    # The hub's kills the worker confirmed recording, through this one (KillPlan.seq):
-    # from its Hello (0 for another epoch's), then its heartbeats.
-    kills_through: int = 0
-    # The backlog of kills it is sent a page at a time (Hub._send_kill_page): while
-    # `kills_paging`, through which one the pages went (`kills_sent`), and the resent
-    # calls held back until their plan's kill has gone ahead of them.
-    kills_paging: bool = True
-    kills_sent: int = 0
-    held_resends: set[str] = field(default_factory=set)
-    # What to do when it ends: uploads handed to its worker as they come stop (see
-    # Hub._upload_handed), by call id.
-    on_close: dict[str, Callable[[], None]] = field(default_factory=dict)
-
-    @property
-    def worker_id(self) -> str:
-        return self.hello.worker_id
-
-    def send(self, msg: pb.ServerMessage | bytes | Chunked) -> None:
-        """Queue a message, an envelope part already built (bytes), or a request with
-        its blob in parts (whole, for a worker that does not take parts)."""
-        if self.closed:
-            return
-        waiting = self.waiting
-        if (
-            waiting is not None
-            and not waiting.done()
-            and (not isinstance(msg, pb.ServerMessage) or not msg.HasField("heartbeat"))
-        ):
-            waiting.set_result(False)
-        if isinstance(msg, Chunked):
-            if self.protocol < PARTS_PROTOCOL:
-                self.outbox.put_nowait(msg.inline())
-                return
-            # One transfer of a call at a time: a second (a retry, a second caller)
-            # would interleave its parts with the first's under the same id.
-            cid = msg.request.correlation_id
-            going = self.transfers.get(cid)
-            if going is not None and not going.finished:
-                return  # the one under way brings the same call; the worker acks it once
-            self.transfers = {c: t for c, t in self.transfers.items() if not t.finished}
-            self.transfers[cid] = msg
-            self.outbox.put_nowait(msg)
-        else:
-            part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
-            self.outbox.put_nowait(part)
-
-    def release(self) -> None:
-        """Let a held batch go (see Hub._hold)."""
-        if self.held is not None and not self.held.done():
-            self.held.set_result(None)
-        self.held = None
-
-    def settle(self) -> None:
-        """The worker's results came: let the held batch go once the loop has nothing
-        else to run (see Hub._hold)."""
-        held = self.held
-        if held is None or held.done() or self.settling is held:
-            return
-        self.settling = held
-
-        def go() -> None:
-            if self.held is held:  # not let go meanwhile (HOLD_S), nor another batch's
-                self.release()
-
-        when_idle(go, HOLD_S)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.outbox.put_nowait(None)
-            self.release()
-            for stop in self.on_close.values():
-                stop()
-            self.on_close.clear()
 
 
 _NOT_RECORDED: Final = WorkerError(
@@ -294,21 +158,6 @@ def _blob_refusal(req: pb.DispatchRequest, size: int) -> WorkerError | None:
     return too_large(size + req.ByteSize() + PART_BYTES)
 
 
-def too_large(message_bytes: int, *, framed: bool = False) -> WorkerError | None:
-    """Why a ServerMessage of `message_bytes` (already `framed` as an envelope part, or
-    not) cannot go down the stream (its envelope would pass the message limit, the
-    send would fail and drop the stream), or None."""
-    envelope = message_bytes if framed else framed_size(message_bytes)
-    if envelope <= MAX_MESSAGE_BYTES:
-        return None
-    return WorkerError(
-        "too_large",
-        f"the request would travel in a {envelope:,}-byte message, over the "
-        f"{MAX_MESSAGE_BYTES:,}-byte limit; send less (a blob of at most 16 MiB)",
-        {"bytes": envelope, "limit": MAX_MESSAGE_BYTES},
-    )
-
-
 # A worker's backlog of kills (those it has not confirmed) goes a page at a time: at
 # most this many kills and bytes (plan ids and reasons, UTF-8; one kill at least), the
 # next once it confirmed the page. What a stream that never reads pins of it is one page.
@@ -318,89 +167,6 @@ KILL_PAGE_BYTES: Final = 16 * 1024
 
 # Unsolicited messages logged one by one on a stream; the rest are counted.
 UNSOLICITED_LOGGED: Final = 8
-
-
-# A request as it goes to its worker: one envelope part, or its blob in parts ahead
-# of it (`framing.Chunked`).
-Outgoing = bytes | Chunked
-
-
-def _digest_and_part(request: pb.ActionRequest, blob: Buffer, in_parts: bool) -> Outgoing:
-    """Give `request` its digest (once: a re-sent request carries it) and build what
-    goes to the worker: its envelope part with `blob`, or with `in_parts` and a blob
-    larger than a part, the blob's parts and then the request. Both read every byte
-    of a blob, so a large one's are run in a thread (`_prepared`)."""
-    if not request.args_digest:
-        request.args_digest = call_digest(request, blob)
-    if in_parts and len(blob) > PART_BYTES:
-        return chunked(request, blob)
-    return request_part(request, blob)
-
-
-async def _prepared(request: pb.ActionRequest, blob: Buffer, in_parts: bool) -> Outgoing:
-    """`_digest_and_part`, off the event loop when the blob is large."""
-    if len(blob) >= HASH_OFF_LOOP_BYTES:
-        return await asyncio.to_thread(_digest_and_part, request, blob, in_parts)
-    return _digest_and_part(request, blob, in_parts)
-
-
-def _size(outgoing: Outgoing) -> int:
-    return outgoing.size if isinstance(outgoing, Chunked) else len(outgoing)
-
-
-def _stop(session: Session, transfer: Chunked) -> None:
-    """Send no more of a transfer whose request will not follow; if parts went, cancel
-    the call, so that the worker drops what it holds of it."""
-    transfer.stop()
-    if transfer.sent:
-        cancel = pb.Cancel(correlation_id=transfer.request.correlation_id, reason="not sent")
-        session.send(pb.ServerMessage(cancel=cancel))
-
-
-def _parts_and_digest(
-    transfer: Chunked, request: pb.ActionRequest, loop: asyncio.AbstractEventLoop
-) -> str | None:
-    """In a thread: `transfer`'s blob parts, each handed to the loop as soon as it is
-    built (the hub's writer sends it meanwhile), and the call's digest, fed the same
-    bytes a part at a time; None if the transfer was stopped first."""
-    hasher = digest_feed(request)
-    view = memoryview(transfer.blob)
-    cid = request.correlation_id
-    for at in range(0, len(view), PART_BYTES):
-        if transfer.stopped:
-            return None
-        piece = view[at : at + PART_BYTES]
-        hasher.update(piece)
-        loop.call_soon_threadsafe(transfer.add, blob_part(cid, at, piece))
-    return fed_digest(hasher)
-
-
-_LEFT: Final = "the caller left before the call's blob came whole; nothing of it was run"
-
-
-def _fail(future: asyncio.Future[str], error: WorkerError) -> None:
-    """Fail a digest on its way to the worker with `error` (the worker's call stops with
-    it), marked retrieved: the worker may never have taken the future."""
-    if not future.done():
-        future.set_exception(error)
-        future.exception()
-
-
-async def _whole(blob: Buffer | upload.Pieces) -> Buffer:
-    """A blob in one piece: an upload's parts joined (in a thread: a copy)."""
-    if not isinstance(blob, upload.Pieces):
-        return blob
-    if len(blob.parts) <= 1:
-        return blob.parts[0] if blob.parts else b""
-    return await asyncio.to_thread(blob.joined)
-
-
-async def _recorded_digest(recorded: str, request: pb.ActionRequest, blob: Buffer) -> str:
-    """`request`'s digest in the scheme `recorded` was made in (`digest_as`), off the
-    event loop when the blob is large."""
-    if len(blob) >= HASH_OFF_LOOP_BYTES:
-        return await asyncio.to_thread(digest_as, recorded, request, blob)
-    return digest_as(recorded, request, blob)
 
 
 # The request blobs a hub holds at once for calls not yet answered (each up to 16 MiB):
@@ -743,8 +509,8 @@ class Hub:
             request.attempt += 1
             request.timeout_ms = call.deadline_ms - now
             # Rare (a reconnect): built on the loop.
-            part = _digest_and_part(request, blob, session.protocol >= PARTS_PROTOCOL)
-            if self._refused_too_large(cid, _size(part)):
+            part = delivery.digest_and_part(request, blob, session.protocol >= PARTS_PROTOCOL)
+            if self._refused_too_large(cid, delivery.size_of(part)):
                 continue
             session.owed.add(cid)
             session.send(part)
@@ -1316,17 +1082,17 @@ class Hub:
         # hub never copies it but once, into the message to the worker).
         # The digest, computed once here and carried to the worker in the request, and
         # the request's envelope part: a large blob's bytes are read off the loop. A new
-        # call's parts go while its digest is computed (`_sent_early`).
-        early = None if req.correlation_id else await self._sent_early(worker_id, request, blob)
-        # The digest handed to the worker in this process, whose request went without it:
-        # resolved once the call is recorded and waited for, so that nothing the worker
-        # answers comes before the hub knows the call; cancelled should it not be.
-        handed = None if early is None else early[2]
+        # call's parts go while its digest is computed (`delivery.send_early`).
+        early = None
+        if not req.correlation_id:
+            session = self.sessions.get(worker_id)
+            early = await delivery.send_early(session, self.link, request, blob)
+        if early is None:
+            return await self._recorded_and_sent(worker_id, req, request, blob, None)
         try:
-            return await self._recorded_and_sent(worker_id, req, request, blob, early, handed)
+            return await self._recorded_and_sent(worker_id, req, request, blob, early)
         finally:
-            if handed is not None and not handed.done():
-                handed.cancel()
+            early.cancel_handed()
 
     async def _recorded_and_sent(
         self,
@@ -1334,24 +1100,27 @@ class Hub:
         req: pb.DispatchRequest,
         request: pb.ActionRequest,
         blob: Buffer | upload.Pieces,
-        early: tuple[Session, Chunked, asyncio.Future[str] | None] | None,
-        handed: asyncio.Future[str] | None,
+        early: delivery.Early | None,
     ) -> tuple[str, Answer]:
         """`_dispatch_to`, once the call's digest is known: record it, send it (unless it
         went early) and wait for its answer."""
         cid = request.correlation_id
         timeout_s = request.timeout_ms / 1000
-        if early is not None and self.sessions.get(worker_id) is early[0]:
-            outgoing: Outgoing = early[1]
+        # The digest handed to the worker in this process, whose request went without it
+        # (`delivery.send_early`): resolved once the call is recorded and waited for, so
+        # that nothing the worker answers comes before the hub knows the call.
+        handed = None if early is None else early.handed
+        if early is not None and self.sessions.get(worker_id) is early.session:
+            outgoing: delivery.Outgoing = early.transfer
         else:  # not sent early, or to a stream the worker has left since
             early = None
-            blob = await _whole(blob)
-            outgoing = await _prepared(request, blob, self._takes_parts(worker_id))
+            blob = await delivery.whole(blob)
+            outgoing = await delivery.prepared(request, blob, self._takes_parts(worker_id))
         digest = request.args_digest
-        refusal = too_large(_size(outgoing), framed=True)
+        refusal = too_large(delivery.size_of(outgoing), framed=True)
         if refusal is not None:  # neither stored nor sent: it could never be delivered
-            if early is not None:  # not reached: `_sent_early` leaves a call this large out
-                _stop(early[0], early[1])
+            if early is not None:  # not reached: `send_early` leaves a call this large out
+                delivery.stop_transfer(early.session, early.transfer)
             return worker_id, Answer(error_result(cid, refusal))
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(
@@ -1359,12 +1128,12 @@ class Hub:
         )
         existing = None if is_new else self.store.get(cid)
         if existing is not None:
-            blob = await _whole(blob)  # (an upload's is recorded new: it has a new id)
+            blob = await delivery.whole(blob)  # (an upload's is recorded new: it has a new id)
             recorded = existing.args_digest
             # A digest of another scheme (an earlier version's, or today's other: see
             # `same_call`) is compared in its own: the call is at hand here.
             if recorded != digest and schemes_differ(recorded, digest):
-                same = recorded == await _recorded_digest(recorded, request, blob)
+                same = recorded == await delivery.recorded_digest(recorded, request, blob)
             else:
                 same = same_call(recorded, digest)
             if not same:
@@ -1390,8 +1159,8 @@ class Hub:
             if not blob and request.blob:  # a legacy row: its blob is in the request
                 blob = request.blob
                 request.ClearField("blob")
-            outgoing = await _prepared(request, blob, self._takes_parts(worker_id))
-            if self._refused_too_large(cid, _size(outgoing)):
+            outgoing = await delivery.prepared(request, blob, self._takes_parts(worker_id))
+            if self._refused_too_large(cid, delivery.size_of(outgoing)):
                 refused = self.store.get(cid)
                 assert refused is not None and refused.result is not None
                 return worker_id, Answer(refused.result)
@@ -1439,71 +1208,6 @@ class Hub:
             answer = Answer(error_result(cid, timeout))
         return worker_id, answer
 
-    async def _sent_early(
-        self, worker_id: str, request: pb.ActionRequest, blob: Buffer
-    ) -> tuple[Session, Chunked, asyncio.Future[str] | None] | None:
-        """For a new call the hub named itself whose blob goes in parts: queue the
-        transfer at once and build its parts and the call's digest in one thread, so
-        the parts go while the digest is computed (it rides in the request, which
-        goes after them, and covers every byte of the blob all the same). Returns the
-        stream and the transfer, with the digest set in `request`; the caller adds the
-        request's own part once the call is recorded. To the worker in this process the
-        request has gone already, without its digest, and the third item is the future
-        that hands it over: the caller resolves it once the call is recorded (or cancels
-        it). None when the call does not qualify, for the usual way.
-
-        Only an id the hub made (no caller knows it, so no duplicate, retry or second
-        caller can meet it) is sent early: a call whose id the caller chose is
-        committed before the worker gets it, which takes its digest first."""
-        session = self.sessions.get(worker_id)
-        if (
-            session is None
-            or session.protocol < PARTS_PROTOCOL
-            or len(blob) <= PART_BYTES
-            # Near the limit (the parts' framing adds a little): checked whole, first.
-            or too_large(len(blob) + request.ByteSize() + PART_BYTES) is not None
-        ):
-            return None
-        if self.link is not None and self.link.local(session.session_id):
-            # The worker is in this process: it gets the blob by reference, and only
-            # the request goes down the stream (worker.wire.local), at once: the digest
-            # follows by the link once the call is recorded (`_handed_digest`), so the
-            # worker starts the call while the blob is hashed here.
-            # The blob's SHA-256, which the digest is made from, goes over too, as soon
-            # as it is known: fs_write answers with it and need not hash 16 MiB again.
-            loop = asyncio.get_running_loop()
-            handed: asyncio.Future[str] = loop.create_future()
-            sha256: asyncio.Future[str] = loop.create_future()
-            self.link.put(session.session_id, request.correlation_id, blob, handed, sha256)
-            alone = Chunked([announced(request, len(blob))], request, blob)
-            session.send(alone)
-            try:
-                hashed = await asyncio.to_thread(blob_sha256, blob)
-            except BaseException:  # the caller went away: the call is never recorded
-                handed.cancel()
-                sha256.cancel()
-                raise
-            if not sha256.done():
-                sha256.set_result(hashed.hex())
-            request.args_digest = digest_of_sha256(request, hashed)
-            return session, alone, handed
-        # Protocol 3: the request goes first, without its digest, and the worker writes
-        # the parts as they come; the digest goes last, once the call is recorded.
-        follow = session.protocol >= FOLLOW_PROTOCOL
-        transfer = Chunked.begun(request, blob, follow=follow)
-        if follow:
-            transfer.add(announced(request, len(blob), follow=True))
-        session.send(transfer)
-        loop = asyncio.get_running_loop()
-        try:
-            digest = await asyncio.to_thread(_parts_and_digest, transfer, request, loop)
-        except BaseException:  # the caller went away (or a bug): send no more of it
-            _stop(session, transfer)
-            raise
-        assert digest is not None  # only a stopped transfer has none
-        request.args_digest = digest
-        return session, transfer, None
-
     async def dispatch_upload(
         self, req: pb.DispatchRequest, size: int, next_part: upload.NextPart
     ) -> bytes:
@@ -1537,61 +1241,18 @@ class Hub:
         )
         within_s = min(request.timeout_ms / 1000, read_within_s)
         session = self.sessions.get(worker_id)
-        # As `_sent_early`: only a call the hub names itself goes before it is recorded.
+        coming = delivery.Coming(size, next_part, within_s)
+        # As `delivery.send_early`: only a call the hub names itself goes before it is
+        # recorded.
         if session is not None and not req.correlation_id and size > PART_BYTES:
-            if self.link is not None and self.link.local(session.session_id):
-                return await self._upload_handed(
-                    worker_id, session, req, request, size, next_part, within_s
-                )
-            if session.protocol >= FOLLOW_PROTOCOL:
-                return await self._upload_relayed(
-                    worker_id, session, req, request, size, next_part, within_s
-                )
+            local = self.link is not None and self.link.local(session.session_id)
+            if local or session.protocol >= FOLLOW_PROTOCOL:
+                return await self._upload_early(worker_id, session, req, request, coming)
         try:
             pieces = await upload.receive(next_part, size, within_s=within_s)
         except WorkerError as exc:
             return worker_id, Answer(error_result(request.correlation_id, exc))
-        return await self._dispatch_to(worker_id, req, await _whole(pieces))
-
-    async def _upload_relayed(
-        self,
-        worker_id: str,
-        session: Session,
-        req: pb.DispatchRequest,
-        request: pb.ActionRequest,
-        size: int,
-        next_part: upload.NextPart,
-        within_s: float,
-    ) -> tuple[str, Answer]:
-        """An upload relayed down a worker's stream as it comes (protocol 3): the request
-        at once, each part framed as it came, the digest (BLAKE3 over the call and every
-        byte, fed the parts as they pass) once the call is recorded."""
-        cid = request.correlation_id
-        transfer = Chunked.relayed(request, size)
-        session.send(transfer)
-        hasher = digest_feed(request)
-        try:
-            pieces = await upload.receive(
-                next_part,
-                size,
-                within_s=within_s,
-                feed=upload.relay_feed(cid, hasher),
-                transfer=transfer,
-            )
-        except BaseException as exc:  # refused, or the caller went: the worker lets it go
-            _stop(session, transfer)
-            if isinstance(exc, WorkerError):
-                return worker_id, Answer(error_result(cid, exc))
-            raise
-        request.args_digest = fed_digest(hasher)
-        if self.sessions.get(worker_id) is not session:
-            # The worker's stream ended meanwhile, and its worker let go of what came on
-            # it: the call goes whole, recorded first, on its next stream (or waits).
-            _stop(session, transfer)
-            return await self._sent_anew(worker_id, req, request, pieces)
-        transfer.ending(1)  # the digest's part, once the call is recorded
-        early = (session, transfer, None)
-        return await self._recorded_and_sent(worker_id, req, request, pieces, early, None)
+        return await self._dispatch_to(worker_id, req, await delivery.whole(pieces))
 
     async def _sent_anew(
         self,
@@ -1606,80 +1267,37 @@ class Hub:
         worker answer that one after all (it refuses a request whose handed blob went
         with its stream), the answer is to a call unknown here, never to this one."""
         request.correlation_id = new_id()
-        blob = await _whole(pieces)
-        return await self._recorded_and_sent(worker_id, req, request, blob, None, None)
+        blob = await delivery.whole(pieces)
+        return await self._recorded_and_sent(worker_id, req, request, blob, None)
 
-    async def _upload_handed(
+    async def _upload_early(
         self,
         worker_id: str,
         session: Session,
         req: pb.DispatchRequest,
         request: pb.ActionRequest,
-        size: int,
-        next_part: upload.NextPart,
-        within_s: float,
+        coming: delivery.Coming,
     ) -> tuple[str, Answer]:
-        """An upload handed to the worker of this process as it comes (`up`,
-        worker.wire.local): the request at once, the blob as one piece still coming
-        (sandbox.Arriving) each part of which the worker reads as it is handed, its
-        SHA-256 (fed the parts in a thread as they pass) as soon as all came, and the
-        digest made from it once the call is recorded, as `_sent_early` does."""
-        from sandbox import Arriving  # the worker of this process has it loaded
-
-        assert self.link is not None
-        cid = request.correlation_id
-        loop = asyncio.get_running_loop()
-        arriving = Arriving(size)
-        handed: asyncio.Future[str] = loop.create_future()
-        sha256: asyncio.Future[str] = loop.create_future()
-        self.link.put(session.session_id, cid, arriving, handed, sha256)
-        alone = Chunked([announced(request, size)], request, b"")
-        session.send(alone)
-
-        def stream_ends() -> None:
-            # The call the worker started stops unanswered (its refusal would stand for
-            # the delivery that follows, on the worker's next stream), its file removed.
-            ended = stream_ended()
-            arriving.stop(ended)
-            _fail(handed, ended)
-            assert self.link is not None
-            self.link.drop(cid)
-
-        session.on_close[cid] = stream_ends
-        hasher = hashlib.sha256()
+        """An upload that goes to its worker as it comes (`delivery.hand_upload` to the
+        worker of this process, `delivery.relay_upload` down a protocol 3 stream), its
+        digest once the call is recorded."""
         try:
-            pieces = await upload.receive(
-                next_part,
-                size,
-                within_s=within_s,
-                hand=arriving.add,
-                feed=upload.hash_feed(hasher),
-            )
-        except BaseException as exc:  # refused, or the caller went: nothing of it runs
-            session.on_close.pop(cid, None)
-            error = exc if isinstance(exc, WorkerError) else WorkerError("cancelled", _LEFT)
-            arriving.stop(error)
-            _fail(handed, error)
-            sha256.cancel()
-            self.link.drop(cid)
-            if isinstance(exc, WorkerError):
-                return worker_id, Answer(error_result(cid, exc))
-            raise
-        session.on_close.pop(cid, None)
-        hashed = hasher.digest()
-        sha256.set_result(hashed.hex())
-        request.args_digest = digest_of_sha256(request, hashed)
+            if self.link is not None and self.link.local(session.session_id):
+                went = await delivery.hand_upload(session, self.link, request, coming)
+            else:
+                went = await delivery.relay_upload(session, request, coming)
+        except WorkerError as exc:
+            return worker_id, Answer(error_result(request.correlation_id, exc))
         if self.sessions.get(worker_id) is not session:
-            # The worker's stream ended meanwhile (the call it started stopped): the call
-            # goes whole, recorded first, on the worker's next stream (or waits for it).
-            stream_ends()
-            return await self._sent_anew(worker_id, req, request, pieces)
+            # The worker's stream ended meanwhile, and its worker let go of what came on
+            # it (the call it started stopped): the call goes whole, recorded first, on
+            # the worker's next stream (or waits for it).
+            went.abandon()
+            return await self._sent_anew(worker_id, req, request, went.pieces)
         try:
-            early = (session, alone, handed)
-            return await self._recorded_and_sent(worker_id, req, request, pieces, early, handed)
+            return await self._recorded_and_sent(worker_id, req, request, went.pieces, went.early)
         finally:
-            if not handed.done():
-                handed.cancel()
+            went.early.cancel_handed()
 
     def _replay(self, call: StoredCall) -> pb.ActionResult:
         """A finished call's stored answer, for a caller repeating its id. A result blob
