@@ -70,6 +70,61 @@ def test_a_plans_concurrent_counts_share_one_walk_on_the_workbenchs_own_threads(
     assert all(name.startswith("agentworker-quota") for _, name in walks), walks
 
 
+def test_a_count_asked_for_in_the_turn_the_plans_walk_ends_walks_again(
+    bench: Workbench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk's count is not kept when the workspace changed while it ran (a write ended
+    meanwhile). A caller woken in the turn the walk ended, before the walk was
+    forgotten, found it done and awaited it again and again, never yielding: the
+    worker's event loop spun there, every call of every plan unanswered (1 run in 20 to
+    50 of test_concurrent_writes_of_one_plan_cannot_pass_its_quota_together, under
+    load). It walks again."""
+    spaces = bench.workspaces
+    plan = spaces.open("plan-a")
+    looks = 0
+    known_use = spaces.known_use
+
+    def looked(workspace: Workspace) -> Use | None:
+        nonlocal looks
+        looks += 1
+        if looks > 100:
+            raise AssertionError("Workbench.use looked 100 times at the count, never yielding")
+        return known_use(workspace)
+
+    monkeypatch.setattr(spaces, "known_use", looked)
+
+    async def scenario() -> None:
+        release, caller_goes = asyncio.Event(), asyncio.Event()
+        walks = 0
+        walk_still = bench._walk_still
+
+        async def walk(workspace: Workspace) -> Use:
+            nonlocal walks
+            walks += 1
+            used = await walk_still(workspace)
+            if walks == 1:
+                await release.wait()
+                spaces.changed(workspace)  # a write ended while it ran: not kept
+                caller_goes.set()  # a caller woken in the turn the walk ends
+            return used
+
+        monkeypatch.setattr(bench, "_walk_still", walk)
+
+        async def late() -> Use:
+            await caller_goes.wait()
+            return await bench.use(plan)
+
+        first = asyncio.ensure_future(bench.use(plan))
+        second = asyncio.ensure_future(late())
+        await asyncio.sleep(0)
+        release.set()
+        assert (await first).entries == 0
+        assert (await second).entries == 0
+        assert walks == 2
+
+    asyncio.run(scenario())
+
+
 def test_a_look_at_what_a_program_holds_open_never_holds_up_the_counts(
     bench: Workbench, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -332,7 +332,11 @@ class Workbench:
             if known is not None:
                 return known
             walk = self._walks.get(workspace.key)
-            if walk is None:
+            if walk is None or walk.done():
+                # None runs. (A walk that ended, its count not kept since the workspace
+                # changed while it ran, stays here until its `finished` runs, a turn
+                # of the loop later: awaiting it would return at once, never yielding,
+                # and this loop would spin, the worker's event loop with it.)
                 break
             # Its count is kept (then the next turn returns it), unless the workspace
             # changed while it ran: then the next turn walks again.
