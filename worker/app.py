@@ -345,7 +345,8 @@ async def _enforce_kills(dispatcher: Dispatcher, nudged: asyncio.Event) -> None:
     once when that process nudges this one (`nudged`), else at the next check."""
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(nudged.wait(), KILL_CHECK_S)
+            async with asyncio.timeout(KILL_CHECK_S):
+                await nudged.wait()
         if nudged.is_set():
             nudged.clear()
             log.info("told of a kill or pause made on this machine: checking running calls now")

@@ -318,7 +318,8 @@ class WorkerConnection:
         self._send_heartbeat()
         await self.dispatcher.drain(grace_s)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._flushed(), FLUSH_TIMEOUT_S)
+            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                await self._flushed()
         self._stopping = True
         if self._outbox is not None:
             goodbye = pb.WorkerMessage(goodbye=pb.Goodbye(reason="shutting down"))
@@ -326,7 +327,8 @@ class WorkerConnection:
             self._outbox.put_nowait(None)
         if self._session_task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._session_task), FLUSH_TIMEOUT_S)
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                    await asyncio.shield(self._session_task)
             except (TimeoutError, Exception):  # noqa: BLE001 - leaving anyway
                 self._session_task.cancel()
 
@@ -362,8 +364,9 @@ class WorkerConnection:
                 call = channel.stream_stream(STREAM_METHOD)(metadata=metadata)
             tasks.append(asyncio.create_task(_write_outbox(call, outbox, self._hand_result)))
             try:
-                # Not asyncio.wait_for: on Python 3.11 a cancel that comes as the read
-                # ends (a refusal read at once: a stopped hub's) is lost in it.
+                # Not asyncio.wait_for (see pyproject's banned-api): on Python 3.11 a
+                # cancel that comes as the read ends (a refusal read at once: a stopped
+                # hub's) is lost in it.
                 async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
                     first = await call.read()
             except grpc.aio.AioRpcError as exc:

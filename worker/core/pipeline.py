@@ -1071,7 +1071,8 @@ class Dispatcher:
 
     async def _idle_within(self, seconds: float) -> bool:
         try:
-            await asyncio.wait_for(self._idle.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

@@ -92,7 +92,8 @@ class TuiProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), LEAVE_GRACE_S)
+                async with asyncio.timeout(LEAVE_GRACE_S):
+                    await self.proc.wait()
         self.take_back_terminal()
 
     def take_back_terminal(self) -> None:

@@ -396,7 +396,8 @@ class Hub:
         already, takes none). BusyStream past the bounds (HELLO_STREAMS_PER_ADDRESS...)."""
         peer = context.peer()
         if peer == LOCAL_PEER:
-            return await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                return await anext(requests)
         address = address_of(peer)
         key_digest = worker_key_digest(context)
         if self.store.knows_key(key_digest):
@@ -1188,7 +1189,8 @@ class Hub:
         if is_new:
             self._store_soon()
         try:
-            # asyncio.timeout, not wait_for: no extra task per call.
+            # asyncio.timeout (never wait_for, see pyproject's banned-api): no extra
+            # task per call either.
             async with asyncio.timeout(timeout_s + RESULT_SLACK_S):
                 answer = await waiter
         except asyncio.CancelledError:  # the caller went away; others may still wait
@@ -1337,7 +1339,8 @@ class Hub:
         )
         timeout_s = req.timeout_ms / 1000 if req.timeout_ms else 120.0
         try:
-            return await asyncio.wait_for(waiter, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await waiter
         except TimeoutError:
             return pb.ScopeDecision(
                 request_id=request_id, granted=False, reason="no answer in time"

@@ -270,7 +270,8 @@ async def _watch_the_person(dispatcher: Dispatcher, stop: PersonsStop) -> None:
         dispatcher.pause.subscribe(on_pause)
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), PERSON_CHECK_S)
+            async with asyncio.timeout(PERSON_CHECK_S):
+                await changed.wait()
         changed.clear()
         try:
             stop.bring_in()
