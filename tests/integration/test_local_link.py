@@ -24,7 +24,7 @@ import pytest
 from tests.support.cluster import free_port, write_config
 from worker import app
 from worker.config import Paths, load
-from worker.core import blob_parts, connection, pipeline
+from worker.core import blob_parts, connection, ledger, pipeline
 from worker.core.connection import WorkerConnection
 from worker.hub import delivery
 from worker.hub.server import Hub
@@ -281,6 +281,34 @@ def test_a_worker_whose_session_is_not_local_sends_result_blobs_inside_results(
 
     assert asyncio.run(scenario()) == blob
     assert max(sizes) > MIB  # the result's envelope, its blob in it
+
+
+@pytest.mark.parametrize("local", [True, False])
+@pytest.mark.parametrize("spilled", [False, True])
+def test_a_page_read_from_the_cache_is_replayed_intact_from_memory_or_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local: bool, spilled: bool
+) -> None:
+    """fs_read's cached page leaves as a read-only view of the buffer it was read into
+    (sandbox.read_cached), not a copy: held with its result until the server acks it,
+    handed to a hub in this process or framed down the stream, and written to the
+    ledger when held results spill (a bound of 0 here: each at once). A retry of the
+    id before any ack gets the same bytes, from memory or from the ledger."""
+    blob = os.urandom(MIB - 5)
+    if spilled:
+        monkeypatch.setattr(ledger, "HELD_BYTES", 0)
+
+    async def scenario() -> list[pb.ActionResult]:
+        async with up(tmp_path, local=local) as (hub, link, _worker):
+            (tmp_path / "workspace" / "page.bin").write_bytes(blob)
+            monkeypatch.setattr(hub, "_store_soon", lambda: None)  # no ack: still held
+            answers = [(await hub.dispatch(read("page.bin", "read-1"))).result for _ in "12"]
+            assert link.held == 0 and not link.results_held
+            return answers
+
+    first, again = asyncio.run(scenario())
+    assert first.status == pb.ActionResult.OK, first.error.message
+    assert first.blob == blob and not first.replayed
+    assert again.blob == blob and again.replayed  # the worker's answer to a duplicate
 
 
 def listing(correlation_id: str) -> pb.DispatchRequest:

@@ -127,6 +127,24 @@ def test_a_cached_read_reads_what_read_at_reads(tree: Tree, confined: ConfinedDi
         os.close(fd)
 
 
+def test_a_cached_read_hands_over_its_buffer_read_only(tree: Tree, confined: ConfinedDir) -> None:
+    """The page is a read-only view of the buffer preadv filled, not a copy of it (a
+    third of an fs_read's instructions through `up`): no one can change it through the
+    view, and it is exactly the bytes read."""
+    data = os.urandom(65536 + 3)
+    (tree.root / "page.bin").write_bytes(data)
+    fd = open_regular(confined, "page.bin")
+    try:
+        cached = read_cached(fd, 1, 1 << 20)
+    finally:
+        os.close(fd)
+    assert isinstance(cached, memoryview) and cached.readonly
+    assert isinstance(cached.obj, bytearray) and len(cached.obj) == len(data) - 1
+    assert cached == data[1:] and bytes(cached) == data[1:]
+    with pytest.raises(TypeError):
+        cached[0] = 0
+
+
 def test_a_page_the_kernel_let_go_is_not_read_from_the_cache(
     tree: Tree, confined: ConfinedDir
 ) -> None:

@@ -54,6 +54,7 @@ from worker.config import LEDGER_BLOBS_SUFFIX
 from worker.core.blob_files import BlobFiles, file_name
 from worker.core.scopes import ASK_PREFIX, ask_name
 from worker.db import connect, write_many
+from worker.wire.framing import Buffer
 from worker.wire.protocol import same_call
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ def _renamed_ask(pattern: str) -> str | None:
 class Begin:
     seen: Seen
     result: bytes | None = None  # DONE: the stored result, without its blob
-    blob: bytes | None = None  # DONE: its blob, while kept (None once let go)
+    blob: Buffer | None = None  # DONE: its blob, while kept (None once let go)
     blob_bytes: int = 0  # DONE: the blob's size, kept or not
 
     @property
@@ -235,12 +236,12 @@ class Unacked:
 
     correlation_id: str
     result: bytes  # without its blob
-    stored: bytes  # its blob, unless it is in a file
+    stored: Buffer  # its blob, unless it is in a file
     blob_bytes: int = 0
     in_file: BlobFiles | None = None  # where its blob waits, if in a file
 
     @property
-    def blob(self) -> bytes | None:
+    def blob(self) -> Buffer | None:
         """The blob (read from its file, if it has one); None if that file lost it."""
         if self.in_file is None:
             return self.stored
@@ -254,7 +255,7 @@ class _Held:
     digest: str
     plan_id: str
     result: bytes
-    blob: bytes
+    blob: Buffer
     finished_ms: int
     server: str
 
@@ -415,7 +416,7 @@ class State:
         return self.begin(correlation_id, args_digest, plan_id).seen
 
     def hold(
-        self, correlation_id: str, args_digest: str, plan_id: str, result: bytes, blob: bytes
+        self, correlation_id: str, args_digest: str, plan_id: str, result: bytes, blob: Buffer
     ) -> None:
         """Keep an effect-free call's result (without its blob, and the blob) in memory
         until the server acks it; nothing is written."""
@@ -466,7 +467,7 @@ class State:
         self.finish_many([(correlation_id, result, blob)])
 
     def finish_many(
-        self, results: list[tuple[str, bytes, bytes]], checks: Mapping[str, bytes] | None = None
+        self, results: list[tuple[str, bytes, Buffer]], checks: Mapping[str, bytes] | None = None
     ) -> None:
         """Record finished calls' results (each without its blob, and the blob), all
         in one commit. `checks` has the blobs' checks its caller computed already (by
@@ -491,7 +492,7 @@ class State:
         """Where a call's result blob waits for its ack when it is kept in a file."""
         return self._blob_dir / file_name(correlation_id)
 
-    def _write_blob(self, correlation_id: str, blob: bytes, check: bytes | None) -> bool:
+    def _write_blob(self, correlation_id: str, blob: Buffer, check: bytes | None) -> bool:
         """Write the blob to its file (before its row commits); False if it could not
         be (it is then kept in the row, as a small one is)."""
         if not self._blob_store.write(correlation_id, blob, check):

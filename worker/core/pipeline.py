@@ -68,6 +68,7 @@ from worker.core.threads import CURRENT_CALL, CallThreads
 from worker.errors import WorkerError, as_worker_error
 from worker.ids import MAX_ID_CHARS, id_problem, name_problem, new_id
 from worker.memory import IdleGiveBack
+from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     HASH_OFF_LOOP_BYTES,
@@ -135,7 +136,7 @@ class Limits:
 Piece = bytes | memoryview | Arriving
 
 # A handler's outcome as it goes out: result JSON, blob, truncated, the blob's check.
-_Payload = tuple[str, bytes, bool, bytes | None]
+_Payload = tuple[str, Buffer, bool, bytes | None]
 
 
 def _digest(req: pb.ActionRequest, blob: bytes, pieces: tuple[Piece, ...]) -> str:
@@ -1499,7 +1500,7 @@ class Dispatcher:
         )
         self._settle()
 
-    def _result_of(self, call: Call) -> tuple[pb.ActionResult, bytes, bytes | None]:
+    def _result_of(self, call: Call) -> tuple[pb.ActionResult, Buffer, bytes | None]:
         """The call's result (without its blob), its blob and the blob's check (None
         when the handler did not compute it)."""
         error = call.error

@@ -47,6 +47,7 @@ from worker.clock import now_ms
 from worker.core.ledger import UNRECORDED_SERVER  # no server's key: whose is not known
 from worker.core.redaction import args_for_replay
 from worker.db import immediate, write_many
+from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
 
 RECHECK_S: Final = 0.1
@@ -251,7 +252,7 @@ class Recordings:
         req: pb.ActionRequest,
         request_blob: bytes,
         result_json: str,
-        result_blob: bytes,
+        result_blob: Buffer,
         *,
         ran: bool = True,
     ) -> bool:

@@ -23,6 +23,7 @@ from sandbox import Arriving, Containment, Root
 from worker.config import Config, Paths
 from worker.core.threads import CallThreads
 from worker.errors import ErrorCode, WorkerError
+from worker.wire.framing import Buffer
 
 MIB: Final = 1024 * 1024
 
@@ -155,7 +156,8 @@ class Json:
 @dataclass(frozen=True)
 class Outcome(Generic[R]):
     result: R | Json
-    blob: bytes = b""
+    # A view when the handler read into a buffer of its own (fs_read's cached page).
+    blob: Buffer = b""
     truncated: bool = False
     # The blob's check (worker.core.blob_files.check_hasher over it) when the handler
     # has it already, so the ledger's file of a large blob is not hashed again on the

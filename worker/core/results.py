@@ -25,7 +25,7 @@ from typing import Any
 
 from worker.core.ledger import State
 from worker.core.telemetry import Telemetry
-from worker.wire.framing import result_part
+from worker.wire.framing import Buffer, result_part
 from worker.wire.local import HandedResult, handed, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import blob_gone
@@ -73,7 +73,7 @@ class Outbox:
         if self._sink is not None:
             self._sink(msg)
 
-    def result(self, result: pb.ActionResult, data: bytes, blob: bytes) -> None:
+    def result(self, result: pb.ActionResult, data: bytes, blob: Buffer) -> None:
         """A result, serialized as `data` (without its blob), and its blob: framed in
         (one copy), or handed over by reference to a hub in this process."""
         if self._sink is None:
@@ -91,7 +91,7 @@ class Finished:
     result is held in memory until acked instead of recorded first."""
 
     result: pb.ActionResult
-    blob: bytes = b""
+    blob: Buffer = b""
     held: tuple[str, str] | None = None
     check: bytes | None = None  # the blob's check, when its handler computed it
 
@@ -250,7 +250,7 @@ class Results:
         """A message outside the ledger (a refusal of what was never claimed, a replay)."""
         self.outbox(msg)
 
-    def replay(self, result: pb.ActionResult, blob: bytes) -> None:
+    def replay(self, result: pb.ActionResult, blob: Buffer) -> None:
         """A recorded result sent again (a duplicate of a finished call), with its blob."""
         self.outbox.result(result, result.SerializeToString(), blob)
 

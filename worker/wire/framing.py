@@ -451,7 +451,7 @@ def outgoing_size(message: bytes | Chunked) -> int:
     return len(message)
 
 
-def result_part(result_bytes: bytes, blob: bytes = b"") -> bytes:
+def result_part(result_bytes: bytes, blob: Buffer = b"") -> bytes:
     """A WorkerMessage carrying the serialized ActionResult `result_bytes` (which has
     no blob of its own) with `blob` as its blob, as an envelope part."""
     return _nested_part(RESULT_FIELD, result_bytes, _RESULT_BLOB_FIELD, blob)

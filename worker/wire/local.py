@@ -68,7 +68,7 @@ def result_key(result: pb.ActionResult) -> ResultKey:
     return (result.correlation_id, result.invocation.invocation_id, result.error.code)
 
 
-def handed(result_bytes: bytes, blob: bytes) -> bool:
+def handed(result_bytes: bytes, blob: Buffer) -> bool:
     """Whether a result (serialized without its blob) and its blob go to a hub in this
     process by reference (`HandedResult`), rather than down the stream."""
     return bool(blob) or len(result_bytes) >= HAND_RESULT_BYTES
@@ -82,7 +82,7 @@ class HandedResult:
 
     key: ResultKey
     result: bytes
-    blob: bytes
+    blob: Buffer
 
     def __len__(self) -> int:
         """What it may take on the wire: whole, should the hub be gone."""

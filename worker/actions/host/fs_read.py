@@ -20,6 +20,7 @@ from pydantic import Field
 from sandbox import open_regular, read_at, read_cached
 from worker.actions.host.fs_paths import CONFINED_CODES, confined, hanging_root, in_thread, on_loop
 from worker.core.registry import MIB, ActionSpec, Args, Context, Effect, Outcome, PathArg, Result
+from worker.wire.framing import Buffer
 
 READ_BYTES: Final = 1 * MIB  # per call; page with offset/length
 # The kernel refuses a read whose end passes 2^63 - 1: offsets stop a page before.
@@ -109,7 +110,7 @@ def _read(
     return Outcome(result, blob=b"" if text is not None else data, truncated=cut)
 
 
-def _decode(data: bytes, encoding: str, *, final: bool) -> tuple[str, int]:
+def _decode(data: Buffer, encoding: str, *, final: bool) -> tuple[str, int]:
     """Text of `data`, and how many bytes it used (a split character is left over)."""
     decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
     text = decoder.decode(data, final=final)
