@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import grpc
 
 from sandbox import confinement
-from worker import actions, memory
+from worker import actions, db, memory
 from worker.actions import computer
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
@@ -387,8 +387,16 @@ async def _housekeeping(dispatcher: Dispatcher) -> None:
                 capped,
                 dispatcher.telemetry.max_rows,
             )
+        await _give_back_pages(db.path_of(dispatcher.state.connection))
         memory.give_back()
         await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
+
+
+async def _give_back_pages(database: Path) -> None:
+    """What pruning freed beyond what the next writes reuse goes back to the file
+    system, off the loop and in short steps (worker.db.give_back_free_pages)."""
+    if pages := await db.give_back_off_loop(database):
+        log.info("gave %d free pages of %s back to the file system", pages, database)
 
 
 # ----------------------------------------------------------------- hub
@@ -421,6 +429,7 @@ async def _hub_housekeeping(hub: Hub) -> None:
         forgotten = hub.store.forget_workers(hub.sessions)
         if forgotten:
             log.info("hub: forgot %d workers away past their keeping time", forgotten)
+        await _give_back_pages(hub.store.path)
         memory.give_back()
         await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by
 

@@ -726,7 +726,8 @@ class State:
 
     def prune(self) -> int:
         """Forget acked calls `ttl_s` after they finished, and results held for another
-        server as long after (it did not come back for them): their blob files go too."""
+        server as long after (it did not come back for them): their blob files go too.
+        The pages they took are reused; a surplus goes back with db.give_back_off_loop."""
         cutoff = now_ms() - self._ttl_ms
         cur = self._db.execute(
             "DELETE FROM calls WHERE state = 'DONE' AND acked = 1 AND finished_ms < ?", (cutoff,)
@@ -753,7 +754,6 @@ class State:
                 self._ttl_ms / 3_600_000,
             )
             self._count_unacked()
-        db.give_back_free_pages(self._db)
         return pruned + len(dropped)
 
     # ------------------------------------------------------------- kill switch

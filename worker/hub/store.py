@@ -186,6 +186,7 @@ class StoredCall:
 
 class HubStore:
     def __init__(self, path: Path) -> None:
+        self.path = path
         self._db = connect(path, _SCHEMA, convert=True)  # the hub owns hub.db
         self._unwritten: dict[str, tuple[object, ...]] = {}  # added, not yet flushed
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
@@ -412,7 +413,8 @@ class HubStore:
 
     def prune(self, now: int | None = None) -> int:
         """Forget calls finished or abandoned longer than CALLS_KEPT_MS ago, and pending
-        ones whose deadline passed that long ago (their worker never came back)."""
+        ones whose deadline passed that long ago (their worker never came back). The pages
+        they took are reused; a surplus goes back with db.give_back_off_loop."""
         self.flush()
         cutoff = (now if now is not None else now_ms()) - CALLS_KEPT_MS
         cur = self._db.execute(
@@ -420,7 +422,6 @@ class HubStore:
             " OR (state = 'PENDING' AND deadline_ms < ?)",
             (cutoff, cutoff),
         )
-        db.give_back_free_pages(self._db)
         return cur.rowcount
 
     def abandon(self, correlation_id: str) -> None:
