@@ -38,6 +38,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import Home, agentworker, connected, exited, machine, make_home
+from tests.support.bounds import Bound
 from worker.config import Paths, load
 from worker.hub.client import ControlClient
 from worker.replay import in_process, parse, replay, through_hub
@@ -48,14 +49,14 @@ ROUNDS = 5
 STEP = {"action": "fs_stat", "args": {"path": "bench.txt"}, "agent": "bench"}
 
 
-UP_TIMEOUT_S = 90  # a loaded machine (the suite beside other work) starts slowly
+UP_TIMEOUT_S = 90  # idle; stretched with the machine's load (tests.support.bounds)
 
 
 async def until_up(up: subprocess.Popen[bytes], home: Home) -> None:
     """Wait for `agentworker up` to have its worker in, failing at once with its log
     should it exit first."""
-    deadline = time.monotonic() + UP_TIMEOUT_S
-    while time.monotonic() < deadline:
+    bound = Bound(UP_TIMEOUT_S)
+    while not bound.passed():
         if up.poll() is not None:
             raise exited(up, home, "up", "before its worker connected")
         if home.token_file.exists():
@@ -70,7 +71,7 @@ async def until_up(up: subprocess.Popen[bytes], home: Home) -> None:
             finally:
                 await client.close()
         await asyncio.sleep(0.1)
-    raise exited(up, home, "up", f"without a worker connected within {UP_TIMEOUT_S} s")
+    raise exited(up, home, "up", f"without a worker connected within {bound}")
 
 
 def script_text(steps: int) -> str:

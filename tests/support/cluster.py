@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from tests.support.bounds import Bound
 from worker.hub.client import ControlClient, result_to_dict
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -218,27 +219,30 @@ class Cluster:
 
 
 def wait_for(condition: Any, timeout: float, proc: Proc | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Until `condition()`; AssertionError past `timeout` s, stretched by the machine's
+    load (tests.support.bounds), or at once if `proc` exits."""
+    bound = Bound(timeout)
+    while not bound.passed():
         if condition():
             return
         if proc is not None and not proc.running():
             raise AssertionError(f"{proc.name} exited early:\n{proc.log()}")
         time.sleep(0.05)
     detail = f"\n{proc.name} log:\n{proc.log()}" if proc else ""
-    raise AssertionError(f"condition not met within {timeout} s{detail}")
+    raise AssertionError(f"condition not met within {bound}{detail}")
 
 
 async def until_worker_connected(client: ControlClient, timeout: float = 20.0) -> None:
-    """Wait until the hub answers and has a worker; a hub still starting is retried."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Wait until the hub answers and has a worker; a hub still starting is retried.
+    The bound stretches with the machine's load (tests.support.bounds)."""
+    bound = Bound(timeout)
+    while not bound.passed():
         with contextlib.suppress(grpc.aio.AioRpcError):  # not listening yet
             status = await client.stub.Status(pb.StatusRequest(), metadata=client.metadata)
             if status.connected_workers:
                 return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"no worker connected within {timeout} s")
+    raise AssertionError(f"no worker connected within {bound}")
 
 
 def write_config(home: Path, listen: str, extra_config: str = "", **settings: Any) -> None:
