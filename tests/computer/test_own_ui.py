@@ -354,31 +354,56 @@ def test_keys_whose_window_manager_focuses_the_ui_terminal_give_the_focus_back(
     assert not [e for e in app.seen if e["event"] == "text"]
 
 
+@pytest.mark.parametrize("moment", ["once_a_chunk_is_typed", "as_the_next_chunk_remaps_keys"])
 def test_keys_stop_once_the_focus_moves_to_the_ui_terminal_while_they_are_typed(
     computer: Computer,
     desktop: Desktop,
     app: TkApp,
     xserver: XServer,
     monkeypatch: pytest.MonkeyPatch,
+    moment: str,
 ) -> None:
     """The focus goes to the UI's terminal while key_type types into the editor (here
-    another client's click puts it there once the first chunk is typed; a window the
-    keys closed would let it fall there): the next chunk is not typed, the call answers
-    `permission_denied` saying how much was, and the focus goes back to the editor."""
+    another client's click puts it there once the first chunk is typed, or while the
+    next chunk's keymap changes, which may wait 50 ms for clients to take it in: review16
+    F3; a window the keys closed would let it fall there): the next chunk is not typed,
+    the call answers `permission_denied` saying how much was, and the focus goes back
+    to the editor."""
     typed_once, focus_moved = threading.Event(), threading.Event()
-    real_did = Guard.did
 
-    def did_then_wait(self: Guard, what: str) -> None:
-        real_did(self, what)
-        if not typed_once.is_set():  # after the first chunk: the test moves the focus
+    def hold() -> None:  # the test moves the focus meanwhile
+        if not typed_once.is_set():
             typed_once.set()
             assert focus_moved.wait(60)
+
+    def hook_in() -> None:  # once the editor is set up: it types too
+        if moment == "once_a_chunk_is_typed":
+            real_did = Guard.did
+
+            def did_then_hold(self: Guard, what: str) -> None:
+                real_did(self, what)
+                hold()
+
+            monkeypatch.setattr(Guard, "did", did_then_hold)
+        else:
+            real_ensure = _x11._Keyboard.ensure
+            chunks: list[set[int]] = []
+
+            def ensure_then_hold(
+                self: Any, keysyms: set[int], used: set[int], guard: Guard
+            ) -> None:
+                real_ensure(self, keysyms, used, guard)
+                chunks.append(keysyms)
+                if len(chunks) == 2:  # the second chunk's keys are mapped, not yet typed
+                    hold()
+
+            monkeypatch.setattr(_x11._Keyboard, "ensure", ensure_then_hold)
 
     text = "a" * (3 * _x11.CHUNK)
     with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
         _editor(computer, app, editor)
         desktop.ui_pids = lambda: {app.proc.pid}
-        monkeypatch.setattr(Guard, "did", did_then_wait)
+        hook_in()
         outcome: list[BaseException | object] = []
 
         def typing() -> None:

@@ -174,9 +174,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def type_text(self, guard: Guard, text: str) -> int:
-        """Type `text` exactly, in chunks (`_keys.chunks`), calling `guard.check()`
-        before every chunk, the first included (key_type's focus check rides on it);
-        returns the number of characters sent."""
+        """Type `text` exactly, in chunks (`_keys.chunks`), calling `guard.check()` just
+        before the keys of every chunk, the first included, after anything else the
+        chunk waits for (key_type's focus check rides on it); returns the number of
+        characters sent."""
 
     @abc.abstractmethod
     def combo(self, guard: Guard, keys: Sequence[Press], hold_s: float) -> None:
@@ -221,6 +222,13 @@ class Backend(abc.ABC):
     def focus_holder(self, target: int) -> tuple[int, int | None] | None:
         """The top-level window (id, pid) that an `input_focus` answer sends keys to, as
         `focused_window` resolves it; None where none (or it closed meanwhile)."""
+        return None
+
+    def wait_for_window_manager(self) -> None:
+        """Return once the window manager has handled the input this thread sent so far,
+        as `settle` does, but noting nothing (the action's own `settle` still comes):
+        for a check made between steps of one action (key_type's chunks). Bounded; at
+        once where no manager can be asked."""
         return None
 
     def settle(self) -> bool:

@@ -406,6 +406,10 @@ class Desktop:
         own = own_ui(self.ui_pids())
 
         def check() -> None:
+            # The keys typed so far take effect once the window manager handled them (a
+            # Return closed a window, and the manager gives the focus to the one below):
+            # looked at before that, the focus is where it was (review16 F3).
+            backend.wait_for_window_manager()
             try:
                 found = backend.focused_window()
             except WindowUnknownError as exc:

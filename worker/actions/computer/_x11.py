@@ -541,9 +541,11 @@ class X11Backend(Backend):
         shift_down = False
         try:
             while start < len(keysyms):
-                guard.check()
                 chunk = self._next_chunk(kb, keysyms, start)
                 kb.ensure(set(chunk), used, guard)
+                # After the keymap's change, which may wait for clients to take it in
+                # (REMAP_SETTLE_S): the focus may move during that wait (review16 F3).
+                guard.check()
                 for keysym in chunk:
                     keycode, shifted = kb.map[keysym]
                     kb.touch(keysym)
@@ -696,6 +698,10 @@ class X11Backend(Backend):
         if _window_id(again) != target:
             raise WindowUnknownError("the keyboard focus moved as it was asked")
         return found
+
+    def wait_for_window_manager(self) -> None:
+        if getattr(self._local, "sent", False):
+            self._window_manager_rounds(time.monotonic() + SETTLE_TIMEOUT_S)
 
     def settle(self) -> bool:
         if not getattr(self._local, "sent", False):
