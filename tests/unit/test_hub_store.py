@@ -3,6 +3,7 @@ result blob only until a caller takes it, and forgets calls after their keeping 
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -170,7 +171,9 @@ def test_calls_added_and_answered_between_commits_are_written_once_answered(
     assert _committed_ids(path) == {"written", "quick", "slow"}
     quick = store.get("quick")
     assert quick is not None and quick.state == "DONE" and quick.result == _ok("quick")
-    assert quick.args_digest == "d-new" and quick.request == _request("quick")
+    answered = _request("quick")
+    answered.args_json = ""  # the answer's preview of them (it has none): answered_request
+    assert quick.args_digest == "d-new" and quick.request == answered
     assert quick.blob_bytes == 7 and quick.deadline_ms == deadline
     assert quick.result_blob_bytes == 100 and quick.result_blob_gone
     written = store.get("written")
@@ -408,3 +411,35 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_n
     assert len(store.kills_after("away", 0)) == KILLS_KEPT
     assert store.killed("victim", "away", 0) and not store.killed("made-up-0", "away", 0)
     store.close()
+
+
+@pytest.mark.parametrize("flushed_first", [False, True], ids=["answered at once", "answered late"])
+def test_an_answered_calls_request_keeps_its_args_as_the_answers_preview(
+    tmp_path: Path, flushed_first: bool
+) -> None:
+    """An exec's argv holds passwords (review15 finding 03): once its call is answered
+    (never sent again) the request keeps the worker's masked preview of its args, and
+    hub.db's bytes hold the argv nowhere, free space included (secure_delete)."""
+    store = HubStore(tmp_path / "hub.db")
+    argv = {"argv": ["sh", "-c", "mysql -pPW0hubSecret db"]}
+    request = pb.ActionRequest(
+        correlation_id="c", surface="workerHost", action="exec", args_json=json.dumps(argv)
+    )
+    store.add("w", "digest-c", request, 0, now_ms() + 60_000)
+    if flushed_first:  # a call running past the next commit: its row written pending
+        store.flush()
+        pending = store.get("c")
+        assert pending is not None and pending.request.args_json == request.args_json
+    result = _ok("c")
+    result.invocation.args_preview = '{"argv": ["sh", "-c", "mysql \'-p***\' db"]}'
+    store.complete(result)
+    done = store.get("c")
+    assert done is not None and done.args_digest == "digest-c" and done.result == result
+    assert done.request.args_json == result.invocation.args_preview
+    assert (done.request.correlation_id, done.request.action) == ("c", "exec")
+    store.close()  # its log checkpointed into the database
+    assert b"PW0hubSecret" not in (tmp_path / "hub.db").read_bytes()
+
+
+def test_a_stored_request_that_does_not_decode_is_kept_as_it_was() -> None:
+    assert store_module.answered_request(b"\xff\xff", "{}") == b"\xff\xff"

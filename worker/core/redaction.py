@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, ParamSpec, TypeVar
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from worker.core import shell_words
+
 PREVIEW_CHARS: Final = 240
 MASK: Final = "***"
 # `pass` as a word of its own (--pass, -passin, --proxy-pass, REDIS_PASS, passphrase),
@@ -51,7 +53,7 @@ _CONTENT_KEY: Final = re.compile(r"content|data|body|text", re.I)
 _URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s\"'<>]*")
 # Words that make a name (a key, a flag, a header, a variable) secret-looking.
 _MASKED_WORD: Final = (
-    rf"(?:token|secret|passw|{_PASS}|bearer|pwd|authori[sz]ation|api[-_]?key|cookie"
+    rf"(?:token|secret|passw|{_PASS}|(?:store|key)pass|bearer|pwd|authori[sz]ation|api[-_]?key|cookie"
     r"|credential|private[-_]?key|access[-_]?key)"
 )
 _NAME: Final = r"[A-Za-z0-9_.-]{0,40}"
@@ -66,6 +68,13 @@ _ASSIGNED: Final = re.compile(
 _HEADER_LINE: Final = re.compile(
     rf"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]{{0,40}}{_MASKED_WORD}[A-Za-z0-9_-]{{0,40}}:\s*)\S.*",
     re.I | re.S,
+)
+# A password SQL sets in a string literal (psql -c "ALTER USER u PASSWORD 'X'", mysql -e
+# "CREATE USER … IDENTIFIED BY 'X'", "SET PASSWORD = PASSWORD('X')").
+_SQL_PASSWORD: Final = re.compile(
+    r"\b((?:password|identified\s+(?:with\s+\w+\s+)?by)(?:\s*=\s*|\s+)(?:password\s*\(\s*)?"
+    r"|password\s*\(\s*)'([^']*)'",
+    re.I,
 )
 # An auth scheme's credentials: Authorization's value written without its name.
 _SCHEME: Final = re.compile(r"\b(Bearer|Basic|Digest|Token)\s+[A-Za-z0-9._~+/=-]{8,}", re.I)
@@ -82,7 +91,7 @@ _TOKEN_SHAPED: Final = re.compile(
 _MARKERS: Final = (
     "token|secret|pass|pwd|authori|apikey|api_key|api-key|cookie|credential|private"
     "|accesskey|access_key|access-key|extraheader|bearer|basic|digest|ghp_|gho_|ghu_"
-    "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj"
+    "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj|identified"
 )
 _SUSPECT: Final = re.compile(_MARKERS)
 
@@ -113,7 +122,10 @@ class _Options:
     value is a command line (env -S). `subcommands`: how a subcommand reads its own
     options (docker login -p). `secret_operand`: the operand that is a password
     (smbclient //h/s PASS); `secret_last_with`: an option letter that makes the last
-    operand the password (htpasswd -b file user PASS)."""
+    operand the password (htpasswd -b file user PASS); `colon_secrets`: the
+    `/name:` options whose value is a password (xfreerdp /p:X). A word-options
+    program's secret option marked "either" takes its value joined too (redis-cli
+    -aX)."""
 
     secret: dict[str, str] = field(default_factory=dict)
     values: str = ""
@@ -128,6 +140,7 @@ class _Options:
     subcommands: dict[str, _Options] = field(default_factory=dict)
     secret_operand: int = 0  # 1 for the first operand; 0 for none
     secret_last_with: str = ""
+    colon_secrets: tuple[str, ...] = ()
 
 
 _MYSQL: Final = {"-p": "joined", "--password": "joined"}
@@ -224,7 +237,37 @@ _PROGRAMS: Final[dict[str, _Options]] = {
         for name in ("7z", "7za", "7zr")
     },
     "openssl": _Options({"-k": "next"}, words=True),
-    "redis-cli": _Options({"-a": "next"}, words=True),
+    "redis-cli": _Options({"-a": "either"}, words=True),
+    **{
+        name: _Options({"-p": "either", "--password": "next"}, "uhdcoqf")
+        for name in (
+            "mongo",
+            "mongosh",
+            "mongodump",
+            "mongorestore",
+            "mongoexport",
+            "mongoimport",
+            "mongostat",
+            "mongotop",
+            "mongofiles",
+        )
+    },
+    **{
+        name: _Options({"-P": "either"}, "SUdDiqQAvtlLcHhaekKsrWxyYfFbNo")
+        for name in ("sqlcmd", "bcp")
+    },
+    **{
+        name: _Options({"-P": "either"}, "hpiIkAutqmfLMTeDFcCKEUNWsSVxXr")
+        for name in ("mosquitto_pub", "mosquitto_sub", "mosquitto_rr")
+    },
+    "rdesktop": _Options({"-p": "either"}, "udscgkaTxrBEzmnX"),
+    **{name: _Options({"-p": "either"}, "uPjdtWo") for name in ("ncftp", "ncftpget", "ncftpput")},
+    "lftp": _Options({"-u": "either", "--user": "next"}, "pcfe"),
+    "wpa_passphrase": _Options(secret_operand=2),
+    **{
+        name: _Options(colon_secrets=("/p:", "/password:", "/gp:", "/gateway-password:", "/pth:"))
+        for name in ("xfreerdp", "xfreerdp3", "wlfreerdp", "sdl-freerdp", "sdl-freerdp3")
+    },
     "htpasswd": _Options(values="Cr", secret_last_with="b"),  # noqa: S106 (a letter)
     **{
         name: _Options({"-w": "either"}, _LDAP)
@@ -249,13 +292,14 @@ _PROGRAMS: Final[dict[str, _Options]] = {
 
 
 # And for the args' whole text: a URL, an escape, a key whose values are all masked,
-# a program named above (as an argv's whole item: a name or a path to it).
+# a program named above or one that reads a password on stdin, as a word of its own
+# anywhere (an argv's item, a word of a script in one: ssh h 'mysql -pX').
 _NOT_PLAIN: Final = re.compile(
     _MARKERS
     + r"|://|\\|header|content|data|body|text"
-    + r'|"(?:[^"\\]*/)?(?:'
-    + "|".join(map(re.escape, _PROGRAMS))
-    + ')"'
+    + r"|(?<![a-z0-9_.+-])(?:"
+    + "|".join(map(re.escape, [*_PROGRAMS, "sudo", "kinit", "cryptsetup", "chpasswd"]))
+    + r")(?![a-z0-9_.+-])"
 )
 # In a URL's path: Telegram's bot token, Slack's and Discord's webhook secrets, and any
 # long segment mixing upper case, lower case and digits (a hash or a UUID does not).
@@ -402,6 +446,7 @@ def _secret_words_masked(text: str) -> str:
     text = _HEADER_LINE.sub(lambda m: f"{m.group(1)}{MASK}", text)
     text = _SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
     text = _ASSIGNED.sub(lambda m: f"{m.group(1)}={MASK}", text)
+    text = _SQL_PASSWORD.sub(lambda m: f"{m.group(1)}'{MASK}'", text)
     return _TOKEN_SHAPED.sub(MASK, text)
 
 
@@ -462,58 +507,89 @@ def argv_secrets(args_json: str) -> tuple[str, ...]:
     argv = args.get("argv") if isinstance(args, dict) else None
     if not isinstance(argv, list):
         return ()
-    found = sorted(set(_secret_parts(argv, 0)), key=len, reverse=True)  # the longest first
+    found = sorted(set(_secret_parts(argv, 0)) | set(_sql_secrets(argv)), key=len, reverse=True)
     return tuple(s for s in found if len(s) >= _KNOWN_AT_LEAST)[:_KNOWN_AT_MOST]
+
+
+def _sql_secrets(items: list[Any]) -> Iterator[str]:
+    """The passwords SQL in an argv's items sets (`psql -c "… PASSWORD 'X'"`): a
+    message quoting the argv re-quotes them (shlex.join), out of _SQL_PASSWORD's reach."""
+    for item in items:
+        if isinstance(item, str):
+            text = item[:_SCRIPT_CHARS]
+            lowered = text.lower()
+            if "password" in lowered or "identified" in lowered:
+                yield from (found.group(2) for found in _SQL_PASSWORD.finditer(text))
 
 
 def _secret_parts(items: list[Any], depth: int) -> Iterator[str]:
     for item, masked in zip(items, _argv_plan(items, depth), strict=True):
-        if masked is None or not isinstance(item, str):
-            continue
-        if isinstance(masked, _Script):
-            yield from _script_secrets(item, depth)
-        elif masked == MASK:
-            yield item
-        else:  # -pX, c.pem:X: the password is what the mask stands for
-            yield item[len(masked) - len(MASK) :]
+        if masked is not None and isinstance(item, str):
+            yield from _secrets_of(item, masked)
 
 
-def _script_secrets(script: str, depth: int) -> Iterator[str]:
-    for words in _script_commands(script):
-        if words is not None:
-            first = 0
-            while first < len(words) and _ASSIGNMENT.match(words[first]):
-                first += 1
-            yield from _secret_parts(words[first:], depth + 1)
+def _secrets_of(item: str, masked: str) -> Iterator[str]:
+    """The passwords an item held, by what it is masked as."""
+    if isinstance(masked, _Script):
+        yield from masked.secrets
+    elif masked == MASK:
+        yield item
+    elif masked.endswith(MASK):  # -pX, c.pem:X: the password is what the mask stands for
+        yield item[len(masked) - len(MASK) :]
 
 
 class _Script(str):
     """A shell script (or command line) of an argv with secrets masked in it: the
-    text it is shown as still passes through the caller's own masking."""
+    text it is shown as still passes through the caller's own masking. `secrets`:
+    the passwords masked in it (argv_secrets)."""
+
+    secrets: tuple[str, ...] = ()
 
 
-# A script longer than this is not split into words (shlex is slow Python: a script
-# of 128 KiB would hold the loop), nor one nested deeper: its text is masked as any
-# text is (`masked_message` and the like), and no more.
+# A script longer than this is not read (though the reading is linear, it is Python: a
+# script of 128 KiB would hold the loop), nor one nested deeper: its text is masked as
+# any text is (`masked_message` and the like), and no more.
 _SCRIPT_CHARS: Final = 4096
 _SCRIPT_DEPTH: Final = 3
 # And at most this many characters of scripts in all, per preview, audit detail,
 # recording or refusal: args of a megabyte could hold 250 lists of `sh -c` and 4 KiB.
 _SCRIPTS_CHARS: Final = 2 * _SCRIPT_CHARS
 _scripts_left: ContextVar[list[int] | None] = ContextVar("_scripts_left", default=None)
-_ASSIGNMENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-_OPERATOR: Final = re.compile(r"[;&|()<>]+")
+_ASSIGNMENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
+# Words a shell reads before a command's own (`if mysql -pX …; then …`): the command
+# starts after them. After `for`, `select` and `case` come names and words, no command.
+_KEYWORDS: Final = frozenset(
+    {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "[[", "]]"}
+)
+_NO_COMMAND: Final = frozenset({"for", "select", "case", "function", "esac"})
+# A bare word that names the password its next word is (nmcli … password X,
+# mysqladmin password X). Not `passwd`: a program, whose next word is a user's name.
+_PASSWORD_WORDS: Final = frozenset({"password", "passphrase"})
+# Programs that read a password on stdin, as a script feeds them: `echo X | sudo -S …`,
+# `chpasswd <<< u:X`, `docker login --password-stdin <<EOF`. Their flags that say so.
+_STDIN_READERS: Final = frozenset(
+    {"chpasswd", "chgpasswd", "kinit", "cryptsetup", "smbpasswd", "passwd", "htpasswd"}
+)
+_STDIN_FLAGS: Final = frozenset(
+    {"--password-stdin", "--passphrase-stdin", "--stdin", "--passphrase-fd", "stdin", "fd:0"}
+)
+_SUDO_STDIN: Final = re.compile(r"-[A-Za-z]*S[A-Za-z]*")
+# What writes a password into a pipe: its operands are the password (`echo X | sudo -S`).
+_FEEDERS: Final = frozenset({"echo", "printf"})
 
 
 def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
     """For each item of a list like an argv: MASK, the item with its joined secret
     masked (`-p` + MASK, `c.pem:` + MASK), a `_Script` with its secrets masked, or
     None to show it as any value is shown. Masked: the value after a secret-looking
-    flag (`--password hunter2`, `--with-token ghp_…`, `-passin pass:…`), and the
-    value of a known program's secret option (mysql -pX, sshpass -p X, curl -u u:p,
-    zip -P X), in a cluster of short options too (curl -vu u:p, sshpass -vpX:
-    `_Options`), behind the wrappers that run it (timeout 5 curl -u u:p, env, nice,
-    sudo ...) and in a shell's script (sh -c 'curl -u u:p', best effort)."""
+    flag (`--password hunter2`, `--with-token ghp_…`, `-passin pass:…`) or a bare
+    `password` word, and the value of a known program's secret option (mysql -pX,
+    sshpass -p X, curl -u u:p, zip -P X), in a cluster of short options too (curl -vu
+    u:p, sshpass -vpX: `_Options`), behind the wrappers that run it (timeout 5 curl
+    -u u:p, env, nice, sudo ...) and in a shell's script (sh -c 'curl -u u:p', best
+    effort). Behind a program not named (docker exec c, kubectl exec p --, ssh h,
+    find -exec) the first item naming a known program is read as it, and an item
+    holding blanks is read as a script (ssh h 'mysql -pX db')."""
     options = _program_options(items[0] if items else None)
     plan: list[str | None] = []
     then = ""  # what the next item is: "secret", "cert", "script", "value" (shown) or ""
@@ -533,9 +609,17 @@ def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
                 plan.append(MASK if now == "secret" else _cert_masked(text))
                 continue
         masked: str | None = None
-        if index > 0 and options is not None and now != "value" and isinstance(item, str):
+        if index > 0 and options is None and isinstance(item, str) and now != "value":
+            # A program not named here: a known one it runs, or a command line it takes.
+            options = _program_options(text)
+            if options is None and _SCRIPT_LIKE.search(text[:_SCRIPT_CHARS]):
+                masked = _script_masked(text, depth)
+            operands, only_operands, script_next, flagged, last_operand = 0, False, False, "", -1
+        elif index > 0 and options is not None and now != "value" and isinstance(item, str):
             if text == "--" and not only_operands:
                 only_operands = True
+            elif options.colon_secrets and text.startswith(options.colon_secrets):
+                masked = text[: text.index(":") + 1] + MASK
             elif not only_operands and text.startswith("-") and text != "-":
                 masked, then = _option_masked(text, options)
                 if not text.startswith("--"):
@@ -552,7 +636,12 @@ def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
                 last_operand = index
                 if script_next and operands == 1:
                     masked = _script_masked(text, depth)
-                elif operands == options.command_at:  # the command it runs, with its own
+                elif operands == options.command_at or (
+                    not options.command_at
+                    and not options.script
+                    and operands != options.secret_operand
+                    and _program_options(text) is not None
+                ):  # the command it runs (docker exec c mysql …), with its own options
                     options = _program_options(text)
                     operands, only_operands, script_next, flagged = 0, False, False, ""
                     last_operand = -1
@@ -560,15 +649,20 @@ def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
                     masked = MASK
         plan.append(masked)
         if masked is None and not then and len(text) <= _FLAG_CHARS:  # -psecret is no flag
-            then = "secret" if _SECRET_FLAG.fullmatch(text) is not None else ""
+            secret_next = _SECRET_FLAG.fullmatch(text) or text.lower() in _PASSWORD_WORDS
+            then = "secret" if secret_next else ""
     secret_last = "" if options is None else options.secret_last_with
     if secret_last and secret_last in flagged and last_operand > 0:
         plan[last_operand] = MASK
     return plan
 
 
+# An item that may be a command line: blanks between words.
+_SCRIPT_LIKE: Final = re.compile(r"\S\s+\S")
+
+
 def _program_options(program: Any) -> _Options | None:
-    if not isinstance(program, str):
+    if not isinstance(program, str) or len(program) > _FLAG_CHARS:
         return None
     return _PROGRAMS.get(program.rsplit("/", 1)[-1])
 
@@ -593,6 +687,10 @@ def _option_masked(text: str, options: _Options) -> tuple[str | None, str]:
     if text.startswith("--") or options.words:
         name, equals, value = text.partition("=")
         how = options.secret.get(name) or _prefix_of_secret(name, options)
+        if how is None and options.words and not text.startswith("--"):
+            joined = _joined_either(text[:2], options)
+            if joined is not None:
+                return joined, ""
         if how is None:
             if not equals and name in options.long_values:
                 return None, "value"
@@ -622,6 +720,12 @@ def _option_masked(text: str, options: _Options) -> tuple[str | None, str]:
     return None, ""
 
 
+def _joined_either(option: str, options: _Options) -> str | None:
+    """A word-options program's `-aX`, masked, when its `-a` takes a password either
+    way (redis-cli -aX, which it reads as -a X)."""
+    return option + MASK if options.secret.get(option) == "either" else None
+
+
 def _prefix_of_secret(name: str, options: _Options) -> str | None:
     """How a cut long option takes its value, when the program reads any long enough
     prefix of a long option as that option (my_getopt: --pas is --password)."""
@@ -631,58 +735,91 @@ def _prefix_of_secret(name: str, options: _Options) -> str | None:
 
 
 def _script_masked(script: str, depth: int) -> _Script | None:
-    """A shell script (sh -c '…', env -S '…') with the secrets of each command in it
-    masked as an argv's are, written back with its words quoted; None when nothing was
-    masked, or it was not read (longer than _SCRIPT_CHARS, nested deeper than
-    _SCRIPT_DEPTH, not splittable). Best effort: it reads simple commands split at
-    `;`, `&`, `|`, parentheses and redirections, with their leading NAME=value
-    assignments, as shlex reads them; not expansions, functions or here-documents."""
-    if depth >= _SCRIPT_DEPTH:
+    """A shell script (sh -c '…', env -S '…', ssh h '…') with the secrets of each
+    command in it masked as an argv's are, each masked word written back quoted in
+    its place (the rest as it was written); None when nothing was masked, or it was
+    not read (longer than _SCRIPT_CHARS, past the call's share, nested deeper than
+    _SCRIPT_DEPTH). Best effort (`shell_words`): commands split at newlines, `;`,
+    `&&`, `||`, `|`, `&`, parentheses, `$(` and backticks, past their leading
+    keywords (`if`, `then`, `do`, `!` …) and NAME=value assignments; a password fed
+    on stdin to a program that reads one there (`echo X | sudo -S`, `<<< X`, a
+    here-document) too. Not aliases, functions or expansions' values."""
+    if depth >= _SCRIPT_DEPTH or not _script_share(script):
         return None
-    shown: list[str] = []
-    changed = False
-    for words in _script_commands(script):
-        if words is None:
-            return None
-        if len(words) == 1 and _OPERATOR.fullmatch(words[0]):
-            shown.append(words[0])
-            continue
-        first = 0
-        while first < len(words) and _ASSIGNMENT.match(words[first]):
-            first += 1
-        plan = [None] * first + _argv_plan(words[first:], depth + 1)
-        for word, masked in zip(words, plan, strict=True):
-            changed = changed or masked is not None
-            shown.append(shlex.quote(word if masked is None else str(masked)))
-    return _Script(" ".join(shown)) if changed else None
+    shown: dict[int, tuple[int, str]] = {}  # where a masked word starts: its end, its text
+    secrets: list[str] = []
+    reader_seen = False  # a command that reads a password on stdin came
+    for command in shell_words.commands(script):
+        words = command.words
+        first = _command_start(words)
+        items = [] if first is None else [word.text for word in words[first:]]
+        if first is not None:
+            for word, masked in zip(words[first:], _argv_plan(items, depth + 1), strict=True):
+                if masked is not None:
+                    shown[word.start] = (word.end, shlex.quote(str(masked)))
+                    secrets.extend(_secrets_of(word.text, masked))
+        reads = _reads_password(items)
+        reader_seen = reader_seen or reads
+        # `fi <<EOF`, `done <<< X`, `) <<< X`: fed to a compound command, read by any in it.
+        if reads or (first is None and reader_seen):
+            for fed in filter(lambda fed: fed.text, command.fed):
+                body = fed.kind == "body"
+                shown[fed.start] = (fed.end, MASK + "\n" if body else MASK)
+                secrets.extend(line for line in fed.text.splitlines() if line.strip())
+            feeder = command.piped_from
+            fed_words = feeder.words if feeder is not None else []
+            start = _command_start(fed_words)
+            if start is not None and fed_words[start].text.rsplit("/", 1)[-1] in _FEEDERS:
+                for word in fed_words[start + 1 :]:
+                    if not word.text.startswith("-"):
+                        shown[word.start] = (word.end, MASK)
+                        secrets.append(word.text)
+    if not shown:
+        return None
+    pieces: list[str] = []
+    at = 0
+    for start in sorted(shown):
+        if start >= at:
+            end, text = shown[start]
+            pieces += [script[at:start], text]
+            at = max(at, end)
+    masked_script = _Script("".join(pieces) + script[at:])
+    masked_script.secrets = tuple(secret for secret in secrets if secret)
+    return masked_script
 
 
-def _script_commands(script: str) -> Iterator[list[str] | None]:
-    """A script's simple commands as lists of words, each operator between them as a
-    list of its own; one None when it cannot be read (too long, an unclosed quote)."""
+def _script_share(script: str) -> bool:
+    """Whether `script` may be read: short enough, and within what is left of the
+    call's share (which it then takes)."""
     left = _scripts_left.get()
     if len(script) > _SCRIPT_CHARS or (left is not None and left[0] < len(script)):
-        yield None
-        return
+        return False
     if left is not None:
         left[0] -= len(script)
-    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|()<>")
-    lexer.whitespace_split = True
-    lexer.commenters = ""
-    try:
-        tokens = list(lexer)
-    except ValueError:  # an unclosed quote
-        yield None
-        return
-    start = 0
-    for end, token in enumerate(tokens):
-        if _OPERATOR.fullmatch(token):
-            if end > start:
-                yield tokens[start:end]
-            yield [token]
-            start = end + 1
-    if start < len(tokens):
-        yield tokens[start:]
+    return True
+
+
+def _command_start(words: list[shell_words.Token]) -> int | None:
+    """Where a simple command's own words start, past keywords and assignments; None
+    when it runs no command (`for x in …`, `case … in`)."""
+    first = 0
+    while first < len(words):
+        text = words[first].text
+        if text in _NO_COMMAND:
+            return None
+        if text not in _KEYWORDS and not _ASSIGNMENT.match(text):
+            return first
+        first += 1
+    return None
+
+
+def _reads_password(items: list[str]) -> bool:
+    """Whether a command reads a password on its stdin (sudo -S, chpasswd,
+    --password-stdin, openssl's -passin stdin, gpg's --passphrase-fd 0)."""
+    names = {item.rsplit("/", 1)[-1] for item in items if len(item) <= _FLAG_CHARS}
+    if names & _STDIN_READERS or names & _STDIN_FLAGS:
+        return True
+    return "sudo" in names and any(_SUDO_STDIN.fullmatch(name) for name in names)
 
 
 def _argv_masked(items: Iterable[Any], each: Callable[[Any], Any]) -> list[Any]:

@@ -19,6 +19,13 @@ the hub's memory while the call may need re-sending (`Hub`), never written here;
 result's blob is written only when no caller was waiting to take it (a result the
 worker re-sent after this hub restarted), and let go as soon as a caller has it.
 The store keeps each blob's size, so a late repeat says what went (`blob_gone`).
+
+A call's request is kept whole while the call may be sent again; once it is answered
+it never is (a retry of its id gets the stored answer, args_mismatch compares the
+digest), so its args give way to the answer's preview of them, masked by the worker
+(`answered_request`): an exec's argv holds passwords as often as not (review15 finding
+03). hub.db is opened with secure_delete, so the args the row held are zeroed in the
+database file, not left in its free space.
 """
 
 from __future__ import annotations
@@ -188,6 +195,10 @@ class HubStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db = connect(path, _SCHEMA, convert=True)  # the hub owns hub.db
+        # An answered call's args are masked in place (answered_request): the bytes
+        # they took are zeroed, not left in the page's free space.
+        self._db.execute("PRAGMA secure_delete=ON")
+        self._db.create_function("answered_request", 2, answered_request, deterministic=True)
         self._unwritten: dict[str, tuple[object, ...]] = {}  # added, not yet flushed
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
         for name, definition in _ADDED_COLUMNS.items():
@@ -368,27 +379,37 @@ class HubStore:
                 kept = bytes(blob) if keep_blob and blob else None
                 added = self._unwritten.get(cid)
                 if added is not None and cid not in whole:
-                    whole[cid] = (*added, answer, kept, len(blob))
+                    asked = added[3]  # add() wrote it as bytes
+                    request = (
+                        answered_request(asked, _preview(result))
+                        if isinstance(asked, bytes)
+                        else asked
+                    )
+                    whole[cid] = (*added[:3], request, *added[4:], answer, kept, len(blob))
                     stored.append(True)
                 elif added is not None:  # answered twice since the last commit
                     stored.append(False)
                 else:
-                    stored.append(self._answered(answer, kept, len(blob), cid))
+                    stored.append(self._answered(answer, kept, len(blob), cid, _preview(result)))
             if whole:
                 self._db.executemany(_INSERT_ANSWERED, list(whole.values()))
             self._write_added(answered=whole)  # and the calls not answered yet
         return stored
 
-    def _answered(self, answer: bytes, kept: bytes | None, blob_bytes: int, cid: str) -> bool:
+    def _answered(
+        self, answer: bytes, kept: bytes | None, blob_bytes: int, cid: str, preview: str
+    ) -> bool:
         """Store a result in its call's row; whether it was new (the call known, and
         not answered yet)."""
         # A finished call is never sent again: the digest still answers
-        # args_mismatch; a legacy row's request blob goes.
+        # args_mismatch; a legacy row's request blob goes, and its args give way to
+        # their preview.
         cur = self._db.execute(
             "UPDATE calls SET state = 'DONE', result = ?, result_blob = ?,"
-            " result_blob_bytes = ?, request_blob = NULL"
+            " result_blob_bytes = ?, request_blob = NULL,"
+            " request = answered_request(request, ?)"
             " WHERE correlation_id = ? AND state != 'DONE'",
-            (answer, kept, blob_bytes, cid),
+            (answer, kept, blob_bytes, preview, cid),
         )
         if cur.rowcount > 0:
             return True
@@ -702,6 +723,23 @@ class HubStore:
     def workers(self) -> list[tuple[pb.Hello, int]]:
         rows = self._db.execute("SELECT hello, last_seen_ms FROM workers ORDER BY worker_id")
         return [(pb.Hello.FromString(hello), seen) for hello, seen in rows]
+
+
+def answered_request(request: bytes, preview: str) -> bytes:
+    """A stored ActionRequest, answered: its args in the form of the answer's preview
+    of them (masked, short), the rest as it was. One that does not decode is kept as
+    it was (the hub wrote it: it decodes); never raises (SQLite calls it in a commit)."""
+    try:
+        stored = pb.ActionRequest.FromString(request)
+    except DecodeError:
+        return request
+    stored.args_json = preview
+    return stored.SerializeToString()
+
+
+def _preview(result: pb.ActionResult) -> str:
+    """What an answer keeps of its call's args: the worker's masked preview."""
+    return result.invocation.args_preview
 
 
 def _plan_of(request: bytes) -> str:
