@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.core.ledger import now_ms
+from worker.core.ledger import ALL_PLANS, now_ms
 from worker.core.registry import MIB
 from worker.hub import store as store_module
 from worker.hub.store import (
@@ -18,7 +18,6 @@ from worker.hub.store import (
     KILL_REASON_BYTES,
     KILLS_KEPT,
     HubStore,
-    KillsFullError,
 )
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -269,14 +268,14 @@ def test_kills_are_kept_numbered_and_bounded_one_row_a_plan(tmp_path: Path) -> N
     past KILLS_KEPT the oldest go; they outlive the hub, and so does their epoch."""
     path = tmp_path / "hub.db"
     store = HubStore(path)
-    first = store.kill("p", "stop")
-    named = store.kill("q", "stop there", "w1")
+    first = store.kill("p", "stop").kill
+    named = store.kill("q", "stop there", "w1").kill
     assert (first.seq, named.seq) == (1, 2)
     assert store.killed("p", "w2", 0) and not store.killed("p", "w2", first.seq)
     assert store.killed("q", "w1", 0) and not store.killed("q", "w2", 0)
     assert [k.plan_id for k in store.kills_after("w1", 0)] == ["p", "q"]
     assert [k.plan_id for k in store.kills_after("w2", 0)] == ["p"]
-    again = store.kill("p", "again")  # numbered anew: reaches those that confirmed the first
+    again = store.kill("p", "again").kill  # numbered anew: reaches those that confirmed the first
     assert again.seq == 3 and store.killed("p", "w2", first.seq)
     assert [(k.plan_id, k.reason) for k in store.kills_after("w2", 2)] == [("p", "again")]
     store.kill("r", "\N{GRINNING FACE}" * 1000)  # cut in UTF-8 bytes, on a character
@@ -296,7 +295,7 @@ def test_kills_are_kept_numbered_and_bounded_one_row_a_plan(tmp_path: Path) -> N
     assert store.kills_epoch == epoch
     assert store.killed("p", "w2", 0) and store.killed("q", "w1", 2 - 1)
     for n in range(KILLS_KEPT):  # every worker confirms each (w2's mark is in hub.db)
-        store.kill(f"made-up-{n}", "flood", confirmed=KILLS_KEPT + 4)
+        store.kill(f"made-up-{n}", "flood", connected={"w2": KILLS_KEPT + 4})
     # p and q were asked for by calls (plans in use): a flood of kills of plans never
     # dispatched prunes its own oldest and r (never asked for), not them.
     assert store.killed("p", "w2", 0) and store.killed("q", "w1", 0)
@@ -373,9 +372,9 @@ def test_a_kill_tells_the_worker_whether_its_plan_is_in_use(tmp_path: Path) -> N
     refused for it (review14 finding 02, variant B: the worker never saw that call)."""
     store = HubStore(tmp_path / "hub.db")
     store.add("w", "d", pb.ActionRequest(correlation_id="c1", plan_id="sent"), 0, now_ms() + 1)
-    assert store.kill("sent", "stop").in_use
-    assert not store.kill("asked", "stop").in_use
-    assert not store.kill("never", "stop").in_use
+    assert store.kill("sent", "stop").kill.in_use
+    assert not store.kill("asked", "stop").kill.in_use
+    assert not store.kill("never", "stop").kill.in_use
     assert store.killed("asked", "w", 0)  # a call of it, refused here
     assert {k.plan_id: k.in_use for k in store.kills_after("w", 0)} == {
         "sent": True,
@@ -385,31 +384,57 @@ def test_a_kill_tells_the_worker_whether_its_plan_is_in_use(tmp_path: Path) -> N
     store.close()
 
 
-def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_none_is_kept(
+def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_it_is_owed_a_stop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """review15 finding 01: a Dispatch of each made-up plan before its kill made the
-    flood's kills "in use", and they pushed out the kill owed to a worker away. Now
-    only kills every remembered worker confirmed are pruned; past KILLS_HELD kills not
-    confirmed, a new kill is refused, and none is lost."""
+    flood's kills "in use", and they pushed out the kill owed to a worker away: only
+    kills every remembered worker confirmed are pruned. review16 E1: past KILLS_HELD of
+    those a new kill was refused, for as long as the worker stayed away. Now it is kept,
+    the oldest unconfirmed go, and the worker that had not confirmed them is owed a kill
+    of every plan, once, never dropped; a worker that had confirmed them is owed none."""
     monkeypatch.setattr(store_module, "KILLS_HELD", KILLS_KEPT + 10)
-    store = HubStore(tmp_path / "hub.db")
-    store.seen_worker(pb.Hello(worker_id="away"))
-    store.touch_worker("away", 10, kills_through=0)
-    victim = store.kill("victim", "stop")
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    for worker_id in ("away", "here"):
+        store.seen_worker(pb.Hello(worker_id=worker_id))
+        store.touch_worker(worker_id, 10, kills_through=0)
+    store.kill("victim", "stop")
     store.killed("victim", "away", 0)  # a call of it: in use
-    for n in range(KILLS_KEPT + 9):
-        store.kill(f"made-up-{n}", "flood")
-        store.killed(f"made-up-{n}", "away", 0)  # a call of it: in use
-    assert store.killed("victim", "away", 0)
-    with pytest.raises(KillsFullError, match="30 days is forgotten"):
-        store.kill("one-more", "flood")
-    store.kill("victim", "again")  # a kill of a plan killed already is kept anew
-    assert store.killed("victim", "away", victim.seq)
+    flood = KILLS_KEPT + 9
+    for n in range(flood):
+        kept = store.kill(f"made-up-{n}", "flood", connected={"here": n + 2})
+        assert not kept.stops
+    assert store.killed("victim", "away", 0) and store.stop_owed("away", 0) is None
+    # Past KILLS_HELD: kept, never refused; the oldest of the plans never dispatched went.
+    kept = store.kill("one-more", "flood", connected={"here": flood + 1})
+    owed = [k.plan_id for k in store.kills_after("away", 0)]
+    assert "made-up-0" not in owed and "made-up-1" in owed and "victim" in owed
+    assert owed[-2:] == ["one-more", ALL_PLANS]
+    stop = kept.stops["away"]
+    assert list(kept.stops) == ["away"] and stop.plan_id == ALL_PLANS and stop.in_use
+    assert stop.seq > kept.kill.seq and "agentworker lift '*'" in stop.reason
+    assert store.stop_owed("away", 0) == stop and store.stop_owed("here", stop.seq) is None
+    # Every plan is killed for it at the hub until it confirms the stop.
+    assert store.killed("any-plan", "away", kept.kill.seq) and "dropped" in store.kill_reason(
+        "any-plan", "away"
+    )
+    assert not store.killed("any-plan", "away", stop.seq) and not store.killed("any-plan", "x", 0)
+    for n in range(KILLS_KEPT):  # a flood on: one stop still, the rows bounded
+        kept = store.kill(f"more-{n}", "flood", connected={"here": stop.seq + n + 1})
+        assert not kept.stops
+    assert store.stop_owed("away", 0) == stop
+    rows = sqlite3.connect(path).execute("SELECT count(*) FROM kills").fetchone()[0]
+    assert rows <= store_module.KILLS_HELD + 2
+    assert "victim" in [k.plan_id for k in store.kills_after("away", 0)]
+    store.close()
+    store = HubStore(path)  # the stop outlives the hub
+    assert store.stop_owed("away", 0) == stop
     # The worker back, every kill confirmed: the oldest go, past KILLS_KEPT.
-    store.kill("one-more", "flood", confirmed=store.kills_issued())
+    store.kill(
+        "last", "flood", connected={"away": store.kills_issued(), "here": store.kills_issued()}
+    )
     assert len(store.kills_after("away", 0)) == KILLS_KEPT
-    assert store.killed("victim", "away", 0) and not store.killed("made-up-0", "away", 0)
     store.close()
 
 

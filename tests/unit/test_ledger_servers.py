@@ -14,6 +14,7 @@ from worker.clock import now_ms
 from worker.config import Paths, load
 from worker.core.connection import Target, local_hub_key, server_key
 from worker.core.ledger import (
+    ALL_PLANS,
     FILE_BLOB_BYTES,
     MAX_SERVER_KILLS,
     NEXT_SERVER,
@@ -384,3 +385,18 @@ def test_a_kill_the_server_says_is_of_a_plan_in_use_is_pruned_last(tmp_path: Pat
         state.kill_plan(f"made-up-{n}", "flood", "server")
     assert state.killed("told-at-once") and state.killed("told-later")
     assert state.killed("never") is None
+
+
+def test_a_servers_kill_of_every_plan_outlives_a_flood_of_kills_of_plans_in_use(
+    tmp_path: Path,
+) -> None:
+    """A hub sends a kill of ALL_PLANS in place of kills it dropped (review16 E1). Past
+    MAX_SERVER_KILLS kills of plans in use it was the oldest pruned, and the worker's own
+    stop, recorded in its place, went with it: the dropped plans ran."""
+    state = State(tmp_path / "state.db")
+    state.server = A
+    state.kill_plan(ALL_PLANS, "kills dropped at the hub", "server", True)
+    for n in range(MAX_SERVER_KILLS):  # the last one prunes one
+        state.kill_plan(f"in-use-{n}", "flood", "server", True)
+    assert state.killed("never-killed") is not None
+    state.close()

@@ -856,7 +856,9 @@ class State:
 
     def _oldest_server_kills(self, server: str, arriving: str = "") -> list[tuple[str, bool]]:
         """The kills of `server` past its MAX_SERVER_KILLS, oldest first (those of plans
-        no call came for first), never `arriving`'s: plan, and whether in use."""
+        no call came for first), never `arriving`'s, nor the server's kill of ALL_PLANS
+        (one at most: a hub sends it in place of kills it dropped, and pruned it would
+        take with it the stop recorded in its place): plan, and whether in use."""
         (count,) = self._db.execute(
             "SELECT count(*) FROM killed_plans WHERE killed_by = ? AND server = ?",
             (SERVER, server),
@@ -867,8 +869,8 @@ class State:
             (plan, bool(used))
             for plan, used in self._db.execute(
                 "SELECT plan_id, used FROM killed_plans WHERE killed_by = ? AND server = ?"
-                " AND plan_id != ? ORDER BY used, killed_ms, rowid LIMIT ?",
-                (SERVER, server, arriving, count - MAX_SERVER_KILLS),
+                " AND plan_id NOT IN (?, ?) ORDER BY used, killed_ms, rowid LIMIT ?",
+                (SERVER, server, arriving, ALL_PLANS, count - MAX_SERVER_KILLS),
             )
         ]
 

@@ -365,6 +365,16 @@ class Hub:
             # sent and the stream ended before the worker read it: a page now, the next
             # once the worker confirmed it (see KILL_PAGE).
             session.kills_sent = session.kills_through
+            stop = self.store.stop_owed(session.worker_id, session.kills_through)
+            if stop is not None:
+                # Owed for kills that went before it confirmed them (store.KILLS_HELD): it
+                # stops every plan at once, unnumbered (the worker's mark stays); the
+                # numbered one comes in its turn.
+                session.send(
+                    pb.ServerMessage(
+                        kill_plan=pb.KillPlan(plan_id=stop.plan_id, reason=stop.reason, in_use=True)
+                    )
+                )
             self._send_kill_page(session)
             # Teardowns asked for while it was away, before any call of those plans.
             for plan_id in self.store.take_teardowns(session.worker_id):
@@ -1034,9 +1044,10 @@ class Hub:
             raise WorkerError(
                 "plan_killed",
                 f"plan {req.plan_id!r} was killed at this hub "
-                f"({self.store.kill_reason(req.plan_id)}), and worker {worker_id!r} has "
-                "not confirmed the kill yet: none of the plan's calls go there until it "
-                "has (then the worker answers; only its person lifts a kill there)",
+                f"({self.store.kill_reason(req.plan_id, worker_id)}), and worker "
+                f"{worker_id!r} has not confirmed the kill yet: none of the plan's calls go "
+                "there until it has (then the worker answers; only its person lifts a kill "
+                "there)",
             )
         return worker_id
 
@@ -1411,16 +1422,22 @@ class Hub:
         kept (lost with its stream), and of those away only the ones the plan ran on
         were queued (review12 findings 02, 08)."""
         named = self.pick_worker(req.worker_id) if req.worker_id else ""
-        confirmed = self.store.kills_confirmed_by_all(
-            {worker_id: s.kills_through for worker_id, s in self.sessions.items()}
+        kept = self.store.kill(
+            req.plan_id,
+            req.reason,
+            named,
+            {worker_id: s.kills_through for worker_id, s in self.sessions.items()},
         )
-        kill = self.store.kill(req.plan_id, req.reason, named, confirmed)
         reply = pb.KillPlanResponse()
+        for worker_id, stop in kept.stops.items():  # kills it had not confirmed went
+            session = self.sessions.get(worker_id)
+            if session is not None and not session.kills_paging:
+                session.send(pb.ServerMessage(kill_plan=stop))
         for worker_id in [named] if named else sorted({*self.sessions, *self.store.worker_ids()}):
             session = self.sessions.get(worker_id)
             if session is not None:
                 if not session.kills_paging:  # else a page of its backlog brings it, in order
-                    session.send(pb.ServerMessage(kill_plan=kill))
+                    session.send(pb.ServerMessage(kill_plan=kept.kill))
                 reply.worker_ids.append(worker_id)
             else:
                 reply.queued_worker_ids.append(worker_id)

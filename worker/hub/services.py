@@ -20,7 +20,6 @@ from worker.hub.client import UPLOAD_TAKEN
 from worker.hub.envelopes import worker_envelope
 from worker.hub.reads import CONTROL_READ_KIND
 from worker.hub.server import Hub, bad_id, error_result
-from worker.hub.store import KillsFullError
 from worker.hub.turns import Turns
 from worker.wire.framing import (
     Buffer,
@@ -434,9 +433,6 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused.message)
         try:
             return self.hub.kill_plan(request)
-        except KillsFullError as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            raise  # unreachable: abort raises
         except LookupError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
             raise  # unreachable: abort raises

@@ -30,6 +30,7 @@ database file, not left in its free space.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from worker.clock import now_ms
 from worker.db import connect
 from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -124,18 +127,31 @@ WORKERS_AWAY_KEPT = 1024
 # A kill a worker remembered here has not confirmed is never pruned: whatever a caller
 # marks "in use" (a Dispatch of each made-up plan before its kill), a flood pushed out
 # the person's kill owed to a worker away (review15 finding 01). Those are bounded
-# apart: past KILLS_HELD kills some worker has not confirmed, a KillPlan of a plan not
-# killed already is refused (KillsFullError), loudly, and no kill is lost.
+# apart, and a kill is never refused: past KILLS_HELD kills some worker has not
+# confirmed, the oldest of them go (of plans never dispatched first), and each worker
+# that had not confirmed one that went is owed a kill of every plan (ALL_PLANS, a row
+# named for that worker, never dropped): it is sent to the worker ahead of its backlog,
+# which stops every plan of this hub's there until the person lifts it (`agentworker
+# lift '*'`), as the worker itself does past MAX_SERVER_KILLS. Before, past KILLS_HELD
+# every KillPlan of a plan not killed already was refused, for as long as one worker
+# stayed away (up to 30 days), while the plan ran (review16 E1). The rows stay at most
+# KILLS_KEPT + KILLS_HELD + one a worker remembered.
 KILLS_KEPT: Final = 1000
 KILLS_HELD: Final = 10_000
 ALL_CONFIRMED: Final = 2**63 - 1  # a kill seq past any: with no worker, every kill is confirmed
+ALL_PLANS: Final = "*"  # a kill of this plan id binds every plan (worker.core.ledger.ALL_PLANS)
 # A kill's reason is kept this long, in UTF-8 bytes (it was 1,000 characters, up to
 # 4,000 bytes: review14 finding 06). The worker keeps no more than it is sent.
 KILL_REASON_BYTES: Final = 512
 
 
-class KillsFullError(Exception):
-    """KILLS_HELD kills wait for a worker to confirm them: no new one is kept."""
+@dataclass(frozen=True)
+class Kept:
+    """A kill kept (`kill`), and the kills of every plan (ALL_PLANS) it made owed to
+    workers whose unconfirmed kills went past KILLS_HELD (worker id -> that kill)."""
+
+    kill: pb.KillPlan
+    stops: dict[str, pb.KillPlan]
 
 
 def utf8_prefix(text: str, limit: int) -> str:
@@ -556,70 +572,142 @@ class HubStore:
         self.kills_epoch = epoch
         return epoch
 
-    def kills_confirmed_by_all(self, connected: Mapping[str, int] | None = None) -> int:
-        """Through which kill every worker remembered here confirmed recording them:
+    def kill_marks(self, connected: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Through which kill each worker remembered here confirmed recording them:
         `connected` (worker -> its session's mark) in place of the marks of their last
         sessions."""
-        connected = connected or {}
-        marks = [
-            connected.get(worker_id, int(through))
+        marks = {
+            str(worker_id): int(through)
             for worker_id, through in self._db.execute(
                 "SELECT worker_id, kills_through FROM workers"
             )
-        ]
-        return min([*marks, *connected.values()], default=ALL_CONFIRMED)  # no worker: all
+        }
+        marks.update(connected or {})
+        return marks
+
+    def kills_confirmed_by_all(self, connected: Mapping[str, int] | None = None) -> int:
+        """Through which kill every worker remembered here confirmed recording them (see
+        kill_marks)."""
+        return min(self.kill_marks(connected).values(), default=ALL_CONFIRMED)  # none: all
 
     def kill(
-        self, plan_id: str, reason: str, worker_id: str = "", confirmed: int | None = None
-    ) -> pb.KillPlan:
+        self,
+        plan_id: str,
+        reason: str,
+        worker_id: str = "",
+        connected: Mapping[str, int] | None = None,
+    ) -> Kept:
         """Keep a kill of the plan (for `worker_id` alone, or every worker), numbered
         after every kill before it (a kill of the plan again is numbered anew, and so
         reaches the workers that confirmed the last one); past KILLS_KEPT, the oldest
-        of those every worker confirmed (through `confirmed`; None: by their marks in
-        hub.db) go. KillsFullError past KILLS_HELD kills not confirmed. Committed before it
-        returns: what the hub answers a caller is on disk."""
+        of those every worker confirmed go (marks: see kill_marks). Past KILLS_HELD kills
+        not confirmed, the oldest of those go too, and each worker that had not confirmed
+        one of them is owed a kill of ALL_PLANS (`Kept.stops`). Never refused. Committed
+        before it returns: what the hub answers a caller is on disk."""
         reason = utf8_prefix(reason, KILL_REASON_BYTES)
-        if confirmed is None:
-            confirmed = self.kills_confirmed_by_all()
-        if not any(k[1] == worker_id for k in self._kills.get(plan_id, ())):
-            (held,) = self._db.execute(
-                "SELECT count(*) FROM kills WHERE seq > ?", (confirmed,)
-            ).fetchone()
-            if held >= KILLS_HELD:
-                raise KillsFullError(
-                    f"busy: {held:,} kills wait for a worker to confirm them (the most this "
-                    "hub keeps; a worker away confirms them when it comes back, and one away "
-                    "30 days is forgotten with its kills): kill the plan at the worker "
-                    "(agentworker kill)"
-                )
+        marks = self.kill_marks(connected)
+        confirmed = min(marks.values(), default=ALL_CONFIRMED)
         used = (
             (plan_id in self._kills and plan_id not in self._unused_kills)
             or bool(self.workers_of_plan(plan_id))
             or self._placed(plan_id)
         )
         with db.transaction(self._db):
-            self._db.execute(
-                "DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", (plan_id, worker_id)
-            )
-            cur = self._db.execute(
-                "INSERT INTO kills (plan_id, worker_id, reason, created_ms, used)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (plan_id, worker_id, reason, now_ms(), used),
-            )
-            seq = int(cur.lastrowid or 0)
+            kill = self._keep(plan_id, worker_id, reason, used)
+            dropped = self._drop_past_held(confirmed, kill.seq)
+            stops = self._owe_stops(dropped, marks)
             pruned = self._prune_kills(confirmed)
-        kills = [k for k in self._kills.get(plan_id, []) if k[1] != worker_id]
-        self._kills[plan_id] = [*kills, (seq, worker_id)]
-        if not used:
-            self._unused_kills.add(plan_id)
-        for gone_plan, gone_seq in pruned:
+        for gone_plan, gone_seq in [*pruned, *((plan, seq) for plan, seq, _ in dropped)]:
             left = [k for k in self._kills.get(gone_plan, []) if k[0] != gone_seq]
             if left:
                 self._kills[gone_plan] = left
             else:
                 self._kills.pop(gone_plan, None)
                 self._unused_kills.discard(gone_plan)
+        return Kept(kill, stops)
+
+    def _keep(self, plan_id: str, worker_id: str, reason: str, used: bool) -> pb.KillPlan:
+        """Write the kill's row (replacing the plan's for the same worker) and learn it."""
+        self._db.execute(
+            "DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", (plan_id, worker_id)
+        )
+        cur = self._db.execute(
+            "INSERT INTO kills (plan_id, worker_id, reason, created_ms, used)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (plan_id, worker_id, reason, now_ms(), used),
+        )
+        seq = int(cur.lastrowid or 0)
+        kills = [k for k in self._kills.get(plan_id, []) if k[1] != worker_id]
+        self._kills[plan_id] = [*kills, (seq, worker_id)]
+        if used:
+            self._unused_kills.discard(plan_id)
+        else:
+            self._unused_kills.add(plan_id)
         return pb.KillPlan(plan_id=plan_id, reason=reason, seq=seq, in_use=used)
+
+    def _drop_past_held(self, confirmed: int, arriving: int) -> list[tuple[str, int, str]]:
+        """Past KILLS_HELD kills some worker has not confirmed (through `confirmed`), the
+        oldest go, those of plans never dispatched first; never the one `arriving` (its
+        seq), nor a kill of ALL_PLANS (one a worker at most, and what stands for the
+        kills that went). Plan, seq and worker named of each that went."""
+        (held,) = self._db.execute(
+            "SELECT count(*) FROM kills WHERE seq > ? AND plan_id != ?", (confirmed, ALL_PLANS)
+        ).fetchone()
+        if held <= KILLS_HELD:
+            return []
+        gone = [
+            (str(plan), int(seq), str(named))
+            for plan, seq, named in self._db.execute(
+                "SELECT plan_id, seq, worker_id FROM kills WHERE seq > ? AND plan_id != ?"
+                " AND seq != ? ORDER BY used, seq LIMIT ?",
+                (confirmed, ALL_PLANS, arriving, held - KILLS_HELD),
+            )
+        ]
+        self._db.executemany("DELETE FROM kills WHERE seq = ?", [(seq,) for _, seq, _ in gone])
+        return gone
+
+    def _owe_stops(
+        self, dropped: list[tuple[str, int, str]], marks: Mapping[str, int]
+    ) -> dict[str, pb.KillPlan]:
+        """A kill of ALL_PLANS for each worker (its mark in `marks`) that had not
+        confirmed a kill `dropped` for it, unless one it has not confirmed is kept."""
+        stops: dict[str, pb.KillPlan] = {}
+        if not dropped:
+            return stops
+        for worker_id, mark in marks.items():
+            lost = sum(seq > mark and named in ("", worker_id) for _, seq, named in dropped)
+            if not lost or self.stop_owed(worker_id, mark) is not None:
+                continue
+            log.warning(
+                "hub: %d kill(s) worker %s has not confirmed were dropped, past the %d kept "
+                "for workers to confirm: it is owed a kill of every plan ('%s')",
+                lost,
+                worker_id,
+                KILLS_HELD,
+                ALL_PLANS,
+            )
+            reason = utf8_prefix(
+                f"more than {KILLS_HELD:,} kills waited at the hub for worker {worker_id} to "
+                "confirm them, and the oldest were dropped: every plan of the hub is stopped "
+                "here until the person lifts it (agentworker lift '*')",
+                KILL_REASON_BYTES,
+            )
+            stops[worker_id] = self._keep(ALL_PLANS, worker_id, reason, True)
+        return stops
+
+    def stop_owed(self, worker_id: str, through: int) -> pb.KillPlan | None:
+        """The kill of ALL_PLANS kept for `worker_id` (named for it, or for every worker)
+        that it has not confirmed (numbered after `through`), or None."""
+        owed = [
+            seq
+            for seq, named in self._kills.get(ALL_PLANS, ())
+            if seq > through and named in ("", worker_id)
+        ]
+        if not owed:
+            return None
+        row = self._db.execute("SELECT reason FROM kills WHERE seq = ?", (max(owed),)).fetchone()
+        reason = str(row[0]) if row else ""
+        return pb.KillPlan(plan_id=ALL_PLANS, reason=reason, seq=max(owed), in_use=True)
 
     def _placed(self, plan_id: str) -> bool:
         return bool(
@@ -664,9 +752,9 @@ class HubStore:
 
     def killed(self, plan_id: str, worker_id: str, through: int) -> bool:
         """Whether this hub killed the plan for `worker_id` in a kill numbered after
-        `through` (one the worker has not confirmed). No query: from memory, but for the
-        first call of a plan killed before it was ever dispatched, which marks the kill as
-        of a plan in use (see KILLS_KEPT)."""
+        `through` (one the worker has not confirmed), or every plan (ALL_PLANS). No
+        query: from memory, but for the first call of a plan killed before it was ever
+        dispatched, which marks the kill as of a plan in use (see KILLS_KEPT)."""
         found = any(
             seq > through and named in ("", worker_id)
             for seq, named in self._kills.get(plan_id, ())
@@ -675,11 +763,18 @@ class HubStore:
             self._unused_kills.discard(plan_id)
             with db.transaction(self._db):
                 self._db.execute("UPDATE kills SET used = 1 WHERE plan_id = ?", (plan_id,))
-        return found
+        return found or any(
+            seq > through and named in ("", worker_id)
+            for seq, named in self._kills.get(ALL_PLANS, ())
+        )
 
-    def kill_reason(self, plan_id: str) -> str:
+    def kill_reason(self, plan_id: str, worker_id: str = "") -> str:
+        """Why the plan is killed for `worker_id`: its own kill's reason, else that of
+        the kill of every plan."""
         row = self._db.execute(
-            "SELECT reason FROM kills WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,)
+            "SELECT reason FROM kills WHERE plan_id IN (?, ?)"
+            " AND (? = '' OR worker_id IN ('', ?)) ORDER BY plan_id = ?, seq DESC LIMIT 1",
+            (plan_id, ALL_PLANS, worker_id, worker_id, ALL_PLANS),
         ).fetchone()
         return str(row[0]) if row else ""
 

@@ -1,0 +1,196 @@
+"""A flood of kills while a worker is away never makes the hub refuse a kill (review16
+E1). One worker away pinned the kills the hub keeps for workers to confirm; past
+store.KILLS_HELD of them every KillPlan of a plan not killed already was refused
+(RESOURCE_EXHAUSTED), for as long as that worker stayed away, while the plan ran. Now
+the kill is kept and sent; the oldest kills not confirmed go, and each worker that had
+not confirmed one is owed a kill of every plan ('*'), sent ahead of its backlog when it
+comes back, which stops them all there until the person lifts it.
+
+A real hub (worker.app.start_hub) in the test's loop, with KILLS_HELD made small, and a
+real worker process; the worker away is a hand-driven stream (the far side: a co-tenant
+that connected once), or the real worker stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.hub_inproc import (
+    HandWorker,
+    caller_metadata,
+    hub_in_process,
+    own_channel,
+    probe_request,
+    real_worker,
+    stop_worker,
+    until_connected,
+)
+from worker import app
+from worker.core.ledger import ALL_PLANS
+from worker.hub import store as store_module
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+
+HELD = 40  # store.KILLS_HELD for these tests: the flood that passes it stays short
+
+
+async def _kill(stub: pb_grpc.ControlServiceStub, home: Path, plan: str) -> pb.KillPlanResponse:
+    reply: pb.KillPlanResponse = await stub.KillPlan(
+        pb.KillPlanRequest(plan_id=plan, reason="stop"), metadata=caller_metadata(home), timeout=60
+    )
+    return reply
+
+
+async def _code(stub: pb_grpc.ControlServiceStub, home: Path, worker_id: str, plan: str) -> str:
+    reply = await stub.Dispatch(
+        probe_request(worker_id, plan), metadata=caller_metadata(home), timeout=120
+    )
+    return "ok" if reply.result.status == pb.ActionResult.OK else reply.result.error.code
+
+
+def _killed_at(home: Path, plan: str) -> str | None:
+    """Who killed the plan at the worker of `home` (its state.db), or None."""
+    with sqlite3.connect(home / "state.db") as db:
+        row = db.execute("SELECT killed_by FROM killed_plans WHERE plan_id = ?", (plan,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+async def _until_confirmed(running: app.RunningHub, worker_id: str) -> None:
+    """Until the connected worker confirmed every kill the hub keeps for it."""
+    last = max(k.seq for k in running.hub.store.kills_after(worker_id, 0))
+    while (session := running.hub.sessions.get(worker_id)) is None or (
+        session.kills_through < last
+    ):
+        await asyncio.sleep(0.02)  # the hub runs in this loop
+
+
+def _kill_rows(hub_home: Path) -> int:
+    with sqlite3.connect(hub_home / "hub.db") as db:
+        (count,) = db.execute("SELECT count(*) FROM kills").fetchone()
+    return int(count)
+
+
+def test_a_flood_past_kills_held_with_a_worker_away_never_refuses_the_persons_kill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The co-tenant away pins every kill; HELD + 10 kills of made-up plans, then the
+    person's kill of the plan running on the connected worker: kept and in force there
+    (before: RESOURCE_EXHAUSTED, and the plan's calls ran). The co-tenant, back, is sent
+    the kill of every plan first; hub.db keeps no more than HELD kills and its stop."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", HELD)
+    hub_home = home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(hub_home) as running:
+            worker = real_worker(home, running.address)
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                (worker_id,) = await until_connected(running, worker)
+                cotenant = HandWorker(running.address, hub_home)
+                await cotenant.until("welcome")
+                await cotenant.close()
+                while cotenant.worker_id in running.hub.sessions:
+                    await asyncio.sleep(0.02)  # the hub runs in this loop
+                assert await _code(stub, hub_home, worker_id, "real-plan") == "ok"
+                for n in range(HELD):
+                    await _kill(stub, hub_home, f"made-up-{n}")
+                await _until_confirmed(running, worker_id)  # those that go, it has
+                for n in range(HELD, HELD + 10):
+                    await _kill(stub, hub_home, f"made-up-{n}")
+                told = await _kill(stub, hub_home, "real-plan")
+                assert list(told.worker_ids) == [worker_id]
+                assert list(told.queued_worker_ids) == [cotenant.worker_id]
+                assert await _code(stub, hub_home, worker_id, "real-plan") == "plan_killed"
+                assert _kill_rows(hub_home) <= HELD + 1  # and the co-tenant's stop
+
+                back = HandWorker(
+                    running.address,
+                    hub_home,
+                    hello=cotenant.hello,
+                    key=cotenant.key,
+                )
+                try:
+                    (first, *_) = await back.until("kill_plan")
+                    assert (first.plan_id, first.seq, first.in_use) == (ALL_PLANS, 0, True)
+                    assert "agentworker lift '*'" in first.reason
+                finally:
+                    await back.close()
+                # The connected worker had confirmed every kill: it is owed no stop.
+                assert _killed_at(home, ALL_PLANS) is None
+                assert await _code(stub, hub_home, worker_id, "other-plan") == "ok"
+            finally:
+                await channel.close()
+                await stop_worker(worker)
+
+    asyncio.run(go())
+
+
+def test_a_persons_kill_dropped_for_a_worker_away_is_replaced_by_a_stop_of_every_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The person's kill owed to the worker away goes in a flood of kills of plans in use
+    (each made-up plan's call refused for its kill): the worker, back, records the hub's
+    kill of every plan ahead of the rest, and the killed plan's call is refused, as is
+    any other, until the person lifts '*' there."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", HELD)
+    hub_home = home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(hub_home) as running:
+            worker = real_worker(home, running.address)
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                (worker_id,) = await until_connected(running, worker)
+                assert await _code(stub, hub_home, worker_id, "victim") == "ok"
+                await stop_worker(worker)
+                while running.hub.sessions:
+                    await asyncio.sleep(0.02)  # the hub runs in this loop
+                assert list((await _kill(stub, hub_home, "victim")).queued_worker_ids) == [
+                    worker_id
+                ]
+                for n in range(HELD + 5):  # each in use: its call refused for the kill
+                    await _kill(stub, hub_home, f"in-use-{n}")
+                    assert await _code(stub, hub_home, worker_id, f"in-use-{n}") == "plan_killed"
+                owed = [k.plan_id for k in running.hub.store.kills_after(worker_id, 0)]
+                assert "victim" not in owed and ALL_PLANS in owed
+                assert _kill_rows(hub_home) <= HELD + 1
+
+                worker = real_worker(home, running.address)
+                await until_connected(running, worker)
+                while _killed_at(home, ALL_PLANS) is None:
+                    assert worker.running(), worker.log()
+                    await asyncio.sleep(0.05)  # the worker records it in its state.db
+                assert _killed_at(home, ALL_PLANS) == "server"
+                await _until_confirmed(running, worker_id)  # the numbered stop came too
+                assert await _code(stub, hub_home, worker_id, "victim") == "plan_killed"
+                assert await _code(stub, hub_home, worker_id, "never-killed") == "plan_killed"
+                await asyncio.to_thread(_lift_all, home)
+                assert await _code(stub, hub_home, worker_id, "never-killed") == "ok"
+            finally:
+                await channel.close()
+                await stop_worker(worker)
+
+    asyncio.run(go())
+
+
+def _lift_all(home: Path) -> None:
+    """The person lifts the stop at the worker (`agentworker lift '*'`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
+    env["AGENTWORKER_HOME"] = str(home)
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "lift", ALL_PLANS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
