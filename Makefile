@@ -43,7 +43,7 @@ proto: $(STAMP)  ## regenerate worker/wire/proto from agentworker.proto
 # last step prints them all in one table. RUNS=3 runs them all three times over and
 # the table gives each goal's medians and spread (what a closing note reports).
 RUNS ?= 1
-BENCHES := roundtrip exec fs computer hub_scale sandbox replay tui cli
+BENCHES := roundtrip grown_db exec fs computer hub_scale sandbox replay tui cli
 bench: export AGENTWORKER_BENCH_GOALS := $(abspath $(VENV)/bench-goals.jsonl)
 bench: $(STAMP)  ## benchmarks beside raw baselines, then one table of the goals (RUNS=3: medians)
 	rm -f "$$AGENTWORKER_BENCH_GOALS"

@@ -54,11 +54,12 @@ PAGE_BYTES = 4 * 1024
 CONVERT_UP_TO_BYTES = 16 * 1024 * 1024
 # Free pages beyond these bytes of them are given back to the file system.
 FREE_BYTES_KEPT = 4 * 1024 * 1024
-# Free pages go back in steps that hold the write lock about this long each, this long
-# apart (see give_back_free_pages), and of at most this many pages.
+# Free pages go back in steps that hold the write lock about this long each, at least
+# GIVE_BACK_PAUSE_S and four times the last step apart, and of at most this many pages
+# (see give_back_free_pages).
 GIVE_BACK_STEP_S = 0.005
 GIVE_BACK_PAUSE_S = 0.02
-GIVE_BACK_MOST_PAGES = 4096
+GIVE_BACK_MOST_PAGES = 64
 _INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 # The checkpointer copies the log in after this many commits, or once they have
 # written this many bytes, or once commits have stopped for this long (see Checkpointer).
@@ -239,13 +240,18 @@ def give_back_free_pages(
 def _give_back_in_steps(
     own: sqlite3.Connection, keep: int, page: int, stop: threading.Event
 ) -> int:
+    """A page's cost jumps as the file's end goes from free pages (microseconds) to
+    pages in use (each moved, up to milliseconds): a step's size is the time wanted
+    over the dearest page seen lately (a spike wears off by a twentieth a step), never
+    more than GIVE_BACK_MOST_PAGES."""
     given = 0
     since_checkpoint = 0
-    step = 16  # pages; doubled or halved to take about GIVE_BACK_STEP_S
+    dearest_s = GIVE_BACK_STEP_S / GIVE_BACK_MOST_PAGES
     while not stop.is_set():
         free = int(own.execute("PRAGMA freelist_count").fetchone()[0])
         if free <= keep:
             break
+        step = max(1, min(GIVE_BACK_MOST_PAGES, int(GIVE_BACK_STEP_S / dearest_s)))
         pages = min(step, free - keep)
         started = time.perf_counter()
         own.executescript(f"PRAGMA incremental_vacuum({pages});")
@@ -255,14 +261,11 @@ def _give_back_in_steps(
             break  # nothing more can go (never expected: not a loop for ever)
         given += gone
         since_checkpoint += gone
-        if took < GIVE_BACK_STEP_S / 2:
-            step = min(step * 2, GIVE_BACK_MOST_PAGES)
-        elif took > GIVE_BACK_STEP_S:
-            step = max(step // 2, 1)
+        dearest_s = max(took / gone, dearest_s * 0.95, GIVE_BACK_STEP_S / GIVE_BACK_MOST_PAGES)
         if since_checkpoint * page >= CHECKPOINT_BYTES:
             own.execute("PRAGMA wal_checkpoint(PASSIVE)")  # off every writer's path
             since_checkpoint = 0
-        stop.wait(GIVE_BACK_PAUSE_S)  # the other writers' turn
+        stop.wait(max(GIVE_BACK_PAUSE_S, 4 * took))  # the other writers' turn
     if given:
         own.execute("PRAGMA wal_checkpoint(PASSIVE)")  # the file shrinks here
     return given

@@ -6,6 +6,16 @@ the same kind of id as before. A call takes two of them (its correlation id at t
 hub, its invocation id at the worker), and on the 2-core machine the project is
 measured on, building the UUID object took 12 of uuid4's 15 us.
 
+`ordered_id()` is a version-7 UUID's (RFC 9562): the time in milliseconds first, then
+74 random bits. The hub names the calls it makes ids for so: each database keys a call
+by its id (hub.db's calls, the ledger's calls, telemetry's index of invocations), and
+a random key puts each new row on a random leaf of a grown index, each its own 4 KiB
+page written to the log and copied back in. With 300,000 calls in each table, the
+hub's and the worker's writes of a call (add, complete, hold and telemetry, ack; in
+batches of 64) took 79.5 us with random ids against 39.8 us with ordered ones (47.1
+and 35.3 in fresh databases; alternated, at load 21). An id a caller chooses is kept
+as it is; a caller that names its calls does best with ordered ids too.
+
 `id_problem` is the one rule for ids a request carries (correlation, plan, agent,
 owner, task): what the hub takes from callers and the worker from a server;
 `name_problem` the one for the surface and action it names.
@@ -15,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Final
 
 # The longest id a request may carry. A hub's own are 32 hex digits; a server's plan
@@ -30,6 +41,15 @@ def new_id() -> str:
     """A version-4 UUID's 32 hex digits, as `uuid.uuid4().hex` gives them."""
     raw = bytearray(os.urandom(16))
     raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    return raw.hex()
+
+
+def ordered_id() -> str:
+    """A version-7 UUID's 32 hex digits: 48 bits of Unix time in milliseconds, then the
+    version, 74 random bits and the variant."""
+    raw = bytearray((time.time_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(10))
+    raw[6] = (raw[6] & 0x0F) | 0x70  # version 7
     raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
     return raw.hex()
 

@@ -45,7 +45,7 @@ from worker.hub.reads import control_reads, hello_reads, later_reads
 from worker.hub.session import HOLD_S, Session
 from worker.hub.store import HubStore, StoredCall
 from worker.hub.turns import Unread, address_of
-from worker.ids import id_problem, name_problem, new_id
+from worker.ids import id_problem, name_problem, ordered_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
     PART_BYTES,
@@ -1074,7 +1074,7 @@ class Hub:
         timeout_ms = min(req.timeout_ms, MAX_TIMEOUT_MS)
         timeout_s = timeout_ms / 1000 if timeout_ms else self.default_timeout_s
         return pb.ActionRequest(
-            correlation_id=req.correlation_id or new_id(),
+            correlation_id=req.correlation_id or ordered_id(),
             plan_id=req.plan_id,
             agent_id=req.agent_id,
             owner_user_id=req.owner_user_id,
@@ -1279,7 +1279,7 @@ class Hub:
         went under another (the hub named both, no caller knows either): should the
         worker answer that one after all (it refuses a request whose handed blob went
         with its stream), the answer is to a call unknown here, never to this one."""
-        request.correlation_id = new_id()
+        request.correlation_id = ordered_id()
         blob = await delivery.whole(pieces)
         return await self._recorded_and_sent(worker_id, req, request, blob, None)
 
