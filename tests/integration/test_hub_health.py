@@ -209,19 +209,67 @@ def test_one_connection_has_at_most_four_calls_waiting(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
-def test_past_the_calls_waiting_of_all_a_newcomer_is_refused_at_once(tmp_path: Path) -> None:
-    """Past HEALTH_WAITING calls waiting (two here), a new call is answered busy at once."""
+def test_past_the_calls_waiting_of_all_a_newcomer_takes_a_busier_connections_place(
+    tmp_path: Path,
+) -> None:
+    """Past HEALTH_WAITING calls waiting (two here), a new call of a connection with
+    fewer calls takes the place of the latest call of a connection with more (answered
+    busy), and is answered in its turn; a newcomer that has no fewer is answered busy at
+    once. Callers that filled the places kept every check out (review14 finding 03)."""
 
     async def go() -> None:
-        async with _hub_with_channels(tmp_path / "home", 4) as (running, channels):
+        async with _hub_with_channels(tmp_path / "home", 3) as (running, channels):
             reads = running.health.reads
             running.health.waiting_most = 2
             silent = [*_silent(channels[0], 2), *_silent(channels[1], 2)]
             await _until(lambda: reads.held() == 2 and reads.waiting() == 2)
+            check = _silent(channels[2], 1)[0]
+            ends = [asyncio.ensure_future(_refused(call)) for call in silent]
+            done, left = await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            code, details = done.pop().result()  # the latest waiting
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert details.startswith("busy: its place among the health calls waiting"), details
+            await _until(lambda: reads.waiting() == 2)
             code, details = await _refused(_silent(channels[2], 1)[0])
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert details == "busy: 2 health calls already wait to be read; ask again later"
+            await check.write(REQUEST.SerializeToString())
+            await check.done_writing()
+            for call in silent[:2]:  # channel 0's turn goes back: to the check, whose
+                call.cancel()  # connection was never served
+            assert Status.FromString(await check.read()).status == Status.SERVING
             for call in silent:
+                call.cancel()
+            await asyncio.wait(left)
+
+    asyncio.run(go())
+
+
+def test_a_request_that_comes_late_in_its_turn_makes_its_connection_late(
+    tmp_path: Path,
+) -> None:
+    """A request that comes HEALTH_READY_S or more into its call's turn (none here) is
+    answered, and its connection goes late as one whose request never came: its next call
+    waits behind the others'. Callers sending theirs 1.7 s into each turn, under the 2 s
+    it was, were never late and kept every check out (review14 finding 03)."""
+
+    async def go() -> None:
+        async with _hub_with_channels(tmp_path / "home", 3) as (running, channels):
+            health = running.health
+            slow = _silent(channels[0], 1)[0]
+            await _until(lambda: health.reads.held() == 1)
+            health.ready_s = 0.0
+            await slow.write(REQUEST.SerializeToString())
+            await slow.done_writing()
+            assert Status.FromString(await slow.read()).status == Status.SERVING
+            assert len(health.late_connections) == 1
+            health.ready_s = 600.0
+            holding = [*_silent(channels[1], 1), *_silent(channels[2], 1)]
+            await _until(lambda: health.reads.held() == 2)
+            again = _silent(channels[0], 1)[0]
+            await _until(lambda: health.reads.waiting() == 1)
+            assert health.reads.waiting(2) == 1
+            for call in [*holding, again]:
                 call.cancel()
 
     asyncio.run(go())

@@ -430,9 +430,17 @@ class Hub:
                 }[past]
                 + f"; retry in {HELLO_RETRY_MIN_S:g} s"
             )
-        first: Incoming | EnvelopeRefused = await gate.read(
-            who, address, lambda: anext(requests), turn_within_s=HANDSHAKE_TIMEOUT_S
-        )
+        try:
+            first: Incoming | EnvelopeRefused = await gate.read(
+                who, address, lambda: anext(requests), turn_within_s=HANDSHAKE_TIMEOUT_S
+            )
+        except Unread as unread:
+            if unread.why != "pushed_out":
+                raise
+            raise BusyStream(
+                "busy: its place among the streams waiting to say Hello went to a stream of "
+                f"an address or {whose} with fewer waiting; retry in {HELLO_RETRY_MIN_S:g} s"
+            ) from None
         return first
 
     def _forget_workers(self) -> None:

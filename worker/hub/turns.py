@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import functools
 import ipaddress
+import itertools
 import urllib.parse
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,9 @@ _Entry = tuple[str, "asyncio.Future[bool]"]
 # Peers whose last turn is remembered; past it, those neither holding nor waiting are
 # forgotten (a forgotten peer counts as served longest ago).
 PEERS_REMEMBERED = 1024
+# A newcomer past a Gate's `waiting_most` takes the place of one of the latest this many
+# waiting, if one of them is of a busier address or peer (Gate._push_out).
+PUSH_OUT_LOOKS_AT = 256
 
 
 class Turns:
@@ -156,12 +160,23 @@ class Turns:
     def put_behind(self, rank_of: Callable[[str], int]) -> None:
         """Waiting calls whose peer's rank (`rank_of`) is now above their queue's go to the
         end of their rank's."""
+        self.rerank(rank_of, ahead=False)
+
+    def rerank(self, rank_of: Callable[[str], int], *, ahead: bool = True) -> None:
+        """Waiting calls whose peer's rank (`rank_of`) is now another than their queue's
+        (above it; below it too unless not `ahead`) go to the end of their rank's."""
+        moved: list[tuple[int, _Entry]] = []
         for rank in range(len(self._queues)):
             keep: deque[_Entry] = deque()
             for entry in self._queues[rank]:
                 now = rank_of(entry[0])
-                (self._queue(now) if now > rank else keep).append(entry)
+                if now > rank or (ahead and now < rank):
+                    moved.append((now, entry))
+                else:
+                    keep.append(entry)
             self._queues[rank] = keep
+        for now, entry in moved:
+            self._queue(now).append(entry)
 
     def _give_back(self, peer: str) -> None:
         held = self._held[peer] - 1
@@ -218,20 +233,32 @@ def address_of(peer: str) -> str:
 
 
 @dataclass(eq=False)
+class _Waiter:
+    """A read waiting for its turn (admitted: Gate.admit)."""
+
+    peer: str
+    address: str
+    budget: asyncio.Timeout
+    pushed_out: bool = False  # its place went to a read of a peer and address waiting less
+
+
+@dataclass(eq=False)
 class _Holder:
     """A read holding a turn, its message not come yet."""
 
     budget: asyncio.Timeout
     since: float
     rank: int
+    start: float  # when its call began
     gave_up: bool = False  # its turn went to a waiting read
     timer: asyncio.TimerHandle | None = None
 
 
 class Unread(Exception):  # noqa: N818 (an outcome, not a fault)
     """A read that ended without its message: `why` is "waited" (no turn came within
-    its time), "gave_up" (its turn went to a waiting read while its message had not
-    come) or "late" (its message did not come within its time)."""
+    its time), "pushed_out" (its place among those waiting went to a read of a peer and
+    address waiting less: Gate.admit), "gave_up" (its turn went to a waiting read while
+    its message had not come) or "late" (its message did not come within its time)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(why)
@@ -253,11 +280,23 @@ class Gate:
       an address's (`calls_per_address`; `calls_per_late_address` while the address is
       late, or with `late_address_counts_late` the reads of late peers only, counted
       over those alone), all (`waiting_most` waiting), and of rank 2 `waiting_late`
-      waiting.
-    - A read that held a turn without its message coming makes its peer late for
-      `late_for_s`, and its address too while its peers go late faster than
-      `late_per_address` in that time. Reads are ranked: 0, 1 if their address is late,
-      2 if their peer is; a read waits behind those of lower ranks (worker.hub.turns).
+      waiting. Past `waiting_most`, a newcomer takes the place of a waiting read that
+      ranks after it, or is of an address with more reads, or of the same address and
+      a peer with more (the latest such; it ends "pushed_out"): callers that fill the
+      places do not keep out one that has none (review14 finding 03).
+    - A read that held a turn without its message coming within `ready_s` (it came
+      later, or never) makes its peer late for `late_for_s`, and its address too while
+      its peers go late faster than `late_per_address` in that time. Reads are ranked:
+      0, 1 if their address is late, 2 if their peer is; a read waits behind those of
+      lower ranks (worker.hub.turns). A message sent with the call is there as its turn
+      comes, so only a peer that holds turns without sending goes late: one that sent
+      1.7 s into each turn, under the 2 s it took not to come then, was never late, and
+      such callers kept every health check out (review14 finding 03). A peer whose last
+      read's message came within `ready_s` of its call's start (of the latest
+      PEERS_REMEMBERED) ranks 0 though its address is late: a load balancer checking on
+      the connection it keeps goes ahead of the new connections of its address, which
+      callers that hold turns can open for each call. (A message read at once after a
+      longer wait for the turn proves nothing: it may have come late.)
     - A read whose message has not come gives its turn up to a waiting read that could
       take it: at once if that one's rank is lower, `prompt_s` into the turn if it is
       the same.
@@ -272,6 +311,7 @@ class Gate:
         read_within_s: float | None,
         turn_within_s: float | None = None,
         prompt_s: float,
+        ready_s: float | None = None,
         waiting_most: int,
         waiting_late: int,
         calls_per_connection: int,
@@ -286,6 +326,7 @@ class Gate:
         self.read_within_s = read_within_s
         self.turn_within_s = turn_within_s
         self.prompt_s = prompt_s
+        self.ready_s = prompt_s if ready_s is None else ready_s
         self.waiting_most = waiting_most
         self.waiting_late = waiting_late
         self.calls_per_connection = calls_per_connection
@@ -298,15 +339,24 @@ class Gate:
         # address -> those of them whose peer was late as they came (rank 2)
         self.late_address_calls: dict[str, int] = {}
         self._addresses: dict[str, str] = {}  # peer -> its address, while it reads
+        # Reads waiting for their turn (a dict for its order: the latest last), and how
+        # many of them were pushed out and have not left yet.
+        self._waiting: dict[_Waiter, None] = {}
+        self._pushed_out = 0
         self.late_connections = Rate(1, 1 / late_for_s)
         self.late_addresses = Rate(late_per_address, late_per_address / late_for_s)
+        # Peers whose last read's message came within `ready_s` of its call's start (the
+        # latest last).
+        self.prompt_peers: OrderedDict[str, None] = OrderedDict()
         self._holders: set[_Holder] = set()
 
     def rank(self, peer: str, address: str, now: float) -> int:
-        """2 if `peer`'s messages came late, 1 if its address's did, else 0: a read
-        waits behind those of lower ranks."""
+        """2 if `peer`'s messages came late, 1 if its address's did and its own last did
+        not come in time, else 0: a read waits behind those of lower ranks."""
         if self.late_connections.wait_s(peer, now) > 0:
             return 2
+        if peer in self.prompt_peers:
+            return 0
         return int(self.late_addresses.wait_s(address, now) > 0)
 
     def admit(self, peer: str, address: str, now: float) -> str | None:
@@ -327,11 +377,42 @@ class Gate:
             per_address = self.calls_per_late_address if rank else self.calls_per_address
         if per_address is not None and self.address_calls.get(address, 0) >= per_address:
             return "address"
-        if self.reads.waiting() >= self.waiting_most:
-            return "all"
         if rank == 2 and self.reads.waiting(2) >= self.waiting_late:
             return "late"
+        if self.reads.waiting() - self._pushed_out >= self.waiting_most and not self._push_out(
+            peer, address, rank, now
+        ):
+            return "all"
         return None
+
+    def _push_out(self, peer: str, address: str, rank: int, now: float) -> bool:
+        """Whether a waiting read gave its place to a newcomer of `peer`: the latest of
+        those that rank after it, or whose address has more reads than the newcomer's
+        would, or whose peer at the same address has more (looked for among the latest
+        PUSH_OUT_LOOKS_AT: a newcomer past the bound costs the loop little). Fair places:
+        a flood from one address (or one connection) loses its latest waiting reads to a
+        caller from another (or another connection), not that caller its chance."""
+        mine = self.address_calls.get(address, 0), self.calls.get(peer, 0)
+        victim: _Waiter | None = None
+        for waiter in itertools.islice(reversed(self._waiting), PUSH_OUT_LOOKS_AT):
+            if waiter.pushed_out or waiter.peer == peer:
+                continue
+            same = waiter.address == address
+            theirs = (
+                self.rank(waiter.peer, waiter.address, now),
+                self.address_calls[waiter.address],
+                self.calls[waiter.peer],
+            )
+            ours = (rank, mine[0] + (not same), mine[1] + 1)
+            if theirs[0] > ours[0] or (theirs[0] == ours[0] and theirs[1:] > ours[1:]):
+                victim = waiter
+                break
+        if victim is None:
+            return False
+        victim.pushed_out = True
+        self._pushed_out += 1
+        victim.budget.reschedule(now)  # it leaves now, unread
+        return True
 
     async def read(
         self,
@@ -357,16 +438,22 @@ class Gate:
         self._addresses[peer] = address
         message = _NONE
         holder: _Holder | None = None
+        waiter: _Waiter | None = None
         within = None if self.read_within_s is None else start + self.read_within_s
         try:
             async with asyncio.timeout_at(within) as budget:
                 loop.call_soon(self._give_turns)  # once this read waits, if it does
+                waiter = _Waiter(peer, address, budget)
+                self._waiting[waiter] = None
                 async with self.reads.turn(peer, rank=rank):
+                    self._stop_waiting(waiter)
+                    if waiter.pushed_out:  # handed a turn as it was pushed out
+                        raise TimeoutError
                     now = loop.time()  # its rank now: its peer may have gone late
                     if turn_within_s is not None:
                         until = now + turn_within_s
                         budget.reschedule(until if within is None else min(within, until))
-                    holder = _Holder(budget, now, self.rank(peer, address, now))
+                    holder = _Holder(budget, now, self.rank(peer, address, now), start)
                     self._holders.add(holder)
                     holder.timer = loop.call_at(now + self.prompt_s, self._give_turns)
                     try:
@@ -376,10 +463,19 @@ class Gate:
         except TimeoutError:
             pass
         finally:
+            if waiter is not None:
+                self._stop_waiting(waiter)
             self._leave(peer, address, late)
         if message is _NONE:
-            raise Unread("waited" if holder is None else "gave_up" if holder.gave_up else "late")
+            if holder is None:
+                raise Unread("pushed_out" if waiter is not None and waiter.pushed_out else "waited")
+            raise Unread("gave_up" if holder.gave_up else "late")
         return message
+
+    def _stop_waiting(self, waiter: _Waiter) -> None:
+        if waiter in self._waiting:
+            del self._waiting[waiter]
+            self._pushed_out -= waiter.pushed_out
 
     def _leave(self, peer: str, address: str, late: bool) -> None:
         if late:
@@ -401,16 +497,26 @@ class Gate:
             del self.address_calls[address]
 
     def _let_go(self, peer: str, address: str, holder: _Holder, unread: bool) -> None:
-        """A read ends its turn: one that held it without its message coming (its time
-        ran out, it gave the turn up, or its caller went) makes its peer late, and
-        counts against its address (`late_per_address`); the waiting reads of those go
-        behind the others of lower ranks."""
+        """A read ends its turn: one that held it without its message coming within
+        `ready_s` (it came later, its time ran out, it gave the turn up, or its caller
+        went) makes its peer late, and counts against its address (`late_per_address`);
+        the waiting reads of those go behind the others of lower ranks."""
         self._holders.discard(holder)
         if holder.timer is not None:
             holder.timer.cancel()
-        if not unread:
-            return
         now = asyncio.get_running_loop().time()
+        if not unread and now - holder.since < self.ready_s:
+            if now - holder.start >= self.ready_s:
+                return  # it waited: when its message came is not known
+            ahead = peer not in self.prompt_peers and self.calls.get(peer, 0) > 1
+            self.prompt_peers[peer] = None
+            self.prompt_peers.move_to_end(peer)
+            if len(self.prompt_peers) > PEERS_REMEMBERED:
+                self.prompt_peers.popitem(last=False)
+            if ahead:  # its other reads waiting go ahead of its address's, as it does now
+                self.reads.rerank(lambda waiting: self.rank(waiting, self._where(waiting), now))
+            return
+        self.prompt_peers.pop(peer, None)
         waits_s = self.late_connections.wait_s(peer, now)
         if not waits_s:  # a peer late anew: its address counts it
             self.late_addresses.take(address, now)
