@@ -3,6 +3,7 @@ result blob only until a caller takes it, and forgets calls after their keeping 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -468,3 +469,52 @@ def test_an_answered_calls_request_keeps_its_args_as_the_answers_preview(
 
 def test_a_stored_request_that_does_not_decode_is_kept_as_it_was() -> None:
     assert store_module.answered_request(b"\xff\xff", "{}") == b"\xff\xff"
+
+
+def test_a_hub_db_put_back_from_a_backup_starts_a_new_kills_epoch_at_the_hubs_start(
+    tmp_path: Path,
+) -> None:
+    """review15 finding 08, learnt from the file beside hub.db (KILLS_ISSUED_FILE), not
+    from a worker's Hello (review16 E3): a hub.db that numbered fewer kills than the file
+    says, or another epoch's, or a file unreadable, starts a new epoch, and the workers'
+    marks go; the same hub.db, restarted, keeps its epoch."""
+    path = tmp_path / "hub.db"
+    backup = tmp_path / "hub.db.backup"
+    store = HubStore(path)
+    store.seen_worker(pb.Hello(worker_id="w"))
+    store.kill("p", "stop")
+    store.touch_worker("w", 10, kills_through=1)
+    store.close()
+    with (
+        contextlib.closing(sqlite3.connect(path)) as src,
+        contextlib.closing(sqlite3.connect(backup)) as dst,
+    ):
+        src.backup(dst)
+    store = HubStore(path)
+    epoch = store.kills_epoch
+    assert store.kill("q", "stop").kill.seq == 2
+    store.close()
+    assert _epoch_at_start(path) == epoch  # the same hub.db: the same numbers
+
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    backup.rename(path)  # numbered through 1; the file says 2
+    store = HubStore(path)
+    assert store.kills_epoch != epoch and store.kills_confirmed("w") == 0
+    again = store.kills_epoch
+    store.close()
+    assert _epoch_at_start(path) == again  # the file follows the new epoch
+
+    mark = tmp_path / store_module.KILLS_ISSUED_FILE
+    mark.write_text("not a mark")
+    assert _epoch_at_start(path) != again
+    mark.unlink()  # none (a hub.db from before it): written, nothing else
+    store = HubStore(path)
+    assert mark.read_text().split() == [store.kills_epoch, "1"]
+    store.close()
+
+
+def _epoch_at_start(path: Path) -> str:
+    store = HubStore(path)
+    store.close()
+    return store.kills_epoch

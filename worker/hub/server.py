@@ -221,6 +221,7 @@ class Hub:
         self.hellos = Hellos()
         # Streams refused before their Hello are logged a few lines a minute at most.
         self.stream_refusals = PacedLines()
+        self.kill_marks_refused = PacedLines()  # Hellos' marks past the kills numbered
         # Turns to read worker streams' first messages (HELLO_READS_AT_ONCE): of keys a
         # worker remembered here is bound to, and of the others.
         self.known_hello_reads = hello_reads(known=True)
@@ -320,20 +321,22 @@ class Hub:
                 if call.correlation_id in session.resent
             }
         if hello.kills_epoch == self.store.kills_epoch:
-            if hello.kills_through > self.store.kills_issued():
-                # Confirmed kills this hub.db never numbered: it went back (restored from
-                # a backup), and its next kills would reuse seqs the worker confirmed, never
-                # to be sent (review15 finding 08). A new epoch: every worker takes them all.
-                log.warning(
-                    "worker %s confirmed kills through %d, past the %d hub.db numbered: "
-                    "hub.db went back (a backup?); numbering kills in a new epoch",
+            issued = self.store.kills_issued()
+            if hello.kills_through <= issued:
+                session.kills_through = hello.kills_through
+            else:
+                # Kills this hub.db never numbered: not taken (the stream is sent every
+                # kill kept; the worker keeps lifted what it recorded before). Whether
+                # hub.db went back is known at the hub's start, never from a worker's
+                # word: anyone with hub-workers.token could say this, and it made a new
+                # epoch, undoing the person's lifts at every worker (review16 E3).
+                self.kill_marks_refused.log(
+                    "worker %s says it confirmed kills through %d, past the %d this hub "
+                    "numbered: not taken, it is sent every kill kept",
                     hello.worker_id,
                     hello.kills_through,
-                    self.store.kills_issued(),
+                    issued,
                 )
-                self.store.new_kills_epoch()
-            else:
-                session.kills_through = hello.kills_through
         previous = self.sessions.get(hello.worker_id)
         if previous is not None:
             log.info("worker %s reconnected; closing its old stream", hello.worker_id)

@@ -31,6 +31,7 @@ database file, not left in its free space.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
@@ -154,6 +155,46 @@ class Kept:
     stops: dict[str, pb.KillPlan]
 
 
+# Beside hub.db, the kills it numbered: "<kills_epoch> <highest seq>", written after each
+# kill's commit (no fsync, as the commit has none: synchronous=NORMAL; a power cut that
+# takes the last commits and leaves this starts a new epoch, which is right, since
+# workers may have confirmed the seqs lost). A hub.db put back from a backup numbers
+# below it, or in another epoch: at its start the hub makes a new kills epoch (see
+# HubStore.__init__). The file is not hub.db's, so a backup of hub.db does not take it
+# back. Before, the hub learnt it from a worker's Hello confirming kills past those
+# numbered, and anyone with hub-workers.token could say so at will: each such Hello
+# made a new epoch, and every worker took every kill kept anew, the person's lifts
+# undone at each (review16 E3).
+KILLS_ISSUED_FILE: Final = "hub-kills-issued"
+
+
+class IssuedMark:
+    """The file that keeps how far hub.db numbered its kills (KILLS_ISSUED_FILE)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> tuple[str, int] | None:
+        """(epoch, seq) written last; None with no file; ("", -1) for one unreadable."""
+        try:
+            text = self.path.read_text(encoding="ascii")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError):
+            return ("", -1)
+        epoch, _, seq = text.strip().partition(" ")
+        return (epoch, int(seq)) if seq.isdigit() else ("", -1)
+
+    def write(self, epoch: str, seq: int) -> None:
+        record = f"{epoch} {seq}\n".encode("ascii")
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, record, 0)  # one write: a process killed leaves it whole
+            os.ftruncate(fd, len(record))
+        finally:
+            os.close(fd)
+
+
 def utf8_prefix(text: str, limit: int) -> str:
     """`text` cut to at most `limit` UTF-8 bytes, on a character's boundary."""
     data = text.encode()
@@ -247,6 +288,8 @@ class HubStore:
             row = (uuid.uuid4().hex,)
             self._db.execute("INSERT INTO kills_epoch VALUES (1, ?)", row)
         self.kills_epoch: str = row[0]
+        self._issued = IssuedMark(path.with_name(KILLS_ISSUED_FILE))
+        self._start_epoch_if_went_back()
         # plan -> [(seq, worker named or '')]: what Dispatch asks, without a query.
         self._kills: dict[str, list[tuple[int, str]]] = {}
         self._unused_kills: set[str] = set()  # killed plans never dispatched (yet)
@@ -272,6 +315,29 @@ class HubStore:
             )
             self._db.execute("DROP TABLE queued_kills")
             self._prune_kills()
+
+    def _start_epoch_if_went_back(self) -> None:
+        """A hub.db that numbered fewer kills than the file beside it says, or in another
+        epoch (put back from a backup): a new kills epoch, since its next kills would
+        reuse seqs the workers confirmed already, never to be sent, counted as gone ahead
+        of the plan's calls, which ran (review15 finding 08). No file (a hub.db from
+        before it): it is written now."""
+        issued = self.kills_issued()
+        mark = self._issued.read()
+        if mark is not None and (mark[0] != self.kills_epoch or mark[1] > issued):
+            log.warning(
+                "hub: hub.db numbered kills through %d of epoch %s, and %s says it had "
+                "numbered %d of epoch %s: hub.db went back (a backup?); numbering kills in "
+                "a new epoch, which every worker is sent anew",
+                issued,
+                self.kills_epoch,
+                self._issued.path.name,
+                mark[1],
+                mark[0] or "(unreadable)",
+            )
+            self.new_kills_epoch()
+        else:
+            self._issued.write(self.kills_epoch, issued)
 
     def close(self) -> None:
         self.flush()
@@ -564,12 +630,14 @@ class HubStore:
         """Number the kills in a new sequence: every worker's mark (Hello.kills_through)
         is of the old one, so each takes every kill kept anew (a lift at a worker is then
         undone: fail closed). For a hub.db that went back (a backup restored), whose
-        next seqs are ones workers confirmed already (review15 finding 08)."""
+        next seqs are ones workers confirmed already (review15 finding 08), seen at the
+        hub's start (KILLS_ISSUED_FILE), never from a worker's word (review16 E3)."""
         epoch = uuid.uuid4().hex
         with db.transaction(self._db):
             self._db.execute("UPDATE kills_epoch SET epoch = ?", (epoch,))
             self._db.execute("UPDATE workers SET kills_through = 0")
         self.kills_epoch = epoch
+        self._issued.write(epoch, self.kills_issued())
         return epoch
 
     def kill_marks(self, connected: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -617,6 +685,7 @@ class HubStore:
             dropped = self._drop_past_held(confirmed, kill.seq)
             stops = self._owe_stops(dropped, marks)
             pruned = self._prune_kills(confirmed)
+        self._issued.write(self.kills_epoch, self.kills_issued())
         for gone_plan, gone_seq in [*pruned, *((plan, seq) for plan, seq, _ in dropped)]:
             left = [k for k in self._kills.get(gone_plan, []) if k[0] != gone_seq]
             if left:
