@@ -385,7 +385,9 @@ class Hub:
             self._resend_open_calls(session)
             while (batch := await batches.next_batch()) is not None:
                 # spread_parts leaves envelope parts only: a transfer goes a part at a time.
+                session.writes()
                 yield envelope_of(cast(list[bytes], batch))
+                session.wrote()
             if session.refusal is not None:
                 await context.abort(*session.refusal)
         finally:
@@ -577,6 +579,15 @@ class Hub:
         while True:
             if peer == LOCAL_PEER or self._expects(session):
                 return await anext(requests, None)
+            if session.writing is not None:
+                # A stream that does not take what the hub writes it (a worker reads its
+                # stream at once) asks for no turn: a read asked for in a turn stays asked
+                # for after the turn is given up, and such a stream cannot be ended (its
+                # handler waits for gRPC to take the envelope): each would take in a
+                # message whole outside the bound (review16 F1: 16 streams of HTTP/2
+                # window 0, +376..501 MB).
+                await session.writing
+                continue
             # One future to wait on, for the turn or for a send that wakes it, and no
             # task: an idle stream waits so (1,000 idle workers took the hub 5 KB more
             # each with a task for each of the two and asyncio.wait over them).

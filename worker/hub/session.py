@@ -59,6 +59,10 @@ class Session:
     # (Turns.ask): resolved False as the hub sends the worker something other than a
     # heartbeat, so that the reader looks again whether it expects answers (Hub._next).
     waiting: asyncio.Future[bool] | None = None
+    # While gRPC has not taken the envelope last handed to it (the worker does not read:
+    # HTTP/2's flow control holds it), what its taking resolves (Hub._next waits on it
+    # before it asks for a later-read turn; see `wrote`).
+    writing: asyncio.Future[None] | None = None
     # When it began (unix ms): the time it was connected counts for its worker's row.
     started_ms: int = field(default_factory=now_ms)
     # The hub's kills the worker confirmed recording, through this one (KillPlan.seq):
@@ -106,6 +110,15 @@ class Session:
         else:
             part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
             self.outbox.put_nowait(part)
+
+    def writes(self) -> None:
+        """An envelope goes to gRPC: `writing` until it has taken it (`wrote`)."""
+        self.writing = asyncio.get_running_loop().create_future()
+
+    def wrote(self) -> None:
+        if self.writing is not None and not self.writing.done():
+            self.writing.set_result(None)
+        self.writing = None
 
     def release(self) -> None:
         """Let a held batch go (see Hub._hold)."""

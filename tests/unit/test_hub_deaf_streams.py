@@ -1,0 +1,48 @@
+"""A worker stream that does not take what the hub writes it asks for no later-read
+turn (review16 F1): a read asked for in a turn stays asked for after the turn is given
+up, and such a stream cannot be ended (its handler waits for gRPC to take the envelope
+it handed over), so each took in a message whole outside LATER_READS_AT_ONCE. The hub
+and its session are real; the stream's messages are the far side, an iterator here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from worker.hub.envelopes import EnvelopeRefused, Incoming
+from worker.hub.server import Hub
+from worker.hub.session import Session
+from worker.hub.store import HubStore
+from worker.wire.proto import agentworker_pb2 as pb
+
+PEER = "ipv4:127.0.0.1:40000"
+
+
+def test_a_stream_whose_writes_are_not_taken_asks_for_no_read_turn(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"))
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s")
+        asked = asyncio.Event()
+        message = asyncio.get_running_loop().create_future()
+
+        async def requests() -> AsyncIterator[Incoming | EnvelopeRefused]:
+            asked.set()  # gRPC is asked for the stream's next message
+            yield await message
+
+        session.writes()  # the Welcome, handed to gRPC, not taken: the worker reads nothing
+        reader = asyncio.create_task(hub._next(session, requests(), PEER))
+        for _ in range(100):  # the reader runs as far as it goes
+            await asyncio.sleep(0)
+        assert not reader.done() and not asked.is_set()
+        assert hub.later_reads.held() == 0 and hub.later_reads.waiting() == 0
+
+        session.wrote()  # gRPC took it: the stream reads what it is sent
+        await asyncio.wait_for(asked.wait(), 10)
+        assert hub.later_reads.held(PEER) == 1  # in a turn
+        message.set_result([])
+        assert await asyncio.wait_for(reader, 10) == []
+        assert hub.later_reads.held() == 0
+        hub.store.close()
+
+    asyncio.run(go())
