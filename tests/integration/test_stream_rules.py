@@ -23,7 +23,7 @@ from worker.config import Paths, load
 from worker.core import connection
 from worker.core.connection import Backoff, FatalConnectionError, Target, WorkerConnection
 from worker.core.console import encode
-from worker.core.ledger import MAX_SERVER_KILLS
+from worker.core.ledger import ALL_PLANS, MAX_SERVER_KILLS
 from worker.wire.proto import agentworker_pb2 as pb
 
 MIB = 1024 * 1024
@@ -155,6 +155,32 @@ def test_kill_plan_cancels_running_calls_and_refuses_later_ones_durably(tmp_path
         assert error_code(await hub.next("result")) == "plan_killed"
 
     play(tmp_path, after_restart)
+
+
+def test_a_kill_of_every_plan_stops_the_running_calls_of_every_plan_at_once(
+    tmp_path: Path,
+) -> None:
+    """A server's kill of '*' (the hub's, for kills it dropped) stops every call running,
+    whatever its plan, at once; before, only calls of a plan literally named '*' were
+    stopped, the others ran on until the periodic check (which this link does not run)."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        hub.request("s1", '{"sleep_ms": 60000}', plan_id="plan-a")
+        hub.request("s2", '{"sleep_ms": 60000}', plan_id="plan-b")
+        started: set[str] = set()
+        while started != {"s1", "s2"}:
+            started.update((await hub.next("ack")).correlation_ids)
+        hub.send(kill_plan=pb.KillPlan(plan_id=ALL_PLANS, reason="kills were dropped"))
+        results = {}
+        while len(results) < 2:
+            r = await hub.next("result", timeout=30)
+            results[r.correlation_id] = r
+        assert [error_code(results[c]) for c in ("s1", "s2")] == ["plan_killed"] * 2
+        assert "kills were dropped" in results["s1"].error.message
+        hub.request("s3", "{}", plan_id="plan-c")
+        assert error_code(await hub.next("result")) == "plan_killed"
+
+    play(tmp_path, scenario)
 
 
 def _send_kills(hub: ScriptedHub, plans: list[str]) -> None:

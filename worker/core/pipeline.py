@@ -918,11 +918,16 @@ class Dispatcher:
         if self.watcher is not None:
             self.watcher.plans_changed([plan_id, *pruned])
         self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
-        error = WorkerError("plan_killed", f"plan {plan_id!r} was killed: {reason}")
-        victims = [call for call in self._calls.values() if call.req.plan_id == plan_id]
-        for call in victims:
-            self._stop(call, error)
-        return len(victims)
+        # Every running call the kills now bind, not only the plan's: a kill of every
+        # plan ('*', the hub's or the one recorded past MAX_SERVER_KILLS) stops them all.
+        stopped = 0
+        for call in list(self._calls.values()):
+            plan = call.req.plan_id
+            why = reason if plan == plan_id else self.state.killed(plan)
+            if why is not None and call.stop is None:
+                self._stop(call, WorkerError("plan_killed", f"plan {plan!r} was killed: {why}"))
+                stopped += 1
+        return stopped
 
     def plans_running(self) -> set[str]:
         """Plans with a call accepted and not yet answered."""
