@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,28 +16,25 @@ from worker.errors import WorkerError
 
 @pytest.fixture
 def chain() -> Iterator[tuple[int, int]]:
-    """A shell (the 'terminal') whose child sleeps (the 'UI'): (shell pid, child pid)."""
+    """A shell (the 'terminal') whose child waits (the 'UI'): (shell pid, child pid).
+    The child prints its pid once it runs: its environment is readable by then (while
+    it execs, /proc shows its new name before its environment, and a UI read then was
+    skipped as ended)."""
+    ui = "import os, sys; print(os.getpid(), flush=True); sys.stdin.read()"
     shell = subprocess.Popen(
-        ["sh", "-c", "sleep 600 & echo $!; wait"],
+        ["sh", "-c", 'exec 3<&0; "$0" -c "$1" <&3 3<&- & wait', sys.executable, ui],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "WINDOWID": "4242"},
     )
-    assert shell.stdout is not None
+    assert shell.stdin is not None and shell.stdout is not None
     child = int(shell.stdout.readline())
     try:
-        # Its pid is printed as it forks: while it execs sleep its environment cannot
-        # be read (the UI would be skipped as ended). Wait for the exec.
-        comm = f"/proc/{child}/comm"
-        for _ in range(10_000):
-            with open(comm, encoding="ascii") as handle:
-                if handle.read().strip() == "sleep":
-                    break
-            time.sleep(0.001)
         yield shell.pid, child
     finally:
-        subprocess.run(["kill", str(child)], check=False)
-        shell.wait(10)
+        shell.stdin.close()  # the UI reads its end and exits; the shell's wait returns
+        shell.wait(60)
         shell.stdout.close()
 
 
