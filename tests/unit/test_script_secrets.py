@@ -147,6 +147,12 @@ LEAKED = [
     ["kubectl", "exec", "db-0", "--", "mysql", f"-p{S}"],
     ["find", ".", "-name", "*.sql", "-exec", "mysql", f"-p{S}", "db", ";"],
     ["watch", "-n", "5", f"mysqladmin -p{S} status"],
+    # Through a parameter the script sets (mask17's note): its value is masked too.
+    ["sh", "-c", f"P={S}; mysql -p$P db"],
+    ["sh", "-c", f'export DBPW={S}\nmysql --password="$DBPW" db'],
+    ["bash", "-c", f'P="{S}" && echo "${{P}}" | sudo -S true'],
+    ["sh", "-c", f"PW={S} sh -c 'mysql -p$PW db'"],
+    ["sh", "-c", f"readonly P={S}\nmysqldump -p$P db > d.sql"],
 ]
 
 
@@ -180,6 +186,14 @@ WRITTEN_BACK = [
         ["sh", "-c", f"echo \"$(redis-cli '-a{MASK}' ping)\" > o"],
     ),
     (["redis-cli", f"-a{S}", "ping"], ["redis-cli", f"-a{MASK}", "ping"]),
+    (
+        ["sh", "-c", f"P={S}; mysql -p$P db"],
+        ["sh", "-c", f"P='{MASK}'; mysql '-p{MASK}' db"],
+    ),
+    (  # the masked word's closing quote kept (the text's own masking took it)
+        ["sh", "-c", f'mysql --password="{S}" db'],
+        ["sh", "-c", f"mysql '--password={MASK}' db"],
+    ),
     (["docker", "exec", "c", "mysql", f"-p{S}"], ["docker", "exec", "c", "mysql", f"-p{MASK}"]),
     (["xfreerdp", "/u:me", f"/p:{S}"], ["xfreerdp", "/u:me", f"/p:{MASK}"]),
 ]
@@ -211,6 +225,7 @@ SHOWN = [
     ["redis-cli", "ping"],
     ["psql", "-c", "select 1"],
     ["git", "commit", "-m", "use the pager"],
+    ["sh", "-c", 'P=hello; echo "$P"; X=1 make'],
 ]
 
 

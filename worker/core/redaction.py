@@ -59,9 +59,12 @@ _MASKED_WORD: Final = (
 _NAME: Final = r"[A-Za-z0-9_.-]{0,40}"
 # A flag whose value follows as the next item: --password, --with-token, --api-key.
 _SECRET_FLAG: Final = re.compile(rf"--?{_NAME}{_MASKED_WORD}{_NAME}", re.I)
-# A secret-looking name given a value: --password=x, API_KEY=x, http.extraheader=x.
+# A secret-looking name given a value: --password=x, API_KEY=x, http.extraheader=x. Not
+# one masked already, quoted as a script's masked word is written back ('--password=***',
+# PASSWORD='***'): taking its closing quote left the script's quote open.
 _ASSIGNED: Final = re.compile(
-    rf"(?<![A-Za-z0-9_.-])(-{{0,2}}{_NAME}(?:{_MASKED_WORD}|extraheader){_NAME})=[^\s&]+",
+    rf"(?<![A-Za-z0-9_.-])(-{{0,2}}{_NAME}(?:{_MASKED_WORD}|extraheader){_NAME})"
+    r"=(?!'?\*\*\*'?(?![^\s&]))[^\s&]+",
     re.I,
 )
 # A header written out, as curl -H and git's extraheader take it: the rest is its value.
@@ -749,7 +752,8 @@ def _script_masked(script: str, depth: int) -> _Script | None:
     shown: dict[int, tuple[int, str]] = {}  # where a masked word starts: its end, its text
     secrets: list[str] = []
     reader_seen = False  # a command that reads a password on stdin came
-    for command in shell_words.commands(script):
+    script_commands = shell_words.commands(script)
+    for command in script_commands:
         words = command.words
         first = _command_start(words)
         items = [] if first is None else [word.text for word in words[first:]]
@@ -774,6 +778,7 @@ def _script_masked(script: str, depth: int) -> _Script | None:
                     if not word.text.startswith("-"):
                         shown[word.start] = (word.end, MASK)
                         secrets.append(word.text)
+    _assigned_secrets_masked(script_commands, secrets, shown)
     if not shown:
         return None
     pieces: list[str] = []
@@ -786,6 +791,33 @@ def _script_masked(script: str, depth: int) -> _Script | None:
     masked_script = _Script("".join(pieces) + script[at:])
     masked_script.secrets = tuple(secret for secret in secrets if secret)
     return masked_script
+
+
+# A parameter a masked word expands (`mysql -p$P`, `echo "${P}" | sudo -S`).
+_PARAMETER: Final = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _assigned_secrets_masked(
+    commands: list[shell_words.Command], secrets: list[str], shown: dict[int, tuple[int, str]]
+) -> None:
+    """Mask the values a script assigns to the parameters its masked words expand:
+    `P=X; mysql -p$P` held X in `P=X` (mask17's note). Any word `NAME=value` of such a
+    NAME, before a command (an assignment) or an operand (`export P=X`, `make P=X`):
+    more masked rather than less. Not followed: a value read (`read P`), computed
+    (`P=$(cat f)` is masked as written) or set in another script."""
+    names = {name for secret in secrets for name in _PARAMETER.findall(secret)}
+    if not names:
+        return
+    for command in commands:
+        for word in command.words:
+            assignment = _ASSIGNMENT.match(word.text)
+            if assignment is None:
+                continue
+            name = assignment.group(0).rstrip("+=").split("[", 1)[0]
+            value = word.text[assignment.end() :]
+            if name in names and value:
+                shown[word.start] = (word.end, assignment.group(0) + shlex.quote(MASK))
+                secrets.append(value)
 
 
 def _script_share(script: str) -> bool:
