@@ -128,3 +128,82 @@ def test_a_plan_approval_of_one_stdin_asks_again_for_another(live: Cluster) -> N
 
     asyncio.run(scenario())
     assert not (live.workspace / "PWNED").exists()
+
+
+def test_a_plan_approval_of_a_script_asks_again_once_the_script_changed(live: Cluster) -> None:
+    """review16 F7: `python3 script.py` approved for the plan ran the script the agent
+    rewrote afterwards, unasked. Now the files its arguments name are bound: a script
+    rewritten, or a symlink swapped to another, asks again; unchanged, it does not."""
+    script, link = live.workspace / "script.py", live.workspace / "run.py"
+
+    async def scenario() -> None:
+        person = Person()
+        ui = SocketLink(Paths(config_dir=live.home, data_dir=live.home).ui_socket)
+        await ui.open(person.told)
+        client = ControlClient.connect(live.listen, live.token)
+        try:
+
+            def run(name: str) -> asyncio.Future[Any]:
+                return asyncio.ensure_future(
+                    client.dispatch(
+                        agent_id="tester",
+                        plan_id="plan-1",
+                        surface="workerHost",
+                        action="exec",
+                        args_json=json.dumps(
+                            {"argv": ["python3", name], "cwd": str(live.workspace)}
+                        ),
+                        timeout_ms=120_000,
+                    )
+                )
+
+            async def answered_or_asked(pending: asyncio.Future[Any]) -> dict[str, Any] | None:
+                person.came.clear()
+                asked = asyncio.ensure_future(person.came.wait())
+                done, _ = await asyncio.wait({pending, asked}, return_when=asyncio.FIRST_COMPLETED)
+                asked.cancel()
+                return result_to_dict(pending.result()) if pending in done else None
+
+            async def decide(pending: asyncio.Future[Any], choice: str) -> dict[str, Any]:
+                reply = await ui.command(
+                    {"op": "decide", "prompt_id": person.prompts[-1]["id"], "choice": choice}
+                )
+                assert reply["ok"], reply
+                return result_to_dict(await pending)
+
+            script.write_bytes(SHOWN)
+            first = run("script.py")
+            assert await answered_or_asked(first) is None
+            digest = hashlib.sha256(SHOWN).hexdigest()
+            assert (
+                f"file script.py: {len(SHOWN)} bytes, sha256 {digest}"
+                in (person.prompts[-1]["preview"])
+            )
+            assert (await decide(first, "plan"))["status"] == "ok"
+            again = await answered_or_asked(run("script.py"))
+            assert again is not None and again["status"] == "ok", again  # unchanged
+
+            script.write_bytes(OTHER)  # as the agent's fs_write would
+            rewritten = run("script.py")
+            assert await answered_or_asked(rewritten) is None
+            assert "PWNED" not in person.prompts[-1]["preview"]  # the file is not shown...
+            assert hashlib.sha256(OTHER).hexdigest() in person.prompts[-1]["preview"]  # ...bound
+            assert (await decide(rewritten, "deny"))["error"]["code"] == "scope_denied"
+
+            (live.workspace / "shown.py").write_bytes(SHOWN)
+            link.symlink_to("shown.py")
+            linked = run("run.py")
+            assert await answered_or_asked(linked) is None
+            assert (await decide(linked, "plan"))["status"] == "ok"
+            link.unlink()
+            link.symlink_to("script.py")  # the other script, behind the same name
+            swapped = run("run.py")
+            assert await answered_or_asked(swapped) is None
+            assert (await decide(swapped, "deny"))["error"]["code"] == "scope_denied"
+            assert len(person.prompts) == 4
+            await ui.close()
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+    assert not (live.workspace / "PWNED").exists()

@@ -469,6 +469,9 @@ def test_an_ask_approved_for_the_plan_keeps_no_argument_in_its_grant_or_audit_ro
         rig = Rig(tmp_path, grants=[GrantSection(agent="agent-1", scopes=["workerHost.exec"])])
         broker = rig.console.broker
         assert broker is not None
+        # There already: a file an argument names is bound by its contents, which touch
+        # leaves as they were (a file it made would ask again, once).
+        (rig.workspace / secret).write_text("")
         first = rig.call("exec", json.dumps({"argv": ["touch", secret]}))
         await prompts_waiting(broker, 1)
         (prompt,) = broker.pending()

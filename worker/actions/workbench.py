@@ -72,6 +72,7 @@ from sandbox.workspaces import (
     remove_tree,
 )
 from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
+from worker.actions.host.exec_arg_files import arg_files
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
@@ -758,8 +759,13 @@ async def _run_in_workspace(
     if decision.verdict == "ask":
         inside = _as_seen_inside(workspace, cwd)
         stdin = await exec_cmd.stdin_sha256(ctx.blob)
+        files = await asyncio.to_thread(
+            arg_files, ctx.roots, cwd, args.argv, functools.partial(_as_seen_outside, workspace)
+        )
         await ctx.approve(
-            *exec_cmd.ask_about(SURFACE, args.argv, inside, decision.reason, stdin, len(ctx.blob))
+            *exec_cmd.ask_about(
+                SURFACE, args.argv, inside, decision.reason, stdin, len(ctx.blob), files
+            )
         )
     assert decision.program is not None
     entry = await exec_cmd.landlock_entry(settings, ctx.paths)

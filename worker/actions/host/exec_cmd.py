@@ -41,6 +41,7 @@ from sandbox.process import (
     run,
     visible_by_default,
 )
+from worker.actions.host.exec_arg_files import ArgFile, arg_files
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
 from worker.actions.host.fs_paths import (
@@ -117,8 +118,9 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         cwd, decision, program = await in_thread(ctx, lane, _judged, ctx, args, looks=True)
     if decision.verdict == "ask":
         stdin = await stdin_sha256(ctx.blob)
+        files = await in_thread(ctx, lane, arg_files, ctx.roots, cwd, args.argv, looks=True)
         await ctx.approve(
-            *ask_about("workerHost", args.argv, cwd, decision.reason, stdin, len(ctx.blob))
+            *ask_about("workerHost", args.argv, cwd, decision.reason, stdin, len(ctx.blob), files)
         )
     assert decision.program is not None
     why = _moved(ctx.roots) if local else await in_thread(ctx, lane, _moved, ctx.roots, looks=True)
@@ -284,6 +286,7 @@ def ask_about(
     reason: str,
     stdin: str | None = None,
     stdin_bytes: int = 0,
+    files: Sequence[ArgFile] = (),
 ) -> tuple[str, str]:
     """What an allowlist `ask` is asked (and its approval kept) as, and what its prompt
     says. The name is bound to the whole command, its working folder and its stdin by
@@ -296,7 +299,9 @@ def ask_about(
     apply`), the stdin *is* the command, and an approval of one script answered every
     other (review15 05). A call with no stdin is bound to [argv, cwd] as before, so a
     grant kept before stdin was bound answers that command with no stdin only, never
-    one with a stdin it was not shown.
+    one with a stdin it was not shown. `files`: the regular files its arguments name
+    (exec_arg_files), bound by their contents, so a script rewritten asks again
+    (review16 F7); a call naming none is bound as before.
 
     The name is kept at rest (a grant for the plan or agent, audit rows, a refusal's
     message, the hub's log): it names the program, how many arguments it has, the size
@@ -309,6 +314,8 @@ def ask_about(
     bound: list[Any] = [list(argv), cwd]
     if stdin is not None:
         bound.append({"stdin_sha256": stdin})
+    if files:
+        bound.append({"files": [file.bound() for file in files]})
     encoded = json.dumps(bound).encode()  # ASCII: every other char escaped
     digest = hashlib.sha256(encoded).hexdigest()
     name = ask_name(
@@ -326,8 +333,11 @@ def ask_about(
             f"stdin: {stdin_bytes:,} bytes, sha256 {stdin}: the program's input, shown "
             "below as the blob; an approval is for this stdin only"
         )
+    named = "".join(f"file {one_line(file.line())}\n" for file in files)
+    if files:
+        named += "an approval is for these files as they are: a change asks again\n"
     return name, (
-        f"command: {one_line(command)}\nworking folder: {one_line(cwd)}\n{given}\n"
+        f"command: {one_line(command)}\nworking folder: {one_line(cwd)}\n{given}\n{named}"
         f"the allowlist asks: {one_line(reason)}"
     )
 

@@ -1,0 +1,50 @@
+"""Sandbox mode: an allowlist `ask` is bound to the files its arguments name, inside
+the plan's workspace too (review16 F7), as `/workspace/...` or relative. Headless, the
+ask is refused `scope_required` naming what a grant must match: the name changes when
+the script does, and only then. Real hub, real `agentworker run --sandbox`, bubblewrap."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from tests.support.policies import exec_config
+from tests.support.workbench import call, run, sandbox_cluster
+
+ASKS = """
+[program.python3]
+paths = ["/usr/bin/python3"]
+[[program.python3.rule]]
+id = "python-asks"
+decision = "ask"
+reason = "the person approves each script"
+any_args = true
+"""
+
+
+def test_the_ask_of_a_workspace_script_is_named_anew_when_the_script_changes(
+    tmp_path: Path,
+) -> None:
+    plan = f"asks-{uuid.uuid4().hex[:8]}"
+    with sandbox_cluster(tmp_path, extra_config=exec_config(tmp_path / "policy", ASKS)) as live:
+
+        def asked_as(argv: list[str]) -> str:
+            answer, _ = run(live, plan, argv)
+            assert answer["error"]["code"] == "scope_required", answer
+            return str(answer["error"]["details"]["needs_approval"])
+
+        def write(text: str) -> None:
+            answer, _ = call(
+                live, plan, "fs_write", {"path": "s.py", "mode": "overwrite"}, blob=text.encode()
+            )
+            assert answer["status"] == "ok", answer
+
+        write("print(1)\n")
+        first = asked_as(["python3", "s.py"])
+        assert asked_as(["python3", "s.py"]) == first  # unchanged: the same ask
+        absolute = asked_as(["python3", "/workspace/s.py"])
+        write("print(2)\n")
+        assert asked_as(["python3", "s.py"]) != first
+        assert asked_as(["python3", "/workspace/s.py"]) != absolute
+        write("print(1)\n")  # back as it was: the first approval would answer it again
+        assert asked_as(["python3", "s.py"]) == first
