@@ -55,6 +55,7 @@ from worker.wire.framing import (
     announced,
     digest_part,
     envelope_of,
+    message_part,
     outgoing_size,
     pending_parts,
     spread_parts,
@@ -1455,11 +1456,13 @@ class Hub:
             session = self.sessions.get(worker_id)
             if session is not None and not session.kills_paging:
                 session.send(pb.ServerMessage(kill_plan=stop))
+        # One envelope part for every worker: built once, not once a worker.
+        part = message_part(pb.ServerMessage(kill_plan=kept.kill).SerializeToString())
         for worker_id in [named] if named else sorted({*self.sessions, *self.store.worker_ids()}):
             session = self.sessions.get(worker_id)
             if session is not None:
                 if not session.kills_paging:  # else a page of its backlog brings it, in order
-                    session.send(pb.ServerMessage(kill_plan=kept.kill))
+                    session.send(part, answered=False)
                 reply.worker_ids.append(worker_id)
             else:
                 reply.queued_worker_ids.append(worker_id)

@@ -644,6 +644,10 @@ class LaterReads:
         """Holders silent `silent_s` give their turns up to waiting reads of their rank
         or lower, the latest ranked first."""
         now = asyncio.get_running_loop().time()
+        if all(now - holder.since < self.silent_s for holder in self._holders):
+            # None silent long enough (the common case: asked at each read's ask): the
+            # count of those wanting, a walk of every waiting read, is not needed.
+            return
         wanting = [self.turns.wanting(rank) for rank in range(3)]
         for holder in sorted(self._holders, key=lambda h: (-h.rank, h.since)):
             if now - holder.since < self.silent_s:
