@@ -8,25 +8,17 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from tests.support.policies import exec_config
+from tests.support.policies import PYTHON3_ASKS, exec_config
 from tests.support.workbench import call, run, sandbox_cluster
-
-ASKS = """
-[program.python3]
-paths = ["/usr/bin/python3"]
-[[program.python3.rule]]
-id = "python-asks"
-decision = "ask"
-reason = "the person approves each script"
-any_args = true
-"""
 
 
 def test_the_ask_of_a_workspace_script_is_named_anew_when_the_script_changes(
     tmp_path: Path,
 ) -> None:
     plan = f"asks-{uuid.uuid4().hex[:8]}"
-    with sandbox_cluster(tmp_path, extra_config=exec_config(tmp_path / "policy", ASKS)) as live:
+    with sandbox_cluster(
+        tmp_path, extra_config=exec_config(tmp_path / "policy", PYTHON3_ASKS)
+    ) as live:
 
         def asked_as(argv: list[str]) -> str:
             answer, _ = run(live, plan, argv)

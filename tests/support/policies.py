@@ -57,6 +57,16 @@ match = ["touch new.txt"]
 not_match = ["touch /etc/new"]
 """
 
+PYTHON3_ASKS = """
+[program.python3]
+paths = ["/usr/bin/python3"]
+[[program.python3.rule]]
+id = "python-asks"
+decision = "ask"
+reason = "the person approves each script"
+any_args = true
+"""
+
 
 def write_policy(folder: Path, *rules: str) -> Path:
     """`folder`/allowlist.toml holding `rules` (on top of the shipped policy)."""
