@@ -518,3 +518,34 @@ def _epoch_at_start(path: Path) -> str:
     store = HubStore(path)
     store.close()
     return store.kills_epoch
+
+
+def test_the_stops_owed_to_workers_forgotten_go_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review17 E1: past KILLS_HELD, each kill dropped owes every worker remembered that
+    had not confirmed it a kill of every plan, a row named for it. Made-up ids (a Hello
+    each, then away) were forgotten past WORKERS_AWAY_KEPT, their rows kept: one more
+    row a made-up id, for ever, each KillPlan walking them per worker (0.9 s a kill at
+    10,000). Now a worker forgotten takes the kills named for it along."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", 5)
+    store = HubStore(tmp_path / "hub.db")
+    store.workers_away_kept = 4
+    store.seen_worker(pb.Hello(worker_id="good"))
+    for n in range(6):
+        store.kill(f"junk-{n}", "flood")  # past the 5 held: kills dropped from now on
+    for cycle in range(5):
+        made_up = [f"made-up-{cycle}-{n}" for n in range(4)]
+        for worker_id in made_up:
+            store.seen_worker(pb.Hello(worker_id=worker_id))
+        store.forget_workers({"good"})
+        kept = store.kill(f"junk-more-{cycle}", "flood", connected={"good": 0})
+        assert set(kept.stops) <= {"good", *made_up}
+    with sqlite3.connect(tmp_path / "hub.db") as db:
+        named = {w for (w,) in db.execute("SELECT worker_id FROM kills WHERE plan_id = '*'")}
+    remembered = {str(w) for w in store.kill_marks()}
+    assert named <= remembered, named - remembered
+    # What is remembered still works: the good worker is owed its stop, a forgotten id nothing.
+    assert store.stop_owed("good", 0) is not None
+    assert store.stop_owed("made-up-0-0", 0) is None
+    assert store.killed("any-plan", "good", 0)

@@ -290,13 +290,17 @@ class HubStore:
         self.kills_epoch: str = row[0]
         self._issued = IssuedMark(path.with_name(KILLS_ISSUED_FILE))
         self._start_epoch_if_went_back()
-        # plan -> [(seq, worker named or '')]: what Dispatch asks, without a query.
-        self._kills: dict[str, list[tuple[int, str]]] = {}
+        # plan -> {worker named or '': seq}: what Dispatch asks, without a query, and in
+        # one lookup whatever the count of workers named (a kill of ALL_PLANS is named
+        # for each worker owed one: a list walked whole per Dispatch and per worker at
+        # each KillPlan froze the hub's loop, 0.9 s a kill at 10,000 of them: review17 E1).
+        self._kills: dict[str, dict[str, int]] = {}
         self._unused_kills: set[str] = set()  # killed plans never dispatched (yet)
         for seq, plan_id, worker_id, used in self._db.execute(
             "SELECT seq, plan_id, worker_id, used FROM kills"
         ):
-            self._kills.setdefault(plan_id, []).append((seq, worker_id))
+            kills = self._kills.setdefault(plan_id, {})
+            kills[worker_id] = max(seq, kills.get(worker_id, 0))
             if not used:
                 self._unused_kills.add(plan_id)
 
@@ -619,6 +623,21 @@ class HubStore:
                 self._db.executemany(
                     "DELETE FROM workers WHERE worker_id = ?", [(worker_id,) for worker_id in gone]
                 )
+                # And the kills named for them (a kill of every plan owed to each, most
+                # often): kept, one a made-up id, they grew without bound, and with a
+                # forgotten id's mark no kill was ever pruned (review17 E1). One that
+                # comes back is a new worker: sent every kill kept (see Hub.stream).
+                forgotten = set(gone)
+                named = [
+                    (str(plan), str(worker))
+                    for plan, worker in self._db.execute(
+                        "SELECT plan_id, worker_id FROM kills WHERE worker_id != ''"
+                    )
+                    if worker in forgotten
+                ]
+                self._db.executemany("DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", named)
+            for plan, worker in named:
+                self._forget_kill(plan, named=worker)
         return len(gone)
 
     def kills_issued(self) -> int:
@@ -687,13 +706,20 @@ class HubStore:
             pruned = self._prune_kills(confirmed)
         self._issued.write(self.kills_epoch, self.kills_issued())
         for gone_plan, gone_seq in [*pruned, *((plan, seq) for plan, seq, _ in dropped)]:
-            left = [k for k in self._kills.get(gone_plan, []) if k[0] != gone_seq]
-            if left:
-                self._kills[gone_plan] = left
-            else:
-                self._kills.pop(gone_plan, None)
-                self._unused_kills.discard(gone_plan)
+            self._forget_kill(gone_plan, seq=gone_seq)
         return Kept(kill, stops)
+
+    def _forget_kill(self, plan_id: str, *, seq: int = 0, named: str | None = None) -> None:
+        """Forget, in memory, the plan's kill numbered `seq`, or the one named for `named`."""
+        kills = self._kills.get(plan_id, {})
+        if named is not None:
+            kills.pop(named, None)
+        else:
+            for who in [who for who, at in kills.items() if at == seq]:
+                del kills[who]
+        if not kills:
+            self._kills.pop(plan_id, None)
+            self._unused_kills.discard(plan_id)
 
     def _keep(self, plan_id: str, worker_id: str, reason: str, used: bool) -> pb.KillPlan:
         """Write the kill's row (replacing the plan's for the same worker) and learn it."""
@@ -706,8 +732,7 @@ class HubStore:
             (plan_id, worker_id, reason, now_ms(), used),
         )
         seq = int(cur.lastrowid or 0)
-        kills = [k for k in self._kills.get(plan_id, []) if k[1] != worker_id]
-        self._kills[plan_id] = [*kills, (seq, worker_id)]
+        self._kills.setdefault(plan_id, {})[worker_id] = seq
         if used:
             self._unused_kills.discard(plan_id)
         else:
@@ -747,14 +772,6 @@ class HubStore:
             lost = sum(seq > mark and named in ("", worker_id) for _, seq, named in dropped)
             if not lost or self.stop_owed(worker_id, mark) is not None:
                 continue
-            log.warning(
-                "hub: %d kill(s) worker %s has not confirmed were dropped, past the %d kept "
-                "for workers to confirm: it is owed a kill of every plan ('%s')",
-                lost,
-                worker_id,
-                KILLS_HELD,
-                ALL_PLANS,
-            )
             reason = utf8_prefix(
                 f"more than {KILLS_HELD:,} kills waited at the hub for worker {worker_id} to "
                 "confirm them, and the oldest were dropped: every plan of the hub is stopped "
@@ -762,21 +779,35 @@ class HubStore:
                 KILL_REASON_BYTES,
             )
             stops[worker_id] = self._keep(ALL_PLANS, worker_id, reason, True)
+        if stops:  # one line a kill, not one a worker (a line each for 10,241 made-up ids)
+            log.warning(
+                "hub: kills %d worker(s) had not confirmed were dropped, past the %d kept for "
+                "workers to confirm: each is owed a kill of every plan ('%s'), %s",
+                len(stops),
+                KILLS_HELD,
+                ALL_PLANS,
+                ", ".join(sorted(stops)[:5]) + (" ..." if len(stops) > 5 else ""),
+            )
         return stops
 
     def stop_owed(self, worker_id: str, through: int) -> pb.KillPlan | None:
         """The kill of ALL_PLANS kept for `worker_id` (named for it, or for every worker)
         that it has not confirmed (numbered after `through`), or None."""
-        owed = [
-            seq
-            for seq, named in self._kills.get(ALL_PLANS, ())
-            if seq > through and named in ("", worker_id)
-        ]
+        owed = self._after(ALL_PLANS, worker_id, through)
         if not owed:
             return None
-        row = self._db.execute("SELECT reason FROM kills WHERE seq = ?", (max(owed),)).fetchone()
+        row = self._db.execute("SELECT reason FROM kills WHERE seq = ?", (owed,)).fetchone()
         reason = str(row[0]) if row else ""
-        return pb.KillPlan(plan_id=ALL_PLANS, reason=reason, seq=max(owed), in_use=True)
+        return pb.KillPlan(plan_id=ALL_PLANS, reason=reason, seq=owed, in_use=True)
+
+    def _after(self, plan_id: str, worker_id: str, through: int) -> int:
+        """The latest kill of the plan for `worker_id` (named for it, or for every
+        worker) numbered after `through`, or 0."""
+        kills = self._kills.get(plan_id)
+        if not kills:
+            return 0
+        latest = max(kills.get("", 0), kills.get(worker_id, 0) if worker_id else 0)
+        return latest if latest > through else 0
 
     def _placed(self, plan_id: str) -> bool:
         return bool(
@@ -824,18 +855,12 @@ class HubStore:
         `through` (one the worker has not confirmed), or every plan (ALL_PLANS). No
         query: from memory, but for the first call of a plan killed before it was ever
         dispatched, which marks the kill as of a plan in use (see KILLS_KEPT)."""
-        found = any(
-            seq > through and named in ("", worker_id)
-            for seq, named in self._kills.get(plan_id, ())
-        )
+        found = bool(self._after(plan_id, worker_id, through))
         if found and plan_id in self._unused_kills:
             self._unused_kills.discard(plan_id)
             with db.transaction(self._db):
                 self._db.execute("UPDATE kills SET used = 1 WHERE plan_id = ?", (plan_id,))
-        return found or any(
-            seq > through and named in ("", worker_id)
-            for seq, named in self._kills.get(ALL_PLANS, ())
-        )
+        return found or bool(self._after(ALL_PLANS, worker_id, through))
 
     def kill_reason(self, plan_id: str, worker_id: str = "") -> str:
         """Why the plan is killed for `worker_id`: its own kill's reason, else that of
