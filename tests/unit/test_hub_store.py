@@ -467,6 +467,35 @@ def test_an_answered_calls_request_keeps_its_args_as_the_answers_preview(
     assert b"PW0hubSecret" not in (tmp_path / "hub.db").read_bytes()
 
 
+@pytest.mark.parametrize("flushed_first", [False, True], ids=["at once", "late"])
+def test_an_abandoned_calls_request_keeps_neither_its_args_nor_its_blob(
+    tmp_path: Path, flushed_first: bool
+) -> None:
+    """review17 E3: a call abandoned (its deadline passed with the worker away, or the
+    worker busy) is never sent again, yet kept its args whole for 24 h: a password in
+    its argv at rest. Now its request keeps no args (no answer came to preview them);
+    its digest and its ids stay."""
+    store = HubStore(tmp_path / "hub.db")
+    argv = {"argv": ["mysql", "-pPW0abandonedSecret", "db"]}
+    request = pb.ActionRequest(
+        correlation_id="c",
+        plan_id="p",
+        surface="workerHost",
+        action="exec",
+        args_json=json.dumps(argv),
+    )
+    store.add("w", "digest-c", request, 0, now_ms() + 60_000)
+    if flushed_first:
+        store.flush()
+    store.abandon("c")
+    gone = store.get("c")
+    assert gone is not None and gone.state == "ABANDONED" and gone.args_digest == "digest-c"
+    assert gone.request.args_json == ""
+    assert (gone.request.correlation_id, gone.request.plan_id) == ("c", "p")
+    store.close()
+    assert b"PW0abandonedSecret" not in (tmp_path / "hub.db").read_bytes()
+
+
 def test_a_stored_request_that_does_not_decode_is_kept_as_it_was() -> None:
     assert store_module.answered_request(b"\xff\xff", "{}") == b"\xff\xff"
 

@@ -532,9 +532,16 @@ class HubStore:
         return cur.rowcount
 
     def abandon(self, correlation_id: str) -> None:
+        """The call will not be sent again, nor answered but `timeout`: its args and any
+        blob are let go now (its digest still answers args_mismatch). Kept whole, an
+        abandoned call's args (a password in its argv) stayed in hub.db for 24 h
+        (review17 E3); an answered call keeps the worker's masked preview, this one
+        none."""
         self.flush()
         self._db.execute(
-            "UPDATE calls SET state = 'ABANDONED' WHERE correlation_id = ? AND state = 'PENDING'",
+            "UPDATE calls SET state = 'ABANDONED', request_blob = NULL,"
+            " request = answered_request(request, '')"
+            " WHERE correlation_id = ? AND state = 'PENDING'",
             (correlation_id,),
         )
 
