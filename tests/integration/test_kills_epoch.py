@@ -28,6 +28,7 @@ from tests.support.hub_inproc import (
     until_connected,
 )
 from worker import app
+from worker.hub.store import KILLS_SKIPPED_AT_MOST
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
@@ -114,5 +115,68 @@ def test_a_hello_claiming_kills_never_numbered_does_not_undo_the_persons_lift(
             finally:
                 await channel.close()
                 await stop_worker(worker)
+
+    asyncio.run(go())
+
+
+def test_kills_are_numbered_past_a_workers_mark_the_hub_never_reached(tmp_path: Path) -> None:
+    """review17 E2: the hub's whole folder put back from a backup (hub-kills-issued
+    with hub.db) shows nothing at its start, and its next kills took seqs the workers
+    had confirmed: each took the person's kill as one recorded before and lifted since,
+    the hub counted it confirmed on the worker's next heartbeat, and the plan ran. Now a
+    Hello in the hub's epoch past what it numbered moves the numbering past it (by
+    store.KILLS_SKIPPED_AT_MOST at most, no epoch), and a heartbeat confirms no kill
+    the hub never numbered."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            store = running.hub.store
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            hello = pb.Hello(
+                worker_id="restored-hubs-worker",
+                instance_id="i",
+                version="hand",
+                protocol_min=PROTOCOL_MIN,
+                protocol_max=PROTOCOL_MAX,
+                kills_epoch=store.kills_epoch,
+                kills_through=7,  # confirmed before the folder went back
+            )
+            worker = HandWorker(running.address, home, hello=hello)
+            try:
+                await worker.until("welcome")
+                await stub.KillPlan(
+                    pb.KillPlanRequest(plan_id="victim", reason="stop"),
+                    metadata=caller_metadata(home),
+                    timeout=60,
+                )
+                (kill,) = await worker.until("kill_plan")
+                assert (kill.plan_id, kill.seq) == ("victim", 8)  # before: 1, "lifted since"
+                session = running.hub.sessions[worker.worker_id]
+                worker.send(pb.WorkerMessage(heartbeat=pb.Heartbeat(kills_through=2**40)))
+                while session.heartbeat.kills_through != 2**40:
+                    await asyncio.sleep(0.02)  # the hub runs in this loop
+                assert session.kills_through == store.kills_issued() == 8
+
+                liar = HandWorker(
+                    running.address,
+                    home,
+                    hello=pb.Hello(
+                        worker_id="liar",
+                        instance_id="i",
+                        version="hand",
+                        protocol_min=PROTOCOL_MIN,
+                        protocol_max=PROTOCOL_MAX,
+                        kills_epoch=store.kills_epoch,
+                        kills_through=2**62,
+                    ),
+                )
+                await liar.until("welcome")
+                await liar.close()
+                assert store.kills_issued() == 8 + KILLS_SKIPPED_AT_MOST
+            finally:
+                await worker.close()
+                await channel.close()
 
     asyncio.run(go())

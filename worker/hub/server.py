@@ -327,16 +327,20 @@ class Hub:
                 session.kills_through = hello.kills_through
             else:
                 # Kills this hub.db never numbered: not taken (the stream is sent every
-                # kill kept; the worker keeps lifted what it recorded before). Whether
-                # hub.db went back is known at the hub's start, never from a worker's
-                # word: anyone with hub-workers.token could say this, and it made a new
-                # epoch, undoing the person's lifts at every worker (review16 E3).
+                # kill kept; the worker keeps lifted what it recorded before), and the
+                # next kills are numbered past them, so that none of them is one the
+                # worker takes as recorded before (review17 E2: the whole folder put
+                # back). No new epoch: anyone with hub-workers.token could say this,
+                # and an epoch undid the person's lifts at every worker (review16 E3).
+                numbered = self.store.number_kills_past(hello.kills_through)
                 self.kill_marks_refused.log(
                     "worker %s says it confirmed kills through %d, past the %d this hub "
-                    "numbered: not taken, it is sent every kill kept",
+                    "numbered: not taken, it is sent every kill kept; kills are numbered "
+                    "from %d on",
                     hello.worker_id,
                     hello.kills_through,
                     issued,
+                    numbered + 1,
                 )
         previous = self.sessions.get(hello.worker_id)
         if previous is not None:
@@ -671,7 +675,10 @@ class Hub:
             # A copy: the message itself would keep its whole envelope in memory.
             session.heartbeat = pb.Heartbeat()
             session.heartbeat.CopyFrom(msg.heartbeat)
-            session.kills_through = max(session.kills_through, msg.heartbeat.kills_through)
+            # Never past what this hub numbered: a worker's word for kills it never sent
+            # counted the next ones as confirmed, and their plans' calls went (review17 E2).
+            confirmed = min(msg.heartbeat.kills_through, self.store.kills_issued())
+            session.kills_through = max(session.kills_through, confirmed)
             if session.kills_paging and session.kills_through >= session.kills_sent:
                 self._send_kill_page(session)  # the page went and is confirmed: the next
         elif kind == "scope_decision":

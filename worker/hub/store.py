@@ -166,6 +166,10 @@ class Kept:
 # made a new epoch, and every worker took every kill kept anew, the person's lifts
 # undone at each (review16 E3).
 KILLS_ISSUED_FILE: Final = "hub-kills-issued"
+# How far one worker's word moves the kills' numbering on (HubStore.number_kills_past):
+# far past any count of kills a backup could miss, and 2**63 out of reach of anyone's
+# Hellos (2**43 of them).
+KILLS_SKIPPED_AT_MOST: Final = 2**20
 
 
 class IssuedMark:
@@ -651,6 +655,26 @@ class HubStore:
         """The highest kill seq this hub.db ever numbered (0: none)."""
         row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'kills'").fetchone()
         return int(row[0]) if row else 0
+
+    def number_kills_past(self, claimed: int) -> int:
+        """Number the next kills after `claimed` (a worker's word that it confirmed kills
+        past those this hub.db numbered), at most KILLS_SKIPPED_AT_MOST further at a
+        time; the highest seq numbered now. A hub whose whole folder was put back
+        (hub-kills-issued with hub.db) sees no sign of it at its start, and its next
+        kills took seqs the workers had confirmed already: each worker took the
+        person's kill as one it had lifted since, and the plan ran (review17 E2). Only
+        numbers skip: no epoch, nothing undone, whoever says it."""
+        issued = self.kills_issued()
+        target = min(claimed, issued + KILLS_SKIPPED_AT_MOST)
+        if target <= issued:
+            return issued
+        with db.transaction(self._db):
+            self._db.execute(
+                "INSERT OR IGNORE INTO sqlite_sequence (name, seq) VALUES ('kills', 0)"
+            )
+            self._db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'kills'", (target,))
+        self._issued.write(self.kills_epoch, target)
+        return target
 
     def new_kills_epoch(self) -> str:
         """Number the kills in a new sequence: every worker's mark (Hello.kills_through)
