@@ -46,3 +46,56 @@ def test_a_stream_whose_writes_are_not_taken_asks_for_no_read_turn(tmp_path: Pat
         hub.store.close()
 
     asyncio.run(go())
+
+
+def test_a_stream_that_takes_nothing_for_long_is_let_go_and_queues_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """review17 E5: such a stream never asks for a read, so it was never found silent:
+    its session stayed connected for as long as its TCP connection lived, and every
+    KillPlan (sent to every session) and heartbeat queued on it, hub memory unbounded
+    (+60 MB for 16 streams and 4,000 kills). Now the heartbeat timer finds its last
+    envelope not taken for WRITE_STUCK_S and lets the session go."""
+
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"), heartbeat_s=0.01)
+        hub.write_stuck_s = 0.05
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s")
+        hub.sessions["w"] = session
+        session.writes()  # the Welcome, handed to gRPC, never taken
+        session.send(pb.ServerMessage(kill_plan=pb.KillPlan(plan_id="p", reason="r")))
+        reader = asyncio.create_task(asyncio.Event().wait())  # waits for ever, as _next does
+        beats = asyncio.create_task(hub._beat(session, reader))
+        await asyncio.wait_for(beats, 10)
+        assert "w" not in hub.sessions and session.closed and session.ended
+        assert session.outbox.qsize() == 1  # what was queued went; the end is queued
+        await asyncio.gather(reader, return_exceptions=True)
+        assert reader.cancelled()
+        session.send(pb.ServerMessage(kill_plan=pb.KillPlan(plan_id="q", reason="r")))
+        assert session.outbox.qsize() == 1  # nothing more is queued on it
+        hub.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_stream_that_takes_what_it_is_written_is_kept(tmp_path: Path) -> None:
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"), heartbeat_s=0.01)
+        hub.write_stuck_s = 0.05
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s")
+        hub.sessions["w"] = session
+        reader = asyncio.create_task(asyncio.Event().wait())
+        beats = asyncio.create_task(hub._beat(session, reader))
+        for _ in range(20):  # heartbeats go out, each taken at once
+            while session.outbox.empty():
+                await asyncio.sleep(0.01)
+            session.outbox.get_nowait()
+            session.writes()
+            session.wrote()
+        assert hub.sessions["w"] is session and not session.closed
+        beats.cancel()
+        reader.cancel()
+        await asyncio.gather(beats, reader, return_exceptions=True)
+        hub.store.close()
+
+    asyncio.run(go())

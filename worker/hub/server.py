@@ -165,6 +165,12 @@ def _blob_refusal(req: pb.DispatchRequest, size: int) -> WorkerError | None:
 KILL_PAGE: Final = 64
 KILL_PAGE_BYTES: Final = 16 * 1024
 
+# A stream whose last envelope gRPC has not taken for this long does not read what the
+# hub writes it (its HTTP/2 window shut): the hub lets go of its session (Hub._deaf). A
+# worker reads its stream at once; one envelope is a part of a blob at most, which
+# takes this long only below ~9 KB/s.
+WRITE_STUCK_S: Final = 120.0
+
 
 # Unsolicited messages logged one by one on a stream; the rest are counted.
 UNSOLICITED_LOGGED: Final = 8
@@ -187,6 +193,7 @@ class Hub:
     ) -> None:
         self.store = store
         self.heartbeat_s = heartbeat_s
+        self.write_stuck_s = WRITE_STUCK_S  # an attribute, so that a test may make it small
         self.default_timeout_s = default_timeout_s
         self.held_blob_bytes = held_blob_bytes
         self._holding = 0  # request blob bytes of Dispatch calls under way
@@ -358,7 +365,7 @@ class Hub:
         worker_id = hello.worker_id
         del first, opening, hello, resent
         reader = asyncio.create_task(self._read(session, requests, context.peer()))
-        beats = asyncio.create_task(self._beat(session))
+        beats = asyncio.create_task(self._beat(session, reader))
         batches: Batcher[bytes | Chunked] = Batcher(
             session.outbox,
             outgoing_size,
@@ -399,13 +406,39 @@ class Hub:
             session.close()
             reader.cancel()
             beats.cancel()
-            if self.link is not None:  # its reader stopped: what was handed and not taken goes
-                self.link.end(session.session_id)
-            if self.sessions.get(worker_id) is session:
-                del self.sessions[worker_id]
-                self.placements.held.pop(worker_id, None)
-            self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
-            log.info("worker %s disconnected", worker_id)
+            self._ended(session, worker_id)
+
+    def _ended(self, session: Session, worker_id: str) -> None:
+        """Let go of a stream's session (once): as it ends, or as it is found deaf."""
+        if session.ended:
+            return
+        session.ended = True
+        if self.link is not None:  # its reader stopped: what was handed and not taken goes
+            self.link.end(session.session_id)
+        if self.sessions.get(worker_id) is session:
+            del self.sessions[worker_id]
+            self.placements.held.pop(worker_id, None)
+        self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
+        log.info("worker %s disconnected", worker_id)
+
+    def _deaf(self, session: Session, reader: asyncio.Task[None]) -> None:
+        """The stream has not taken an envelope in WRITE_STUCK_S (its HTTP/2 window
+        shut): the hub lets go of its session. gRPC offers no way to end the call itself
+        from here (the handler is held in its write), but the session leaves the workers
+        connected, takes no message more (each KillPlan went to every session: one such
+        stream per made-up id held them all, review17 E5), asks for no read, and what
+        was queued for it goes; its worker, if any, hears nothing and dials again."""
+        log.warning(
+            "worker %s: its stream took nothing the hub wrote for %.0f s (it does not read "
+            "it): the hub lets go of it",
+            session.worker_id,
+            session.stuck_for(),
+        )
+        session.refusal = (grpc.StatusCode.UNAVAILABLE, "the stream took nothing written to it")
+        session.drop_queued()
+        session.close()
+        reader.cancel()
+        self._ended(session, session.worker_id)
 
     async def _first_message(
         self, requests: AsyncIterator[Incoming | EnvelopeRefused], context: Any
@@ -915,10 +948,14 @@ class Hub:
             self.store.complete(result)
             self._answer(cid, Answer(result))
 
-    async def _beat(self, session: Session) -> None:
-        # A timer by nature: the protocol's heartbeat says "alive" every heartbeat_s.
+    async def _beat(self, session: Session, reader: asyncio.Task[None]) -> None:
+        # A timer by nature: the protocol's heartbeat says "alive" every heartbeat_s; and
+        # a stream that takes nothing written to it is let go (`_deaf`).
         while not session.closed:
             await asyncio.sleep(self.heartbeat_s)
+            if session.stuck_for() > self.write_stuck_s:
+                self._deaf(session, reader)
+                return
             session.send(pb.ServerMessage(heartbeat=pb.Heartbeat(unix_ms=now_ms())))
 
     def _let_go(self, correlation_id: str) -> None:

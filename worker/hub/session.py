@@ -68,6 +68,9 @@ class Session:
     # HTTP/2's flow control holds it), what its taking resolves (Hub._next waits on it
     # before it asks for a later-read turn; see `wrote`).
     writing: asyncio.Future[None] | None = None
+    writing_since: float = 0.0  # the loop's time the envelope was handed over
+    # Set once the hub let go of it (Hub._ended): what it held is dropped, once.
+    ended: bool = False
     # When it began (unix ms): the time it was connected counts for its worker's row.
     started_ms: int = field(default_factory=now_ms)
     # The hub's kills the worker confirmed recording, through this one (KillPlan.seq):
@@ -127,7 +130,9 @@ class Session:
 
     def writes(self) -> None:
         """An envelope goes to gRPC: `writing` until it has taken it (`wrote`)."""
-        self.writing = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.writing = loop.create_future()
+        self.writing_since = loop.time()
 
     def wrote(self) -> None:
         if self.writing is not None and not self.writing.done():
@@ -153,6 +158,20 @@ class Session:
                 self.release()
 
         when_idle(go, HOLD_S)
+
+    def stuck_for(self) -> float:
+        """How long gRPC has held the envelope last handed to it (0: none held)."""
+        if self.writing is None:
+            return 0.0
+        return asyncio.get_running_loop().time() - self.writing_since
+
+    def drop_queued(self) -> int:
+        """Let go of every message not yet handed to gRPC; how many."""
+        dropped = 0
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
+            dropped += 1
+        return dropped
 
     def close(self) -> None:
         if not self.closed:
