@@ -165,6 +165,15 @@ def _blob_refusal(req: pb.DispatchRequest, size: int) -> WorkerError | None:
 KILL_PAGE: Final = 64
 KILL_PAGE_BYTES: Final = 16 * 1024
 
+# Calls a worker that is away may have waiting for it in hub.db (their requests whole,
+# args included, to send when it is back), and their requests' bytes: past either, a
+# call to it is answered `busy` (Hub._room_while_away).
+PENDING_AWAY_CALLS: Final = 1024
+PENDING_AWAY_BYTES: Final = 64 * 1024 * 1024
+# And the requests waiting for every worker together (a caller holding hub-workers.token
+# too remembers up to 1,024 made-up workers away).
+PENDING_BYTES: Final = 256 * 1024 * 1024
+
 # A stream whose last envelope gRPC has not taken for this long does not read what the
 # hub writes it (its HTTP/2 window shut): the hub lets go of its session (Hub._deaf). A
 # worker reads its stream at once; one envelope is a part of a blob at most, which
@@ -1107,6 +1116,8 @@ class Hub:
                 {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
             )
         worker_id = self.placements.route(req, self.pick_worker)
+        if worker_id not in self.sessions:
+            self._room_while_away(worker_id, len(req.args_json))
         if req.plan_id and self._killed_there(req, worker_id):
             raise WorkerError(
                 "plan_killed",
@@ -1117,6 +1128,33 @@ class Hub:
                 "there)",
             )
         return worker_id
+
+    def _room_while_away(self, worker_id: str, args_bytes: int) -> None:
+        """`busy` past PENDING_AWAY_CALLS calls, or PENDING_AWAY_BYTES of their requests,
+        recorded for a worker that is away, or PENDING_BYTES for every worker: each
+        waits in hub.db, args whole (it is sent when the worker is back), until its
+        deadline (up to 24 h) and a day more. One caller's 1 MiB args to a worker away,
+        hung up at once, grew hub.db 17 MB/s with no bound (review17 E4)."""
+        count, size = self.store.pending_for(worker_id)
+        if count < PENDING_AWAY_CALLS and size + args_bytes <= PENDING_AWAY_BYTES:
+            everyones = self.store.pending_bytes()
+            if everyones + args_bytes <= PENDING_BYTES:
+                return
+            raise WorkerError(
+                "busy",
+                f"{everyones:,} bytes of requests already wait in hub.db for their workers; "
+                f"past {PENDING_BYTES // 2**20} MiB the hub takes no more calls for a worker "
+                f"that is away ({worker_id!r}): retry once some of them end",
+                {"waiting_bytes": everyones},
+            )
+        raise WorkerError(
+            "busy",
+            f"{count:,} calls ({size:,} bytes of requests) already wait for worker "
+            f"{worker_id!r}, which is away; past {PENDING_AWAY_CALLS:,} calls or "
+            f"{PENDING_AWAY_BYTES // 2**20} MiB the hub takes no more for it: retry once it "
+            "is back, or once some of them end",
+            {"waiting_calls": count, "waiting_bytes": size},
+        )
 
     @contextlib.contextmanager
     def _counted(self, worker_id: str, size: int) -> Iterator[None]:

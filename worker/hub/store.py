@@ -402,6 +402,31 @@ class HubStore:
         )
         return True
 
+    def pending_for(self, worker_id: str) -> tuple[int, int]:
+        """The calls recorded for `worker_id` and not yet answered nor abandoned: how
+        many, and the bytes of their requests (args included)."""
+        count = size = 0
+        for row in self._unwritten.values():
+            request = row[3]
+            if row[1] == worker_id and isinstance(request, bytes):
+                count, size = count + 1, size + len(request)
+        stored, stored_bytes = self._db.execute(
+            "SELECT count(*), coalesce(sum(length(request)), 0) FROM calls"
+            " WHERE worker_id = ? AND state = 'PENDING'",
+            (worker_id,),
+        ).fetchone()
+        return count + int(stored), size + int(stored_bytes)
+
+    def pending_bytes(self) -> int:
+        """The bytes of the requests of every call recorded and not yet answered nor
+        abandoned, of every worker remembered (one index seek a worker)."""
+        size = sum(len(row[3]) for row in self._unwritten.values() if isinstance(row[3], bytes))
+        (stored,) = self._db.execute(
+            "SELECT coalesce(sum(length(c.request)), 0) FROM workers w"
+            " JOIN calls c ON c.worker_id = w.worker_id AND c.state = 'PENDING'"
+        ).fetchone()
+        return size + int(stored)
+
     def workers_of_plan(self, plan_id: str) -> set[str]:
         """The workers this hub sent a call of `plan_id`, as long as it keeps the calls
         (CALLS_KEPT_MS after they ended)."""

@@ -1,0 +1,74 @@
+"""Calls to a worker that is away wait in hub.db, their requests whole, bounded
+(review17 E4): one caller's Dispatches of 1 MiB args to a worker away, each caller
+hanging up at once, grew hub.db 17 MB/s with no bound, kept up to 48 h. Past
+PENDING_AWAY_CALLS calls (or PENDING_AWAY_BYTES, or PENDING_BYTES for every worker)
+the next is answered `busy` at once, stored nowhere.
+
+A real hub (worker.app.start_hub) in the test's loop; the worker away is a hand-driven
+stream that said Hello once (the far side)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.support.hub_inproc import HandWorker, caller_metadata, hub_in_process, own_channel
+from worker.hub import server as server_module
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+
+BOUND = 3
+
+
+def test_calls_past_the_bound_for_a_worker_away_are_answered_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "PENDING_AWAY_CALLS", BOUND)
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            away = HandWorker(running.address, home)
+            await away.until("welcome")
+            await away.close()
+            while away.worker_id in running.hub.sessions:
+                await asyncio.sleep(0.02)  # the hub runs in this loop
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            big = json.dumps({"argv": ["true"], "pad": "x" * 100_000})
+
+            async def dispatch() -> pb.DispatchResponse | grpc.StatusCode:
+                request = pb.DispatchRequest(
+                    worker_id=away.worker_id,
+                    plan_id="p",
+                    agent_id="a",
+                    surface="workerHost",
+                    action="exec",
+                    args_json=big,
+                    timeout_ms=3_600_000,
+                )
+                try:
+                    reply: pb.DispatchResponse = await stub.Dispatch(
+                        request, metadata=caller_metadata(home), timeout=0.5
+                    )
+                    return reply
+                except grpc.aio.AioRpcError as exc:  # the caller hangs up; the call waits
+                    return exc.code()
+
+            try:
+                waited = [await dispatch() for _ in range(BOUND)]
+                assert waited == [grpc.StatusCode.DEADLINE_EXCEEDED] * BOUND
+                assert running.hub.store.pending_for(away.worker_id)[0] == BOUND
+                refused = await dispatch()
+                assert isinstance(refused, pb.DispatchResponse), refused
+                assert refused.result.error.code == "busy"
+                assert "away" in refused.result.error.message
+                assert running.hub.store.pending_for(away.worker_id)[0] == BOUND  # not stored
+            finally:
+                await channel.close()
+
+    asyncio.run(go())
