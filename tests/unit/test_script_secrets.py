@@ -147,6 +147,14 @@ LEAKED = [
     ["kubectl", "exec", "db-0", "--", "mysql", f"-p{S}"],
     ["find", ".", "-name", "*.sql", "-exec", "mysql", f"-p{S}", "db", ";"],
     ["watch", "-n", "5", f"mysqladmin -p{S} status"],
+    # review17 E6: logins and settings of clouds, registries and databases.
+    ["sqlplus", f"scott/{S}@orcl"],
+    ["az", "login", "-u", "me", "-p", S],
+    ["vault", "login", S],
+    ["aws", "configure", "set", "aws_secret_access_key", S],
+    ["aws", "--profile", "p", "configure", "set", "aws_secret_access_key", S],
+    ["npm", "config", "set", "//registry.npmjs.org/:_authToken", S],
+    ["sh", "-c", f"npm set //registry.npmjs.org/:_authToken {S} && npm publish"],
     # Through a parameter the script sets (mask17's note): its value is masked too.
     ["sh", "-c", f"P={S}; mysql -p$P db"],
     ["sh", "-c", f'export DBPW={S}\nmysql --password="$DBPW" db'],

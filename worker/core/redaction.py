@@ -290,6 +290,25 @@ _PROGRAMS: Final[dict[str, _Options]] = {
         name: _Options(values="cHl", subcommands=_LOGIN) for name in ("docker", "podman", "nerdctl")
     },
     **{name: _SHELL for name in ("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash")},
+    # review17 E6: the clouds' and registries' logins and settings people type.
+    "az": _Options(subcommands={"login": _Options({"-p": "either", "--password": "next"}, "ut")}),
+    "vault": _Options(subcommands={"login": _Options(secret_operand=1)}),  # vault login TOKEN
+    # user/password@database, the first operand (sqlplus scott/X@orcl): masked whole.
+    **{name: _Options(secret_operand=1) for name in ("sqlplus", "sqlldr", "rman")},
+    # `aws configure set KEY VALUE`, `npm config set KEY VALUE`: every value masked.
+    "aws": _Options(
+        long_values=("--profile", "--region", "--output", "--endpoint-url"),
+        subcommands={"configure": _Options(subcommands={"set": _Options(secret_operand=2)})},
+    ),
+    **{
+        name: _Options(
+            subcommands={
+                "config": _Options(subcommands={"set": _Options(secret_operand=2)}),
+                "set": _Options(secret_operand=2),
+            }
+        )
+        for name in ("npm", "pnpm", "yarn")
+    },
     **_GLOBAL_UTILS,
 }
 
