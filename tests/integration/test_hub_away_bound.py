@@ -72,3 +72,44 @@ def test_calls_past_the_bound_for_a_worker_away_are_answered_busy(
                 await channel.close()
 
     asyncio.run(go())
+
+
+def test_a_retry_of_an_abandoned_call_goes_with_the_callers_args(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An abandoned call keeps no args in hub.db (review17 E3); a caller's retry of its
+    id (the same args, by the digest) is sent with the caller's own, not the none kept."""
+    monkeypatch.setattr(server_module, "RESULT_SLACK_S", 0.2)  # no answer comes anyway
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            worker = HandWorker(running.address, home)  # takes calls, answers none
+            await worker.until("welcome")
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            request = pb.DispatchRequest(
+                worker_id=worker.worker_id,
+                correlation_id="abandoned-then-retried",
+                plan_id="p",
+                agent_id="a",
+                surface="workerDiag",
+                action="probe",
+                args_json='{"sleep_ms": 1}',
+                timeout_ms=100,
+            )
+            try:
+                first = await stub.Dispatch(request, metadata=caller_metadata(home), timeout=60)
+                assert first.result.error.code == "timeout", first
+                stored = running.hub.store.get("abandoned-then-retried")
+                assert stored is not None and stored.state == "ABANDONED"
+                assert stored.request.args_json == ""
+                await stub.Dispatch(request, metadata=caller_metadata(home), timeout=60)
+                sent = await worker.until("request", 2)
+                assert [r.args_json for r in sent] == ['{"sleep_ms": 1}'] * 2
+                assert sent[1].attempt == 2
+            finally:
+                await channel.close()
+                await worker.close()
+
+    asyncio.run(go())

@@ -1265,8 +1265,11 @@ class Hub:
             worker_id = existing.worker_id
             remaining_ms = max(0, existing.deadline_ms - now_ms())
             timeout_s = remaining_ms / 1000
+            args_json = request.args_json  # the caller's: the same args, by the digest
             request = pb.ActionRequest()
             request.CopyFrom(existing.request)
+            if existing.state == "ABANDONED":  # it keeps no args (store.abandon)
+                request.args_json = args_json
             request.attempt += 1
             request.timeout_ms = remaining_ms
             # The same call, under the digest it was recorded with (the worker may have
