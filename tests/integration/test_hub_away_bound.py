@@ -113,3 +113,45 @@ def test_a_retry_of_an_abandoned_call_goes_with_the_callers_args(
                 await worker.close()
 
     asyncio.run(go())
+
+
+def test_a_blob_for_a_worker_away_goes_when_its_caller_does(tmp_path: Path) -> None:
+    """review17 E7: a call's blob is held until the call is answered, in case it must
+    be sent again; for a worker away whose caller left, it stayed in the hub's memory,
+    no longer counted in held_blobs_mib, until the worker came back (24 x 16 MiB: +400
+    MB). Now it goes with the caller; the call stays, for a retry that brings it."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            away = HandWorker(running.address, home)
+            await away.until("welcome")
+            await away.close()
+            while away.worker_id in running.hub.sessions:
+                await asyncio.sleep(0.02)  # the hub runs in this loop
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            request = pb.DispatchRequest(
+                worker_id=away.worker_id,
+                correlation_id="blob-for-one-away",
+                plan_id="p",
+                agent_id="a",
+                surface="workerHost",
+                action="fs_write",
+                args_json='{"path": "f"}',
+                blob=b"b" * (2 * 1024 * 1024),
+                timeout_ms=3_600_000,
+            )
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as left:
+                    await stub.Dispatch(request, metadata=caller_metadata(home), timeout=0.5)
+                assert left.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                while running.hub._waiters.get("blob-for-one-away"):
+                    await asyncio.sleep(0.02)  # the hub sees the caller gone
+                assert "blob-for-one-away" not in running.hub._blobs
+                stored = running.hub.store.get("blob-for-one-away")
+                assert stored is not None and stored.state == "PENDING"  # kept, for a retry
+            finally:
+                await channel.close()
+
+    asyncio.run(go())
