@@ -14,7 +14,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from tests.support.hub_inproc import HandWorker, caller_metadata, hub_in_process, own_channel
+from worker.core.ledger import ALL_PLANS
+from worker.hub import store as store_module
 from worker.hub.reads import LATER_READS_AT_ONCE
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -56,5 +60,39 @@ def test_a_kill_reaches_every_idle_worker_and_wakes_none_of_their_readers(
                 await channel.close()
                 for hand in hands:
                     await hand.close()
+
+    asyncio.run(go())
+
+
+def test_a_stop_a_kill_made_owed_reaches_a_connected_worker_after_that_kill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connected worker that has not confirmed kills past store.KILLS_HELD is owed a
+    kill of every plan, numbered after the kill that made it owed; sent before that
+    kill, its seq passed the kill's, and the worker took the kill as recorded before and
+    lifted since (review17's report)."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", 3)
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            worker = HandWorker(running.address, home)  # confirms nothing
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                await worker.until("welcome")
+                for n in range(6):
+                    await stub.KillPlan(
+                        pb.KillPlanRequest(plan_id=f"p{n}", reason="stop"),
+                        metadata=caller_metadata(home),
+                        timeout=60,
+                    )
+                kills = await worker.until("kill_plan", 7)  # six, and one stop
+                seqs = [k.seq for k in kills]
+                assert seqs == sorted(seqs), [(k.plan_id, k.seq) for k in kills]
+                assert ALL_PLANS in [k.plan_id for k in kills]
+            finally:
+                await channel.close()
+                await worker.close()
 
     asyncio.run(go())

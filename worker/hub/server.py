@@ -1543,10 +1543,6 @@ class Hub:
             {worker_id: s.kills_through for worker_id, s in self.sessions.items()},
         )
         reply = pb.KillPlanResponse()
-        for worker_id, stop in kept.stops.items():  # kills it had not confirmed went
-            session = self.sessions.get(worker_id)
-            if session is not None and not session.kills_paging:
-                session.send(pb.ServerMessage(kill_plan=stop))
         # One envelope part for every worker: built once, not once a worker.
         part = message_part(pb.ServerMessage(kill_plan=kept.kill).SerializeToString())
         for worker_id in [named] if named else sorted({*self.sessions, *self.store.worker_ids()}):
@@ -1557,6 +1553,13 @@ class Hub:
                 reply.worker_ids.append(worker_id)
             else:
                 reply.queued_worker_ids.append(worker_id)
+        # Then the kills of every plan it made owed (kills not confirmed went), after it
+        # as numbered: sent first, a stop's seq passed the kill's, and a worker took the
+        # kill as one recorded before and lifted since (review17's report).
+        for worker_id, stop in kept.stops.items():
+            session = self.sessions.get(worker_id)
+            if session is not None and not session.kills_paging:
+                session.send(pb.ServerMessage(kill_plan=stop))
         return reply
 
     def worker_infos(self) -> list[pb.WorkerInfo]:
