@@ -155,6 +155,8 @@ LEAKED = [
     ["aws", "--profile", "p", "configure", "set", "aws_secret_access_key", S],
     ["npm", "config", "set", "//registry.npmjs.org/:_authToken", S],
     ["sh", "-c", f"npm set //registry.npmjs.org/:_authToken {S} && npm publish"],
+    ["sh", "-c", f"cat <<EOF | sudo -S true\n{S}\nEOF"],
+    ["sh", "-c", f"cat <<< {S} | sudo -S true"],
     # Through a parameter the script sets (mask17's note): its value is masked too.
     ["sh", "-c", f"P={S}; mysql -p$P db"],
     ["sh", "-c", f'export DBPW={S}\nmysql --password="$DBPW" db'],
@@ -234,6 +236,7 @@ SHOWN = [
     ["psql", "-c", "select 1"],
     ["git", "commit", "-m", "use the pager"],
     ["sh", "-c", 'P=hello; echo "$P"; X=1 make'],
+    ["sh", "-c", "cat <<EOF | grep -c x\nhello x\nEOF"],
 ]
 
 

@@ -598,6 +598,9 @@ _STDIN_FLAGS: Final = frozenset(
 _SUDO_STDIN: Final = re.compile(r"-[A-Za-z]*S[A-Za-z]*")
 # What writes a password into a pipe: its operands are the password (`echo X | sudo -S`).
 _FEEDERS: Final = frozenset({"echo", "printf"})
+# What passes its own stdin on into a pipe: what it is fed is the password (`cat <<EOF |
+# sudo -S`, review17 E6).
+_PASSERS: Final = frozenset({"cat", "tee"})
 
 
 def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
@@ -792,11 +795,17 @@ def _script_masked(script: str, depth: int) -> _Script | None:
             feeder = command.piped_from
             fed_words = feeder.words if feeder is not None else []
             start = _command_start(fed_words)
-            if start is not None and fed_words[start].text.rsplit("/", 1)[-1] in _FEEDERS:
+            feeding = "" if start is None else fed_words[start].text.rsplit("/", 1)[-1]
+            if start is not None and feeding in _FEEDERS:
                 for word in fed_words[start + 1 :]:
                     if not word.text.startswith("-"):
                         shown[word.start] = (word.end, MASK)
                         secrets.append(word.text)
+            elif feeder is not None and feeding in _PASSERS:  # cat <<EOF | sudo -S
+                for fed in filter(lambda fed: fed.text, feeder.fed):
+                    body = fed.kind == "body"
+                    shown[fed.start] = (fed.end, MASK + "\n" if body else MASK)
+                    secrets.extend(line for line in fed.text.splitlines() if line.strip())
     _assigned_secrets_masked(script_commands, secrets, shown)
     if not shown:
         return None
