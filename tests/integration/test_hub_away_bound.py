@@ -12,16 +12,42 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from tests.support.hub_inproc import HandWorker, caller_metadata, hub_in_process, own_channel
+from worker.app import RunningHub
 from worker.hub import server as server_module
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
 BOUND = 3
+
+
+def _call(worker_id: str, scope: str, args_json: str, **fields: Any) -> pb.DispatchRequest:
+    """A Dispatch of `scope` (surface.action) to `worker_id`, in plan p of agent a."""
+    surface, action = scope.split(".")
+    return pb.DispatchRequest(
+        worker_id=worker_id,
+        plan_id="p",
+        agent_id="a",
+        surface=surface,
+        action=action,
+        args_json=args_json,
+        **fields,
+    )
+
+
+async def _away(running: RunningHub, home: Path) -> HandWorker:
+    """A worker the hub remembers, away: it said Hello and left."""
+    away = HandWorker(running.address, home)
+    await away.until("welcome")
+    await away.close()
+    while away.worker_id in running.hub.sessions:
+        await asyncio.sleep(0.02)  # the hub runs in this loop
+    return away
 
 
 def test_calls_past_the_bound_for_a_worker_away_are_answered_busy(
@@ -32,25 +58,13 @@ def test_calls_past_the_bound_for_a_worker_away_are_answered_busy(
 
     async def go() -> None:
         async with hub_in_process(home) as running:
-            away = HandWorker(running.address, home)
-            await away.until("welcome")
-            await away.close()
-            while away.worker_id in running.hub.sessions:
-                await asyncio.sleep(0.02)  # the hub runs in this loop
+            away = await _away(running, home)
             channel = own_channel(running.address)
             stub = pb_grpc.ControlServiceStub(channel)
             big = json.dumps({"argv": ["true"], "pad": "x" * 100_000})
 
             async def dispatch() -> pb.DispatchResponse | grpc.StatusCode:
-                request = pb.DispatchRequest(
-                    worker_id=away.worker_id,
-                    plan_id="p",
-                    agent_id="a",
-                    surface="workerHost",
-                    action="exec",
-                    args_json=big,
-                    timeout_ms=3_600_000,
-                )
+                request = _call(away.worker_id, "workerHost.exec", big, timeout_ms=3_600_000)
                 try:
                     reply: pb.DispatchResponse = await stub.Dispatch(
                         request, metadata=caller_metadata(home), timeout=0.5
@@ -88,14 +102,11 @@ def test_a_retry_of_an_abandoned_call_goes_with_the_callers_args(
             await worker.until("welcome")
             channel = own_channel(running.address)
             stub = pb_grpc.ControlServiceStub(channel)
-            request = pb.DispatchRequest(
-                worker_id=worker.worker_id,
+            request = _call(
+                worker.worker_id,
+                "workerDiag.probe",
+                '{"sleep_ms": 1}',
                 correlation_id="abandoned-then-retried",
-                plan_id="p",
-                agent_id="a",
-                surface="workerDiag",
-                action="probe",
-                args_json='{"sleep_ms": 1}',
                 timeout_ms=100,
             )
             try:
@@ -124,21 +135,14 @@ def test_a_blob_for_a_worker_away_goes_when_its_caller_does(tmp_path: Path) -> N
 
     async def go() -> None:
         async with hub_in_process(home) as running:
-            away = HandWorker(running.address, home)
-            await away.until("welcome")
-            await away.close()
-            while away.worker_id in running.hub.sessions:
-                await asyncio.sleep(0.02)  # the hub runs in this loop
+            away = await _away(running, home)
             channel = own_channel(running.address)
             stub = pb_grpc.ControlServiceStub(channel)
-            request = pb.DispatchRequest(
-                worker_id=away.worker_id,
+            request = _call(
+                away.worker_id,
+                "workerHost.fs_write",
+                '{"path": "f"}',
                 correlation_id="blob-for-one-away",
-                plan_id="p",
-                agent_id="a",
-                surface="workerHost",
-                action="fs_write",
-                args_json='{"path": "f"}',
                 blob=b"b" * (2 * 1024 * 1024),
                 timeout_ms=3_600_000,
             )

@@ -50,6 +50,19 @@ async def _until_confirmed(running: app.RunningHub, worker_id: str) -> None:
         await asyncio.sleep(0.02)  # the hub runs in this loop
 
 
+def _hello(worker_id: str, epoch: str, through: int) -> pb.Hello:
+    """A hand-driven worker's Hello saying it confirmed kills of `epoch` through `through`."""
+    return pb.Hello(
+        worker_id=worker_id,
+        instance_id="i",
+        version="hand",
+        protocol_min=PROTOCOL_MIN,
+        protocol_max=PROTOCOL_MAX,
+        kills_epoch=epoch,
+        kills_through=through,
+    )
+
+
 def _lift(home: Path, plan: str) -> None:
     """The person lifts the plan's kill at the worker (`agentworker lift`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
@@ -90,15 +103,7 @@ def test_a_hello_claiming_kills_never_numbered_does_not_undo_the_persons_lift(
                 assert await _code(stub, home, worker_id, "lifted") == "ok"
 
                 epoch = running.hub.store.kills_epoch
-                hello = pb.Hello(
-                    worker_id="cotenant",
-                    instance_id="i",
-                    version="hand",
-                    protocol_min=PROTOCOL_MIN,
-                    protocol_max=PROTOCOL_MAX,
-                    kills_epoch=epoch,
-                    kills_through=2**62,
-                )
+                hello = _hello("cotenant", epoch, 2**62)
                 liar = HandWorker(running.address, home, hello=hello)
                 try:
                     await liar.until("welcome")
@@ -134,15 +139,8 @@ def test_kills_are_numbered_past_a_workers_mark_the_hub_never_reached(tmp_path: 
             store = running.hub.store
             channel = own_channel(running.address)
             stub = pb_grpc.ControlServiceStub(channel)
-            hello = pb.Hello(
-                worker_id="restored-hubs-worker",
-                instance_id="i",
-                version="hand",
-                protocol_min=PROTOCOL_MIN,
-                protocol_max=PROTOCOL_MAX,
-                kills_epoch=store.kills_epoch,
-                kills_through=7,  # confirmed before the folder went back
-            )
+            # It confirmed kills through 7 before the folder went back.
+            hello = _hello("restored-hubs-worker", store.kills_epoch, 7)
             worker = HandWorker(running.address, home, hello=hello)
             try:
                 await worker.until("welcome")
@@ -160,17 +158,7 @@ def test_kills_are_numbered_past_a_workers_mark_the_hub_never_reached(tmp_path: 
                 assert session.kills_through == store.kills_issued() == 8
 
                 liar = HandWorker(
-                    running.address,
-                    home,
-                    hello=pb.Hello(
-                        worker_id="liar",
-                        instance_id="i",
-                        version="hand",
-                        protocol_min=PROTOCOL_MIN,
-                        protocol_max=PROTOCOL_MAX,
-                        kills_epoch=store.kills_epoch,
-                        kills_through=2**62,
-                    ),
+                    running.address, home, hello=_hello("liar", store.kills_epoch, 2**62)
                 )
                 await liar.until("welcome")
                 await liar.close()
