@@ -32,7 +32,9 @@ ours alike (rows timed one after the other gave fs_list 1.60-2.29x its baseline)
   fs_list 10,000   raw os.scandir + lstat of each entry, in this process
                    raw two-hop relay carrying back as many bytes as fs_list's answer
                    fs_list (limit 10,000) via caller → hub → worker → back, and the
-                   part of it spent inside the worker (its telemetry duration_ms)
+                   part of it spent inside the worker (its telemetry duration_ms); and
+                   the CPU time of each: the raw listing's thread, `up`'s threads per
+                   fs_list (its event loop apart), which load moves far less than latency
   head of line     a small unary echo's latency while another process streams 16 MiB
                    echoes at the same server, beside fs_stat's while another process
                    streams 16 MiB fs_writes through the same hub and worker (`up`), sent
@@ -413,22 +415,57 @@ def hub_list(
 
 
 async def list_table(
-    client: ControlClient, relayed: grpc.aio.Channel, folder: Path, lists: int
+    client: ControlClient, relayed: grpc.aio.Channel, folder: Path, lists: int, up_pid: int
 ) -> None:
     inside: list[float] = []
     listing = hub_list(client, folder.name, inside)
     answer_bytes = await listing()
+    raw_cpu: list[float] = []
+    before, calls_before = thread_cpu(up_pid), len(inside)
     rows = await timed_rows(
         [
-            ("raw os.scandir + lstat", raw_list(folder)),
+            ("raw os.scandir + lstat", cpu_timed(raw_list(folder), raw_cpu)),
             (f"raw two-hop relay, {answer_bytes:,} B back", relay_call(relayed, b"", answer_bytes)),
             ("fs_list via hub → worker", listing),
         ],
         lists,
     )
+    after, calls = thread_cpu(up_pid), len(inside) - calls_before
     rows.append(("  of which inside the worker (telemetry)", inside[-lists:]))
     report(f"fs_list of {LIST_ENTRIES:,} entries: {lists} calls, 1 in flight", rows, name_width=44)
+    # CPU time, which a loaded machine changes far less than it changes latency.
+    spent = {tid: (after[tid] - before.get(tid, 0.0)) * 1000 / calls for tid in after}
+    loop_ms = spent.get(up_pid, 0.0)  # the main thread: the event loop's
+    print(
+        f"  CPU per call: raw scandir+lstat {statistics.median(raw_cpu):.1f} ms (its thread); "
+        f"`up` per fs_list {sum(spent.values()):.1f} ms "
+        f"(event loop {loop_ms:.1f}, other threads {sum(spent.values()) - loop_ms:.1f})"
+    )
     _goal("fs_list 10k / scandir+lstat (p50)", rows[2][1], rows[0][1], "scandir+lstat", 1.5)
+
+
+def cpu_timed(one: OneCall, spent: list[float]) -> OneCall:
+    """`one`, adding the CPU time of each call (ms, this thread's) to `spent`."""
+
+    async def timed_one() -> None:
+        start = time.thread_time()
+        await one()
+        spent.append((time.thread_time() - start) * 1000)
+
+    return timed_one
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) each thread of process `pid` has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        spent[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return spent
 
 
 async def _under_load(argv: list[str], one: OneCall, count: int) -> list[float]:
@@ -546,7 +583,7 @@ async def bench(
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
     try:
-        with agentworker(["up"], home), relay() as relay_addr:
+        with agentworker(["up"], home) as up, relay() as relay_addr:
             async with (
                 connected(home) as client,
                 grpc.aio.insecure_channel(echo_addr, options=limits) as channel,
@@ -562,7 +599,7 @@ async def bench(
                         clients = {UP: client, SPLIT: split_client}
                         await write_table(clients, channel, relayed, raw_target, sixteen, writes)
                 if "list" in tables:
-                    await list_table(client, relayed, listed, lists)
+                    await list_table(client, relayed, listed, lists, up.pid)
                 if "head_of_line" in tables:
                     await head_of_line_table(client, channel, echo_addr, home, stats)
     finally:

@@ -155,6 +155,8 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
         "fs_read",
         "raw os.scandir + lstat",
         "fs_list via hub → worker",
+        "CPU per call: raw scandir+lstat",
+        "`up` per fs_list",
         "raw two-hop relay, 1 MiB back",
         "raw two-hop relay, 16 MiB down",
         "fs_read 1 MiB beside the raw two-hop relay",
