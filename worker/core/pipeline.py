@@ -920,14 +920,7 @@ class Dispatcher:
         self.telemetry.audit("kill", plan_id=plan_id, detail={"reason": reason, "by": killed_by})
         # Every running call the kills now bind, not only the plan's: a kill of every
         # plan ('*', the hub's or the one recorded past MAX_SERVER_KILLS) stops them all.
-        stopped = 0
-        for call in list(self._calls.values()):
-            plan = call.req.plan_id
-            why = reason if plan == plan_id else self.state.killed(plan)
-            if why is not None and call.stop is None:
-                self._stop(call, WorkerError("plan_killed", f"plan {plan!r} was killed: {why}"))
-                stopped += 1
-        return stopped
+        return self._stop_killed(self.state.killed)
 
     def plans_running(self) -> set[str]:
         """Plans with a call accepted and not yet answered."""
@@ -1010,10 +1003,15 @@ class Dispatcher:
             self.watcher.plans_changed(moved)
         for plan in moved:
             self.containment.warm.discard(plan)
+        return self._stop_killed(self.state.kill_reason)
+
+    def _stop_killed(self, reason_of: Callable[[str], str | None]) -> int:
+        """Stop each running call whose plan the ledger says is killed (`reason_of`: why,
+        or None); how many."""
         stopped = 0
         for call in list(self._calls.values()):
             plan = call.req.plan_id
-            reason = self.state.kill_reason(plan) if plan else None
+            reason = reason_of(plan) if plan else None
             if reason is not None and call.stop is None:
                 self._stop(call, WorkerError("plan_killed", f"plan {plan!r} was killed: {reason}"))
                 stopped += 1

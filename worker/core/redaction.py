@@ -788,10 +788,7 @@ def _script_masked(script: str, depth: int) -> _Script | None:
         reader_seen = reader_seen or reads
         # `fi <<EOF`, `done <<< X`, `) <<< X`: fed to a compound command, read by any in it.
         if reads or (first is None and reader_seen):
-            for fed in filter(lambda fed: fed.text, command.fed):
-                body = fed.kind == "body"
-                shown[fed.start] = (fed.end, MASK + "\n" if body else MASK)
-                secrets.extend(line for line in fed.text.splitlines() if line.strip())
+            _fed_masked(command, shown, secrets)
             feeder = command.piped_from
             fed_words = feeder.words if feeder is not None else []
             start = _command_start(fed_words)
@@ -802,10 +799,7 @@ def _script_masked(script: str, depth: int) -> _Script | None:
                         shown[word.start] = (word.end, MASK)
                         secrets.append(word.text)
             elif feeder is not None and feeding in _PASSERS:  # cat <<EOF | sudo -S
-                for fed in filter(lambda fed: fed.text, feeder.fed):
-                    body = fed.kind == "body"
-                    shown[fed.start] = (fed.end, MASK + "\n" if body else MASK)
-                    secrets.extend(line for line in fed.text.splitlines() if line.strip())
+                _fed_masked(feeder, shown, secrets)
     _assigned_secrets_masked(script_commands, secrets, shown)
     if not shown:
         return None
@@ -819,6 +813,16 @@ def _script_masked(script: str, depth: int) -> _Script | None:
     masked_script = _Script("".join(pieces) + script[at:])
     masked_script.secrets = tuple(secret for secret in secrets if secret)
     return masked_script
+
+
+def _fed_masked(
+    command: shell_words.Command, shown: dict[int, tuple[int, str]], secrets: list[str]
+) -> None:
+    """Mask what the script feeds `command` on stdin (here-strings, here-documents)."""
+    for fed in filter(lambda fed: fed.text, command.fed):
+        body = fed.kind == "body"
+        shown[fed.start] = (fed.end, MASK + "\n" if body else MASK)
+        secrets.extend(line for line in fed.text.splitlines() if line.strip())
 
 
 # A parameter a masked word expands (`mysql -p$P`, `echo "${P}" | sudo -S`).

@@ -371,7 +371,6 @@ class Hub:
         self._handle_all(session, first[1:])
         # Let go of the first envelope (its messages and any blob): this generator's
         # frame lives as long as the stream, and held it all along.
-        worker_id = hello.worker_id
         del first, opening, hello, resent
         reader = asyncio.create_task(self._read(session, requests, context.peer()))
         beats = asyncio.create_task(self._beat(session, reader))
@@ -415,13 +414,14 @@ class Hub:
             session.close()
             reader.cancel()
             beats.cancel()
-            self._ended(session, worker_id)
+            self._ended(session)
 
-    def _ended(self, session: Session, worker_id: str) -> None:
+    def _ended(self, session: Session) -> None:
         """Let go of a stream's session (once): as it ends, or as it is found deaf."""
         if session.ended:
             return
         session.ended = True
+        worker_id = session.worker_id
         if self.link is not None:  # its reader stopped: what was handed and not taken goes
             self.link.end(session.session_id)
         if self.sessions.get(worker_id) is session:
@@ -447,7 +447,7 @@ class Hub:
         session.drop_queued()
         session.close()
         reader.cancel()
-        self._ended(session, session.worker_id)
+        self._ended(session)
 
     async def _first_message(
         self, requests: AsyncIterator[Incoming | EnvelopeRefused], context: Any

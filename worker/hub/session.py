@@ -165,13 +165,10 @@ class Session:
             return 0.0
         return asyncio.get_running_loop().time() - self.writing_since
 
-    def drop_queued(self) -> int:
-        """Let go of every message not yet handed to gRPC; how many."""
-        dropped = 0
+    def drop_queued(self) -> None:
+        """Let go of every message not yet handed to gRPC."""
         while not self.outbox.empty():
             self.outbox.get_nowait()
-            dropped += 1
-        return dropped
 
     def close(self) -> None:
         if not self.closed:

@@ -286,6 +286,7 @@ class HubStore:
         # A worker stream's key is looked up before its Hello is read (worker.hub.server).
         self._db.execute("CREATE INDEX IF NOT EXISTS workers_key ON workers (key_digest)")
         self.workers_away_kept = WORKERS_AWAY_KEPT
+        self._issued_seq: int | None = None  # kills_issued, read once, then kept
         self._take_queued_kills()
         row = self._db.execute("SELECT epoch FROM kills_epoch").fetchone()
         if row is None:
@@ -677,9 +678,14 @@ class HubStore:
         return len(gone)
 
     def kills_issued(self) -> int:
-        """The highest kill seq this hub.db ever numbered (0: none)."""
-        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'kills'").fetchone()
-        return int(row[0]) if row else 0
+        """The highest kill seq this hub.db ever numbered (0: none). Read once, then
+        kept as kills are numbered: every worker's heartbeat asks it."""
+        if self._issued_seq is None:
+            row = self._db.execute(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'kills'"
+            ).fetchone()
+            self._issued_seq = int(row[0]) if row else 0
+        return self._issued_seq
 
     def number_kills_past(self, claimed: int) -> int:
         """Number the next kills after `claimed` (a worker's word that it confirmed kills
@@ -698,6 +704,7 @@ class HubStore:
                 "INSERT OR IGNORE INTO sqlite_sequence (name, seq) VALUES ('kills', 0)"
             )
             self._db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'kills'", (target,))
+        self._issued_seq = target
         self._issued.write(self.kills_epoch, target)
         return target
 
@@ -788,6 +795,7 @@ class HubStore:
             (plan_id, worker_id, reason, now_ms(), used),
         )
         seq = int(cur.lastrowid or 0)
+        self._issued_seq = seq  # AUTOINCREMENT: past every seq before
         self._kills.setdefault(plan_id, {})[worker_id] = seq
         if used:
             self._unused_kills.discard(plan_id)

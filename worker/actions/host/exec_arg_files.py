@@ -88,7 +88,8 @@ def _names(arg: str) -> tuple[str, ...]:
     if not arg or "\0" in arg:
         return ()
     if arg.startswith("-") and "=" in arg:
-        return (arg.split("=", 1)[1],) if arg.split("=", 1)[1] else ()
+        value = arg.split("=", 1)[1]
+        return (value,) if value else ()
     return (arg,)
 
 
