@@ -8,10 +8,13 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from tests.support.cluster import write_config
 from worker import app
 from worker.clock import now_ms
 from worker.config import Paths, load
+from worker.core import ledger
 from worker.core.connection import Target, local_hub_key, server_key
 from worker.core.ledger import (
     ALL_PLANS,
@@ -385,6 +388,54 @@ def test_a_kill_the_server_says_is_of_a_plan_in_use_is_pruned_last(tmp_path: Pat
         state.kill_plan(f"made-up-{n}", "flood", "server")
     assert state.killed("told-at-once") and state.killed("told-later")
     assert state.killed("never") is None
+
+
+def test_a_pruned_kill_of_a_plan_in_use_is_kept_apart_not_a_stop_of_every_plan(
+    tmp_path: Path,
+) -> None:
+    """review16 F4: past MAX_SERVER_KILLS kills of plans in use (a Dispatch and a KillPlan
+    of each made-up plan) the oldest is kept apart by its digest: its plan stays killed
+    for that server alone, other plans run, and the person can lift it by its id.
+    Before, the worker stopped every plan of the server (a kill of ALL_PLANS)."""
+    state = State(tmp_path / "state.db")
+    state.server = A
+    state.kill_plan("victim", "the person's, through the hub", "server", True)
+    for n in range(MAX_SERVER_KILLS):  # the last one prunes the victim's
+        state.kill_plan(f"in-use-{n}", "flood", "server", True)
+    assert "victim" not in [plan for plan, *_ in state.kills()]
+    assert state.kills_kept_apart() == 1
+    assert state.kill_reason("victim") is not None
+    assert state.kill_reason("never-killed") is None
+    assert ALL_PLANS not in [plan for plan, *_ in state.kills()]
+    state.server = B  # another server's plan of the same id
+    assert state.kill_reason("victim") is None
+    state.server = A
+    assert state.lift_kill("victim")
+    assert state.kill_reason("victim") is None
+    assert state.kills_kept_apart() == 0
+    state.close()
+
+
+def test_past_max_kills_apart_every_plan_of_the_server_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kills kept apart are bounded too (ledger.MAX_KILLS_APART, 1,000,000 of a
+    server's, ~18 bytes a row): past it the worker can no longer tell which of the
+    server's plans are killed, and stops them all until the person lifts `*`."""
+    monkeypatch.setattr(ledger, "MAX_KILLS_APART", 2)
+    state = State(tmp_path / "state.db")
+    state.server = A
+    for n in range(MAX_SERVER_KILLS + 2):  # two kept apart: the share there is full
+        state.kill_plan(f"in-use-{n}", "flood", "server", True)
+    assert state.kills_kept_apart() == 2
+    assert state.kill_reason("never-killed") is None
+    state.kill_plan("one-more", "flood", "server", True)
+    assert state.kills_kept_apart() == 2
+    assert ALL_PLANS in [plan for plan, *_ in state.kills()]
+    assert state.kill_reason("never-killed") is not None
+    state.server = B  # the stop binds the flooding server's plans only
+    assert state.kill_reason("never-killed") is None
+    state.close()
 
 
 def test_a_servers_kill_of_every_plan_outlives_a_flood_of_kills_of_plans_in_use(

@@ -27,10 +27,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
     from worker.cli._common import shown
-    from worker.core.ledger import ANY_SERVER, State
+    from worker.core.ledger import ANY_SERVER, MAX_SERVER_KILLS, State
 
     state_db = paths.data_dir / "state.db"
     rows = []
+    apart = 0
     if state_db.exists():  # no worker has run here yet: nothing was ever killed
         state = State(state_db)
         try:
@@ -47,11 +48,12 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
                 }
                 for plan, reason, by, ms, server in state.kills()
             ]
+            apart = state.kills_kept_apart()
         finally:
             state.close()
     if args.json:
         print(json.dumps(rows, indent=2))
-    elif not rows:
+    elif not rows and not apart:
         print("no plan is killed")
     else:
         for r in rows:
@@ -60,6 +62,12 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
             print(
                 f"{shown(r['plan'])}  killed {r['killed_at']} by {shown(r['killed_by'])}: "
                 f"{shown(r['reason'])}  ({shown(whose)} plan of this id)"
+            )
+        if apart:
+            # Their ids are not kept (ledger.MAX_KILLS_APART): a person names one to lift it.
+            print(
+                f"and {apart:,} more kills of plans in use from servers, kept apart past "
+                f"the newest {MAX_SERVER_KILLS:,} of a server's (their plan ids not kept)"
             )
         print("lift one with `agentworker lift PLAN`")
     return 0

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import hashlib
 import json
 import logging
 import re
@@ -85,6 +86,10 @@ CREATE TABLE IF NOT EXISTS killed_plans (
     used      INTEGER NOT NULL DEFAULT 1 -- a call of the plan came here (see MAX_SERVER_KILLS)
 );
 CREATE INDEX IF NOT EXISTS killed_plans_by ON killed_plans (killed_by);
+CREATE TABLE IF NOT EXISTS kills_apart (  -- server kills of plans in use past MAX_SERVER_KILLS
+    digest INTEGER PRIMARY KEY, -- of the plan id (apart_digest)
+    server TEXT NOT NULL        -- whose plan of the id it binds: a key, or * (all)
+);
 CREATE TABLE IF NOT EXISTS grants (
     id         INTEGER PRIMARY KEY,
     agent      TEXT NOT NULL,
@@ -125,7 +130,14 @@ DEFAULT_TTL_S = 24 * 3600
 # person lifts it with `agentworker lift '*'`). A flood of kills of plans the server
 # made run (a Dispatch, then a KillPlan, each time) then stops its plans; before, it
 # pushed out the person's kill, and the killed plan ran (review15 finding 01).
+# Past MAX_SERVER_KILLS a pruned kill of a plan in use is first kept apart (kills_apart:
+# a digest of its plan id and the server it binds, its reason not kept; not listed, not
+# cached: the check of a call asks the table by its primary key), and only past
+# MAX_KILLS_APART of one server's kills kept apart is ALL_PLANS stopped. Before, 1,001
+# pairs (Dispatch of a made-up plan, its KillPlan), 6 s of one agent's calls through a
+# hub every agent shares, stopped every plan of every agent there (review16 F4).
 MAX_SERVER_KILLS: Final = 1000
+MAX_KILLS_APART: Final = 1_000_000
 SERVER: Final = "server"  # `killed_by` of a server's KillPlan
 ALL_PLANS: Final = "*"  # the plan id of a kill that binds every plan of its server
 OVERFLOW: Final = "worker"  # `killed_by` of that kill, when the worker made it
@@ -133,6 +145,15 @@ OVERFLOW: Final = "worker"  # `killed_by` of that kill, when the worker made it
 # person's (and a server kill from before kills were kept per server, or of an id two
 # servers killed).
 ANY_SERVER: Final = "*"
+
+
+def apart_digest(plan_id: str) -> int:
+    """A plan id's key in kills_apart: 8 bytes of its BLAKE2b, as SQLite's integer (a
+    collision, 2**-64 a pair, could only refuse a plan, never let one run)."""
+    digest = hashlib.blake2b(plan_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 # Effect-free results held in memory past this many bytes (a server that does not ack)
 # are written to the ledger, oldest first, as any unacked result is.
 HELD_BYTES: Final = 64 * 1024 * 1024
@@ -315,6 +336,7 @@ class State:
         self._unused_kills: set[str] = set()  # killed plans no call came for (yet)
         self._kills_moved: set[str] = set()  # plans whose kill another process changed
         self._kills_read = False
+        self._apart_counts: dict[str, int] = {}  # server -> its kills kept apart
         self._prune_server_kills()  # a state.db from before the bound
         self._grants: list[StoredGrant] = []
 
@@ -820,7 +842,7 @@ class State:
         oldest: list[str] = []
         for key in shares:
             pruned = self._oldest_server_kills(key, arriving)
-            if any(used for _, used in pruned):
+            if self._keep_apart(key, [plan for plan, used in pruned if used]):
                 self._stop_all_plans(key)
             oldest += [plan for plan, _ in pruned]
         if not oldest:
@@ -830,6 +852,50 @@ class State:
             self._kills.pop(plan, None)
             self._unused_kills.discard(plan)
         return oldest
+
+    def _keep_apart(self, server: str, plans: list[str]) -> bool:
+        """Keep the kills of `plans` (of `server`, in use, about to be pruned) apart
+        (see MAX_KILLS_APART). Whether the server's share there is full: then the rest
+        are not kept, and every plan of the server must be stopped instead."""
+        for plan in plans:
+            digest = apart_digest(plan)
+            row = self._db.execute(
+                "SELECT server FROM kills_apart WHERE digest = ?", (digest,)
+            ).fetchone()
+            if row is not None:
+                if row[0] not in (server, ANY_SERVER):  # two servers killed the id
+                    self._db.execute(
+                        "UPDATE kills_apart SET server = ? WHERE digest = ?", (ANY_SERVER, digest)
+                    )
+                continue
+            if self._apart_counted(server) >= MAX_KILLS_APART:
+                return True
+            self._db.execute(
+                "INSERT INTO kills_apart (digest, server) VALUES (?, ?)", (digest, server)
+            )
+            self._apart_counts[server] += 1
+        return False
+
+    def _apart_counted(self, server: str) -> int:
+        """How many kills of `server` are kept apart. Counted once a process (a scan),
+        then kept: a lift by another process only makes it high, never low."""
+        if server not in self._apart_counts:
+            (self._apart_counts[server],) = self._db.execute(
+                "SELECT count(*) FROM kills_apart WHERE server = ?", (server,)
+            ).fetchone()
+        return self._apart_counts[server]
+
+    def _kept_apart(self, plan_id: str) -> str | None:
+        """Why the plan is killed if its kill is kept apart for the server served."""
+        row = self._db.execute(
+            "SELECT server FROM kills_apart WHERE digest = ?", (apart_digest(plan_id),)
+        ).fetchone()
+        if row is None or row[0] not in (ANY_SERVER, self.server):
+            return None
+        return (
+            f"killed by the server: one of more than {MAX_SERVER_KILLS:,} kills of plans in "
+            f"use from it, kept apart without its reason (by {SERVER})"
+        )
 
     def _stop_all_plans(self, server: str) -> None:
         """Record OVERFLOW's kill of ALL_PLANS for `server` (see MAX_SERVER_KILLS): a
@@ -841,7 +907,8 @@ class State:
             return  # stopped already
         binds = server if row is None or (row[0] == SERVER and row[1] == server) else ANY_SERVER
         reason = (
-            f"more than {MAX_SERVER_KILLS:,} kills of plans in use came from server {server}: "
+            f"more than {MAX_SERVER_KILLS + MAX_KILLS_APART:,} kills of plans in use came from "
+            f"server {server}: "
             "past that the worker could not keep them all, so every plan of that server is "
             "stopped here until the person lifts it (agentworker lift '*')"
         )
@@ -923,8 +990,11 @@ class State:
     def lift_kill(self, plan_id: str) -> bool:
         self._refresh()
         cur = self._db.execute("DELETE FROM killed_plans WHERE plan_id = ?", (plan_id,))
+        apart = self._db.execute(
+            "DELETE FROM kills_apart WHERE digest = ?", (apart_digest(plan_id),)
+        )
         self._kills.pop(plan_id, None)
-        return cur.rowcount > 0
+        return cur.rowcount > 0 or apart.rowcount > 0
 
     def _binding(self, plan_id: str) -> tuple[str, str, str] | None:
         for killed in (plan_id, ALL_PLANS):
@@ -940,7 +1010,7 @@ class State:
         self._refresh()
         kill = self._binding(plan_id)
         if kill is None:
-            return None
+            return self._kept_apart(plan_id)
         if plan_id in self._unused_kills:
             self._unused_kills.discard(plan_id)
             with self.batch():
@@ -980,6 +1050,11 @@ class State:
                 " ORDER BY killed_ms"
             )
         )
+
+    def kills_kept_apart(self) -> int:
+        """How many server kills are kept apart (by digest; see MAX_KILLS_APART)."""
+        (count,) = self._db.execute("SELECT count(*) FROM kills_apart").fetchone()
+        return int(count)
 
     # ------------------------------------------------------------- local grants
 

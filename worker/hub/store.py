@@ -118,8 +118,9 @@ WORKERS_AWAY_KEPT = 1024
 # The plans this hub killed, one row a plan (and a worker, for a kill naming one), kept
 # until this many newer kills came: each goes to every worker at its Hello until the
 # worker confirms it (Heartbeat.kills_through), whenever it comes back, so a kill is
-# kept by count, not by age. As many as a worker keeps of one server's kills
-# (worker.core.ledger.MAX_SERVER_KILLS): all of them fit there. A caller's flood of
+# kept by count, not by age. As many as a worker keeps whole of one server's kills
+# (worker.core.ledger.MAX_SERVER_KILLS; past it, kills of plans in use are kept there
+# by digest, MAX_KILLS_APART). A caller's flood of
 # kills of made-up plans pushes out this hub's oldest kills, never grows the table.
 # Kills of plans this hub never dispatched go first: a kill of a plan in use (a call
 # of it sent, a workspace placed, or a call refused for the kill) goes only once this
