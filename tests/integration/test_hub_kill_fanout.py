@@ -87,6 +87,9 @@ def test_a_stop_a_kill_made_owed_reaches_a_connected_worker_after_that_kill(
                         metadata=caller_metadata(home),
                         timeout=60,
                     )
+                    # In use (a call refused for the kill; the hub runs in this loop):
+                    # the drop of a kill of a plan never in use owes no stop.
+                    assert running.hub.store.killed(f"p{n}", "elsewhere", 0)
                 kills = await worker.until("kill_plan", 7)  # six, and one stop
                 seqs = [k.seq for k in kills]
                 assert seqs == sorted(seqs), [(k.plan_id, k.seq) for k in kills]

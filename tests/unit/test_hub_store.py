@@ -392,8 +392,9 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_i
     flood's kills "in use", and they pushed out the kill owed to a worker away: only
     kills every remembered worker confirmed are pruned. review16 E1: past KILLS_HELD of
     those a new kill was refused, for as long as the worker stayed away. Now it is kept,
-    the oldest unconfirmed go, and the worker that had not confirmed them is owed a kill
-    of every plan, once, never dropped; a worker that had confirmed them is owed none."""
+    the oldest unconfirmed go (of plans never in use first: those owe nothing, review16
+    F4), and a worker that had not confirmed a kill of a plan in use that went is owed a
+    kill of every plan, once, never dropped; a worker that had confirmed them, none."""
     monkeypatch.setattr(store_module, "KILLS_HELD", KILLS_KEPT + 10)
     path = tmp_path / "hub.db"
     store = HubStore(path)
@@ -407,11 +408,23 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_i
         kept = store.kill(f"made-up-{n}", "flood", connected={"here": n + 2})
         assert not kept.stops
     assert store.killed("victim", "away", 0) and store.stop_owed("away", 0) is None
-    # Past KILLS_HELD: kept, never refused; the oldest of the plans never dispatched went.
+    # Past KILLS_HELD: kept, never refused; the oldest of the plans never in use went,
+    # and, being of plans never in use, they owe no stop.
     kept = store.kill("one-more", "flood", connected={"here": flood + 1})
+    assert not kept.stops
     owed = [k.plan_id for k in store.kills_after("away", 0)]
     assert "made-up-0" not in owed and "made-up-1" in owed and "victim" in owed
-    assert owed[-2:] == ["one-more", ALL_PLANS]
+    assert owed[-1] == "one-more" and ALL_PLANS not in owed
+    # A flood of kills of plans in use (a call of each refused for its kill) pushes out
+    # the rest, then the victim's: the worker away is owed a stop of every plan.
+    n = 0
+    while not kept.stops:
+        kept = store.kill(f"in-use-{n}", "flood", connected={"here": store.kills_issued()})
+        store.killed(f"in-use-{n}", "away", 0)
+        n += 1
+    owed = [k.plan_id for k in store.kills_after("away", 0)]
+    assert "victim" not in owed and not any(p.startswith("made-up-") for p in owed)
+    assert owed[-2:] == [kept.kill.plan_id, ALL_PLANS]
     stop = kept.stops["away"]
     assert list(kept.stops) == ["away"] and stop.plan_id == ALL_PLANS and stop.in_use
     assert stop.seq > kept.kill.seq and "agentworker lift '*'" in stop.reason
@@ -423,11 +436,11 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_i
     assert not store.killed("any-plan", "away", stop.seq) and not store.killed("any-plan", "x", 0)
     for n in range(KILLS_KEPT):  # a flood on: one stop still, the rows bounded
         kept = store.kill(f"more-{n}", "flood", connected={"here": stop.seq + n + 1})
+        store.killed(f"more-{n}", "away", 0)
         assert not kept.stops
     assert store.stop_owed("away", 0) == stop
     rows = sqlite3.connect(path).execute("SELECT count(*) FROM kills").fetchone()[0]
     assert rows <= store_module.KILLS_HELD + 2
-    assert "victim" in [k.plan_id for k in store.kills_after("away", 0)]
     store.close()
     store = HubStore(path)  # the stop outlives the hub
     assert store.stop_owed("away", 0) == stop
@@ -563,12 +576,14 @@ def test_the_stops_owed_to_workers_forgotten_go_with_them(
     store.seen_worker(pb.Hello(worker_id="good"))
     for n in range(6):
         store.kill(f"junk-{n}", "flood")  # past the 5 held: kills dropped from now on
+        store.killed(f"junk-{n}", "good", 0)  # in use: a drop of it owes a stop
     for cycle in range(5):
         made_up = [f"made-up-{cycle}-{n}" for n in range(4)]
         for worker_id in made_up:
             store.seen_worker(pb.Hello(worker_id=worker_id))
         store.forget_workers({"good"})
         kept = store.kill(f"junk-more-{cycle}", "flood", connected={"good": 0})
+        store.killed(f"junk-more-{cycle}", "good", 0)
         assert set(kept.stops) <= {"good", *made_up}
     with sqlite3.connect(tmp_path / "hub.db") as db:
         named = {w for (w,) in db.execute("SELECT worker_id FROM kills WHERE plan_id = '*'")}

@@ -131,10 +131,11 @@ WORKERS_AWAY_KEPT = 1024
 # the person's kill owed to a worker away (review15 finding 01). Those are bounded
 # apart, and a kill is never refused: past KILLS_HELD kills some worker has not
 # confirmed, the oldest of them go (of plans never dispatched first), and each worker
-# that had not confirmed one that went is owed a kill of every plan (ALL_PLANS, a row
-# named for that worker, never dropped): it is sent to the worker ahead of its backlog,
-# which stops every plan of this hub's there until the person lifts it (`agentworker
-# lift '*'`), as the worker itself does past MAX_SERVER_KILLS. Before, past KILLS_HELD
+# that had not confirmed a kill of a plan in use that went (see _owe_stops) is owed a
+# kill of every plan (ALL_PLANS, a row named for that worker, never dropped): it is sent
+# to the worker ahead of its backlog, which stops every plan of this hub's there until
+# the person lifts it (`agentworker lift '*'`), as the worker itself does past
+# MAX_KILLS_APART. Before, past KILLS_HELD
 # every KillPlan of a plan not killed already was refused, for as long as one worker
 # stayed away (up to 30 days), while the plan ran (review16 E1). The rows stay at most
 # KILLS_KEPT + KILLS_HELD + one a worker remembered.
@@ -145,6 +146,17 @@ ALL_PLANS: Final = "*"  # a kill of this plan id binds every plan (worker.core.l
 # A kill's reason is kept this long, in UTF-8 bytes (it was 1,000 characters, up to
 # 4,000 bytes: review14 finding 06). The worker keeps no more than it is sent.
 KILL_REASON_BYTES: Final = 512
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A kill dropped past KILLS_HELD: its plan, seq, the worker it named ("": every
+    worker), and whether the plan was in use."""
+
+    plan_id: str
+    seq: int
+    named: str
+    used: bool
 
 
 @dataclass(frozen=True)
@@ -769,7 +781,7 @@ class HubStore:
             stops = self._owe_stops(dropped, marks)
             pruned = self._prune_kills(confirmed)
         self._issued.write(self.kills_epoch, self.kills_issued())
-        for gone_plan, gone_seq in [*pruned, *((plan, seq) for plan, seq, _ in dropped)]:
+        for gone_plan, gone_seq in [*pruned, *((d.plan_id, d.seq) for d in dropped)]:
             self._forget_kill(gone_plan, seq=gone_seq)
         return Kept(kill, stops)
 
@@ -804,37 +816,41 @@ class HubStore:
             self._unused_kills.add(plan_id)
         return pb.KillPlan(plan_id=plan_id, reason=reason, seq=seq, in_use=used)
 
-    def _drop_past_held(self, confirmed: int, arriving: int) -> list[tuple[str, int, str]]:
+    def _drop_past_held(self, confirmed: int, arriving: int) -> list[Dropped]:
         """Past KILLS_HELD kills some worker has not confirmed (through `confirmed`), the
         oldest go, those of plans never dispatched first; never the one `arriving` (its
         seq), nor a kill of ALL_PLANS (one a worker at most, and what stands for the
-        kills that went). Plan, seq and worker named of each that went."""
+        kills that went)."""
         (held,) = self._db.execute(
             "SELECT count(*) FROM kills WHERE seq > ? AND plan_id != ?", (confirmed, ALL_PLANS)
         ).fetchone()
         if held <= KILLS_HELD:
             return []
         gone = [
-            (str(plan), int(seq), str(named))
-            for plan, seq, named in self._db.execute(
-                "SELECT plan_id, seq, worker_id FROM kills WHERE seq > ? AND plan_id != ?"
+            Dropped(str(plan), int(seq), str(named), bool(used))
+            for plan, seq, named, used in self._db.execute(
+                "SELECT plan_id, seq, worker_id, used FROM kills WHERE seq > ? AND plan_id != ?"
                 " AND seq != ? ORDER BY used, seq LIMIT ?",
                 (confirmed, ALL_PLANS, arriving, held - KILLS_HELD),
             )
         ]
-        self._db.executemany("DELETE FROM kills WHERE seq = ?", [(seq,) for _, seq, _ in gone])
+        self._db.executemany("DELETE FROM kills WHERE seq = ?", [(d.seq,) for d in gone])
         return gone
 
     def _owe_stops(
-        self, dropped: list[tuple[str, int, str]], marks: Mapping[str, int]
+        self, dropped: list[Dropped], marks: Mapping[str, int]
     ) -> dict[str, pb.KillPlan]:
         """A kill of ALL_PLANS for each worker (its mark in `marks`) that had not
-        confirmed a kill `dropped` for it, unless one it has not confirmed is kept."""
+        confirmed a kill of a plan in use `dropped` for it, unless one it has not
+        confirmed is kept. A kill of a plan never in use (no call of it sent, placed or
+        refused) goes as the worker's own pruning lets one go (ledger.MAX_SERVER_KILLS):
+        a call of the plan after it runs. Before, 10,001 KillPlans of made-up plans, a
+        worker away, stopped every plan there once it was back (review16 F4, the hub's)."""
         stops: dict[str, pb.KillPlan] = {}
         if not dropped:
             return stops
         for worker_id, mark in marks.items():
-            lost = sum(seq > mark and named in ("", worker_id) for _, seq, named in dropped)
+            lost = any(d.used and d.seq > mark and d.named in ("", worker_id) for d in dropped)
             if not lost or self.stop_owed(worker_id, mark) is not None:
                 continue
             reason = utf8_prefix(
