@@ -337,6 +337,7 @@ class State:
         self._kills_moved: set[str] = set()  # plans whose kill another process changed
         self._kills_read = False
         self._apart_counts: dict[str, int] = {}  # server -> its kills kept apart
+        self._any_apart = True  # whether kills_apart may hold a row (read in _refresh)
         self._prune_server_kills()  # a state.db from before the bound
         self._grants: list[StoredGrant] = []
 
@@ -366,6 +367,10 @@ class State:
             )
         self._kills = kills
         self._kills_read = True
+        # Most ledgers keep no kill apart: a call's check then asks no table.
+        (self._any_apart,) = self._db.execute(
+            "SELECT EXISTS (SELECT 1 FROM kills_apart)"
+        ).fetchone()
         self._grants = self._read_grants()
 
     def _changed(self) -> None:
@@ -873,6 +878,7 @@ class State:
             self._db.execute(
                 "INSERT INTO kills_apart (digest, server) VALUES (?, ?)", (digest, server)
             )
+            self._any_apart = True
             self._apart_counts[server] += 1
         return False
 
@@ -887,6 +893,8 @@ class State:
 
     def _kept_apart(self, plan_id: str) -> str | None:
         """Why the plan is killed if its kill is kept apart for the server served."""
+        if not self._any_apart:
+            return None
         row = self._db.execute(
             "SELECT server FROM kills_apart WHERE digest = ?", (apart_digest(plan_id),)
         ).fetchone()
