@@ -975,10 +975,16 @@ class State:
         return int(row[0] or 0)
 
     def server_kill_of(self, plan_id: str) -> bool:
-        """Whether a server's kill of the plan is recorded here (for any server)."""
+        """Whether a server's kill of the plan is recorded here (for any server), whole
+        or kept apart: a kill kept apart is not one the person lifted (see
+        connection._replayed_kill_lifted)."""
         row = self._db.execute(
             "SELECT 1 FROM killed_plans WHERE plan_id = ? AND killed_by = ?", (plan_id, SERVER)
         ).fetchone()
+        if row is None:
+            row = self._db.execute(
+                "SELECT 1 FROM kills_apart WHERE digest = ?", (apart_digest(plan_id),)
+            ).fetchone()
         return row is not None
 
     def mark_kills(self, epoch: str, through: int) -> None:
