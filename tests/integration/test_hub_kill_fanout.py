@@ -72,6 +72,7 @@ def test_a_stop_a_kill_made_owed_reaches_a_connected_worker_after_that_kill(
     kill, its seq passed the kill's, and the worker took the kill as recorded before and
     lifted since (review17's report)."""
     monkeypatch.setattr(store_module, "KILLS_HELD", 3)
+    monkeypatch.setattr(store_module, "KILLS_APART", 0)  # each kill dropped owes the stop
     home = tmp_path / "home"
 
     async def go() -> None:

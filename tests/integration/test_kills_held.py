@@ -2,9 +2,11 @@
 E1). One worker away pinned the kills the hub keeps for workers to confirm; past
 store.KILLS_HELD of them every KillPlan of a plan not killed already was refused
 (RESOURCE_EXHAUSTED), for as long as that worker stayed away, while the plan ran. Now
-the kill is kept and sent; the oldest kills not confirmed go, and each worker that had
-not confirmed one of a plan in use is owed a kill of every plan ('*'), sent ahead of its
-backlog when it comes back, which stops them all there until the person lifts it.
+the kill is kept and sent; the oldest kills not confirmed go: those of plans never in use
+owe nothing, those of plans in use are kept apart by their plans' digests and sent so
+(review16 F4), and past store.KILLS_APART of those each worker that had not confirmed one
+is owed a kill of every plan ('*'), sent ahead of its backlog when it comes back, which
+stops them all there until the person lifts it.
 
 A real hub (worker.app.start_hub) in the test's loop, with KILLS_HELD made small, and a
 real worker process; the worker away is a hand-driven stream (the far side: a co-tenant
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cluster import Proc
 from tests.support.hub_inproc import (
     HandWorker,
     caller_metadata,
@@ -36,6 +39,7 @@ from worker.core.ledger import ALL_PLANS
 from worker.hub import store as store_module
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.protocol import DIGEST_KILL_PROTOCOL, plan_digest
 
 HELD = 40  # store.KILLS_HELD for these tests: the flood that passes it stays short
 
@@ -136,13 +140,14 @@ def test_a_flood_past_kills_held_with_a_worker_away_never_refuses_the_persons_ki
     asyncio.run(go())
 
 
-def test_a_persons_kill_dropped_for_a_worker_away_is_replaced_by_a_stop_of_every_plan(
+def test_a_persons_kill_dropped_for_a_worker_away_reaches_it_by_digest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The person's kill owed to the worker away goes in a flood of kills of plans in use
-    (each made-up plan's call refused for its kill): the worker, back, records the hub's
-    kill of every plan ahead of the rest, and the killed plan's call is refused, as is
-    any other, until the person lifts '*' there."""
+    """The person's kill owed to the worker away goes from the kills held in a flood of
+    kills of plans in use (each made-up plan's call refused for its kill): it is kept
+    apart by its plan's digest, and the worker, back, records it so: the killed plan's
+    call is refused there, other plans run, and the person lifts it by the plan's id.
+    Before, the worker was owed a stop of every plan (review16 F4)."""
     monkeypatch.setattr(store_module, "KILLS_HELD", HELD)
     hub_home = home = tmp_path / "home"
 
@@ -153,16 +158,113 @@ def test_a_persons_kill_dropped_for_a_worker_away_is_replaced_by_a_stop_of_every
             stub = pb_grpc.ControlServiceStub(channel)
             try:
                 (worker_id,) = await until_connected(running, worker)
+                await _away_then_flooded(running, worker, stub, hub_home, worker_id)
+                owed = running.hub.store.kills_after(worker_id, 0)
+                assert plan_digest("victim") in [k.plan_digest for k in owed if not k.plan_id]
+                assert ALL_PLANS not in [k.plan_id for k in owed]
+                assert _kill_rows(hub_home) <= HELD
+
+                worker = real_worker(home, running.address)
+                await until_connected(running, worker)
+                await _until_confirmed(running, worker_id)  # each recorded, the digest too
+                assert _kept_apart_at(home, "victim") and _killed_at(home, ALL_PLANS) is None
+                assert await _code(stub, hub_home, worker_id, "victim") == "plan_killed"
+                assert await _code(stub, hub_home, worker_id, "never-killed") == "ok"
+                await asyncio.to_thread(_lift, home, "victim")
                 assert await _code(stub, hub_home, worker_id, "victim") == "ok"
+            finally:
+                await channel.close()
                 await stop_worker(worker)
-                while running.hub.sessions:
+
+    asyncio.run(go())
+
+
+async def _away_then_flooded(
+    running: app.RunningHub,
+    worker: Proc,
+    stub: pb_grpc.ControlServiceStub,
+    home: Path,
+    worker_id: str,
+) -> None:
+    """The worker ran a call of "victim", went away, and the person killed the plan;
+    then HELD + 5 kills of made-up plans, each in use (its call refused for the kill)."""
+    assert await _code(stub, home, worker_id, "victim") == "ok"
+    await stop_worker(worker)
+    while running.hub.sessions:
+        await asyncio.sleep(0.02)  # the hub runs in this loop
+    assert list((await _kill(stub, home, "victim")).queued_worker_ids) == [worker_id]
+    for n in range(HELD + 5):
+        await _kill(stub, home, f"in-use-{n}")
+        assert await _code(stub, home, worker_id, f"in-use-{n}") == "plan_killed"
+
+
+def _kept_apart_at(home: Path, plan: str) -> bool:
+    """Whether the worker of `home` keeps a kill of the plan apart, by digest."""
+    with sqlite3.connect(home / "state.db") as db:
+        row = db.execute(
+            "SELECT 1 FROM kills_apart WHERE digest = ?", (plan_digest(plan),)
+        ).fetchone()
+    return row is not None
+
+
+def test_an_older_worker_is_sent_a_stop_of_every_plan_for_a_kill_kept_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that cannot read a kill by digest (protocol before 4) is sent a kill of
+    every plan in its place, numbered as the kill was: it fails closed."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", HELD)
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            old = HandWorker(running.address, home)
+            old.hello.protocol_max = DIGEST_KILL_PROTOCOL - 1
+            try:
+                await old.until("welcome")
+                await old.close()
+                while old.worker_id in running.hub.sessions:
                     await asyncio.sleep(0.02)  # the hub runs in this loop
-                assert list((await _kill(stub, hub_home, "victim")).queued_worker_ids) == [
-                    worker_id
+                for n in range(HELD + 5):
+                    await _kill(stub, home, f"in-use-{n}")
+                    assert running.hub.store.killed(f"in-use-{n}", "elsewhere", 0)  # in use
+                apart = [
+                    k.seq for k in running.hub.store.kills_after(old.worker_id, 0) if not k.plan_id
                 ]
-                for n in range(HELD + 5):  # each in use: its call refused for the kill
-                    await _kill(stub, hub_home, f"in-use-{n}")
-                    assert await _code(stub, hub_home, worker_id, f"in-use-{n}") == "plan_killed"
+                assert apart
+                back = HandWorker(running.address, home, hello=old.hello, key=old.key)
+                try:
+                    sent = await back.until("kill_plan", HELD + 5)
+                    stand_ins = [k for k in sent if k.seq in apart]
+                    assert [k.plan_id for k in stand_ins] == [ALL_PLANS] * len(apart)
+                    assert not any(k.plan_digest for k in sent)
+                finally:
+                    await back.close()
+            finally:
+                await channel.close()
+
+    asyncio.run(go())
+
+
+def test_past_kills_apart_a_worker_away_is_owed_a_stop_of_every_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past KILLS_APART (none here) the person's kill owed to the worker away goes: the
+    worker, back, records the hub's kill of every plan ahead of the rest, and the killed
+    plan's call is refused, as is any other, until the person lifts '*' there."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", HELD)
+    monkeypatch.setattr(store_module, "KILLS_APART", 0)
+    hub_home = home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(hub_home) as running:
+            worker = real_worker(home, running.address)
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                (worker_id,) = await until_connected(running, worker)
+                await _away_then_flooded(running, worker, stub, hub_home, worker_id)
                 owed = [k.plan_id for k in running.hub.store.kills_after(worker_id, 0)]
                 assert "victim" not in owed and ALL_PLANS in owed
                 assert _kill_rows(hub_home) <= HELD + 1
@@ -187,10 +289,15 @@ def test_a_persons_kill_dropped_for_a_worker_away_is_replaced_by_a_stop_of_every
 
 def _lift_all(home: Path) -> None:
     """The person lifts the stop at the worker (`agentworker lift '*'`)."""
+    _lift(home, ALL_PLANS)
+
+
+def _lift(home: Path, plan: str) -> None:
+    """The person lifts a kill at the worker (`agentworker lift PLAN`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
     env["AGENTWORKER_HOME"] = str(home)
     done = subprocess.run(
-        [sys.executable, "-m", "worker", "lift", ALL_PLANS],
+        [sys.executable, "-m", "worker", "lift", plan],
         env=env,
         capture_output=True,
         text=True,

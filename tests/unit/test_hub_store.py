@@ -19,8 +19,10 @@ from worker.hub.store import (
     KILL_REASON_BYTES,
     KILLS_KEPT,
     HubStore,
+    Kept,
 )
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import plan_digest
 
 
 def _request(cid: str) -> pb.ActionRequest:
@@ -392,10 +394,12 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_i
     flood's kills "in use", and they pushed out the kill owed to a worker away: only
     kills every remembered worker confirmed are pruned. review16 E1: past KILLS_HELD of
     those a new kill was refused, for as long as the worker stayed away. Now it is kept,
-    the oldest unconfirmed go (of plans never in use first: those owe nothing, review16
-    F4), and a worker that had not confirmed a kill of a plan in use that went is owed a
-    kill of every plan, once, never dropped; a worker that had confirmed them, none."""
+    and the oldest unconfirmed go: of plans never in use first, owing nothing; of plans
+    in use then, kept apart by digest (review16 F4: each owed the worker a kill of every
+    plan); past KILLS_APART of those, a worker that had not confirmed one that went is
+    owed a kill of every plan, once, never dropped; a worker that had confirmed, none."""
     monkeypatch.setattr(store_module, "KILLS_HELD", KILLS_KEPT + 10)
+    monkeypatch.setattr(store_module, "KILLS_APART", 5)
     path = tmp_path / "hub.db"
     store = HubStore(path)
     for worker_id in ("away", "here"):
@@ -415,16 +419,33 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_i
     owed = [k.plan_id for k in store.kills_after("away", 0)]
     assert "made-up-0" not in owed and "made-up-1" in owed and "victim" in owed
     assert owed[-1] == "one-more" and ALL_PLANS not in owed
+
     # A flood of kills of plans in use (a call of each refused for its kill) pushes out
-    # the rest, then the victim's: the worker away is owed a stop of every plan.
+    # the rest, then the victim's, which is kept apart: still in force for the worker
+    # away, sent to it by digest (or, to a worker before protocol 4, a stop in its place).
+    def in_use_kill(plan: str) -> Kept:
+        kept = store.kill(plan, "flood", connected={"here": store.kills_issued()})
+        store.killed(plan, "away", 0)
+        return kept
+
     n = 0
-    while not kept.stops:
-        kept = store.kill(f"in-use-{n}", "flood", connected={"here": store.kills_issued()})
-        store.killed(f"in-use-{n}", "away", 0)
+    while "victim" in [k.plan_id for k in store.kills_after("away", 0)]:
+        assert not in_use_kill(f"in-use-{n}").stops
         n += 1
-    owed = [k.plan_id for k in store.kills_after("away", 0)]
-    assert "victim" not in owed and not any(p.startswith("made-up-") for p in owed)
-    assert owed[-2:] == [kept.kill.plan_id, ALL_PLANS]
+    assert store.killed("victim", "away", 0)
+    assert not store.killed("victim", "here", store.kills_issued())  # it confirmed it
+    assert not store.killed("never-killed", "away", 0)
+    apart = [k for k in store.kills_after("away", 0) if not k.plan_id]
+    assert [k.plan_digest for k in apart] == [plan_digest("victim")]
+    assert apart[0].in_use and apart[0].seq == 1 and "digest" in store.kill_reason("victim", "away")
+    stand_in = [k for k in store.kills_after("away", 0, by_digest=False) if k.seq == 1]
+    assert [(k.plan_id, k.plan_digest) for k in stand_in] == [(ALL_PLANS, 0)]
+    assert store.kills_after("here", store.kills_issued()) == []
+
+    # Past KILLS_APART kept apart, the oldest go: the worker away is owed a stop.
+    while not (kept := in_use_kill(f"in-use-{n}")).stops:
+        n += 1
+    assert plan_digest("victim") not in [k.plan_digest for k in store.kills_after("away", 0)]
     stop = kept.stops["away"]
     assert list(kept.stops) == ["away"] and stop.plan_id == ALL_PLANS and stop.in_use
     assert stop.seq > kept.kill.seq and "agentworker lift '*'" in stop.reason
@@ -435,20 +456,49 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_i
     )
     assert not store.killed("any-plan", "away", stop.seq) and not store.killed("any-plan", "x", 0)
     for n in range(KILLS_KEPT):  # a flood on: one stop still, the rows bounded
-        kept = store.kill(f"more-{n}", "flood", connected={"here": stop.seq + n + 1})
-        store.killed(f"more-{n}", "away", 0)
+        kept = in_use_kill(f"more-{n}")
         assert not kept.stops
     assert store.stop_owed("away", 0) == stop
-    rows = sqlite3.connect(path).execute("SELECT count(*) FROM kills").fetchone()[0]
-    assert rows <= store_module.KILLS_HELD + 2
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT count(*) FROM kills").fetchone()[0] <= store_module.KILLS_HELD + 2
+    assert db.execute("SELECT count(*) FROM kills_apart").fetchone()[0] == 5
     store.close()
-    store = HubStore(path)  # the stop outlives the hub
+    store = HubStore(path)  # the stop and the kills kept apart outlive the hub
     assert store.stop_owed("away", 0) == stop
-    # The worker back, every kill confirmed: the oldest go, past KILLS_KEPT.
+    assert len([k for k in store.kills_after("away", 0) if k.plan_digest]) == 5
+    # The worker back, every kill confirmed: the oldest go, past KILLS_KEPT; none is
+    # kept apart any more.
     store.kill(
         "last", "flood", connected={"away": store.kills_issued(), "here": store.kills_issued()}
     )
     assert len(store.kills_after("away", 0)) == KILLS_KEPT
+    assert db.execute("SELECT count(*) FROM kills_apart").fetchone()[0] == 0
+    db.close()
+    store.close()
+
+
+def test_a_kill_kept_apart_named_for_a_worker_goes_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill named for one worker, kept apart, binds that worker only, and goes when
+    the hub forgets the worker (as the kills named for it do: review17 E1)."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", 2)
+    store = HubStore(tmp_path / "hub.db")
+    store.workers_away_kept = 0
+    for worker_id in ("gone", "other"):
+        store.seen_worker(pb.Hello(worker_id=worker_id))
+    store.kill("victim", "stop", "gone")
+    assert store.killed("victim", "gone", 0)
+    for n in range(3):
+        store.kill(f"in-use-{n}", "flood")
+        store.killed(f"in-use-{n}", "other", 0)
+    victim = plan_digest("victim")
+    assert victim in [k.plan_digest for k in store.kills_after("gone", 0) if not k.plan_id]
+    assert victim not in [k.plan_digest for k in store.kills_after("other", 0)]
+    assert store.killed("victim", "gone", 0) and not store.killed("victim", "other", 0)
+    assert store.forget_workers(set()) == 2
+    assert not store.killed("victim", "gone", 0)
+    assert victim not in [k.plan_digest for k in store.kills_after("gone", 0)]
     store.close()
 
 
@@ -571,6 +621,7 @@ def test_the_stops_owed_to_workers_forgotten_go_with_them(
     row a made-up id, for ever, each KillPlan walking them per worker (0.9 s a kill at
     10,000). Now a worker forgotten takes the kills named for it along."""
     monkeypatch.setattr(store_module, "KILLS_HELD", 5)
+    monkeypatch.setattr(store_module, "KILLS_APART", 0)  # each dropped owes the stop
     store = HubStore(tmp_path / "hub.db")
     store.workers_away_kept = 4
     store.seen_worker(pb.Hello(worker_id="good"))

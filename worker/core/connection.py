@@ -688,7 +688,7 @@ class WorkerConnection:
         elif kind == "kill_plan":
             kill = msg.kill_plan
             if not self._replayed_kill_lifted(kill):
-                self.dispatcher.kill_plan(kill.plan_id, kill.reason, "server", kill.in_use)
+                self._record_kill(kill)
             if kill.seq and self._kills_epoch:
                 # Recorded: confirmed to the server by a heartbeat sent at once, one for
                 # all the kills read in this turn (and one write of how far). Until then
@@ -993,6 +993,12 @@ class WorkerConnection:
         epoch, through = self.dispatcher.state.kill_mark()
         return through if epoch and epoch == self._kills_epoch else 0
 
+    def _record_kill(self, kill: pb.KillPlan) -> None:
+        if kill.plan_id or not kill.plan_digest:
+            self.dispatcher.kill_plan(kill.plan_id, kill.reason, "server", kill.in_use)
+        else:  # one its hub keeps by digest only (protocol 4: KillPlan.plan_digest)
+            self.dispatcher.kill_digest(kill.plan_digest, kill.reason, "server")
+
     def _replayed_kill_lifted(self, kill: pb.KillPlan) -> bool:
         """Whether `kill` is one of this hub's kills (its epoch, its seq) recorded here
         before, under another key of the same address, that is no longer here: the
@@ -1005,10 +1011,14 @@ class WorkerConnection:
             return False
         if kill.seq > state.hub_kills_recorded(self._kills_epoch):
             return False
-        if state.server_kill_of(kill.plan_id):
+        if kill.plan_id or not kill.plan_digest:
+            if state.server_kill_of(kill.plan_id):
+                return False
+        elif state.kept_apart(kill.plan_digest):
             return False
         log.info(
-            "kill of plan %r recorded here before and lifted since: stays lifted", kill.plan_id
+            "kill of plan %r recorded here before and lifted since: stays lifted",
+            kill.plan_id or f"(digest {kill.plan_digest})",
         )
         return True
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
 import json
 import logging
 import re
@@ -56,7 +55,7 @@ from worker.core.blob_files import BlobFiles, file_name
 from worker.core.scopes import ASK_PREFIX, ask_name
 from worker.db import connect, write_many
 from worker.wire.framing import Buffer
-from worker.wire.protocol import same_call
+from worker.wire.protocol import plan_digest, same_call
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ CREATE TABLE IF NOT EXISTS killed_plans (
 );
 CREATE INDEX IF NOT EXISTS killed_plans_by ON killed_plans (killed_by);
 CREATE TABLE IF NOT EXISTS kills_apart (  -- server kills of plans in use past MAX_SERVER_KILLS
-    digest INTEGER PRIMARY KEY, -- of the plan id (apart_digest)
+    digest INTEGER PRIMARY KEY, -- of the plan id (worker.wire.protocol.plan_digest)
     server TEXT NOT NULL        -- whose plan of the id it binds: a key, or * (all)
 );
 CREATE TABLE IF NOT EXISTS grants (
@@ -145,13 +144,6 @@ OVERFLOW: Final = "worker"  # `killed_by` of that kill, when the worker made it
 # person's (and a server kill from before kills were kept per server, or of an id two
 # servers killed).
 ANY_SERVER: Final = "*"
-
-
-def apart_digest(plan_id: str) -> int:
-    """A plan id's key in kills_apart: 8 bytes of its BLAKE2b, as SQLite's integer (a
-    collision, 2**-64 a pair, could only refuse a plan, never let one run)."""
-    digest = hashlib.blake2b(plan_id.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 # Effect-free results held in memory past this many bytes (a server that does not ack)
@@ -847,7 +839,7 @@ class State:
         oldest: list[str] = []
         for key in shares:
             pruned = self._oldest_server_kills(key, arriving)
-            if self._keep_apart(key, [plan for plan, used in pruned if used]):
+            if self._keep_apart(key, [plan_digest(plan) for plan, used in pruned if used]):
                 self._stop_all_plans(key)
             oldest += [plan for plan, _ in pruned]
         if not oldest:
@@ -858,12 +850,26 @@ class State:
             self._unused_kills.discard(plan)
         return oldest
 
-    def _keep_apart(self, server: str, plans: list[str]) -> bool:
-        """Keep the kills of `plans` (of `server`, in use, about to be pruned) apart
-        (see MAX_KILLS_APART). Whether the server's share there is full: then the rest
-        are not kept, and every plan of the server must be stopped instead."""
-        for plan in plans:
-            digest = apart_digest(plan)
+    def kill_apart(self, digest: int) -> None:
+        """Record the served server's kill of the plan whose id has `digest` (a hub's
+        KillPlan.plan_digest: it could not keep the kill whole for this worker), kept
+        apart as a pruned kill is (past MAX_KILLS_APART: every plan of it stopped)."""
+        self._refresh()
+        with self.batch():
+            if self._keep_apart(self.server, [digest]):
+                self._stop_all_plans(self.server)
+
+    def kept_apart(self, digest: int) -> bool:
+        """Whether a kill of the plan whose id has `digest` is kept apart (any server's)."""
+        row = self._db.execute("SELECT 1 FROM kills_apart WHERE digest = ?", (digest,))
+        return row.fetchone() is not None
+
+    def _keep_apart(self, server: str, digests: list[int]) -> bool:
+        """Keep the kills of the plans of `digests` (of `server`, in use; pruned, or sent
+        by digest) apart (see MAX_KILLS_APART). Whether the server's share there is
+        full: then the rest are not kept, and every plan of the server must be stopped
+        instead."""
+        for digest in digests:
             row = self._db.execute(
                 "SELECT server FROM kills_apart WHERE digest = ?", (digest,)
             ).fetchone()
@@ -896,7 +902,7 @@ class State:
         if not self._any_apart:
             return None
         row = self._db.execute(
-            "SELECT server FROM kills_apart WHERE digest = ?", (apart_digest(plan_id),)
+            "SELECT server FROM kills_apart WHERE digest = ?", (plan_digest(plan_id),)
         ).fetchone()
         if row is None or row[0] not in (ANY_SERVER, self.server):
             return None
@@ -981,11 +987,7 @@ class State:
         row = self._db.execute(
             "SELECT 1 FROM killed_plans WHERE plan_id = ? AND killed_by = ?", (plan_id, SERVER)
         ).fetchone()
-        if row is None:
-            row = self._db.execute(
-                "SELECT 1 FROM kills_apart WHERE digest = ?", (apart_digest(plan_id),)
-            ).fetchone()
-        return row is not None
+        return row is not None or self.kept_apart(plan_digest(plan_id))
 
     def mark_kills(self, epoch: str, through: int) -> None:
         """The server served numbers its kills in `epoch` (its Welcome), and this one's
@@ -1005,7 +1007,7 @@ class State:
         self._refresh()
         cur = self._db.execute("DELETE FROM killed_plans WHERE plan_id = ?", (plan_id,))
         apart = self._db.execute(
-            "DELETE FROM kills_apart WHERE digest = ?", (apart_digest(plan_id),)
+            "DELETE FROM kills_apart WHERE digest = ?", (plan_digest(plan_id),)
         )
         self._kills.pop(plan_id, None)
         return cur.rowcount > 0 or apart.rowcount > 0

@@ -80,6 +80,7 @@ from worker.wire.protocol import (
     digest_feed,
     error_pb,
     fed_digest,
+    plan_digest,
     stream_ended,
 )
 from worker.wire.transport import MAX_RESULT_BYTES
@@ -921,6 +922,25 @@ class Dispatcher:
         # Every running call the kills now bind, not only the plan's: a kill of every
         # plan ('*', the hub's or the one recorded past MAX_SERVER_KILLS) stops them all.
         return self._stop_killed(self.state.killed)
+
+    def kill_digest(self, digest: int, reason: str, killed_by: str) -> int:
+        """A server's kill of the plan whose id has `digest` (KillPlan.plan_digest: its
+        hub could no longer keep the id): recorded apart (ledger.kill_apart), and the
+        running calls it binds stopped, as kill_plan does."""
+        reason = reason[:MAX_REASON_CHARS]
+        self.state.kill_apart(digest)
+        self.telemetry.audit(
+            "kill",
+            plan_id="",
+            detail={"reason": reason, "by": killed_by, "plan_digest": digest},
+        )
+
+        def reason_of(plan: str) -> str | None:
+            if plan_digest(plan) == digest:
+                return f"{reason} (by {killed_by}, named by digest)"
+            return self.state.killed(plan)  # the overflow's stop of every plan, if made
+
+        return self._stop_killed(reason_of)
 
     def plans_running(self) -> set[str]:
         """Plans with a call accepted and not yet answered."""

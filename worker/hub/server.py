@@ -65,6 +65,7 @@ from worker.wire.local import LocalLink, result_key
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     BLOB_CAP_HINTS,
+    DIGEST_KILL_PROTOCOL,
     FOLLOW_PROTOCOL,
     MAX_TIMEOUT_MS,
     PARTS_PROTOCOL,
@@ -532,7 +533,11 @@ class Hub:
         4 MiB) for a stream that need never read it (review14 finding 06: 200 such
         Hellos held 839 MiB)."""
         page = self.store.kills_after(
-            session.worker_id, session.kills_sent, KILL_PAGE, KILL_PAGE_BYTES
+            session.worker_id,
+            session.kills_sent,
+            KILL_PAGE,
+            KILL_PAGE_BYTES,
+            by_digest=session.protocol >= DIGEST_KILL_PROTOCOL,
         )
         for kill in page:
             session.send(pb.ServerMessage(kill_plan=kill))

@@ -45,6 +45,7 @@ from worker.clock import now_ms
 from worker.db import connect
 from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import plan_digest
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,12 @@ CREATE TABLE IF NOT EXISTS kills (  -- the plans this hub killed (see KILLS_KEPT
     used       INTEGER NOT NULL DEFAULT 1,  -- of a plan this hub dispatched (see KILLS_KEPT)
     UNIQUE (plan_id, worker_id)
 );
+CREATE TABLE IF NOT EXISTS kills_apart (  -- kills of plans in use dropped past KILLS_HELD
+    seq       INTEGER PRIMARY KEY,  -- the kill's own (kills.seq, never used again)
+    digest    INTEGER NOT NULL,     -- of its plan id (worker.wire.protocol.plan_digest)
+    worker_id TEXT NOT NULL         -- '' every worker
+);
+CREATE INDEX IF NOT EXISTS kills_apart_digest ON kills_apart (digest);
 CREATE TABLE IF NOT EXISTS kills_epoch (  -- names the sequence of kills.seq
     one   INTEGER PRIMARY KEY CHECK (one = 1),
     epoch TEXT NOT NULL
@@ -141,6 +148,23 @@ WORKERS_AWAY_KEPT = 1024
 # KILLS_KEPT + KILLS_HELD + one a worker remembered.
 KILLS_KEPT: Final = 1000
 KILLS_HELD: Final = 10_000
+# A kill of a plan in use dropped past KILLS_HELD is kept apart, by the digest of its
+# plan id (kills_apart, ~40 bytes a row), and sent so (KillPlan.plan_digest, protocol 4)
+# to the workers that had not confirmed it; the hub refuses the plan's calls to them
+# meanwhile. Only past KILLS_APART of those are the oldest dropped, and a worker that
+# had not confirmed one is owed the kill of every plan. Before, past KILLS_HELD that
+# stop was owed at once: 10,001 pairs of a KillPlan and a call refused for it (made-up
+# plans, in use so), a worker away, stopped every plan there (review16 F4).
+KILLS_APART: Final = 1_000_000
+APART_REASON: Final = (
+    f"killed through this hub: one of more than {KILLS_HELD:,} kills a worker had not "
+    "confirmed, kept since by the digest of its plan id, its reason not kept"
+)
+APART_STAND_IN: Final = (
+    "this hub keeps a kill of one of its plans by the digest of the plan's id only, which "
+    "this worker cannot read (its protocol is before 4): every plan of the hub is stopped "
+    "here in its place until the person lifts it (agentworker lift '*')"
+)
 ALL_CONFIRMED: Final = 2**63 - 1  # a kill seq past any: with no worker, every kill is confirmed
 ALL_PLANS: Final = "*"  # a kill of this plan id binds every plan (worker.core.ledger.ALL_PLANS)
 # A kill's reason is kept this long, in UTF-8 bytes (it was 1,000 characters, up to
@@ -300,6 +324,7 @@ class HubStore:
         self._db.execute("CREATE INDEX IF NOT EXISTS workers_key ON workers (key_digest)")
         self.workers_away_kept = WORKERS_AWAY_KEPT
         self._issued_seq: int | None = None  # kills_issued, read once, then kept
+        (self._apart_rows,) = self._db.execute("SELECT count(*) FROM kills_apart").fetchone()
         self._take_queued_kills()
         row = self._db.execute("SELECT epoch FROM kills_epoch").fetchone()
         if row is None:
@@ -686,6 +711,11 @@ class HubStore:
                     if worker in forgotten
                 ]
                 self._db.executemany("DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", named)
+                if self._apart_rows:
+                    cur = self._db.executemany(
+                        "DELETE FROM kills_apart WHERE worker_id = ?", [(w,) for w in gone]
+                    )
+                    self._apart_rows -= cur.rowcount
             for plan, worker in named:
                 self._forget_kill(plan, named=worker)
         return len(gone)
@@ -764,9 +794,10 @@ class HubStore:
         after every kill before it (a kill of the plan again is numbered anew, and so
         reaches the workers that confirmed the last one); past KILLS_KEPT, the oldest
         of those every worker confirmed go (marks: see kill_marks). Past KILLS_HELD kills
-        not confirmed, the oldest of those go too, and each worker that had not confirmed
-        one of them is owed a kill of ALL_PLANS (`Kept.stops`). Never refused. Committed
-        before it returns: what the hub answers a caller is on disk."""
+        not confirmed, the oldest of those go too, those of plans in use kept apart (see
+        KILLS_APART); past that each worker that had not confirmed one dropped from there
+        is owed a kill of ALL_PLANS (`Kept.stops`). Never refused. Committed before it
+        returns: what the hub answers a caller is on disk."""
         reason = utf8_prefix(reason, KILL_REASON_BYTES)
         marks = self.kill_marks(connected)
         confirmed = min(marks.values(), default=ALL_CONFIRMED)
@@ -778,7 +809,7 @@ class HubStore:
         with db.transaction(self._db):
             kill = self._keep(plan_id, worker_id, reason, used)
             dropped = self._drop_past_held(confirmed, kill.seq)
-            stops = self._owe_stops(dropped, marks)
+            stops = self._owe_stops(self._keep_apart(dropped), marks)
             pruned = self._prune_kills(confirmed)
         self._issued.write(self.kills_epoch, self.kills_issued())
         for gone_plan, gone_seq in [*pruned, *((d.plan_id, d.seq) for d in dropped)]:
@@ -837,20 +868,43 @@ class HubStore:
         self._db.executemany("DELETE FROM kills WHERE seq = ?", [(d.seq,) for d in gone])
         return gone
 
+    def _keep_apart(self, dropped: list[Dropped]) -> list[Dropped]:
+        """Keep the kills of plans in use `dropped` apart (see KILLS_APART); those that
+        went past it instead, the oldest kept apart before. A kill of a plan never in
+        use (no call of it sent, placed or refused) goes as the worker's own pruning
+        lets one go (ledger.MAX_SERVER_KILLS): a call of the plan after it runs, and
+        would have been refused, and marked it in use. Before, 10,001 KillPlans of
+        made-up plans alone, a worker away, stopped every plan there (review16 F4)."""
+        used = [d for d in dropped if d.used]
+        self._db.executemany(
+            "INSERT INTO kills_apart (seq, digest, worker_id) VALUES (?, ?, ?)",
+            [(d.seq, plan_digest(d.plan_id), d.named) for d in used],
+        )
+        self._apart_rows += len(used)
+        if self._apart_rows <= KILLS_APART:
+            return []
+        gone = [
+            Dropped("", int(seq), str(named), True)
+            for seq, named in self._db.execute(
+                "SELECT seq, worker_id FROM kills_apart ORDER BY seq LIMIT ?",
+                (self._apart_rows - KILLS_APART,),
+            )
+        ]
+        self._db.executemany("DELETE FROM kills_apart WHERE seq = ?", [(d.seq,) for d in gone])
+        self._apart_rows -= len(gone)
+        return gone
+
     def _owe_stops(
         self, dropped: list[Dropped], marks: Mapping[str, int]
     ) -> dict[str, pb.KillPlan]:
         """A kill of ALL_PLANS for each worker (its mark in `marks`) that had not
-        confirmed a kill of a plan in use `dropped` for it, unless one it has not
-        confirmed is kept. A kill of a plan never in use (no call of it sent, placed or
-        refused) goes as the worker's own pruning lets one go (ledger.MAX_SERVER_KILLS):
-        a call of the plan after it runs. Before, 10,001 KillPlans of made-up plans, a
-        worker away, stopped every plan there once it was back (review16 F4, the hub's)."""
+        confirmed a kill of a plan in use `dropped` for it (past KILLS_APART), unless one
+        it has not confirmed is kept."""
         stops: dict[str, pb.KillPlan] = {}
         if not dropped:
             return stops
         for worker_id, mark in marks.items():
-            lost = any(d.used and d.seq > mark and d.named in ("", worker_id) for d in dropped)
+            lost = any(d.seq > mark and d.named in ("", worker_id) for d in dropped)
             if not lost or self.stop_owed(worker_id, mark) is not None:
                 continue
             reason = utf8_prefix(
@@ -907,28 +961,46 @@ class HubStore:
         ).fetchall()
         gone = [(plan_id, seq) for plan_id, seq in gone if seq <= confirmed]
         self._db.executemany("DELETE FROM kills WHERE seq = ?", [(seq,) for _, seq in gone])
+        if self._apart_rows:  # every worker has them: none is needed here any more
+            cur = self._db.execute("DELETE FROM kills_apart WHERE seq <= ?", (confirmed,))
+            self._apart_rows -= cur.rowcount
         return [(str(plan_id), int(seq)) for plan_id, seq in gone]
 
     def kills_after(
-        self, worker_id: str, through: int, limit: int = -1, limit_bytes: int = 0
+        self,
+        worker_id: str,
+        through: int,
+        limit: int = -1,
+        limit_bytes: int = 0,
+        *,
+        by_digest: bool = True,
     ) -> list[pb.KillPlan]:
         """The kills for `worker_id` numbered after `through`, in order: at most `limit`
         of them (-1: all) and, with `limit_bytes`, as many as fit in it (plan ids and
-        reasons, UTF-8), one at least."""
+        reasons, UTF-8), one at least. A kill kept apart goes by its plan's digest; to a
+        worker that cannot read one (`by_digest` False: protocol before 4), as a kill of
+        every plan in its place."""
         rows = self._db.execute(
-            "SELECT seq, plan_id, reason, used FROM kills WHERE seq > ? AND worker_id IN ('', ?)"
-            " ORDER BY seq LIMIT ?",
-            (through, worker_id, limit),
+            "SELECT seq, plan_id, reason, used, 0 FROM kills WHERE seq > ? AND worker_id IN ('', ?)"
+            " UNION ALL SELECT seq, '', '', 1, digest FROM kills_apart"
+            " WHERE seq > ? AND worker_id IN ('', ?) ORDER BY seq LIMIT ?",
+            (through, worker_id, through, worker_id, limit),
         ).fetchall()
         kills: list[pb.KillPlan] = []
         size = 0
-        for seq, plan, reason, used in rows:
-            size += len(plan.encode()) + len(reason.encode())
+        for seq, plan, reason, used, digest in rows:
+            if digest and by_digest:
+                kill = pb.KillPlan(reason=APART_REASON, seq=seq, in_use=True, plan_digest=digest)
+            elif digest:
+                kill = pb.KillPlan(plan_id=ALL_PLANS, reason=APART_STAND_IN, seq=seq, in_use=True)
+            else:
+                # In use as it goes: a call refused here before the kill reached the
+                # worker marked it, and the worker, which never saw that call, learns it.
+                kill = pb.KillPlan(plan_id=plan, reason=reason, seq=seq, in_use=bool(used))
+            size += len(kill.plan_id.encode()) + len(kill.reason.encode()) + (8 if digest else 0)
             if limit_bytes and kills and size > limit_bytes:
                 break
-            # In use as it goes: a call refused here before the kill reached the worker
-            # marked it, and the worker, which never saw that call, learns it so.
-            kills.append(pb.KillPlan(plan_id=plan, reason=reason, seq=seq, in_use=bool(used)))
+            kills.append(kill)
         return kills
 
     def killed(self, plan_id: str, worker_id: str, through: int) -> bool:
@@ -941,7 +1013,22 @@ class HubStore:
             self._unused_kills.discard(plan_id)
             with db.transaction(self._db):
                 self._db.execute("UPDATE kills SET used = 1 WHERE plan_id = ?", (plan_id,))
-        return found or bool(self._after(ALL_PLANS, worker_id, through))
+        return (
+            found
+            or bool(self._after(ALL_PLANS, worker_id, through))
+            or self._kept_apart_after(plan_id, worker_id, through)
+        )
+
+    def _kept_apart_after(self, plan_id: str, worker_id: str, through: int) -> bool:
+        """Whether a kill of the plan for `worker_id` numbered after `through` is kept
+        apart (see KILLS_APART); no query while none is."""
+        if not self._apart_rows:
+            return False
+        row = self._db.execute(
+            "SELECT 1 FROM kills_apart WHERE digest = ? AND seq > ? AND worker_id IN ('', ?)",
+            (plan_digest(plan_id), through, worker_id),
+        ).fetchone()
+        return row is not None
 
     def kill_reason(self, plan_id: str, worker_id: str = "") -> str:
         """Why the plan is killed for `worker_id`: its own kill's reason, else that of
@@ -951,6 +1038,8 @@ class HubStore:
             " AND (? = '' OR worker_id IN ('', ?)) ORDER BY plan_id = ?, seq DESC LIMIT 1",
             (plan_id, ALL_PLANS, worker_id, worker_id, ALL_PLANS),
         ).fetchone()
+        if row is None and self._kept_apart_after(plan_id, worker_id, 0):
+            return APART_REASON
         return str(row[0]) if row else ""
 
     def queue_teardown(self, worker_id: str, plan_id: str) -> None:

@@ -24,9 +24,11 @@ PROTOCOL_MIN: Final = 1
 # 2: a hub may send a large request blob ahead of its request, in BlobParts.
 # 3: or the request first, its blob's parts after it, and its digest last
 # (`ActionRequest.parts_follow`, `BlobPart.args_digest`).
-PROTOCOL_MAX: Final = 3
+# 4: a kill may name its plan by digest (`KillPlan.plan_digest`; see plan_digest).
+PROTOCOL_MAX: Final = 4
 PARTS_PROTOCOL: Final = 2
 FOLLOW_PROTOCOL: Final = 3
+DIGEST_KILL_PROTOCOL: Final = 4
 # A server that refuses a stream busy (RESOURCE_EXHAUSTED) may say in the trailing
 # metadata how long to wait before the next dial, in milliseconds (the reference hub's
 # reconnect bounds, worker.hub.hellos.Hellos); the worker waits at least that.
@@ -252,3 +254,12 @@ MAX_TIMEOUT_MS: Final = 86_400_000
 # bulk data travels in the request blob. The worker refuses more (`validation_error`);
 # the hub refuses a Dispatch whose fields besides its blob pass what that allows.
 MAX_ARGS_BYTES: Final = 1024 * 1024
+
+
+def plan_digest(plan_id: str) -> int:
+    """A plan id's digest, by which a kill kept without its plan's id names the plan
+    (KillPlan.plan_digest; the worker's kills_apart, the hub's): 8 bytes of BLAKE2b,
+    big-endian, as a signed 64-bit integer (SQLite's). A collision, 2**-64 a pair, can
+    only refuse a plan, never let one run."""
+    digest = hashlib.blake2b(plan_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)

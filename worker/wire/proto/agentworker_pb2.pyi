@@ -354,16 +354,18 @@ class Cancel(_message.Message):
     def __init__(self, correlation_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class KillPlan(_message.Message):
-    __slots__ = ("plan_id", "reason", "seq", "in_use")
+    __slots__ = ("plan_id", "reason", "seq", "in_use", "plan_digest")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     IN_USE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_DIGEST_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     reason: str
     seq: int
     in_use: bool
-    def __init__(self, plan_id: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., in_use: _Optional[bool] = ...) -> None: ...
+    plan_digest: int
+    def __init__(self, plan_id: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., in_use: _Optional[bool] = ..., plan_digest: _Optional[int] = ...) -> None: ...
 
 class Teardown(_message.Message):
     __slots__ = ("plan_id", "correlation_id")
