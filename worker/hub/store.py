@@ -89,6 +89,7 @@ CREATE TABLE IF NOT EXISTS kills_apart (  -- kills of plans in use dropped past 
     worker_id TEXT NOT NULL         -- '' every worker
 );
 CREATE INDEX IF NOT EXISTS kills_apart_digest ON kills_apart (digest);
+CREATE INDEX IF NOT EXISTS kills_apart_named ON kills_apart (worker_id) WHERE worker_id != '';
 CREATE TABLE IF NOT EXISTS kills_epoch (  -- names the sequence of kills.seq
     one   INTEGER PRIMARY KEY CHECK (one = 1),
     epoch TEXT NOT NULL
@@ -712,8 +713,11 @@ class HubStore:
                 ]
                 self._db.executemany("DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", named)
                 if self._apart_rows:
+                    # By the index of the rows named for a worker: not a scan of them
+                    # all (up to KILLS_APART) for each made-up id forgotten.
                     cur = self._db.executemany(
-                        "DELETE FROM kills_apart WHERE worker_id = ?", [(w,) for w in gone]
+                        "DELETE FROM kills_apart WHERE worker_id = ? AND worker_id != ''",
+                        [(w,) for w in gone],
                     )
                     self._apart_rows -= cur.rowcount
             for plan, worker in named:
