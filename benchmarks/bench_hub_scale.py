@@ -1,5 +1,8 @@
 """One hub with many connected workers: memory per idle worker, and Dispatch p50 to
-one of them beside the same figure with that worker alone on the hub.
+one of them beside the same figure with that worker alone on the hub; and a KillPlan's
+p50, which goes to every worker, beside the same with one worker (no goal: its cost
+grows with the workers by design, and this shows how; review16 F8 made it 77 -> 31 ms
+of the hub's loop at 1,000).
 
 The workers are simulated in this process (a stream each, over a few channels):
 each sends its Hello, and answers every request at once with an OK result, so the
@@ -109,6 +112,20 @@ async def connect_workers(
     return workers, tasks
 
 
+def kill_of(client: ControlClient, tag: str):  # type: ignore[no-untyped-def]
+    """A KillPlan of a new plan each call (a plan killed again is numbered anew too)."""
+    made = 0
+
+    async def one() -> None:
+        nonlocal made
+        made += 1
+        await client.stub.KillPlan(
+            pb.KillPlanRequest(plan_id=f"{tag}-{made}", reason="bench"), metadata=client.metadata
+        )
+
+    return one
+
+
 def dispatch_to(client: ControlClient, worker_id: str):  # type: ignore[no-untyped-def]
     request = pb.DispatchRequest(
         worker_id=worker_id, agent_id="bench", surface="workerDiag", action="probe", args_json="{}"
@@ -122,7 +139,9 @@ def dispatch_to(client: ControlClient, worker_id: str):  # type: ignore[no-untyp
     return one
 
 
-async def measure(alone: Hub, crowded: Hub, workers: int, calls: int, rounds: int) -> None:
+async def measure(
+    alone: Hub, crowded: Hub, workers: int, calls: int, rounds: int, kills: int
+) -> None:
     """Dispatch p50 to one worker of a hub that holds `workers` streams, beside a second
     hub holding only that one, in alternating rounds so both see the same machine."""
     channels: list[grpc.aio.Channel] = []
@@ -147,6 +166,12 @@ async def measure(alone: Hub, crowded: Hub, workers: int, calls: int, rounds: in
             one += await timed(dispatch_to(clients[0], "sim-0"), calls // rounds)
             many += await timed(dispatch_to(clients[1], "sim-0"), calls // rounds)
 
+        kills_one: list[float] = []
+        kills_many: list[float] = []
+        for turn in range(rounds):
+            kills_one += await timed(kill_of(clients[0], f"one-{turn}"), kills // rounds)
+            kills_many += await timed(kill_of(clients[1], f"many-{turn}"), kills // rounds)
+
         p50_one, p50_many = statistics.median(one), statistics.median(many)
         print(
             f"\nhub with {workers} simulated idle workers ({len(one)} calls a row, {rounds} rounds)"
@@ -158,6 +183,13 @@ async def measure(alone: Hub, crowded: Hub, workers: int, calls: int, rounds: in
         ):
             p50 = statistics.median(samples)
             print(f"  {name:34}{p50:9.2f}{percentile(samples, 0.99):9.2f}{p50 / p50_one:9.2f}")
+        kill_p50_one = statistics.median(kills_one)
+        for name, samples in (
+            ("KillPlan, worker alone (raw)", kills_one),
+            (f"KillPlan, to {workers} workers", kills_many),
+        ):
+            p50 = statistics.median(samples)
+            print(f"  {name:34}{p50:9.2f}{percentile(samples, 0.99):9.2f}{p50 / kill_p50_one:9.2f}")
         print(
             f"  {workers - 1} workers new to the hub, {STREAMS_PER_CHANNEL} streams a "
             f"connection, all said Hello at once: all welcomed in {connect_s:.2f} s"
@@ -206,13 +238,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1000)
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--kills", type=int, default=120)
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="aw-bench-") as tmp,
         running_hub(Path(tmp, "alone")) as alone,
         running_hub(Path(tmp, "crowded")) as crowded,
     ):
-        asyncio.run(measure(alone, crowded, args.workers, args.calls, args.rounds))
+        asyncio.run(measure(alone, crowded, args.workers, args.calls, args.rounds, args.kills))
 
 
 if __name__ == "__main__":
