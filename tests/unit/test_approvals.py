@@ -16,6 +16,7 @@ from worker.config import GrantSection
 from worker.core.approvals import Choice, Decision, Kind, inert
 from worker.core.redaction import args_preview
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import plan_digest
 
 _UNSAFE = {chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]} | {"\u202e", "\u2066", "\u200b"}
 
@@ -160,6 +161,27 @@ def test_a_kill_from_the_console_survives_a_restart(tmp_path: Path) -> None:
         assert done["ok"] and not again.console.confirming()
         assert again.dispatcher.state.killed("doomed") is None
         again.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_kill_kept_apart_by_digest_shows_and_lifts_from_the_console(tmp_path: Path) -> None:
+    """A server's kill kept apart (its hub sent it by digest, or it was pruned past
+    MAX_SERVER_KILLS) refuses the plan's calls; the console said "that plan was not
+    killed" and would not lift it."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        rig.dispatcher.kill_digest(plan_digest("kept-apart"), "kept apart", "server")
+        cid = rig.call("fs_read", '{"path": "a.txt"}', plan="kept-apart")
+        await rig.result(cid)
+        assert rig.code(cid) == "plan_killed"
+        asked = rig.console.handle({"op": "lift", "plan": "kept-apart"})
+        assert asked.get("confirm"), asked
+        done = rig.console.handle({"op": "confirm_lift", "confirm": asked["confirm"], "yes": True})
+        assert done["ok"] and rig.dispatcher.state.killed("kept-apart") is None
+        assert rig.dispatcher.state.kill_reason("kept-apart") is None
+        rig.close()
 
     asyncio.run(scenario())
 

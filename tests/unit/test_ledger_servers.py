@@ -405,6 +405,7 @@ def test_a_pruned_kill_of_a_plan_in_use_is_kept_apart_not_a_stop_of_every_plan(
     assert "victim" not in [plan for plan, *_ in state.kills()]
     assert state.kills_kept_apart() == 1
     assert state.kill_reason("victim") is not None
+    assert state.killed("victim") is not None  # what a UI shows, and lifts
     # Sent again (a new key: hub-workers.token rotated), it is not taken as lifted.
     assert state.server_kill_of("victim") and not state.server_kill_of("never-killed")
     assert state.kill_reason("never-killed") is None

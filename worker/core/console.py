@@ -314,7 +314,7 @@ class Console:
 
     def _plan_row(self, plan: str, reason: str | None = None) -> dict[str, Any] | None:
         if reason is None:
-            reason = self.dispatcher.state.killed(plan)  # cached: no query
+            reason = self.dispatcher.state.killed(plan)  # cached, but for kills kept apart
         calls = self._plans.get(plan)
         if reason is None and calls is None:
             return None

@@ -1034,11 +1034,12 @@ class State:
         return f"{kill[0]} (by {kill[1]})"
 
     def killed(self, plan_id: str) -> str | None:
-        """The reason of the plan's kill that binds the server served (from the cache:
-        no query), or None."""
+        """The reason of the plan's kill that binds the server served, or None: from the
+        cache, but for a kill kept apart (a lookup by key, while any is kept apart: a UI
+        showed such a plan as not killed, and would not lift it)."""
         self._refresh()
         kill = self._binding(plan_id)
-        return None if kill is None else kill[0]
+        return self._kept_apart(plan_id) if kill is None else kill[0]
 
     def kills_moved(self) -> set[str]:
         """Plans killed or lifted by another process (`agentworker kill`) since the last
