@@ -23,7 +23,7 @@ from worker.config import Paths, load
 from worker.core import connection
 from worker.core.connection import Backoff, FatalConnectionError, Target, WorkerConnection
 from worker.core.console import encode
-from worker.core.ledger import ALL_PLANS, MAX_SERVER_KILLS
+from worker.core.ledger import ALL_PLANS, KEPT_RESULT_BYTES, MAX_SERVER_KILLS
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import plan_digest
 
@@ -409,6 +409,45 @@ def test_past_its_budget_of_unacked_results_the_worker_runs_no_new_call(tmp_path
         assert error_code(again) == "ok" and json.loads(again.result_json)["marks"] == 3
 
     play(tmp_path, scenario, {"max_unacked_mib": 1}, ack_results=False)
+
+
+def test_a_large_effect_free_result_is_not_kept_past_its_ack_and_a_late_duplicate_says_so(
+    tmp_path: Path,
+) -> None:
+    """Past KEPT_RESULT_BYTES an effect-free result is not written at its ack (issue 12:
+    an fs_list of 10,000 entries wrote 1.4 MB on the event loop for each ack, for an
+    answer only a late duplicate reads). The duplicate is told the call ran and its
+    result is gone (`blob_gone`, as for a blob let go), and runs nothing; one with other
+    args is still refused."""
+    folder = tmp_path / "workspace" / "many"
+    folder.mkdir(parents=True)
+    for n in range(800):
+        (folder / f"entry-{n:04d}-{'x' * 60}.txt").write_text("x")
+    listing = json.dumps({"path": "many"})
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        state = link.dispatcher.state
+        hub.request("big", listing, surface="workerHost", action="fs_list")
+        first = await hub.next("result")
+        assert error_code(first) == "ok" and len(first.result_json) > KEPT_RESULT_BYTES
+        while not state.is_acked("big"):  # the hub acks each result as it comes
+            await asyncio.sleep(0.01)
+        kept = state.connection.execute(
+            "SELECT result IS NULL, args_digest != '' FROM calls WHERE correlation_id = 'big'"
+        ).fetchone()
+        assert kept == (1, 1)
+        ran = len(link.dispatcher.telemetry.rows("big"))
+        hub.request("big", listing, surface="workerHost", action="fs_list")
+        again = await hub.next("result")
+        assert error_code(again) == "blob_gone" and again.replayed, again
+        assert json.loads(again.error.details_json)["status"] == "ok"
+        assert "run the call under a new correlation id" in again.error.message
+        assert len(link.dispatcher.telemetry.rows("big")) == ran == 1  # nothing ran again
+        hub.request("big", json.dumps({"path": "."}), surface="workerHost", action="fs_list")
+        while (ack := await hub.next("ack")).kind != pb.ActionAck.REJECTED_ARGS_MISMATCH:
+            assert ack.kind in (pb.ActionAck.STARTED, pb.ActionAck.DUPLICATE_DONE)
+
+    play(tmp_path, scenario)
 
 
 def test_calls_waiting_for_a_slot_when_the_budget_fills_do_not_run(tmp_path: Path) -> None:

@@ -81,6 +81,7 @@ from worker.wire.protocol import (
     error_pb,
     fed_digest,
     plan_digest,
+    result_gone,
     stream_ended,
 )
 from worker.wire.transport import MAX_RESULT_BYTES
@@ -756,6 +757,9 @@ class Dispatcher:
                 self._advance(call)
         elif begun.seen is Seen.DONE:
             self.results.ack_request(cid, pb.ActionAck.DUPLICATE_DONE)
+            if begun.result_gone:  # effect-free, too large to keep past its ack
+                self.results.send(pb.WorkerMessage(result=result_gone(cid)))
+                return
             cached = pb.ActionResult.FromString(begun.result or b"")
             if begun.blob_gone:  # delivered, acked and let go: the outcome, without it
                 self.results.send(pb.WorkerMessage(result=blob_gone(cached, begun.blob_bytes)))

@@ -206,6 +206,25 @@ def blob_gone(result: pb.ActionResult, blob_bytes: int) -> pb.ActionResult:
     return gone
 
 
+def result_gone(correlation_id: str) -> pb.ActionResult:
+    """The answer to a late duplicate of a finished effect-free call whose result was
+    too large to keep past its ack (worker.core.ledger.KEPT_RESULT_BYTES): a `blob_gone`
+    error, as for a blob let go, saying the result went and what to do."""
+    error = WorkerError(
+        "blob_gone",
+        f"call {correlation_id} already ran and finished (ok); its result was delivered, "
+        "and being large it is no longer kept, so this repeat carries none. To get it "
+        "again, run the call under a new correlation id.",
+        {"status": "ok", "result": None},
+    )
+    return pb.ActionResult(
+        correlation_id=correlation_id,
+        status=pb.ActionResult.ERROR,
+        error=error_pb(error),
+        replayed=True,
+    )
+
+
 def stream_ended() -> WorkerError:
     """Why a call started before its blob and digest came (protocol 3, or handed inside
     `up`) stopped when its stream ended. Such a refusal is never sent (the worker's
