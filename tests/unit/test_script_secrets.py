@@ -163,6 +163,9 @@ LEAKED = [
     ["bash", "-c", f'P="{S}" && echo "${{P}}" | sudo -S true'],
     ["sh", "-c", f"PW={S} sh -c 'mysql -p$PW db'"],
     ["sh", "-c", f"readonly P={S}\nmysqldump -p$P db > d.sql"],
+    # Positional parameters `set` gives (review17 E6).
+    ["sh", "-c", f"set -- me {S}; mysql -u$1 -p$2 db"],
+    ["bash", "-c", f'set -eu -o pipefail -- {S}\necho "${{1}}" | sudo -S true'],
 ]
 
 
@@ -200,6 +203,10 @@ WRITTEN_BACK = [
         ["sh", "-c", f"P={S}; mysql -p$P db"],
         ["sh", "-c", f"P='{MASK}'; mysql '-p{MASK}' db"],
     ),
+    (
+        ["sh", "-c", f"set -- {S}; mysql -p$1 db"],
+        ["sh", "-c", f"set -- '{MASK}'; mysql '-p{MASK}' db"],
+    ),
     (  # the masked word's closing quote kept (the text's own masking took it)
         ["sh", "-c", f'mysql --password="{S}" db'],
         ["sh", "-c", f"mysql '--password={MASK}' db"],
@@ -236,6 +243,7 @@ SHOWN = [
     ["psql", "-c", "select 1"],
     ["git", "commit", "-m", "use the pager"],
     ["sh", "-c", 'P=hello; echo "$P"; X=1 make'],
+    ["sh", "-c", 'set -- a b; echo "$1" "$2"'],
     ["sh", "-c", "cat <<EOF | grep -c x\nhello x\nEOF"],
 ]
 

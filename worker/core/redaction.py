@@ -825,8 +825,8 @@ def _fed_masked(
         secrets.extend(line for line in fed.text.splitlines() if line.strip())
 
 
-# A parameter a masked word expands (`mysql -p$P`, `echo "${P}" | sudo -S`).
-_PARAMETER: Final = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+# A parameter a masked word expands (`mysql -p$P`, `echo "${P}" | sudo -S`, `-p$1`).
+_PARAMETER: Final = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*|[1-9])")
 
 
 def _assigned_secrets_masked(
@@ -835,12 +835,17 @@ def _assigned_secrets_masked(
     """Mask the values a script assigns to the parameters its masked words expand:
     `P=X; mysql -p$P` held X in `P=X` (mask17's note). Any word `NAME=value` of such a
     NAME, before a command (an assignment) or an operand (`export P=X`, `make P=X`):
-    more masked rather than less. Not followed: a value read (`read P`), computed
+    more masked rather than less; and the positional parameters `set` gives (`set --
+    X; mysql -p$1`: review17 E6). Not followed: a value read (`read P`), computed
     (`P=$(cat f)` is masked as written) or set in another script."""
     names = {name for secret in secrets for name in _PARAMETER.findall(secret)}
     if not names:
         return
     for command in commands:
+        for number, word in _positionals_set(command):
+            if str(number) in names:
+                shown[word.start] = (word.end, shlex.quote(MASK))
+                secrets.append(word.text)
         for word in command.words:
             assignment = _ASSIGNMENT.match(word.text)
             if assignment is None:
@@ -850,6 +855,21 @@ def _assigned_secrets_masked(
             if name in names and value:
                 shown[word.start] = (word.end, assignment.group(0) + shlex.quote(MASK))
                 secrets.append(value)
+
+
+def _positionals_set(command: shell_words.Command) -> list[tuple[int, shell_words.Token]]:
+    """The positional parameters a `set` command gives, numbered from 1: its operands
+    after its options (`set -e -- a b`, `set -o pipefail a`, `set a b`)."""
+    words = command.words
+    start = _command_start(words)
+    if start is None or words[start].text != "set":
+        return []
+    at = start + 1
+    while at < len(words) and words[at].text[:1] in ("-", "+") and words[at].text != "--":
+        at += 2 if words[at].text in ("-o", "+o") else 1
+    if at < len(words) and words[at].text == "--":
+        at += 1
+    return list(enumerate(words[at:], start=1))
 
 
 def _script_share(script: str) -> bool:
