@@ -163,6 +163,9 @@ LEAKED = [
     ["bash", "-c", f'P="{S}" && echo "${{P}}" | sudo -S true'],
     ["sh", "-c", f"PW={S} sh -c 'mysql -p$PW db'"],
     ["sh", "-c", f"readonly P={S}\nmysqldump -p$P db > d.sql"],
+    # Through a process substitution on a password reader's stdin (review17 E6).
+    ["bash", "-c", f"sudo -S apt-get update < <(echo {S})"],
+    ["bash", "-c", f"sudo -S true < <(printf '%s\\n' {S}) && echo ok"],
     # Positional parameters `set` gives (review17 E6).
     ["sh", "-c", f"set -- me {S}; mysql -u$1 -p$2 db"],
     ["bash", "-c", f'set -eu -o pipefail -- {S}\necho "${{1}}" | sudo -S true'],
@@ -244,6 +247,7 @@ SHOWN = [
     ["git", "commit", "-m", "use the pager"],
     ["sh", "-c", 'P=hello; echo "$P"; X=1 make'],
     ["sh", "-c", 'set -- a b; echo "$1" "$2"'],
+    ["bash", "-c", "diff <(sort a) <(sort b) && wc -l < <(ls)"],
     ["sh", "-c", "cat <<EOF | grep -c x\nhello x\nEOF"],
 ]
 

@@ -58,6 +58,19 @@ def test_here_strings_and_documents_are_their_commands_stdin() -> None:
     assert found[2].piped_from is found[1]
 
 
+def test_a_process_substitution_on_stdin_is_what_the_command_reads() -> None:
+    """`b < <(a)` reads a's output, as `a | b` does; `c <(d)` takes d's as a file."""
+    found = commands("b -S < <(a X1) && c <(d X2)")
+    assert [[word.text for word in command.words] for command in found] == [
+        ["b", "-S"],
+        ["a", "X1"],
+        ["c"],
+        ["d", "X2"],
+    ]
+    assert found[0].piped_from is found[1]
+    assert [command.piped_from for command in found[1:]] == [None] * 3
+
+
 def test_a_word_knows_where_it_was_written() -> None:
     script = "a -p'X y' \"$(b)\""
     word = commands(script)[0].words[1]

@@ -78,7 +78,8 @@ class Token:
 class Command:
     """A simple command: its words (redirections and their targets left out), what it
     is fed on stdin from the script itself (here-strings' words, here-documents'
-    bodies), and the command whose output it reads (`a | b`: a is b's)."""
+    bodies), and the command whose output it reads (`a | b`: a is b's; `b < <(a)`, a
+    process substitution on its stdin, too)."""
 
     words: list[Token] = field(default_factory=list)
     fed: list[Token] = field(default_factory=list)
@@ -280,7 +281,11 @@ def commands(script: str) -> list[Command]:
     current = Command()
     redirect = ""  # a redirection whose target is the next word
     bodies_owed: list[Command] = []  # whose here-document bodies come next
+    # `cmd < <(…)`: the command whose stdin the `<(` about to open feeds, and where.
+    stdin_subst: tuple[Command, int] | None = None
     for token in tokens(script):
+        fed_by_subst = stdin_subst if token.text == "(" else None
+        stdin_subst = None
         if token.kind == "body":
             (bodies_owed.pop(0) if bodies_owed else current).fed.append(token)
             continue
@@ -291,6 +296,7 @@ def commands(script: str) -> list[Command]:
                 bodies_owed.append(current)
             redirect = ""
             continue
+        second_lt = redirect == "<" and token.text == "<"  # `< <(`, perhaps
         redirect = ""
         if token.kind == "word":
             current.words.append(token)
@@ -300,10 +306,13 @@ def commands(script: str) -> list[Command]:
             if words and words[-1].end == token.start and words[-1].text.isdigit():
                 words.pop()  # 2>&1: the 2 is the descriptor, no argument
             redirect = token.text
+            stdin_subst = (current, token.end) if second_lt else None
             continue
         if current.words or current.fed:
             found.append(current)
         current = Command(piped_from=current if token.text in _PIPES else None)
+        if fed_by_subst is not None and fed_by_subst[1] == token.start:
+            fed_by_subst[0].piped_from = current  # its words come next
     if current.words or current.fed:
         found.append(current)
     return found
