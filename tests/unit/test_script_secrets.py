@@ -180,6 +180,15 @@ def test_a_password_in_this_argv_is_kept_nowhere(argv: list[str]) -> None:
     assert argv[0] in kept["recording"] and MASK in kept["recording"], kept
 
 
+@pytest.mark.parametrize("line", [f"mysql -u me -p{S} db", f"sshpass -p {S} ssh h"])
+def test_an_argv_given_as_one_string_keeps_its_password_nowhere(line: str) -> None:
+    """It runs nothing (no program has that name), and its refusal, preview and
+    recording quoted it whole (review17 E6): it is read as a script now."""
+    kept = _kept([line])
+    assert not [place for place, text in kept.items() if SECRET in text], kept
+    assert line.split()[0] in kept["recording"] and MASK in kept["recording"], kept
+
+
 WRITTEN_BACK = [
     (
         ["sh", "-c", f"cd /srv\nmysql -p{S} db  # nightly"],

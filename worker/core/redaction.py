@@ -614,7 +614,8 @@ def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
     -u u:p, env, nice, sudo ...) and in a shell's script (sh -c 'curl -u u:p', best
     effort). Behind a program not named (docker exec c, kubectl exec p --, ssh h,
     find -exec) the first item naming a known program is read as it, and an item
-    holding blanks is read as a script (ssh h 'mysql -pX db')."""
+    holding blanks is read as a script (ssh h 'mysql -pX db'; an argv given as one
+    string, too)."""
     options = _program_options(items[0] if items else None)
     plan: list[str | None] = []
     then = ""  # what the next item is: "secret", "cert", "script", "value" (shown) or ""
@@ -634,8 +635,10 @@ def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
                 plan.append(MASK if now == "secret" else _cert_masked(text))
                 continue
         masked: str | None = None
-        if index > 0 and options is None and isinstance(item, str) and now != "value":
-            # A program not named here: a known one it runs, or a command line it takes.
+        if options is None and isinstance(item, str) and now != "value":
+            # A program not named here: a known one it runs, or a command line it takes
+            # (the program's own item too: an argv given as one string, `["mysql -pX"]`,
+            # runs nothing, and its refusal quoted it whole: review17 E6).
             options = _program_options(text)
             if options is None and _SCRIPT_LIKE.search(text[:_SCRIPT_CHARS]):
                 masked = _script_masked(text, depth)
