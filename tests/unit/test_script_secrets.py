@@ -166,6 +166,14 @@ LEAKED = [
     # Through a process substitution on a password reader's stdin (review17 E6).
     ["bash", "-c", f"sudo -S apt-get update < <(echo {S})"],
     ["bash", "-c", f"sudo -S true < <(printf '%s\\n' {S}) && echo ok"],
+    # What expect sends to a password prompt (review17 E6).
+    ["expect", "-c", f'spawn ssh me@h; expect "*assword*"; send "{S}\\r"; interact'],
+    [
+        "expect",
+        "-c",
+        f'spawn ssh-add k\nexpect "Enter passphrase*"\nsend -- {{{S}\\r}}\nexpect eof',
+    ],
+    ["sh", "-c", f"expect -c 'spawn su; expect Password:; send {S}\\r; interact'"],
     # Positional parameters `set` gives (review17 E6).
     ["sh", "-c", f"set -- me {S}; mysql -u$1 -p$2 db"],
     ["bash", "-c", f'set -eu -o pipefail -- {S}\necho "${{1}}" | sudo -S true'],
@@ -257,6 +265,7 @@ SHOWN = [
     ["sh", "-c", 'P=hello; echo "$P"; X=1 make'],
     ["sh", "-c", 'set -- a b; echo "$1" "$2"'],
     ["bash", "-c", "diff <(sort a) <(sort b) && wc -l < <(ls)"],
+    ["expect", "-c", 'spawn ftp h; expect "Name*"; send "me\\r"; interact'],
     ["sh", "-c", "cat <<EOF | grep -c x\nhello x\nEOF"],
 ]
 

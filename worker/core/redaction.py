@@ -95,8 +95,16 @@ _MARKERS: Final = (
     "token|secret|pass|pwd|authori|apikey|api_key|api-key|cookie|credential|private"
     "|accesskey|access_key|access-key|extraheader|bearer|basic|digest|ghp_|gho_|ghu_"
     "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj|identified"
+    "|assw|phrase"
 )
 _SUSPECT: Final = re.compile(_MARKERS)
+# What expect sends to a password prompt (`expect -c 'spawn ssh h; expect "*assword*";
+# send "X\r"'`, review17 E6): the answer to an `expect` whose pattern names one.
+_EXPECT_SEND: Final = re.compile(
+    r"(\bexpect\b[^;\n]*?(?:assw|passphrase)[^;\n]*[;\n]\s*send\s+(?:-\S+\s+)*)"
+    r"(\"[^\"]*\"|'[^']*'|\{[^}]*\}|[^\s;]+)",
+    re.I,
+)
 
 
 @dataclass(frozen=True)
@@ -469,6 +477,7 @@ def _secret_words_masked(text: str) -> str:
     text = _SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
     text = _ASSIGNED.sub(lambda m: f"{m.group(1)}={MASK}", text)
     text = _SQL_PASSWORD.sub(lambda m: f"{m.group(1)}'{MASK}'", text)
+    text = _EXPECT_SEND.sub(lambda m: f'{m.group(1)}"{MASK}"', text)
     return _TOKEN_SHAPED.sub(MASK, text)
 
 
@@ -542,6 +551,10 @@ def _sql_secrets(items: list[Any]) -> Iterator[str]:
             lowered = text.lower()
             if "password" in lowered or "identified" in lowered:
                 yield from (found.group(2) for found in _SQL_PASSWORD.finditer(text))
+            if "send" in lowered:
+                for found in _EXPECT_SEND.finditer(text):
+                    sent = found.group(2).strip("\"'{}")
+                    yield sent.removesuffix("\\r").removesuffix("\\n")
 
 
 def _secret_parts(items: list[Any], depth: int) -> Iterator[str]:
