@@ -30,6 +30,7 @@ kill switch included) out while it runs. One without
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -40,7 +41,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -68,22 +69,104 @@ CHECKPOINT_BYTES = 16 * 1024 * 1024  # half of SQLite's own threshold (1,000 pag
 CHECKPOINT_QUIET_S = 1.0
 
 
+_T = TypeVar("_T")
+# A commit of at least this many bytes (a 10,000-entry listing's 1.5 MB answer) is made
+# in the connection's writer thread (`Database.off_loop`), not on the event loop:
+# SQLite writes such a row as a log frame per page, 3-6 ms of the loop. Smaller ones
+# commit where they are: the hop to the thread and back would cost more.
+OFF_LOOP_BYTES: Final = 64 * 1024
+
+
 class Database(sqlite3.Connection):
     """A connection opened the project's way (see `connect`); it owns the thread that
     checkpoints its log, which stops when it closes, and wakes it after each commit
-    that changed rows (its statements are the only writes to its log)."""
+    that changed rows (its statements are the only writes to its log).
+
+    It may own a writer thread too (`off_loop`), for large commits: while a job runs
+    there, any other thread's use of the connection (a statement, `in_transaction`, a
+    commit) first waits for it to end (`settle`). So one thread at a time uses the
+    connection, and each sees every write handed over before, in the order handed;
+    the event loop waits only when it touches the database before the job is done."""
 
     checkpointer: Checkpointer | None = None
     _changes = 0  # total_changes when the checkpointer was last woken
     _bytes = 0  # bytes the statements since then were given (what their commit writes)
+    _writer: concurrent.futures.ThreadPoolExecutor | None = None
+    _writing: concurrent.futures.Future[Any] | None = None  # the last job handed over
+    _writer_ident = 0  # the writer thread's id, once it ran a job
+
+    def off_loop(self, job: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """Run `job` (statements on this connection, a commit) in this connection's
+        writer thread, after the jobs handed over before it; its future says when it
+        committed (or raised). Any other use of the connection meanwhile waits for it.
+        Inside a transaction open on this thread it runs here and now, in it: its
+        writes commit with that transaction, never before. (While a job is under way
+        no other thread has a transaction open: its BEGIN waited for the job.)"""
+        if not self.writing and sqlite3.Connection.in_transaction.__get__(self):
+            done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+            try:
+                done.set_result(job())
+            except Exception as exc:  # noqa: BLE001 - the future carries it, as the thread's would
+                done.set_exception(exc)
+            return done
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="sqlite writer"
+            )
+        future = self._writer.submit(self._as_writer, job)
+        self._writing = future
+        return future
+
+    def _as_writer(self, job: Callable[[], _T]) -> _T:
+        self._writer_ident = threading.get_ident()
+        return job()
+
+    @property
+    def writing(self) -> bool:
+        """Whether a job handed to the writer thread is not done yet."""
+        return self._writing is not None and not self._writing.done()
+
+    def settle(self) -> None:
+        """Wait until the jobs handed to the writer thread are done (unless in it)."""
+        writing = self._writing
+        if writing is None or threading.get_ident() == self._writer_ident:
+            return
+        concurrent.futures.wait([writing])
+        if self._writing is writing:
+            self._writing = None
+
+    @property
+    def in_transaction(self) -> bool:
+        self.settle()
+        return bool(sqlite3.Connection.in_transaction.__get__(self))
+
+    def commit(self) -> None:
+        self.settle()
+        super().commit()
+
+    def rollback(self) -> None:
+        self.settle()
+        super().rollback()
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        self.settle()
+        return super().cursor(*args, **kwargs)
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        self.settle()
+        return super().executescript(sql_script)
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        if self._writing is not None:
+            self.settle()
         cursor = super().execute(sql, parameters)
         self._bytes += _weight(parameters)
         self._committed()
         return cursor
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        if self._writing is not None:
+            self.settle()
         cursor = super().executemany(sql, parameters)
         if isinstance(parameters, list | tuple):  # an iterator is spent: not counted
             self._bytes += sum(_weight(row) for row in parameters)
@@ -103,6 +186,10 @@ class Database(sqlite3.Connection):
         self._bytes = 0
 
     def close(self) -> None:
+        self.settle()
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
         if self.checkpointer is not None:
             self.checkpointer.stop()
             self.checkpointer = None

@@ -361,3 +361,36 @@ def test_a_command_line_tool_leaves_the_conversion_to_the_worker(tmp_path: Path)
         assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2
     finally:
         db.close(conn)
+
+
+def test_a_job_off_the_loop_is_waited_for_by_any_other_use_of_its_connection(
+    tmp_path: Path,
+) -> None:
+    conn = db.connect(tmp_path / "x.db", "CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v);")
+    go = threading.Event()
+
+    def job() -> int:
+        with db.transaction(conn):  # in the writer thread: no waiting for itself
+            conn.execute("INSERT INTO t VALUES ('a', ?)", (b"x" * 200_000,))
+            go.wait()
+        return 1
+
+    written = conn.off_loop(job)
+    assert conn.writing
+    threading.Thread(target=go.set).start()  # the job ends, whenever: this thread waits for it
+    # Each use waits for the job: its BEGIN is never taken into the job's transaction,
+    # and what it reads includes the job's commit.
+    assert conn.in_transaction is False
+    assert written.done() and written.result() == 1
+    assert conn.execute("SELECT length(v) FROM t").fetchone() == (200_000,)
+    conn.close()
+
+
+def test_a_job_handed_over_inside_a_transaction_commits_with_it(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path / "x.db", "CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY);")
+    with pytest.raises(RuntimeError), db.transaction(conn):
+        done = conn.off_loop(lambda: conn.execute("INSERT INTO t VALUES ('a')"))
+        assert done.done()  # run here, in the open transaction
+        raise RuntimeError("rolled back: the job's write goes with it")
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    conn.close()

@@ -209,6 +209,66 @@ def test_calls_whose_write_failed_stay_queued_for_the_next_flush(tmp_path: Path)
     store.close()
 
 
+def _large_ok(cid: str) -> pb.ActionResult:
+    """A result past worker.db.OFF_LOOP_BYTES (a listing's JSON)."""
+    entries = [{"name": f"entry-{i:05d}.txt", "size": i} for i in range(4000)]
+    return pb.ActionResult(
+        correlation_id=cid, status=pb.ActionResult.OK, result_json=json.dumps(entries)
+    )
+
+
+def test_a_commit_in_the_writer_thread_leaves_its_calls_found_and_takes_no_later_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    deadline = now_ms() + 60_000
+    store.add("w", "d", _request("listed"), 0, deadline, fresh=True)
+    store.add("w", "d", _request("running"), 0, deadline, fresh=True)
+    locker = sqlite3.connect(path, timeout=0)
+    locker.execute("BEGIN IMMEDIATE")  # another writer holds the database: the commit waits
+    commit = store.complete_off_loop([(_large_ok("listed"), None, False, None)])
+    # Meanwhile the loop goes on, never waiting for the commit: the calls it took are
+    # found in memory, a call added now is not taken by it, nor lost.
+    assert not commit.done() and store.committing
+    assert store.call_state("running") == ("w", "PENDING")
+    assert store.worker_of("listed") == "w"
+    store.add("w", "d", _request("later"), 0, deadline, fresh=True)
+    assert store.call_state("later") == ("w", "PENDING")
+    locker.rollback()
+    locker.close()
+    assert commit.result(timeout=60) == [True]
+    store.reap()
+    assert not store.committing
+    assert _committed_ids(path) == {"listed", "running"}  # "later": with the next commit
+    listed = store.get("listed")  # a read: flushes "later" first
+    assert listed is not None and listed.state == "DONE" and listed.result == _large_ok("listed")
+    assert _committed_ids(path) == {"listed", "running", "later"}
+    store.close()
+
+
+def test_a_failed_commit_in_the_writer_thread_leaves_its_calls_for_the_next(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    store.add("w", "d", _request("kept"), 0, now_ms() + 60_000, fresh=True)
+    locker = sqlite3.connect(path, timeout=0)
+    locker.execute("BEGIN IMMEDIATE")  # another writer holds the database: the far side
+    store._db.execute("PRAGMA busy_timeout = 0")  # fail at once instead of after 10 s
+    commit = store.complete_off_loop([(_large_ok("kept"), None, False, None)])
+    with pytest.raises(sqlite3.OperationalError):
+        commit.result(timeout=60)
+    assert store.call_state("kept") == ("w", "PENDING")  # still known: taken back
+    locker.rollback()
+    locker.close()
+    store.flush()
+    assert _committed_ids(path) == {"kept"}  # written pending: its result was not acked
+    kept = store.get("kept")
+    assert kept is not None and kept.state == "PENDING"
+    store.close()
+
+
 def test_a_resent_result_restores_a_blob_its_first_delivery_let_go(tmp_path: Path) -> None:
     """Handed to a caller (the blob not kept), then the hub stopped before acking: the
     worker re-sends it, nobody waits now, and the blob is kept for the caller's retry."""

@@ -11,6 +11,7 @@ sends.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
 import json
@@ -22,6 +23,7 @@ from typing import Any, Final, cast
 
 import grpc
 
+from worker import db
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub import delivery, reads, upload
@@ -917,20 +919,46 @@ class Hub:
             self._store_scheduled = True
             asyncio.get_running_loop().call_later(STORE_DELAY_S, self.store_results)
 
-    def store_results(self) -> None:
+    def store_results(self, *, off_loop: bool = True) -> None:
         """Store the calls sent and the results received since the last call (one
-        commit), then ack the results: one Ack message per worker."""
+        commit), then ack the results: one Ack message per worker. A commit carrying a
+        large result (a 10,000-entry listing's 1.5 MB) is made in the store's writer
+        thread, and the acks go once it committed: the worker keeps each result until
+        then, as it does while the commit waits for STORE_DELAY_S."""
         self._store_scheduled = False
         unstored, self._unstored = self._unstored, []
         if not unstored:
             self.store.flush()
             return
-        stored = self.store.complete_many(
-            [
-                (answer.result, answer.blob, not taken, answer.serialized)
-                for _, answer, taken in unstored
-            ]
-        )
+        rows = [
+            (answer.result, answer.blob, not taken, answer.serialized)
+            for _, answer, taken in unstored
+        ]
+        # Behind a commit still under way in the writer thread, a small one goes there
+        # too (after it, in order) rather than wait for it on the loop.
+        if off_loop and (self.store.committing or _stored_bytes(unstored) >= db.OFF_LOOP_BYTES):
+            loop = asyncio.get_running_loop()
+            committing = self.store.complete_off_loop(rows)
+            committing.add_done_callback(lambda done: _on_loop(loop, self._stored, unstored, done))
+            return
+        self._ack_stored(unstored, self.store.complete_many(rows))
+
+    def _stored(
+        self,
+        unstored: list[tuple[Session, Answer, bool]],
+        done: concurrent.futures.Future[list[bool]],
+    ) -> None:
+        """A commit made in the store's writer thread ended: ack what it stored. One
+        that failed acks nothing: its workers keep the results and send them again."""
+        self.store.reap()
+        try:
+            stored = done.result()
+        except Exception:
+            log.exception("could not store %d result(s); they were not acked", len(unstored))
+            return
+        self._ack_stored(unstored, stored)
+
+    def _ack_stored(self, unstored: list[tuple[Session, Answer, bool]], stored: list[bool]) -> None:
         acks: dict[str, tuple[Session, list[str]]] = {}
         for (session, answer, _taken), new in zip(unstored, stored, strict=True):
             cid = answer.result.correlation_id
@@ -1604,10 +1632,29 @@ class Hub:
     def shutdown(self) -> None:
         self.memory.close()
         self.audit_lines.close()
-        self.store_results()
+        self.store_results(off_loop=False)
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
             session.close()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    """Call `callback(*args)` on `loop` from another thread; nothing if it closed (the
+    hub stopped: its workers send unacked results again to the next one)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
+
+
+def _stored_bytes(unstored: list[tuple[Session, Answer, bool]]) -> int:
+    """About what storing these answers writes: each result, and a blob kept."""
+    size = 0
+    for _session, answer, taken in unstored:
+        size += (
+            len(answer.serialized) if answer.serialized is not None else answer.result.ByteSize()
+        )
+        if not taken and answer.blob is not None:
+            size += len(answer.blob)
+    return size
 
 
 def _log_teardown(done: asyncio.Future[pb.ActionResult]) -> None:

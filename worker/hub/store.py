@@ -30,6 +30,7 @@ database file, not left in its free space.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import uuid
@@ -299,6 +300,11 @@ class HubStore:
         self._db.execute("PRAGMA secure_delete=ON")
         self._db.create_function("answered_request", 2, answered_request, deterministic=True)
         self._unwritten: dict[str, tuple[object, ...]] = {}  # added, not yet flushed
+        # Commits handed to the writer thread (complete_off_loop), oldest first, each
+        # with the calls it took from _unwritten; taken in by `reap` on the loop.
+        self._committing: list[
+            tuple[concurrent.futures.Future[list[bool]], dict[str, tuple[object, ...]]]
+        ] = []
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
         for name, definition in _ADDED_COLUMNS.items():
             if name not in columns:  # a hub.db from before the column
@@ -393,18 +399,20 @@ class HubStore:
 
     def flush(self) -> None:
         """Commit the calls added since the last flush."""
+        self.settle()
         if self._unwritten:
             with db.transaction(self._db):
-                self._write_added()
-
-    def _write_added(self, answered: Container[str] = ()) -> None:
-        """Write the calls added since the last commit, but those `answered` (written
-        already, with their answers)."""
-        if self._unwritten:
-            rows = [row for cid, row in self._unwritten.items() if cid not in answered]
-            if rows:
-                self._db.executemany(_INSERT_CALL, rows)
+                self._write_added(self._unwritten)
             self._unwritten = {}  # only once written: a failed commit keeps them for the next
+
+    def _write_added(
+        self, added: dict[str, tuple[object, ...]], answered: Container[str] = ()
+    ) -> None:
+        """Write the calls `added` since the last commit, but those `answered` (written
+        already, with their answers)."""
+        rows = [row for cid, row in added.items() if cid not in answered]
+        if rows:
+            self._db.executemany(_INSERT_CALL, rows)
 
     def get(self, correlation_id: str) -> StoredCall | None:
         self.flush()
@@ -428,6 +436,8 @@ class HubStore:
         stored), to be written by the next flush; False when its correlation id is
         already known. A `fresh` id, made by the hub just now, is not looked up."""
         cid = request.correlation_id
+        if not fresh:
+            self.settle()  # a call the writer thread failed to write is added again
         if cid in self._unwritten or (not fresh and self._known(cid)):
             return False
         self._unwritten[cid] = (
@@ -446,6 +456,7 @@ class HubStore:
         """The calls recorded for `worker_id` and not yet answered nor abandoned: how
         many, and the bytes of their requests (args included)."""
         count = size = 0
+        self.settle()  # the calls the writer thread is writing: committed, or back
         for row in self._unwritten.values():
             request = row[3]
             if row[1] == worker_id and isinstance(request, bytes):
@@ -460,6 +471,7 @@ class HubStore:
     def pending_bytes(self) -> int:
         """The bytes of the requests of every call recorded and not yet answered nor
         abandoned, of every worker remembered (one index seek a worker)."""
+        self.settle()  # the calls the writer thread is writing: committed, or back
         size = sum(len(row[3]) for row in self._unwritten.values() if isinstance(row[3], bytes))
         (stored,) = self._db.execute(
             "SELECT coalesce(sum(length(c.request)), 0) FROM workers w"
@@ -470,6 +482,7 @@ class HubStore:
     def workers_of_plan(self, plan_id: str) -> set[str]:
         """The workers this hub sent a call of `plan_id`, as long as it keeps the calls
         (CALLS_KEPT_MS after they ended)."""
+        self.settle()  # the calls the writer thread is writing: committed, or back
         sent = {str(row[1]) for row in self._unwritten.values() if row[7] == plan_id}
         rows = self._db.execute(
             "SELECT DISTINCT worker_id FROM calls WHERE plan_id = ?", (plan_id,)
@@ -479,8 +492,8 @@ class HubStore:
     def worker_of(self, correlation_id: str) -> str | None:
         """The worker the call was sent to, or None for a call this hub does not know.
         Asked for each result: a call added since the last commit is looked up in
-        memory, any other by its key, without a commit."""
-        added = self._unwritten.get(correlation_id)
+        memory (the writer thread's too), any other by its key, without a commit."""
+        added = self._added(correlation_id)
         if added is not None:
             return str(added[1])
         row = self._db.execute(
@@ -491,13 +504,45 @@ class HubStore:
     def call_state(self, correlation_id: str) -> tuple[str, str] | None:
         """The worker a call was sent to and its state (PENDING, DONE, ABANDONED), or
         None for a call this hub does not know: `worker_of`, with the state."""
-        added = self._unwritten.get(correlation_id)
+        added = self._added(correlation_id)
         if added is not None:
             return str(added[1]), "PENDING"
         row = self._db.execute(
             "SELECT worker_id, state FROM calls WHERE correlation_id = ?", (correlation_id,)
         ).fetchone()
         return None if row is None else (str(row[0]), str(row[1]))
+
+    def _added(self, correlation_id: str) -> tuple[object, ...] | None:
+        """A call added and not yet committed: since the last commit, or taken by one
+        still under way in the writer thread (no wait for it)."""
+        self.reap()
+        added = self._unwritten.get(correlation_id)
+        if added is None:
+            for _commit, taken in self._committing:
+                added = taken.get(correlation_id)
+                if added is not None:
+                    break
+        return added
+
+    @property
+    def committing(self) -> bool:
+        """Whether a commit handed to the writer thread is still under way."""
+        return bool(self._committing)
+
+    def reap(self) -> None:
+        """Take in the writer thread's commits that ended, oldest first: the calls each
+        took are written, or, should it have failed, back to be written by the next
+        commit (as a failed commit on the loop keeps them). Only on the loop's thread:
+        the writer thread never touches the calls not yet written."""
+        while self._committing and self._committing[0][0].done():
+            commit, taken = self._committing.pop(0)
+            if commit.exception() is not None:
+                self._unwritten = {**taken, **self._unwritten}
+
+    def settle(self) -> None:
+        """Wait for the writer thread's commits, and take them in."""
+        self._db.settle()
+        self.reap()
 
     def unadd(self, correlation_id: str) -> None:
         """Take back a call added and not yet written (it was never sent)."""
@@ -520,6 +565,32 @@ class HubStore:
         always is. A call added since the last commit and answered meanwhile (most
         calls: commits are STORE_DELAY_S apart) is written once, with its answer, not
         written pending and then updated."""
+        self.settle()
+        stored = self._complete(results, self._unwritten)
+        self._unwritten = {}  # only once written: a failed commit keeps them for the next
+        return stored
+
+    def complete_off_loop(
+        self, results: list[tuple[pb.ActionResult, Buffer | None, bool, bytes | None]]
+    ) -> concurrent.futures.Future[list[bool]]:
+        """`complete_many` in the connection's writer thread (a large result: a 1.5 MB
+        listing's commit took 3-6 ms of the loop), after those handed over before it;
+        its future says when it committed. The calls added since the last commit go
+        with it: until it ended they are still found in memory (`call_state`,
+        `worker_of`), and whatever reads the database meanwhile waits for it
+        (`Database.settle`); should it fail they are written by the next commit
+        (`reap`), as on the loop."""
+        self.reap()
+        taken, self._unwritten = self._unwritten, {}
+        commit = self._db.off_loop(lambda: self._complete(results, taken))
+        self._committing.append((commit, taken))
+        return commit
+
+    def _complete(
+        self,
+        results: list[tuple[pb.ActionResult, Buffer | None, bool, bytes | None]],
+        added_calls: dict[str, tuple[object, ...]],
+    ) -> list[bool]:
         stored: list[bool] = []
         whole: dict[str, tuple[object, ...]] = {}  # added and answered: one row each
         with db.transaction(self._db):
@@ -532,7 +603,7 @@ class HubStore:
                 bare = without_blob(result) if apart is None and blob else result
                 answer = bare.SerializeToString() if serialized is None else serialized
                 kept = bytes(blob) if keep_blob and blob else None
-                added = self._unwritten.get(cid)
+                added = added_calls.get(cid)
                 if added is not None and cid not in whole:
                     asked = added[3]  # add() wrote it as bytes
                     request = (
@@ -548,7 +619,7 @@ class HubStore:
                     stored.append(self._answered(answer, kept, len(blob), cid, _preview(result)))
             if whole:
                 self._db.executemany(_INSERT_ANSWERED, list(whole.values()))
-            self._write_added(answered=whole)  # and the calls not answered yet
+            self._write_added(added_calls, answered=whole)  # and the calls not answered yet
         return stored
 
     def _answered(
