@@ -423,7 +423,7 @@ class RunningHub:
 
 async def _hub_housekeeping(hub: Hub) -> None:
     while True:
-        pruned = hub.store.prune()
+        pruned = await hub.store.prune_off_loop()
         if pruned:
             log.info("hub: forgot %d calls past their keeping time", pruned)
         forgotten = hub.store.forget_workers(hub.sessions)

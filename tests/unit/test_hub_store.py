@@ -3,6 +3,7 @@ result blob only until a caller takes it, and forgets calls after their keeping 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -92,6 +93,42 @@ def test_prune_forgets_old_calls_and_keeps_live_ones(tmp_path: Path) -> None:
     assert store.prune(now + CALLS_KEPT_MS + 10_000) == 2
     assert store.get("old-done") is None and store.get("old-pending") is None
     assert store.get("pending") is not None
+    store.close()
+
+
+def test_prune_off_the_loop_forgets_old_calls_in_batches_while_the_loop_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "PRUNE_BATCH_ROWS", 4)
+    monkeypatch.setattr(store_module, "PRUNE_BATCH_BYTES", 300_000)
+    store = HubStore(tmp_path / "hub.db")
+    now = now_ms()
+    large = {f"large-{i}" for i in range(6)}  # ~200 KB each: two to a batch
+    small = {f"small-{i}" for i in range(9)}
+    for cid in sorted(large | small):
+        store.add("w", "d", _request(cid), 0, now + 1000)
+        store.complete(_large_ok(cid) if cid in large else _ok(cid))
+    store.add("w", "d", _request("pending"), 0, now + 60_000)
+    store.add("w", "d", _request("old-pending"), 0, now - 1000)
+
+    async def prune_beside_the_loop() -> tuple[int, int]:
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        beside = asyncio.create_task(other_work())
+        gone = await store.prune_off_loop(now + CALLS_KEPT_MS + 10_000)
+        beside.cancel()
+        return gone, turns
+
+    gone, turns = asyncio.run(prune_beside_the_loop())
+    assert gone == len(large) + len(small) + 1
+    assert turns >= 2, "the loop ran other work while the batches were written"
+    assert _committed_ids(tmp_path / "hub.db") == {"pending"}
     store.close()
 
 

@@ -30,6 +30,7 @@ database file, not left in its free space.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
@@ -114,6 +115,10 @@ ABANDONED_KEPT_MS = 24 * 3600 * 1000
 # Finished and abandoned calls are kept this long (a caller retrying an id gets the
 # stored answer), then pruned; like the worker's ledger.
 CALLS_KEPT_MS = 24 * 3600 * 1000
+# The calls `prune_off_loop` forgets in one commit, at most: this many rows, and about
+# this many bytes of them (a 10,000-entry listing's row is 1.5 MB).
+PRUNE_BATCH_ROWS: Final = 512
+PRUNE_BATCH_BYTES: Final = 16 * 1024 * 1024
 # Workers away are remembered (ListWorkers, Status, the key their
 # id is bound to) this long after they were last seen, and at most this many of them:
 # anyone with hub-workers.token may say Hello under new ids, and each grew the table
@@ -670,6 +675,44 @@ class HubStore:
             (cutoff, cutoff),
         )
         return cur.rowcount
+
+    async def prune_off_loop(self, now: int | None = None) -> int:
+        """`prune`, made in the writer thread (see complete_off_loop) in commits of at
+        most PRUNE_BATCH_ROWS rows and about PRUNE_BATCH_BYTES: a day of large results
+        (hub.db rewrites each freed page: secure_delete) took the loop for seconds. The
+        loop waits for none of it; a read of hub.db meanwhile waits for one batch."""
+        self.flush()
+        cutoff = (now if now is not None else now_ms()) - CALLS_KEPT_MS
+        gone = 0
+        while True:
+            pruned, more = await asyncio.wrap_future(
+                self._db.off_loop(lambda: self._prune_batch(cutoff))
+            )
+            gone += pruned
+            if not more:
+                return gone
+
+    def _prune_batch(self, cutoff: int) -> tuple[int, bool]:
+        """One commit of `prune_off_loop`: how many calls it forgot, and whether more
+        may be left."""
+        found = self._db.execute(
+            "SELECT rowid, length(request) + coalesce(length(result), 0)"
+            " + coalesce(length(result_blob), 0) FROM calls"
+            " WHERE (state != 'PENDING' AND created_ms < ?)"
+            " OR (state = 'PENDING' AND deadline_ms < ?) LIMIT ?",
+            (cutoff, cutoff, PRUNE_BATCH_ROWS),
+        ).fetchall()
+        batch: list[tuple[int]] = []
+        size = 0
+        for rowid, row_bytes in found:
+            batch.append((rowid,))
+            size += row_bytes
+            if size >= PRUNE_BATCH_BYTES:
+                break
+        if batch:
+            with db.transaction(self._db):
+                self._db.executemany("DELETE FROM calls WHERE rowid = ?", batch)
+        return len(batch), len(found) == PRUNE_BATCH_ROWS or len(batch) < len(found)
 
     def abandon(self, correlation_id: str) -> None:
         """The call will not be sent again, nor answered but `timeout`: its args and any
