@@ -167,3 +167,37 @@ def test_a_plan_approval_of_a_script_asks_again_once_the_script_changed(live: Cl
 
     asyncio.run(scenario())
     assert not (live.workspace / "PWNED").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "where"),
+    [
+        (["/proc/self/cwd/s.py"], "s.py"),  # through /proc: cannot be bound
+        ([*["-E"] * 64, "s.py"], "s.py"),  # past the 64th argument: not read
+        (["pkg"], "pkg/__main__.py"),  # a folder: bound by what is in it
+        (["late.py"], "late.py"),  # named nothing when approved: bound as absent
+    ],
+    ids=["proc", "past64", "folder", "absent"],
+)
+def test_a_plan_approval_of_what_cannot_be_bound_whole_asks_again(
+    live: Cluster, argv: list[str], where: str
+) -> None:
+    """review18 F1: each of these left the script out of the approval, which then ran
+    the agent's rewrite of it unasked."""
+    script = live.workspace / where
+    script.parent.mkdir(exist_ok=True)
+
+    async def scenario() -> None:
+        async with attached(live) as person:
+            if where != "late.py":
+                script.write_bytes(SHOWN)
+            first = person.run(*argv)
+            assert await person.answered_or_asked(first) is None
+            await person.decide(first, "plan")
+            script.write_bytes(OTHER)  # as the agent's fs_write would
+            rewritten = person.run(*argv)
+            assert await person.answered_or_asked(rewritten) is None, "ran unasked"
+            assert (await person.decide(rewritten, "deny"))["error"]["code"] == "scope_denied"
+
+    asyncio.run(scenario())
+    assert not (live.workspace / "PWNED").exists()

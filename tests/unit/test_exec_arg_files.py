@@ -1,6 +1,9 @@
 """Which files an exec's arguments name, and what binds each (review16 F7): the
 regular files in the shared folders, by contents while small, else by identity;
-never a FIFO, a device, a folder or a file outside, and never more read than the cap."""
+never a FIFO, a device, a folder or a file outside, and never more read than the cap.
+What cannot be bound fails closed (review18 F1): an argument naming nothing is bound
+as absent, a folder by its listing, and the rest (past the 64th argument, through
+/proc or /dev, a link out, a FIFO) by a nonce: the approval answers that call only."""
 
 from __future__ import annotations
 
@@ -27,7 +30,19 @@ def shared(tmp_path: Path) -> Path:
 
 def _found(shared: Path, argv: list[str]) -> list[tuple[int, str, str]]:
     roots = [Root(path=shared, writable=True)]
-    return [(f.index, f.path, f.sha256) for f in arg_files(roots, str(shared), argv)]
+    return [
+        (f.index, f.path, f.sha256) for f in arg_files(roots, str(shared), argv) if f.kind == "file"
+    ]
+
+
+def _kinds(shared: Path, argv: list[str]) -> list[tuple[int, str]]:
+    roots = [Root(path=shared, writable=True)]
+    return [(f.index, f.kind) for f in arg_files(roots, str(shared), argv)]
+
+
+def _bound(shared: Path, argv: list[str]) -> list[dict[str, object]]:
+    roots = [Root(path=shared, writable=True)]
+    return [f.bound() for f in arg_files(roots, str(shared), argv)]
 
 
 def _sha(path: Path) -> str:
@@ -81,3 +96,56 @@ def test_what_is_read_in_all_is_bounded(shared: Path, monkeypatch: pytest.Monkey
     roots = [Root(path=shared, writable=True)]
     found = arg_files(roots, str(shared), ["cat", "script.py", "lib/p.diff"])
     assert [bool(f.sha256) for f in found] == [True, False]  # 12 bytes read, 12 more past 20
+
+
+def test_what_cannot_be_bound_binds_differently_each_time(shared: Path, tmp_path: Path) -> None:
+    """review18 F1: /proc/self/cwd/x.py, the 65th argument on, a link out, a FIFO were
+    left out, so an approval "for this plan" answered the rewritten script unasked."""
+    (tmp_path / "outside.py").write_text("x")
+    os.symlink(tmp_path / "outside.py", shared / "out.py")
+    os.mkfifo(shared / "fifo")
+    for argv in (
+        ["python3", "/proc/self/cwd/script.py"],
+        ["python3", "/dev/fd/3"],
+        ["python3", "out.py"],
+        ["cat", "fifo"],
+        ["python3", *["-E"] * 64, "script.py"],
+    ):
+        first, again = _bound(shared, argv), _bound(shared, argv)
+        assert first != again, argv
+        assert "unbound" in str(first), (argv, first)
+    assert _kinds(shared, ["python3", *["-E"] * 70])[-1] == (65, "unbound")
+    roots = [Root(path=shared, writable=True)]
+    (named,) = arg_files(roots, str(shared), ["python3", "/proc/self/cwd/script.py"])
+    assert "cannot be bound" in named.line() and "asks again" in named.line()
+
+
+def test_an_argument_naming_nothing_is_bound_as_absent(shared: Path) -> None:
+    """`python3 s.py` approved with no s.py: a script written there later asks again."""
+    argv = ["python3", "s.py", "-m", "a message"]
+    assert _kinds(shared, argv) == [(1, "absent"), (2, "absent"), (3, "absent")]
+    assert _bound(shared, argv) == _bound(shared, argv)  # bound the same while so
+    before = _bound(shared, argv)
+    (shared / "s.py").write_text("import os\n")
+    assert _bound(shared, argv) != before and _kinds(shared, argv)[0] == (1, "file")
+
+
+def test_a_folder_is_bound_by_what_is_in_it(shared: Path) -> None:
+    """`python3 lib` runs lib/__main__.py: a file in it rewritten (its size kept) asks
+    again; nothing changed, the same binding."""
+    (shared / "lib" / "__main__.py").write_text("print(1)\n")
+    argv = ["python3", "lib"]
+    assert _kinds(shared, argv) == [(1, "folder")]
+    before = _bound(shared, argv)
+    assert _bound(shared, argv) == before
+    (shared / "lib" / "__main__.py").write_text("print(2)\n")  # the same size
+    assert _bound(shared, argv) != before
+
+
+def test_a_folder_too_large_to_list_binds_differently_each_time(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exec_arg_files, "LISTED_AT_MOST", 1)
+    (shared / "lib" / "more.txt").write_text("x")
+    assert _kinds(shared, ["ls", "lib"]) == [(1, "unbound")]
+    assert _bound(shared, ["ls", "lib"]) != _bound(shared, ["ls", "lib"])

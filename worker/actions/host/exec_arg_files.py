@@ -11,48 +11,80 @@ agent). A file changed, swapped or moved in asks again.
 
 Read in a thread, never on the event loop; every path resolved beneath its shared
 folder by the kernel (sandbox.files.open_regular: no FIFO, device or /proc file, no
-symlink out). Not bound (docs/architecture.md, "exec approvals"): files a program
-opens by its own choice (imports from the working folder, a Makefile's includes,
-pytest's conftest.py), a folder given as an argument, and a change made between the
+symlink out). What the binder cannot bind fails closed (review18 F1: each of these let
+a rewritten script run under an approval "for this plan"): an argument that names
+nothing yet is bound as absent (a file made there later asks again); a folder by a
+bounded listing of what is in it (names, types, sizes, mtimes and ctimes); and an
+argument past the 64th, a path through /proc or /dev (`/proc/self/cwd/x.py`, the
+kernel's ways back into a shared folder), a link out of the shared folders, a FIFO or
+device, or a folder too large to list, each make the approval good for that call only:
+approved "for this plan", the next call asks again. Not bound (docs/architecture.md,
+"exec approvals"): files a program opens by its own choice (imports from the working
+folder, a Makefile's includes, pytest's conftest.py), and a change made between the
 look and the program's start.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import secrets
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sandbox import ConfinementError, Root, locate, open_regular
+from sandbox import ConfinementError, Problem, Root, locate, open_regular
 
 # Hashed whole up to this much each and in all; past it a file is bound by its identity.
 HASHED_FILE_BYTES: Final = 4 * 1024 * 1024
 HASHED_BYTES: Final = 16 * 1024 * 1024
 # Arguments looked at, at most (an argv may have thousands: `rm` of a glob).
 LOOKED_AT: Final = 64
+# A folder given as an argument is bound by a listing of at most this many entries.
+LISTED_AT_MOST: Final = 4096
 _CHUNK: Final = 1024 * 1024
+# Where the kernel reaches a shared folder by another path than its own.
+_MAGIC: Final = ("/proc/", "/dev/")
 
 
 @dataclass(frozen=True)
 class ArgFile:
-    """A regular file an argument names: where (argv index, the path as found) and what
-    binds it: `sha256` of its contents, or "" and `identity` when it was not hashed."""
+    """What an argument names and what binds it: where (argv index, the path as found),
+    and `kind`: "file" (`sha256` of its contents, or "" and `identity` when it was not
+    hashed), "absent", "folder" (`identity`: the digest of its listing), or "unbound"
+    (`identity` a nonce: the approval answers this call only; `why` says why)."""
 
     index: int
     path: str
     size: int
     sha256: str = ""
     identity: str = ""
+    kind: str = "file"
+    why: str = ""
+    read: int = 0  # a folder's: the bytes of its files read to bind it
 
     def bound(self) -> dict[str, object]:
+        if self.kind == "absent":
+            return {"arg": self.index, "absent": True}
+        if self.kind != "file":
+            return {"arg": self.index, self.kind: self.identity}
         if self.sha256:
             return {"arg": self.index, "bytes": self.size, "sha256": self.sha256}
         return {"arg": self.index, "bytes": self.size, "identity": self.identity}
 
     def line(self) -> str:
-        """How the prompt names it."""
+        """How the prompt names it ("" for an absent one: most arguments name nothing)."""
+        if self.kind == "absent":
+            return ""
+        if self.kind == "folder":
+            return f"{self.path}: a folder of {self.size:,} entries, bound as listed now"
+        if self.kind == "unbound":
+            return (
+                f"{self.path}: {self.why}, so it cannot be bound: an approval is for this "
+                "call only, and the next asks again"
+            )
         if self.sha256:
             return f"{self.path}: {self.size:,} bytes, sha256 {self.sha256}"
         return (
@@ -61,25 +93,32 @@ class ArgFile:
         )
 
 
+def _unbound(index: int, path: str, why: str) -> ArgFile:
+    return ArgFile(index, path, 0, identity=secrets.token_hex(16), kind="unbound", why=why)
+
+
 def arg_files(
     roots: Sequence[Root],
     cwd: str,
     argv: Sequence[str],
     seen_outside: Callable[[str], str] = lambda path: path,
 ) -> tuple[ArgFile, ...]:
-    """The regular files in `roots` that `argv`'s arguments name (an argument, or the
-    value of `--option=value`), resolved from `cwd` as the program will; absolute
-    paths through `seen_outside` (a workspace's /workspace/... as the host sees it).
-    Anything else (no such file, a folder, outside the roots) is left out."""
+    """What `argv`'s arguments (each, or the value of `--option=value`) name in `roots`,
+    resolved from `cwd` as the program will; absolute paths through `seen_outside` (a
+    workspace's /workspace/... as the host sees it). A path outside every shared folder
+    (bar /proc and /dev) is left out: nothing the agent can write."""
     found: list[ArgFile] = []
     hashed = 0
-    for index, arg in enumerate(argv[1 : LOOKED_AT + 1], start=1):
+    for index, arg in enumerate(argv[1:], start=1):
+        if index > LOOKED_AT:
+            found.append(_unbound(index, "…", f"arguments past the {LOOKED_AT}th are not read"))
+            break
         for named in _names(arg):
             path = seen_outside(named) if named.startswith("/") else os.path.join(cwd, named)
             file = _bound(roots, index, named, path, HASHED_BYTES - hashed)
             if file is not None:
                 found.append(file)
-                hashed += file.size if file.sha256 else 0
+                hashed += file.size if file.sha256 else file.read
     return tuple(found)
 
 
@@ -96,10 +135,21 @@ def _names(arg: str) -> tuple[str, ...]:
 def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) -> ArgFile | None:
     try:
         located = locate(roots, path)
+    except (ConfinementError, ValueError):
+        if os.path.normpath(path).startswith(_MAGIC) or path.startswith(_MAGIC):
+            return _unbound(index, shown, "a path through /proc or /dev may reach a shared folder")
+        return None  # outside every shared folder: nothing the agent can write
+    try:
         with located.root.confined() as root:
             fd = open_regular(root, located.relative, allow_hard_links=True)
-    except (ConfinementError, OSError, ValueError):
-        return None  # not a regular file in a shared folder: nothing the sandbox runs
+    except ConfinementError as exc:
+        if exc.problem in (Problem.MISSING, Problem.NOT_A_FOLDER):
+            return ArgFile(index, shown, 0, kind="absent")
+        if exc.problem is Problem.A_FOLDER:
+            return _folder(index, shown, located.root.path / located.relative, room)
+        return _unbound(index, shown, f"it is not a regular file here ({exc.problem})")
+    except (OSError, ValueError) as exc:
+        return _unbound(index, shown, f"it could not be read ({exc.__class__.__name__})")
     try:
         seen = os.fstat(fd)
         limit = min(HASHED_FILE_BYTES, room)
@@ -115,5 +165,44 @@ def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) 
             f"{seen.st_dev}:{seen.st_ino}:{seen.st_size}:{seen.st_mtime_ns}:{seen.st_ctime_ns}"
         )
         return ArgFile(index, shown, seen.st_size, identity=identity)
+    finally:
+        os.close(fd)
+
+
+def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFile:
+    """A folder an argument names (`python3 pkg` runs pkg/__main__.py), bound by what is
+    in it, links not followed: each entry's name, type and size, and a regular file's
+    contents (SHA-256, while `room` lasts; past it its mtime and ctime)."""
+    listed: list[tuple[str, int, int, str]] = []
+    read = 0
+    for top, folders, files in os.walk(path):
+        folders.sort()
+        for name in folders + sorted(files):
+            where = os.path.join(top, name)
+            try:
+                seen = os.lstat(where)
+                kind = stat.S_IFMT(seen.st_mode)
+                what = f"{seen.st_mtime_ns}:{seen.st_ctime_ns}"
+                if kind == stat.S_IFREG and seen.st_size <= min(room - read, HASHED_FILE_BYTES):
+                    what = _contents(where)
+                    read += seen.st_size
+            except OSError:
+                continue  # gone meanwhile: the listing says so by its absence
+            listed.append((os.path.relpath(where, path), kind, seen.st_size, what))
+            if len(listed) > LISTED_AT_MOST:
+                return _unbound(index, shown, f"a folder of more than {LISTED_AT_MOST:,} entries")
+    digest = hashlib.sha256(json.dumps(listed).encode()).hexdigest()
+    return ArgFile(index, shown, len(listed), identity=digest, kind="folder", read=read)
+
+
+def _contents(where: str) -> str:
+    """The SHA-256 of a regular file in a listed folder (opened without following a
+    link, never blocking)."""
+    fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, _CHUNK):
+            digest.update(chunk)
+        return digest.hexdigest()
     finally:
         os.close(fd)
