@@ -168,15 +168,16 @@ def test_a_kill_of_every_plan_stops_the_running_calls_of_every_plan_at_once(
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
         hub.request("s1", '{"sleep_ms": 60000}', plan_id="plan-a")
         hub.request("s2", '{"sleep_ms": 60000}', plan_id="plan-b")
+        hub.request("s0", '{"sleep_ms": 60000}')  # no plan: review18 F2 spared it
         started: set[str] = set()
-        while started != {"s1", "s2"}:
+        while started != {"s0", "s1", "s2"}:
             started.update((await hub.next("ack")).correlation_ids)
         hub.send(kill_plan=pb.KillPlan(plan_id=ALL_PLANS, reason="kills were dropped"))
         results = {}
-        while len(results) < 2:
+        while len(results) < 3:
             r = await hub.next("result", timeout=30)
             results[r.correlation_id] = r
-        assert [error_code(results[c]) for c in ("s1", "s2")] == ["plan_killed"] * 2
+        assert [error_code(results[c]) for c in ("s0", "s1", "s2")] == ["plan_killed"] * 3
         assert "kills were dropped" in results["s1"].error.message
         hub.request("s3", "{}", plan_id="plan-c")
         assert error_code(await hub.next("result")) == "plan_killed"

@@ -1035,7 +1035,9 @@ class Dispatcher:
         stopped = 0
         for call in list(self._calls.values()):
             plan = call.req.plan_id
-            reason = reason_of(plan) if plan else None
+            # A call with no plan too: a kill of every plan ('*') binds it, as it refuses
+            # a new one (review18 F2: a long call sent with no plan id outran a '*' stop).
+            reason = reason_of(plan)
             if reason is not None and call.stop is None:
                 self._stop(call, WorkerError("plan_killed", f"plan {plan!r} was killed: {reason}"))
                 stopped += 1
