@@ -159,3 +159,46 @@ def test_a_blob_for_a_worker_away_goes_when_its_caller_does(tmp_path: Path) -> N
                 await channel.close()
 
     asyncio.run(go())
+
+
+def test_a_blob_for_a_connected_worker_that_answers_nothing_goes_when_its_caller_does(
+    tmp_path: Path,
+) -> None:
+    """review18 F3: with the worker connected, a blob whose callers had left stayed in
+    the hub's memory until the call was answered, uncounted in held_blobs_mib: a worker
+    that reads every request and answers none held 24 x 16 MiB (+402 MB). Now it goes
+    with its last caller, as for a worker away."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            silent = HandWorker(running.address, home)  # reads all, answers nothing
+            await silent.until("welcome")
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            request = pb.DispatchRequest(
+                worker_id=silent.worker_id,
+                correlation_id="blob-for-one-silent",
+                plan_id="p",
+                agent_id="a",
+                surface="workerDiag",
+                action="probe",
+                args_json="{}",
+                blob=b"b" * (2 * 1024 * 1024),
+                timeout_ms=3_600_000,
+            )
+            try:
+                call = stub.Dispatch(request, metadata=caller_metadata(home))
+                (sent,) = await silent.until("request")
+                assert sent.correlation_id == "blob-for-one-silent"
+                call.cancel()  # the caller leaves
+                while running.hub._waiters.get("blob-for-one-silent"):
+                    await asyncio.sleep(0.02)  # the hub sees the caller gone
+                assert "blob-for-one-silent" not in running.hub._blobs
+                stored = running.hub.store.get("blob-for-one-silent")
+                assert stored is not None and stored.state == "PENDING"  # kept, for a retry
+            finally:
+                await channel.close()
+                await silent.close()
+
+    asyncio.run(go())

@@ -1351,12 +1351,13 @@ class Hub:
                 waiters.remove(waiter)
             if not waiters:
                 self._waiters.pop(cid, None)
-                if worker_id not in self.sessions:
-                    # Its worker away, the blob would wait in memory, no longer counted
-                    # in held_blobs_mib, until the worker came back (24 x 16 MiB: +400
-                    # MB, review17 E7). It goes; the call is kept, and a retry of its id
-                    # brings the blob and is sent then (as after a hub restart).
-                    self._blobs.pop(cid, None)
+                # No caller waits: the blob would stay in memory, no longer counted in
+                # held_blobs_mib, until the call was answered or the worker came back,
+                # up to its deadline (24 x 16 MiB: +400 MB, for a worker away, review17
+                # E7, or one connected that answers nothing, review18 F3). It goes; the
+                # call is kept, and should it have to be sent again, a retry of its id
+                # brings the blob and is sent then (as after a hub restart).
+                self._blobs.pop(cid, None)
             raise
         except TimeoutError:
             self._waiters.pop(cid, None)
