@@ -149,3 +149,15 @@ def test_a_folder_too_large_to_list_binds_differently_each_time(
     (shared / "lib" / "more.txt").write_text("x")
     assert _kinds(shared, ["ls", "lib"]) == [(1, "unbound")]
     assert _bound(shared, ["ls", "lib"]) != _bound(shared, ["ls", "lib"])
+
+
+def test_a_shared_folder_named_through_a_link_outside_is_bound(
+    shared: Path, tmp_path: Path
+) -> None:
+    """/elsewhere/alias -> the shared folder: alias/script.py is the shared script, and
+    is bound as it (left out, a rewrite of it ran under the approval)."""
+    alias = tmp_path / "alias"
+    alias.symlink_to(shared)
+    assert _found(shared, ["python3", str(alias / "script.py")]) == [
+        (1, str(alias / "script.py"), _sha(shared / "script.py"))
+    ]

@@ -138,7 +138,10 @@ def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) 
     except (ConfinementError, ValueError):
         if os.path.normpath(path).startswith(_MAGIC) or path.startswith(_MAGIC):
             return _unbound(index, shown, "a path through /proc or /dev may reach a shared folder")
-        return None  # outside every shared folder: nothing the agent can write
+        try:  # a shared folder by another name (a symlink to it, or above it)
+            located = locate(roots, os.path.realpath(path))
+        except (ConfinementError, ValueError, OSError):
+            return None  # outside every shared folder: nothing the agent can write
     try:
         with located.root.confined() as root:
             fd = open_regular(root, located.relative, allow_hard_links=True)
