@@ -175,7 +175,7 @@ def test_a_plan_approval_of_a_script_asks_again_once_the_script_changed(live: Cl
         (["/proc/self/cwd/s.py"], "s.py"),  # through /proc: cannot be bound
         ([*["-E"] * 64, "s.py"], "s.py"),  # past the 64th argument: not read
         (["pkg"], "pkg/__main__.py"),  # a folder: bound by what is in it
-        (["late.py"], "late.py"),  # named nothing when approved: bound as absent
+        (["late.py"], "late.py"),  # named nothing when approved: the file adds itself
     ],
     ids=["proc", "past64", "folder", "absent"],
 )

@@ -12,16 +12,16 @@ agent). A file changed, swapped or moved in asks again.
 Read in a thread, never on the event loop; every path resolved beneath its shared
 folder by the kernel (sandbox.files.open_regular: no FIFO, device or /proc file, no
 symlink out). What the binder cannot bind fails closed (review18 F1: each of these let
-a rewritten script run under an approval "for this plan"): an argument that names
-nothing yet is bound as absent (a file made there later asks again); a folder by a
-bounded listing of what is in it (names, types, sizes, mtimes and ctimes); and an
-argument past the 64th, a path through /proc or /dev (`/proc/self/cwd/x.py`, the
-kernel's ways back into a shared folder), a link out of the shared folders, a FIFO or
-device, or a folder too large to list, each make the approval good for that call only:
-approved "for this plan", the next call asks again. Not bound (docs/architecture.md,
-"exec approvals"): files a program opens by its own choice (imports from the working
-folder, a Makefile's includes, pytest's conftest.py), and a change made between the
-look and the program's start.
+a rewritten script run under an approval "for this plan"): a folder by a bounded listing
+of what is in it (names, types, sizes, and contents or mtimes and ctimes); an argument
+past the 64th, a path through /proc or /dev (`/proc/self/cwd/x.py`, the kernel's ways
+back into a shared folder), a link out of the shared folders, a FIFO or device, or a
+folder too large to list, each make the approval good for that call only: approved
+"for this plan", the next call asks again. An argument naming nothing is left out (a
+file made there later adds itself to the binding, and asks again). Not bound
+(docs/architecture.md, "exec approvals"): files a program opens by its own choice
+(imports from the working folder, a Makefile's includes, pytest's conftest.py), and a
+change made between the look and the program's start.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ _MAGIC: Final = ("/proc/", "/dev/")
 class ArgFile:
     """What an argument names and what binds it: where (argv index, the path as found),
     and `kind`: "file" (`sha256` of its contents, or "" and `identity` when it was not
-    hashed), "absent", "folder" (`identity`: the digest of its listing), or "unbound"
-    (`identity` a nonce: the approval answers this call only; `why` says why)."""
+    hashed), "folder" (`identity`: the digest of its listing), or "unbound" (`identity`
+    a nonce: the approval answers this call only; `why` says why)."""
 
     index: int
     path: str
@@ -66,8 +66,6 @@ class ArgFile:
     read: int = 0  # a folder's: the bytes of its files read to bind it
 
     def bound(self) -> dict[str, object]:
-        if self.kind == "absent":
-            return {"arg": self.index, "absent": True}
         if self.kind != "file":
             return {"arg": self.index, self.kind: self.identity}
         if self.sha256:
@@ -75,9 +73,7 @@ class ArgFile:
         return {"arg": self.index, "bytes": self.size, "identity": self.identity}
 
     def line(self) -> str:
-        """How the prompt names it ("" for an absent one: most arguments name nothing)."""
-        if self.kind == "absent":
-            return ""
+        """How the prompt names it."""
         if self.kind == "folder":
             return f"{self.path}: a folder of {self.size:,} entries, bound as listed now"
         if self.kind == "unbound":
@@ -146,8 +142,10 @@ def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) 
         with located.root.confined() as root:
             fd = open_regular(root, located.relative, allow_hard_links=True)
     except ConfinementError as exc:
-        if exc.problem in (Problem.MISSING, Problem.NOT_A_FOLDER):
-            return ArgFile(index, shown, 0, kind="absent")
+        if exc.problem in (Problem.MISSING, Problem.NOT_A_FOLDER, Problem.TOO_LONG):
+            # Names nothing (most arguments): left out, as before, so a grant kept
+            # then still answers; a file made there later adds itself, and asks again.
+            return None
         if exc.problem is Problem.A_FOLDER:
             return _folder(index, shown, located.root.path / located.relative, room)
         return _unbound(index, shown, f"it is not a regular file here ({exc.problem})")

@@ -333,9 +333,8 @@ def ask_about(
             f"stdin: {stdin_bytes:,} bytes, sha256 {stdin}: the program's input, shown "
             "below as the blob; an approval is for this stdin only"
         )
-    shown = [file for file in files if file.line()]  # an absent one is bound, not shown
-    named = "".join(f"{_WHAT[file.kind]} {one_line(file.line())}\n" for file in shown)
-    if shown:
+    named = "".join(f"{_WHAT[file.kind]} {one_line(file.line())}\n" for file in files)
+    if files:
         named += "an approval is for these files as they are: a change asks again\n"
     return name, (
         f"command: {one_line(command)}\nworking folder: {one_line(cwd)}\n{given}\n{named}"
