@@ -202,3 +202,55 @@ def test_a_blob_for_a_connected_worker_that_answers_nothing_goes_when_its_caller
                 await silent.close()
 
     asyncio.run(go())
+
+
+def test_calls_past_the_bound_for_a_connected_worker_that_answers_none_are_answered_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review18's r7: with the worker connected, reading every request and answering
+    none, calls whose callers left waited in hub.db with their args whole and no bound
+    (100 of 1 MiB: 105 MB). They are counted every PENDING_CHECK_EVERY Dispatches (each
+    once past half the bound): past it, `busy`."""
+    monkeypatch.setattr(server_module, "PENDING_AWAY_CALLS", BOUND * 2)
+    monkeypatch.setattr(server_module, "PENDING_CHECK_EVERY", 2)
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            silent = HandWorker(running.address, home)  # reads all, answers nothing
+            await silent.until("welcome")
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            big = json.dumps({"pad": "x" * 100_000})
+            sent = 0
+
+            async def dispatch() -> pb.DispatchResponse | None:
+                nonlocal sent
+                request = _call(silent.worker_id, "workerDiag.probe", big, timeout_ms=3_600_000)
+                call = stub.Dispatch(request, metadata=caller_metadata(home))
+                answered = asyncio.ensure_future(call)
+                sent += 1
+                got = asyncio.ensure_future(silent.until("request", sent))
+                done, _ = await asyncio.wait({answered, got}, return_when=asyncio.FIRST_COMPLETED)
+                if answered in done:  # refused before it went
+                    got.cancel()
+                    sent -= 1
+                    reply: pb.DispatchResponse = answered.result()
+                    return reply
+                call.cancel()  # the caller hangs up; the call waits
+                return None
+
+            try:
+                answers = [await dispatch() for _ in range(BOUND * 2 + 3)]
+                refused = [a for a in answers if a is not None]
+                assert refused and all(a.result.error.code == "busy" for a in refused)
+                assert "has answered none" in refused[0].result.error.message
+                while running.hub._waiters:
+                    await asyncio.sleep(0.02)  # the hub sees every caller gone
+                waiting, _ = running.hub.store.pending_for(silent.worker_id)
+                assert BOUND * 2 <= waiting <= BOUND * 2 + 2, waiting
+            finally:
+                await channel.close()
+                await silent.close()
+
+    asyncio.run(go())

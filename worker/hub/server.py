@@ -168,11 +168,14 @@ def _blob_refusal(req: pb.DispatchRequest, size: int) -> WorkerError | None:
 KILL_PAGE: Final = 64
 KILL_PAGE_BYTES: Final = 16 * 1024
 
-# Calls a worker that is away may have waiting for it in hub.db (their requests whole,
-# args included, to send when it is back), and their requests' bytes: past either, a
-# call to it is answered `busy` (Hub._room_while_away).
+# Calls a worker may have waiting for it in hub.db (their requests whole, args included,
+# to send when it is back, or until it answers), and their requests' bytes: past either,
+# a call to it is answered `busy` (Hub._room_for). For a worker connected they are
+# counted every PENDING_CHECK_EVERY Dispatches to it (a query each cost the control path
+# its share), each once past half the bound, so it may be passed by that many calls.
 PENDING_AWAY_CALLS: Final = 1024
 PENDING_AWAY_BYTES: Final = 64 * 1024 * 1024
+PENDING_CHECK_EVERY: Final = 32
 # And the requests waiting for every worker together (a caller holding hub-workers.token
 # too remembers up to 1,024 made-up workers away).
 PENDING_BYTES: Final = 256 * 1024 * 1024
@@ -1149,8 +1152,16 @@ class Hub:
                 {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
             )
         worker_id = self.placements.route(req, self.pick_worker)
-        if worker_id not in self.sessions:
-            self._room_while_away(worker_id, len(req.args_json))
+        session = self.sessions.get(worker_id)
+        if session is None:
+            self._room_for(worker_id, len(req.args_json))
+        elif session.pending_high or session.unchecked_dispatches >= PENDING_CHECK_EVERY:
+            # Connected, and answering none of them (review18 F3's r7: 100 calls of 1 MiB
+            # args whose callers left waited in hub.db, 105 MB, past the bound for one away).
+            session.unchecked_dispatches = 0
+            self._room_for(worker_id, len(req.args_json), session)
+        else:
+            session.unchecked_dispatches += 1
         if req.plan_id and self._killed_there(req, worker_id):
             raise WorkerError(
                 "plan_killed",
@@ -1162,13 +1173,17 @@ class Hub:
             )
         return worker_id
 
-    def _room_while_away(self, worker_id: str, args_bytes: int) -> None:
+    def _room_for(self, worker_id: str, args_bytes: int, session: Session | None = None) -> None:
         """`busy` past PENDING_AWAY_CALLS calls, or PENDING_AWAY_BYTES of their requests,
-        recorded for a worker that is away, or PENDING_BYTES for every worker: each
-        waits in hub.db, args whole (it is sent when the worker is back), until its
-        deadline (up to 24 h) and a day more. One caller's 1 MiB args to a worker away,
-        hung up at once, grew hub.db 17 MB/s with no bound (review17 E4)."""
+        recorded for a worker and not answered (`session`: its, when it is connected),
+        or PENDING_BYTES for every worker: each waits in hub.db, args whole (it is sent
+        when the worker is back), until its deadline (up to 24 h) and a day more. One
+        caller's 1 MiB args to a worker away, hung up at once, grew hub.db 17 MB/s with
+        no bound (review17 E4); to one connected that answered none, 105 MB for 100
+        (review18's r7)."""
         count, size = self.store.pending_for(worker_id)
+        if session is not None:
+            session.pending_high = count * 2 >= PENDING_AWAY_CALLS or size * 2 >= PENDING_AWAY_BYTES
         if count < PENDING_AWAY_CALLS and size + args_bytes <= PENDING_AWAY_BYTES:
             everyones = self.store.pending_bytes()
             if everyones + args_bytes <= PENDING_BYTES:
@@ -1176,14 +1191,15 @@ class Hub:
             raise WorkerError(
                 "busy",
                 f"{everyones:,} bytes of requests already wait in hub.db for their workers; "
-                f"past {PENDING_BYTES // 2**20} MiB the hub takes no more calls for a worker "
-                f"that is away ({worker_id!r}): retry once some of them end",
+                f"past {PENDING_BYTES // 2**20} MiB the hub takes no more calls for worker "
+                f"{worker_id!r} while they wait: retry once some of them end",
                 {"waiting_bytes": everyones},
             )
         raise WorkerError(
             "busy",
             f"{count:,} calls ({size:,} bytes of requests) already wait for worker "
-            f"{worker_id!r}, which is away; past {PENDING_AWAY_CALLS:,} calls or "
+            f"{worker_id!r}, which {'is away' if session is None else 'has answered none'}; "
+            f"past {PENDING_AWAY_CALLS:,} calls or "
             f"{PENDING_AWAY_BYTES // 2**20} MiB the hub takes no more for it: retry once it "
             "is back, or once some of them end",
             {"waiting_calls": count, "waiting_bytes": size},
