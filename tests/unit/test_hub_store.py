@@ -574,11 +574,13 @@ def test_a_kill_a_worker_has_not_confirmed_is_never_pruned_and_past_kills_held_i
     store.close()
 
 
-def test_a_kill_kept_apart_named_for_a_worker_goes_with_it(
+def test_a_kill_named_for_a_worker_outlives_the_hub_forgetting_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A kill named for one worker, kept apart, binds that worker only, and goes when
-    the hub forgets the worker (as the kills named for it do: review17 E1)."""
+    """A caller's kill named for one worker, kept apart, binds that worker only, and
+    stays when the hub forgets the worker (review18 F4: deleted, the worker back was
+    sent nothing of it, and the plan's call went to it); only a stop owed to a worker
+    forgotten goes with it (review17 E1)."""
     monkeypatch.setattr(store_module, "KILLS_HELD", 2)
     store = HubStore(tmp_path / "hub.db")
     store.workers_away_kept = 0
@@ -593,9 +595,11 @@ def test_a_kill_kept_apart_named_for_a_worker_goes_with_it(
     assert victim in [k.plan_digest for k in store.kills_after("gone", 0) if not k.plan_id]
     assert victim not in [k.plan_digest for k in store.kills_after("other", 0)]
     assert store.killed("victim", "gone", 0) and not store.killed("victim", "other", 0)
+    store.kill("named", "stop", "gone")  # a caller's kill named for it, kept whole
     assert store.forget_workers(set()) == 2
-    assert not store.killed("victim", "gone", 0)
-    assert victim not in [k.plan_digest for k in store.kills_after("gone", 0)]
+    assert store.killed("victim", "gone", 0) and store.killed("named", "gone", 0)
+    sent = store.kills_after("gone", 0)  # as to the worker back
+    assert victim in [k.plan_digest for k in sent] and "named" in [k.plan_id for k in sent]
     store.close()
 
 

@@ -91,7 +91,6 @@ CREATE TABLE IF NOT EXISTS kills_apart (  -- kills of plans in use dropped past 
     worker_id TEXT NOT NULL         -- '' every worker
 );
 CREATE INDEX IF NOT EXISTS kills_apart_digest ON kills_apart (digest);
-CREATE INDEX IF NOT EXISTS kills_apart_named ON kills_apart (worker_id) WHERE worker_id != '';
 CREATE TABLE IF NOT EXISTS kills_epoch (  -- names the sequence of kills.seq
     one   INTEGER PRIMARY KEY CHECK (one = 1),
     epoch TEXT NOT NULL
@@ -813,27 +812,21 @@ class HubStore:
                 self._db.executemany(
                     "DELETE FROM workers WHERE worker_id = ?", [(worker_id,) for worker_id in gone]
                 )
-                # And the kills named for them (a kill of every plan owed to each, most
-                # often): kept, one a made-up id, they grew without bound, and with a
-                # forgotten id's mark no kill was ever pruned (review17 E1). One that
-                # comes back is a new worker: sent every kill kept (see Hub.stream).
+                # And the kills of every plan owed to them: kept, one a made-up id, they
+                # grew without bound, and were walked at each Dispatch and KillPlan
+                # (review17 E1). Not a caller's kill named for one (bounded as every kill
+                # is, KILLS_HELD and KILLS_APART): deleted too, the worker back was sent
+                # none of it, and the killed plan's call went to it (review18 F4).
                 forgotten = set(gone)
                 named = [
-                    (str(plan), str(worker))
-                    for plan, worker in self._db.execute(
-                        "SELECT plan_id, worker_id FROM kills WHERE worker_id != ''"
+                    (ALL_PLANS, str(worker))
+                    for (worker,) in self._db.execute(
+                        "SELECT worker_id FROM kills WHERE worker_id != '' AND plan_id = ?",
+                        (ALL_PLANS,),
                     )
                     if worker in forgotten
                 ]
                 self._db.executemany("DELETE FROM kills WHERE plan_id = ? AND worker_id = ?", named)
-                if self._apart_rows:
-                    # By the index of the rows named for a worker: not a scan of them
-                    # all (up to KILLS_APART) for each made-up id forgotten.
-                    cur = self._db.executemany(
-                        "DELETE FROM kills_apart WHERE worker_id = ? AND worker_id != ''",
-                        [(w,) for w in gone],
-                    )
-                    self._apart_rows -= cur.rowcount
             for plan, worker in named:
                 self._forget_kill(plan, named=worker)
         return len(gone)
