@@ -1155,9 +1155,13 @@ class Hub:
         session = self.sessions.get(worker_id)
         if session is None:
             self._room_for(worker_id, len(req.args_json))
-        elif session.pending_high or session.unchecked_dispatches >= PENDING_CHECK_EVERY:
+        elif (
+            session.pending_high or session.unchecked_dispatches >= PENDING_CHECK_EVERY
+        ) and not self.store.committing:
             # Connected, and answering none of them (review18 F3's r7: 100 calls of 1 MiB
             # args whose callers left waited in hub.db, 105 MB, past the bound for one away).
+            # Not while a commit is in the writer thread: the count would wait for it (a
+            # hub.db locked from outside then failed the call), and it is due next time.
             session.unchecked_dispatches = 0
             self._room_for(worker_id, len(req.args_json), session)
         else:
