@@ -176,14 +176,11 @@ def test_a_blob_for_a_connected_worker_that_answers_nothing_goes_when_its_caller
             await silent.until("welcome")
             channel = own_channel(running.address)
             stub = pb_grpc.ControlServiceStub(channel)
-            request = pb.DispatchRequest(
-                worker_id=silent.worker_id,
+            request = _call(
+                silent.worker_id,
+                "workerDiag.probe",
+                "{}",
                 correlation_id="blob-for-one-silent",
-                plan_id="p",
-                agent_id="a",
-                surface="workerDiag",
-                action="probe",
-                args_json="{}",
                 blob=b"b" * (2 * 1024 * 1024),
                 timeout_ms=3_600_000,
             )

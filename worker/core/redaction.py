@@ -538,13 +538,14 @@ def argv_secrets(args_json: str) -> tuple[str, ...]:
     argv = args.get("argv") if isinstance(args, dict) else None
     if not isinstance(argv, list):
         return ()
-    found = sorted(set(_secret_parts(argv, 0)) | set(_sql_secrets(argv)), key=len, reverse=True)
+    found = sorted(set(_secret_parts(argv, 0)) | set(_text_secrets(argv)), key=len, reverse=True)
     return tuple(s for s in found if len(s) >= _KNOWN_AT_LEAST)[:_KNOWN_AT_MOST]
 
 
-def _sql_secrets(items: list[Any]) -> Iterator[str]:
-    """The passwords SQL in an argv's items sets (`psql -c "… PASSWORD 'X'"`): a
-    message quoting the argv re-quotes them (shlex.join), out of _SQL_PASSWORD's reach."""
+def _text_secrets(items: list[Any]) -> Iterator[str]:
+    """The passwords found in an argv's items as text: what SQL sets (`psql -c "…
+    PASSWORD 'X'"`) and what expect sends to a password prompt. A message quoting the
+    argv re-quotes them (shlex.join), out of the text patterns' reach."""
     for item in items:
         if isinstance(item, str):
             text = item[:_SCRIPT_CHARS]
