@@ -27,6 +27,7 @@ from sandbox.files import (
     write_atomic,
 )
 from sandbox.fs_types import file_kind
+from sandbox.held import HeldError
 from sandbox.listing import Entry, Listing, Row, list_tree
 from sandbox.paths import (
     ConfinedDir,
@@ -49,6 +50,7 @@ __all__ = [
     "Data",
     "Entry",
     "HardLinkError",
+    "HeldError",
     "Leftovers",
     "Listing",
     "Located",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from sandbox._leftovers import Leftovers
 from sandbox._pidcap import PidCap
 from sandbox._spawn import Starts
+from sandbox.held import HeldPlaces
 from sandbox.mounts import MountTable
 from sandbox.warm import WarmSandboxes
 
@@ -17,7 +18,8 @@ from sandbox.warm import WarmSandboxes
 class Containment:
     """The pid cap's latch (sandbox._pidcap), the leftover sweeps (sandbox._leftovers),
     how bubblewrap is started (sandbox._spawn), which roots no lookup can hang in
-    (sandbox.mounts) and the sandboxes built ahead of their calls (sandbox.warm)."""
+    (sandbox.mounts), the sandboxes built ahead of their calls (sandbox.warm) and the
+    places asked programs hold still (sandbox.held)."""
 
     def __init__(self) -> None:
         self.pid_cap = PidCap()
@@ -25,3 +27,4 @@ class Containment:
         self.starts = Starts()
         self.mounts = MountTable()
         self.warm = WarmSandboxes()
+        self.held = HeldPlaces()

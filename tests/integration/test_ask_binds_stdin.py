@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -66,6 +67,20 @@ class Person:
                 timeout_ms=120_000,
             )
         )
+
+    async def write(self, name: str, content: bytes, mode: str) -> dict[str, Any]:
+        """The agent's fs_write of `name` in the workspace, in plan-1."""
+        args = {"path": str(self.live.workspace / name), "mode": mode}
+        answer = await self.client.dispatch(
+            agent_id="tester",
+            plan_id="plan-1",
+            surface="workerHost",
+            action="fs_write",
+            args_json=json.dumps(args),
+            blob=content,
+            timeout_ms=60_000,
+        )
+        return result_to_dict(answer)
 
     async def answered_or_asked(self, pending: asyncio.Future[Any]) -> dict[str, Any] | None:
         """The call's result if it ran without a prompt, None once it asks."""
@@ -201,3 +216,41 @@ def test_a_plan_approval_of_what_cannot_be_bound_whole_asks_again(
 
     asyncio.run(scenario())
     assert not (live.workspace / "PWNED").exists()
+
+
+WAITS = b"print(open('gate').read())\n"  # blocks until the test writes the FIFO `gate`
+
+
+def test_what_an_approved_program_names_is_held_until_it_ends(live: Cluster) -> None:
+    """review18 F5: the binding is a look at the file, and the program opens it again
+    by name later; an agent replacing the script every ~2 ms with fs_write had its own
+    run under the approval "for this plan" 10 times in 30. Now, from before the look
+    until the program ends, the agent's writes there answer `busy` (here while it runs:
+    the program waits on a FIFO), through a link too; elsewhere they go on."""
+    script, link, gate = (live.workspace / name for name in ("s.py", "run.py", "gate"))
+    script.write_bytes(WAITS)
+    link.symlink_to("s.py")
+    os.mkfifo(gate)
+
+    async def scenario() -> None:
+        async with attached(live) as person:
+            running = person.run("run.py")
+            assert await person.answered_or_asked(running) is None
+            command = {"op": "decide", "prompt_id": person.prompts[-1]["id"], "choice": "plan"}
+            assert (await person.ui.command(command))["ok"]
+            # Opening the FIFO to write returns once the program opened it to read.
+            writer = await asyncio.to_thread(open, gate, "w")
+            for mode in ("overwrite", "append"):
+                refused = await person.write("s.py", OTHER, mode)
+                assert refused["status"] == "error", refused
+                assert refused["error"]["code"] == "busy", refused
+                assert "held by the running call" in refused["error"]["message"]
+            assert (await person.write("other.py", OTHER, "create"))["status"] == "ok"
+            with writer:
+                writer.write("approved and run\n")
+            done = result_to_dict(await running)
+            assert done["status"] == "ok", done
+            assert (await person.write("s.py", OTHER, "overwrite"))["status"] == "ok"
+
+    asyncio.run(scenario())
+    assert script.read_bytes() == OTHER

@@ -161,3 +161,17 @@ def test_a_shared_folder_named_through_a_link_outside_is_bound(
     assert _found(shared, ["python3", str(alias / "script.py")]) == [
         (1, str(alias / "script.py"), _sha(shared / "script.py"))
     ]
+
+
+def test_the_places_held_are_each_argument_as_written_and_as_its_links_lead(
+    shared: Path,
+) -> None:
+    """review18 F5: held from before the look until the program ends (sandbox.held):
+    a link's target too, a name that names nothing yet, an option's value; not past
+    the 64th argument (those bind nothing: the approval answers one call)."""
+    (shared / "run.py").symlink_to("script.py")
+    argv = ["python3", "run.py", "--out=late.txt", "lib", *["-v"] * 70, "far.py"]
+    places = set(exec_arg_files.held_places(str(shared), argv))
+    for name in ("run.py", "script.py", "late.txt", "lib", "-v"):
+        assert str(shared / name) in places, name
+    assert str(shared / "far.py") not in places

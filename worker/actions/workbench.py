@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from allowlist import Decision
 from sandbox import cgroups, environment, still
 from sandbox import sockets as socket_memory
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
@@ -756,12 +757,30 @@ async def _run_in_workspace(
         args.argv, lambda path, write: judge(_as_seen_outside(workspace, path), write)
     )
     program = exec_cmd._admitted(decision, ctx.roots)
+    seen_outside = functools.partial(_as_seen_outside, workspace)
+    with await exec_cmd.held_while_asked(ctx, decision, cwd, args.argv, seen_outside):
+        return await _asked_and_run(
+            bench, ctx, workspace, args, (cwd, decision, program), timeout_s
+        )
+
+
+async def _asked_and_run(
+    bench: Workbench,
+    ctx: Context,
+    workspace: Workspace,
+    args: exec_cmd.ExecArgs,
+    judged: tuple[str, Decision, str],
+    timeout_s: float,
+) -> Outcome[exec_cmd.ExecResult]:
+    """An exec judged in its plan's workspace (`judged`: its working folder, the
+    allowlist's decision, the program), asked when the rule says so, and run."""
+    cwd, decision, program = judged
+    settings = ctx.config.exec
     if decision.verdict == "ask":
         inside = _as_seen_inside(workspace, cwd)
         stdin = await exec_cmd.stdin_sha256(ctx.blob)
-        files = await asyncio.to_thread(
-            arg_files, ctx.roots, cwd, args.argv, functools.partial(_as_seen_outside, workspace)
-        )
+        seen_outside = functools.partial(_as_seen_outside, workspace)
+        files = await asyncio.to_thread(arg_files, ctx.roots, cwd, args.argv, seen_outside)
         await ctx.approve(
             *exec_cmd.ask_about(
                 SURFACE, args.argv, inside, decision.reason, stdin, len(ctx.blob), files

@@ -20,8 +20,13 @@ folder too large to list, each make the approval good for that call only: approv
 "for this plan", the next call asks again. An argument naming nothing is left out (a
 file made there later adds itself to the binding, and asks again). Not bound
 (docs/architecture.md, "exec approvals"): files a program opens by its own choice
-(imports from the working folder, a Makefile's includes, pytest's conftest.py), and a
-change made between the look and the program's start.
+(imports from the working folder, a Makefile's includes, pytest's conftest.py).
+
+What the arguments name is held still from before the look until the program has
+ended (`held_places`, sandbox.held): the worker writes nothing there meanwhile, so the
+program opens the bytes that were bound (review18 F5: an agent replacing the script
+every ~2 ms had it run unasked 10 times in 30). Not held: a program of the agent's that
+is running beside it and writes there (docs/architecture.md, "exec approvals").
 """
 
 from __future__ import annotations
@@ -116,6 +121,22 @@ def arg_files(
                 found.append(file)
                 hashed += file.size if file.sha256 else file.read
     return tuple(found)
+
+
+def held_places(
+    cwd: str, argv: Sequence[str], seen_outside: Callable[[str], str] = lambda path: path
+) -> tuple[str, ...]:
+    """The places `argv`'s arguments name, as `arg_files` finds them, each as written
+    and as its links resolve now: held (sandbox.held) from before the look until the
+    program has ended, so that what was bound is what the program opens, and a name
+    bound as naming nothing stays so (review18 F5)."""
+    places: set[str] = set()
+    for arg in argv[1 : LOOKED_AT + 1]:
+        for named in _names(arg):
+            path = seen_outside(named) if named.startswith("/") else os.path.join(cwd, named)
+            places.add(os.path.normpath(path))
+            places.add(os.path.realpath(path))
+    return tuple(sorted(places))
 
 
 def _names(arg: str) -> tuple[str, ...]:

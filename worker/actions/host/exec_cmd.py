@@ -17,6 +17,7 @@ request's deadline passing first is the `timeout` error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -24,14 +25,14 @@ import os
 import shlex
 import signal
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final
 
 import orjson
 from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
-from sandbox import Root, confinement, environment
+from sandbox import HeldError, Root, confinement, environment
 from sandbox.process import (
     Completed,
     Limits,
@@ -41,12 +42,13 @@ from sandbox.process import (
     run,
     visible_by_default,
 )
-from worker.actions.host.exec_arg_files import ArgFile, arg_files
+from worker.actions.host.exec_arg_files import ArgFile, arg_files, held_places
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
 from worker.actions.host.fs_paths import (
     CONFINED_CODES,
     all_local,
+    busy_held,
     confined,
     hanging_root,
     in_thread,
@@ -116,69 +118,97 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         cwd, decision, program = _judged(ctx, args)
     else:
         cwd, decision, program = await in_thread(ctx, lane, _judged, ctx, args, looks=True)
-    if decision.verdict == "ask":
-        stdin = await stdin_sha256(ctx.blob)
-        files = await in_thread(ctx, lane, arg_files, ctx.roots, cwd, args.argv, looks=True)
-        await ctx.approve(
-            *ask_about("workerHost", args.argv, cwd, decision.reason, stdin, len(ctx.blob), files)
-        )
-    assert decision.program is not None
-    why = _moved(ctx.roots) if local else await in_thread(ctx, lane, _moved, ctx.roots, looks=True)
-    if why is not None:
-        raise WorkerError("sandbox_unavailable", why)
-    entry = await landlock_entry(settings, ctx.paths)
-    if decision.program.network:
-        why = confinement.abstract_sockets_open(
-            entry,
-            confinement.landlock_for(ctx.paths.exec_cache, settings.cc),
-            decision.program.unix_sockets,
+    with await held_while_asked(ctx, decision, cwd, args.argv, lane=lane):
+        if decision.verdict == "ask":
+            stdin = await stdin_sha256(ctx.blob)
+            files = await in_thread(ctx, lane, arg_files, ctx.roots, cwd, args.argv, looks=True)
+            await ctx.approve(
+                *ask_about(
+                    "workerHost", args.argv, cwd, decision.reason, stdin, len(ctx.blob), files
+                )
+            )
+        assert decision.program is not None
+        why = (
+            _moved(ctx.roots)
+            if local
+            else await in_thread(ctx, lane, _moved, ctx.roots, looks=True)
         )
         if why is not None:
-            raise WorkerError("sandbox_unavailable", f"{why}: rule {decision.rule_id} not run")
-    lane = None if local else hanging_root(ctx, cwd, reaching_all=True)
-    thread = functools.partial(in_thread, ctx, lane)
-    async with git_view(decision.program, program, ctx.roots, cwd, thread) as git:
-        if decision.walks and not ctx.config.fs.allow_hard_links:
-            await thread(check_walked, ctx.roots, cwd, decision.searched, git.env, looks=True)
-        view = View(
-            cwd=cwd,
-            mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),
-            env=environment.build(
-                os.environ, settings.pass_env, {**decision.program.env, **git.env}
-            ),
-            hidden=_withheld(ctx.roots),
-            extra_files=() if visible_by_default(program) else (program,),
-            private=tuple(git.private),
-            network=decision.program.network,
-            unix_sockets=decision.program.unix_sockets,
-            bwrap=settings.bwrap,
-            entry=entry,
-        )
-        warm = ctx.containment.warm
-        warm.most, warm.idle_s = settings.ahead_plans, settings.ahead_idle_s  # as reloaded
-        try:
-            done = await run(
-                [program, *args.argv[1:]],
-                view,
-                limits_of(settings, timeout_s),
-                ctx.blob or None,
-                pid_cap=ctx.containment.pid_cap,
-                starts=ctx.containment.starts,
-                hash_output=check_hasher,
-                # Claimed while bubblewrap builds the sandbox, which waits for it; or,
-                # in one built ahead for the plan (sandbox.warm), before it is sent.
-                claim=ctx.claim,
-                warm=warm,
-                warm_for=ctx.plan_id,
+            raise WorkerError("sandbox_unavailable", why)
+        entry = await landlock_entry(settings, ctx.paths)
+        if decision.program.network:
+            why = confinement.abstract_sockets_open(
+                entry,
+                confinement.landlock_for(ctx.paths.exec_cache, settings.cc),
+                decision.program.unix_sockets,
             )
-        except SandboxUnavailableError as exc:
-            raise WorkerError("sandbox_unavailable", str(exc)) from None
-    return Outcome(
-        result_of(program, decision.rule_id or "", done),
-        blob=done.stdout + done.stderr,
-        truncated=done.truncated,
-        blob_check=done.output_digest,
-    )
+            if why is not None:
+                raise WorkerError("sandbox_unavailable", f"{why}: rule {decision.rule_id} not run")
+        lane = None if local else hanging_root(ctx, cwd, reaching_all=True)
+        thread = functools.partial(in_thread, ctx, lane)
+        async with git_view(decision.program, program, ctx.roots, cwd, thread) as git:
+            if decision.walks and not ctx.config.fs.allow_hard_links:
+                await thread(check_walked, ctx.roots, cwd, decision.searched, git.env, looks=True)
+            view = View(
+                cwd=cwd,
+                mounts=tuple(Mount(str(root.path), root.writable) for root in ctx.roots),
+                env=environment.build(
+                    os.environ, settings.pass_env, {**decision.program.env, **git.env}
+                ),
+                hidden=_withheld(ctx.roots),
+                extra_files=() if visible_by_default(program) else (program,),
+                private=tuple(git.private),
+                network=decision.program.network,
+                unix_sockets=decision.program.unix_sockets,
+                bwrap=settings.bwrap,
+                entry=entry,
+            )
+            warm = ctx.containment.warm
+            warm.most, warm.idle_s = settings.ahead_plans, settings.ahead_idle_s  # as reloaded
+            try:
+                done = await run(
+                    [program, *args.argv[1:]],
+                    view,
+                    limits_of(settings, timeout_s),
+                    ctx.blob or None,
+                    pid_cap=ctx.containment.pid_cap,
+                    starts=ctx.containment.starts,
+                    hash_output=check_hasher,
+                    # Claimed while bubblewrap builds the sandbox, which waits for it; or,
+                    # in one built ahead for the plan (sandbox.warm), before it is sent.
+                    claim=ctx.claim,
+                    warm=warm,
+                    warm_for=ctx.plan_id,
+                )
+            except SandboxUnavailableError as exc:
+                raise WorkerError("sandbox_unavailable", str(exc)) from None
+        return Outcome(
+            result_of(program, decision.rule_id or "", done),
+            blob=done.stdout + done.stderr,
+            truncated=done.truncated,
+            blob_check=done.output_digest,
+        )
+
+
+async def held_while_asked(
+    ctx: Context,
+    decision: Decision,
+    cwd: str,
+    argv: Sequence[str],
+    seen_outside: Callable[[str], str] = lambda path: path,
+    *,
+    lane: Root | None = None,
+) -> contextlib.AbstractContextManager[None]:
+    """For an asked command, what its arguments name held still (sandbox.held) from now,
+    before the look at them, until the returned block ends with its program (review18
+    F5); `busy` when an fs_write is writing there now. Nothing for any other."""
+    if decision.verdict != "ask":
+        return contextlib.nullcontext()
+    places = await in_thread(ctx, lane, held_places, cwd, argv, seen_outside, looks=True)
+    try:
+        return ctx.containment.held.hold(places, ctx.correlation_id)
+    except HeldError as exc:
+        raise busy_held(exc, exc.path) from None
 
 
 def _judged(ctx: Context, args: ExecArgs) -> tuple[str, Decision, str]:

@@ -8,7 +8,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Final, TypeVar
 
-from sandbox import ConfinedDir, ConfinementError, HardLinkError, Located, Root, locate
+from sandbox import (
+    ConfinedDir,
+    ConfinementError,
+    HardLinkError,
+    HeldError,
+    Located,
+    Root,
+    locate,
+)
 from worker.core.registry import Context
 from worker.core.threads import looking
 from worker.errors import ErrorCode, WorkerError, from_confinement, from_os_error
@@ -159,3 +167,22 @@ def carried(name: str) -> tuple[str, bool]:
     except UnicodeEncodeError:
         return os.fsencode(name).decode("utf-8", "backslashreplace"), True
     return name, False
+
+
+def busy_held(exc: HeldError, shown: str) -> WorkerError:
+    """`busy` for a place an asked program holds (`shown` is the writer's name for
+    it), or for one being written that an asked program names (sandbox.held)."""
+    if exc.holding:
+        return WorkerError(
+            "busy",
+            f"{shown} is held by the running call {exc.by}: a command approved with it as "
+            "it was is running and must open what was approved. Write it once that call "
+            "has ended",
+            {"path": shown, "held_by": exc.by},
+        )
+    return WorkerError(
+        "busy",
+        f"{exc.path} is being written by the call {exc.by}, and this command's approval "
+        "would bind it as it is: run the command once that write has ended",
+        {"path": exc.path, "written_by": exc.by},
+    )

@@ -30,6 +30,7 @@ from sandbox import (
     ArrivalStopped,
     Arriving,
     Data,
+    HeldError,
     Written,
     append_bytes,
     data_size,
@@ -39,6 +40,7 @@ from sandbox import (
 )
 from worker.actions.host.fs_paths import (
     CONFINED_CODES,
+    busy_held,
     check_lands_writable,
     confined,
     hanging_root,
@@ -311,32 +313,60 @@ def _written(
         parent, name = root.open_parent(located.relative)
         try:
             check_lands_writable(ctx, parent, args.path)
-            if args.mode == "append":
-                allow = ctx.config.fs.allow_hard_links
-                done = append_bytes(
-                    parent,
-                    name,
-                    data,
-                    allow_hard_links=allow,
-                    shown=args.path,
-                    wrote=progress.wrote,
-                )
-            else:
-                replace = args.mode == "overwrite"
-                done = write_atomic(
-                    parent,
-                    name,
-                    data,
-                    replace=replace,
-                    shown=args.path,
-                    wrote=progress.wrote,
-                    before_place=place,
-                )
-            # After the write, so that sweeping (best effort) never delays or fails it.
-            ctx.containment.leftovers.sweep(parent)
-            return done
+            lands = _real_place(parent, name, located.root.path / located.relative)
+            try:
+                writing = ctx.containment.held.write(lands, ctx.correlation_id)
+            except HeldError as exc:  # an asked program's argument (sandbox.held)
+                raise busy_held(exc, args.path) from None
+            with writing:
+                return _placed(ctx, args, data, progress, place, parent, name)
         finally:
             os.close(parent)
+
+
+def _placed(
+    ctx: Context,
+    args: FsWriteArgs,
+    data: Data,
+    progress: _Progress,
+    place: Callable[[], None] | None,
+    parent: int,
+    name: str,
+) -> Written:
+    """The write itself, into the folder `parent` opened (registered in sandbox.held)."""
+    if args.mode == "append":
+        allow = ctx.config.fs.allow_hard_links
+        done = append_bytes(
+            parent,
+            name,
+            data,
+            allow_hard_links=allow,
+            shown=args.path,
+            wrote=progress.wrote,
+        )
+    else:
+        replace = args.mode == "overwrite"
+        done = write_atomic(
+            parent,
+            name,
+            data,
+            replace=replace,
+            shown=args.path,
+            wrote=progress.wrote,
+            before_place=place,
+        )
+    # After the write, so that sweeping (best effort) never delays or fails it.
+    ctx.containment.leftovers.sweep(parent)
+    return done
+
+
+def _real_place(parent: int, name: str, fallback: os.PathLike[str]) -> str:
+    """The path the write lands on as the kernel names its folder (the very folder
+    opened), for sandbox.held; where there is no /proc, the path's real one."""
+    try:
+        return os.path.join(os.readlink(f"/proc/self/fd/{parent}"), name)
+    except OSError:
+        return os.path.realpath(fallback)
 
 
 SPEC: Final = ActionSpec(
