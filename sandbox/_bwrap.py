@@ -180,6 +180,7 @@ def command(
     pid_cap: int | None = None,
     diag_fd: int | None = None,
     wait_fd: int | None = None,
+    pins: Sequence[tuple[int, str, bool]] = (),
 ) -> list[str]:
     """bwrap [namespaces] [view] -- entry [limits, Landlock] -- argv, with `view.entry`;
     bwrap [namespaces] [view] -- prlimit [limits] -- argv without it.
@@ -197,7 +198,9 @@ def command(
     pipe whose write end only the worker holds: the entry exits when it finds it
     closed. `pid_cap` (entry only) is pid_max for the sandbox's pid namespace.
     `diag_fd` (entry only) is a socket over which the entry sends a sock_diag socket of
-    the sandbox's network namespace (sandbox.sockets).
+    the sandbox's network namespace (sandbox.sockets). `pins`: (descriptor, where
+    inside, writable) of places bound onto themselves after the shared folders, in
+    order (sandbox.held.pins_for).
     """
     args = [
         tools.bwrap,
@@ -230,6 +233,8 @@ def command(
     # bubblewrap 0.5.0 or later; an older one says so, and exec is unavailable.
     args += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]  # noqa: S108
     args += _folders(view.mounts, view.hidden)
+    for fd, inside, writable in pins:
+        args += ["--bind-fd" if writable else "--ro-bind-fd", str(fd), inside]
     args += _private(view.private, file_fds)
     if view.entry is not None:
         args += ["--ro-bind", view.entry, _entry.INSIDE]

@@ -77,6 +77,7 @@ from sandbox._bwrap import (
 from sandbox._pidcap import PidCap
 from sandbox._spawn import Spawned, Starts
 from sandbox.cgroups import PlanGroup
+from sandbox.held import Pin
 from sandbox.warm import WarmSandboxes
 
 __all__ = [
@@ -315,6 +316,7 @@ async def run(
     claim: Callable[[], None] | None = None,
     warm: WarmSandboxes | None = None,
     warm_for: str = "",
+    pins: Sequence[Pin] = (),
 ) -> Completed:
     """Run `argv` (argv[0] an absolute path) in a fresh sandbox; see the module doc.
     `pid_cap` is the caller's (one per worker): it remembers the machine's pid_max
@@ -341,9 +343,14 @@ async def run(
     `on_sockets`) the sandbox may be one built ahead for plan `warm_for`, exactly as
     this call's would be (sandbox.warm): `claim` is then called before the call is
     sent to it, and nothing of the program runs before. Either way, once the program
-    has run, the plan's next sandbox is built ahead."""
+    has run, the plan's next sandbox is built ahead.
+
+    `pins`: places bound onto themselves over the view (sandbox.held: the places an
+    asked program holds, read-only); the caller keeps and closes their descriptors. A
+    sandbox with pins is never one built ahead."""
     starts = starts or Starts()
-    if warm is not None and view.entry is not None and cgroup is None and on_sockets is None:
+    built_ahead = cgroup is None and on_sockets is None and not pins
+    if warm is not None and view.entry is not None and built_ahead:
         words = _call_message(argv, view)
         if words is not None:
             return await _run_warm(
@@ -398,6 +405,10 @@ async def run(
             # that returned.
             block_r, block_w = _pipe(theirs, ours)
         file_fds, seccomp_fd = _view_files(view, theirs, diag=diag_fd is not None)
+        pinned = []
+        for pin in pins:  # bubblewrap's copies, closed here once it started
+            theirs.append(os.dup(pin.fd))
+            pinned.append((theirs[-1], pin.inside, pin.writable))
         line = command(
             tools,
             argv,
@@ -410,6 +421,7 @@ async def run(
             lifeline_fd=lifeline_r,
             pid_cap=_pidcap.cap_for(limits.processes) if capped and entry else None,
             diag_fd=diag_fd,
+            pins=pinned,
         )
         out_r, out_w = _pipe(ours, theirs)
         _widen(out_w, limits.output_bytes)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, cluster
-from tests.support.policies import PYTHON3_ASKS, exec_config
+from tests.support.policies import PYTHON3_ASKS, PYTHON3_BESIDE, exec_config
 from worker.config import Paths
 from worker.core.console_socket import SocketLink
 from worker.hub.client import ControlClient, result_to_dict
@@ -55,14 +55,18 @@ class Person:
 
     def run(self, *args: str, blob: bytes = b"") -> asyncio.Future[Any]:
         """`python3 *args` in the workspace, with `blob` as its stdin."""
-        argv = {"argv": ["python3", *args], "cwd": str(self.live.workspace)}
+        return self.exec(["python3", *args], blob)
+
+    def exec(self, argv: list[str], blob: bytes = b"") -> asyncio.Future[Any]:
+        """An exec of `argv` in the workspace, with `blob` as its stdin."""
+        args = {"argv": argv, "cwd": str(self.live.workspace)}
         return asyncio.ensure_future(
             self.client.dispatch(
                 agent_id="tester",
                 plan_id="plan-1",
                 surface="workerHost",
                 action="exec",
-                args_json=json.dumps(argv),
+                args_json=json.dumps(args),
                 blob=blob,
                 timeout_ms=120_000,
             )
@@ -221,6 +225,19 @@ def test_a_plan_approval_of_what_cannot_be_bound_whole_asks_again(
 WAITS = b"print(open('gate').read())\n"  # blocks until the test writes the FIFO `gate`
 
 
+async def waiting(call: asyncio.Future[Any], gate: Path) -> Any:
+    """The FIFO `gate` opened to write, once the call's program opened it to read (it
+    waits there); should the call end first, its answer as the failure."""
+    opening = asyncio.ensure_future(asyncio.to_thread(open, gate, "w"))
+    await asyncio.wait({opening, call}, return_when=asyncio.FIRST_COMPLETED)
+    if not opening.done():
+        reader = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)  # lets the opening thread go
+        (await opening).close()
+        os.close(reader)
+        raise AssertionError(f"the program ended first: {result_to_dict(call.result())}")
+    return opening.result()
+
+
 def test_what_an_approved_program_names_is_held_until_it_ends(live: Cluster) -> None:
     """review18 F5: the binding is a look at the file, and the program opens it again
     by name later; an agent replacing the script every ~2 ms with fs_write had its own
@@ -239,7 +256,7 @@ def test_what_an_approved_program_names_is_held_until_it_ends(live: Cluster) -> 
             command = {"op": "decide", "prompt_id": person.prompts[-1]["id"], "choice": "plan"}
             assert (await person.ui.command(command))["ok"]
             # Opening the FIFO to write returns once the program opened it to read.
-            writer = await asyncio.to_thread(open, gate, "w")
+            writer = await waiting(running, gate)
             for mode in ("overwrite", "append"):
                 refused = await person.write("s.py", OTHER, mode)
                 assert refused["status"] == "error", refused
@@ -254,3 +271,87 @@ def test_what_an_approved_program_names_is_held_until_it_ends(live: Cluster) -> 
 
     asyncio.run(scenario())
     assert script.read_bytes() == OTHER
+
+
+TRIES = b"""import errno, os
+def tried(change):
+    try:
+        change()
+        return "changed"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+print(tried(lambda: open("sub/s.py", "a").write("import evil")),
+      tried(lambda: os.replace("evil.py", "sub/s.py")),
+      tried(lambda: os.rename("sub", "sub0")))
+"""
+
+
+@pytest.fixture
+def beside(tmp_path: Path) -> Iterator[Cluster]:
+    config = exec_config(tmp_path / "policy", PYTHON3_ASKS, PYTHON3_BESIDE)
+    with cluster(tmp_path / "home", extra_config=config) as c:
+        yield c
+
+
+def test_a_program_started_beside_an_approved_one_cannot_change_what_it_holds(
+    beside: Cluster,
+) -> None:
+    """review18 F5, with a program of the agent's own: one that starts while an asked
+    program holds sub/s.py sees it read-only, and cannot move it or its folder away
+    (each change worked before)."""
+    ws = beside.workspace
+    (ws / "sub").mkdir()
+    (ws / "sub" / "s.py").write_bytes(WAITS)
+    (ws / "evil.py").write_bytes(OTHER)
+    (ws / "tries.py").write_bytes(TRIES)
+    os.mkfifo(ws / "gate")
+
+    async def scenario() -> None:
+        async with attached(beside) as person:
+            held = person.run("sub/s.py")
+            assert await person.answered_or_asked(held) is None
+            command = {"op": "decide", "prompt_id": person.prompts[-1]["id"], "choice": "once"}
+            assert (await person.ui.command(command))["ok"]
+            writer = await waiting(held, ws / "gate")
+            with writer:
+                answer = await person.exec(["python3x", "tries.py"])
+                writer.write("approved\n")
+            assert result_to_dict(answer)["status"] == "ok", result_to_dict(answer)
+            # Written in place: a read-only file; replaced: another mount (EXDEV) or a
+            # mount point (EBUSY); its folder moved: a mount point.
+            appended, replaced, moved = answer.result.blob.decode().split()
+            assert (appended, moved) == ("EROFS", "EBUSY")
+            assert replaced in ("EXDEV", "EBUSY")
+            assert result_to_dict(await held)["status"] == "ok"
+
+    asyncio.run(scenario())
+    assert (ws / "sub" / "s.py").read_bytes().startswith(b"print(open(")
+
+
+def test_an_approval_is_for_one_call_while_a_program_beside_may_write_there(
+    beside: Cluster,
+) -> None:
+    """A program of the agent's already running when an asked one is looked at could
+    change its files before it opens them: the approval binds nothing then (a nonce),
+    and the prompt says why; the same command asks again."""
+    ws = beside.workspace
+    (ws / "s.py").write_bytes(SHOWN)
+    (ws / "w.py").write_bytes(WAITS)
+    os.mkfifo(ws / "gate")
+
+    async def scenario() -> None:
+        async with attached(beside) as person:
+            running = person.exec(["python3x", "w.py"])
+            writer = await waiting(running, ws / "gate")
+            with writer:
+                first = person.run("s.py")
+                assert await person.answered_or_asked(first) is None
+                assert "may write there" in person.prompts[-1]["preview"]
+                assert (await person.decide(first, "plan"))["status"] == "ok"
+                again = person.run("s.py")
+                assert await person.answered_or_asked(again) is None, "ran unasked"
+                assert (await person.decide(again, "deny"))["error"]["code"] == "scope_denied"
+                writer.write("done\n")
+            assert result_to_dict(await running)["status"] == "ok"
+
+    asyncio.run(scenario())

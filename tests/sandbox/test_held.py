@@ -5,11 +5,14 @@ a registration ends with its block, and the place is free again."""
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
-from sandbox.held import HeldError, HeldPlaces
+from sandbox import Root
+from sandbox.held import HeldError, HeldPlaces, pins_for
 
 
 def test_a_write_of_a_place_held_or_beneath_a_folder_held_is_refused() -> None:
@@ -75,3 +78,44 @@ def test_from_many_threads_a_hold_and_a_write_of_one_place_never_both_stand() ->
     for thread in threads:
         thread.join()
     assert both == []
+
+
+def test_a_hold_knows_the_programs_running_that_may_write_its_places() -> None:
+    """One running before the hold, in a read-write folder over the place: a writer;
+    one that started during another hold and was shown the place read-only: not;
+    the asker's own program, or one in another folder: not."""
+    held = HeldPlaces()
+    early, elsewhere = held.run(["/w"], "early")[0], held.run(["/other"], "elsewhere")[0]
+    with early, elsewhere, held.hold(["/w/s.py"], "asker") as writers:
+        assert writers == ("early",)
+        registered, shown = held.run(["/w"], "later")
+        assert shown == ("/w/s.py",)
+        own = held.run(["/w"], "asker")[0]
+        with registered, own, held.hold(["/w/s.py"], "second") as seen:
+            assert seen == ("asker", "early")  # "later" was shown it read-only
+    with held.hold(["/w/s.py"], "asker") as writers:
+        assert writers == ()  # each let go with its block
+
+
+def test_pins_are_what_exists_read_only_with_the_folders_on_the_way(tmp_path: Path) -> None:
+    shared = (tmp_path / "shared").resolve()
+    (shared / "a" / "b").mkdir(parents=True)
+    (shared / "a" / "b" / "s.py").write_text("print()\n")
+    (shared / "link.py").symlink_to("a/b/s.py")
+    (tmp_path / "outside.py").write_text("secret\n")
+    (shared / "out").symlink_to(tmp_path)
+    roots = [Root(path=shared, writable=True)]
+    places = [f"{shared}/{name}" for name in ("a/b/s.py", "link.py", "none.py", "out/outside.py")]
+    pins = pins_for(roots, places, inside=lambda path: "/in" + path)
+    try:
+        found = [(pin.inside, pin.writable) for pin in pins]
+        assert found == [
+            (f"/in{shared}/a", True),
+            (f"/in{shared}/a/b", True),
+            (f"/in{shared}/a/b/s.py", False),
+        ]
+        assert os.path.samefile(f"/proc/self/fd/{pins[-1].fd}", shared / "a" / "b" / "s.py")
+    finally:
+        for pin in pins:
+            os.close(pin.fd)
+    assert pins_for([Root(path=shared, writable=False)], places) == []  # read-only already

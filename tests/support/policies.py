@@ -67,6 +67,17 @@ reason = "the person approves each script"
 any_args = true
 """
 
+# The same interpreter allowed under another name: the agent's programs run beside an
+# asked one (sandbox.held).
+PYTHON3_BESIDE = """
+[program.python3x]
+paths = ["/usr/bin/python3"]
+[[program.python3x.rule]]
+id = "test-python-beside"
+reason = "tests: an interpreter the agent may run unasked"
+any_args = true
+"""
+
 
 def write_policy(folder: Path, *rules: str) -> Path:
     """`folder`/allowlist.toml holding `rules` (on top of the shipped policy)."""

@@ -73,7 +73,7 @@ from sandbox.workspaces import (
     remove_tree,
 )
 from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
-from worker.actions.host.exec_arg_files import arg_files
+from worker.actions.host.exec_arg_files import arg_files, written_beside
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
@@ -124,6 +124,7 @@ STILL_CHECKS: Final = 16
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
+T = TypeVar("T")
 
 
 def _translated(exc: WorkspaceError) -> WorkerError:
@@ -631,6 +632,11 @@ def _inside(path: str) -> str:
     return path
 
 
+def _in_thread(fn: Callable[..., T], /, *args: object, looks: bool = False) -> Awaitable[T]:
+    """fn(*args) in the worker's pool (a workspace's lookups cannot hang)."""
+    return asyncio.to_thread(fn, *args)
+
+
 def _as_seen_inside(workspace: Workspace, host_path: str) -> str:
     """A host path in the workspace, as programs in the sandbox see it."""
     base = str(workspace.files)
@@ -758,9 +764,9 @@ async def _run_in_workspace(
     )
     program = exec_cmd._admitted(decision, ctx.roots)
     seen_outside = functools.partial(_as_seen_outside, workspace)
-    with await exec_cmd.held_while_asked(ctx, decision, cwd, args.argv, seen_outside):
+    with await exec_cmd.held_while_asked(ctx, decision, cwd, args.argv, seen_outside) as writers:
         return await _asked_and_run(
-            bench, ctx, workspace, args, (cwd, decision, program), timeout_s
+            bench, ctx, workspace, args, (cwd, decision, program), timeout_s, writers
         )
 
 
@@ -771,9 +777,11 @@ async def _asked_and_run(
     args: exec_cmd.ExecArgs,
     judged: tuple[str, Decision, str],
     timeout_s: float,
+    writers: tuple[str, ...],
 ) -> Outcome[exec_cmd.ExecResult]:
     """An exec judged in its plan's workspace (`judged`: its working folder, the
-    allowlist's decision, the program), asked when the rule says so, and run."""
+    allowlist's decision, the program), asked when the rule says so (`writers`: the
+    running calls that may write what it names, sandbox.held), and run."""
     cwd, decision, program = judged
     settings = ctx.config.exec
     if decision.verdict == "ask":
@@ -781,6 +789,8 @@ async def _asked_and_run(
         stdin = await exec_cmd.stdin_sha256(ctx.blob)
         seen_outside = functools.partial(_as_seen_outside, workspace)
         files = await asyncio.to_thread(arg_files, ctx.roots, cwd, args.argv, seen_outside)
+        if writers:
+            files += (written_beside(writers),)
         await ctx.approve(
             *exec_cmd.ask_about(
                 SURFACE, args.argv, inside, decision.reason, stdin, len(ctx.blob), files
@@ -832,24 +842,27 @@ async def _asked_and_run(
             def sockets_of(memory: SocketMemory) -> None:
                 bench.sockets_of(workspace, sandbox_pid[-1], memory)
 
+            shown = functools.partial(_as_seen_inside, workspace)
             try:
-                done = await _watched(
-                    bench,
-                    workspace,
-                    before,
-                    run(
-                        [program, *args.argv[1:]],
-                        view,
-                        limits,
-                        ctx.blob or None,
-                        pid_cap=ctx.containment.pid_cap,
-                        cgroup=group,
-                        starts=ctx.containment.starts,
-                        on_start=started,
-                        on_sockets=sockets_of if bench.watches_sockets else None,
-                        hash_output=check_hasher,
-                    ),
-                )
+                async with exec_cmd.shown_held(ctx, ctx.roots, _in_thread, shown) as pins:
+                    done = await _watched(
+                        bench,
+                        workspace,
+                        before,
+                        run(
+                            [program, *args.argv[1:]],
+                            view,
+                            limits,
+                            ctx.blob or None,
+                            pid_cap=ctx.containment.pid_cap,
+                            cgroup=group,
+                            starts=ctx.containment.starts,
+                            on_start=started,
+                            on_sockets=sockets_of if bench.watches_sockets else None,
+                            hash_output=check_hasher,
+                            pins=pins,
+                        ),
+                    )
             except SandboxUnavailableError as exc:
                 raise WorkerError("sandbox_unavailable", str(exc)) from None
             except CgroupError as exc:

@@ -139,6 +139,13 @@ def held_places(
     return tuple(sorted(places))
 
 
+def written_beside(writers: Sequence[str]) -> ArgFile:
+    """What binds an asked command while programs of other calls (`writers`) run that
+    may write what its arguments name (sandbox.held): nothing that lasts."""
+    calls = ", ".join(writers[:3]) + (" and others" if len(writers) > 3 else "")
+    return _unbound(0, "what its arguments name", f"the running call {calls} may write there")
+
+
 def _names(arg: str) -> tuple[str, ...]:
     """What in an argument may name a file: itself, and an option's `=value`."""
     if not arg or "\0" in arg:

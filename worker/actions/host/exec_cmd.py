@@ -25,7 +25,7 @@ import os
 import shlex
 import signal
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Annotated, Any, Final
 
 import orjson
@@ -33,6 +33,7 @@ from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
 from sandbox import HeldError, Root, confinement, environment
+from sandbox.held import Pin, pins_for
 from sandbox.process import (
     Completed,
     Limits,
@@ -42,7 +43,12 @@ from sandbox.process import (
     run,
     visible_by_default,
 )
-from worker.actions.host.exec_arg_files import ArgFile, arg_files, held_places
+from worker.actions.host.exec_arg_files import (
+    ArgFile,
+    arg_files,
+    held_places,
+    written_beside,
+)
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import REFUSAL_CODES, check_walked, path_check, policy_for
 from worker.actions.host.fs_paths import (
@@ -118,10 +124,12 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         cwd, decision, program = _judged(ctx, args)
     else:
         cwd, decision, program = await in_thread(ctx, lane, _judged, ctx, args, looks=True)
-    with await held_while_asked(ctx, decision, cwd, args.argv, lane=lane):
+    with await held_while_asked(ctx, decision, cwd, args.argv, lane=lane) as writers:
         if decision.verdict == "ask":
             stdin = await stdin_sha256(ctx.blob)
             files = await in_thread(ctx, lane, arg_files, ctx.roots, cwd, args.argv, looks=True)
+            if writers:
+                files += (written_beside(writers),)
             await ctx.approve(
                 *ask_about(
                     "workerHost", args.argv, cwd, decision.reason, stdin, len(ctx.blob), files
@@ -165,23 +173,26 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
             )
             warm = ctx.containment.warm
             warm.most, warm.idle_s = settings.ahead_plans, settings.ahead_idle_s  # as reloaded
-            try:
-                done = await run(
-                    [program, *args.argv[1:]],
-                    view,
-                    limits_of(settings, timeout_s),
-                    ctx.blob or None,
-                    pid_cap=ctx.containment.pid_cap,
-                    starts=ctx.containment.starts,
-                    hash_output=check_hasher,
-                    # Claimed while bubblewrap builds the sandbox, which waits for it; or,
-                    # in one built ahead for the plan (sandbox.warm), before it is sent.
-                    claim=ctx.claim,
-                    warm=warm,
-                    warm_for=ctx.plan_id,
-                )
-            except SandboxUnavailableError as exc:
-                raise WorkerError("sandbox_unavailable", str(exc)) from None
+            async with shown_held(ctx, ctx.roots, thread) as pins:
+                try:
+                    done = await run(
+                        [program, *args.argv[1:]],
+                        view,
+                        limits_of(settings, timeout_s),
+                        ctx.blob or None,
+                        pid_cap=ctx.containment.pid_cap,
+                        starts=ctx.containment.starts,
+                        hash_output=check_hasher,
+                        # Claimed while bubblewrap builds the sandbox, which waits for it;
+                        # or, in one built ahead for the plan (sandbox.warm), before it is
+                        # sent.
+                        claim=ctx.claim,
+                        warm=warm,
+                        warm_for=ctx.plan_id,
+                        pins=pins,
+                    )
+                except SandboxUnavailableError as exc:
+                    raise WorkerError("sandbox_unavailable", str(exc)) from None
         return Outcome(
             result_of(program, decision.rule_id or "", done),
             blob=done.stdout + done.stderr,
@@ -198,17 +209,39 @@ async def held_while_asked(
     seen_outside: Callable[[str], str] = lambda path: path,
     *,
     lane: Root | None = None,
-) -> contextlib.AbstractContextManager[None]:
+) -> contextlib.AbstractContextManager[tuple[str, ...]]:
     """For an asked command, what its arguments name held still (sandbox.held) from now,
     before the look at them, until the returned block ends with its program (review18
     F5); `busy` when an fs_write is writing there now. Nothing for any other."""
     if decision.verdict != "ask":
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(())
     places = await in_thread(ctx, lane, held_places, cwd, argv, seen_outside, looks=True)
     try:
         return ctx.containment.held.hold(places, ctx.correlation_id)
     except HeldError as exc:
         raise busy_held(exc, exc.path) from None
+
+
+@contextlib.asynccontextmanager
+async def shown_held(
+    ctx: Context,
+    roots: Sequence[Root],
+    thread: Callable[..., Awaitable[Any]],
+    inside: Callable[[str], str] = str,
+) -> AsyncIterator[list[Pin]]:
+    """While a program runs, it is registered as running in its read-write `roots`
+    (sandbox.held): the places other calls' asked programs hold there now are bound
+    read-only in its sandbox (`inside` maps a path to where it shows it), and a hold
+    begun meanwhile knows it may write there."""
+    writable = [str(root.path) for root in roots if root.writable]
+    registered, held = ctx.containment.held.run(writable, ctx.correlation_id)
+    with registered:
+        pins: list[Pin] = await thread(pins_for, roots, held, inside, looks=True) if held else []
+        try:
+            yield pins
+        finally:
+            for pin in pins:
+                os.close(pin.fd)
 
 
 def _judged(ctx: Context, args: ExecArgs) -> tuple[str, Decision, str]:
