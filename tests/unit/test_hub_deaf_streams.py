@@ -99,3 +99,31 @@ def test_a_stream_that_takes_what_it_is_written_is_kept(tmp_path: Path) -> None:
         hub.store.close()
 
     asyncio.run(go())
+
+
+def test_a_stream_whose_oldest_queued_message_waited_too_long_is_let_go(
+    tmp_path: Path,
+) -> None:
+    """review18 F7: a stream that takes each envelope in time (its window opened 24 KB
+    every 2 s) may still read slower than the hub writes it, and it was kept while what
+    waited for it grew. Now the heartbeat timer finds the oldest message of its outbox
+    waited past OUTBOX_WAIT_S and lets it go, as one that takes nothing."""
+
+    async def go() -> None:
+        hub = Hub(HubStore(tmp_path / "hub.db"), heartbeat_s=0.01)
+        hub.outbox_wait_s = 0.0  # a message still queued at a beat waited too long
+        session = Session(hello=pb.Hello(worker_id="w"), session_id="s")
+        hub.sessions["w"] = session
+        # Queued, never taken; nothing is held by gRPC: it is not deaf (stuck_for 0).
+        session.send(pb.ServerMessage(kill_plan=pb.KillPlan(plan_id="p", reason="r")))
+        reader = asyncio.create_task(asyncio.Event().wait())
+        beats = asyncio.create_task(hub._beat(session, reader))
+        await asyncio.wait_for(beats, 10)
+        assert "w" not in hub.sessions and session.closed and session.ended
+        assert session.refusal is not None and "waited" in session.refusal[1]
+        assert session.outbox.qsize() == 1  # what was queued went; the end is queued
+        await asyncio.gather(reader, return_exceptions=True)
+        assert reader.cancelled()
+        hub.store.close()
+
+    asyncio.run(go())

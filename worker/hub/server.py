@@ -185,6 +185,13 @@ PENDING_BYTES: Final = 256 * 1024 * 1024
 # worker reads its stream at once; one envelope is a part of a blob at most, which
 # takes this long only below ~9 KB/s.
 WRITE_STUCK_S: Final = 120.0
+# A stream that takes each envelope in time may still read slower than the hub writes
+# it (its window opened a little at a time): once the oldest message in its outbox
+# waited this long, its session is let go too (Hub._behind). A worker let go dials
+# again and is sent its calls and kills from hub.db. Kills, which go to every session
+# as callers make them, wait there KILL_PAGE_BYTES at most (`_kills_behind`); what else
+# waits is bounded per worker (its calls, scope requests) or by this.
+OUTBOX_WAIT_S: Final = WRITE_STUCK_S
 
 
 # Unsolicited messages logged one by one on a stream; the rest are counted.
@@ -209,6 +216,7 @@ class Hub:
         self.store = store
         self.heartbeat_s = heartbeat_s
         self.write_stuck_s = WRITE_STUCK_S  # an attribute, so that a test may make it small
+        self.outbox_wait_s = OUTBOX_WAIT_S  # and this
         self.default_timeout_s = default_timeout_s
         self.held_blob_bytes = held_blob_bytes
         self._holding = 0  # request blob bytes of Dispatch calls under way
@@ -436,20 +444,32 @@ class Hub:
         self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
         log.info("worker %s disconnected", worker_id)
 
-    def _deaf(self, session: Session, reader: asyncio.Task[None]) -> None:
-        """The stream has not taken an envelope in WRITE_STUCK_S (its HTTP/2 window
-        shut): the hub lets go of its session. gRPC offers no way to end the call itself
-        from here (the handler is held in its write), but the session leaves the workers
-        connected, takes no message more (each KillPlan went to every session: one such
-        stream per made-up id held them all, review17 E5), asks for no read, and what
-        was queued for it goes; its worker, if any, hears nothing and dials again."""
-        log.warning(
-            "worker %s: its stream took nothing the hub wrote for %.0f s (it does not read "
-            "it): the hub lets go of it",
-            session.worker_id,
-            session.stuck_for(),
-        )
-        session.refusal = (grpc.StatusCode.UNAVAILABLE, "the stream took nothing written to it")
+    def _behind(self, session: Session) -> str | None:
+        """Why the hub lets go of `session`'s stream (`_deaf`), or None: it takes nothing
+        written to it, or it reads slower than the hub writes it (OUTBOX_WAIT_S)."""
+        if session.stuck_for() > self.write_stuck_s:
+            return (
+                f"its stream took nothing the hub wrote for {session.stuck_for():.0f} s (it "
+                "does not read it)"
+            )
+        if session.outbox.waited_s() > self.outbox_wait_s:
+            return (
+                f"the oldest message queued for its stream waited {session.outbox.waited_s():.0f}"
+                " s (it reads slower than the hub writes it)"
+            )
+        return None
+
+    def _deaf(self, session: Session, reader: asyncio.Task[None], why: str) -> None:
+        """The stream does not read what the hub writes it, or reads it slower than it
+        is written (`_behind`: `why`): the hub lets go of its session. gRPC offers no way
+        to end the call itself from here (the handler is held in its write), but the
+        session leaves the workers connected, takes no message more (each KillPlan went
+        to every session: one such stream per made-up id held them all, review17 E5;
+        one that opened its window 24 KB every 2 s, review18 F7), asks for no read, and
+        what was queued for it goes; its worker, if any, hears nothing and dials again,
+        and is sent its calls and kills anew."""
+        log.warning("worker %s: %s: the hub lets go of it", session.worker_id, why)
+        session.refusal = (grpc.StatusCode.UNAVAILABLE, f"the hub let go of the stream: {why}")
         session.drop_queued()
         session.close()
         reader.cancel()
@@ -731,7 +751,7 @@ class Hub:
             # counted the next ones as confirmed, and their plans' calls went (review17 E2).
             confirmed = min(msg.heartbeat.kills_through, self.store.kills_issued())
             session.kills_through = max(session.kills_through, confirmed)
-            if session.kills_paging and session.kills_through >= session.kills_sent:
+            if session.kills_paging and not _kills_behind(session, paging=True):
                 self._send_kill_page(session)  # the page went and is confirmed: the next
         elif kind == "scope_decision":
             request_id = msg.scope_decision.request_id
@@ -995,11 +1015,12 @@ class Hub:
 
     async def _beat(self, session: Session, reader: asyncio.Task[None]) -> None:
         # A timer by nature: the protocol's heartbeat says "alive" every heartbeat_s; and
-        # a stream that takes nothing written to it is let go (`_deaf`).
+        # a stream that takes nothing written to it, or too slowly, is let go (`_deaf`).
         while not session.closed:
             await asyncio.sleep(self.heartbeat_s)
-            if session.stuck_for() > self.write_stuck_s:
-                self._deaf(session, reader)
+            why = self._behind(session)
+            if why is not None:
+                self._deaf(session, reader, why)
                 return
             session.send(pb.ServerMessage(heartbeat=pb.Heartbeat(unix_ms=now_ms())))
 
@@ -1607,8 +1628,7 @@ class Hub:
         for worker_id in [named] if named else sorted({*self.sessions, *self.store.worker_ids()}):
             session = self.sessions.get(worker_id)
             if session is not None:
-                if not session.kills_paging:  # else a page of its backlog brings it, in order
-                    session.send(part, answered=False)
+                self._send_kill(session, part, kept.kill.seq)
                 reply.worker_ids.append(worker_id)
             else:
                 reply.queued_worker_ids.append(worker_id)
@@ -1617,9 +1637,22 @@ class Hub:
         # kill as one recorded before and lifted since (review17's report).
         for worker_id, stop in kept.stops.items():
             session = self.sessions.get(worker_id)
-            if session is not None and not session.kills_paging:
-                session.send(pb.ServerMessage(kill_plan=stop))
+            if session is not None:
+                stop_part = message_part(pb.ServerMessage(kill_plan=stop).SerializeToString())
+                self._send_kill(session, stop_part, stop.seq)
         return reply
+
+    @staticmethod
+    def _send_kill(session: Session, part: bytes, seq: int) -> None:
+        """Send a kill numbered `seq` (its envelope part) as it is made, unless the
+        worker pages through its backlog, or is behind (`_kills_behind`): then a page
+        brings it, in order (`_handle`). Sent to a stream that read a trickle and never
+        confirmed, every kill waited in its outbox, without bound (review18 F7)."""
+        if not session.kills_paging and _kills_behind(session):
+            session.kills_paging = True
+        if not session.kills_paging:
+            session.send(part, answered=False)
+            session.kills_sent = seq
 
     def worker_infos(self) -> list[pb.WorkerInfo]:
         infos = []
@@ -1669,6 +1702,18 @@ def _on_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None
     hub stopped: its workers send unacked results again to the next one)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(callback, *args)
+
+
+def _kills_behind(session: Session, *, paging: bool = False) -> bool:
+    """Whether `session`'s worker is too far behind for a kill to go to it now: it has
+    not confirmed KILL_PAGE of those sent it (`paging`: the last page), or KILL_PAGE_BYTES
+    of kills and heartbeats wait in its outbox (a stream may say it recorded kills it
+    never read: it is sent no more than it reads)."""
+    if session.outbox.unasked_bytes >= KILL_PAGE_BYTES:
+        return True
+    if paging:
+        return session.kills_through < session.kills_sent
+    return session.kills_sent - session.kills_through >= KILL_PAGE
 
 
 def _stored_bytes(unstored: list[tuple[Session, Answer, bool]]) -> int:

@@ -11,6 +11,7 @@ from typing import Final
 import grpc
 
 from worker.clock import now_ms
+from worker.hub.outbox import Outbox
 from worker.wire.framing import Chunked, message_part, when_idle
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import PARTS_PROTOCOL, PROTOCOL_MIN
@@ -32,8 +33,9 @@ class Session:
     hello: pb.Hello
     session_id: str
     # Serialized ServerMessages framed as envelope parts (see framing.py): a request's
-    # blob is framed in, never copied into a message object.
-    outbox: asyncio.Queue[bytes | Chunked | None] = field(default_factory=asyncio.Queue)
+    # blob is framed in, never copied into a message object. It knows how long its
+    # oldest has waited, and the bytes of kills and heartbeats in it (Hub._behind).
+    outbox: Outbox = field(default_factory=Outbox)
     # The protocol this stream speaks (the Welcome's choice): 2 takes blobs in parts.
     protocol: int = PROTOCOL_MIN
     # Requests whose blobs go in parts on this stream, by call id (see `send`).
@@ -77,8 +79,10 @@ class Session:
     # from its Hello (0 for another epoch's), then its heartbeats.
     kills_through: int = 0
     # The backlog of kills it is sent a page at a time (Hub._send_kill_page): while
-    # `kills_paging`, through which one the pages went (`kills_sent`), and the resent
-    # calls held back until their plan's kill has gone ahead of them.
+    # `kills_paging` (from its Hello, and again whenever it is KILL_PAGE kills behind),
+    # through which one the kills went on this stream (`kills_sent`: in pages, or as
+    # they were made), and the resent calls held back until their plan's kill has gone
+    # ahead of them.
     kills_paging: bool = True
     kills_sent: int = 0
     # Dispatches to this worker since its pending calls were last counted, and whether
@@ -101,19 +105,18 @@ class Session:
         expects an answer, unless the message is one the hub expects none to
         (`answered` False, a heartbeat, a kill: confirmed by heartbeats, read in
         turns). Woken for each kill, 1,000 idle readers each withdrew from the queue
-        and asked again: a KillPlan cost 77 ms of the hub's loop (review16 F8)."""
+        and asked again: a KillPlan cost 77 ms of the hub's loop (review16 F8). Those
+        are counted in the outbox (`Outbox.unasked_bytes`): nothing else bounds them."""
         if self.closed:
             return
+        if isinstance(msg, pb.ServerMessage) and msg.WhichOneof("kind") in _ANSWERED_BY_NONE:
+            answered = False
+        if not answered and isinstance(msg, bytes | pb.ServerMessage):
+            part = msg if isinstance(msg, bytes) else message_part(msg.SerializeToString())
+            self.outbox.put_unasked(part)
+            return
         waiting = self.waiting
-        if (
-            answered
-            and waiting is not None
-            and not waiting.done()
-            and (
-                not isinstance(msg, pb.ServerMessage)
-                or msg.WhichOneof("kind") not in _ANSWERED_BY_NONE
-            )
-        ):
+        if waiting is not None and not waiting.done():
             waiting.set_result(False)
         if isinstance(msg, Chunked):
             if self.protocol < PARTS_PROTOCOL:

@@ -1,0 +1,147 @@
+"""A worker stream that reads a trickle (its HTTP/2 window opened a little at a time)
+takes each envelope in time, so the check for a stream that reads nothing never let it
+go, and every KillPlan (sent to every session) waited in its outbox for as long as
+callers went on: +19 MB in 200 s (review18 F7). Now a worker is sent at most KILL_PAGE
+kills it has not confirmed, and less than a page of them waiting in its outbox (a
+stream may say it recorded kills it never read), then a page at a time as it confirms
+and reads them. A worker that comes back is sent every kill from hub.db.
+
+A real hub (worker.app.start_hub) in the test's loop; the hostile stream is raw HTTP/2
+(tests.support.trickle_stream), the far side of the boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from tests.support.hub_inproc import (
+    HandWorker,
+    caller_metadata,
+    hub_in_process,
+    own_channel,
+    probe_request,
+    token_of,
+)
+from tests.support.trickle_stream import TrickleStream
+from worker.app import RunningHub
+from worker.hub.server import KILL_PAGE
+from worker.wire.framing import MAX_ENVELOPE_MESSAGES
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
+from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
+
+ROUNDS = 20
+KILLS_A_ROUND = 50
+GRANT = 8 * 1024  # bytes of window a round: a fifth of the kills made meanwhile
+
+
+async def _trickle(running: RunningHub, home: Path, worker_id: str) -> TrickleStream:
+    """A trickle stream connected: its Welcome taken, its session in the hub."""
+    stream = TrickleStream(running.address, token_of(home, "hub-workers.token"), worker_id)
+    await stream.open()
+    await stream.grant(GRANT)
+    while worker_id not in running.hub.sessions:
+        await asyncio.sleep(0.02)  # the hub runs in this loop
+    return stream
+
+
+async def _kills(stub: pb_grpc.ControlServiceStub, home: Path, tag: str) -> None:
+    """KILLS_A_ROUND KillPlans of made-up plans, a reason of 512 bytes each."""
+    await asyncio.gather(
+        *(
+            stub.KillPlan(
+                pb.KillPlanRequest(plan_id=f"{tag}-{n}", reason="r" * 512),
+                metadata=caller_metadata(home),
+                timeout=60,
+            )
+            for n in range(KILLS_A_ROUND)
+        )
+    )
+
+
+def test_a_stream_reading_a_trickle_holds_a_page_of_kills_and_is_sent_every_one_back(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            hub = running.hub
+            stream = await _trickle(running, home, "trickle")
+            session = hub.sessions["trickle"]
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                for n in range(ROUNDS):
+                    await _kills(stub, home, f"p{n}")
+                    await stream.grant(GRANT)  # confirming none
+                    # Kept (it reads what it is sent), and never more than a page
+                    # behind: before, every kill made waited here (qsize 700 and on).
+                    assert hub.sessions.get("trickle") is session
+                    assert session.outbox.qsize() <= KILL_PAGE + 8, (n, session.outbox.qsize())
+            finally:
+                await stream.close()
+            while "trickle" in hub.sessions:
+                await asyncio.sleep(0.02)
+
+            # Its worker back, reading and confirming as a worker does: every kill comes.
+            hello = pb.Hello(
+                worker_id="trickle",
+                instance_id=uuid.uuid4().hex,
+                version="hand",
+                protocol_min=PROTOCOL_MIN,
+                protocol_max=PROTOCOL_MAX,
+            )
+            worker = HandWorker(running.address, home, hello=hello, key=stream.key)
+            try:
+                made = ROUNDS * KILLS_A_ROUND
+                got = 0
+                while got < made:
+                    kills = await worker.until("kill_plan", got + 1)
+                    got = len(kills)
+                    beat = pb.Heartbeat(kills_through=kills[-1].seq)
+                    worker.send(pb.WorkerMessage(heartbeat=beat))
+                plans = {k.plan_id for k in kills}
+                assert len(kills) == made
+                assert plans == {f"p{r}-{n}" for r in range(ROUNDS) for n in range(KILLS_A_ROUND)}
+            finally:
+                await worker.close()
+                await channel.close()
+
+    asyncio.run(go())
+
+
+def test_a_stream_saying_it_recorded_kills_it_never_read_is_sent_no_more_than_it_reads(
+    tmp_path: Path,
+) -> None:
+    """Its every heartbeat says each kill made is recorded (the hub takes it up to the
+    last it numbered), many heartbeats an envelope, read at once (a call to it waits):
+    it is sent a page a heartbeat, and a kill as it is made, only while less than a
+    page of them waits in its outbox."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            hub = running.hub
+            stream = await _trickle(running, home, "liar")
+            session = hub.sessions["liar"]
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            waiting = asyncio.ensure_future(
+                stub.Dispatch(probe_request("liar"), metadata=caller_metadata(home), timeout=60)
+            )
+            try:
+                for n in range(ROUNDS):
+                    await _kills(stub, home, f"p{n}")
+                    await stream.grant(GRANT, kills_through=2**40, beats=MAX_ENVELOPE_MESSAGES)
+                    await stream.until_received(stream.received + 1)  # its heartbeats read
+                    # Before, every kill made waited here (qsize 700 and on).
+                    assert hub.sessions.get("liar") is session
+                    assert session.outbox.qsize() <= 2 * KILL_PAGE + 8, (n, session.outbox.qsize())
+            finally:
+                waiting.cancel()
+                await stream.close()
+                await channel.close()
+
+    asyncio.run(go())
