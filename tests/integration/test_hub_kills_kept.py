@@ -20,8 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.cluster import Proc, write_config
 from tests.support.hub_inproc import (
+    HandWorker,
     caller_metadata,
     hub_in_process,
     own_channel,
@@ -30,6 +33,7 @@ from tests.support.hub_inproc import (
     until_connected,
 )
 from worker import app
+from worker.hub import store as store_module
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
@@ -311,6 +315,84 @@ def test_rotating_the_workers_token_keeps_the_persons_lifts_and_the_kills_in_for
                     assert lifted == "ok", lifted
                     kept = await code_of(stub, hub_home, probe_request(worker_id, "kept"))
                     assert kept.startswith("plan_killed") and "at this hub" not in kept, kept
+                finally:
+                    await channel.close()
+                    await stop_worker(worker)
+        finally:
+            if worker is not None:
+                await stop_worker(worker)
+            if relay is not None:
+                await relay.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("hub_keeps", ["apart", "pruned"])
+def test_a_kill_the_hub_keeps_apart_or_pruned_stays_in_force_after_the_tokens_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_keeps: str
+) -> None:
+    """review19 A5: a kill the worker recorded whole binds the key it came under; the
+    person rotates hub-workers.token, and the hub sends every kill again: one it keeps
+    only by digest now ("apart": past KILLS_HELD kills another worker, away, had not
+    confirmed) the worker took for lifted since, one it pruned ("pruned": past
+    KILLS_KEPT, every worker confirmed) it sent none of, and the plan ran for the new
+    key. The worker carries the old key's kills over to the new one."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", 10)
+    if hub_keeps == "pruned":
+        monkeypatch.setattr(store_module, "KILLS_KEPT", 5)
+    hub_home, home = tmp_path / "hub", tmp_path / "w"
+
+    async def go() -> None:
+        relay: Relay | None = None
+        worker: Proc | None = None
+        try:
+            async with hub_in_process(hub_home) as running:
+                relay = Relay(port_of(running.address))
+                address = await relay.start()  # the same address across the hub's restart
+                worker = worker_via(home, hub_home, address)
+                (worker_id,) = await until_connected(running, worker)
+                if hub_keeps == "apart":  # another worker, away from now on
+                    away = HandWorker(running.address, hub_home)
+                    await away.until("welcome")
+                    await away.close()
+                    while away.worker_id in running.hub.sessions:
+                        await asyncio.sleep(0.01)  # the hub runs in this loop
+                channel = own_channel(running.address)
+                stub = pb_grpc.ControlServiceStub(channel)
+                md = caller_metadata(hub_home)
+                try:
+                    assert await code_of(stub, hub_home, probe_request(worker_id, "victim")) == "ok"
+                    await stub.KillPlan(
+                        pb.KillPlanRequest(plan_id="victim", reason="stop"), metadata=md, timeout=60
+                    )
+                    await until_confirmed(running, worker_id)
+                    for n in range(12):  # a caller's pairs of plans in use and their kills
+                        await code_of(stub, hub_home, probe_request(worker_id, f"made-up-{n}"))
+                        await stub.KillPlan(
+                            pb.KillPlanRequest(plan_id=f"made-up-{n}", reason="x"),
+                            metadata=md,
+                            timeout=60,
+                        )
+                    await until_confirmed(running, worker_id)
+                    with contextlib.closing(sqlite3.connect(hub_home / "hub.db")) as db:
+                        whole = db.execute("SELECT 1 FROM kills WHERE plan_id = 'victim'")
+                        assert whole.fetchone() is None
+                        apart = db.execute("SELECT count(*) FROM kills_apart").fetchone()[0]
+                        assert bool(apart) == (hub_keeps == "apart")
+                finally:
+                    await channel.close()
+                    await stop_worker(worker)
+            (hub_home / "hub-workers.token").unlink()  # rotated: the hub makes another
+            async with hub_in_process(hub_home) as running:
+                relay.port = port_of(running.address)
+                worker = worker_via(home, hub_home, address)
+                await until_connected(running, worker)
+                await until_confirmed(running, worker_id)
+                channel = own_channel(running.address)
+                stub = pb_grpc.ControlServiceStub(channel)
+                try:
+                    code = await code_of(stub, hub_home, probe_request(worker_id, "victim"))
+                    assert code.startswith("plan_killed") and "at this hub" not in code, code
                 finally:
                     await channel.close()
                     await stop_worker(worker)

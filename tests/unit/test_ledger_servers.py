@@ -28,6 +28,7 @@ from worker.core.ledger import (
     Seen,
     State,
 )
+from worker.wire.protocol import plan_digest
 from worker.wire.transport import read_or_create_token
 
 DIGEST = "blake3:" + "cd" * 32
@@ -371,6 +372,32 @@ def test_a_hubs_kills_recorded_are_known_by_its_epoch_under_any_token_of_its_add
     state.mark_kills("epoch-l", 3)
     state.server = local_hub_key("t2")
     assert state.hub_kills_recorded("epoch-l") == 3
+    state.close()
+
+
+def test_a_hubs_kills_under_its_earlier_token_bind_its_new_one(tmp_path: Path) -> None:
+    """review19 A5: the person rotated hub-workers.token; the same hub (its kills'
+    epoch) under the new key: the old key's kills, whole and kept apart, bind the new
+    key. Before, they bound the old key only, and the plan ran. Another address's, or
+    another epoch's (another hub.db), stay theirs."""
+    state = State(tmp_path / "state.db")
+    rotated = server_key("127.0.0.1:7000", "rotated", tls=False)
+    state.server = A
+    state.mark_kills("epoch-a", 3)
+    state.kill_plan("whole", "A's", "server", in_use=True)
+    state.kill_apart(plan_digest("apart"))
+    state.server = B
+    state.mark_kills("epoch-b", 1)
+    state.kill_plan("b's", "B's", "server")
+    state.server = rotated
+    assert state.kill_reason("whole") is None and state.killed("apart") is None
+    assert state.carry_kills_over("another-epoch") == 0
+    assert state.kill_reason("whole") is None
+    assert state.carry_kills_over("epoch-a") == 2
+    assert state.kill_reason("whole") == "A's (by server)" and state.killed("apart")
+    assert state.kill_reason("b's") is None  # another address's
+    state.mark_kills("epoch-a", 0)
+    assert state.carry_kills_over("epoch-a") == 0  # once: its own mark is of the epoch
     state.close()
 
 

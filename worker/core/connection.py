@@ -378,6 +378,9 @@ class WorkerConnection:
             # starts the count of those recorded over (the server sends them all).
             self._kills_epoch = welcome.kills_epoch
             self._kills_seen = 0
+            # The same hub under a new key (its workers' token rotated): its kills
+            # recorded under the old key bind this one (see carry_kills_over).
+            self.dispatcher.state.carry_kills_over(welcome.kills_epoch)
             self.dispatcher.state.mark_kills(welcome.kills_epoch, 0)
             if self._link is not None:
                 self._session_id = welcome.session_id

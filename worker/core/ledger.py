@@ -1002,6 +1002,49 @@ class State:
         ).fetchone()
         return row is not None or self.kept_apart(plan_digest(plan_id))
 
+    def carry_kills_over(self, epoch: str) -> int:
+        """At the first session of a new key of an address whose kills numbered in
+        `epoch` (its Welcome: the same hub.db) were recorded here under another key (the
+        person rotated hub-workers.token), that key's kills, whole and kept apart, bind
+        the new key instead: they are the same hub's. Before, they bound the old key
+        only, and the hub, which sends every kill again, sends none it pruned, and one
+        it keeps by digest the worker took for lifted since: the plan ran (review19 A5).
+        How many were carried over."""
+        address, hashed, _ = self.server.rpartition("#")
+        if not epoch or not hashed or self.kill_mark()[0] == epoch:
+            return 0
+        earlier = [
+            (key,)
+            for (key,) in self._db.execute(
+                "SELECT server FROM kill_marks WHERE epoch = ? AND server != ?"
+                " AND substr(server, 1, ?) = ?",
+                (epoch, self.server, len(address) + 1, f"{address}#"),
+            )
+        ]
+        if not earlier:
+            return 0
+        with self.batch():
+            carried = 0
+            for (key,) in earlier:
+                carried += self._db.execute(
+                    "UPDATE killed_plans SET server = ? WHERE server = ? AND killed_by IN (?, ?)",
+                    (self.server, key, SERVER, OVERFLOW),
+                ).rowcount
+                carried += self._db.execute(
+                    "UPDATE kills_apart SET server = ? WHERE server = ?", (self.server, key)
+                ).rowcount
+            self._apart_counts.clear()
+            self._changed()
+            self._refresh()
+            self._prune_server_kills(self.server)
+        if carried:
+            log.info(
+                "%d kill(s) of this hub recorded under its earlier workers' token now bind "
+                "its new one",
+                carried,
+            )
+        return carried
+
     def mark_kills(self, epoch: str, through: int) -> None:
         """The server served numbers its kills in `epoch` (its Welcome), and this one's
         kills through `through` are recorded (its KillPlans, once `kill_plan` recorded
