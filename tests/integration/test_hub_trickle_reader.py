@@ -36,11 +36,13 @@ KILLS_A_ROUND = 50
 GRANT = 8 * 1024  # bytes of window a round: a fifth of the kills made meanwhile
 
 
-async def _trickle(running: RunningHub, home: Path, worker_id: str) -> TrickleStream:
-    """A trickle stream connected: its Welcome taken, its session in the hub."""
+async def _trickle(
+    running: RunningHub, home: Path, worker_id: str, grant: int = GRANT
+) -> TrickleStream:
+    """A trickle stream connected, `grant` bytes of window open: its session in the hub."""
     stream = TrickleStream(running.address, token_of(home, "hub-workers.token"), worker_id)
     await stream.open()
-    await stream.grant(GRANT)
+    await stream.grant(grant)
     while worker_id not in running.hub.sessions:
         await asyncio.sleep(0.02)  # the hub runs in this loop
     return stream
@@ -141,6 +143,66 @@ def test_a_stream_saying_it_recorded_kills_it_never_read_is_sent_no_more_than_it
                     assert session.outbox.qsize() <= 2 * KILL_PAGE + 8, (n, session.outbox.qsize())
             finally:
                 waiting.cancel()
+                await stream.close()
+                await channel.close()
+
+    asyncio.run(go())
+
+
+def test_a_stream_let_go_for_reading_too_slowly_loses_no_call(tmp_path: Path) -> None:
+    """Past OUTBOX_WAIT_S (made small here) the hub lets go of a stream that reads
+    slower than it is written, the calls its callers wait for queued on it; its worker
+    back gets each of them, and each caller its answer."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            hub = running.hub
+            # Its window opened for its Welcome and a few heartbeats: what comes after
+            # waits in its outbox.
+            stream = await _trickle(running, home, "slow", grant=512)
+            session = hub.sessions["slow"]
+            hub.outbox_wait_s = 0.2  # the heartbeat timer looks every heartbeat_s
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            calls = [
+                asyncio.ensure_future(
+                    stub.Dispatch(probe_request("slow"), metadata=caller_metadata(home), timeout=60)
+                )
+                for _ in range(5)
+            ]
+            try:
+                async with asyncio.timeout(60):  # before: kept for as long as it lived
+                    while "slow" in hub.sessions:
+                        await asyncio.sleep(0.02)
+                assert session.refusal is not None and "waited" in session.refusal[1]
+                hello = pb.Hello(
+                    worker_id="slow",
+                    instance_id=uuid.uuid4().hex,
+                    version="hand",
+                    protocol_min=PROTOCOL_MIN,
+                    protocol_max=PROTOCOL_MAX,
+                )
+                worker = HandWorker(running.address, home, hello=hello, key=stream.key)
+                try:
+                    sent = await worker.until("request", len(calls))
+                    for request in sent:
+                        result = pb.ActionResult(
+                            correlation_id=request.correlation_id,
+                            status=pb.ActionResult.OK,
+                            result_json="{}",
+                        )
+                        worker.send(pb.WorkerMessage(result=result))
+                    answers = await asyncio.gather(*calls)
+                    assert [a.result.status for a in answers] == [pb.ActionResult.OK] * 5
+                    assert {a.result.correlation_id for a in answers} == {
+                        r.correlation_id for r in sent
+                    }
+                finally:
+                    await worker.close()
+            finally:
+                for call in calls:
+                    call.cancel()
                 await stream.close()
                 await channel.close()
 
