@@ -10,7 +10,9 @@ stream that said Hello once (the far side)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -201,15 +203,56 @@ def test_a_blob_for_a_connected_worker_that_answers_nothing_goes_when_its_caller
     asyncio.run(go())
 
 
+async def _sent_and_left(
+    stub: pb_grpc.ControlServiceStub, home: Path, worker: HandWorker, args_json: str
+) -> pb.DispatchResponse | None:
+    """Dispatch a call to `worker` (reading every request, answering none) and hang up
+    once the worker got it: the call waits in hub.db. The hub's answer instead when it
+    refused the call before sending it."""
+    before = len(worker.received.get("request", []))
+    request = _call(worker.worker_id, "workerDiag.probe", args_json, timeout_ms=3_600_000)
+    call = stub.Dispatch(request, metadata=caller_metadata(home))
+    answered = asyncio.ensure_future(call)
+    got = asyncio.ensure_future(worker.until("request", before + 1))
+    done, _ = await asyncio.wait({answered, got}, return_when=asyncio.FIRST_COMPLETED)
+    if answered in done:  # refused before it went
+        got.cancel()
+        reply: pb.DispatchResponse = answered.result()
+        return reply
+    call.cancel()  # the caller hangs up; the call waits
+    return None
+
+
+def _waiting_in_hub_db(running: RunningHub, home: Path) -> dict[str, tuple[int, int]]:
+    """What hub.db holds pending, by worker: calls, their requests' bytes (a reader of
+    its own, once the hub committed what it recorded)."""
+    running.hub.store.flush()
+    with contextlib.closing(sqlite3.connect(home / "hub.db")) as db:
+        rows = db.execute(
+            "SELECT worker_id, count(*), sum(length(request)) FROM calls"
+            " WHERE state = 'PENDING' GROUP BY worker_id"
+        ).fetchall()
+    return {worker_id: (count, size) for worker_id, count, size in rows}
+
+
+def _worker_back(running: RunningHub, home: Path, first: HandWorker) -> HandWorker:
+    """A new stream of `first`'s worker id, with its key."""
+    return HandWorker(running.address, home, hello=first.hello, key=first.key)
+
+
+async def _gone(running: RunningHub, worker: HandWorker) -> None:
+    await worker.close()
+    while worker.worker_id in running.hub.sessions:
+        await asyncio.sleep(0.02)  # the hub runs in this loop: it sees the stream end
+
+
 def test_calls_past_the_bound_for_a_connected_worker_that_answers_none_are_answered_busy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """review18's r7: with the worker connected, reading every request and answering
     none, calls whose callers left waited in hub.db with their args whole and no bound
-    (100 of 1 MiB: 105 MB). They are counted every PENDING_CHECK_EVERY Dispatches (each
-    once past half the bound): past it, `busy`."""
+    (100 of 1 MiB: 105 MB). Past the bound, `busy`, counted at every Dispatch."""
     monkeypatch.setattr(server_module, "PENDING_AWAY_CALLS", BOUND * 2)
-    monkeypatch.setattr(server_module, "PENDING_CHECK_EVERY", 2)
     home = tmp_path / "home"
 
     async def go() -> None:
@@ -219,34 +262,141 @@ def test_calls_past_the_bound_for_a_connected_worker_that_answers_none_are_answe
             channel = own_channel(running.address)
             stub = pb_grpc.ControlServiceStub(channel)
             big = json.dumps({"pad": "x" * 100_000})
-            sent = 0
-
-            async def dispatch() -> pb.DispatchResponse | None:
-                nonlocal sent
-                request = _call(silent.worker_id, "workerDiag.probe", big, timeout_ms=3_600_000)
-                call = stub.Dispatch(request, metadata=caller_metadata(home))
-                answered = asyncio.ensure_future(call)
-                sent += 1
-                got = asyncio.ensure_future(silent.until("request", sent))
-                done, _ = await asyncio.wait({answered, got}, return_when=asyncio.FIRST_COMPLETED)
-                if answered in done:  # refused before it went
-                    got.cancel()
-                    sent -= 1
-                    reply: pb.DispatchResponse = answered.result()
-                    return reply
-                call.cancel()  # the caller hangs up; the call waits
-                return None
-
             try:
-                answers = [await dispatch() for _ in range(BOUND * 2 + 3)]
-                refused = [a for a in answers if a is not None]
-                assert refused and all(a.result.error.code == "busy" for a in refused)
+                answers = [
+                    await _sent_and_left(stub, home, silent, big) for _ in range(BOUND * 2 + 3)
+                ]
+                assert answers[: BOUND * 2] == [None] * (BOUND * 2)
+                refused = answers[BOUND * 2 :]
+                assert all(a is not None and a.result.error.code == "busy" for a in refused)
+                assert refused[0] is not None
                 assert "has answered none" in refused[0].result.error.message
                 while running.hub._waiters:
                     await asyncio.sleep(0.02)  # the hub sees every caller gone
-                waiting, _ = running.hub.store.pending_for(silent.worker_id)
-                assert BOUND * 2 <= waiting <= BOUND * 2 + 2, waiting
+                waiting = _waiting_in_hub_db(running, home)[silent.worker_id]
+                assert waiting[0] == BOUND * 2
+                assert running.hub.store.pending_for(silent.worker_id) == waiting
             finally:
+                await channel.close()
+                await silent.close()
+
+    asyncio.run(go())
+
+
+def test_the_bound_for_a_connected_worker_holds_across_its_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review19 A4 (1): the count lived on the worker's session, so each new stream of
+    an id took 32 Dispatches unchecked: one made-up id dialling again between them held
+    191 MiB after 6 streams (bound 64). Counted by worker id, the bound holds whatever
+    the streams."""
+    monkeypatch.setattr(server_module, "PENDING_AWAY_CALLS", BOUND)
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            first = HandWorker(running.address, home)  # reads all, answers nothing
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            big = json.dumps({"pad": "x" * 100_000})
+            answers: list[pb.DispatchResponse | None] = []
+            try:
+                silent = first
+                for _stream in range(3):
+                    await silent.until("welcome")
+                    answers += [await _sent_and_left(stub, home, silent, big) for _ in range(2)]
+                    await _gone(running, silent)
+                    silent = _worker_back(running, home, first)
+                await silent.close()
+                waiting = _waiting_in_hub_db(running, home).get(first.worker_id, (0, 0))
+                assert waiting[0] == BOUND, answers
+                assert answers[:BOUND] == [None] * BOUND
+                assert all(a is not None and a.result.error.code == "busy" for a in answers[BOUND:])
+            finally:
+                await channel.close()
+                await silent.close()
+
+    asyncio.run(go())
+
+
+def test_the_bound_for_every_worker_holds_for_workers_connected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review19 A4 (2): the bound on the requests waiting for every worker together
+    (PENDING_BYTES) was not counted for a worker connected: 5 silent workers, each
+    held to its own 64 MiB, held 324 MiB (bound 256). It holds for them too."""
+    big = json.dumps({"pad": "x" * 100_000})
+    monkeypatch.setattr(server_module, "PENDING_BYTES", 250_000)  # two such calls, not three
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            silents = [HandWorker(running.address, home) for _ in range(2)]
+            for silent in silents:
+                await silent.until("welcome")
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                answers = [await _sent_and_left(stub, home, silent, big) for silent in silents * 2]
+                assert answers[:2] == [None, None]
+                for refused in answers[2:]:
+                    assert refused is not None and refused.result.error.code == "busy"
+                    assert "wait in hub.db for their workers" in refused.result.error.message
+                waiting = _waiting_in_hub_db(running, home)
+                assert sum(size for _, size in waiting.values()) <= 250_000, waiting
+                assert running.hub.store.pending.total_bytes == sum(
+                    size for _, size in waiting.values()
+                )
+            finally:
+                await channel.close()
+                for silent in silents:
+                    await silent.close()
+
+    asyncio.run(go())
+
+
+def test_the_bound_for_a_connected_worker_holds_while_a_commit_is_in_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review19 A4 (3): the count was skipped while a commit was in the store's writer
+    thread (a query then waited for it): with large results committed there one after
+    another, a silent worker held 248 MiB in one session (bound 64). Counted in memory,
+    a Dispatch is weighed while the commit is under way, and waits for none of it."""
+    monkeypatch.setattr(server_module, "PENDING_AWAY_CALLS", BOUND)
+    # Before review19 A4, each Dispatch was counted (every PENDING_CHECK_EVERY) unless a
+    # commit was in the writer thread: here each, so that only the commit skipped it.
+    monkeypatch.setattr(server_module, "PENDING_CHECK_EVERY", 1, raising=False)
+    # No group commit on the loop meanwhile: it would wait for the one held.
+    monkeypatch.setattr(server_module, "STORE_DELAY_S", 3600.0)
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            silent = HandWorker(running.address, home)  # reads all, answers nothing
+            await silent.until("welcome")
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            big = json.dumps({"pad": "x" * 100_000})
+            store = running.hub.store
+            locker = sqlite3.connect(home / "hub.db", timeout=0)
+            try:
+                assert await _sent_and_left(stub, home, silent, big) is None
+                # Another writer holds hub.db: the commit of that call, handed to the
+                # writer thread, waits for it.
+                locker.execute("BEGIN IMMEDIATE")
+                commit = store.complete_off_loop([])
+                answers = [await _sent_and_left(stub, home, silent, big) for _ in range(BOUND + 1)]
+                assert not commit.done() and store.committing  # all of them meanwhile
+                locker.rollback()
+                assert await asyncio.wrap_future(commit) == []
+                assert answers[: BOUND - 1] == [None] * (BOUND - 1), answers
+                for refused in answers[BOUND - 1 :]:
+                    assert refused is not None and refused.result.error.code == "busy"
+                waiting = _waiting_in_hub_db(running, home)[silent.worker_id]
+                assert waiting[0] == BOUND
+                assert store.pending_for(silent.worker_id) == waiting
+            finally:
+                locker.close()
                 await channel.close()
                 await silent.close()
 

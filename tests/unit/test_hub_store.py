@@ -786,3 +786,54 @@ def test_the_stops_owed_to_workers_forgotten_go_with_them(
     assert store.stop_owed("good", 0) is not None
     assert store.stop_owed("made-up-0-0", 0) is None
     assert store.killed("any-plan", "good", 0)
+
+
+def _pending_in_db(path: Path) -> dict[str, tuple[int, int]]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute(
+            "SELECT worker_id, count(*), sum(length(request)) FROM calls"
+            " WHERE state = 'PENDING' GROUP BY worker_id"
+        ).fetchall()
+    return {worker_id: (count, size) for worker_id, count, size in rows}
+
+
+def test_the_calls_pending_are_counted_in_memory_as_hub_db_holds_them(tmp_path: Path) -> None:
+    """review19 A4: the count a Dispatch is weighed against (worker.hub.pending) follows
+    every way a call stops waiting, in the writer thread too, and is read back at start."""
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    deadline = now_ms() + 60_000
+
+    def agrees() -> None:
+        store.flush()
+        held = _pending_in_db(path)
+        for worker_id in ("w", "v"):
+            assert store.pending_for(worker_id) == held.get(worker_id, (0, 0)), worker_id
+        assert store.pending.total_bytes == sum(size for _, size in held.values())
+
+    for cid in ("early", "late", "large", "dropped", "old", "unsent"):
+        store.add("w", "d", _request(cid), 0, deadline, fresh=True)
+    store.add("v", "d", _request("other"), 0, deadline, fresh=True)
+    assert store.pending_for("w")[0] == 6
+    store.unadd("unsent")  # never sent
+    store.complete(_ok("early"))  # answered before its commit: written once, answered
+    agrees()
+    store.complete(_ok("late"))  # answered after its commit
+    store.abandon("dropped")
+    agrees()
+    assert store.complete_off_loop([(_large_ok("large"), None, False, None)]).result(60) == [True]
+    agrees()
+    store.complete(_ok("late"))  # answered twice: once counted
+    store.add("v", "d", _request("older"), 0, deadline - 10, fresh=True)
+    store.prune(now=deadline + CALLS_KEPT_MS - 5)  # past its deadline a day: forgotten
+    agrees()
+    assert store.pending_for("v")[0] == 1
+    asyncio.run(store.prune_off_loop(now=deadline + CALLS_KEPT_MS + 1))  # the writer thread's
+    agrees()
+    assert store.pending_for("w") == store.pending_for("v") == (0, 0)
+    store.add("w", "d", _request("after"), 0, deadline, fresh=True)
+    store.close()
+    store = HubStore(path)  # counted once, at its start
+    agrees()
+    assert store.pending_for("w")[0] == 1 and store.pending_for("v") == (0, 0)
+    store.close()

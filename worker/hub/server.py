@@ -170,12 +170,10 @@ KILL_PAGE_BYTES: Final = 16 * 1024
 
 # Calls a worker may have waiting for it in hub.db (their requests whole, args included,
 # to send when it is back, or until it answers), and their requests' bytes: past either,
-# a call to it is answered `busy` (Hub._room_for). For a worker connected they are
-# counted every PENDING_CHECK_EVERY Dispatches to it (a query each cost the control path
-# its share), each once past half the bound, so it may be passed by that many calls.
+# a call to it is answered `busy` (Hub._room_for), connected or away. Counted in memory
+# by worker id (worker.hub.pending), at every Dispatch.
 PENDING_AWAY_CALLS: Final = 1024
 PENDING_AWAY_BYTES: Final = 64 * 1024 * 1024
-PENDING_CHECK_EVERY: Final = 32
 # And the requests waiting for every worker together (a caller holding hub-workers.token
 # too remembers up to 1,024 made-up workers away).
 PENDING_BYTES: Final = 256 * 1024 * 1024
@@ -1173,20 +1171,7 @@ class Hub:
                 {"holding_bytes": self._holding, "limit_bytes": self.held_blob_bytes},
             )
         worker_id = self.placements.route(req, self.pick_worker)
-        session = self.sessions.get(worker_id)
-        if session is None:
-            self._room_for(worker_id, len(req.args_json))
-        elif (
-            session.pending_high or session.unchecked_dispatches >= PENDING_CHECK_EVERY
-        ) and not self.store.committing:
-            # Connected, and answering none of them (review18 F3's r7: 100 calls of 1 MiB
-            # args whose callers left waited in hub.db, 105 MB, past the bound for one away).
-            # Not while a commit is in the writer thread: the count would wait for it (a
-            # hub.db locked from outside then failed the call), and it is due next time.
-            session.unchecked_dispatches = 0
-            self._room_for(worker_id, len(req.args_json), session)
-        else:
-            session.unchecked_dispatches += 1
+        self._room_for(worker_id, len(req.args_json))
         if req.plan_id and self._killed_there(req, worker_id):
             raise WorkerError(
                 "plan_killed",
@@ -1198,24 +1183,18 @@ class Hub:
             )
         return worker_id
 
-    def _room_for(self, worker_id: str, args_bytes: int, session: Session | None = None) -> None:
+    def _room_for(self, worker_id: str, args_bytes: int) -> None:
         """`busy` past PENDING_AWAY_CALLS calls, or PENDING_AWAY_BYTES of their requests,
-        recorded for a worker and not answered (`session`: its, when it is connected),
-        or PENDING_BYTES for every worker: each waits in hub.db, args whole (it is sent
-        when the worker is back), until its deadline (up to 24 h) and a day more. One
-        caller's 1 MiB args to a worker away, hung up at once, grew hub.db 17 MB/s with
-        no bound (review17 E4); to one connected that answered none, 105 MB for 100
-        (review18's r7)."""
-        count, size = self.store.pending_for(worker_id)
-        if session is not None:
-            session.pending_high = count * 2 >= PENDING_AWAY_CALLS or size * 2 >= PENDING_AWAY_BYTES
+        recorded for a worker and not answered, or PENDING_BYTES for every worker: each
+        waits in hub.db, args whole (it is sent when the worker is back), until its
+        deadline (up to 24 h) and a day more. One caller's 1 MiB args to a worker away,
+        hung up at once, grew hub.db 17 MB/s with no bound (review17 E4); to one
+        connected that answered none, 105 MB for 100 (review18's r7). The counts are
+        kept in memory by worker id (worker.hub.pending): counted by a query they were
+        skipped, and passed without bound (review19 A4)."""
+        count, size = self.store.pending.of(worker_id)
         if count < PENDING_AWAY_CALLS and size + args_bytes <= PENDING_AWAY_BYTES:
-            if session is not None:
-                # Its own share only: every worker's sum joins calls and workers (300,000
-                # rows of a day: up -> 0.30x its calls/s at 64 in flight, counted every
-                # 32 Dispatches); while it is connected the away ones' calls are bound.
-                return
-            everyones = self.store.pending_bytes()
+            everyones = self.store.pending.total_bytes
             if everyones + args_bytes <= PENDING_BYTES:
                 return
             raise WorkerError(
@@ -1225,10 +1204,11 @@ class Hub:
                 f"{worker_id!r} while they wait: retry once some of them end",
                 {"waiting_bytes": everyones},
             )
+        which = "has answered none" if worker_id in self.sessions else "is away"
         raise WorkerError(
             "busy",
             f"{count:,} calls ({size:,} bytes of requests) already wait for worker "
-            f"{worker_id!r}, which {'is away' if session is None else 'has answered none'}; "
+            f"{worker_id!r}, which {which}; "
             f"past {PENDING_AWAY_CALLS:,} calls or "
             f"{PENDING_AWAY_BYTES // 2**20} MiB the hub takes no more for it: retry once it "
             "is back, or once some of them end",

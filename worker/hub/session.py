@@ -85,10 +85,6 @@ class Session:
     # ahead of them.
     kills_paging: bool = True
     kills_sent: int = 0
-    # Dispatches to this worker since its pending calls were last counted, and whether
-    # that count was past half its bound (then each is counted: Hub._room_for).
-    unchecked_dispatches: int = 0
-    pending_high: bool = False
     held_resends: set[str] = field(default_factory=set)
     # What to do when it ends: uploads handed to its worker as they come stop (see
     # worker.hub.delivery.hand_upload), by call id.

@@ -45,6 +45,7 @@ from google.protobuf.message import DecodeError
 from worker import db
 from worker.clock import now_ms
 from worker.db import connect
+from worker.hub.pending import PendingCalls
 from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import plan_digest
@@ -336,6 +337,14 @@ class HubStore:
         self._db.execute("CREATE INDEX IF NOT EXISTS kills_by_use ON kills (used, seq)")
         # A worker stream's key is looked up before its Hello is read (worker.hub.server).
         self._db.execute("CREATE INDEX IF NOT EXISTS workers_key ON workers (key_digest)")
+        # The calls waiting for each worker, kept as they come and go (see
+        # worker.hub.pending); counted once here.
+        self.pending = PendingCalls(
+            self._db.execute(
+                "SELECT worker_id, count(*), coalesce(sum(length(request)), 0) FROM calls"
+                " WHERE state = 'PENDING' GROUP BY worker_id"
+            )
+        )
         self.workers_away_kept = WORKERS_AWAY_KEPT
         self._issued_seq: int | None = None  # kills_issued, read once, then kept
         (self._apart_rows,) = self._db.execute("SELECT count(*) FROM kills_apart").fetchone()
@@ -447,44 +456,25 @@ class HubStore:
             self.settle()  # a call the writer thread failed to write is added again
         if cid in self._unwritten or (not fresh and self._known(cid)):
             return False
+        asked = request.SerializeToString()
         self._unwritten[cid] = (
             cid,
             worker_id,
             digest,
-            request.SerializeToString(),
+            asked,
             blob_bytes,
             now_ms(),
             deadline_ms,
             request.plan_id,
         )
+        self.pending.came(worker_id, len(asked))
         return True
 
     def pending_for(self, worker_id: str) -> tuple[int, int]:
         """The calls recorded for `worker_id` and not yet answered nor abandoned: how
-        many, and the bytes of their requests (args included)."""
-        count = size = 0
-        self.settle()  # the calls the writer thread is writing: committed, or back
-        for row in self._unwritten.values():
-            request = row[3]
-            if row[1] == worker_id and isinstance(request, bytes):
-                count, size = count + 1, size + len(request)
-        stored, stored_bytes = self._db.execute(
-            "SELECT count(*), coalesce(sum(length(request)), 0) FROM calls"
-            " WHERE worker_id = ? AND state = 'PENDING'",
-            (worker_id,),
-        ).fetchone()
-        return count + int(stored), size + int(stored_bytes)
-
-    def pending_bytes(self) -> int:
-        """The bytes of the requests of every call recorded and not yet answered nor
-        abandoned, of every worker remembered (one index seek a worker)."""
-        self.settle()  # the calls the writer thread is writing: committed, or back
-        size = sum(len(row[3]) for row in self._unwritten.values() if isinstance(row[3], bytes))
-        (stored,) = self._db.execute(
-            "SELECT coalesce(sum(length(c.request)), 0) FROM workers w"
-            " JOIN calls c ON c.worker_id = w.worker_id AND c.state = 'PENDING'"
-        ).fetchone()
-        return size + int(stored)
+        many, and the bytes of their requests (args included). Kept in memory: no query,
+        no wait for the writer thread."""
+        return self.pending.of(worker_id)
 
     def workers_of_plan(self, plan_id: str) -> set[str]:
         """The workers this hub sent a call of `plan_id`, as long as it keeps the calls
@@ -553,7 +543,9 @@ class HubStore:
 
     def unadd(self, correlation_id: str) -> None:
         """Take back a call added and not yet written (it was never sent)."""
-        self._unwritten.pop(correlation_id, None)
+        added = self._unwritten.pop(correlation_id, None)
+        if added is not None:
+            self.pending.went(str(added[1]), _size(added[3]))
 
     def _known(self, correlation_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM calls WHERE correlation_id = ?", (correlation_id,))
@@ -600,6 +592,7 @@ class HubStore:
     ) -> list[bool]:
         stored: list[bool] = []
         whole: dict[str, tuple[object, ...]] = {}  # added and answered: one row each
+        answered: list[tuple[str, int]] = []  # (worker, request bytes) no longer pending
         with db.transaction(self._db):
             for result, apart, keep_blob, serialized in results:
                 cid = result.correlation_id
@@ -619,21 +612,38 @@ class HubStore:
                         else asked
                     )
                     whole[cid] = (*added[:3], request, *added[4:], answer, kept, len(blob))
+                    answered.append((str(added[1]), _size(asked)))
                     stored.append(True)
                 elif added is not None:  # answered twice since the last commit
                     stored.append(False)
                 else:
-                    stored.append(self._answered(answer, kept, len(blob), cid, _preview(result)))
+                    new = self._answered(answer, kept, len(blob), cid, _preview(result), answered)
+                    stored.append(new)
             if whole:
                 self._db.executemany(_INSERT_ANSWERED, list(whole.values()))
             self._write_added(added_calls, answered=whole)  # and the calls not answered yet
+        self.pending.went_elsewhere(answered)  # committed (maybe in the writer thread)
         return stored
 
     def _answered(
-        self, answer: bytes, kept: bytes | None, blob_bytes: int, cid: str, preview: str
+        self,
+        answer: bytes,
+        kept: bytes | None,
+        blob_bytes: int,
+        cid: str,
+        preview: str,
+        was_pending: list[tuple[str, int]],
     ) -> bool:
         """Store a result in its call's row; whether it was new (the call known, and
-        not answered yet)."""
+        not answered yet). A call that was pending goes to `was_pending` (its worker,
+        its request's bytes)."""
+        # Read before it is masked (a call answered after the commit that recorded
+        # it: one lookup by its key, in the commit's transaction).
+        pending = self._db.execute(
+            "SELECT worker_id, length(request) FROM calls"
+            " WHERE correlation_id = ? AND state = 'PENDING'",
+            (cid,),
+        ).fetchone()
         # A finished call is never sent again: the digest still answers
         # args_mismatch; a legacy row's request blob goes, and its args give way to
         # their preview.
@@ -645,6 +655,8 @@ class HubStore:
             (answer, kept, blob_bytes, preview, cid),
         )
         if cur.rowcount > 0:
+            if pending is not None:
+                was_pending.append((str(pending[0]), int(pending[1])))
             return True
         if kept is not None:
             # A re-send (this hub never acked it: it stopped first) of a result a
@@ -671,11 +683,18 @@ class HubStore:
         they took are reused; a surplus goes back with db.give_back_off_loop."""
         self.flush()
         cutoff = (now if now is not None else now_ms()) - CALLS_KEPT_MS
-        cur = self._db.execute(
-            "DELETE FROM calls WHERE (state != 'PENDING' AND created_ms < ?)"
-            " OR (state = 'PENDING' AND deadline_ms < ?)",
-            (cutoff, cutoff),
-        )
+        with db.transaction(self._db):
+            expired = self._db.execute(
+                "SELECT worker_id, length(request) FROM calls"
+                " WHERE state = 'PENDING' AND deadline_ms < ?",
+                (cutoff,),
+            ).fetchall()
+            cur = self._db.execute(
+                "DELETE FROM calls WHERE (state != 'PENDING' AND created_ms < ?)"
+                " OR (state = 'PENDING' AND deadline_ms < ?)",
+                (cutoff, cutoff),
+            )
+        self.pending.went_elsewhere((str(w), int(size)) for w, size in expired)
         return cur.rowcount
 
     async def prune_off_loop(self, now: int | None = None) -> int:
@@ -699,21 +718,25 @@ class HubStore:
         may be left."""
         found = self._db.execute(
             "SELECT rowid, length(request) + coalesce(length(result), 0)"
-            " + coalesce(length(result_blob), 0) FROM calls"
+            " + coalesce(length(result_blob), 0), worker_id, state, length(request) FROM calls"
             " WHERE (state != 'PENDING' AND created_ms < ?)"
             " OR (state = 'PENDING' AND deadline_ms < ?) LIMIT ?",
             (cutoff, cutoff, PRUNE_BATCH_ROWS),
         ).fetchall()
         batch: list[tuple[int]] = []
+        expired: list[tuple[str, int]] = []  # pending calls among them (worker, bytes)
         size = 0
-        for rowid, row_bytes in found:
+        for rowid, row_bytes, worker_id, state, request_bytes in found:
             batch.append((rowid,))
+            if state == "PENDING":
+                expired.append((str(worker_id), int(request_bytes)))
             size += row_bytes
             if size >= PRUNE_BATCH_BYTES:
                 break
         if batch:
             with db.transaction(self._db):
                 self._db.executemany("DELETE FROM calls WHERE rowid = ?", batch)
+            self.pending.went_elsewhere(expired)
         return len(batch), len(found) == PRUNE_BATCH_ROWS or len(batch) < len(found)
 
     def abandon(self, correlation_id: str) -> None:
@@ -723,12 +746,20 @@ class HubStore:
         (review17 E3); an answered call keeps the worker's masked preview, this one
         none."""
         self.flush()
-        self._db.execute(
-            "UPDATE calls SET state = 'ABANDONED', request_blob = NULL,"
-            " request = answered_request(request, '')"
-            " WHERE correlation_id = ? AND state = 'PENDING'",
-            (correlation_id,),
-        )
+        with db.transaction(self._db):
+            pending = self._db.execute(
+                "SELECT worker_id, length(request) FROM calls"
+                " WHERE correlation_id = ? AND state = 'PENDING'",
+                (correlation_id,),
+            ).fetchone()
+            self._db.execute(
+                "UPDATE calls SET state = 'ABANDONED', request_blob = NULL,"
+                " request = answered_request(request, '')"
+                " WHERE correlation_id = ? AND state = 'PENDING'",
+                (correlation_id,),
+            )
+        if pending is not None:
+            self.pending.went(str(pending[0]), int(pending[1]))
 
     def open_calls(self, worker_id: str) -> list[StoredCall]:
         self.flush()
@@ -1235,6 +1266,11 @@ def _plan_of(request: bytes) -> str:
         return pb.ActionRequest.FromString(request).plan_id
     except DecodeError:
         return ""
+
+
+def _size(request: object) -> int:
+    """The bytes of a request as `add` recorded it."""
+    return len(request) if isinstance(request, bytes) else 0
 
 
 def without_blob(result: pb.ActionResult) -> pb.ActionResult:
