@@ -35,6 +35,7 @@ from tests.support.hub_inproc import (
     until_connected,
 )
 from worker import app
+from worker.clock import now_ms
 from worker.core.ledger import ALL_PLANS
 from worker.hub import store as store_module
 from worker.wire.proto import agentworker_pb2 as pb
@@ -172,6 +173,46 @@ def test_a_persons_kill_dropped_for_a_worker_away_reaches_it_by_digest(
                 assert await _code(stub, hub_home, worker_id, "never-killed") == "ok"
                 await asyncio.to_thread(_lift, home, "victim")
                 assert await _code(stub, hub_home, worker_id, "victim") == "ok"
+            finally:
+                await channel.close()
+                await stop_worker(worker)
+
+    asyncio.run(go())
+
+
+def test_a_kill_of_a_plan_idle_a_day_outlives_a_flood_while_its_worker_is_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review19 A6: the worker ran a call of "victim" and went away; a day on, the hub's
+    prune forgot the call, and the person's kill counted as of a plan never dispatched:
+    HELD + 1 KillPlans of made-up plans (none dispatched) dropped it first, nothing kept
+    apart, no stop owed, and the worker back ran the plan. The day passing is the hub's
+    own prune with its clock a day on."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", HELD)
+    hub_home = home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(hub_home) as running:
+            store = running.hub.store
+            worker = real_worker(home, running.address)
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                (worker_id,) = await until_connected(running, worker)
+                assert await _code(stub, hub_home, worker_id, "victim") == "ok"
+                await stop_worker(worker)
+                while running.hub.sessions:
+                    await asyncio.sleep(0.02)  # the hub runs in this loop
+                day_on = now_ms() + store_module.CALLS_KEPT_MS + 3_600_000
+                assert await store.prune_off_loop(now=day_on) == 1
+                assert (await _kill(stub, hub_home, "victim")).queued_worker_ids
+                for n in range(HELD + 1):
+                    await _kill(stub, hub_home, f"made-up-{n}")
+                worker = real_worker(home, running.address)
+                await until_connected(running, worker)
+                await _until_confirmed(running, worker_id)
+                assert await _code(stub, hub_home, worker_id, "victim") == "plan_killed"
+                assert await _code(stub, hub_home, worker_id, "never-killed") == "ok"
             finally:
                 await channel.close()
                 await stop_worker(worker)

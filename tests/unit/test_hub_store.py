@@ -449,6 +449,59 @@ def test_a_flood_of_kills_of_plans_never_dispatched_keeps_the_kills_of_plans_in_
     store.close()
 
 
+@pytest.mark.parametrize("pruning", ["prune", "prune_off_loop"])
+def test_a_kill_of_a_plan_whose_calls_were_pruned_is_of_a_plan_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pruning: str
+) -> None:
+    """review19 A6: a plan dispatched, idle past CALLS_KEPT_MS (its call pruned), was
+    "never dispatched" at its kill, so past KILLS_HELD (a worker away) the kill went
+    first, not kept apart, owing nothing, and the worker back ran the plan. A pruned
+    call's plan is remembered, by digest, for good (and across a restart)."""
+    monkeypatch.setattr(store_module, "KILLS_HELD", 10)
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    store.seen_worker(pb.Hello(worker_id="away"))
+    store.touch_worker("away", 10, kills_through=0)
+    store.add("away", "d", pb.ActionRequest(correlation_id="c1", plan_id="victim"), 0, now_ms() + 1)
+    assert store.complete(_ok("c1"))
+    later = now_ms() + store_module.CALLS_KEPT_MS + 3_600_000
+    if pruning == "prune":
+        assert store.prune(now=later) == 1
+    else:
+        assert asyncio.run(store.prune_off_loop(now=later)) == 1
+    assert not store.workers_of_plan("victim")
+    assert store.kill("victim", "the person's").kill.in_use
+    for n in range(11):  # a caller's kills of made-up plans, none dispatched
+        assert not store.kill(f"made-up-{n}", "flood").stops
+    assert store.killed("victim", "away", 0)
+    assert not store.kill("never", "x").kill.in_use
+    store.close()
+    store = HubStore(path)
+    assert store.kill("victim", "again").kill.in_use and not store.kill("none", "x").kill.in_use
+    store.close()
+
+
+def test_past_plans_remembered_every_plan_counts_as_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plans of pruned calls remembered are bounded (PLANS_REMEMBERED): past it no
+    more are, and a kill of any plan counts as of a plan in use (fail closed)."""
+    monkeypatch.setattr(store_module, "PLANS_REMEMBERED", 2)
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    for n in range(3):
+        req = pb.ActionRequest(correlation_id=f"c{n}", plan_id=f"p{n}")
+        store.add("w", "d", req, 0, now_ms() + 1)
+        assert store.complete(_ok(f"c{n}"))
+    assert not store.kill("before", "x").kill.in_use
+    assert store.prune(now=now_ms() + store_module.CALLS_KEPT_MS + 3_600_000) == 3
+    assert store.kill("never-dispatched", "x").kill.in_use
+    store.close()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT count(*) FROM plans_dispatched").fetchone() == (2,)
+    db.close()
+
+
 def test_kills_queued_by_a_hub_db_from_before_are_kept_for_their_workers(tmp_path: Path) -> None:
     path = tmp_path / "hub.db"
     old = sqlite3.connect(path)

@@ -35,7 +35,7 @@ import concurrent.futures
 import logging
 import os
 import uuid
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -92,6 +92,9 @@ CREATE TABLE IF NOT EXISTS kills_apart (  -- kills of plans in use dropped past 
     worker_id TEXT NOT NULL         -- '' every worker
 );
 CREATE INDEX IF NOT EXISTS kills_apart_digest ON kills_apart (digest);
+CREATE TABLE IF NOT EXISTS plans_dispatched (  -- plans of calls pruned (see PLANS_REMEMBERED)
+    digest INTEGER PRIMARY KEY  -- of the plan id (worker.wire.protocol.plan_digest)
+);
 CREATE TABLE IF NOT EXISTS kills_epoch (  -- names the sequence of kills.seq
     one   INTEGER PRIMARY KEY CHECK (one = 1),
     epoch TEXT NOT NULL
@@ -172,6 +175,15 @@ APART_STAND_IN: Final = (
     "this worker cannot read (its protocol is before 4): every plan of the hub is stopped "
     "here in its place until the person lifts it (agentworker lift '*')"
 )
+# A plan this hub dispatched is in use for good, not only while it keeps the plan's calls
+# (CALLS_KEPT_MS): as it prunes a call it remembers its plan, by digest, in
+# plans_dispatched (about 20 bytes a row), so a kill of a plan idle a day is still of a
+# plan in use, kept apart past KILLS_HELD rather than dropped first. Before, it counted
+# as never dispatched: a worker away, KILLS_HELD + 1 KillPlans of made-up plans erased
+# the person's kill, and the worker back ran the plan (review19 A6). Past this many
+# plans remembered no more are, and every plan counts as in use (fail closed: a kill
+# is then kept apart, and past KILLS_APART a stop of every plan is owed).
+PLANS_REMEMBERED: Final = 1_000_000
 ALL_CONFIRMED: Final = 2**63 - 1  # a kill seq past any: with no worker, every kill is confirmed
 ALL_PLANS: Final = "*"  # a kill of this plan id binds every plan (worker.core.ledger.ALL_PLANS)
 # A kill's reason is kept this long, in UTF-8 bytes (it was 1,000 characters, up to
@@ -348,6 +360,9 @@ class HubStore:
         self.workers_away_kept = WORKERS_AWAY_KEPT
         self._issued_seq: int | None = None  # kills_issued, read once, then kept
         (self._apart_rows,) = self._db.execute("SELECT count(*) FROM kills_apart").fetchone()
+        (self._plans_remembered,) = self._db.execute(
+            "SELECT count(*) FROM plans_dispatched"
+        ).fetchone()
         self._take_queued_kills()
         row = self._db.execute("SELECT epoch FROM kills_epoch").fetchone()
         if row is None:
@@ -689,6 +704,17 @@ class HubStore:
                 " WHERE state = 'PENDING' AND deadline_ms < ?",
                 (cutoff,),
             ).fetchall()
+            self._remember_plans(
+                [
+                    str(plan)
+                    for (plan,) in self._db.execute(
+                        "SELECT DISTINCT plan_id FROM calls WHERE"
+                        " (state != 'PENDING' AND created_ms < ?)"
+                        " OR (state = 'PENDING' AND deadline_ms < ?)",
+                        (cutoff, cutoff),
+                    )
+                ]
+            )
             cur = self._db.execute(
                 "DELETE FROM calls WHERE (state != 'PENDING' AND created_ms < ?)"
                 " OR (state = 'PENDING' AND deadline_ms < ?)",
@@ -718,16 +744,19 @@ class HubStore:
         may be left."""
         found = self._db.execute(
             "SELECT rowid, length(request) + coalesce(length(result), 0)"
-            " + coalesce(length(result_blob), 0), worker_id, state, length(request) FROM calls"
+            " + coalesce(length(result_blob), 0), worker_id, state, length(request), plan_id"
+            " FROM calls"
             " WHERE (state != 'PENDING' AND created_ms < ?)"
             " OR (state = 'PENDING' AND deadline_ms < ?) LIMIT ?",
             (cutoff, cutoff, PRUNE_BATCH_ROWS),
         ).fetchall()
         batch: list[tuple[int]] = []
         expired: list[tuple[str, int]] = []  # pending calls among them (worker, bytes)
+        plans: set[str] = set()
         size = 0
-        for rowid, row_bytes, worker_id, state, request_bytes in found:
+        for rowid, row_bytes, worker_id, state, request_bytes, plan in found:
             batch.append((rowid,))
+            plans.add(str(plan))
             if state == "PENDING":
                 expired.append((str(worker_id), int(request_bytes)))
             size += row_bytes
@@ -735,9 +764,31 @@ class HubStore:
                 break
         if batch:
             with db.transaction(self._db):
+                self._remember_plans(plans)
                 self._db.executemany("DELETE FROM calls WHERE rowid = ?", batch)
             self.pending.went_elsewhere(expired)
         return len(batch), len(found) == PRUNE_BATCH_ROWS or len(batch) < len(found)
+
+    def _remember_plans(self, plans: Iterable[str]) -> None:
+        """Remember `plans` (of calls about to be pruned) as dispatched, up to
+        PLANS_REMEMBERED (see there). In the caller's transaction."""
+        for plan in plans:
+            if not plan or self._plans_remembered >= PLANS_REMEMBERED:
+                continue
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO plans_dispatched (digest) VALUES (?)", (plan_digest(plan),)
+            )
+            self._plans_remembered += cur.rowcount
+
+    def _dispatched_before(self, plan_id: str) -> bool:
+        """Whether a call of the plan was pruned (see PLANS_REMEMBERED): past as many as
+        are remembered, any plan may have been."""
+        if self._plans_remembered >= PLANS_REMEMBERED:
+            return True
+        row = self._db.execute(
+            "SELECT 1 FROM plans_dispatched WHERE digest = ?", (plan_digest(plan_id),)
+        ).fetchone()
+        return row is not None
 
     def abandon(self, correlation_id: str) -> None:
         """The call will not be sent again, nor answered but `timeout`: its args and any
@@ -950,6 +1001,7 @@ class HubStore:
             (plan_id in self._kills and plan_id not in self._unused_kills)
             or bool(self.workers_of_plan(plan_id))
             or self._placed(plan_id)
+            or self._dispatched_before(plan_id)
         )
         with db.transaction(self._db):
             kill = self._keep(plan_id, worker_id, reason, used)
