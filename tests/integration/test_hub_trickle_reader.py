@@ -12,6 +12,11 @@ A real hub (worker.app.start_hub) in the test's loop; the hostile stream is raw 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -21,11 +26,15 @@ from tests.support.hub_inproc import (
     hub_in_process,
     own_channel,
     probe_request,
+    real_worker,
+    stop_worker,
     token_of,
+    until_connected,
 )
 from tests.support.trickle_stream import TrickleStream
 from worker.app import RunningHub
 from worker.hub.server import KILL_PAGE
+from worker.hub.session import Session
 from worker.wire.framing import MAX_ENVELOPE_MESSAGES
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -205,5 +214,58 @@ def test_a_stream_let_go_for_reading_too_slowly_loses_no_call(tmp_path: Path) ->
                     call.cancel()
                 await stream.close()
                 await channel.close()
+
+    asyncio.run(go())
+
+
+def test_a_real_worker_records_every_kill_of_a_burst_past_a_page(tmp_path: Path) -> None:
+    """A worker KILL_PAGE kills behind is sent the rest a page at a time as it confirms
+    them: the real worker (`agentworker run`), stopped while 300 kills are made, records
+    every one once it runs again, and confirms the last."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            hub = running.hub
+            worker = real_worker(home, running.address)
+            channel = own_channel(running.address)
+            stub = pb_grpc.ControlServiceStub(channel)
+            try:
+                (worker_id,) = await until_connected(running, worker)
+                paged = []  # the pages sent mid-session (the first goes at the Hello)
+                send_page = hub._send_kill_page
+
+                def page(session: Session) -> None:
+                    paged.append(session.kills_sent)
+                    send_page(session)
+
+                hub._send_kill_page = page  # type: ignore[method-assign]
+                worker.signal(signal.SIGSTOP)  # a slow worker: it reads and confirms nothing
+                try:
+                    await asyncio.gather(*(_kills(stub, home, f"p{n}") for n in range(6)))
+                    assert hub.sessions[worker_id].kills_paging  # KILL_PAGE went, no more
+                finally:
+                    worker.signal(signal.SIGCONT)
+                issued = hub.store.kills_issued()
+                async with asyncio.timeout(60):
+                    while (session := hub.sessions.get(worker_id)) is None or (
+                        session.kills_through < issued
+                    ):
+                        await asyncio.sleep(0.05)  # the hub runs in this loop
+                assert not session.kills_paging  # the burst all went
+                assert paged, "the worker kept up: no page went mid-session"
+            finally:
+                await channel.close()
+                await stop_worker(worker)
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "worker", "killed", "--json"],
+            env={**os.environ, "AGENTWORKER_HOME": str(home)},
+            capture_output=True,
+            check=False,
+        )
+        assert listed.returncode == 0, listed.stderr
+        plans = {row["plan"] for row in json.loads(listed.stdout)}
+        assert plans == {f"p{r}-{n}" for r in range(6) for n in range(KILLS_A_ROUND)}
 
     asyncio.run(go())
