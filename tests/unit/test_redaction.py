@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.core.redaction import (
+    KEPT_CHARS,
+    KEPT_DETAIL_CHARS,
     MASK,
     NESTED_AT_MOST,
     PREVIEW_CHARS,
@@ -16,6 +20,7 @@ from worker.core.redaction import (
     args_preview,
     masked_detail,
     masked_message,
+    masked_text,
     nests_deeper,
 )
 
@@ -303,3 +308,30 @@ def test_curl_clusters_are_read_as_curl_reads_them(
     assert masked[1].startswith(f"-{flags}{secret_letter}")
     shown = ["curl", f"-{flags}{value_letter}{value}", "x"]
     assert masked_detail(shown) == shown
+
+
+def test_a_refusal_keeps_a_bounded_cut_of_what_it_quotes_and_never_half_a_password() -> None:
+    """review19 A7: masking ran over the whole of a refusal's message and detail on the
+    worker's loop; at rest they are cut first (KEPT_CHARS a string, KEPT_DETAIL_CHARS a
+    detail), at a space, and a password the argv held is masked before the cut."""
+    secret = "hunter2hunter2"
+    straddling = "x " * ((KEPT_CHARS - 15) // 2) + f"--password {secret} " + "y " * 5000
+    for known in ((secret,), ()):  # known from the argv, or found by the patterns
+        kept = masked_message(straddling, known)
+        assert len(kept) < KEPT_CHARS + 64 and "more characters not kept" in kept
+        assert "hunt" not in kept and kept.count("--password") == 1, kept[-80:]
+    detail = masked_detail({"argv": ["sh", "-c", "z " * KEPT_DETAIL_CHARS] * 20})
+    assert len(json.dumps(detail)) < KEPT_DETAIL_CHARS + 20 * 64
+
+
+def test_masking_expect_sends_takes_time_in_proportion_to_the_text() -> None:
+    """review19 A7: one pattern for an expect and its send backtracked cubically (12 KB of
+    "expect assw " held the loop 15 s; this 128 KB, hours). Run apart, with a bound
+    hundreds of times what linear matching takes (~0.1 s), so a return cannot fail."""
+    script = (
+        "from worker.core.redaction import masked_text;"
+        "masked_text('expect assw ' * 11000); masked_text('expect assw;send ' * 8000)"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    masked = masked_text('spawn su; expect "*assword*"; send hunter2\\r; interact')
+    assert "hunter2" not in masked and f'send "{MASK}"' in masked

@@ -99,12 +99,42 @@ _MARKERS: Final = (
 )
 _SUSPECT: Final = re.compile(_MARKERS)
 # What expect sends to a password prompt (`expect -c 'spawn ssh h; expect "*assword*";
-# send "X\r"'`, review17 E6): the answer to an `expect` whose pattern names one.
-_EXPECT_SEND: Final = re.compile(
-    r"(\bexpect\b[^;\n]*?(?:assw|passphrase)[^;\n]*[;\n]\s*send\s+(?:-\S+\s+)*)"
-    r"(\"[^\"]*\"|'[^']*'|\{[^}]*\}|[^\s;]+)",
+# send "X\r"'`, review17 E6): the answer to an `expect` whose pattern names one. Found
+# a command at a time (`_expect_sends`): one pattern for both backtracked cubically, and
+# 24 KB of "expect assw " held the worker's loop 287 s (review19 A7).
+_EXPECT: Final = re.compile(r"\bexpect\b", re.I)
+_PROMPT: Final = re.compile(r"assw|passphrase", re.I)
+_COMMAND_END: Final = re.compile(r"[;\n]")
+_SEND: Final = re.compile(
+    r"(\s*send\s+(?:-\S+\s+)*)(\"[^\"]*\"|'[^']*'|\{[^}]*\}|[^\s;]+)",
     re.I,
 )
+
+
+def _expect_sends(text: str) -> list[re.Match[str]]:
+    """Each `send` (its lead-in, then its value) that is the command right after an
+    `expect` naming a password prompt: each command (between `;` and newlines) looked
+    at once, so the time is linear in the text."""
+    sends: list[re.Match[str]] = []
+    start = 0
+    for end in _COMMAND_END.finditer(text):
+        found = _EXPECT.search(text, start, end.start())
+        if found is not None and _PROMPT.search(text, found.end(), end.start()):
+            sent = _SEND.match(text, end.end())
+            if sent is not None:
+                sends.append(sent)
+        start = end.end()
+    return sends
+
+
+def _expect_sends_masked(text: str) -> str:
+    kept, last = [], 0
+    for sent in _expect_sends(text):
+        if sent.start(2) < last:
+            continue  # inside a value already masked
+        kept += [text[last : sent.start(2)], f'"{MASK}"']
+        last = sent.end(2)
+    return "".join(kept) + text[last:]
 
 
 @dataclass(frozen=True)
@@ -477,7 +507,8 @@ def _secret_words_masked(text: str) -> str:
     text = _SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
     text = _ASSIGNED.sub(lambda m: f"{m.group(1)}={MASK}", text)
     text = _SQL_PASSWORD.sub(lambda m: f"{m.group(1)}'{MASK}'", text)
-    text = _EXPECT_SEND.sub(lambda m: f'{m.group(1)}"{MASK}"', text)
+    if "send" in text.lower():
+        text = _expect_sends_masked(text)
     return _TOKEN_SHAPED.sub(MASK, text)
 
 
@@ -490,15 +521,36 @@ _FLAG_THEN_VALUE: Final = re.compile(
 )
 
 
-def masked_message(text: str, known: tuple[str, ...] = ()) -> str:
+# At rest a refusal keeps at most this much of one string (its message, a string of its
+# detail), and of its detail's strings together: the patterns then look at that much,
+# and a megabyte of argv quoted back costs the worker's loop milliseconds, not a second
+# (review19 A7). The agent knows what it sent.
+KEPT_CHARS: Final = 8 * 1024
+KEPT_DETAIL_CHARS: Final = 64 * 1024
+
+
+def _kept(text: str, room: int) -> str:
+    """`text` cut to about `room` characters, at a space where one is near, so that no
+    word (a password half kept) is cut through; it says how much went."""
+    if len(text) <= room:
+        return text
+    cut = text[:room]
+    space = max(cut.rfind(" "), cut.rfind("\n"), cut.rfind("\t"))
+    if space >= room // 2:
+        cut = cut[:space]
+    return f"{cut} … [{len(text) - len(cut):,} more characters not kept]"
+
+
+def masked_message(text: str, known: tuple[str, ...] = (), room: int = KEPT_CHARS) -> str:
     """A text that quotes a call's args (a refusal's message, a log line), as kept at
-    rest: masked as in previews (masked_text), and a secret-looking flag's value that
-    follows it as the next word too; and each of `known` (the passwords the call's
-    argv holds, `argv_secrets`) wherever it is, however the text quoted the argv
-    (the allowlist's "`curl -E c.pem:X …` fits rule …"). Not cut short."""
+    rest: each of `known` (the passwords the call's argv holds, `argv_secrets`)
+    masked wherever it is, however the text quoted the argv (the allowlist's "`curl
+    -E c.pem:X …` fits rule …"); then cut to `room` (`_kept`) and masked as previews
+    are (masked_text), with a secret-looking flag's value that follows it as the next
+    word too."""
     for secret in known:
         text = text.replace(secret, MASK)
-    text = masked_text(text)
+    text = masked_text(_kept(text, room))
     if not _SUSPECT.search(text.lower()):
         return text
     return _FLAG_THEN_VALUE.sub(lambda m: f"{m.group(1)}{MASK}", text)
@@ -507,13 +559,22 @@ def masked_message(text: str, known: tuple[str, ...] = ()) -> str:
 @_scripts_read
 def masked_detail(value: Any, known: tuple[str, ...] = ()) -> Any:
     """An audit event's detail with every string in it masked (masked_message, with
-    `known`): its messages quote the refused call's URL or argv."""
+    `known`): its messages quote the refused call's URL or argv. Its strings are kept
+    to KEPT_DETAIL_CHARS together, in the order they are met."""
+    return _detail_masked(value, known, [KEPT_DETAIL_CHARS])
+
+
+def _detail_masked(value: Any, known: tuple[str, ...], left: list[int]) -> Any:
     if isinstance(value, str):
-        return masked_message(value, known)
+        if left[0] <= 0:
+            return "… [not kept]"
+        kept = masked_message(value, known, min(KEPT_CHARS, left[0]))
+        left[0] -= len(kept)
+        return kept
     if isinstance(value, dict):
-        return {k: masked_detail(v, known) for k, v in value.items()}
+        return {k: _detail_masked(v, known, left) for k, v in value.items()}
     if isinstance(value, (list, tuple)):  # an argv: the value after a secret flag too
-        return _argv_masked(value, lambda item: masked_detail(item, known))
+        return _argv_masked(value, lambda item: _detail_masked(item, known, left))
     return value
 
 
@@ -553,7 +614,7 @@ def _text_secrets(items: list[Any]) -> Iterator[str]:
             if "password" in lowered or "identified" in lowered:
                 yield from (found.group(2) for found in _SQL_PASSWORD.finditer(text))
             if "send" in lowered:
-                for found in _EXPECT_SEND.finditer(text):
+                for found in _expect_sends(text):
                     sent = found.group(2).strip("\"'{}")
                     yield sent.removesuffix("\\r").removesuffix("\\n")
 
