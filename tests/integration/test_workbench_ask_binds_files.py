@@ -40,3 +40,36 @@ def test_the_ask_of_a_workspace_script_is_named_anew_when_the_script_changes(
         assert asked_as(["python3", "/workspace/s.py"]) != absolute
         write("print(1)\n")  # back as it was: the first approval would answer it again
         assert asked_as(["python3", "s.py"]) == first
+
+
+def test_every_spelling_of_a_workspace_script_is_bound_or_asks_each_time(
+    tmp_path: Path,
+) -> None:
+    """review19 A1b: `//workspace/s.py`, `/./workspace/s.py`, `/tmp/../workspace/s.py` and
+    `../workspace/s.py` were taken for host paths naming nothing, and an approval kept
+    for the plan ran the rewritten script. Now the first two are the workspace's s.py,
+    bound by its contents; the two a `..` leads round to it bind nothing that lasts."""
+    plan = f"spelled-{uuid.uuid4().hex[:8]}"
+    with sandbox_cluster(
+        tmp_path, extra_config=exec_config(tmp_path / "policy", PYTHON3_ASKS)
+    ) as live:
+
+        def asked_as(path: str) -> str:
+            answer, _ = run(live, plan, ["python3", path])
+            assert answer["error"]["code"] == "scope_required", answer
+            return str(answer["error"]["details"]["needs_approval"])
+
+        def write(text: str) -> None:
+            answer, _ = call(
+                live, plan, "fs_write", {"path": "s.py", "mode": "overwrite"}, blob=text.encode()
+            )
+            assert answer["status"] == "ok", answer
+
+        write("print(1)\n")
+        bound = ["//workspace/s.py", "/./workspace/s.py"]
+        first = {path: asked_as(path) for path in bound}
+        assert {path: asked_as(path) for path in bound} == first  # unchanged: the same ask
+        for path in ["/tmp/../workspace/s.py", "../workspace/s.py"]:
+            assert asked_as(path) != asked_as(path)  # a nonce: each call asks anew
+        write("print(2)\n")
+        assert all(asked_as(path) != first[path] for path in bound)

@@ -175,3 +175,37 @@ def test_the_places_held_are_each_argument_as_written_and_as_its_links_lead(
     for name in ("run.py", "script.py", "late.txt", "lib", "-v"):
         assert str(shared / name) in places, name
     assert str(shared / "far.py") not in places
+
+
+@pytest.mark.parametrize("spelled", ["//proc/self/cwd/script.py", "/dev//fd/0", "//dev/stdin"])
+def test_a_path_through_proc_or_dev_however_spelled_binds_nothing(
+    shared: Path, spelled: str
+) -> None:
+    """review19 A1: a leading `//` slipped past the /proc check; left out, a rewritten
+    script ran under an approval for the plan."""
+    assert _kinds(shared, ["python3", spelled]) == [(1, "unbound")]
+
+
+def test_a_short_options_attached_value_and_an_implied_suffix_are_bound(shared: Path) -> None:
+    """review19 A1c: `awk -fp3.awk`, `make -vfb.mk` and `node app` (app.js) were left out."""
+    (shared / "p3.awk").write_text("{ print }\n")
+    (shared / "app.js").write_text("console.log(1)\n")
+    for argv, name in [
+        (["awk", "-fp3.awk"], "p3.awk"),
+        (["make", "-vfp3.awk"], "p3.awk"),
+        (["node", "app"], "app.js"),
+    ]:
+        assert _found(shared, argv) == [(1, name, _sha(shared / name))], argv
+    assert str(shared / "app.js") in exec_arg_files.held_places(str(shared), ["node", "app"])
+
+
+def test_a_folders_links_are_bound_by_what_they_point_at(shared: Path) -> None:
+    """review19 A2: pkg/__main__.py -> ../script.py was bound by the link alone, and the
+    script rewritten ran unasked; a link to a folder fails closed."""
+    (shared / "pkg").mkdir()
+    (shared / "pkg" / "__main__.py").symlink_to("../script.py")
+    before = _bound(shared, ["python3", "pkg"])
+    (shared / "script.py").write_text("print('rewritten')\n")
+    assert _bound(shared, ["python3", "pkg"]) != before
+    (shared / "pkg" / "lib").symlink_to("../lib")
+    assert _kinds(shared, ["python3", "pkg"]) == [(1, "unbound")]

@@ -36,6 +36,7 @@ import functools
 import hashlib
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 import time
@@ -73,7 +74,7 @@ from sandbox.workspaces import (
     remove_tree,
 )
 from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
-from worker.actions.host.exec_arg_files import arg_files, written_beside
+from worker.actions.host.exec_arg_files import arg_files, plain, written_beside
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.config import Config, ExecSection, SandboxSection
@@ -654,6 +655,27 @@ def _as_seen_outside(workspace: Workspace, path: str) -> str:
     return path
 
 
+def _found_in_workspace(workspace: Workspace, cwd: str, named: str) -> str | None:
+    """Where a program in the workspace's sandbox, started in `cwd` (as the host sees
+    it), finds the path `named`, as the host sees it (exec_arg_files.Finder): /workspace
+    however `//` and `.` spell it; None when a `..` climbs out of /workspace and back
+    (`/tmp/../workspace/s.py`, `../workspace/s.py` from /workspace: review19 A1b, each
+    was taken for a host path naming nothing). A path that leads out of /workspace is
+    the host's own: nothing of the agent's."""
+    inside = plain(named if named.startswith("/") else f"{_as_seen_inside(workspace, cwd)}/{named}")
+    lexical = posixpath.normpath(inside)
+    if lexical != MOUNT_POINT and not lexical.startswith(MOUNT_POINT + "/"):
+        return inside
+    if inside != MOUNT_POINT and not inside.startswith(MOUNT_POINT + "/"):
+        return None
+    depth = 0
+    for part in inside[len(MOUNT_POINT) :].split("/"):
+        depth += -1 if part == ".." else 1 if part else 0
+        if depth < 0:
+            return None
+    return _as_seen_outside(workspace, inside)
+
+
 def _plan_context(bench: Workbench, ctx: Context) -> tuple[Context, Workspace]:
     workspace = bench.open(ctx.plan_id, ctx.agent_id)
     return dataclasses.replace(ctx, roots=(workspace.root,)), workspace
@@ -763,8 +785,8 @@ async def _run_in_workspace(
         args.argv, lambda path, write: judge(_as_seen_outside(workspace, path), write)
     )
     program = exec_cmd._admitted(decision, ctx.roots)
-    seen_outside = functools.partial(_as_seen_outside, workspace)
-    with await exec_cmd.held_while_asked(ctx, decision, cwd, args.argv, seen_outside) as writers:
+    where = functools.partial(_found_in_workspace, workspace)
+    with await exec_cmd.held_while_asked(ctx, decision, cwd, args.argv, where) as writers:
         return await _asked_and_run(
             bench, ctx, workspace, args, (cwd, decision, program), timeout_s, writers
         )
@@ -787,8 +809,8 @@ async def _asked_and_run(
     if decision.verdict == "ask":
         inside = _as_seen_inside(workspace, cwd)
         stdin = await exec_cmd.stdin_sha256(ctx.blob)
-        seen_outside = functools.partial(_as_seen_outside, workspace)
-        files = await asyncio.to_thread(arg_files, ctx.roots, cwd, args.argv, seen_outside)
+        where = functools.partial(_found_in_workspace, workspace)
+        files = await asyncio.to_thread(arg_files, ctx.roots, cwd, args.argv, where)
         if writers:
             files += (written_beside(writers),)
         await ctx.approve(

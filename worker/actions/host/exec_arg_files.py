@@ -98,16 +98,33 @@ def _unbound(index: int, path: str, why: str) -> ArgFile:
     return ArgFile(index, path, 0, identity=secrets.token_hex(16), kind="unbound", why=why)
 
 
+def as_found(cwd: str, named: str) -> str:
+    """Where a program started in `cwd` finds the path `named`, as the host sees it (a
+    program sees the host's folders at their own paths): a relative one joined to
+    `cwd`, and `//` and `/./` taken as the kernel takes them, as `/` (review19 A1:
+    `//proc/self/cwd/s.py` passed for no /proc path)."""
+    return plain(named if named.startswith("/") else os.path.join(cwd, named))
+
+
+def plain(path: str) -> str:
+    """`path` with its empty and `.` parts dropped: the same place to the kernel."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    return ("/" if path.startswith("/") else "") + "/".join(parts)
+
+
+# Where a program finds an argument's path, as the host sees it, from the working folder
+# (host side) and the argument; None when it cannot be said (sandbox mode: a spelling
+# of the workspace that only `..` leads to).
+Finder = Callable[[str, str], "str | None"]
+
+
 def arg_files(
-    roots: Sequence[Root],
-    cwd: str,
-    argv: Sequence[str],
-    seen_outside: Callable[[str], str] = lambda path: path,
+    roots: Sequence[Root], cwd: str, argv: Sequence[str], where: Finder = as_found
 ) -> tuple[ArgFile, ...]:
     """What `argv`'s arguments (each, or the value of `--option=value`) name in `roots`,
-    resolved from `cwd` as the program will; absolute paths through `seen_outside` (a
-    workspace's /workspace/... as the host sees it). A path outside every shared folder
-    (bar /proc and /dev) is left out: nothing the agent can write."""
+    found from `cwd` as the program will (`where`: sandbox mode's finds /workspace/...
+    where the host keeps it). A path outside every shared folder (bar /proc and /dev)
+    is left out: nothing the agent can write."""
     found: list[ArgFile] = []
     hashed = 0
     for index, arg in enumerate(argv[1:], start=1):
@@ -115,27 +132,49 @@ def arg_files(
             found.append(_unbound(index, "…", f"arguments past the {LOOKED_AT}th are not read"))
             break
         for named in _names(arg):
-            path = seen_outside(named) if named.startswith("/") else os.path.join(cwd, named)
+            path = where(cwd, named)
+            if path is None:
+                why = "it names the workspace by a way round (..) that is not followed"
+                found.append(_unbound(index, named, why))
+                continue
             file = _bound(roots, index, named, path, HASHED_BYTES - hashed)
-            if file is not None:
+            room = HASHED_BYTES - hashed
+            files = (
+                [file] if file is not None else _implied(roots, index, named, (where, cwd), room)
+            )
+            for file in files:
                 found.append(file)
                 hashed += file.size if file.sha256 else file.read
     return tuple(found)
 
 
-def held_places(
-    cwd: str, argv: Sequence[str], seen_outside: Callable[[str], str] = lambda path: path
-) -> tuple[str, ...]:
+def _implied(
+    roots: Sequence[Root], index: int, named: str, found_by: tuple[Finder, str], room: int
+) -> list[ArgFile]:
+    """The files `_suffixed` names that exist, each bound, within `room` together."""
+    where, cwd = found_by
+    found: list[ArgFile] = []
+    for implied in _suffixed(named):
+        path = where(cwd, implied)
+        file = None if path is None else _bound(roots, index, implied, path, room)
+        if file is not None:
+            found.append(file)
+            room -= file.size if file.sha256 else file.read
+    return found
+
+
+def held_places(cwd: str, argv: Sequence[str], where: Finder = as_found) -> tuple[str, ...]:
     """The places `argv`'s arguments name, as `arg_files` finds them, each as written
     and as its links resolve now: held (sandbox.held) from before the look until the
     program has ended, so that what was bound is what the program opens, and a name
     bound as naming nothing stays so (review18 F5)."""
     places: set[str] = set()
     for arg in argv[1 : LOOKED_AT + 1]:
-        for named in _names(arg):
-            path = seen_outside(named) if named.startswith("/") else os.path.join(cwd, named)
-            places.add(os.path.normpath(path))
-            places.add(os.path.realpath(path))
+        for named in (name for whole in _names(arg) for name in (whole, *_suffixed(whole))):
+            path = where(cwd, named)
+            if path is not None:  # unbound: its approval answers one call
+                places.add(os.path.normpath(path))
+                places.add(os.path.realpath(path))
     return tuple(sorted(places))
 
 
@@ -146,21 +185,42 @@ def written_beside(writers: Sequence[str]) -> ArgFile:
     return _unbound(0, "what its arguments name", f"the running call {calls} may write there")
 
 
+# How many letters of a short-option cluster may come before its attached value
+# (`awk -fprog.awk`, `make -vfb.mk`): each tail after them is looked at as a name.
+CLUSTERED_AT_MOST: Final = 8
+# What an interpreter adds to a name that names nothing (`node app` runs app.js).
+IMPLIED_SUFFIXES: Final = (".js", ".mjs", ".cjs", ".json", ".node", ".ts", ".jsx", ".tsx")
+
+
 def _names(arg: str) -> tuple[str, ...]:
-    """What in an argument may name a file: itself, and an option's `=value`."""
+    """What in an argument may name a file: itself, an option's `=value`, and a short
+    option's attached value (review19 A1c: `awk -fp3.awk`, `make -fb2.mk` ran a
+    rewritten p3.awk unasked): each tail after its first few letters."""
     if not arg or "\0" in arg:
         return ()
     if arg.startswith("-") and "=" in arg:
         value = arg.split("=", 1)[1]
         return (value,) if value else ()
+    if arg.startswith("-") and not arg.startswith("--"):
+        return (arg, *(arg[at:] for at in range(2, min(len(arg), CLUSTERED_AT_MOST + 2))))
     return (arg,)
+
+
+def _suffixed(named: str) -> tuple[str, ...]:
+    """The names an interpreter may run for `named` when it names nothing (`node app`
+    loads app.js: review19 A1c): itself with each of IMPLIED_SUFFIXES, when its last
+    part has no suffix of its own."""
+    last = named.rstrip("/").rsplit("/", 1)[-1]
+    if not last or "." in last or named.startswith("-"):
+        return ()
+    return tuple(named + suffix for suffix in IMPLIED_SUFFIXES)
 
 
 def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) -> ArgFile | None:
     try:
         located = locate(roots, path)
     except (ConfinementError, ValueError):
-        if os.path.normpath(path).startswith(_MAGIC) or path.startswith(_MAGIC):
+        if any(p.startswith(_MAGIC) for p in (path, os.path.normpath(path), _real(path))):
             return _unbound(index, shown, "a path through /proc or /dev may reach a shared folder")
         try:  # a shared folder by another name (a symlink to it, or above it)
             located = locate(roots, os.path.realpath(path))
@@ -198,10 +258,21 @@ def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) 
         os.close(fd)
 
 
+def _real(path: str) -> str:
+    """`path` with the host's links followed (a link into /proc, /dev/fd), or itself."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return path
+
+
 def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFile:
     """A folder an argument names (`python3 pkg` runs pkg/__main__.py), bound by what is
-    in it, links not followed: each entry's name, type and size, and a regular file's
-    contents (SHA-256, while `room` lasts; past it its mtime and ctime)."""
+    in it: each entry's name, type and size, and a regular file's contents (SHA-256,
+    while `room` lasts; past it its mtime and ctime). A link is bound by where it points
+    and by what it points at (review19 A2: pkg/__main__.py -> ../s.py, its target
+    rewritten, ran unasked): a file's contents (or identity past `room`); a link to a
+    folder, which the listing would have to follow without end, fails closed."""
     listed: list[tuple[str, int, int, str]] = []
     read = 0
     for top, folders, files in os.walk(path):
@@ -215,6 +286,19 @@ def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFil
                 if kind == stat.S_IFREG and seen.st_size <= min(room - read, HASHED_FILE_BYTES):
                     what = _contents(where)
                     read += seen.st_size
+                elif kind == stat.S_IFLNK:
+                    target = _followed(where)
+                    if target is not None and stat.S_ISDIR(target.st_mode):
+                        why = "a folder holding a link to a folder"
+                        return _unbound(index, shown, why)
+                    what += f":{os.readlink(where)}"
+                    if target is not None and stat.S_ISREG(target.st_mode):
+                        if target.st_size <= min(room - read, HASHED_FILE_BYTES):
+                            what += ":" + _contents(where, follow=True)
+                            read += target.st_size
+                        else:
+                            what += f":{target.st_dev}:{target.st_ino}:{target.st_size}"
+                            what += f":{target.st_mtime_ns}:{target.st_ctime_ns}"
             except OSError:
                 continue  # gone meanwhile: the listing says so by its absence
             listed.append((os.path.relpath(where, path), kind, seen.st_size, what))
@@ -224,11 +308,22 @@ def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFil
     return ArgFile(index, shown, len(listed), identity=digest, kind="folder", read=read)
 
 
-def _contents(where: str) -> str:
-    """The SHA-256 of a regular file in a listed folder (opened without following a
-    link, never blocking)."""
-    fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _followed(where: str) -> os.stat_result | None:
+    """What a link points at, or None when it points at nothing."""
     try:
+        return os.stat(where)
+    except OSError:
+        return None
+
+
+def _contents(where: str, *, follow: bool = False) -> str:
+    """The SHA-256 of a regular file in a listed folder (opened without following a
+    link unless `follow`, never blocking)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(where, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file"
         digest = hashlib.sha256()
         while chunk := os.read(fd, _CHUNK):
             digest.update(chunk)

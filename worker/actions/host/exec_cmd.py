@@ -45,7 +45,9 @@ from sandbox.process import (
 )
 from worker.actions.host.exec_arg_files import (
     ArgFile,
+    Finder,
     arg_files,
+    as_found,
     held_places,
     written_beside,
 )
@@ -206,7 +208,7 @@ async def held_while_asked(
     decision: Decision,
     cwd: str,
     argv: Sequence[str],
-    seen_outside: Callable[[str], str] = lambda path: path,
+    where: Finder = as_found,
     *,
     lane: Root | None = None,
 ) -> contextlib.AbstractContextManager[tuple[str, ...]]:
@@ -215,7 +217,7 @@ async def held_while_asked(
     F5); `busy` when an fs_write is writing there now. Nothing for any other."""
     if decision.verdict != "ask":
         return contextlib.nullcontext(())
-    places = await in_thread(ctx, lane, held_places, cwd, argv, seen_outside, looks=True)
+    places = await in_thread(ctx, lane, held_places, cwd, argv, where, looks=True)
     try:
         return ctx.containment.held.hold(places, ctx.correlation_id)
     except HeldError as exc:
