@@ -54,15 +54,22 @@ def _parse_duration(text: str) -> timedelta:
 
 
 def _grant(paths: Paths, args: argparse.Namespace) -> int:
+    from worker.core.scopes import ASK_PREFIX, ask_binding
     from worker.errors import UsageError
 
     # Named as `call` names actions: a bare name is workerHost's.
     if "." not in args.scope and _SCOPE.fullmatch(f"workerHost.{args.scope}"):
         args.scope = f"workerHost.{args.scope}"
-    if not _SCOPE.fullmatch(args.scope):
+    # An allowlist ask, named as its refusal names it (review19 A8: the refusal said to
+    # grant it here, and this refused the name): granted as an approval of it would be.
+    asked = args.scope.removeprefix(ASK_PREFIX)
+    if ask_binding(ASK_PREFIX + asked) is not None:
+        args.scope = ASK_PREFIX + asked
+    elif not _SCOPE.fullmatch(args.scope):
         raise UsageError(
             f"{args.scope!r} is not a scope: write surface.action, e.g. workerHost.fs_stat "
-            "or workerHost.*",
+            "or workerHost.*, or an allowlist ask as its refusal names it ('workerHost.exec "
+            "PROGRAM (N args) in FOLDER (sha256 HEX)')",
         )
     from worker.cli._common import server_named
     from worker.core.ledger import NEXT_SERVER

@@ -25,6 +25,7 @@ import contextlib
 import enum
 import logging
 import re
+import shlex
 import time
 import uuid
 from collections.abc import Callable
@@ -234,7 +235,7 @@ class Resolution:
                 "scope_required",
                 f"{what} needs the approval of the person at this worker, and no one was "
                 "there to ask (no UI attached: run `agentworker ui` on that machine, or grant "
-                "it ahead with `agentworker grant`)",
+                f"it ahead: agentworker grant {shlex.quote(what)} --agent AGENT --plan PLAN)",
                 {"needs_approval": what},
             )
         raise WorkerError(
