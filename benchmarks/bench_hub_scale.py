@@ -99,7 +99,10 @@ async def connect_workers(
     workers, tasks = [], []
     for i, worker_id in enumerate(ids):
         if i % STREAMS_PER_CHANNEL == 0:
-            channels.append(grpc.aio.insecure_channel(hub.listen))
+            # A connection of its own: channels to one address share one by default, and
+            # the hub admits 256 streams of a connection waiting to say Hello at once.
+            own = [("grpc.use_local_subchannel_pool", 1)]
+            channels.append(grpc.aio.insecure_channel(hub.listen, options=own))
         worker = SimulatedWorker(pb_grpc.WorkerServiceStub(channels[-1]), worker_id, hub.token)
         workers.append(worker)
         tasks.append(asyncio.create_task(worker.serve()))
