@@ -60,31 +60,23 @@ class Person:
     def exec(self, argv: list[str], blob: bytes = b"") -> asyncio.Future[Any]:
         """An exec of `argv` in the workspace, with `blob` as its stdin."""
         args = {"argv": argv, "cwd": str(self.live.workspace)}
-        return asyncio.ensure_future(
-            self.client.dispatch(
-                agent_id="tester",
-                plan_id="plan-1",
-                surface="workerHost",
-                action="exec",
-                args_json=json.dumps(args),
-                blob=blob,
-                timeout_ms=120_000,
-            )
-        )
+        return asyncio.ensure_future(self._call("exec", args, blob, 120_000))
 
     async def write(self, name: str, content: bytes, mode: str) -> dict[str, Any]:
         """The agent's fs_write of `name` in the workspace, in plan-1."""
         args = {"path": str(self.live.workspace / name), "mode": mode}
-        answer = await self.client.dispatch(
+        return result_to_dict(await self._call("fs_write", args, content, 60_000))
+
+    def _call(self, action: str, args: dict[str, Any], blob: bytes, timeout_ms: int) -> Any:
+        return self.client.dispatch(
             agent_id="tester",
             plan_id="plan-1",
             surface="workerHost",
-            action="fs_write",
+            action=action,
             args_json=json.dumps(args),
-            blob=content,
-            timeout_ms=60_000,
+            blob=blob,
+            timeout_ms=timeout_ms,
         )
-        return result_to_dict(answer)
 
     async def answered_or_asked(self, pending: asyncio.Future[Any]) -> dict[str, Any] | None:
         """The call's result if it ran without a prompt, None once it asks."""

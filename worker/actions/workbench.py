@@ -77,6 +77,7 @@ from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, h
 from worker.actions.host.exec_arg_files import arg_files, plain, written_beside
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
+from worker.actions.host.fs_paths import in_thread
 from worker.config import Config, ExecSection, SandboxSection
 from worker.core.blob_files import check_hasher
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
@@ -125,7 +126,6 @@ STILL_CHECKS: Final = 16
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R", bound=Result)
-T = TypeVar("T")
 
 
 def _translated(exc: WorkspaceError) -> WorkerError:
@@ -633,11 +633,6 @@ def _inside(path: str) -> str:
     return path
 
 
-def _in_thread(fn: Callable[..., T], /, *args: object, looks: bool = False) -> Awaitable[T]:
-    """fn(*args) in the worker's pool (a workspace's lookups cannot hang)."""
-    return asyncio.to_thread(fn, *args)
-
-
 def _as_seen_inside(workspace: Workspace, host_path: str) -> str:
     """A host path in the workspace, as programs in the sandbox see it."""
     base = str(workspace.files)
@@ -866,7 +861,9 @@ async def _asked_and_run(
 
             shown = functools.partial(_as_seen_inside, workspace)
             try:
-                async with exec_cmd.shown_held(ctx, ctx.roots, _in_thread, shown) as pins:
+                async with exec_cmd.shown_held(
+                    ctx, ctx.roots, functools.partial(in_thread, ctx, None), shown
+                ) as pins:
                     done = await _watched(
                         bench,
                         workspace,
