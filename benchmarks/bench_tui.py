@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import statistics
 import subprocess
 import sys
@@ -152,16 +153,21 @@ async def prompts(home: Home, tmux: Tmux, count: int) -> tuple[list[float], list
                 action="fs_stat",
                 args_json='{"path": "."}',
             )
+            # This prompt's own plan on screen, not the last one's: a frame of the
+            # last prompt can still be captured after its text went once (a Deny sent
+            # on it fell in this prompt's grace and was not taken).
+            this_prompt = re.compile(rf"Plan\s+plan-{i}\b")
             start = time.perf_counter()
             call = asyncio.ensure_future(client.stub.Dispatch(request, metadata=client.metadata))
             while True:
                 before = time.perf_counter()
                 screen = await asyncio.to_thread(tmux.screen)
                 reads.append((time.perf_counter() - before) * 1000)
-                if PROMPT_TEXT in screen:
+                if PROMPT_TEXT in screen and this_prompt.search(screen):
                     break
             shown.append((time.perf_counter() - start) * 1000)
-            while ANSWERABLE_TEXT not in screen:  # its grace over (ui.approval.GRACE_S)
+            # its grace over (ui.approval.GRACE_S)
+            while ANSWERABLE_TEXT not in screen or not this_prompt.search(screen):
                 screen = await asyncio.to_thread(tmux.screen)
             tmux.run("send-keys", "-t", "main", "d")
             # The Deny key on a prompt that shows it takes answers ends the call at
