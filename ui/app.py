@@ -559,7 +559,18 @@ class WorkerApp(App[None]):
         if selected is not None:  # the detail is the cursor's call's, however it got there
             self._show_detail(selected)
         else:
-            self._main.query_one("#detail", Static).update(Text("No calls yet.", style="dim"))
+            self._main.query_one("#detail", Static).update(self._no_call_yet())
+
+    def _no_call_yet(self) -> Text:
+        """The detail pane before any call: under `up`, the commands its ready line
+        suggests (that line went to the terminal this screen now covers)."""
+        text = Text("No calls yet.", style="dim")
+        steps = [str(step) for step in self.worker_info.get("first_steps", ())]
+        if steps and not self.calls:
+            text.append("\n\nTry, in another terminal:\n", style="dim")
+            for step in steps:
+                text.append(f"  {shown(step)}\n")
+        return text
 
     def _selected_call(self) -> str | None:
         return _key_under_cursor(self._calls_table())

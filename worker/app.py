@@ -222,6 +222,7 @@ def build_console(
     server: str,
     mode: str,
     ui_in_process: bool = False,
+    first_steps: Sequence[str] = (),
 ) -> Console:
     """The person's console on a worker, with the approval broker behind it: the
     dispatcher asks it when a call needs the person. With `ui_in_process` (a TUI on
@@ -238,7 +239,12 @@ def build_console(
     broker.emit_audit = lambda event: dispatcher.outbox(pb.WorkerMessage(audit=event))
     dispatcher.scopes.approver = broker
     console = Console(
-        dispatcher, broker, server=server, mode=mode, static_grants=tuple(grants_of(config))
+        dispatcher,
+        broker,
+        server=server,
+        mode=mode,
+        static_grants=tuple(grants_of(config)),
+        first_steps=tuple(first_steps),
     )
     if dispatcher.pause is not None:
         _watch_pause(dispatcher, dispatcher.pause, console)
@@ -725,6 +731,8 @@ async def run_up(
                 # ... and their stream runs inside the process, without gRPC
                 # (worker.wire.inproc).
                 dial=running.local.open_stream,
+                # The TUI covers the terminal the ready line went to: it says them too.
+                first_steps=next_steps(sandbox),
             )
         finally:
             await running.stop()
@@ -752,6 +760,7 @@ async def _serve_worker(
     on_ready: Callable[[], None] | None = None,
     local: LocalLink | None = None,
     dial: Callable[[Sequence[tuple[str, str]]], LocalCall] | None = None,
+    first_steps: Sequence[str] = (),
 ) -> None:
     lost = dispatcher.recover()
     if lost:
@@ -787,7 +796,9 @@ async def _serve_worker(
     )
     if bench is not None:
         _say_whose_workspaces(bench, target.server_key)
-    console = build_console(dispatcher, config, server=target.address, mode=mode)
+    console = build_console(
+        dispatcher, config, server=target.address, mode=mode, first_steps=first_steps
+    )
     connection.on_state = console.set_link
     if dispatcher.pause is not None:
         console.pause, console.paused = pause_hooks(dispatcher.pause, "tui")

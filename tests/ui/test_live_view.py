@@ -202,3 +202,32 @@ def test_the_calls_kept_are_the_newest_as_many_as_the_worker_keeps(
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_the_calls_pane_says_what_to_try_until_a_call_comes(tmp_path: Path) -> None:
+    """Under `up` the ready line's commands went to the terminal the TUI now covers:
+    the empty detail pane says them, each as given (a path of the person's own
+    shown inert), until a call comes."""
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="*", scopes=["workerHost.fs_read"])])
+        rig.console.first_steps = ("/home/me/.venv/bin/agentworker doctor", "odd\x1b[2Jpath call")
+        app = WorkerApp(rig.link(), notifier=silent)
+        async with app.run_test(size=(140, 40)) as pilot:
+            detail = app.query_one("#detail", Static)
+
+            def text() -> str:
+                return "\n".join(
+                    detail.render_line(y).text.rstrip() for y in range(detail.size.height)
+                )
+
+            await until(lambda: "Try, in another terminal:" in text(), pilot)
+            assert "  /home/me/.venv/bin/agentworker doctor" in text(), text()
+            assert "  odd\\e[2Jpath call" in text(), text()
+            cid = rig.call("fs_read", '{"path": "a.txt"}')
+            await rig.result(cid)
+            await until(lambda: text().startswith("call"), pilot)
+            assert "Try, in another terminal:" not in text(), text()
+        rig.close()
+
+    asyncio.run(scenario())

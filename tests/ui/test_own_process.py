@@ -88,6 +88,20 @@ def test_the_tui_runs_beside_the_worker_and_answers_its_prompts(up: Up) -> None:
     _stopped_cleanly(up, tui_pid=tui.pid)
 
 
+def test_before_any_call_the_tui_says_what_to_try(up: Up) -> None:
+    """`up`'s ready line suggests commands to try, but the TUI covers the terminal it
+    went to: its calls pane says them until a call comes."""
+    # (What the steps say, with their paths wrapped in the pane, test_live_view checks.)
+    up.terminal.expect("Try, in another terminal:")
+    screen = up.terminal.screen
+    assert screen.rfind("Try, in another terminal:") > screen.find(READY), up.terminal.tail()
+    ran = up.terminal.mark()
+    assert up.live.call("workerHost.fs_stat", '{"path": "."}')["status"] == "ok"
+    up.terminal.expect("workerHost.fs_stat", after=ran)  # the call's row, its detail
+    up.terminal.type("q")
+    up.worker.wait(60)
+
+
 @pytest.mark.parametrize("how", ["the key", "the signal"])
 def test_ctrl_c_once_stops_the_worker_and_its_tui(up: Up, how: str) -> None:
     """Ctrl+C as the TUI reads it (a key, the terminal in raw mode), or as a terminal

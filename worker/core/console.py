@@ -164,12 +164,15 @@ class Console:
         server: str,
         mode: str,
         static_grants: tuple[Grant, ...] = (),
+        first_steps: tuple[str, ...] = (),
     ) -> None:
         self.dispatcher = dispatcher
         self.broker = broker
         self.server = server
         self.mode = mode
         self.static_grants = static_grants
+        # Commands to try, shown by a UI while no call came (`up`'s ready line's).
+        self.first_steps = first_steps
         self.link = LinkState("connecting", server)
         # The recent calls, kept as they came and made into a UI's rows (every text made
         # inert) only when a UI is told of them: most calls of a worker with no UI
@@ -249,6 +252,7 @@ class Console:
             "server": inert(self.server, 200),
             "mode": self.mode,
             "prompts": self.broker is not None,
+            "first_steps": list(self.first_steps),
         }
 
     # ------------------------------------------------------------- what happens
