@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -69,11 +70,19 @@ from worker.hub.server import Hub
 from worker.wire.proto import agentworker_pb2 as pb
 
 
-async def measure(one_call: OneCall, calls: int, in_flight: int) -> tuple[list[float], float]:
-    """Latencies (ms) and calls/s with `in_flight` calls outstanding at all times, after
-    a warm-up, one call at a time, of a fifth of `calls` (5 to 200) that is not counted."""
+async def warmed(one_call: OneCall, calls: int) -> None:
+    """A warm-up for a measurement of `calls`: a fifth of them (5 to 200), one at a time."""
     for _ in range(min(200, max(5, calls // 5))):
         await one_call()
+
+
+async def measure(
+    one_call: OneCall, calls: int, in_flight: int, *, warm_up: bool = True
+) -> tuple[list[float], float]:
+    """Latencies (ms) and calls/s with `in_flight` calls outstanding at all times, after
+    a warm-up, one call at a time, of a fifth of `calls` (5 to 200) that is not counted."""
+    if warm_up:
+        await warmed(one_call, calls)
     latencies: list[float] = []
     remaining = calls
 
@@ -258,16 +267,62 @@ async def embedded_hub(path: Path) -> AsyncIterator[Hub]:
         await running.stop()
 
 
+@dataclass
+class Topology:
+    """A client of the hub, and each agentworker process behind it by its command."""
+
+    client: ControlClient
+    pids: dict[str, int]
+
+
 @contextlib.asynccontextmanager
-async def topology(path: Path, commands: list[list[str]]) -> AsyncIterator[ControlClient]:
+async def topology(path: Path, commands: list[list[str]]) -> AsyncIterator[Topology]:
     """Start agentworker processes in a fresh home; yield a client once a worker is in."""
     home = _home(path)
+    pids = {}
     with contextlib.ExitStack() as processes:  # stopped last started, first
         for argv in commands:
-            processes.enter_context(agentworker(argv, home))
+            pids[argv[0]] = processes.enter_context(agentworker(argv, home)).pid
             wait_for(home.token_file.exists, START_WITHIN_S)  # `run` reads the token `hub` writes
         async with connected(home) as client:
-            yield client
+            yield Topology(client, pids)
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSpent:
+    """CPU a call of each process of a topology, and of this one (the caller), over
+    the rounds measured: where a rate short of its goal goes, and the most the
+    machine's cores could do at that cost."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.seconds = {"caller": 0.0, **{name: 0.0 for name in pids}}
+        self.calls = 0
+
+    async def measured(self, one: OneCall, calls: int, in_flight: int) -> Measured:
+        await warmed(one, calls)
+        before = {name: process_cpu(pid) for name, pid in self.pids.items()}
+        mine = time.process_time()
+        result = await measure(one, calls, in_flight, warm_up=False)
+        self.seconds["caller"] += time.process_time() - mine
+        for name, pid in self.pids.items():
+            self.seconds[name] += process_cpu(pid) - before[name]
+        self.calls += len(result[0])
+        return result
+
+    def line(self) -> str:
+        each = {name: spent / self.calls * 1e6 for name, spent in self.seconds.items()}
+        split = ", ".join(f"{name} {us:.0f}" for name, us in each.items())
+        cores = os.cpu_count() or 1
+        return (
+            f"CPU us a call: {split}: {sum(each.values()):.0f} in all, so {cores} cores "
+            f"kept busy do at most {cores * 1e6 / sum(each.values()):,.0f} calls/s"
+        )
 
 
 TOPOLOGIES = {
@@ -277,10 +332,11 @@ TOPOLOGIES = {
 
 
 async def taking_turns(
-    echo_addr: str, relay_addr: str, clients: dict[str, ControlClient], calls: int, in_flight: int
-) -> tuple[Measured, Measured, dict[str, Measured]]:
+    echo_addr: str, relay_addr: str, started: dict[str, Topology], calls: int, in_flight: int
+) -> tuple[Measured, Measured, dict[str, Measured], dict[str, CpuSpent]]:
     """The raw unary echo, the raw relay and each Dispatch topology, in rounds taken in
-    turn (the order rotating each round); each pooled over its rounds."""
+    turn (the order rotating each round); each pooled over its rounds, and the CPU
+    each topology's processes spent a call."""
     async with (
         grpc.aio.insecure_channel(echo_addr) as echo_channel,
         grpc.aio.insecure_channel(relay_addr) as relay_channel,
@@ -299,18 +355,20 @@ async def taking_turns(
 
             return one
 
+        cpu = {name: CpuSpent(ran.pids) for name, ran in started.items()}
         ways: list[tuple[str, OneCall]] = [
             ("unary", echo_one),
             ("relay", relay_call(relay_channel, payload, FS_STAT_REPLY_BYTES)),
-            *((name, dispatch_one(client)) for name, client in clients.items()),
+            *((name, dispatch_one(ran.client)) for name, ran in started.items()),
         ]
         rounds: dict[str, list[Measured]] = {name: [] for name, _ in ways}
         for turn in range(ROUNDS):
             for name, one in ways[turn % len(ways) :] + ways[: turn % len(ways)]:
-                rounds[name].append(await measure(one, calls // ROUNDS, in_flight))
+                timed = cpu[name].measured if name in cpu else measure
+                rounds[name].append(await timed(one, calls // ROUNDS, in_flight))
     pooled_rounds = {name: pooled(measured) for name, measured in rounds.items()}
     unary_m, relayed = pooled_rounds.pop("unary"), pooled_rounds.pop("relay")
-    return unary_m, relayed, pooled_rounds
+    return unary_m, relayed, pooled_rounds, cpu
 
 
 async def run(calls: int, home: Path) -> None:
@@ -324,14 +382,14 @@ async def run(calls: int, home: Path) -> None:
             ours = {"fs_stat hub → worker → hub": stream}
             async with contextlib.AsyncExitStack() as started:
                 relay_addr = started.enter_context(relay())
-                clients = {
+                topologies = {
                     name: await started.enter_async_context(
                         topology(home / f"{in_flight}-{i}", commands)
                     )
                     for i, (name, commands) in enumerate(TOPOLOGIES.items())
                 }
-                unary, relayed, dispatched = await taking_turns(
-                    echo_addr, relay_addr, clients, calls, in_flight
+                unary, relayed, dispatched, cpu = await taking_turns(
+                    echo_addr, relay_addr, topologies, calls, in_flight
                 )
             ours.update(dispatched)
             report(
@@ -343,6 +401,8 @@ async def run(calls: int, home: Path) -> None:
             )
             dispatch_goals(in_flight, unary, ours)
             beside_relay(relayed, ours)
+            for name, spent in cpu.items():
+                print(f"  {name.strip()}: {spent.line()}")
     finally:
         echo.terminate()
         echo.wait(10)
