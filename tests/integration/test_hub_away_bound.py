@@ -19,11 +19,9 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.support.hub_inproc import HandWorker, caller_metadata, hub_in_process, own_channel
-from worker.app import RunningHub
+from tests.support.hub_inproc import Caller, DrivenHub, HandWorker, driven_hub
 from worker.hub import server as server_module
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
 BOUND = 3
 
@@ -42,16 +40,6 @@ def _call(worker_id: str, scope: str, args_json: str, **fields: Any) -> pb.Dispa
     )
 
 
-async def _away(running: RunningHub, home: Path) -> HandWorker:
-    """A worker the hub remembers, away: it said Hello and left."""
-    away = HandWorker(running.address, home)
-    await away.until("welcome")
-    await away.close()
-    while away.worker_id in running.hub.sessions:
-        await asyncio.sleep(0.02)  # the hub runs in this loop
-    return away
-
-
 def test_calls_past_the_bound_for_a_worker_away_are_answered_busy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -59,33 +47,26 @@ def test_calls_past_the_bound_for_a_worker_away_are_answered_busy(
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            away = await _away(running, home)
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+        async with driven_hub(home) as hub:
+            away = await hub.away()
             big = json.dumps({"argv": ["true"], "pad": "x" * 100_000})
 
             async def dispatch() -> pb.DispatchResponse | grpc.StatusCode:
                 request = _call(away.worker_id, "workerHost.exec", big, timeout_ms=3_600_000)
                 try:
-                    reply: pb.DispatchResponse = await stub.Dispatch(
-                        request, metadata=caller_metadata(home), timeout=0.5
-                    )
+                    reply: pb.DispatchResponse = await hub.caller.dispatch(request, timeout=0.5)
                     return reply
                 except grpc.aio.AioRpcError as exc:  # the caller hangs up; the call waits
                     return exc.code()
 
-            try:
-                waited = [await dispatch() for _ in range(BOUND)]
-                assert waited == [grpc.StatusCode.DEADLINE_EXCEEDED] * BOUND
-                assert running.hub.store.pending_for(away.worker_id)[0] == BOUND
-                refused = await dispatch()
-                assert isinstance(refused, pb.DispatchResponse), refused
-                assert refused.result.error.code == "busy"
-                assert "away" in refused.result.error.message
-                assert running.hub.store.pending_for(away.worker_id)[0] == BOUND  # not stored
-            finally:
-                await channel.close()
+            waited = [await dispatch() for _ in range(BOUND)]
+            assert waited == [grpc.StatusCode.DEADLINE_EXCEEDED] * BOUND
+            assert hub.store.pending_for(away.worker_id)[0] == BOUND
+            refused = await dispatch()
+            assert isinstance(refused, pb.DispatchResponse), refused
+            assert refused.result.error.code == "busy"
+            assert "away" in refused.result.error.message
+            assert hub.store.pending_for(away.worker_id)[0] == BOUND  # not stored
 
     asyncio.run(go())
 
@@ -99,11 +80,8 @@ def test_a_retry_of_an_abandoned_call_goes_with_the_callers_args(
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            worker = HandWorker(running.address, home)  # takes calls, answers none
-            await worker.until("welcome")
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+        async with driven_hub(home) as hub:
+            worker = await hub.welcomed()  # takes calls, answers none
             request = _call(
                 worker.worker_id,
                 "workerDiag.probe",
@@ -111,19 +89,15 @@ def test_a_retry_of_an_abandoned_call_goes_with_the_callers_args(
                 correlation_id="abandoned-then-retried",
                 timeout_ms=100,
             )
-            try:
-                first = await stub.Dispatch(request, metadata=caller_metadata(home), timeout=60)
-                assert first.result.error.code == "timeout", first
-                stored = running.hub.store.get("abandoned-then-retried")
-                assert stored is not None and stored.state == "ABANDONED"
-                assert stored.request.args_json == ""
-                await stub.Dispatch(request, metadata=caller_metadata(home), timeout=60)
-                sent = await worker.until("request", 2)
-                assert [r.args_json for r in sent] == ['{"sleep_ms": 1}'] * 2
-                assert sent[1].attempt == 2
-            finally:
-                await channel.close()
-                await worker.close()
+            first = await hub.caller.dispatch(request, timeout=60)
+            assert first.result.error.code == "timeout", first
+            stored = hub.store.get("abandoned-then-retried")
+            assert stored is not None and stored.state == "ABANDONED"
+            assert stored.request.args_json == ""
+            await hub.caller.dispatch(request, timeout=60)
+            sent = await worker.until("request", 2)
+            assert [r.args_json for r in sent] == ['{"sleep_ms": 1}'] * 2
+            assert sent[1].attempt == 2
 
     asyncio.run(go())
 
@@ -136,29 +110,13 @@ def test_a_blob_for_a_worker_away_goes_when_its_caller_does(tmp_path: Path) -> N
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            away = await _away(running, home)
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
-            request = _call(
-                away.worker_id,
-                "workerHost.fs_write",
-                '{"path": "f"}',
-                correlation_id="blob-for-one-away",
-                blob=b"b" * (2 * 1024 * 1024),
-                timeout_ms=3_600_000,
-            )
-            try:
-                with pytest.raises(grpc.aio.AioRpcError) as left:
-                    await stub.Dispatch(request, metadata=caller_metadata(home), timeout=0.5)
-                assert left.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                while running.hub._waiters.get("blob-for-one-away"):
-                    await asyncio.sleep(0.02)  # the hub sees the caller gone
-                assert "blob-for-one-away" not in running.hub._blobs
-                stored = running.hub.store.get("blob-for-one-away")
-                assert stored is not None and stored.state == "PENDING"  # kept, for a retry
-            finally:
-                await channel.close()
+        async with driven_hub(home) as hub:
+            away = await hub.away()
+            request = _blob_call(away.worker_id, "workerHost.fs_write", '{"path": "f"}')
+            with pytest.raises(grpc.aio.AioRpcError) as left:
+                await hub.caller.dispatch(request, timeout=0.5)
+            assert left.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await _blob_gone_call_kept(hub, request.correlation_id)
 
     asyncio.run(go())
 
@@ -173,45 +131,48 @@ def test_a_blob_for_a_connected_worker_that_answers_nothing_goes_when_its_caller
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            silent = HandWorker(running.address, home)  # reads all, answers nothing
-            await silent.until("welcome")
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
-            request = _call(
-                silent.worker_id,
-                "workerDiag.probe",
-                "{}",
-                correlation_id="blob-for-one-silent",
-                blob=b"b" * (2 * 1024 * 1024),
-                timeout_ms=3_600_000,
-            )
-            try:
-                call = stub.Dispatch(request, metadata=caller_metadata(home))
-                (sent,) = await silent.until("request")
-                assert sent.correlation_id == "blob-for-one-silent"
-                call.cancel()  # the caller leaves
-                while running.hub._waiters.get("blob-for-one-silent"):
-                    await asyncio.sleep(0.02)  # the hub sees the caller gone
-                assert "blob-for-one-silent" not in running.hub._blobs
-                stored = running.hub.store.get("blob-for-one-silent")
-                assert stored is not None and stored.state == "PENDING"  # kept, for a retry
-            finally:
-                await channel.close()
-                await silent.close()
+        async with driven_hub(home) as hub:
+            silent = await hub.welcomed()  # reads all, answers nothing
+            request = _blob_call(silent.worker_id, "workerDiag.probe", "{}")
+            call = hub.caller.dispatch(request, timeout=None)
+            (sent,) = await silent.until("request")
+            assert sent.correlation_id == request.correlation_id
+            call.cancel()  # the caller leaves
+            await _blob_gone_call_kept(hub, request.correlation_id)
 
     asyncio.run(go())
 
 
+def _blob_call(worker_id: str, scope: str, args_json: str) -> pb.DispatchRequest:
+    """A call with a blob of 2 MiB, waiting an hour for its worker."""
+    return _call(
+        worker_id,
+        scope,
+        args_json,
+        correlation_id=f"blob-for-{worker_id}",
+        blob=b"b" * (2 * 1024 * 1024),
+        timeout_ms=3_600_000,
+    )
+
+
+async def _blob_gone_call_kept(hub: DrivenHub, cid: str) -> None:
+    """Once the hub saw the call's caller gone: its blob gone, the call kept for a retry."""
+    while hub.hub._waiters.get(cid):
+        await asyncio.sleep(0.02)  # the hub sees the caller gone
+    assert cid not in hub.hub._blobs
+    stored = hub.store.get(cid)
+    assert stored is not None and stored.state == "PENDING"  # kept, for a retry
+
+
 async def _sent_and_left(
-    stub: pb_grpc.ControlServiceStub, home: Path, worker: HandWorker, args_json: str
+    caller: Caller, worker: HandWorker, args_json: str
 ) -> pb.DispatchResponse | None:
     """Dispatch a call to `worker` (reading every request, answering none) and hang up
     once the worker got it: the call waits in hub.db. The hub's answer instead when it
     refused the call before sending it."""
     before = len(worker.received.get("request", []))
     request = _call(worker.worker_id, "workerDiag.probe", args_json, timeout_ms=3_600_000)
-    call = stub.Dispatch(request, metadata=caller_metadata(home))
+    call = caller.dispatch(request, timeout=None)
     answered = asyncio.ensure_future(call)
     got = asyncio.ensure_future(worker.until("request", before + 1))
     done, _ = await asyncio.wait({answered, got}, return_when=asyncio.FIRST_COMPLETED)
@@ -223,27 +184,16 @@ async def _sent_and_left(
     return None
 
 
-def _waiting_in_hub_db(running: RunningHub, home: Path) -> dict[str, tuple[int, int]]:
+def _waiting_in_hub_db(hub: DrivenHub) -> dict[str, tuple[int, int]]:
     """What hub.db holds pending, by worker: calls, their requests' bytes (a reader of
     its own, once the hub committed what it recorded)."""
-    running.hub.store.flush()
-    with contextlib.closing(sqlite3.connect(home / "hub.db")) as db:
+    hub.store.flush()
+    with contextlib.closing(sqlite3.connect(hub.home / "hub.db")) as db:
         rows = db.execute(
             "SELECT worker_id, count(*), sum(length(request)) FROM calls"
             " WHERE state = 'PENDING' GROUP BY worker_id"
         ).fetchall()
     return {worker_id: (count, size) for worker_id, count, size in rows}
-
-
-def _worker_back(running: RunningHub, home: Path, first: HandWorker) -> HandWorker:
-    """A new stream of `first`'s worker id, with its key."""
-    return HandWorker(running.address, home, hello=first.hello, key=first.key)
-
-
-async def _gone(running: RunningHub, worker: HandWorker) -> None:
-    await worker.close()
-    while worker.worker_id in running.hub.sessions:
-        await asyncio.sleep(0.02)  # the hub runs in this loop: it sees the stream end
 
 
 def test_calls_past_the_bound_for_a_connected_worker_that_answers_none_are_answered_busy(
@@ -256,29 +206,20 @@ def test_calls_past_the_bound_for_a_connected_worker_that_answers_none_are_answe
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            silent = HandWorker(running.address, home)  # reads all, answers nothing
-            await silent.until("welcome")
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+        async with driven_hub(home) as hub:
+            silent = await hub.welcomed()  # reads all, answers nothing
             big = json.dumps({"pad": "x" * 100_000})
-            try:
-                answers = [
-                    await _sent_and_left(stub, home, silent, big) for _ in range(BOUND * 2 + 3)
-                ]
-                assert answers[: BOUND * 2] == [None] * (BOUND * 2)
-                refused = answers[BOUND * 2 :]
-                assert all(a is not None and a.result.error.code == "busy" for a in refused)
-                assert refused[0] is not None
-                assert "has answered none" in refused[0].result.error.message
-                while running.hub._waiters:
-                    await asyncio.sleep(0.02)  # the hub sees every caller gone
-                waiting = _waiting_in_hub_db(running, home)[silent.worker_id]
-                assert waiting[0] == BOUND * 2
-                assert running.hub.store.pending_for(silent.worker_id) == waiting
-            finally:
-                await channel.close()
-                await silent.close()
+            answers = [await _sent_and_left(hub.caller, silent, big) for _ in range(BOUND * 2 + 3)]
+            assert answers[: BOUND * 2] == [None] * (BOUND * 2)
+            refused = answers[BOUND * 2 :]
+            assert all(a is not None and a.result.error.code == "busy" for a in refused)
+            assert refused[0] is not None
+            assert "has answered none" in refused[0].result.error.message
+            while hub.hub._waiters:
+                await asyncio.sleep(0.02)  # the hub sees every caller gone
+            waiting = _waiting_in_hub_db(hub)[silent.worker_id]
+            assert waiting[0] == BOUND * 2
+            assert hub.store.pending_for(silent.worker_id) == waiting
 
     asyncio.run(go())
 
@@ -294,27 +235,21 @@ def test_the_bound_for_a_connected_worker_holds_across_its_streams(
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            first = HandWorker(running.address, home)  # reads all, answers nothing
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+        async with driven_hub(home) as hub:
+            first = hub.hand()  # reads all, answers nothing
             big = json.dumps({"pad": "x" * 100_000})
             answers: list[pb.DispatchResponse | None] = []
-            try:
-                silent = first
-                for _stream in range(3):
-                    await silent.until("welcome")
-                    answers += [await _sent_and_left(stub, home, silent, big) for _ in range(2)]
-                    await _gone(running, silent)
-                    silent = _worker_back(running, home, first)
-                await silent.close()
-                waiting = _waiting_in_hub_db(running, home).get(first.worker_id, (0, 0))
-                assert waiting[0] == BOUND, answers
-                assert answers[:BOUND] == [None] * BOUND
-                assert all(a is not None and a.result.error.code == "busy" for a in answers[BOUND:])
-            finally:
-                await channel.close()
-                await silent.close()
+            silent = first
+            for _stream in range(3):
+                await silent.until("welcome")
+                answers += [await _sent_and_left(hub.caller, silent, big) for _ in range(2)]
+                await hub.gone(silent)
+                silent = hub.back(first)
+            await silent.close()
+            waiting = _waiting_in_hub_db(hub).get(first.worker_id, (0, 0))
+            assert waiting[0] == BOUND, answers
+            assert answers[:BOUND] == [None] * BOUND
+            assert all(a is not None and a.result.error.code == "busy" for a in answers[BOUND:])
 
     asyncio.run(go())
 
@@ -330,27 +265,18 @@ def test_the_bound_for_every_worker_holds_for_workers_connected(
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            silents = [HandWorker(running.address, home) for _ in range(2)]
+        async with driven_hub(home) as hub:
+            silents = [hub.hand() for _ in range(2)]
             for silent in silents:
                 await silent.until("welcome")
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
-            try:
-                answers = [await _sent_and_left(stub, home, silent, big) for silent in silents * 2]
-                assert answers[:2] == [None, None]
-                for refused in answers[2:]:
-                    assert refused is not None and refused.result.error.code == "busy"
-                    assert "wait in hub.db for their workers" in refused.result.error.message
-                waiting = _waiting_in_hub_db(running, home)
-                assert sum(size for _, size in waiting.values()) <= 250_000, waiting
-                assert running.hub.store.pending.total_bytes == sum(
-                    size for _, size in waiting.values()
-                )
-            finally:
-                await channel.close()
-                for silent in silents:
-                    await silent.close()
+            answers = [await _sent_and_left(hub.caller, silent, big) for silent in silents * 2]
+            assert answers[:2] == [None, None]
+            for refused in answers[2:]:
+                assert refused is not None and refused.result.error.code == "busy"
+                assert "wait in hub.db for their workers" in refused.result.error.message
+            waiting = _waiting_in_hub_db(hub)
+            assert sum(size for _, size in waiting.values()) <= 250_000, waiting
+            assert hub.store.pending.total_bytes == sum(size for _, size in waiting.values())
 
     asyncio.run(go())
 
@@ -371,33 +297,28 @@ def test_the_bound_for_a_connected_worker_holds_while_a_commit_is_in_the_writer_
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            silent = HandWorker(running.address, home)  # reads all, answers nothing
-            await silent.until("welcome")
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+        async with driven_hub(home) as hub:
+            silent = await hub.welcomed()  # reads all, answers nothing
             big = json.dumps({"pad": "x" * 100_000})
-            store = running.hub.store
+            store = hub.store
             locker = sqlite3.connect(home / "hub.db", timeout=0)
             try:
-                assert await _sent_and_left(stub, home, silent, big) is None
+                assert await _sent_and_left(hub.caller, silent, big) is None
                 # Another writer holds hub.db: the commit of that call, handed to the
                 # writer thread, waits for it.
                 locker.execute("BEGIN IMMEDIATE")
                 commit = store.complete_off_loop([])
-                answers = [await _sent_and_left(stub, home, silent, big) for _ in range(BOUND + 1)]
+                answers = [await _sent_and_left(hub.caller, silent, big) for _ in range(BOUND + 1)]
                 assert not commit.done() and store.committing  # all of them meanwhile
                 locker.rollback()
                 assert await asyncio.wrap_future(commit) == []
                 assert answers[: BOUND - 1] == [None] * (BOUND - 1), answers
                 for refused in answers[BOUND - 1 :]:
                     assert refused is not None and refused.result.error.code == "busy"
-                waiting = _waiting_in_hub_db(running, home)[silent.worker_id]
+                waiting = _waiting_in_hub_db(hub)[silent.worker_id]
                 assert waiting[0] == BOUND
                 assert store.pending_for(silent.worker_id) == waiting
             finally:
                 locker.close()
-                await channel.close()
-                await silent.close()
 
     asyncio.run(go())

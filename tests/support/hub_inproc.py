@@ -1,6 +1,10 @@
 """A real hub (worker.app.start_hub: its gRPC server, auth and services) in the test's own
 event loop, so that a test can look at its state and change its timings, and a worker
-stream for it that a test drives by hand: the far side of the hub's boundary."""
+stream for it that a test drives by hand: the far side of the hub's boundary.
+
+`driven_hub` is the set-up most hub tests share: the hub, the person's caller on a
+connection of its own (`Caller`), the hand-driven streams the test opens, a wait on the
+hub's state that wakes as the hub changes it, all closed as the test ends."""
 
 from __future__ import annotations
 
@@ -9,8 +13,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,8 @@ import grpc
 from tests.support.cluster import Proc, write_config
 from worker import app
 from worker.config import Paths, load
+from worker.hub.session import Session
+from worker.hub.store import HubStore
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
@@ -105,6 +112,40 @@ async def probe(channel: grpc.aio.Channel, home: Path, worker_id: str) -> None:
     assert reply.result.status == pb.ActionResult.OK, reply.result
 
 
+def hand_hello(worker_id: str, **fields: Any) -> pb.Hello:
+    """A hand-driven stream's Hello as `worker_id`, in the protocols this hub speaks (a
+    new instance id unless `fields` name one)."""
+    fields.setdefault("instance_id", uuid.uuid4().hex)
+    return pb.Hello(
+        worker_id=worker_id,
+        version="hand",
+        protocol_min=PROTOCOL_MIN,
+        protocol_max=PROTOCOL_MAX,
+        **fields,
+    )
+
+
+def worker_cli(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`agentworker ARGV...` for the worker whose data folder is `home` (blocking: call it
+    off the loop, the hub in it must answer the worker meanwhile)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
+    env["AGENTWORKER_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def lift(home: Path, plan: str) -> None:
+    """The person lifts the plan's kill at the worker of `home` (`agentworker lift`)."""
+    done = worker_cli(home, "lift", plan)
+    assert done.returncode == 0, done.stderr
+
+
 class HandWorker:
     """A worker stream opened with the workers' token: it says Hello (or `first`), then
     sends what the test gives it, and keeps what the hub sends, by kind."""
@@ -120,18 +161,15 @@ class HandWorker:
     ) -> None:
         self.key = key or uuid.uuid4().hex  # its worker key (a worker's own, kept)
         self.worker_id = hello.worker_id if hello else "hand-" + uuid.uuid4().hex[:8]
-        self.hello = hello or pb.Hello(
-            worker_id=self.worker_id,
-            instance_id=uuid.uuid4().hex,
-            version="hand",
-            protocol_min=PROTOCOL_MIN,
-            protocol_max=PROTOCOL_MAX,
+        self.hello = hello or hand_hello(
+            self.worker_id,
             surfaces=["workerDiag"],
             actions=["workerDiag.probe"],
             max_concurrency=4,
         )
         self.received: dict[str, list[Any]] = {}
         self.came = asyncio.Event()
+        self._closed = False
         self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._channel = own_channel(address)
         opening = first or pb.WorkerEnvelope(messages=[pb.WorkerMessage(hello=self.hello)])
@@ -182,8 +220,154 @@ class HandWorker:
         return await self.call.code()
 
     async def close(self) -> None:
+        """End the stream and its channel (again: nothing more)."""
+        if self._closed:
+            return
+        self._closed = True
         self._out.put_nowait(None)
         self.call.cancel()
         with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
             await self._task
         await self._channel.close()
+
+
+class Caller:
+    """The person's caller of the hub's ControlService, on a connection of its own."""
+
+    def __init__(self, address: str, home: Path) -> None:
+        self.channel = own_channel(address)
+        self.stub = pb_grpc.ControlServiceStub(self.channel)
+        self.metadata = caller_metadata(home)
+
+    def dispatch(self, request: pb.DispatchRequest, *, timeout: float | None) -> Any:
+        """The Dispatch under way: await it for the answer, or cancel it (the caller
+        hangs up)."""
+        return self.stub.Dispatch(request, metadata=self.metadata, timeout=timeout)
+
+    async def code(self, worker_id: str, plan: str) -> str:
+        """A probe of `plan` on `worker_id`: "ok", or the refusal's code."""
+        reply = await self.dispatch(probe_request(worker_id, plan), timeout=120)
+        return "ok" if reply.result.status == pb.ActionResult.OK else str(reply.result.error.code)
+
+    async def kill(self, plan: str, reason: str = "stop") -> pb.KillPlanResponse:
+        reply: pb.KillPlanResponse = await self.stub.KillPlan(
+            pb.KillPlanRequest(plan_id=plan, reason=reason), metadata=self.metadata, timeout=60
+        )
+        return reply
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class DrivenHub:
+    """A real hub in this loop (`running`, `hub`), the person's `caller`, and the
+    hand-driven worker streams and real workers the test opens through it (closed by
+    `close`).
+
+    `until` waits on the hub's state without a clock: the hub changes what the tests look
+    at (its sessions, what their workers said) only where it takes a worker's Hello
+    (store.seen_worker), lets a session go (store.touch_worker) or handles a stream's
+    envelope (_handle_all), and each of those wakes the waits here."""
+
+    def __init__(self, running: app.RunningHub, home: Path) -> None:
+        self.running = running
+        self.hub = running.hub
+        self.home = home
+        self.address = running.address
+        self.caller = Caller(running.address, home)
+        self._hands: list[HandWorker] = []
+        self._workers: list[Proc] = []
+        self._moved = asyncio.Event()
+        store = self.hub.store
+        for owner, name in (
+            (store, "seen_worker"),
+            (store, "touch_worker"),
+            (self.hub, "_handle_all"),
+        ):
+            setattr(owner, name, self._waking(getattr(owner, name)))
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        return self.hub.sessions
+
+    @property
+    def store(self) -> HubStore:
+        return self.hub.store
+
+    def _waking(self, change: Callable[..., Any]) -> Callable[..., Any]:
+        def changed(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return change(*args, **kwargs)
+            finally:
+                self._moved.set()
+
+        return changed
+
+    async def until(self, condition: Callable[[], object]) -> None:
+        """Until `condition()` holds, looked at again each time the hub's state moves."""
+        while not condition():
+            self._moved.clear()
+            await self._moved.wait()
+
+    def hand(self, **kwargs: Any) -> HandWorker:
+        """A hand-driven stream (HandWorker's `hello`, `key`, `first`), opened now."""
+        worker = HandWorker(self.address, self.home, **kwargs)
+        self._hands.append(worker)
+        return worker
+
+    async def welcomed(self, **kwargs: Any) -> HandWorker:
+        """A hand-driven stream once its Welcome came."""
+        worker = self.hand(**kwargs)
+        await worker.until("welcome")
+        return worker
+
+    async def gone(self, worker: HandWorker) -> None:
+        """Close `worker`'s stream and wait until the hub let go of its session."""
+        await worker.close()
+        await self.until(lambda: worker.worker_id not in self.sessions)
+
+    async def away(self, **kwargs: Any) -> HandWorker:
+        """A worker the hub remembers, away: it said Hello and left."""
+        worker = await self.welcomed(**kwargs)
+        await self.gone(worker)
+        return worker
+
+    async def real_worker(self) -> Proc:
+        """A real worker (`agentworker run`) of the hub's folder, once the hub has a
+        session (`until_connected`)."""
+        worker = real_worker(self.home, self.address)
+        self._workers.append(worker)
+        await until_connected(self.running, worker)
+        return worker
+
+    def back(self, first: HandWorker) -> HandWorker:
+        """A new stream of `first`'s worker: its Hello, its key."""
+        return self.hand(hello=first.hello, key=first.key)
+
+    async def until_confirmed(self, worker_id: str) -> None:
+        """Until the connected worker confirmed every kill the hub keeps for it."""
+        last = max(k.seq for k in self.store.kills_after(worker_id, 0))
+        await self.until(
+            lambda: (
+                (session := self.sessions.get(worker_id)) is not None
+                and session.kills_through >= last
+            )
+        )
+
+    async def close(self) -> None:
+        for proc in self._workers:
+            await stop_worker(proc)
+        for worker in self._hands:
+            await worker.close()
+        await self.caller.close()
+
+
+@contextlib.asynccontextmanager
+async def driven_hub(home: Path) -> AsyncIterator[DrivenHub]:
+    """`hub_in_process` with its caller and hand-driven streams, closed as it ends."""
+    async with hub_in_process(home) as running:
+        driven = DrivenHub(running, home)
+        try:
+            yield driven
+        finally:
+            await driven.close()
