@@ -332,11 +332,16 @@ TOPOLOGIES = {
 
 
 async def taking_turns(
-    echo_addr: str, relay_addr: str, started: dict[str, Topology], calls: int, in_flight: int
+    echo: subprocess.Popen[bytes],
+    echo_addr: str,
+    relay_addr: str,
+    started: dict[str, Topology],
+    calls: int,
+    in_flight: int,
 ) -> tuple[Measured, Measured, dict[str, Measured], dict[str, CpuSpent]]:
     """The raw unary echo, the raw relay and each Dispatch topology, in rounds taken in
     turn (the order rotating each round); each pooled over its rounds, and the CPU
-    each topology's processes spent a call."""
+    the unary echo's and each topology's processes spent a call."""
     async with (
         grpc.aio.insecure_channel(echo_addr) as echo_channel,
         grpc.aio.insecure_channel(relay_addr) as relay_channel,
@@ -355,7 +360,8 @@ async def taking_turns(
 
             return one
 
-        cpu = {name: CpuSpent(ran.pids) for name, ran in started.items()}
+        cpu = {"unary": CpuSpent({"echo server": echo.pid})}
+        cpu.update((name, CpuSpent(ran.pids)) for name, ran in started.items())
         ways: list[tuple[str, OneCall]] = [
             ("unary", echo_one),
             ("relay", relay_call(relay_channel, payload, FS_STAT_REPLY_BYTES)),
@@ -389,7 +395,7 @@ async def run(calls: int, home: Path) -> None:
                     for i, (name, commands) in enumerate(TOPOLOGIES.items())
                 }
                 unary, relayed, dispatched, cpu = await taking_turns(
-                    echo_addr, relay_addr, topologies, calls, in_flight
+                    echo, echo_addr, relay_addr, topologies, calls, in_flight
                 )
             ours.update(dispatched)
             report(
@@ -402,7 +408,8 @@ async def run(calls: int, home: Path) -> None:
             dispatch_goals(in_flight, unary, ours)
             beside_relay(relayed, ours)
             for name, spent in cpu.items():
-                print(f"  {name.strip()}: {spent.line()}")
+                shown = "raw gRPC unary echo" if name == "unary" else name.strip()
+                print(f"  {shown}: {spent.line()}")
     finally:
         echo.terminate()
         echo.wait(10)
