@@ -335,3 +335,16 @@ def test_masking_expect_sends_takes_time_in_proportion_to_the_text() -> None:
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     masked = masked_text('spawn su; expect "*assword*"; send hunter2\\r; interact')
     assert "hunter2" not in masked and f'send "{MASK}"' in masked
+
+
+def test_args_left_inside_a_string_are_measured_in_time_in_proportion_to_them() -> None:
+    """Args that are no JSON, or cut at 1 MiB, can end inside a string: `nests_deeper`
+    looked for its close from each escaped quote in it again (quadratic: 48 KB of
+    `\\"{` held a preview 10 s, 131 KB more than a minute). Run apart, with a bound
+    thousands of times what one pass takes (~1 ms), so a return cannot fail."""
+    script = (
+        "from worker.core.redaction import args_preview, argv_secrets, nests_deeper;"
+        "args = '{\"argv\": [\"x\", \"' + '\\\\\"{' * 43_600;"
+        "assert args_preview(args) == '<invalid json>' and argv_secrets(args) == ()"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
