@@ -330,7 +330,12 @@ def test_masking_expect_sends_takes_time_in_proportion_to_the_text() -> None:
     hundreds of times what linear matching takes (~0.1 s), so a return cannot fail."""
     script = (
         "from worker.core.redaction import masked_text;"
-        "masked_text('expect assw ' * 11000); masked_text('expect assw;send ' * 8000)"
+        "masked_text('expect assw ' * 11000); masked_text('expect assw;send ' * 8000);"
+        # review19 A3's forms, each ~131,000 characters: blocks left open, braced values
+        # never closed, quotes never closed.
+        'masked_text(\'expect { "*:" { send "x" } \' * 4700);'
+        "masked_text('expect \"*:\" { exp_send {' * 6000);"
+        "masked_text('\"send ' * 21000); masked_text('expect \"*assword*\"; sleep 1; send ' * 3400)"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     masked = masked_text('spawn su; expect "*assword*"; send hunter2\\r; interact')
@@ -344,7 +349,7 @@ def test_args_left_inside_a_string_are_measured_in_time_in_proportion_to_them() 
     thousands of times what one pass takes (~1 ms), so a return cannot fail."""
     script = (
         "from worker.core.redaction import args_preview, argv_secrets, nests_deeper;"
-        "args = '{\"argv\": [\"x\", \"' + '\\\\\"{' * 43_600;"
+        'args = \'{"argv": ["x", "\' + \'\\\\"{\' * 43_600;'
         "assert args_preview(args) == '<invalid json>' and argv_secrets(args) == ()"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

@@ -197,6 +197,66 @@ def test_an_argv_given_as_one_string_keeps_its_password_nowhere(line: str) -> No
     assert line.split()[0] in kept["recording"] and MASK in kept["recording"], kept
 
 
+# review19 A3: neighbours of shapes masked before, each of which kept the password.
+NEIGHBOURS = [
+    # Positional parameters: moved by `shift`, past 9, after options in a cluster.
+    ["sh", "-c", f"set -- me {S}; shift; mysql -u me -p$1 db"],
+    ["sh", "-c", f"set -- a b c d e f g h i {S}; mysql -u me -p${{10}} db"],
+    ["sh", "-c", f"set -eo pipefail {S}; mysql -u me -p$1 db"],
+    # Parameters given otherwise than NAME=value.
+    ["sh", "-c", f"for P in {S}; do mysql -u me -p$P db; done"],
+    ["bash", "-c", f"printf -v P %s {S}; mysql -u me -p$P db"],
+    # A process substitution read as a file, passed on to a password reader.
+    ["bash", "-c", f"cat <(echo {S}) | sudo -S true"],
+    ["bash", "-c", f"exec 3< <(echo {S}); sudo -S true <&3"],
+    # What expect sends: as the pattern's action, in a block, to a prompt naming
+    # nothing, later than the next command, by exp_send.
+    ["expect", "-c", f'spawn ssh me@h; expect "*assword*" {{ send "{S}\\r" }}; interact'],
+    ["expect", "-c", f'spawn ssh me@h; expect {{ "*assword*" {{ send "{S}\\r" }} }}; interact'],
+    ["expect", "-c", f'spawn ssh me@h; expect "*:"; send "{S}\\r"; interact'],
+    ["expect", "-c", f'spawn ssh me@h; expect "*assword*"; sleep 1; send "{S}\\r"; interact'],
+    ["expect", "-c", f'spawn ssh me@h; expect "*assword*"; exp_send "{S}\\r"; interact'],
+]
+
+
+@pytest.mark.parametrize("argv", NEIGHBOURS, ids=lambda argv: " ".join(argv)[-44:])
+def test_a_password_in_a_neighbour_of_a_masked_shape_is_kept_nowhere(argv: list[str]) -> None:
+    kept = _kept(argv)
+    assert not [place for place, text in kept.items() if SECRET in text], (argv, kept)
+    assert argv[0] in kept["recording"] and MASK in kept["recording"], kept
+
+
+# Expect as people write it across lines: the answers before a password's pattern are
+# kept, those after it masked; patterns inline, one after another, too.
+EXPECT_FORMS = [
+    (
+        'spawn ssh h\nexpect {\n  "*yes/no*" { send "yes\\r"; exp_continue }\n'
+        f'  "*assword*" {{ send "{S}\\r" }}\n}}\ninteract',
+        'spawn ssh h\nexpect {\n  "*yes/no*" { send "yes\\r"; exp_continue }\n'
+        f'  "*assword*" {{ send "{MASK}" }}\n}}\ninteract',
+    ),
+    (
+        f'expect "yes/no" {{send "yes\\r"; exp_continue}} "*assword*" {{send "{S}\\r"}}',
+        f'expect "yes/no" {{send "yes\\r"; exp_continue}} "*assword*" {{send "{MASK}"}}',
+    ),
+    (
+        f'spawn openssl rsa -in k\nexpect "Enter pass phrase*"\nsend -- {{{S}\\r}}',
+        f'spawn openssl rsa -in k\nexpect "Enter pass phrase*"\nsend -- "{MASK}"',
+    ),
+    (
+        f'expect "login:"; send "me\\r"; expect -re {{.*: $}}; send "{S}\\r"; expect eof',
+        f'expect "login:"; send "me\\r"; expect -re {{.*: $}}; send "{MASK}"; expect eof',
+    ),
+]
+
+
+@pytest.mark.parametrize(("script", "kept"), EXPECT_FORMS, ids=lambda v: repr(v)[:40])
+def test_expect_keeps_only_the_answers_to_a_password_prompt_masked(script: str, kept: str) -> None:
+    argv = ["expect", "-c", script]
+    assert masked_detail(argv) == ["expect", "-c", kept]
+    assert SECRET not in json.dumps(_kept(argv))
+
+
 WRITTEN_BACK = [
     (
         ["sh", "-c", f"cd /srv\nmysql -p{S} db  # nightly"],
@@ -226,6 +286,18 @@ WRITTEN_BACK = [
     (
         ["sh", "-c", f"set -- {S}; mysql -p$1 db"],
         ["sh", "-c", f"set -- '{MASK}'; mysql '-p{MASK}' db"],
+    ),
+    (  # every operand from the first `$N` on: a `shift` moves `$N` to a later one
+        ["sh", "-c", f"set -- me {S}; shift; mysql -p$1 db"],
+        ["sh", "-c", f"set -- '{MASK}' '{MASK}'; shift; mysql '-p{MASK}' db"],
+    ),
+    (  # `-eo` takes `pipefail`: the operand is the password (review19 A3)
+        ["sh", "-c", f"set -eo pipefail {S} b; mysql -p$1 db"],
+        ["sh", "-c", f"set -eo pipefail '{MASK}' '{MASK}'; mysql '-p{MASK}' db"],
+    ),
+    (
+        ["sh", "-c", f"set -- me {S}; mysql -u$1 -p$2 db"],
+        ["sh", "-c", f"set -- me '{MASK}'; mysql -u$1 '-p{MASK}' db"],
     ),
     (  # the masked word's closing quote kept (the text's own masking took it)
         ["sh", "-c", f'mysql --password="{S}" db'],
@@ -267,6 +339,12 @@ SHOWN = [
     ["bash", "-c", "diff <(sort a) <(sort b) && wc -l < <(ls)"],
     ["expect", "-c", 'spawn ftp h; expect "Name*"; send "me\\r"; interact'],
     ["sh", "-c", "cat <<EOF | grep -c x\nhello x\nEOF"],
+    # Neighbours of review19 A3's shapes that hold no password.
+    ["sh", "-c", 'set -eo pipefail -- a b; shift; echo "$1" ${10}'],
+    ["bash", "-c", 'for P in a b; do echo "$P"; done; printf -v x %s y; echo "$x"'],
+    ["bash", "-c", "diff <(echo a) <(echo b); exec 3< <(echo c); cat <&3"],
+    ["expect", "-c", 'spawn ftp h; expect "Name*" { send "me\\r" }; interact'],
+    ["expect", "-c", 'expect { "Name*" { send "me\\r"; exp_continue } eof }; exp_send "bye\\r"'],
 ]
 
 
@@ -308,6 +386,11 @@ HUGE = [
     ["mysql", *["-p" + "x" * 1000] * (MIB // 1004)],
     ["x", "y " * (MIB // 2)],
     ["sh", "-c", "echo x | " * (MIB // 10)],
+    # review19 A3's shapes, a megabyte of each (expect's text is read whole for replay).
+    ["expect", "-c", 'expect "*:" { send {' * (MIB // 20)],
+    ["expect", "-c", 'expect { "*assword*" { exp_send "x" } ' * (MIB // 36)],
+    ["expect", "-c", '"send ' * (MIB // 6)],
+    ["bash", "-c", "set -eo a b; shift; for P in x; do printf -v P y; cat <(echo $P) | " * 9000],
 ]
 
 

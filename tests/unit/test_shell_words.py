@@ -71,6 +71,23 @@ def test_a_process_substitution_on_stdin_is_what_the_command_reads() -> None:
     assert [command.piped_from for command in found[1:]] == [None] * 3
 
 
+def test_a_command_knows_it_runs_in_a_process_substitution() -> None:
+    """`cat <(echo X)`, `exec 3< <(echo X)`: the output of what runs in `<(…)` is a file
+    any command may read (review19 A3); `$(…)`, `( … )` and `>` are no such thing."""
+    found = commands("cat <(echo X1; printf X2) | b; exec 3< <(c X3); $(d) > (e) (f)")
+    assert [(command.words[0].text, command.substituted) for command in found] == [
+        ("cat", False),
+        ("echo", True),
+        ("printf", True),
+        ("b", False),
+        ("exec", False),
+        ("c", True),
+        ("d", False),
+        ("e", False),
+        ("f", False),
+    ]
+
+
 def test_a_word_knows_where_it_was_written() -> None:
     script = "a -p'X y' \"$(b)\""
     word = commands(script)[0].words[1]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, ParamSpec, TypeVar
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from worker.core import shell_words
+from worker.core import expect_answers, shell_words
 
 PREVIEW_CHARS: Final = 240
 MASK: Final = "***"
@@ -90,50 +90,22 @@ _TOKEN_SHAPED: Final = re.compile(
 )
 # What any of the above needs to find something, as literals searched in the lowered
 # text: one scan, and most strings hold none (a case-blind alternation is ten times
-# slower).
+# slower). `send` for what expect sends: its prompt may name nothing (`expect "*:"`).
 _MARKERS: Final = (
     "token|secret|pass|pwd|authori|apikey|api_key|api-key|cookie|credential|private"
     "|accesskey|access_key|access-key|extraheader|bearer|basic|digest|ghp_|gho_|ghu_"
     "|ghs_|ghr_|github_pat_|glpat-|xox|sk-|akia|asia|aiza|npm_|hf_|pypi-|eyj|identified"
-    "|assw|phrase"
+    "|assw|phrase|send"
 )
 _SUSPECT: Final = re.compile(_MARKERS)
-# What expect sends to a password prompt (`expect -c 'spawn ssh h; expect "*assword*";
-# send "X\r"'`, review17 E6): the answer to an `expect` whose pattern names one. Found
-# a command at a time (`_expect_sends`): one pattern for both backtracked cubically, and
-# 24 KB of "expect assw " held the worker's loop 287 s (review19 A7).
-_EXPECT: Final = re.compile(r"\bexpect\b", re.I)
-_PROMPT: Final = re.compile(r"assw|passphrase", re.I)
-_COMMAND_END: Final = re.compile(r"[;\n]")
-_SEND: Final = re.compile(
-    r"(\s*send\s+(?:-\S+\s+)*)(\"[^\"]*\"|'[^']*'|\{[^}]*\}|[^\s;]+)",
-    re.I,
-)
 
 
-def _expect_sends(text: str) -> list[re.Match[str]]:
-    """Each `send` (its lead-in, then its value) that is the command right after an
-    `expect` naming a password prompt: each command (between `;` and newlines) looked
-    at once, so the time is linear in the text."""
-    sends: list[re.Match[str]] = []
-    start = 0
-    for end in _COMMAND_END.finditer(text):
-        found = _EXPECT.search(text, start, end.start())
-        if found is not None and _PROMPT.search(text, found.end(), end.start()):
-            sent = _SEND.match(text, end.end())
-            if sent is not None:
-                sends.append(sent)
-        start = end.end()
-    return sends
-
-
-def _expect_sends_masked(text: str) -> str:
+def _expect_answers_masked(text: str) -> str:
+    """What an expect script sends to a password prompt (`expect_answers`) masked."""
     kept, last = [], 0
-    for sent in _expect_sends(text):
-        if sent.start(2) < last:
-            continue  # inside a value already masked
-        kept += [text[last : sent.start(2)], f'"{MASK}"']
-        last = sent.end(2)
+    for start, end in expect_answers.answers(text):
+        kept += [text[last:start], f'"{MASK}"']
+        last = end
     return "".join(kept) + text[last:]
 
 
@@ -504,14 +476,15 @@ def masked_text(text: str) -> str:
 def _secret_words_masked(text: str) -> str:
     """Secret-looking headers, auth schemes' credentials, `NAME=value`s and token-shaped
     values masked in `text`."""
-    if not _SUSPECT.search(text.lower()):  # one scan for the common case: nothing to see
+    lowered = text.lower()
+    if not _SUSPECT.search(lowered):  # one scan for the common case: nothing to see
         return text
+    if "send" in lowered:  # first: the patterns below rewrite quotes expect's words need
+        text = _expect_answers_masked(text)
     text = _HEADER_LINE.sub(lambda m: f"{m.group(1)}{MASK}", text)
     text = _SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
     text = _ASSIGNED.sub(lambda m: f"{m.group(1)}={MASK}", text)
     text = _SQL_PASSWORD.sub(lambda m: f"{m.group(1)}'{MASK}'", text)
-    if "send" in text.lower():
-        text = _expect_sends_masked(text)
     return _TOKEN_SHAPED.sub(MASK, text)
 
 
@@ -617,8 +590,8 @@ def _text_secrets(items: list[Any]) -> Iterator[str]:
             if "password" in lowered or "identified" in lowered:
                 yield from (found.group(2) for found in _SQL_PASSWORD.finditer(text))
             if "send" in lowered:
-                for found in _expect_sends(text):
-                    sent = found.group(2).strip("\"'{}")
+                for start, end in expect_answers.answers(text):
+                    sent = text[start:end].strip("\"'{}")
                     yield sent.removesuffix("\\r").removesuffix("\\n")
 
 
@@ -870,17 +843,14 @@ def _script_masked(script: str, depth: int) -> _Script | None:
         # `fi <<EOF`, `done <<< X`, `) <<< X`: fed to a compound command, read by any in it.
         if reads or (first is None and reader_seen):
             _fed_masked(command, shown, secrets)
-            feeder = command.piped_from
-            fed_words = feeder.words if feeder is not None else []
-            start = _command_start(fed_words)
-            feeding = "" if start is None else fed_words[start].text.rsplit("/", 1)[-1]
-            if start is not None and feeding in _FEEDERS:
-                for word in fed_words[start + 1 :]:
-                    if not word.text.startswith("-"):
-                        shown[word.start] = (word.end, MASK)
-                        secrets.append(word.text)
-            elif feeder is not None and feeding in _PASSERS:  # cat <<EOF | sudo -S
-                _fed_masked(feeder, shown, secrets)
+            _feeder_masked(command.piped_from, shown, secrets)
+    if reader_seen:
+        # A process substitution is a file any command may read, and pass on to the
+        # reader (`cat <(echo X) | sudo -S`, `exec 3< <(echo X); sudo -S … <&3`: review19
+        # A3): which one reads it is not followed, so with a reader in the script, what
+        # each writes is masked.
+        for command in filter(lambda command: command.substituted, script_commands):
+            _feeder_masked(command, shown, secrets)
     _assigned_secrets_masked(script_commands, secrets, shown)
     if not shown:
         return None
@@ -896,6 +866,23 @@ def _script_masked(script: str, depth: int) -> _Script | None:
     return masked_script
 
 
+def _feeder_masked(
+    feeder: shell_words.Command | None, shown: dict[int, tuple[int, str]], secrets: list[str]
+) -> None:
+    """Mask what `feeder` writes for a program that reads a password on stdin: the
+    operands of `echo`/`printf`, what `cat`/`tee` is fed (`cat <<EOF | sudo -S`)."""
+    words = [] if feeder is None else feeder.words
+    start = _command_start(words)
+    feeding = "" if start is None else words[start].text.rsplit("/", 1)[-1]
+    if start is not None and feeding in _FEEDERS:
+        for word in words[start + 1 :]:
+            if not word.text.startswith("-"):
+                shown[word.start] = (word.end, MASK)
+                secrets.append(word.text)
+    elif feeder is not None and feeding in _PASSERS:
+        _fed_masked(feeder, shown, secrets)
+
+
 def _fed_masked(
     command: shell_words.Command, shown: dict[int, tuple[int, str]], secrets: list[str]
 ) -> None:
@@ -906,8 +893,9 @@ def _fed_masked(
         secrets.extend(line for line in fed.text.splitlines() if line.strip())
 
 
-# A parameter a masked word expands (`mysql -p$P`, `echo "${P}" | sudo -S`, `-p$1`).
-_PARAMETER: Final = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*|[1-9])")
+# A parameter a masked word expands (`mysql -p$P`, `echo "${P}" | sudo -S`, `-p$1`,
+# `-p${10}`; `$10` is `$1` and a 0).
+_PARAMETER: Final = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*|(?<=\{)[0-9]+|[1-9])")
 
 
 def _assigned_secrets_masked(
@@ -916,15 +904,24 @@ def _assigned_secrets_masked(
     """Mask the values a script assigns to the parameters its masked words expand:
     `P=X; mysql -p$P` held X in `P=X` (mask17's note). Any word `NAME=value` of such a
     NAME, before a command (an assignment) or an operand (`export P=X`, `make P=X`):
-    more masked rather than less; and the positional parameters `set` gives (`set --
-    X; mysql -p$1`: review17 E6). Not followed: a value read (`read P`), computed
-    (`P=$(cat f)` is masked as written) or set in another script."""
+    more masked rather than less; the words `for P in …` and `printf -v P …` give P
+    (review19 A3); and the positional parameters `set` gives (`set -- X; mysql -p$1`:
+    review17 E6). Not followed: a value read (`read P`), computed (`P=$(cat f)` is
+    masked as written) or set in another script."""
     names = {name for secret in secrets for name in _PARAMETER.findall(secret)}
     if not names:
         return
+    numbers = [int(name) for name in names if name.isdigit()]
     for command in commands:
-        for number, word in _positionals_set(command):
-            if str(number) in names:
+        if numbers:
+            # `shift` (in a loop, a function, `shift 2`: not followed) makes `$N` name
+            # an operand further on, never one before: from the N-th on, all are masked.
+            for number, word in _positionals_set(command):
+                if number >= min(numbers):
+                    shown[word.start] = (word.end, shlex.quote(MASK))
+                    secrets.append(word.text)
+        for name, word in _names_given(command):
+            if name in names:
                 shown[word.start] = (word.end, shlex.quote(MASK))
                 secrets.append(word.text)
         for word in command.words:
@@ -938,16 +935,44 @@ def _assigned_secrets_masked(
                 secrets.append(value)
 
 
+def _names_given(command: shell_words.Command) -> Iterator[tuple[str, shell_words.Token]]:
+    """The words a command gives a parameter otherwise than as `NAME=value`, each with
+    the name: `for P in a b` (and `select`) gives P each of a and b; `printf -v P FORMAT
+    ARGS` gives P what the format makes of the arguments, so each is taken."""
+    words = command.words
+    at = 0
+    while at < len(words) and words[at].text in _KEYWORDS:
+        at += 1  # `do for P in …`
+    head = [word.text for word in words[at : at + 3]]
+    if len(head) == 3 and head[0] in ("for", "select") and head[2] == "in":
+        yield from ((head[1], word) for word in words[at + 3 :])
+        return
+    start = _command_start(words)
+    if start is None or words[start].text != "printf":
+        return
+    options = words[start + 1 :]
+    for index, word in enumerate(options):
+        if word.text == "-v" and index + 1 < len(options):
+            name, values = options[index + 1].text, options[index + 2 :]
+        elif word.text.startswith("-v") and len(word.text) > 2:  # printf -vP
+            name, values = word.text[2:], options[index + 1 :]
+        else:
+            continue
+        yield from ((name, value) for value in values)
+        return
+
+
 def _positionals_set(command: shell_words.Command) -> list[tuple[int, shell_words.Token]]:
     """The positional parameters a `set` command gives, numbered from 1: its operands
-    after its options (`set -e -- a b`, `set -o pipefail a`, `set a b`)."""
+    after its options (`set -e -- a b`, `set -o pipefail a`, `set a b`). Each `o` in an
+    option takes the next word, in a cluster too (`set -eo pipefail a`: review19 A3)."""
     words = command.words
     start = _command_start(words)
     if start is None or words[start].text != "set":
         return []
     at = start + 1
     while at < len(words) and words[at].text[:1] in ("-", "+") and words[at].text != "--":
-        at += 2 if words[at].text in ("-o", "+o") else 1
+        at += 1 + words[at].text.count("o")
     if at < len(words) and words[at].text == "--":
         at += 1
     return list(enumerate(words[at:], start=1))

@@ -78,12 +78,15 @@ class Token:
 class Command:
     """A simple command: its words (redirections and their targets left out), what it
     is fed on stdin from the script itself (here-strings' words, here-documents'
-    bodies), and the command whose output it reads (`a | b`: a is b's; `b < <(a)`, a
-    process substitution on its stdin, too)."""
+    bodies), the command whose output it reads (`a | b`: a is b's; `b < <(a)`, a
+    process substitution on its stdin, too), and whether it runs in a process
+    substitution `<(…)`, whose output another command reads as a file (`cat <(a)`,
+    `exec 3< <(a)`)."""
 
     words: list[Token] = field(default_factory=list)
     fed: list[Token] = field(default_factory=list)
     piped_from: Command | None = None
+    substituted: bool = False
 
 
 class _Reader:
@@ -283,9 +286,15 @@ def commands(script: str) -> list[Command]:
     bodies_owed: list[Command] = []  # whose here-document bodies come next
     # `cmd < <(…)`: the command whose stdin the `<(` about to open feeds, and where.
     stdin_subst: tuple[Command, int] | None = None
+    # For each parenthesis open (`(`, `$(`): whether it opened a process substitution.
+    opened: list[bool] = []
+    previous: Token | None = None
     for token in tokens(script):
         fed_by_subst = stdin_subst if token.text == "(" else None
         stdin_subst = None
+        if token.kind == "op" and token.text in ("(", "$(", ")"):
+            _track_parenthesis(opened, token, previous)
+        previous = token
         if token.kind == "body":
             (bodies_owed.pop(0) if bodies_owed else current).fed.append(token)
             continue
@@ -311,8 +320,25 @@ def commands(script: str) -> list[Command]:
         if current.words or current.fed:
             found.append(current)
         current = Command(piped_from=current if token.text in _PIPES else None)
+        current.substituted = any(opened)
         if fed_by_subst is not None and fed_by_subst[1] == token.start:
             fed_by_subst[0].piped_from = current  # its words come next
     if current.words or current.fed:
         found.append(current)
     return found
+
+
+def _track_parenthesis(opened: list[bool], token: Token, previous: Token | None) -> None:
+    """Keep `opened` (see `commands`) as a parenthesis opens or closes: `<(` is a `<`
+    just before a `(`. A `)` that closes nothing (`case`'s `a)`) is passed over."""
+    if token.text == ")":
+        if opened:
+            opened.pop()
+        return
+    opened.append(
+        token.text == "("
+        and previous is not None
+        and previous.text == "<"
+        and previous.kind == "op"
+        and previous.end == token.start
+    )
