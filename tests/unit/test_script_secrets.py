@@ -226,6 +226,22 @@ def test_a_password_in_a_neighbour_of_a_masked_shape_is_kept_nowhere(argv: list[
     assert argv[0] in kept["recording"] and MASK in kept["recording"], kept
 
 
+# A script's positional parameters given as the operands after it (review19's triage).
+OPERANDS = [
+    ["sh", "-c", 'mysql -u me -p"$1" db', "sh", S],
+    ["bash", "-c", 'echo "$1" | sudo -S true', "bash", S],
+    ["sh", "-c", "shift; mysql -p$1 db", "sh", "me", S],
+    ["bash", "-lc", "P=$2; mysql -u $1 -p$P db", "bash", "me", S],
+]
+
+
+@pytest.mark.parametrize("argv", OPERANDS, ids=lambda argv: " ".join(argv)[:44])
+def test_a_password_a_script_takes_as_an_operand_is_kept_nowhere(argv: list[str]) -> None:
+    kept = _kept(argv)
+    assert not [place for place, text in kept.items() if SECRET in text], (argv, kept)
+    assert masked_detail(argv)[3] == argv[3]  # $0, the name the script runs as
+
+
 # Expect as people write it across lines: the answers before a password's pattern are
 # kept, those after it masked; patterns inline, one after another, too.
 EXPECT_FORMS = [
@@ -341,6 +357,7 @@ SHOWN = [
     ["sh", "-c", "cat <<EOF | grep -c x\nhello x\nEOF"],
     # Neighbours of review19 A3's shapes that hold no password.
     ["sh", "-c", 'set -eo pipefail -- a b; shift; echo "$1" ${10}'],
+    ["sh", "-c", 'echo "$1"; mysql -u "$2" db', "sh", "hello", "me"],
     ["bash", "-c", 'for P in a b; do echo "$P"; done; printf -v x %s y; echo "$x"'],
     ["bash", "-c", "diff <(echo a) <(echo b); exec 3< <(echo c); cat <&3"],
     ["expect", "-c", 'spawn ftp h; expect "Name*" { send "me\\r" }; interact'],

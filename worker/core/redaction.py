@@ -673,6 +673,7 @@ def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
     operands = 0
     only_operands = False  # after `--`
     script_next = False  # sh -c: the first operand is a script
+    positional_from = 0  # and its operand from which on each is a password (`$N`), or 0
     flagged = ""  # the letters of the short options given (htpasswd -b)
     last_operand = -1
     for index, item in enumerate(items):
@@ -715,6 +716,9 @@ def _argv_plan(items: list[Any], depth: int = 0) -> list[str | None]:
                 last_operand = index
                 if script_next and operands == 1:
                     masked = _script_masked(text, depth)
+                    positional_from = _positional_operand(masked)
+                elif script_next and positional_from and operands >= positional_from:
+                    masked = MASK  # sh -c 'mysql -p"$1"' sh X: X is $1
                 elif operands == options.command_at or (
                     not options.command_at
                     and not options.script
@@ -960,6 +964,15 @@ def _names_given(command: shell_words.Command) -> Iterator[tuple[str, shell_word
             continue
         yield from ((name, value) for value in values)
         return
+
+
+def _positional_operand(script: _Script | None) -> int:
+    """The operand of `sh -c SCRIPT $0 $1 …` from which on each may be a password: the
+    one the lowest `$N` a masked word of the script expands names (operand 2 is `$0`),
+    and each after it, since a `shift` moves `$N` to a later one; 0 for none."""
+    secrets = () if script is None else script.secrets
+    names = [name for secret in secrets for name in _PARAMETER.findall(secret)]
+    return min((int(name) + 2 for name in names if name.isdigit()), default=0)
 
 
 def _positionals_set(command: shell_words.Command) -> list[tuple[int, shell_words.Token]]:
