@@ -1,7 +1,8 @@
 """A headless worker refuses an allowlist ask `scope_required`, and says how to grant it
 ahead; that command grants it (review19 A8: `agentworker grant` answered "is not a
-scope" for the very name the refusal gave). Real hub and `agentworker run`, the CLI as
-a person types it."""
+scope" for the very name the refusal gave), and only it: the refusal reaches the person
+through the agent, which could rename the digest of one command as another's (review21
+B7). Real hub and `agentworker run`, the CLI as a person types it."""
 
 from __future__ import annotations
 
@@ -42,6 +43,36 @@ def test_the_command_a_headless_ask_names_grants_it(live: Cluster) -> None:
     typed = [word.replace("AGENT", "tester").replace("PLAN", "plan-1") for word in command[1:]]
     granted = live.cli(*typed)
     assert granted.returncode == 0, granted.stderr
+    assert "    command: python3 s.py\n" in granted.stdout  # what it lets run, shown
     assert _run(live, "s.py")["status"] == "ok"
     (live.workspace / "s.py").write_text("print('rewritten')\n")
     assert _run(live, "s.py")["error"]["code"] == "scope_required"  # bound to that script
+
+
+def _granted_asks(live: Cluster) -> list[str]:
+    listed = live.cli("grants", "--json")
+    return [g["scope"] for g in json.loads(listed.stdout) if g["scope"].startswith("ask:")]
+
+
+def test_an_ask_the_agent_renamed_is_not_granted(live: Cluster) -> None:
+    """The digest of `python3 evil.py` named as `ls`: the person is shown what it is."""
+    (live.workspace / "evil.py").write_text("open('PWNED', 'w').write('ran')\n")
+    refused = _run(live, "evil.py")
+    name = refused["error"]["details"]["needs_approval"]
+    forged = name.replace("python3 (1 arg)", "ls (1 arg)")
+    assert forged != name
+    granted = live.cli("grant", forged, "--agent", "tester", "--plan", "plan-1")
+    assert granted.returncode == 2, granted.stdout
+    assert "is not what the worker here refused" in granted.stderr
+    assert "    command: python3 evil.py\n" in granted.stderr
+    assert _granted_asks(live) == []
+    assert _run(live, "evil.py")["error"]["code"] == "scope_required"
+    assert not (live.workspace / "PWNED").exists()
+
+
+def test_an_ask_the_worker_never_refused_is_not_granted(live: Cluster) -> None:
+    name = f"workerHost.exec ls (1 arg) in {live.workspace} (sha256 {'0' * 64})"
+    granted = live.cli("grant", name, "--agent", "tester", "--plan", "plan-1")
+    assert granted.returncode == 2, granted.stdout
+    assert "Let the call run once so that the worker refuses it" in granted.stderr
+    assert _granted_asks(live) == []

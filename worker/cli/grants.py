@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import re
+import shlex
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -14,6 +16,7 @@ from worker.cli.plans import local_state
 
 if TYPE_CHECKING:
     from worker.config import Paths
+    from worker.core.refused_asks import RefusedAsk
 
 _DURATION: Final = re.compile(r"^(\d+)([smhd])$")
 _SCOPE: Final = re.compile(r"[A-Za-z*]+\.[A-Za-z_*?]+")
@@ -61,10 +64,14 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
     if "." not in args.scope and _SCOPE.fullmatch(f"workerHost.{args.scope}"):
         args.scope = f"workerHost.{args.scope}"
     # An allowlist ask, named as its refusal names it (review19 A8: the refusal said to
-    # grant it here, and this refused the name): granted as an approval of it would be.
-    asked = args.scope.removeprefix(ASK_PREFIX)
-    if ask_binding(ASK_PREFIX + asked) is not None:
-        args.scope = ASK_PREFIX + asked
+    # grant it here, and this refused the name): granted as an approval of it would be,
+    # once this worker says it refused that very name (review21 B7), and under it.
+    refused = None
+    if ask_binding(ASK_PREFIX + args.scope.removeprefix(ASK_PREFIX)) is not None:
+        refused = _refused_ask(paths, args.scope, args)
+        if refused is None:
+            return UsageError.exit_code
+        args.scope = ASK_PREFIX + refused.name
     elif not _SCOPE.fullmatch(args.scope):
         raise UsageError(
             f"{args.scope!r} is not a scope: write surface.action, e.g. workerHost.fs_stat "
@@ -89,10 +96,54 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
     finally:
         state.close()
     until = f" until {expires.isoformat(timespec='seconds')}" if expires else ""
-    print(f"grant {grant_id}: {args.scope} for agent {args.agent}, plan {args.plan}{until}")
+    print(f"grant {grant_id}: {shown(args.scope)} for agent {args.agent}, plan {args.plan}{until}")
+    if refused is not None:
+        print("  it lets this run, as the worker here refused it (passwords masked):")
+        for line in refused.shown.splitlines():
+            print(f"    {shown(line)}")
     whose = "the first server" if server == NEXT_SERVER else f"server {shown(server)}"
     print(f"  for {whose} ({how}); it admits no other server's calls")
     return EXIT_OK
+
+
+def _refused_ask(paths: Paths, label: str, args: argparse.Namespace) -> RefusedAsk | None:
+    """The ask this worker refused under the digest `label` names, if `label` is its
+    name; else None, once the person is told what the digest is and what to do. The
+    name comes through the agent, which could relabel any digest: only this worker's
+    record says what it is."""
+    from worker.core.refused_asks import KEPT_S, RefusedAsks
+    from worker.core.scopes import ASK_PREFIX, ask_binding
+    from worker.errors import UsageError
+
+    bound = ask_binding(ASK_PREFIX + label.removeprefix(ASK_PREFIX))
+    assert bound is not None
+    state = local_state(paths)
+    try:
+        refused = RefusedAsks(state.connection).find(*bound)
+    finally:
+        state.close()
+    if refused is None:
+        raise UsageError(
+            f"the worker here refused no allowlist ask with sha256 {bound[1]} in the last "
+            f"{KEPT_S // 3600} hours, so nothing here says what command that is (its name "
+            "is the words of whoever passed it on). Let the call run once so that the "
+            "worker refuses it, then paste the command its refusal gives; or approve it in "
+            "`agentworker ui` while the call waits"
+        )
+    if not refused.named(label):
+        command = (
+            f"agentworker grant {shlex.quote(refused.name)} --agent {shlex.quote(args.agent)}"
+            f" --plan {shlex.quote(args.plan)}"
+        )
+        what = "".join(f"    {shown(line)}\n" for line in refused.shown.splitlines())
+        print(
+            f"agentworker: '{shown(label)}' is not what the worker here refused under that "
+            f"sha256: it refused '{shown(refused.name)}', which is\n{what}Nothing granted. "
+            f"If that is what you mean to allow, grant it as:\n  {shown(command)}",
+            file=sys.stderr,
+        )
+        return None
+    return refused
 
 
 def _server_shown(server: str) -> str:

@@ -49,6 +49,7 @@ from worker.core.pause import PauseSwitch
 from worker.core.prompt_text import call_text
 from worker.core.recording import FULL_KIND
 from worker.core.redaction import args_preview, argv_secrets, masked_detail, masked_message
+from worker.core.refused_asks import RefusedAsks
 from worker.core.registry import (
     MIB,
     ActionSpec,
@@ -435,6 +436,7 @@ class Dispatcher:
         # The memory a burst of large calls freed goes back once they stop.
         self.memory = IdleGiveBack()
         self.results = Results(state, telemetry, self.outbox)
+        self.refused_asks = RefusedAsks(state.connection)  # for `agentworker grant`
         self.results.on_flushed = self._settle
         self.policies = PolicyFile()  # the exec allowlist, for every call's Context
         self.containment = Containment()  # what the sandbox keeps between calls
@@ -1467,14 +1469,25 @@ class Dispatcher:
         request = self._approval_request(
             call, key, "an allowlist rule asks the person each time", preview
         )
-        if self.scopes.approver is None:
-            raise WorkerError(
-                "scope_required",
-                f"{what} needs the approval of the person at this worker, and this worker "
-                "runs headless (it never prompts)",
-                {"needs_approval": what},
-            )
-        if await self.scopes.approver.ask(request) is None:
+        try:
+            if self.scopes.approver is None:
+                raise WorkerError(
+                    "scope_required",
+                    f"{what} needs the approval of the person at this worker, and this worker "
+                    "runs headless (it never prompts)",
+                    {"needs_approval": what},
+                )
+            granted = await self.scopes.approver.ask(request)
+        except WorkerError as exc:
+            # What was refused, kept for `agentworker grant` to show and check the name
+            # against (the agent relays the name to the person: review21 B7).
+            if exc.code == "scope_required":
+                try:
+                    self.refused_asks.record(what, preview, req.args_json)
+                except sqlite3.Error as why:  # the refusal stands; only its record is lost
+                    log.warning("refused ask not kept for `agentworker grant`: %s", why)
+            raise
+        if granted is None:
             raise WorkerError("scope_denied", f"the person denied {what}", {"denied": what})
 
     # ------------------------------------------------------------- the answer
