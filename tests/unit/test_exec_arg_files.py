@@ -209,3 +209,148 @@ def test_a_folders_links_are_bound_by_what_they_point_at(shared: Path) -> None:
     assert _bound(shared, ["python3", "pkg"]) != before
     (shared / "pkg" / "lib").symlink_to("../lib")
     assert _kinds(shared, ["python3", "pkg"]) == [(1, "unbound")]
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
+    """Each call of exec_arg_files.`name` (a lookup), counted."""
+    calls: list[object] = []
+    real = getattr(exec_arg_files, name)
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exec_arg_files, name, counting)
+    return calls
+
+
+def test_a_name_the_kernel_refuses_is_not_looked_at(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review21 B4: "a/" x 65,000 (130,000 bytes) cost 16 s of lookups before anyone
+    was asked; longer than PATH_MAX-1, or with a part longer than NAME_MAX, it names
+    nothing for any program, and is left out before any lookup."""
+    argv = ["python3", "script.py", "a/" * 65_000, "x" * 256 + "/s.py"]
+    looked, resolved = _counted(monkeypatch, "_bound"), _counted(monkeypatch, "_resolved")
+    assert _found(shared, argv) == [(1, "script.py", _sha(shared / "script.py"))]
+    assert exec_arg_files.held_places(str(shared), argv) == (str(shared / "script.py"),)
+    assert [call[2] for call in looked] == ["script.py"]  # the one lookup each
+    assert len(resolved) == 1
+
+
+def test_the_names_looked_at_are_bounded_and_past_it_the_approval_answers_one_call(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review21 B4: a short option's tails and the names implied for each are many (64
+    arguments of 4,095 bytes: 8 GiB of names); past NAMES_AT_MOST names or
+    NAME_BYTES_AT_MOST bytes none is looked at, and what binds is a nonce."""
+    looked = _counted(monkeypatch, "_bound")
+    roots = [Root(path=shared, writable=True)]
+    hexes = [hashlib.sha256(bytes([at])).hexdigest() for at in range(64)]
+    for argv in (["make", *["-" + "ab/" * 1365] * 64], ["ls", *(f"-{x}" for x in hexes)]):
+        looked.clear()
+        first, again = (arg_files(roots, str(shared), argv) for _ in range(2))
+        assert [f.bound() for f in first] != [f.bound() for f in again], argv[1][:8]
+        assert len(looked) <= 2 * exec_arg_files.NAMES_AT_MOST
+        assert first[-1].kind == "unbound" and "not looked at" in first[-1].line()
+        assert "approval is for this call only" in first[-1].line()
+        places = exec_arg_files.held_places(str(shared), argv)
+        assert len(places) <= 2 * exec_arg_files.NAMES_AT_MOST  # as written and resolved
+
+
+def test_links_are_resolved_as_realpath_does_in_a_few_lookups(
+    shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review21 B4: os.path.realpath looks at every prefix (quadratic in a path's parts);
+    the kernel resolves the same places, the deepest part it reaches found by halving."""
+    (shared / "run.py").symlink_to("script.py")
+    (shared / "gone.py").symlink_to("not-yet.py")  # names nothing: held as its target
+    (shared / "up").symlink_to(tmp_path)
+    (shared / "loop").symlink_to("loop")
+    for named in (
+        "run.py",
+        "gone.py",
+        "up/shared/lib/p.diff",
+        "missing/../run.py",
+        "lib/missing/deeper/x.py",
+        "script.py/..",
+        "loop/x",
+        "/proc/self/cwd/x.py",
+        "/dev/fd/0",
+    ):
+        path = os.path.join(shared, named)
+        assert exec_arg_files._resolved(path) == os.path.realpath(path), named
+    walks = _counted(monkeypatch, "_kernel_real")
+    exec_arg_files._resolved(os.path.join(shared, "a/" * 2000 + "x.py"))
+    assert len(walks) <= 2 + 12  # the whole, its folder, then halving 2,000 parts
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [(["make", "-fb=3.mk"], "b=3.mk"), (["awk", "-fp=5.awk"], "p=5.awk")],
+)
+def test_a_short_options_attached_value_holding_an_equals_sign_is_bound(
+    shared: Path, argv: list[str], name: str
+) -> None:
+    """review21 B3: `make -fb=3.mk` reads b=3.mk; only the `=value` (3.mk) was looked at."""
+    (shared / name).write_text("all:\n")
+    assert _found(shared, argv) == [(1, name, _sha(shared / name))]
+    assert str(shared / name) in exec_arg_files.held_places(str(shared), argv)
+
+
+def test_an_attached_value_after_many_flags_is_bound(shared: Path) -> None:
+    """review21 B3: `make -kkkkkkkkkfb4.mk`: past 8 letters the tails were not looked at."""
+    (shared / "b4.mk").write_text("all:\n")
+    assert _found(shared, ["make", "-kkkkkkkkkfb4.mk"]) == [(1, "b4.mk", _sha(shared / "b4.mk"))]
+
+
+@pytest.mark.parametrize("argv", [["python3", "-m", "mod"], ["python3", "-mmod"]])
+def test_a_module_python_runs_from_the_working_folder_is_bound(
+    shared: Path, argv: list[str]
+) -> None:
+    """review21 B3: `python3 -m mod` runs ./mod.py, and "mod" named nothing."""
+    (shared / "mod.py").write_text("print(1)\n")
+    assert [name for _, name, _ in _found(shared, argv)] == ["mod.py"]
+    assert str(shared / "mod.py") in exec_arg_files.held_places(str(shared), argv)
+
+
+def test_a_dotted_modules_package_files_are_bound(shared: Path) -> None:
+    """`python3 -m a.b` runs a/__init__.py, then a/b.py or a/b/__init__.py and
+    a/b/__main__.py."""
+    for name in ("a/__init__.py", "a/b/__init__.py", "a/b/__main__.py"):
+        (shared / name).parent.mkdir(parents=True, exist_ok=True)
+        (shared / name).write_text(f"# {name}\n")
+    assert [name for _, name, _ in _found(shared, ["python3", "-Im", "a.b"])] == [
+        "a/__init__.py",
+        "a/b/__init__.py",
+        "a/b/__main__.py",
+    ]
+
+
+def test_the_file_an_at_sign_names_is_bound(shared: Path) -> None:
+    """review21 B3: `gcc @args` reads more arguments from ./args (`-include evil.h`)."""
+    (shared / "args").write_text("-O2\n")
+    assert _found(shared, ["gcc", "@args"]) == [(1, "args", _sha(shared / "args"))]
+
+
+def test_an_implied_name_is_bound_beside_a_folder_of_the_same_name(shared: Path) -> None:
+    """review21 B3: `node app8` with a folder app8/ and app8.js runs app8.js; the folder
+    was bound and app8.js never looked for."""
+    (shared / "app8").mkdir()
+    (shared / "app8.js").write_text("console.log(1)\n")
+    assert _kinds(shared, ["node", "app8"]) == [(1, "folder"), (1, "file")]
+    assert _found(shared, ["node", "app8"]) == [(1, "app8.js", _sha(shared / "app8.js"))]
+
+
+def test_a_java_class_is_bound(shared: Path) -> None:
+    """review21 B3: `java Main` runs ./Main.class (the class path is "." by default)."""
+    (shared / "Main.class").write_bytes(b"\xca\xfe\xba\xbe")
+    assert _found(shared, ["java", "Main"]) == [(1, "Main.class", _sha(shared / "Main.class"))]
+
+
+def test_the_value_of_a_name_equals_value_argument_is_bound(shared: Path) -> None:
+    """review21 B3: `make -f b9.mk MAKEFILES=inc9.mk` reads inc9.mk first."""
+    (shared / "inc9.mk").write_text("$(info hi)\n")
+    assert _found(shared, ["make", "MAKEFILES=inc9.mk"]) == [
+        (1, "inc9.mk", _sha(shared / "inc9.mk"))
+    ]

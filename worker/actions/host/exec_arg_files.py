@@ -15,12 +15,15 @@ symlink out). What the binder cannot bind fails closed (review18 F1: each of the
 a rewritten script run under an approval "for this plan"): a folder by a bounded listing
 of what is in it (names, types, sizes, and contents or mtimes and ctimes); an argument
 past the 64th, a path through /proc or /dev (`/proc/self/cwd/x.py`, the kernel's ways
-back into a shared folder), a link out of the shared folders, a FIFO or device, or a
-folder too large to list, each make the approval good for that call only: approved
-"for this plan", the next call asks again. An argument naming nothing is left out (a
-file made there later adds itself to the binding, and asks again). Not bound
-(docs/architecture.md, "exec approvals"): files a program opens by its own choice
-(imports from the working folder, a Makefile's includes, pytest's conftest.py).
+back into a shared folder), a link out of the shared folders, a FIFO or device, a
+folder too large to list, or names past what one call looks at (`_looked_at`: each
+name costs lookups, paid before anyone is asked: review21 B4), each make the approval
+good for that call only: approved "for this plan", the next call asks again. An
+argument naming nothing is left out (a file made there later adds itself to the
+binding, and asks again), and one the kernel refuses (too long) is never looked up.
+Not bound (docs/architecture.md, "exec approvals"): files a program opens by its own
+choice (imports from the working folder, a Makefile's includes, pytest's conftest.py,
+what an `@file` names).
 
 What the arguments name is held still from before the look until the program has
 ended (`held_places`, sandbox.held): the worker writes nothing there meanwhile, so the
@@ -34,13 +37,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import secrets
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from sandbox import ConfinementError, Problem, Root, locate, open_regular
+from sandbox._lexical import PATH_MAX_BYTES
 
 # Hashed whole up to this much each and in all; past it a file is bound by its identity.
 HASHED_FILE_BYTES: Final = 4 * 1024 * 1024
@@ -121,46 +126,36 @@ Finder = Callable[[str, str], "str | None"]
 def arg_files(
     roots: Sequence[Root], cwd: str, argv: Sequence[str], where: Finder = as_found
 ) -> tuple[ArgFile, ...]:
-    """What `argv`'s arguments (each, or the value of `--option=value`) name in `roots`,
-    found from `cwd` as the program will (`where`: sandbox mode's finds /workspace/...
-    where the host keeps it). A path outside every shared folder (bar /proc and /dev)
-    is left out: nothing the agent can write."""
+    """What `argv`'s arguments name in `roots` (`_looked_at`: each, an option's value, a
+    short option's attached value, the names an interpreter adds to one), found from
+    `cwd` as the program will (`where`: sandbox mode's finds /workspace/... where the
+    host keeps it). A path outside every shared folder (bar /proc and /dev) is left
+    out: nothing the agent can write. What was not looked at binds a nonce."""
     found: list[ArgFile] = []
     hashed = 0
-    for index, arg in enumerate(argv[1:], start=1):
-        if index > LOOKED_AT:
-            found.append(_unbound(index, "…", f"arguments past the {LOOKED_AT}th are not read"))
-            break
-        for named in _names(arg):
-            path = where(cwd, named)
-            if path is None:
-                why = "it names the workspace by a way round (..) that is not followed"
-                found.append(_unbound(index, named, why))
-                continue
+    looked = _looked_at(argv)
+    unbound: set[tuple[int, str]] = set()  # once an argument (its implied names too)
+    for index, named in looked.names:
+        path = where(cwd, named)
+        if path is None:
+            why = "it names the workspace by a way round (..) that is not followed"
+            file: ArgFile | None = _unbound(index, named, why)
+        elif len(os.fsencode(path)) > PATH_MAX_BYTES:
+            # The program may reach it from its working folder; the kernel would not
+            # take it whole from here.
+            why = "the path from the working folder is too long"
+            file = _unbound(index, named, why)
+        else:
             file = _bound(roots, index, named, path, HASHED_BYTES - hashed)
-            room = HASHED_BYTES - hashed
-            files = (
-                [file] if file is not None else _implied(roots, index, named, (where, cwd), room)
-            )
-            for file in files:
-                found.append(file)
-                hashed += file.size if file.sha256 else file.read
+        if file is None or (file.kind == "unbound" and (index, file.why) in unbound):
+            continue
+        if file.kind == "unbound":
+            unbound.add((index, file.why))
+        found.append(file)
+        hashed += file.size if file.sha256 else file.read
+    if looked.cut is not None:
+        found.append(_unbound(*looked.cut))
     return tuple(found)
-
-
-def _implied(
-    roots: Sequence[Root], index: int, named: str, found_by: tuple[Finder, str], room: int
-) -> list[ArgFile]:
-    """The files `_suffixed` names that exist, each bound, within `room` together."""
-    where, cwd = found_by
-    found: list[ArgFile] = []
-    for implied in _suffixed(named):
-        path = where(cwd, implied)
-        file = None if path is None else _bound(roots, index, implied, path, room)
-        if file is not None:
-            found.append(file)
-            room -= file.size if file.sha256 else file.read
-    return found
 
 
 def held_places(cwd: str, argv: Sequence[str], where: Finder = as_found) -> tuple[str, ...]:
@@ -169,12 +164,11 @@ def held_places(cwd: str, argv: Sequence[str], where: Finder = as_found) -> tupl
     program has ended, so that what was bound is what the program opens, and a name
     bound as naming nothing stays so (review18 F5)."""
     places: set[str] = set()
-    for arg in argv[1 : LOOKED_AT + 1]:
-        for named in (name for whole in _names(arg) for name in (whole, *_suffixed(whole))):
-            path = where(cwd, named)
-            if path is not None:  # unbound: its approval answers one call
-                places.add(os.path.normpath(path))
-                places.add(os.path.realpath(path))
+    for _index, named in _looked_at(argv).names:
+        path = where(cwd, named)
+        if path is not None:  # unbound: its approval answers one call
+            places.add(os.path.normpath(path))
+            places.add(_resolved(path))
     return tuple(sorted(places))
 
 
@@ -185,31 +179,140 @@ def written_beside(writers: Sequence[str]) -> ArgFile:
     return _unbound(0, "what its arguments name", f"the running call {calls} may write there")
 
 
-# How many letters of a short-option cluster may come before its attached value
-# (`awk -fprog.awk`, `make -vfb.mk`): each tail after them is looked at as a name.
-CLUSTERED_AT_MOST: Final = 8
-# What an interpreter adds to a name that names nothing (`node app` runs app.js).
-IMPLIED_SUFFIXES: Final = (".js", ".mjs", ".cjs", ".json", ".node", ".ts", ".jsx", ".tsx")
+# What an interpreter adds to a name (`node app` runs app.js, even beside a folder app/;
+# `java Main` runs Main.class from the class path, "." by default).
+IMPLIED_SUFFIXES: Final = (
+    *(".js", ".mjs", ".cjs", ".json", ".node", ".ts", ".jsx", ".tsx"),
+    ".class",
+)
+# What the kernel takes (linux/limits.h): a path of more bytes than PATH_MAX-1, or with
+# a part of more than NAME_MAX, is refused whole (ENAMETOOLONG), so it names nothing for
+# any program and is not looked at.
+NAME_MAX_BYTES: Final = 255
+# The names looked at for one call, at most, and their characters in all (review21 B4:
+# one argument of 130,000 bytes cost 16 s of lookups before anyone was asked). Each
+# name costs a lookup in `arg_files` and one in `held_places`, 50-150 us each on this
+# project's 2-core CI machine: 2,048 names are looked at within ~0.3 s each. They fit
+# 64 arguments with their implied names (12 each) and a compiler's 64 flags (a tail a
+# letter: `-fno-strict-aliasing` has 18); 256 Ki characters fit 64 names as long as the
+# kernel takes. What is past either is not looked at, and the approval answers that
+# call only.
+NAMES_AT_MOST: Final = 2048
+NAME_BYTES_AT_MOST: Final = 256 * 1024
+_TOO_MANY: Final = (
+    f"its arguments name more than {NAMES_AT_MOST:,} paths, or {NAME_BYTES_AT_MOST // 1024:,} "
+    "KiB of them, and the rest were not looked at"
+)
 
 
-def _names(arg: str) -> tuple[str, ...]:
-    """What in an argument may name a file: itself, an option's `=value`, and a short
-    option's attached value (review19 A1c: `awk -fp3.awk`, `make -fb2.mk` ran a
-    rewritten p3.awk unasked): each tail after its first few letters."""
+@dataclass(frozen=True)
+class _Looked:
+    """The names looked at, each with its argument's index, and, when the looking
+    stopped short, where and why (`_unbound`'s index, shown name and why)."""
+
+    names: tuple[tuple[int, str], ...]
+    cut: tuple[int, str, str] | None
+
+
+def _looked_at(argv: Sequence[str]) -> _Looked:
+    """Every name the first LOOKED_AT of `argv`'s arguments may name (`_names`), within
+    NAMES_AT_MOST names and NAME_BYTES_AT_MOST characters; a name the kernel refuses is
+    left out before any lookup."""
+    names: list[tuple[int, str]] = []
+    seen: set[str] = set()  # a name looked at once a call, for the first argument naming it
+    spent = 0
+    for index, arg in enumerate(argv[1:], start=1):
+        if index > LOOKED_AT:
+            return _Looked(
+                tuple(names), (index, "…", f"arguments past the {LOOKED_AT}th are not read")
+            )
+        module = index > 1 and _takes_a_module(argv[index - 1])
+        for named in _names(arg, module=module):
+            # Looking at a name costs its length, taken or not; one longer than the
+            # kernel takes is refused unread (an argument may hold 128 KiB).
+            spent += len(named) if len(named) <= PATH_MAX_BYTES else 0
+            if spent > NAME_BYTES_AT_MOST or len(names) >= NAMES_AT_MOST:
+                return _Looked(tuple(names), (index, "…", _TOO_MANY))
+            if named not in seen and _taken_by_kernel(named):
+                seen.add(named)
+                names.append((index, named))
+    return _Looked(tuple(names), None)
+
+
+def _taken_by_kernel(named: str) -> bool:
+    """Whether the kernel takes `named` as a path (linear in its length, which a caller
+    has bounded to PATH_MAX_BYTES characters)."""
+    if not named or len(named) > PATH_MAX_BYTES:  # each character is a byte or more
+        return False
+    encoded = os.fsencode(named)
+    if len(encoded) > PATH_MAX_BYTES:
+        return False
+    return all(len(part) <= NAME_MAX_BYTES for part in encoded.split(b"/"))
+
+
+def _names(arg: str, *, module: bool = False) -> Iterator[str]:
+    """What in an argument may name a file, lazily (an argument may hold 128 KiB):
+    itself, a long option's `=value` and a `NAME=value`'s, after an `@` the file gcc,
+    javac and java read more arguments from, and for a `-m`'s argument the module's
+    files (`python3 -m mod` runs ./mod.py), each with the names an interpreter adds
+    (`_suffixed`); and a short option's attached value (review19 A1c: `awk -fp3.awk`)
+    as each tail after its first letter, however many flags come before (review21 B3:
+    `make -kkkkkkkkkfb4.mk`) and whatever it holds (`make -fb=3.mk` reads b=3.mk),
+    after an `m` as a module too (`python3 -mmod`). A tail gets no implied names: no
+    interpreter takes its script attached to an option, and a cluster's tails times
+    IMPLIED_SUFFIXES were most of the names a compiler's flags cost."""
     if not arg or "\0" in arg:
-        return ()
-    if arg.startswith("-") and "=" in arg:
-        value = arg.split("=", 1)[1]
-        return (value,) if value else ()
+        return
+    for whole in _wholes(arg, module=module):
+        yield whole
+        yield from _suffixed(whole)
     if arg.startswith("-") and not arg.startswith("--"):
-        return (arg, *(arg[at:] for at in range(2, min(len(arg), CLUSTERED_AT_MOST + 2))))
-    return (arg,)
+        # A tail longer than the kernel takes names nothing: never made.
+        for at in range(max(2, len(arg) - PATH_MAX_BYTES), len(arg)):
+            yield arg[at:]
+            if arg[at - 1] == "m":
+                yield from _module_files(arg[at:])
+
+
+def _wholes(arg: str, *, module: bool) -> Iterator[str]:
+    if arg.startswith("--") and "=" in arg:
+        yield arg.split("=", 1)[1]
+        return
+    yield arg
+    if not arg.startswith("-") and "=" in arg:
+        yield arg.split("=", 1)[1]  # `make MAKEFILES=inc.mk` reads inc.mk first
+    if arg.startswith("@"):
+        yield arg[1:]
+    if module:
+        yield from _module_files(arg)
+
+
+def _takes_a_module(arg: str) -> bool:
+    """Whether `arg` is a short-option cluster ending in `-m`: python reads the next
+    argument as a module to run."""
+    return arg.startswith("-") and not arg.startswith("--") and arg.endswith("m")
+
+
+def _module_files(name: str) -> tuple[str, ...]:
+    """The files python runs for `-m a.b` from its working folder (its first place to
+    look): a/__init__.py as it imports the package, then a/b.py, or the package
+    a/b's __init__.py and __main__.py."""
+    if len(name) > PATH_MAX_BYTES:
+        return ()
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return ()
+    path = "/".join(parts)
+    packages = tuple("/".join(parts[:at]) + "/__init__.py" for at in range(1, len(parts)))
+    return (*packages, f"{path}.py", f"{path}/__init__.py", f"{path}/__main__.py")
 
 
 def _suffixed(named: str) -> tuple[str, ...]:
-    """The names an interpreter may run for `named` when it names nothing (`node app`
-    loads app.js: review19 A1c): itself with each of IMPLIED_SUFFIXES, when its last
-    part has no suffix of its own."""
+    """The names an interpreter may run for `named` (`node app` loads app.js, whether
+    or not there is a folder app: review19 A1c, review21 B3): itself with each of
+    IMPLIED_SUFFIXES, when its last part has no suffix of its own."""
+    if len(named) > PATH_MAX_BYTES:
+        return ()
     last = named.rstrip("/").rsplit("/", 1)[-1]
     if not last or "." in last or named.startswith("-"):
         return ()
@@ -220,11 +323,12 @@ def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) 
     try:
         located = locate(roots, path)
     except (ConfinementError, ValueError):
-        if any(p.startswith(_MAGIC) for p in (path, os.path.normpath(path), _real(path))):
+        real = _resolved(path)
+        if any(p.startswith(_MAGIC) for p in (path, os.path.normpath(path), real)):
             return _unbound(index, shown, "a path through /proc or /dev may reach a shared folder")
         try:  # a shared folder by another name (a symlink to it, or above it)
-            located = locate(roots, os.path.realpath(path))
-        except (ConfinementError, ValueError, OSError):
+            located = locate(roots, real)
+        except (ConfinementError, ValueError):
             return None  # outside every shared folder: nothing the agent can write
     try:
         with located.root.confined() as root:
@@ -258,12 +362,66 @@ def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) 
         os.close(fd)
 
 
-def _real(path: str) -> str:
-    """`path` with the host's links followed (a link into /proc, /dev/fd), or itself."""
+# The kernel's own limit on links followed in one lookup (ELOOP).
+_LINKS_AT_MOST: Final = 40
+
+
+def _resolved(path: str) -> str:
+    """os.path.realpath(path) for an absolute `path` (its links followed; past a part
+    that names nothing, the rest as written, each `..` taking a part off), with the
+    kernel doing the walking: the deepest part it resolves found in a few opens, each
+    linear in the path (realpath's lstat of every prefix is quadratic in its parts:
+    review21 B4)."""
+    # Each turn follows a link, or takes the `..`s past a part naming nothing (after
+    # which none is left but a link's).
+    for _ in range(2 * _LINKS_AT_MOST + 2):
+        parts = [part for part in path.split("/") if part not in ("", ".")]
+        known, head = _deepest(parts)
+        if known == len(parts):
+            return head
+        rest = parts[known:]
+        try:
+            target = os.readlink(os.path.join(head, rest[0]))
+        except (OSError, ValueError):  # names nothing (or is no link): as written on
+            path = posixpath.normpath("/".join([head, *rest]))
+            if ".." not in rest:
+                return path
+            continue  # `..` past a part naming nothing went back where links count
+        path = posixpath.join(head, target, *rest[1:])
+    return posixpath.normpath(path)  # links in a loop: realpath leaves them so too
+
+
+def _deepest(parts: Sequence[str]) -> tuple[int, str]:
+    """How many of `parts` (an absolute path's) the kernel resolves, and to where: the
+    whole, else its folder (most names that name nothing), else by halving."""
+    for known in (len(parts), len(parts) - 1):
+        if known >= 0 and (real := _kernel_real(parts[:known])) is not None:
+            return known, real
+    low, high, real = 0, max(len(parts) - 2, 0), "/"
+    while low < high:  # parts[:low] resolves; parts[:high + 1] does not
+        middle = (low + high + 1) // 2
+        if (found := _kernel_real(parts[:middle])) is not None:
+            low = middle
+        else:
+            high = middle - 1
+    found = _kernel_real(parts[:low])
+    return low, found if found is not None else real
+
+
+def _kernel_real(parts: Sequence[str]) -> str | None:
+    """Where the kernel resolves `/parts...` (its links followed), or None: it does not,
+    or to nothing a path names (a pipe behind /dev/fd/0)."""
     try:
-        return os.path.realpath(path)
+        fd = os.open("/" + "/".join(parts), os.O_PATH | os.O_CLOEXEC)
     except (OSError, ValueError):
-        return path
+        return None
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return real if real.startswith("/") else None
 
 
 def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFile:
