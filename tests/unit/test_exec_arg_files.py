@@ -354,3 +354,21 @@ def test_the_value_of_a_name_equals_value_argument_is_bound(shared: Path) -> Non
     assert _found(shared, ["make", "MAKEFILES=inc9.mk"]) == [
         (1, "inc9.mk", _sha(shared / "inc9.mk"))
     ]
+
+
+@pytest.mark.parametrize("linked", [False, True])
+def test_a_folder_holding_a_fifo_binds_differently_each_time(shared: Path, linked: bool) -> None:
+    """review21 B6: `make -C sub`, sub/Makefile a FIFO, was bound by the FIFO's times,
+    which a program beside writing into it leaves as they were: approved for the plan,
+    it read whatever the agent fed it, unasked."""
+    (shared / "sub").mkdir()
+    if linked:
+        os.mkfifo(shared / "fifo")
+        (shared / "sub" / "Makefile").symlink_to("../fifo")
+    else:
+        os.mkfifo(shared / "sub" / "Makefile")
+    argv = ["make", "-C", "sub"]
+    assert _kinds(shared, argv) == [(2, "unbound")]
+    assert _bound(shared, argv) != _bound(shared, argv)
+    roots = [Root(path=shared, writable=True)]
+    assert "FIFO" in arg_files(roots, str(shared), argv)[0].line()

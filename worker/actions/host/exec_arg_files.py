@@ -424,13 +424,22 @@ def _kernel_real(parts: Sequence[str]) -> str | None:
     return real if real.startswith("/") else None
 
 
+# What a folder may hold whose bytes are not in it (review21 B6: sub/Makefile a FIFO,
+# `make -C sub` read what a program beside fed it, and the listing never changed: a
+# FIFO's writes need no write access to the read-only pin, and leave its times as they
+# were).
+_FED: Final = frozenset({stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
+_FED_WHY: Final = "a folder holding a FIFO, socket or device, whose bytes are fed to it"
+
+
 def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFile:
     """A folder an argument names (`python3 pkg` runs pkg/__main__.py), bound by what is
     in it: each entry's name, type and size, and a regular file's contents (SHA-256,
     while `room` lasts; past it its mtime and ctime). A link is bound by where it points
     and by what it points at (review19 A2: pkg/__main__.py -> ../s.py, its target
     rewritten, ran unasked): a file's contents (or identity past `room`); a link to a
-    folder, which the listing would have to follow without end, fails closed."""
+    folder, which the listing would have to follow without end, and a FIFO, socket or
+    device, in it or linked to, fail closed."""
     listed: list[tuple[str, int, int, str]] = []
     read = 0
     for top, folders, files in os.walk(path):
@@ -440,6 +449,8 @@ def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFil
             try:
                 seen = os.lstat(where)
                 kind = stat.S_IFMT(seen.st_mode)
+                if kind in _FED:
+                    return _unbound(index, shown, _FED_WHY)
                 what = f"{seen.st_mtime_ns}:{seen.st_ctime_ns}"
                 if kind == stat.S_IFREG and seen.st_size <= min(room - read, HASHED_FILE_BYTES):
                     what = _contents(where)
@@ -449,6 +460,8 @@ def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFil
                     if target is not None and stat.S_ISDIR(target.st_mode):
                         why = "a folder holding a link to a folder"
                         return _unbound(index, shown, why)
+                    if target is not None and stat.S_IFMT(target.st_mode) in _FED:
+                        return _unbound(index, shown, _FED_WHY)
                     what += f":{os.readlink(where)}"
                     if target is not None and stat.S_ISREG(target.st_mode):
                         if target.st_size <= min(room - read, HASHED_FILE_BYTES):
