@@ -16,26 +16,23 @@ import contextlib
 import json
 import os
 import sqlite3
-import subprocess
-import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import Proc, write_config
 from tests.support.hub_inproc import (
-    HandWorker,
-    caller_metadata,
-    hub_in_process,
-    own_channel,
+    DrivenHub,
+    driven_hub,
+    lift,
     probe_request,
     stop_worker,
     until_connected,
+    worker_cli,
 )
-from worker import app
 from worker.hub import store as store_module
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
 
 class Relay:
@@ -96,33 +93,55 @@ class Relay:
             await self._server.wait_closed()
 
 
+class RelayedWorker:
+    """A real worker with a data folder of its own (`home`) dialling, with the workers'
+    token of `hub_home`, the relay: one address whatever hub runs behind it."""
+
+    def __init__(self, home: Path, hub_home: Path, relay: Relay, address: str) -> None:
+        self.home = home
+        self.hub_home = hub_home
+        self.relay = relay
+        self.address = address
+        self.proc: Proc | None = None
+
+    async def run(self, hub: DrivenHub) -> list[str]:
+        """Start the worker, connected to `hub`: the hub's workers (`until_connected`)."""
+        self.relay.port = port_of(hub.address)
+        write_config(self.home, "127.0.0.1:1", keepalive_s=10.0, ping_timeout_s=20.0)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTWORKER_", "HTTP"))}
+        env["AGENTWORKER_HOME"] = str(self.home)
+        env["PYTHONUNBUFFERED"] = "1"
+        token = str(self.hub_home / "hub-workers.token")
+        argv = ["run", "--headless", "--server", self.address, "--token-file", token]
+        self.proc = Proc("worker", argv, env, self.home / "worker.log").start()
+        return await until_connected(hub.running, self.proc)
+
+    async def back(self, hub: DrivenHub) -> None:
+        """The worker running already, once it dialled `hub` (a hub started anew)."""
+        assert self.proc is not None
+        self.relay.port = port_of(hub.address)
+        await until_connected(hub.running, self.proc)
+
+    async def stop(self) -> None:
+        if self.proc is not None:
+            await stop_worker(self.proc)
+
+
+@contextlib.asynccontextmanager
+async def relayed_worker(home: Path, hub_home: Path) -> AsyncIterator[RelayedWorker]:
+    """A worker behind a relay that outlives the hubs the test starts; stopped, and the
+    relay closed, as it ends."""
+    relay = Relay(0)  # no hub yet: `run` and `back` name it
+    worker = RelayedWorker(home, hub_home, relay, await relay.start())
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+        await relay.close()
+
+
 def port_of(address: str) -> int:
     return int(address.rpartition(":")[2])
-
-
-def worker_via(home: Path, hub_home: Path, address: str) -> Proc:
-    """A real worker with a data folder of its own, dialling `address` with the hub's
-    workers' token."""
-    write_config(home, "127.0.0.1:1", keepalive_s=10.0, ping_timeout_s=20.0)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTWORKER_", "HTTP"))}
-    env["AGENTWORKER_HOME"] = str(home)
-    env["PYTHONUNBUFFERED"] = "1"
-    token = str(hub_home / "hub-workers.token")
-    argv = ["run", "--headless", "--server", address, "--token-file", token]
-    return Proc("worker", argv, env, home / "worker.log").start()
-
-
-def cli(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKER_")}
-    env["AGENTWORKER_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def held_call(worker_id: str, plan_id: str, name: str) -> pb.DispatchRequest:
@@ -134,31 +153,11 @@ def held_call(worker_id: str, plan_id: str, name: str) -> pb.DispatchRequest:
     return req
 
 
-async def until_started(home: Path, name: str, worker: Proc) -> None:
+async def until_started(home: Path, name: str, worker: Proc | None) -> None:
+    assert worker is not None
     while not (home / "diag" / f"{name}.marks").exists():
         assert worker.running(), worker.log()
         await asyncio.sleep(0.02)  # the worker makes the mark: a file, no event to wait on
-
-
-async def until_reconnected(running: app.RunningHub, worker_id: str, old: object) -> None:
-    while running.hub.sessions.get(worker_id) in (None, old):
-        await asyncio.sleep(0.02)  # the hub runs in this loop
-
-
-async def until_confirmed(running: app.RunningHub, worker_id: str) -> None:
-    """Until the worker's heartbeat confirmed every kill the hub keeps for it."""
-    last = max(k.seq for k in running.hub.store.kills_after(worker_id, 0))
-    while (session := running.hub.sessions.get(worker_id)) is None or (
-        session.kills_through < last
-    ):
-        await asyncio.sleep(0.02)  # the hub runs in this loop
-
-
-async def code_of(stub: pb_grpc.ControlServiceStub, home: Path, req: pb.DispatchRequest) -> str:
-    reply = await stub.Dispatch(req, metadata=caller_metadata(home), timeout=120)
-    if reply.result.status == pb.ActionResult.OK:
-        return "ok"
-    return f"{reply.result.error.code}: {reply.result.error.message}"
 
 
 def test_a_kill_lost_with_the_connection_reaches_the_worker_as_it_reconnects(
@@ -167,44 +166,33 @@ def test_a_kill_lost_with_the_connection_reaches_the_worker_as_it_reconnects(
     hub_home, home = tmp_path / "hub", tmp_path / "w"
 
     async def go() -> None:
-        async with hub_in_process(hub_home) as running:
-            relay = Relay(port_of(running.address))
-            worker = worker_via(home, hub_home, await relay.start())
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
-            metadata = caller_metadata(hub_home)
-            try:
-                (worker_id,) = await until_connected(running, worker)
-                running_call = asyncio.ensure_future(
-                    stub.Dispatch(held_call(worker_id, "p", "p-run"), metadata=metadata)
-                )
-                await until_started(home, "p-run", worker)
-                old = running.hub.sessions[worker_id]
-                relay.holding = True  # what the hub sends now never arrives
-                told = await stub.KillPlan(
-                    pb.KillPlanRequest(plan_id="p", reason="stop"), metadata=metadata, timeout=60
-                )
-                assert list(told.worker_ids) == [worker_id]
-                relay.drop()
-                relay.holding = False
-                await until_reconnected(running, worker_id, old)
+        async with relayed_worker(home, hub_home) as worker, driven_hub(hub_home) as hub:
+            (worker_id,) = await worker.run(hub)
+            running_call = asyncio.ensure_future(
+                hub.caller.dispatch(held_call(worker_id, "p", "p-run"), timeout=None)
+            )
+            await until_started(home, "p-run", worker.proc)
+            old = hub.sessions[worker_id]
+            worker.relay.holding = True  # what the hub sends now never arrives
+            told = await hub.caller.kill("p")
+            assert list(told.worker_ids) == [worker_id]
+            worker.relay.drop()
+            worker.relay.holding = False
+            await hub.until(lambda: hub.sessions.get(worker_id) not in (None, old))
 
-                # The kill came again with the new session: the running call stopped.
-                reply = await asyncio.wait_for(running_call, 120)
-                assert reply.result.error.code == "plan_killed", reply.result
-                new_call = probe_request(worker_id, "p")
-                assert (await code_of(stub, hub_home, new_call)).startswith("plan_killed")
-                # Confirmed: the worker itself answers, and its person's lift holds.
-                await until_confirmed(running, worker_id)
-                code = await code_of(stub, hub_home, new_call)
-                assert code.startswith("plan_killed") and "at this hub" not in code, code
-                # Off the loop: the hub runs in it, and must answer the worker meanwhile.
-                assert (await asyncio.to_thread(cli, home, "lift", "p")).returncode == 0
-                assert await code_of(stub, hub_home, new_call) == "ok"
-            finally:
-                await channel.close()
-                await stop_worker(worker)
-                await relay.close()
+            # The kill came again with the new session: the running call stopped.
+            reply = await asyncio.wait_for(running_call, 120)
+            assert reply.result.error.code == "plan_killed", reply.result
+            new_call = probe_request(worker_id, "p")
+            assert (await hub.caller.outcome(new_call)).startswith("plan_killed")
+            # Confirmed: the worker itself answers, and its person's lift holds.
+            await hub.until_confirmed(worker_id)
+            code = await hub.caller.outcome(new_call)
+            assert code.startswith("plan_killed") and "at this hub" not in code, code
+            # Off the loop: the hub runs in it, and must answer the worker meanwhile.
+            await asyncio.to_thread(lift, home, "p")
+            assert await hub.caller.outcome(new_call) == "ok"
+            await worker.stop()
 
     asyncio.run(go())
 
@@ -215,59 +203,51 @@ def test_a_kill_reaches_the_worker_after_a_hub_restart_lost_it_on_its_way(
     hub_home, home = tmp_path / "hub", tmp_path / "w"
 
     async def go() -> None:
-        relay: Relay | None = None
-        worker: Proc | None = None
-        try:
-            async with hub_in_process(hub_home) as running:
-                relay = Relay(port_of(running.address))
-                worker = worker_via(home, hub_home, await relay.start())
-                (worker_id,) = await until_connected(running, worker)
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                metadata = caller_metadata(hub_home)
+        async with relayed_worker(home, hub_home) as worker:
+            async with driven_hub(hub_home) as hub:
+                (worker_id,) = await worker.run(hub)
                 running_call = asyncio.ensure_future(
-                    stub.Dispatch(held_call(worker_id, "p", "p-run"), metadata=metadata)
+                    hub.caller.dispatch(held_call(worker_id, "p", "p-run"), timeout=None)
                 )
-                await until_started(home, "p-run", worker)
-                relay.holding = True  # what the hub sends now never arrives
-                told = await stub.KillPlan(
-                    pb.KillPlanRequest(plan_id="p", reason="stop"), metadata=metadata, timeout=60
-                )
+                await until_started(home, "p-run", worker.proc)
+                worker.relay.holding = True  # what the hub sends now never arrives
+                told = await hub.caller.kill("p")
                 assert list(told.worker_ids) == [worker_id]
                 running_call.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await running_call
-                await channel.close()
             # The hub stopped, and its connection to the worker with it, the kill unread.
-            async with hub_in_process(hub_home) as running:
-                relay.port = port_of(running.address)
-                relay.holding = False
-                await until_connected(running, worker)
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                try:
-                    # The call that ran, asked for again by its id: the kill stopped it.
-                    again = await code_of(stub, hub_home, held_call(worker_id, "p", "p-run"))
-                    assert again.startswith("plan_killed"), again
-                    new_call = probe_request(worker_id, "p")
-                    assert (await code_of(stub, hub_home, new_call)).startswith("plan_killed")
-                    await until_confirmed(running, worker_id)
-                    code = await code_of(stub, hub_home, new_call)
-                    assert code.startswith("plan_killed") and "at this hub" not in code, code
-                    listed = json.loads(
-                        (await asyncio.to_thread(cli, home, "killed", "--json")).stdout
-                    )
-                    assert [k["plan"] for k in listed] == ["p"], listed
-                finally:
-                    await channel.close()
-                    await stop_worker(worker)
-        finally:
-            if worker is not None:
-                await stop_worker(worker)
-            if relay is not None:
-                await relay.close()
+            async with driven_hub(hub_home) as hub:
+                worker.relay.holding = False
+                await worker.back(hub)
+                # The call that ran, asked for again by its id: the kill stopped it.
+                again = await hub.caller.outcome(held_call(worker_id, "p", "p-run"))
+                assert again.startswith("plan_killed"), again
+                new_call = probe_request(worker_id, "p")
+                assert (await hub.caller.outcome(new_call)).startswith("plan_killed")
+                await hub.until_confirmed(worker_id)
+                code = await hub.caller.outcome(new_call)
+                assert code.startswith("plan_killed") and "at this hub" not in code, code
+                listed = json.loads(
+                    (await asyncio.to_thread(worker_cli, home, "killed", "--json")).stdout
+                )
+                assert [k["plan"] for k in listed] == ["p"], listed
+                await worker.stop()
 
     asyncio.run(go())
+
+
+@contextlib.asynccontextmanager
+async def _tokens_rotated(worker: RelayedWorker, worker_id: str) -> AsyncIterator[DrivenHub]:
+    """The person rotated hub-workers.token (the hub, started anew, makes another): the
+    worker, started again, dialled the hub and confirmed every kill sent; it stops
+    before the hub."""
+    (worker.hub_home / "hub-workers.token").unlink()
+    async with driven_hub(worker.hub_home) as hub:
+        await worker.run(hub)
+        await hub.until_confirmed(worker_id)
+        yield hub
+        await worker.stop()
 
 
 def test_rotating_the_workers_token_keeps_the_persons_lifts_and_the_kills_in_force(
@@ -279,50 +259,20 @@ def test_rotating_the_workers_token_keeps_the_persons_lifts_and_the_kills_in_for
     hub_home, home = tmp_path / "hub", tmp_path / "w"
 
     async def go() -> None:
-        relay: Relay | None = None
-        worker: Proc | None = None
-        try:
-            async with hub_in_process(hub_home) as running:
-                relay = Relay(port_of(running.address))
-                address = await relay.start()  # the same address across the hub's restart
-                worker = worker_via(home, hub_home, address)
-                (worker_id,) = await until_connected(running, worker)
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                try:
-                    for plan in ("lifted", "kept"):
-                        await stub.KillPlan(
-                            pb.KillPlanRequest(plan_id=plan, reason="stop"),
-                            metadata=caller_metadata(hub_home),
-                            timeout=60,
-                        )
-                    await until_confirmed(running, worker_id)
-                    assert (await asyncio.to_thread(cli, home, "lift", "lifted")).returncode == 0
-                    assert await code_of(stub, hub_home, probe_request(worker_id, "lifted")) == "ok"
-                finally:
-                    await channel.close()
-                    await stop_worker(worker)
-            (hub_home / "hub-workers.token").unlink()  # rotated: the hub makes another
-            async with hub_in_process(hub_home) as running:
-                relay.port = port_of(running.address)
-                worker = worker_via(home, hub_home, address)
-                await until_connected(running, worker)
-                await until_confirmed(running, worker_id)
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                try:
-                    lifted = await code_of(stub, hub_home, probe_request(worker_id, "lifted"))
-                    assert lifted == "ok", lifted
-                    kept = await code_of(stub, hub_home, probe_request(worker_id, "kept"))
-                    assert kept.startswith("plan_killed") and "at this hub" not in kept, kept
-                finally:
-                    await channel.close()
-                    await stop_worker(worker)
-        finally:
-            if worker is not None:
-                await stop_worker(worker)
-            if relay is not None:
-                await relay.close()
+        async with relayed_worker(home, hub_home) as worker:
+            async with driven_hub(hub_home) as hub:
+                (worker_id,) = await worker.run(hub)
+                for plan in ("lifted", "kept"):
+                    await hub.caller.kill(plan)
+                await hub.until_confirmed(worker_id)
+                await asyncio.to_thread(lift, home, "lifted")
+                assert await hub.caller.outcome(probe_request(worker_id, "lifted")) == "ok"
+                await worker.stop()
+            async with _tokens_rotated(worker, worker_id) as hub:
+                lifted = await hub.caller.outcome(probe_request(worker_id, "lifted"))
+                assert lifted == "ok", lifted
+                kept = await hub.caller.outcome(probe_request(worker_id, "kept"))
+                assert kept.startswith("plan_killed") and "at this hub" not in kept, kept
 
     asyncio.run(go())
 
@@ -343,64 +293,27 @@ def test_a_kill_the_hub_keeps_apart_or_pruned_stays_in_force_after_the_tokens_ro
     hub_home, home = tmp_path / "hub", tmp_path / "w"
 
     async def go() -> None:
-        relay: Relay | None = None
-        worker: Proc | None = None
-        try:
-            async with hub_in_process(hub_home) as running:
-                relay = Relay(port_of(running.address))
-                address = await relay.start()  # the same address across the hub's restart
-                worker = worker_via(home, hub_home, address)
-                (worker_id,) = await until_connected(running, worker)
+        async with relayed_worker(home, hub_home) as worker:
+            async with driven_hub(hub_home) as hub:
+                (worker_id,) = await worker.run(hub)
                 if hub_keeps == "apart":  # another worker, away from now on
-                    away = HandWorker(running.address, hub_home)
-                    await away.until("welcome")
-                    await away.close()
-                    while away.worker_id in running.hub.sessions:
-                        await asyncio.sleep(0.01)  # the hub runs in this loop
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                md = caller_metadata(hub_home)
-                try:
-                    assert await code_of(stub, hub_home, probe_request(worker_id, "victim")) == "ok"
-                    await stub.KillPlan(
-                        pb.KillPlanRequest(plan_id="victim", reason="stop"), metadata=md, timeout=60
-                    )
-                    await until_confirmed(running, worker_id)
-                    for n in range(12):  # a caller's pairs of plans in use and their kills
-                        await code_of(stub, hub_home, probe_request(worker_id, f"made-up-{n}"))
-                        await stub.KillPlan(
-                            pb.KillPlanRequest(plan_id=f"made-up-{n}", reason="x"),
-                            metadata=md,
-                            timeout=60,
-                        )
-                    await until_confirmed(running, worker_id)
-                    with contextlib.closing(sqlite3.connect(hub_home / "hub.db")) as db:
-                        whole = db.execute("SELECT 1 FROM kills WHERE plan_id = 'victim'")
-                        assert whole.fetchone() is None
-                        apart = db.execute("SELECT count(*) FROM kills_apart").fetchone()[0]
-                        assert bool(apart) == (hub_keeps == "apart")
-                finally:
-                    await channel.close()
-                    await stop_worker(worker)
-            (hub_home / "hub-workers.token").unlink()  # rotated: the hub makes another
-            async with hub_in_process(hub_home) as running:
-                relay.port = port_of(running.address)
-                worker = worker_via(home, hub_home, address)
-                await until_connected(running, worker)
-                await until_confirmed(running, worker_id)
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                try:
-                    code = await code_of(stub, hub_home, probe_request(worker_id, "victim"))
-                    assert code.startswith("plan_killed") and "at this hub" not in code, code
-                finally:
-                    await channel.close()
-                    await stop_worker(worker)
-        finally:
-            if worker is not None:
-                await stop_worker(worker)
-            if relay is not None:
-                await relay.close()
+                    await hub.away()
+                assert await hub.caller.outcome(probe_request(worker_id, "victim")) == "ok"
+                await hub.caller.kill("victim")
+                await hub.until_confirmed(worker_id)
+                for n in range(12):  # a caller's pairs of plans in use and their kills
+                    await hub.caller.outcome(probe_request(worker_id, f"made-up-{n}"))
+                    await hub.caller.kill(f"made-up-{n}", "x")
+                await hub.until_confirmed(worker_id)
+                with contextlib.closing(sqlite3.connect(hub_home / "hub.db")) as db:
+                    whole = db.execute("SELECT 1 FROM kills WHERE plan_id = 'victim'")
+                    assert whole.fetchone() is None
+                    apart = db.execute("SELECT count(*) FROM kills_apart").fetchone()[0]
+                    assert bool(apart) == (hub_keeps == "apart")
+                await worker.stop()
+            async with _tokens_rotated(worker, worker_id) as hub:
+                code = await hub.caller.outcome(probe_request(worker_id, "victim"))
+                assert code.startswith("plan_killed") and "at this hub" not in code, code
 
     asyncio.run(go())
 
@@ -415,57 +328,30 @@ def test_a_kill_made_after_hub_db_was_restored_from_a_backup_reaches_the_worker(
     hub_home, home = tmp_path / "hub", tmp_path / "w"
     backup = tmp_path / "hub.db.backup"
 
-    async def kill(stub: pb_grpc.ControlServiceStub, plan: str) -> None:
-        await stub.KillPlan(
-            pb.KillPlanRequest(plan_id=plan, reason="stop"),
-            metadata=caller_metadata(hub_home),
-            timeout=60,
-        )
-
     async def go() -> None:
-        relay: Relay | None = None
-        worker: Proc | None = None
-        try:
-            async with hub_in_process(hub_home) as running:
-                relay = Relay(port_of(running.address))
-                worker = worker_via(home, hub_home, await relay.start())
-                (worker_id,) = await until_connected(running, worker)
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                try:
-                    await kill(stub, "old-0")
-                    with (
-                        contextlib.closing(sqlite3.connect(hub_home / "hub.db")) as src,
-                        contextlib.closing(sqlite3.connect(backup)) as dst,
-                    ):
-                        src.backup(dst)
-                    for n in range(1, 6):
-                        await kill(stub, f"old-{n}")
-                    await until_confirmed(running, worker_id)  # through 6
-                finally:
-                    await channel.close()
+        async with relayed_worker(home, hub_home) as worker:
+            async with driven_hub(hub_home) as hub:
+                (worker_id,) = await worker.run(hub)
+                await hub.caller.kill("old-0")
+                with (
+                    contextlib.closing(sqlite3.connect(hub_home / "hub.db")) as src,
+                    contextlib.closing(sqlite3.connect(backup)) as dst,
+                ):
+                    src.backup(dst)
+                for n in range(1, 6):
+                    await hub.caller.kill(f"old-{n}")
+                await hub.until_confirmed(worker_id)  # through 6
             for suffix in ("", "-wal", "-shm"):
                 (hub_home / f"hub.db{suffix}").unlink(missing_ok=True)
             backup.rename(hub_home / "hub.db")
-            async with hub_in_process(hub_home) as running:
-                relay.port = port_of(running.address)
-                await until_connected(running, worker)
-                channel = own_channel(running.address)
-                stub = pb_grpc.ControlServiceStub(channel)
-                try:
-                    await kill(stub, "p")
-                    code = await code_of(stub, hub_home, probe_request(worker_id, "p"))
-                    assert code.startswith("plan_killed"), code
-                    await until_confirmed(running, worker_id)
-                    code = await code_of(stub, hub_home, probe_request(worker_id, "p"))
-                    assert code.startswith("plan_killed") and "at this hub" not in code, code
-                finally:
-                    await channel.close()
-                    await stop_worker(worker)
-        finally:
-            if worker is not None:
-                await stop_worker(worker)
-            if relay is not None:
-                await relay.close()
+            async with driven_hub(hub_home) as hub:
+                await worker.back(hub)
+                await hub.caller.kill("p")
+                code = await hub.caller.outcome(probe_request(worker_id, "p"))
+                assert code.startswith("plan_killed"), code
+                await hub.until_confirmed(worker_id)
+                code = await hub.caller.outcome(probe_request(worker_id, "p"))
+                assert code.startswith("plan_killed") and "at this hub" not in code, code
+                await worker.stop()
 
     asyncio.run(go())

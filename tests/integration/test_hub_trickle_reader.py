@@ -13,62 +13,43 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 from tests.support.hub_inproc import (
-    HandWorker,
-    caller_metadata,
-    hub_in_process,
-    own_channel,
+    Caller,
+    DrivenHub,
+    driven_hub,
+    hand_hello,
     probe_request,
-    real_worker,
-    stop_worker,
     token_of,
-    until_connected,
+    worker_cli,
 )
 from tests.support.trickle_stream import TrickleStream
-from worker.app import RunningHub
 from worker.hub.server import KILL_PAGE
 from worker.hub.session import Session
 from worker.wire.framing import MAX_ENVELOPE_MESSAGES
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
-from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
 
 ROUNDS = 20
 KILLS_A_ROUND = 50
 GRANT = 8 * 1024  # bytes of window a round: a fifth of the kills made meanwhile
 
 
-async def _trickle(
-    running: RunningHub, home: Path, worker_id: str, grant: int = GRANT
-) -> TrickleStream:
-    """A trickle stream connected, `grant` bytes of window open: its session in the hub."""
-    stream = TrickleStream(running.address, token_of(home, "hub-workers.token"), worker_id)
+async def _trickle(hub: DrivenHub, worker_id: str, grant: int = GRANT) -> TrickleStream:
+    """A trickle stream connected, `grant` bytes of window open: its session in the hub
+    (closed as the test ends)."""
+    stream = TrickleStream(hub.address, token_of(hub.home, "hub-workers.token"), worker_id)
     await stream.open()
+    hub.at_close(stream.close)
     await stream.grant(grant)
-    while worker_id not in running.hub.sessions:
-        await asyncio.sleep(0.02)  # the hub runs in this loop
+    await hub.until(lambda: worker_id in hub.sessions)
     return stream
 
 
-async def _kills(stub: pb_grpc.ControlServiceStub, home: Path, tag: str) -> None:
+async def _kills(caller: Caller, tag: str) -> None:
     """KILLS_A_ROUND KillPlans of made-up plans, a reason of 512 bytes each."""
-    await asyncio.gather(
-        *(
-            stub.KillPlan(
-                pb.KillPlanRequest(plan_id=f"{tag}-{n}", reason="r" * 512),
-                metadata=caller_metadata(home),
-                timeout=60,
-            )
-            for n in range(KILLS_A_ROUND)
-        )
-    )
+    await asyncio.gather(*(caller.kill(f"{tag}-{n}", "r" * 512) for n in range(KILLS_A_ROUND)))
 
 
 def test_a_stream_reading_a_trickle_holds_a_page_of_kills_and_is_sent_every_one_back(
@@ -77,48 +58,31 @@ def test_a_stream_reading_a_trickle_holds_a_page_of_kills_and_is_sent_every_one_
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            hub = running.hub
-            stream = await _trickle(running, home, "trickle")
+        async with driven_hub(home) as hub:
+            stream = await _trickle(hub, "trickle")
             session = hub.sessions["trickle"]
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
-            try:
-                for n in range(ROUNDS):
-                    await _kills(stub, home, f"p{n}")
-                    await stream.grant(GRANT)  # confirming none
-                    # Kept (it reads what it is sent), and never more than a page
-                    # behind: before, every kill made waited here (qsize 700 and on).
-                    assert hub.sessions.get("trickle") is session
-                    assert session.outbox.qsize() <= KILL_PAGE + 8, (n, session.outbox.qsize())
-            finally:
-                await stream.close()
-            while "trickle" in hub.sessions:
-                await asyncio.sleep(0.02)
+            for n in range(ROUNDS):
+                await _kills(hub.caller, f"p{n}")
+                await stream.grant(GRANT)  # confirming none
+                # Kept (it reads what it is sent), and never more than a page
+                # behind: before, every kill made waited here (qsize 700 and on).
+                assert hub.sessions.get("trickle") is session
+                assert session.outbox.qsize() <= KILL_PAGE + 8, (n, session.outbox.qsize())
+            await stream.close()
+            await hub.until(lambda: "trickle" not in hub.sessions)
 
             # Its worker back, reading and confirming as a worker does: every kill comes.
-            hello = pb.Hello(
-                worker_id="trickle",
-                instance_id=uuid.uuid4().hex,
-                version="hand",
-                protocol_min=PROTOCOL_MIN,
-                protocol_max=PROTOCOL_MAX,
-            )
-            worker = HandWorker(running.address, home, hello=hello, key=stream.key)
-            try:
-                made = ROUNDS * KILLS_A_ROUND
-                got = 0
-                while got < made:
-                    kills = await worker.until("kill_plan", got + 1)
-                    got = len(kills)
-                    beat = pb.Heartbeat(kills_through=kills[-1].seq)
-                    worker.send(pb.WorkerMessage(heartbeat=beat))
-                plans = {k.plan_id for k in kills}
-                assert len(kills) == made
-                assert plans == {f"p{r}-{n}" for r in range(ROUNDS) for n in range(KILLS_A_ROUND)}
-            finally:
-                await worker.close()
-                await channel.close()
+            worker = hub.hand(hello=hand_hello("trickle"), key=stream.key)
+            made = ROUNDS * KILLS_A_ROUND
+            got = 0
+            while got < made:
+                kills = await worker.until("kill_plan", got + 1)
+                got = len(kills)
+                beat = pb.Heartbeat(kills_through=kills[-1].seq)
+                worker.send(pb.WorkerMessage(heartbeat=beat))
+            plans = {k.plan_id for k in kills}
+            assert len(kills) == made
+            assert plans == {f"p{r}-{n}" for r in range(ROUNDS) for n in range(KILLS_A_ROUND)}
 
     asyncio.run(go())
 
@@ -133,18 +97,13 @@ def test_a_stream_saying_it_recorded_kills_it_never_read_is_sent_no_more_than_it
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            hub = running.hub
-            stream = await _trickle(running, home, "liar")
+        async with driven_hub(home) as hub:
+            stream = await _trickle(hub, "liar")
             session = hub.sessions["liar"]
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
-            waiting = asyncio.ensure_future(
-                stub.Dispatch(probe_request("liar"), metadata=caller_metadata(home), timeout=60)
-            )
+            waiting = asyncio.ensure_future(hub.caller.dispatch(probe_request("liar"), timeout=60))
             try:
                 for n in range(ROUNDS):
-                    await _kills(stub, home, f"p{n}")
+                    await _kills(hub.caller, f"p{n}")
                     await stream.grant(GRANT, kills_through=2**40, beats=MAX_ENVELOPE_MESSAGES)
                     await stream.until_received(stream.received + 1)  # its heartbeats read
                     # Before, every kill made waited here (qsize 700 and on).
@@ -152,8 +111,6 @@ def test_a_stream_saying_it_recorded_kills_it_never_read_is_sent_no_more_than_it
                     assert session.outbox.qsize() <= 2 * KILL_PAGE + 8, (n, session.outbox.qsize())
             finally:
                 waiting.cancel()
-                await stream.close()
-                await channel.close()
 
     asyncio.run(go())
 
@@ -165,55 +122,37 @@ def test_a_stream_let_go_for_reading_too_slowly_loses_no_call(tmp_path: Path) ->
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            hub = running.hub
+        async with driven_hub(home) as hub:
             # Its window opened for its Welcome and a few heartbeats: what comes after
             # waits in its outbox.
-            stream = await _trickle(running, home, "slow", grant=512)
+            stream = await _trickle(hub, "slow", grant=512)
             session = hub.sessions["slow"]
-            hub.outbox_wait_s = 0.2  # the heartbeat timer looks every heartbeat_s
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+            hub.hub.outbox_wait_s = 0.2  # the heartbeat timer looks every heartbeat_s
             calls = [
-                asyncio.ensure_future(
-                    stub.Dispatch(probe_request("slow"), metadata=caller_metadata(home), timeout=60)
-                )
+                asyncio.ensure_future(hub.caller.dispatch(probe_request("slow"), timeout=60))
                 for _ in range(5)
             ]
             try:
                 async with asyncio.timeout(60):  # before: kept for as long as it lived
-                    while "slow" in hub.sessions:
-                        await asyncio.sleep(0.02)
+                    await hub.until(lambda: "slow" not in hub.sessions)
                 assert session.refusal is not None and "waited" in session.refusal[1]
-                hello = pb.Hello(
-                    worker_id="slow",
-                    instance_id=uuid.uuid4().hex,
-                    version="hand",
-                    protocol_min=PROTOCOL_MIN,
-                    protocol_max=PROTOCOL_MAX,
-                )
-                worker = HandWorker(running.address, home, hello=hello, key=stream.key)
-                try:
-                    sent = await worker.until("request", len(calls))
-                    for request in sent:
-                        result = pb.ActionResult(
-                            correlation_id=request.correlation_id,
-                            status=pb.ActionResult.OK,
-                            result_json="{}",
-                        )
-                        worker.send(pb.WorkerMessage(result=result))
-                    answers = await asyncio.gather(*calls)
-                    assert [a.result.status for a in answers] == [pb.ActionResult.OK] * 5
-                    assert {a.result.correlation_id for a in answers} == {
-                        r.correlation_id for r in sent
-                    }
-                finally:
-                    await worker.close()
+                worker = hub.hand(hello=hand_hello("slow"), key=stream.key)
+                sent = await worker.until("request", len(calls))
+                for request in sent:
+                    result = pb.ActionResult(
+                        correlation_id=request.correlation_id,
+                        status=pb.ActionResult.OK,
+                        result_json="{}",
+                    )
+                    worker.send(pb.WorkerMessage(result=result))
+                answers = await asyncio.gather(*calls)
+                assert [a.result.status for a in answers] == [pb.ActionResult.OK] * 5
+                assert {a.result.correlation_id for a in answers} == {
+                    r.correlation_id for r in sent
+                }
             finally:
                 for call in calls:
                     call.cancel()
-                await stream.close()
-                await channel.close()
 
     asyncio.run(go())
 
@@ -225,45 +164,34 @@ def test_a_real_worker_records_every_kill_of_a_burst_past_a_page(tmp_path: Path)
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            hub = running.hub
-            worker = real_worker(home, running.address)
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+        async with driven_hub(home) as hub:
+            worker = await hub.real_worker()
+            (worker_id,) = hub.sessions
+            paged = []  # the pages sent mid-session (the first goes at the Hello)
+            send_page = hub.hub._send_kill_page
+
+            def page(session: Session) -> None:
+                paged.append(session.kills_sent)
+                send_page(session)
+
+            hub.hub._send_kill_page = page  # type: ignore[method-assign]
+            worker.signal(signal.SIGSTOP)  # a slow worker: it reads and confirms nothing
             try:
-                (worker_id,) = await until_connected(running, worker)
-                paged = []  # the pages sent mid-session (the first goes at the Hello)
-                send_page = hub._send_kill_page
-
-                def page(session: Session) -> None:
-                    paged.append(session.kills_sent)
-                    send_page(session)
-
-                hub._send_kill_page = page  # type: ignore[method-assign]
-                worker.signal(signal.SIGSTOP)  # a slow worker: it reads and confirms nothing
-                try:
-                    await asyncio.gather(*(_kills(stub, home, f"p{n}") for n in range(6)))
-                    assert hub.sessions[worker_id].kills_paging  # KILL_PAGE went, no more
-                finally:
-                    worker.signal(signal.SIGCONT)
-                issued = hub.store.kills_issued()
-                async with asyncio.timeout(60):
-                    while (session := hub.sessions.get(worker_id)) is None or (
-                        session.kills_through < issued
-                    ):
-                        await asyncio.sleep(0.05)  # the hub runs in this loop
-                assert not session.kills_paging  # the burst all went
-                assert paged, "the worker kept up: no page went mid-session"
+                await asyncio.gather(*(_kills(hub.caller, f"p{n}") for n in range(6)))
+                assert hub.sessions[worker_id].kills_paging  # KILL_PAGE went, no more
             finally:
-                await channel.close()
-                await stop_worker(worker)
-        listed = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "worker", "killed", "--json"],
-            env={**os.environ, "AGENTWORKER_HOME": str(home)},
-            capture_output=True,
-            check=False,
-        )
+                worker.signal(signal.SIGCONT)
+            issued = hub.store.kills_issued()
+            async with asyncio.timeout(60):
+                await hub.until(
+                    lambda: (
+                        (session := hub.sessions.get(worker_id)) is not None
+                        and session.kills_through >= issued
+                    )
+                )
+            assert not hub.sessions[worker_id].kills_paging  # the burst all went
+            assert paged, "the worker kept up: no page went mid-session"
+        listed = await asyncio.to_thread(worker_cli, home, "killed", "--json")
         assert listed.returncode == 0, listed.stderr
         plans = {row["plan"] for row in json.loads(listed.stdout)}
         assert plans == {f"p{r}-{n}" for r in range(6) for n in range(KILLS_A_ROUND)}

@@ -13,16 +13,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.integration.test_hub_kills_kept import code_of, until_confirmed
 from tests.support.hub_inproc import (
     HandWorker,
     caller_metadata,
+    driven_hub,
     hub_in_process,
     own_channel,
     probe_request,
-    real_worker,
-    stop_worker,
-    until_connected,
 )
 from worker.hub.server import KILL_PAGE, KILL_PAGE_BYTES
 from worker.hub.store import KILL_REASON_BYTES
@@ -101,19 +98,13 @@ def test_a_real_worker_records_a_backlog_of_many_pages(tmp_path: Path) -> None:
     home = tmp_path / "hub"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
-            await kill_all(stub, home)
-            worker = real_worker(home, running.address)
-            try:
-                (worker_id,) = await until_connected(running, worker)
-                await until_confirmed(running, worker_id)
-                for n in (0, KILLS - 1):
-                    code = await code_of(stub, home, probe_request(worker_id, plan(n)))
-                    assert code.startswith("plan_killed") and "at this hub" not in code, code
-            finally:
-                await channel.close()
-                await stop_worker(worker)
+        async with driven_hub(home) as hub:
+            await kill_all(hub.caller.stub, home)
+            await hub.real_worker()
+            (worker_id,) = hub.sessions
+            await hub.until_confirmed(worker_id)
+            for n in (0, KILLS - 1):
+                code = await hub.caller.outcome(probe_request(worker_id, plan(n)))
+                assert code.startswith("plan_killed") and "at this hub" not in code, code
 
     asyncio.run(go())

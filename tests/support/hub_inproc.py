@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +244,13 @@ class Caller:
         hangs up)."""
         return self.stub.Dispatch(request, metadata=self.metadata, timeout=timeout)
 
+    async def outcome(self, request: pb.DispatchRequest) -> str:
+        """Its answer: "ok", or the refusal as "code: message"."""
+        reply = await self.dispatch(request, timeout=120)
+        if reply.result.status == pb.ActionResult.OK:
+            return "ok"
+        return f"{reply.result.error.code}: {reply.result.error.message}"
+
     async def code(self, worker_id: str, plan: str) -> str:
         """A probe of `plan` on `worker_id`: "ok", or the refusal's code."""
         reply = await self.dispatch(probe_request(worker_id, plan), timeout=120)
@@ -277,6 +284,7 @@ class DrivenHub:
         self.caller = Caller(running.address, home)
         self._hands: list[HandWorker] = []
         self._workers: list[Proc] = []
+        self._closes: list[Callable[[], Awaitable[object]]] = []
         self._moved = asyncio.Event()
         store = self.hub.store
         for owner, name in (
@@ -340,6 +348,10 @@ class DrivenHub:
         await until_connected(self.running, worker)
         return worker
 
+    def at_close(self, close: Callable[[], Awaitable[object]]) -> None:
+        """Await `close()` as the test ends (another far side: a trickle stream...)."""
+        self._closes.append(close)
+
     def back(self, first: HandWorker) -> HandWorker:
         """A new stream of `first`'s worker: its Hello, its key."""
         return self.hand(hello=first.hello, key=first.key)
@@ -359,6 +371,8 @@ class DrivenHub:
             await stop_worker(proc)
         for worker in self._hands:
             await worker.close()
+        for close in self._closes:
+            await close()
         await self.caller.close()
 
 
