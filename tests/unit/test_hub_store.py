@@ -33,6 +33,22 @@ def _request(cid: str) -> pb.ActionRequest:
     )
 
 
+# The calls table as a hub.db from before result blobs and plans were kept had it.
+_CALLS_BEFORE = (
+    "CREATE TABLE calls (correlation_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL,"
+    " args_digest TEXT NOT NULL, request BLOB NOT NULL, state TEXT NOT NULL,"
+    " result BLOB, created_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL)"
+)
+
+
+def _written_before(path: Path, *statements: tuple[str, tuple[object, ...]]) -> None:
+    """hub.db as an older hub left it: each (SQL, parameters) run, then committed."""
+    with contextlib.closing(sqlite3.connect(path)) as old:
+        for sql, parameters in statements:
+            old.execute(sql, parameters)
+        old.commit()
+
+
 def _ok(cid: str) -> pb.ActionResult:
     return pb.ActionResult(correlation_id=cid, status=pb.ActionResult.OK, result_json="{}")
 
@@ -135,20 +151,16 @@ def test_prune_off_the_loop_forgets_old_calls_in_batches_while_the_loop_goes_on(
 
 def test_a_hub_db_from_before_the_blob_column_still_opens(tmp_path: Path) -> None:
     path = tmp_path / "hub.db"
-    old = sqlite3.connect(path)
-    old.execute(
-        "CREATE TABLE calls (correlation_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL,"
-        " args_digest TEXT NOT NULL, request BLOB NOT NULL, state TEXT NOT NULL,"
-        " result BLOB, created_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL)"
-    )
     legacy = _request("legacy")
     legacy.blob = b"inline"
-    old.execute(
-        "INSERT INTO calls VALUES ('legacy', 'w', 'd', ?, 'PENDING', NULL, 0, ?)",
-        (legacy.SerializeToString(), now_ms() + 60_000),
+    _written_before(
+        path,
+        (_CALLS_BEFORE, ()),
+        (
+            "INSERT INTO calls VALUES ('legacy', 'w', 'd', ?, 'PENDING', NULL, 0, ?)",
+            (legacy.SerializeToString(), now_ms() + 60_000),
+        ),
     )
-    old.commit()
-    old.close()
     store = HubStore(path)
     found = store.get("legacy")
     assert found is not None and found.request.blob == b"inline"
@@ -345,20 +357,15 @@ def test_a_hub_db_from_before_plans_were_kept_reads_them_from_its_requests(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "hub.db"
-    old = sqlite3.connect(path)
-    old.execute(
-        "CREATE TABLE calls (correlation_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL,"
-        " args_digest TEXT NOT NULL, request BLOB NOT NULL, state TEXT NOT NULL,"
-        " result BLOB, created_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL)"
-    )
     ran = _request("ran")
     ran.plan_id = "p-old"
-    for cid, worker, request in (("ran", "w-old", ran.SerializeToString()), ("bad", "w", b"\xff")):
-        old.execute(
-            "INSERT INTO calls VALUES (?, ?, 'd', ?, 'DONE', NULL, 0, 0)", (cid, worker, request)
-        )
-    old.commit()
-    old.close()
+    insert = "INSERT INTO calls VALUES (?, ?, 'd', ?, 'DONE', NULL, 0, 0)"
+    _written_before(
+        path,
+        (_CALLS_BEFORE, ()),
+        (insert, ("ran", "w-old", ran.SerializeToString())),
+        (insert, ("bad", "w", b"\xff")),
+    )
     store = HubStore(path)
     assert store.workers_of_plan("p-old") == {"w-old"}
     store.close()
@@ -504,14 +511,13 @@ def test_past_plans_remembered_every_plan_counts_as_in_use(
 
 def test_kills_queued_by_a_hub_db_from_before_are_kept_for_their_workers(tmp_path: Path) -> None:
     path = tmp_path / "hub.db"
-    old = sqlite3.connect(path)
-    old.execute(
+    queued_kills = (
         "CREATE TABLE queued_kills (worker_id TEXT NOT NULL, plan_id TEXT NOT NULL,"
         " reason TEXT NOT NULL, created_ms INTEGER NOT NULL, PRIMARY KEY (worker_id, plan_id))"
     )
-    old.execute("INSERT INTO queued_kills VALUES ('w1', 'p', 'stop', 1)")
-    old.commit()
-    old.close()
+    _written_before(
+        path, (queued_kills, ()), ("INSERT INTO queued_kills VALUES ('w1', 'p', 'stop', 1)", ())
+    )
     store = HubStore(path)
     assert [(k.plan_id, k.reason) for k in store.kills_after("w1", 0)] == [("p", "stop")]
     assert store.kills_after("w2", 0) == [] and store.killed("p", "w1", 0)

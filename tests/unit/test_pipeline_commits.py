@@ -59,14 +59,53 @@ def _decoded(out: Outgoing) -> pb.WorkerMessage:
     return worker_message_of(out) if isinstance(out, bytes) else out
 
 
-def _request(cid: str) -> pb.ActionRequest:
+class _Sent:
+    """What `dispatcher` sends, as the server reads it; a wait for its results wakes as
+    each comes (a STARTED ack is not one)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.messages: list[pb.WorkerMessage] = []
+        self._came: asyncio.Event | None = None  # made in the loop that waits (one a run)
+        dispatcher.outbox.attach(self._emit)
+
+    def _emit(self, out: Outgoing) -> None:
+        self.messages.append(_decoded(out))
+        if self._came is not None and self.messages[-1].WhichOneof("kind") == "result":
+            self._came.set()
+
+    def results(self) -> list[pb.ActionResult]:
+        return _results(self.messages)
+
+    async def until_results(self, count: int) -> None:
+        self._came = asyncio.Event()
+        while len(self.results()) < count:
+            self._came.clear()
+            await self._came.wait()
+
+    async def answer(self, request: pb.ActionRequest) -> pb.ActionResult:
+        """Submit `request` and wait for the result it brings."""
+        before = len(self.results())
+        self.dispatcher.submit(request)
+        await self.until_results(before + 1)
+        return self.results()[-1]
+
+
+def _asked(cid: str, scope: str, args_json: str = "", **fields: Any) -> pb.ActionRequest:
+    """Agent "t"'s request of `scope` (surface.action)."""
+    surface, action = scope.split(".")
     return pb.ActionRequest(
         correlation_id=cid,
         agent_id="t",
-        surface="workerHost",
-        action="fs_stat",
-        args_json='{"path": "a.txt"}',
+        surface=surface,
+        action=action,
+        args_json=args_json,
+        **fields,
     )
+
+
+def _request(cid: str) -> pb.ActionRequest:
+    return _asked(cid, "workerHost.fs_stat", '{"path": "a.txt"}')
 
 
 def _ledger_state(tmp_path: Path, cid: str) -> str | None:
@@ -160,8 +199,7 @@ def test_calls_whose_claims_did_not_commit_never_run(tmp_path: Path) -> None:
     dispatcher = _dispatcher(tmp_path)
     real_state = dispatcher.state
     dispatcher.state = _FailingCommit(real_state)  # type: ignore[assignment]
-    emitted: list[pb.WorkerMessage] = []
-    dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
+    sent = _Sent(dispatcher)
 
     async def run() -> None:
         with pytest.raises(sqlite3.OperationalError), dispatcher.intake():
@@ -173,7 +211,7 @@ def test_calls_whose_claims_did_not_commit_never_run(tmp_path: Path) -> None:
     asyncio.run(run())
     dispatcher.state = real_state
     dispatcher.close()
-    assert [m for m in emitted if m.WhichOneof("kind") == "result"] == []
+    assert sent.results() == []
     with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
         assert db.execute("SELECT COUNT(*) FROM invocations").fetchone()[0] == 0
 
@@ -243,17 +281,16 @@ def test_a_plain_handler_answers_within_submit_and_only_after_its_claim_committe
 ) -> None:
     dispatcher = _dispatcher(tmp_path)
     seen_by_handler = _stat_looks_at_its_ledger_row(dispatcher, tmp_path)
-    emitted: list[pb.WorkerMessage] = []
-    dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
+    sent = _Sent(dispatcher)
 
     async def run() -> None:
         dispatcher.submit(_request("c1"))
-        assert [r.correlation_id for r in _results(emitted)] == ["c1"]  # no loop turn taken
+        assert [r.correlation_id for r in sent.results()] == ["c1"]  # no loop turn taken
 
     asyncio.run(run())
     dispatcher.close()
     assert seen_by_handler == ["RUNNING"]  # another connection saw the claim: committed
-    result = _results(emitted)[0]
+    result = sent.results()[0]
     assert result.status == pb.ActionResult.OK and json.loads(result.result_json)["type"] == "file"
     assert result.invocation.decision == "granted"
     assert _ledger_state(tmp_path, "c1") == "DONE+row"
@@ -261,27 +298,20 @@ def test_a_plain_handler_answers_within_submit_and_only_after_its_claim_committe
 
 def test_a_plain_handler_waits_for_a_slot_like_any_other_call(tmp_path: Path) -> None:
     dispatcher = _dispatcher(tmp_path, WorkerSection(max_concurrency=1, diagnostics=True))
-    emitted: list[pb.WorkerMessage] = []
-    dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
-    slow = pb.ActionRequest(
-        correlation_id="slow",
-        agent_id="t",
-        surface="workerDiag",
-        action="probe",
-        args_json='{"sleep_ms": 200}',
-    )
+    sent = _Sent(dispatcher)
+    slow = _asked("slow", "workerDiag.probe", '{"sleep_ms": 200}')
 
     async def run() -> None:
         dispatcher.submit(slow)
         assert dispatcher.running == 1  # the probe took the only slot as it was claimed
         dispatcher.submit(_request("quick"))
-        assert _results(emitted) == []  # not run past the limit
+        assert sent.results() == []  # not run past the limit
         await dispatcher.drain(10)
 
     asyncio.run(run())
     dispatcher.close()
-    assert [r.correlation_id for r in _results(emitted)] == ["slow", "quick"]
-    assert all(r.status == pb.ActionResult.OK for r in _results(emitted))
+    assert [r.correlation_id for r in sent.results()] == ["slow", "quick"]
+    assert all(r.status == pb.ActionResult.OK for r in sent.results())
     assert dispatcher.max_running_seen == 1
 
 
@@ -305,15 +335,14 @@ def test_a_plain_handlers_failure_is_its_answer(
         return {"type": "file"}
 
     _replace_handler(dispatcher, failing)
-    emitted: list[pb.WorkerMessage] = []
-    dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
+    sent = _Sent(dispatcher)
 
     async def run() -> None:
         dispatcher.submit(_request("c1"))
 
     asyncio.run(run())
     dispatcher.close()
-    [result] = _results(emitted)
+    [result] = sent.results()
     assert result.status == pb.ActionResult.ERROR and result.error.code == code
     assert "Traceback" not in result.error.message
     assert _ledger_state(tmp_path, "c1") == "DONE+row"
@@ -321,8 +350,7 @@ def test_a_plain_handlers_failure_is_its_answer(
 
 def test_a_plain_handler_without_a_grant_is_still_refused(tmp_path: Path) -> None:
     dispatcher = _dispatcher(tmp_path)
-    emitted: list[pb.WorkerMessage] = []
-    dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
+    sent = _Sent(dispatcher)
     request = _request("c1")
     request.agent_id = "stranger"
 
@@ -332,7 +360,7 @@ def test_a_plain_handler_without_a_grant_is_still_refused(tmp_path: Path) -> Non
 
     asyncio.run(run())
     dispatcher.close()
-    [result] = _results(emitted)
+    [result] = sent.results()
     assert result.error.code == "scope_required"
     assert result.invocation.decision == "denied"
 
@@ -346,8 +374,7 @@ def test_an_effect_free_call_runs_unclaimed_and_is_still_answered_once(tmp_path:
     after is answered, never run again; one with other args is refused."""
     dispatcher = _dispatcher(tmp_path, effect=Effect.NONE)
     seen_by_handler = _stat_looks_at_its_ledger_row(dispatcher, tmp_path)
-    emitted: list[pb.WorkerMessage] = []
-    dispatcher.outbox.attach(lambda out: emitted.append(_decoded(out)))
+    sent = _Sent(dispatcher)
     other = _request("c1")
     other.args_json = '{"path": "."}'
 
@@ -362,11 +389,11 @@ def test_an_effect_free_call_runs_unclaimed_and_is_still_answered_once(tmp_path:
 
     asyncio.run(run())
     assert seen_by_handler == [None]  # ran once, with nothing claimed
-    first, held, acked = _results(emitted)
+    first, held, acked = sent.results()
     assert first.status == pb.ActionResult.OK and not first.replayed
     assert held.replayed and held.result_json == first.result_json
     assert acked.replayed and acked.result_json == first.result_json
-    kinds = [m.ack.kind for m in emitted if m.WhichOneof("kind") == "ack"]
+    kinds = [m.ack.kind for m in sent.messages if m.WhichOneof("kind") == "ack"]
     assert pb.ActionAck.REJECTED_ARGS_MISMATCH in kinds
     assert _ledger_state(tmp_path, "c1") == "DONE+row"
     dispatcher.close()
@@ -376,27 +403,18 @@ def test_an_effect_free_result_blob_goes_with_the_ack_and_a_repeat_says_so(
     tmp_path: Path,
 ) -> None:
     dispatcher = _dispatcher(tmp_path)
-    emitted: list[pb.WorkerMessage] = []
+    sent = _Sent(dispatcher)
     read = _request("r1")
     read.action = "fs_read"
 
     async def run() -> None:
-        answered = asyncio.Event()
-
-        def emit(out: Outgoing) -> None:
-            emitted.append(_decoded(out))
-            if emitted[-1].WhichOneof("kind") == "result":  # not a STARTED ack
-                answered.set()
-
-        dispatcher.outbox.attach(emit)
-        dispatcher.submit(read)
-        await answered.wait()  # fs_read reads in a thread: its answer comes later
+        await sent.answer(read)  # fs_read reads in a thread: its answer comes later
         assert [u.blob for u in dispatcher.state.unacked_results()] == [b"a"]
         dispatcher.ack(["r1"])
         dispatcher.submit(read)
 
     asyncio.run(run())
-    first, repeat = _results(emitted)
+    first, repeat = sent.results()
     assert first.blob == b"a"
     assert repeat.replayed and repeat.error.code == "blob_gone" and repeat.blob == b""
     details = json.loads(repeat.error.details_json)
@@ -412,27 +430,11 @@ def test_an_effectful_result_blob_is_kept_until_acked_then_let_go(tmp_path: Path
     """A probe (it has effects) echoing its blob: recorded with the blob before it is
     sent, re-sent with it while unacked, answered `blob_gone` once acked."""
     dispatcher = _dispatcher(tmp_path, WorkerSection(diagnostics=True))
-    emitted: list[pb.WorkerMessage] = []
-    echo = pb.ActionRequest(
-        correlation_id="e1",
-        agent_id="t",
-        surface="workerDiag",
-        action="probe",
-        args_json='{"blob_repeat": 2}',
-        blob=b"xyz",
-    )
+    sent = _Sent(dispatcher)
+    echo = _asked("e1", "workerDiag.probe", '{"blob_repeat": 2}', blob=b"xyz")
 
     async def run() -> None:
-        answered = asyncio.Event()
-
-        def emit(out: Outgoing) -> None:
-            emitted.append(_decoded(out))
-            if emitted[-1].WhichOneof("kind") == "result":  # not a STARTED ack
-                answered.set()
-
-        dispatcher.outbox.attach(emit)
-        dispatcher.submit(echo)
-        await answered.wait()
+        await sent.answer(echo)
         with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
             row = db.execute("SELECT state, result_blob, blob_bytes FROM calls").fetchone()
         assert row == ("DONE", b"xyzxyz", 6)
@@ -441,7 +443,7 @@ def test_an_effectful_result_blob_is_kept_until_acked_then_let_go(tmp_path: Path
         dispatcher.submit(echo)
 
     asyncio.run(run())
-    first, stored, gone = _results(emitted)
+    first, stored, gone = sent.results()
     assert first.blob == stored.blob == b"xyzxyz" and stored.replayed
     assert gone.error.code == "blob_gone" and gone.replayed
     dispatcher.close()
@@ -455,31 +457,14 @@ def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Pat
     blob_gone, never sent cut or as zeros."""
     dispatcher = _dispatcher(tmp_path, WorkerSection(diagnostics=True))
     half = os.urandom(FILE_BLOB_BYTES // 2 + 1)
-    emitted: list[pb.WorkerMessage] = []
+    sent = _Sent(dispatcher)
 
     def echo(cid: str) -> pb.ActionRequest:
-        return pb.ActionRequest(
-            correlation_id=cid,
-            agent_id="t",
-            surface="workerDiag",
-            action="probe",
-            args_json='{"blob_repeat": 2}',
-            blob=half,
-        )
+        return _asked(cid, "workerDiag.probe", '{"blob_repeat": 2}', blob=half)
 
     async def run() -> None:
-        answered = asyncio.Event()
-
-        def emit(out: Outgoing) -> None:
-            emitted.append(_decoded(out))
-            if emitted[-1].WhichOneof("kind") == "result":
-                answered.set()
-
-        dispatcher.outbox.attach(emit)
         for cid in ("big-1", "big-2", "big-3"):
-            answered.clear()
-            dispatcher.submit(echo(cid))
-            await answered.wait()
+            await sent.answer(echo(cid))
 
     asyncio.run(run())
     state = dispatcher.state
@@ -499,9 +484,7 @@ def test_a_large_effectful_result_blob_waits_for_its_ack_in_a_file(tmp_path: Pat
     orphan.write_bytes(b"x")
     assert state.sweep_blob_files() == 1 and not orphan.exists()
     assert state.blob_path("big-2").exists()  # still unacked: kept
-    first, _second, _third, from_file, resent, gone_short, gone_zeros, gone_acked = _results(
-        emitted
-    )
+    first, _second, _third, from_file, resent, gone_short, gone_zeros, gone_acked = sent.results()
     assert first.blob == from_file.blob == resent.blob == half * 2 and from_file.replayed
     assert resent.correlation_id == "big-1" and gone_short.correlation_id == "big-2"
     assert gone_zeros.correlation_id == "big-3"
@@ -524,38 +507,21 @@ def test_execs_large_output_is_kept_in_a_file_with_the_check_made_as_it_was_read
         grant=[GrantSection(agent="t", scopes=["workerHost.exec"])],
     )
     dispatcher = app.build_dispatcher(Paths(config_dir=tmp_path, data_dir=tmp_path), config)
-    emitted: list[pb.WorkerMessage] = []
+    sent = _Sent(dispatcher)
 
     async def run() -> None:
-        answered = asyncio.Event()
-
-        def emit(out: Outgoing) -> None:
-            emitted.append(_decoded(out))
-            if emitted[-1].WhichOneof("kind") == "result":
-                answered.set()
-
-        dispatcher.outbox.attach(emit)
         for cid, argv in (("cat", ["cat", "big.bin"]), ("both", ["cat", "big.bin", "absent"])):
-            answered.clear()
-            request = pb.ActionRequest(
-                correlation_id=cid,
-                agent_id="t",
-                surface="workerHost",
-                action="exec",
-                args_json=json.dumps({"argv": argv}),
-            )
-            dispatcher.submit(request)
-            await answered.wait()
+            await sent.answer(_asked(cid, "workerHost.exec", json.dumps({"argv": argv})))
 
     asyncio.run(run())
-    cat, both = _results(emitted)
+    cat, both = sent.results()
     assert cat.status == both.status == pb.ActionResult.OK, (cat.error, both.error)
     assert cat.blob == content and both.blob.startswith(content) and len(both.blob) > len(content)
     for result in (cat, both):
         kept = dispatcher.state.blob_path(result.correlation_id).read_bytes()
         assert kept == result.blob + blake3.blake3(result.blob).digest()
     dispatcher.results.resend_unacked()
-    assert [r.blob for r in _results(emitted)[2:]] == [cat.blob, both.blob]
+    assert [r.blob for r in sent.results()[2:]] == [cat.blob, both.blob]
     dispatcher.close()
 
 
@@ -589,39 +555,20 @@ def test_an_exec_whose_claim_cannot_commit_runs_nothing_and_runs_once_when_sent_
     dispatcher = app.build_dispatcher(Paths(config_dir=tmp_path, data_dir=tmp_path), config)
     dispatcher.state.connection.execute("PRAGMA busy_timeout = 50")  # not 10 s
     mark = "open('ran', 'a').write('ran\\n')"
-    request = pb.ActionRequest(
-        correlation_id="once",
-        agent_id="t",
-        surface="workerHost",
-        action="exec",
-        args_json=json.dumps({"argv": ["python3", "-c", mark]}),
-    )
-    emitted: list[pb.WorkerMessage] = []
-
-    async def deliver() -> pb.ActionResult:
-        answered = asyncio.Event()
-
-        def emit(out: Outgoing) -> None:
-            emitted.append(_decoded(out))
-            if emitted[-1].WhichOneof("kind") == "result":
-                answered.set()
-
-        dispatcher.outbox.attach(emit)
-        dispatcher.submit(request)
-        await answered.wait()
-        return _results(emitted)[-1]
+    request = _asked("once", "workerHost.exec", json.dumps({"argv": ["python3", "-c", mark]}))
+    sent = _Sent(dispatcher)
 
     with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as other:
         other.execute("BEGIN IMMEDIATE")  # holds the write lock: the claim cannot commit
-        refused = asyncio.run(deliver())
+        refused = asyncio.run(sent.answer(request))
         other.rollback()
     assert refused.status == pb.ActionResult.ERROR and refused.error.code == "internal_error"
     assert "nothing was run" in refused.error.message and refused.error.retryable
     assert not (tmp_path / "files" / "ran").exists()
     assert _ledger_state(tmp_path, "once") is None  # never claimed: free to run later
-    ran = asyncio.run(deliver())
+    ran = asyncio.run(sent.answer(request))
     assert ran.status == pb.ActionResult.OK and json.loads(ran.result_json)["exit_code"] == 0
-    again = asyncio.run(deliver())  # a repeat: answered from the ledger, not run
+    again = asyncio.run(sent.answer(request))  # a repeat: answered from the ledger, not run
     assert again.replayed and again.invocation.invocation_id == ran.invocation.invocation_id
     assert (tmp_path / "files" / "ran").read_text() == "ran\n"
     dispatcher.close()
@@ -635,34 +582,17 @@ def test_the_digest_is_taken_from_the_request_or_computed_off_the_loop(tmp_path:
 
     dispatcher = _dispatcher(tmp_path, WorkerSection(diagnostics=True))
     big = b"b" * HASH_OFF_LOOP_BYTES
-    carried = pb.ActionRequest(
-        correlation_id="carried",
-        agent_id="t",
-        surface="workerDiag",
-        action="probe",
-        args_json="{}",
-        args_digest="f" * 64,
-    )
-    hashed = pb.ActionRequest(
-        correlation_id="hashed", agent_id="t", surface="workerDiag", action="probe", blob=big
-    )
-    emitted: list[pb.WorkerMessage] = []
+    carried = _asked("carried", "workerDiag.probe", "{}", args_digest="f" * 64)
+    hashed = _asked("hashed", "workerDiag.probe", blob=big)
+    sent = _Sent(dispatcher)
 
     async def run() -> None:
-        answered = asyncio.Event()
-
-        def emit(out: Outgoing) -> None:
-            emitted.append(_decoded(out))
-            if len(_results(emitted)) == 2:
-                answered.set()
-
-        dispatcher.outbox.attach(emit)
         dispatcher.submit(carried)
         dispatcher.submit(hashed)
         assert _ledger_state(tmp_path, "hashed") is None  # hashing, not yet claimed
-        await answered.wait()
+        await sent.until_results(2)
 
     asyncio.run(run())
-    digests = {r.correlation_id: r.invocation.args_digest for r in _results(emitted)}
+    digests = {r.correlation_id: r.invocation.args_digest for r in sent.results()}
     assert digests == {"carried": "f" * 64, "hashed": call_digest(hashed, big)}
     dispatcher.close()
