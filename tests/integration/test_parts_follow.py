@@ -62,6 +62,27 @@ def temporary_files(home: Path) -> list[bytes]:
     return [p.read_bytes() for p in (home / "workspace").iterdir() if p.name.endswith("-tmp")]
 
 
+def begun(
+    hub: ScriptedHub, home: Path, cid: str, blob: bytes, end: int | None = None, **fields: object
+) -> None:
+    """target.bin holds OLD; a write of `blob` is announced, its parts up to `end` sent."""
+    target(home).write_bytes(OLD)
+    header(hub, cid, len(blob), **fields)
+    parts(hub, cid, blob, end=end)
+
+
+def check_placed(home: Path, content: bytes) -> None:
+    """target.bin holds `content` (OLD: the write placed nothing), no temporary file left."""
+    assert target(home).read_bytes() == content
+    assert temporary_files(home) == []
+
+
+def check_holds_nothing(link: WorkerConnection) -> None:
+    """The worker holds no call's parts and waits for none."""
+    assert link._follows == {}
+    assert link._parts.held_bytes == 0
+
+
 def ledger(home: Path, cid: str) -> tuple[str, str] | None:
     with contextlib.closing(sqlite3.connect(home / "state.db")) as db:
         row = db.execute(
@@ -138,9 +159,7 @@ def test_a_write_is_on_disk_as_its_parts_came_and_placed_once_its_digest_came(
     blob = os.urandom(3 * MIB + 5)
 
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
-        target(tmp_path).write_bytes(OLD)
-        header(hub, "w1", len(blob))
-        parts(hub, "w1", blob)
+        begun(hub, tmp_path, "w1", blob)
         await asyncio.to_thread(on_disk.wait)  # every part is in the temporary file
         assert temporary_files(tmp_path) == [blob] and target(tmp_path).read_bytes() == OLD
         assert ledger(tmp_path, "w1") is None and results_so_far(hub) == []
@@ -151,9 +170,9 @@ def test_a_write_is_on_disk_as_its_parts_came_and_placed_once_its_digest_came(
         assert answer["sha256"] == hashlib.sha256(blob).hexdigest()
         assert answer["bytes_written"] == len(blob)
         assert result.invocation.args_digest == "blake3:w1"
-        assert target(tmp_path).read_bytes() == blob and temporary_files(tmp_path) == []
+        check_placed(tmp_path, blob)
         assert ledger(tmp_path, "w1") == ("DONE", "blake3:w1")
-        assert link._parts.held_bytes == 0 and link._follows == {}
+        check_holds_nothing(link)
 
         # The same id again: answered from the ledger, the file not written again; with
         # another digest, refused.
@@ -163,7 +182,7 @@ def test_a_write_is_on_disk_as_its_parts_came_and_placed_once_its_digest_came(
         assert (await hub.next("result")).replayed
         send_whole(hub, "w1", blob, "blake3:another")
         assert (await hub.next("ack")).kind == pb.ActionAck.REJECTED_ARGS_MISMATCH
-        assert target(tmp_path).read_bytes() == OLD and temporary_files(tmp_path) == []
+        check_placed(tmp_path, OLD)
 
     play(tmp_path, scenario, protocol=3)
 
@@ -174,9 +193,7 @@ def test_a_cancel_while_the_blob_comes_places_nothing_and_the_call_runs_when_sen
     blob = os.urandom(3 * MIB)
 
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
-        target(tmp_path).write_bytes(OLD)
-        header(hub, "c1", len(blob))
-        parts(hub, "c1", blob, end=MIB)
+        begun(hub, tmp_path, "c1", blob, end=MIB)
         hub.send(cancel=pb.Cancel(correlation_id="c1", reason="the caller left"))
         refused = await hub.next("result")
         assert error_code(refused) == "cancelled", refused
@@ -185,12 +202,12 @@ def test_a_cancel_while_the_blob_comes_places_nothing_and_the_call_runs_when_sen
         await probe_runs(hub, "after")
         assert results_so_far(hub) == []  # no second answer
         await writes.until(1)
-        assert target(tmp_path).read_bytes() == OLD and temporary_files(tmp_path) == []
+        check_placed(tmp_path, OLD)
         assert ledger(tmp_path, "c1") is None and link._parts.held_bytes == 0
         send_whole(hub, "c1", blob)  # sent again: it runs, once
         result = await hub.next("result")
         assert error_code(result) == "ok" and not result.replayed, result
-        assert target(tmp_path).read_bytes() == blob and temporary_files(tmp_path) == []
+        check_placed(tmp_path, blob)
 
     play(tmp_path, scenario, protocol=3)
 
@@ -201,9 +218,7 @@ def test_a_stream_that_ends_while_the_blob_comes_places_nothing_and_the_call_run
     blob = os.urandom(3 * MIB)
 
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
-        target(tmp_path).write_bytes(OLD)
-        header(hub, "s1", len(blob))
-        parts(hub, "s1", blob, end=2 * MIB)
+        begun(hub, tmp_path, "s1", blob, end=2 * MIB)
         await probe_runs(hub, "before")  # the parts went in ahead of it
         hub.hang_up()
         await hub.dials(2)
@@ -213,9 +228,9 @@ def test_a_stream_that_ends_while_the_blob_comes_places_nothing_and_the_call_run
         assert error_code(result) == "ok" and not result.replayed, result
         await probe_runs(hub, "after")
         await writes.until(2)
-        assert target(tmp_path).read_bytes() == blob and temporary_files(tmp_path) == []
+        check_placed(tmp_path, blob)
         assert ledger(tmp_path, "s1") == ("DONE", "blake3:s1")
-        assert link._follows == {} and link._parts.held_bytes == 0
+        check_holds_nothing(link)
 
     play(tmp_path, scenario, protocol=3)
 
@@ -251,9 +266,9 @@ def test_a_blob_that_does_not_come_as_announced_places_nothing(
         assert error_code(refused) == "validation_error", refused
         await probe_runs(hub, "after")
         await writes.until(1)
-        assert target(tmp_path).read_bytes() == OLD and temporary_files(tmp_path) == []
+        check_placed(tmp_path, OLD)
         assert ledger(tmp_path, "b1") is None
-        assert link._follows == {} and link._parts.held_bytes == 0
+        check_holds_nothing(link)
 
     play(tmp_path, scenario, protocol=3)
 
@@ -262,17 +277,15 @@ def test_a_plan_killed_while_the_blob_comes_places_nothing(tmp_path: Path, write
     blob = os.urandom(3 * MIB)
 
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
-        target(tmp_path).write_bytes(OLD)
-        header(hub, "k1", len(blob), plan_id="plan-k")
-        parts(hub, "k1", blob, end=MIB)
+        begun(hub, tmp_path, "k1", blob, end=MIB, plan_id="plan-k")
         hub.send(kill_plan=pb.KillPlan(plan_id="plan-k", reason="stop"))
         parts(hub, "k1", blob, start=MIB)
         digest(hub, "k1", len(blob))
         result = await hub.next("result")
         assert error_code(result) in {"plan_killed", "cancelled"}, result
         await writes.until(1)
-        assert target(tmp_path).read_bytes() == OLD and temporary_files(tmp_path) == []
-        assert link._follows == {} and link._parts.held_bytes == 0
+        check_placed(tmp_path, OLD)
+        check_holds_nothing(link)
 
     play(tmp_path, scenario, protocol=3)
 
@@ -290,7 +303,7 @@ def test_another_action_runs_once_its_whole_blob_and_digest_came(tmp_path: Path)
         result = await hub.next("result")
         assert error_code(result) == "ok" and result.blob == blob, result
         assert result.invocation.args_digest == "blake3:e1"
-        assert link._follows == {} and link._parts.held_bytes == 0
+        check_holds_nothing(link)
 
     play(tmp_path, scenario, protocol=3)
 
@@ -302,15 +315,13 @@ def test_a_blob_past_what_one_call_may_hold_is_refused_too_large_once_its_digest
     blob = os.urandom(2 * MIB)
 
     async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
-        target(tmp_path).write_bytes(OLD)
-        header(hub, "t1", len(blob))
-        parts(hub, "t1", blob)
+        begun(hub, tmp_path, "t1", blob)
         await probe_runs(hub, "between")
         assert results_so_far(hub) == []  # answered only once the hub recorded it
         digest(hub, "t1", len(blob))
         refused = await hub.next("result")
         assert error_code(refused) == "too_large", refused
-        assert target(tmp_path).read_bytes() == OLD and temporary_files(tmp_path) == []
+        check_placed(tmp_path, OLD)
         assert link._parts.held_bytes == 0
 
     play(tmp_path, scenario, protocol=3)
@@ -325,7 +336,7 @@ def test_a_request_followed_by_its_blob_on_protocol_2_runs_nothing(tmp_path: Pat
         refused = await hub.next("result")
         assert error_code(refused) == "validation_error", refused
         assert "protocol 2" in refused.error.message
-        assert target(tmp_path).read_bytes() == OLD and temporary_files(tmp_path) == []
+        check_placed(tmp_path, OLD)
 
     play(tmp_path, scenario, protocol=2)
 
