@@ -20,6 +20,13 @@ answers that call only).
 Places are real paths as the kernel resolves them (a held path and a written one are
 compared by text, each resolved first), so a name reached through a link in a shared
 folder is held under the name it leads to.
+
+A file has as many names as hard links, and a name is all a path pins: the same bytes
+changed through another name ran lines the person never saw in an approved bash script
+(review21 B1). So a hold also knows the files it holds by inode (`Registered.know`, once
+held, before the look): a write landing in one of them in place (an append) by any name
+is refused, and, while a held file has other names, a program that could write in a
+shared folder does not start (`run`): those names are not known, so not pinned.
 """
 
 from __future__ import annotations
@@ -38,11 +45,25 @@ from sandbox.paths import ConfinementError, Root
 class HeldError(Exception):
     """The place is held (or written) by another call: `path` and `by` (that call's
     correlation id) say which; `holding` says whether that call holds it (an asked
-    program) or writes it."""
+    program) or writes it; `other_names`, that what is held is a file with other names
+    (hard links) a program now starting could change it through."""
 
-    def __init__(self, path: str, by: str, *, holding: bool) -> None:
-        self.path, self.by, self.holding = path, by, holding
+    def __init__(self, path: str, by: str, *, holding: bool, other_names: bool = False) -> None:
+        self.path, self.by, self.holding, self.other_names = path, by, holding, other_names
         super().__init__(path)
+
+
+# A file as the kernel knows it, whatever its names: (st_dev, st_ino).
+Inode = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class HeldFile:
+    """A regular file a hold holds: its real path, its inode, and how many names it had."""
+
+    place: str
+    inode: Inode
+    names: int
 
 
 class HeldPlaces:
@@ -52,7 +73,8 @@ class HeldPlaces:
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._held: dict[int, tuple[str, tuple[str, ...]]] = {}  # n -> (by, places)
-        self._writing: dict[int, tuple[str, str]] = {}  # n -> (by, place)
+        self._held_files: dict[int, tuple[HeldFile, ...]] = {}  # n -> what its places are
+        self._writing: dict[int, tuple[str, str, Inode | None]] = {}  # n -> (by, place, inode)
         # n -> (by, its folders shared read-write, the places it was shown read-only)
         self._running: dict[int, tuple[str, tuple[str, ...], frozenset[str]]] = {}
 
@@ -62,49 +84,75 @@ class HeldPlaces:
         `writers`: the calls whose programs run now and could write one of them."""
         wanted = tuple(sorted(set(places)))
         with self._lock:
-            for writer, written in self._writing.values():
+            for writer, written, _ in self._writing.values():
                 for place in wanted:
-                    if _at_or_beneath(written, place):
+                    if at_or_beneath(written, place):
                         raise HeldError(written, writer, holding=False)
             writers = {
                 runner
                 for runner, writable, shown in self._running.values()
                 if runner != by
                 and any(
-                    place not in shown and any(_at_or_beneath(place, w) for w in writable)
+                    place not in shown and any(at_or_beneath(place, w) for w in writable)
                     for place in wanted
                 )
             }
             number = next(self._numbers)
             self._held[number] = (by, wanted)
-        return Registered(self._lock, self._held, number, tuple(sorted(writers)))
+        return Registered(self._lock, self._held, number, tuple(sorted(writers)), places=self)
+
+    def _know(self, number: int, files: tuple[HeldFile, ...]) -> None:
+        """The hold `number` holds `files` too: by inode, and by their real paths (a
+        link's target out of a held folder: review21). HeldError when one is being
+        written now, by whatever name."""
+        inodes = {file.inode for file in files}
+        with self._lock:
+            for writer, written, inode in self._writing.values():
+                if (inode is not None and inode in inodes) or any(
+                    at_or_beneath(written, file.place) for file in files
+                ):
+                    raise HeldError(written, writer, holding=False)
+            if number in self._held:
+                by, places = self._held[number]
+                self._held[number] = (by, tuple(sorted({*places, *(f.place for f in files)})))
+                self._held_files[number] = files
 
     def run(self, writable: Sequence[str], by: str) -> tuple[Registered, tuple[str, ...]]:
         """Register a program about to start with `writable` folders shared read-write,
         until the returned registration's block ends; with it, the places other calls
         hold in those folders now, which it must be shown read-only (`pins_for`)."""
         with self._lock:
+            if writable:  # a held file's other names are not known, so not pinned
+                for number, files in self._held_files.items():
+                    holder, _ = self._held.get(number, (by, ()))
+                    linked = next((file for file in files if file.names > 1), None)
+                    if holder != by and linked is not None:
+                        raise HeldError(linked.place, holder, holding=True, other_names=True)
             shown = {
                 place
                 for holder, places in self._held.values()
                 if holder != by
                 for place in places
-                if any(_at_or_beneath(place, folder) for folder in writable)
+                if any(at_or_beneath(place, folder) for folder in writable)
             }
             number = next(self._numbers)
             self._running[number] = (by, tuple(writable), frozenset(shown))
         return Registered(self._lock, self._running, number), tuple(sorted(shown))
 
-    def write(self, place: str, by: str) -> Registered:
+    def write(self, place: str, by: str, inode: Inode | None = None) -> Registered:
         """Register a write of `place` from now until the returned registration's
-        block ends; HeldError, now, when a program holds it (or a folder above it)."""
+        block ends; HeldError, now, when a program holds it (or a folder above it) or,
+        for a write in place into the file `inode`, holds that file by any name."""
         with self._lock:
-            for holder, places in self._held.values():
+            for number, (holder, places) in self._held.items():
                 for held in places:
-                    if _at_or_beneath(place, held):
+                    if at_or_beneath(place, held):
                         raise HeldError(held, holder, holding=True)
+                files = self._held_files.get(number, ())
+                if inode is not None and any(file.inode == inode for file in files):
+                    raise HeldError(place, holder, holding=True)
             number = next(self._numbers)
-            self._writing[number] = (by, place)
+            self._writing[number] = (by, place, inode)
         return Registered(self._lock, self._writing, number)
 
 
@@ -118,9 +166,18 @@ class Registered:
         table: dict[int, Any],
         number: int,
         writers: tuple[str, ...] = (),
+        *,
+        places: HeldPlaces | None = None,
     ) -> None:
         self._lock, self._table, self._number = lock, table, number
         self.writers = writers
+        self._places = places
+
+    def know(self, files: tuple[HeldFile, ...]) -> None:
+        """A hold's places are these files (`held_files`, looked at once held): held by
+        inode too. HeldError when one is being written in place now."""
+        assert self._places is not None, "only a hold holds files"
+        self._places._know(self._number, files)
 
     def __enter__(self) -> tuple[str, ...]:
         return self.writers
@@ -128,9 +185,40 @@ class Registered:
     def __exit__(self, *_: object) -> None:
         with self._lock:
             self._table.pop(self._number, None)
+            if self._places is not None:
+                self._places._held_files.pop(self._number, None)
 
 
-def _at_or_beneath(path: str, place: str) -> bool:
+def held_files(places: Iterable[str], most: int) -> tuple[HeldFile, ...]:
+    """The regular files `places` hold, links followed, each by its real path and inode
+    with its count of names: a place that is one, and those in a held folder (at most
+    `most` entries looked at, as a folder argument is bound: exec_arg_files)."""
+    found: dict[Inode, HeldFile] = {}
+    looked = 0
+
+    def add(path: str) -> None:
+        try:
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                inode = (st.st_dev, st.st_ino)
+                found[inode] = HeldFile(os.path.realpath(path), inode, st.st_nlink)
+        except (OSError, ValueError):
+            pass  # names nothing now: bound as naming nothing
+
+    for place in places:
+        if not os.path.isdir(place) or os.path.islink(place):
+            add(place)
+            continue
+        for top, _, names in os.walk(place):
+            for name in names:
+                looked += 1
+                if looked > most:
+                    return tuple(found.values())
+                add(os.path.join(top, name))
+    return tuple(found.values())
+
+
+def at_or_beneath(path: str, place: str) -> bool:
     return path == place or path.startswith(place.rstrip("/") + "/")
 
 
@@ -158,7 +246,7 @@ def pins_for(
     try:
         for place in sorted(set(places)):
             root = max(
-                (r for r in roots if r.writable and _at_or_beneath(place, str(r.path))),
+                (r for r in roots if r.writable and at_or_beneath(place, str(r.path))),
                 key=lambda r: len(r.path.parts),
                 default=None,
             )

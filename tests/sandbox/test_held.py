@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import Root
-from sandbox.held import HeldError, HeldPlaces, pins_for
+from sandbox.held import HeldError, HeldFile, HeldPlaces, held_files, pins_for
 
 
 def test_a_write_of_a_place_held_or_beneath_a_folder_held_is_refused() -> None:
@@ -119,3 +119,67 @@ def test_pins_are_what_exists_read_only_with_the_folders_on_the_way(tmp_path: Pa
         for pin in pins:
             os.close(pin.fd)
     assert pins_for([Root(path=shared, writable=False)], places) == []  # read-only already
+
+
+def test_a_hold_knows_its_files_by_inode_and_a_link_target_by_its_path(tmp_path: Path) -> None:
+    """review21 B1 and r8: `held_files` finds a held file, and the files of a held
+    folder (a link's target out of it by its real path), each with its count of names;
+    a write in place into one of them by another name is refused, and so is a write of
+    the target's own name."""
+    (tmp_path / "s.py").write_text("shown")
+    os.link(tmp_path / "s.py", tmp_path / "h.py")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "t.py").write_text("target")
+    (tmp_path / "pkg" / "__main__.py").symlink_to("../t.py")
+    files = held_files([str(tmp_path / "s.py"), str(tmp_path / "pkg")], most=100)
+    by_place = {file.place: file for file in files}
+    assert set(by_place) == {str(tmp_path / "s.py"), str(tmp_path / "t.py")}
+    assert by_place[str(tmp_path / "s.py")].names == 2
+    assert by_place[str(tmp_path / "t.py")].names == 1
+    other = os.stat(tmp_path / "h.py")
+    held = HeldPlaces()
+    hold = held.hold([str(tmp_path / "s.py"), str(tmp_path / "pkg")], "call-1")
+    with hold:
+        hold.know(files)
+        with pytest.raises(HeldError) as refused:
+            held.write(str(tmp_path / "h.py"), "call-2", (other.st_dev, other.st_ino))
+        assert refused.value.by == "call-1"
+        with pytest.raises(HeldError):
+            held.write(str(tmp_path / "t.py"), "call-3")
+        with held.write(str(tmp_path / "h.py"), "call-4"):
+            pass  # a replacement of the name h.py (no inode: not in place) goes
+    with held.write(str(tmp_path / "h.py"), "call-5", (other.st_dev, other.st_ino)):
+        pass  # let go with its block
+
+
+def test_a_program_that_could_write_does_not_start_while_a_held_file_has_other_names() -> None:
+    held = HeldPlaces()
+    hold = held.hold(["/w/s.py"], "call-1")
+    with hold:
+        hold.know((HeldFile("/w/s.py", (1, 2), names=2),))
+        with pytest.raises(HeldError) as refused:
+            held.run(["/w"], "call-2")
+        assert (refused.value.path, refused.value.by, refused.value.other_names) == (
+            "/w/s.py",
+            "call-1",
+            True,
+        )
+        registered, shown = held.run([], "call-3")  # nothing writable: it may start
+        with registered:
+            assert shown == ()
+    registered, _ = held.run(["/w"], "call-4")
+    with registered:
+        pass
+
+
+def test_knowing_a_file_being_written_in_place_refuses_the_hold() -> None:
+    held = HeldPlaces()
+    with held.write("/w/h.py", "call-1", (1, 2)):
+        hold = held.hold(["/w/s.py"], "call-2")
+        with hold, pytest.raises(HeldError) as refused:
+            hold.know((HeldFile("/w/s.py", (1, 2), names=2),))
+        assert (refused.value.path, refused.value.by, refused.value.holding) == (
+            "/w/h.py",
+            "call-1",
+            False,
+        )

@@ -33,7 +33,7 @@ from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
 from sandbox import HeldError, Root, confinement, environment
-from sandbox.held import Pin, pins_for
+from sandbox.held import Pin, at_or_beneath, held_files, pins_for
 from sandbox.process import (
     Completed,
     Limits,
@@ -44,6 +44,7 @@ from sandbox.process import (
     visible_by_default,
 )
 from worker.actions.host.exec_arg_files import (
+    LISTED_AT_MOST,
     ArgFile,
     Finder,
     arg_files,
@@ -217,11 +218,27 @@ async def held_while_asked(
     F5); `busy` when an fs_write is writing there now. Nothing for any other."""
     if decision.verdict != "ask":
         return contextlib.nullcontext(())
-    places = await in_thread(ctx, lane, held_places, cwd, argv, where, looks=True)
+    named = await in_thread(ctx, lane, held_places, cwd, argv, where, looks=True)
+    # Only what this call could have written meanwhile, by fs_write or a program of its
+    # own: places beneath its read-write shared folders (in sandbox mode, its plan's
+    # workspace). `/` as an argument held every write of every plan, for as long as
+    # the prompt waited (review21 B2).
+    writable = [str(root.path) for root in ctx.roots if root.writable]
+    places = [place for place in named if any(at_or_beneath(place, w) for w in writable)]
     try:
-        return ctx.containment.held.hold(places, ctx.correlation_id)
+        registered = ctx.containment.held.hold(places, ctx.correlation_id)
     except HeldError as exc:
         raise busy_held(exc, exc.path) from None
+    try:  # once held: what its places are, by inode (review21 B1)
+        files = await in_thread(ctx, lane, held_files, places, LISTED_AT_MOST, looks=True)
+        registered.know(files)
+    except HeldError as exc:
+        registered.__exit__(None, None, None)
+        raise busy_held(exc, exc.path) from None
+    except BaseException:
+        registered.__exit__(None, None, None)
+        raise
+    return registered
 
 
 @contextlib.asynccontextmanager
@@ -236,7 +253,10 @@ async def shown_held(
     read-only in its sandbox (`inside` maps a path to where it shows it), and a hold
     begun meanwhile knows it may write there."""
     writable = [str(root.path) for root in roots if root.writable]
-    registered, held = ctx.containment.held.run(writable, ctx.correlation_id)
+    try:
+        registered, held = ctx.containment.held.run(writable, ctx.correlation_id)
+    except HeldError as exc:  # a held file has other names: they cannot be pinned
+        raise busy_held(exc, exc.path) from None
     with registered:
         pins: list[Pin] = await thread(pins_for, roots, held, inside, looks=True) if held else []
         try:

@@ -172,6 +172,14 @@ def carried(name: str) -> tuple[str, bool]:
 def busy_held(exc: HeldError, shown: str) -> WorkerError:
     """`busy` for a place an asked program holds (`shown` is the writer's name for
     it), or for one being written that an asked program names (sandbox.held)."""
+    if exc.other_names:
+        return WorkerError(
+            "busy",
+            f"the running call {exc.by} holds {exc.path}, a file with other names (hard "
+            "links): a program that could write in a shared folder could change it through "
+            "them, and does not start until that call has ended. Run it then",
+            {"path": exc.path, "held_by": exc.by},
+        )
     if exc.holding:
         return WorkerError(
             "busy",

@@ -314,8 +314,11 @@ def _written(
         try:
             check_lands_writable(ctx, parent, args.path)
             lands = _real_place(parent, name, located.root.path / located.relative)
+            # An append writes the file in place: held by inode too, whatever its name
+            # (another name of a held file: review21 B1). A replacement leaves it be.
+            inode = _inode(parent, name) if args.mode == "append" else None
             try:
-                writing = ctx.containment.held.write(lands, ctx.correlation_id)
+                writing = ctx.containment.held.write(lands, ctx.correlation_id, inode)
             except HeldError as exc:  # an asked program's argument (sandbox.held)
                 raise busy_held(exc, args.path) from None
             with writing:
@@ -358,6 +361,15 @@ def _placed(
     # After the write, so that sweeping (best effort) never delays or fails it.
     ctx.containment.leftovers.sweep(parent)
     return done
+
+
+def _inode(parent: int, name: str) -> tuple[int, int] | None:
+    """The file `name` in the folder `parent` (a link not followed), or None."""
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _real_place(parent: int, name: str, fallback: os.PathLike[str]) -> str:
