@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.paths import ConfinementError, Root
+from sandbox.paths import ConfinementError, Problem, Root
 
 
 class HeldError(Exception):
@@ -64,6 +64,17 @@ class HeldFile:
     place: str
     inode: Inode
     names: int
+
+
+class PinDeniedError(Exception):
+    """A held place that could not be looked up to be pinned: the permissions on its
+    way say no (a program beside made a folder on it 000, then a second one could have
+    made it 755 again and written the place unpinned: review21). A program that would
+    start without it pinned does not start."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(path)
 
 
 class HeldPlaces:
@@ -278,5 +289,11 @@ def _pin(root: Root, place: str, inside: Callable[[str], str], pins: dict[str, P
                         os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY,
                     )
                     pins[folder] = Pin(way, inside(folder), writable=True)
-    except (ConfinementError, OSError):
+    except ConfinementError as exc:
+        if exc.problem is Problem.DENIED:
+            raise PinDeniedError(place) from None
         return  # names nothing now, or not beneath its shared folder: nothing to pin
+    except PermissionError:
+        raise PinDeniedError(place) from None
+    except OSError:
+        return

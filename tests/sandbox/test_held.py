@@ -6,13 +6,22 @@ a registration ends with its block, and the place is free again."""
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 
 from sandbox import Root
-from sandbox.held import HeldError, HeldFile, HeldPlaces, held_files, pins_for
+from sandbox.held import (
+    HeldError,
+    HeldFile,
+    HeldPlaces,
+    PinDeniedError,
+    held_files,
+    pins_for,
+)
+from tests.sandbox.test_paths import unprivileged
 
 
 def test_a_write_of_a_place_held_or_beneath_a_folder_held_is_refused() -> None:
@@ -183,3 +192,34 @@ def test_knowing_a_file_being_written_in_place_refuses_the_hold() -> None:
             "call-1",
             False,
         )
+
+
+def test_a_held_place_the_permissions_keep_from_pinning_stops_the_program() -> None:
+    """A program beside made a folder on a held place's way 000: a second one, started
+    next, got no pin for the place (the lookup's EACCES was taken for "names nothing")
+    and could make the folder 755 again and write the held file (review21). As a user
+    without root's power over permissions, the pin now fails closed."""
+    # Beneath /tmp, not pytest's folder (root's alone), so that nobody reaches it.
+    with tempfile.TemporaryDirectory() as top:
+        shared = Path(top) / "shared"
+        (shared / "a").mkdir(parents=True)
+        (shared / "a" / "s.py").write_text("print()\n")
+        for path in (Path(top), shared, shared / "a", shared / "a" / "s.py"):
+            os.chown(path, 65534, 65534)
+        _unpinnable_as_a_user(shared)
+
+
+def _unpinnable_as_a_user(shared: Path) -> None:
+    (shared / "a").chmod(0)
+    roots = [Root(path=shared, writable=True)]
+
+    def check() -> None:
+        with pytest.raises(PinDeniedError) as refused:
+            pins_for(roots, [f"{shared}/a/s.py"])
+        assert refused.value.path == f"{shared}/a/s.py"
+        assert pins_for(roots, [f"{shared}/none.py"]) == []  # names nothing: no pin, no refusal
+
+    try:
+        unprivileged(check)
+    finally:
+        (shared / "a").chmod(0o755)

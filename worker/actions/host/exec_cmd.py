@@ -33,7 +33,7 @@ from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
 from sandbox import HeldError, Root, confinement, environment
-from sandbox.held import Pin, at_or_beneath, held_files, pins_for
+from sandbox.held import Pin, PinDeniedError, at_or_beneath, held_files, pins_for
 from sandbox.process import (
     Completed,
     Limits,
@@ -258,7 +258,19 @@ async def shown_held(
     except HeldError as exc:  # a held file has other names: they cannot be pinned
         raise busy_held(exc, exc.path) from None
     with registered:
-        pins: list[Pin] = await thread(pins_for, roots, held, inside, looks=True) if held else []
+        try:
+            pins: list[Pin] = (
+                await thread(pins_for, roots, held, inside, looks=True) if held else []
+            )
+        except PinDeniedError as exc:
+            raise WorkerError(
+                "busy",
+                f"{exc.path} is held by a running approved command, and this program's "
+                "sandbox cannot show it read-only: a folder on its way lets no one look it "
+                "up (its mode was changed). Run it once that command has ended, or give "
+                "the folder its mode back",
+                {"path": exc.path},
+            ) from None
         try:
             yield pins
         finally:
