@@ -199,8 +199,8 @@ def command(
     closed. `pid_cap` (entry only) is pid_max for the sandbox's pid namespace.
     `diag_fd` (entry only) is a socket over which the entry sends a sock_diag socket of
     the sandbox's network namespace (sandbox.sockets). `pins`: (descriptor, where
-    inside, writable) of places bound onto themselves after the shared folders, in
-    order (sandbox.held.pins_for).
+    inside, on the way) of places other calls hold, bound onto themselves among the
+    shared folders (sandbox.held.pins_for, `_held_pins`).
     """
     args = [
         tools.bwrap,
@@ -232,9 +232,7 @@ def command(
     # counts (GNU sort spilled 976 MiB there with memory_mb = 256). --size needs
     # bubblewrap 0.5.0 or later; an older one says so, and exec is unavailable.
     args += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]  # noqa: S108
-    args += _folders(view.mounts, view.hidden)
-    for fd, inside, writable in pins:
-        args += ["--bind-fd" if writable else "--ro-bind-fd", str(fd), inside]
+    args += _folders(view.mounts, view.hidden, pins)
     args += _private(view.private, file_fds)
     if view.entry is not None:
         args += ["--ro-bind", view.entry, _entry.INSIDE]
@@ -351,13 +349,18 @@ def _limits(limits: Limits) -> list[tuple[int, int, int]]:
     ]
 
 
-def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
+def _folders(
+    mounts: Sequence[Mount],
+    hidden: Sequence[str],
+    held: Sequence[tuple[int, str, bool]] = (),
+) -> list[str]:
     """Shared folders and hidden folders, shallowest first so deeper ones land on top.
 
     A hidden place (the worker's own config and data) only matters where a shared
     folder would expose it: a folder becomes an empty read-only tmpfs, a file an
     empty one (/dev/null); one that does not exist has nothing to hide. Each folder
-    on the way down to it is pinned (see `_pins`).
+    on the way down to it is pinned (see `_pins`). `held`: the places other calls'
+    asked programs hold, pinned in the same order (see `_held_pins`).
     """
     steps: list[tuple[int, int, list[str]]] = []
     sealed: list[str] = []  # read-only once every mount is in: deeper ones need mount points
@@ -374,7 +377,9 @@ def _folders(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[str]:
         else:
             steps.append((_depth(path), 1, ["--ro-bind", "/dev/null", path]))
     steps += _pins(mounts, covered)
-    # By depth; at one depth, mounts and pins before what hides; then by path, for a stable order.
+    steps += _held_pins(mounts, covered, held)
+    # By depth; at one depth, mounts and pins before what hides, a held place read-only
+    # last; then by path, for a stable order.
     ordered = [
         arg for *_, step in sorted(steps, key=lambda s: (s[0], s[1], s[2][-1])) for arg in step
     ]
@@ -409,6 +414,36 @@ def _pins(mounts: Sequence[Mount], hidden: Sequence[str]) -> list[tuple[int, int
             flag = "--bind" if holder.writable else "--ro-bind"
             pins[folder] = [flag, source, folder]
     return [(_depth(folder), 0, step) for folder, step in pins.items()]
+
+
+def _held_pins(
+    mounts: Sequence[Mount], hidden: Sequence[str], held: Sequence[tuple[int, str, bool]]
+) -> list[tuple[int, int, list[str]]]:
+    """The places held (sandbox.held.pins_for: a descriptor, where it shows, and
+    whether it is a folder on the way or the held place) as steps among the others.
+
+    Appended after every mount and every hiding, a folder on the way bound onto itself
+    from the host showed again what a hidden place's tmpfs covered (the worker's own
+    config and data, a person's home shared: review21 B0), and, bound writable, made a
+    read-only shared folder nested in it writable (B8). So each goes at its depth like
+    `_pins`: never inside a hidden place, a folder on the way as its deepest shared
+    folder has it (read-only in a read-only one), the held place read-only after the
+    mount at its own path."""
+    steps = []
+    for fd, inside, on_the_way in held:
+        if any(_inside(inside, place) for place in hidden):
+            continue
+        holder = _deepest_holder(mounts, inside)
+        if holder is None:
+            continue
+        if on_the_way:
+            if holder.inside == inside:
+                continue  # a mount point already
+            flag = "--bind-fd" if holder.writable else "--ro-bind-fd"
+            steps.append((_depth(inside), 0, [flag, str(fd), inside]))
+        else:
+            steps.append((_depth(inside), 2, ["--ro-bind-fd", str(fd), inside]))
+    return steps
 
 
 def _deepest_holder(mounts: Sequence[Mount], path: str) -> Mount | None:

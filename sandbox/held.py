@@ -125,7 +125,14 @@ class HeldPlaces:
                     raise HeldError(written, writer, holding=False)
             if number in self._held:
                 by, places = self._held[number]
-                self._held[number] = (by, tuple(sorted({*places, *(f.place for f in files)})))
+                # Only what no place held holds already (a link's target out of a held
+                # folder): a held folder is pinned whole, not its thousands of files.
+                beyond = {
+                    file.place
+                    for file in files
+                    if not any(at_or_beneath(file.place, place) for place in places)
+                }
+                self._held[number] = (by, tuple(sorted({*places, *beyond})))
                 self._held_files[number] = files
 
     def run(self, writable: Sequence[str], by: str) -> tuple[Registered, tuple[str, ...]]:
@@ -237,31 +244,33 @@ def at_or_beneath(path: str, place: str) -> bool:
 class Pin:
     """A place bound onto itself in a sandbox by descriptor (bubblewrap's --bind-fd):
     `fd` (O_PATH, opened beneath its shared folder: no link leads it out), where it
-    appears inside, and whether it stays writable (a folder on the way, bound so that
-    it cannot be moved) or is read-only (a place held)."""
+    appears inside, and whether it is a folder on the way (bound as its shared folder
+    has it, so that it cannot be moved) or the place held (read-only). Where each goes
+    among the shared and hidden folders: sandbox._bwrap._held_pins."""
 
     fd: int
     inside: str
-    writable: bool
+    on_the_way: bool
 
 
 def pins_for(
     roots: Sequence[Root], places: Iterable[str], inside: Callable[[str], str] = str
 ) -> list[Pin]:
     """For a program starting while `places` are held: each that exists now as a
-    regular file or a folder in a read-write shared folder, read-only, and each folder
-    between that shared folder and it, as writable as before; shallowest first. A
-    place naming nothing or a link is left out (a link cannot be bound onto itself).
+    regular file or a folder in a read-write shared folder (the deepest shared folder
+    holding it: one in a read-only one cannot be written anyway), read-only, and each
+    folder between that shared folder and it, as it was; shallowest first. A place
+    naming nothing or a link is left out (a link cannot be bound onto itself).
     `inside` maps a path to where the sandbox shows it. The caller closes the fds."""
     pins: dict[str, Pin] = {}
     try:
         for place in sorted(set(places)):
             root = max(
-                (r for r in roots if r.writable and at_or_beneath(place, str(r.path))),
+                (r for r in roots if at_or_beneath(place, str(r.path))),
                 key=lambda r: len(r.path.parts),
                 default=None,
             )
-            if root is not None and place not in pins:
+            if root is not None and root.writable and place not in pins:
                 _pin(root, place, inside, pins)
     except BaseException:
         for pin in pins.values():
@@ -279,7 +288,7 @@ def _pin(root: Root, place: str, inside: Callable[[str], str], pins: dict[str, P
             if kind not in (stat.S_IFREG, stat.S_IFDIR):
                 os.close(fd)
                 return
-            pins[place] = Pin(fd, inside(place), writable=False)
+            pins[place] = Pin(fd, inside(place), on_the_way=False)
             parts = relative.split("/") if relative != "." else []
             for depth in range(1, len(parts)):
                 folder = f"{root.path}/{'/'.join(parts[:depth])}"
@@ -288,7 +297,7 @@ def _pin(root: Root, place: str, inside: Callable[[str], str], pins: dict[str, P
                         folder[len(str(root.path)) + 1 :],
                         os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY,
                     )
-                    pins[folder] = Pin(way, inside(folder), writable=True)
+                    pins[folder] = Pin(way, inside(folder), on_the_way=True)
     except ConfinementError as exc:
         if exc.problem is Problem.DENIED:
             raise PinDeniedError(place) from None

@@ -408,7 +408,7 @@ async def run(
         pinned = []
         for pin in pins:  # bubblewrap's copies, closed here once it started
             theirs.append(os.dup(pin.fd))
-            pinned.append((theirs[-1], pin.inside, pin.writable))
+            pinned.append((theirs[-1], pin.inside, pin.on_the_way))
         line = command(
             tools,
             argv,

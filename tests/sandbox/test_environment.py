@@ -102,3 +102,40 @@ def test_the_way_down_to_a_hidden_place_is_pinned_with_the_writability_of_its_fo
         "--remount-ro", str(data / "blobs"),
         "--remount-ro", str(me / ".config" / "agentworker"),
     ]  # fmt: skip
+
+
+def test_held_places_are_pinned_among_the_shared_and_hidden_folders(tmp_path: Path) -> None:
+    """review21 B0 and B8: the places other calls' asked programs hold (sandbox.held
+    pins) were bound after every mount and hiding, writable for each folder on the way:
+    a held place beneath ~/.config brought the worker's hidden config back, and a
+    read-only shared folder nested in a writable one became writable. Now each goes at
+    its depth: a folder on the way before what hides beneath it and as its deepest
+    shared folder has it, nothing inside a hidden place, the held place read-only
+    after the mount at its own path."""
+    me = tmp_path / "me"
+    config = me / ".config" / "agentworker"
+    config.mkdir(parents=True)
+    ro = me / "ro"
+    (ro / "sub").mkdir(parents=True)
+    held = [
+        (10, str(me / ".config"), True),  # on the way to .config/x.py
+        (11, str(me / ".config" / "x.py"), False),
+        (12, str(config), True),  # inside a hidden place: never bound
+        (13, str(config / "allowlist.toml"), False),
+        (14, str(ro / "sub"), True),  # on the way, in the read-only shared folder
+        (15, str(ro / "sub" / "x.py"), False),
+        (16, str(ro), False),  # a held shared folder: read-only after its mount
+    ]
+    args = _folders([Mount(str(me), True), Mount(str(ro), False)], [str(config)], held)
+    assert args == [
+        "--bind", str(me), str(me),
+        "--bind", str(me / ".config"), str(me / ".config"),
+        "--bind-fd", "10", str(me / ".config"),
+        "--ro-bind", str(ro), str(ro),
+        "--ro-bind-fd", "16", str(ro),
+        "--ro-bind-fd", "14", str(ro / "sub"),
+        "--tmpfs", str(config),
+        "--ro-bind-fd", "11", str(me / ".config" / "x.py"),
+        "--ro-bind-fd", "15", str(ro / "sub" / "x.py"),
+        "--remount-ro", str(config),
+    ]  # fmt: skip

@@ -117,7 +117,7 @@ def test_pins_are_what_exists_read_only_with_the_folders_on_the_way(tmp_path: Pa
     places = [f"{shared}/{name}" for name in ("a/b/s.py", "link.py", "none.py", "out/outside.py")]
     pins = pins_for(roots, places, inside=lambda path: "/in" + path)
     try:
-        found = [(pin.inside, pin.writable) for pin in pins]
+        found = [(pin.inside, pin.on_the_way) for pin in pins]
         assert found == [
             (f"/in{shared}/a", True),
             (f"/in{shared}/a/b", True),
@@ -223,3 +223,21 @@ def _unpinnable_as_a_user(shared: Path) -> None:
         unprivileged(check)
     finally:
         (shared / "a").chmod(0o755)
+
+
+def test_a_held_folders_own_files_are_not_held_again_one_by_one() -> None:
+    """Known by inode, they are pinned with the folder: a program beside got a pin, a
+    descriptor and a mount for each of up to 4,096 files otherwise."""
+    held = HeldPlaces()
+    hold = held.hold(["/w/pkg"], "call-1")
+    with hold:
+        hold.know(
+            (
+                HeldFile("/w/pkg/a.py", (1, 1), names=1),
+                HeldFile("/w/pkg/sub/b.py", (1, 2), names=1),
+                HeldFile("/w/t.py", (1, 3), names=1),  # a link's target out of it
+            )
+        )
+        registered, shown = held.run(["/w"], "call-2")
+        with registered:
+            assert shown == ("/w/pkg", "/w/t.py")
