@@ -8,8 +8,24 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from tests.support.cluster import Cluster
 from tests.support.policies import PYTHON3_ASKS, exec_config
 from tests.support.workbench import call, run, sandbox_cluster
+
+
+def _asked_as(live: Cluster, plan: str, argv: list[str]) -> str:
+    """What a headless refusal of `argv` in `plan` names for a grant to match."""
+    answer, _ = run(live, plan, argv)
+    assert answer["error"]["code"] == "scope_required", answer
+    return str(answer["error"]["details"]["needs_approval"])
+
+
+def _write(live: Cluster, plan: str, text: str) -> None:
+    """The plan's s.py overwritten with `text`."""
+    answer, _ = call(
+        live, plan, "fs_write", {"path": "s.py", "mode": "overwrite"}, blob=text.encode()
+    )
+    assert answer["status"] == "ok", answer
 
 
 def test_the_ask_of_a_workspace_script_is_named_anew_when_the_script_changes(
@@ -19,27 +35,16 @@ def test_the_ask_of_a_workspace_script_is_named_anew_when_the_script_changes(
     with sandbox_cluster(
         tmp_path, extra_config=exec_config(tmp_path / "policy", PYTHON3_ASKS)
     ) as live:
-
-        def asked_as(argv: list[str]) -> str:
-            answer, _ = run(live, plan, argv)
-            assert answer["error"]["code"] == "scope_required", answer
-            return str(answer["error"]["details"]["needs_approval"])
-
-        def write(text: str) -> None:
-            answer, _ = call(
-                live, plan, "fs_write", {"path": "s.py", "mode": "overwrite"}, blob=text.encode()
-            )
-            assert answer["status"] == "ok", answer
-
-        write("print(1)\n")
-        first = asked_as(["python3", "s.py"])
-        assert asked_as(["python3", "s.py"]) == first  # unchanged: the same ask
-        absolute = asked_as(["python3", "/workspace/s.py"])
-        write("print(2)\n")
-        assert asked_as(["python3", "s.py"]) != first
-        assert asked_as(["python3", "/workspace/s.py"]) != absolute
-        write("print(1)\n")  # back as it was: the first approval would answer it again
-        assert asked_as(["python3", "s.py"]) == first
+        _write(live, plan, "print(1)\n")
+        first = _asked_as(live, plan, ["python3", "s.py"])
+        assert _asked_as(live, plan, ["python3", "s.py"]) == first  # unchanged: the same ask
+        absolute = _asked_as(live, plan, ["python3", "/workspace/s.py"])
+        _write(live, plan, "print(2)\n")
+        assert _asked_as(live, plan, ["python3", "s.py"]) != first
+        assert _asked_as(live, plan, ["python3", "/workspace/s.py"]) != absolute
+        # back as it was: the first approval would answer it again
+        _write(live, plan, "print(1)\n")
+        assert _asked_as(live, plan, ["python3", "s.py"]) == first
 
 
 def test_every_spelling_of_a_workspace_script_is_bound_or_asks_each_time(
@@ -55,21 +60,13 @@ def test_every_spelling_of_a_workspace_script_is_bound_or_asks_each_time(
     ) as live:
 
         def asked_as(path: str) -> str:
-            answer, _ = run(live, plan, ["python3", path])
-            assert answer["error"]["code"] == "scope_required", answer
-            return str(answer["error"]["details"]["needs_approval"])
+            return _asked_as(live, plan, ["python3", path])
 
-        def write(text: str) -> None:
-            answer, _ = call(
-                live, plan, "fs_write", {"path": "s.py", "mode": "overwrite"}, blob=text.encode()
-            )
-            assert answer["status"] == "ok", answer
-
-        write("print(1)\n")
+        _write(live, plan, "print(1)\n")
         bound = ["//workspace/s.py", "/./workspace/s.py"]
         first = {path: asked_as(path) for path in bound}
         assert {path: asked_as(path) for path in bound} == first  # unchanged: the same ask
         for path in ["/tmp/../workspace/s.py", "../workspace/s.py"]:
             assert asked_as(path) != asked_as(path)  # a nonce: each call asks anew
-        write("print(2)\n")
+        _write(live, plan, "print(2)\n")
         assert all(asked_as(path) != first[path] for path in bound)

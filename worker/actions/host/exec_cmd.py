@@ -229,15 +229,14 @@ async def held_while_asked(
         registered = ctx.containment.held.hold(places, ctx.correlation_id)
     except HeldError as exc:
         raise busy_held(exc, exc.path) from None
-    try:  # once held: what its places are, by inode (review21 B1)
-        files = await in_thread(ctx, lane, held_files, places, LISTED_AT_MOST, looks=True)
-        registered.know(files)
-    except HeldError as exc:
-        registered.__exit__(None, None, None)
-        raise busy_held(exc, exc.path) from None
-    except BaseException:
-        registered.__exit__(None, None, None)
-        raise
+    with contextlib.ExitStack() as let_go:
+        let_go.push(registered)  # unless its files are known: then the caller's block
+        try:  # once held: what its places are, by inode (review21 B1)
+            files = await in_thread(ctx, lane, held_files, places, LISTED_AT_MOST, looks=True)
+            registered.know(files)
+        except HeldError as exc:
+            raise busy_held(exc, exc.path) from None
+        let_go.pop_all()
     return registered
 
 
