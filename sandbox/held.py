@@ -227,12 +227,16 @@ def held_files(places: Iterable[str], most: int) -> tuple[HeldFile, ...]:
         if not os.path.isdir(place) or os.path.islink(place):
             add(place)
             continue
-        for top, _, names in os.walk(place):
+        for top, folders, names in os.walk(place):
+            # Folders count too: a tree of empty folders was walked to its end.
+            looked += len(folders)
             for name in names:
                 looked += 1
                 if looked > most:
                     return tuple(found.values())
                 add(os.path.join(top, name))
+            if looked > most:
+                return tuple(found.values())
     return tuple(found.values())
 
 

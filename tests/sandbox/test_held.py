@@ -241,3 +241,16 @@ def test_a_held_folders_own_files_are_not_held_again_one_by_one() -> None:
         registered, shown = held.run(["/w"], "call-2")
         with registered:
             assert shown == ("/w/pkg", "/w/t.py")
+
+
+def test_a_held_folder_is_looked_at_no_further_than_its_bound_folders_included(
+    tmp_path: Path,
+) -> None:
+    """A tree of empty folders (an agent's, beneath a folder argument) was walked to
+    its end: only files counted towards the bound."""
+    deep = tmp_path / "pkg"
+    for i in range(20):
+        (deep / f"d{i:02}").mkdir(parents=True)
+    (deep / "d19" / "s.py").write_text("print()\n")
+    assert held_files([str(deep)], most=5) == ()
+    assert len(held_files([str(deep)], most=100)) == 1
