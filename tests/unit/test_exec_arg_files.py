@@ -233,9 +233,12 @@ def test_a_name_the_kernel_refuses_is_not_looked_at(
     argv = ["python3", "script.py", "a/" * 65_000, "x" * 256 + "/s.py"]
     looked, resolved = _counted(monkeypatch, "_bound"), _counted(monkeypatch, "_resolved")
     assert _found(shared, argv) == [(1, "script.py", _sha(shared / "script.py"))]
-    assert exec_arg_files.held_places(str(shared), argv) == (str(shared / "script.py"),)
-    assert [call[2] for call in looked] == ["script.py"]  # the one lookup each
-    assert len(resolved) == 1
+    # script.py, and the class `java script.py` would run: script/py.class
+    looked_for = ["script.py", "script/py.class"]
+    held = exec_arg_files.held_places(str(shared), argv)
+    assert held == tuple(str(shared / name) for name in looked_for)
+    assert [call[2] for call in looked] == looked_for  # the one lookup each
+    assert len(resolved) == len(looked_for)
 
 
 def test_the_names_looked_at_are_bounded_and_past_it_the_approval_answers_one_call(
@@ -372,3 +375,55 @@ def test_a_folder_holding_a_fifo_binds_differently_each_time(shared: Path, linke
     assert _bound(shared, argv) != _bound(shared, argv)
     roots = [Root(path=shared, writable=True)]
     assert "FIFO" in arg_files(roots, str(shared), argv)[0].line()
+
+
+CLASS = b"\xca\xfe\xba\xbe the approved class"
+SWAPPED = b"\xca\xfe\xba\xbe the agent's class"
+
+
+@pytest.mark.parametrize(
+    ("argv", "swapped"),
+    [
+        (["java", "-cp", "cls:none", "pkg.Main"], "cls/pkg/Main.class"),
+        (["java", "-classpath", "none::cls", "pkg.Main"], "cls/pkg/Main.class"),
+        (["java", "--class-path=cls:none", "pkg.Main"], "cls/pkg/Main.class"),
+        (["java", "-Djava.class.path=cls:none", "pkg.Main"], "cls/pkg/Main.class"),
+        (["java", "-cp", "none:app.jar", "pkg.Main"], "app.jar"),
+        (["java", "-cp", "jars/*", "pkg.Main"], "jars/a.jar"),
+        (["java", "-cp", "none:jars/*", "pkg.Main"], "jars/a.jar"),
+        (["javac", "-cp", "none:cls", "-d", "out", "Main.java"], "cls/pkg/Main.class"),
+        (["ruby", "-Icls:none", "main.rb"], "cls/pkg/Main.class"),
+    ],
+)
+def test_each_part_of_a_class_path_is_bound_and_held(
+    shared: Path, argv: list[str], swapped: str
+) -> None:
+    """bind23 r1: `java -cp cls:x pkg.Main` bound nothing ("cls:x" names nothing), and
+    cls/pkg/Main.class swapped ran under the approval "for this plan"; so did a jar in
+    the list or in a `dir/*`. Each part of a list of paths is looked at as a name."""
+    for name in ("cls/pkg/Main.class", "app.jar", "jars/a.jar"):
+        (shared / name).parent.mkdir(parents=True, exist_ok=True)
+        (shared / name).write_bytes(CLASS)
+    before = _bound(shared, argv)
+    assert before == _bound(shared, argv)  # unchanged: the same binding
+    (shared / swapped).write_bytes(SWAPPED)
+    assert _bound(shared, argv) != before, argv
+    held = exec_arg_files.held_places(str(shared), argv)
+    bound_as = swapped.split("/")[0]  # the jar, or the folder the list names
+    assert str(shared / bound_as) in held, held
+
+
+def test_a_class_named_by_its_package_is_bound(shared: Path) -> None:
+    """bind23 r1: `java pkg.Main` runs ./pkg/Main.class (the class path is "." by
+    default, or holds an empty part): "pkg.Main" named nothing, and the class swapped
+    ran unasked."""
+    (shared / "pkg").mkdir()
+    (shared / "pkg" / "Main.class").write_bytes(CLASS)
+    (shared / "pkg" / "Inner$1.class").write_bytes(CLASS)
+    for argv, name in [
+        (["java", "pkg.Main"], "pkg/Main.class"),
+        (["java", "-cp", ":none", "pkg.Main"], "pkg/Main.class"),
+        (["java", "pkg.Inner$1"], "pkg/Inner$1.class"),
+    ]:
+        assert _found(shared, argv)[-1:] == [(len(argv) - 1, name, _sha(shared / name))], argv
+        assert str(shared / name) in exec_arg_files.held_places(str(shared), argv)

@@ -255,10 +255,13 @@ def _names(arg: str, *, module: bool = False) -> Iterator[str]:
     itself, a long option's `=value` and a `NAME=value`'s, after an `@` the file gcc,
     javac and java read more arguments from, and for a `-m`'s argument the module's
     files (`python3 -m mod` runs ./mod.py), each with the names an interpreter adds
-    (`_suffixed`); and a short option's attached value (review19 A1c: `awk -fp3.awk`)
-    as each tail after its first letter, however many flags come before (review21 B3:
-    `make -kkkkkkkkkfb4.mk`) and whatever it holds (`make -fb=3.mk` reads b=3.mk),
-    after an `m` as a module too (`python3 -mmod`). A tail gets no implied names: no
+    (`_suffixed`, `_class_file`) and, for a list of paths, each of its parts
+    (`_listed_paths`: `java -cp a:lib/*`); and a short option's attached value
+    (review19 A1c: `awk -fp3.awk`) as each tail after its first letter, however many
+    flags come before (review21 B3: `make -kkkkkkkkkfb4.mk`) and whatever it holds
+    (`make -fb=3.mk` reads b=3.mk), with the first part of a list it starts
+    (`-Djava.class.path=a:b`, `ruby -Ia:b`: the other parts are later tails), after an
+    `m` as a module too (`python3 -mmod`). A tail gets no implied names: no
     interpreter takes its script attached to an option, and a cluster's tails times
     IMPLIED_SUFFIXES were most of the names a compiler's flags cost."""
     if not arg or "\0" in arg:
@@ -266,10 +269,21 @@ def _names(arg: str, *, module: bool = False) -> Iterator[str]:
     for whole in _wholes(arg, module=module):
         yield whole
         yield from _suffixed(whole)
+        yield from _class_file(whole)
+        yield from _listed_paths(whole)
     if arg.startswith("-") and not arg.startswith("--"):
         # A tail longer than the kernel takes names nothing: never made.
-        for at in range(max(2, len(arg) - PATH_MAX_BYTES), len(arg)):
+        start = max(2, len(arg) - PATH_MAX_BYTES)
+        # Where the list part each tail starts ends (the next ':'), found in one pass.
+        ends, colon = [len(arg)] * (len(arg) - start), len(arg)
+        for at in range(len(arg) - 1, start - 1, -1):
+            ends[at - start] = colon
+            colon = at if arg[at] == ":" else colon
+        for at in range(start, len(arg)):
             yield arg[at:]
+            end = ends[at - start]
+            if arg[at] != ":" and (end < len(arg) or arg.endswith("/*")):
+                yield from _in_a_list(arg[at:end])
             if arg[at - 1] == "m":
                 yield from _module_files(arg[at:])
 
@@ -285,6 +299,41 @@ def _wholes(arg: str, *, module: bool) -> Iterator[str]:
         yield arg[1:]
     if module:
         yield from _module_files(arg)
+
+
+def _listed_paths(whole: str) -> Iterator[str]:
+    """Each part of a list of paths (`java -cp cls:lib.jar`, `--module-path=a:b`, a
+    `NAME=a:b`'s value): java finds its classes in each (bind23 r1: `java -cp cls:x
+    pkg.Main` bound nothing, and cls/pkg/Main.class swapped ran unasked). An empty
+    part is the working folder, whose class `_class_file` names."""
+    if whole.startswith("-") or (":" not in whole and not whole.endswith("*")):
+        return
+    for part in whole.split(":"):
+        yield from _in_a_list(part)
+
+
+def _in_a_list(part: str) -> Iterator[str]:
+    """A part of a list of paths as it names a file or folder: itself, and for java's
+    `dir/*` (each jar in dir) the folder, `*` the working folder's."""
+    if not part:
+        return
+    if part == "*":
+        yield "."
+    elif part.endswith("/*"):
+        yield part[:-2] or "/"
+    else:
+        yield part
+
+
+def _class_file(name: str) -> tuple[str, ...]:
+    """The class file java runs for a class named `name` from the working folder (its
+    class path by default): `pkg.Main` runs pkg/Main.class (bind23 r1)."""
+    if len(name) > PATH_MAX_BYTES or name.startswith("-"):
+        return ()
+    parts = name.split(".")
+    if len(parts) < 2 or not all(part.replace("$", "_").isidentifier() for part in parts):
+        return ()
+    return ("/".join(parts) + ".class",)
 
 
 def _takes_a_module(arg: str) -> bool:
