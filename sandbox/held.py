@@ -26,7 +26,9 @@ changed through another name ran lines the person never saw in an approved bash 
 (review21 B1). So a hold also knows the files it holds by inode (`Registered.know`, once
 held, before the look): a write landing in one of them in place (an append) by any name
 is refused, and, while a held file has other names, a program that could write in a
-shared folder does not start (`run`): those names are not known, so not pinned.
+shared folder does not start (`run`): those names are not known, so not pinned. Nor
+does one while a hold's files are still being looked for, between `hold` and `know`:
+it would get no pin for what is learnt then (review23 C2).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sandbox.paths import ConfinementError, Problem, Root
 
@@ -46,10 +48,20 @@ class HeldError(Exception):
     """The place is held (or written) by another call: `path` and `by` (that call's
     correlation id) say which; `holding` says whether that call holds it (an asked
     program) or writes it; `other_names`, that what is held is a file with other names
-    (hard links) a program now starting could change it through."""
+    (hard links) a program now starting could change it through; `looking`, that the
+    hold's files are still being looked for (`Registered.know` has not come yet)."""
 
-    def __init__(self, path: str, by: str, *, holding: bool, other_names: bool = False) -> None:
-        self.path, self.by, self.holding, self.other_names = path, by, holding, other_names
+    def __init__(
+        self,
+        path: str,
+        by: str,
+        *,
+        holding: bool,
+        other_names: bool = False,
+        looking: bool = False,
+    ) -> None:
+        self.path, self.by, self.holding = path, by, holding
+        self.other_names, self.looking = other_names, looking
         super().__init__(path)
 
 
@@ -140,12 +152,8 @@ class HeldPlaces:
         until the returned registration's block ends; with it, the places other calls
         hold in those folders now, which it must be shown read-only (`pins_for`)."""
         with self._lock:
-            if writable:  # a held file's other names are not known, so not pinned
-                for number, files in self._held_files.items():
-                    holder, _ = self._held.get(number, (by, ()))
-                    linked = next((file for file in files if file.names > 1), None)
-                    if holder != by and linked is not None:
-                        raise HeldError(linked.place, holder, holding=True, other_names=True)
+            if writable:
+                self._may_start(by)
             shown = {
                 place
                 for holder, places in self._held.values()
@@ -156,6 +164,23 @@ class HeldPlaces:
             number = next(self._numbers)
             self._running[number] = (by, tuple(writable), frozenset(shown))
         return Registered(self._lock, self._running, number), tuple(sorted(shown))
+
+    def _may_start(self, by: str) -> None:
+        """HeldError unless a program of `by` that could write may start now (the lock
+        held): not while a held file has other names (they are not known, so not
+        pinned), nor while a hold's files are still being looked for. Until its `know`
+        a hold has neither its files' other names nor its folders' link targets out of
+        them: a program started then got no pin for those and was no writer the hold
+        knew of, and changed an approved script after the look (review23 C2)."""
+        for number, (holder, places) in self._held.items():
+            if holder == by or not places:
+                continue
+            files = self._held_files.get(number)
+            if files is None:
+                raise HeldError(places[0], holder, holding=True, looking=True)
+            linked = next((file for file in files if file.names > 1), None)
+            if linked is not None:
+                raise HeldError(linked.place, holder, holding=True, other_names=True)
 
     def write(self, place: str, by: str, inode: Inode | None = None) -> Registered:
         """Register a write of `place` from now until the returned registration's
@@ -210,34 +235,67 @@ class Registered:
 def held_files(places: Iterable[str], most: int) -> tuple[HeldFile, ...]:
     """The regular files `places` hold, links followed, each by its real path and inode
     with its count of names: a place that is one, and those in a held folder (at most
-    `most` entries looked at, as a folder argument is bound: exec_arg_files)."""
+    `most` entries looked at, as a folder argument is bound: exec_arg_files).
+
+    Programs beside wait while this runs (`HeldPlaces.run`), so it costs a stat a file
+    and, for a link, one lookup the kernel walks (os.path.realpath took an lstat a part:
+    4,000 links of 4 KiB `d/../d/..` targets kept it 9 s: review23)."""
     found: dict[Inode, HeldFile] = {}
-    looked = 0
 
-    def add(path: str) -> None:
+    def add(path: str, link: bool) -> None:
         try:
-            st = os.stat(path)
-            if stat.S_ISREG(st.st_mode):
-                inode = (st.st_dev, st.st_ino)
-                found[inode] = HeldFile(os.path.realpath(path), inode, st.st_nlink)
+            real, st = _followed(path) if link else (path, os.stat(path, follow_symlinks=False))
         except (OSError, ValueError):
-            pass  # names nothing now: bound as naming nothing
+            return  # names nothing now: bound as naming nothing
+        if stat.S_ISREG(st.st_mode):
+            inode = (st.st_dev, st.st_ino)
+            found[inode] = HeldFile(real, inode, st.st_nlink)
 
+    looked = 0
     for place in places:
         if not os.path.isdir(place) or os.path.islink(place):
-            add(place)
+            add(place, link=True)
             continue
-        for top, folders, names in os.walk(place):
-            # Folders count too: a tree of empty folders was walked to its end.
-            looked += len(folders)
-            for name in names:
-                looked += 1
-                if looked > most:
-                    return tuple(found.values())
-                add(os.path.join(top, name))
-            if looked > most:
-                return tuple(found.values())
+        folders = [place]
+        while folders and looked <= most:
+            top = folders.pop()
+            try:
+                with os.scandir(top) as listing:
+                    entries = list(listing)
+            except OSError:
+                continue
+            beneath = []
+            for entry in entries:
+                if entry.is_dir():  # a link to a folder counts, and is not walked into
+                    # Folders count too: a tree of empty folders was walked to its end.
+                    looked += 1
+                    if not entry.is_symlink():
+                        beneath.append(entry.path)
+            for entry in entries:
+                if not entry.is_dir():
+                    looked += 1
+                    if looked > most:
+                        break
+                    add(entry.path, link=entry.is_symlink())
+            folders.extend(reversed(beneath))  # each folder's own, first to last
+        if looked > most:
+            break
     return tuple(found.values())
+
+
+_O_PATH: Final = getattr(os, "O_PATH", None)
+
+
+def _followed(path: str) -> tuple[str, os.stat_result]:
+    """`path` with its links followed, by the kernel in one lookup: its real path and
+    status. Where there is no O_PATH or /proc, os.path.realpath walks it part by part."""
+    if _O_PATH is None or not os.path.isdir("/proc/self/fd"):
+        return os.path.realpath(path), os.stat(path)
+    fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def at_or_beneath(path: str, place: str) -> bool:

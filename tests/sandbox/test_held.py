@@ -95,8 +95,10 @@ def test_a_hold_knows_the_programs_running_that_may_write_its_places() -> None:
     the asker's own program, or one in another folder: not."""
     held = HeldPlaces()
     early, elsewhere = held.run(["/w"], "early")[0], held.run(["/other"], "elsewhere")[0]
-    with early, elsewhere, held.hold(["/w/s.py"], "asker") as writers:
+    hold = held.hold(["/w/s.py"], "asker")
+    with early, elsewhere, hold as writers:
         assert writers == ("early",)
+        hold.know(())
         registered, shown = held.run(["/w"], "later")
         assert shown == ("/w/s.py",)
         own = held.run(["/w"], "asker")[0]
@@ -179,6 +181,46 @@ def test_a_program_that_could_write_does_not_start_while_a_held_file_has_other_n
     registered, _ = held.run(["/w"], "call-4")
     with registered:
         pass
+
+
+def test_a_program_that_could_write_does_not_start_while_a_holds_files_are_looked_for() -> None:
+    """review23 C2: between `hold` and `know` a hold has neither its files' other names
+    nor its folders' link targets: a program started then got no pin for them, was no
+    writer the hold knew of, and changed the approved script after the look."""
+    held = HeldPlaces()
+    hold = held.hold(["/w/pkg"], "call-1")
+    with hold:
+        with pytest.raises(HeldError) as refused:
+            held.run(["/w"], "call-2")
+        assert (refused.value.path, refused.value.by, refused.value.looking) == (
+            "/w/pkg",
+            "call-1",
+            True,
+        )
+        for starting in (held.run([], "call-3"), held.run(["/w"], "call-1")):
+            with starting[0]:
+                pass  # nothing writable, or the asker's own program: it may start
+        hold.know((HeldFile("/t.py", (1, 2), names=1),))  # a link's target out of pkg
+        registered, shown = held.run(["/"], "call-4")
+        with registered:
+            assert shown == ("/t.py", "/w/pkg")  # pinned now, the target too
+    with held.hold([], "call-5"), held.run(["/w"], "call-6")[0]:
+        pass  # a hold of nothing holds no one up
+
+
+def test_a_link_is_held_by_the_path_the_kernel_resolves_it_to(tmp_path: Path) -> None:
+    """held_files follows a link in one lookup the kernel walks, not a stat a part (a
+    4 KiB `d/../d/..` target made os.path.realpath take 2 ms a link: review23); a link
+    to a folder is counted, not walked into."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "t.py").write_text("target")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long").symlink_to("../" + "d/../" * 600 + "t.py")
+    (tmp_path / "pkg" / "folder").symlink_to("../d")
+    (tmp_path / "d" / "inside.py").write_text("not walked into through the link")
+    files = held_files([str(tmp_path / "pkg")], most=100)
+    assert [file.place for file in files] == [str((tmp_path / "t.py").resolve())]
+    assert held_files([str(tmp_path / "pkg" / "long")], most=100) == files
 
 
 def test_knowing_a_file_being_written_in_place_refuses_the_hold() -> None:

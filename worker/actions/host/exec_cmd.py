@@ -254,7 +254,7 @@ async def shown_held(
     writable = [str(root.path) for root in roots if root.writable]
     try:
         registered, held = ctx.containment.held.run(writable, ctx.correlation_id)
-    except HeldError as exc:  # a held file has other names: they cannot be pinned
+    except HeldError as exc:  # a held file has other names, or a hold is still looking
         raise busy_held(exc, exc.path) from None
     with registered:
         try:
