@@ -33,6 +33,7 @@ it would get no pin for what is learnt then (review23 C2).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import stat
@@ -49,7 +50,8 @@ class HeldError(Exception):
     correlation id) say which; `holding` says whether that call holds it (an asked
     program) or writes it; `other_names`, that what is held is a file with other names
     (hard links) a program now starting could change it through; `looking`, that the
-    hold's files are still being looked for (`Registered.know` has not come yet)."""
+    hold's files are still being looked for (`Registered.know` has not come yet);
+    `unknown`, that a held folder has more links than were followed (`held_files`)."""
 
     def __init__(
         self,
@@ -59,9 +61,10 @@ class HeldError(Exception):
         holding: bool,
         other_names: bool = False,
         looking: bool = False,
+        unknown: bool = False,
     ) -> None:
         self.path, self.by, self.holding = path, by, holding
-        self.other_names, self.looking = other_names, looking
+        self.other_names, self.looking, self.unknown = other_names, looking, unknown
         super().__init__(path)
 
 
@@ -76,6 +79,15 @@ class HeldFile:
     place: str
     inode: Inode
     names: int
+
+
+@dataclass(frozen=True)
+class HeldFiles:
+    """What `held_files` found; `complete` unless a held folder had more links than it
+    follows (LINKS_FOLLOWED_AT_MOST): where the others lead is not known."""
+
+    files: tuple[HeldFile, ...] = ()
+    complete: bool = True
 
 
 class PinDeniedError(Exception):
@@ -96,15 +108,20 @@ class HeldPlaces:
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._held: dict[int, tuple[str, tuple[str, ...]]] = {}  # n -> (by, places)
-        self._held_files: dict[int, tuple[HeldFile, ...]] = {}  # n -> what its places are
+        self._held_files: dict[int, HeldFiles] = {}  # n -> what its places are
+        # n -> the folders the holding call may write: where a held file's other names
+        # and a held folder's links can be, and all a program must share to be held up.
+        self._hold_roots: dict[int, tuple[str, ...]] = {}
         self._writing: dict[int, tuple[str, str, Inode | None]] = {}  # n -> (by, place, inode)
         # n -> (by, its folders shared read-write, the places it was shown read-only)
         self._running: dict[int, tuple[str, tuple[str, ...], frozenset[str]]] = {}
 
-    def hold(self, places: Iterable[str], by: str) -> Registered:
+    def hold(self, places: Iterable[str], by: str, roots: Sequence[str] = ("/",)) -> Registered:
         """Hold `places` (and what is beneath them) from now until the returned
         registration's block ends; HeldError, now, when one is being written. Its
-        `writers`: the calls whose programs run now and could write one of them."""
+        `writers`: the calls whose programs run now and could write one of them.
+        `roots`: the folders the holding call may write (its read-write shared folders),
+        beneath which `places` and the files it will `know` lie."""
         wanted = tuple(sorted(set(places)))
         with self._lock:
             for writer, written, _ in self._writing.values():
@@ -122,12 +139,14 @@ class HeldPlaces:
             }
             number = next(self._numbers)
             self._held[number] = (by, wanted)
+            self._hold_roots[number] = tuple(roots)
         return Registered(self._lock, self._held, number, tuple(sorted(writers)), places=self)
 
-    def _know(self, number: int, files: tuple[HeldFile, ...]) -> None:
-        """The hold `number` holds `files` too: by inode, and by their real paths (a
+    def _know(self, number: int, found: HeldFiles) -> None:
+        """The hold `number` holds `found` too: by inode, and by their real paths (a
         link's target out of a held folder: review21). HeldError when one is being
         written now, by whatever name."""
+        files = found.files
         inodes = {file.inode for file in files}
         with self._lock:
             for writer, written, inode in self._writing.values():
@@ -145,7 +164,7 @@ class HeldPlaces:
                     if not any(at_or_beneath(file.place, place) for place in places)
                 }
                 self._held[number] = (by, tuple(sorted({*places, *beyond})))
-                self._held_files[number] = files
+                self._held_files[number] = found
 
     def run(self, writable: Sequence[str], by: str) -> tuple[Registered, tuple[str, ...]]:
         """Register a program about to start with `writable` folders shared read-write,
@@ -153,7 +172,7 @@ class HeldPlaces:
         hold in those folders now, which it must be shown read-only (`pins_for`)."""
         with self._lock:
             if writable:
-                self._may_start(by)
+                self._may_start(by, writable)
             shown = {
                 place
                 for holder, places in self._held.values()
@@ -165,20 +184,29 @@ class HeldPlaces:
             self._running[number] = (by, tuple(writable), frozenset(shown))
         return Registered(self._lock, self._running, number), tuple(sorted(shown))
 
-    def _may_start(self, by: str) -> None:
-        """HeldError unless a program of `by` that could write may start now (the lock
-        held): not while a held file has other names (they are not known, so not
-        pinned), nor while a hold's files are still being looked for. Until its `know`
+    def _may_start(self, by: str, writable: Sequence[str]) -> None:
+        """HeldError unless a program of `by` that could write in `writable` may start
+        now (the lock held). Not where a hold's files could be reached by names not
+        known, so not pinned: a held file's other names, a held folder's links not
+        followed; nor while a hold's files are still being looked for. Until its `know`
         a hold has neither its files' other names nor its folders' link targets out of
         them: a program started then got no pin for those and was no writer the hold
-        knew of, and changed an approved script after the look (review23 C2)."""
+        knew of, and changed an approved script after the look (review23 C2). Only a
+        program sharing a folder with the holding call's read-write ones is held up:
+        those names can be nowhere else, and one plan's waiting prompt stopped every
+        program of every other plan (review23 C4)."""
         for number, (holder, places) in self._held.items():
             if holder == by or not places:
                 continue
-            files = self._held_files.get(number)
-            if files is None:
+            roots = self._hold_roots.get(number, ("/",))
+            if not any(overlap(root, folder) for root in roots for folder in writable):
+                continue
+            found = self._held_files.get(number)
+            if found is None:
                 raise HeldError(places[0], holder, holding=True, looking=True)
-            linked = next((file for file in files if file.names > 1), None)
+            if not found.complete:
+                raise HeldError(places[0], holder, holding=True, unknown=True)
+            linked = next((file for file in found.files if file.names > 1), None)
             if linked is not None:
                 raise HeldError(linked.place, holder, holding=True, other_names=True)
 
@@ -191,7 +219,7 @@ class HeldPlaces:
                 for held in places:
                     if at_or_beneath(place, held):
                         raise HeldError(held, holder, holding=True)
-                files = self._held_files.get(number, ())
+                files = self._held_files.get(number, HeldFiles()).files
                 if inode is not None and any(file.inode == inode for file in files):
                     raise HeldError(place, holder, holding=True)
             number = next(self._numbers)
@@ -216,11 +244,11 @@ class Registered:
         self.writers = writers
         self._places = places
 
-    def know(self, files: tuple[HeldFile, ...]) -> None:
+    def know(self, found: HeldFiles) -> None:
         """A hold's places are these files (`held_files`, looked at once held): held by
         inode too. HeldError when one is being written in place now."""
         assert self._places is not None, "only a hold holds files"
-        self._places._know(self._number, files)
+        self._places._know(self._number, found)
 
     def __enter__(self) -> tuple[str, ...]:
         return self.writers
@@ -230,34 +258,56 @@ class Registered:
             self._table.pop(self._number, None)
             if self._places is not None:
                 self._places._held_files.pop(self._number, None)
+                self._places._hold_roots.pop(self._number, None)
 
 
-def held_files(places: Iterable[str], most: int) -> tuple[HeldFile, ...]:
-    """The regular files `places` hold, links followed, each by its real path and inode
-    with its count of names: a place that is one, and those in a held folder (at most
-    `most` entries looked at, as a folder argument is bound: exec_arg_files).
+# A held folder's links followed at most, each one lookup the kernel walks (up to 40
+# links of 4 KiB each: 3.3 ms here). Past them the hold does not know where the rest
+# lead, and holds up every program that could write beside it (`HeldFiles.complete`).
+LINKS_FOLLOWED_AT_MOST: Final = 128
+
+
+def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",)) -> HeldFiles:
+    """The regular files `places` hold beneath the folders `within` (the holding call's
+    read-write ones: a file elsewhere it cannot change, and /usr/bin/perl has two names),
+    links followed, each by its real path and inode with its count of names: a place
+    that is one, and those in a held folder (at most `most` entries looked at, as a
+    folder argument is bound: exec_arg_files).
 
     Programs beside wait while this runs (`HeldPlaces.run`), so it costs a stat a file
-    and, for a link, one lookup the kernel walks (os.path.realpath took an lstat a part:
-    4,000 links of 4 KiB `d/../d/..` targets kept it 9 s: review23)."""
+    and, for a link, one lookup the kernel walks, for LINKS_FOLLOWED_AT_MOST links at
+    most (os.path.realpath took an lstat a part and every link: 4,000 links of 4 KiB
+    `d/../d/..` targets kept it 9 s, chains of 39 such links minutes: review23 C3)."""
     found: dict[Inode, HeldFile] = {}
+    links = 0
 
-    def add(path: str, link: bool) -> None:
-        try:
-            real, st = _followed(path) if link else (path, os.stat(path, follow_symlinks=False))
-        except (OSError, ValueError):
-            return  # names nothing now: bound as naming nothing
-        if stat.S_ISREG(st.st_mode):
+    def add(path: str, st: os.stat_result) -> None:
+        if stat.S_ISREG(st.st_mode) and any(at_or_beneath(path, w) for w in within):
             inode = (st.st_dev, st.st_ino)
-            found[inode] = HeldFile(real, inode, st.st_nlink)
+            found[inode] = HeldFile(path, inode, st.st_nlink)
+
+    def followed(path: str) -> tuple[str, os.stat_result] | None:
+        nonlocal links
+        links += 1
+        try:
+            return _followed(path)
+        except (OSError, ValueError):
+            return None  # names nothing now: bound as naming nothing
 
     looked = 0
     for place in places:
-        if not os.path.isdir(place) or os.path.islink(place):
-            add(place, link=True)
+        try:
+            st = os.lstat(place)
+        except (OSError, ValueError):
+            continue  # names nothing now: bound as naming nothing
+        if stat.S_ISLNK(st.st_mode) and (real := followed(place)) is not None:
+            add(*real)
+        if not stat.S_ISDIR(st.st_mode):
+            if stat.S_ISREG(st.st_mode):
+                add(place, st)
             continue
         folders = [place]
-        while folders and looked <= most:
+        while folders and looked <= most and links <= LINKS_FOLLOWED_AT_MOST:
             top = folders.pop()
             try:
                 with os.scandir(top) as listing:
@@ -266,21 +316,20 @@ def held_files(places: Iterable[str], most: int) -> tuple[HeldFile, ...]:
                 continue
             beneath = []
             for entry in entries:
-                if entry.is_dir():  # a link to a folder counts, and is not walked into
-                    # Folders count too: a tree of empty folders was walked to its end.
-                    looked += 1
-                    if not entry.is_symlink():
-                        beneath.append(entry.path)
-            for entry in entries:
-                if not entry.is_dir():
-                    looked += 1
-                    if looked > most:
-                        break
-                    add(entry.path, link=entry.is_symlink())
+                # Folders count too: a tree of empty folders was walked to its end.
+                looked += 1
+                if looked > most or links > LINKS_FOLLOWED_AT_MOST:
+                    break
+                if entry.is_symlink():  # a link to a folder is not walked into
+                    if (real := followed(entry.path)) is not None:
+                        add(*real)
+                elif entry.is_dir(follow_symlinks=False):
+                    beneath.append(entry.path)
+                else:
+                    with contextlib.suppress(OSError):  # gone meanwhile
+                        add(entry.path, entry.stat(follow_symlinks=False))
             folders.extend(reversed(beneath))  # each folder's own, first to last
-        if looked > most:
-            break
-    return tuple(found.values())
+    return HeldFiles(tuple(found.values()), complete=links <= LINKS_FOLLOWED_AT_MOST)
 
 
 _O_PATH: Final = getattr(os, "O_PATH", None)
@@ -300,6 +349,11 @@ def _followed(path: str) -> tuple[str, os.stat_result]:
 
 def at_or_beneath(path: str, place: str) -> bool:
     return path == place or path.startswith(place.rstrip("/") + "/")
+
+
+def overlap(one: str, other: str) -> bool:
+    """Whether two folders share anything: one is the other or beneath it."""
+    return at_or_beneath(one, other) or at_or_beneath(other, one)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from sandbox import Root
+from sandbox import held as held_module
 from sandbox.held import (
     HeldError,
     HeldFile,
+    HeldFiles,
     HeldPlaces,
     PinDeniedError,
     held_files,
@@ -98,7 +100,7 @@ def test_a_hold_knows_the_programs_running_that_may_write_its_places() -> None:
     hold = held.hold(["/w/s.py"], "asker")
     with early, elsewhere, hold as writers:
         assert writers == ("early",)
-        hold.know(())
+        hold.know(HeldFiles())
         registered, shown = held.run(["/w"], "later")
         assert shown == ("/w/s.py",)
         own = held.run(["/w"], "asker")[0]
@@ -142,7 +144,8 @@ def test_a_hold_knows_its_files_by_inode_and_a_link_target_by_its_path(tmp_path:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "t.py").write_text("target")
     (tmp_path / "pkg" / "__main__.py").symlink_to("../t.py")
-    files = held_files([str(tmp_path / "s.py"), str(tmp_path / "pkg")], most=100)
+    found = held_files([str(tmp_path / "s.py"), str(tmp_path / "pkg")], most=100)
+    files = found.files
     by_place = {file.place: file for file in files}
     assert set(by_place) == {str(tmp_path / "s.py"), str(tmp_path / "t.py")}
     assert by_place[str(tmp_path / "s.py")].names == 2
@@ -151,7 +154,7 @@ def test_a_hold_knows_its_files_by_inode_and_a_link_target_by_its_path(tmp_path:
     held = HeldPlaces()
     hold = held.hold([str(tmp_path / "s.py"), str(tmp_path / "pkg")], "call-1")
     with hold:
-        hold.know(files)
+        hold.know(found)
         with pytest.raises(HeldError) as refused:
             held.write(str(tmp_path / "h.py"), "call-2", (other.st_dev, other.st_ino))
         assert refused.value.by == "call-1"
@@ -167,7 +170,7 @@ def test_a_program_that_could_write_does_not_start_while_a_held_file_has_other_n
     held = HeldPlaces()
     hold = held.hold(["/w/s.py"], "call-1")
     with hold:
-        hold.know((HeldFile("/w/s.py", (1, 2), names=2),))
+        hold.know(HeldFiles((HeldFile("/w/s.py", (1, 2), names=2),)))
         with pytest.raises(HeldError) as refused:
             held.run(["/w"], "call-2")
         assert (refused.value.path, refused.value.by, refused.value.other_names) == (
@@ -200,7 +203,7 @@ def test_a_program_that_could_write_does_not_start_while_a_holds_files_are_looke
         for starting in (held.run([], "call-3"), held.run(["/w"], "call-1")):
             with starting[0]:
                 pass  # nothing writable, or the asker's own program: it may start
-        hold.know((HeldFile("/t.py", (1, 2), names=1),))  # a link's target out of pkg
+        hold.know(HeldFiles((HeldFile("/t.py", (1, 2), names=1),)))  # a link's target out of pkg
         registered, shown = held.run(["/"], "call-4")
         with registered:
             assert shown == ("/t.py", "/w/pkg")  # pinned now, the target too
@@ -218,9 +221,72 @@ def test_a_link_is_held_by_the_path_the_kernel_resolves_it_to(tmp_path: Path) ->
     (tmp_path / "pkg" / "long").symlink_to("../" + "d/../" * 600 + "t.py")
     (tmp_path / "pkg" / "folder").symlink_to("../d")
     (tmp_path / "d" / "inside.py").write_text("not walked into through the link")
-    files = held_files([str(tmp_path / "pkg")], most=100)
-    assert [file.place for file in files] == [str((tmp_path / "t.py").resolve())]
-    assert held_files([str(tmp_path / "pkg" / "long")], most=100) == files
+    found = held_files([str(tmp_path / "pkg")], most=100)
+    assert [file.place for file in found.files] == [str((tmp_path / "t.py").resolve())]
+    assert held_files([str(tmp_path / "pkg" / "long")], most=100) == found
+
+
+def test_only_a_program_sharing_a_folder_the_holding_call_may_write_is_held_up() -> None:
+    """review23 C4: in sandbox mode one plan's waiting prompt (its held file with other
+    names, or its hold still looking) stopped every program of every other plan; those
+    names can only be where the holding call may write."""
+    held = HeldPlaces()
+    linked = held.hold(["/w/a/s.py"], "call-1", roots=["/w/a"])
+    looking = held.hold(["/w/c/s.py"], "call-2", roots=["/w/c"])
+    with linked, looking:
+        linked.know(HeldFiles((HeldFile("/w/a/s.py", (1, 2), names=2),)))
+        with held.run(["/w/b"], "call-3")[0]:
+            pass  # another plan's workspace: it starts
+        for writable, by in ((["/w"], "call-1"), (["/w/a/sub"], "call-1"), (["/w/c"], "call-2")):
+            with pytest.raises(HeldError) as refused:
+                held.run(writable, "call-4")
+            assert refused.value.by == by
+
+
+def test_a_hold_keeps_only_files_the_holding_call_may_write(tmp_path: Path) -> None:
+    """review23 C4: a link to /usr/bin/perl (two names on Debian) made the hold one of a
+    file with other names; a file out of the call's read-write folders is not its to
+    change, and is not held."""
+    (tmp_path / "work" / "pkg").mkdir(parents=True)
+    (tmp_path / "elsewhere.py").write_text("not the call's")
+    os.link(tmp_path / "elsewhere.py", tmp_path / "elsewhere-too.py")
+    (tmp_path / "work" / "pkg" / "p").symlink_to(tmp_path / "elsewhere.py")
+    (tmp_path / "work" / "pkg" / "own.py").write_text("the call's")
+    pkg = str(tmp_path / "work" / "pkg")
+    found = held_files([pkg], most=100, within=[str(tmp_path / "work")])
+    assert [file.place for file in found.files] == [f"{pkg}/own.py"]
+    everywhere = held_files([pkg], most=100).files  # within / (the default)
+    assert sorted(file.place for file in everywhere) == [
+        str(tmp_path / "elsewhere.py"),
+        f"{pkg}/own.py",
+    ]
+
+
+def test_a_folder_with_more_links_than_are_followed_holds_up_programs_beside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review23 C3: each link costs a lookup of up to 40 links of 4 KiB (minutes for a
+    folder of them, before anyone was asked); past LINKS_FOLLOWED_AT_MOST the rest are
+    not followed, and where they lead is not known: while the hold lasts, a program
+    that could write beside it does not start."""
+    monkeypatch.setattr(held_module, "LINKS_FOLLOWED_AT_MOST", 3)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "t.py").write_text("target")
+    for i in range(3):
+        (tmp_path / "pkg" / f"l{i}").symlink_to("../t.py")
+    assert held_files([str(tmp_path / "pkg")], most=100).complete
+    (tmp_path / "pkg" / "l3").symlink_to("../t.py")
+    found = held_files([str(tmp_path / "pkg")], most=100)
+    assert not found.complete
+    held = HeldPlaces()
+    hold = held.hold([str(tmp_path / "pkg")], "call-1", roots=[str(tmp_path)])
+    with hold:
+        hold.know(found)
+        with pytest.raises(HeldError) as refused:
+            held.run([str(tmp_path)], "call-2")
+        assert (refused.value.path, refused.value.unknown) == (str(tmp_path / "pkg"), True)
+    with held.run([str(tmp_path)], "call-3")[0]:
+        pass  # let go with its block
 
 
 def test_knowing_a_file_being_written_in_place_refuses_the_hold() -> None:
@@ -228,7 +294,7 @@ def test_knowing_a_file_being_written_in_place_refuses_the_hold() -> None:
     with held.write("/w/h.py", "call-1", (1, 2)):
         hold = held.hold(["/w/s.py"], "call-2")
         with hold, pytest.raises(HeldError) as refused:
-            hold.know((HeldFile("/w/s.py", (1, 2), names=2),))
+            hold.know(HeldFiles((HeldFile("/w/s.py", (1, 2), names=2),)))
         assert (refused.value.path, refused.value.by, refused.value.holding) == (
             "/w/h.py",
             "call-1",
@@ -274,10 +340,12 @@ def test_a_held_folders_own_files_are_not_held_again_one_by_one() -> None:
     hold = held.hold(["/w/pkg"], "call-1")
     with hold:
         hold.know(
-            (
-                HeldFile("/w/pkg/a.py", (1, 1), names=1),
-                HeldFile("/w/pkg/sub/b.py", (1, 2), names=1),
-                HeldFile("/w/t.py", (1, 3), names=1),  # a link's target out of it
+            HeldFiles(
+                (
+                    HeldFile("/w/pkg/a.py", (1, 1), names=1),
+                    HeldFile("/w/pkg/sub/b.py", (1, 2), names=1),
+                    HeldFile("/w/t.py", (1, 3), names=1),  # a link's target out of it
+                )
             )
         )
         registered, shown = held.run(["/w"], "call-2")
@@ -294,5 +362,5 @@ def test_a_held_folder_is_looked_at_no_further_than_its_bound_folders_included(
     for i in range(20):
         (deep / f"d{i:02}").mkdir(parents=True)
     (deep / "d19" / "s.py").write_text("print()\n")
-    assert held_files([str(deep)], most=5) == ()
-    assert len(held_files([str(deep)], most=100)) == 1
+    assert held_files([str(deep)], most=5).files == ()
+    assert len(held_files([str(deep)], most=100).files) == 1

@@ -226,14 +226,16 @@ async def held_while_asked(
     writable = [str(root.path) for root in ctx.roots if root.writable]
     places = [place for place in named if any(at_or_beneath(place, w) for w in writable)]
     try:
-        registered = ctx.containment.held.hold(places, ctx.correlation_id)
+        registered = ctx.containment.held.hold(places, ctx.correlation_id, writable)
     except HeldError as exc:
         raise busy_held(exc, exc.path) from None
     with contextlib.ExitStack() as let_go:
         let_go.push(registered)  # unless its files are known: then the caller's block
         try:  # once held: what its places are, by inode (review21 B1)
-            files = await in_thread(ctx, lane, held_files, places, LISTED_AT_MOST, looks=True)
-            registered.know(files)
+            found = await in_thread(
+                ctx, lane, held_files, places, LISTED_AT_MOST, writable, looks=True
+            )
+            registered.know(found)
         except HeldError as exc:
             raise busy_held(exc, exc.path) from None
         let_go.pop_all()

@@ -180,6 +180,14 @@ def busy_held(exc: HeldError, shown: str) -> WorkerError:
             "not start until they are known and held. Run it again in a moment",
             {"path": exc.path, "held_by": exc.by},
         )
+    if exc.unknown:
+        return WorkerError(
+            "busy",
+            f"the running call {exc.by} holds {exc.path}, a folder with more links than are "
+            "followed to hold what they lead to: a program that could write beside it could "
+            "change those, and does not start until that call has ended. Run it then",
+            {"path": exc.path, "held_by": exc.by},
+        )
     if exc.other_names:
         return WorkerError(
             "busy",
