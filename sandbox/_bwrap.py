@@ -378,6 +378,7 @@ def _folders(
             steps.append((_depth(path), 1, ["--ro-bind", "/dev/null", path]))
     steps += _pins(mounts, covered)
     steps += _held_pins(mounts, covered, held)
+    steps = _read_only_beneath_held(steps, held)
     # By depth; at one depth, mounts and pins before what hides, a held place read-only
     # last; then by path, for a stable order.
     ordered = [
@@ -444,6 +445,28 @@ def _held_pins(
         else:
             steps.append((_depth(inside), 2, ["--ro-bind-fd", str(fd), inside]))
     return steps
+
+
+_READ_ONLY: Final = {"--bind": "--ro-bind", "--bind-fd": "--ro-bind-fd"}
+
+
+def _read_only_beneath_held(
+    steps: list[tuple[int, int, list[str]]], held: Sequence[tuple[int, str, bool]]
+) -> list[tuple[int, int, list[str]]]:
+    """Every bind at or beneath a held place, read-only. A held folder is bound
+    read-only at its depth, but what is bound deeper lands on top of it: a read-write
+    shared folder nested in it, or a folder on the way to one (or to a hidden place),
+    bound writable, let a program beside rewrite files of an approved folder while the
+    approved program ran (review23 C7)."""
+    places = [inside for _fd, inside, on_the_way in held if not on_the_way]
+    if not places:
+        return steps
+    return [
+        (depth, order, [_READ_ONLY.get(step[0], step[0]), *step[1:]])
+        if any(_inside(step[-1], place) for place in places)
+        else (depth, order, step)
+        for depth, order, step in steps
+    ]
 
 
 def _deepest_holder(mounts: Sequence[Mount], path: str) -> Mount | None:

@@ -128,12 +128,15 @@ class HeldPlaces:
                 for place in wanted:
                     if at_or_beneath(written, place):
                         raise HeldError(written, writer, holding=False)
+            # A folder it shares read-write beneath a held folder counts too: it was
+            # bound writable on top of the held folder's pin (review23 C7), unless the
+            # place was shown to it read-only (_bwrap then binds beneath it read-only).
             writers = {
                 runner
                 for runner, writable, shown in self._running.values()
                 if runner != by
                 and any(
-                    place not in shown and any(at_or_beneath(place, w) for w in writable)
+                    place not in shown and any(overlap(place, w) for w in writable)
                     for place in wanted
                 )
             }

@@ -139,3 +139,26 @@ def test_held_places_are_pinned_among_the_shared_and_hidden_folders(tmp_path: Pa
         "--ro-bind-fd", "15", str(ro / "sub" / "x.py"),
         "--remount-ro", str(config),
     ]  # fmt: skip
+
+
+def test_what_is_bound_beneath_a_held_folder_is_read_only(tmp_path: Path) -> None:
+    """review23 C7: a held folder is bound read-only at its depth, and what is bound
+    deeper lands on top of it: a read-write shared folder nested in it, and the folders
+    on the way to one, were bound writable, and a program beside rewrote files of the
+    approved folder while the approved program ran. Beneath a held place every bind is
+    read-only; beside it, nothing changes."""
+    ws = tmp_path / "ws"
+    build = ws / "proj" / "deep" / "build"
+    build.mkdir(parents=True)
+    (ws / "other").mkdir()
+    held = [(20, str(ws / "proj"), False)]
+    mounts = [Mount(str(ws), True), Mount(str(build), True), Mount(str(ws / "other"), True)]
+    args = _folders(mounts, [], held)
+    assert args == [
+        "--bind", str(ws), str(ws),
+        "--bind", str(ws / "other"), str(ws / "other"),
+        "--ro-bind", str(ws / "proj"), str(ws / "proj"),  # on the way to build
+        "--ro-bind-fd", "20", str(ws / "proj"),
+        "--ro-bind", str(ws / "proj" / "deep"), str(ws / "proj" / "deep"),
+        "--ro-bind", str(build), str(build),
+    ]  # fmt: skip

@@ -110,6 +110,14 @@ def test_a_hold_knows_the_programs_running_that_may_write_its_places() -> None:
         assert writers == ()  # each let go with its block
 
 
+def test_a_program_sharing_a_folder_beneath_a_held_folder_read_write_is_a_writer() -> None:
+    """review23 C7: a read-write shared folder nested in a held folder was bound on top
+    of the held folder's pin, writable; one running before the hold may write there."""
+    held = HeldPlaces()
+    with held.run(["/w/proj/build"], "early")[0], held.hold(["/w/proj"], "asker") as writers:
+        assert writers == ("early",)
+
+
 def test_pins_are_what_exists_read_only_with_the_folders_on_the_way(tmp_path: Path) -> None:
     shared = (tmp_path / "shared").resolve()
     (shared / "a" / "b").mkdir(parents=True)
