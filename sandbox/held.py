@@ -15,7 +15,9 @@ bound onto themselves (`pins_for`): it can neither change a held place (EROFS) n
 move it, or a folder above it, away and put another in its place (EBUSY: a mount
 point of its own namespace). One already running when a hold begins could: the hold
 says so (`Registered.writers`), and the asker binds nothing then (its approval
-answers that call only).
+answers that call only). That counts one started during an earlier hold too: its pins
+were of that hold's places as they existed then, and a rename over a pinned name once
+that hold ended takes the pin away in every namespace (review23 C8).
 
 Places are real paths as the kernel resolves them (a held path and a written one are
 compared by text, each resolved first), so a name reached through a link in a shared
@@ -113,8 +115,8 @@ class HeldPlaces:
         # and a held folder's links can be, and all a program must share to be held up.
         self._hold_roots: dict[int, tuple[str, ...]] = {}
         self._writing: dict[int, tuple[str, str, Inode | None]] = {}  # n -> (by, place, inode)
-        # n -> (by, its folders shared read-write, the places it was shown read-only)
-        self._running: dict[int, tuple[str, tuple[str, ...], frozenset[str]]] = {}
+        # n -> (by, its folders shared read-write)
+        self._running: dict[int, tuple[str, tuple[str, ...]]] = {}
 
     def hold(self, places: Iterable[str], by: str, roots: Sequence[str] = ("/",)) -> Registered:
         """Hold `places` (and what is beneath them) from now until the returned
@@ -128,17 +130,14 @@ class HeldPlaces:
                 for place in wanted:
                     if at_or_beneath(written, place):
                         raise HeldError(written, writer, holding=False)
-            # A folder it shares read-write beneath a held folder counts too: it was
-            # bound writable on top of the held folder's pin (review23 C7), unless the
-            # place was shown to it read-only (_bwrap then binds beneath it read-only).
+            # Shown a place read-only by an earlier hold or not: a pin is made only for
+            # what existed then, and a rename over it (an fs_write once that hold ended)
+            # takes it away in every namespace (review23 C8). A folder it shares
+            # read-write beneath a held folder counts too (C7).
             writers = {
                 runner
-                for runner, writable, shown in self._running.values()
-                if runner != by
-                and any(
-                    place not in shown and any(overlap(place, w) for w in writable)
-                    for place in wanted
-                )
+                for runner, writable in self._running.values()
+                if runner != by and any(overlap(place, w) for place in wanted for w in writable)
             }
             number = next(self._numbers)
             self._held[number] = (by, wanted)
@@ -184,7 +183,7 @@ class HeldPlaces:
                 if any(at_or_beneath(place, folder) for folder in writable)
             }
             number = next(self._numbers)
-            self._running[number] = (by, tuple(writable), frozenset(shown))
+            self._running[number] = (by, tuple(writable))
         return Registered(self._lock, self._running, number), tuple(sorted(shown))
 
     def _may_start(self, by: str, writable: Sequence[str]) -> None:
