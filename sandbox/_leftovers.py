@@ -13,7 +13,10 @@ guess about); it belongs to the user the worker runs as; and it has not been
 written to for `STALE_S`, far longer than any one write takes, so a write in
 progress (ours, or another worker's on the same folder) is never cut short.
 A folder is swept at most once per `RESWEEP_S`, so a busy folder with many
-names costs one scan now and then, not one per write.
+names costs one scan now and then, not one per write. And a name an asked program
+holds is never swept (the caller's `guard`): an agent could give its script that
+shape, and an unlink of the held name took its pins away in every sandbox beside
+(review23 C10).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Final
 
 SUFFIX: Final = ".agentworker-tmp"
@@ -54,11 +59,20 @@ class Leftovers:
     def __init__(self) -> None:
         self._swept: dict[tuple[int, int], float] = {}
 
-    def sweep(self, dir_fd: int, *, now: float | None = None, force: bool = False) -> list[str]:
+    def sweep(
+        self,
+        dir_fd: int,
+        *,
+        now: float | None = None,
+        force: bool = False,
+        guard: Guard | None = None,
+    ) -> list[str]:
         """Remove stale leftovers of our writes from the folder `dir_fd`; the names removed.
 
         Best effort: a folder that cannot be read or a name that cannot be removed is
-        left as it is. `force` sweeps even if the folder was swept moments ago.
+        left as it is. `force` sweeps even if the folder was swept moments ago. `guard`
+        (a name and its file's (st_dev, st_ino)) registers each removal as a write, and
+        raises to leave the name be (sandbox.held: a place an asked program holds).
         """
         try:
             here = os.fstat(dir_fd)
@@ -75,12 +89,19 @@ class Leftovers:
         wall = time.time() if now is None else now
         removed = []
         for name in _candidates(dir_fd):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):  # OSError; a guard's refusal
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                if _stale_and_ours(st, wall):
+                if not _stale_and_ours(st, wall):
+                    continue
+                inode = (st.st_dev, st.st_ino)
+                with guard(name, inode) if guard else contextlib.nullcontext():
                     os.unlink(name, dir_fd=dir_fd)
-                    removed.append(name)
+                removed.append(name)
         return removed
+
+
+# Registers the removal of a name (and its file's inode) for as long as it is entered.
+Guard = Callable[[str, tuple[int, int]], AbstractContextManager[object]]
 
 
 def _candidates(dir_fd: int) -> list[str]:

@@ -142,3 +142,27 @@ def test_an_argument_outside_the_calls_shared_folders_holds_nothing(asks: Cluste
             assert (await person.decide(asked, "deny"))["error"]["code"] == "scope_denied"
 
     asyncio.run(scenario())
+
+
+def test_a_held_script_shaped_like_a_leftover_is_not_swept(asks: Cluster) -> None:
+    """fs_write sweeps stale temporary names of its own shape from the folder it wrote
+    in; an agent gave its script that shape and an old mtime, and the sweep unlinked it
+    while the approved program held it, which took its pins away in every sandbox
+    beside (review23 C10). A held name is left be."""
+    ws = asks.workspace
+    script = ws / ".s.py.0123abcd.agentworker-tmp"
+    script.write_bytes(WAITS)
+    os.utime(script, (0, 0))
+
+    async def scenario() -> None:
+        async with attached(asks) as person:
+            held, writer = await _approved_and_waiting(person, script.name)
+            with writer:
+                wrote = await person.write("note.txt", OTHER, "overwrite")
+                assert script.exists()
+                writer.write("approved\n")
+            assert wrote["status"] == "ok", wrote
+            assert result_to_dict(await held)["status"] == "ok"
+
+    asyncio.run(scenario())
+    assert script.read_bytes() == WAITS

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sandbox import ConfinedDir, Leftovers
 from sandbox._leftovers import STALE_S, is_temp_name, temp_name
+from sandbox.held import HeldPlaces
 from tests.sandbox.support import Tree, crash_mid_write
 
 
@@ -81,3 +82,27 @@ def test_a_folder_is_swept_once_a_while_by_each_owner_of_the_memory(tree: Tree) 
         assert Leftovers().sweep(fd, now=later) == [leftover]
     finally:
         os.close(fd)
+
+
+def test_a_leftover_the_guard_refuses_stays(tmp_path: Path) -> None:
+    """review23 C10: a held name of that shape is left be (the guard registers each
+    removal as a write in sandbox.held, which refuses a held place)."""
+    held = HeldPlaces()
+    kept, swept = (
+        tmp_path / ".s.py.0123abcd.agentworker-tmp",
+        tmp_path / ".t.0123abcd.agentworker-tmp",
+    )
+    for path in (kept, swept):
+        path.write_bytes(b"x")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with held.hold([str(kept)], "asker"):
+            removed = Leftovers().sweep(
+                fd,
+                now=time.time() + STALE_S + 60,
+                guard=lambda name, inode: held.write(str(tmp_path / name), "writer", inode),
+            )
+    finally:
+        os.close(fd)
+    assert removed == [swept.name]
+    assert temps(tmp_path) == [kept.name]

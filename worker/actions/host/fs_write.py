@@ -322,7 +322,7 @@ def _written(
             except HeldError as exc:  # an asked program's argument (sandbox.held)
                 raise busy_held(exc, args.path) from None
             with writing:
-                return _placed(ctx, args, data, progress, place, parent, name)
+                return _placed(ctx, args, data, progress, place, parent, name, lands)
         finally:
             os.close(parent)
 
@@ -335,8 +335,10 @@ def _placed(
     place: Callable[[], None] | None,
     parent: int,
     name: str,
+    lands: str,
 ) -> Written:
-    """The write itself, into the folder `parent` opened (registered in sandbox.held)."""
+    """The write itself, into the folder `parent` opened (registered in sandbox.held),
+    its target's real path `lands`."""
     if args.mode == "append":
         allow = ctx.config.fs.allow_hard_links
         done = append_bytes(
@@ -358,8 +360,16 @@ def _placed(
             wrote=progress.wrote,
             before_place=place,
         )
-    # After the write, so that sweeping (best effort) never delays or fails it.
-    ctx.containment.leftovers.sweep(parent)
+    # After the write, so that sweeping (best effort) never delays or fails it. A
+    # leftover's name an asked program holds stays (review23 C10).
+    folder = os.path.dirname(lands)
+    held = ctx.containment.held
+    ctx.containment.leftovers.sweep(
+        parent,
+        guard=lambda leftover, inode: held.write(
+            os.path.join(folder, leftover), ctx.correlation_id, inode
+        ),
+    )
     return done
 
 
