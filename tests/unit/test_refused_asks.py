@@ -66,6 +66,29 @@ def test_a_password_in_the_argv_is_not_kept(state: State) -> None:
     assert "hunter2-secret" not in repr(rows)
 
 
+@pytest.mark.parametrize(
+    ("argv", "password"),
+    [
+        (["curl", "-u", "me:hunt'er2secret", "https://example.com/"], "er2secret"),
+        (["mysql", "-pse'cret99", "db"], "cret99"),
+        (["sshpass", "-p", "pa'ss99", "ssh", "host"], "ss99"),
+        (["python3", "s.py", "--password", "a\"b\\c'd99"], "d99"),
+    ],
+)
+def test_a_password_holding_a_quote_is_not_kept(
+    state: State, argv: list[str], password: str
+) -> None:
+    """review23 C9: the prompt quotes the argv as a shell would (`shlex.join` writes
+    a word holding ' as 'me:hunt'"'"'er2secret'), so the password as the argv holds it
+    was not in the text, and the refusal kept it (and `agentworker grant` printed it)."""
+    asks = RefusedAsks(state.connection)
+    found = asks.find(*_refuse(asks, argv), now=NOW)
+    assert found is not None
+    rows = state.connection.execute("SELECT * FROM refused_asks").fetchall()
+    assert password not in repr(rows)
+    assert password not in found.shown
+
+
 def test_a_refused_ask_is_kept_for_a_while(state: State) -> None:
     asks = RefusedAsks(state.connection)
     bound = _refuse(asks, ["python3", "old.py"])

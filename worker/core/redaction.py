@@ -525,11 +525,20 @@ def masked_message(text: str, known: tuple[str, ...] = (), room: int = KEPT_CHAR
     are (masked_text), with a secret-looking flag's value that follows it as the next
     word too."""
     for secret in known:
-        text = text.replace(secret, MASK)
+        for form in _quoted_forms(secret):
+            text = text.replace(form, MASK)
     text = masked_text(_kept(text, room))
     if not _SUSPECT.search(text.lower()):
         return text
     return _FLAG_THEN_VALUE.sub(lambda m: f"{m.group(1)}{MASK}", text)
+
+
+def _quoted_forms(secret: str) -> list[str]:
+    """`secret` as a text quoting an argv may write it: inside a shell's single quotes
+    (shlex.join writes ' as '"'"': a prompt's command line; review23 C9), inside a JSON
+    string, and as it is; the longest first, as one may hold another."""
+    forms = {secret, secret.replace("'", "'\"'\"'"), json.dumps(secret)[1:-1]}
+    return sorted(forms, key=len, reverse=True)
 
 
 @_scripts_read
