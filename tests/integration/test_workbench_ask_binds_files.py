@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.support.cluster import Cluster
 from tests.support.policies import PYTHON3_ASKS, exec_config
-from tests.support.workbench import call, run, sandbox_cluster
+from tests.support.workbench import call, files_of, run, sandbox_cluster
 
 
 def _asked_as(live: Cluster, plan: str, argv: list[str]) -> str:
@@ -70,3 +70,25 @@ def test_every_spelling_of_a_workspace_script_is_bound_or_asks_each_time(
             assert asked_as(path) != asked_as(path)  # a nonce: each call asks anew
         _write(live, plan, "print(2)\n")
         assert all(asked_as(path) != first[path] for path in bound)
+
+
+def test_a_folders_link_into_the_workspace_is_bound_by_what_it_leads_to(tmp_path: Path) -> None:
+    """review23 C1: pkg/__main__.py -> /workspace/s.py leads nowhere on the host, so the
+    folder was bound by the link's text, and a grant of `python3 pkg` ran s.py
+    rewritten, unasked (3 of 3). The link is followed as the program follows it: to
+    the workspace's s.py, bound by its contents; through a way out of the workspace
+    and back, nothing that lasts."""
+    plan = f"linked-{uuid.uuid4().hex[:8]}"
+    with sandbox_cluster(
+        tmp_path, extra_config=exec_config(tmp_path / "policy", PYTHON3_ASKS)
+    ) as live:
+        _write(live, plan, "print(1)\n")
+        for folder, target in [("pkg", "/workspace/s.py"), ("far", "/tmp/../workspace/s.py")]:
+            (files_of(live, "bench", plan) / folder).mkdir()
+            (files_of(live, "bench", plan) / folder / "__main__.py").symlink_to(target)
+        first = _asked_as(live, plan, ["python3", "pkg"])
+        assert _asked_as(live, plan, ["python3", "pkg"]) == first  # unchanged: the same ask
+        _write(live, plan, "print(2)\n")
+        assert _asked_as(live, plan, ["python3", "pkg"]) != first
+        far = _asked_as(live, plan, ["python3", "far"])
+        assert far != _asked_as(live, plan, ["python3", "far"])  # a nonce: each call asks

@@ -28,6 +28,10 @@ def shared(tmp_path: Path) -> Path:
     return folder.resolve()
 
 
+def _roots(shared: Path) -> list[Root]:
+    return [Root(path=shared, writable=True)]
+
+
 def _found(shared: Path, argv: list[str]) -> list[tuple[int, str, str]]:
     roots = [Root(path=shared, writable=True)]
     return [
@@ -427,3 +431,62 @@ def test_a_class_named_by_its_package_is_bound(shared: Path) -> None:
     ]:
         assert _found(shared, argv)[-1:] == [(len(argv) - 1, name, _sha(shared / name))], argv
         assert str(shared / name) in exec_arg_files.held_places(str(shared), argv)
+
+
+def test_a_folders_links_are_followed_within_a_bound(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review23 C3: a folder of 400 links into a chain of 40 links with 4 KiB `d/../`
+    targets cost ~8 s before anyone was asked (os.walk stats each link, then each was
+    stat'ed and read, two walks more). Links are followed by the binder alone, at most
+    LINKS_FOLLOWED_AT_MOST a folder and _STEPS_AT_MOST steps a link; past either the
+    folder binds a nonce."""
+    (shared / "pkg").mkdir()
+    for at in range(3):
+        (shared / "pkg" / f"l{at}").symlink_to("../script.py")
+    followed = _counted(monkeypatch, "followed_as_run")
+    assert _kinds(shared, ["python3", "pkg"]) == [(1, "folder")]
+    assert len(followed) == 3
+    monkeypatch.setattr(exec_arg_files, "LINKS_FOLLOWED_AT_MOST", 2)
+    (unbound,) = arg_files(_roots(shared), str(shared), ["python3", "pkg"])
+    assert "more than 2 links" in unbound.line()
+    (shared / "far").mkdir()
+    (shared / "far" / "d").mkdir()
+    (shared / "far" / "l").symlink_to("d/../" * 300 + "../script.py")
+    followed.clear()
+    (unbound,) = arg_files(_roots(shared), str(shared), ["python3", "far"])
+    assert unbound.kind == "unbound" and len(followed) == 1
+
+
+@pytest.mark.parametrize(
+    "target", ["/proc/self/cwd/script.py", "/proc/thread-self/cwd/script.py", "/dev/fd/0"]
+)
+def test_a_folders_link_through_proc_or_dev_binds_differently_each_time(
+    shared: Path, target: str
+) -> None:
+    """review23 C14: the binder followed pkg/__main__.py -> /proc/self/cwd/s.py through
+    the worker's /proc (its cwd: nothing there), the program through its own (its
+    working folder's s.py), so a rewritten s.py ran unasked."""
+    (shared / "pkg").mkdir()
+    (shared / "pkg" / "__main__.py").symlink_to(target)
+    assert _kinds(shared, ["python3", "pkg"]) == [(1, "unbound")]
+    assert _bound(shared, ["python3", "pkg"]) != _bound(shared, ["python3", "pkg"])
+
+
+def test_a_folders_link_out_of_the_shared_folders_is_bound_by_where_it_leads(
+    shared: Path, tmp_path: Path
+) -> None:
+    """review23 C16: a link to a file outside every shared folder was bound by that
+    file's digest, which went to the agent in the ask's name: a guess of a secret the
+    worker could read was confirmed offline. Nothing there is the agent's: bound by
+    where the link leads, unread."""
+    (tmp_path / "secret.txt").write_text("1234")
+    (tmp_path / "other.txt").write_text("1234")
+    (shared / "pkg").mkdir()
+    (shared / "pkg" / "s").symlink_to(tmp_path / "secret.txt")
+    before = _bound(shared, ["python3", "pkg"])
+    (tmp_path / "secret.txt").write_text("5678")
+    assert _bound(shared, ["python3", "pkg"]) == before
+    (shared / "pkg" / "s").unlink()
+    (shared / "pkg" / "s").symlink_to(tmp_path / "other.txt")
+    assert _bound(shared, ["python3", "pkg"]) != before

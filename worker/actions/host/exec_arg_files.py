@@ -34,6 +34,7 @@ is running beside it and writes there (docs/architecture.md, "exec approvals").
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -146,7 +147,7 @@ def arg_files(
             why = "the path from the working folder is too long"
             file = _unbound(index, named, why)
         else:
-            file = _bound(roots, index, named, path, HASHED_BYTES - hashed)
+            file = _bound(roots, index, named, path, HASHED_BYTES - hashed, where)
         if file is None or (file.kind == "unbound" and (index, file.why) in unbound):
             continue
         if file.kind == "unbound":
@@ -368,7 +369,9 @@ def _suffixed(named: str) -> tuple[str, ...]:
     return tuple(named + suffix for suffix in IMPLIED_SUFFIXES)
 
 
-def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) -> ArgFile | None:
+def _bound(
+    roots: Sequence[Root], index: int, shown: str, path: str, room: int, where: Finder
+) -> ArgFile | None:
     try:
         located = locate(roots, path)
     except (ConfinementError, ValueError):
@@ -388,7 +391,7 @@ def _bound(roots: Sequence[Root], index: int, shown: str, path: str, room: int) 
             # then still answers; a file made there later adds itself, and asks again.
             return None
         if exc.problem is Problem.A_FOLDER:
-            return _folder(index, shown, located.root.path / located.relative, room)
+            return _folder(roots, index, shown, located.root.path / located.relative, room, where)
         return _unbound(index, shown, f"it is not a regular file here ({exc.problem})")
     except (OSError, ValueError) as exc:
         return _unbound(index, shown, f"it could not be read ({exc.__class__.__name__})")
@@ -481,59 +484,160 @@ _FED: Final = frozenset({stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK
 _FED_WHY: Final = "a folder holding a FIFO, socket or device, whose bytes are fed to it"
 
 
-def _folder(index: int, shown: str, path: os.PathLike[str], room: int) -> ArgFile:
+# The links a folder's listing follows, at most, and the steps (a path's parts, a link's
+# target's parts) following one may take: each step is a lookup paid before anyone is
+# asked (review23 C3: a link whose 4 KiB target is `d/../d/../...` cost ~800 lookups).
+LINKS_FOLLOWED_AT_MOST: Final = 128
+_STEPS_AT_MOST: Final = 256
+_UNFOLLOWED_WHY: Final = "a folder holding a link that leads further than the program's view"
+
+
+def _folder(
+    roots: Sequence[Root], index: int, shown: str, path: os.PathLike[str], room: int, where: Finder
+) -> ArgFile:
     """A folder an argument names (`python3 pkg` runs pkg/__main__.py), bound by what is
     in it: each entry's name, type and size, and a regular file's contents (SHA-256,
     while `room` lasts; past it its mtime and ctime). A link is bound by where it points
-    and by what it points at (review19 A2: pkg/__main__.py -> ../s.py, its target
-    rewritten, ran unasked): a file's contents (or identity past `room`); a link to a
-    folder, which the listing would have to follow without end, and a FIFO, socket or
-    device, in it or linked to, fail closed."""
+    and by what it points at as the program follows it (`where`: review19 A2,
+    pkg/__main__.py -> ../s.py, its target rewritten, ran unasked; review23 C1, in
+    sandbox mode -> /workspace/s.py, which the host never found, the same): a file's
+    contents (or identity past `room`); a link to a folder, which the listing would
+    have to follow without end, a FIFO, socket or device, in it or linked to, more than
+    LINKS_FOLLOWED_AT_MOST links, or one the program's view cannot be followed through
+    (through /proc or /dev: review23 C14), fail closed; one out of every shared folder
+    is bound by where it leads (C16)."""
     listed: list[tuple[str, int, int, str]] = []
-    read = 0
-    for top, folders, files in os.walk(path):
-        folders.sort()
-        for name in folders + sorted(files):
-            where = os.path.join(top, name)
+    read = links = 0
+    for top, folders, files in _walked(os.fspath(path)):
+        for name in folders + files:
+            entry = os.path.join(top, name)
             try:
-                seen = os.lstat(where)
+                seen = os.lstat(entry)
                 kind = stat.S_IFMT(seen.st_mode)
                 if kind in _FED:
                     return _unbound(index, shown, _FED_WHY)
                 what = f"{seen.st_mtime_ns}:{seen.st_ctime_ns}"
                 if kind == stat.S_IFREG and seen.st_size <= min(room - read, HASHED_FILE_BYTES):
-                    what = _contents(where)
+                    what = _contents(entry)
                     read += seen.st_size
                 elif kind == stat.S_IFLNK:
-                    target = _followed(where)
-                    if target is not None and stat.S_ISDIR(target.st_mode):
-                        why = "a folder holding a link to a folder"
+                    links += 1
+                    if links > LINKS_FOLLOWED_AT_MOST:
+                        why = f"a folder holding more than {LINKS_FOLLOWED_AT_MOST} links"
                         return _unbound(index, shown, why)
-                    if target is not None and stat.S_IFMT(target.st_mode) in _FED:
-                        return _unbound(index, shown, _FED_WHY)
-                    what += f":{os.readlink(where)}"
-                    if target is not None and stat.S_ISREG(target.st_mode):
-                        if target.st_size <= min(room - read, HASHED_FILE_BYTES):
-                            what += ":" + _contents(where, follow=True)
-                            read += target.st_size
-                        else:
-                            what += f":{target.st_dev}:{target.st_ino}:{target.st_size}"
-                            what += f":{target.st_mtime_ns}:{target.st_ctime_ns}"
+                    led = _led_to(roots, top, name, where, min(room - read, HASHED_FILE_BYTES))
+                    if isinstance(led, _Unfollowed):
+                        return _unbound(index, shown, led.why)
+                    what += f":{os.readlink(entry)}{led[0]}"
+                    read += led[1]
             except OSError:
                 continue  # gone meanwhile: the listing says so by its absence
-            listed.append((os.path.relpath(where, path), kind, seen.st_size, what))
+            listed.append((os.path.relpath(entry, path), kind, seen.st_size, what))
             if len(listed) > LISTED_AT_MOST:
                 return _unbound(index, shown, f"a folder of more than {LISTED_AT_MOST:,} entries")
     digest = hashlib.sha256(json.dumps(listed).encode()).hexdigest()
     return ArgFile(index, shown, len(listed), identity=digest, kind="folder", read=read)
 
 
-def _followed(where: str) -> os.stat_result | None:
-    """What a link points at, or None when it points at nothing."""
+def _walked(path: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk(path)'s folders, each with its folders and other entries sorted, in the
+    same order, without following a link even to learn its kind (os.walk stats each:
+    400 links into a chain of 40 4-KiB links cost it 8 s: review23 C3). A link to a
+    folder is among the other entries (`_led_to` says what it leads to)."""
+    tops = [path]
+    while tops:
+        top = tops.pop()
+        try:
+            with os.scandir(top) as listing:
+                entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listing]
+        except OSError:
+            continue  # gone meanwhile, or not to be listed: as os.walk leaves it
+        folders = sorted(name for name, folder in entries if folder)
+        yield top, folders, sorted(name for name, folder in entries if not folder)
+        tops.extend(os.path.join(top, name) for name in reversed(folders))
+
+
+@dataclass(frozen=True)
+class _Unfollowed:
+    why: str
+
+
+def _led_to(
+    roots: Sequence[Root], folder: str, name: str, where: Finder, room: int
+) -> tuple[str, int] | _Unfollowed:
+    """What the link `name` in `folder` leads to, as the program follows it
+    (`followed_as_run`), and the bytes read to say so: a regular file's SHA-256 (past
+    `room` its identity), "" for nothing; outside every shared folder, where it leads
+    (nothing there is the agent's, and its digest went to the agent: review23 C16); a
+    folder, a FIFO, socket or device, or a way the program's view cannot follow,
+    _Unfollowed. The file is looked up once, and read through that lookup (no second
+    walk, no swap between the look and the read)."""
+    led = followed_as_run(os.path.join(folder, name), where)
+    if led is None:
+        return _Unfollowed(_UNFOLLOWED_WHY)
     try:
-        return os.stat(where)
+        locate(roots, led)
+    except (ConfinementError, ValueError):
+        return f":outside:{led}", 0
+    try:
+        fd = os.open(led, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return None
+        return "", 0  # leads to nothing
+    try:
+        seen = os.fstat(fd)
+        if stat.S_ISDIR(seen.st_mode):
+            return _Unfollowed("a folder holding a link to a folder")
+        if stat.S_IFMT(seen.st_mode) in _FED:
+            return _Unfollowed(_FED_WHY)
+        if not stat.S_ISREG(seen.st_mode):
+            return _Unfollowed(_UNFOLLOWED_WHY)  # a link again: changed as it was followed
+        if seen.st_size > room:
+            identity = f"{seen.st_dev}:{seen.st_ino}:{seen.st_size}"
+            return f":{identity}:{seen.st_mtime_ns}:{seen.st_ctime_ns}", 0
+        return ":" + _contents(f"/proc/self/fd/{fd}", follow=True), seen.st_size
+    finally:
+        os.close(fd)
+
+
+def followed_as_run(link: str, where: Finder) -> str | None:
+    """The host path the program reaches through `link` (a host path whose folder is
+    real: no link on its way), each link on the way followed as the program follows
+    it: its target found by `where` from the link's folder (in sandbox mode
+    `/workspace/...` is the plan's workspace: review23 C1); None through /proc or /dev,
+    past LINKS_AT_MOST links or _STEPS_AT_MOST steps, or where `where` cannot say. Past
+    a part naming nothing, the rest as written."""
+    done, parts = os.path.dirname(link), [os.path.basename(link)]
+    steps = links = 0
+    while parts:
+        part = parts.pop(0)
+        steps += 1
+        if steps > _STEPS_AT_MOST:
+            return None
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, part)
+        if here in ("/proc", "/dev") or here.startswith(_MAGIC):
+            # The program's own /proc (and /dev/fd) there, the worker's here (review23
+            # C14: pkg/__main__.py -> /proc/self/cwd/s.py was followed to nothing).
+            return None
+        try:
+            target = os.readlink(here)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # no link: a part of the way, or the end
+                done = here
+                continue
+            return posixpath.join(here, *parts)  # names nothing: as written on
+        links += 1
+        found = where(done, target) if links <= _LINKS_AT_MOST else None
+        if found is None:
+            return None
+        if len(found) > PATH_MAX_BYTES:
+            return None
+        done, parts = "/", [*found.split("/"), *parts]
+    return done
 
 
 def _contents(where: str, *, follow: bool = False) -> str:
