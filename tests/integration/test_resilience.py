@@ -145,7 +145,9 @@ def test_frozen_link_is_detected_and_redialled_within_keepalive_bound(tmp_path: 
             frozen_at = time.monotonic()
             wait_for(lambda: proxy.accepted >= 2, 10)
             redial_s = time.monotonic() - frozen_at
-            # keepalive 1 s + ping timeout 1 s + at most one backoff (cap 1 s) + scheduling slack
+            # The worker's silence limit (three of the hub's 0.5 s heartbeats) + at most one
+            # backoff (cap 1 s) + scheduling slack: its new stream goes on a connection of
+            # its own, not over the dead one (a ping's ack may take PING_ACK_S).
             assert redial_s < 5.0, f"took {redial_s:.1f} s to notice the partition"
             wait_for(lambda: live.status().connected_workers == 1, 10)
             assert live.call("workerDiag.probe")["status"] == "ok"

@@ -45,15 +45,18 @@ async def hub_in_process(home: Path) -> AsyncIterator[app.RunningHub]:
         await running.stop(0)
 
 
-def real_worker(home: Path, address: str, name: str = "worker") -> Proc:
-    """A real worker (`agentworker run`, a process of its own) dialling the hub at
-    `address`, with the suite's settings (config.toml is written anew with the address:
-    the hub read its own already)."""
+def real_worker(
+    home: Path, address: str, name: str = "worker", *argv: str, env: dict[str, str] | None = None
+) -> Proc:
+    """A real worker (`agentworker run ARGV...`, a process of its own) dialling the hub
+    at `address`, with the suite's settings (config.toml is written anew with the
+    address: the hub read its own already) and `env` (AGENTWORKER_* overrides)."""
     write_config(home, address, keepalive_s=10.0, ping_timeout_s=20.0)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTWORKER_", "HTTP"))}
+    inherited = os.environ.items()
+    env = {k: v for k, v in inherited if not k.startswith(("AGENTWORKER_", "HTTP"))} | (env or {})
     env["AGENTWORKER_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
-    return Proc(name, ["run"], env, home / f"{name}.log").start()
+    return Proc(name, ["run", *argv], env, home / f"{name}.log").start()
 
 
 async def until_connected(running: app.RunningHub, proc: Proc, count: int = 1) -> list[str]:
@@ -272,9 +275,10 @@ class DrivenHub:
     `close`).
 
     `until` waits on the hub's state without a clock: the hub changes what the tests look
-    at (its sessions, what their workers said) only where it takes a worker's Hello
-    (store.seen_worker), lets a session go (store.touch_worker) or handles a stream's
-    envelope (_handle_all), and each of those wakes the waits here."""
+    at (its sessions, what their workers said, the calls it keeps) only where it takes a
+    worker's Hello (store.seen_worker), lets a session go (store.touch_worker), handles a
+    stream's envelope (_handle_all) or keeps a call (store.add), and each of those wakes
+    the waits here."""
 
     def __init__(self, running: app.RunningHub, home: Path) -> None:
         self.running = running
@@ -290,6 +294,7 @@ class DrivenHub:
         for owner, name in (
             (store, "seen_worker"),
             (store, "touch_worker"),
+            (store, "add"),
             (self.hub, "_handle_all"),
         ):
             setattr(owner, name, self._waking(getattr(owner, name)))
@@ -340,10 +345,14 @@ class DrivenHub:
         await self.gone(worker)
         return worker
 
-    async def real_worker(self) -> Proc:
+    async def real_worker(
+        self, server: str | None = None, env: dict[str, str] | None = None
+    ) -> Proc:
         """A real worker (`agentworker run`) of the hub's folder, once the hub has a
-        session (`until_connected`)."""
-        worker = real_worker(self.home, self.address)
+        session (`until_connected`): dialling the hub, or `server` (a relay to it), with
+        `env` (AGENTWORKER_* overrides)."""
+        argv = ("--server", server) if server else ()
+        worker = real_worker(self.home, self.address, "worker", *argv, env=env)
         self._workers.append(worker)
         await until_connected(self.running, worker)
         return worker

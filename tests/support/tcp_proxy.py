@@ -3,10 +3,13 @@
 `freeze()` stops relaying on every open connection without closing anything — no
 bytes, no reset — which is what a dead NAT entry or a pulled cable looks like.
 Connections made after the freeze relay normally, so a reconnect gets through.
+With `down_bytes_per_s`, what the upstream sends comes at that rate (small socket
+buffers, so the rate is what the far side sees): a slow link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -21,8 +24,9 @@ class _Link:
 
 
 class FreezableProxy:
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, down_bytes_per_s: float | None = None) -> None:
         self.upstream_port = upstream_port
+        self.down_bytes_per_s = down_bytes_per_s
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._links: list[_Link] = []
@@ -60,11 +64,23 @@ class FreezableProxy:
             link = _Link(client, upstream)
             self._links.append(link)
             self.accepted += 1
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(link, src, dst), daemon=True).start()
+            if self.down_bytes_per_s is not None:
+                for sock in (client, upstream):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+            for src, dst, rate in (
+                (client, upstream, None),
+                (upstream, client, self.down_bytes_per_s),
+            ):
+                threading.Thread(
+                    target=self._pump, args=(link, src, dst, rate), daemon=True
+                ).start()
 
-    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(
+        self, link: _Link, src: socket.socket, dst: socket.socket, rate: float | None
+    ) -> None:
         src.settimeout(0.1)
+        paced = _Pace(rate) if rate else None
         while not self._closed.is_set():
             if link.frozen.is_set():
                 self._closed.wait(0.1)  # hold the socket open, move nothing
@@ -76,10 +92,32 @@ class FreezableProxy:
             except OSError:
                 return
             if not data or link.frozen.is_set():
-                if not data:
+                if not data:  # its end: the far side is told, as a real relay tells it
+                    with contextlib.suppress(OSError):
+                        dst.shutdown(socket.SHUT_WR)
                     return
                 continue  # swallowed: the partition began mid-read
             try:
                 dst.sendall(data)
             except OSError:
                 return
+            if paced is not None:
+                paced.sent(len(data), self._closed)
+
+
+class _Pace:
+    """Bytes at most `rate` a second, over the link's busy time (idle time earns no
+    credit: a fresh count after a pause)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start, self.count = time.monotonic(), 0
+
+    def sent(self, count: int, closed: threading.Event) -> None:
+        now = time.monotonic()
+        if now - self.start > self.count / self.rate + 1.0:  # idle a while: start over
+            self.start, self.count = now, 0
+        self.count += count
+        ahead = self.start + self.count / self.rate - now
+        if ahead > 0:
+            closed.wait(ahead)  # a slow link's pace, not a wait for an event

@@ -4,7 +4,13 @@ import pytest
 
 from worker.core.connection import Backoff
 from worker.errors import InsecureError
-from worker.wire.transport import Keepalive, client_options, is_loopback, open_channel
+from worker.wire.transport import (
+    Keepalive,
+    client_options,
+    is_loopback,
+    open_channel,
+    server_options,
+)
 
 
 def test_backoff_is_full_jitter_capped_and_never_zero() -> None:
@@ -25,9 +31,16 @@ def test_backoff_never_waits_more_than_half_the_time_down() -> None:
 
 
 def test_keepalive_includes_ping_timeout() -> None:
+    """A link with nothing come for the ping timeout is gone (gRPC's keepalive timeout,
+    called off by any byte read); a ping's ack may take longer behind what the link
+    carries, and gRPC watches the first only while it is the shorter (review21's slow
+    link: the two equal, its worker lost the link every 5 s)."""
     options = dict(client_options(Keepalive(time_s=10, ping_timeout_s=5)))
     assert options["grpc.keepalive_time_ms"] == 10_000
-    assert options["grpc.http2.ping_timeout_ms"] == 5_000
+    assert options["grpc.keepalive_timeout_ms"] == 5_000
+    assert options["grpc.http2.ping_timeout_ms"] == 60_000
+    long = dict(server_options(Keepalive(time_s=10, ping_timeout_s=45)))
+    assert long["grpc.keepalive_timeout_ms"] < long["grpc.http2.ping_timeout_ms"] == 90_000
     assert options["grpc.max_receive_message_length"] == 32 * 1024 * 1024
 
 

@@ -4,6 +4,7 @@ import asyncio
 import os
 
 from worker.wire.framing import (
+    BATCH_BYTES,
     MAX_ENVELOPE_BYTES,
     Batcher,
     envelope_bytes,
@@ -191,3 +192,30 @@ def test_an_idle_callback_comes_within_its_bound_on_a_loop_that_never_idles() ->
             await called.wait()
 
     asyncio.run(go())
+
+
+def test_a_hubs_batch_holds_batch_bytes_and_a_larger_message_goes_alone() -> None:
+    """Ten requests of 400 KiB for a worker: two to an envelope (a third would take it
+    past BATCH_BYTES), so that on a slow link the worker hears the hub every ~1 MiB,
+    never a 32 MiB envelope's worth of silence (review21); one of 3 MiB goes alone, and
+    small ones behind it share the next. A batcher without the cap (the worker's) takes
+    them all at once, as before."""
+
+    async def go(sizes: list[int], **cap: int) -> list[list[str]]:
+        outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        for i, size in enumerate(sizes):
+            outbox.put_nowait(result(str(i), size))
+        outbox.put_nowait(None)
+        batches = Batcher(outbox, pb.WorkerMessage.ByteSize, **cap)
+        seen = []
+        while (batch := await batches.next_batch()) is not None:
+            seen.append([m.result.correlation_id for m in batch])
+        return seen
+
+    assert 2 * 400 * 1024 < BATCH_BYTES < 3 * 400 * 1024
+    kib400 = [400 * 1024] * 10
+    capped = asyncio.run(go(kib400, batch_bytes=BATCH_BYTES))
+    assert capped == [[str(i), str(i + 1)] for i in range(0, 10, 2)]
+    assert asyncio.run(go(kib400)) == [[str(i) for i in range(10)]]
+    mixed = asyncio.run(go([100, 3 * 1024 * 1024, 100, 100], batch_bytes=BATCH_BYTES))
+    assert mixed == [["0"], ["1"], ["2", "3"]]

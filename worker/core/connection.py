@@ -345,7 +345,7 @@ class WorkerConnection:
         channel = None
         if self._dial is None:
             address, tls_ca = self._where()
-            channel = open_channel(address, self.keepalive, tls_ca)
+            channel = open_channel(address, self.keepalive, tls_ca, own_connection=True)
         outbox = _Outbox()
         outbox.put_nowait(message_part(pb.WorkerMessage(hello=self._hello()).SerializeToString()))
         tasks: list[asyncio.Task[None]] = []

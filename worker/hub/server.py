@@ -42,6 +42,7 @@ from worker.hub.hellos import (
     id_taken_message,
     worker_key_digest,
 )
+from worker.hub.outbox import PROGRESS_BYTES
 from worker.hub.placement import Placements
 from worker.hub.reads import control_reads, hello_reads, later_reads
 from worker.hub.session import HOLD_S, Session
@@ -50,6 +51,7 @@ from worker.hub.turns import Unread, address_of
 from worker.ids import id_problem, name_problem, ordered_id
 from worker.memory import IdleGiveBack
 from worker.wire.framing import (
+    BATCH_BYTES,
     PART_BYTES,
     Batcher,
     Buffer,
@@ -185,10 +187,12 @@ PENDING_BYTES: Final = 256 * 1024 * 1024
 WRITE_STUCK_S: Final = 120.0
 # A stream that takes each envelope in time may still read slower than the hub writes
 # it (its window opened a little at a time): once the oldest message in its outbox
-# waited this long, its session is let go too (Hub._behind). A worker let go dials
-# again and is sent its calls and kills from hub.db. Kills, which go to every session
-# as callers make them, wait there KILL_PAGE_BYTES at most (`_kills_behind`); what else
-# waits is bounded per worker (its calls, scope requests) or by this.
+# waited this long while the stream took less than PROGRESS_BYTES (~9 KB/s), its
+# session is let go too (Hub._behind). By progress, not age: a worker reading a slow
+# link steadily may be minutes behind its backlog of calls, and is kept. A worker let
+# go dials again and is sent its calls and kills from hub.db. Kills, which go to every
+# session as callers make them, wait there KILL_PAGE_BYTES at most (`_kills_behind`);
+# what else waits is bounded per worker (its calls, scope requests) or by this.
 OUTBOX_WAIT_S: Final = WRITE_STUCK_S
 
 
@@ -392,6 +396,7 @@ class Hub:
             lambda: self._hold(session),
             spread_parts,
             pending_parts,
+            batch_bytes=BATCH_BYTES,  # the worker hears each (see BATCH_BYTES)
         )
         try:
             session.send(self._welcome(session))
@@ -418,8 +423,11 @@ class Hub:
             while (batch := await batches.next_batch()) is not None:
                 # spread_parts leaves envelope parts only: a transfer goes a part at a time.
                 session.writes()
-                yield envelope_of(cast(list[bytes], batch))
+                envelope = envelope_of(cast(list[bytes], batch))
+                yield envelope
                 session.wrote()
+                session.outbox.took(len(envelope))
+                del envelope
             if session.refusal is not None:
                 await context.abort(*session.refusal)
         finally:
@@ -444,16 +452,19 @@ class Hub:
 
     def _behind(self, session: Session) -> str | None:
         """Why the hub lets go of `session`'s stream (`_deaf`), or None: it takes nothing
-        written to it, or it reads slower than the hub writes it (OUTBOX_WAIT_S)."""
+        written to it, or it reads slower than the hub writes it and next to nothing
+        (OUTBOX_WAIT_S, PROGRESS_BYTES)."""
         if session.stuck_for() > self.write_stuck_s:
             return (
                 f"its stream took nothing the hub wrote for {session.stuck_for():.0f} s (it "
                 "does not read it)"
             )
-        if session.outbox.waited_s() > self.outbox_wait_s:
+        stalled_s = session.outbox.stalled_s()
+        if stalled_s > self.outbox_wait_s:
             return (
-                f"the oldest message queued for its stream waited {session.outbox.waited_s():.0f}"
-                " s (it reads slower than the hub writes it)"
+                f"the oldest message queued for its stream waited {stalled_s:.0f} s while it "
+                f"took less than {PROGRESS_BYTES:,} bytes (it reads slower than the hub "
+                "writes it)"
             )
         return None
 

@@ -21,6 +21,18 @@ from worker.wire.varint import varint as _varint
 # Room left for the envelope's own framing.
 MAX_ENVELOPE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 MAX_ENVELOPE_MESSAGES = 512
+# What the hub batches for a worker: a message that would take a batch past this starts
+# the next one (a message larger alone goes alone; a blob goes a part at a time). The
+# worker can tell the hub is there only by its envelopes coming whole: gRPC hands on
+# none of a message before its last byte. Batched up to MAX_ENVELOPE_BYTES, the calls a
+# hub sends again to a worker dialling in (55 of ~1 MiB args) went as 32 MiB with the
+# Welcome and then 23 MiB, which took 66 s to come at 0.35 MB/s, past the worker's
+# 15 s of silence: it dialled again, was sent them all again, and no call came through
+# (review21). A part's worth comes every 3 s on such a link, and costs small messages
+# nothing (512 of them are ~150 KB). The worker's own batches stay whole: its outbox's
+# bound holds a hub that does not read (with small envelopes a deaf hub's gRPC took in
+# 78 MiB unread, and the bound never held).
+BATCH_BYTES = 1024 * 1024
 
 
 M = TypeVar("M")
@@ -31,9 +43,10 @@ _PART_CAME: Final = object()  # Batcher._part_or_message: the part came first
 
 class Batcher(Generic[M]):
     """Takes messages off an outbox (None ends it) in envelope-sized batches; `size`
-    says how many bytes a message takes on the wire. `hold`, when given, is asked
-    once a batch has its first message: it returns None to send at once, or
-    something to wait for first while more messages join the batch."""
+    says how many bytes a message takes on the wire, and a message that would take a
+    batch past `batch_bytes` starts the next one (the hub's: BATCH_BYTES). `hold`,
+    when given, is asked once a batch has its first message: it returns None to send
+    at once, or something to wait for first while more messages join the batch."""
 
     def __init__(
         self,
@@ -42,9 +55,11 @@ class Batcher(Generic[M]):
         hold: Callable[[], Awaitable[None] | None] | None = None,
         spread: Callable[[M], tuple[M | None, M | None]] | None = None,
         pending: Callable[[M], Awaitable[None] | None] | None = None,
+        batch_bytes: int = MAX_ENVELOPE_BYTES,
     ) -> None:
         self._outbox = outbox
         self._size = size
+        self._batch_bytes = min(batch_bytes, MAX_ENVELOPE_BYTES)
         self._hold = hold
         # Splits a message into what goes in this batch and the rest (None: nothing
         # left), for a large transfer sent a part at a time (see `Chunked`): a batch
@@ -123,7 +138,7 @@ class Batcher(Generic[M]):
                 self._carry = msg  # its next part is not built yet: it starts the next batch
                 break
             msg_size = self._size(msg)
-            if size + msg_size > MAX_ENVELOPE_BYTES:
+            if size + msg_size > self._batch_bytes:
                 self._carry = msg
                 break
             if self._spread is not None:

@@ -1,8 +1,9 @@
 """How both ends open gRPC: message limits, keepalive, TLS rules and the bearer token.
 
-Plaintext is allowed only to loopback. Keepalive carries `grpc.http2.ping_timeout_ms`
-so a silent partition (no reset, no bytes) is noticed within keepalive + ping timeout
-instead of after the kernel's TCP timeout.
+Plaintext is allowed only to loopback. Keepalive carries a timeout, so a silent
+partition (no reset, no bytes) is noticed within keepalive + PING_ACK_S instead of
+after the kernel's TCP timeout (the worker's silence limit finds it sooner), while a
+link that keeps delivering bytes is alive, however long a ping's ack waits behind them.
 """
 
 from __future__ import annotations
@@ -26,15 +27,32 @@ class Keepalive(NamedTuple):  # not a dataclass: see worker.paths
     ping_timeout_s: float = 5.0
 
 
+# How long a ping's ack may take before gRPC ends the link (`grpc.http2.ping_timeout_ms`):
+# the ack comes behind whatever the link carries ahead of it (the sender's socket buffer,
+# up to 4 MiB on Linux, and gRPC's write under way). At `ping_timeout_s` (5 s) a worker on
+# a link of 0.35 MB/s, the hub's ack behind the calls it was sending, lost the link
+# every ~5 s and never got a call through (review21's reproducer at the default
+# keepalive). So the ack has this long, or twice `ping_timeout_s`: ~21 MB ahead of it at
+# 0.35 MB/s. `ping_timeout_s` stays gRPC's keepalive timeout, which is to end a link
+# with nothing at all come that long after a keepalive ping (any byte read calls it
+# off) while it is the shorter; gRPC 1.85 never arms that watch (its condition asks for
+# a timer already set), so a link that delivers nothing is found by the worker's silence
+# limit (three of the hub's heartbeats, connection._Silence) and the hub's progress
+# rules (server.WRITE_STUCK_S, OUTBOX_WAIT_S), and by keepalive within keepalive_time_s
+# + PING_ACK_S.
+PING_ACK_S = 60.0
+
+
 def _shared_options(keepalive: Keepalive) -> list[tuple[str, int]]:
     """Message limits and keepalive, the same at both ends."""
     ping_ms = int(keepalive.ping_timeout_s * 1000)
+    ack_ms = max(int(PING_ACK_S * 1000), 2 * ping_ms)
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", int(keepalive.time_s * 1000)),
         ("grpc.keepalive_timeout_ms", ping_ms),
-        ("grpc.http2.ping_timeout_ms", ping_ms),
+        ("grpc.http2.ping_timeout_ms", ack_ms),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     ]
@@ -92,10 +110,17 @@ def is_loopback(target: str) -> bool:
         return False
 
 
-def open_channel(target: str, keepalive: Keepalive, tls_ca: Path | None = None) -> grpc.aio.Channel:
+def open_channel(
+    target: str, keepalive: Keepalive, tls_ca: Path | None = None, *, own_connection: bool = False
+) -> grpc.aio.Channel:
     """A channel to `target`: plaintext to loopback or a Unix socket (`unix:PATH`: this
-    machine's hub, see worker.wire.own_hub), TLS to anything else."""
+    machine's hub, see worker.wire.own_hub), TLS to anything else. With
+    `own_connection`, on a connection of its own, closed with it: gRPC otherwise shares
+    one between the channels of a process to one target, and a worker that gave its
+    stream up for the hub's silence dialled again over the same dead connection."""
     options = client_options(keepalive)
+    if own_connection:
+        options.append(("grpc.use_local_subchannel_pool", 1))
     if target.startswith("unix:"):
         return grpc.aio.insecure_channel(target, options=options)
     if tls_ca is not None:
