@@ -36,6 +36,7 @@ it would get no pin for what is learnt then (review23 C2).
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import stat
@@ -44,16 +45,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from sandbox import _openat2
 from sandbox.paths import ConfinementError, Problem, Root
+
+_AT_FDCWD: Final = -100
 
 
 class HeldError(Exception):
     """The place is held (or written) by another call: `path` and `by` (that call's
     correlation id) say which; `holding` says whether that call holds it (an asked
     program) or writes it; `other_names`, that what is held is a file with other names
-    (hard links) a program now starting could change it through; `looking`, that the
-    hold's files are still being looked for (`Registered.know` has not come yet);
-    `unknown`, that a held folder has more links than were followed (`held_files`)."""
+    (hard links) a program now starting could change it through."""
 
     def __init__(
         self,
@@ -62,11 +64,8 @@ class HeldError(Exception):
         *,
         holding: bool,
         other_names: bool = False,
-        looking: bool = False,
-        unknown: bool = False,
     ) -> None:
-        self.path, self.by, self.holding = path, by, holding
-        self.other_names, self.looking, self.unknown = other_names, looking, unknown
+        self.path, self.by, self.holding, self.other_names = path, by, holding, other_names
         super().__init__(path)
 
 
@@ -85,11 +84,17 @@ class HeldFile:
 
 @dataclass(frozen=True)
 class HeldFiles:
-    """What `held_files` found; `complete` unless a held folder had more links than it
-    follows (LINKS_FOLLOWED_AT_MOST): where the others lead is not known."""
+    """What `held_files` found, and the links it did not follow (`unfollowed`): past
+    LINKS_FOLLOWED_AT_MOST, or through a magic link (/proc/self/cwd/..., which the
+    program resolves as its own and the worker as the worker's: review23 C14). Where
+    those lead is not held: the asker's approval answers its call only."""
 
     files: tuple[HeldFile, ...] = ()
-    complete: bool = True
+    unfollowed: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.unfollowed
 
 
 class PinDeniedError(Exception):
@@ -130,24 +135,18 @@ class HeldPlaces:
                 for place in wanted:
                     if at_or_beneath(written, place):
                         raise HeldError(written, writer, holding=False)
-            # Shown a place read-only by an earlier hold or not: a pin is made only for
-            # what existed then, and a rename over it (an fs_write once that hold ended)
-            # takes it away in every namespace (review23 C8). A folder it shares
-            # read-write beneath a held folder counts too (C7).
-            writers = {
-                runner
-                for runner, writable in self._running.values()
-                if runner != by and any(overlap(place, w) for place in wanted for w in writable)
-            }
+            writers = self._writers(wanted, by)
             number = next(self._numbers)
             self._held[number] = (by, wanted)
             self._hold_roots[number] = tuple(roots)
         return Registered(self._lock, self._held, number, tuple(sorted(writers)), places=self)
 
-    def _know(self, number: int, found: HeldFiles) -> None:
+    def _know(self, number: int, found: HeldFiles) -> set[str]:
         """The hold `number` holds `found` too: by inode, and by their real paths (a
         link's target out of a held folder: review21). HeldError when one is being
-        written now, by whatever name."""
+        written now, by whatever name. The calls whose programs run now and could write
+        a place it holds: those started since the hold too, which got no pin for what
+        is learnt only now (review23 C2)."""
         files = found.files
         inodes = {file.inode for file in files}
         with self._lock:
@@ -165,8 +164,23 @@ class HeldPlaces:
                     for file in files
                     if not any(at_or_beneath(file.place, place) for place in places)
                 }
-                self._held[number] = (by, tuple(sorted({*places, *beyond})))
+                places = tuple(sorted({*places, *beyond}))
+                self._held[number] = (by, places)
                 self._held_files[number] = found
+                return self._writers(places, by)
+        return set()
+
+    def _writers(self, places: Iterable[str], by: str) -> set[str]:
+        """The calls other than `by` whose programs run now with a read-write folder over
+        or beneath one of `places` (the lock held). Shown a place read-only by an
+        earlier hold or not: a pin is made only for what existed then, and a rename over
+        it (an fs_write once that hold ended) takes it away in every namespace (review23
+        C8); a folder beneath a held folder was bound writable on top of its pin (C7)."""
+        return {
+            runner
+            for runner, writable in self._running.values()
+            if runner != by and any(overlap(place, w) for place in places for w in writable)
+        }
 
     def run(self, writable: Sequence[str], by: str) -> tuple[Registered, tuple[str, ...]]:
         """Register a program about to start with `writable` folders shared read-write,
@@ -188,26 +202,19 @@ class HeldPlaces:
 
     def _may_start(self, by: str, writable: Sequence[str]) -> None:
         """HeldError unless a program of `by` that could write in `writable` may start
-        now (the lock held). Not where a hold's files could be reached by names not
-        known, so not pinned: a held file's other names, a held folder's links not
-        followed; nor while a hold's files are still being looked for. Until its `know`
-        a hold has neither its files' other names nor its folders' link targets out of
-        them: a program started then got no pin for those and was no writer the hold
-        knew of, and changed an approved script after the look (review23 C2). Only a
-        program sharing a folder with the holding call's read-write ones is held up:
-        those names can be nowhere else, and one plan's waiting prompt stopped every
-        program of every other plan (review23 C4)."""
-        for number, (holder, places) in self._held.items():
-            if holder == by or not places:
+        now (the lock held): not while a held file has other names, which are not
+        known, so not pinned (review21 B1). Only a program sharing a folder with the
+        holding call's read-write ones is held up: those names can be nowhere else,
+        and one plan's waiting prompt stopped every program of every other plan
+        (review23 C4). One starting while a hold's files are still being looked for
+        starts, and is a writer the hold names once it knows them (`_know`)."""
+        for number, (holder, _places) in self._held.items():
+            found = self._held_files.get(number)
+            if holder == by or found is None:
                 continue
             roots = self._hold_roots.get(number, ("/",))
             if not any(overlap(root, folder) for root in roots for folder in writable):
                 continue
-            found = self._held_files.get(number)
-            if found is None:
-                raise HeldError(places[0], holder, holding=True, looking=True)
-            if not found.complete:
-                raise HeldError(places[0], holder, holding=True, unknown=True)
             linked = next((file for file in found.files if file.names > 1), None)
             if linked is not None:
                 raise HeldError(linked.place, holder, holding=True, other_names=True)
@@ -248,9 +255,11 @@ class Registered:
 
     def know(self, found: HeldFiles) -> None:
         """A hold's places are these files (`held_files`, looked at once held): held by
-        inode too. HeldError when one is being written in place now."""
+        inode too. HeldError when one is being written in place now. `writers` then
+        names the programs started since the hold too."""
         assert self._places is not None, "only a hold holds files"
-        self._places._know(self._number, found)
+        since = self._places._know(self._number, found)
+        self.writers = tuple(sorted({*self.writers, *since}))
 
     def __enter__(self) -> tuple[str, ...]:
         return self.writers
@@ -276,11 +285,13 @@ def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",))
     that is one, and those in a held folder (at most `most` entries looked at, as a
     folder argument is bound: exec_arg_files).
 
-    Programs beside wait while this runs (`HeldPlaces.run`), so it costs a stat a file
-    and, for a link, one lookup the kernel walks, for LINKS_FOLLOWED_AT_MOST links at
-    most (os.path.realpath took an lstat a part and every link: 4,000 links of 4 KiB
-    `d/../d/..` targets kept it 9 s, chains of 39 such links minutes: review23 C3)."""
+    It runs before the person is asked, so it costs a stat a file and, for a link,
+    one lookup the kernel walks, for LINKS_FOLLOWED_AT_MOST links at most
+    (os.path.realpath took an lstat a part and every link: 4,000 links of 4 KiB
+    `d/../d/..` targets kept it 9 s, chains of 39 such links minutes: review23 C3).
+    The links past them, and those through a magic link, are `unfollowed`."""
     found: dict[Inode, HeldFile] = {}
+    unfollowed: list[str] = []
     links = 0
 
     def add(path: str, st: os.stat_result) -> None:
@@ -291,10 +302,16 @@ def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",))
     def followed(path: str) -> tuple[str, os.stat_result] | None:
         nonlocal links
         links += 1
+        if links > LINKS_FOLLOWED_AT_MOST:
+            unfollowed.append(path)
+            return None
         try:
             return _followed(path)
+        except _MagicLinkError:
+            unfollowed.append(path)
         except (OSError, ValueError):
-            return None  # names nothing now: bound as naming nothing
+            pass  # names nothing now: bound as naming nothing
+        return None
 
     looked = 0
     for place in places:
@@ -321,7 +338,7 @@ def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",))
                 # Folders count too: a tree of empty folders was walked to its end.
                 looked += 1
                 if looked > most or links > LINKS_FOLLOWED_AT_MOST:
-                    break
+                    break  # past the links: `unfollowed` has the first one left
                 if entry.is_symlink():  # a link to a folder is not walked into
                     if (real := followed(entry.path)) is not None:
                         add(*real)
@@ -331,18 +348,34 @@ def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",))
                     with contextlib.suppress(OSError):  # gone meanwhile
                         add(entry.path, entry.stat(follow_symlinks=False))
             folders.extend(reversed(beneath))  # each folder's own, first to last
-    return HeldFiles(tuple(found.values()), complete=links <= LINKS_FOLLOWED_AT_MOST)
+    return HeldFiles(tuple(found.values()), tuple(unfollowed))
 
 
 _O_PATH: Final = getattr(os, "O_PATH", None)
 
 
+class _MagicLinkError(Exception):
+    """A link led through a magic link (/proc/self/cwd, /dev/fd/N): a program resolves
+    it as its own, where the worker would follow it as the worker's."""
+
+
 def _followed(path: str) -> tuple[str, os.stat_result]:
-    """`path` with its links followed, by the kernel in one lookup: its real path and
-    status. Where there is no O_PATH or /proc, os.path.realpath walks it part by part."""
+    """`path` with its links followed, by the kernel in one lookup (never through a
+    magic link: _MagicLinkError): its real path and status. Where there is no O_PATH or
+    /proc, os.path.realpath walks it part by part."""
     if _O_PATH is None or not os.path.isdir("/proc/self/fd"):
         return os.path.realpath(path), os.stat(path)
-    fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+    if _openat2.available():
+        try:
+            fd = _openat2.openat2(
+                _AT_FDCWD, path, _O_PATH | os.O_CLOEXEC, 0, _openat2.RESOLVE_NO_MAGICLINKS
+            )
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a magic link, or more than 40 links
+                raise _MagicLinkError(path) from None
+            raise
+    else:
+        fd = os.open(path, _O_PATH | os.O_CLOEXEC)
     try:
         return os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd)
     finally:

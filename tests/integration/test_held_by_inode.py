@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.held import LINKS_FOLLOWED_AT_MOST
 from tests.integration.test_ask_binds_stdin import OTHER, WAITS, Person, attached, waiting
 from tests.support.cluster import Cluster, cluster
 from tests.support.policies import PYTHON3_ASKS, PYTHON3_BESIDE, exec_config
@@ -166,3 +167,59 @@ def test_a_held_script_shaped_like_a_leftover_is_not_swept(asks: Cluster) -> Non
 
     asyncio.run(scenario())
     assert script.read_bytes() == WAITS
+
+
+def test_a_folder_holding_a_read_write_shared_folder_holds_that_folder(tmp_path: Path) -> None:
+    """review23 C13: a folder argument in a read-only shared folder that holds a
+    read-write one (a project shared read-only, its build/ read-write) was beneath no
+    read-write folder, so nothing was held: the agent's fs_write into build/ while the
+    prompt waited went, and the approved program ran it. That folder is held now."""
+    proj = tmp_path / "proj"
+    build = proj / "build"
+    build.mkdir(parents=True)
+    (proj / "__main__.py").write_bytes(b"exec(open('build/gen.py').read())\n")
+    (build / "gen.py").write_bytes(b"print('benign')\n")
+    roots = f'\n[[root]]\npath = "{proj}"\nmode = "ro"\n\n[[root]]\npath = "{build}"\nmode = "rw"\n'
+    config = exec_config(tmp_path / "policy", PYTHON3_ASKS) + roots
+
+    async def scenario(live: Cluster) -> None:
+        async with attached(live) as person:
+            asked = person.run(str(proj))
+            assert await person.answered_or_asked(asked) is None
+            wrote = await person.write(str(build / "gen.py"), OTHER, "overwrite")
+            assert wrote["status"] == "error", wrote
+            assert wrote["error"]["code"] == "busy", wrote
+            assert (await person.decide(asked, "deny"))["status"] == "error"
+            after = await person.write(str(build / "gen.py"), OTHER, "overwrite")
+            assert after["status"] == "ok", after  # let go with the refused command
+
+    with cluster(tmp_path / "home", extra_config=config) as live:
+        asyncio.run(scenario(live))
+
+
+def test_a_folder_of_more_links_than_are_followed_binds_once_and_holds_no_one_up(
+    tmp_path: Path,
+) -> None:
+    """review23 C3 and C11: past LINKS_FOLLOWED_AT_MOST links a folder's hold does not
+    know where the rest lead. Holding up every program that could write beside it
+    stopped every plan's `ls` while the prompt waited; the prompt says it instead, and
+    the approval answers that call only."""
+    config = exec_config(tmp_path / "policy", PYTHON3_ASKS, PYTHON3_BESIDE)
+    with cluster(tmp_path / "home", extra_config=config) as live:
+        ws = live.workspace
+        (ws / "lnk").mkdir()
+        (ws / "t.txt").write_text("target")
+        for i in range(LINKS_FOLLOWED_AT_MOST + 1):
+            (ws / "lnk" / f"l{i:03}").symlink_to("../t.txt")
+        (ws / "s.py").write_bytes(b"print('hi')\n")
+
+        async def scenario() -> None:
+            async with attached(live) as person:
+                asked = person.run("s.py", "lnk")
+                assert await person.answered_or_asked(asked) is None
+                assert "lead is not held while it waits and runs" in person.prompts[-1]["preview"]
+                beside = result_to_dict(await person.exec(["python3x", "-c", "print(1)"]))
+                assert beside["status"] == "ok", beside
+                assert (await person.decide(asked, "deny"))["status"] == "error"
+
+        asyncio.run(scenario())

@@ -74,7 +74,7 @@ from sandbox.workspaces import (
     remove_tree,
 )
 from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
-from worker.actions.host.exec_arg_files import arg_files, plain, written_beside
+from worker.actions.host.exec_arg_files import arg_files, plain
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.actions.host.fs_paths import in_thread
@@ -781,9 +781,9 @@ async def _run_in_workspace(
     )
     program = exec_cmd._admitted(decision, ctx.roots)
     where = functools.partial(_found_in_workspace, workspace)
-    with await exec_cmd.held_while_asked(ctx, decision, cwd, args.argv, where) as writers:
+    with await exec_cmd.held_while_asked(ctx, decision, cwd, args.argv, where) as holding:
         return await _asked_and_run(
-            bench, ctx, workspace, args, (cwd, decision, program), timeout_s, writers
+            bench, ctx, workspace, args, (cwd, decision, program), timeout_s, holding
         )
 
 
@@ -794,11 +794,11 @@ async def _asked_and_run(
     args: exec_cmd.ExecArgs,
     judged: tuple[str, Decision, str],
     timeout_s: float,
-    writers: tuple[str, ...],
+    holding: exec_cmd.Holding,
 ) -> Outcome[exec_cmd.ExecResult]:
     """An exec judged in its plan's workspace (`judged`: its working folder, the
-    allowlist's decision, the program), asked when the rule says so (`writers`: the
-    running calls that may write what it names, sandbox.held), and run."""
+    allowlist's decision, the program), asked when the rule says so (`holding`: what
+    its hold could not make last, sandbox.held), and run."""
     cwd, decision, program = judged
     settings = ctx.config.exec
     if decision.verdict == "ask":
@@ -806,8 +806,7 @@ async def _asked_and_run(
         stdin = await exec_cmd.stdin_sha256(ctx.blob)
         where = functools.partial(_found_in_workspace, workspace)
         files = await asyncio.to_thread(arg_files, ctx.roots, cwd, args.argv, where)
-        if writers:
-            files += (written_beside(writers),)
+        files += holding.unbound()
         await ctx.approve(
             *exec_cmd.ask_about(
                 SURFACE, args.argv, inside, decision.reason, stdin, len(ctx.blob), files

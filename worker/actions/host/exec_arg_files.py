@@ -180,6 +180,15 @@ def written_beside(writers: Sequence[str]) -> ArgFile:
     return _unbound(0, "what its arguments name", f"the running call {calls} may write there")
 
 
+def not_held(links: Sequence[str]) -> ArgFile:
+    """What binds an asked command whose folder arguments hold links the hold does not
+    follow (sandbox.held: past its bound, or through /proc): what they lead to may
+    change before the program opens it, so nothing that lasts."""
+    shown = ", ".join(links[:3]) + (" and others" if len(links) > 3 else "")
+    why = f"where the links {shown} lead is not held while it waits and runs"
+    return _unbound(0, "what its arguments name", why)
+
+
 # What an interpreter adds to a name (`node app` runs app.js, even beside a folder app/;
 # `java Main` runs Main.class from the class path, "." by default).
 IMPLIED_SUFFIXES: Final = (

@@ -25,15 +25,22 @@ import os
 import shlex
 import signal
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Annotated, Any, Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Annotated, Any, Final, NamedTuple
 
 import orjson
 from pydantic import AfterValidator, Field
 
 from allowlist import Decision, Refusal
 from sandbox import HeldError, Root, confinement, environment
-from sandbox.held import Pin, PinDeniedError, at_or_beneath, held_files, pins_for
+from sandbox.held import (
+    Pin,
+    PinDeniedError,
+    Registered,
+    at_or_beneath,
+    held_files,
+    pins_for,
+)
 from sandbox.process import (
     Completed,
     Limits,
@@ -50,6 +57,7 @@ from worker.actions.host.exec_arg_files import (
     arg_files,
     as_found,
     held_places,
+    not_held,
     written_beside,
 )
 from worker.actions.host.exec_git import git_view
@@ -127,12 +135,11 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         cwd, decision, program = _judged(ctx, args)
     else:
         cwd, decision, program = await in_thread(ctx, lane, _judged, ctx, args, looks=True)
-    with await held_while_asked(ctx, decision, cwd, args.argv, lane=lane) as writers:
+    with await held_while_asked(ctx, decision, cwd, args.argv, lane=lane) as holding:
         if decision.verdict == "ask":
             stdin = await stdin_sha256(ctx.blob)
             files = await in_thread(ctx, lane, arg_files, ctx.roots, cwd, args.argv, looks=True)
-            if writers:
-                files += (written_beside(writers),)
+            files += holding.unbound()
             await ctx.approve(
                 *ask_about(
                     "workerHost", args.argv, cwd, decision.reason, stdin, len(ctx.blob), files
@@ -204,6 +211,21 @@ async def exec_command(ctx: Context, args: ExecArgs) -> Outcome[ExecResult]:
         )
 
 
+class Holding(NamedTuple):
+    """What an asked command's hold could not make last (sandbox.held): `writers`,
+    calls whose programs run and may write what it holds; `unfollowed`, links in its
+    folder arguments it did not follow."""
+
+    writers: tuple[str, ...] = ()
+    unfollowed: tuple[str, ...] = ()
+
+    def unbound(self) -> tuple[ArgFile, ...]:
+        """The bindings that say so (a nonce each): its approval answers its call only."""
+        return ((written_beside(self.writers),) if self.writers else ()) + (
+            (not_held(self.unfollowed),) if self.unfollowed else ()
+        )
+
+
 async def held_while_asked(
     ctx: Context,
     decision: Decision,
@@ -212,19 +234,24 @@ async def held_while_asked(
     where: Finder = as_found,
     *,
     lane: Root | None = None,
-) -> contextlib.AbstractContextManager[tuple[str, ...]]:
+) -> contextlib.AbstractContextManager[Holding]:
     """For an asked command, what its arguments name held still (sandbox.held) from now,
     before the look at them, until the returned block ends with its program (review18
     F5); `busy` when an fs_write is writing there now. Nothing for any other."""
     if decision.verdict != "ask":
-        return contextlib.nullcontext(())
+        return contextlib.nullcontext(Holding())
     named = await in_thread(ctx, lane, held_places, cwd, argv, where, looks=True)
     # Only what this call could have written meanwhile, by fs_write or a program of its
     # own: places beneath its read-write shared folders (in sandbox mode, its plan's
-    # workspace). `/` as an argument held every write of every plan, for as long as
-    # the prompt waited (review21 B2).
+    # workspace); and for a place holding one of them (a project shared read-only, its
+    # build/ read-write), that folder: unheld, an fs_write there swapped the approved
+    # code (review23 C13). `/` as an argument held every write of every plan, for as
+    # long as the prompt waited (review21 B2); now it holds this call's own folders.
     writable = [str(root.path) for root in ctx.roots if root.writable]
-    places = [place for place in named if any(at_or_beneath(place, w) for w in writable)]
+    places = sorted(
+        {place for place in named if any(at_or_beneath(place, w) for w in writable)}
+        | {w for w in writable if any(at_or_beneath(w, place) for place in named)}
+    )
     try:
         registered = ctx.containment.held.hold(places, ctx.correlation_id, writable)
     except HeldError as exc:
@@ -239,7 +266,13 @@ async def held_while_asked(
         except HeldError as exc:
             raise busy_held(exc, exc.path) from None
         let_go.pop_all()
-    return registered
+    return _holding(registered, found.unfollowed)
+
+
+@contextlib.contextmanager
+def _holding(registered: Registered, unfollowed: tuple[str, ...]) -> Iterator[Holding]:
+    with registered as writers:
+        yield Holding(writers, unfollowed)
 
 
 @contextlib.asynccontextmanager

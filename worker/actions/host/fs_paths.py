@@ -172,22 +172,6 @@ def carried(name: str) -> tuple[str, bool]:
 def busy_held(exc: HeldError, shown: str) -> WorkerError:
     """`busy` for a place an asked program holds (`shown` is the writer's name for
     it), or for one being written that an asked program names (sandbox.held)."""
-    if exc.looking:
-        return WorkerError(
-            "busy",
-            f"the call {exc.by} is having the files of a command it asks to run looked at "
-            f"({exc.path} among them): a program that could write in a shared folder does "
-            "not start until they are known and held. Run it again in a moment",
-            {"path": exc.path, "held_by": exc.by},
-        )
-    if exc.unknown:
-        return WorkerError(
-            "busy",
-            f"the running call {exc.by} holds {exc.path}, a folder with more links than are "
-            "followed to hold what they lead to: a program that could write beside it could "
-            "change those, and does not start until that call has ended. Run it then",
-            {"path": exc.path, "held_by": exc.by},
-        )
     if exc.other_names:
         return WorkerError(
             "busy",
