@@ -243,14 +243,17 @@ async def held_while_asked(
     named = await in_thread(ctx, lane, held_places, cwd, argv, where, looks=True)
     # Only what this call could have written meanwhile, by fs_write or a program of its
     # own: places beneath its read-write shared folders (in sandbox mode, its plan's
-    # workspace); and for a place holding one of them (a project shared read-only, its
-    # build/ read-write), that folder: unheld, an fs_write there swapped the approved
-    # code (review23 C13). `/` as an argument held every write of every plan, for as
-    # long as the prompt waited (review21 B2); now it holds this call's own folders.
+    # workspace). `/` as an argument held every write of every plan, for as long as
+    # the prompt waited (review21 B2). But a place in a shared folder, which the binder
+    # binds by what it holds, holds the read-write folders beneath it (a project shared
+    # read-only, its build/ read-write): unheld, an fs_write into build/ swapped the
+    # approved code (review23 C13).
     writable = [str(root.path) for root in ctx.roots if root.writable]
+    shared = [str(root.path) for root in ctx.roots]
+    bound = [place for place in named if any(at_or_beneath(place, r) for r in shared)]
     places = sorted(
         {place for place in named if any(at_or_beneath(place, w) for w in writable)}
-        | {w for w in writable if any(at_or_beneath(w, place) for place in named)}
+        | {w for w in writable if any(at_or_beneath(w, place) for place in bound)}
     )
     try:
         registered = ctx.containment.held.hold(places, ctx.correlation_id, writable)
