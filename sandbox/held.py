@@ -119,6 +119,11 @@ class HeldPlaces:
         # n -> the folders the holding call may write: where a held file's other names
         # and a held folder's links can be, and all a program must share to be held up.
         self._hold_roots: dict[int, tuple[str, ...]] = {}
+        # n -> the calls whose programs started beside it while it looked for its files
+        # (a hold not yet known), ended since or not: see `_know`.
+        self._started_looking: dict[int, set[str]] = {}
+        # The holds such a program may have given names of its own: see `_may_start`.
+        self._unsure: set[int] = set()
         self._writing: dict[int, tuple[str, str, Inode | None]] = {}  # n -> (by, place, inode)
         # n -> (by, its folders shared read-write)
         self._running: dict[int, tuple[str, tuple[str, ...]]] = {}
@@ -167,7 +172,16 @@ class HeldPlaces:
                 places = tuple(sorted({*places, *beyond}))
                 self._held[number] = (by, places)
                 self._held_files[number] = found
-                return self._writers(places, by)
+                # A program that started while the files were looked for got no pin for
+                # what is learnt only now, and may have given one of them a name of its
+                # own (a hard link, made after its count of names was read) and ended:
+                # it is a writer, and while the hold lasts no program that could write
+                # beside it starts, as for a file known to have other names (review23
+                # C21).
+                started = self._started_looking.pop(number, set())
+                if started:
+                    self._unsure.add(number)
+                return self._writers(places, by) | started
         return set()
 
     def _writers(self, places: Iterable[str], by: str) -> set[str]:
@@ -189,6 +203,7 @@ class HeldPlaces:
         with self._lock:
             if writable:
                 self._may_start(by, writable)
+                self._started_beside(by, writable)
             shown = {
                 place
                 for holder, places in self._held.values()
@@ -200,6 +215,16 @@ class HeldPlaces:
             self._running[number] = (by, tuple(writable))
         return Registered(self._lock, self._running, number), tuple(sorted(shown))
 
+    def _started_beside(self, by: str, writable: Sequence[str]) -> None:
+        """A program of `by` that could write in `writable` starts (the lock held): each
+        hold still looking for its files, sharing a folder with it, remembers the call."""
+        for number, (holder, _places) in self._held.items():
+            if holder == by or number in self._held_files:
+                continue
+            roots = self._hold_roots.get(number, ("/",))
+            if any(overlap(root, folder) for root in roots for folder in writable):
+                self._started_looking.setdefault(number, set()).add(by)
+
     def _may_start(self, by: str, writable: Sequence[str]) -> None:
         """HeldError unless a program of `by` that could write in `writable` may start
         now (the lock held): not while a held file has other names, which are not
@@ -208,13 +233,15 @@ class HeldPlaces:
         and one plan's waiting prompt stopped every program of every other plan
         (review23 C4). One starting while a hold's files are still being looked for
         starts, and is a writer the hold names once it knows them (`_know`)."""
-        for number, (holder, _places) in self._held.items():
+        for number, (holder, places) in self._held.items():
             found = self._held_files.get(number)
             if holder == by or found is None:
                 continue
             roots = self._hold_roots.get(number, ("/",))
             if not any(overlap(root, folder) for root in roots for folder in writable):
                 continue
+            if number in self._unsure:
+                raise HeldError(places[0], holder, holding=True, other_names=True)
             linked = next((file for file in found.files if file.names > 1), None)
             if linked is not None:
                 raise HeldError(linked.place, holder, holding=True, other_names=True)
@@ -270,6 +297,8 @@ class Registered:
             if self._places is not None:
                 self._places._held_files.pop(self._number, None)
                 self._places._hold_roots.pop(self._number, None)
+                self._places._started_looking.pop(self._number, None)
+                self._places._unsure.discard(self._number)
 
 
 # A held folder's links followed at most, each one lookup the kernel walks (up to 40

@@ -200,19 +200,31 @@ def test_a_program_started_while_a_holds_files_are_looked_for_is_a_writer() -> N
     nor its folders' link targets: a program started then got no pin for them, was no
     writer the hold knew of, and changed the approved script after the look. It starts
     (refusing it stopped every program of every plan while any ask looked: C12), and
-    the hold names it once it knows its files: the approval then answers one call."""
+    the hold names it once it knows its files, ended or not: one that made a hard link
+    of a held link target and ended before `know` was no writer, and a program started
+    after it rewrote the target through that name (C21). While such a hold lasts, no
+    program that could write beside it starts."""
     held = HeldPlaces()
-    hold = held.hold(["/w/pkg"], "call-1")
+    hold = held.hold(["/w/pkg"], "call-1", roots=["/w"])
     with hold as writers:
         assert writers == ()
-        started = held.run(["/w"], "call-2")[0]
-        elsewhere = held.run(["/x"], "call-3")[0]
-        with started, elsewhere:
-            hold.know(HeldFiles((HeldFile("/w/t.py", (1, 2), names=1),)))  # a target out of pkg
-            assert hold.writers == ("call-2",)
-        registered, shown = held.run(["/"], "call-4")
+        with held.run(["/w"], "call-2")[0]:
+            pass  # ended before `know`
+        with held.run(["/x"], "call-3")[0]:
+            pass  # another folder: nothing it could reach
+        hold.know(HeldFiles((HeldFile("/w/t.py", (1, 2), names=1),)))  # a target out of pkg
+        assert hold.writers == ("call-2",)
+        with pytest.raises(HeldError) as refused:
+            held.run(["/w"], "call-4")
+        assert (refused.value.by, refused.value.other_names) == ("call-1", True)
+        with held.run(["/x"], "call-5")[0]:
+            pass
+    quiet = held.hold(["/w/pkg"], "call-6")
+    with quiet:
+        quiet.know(HeldFiles((HeldFile("/w/t.py", (1, 2), names=1),)))
+        registered, shown = held.run(["/"], "call-7")
         with registered:
-            assert shown == ("/w/pkg", "/w/t.py")  # pinned now, the target too
+            assert shown == ("/w/pkg", "/w/t.py")  # nobody started while it looked
 
 
 def test_a_link_is_held_by_the_path_the_kernel_resolves_it_to(tmp_path: Path) -> None:
