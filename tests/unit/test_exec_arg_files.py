@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import py_compile
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
@@ -332,6 +335,97 @@ def test_a_dotted_modules_package_files_are_bound(shared: Path) -> None:
         "a/b/__init__.py",
         "a/b/__main__.py",
     ]
+
+
+def _unchecked_pyc(source: Path, cached: Path) -> None:
+    """`cached` compiled from `source` as an "unchecked hash-based" pyc (PEP 552): the
+    import system takes it whatever the source beside it holds."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    py_compile.compile(
+        str(source),
+        cfile=str(cached),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+
+
+@pytest.mark.parametrize("tag", [sys.implementation.cache_tag, "cpython-312", "pypy310"])
+@pytest.mark.parametrize(
+    ("argv", "stem"), [(["python3", "-m", "mod"], "mod"), (["python3", "-m", "pkg.mod"], "pkg/mod")]
+)
+def test_a_modules_caches_of_any_python_are_bound_and_held(
+    shared: Path, argv: list[str], stem: str, tag: str
+) -> None:
+    """review23 C5: `python3 -m mod` runs __pycache__/mod.<tag>.pyc, valid whatever
+    mod.py holds when unchecked hash-based, and an fs_write of it ran under the
+    approval; C15: the allowlisted python (3.12) may be another than the worker's."""
+    (shared / "pkg").mkdir()
+    (shared / "pkg" / "__init__.py").write_text("")
+    (shared / f"{stem}.py").write_text("print('benign')\n")
+    caches = (shared / stem).parent / "__pycache__"
+    before = _bound(shared, argv)
+    assert str(caches) in exec_arg_files.held_places(str(shared), argv)  # names nothing yet
+    _unchecked_pyc(shared / "script.py", caches / f"{(shared / stem).name}.{tag}.pyc")
+    assert _bound(shared, argv) != before
+    assert (1 + argv.index("-m"), "folder") in _kinds(shared, argv)
+
+
+@pytest.mark.parametrize("stem", ["mod", "mod/__init__"])
+def test_a_modules_compiled_forms_of_any_cpython_are_bound(shared: Path, stem: str) -> None:
+    """review23 C5, C15: FileFinder takes an extension module (mod.<abi>.so, mod.so)
+    over mod.py, and a sourceless mod.pyc; the abi of whichever python runs."""
+    (shared / "mod").mkdir()
+    (shared / "mod.py").write_text("print('benign')\n")
+    tag = sys.implementation.cache_tag
+    for suffix in (
+        EXTENSION_SUFFIXES[0],
+        EXTENSION_SUFFIXES[0].replace(f".{tag}-", ".cpython-312-"),
+        EXTENSION_SUFFIXES[0].replace(f".{tag}-", ".cpython-313t-"),
+        ".abi3.so",
+        ".so",
+        ".pyc",
+    ):
+        (shared / f"{stem}{suffix}").write_bytes(b"\x7fELF")
+        assert f"{stem}{suffix}" in [
+            path for _, path, _ in _found(shared, ["python3", "-m", "mod"])
+        ]
+        assert str(shared / f"{stem}{suffix}") in exec_arg_files.held_places(
+            str(shared), ["python3", "-m", "mod"]
+        )
+
+
+@pytest.mark.parametrize(
+    ("argv", "module"),
+    [
+        (["python3", "-m", "unittest", "test_mod"], "test_mod.py"),
+        (["python3", "-m", "unittest", "-v", "tests.test_mod"], "tests/test_mod.py"),
+        (["python3", "-m", "unittest", "tests/test_mod.py"], "tests/__init__.py"),
+        (["python3", "-m", "runpy", "mod"], "mod.py"),
+        (["python3", "-mrunpy", "mod"], "mod.py"),
+    ],
+)
+def test_modules_a_runner_imports_by_name_are_bound(
+    shared: Path, argv: list[str], module: str
+) -> None:
+    """review23 C6: `-m unittest test_mod` and `-m runpy mod` import ./test_mod.py and
+    ./mod.py by name, and only the module after `-m` was bound."""
+    (shared / "tests").mkdir()
+    for name in ("test_mod.py", "mod.py", "tests/__init__.py", "tests/test_mod.py"):
+        (shared / name).write_text(f"# {name}\n")
+    assert module in [path for _, path, _ in _found(shared, argv)]
+    assert str(shared / module) in exec_arg_files.held_places(str(shared), argv)
+
+
+def test_a_modules_names_are_made_no_further_than_they_are_looked_at(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review21 B4 for modules: a dotted name of 2,048 parts names ~16 names a part,
+    each up to 4 KiB; past NAMES_AT_MOST none is made, and what binds is a nonce."""
+    looked = _counted(monkeypatch, "_bound")
+    argv = ["python3", "-m", "unittest", *[".".join(["a"] * 2047)] * 62]
+    first = arg_files([Root(path=shared, writable=True)], str(shared), argv)
+    assert first[-1].kind == "unbound" and "not looked at" in first[-1].line()
+    assert len(looked) <= exec_arg_files.NAMES_AT_MOST
 
 
 def test_the_file_an_at_sign_names_is_bound(shared: Path) -> None:

@@ -22,8 +22,8 @@ good for that call only: approved "for this plan", the next call asks again. An
 argument naming nothing is left out (a file made there later adds itself to the
 binding, and asks again), and one the kernel refuses (too long) is never looked up.
 Not bound (docs/architecture.md, "exec approvals"): files a program opens by its own
-choice (imports from the working folder, a Makefile's includes, pytest's conftest.py,
-what an `@file` names).
+choice (imports from the working folder but for the modules named after `-m`, a
+Makefile's includes, pytest's conftest.py, what an `@file` names).
 
 What the arguments name is held still from before the look until the program has
 ended (`held_places`, sandbox.held): the worker writes nothing there meanwhile, so the
@@ -41,8 +41,10 @@ import os
 import posixpath
 import secrets
 import stat
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from importlib.machinery import BYTECODE_SUFFIXES, EXTENSION_SUFFIXES, SOURCE_SUFFIXES
 from typing import Final
 
 from sandbox import ConfinementError, Problem, Root, locate, open_regular
@@ -203,10 +205,12 @@ NAME_MAX_BYTES: Final = 255
 # one argument of 130,000 bytes cost 16 s of lookups before anyone was asked). Each
 # name costs a lookup in `arg_files` and one in `held_places`, 50-150 us each on this
 # project's 2-core CI machine: 2,048 names are looked at within ~0.3 s each. They fit
-# 64 arguments with their implied names (12 each) and a compiler's 64 flags (a tail a
-# letter: `-fno-strict-aliasing` has 18); 256 Ki characters fit 64 names as long as the
-# kernel takes. What is past either is not looked at, and the approval answers that
-# call only.
+# 64 arguments with their implied names (12 each), a compiler's 64 flags (a tail a
+# letter: `-fno-strict-aliasing` has 18) and 30 modules named after `-m unittest` (68
+# each: `_loaded`'s 19 for each of test_x, test_x/__init__ and test_x/__main__, two
+# __pycache__ folders; 40 more a further part of a dotted name); 256 Ki characters fit
+# 64 names as long as the kernel takes. What is past either is not looked at, and the
+# approval answers that call only.
 NAMES_AT_MOST: Final = 2048
 NAME_BYTES_AT_MOST: Final = 256 * 1024
 _TOO_MANY: Final = (
@@ -231,13 +235,14 @@ def _looked_at(argv: Sequence[str]) -> _Looked:
     names: list[tuple[int, str]] = []
     seen: set[str] = set()  # a name looked at once a call, for the first argument naming it
     spent = 0
+    modules = False
     for index, arg in enumerate(argv[1:], start=1):
         if index > LOOKED_AT:
             return _Looked(
                 tuple(names), (index, "…", f"arguments past the {LOOKED_AT}th are not read")
             )
         module = index > 1 and _takes_a_module(argv[index - 1])
-        for named in _names(arg, module=module):
+        for named in _names(arg, module=module or (modules and not arg.startswith("-"))):
             # Looking at a name costs its length, taken or not; one longer than the
             # kernel takes is refused unread (an argument may hold 128 KiB).
             spent += len(named) if len(named) <= PATH_MAX_BYTES else 0
@@ -246,6 +251,9 @@ def _looked_at(argv: Sequence[str]) -> _Looked:
             if named not in seen and _taken_by_kernel(named):
                 seen.add(named)
                 names.append((index, named))
+        # Once python runs a module, the arguments after it may be modules it imports
+        # by name (`-m unittest test_mod`, `-m runpy mod`: review23 C6).
+        modules = modules or module or _runs_an_attached_module(arg)
     return _Looked(tuple(names), None)
 
 
@@ -276,11 +284,13 @@ def _names(arg: str, *, module: bool = False) -> Iterator[str]:
     IMPLIED_SUFFIXES were most of the names a compiler's flags cost."""
     if not arg or "\0" in arg:
         return
-    for whole in _wholes(arg, module=module):
+    for whole in _wholes(arg):
         yield whole
         yield from _suffixed(whole)
         yield from _class_file(whole)
         yield from _listed_paths(whole)
+    if module:
+        yield from _modules(arg)
     if arg.startswith("-") and not arg.startswith("--"):
         # A tail longer than the kernel takes names nothing: never made.
         start = max(2, len(arg) - PATH_MAX_BYTES)
@@ -298,7 +308,7 @@ def _names(arg: str, *, module: bool = False) -> Iterator[str]:
                 yield from _module_files(arg[at:])
 
 
-def _wholes(arg: str, *, module: bool) -> Iterator[str]:
+def _wholes(arg: str) -> Iterator[str]:
     if arg.startswith("--") and "=" in arg:
         yield arg.split("=", 1)[1]
         return
@@ -307,8 +317,14 @@ def _wholes(arg: str, *, module: bool) -> Iterator[str]:
         yield arg.split("=", 1)[1]  # `make MAKEFILES=inc.mk` reads inc.mk first
     if arg.startswith("@"):
         yield arg[1:]
-    if module:
-        yield from _module_files(arg)
+
+
+def _modules(arg: str) -> Iterator[str]:
+    """The files of the module `arg` names: its own, or, for a relative `.py` path, the
+    module's it is (`-m unittest tests/test_mod.py` imports tests.test_mod)."""
+    yield from _module_files(arg)
+    if arg.endswith(".py") and not arg.startswith("/"):
+        yield from _module_files(plain(arg).removesuffix(".py").replace("/", "."))
 
 
 def _listed_paths(whole: str) -> Iterator[str]:
@@ -352,18 +368,65 @@ def _takes_a_module(arg: str) -> bool:
     return arg.startswith("-") and not arg.startswith("--") and arg.endswith("m")
 
 
-def _module_files(name: str) -> tuple[str, ...]:
-    """The files python runs for `-m a.b` from its working folder (its first place to
-    look): a/__init__.py as it imports the package, then a/b.py, or the package
-    a/b's __init__.py and __main__.py."""
+def _runs_an_attached_module(arg: str) -> bool:
+    """Whether `arg` is a short-option cluster with a value after an `m` (`-mmod`)."""
+    return arg.startswith("-") and not arg.startswith("--") and "m" in arg[1:-1]
+
+
+# What python's import system may load for a module it finds in a folder, in
+# FileFinder's order: an extension, the source, a sourceless .pyc. The extension's
+# names are the worker's python's (EXTENSION_SUFFIXES) and, on this platform, each
+# CPython 3.6 to 3.16's, free-threaded ones too: the allowlisted python may be another
+# version than the worker's (review23 C15: a python3.12 loads
+# mod.cpython-312-x86_64-linux-gnu.so, which 3.11's names left unbound).
+def _extension_suffixes() -> tuple[str, ...]:
+    mine = tuple(EXTENSION_SUFFIXES)
+    tag = f".{sys.implementation.cache_tag}-"
+    if not mine or not mine[0].startswith(tag):
+        return mine  # not CPython's shape: its own only
+    platform = mine[0].removeprefix(tag)  # x86_64-linux-gnu.so
+    abis = (
+        *(f"3{minor}m" for minor in (6, 7)),
+        *(f"3{minor}" for minor in range(8, 17)),
+        *(f"3{minor}t" for minor in range(13, 17)),
+    )
+    return tuple(dict.fromkeys((*mine, *(f".cpython-{abi}-{platform}" for abi in abis))))
+
+
+_LOADED_SUFFIXES: Final = (*_extension_suffixes(), *SOURCE_SUFFIXES, *BYTECODE_SUFFIXES)
+# Where python keeps the caches it takes over a source (__pycache__/<name>.<tag>[.opt-N]
+# .pyc, a cache "unchecked hash-based" valid whatever the source holds: PEP 552,
+# review23 C5, an fs_write of it swapped the code of an approved `python3 -m mod`): each
+# version its own tag, so the folder is bound whole, and held, a cache of any python
+# made there meanwhile `busy` (review23 C15).
+_CACHES: Final = "__pycache__"
+
+
+def _module_files(name: str) -> Iterator[str]:
+    """The files python may run for the module `name` (`-m a.b`) found from its
+    working folder (its first place to look), lazily: at each level (a, then a/b) what
+    it imports as a package (a/__init__.py and its kin) or as a module (a.py and its
+    kin: `_loaded`), the caches beside each (a's __pycache__ folder, a/__pycache__), and
+    a package's __main__ (runpy runs a/b/__main__.py)."""
     if len(name) > PATH_MAX_BYTES:
-        return ()
+        return
     parts = name.split(".")
     if not all(part.isidentifier() for part in parts):
-        return ()
-    path = "/".join(parts)
-    packages = tuple("/".join(parts[:at]) + "/__init__.py" for at in range(1, len(parts)))
-    return (*packages, f"{path}.py", f"{path}/__init__.py", f"{path}/__main__.py")
+        return
+    yield _CACHES
+    stem = ""
+    for part in parts:
+        stem = f"{stem}/{part}" if stem else part
+        yield from _loaded(f"{stem}/__init__")
+        yield from _loaded(stem)
+        yield f"{stem}/{_CACHES}"  # its own caches as a package, its modules' as a level
+    yield from _loaded(f"{stem}/__main__")
+
+
+def _loaded(stem: str) -> Iterator[str]:
+    """What the import system may load for `stem` (a/b for the module a.b)."""
+    for suffix in _LOADED_SUFFIXES:
+        yield stem + suffix
 
 
 def _suffixed(named: str) -> tuple[str, ...]:
