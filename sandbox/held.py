@@ -307,7 +307,12 @@ class Registered:
 LINKS_FOLLOWED_AT_MOST: Final = 128
 
 
-def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",)) -> HeldFiles:
+def held_files(
+    places: Iterable[str],
+    most: int,
+    within: Sequence[str] = ("/",),
+    follow: Callable[[str], str | None] | None = None,
+) -> HeldFiles:
     """The regular files `places` hold beneath the folders `within` (the holding call's
     read-write ones: a file elsewhere it cannot change, and /usr/bin/perl has two names),
     links followed, each by its real path and inode with its count of names: a place
@@ -318,7 +323,10 @@ def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",))
     one lookup the kernel walks, for LINKS_FOLLOWED_AT_MOST links at most
     (os.path.realpath took an lstat a part and every link: 4,000 links of 4 KiB
     `d/../d/..` targets kept it 9 s, chains of 39 such links minutes: review23 C3).
-    The links past them, and those through a magic link, are `unfollowed`."""
+    The links past them, and those through a magic link, are `unfollowed`. `follow`
+    follows a link as the program will (the binder's way, exec_arg_files: in sandbox mode
+    `/workspace/...` is the plan's workspace, which the host has elsewhere: review23 C17),
+    or None where it cannot say; without it the host's kernel follows it."""
     found: dict[Inode, HeldFile] = {}
     unfollowed: list[str] = []
     links = 0
@@ -334,6 +342,15 @@ def held_files(places: Iterable[str], most: int, within: Sequence[str] = ("/",))
         if links > LINKS_FOLLOWED_AT_MOST:
             unfollowed.append(path)
             return None
+        if follow is not None:
+            led = follow(path)
+            if led is None:
+                unfollowed.append(path)
+                return None
+            try:
+                return led, os.stat(led, follow_symlinks=False)
+            except (OSError, ValueError):
+                return None  # names nothing now: bound as naming nothing
         try:
             return _followed(path)
         except _MagicLinkError:

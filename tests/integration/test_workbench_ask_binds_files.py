@@ -5,12 +5,18 @@ the script does, and only then. Real hub, real `agentworker run --sandbox`, bubb
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 from tests.support.cluster import Cluster
 from tests.support.policies import PYTHON3_ASKS, exec_config
 from tests.support.workbench import call, files_of, run, sandbox_cluster
+from worker.config import Paths
+from worker.core.console_socket import SocketLink
+from worker.hub.client import ControlClient, result_to_dict
 
 
 def _asked_as(live: Cluster, plan: str, argv: list[str]) -> str:
@@ -92,3 +98,59 @@ def test_a_folders_link_into_the_workspace_is_bound_by_what_it_leads_to(tmp_path
         assert _asked_as(live, plan, ["python3", "pkg"]) != first
         far = _asked_as(live, plan, ["python3", "far"])
         assert far != _asked_as(live, plan, ["python3", "far"])  # a nonce: each call asks
+
+
+def test_a_folders_link_into_the_workspace_is_held_while_the_prompt_waits(tmp_path: Path) -> None:
+    """review23 C17: with the link followed as the program follows it (C1), the binding
+    covered s.py, but the hold followed it on the host, where /workspace/s.py names
+    nothing: the agent's fs_write of s.py while the prompt waited went, and the approved
+    `python3 pkg` ran it. The hold follows links as the binder does now."""
+    plan = f"held-{uuid.uuid4().hex[:8]}"
+    with sandbox_cluster(
+        tmp_path, extra_config=exec_config(tmp_path / "policy", PYTHON3_ASKS)
+    ) as live:
+        _write(live, plan, "print('approved')\n")
+        pkg = files_of(live, "bench", plan) / "pkg"
+        pkg.mkdir()
+        (pkg / "__main__.py").symlink_to("/workspace/s.py")
+        home = live.home.parent / "bench"
+
+        async def scenario() -> None:
+            ui = SocketLink(Paths(config_dir=home, data_dir=home).ui_socket)
+            client = ControlClient.connect(live.listen, live.token)
+            prompts: list[dict[str, Any]] = []
+            shown = asyncio.Event()
+
+            def told(event: dict[str, Any]) -> None:
+                if event.get("type") == "prompt":
+                    prompts.append(event["prompt"])
+                    shown.set()
+
+            def dispatched(action: str, args: dict[str, Any], blob: bytes = b"") -> Any:
+                return client.dispatch(
+                    agent_id="tester",
+                    plan_id=plan,
+                    surface="workbenchHost",
+                    action=action,
+                    args_json=json.dumps(args),
+                    blob=blob,
+                    timeout_ms=120_000,
+                )
+
+            await ui.open(told)
+            try:
+                asked = asyncio.ensure_future(dispatched("exec", {"argv": ["python3", "pkg"]}))
+                await shown.wait()
+                args = {"path": "s.py", "mode": "overwrite"}
+                wrote = result_to_dict(await dispatched("fs_write", args, b"print('EVIL')\n"))
+                assert wrote["status"] == "error", wrote
+                assert wrote["error"]["code"] == "busy", wrote
+                decided = {"op": "decide", "prompt_id": prompts[-1]["id"], "choice": "once"}
+                assert (await ui.command(decided))["ok"]
+                ran = await asked
+                assert ran.result.blob == b"approved\n", result_to_dict(ran)
+                await ui.close()
+            finally:
+                await client.close()
+
+        asyncio.run(scenario())

@@ -56,6 +56,7 @@ from worker.actions.host.exec_arg_files import (
     Finder,
     arg_files,
     as_found,
+    followed_as_run,
     held_places,
     not_held,
     written_beside,
@@ -262,8 +263,10 @@ async def held_while_asked(
     with contextlib.ExitStack() as let_go:
         let_go.push(registered)  # unless its files are known: then the caller's block
         try:  # once held: what its places are, by inode (review21 B1)
+            # Links followed as the binder follows them: as the program will.
+            follow = functools.partial(followed_as_run, where=where)
             found = await in_thread(
-                ctx, lane, held_files, places, LISTED_AT_MOST, writable, looks=True
+                ctx, lane, held_files, places, LISTED_AT_MOST, writable, follow, looks=True
             )
             registered.know(found)
         except HeldError as exc:
