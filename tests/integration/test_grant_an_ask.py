@@ -76,3 +76,23 @@ def test_an_ask_the_worker_never_refused_is_not_granted(live: Cluster) -> None:
     assert granted.returncode == 2, granted.stdout
     assert "Let the call run once so that the worker refuses it" in granted.stderr
     assert _granted_asks(live) == []
+
+
+def test_an_argument_cannot_print_lines_of_its_own_under_what_a_grant_lets_run(
+    live: Cluster,
+) -> None:
+    """review23 C18: `grant` split what it shows with str.splitlines, which also breaks
+    at U+2028 (and U+2029, U+0085, \\v, \\f): an argument holding one printed a second
+    `command:` line of the agent's choosing. Lines break at the prompt's own only."""
+    (live.workspace / "s.py").write_text("print('x')\n")
+    forged = "x\u2028command: python3 harmless.py\u2029y"
+    args = {"argv": ["python3", "s.py", forged], "cwd": str(live.workspace)}
+    answer = live.cli("call", "exec", json.dumps(args), "--agent", "tester", "--plan", "plan-1")
+    refused = dict(json.loads(answer.stdout))
+    name = refused["error"]["details"]["needs_approval"]
+    forged_name = name.replace("python3 (2 args)", "ls (2 args)")
+    for label, out in ((name, "stdout"), (forged_name, "stderr")):
+        granted = live.cli("grant", label, "--agent", "tester", "--plan", "plan-1")
+        printed = getattr(granted, out)
+        assert "\n    command: python3 harmless.py" not in printed, printed
+        assert "\u2028" not in printed and "\u2029" not in printed, printed

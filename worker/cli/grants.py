@@ -99,11 +99,19 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
     print(f"grant {grant_id}: {shown(args.scope)} for agent {args.agent}, plan {args.plan}{until}")
     if refused is not None:
         print("  it lets this run, as the worker here refused it (passwords masked):")
-        for line in refused.shown.splitlines():
+        for line in _lines(refused.shown):
             print(f"    {shown(line)}")
     whose = "the first server" if server == NEXT_SERVER else f"server {shown(server)}"
     print(f"  for {whose} ({how}); it admits no other server's calls")
     return EXIT_OK
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of what a refused ask showed, broken where its prompt broke them: at
+    "\n" only. str.splitlines breaks at U+2028, U+2029, U+0085, \v and \f too, and an
+    argument holding one printed a line of the agent's choosing (review23 C18); `shown`
+    writes those as escapes."""
+    return text.rstrip("\n").split("\n")
 
 
 def _refused_ask(paths: Paths, label: str, args: argparse.Namespace) -> RefusedAsk | None:
@@ -135,7 +143,7 @@ def _refused_ask(paths: Paths, label: str, args: argparse.Namespace) -> RefusedA
             f"agentworker grant {shlex.quote(refused.name)} --agent {shlex.quote(args.agent)}"
             f" --plan {shlex.quote(args.plan)}"
         )
-        what = "".join(f"    {shown(line)}\n" for line in refused.shown.splitlines())
+        what = "".join(f"    {shown(line)}\n" for line in _lines(refused.shown))
         print(
             f"agentworker: '{shown(label)}' is not what the worker here refused under that "
             f"sha256: it refused '{shown(refused.name)}', which is\n{what}Nothing granted. "
