@@ -43,8 +43,10 @@ MIB = 1024 * 1024
 GOALS_ENV = "AGENTWORKER_BENCH_GOALS"
 
 # A bare gRPC echo, run as `python -c ECHO_SERVER ADDRESS [MAX_MESSAGE_BYTES]`:
-# /Echo/Stream echoes each message of a bidi stream, /Echo/Call a unary request, and
-# /Echo/Sink takes a unary request and answers nothing (bytes one way only).
+# /Echo/Stream echoes each message of a bidi stream, /Echo/Call a unary request,
+# /Echo/Sink takes a unary request and answers nothing (bytes one way only), and
+# /Echo/ReadOne echoes the one request of a client stream, read by the handler within a
+# time (the shape of the hub's Dispatch, read in turn: worker.hub.services._read_in_turn).
 ECHO_SERVER = """
 import asyncio, sys, grpc
 sys.path.insert(0, REPOSITORY)
@@ -57,6 +59,9 @@ async def call(request, context):
     return request
 async def sink(request, context):
     return b""
+async def read_one(requests, context):
+    async with asyncio.timeout(30):
+        return await context.read()
 async def main():
     options = None
     if len(sys.argv) > 2:
@@ -67,6 +72,7 @@ async def main():
         "Stream": grpc.stream_stream_rpc_method_handler(echo),
         "Call": grpc.unary_unary_rpc_method_handler(call),
         "Sink": grpc.unary_unary_rpc_method_handler(sink),
+        "ReadOne": grpc.stream_unary_rpc_method_handler(read_one),
     }
     routes = grpc.method_handlers_generic_handler("Echo", handlers)
     server.add_generic_rpc_handlers((routes,))

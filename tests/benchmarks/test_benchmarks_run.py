@@ -109,6 +109,7 @@ def test_roundtrip_benchmark_prints_every_row_with_its_ratio(goals_file: Path) -
         "raw gRPC bidi echo",
         "raw gRPC unary echo",
         "raw two-hop relay",
+        "raw stream-unary echo",
         "fs_stat hub → worker → hub",
         "via Dispatch, `up`",
         "via Dispatch, hub + run",
@@ -119,8 +120,9 @@ def test_roundtrip_benchmark_prints_every_row_with_its_ratio(goals_file: Path) -
     assert out.count("beside the raw two-hop relay") == 4, out
     # Each topology's CPU a call, process by process, and the rate the cores allow it,
     # beside the bare unary echo server's.
-    assert out.count("CPU us a call: caller ") == 6, out  # the unary echo's too
-    assert out.count(", run ") == 2 and out.count(", echo server ") == 2, out
+    # the unary echo's and the stream-unary echo's too
+    assert out.count("CPU us a call: caller ") == 8, out
+    assert out.count(", run ") == 2 and out.count(", echo server ") == 4, out
     rows = _recorded(goals_file, "bench_roundtrip", 4)
     assert {row.unit for row in rows} == {" ms", " calls/s"}
 
