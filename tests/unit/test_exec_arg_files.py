@@ -240,10 +240,12 @@ def test_a_name_the_kernel_refuses_is_not_looked_at(
     argv = ["python3", "script.py", "a/" * 65_000, "x" * 256 + "/s.py"]
     looked, resolved = _counted(monkeypatch, "_bound"), _counted(monkeypatch, "_resolved")
     assert _found(shared, argv) == [(1, "script.py", _sha(shared / "script.py"))]
-    # script.py, and the class `java script.py` would run: script/py.class
-    looked_for = ["script.py", "script/py.class"]
+    # script.py, the names node adds to it (script.py.js, ...), and the class `java
+    # script.py` would run: script/py.class
+    implied = [f"script.py{suffix}" for suffix in exec_arg_files.IMPLIED_SUFFIXES]
+    looked_for = ["script.py", *implied, "script/py.class"]
     held = exec_arg_files.held_places(str(shared), argv)
-    assert held == tuple(str(shared / name) for name in looked_for)
+    assert held == tuple(sorted(str(shared / name) for name in looked_for))
     assert [call[2] for call in looked] == looked_for  # the one lookup each
     assert len(resolved) == len(looked_for)
 
@@ -584,3 +586,29 @@ def test_a_folders_link_out_of_the_shared_folders_is_bound_by_where_it_leads(
     (shared / "pkg" / "s").unlink()
     (shared / "pkg" / "s").symlink_to(tmp_path / "other.txt")
     assert _bound(shared, ["python3", "pkg"]) != before
+
+
+def test_node_runs_a_dotted_name_with_its_implied_suffix(shared: Path) -> None:
+    """review23 C6: `node app.v2` runs app.v2.js; a last part with a dot got no implied
+    names, and an approval of it ran app.v2.js rewritten."""
+    (shared / "app.v2.js").write_text("console.log(1)\n")
+    assert _found(shared, ["node", "app.v2"]) == [(1, "app.v2.js", _sha(shared / "app.v2.js"))]
+
+
+def test_a_module_node_preloads_by_a_bare_name_binds_nothing_that_lasts(shared: Path) -> None:
+    """review23 C6: `node -r mymod app.js` loads node_modules/mymod/index.js, found by
+    node's own search up the folders: not bound, it binds a nonce (the approval answers
+    that call only); a preload by path is bound as any path is."""
+    (shared / "app.js").write_text("console.log(1)\n")
+    (shared / "pre.js").write_text("console.log(0)\n")
+    for argv in (
+        ["node", "-r", "mymod", "app.js"],
+        ["node", "--require=mymod", "app.js"],
+        ["node", "--import", "mymod", "app.js"],
+    ):
+        assert "unbound" in [kind for _, kind in _kinds(shared, argv)], argv
+    by_path = ["node", "-r", "./pre.js", "app.js"]
+    assert "unbound" not in [kind for _, kind in _kinds(shared, by_path)]
+    assert (2, "./pre.js", _sha(shared / "pre.js")) in _found(shared, by_path)
+    grep = ["grep", "-r", "mymod", "."]
+    assert "unbound" not in [kind for _, kind in _kinds(shared, grep)]  # not node's -r

@@ -158,7 +158,32 @@ def arg_files(
         hashed += file.size if file.sha256 else file.read
     if looked.cut is not None:
         found.append(_unbound(*looked.cut))
+    found.extend(_unbound(index, named, why) for index, named, why in _looked_up(argv))
     return tuple(found)
+
+
+# node's options that load a module before the script: a bare name (`-r mymod`) is
+# looked up in each node_modules folder from the working folder up (review23 C6: an
+# approval of `node -r mymod app.js` ran node_modules/mymod/index.js rewritten).
+_NODE_PRELOADS: Final = ("-r", "--require", "--import", "--loader", "--experimental-loader")
+
+
+def _looked_up(argv: Sequence[str]) -> Iterator[tuple[int, str, str]]:
+    """The arguments a program looks up by a name of its own search rather than by
+    path, which the binding cannot follow: node's preloaded bare module names."""
+    if not argv or not os.path.basename(argv[0]).startswith("node"):
+        return
+    for index, arg in enumerate(argv[1 : LOOKED_AT + 1], start=1):
+        option, eq, value = arg.partition("=")
+        if eq and option in _NODE_PRELOADS:
+            named = value
+        elif index > 1 and argv[index - 1] in _NODE_PRELOADS:
+            named = arg
+        else:
+            continue
+        if named and not named.startswith(("./", "../", "/", "file:")):
+            why = "node looks a module named so up in node_modules folders, which are not bound"
+            yield index, named, why
 
 
 def held_places(cwd: str, argv: Sequence[str], where: Finder = as_found) -> tuple[str, ...]:
@@ -432,11 +457,12 @@ def _loaded(stem: str) -> Iterator[str]:
 def _suffixed(named: str) -> tuple[str, ...]:
     """The names an interpreter may run for `named` (`node app` loads app.js, whether
     or not there is a folder app: review19 A1c, review21 B3): itself with each of
-    IMPLIED_SUFFIXES, when its last part has no suffix of its own."""
+    IMPLIED_SUFFIXES, a suffix of its own or not (`node app.v2` runs app.v2.js:
+    review23 C6)."""
     if len(named) > PATH_MAX_BYTES:
         return ()
     last = named.rstrip("/").rsplit("/", 1)[-1]
-    if not last or "." in last or named.startswith("-"):
+    if not last or last in (".", "..") or named.startswith("-"):
         return ()
     return tuple(named + suffix for suffix in IMPLIED_SUFFIXES)
 
