@@ -265,6 +265,37 @@ def test_what_an_approved_program_names_is_held_until_it_ends(live: Cluster) -> 
     assert script.read_bytes() == OTHER
 
 
+def test_what_an_argument_file_names_is_bound_and_held(live: Cluster) -> None:
+    """bind23 r1: `java @args` bound args, not the class folder args named, and the
+    agent's swapped class ran under the approval "for this plan". What an `@file`
+    names is held from before the prompt and bound: here helper.py, which @names
+    names (python3 stands in: the binder goes by the argv's shape, not the program)."""
+    for name, content in (("s.py", WAITS), ("names", b"helper.py\n"), ("helper.py", SHOWN)):
+        (live.workspace / name).write_bytes(content)
+    gate = live.workspace / "gate"
+    os.mkfifo(gate)
+
+    async def scenario() -> None:
+        async with attached(live) as person:
+            running = person.run("s.py", "@names")
+            assert await person.answered_or_asked(running) is None
+            assert "file helper.py: " in person.prompts[-1]["preview"]
+            refused = await person.write("helper.py", OTHER, "overwrite")  # while asked
+            assert refused["status"] == "error", refused
+            assert refused["error"]["code"] == "busy", refused
+            command = {"op": "decide", "prompt_id": person.prompts[-1]["id"], "choice": "plan"}
+            assert (await person.ui.command(command))["ok"]
+            with await waiting(running, gate) as writer:
+                writer.write("approved and run\n")
+            assert result_to_dict(await running)["status"] == "ok"
+            assert (await person.write("helper.py", OTHER, "overwrite"))["status"] == "ok"
+            again = person.run("s.py", "@names")
+            assert await person.answered_or_asked(again) is None  # asked again
+            assert (await person.decide(again, "deny"))["error"]["code"] == "scope_denied"
+
+    asyncio.run(scenario())
+
+
 TRIES = b"""import errno, os
 def tried(change):
     try:

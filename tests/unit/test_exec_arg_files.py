@@ -178,7 +178,7 @@ def test_the_places_held_are_each_argument_as_written_and_as_its_links_lead(
     the 64th argument (those bind nothing: the approval answers one call)."""
     (shared / "run.py").symlink_to("script.py")
     argv = ["python3", "run.py", "--out=late.txt", "lib", *["-v"] * 70, "far.py"]
-    places = set(exec_arg_files.held_places(str(shared), argv))
+    places = set(exec_arg_files.held_places(_roots(shared), str(shared), argv))
     for name in ("run.py", "script.py", "late.txt", "lib", "-v"):
         assert str(shared / name) in places, name
     assert str(shared / "far.py") not in places
@@ -203,7 +203,9 @@ def test_a_short_options_attached_value_and_an_implied_suffix_are_bound(shared: 
         (["node", "app"], "app.js"),
     ]:
         assert _found(shared, argv) == [(1, name, _sha(shared / name))], argv
-    assert str(shared / "app.js") in exec_arg_files.held_places(str(shared), ["node", "app"])
+    assert str(shared / "app.js") in exec_arg_files.held_places(
+        _roots(shared), str(shared), ["node", "app"]
+    )
 
 
 def test_a_folders_links_are_bound_by_what_they_point_at(shared: Path) -> None:
@@ -244,7 +246,7 @@ def test_a_name_the_kernel_refuses_is_not_looked_at(
     # script.py` would run: script/py.class
     implied = [f"script.py{suffix}" for suffix in exec_arg_files.IMPLIED_SUFFIXES]
     looked_for = ["script.py", *implied, "script/py.class"]
-    held = exec_arg_files.held_places(str(shared), argv)
+    held = exec_arg_files.held_places(_roots(shared), str(shared), argv)
     assert held == tuple(sorted(str(shared / name) for name in looked_for))
     assert [call[2] for call in looked] == looked_for  # the one lookup each
     assert len(resolved) == len(looked_for)
@@ -266,7 +268,7 @@ def test_the_names_looked_at_are_bounded_and_past_it_the_approval_answers_one_ca
         assert len(looked) <= 2 * exec_arg_files.NAMES_AT_MOST
         assert first[-1].kind == "unbound" and "not looked at" in first[-1].line()
         assert "approval is for this call only" in first[-1].line()
-        places = exec_arg_files.held_places(str(shared), argv)
+        places = exec_arg_files.held_places(_roots(shared), str(shared), argv)
         assert len(places) <= 2 * exec_arg_files.NAMES_AT_MOST  # as written and resolved
 
 
@@ -307,7 +309,7 @@ def test_a_short_options_attached_value_holding_an_equals_sign_is_bound(
     """review21 B3: `make -fb=3.mk` reads b=3.mk; only the `=value` (3.mk) was looked at."""
     (shared / name).write_text("all:\n")
     assert _found(shared, argv) == [(1, name, _sha(shared / name))]
-    assert str(shared / name) in exec_arg_files.held_places(str(shared), argv)
+    assert str(shared / name) in exec_arg_files.held_places(_roots(shared), str(shared), argv)
 
 
 def test_an_attached_value_after_many_flags_is_bound(shared: Path) -> None:
@@ -323,7 +325,7 @@ def test_a_module_python_runs_from_the_working_folder_is_bound(
     """review21 B3: `python3 -m mod` runs ./mod.py, and "mod" named nothing."""
     (shared / "mod.py").write_text("print(1)\n")
     assert [name for _, name, _ in _found(shared, argv)] == ["mod.py"]
-    assert str(shared / "mod.py") in exec_arg_files.held_places(str(shared), argv)
+    assert str(shared / "mod.py") in exec_arg_files.held_places(_roots(shared), str(shared), argv)
 
 
 def test_a_dotted_modules_package_files_are_bound(shared: Path) -> None:
@@ -366,7 +368,9 @@ def test_a_modules_caches_of_any_python_are_bound_and_held(
     (shared / f"{stem}.py").write_text("print('benign')\n")
     caches = (shared / stem).parent / "__pycache__"
     before = _bound(shared, argv)
-    assert str(caches) in exec_arg_files.held_places(str(shared), argv)  # names nothing yet
+    assert str(caches) in exec_arg_files.held_places(
+        _roots(shared), str(shared), argv
+    )  # names nothing yet
     _unchecked_pyc(shared / "script.py", caches / f"{(shared / stem).name}.{tag}.pyc")
     assert _bound(shared, argv) != before
     assert (1 + argv.index("-m"), "folder") in _kinds(shared, argv)
@@ -392,7 +396,7 @@ def test_a_modules_compiled_forms_of_any_cpython_are_bound(shared: Path, stem: s
             path for _, path, _ in _found(shared, ["python3", "-m", "mod"])
         ]
         assert str(shared / f"{stem}{suffix}") in exec_arg_files.held_places(
-            str(shared), ["python3", "-m", "mod"]
+            _roots(shared), str(shared), ["python3", "-m", "mod"]
         )
 
 
@@ -415,7 +419,7 @@ def test_modules_a_runner_imports_by_name_are_bound(
     for name in ("test_mod.py", "mod.py", "tests/__init__.py", "tests/test_mod.py"):
         (shared / name).write_text(f"# {name}\n")
     assert module in [path for _, path, _ in _found(shared, argv)]
-    assert str(shared / module) in exec_arg_files.held_places(str(shared), argv)
+    assert str(shared / module) in exec_arg_files.held_places(_roots(shared), str(shared), argv)
 
 
 def test_a_modules_names_are_made_no_further_than_they_are_looked_at(
@@ -508,7 +512,7 @@ def test_each_part_of_a_class_path_is_bound_and_held(
     assert before == _bound(shared, argv)  # unchanged: the same binding
     (shared / swapped).write_bytes(SWAPPED)
     assert _bound(shared, argv) != before, argv
-    held = exec_arg_files.held_places(str(shared), argv)
+    held = exec_arg_files.held_places(_roots(shared), str(shared), argv)
     bound_as = swapped.split("/")[0]  # the jar, or the folder the list names
     assert str(shared / bound_as) in held, held
 
@@ -526,7 +530,7 @@ def test_a_class_named_by_its_package_is_bound(shared: Path) -> None:
         (["java", "pkg.Inner$1"], "pkg/Inner$1.class"),
     ]:
         assert _found(shared, argv)[-1:] == [(len(argv) - 1, name, _sha(shared / name))], argv
-        assert str(shared / name) in exec_arg_files.held_places(str(shared), argv)
+        assert str(shared / name) in exec_arg_files.held_places(_roots(shared), str(shared), argv)
 
 
 def test_a_folders_links_are_followed_within_a_bound(
@@ -612,3 +616,84 @@ def test_a_module_node_preloads_by_a_bare_name_binds_nothing_that_lasts(shared: 
     assert (2, "./pre.js", _sha(shared / "pre.js")) in _found(shared, by_path)
     grep = ["grep", "-r", "mymod", "."]
     assert "unbound" not in [kind for _, kind in _kinds(shared, grep)]  # not node's -r
+
+
+def test_what_an_argument_file_names_is_bound_and_held(shared: Path) -> None:
+    """bind23 r1: `java @args` (args: `-cp cls pkg.Main`) bound args, not the class
+    folder it named, and the class swapped ran unasked; `gcc @opts` the same for a
+    header it includes. The arguments an `@file` holds are looked at as the argv's."""
+    (shared / "cls" / "pkg").mkdir(parents=True)
+    (shared / "cls" / "pkg" / "Main.class").write_bytes(CLASS)
+    (shared / "args").write_text("-cp cls\npkg.Main\n")
+    (shared / "evil.h").write_text("#define X 1\n")
+    (shared / "opts").write_text("-O2 -include evil.h\t-Ifar @more\n")
+    (shared / "more").write_text("script.py\n")
+    java = ["java", "@args"]
+    assert _kinds(shared, java) == [(1, "file"), (1, "folder")]  # args, cls
+    before = _bound(shared, java)
+    (shared / "cls" / "pkg" / "Main.class").write_bytes(SWAPPED)
+    assert _bound(shared, java) != before
+    assert str(shared / "cls") in exec_arg_files.held_places(_roots(shared), str(shared), java)
+    gcc = ["gcc", "@opts", "-c", "x.c"]
+    assert [name for _, name, _ in _found(shared, gcc)] == ["opts", "evil.h", "more", "script.py"]
+    assert {index for index, _, _ in _found(shared, gcc)} == {1}  # each shown as @opts's
+    held = exec_arg_files.held_places(_roots(shared), str(shared), gcc)
+    assert {str(shared / n) for n in ("evil.h", "far", "more", "script.py")} <= set(held)
+
+
+@pytest.mark.parametrize(
+    "text", ['-cp "cls"\n', "-cp 'cls'\n", "-cp cl\\s\n", "-cp c#x\nls\n", "-cp cls\0\n"]
+)
+def test_an_argument_file_each_program_reads_its_own_way_binds_differently_each_time(
+    shared: Path, text: str
+) -> None:
+    """Quotes, a backslash, `#` or a NUL are read one way by gcc and another by java
+    (`-cp c#x` then `ls` is `-cp ls` to java 17): what such a file names cannot
+    be known, and the approval answers that call only."""
+    (shared / "cls").mkdir()
+    (shared / "args").write_text(text)
+    argv = ["java", "@args", "pkg.Main"]
+    assert (1, "unbound") in _kinds(shared, argv)
+    assert _bound(shared, argv) != _bound(shared, argv)
+    (unbound,) = (f for f in arg_files(_roots(shared), str(shared), argv) if f.kind == "unbound")
+    assert "each program reads its own way" in unbound.line()
+    assert "approval is for this call only" in unbound.line()
+
+
+def test_an_argument_file_that_cannot_be_read_whole_binds_differently_each_time(
+    shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside the shared folders (a host file, whose words would be looked up and held),
+    past ARGUMENT_FILE_BYTES, or past ARGUMENT_FILES_AT_MOST read: not read, and the
+    approval answers that call only. One naming nothing, or a folder, is not read."""
+    (tmp_path / "host-args").write_text("script.py\n")
+    (shared / "a1").write_text("@a2 @a1\n")  # itself again: read once
+    (shared / "a2").write_text("@a3\n")
+    (shared / "a3").write_text("script.py\n")
+    (shared / "big").write_text("script.py " * 10)
+    monkeypatch.setattr(exec_arg_files, "ARGUMENT_FILE_BYTES", 50)
+    monkeypatch.setattr(exec_arg_files, "ARGUMENT_FILES_AT_MOST", 2)
+    for argv, why in [
+        (["gcc", f"@{tmp_path}/host-args"], "outside the shared folders"),
+        (["gcc", "@big"], "of more than 0 KiB"),
+        (["gcc", "@a1"], "past the 2 read"),
+    ]:
+        (unbound,) = (
+            f for f in arg_files(_roots(shared), str(shared), argv) if f.kind == "unbound"
+        )
+        assert why in unbound.line(), (argv, unbound.line())
+        assert _bound(shared, argv) != _bound(shared, argv)
+    assert _kinds(shared, ["gcc", "@nothing", "@lib"]) == [(2, "folder")]
+
+
+def test_the_words_of_argument_files_count_towards_the_names_looked_at(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An argument file may hold 256 KiB of words: they are names looked at before
+    anyone is asked, within the call's NAMES_AT_MOST; past it a nonce."""
+    monkeypatch.setattr(exec_arg_files, "NAMES_AT_MOST", 10)
+    looked = _counted(monkeypatch, "_bound")
+    (shared / "many").write_text(" ".join(f"f{at}.c" for at in range(100)))
+    found = arg_files(_roots(shared), str(shared), ["gcc", "@many"])
+    assert found[-1].kind == "unbound" and "not looked at" in found[-1].line()
+    assert len(looked) <= 10

@@ -21,9 +21,12 @@ name costs lookups, paid before anyone is asked: review21 B4), each make the app
 good for that call only: approved "for this plan", the next call asks again. An
 argument naming nothing is left out (a file made there later adds itself to the
 binding, and asks again), and one the kernel refuses (too long) is never looked up.
-Not bound (docs/architecture.md, "exec approvals"): files a program opens by its own
-choice (imports from the working folder but for the modules named after `-m`, a
-Makefile's includes, pytest's conftest.py, what an `@file` names).
+What an argument file names (`gcc @opts`, `java @args`) is looked at as the argv's
+own arguments, while all programs read the file alike (words between spaces); else,
+or past its bounds, the approval is for that call only. Not bound (docs/architecture.md,
+"exec approvals"): files a program opens by its own choice (imports from the working
+folder but for the modules named after `-m`, a Makefile's includes, pytest's
+conftest.py, a jar manifest's Class-Path).
 
 What the arguments name is held still from before the look until the program has
 ended (`held_places`, sandbox.held): the worker writes nothing there meanwhile, so the
@@ -35,6 +38,7 @@ is running beside it and writes there (docs/architecture.md, "exec approvals").
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -136,7 +140,7 @@ def arg_files(
     out: nothing the agent can write. What was not looked at binds a nonce."""
     found: list[ArgFile] = []
     hashed = 0
-    looked = _looked_at(argv)
+    looked = _looked_at(argv, functools.partial(_read_argument_file, roots, cwd, where))
     unbound: set[tuple[int, str]] = set()  # once an argument (its implied names too)
     for index, named in looked.names:
         path = where(cwd, named)
@@ -156,6 +160,7 @@ def arg_files(
             unbound.add((index, file.why))
         found.append(file)
         hashed += file.size if file.sha256 else file.read
+    found.extend(_unbound(*unread) for unread in looked.unread)
     if looked.cut is not None:
         found.append(_unbound(*looked.cut))
     found.extend(_unbound(index, named, why) for index, named, why in _looked_up(argv))
@@ -186,18 +191,29 @@ def _looked_up(argv: Sequence[str]) -> Iterator[tuple[int, str, str]]:
             yield index, named, why
 
 
-def held_places(cwd: str, argv: Sequence[str], where: Finder = as_found) -> tuple[str, ...]:
+def held_places(
+    roots: Sequence[Root], cwd: str, argv: Sequence[str], where: Finder = as_found
+) -> tuple[str, ...]:
     """The places `argv`'s arguments name, as `arg_files` finds them, each as written
     and as its links resolve now: held (sandbox.held) from before the look until the
     program has ended, so that what was bound is what the program opens, and a name
-    bound as naming nothing stays so (review18 F5)."""
+    bound as naming nothing stays so (review18 F5). What an argument file names is
+    read here before it is held: `reads_argument_files` says when to read it again."""
     places: set[str] = set()
-    for _index, named in _looked_at(argv).names:
+    looked = _looked_at(argv, functools.partial(_read_argument_file, roots, cwd, where))
+    for _index, named in looked.names:
         path = where(cwd, named)
         if path is not None:  # unbound: its approval answers one call
             places.add(os.path.normpath(path))
             places.add(_resolved(path))
     return tuple(sorted(places))
+
+
+def reads_argument_files(argv: Sequence[str]) -> bool:
+    """Whether what `argv` names depends on what a file holds (an argument file,
+    `@args`): `held_places` read it before it was held, and a change made before the
+    hold began named other places than those held."""
+    return any(arg.startswith("@") for arg in argv[1 : LOOKED_AT + 1])
 
 
 def written_beside(writers: Sequence[str]) -> ArgFile:
@@ -246,40 +262,158 @@ _TOO_MANY: Final = (
 
 @dataclass(frozen=True)
 class _Looked:
-    """The names looked at, each with its argument's index, and, when the looking
-    stopped short, where and why (`_unbound`'s index, shown name and why)."""
+    """The names looked at, each with its argument's index; when the looking stopped
+    short, where and why (`_unbound`'s index, shown name and why); and the argument
+    files whose names were not read (each as `_unbound`'s)."""
 
     names: tuple[tuple[int, str], ...]
     cut: tuple[int, str, str] | None
+    unread: tuple[tuple[int, str, str], ...] = ()
 
 
-def _looked_at(argv: Sequence[str]) -> _Looked:
-    """Every name the first LOOKED_AT of `argv`'s arguments may name (`_names`), within
-    NAMES_AT_MOST names and NAME_BYTES_AT_MOST characters; a name the kernel refuses is
-    left out before any lookup."""
-    names: list[tuple[int, str]] = []
-    seen: set[str] = set()  # a name looked at once a call, for the first argument naming it
-    spent = 0
+# What an argument file is, as `_Look` reads it: its bytes, why its names cannot be
+# read (it binds a nonce), or None when it is no regular file in a shared folder
+# (its own binding says what it is).
+Lister = Callable[[str], "bytes | str | None"]
+
+# An argument file (gcc's, clang's, ld's, javac's and java's `@file`) is read for the
+# arguments it holds, and what they name is bound as an argument's (bind23 r1: `java
+# @args` bound args, not the class folder it named, swapped: ran unasked). Read whole
+# up to this much; nested ones (gcc reads an `@` in one) up to this many a call, and
+# this deep.
+ARGUMENT_FILE_BYTES: Final = 256 * 1024
+ARGUMENT_FILES_AT_MOST: Final = 16
+ARGUMENT_FILES_DEEP: Final = 4
+# What each program reads its own way (a quote, a backslash: java escapes only inside
+# quotes, gcc anywhere; `#`: java's comment, even inside a word, whose start it drops:
+# `-cp x#y` then `cls` is `-cp cls` to java 17; a NUL: gcc's end of the file; a vertical
+# tab: a space to gcc only). A file holding none is words between spaces, tabs and line
+# ends to them all.
+_READ_APART: Final = (b"'", b'"', b"\\", b"#", b"\0", b"\v")
+_READ_APART_WHY: Final = (
+    "it is an argument file holding quotes, a backslash, # or a NUL, which each "
+    "program reads its own way"
+)
+
+
+class _Look:
+    """The names `_looked_at` has found so far, within its bounds."""
+
+    def __init__(self, listed: Lister) -> None:
+        self.listed = listed
+        self.names: list[tuple[int, str]] = []
+        self.seen: set[str] = set()  # a name looked at once a call
+        self.spent = 0
+        self.read: set[str] = set()  # the argument files read
+        self.unread: list[tuple[int, str, str]] = []
+
+    def argument(self, index: int, arg: str, *, module: bool, deep: int = 0) -> bool:
+        """Take the names `arg` may name (`_names`), and those of the arguments in the
+        file after its `@`; False once past NAMES_AT_MOST or NAME_BYTES_AT_MOST."""
+        for named in _names(arg, module=module):
+            # Looking at a name costs its length, taken or not; one longer than the
+            # kernel takes is refused unread (an argument may hold 128 KiB).
+            self.spent += len(named) if len(named) <= PATH_MAX_BYTES else 0
+            if self.spent > NAME_BYTES_AT_MOST or len(self.names) >= NAMES_AT_MOST:
+                return False
+            if named not in self.seen and _taken_by_kernel(named):
+                self.seen.add(named)
+                self.names.append((index, named))
+        if arg.startswith("@") and _taken_by_kernel(arg[1:]) and arg[1:] not in self.read:
+            return self._argument_file(index, arg[1:], deep)
+        return True
+
+    def _argument_file(self, index: int, named: str, deep: int) -> bool:
+        if deep >= ARGUMENT_FILES_DEEP or len(self.read) >= ARGUMENT_FILES_AT_MOST:
+            why = (
+                f"it is an argument file past the {ARGUMENT_FILES_AT_MOST} read, or "
+                f"{ARGUMENT_FILES_DEEP} deep in others, and what it names was not read"
+            )
+            self.unread.append((index, named, why))
+            return True
+        self.read.add(named)
+        listed = self.listed(named)
+        if isinstance(listed, bytes) and any(mark in listed for mark in _READ_APART):
+            listed = _READ_APART_WHY
+        if isinstance(listed, str):
+            self.unread.append((index, named, listed))
+        if not isinstance(listed, bytes):
+            return True
+        before = ""
+        for word in listed.split():
+            arg = os.fsdecode(word)
+            if not self.argument(index, arg, module=_takes_a_module(before), deep=deep + 1):
+                return False
+            before = arg
+        return True
+
+
+def _no_argument_files(named: str) -> None:
+    return None
+
+
+def _looked_at(argv: Sequence[str], listed: Lister = _no_argument_files) -> _Looked:
+    """Every name the first LOOKED_AT of `argv`'s arguments may name (`_names`), and
+    those of the arguments in the argument files they name (read by `listed`), within
+    NAMES_AT_MOST names and NAME_BYTES_AT_MOST characters; a name the kernel refuses
+    is left out before any lookup."""
+    look = _Look(listed)
     modules = False
     for index, arg in enumerate(argv[1:], start=1):
         if index > LOOKED_AT:
-            return _Looked(
-                tuple(names), (index, "…", f"arguments past the {LOOKED_AT}th are not read")
-            )
+            why = f"arguments past the {LOOKED_AT}th are not read"
+            return _Looked(tuple(look.names), (index, "…", why), tuple(look.unread))
         module = index > 1 and _takes_a_module(argv[index - 1])
-        for named in _names(arg, module=module or (modules and not arg.startswith("-"))):
-            # Looking at a name costs its length, taken or not; one longer than the
-            # kernel takes is refused unread (an argument may hold 128 KiB).
-            spent += len(named) if len(named) <= PATH_MAX_BYTES else 0
-            if spent > NAME_BYTES_AT_MOST or len(names) >= NAMES_AT_MOST:
-                return _Looked(tuple(names), (index, "…", _TOO_MANY))
-            if named not in seen and _taken_by_kernel(named):
-                seen.add(named)
-                names.append((index, named))
+        if not look.argument(index, arg, module=module or (modules and not arg.startswith("-"))):
+            return _Looked(tuple(look.names), (index, "…", _TOO_MANY), tuple(look.unread))
         # Once python runs a module, the arguments after it may be modules it imports
         # by name (`-m unittest test_mod`, `-m runpy mod`: review23 C6).
         modules = modules or module or _runs_an_attached_module(arg)
-    return _Looked(tuple(names), None)
+    return _Looked(tuple(look.names), None, tuple(look.unread))
+
+
+def _read_argument_file(
+    roots: Sequence[Root], cwd: str, where: Finder, named: str
+) -> bytes | str | None:
+    """The bytes of the argument file `named` (after an `@`), found from `cwd` as the
+    program will, read beneath its shared folder as `_bound` reads a file; why not,
+    past ARGUMENT_FILE_BYTES or outside every shared folder (a file of the host's,
+    whose words would be looked up and held: never read); None when it names no
+    regular file in a shared folder (its own binding says what it is)."""
+    path = where(cwd, named)
+    if path is None or len(os.fsencode(path)) > PATH_MAX_BYTES:
+        return None
+    try:
+        located = locate(roots, path)
+    except (ConfinementError, ValueError):
+        real = _resolved(path)
+        if any(p.startswith(_MAGIC) for p in (path, os.path.normpath(path), real)):
+            return None
+        try:
+            located = locate(roots, real)
+        except (ConfinementError, ValueError):
+            if not os.path.isfile(real):
+                return None
+            return "it is an argument file outside the shared folders, not read"
+    try:
+        with located.root.confined() as root:
+            fd = open_regular(root, located.relative, allow_hard_links=True)
+    except (ConfinementError, OSError, ValueError):
+        return None
+    try:
+        data = b""
+        while len(data) <= ARGUMENT_FILE_BYTES and (
+            chunk := os.read(fd, ARGUMENT_FILE_BYTES + 1 - len(data))
+        ):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > ARGUMENT_FILE_BYTES:
+        return (
+            f"it is an argument file of more than {ARGUMENT_FILE_BYTES // 1024} KiB, and "
+            "what it names was not read"
+        )
+    return data
 
 
 def _taken_by_kernel(named: str) -> bool:

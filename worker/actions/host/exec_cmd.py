@@ -59,6 +59,7 @@ from worker.actions.host.exec_arg_files import (
     followed_as_run,
     held_places,
     not_held,
+    reads_argument_files,
     written_beside,
 )
 from worker.actions.host.exec_git import git_view
@@ -241,7 +242,7 @@ async def held_while_asked(
     F5); `busy` when an fs_write is writing there now. Nothing for any other."""
     if decision.verdict != "ask":
         return contextlib.nullcontext(Holding())
-    named = await in_thread(ctx, lane, held_places, cwd, argv, where, looks=True)
+    look = functools.partial(in_thread, ctx, lane, held_places, ctx.roots, cwd, argv, where)
     # Only what this call could have written meanwhile, by fs_write or a program of its
     # own: places beneath its read-write shared folders (in sandbox mode, its plan's
     # workspace). `/` as an argument held every write of every plan, for as long as
@@ -251,11 +252,15 @@ async def held_while_asked(
     # approved code (review23 C13).
     writable = [str(root.path) for root in ctx.roots if root.writable]
     shared = [str(root.path) for root in ctx.roots]
-    bound = [place for place in named if any(at_or_beneath(place, r) for r in shared)]
-    places = sorted(
-        {place for place in named if any(at_or_beneath(place, w) for w in writable)}
-        | {w for w in writable if any(at_or_beneath(w, place) for place in bound)}
-    )
+
+    def held(named: Sequence[str]) -> list[str]:
+        bound = [place for place in named if any(at_or_beneath(place, r) for r in shared)]
+        return sorted(
+            {place for place in named if any(at_or_beneath(place, w) for w in writable)}
+            | {w for w in writable if any(at_or_beneath(w, place) for place in bound)}
+        )
+
+    places = held(await look(looks=True))
     try:
         registered = ctx.containment.held.hold(places, ctx.correlation_id, writable)
     except HeldError as exc:
@@ -271,6 +276,15 @@ async def held_while_asked(
             registered.know(found)
         except HeldError as exc:
             raise busy_held(exc, exc.path) from None
+        if reads_argument_files(argv) and places != held(await look(looks=True)):
+            # An argument file changed before it was held: the places it names now are
+            # not those held, and what the look binds would not be held still.
+            raise WorkerError(
+                "busy",
+                "an argument file this command names (@...) changed as it was being "
+                "held, so what it names is not held still: run the command again once "
+                "nothing is writing it",
+            )
         let_go.pop_all()
     return _holding(registered, found.unfollowed)
 
