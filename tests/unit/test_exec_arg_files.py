@@ -697,3 +697,24 @@ def test_the_words_of_argument_files_count_towards_the_names_looked_at(
     found = arg_files(_roots(shared), str(shared), ["gcc", "@many"])
     assert found[-1].kind == "unbound" and "not looked at" in found[-1].line()
     assert len(looked) <= 10
+
+
+@pytest.mark.parametrize(
+    ("argv", "swapped"),
+    [
+        (["java", "-javaagent:agent.jar=opts", "-cp", "cls", "pkg.Main"], "agent.jar"),
+        (["java", "-agentpath:lib/agent.so=opts", "pkg.Main"], "lib/agent.so"),
+    ],
+)
+def test_a_java_agents_file_before_its_options_is_bound(
+    shared: Path, argv: list[str], swapped: str
+) -> None:
+    """bind23 r1 `agent`: `java -javaagent:agent.jar=opts` runs agent.jar's premain
+    before the class; the tails "agent.jar=opts", "=opts"... named nothing, and the
+    agent's jar swapped ran unasked. The part of a tail before its '=' is looked at."""
+    for name in ("agent.jar", "lib/agent.so"):  # lib/: the fixture's
+        (shared / name).write_bytes(CLASS)
+    before = _bound(shared, argv)
+    (shared / swapped).write_bytes(SWAPPED)
+    assert _bound(shared, argv) != before
+    assert str(shared / swapped) in exec_arg_files.held_places(_roots(shared), str(shared), argv)

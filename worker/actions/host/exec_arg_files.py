@@ -436,8 +436,9 @@ def _names(arg: str, *, module: bool = False) -> Iterator[str]:
     (`_listed_paths`: `java -cp a:lib/*`); and a short option's attached value
     (review19 A1c: `awk -fp3.awk`) as each tail after its first letter, however many
     flags come before (review21 B3: `make -kkkkkkkkkfb4.mk`) and whatever it holds
-    (`make -fb=3.mk` reads b=3.mk), with the first part of a list it starts
-    (`-Djava.class.path=a:b`, `ruby -Ia:b`: the other parts are later tails), after an
+    (`make -fb=3.mk` reads b=3.mk), with the part before a ':' or '=' in it (a list's
+    first, `-Djava.class.path=a:b`, `ruby -Ia:b`: the other parts are later tails; a
+    java agent's jar before its options, `-javaagent:a.jar=opts`), after an
     `m` as a module too (`python3 -mmod`). A tail gets no implied names: no
     interpreter takes its script attached to an option, and a cluster's tails times
     IMPLIED_SUFFIXES were most of the names a compiler's flags cost."""
@@ -453,15 +454,17 @@ def _names(arg: str, *, module: bool = False) -> Iterator[str]:
     if arg.startswith("-") and not arg.startswith("--"):
         # A tail longer than the kernel takes names nothing: never made.
         start = max(2, len(arg) - PATH_MAX_BYTES)
-        # Where the list part each tail starts ends (the next ':'), found in one pass.
-        ends, colon = [len(arg)] * (len(arg) - start), len(arg)
+        # Where the part each tail starts ends (the next ':' of a list, or '=' before an
+        # option's own options: `-javaagent:agent.jar=opts` runs agent.jar), found in
+        # one pass.
+        ends, stop = [len(arg)] * (len(arg) - start), len(arg)
         for at in range(len(arg) - 1, start - 1, -1):
-            ends[at - start] = colon
-            colon = at if arg[at] == ":" else colon
+            ends[at - start] = stop
+            stop = at if arg[at] in ":=" else stop
         for at in range(start, len(arg)):
             yield arg[at:]
             end = ends[at - start]
-            if arg[at] != ":" and (end < len(arg) or arg.endswith("/*")):
+            if arg[at] not in ":=" and (end < len(arg) or arg.endswith("/*")):
                 yield from _in_a_list(arg[at:end])
             if arg[at - 1] == "m":
                 yield from _module_files(arg[at:])
