@@ -25,6 +25,9 @@ FOUND = [
     ('expect "Name:"; send "me\\r"; expect eof', []),
     ('send "X\\r"', []),  # no prompt yet
     ('expect "Password:"; send {X unclosed', ["{X unclosed"]),
+    # review23 C19: a procedure defined before the prompt and called after it
+    ('proc p {} { send "X\r" }; spawn ssh h; expect "*assword*"; p', ['"X\r"']),
+    ('proc p {} { send "me\r" }; expect "Name:"; p', []),  # no password prompt
 ]
 
 

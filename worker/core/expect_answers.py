@@ -13,8 +13,9 @@ little, keeping one that did costs the password.
 One pass of linear time: a single regular expression with no nested choice splits the
 text into words, and each word is looked at once (review19 A7: a pattern that
 backtracked held the worker's loop for minutes). Best effort: braces and quotes are read
-as Tcl groups them, near enough; a variable's value (`send "$pw\\r"`) or a procedure is
-not followed, and an unclosed brace runs to the end of the text (more read, never less).
+as Tcl groups them, near enough; a variable's value (`send "$pw\\r"`) is not followed,
+a script that defines a procedure and names a password prompt has every value it sends
+taken, and an unclosed brace runs to the end of the text (more read, never less).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _EXPECTS: Final = frozenset(
     for name in ("expect", "expect_before", "expect_after", "expect_background")
 )
 _SENDS: Final = frozenset({"send", "exp_send"})
+_PROC: Final = re.compile(r"(?<![^\s{};\[])proc\s")
 _OPTIONS_WITH_VALUE: Final = frozenset({"-timeout", "-i"})
 # A pattern that asks for a secret: a password, a passphrase (`pass phrase` as openssl
 # writes it), a PIN, a token.
@@ -65,6 +67,11 @@ def answers(text: str) -> list[tuple[int, int]]:
         return []  # no prompt, no answer
     read = text[:READ_CHARS]
     found = _read(read, _TOKEN) + _read(read, _QUOTE_BLIND_TOKEN)
+    if _PROC.search(read) and _SECRET_PROMPT.search(read):
+        # A procedure's sends run where it is called, which the reading does not
+        # follow (`proc p {} { send "X\r" }; expect "*assword*"; p` kept X: review23
+        # C19): with a password prompt anywhere, each value sent is an answer.
+        found += [sent.span(1) for sent in _ANY_SEND.finditer(read)]
     if len(text) > READ_CHARS:
         found += [sent.span(1) for sent in _ANY_SEND.finditer(text, READ_CHARS - _STRADDLE)]
     merged: list[tuple[int, int]] = []
