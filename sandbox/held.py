@@ -221,9 +221,21 @@ class HeldPlaces:
         for number, (holder, _places) in self._held.items():
             if holder == by or number in self._held_files:
                 continue
-            roots = self._hold_roots.get(number, ("/",))
-            if any(overlap(root, folder) for root in roots for folder in writable):
+            if self._shares(number, writable):
                 self._started_looking.setdefault(number, set()).add(by)
+
+    def _shares(self, number: int, writable: Sequence[str]) -> bool:
+        """Whether folders `writable` share anything with those the holding call of hold
+        `number` may write (its roots), where its files' other names can be."""
+        roots = self._hold_roots.get(number, ("/",))
+        return any(overlap(root, folder) for root in roots for folder in writable)
+
+    def _let_go(self, number: int) -> None:
+        """What is known of hold `number`, beside its places, goes (the lock held)."""
+        self._held_files.pop(number, None)
+        self._hold_roots.pop(number, None)
+        self._started_looking.pop(number, None)
+        self._unsure.discard(number)
 
     def _may_start(self, by: str, writable: Sequence[str]) -> None:
         """HeldError unless a program of `by` that could write in `writable` may start
@@ -237,8 +249,7 @@ class HeldPlaces:
             found = self._held_files.get(number)
             if holder == by or found is None:
                 continue
-            roots = self._hold_roots.get(number, ("/",))
-            if not any(overlap(root, folder) for root in roots for folder in writable):
+            if not self._shares(number, writable):
                 continue
             if number in self._unsure:
                 raise HeldError(places[0], holder, holding=True, other_names=True)
@@ -295,10 +306,7 @@ class Registered:
         with self._lock:
             self._table.pop(self._number, None)
             if self._places is not None:
-                self._places._held_files.pop(self._number, None)
-                self._places._hold_roots.pop(self._number, None)
-                self._places._started_looking.pop(self._number, None)
-                self._places._unsure.discard(self._number)
+                self._places._let_go(self._number)
 
 
 # A held folder's links followed at most, each one lookup the kernel walks (up to 40

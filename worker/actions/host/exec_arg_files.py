@@ -216,10 +216,15 @@ def reads_argument_files(argv: Sequence[str]) -> bool:
     return any(arg.startswith("@") for arg in argv[1 : LOOKED_AT + 1])
 
 
+def _first_few(names: Sequence[str]) -> str:
+    """The first three of `names`, and whether there are others, for a prompt."""
+    return ", ".join(names[:3]) + (" and others" if len(names) > 3 else "")
+
+
 def written_beside(writers: Sequence[str]) -> ArgFile:
     """What binds an asked command while programs of other calls (`writers`) run that
     may write what its arguments name (sandbox.held): nothing that lasts."""
-    calls = ", ".join(writers[:3]) + (" and others" if len(writers) > 3 else "")
+    calls = _first_few(writers)
     return _unbound(0, "what its arguments name", f"the running call {calls} may write there")
 
 
@@ -227,7 +232,7 @@ def not_held(links: Sequence[str]) -> ArgFile:
     """What binds an asked command whose folder arguments hold links the hold does not
     follow (sandbox.held: past its bound, or through /proc): what they lead to may
     change before the program opens it, so nothing that lasts."""
-    shown = ", ".join(links[:3]) + (" and others" if len(links) > 3 else "")
+    shown = _first_few(links)
     why = f"where the links {shown} lead is not held while it waits and runs"
     return _unbound(0, "what its arguments name", why)
 
