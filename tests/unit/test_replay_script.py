@@ -299,3 +299,15 @@ def test_a_line_nested_too_deeply_is_a_malformed_line() -> None:
     assert [e.line for e in script.entries] == [1]
     (bad,) = script.malformed
     assert bad.line == 2 and bad.action == "?" and "nested too deeply" in bad.problems[0]
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085", "\v", "\f", "\x1c"])
+def test_a_line_holding_a_unicode_line_separator_stays_one_step(separator: str) -> None:
+    # `agentworker record` writes JSON with ensure_ascii=False: a file's text holding
+    # U+2028 (minified JavaScript) lands in the line as it is (review25 G3).
+    line = json.dumps({"action": "fs_write", "args": {"path": f"a{separator}b"}}, ensure_ascii=False)
+    script = _parse(line + "\r\n" + '{"action": "fs_stat", "args": {"path": "."}}\n')
+    first, second = script.entries
+    assert isinstance(first, Entry) and first.step.args == {"path": f"a{separator}b"}
+    assert (first.line, second.line) == (1, 2)
+    assert not script.malformed

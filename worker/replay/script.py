@@ -272,13 +272,22 @@ def load(path: Path, run_label: str = "") -> Script:
     return parse(text, base=path.parent, path=path, run_label=run_label)
 
 
+def _lines(text: str) -> list[str]:
+    """A script's lines: broken at "\n" (a "\r" before it dropped, for a script saved
+    with Windows line ends), never where str.splitlines also breaks, at U+2028, U+2029,
+    U+0085, \v or \f: `agentworker record` writes JSON with those characters as they
+    are (a recorded file's text may hold them), and a step broken there no longer
+    replayed (review25 G3)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def parse(text: str, *, base: Path, path: Path | None = None, run_label: str = "") -> Script:
     """Parse a script's text; blobs are found relative to `base`."""
     header = Header(agentworker_replay=FORMAT_VERSION)
     items: list[Entry | Malformed] = []
     seen_content = False
     chain = hashlib.sha256(f"agentworker-replay\x00{run_label}".encode())
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(_lines(text), start=1):
         if is_comment(raw):
             continue
         first = not seen_content
