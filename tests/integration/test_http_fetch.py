@@ -20,6 +20,7 @@ import pytest
 from tests.support.cluster import Cluster, free_port
 from tests.support.host_calls import call, error_code, shared_cluster
 from tests.support.http_server import Honeypot, TestServer
+from worker.actions.host.fetching.body import MAX_PIECES
 
 MIB = 1024 * 1024
 CAP = 5 * MIB
@@ -326,6 +327,16 @@ def test_a_chunked_body_that_never_ends_is_cut_at_the_cap(
     result, body = ok(live, server.url("/chunked-forever"))
     assert result["truncated"] is True and len(body) == CAP
     assert time.monotonic() - started < 5
+
+
+def test_a_body_in_one_byte_chunks_is_cut_after_its_most_pieces(
+    live: Cluster, server: TestServer
+) -> None:
+    """Each chunk is a trip through the worker's loop: past MAX_PIECES the read stops
+    and says why (review25 G2: 5 MiB of one-byte chunks took 30 s of the worker's CPU)."""
+    result, body = ok(live, server.url("/tiny-chunks"))
+    assert body == b"A" * MAX_PIECES and result["truncated"] is True
+    assert f"more than {MAX_PIECES:,} pieces" in result["body_error"]
 
 
 def test_a_trickling_server_meets_the_total_timeout(live: Cluster, server: TestServer) -> None:

@@ -2,7 +2,8 @@
 
 `TestServer` answers on 127.0.0.1 (opened on purpose in the test config): plain
 pages, an echo, redirects, and hostile bodies — a gzip bomb, a lying
-Content-Length, a chunked body that never ends, a trickle. Every endless answer
+Content-Length, a chunked body that never ends (in large chunks or one-byte ones), a
+trickle. Every endless answer
 stops when the client goes away or the server closes, so no thread outlives it.
 
 `Honeypot` is a listener that only counts connections. Refusal tests aim at it
@@ -139,6 +140,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self._stream_until_stopped(raw=False)
+
+    def _tiny_chunks(self, query: dict[str, str]) -> None:
+        """A chunked body of one-byte chunks, as fast as the socket takes them, forever."""
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        frames = b"1\r\nA\r\n" * 16384
+        deadline = time.monotonic() + 30
+        while not self.server.stopping.is_set() and time.monotonic() < deadline:
+            self.wfile.write(frames)
 
     def _stream_until_stopped(self, *, raw: bool) -> None:
         block = b"z" * 65536

@@ -305,7 +305,9 @@ def test_a_line_nested_too_deeply_is_a_malformed_line() -> None:
 def test_a_line_holding_a_unicode_line_separator_stays_one_step(separator: str) -> None:
     # `agentworker record` writes JSON with ensure_ascii=False: a file's text holding
     # U+2028 (minified JavaScript) lands in the line as it is (review25 G3).
-    line = json.dumps({"action": "fs_write", "args": {"path": f"a{separator}b"}}, ensure_ascii=False)
+    line = json.dumps(
+        {"action": "fs_write", "args": {"path": f"a{separator}b"}}, ensure_ascii=False
+    )
     script = _parse(line + "\r\n" + '{"action": "fs_stat", "args": {"path": "."}}\n')
     first, second = script.entries
     assert isinstance(first, Entry) and first.step.args == {"path": f"a{separator}b"}

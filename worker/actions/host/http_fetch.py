@@ -101,9 +101,10 @@ class HttpFetchResult(Result):
     headers: list[tuple[str, str]]  # as received, in order, repeats kept
     content_type: str | None
     body_bytes: int  # in the blob, after decoding
-    truncated: bool  # the 5 MiB cap ended the body
+    truncated: bool  # the 5 MiB cap ended the body (or its pieces' cap: see body_error)
     decoded: bool  # the Content-Encoding (gzip or deflate) was undone
-    body_error: str | None  # why the body is incomplete, if the server ended it badly
+    # Why the body is incomplete: the server ended it badly, or sent it in too many pieces.
+    body_error: str | None
     redirects: list[str]  # each URL redirected to, in order
     redirect_limit_reached: bool  # stopped at a 6th redirect; this is that response
     # Why the redirect this response is was not followed: a 307 or 308 to another

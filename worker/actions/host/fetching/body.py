@@ -7,10 +7,20 @@ gzip`). Here zlib is never asked for more than fits under the cap. Encodings
 other than one layer of gzip or deflate are passed through undecoded (`decoded`
 is False). A second cap on raw bytes ends a compressed stream that inflates to
 nothing forever; the call's total timeout ends one that trickles.
+
+A third cap counts the pieces the body comes in: a chunked body of one-byte chunks
+is one trip through h11, httpcore, httpx and this loop a byte, on the worker's event
+loop, with no wait between them while the socket has bytes (review25 G2: 5 MiB so
+took 30 s of the worker's CPU, four at once held every other call up to 4.75 s and
+took the worker to 547 MB). A body still coming after MAX_PIECES pieces ends there,
+`truncated`, its `error` saying why; and every YIELD_EVERY pieces the loop gets a
+turn, so other calls run meanwhile. A server sending 4 KiB chunks reaches the 5 MiB
+cap in 1,280 pieces; 80-byte ones in 65,536.
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from dataclasses import dataclass
 from typing import Final
@@ -22,6 +32,11 @@ _WBITS: Final = {
     "x-gzip": 16 + zlib.MAX_WBITS,
     "deflate": zlib.MAX_WBITS,
 }
+
+# The most pieces (reads of httpx's raw stream: a chunk of a chunked body, or one
+# socket read) a body is read in; and how often the read lets the loop run others.
+MAX_PIECES: Final = 65_536
+YIELD_EVERY: Final = 256
 
 
 @dataclass(frozen=True)
@@ -78,8 +93,20 @@ async def read_body(response: httpx.Response, *, cap: int, raw_cap: int) -> Body
     size = raw = 0
     truncated = False
     error = None
+    pieces = 0
     try:
         async for chunk in response.aiter_raw():
+            pieces += 1
+            if pieces > MAX_PIECES:
+                truncated = True
+                error = (
+                    f"the server sent the body in more than {MAX_PIECES:,} pieces ({raw:,} "
+                    f"bytes in all so far, {raw // MAX_PIECES or 1:,} a piece on average); "
+                    "the rest was not read"
+                )
+                break
+            if pieces % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # bytes already buffered never wait: let others run
             raw += len(chunk)
             piece = inflater.feed(chunk, cap - size + 1) if inflater else chunk
             if size + len(piece) > cap:
