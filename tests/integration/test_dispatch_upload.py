@@ -582,3 +582,46 @@ def test_an_action_that_takes_its_blob_whole_gets_every_byte(tmp_path: Path, loc
     result = asyncio.run(scenario())
     assert error_code(result) == "ok", result
     assert result.blob == blob
+
+
+def test_a_handed_write_refused_at_once_is_hashed_from_the_hubs_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside `up` the hub hashes a handed blob as the worker reads it; a write that
+    stops reading it before any part came (its folder is missing) stops that hash too,
+    and the hub hashes the parts it keeps instead: the call is recorded and answered
+    (`not_found`), nothing is placed, nothing is held."""
+    blob = os.urandom(3 * MIB)
+    from_parts: list[int] = []
+    hashed_from_parts = upload.sha256_of
+
+    def sha256_of(pieces: upload.Pieces) -> bytes:
+        from_parts.append(len(pieces))
+        return hashed_from_parts(pieces)
+
+    monkeypatch.setattr(upload, "sha256_of", sha256_of)
+    stopped = threading.Event()
+    real_stop = Arriving.stop
+
+    def stop(arriving: Arriving, reason: BaseException) -> None:
+        real_stop(arriving, reason)
+        stopped.set()
+
+    monkeypatch.setattr(Arriving, "stop", stop)
+    missing = json.dumps({"path": "missing/target.bin", "mode": "overwrite"})
+
+    async def scenario() -> pb.ActionResult:
+        async with up(tmp_path, local=True) as (hub, _link, worker), caller(tmp_path) as client:
+            upload_ = Upload(client, call(args=missing), len(blob))
+            await upload_.begin()
+            await asyncio.to_thread(stopped.wait, 60)  # the worker's write stopped reading
+            assert stopped.is_set()
+            await upload_.parts(blob)
+            result = await upload_.answer()
+            quiet(hub, worker)
+            return result
+
+    result = asyncio.run(scenario())
+    assert error_code(result) == "not_found", result
+    assert from_parts == [len(blob)]
+    assert not (tmp_path / "workspace" / "missing").exists()

@@ -195,3 +195,48 @@ def test_an_upload_refused_midway_feeds_and_adds_nothing_more() -> None:
     assert code == "too_large"
     assert transfer.parts[1:] == []  # the request's part only
     assert fed == [0]  # the part it was feeding; none after
+
+
+def test_a_handed_blob_is_hashed_by_a_thread_that_reads_it_as_it_comes() -> None:
+    """Inside `up` the hub's SHA-256 of a handed blob reads each part as the worker
+    does (`Arriving.parts`), woken by the same `add`: nothing is fed to it from the loop
+    and nothing comes back a part at a time; it is the SHA-256 of every byte, once the
+    last came."""
+    import hashlib
+
+    from sandbox import Arriving
+
+    blob = os.urandom(3 * PART_BYTES + 5)
+
+    async def scenario() -> bytes | None:
+        arriving = Arriving(len(blob))
+        hashed = upload.sha256_as_handed(arriving)
+        for _offset, data in _parts(blob, [PART_BYTES, 2 * PART_BYTES, 5]):
+            assert not hashed.done()  # the last part has not come
+            arriving.add(memoryview(data))
+        return await hashed
+
+    assert asyncio.run(scenario()) == hashlib.sha256(blob).digest()
+
+
+def test_a_handed_blob_that_stops_coming_is_not_hashed_and_its_parts_are() -> None:
+    """A handed blob the worker stopped reading (its write refused) stops the hub's hash
+    too (None): the hub then hashes the parts it keeps (`sha256_of`)."""
+    import hashlib
+
+    from sandbox import Arriving
+
+    blob = os.urandom(2 * PART_BYTES)
+
+    async def scenario() -> tuple[bytes | None, bytes]:
+        arriving = Arriving(len(blob))
+        hashed = upload.sha256_as_handed(arriving)
+        arriving.add(memoryview(blob)[:PART_BYTES])
+        arriving.stop(WorkerError("cancelled", "the write stopped"))
+        arriving.add(memoryview(blob)[PART_BYTES:])  # ignored: stopped
+        kept = upload.Pieces([blob[:PART_BYTES], blob[PART_BYTES:]], len(blob))
+        return await hashed, await asyncio.to_thread(upload.sha256_of, kept)
+
+    stopped, from_parts = asyncio.run(scenario())
+    assert stopped is None
+    assert from_parts == hashlib.sha256(blob).digest()

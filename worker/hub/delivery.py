@@ -8,7 +8,6 @@ the call is recorded. docs/architecture.md, "Blobs".
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -299,15 +298,14 @@ async def hand_upload(
         link.drop(cid)
 
     session.on_close[cid] = stream_ends
-    hasher = hashlib.sha256()
+    hashing = upload.sha256_as_handed(arriving)
     try:
         pieces = await upload.receive(
-            coming.next_part,
-            coming.size,
-            within_s=coming.within_s,
-            hand=arriving.add,
-            feed=upload.hash_feed(hasher),
+            coming.next_part, coming.size, within_s=coming.within_s, hand=arriving.add
         )
+        hashed = await hashing
+        if hashed is None:  # the worker stopped reading it (its write refused, say)
+            hashed = await asyncio.to_thread(upload.sha256_of, pieces)
     except BaseException as exc:  # refused, or the caller went: nothing of it runs
         session.on_close.pop(cid, None)
         error = exc if isinstance(exc, WorkerError) else WorkerError("cancelled", _CALLER_LEFT)
@@ -317,7 +315,6 @@ async def hand_upload(
         link.drop(cid)
         raise
     session.on_close.pop(cid, None)
-    hashed = hasher.digest()
     sha256.set_result(hashed.hex())
     request.args_digest = digest_of_sha256(request, hashed)
     return Delivered(pieces, Early(session, alone, handed), stream_ends)

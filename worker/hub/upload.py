@@ -28,12 +28,15 @@ import hashlib
 import queue
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import blake3
 
 from worker.errors import WorkerError
 from worker.wire.framing import PART_BYTES, Buffer, Chunked, blob_part
+
+if TYPE_CHECKING:
+    from sandbox import Arriving
 
 # Parts read and not yet taken (copied, hashed, framed), at most: past them the reader
 # waits, and gRPC's flow control holds the caller back.
@@ -315,11 +318,44 @@ def relay_feed(correlation_id: str, hasher: blake3.blake3) -> Feed:
     return feed
 
 
-def hash_feed(hasher: hashlib._Hash) -> Feed:
-    """A feed that only hashes (the blob handed to a worker in this process)."""
+def sha256_as_handed(arriving: Arriving) -> asyncio.Future[bytes | None]:
+    """The SHA-256 of a blob handed to the worker of this process as it comes (`up`,
+    `delivery.hand_upload`): a thread of its own reads each part as it is handed
+    (`Arriving.parts`), as the worker's writing thread does, woken by the same
+    `Arriving.add`; None should the blob stop coming first (the worker stopped reading
+    it: its write was refused, say; then the parts the hub keeps are hashed instead).
 
-    def feed(_offset: int, view: memoryview) -> list[bytes]:
-        hasher.update(view)
-        return []
+    Fed by the loop a part at a time (`_Feeder`), each part cost the loop a hand-over to
+    the thread and a callback back from it (a wake of the loop through its self-pipe),
+    16 a 16 MiB write, on the loop that also reads the caller's next part."""
+    from sandbox import ArrivalStopped  # the worker of this process has it loaded
 
-    return feed
+    loop = asyncio.get_running_loop()
+    hashed: asyncio.Future[bytes | None] = loop.create_future()
+
+    def settle(digest: bytes | None) -> None:
+        if not hashed.done():
+            hashed.set_result(digest)
+
+    def run() -> None:
+        hasher = hashlib.sha256()
+        digest: bytes | None = None
+        try:
+            for part in arriving.parts():
+                hasher.update(part)
+            digest = hasher.digest()
+        except ArrivalStopped:
+            pass
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for it
+            loop.call_soon_threadsafe(settle, digest)
+
+    threading.Thread(target=run, name="hub-upload-hash", daemon=True).start()
+    return hashed
+
+
+def sha256_of(pieces: Pieces) -> bytes:
+    """The SHA-256 of a blob kept as its parts (in a thread: it reads every byte)."""
+    hasher = hashlib.sha256()
+    for part in pieces.parts:
+        hasher.update(part)
+    return hasher.digest()
