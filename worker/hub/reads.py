@@ -86,7 +86,8 @@ HELLO_WAITING_LATE: Final = 16
 # whole, up to MAX_MESSAGE_BYTES whatever its method takes, before anything can look at
 # its size (the caps above are checked after the read), so it is the read that is
 # bounded: a call waits for its turn with its request unread, and the reads under way
-# hold at most (2 + 4 + 2 + 2 + 2) x 32 MiB, however many calls come at once (sixteen 31 MiB
+# hold at most (2 + 4 + 2 + 2 + 2) x 32 MiB, and DISPATCH_UNARY_READS x 32 MiB more (below),
+# however many calls come at once (sixteen 31 MiB
 # ListWorkers at once took the hub from 63 to 525 MiB). Dispatch's reads are apart, so
 # that blobs being received never hold up the others; KillPlan's (the kill switch) are
 # apart from every other method's, Status's too (`agentworker status`), and the rest
@@ -174,3 +175,31 @@ def control_reads() -> dict[str, Turns]:
         )
         for kind in {"", *CONTROL_READ_KIND.values()}
     }
+
+
+# How many Dispatch requests gRPC may read at once as a unary call's, before the hub's
+# handler runs (worker.hub.services._ControlHandlers), beside Dispatch's reads in turn
+# above. gRPC reads such a request whole, up to MAX_MESSAGE_BYTES, as it arrives, and
+# nothing can time it out: a read is held until its bytes came or its call ended
+# (CONTROL_READ_WITHIN_S does not apply). So they are few, and when none is free a
+# Dispatch is read in its turn as before: callers that never send their request hold
+# these at most, and every other Dispatch goes the slower way meanwhile.
+DISPATCH_UNARY_READS: Final = 2
+
+
+class UnaryReads:
+    """How many Dispatch requests gRPC reads as a unary call's now, at most `slots`."""
+
+    def __init__(self, slots: int = DISPATCH_UNARY_READS) -> None:
+        self.slots = slots
+        self.held = 0
+
+    def take(self) -> bool:
+        """One more, if one is free."""
+        if self.held >= self.slots:
+            return False
+        self.held += 1
+        return True
+
+    def give_back(self) -> None:
+        self.held -= 1

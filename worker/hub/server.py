@@ -44,7 +44,7 @@ from worker.hub.hellos import (
 )
 from worker.hub.outbox import PROGRESS_BYTES
 from worker.hub.placement import Placements
-from worker.hub.reads import control_reads, hello_reads, later_reads
+from worker.hub.reads import UnaryReads, control_reads, hello_reads, later_reads
 from worker.hub.session import HOLD_S, Session
 from worker.hub.store import HubStore, StoredCall
 from worker.hub.turns import Unread, address_of
@@ -246,6 +246,9 @@ class Hub:
         # Turns to read ControlService requests, by kind ("" for the methods without
         # turns of their own), see CONTROL_READS_AT_ONCE.
         self.reads = control_reads()
+        # Dispatches read as unary calls' (gRPC reads them before the handler runs),
+        # see DISPATCH_UNARY_READS.
+        self.unary_reads = UnaryReads()
         # Hands request blobs to a worker in this process (`up`), and takes its result
         # blobs, see worker.wire.local.
         self.link: LocalLink | None = None
