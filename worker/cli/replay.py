@@ -335,10 +335,17 @@ def _write_script(paths: Paths, args: argparse.Namespace, state: State, plan: st
             )
         sys.stdout.write(recorded.text())
     else:
-        for name, data in recorded.blobs.items():
-            (output.parent / name).parent.mkdir(parents=True, exist_ok=True)
-            (output.parent / name).write_bytes(data)
-        output.write_text(recorded.text(), encoding="utf-8")
+        from worker.cli._written_beside import LinkedError, write_beside
+
+        try:  # never through a link the agent may have planted (review25 G4)
+            write_beside(output, recorded.text(), recorded.blobs)
+        except LinkedError as exc:
+            raise WorkerError("validation_error", str(exc)) from None
+        except OSError as exc:
+            where = exc.filename or output.parent
+            raise WorkerError(
+                "internal_error", f"cannot write the script {output} ({where}: {exc.strerror})"
+            ) from None
     where = f" to {output}" if output is not None else ""
     notes = [f"plan {shown(plan)} of server {shown(server)} ({how})"]
     if recorded.without_args:

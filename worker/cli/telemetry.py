@@ -105,7 +105,10 @@ def _run(paths: Paths, args: argparse.Namespace) -> int:
             if args.output is None:
                 _export(rows, table, args.format, sys.stdout)
             else:
-                with args.output.open("w", encoding="utf-8", newline="") as out:
+                from worker.cli._written_beside import replacing
+
+                # Never through a link the agent may have planted (review25 G4).
+                with replacing(args.output) as out:
                     _export(rows, table, args.format, out)
                 print(f"{len(rows)} rows written to {args.output}", file=sys.stderr)
             return EXIT_OK
