@@ -357,6 +357,8 @@ def test_a_trickling_server_meets_the_total_timeout(live: Cluster, server: TestS
         {"headers": {"Host": "evil.example"}},
         {"headers": {"Content-Length": "1"}},
         {"headers": {"X-A": "a\r\nInjected: 1"}},
+        {"headers": {"X-A": "\u00e9"}},  # httpx cannot encode it (review25 r4: internal_error)
+        {"headers": {"X-A": "a\x1bb"}},
         {"headers": {"Bad Name": "x"}},
         {"method": "CONNECT"},
         {"total_timeout_s": 11},  # above this worker's [http] total_timeout_s

@@ -74,6 +74,13 @@ def _header_name(name: str) -> str:
 def _header_value(value: str) -> str:
     if any(ch in value for ch in "\r\n\x00"):
         raise ValueError("a header value must not contain CR, LF or NUL")
+    # What HTTP/1.1 sends as it is: anything else (a control character, or "é", which
+    # httpx cannot encode and answered internal_error for: review25 r4) is refused here.
+    if not all(ch == "\t" or " " <= ch <= "~" for ch in value):
+        raise ValueError(
+            "a header value is printable ASCII and tabs only; encode anything else "
+            "(percent-encoding, or RFC 8187's UTF-8'' form)"
+        )
     return value
 
 
