@@ -17,7 +17,6 @@ address for the check and a private one for the connect (DNS rebinding).
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import re
 import socket
@@ -29,6 +28,7 @@ from typing import Final
 import httpx
 import psutil
 
+from worker.actions.host.fetching.lookups import lookups
 from worker.errors import WorkerError
 from worker.hosts import HostPattern, canonical_host
 
@@ -105,9 +105,9 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
 
 
 async def system_resolve(host: str, port: int) -> list[IPAddress]:
-    """Every address `host` resolves to, in the system's preference order."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    """Every address `host` resolves to, in the system's preference order (looked up
+    in a thread of its own: fetching.lookups)."""
+    infos = await lookups.resolve(host, port)
     found: dict[IPAddress, None] = {}
     for _family, _type, _proto, _name, sockaddr in infos:
         text = str(sockaddr[0]).split("%", 1)[0]  # an IPv6 zone: the address is what counts

@@ -1,0 +1,113 @@
+"""Host name lookups for http_fetch, each in a thread of its own.
+
+getaddrinfo cannot be interrupted: when the DNS server never answers, the thread stays
+in it until the resolver gives up (10 s and more), whatever became of the call. On the
+worker's shared pool (asyncio's `loop.getaddrinfo`), eight fetches at a time of names
+under the agent's own silent DNS server held its threads, and another plan's fs_list
+waited 9.8 s (review25 r6). Here a lookup runs in a daemon thread of its own, so it
+holds nothing any other call needs. A lookup whose call stopped waiting (a timeout, a
+cancel) and that is still in the resolver is counted `stuck`; past STUCK_MOST of them,
+a fetch that needs a lookup is refused `busy` at once (a host opened by its IP address
+needs none) until some end, so a silent DNS server costs at most that many threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+from worker.errors import WorkerError
+
+# Lookups still in the resolver after their calls stopped waiting, at most.
+STUCK_MOST: Final = 8
+
+AddressInfo = list[tuple[Any, ...]]
+Lookup = Callable[[str, int], AddressInfo]
+
+
+def _getaddrinfo(host: str, port: int) -> AddressInfo:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+
+class _Asked:
+    __slots__ = ("abandoned", "ended")
+
+    def __init__(self) -> None:
+        self.ended = False  # the resolver answered (or failed)
+        self.abandoned = False  # the call stopped waiting while it was in the resolver
+
+
+class Lookups:
+    """Lookups in threads of their own; `busy` past `stuck_most` stuck ones. The count
+    is kept under a lock: the threads report their end from outside the loop."""
+
+    def __init__(self, lookup: Lookup = _getaddrinfo, stuck_most: int = STUCK_MOST) -> None:
+        self._lookup = lookup
+        self._stuck_most = stuck_most
+        self._lock = threading.Lock()
+        self._stuck = 0
+
+    @property
+    def stuck(self) -> int:
+        with self._lock:
+            return self._stuck
+
+    async def resolve(self, host: str, port: int) -> AddressInfo:
+        with self._lock:
+            stuck = self._stuck
+        if stuck >= self._stuck_most:
+            raise WorkerError(
+                "busy",
+                f"the DNS server does not answer: {stuck} lookups are still waiting for it "
+                "after their calls stopped, so fetches that need one are refused until it "
+                "answers. Try again later (a host opened in allow_hosts by its IP address "
+                "needs no lookup)",
+                {"stuck_lookups": stuck},
+            )
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[AddressInfo] = loop.create_future()
+        asked = _Asked()
+
+        def work() -> None:
+            result: AddressInfo = []
+            error: BaseException | None = None
+            try:
+                result = self._lookup(host, port)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                error = exc
+            with self._lock:
+                asked.ended = True
+                if asked.abandoned:  # nobody waits for it any more
+                    self._stuck -= 1
+                    return
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits either
+                loop.call_soon_threadsafe(_deliver, done, result, error)
+
+        threading.Thread(target=work, name="agentworker-lookup", daemon=True).start()
+        try:
+            return await done
+        except asyncio.CancelledError:
+            with self._lock:
+                if not asked.ended:
+                    asked.abandoned = True
+                    self._stuck += 1
+            raise
+
+
+def _deliver(
+    done: asyncio.Future[AddressInfo], result: AddressInfo, error: BaseException | None
+) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
+
+
+# The worker's lookups (one process, one count).
+lookups: Final = Lookups()
