@@ -230,6 +230,27 @@ def test_the_prompt_shows_the_whole_call_in_a_box_that_scrolls(tmp_path: Path) -
     asyncio.run(scenario())
 
 
+def test_the_preview_keeps_its_line_breaks_and_the_agents_stay_escaped(tmp_path: Path) -> None:
+    """Through the console, as the TUI gets it: the worker's line breaks are lines, the
+    agent's (inside its JSON) stay `\\n` (review25 G6: every break drew as `\\n`)."""
+
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        cid = rig.call("fs_write", json.dumps({"path": "a\nb.txt"}), blob=b"one\ntwo\n")
+        await answerable(app, pilot)
+        modal = _modal(app)
+        assert modal is not None
+        preview = modal.query_one("#preview", Static)
+        drawn = [preview.render_line(y).text.rstrip() for y in range(preview.size.height)]
+        assert any(line.endswith("│ one") for line in drawn), drawn
+        assert any(line.endswith("│ two") for line in drawn), drawn
+        escaped = [line for line in drawn if "\\n" in line]
+        assert escaped and all("a\\nb.txt" in line for line in escaped), drawn  # the agent's
+        await pilot.press("d")
+        await rig.result(cid)
+
+    on_the_tui(tmp_path, scenario, size=(100, 40))
+
+
 def test_a_key_pressed_as_the_next_prompt_replaces_the_last_answers_nothing(
     tmp_path: Path,
 ) -> None:

@@ -51,6 +51,11 @@ LINK_DETAIL: Final = 1000
 # id of a call (printable: the pipeline refuses others), a UI's own request id, a
 # lift's confirmation token.
 _KEPT_AS_IS: Final = frozenset({"raw", "plan_raw", "id", "req", "confirm"})
+# Keys whose text keeps its line breaks, each line made inert: a prompt's preview, whose
+# lines are the worker's own (approvals.Prompt.view: each line inert already; the
+# agent's line breaks are escapes in its JSON). Made inert whole, its every line break
+# reached the TUI as the two characters `\n`, the call on one folded line (review25 G6).
+_LINES: Final = frozenset({"preview"})
 
 Event = dict[str, Any]
 Subscriber = Callable[[Event], None]
@@ -58,15 +63,26 @@ Subscriber = Callable[[Event], None]
 
 def outgoing(value: Any) -> Any:
     """`value` (JSON-able) with every text in it inert (approvals.inert, whole: an
-    inert text stays as it is), but the values of _KEPT_AS_IS keys. The one way out
-    to a UI for what is not a call's or a plan's row (those are built inert)."""
+    inert text stays as it is; a text of _LINES line by line), but the values of
+    _KEPT_AS_IS keys. The one way out to a UI for what is not a call's or a plan's row
+    (those are built inert)."""
     if isinstance(value, str):
         return inert(value, None)
     if isinstance(value, dict):
-        return {k: v if k in _KEPT_AS_IS else outgoing(v) for k, v in value.items()}
+        return {
+            k: v if k in _KEPT_AS_IS else _lines_inert(v) if k in _LINES else outgoing(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [outgoing(item) for item in value]
     return value
+
+
+def _lines_inert(value: Any) -> Any:
+    """A text of _LINES: each of its lines inert, its line breaks kept."""
+    if not isinstance(value, str):
+        return outgoing(value)
+    return "\n".join(inert(line, None) for line in value.split("\n"))
 
 
 def _kept(text: str) -> tuple[str, int]:
