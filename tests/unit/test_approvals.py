@@ -9,11 +9,12 @@ import json
 import random
 import re
 import sqlite3
+import unicodedata
 from pathlib import Path
 
 from tests.ui.rig import Rig, prompts_waiting
 from worker.config import GrantSection
-from worker.core.approvals import Choice, Decision, Kind, inert
+from worker.core.approvals import HIDDEN_CATEGORIES, Choice, Decision, Kind, inert
 from worker.core.redaction import args_preview
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import plan_digest
@@ -25,6 +26,29 @@ def test_inert_shows_controls_and_bidi_as_visible_escapes() -> None:
     assert inert("a\x1b[31mb\nc\u202ed\x00") == "a\\e[31mb\\nc\\u202ed\\x00"
     assert inert("ok [bold]x[/bold] ünïcode") == "ok [bold]x[/bold] ünïcode"
     assert inert("x" * 50, limit=10) == "x" * 10 + " … (+40 chars)"
+
+
+def test_inert_escapes_what_draws_as_nothing_and_keeps_what_draws() -> None:
+    # Default-ignorable, format, private use and unassigned characters: a file name with
+    # one drew as the reviewed one's (review25 G7: U+E0100, U+1D173, U+034F).
+    for hidden in ("\U000e0100", "\U0001d173", "\u034f", "\uffa0", "\ue000", "\u2029"):
+        assert inert(f"check.py{hidden}") == f"check.py\\{'U' if ord(hidden) > 0xFFFF else 'u'}" + (
+            f"{ord(hidden):08x}" if ord(hidden) > 0xFFFF else f"{ord(hidden):04x}"
+        )
+    assert inert("caf\u00e9 cafe\u0301 \u6f22\u5b57 \U0001f600 \u00a0") == (
+        "caf\u00e9 cafe\u0301 \u6f22\u5b57 \U0001f600 \u00a0"
+    )
+
+
+def test_inert_escapes_every_character_of_the_hidden_categories() -> None:
+    """The character class holds Unicode's own list (this Python's version of it)."""
+    hidden = [
+        chr(code)
+        for code in range(0x110000)
+        if unicodedata.category(chr(code)) in HIDDEN_CATEGORIES
+    ]
+    kept = [char for char in hidden if inert(char, None) == char]
+    assert not kept, [f"U+{ord(char):04X}" for char in kept[:20]]
 
 
 def test_nothing_unsafe_survives_inert() -> None:
