@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli.service import Kind, build_unit, check_unit, systemd_quote
+from worker.cli.service import Kind, build_unit, check_unit, program, systemd_quote
 from worker.config import Paths
 from worker.errors import UsageError
 
@@ -73,7 +73,7 @@ def test_service_install_writes_a_unit_systemd_accepts(tmp_path: Path) -> None:
     assert "journalctl --user -u agentworker.service" in out.stdout
     text = unit.read_text()
     home = env["AGENTWORKER_HOME"]
-    assert f'ExecStart={sys.executable} -m worker --home "{home}" up' in text
+    assert f'ExecStart={sys.executable} -P -m worker --home "{home}" up' in text
     assert "Restart=on-failure" in text and "StandardError=journal" in text
     verified = _verify(unit, tmp_path)
     assert verified.returncode == 0, verified.stderr
@@ -166,6 +166,22 @@ def test_windows_task_starts_at_logon_restarts_and_logs_to_a_file(tmp_path: Path
     assert exe is not None
     assert exe.findtext(f"{TASK_NS}Command") == str(Path(sys.executable).absolute())
     arguments = exe.findtext(f"{TASK_NS}Arguments") or ""
-    assert arguments.startswith("-m worker --log-file ")
+    assert arguments.startswith("-P -m worker --log-file ")
     assert str(tmp_path / "a & b" / "Logs" / "agentworker.log") in arguments
     assert arguments.endswith("up --sandbox")
+
+
+def test_the_service_never_runs_a_worker_package_from_the_folder_it_starts_in(
+    tmp_path: Path,
+) -> None:
+    """systemd starts a user service in the home folder, which an agent may write: a
+    worker/__main__.py planted there must not be what the unit runs (review25 G9)."""
+    planted = tmp_path / "worker"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "__main__.py").write_text("print('the planted worker ran')\n")
+    out = subprocess.run(
+        [*program(), "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "planted" not in out.stdout and out.stdout.strip()

@@ -82,8 +82,11 @@ def program() -> list[str]:
     if getattr(sys, "frozen", False):
         return [str(Path(sys.executable).resolve())]
     # The venv's python (not resolved: a venv's python is a symlink to the base
-    # interpreter, which would not see the venv's packages).
-    return [str(Path(sys.executable).absolute()), "-m", "worker"]
+    # interpreter, which would not see the venv's packages). -P: the folder the service
+    # starts in (systemd's default for a user service is the home folder, which an agent
+    # may write) is not put first on sys.path, so a worker/ there is never the one run
+    # (review25 G9), as ui.child starts the TUI.
+    return [str(Path(sys.executable).absolute()), "-P", "-m", "worker"]
 
 
 def service_argv(
