@@ -13,7 +13,7 @@ import pytest
 
 from worker.config import Config, GrantSection, RootSection
 from worker.core.ledger import NO_SERVER, State
-from worker.core.recording import Recordings
+from worker.core.recording import PAST_BOUND, Recordings
 from worker.core.redaction import args_for_replay
 from worker.core.telemetry import Telemetry
 from worker.replay import script as fmt
@@ -340,5 +340,46 @@ def test_recordings_keep_blobs_up_to_their_bound_and_say_when_it_is_reached(
         state.close()
     assert kept == [("w0", 8, 0), ("w1", 0, 8), ("w2", 0, 8)]
     assert len(full) == 1 and "their bound" in json.loads(full[0][0])["message"]
+    assert recorded.steps == 1 and recorded.without_args == 2
+    assert recorded.text().count("the recordings reached their bound") == 2
+
+
+def test_recordings_keep_args_and_results_up_to_their_bound_refused_calls_too(
+    tmp_path: Path,
+) -> None:
+    """review25 G12: each recorded call kept its args whole for 90 days, refused ones
+    too (an agent with no grant and 1 MiB of argv: 150 calls, 150 MB)."""
+    data, workspace = tmp_path / "data", tmp_path / "workspace"
+    data.mkdir()
+    workspace.mkdir()
+    state = State(data / "state.db")
+    Recordings(state.connection).start(IN_PROCESS, "p", "test")
+    state.close()
+    padding = "x" * 3000
+
+    async def calls() -> None:
+        async with in_process(_config(workspace), tmp_path, data) as worker:
+            worker.dispatcher.telemetry.recordings.max_text_bytes = 5000
+            for n in range(3):
+                stat = _request(f"s{n}", "p", "fs_stat", {"path": padding})
+                stat.agent_id = "nobody"  # refused: scope_required
+                answer = await worker.call(stat, b"")
+                assert answer.error_code == "scope_required", answer
+
+    asyncio.run(calls())
+    state = State(data / "state.db")
+    try:
+        kept = state.connection.execute(
+            "SELECT correlation_id, args_json IS NOT NULL, redacted FROM recorded_calls"
+            " ORDER BY correlation_id"
+        ).fetchall()
+        full = state.connection.execute(
+            "SELECT COUNT(*) FROM audit_events WHERE kind = 'recording_full'"
+        ).fetchone()[0]
+        recorded = record(state.connection, IN_PROCESS, "p", "s.blobs")
+    finally:
+        state.close()
+    assert kept == [("s0", 1, 0), ("s1", 0, PAST_BOUND), ("s2", 0, PAST_BOUND)]
+    assert full == 1
     assert recorded.steps == 1 and recorded.without_args == 2
     assert recorded.text().count("the recordings reached their bound") == 2

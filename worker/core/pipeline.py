@@ -1585,9 +1585,11 @@ class Dispatcher:
             )
             if kept_full:
                 message = (
-                    f"the recordings hold {recordings.max_blob_bytes // MIB} MiB of request "
-                    "blobs, their bound: this call and later ones of recorded plans are kept "
-                    "without their blob until older recorded calls are pruned"
+                    "the recordings reached their bound "
+                    f"({recordings.max_blob_bytes // MIB} MiB of request blobs, "
+                    f"{recordings.max_text_bytes // MIB} MiB of args and results): this "
+                    "call and later ones of recorded plans are kept without what passes "
+                    "it until older recorded calls are pruned"
                 )
                 log.warning("%s", message)
                 self.results.audit(FULL_KIND, call.req, {"message": message})

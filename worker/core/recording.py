@@ -13,7 +13,11 @@ no grant at all could otherwise fill the disk through a recorded plan (review10 
 out. And the request blobs kept, of every recorded plan together, stop at
 MAX_BLOB_BYTES: past it a call's row keeps its args and result but not its blob,
 the worker logs a warning and writes a `recording_full` audit row (once a run), and
-`agentworker record PLAN` says which steps lost their blob.
+`agentworker record PLAN` says which steps lost their blob. The args and results
+kept stop at MAX_TEXT_BYTES the same way: past it a call's row keeps neither (nor its
+blob), and its step is a comment saying so. Without it, each call of a recorded plan
+kept its args whole for the 90 days, refused ones too: an agent with no grant at all
+sent 150 calls of 1 MiB of argv and the worker kept 150 MB (review25 G12).
 
 The person switches recording on and off from the CLI (another process): the
 worker reads the recorded plans from the database, cached until SQLite's
@@ -53,6 +57,10 @@ from worker.wire.proto import agentworker_pb2 as pb
 RECHECK_S: Final = 0.1
 # The most request-blob bytes all recordings keep together.
 MAX_BLOB_BYTES: Final = 1024 * 1024 * 1024
+# The most characters of args and results all recordings keep together; a call past it
+# is kept with `redacted` set to PAST_BOUND, its args NULL and its result empty.
+MAX_TEXT_BYTES: Final = 256 * 1024 * 1024
+PAST_BOUND: Final = 2
 FULL_KIND: Final = "recording_full"
 
 _PLANS_TABLE: Final = """
@@ -70,7 +78,7 @@ CREATE TABLE IF NOT EXISTS recorded_calls (
     correlation_id     TEXT NOT NULL,
     plan_id            TEXT NOT NULL,
     args_json          TEXT,   -- redacted; NULL when the args were not a JSON object
-    redacted           INTEGER NOT NULL,
+    redacted           INTEGER NOT NULL,  -- 1: masked; PAST_BOUND: args and result not kept
     request_blob       BLOB NOT NULL,
     result_json        TEXT NOT NULL,
     result_blob_sha256 TEXT NOT NULL,
@@ -166,6 +174,7 @@ class RecordedCall:
     result_json: str
     result_blob_sha256: str
     blob_left_out: int = 0  # bytes of its request blob not kept (refused, or bound reached)
+    past_bound: bool = False  # its args and result were not kept: MAX_TEXT_BYTES was reached
 
 
 class Recordings:
@@ -194,7 +203,9 @@ class Recordings:
             conn.execute(_INDEX)
         self._db = conn
         self.max_blob_bytes = MAX_BLOB_BYTES
+        self.max_text_bytes = MAX_TEXT_BYTES
         self._blob_bytes: int | None = None  # kept now, counted when first needed
+        self._text_bytes: int | None = None  # the same, of args and results
         self.full = False  # the bound was reached in this run (told once)
         self._recheck_s = recheck_s
         self._plans: frozenset[tuple[str, str]] = frozenset()  # (server, plan)
@@ -240,6 +251,7 @@ class Recordings:
             if version != self._version:
                 self._version = version
                 self._blob_bytes = None  # another process may have cleared recordings
+                self._text_bytes = None
                 rows = self._db.execute("SELECT server, plan_id FROM recording_plans")
                 self._plans = frozenset((who, plan) for who, plan in rows)
         return (server, plan_id) in self._plans
@@ -257,11 +269,28 @@ class Recordings:
         ran: bool = True,
     ) -> bool:
         """Queue a call of `server`'s recorded plan; `flush` writes it with the telemetry rows. A
-        call that did not run keeps no request blob, nor one past MAX_BLOB_BYTES; True
-        when this call's blob is the first one the bound left out in this run."""
+        call that did not run keeps no request blob, nor one past MAX_BLOB_BYTES, and
+        past MAX_TEXT_BYTES no args and no result either; True when this call is the
+        first one a bound left something out of in this run."""
         args, redacted = args_for_replay(req.args_json)
         left_out = 0
         first_full = False
+        text = len(args or "") + len(result_json)
+        if self._text_bytes is None:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(COALESCE(length(args_json), 0) + length(result_json)), 0)"
+                " FROM recorded_calls"
+            ).fetchone()
+            queued = sum(
+                len(cast(str, item[3]) or "") + len(cast(str, item[6])) for item in self._queued
+            )
+            self._text_bytes = int(row[0]) + queued
+        if self._text_bytes + text > self.max_text_bytes:
+            args, result_json, redacted = None, "", PAST_BOUND
+            left_out, request_blob = len(request_blob), b""
+            first_full, self.full = not self.full, True
+        else:
+            self._text_bytes += text
         if request_blob and not ran:
             left_out, request_blob = len(request_blob), b""
         elif request_blob:
@@ -326,7 +355,16 @@ class Recordings:
         else:
             return {}
         return {
-            cid: RecordedCall(cid, args, bool(redacted), bytes(blob), result, digest, left_out)
+            cid: RecordedCall(
+                cid,
+                args,
+                redacted == 1,
+                bytes(blob),
+                result,
+                digest,
+                left_out,
+                past_bound=redacted == PAST_BOUND,
+            )
             for cid, args, redacted, blob, result, digest, left_out in rows
         }
 
@@ -345,6 +383,7 @@ class Recordings:
 
     def prune(self, cutoff_ms: int) -> int:
         self._blob_bytes = None
+        self._text_bytes = None
         return self._db.execute(
             "DELETE FROM recorded_calls WHERE unix_ms < ?", (cutoff_ms,)
         ).rowcount

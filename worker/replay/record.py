@@ -160,7 +160,13 @@ def record(
             continue
         if call is None or call.args_json is None:
             out.without_args += 1
-            why = "recording was off for the plan" if call is None else "they were not JSON"
+            why = (
+                "recording was off for the plan"
+                if call is None
+                else "the recordings reached their bound"
+                if call.past_bound
+                else "they were not JSON"
+            )
             outcome = row["status"] + (f" {row['error_code']}" if row["error_code"] else "")
             out.lines.append(
                 f"# {_when(row['started_unix_ms'])} {_comment(name)} ({_comment(outcome)}): "
