@@ -389,9 +389,11 @@ async def _housekeeping(dispatcher: Dispatcher) -> None:
         dispatcher.state.prune()
         if capped := dispatcher.telemetry.cap_rows():
             log.warning(
-                "telemetry: forgot the %d oldest rows past [telemetry] max_rows (%d)",
+                "telemetry: forgot the %d oldest rows past [telemetry] max_rows (%d) or "
+                "%d MiB a table",
                 capped,
                 dispatcher.telemetry.max_rows,
+                dispatcher.telemetry.max_table_bytes // (1024 * 1024),
             )
         await _give_back_pages(db.path_of(dispatcher.state.connection))
         memory.give_back()

@@ -13,6 +13,7 @@ import pytest
 from worker import app
 from worker.clock import now_ms
 from worker.config import Config, Paths, TelemetrySection
+from worker.core import results
 from worker.core.ledger import State
 from worker.core.telemetry import CAPPED_KIND, DAY_MS, Telemetry, fair_share
 from worker.wire.proto import agentworker_pb2 as pb
@@ -141,3 +142,55 @@ def test_each_kind_keeps_a_fair_share() -> None:
     assert fair_share([10, 10], 100) == 10
     assert fair_share([500, 500], 100) == 50
     assert fair_share([5000], 1) == 2
+
+
+def test_large_rows_are_capped_by_bytes_before_their_count(tmp_path: Path) -> None:
+    """review25 G1: a million rows of the server's largest (five 256-character ids,
+    an error message) took 3.1 GB; each table keeps about `max_table_bytes`."""
+    state = State(tmp_path / "state.db")
+    try:
+        telemetry = Telemetry(state.connection, max_rows=100)
+        telemetry.max_table_bytes = 50_000
+        big = "x" * 900
+        for n in range(60):
+            telemetry.record(
+                pb.Invocation(invocation_id=f"i{n}", correlation_id=f"c{n}", agent_id=big)
+            )
+            telemetry.audit("path_not_allowed", correlation_id=f"c{n}", agent_id=big)
+        telemetry.cap_rows()
+        kept = len(telemetry.rows(limit=1000))
+        assert 40 <= kept <= 52, kept  # 50,000 bytes of ~1,000-byte rows, not 100 rows
+        assert telemetry.rows(limit=1)[0]["correlation_id"] == "c59"  # the newest stay
+        audited = state.connection.execute(
+            "SELECT COUNT(*) FROM audit_events WHERE kind = 'path_not_allowed'"
+        ).fetchone()[0]
+        assert audited <= 52, audited
+        small = Telemetry(state.connection, max_rows=100)
+        small.max_table_bytes = 50_000
+        for n in range(60):
+            small.record(pb.Invocation(invocation_id=f"s{n}", correlation_id=f"s{n}"))
+        small.cap_rows()
+        assert len(small.rows(limit=1000)) == 100  # small rows: the count is the bound
+    finally:
+        state.close()
+
+
+def test_a_flood_of_rows_is_capped_as_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only at the hourly housekeeping: 800 refused calls a second wrote 9 GB an hour."""
+    monkeypatch.setattr(results, "CAP_EVERY_ROWS", 30)
+    state = State(tmp_path / "state.db")
+    try:
+        telemetry = Telemetry(state.connection, max_rows=10)
+        written = results.Results(state, telemetry, results.Outbox())
+        for n in range(25):
+            telemetry.record_later([pb.Invocation(invocation_id=f"i{n}", correlation_id=f"c{n}")])
+        assert written.write_telemetry()
+        assert len(telemetry.rows(limit=100)) == 25  # 25 written: not yet due
+        for n in range(25, 35):
+            telemetry.record_later([pb.Invocation(invocation_id=f"i{n}", correlation_id=f"c{n}")])
+        assert written.write_telemetry()
+        assert len(telemetry.rows(limit=100)) == 10 and telemetry.written_since_cap == 0
+    finally:
+        state.close()

@@ -272,7 +272,8 @@ class Recordings:
         call that did not run keeps no request blob, nor one past MAX_BLOB_BYTES, and
         past MAX_TEXT_BYTES no args and no result either; True when this call is the
         first one a bound left something out of in this run."""
-        args, redacted = args_for_replay(req.args_json)
+        args, masked = args_for_replay(req.args_json)
+        redacted = int(masked)  # or PAST_BOUND
         left_out = 0
         first_full = False
         text = len(args or "") + len(result_json)
@@ -311,7 +312,7 @@ class Recordings:
                 req.correlation_id,
                 req.plan_id,
                 args,
-                int(redacted),
+                redacted,
                 request_blob,
                 result_json,
                 hashlib.sha256(result_blob).hexdigest(),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.core.ledger import State
-from worker.core.telemetry import Telemetry
+from worker.core.telemetry import CAP_EVERY_ROWS, Telemetry
 from worker.wire.framing import Buffer, result_part
 from worker.wire.local import HandedResult, handed, result_key
 from worker.wire.proto import agentworker_pb2 as pb
@@ -196,6 +196,12 @@ class Results:
         except sqlite3.Error:
             log.exception("could not write telemetry rows; will try again")
             return False
+        if self.telemetry.written_since_cap >= CAP_EVERY_ROWS:
+            try:  # a flood of rows is bounded now, not at the hourly housekeeping
+                if capped := self.telemetry.cap_rows():
+                    log.warning("telemetry: forgot the %d oldest rows past their caps", capped)
+            except sqlite3.Error:
+                log.exception("could not apply telemetry's caps; the hourly housekeeping will")
         return True
 
     def ack(self, correlation_ids: list[str]) -> None:

@@ -81,8 +81,39 @@ def has_server_column(conn: sqlite3.Connection, table: str = "invocations") -> b
     return any(row[1] == "server" for row in conn.execute(f"PRAGMA table_info({table})"))
 
 
-# The most invocation rows, and audit events, kept (the oldest go first): about 0.5 GB.
+# The most invocation rows, and audit events, kept (the oldest go first): about 0.5 GB
+# of ordinary rows.
 MAX_ROWS: Final = 1_000_000
+# And the most bytes each of the two tables keeps, about: rows are as large as the
+# server makes them (five 256-character ids, an error message, a preview), and a
+# million of its largest took 3.1 GB (review25 G1). The rows a table may keep are those
+# of its newest SIZED_BY rows' average size that fit (`_rows_within`).
+MAX_TABLE_BYTES: Final = 256 * 1024 * 1024
+SIZED_BY: Final = 1000
+# What a row takes besides its texts' characters: its numbers, SQLite's own record.
+ROW_OVERHEAD_BYTES: Final = 64
+# Rows written (of both tables) after which the caps are applied again, besides the
+# worker's hourly housekeeping: 800 refused calls a second wrote 9 GB of rows an hour.
+CAP_EVERY_ROWS: Final = 50_000
+_SIZES: Final = {
+    "invocations": " + ".join(
+        f"COALESCE(length({name}), 0)"
+        for name in (*COLUMNS, "server")
+        if _TYPES.get(name, "TEXT") == "TEXT"
+    ),
+    "audit_events": " + ".join(
+        f"COALESCE(length({name}), 0)"
+        for name in (
+            "event_id",
+            "correlation_id",
+            "kind",
+            "plan_id",
+            "agent_id",
+            "detail_json",
+            "server",
+        )
+    ),
+}
 
 # Audit events of the person's own acts: `max_rows` never removes them (retention does),
 # so no flood of the agent's rows can. A kill the server sent is not the person's.
@@ -142,6 +173,8 @@ class Telemetry:
                         conn.execute(sort, (UNRECORDED_SERVER,))
         self._db = conn
         self.max_rows = max_rows
+        self.max_table_bytes = MAX_TABLE_BYTES
+        self.written_since_cap = 0  # rows of both tables (see CAP_EVERY_ROWS)
         # Plans recorded for replay keep their calls' args and results beside the rows.
         self.recordings = Recordings(conn, convert=convert)
         self.retention_days = retention_days
@@ -164,6 +197,7 @@ class Telemetry:
         self._write([(who, row) for row in rows])
 
     def _write(self, rows: list[tuple[str, pb.Invocation]]) -> None:
+        self.written_since_cap += len(rows)
         write_many(
             self._db,
             self._insert,
@@ -215,6 +249,7 @@ class Telemetry:
             detail_json=json.dumps(masked_detail(detail or {}), sort_keys=True),
             unix_ms=now_ms(),
         )
+        self.written_since_cap += 1
         self._db.execute(
             "INSERT INTO audit_events (event_id, correlation_id, kind, plan_id, agent_id,"
             " detail_json, unix_ms, server) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -241,18 +276,30 @@ class Telemetry:
         by size: a server that sends a million calls a day (or a million refused ones,
         each an audit event) cannot fill the person's disk within the 90 days."""
         self.flush()
+        self.written_since_cap = 0
         gone = self._db.execute(
             "DELETE FROM invocations WHERE rowid <= (SELECT MAX(rowid) FROM invocations) - ?",
-            (self.max_rows,),
+            (self._rows_within("invocations"),),
         ).rowcount
         with transaction(self._db):
-            gone += self._cap_audit()
+            gone += self._cap_audit(self._rows_within("audit_events"))
         return gone
 
-    def _cap_audit(self) -> int:
-        """Audit events past `max_rows`, removed so a flood erases only its own kind:
+    def _rows_within(self, table: str) -> int:
+        """How many rows `table` may keep: `max_rows`, or fewer when rows the size of its
+        newest SIZED_BY would take more than `max_table_bytes`."""
+        (size,) = self._db.execute(
+            f"SELECT AVG({_SIZES[table]}) FROM"
+            f" (SELECT * FROM {table} ORDER BY rowid DESC LIMIT {SIZED_BY})"
+        ).fetchone()
+        if not size:
+            return self.max_rows
+        return max(1, min(self.max_rows, int(self.max_table_bytes // (size + ROW_OVERHEAD_BYTES))))
+
+    def _cap_audit(self, most: int) -> int:
+        """Audit events past `most`, removed so a flood erases only its own kind:
         the person's own acts (PERSON_KINDS) are never removed; every other kind keeps
-        a fair share of `max_rows` (a kind with fewer keeps all), and a kind over its
+        a fair share of `most` (a kind with fewer keeps all), and a kind over its
         share keeps its first event and its newest, the ones between replaced by one
         CAPPED_KIND event saying how many went and when they were."""
         counts = dict(
@@ -260,9 +307,9 @@ class Telemetry:
                 f"SELECT kind, COUNT(*) FROM audit_events WHERE NOT ({_KEPT}) GROUP BY kind"
             ).fetchall()
         )
-        if sum(counts.values()) <= self.max_rows:
+        if sum(counts.values()) <= most:
             return 0
-        share = fair_share(list(counts.values()), self.max_rows)
+        share = fair_share(list(counts.values()), most)
         gone = 0
         for kind, count in sorted(counts.items()):
             if count <= share:
@@ -286,7 +333,7 @@ class Telemetry:
                     "removed": n,
                     "first_removed_unix_ms": earliest,
                     "last_removed_unix_ms": latest,
-                    "max_rows": self.max_rows,
+                    "max_rows": most,
                 },
             )
             gone += n
