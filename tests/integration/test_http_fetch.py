@@ -21,6 +21,7 @@ from tests.support.cluster import Cluster, free_port
 from tests.support.host_calls import call, error_code, shared_cluster
 from tests.support.http_server import Honeypot, TestServer
 from worker.actions.host.fetching.body import MAX_PIECES
+from worker.actions.host.fetching.pinned import HEAD_BYTES
 
 MIB = 1024 * 1024
 CAP = 5 * MIB
@@ -337,6 +338,16 @@ def test_a_body_in_one_byte_chunks_is_cut_after_its_most_pieces(
     result, body = ok(live, server.url("/tiny-chunks"))
     assert body == b"A" * MAX_PIECES and result["truncated"] is True
     assert f"more than {MAX_PIECES:,} pieces" in result["body_error"]
+
+
+def test_endless_interim_responses_end_after_the_most_a_fetch_reads_before_a_body(
+    live: Cluster, server: TestServer
+) -> None:
+    """httpcore reads 1xx responses in a loop of its own, before any body (review25 G2b:
+    one such fetch took 35 s of the worker's CPU)."""
+    out, _ = fetch(live, server.url("/endless-interim"))
+    assert error_code(out) == "not_supported", out
+    assert f"more than {HEAD_BYTES:,} bytes before the body" in out["error"]["message"]
 
 
 def test_a_trickling_server_meets_the_total_timeout(live: Cluster, server: TestServer) -> None:

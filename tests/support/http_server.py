@@ -141,6 +141,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._stream_until_stopped(raw=False)
 
+    def _endless_interim(self, query: dict[str, str]) -> None:
+        """`102 Processing` interim responses, as fast as the socket takes them, forever:
+        no final response ever comes."""
+        frames = b"HTTP/1.1 102 Processing\r\n\r\n" * 2048
+        deadline = time.monotonic() + 30
+        while not self.server.stopping.is_set() and time.monotonic() < deadline:
+            self.wfile.write(frames)
+
     def _tiny_chunks(self, query: dict[str, str]) -> None:
         """A chunked body of one-byte chunks, as fast as the socket takes them, forever."""
         self.send_response(200)

@@ -9,6 +9,12 @@ the server sees an ordinary request for its own name.
 
 No proxy is ever used (the transport has none, and the client is built with
 trust_env=False so HTTP_PROXY and friends are ignored), no unix socket, no HTTP/2.
+
+Every read of a connection is counted (`_Counted`): a fetch reads at most HEAD_BYTES
+before the body of its final response (every hop's status line and headers, and any
+interim 1xx responses), and each read gives the event loop a turn. httpcore reads
+interim responses in a loop of its own, before the body is read at all: a server
+sending `102 Processing` for ever held the worker's loop 35 s a fetch (review25 G2b).
 """
 
 from __future__ import annotations
@@ -51,11 +57,19 @@ def _as_httpx_errors() -> Iterator[None]:
         raise
 
 
+# The most bytes one fetch reads before the body of its final response.
+HEAD_BYTES: Final = 1024 * 1024
+
+
 class Pins:
-    """(host, port) → the one address a connection for it may go to."""
+    """(host, port) → the one address a connection for it may go to; and what the
+    fetch's connections may still read before a final response's body
+    (`head_bytes_left`, counted while not `in_body`)."""
 
     def __init__(self) -> None:
         self._pins: dict[tuple[str, int], str] = {}
+        self.head_bytes_left = HEAD_BYTES
+        self.in_body = False  # the fetch reads a final response's body (set by it)
 
     def pin(self, host: str, port: int, address: str) -> None:
         self._pins[(host, port)] = address
@@ -80,7 +94,10 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
         address = self._pins.address(host, port)
         if address is None:  # fail closed: nothing the guard did not approve
             raise httpcore.ConnectError(f"{host}:{port} was not approved by the URL guard")
-        return await self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
+        stream = await self._inner.connect_tcp(
+            address, port, timeout, local_address, socket_options
+        )
+        return _Counted(stream, self._pins, self._inner)
 
     async def connect_unix_socket(
         self,
@@ -92,6 +109,48 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+class _Counted(httpcore.AsyncNetworkStream):
+    """A connection whose reads are counted against its fetch's HEAD_BYTES (until its
+    body is read), each followed by a turn of the loop for other calls."""
+
+    def __init__(
+        self, stream: httpcore.AsyncNetworkStream, pins: Pins, backend: httpcore.AnyIOBackend
+    ) -> None:
+        self._stream = stream
+        self._pins = pins
+        self._backend = backend
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        data = await self._stream.read(max_bytes, timeout)
+        if not self._pins.in_body:
+            self._pins.head_bytes_left -= len(data)
+            if self._pins.head_bytes_left < 0:
+                raise httpcore.RemoteProtocolError(
+                    f"the server sent more than {HEAD_BYTES:,} bytes before the body of its "
+                    "final response (endless 1xx interim responses, or headers that never end)"
+                )
+        await self._backend.sleep(0)  # a read of buffered bytes never waits: others run
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        await self._stream.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> httpcore.AsyncNetworkStream:
+        tls = await self._stream.start_tls(ssl_context, server_hostname, timeout)
+        return _Counted(tls, self._pins, self._backend)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
 
 
 class _Body(httpx.AsyncByteStream):

@@ -119,6 +119,7 @@ async def _fetch(
                 raise WorkerError(exc.code, hop + exc.message, exc.details) from None
             pins.pin(destination.host, destination.port, destination.address)
             request = client.build_request(method, url, headers=headers, content=content)
+            pins.in_body = False  # this hop's status line and headers count (pinned.HEAD_BYTES)
             try:
                 response = await client.send(request, stream=True)
             except httpx.InvalidURL as exc:  # httpx reads a Location header even unfollowed
@@ -173,6 +174,7 @@ async def _fetch(
                     if name.lower() not in FOLLOWING_HEADERS:
                         headers.pop(name, None)
             url = target
+        pins.in_body = True
         received = await read_body(response, cap=BODY_BYTES, raw_cap=RAW_BYTES)
     result = HttpFetchResult(
         url=str(url),
