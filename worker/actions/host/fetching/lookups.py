@@ -9,12 +9,17 @@ holds nothing any other call needs. A lookup whose call stopped waiting (a timeo
 cancel) and that is still in the resolver is counted `stuck`; past STUCK_MOST of them,
 a fetch that needs a lookup is refused `busy` at once (a host opened by its IP address
 needs none) until some end, so a silent DNS server costs at most that many threads.
+Each plan (the lookup's `LOOKUP_FOR`, set by the fetch) may hold STUCK_PER_PLAN of
+them: an agent that kept eight stuck under its own silent DNS server made every other
+plan's fetches answer `busy` (review25 G5b); now only its own plan's do, until the
+worker-wide STUCK_MOST.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import socket
 import threading
 from collections.abc import Callable
@@ -22,8 +27,12 @@ from typing import Any, Final
 
 from worker.errors import WorkerError
 
-# Lookups still in the resolver after their calls stopped waiting, at most.
-STUCK_MOST: Final = 8
+# Lookups still in the resolver after their calls stopped waiting, at most: of one
+# plan, and of every plan together.
+STUCK_PER_PLAN: Final = 4
+STUCK_MOST: Final = 32
+# Whose lookup it is: the fetch's plan (set for the call's task by the fetch).
+LOOKUP_FOR: contextvars.ContextVar[str] = contextvars.ContextVar("lookup_for", default="")
 
 AddressInfo = list[tuple[Any, ...]]
 Lookup = Callable[[str, int], AddressInfo]
@@ -34,9 +43,10 @@ def _getaddrinfo(host: str, port: int) -> AddressInfo:
 
 
 class _Asked:
-    __slots__ = ("abandoned", "ended")
+    __slots__ = ("abandoned", "ended", "key")
 
-    def __init__(self) -> None:
+    def __init__(self, key: str) -> None:
+        self.key = key  # whose lookup (LOOKUP_FOR)
         self.ended = False  # the resolver answered (or failed)
         self.abandoned = False  # the call stopped waiting while it was in the resolver
 
@@ -45,11 +55,18 @@ class Lookups:
     """Lookups in threads of their own; `busy` past `stuck_most` stuck ones. The count
     is kept under a lock: the threads report their end from outside the loop."""
 
-    def __init__(self, lookup: Lookup = _getaddrinfo, stuck_most: int = STUCK_MOST) -> None:
+    def __init__(
+        self,
+        lookup: Lookup = _getaddrinfo,
+        stuck_most: int = STUCK_MOST,
+        stuck_per_plan: int = STUCK_PER_PLAN,
+    ) -> None:
         self._lookup = lookup
         self._stuck_most = stuck_most
+        self._stuck_per_plan = stuck_per_plan
         self._lock = threading.Lock()
         self._stuck = 0
+        self._stuck_of: dict[str, int] = {}  # by LOOKUP_FOR, those with any
 
     @property
     def stuck(self) -> int:
@@ -57,20 +74,25 @@ class Lookups:
             return self._stuck
 
     async def resolve(self, host: str, port: int) -> AddressInfo:
+        key = LOOKUP_FOR.get()
         with self._lock:
-            stuck = self._stuck
-        if stuck >= self._stuck_most:
+            stuck, own = self._stuck, self._stuck_of.get(key, 0)
+        if own >= self._stuck_per_plan or stuck >= self._stuck_most:
+            whose = (
+                f"{own} of this plan's lookups are"
+                if own >= self._stuck_per_plan
+                else f"{stuck} lookups are"
+            )
             raise WorkerError(
                 "busy",
-                f"the DNS server does not answer: {stuck} lookups are still waiting for it "
-                "after their calls stopped, so fetches that need one are refused until it "
-                "answers. Try again later (a host opened in allow_hosts by its IP address "
-                "needs no lookup)",
-                {"stuck_lookups": stuck},
+                f"the DNS server does not answer: {whose} still waiting for it after their "
+                "calls stopped, so fetches that need one are refused until it answers. Try "
+                "again later (a host opened in allow_hosts by its IP address needs no lookup)",
+                {"stuck_lookups": stuck, "stuck_lookups_of_plan": own},
             )
         loop = asyncio.get_running_loop()
         done: asyncio.Future[AddressInfo] = loop.create_future()
-        asked = _Asked()
+        asked = _Asked(key)
 
         def work() -> None:
             result: AddressInfo = []
@@ -83,6 +105,11 @@ class Lookups:
                 asked.ended = True
                 if asked.abandoned:  # nobody waits for it any more
                     self._stuck -= 1
+                    left = self._stuck_of[asked.key] - 1
+                    if left:
+                        self._stuck_of[asked.key] = left
+                    else:
+                        del self._stuck_of[asked.key]
                     return
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits either
                 loop.call_soon_threadsafe(_deliver, done, result, error)
@@ -95,6 +122,7 @@ class Lookups:
                 if not asked.ended:
                     asked.abandoned = True
                     self._stuck += 1
+                    self._stuck_of[key] = self._stuck_of.get(key, 0) + 1
             raise
 
 

@@ -14,6 +14,7 @@ from typing import Final
 import httpx
 
 from worker.actions.host.fetching.body import read_body
+from worker.actions.host.fetching.lookups import LOOKUP_FOR
 from worker.actions.host.fetching.pinned import PinnedTransport, Pins
 from worker.actions.host.fetching.ssrf import DEFAULT_PORTS, UrlGuard
 from worker.actions.host.http_fetch import (
@@ -41,6 +42,7 @@ async def fetch(ctx: Context, args: HttpFetchArgs) -> Outcome[HttpFetchResult]:
             {"bytes": len(ctx.blob), "limit": REQUEST_BYTES},
         )
     timeouts, total = _timeouts(args, settings)
+    LOOKUP_FOR.set(f"{ctx.agent_id}\x00{ctx.plan_id}")  # the call's own task: its lookups
     guard = _guard(tuple(settings.allow_hosts))
     url = guard.parse(args.url)
     try:
