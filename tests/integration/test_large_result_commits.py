@@ -30,6 +30,11 @@ ENTRIES = 800  # about 120 KB of JSON: past worker.db.OFF_LOOP_BYTES
 # timeout, 10 s), and so did every call. Short: a worker that dials again meanwhile (a
 # stream dropped on a loaded machine) waits too, its Hello being read from hub.db.
 CALLING_FOR_S = 4 * STORE_DELAY_S
+# The hub's heartbeat here: the worker gives a stream up after three missed (the
+# suite's 0.5 s made that 1.5 s, which a loaded machine's stall passed, and the Hello
+# of the stream dialled again then waited for the locked hub.db: the calls after it
+# found no worker, 2 runs in 45 at a load of 6).
+HEARTBEAT_S = 3.0
 
 
 def a_large_folder(live: Cluster) -> str:
@@ -86,7 +91,7 @@ def the_worker(live: Cluster) -> Any:
 def test_a_worker_killed_while_the_hub_stores_its_large_result_loses_nothing(
     tmp_path: Path,
 ) -> None:
-    with cluster(tmp_path / "home") as live:
+    with cluster(tmp_path / "home", heartbeat_s=HEARTBEAT_S) as live:
         folder = a_large_folder(live)
         with hub_db_locked(live):
             listing = listing_while_locked(live, folder, calling_for_s=CALLING_FOR_S)
@@ -103,7 +108,7 @@ def test_a_worker_killed_while_the_hub_stores_its_large_result_loses_nothing(
 
 
 def test_a_hub_killed_before_it_stored_a_large_result_loses_nothing(tmp_path: Path) -> None:
-    with cluster(tmp_path / "home") as live:
+    with cluster(tmp_path / "home", heartbeat_s=HEARTBEAT_S) as live:
         folder = a_large_folder(live)
         with hub_db_locked(live):
             listing = listing_while_locked(live, folder, calling_for_s=0)

@@ -51,7 +51,7 @@ max_unacked_mib = {max_unacked_mib}
 [connection]
 keepalive_time_s = {keepalive_s}
 ping_timeout_s = {ping_timeout_s}
-heartbeat_s = 0.5
+heartbeat_s = {heartbeat_s}
 backoff_base_s = {backoff_base_s}
 backoff_cap_s = {backoff_cap_s}
 """
@@ -257,6 +257,7 @@ def write_config(home: Path, listen: str, extra_config: str = "", **settings: An
         "backoff_base_s": 0.1,
         "backoff_cap_s": 1.0,
         "held_blobs_mib": 256,
+        "heartbeat_s": 0.5,
     }
     values.update(settings)
     home.mkdir(parents=True, exist_ok=True)

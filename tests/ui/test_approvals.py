@@ -243,8 +243,8 @@ def test_the_preview_keeps_its_line_breaks_and_the_agents_stay_escaped(tmp_path:
         drawn = [preview.render_line(y).text.rstrip() for y in range(preview.size.height)]
         assert any(line.endswith("│ one") for line in drawn), drawn
         assert any(line.endswith("│ two") for line in drawn), drawn
-        escaped = [line for line in drawn if "\\n" in line]
-        assert escaped and all("a\\nb.txt" in line for line in escaped), drawn  # the agent's
+        text = "".join(drawn)  # a long line wraps where the folder's name makes it
+        assert text.count("\\n") == text.count("a\\nb") >= 1, drawn  # the agent's only
         await pilot.press("d")
         await rig.result(cid)
 
