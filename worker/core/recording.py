@@ -165,6 +165,11 @@ def _per_server_calls(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE recorded_calls_before")
 
 
+def _utf8_bytes(text: str | None) -> int:
+    """What a text takes in the database (UTF-8): a character may take four bytes."""
+    return len(text.encode("utf-8", "surrogatepass")) if text else 0
+
+
 @dataclass(frozen=True)
 class RecordedCall:
     correlation_id: str
@@ -276,14 +281,15 @@ class Recordings:
         redacted = int(masked)  # or PAST_BOUND
         left_out = 0
         first_full = False
-        text = len(args or "") + len(result_json)
+        text = _utf8_bytes(args) + _utf8_bytes(result_json)  # bytes, not characters
         if self._text_bytes is None:
             row = self._db.execute(
-                "SELECT COALESCE(SUM(COALESCE(length(args_json), 0) + length(result_json)), 0)"
-                " FROM recorded_calls"
+                "SELECT COALESCE(SUM(COALESCE(length(CAST(args_json AS BLOB)), 0)"
+                " + length(CAST(result_json AS BLOB))), 0) FROM recorded_calls"
             ).fetchone()
             queued = sum(
-                len(cast(str, item[3]) or "") + len(cast(str, item[6])) for item in self._queued
+                _utf8_bytes(cast(str | None, item[3])) + _utf8_bytes(cast(str, item[6]))
+                for item in self._queued
             )
             self._text_bytes = int(row[0]) + queued
         if self._text_bytes + text > self.max_text_bytes:

@@ -271,16 +271,20 @@ class Telemetry:
         return self.prune_all(now)[0]
 
     def cap_rows(self) -> int:
-        """Forget the oldest invocation rows past `max_rows`, and audit events past it
-        by kind (`_cap_audit`); how many went. Retention bounds telemetry by age, this
-        by size: a server that sends a million calls a day (or a million refused ones,
-        each an audit event) cannot fill the person's disk within the 90 days."""
+        """Forget the oldest invocation rows past `max_rows` (and the recorded calls as
+        old), and audit events past it by kind (`_cap_audit`); how many went.
+        Retention bounds telemetry by age, this by size: a server that sends a million
+        calls a day (or a million refused ones, each an audit event) cannot fill the
+        person's disk within the 90 days."""
         self.flush()
         self.written_since_cap = 0
         gone = self._db.execute(
             "DELETE FROM invocations WHERE rowid <= (SELECT MAX(rowid) FROM invocations) - ?",
             (self._rows_within("invocations"),),
         ).rowcount
+        if gone:  # a recorded call whose row went is not in any script any more
+            (oldest,) = self._db.execute("SELECT MIN(started_unix_ms) FROM invocations").fetchone()
+            self.recordings.prune(oldest or 0)
         with transaction(self._db):
             gone += self._cap_audit(self._rows_within("audit_events"))
         return gone
