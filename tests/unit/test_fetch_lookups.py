@@ -35,10 +35,10 @@ class SilentDns:
             assert self.inside.acquire(timeout=10)
 
 
-async def _abandon(lookups: Lookups, dns: SilentDns, count: int, plan: str = "") -> None:
-    """`count` lookups of `plan` that stop waiting (as a call's timeout stops them)
+async def _abandon(lookups: Lookups, dns: SilentDns, count: int, agent: str = "") -> None:
+    """`count` lookups of `agent` that stop waiting (as a call's timeout stops them)
     while inside."""
-    LOOKUP_FOR.set(plan)  # copied into each task made below
+    LOOKUP_FOR.set(agent)  # copied into each task made below
     tasks = [asyncio.create_task(lookups.resolve(f"h{i}.slow.test", 443)) for i in range(count)]
     await asyncio.to_thread(dns.entered, count)
     for task in tasks:
@@ -92,20 +92,21 @@ def test_a_lookup_that_fails_raises_its_error_to_the_caller() -> None:
         asyncio.run(Lookups(broken).resolve("nowhere.test", 443))
 
 
-def test_one_plans_stuck_lookups_make_that_plan_busy_not_the_others() -> None:
+def test_one_agents_stuck_lookups_make_that_agent_busy_not_the_others() -> None:
     """review25 G5b: one agent keeping eight lookups stuck under its own silent DNS
-    server made every other plan's fetches answer busy."""
+    server made every other agent's fetches answer busy (G5c: counted by plan, one
+    agent over a dozen plans did still)."""
     dns = SilentDns()
-    lookups = Lookups(dns, stuck_most=10, stuck_per_plan=3)
+    lookups = Lookups(dns, stuck_most=10, stuck_per_agent=3)
 
     async def main() -> None:
-        await _abandon(lookups, dns, 3, plan="greedy")
+        await _abandon(lookups, dns, 3, agent="greedy")
         with pytest.raises(WorkerError) as refused:
-            await lookups.resolve("more.slow.test", 443)  # still the greedy plan's context
-        assert "3 of this plan's lookups" in refused.value.message
+            await lookups.resolve("more.slow.test", 443)  # still the greedy agent's context
+        assert "3 of this agent's lookups" in refused.value.message
         LOOKUP_FOR.set("other")
         answering = asyncio.create_task(lookups.resolve("fine.test", 443))
-        await asyncio.to_thread(dns.entered, 1)  # let in: the other plan is not refused
+        await asyncio.to_thread(dns.entered, 1)  # let in: the other agent is not refused
         dns.answer.set()
         assert await answering == ANSWER
 

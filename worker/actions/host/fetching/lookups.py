@@ -9,10 +9,11 @@ holds nothing any other call needs. A lookup whose call stopped waiting (a timeo
 cancel) and that is still in the resolver is counted `stuck`; past STUCK_MOST of them,
 a fetch that needs a lookup is refused `busy` at once (a host opened by its IP address
 needs none) until some end, so a silent DNS server costs at most that many threads.
-Each plan (the lookup's `LOOKUP_FOR`, set by the fetch) may hold STUCK_PER_PLAN of
+Each agent (the lookup's `LOOKUP_FOR`, set by the fetch) may hold STUCK_PER_AGENT of
 them: an agent that kept eight stuck under its own silent DNS server made every other
-plan's fetches answer `busy` (review25 G5b); now only its own plan's do, until the
-worker-wide STUCK_MOST.
+agent's fetches answer `busy` (review25 G5b); now only its own do, until the
+worker-wide STUCK_MOST. By agent, not plan: one agent spreading its fetches over a
+dozen plan ids reached the worker-wide bound again (review25 G5c).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from typing import Any, Final
 from worker.errors import WorkerError
 
 # Lookups still in the resolver after their calls stopped waiting, at most: of one
-# plan, and of every plan together.
-STUCK_PER_PLAN: Final = 4
+# agent, and of every agent together.
+STUCK_PER_AGENT: Final = 4
 STUCK_MOST: Final = 32
-# Whose lookup it is: the fetch's plan (set for the call's task by the fetch).
+# Whose lookup it is: the fetch's agent (set for the call's task by the fetch).
 LOOKUP_FOR: contextvars.ContextVar[str] = contextvars.ContextVar("lookup_for", default="")
 
 AddressInfo = list[tuple[Any, ...]]
@@ -59,11 +60,11 @@ class Lookups:
         self,
         lookup: Lookup = _getaddrinfo,
         stuck_most: int = STUCK_MOST,
-        stuck_per_plan: int = STUCK_PER_PLAN,
+        stuck_per_agent: int = STUCK_PER_AGENT,
     ) -> None:
         self._lookup = lookup
         self._stuck_most = stuck_most
-        self._stuck_per_plan = stuck_per_plan
+        self._stuck_per_agent = stuck_per_agent
         self._lock = threading.Lock()
         self._stuck = 0
         self._stuck_of: dict[str, int] = {}  # by LOOKUP_FOR, those with any
@@ -77,10 +78,10 @@ class Lookups:
         key = LOOKUP_FOR.get()
         with self._lock:
             stuck, own = self._stuck, self._stuck_of.get(key, 0)
-        if own >= self._stuck_per_plan or stuck >= self._stuck_most:
+        if own >= self._stuck_per_agent or stuck >= self._stuck_most:
             whose = (
-                f"{own} of this plan's lookups are"
-                if own >= self._stuck_per_plan
+                f"{own} of this agent's lookups are"
+                if own >= self._stuck_per_agent
                 else f"{stuck} lookups are"
             )
             raise WorkerError(
@@ -88,7 +89,7 @@ class Lookups:
                 f"the DNS server does not answer: {whose} still waiting for it after their "
                 "calls stopped, so fetches that need one are refused until it answers. Try "
                 "again later (a host opened in allow_hosts by its IP address needs no lookup)",
-                {"stuck_lookups": stuck, "stuck_lookups_of_plan": own},
+                {"stuck_lookups": stuck, "stuck_lookups_of_agent": own},
             )
         loop = asyncio.get_running_loop()
         done: asyncio.Future[AddressInfo] = loop.create_future()

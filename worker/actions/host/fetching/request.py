@@ -42,7 +42,7 @@ async def fetch(ctx: Context, args: HttpFetchArgs) -> Outcome[HttpFetchResult]:
             {"bytes": len(ctx.blob), "limit": REQUEST_BYTES},
         )
     timeouts, total = _timeouts(args, settings)
-    LOOKUP_FOR.set(f"{ctx.agent_id}\x00{ctx.plan_id}")  # the call's own task: its lookups
+    LOOKUP_FOR.set(ctx.agent_id)  # the call's own task: its lookups are its agent's
     guard = _guard(tuple(settings.allow_hosts))
     url = guard.parse(args.url)
     try:
