@@ -387,7 +387,7 @@ async def _housekeeping(dispatcher: Dispatcher) -> None:
             prune_telemetry(dispatcher.telemetry)
             telemetry_due = time.time() + TELEMETRY_PRUNE_EVERY_S
         dispatcher.state.prune()
-        if capped := dispatcher.telemetry.cap_rows():
+        if capped := await dispatcher.telemetry.cap_rows_in_steps():
             log.warning(
                 "telemetry: forgot the %d oldest rows past [telemetry] max_rows (%d) or "
                 "%d MiB a table",

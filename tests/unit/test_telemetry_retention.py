@@ -14,8 +14,9 @@ from worker import app
 from worker.clock import now_ms
 from worker.config import Config, Paths, TelemetrySection
 from worker.core import results
+from worker.core import telemetry as telemetry_module
 from worker.core.ledger import State
-from worker.core.telemetry import CAPPED_KIND, DAY_MS, Telemetry, fair_share
+from worker.core.telemetry import CAPPED_KIND, DAY_MS, ROW_OVERHEAD_BYTES, Telemetry, fair_share
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -192,5 +193,67 @@ def test_a_flood_of_rows_is_capped_as_it_is_written(
             telemetry.record_later([pb.Invocation(invocation_id=f"i{n}", correlation_id=f"c{n}")])
         assert written.write_telemetry()
         assert len(telemetry.rows(limit=100)) == 10 and telemetry.written_since_cap == 0
+    finally:
+        state.close()
+
+
+def _bytes_kept(telemetry: Telemetry) -> int:
+    (kept,) = telemetry._db.execute(
+        f"SELECT SUM({telemetry_module._SIZES['invocations']} + {ROW_OVERHEAD_BYTES})"
+        " FROM invocations"
+    ).fetchone()
+    return int(kept)
+
+
+def test_a_flood_of_large_rows_under_a_tail_of_small_ones_is_capped_by_bytes(
+    tmp_path: Path,
+) -> None:
+    """review25 G1b: sized by the newest rows' average, small rows written last let the
+    large ones before them stay (9.2 times the bound); and bytes, not characters."""
+    state = State(tmp_path / "state.db")
+    try:
+        telemetry = Telemetry(state.connection, max_rows=10_000)
+        telemetry.max_table_bytes = 100_000
+        wide = "\U0001f600" * 250  # 250 characters, 1,000 bytes
+        for n in range(400):
+            telemetry.record(pb.Invocation(invocation_id=f"b{n}", agent_id=wide))
+        for n in range(1000):
+            telemetry.record(pb.Invocation(invocation_id=f"s{n}"))
+        telemetry.cap_rows()
+        assert _bytes_kept(telemetry) <= 100_000
+        assert telemetry.rows(limit=1)[0]["invocation_id"] == "s999"
+    finally:
+        state.close()
+
+
+def test_the_worker_caps_in_steps_with_other_work_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review25 G1c: 254,000 rows removed at once held the event loop 2 s."""
+    monkeypatch.setattr(telemetry_module, "WALK_ROWS", 100)
+    monkeypatch.setattr(telemetry_module, "DELETE_ROWS", 100)
+    state = State(tmp_path / "state.db")
+    try:
+        telemetry = Telemetry(state.connection, max_rows=100)
+        telemetry.record_many([pb.Invocation(invocation_id=f"i{n}") for n in range(1000)])
+
+        async def main() -> tuple[int, int]:
+            turns = 0
+
+            async def other_work() -> None:
+                nonlocal turns
+                while True:
+                    turns += 1
+                    await asyncio.sleep(0)
+
+            beside = asyncio.create_task(other_work())
+            await asyncio.sleep(0)
+            gone = await telemetry.cap_rows_in_steps()
+            beside.cancel()
+            return gone, turns
+
+        gone, turns = asyncio.run(main())
+        assert gone == 900 and len(telemetry.rows(limit=2000)) == 100
+        assert turns >= 9  # nine deletes of 100 (and the walk's one step): a turn after each
     finally:
         state.close()

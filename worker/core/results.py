@@ -107,6 +107,7 @@ class Results:
         self._pending_bytes = 0  # their results and blobs
         self._flush_scheduled = False
         self._telemetry_timer: asyncio.TimerHandle | None = None
+        self._capping: asyncio.Future[None] | None = None  # telemetry's caps, under way
         # STARTED acks wait a moment and leave together; a call whose result is out
         # by then needs none (the result says more than "started").
         self._started: dict[str, None] = {}
@@ -196,13 +197,26 @@ class Results:
         except sqlite3.Error:
             log.exception("could not write telemetry rows; will try again")
             return False
-        if self.telemetry.written_since_cap >= CAP_EVERY_ROWS:
-            try:  # a flood of rows is bounded now, not at the hourly housekeeping
-                if capped := self.telemetry.cap_rows():
-                    log.warning("telemetry: forgot the %d oldest rows past their caps", capped)
-            except sqlite3.Error:
-                log.exception("could not apply telemetry's caps; the hourly housekeeping will")
+        if self.telemetry.written_since_cap >= CAP_EVERY_ROWS and self._capping is None:
+            # A flood of rows is bounded now, not at the hourly housekeeping; in steps,
+            # other calls running between them (at once with no loop running).
+            try:
+                self._capping = asyncio.get_running_loop().create_task(self._cap())
+            except RuntimeError:
+                try:
+                    self.telemetry.cap_rows()
+                except sqlite3.Error:
+                    log.exception("could not apply telemetry's caps; will try again")
         return True
+
+    async def _cap(self) -> None:
+        try:
+            if capped := await self.telemetry.cap_rows_in_steps():
+                log.warning("telemetry: forgot the %d oldest rows past their caps", capped)
+        except sqlite3.Error:
+            log.exception("could not apply telemetry's caps; the hourly housekeeping will")
+        finally:
+            self._capping = None
 
     def ack(self, correlation_ids: list[str]) -> None:
         """The server stored these results: the ledger may forget them after its TTL.

@@ -15,10 +15,11 @@ get the server the ledger still knows for their call when the worker converts it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, Final
 
 from worker.clock import now_ms
@@ -86,10 +87,15 @@ def has_server_column(conn: sqlite3.Connection, table: str = "invocations") -> b
 MAX_ROWS: Final = 1_000_000
 # And the most bytes each of the two tables keeps, about: rows are as large as the
 # server makes them (five 256-character ids, an error message, a preview), and a
-# million of its largest took 3.1 GB (review25 G1). The rows a table may keep are those
-# of its newest SIZED_BY rows' average size that fit (`_rows_within`).
+# million of its largest took 3.1 GB (review25 G1). A table keeps its newest rows whose
+# texts' bytes (UTF-8) fit, counted row by row from the newest (`_cut`), WALK_ROWS at a
+# time: sized by its newest thousand rows' average, a flood of large rows under a tail
+# of small ones kept 9.2 times the bound (review25 G1b). Rows go DELETE_ROWS at a time,
+# the event loop's other work running between (`cap_rows_in_steps`): removed at once,
+# 254,000 rows held the loop 2 s (review25 G1c).
 MAX_TABLE_BYTES: Final = 256 * 1024 * 1024
-SIZED_BY: Final = 1000
+WALK_ROWS: Final = 10_000
+DELETE_ROWS: Final = 1_000
 # What a row takes besides its texts' characters: its numbers, SQLite's own record.
 ROW_OVERHEAD_BYTES: Final = 64
 # Rows written (of both tables) after which the caps are applied again, besides the
@@ -97,12 +103,12 @@ ROW_OVERHEAD_BYTES: Final = 64
 CAP_EVERY_ROWS: Final = 50_000
 _SIZES: Final = {
     "invocations": " + ".join(
-        f"COALESCE(length({name}), 0)"
+        f"COALESCE(length(CAST({name} AS BLOB)), 0)"
         for name in (*COLUMNS, "server")
         if _TYPES.get(name, "TEXT") == "TEXT"
     ),
     "audit_events": " + ".join(
-        f"COALESCE(length({name}), 0)"
+        f"COALESCE(length(CAST({name} AS BLOB)), 0)"
         for name in (
             "event_id",
             "correlation_id",
@@ -271,41 +277,85 @@ class Telemetry:
         return self.prune_all(now)[0]
 
     def cap_rows(self) -> int:
-        """Forget the oldest invocation rows past `max_rows` (and the recorded calls as
-        old), and audit events past it by kind (`_cap_audit`); how many went.
-        Retention bounds telemetry by age, this by size: a server that sends a million
-        calls a day (or a million refused ones, each an audit event) cannot fill the
-        person's disk within the 90 days."""
+        """Forget the oldest invocation rows past `max_rows` or `max_table_bytes` (and
+        the recorded calls as old), and audit events past them by kind (`_cap_audit`);
+        how many went. Retention bounds telemetry by age, this by size: a server that
+        sends a million calls a day (or a million refused ones, each an audit event)
+        cannot fill the person's disk within the 90 days. All at once (a tool, a test):
+        the worker uses `cap_rows_in_steps`."""
+        steps = self._capping()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return int(done.value)
+
+    async def cap_rows_in_steps(self) -> int:
+        """`cap_rows`, a turn of the event loop for other work after each step (a
+        walk of WALK_ROWS rows, a delete of DELETE_ROWS)."""
+        steps = self._capping()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return int(done.value)
+            await asyncio.sleep(0)
+
+    def _capping(self) -> Generator[None, None, int]:
         self.flush()
         self.written_since_cap = 0
-        gone = self._db.execute(
-            "DELETE FROM invocations WHERE rowid <= (SELECT MAX(rowid) FROM invocations) - ?",
-            (self._rows_within("invocations"),),
-        ).rowcount
+        _kept, cut = yield from self._cut("invocations")
+        gone = yield from self._delete(  # rowid 0 (every row fits): none
+            "DELETE FROM invocations WHERE rowid IN (SELECT rowid FROM invocations"
+            f" WHERE rowid <= ? ORDER BY rowid LIMIT {DELETE_ROWS})",
+            (cut,),
+        )
         if gone:  # a recorded call whose row went is not in any script any more
             (oldest,) = self._db.execute("SELECT MIN(started_unix_ms) FROM invocations").fetchone()
             self.recordings.prune(oldest or 0)
-        with transaction(self._db):
-            gone += self._cap_audit(self._rows_within("audit_events"))
+        most, _cut_at = yield from self._cut("audit_events")
+        gone += yield from self._cap_audit(most)
         return gone
 
-    def _rows_within(self, table: str) -> int:
-        """How many rows `table` may keep: `max_rows`, or fewer when rows the size of its
-        newest SIZED_BY would take more than `max_table_bytes`."""
-        (size,) = self._db.execute(
-            f"SELECT AVG({_SIZES[table]}) FROM"
-            f" (SELECT * FROM {table} ORDER BY rowid DESC LIMIT {SIZED_BY})"
-        ).fetchone()
-        if not size:
-            return self.max_rows
-        return max(1, min(self.max_rows, int(self.max_table_bytes // (size + ROW_OVERHEAD_BYTES))))
+    def _cut(self, table: str) -> Generator[None, None, tuple[int, int]]:
+        """How many of `table`'s newest rows fit `max_rows` and `max_table_bytes`, and
+        the rowid of the newest that does not (0: every row fits)."""
+        kept = total = 0
+        below = None
+        while True:
+            after = "" if below is None else f" WHERE rowid < {below}"
+            rows = self._db.execute(
+                f"SELECT rowid, {_SIZES[table]} FROM {table}{after}"
+                f" ORDER BY rowid DESC LIMIT {WALK_ROWS}"
+            ).fetchall()
+            for rowid, size in rows:
+                total += size + ROW_OVERHEAD_BYTES
+                if kept >= self.max_rows or total > self.max_table_bytes:
+                    return kept, int(rowid)
+                kept += 1
+            if len(rows) < WALK_ROWS:
+                return kept, 0
+            below = int(rows[-1][0])
+            yield
 
-    def _cap_audit(self, most: int) -> int:
+    def _delete(self, statement: str, parameters: tuple[Any, ...]) -> Generator[None, None, int]:
+        """`statement` (a DELETE of at most DELETE_ROWS rows) again until it removes
+        fewer; how many went."""
+        gone = 0
+        while True:
+            removed: int = self._db.execute(statement, parameters).rowcount
+            gone += removed
+            if removed < DELETE_ROWS:
+                return gone
+            yield
+
+    def _cap_audit(self, most: int) -> Generator[None, None, int]:
         """Audit events past `most`, removed so a flood erases only its own kind:
         the person's own acts (PERSON_KINDS) are never removed; every other kind keeps
         a fair share of `most` (a kind with fewer keeps all), and a kind over its
         share keeps its first event and its newest, the ones between replaced by one
-        CAPPED_KIND event saying how many went and when they were."""
+        CAPPED_KIND event saying how many went and when they were (written before
+        they go, so no removal is ever silent)."""
         counts = dict(
             self._db.execute(
                 f"SELECT kind, COUNT(*) FROM audit_events WHERE NOT ({_KEPT}) GROUP BY kind"
@@ -329,7 +379,6 @@ class Telemetry:
             ).fetchone()
             if not n:
                 continue
-            self._db.execute(f"DELETE {between}", (kind, first, cut))
             self.audit(
                 CAPPED_KIND,
                 detail={
@@ -340,7 +389,11 @@ class Telemetry:
                     "max_rows": most,
                 },
             )
-            gone += n
+            gone += yield from self._delete(
+                f"DELETE FROM audit_events WHERE rowid IN (SELECT rowid {between}"
+                f" LIMIT {DELETE_ROWS})",
+                (kind, first, cut),
+            )
         return gone
 
     def prune_all(self, now: int | None = None) -> tuple[int, int, int]:
