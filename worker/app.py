@@ -387,6 +387,13 @@ async def _housekeeping(dispatcher: Dispatcher) -> None:
             prune_telemetry(dispatcher.telemetry)
             telemetry_due = time.time() + TELEMETRY_PRUNE_EVERY_S
         dispatcher.state.prune()
+        if forgot := await db.in_steps(dispatcher.state.cap_acked()):
+            log.warning(
+                "ledger: forgot the %d oldest acked calls past %d MiB before their %g h",
+                forgot,
+                dispatcher.state.max_acked_bytes // (1024 * 1024),
+                dispatcher.state.ttl_s / 3600,
+            )
         if capped := await dispatcher.telemetry.cap_rows_in_steps():
             log.warning(
                 "telemetry: forgot the %d oldest rows past [telemetry] max_rows (%d) or "

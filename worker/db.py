@@ -39,7 +39,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -587,3 +587,27 @@ def write_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]
     elif rows:
         with transaction(conn):
             conn.executemany(sql, rows)
+
+
+# Work on a database done in steps (a generator: each `yield` ends a step, its return
+# value is the work's): at once, or with the event loop's other work between steps.
+Steps = Generator[None, None, int]
+
+
+def at_once(steps: Steps) -> int:
+    """Every step of `steps` now; what it returned."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return int(done.value)
+
+
+async def in_steps(steps: Steps) -> int:
+    """The steps of `steps`, a turn of the event loop for other work after each."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return int(done.value)
+        await asyncio.sleep(0)

@@ -112,6 +112,23 @@ CREATE TABLE IF NOT EXISTS served (  -- the server the worker here serves, or se
 """
 
 DEFAULT_TTL_S = 24 * 3600
+# Acked calls, kept `ttl_s` to answer a late duplicate, take about this many bytes at
+# most (ids, digest, result): past it the oldest go early (`cap_acked`), so a server
+# that sends a flood of calls, refused ones too (a result and a row each: 800 a second
+# kept ~1.6 MB/s, 137 GB a day, review25 G1), cannot fill the disk within the 24 h.
+# A duplicate of a call forgotten so runs again; the hub answers one from its own store.
+MAX_ACKED_BYTES: Final = 256 * 1024 * 1024
+# Acks after which the bound is applied again (besides the hourly housekeeping), and the
+# steps it is applied in: rows looked at, rows removed, the loop's other work between.
+ACKED_CAP_EVERY: Final = 50_000
+_ACKED_WALK_ROWS: Final = 10_000
+_ACKED_DELETE_ROWS: Final = 1_000
+_ACKED: Final = "state = 'DONE' AND acked = 1 AND blob_file = 0"
+_CALL_BYTES: Final = (
+    "length(CAST(correlation_id AS BLOB)) + length(CAST(args_digest AS BLOB))"
+    " + length(CAST(plan_id AS BLOB)) + COALESCE(length(result), 0)"
+    " + length(CAST(server AS BLOB)) + 64"
+)
 # Kills a server may make this worker keep; past it its oldest kills go (a kill made
 # here, by the person, is never dropped). A kill outlives restarts, and the console
 # lists every kill: unbounded, a server's flood of KillPlans for made-up plans grew
@@ -321,6 +338,8 @@ class State:
         if convert:  # the worker, at its start: the owner converts (worker.db.connect)
             self._rename_asks()
         self._ttl_ms = int(ttl_s * 1000)
+        self.max_acked_bytes = MAX_ACKED_BYTES
+        self.acked_since_cap = 0  # calls acked since `cap_acked` last ran
         # The server whose calls this process serves (its WorkerConnection names it):
         # the only one told of, sent, acking and answered from the calls stamped with it.
         self.server = NO_SERVER
@@ -554,6 +573,7 @@ class State:
         (and past KEPT_RESULT_BYTES without the result either).
         Only the results of this server: another's ack of them lets nothing go."""
         correlation_ids = list(dict.fromkeys(correlation_ids))  # each id counts once
+        self.acked_since_cap += len(correlation_ids)
         held = [
             (cid, self._held.pop(cid))
             for cid in correlation_ids
@@ -755,6 +775,41 @@ class State:
     def ttl_s(self) -> float:
         """How long an acked call, or a result held for another server, is kept."""
         return self._ttl_ms / 1000
+
+    def cap_acked(self) -> db.Steps:
+        """Forget the oldest acked calls past `max_acked_bytes` (see MAX_ACKED_BYTES), in
+        steps (worker.db.in_steps): rows looked at from the newest, _ACKED_WALK_ROWS at
+        a time, then removed _ACKED_DELETE_ROWS at a time; how many went."""
+        self.acked_since_cap = 0
+        total = cut = 0
+        below = None
+        while not cut:
+            after = "" if below is None else f" AND rowid < {below}"
+            rows = self._db.execute(
+                f"SELECT rowid, {_CALL_BYTES} FROM calls WHERE {_ACKED}{after}"
+                f" ORDER BY rowid DESC LIMIT {_ACKED_WALK_ROWS}"
+            ).fetchall()
+            for rowid, size in rows:
+                total += size
+                if total > self.max_acked_bytes:
+                    cut = int(rowid)
+                    break
+            else:
+                if len(rows) < _ACKED_WALK_ROWS:
+                    return 0  # every acked call fits
+                below = int(rows[-1][0])
+                yield
+        gone = 0
+        while True:
+            removed: int = self._db.execute(
+                f"DELETE FROM calls WHERE rowid IN (SELECT rowid FROM calls WHERE {_ACKED}"
+                f" AND rowid <= ? ORDER BY rowid LIMIT {_ACKED_DELETE_ROWS})",
+                (cut,),
+            ).rowcount
+            gone += removed
+            if removed < _ACKED_DELETE_ROWS:
+                return gone
+            yield
 
     def prune(self) -> int:
         """Forget acked calls `ttl_s` after they finished, and results held for another

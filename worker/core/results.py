@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from worker.core.ledger import State
+from worker.core.ledger import ACKED_CAP_EVERY, State
 from worker.core.telemetry import CAP_EVERY_ROWS, Telemetry
+from worker.db import in_steps
 from worker.wire.framing import Buffer, result_part
 from worker.wire.local import HandedResult, handed, result_key
 from worker.wire.proto import agentworker_pb2 as pb
@@ -108,6 +109,7 @@ class Results:
         self._flush_scheduled = False
         self._telemetry_timer: asyncio.TimerHandle | None = None
         self._capping: asyncio.Future[None] | None = None  # telemetry's caps, under way
+        self._capping_acked: asyncio.Future[None] | None = None  # the ledger's, under way
         # STARTED acks wait a moment and leave together; a call whose result is out
         # by then needs none (the result says more than "started").
         self._started: dict[str, None] = {}
@@ -225,6 +227,21 @@ class Results:
         cannot be, the acks wait for the server to ack a re-send."""
         if self.write_telemetry():
             self.state.ack(correlation_ids)
+            if self.state.acked_since_cap >= ACKED_CAP_EVERY and self._capping_acked is None:
+                try:  # a flood of calls is bounded now, not at the hourly housekeeping
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    return  # the hourly housekeeping will
+                self._capping_acked = loop.create_task(self._cap_acked())
+
+    async def _cap_acked(self) -> None:
+        try:
+            if forgot := await in_steps(self.state.cap_acked()):
+                log.warning("ledger: forgot the %d oldest acked calls past their bound", forgot)
+        except sqlite3.Error:
+            log.exception("could not bound the ledger's acked calls; the hourly housekeeping will")
+        finally:
+            self._capping_acked = None
 
     def resend_unacked(self) -> None:
         """After a handshake: every result the server has not acked goes out again."""

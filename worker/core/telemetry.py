@@ -15,7 +15,6 @@ get the server the ledger still knows for their call when the worker converts it
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import uuid
@@ -26,7 +25,7 @@ from worker.clock import now_ms
 from worker.core.ledger import UNRECORDED_SERVER
 from worker.core.recording import Recordings
 from worker.core.redaction import masked_detail
-from worker.db import immediate, transaction, write_many
+from worker.db import Steps, at_once, immediate, in_steps, transaction, write_many
 from worker.errors import ErrorCode
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -283,25 +282,14 @@ class Telemetry:
         sends a million calls a day (or a million refused ones, each an audit event)
         cannot fill the person's disk within the 90 days. All at once (a tool, a test):
         the worker uses `cap_rows_in_steps`."""
-        steps = self._capping()
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return int(done.value)
+        return at_once(self._capping())
 
     async def cap_rows_in_steps(self) -> int:
         """`cap_rows`, a turn of the event loop for other work after each step (a
         walk of WALK_ROWS rows, a delete of DELETE_ROWS)."""
-        steps = self._capping()
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return int(done.value)
-            await asyncio.sleep(0)
+        return await in_steps(self._capping())
 
-    def _capping(self) -> Generator[None, None, int]:
+    def _capping(self) -> Steps:
         self.flush()
         self.written_since_cap = 0
         _kept, cut = yield from self._cut("invocations")
