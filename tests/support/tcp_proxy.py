@@ -63,6 +63,13 @@ class FreezableProxy:
                 continue
             link = _Link(client, upstream)
             self._links.append(link)
+            if self._closed.is_set():
+                # Accepted as the proxy closed, after it closed the links it had: these
+                # sockets are closed here (left open, a loaded CI run reported them
+                # unclosed, failing test_slow_link's ping test).
+                client.close()
+                upstream.close()
+                return
             self.accepted += 1
             if self.down_bytes_per_s is not None:
                 for sock in (client, upstream):
