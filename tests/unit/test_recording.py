@@ -385,16 +385,21 @@ def test_recordings_keep_args_and_results_up_to_their_bound_refused_calls_too(
     assert recorded.text().count("the recordings reached their bound") == 2
 
 
-def test_the_bound_counts_bytes_and_capped_rows_take_their_recorded_calls(tmp_path: Path) -> None:
-    """review25 G12b: the bound counted characters (four-byte ones kept 4x as much), and
-    a recorded call outlived the invocation row the cap removed (90 days)."""
+def test_the_bound_counts_bytes_and_telemetrys_cap_leaves_recordings_alone(
+    tmp_path: Path,
+) -> None:
+    """review25 G12b: the bound counted characters (four-byte ones kept 4x as much);
+    G12c: telemetry's cap took recorded calls with the rows it removed, so an agent's
+    flood in another plan erased the person's recording; G12b's rows past the bound
+    are bounded by a count of their own."""
     state = State(tmp_path / "state.db")
     try:
         telemetry = Telemetry(state.connection, max_rows=2)
         recordings = telemetry.recordings
         recordings.max_text_bytes = 100
+        recordings.max_calls = 3
         emoji = "\U0001f600" * 20  # 20 characters, 80 bytes
-        for n in range(3):
+        for n in range(4):
             cid = f"c{n}"
             telemetry.record(
                 pb.Invocation(invocation_id=cid, correlation_id=cid, started_unix_ms=n)
@@ -403,12 +408,9 @@ def test_the_bound_counts_bytes_and_capped_rows_take_their_recorded_calls(tmp_pa
                 "A", pb.ActionRequest(correlation_id=cid, plan_id="p"), b"", emoji, b""
             )
             recordings.flush()
-            state.connection.execute(
-                "UPDATE recorded_calls SET unix_ms = ? WHERE correlation_id = ?", (n, cid)
-            )
         kept = dict(state.connection.execute("SELECT correlation_id, redacted FROM recorded_calls"))
-        assert kept == {"c0": 0, "c1": PAST_BOUND, "c2": PAST_BOUND}  # 80 + 80 > 100
-        assert telemetry.cap_rows() == 1  # c0's row
-        assert sorted(recordings.calls("A", "p")) == ["c1", "c2"]
+        assert kept == {"c0": 0, "c1": PAST_BOUND, "c2": PAST_BOUND}  # 80 + 80 > 100; c3: none
+        assert telemetry.cap_rows() == 2  # c0's and c1's rows
+        assert sorted(recordings.calls("A", "p")) == ["c0", "c1", "c2"]
     finally:
         state.close()

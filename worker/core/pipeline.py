@@ -1587,7 +1587,8 @@ class Dispatcher:
                 message = (
                     "the recordings reached their bound "
                     f"({recordings.max_blob_bytes // MIB} MiB of request blobs, "
-                    f"{recordings.max_text_bytes // MIB} MiB of args and results): this "
+                    f"{recordings.max_text_bytes // MIB} MiB of args and results, "
+                    f"{recordings.max_calls:,} calls): this "
                     "call and later ones of recorded plans are kept without what passes "
                     "it until older recorded calls are pruned"
                 )

@@ -57,10 +57,15 @@ from worker.wire.proto import agentworker_pb2 as pb
 RECHECK_S: Final = 0.1
 # The most request-blob bytes all recordings keep together.
 MAX_BLOB_BYTES: Final = 1024 * 1024 * 1024
-# The most characters of args and results all recordings keep together; a call past it
+# The most bytes of args and results all recordings keep together; a call past it
 # is kept with `redacted` set to PAST_BOUND, its args NULL and its result empty.
 MAX_TEXT_BYTES: Final = 256 * 1024 * 1024
 PAST_BOUND: Final = 2
+# The most calls all recordings keep together: past it a call keeps nothing (its step
+# is a comment, "recording was off"). Recordings are pruned by their own bounds and
+# retention only, never with telemetry's rows: an agent's flood of calls in another
+# plan pushing those out erased the person's recording (review25 G12c).
+MAX_RECORDED_CALLS: Final = 1_000_000
 FULL_KIND: Final = "recording_full"
 
 _PLANS_TABLE: Final = """
@@ -209,6 +214,8 @@ class Recordings:
         self._db = conn
         self.max_blob_bytes = MAX_BLOB_BYTES
         self.max_text_bytes = MAX_TEXT_BYTES
+        self.max_calls = MAX_RECORDED_CALLS
+        self._calls: int | None = None  # kept now, counted when first needed
         self._blob_bytes: int | None = None  # kept now, counted when first needed
         self._text_bytes: int | None = None  # the same, of args and results
         self.full = False  # the bound was reached in this run (told once)
@@ -257,6 +264,7 @@ class Recordings:
                 self._version = version
                 self._blob_bytes = None  # another process may have cleared recordings
                 self._text_bytes = None
+                self._calls = None
                 rows = self._db.execute("SELECT server, plan_id FROM recording_plans")
                 self._plans = frozenset((who, plan) for who, plan in rows)
         return (server, plan_id) in self._plans
@@ -275,8 +283,16 @@ class Recordings:
     ) -> bool:
         """Queue a call of `server`'s recorded plan; `flush` writes it with the telemetry rows. A
         call that did not run keeps no request blob, nor one past MAX_BLOB_BYTES, and
-        past MAX_TEXT_BYTES no args and no result either; True when this call is the
-        first one a bound left something out of in this run."""
+        past MAX_TEXT_BYTES no args and no result either, and past MAX_RECORDED_CALLS
+        nothing at all; True when this call is the first one a bound left something out
+        of in this run."""
+        if self._calls is None:
+            (kept,) = self._db.execute("SELECT COUNT(*) FROM recorded_calls").fetchone()
+            self._calls = int(kept) + len(self._queued)
+        if self._calls >= self.max_calls:
+            first_full, self.full = not self.full, True
+            return first_full  # nothing of it kept
+        self._calls += 1
         args, masked = args_for_replay(req.args_json)
         redacted = int(masked)  # or PAST_BOUND
         left_out = 0
@@ -391,6 +407,7 @@ class Recordings:
     def prune(self, cutoff_ms: int) -> int:
         self._blob_bytes = None
         self._text_bytes = None
+        self._calls = None
         return self._db.execute(
             "DELETE FROM recorded_calls WHERE unix_ms < ?", (cutoff_ms,)
         ).rowcount

@@ -276,8 +276,8 @@ class Telemetry:
         return self.prune_all(now)[0]
 
     def cap_rows(self) -> int:
-        """Forget the oldest invocation rows past `max_rows` or `max_table_bytes` (and
-        the recorded calls as old), and audit events past them by kind (`_cap_audit`);
+        """Forget the oldest invocation rows past `max_rows` or `max_table_bytes`, and
+        audit events past them by kind (`_cap_audit`);
         how many went. Retention bounds telemetry by age, this by size: a server that
         sends a million calls a day (or a million refused ones, each an audit event)
         cannot fill the person's disk within the 90 days. All at once (a tool, a test):
@@ -298,9 +298,6 @@ class Telemetry:
             f" WHERE rowid <= ? ORDER BY rowid LIMIT {DELETE_ROWS})",
             (cut,),
         )
-        if gone:  # a recorded call whose row went is not in any script any more
-            (oldest,) = self._db.execute("SELECT MIN(started_unix_ms) FROM invocations").fetchone()
-            self.recordings.prune(oldest or 0)
         most, _cut_at = yield from self._cut("audit_events")
         gone += yield from self._cap_audit(most)
         return gone
