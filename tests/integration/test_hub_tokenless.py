@@ -22,11 +22,15 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 async def _watches(channel: grpc.aio.Channel, count: int) -> list[grpc.aio.UnaryStreamCall]:
     """`count` tokenless Watch calls on `channel` (as gRPC's health client makes them),
-    each past the SERVING it is told first."""
+    each past the SERVING it is told first. One at a time, each read before the next
+    starts: made at once, more than HEALTH_CALLS_PER_CONNECTION of them waiting to be
+    read on a loaded machine were answered busy (a CI run at load 4)."""
     health = health_pb2_grpc.HealthStub(channel)
-    calls = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(count)]
-    for call in calls:
+    calls = []
+    for _ in range(count):
+        call = health.Watch(health_pb2.HealthCheckRequest())
         assert (await call.read()).status == SERVING
+        calls.append(call)
     return calls
 
 
