@@ -611,3 +611,54 @@ async def in_steps(steps: Steps) -> int:
         except StopIteration as done:
             return int(done.value)
         await asyncio.sleep(0)
+
+
+def newest_within(
+    conn: sqlite3.Connection,
+    table: str,
+    size: str,
+    where: str = "1",
+    *,
+    most_bytes: int,
+    most_rows: int | None = None,
+    walk_rows: int,
+) -> Generator[None, None, tuple[int, int]]:
+    """How many of `table`'s newest rows matching `where` fit within `most_rows` and
+    `most_bytes` (each row's `size`, an SQL expression), and the rowid of the newest
+    that does not (0: every one fits); the rows looked at `walk_rows` a step, from the
+    newest (a table's rows sized by its newest few let large ones hide under small)."""
+    kept = total = 0
+    below = None
+    while True:
+        after = "" if below is None else f" AND rowid < {below}"
+        rows = conn.execute(
+            f"SELECT rowid, {size} FROM {table} WHERE {where}{after}"
+            f" ORDER BY rowid DESC LIMIT {walk_rows}"
+        ).fetchall()
+        for rowid, row_bytes in rows:
+            total += row_bytes
+            if (most_rows is not None and kept >= most_rows) or total > most_bytes:
+                return kept, int(rowid)
+            kept += 1
+        if len(rows) < walk_rows:
+            return kept, 0
+        below = int(rows[-1][0])
+        yield
+
+
+def delete_oldest(
+    conn: sqlite3.Connection, table: str, where: str, parameters: Sequence[Any], *, batch: int
+) -> Steps:
+    """Every row of `table` matching `where`, oldest first, `batch` a statement (a step
+    each, so a large removal never holds the loop long); how many went."""
+    statement = (
+        f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {where}"
+        f" ORDER BY rowid LIMIT {batch})"
+    )
+    gone = 0
+    while True:
+        removed: int = conn.execute(statement, parameters).rowcount
+        gone += removed
+        if removed < batch:
+            return gone
+        yield

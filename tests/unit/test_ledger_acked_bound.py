@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.turns import with_work_beside
 from worker import db
 from worker.core import results
 from worker.core.ledger import Seen, State
@@ -64,22 +65,7 @@ def test_the_bound_is_applied_in_steps_with_other_work_between(tmp_path: Path) -
         state.ack(ids)
         state.max_acked_bytes = 100 * 200
 
-        async def main() -> tuple[int, int]:
-            turns = 0
-
-            async def other_work() -> None:
-                nonlocal turns
-                while True:
-                    turns += 1
-                    await asyncio.sleep(0)
-
-            beside = asyncio.create_task(other_work())
-            await asyncio.sleep(0)
-            forgot = await db.in_steps(state.cap_acked())
-            beside.cancel()
-            return forgot, turns
-
-        forgot, turns = asyncio.run(main())
+        forgot, turns = with_work_beside(db.in_steps(state.cap_acked()))
         assert forgot >= 2800 and turns >= 2  # deleted a thousand at a time, turns between
     finally:
         state.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.turns import with_work_beside
 from worker import app
 from worker.clock import now_ms
 from worker.config import Config, Paths, TelemetrySection
@@ -237,22 +238,7 @@ def test_the_worker_caps_in_steps_with_other_work_between(
         telemetry = Telemetry(state.connection, max_rows=100)
         telemetry.record_many([pb.Invocation(invocation_id=f"i{n}") for n in range(1000)])
 
-        async def main() -> tuple[int, int]:
-            turns = 0
-
-            async def other_work() -> None:
-                nonlocal turns
-                while True:
-                    turns += 1
-                    await asyncio.sleep(0)
-
-            beside = asyncio.create_task(other_work())
-            await asyncio.sleep(0)
-            gone = await telemetry.cap_rows_in_steps()
-            beside.cancel()
-            return gone, turns
-
-        gone, turns = asyncio.run(main())
+        gone, turns = with_work_beside(telemetry.cap_rows_in_steps())
         assert gone == 900 and len(telemetry.rows(limit=2000)) == 100
         assert turns >= 9  # nine deletes of 100 (and the walk's one step): a turn after each
     finally:

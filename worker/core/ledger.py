@@ -798,35 +798,21 @@ class State:
         steps (worker.db.in_steps): rows looked at from the newest, _ACKED_WALK_ROWS at
         a time, then removed _ACKED_DELETE_ROWS at a time; how many went."""
         self.acked_since_cap = 0
-        total = cut = 0
-        below = None
-        while not cut:
-            after = "" if below is None else f" AND rowid < {below}"
-            rows = self._db.execute(
-                f"SELECT rowid, {_CALL_BYTES} FROM calls WHERE {_ACKED}{after}"
-                f" ORDER BY rowid DESC LIMIT {_ACKED_WALK_ROWS}"
-            ).fetchall()
-            for rowid, size in rows:
-                total += size
-                if total > self.max_acked_bytes:
-                    cut = int(rowid)
-                    break
-            else:
-                if len(rows) < _ACKED_WALK_ROWS:
-                    return 0  # every acked call fits
-                below = int(rows[-1][0])
-                yield
-        gone = 0
-        while True:
-            removed: int = self._db.execute(
-                f"DELETE FROM calls WHERE rowid IN (SELECT rowid FROM calls WHERE {_ACKED}"
-                f" AND rowid <= ? ORDER BY rowid LIMIT {_ACKED_DELETE_ROWS})",
-                (cut,),
-            ).rowcount
-            gone += removed
-            if removed < _ACKED_DELETE_ROWS:
-                return gone
-            yield
+        _kept, cut = yield from db.newest_within(
+            self._db,
+            "calls",
+            _CALL_BYTES,
+            _ACKED,
+            most_bytes=self.max_acked_bytes,
+            walk_rows=_ACKED_WALK_ROWS,
+        )
+        if not cut:
+            return 0  # every acked call fits
+        return (
+            yield from db.delete_oldest(
+                self._db, "calls", f"{_ACKED} AND rowid <= ?", (cut,), batch=_ACKED_DELETE_ROWS
+            )
+        )
 
     def prune(self) -> int:
         """Forget acked calls `ttl_s` after they finished, and results held for another

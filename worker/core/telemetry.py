@@ -25,7 +25,16 @@ from worker.clock import now_ms
 from worker.core.ledger import UNRECORDED_SERVER
 from worker.core.recording import Recordings
 from worker.core.redaction import masked_detail
-from worker.db import Steps, at_once, immediate, in_steps, transaction, write_many
+from worker.db import (
+    Steps,
+    at_once,
+    delete_oldest,
+    immediate,
+    in_steps,
+    newest_within,
+    transaction,
+    write_many,
+)
 from worker.errors import ErrorCode
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -292,47 +301,25 @@ class Telemetry:
     def _capping(self) -> Steps:
         self.flush()
         self.written_since_cap = 0
-        _kept, cut = yield from self._cut("invocations")
-        gone = yield from self._delete(  # rowid 0 (every row fits): none
-            "DELETE FROM invocations WHERE rowid IN (SELECT rowid FROM invocations"
-            f" WHERE rowid <= ? ORDER BY rowid LIMIT {DELETE_ROWS})",
-            (cut,),
+        _kept, cut = yield from self._newest_within("invocations")
+        gone = yield from delete_oldest(  # rowid 0 (every row fits): none
+            self._db, "invocations", "rowid <= ?", (cut,), batch=DELETE_ROWS
         )
-        most, _cut_at = yield from self._cut("audit_events")
+        most, _cut_at = yield from self._newest_within("audit_events")
         gone += yield from self._cap_audit(most)
         return gone
 
-    def _cut(self, table: str) -> Generator[None, None, tuple[int, int]]:
+    def _newest_within(self, table: str) -> Generator[None, None, tuple[int, int]]:
         """How many of `table`'s newest rows fit `max_rows` and `max_table_bytes`, and
         the rowid of the newest that does not (0: every row fits)."""
-        kept = total = 0
-        below = None
-        while True:
-            after = "" if below is None else f" WHERE rowid < {below}"
-            rows = self._db.execute(
-                f"SELECT rowid, {_SIZES[table]} FROM {table}{after}"
-                f" ORDER BY rowid DESC LIMIT {WALK_ROWS}"
-            ).fetchall()
-            for rowid, size in rows:
-                total += size + ROW_OVERHEAD_BYTES
-                if kept >= self.max_rows or total > self.max_table_bytes:
-                    return kept, int(rowid)
-                kept += 1
-            if len(rows) < WALK_ROWS:
-                return kept, 0
-            below = int(rows[-1][0])
-            yield
-
-    def _delete(self, statement: str, parameters: tuple[Any, ...]) -> Generator[None, None, int]:
-        """`statement` (a DELETE of at most DELETE_ROWS rows) again until it removes
-        fewer; how many went."""
-        gone = 0
-        while True:
-            removed: int = self._db.execute(statement, parameters).rowcount
-            gone += removed
-            if removed < DELETE_ROWS:
-                return gone
-            yield
+        return newest_within(
+            self._db,
+            table,
+            f"{_SIZES[table]} + {ROW_OVERHEAD_BYTES}",
+            most_bytes=self.max_table_bytes,
+            most_rows=self.max_rows,
+            walk_rows=WALK_ROWS,
+        )
 
     def _cap_audit(self, most: int) -> Generator[None, None, int]:
         """Audit events past `most`, removed so a flood erases only its own kind:
@@ -374,10 +361,12 @@ class Telemetry:
                     "max_rows": most,
                 },
             )
-            gone += yield from self._delete(
-                f"DELETE FROM audit_events WHERE rowid IN (SELECT rowid {between}"
-                f" LIMIT {DELETE_ROWS})",
+            gone += yield from delete_oldest(
+                self._db,
+                "audit_events",
+                f"kind = ? AND NOT ({_KEPT}) AND rowid > ? AND rowid < ?",
                 (kind, first, cut),
+                batch=DELETE_ROWS,
             )
         return gone
 
