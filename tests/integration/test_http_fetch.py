@@ -11,13 +11,15 @@ loopback: the non-loopback addresses below are refused before any connection.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster, free_port
+from tests.support.cluster import Cluster, free_port, wait_for
 from tests.support.host_calls import call, error_code, shared_cluster
 from tests.support.http_server import Honeypot, TestServer
 from worker.actions.host.fetching.body import MAX_PIECES
@@ -416,3 +418,56 @@ def test_a_redirect_to_a_backslashed_url_is_url_not_allowed(
     """`http:\\\\127.0.0.1/` is no URL a browser-like parser and the guard agree on."""
     out, _ = fetch(live, server.url("/redirect") + "?to=http:%5C%5C127.0.0.1/")
     assert error_code(out) == "url_not_allowed", out
+
+
+def _stored_results(path: Path, correlation_id: str) -> list[bytes]:
+    """The results a database's `calls` table keeps of a call (the hub's, the ledger's,
+    and the ledger's form kept at rest while it waits for the ack)."""
+    with sqlite3.connect(path) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(calls)")}
+        kept = ", at_rest" if "at_rest" in columns else ""
+        rows = db.execute(
+            f"SELECT result{kept} FROM calls WHERE correlation_id = ?", (correlation_id,)
+        ).fetchall()
+    return [bytes(value) for row in rows for value in row if value is not None]
+
+
+def _acked(state_db: Path, correlation_id: str) -> bool:
+    with sqlite3.connect(state_db) as db:
+        row = db.execute(
+            "SELECT acked FROM calls WHERE correlation_id = ?", (correlation_id,)
+        ).fetchone()
+    return row is not None and row[0] == 1
+
+
+def test_a_responses_secrets_reach_the_caller_whole_and_rest_masked(
+    live: Cluster, server: TestServer
+) -> None:
+    """review25 G10: the response's Set-Cookie, X-Auth-Token and a token in its Location
+    stayed whole for 24 h in hub.db and state.db once the caller had them."""
+    secret = f"RESPSECRET{uuid.uuid4().hex[:12]}"
+    cid = f"g10-{uuid.uuid4().hex}"
+    url = server.url("/login") + f"?secret={secret}"
+    out, _ = call(live, "http_fetch", {"url": url}, correlation_id=cid)
+    assert out["status"] == "ok", out
+    result = out["result"]
+    headers = dict(map(tuple, result["headers"]))
+    assert headers["Set-Cookie"] == f"session={secret}; HttpOnly", "the caller gets it whole"
+    assert headers["X-Auth-Token"] == secret
+    assert headers["Location"] == f"/home?access_token={secret}"
+    state_db, hub_db = live.home / "state.db", live.home / "hub.db"
+    wait_for(lambda: _acked(state_db, cid) and _stored_results(hub_db, cid), 60)
+    for path in (state_db, hub_db):
+        kept = _stored_results(path, cid)
+        assert len(kept) == 1, (path.name, "one form kept: the one at rest")
+        assert secret.encode() not in kept[0], path.name
+    # A repeat of the id is answered from the hub's store: its outcome as kept, masked
+    # (the body went once delivered: blob_gone).
+    out, _ = call(live, "http_fetch", {"url": url}, correlation_id=cid)
+    assert error_code(out) == "blob_gone" and out["replayed"], out
+    again = out["error"]["details"]["result"]
+    kept_headers = dict(map(tuple, again["headers"]))
+    assert kept_headers["Set-Cookie"] == kept_headers["X-Auth-Token"] == "***", again
+    assert kept_headers["Location"] == "/home?access_token=***"
+    assert kept_headers["Content-Type"] == "text/plain", "the rest is kept as it came"
+    assert again["url"] == url.replace(secret, "***") and again["status"] == 200

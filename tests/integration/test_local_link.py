@@ -38,11 +38,13 @@ MIB = 1024 * 1024
 
 
 @contextlib.asynccontextmanager
-async def up(home: Path, *, local: bool) -> AsyncIterator[tuple[Hub, LocalLink, WorkerConnection]]:
+async def up(
+    home: Path, *, local: bool, extra_config: str = ""
+) -> AsyncIterator[tuple[Hub, LocalLink, WorkerConnection]]:
     """A hub and a worker in this event loop, as `agentworker up` assembles them; with
     `local`, the worker says its session is in this process, and its stream runs in it
-    (worker.wire.inproc), else over gRPC."""
-    write_config(home, f"127.0.0.1:{free_port()}")
+    (worker.wire.inproc), else over gRPC. `extra_config` is added to config.toml."""
+    write_config(home, f"127.0.0.1:{free_port()}", extra_config)
     paths = Paths(home, home)
     config = load(paths)
     running = await app.start_hub(paths, config)

@@ -71,6 +71,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _hello(self, query: dict[str, str]) -> None:
         self._send(200, b"hello\n", {"Content-Type": "text/plain", "Set-Cookie": "a=1"})
 
+    def _login(self, query: dict[str, str]) -> None:
+        """A sign-in's answer: the session cookie and token the query names, and a
+        Location carrying the token back in its query."""
+        secret = query.get("secret", "")
+        headers = {
+            "Content-Type": "text/plain",
+            "Set-Cookie": f"session={secret}; HttpOnly",
+            "X-Auth-Token": secret,
+            "Location": f"/home?access_token={secret}",
+        }
+        self._send(200, b"signed in\n", headers)
+
     def _echo(self, query: dict[str, str]) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length) if length else b""

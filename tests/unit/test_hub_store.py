@@ -91,7 +91,7 @@ def test_a_result_blob_is_kept_only_until_a_caller_takes_it(tmp_path: Path) -> N
     waiting = store.get("waiting")
     assert waiting is not None and waiting.result is not None and waiting.result.blob == blob
     assert not waiting.result_blob_gone
-    store.drop_result_blob("waiting")
+    store.delivered(waiting)
     gone = store.get("waiting")
     assert gone is not None and gone.result_blob_gone and gone.result_blob_bytes == MIB
     store.close()

@@ -72,7 +72,8 @@ CREATE TABLE IF NOT EXISTS calls (
     result_blob    BLOB,           -- its blob, until the server acks it
     blob_bytes     INTEGER NOT NULL DEFAULT 0, -- the blob's size, kept or not
     blob_file      INTEGER NOT NULL DEFAULT 0, -- 1: the blob is in a file (see blob_path)
-    server         TEXT NOT NULL DEFAULT 'unrecorded' -- the key of the server that sent it
+    server         TEXT NOT NULL DEFAULT 'unrecorded', -- the key of the server that sent it
+    at_rest        BLOB            -- the result as kept once acked (secrets masked), if not whole
 );
 CREATE INDEX IF NOT EXISTS calls_unacked ON calls (state, acked);
 CREATE INDEX IF NOT EXISTS calls_plan ON calls (plan_id);  -- a kill asks whether its plan is in use
@@ -215,6 +216,7 @@ _ADDED_COLUMNS: Final = {
         "blob_bytes": "INTEGER NOT NULL DEFAULT 0",
         "blob_file": "INTEGER NOT NULL DEFAULT 0",
         "server": f"TEXT NOT NULL DEFAULT '{UNRECORDED_SERVER}'",
+        "at_rest": "BLOB",
     },
     "grants": {"server": f"TEXT NOT NULL DEFAULT '{UNSORTED_SERVER}'"},
     "killed_plans": {
@@ -300,6 +302,14 @@ class _Held:
     blob: Buffer
     finished_ms: int
     server: str
+    at_rest: bytes | None = None  # the result as kept once acked, if not whole
+
+    @property
+    def kept_after_ack(self) -> bytes | None:
+        """What its row keeps of the result once acked: its form kept at rest, and
+        nothing past KEPT_RESULT_BYTES."""
+        kept = self.result if self.at_rest is None else self.at_rest
+        return kept if len(kept) <= KEPT_RESULT_BYTES else None
 
 
 @dataclass(frozen=True)
@@ -357,6 +367,14 @@ class State:
         self._recorded_unacked_bytes = 0
         self._counted_at = 0.0
         self._count_unacked()
+        # Recorded results not acked yet that are kept masked once acked (see `ack`).
+        self._masked_at_ack: set[str] = {
+            cid
+            for (cid,) in self._db.execute(
+                "SELECT correlation_id FROM calls"
+                " WHERE state = 'DONE' AND acked = 0 AND at_rest IS NOT NULL"
+            )
+        }
         # Kills and grants are read on every call but change rarely (often from the CLI,
         # another process): cache them until SQLite's data_version says someone wrote.
         self._seen_version = -1
@@ -482,12 +500,19 @@ class State:
             self._newest_known = correlation_id
 
     def hold(
-        self, correlation_id: str, args_digest: str, plan_id: str, result: bytes, blob: Buffer
+        self,
+        correlation_id: str,
+        args_digest: str,
+        plan_id: str,
+        result: bytes,
+        blob: Buffer,
+        at_rest: bytes | None = None,
     ) -> None:
         """Keep an effect-free call's result (without its blob, and the blob) in memory
-        until the server acks it; nothing is written."""
+        until the server acks it; nothing is written. Once acked it is written as
+        `at_rest` says it is kept, if given (protocol.at_rest)."""
         self._known(correlation_id)
-        held = _Held(args_digest, plan_id, result, blob, now_ms(), self.server)
+        held = _Held(args_digest, plan_id, result, blob, now_ms(), self.server, at_rest)
         self._held[correlation_id] = held
         self._held_bytes += len(result) + len(blob)
         if self._held_bytes > HELD_BYTES:
@@ -513,13 +538,16 @@ class State:
                     len(h.blob),
                     h.finished_ms,
                     h.server,
+                    h.at_rest,
                 )
             )
+            if h.at_rest is not None:
+                self._masked_at_ack.add(cid)
         with db.transaction(self._db):
             self._db.executemany(
                 "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
-                " result, result_blob, blob_bytes, acked, created_ms, finished_ms, server)"
-                " VALUES (?1, ?2, ?3, 'DONE', ?4, ?5, ?6, 0, ?7, ?7, ?8)",
+                " result, result_blob, blob_bytes, acked, created_ms, finished_ms, server,"
+                " at_rest) VALUES (?1, ?2, ?3, 'DONE', ?4, ?5, ?6, 0, ?7, ?7, ?8, ?9)",
                 rows,
             )
 
@@ -530,28 +558,35 @@ class State:
             (correlation_id, self.server),
         )
 
-    def finish(self, correlation_id: str, result: bytes, blob: bytes = b"") -> None:
-        self.finish_many([(correlation_id, result, blob)])
+    def finish(
+        self, correlation_id: str, result: bytes, blob: bytes = b"", at_rest: bytes | None = None
+    ) -> None:
+        self.finish_many([(correlation_id, result, blob, at_rest)])
 
     def finish_many(
-        self, results: list[tuple[str, bytes, Buffer]], checks: Mapping[str, bytes] | None = None
+        self,
+        results: list[tuple[str, bytes, Buffer, bytes | None]],
+        checks: Mapping[str, bytes] | None = None,
     ) -> None:
-        """Record finished calls' results (each without its blob, and the blob), all
-        in one commit. `checks` has the blobs' checks its caller computed already (by
-        id; see blob_files.check_hasher): a blob kept in a file is not hashed again."""
+        """Record finished calls' results (each without its blob, the blob, and the
+        result as kept once acked when not whole: protocol.at_rest), all in one commit.
+        `checks` has the blobs' checks its caller computed already (by id; see
+        blob_files.check_hasher): a blob kept in a file is not hashed again."""
         finished = now_ms()
         rows = []
-        for cid, result, blob in results:
+        for cid, result, blob, at_rest in results:
             in_file = len(blob) >= FILE_BLOB_BYTES and self._write_blob(
                 cid, blob, checks.get(cid) if checks else None
             )
             kept = None if in_file else blob or None
-            rows.append((result, kept, len(blob), int(in_file), finished, cid))
+            rows.append((result, kept, len(blob), int(in_file), finished, at_rest, cid))
             self._recorded_unacked_bytes += len(result) + len(blob)
+            if at_rest is not None:
+                self._masked_at_ack.add(cid)
         write_many(
             self._db,
             "UPDATE calls SET state = 'DONE', result = ?, result_blob = ?, blob_bytes = ?,"
-            " blob_file = ?, finished_ms = ? WHERE correlation_id = ?",
+            " blob_file = ?, finished_ms = ?, at_rest = ? WHERE correlation_id = ?",
             rows,
         )
 
@@ -587,7 +622,10 @@ class State:
     def ack(self, correlation_ids: list[str]) -> None:
         """The server has these results: their blobs go (the pages they took are reused
         by the next ones); a held effect-free result is written now, without its blob
-        (and past KEPT_RESULT_BYTES without the result either).
+        (and past KEPT_RESULT_BYTES without the result either). A result with a form
+        kept at rest (protocol.at_rest) is kept in that form from now on: a late
+        duplicate is answered with it (review25 G10). Until the ack it stays whole: the
+        server may not have it, and a re-send must carry all of it.
         Only the results of this server: another's ack of them lets nothing go."""
         correlation_ids = list(dict.fromkeys(correlation_ids))  # each id counts once
         self.acked_since_cap += len(correlation_ids)
@@ -601,7 +639,8 @@ class State:
         recorded = [cid for cid in correlation_ids if cid not in held_ids]
         freed = 0
         let_go = []  # the recorded results this ack let go (their blob files go too)
-        with db.transaction(self._db) if held else contextlib.nullcontext():
+        masked = [cid for cid in recorded if cid in self._masked_at_ack]
+        with db.transaction(self._db) if held or masked else contextlib.nullcontext():
             if held:
                 self._db.executemany(
                     "INSERT OR IGNORE INTO calls (correlation_id, args_digest, plan_id, state,"
@@ -612,7 +651,7 @@ class State:
                             cid,
                             h.digest,
                             h.plan_id,
-                            h.result if len(h.result) <= KEPT_RESULT_BYTES else None,
+                            h.kept_after_ack,
                             h.finished_ms,
                             h.finished_ms,
                             len(h.blob),
@@ -634,8 +673,27 @@ class State:
                 ).fetchall()
                 freed = sum(size or 0 for _cid, size in rows)
                 let_go = [cid for cid, _size in rows]
+            if masked:
+                self._mask_acked(masked)
         self._recorded_unacked_bytes = max(0, self._recorded_unacked_bytes - freed)
         self._drop_blob_files(let_go)  # once the ack committed
+
+    def _mask_acked(self, correlation_ids: list[str]) -> None:
+        """Acked results (inside the ack's transaction) in the form kept at rest. The
+        whole one's bytes are zeroed where it lay (secure_delete, for this statement
+        only: every ack's freed blob pages zeroed too would cost each ack a write)."""
+        self._db.execute("PRAGMA secure_delete = ON")
+        try:
+            done = self._db.execute(
+                "UPDATE calls SET result = at_rest, at_rest = NULL"
+                " WHERE correlation_id IN (SELECT value FROM json_each(?))"
+                " AND at_rest IS NOT NULL AND acked = 1 AND server = ?"
+                " RETURNING correlation_id",
+                (json.dumps(correlation_ids), self.server),
+            ).fetchall()
+        finally:
+            self._db.execute("PRAGMA secure_delete = OFF")
+        self._masked_at_ack.difference_update(cid for (cid,) in done)
 
     @property
     def unacked_bytes(self) -> int:

@@ -138,8 +138,9 @@ class Limits:
 # coming after its request (protocol 3, `Following`).
 Piece = bytes | memoryview | Arriving
 
-# A handler's outcome as it goes out: result JSON, blob, truncated, the blob's check.
-_Payload = tuple[str, Buffer, bool, bytes | None]
+# A handler's outcome as it goes out: result JSON, blob, truncated, the blob's check, and
+# the result JSON as it is kept once delivered ("" when kept whole: Outcome.at_rest).
+_Payload = tuple[str, Buffer, bool, bytes | None, str]
 
 
 def _digest(req: pb.ActionRequest, blob: bytes, pieces: tuple[Piece, ...]) -> str:
@@ -349,9 +350,11 @@ def _payload(outcome: object) -> _Payload:
         raise TypeError(f"the handler returned {type(outcome).__name__}, not an Outcome")
     result = outcome.result
     result_json = result.text if isinstance(result, Json) else result.model_dump_json()
-    size = len(result_json) + len(outcome.blob)
-    if size + 3 * len(result_json) > MAX_RESULT_BYTES:  # up to 4 bytes a character: count
-        size = len(result_json.encode()) + len(outcome.blob)
+    at_rest = "" if outcome.at_rest is None else outcome.at_rest.model_dump_json()
+    texts = len(result_json) + len(at_rest)
+    size = texts + len(outcome.blob)
+    if size + 3 * texts > MAX_RESULT_BYTES:  # up to 4 bytes a character: count
+        size = len(result_json.encode()) + len(at_rest.encode()) + len(outcome.blob)
     if size > MAX_RESULT_BYTES:
         raise WorkerError(
             "result_too_large",
@@ -359,7 +362,7 @@ def _payload(outcome: object) -> _Payload:
             "limit; ask for less (page with offset/length or narrow the request)",
             {"bytes": size, "limit": MAX_RESULT_BYTES},
         )
-    return result_json, outcome.blob, outcome.truncated, outcome.blob_check
+    return result_json, outcome.blob, outcome.truncated, outcome.blob_check, at_rest
 
 
 class _Slots:
@@ -1548,8 +1551,8 @@ class Dispatcher:
         error = call.error
         if error is None and call.payload is None:
             error = call.stop or WorkerError("cancelled", "cancelled before it finished")
-        result_json, blob, truncated, check = (
-            ("", b"", False, None) if error else (call.payload or ("", b"", False, None))
+        result_json, blob, truncated, check, at_rest = (
+            ("", b"", False, None, "") if error else (call.payload or ("", b"", False, None, ""))
         )
         invocation = self._invocation(call, error, len(result_json) + len(blob), truncated)
         result = pb.ActionResult(
@@ -1557,6 +1560,7 @@ class Dispatcher:
             status=pb.ActionResult.ERROR if error else pb.ActionResult.OK,
             result_json=result_json,
             invocation=invocation,
+            result_json_at_rest=at_rest,
         )
         if error is not None:
             result.error.CopyFrom(error_pb(error))
@@ -1580,8 +1584,14 @@ class Dispatcher:
             # row does): recording is for debugging, not for speed. Not a refused
             # call's, nor past the recordings' bound (worker.core.recording).
             recordings = self.telemetry.recordings
+            # Its result as kept at rest (secrets masked), as the args are.
             kept_full = recordings.keep_later(
-                self.state.server, call.req, call.whole_blob(), result_json, blob, ran=call.ran
+                self.state.server,
+                call.req,
+                call.whole_blob(),
+                at_rest or result_json,
+                blob,
+                ran=call.ran,
             )
             if kept_full:
                 message = (

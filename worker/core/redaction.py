@@ -20,6 +20,9 @@ must not end up there, nor a megabyte of text. Masked, whatever the action:
   URL's path the tokens that live there (Telegram's `/bot<token>/`, Slack's and
   Discord's webhooks, any long mixed-case segment).
 
+An http_fetch's response is masked for its stay at rest with the same words
+(`masked_headers`): the caller gets it whole, the stores keep it so once delivered.
+
 The args are parsed before anything is decided: JSON may spell a URL `https:\\/\\/`
 or a key `"tok\\u0065n"`, which no look at the text finds.
 """
@@ -486,6 +489,29 @@ def _secret_words_masked(text: str) -> str:
     text = _ASSIGNED.sub(lambda m: f"{m.group(1)}={MASK}", text)
     text = _SQL_PASSWORD.sub(lambda m: f"{m.group(1)}'{MASK}'", text)
     return _TOKEN_SHAPED.sub(MASK, text)
+
+
+# A response header whose value is kept masked once the response is delivered (review25
+# G10), by its name: one with a word that makes any name secret-looking here
+# (_MASKED_WORD: Set-Cookie, Set-Cookie2, X-Auth-Token, X-Api-Key, X-Subject-Token,
+# X-Amz-Security-Token, Authorization), and those that issue or prove a session or an
+# identity without such a word: `auth` (WWW-Authenticate's and Authentication-Info's
+# nonces and digests, X-Registry-Auth), `session` (X-Session-Id, X-Transmission-Session-Id)
+# and request-forgery tokens (X-CSRF-..., X-XSRF-...). Names are the server's to choose:
+# what no pattern knows is caught, if at all, by the masking of every other value.
+_SECRET_HEADER: Final = re.compile(rf"{_MASKED_WORD}|auth|session|csrf|xsrf", re.I)
+
+
+def masked_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Response headers as they are kept once delivered: the value of a secret-looking
+    one (`_SECRET_HEADER`) masked whole, as a preview masks each request header's; in
+    any other, what `masked_text` masks (a Location's or Link's query values and
+    fragment, an auth scheme's credentials, a token-shaped value). Names stay: they say
+    what came, not what it held."""
+    return [
+        (name, MASK if _SECRET_HEADER.search(name) else masked_text(value))
+        for name, value in headers
+    ]
 
 
 # In a message: a secret-looking flag and the value after it (`--password hunter2`),

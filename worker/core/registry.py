@@ -163,6 +163,10 @@ class Outcome(Generic[R]):
     # has it already, so the ledger's file of a large blob is not hashed again on the
     # loop (exec hashes its output as it reads it, while the program runs).
     blob_check: bytes | None = None
+    # The result as it may be kept once delivered, when not whole: secrets masked (an
+    # http_fetch's Set-Cookie, review25 G10). The server and the ledger keep this form
+    # after the ack; the call's caller gets `result`.
+    at_rest: R | None = None
 
 
 Handler = Callable[[Context, A], Awaitable[Outcome[Any]] | Outcome[Any]]

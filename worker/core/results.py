@@ -29,7 +29,7 @@ from worker.db import in_steps
 from worker.wire.framing import Buffer, result_part
 from worker.wire.local import HandedResult, handed, result_key
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.protocol import blob_gone
+from worker.wire.protocol import at_rest, blob_gone
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,13 @@ class Finished:
     check: bytes | None = None  # the blob's check, when its handler computed it
 
 
+def _at_rest(result: pb.ActionResult) -> bytes | None:
+    """The result (without its blob) as the ledger keeps it once acked, serialized; None
+    when it is kept as it was sent (see protocol.at_rest)."""
+    kept = at_rest(result)
+    return None if kept is None else kept.SerializeToString()
+
+
 class Results:
     def __init__(self, state: State, telemetry: Telemetry, outbox: Outbox) -> None:
         self.state = state
@@ -149,7 +156,9 @@ class Results:
         finished, self._finished = self._finished, []
         self._pending_bytes = 0
         encoded = [(f.result.correlation_id, data, f) for f, data in finished]
-        recorded = [(cid, data, f.blob) for cid, data, f in encoded if f.held is None]
+        recorded = [
+            (cid, data, f.blob, _at_rest(f.result)) for cid, data, f in encoded if f.held is None
+        ]
         checks = {cid: f.check for cid, _, f in encoded if f.held is None and f.check is not None}
         try:
             if recorded:
@@ -160,7 +169,7 @@ class Results:
             encoded = [item for item in encoded if item[2].held is not None]
         for cid, data, f in encoded:
             if f.held is not None:  # effect-free: in memory until acked (see ledger)
-                self.state.hold(cid, f.held[0], f.held[1], data, f.blob)
+                self.state.hold(cid, f.held[0], f.held[1], data, f.blob, _at_rest(f.result))
             self._started.pop(cid, None)
             self.outbox.result(f.result, data, f.blob)
         if not self._started and self._started_timer is not None:

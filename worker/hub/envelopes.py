@@ -21,6 +21,7 @@ from worker.wire.framing import (
     split_field,
 )
 from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import for_caller
 
 # A WorkerEnvelope at least this large has its results' blobs read apart (see
 # `worker_envelope`); a smaller one is parsed whole, which is quicker for it.
@@ -133,17 +134,18 @@ class Answer:
     serialized: bytes | None = None
 
     def message(self) -> pb.ActionResult:
-        """The result with its blob in it (a copy of the blob, for in-process callers)."""
+        """The result with its blob in it (a copy of the blob, for in-process callers),
+        as a caller gets it (protocol.for_caller)."""
         if self.serialized is not None:
             whole = pb.ActionResult.FromString(self.serialized)
         elif self.blob is None:
-            return self.result
+            return for_caller(self.result)
         else:
             whole = pb.ActionResult()
             whole.CopyFrom(self.result)
         if self.blob:
             whole.blob = bytes(self.blob)
-        return whole
+        return for_caller(whole)
 
     def response(self, worker_id: str) -> bytes:
         """A serialized DispatchResponse carrying this result: its blob copied once (a
@@ -152,5 +154,7 @@ class Answer:
         again)."""
         worker = pb.DispatchResponse(worker_id=worker_id).SerializeToString()
         body = self.serialized if self.serialized is not None else self.result.SerializeToString()
+        if self.result.result_json_at_rest:  # the stores' form is not the caller's
+            body = for_caller(pb.ActionResult.FromString(body)).SerializeToString()
         blob = b"" if self.blob is None else self.blob
         return nested_message(_RESPONSE_RESULT, body, _RESULT_BLOB, blob, after=worker)

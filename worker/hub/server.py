@@ -80,6 +80,7 @@ from worker.wire.protocol import (
     blob_cap,
     blob_gone,
     error_pb,
+    for_caller,
     same_call,
     schemes_differ,
 )
@@ -1510,9 +1511,9 @@ class Hub:
         replay = pb.ActionResult()
         replay.CopyFrom(call.result)
         replay.replayed = True
-        if call.result_blob_bytes:
-            self.store.drop_result_blob(call.correlation_id)
-        return replay
+        if call.result_blob_bytes or call.result.result_json_at_rest:
+            self.store.delivered(call)  # this caller has it: the blob and secrets go
+        return for_caller(replay)
 
     async def request_scope(self, req: pb.RequestScopeRequest) -> pb.ScopeDecision:
         session = self.sessions.get(self.pick_worker(req.worker_id))

@@ -48,7 +48,7 @@ from worker.db import connect
 from worker.hub.pending import PendingCalls
 from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.protocol import plan_digest
+from worker.wire.protocol import at_rest, plan_digest
 
 log = logging.getLogger(__name__)
 
@@ -617,6 +617,10 @@ class HubStore:
                 # copied twice more).
                 bare = without_blob(result) if apart is None and blob else result
                 answer = bare.SerializeToString() if serialized is None else serialized
+                if not keep_blob and (masked := at_rest(bare)) is not None:
+                    # A caller has it: kept from the start in its form at rest (a
+                    # handed result's stub carries that form, and all the rest).
+                    answer = masked.SerializeToString()
                 kept = bytes(blob) if keep_blob and blob else None
                 added = added_calls.get(cid)
                 if added is not None and cid not in whole:
@@ -684,12 +688,16 @@ class HubStore:
             )
         return False
 
-    def drop_result_blob(self, correlation_id: str) -> None:
-        """A caller took the result: its blob is not kept any longer."""
+    def delivered(self, call: StoredCall) -> None:
+        """A caller took the stored result: its blob is not kept any longer, and the
+        result is kept in its form at rest (protocol.at_rest), its whole one zeroed
+        where it lay (secure_delete)."""
+        assert call.result is not None
+        masked = at_rest(without_blob(call.result))
         self._db.execute(
-            "UPDATE calls SET result_blob = NULL WHERE correlation_id = ?"
-            " AND result_blob IS NOT NULL",
-            (correlation_id,),
+            "UPDATE calls SET result_blob = NULL, result = COALESCE(?, result)"
+            " WHERE correlation_id = ? AND state = 'DONE'",
+            (None if masked is None else masked.SerializeToString(), call.correlation_id),
         )
 
     def prune(self, now: int | None = None) -> int:

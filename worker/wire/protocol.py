@@ -206,6 +206,31 @@ def blob_gone(result: pb.ActionResult, blob_bytes: int) -> pb.ActionResult:
     return gone
 
 
+def at_rest(result: pb.ActionResult) -> pb.ActionResult | None:
+    """The result as it is kept once delivered (the server acked it; a caller has it):
+    its `result_json` in its masked form, `result_json_at_rest` (an http_fetch's
+    Set-Cookie and token headers: review25 G10); None when it has no such form and is
+    kept as it is. The blob is not touched: each store lets it go on delivery."""
+    if not result.result_json_at_rest:
+        return None
+    kept = pb.ActionResult()
+    kept.CopyFrom(result)
+    kept.result_json = kept.result_json_at_rest
+    kept.ClearField("result_json_at_rest")
+    return kept
+
+
+def for_caller(result: pb.ActionResult) -> pb.ActionResult:
+    """The result as a caller gets it: whole, without the form it is kept in
+    (`at_rest`), which is for stores only."""
+    if not result.result_json_at_rest:
+        return result
+    whole = pb.ActionResult()
+    whole.CopyFrom(result)
+    whole.ClearField("result_json_at_rest")
+    return whole
+
+
 def result_gone(correlation_id: str) -> pb.ActionResult:
     """The answer to a late duplicate of a finished effect-free call whose result was
     too large to keep past its ack (worker.core.ledger.KEPT_RESULT_BYTES): a `blob_gone`

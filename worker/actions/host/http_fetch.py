@@ -19,6 +19,7 @@ The request itself, on httpx, is in fetching/request.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import re
 import sys
@@ -26,6 +27,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints
 
+from worker.core import redaction
 from worker.core.registry import MIB, ActionSpec, Args, Context, Outcome, Result
 from worker.errors import ErrorCode
 
@@ -120,6 +122,22 @@ class HttpFetchResult(Result):
     address: str  # the IP address connected to
     elapsed_ms: int
 
+    def at_rest(self) -> HttpFetchResult | None:
+        """This result as it is kept once delivered, or None when nothing in it is
+        masked: a response's Set-Cookie, token and auth headers are its caller's to
+        use, not for the ledger's and the server's stores to keep for a day (review25
+        G10), as a request's headers are kept only masked (its args' preview). The
+        final URL and those redirected to, as the preview keeps a request's: their
+        query values and fragments masked (an OAuth `code=`, `#access_token=`)."""
+        kept = self.model_copy(
+            update={
+                "headers": redaction.masked_headers(self.headers),
+                "url": redaction.masked_text(self.url),
+                "redirects": [redaction.masked_text(url) for url in self.redirects],
+            }
+        )
+        return None if kept == self else kept
+
 
 _REQUEST: Final = "worker.actions.host.fetching.request"
 
@@ -129,7 +147,14 @@ async def http_fetch(ctx: Context, args: HttpFetchArgs) -> Outcome[HttpFetchResu
         await asyncio.to_thread(importlib.import_module, _REQUEST)
     from worker.actions.host.fetching import request
 
-    return await request.fetch(ctx, args)
+    outcome = await request.fetch(ctx, args)
+    if isinstance(outcome.result, HttpFetchResult):
+        # Up to 100 KiB of a response's head (httpcore's bound) and five redirect URLs
+        # through the masking's patterns: milliseconds, off the event loop.
+        kept = await asyncio.to_thread(outcome.result.at_rest)
+        if kept is not None:
+            outcome = dataclasses.replace(outcome, at_rest=kept)
+    return outcome
 
 
 SPEC: Final = ActionSpec(
