@@ -578,3 +578,14 @@ def test_a_grant_kept_under_an_asks_earlier_name_is_renamed_at_start_and_still_a
         scopes = [s for (s,) in db.execute("SELECT scope FROM grants")]
         audits = [d for (d,) in db.execute("SELECT detail_json FROM audit_events")]
     assert not any(secret in s for s in scopes + audits), (scopes, audits)
+
+
+def test_inert_escapes_every_unassigned_code_point() -> None:
+    """A code point unassigned in this Python's Unicode may be an invisible character
+    in the terminal's newer one; assigned spaces (U+00A0, U+3000) are kept."""
+    unassigned = "".join(
+        chr(code) for code in range(0x110000) if unicodedata.category(chr(code)) == "Cn"
+    )
+    shown = inert(unassigned, None)
+    assert shown.isascii() and shown.count("\\") == len(unassigned)
+    assert inert("a\u0378b\u3000c\U0003fffd") == "a\\u0378b\u3000c\\U0003fffd"

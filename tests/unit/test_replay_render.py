@@ -64,3 +64,13 @@ def test_the_json_report_counts_outcomes_and_keeps_each_step() -> None:
     assert data["ok"] is False
     assert data["counts"] == {"valid": 1, "invalid": 1}
     assert [s["line"] for s in data["steps"]] == [1, 2]
+
+
+def test_a_hubs_error_code_is_drawn_inert() -> None:
+    """The code comes from whichever hub answered: one that names a terminal escape
+    must not clear or recolour the person's screen (review25)."""
+    step = _step(1, "failed")
+    step.answer = Answer("error", "\x1b[2Jgone\x07", "no", None, b"", replayed=False)
+    text = summary(Report("s.jsonl", "hub 127.0.0.1:1", [step], seconds=0.5))
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\e[2Jgone\\x07" in text

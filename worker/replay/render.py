@@ -65,7 +65,7 @@ def _answer_cells(step: StepReport) -> list[str]:
         return ["", "", ""]
     return [
         a.status + (" (replayed)" if a.replayed else ""),
-        a.error_code or "",
+        inert(a.error_code, 80) if a.error_code else "",  # a hub's to choose
         f"{step.duration_ms:.1f}",
     ]
 
