@@ -157,11 +157,18 @@ def main() -> None:
 
     def report_leave(path: str, detail: str) -> None:
         # With no window manager, Tk takes the focus implicitly while the pointer is in
-        # its window and, on leaving it, sets the X focus back to PointerRoot. The round
-        # trip (winfo_pointerxy) lets that request reach the X server before the report.
+        # its window and, on leaving it, sets the X focus back to PointerRoot: in its
+        # handling of an event that may come after this Leave (the FocusOut the server
+        # sends with it). The round trip (winfo_pointerxy) brings every such event in;
+        # the report waits for Tk to have handled them all (idle), and a second round
+        # trip lets what they sent reach the X server before it.
         if path == str(root) and detail != "NotifyInferior":
             root.winfo_pointerxy()
-            emit(event="leave", window="main")
+            root.after_idle(reported_leave)
+
+    def reported_leave() -> None:
+        root.winfo_pointerxy()
+        emit(event="leave", window="main")
 
     # tkinter's Event has no crossing detail (%d): a Tcl command takes it as it is.
     root.bind("<Leave>", f"+{root.register(report_leave)} %W %d")
