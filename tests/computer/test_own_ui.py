@@ -434,6 +434,36 @@ def test_keys_stop_once_the_focus_moves_to_the_ui_terminal_while_they_are_typed(
     assert not [e for e in app.seen if e["event"] == "text"]
 
 
+def test_keys_stop_once_a_ui_attaches_in_the_window_they_are_typed_into(
+    computer: Computer,
+    desktop: Desktop,
+    app: TkApp,
+    xserver: XServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The person attaches a UI (`agentworker ui`) in the very window key_type types
+    into, once its first chunk is typed: the next chunk is not typed there, and the
+    call answers `permission_denied` saying how much was (review25: the UIs were read
+    once per key_type)."""
+    attached: set[int] = set()
+    real_did = Guard.did
+
+    def did_then_attach(self: Guard, what: str) -> None:
+        real_did(self, what)
+        attached.add(editor.proc.pid)  # the window's process is now a UI's terminal
+
+    text = "a" * (3 * _x11.CHUNK)
+    with tk_app(xserver, "--x", "850", "--y", "250", "--second-x", "1300") as editor:
+        _editor(computer, app, editor)
+        desktop.ui_pids = lambda: frozenset(attached)
+        monkeypatch.setattr(Guard, "did", did_then_attach)
+        refused = _refused(computer.key_type(None, m.KeyTypeArgs(text=text)))
+        assert refused.details["pid"] == editor.proc.pid
+        chunk = f"{_x11.CHUNK} of the {len(text):,} characters were typed"
+        assert chunk in refused.message and refused.details["done"] == chunk
+        editor.wait_text("a" * _x11.CHUNK)
+
+
 def test_a_click_that_moves_the_focus_elsewhere_is_left_alone(
     computer: Computer, desktop: Desktop, app: TkApp, xserver: XServer
 ) -> None:

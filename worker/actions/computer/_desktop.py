@@ -401,11 +401,18 @@ class Desktop:
         """`refuse_own_focus` as a check to run before each step of a long sequence of
         keys (key_type's chunks): the keys typed so far may have moved the focus (a
         window they closed let it fall on the person's terminal), and the rest must not
-        follow it there. The worker's and the UIs' processes are read once; a refusal
-        after `guard` noted keys typed says how many went."""
-        own = own_ui(self.ui_pids())
+        follow it there. A refusal after `guard` noted keys typed says how many went.
+        The worker's and the UIs' processes are read once, and again when the set of
+        attached UIs changed: a UI attached meanwhile (the person ran `agentworker ui`
+        in the window the keys go to) is protected from the next check on."""
+        attached = frozenset(self.ui_pids())
+        own = own_ui(attached)
 
         def check() -> None:
+            nonlocal attached, own
+            now = frozenset(self.ui_pids())
+            if now != attached:
+                attached, own = now, own_ui(now)
             # The keys typed so far take effect once the window manager handled them (a
             # Return closed a window, and the manager gives the focus to the one below):
             # looked at before that, the focus is where it was (review16 F3).
