@@ -250,3 +250,25 @@ def test_sandbox_mode_runs_each_plan_in_a_workspace_of_its_own(
     assert code == 0, report
     assert report["steps"][1]["blob_sha256"] == hashlib.sha256(b"inside\n").hexdigest()
     assert not (home / "workspace/x.txt").exists()
+
+
+def test_a_script_in_a_folder_agents_can_write_is_refused_until_the_person_says_so(
+    home: Path, demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An agent with fs_write could have added a step naming another agent, whose
+    grants the replay would use (review25): the person reads it first."""
+    shared = home / "workspace" / "recordings"
+    shutil.copytree(demo.parent, shared)
+    script, grants = shared / demo.name, str(demo.parent / "grants.toml")
+    link = tmp_path / "looks-mine.jsonl"
+    link.symlink_to(script)
+    for named in (script, link):
+        code = main(["replay", str(named), "--grants", grants])
+        said = capsys.readouterr().err
+        assert code == 2
+        assert "a folder agents can write" in said and "--agent-writable-ok" in said, said
+        assert not (home / "workspace/replay-demo").exists()
+    code, out = replay(capsys, str(script), "--grants", grants, "--dry-run")
+    assert code == 0, out
+    code, out = replay(capsys, str(script), "--grants", grants, "--agent-writable-ok")
+    assert code == 0 and "6 steps: 6 passed" in out, out

@@ -7,6 +7,7 @@ engine (or grpc); `run` imports what the verb needs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -51,6 +52,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="LABEL",
         help="mixed into every step's correlation id: a new label runs every step again, "
         "where the same script replayed through the same hub is answered from its record",
+    )
+    replay.add_argument(
+        "--agent-writable-ok",
+        action="store_true",
+        help="run a script that lies in a folder agents can write (a shared rw folder, "
+        "the workspace, sandbox workspaces): read it first, an agent may have changed it",
     )
     local = replay.add_argument_group("in this process (the default)")
     local.add_argument("--config", type=Path, help="config.toml to build the worker from")
@@ -121,6 +128,8 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
             "--config, --grants, --data-dir and --sandbox build a worker in this process; "
             "through a hub (--server) the connected worker runs the steps with its own",
         )
+    if not args.dry_run and not args.agent_writable_ok:
+        _refuse_agent_writable(paths, args.script)
     script = script_format.load(args.script, run_label=args.run)
     if args.dry_run:
         report = _dry_run(paths, args, script)
@@ -129,6 +138,28 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
 
         report = asyncio.run(_replay(paths, args, script))
     return _print(report, args.json)
+
+
+def _refuse_agent_writable(paths: Paths, script: Path) -> None:
+    """A script (or the blobs beside it) in a folder agents can write may not be the
+    one the person recorded or wrote: an agent could have added steps that name
+    another agent, whose grants the replay then uses. A UsageError naming the folder
+    unless the person says they read it (--agent-writable-ok)."""
+    from worker.config import load, roots_of
+    from worker.errors import UsageError
+
+    config = load(paths)
+    writable = [root.path for root in roots_of(config, paths) if root.writable]
+    writable.append(Path(os.path.realpath(paths.workbench)))
+    real = Path(os.path.realpath(script))
+    for folder in writable:
+        if real.is_relative_to(folder):
+            raise UsageError(
+                f"{script} lies in {folder}, a folder agents can write: an agent may have "
+                "changed its steps since it was written. Read it (agentworker replay "
+                "--dry-run shows each step), then run it with --agent-writable-ok, or "
+                "copy it to a folder only you write"
+            )
 
 
 def _dry_run(paths: Paths, args: argparse.Namespace, script: Script) -> Report:
