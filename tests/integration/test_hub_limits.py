@@ -15,7 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.cluster import Cluster, call_in_background, cluster, release, wait_for
 from tests.support.hub_inproc import own_channel
 from worker.hub.client import ControlClient
-from worker.hub.reads import CONTROL_READS_AT_ONCE, CONTROL_READS_AT_ONCE_OTHERWISE
+from worker.hub.reads import (
+    CONTROL_READS_AT_ONCE,
+    CONTROL_READS_AT_ONCE_OTHERWISE,
+    DISPATCH_UNARY_READS,
+)
 from worker.hub.services import (
     CONTROL_REQUEST_BYTES,
     CONTROL_REQUEST_BYTES_OTHERWISE,
@@ -211,3 +215,73 @@ def test_health_reads_its_requests_in_turn(tmp_path: Path) -> None:
 
     with cluster(tmp_path / "home", worker=False) as live:
         live.run(go, token="not-the-token")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_calls_waiting_for_their_turn_leave_their_requests_with_the_sender(
+    tmp_path: Path,
+) -> None:
+    """A call waiting for its read turn holds its request unread: past its stream's
+    first window (gRPC's 64 KiB) flow control leaves the rest with the caller, so 16
+    waiting Dispatches sending 6 MiB each grow the hub by about a MiB. A window the
+    hub's server granted ahead of its reads (`grpc.http2.lookahead_bytes` of 4 MiB:
+    16 MiB uploads through hub + run up to 7 ms faster under load) would let every such
+    call, and every stream the hub leaves unread, take that much in: +65 MiB here."""
+    waiting, size = 16, 6 * MIB
+    # Dispatch's unary reads and its turns (each held 300 s without its request).
+    held_reads = DISPATCH_UNARY_READS + CONTROL_READS_AT_ONCE["Dispatch"]
+    method = "/agentworker.v1.ControlService/Dispatch"
+
+    async def go(client: ControlClient) -> float:
+        holders = [own_channel(live.listen) for _ in range(held_reads)]
+        callers = [own_channel(live.listen) for _ in range(2)]
+        try:
+            # Calls whose request never comes, each on its connection, hold every read.
+            held = [channel.stream_stream(method)(metadata=client.metadata) for channel in holders]
+            for call in held:
+                await call.wait_for_connection()
+            probe = pb.DispatchRequest(agent_id="tester", surface="workerDiag", action="probe")
+            while True:  # until a Dispatch goes unread: every read is held
+                try:
+                    await client.stub.Dispatch(probe, metadata=client.metadata, timeout=2)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        break
+            before = _rss_mib(hub)
+            request = _padded(b"", size)
+            calls = [
+                callers[i % len(callers)].stream_stream(method)(metadata=client.metadata)
+                for i in range(waiting)
+            ]
+            for call in calls:
+                await call.wait_for_connection()
+            writes = [asyncio.ensure_future(call.write(request)) for call in calls]
+            # A Status answered on each connection: what its callers sent before it is in.
+            for channel in callers:
+                status = channel.unary_unary(
+                    "/agentworker.v1.ControlService/Status",
+                    request_serializer=pb.StatusRequest.SerializeToString,
+                    response_deserializer=pb.StatusResponse.FromString,
+                )
+                await status(pb.StatusRequest(), metadata=client.metadata, timeout=30)
+            grown = _rss_mib(hub) - before
+            assert not any(write.done() for write in writes)  # none was read whole
+            for call in [*calls, *held]:
+                call.cancel()
+            await asyncio.gather(*writes, return_exceptions=True)
+            return grown
+        finally:
+            for channel in [*holders, *callers]:
+                await channel.close()
+
+    with cluster(tmp_path / "home", worker=False) as live:
+        hub = live.procs[0].pid
+        grown = live.run(go)
+        # The first windows (1 MiB in all) and what the hub allocates meanwhile.
+        assert grown < waiting * 64 / 1024 + 2, f"the hub took in {grown:.1f} MiB unread"

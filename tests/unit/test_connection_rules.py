@@ -44,6 +44,16 @@ def test_keepalive_includes_ping_timeout() -> None:
     assert options["grpc.max_receive_message_length"] == 32 * 1024 * 1024
 
 
+def test_the_hubs_server_grows_no_window_ahead_of_its_reads() -> None:
+    """A stream's window is the server's, the same for every stream: grown ahead of
+    reads (bandwidth probes, a lookahead), it would let every call waiting for its read
+    turn, and every worker stream the hub leaves unread, take that much in
+    (test_hub_limits: 4 MiB a stream, +64 MiB for 16 waiting calls)."""
+    options = dict(server_options(Keepalive()))
+    assert options["grpc.http2.bdp_probe"] == 0
+    assert "grpc.http2.lookahead_bytes" not in options
+
+
 @pytest.mark.parametrize(
     ("target", "loopback"),
     [
