@@ -8,8 +8,8 @@ confinement as the shared folders), and programs see it alone, at a fixed path,
 inside their bubblewrap sandbox. A plan is torn down (its folder removed) on
 request, and a plan left idle past an age is swept.
 
-    <base>/<key>/plan.json   the plan id, its server and when it was made; its mtime is
-                             the last use
+    <base>/<key>/plan.json   the plan id, its server, when it was made and the placement
+                             token its calls last brought; its mtime is the last use
     <base>/<key>/files/      the workspace: all the agent ever sees
 
 A workspace belongs to a plan of one server (the key the worker knows the server
@@ -22,9 +22,13 @@ Workspaces made before servers were recorded (named by the plan id alone) are gi
 their server once (`sort_old`) if the worker can tell it, else marked UNCLAIMED,
 which no server's key equals: kept, reached by no call, until the person claims
 one for a server (`claim`) or removes it.
-The bookkeeping sits beside the workspace, never in it, where the agent could
-change it. Every folder is made owner-only and checked after it is made (owner,
-type, mode): a folder someone else made or opened up is refused, not used.
+A plan's calls bring the server's placement token of the plan on this worker
+(opaque here): plan.json keeps the last one, and the worker says it back when it
+connects, so a server that lost its record of where it placed the plan can tell the
+worker's word from a stranger's. The bookkeeping sits beside the workspace, never in
+it, where the agent could change it (or read the token). Every folder is made
+owner-only and checked after it is made (owner, type, mode): a folder someone else
+made or opened up is refused, not used.
 
 Disk use is what the files take on disk (allocated blocks), with the number of
 entries, counted by a walk that holds folders by descriptor, never follows a link,
@@ -52,7 +56,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -74,6 +78,10 @@ MOUNT_POINT: Final = "/workspace"
 # is not known: no server's key equals it (theirs name a scheme or `local-hub#`), so
 # no call reaches it until the person claims it for one (`Workspaces.claim`).
 UNCLAIMED: Final = "unclaimed"
+# plan.json's entry for the placement token, and the longest token kept: plan.json is
+# read 64 KiB at most, and one it cannot read names no plan (its folder is removed).
+TOKEN: Final = "placement_token"  # noqa: S105 - a key's name, not a secret
+MAX_TOKEN_CHARS: Final = 512
 
 
 class WorkspaceProblem(StrEnum):
@@ -112,6 +120,9 @@ class PlanInfo:
     created_unix: float
     last_used_unix: float
     server: str = ""
+    # The placement token the plan's calls last brought ("" if none did): a secret of
+    # the server's and this worker's, never shown.
+    placement_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -523,6 +534,10 @@ class Workspaces:
         # key -> the server and agent its plan.json names: read once per plan folder,
         # not once per new plan for every plan (review4 finding 06: 2.5 s at 20,000 plans)
         self._agents: dict[str, tuple[str | None, str | None]] = {}
+        # key -> the placement token its plan.json holds, once read or written: a call
+        # bringing the same one (every call, but the first after a placement) reads and
+        # writes nothing.
+        self._tokens: dict[str, str] = {}
 
     def prepare(self) -> None:
         """Make the base folder (owner-only) and the empty stand-in, finish removals a
@@ -548,27 +563,34 @@ class Workspaces:
 
     # ------------------------------------------------------------- one plan
 
-    def open(self, plan_id: str, agent_id: str = "", *, server: str = "") -> Workspace:
+    def open(
+        self, plan_id: str, agent_id: str = "", *, server: str = "", placement_token: str = ""
+    ) -> Workspace:
         """`server`'s plan's workspace, made now (for `agent_id`) if this is its first
-        call; marks it used."""
+        call; marks it used, and keeps `placement_token` (the call's) if it brings one
+        (`_keep_token`)."""
         check_plan_id(plan_id)
         _check_server(server)
         key = plan_key(plan_id, server)
         with self._lock:
             known = self._opened.get(key)
             if known is not None and os.path.isdir(known.files):
+                self._keep_token(known, placement_token)
                 self._touch(known)
                 return known
             if not os.path.isdir(self.base / key):
                 self._check_plan_room(plan_id, agent_id, server)
-            workspace = self._create(plan_id, key, agent_id, server)
+            workspace = self._create(plan_id, key, agent_id, server, placement_token)
+            self._keep_token(workspace, placement_token)
             self._opened[key] = workspace
             return workspace
 
-    def find(self, plan_id: str, *, server: str = "") -> Workspace | None:
-        """`server`'s plan's workspace if it has one (marked used), else None: for a
-        call that only looks, which must not take one of `max_plans` for a plan that
-        has none."""
+    def find(
+        self, plan_id: str, *, server: str = "", placement_token: str = ""
+    ) -> Workspace | None:
+        """`server`'s plan's workspace if it has one (marked used, and `placement_token`
+        kept as `open` does), else None: for a call that only looks, which must not take
+        one of `max_plans` for a plan that has none."""
         check_plan_id(plan_id)
         _check_server(server)
         key = plan_key(plan_id, server)
@@ -581,8 +603,42 @@ class Workspaces:
             if known is None or not os.path.isdir(known.files):
                 return None
             self._opened[key] = known
+            self._keep_token(known, placement_token)
             self._touch(known)
             return known
+
+    def _keep_token(self, workspace: Workspace, token: str) -> None:
+        """Keep `token`, the placement token a call of the plan brought, in its
+        plan.json unless it holds that one already: the server's latest word (a server
+        that placed the plan here anew gives another), said back when the worker
+        connects. A failure to write it is logged and the call goes on: the token only
+        helps a server that lost its record find the plan here."""
+        if not token or self._tokens.get(workspace.key) == token:
+            return
+        if len(token) > MAX_TOKEN_CHARS:
+            log.warning(
+                "plan %r: its call brought a placement token of %d characters, over the "
+                "%d kept; not kept",
+                workspace.plan_id,
+                len(token),
+                MAX_TOKEN_CHARS,
+            )
+            return
+        meta = _read_meta(workspace.folder)
+        if meta is None:
+            return
+        if meta.get(TOKEN) != token:
+            try:
+                _rewrite_meta(workspace.folder, {**meta, TOKEN: token})
+            except OSError as exc:
+                log.warning(
+                    "plan %r: could not keep its placement token in %s: %s",
+                    workspace.plan_id,
+                    META,
+                    exc.strerror,
+                )
+                return
+        self._tokens[workspace.key] = token
 
     @property
     def empty(self) -> Root:
@@ -629,7 +685,9 @@ class Workspaces:
             self._agents[key] = (meta.get("server"), meta.get("agent_id"))
         return self._agents[key]
 
-    def _create(self, plan_id: str, key: str, agent_id: str, server: str) -> Workspace:
+    def _create(
+        self, plan_id: str, key: str, agent_id: str, server: str, token: str = ""
+    ) -> Workspace:
         folder = self.base / key
         meta = {
             "plan_id": plan_id,
@@ -637,6 +695,8 @@ class Workspaces:
             "created_unix": time.time(),
             "server": server,
         }
+        if token and len(token) <= MAX_TOKEN_CHARS:
+            meta[TOKEN] = token
         try:
             _make_private(self.base)
             found = _read_meta(folder)
@@ -780,6 +840,7 @@ class Workspaces:
             self._opened.pop(key, None)
             self._use.pop(key, None)
             self._agents.pop(key, None)
+            self._tokens.pop(key, None)
             self._changes[key] = self._changes.get(key, 0) + 1
             trash = self.base / f"{TRASH_PREFIX}{key}.{secrets.token_hex(4)}"
             try:
@@ -817,6 +878,7 @@ class Workspaces:
                 owner = UNCLAIMED
             if server is not None and owner != server:
                 continue
+            token = info.get(TOKEN)
             found.append(
                 PlanInfo(
                     plan_id=plan_id,
@@ -825,6 +887,7 @@ class Workspaces:
                     created_unix=created,
                     last_used_unix=st.st_mtime,
                     server=owner,
+                    placement_token=token if isinstance(token, str) else "",
                 )
             )
         return sorted(found, key=lambda p: p.last_used_unix, reverse=True)
@@ -936,7 +999,9 @@ class Workspaces:
                     WorkspaceProblem.FAILED, f"the workspace {folder} went meanwhile"
                 )
             try:
-                _rewrite_meta(folder, {**meta, "server": server})
+                # Another server's placement token, if any, is no proof for this one.
+                claimed = {name: value for name, value in meta.items() if name != TOKEN}
+                _rewrite_meta(folder, {**claimed, "server": server})
                 os.rename(folder, wanted)  # never over a workspace: it is not empty
             except OSError as exc:
                 with contextlib.suppress(OSError):

@@ -502,6 +502,7 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         heartbeat_s=config.connection.heartbeat_s,
         default_timeout_s=config.hub.default_timeout_s,
         held_blob_bytes=config.hub.held_blobs_mib * 1024 * 1024,
+        placement_key=read_or_create_token(paths.placement_key_file).encode(),
     )
     server = grpc.aio.server(options=server_options(keepalive_of(config)))
     server.add_generic_rpc_handlers(

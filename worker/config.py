@@ -382,6 +382,7 @@ def own_places(config: Config, paths: Paths) -> tuple[list[Path], list[Path]]:
         paths.config_file,
         paths.token_file,
         paths.workers_token_file,
+        paths.placement_key_file,  # the hub's proof of where it placed each plan
         paths.config_dir / USER_POLICY,
         paths.workbench,
         paths.exec_cache,

@@ -19,6 +19,9 @@ CONFIG_FILE = "config.toml"
 TOKEN_FILE = "hub.token"  # noqa: S105 - a file name, not a secret
 # The token a worker needs to serve a hub: it opens WorkerService only, never Dispatch.
 WORKERS_TOKEN_FILE = "hub-workers.token"  # noqa: S105 - a file name, not a secret
+# The hub's key of sandbox plans' placement tokens (worker.hub.placement), apart from
+# hub.db: a hub that lost hub.db still checks the tokens its workers hold.
+PLACEMENT_KEY_FILE = "hub-placements.key"
 WORKER_KEY_FILE = "worker.key"  # the worker's own secret, beside its worker_id
 UI_SOCKET = "ui.sock"
 # Where this data folder's hub also serves (`agentworker hub`, `up`): the way `run` with no
@@ -70,6 +73,10 @@ class Paths(NamedTuple):
     @property
     def workers_token_file(self) -> Path:
         return self.config_dir / WORKERS_TOKEN_FILE
+
+    @property
+    def placement_key_file(self) -> Path:
+        return self.config_dir / PLACEMENT_KEY_FILE
 
     @property
     def worker_key_file(self) -> Path:

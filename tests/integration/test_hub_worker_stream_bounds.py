@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -30,6 +31,10 @@ def result(cid: str, blob: bytes = b"") -> pb.WorkerMessage:
     return pb.WorkerMessage(
         result=pb.ActionResult(correlation_id=cid, status=pb.ActionResult.OK, blob=blob)
     )
+
+
+def no_token(_worker_id: str, _plan_id: str) -> str:
+    return ""
 
 
 async def acked(worker: HandWorker, cid: str) -> None:
@@ -96,7 +101,9 @@ def test_a_hello_past_its_cap_is_refused_and_of_one_the_hub_keeps_the_descriptio
 ) -> None:
     home = tmp_path / "home"
 
-    def hello(worker_id: str, ids: int) -> pb.Hello:
+    def hello(worker_id: str, ids: int, token: Callable[[str, str], str] = no_token) -> pb.Hello:
+        """`ids` call ids and plans; each plan claimed with `token(worker_id, plan)`,
+        the hub's placement token (a claim without it is ignored)."""
         return pb.Hello(
             worker_id=worker_id,
             instance_id="i",
@@ -105,11 +112,19 @@ def test_a_hello_past_its_cap_is_refused_and_of_one_the_hub_keeps_the_descriptio
             protocol_max=PROTOCOL_MAX,
             actions=["workerDiag.probe"],
             unacked_ids=[f"{i:08d}-" + "u" * 60 for i in range(ids)],
-            plans=[pb.HeldPlan(plan_id=f"plan-{i}", last_used_unix_ms=1) for i in range(ids)],
+            plans=[
+                pb.HeldPlan(
+                    plan_id=f"plan-{i}",
+                    last_used_unix_ms=1,
+                    placement_token=token(worker_id, f"plan-{i}"),
+                )
+                for i in range(ids)
+            ],
         )
 
     async def go() -> None:
         async with hub_in_process(home) as running:
+            token = running.hub.placements.token
             big = hello("big", HELLO_BYTES // 80)
             assert big.ByteSize() > HELLO_BYTES
             refused = HandWorker(running.address, home, hello=big)
@@ -123,7 +138,7 @@ def test_a_hello_past_its_cap_is_refused_and_of_one_the_hub_keeps_the_descriptio
             await refused.close()
             # Within the cap: its ids and plans are used (an unknown re-sent result is
             # acked uncounted), and not kept.
-            taken = HandWorker(running.address, home, hello=hello("taken", 1000))
+            taken = HandWorker(running.address, home, hello=hello("taken", 1000, token))
             await taken.until("welcome")
             taken.send(result(f"{999:08d}-" + "u" * 60))
             await acked(taken, f"{999:08d}-" + "u" * 60)
@@ -137,7 +152,10 @@ def test_a_hello_past_its_cap_is_refused_and_of_one_the_hub_keeps_the_descriptio
             # Of more plans than HELLO_PLANS, those used last are placed.
             many = hello("many", 0)
             many.plans.extend(
-                pb.HeldPlan(plan_id=f"m-{i}", last_used_unix_ms=i) for i in range(HELLO_PLANS + 3)
+                pb.HeldPlan(
+                    plan_id=f"m-{i}", last_used_unix_ms=i, placement_token=token("many", f"m-{i}")
+                )
+                for i in range(HELLO_PLANS + 3)
             )
             claimed = HandWorker(running.address, home, hello=many)
             await claimed.until("welcome")

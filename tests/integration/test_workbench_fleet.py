@@ -27,6 +27,7 @@ from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gon
 from tests.support.workbench import (
     call,
     files_of,
+    placement_token_of,
     run,
     start_sandbox_worker,
     teardown,
@@ -286,7 +287,9 @@ def test_two_copies_of_a_plan_the_one_used_last_wins_and_teardown_takes_both(
 
 class _ClaimingWorker:
     """A sandbox worker's stream that claims, in its Hello, to hold `plan` last used at
-    `used_ms`; it answers every call with its own id, so a test sees where calls go."""
+    `used_ms`, with the hub's placement token of it (as if the hub had placed the plan
+    there before it lost its record); it answers every call with its own id, so a test
+    sees where calls go."""
 
     def __init__(self, live: Cluster, worker_id: str, plan: str, used_ms: int) -> None:
         self.worker_id = worker_id
@@ -302,7 +305,13 @@ class _ClaimingWorker:
             surfaces=["workbenchHost"],
             actions=["workbenchHost.fs_stat"],
             max_concurrency=4,
-            plans=[pb.HeldPlan(plan_id=plan, last_used_unix_ms=used_ms)],
+            plans=[
+                pb.HeldPlan(
+                    plan_id=plan,
+                    last_used_unix_ms=used_ms,
+                    placement_token=placement_token_of(live, worker_id, plan),
+                )
+            ],
         )
 
         async def envelopes() -> Any:

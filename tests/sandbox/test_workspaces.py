@@ -56,6 +56,36 @@ def test_a_later_open_finds_what_an_earlier_call_left(spaces: Workspaces) -> Non
     assert (again.open("plan-a").files / "kept.txt").read_text() == "still here"
 
 
+def test_a_workspace_keeps_the_placement_token_its_calls_last_brought(
+    spaces: Workspaces,
+) -> None:
+    """Beside the files (never in them), through a restart; a call without one leaves
+    it, a new one replaces it, the last use stays the file's mtime, and a token too
+    long to keep in a plan.json that is read whole is not kept."""
+
+    def tokens(found: Workspaces) -> dict[str, str]:
+        return {plan.plan_id: plan.placement_token for plan in found.plans(sizes=False)}
+
+    workspace = spaces.open("plan-a", placement_token="t1")
+    spaces.open("plan-b")
+    assert tokens(spaces) == {"plan-a": "t1", "plan-b": ""}
+    assert "t1" not in repr(spaces.plans())
+    spaces.open("plan-a")
+    assert spaces.find("plan-c", placement_token="t3") is None  # a look makes none
+    assert tokens(spaces) == {"plan-a": "t1", "plan-b": ""}
+    again = Workspaces(spaces.base, quota_bytes=spaces.quota_bytes)  # a restarted worker
+    assert tokens(again) == {"plan-a": "t1", "plan-b": ""}
+    os.utime(workspace.folder / META, (1_000_000, 1_000_000))
+    again.find("plan-b", placement_token="t2")
+    assert tokens(again)["plan-b"] == "t2"
+    again.open("plan-a", placement_token="t1b")
+    assert tokens(again) == {"plan-a": "t1b", "plan-b": "t2"}
+    assert os.lstat(workspace.folder / META).st_mtime > 1_000_000  # used now
+    again.open("plan-b", placement_token="x" * (workspaces_module.MAX_TOKEN_CHARS + 1))
+    assert tokens(again)["plan-b"] == "t2"
+    assert not any(path.name == META for path in workspace.files.rglob("*"))
+
+
 def test_any_plan_id_makes_a_safe_folder_name(spaces: Workspaces) -> None:
     for plan in ("../../etc", "/abs/olute", "a b\nc", "é" * 200):
         workspace = spaces.open(plan)

@@ -18,6 +18,8 @@ from sandbox.workspaces import FILES, plan_key
 from tests.support.cluster import Cluster, Proc, cluster, wait_for, write_config
 from worker.core.connection import server_key
 from worker.hub.client import ControlClient, result_to_dict
+from worker.hub.placement import placement_token
+from worker.paths import PLACEMENT_KEY_FILE
 from worker.wire.proto import agentworker_pb2 as pb
 
 SURFACE = "workbenchHost"
@@ -49,6 +51,13 @@ def start_sandbox_worker(
 
 def worker_id_of(live: Cluster, name: str) -> str:
     return (live.home.parent / name / "worker_id").read_text().strip()
+
+
+def placement_token_of(live: Cluster, worker_id: str, plan: str) -> str:
+    """The placement token the cluster's hub gives worker `worker_id` for `plan` (made
+    with the hub's hub-placements.key): what a worker it placed the plan on holds."""
+    key = (live.home / PLACEMENT_KEY_FILE).read_text().strip().encode()
+    return placement_token(key, worker_id, plan)
 
 
 def key_of(live: Cluster, plan: str) -> str:

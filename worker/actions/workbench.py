@@ -445,25 +445,32 @@ class Workbench:
                 del self._groups[key]  # the next call tries again
             raise _refused(exc) from None
 
-    def open(self, plan_id: str, agent_id: str) -> Workspace:
-        """The plan's workspace, of the server the worker serves (made now if new)."""
+    def open(self, plan_id: str, agent_id: str, placement_token: str = "") -> Workspace:
+        """The plan's workspace, of the server the worker serves (made now if new), with
+        the placement token its call brought kept (see Workspaces.open)."""
         try:
-            return self.workspaces.open(plan_id, agent_id, server=self.server())
+            return self.workspaces.open(
+                plan_id, agent_id, server=self.server(), placement_token=placement_token
+            )
         except WorkspaceError as exc:
             raise _translated(exc) from None
 
-    def find(self, plan_id: str) -> Workspace | None:
+    def find(self, plan_id: str, placement_token: str = "") -> Workspace | None:
         try:
-            return self.workspaces.find(plan_id, server=self.server())
+            return self.workspaces.find(
+                plan_id, server=self.server(), placement_token=placement_token
+            )
         except WorkspaceError as exc:
             raise _translated(exc) from None
 
-    def held(self) -> list[tuple[str, int]]:
+    def held(self) -> list[tuple[str, int, str]]:
         """Every plan of the server the worker serves holding a workspace here, with its
-        last use (unix ms): what the worker tells that server's hub when it connects, so
-        the hub routes the plan back here. Never another server's plans."""
+        last use (unix ms) and the placement token its calls last brought: what the
+        worker tells that server's hub when it connects, so the hub routes the plan
+        back here (the token proves the hub placed it here). Never another server's
+        plans."""
         return [
-            (plan.plan_id, int(plan.last_used_unix * 1000))
+            (plan.plan_id, int(plan.last_used_unix * 1000), plan.placement_token)
             for plan in self.workspaces.plans(sizes=False, server=self.server())
         ]
 
@@ -672,7 +679,7 @@ def _found_in_workspace(workspace: Workspace, cwd: str, named: str) -> str | Non
 
 
 def _plan_context(bench: Workbench, ctx: Context) -> tuple[Context, Workspace]:
-    workspace = bench.open(ctx.plan_id, ctx.agent_id)
+    workspace = bench.open(ctx.plan_id, ctx.agent_id, ctx.placement_token)
     return dataclasses.replace(ctx, roots=(workspace.root,)), workspace
 
 
@@ -680,7 +687,7 @@ def _looking_context(bench: Workbench, ctx: Context) -> Context:
     """For a call that only looks: the plan's workspace if it has one, else an empty
     read-only folder, so that a look never makes a workspace (each one counts against
     max_plans, and a look needs no grant)."""
-    workspace = bench.find(ctx.plan_id)
+    workspace = bench.find(ctx.plan_id, ctx.placement_token)
     root = bench.workspaces.empty if workspace is None else workspace.root
     return dataclasses.replace(ctx, roots=(root,))
 

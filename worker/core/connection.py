@@ -484,7 +484,10 @@ class WorkerConnection:
             max_concurrency=self.dispatcher.limits.max_concurrency,
             running_ids=state.running_ids(),  # this server's calls only, as below
             unacked_ids=state.unacked_ids(),
-            plans=[pb.HeldPlan(plan_id=plan, last_used_unix_ms=used) for plan, used in held],
+            plans=[
+                pb.HeldPlan(plan_id=plan, last_used_unix_ms=used, placement_token=token)
+                for plan, used, token in held
+            ],
             kills_epoch=kills_epoch,
             kills_through=kills_through,
         )

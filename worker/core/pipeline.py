@@ -470,8 +470,9 @@ class Dispatcher:
         # the removal to await (its answer's JSON); None elsewhere.
         self.on_teardown: Callable[[str], Awaitable[dict[str, Any]]] | None = None
         # Sandbox mode: the plans whose workspaces this worker holds, with when each was
-        # last used (unix ms), told to the server in every Hello; None elsewhere.
-        self.held_plans: Callable[[], list[tuple[str, int]]] | None = None
+        # last used (unix ms) and its placement token, told to the server in every
+        # Hello; None elsewhere.
+        self.held_plans: Callable[[], list[tuple[str, int, str]]] | None = None
         self._teardowns: set[asyncio.Task[None]] = set()
         self._hashing: set[asyncio.Task[None]] = set()  # requests whose digest is computed
         # The ids of those requests (how many of each), and why those cancelled while
@@ -1410,6 +1411,7 @@ class Dispatcher:
             claim=(lambda: self._claim_late(call)) if call.claims_late else claimed_already,
             digest_ready=(lambda: _digest_ready(call)) if call.digest_soon else digest_known,
             blob_sha256=None if call.sha256_soon is None else (lambda: _sha256_came(call)),
+            placement_token=req.placement_token,
         )
 
     def _claim_late(self, call: Call) -> None:

@@ -124,6 +124,10 @@ class Context:
     # The worker's threads: the loop's default executor, and the lanes apart from it
     # for folders whose file system may hang (worker.core.threads, fs_paths.in_thread).
     threads: CallThreads = field(default_factory=CallThreads)
+    # Sandbox mode: the server's placement token of the call's plan on this worker
+    # (ActionRequest.placement_token), kept with the plan's workspace. A secret: never
+    # logged.
+    placement_token: str = field(default="", repr=False)
 
     @property
     def data_dir(self) -> Path:

@@ -3,24 +3,42 @@
 A plan's calls go where its files are (docs/architecture.md, "Sandbox mode"): the
 worker the hub placed it on (hub.db keeps the record), a new plan on the least loaded
 sandbox worker. A connecting worker says which workspaces it holds (its Hello), and
-the hub takes its word where its own record is silent, never against it.
+the hub takes its word where its own record is silent, never against it, and only
+with the placement token the hub gave that worker for the plan (`placement_token`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from worker.clock import now_ms
 from worker.errors import WorkerError
-from worker.hub.hellos import HELLO_PLANS
+from worker.hub.audit_log import shown
+from worker.hub.hellos import HELLO_PLANS, PacedLines
 from worker.hub.store import HubStore
 from worker.ids import id_problem
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import WORKBENCH_SURFACE
 
 log = logging.getLogger(__name__)
+
+# Unproven claims named in one log line (the count is always said).
+UNPROVEN_NAMED: Final = 3
+
+
+def placement_token(key: bytes, worker_id: str, plan_id: str) -> str:
+    """The hub's proof, to the worker it placed `plan_id` on, that it did (sent with
+    each of the plan's calls, said back in the worker's Hello): a MAC under the hub's
+    placement key, so the hub needs no record to check it (its record may be lost,
+    hub-placements.key is kept apart from hub.db) and a claimant needs the key to make
+    one. Bound to the worker id, which the hub binds to the worker's own key."""
+    pair = json.dumps([worker_id, plan_id]).encode("utf-8", "surrogatepass")
+    return hmac.new(key, b"agentworker placement\0" + pair, hashlib.sha256).hexdigest()
 
 
 class Worker(Protocol):
@@ -37,9 +55,15 @@ class Placements:
     """Where sandbox plans' workspaces are, by the hub's record and the workers' word."""
 
     def __init__(
-        self, store: HubStore, sessions: Mapping[str, Worker], open_calls: Mapping[str, int]
+        self,
+        store: HubStore,
+        sessions: Mapping[str, Worker],
+        open_calls: Mapping[str, int],
+        key: bytes,
     ) -> None:
         self.store = store
+        # The secret placement tokens are made with (never logged, never sent).
+        self._key = key
         # The hub's connected workers and the calls each has open (its load, as the hub
         # sees it): the hub's own maps, read here.
         self.sessions = sessions
@@ -52,6 +76,22 @@ class Placements:
         # Plans placed on a worker's word alone (its Hello), since this hub started:
         # another worker's claim may contest those, never a placement the hub made.
         self.learned: set[str] = set()
+        # Claims ignored, a line per Hello up to a burst, then a line a minute: anyone
+        # with the workers' token can say Hello again and again, under new ids.
+        self.unproven_lines = PacedLines()
+
+    def token(self, worker_id: str, plan_id: str) -> str:
+        """The placement token of `plan_id` on `worker_id`, sent with the plan's calls
+        there (ActionRequest.placement_token)."""
+        return placement_token(self._key, worker_id, plan_id)
+
+    def _proven(self, worker_id: str, claim: pb.HeldPlan) -> bool:
+        """Whether the claim brings the token this hub gave `worker_id` for the plan
+        (compared in constant time: a claimant learns nothing from how long it took)."""
+        if not claim.placement_token:
+            return False
+        given = claim.placement_token.encode("utf-8", "surrogatepass")
+        return hmac.compare_digest(given, self.token(worker_id, claim.plan_id).encode())
 
     def sandbox_workers(self) -> list[Worker]:
         prefix = f"{WORKBENCH_SURFACE}."
@@ -118,6 +158,12 @@ class Placements:
         - A plan recorded on this worker that it no longer holds (swept, torn down, its
           data folder lost), and with no call still on its way there, is unplaced; if
           another connected worker holds it, it goes there.
+        - A claim counts only for a plan placed on this worker by the hub's record, or
+          with the placement token the hub gave this worker for it (`token`): anyone
+          with the workers' token can say Hello under a new id and claim plan ids no
+          one has used yet, and got their calls, args and blobs, when they came
+          (review25 G8). A claim without it (a rogue, or a workspace an older worker
+          made and no call reached since) is logged and ignored.
         - A plan it holds that the hub has no record of is placed here.
         - A plan recorded on another worker stays there: a claim never takes a plan
           from the worker the hub placed it on (or found it on at its start), away or
@@ -140,10 +186,25 @@ class Placements:
                 HELLO_PLANS,
             )
         held: dict[str, int] = {}
+        unproven: list[str] = []
         for plan in claims[:HELLO_PLANS]:
-            if id_problem("plan_id", plan.plan_id) is None:  # never a call's plan id
-                held.setdefault(plan.plan_id, min(plan.last_used_unix_ms, now))
+            if id_problem("plan_id", plan.plan_id) is not None:  # never a call's plan id
+                continue
+            if self.by_plan.get(plan.plan_id) != worker_id and not self._proven(worker_id, plan):
+                unproven.append(plan.plan_id)
+                continue
+            held.setdefault(plan.plan_id, min(plan.last_used_unix_ms, now))
         del claims
+        if unproven:
+            self.unproven_lines.log(
+                "worker %s says it holds %d plan(s) this hub did not place there, without "
+                "the placement token it gives for one or with a wrong one (%s): ignored, "
+                "their calls go where the hub places them",
+                worker_id,
+                len(unproven),
+                ", ".join(repr(shown(plan_id)) for plan_id in unproven[:UNPROVEN_NAMED])
+                + (", ..." if len(unproven) > UNPROVEN_NAMED else ""),
+            )
         for plan_id in self.store.queued_teardowns(worker_id):
             held.pop(plan_id, None)  # its removal is on the way: not a home for the plan
         self.held[worker_id] = held

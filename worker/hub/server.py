@@ -16,6 +16,7 @@ import contextlib
 import hmac
 import json
 import logging
+import secrets
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -77,6 +78,7 @@ from worker.wire.protocol import (
     PROTOCOL_MIN,
     RETRY_AFTER_KEY,
     VERSION,
+    WORKBENCH_SURFACE,
     blob_cap,
     blob_gone,
     error_pb,
@@ -215,6 +217,7 @@ class Hub:
         heartbeat_s: float = 5.0,
         default_timeout_s: float = 60.0,
         held_blob_bytes: int = HELD_BLOB_BYTES,
+        placement_key: bytes | None = None,
     ) -> None:
         self.store = store
         self.heartbeat_s = heartbeat_s
@@ -238,7 +241,11 @@ class Hub:
         # The calls each worker has open (its load, as this hub sees it); sandbox mode's
         # placements of plans (worker.hub.placement) and teardowns awaiting answers.
         self._open_calls: dict[str, int] = {}
-        self.placements = Placements(store, self.sessions, self._open_calls)
+        # The key of sandbox plans' placement tokens: hub-placements.key (start_hub),
+        # kept apart from hub.db so that a hub that lost hub.db still knows its own
+        # tokens; a hub made without one (a test's) makes one for its life.
+        key = secrets.token_bytes(32) if placement_key is None else placement_key
+        self.placements = Placements(store, self.sessions, self._open_calls, key)
         # Of those, calls carrying a blob of more than a part: slow (see `_hold`).
         self._open_large: dict[str, int] = {}
         self._teardowns: dict[str, tuple[str, asyncio.Future[pb.ActionResult]]] = {}
@@ -1244,8 +1251,9 @@ class Hub:
             self._open_large[worker_id] -= large
             self._holding -= size
 
-    def _action_request(self, req: pb.DispatchRequest) -> pb.ActionRequest:
-        """The request a Dispatch sends its worker (without its blob and digest)."""
+    def _action_request(self, req: pb.DispatchRequest, worker_id: str) -> pb.ActionRequest:
+        """The request a Dispatch sends worker `worker_id` (without its blob and digest);
+        a sandbox plan's carries its placement token there (`Placements.token`)."""
         if req.timeout_ms > MAX_TIMEOUT_MS:
             log.warning(
                 "a call asks for a %d ms deadline; cut to %d", req.timeout_ms, MAX_TIMEOUT_MS
@@ -1263,12 +1271,17 @@ class Hub:
             args_json=req.args_json,
             timeout_ms=int(timeout_s * 1000),
             attempt=1,
+            placement_token=(
+                self.placements.token(worker_id, req.plan_id)
+                if req.surface == WORKBENCH_SURFACE and req.plan_id
+                else ""
+            ),
         )
 
     async def _dispatch_to(
         self, worker_id: str, req: pb.DispatchRequest, blob: Buffer
     ) -> tuple[str, Answer]:
-        request = self._action_request(req)
+        request = self._action_request(req, worker_id)
         # `blob` is held while the call is pending (a view of the bytes received: the
         # hub never copies it but once, into the message to the worker).
         # The digest, computed once here and carried to the worker in the request, and
@@ -1437,7 +1450,7 @@ class Hub:
     async def _upload_to(
         self, worker_id: str, req: pb.DispatchRequest, size: int, next_part: upload.NextPart
     ) -> tuple[str, Answer]:
-        request = self._action_request(req)
+        request = self._action_request(req, worker_id)
         read_within_s = reads.CONTROL_READ_WITHIN_S.get(
             "Dispatch", reads.CONTROL_READ_WITHIN_S_OTHERWISE
         )

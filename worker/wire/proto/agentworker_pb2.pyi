@@ -64,12 +64,14 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_min: _Optional[int] = ..., protocol_max: _Optional[int] = ..., surfaces: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., running_ids: _Optional[_Iterable[str]] = ..., unacked_ids: _Optional[_Iterable[str]] = ..., plans: _Optional[_Iterable[_Union[HeldPlan, _Mapping]]] = ..., kills_epoch: _Optional[str] = ..., kills_through: _Optional[int] = ...) -> None: ...
 
 class HeldPlan(_message.Message):
-    __slots__ = ("plan_id", "last_used_unix_ms")
+    __slots__ = ("plan_id", "last_used_unix_ms", "placement_token")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     last_used_unix_ms: int
-    def __init__(self, plan_id: _Optional[str] = ..., last_used_unix_ms: _Optional[int] = ...) -> None: ...
+    placement_token: str
+    def __init__(self, plan_id: _Optional[str] = ..., last_used_unix_ms: _Optional[int] = ..., placement_token: _Optional[str] = ...) -> None: ...
 
 class ActionAck(_message.Message):
     __slots__ = ("correlation_ids", "kind", "message")
@@ -300,7 +302,7 @@ class Welcome(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., protocol: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., abandoned_ids: _Optional[_Iterable[str]] = ..., kills_epoch: _Optional[str] = ...) -> None: ...
 
 class ActionRequest(_message.Message):
-    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest", "blob_in_parts", "parts_follow")
+    __slots__ = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "task_id", "surface", "action", "args_json", "blob", "timeout_ms", "attempt", "args_digest", "blob_in_parts", "parts_follow", "placement_token")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +317,7 @@ class ActionRequest(_message.Message):
     ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     BLOB_IN_PARTS_FIELD_NUMBER: _ClassVar[int]
     PARTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     correlation_id: str
     plan_id: str
     agent_id: str
@@ -329,7 +332,8 @@ class ActionRequest(_message.Message):
     args_digest: str
     blob_in_parts: int
     parts_follow: bool
-    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., args_digest: _Optional[str] = ..., blob_in_parts: _Optional[int] = ..., parts_follow: _Optional[bool] = ...) -> None: ...
+    placement_token: str
+    def __init__(self, correlation_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., args_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., args_digest: _Optional[str] = ..., blob_in_parts: _Optional[int] = ..., parts_follow: _Optional[bool] = ..., placement_token: _Optional[str] = ...) -> None: ...
 
 class ScopeRequest(_message.Message):
     __slots__ = ("request_id", "agent_id", "plan_id", "scopes", "reason", "preview")
