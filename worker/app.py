@@ -815,9 +815,7 @@ async def _serve_worker(
     assert console.broker is not None
     connection.answer_scopes = console.broker.scope_request
     if desktop is not None and gui:
-        hold = _input_waits_while_asking(console, desktop)
-        console.broker.listeners.append(lambda _kind, _body: hold())
-        console.on_confirming = hold
+        hold_desktop_while_asking(console, desktop)
     ui_server = await _serve_console(console, paths)
     if desktop is not None and gui and ui_server is not None:
         desktop.ui_pids = lambda: ui_server.ui_pids  # their terminals are the person's
@@ -931,9 +929,10 @@ def _say_whose_workspaces(bench: workbench.Workbench, server: str) -> None:
     )
 
 
-def _input_waits_while_asking(console: Console, desktop: computer.Desktop) -> Callable[[], None]:
-    """Holds the desktop's input while any prompt waits, or a lift waits for the
-    person's confirmation (called on every prompt event, and as lifts come and go)."""
+def hold_desktop_while_asking(console: Console, desktop: computer.Desktop) -> None:
+    """Holds the desktop's input and screenshots (`Desktop.hold`) while any prompt
+    waits, or a lift waits for the person's confirmation: on every prompt event, and
+    as lifts come and go."""
     broker = console.broker
     assert broker is not None
 
@@ -943,9 +942,10 @@ def _input_waits_while_asking(console: Console, desktop: computer.Desktop) -> Ca
             why = "the person at this worker is being asked to approve something"
         elif console.confirming():
             why = "the person at this worker is asked to confirm lifting a kill"
-        desktop.hold_input(why)
+        desktop.hold(why)
 
-    return hold
+    broker.listeners.append(lambda _kind, _body: hold())
+    console.on_confirming = hold
 
 
 def pause_hooks(

@@ -216,7 +216,7 @@ def test_while_the_person_is_asked_input_stops_and_waits_for_their_answer(
 
     async def asked_while_moving() -> tuple[WorkerError, tuple[int, int]]:
         running = await _slow_move_under_way(computer)
-        desktop.hold_input("the person is asked in a test")
+        desktop.hold("the person is asked in a test")
         with pytest.raises(WorkerError) as caught:
             await running
         waiting = asyncio.create_task(computer.mouse_move(None, m.MouseMoveArgs(x=40, y=30)))
@@ -224,7 +224,7 @@ def test_while_the_person_is_asked_input_stops_and_waits_for_their_answer(
             await asyncio.sleep(0)
         held = (await computer.cursor_position(None, m.CursorPositionArgs())).result
         assert not waiting.done() and (held.x, held.y) != (40, 30)
-        desktop.hold_input(None)
+        desktop.hold(None)
         await waiting
         moved = (await computer.cursor_position(None, m.CursorPositionArgs())).result
         return caught.value, (moved.x, moved.y)
@@ -232,6 +232,41 @@ def test_while_the_person_is_asked_input_stops_and_waits_for_their_answer(
     error, moved = run(asked_while_moving())
     assert error.code == "paused" and "the person is asked in a test" in error.message
     assert moved == (40, 30)
+
+
+def test_a_screenshot_under_way_as_the_person_is_asked_is_taken_again_after_the_answer(
+    computer: Computer, desktop: Desktop, app: TkApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt may be drawn on this desktop while the image is read: that image is
+    thrown away, and the screenshot taken again once the person has answered."""
+
+    async def asked_while_grabbing() -> tuple[int, int, bool]:
+        loop = asyncio.get_running_loop()
+        backend = await desktop.query(lambda b: b)
+        real, grabs = backend.grab, []
+
+        async def ask() -> None:
+            desktop.hold("the person is asked in a test")
+
+        def grab(rect: Any) -> Any:  # the real grab, a prompt opening as the first begins
+            grabs.append(rect)
+            if len(grabs) == 1:
+                asyncio.run_coroutine_threadsafe(ask(), loop).result(10)
+            return real(rect)
+
+        monkeypatch.setattr(backend, "grab", grab)
+        shot = asyncio.create_task(computer.screenshot(None, m.ScreenshotArgs()))
+        while desktop.shots_waiting == 0 and not shot.done():  # until it waits, or ends
+            await asyncio.sleep(0)
+        taken_before = len(grabs)
+        waited = not shot.done()
+        desktop.hold(None)
+        outcome = await shot
+        assert outcome.blob.startswith(b"\x89PNG")
+        return taken_before, len(grabs), waited
+
+    before, after, waited = run(asked_while_grabbing())
+    assert (before, after, waited) == (1, 2, True)
 
 
 # ------------------------------------------------------------------ screenshots
@@ -367,12 +402,12 @@ def test_a_drag_stopped_after_its_press_answers_outcome_unknown(
         await loop.run_in_executor(
             None, lambda: app.wait(lambda e: e["event"] == "scale" and e["value"] > 5, 20)
         )
-        desktop.hold_input("the person is asked in a test")
+        desktop.hold("the person is asked in a test")
         try:
             with pytest.raises(WorkerError) as caught:
                 await drag
         finally:
-            desktop.hold_input(None)
+            desktop.hold(None)
         return caught.value
 
     error = run(prompted_while_dragging())

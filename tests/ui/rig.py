@@ -14,6 +14,7 @@ from typing import Any
 
 from tests.support.policies import PYTHON3, TOUCH_ASKS, write_policy
 from worker import app
+from worker.actions.computer import Desktop
 from worker.config import (
     Config,
     ExecSection,
@@ -42,7 +43,10 @@ class Rig:
         timeout_s: float = 60.0,
         grants: list[GrantSection] | None = None,
         ui_in_process: bool = True,
+        desktop: Desktop | None = None,
     ) -> None:
+        """With `desktop` (on a test's display), the computer actions drive it and it is
+        held while the person is asked, as `up` wires it (app.hold_desktop_while_asking)."""
         self.home = home
         self.workspace = home / "workspace"
         self.workspace.mkdir(parents=True, exist_ok=True)
@@ -58,7 +62,7 @@ class Rig:
             exec=ExecSection(policy=policy),
             ui=UiSection(prompt_timeout_s=timeout_s),
         )
-        self.dispatcher: Dispatcher = app.build_dispatcher(self.paths, self.config)
+        self.dispatcher: Dispatcher = app.build_dispatcher(self.paths, self.config, desktop=desktop)
         self.console: Console = app.build_console(
             self.dispatcher,
             self.config,
@@ -66,6 +70,8 @@ class Rig:
             mode="up",
             ui_in_process=ui_in_process,
         )
+        if desktop is not None:
+            app.hold_desktop_while_asking(self.console, desktop)
         self.sent: list[pb.WorkerMessage] = []
         self.results: dict[str, pb.ActionResult] = {}
         self._arrived: dict[str, asyncio.Event] = {}

@@ -424,19 +424,19 @@ def test_an_ask_approval_for_the_plan_answers_that_whole_command_in_that_folder_
 
 def test_a_lift_waiting_for_its_confirmation_holds_the_desktops_input(tmp_path: Path) -> None:
     """The confirmation may be on the desktop the agent drives: its input waits."""
-    from worker.app import _input_waits_while_asking
+    from worker.app import hold_desktop_while_asking
 
     class Desktop:  # what the desktop is told, as worker.app wires it
         def __init__(self) -> None:
             self.held: list[str | None] = []
 
-        def hold_input(self, why: str | None) -> None:
+        def hold(self, why: str | None) -> None:
             self.held.append(why)
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
         desktop = Desktop()
-        rig.console.on_confirming = _input_waits_while_asking(rig.console, desktop)  # type: ignore[arg-type]
+        hold_desktop_while_asking(rig.console, desktop)  # type: ignore[arg-type]
         assert rig.console.handle({"op": "kill", "plan": "p"})["ok"]
         asked = rig.console.handle({"op": "lift", "plan": "p"})
         assert desktop.held[-1] is not None and "lifting a kill" in desktop.held[-1]

@@ -13,6 +13,10 @@ pointer's position and the layout (a cursor_position's, a screenshot's) are aske
 the event loop itself, on a connection of its own that it never blocks on (`pointer`,
 worker.actions.computer._x11_line), where the backend offers one.
 
+While the person is asked to approve something (`hold`), input actions and
+screenshots wait for their answer: the prompt may be on this desktop, where a key or
+a click could answer it and an image would show another agent's whole ask.
+
 The person stays in charge: while the agent drives (an input action ran within
 `takeover_window_s`), input the worker did not inject trips the switch's takeover;
 the stop hotkey trips its global stop; either interrupts a running input action at
@@ -96,7 +100,9 @@ class Desktop:
         # `_answered` is set while it is None (made on the loop, as `_lock` is).
         self._asking: str | None = None
         self._answered: asyncio.Event | None = None
+        self._asked = 0  # holds begun: a screenshot taken across one is taken again
         self.input_waiting = 0  # input actions waiting for the person's answer
+        self.shots_waiting = 0  # screenshots waiting for it
         self._stop_hotkey: Callable[[], None] | None = None
         # The pids of the UIs attached now (set by the assembly: the console socket's
         # peers), whose windows, like the worker's own terminal, the agent may not reach.
@@ -194,11 +200,40 @@ class Desktop:
         return line
 
     async def grab(self, fn: Callable[[Backend], T]) -> T:
-        """Run a screenshot in the grab thread."""
+        """Run a screenshot in the grab thread, once no one is being asked (`hold`).
+
+        A prompt shows another agent's whole ask (its argv, passwords and all: the
+        person must see what they approve), maybe on this very desktop, in the TUI's
+        terminal: a screenshot then would hand it to this agent. So screenshots wait
+        for the answer as input does. Held rather than the TUI's window masked: where
+        the prompt is drawn cannot always be known (a terminal multiplexer's window is
+        not found, see _own_ui; a UI attached from another terminal, a notification).
+        A screenshot under way when a prompt opens may already show it: it is thrown
+        away, and taken again once the person has answered."""
         self._check()
         self._mark_driving()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._grab, lambda: fn(self.backend()))
+        answered = self._answered_on(loop)
+        while True:
+            while self._asking is not None:
+                self.shots_waiting += 1
+                try:
+                    await answered.wait()
+                finally:
+                    self.shots_waiting -= 1
+            asked = self._asked
+            shot = await loop.run_in_executor(self._grab, lambda: fn(self.backend()))
+            if self._asked == asked:
+                return shot
+
+    def _answered_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """The event set while no one is asked (and the input lock), made on `loop`."""
+        if self._lock is None or self._lock_loop is not loop or self._answered is None:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+            self._answered = asyncio.Event()
+            if self._asking is None:
+                self._answered.set()
+        return self._answered
 
     async def act(self, fn: Callable[[Backend, Guard], T], what: str = "the input action") -> T:
         """Run an input action alone (the desktop lock), stoppable between its steps,
@@ -209,17 +244,13 @@ class Desktop:
         and button before the cancellation goes on."""
         self._check()
         loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock_loop is not loop:
-            self._lock, self._lock_loop = asyncio.Lock(), loop
-            self._answered = asyncio.Event()
-            if self._asking is None:
-                self._answered.set()
-        assert self._answered is not None
+        answered = self._answered_on(loop)
+        assert self._lock is not None
         async with self._lock:
             while self._asking is not None:
                 self.input_waiting += 1
                 try:
-                    await self._answered.wait()
+                    await answered.wait()
                 finally:
                     self.input_waiting -= 1
             if self.pause is not None:
@@ -440,11 +471,14 @@ class Desktop:
     def refuse_own(self, window: Window, what: str) -> None:
         own_ui(self.ui_pids()).refuse(window.id, window.pid, what)
 
-    def hold_input(self, why: str | None) -> None:
-        """While the person is asked to approve something (`why`), input actions wait
-        for their answer and one running stops at its next step: the prompt may be on
-        this very desktop (the TUI's terminal), and a key typed or a click made there
-        now could answer it for them. None lets input go on. On the loop's thread."""
+    def hold(self, why: str | None) -> None:
+        """While the person is asked to approve something (`why`), input actions and
+        screenshots wait for their answer, and an input action running stops at its
+        next step: the prompt may be on this very desktop (the TUI's terminal), where a
+        key typed or a click made now could answer it for them, and a screenshot would
+        show what it asks (see `grab`). None lets them go on. On the loop's thread."""
+        if why is not None:
+            self._asked += 1
         self._asking = why
         if self._answered is not None:
             if why is None:
