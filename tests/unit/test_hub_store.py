@@ -220,6 +220,8 @@ def test_calls_added_and_answered_between_commits_are_written_once_answered(
         (_ok("stranger"), None, False, None),  # a result for a call this hub never sent
     ]
     assert store.complete_many(answers) == [True, True, False]
+    assert _committed_ids(path) == {"written", "quick"}  # "slow": the next commit's
+    assert store.complete_many([]) == []
     assert _committed_ids(path) == {"written", "quick", "slow"}
     quick = store.get("quick")
     assert quick is not None and quick.state == "DONE" and quick.result == _ok("quick")
@@ -232,6 +234,36 @@ def test_calls_added_and_answered_between_commits_are_written_once_answered(
     assert written is not None and written.state == "DONE" and written.result == _ok("written")
     slow = store.get("slow")
     assert slow is not None and slow.state == "PENDING" and slow.result is None
+    store.close()
+
+
+def test_a_call_unanswered_at_a_commit_waits_for_the_next_and_is_written_once(
+    tmp_path: Path,
+) -> None:
+    """Left for the next commit, a call answered meanwhile is written once, whole: no
+    PENDING row, no UPDATE, no query for its state (a quarter of the calls at 64
+    Dispatches in flight were written PENDING and updated). One still unanswered at
+    that next commit is written PENDING by it."""
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    deadline = now_ms() + 60_000
+    store.add("w", "d", _request("first"), 0, deadline)
+    store.add("w", "d", _request("late"), 0, deadline)  # answered after the next commit
+    store.add("w", "d", _request("later"), 0, deadline)  # answered after two commits
+    made: list[str] = []
+    store._db.set_trace_callback(made.append)
+    assert store.complete_many([(_ok("first"), None, False, None)]) == [True]
+    assert _committed_ids(path) == {"first"}
+    assert store.call_state("late") == ("w", "PENDING")  # from memory
+    assert store.complete_many([(_ok("late"), None, False, None)]) == [True]
+    assert _committed_ids(path) == {"first", "late", "later"}  # "later": PENDING, now
+    assert not [sql for sql in made if sql.startswith(("UPDATE", "SELECT"))]
+    assert store.complete_many([(_ok("later"), None, False, None)]) == [True]
+    store._db.set_trace_callback(None)
+    for cid in ("first", "late", "later"):
+        call = store.get(cid)
+        assert call is not None and call.state == "DONE" and call.result == _ok(cid)
+    assert store.pending_for("w") == (0, 0)
     store.close()
 
 

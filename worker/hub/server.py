@@ -985,6 +985,8 @@ class Hub:
             committing.add_done_callback(lambda done: _on_loop(loop, self._stored, unstored, done))
             return
         self._ack_stored(unstored, self.store.complete_many(rows))
+        if self.store.has_unwritten:  # calls it left for the next commit: there is one
+            self._store_soon()
 
     def _stored(
         self,

@@ -5,10 +5,14 @@ still knows what it asked for: a caller retrying with the same correlation id wa
 for the same call instead of starting a second one, and results the worker re-sends
 after the reconnect land where the caller will look.
 
-The row is written a moment later than the call leaves (`add` queues it; the hub's
-next group commit, at most `STORE_DELAY_S` later, commits it together with every
-call and result since), so no call waits on a commit of its own. A hub killed
-inside that moment forgets the call; the call still runs at most once, because the
+The row is written a moment later than the call leaves (`add` queues it; a group
+commit of the hub's, every `STORE_DELAY_S` while calls come, commits it together with
+every call and result since), so no call waits on a commit of its own. A call still
+unanswered at the first commit after it came waits for the next (`complete_many`):
+most are answered by then and written once, whole, not PENDING and then updated (an
+UPDATE, a look-up and a `call_state` query less for a quarter of the calls at 64
+Dispatches in flight). A hub killed inside that moment (two commits at most)
+forgets the call; the call still runs at most once, because the
 worker's ledger decides that: a caller retrying the id sends it again and gets the
 worker's recorded answer (an effect-free call, which the ledger does not claim, may
 run again, which is harmless). Every read flushes first, so the store always
@@ -317,6 +321,9 @@ class HubStore:
         self._db.execute("PRAGMA secure_delete=ON")
         self._db.create_function("answered_request", 2, answered_request, deterministic=True)
         self._unwritten: dict[str, tuple[object, ...]] = {}  # added, not yet flushed
+        # Of _unwritten, the calls a group commit left for the next (complete_many),
+        # which writes them, answered or not.
+        self._held_over: set[str] = set()
         # Commits handed to the writer thread (complete_off_loop), oldest first, each
         # with the calls it took from _unwritten; taken in by `reap` on the loop.
         self._committing: list[
@@ -435,13 +442,22 @@ class HubStore:
             with db.transaction(self._db):
                 self._write_added(self._unwritten)
             self._unwritten = {}  # only once written: a failed commit keeps them for the next
+            self._held_over = set()
+
+    @property
+    def has_unwritten(self) -> bool:
+        """Whether calls added wait for a commit (a group commit left some for the next)."""
+        return bool(self._unwritten)
 
     def _write_added(
-        self, added: dict[str, tuple[object, ...]], answered: Container[str] = ()
+        self,
+        added: dict[str, tuple[object, ...]],
+        answered: Container[str] = (),
+        later: Container[str] = (),
     ) -> None:
         """Write the calls `added` since the last commit, but those `answered` (written
-        already, with their answers)."""
-        rows = [row for cid, row in added.items() if cid not in answered]
+        already, with their answers) and those left for a `later` commit."""
+        rows = [row for cid, row in added.items() if cid not in answered and cid not in later]
         if rows:
             self._db.executemany(_INSERT_CALL, rows)
 
@@ -559,6 +575,7 @@ class HubStore:
     def unadd(self, correlation_id: str) -> None:
         """Take back a call added and not yet written (it was never sent)."""
         added = self._unwritten.pop(correlation_id, None)
+        self._held_over.discard(correlation_id)
         if added is not None:
             self.pending.went(str(added[1]), _size(added[3]))
 
@@ -580,8 +597,16 @@ class HubStore:
         calls: commits are STORE_DELAY_S apart) is written once, with its answer, not
         written pending and then updated."""
         self.settle()
-        stored = self._complete(results, self._unwritten)
-        self._unwritten = {}  # only once written: a failed commit keeps them for the next
+        # A call added since the last commit and not answered by these results is left
+        # for the next (most are answered by then); one a commit left already goes now.
+        answering = {result.correlation_id for result, *_rest in results}
+        later = {
+            cid for cid in self._unwritten if cid not in self._held_over and cid not in answering
+        }
+        stored = self._complete(results, self._unwritten, later)
+        # Only once written: a failed commit keeps them all for the next.
+        self._unwritten = {cid: row for cid, row in self._unwritten.items() if cid in later}
+        self._held_over = later
         return stored
 
     def complete_off_loop(
@@ -596,6 +621,7 @@ class HubStore:
         (`reap`), as on the loop."""
         self.reap()
         taken, self._unwritten = self._unwritten, {}
+        self._held_over = set()
         commit = self._db.off_loop(lambda: self._complete(results, taken))
         self._committing.append((commit, taken))
         return commit
@@ -604,6 +630,7 @@ class HubStore:
         self,
         results: list[tuple[pb.ActionResult, Buffer | None, bool, bytes | None]],
         added_calls: dict[str, tuple[object, ...]],
+        later: Container[str] = (),
     ) -> list[bool]:
         stored: list[bool] = []
         whole: dict[str, tuple[object, ...]] = {}  # added and answered: one row each
@@ -640,7 +667,8 @@ class HubStore:
                     stored.append(new)
             if whole:
                 self._db.executemany(_INSERT_ANSWERED, list(whole.values()))
-            self._write_added(added_calls, answered=whole)  # and the calls not answered yet
+            # and the calls not answered yet (but those left for a later commit)
+            self._write_added(added_calls, answered=whole, later=later)
         self.pending.went_elsewhere(answered)  # committed (maybe in the writer thread)
         return stored
 
