@@ -193,11 +193,15 @@ class SandboxSection(_Strict):
     plan_cpus: float = Field(default=2.0, ge=0.01, le=4096)  # CPUs' worth of time
 
 
+# The longest a prompt may wait for its person (`[ui] prompt_timeout_s`): an hour.
+PROMPT_TIMEOUT_MAX_S: Final = 3_600
+
+
 class UiSection(_Strict):
     """Approval prompts (the TUI, or `agentworker ui` attached to a running worker)."""
 
     # A prompt nobody answers within this is a denial.
-    prompt_timeout_s: float = Field(default=60.0, ge=1, le=3_600)
+    prompt_timeout_s: float = Field(default=60.0, ge=1, le=PROMPT_TIMEOUT_MAX_S)
 
 
 class ComputerSection(_Strict):

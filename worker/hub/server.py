@@ -20,12 +20,14 @@ import secrets
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import grpc
 
 from worker import db
 from worker.clock import now_ms
+from worker.config import PROMPT_TIMEOUT_MAX_S
 from worker.errors import WorkerError
 from worker.hub import delivery, reads, upload
 from worker.hub.audit_log import AuditLines, shown
@@ -116,6 +118,33 @@ CALL_IDS: Final = ("correlation_id", "plan_id", "agent_id", "owner_user_id", "ta
 CALL_NAMES: Final = ("surface", "action")
 SCOPE_REASON_CHARS: Final = 4096
 SCOPE_PREVIEW_CHARS: Final = 64 * 1024
+# How long a RequestScope waits for the worker's answer unless it says (timeout_ms 0),
+# and the longest it may: the longest a prompt waits for its person (`[ui]
+# prompt_timeout_s`, at most PROMPT_TIMEOUT_MAX_S; a prompt unanswered by then is a
+# denial) and a minute for the answer to come back. A longer wait could end in no
+# other answer, and held its place among the worker's SCOPE_REQUESTS_PER_WORKER
+# meanwhile: timeout_ms up to 2**32 - 1 ms, 49.7 days. Cut to it, with a line in the
+# log, as a call's deadline is cut to MAX_TIMEOUT_MS.
+SCOPE_WAIT_DEFAULT_MS: Final = 120_000
+SCOPE_WAIT_MAX_MS: Final = (PROMPT_TIMEOUT_MAX_S + 60) * 1000
+# A RequestScope whose worker's stream ended before its answer came: no answer comes
+# on that stream, and one held until its timeout kept its place among the worker's
+# SCOPE_REQUESTS_PER_WORKER after the worker came back (review25, noticed).
+SCOPE_STREAM_ENDED: Final = (
+    "cancelled: the worker's stream ended before its answer came (the person there may "
+    "still be asked, and what they grant is kept there); ask again once the worker is "
+    "connected"
+)
+
+
+@dataclass(frozen=True)
+class _ScopeAsk:
+    """A RequestScope sent to a worker's person and waited for."""
+
+    worker_id: str
+    agent_id: str
+    session_id: str  # of the stream it went on: it ends with it
+    waiter: asyncio.Future[pb.ScopeDecision]
 
 
 _NOT_RECORDED: Final = WorkerError(
@@ -231,7 +260,7 @@ class Hub:
         # Scope requests and teardowns awaiting answers, by id, with the worker asked:
         # only that worker's answer counts (see _from_its_worker).
         # request id -> (worker id, agent id, the caller's waiter)
-        self._scope_waiters: dict[str, tuple[str, str, asyncio.Future[pb.ScopeDecision]]] = {}
+        self._scope_waiters: dict[str, _ScopeAsk] = {}
         # (session, answer, delivered to a caller?) not yet stored; see store_results.
         self._unstored: list[tuple[Session, Answer, bool]] = []
         # Request blobs of pending calls, by call id: held while the call may have to
@@ -459,7 +488,22 @@ class Hub:
             del self.sessions[worker_id]
             self.placements.held.pop(worker_id, None)
         self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
+        self._end_scope_asks(session)
         log.info("worker %s disconnected", worker_id)
+
+    def _end_scope_asks(self, session: Session) -> None:
+        """The RequestScopes sent on `session`'s stream, now ended, are answered: no
+        decision will come on it (see SCOPE_STREAM_ENDED)."""
+        for request_id, asked in list(self._scope_waiters.items()):
+            if asked.session_id != session.session_id:
+                continue
+            del self._scope_waiters[request_id]
+            if not asked.waiter.done():
+                asked.waiter.set_result(
+                    pb.ScopeDecision(
+                        request_id=request_id, granted=False, reason=SCOPE_STREAM_ENDED
+                    )
+                )
 
     def _behind(self, session: Session) -> str | None:
         """Why the hub lets go of `session`'s stream (`_deaf`), or None: it takes nothing
@@ -659,7 +703,7 @@ class Hub:
         worker_id = session.worker_id
         if self._open_calls.get(worker_id, 0) or session.running or session.owed:
             return True
-        return any(asked[0] == worker_id for asked in self._scope_waiters.values()) or any(
+        return any(asked.worker_id == worker_id for asked in self._scope_waiters.values()) or any(
             asked[0] == worker_id for asked in self._teardowns.values()
         )
 
@@ -776,14 +820,14 @@ class Hub:
         elif kind == "scope_decision":
             request_id = msg.scope_decision.request_id
             asked = self._scope_waiters.get(request_id)
-            if asked is None or not self._from_its_worker(session, asked[0], request_id):
+            if asked is None or not self._from_its_worker(session, asked.worker_id, request_id):
                 self._unsolicited(session, "a decision on no scope request of this hub's")
                 return
             del self._scope_waiters[request_id]
-            if not asked[2].done():
+            if not asked.waiter.done():
                 decision = pb.ScopeDecision()
                 decision.CopyFrom(msg.scope_decision)
-                asked[2].set_result(decision)
+                asked.waiter.set_result(decision)
         elif kind == "audit":  # counted: the worker's audit table has each (review10 12)
             self.audit_lines.event(session.worker_id, msg.audit)
         elif kind == "goodbye":
@@ -1539,7 +1583,9 @@ class Hub:
             return pb.ScopeDecision(granted=False, scopes=req.scopes, reason=refusal)
         request_id = uuid.uuid4().hex
         waiter: asyncio.Future[pb.ScopeDecision] = asyncio.get_running_loop().create_future()
-        self._scope_waiters[request_id] = (session.worker_id, req.agent_id, waiter)
+        self._scope_waiters[request_id] = _ScopeAsk(
+            session.worker_id, req.agent_id, session.session_id, waiter
+        )
         session.send(
             pb.ServerMessage(
                 scope_request=pb.ScopeRequest(
@@ -1552,13 +1598,22 @@ class Hub:
                 )
             )
         )
-        timeout_s = req.timeout_ms / 1000 if req.timeout_ms else 120.0
+        timeout_ms = req.timeout_ms or SCOPE_WAIT_DEFAULT_MS
+        if timeout_ms > SCOPE_WAIT_MAX_MS:
+            log.info(
+                "a scope request asks to wait %d ms for an answer; cut to %d",
+                timeout_ms,
+                SCOPE_WAIT_MAX_MS,
+            )
+            timeout_ms = SCOPE_WAIT_MAX_MS
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_ms / 1000):
                 return await waiter
         except TimeoutError:
             return pb.ScopeDecision(
-                request_id=request_id, granted=False, reason="no answer in time"
+                request_id=request_id,
+                granted=False,
+                reason=f"no answer in time (waited {timeout_ms / 1000:g} s)",
             )
         finally:  # answered, timed out, or the caller went away: no longer waited for
             self._scope_waiters.pop(request_id, None)
@@ -1576,9 +1631,9 @@ class Hub:
                 "and 2,000 of them"
             )
         waiting = [
-            agent
-            for worker, agent, _ in self._scope_waiters.values()
-            if worker == session.worker_id
+            asked.agent_id
+            for asked in self._scope_waiters.values()
+            if asked.worker_id == session.worker_id
         ]
         if len(waiting) >= SCOPE_REQUESTS_PER_WORKER:
             return (
