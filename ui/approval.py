@@ -18,6 +18,7 @@ Deny.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
 import time
@@ -82,6 +83,15 @@ def _breadth(scope: str) -> int:
 
 
 _MARKS: Final = ("a pattern: actions of many surfaces", "a pattern: many actions")
+# Keys typed where the focus is reach a terminal as well as an editor: a grant of these
+# lets the agent run what a person could type there, past the exec allowlist and every
+# host scope (only this worker's own UI is kept from them). The prompt says so.
+TYPING: Final = ("workerComputer.key_type", "workerComputer.key_combo")
+TYPING_MARK: Final = "types into any window, a terminal too"
+
+
+def _types(scope: str) -> bool:
+    return scope != "*.*" and any(fnmatch.fnmatchcase(action, scope) for action in TYPING)
 
 
 def scopes_text(scopes: Sequence[str]) -> Text:
@@ -94,12 +104,12 @@ def scopes_text(scopes: Sequence[str]) -> Text:
         if n:
             text.append(", ")
         breadth = _breadth(scope)
-        if breadth > 1:
-            text.append_text(server_text(scope, one_line=False))
-            continue
-        mark = "EVERY action" if scope == "*.*" else _MARKS[breadth]
         text.append_text(server_text(scope, one_line=False))
-        text.append(f" ({mark})", style="bold reverse")
+        if breadth < 2:
+            mark = "EVERY action" if scope == "*.*" else _MARKS[breadth]
+            text.append(f" ({mark})", style="bold reverse")
+        if _types(scope):
+            text.append(f" ({TYPING_MARK})", style="bold reverse")
     return text
 
 

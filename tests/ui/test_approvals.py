@@ -408,6 +408,29 @@ def test_a_scope_request_shows_every_scope_it_grants_broadest_first(
     on_the_tui(tmp_path, scenario, size=size)
 
 
+def test_a_scope_that_types_into_any_window_says_so(tmp_path: Path) -> None:
+    """key_type and key_combo reach a terminal as well as an editor: as much as running
+    commands, past the exec allowlist (review25). The prompt marks them, and patterns
+    that hold them, beside the scopes the person signs."""
+
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        asked = _ask(
+            rig,
+            scopes=["workerComputer.key_type", "workerComputer.key_*", "workerComputer.screenshot"],
+        )
+        modal = await answerable(app, pilot)
+        facts = modal.query_one("#facts", Static)
+        wants = " ".join(facts.render_line(y).text.strip() for y in range(facts.size.height))
+        mark = "(types into any window, a terminal too)"
+        assert f"workerComputer.key_type {mark}" in wants, wants
+        assert f"workerComputer.key_* (a pattern: many actions) {mark}" in wants, wants
+        assert f"workerComputer.screenshot {mark}" not in wants, wants
+        await pilot.press("d")
+        assert not (await asked).granted
+
+    on_the_tui(tmp_path, scenario, size=(120, 40))
+
+
 def test_a_prompt_the_terminal_cuts_takes_no_approval(tmp_path: Path) -> None:
     """32 long scopes cannot all show in 80x24: "p" is not taken (the prompt says to
     enlarge the terminal), a denial is, and once it all shows "p" is taken."""
