@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +275,63 @@ def test_a_script_in_a_folder_agents_can_write_is_refused_until_the_person_says_
     assert code == 0, out
     code, out = replay(capsys, str(script), "--grants", grants, "--agent-writable-ok")
     assert code == 0 and "6 steps: 6 passed" in out, out
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code = main(["replay", *argv])
+    said = capsys.readouterr().err
+    assert code == 2, said
+    assert "a folder agents can write" in said and "--agent-writable-ok" in said, said
+    return said
+
+
+def test_a_config_grants_or_allowlist_in_a_folder_agents_can_write_is_refused(
+    home: Path, demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """review26 H1: a --config the agent wrote named a program of its own as exec's
+    bwrap; a --grants it wrote grants it all. Each file the replay reads is checked."""
+    shared = home / "workspace"
+    grants = demo.parent / "grants.toml"
+    (shared / "grants.toml").write_bytes(grants.read_bytes())
+    said = _refused(capsys, str(demo), "--grants", str(shared / "grants.toml"))
+    assert str(shared / "grants.toml") in said
+    config = CONFIG.format(workspace=home / "workspace")
+    (shared / "config.toml").write_text(config)
+    said = _refused(capsys, str(demo), "--config", str(shared / "config.toml"))
+    assert str(shared / "config.toml") in said
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "allowlist.toml").symlink_to(shared / "allowlist.toml")
+    (shared / "allowlist.toml").write_text("")
+    (mine / "config.toml").write_text(config)
+    said = _refused(capsys, str(demo), "--config", str(mine / "config.toml"))
+    assert "allowlist.toml" in said
+    policy = f'{config}\n[exec]\npolicy = "{shared / "allowlist.toml"}"\n'
+    (mine / "allowlist.toml").unlink()
+    (mine / "config.toml").write_text(policy)
+    _refused(capsys, str(demo), "--config", str(mine / "config.toml"))
+    (mine / "config.toml").write_text(config)
+    code, out = replay(capsys, str(demo), "--config", str(mine / "config.toml"))
+    assert code == 1, out  # it ran: the steps want grants this config has not
+
+
+def test_a_shared_folder_seen_through_a_bind_mount_is_still_refused(
+    home: Path, demo: Path, tmp_path: Path
+) -> None:
+    """review26 H4: the check compared paths, so the shared folder mounted elsewhere
+    (here by bubblewrap, as a person's bind mount or another spelling would) passed.
+    It compares the folders' identities."""
+    shared = home / "workspace"
+    shutil.copytree(demo.parent, shared / "recordings")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = ["bwrap", "--dev-bind", "/", "/", "--bind", str(shared), str(elsewhere)]
+    script = elsewhere / "recordings" / demo.name
+    argv += [sys.executable, "-m", "worker", "replay", str(script)]
+    argv += ["--grants", str(demo.parent / "grants.toml")]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ}, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"lies in {shared}" in done.stderr, done.stderr
+    assert not (home / "workspace/replay-demo").exists()

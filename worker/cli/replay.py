@@ -129,7 +129,7 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
             "through a hub (--server) the connected worker runs the steps with its own",
         )
     if not args.dry_run and not args.agent_writable_ok:
-        _refuse_agent_writable(paths, args.script)
+        _refuse_agent_writable(paths, args)
     script = script_format.load(args.script, run_label=args.run)
     if args.dry_run:
         report = _dry_run(paths, args, script)
@@ -140,25 +140,28 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
     return _print(report, args.json)
 
 
-def _refuse_agent_writable(paths: Paths, script: Path) -> None:
-    """A script (or the blobs beside it) in a folder agents can write may not be the
-    one the person recorded or wrote: an agent could have added steps that name
-    another agent, whose grants the replay then uses. A UsageError naming the folder
-    unless the person says they read it (--agent-writable-ok)."""
-    from worker.config import load, roots_of
+def _refuse_agent_writable(paths: Paths, args: argparse.Namespace) -> None:
+    """A UsageError naming the file and its folder when a file the replay reads lies
+    in a folder agents can write (worker.replay.writable), unless the person says
+    they read it (--agent-writable-ok)."""
+    from worker.config import load
     from worker.errors import UsageError
+    from worker.replay import config_for_replay
+    from worker.replay.writable import agent_writable_places, files_read, writable_place_of
 
-    config = load(paths)
-    writable = [root.path for root in roots_of(config, paths) if root.writable]
-    writable.append(Path(os.path.realpath(paths.workbench)))
-    real = Path(os.path.realpath(script))
-    for folder in writable:
-        if real.is_relative_to(folder):
+    places = agent_writable_places(load(paths), paths)
+    given = None
+    if args.config is not None and not args.server:
+        given = config_for_replay(load(paths), args.config, None)
+    for file in files_read(args.script, args.config, args.grants, given):
+        place = writable_place_of(file, places)
+        if place is not None:
             raise UsageError(
-                f"{script} lies in {folder}, a folder agents can write: an agent may have "
-                "changed its steps since it was written. Read it (agentworker replay "
-                "--dry-run shows each step), then run it with --agent-writable-ok, or "
-                "copy it to a folder only you write"
+                f"{file} lies in {place.path}, a folder agents can write: an agent may "
+                "have changed it since it was written (a step naming another agent, a "
+                "program of its own). Read it (agentworker replay --dry-run shows each "
+                "step), then run with --agent-writable-ok, or copy it to a folder only "
+                "you write"
             )
 
 
@@ -284,7 +287,6 @@ def _switch(
     verb: str,
     plan: str,
 ) -> int:
-    import os
 
     from worker.cli._common import server_named, shown
     from worker.errors import UsageError
