@@ -11,9 +11,13 @@ import re
 import sqlite3
 import unicodedata
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.ui.rig import Rig, prompts_waiting
 from worker.config import GrantSection
+from worker.core import approvals, prompt_text
 from worker.core.approvals import HIDDEN_CATEGORIES, Choice, Decision, Kind, inert
 from worker.core.redaction import args_preview
 from worker.wire.proto import agentworker_pb2 as pb
@@ -345,6 +349,32 @@ def test_a_call_too_long_to_show_is_refused_not_shown_cut(tmp_path: Path) -> Non
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_a_call_already_too_long_is_not_escaped_to_be_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Escaping only lengthens a text: one past the limit as sent is refused without
+    walking its characters on the loop (a 0.9 MiB ask held it 190-347 ms: review26)."""
+    escaped: list[int] = []
+    real_inert = approvals.inert
+
+    def counting(text: str, *args: Any, **kwargs: Any) -> str:
+        escaped.append(len(text))
+        return real_inert(text, *args, **kwargs)
+
+    monkeypatch.setattr(approvals, "inert", counting)
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        headers = {f"X-Filler-{i}": "h" * 500 for i in range(40)}
+        cid = rig.call("http_fetch", json.dumps({"url": "http://127.0.0.1:9/", "headers": headers}))
+        await rig.result(cid)
+        assert "too long to show" in rig.results[cid].error.message
+        rig.close()
+
+    asyncio.run(scenario())
+    assert not [n for n in escaped if n > prompt_text.SHOW_LIMIT], escaped
 
 
 def test_a_wildcard_scope_grant_never_settles_a_waiting_ask_rule_prompt(tmp_path: Path) -> None:
