@@ -441,7 +441,7 @@ async def _hub_housekeeping(hub: Hub) -> None:
         pruned = await hub.store.prune_off_loop()
         if pruned:
             log.info("hub: forgot %d calls past their keeping time", pruned)
-        forgotten = hub.store.forget_workers(hub.sessions)
+        forgotten = hub.forget_workers()
         if forgotten:
             log.info("hub: forgot %d workers away past their keeping time", forgotten)
         await _give_back_pages(hub.store.path)

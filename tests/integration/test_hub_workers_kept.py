@@ -70,7 +70,7 @@ def test_workers_away_are_remembered_up_to_a_bound(tmp_path: Path) -> None:
                 assert status.connected_workers == 1
                 # Away past WORKERS_KEPT_MS: forgotten, the connected worker never.
                 later = now_ms() + WORKERS_KEPT_MS + 1
-                assert store.forget_workers(running.hub.sessions, now=later) == KEPT
+                assert running.hub.forget_workers(now=later) == KEPT
                 assert await listed() == {late.worker_id: True}
                 # A worker forgotten is known again by its next Hello (its key bound anew).
                 back = HandWorker(running.address, home, hello=person.hello)
@@ -80,5 +80,31 @@ def test_workers_away_are_remembered_up_to_a_bound(tmp_path: Path) -> None:
                 await late.close()
             finally:
                 await channel.close()
+
+    asyncio.run(go())
+
+
+def test_a_forgotten_workers_plans_are_placed_nowhere(tmp_path: Path) -> None:
+    """review26 H8: the plans placed on a worker outlived its row (the key its id was
+    bound to): whoever said Hello under the id next bound their key and was the plans'
+    worker by the hub's record, no placement token needed. They go with the worker;
+    the worker itself, back, proves each with its token."""
+    home = tmp_path / "home"
+
+    async def go() -> None:
+        async with hub_in_process(home) as running:
+            hub = running.hub
+            person = HandWorker(running.address, home)
+            await person.until("welcome")
+            other = HandWorker(running.address, home)
+            await other.until("welcome")
+            hub.placements.place("deploy", person.worker_id)
+            hub.placements.place("notes", other.worker_id)
+            await _gone(running, person)
+            later = now_ms() + WORKERS_KEPT_MS + 1
+            assert hub.forget_workers(now=later) == 1
+            assert hub.placements.by_plan == {"notes": other.worker_id}
+            assert hub.store.placements() == {"notes": other.worker_id}
+            await other.close()
 
     asyncio.run(go())

@@ -145,6 +145,11 @@ class Placements:
         else:
             self.learned.discard(plan_id)
 
+    def reload(self) -> None:
+        """The hub's record read again (the store forgot workers, and their plans)."""
+        self.by_plan = self.store.placements()
+        self.learned &= self.by_plan.keys()
+
     def unplace(self, plan_id: str) -> None:
         del self.by_plan[plan_id]
         self.store.unplace(plan_id)

@@ -585,12 +585,20 @@ class Hub:
             ) from None
         return first
 
+    def forget_workers(self, now: int | None = None) -> int:
+        """worker.hub.store.HubStore.forget_workers, and the placements on the workers
+        forgotten with them. How many were forgotten."""
+        forgotten = self.store.forget_workers(self.sessions, now)
+        if forgotten:
+            self.placements.reload()
+        return forgotten
+
     def _forget_workers(self) -> None:
         """A new worker's row came: past the workers away remembered, forget some
         (worker.hub.store.WORKERS_AWAY_KEPT)."""
         if self.store.known_workers() - len(self.sessions) <= self.store.workers_away_kept:
             return
-        forgotten = self.store.forget_workers(self.sessions)
+        forgotten = self.forget_workers()
         log.info(
             "hub: forgot %d worker(s) away, past the %d remembered (those connected the least)",
             forgotten,

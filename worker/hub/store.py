@@ -916,7 +916,8 @@ class HubStore:
     def forget_workers(self, connected: Container[str], now: int | None = None) -> int:
         """Forget workers away since WORKERS_KEPT_MS, and past `workers_away_kept` of
         those away, the ones connected the least, then seen longest ago (see
-        WORKERS_AWAY_KEPT); never one in `connected`. How many were forgotten."""
+        WORKERS_AWAY_KEPT); never one in `connected`. How many were forgotten. Their
+        placements go with them: a hub's Placements reads them again (`Hub.forget_workers`)."""
         cutoff = (now if now is not None else now_ms()) - WORKERS_KEPT_MS
         rows = self._db.execute(
             "SELECT worker_id, last_seen_ms FROM workers"
@@ -932,6 +933,14 @@ class HubStore:
             with db.transaction(self._db):
                 self._db.executemany(
                     "DELETE FROM workers WHERE worker_id = ?", [(worker_id,) for worker_id in gone]
+                )
+                # And the plans placed there: the key their id was bound to is forgotten,
+                # so whoever says Hello under the id next binds theirs, and would be the
+                # plans' worker by this record (review26 H8). The worker itself, back,
+                # proves each plan with its placement token (Placements.learn).
+                self._db.executemany(
+                    "DELETE FROM placements WHERE worker_id = ?",
+                    [(worker_id,) for worker_id in gone],
                 )
                 # And the kills of every plan owed to them: kept, one a made-up id, they
                 # grew without bound, and were walked at each Dispatch and KillPlan
