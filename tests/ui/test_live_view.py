@@ -180,6 +180,42 @@ def test_a_padded_id_stays_on_its_row_in_the_calls_detail(tmp_path: Path) -> Non
     asyncio.run(scenario())
 
 
+def test_the_calls_detail_draws_args_and_results_with_secrets_masked(tmp_path: Path) -> None:
+    """The TUI's screen is another agent's to read (a screenshot within its grant): a
+    call run within its grant asks nothing, so nothing is held, and the detail pane drew
+    its args' password, and a file's token in a result, whole (review26 H6). A prompt,
+    which the person signs, still shows a call whole."""
+    secret = "HUNTER2SECRET"
+    scopes = ["workerHost.exec", "workerHost.fs_read"]
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, grants=[GrantSection(agent="deployer", scopes=scopes)])
+        (rig.workspace / "env.txt").write_text(f"api_key={secret}\n")
+        app = WorkerApp(rig.link(), notifier=silent)
+        async with app.run_test(size=(120, 40)) as pilot:
+            detail = app.query_one("#detail", Static)
+
+            def text() -> str:
+                return "\n".join(
+                    detail.render_line(y).text.rstrip() for y in range(detail.size.height)
+                )
+
+            calls = [
+                ("exec", {"argv": ["echo", f"password={secret}"]}, '"password=***"'),
+                ("fs_read", {"path": "env.txt", "encoding": "utf-8"}, "api_key=***"),
+            ]
+            for action, args, masked in calls:
+                cid = rig.call(action, json.dumps(args), agent="deployer")
+                await rig.result(cid)
+                assert rig.code(cid) == "ok", rig.results[cid]
+                await until(lambda cid=cid: "telemetry" in text() and cid in text(), pilot)
+                assert secret not in text(), text()
+                assert masked in text(), text()
+        rig.close()
+
+    asyncio.run(scenario())
+
+
 def test_the_calls_kept_are_the_newest_as_many_as_the_worker_keeps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Final, Protocol
 from worker.core.approvals import ApprovalBroker, Choice, Decision, inert
 from worker.core.connection import LinkState
 from worker.core.pipeline import Dispatcher
+from worker.core.redaction import args_masked, argv_secrets, known_masked, secrets_in_text
 from worker.core.scopes import ASK_PREFIX, Grant
 from worker.errors import WorkerError
 from worker.wire.proto import agentworker_pb2 as pb
@@ -90,6 +91,20 @@ def _kept(text: str) -> tuple[str, int]:
     return text[:RESULT_PREVIEW], len(text)
 
 
+def _args_kept(args_json: str) -> tuple[str, int]:
+    """`_kept` of the args masked (redaction.args_masked): whole when short, else their
+    head as text, so a call's 1 MiB of args costs no parse here."""
+    head = args_json if len(args_json) <= 4 * RESULT_PREVIEW else args_json[:RESULT_PREVIEW]
+    return args_masked(head)[:RESULT_PREVIEW], len(args_json)
+
+
+def _masked(kept: tuple[str, int], secrets: tuple[str, ...]) -> tuple[str, int]:
+    """What `_kept` kept of a result, with the call's argv passwords and what looks
+    secret in text masked (a program may print its argv, a file hold a token)."""
+    text, length = kept
+    return secrets_in_text(known_masked(text, secrets)), length
+
+
 def _shown(kept: tuple[str, int]) -> str:
     """`inert(text, RESULT_PREVIEW)` of the text `_kept` kept."""
     text, length = kept
@@ -103,7 +118,17 @@ class _Seen:
     """A call as the console keeps it, raw (its texts cut to what a row shows), until
     a UI needs its row."""
 
-    __slots__ = ("action", "agent_id", "args", "end", "id", "plan_id", "started_ms", "task_id")
+    __slots__ = (
+        "action",
+        "agent_id",
+        "args",
+        "end",
+        "id",
+        "plan_id",
+        "secrets",
+        "started_ms",
+        "task_id",
+    )
 
     def __init__(self, req: pb.ActionRequest, started_ms: int) -> None:
         self.id = req.correlation_id
@@ -112,7 +137,11 @@ class _Seen:
         self.plan_id = req.plan_id
         self.task_id = req.task_id
         self.action = f"{req.surface}.{req.action}"
-        self.args = _kept(req.args_json)
+        # Masked, as a recording keeps them: a row is drawn on a screen other agents'
+        # screenshots may read (review26 H6). The argv's passwords are masked in the
+        # result too (a program may print its argv).
+        self.args = _args_kept(req.args_json)
+        self.secrets = argv_secrets(req.args_json)
         # Once finished: the result's status, duration, decision, result and error
         # texts, blob size and its telemetry's fields.
         self.end: tuple[Any, ...] | None = None
@@ -124,7 +153,12 @@ class _Seen:
             result.error.code if failed else "ok",
             inv.duration_ms,
             inv.decision,
-            _kept("" if failed else result.result_json),
+            # As kept at rest (an http_fetch's Set-Cookie masked), then as a preview
+            # masks text, for the same reason.
+            _masked(
+                _kept("" if failed else result.result_json_at_rest or result.result_json),
+                self.secrets,
+            ),
             blob_bytes,
             _kept(result.error.message if failed else ""),
             {

@@ -412,6 +412,18 @@ def args_preview(args_json: str) -> str:
         return "<json nested too deeply>"
 
 
+def args_masked(args_json: str) -> str:
+    """The args as a screen shows them beside the call (the TUI's detail pane): whole,
+    with what looks secret masked as a recording keeps it (`args_for_replay`); args
+    that are not a JSON object, as text (`secrets_in_text`). A screen may be read by
+    another agent's screenshot (review26 H6); a prompt, which the person signs, shows
+    them unmasked (prompt_text)."""
+    if _plain(args_json):
+        return args_json
+    masked, _changed = args_for_replay(args_json)
+    return masked if masked is not None else secrets_in_text(args_json)
+
+
 def _plain(args_json: str) -> bool:
     """Whether JSON text that parsed holds nothing a preview masks, by its text alone:
     true only without a backslash (no escape can then spell what the patterns look
@@ -550,13 +562,19 @@ def masked_message(text: str, known: tuple[str, ...] = (), room: int = KEPT_CHAR
     -E c.pem:X …` fits rule …"); then cut to `room` (`_kept`) and masked as previews
     are (masked_text), with a secret-looking flag's value that follows it as the next
     word too."""
-    for secret in known:
-        for form in _quoted_forms(secret):
-            text = text.replace(form, MASK)
-    text = masked_text(_kept(text, room))
+    text = masked_text(_kept(known_masked(text, known), room))
     if not _SUSPECT.search(text.lower()):
         return text
     return _FLAG_THEN_VALUE.sub(lambda m: f"{m.group(1)}{MASK}", text)
+
+
+def known_masked(text: str, known: tuple[str, ...]) -> str:
+    """`text` with each of `known` (a call's argv passwords, `argv_secrets`) masked
+    wherever it is, however the text quoted it; nothing else changed."""
+    for secret in known:
+        for form in _quoted_forms(secret):
+            text = text.replace(form, MASK)
+    return text
 
 
 def _quoted_forms(secret: str) -> list[str]:
