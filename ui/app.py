@@ -381,6 +381,8 @@ class WorkerApp(App[None]):
             self._prompt_waiting(event["prompt"])
         elif kind == "prompt_closed":
             self._prompt_closed(str(event["prompt"]["id"]))
+        elif kind == "draw_check":
+            self._confirm_drawn(event.get("seq"))
         elif kind == "link":
             self.link_state = event["link"]
             self._refresh_header()
@@ -732,6 +734,21 @@ class WorkerApp(App[None]):
             self._send_decision(prompt_id, answer)
         self.call_later(self._next_prompt)
         self._refresh_header()
+
+    def _confirm_drawn(self, seq: object) -> None:
+        """The worker holds the desktop until this screen no longer shows a prompt that
+        closed (a screenshot would read it): say so once the screen without it is
+        drawn, after the prompt's screen has left the stack."""
+        showing = self.screen
+        if isinstance(showing, ApprovalModal) and showing.prompt_id not in self.prompts:
+            self.call_after_refresh(self._confirm_drawn, seq)  # still leaving
+            return
+        self.call_after_refresh(self._send_drawn, seq)
+
+    @work(group="commands")
+    async def _send_drawn(self, seq: object) -> None:
+        """This screen shows what the worker told it up to its ask `seq`."""
+        await self.link.command({"op": "drawn", "seq": seq})
 
     @work(group="commands")
     async def _send_decision(self, prompt_id: str, answer: Answer) -> None:

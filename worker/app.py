@@ -942,7 +942,15 @@ def hold_desktop_while_asking(console: Console, desktop: computer.Desktop) -> No
             why = "the person at this worker is being asked to approve something"
         elif console.confirming():
             why = "the person at this worker is asked to confirm lifting a kill"
+        # Let go once the UIs' screens no longer show the prompt: until they redraw, a
+        # screenshot would read what it asked (review26 H9).
+        if why is None and desktop.held() and console.screens_drawn(settled):
+            why = "a prompt the person answered is still being taken off their screen"
         desktop.hold(why)
+
+    def settled() -> None:
+        if not broker.waiting() and not console.confirming():
+            desktop.hold(None)
 
     broker.listeners.append(lambda _kind, _body: hold())
     console.on_confirming = hold

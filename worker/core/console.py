@@ -40,6 +40,9 @@ RECENT_CALLS: Final = 500
 # are shown besides (a server's kills are bounded by the ledger, MAX_SERVER_KILLS).
 RECENT_PLANS: Final = 500
 RESULT_PREVIEW: Final = 2000
+# How long the desktop stays held, at most, after the last prompt closed, for the
+# attached UIs to say their screens no longer show it (`Console.screens_drawn`).
+DRAWN_WITHIN_S: Final = 2.0
 # A kill lifted from a UI is lifted only once the person confirms it, on a second
 # screen, with the desktop's input held meanwhile: the UI may be on the very desktop
 # the agent drives, where a key it types would otherwise lift the kill of its plan.
@@ -241,6 +244,11 @@ class Console:
         self._lifts: dict[str, str] = {}
         # Told when lifts start or stop waiting (the assembly holds desktop input).
         self.on_confirming: Callable[[], None] = lambda: None
+        # The attached UIs that answer prompts, and the redraw they are asked to
+        # confirm (`screens_drawn`): (its number, confirmations still due, then, timer).
+        self._asking_uis = 0
+        self._draws = 0
+        self._draw: tuple[int, int, Callable[[], None], asyncio.TimerHandle] | None = None
         dispatcher.watcher = self
         if broker is not None:
             broker.listeners.append(self._on_prompt)
@@ -251,15 +259,67 @@ class Console:
         """Start telling `subscriber`; returns the snapshot to start from. A UI that
         `asks` (answers prompts) counts as attached for the broker."""
         self._subscribers.append(subscriber)
-        if asks and self.broker is not None and not self.broker.always_attached:
-            self.broker.attach()
+        if asks:
+            self._asking_uis += 1
+            if self.broker is not None and not self.broker.always_attached:
+                self.broker.attach()
         return self.snapshot()
 
     def unsubscribe(self, subscriber: Subscriber, *, asks: bool = True) -> None:
         if subscriber in self._subscribers:
             self._subscribers.remove(subscriber)
-            if asks and self.broker is not None and not self.broker.always_attached:
-                self.broker.detach()
+            if asks:
+                self._asking_uis -= 1
+                if self.broker is not None and not self.broker.always_attached:
+                    self.broker.detach()
+                if self._draw is not None:  # a UI gone shows nothing any more
+                    self._drawn(self._draw[0])
+
+    def screens_drawn(self, then: Callable[[], None]) -> bool:
+        """Ask each attached UI to say once its screen shows what it was told so far
+        (a prompt that closed, off it), and call `then` once all have, or DRAWN_WITHIN_S
+        from now at the latest (a UI that never says: an older one, or hung). The
+        desktop stays held meanwhile: released as a prompt closed, a screenshot showed
+        it still drawn (review26 H9). False, and `then` never called, with no UI
+        attached. A newer ask replaces one still waiting. On the loop's thread."""
+        if self._draw is not None:
+            self._draw[3].cancel()
+            self._draw = None
+        if self._asking_uis <= 0:
+            return False
+        self._draws += 1
+        seq = self._draws
+        timer = asyncio.get_running_loop().call_later(DRAWN_WITHIN_S, self._drawn_late, seq)
+        self._draw = (seq, self._asking_uis, then, timer)
+        # Told after what the UIs are told of the same prompt event (the console's own
+        # listener may come after the caller's): the prompt's close reaches them first.
+        asyncio.get_running_loop().call_soon(self._tell, {"type": "draw_check", "seq": seq})
+        return True
+
+    def _drawn(self, seq: object) -> None:
+        """One UI's screen is drawn up to the ask `seq` (or it went)."""
+        if self._draw is None or self._draw[0] != seq:
+            return
+        _seq, due, then, timer = self._draw
+        if due > 1:
+            self._draw = (seq, due - 1, then, timer)
+            return
+        timer.cancel()
+        self._draw = None
+        then()
+
+    def _drawn_late(self, seq: int) -> None:
+        if self._draw is None or self._draw[0] != seq:
+            return
+        log.warning(
+            "%d UI(s) did not say within %g s that a closed prompt is off their screen; "
+            "the desktop is let go all the same",
+            self._draw[1],
+            DRAWN_WITHIN_S,
+        )
+        then = self._draw[2]
+        self._draw = None
+        then()
 
     def _tell_plan(self, plan: str) -> None:
         """A UI is told of the one plan that changed (its row, or None: no longer
@@ -431,6 +491,9 @@ class Console:
         try:
             if op == "decide":
                 return self._decide(command)
+            if op == "drawn":
+                self._drawn(command.get("seq"))
+                return {"ok": True}
             if op == "kill":
                 plan = _text(command, "plan")
                 stopped = self.dispatcher.kill_plan(plan, "killed from the UI", "ui")

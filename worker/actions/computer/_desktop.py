@@ -471,6 +471,10 @@ class Desktop:
     def refuse_own(self, window: Window, what: str) -> None:
         own_ui(self.ui_pids()).refuse(window.id, window.pid, what)
 
+    def held(self) -> bool:
+        """Input and screenshots wait (`hold`)."""
+        return self._asking is not None
+
     def hold(self, why: str | None) -> None:
         """While the person is asked to approve something (`why`), input actions and
         screenshots wait for their answer, and an input action running stops at its
