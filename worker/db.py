@@ -457,6 +457,7 @@ class Checkpointer:
         self._bytes = 0  # what they wrote, about (likewise)
         self._stopping = threading.Event()
         self._written = threading.Event()
+        self._scrub = False  # the next round empties the log to nothing (`scrub`)
         self._log = self._path.with_name(self._path.name + "-wal")
         self._rounds = 0
         self._changed = threading.Condition()
@@ -478,6 +479,15 @@ class Checkpointer:
         self._bytes += written_bytes
         if self._commits == 1 or self._commits >= self._every or self._bytes >= self._every_bytes:
             self._written.set()
+
+    def scrub(self) -> None:
+        """Make the next round empty the log to nothing (a TRUNCATE checkpoint), not
+        only copy it in: rows rewritten to leave no trace (a secret masked) still lie
+        whole in the log's older frames, which a PASSIVE round leaves for later writes
+        to overwrite, and an idle database keeps for good (review26 H3). It briefly
+        holds writers back, so only as asked. Any thread."""
+        self._scrub = True
+        self.wake()
 
     def _full(self) -> bool:
         return self._commits >= self._every or self._bytes >= self._every_bytes
@@ -511,11 +521,16 @@ class Checkpointer:
                     st = self._log.stat()
                 except FileNotFoundError:
                     continue
-                if (st.st_mtime_ns, st.st_size) != seen:
+                scrub, self._scrub = self._scrub, False
+                if scrub or (st.st_mtime_ns, st.st_size) != seen:
                     try:
                         if own is None:
                             own = sqlite3.connect(f"{self._path.as_uri()}?mode=rw", uri=True)
-                        own.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                        mode = "TRUNCATE" if scrub else "PASSIVE"
+                        busy, _log, _done = own.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+                        if scrub and busy:  # readers or a writer held it: a round again
+                            self._scrub = True
+                            self._written.set()
                         seen = (st.st_mtime_ns, st.st_size)
                     except (sqlite3.Error, OSError) as exc:  # busy or gone: next commit
                         log.debug("checkpoint of %s skipped: %s", self._path, exc)

@@ -103,6 +103,26 @@ def test_secret_looking_response_headers_are_masked_and_the_rest_kept() -> None:
     ) == [("Location", "https://app.example/cb?code=***#***"), ("X-Note", "Bearer ***")]
 
 
+def test_relative_references_in_url_headers_are_masked_too() -> None:
+    """review26 H2: URLs were found by their scheme, so a relative Location, a Refresh's
+    url= or a Link's reference kept an OAuth code or a ticket whole."""
+    assert masked_headers(
+        [
+            ("Location", "/cb?code=abc&state=xyz#frag"),
+            ("Content-Location", "//cdn.example/f?sig=abc"),
+            ("Refresh", "0;url=/x?ticket=abc"),
+            ("Link", '</p?cursor=abc>; rel="next", </q?a>; rel="prev"'),
+            ("X-Note", "what?yes"),
+        ]
+    ) == [
+        ("Location", "/cb?code=***&state=***#***"),
+        ("Content-Location", "//cdn.example/f?sig=***"),
+        ("Refresh", "0;url=/x?ticket=***"),
+        ("Link", '</p?cursor=***>; rel="next", </q?***>; rel="prev"'),
+        ("X-Note", "what?yes"),
+    ]
+
+
 def test_a_fetch_result_with_nothing_to_mask_has_no_form_at_rest() -> None:
     assert _fetched().at_rest() is None
     kept = _fetched(
@@ -142,6 +162,26 @@ def test_the_ledger_keeps_a_result_whole_until_its_ack_then_masked(tmp_path: Pat
     assert not answer.result_json_at_rest
     state.close()
     assert _files_hold(tmp_path, SECRET) == [], "the whole form is zeroed where it lay"
+
+
+def test_the_ledger_empties_its_log_of_a_whole_result_once_masked(tmp_path: Path) -> None:
+    """review26 H3: the row was masked and zeroed where it lay, but the log's older
+    frames held the whole result (cookie, token) while the worker ran, an idle one for
+    good. A masking ack has the checkpointer empty the log at its next round."""
+    state = State(tmp_path / "state.db")
+    for n in range(3):
+        cid = f"fetch-{n}"
+        result = _result(cid)
+        assert state.begin(cid, DIGEST, "p").seen is Seen.NEW
+        state.finish(cid, result.SerializeToString(), b"ok", _kept_bytes(result))
+    assert "state.db-wal" in _files_hold(tmp_path, SECRET)
+    state.ack([f"fetch-{n}" for n in range(3)])
+    checkpointer = getattr(state.connection, "checkpointer", None)
+    assert checkpointer is not None
+    assert checkpointer.wait_for(lambda: _files_hold(tmp_path, SECRET) == [], 30), _files_hold(
+        tmp_path, SECRET
+    )
+    state.close()
 
 
 def test_the_ledger_keeps_a_held_result_masked_once_acked(tmp_path: Path) -> None:

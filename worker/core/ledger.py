@@ -681,7 +681,8 @@ class State:
     def _mask_acked(self, correlation_ids: list[str]) -> None:
         """Acked results (inside the ack's transaction) in the form kept at rest. The
         whole one's bytes are zeroed where it lay (secure_delete, for this statement
-        only: every ack's freed blob pages zeroed too would cost each ack a write)."""
+        only: every ack's freed blob pages zeroed too would cost each ack a write), and
+        the log that held it is emptied at the checkpointer's next round (`scrub`)."""
         self._db.execute("PRAGMA secure_delete = ON")
         try:
             done = self._db.execute(
@@ -694,6 +695,9 @@ class State:
         finally:
             self._db.execute("PRAGMA secure_delete = OFF")
         self._masked_at_ack.difference_update(cid for (cid,) in done)
+        checkpointer = getattr(self._db, "checkpointer", None)
+        if done and checkpointer is not None:
+            checkpointer.scrub()  # the whole result's frames in the log too (review26 H3)
 
     @property
     def unacked_bytes(self) -> int:

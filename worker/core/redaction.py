@@ -521,9 +521,34 @@ def masked_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     fragment, an auth scheme's credentials, a token-shaped value). Names stay: they say
     what came, not what it held."""
     return [
-        (name, MASK if _SECRET_HEADER.search(name) else masked_text(value))
+        (name, MASK if _SECRET_HEADER.search(name) else _header_value_masked(name, value))
         for name, value in headers
     ]
+
+
+# Headers whose value is (or holds) a URL reference, often a relative one (`/cb?code=`,
+# `0;url=/x?ticket=`, `</p?cursor=>`): masked_text finds only URLs with a scheme.
+_URL_HEADERS: Final = frozenset({"location", "content-location", "refresh", "link"})
+_QUERY: Final = re.compile(r"\?([^\s<>\"'#;,]*)")
+_FRAGMENT: Final = re.compile(r"#[^\s<>\"';,]+")
+
+
+def _header_value_masked(name: str, value: str) -> str:
+    """A header's value as kept at rest: `masked_text`, and in a URL-valued header the
+    query values and fragment of every reference, relative ones too (review26 H2)."""
+    value = masked_text(value)
+    if name.lower() not in _URL_HEADERS:
+        return value
+    value = _QUERY.sub(lambda found: "?" + _query_masked(found.group(1)), value)
+    return _FRAGMENT.sub(f"#{MASK}", value)
+
+
+def _query_masked(query: str) -> str:
+    return "&".join(
+        f"{field.partition('=')[0]}={MASK}" if "=" in field else MASK
+        for field in query.split("&")
+        if field
+    )
 
 
 # In a message: a secret-looking flag and the value after it (`--password hunter2`),
