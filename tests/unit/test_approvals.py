@@ -458,10 +458,13 @@ def test_a_lift_waiting_for_its_confirmation_holds_the_desktops_input(tmp_path: 
 
     class Desktop:  # what the desktop is told, as worker.app wires it
         def __init__(self) -> None:
-            self.held: list[str | None] = []
+            self.told: list[str | None] = []
 
         def hold(self, why: str | None) -> None:
-            self.held.append(why)
+            self.told.append(why)
+
+        def held(self) -> bool:
+            return bool(self.told) and self.told[-1] is not None
 
     async def scenario() -> None:
         rig = Rig(tmp_path)
@@ -469,9 +472,9 @@ def test_a_lift_waiting_for_its_confirmation_holds_the_desktops_input(tmp_path: 
         hold_desktop_while_asking(rig.console, desktop)  # type: ignore[arg-type]
         assert rig.console.handle({"op": "kill", "plan": "p"})["ok"]
         asked = rig.console.handle({"op": "lift", "plan": "p"})
-        assert desktop.held[-1] is not None and "lifting a kill" in desktop.held[-1]
+        assert desktop.told[-1] is not None and "lifting a kill" in desktop.told[-1]
         kept = rig.console.handle({"op": "confirm_lift", "confirm": asked["confirm"], "yes": False})
-        assert not kept["ok"] and desktop.held[-1] is None
+        assert not kept["ok"] and desktop.told[-1] is None
         assert rig.dispatcher.state.killed("p") is not None
         again = rig.console.handle({"op": "confirm_lift", "confirm": asked["confirm"], "yes": True})
         assert not again["ok"], "a confirmation answers once"
