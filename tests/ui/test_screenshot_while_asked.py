@@ -10,7 +10,7 @@ real desktop (Xvfb with openbox, a Tk window on it)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,11 +48,34 @@ def desktop(xserver: XServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         held.close()
 
 
+LOOKER = GrantSection(agent="looker", scopes=["workerComputer.screenshot"])
+
+
+def on_the_tui(
+    tmp_path: Path,
+    xserver: XServer,
+    desktop: Desktop,
+    scenario: Callable[[Rig, WorkerApp, Pilot[None]], Awaitable[None]],
+) -> None:
+    """`scenario` with the rig's worker on `desktop` (agent looker granted screenshots),
+    its TUI driven by Pilot, a Tk window on the screen."""
+
+    async def go() -> None:
+        rig = Rig(tmp_path, grants=[LOOKER], desktop=desktop)
+        try:
+            app = WorkerApp(rig.link(), notifier=silent, clock=MovableClock())
+            async with app.run_test(size=(100, 30)) as pilot:
+                await scenario(rig, app, pilot)
+        finally:
+            rig.close()
+
+    with tk_app(xserver):
+        asyncio.run(go())
+
+
 def test_a_screenshot_waits_for_the_persons_answer_to_another_agents_ask(
     tmp_path: Path, xserver: XServer, desktop: Desktop
 ) -> None:
-    looker = GrantSection(agent="looker", scopes=["workerComputer.screenshot"])
-
     async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
         asked = rig.call("fs_write", '{"path": "notes.txt", "mode": "create"}', agent="writer")
         await answerable(app, pilot)  # the writer's ask is on the screen
@@ -71,17 +94,7 @@ def test_a_screenshot_waits_for_the_persons_answer_to_another_agents_ask(
         )
         assert again.status == pb.ActionResult.OK
 
-    async def go() -> None:
-        rig = Rig(tmp_path, grants=[looker], desktop=desktop)
-        try:
-            app = WorkerApp(rig.link(), notifier=silent, clock=MovableClock())
-            async with app.run_test(size=(100, 30)) as pilot:
-                await scenario(rig, app, pilot)
-        finally:
-            rig.close()
-
-    with tk_app(xserver):  # a window on the screen
-        asyncio.run(go())
+    on_the_tui(tmp_path, xserver, desktop, scenario)
 
 
 def test_a_screenshot_held_by_a_prompt_waits_until_the_ui_has_drawn_it_away(
@@ -92,7 +105,6 @@ def test_a_screenshot_held_by_a_prompt_waits_until_the_ui_has_drawn_it_away(
     it showed the prompt (4 in 10 runs with a real terminal). The worker now asks each
     attached UI to say once its screen is drawn without it; the screenshot waits for
     that, or for DRAWN_WITHIN_S from a UI that never says."""
-    looker = GrantSection(agent="looker", scopes=["workerComputer.screenshot"])
     may_say: asyncio.Event | None = None
     real_send = WorkerApp._send_drawn
 
@@ -123,17 +135,7 @@ def test_a_screenshot_held_by_a_prompt_waits_until_the_ui_has_drawn_it_away(
         assert taken.status == pb.ActionResult.OK, taken.error.message
         assert not desktop.held()
 
-    async def go() -> None:
-        rig = Rig(tmp_path, grants=[looker], desktop=desktop)
-        try:
-            app = WorkerApp(rig.link(), notifier=silent, clock=MovableClock())
-            async with app.run_test(size=(100, 30)) as pilot:
-                await scenario(rig, app, pilot)
-        finally:
-            rig.close()
-
-    with tk_app(xserver):
-        asyncio.run(go())
+    on_the_tui(tmp_path, xserver, desktop, scenario)
 
 
 def test_a_ui_that_never_says_its_screen_is_drawn_holds_screenshots_a_bounded_time(
@@ -141,7 +143,6 @@ def test_a_ui_that_never_says_its_screen_is_drawn_holds_screenshots_a_bounded_ti
 ) -> None:
     """An older UI, or a hung one, never says: the desktop is let go DRAWN_WITHIN_S
     after the prompt closed, not held for good."""
-    looker = GrantSection(agent="looker", scopes=["workerComputer.screenshot"])
     monkeypatch.setattr(WorkerApp, "_send_drawn", lambda _app, _seq: None)
     monkeypatch.setattr(console_module, "DRAWN_WITHIN_S", 0.05)
 
@@ -155,14 +156,4 @@ def test_a_ui_that_never_says_its_screen_is_drawn_holds_screenshots_a_bounded_ti
         assert taken.status == pb.ActionResult.OK, taken.error.message
         assert rig.code(asked) == "scope_denied" and not desktop.held()
 
-    async def go() -> None:
-        rig = Rig(tmp_path, grants=[looker], desktop=desktop)
-        try:
-            app = WorkerApp(rig.link(), notifier=silent, clock=MovableClock())
-            async with app.run_test(size=(100, 30)) as pilot:
-                await scenario(rig, app, pilot)
-        finally:
-            rig.close()
-
-    with tk_app(xserver):
-        asyncio.run(go())
+    on_the_tui(tmp_path, xserver, desktop, scenario)
