@@ -95,10 +95,12 @@ def _kept(text: str) -> tuple[str, int]:
 
 
 def _args_kept(args_json: str) -> tuple[str, int]:
-    """`_kept` of the args masked (redaction.args_masked): whole when short, else their
-    head as text, so a call's 1 MiB of args costs no parse here."""
-    head = args_json if len(args_json) <= 4 * RESULT_PREVIEW else args_json[:RESULT_PREVIEW]
-    return args_masked(head)[:RESULT_PREVIEW], len(args_json)
+    """What a row keeps of the args before it masks them (`_Seen.masked_args`): whole
+    when short, else their head (masked as text then), so 1 MiB of args is never
+    parsed for a row; and their length."""
+    if len(args_json) <= 4 * RESULT_PREVIEW:
+        return args_json, len(args_json)
+    return args_json[:RESULT_PREVIEW], len(args_json)
 
 
 def _masked(kept: tuple[str, int], secrets: tuple[str, ...]) -> tuple[str, int]:
@@ -127,8 +129,8 @@ class _Seen:
         "args",
         "end",
         "id",
+        "masked",
         "plan_id",
-        "secrets",
         "started_ms",
         "task_id",
     )
@@ -140,11 +142,9 @@ class _Seen:
         self.plan_id = req.plan_id
         self.task_id = req.task_id
         self.action = f"{req.surface}.{req.action}"
-        # Masked, as a recording keeps them: a row is drawn on a screen other agents'
-        # screenshots may read (review26 H6). The argv's passwords are masked in the
-        # result too (a program may print its argv).
+        # Raw until a UI is told of the call, then masked once (`masked_args`).
         self.args = _args_kept(req.args_json)
-        self.secrets = argv_secrets(req.args_json)
+        self.masked: tuple[tuple[str, int], tuple[str, ...]] | None = None
         # Once finished: the result's status, duration, decision, result and error
         # texts, blob size and its telemetry's fields.
         self.end: tuple[Any, ...] | None = None
@@ -156,12 +156,9 @@ class _Seen:
             result.error.code if failed else "ok",
             inv.duration_ms,
             inv.decision,
-            # As kept at rest (an http_fetch's Set-Cookie masked), then as a preview
-            # masks text, for the same reason.
-            _masked(
-                _kept("" if failed else result.result_json_at_rest or result.result_json),
-                self.secrets,
-            ),
+            # As kept at rest (an http_fetch's Set-Cookie masked): masked as text too
+            # once a UI is told of it (`row`).
+            _kept("" if failed else result.result_json_at_rest or result.result_json),
             blob_bytes,
             _kept(result.error.message if failed else ""),
             {
@@ -174,9 +171,21 @@ class _Seen:
             },
         )
 
+    def masked_args(self) -> tuple[tuple[str, int], tuple[str, ...]]:
+        """The args as a row shows them, masked as a recording keeps them
+        (redaction.args_masked), and the passwords their argv holds: a row is drawn on
+        a screen other agents' screenshots may read (review26 H6). Made once, when a UI
+        is first told of the call (most calls are never shown)."""
+        if self.masked is None:
+            head, length = self.args
+            shown = args_masked(head)[:RESULT_PREVIEW]
+            self.masked = (shown, length), argv_secrets(head)
+        return self.masked
+
     def row(self) -> dict[str, Any]:
-        """The call as a UI shows it: plain JSON-able data, every text made inert (the
-        raw plan id besides, as a key)."""
+        """The call as a UI shows it: plain JSON-able data, every text made inert and
+        the args and result masked (the raw plan id besides, as a key)."""
+        args, secrets = self.masked_args()
         row: dict[str, Any] = {
             "id": self.id,
             "started_ms": self.started_ms,
@@ -190,7 +199,7 @@ class _Seen:
             "action": inert(self.action, 200),
             "status": "running",
             "duration_ms": None,
-            "args": _shown(self.args),
+            "args": _shown(args),
         }
         if self.end is not None:
             status, duration_ms, decision, result, blob_bytes, error, telemetry = self.end
@@ -199,7 +208,7 @@ class _Seen:
                     "status": status,
                     "duration_ms": duration_ms,
                     "decision": inert(decision, 200),
-                    "result": _shown(result),
+                    "result": _shown(_masked(result, secrets)),
                     "blob_bytes": blob_bytes,
                     "error": _shown(error),
                     "telemetry": telemetry,
