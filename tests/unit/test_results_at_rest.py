@@ -123,6 +123,24 @@ def test_relative_references_in_url_headers_are_masked_too() -> None:
     ]
 
 
+def test_a_query_holding_separators_is_masked_to_the_end_of_its_reference() -> None:
+    """A query stopped at `,` or `;` (review26's residual): in a Link reference the rest
+    of `cursor=abc,secret` stayed whole; in a Location a `;` ended it too."""
+    assert masked_headers(
+        [
+            ("Link", '</p?cursor=abc,def;ghi#x,y>; rel="next", </q?b=1>; rel="prev"'),
+            ("Location", "/cb?code=abc;def,ghi&state=x,y"),
+            ("Content-Location", "/f?sig=a;b#frag;more"),
+            ("Refresh", "5; URL=/x?ticket=abc,def;ghi"),
+        ]
+    ) == [
+        ("Link", '</p?cursor=***#***>; rel="next", </q?b=***>; rel="prev"'),
+        ("Location", "/cb?code=***&state=***"),
+        ("Content-Location", "/f?sig=***#***"),
+        ("Refresh", "5; URL=/x?ticket=***"),
+    ]
+
+
 def test_a_fetch_result_with_nothing_to_mask_has_no_form_at_rest() -> None:
     assert _fetched().at_rest() is None
     kept = _fetched(

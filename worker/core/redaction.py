@@ -527,8 +527,14 @@ def masked_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 # Headers whose value is (or holds) a URL reference, often a relative one (`/cb?code=`,
-# `0;url=/x?ticket=`, `</p?cursor=>`): masked_text finds only URLs with a scheme.
-_URL_HEADERS: Final = frozenset({"location", "content-location", "refresh", "link"})
+# `0;url=/x?ticket=`, `</p?cursor=>`): masked_text finds only URLs with a scheme. A
+# Location's (Content-Location's) whole value is one reference, a Refresh's what follows
+# its `url=`, a Link's each `<…>`: a query there ends only where the reference does, so
+# one holding `,` or `;` is masked whole.
+_WHOLE_REFERENCE: Final = frozenset({"location", "content-location"})
+_REFRESH_URL: Final = re.compile(r"(\burl\s*=\s*)(.*)", re.I | re.S)
+_LINK_REFERENCE: Final = re.compile(r"<([^>]*)>")
+# Elsewhere in a Link (its parameters), a query ends at the separators around it.
 _QUERY: Final = re.compile(r"\?([^\s<>\"'#;,]*)")
 _FRAGMENT: Final = re.compile(r"#[^\s<>\"';,]+")
 
@@ -537,10 +543,24 @@ def _header_value_masked(name: str, value: str) -> str:
     """A header's value as kept at rest: `masked_text`, and in a URL-valued header the
     query values and fragment of every reference, relative ones too (review26 H2)."""
     value = masked_text(value)
-    if name.lower() not in _URL_HEADERS:
+    name = name.lower()
+    if name in _WHOLE_REFERENCE:
+        return _reference_masked(value)
+    if name == "refresh":
+        return _REFRESH_URL.sub(lambda m: m.group(1) + _reference_masked(m.group(2)), value)
+    if name != "link":
         return value
+    value = _LINK_REFERENCE.sub(lambda m: f"<{_reference_masked(m.group(1))}>", value)
     value = _QUERY.sub(lambda found: "?" + _query_masked(found.group(1)), value)
     return _FRAGMENT.sub(f"#{MASK}", value)
+
+
+def _reference_masked(reference: str) -> str:
+    """One URL reference with its query values and fragment masked to its end."""
+    reference, hash_sign, _fragment = reference.partition("#")
+    path, question, query = reference.partition("?")
+    masked = path + (question and "?" + _query_masked(query))
+    return masked + (hash_sign and f"#{MASK}")
 
 
 def _query_masked(query: str) -> str:
