@@ -335,3 +335,25 @@ def test_a_shared_folder_seen_through_a_bind_mount_is_still_refused(
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"lies in {shared}" in done.stderr, done.stderr
     assert not (home / "workspace/replay-demo").exists()
+
+
+def test_a_folder_inside_a_shared_one_bind_mounted_elsewhere_is_refused(
+    home: Path, demo: Path, tmp_path: Path
+) -> None:
+    """A bind mount of a folder inside the shared one has an identity of its own, so
+    the walk up from the script never met the shared folder's (review26's residual).
+    The mount table shows which folder of which file system it is."""
+    shared = home / "workspace"
+    shutil.copytree(demo.parent, shared / "deep" / "recordings")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    inside = shared / "deep" / "recordings"
+    argv = ["bwrap", "--dev-bind", "/", "/", "--bind", str(inside), str(elsewhere)]
+    argv += [sys.executable, "-m", "worker", "replay", str(elsewhere / demo.name)]
+    argv += ["--grants", str(demo.parent / "grants.toml")]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ}, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"lies in {shared}" in done.stderr, done.stderr
+    assert not (home / "workspace/replay-demo").exists()
