@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_local_link import up
+from tests.support.cluster import cluster
 from tests.support.http_server import TestServer
 from worker.hub.server import Hub
 from worker.wire.proto import agentworker_pb2 as pb
@@ -98,3 +99,56 @@ def test_a_responses_secrets_reach_the_caller_and_leave_nothing_at_rest(
     ]
     assert held == [], "the token is at rest"
     assert not first.result_json_at_rest, "the stores' form is not the caller's"
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["up", "hub+run"])
+def test_a_repeat_of_a_bodyless_fetch_says_its_secrets_are_masked(
+    tmp_path: Path, server: TestServer, local: bool
+) -> None:
+    """A fetch answered with headers alone (a sign-in's 204) has no blob to say it is
+    gone: its repeat, the documented safe retry after a lost answer, was answered OK
+    with `Set-Cookie: ***` as if the server had sent that (review26 H7). It answers
+    `blob_gone` now, the masked outcome in its details, flagged `masked`."""
+    secret = f"RESPSECRET{uuid.uuid4().hex[:12]}"
+    cid = uuid.uuid4().hex
+    fetch = _fetch(server.url("/login-no-body") + f"?secret={secret}", cid)
+    allowed = f'[http]\nallow_hosts = ["127.0.0.1:{server.port}"]\n'
+
+    async def scenario() -> tuple[pb.ActionResult, pb.ActionResult]:
+        async with up(tmp_path, local=local, extra_config=allowed) as (hub, _link, _worker):
+            first = await _dispatch(hub, fetch)
+            await _until(lambda: _acked(tmp_path / "state.db", cid))
+            hub.store.flush()
+            return first, await _dispatch(hub, fetch)
+
+    first, again = asyncio.run(scenario())
+    assert first.status == pb.ActionResult.OK and not first.blob, first.error.message
+    assert dict(json.loads(first.result_json)["headers"])["X-Auth-Token"] == secret
+    assert again.replayed and again.error.code == "blob_gone", again
+    details = json.loads(again.error.details_json)
+    assert details["masked"] is True and details["status"] == "ok"
+    assert dict(details["result"]["headers"])["Set-Cookie"] == "***"
+    assert "masked" in again.error.message and "new correlation id" in again.error.message
+    assert not again.error.retryable, "the same id never brings them back"
+
+
+def test_agentworker_call_tells_the_person_a_repeat_shows_masked_secrets(
+    tmp_path: Path, server: TestServer
+) -> None:
+    """`agentworker call --id` again (its help: "reuse one to retry safely") prints the
+    record with its secrets masked; it fails, and says on stderr that the *** are not
+    what the server sent and how to get them (review26 H7)."""
+    secret = f"RESPSECRET{uuid.uuid4().hex[:12]}"
+    args = json.dumps({"url": server.url("/login-no-body") + f"?secret={secret}"})
+    allowed = f'[http]\nallow_hosts = ["127.0.0.1:{server.port}"]\n'
+    with cluster(tmp_path, extra_config=allowed) as c:
+        call = ("call", "http_fetch", args, "--agent", "tester", "--id", "login-1")
+        first = c.cli(*call)
+        again = c.cli(*call)
+    assert first.returncode == 0 and secret in first.stdout, first.stdout + first.stderr
+    assert "masked" not in first.stderr
+    assert again.returncode != 0, again.stdout
+    shown = json.loads(again.stdout)
+    assert shown["error"]["code"] == "blob_gone" and shown["error"]["details"]["masked"] is True
+    assert secret not in again.stdout
+    assert "not what the server sent" in again.stderr and "new --id" in again.stderr

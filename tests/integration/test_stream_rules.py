@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import release, write_config
+from tests.support.http_server import TestServer
 from tests.support.scripted_hub import TOKEN, ScriptedHub
 from worker import app
 from worker.config import Paths, load
@@ -449,6 +450,35 @@ def test_a_large_effect_free_result_is_not_kept_past_its_ack_and_a_late_duplicat
             assert ack.kind in (pb.ActionAck.STARTED, pb.ActionAck.DUPLICATE_DONE)
 
     play(tmp_path, scenario)
+
+
+def test_a_late_duplicate_of_a_fetch_kept_masked_says_so_not_ok(tmp_path: Path) -> None:
+    """Once acked, an http_fetch's secrets are kept masked in the ledger (review25 G10).
+    A duplicate then (a server that lost its record and sends the id again) was answered
+    OK from the ledger with `Set-Cookie: ***` as if the site had sent that (review26
+    H7): it answers `blob_gone` now, the masked outcome in details, flagged `masked`."""
+    with TestServer() as site:
+        fetch = json.dumps({"url": site.url("/login-no-body") + "?secret=SECRETz8Qm"})
+        allowed = f'[http]\nallow_hosts = ["127.0.0.1:{site.port}"]\n'
+
+        async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+            state = link.dispatcher.state
+            hub.request("f1", fetch, surface="workerHost", action="http_fetch")
+            first = await hub.next("result")
+            assert error_code(first) == "ok", first
+            assert dict(json.loads(first.result_json)["headers"])["X-Auth-Token"] == "SECRETz8Qm"
+            while not state.is_acked("f1"):  # the hub acks each result as it comes
+                await asyncio.sleep(0.01)
+            hub.request("f1", fetch, surface="workerHost", action="http_fetch")
+            again = await hub.next("result")
+            assert error_code(again) == "blob_gone" and again.replayed, again
+            details = json.loads(again.error.details_json)
+            assert details["masked"] is True and details["status"] == "ok"
+            assert dict(details["result"]["headers"])["X-Auth-Token"] == "***"
+            assert "masked" in again.error.message
+            assert len(link.dispatcher.telemetry.rows("f1")) == 1  # nothing ran again
+
+        play(tmp_path, scenario, {"extra_config": allowed})
 
 
 def test_calls_waiting_for_a_slot_when_the_budget_fills_do_not_run(tmp_path: Path) -> None:

@@ -100,12 +100,33 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
         # Flushed at once: a reader on a pipe has the answer now, not after the
         # channel, the event loop and the interpreter have closed (stdout on a pipe
         # is block-buffered and would wait for the exit).
-        print(json_shown(result_to_dict(response), indent=2), flush=True)
+        shown_result = result_to_dict(response)
+        print(json_shown(shown_result, indent=2), flush=True)
         if note:
             print(f"agentworker: {note}", file=sys.stderr)
+        if _masked_replay(shown_result):
+            print(
+                f"agentworker: call {shown(response.result.correlation_id)} already ran: this "
+                "is its record, not a new run, and its secrets (Set-Cookie, tokens) were "
+                "masked once delivered; the *** in it are not what the server sent. Run it "
+                "under a new --id to get them.",
+                file=sys.stderr,
+            )
         return EXIT_OK if ok else EXIT_FAILED
 
     return with_client(paths, args, body)
+
+
+def _masked_replay(shown_result: dict[str, Any]) -> bool:
+    """Whether a call's answer is its record with secrets masked (review26 H7): a person
+    reading the JSON could take the *** for the values, so stderr says so too."""
+    error = shown_result.get("error") or {}
+    details = error.get("details")
+    return (
+        error.get("code") == "blob_gone"
+        and isinstance(details, dict)
+        and bool(details.get("masked"))
+    )
 
 
 def _workers(paths: Paths, args: argparse.Namespace) -> int:

@@ -767,7 +767,7 @@ class Dispatcher:
                 self.results.send(pb.WorkerMessage(result=result_gone(cid)))
                 return
             cached = pb.ActionResult.FromString(begun.result or b"")
-            if begun.blob_gone:  # delivered, acked and let go: the outcome, without it
+            if begun.blob_gone or cached.masked:  # delivered, acked, let go or masked
                 self.results.send(pb.WorkerMessage(result=blob_gone(cached, begun.blob_bytes)))
                 return
             cached.replayed = True

@@ -1571,9 +1571,10 @@ class Hub:
     def _replay(self, call: StoredCall) -> pb.ActionResult:
         """A finished call's stored answer, for a caller repeating its id. A result blob
         kept because no caller had taken it goes to this one and is then let go; one
-        already delivered is gone, and the answer says so (`blob_gone`)."""
+        already delivered is gone, and the answer says so (`blob_gone`), as it does for
+        secrets kept masked since a caller had them (review26 H7)."""
         assert call.result is not None
-        if call.result_blob_gone:
+        if call.result_blob_gone or call.result.masked:
             return blob_gone(call.result, call.result_blob_bytes)
         replay = pb.ActionResult()
         replay.CopyFrom(call.result)

@@ -180,20 +180,41 @@ def carried_digest(req: pb.ActionRequest) -> str | None:
 
 
 def blob_gone(result: pb.ActionResult, blob_bytes: int) -> pb.ActionResult:
-    """The answer to a late duplicate of a finished call whose result blob is no
-    longer kept (it was delivered and acknowledged): the call's outcome, in the
-    error's details, and a `blob_gone` error saying the bytes went and what to do."""
+    """The answer to a late duplicate of a finished call whose result is no longer kept
+    whole: its blob was delivered and let go, or its secrets were delivered and are kept
+    masked (`result.masked`: an http_fetch's Set-Cookie and token headers, review26 H7).
+    The call's outcome as kept goes in the error's details, and a `blob_gone` error says
+    what went and what to do; it is never answered as an ordinary result, where `***`
+    would read as the values the server sent."""
     cid = result.correlation_id
     try:
         outcome: object = json.loads(result.result_json) if result.result_json else None
     except ValueError:
         outcome = result.result_json
+    masked = result.masked
+    secrets = (
+        "its secrets (response headers such as Set-Cookie and tokens) were delivered and "
+        "are kept masked, so this repeat carries its outcome (in details) with them shown "
+        "as ***, not as they were"
+    )
+    if blob_bytes and masked:
+        what = (
+            f"its result's {blob_bytes:,}-byte blob was delivered and is no longer kept, "
+            f"and {secrets}, without the bytes. To get the bytes and the secrets again"
+        )
+    elif masked:
+        what = f"{secrets}. To get them again"
+    else:
+        what = (
+            f"its result's {blob_bytes:,}-byte blob was delivered and is no longer kept, so "
+            "this repeat carries its outcome (in details) without the bytes. To get the "
+            "bytes again"
+        )
     error = WorkerError(
         "blob_gone",
-        f"call {cid} already ran and finished (ok); its result's {blob_bytes:,}-byte blob was "
-        "delivered and is no longer kept, so this repeat carries its outcome (in details) "
-        "without the bytes. To get the bytes again, run the call under a new correlation id.",
-        {"status": "ok", "result": outcome, "blob_bytes": blob_bytes},
+        f"call {cid} already ran and finished (ok); {what}, run the call under a new "
+        "correlation id.",
+        {"status": "ok", "result": outcome, "blob_bytes": blob_bytes, "masked": masked},
     )
     gone = pb.ActionResult(
         correlation_id=cid,
@@ -217,6 +238,7 @@ def at_rest(result: pb.ActionResult) -> pb.ActionResult | None:
     kept.CopyFrom(result)
     kept.result_json = kept.result_json_at_rest
     kept.ClearField("result_json_at_rest")
+    kept.masked = True  # a repeat answers `blob_gone`, saying so (blob_gone)
     return kept
 
 

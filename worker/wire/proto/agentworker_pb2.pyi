@@ -158,7 +158,7 @@ class Invocation(_message.Message):
     def __init__(self, invocation_id: _Optional[str] = ..., correlation_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., task_id: _Optional[str] = ..., surface: _Optional[str] = ..., action: _Optional[str] = ..., scope: _Optional[str] = ..., decision: _Optional[str] = ..., status: _Optional[str] = ..., error_code: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., duration_ms: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., truncated: _Optional[bool] = ..., sandboxed: _Optional[bool] = ..., args_digest: _Optional[str] = ..., args_preview: _Optional[str] = ...) -> None: ...
 
 class ActionResult(_message.Message):
-    __slots__ = ("correlation_id", "status", "result_json", "blob", "error", "invocation", "replayed", "result_json_at_rest")
+    __slots__ = ("correlation_id", "status", "result_json", "blob", "error", "invocation", "replayed", "result_json_at_rest", "masked")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[ActionResult.Status]
@@ -175,6 +175,7 @@ class ActionResult(_message.Message):
     INVOCATION_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     RESULT_JSON_AT_REST_FIELD_NUMBER: _ClassVar[int]
+    MASKED_FIELD_NUMBER: _ClassVar[int]
     correlation_id: str
     status: ActionResult.Status
     result_json: str
@@ -183,7 +184,8 @@ class ActionResult(_message.Message):
     invocation: Invocation
     replayed: bool
     result_json_at_rest: str
-    def __init__(self, correlation_id: _Optional[str] = ..., status: _Optional[_Union[ActionResult.Status, str]] = ..., result_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., invocation: _Optional[_Union[Invocation, _Mapping]] = ..., replayed: _Optional[bool] = ..., result_json_at_rest: _Optional[str] = ...) -> None: ...
+    masked: bool
+    def __init__(self, correlation_id: _Optional[str] = ..., status: _Optional[_Union[ActionResult.Status, str]] = ..., result_json: _Optional[str] = ..., blob: _Optional[bytes] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., invocation: _Optional[_Union[Invocation, _Mapping]] = ..., replayed: _Optional[bool] = ..., result_json_at_rest: _Optional[str] = ..., masked: _Optional[bool] = ...) -> None: ...
 
 class ScopeDecision(_message.Message):
     __slots__ = ("request_id", "granted", "scopes", "reason")
