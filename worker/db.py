@@ -65,7 +65,10 @@ _INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 # The checkpointer copies the log in after this many commits, or once they have
 # written this many bytes, or once commits have stopped for this long (see Checkpointer).
 CHECKPOINT_COMMITS = 64
-CHECKPOINT_BYTES = 16 * 1024 * 1024  # half of SQLite's own threshold (1,000 pages)
+CHECKPOINT_BYTES = 16 * 1024 * 1024
+# SQLite's own checkpoint, inside a commit on the writer's path, only past this much
+# log (in_commit_checkpoint_pages): a bound should the checkpointer fall behind.
+IN_COMMIT_CHECKPOINT_BYTES = 2 * CHECKPOINT_BYTES
 CHECKPOINT_QUIET_S = 1.0
 
 
@@ -235,11 +238,20 @@ def connect(path: Path, schema: str, *, convert: bool = False) -> Database:
     # A checkpoint copies the log into the database and fsyncs. SQLite runs it inside
     # whichever commit crosses its threshold, stalling that call for milliseconds; this
     # database's own checkpointer does it off the writers' path (sqlite3 releases the
-    # GIL meanwhile), so the in-commit one finds little left to do.
+    # GIL meanwhile). SQLite's threshold is set above the checkpointer's so that it
+    # stays a bound, not the rule (see Checkpointer).
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.execute(f"PRAGMA wal_autocheckpoint={in_commit_checkpoint_pages(page)}")
     conn.checkpointer = Checkpointer(path)
     # Dropped without close(): the thread still ends (without waiting for it here).
     weakref.finalize(conn, conn.checkpointer.stop, wait=False)
     return conn
+
+
+def in_commit_checkpoint_pages(page_bytes: int) -> int:
+    """Log pages at which SQLite checkpoints inside a commit: twice the checkpointer's
+    byte threshold, and never fewer than SQLite's own default (1,000)."""
+    return max(1000, IN_COMMIT_CHECKPOINT_BYTES // page_bytes)
 
 
 def _page_layout(conn: sqlite3.Connection, path: Path, convert: bool) -> None:
@@ -430,9 +442,13 @@ class Checkpointer:
     database's first commit since its last round wakes it (`wake`); while it waits
     for more it looks once per `quiet_s`, never per commit; an idle database costs no
     wake-ups at all. Under a stream of commits it runs at most one round per `gap_s`.
-    SQLite's own threshold (1,000 pages in the log, 32 MiB) still checkpoints inside a
-    commit should the log outgrow it first, so the log stays bounded; the bytes
-    counted keep large rows from reaching it first. Before they were counted, 64
+    SQLite's own threshold (`IN_COMMIT_CHECKPOINT_BYTES` of log, set at `connect`)
+    still checkpoints inside a commit should the log outgrow it first, so the log
+    stays bounded; the bytes counted keep large rows from reaching it first. SQLite's
+    default, 1,000 pages, was 32 MiB with 32 KiB pages but is 4 MiB with 4 KiB ones,
+    which a stream of small commits (each dirtying 10-30 pages of tables and indexes)
+    fills before 64 commits: at 64 Dispatches in flight through `up` the event loop
+    ran 28 fdatasyncs in 8 s (265 ms, up to 25 ms each) inside commits. Before they were counted, 64
     commits of a 10,000-entry fs_list's answer (1.5 MB each, stored by the hub and by
     the ledger) passed it every 21 listings, and the event loop copied 32 MiB into the
     database and waited for its fsyncs inside a commit (about a seventh of the

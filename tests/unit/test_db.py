@@ -173,6 +173,30 @@ def test_a_batch_of_commits_is_copied_in_without_waiting_for_quiet(tmp_path: Pat
         conn.close()
 
 
+def test_small_commits_leave_the_checkpoint_to_the_checkpointer(tmp_path: Path) -> None:
+    """SQLite's in-commit checkpoint came at 1,000 log pages, 4 MiB with 4 KiB pages:
+    small commits (10-30 pages each) reached it before the checkpointer's 64 commits,
+    and the event loop fsynced inside them. It comes now only past twice the
+    checkpointer's byte threshold."""
+    path = tmp_path / "small.db"
+    conn = db.connect(path, SCHEMA)
+    assert conn.checkpointer is not None
+    conn.checkpointer.stop()  # only SQLite's own checkpoint from here on
+    conn.checkpointer = None
+    try:
+        for _ in range(800):
+            conn.execute("INSERT INTO t VALUES (?)", (os.urandom(db.PAGE_BYTES // 2),))
+        other = sqlite3.connect(path)
+        try:
+            _busy, frames, _copied = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        finally:
+            other.close()
+        assert frames >= 1600, f"the log was restarted within the commits: {frames} frames"
+        assert frames * db.PAGE_BYTES < db.IN_COMMIT_CHECKPOINT_BYTES
+    finally:
+        db.close(conn)
+
+
 def test_each_database_has_its_own_checkpointer_thread(tmp_path: Path) -> None:
     first, second = db.connect(tmp_path / "a.db", SCHEMA), db.connect(tmp_path / "b.db", SCHEMA)
     try:
