@@ -5,6 +5,7 @@ desktop, and the person's controls: taking the desktop back, the stop hotkey,
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -84,6 +85,24 @@ def test_clicks_and_typing_reach_the_app(desk: Cluster, app: TkApp) -> None:
     typed = computer(desk, "key_type", '{"text": "héllo\\n世界"}')
     assert typed["result"] == {"characters": 8}
     app.wait_text("héllo\n世界")
+
+
+@pytest.mark.computer_config('[[grant]]\nagent = "mouser"\nscopes = ["workerComputer.mouse_*"]\n')
+def test_a_middle_click_needs_the_typing_scope_headless_too(desk: Cluster, app: TkApp) -> None:
+    """A middle click pastes the selection where the pointer is, a terminal too
+    (review26): with the mouse alone granted it is refused scope_required, naming
+    key_type and why; a left click is not."""
+    x, y = app.centre("left")
+    middle = json.dumps({"x": x, "y": y, "button": "middle"})
+    refused = computer(desk, "mouse_click", middle, agent_id="mouser")
+    assert refused["error"]["code"] == "scope_required", refused
+    message = refused["error"]["message"]
+    assert "workerComputer.key_type" in message and "pastes the selection" in message, message
+    left = computer(desk, "mouse_click", json.dumps({"x": x, "y": y}), agent_id="mouser")
+    assert left["status"] == "ok", left
+    app.wait(lambda e: e["event"] == "click" and e["widget"] == "left" and e["button"] == 1)
+    assert computer(desk, "mouse_click", middle)["status"] == "ok"  # tester: key_type granted
+    app.wait(lambda e: e["event"] == "click" and e["widget"] == "left" and e["button"] == 2)
 
 
 def test_worker_input_never_takes_over_but_another_clients_does(

@@ -10,42 +10,21 @@ real desktop (Xvfb with openbox, a Tk window on it)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 
-from tests.support.desktop import XServer, start_xvfb, tk_app
+from tests.support.desktop import XServer, tk_app
 from tests.ui.rig import MovableClock, Rig, answerable, silent, until
 from ui.app import WorkerApp
-from worker.actions.computer import Desktop, DesktopSettings, detect
+from worker.actions.computer import Desktop
 from worker.config import GrantSection
 from worker.core import console as console_module
-from worker.core.pause import PauseSwitch
 from worker.wire.proto import agentworker_pb2 as pb
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def xserver() -> Iterator[XServer]:
-    with start_xvfb(800, 600) as server:
-        yield server
-
-
-@pytest.fixture
-def desktop(xserver: XServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Desktop]:
-    for name, value in xserver.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    monkeypatch.delenv("XDG_SESSION_TYPE", raising=False)
-    settings = DesktopSettings(stop_hotkey="", takeover=False)
-    held = Desktop(detect(), PauseSwitch(tmp_path / "pause.json"), settings)
-    try:
-        yield held
-    finally:
-        held.close()
 
 
 LOOKER = GrantSection(agent="looker", scopes=["workerComputer.screenshot"])

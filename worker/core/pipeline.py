@@ -340,6 +340,8 @@ class _Steps(collections.abc.Coroutine[Any, Any, None]):
 
 # The rest of a stage that has to wait, awaited in the call's task.
 Later = Callable[[], Awaitable[None]]
+# Why the person is asked about a call's own scope (a prompt's "Why").
+OUTSIDE_GRANTS: Final = "a call outside the agent's grants"
 # A stage: does its part of the call now and returns None, or returns its rest (Later).
 Stage = Callable[[Call], "Later | None"]
 
@@ -1337,14 +1339,30 @@ class Dispatcher:
     def _check_scope(self, call: Call) -> Later | None:
         req, spec = call.req, call.spec
         assert spec is not None  # parse found it
-        if self.scopes.allowed(req.agent_id, spec.scope, req.plan_id):
+        also = {} if spec.also_needs is None else spec.also_needs(call.args)
+        missing = {
+            scope: why
+            for scope, why in ((spec.scope, OUTSIDE_GRANTS), *also.items())
+            if not self.scopes.allowed(req.agent_id, scope, req.plan_id)
+        }
+        if not missing:
             call.decision = "granted"
             return None
 
         async def ask() -> None:
             await _arrived(call)
-            request = self._approval_request(call, spec.scope, "a call outside the agent's grants")
-            call.decision = await self.scopes.require(request)
+            decisions = []
+            for scope, why in missing.items():  # in turn: each prompt names one scope
+                request = self._approval_request(call, scope, why)
+                try:
+                    decisions.append(await self.scopes.require(request))
+                except WorkerError as exc:
+                    if scope not in also:
+                        raise
+                    # The refusal says why this call needs a scope not its action's.
+                    message = f"{exc.message} This {spec.scope} needs it: {why}."
+                    raise WorkerError(exc.code, message, {**exc.details, "why": why}) from None
+            call.decision = decisions[-1]
 
         return ask
 

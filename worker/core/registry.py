@@ -251,6 +251,10 @@ class ActionSpec(Generic[A, R]):
     # answered as an effect-free one is (its result held, not recorded): nothing of it
     # took effect. A handler that never calls Context.claim must not say this.
     claims_late: bool = False
+    # The scopes a call needs beyond the action's own, by its args, each with why it
+    # does (shown in the prompt and the refusal): a middle click pastes the selection
+    # where the pointer is, a terminal too, which is typing (workerComputer.key_type).
+    also_needs: Callable[[A], Mapping[str, str]] | None = None
 
     @property
     def scope(self) -> str:

@@ -23,6 +23,22 @@ Modifiers = Annotated[list[KeyName], Field(max_length=8)]
 ButtonName = Literal["left", "right", "middle"]
 DurationMs = Annotated[int, Field(ge=0, le=60_000)]
 
+# The middle button pastes the primary selection where the pointer is (X11, and most
+# terminals elsewhere): text the agent selected (a drag over a page it opened) typed into
+# a terminal, where a newline in it runs the line. That is typing, so a middle click or
+# drag needs the typing scope too (review26), and its prompt says why.
+TYPING_SCOPE: Final = f"{SURFACE}.key_type"
+PASTES: Final = (
+    "the middle button pastes the selection into any window, a terminal too, as typing "
+    f"does: it needs {TYPING_SCOPE} as well"
+)
+
+
+def pastes(button: ButtonName) -> dict[str, str]:
+    """The scopes a click or drag with `button` needs beyond its own (ActionSpec.also_needs)."""
+    return {TYPING_SCOPE: PASTES} if button == "middle" else {}
+
+
 # Every computer action: no desktop here (or it is turned off).
 DESKTOP_CODES: Final = frozenset({ErrorCode.NOT_SUPPORTED})
 # Actions that take coordinates: a point on no monitor, or a stale screenshot_id.

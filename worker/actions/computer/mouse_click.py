@@ -18,6 +18,7 @@ from worker.actions.computer._shared import (
     InputResult,
     Modifiers,
     ShotId,
+    pastes,
 )
 from worker.core.registry import ActionSpec, Args, Context, Outcome
 from worker.errors import ErrorCode
@@ -60,6 +61,8 @@ SPEC: Final = ActionSpec(
     args=MouseClickArgs,
     result=InputResult,
     handler=mouse_click,
-    summary="click left/right/middle 1-3 times, holding modifiers",
+    summary="click left/right/middle 1-3 times, holding modifiers (middle pastes the "
+    "selection: it needs workerComputer.key_type too)",
     codes=POINTER_CODES | {ErrorCode.PERMISSION_DENIED},
+    also_needs=lambda args: pastes(args.button),
 )

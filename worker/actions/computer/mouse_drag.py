@@ -19,6 +19,7 @@ from worker.actions.computer._shared import (
     Modifiers,
     Point,
     ShotId,
+    pastes,
 )
 from worker.core.registry import ActionSpec, Args, Context, Outcome
 from worker.errors import ErrorCode
@@ -76,6 +77,8 @@ SPEC: Final = ActionSpec(
     args=MouseDragArgs,
     result=InputResult,
     handler=mouse_drag,
-    summary="press, move through the points (start/end or a path), release",
+    summary="press, move through the points (start/end or a path), release (the "
+    "middle button pastes: it needs workerComputer.key_type too)",
     codes=POINTER_CODES | {ErrorCode.PERMISSION_DENIED},
+    also_needs=lambda args: pastes(args.button),
 )
