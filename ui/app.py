@@ -12,6 +12,8 @@ again, which changes nothing of an inert text), as plain `Text`, never as markup
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import signal
 import sys
 import time
@@ -39,6 +41,8 @@ from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
 from ui.shown import cell_text, id_text, plan_shown, server_text, shown
 from worker.core.console import RECENT_CALLS, Event, Link
 from worker.errors import StartupError
+
+log = logging.getLogger(__name__)
 
 # Wide enough to put the detail pane beside the calls instead of under them.
 WIDE_COLUMNS = 120
@@ -258,6 +262,9 @@ class WorkerApp(App[None]):
         # When the last change came, and the oldest not drawn (monotonic; see QUIET_S).
         self._changed_at = self._undrawn_since = 0.0
         self._header: Static | None = None  # once mounted (see _alive)
+        # Input counts from this time on (monotonic): once the worker has this UI
+        # attached (`_take_input_from_now`).
+        self._input_from = math.inf
         self._table: CallsTable | None = None
 
     def get_driver_class(self) -> type[Driver]:
@@ -323,12 +330,38 @@ class WorkerApp(App[None]):
             self.failure = exc
             self.exit()
             return
+        self._take_input_from_now()
         # Compose the prompt screen now, not when the first prompt waits on it.
         await self.push_screen("approval")
         self.pop_screen()
         self._apply_snapshot(snapshot)
         self.set_interval(1.0, self._refresh_header)
         calls.focus()
+
+    def _take_input_from_now(self) -> None:
+        """The worker has this UI attached: input counts from now. Keys typed into the
+        terminal before (while the TUI started, or before it did: Textual reads what
+        waits there) are dropped unread, in the terminal and in Textual's queue
+        (`on_event`): until the worker knew this UI, key_type could type into its
+        terminal like any other, and those keys would act here ("s" resumed a global
+        stop) or wait for a prompt (review26)."""
+        discard = getattr(self._driver, "discard_typed_ahead", None)
+        if discard is not None:
+            discard()
+        self._input_from = time.monotonic()  # Textual's event clock (textual._time)
+
+    async def on_event(self, event: events.Event) -> None:
+        if self._typed_before_attach(event):
+            log.info("input typed before this UI attached dropped: %s", type(event).__name__)
+            return
+        await super().on_event(event)
+
+    def _typed_before_attach(self, event: events.Event) -> bool:
+        if not isinstance(event, (events.Key, events.Paste, events.MouseEvent)):
+            return False
+        if isinstance(event, events.Key) and event.key == "ctrl+c":
+            return False  # it quits: a person may press it while the attach hangs
+        return not event.is_forwarded and event.time < self._input_from
 
     def _receive(self, event: Event) -> None:
         self.post_message(ConsoleEvent(event))

@@ -7,11 +7,17 @@ terminal raises and ends it. Its queue then fills, and the next write, or the
 shutdown's, blocks the event loop for good (a wedged `agentworker up`, seen in CI).
 This driver resumes only onto a live terminal and drops output a dead one cannot
 take, so the worker stops as it should (worker/app.py, `hangup`).
+
+It can also drop what waits in the terminal's input unread (`discard_typed_ahead`):
+keys typed before the TUI attached to its worker, which would otherwise be read as
+typed into it (review26).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import termios
 from typing import IO, Any
 
 from textual.drivers.linux_driver import LinuxDriver
@@ -57,3 +63,9 @@ class HangupSafeDriver(LinuxDriver):
     def resume_application_mode(self) -> None:
         if os.isatty(self.fileno):  # a hung-up terminal fails the ioctl behind isatty
             super().resume_application_mode()
+
+    def discard_typed_ahead(self) -> None:
+        """Drop the keys waiting in the terminal's input, unread (tcflush)."""
+        with contextlib.suppress(OSError, termios.error):  # a hung-up terminal: nothing to drop
+            if os.isatty(self.fileno):
+                termios.tcflush(self.fileno, termios.TCIFLUSH)
