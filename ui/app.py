@@ -413,7 +413,7 @@ class WorkerApp(App[None]):
         elif kind == "prompt":
             self._prompt_waiting(event["prompt"])
         elif kind == "prompt_closed":
-            self._prompt_closed(str(event["prompt"]["id"]))
+            self._prompt_closed(str(event["prompt"]["id"]), event["prompt"])
         elif kind == "draw_check":
             self._confirm_drawn(event.get("seq"))
         elif kind == "link":
@@ -740,8 +740,13 @@ class WorkerApp(App[None]):
         self._next_prompt()
         self._refresh_header()
 
-    def _prompt_closed(self, prompt_id: str) -> None:
-        self.prompts.pop(prompt_id, None)
+    def _prompt_closed(self, prompt_id: str, closed: dict[str, Any]) -> None:
+        prompt = self.prompts.pop(prompt_id, None)
+        reason = str(closed.get("reason") or "")
+        withdrawn = reason.startswith("withdrawn: ")  # answered nowhere: say why it went
+        if withdrawn and prompt is not None and prompt.get("kind") == "scope_request":
+            agent = prompt.get("agent_id", "")
+            self._tell(f"agent {agent}'s scope request went away unanswered ({reason})")
         if self._modal is not None and self._modal.prompt_id == prompt_id:
             modal, self._modal = self._modal, None
             modal.leave(None)

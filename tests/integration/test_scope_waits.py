@@ -19,10 +19,12 @@ from typing import Any, cast
 
 import pytest
 
+from tests.integration.test_local_link import up
 from tests.integration.test_worker_trust import Rogue
 from tests.support.cluster import Cluster, free_port, write_config
 from worker import app
 from worker.config import PROMPT_TIMEOUT_MAX_S, Paths, UiSection, load
+from worker.core.approvals import ApprovalBroker, Choice, Decision
 from worker.hub import server
 from worker.hub.client import ControlClient
 from worker.hub.server import SCOPE_WAIT_MAX_MS, Hub
@@ -102,3 +104,67 @@ def test_a_scope_requests_wait_is_cut_to_the_longest_a_prompt_waits(
 
     answer = asyncio.run(scenario())
     assert not answer.granted and answer.reason == "no answer in time (waited 0.3 s)", answer
+
+
+def test_a_scope_request_whose_stream_ended_is_withdrawn_from_the_person(tmp_path: Path) -> None:
+    """review26: the hub answers a RequestScope "cancelled" as its worker's stream ends,
+    but the worker kept the prompt open, and the person's answer after the reconnect
+    went down the new stream as a decision on no request there (an unsolicited message,
+    a warning in the hub's log). The worker now withdraws the prompt as the stream ends:
+    it closes saying why, and nothing of it goes down the next stream. A real hub and
+    worker in this process, over loopback gRPC; the person is the broker's `decide`."""
+
+    async def scenario() -> None:
+        async with up(tmp_path, local=False) as (hub, _link, worker):
+            broker = ApprovalBroker(
+                worker.dispatcher.state, worker.dispatcher.telemetry, always_attached=True
+            )
+            worker.answer_scopes = broker.scope_request
+            told: list[tuple[str, dict[str, Any]]] = []
+            news = asyncio.Event()
+
+            def listen(kind: str, body: dict[str, Any]) -> None:
+                told.append((kind, body))
+                news.set()
+
+            broker.listeners.append(listen)
+            (worker_id,) = hub.sessions
+            asked = pb.RequestScopeRequest(
+                worker_id=worker_id, agent_id="agent-1", plan_id="p", scopes=["workerHost.fs_write"]
+            )
+            ask = asyncio.ensure_future(hub.request_scope(asked))
+            try:
+                while not broker.pending():  # the prompt is on the person's screen
+                    news.clear()
+                    await asyncio.wait_for(news.wait(), 20)
+                (prompt,) = broker.pending()
+                started = worker.sessions_started
+                hub.sessions[worker_id].close()  # the stream ends
+                answer = await asyncio.wait_for(ask, 20)
+                assert not answer.granted and "withdrew the question" in answer.reason, answer
+                while worker.sessions_started == started or not worker.connected.is_set():
+                    await asyncio.sleep(0.01)  # the worker is back, on a new stream
+                assert broker.pending() == [], "the prompt stays after its stream ended"
+                closed = [body for kind, body in told if kind == "prompt_closed"]
+                assert closed and closed[0]["reason"].startswith(
+                    "withdrawn: the server's stream ended"
+                ), closed
+                # The person answers what they saw: it no longer waits, nothing is sent.
+                late = broker.decide(prompt.id, Decision(Choice.DENY))
+                # A call through the new stream: anything sent before its answer has come.
+                done = pb.DispatchResponse.FromString(
+                    await hub.dispatch_serialized(_stat(), None)
+                ).result
+                assert done.status == pb.ActionResult.OK, done.error.message
+                assert late is None, "the person answered a request nobody waits for"
+                assert hub.sessions[worker_id].unsolicited == 0
+            finally:
+                broker.close_all("the test ends")
+
+    asyncio.run(scenario())
+
+
+def _stat() -> pb.DispatchRequest:
+    return pb.DispatchRequest(
+        agent_id="tester", surface="workerHost", action="fs_stat", args_json='{"path": "."}'
+    )

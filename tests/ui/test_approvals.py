@@ -21,6 +21,7 @@ from textual.widgets import Button, Static
 from tests.ui.rig import MovableClock, Rig, answerable, on_screen, silent, until
 from ui.app import WorkerApp
 from ui.approval import GRACE_S, ApprovalModal
+from worker.core.connection import SCOPE_REQUEST_EXPIRED
 from worker.wire.proto import agentworker_pb2 as pb
 
 
@@ -565,3 +566,24 @@ def test_once_for_the_calls_shown_leaves_later_ones_a_prompt_of_their_own(
         rig.close()
 
     asyncio.run(scenario())
+
+
+def test_a_scope_request_withdrawn_as_its_stream_ends_says_why(tmp_path: Path) -> None:
+    """The worker withdraws a server's ScopeRequest from the person as the stream it
+    came on ends: nobody waits for the answer any more (review26). The prompt leaves
+    the screen, and a notice says whose request went and why."""
+
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        asked = _ask(rig, scopes=["workerHost.fs_write"])
+        await answerable(app, pilot)
+        asked.cancel(SCOPE_REQUEST_EXPIRED)  # as WorkerConnection does at the stream's end
+        await until(lambda: _modal(app) is None, pilot)
+        notices = [str(n.message) for n in app._notifications]
+        assert any(
+            "agent planner's scope request went away unanswered (withdrawn: the server's "
+            "stream ended" in notice
+            for notice in notices
+        ), notices
+        assert rig.console.broker is not None and rig.console.broker.pending() == []
+
+    on_the_tui(tmp_path, scenario)

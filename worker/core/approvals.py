@@ -438,17 +438,19 @@ class ApprovalBroker:
         )
         try:
             return await waiter
-        except asyncio.CancelledError:
-            # The call went away (its deadline, a cancel, a kill): stop asking for it,
+        except asyncio.CancelledError as stopped:
+            # The call went away (its deadline, a cancel, a kill), or the server's
+            # request did (its stream ended: the cancel says so): stop asking for it,
             # on the prompt it waits on now ("once" for fewer calls moves the others
             # to a prompt of their own, `_rest`).
+            why = str(stopped.args[0]) if stopped.args else "the call ended"
             prompt = next((p for p in self._prompts.values() if waiter in p.waiters), prompt)
             with contextlib.suppress(ValueError):
                 prompt.waiters.remove(waiter)
             with contextlib.suppress(ValueError):
                 prompt.correlation_ids.remove(correlation_id)
             if not prompt.waiters and prompt.id in self._prompts:
-                self._close(prompt, Resolution(None, None, "withdrawn: the call ended"))
+                self._close(prompt, Resolution(None, None, f"withdrawn: {why}"))
             elif prompt.id in self._prompts:
                 self._tell("prompt", prompt.to_dict())
             raise

@@ -138,6 +138,14 @@ class LinkState:
         return {"state": self.state, "detail": self.detail, "retry_at_ms": self.retry_at_ms}
 
 
+# Why a ScopeRequest's prompt closed unanswered as its stream ended (its prompt's close
+# reason, after "withdrawn: "; see _withdraw_scope_requests).
+SCOPE_REQUEST_EXPIRED: Final = (
+    "the server's stream ended, and with it the server's wait for this answer; it was "
+    "told to ask again once the worker is connected"
+)
+
+
 # The server key of this data folder's own hub (`agentworker up`, or `run` with no
 # server named), before its token's digest: see local_hub_key.
 LOCAL_HUB: Final = "local-hub"
@@ -247,6 +255,8 @@ class WorkerConnection:
         self.on_state: Callable[[LinkState], None] = lambda _state: None
         # Who answers a server's ScopeRequest (the approval broker); None: refuse it.
         self.answer_scopes: Callable[[pb.ScopeRequest], Awaitable[pb.ScopeDecision]] | None = None
+        # The ScopeRequests of this session that wait for the person: withdrawn when it
+        # ends (`_withdraw_scope_requests`).
         self._answering: set[asyncio.Task[None]] = set()
         # Set when the server acks results, or the session ends: what `_flushed` waits on.
         self._acks_or_offline = asyncio.Event()
@@ -941,6 +951,9 @@ class WorkerConnection:
     ) -> None:
         try:
             decision = await answer(request)
+        except asyncio.CancelledError:
+            log.info("scope request %r withdrawn: %s", request.request_id, SCOPE_REQUEST_EXPIRED)
+            raise
         except Exception:
             log.exception("answering scope request %s failed", request.request_id)
             decision = self._refuse_scopes(request)
@@ -986,6 +999,18 @@ class WorkerConnection:
         self._acks_or_offline.set()
         self.dispatcher.outbox.detach()
         self.connected.clear()
+        self._withdraw_scope_requests()
+
+    def _withdraw_scope_requests(self) -> None:
+        """The session ended: its ScopeRequests still waiting for the person are
+        withdrawn from their prompts, which close saying why. The hub answered each
+        caller as the stream ended ("ask again once the worker is connected"), and a
+        hub that started again knows none of them: an answer given later went down the
+        next stream as a decision on no request there (review26). A grant the person
+        made before this stays."""
+        for task in list(self._answering):
+            task.cancel(SCOPE_REQUEST_EXPIRED)
+        self._answering.clear()
 
     async def _heartbeats(self) -> None:
         # A timer by nature: the protocol's heartbeat says "alive" every heartbeat_s.

@@ -129,11 +129,13 @@ SCOPE_WAIT_DEFAULT_MS: Final = 120_000
 SCOPE_WAIT_MAX_MS: Final = (PROMPT_TIMEOUT_MAX_S + 60) * 1000
 # A RequestScope whose worker's stream ended before its answer came: no answer comes
 # on that stream, and one held until its timeout kept its place among the worker's
-# SCOPE_REQUESTS_PER_WORKER after the worker came back (review25, noticed).
+# SCOPE_REQUESTS_PER_WORKER after the worker came back (review25, noticed). The worker
+# withdraws the question from its person as the stream ends (an answer given later
+# went down its next stream, to no request there: review26).
 SCOPE_STREAM_ENDED: Final = (
-    "cancelled: the worker's stream ended before its answer came (the person there may "
-    "still be asked, and what they grant is kept there); ask again once the worker is "
-    "connected"
+    "cancelled: the worker's stream ended before its answer came, and the worker "
+    "withdrew the question from its person (a grant they made before stays); ask again "
+    "once the worker is connected"
 )
 
 
