@@ -4,9 +4,11 @@ command line: to prove a sandbox left none behind."""
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Sequence
 
 # Run as `python3 -c STUBBORN <marker>`: ignores SIGTERM and leaves a setsid'd,
 # double-forked grandchild that does too, so only killing every process stops it.
@@ -25,6 +27,21 @@ STUBBORN = textwrap.dedent(
     time.sleep(600)
     """
 )
+
+
+# Run as `python3 -c DEFAULT_SIGINT ARGV...`: SIGINT back to its default, then ARGV
+# in its place (exec keeps a default disposition). A job a non-interactive shell starts
+# in the background (a CI script, `make check &`) ignores SIGINT, and so does every
+# process it starts: the program would never see the Ctrl-C a test sends.
+DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def as_a_terminal_starts(argv: Sequence[str]) -> list[str]:
+    """`argv` started with SIGINT at its default, as a shell on a terminal starts it."""
+    return [sys.executable, "-c", DEFAULT_SIGINT, *argv]
 
 
 def marker() -> str:

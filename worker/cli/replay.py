@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1  # a step missed its expectation, or a line is malformed/invalid
+EXIT_INTERRUPTED: Final = 130  # Ctrl-C: the report of what ran is printed first
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -132,12 +133,33 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
         _refuse_agent_writable(paths, args)
     script = script_format.load(args.script, run_label=args.run)
     if args.dry_run:
-        report = _dry_run(paths, args, script)
-    else:
-        import asyncio
+        return _print(_dry_run(paths, args, script), args.json)
+    import asyncio
 
-        report = asyncio.run(_replay(paths, args, script))
+    from worker.replay import Report, interrupted
+
+    mode = f"hub {args.server}" if args.server else "in-process"
+    report = Report(script=str(script.path or "-"), mode=mode)
+    try:
+        asyncio.run(_replay(paths, args, script, report))
+    except KeyboardInterrupt:  # what ran is reported, and how to go on
+        _print(interrupted(report, script, _interrupted_why(args, report)), args.json)
+        return EXIT_INTERRUPTED
     return _print(report, args.json)
+
+
+def _interrupted_why(args: argparse.Namespace, report: Report) -> str:
+    from worker.cli._common import shown
+
+    under_way = len(report.steps) + 1
+    if args.server:
+        label = f" with --run {shown(args.run)}" if args.run else ""
+        return (
+            f"interrupted (Ctrl-C) at step {under_way}: it may still run on the worker. "
+            f"Replay the same script{label} through the same hub to go on: the steps that "
+            "ran are answered from its record, not run again"
+        )
+    return f"interrupted (Ctrl-C) at step {under_way}: it was stopped, and no later step ran"
 
 
 def _refuse_agent_writable(paths: Paths, args: argparse.Namespace) -> None:
@@ -183,7 +205,7 @@ def _wants_diag(script: Script) -> bool:
     return any(e.step.surface_action[0] == "workerDiag" for e in script.entries)
 
 
-async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Report:
+async def _replay(paths: Paths, args: argparse.Namespace, script: Script, report: Report) -> None:
     from worker.config import load
     from worker.replay import config_for_replay, in_process, replay, through_hub
     from worker.replay.render import ProgressBar
@@ -196,9 +218,15 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Rep
             token = flag_or_env_token(args) or read_token(paths.token_file)
             tls_ca = args.tls_ca or config.worker.tls_ca
             async with through_hub(args.server, token, tls_ca, args.worker) as hub:
-                return await replay(
-                    script, hub, mode=f"hub {args.server}", fail_fast=args.fail_fast, progress=bar
+                await replay(
+                    script,
+                    hub,
+                    mode=report.mode,
+                    fail_fast=args.fail_fast,
+                    progress=bar,
+                    report=report,
                 )
+                return
         if args.config is None:
             from worker import app
 
@@ -209,8 +237,13 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script) -> Rep
         async with in_process(
             config, config_dir, args.data_dir, sandbox=args.sandbox, person_dir=paths.data_dir
         ) as worker:
-            return await replay(
-                script, worker, mode="in-process", fail_fast=args.fail_fast, progress=bar
+            await replay(
+                script,
+                worker,
+                mode=report.mode,
+                fail_fast=args.fail_fast,
+                progress=bar,
+                report=report,
             )
     finally:
         if bar is not None:

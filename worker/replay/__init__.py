@@ -9,7 +9,7 @@ each answer; `record` turns a plan's calls into such a script.
 """
 
 from worker.replay.expect import Answer, Mismatch, check
-from worker.replay.runner import Report, StepReport, replay, validate
+from worker.replay.runner import Report, StepReport, interrupted, replay, validate
 from worker.replay.script import (
     FORMAT_VERSION,
     Entry,
@@ -40,6 +40,7 @@ __all__ = [
     "check",
     "config_for_replay",
     "in_process",
+    "interrupted",
     "line_schema",
     "load",
     "parse",

@@ -25,6 +25,8 @@ from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import WORKBENCH_SURFACE
 
 Outcome = Literal["passed", "failed", "malformed", "not_run", "valid", "invalid"]
+# The longest a run of steps answered at once holds the event loop (see `replay`).
+LOOP_TURN_S = 0.05
 # Outcomes that make a run (or a dry run) fail.
 FAILING: frozenset[str] = frozenset({"failed", "malformed", "invalid"})
 
@@ -129,6 +131,12 @@ def _named(entry: Entry) -> str:
     return f"{surface}.{name}"
 
 
+def _not_run(item: Entry | Malformed) -> StepReport:
+    if isinstance(item, Entry):
+        return StepReport(item.line, item.index, _named(item), "not_run", item.correlation_id)
+    return StepReport(item.line, item.index, item.action, "not_run")
+
+
 async def replay(
     script: Script,
     target: Target,
@@ -136,19 +144,27 @@ async def replay(
     mode: str,
     fail_fast: bool = False,
     progress: Progress | None = None,
+    report: Report | None = None,
 ) -> Report:
-    """Run every step of `script` on `target`, in order, one at a time."""
-    report = Report(script=str(script.path or "-"), mode=mode)
+    """Run every step of `script` on `target`, in order, one at a time. A `report`
+    given is filled as each step ends, so that a caller whose run is interrupted
+    (Ctrl-C) still holds what ran (`interrupted` completes it)."""
+    if report is None:
+        report = Report(script=str(script.path or "-"), mode=mode)
     total = len(script.items)
     begun = time.perf_counter()
     stopped = False
+    turn_given = begun
     for item in script.items:
+        # A step the worker answers without waiting (fs_stat) gives the loop no turn:
+        # a run of such steps held it to the end, and Ctrl-C (a cancel the loop
+        # delivers) waited for the last step. A turn each LOOP_TURN_S, not each step:
+        # the loop then also flushes the acks, which costs more batched less.
+        if time.perf_counter() - turn_given >= LOOP_TURN_S:
+            await asyncio.sleep(0)
+            turn_given = time.perf_counter()
         if stopped:
-            step = (
-                StepReport(item.line, item.index, _named(item), "not_run", item.correlation_id)
-                if isinstance(item, Entry)
-                else StepReport(item.line, item.index, item.action, "not_run")
-            )
+            step = _not_run(item)
         elif isinstance(item, Malformed):
             step = _malformed(item)
         else:
@@ -161,9 +177,17 @@ async def replay(
             stopped = True
             report.stopped = person_stop
             step.outcome = "failed" if step.outcome == "passed" else step.outcome
+        report.seconds = time.perf_counter() - begun
         if progress is not None:
             progress(len(report.steps), total, step)
-    report.seconds = time.perf_counter() - begun
+    return report
+
+
+def interrupted(report: Report, script: Script, why: str) -> Report:
+    """`report` of a run stopped mid-way (Ctrl-C): each step it holds no answer for,
+    the one under way included, as not run, and `why` as the reason it stopped."""
+    report.steps += [_not_run(item) for item in script.items[len(report.steps) :]]
+    report.stopped = why
     return report
 
 

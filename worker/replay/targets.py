@@ -240,7 +240,13 @@ async def in_process(
                 watch = asyncio.create_task(_watch_the_person(dispatcher, stop))
             if desktop is not None and desktop.available and bench is None:
                 hotkey = asyncio.create_task(desktop.start_hotkey())
-            yield target
+            try:
+                yield target
+            except BaseException:
+                # Interrupted (Ctrl-C) or failed mid-step: the step under way is stopped,
+                # not waited for (no one will read its answer), before the stores close.
+                await dispatcher.drain(0)
+                raise
             await dispatcher.drain(config.worker.drain_grace_s)
             target.flush_acks()
         finally:
