@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from worker.core.redaction import (
     PREVIEW_CHARS,
     args_for_replay,
     args_preview,
+    head_masked,
     masked_detail,
     masked_message,
     masked_text,
@@ -353,3 +355,47 @@ def test_args_left_inside_a_string_are_measured_in_time_in_proportion_to_them() 
         "assert args_preview(args) == '<invalid json>' and argv_secrets(args) == ()"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("head", "shown", "secrets"),
+    [
+        # A flag's value found by its place, whole or cut through by the head's end.
+        (
+            '{"cwd": "x", "argv": ["echo", "--password", "HUNTER2SECRET", "xx',
+            '{"cwd": "x", "argv": ["echo", "--password", "***", "xx"]}',
+            ("HUNTER2SECRET",),
+        ),
+        ('{"argv": ["x", "--password", "HUNTER2SEC', '{"argv": ["x", "--password", "***"]}', None),
+        (
+            '{"argv": ["x", "--password", "HUNTER2\\u00',
+            '{"argv": ["x", "--password", "***"]}',
+            None,
+        ),
+        (
+            '{"argv": ["mysql", "-pSECRETPASS", "-e", "SEL',
+            '{"argv": ["mysql", "-p***", "-e", "SEL"]}',
+            None,
+        ),
+        # Any other member: its text, masked as text, as far as the head goes.
+        (
+            '{"path": "a", "content": "password=hunter2 and',
+            '{"path": "a", "content": "password=*** and"}',
+            (),
+        ),
+        ('{"path": "a", "content": "say \\"hi', '{"path": "a", "content": "say \\"hi"}', ()),
+        ('{"a": [1, {"b": "c', '{"a": [1]}', ()),
+        ('{"a":', "{}", ()),
+    ],
+)
+def test_a_head_of_args_is_masked_by_its_members(
+    head: str, shown: str, secrets: tuple[str, ...] | None
+) -> None:
+    """review27 I3: args too long to parse for a screen were masked as text, which
+    finds no flag's value by its place in an argv."""
+    masked = head_masked(head)
+    assert masked is not None
+    assert masked[0] == shown
+    if secrets is not None:
+        assert masked[1] == secrets
+    assert head_masked('["not", "an object') is None

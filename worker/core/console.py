@@ -28,7 +28,13 @@ from typing import Any, Final, Protocol
 from worker.core.approvals import ApprovalBroker, Choice, Decision, inert
 from worker.core.connection import LinkState
 from worker.core.pipeline import Dispatcher
-from worker.core.redaction import args_masked, argv_secrets, known_masked, secrets_in_text
+from worker.core.redaction import (
+    args_masked,
+    argv_secrets,
+    head_masked,
+    known_masked,
+    secrets_in_text,
+)
 from worker.core.scopes import ASK_PREFIX, Grant
 from worker.errors import WorkerError
 from worker.wire.proto import agentworker_pb2 as pb
@@ -178,8 +184,13 @@ class _Seen:
         is first told of the call (most calls are never shown)."""
         if self.masked is None:
             head, length = self.args
-            shown = args_masked(head)[:RESULT_PREVIEW]
-            self.masked = (shown, length), argv_secrets(head)
+            cut = head_masked(head) if length > len(head) else None
+            if cut is not None:  # by its whole members: an argv's flags and values
+                shown, secrets = cut
+                self.masked = (known_masked(shown, secrets)[:RESULT_PREVIEW], length), secrets
+            else:
+                shown = args_masked(head)[:RESULT_PREVIEW]
+                self.masked = (shown, length), argv_secrets(head)
         return self.masked
 
     def row(self) -> dict[str, Any]:

@@ -424,6 +424,104 @@ def args_masked(args_json: str) -> str:
     return masked if masked is not None else secrets_in_text(args_json)
 
 
+def head_masked(head: str) -> tuple[str, tuple[str, ...]] | None:
+    """The head of args too long to parse for a screen (the rest cut away), masked by
+    what its members are: a flag's value in an argv is found by its place, which text
+    alone does not show (review27 I3). The members and argv items the head holds (the
+    string it cuts through, as far as it goes), as JSON masked as `args_masked` masks,
+    and the passwords that argv holds (`argv_secrets`); None when the head does not
+    begin a JSON object."""
+    whole = _members_of_head(head)
+    if whole is None:
+        return None
+    argv = whole.get("argv")
+    secrets = _argv_found(argv) if isinstance(argv, list) else ()
+    return json.dumps(_secrets_masked(whole), ensure_ascii=False), secrets
+
+
+def _value_of_head(head: str, at: int) -> tuple[Any, int]:
+    """The JSON value at `at` and where it ends; of a string the head's end cuts
+    through, what it holds and -1. ValueError for anything else cut."""
+    try:
+        return _DECODER.raw_decode(head, at)
+    except ValueError:
+        if not head.startswith('"', at):
+            raise
+        return _string_head(head, at), -1
+
+
+def _string_head(head: str, at: int) -> str:
+    """The text of a JSON string that begins at `at` and is cut by the head's end (as
+    far as it decodes: an escape cut through is left out)."""
+    for cut in range(len(head), max(at, len(head) - 6), -1):
+        try:
+            return str(json.loads(head[at:cut] + '"'))
+        except ValueError:
+            continue
+    return ""
+
+
+_DECODER: Final = json.JSONDecoder()
+_SPACE: Final = re.compile(r"[ \t\n\r]*")
+
+
+def _members_of_head(head: str) -> dict[str, Any] | None:
+    """The members of a JSON object whose text is cut, that the head holds: whole, but
+    for the string or list (an argv) it cuts through, of which what it holds."""
+    at = _SPACE.match(head, 0).end()  # type: ignore[union-attr]
+    if not head.startswith("{", at):
+        return None
+    members: dict[str, Any] = {}
+    at += 1
+    try:
+        while True:
+            at = _SPACE.match(head, at).end()  # type: ignore[union-attr]
+            key, at = _DECODER.raw_decode(head, at)
+            at = _SPACE.match(head, at).end()  # type: ignore[union-attr]
+            if not isinstance(key, str) or not head.startswith(":", at):
+                return members
+            at = _SPACE.match(head, at + 1).end()  # type: ignore[union-attr]
+            if head.startswith("[", at):
+                items, at, whole = _items_of_head(head, at + 1)
+                members[key] = items
+                if not whole:
+                    return members
+            else:
+                value, at = _value_of_head(head, at)
+                if at < 0:  # a string cut through: the head ends in it
+                    members[key] = value
+                    return members
+                members[key] = value
+            at = _SPACE.match(head, at).end()  # type: ignore[union-attr]
+            if not head.startswith(",", at):
+                return members
+            at += 1
+    except (ValueError, RecursionError):
+        return members
+
+
+def _items_of_head(head: str, at: int) -> tuple[list[Any], int, bool]:
+    """A list's items the head holds, from `at` (past its `[`): whole, and of a string
+    it cuts through what it holds; where they end, and whether the list did."""
+    items: list[Any] = []
+    try:
+        while True:
+            at = _SPACE.match(head, at).end()  # type: ignore[union-attr]
+            if head.startswith("]", at):
+                return items, at + 1, True
+            item, at = _value_of_head(head, at)
+            items.append(item)
+            if at < 0:
+                return items, len(head), False
+            at = _SPACE.match(head, at).end()  # type: ignore[union-attr]
+            if head.startswith(",", at):
+                at += 1
+            elif not head.startswith("]", at):
+                return items, at, False
+    except (ValueError, RecursionError):
+        return items, at, False
+
+
 def _plain(args_json: str) -> bool:
     """Whether JSON text that parsed holds nothing a preview masks, by its text alone:
     true only without a backslash (no escape can then spell what the patterns look
@@ -673,6 +771,10 @@ def argv_secrets(args_json: str) -> tuple[str, ...]:
     argv = args.get("argv") if isinstance(args, dict) else None
     if not isinstance(argv, list):
         return ()
+    return _argv_found(argv)
+
+
+def _argv_found(argv: list[Any]) -> tuple[str, ...]:
     found = sorted(set(_secret_parts(argv, 0)) | set(_text_secrets(argv)), key=len, reverse=True)
     return tuple(s for s in found if len(s) >= _KNOWN_AT_LEAST)[:_KNOWN_AT_MOST]
 
