@@ -272,6 +272,33 @@ def test_grant_takes_a_bare_action_name_as_call_does(up: Up) -> None:
     assert up.cli("call", "fs_stat", '{"path": "."}', "--agent", "me").returncode == 0
 
 
+def test_grant_takes_a_bare_computer_action_name_as_call_does(tmp_path: Path) -> None:
+    """`grant screenshot` granted workerHost.screenshot, which no call asks for."""
+    env = fresh_env(tmp_path / "home")
+    granted = cli(env, "grant", "screenshot", "--agent", "me")
+    assert granted.returncode == 0, granted.stderr
+    assert "grant 1: workerComputer.screenshot for agent me" in granted.stdout
+
+
+@pytest.mark.parametrize(
+    ("scope", "said"),
+    [
+        ("fs_stats", "workerHost.fs_stats names no action, so a grant of it would admit no "
+         "call. Did you mean workerHost.fs_stat?"),
+        ("bogus.*", "bogus.* names no action, so a grant of it would admit no call. The "
+         "scopes: workerComputer.cursor_position,"),
+        ("workbenchHost.*", "workbenchHost.* needs no grant: sandbox mode's"),
+    ],
+)  # fmt: skip
+def test_grant_refuses_a_scope_no_action_asks_for(tmp_path: Path, scope: str, said: str) -> None:
+    """A typo made a grant that admitted nothing, silently."""
+    env = fresh_env(tmp_path / "home")
+    refused = cli(env, "grant", scope, "--agent", "me")
+    assert refused.returncode == 2, refused.stdout
+    assert said in refused.stderr
+    assert json.loads(cli(env, "grants", "--json").stdout) == []
+
+
 def test_status_with_no_hub_says_so_and_how_to_start_one(tmp_path: Path) -> None:
     env = fresh_env(tmp_path / "nohub")
     text = cli(env, "status")

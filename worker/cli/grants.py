@@ -28,7 +28,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="grant a scope to an agent (local only)",
         description="Example: agentworker grant 'workerHost.fs_*' --agent planner --for 8h",
     )
-    grant.add_argument("scope", help="a scope or pattern, e.g. workerHost.fs_stat, workerHost.*")
+    grant.add_argument(
+        "scope",
+        help="a scope or pattern, e.g. workerHost.fs_stat, workerHost.*; a bare action name "
+        "as `call` takes it (fs_stat, screenshot)",
+    )
     grant.add_argument("--agent", default="*", help="agent id or pattern (default: any)")
     grant.add_argument("--plan", default="*", help="plan id or pattern (default: any)")
     grant.add_argument("--for", dest="duration", help="expire after e.g. 30m, 8h, 7d")
@@ -60,9 +64,14 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
     from worker.core.scopes import ASK_PREFIX, ask_binding
     from worker.errors import UsageError
 
-    # Named as `call` names actions: a bare name is workerHost's.
+    # Named as `call` names actions: a bare name is workerHost's, or workerComputer's
+    # for a computer action (`grant screenshot` granted workerHost.screenshot, which
+    # no call ever asks for).
     if "." not in args.scope and _SCOPE.fullmatch(f"workerHost.{args.scope}"):
-        args.scope = f"workerHost.{args.scope}"
+        from worker.surfaces import COMPUTER_ACTIONS
+
+        surface = "workerComputer" if args.scope in COMPUTER_ACTIONS else "workerHost"
+        args.scope = f"{surface}.{args.scope}"
     # An allowlist ask, named as its refusal names it (review19 A8: the refusal said to
     # grant it here, and this refused the name): granted as an approval of it would be,
     # once this worker says it refused that very name (review21 B7), and under it.
@@ -78,6 +87,8 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
             "or workerHost.*, or an allowlist ask as its refusal names it ('workerHost.exec "
             "PROGRAM (N args) in FOLDER (sha256 HEX)')",
         )
+    else:
+        _refuse_a_scope_of_no_action(args.scope)
     from worker.cli._common import server_named
     from worker.core.ledger import NEXT_SERVER
 
@@ -104,6 +115,34 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
     whose = "the first server" if server == NEXT_SERVER else f"server {shown(server)}"
     print(f"  for {whose} ({how}); it admits no other server's calls")
     return EXIT_OK
+
+
+def _refuse_a_scope_of_no_action(pattern: str) -> None:
+    """A UsageError for a scope or pattern that no action of this worker asks for: a
+    typo (`fs_stats`) made a grant that admitted nothing, and the calls it was meant
+    for were refused `scope_required` with no word of why."""
+    from difflib import get_close_matches
+    from fnmatch import fnmatchcase
+
+    from worker import actions
+    from worker.errors import UsageError
+    from worker.wire.protocol import WORKBENCH_SURFACE
+
+    scopes = sorted({spec.scope for spec in actions.specs()})
+    if any(fnmatchcase(scope, pattern) for scope in scopes):
+        return
+    if pattern.startswith(f"{WORKBENCH_SURFACE}."):
+        raise UsageError(
+            f"{shown(pattern)} needs no grant: sandbox mode's {WORKBENCH_SURFACE} actions "
+            "ask for no scope (each plan reaches only its own workspace)"
+        )
+    close = get_close_matches(pattern, scopes, n=1)
+    hint = f" Did you mean {close[0]}?" if close else ""
+    raise UsageError(
+        f"{shown(pattern)} names no action, so a grant of it would admit no call.{hint} "
+        f"The scopes: {', '.join(scopes)}; patterns such as workerHost.fs_* or "
+        "workerComputer.* work too"
+    )
 
 
 def _lines(text: str) -> list[str]:
