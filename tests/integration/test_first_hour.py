@@ -299,6 +299,20 @@ def test_grant_refuses_a_scope_no_action_asks_for(tmp_path: Path, scope: str, sa
     assert json.loads(cli(env, "grants", "--json").stdout) == []
 
 
+def test_revoke_and_lift_of_nothing_say_which_command_lists_what_there_is(
+    tmp_path: Path,
+) -> None:
+    env = fresh_env(tmp_path / "home")
+    revoked = cli(env, "revoke", "99")
+    assert revoked.returncode == 1
+    assert revoked.stdout == "no grant 99 (`agentworker grants` lists them, each by its number)\n"
+    lifted = cli(env, "lift", "nothere")
+    assert lifted.returncode == 1
+    assert lifted.stdout == (
+        "plan nothere was not killed (`agentworker killed` lists the plans that are)\n"
+    )
+
+
 def test_status_with_no_hub_says_so_and_how_to_start_one(tmp_path: Path) -> None:
     env = fresh_env(tmp_path / "nohub")
     text = cli(env, "status")

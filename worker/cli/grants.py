@@ -46,7 +46,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     grants.set_defaults(handler=_grants)
 
     revoke = sub.add_parser("revoke", help="remove a grant made with `grant`")
-    revoke.add_argument("grant_id", type=int)
+    revoke.add_argument(
+        "grant_id", type=int, help="the grant's number, as `grant` and `grants` show it"
+    )
     revoke.set_defaults(handler=_revoke)
 
 
@@ -232,5 +234,8 @@ def _grants(paths: Paths, args: argparse.Namespace) -> int:
 
 def _revoke(paths: Paths, args: argparse.Namespace) -> int:
     removed = local_state(paths).revoke_grant(args.grant_id)
-    print(f"grant {args.grant_id} revoked" if removed else f"no grant {args.grant_id}")
-    return EXIT_OK if removed else EXIT_FAILED
+    if removed:
+        print(f"grant {args.grant_id} revoked")
+        return EXIT_OK
+    print(f"no grant {args.grant_id} (`agentworker grants` lists them, each by its number)")
+    return EXIT_FAILED

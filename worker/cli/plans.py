@@ -101,5 +101,9 @@ def _listed(worker_ids: Sequence[str]) -> str:
 def _lift(paths: Paths, args: argparse.Namespace) -> int:
     state = local_state(paths)
     lifted = state.lift_kill(args.plan)
-    print(f"plan {args.plan}: kill lifted" if lifted else f"plan {args.plan} was not killed")
-    return EXIT_OK if lifted else EXIT_FAILED
+    plan = shown(args.plan)
+    if lifted:
+        print(f"plan {plan}: kill lifted")
+        return EXIT_OK
+    print(f"plan {plan} was not killed (`agentworker killed` lists the plans that are)")
+    return EXIT_FAILED
