@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import free_port, wait_for
+from tests.support.procs import as_a_terminal_starts, marker, processes_with, wait_until_gone
 
 
 @dataclass
@@ -327,3 +329,66 @@ def test_status_with_no_hub_says_so_and_how_to_start_one(tmp_path: Path) -> None
     (tmp_path / "nohub" / "hub.token").write_text("ab" * 32)
     again = cli(env, "status", "--json")
     assert again.returncode == 3 and json.loads(again.stdout)["state"] == "no_hub"
+
+
+def hashing(name: str) -> list[int]:
+    """The sha256sum processes reading `name` (the call's own argv names it too)."""
+    found = []
+    for pid in processes_with(name):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if Path(f"/proc/{pid}/comm").read_text() == "sha256sum\n":
+                found.append(pid)
+    return found
+
+
+def test_ctrl_c_on_a_call_says_it_runs_on_and_how_to_stop_it(up: Up) -> None:
+    """The call goes on at the worker when `call` is interrupted; the message said
+    nothing (exit 130, silence). The kill it names stops the program."""
+    big = up.home / "workspace" / f"{marker()}.bin"  # the marker finds the program
+    with big.open("wb") as sparse:
+        sparse.truncate(1 << 40)  # hashing a TiB of holes outlasts any test
+    assert up.cli("grant", "exec", "--agent", "me").returncode == 0
+    args = json.dumps({"argv": ["sha256sum", big.name], "timeout_s": 600})
+    argv = [sys.executable, "-m", "worker", "call", "exec", args, "--agent", "me", "--plan", "long"]
+    call = subprocess.Popen(
+        as_a_terminal_starts(argv),
+        env=up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: hashing(big.name), 60)
+    call.send_signal(signal.SIGINT)
+    out, err = call.communicate(timeout=60)
+    assert call.returncode == 130, out + err
+    assert "exec was sent and may still run on the worker" in err
+    assert "agentworker kill long (then agentworker lift long)" in err
+    assert hashing(big.name)  # it does run on
+    assert up.cli("kill", "long").returncode == 0
+    assert wait_until_gone(big.name, within_s=30) == []
+    assert up.cli("lift", "long").returncode == 0
+
+
+def test_ctrl_c_on_a_call_with_an_id_names_the_id_that_gets_its_answer(up: Up) -> None:
+    big = up.home / "workspace" / f"{marker()}.bin"
+    with big.open("wb") as sparse:
+        sparse.truncate(1 << 40)
+    assert up.cli("grant", "exec", "--agent", "me").returncode == 0
+    args = json.dumps({"argv": ["sha256sum", big.name], "timeout_s": 600})
+    argv = ["call", "exec", args, "--agent", "me", "--id", "mine-1"]
+    call = subprocess.Popen(
+        as_a_terminal_starts([sys.executable, "-m", "worker", *argv]),
+        env=up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: hashing(big.name), 60)
+    call.send_signal(signal.SIGINT)
+    _, err = call.communicate(timeout=60)
+    assert call.returncode == 130, err
+    assert "stopped only by agentworker pause" in err
+    assert "The same call with --id mine-1 answers from the hub's record" in err
+    assert up.cli("pause").returncode == 0
+    assert wait_until_gone(big.name, within_s=30) == []
+    assert up.cli("resume").returncode == 0

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1  # the action, check or lookup answered no; StartupErrors have their own
+EXIT_INTERRUPTED: Final = 130  # Ctrl-C, as a shell reports it
 
 Verb = Callable[["Paths", argparse.Namespace], int]
 

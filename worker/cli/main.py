@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 import worker
+from worker.cli._common import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from worker.app import Frontend
@@ -75,7 +76,6 @@ VERBS: Final = {
 # process runs without the cyclic garbage collector (see `entry`). A verb that may
 # run for long (serving, replaying) keeps it.
 BRIEF: Final = frozenset({"call", "workers", "status", "kill", "lift"})
-EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cmd | head`
 # The top-level options that take a value (the verb is the first word after them).
 _VALUED = ("--home", "--log-file")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.cli._common import (
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     add_server_flags,
     config_of,
@@ -68,8 +69,10 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
     # Checked before anything is sent: a missing file must not cost an action's run.
     blob = _blobs.read_blob_in(args.action, args.blob_in)
     _blobs.check_blob_out(args.blob_out)
+    on_its_way = False  # once it is, Ctrl-C leaves the call running: say so
 
     async def body(client: ControlClient) -> int:
+        nonlocal on_its_way
         import asyncio
 
         # Loaded by with_client once the channel is connecting (see there).
@@ -88,6 +91,7 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
             blob=blob,
             timeout_ms=int(args.timeout * 1000),
         )
+        on_its_way = True
         # One turn of the loop sends it; json (for the answer, a few ms to load) then
         # loads while the hub and the worker run the call (issue 12: `call` at once).
         await asyncio.sleep(0)
@@ -114,7 +118,37 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
             )
         return EXIT_OK if ok else EXIT_FAILED
 
-    return with_client(paths, args, body)
+    try:
+        return with_client(paths, args, body)
+    except KeyboardInterrupt:
+        left = _left_running(args, f"{surface}.{action}", on_its_way)
+        print(f"agentworker: {left}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _left_running(args: argparse.Namespace, name: str, sent: bool) -> str:
+    """What Ctrl-C did to a call, and what the person can do about it: the hub and
+    the worker run a sent call on (a caller's leaving cancels nothing), and its
+    answer is lost to this command."""
+    if not sent:
+        return f"interrupted: {shown(name)} was not sent"
+    plan = shown(args.plan)
+    stop = (
+        f"To stop it: agentworker kill {plan} (then agentworker lift {plan})."
+        if args.plan
+        else "A call without --plan is stopped only by agentworker pause (every call)."
+    )
+    again = (
+        f" The same call with --id {shown(args.id)} answers from the hub's record, "
+        "never running it twice."
+        if args.id
+        else ""
+    )
+    return (
+        f"interrupted: {shown(name)} was sent and may still run on the worker; this "
+        f"command no longer waits for its answer. Its outcome: agentworker telemetry "
+        f"tail. {stop}{again}"
+    )
 
 
 def _masked_replay(shown_result: dict[str, Any]) -> bool:

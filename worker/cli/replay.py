@@ -12,7 +12,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import add_served_flags, add_token_flags, flag_or_env_token
+from worker.cli._common import (
+    EXIT_INTERRUPTED,
+    add_served_flags,
+    add_token_flags,
+    flag_or_env_token,
+)
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -23,7 +28,6 @@ if TYPE_CHECKING:
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1  # a step missed its expectation, or a line is malformed/invalid
-EXIT_INTERRUPTED: Final = 130  # Ctrl-C: the report of what ran is printed first
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
