@@ -877,10 +877,16 @@ async def _serve_worker(
             stop.set()  # the person quit the TUI, or a signal: the TUI closes too
             # Nobody will answer now: calls waiting for the person are refused.
             console.broker.close_all("the worker is stopping")
-            log.info(
-                "draining: finishing running calls (up to %.0f s)", config.worker.drain_grace_s
+            # Once the TUI has left (q), the terminal is the person's again: the drain
+            # is told there (the log goes to its file), else they wait in silence.
+            tui_gone = tui is None or watch is None or watch.done()  # quit, or lost before
+            if tui is not None and tui_gone:
+                tui.take_back_terminal()
+            grace = config.worker.drain_grace_s
+            _drain_cut_short_by_a_second_stop(
+                dispatcher, grace, tell=tui_launch is not None and tui_gone
             )
-            await connection.shutdown(config.worker.drain_grace_s)
+            await connection.shutdown(grace)
             link.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link
@@ -909,6 +915,37 @@ async def _serve_worker(
             desktop.close()
         if bench is not None:  # the plans' cgroups, and what runs in them
             await bench.close()
+
+
+def _drain_cut_short_by_a_second_stop(dispatcher: Dispatcher, grace: float, *, tell: bool) -> None:
+    """Says that the running calls get the drain's grace, and makes a second Ctrl-C
+    (or SIGTERM) stop them at once: the person waited up to drain_grace_s, after the
+    TUI had closed with nothing on the terminal but where the log was, and a second
+    Ctrl-C did nothing. `tell`: the log goes to its file and the TUI has left the
+    terminal, so the person is told there too."""
+    loop = asyncio.get_running_loop()
+    running = len(dispatcher.unanswered())
+    log.info(
+        "draining: finishing %d running call(s) (up to %.0f s; Ctrl-C again stops them now)",
+        running,
+        grace,
+    )
+    if tell and running:
+        _say(
+            f"stopping: {running} running call(s) get up to {grace:.0f} s to finish; "
+            "Ctrl-C again stops them now"
+        )
+
+    def cut_short() -> None:
+        stopped = dispatcher.stop_all(
+            WorkerError("cancelled", "cancelled: the person stopped the worker at once")
+        )
+        log.warning("stopping %d running call(s) now", stopped)
+        if tell and stopped:
+            _say(f"stopping {stopped} running call(s) now")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, cut_short)
 
 
 def _say_whose_workspaces(bench: workbench.Workbench, server: str) -> None:

@@ -392,3 +392,46 @@ def test_ctrl_c_on_a_call_with_an_id_names_the_id_that_gets_its_answer(up: Up) -
     assert up.cli("pause").returncode == 0
     assert wait_until_gone(big.name, within_s=30) == []
     assert up.cli("resume").returncode == 0
+
+
+def test_a_second_ctrl_c_stops_the_running_calls_a_drain_waits_for(tmp_path: Path) -> None:
+    """The first Ctrl-C lets running calls finish within drain_grace_s (here ten
+    minutes); the log says a second one stops them now, and it does. It did nothing."""
+    home = tmp_path / "home"
+    workspace = home / "workspace"
+    workspace.mkdir(parents=True)
+    (home / "config.toml").write_text(
+        f'[worker]\ndrain_grace_s = 600\n\n[[root]]\npath = "{workspace}"\nmode = "rw"\n'
+    )
+    env = fresh_env(home)
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    running = Up(env, home, log_path, proc)
+    try:
+        wait_for(lambda: "ready:" in running.log() or proc.poll() is not None, 60)
+        big = workspace / f"{marker()}.bin"
+        with big.open("wb") as sparse:
+            sparse.truncate(1 << 40)
+        assert running.cli("grant", "exec", "--agent", "me").returncode == 0
+        args = json.dumps({"argv": ["sha256sum", big.name], "timeout_s": 600})
+        argv = ["call", "exec", args, "--agent", "me", "--plan", "long"]
+        call = subprocess.Popen(
+            [sys.executable, "-m", "worker", *argv], env=env, stdout=subprocess.PIPE, text=True
+        )
+        wait_for(lambda: hashing(big.name), 60)
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "Ctrl-C again stops them now" in running.log(), 60)
+        assert "draining: finishing 1 running call(s) (up to 600 s;" in running.log()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, running.log()
+        assert "stopping 1 running call(s) now" in running.log()
+        out, _ = call.communicate(timeout=60)
+        assert json.loads(out)["error"]["code"] == "cancelled"
+        assert wait_until_gone(big.name, within_s=30) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.cluster import Cluster, call_in_background, cluster
+from tests.support.cluster import Cluster, call_in_background, cluster, wait_for
 from tests.support.terminal import AGENTWORKER, Terminal, wait_gone
 
 READY = "● ready"
@@ -152,3 +152,28 @@ def test_the_tui_process_exits_non_zero_when_its_worker_is_killed(live: Cluster)
         _said_the_worker_went_away(child, log_file)
     finally:
         child.close()
+
+
+def test_after_q_the_terminal_says_a_drain_waits_and_ctrl_c_stops_it(tmp_path: Path) -> None:
+    """q closes the TUI while a call runs: the worker then gave it drain_grace_s with
+    nothing on the terminal but where the log was, and Ctrl-C there did nothing."""
+    with cluster(tmp_path / "home", hub=False, worker=False, drain_grace_s=600) as live:
+        terminal = Terminal([AGENTWORKER, "up"], live.env)
+        try:
+            terminal.expect(READY)
+            args = '{"mark": "begun", "hold": "never"}'
+            call = call_in_background(live, "workerDiag.probe", args, agent_id="tester")
+            marks = live.home / "diag" / "begun.marks"
+            wait_for(marks.exists, 60)  # the call runs
+            quit_at = terminal.mark()
+            terminal.type("q")
+            terminal.expect(
+                "stopping: 1 running call(s) get up to 600 s to finish; Ctrl-C", after=quit_at
+            )
+            terminal.proc.send_signal(signal.SIGINT)
+            terminal.expect("stopping 1 running call(s) now", after=quit_at)
+            assert terminal.proc.wait(60) == 0, terminal.tail()
+            call["thread"].join(60)
+            assert call["out"]["error"]["code"] == "cancelled", call
+        finally:
+            terminal.close()

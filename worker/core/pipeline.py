@@ -1080,8 +1080,7 @@ class Dispatcher:
         self.containment.warm.close()  # the sandboxes built ahead: killed, none built again
         if await self._idle_within(grace_s):
             return
-        for call in list(self._calls.values()):
-            self._stop(call, WorkerError("cancelled", "cancelled: the worker shut down"))
+        self.stop_all(WorkerError("cancelled", "cancelled: the worker shut down"))
         if await self._idle_within(stop_s):
             return
         for call in list(self._calls.values()):
@@ -1106,6 +1105,14 @@ class Dispatcher:
     def stragglers(self) -> list[asyncio.Task[None]]:
         """Calls answered by a drain that ran out of time whose handlers still run."""
         return [task for task in self._stragglers if not task.done()]
+
+    def stop_all(self, error: WorkerError) -> int:
+        """Cancel every call not yet answered, each answering `error` (a drain's grace
+        over, or cut short by the person); how many there were."""
+        calls = list(self._calls.values())
+        for call in calls:
+            self._stop(call, error)
+        return len(calls)
 
     async def _idle_within(self, seconds: float) -> bool:
         try:
