@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
-from worker.wire.transport import bearer
+from worker.wire.transport import worker_metadata
 
 STREAMS_PER_CHANNEL = 100
 KB = 1024
@@ -51,7 +52,9 @@ class SimulatedWorker:
         self.worker_id = worker_id
         self.welcomed = asyncio.Event()
         self._outbox: asyncio.Queue[pb.WorkerEnvelope] = asyncio.Queue()
-        self._call = stub.Stream(self._envelopes(), metadata=bearer(token), wait_for_ready=True)
+        # A key of its own, as a worker has (worker.key): a hub serves none without one.
+        metadata = worker_metadata(token, uuid.uuid4().hex)
+        self._call = stub.Stream(self._envelopes(), metadata=metadata, wait_for_ready=True)
 
     async def _envelopes(self):  # type: ignore[no-untyped-def]
         hello = pb.Hello(
@@ -231,7 +234,9 @@ class Hub:
 @contextlib.contextmanager
 def running_hub(path: Path) -> Iterator[Hub]:
     home = make_home(path, mode="ro", scopes=["workerDiag.*"])
-    with agentworker(["hub"], home) as proc:
+    # Its simulated workers are accepted at their first Hello (none waits for `agentworker
+    # workers accept`): the hub's work per worker is what is measured.
+    with agentworker(["hub", "--accept-new-workers"], home) as proc:
         wait_for(home.token_file.exists, 15)
         yield Hub(home.listen, home.token_file.read_text().strip(), psutil.Process(proc.pid))
 

@@ -48,6 +48,7 @@ from worker.core.telemetry import Telemetry
 from worker.core.tui_process import TuiProcess, describe_exit
 from worker.errors import (
     ConfigError,
+    CredentialsError,
     InsecureError,
     InUseError,
     NoSandboxError,
@@ -65,11 +66,13 @@ from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import (
     Keepalive,
+    fingerprint_of_digest,
     is_loopback,
     read_or_create_token,
     read_token,
     server_options,
     split_host,
+    worker_key_digest_of,
 )
 
 if TYPE_CHECKING:  # sandbox mode's own: imported when `--sandbox` asks for it
@@ -503,6 +506,8 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         default_timeout_s=config.hub.default_timeout_s,
         held_blob_bytes=config.hub.held_blobs_mib * 1024 * 1024,
         placement_key=read_or_create_token(paths.placement_key_file).encode(),
+        own_worker_key=lambda: _own_worker_key(paths),
+        accept_new_workers=config.hub.accept_new_workers,
     )
     server = grpc.aio.server(options=server_options(keepalive_of(config)))
     server.add_generic_rpc_handlers(
@@ -543,6 +548,15 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         health=health,
         socket=local_socket,
     )
+
+
+def _own_worker_key(paths: Paths) -> str:
+    """The digest of this data folder's worker.key ('' while there is none): a worker
+    bringing it is this hub's own user's, accepted unasked (worker.hub.admission)."""
+    try:
+        return worker_key_digest_of(read_token(paths.worker_key_file))
+    except CredentialsError:
+        return ""
 
 
 def _own_socket(paths: Paths) -> Path | None:
@@ -852,7 +866,14 @@ async def _serve_worker(
     if watch is not None:
         waiting.add(watch)
     if dial is None:
-        log.info("worker %s dialling %s", dispatcher.worker_id, target.address)
+        # The fingerprint the hub's operator compares before accepting this worker
+        # (`agentworker workers` on the hub lists the one each worker came with).
+        log.info(
+            "worker %s (key fingerprint %s) dialling %s",
+            dispatcher.worker_id,
+            fingerprint_of_digest(worker_key_digest_of(target.worker_key)),
+            target.address,
+        )
     else:
         log.info("worker %s opening its stream to the hub in this process", dispatcher.worker_id)
     try:

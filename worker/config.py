@@ -52,6 +52,10 @@ class HubSection(_Strict):
     default_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
     # Request blobs held at once for calls not yet answered; past it, `busy`.
     held_blobs_mib: int = Field(default=256, ge=16, le=65_536)
+    # Serve any new worker id at its first Hello, as hubs did before enrolment: anyone
+    # holding hub-workers.token is then a worker of this hub and is given plans, calls,
+    # args and blobs. Off: a new worker waits for `agentworker workers accept ID`.
+    accept_new_workers: bool = False
 
 
 class RootSection(_Strict):

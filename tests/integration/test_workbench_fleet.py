@@ -36,7 +36,7 @@ from tests.support.workbench import (
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 from worker.wire.protocol import PROTOCOL_MAX, PROTOCOL_MIN
-from worker.wire.transport import bearer
+from worker.wire.transport import worker_metadata
 
 
 @pytest.fixture
@@ -320,7 +320,9 @@ class _ClaimingWorker:
                 yield await self._answers.get()
 
         stub = pb_grpc.WorkerServiceStub(self._channel)
-        self._call = stub.Stream(envelopes(), metadata=bearer(live.token))
+        # A key of its own: a hub serves no worker without one (worker.hub.admission).
+        metadata = worker_metadata(live.token, uuid.uuid4().hex)
+        self._call = stub.Stream(envelopes(), metadata=metadata)
         self.task = asyncio.ensure_future(self._serve())
 
     async def _serve(self) -> None:

@@ -32,6 +32,7 @@ CONFIG = """\
 listen = "{listen}"
 default_timeout_s = 30
 held_blobs_mib = {held_blobs_mib}
+accept_new_workers = {accept_new_workers}
 
 [[root]]
 path = "{workspace}"
@@ -258,8 +259,14 @@ def write_config(home: Path, listen: str, extra_config: str = "", **settings: An
         "backoff_cap_s": 1.0,
         "held_blobs_mib": 256,
         "heartbeat_s": 0.5,
+        # Tests' hubs serve a new worker id at its first Hello (the setting's default
+        # is off): most tests open worker streams under made-up ids, or start workers
+        # in homes of their own, to test other things. The enrolment tests
+        # (tests/integration/test_worker_enrolment.py) turn it off.
+        "accept_new_workers": True,
     }
     values.update(settings)
+    values = {k: str(v).lower() if isinstance(v, bool) else v for k, v in values.items()}
     home.mkdir(parents=True, exist_ok=True)
     (home / "workspace").mkdir(exist_ok=True)
     text = CONFIG.format(listen=listen, workspace=home / "workspace", **values)

@@ -122,7 +122,11 @@ def config_of(paths: Paths, args: argparse.Namespace) -> Config:
         "tls_ca": getattr(args, "tls_ca", None),
         "max_concurrency": getattr(args, "max_concurrency", None),
     }
-    hub_flags = {"listen": getattr(args, "listen", None)}
+    hub_flags = {
+        "listen": getattr(args, "listen", None),
+        # Only ever turned on by a flag; off, the file's setting stands.
+        "accept_new_workers": True if getattr(args, "accept_new_workers", False) else None,
+    }
     return load(paths, {"worker": worker_flags, "hub": hub_flags})
 
 

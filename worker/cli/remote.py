@@ -47,10 +47,34 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_server_flags(call)
     call.set_defaults(handler=_call)
 
-    workers = sub.add_parser("workers", help="list the workers the hub knows")
+    workers = sub.add_parser(
+        "workers",
+        help="list the workers the hub knows; accept, refuse or forget one",
+        description="A hub serves a worker only with the key its operator accepted for "
+        "the worker's id. A worker not accepted yet is listed as pending with its key's "
+        "fingerprint: compare it with the one the worker printed at its start "
+        "('key fingerprint ...'), then `agentworker workers accept ID`.",
+    )
     workers.add_argument("--json", action="store_true", help="machine-readable output")
     add_server_flags(workers)
     workers.set_defaults(handler=_workers)
+    decisions = workers.add_subparsers(dest="decision", metavar="{accept,refuse,forget}")
+    for verb, what in (
+        ("accept", "serve this worker id with the key it came with (and no other)"),
+        ("refuse", "refuse this worker id's Hellos with that key; it gets nothing here"),
+        ("forget", "forget every decision about the id: its next Hello waits again"),
+    ):
+        decide = decisions.add_parser(verb, help=what, description=what)
+        decide.add_argument("worker_id", metavar="ID", help="the worker's id, as listed")
+        if verb != "forget":
+            decide.add_argument(
+                "--fingerprint",
+                default="",
+                help="which key (the start of its fingerprint, as the worker printed it); "
+                "needed when the id came with more than one",
+            )
+        add_server_flags(decide)
+        decide.set_defaults(handler=_decide)
 
     status = sub.add_parser("status", help="connected / disconnected / unconfigured")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -180,6 +204,8 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
                 "version": w.version,
                 "last_seen": iso(w.last_seen_unix_ms),
                 "actions": list(w.actions),
+                "enrolment": w.enrolment or "not accepted",
+                "fingerprint": w.fingerprint,
             }
             for w in reply.workers
         ]
@@ -190,10 +216,47 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
         else:
             for r in rows:
                 link = "connected" if r["connected"] else f"last seen {r['last_seen']}"
+                key = f", key {r['fingerprint']}" if r["fingerprint"] else ""
                 print(
-                    f"{shown(str(r['worker_id']))}  {link}  "
+                    f"{shown(str(r['worker_id']))}  {r['enrolment']}{key}  {link}  "
                     f"in flight {r['in_flight']}/{r['max_concurrency']}"
                 )
+            waiting = [r for r in rows if r["enrolment"] == "pending"]
+            if waiting:
+                print(
+                    f"{len(waiting)} waiting: compare each fingerprint with what its worker "
+                    "printed at its start, then `agentworker workers accept ID`"
+                )
+        return EXIT_OK
+
+    return with_client(paths, args, body)
+
+
+def _decide(paths: Paths, args: argparse.Namespace) -> int:
+    import grpc
+
+    from worker.wire.proto import agentworker_pb2 as pb
+
+    decision = {
+        "accept": pb.DecideWorkerRequest.ACCEPT,
+        "refuse": pb.DecideWorkerRequest.REFUSE,
+        "forget": pb.DecideWorkerRequest.FORGET,
+    }[args.decision]
+    request = pb.DecideWorkerRequest(
+        worker_id=args.worker_id,
+        decision=decision,
+        fingerprint=getattr(args, "fingerprint", ""),
+    )
+
+    async def body(client: ControlClient) -> int:
+        try:
+            reply = await client.stub.DecideWorker(request, metadata=client.metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise
+            print(f"agentworker: {shown(exc.details() or '')}", file=sys.stderr)
+            return EXIT_FAILED
+        print(shown(reply.message))
         return EXIT_OK
 
     return with_client(paths, args, body)

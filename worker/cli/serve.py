@@ -33,6 +33,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     hub = sub.add_parser("hub", help="run the reference hub alone")
     hub.add_argument("--listen", help="address to serve (loopback unless TLS is configured)")
+    hub.add_argument(
+        "--accept-new-workers",
+        action="store_true",
+        help="serve any new worker id at its first Hello, without `agentworker workers "
+        "accept`. RISK: anyone holding hub-workers.token becomes a worker of this hub and "
+        "is given new sandbox plans, their calls, args and blobs (keys, secrets); and a "
+        "worker id first seen from them is theirs. Use it only while enrolling workers "
+        "you started yourself, on a network only they reach",
+    )
     hub.set_defaults(handler=_hub)
 
     run = sub.add_parser(

@@ -49,6 +49,8 @@ from worker.wire.local import HandedResult, LocalLink
 from worker.wire.own_hub import OwnHub
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
+    ENROLMENT_KEY,
+    ENROLMENT_RETRIED,
     FOLLOW_PROTOCOL,
     HASH_OFF_LOOP_BYTES,
     MAX_DIGEST_CHARS,
@@ -72,6 +74,8 @@ FATAL_CODES = frozenset(
     }
 )
 HANDSHAKE_TIMEOUT_S = 15.0
+# A worker the hub's operator has not accepted yet tries again at least this often.
+ENROLMENT_RETRY_S: Final = 5.0
 # A session that completed its handshake and stayed up this long was healthy: the
 # next redial starts the backoff over (a hub restart after a long outage is then
 # redialled in well under a second, not at the outage's 30 s ceiling).
@@ -269,6 +273,7 @@ class WorkerConnection:
         this = asyncio.current_task()
         assert this is not None
         down_since: float | None = None  # the end of the last healthy session
+        waited = False  # the last try was refused as not accepted yet (ENROLMENT_KEY)
         while not self._stopping:
             self.on_state(LinkState("connecting", self.target.address))
             self._healthy_at = None
@@ -276,6 +281,7 @@ class WorkerConnection:
             self._session_task = asyncio.create_task(self._session())
             why = "the server ended the session"
             retry_after_s = 0.0  # what a server that refused us busy asked us to wait
+            said, waited = waited, False
             try:
                 await self._session_task
                 clean_end = True  # Drain/Goodbye: come back soon
@@ -296,7 +302,14 @@ class WorkerConnection:
                 if self._stopping:
                     return
                 why = _describe(exc)
-                log.warning("connection to %s lost: %s", self._dialled, why)
+                waiting = isinstance(exc, grpc.aio.AioRpcError) and (
+                    enrolment_of(exc) in ENROLMENT_RETRIED
+                )
+                if waiting and said:  # said once in full; the person has it
+                    log.info("still not accepted by %s; trying again", self._dialled)
+                else:
+                    log.warning("connection to %s lost: %s", self._dialled, why)
+                waited = waiting
                 if isinstance(exc, grpc.aio.AioRpcError):
                     retry_after_s = retry_after(exc)
             finally:
@@ -313,6 +326,8 @@ class WorkerConnection:
             if down_since is None or clean_end or healthy:
                 down_since = now  # the backoff starts over
             delay = self.backoff.delay(now - down_since)
+            if waited:  # the operator may accept it any moment: not the backoff's 30 s
+                delay = min(delay, ENROLMENT_RETRY_S)
             if retry_after_s:
                 # As told, spread over as long again: a fleet refused together does not
                 # come back together.
@@ -1384,7 +1399,17 @@ def retry_after(exc: grpc.aio.AioRpcError) -> float:
     return 0.0
 
 
+def enrolment_of(exc: grpc.aio.AioRpcError) -> str:
+    """Why a hub did not serve this worker's Hello (ENROLMENT_KEY), '' if it did not say."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ENROLMENT_KEY:
+            return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return ""
+
+
 def _raise_if_fatal(exc: grpc.aio.AioRpcError) -> None:
+    if exc.code() == grpc.StatusCode.PERMISSION_DENIED and enrolment_of(exc) in ENROLMENT_RETRIED:
+        return  # waits for the hub's operator: tried again (see ENROLMENT_KEY)
     if exc.code() in FATAL_CODES:
         raise FatalConnectionError(
             f"the server refused this worker ({exc.code().name}): {exc.details()}"

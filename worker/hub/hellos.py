@@ -200,12 +200,3 @@ def worker_key_digest(context: grpc.aio.ServicerContext) -> str:
             raw = value.encode() if isinstance(value, str) else bytes(value)
             return hashlib.sha256(raw).hexdigest() if raw else ""
     return ""
-
-
-def id_taken_message(worker_id: str) -> str:
-    return (
-        f"worker id {worker_id!r} belongs to another worker at this hub: this worker's key "
-        "is not the one that id first came with. A worker's id and key live together in "
-        "its data folder (worker_id, worker.key): move both, or remove worker_id there to "
-        "get a new id"
-    )

@@ -284,7 +284,8 @@ class Placements:
             raise WorkerError(
                 "sandbox_unavailable",
                 f"no sandbox worker is connected to take plan {plan_id!r}; start one with "
-                "`agentworker run --sandbox` (or `agentworker up --sandbox`)",
+                "`agentworker run --sandbox` (or `agentworker up --sandbox`)"
+                + self.store.enrolments.waiting_hint(),
                 {"plan_id": plan_id},
             )
         plans: dict[str, int] = {}

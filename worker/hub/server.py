@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hmac
 import json
 import logging
 import secrets
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -30,6 +29,7 @@ from worker.clock import now_ms
 from worker.config import PROMPT_TIMEOUT_MAX_S
 from worker.errors import WorkerError
 from worker.hub import delivery, reads, upload
+from worker.hub.admission import Admission, enrolment_info
 from worker.hub.audit_log import AuditLines, shown
 from worker.hub.delivery import too_large
 from worker.hub.envelopes import Answer, EnvelopeRefused, Incoming
@@ -42,7 +42,6 @@ from worker.hub.hellos import (
     PacedLines,
     hello_description,
     hello_refusal,
-    id_taken_message,
     worker_key_digest,
 )
 from worker.hub.outbox import PROGRESS_BYTES
@@ -73,6 +72,7 @@ from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import (
     BLOB_CAP_HINTS,
     DIGEST_KILL_PROTOCOL,
+    ENROLMENT_KEY,
     FOLLOW_PROTOCOL,
     MAX_TIMEOUT_MS,
     PARTS_PROTOCOL,
@@ -249,8 +249,11 @@ class Hub:
         default_timeout_s: float = 60.0,
         held_blob_bytes: int = HELD_BLOB_BYTES,
         placement_key: bytes | None = None,
+        own_worker_key: Callable[[], str] = str,
+        accept_new_workers: bool = False,
     ) -> None:
         self.store = store
+        self.admission = Admission(store.enrolments, own_worker_key, accept_new=accept_new_workers)
         self.heartbeat_s = heartbeat_s
         self.write_stuck_s = WRITE_STUCK_S  # an attribute, so that a test may make it small
         self.outbox_wait_s = OUTBOX_WAIT_S  # and this
@@ -363,18 +366,9 @@ class Hub:
                 f"this hub {PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade the older side",
             )
         key_digest = worker_key_digest(context)
-        bound = self.store.worker_key(hello.worker_id)
-        if bound and not hmac.compare_digest(bound, key_digest):
-            log.warning(
-                "refused a Hello for worker %s: not the key it is known by here (%s)",
-                hello.worker_id,
-                "none given" if not key_digest else "another key",
-            )
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED, id_taken_message(hello.worker_id)
-            )
-        known = bool(bound) or self.store.knows_worker(hello.worker_id)
-        if context.peer() != LOCAL_PEER:  # `up`'s own worker is not counted
+        known = self.store.knows_worker(hello.worker_id)
+        local = context.peer() == LOCAL_PEER
+        if not local:  # `up`'s own worker is not counted
             busy = self.hellos.admit(hello.worker_id, new=not known)
             if busy is not None:
                 await context.abort(
@@ -382,6 +376,12 @@ class Hub:
                     busy.message,
                     trailing_metadata=((RETRY_AFTER_KEY, str(busy.retry_ms)),),
                 )
+        # Served only with the key the operator accepted for the id (worker.hub.admission).
+        unserved = self.admission.admit(hello, key_digest, local=local)
+        if unserved is not None:
+            await context.abort(
+                unserved.code, unserved.message, trailing_metadata=((ENROLMENT_KEY, unserved.why),)
+            )
         session = Session(
             hello=hello_description(hello),
             session_id=uuid.uuid4().hex,
@@ -1132,7 +1132,7 @@ class Hub:
         if not connected:
             raise LookupError(
                 "no worker is connected to this hub; start one with `agentworker run` "
-                "(or use `agentworker up`, which runs both)"
+                "(or use `agentworker up`, which runs both)" + self.store.enrolments.waiting_hint()
             )
         raise LookupError(
             f"{len(connected)} workers are connected ({', '.join(sorted(connected))}); "
@@ -1732,9 +1732,12 @@ class Hub:
 
     def worker_infos(self) -> list[pb.WorkerInfo]:
         infos = []
+        enrolments = self.store.enrolments.all()
+        accepted = {row.worker_id: row for row in enrolments if row.state == "accepted"}
         for hello, last_seen in self.store.workers():
             session = self.sessions.get(hello.worker_id)
             live = session.hello if session else hello
+            enrolled = accepted.pop(live.worker_id, None)
             infos.append(
                 pb.WorkerInfo(
                     worker_id=live.worker_id,
@@ -1747,9 +1750,28 @@ class Hub:
                     gui_available=live.gui_available,
                     last_seen_unix_ms=now_ms() if session else last_seen,
                     max_concurrency=live.max_concurrency,
+                    enrolment=enrolled.state if enrolled else "",
+                    fingerprint=enrolled.fingerprint if enrolled else "",
                 )
             )
+        # Accepted and not seen since (or forgotten away), waiting, refused: by their rows.
+        infos.extend(enrolment_info(row) for row in accepted.values())
+        infos.extend(enrolment_info(row) for row in enrolments if row.state != "accepted")
         return infos
+
+    def decide_worker(self, request: pb.DecideWorkerRequest) -> pb.DecideWorkerResponse:
+        """The operator's decision (worker.hub.admission.decide); a worker no longer
+        served loses its stream at once (refused: it stops; forgotten: it says Hello
+        again, and waits)."""
+        response, unserved = self.admission.decide(request)
+        session = self.sessions.get(request.worker_id)
+        if unserved is not None and session is not None:
+            log.warning("worker %s: %s", session.worker_id, response.message)
+            session.refusal = unserved
+            session.drop_queued()
+            session.close()
+            self._ended(session)
+        return response
 
     def status(self) -> pb.StatusResponse:
         known = self.store.known_workers()

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from worker.errors import WorkerError
 from worker.hub import reads as read_bounds
 from worker.hub.client import UPLOAD_TAKEN
+from worker.hub.enrolment import DecisionError
 from worker.hub.envelopes import worker_envelope
 from worker.hub.reads import CONTROL_READ_KIND, UnaryReads
 from worker.hub.server import Hub, bad_id, error_result
@@ -511,6 +512,16 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
             return self.hub.kill_plan(request)
         except LookupError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise  # unreachable: abort raises
+
+    async def DecideWorker(  # noqa: N802
+        self, request: pb.DecideWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DecideWorkerResponse:
+        try:
+            return self.hub.decide_worker(request)
+        except DecisionError as exc:
+            code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, exc.why)
             raise  # unreachable: abort raises
 
     async def Teardown(  # noqa: N802

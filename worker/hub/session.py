@@ -16,6 +16,8 @@ from worker.wire.framing import Chunked, message_part, when_idle
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import PARTS_PROTOCOL, PROTOCOL_MIN
 
+Trailing = tuple[tuple[str, str], ...]  # a refusal's trailing metadata
+
 # While a worker has other calls of this hub's in hand, a new request waits for the
 # worker's next results, or this long at most, and then leaves with every message
 # queued meanwhile, in one stream message (see Hub._hold).
@@ -61,7 +63,8 @@ class Session:
     unsolicited: int = 0
     acks: list[str] = field(default_factory=list)
     # Why the hub ends the stream (a status and its details), once it must.
-    refusal: tuple[grpc.StatusCode, str] | None = None
+    # How its stream ends when the hub ends it: code, message (and trailing metadata).
+    refusal: tuple[grpc.StatusCode, str] | tuple[grpc.StatusCode, str, Trailing] | None = None
     # While its reader waits for a turn of `later_reads`, the future that turn comes by
     # (Turns.ask): resolved False as the hub sends the worker something other than a
     # heartbeat, so that the reader looks again whether it expects answers (Hub._next).

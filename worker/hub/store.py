@@ -49,6 +49,7 @@ from google.protobuf.message import DecodeError
 from worker import db
 from worker.clock import now_ms
 from worker.db import connect
+from worker.hub.enrolment import Enrolments
 from worker.hub.pending import PendingCalls
 from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
@@ -356,6 +357,8 @@ class HubStore:
         self._db.execute("CREATE INDEX IF NOT EXISTS kills_by_use ON kills (used, seq)")
         # A worker stream's key is looked up before its Hello is read (worker.hub.server).
         self._db.execute("CREATE INDEX IF NOT EXISTS workers_key ON workers (key_digest)")
+        # The operator's decisions about workers (worker.hub.enrolment).
+        self.enrolments = Enrolments(self._db)
         # The calls waiting for each worker, kept as they come and go (see
         # worker.hub.pending); counted once here.
         self.pending = PendingCalls(
@@ -940,6 +943,14 @@ class HubStore:
                 # proves each plan with its placement token (Placements.learn).
                 self._db.executemany(
                     "DELETE FROM placements WHERE worker_id = ?",
+                    [(worker_id,) for worker_id in gone],
+                )
+                # And what the hub accepted them by unasked (worker.hub.enrolment): anyone
+                # with the workers' token may say Hello under new ids, and with
+                # accept_new_workers on each was a row for good. The operator's own
+                # decisions stay.
+                self._db.executemany(
+                    "DELETE FROM enrolments WHERE worker_id = ? AND decided_by != 'operator'",
                     [(worker_id,) for worker_id in gone],
                 )
                 # And the kills of every plan owed to them: kept, one a made-up id, they

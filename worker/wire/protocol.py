@@ -33,6 +33,12 @@ DIGEST_KILL_PROTOCOL: Final = 4
 # metadata how long to wait before the next dial, in milliseconds (the reference hub's
 # reconnect bounds, worker.hub.hellos.Hellos); the worker waits at least that.
 RETRY_AFTER_KEY: Final = "retry-after-ms"
+# A Hello the hub does not serve (PERMISSION_DENIED) says why in the trailing metadata
+# (worker.hub.admission): "pending" (its operator has not accepted this worker yet) and
+# "forgotten" are tried again, as the operator may accept it meanwhile; "refused",
+# "key_mismatch" and "no_key" stop the worker.
+ENROLMENT_KEY: Final = "agentworker-enrolment"
+ENROLMENT_RETRIED: Final = frozenset({"pending", "forgotten"})
 
 
 VERSION: Final = worker.__version__

@@ -8,10 +8,11 @@ link that keeps delivering bytes is alive, however long a ping's ack waits behin
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import grpc
 
@@ -148,6 +149,22 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 # another holder of the token cannot take that worker's place (docs/architecture.md,
 # "The protocol and its guarantees").
 WORKER_KEY_HEADER = "agentworker-worker-key"
+
+
+# How a worker's key is shown to people: the first 64 bits of its sha256 (the digest
+# the hub keeps), in groups of four hex digits. The worker prints it at its start and
+# `agentworker workers` lists it, so the hub's operator accepts the key they compare.
+FINGERPRINT_HEX: Final = 16
+
+
+def worker_key_digest_of(key: str) -> str:
+    """sha256 of a worker's key as the hub sees it (worker.hub.hellos.worker_key_digest)."""
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
+
+
+def fingerprint_of_digest(digest: str) -> str:
+    head = digest[:FINGERPRINT_HEX]
+    return "-".join(head[i : i + 4] for i in range(0, len(head), 4))
 
 
 def worker_metadata(token: str, worker_key: str) -> tuple[tuple[str, str], ...]:

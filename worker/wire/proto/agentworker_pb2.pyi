@@ -446,7 +446,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "instance_id", "version", "connected", "in_flight", "state", "actions", "gui_available", "last_seen_unix_ms", "max_concurrency")
+    __slots__ = ("worker_id", "instance_id", "version", "connected", "in_flight", "state", "actions", "gui_available", "last_seen_unix_ms", "max_concurrency", "enrolment", "fingerprint")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +457,8 @@ class WorkerInfo(_message.Message):
     GUI_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    ENROLMENT_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     instance_id: str
     version: str
@@ -467,7 +469,41 @@ class WorkerInfo(_message.Message):
     gui_available: bool
     last_seen_unix_ms: int
     max_concurrency: int
-    def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., connected: _Optional[bool] = ..., in_flight: _Optional[int] = ..., state: _Optional[_Union[Heartbeat.State, str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., max_concurrency: _Optional[int] = ...) -> None: ...
+    enrolment: str
+    fingerprint: str
+    def __init__(self, worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., version: _Optional[str] = ..., connected: _Optional[bool] = ..., in_flight: _Optional[int] = ..., state: _Optional[_Union[Heartbeat.State, str]] = ..., actions: _Optional[_Iterable[str]] = ..., gui_available: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., enrolment: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class DecideWorkerRequest(_message.Message):
+    __slots__ = ("worker_id", "decision", "fingerprint")
+    class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DECISION_UNSPECIFIED: _ClassVar[DecideWorkerRequest.Decision]
+        ACCEPT: _ClassVar[DecideWorkerRequest.Decision]
+        REFUSE: _ClassVar[DecideWorkerRequest.Decision]
+        FORGET: _ClassVar[DecideWorkerRequest.Decision]
+    DECISION_UNSPECIFIED: DecideWorkerRequest.Decision
+    ACCEPT: DecideWorkerRequest.Decision
+    REFUSE: DecideWorkerRequest.Decision
+    FORGET: DecideWorkerRequest.Decision
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    decision: DecideWorkerRequest.Decision
+    fingerprint: str
+    def __init__(self, worker_id: _Optional[str] = ..., decision: _Optional[_Union[DecideWorkerRequest.Decision, str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class DecideWorkerResponse(_message.Message):
+    __slots__ = ("worker_id", "fingerprint", "enrolment", "message")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ENROLMENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    fingerprint: str
+    enrolment: str
+    message: str
+    def __init__(self, worker_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., enrolment: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers",)

@@ -154,6 +154,11 @@ class ControlServiceStub:
                 request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.TeardownRequest.SerializeToString,
                 response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
                 _registered_method=True)
+        self.DecideWorker = channel.unary_unary(
+                '/agentworker.v1.ControlService/DecideWorker',
+                request_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DecideWorkerRequest.SerializeToString,
+                response_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DecideWorkerResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -205,6 +210,14 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecideWorker(self, request, context):
+        """The operator's decision about a worker id (`agentworker workers accept|refuse|forget`):
+        a worker is served only with the key its operator accepted (see WorkerInfo.enrolment).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -242,6 +255,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.Teardown,
                     request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.TeardownRequest.FromString,
                     response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.SerializeToString,
+            ),
+            'DecideWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideWorker,
+                    request_deserializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DecideWorkerRequest.FromString,
+                    response_serializer=worker_dot_wire_dot_proto_dot_agentworker__pb2.DecideWorkerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -434,6 +452,33 @@ class ControlService:
             '/agentworker.v1.ControlService/Teardown',
             worker_dot_wire_dot_proto_dot_agentworker__pb2.TeardownRequest.SerializeToString,
             worker_dot_wire_dot_proto_dot_agentworker__pb2.DispatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentworker.v1.ControlService/DecideWorker',
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.DecideWorkerRequest.SerializeToString,
+            worker_dot_wire_dot_proto_dot_agentworker__pb2.DecideWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,

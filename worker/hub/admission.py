@@ -1,0 +1,249 @@
+"""Whether the hub serves a worker stream's Hello, by the operator's decisions
+(worker.hub.enrolment), and the operator's verbs on them (ControlService.DecideWorker).
+
+A Hello is served when its (worker id, key) is accepted. Accepted without asking:
+- `up`'s own worker (the stream in this process, worker.wire.inproc);
+- a worker whose key is this hub's data folder's worker.key: the same user, the same
+  AGENTWORKER_HOME (`agentworker hub` and `agentworker run` on one machine); whoever
+  can read that file can read hub.token too;
+- any new worker id, while `[hub] accept_new_workers` is on (off by default: with it,
+  anyone holding the workers' token is a worker of this hub and is given plans).
+Every other Hello waits for the operator (pending) or is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+
+from worker.hub.audit_log import shown
+from worker.hub.enrolment import DecisionError, Enrolment, Enrolments
+from worker.hub.hellos import PacedLines
+from worker.ids import id_problem
+from worker.wire.proto import agentworker_pb2 as pb
+from worker.wire.protocol import ENROLMENT_KEY
+from worker.wire.transport import fingerprint_of_digest
+
+log = logging.getLogger(__name__)
+
+
+# How the hub ends a served worker's stream it no longer serves (Session.refusal).
+Ended = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    why: str  # ENROLMENT_KEY's value
+    message: str
+
+    code: grpc.StatusCode = grpc.StatusCode.PERMISSION_DENIED
+
+
+def pending_message(worker_id: str, fingerprint: str) -> str:
+    return (
+        f"worker {worker_id!r} is not accepted by this hub yet (its key's fingerprint "
+        f"{fingerprint}): the hub's operator runs `agentworker workers accept {worker_id}` "
+        "once the fingerprint matches the one this worker printed at its start. Until "
+        "then it is given no calls; it tries again meanwhile"
+    )
+
+
+def taken_message(worker_id: str, fingerprint: str) -> str:
+    return (
+        f"worker id {worker_id!r} belongs to another worker at this hub: it is accepted "
+        f"with another key, and this worker's key (fingerprint {fingerprint}) is not it. "
+        "A worker's id and key live together in its data folder (worker_id, worker.key): "
+        "move both, or remove worker_id there to get a new id. If this worker's key was "
+        "made anew, the hub's operator accepts it "
+        f"with `agentworker workers accept {worker_id} --fingerprint {fingerprint}`"
+    )
+
+
+def refused_message(worker_id: str, fingerprint: str) -> str:
+    return (
+        f"the operator of this hub refused worker {worker_id!r} (key fingerprint "
+        f"{fingerprint}): it is given no calls here. `agentworker workers forget "
+        f"{worker_id}` on the hub undoes that"
+    )
+
+
+NO_KEY_MESSAGE: Final = (
+    "this worker sent no worker key (a worker from before keys, or not agentworker's): "
+    "a hub serves a worker only with the key its operator accepted; upgrade the worker"
+)
+
+
+class Admission:
+    def __init__(
+        self,
+        enrolments: Enrolments,
+        own_key: Callable[[], str],
+        *,
+        accept_new: bool = False,
+    ) -> None:
+        self.enrolments = enrolments
+        # The digest of this hub's data folder's worker.key ('' while there is none):
+        # read when a Hello needs it, since `run` may make the file after the hub started.
+        self._own_key = own_key
+        self._own_digest = ""  # kept once read: the file is made once
+        self.accept_new = accept_new
+        self.pending_lines = PacedLines()
+        if accept_new:
+            log.warning(
+                "hub: [hub] accept_new_workers is on: every new worker id is accepted at its "
+                "first Hello, and anyone holding hub-workers.token is given plans, calls, "
+                "args and blobs here; turn it off once your workers are accepted"
+            )
+        if enrolments.migrated:
+            log.warning(
+                "hub: %d worker(s) this hub.db knew from before enrolment are accepted with "
+                "the key each first came with; `agentworker workers` lists them, `agentworker "
+                "workers refuse ID` refuses one you do not recognise",
+                enrolments.migrated,
+            )
+
+    def admit(self, hello: pb.Hello, key_digest: str, *, local: bool) -> Refusal | None:
+        """None when the Hello is served (accepted now if it may be, see the module);
+        else why not, recorded for the operator when it waits for them."""
+        worker_id = hello.worker_id
+        fingerprint = fingerprint_of_digest(key_digest) or "none"
+        verdict = self.enrolments.verdict(worker_id, key_digest)
+        if verdict.state == "accepted":
+            self.enrolments.seen(worker_id, key_digest, hello)
+            return None
+        if not key_digest and not local:
+            if verdict.taken:
+                return Refusal("key_mismatch", taken_message(worker_id, fingerprint))
+            return Refusal("no_key", NO_KEY_MESSAGE)
+        if verdict.state == "refused":
+            return Refusal("refused", refused_message(worker_id, fingerprint))
+        if verdict.taken:  # whoever it is: an id is its accepted key's (`up`'s own too)
+            self.enrolments.waiting(worker_id, key_digest, hello)  # the operator may take it
+            log.warning(
+                "refused a Hello for worker %s: its key (fingerprint %s) is not the one "
+                "accepted for that id",
+                shown(worker_id),
+                fingerprint,
+            )
+            return Refusal("key_mismatch", taken_message(worker_id, fingerprint))
+        ours = self._ours(key_digest, local=local)
+        if ours:  # the hub's own user's worker
+            self.enrolments.accept(worker_id, key_digest, hello, by="own")
+            log.info("hub: worker %s accepted (%s)", shown(worker_id), ours)
+            return None
+        if self.accept_new:
+            self.enrolments.accept(worker_id, key_digest, hello, by="first_contact")
+            log.info(
+                "hub: worker %s accepted on first contact (key fingerprint %s): "
+                "[hub] accept_new_workers is on",
+                shown(worker_id),
+                fingerprint,
+            )
+            return None
+        self.enrolments.waiting(worker_id, key_digest, hello)
+        self.pending_lines.log(
+            "worker %s waits to be accepted (key fingerprint %s): `agentworker workers "
+            "accept %s` once it matches what the worker printed at its start",
+            shown(worker_id),
+            fingerprint,
+            shown(worker_id),
+        )
+        return Refusal("pending", pending_message(worker_id, fingerprint))
+
+    def _ours(self, key_digest: str, *, local: bool) -> str:
+        """Why a Hello is the hub's own user's worker ('' when it is not)."""
+        if local:
+            return "`up`'s own worker, in this process"
+        if not self._own_digest:
+            self._own_digest = self._own_key()
+        if self._own_digest and self._own_digest == key_digest:
+            return "its key is this hub's data folder's worker.key"
+        return ""
+
+    def decide(
+        self, request: pb.DecideWorkerRequest
+    ) -> tuple[pb.DecideWorkerResponse, Ended | None]:
+        """The operator's decision about `request.worker_id`, and how the stream of a
+        worker no longer served by it ends (None: it still is). DecisionError when it
+        names no worker known here, or more than one key without --fingerprint."""
+        worker_id, fingerprint = request.worker_id, request.fingerprint
+        problem = id_problem("worker_id", worker_id, required=True)
+        if problem is not None:
+            raise DecisionError(problem[1])
+        if request.decision == pb.DecideWorkerRequest.FORGET:
+            if not self.enrolments.forget(worker_id):
+                raise DecisionError(
+                    f"this hub has no decision about worker {worker_id!r}", not_found=True
+                )
+            message = (
+                f"forgot every decision about worker {worker_id!r}: its next Hello waits to "
+                "be accepted again"
+            )
+            log.warning("hub: %s", message)
+            forgot: tuple[tuple[str, str], ...] = ((ENROLMENT_KEY, "forgotten"),)
+            ended: Ended = (
+                grpc.StatusCode.UNAVAILABLE,
+                f"the hub's operator forgot worker {worker_id!r}: say Hello again",
+                forgot,
+            )
+            return pb.DecideWorkerResponse(worker_id=worker_id, message=message), ended
+        if request.decision == pb.DecideWorkerRequest.ACCEPT:
+            row = self.enrolments.decide(worker_id, fingerprint, "accepted")
+            message = (
+                f"accepted worker {worker_id!r} with the key of fingerprint {row.fingerprint}: "
+                "it is served from its next Hello (it tries again on its own); a Hello under "
+                "that id with any other key is refused"
+            )
+            log.warning("hub: %s", message)
+            response = pb.DecideWorkerResponse(
+                worker_id=worker_id,
+                fingerprint=row.fingerprint,
+                enrolment="accepted",
+                message=message,
+            )
+            return response, None
+        if request.decision == pb.DecideWorkerRequest.REFUSE:
+            row = self.enrolments.decide(worker_id, fingerprint, "refused")
+            message = (
+                f"refused worker {worker_id!r} with the key of fingerprint {row.fingerprint}: "
+                f"its Hellos are refused; `agentworker workers forget {worker_id}` undoes it"
+            )
+            log.warning("hub: %s", message)
+            response = pb.DecideWorkerResponse(
+                worker_id=worker_id,
+                fingerprint=row.fingerprint,
+                enrolment="refused",
+                message=message,
+            )
+            if self.enrolments.verdict(worker_id, "").taken:  # another key still accepted
+                return response, None
+            trailing: tuple[tuple[str, str], ...] = ((ENROLMENT_KEY, "refused"),)
+            ended = (
+                grpc.StatusCode.PERMISSION_DENIED,
+                refused_message(worker_id, row.fingerprint),
+                trailing,
+            )
+            return response, ended
+        raise DecisionError("the decision is one of accept, refuse, forget")
+
+
+def enrolment_info(row: Enrolment) -> pb.WorkerInfo:
+    """A worker known only by its enrolment row (waiting, or refused), as ListWorkers
+    shows it."""
+    hello = row.hello
+    return pb.WorkerInfo(
+        worker_id=row.worker_id,
+        instance_id=hello.instance_id,
+        version=hello.version,
+        connected=False,
+        actions=hello.actions,
+        gui_available=hello.gui_available,
+        last_seen_unix_ms=row.seen_ms,
+        max_concurrency=hello.max_concurrency,
+        enrolment=row.state,
+        fingerprint=row.fingerprint,
+    )
