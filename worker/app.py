@@ -447,6 +447,7 @@ async def _hub_housekeeping(hub: Hub) -> None:
         forgotten = hub.forget_workers()
         if forgotten:
             log.info("hub: forgot %d workers away past their keeping time", forgotten)
+        hub.store.ended_plans.forget()
         await _give_back_pages(hub.store.path)
         memory.give_back()
         await asyncio.sleep(PRUNE_EVERY_S)  # a timer by nature: age is what it prunes by

@@ -25,6 +25,7 @@ from tests.support.cluster import Cluster, call_in_background, cluster, release,
 from tests.support.workbench import (
     call,
     files_of,
+    held_token_of,
     placement_token_of,
     start_sandbox_worker,
     worker_id_of,
@@ -254,6 +255,7 @@ def test_a_restarted_worker_proves_its_plans_to_a_hub_that_lost_hub_db(tmp_path:
         assert files_of(live, "w1", plan).exists() and y != x
         # The token is kept with the workspace (beside its files) and in hub.db (the
         # requests the hub keeps), never logged nor in telemetry or the ledger.
-        token = placement_token_of(live, x, plan).encode()
+        token = held_token_of(live, "w1", plan).encode()
+        assert token
         holding = {path.name for path in tmp_path.rglob("*") if token in _bytes_of(path)}
         assert holding - {"hub.db", "hub.db-wal"} == {"plan.json"}, holding

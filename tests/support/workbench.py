@@ -54,10 +54,19 @@ def worker_id_of(live: Cluster, name: str) -> str:
 
 
 def placement_token_of(live: Cluster, worker_id: str, plan: str) -> str:
-    """The placement token the cluster's hub gives worker `worker_id` for `plan` (made
-    with the hub's hub-placements.key): what a worker it placed the plan on holds."""
+    """A placement token of the cluster's hub for `plan` on worker `worker_id` (made with
+    the hub's hub-placements.key), of no epoch: what a hub from before epochs gave, and
+    still proof to a hub with no record of the plan (a real worker holds one of the
+    plan's epoch now: held_token_of)."""
     key = (live.home / PLACEMENT_KEY_FILE).read_text().strip().encode()
     return placement_token(key, worker_id, plan)
+
+
+def held_token_of(live: Cluster, name: str, plan: str) -> str:
+    """The placement token worker `name` keeps for `plan` (its plan.json, beside the
+    workspace's files): the hub's, of the plan's creation (worker.hub.epochs)."""
+    meta = files_of(live, name, plan).parent / "plan.json"
+    return str(json.loads(meta.read_text()).get("placement_token", ""))
 
 
 def key_of(live: Cluster, plan: str) -> str:

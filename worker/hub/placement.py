@@ -19,6 +19,7 @@ from typing import Final, Protocol
 from worker.clock import now_ms
 from worker.errors import WorkerError
 from worker.hub.audit_log import shown
+from worker.hub.epochs import new_epoch
 from worker.hub.hellos import HELLO_PLANS, PacedLines
 from worker.hub.store import HubStore
 from worker.ids import id_problem
@@ -31,14 +32,26 @@ log = logging.getLogger(__name__)
 UNPROVEN_NAMED: Final = 3
 
 
-def placement_token(key: bytes, worker_id: str, plan_id: str) -> str:
+def placement_token(key: bytes, worker_id: str, plan_id: str, epoch: str = "") -> str:
     """The hub's proof, to the worker it placed `plan_id` on, that it did (sent with
     each of the plan's calls, said back in the worker's Hello): a MAC under the hub's
     placement key, so the hub needs no record to check it (its record may be lost,
     hub-placements.key is kept apart from hub.db) and a claimant needs the key to make
-    one. Bound to the worker id, which the hub binds to the worker's own key."""
-    pair = json.dumps([worker_id, plan_id]).encode("utf-8", "surrogatepass")
-    return hmac.new(key, b"agentworker placement\0" + pair, hashlib.sha256).hexdigest()
+    one. Bound to the worker id, which the hub serves only with the worker's own key,
+    and to the plan's creation `epoch` (worker.hub.epochs), which it carries:
+    `EPOCH.MAC`. With no epoch (a placement from before epochs), the MAC alone."""
+    if not epoch:
+        pair = json.dumps([worker_id, plan_id]).encode("utf-8", "surrogatepass")
+        return hmac.new(key, b"agentworker placement\0" + pair, hashlib.sha256).hexdigest()
+    what = json.dumps([worker_id, plan_id, epoch]).encode("utf-8", "surrogatepass")
+    mac = hmac.new(key, b"agentworker placement\0" + what, hashlib.sha256).hexdigest()
+    return f"{epoch}.{mac}"
+
+
+def token_epoch(token: str) -> str:
+    """The epoch a placement token says it is of ('' for one from before epochs)."""
+    epoch, dot, _ = token.rpartition(".")
+    return epoch if dot else ""
 
 
 class Worker(Protocol):
@@ -70,6 +83,10 @@ class Placements:
         self.open_calls = open_calls
         # plan -> the worker holding its workspace (sticky).
         self.by_plan: dict[str, str] = store.placements()
+        # plan -> the epoch of its placement, which its tokens prove ('' from before).
+        self.epochs: dict[str, str] = store.placement_epochs()
+        # The epochs of the plans each connected worker proved it holds (its Hello).
+        self.claimed: dict[str, dict[str, str]] = {}
         # What each connected worker holds, by its own word (its Hello) and by the plans
         # placed and used there since: plan -> last use (unix ms). See `learn`.
         self.held: dict[str, dict[str, int]] = {}
@@ -83,15 +100,22 @@ class Placements:
     def token(self, worker_id: str, plan_id: str) -> str:
         """The placement token of `plan_id` on `worker_id`, sent with the plan's calls
         there (ActionRequest.placement_token)."""
-        return placement_token(self._key, worker_id, plan_id)
+        return placement_token(self._key, worker_id, plan_id, self.epochs.get(plan_id, ""))
 
-    def _proven(self, worker_id: str, claim: pb.HeldPlan) -> bool:
-        """Whether the claim brings the token this hub gave `worker_id` for the plan
-        (compared in constant time: a claimant learns nothing from how long it took)."""
+    def _proven(self, worker_id: str, claim: pb.HeldPlan) -> str | None:
+        """The epoch of the plan's creation the claim proves, if it brings the token this
+        hub gave `worker_id` for it (compared in constant time: a claimant learns nothing
+        from how long it took), of a creation not torn down since; else None."""
         if not claim.placement_token:
-            return False
+            return None
+        epoch = token_epoch(claim.placement_token)
         given = claim.placement_token.encode("utf-8", "surrogatepass")
-        return hmac.compare_digest(given, self.token(worker_id, claim.plan_id).encode())
+        made = placement_token(self._key, worker_id, claim.plan_id, epoch).encode()
+        if not hmac.compare_digest(given, made):
+            return None
+        if self.store.ended_plans.void(claim.plan_id, epoch):
+            return None  # torn down since: a new plan of that id is not this one
+        return epoch
 
     def sandbox_workers(self) -> list[Worker]:
         prefix = f"{WORKBENCH_SURFACE}."
@@ -130,6 +154,8 @@ class Placements:
                 )
             self.held.setdefault(placed, {})[req.plan_id] = now_ms()
             self.learned.discard(req.plan_id)  # used here: the hub's placement now
+            if not self.epochs.get(req.plan_id):  # placed before epochs: its calls bring one
+                self.place(req.plan_id, placed)
             return placed
         worker_id = req.worker_id or self.least_loaded(req.plan_id)
         self.place(req.plan_id, worker_id)
@@ -137,9 +163,15 @@ class Placements:
         log.info("plan %s placed on worker %s", req.plan_id, worker_id)
         return worker_id
 
-    def place(self, plan_id: str, worker_id: str, *, learned: bool = False) -> None:
+    def place(
+        self, plan_id: str, worker_id: str, *, learned: bool = False, epoch: str = ""
+    ) -> None:
+        """Place `plan_id` on `worker_id`, of the creation `epoch` a claim proved; a
+        new one (worker.hub.epochs) if none is given."""
+        epoch = epoch or new_epoch(self.store.ended_plans.ended_ms(plan_id))
         self.by_plan[plan_id] = worker_id
-        self.store.place(plan_id, worker_id)
+        self.epochs[plan_id] = epoch
+        self.store.place(plan_id, worker_id, epoch)
         if learned:
             self.learned.add(plan_id)
         else:
@@ -148,12 +180,21 @@ class Placements:
     def reload(self) -> None:
         """The hub's record read again (the store forgot workers, and their plans)."""
         self.by_plan = self.store.placements()
+        self.epochs = self.store.placement_epochs()
         self.learned &= self.by_plan.keys()
 
     def unplace(self, plan_id: str) -> None:
         del self.by_plan[plan_id]
+        self.epochs.pop(plan_id, None)
         self.store.unplace(plan_id)
         self.learned.discard(plan_id)
+
+    def ended(self, plan_id: str) -> None:
+        """`plan_id` was torn down: every token given for it so far proves nothing, so
+        a worker that held it cannot claim a new plan of that id (worker.hub.epochs)."""
+        self.store.ended_plans.end(plan_id)
+        for claims in self.claimed.values():
+            claims.pop(plan_id, None)
 
     def learn(self, session: Worker, plans: Iterable[pb.HeldPlan]) -> None:
         """Take a connecting worker's word for the workspaces it holds (its Hello), so
@@ -191,13 +232,19 @@ class Placements:
                 HELLO_PLANS,
             )
         held: dict[str, int] = {}
+        epochs: dict[str, str] = {}
         unproven: list[str] = []
         for plan in claims[:HELLO_PLANS]:
             if id_problem("plan_id", plan.plan_id) is not None:  # never a call's plan id
                 continue
-            if self.by_plan.get(plan.plan_id) != worker_id and not self._proven(worker_id, plan):
-                unproven.append(plan.plan_id)
-                continue
+            if self.by_plan.get(plan.plan_id) == worker_id:
+                epochs.setdefault(plan.plan_id, self.epochs.get(plan.plan_id, ""))
+            else:
+                epoch = self._proven(worker_id, plan)
+                if epoch is None:
+                    unproven.append(plan.plan_id)
+                    continue
+                epochs.setdefault(plan.plan_id, epoch)
             held.setdefault(plan.plan_id, min(plan.last_used_unix_ms, now))
         del claims
         if unproven:
@@ -213,6 +260,7 @@ class Placements:
         for plan_id in self.store.queued_teardowns(worker_id):
             held.pop(plan_id, None)  # its removal is on the way: not a home for the plan
         self.held[worker_id] = held
+        self.claimed[worker_id] = epochs
         on_the_way = {
             call.request.plan_id
             for call in self.store.open_calls(worker_id)
@@ -231,7 +279,7 @@ class Placements:
         for plan_id in held:
             recorded = self.by_plan.get(plan_id)
             if recorded is None:
-                self.place(plan_id, worker_id, learned=True)
+                self.place(plan_id, worker_id, learned=True, epoch=epochs.get(plan_id, ""))
                 learned += 1
             elif recorded != worker_id and plan_id in self.learned:
                 self.settle(plan_id)  # a claim against a claim
@@ -274,7 +322,8 @@ class Placements:
                 latest,
             )
         if placed != latest:
-            self.place(plan_id, latest, learned=True)
+            epoch = self.claimed.get(latest, {}).get(plan_id, "")
+            self.place(plan_id, latest, learned=True, epoch=epoch)
 
     def least_loaded(self, plan_id: str) -> str:
         candidates = [

@@ -489,6 +489,7 @@ class Hub:
         if self.sessions.get(worker_id) is session:
             del self.sessions[worker_id]
             self.placements.held.pop(worker_id, None)
+            self.placements.claimed.pop(worker_id, None)
         self.store.touch_worker(worker_id, now_ms() - session.started_ms, session.kills_through)
         self._end_scope_asks(session)
         log.info("worker %s disconnected", worker_id)
@@ -1173,6 +1174,10 @@ class Hub:
                 return pb.DispatchResponse(worker_id=worker_id, result=result)
             self.placements.held.get(worker_id, {}).pop(req.plan_id, None)
             removed = removed or bool(json.loads(result.result_json or "{}").get("removed"))
+        if placed is None or self.placements.by_plan.get(req.plan_id) in targets:
+            # The plan is gone: every token given for it so far proves nothing now, so a
+            # new plan of that id is another (worker.hub.epochs).
+            self.placements.ended(req.plan_id)
         if self.placements.by_plan.get(req.plan_id) in targets:
             self.placements.unplace(req.plan_id)
         worker_id = targets[0] if len(targets) == 1 else ""

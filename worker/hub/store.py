@@ -50,6 +50,7 @@ from worker import db
 from worker.clock import now_ms
 from worker.db import connect
 from worker.hub.enrolment import Enrolments
+from worker.hub.epochs import EndedPlans
 from worker.hub.pending import PendingCalls
 from worker.wire.framing import Buffer
 from worker.wire.proto import agentworker_pb2 as pb
@@ -113,7 +114,8 @@ CREATE TABLE IF NOT EXISTS queued_teardowns (  -- for a worker that was away
 CREATE TABLE IF NOT EXISTS placements (  -- sandbox mode: which worker holds a plan's workspace
     plan_id   TEXT PRIMARY KEY,
     worker_id TEXT NOT NULL,
-    placed_ms INTEGER NOT NULL
+    placed_ms INTEGER NOT NULL,
+    epoch     TEXT NOT NULL DEFAULT ''  -- the plan's creation its tokens prove (worker.hub.epochs)
 );
 """
 
@@ -359,6 +361,11 @@ class HubStore:
         self._db.execute("CREATE INDEX IF NOT EXISTS workers_key ON workers (key_digest)")
         # The operator's decisions about workers (worker.hub.enrolment).
         self.enrolments = Enrolments(self._db)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(placements)")}
+        if "epoch" not in columns:  # placed before epochs: its tokens carry none
+            self._db.execute("ALTER TABLE placements ADD COLUMN epoch TEXT NOT NULL DEFAULT ''")
+        # The sandbox plans torn down, whose placement tokens so far prove nothing.
+        self.ended_plans = EndedPlans(self._db)
         # The calls waiting for each worker, kept as they come and go (see
         # worker.hub.pending); counted once here.
         self.pending = PendingCalls(
@@ -1332,10 +1339,13 @@ class HubStore:
         self._db.execute("DELETE FROM queued_teardowns WHERE worker_id = ?", (worker_id,))
         return [plan for (plan,) in rows]
 
-    def place(self, plan_id: str, worker_id: str) -> None:
-        """Remember that `worker_id` holds the workspace of `plan_id` (sandbox mode)."""
+    def place(self, plan_id: str, worker_id: str, epoch: str = "") -> None:
+        """Remember that `worker_id` holds the workspace of `plan_id` (sandbox mode), of
+        the plan's creation `epoch` (worker.hub.epochs)."""
         self._db.execute(
-            "INSERT OR REPLACE INTO placements VALUES (?, ?, ?)", (plan_id, worker_id, now_ms())
+            "INSERT OR REPLACE INTO placements (plan_id, worker_id, placed_ms, epoch)"
+            " VALUES (?, ?, ?, ?)",
+            (plan_id, worker_id, now_ms(), epoch),
         )
 
     def unplace(self, plan_id: str) -> None:
@@ -1345,6 +1355,11 @@ class HubStore:
         """plan id -> the worker holding its workspace."""
         rows = self._db.execute("SELECT plan_id, worker_id FROM placements")
         return {plan: worker for plan, worker in rows}
+
+    def placement_epochs(self) -> dict[str, str]:
+        """plan id -> the epoch of its placement ('' placed before epochs)."""
+        rows = self._db.execute("SELECT plan_id, epoch FROM placements")
+        return {plan: epoch for plan, epoch in rows}
 
     def workers(self) -> list[tuple[pb.Hello, int]]:
         rows = self._db.execute("SELECT hello, last_seen_ms FROM workers ORDER BY worker_id")
