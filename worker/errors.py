@@ -381,6 +381,11 @@ class TokenRefusedError(CredentialsError):
     """The hub answered, and refused the token sent (UNAUTHENTICATED)."""
 
 
+class TokenNotSentError(CredentialsError):
+    """--server names another hub and no token was given for it: this machine's
+    hub.token goes only to this machine's hub (review27 I2)."""
+
+
 class InUseError(StartupError):
     """Something this command needs is taken: the data folder's lock, an address."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.cluster import Cluster, cluster, free_port, wait_for
 from tests.support.port_squatter import Squatter
 from worker.config import Paths
 
@@ -99,3 +99,33 @@ def test_another_user_on_the_hub_port_is_sent_nothing(live: Cluster, stop: int) 
     live.start_hub()
     wait_for(live._worker_in, WITHIN_S, worker)
     assert cli(live, "status").returncode == 0
+
+
+def test_a_verb_sends_this_hubs_token_to_no_other_server(live: Cluster, tmp_path: Path) -> None:
+    """`--server X` with no token sent this machine's hub.token to X, which could then
+    call the person's hub as the person (review27 I2). The verbs refuse, dialling
+    nothing, and say which token to give; their own hub named by its address still gets
+    it."""
+    other = f"127.0.0.1:{free_port()}"
+    squatter = Squatter(other)
+    script = tmp_path / "one.jsonl"
+    script.write_text(json.dumps({"action": "workerHost.fs_stat", "args": {"path": "."}}) + "\n")
+    try:
+        for argv, code in (
+            (("status", "--server", other), 5),
+            (("call", "fs_stat", '{"path": "."}', "--agent", "tester", "--server", other), 5),
+            (("replay", str(script), "--server", other), 5),
+            (("kill", "plan-x", "--server", other), 0),  # killed here, and says why not there
+        ):
+            done = cli(live, *argv)
+            said = done.stdout + done.stderr
+            assert done.returncode == code, (argv, said)
+            assert f"--server {other} is not this machine's hub" in said, said
+            assert "--token-file" in said, said
+    finally:
+        seen = squatter.report()
+    assert seen["connections"] == 0, seen
+    done = cli(
+        live, "call", "fs_stat", '{"path": "."}', "--agent", "tester", "--server", live.listen
+    )
+    assert done.returncode == 0, done.stderr

@@ -112,6 +112,29 @@ def flag_or_env_token(args: argparse.Namespace) -> str | None:
     return getattr(args, "token", None) or os.environ.get("AGENTWORKER_TOKEN") or None
 
 
+def token_for(paths: Paths, args: argparse.Namespace, own_address: str) -> str:
+    """The token a client verb sends: --token(-file) or AGENTWORKER_TOKEN, else this
+    data folder's hub.token, but only to this data folder's hub (no --server, or one
+    naming `own_address`). `--server X` with neither sent hub.token to X, which could
+    then call this machine's hub as the person (review27 I2): a token goes only to the
+    server it belongs to."""
+    given = flag_or_env_token(args)
+    if given is not None:
+        return given
+    server = getattr(args, "server", None)
+    if server and server != own_address:
+        from worker.errors import TokenNotSentError
+
+        raise TokenNotSentError(
+            f"--server {server} is not this machine's hub ({own_address}), and this "
+            "machine's hub.token goes to no other: give the token of that hub with "
+            "--token-file FILE or AGENTWORKER_TOKEN"
+        )
+    from worker.wire.transport import read_token
+
+    return read_token(paths.token_file)
+
+
 def config_of(paths: Paths, args: argparse.Namespace) -> Config:
     """The config file, then AGENTWORKER_* variables, then this verb's flags."""
     from worker.config import load
@@ -128,6 +151,13 @@ def config_of(paths: Paths, args: argparse.Namespace) -> Config:
         "accept_new_workers": True if getattr(args, "accept_new_workers", False) else None,
     }
     return load(paths, {"worker": worker_flags, "hub": hub_flags})
+
+
+def own_hub_of(paths: Paths, args: argparse.Namespace) -> tuple[str, Path | None]:
+    """`hub_of` for this data folder's hub, whatever --server names."""
+    import argparse as _argparse
+
+    return hub_of(paths, _argparse.Namespace(**{**vars(args), "server": None}))
 
 
 def hub_of(paths: Paths, args: argparse.Namespace) -> tuple[str, Path | None]:
@@ -176,12 +206,13 @@ def with_client(
 
     import grpc
 
-    from worker.wire.transport import Keepalive, bearer, open_channel, read_token
+    from worker.wire.transport import Keepalive, bearer, open_channel
 
-    address, tls_ca = hub_of(paths, args)  # the address its messages name
-    token = flag_or_env_token(args) or read_token(paths.token_file)
+    own, tls_ca = own_hub_of(paths, args)
+    address = getattr(args, "server", None) or own  # the address its messages name
+    token = token_for(paths, args, own)
     target = address
-    if not getattr(args, "server", None):
+    if address == own:
         # This machine's hub: on its Unix socket, or on its port once the kernel says the
         # listener is this user's; never another user's (worker.wire.own_hub).
         from worker.wire.own_hub import OwnHub

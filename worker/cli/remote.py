@@ -269,12 +269,19 @@ def _status(paths: Paths, args: argparse.Namespace) -> int:
         CredentialsError,
         HubUnreachableError,
         NotYourHubError,
+        TokenNotSentError,
         TokenRefusedError,
     )
     from worker.wire.proto import agentworker_pb2 as pb
 
     try:
         return _ask_status(paths, args, pb)
+    except TokenNotSentError as needed:  # another hub named, and no token for it
+        if args.json:
+            print(json_shown({"state": "token_needed", "message": needed.message}))
+        else:
+            print(f"agentworker: {shown(needed.message)}", file=sys.stderr)
+        return needed.exit_code
     except NotYourHubError as refused:  # another user's listener: no token was sent
         if args.json:
             print(json_shown({"state": "not_your_hub", "message": refused.message}))

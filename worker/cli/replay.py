@@ -16,7 +16,7 @@ from worker.cli._common import (
     EXIT_INTERRUPTED,
     add_served_flags,
     add_token_flags,
-    flag_or_env_token,
+    token_for,
 )
 
 if TYPE_CHECKING:
@@ -213,13 +213,12 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script, report
     from worker.config import load
     from worker.replay import config_for_replay, in_process, replay, through_hub
     from worker.replay.render import ProgressBar
-    from worker.wire.transport import read_token
 
     bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
     try:
         if args.server:
             config = load(paths)
-            token = flag_or_env_token(args) or read_token(paths.token_file)
+            token = token_for(paths, args, config.hub.listen)
             tls_ca = args.tls_ca or config.worker.tls_ca
             async with through_hub(args.server, token, tls_ca, args.worker) as hub:
                 await replay(
