@@ -16,6 +16,7 @@ from tests.integration.test_worker_trust import Rogue
 from tests.support.cluster import cluster
 from tests.support.scripted_hub import ScriptedHub
 from worker.core.approvals import (
+    MAX_PROMPTS_PER_AGENT,
     MAX_WAITING_PER_AGENT,
     MAX_WAITING_SCOPE_REQUESTS,
     PREVIEW_LIMIT,
@@ -159,3 +160,48 @@ def test_the_hub_relays_a_bounded_number_of_scope_requests_per_worker(tmp_path: 
                 await slow.close()
 
         asyncio.run(scenario())
+
+
+def test_one_agent_cannot_take_every_prompt_with_calls_out_of_its_scopes(tmp_path: Path) -> None:
+    """review27 I4: each distinct out-of-scope call (a plan each) opened a prompt of its
+    own, one at a time on the person's screen, so one agent's flood pushed another
+    agent's prompt past its timeout. Past MAX_PROMPTS_PER_AGENT an agent's call is
+    answered `busy` at once; other agents still ask."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        state = link.dispatcher
+        broker = ApprovalBroker(state.state, state.telemetry, always_attached=True)
+        state.scopes.approver = broker
+        stat = {"surface": "workerHost", "action": "fs_stat"}
+        for n in range(MAX_PROMPTS_PER_AGENT + 2):
+            hub.request(f"m{n}", '{"path": "."}', agent_id="mallory", plan_id=f"p{n}", **stat)
+        busy = [await hub.next("result") for _ in range(2)]
+        assert {r.correlation_id for r in busy} == {
+            f"m{MAX_PROMPTS_PER_AGENT}",
+            f"m{MAX_PROMPTS_PER_AGENT + 1}",
+        }
+        assert all(error_code(r) == "busy" and "'mallory'" in r.error.message for r in busy)
+        hub.request("a0", '{"path": "."}', agent_id="alice", plan_id="pa", **stat)
+        await prompted(broker, lambda: any(p.agent_id == "alice" for p in broker.pending()))
+        assert broker.waiting() == MAX_PROMPTS_PER_AGENT + 1
+        # An answer frees a place: mallory's next call waits for the person again.
+        first = next(p for p in broker.pending() if p.agent_id == "mallory")
+        broker.decide(first.id, Decision(Choice.DENY))
+        assert error_code(await hub.next("result")) == "scope_denied"
+        hub.request("m-again", '{"path": "."}', agent_id="mallory", plan_id="p-again", **stat)
+        await prompted(broker, lambda: any(p.plan_id == "p-again" for p in broker.pending()))
+        broker.close_all("the test ends")
+        for _ in range(MAX_PROMPTS_PER_AGENT + 1):
+            assert error_code(await hub.next("result")) != "ok"
+
+    play(tmp_path, scenario)
+
+
+async def prompted(broker: ApprovalBroker, ready: Any) -> None:
+    """Until `ready()` holds, woken by the broker's prompt events."""
+    changed = asyncio.Event()
+    broker.listeners.append(lambda _kind, _body: changed.set())
+    async with asyncio.timeout(10):
+        while not ready():
+            await changed.wait()
+            changed.clear()

@@ -192,7 +192,9 @@ def test_a_ui_attaches_while_many_prompts_showing_whole_calls_wait(live: Cluster
             calls = [
                 asyncio.create_task(
                     client.dispatch(
-                        agent_id="stranger",
+                        # Eight agents: one agent's calls wait on at most
+                        # MAX_PROMPTS_PER_AGENT prompts (the rest answer busy).
+                        agent_id=f"stranger-{i % 8}",
                         plan_id="p",
                         surface="workerHost",
                         action="http_fetch",

@@ -53,6 +53,12 @@ REASON_LIMIT: Final = 500
 MAX_WAITING_SCOPE_REQUESTS: Final = 64
 # ... and of one agent's, at most: one agent's flood must not take every place.
 MAX_WAITING_PER_AGENT: Final = 16
+# One agent's calls that wait for the person (out of its scopes, or an ask rule's), on
+# prompts of their own, at most: the person answers about one a second, so one agent's
+# flood of distinct calls (a plan each) pushed every other agent's prompt past its
+# timeout (review27 I4). Past it a call is answered `busy` at once; one asking what a
+# waiting prompt asks joins it, as always.
+MAX_PROMPTS_PER_AGENT: Final = 16
 # A ScopeRequest naming more scopes than this is refused: no person reads them all.
 MAX_SCOPES_ASKED: Final = 32
 # A scope longer than this in a ScopeRequest is refused: a prompt shows each scope
@@ -300,6 +306,7 @@ class ApprovalBroker:
         # ScopeRequests waiting for an answer (see scope_request), in all and by agent
         self._scope_requests = 0
         self._scope_requests_of: collections.Counter[str] = collections.Counter()
+        self._prompts_of: collections.Counter[str] = collections.Counter()  # open, by agent
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.listeners: list[Listener] = []
         # Set by the assembly once the dispatcher exists (it owns kills and the wire).
@@ -343,6 +350,7 @@ class ApprovalBroker:
             preview=request.preview,
             correlation_id=request.correlation_id,
             identity=same_call,
+            bounded=True,
         )
         if resolution.headless and kind is Kind.OUT_OF_SCOPE:
             raise scope_required(request)
@@ -419,8 +427,11 @@ class ApprovalBroker:
         correlation_id: str = "",
         identity: str = "",
         left_out: tuple[int, int] = (0, 0),
+        bounded: bool = False,
     ) -> Resolution:
-        """Wait for the person's answer to one question (shared with identical ones)."""
+        """Wait for the person's answer to one question (shared with identical ones).
+        `bounded`: WorkerError(busy) rather than a new prompt past the agent's
+        MAX_PROMPTS_PER_AGENT (a call's question; a ScopeRequest has bounds of its own)."""
         if not self.can_ask:
             return Resolution(None, None, "no UI attached", headless=True)
         waiter: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
@@ -435,6 +446,7 @@ class ApprovalBroker:
             identity,
             left_out,
             waiter,
+            bounded,
         )
         try:
             return await waiter
@@ -467,6 +479,7 @@ class ApprovalBroker:
         identity: str,
         left_out: tuple[int, int],
         waiter: asyncio.Future[Resolution],
+        bounded: bool = False,
     ) -> Prompt:
         now = _now_ms()
         fresh = Prompt(
@@ -491,10 +504,19 @@ class ApprovalBroker:
                 prompt.correlation_ids.append(correlation_id)
             self._tell("prompt", prompt.to_dict())
             return prompt
+        if bounded and self._prompts_of[agent_id] >= MAX_PROMPTS_PER_AGENT:
+            raise WorkerError(
+                "busy",
+                f"{MAX_PROMPTS_PER_AGENT} questions of agent {inert(agent_id, 200)!r} already "
+                "wait for the person at this worker (the most kept for one agent, so that "
+                "other agents' questions are seen too); ask again once they are answered",
+                {"waiting_for_person": MAX_PROMPTS_PER_AGENT},
+            )
         fresh.waiters.append(waiter)
         if correlation_id:
             fresh.correlation_ids.append(correlation_id)
         self._prompts[fresh.id] = fresh
+        self._prompts_of[agent_id] += 1
         self._by_key[key] = fresh
         loop = asyncio.get_running_loop()
         self._timers[fresh.id] = loop.call_later(self.timeout_s, self._expire, fresh.id)
@@ -608,6 +630,7 @@ class ApprovalBroker:
         rest.waiters = live
         key = (*rest.key, str(rest.left_out))
         self._prompts[rest.id] = rest
+        self._prompts_of[rest.agent_id] += 1
         self._by_key[key] = rest
         loop = asyncio.get_running_loop()
         self._timers[rest.id] = loop.call_later(self.timeout_s, self._expire, rest.id)
@@ -643,7 +666,10 @@ class ApprovalBroker:
                 self._close(prompt, Resolution(first, None, "covered by a grant just made"))
 
     def _close(self, prompt: Prompt, resolution: Resolution) -> None:
-        self._prompts.pop(prompt.id, None)
+        if self._prompts.pop(prompt.id, None) is not None:
+            self._prompts_of[prompt.agent_id] -= 1
+            if not self._prompts_of[prompt.agent_id]:
+                del self._prompts_of[prompt.agent_id]
         key = (*prompt.key, str(prompt.left_out))
         if self._by_key.get(key) is prompt:
             del self._by_key[key]
