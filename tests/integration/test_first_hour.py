@@ -274,6 +274,29 @@ def test_grant_takes_a_bare_action_name_as_call_does(up: Up) -> None:
     assert up.cli("call", "fs_stat", '{"path": "."}', "--agent", "me").returncode == 0
 
 
+@pytest.mark.parametrize("scope", ["click", "typing", "mouse", "exe_"])
+def test_grant_offers_no_exec_or_typing_for_another_name(tmp_path: Path, scope: str) -> None:
+    """review27 I5: the closest qualified name shared workerHost.'s prefix, so the mouse
+    and typing were answered "Did you mean workerHost.exec?"."""
+    env = fresh_env(tmp_path / "home")
+    refused = cli(env, "grant", scope, "--agent", "me")
+    assert refused.returncode == 2, refused.stdout
+    said = refused.stderr.split("The scopes:")[0]
+    assert "workerHost.exec" not in said and "key_type" not in said, said
+
+
+@pytest.mark.parametrize(("scope", "marked"), [("key_type", True), ("workerComputer.*", True),
+                                              ("mouse_click", False)])  # fmt: skip
+def test_a_typing_grant_says_it_types_into_any_window(
+    tmp_path: Path, scope: str, marked: bool
+) -> None:
+    """As the TUI's prompt marks key_type and key_combo (review27 I5)."""
+    env = fresh_env(tmp_path / "home")
+    granted = cli(env, "grant", scope, "--agent", "me")
+    assert granted.returncode == 0, granted.stderr
+    assert ("types into any window, a terminal too" in granted.stdout) is marked, granted.stdout
+
+
 def test_grant_takes_a_bare_computer_action_name_as_call_does(tmp_path: Path) -> None:
     """`grant screenshot` granted workerHost.screenshot, which no call asks for."""
     env = fresh_env(tmp_path / "home")
@@ -290,6 +313,11 @@ def test_grant_takes_a_bare_computer_action_name_as_call_does(tmp_path: Path) ->
         ("bogus.*", "bogus.* names no action, so a grant of it would admit no call. The "
          "scopes: workerComputer.cursor_position,"),
         ("workbenchHost.*", "workbenchHost.* needs no grant: sandbox mode's"),
+        # By the action, whatever surface the name was given (review27 I5: exec was
+        # offered for the mouse and for typing).
+        ("mouse_*", "Did you mean workerComputer.mouse_*?"),
+        ("mouse_clik", "Did you mean workerComputer.mouse_click?"),
+        ("keytype", "Did you mean workerComputer.key_type?"),
     ],
 )  # fmt: skip
 def test_grant_refuses_a_scope_no_action_asks_for(tmp_path: Path, scope: str, said: str) -> None:

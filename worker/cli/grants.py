@@ -114,6 +114,11 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
         print("  it lets this run, as the worker here refused it (passwords masked):")
         for line in _lines(refused.shown):
             print(f"    {shown(line)}")
+    if _types_anywhere(args.scope):
+        print(
+            "  it types into any window, a terminal too: the agent can run there whatever "
+            "you could type (past the exec allowlist)"
+        )
     whose = "the first server" if server == NEXT_SERVER else f"server {shown(server)}"
     print(f"  for {whose} ({how}); it admits no other server's calls")
     return EXIT_OK
@@ -123,7 +128,6 @@ def _refuse_a_scope_of_no_action(pattern: str) -> None:
     """A UsageError for a scope or pattern that no action of this worker asks for: a
     typo (`fs_stats`) made a grant that admitted nothing, and the calls it was meant
     for were refused `scope_required` with no word of why."""
-    from difflib import get_close_matches
     from fnmatch import fnmatchcase
 
     from worker import actions
@@ -138,13 +142,54 @@ def _refuse_a_scope_of_no_action(pattern: str) -> None:
             f"{shown(pattern)} needs no grant: sandbox mode's {WORKBENCH_SURFACE} actions "
             "ask for no scope (each plan reaches only its own workspace)"
         )
-    close = get_close_matches(pattern, scopes, n=1)
-    hint = f" Did you mean {close[0]}?" if close else ""
+    close = _closest_scope(pattern, scopes)
+    hint = f" Did you mean {close}?" if close else ""
     raise UsageError(
         f"{shown(pattern)} names no action, so a grant of it would admit no call.{hint} "
         f"The scopes: {', '.join(scopes)}; patterns such as workerHost.fs_* or "
         "workerComputer.* work too"
     )
+
+
+# Scopes a suggestion names only when the name asked holds their action's first word:
+# a person granting the mouse (`mouse_*`, `click`) was told "Did you mean
+# workerHost.exec?" (review27 I5), the shared prefix outweighing the rest.
+_NOT_SUGGESTED_UNASKED: Final = {
+    "workerHost.exec": "exec",
+    "workerComputer.key_type": "key",
+    "workerComputer.key_combo": "key",
+}
+
+
+def _types_anywhere(pattern: str) -> bool:
+    """Whether a grant of `pattern` lets an agent type (key_type, key_combo): keys reach
+    a terminal as well as an editor, which the TUI's prompt marks too (review27 I5)."""
+    from fnmatch import fnmatchcase
+
+    typing = ("workerComputer.key_type", "workerComputer.key_combo")
+    return any(fnmatchcase(scope, pattern) for scope in typing)
+
+
+def _closest_scope(pattern: str, scopes: list[str]) -> str | None:
+    """The scope (or pattern) a mistyped one most likely meant, by its action part
+    against every surface's actions: `mouse_*` is workerComputer.mouse_*, whatever
+    surface the bare name was given; None rather than a stronger scope than asked."""
+    from difflib import get_close_matches
+    from fnmatch import fnmatchcase
+
+    action = pattern.rpartition(".")[2]
+    by_action = {scope.partition(".")[2]: scope for scope in scopes}
+    surfaces = sorted(
+        {s.partition(".")[0] for s in scopes if fnmatchcase(s.partition(".")[2], action)}
+    )
+    if len(surfaces) == 1:
+        return f"{surfaces[0]}.{action}"
+    close = get_close_matches(action, list(by_action), n=1)
+    if not close:
+        return None
+    scope = by_action[close[0]]
+    word = _NOT_SUGGESTED_UNASKED.get(scope)
+    return None if word is not None and word not in action.lower() else scope
 
 
 def _lines(text: str) -> list[str]:
