@@ -53,6 +53,7 @@ from worker.errors import (
     InUseError,
     NoSandboxError,
     StartupError,
+    TokenNotSentError,
     WorkerError,
 )
 from worker.hub.health import Health
@@ -283,6 +284,14 @@ def worker_target(paths: Paths, config: Config) -> Target:
     token = config.worker.token
     own = config.worker.server is None
     if token is None:
+        if address != config.hub.listen:
+            # This machine's workers' token goes to this machine's hub alone: a server
+            # named by a typo, or a colleague's, would have it (review27 I2).
+            raise TokenNotSentError(
+                f"{address} is not this machine's hub ({config.hub.listen}), and this "
+                "machine's workers' token goes to no other: give that server's token "
+                "with --token-file FILE or AGENTWORKER_TOKEN"
+            )
         token = read_token(local_workers_token(paths))
     return Target(
         address=address,

@@ -13,6 +13,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,6 +123,21 @@ def test_a_verb_sends_this_hubs_token_to_no_other_server(live: Cluster, tmp_path
             assert done.returncode == code, (argv, said)
             assert f"--server {other} is not this machine's hub" in said, said
             assert "--token-file" in said, said
+        # A worker too: it dials with this machine's workers' token by default.
+        done = cli(live, "run", "--headless", "--server", other)
+        said = done.stdout + done.stderr
+        assert done.returncode == 5, said
+        assert f"{other} is not this machine's hub" in said and "--token-file" in said, said
+        # And doctor, for a worker configured for that server.
+        doctor = subprocess.run(
+            [sys.executable, "-m", "worker", "doctor"],
+            env={**live.env, "AGENTWORKER_SERVER": other},
+            capture_output=True,
+            text=True,
+            timeout=WITHIN_S,
+            check=False,
+        )
+        assert f"{other} is not this machine's hub" in doctor.stdout, doctor.stdout
     finally:
         seen = squatter.report()
     assert seen["connections"] == 0, seen

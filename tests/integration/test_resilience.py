@@ -139,7 +139,8 @@ def test_frozen_link_is_detected_and_redialled_within_keepalive_bound(tmp_path: 
     with cluster(tmp_path / "home", worker=False, keepalive_s=1.0, ping_timeout_s=1.0) as live:
         proxy = FreezableProxy(int(live.listen.rsplit(":", 1)[1]))
         try:
-            live.start_worker("--server", proxy.address)
+            token = str(live.home / "hub-workers.token")  # a relay's address: given
+            live.start_worker("--server", proxy.address, "--token-file", token)
             assert proxy.accepted == 1
             proxy.freeze()
             frozen_at = time.monotonic()

@@ -351,7 +351,9 @@ class DrivenHub:
         """A real worker (`agentworker run`) of the hub's folder, once the hub has a
         session (`until_connected`): dialling the hub, or `server` (a relay to it), with
         `env` (AGENTWORKER_* overrides)."""
-        argv = ("--server", server) if server else ()
+        # A relay is another address: the workers' token goes there only when given.
+        token = str(self.home / "hub-workers.token")
+        argv = ("--server", server, "--token-file", token) if server else ()
         worker = real_worker(self.home, self.address, "worker", *argv, env=env)
         self._workers.append(worker)
         await until_connected(self.running, worker)

@@ -28,6 +28,7 @@ from worker.core.ledger import (
     Seen,
     State,
 )
+from worker.errors import TokenNotSentError
 from worker.wire.protocol import plan_digest
 from worker.wire.transport import read_or_create_token
 
@@ -223,6 +224,12 @@ def test_run_knows_this_machines_hub_as_up_does_and_a_named_server_by_its_addres
     assert app.worker_target(paths, other).server_key == server_key(
         "127.0.0.1:7421", "another token", tls=False
     )
+    # Another server named with no token of its own: this machine's is not sent there.
+    elsewhere = config.model_copy(
+        update={"worker": config.worker.model_copy(update={"server": "127.0.0.1:9"})}
+    )
+    with pytest.raises(TokenNotSentError, match=r"127\.0\.0\.1:9 is not this machine's hub"):
+        app.worker_target(paths, elsewhere)
 
 
 def test_a_plans_server_is_known_only_when_its_calls_came_from_it_alone(tmp_path: Path) -> None:

@@ -382,6 +382,17 @@ async def _ask_hub(paths: Paths, config: Config) -> Finding:
 
     address = config.worker.server or config.hub.listen
     token = config.worker.token
+    if token is None and address != config.hub.listen:
+        # This machine's hub.token goes to this machine's hub alone (review27 I2).
+        return Finding(
+            "hub",
+            "warn",
+            f"the worker's server {address} is not this machine's hub, and no token for it "
+            "is in the config, so it was not asked (this machine's hub.token goes to no "
+            "other)",
+            "give `agentworker doctor` that server's token: AGENTWORKER_TOKEN or [worker] token",
+            {"address": address},
+        )
     if token is None and paths.token_file.exists():
         token = paths.token_file.read_text(encoding="ascii").strip()
     if not token:
