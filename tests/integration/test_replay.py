@@ -323,17 +323,7 @@ def test_a_shared_folder_seen_through_a_bind_mount_is_still_refused(
     It compares the folders' identities."""
     shared = home / "workspace"
     shutil.copytree(demo.parent, shared / "recordings")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    argv = ["bwrap", "--dev-bind", "/", "/", "--bind", str(shared), str(elsewhere)]
-    script = elsewhere / "recordings" / demo.name
-    argv += [sys.executable, "-m", "worker", "replay", str(script)]
-    argv += ["--grants", str(demo.parent / "grants.toml")]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ}, timeout=60
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert f"lies in {shared}" in done.stderr, done.stderr
+    _refused_through_a_bind_mount(shared, shared, Path("recordings") / demo.name, demo, tmp_path)
     assert not (home / "workspace/replay-demo").exists()
 
 
@@ -344,16 +334,24 @@ def test_a_folder_inside_a_shared_one_bind_mounted_elsewhere_is_refused(
     the walk up from the script never met the shared folder's (review26's residual).
     The mount table shows which folder of which file system it is."""
     shared = home / "workspace"
-    shutil.copytree(demo.parent, shared / "deep" / "recordings")
+    inside = shared / "deep" / "recordings"
+    shutil.copytree(demo.parent, inside)
+    _refused_through_a_bind_mount(shared, inside, Path(demo.name), demo, tmp_path)
+    assert not (home / "workspace/replay-demo").exists()
+
+
+def _refused_through_a_bind_mount(
+    shared: Path, bound: Path, script: Path, demo: Path, tmp_path: Path
+) -> None:
+    """`replay` of `script` under `bound`, seen (a real bwrap bind mount) at another
+    place, is refused as lying in `shared`."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    inside = shared / "deep" / "recordings"
-    argv = ["bwrap", "--dev-bind", "/", "/", "--bind", str(inside), str(elsewhere)]
-    argv += [sys.executable, "-m", "worker", "replay", str(elsewhere / demo.name)]
+    argv = ["bwrap", "--dev-bind", "/", "/", "--bind", str(bound), str(elsewhere)]
+    argv += [sys.executable, "-m", "worker", "replay", str(elsewhere / script)]
     argv += ["--grants", str(demo.parent / "grants.toml")]
     done = subprocess.run(
         argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ}, timeout=60
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"lies in {shared}" in done.stderr, done.stderr
-    assert not (home / "workspace/replay-demo").exists()
