@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from worker.cli._common import (
     EXIT_INTERRUPTED,
@@ -215,20 +215,20 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script, report
     from worker.replay.render import ProgressBar
 
     bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
+
+    async def run_on(target: Any) -> None:
+        """The script's steps on `target` (a hub or the worker in this process)."""
+        await replay(
+            script, target, mode=report.mode, fail_fast=args.fail_fast, progress=bar, report=report
+        )
+
     try:
         if args.server:
             config = load(paths)
             token = token_for(paths, args, config.hub.listen)
             tls_ca = args.tls_ca or config.worker.tls_ca
             async with through_hub(args.server, token, tls_ca, args.worker) as hub:
-                await replay(
-                    script,
-                    hub,
-                    mode=report.mode,
-                    fail_fast=args.fail_fast,
-                    progress=bar,
-                    report=report,
-                )
+                await run_on(hub)
                 return
         if args.config is None:
             from worker import app
@@ -240,14 +240,7 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script, report
         async with in_process(
             config, config_dir, args.data_dir, sandbox=args.sandbox, person_dir=paths.data_dir
         ) as worker:
-            await replay(
-                script,
-                worker,
-                mode=report.mode,
-                fail_fast=args.fail_fast,
-                progress=bar,
-                report=report,
-            )
+            await run_on(worker)
     finally:
         if bar is not None:
             bar.close()
