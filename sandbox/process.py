@@ -1030,7 +1030,7 @@ class _Sandbox:
 
     def _watch_info(self) -> asyncio.Future[None]:
         """Read bubblewrap's report as it comes; the future is done once it is all in."""
-        loop = asyncio.get_running_loop()
+        loop = self.child.loop
         done: asyncio.Future[None] = loop.create_future()
 
         def readable() -> None:
@@ -1044,9 +1044,11 @@ class _Sandbox:
         return done
 
     def stop_watching(self) -> None:
+        # On the loop the reader was added on (the child's), not the running one: a
+        # kill at teardown may come with no loop running (a closed loop ignores it).
         if self._watching:
             self._watching = False
-            asyncio.get_running_loop().remove_reader(self.info_r)
+            self.child.loop.remove_reader(self.info_r)
 
     def _take_info(self, *, running: bool = True) -> bool:
         """Read what bubblewrap reported; True once it is all there (or never will be).
