@@ -81,6 +81,7 @@ ARRIVE_POLL_S: Final = 0.002
 # SETTLE_ROUNDS times. A manager that does not answer within this time is not waited for.
 SETTLE_TIMEOUT_S: Final = 2.0
 SETTLE_ROUNDS: Final = 6
+FOCUS_LOOKS: Final = 3  # `focused_window`: looks at a focus that moves as it is asked
 MODIFIER_MASKS: Final = {
     "ctrl": X.ControlMask,
     "shift": X.ShiftMask,
@@ -664,6 +665,13 @@ class X11Backend(Backend):
         return found
 
     def focused_window(self) -> tuple[int, int | None] | None:
+        # A focus that moved as it was asked is most often the window manager's doing
+        # (a window closed and openbox gives the focus to the next): once the manager
+        # has handled what it was sent, look again. Still moving: fail closed.
+        for _ in range(FOCUS_LOOKS - 1):
+            with contextlib.suppress(WindowUnknownError):
+                return self.focus_holder(self.input_focus())
+            self._window_manager_rounds(time.monotonic() + SETTLE_TIMEOUT_S)
         return self.focus_holder(self.input_focus())
 
     def input_focus(self) -> int:
