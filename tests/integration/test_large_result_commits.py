@@ -12,9 +12,11 @@ listing's id is answered from what was kept, never run again.
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,7 +64,19 @@ def listing_while_locked(live: Cluster, folder: str, *, calling_for_s: float) ->
     """List `folder` while hub.db is locked, then make other calls for `calling_for_s`:
     each answered while the listing's commit waits (the hub's loop is not the one
     waiting, and never gives up on the lock meanwhile)."""
-    listing = live.call("workerHost.fs_list", json.dumps({"path": folder}))
+    # The listing's worker is stopped (as a loaded machine's stall does) past the hub's
+    # next commit, which then writes the call with no answer yet. The sleep orders
+    # events and waits for no outcome; too short, the commit writes call and answer.
+    worker = the_worker(live)
+    worker.signal(signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(live.call, "workerHost.fs_list", json.dumps({"path": folder}))
+            time.sleep(10 * STORE_DELAY_S)
+            worker.signal(signal.SIGCONT)
+            listing = asked.result()
+    finally:
+        worker.signal(signal.SIGCONT)
     listed = time.monotonic()
     assert listing["status"] == "ok", listing
     assert len(listing["result"]["entries"]) == ENTRIES
@@ -70,7 +84,7 @@ def listing_while_locked(live: Cluster, folder: str, *, calling_for_s: float) ->
         stat = live.call("workerHost.fs_stat", json.dumps({"path": folder}))
         assert stat["status"] == "ok", stat
     hub = the_hub(live).log()
-    assert "database is locked" not in hub, "the hub's loop waited for hub.db"
+    assert "database is locked" not in hub, f"the hub's loop waited for hub.db:\n{hub}"
     return listing
 
 

@@ -1026,6 +1026,15 @@ class Hub:
         self._store_scheduled = False
         unstored, self._unstored = self._unstored, []
         if not unstored:
+            if off_loop:
+                # Calls added and not answered yet (a worker slow to answer: rare) are
+                # written in the writer thread, behind any commit under way there: on
+                # the loop, the commit would wait for that one, or for hub.db held by
+                # another process (SQLite's busy timeout, 10 s), and every call with it.
+                loop = asyncio.get_running_loop()
+                committing = self.store.complete_off_loop([])
+                committing.add_done_callback(lambda _: _on_loop(loop, self.store.reap))
+                return
             self.store.flush()
             return
         rows = [
