@@ -61,6 +61,15 @@ SIGPENDING: Final = 512
 # program of the user got EMFILE from mq_open while it ran. None: no allowlisted tool
 # uses them (Python, Node and glibc's own libraries make none); mq_open answers EMFILE.
 MSGQUEUE: Final = 0
+# Descriptors one sendmsg may pass (SCM_RIGHTS; the kernel's SCM_MAX_FD). The kernel
+# counts descriptors in flight per user (the real uid's, outside every namespace) and
+# refuses a program's next message once that count passes the sender's RLIMIT_NOFILE,
+# so a sandbox can keep at most its open_files + SCM_MAX_FD in flight, however many
+# processes it has: at 1,024 it kept 1,265, and every program of its user at the usual
+# soft limit of 1,024 got ETOOMANYREFS from sendmsg while it ran (dbus, Wayland and
+# systemd pass descriptors so). OPEN_FILES leaves such programs 259 (I1).
+SCM_MAX_FD: Final = 253
+OPEN_FILES: Final = 512
 
 
 class SandboxUnavailableError(Exception):
@@ -140,7 +149,7 @@ class Limits:
     cpu_s: int = 300
     memory_bytes: int = 4 * 1024**3  # address space (RLIMIT_AS)
     file_size_bytes: int = 64 * 1024**2
-    open_files: int = 1024
+    open_files: int = OPEN_FILES  # RLIMIT_NOFILE; also bounds descriptors in flight
     processes: int = 64
     tmp_bytes: int = 256 * 1024**2  # the sandbox's /tmp, all its files together
     drain_s: float = 1.0  # how long to wait for the pipes to close after exit

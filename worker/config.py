@@ -112,7 +112,9 @@ class ExecSection(_Strict):
     memory_mb: int = Field(default=4096, ge=16)  # address space per process
     file_size_mb: int = Field(default=64, ge=1)
     tmp_mb: int = Field(default=256, ge=1, le=1_048_576)  # the sandbox's /tmp, all its files
-    open_files: int = Field(default=1024, ge=16, le=1_048_576)
+    # Above 512, a sandbox's descriptors in flight can make the worker's user's other
+    # programs (at the usual 1,024) fail to pass one (sandbox._bwrap.SCM_MAX_FD).
+    open_files: int = Field(default=512, ge=16, le=1_048_576)
     max_processes: int = Field(default=64, ge=1, le=4096)
     # Variables passed from the worker's environment; secret-looking names are refused.
     pass_env: list[str] = ["LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "LC_COLLATE", "TZ"]
