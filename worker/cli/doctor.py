@@ -115,6 +115,7 @@ def diagnose(paths: Paths, *, reach_hub: bool = True) -> list[Finding]:
         findings.append(_hub(paths, settings))
     findings += [_bubblewrap(settings), _landlock(settings, paths), _user_limits(settings, paths)]
     findings.append(_epoll_watches())
+    findings.append(_in_flight(settings))
     findings.append(_seccomp())
     findings += [_plan_limits(settings, paths), *_display()]
     return findings
@@ -581,6 +582,41 @@ def _epoll_watches() -> Finding:
         "some; exec on the host has no such bound",
         "a worker run as an account of its own keeps the person's epoll watches apart",
         {"max_user_watches": most},
+    )
+
+
+# Descriptors one message may pass (the kernel's SCM_MAX_FD; sandbox._bwrap's too: the
+# CLI does not import the sandbox), and the soft RLIMIT_NOFILE most programs run with.
+SCM_MAX_FD: Final = 253
+USUAL_OPEN_FILES: Final = 1024
+
+
+def _in_flight(config: Config) -> Finding:
+    """Descriptors in flight (SCM_RIGHTS) are counted per uid, and a sender is refused
+    once the count passes its RLIMIT_NOFILE: a sandbox holds at most its open_files +
+    253, which must leave the user's other programs room under the usual 1,024."""
+    most = config.exec.open_files + SCM_MAX_FD
+    details = {"open_files": config.exec.open_files, "most_in_flight": most}
+    if most < USUAL_OPEN_FILES:
+        return Finding(
+            "descriptors in flight",
+            "ok",
+            f"a sandbox can hold at most {most:,} descriptors in flight ([exec] open_files "
+            f"+ {SCM_MAX_FD}): programs of the worker's user keep "
+            f"{USUAL_OPEN_FILES - most:,} under the usual limit of {USUAL_OPEN_FILES:,}",
+            details=details,
+        )
+    exempt = os.geteuid() == 0
+    return Finding(
+        "descriptors in flight",
+        "info" if exempt else "warn",
+        f"a sandbox can hold {most:,} descriptors in flight ([exec] open_files + "
+        f"{SCM_MAX_FD}), and the kernel counts them per user: while it does, every program "
+        f"of the worker's user at the usual limit of {USUAL_OPEN_FILES:,} gets ETOOMANYREFS "
+        "from sendmsg when it passes one"
+        + (" (root's programs with CAP_SYS_RESOURCE are exempt)" if exempt else ""),
+        "set [exec] open_files = 512 or less",
+        details,
     )
 
 
