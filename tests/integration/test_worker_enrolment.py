@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from tests.support.cluster import Cluster, Proc, cluster, wait_for, write_config
+from worker.hub.hellos import HELLO_DESCRIBED_BYTES
 from worker.hub.store import HubStore
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -23,10 +26,11 @@ from worker.wire.transport import fingerprint_of_digest, worker_key_digest_of, w
 SANDBOX_ACTIONS = ("workbenchHost.fs_write", "workbenchHost.fs_read", "workbenchHost.teardown")
 
 
-def say_hello(live: Cluster, worker_id: str, key: str) -> tuple[str, str, str]:
+def say_hello(live: Cluster, worker_id: str, key: str, **more: Any) -> tuple[str, str, str]:
     """Open a worker stream with the workers' token and `key`, say Hello under
-    `worker_id` offering the sandbox's actions, and tell how the hub answered: ("welcome",
-    "", "") or (status code name, ENROLMENT_KEY's value, message)."""
+    `worker_id` offering the sandbox's actions (and `more` of the Hello's fields), and
+    tell how the hub answered: ("welcome", "", "") or (status code name, ENROLMENT_KEY's
+    value, message)."""
     token = (live.home / "hub-workers.token").read_text().strip()
 
     async def go() -> tuple[str, str, str]:
@@ -40,6 +44,7 @@ def say_hello(live: Cluster, worker_id: str, key: str) -> tuple[str, str, str]:
                 surfaces=["workbenchHost"],
                 actions=list(SANDBOX_ACTIONS),
                 max_concurrency=4,
+                **more,
             )
 
             async def envelopes():  # type: ignore[no-untyped-def]
@@ -259,3 +264,23 @@ def test_a_decision_needs_the_persons_token(tmp_path: Path, verb: str) -> None:
             grpc.StatusCode.UNAUTHENTICATED,
         )
         assert [w.enrolment for w in listed(live, "w-1")] == ["pending"]
+
+
+def test_a_waiting_hello_is_kept_as_its_description_alone(tmp_path: Path) -> None:
+    """review28 r6: a Hello waiting for the operator was kept whole in hub.db, its call
+    ids and plans too (up to the 8 MiB a Hello may be): made-up ids under fresh worker
+    ids grew hub.db by 7.5 MB a Hello (256 kept: about 2 GB), and each ListWorkers
+    parsed them all on the hub's loop. Now the description alone is kept, as for a
+    worker served."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        ids = [f"{n:032x}" for n in range(60_000)]  # 2 MB of call ids
+        plans = [pb.HeldPlan(plan_id=f"p-{n}", placement_token="x" * 64) for n in range(4096)]
+        answer = say_hello(live, "big-1", uuid.uuid4().hex, unacked_ids=ids, plans=plans)
+        assert answer[1] == "pending", answer
+        with sqlite3.connect(live.home / "hub.db") as db:
+            [(size,)] = db.execute(
+                "SELECT length(hello) FROM enrolments WHERE worker_id = 'big-1'"
+            ).fetchall()
+        assert 0 < size <= HELLO_DESCRIBED_BYTES, size
+        [row] = listed(live, "big-1")
+        assert (row.enrolment, list(row.actions)) == ("pending", list(SANDBOX_ACTIONS))

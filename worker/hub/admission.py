@@ -22,7 +22,7 @@ import grpc
 
 from worker.hub.audit_log import shown
 from worker.hub.enrolment import DecisionError, Enrolment, Enrolments
-from worker.hub.hellos import PacedLines
+from worker.hub.hellos import PacedLines, hello_description
 from worker.ids import id_problem
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import ENROLMENT_KEY
@@ -108,7 +108,10 @@ class Admission:
 
     def admit(self, hello: pb.Hello, key_digest: str, *, local: bool) -> Refusal | None:
         """None when the Hello is served (accepted now if it may be, see the module);
-        else why not, recorded for the operator when it waits for them."""
+        else why not, recorded for the operator when it waits for them: its description
+        alone (a Hello naming 8 MiB of ids under fresh worker ids grew hub.db by that
+        much each, review28 r6)."""
+        hello = hello_description(hello)
         worker_id = hello.worker_id
         fingerprint = fingerprint_of_digest(key_digest) or "none"
         verdict = self.enrolments.verdict(worker_id, key_digest)

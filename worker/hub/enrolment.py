@@ -37,7 +37,10 @@ CREATE TABLE IF NOT EXISTS enrolments (  -- the operator's decisions, and Hellos
     key_digest TEXT NOT NULL,  -- sha256 of the worker's key (worker.hub.hellos)
     state      TEXT NOT NULL CHECK (state IN ('pending', 'accepted', 'refused')),
     seen_ms    INTEGER NOT NULL,  -- its last Hello (or the decision, for one never seen)
-    hello      BLOB NOT NULL DEFAULT x'',  -- its last Hello, described (what it offers)
+    -- its last Hello, described (what it offers: worker.hub.hellos.hello_description, as
+    -- worker.hub.admission gives it, never the ids and plans it names, which may be 8 MiB:
+    -- review28 r6)
+    hello      BLOB NOT NULL DEFAULT x'',
     -- who accepted it: 'operator' (kept until the operator says otherwise), else the hub
     -- unasked ('own', 'first_contact', 'migrated': forgotten with the worker's row, as
     -- HubStore.forget_workers forgets workers away, and accepted again as it was)
@@ -132,12 +135,13 @@ class Enrolments:
     def waiting(self, worker_id: str, key_digest: str, hello: pb.Hello) -> None:
         """Record a Hello with no decision yet (or seen again), bounded by PENDING_KEPT."""
         now = now_ms()
+        described = hello.SerializeToString()
         with db.transaction(self._db):
             self._db.execute(
                 "INSERT INTO enrolments (worker_id, key_digest, state, seen_ms, hello)"
                 " VALUES (?, ?, 'pending', ?, ?) ON CONFLICT (worker_id, key_digest) DO UPDATE"
                 " SET seen_ms = excluded.seen_ms, hello = excluded.hello",
-                (worker_id, key_digest, now, hello.SerializeToString()),
+                (worker_id, key_digest, now, described),
             )
             self._db.execute(
                 "DELETE FROM enrolments WHERE rowid IN (SELECT rowid FROM enrolments"
