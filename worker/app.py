@@ -293,13 +293,17 @@ def worker_target(paths: Paths, config: Config) -> Target:
                 "with --token-file FILE or AGENTWORKER_TOKEN"
             )
         token = read_token(local_workers_token(paths))
+    # This machine's token, sent to its hub however it is named: `--server` spelling
+    # `[hub] listen` is dialled as this hub is, never to another user's listener on its
+    # port (review28 r3: it was sent the workers' token and worker.key).
+    checked = own or config.worker.token is None
     return Target(
         address=address,
         token=token,
         tls_ca=config.worker.tls_ca,
         worker_key=read_or_create_token(paths.worker_key_file),
         key=local_hub_key(token) if own and config.worker.token is None else "",
-        own_hub=own_hub.OwnHub(paths.hub_socket, config.hub.listen) if own else None,
+        own_hub=own_hub.OwnHub(paths.hub_socket, config.hub.listen) if checked else None,
     )
 
 

@@ -117,6 +117,7 @@ def test_a_verb_sends_this_hubs_token_to_no_other_server(live: Cluster, tmp_path
             (("call", "fs_stat", '{"path": "."}', "--agent", "tester", "--server", other), 5),
             (("replay", str(script), "--server", other), 5),
             (("kill", "plan-x", "--server", other), 0),  # killed here, and says why not there
+            (("sandbox", "teardown", "plan-x", "--server", other), 5),  # review28 r4
         ):
             done = cli(live, *argv)
             said = done.stdout + done.stderr
@@ -145,3 +146,62 @@ def test_a_verb_sends_this_hubs_token_to_no_other_server(live: Cluster, tmp_path
         live, "call", "fs_stat", '{"path": "."}', "--agent", "tester", "--server", live.listen
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
+def test_this_hub_named_by_its_address_is_dialled_as_this_hub(
+    live: Cluster, tmp_path: Path
+) -> None:
+    """review28 r3: `--server` spelling this hub's own `[hub] listen`, with no token,
+    sends this machine's token, so it is dialled as this hub is: `run` (the workers'
+    token and worker.key), `replay` (hub.token) and doctor dialled the address as named,
+    and another user on the port while the hub was away was sent them."""
+    for name in ("worker", "hub"):  # the data folder's own worker, then its hub, away
+        proc = next(p for p in live.procs if p.name == name)
+        proc.signal(signal.SIGTERM)
+        proc.wait(WITHIN_S)
+    script = tmp_path / "one.jsonl"
+    script.write_text(json.dumps({"action": "workerHost.fs_stat", "args": {"path": "."}}) + "\n")
+    refusal = f"refusing to send a token to {live.listen}"
+    squatter = Squatter(live.listen)
+    try:
+        for argv in (
+            ("replay", str(script), "--server", live.listen),
+            ("sandbox", "teardown", "plan-x", "--server", live.listen),
+        ):
+            done = cli(live, *argv)
+            assert done.returncode == 7, (argv, done.stdout, done.stderr)
+            assert refusal in done.stderr and "Traceback" not in done.stderr, done.stderr
+        doctor = subprocess.run(
+            [sys.executable, "-m", "worker", "doctor"],
+            env={**live.env, "AGENTWORKER_SERVER": live.listen},
+            capture_output=True,
+            text=True,
+            timeout=WITHIN_S,
+            check=False,
+        )
+        assert refusal in doctor.stdout, doctor.stdout
+        worker = live.spawn("named", "run", "--headless", "--server", live.listen)
+        wait_for(lambda: refusal in worker.log(), WITHIN_S, worker)
+        worker.signal(signal.SIGTERM)
+        worker.wait(WITHIN_S)
+    finally:
+        seen = squatter.report()
+    assert seen["connections"] == 0, seen
+
+
+def test_replay_and_teardown_say_a_hub_that_does_not_answer(live: Cluster, tmp_path: Path) -> None:
+    """review28 r5: `replay --server` and `sandbox teardown --server` to a hub that does
+    not answer ended in a gRPC traceback (exit 1 and 0); now they say so, exit 3."""
+    script = tmp_path / "one.jsonl"
+    script.write_text(json.dumps({"action": "workerHost.fs_stat", "args": {"path": "."}}) + "\n")
+    nobody = f"127.0.0.1:{free_port()}"
+    token = str(live.home / "hub.token")
+    for argv in (
+        ("replay", str(script)),
+        ("sandbox", "teardown", "plan-x"),
+    ):
+        done = cli(live, *argv, "--server", nobody, "--token-file", token)
+        assert done.returncode == 3, (argv, done.stdout, done.stderr)
+        assert "the hub answered UNAVAILABLE" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr

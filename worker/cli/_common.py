@@ -13,10 +13,13 @@ import re
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
+    import grpc
+
     from worker.config import Config, Paths
+    from worker.errors import StartupError
     from worker.hub.client import ControlClient
 
 EXIT_OK: Final = 0
@@ -208,17 +211,8 @@ def with_client(
 
     from worker.wire.transport import Keepalive, bearer, open_channel
 
-    own, tls_ca = own_hub_of(paths, args)
-    address = getattr(args, "server", None) or own  # the address its messages name
-    token = token_for(paths, args, own)
-    target = address
-    if address == own:
-        # This machine's hub: on its Unix socket, or on its port once the kernel says the
-        # listener is this user's; never another user's (worker.wire.own_hub).
-        from worker.wire.own_hub import OwnHub
-
-        dial = OwnHub(paths.hub_socket, address).dial()
-        target, tls_ca = dial.target, None if dial.local_socket else tls_ca
+    hub = hub_target(paths, args)
+    address, target, tls_ca, token = hub.address, hub.target, hub.tls_ca, hub.token
 
     async def go() -> int:
         channel = open_channel(target, Keepalive(), tls_ca)
@@ -238,21 +232,53 @@ def with_client(
     try:
         return asyncio.run(go())
     except grpc.aio.AioRpcError as exc:
-        from worker.errors import HubUnreachableError, TokenRefusedError
-        from worker.wire.auth import WORKERS_ONLY
+        raise hub_failure(exc, address) from exc
 
-        if exc.code() is grpc.StatusCode.PERMISSION_DENIED and exc.details() == WORKERS_ONLY:
-            raise TokenRefusedError(
-                f"the hub at {address} takes this token from workers only; calls need "
-                "hub.token from its config folder (--token-file or AGENTWORKER_TOKEN)"
-            ) from exc
-        if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
-            raise TokenRefusedError(
-                f"the hub at {address} refused the token sent ({exc.details()}); use the "
-                "token of that hub: hub.token in its data folder, given with --token-file "
-                "or AGENTWORKER_TOKEN"
-            ) from exc
-        raise HubUnreachableError(f"the hub answered {exc.code().name}: {exc.details()}") from exc
+
+class HubTarget(NamedTuple):
+    address: str  # as the person named it (--server), or [hub] listen
+    target: str  # what gRPC dials: this machine's hub's socket, or the address
+    tls_ca: Path | None
+    token: str
+
+
+def hub_target(paths: Paths, args: argparse.Namespace) -> HubTarget:
+    """Where a client verb dials and the token it sends (`token_for`). This machine's
+    hub, also when --server spells its `[hub] listen`, is dialled on its Unix socket, or
+    on its port once the kernel says the listener is this user's; never another user's
+    (worker.wire.own_hub: NotYourHubError, nothing sent)."""
+    own, tls_ca = own_hub_of(paths, args)
+    address = getattr(args, "server", None) or own  # the address its messages name
+    token = token_for(paths, args, own)
+    target = address
+    if address == own:
+        from worker.wire.own_hub import OwnHub
+
+        dial = OwnHub(paths.hub_socket, address).dial()
+        target, tls_ca = dial.target, None if dial.local_socket else tls_ca
+    return HubTarget(address, target, tls_ca, token)
+
+
+def hub_failure(exc: grpc.aio.AioRpcError, address: str) -> StartupError:
+    """What a gRPC failure talking to the hub at `address` tells the person: a token it
+    refused (exit 5), or a hub that did not answer as asked (exit 3)."""
+    import grpc
+
+    from worker.errors import HubUnreachableError, TokenRefusedError
+    from worker.wire.auth import WORKERS_ONLY
+
+    if exc.code() is grpc.StatusCode.PERMISSION_DENIED and exc.details() == WORKERS_ONLY:
+        return TokenRefusedError(
+            f"the hub at {address} takes this token from workers only; calls need "
+            "hub.token from its config folder (--token-file or AGENTWORKER_TOKEN)"
+        )
+    if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+        return TokenRefusedError(
+            f"the hub at {address} refused the token sent ({exc.details()}); use the "
+            "token of that hub: hub.token in its data folder, given with --token-file "
+            "or AGENTWORKER_TOKEN"
+        )
+    return HubUnreachableError(f"the hub answered {exc.code().name}: {exc.details()}")
 
 
 # ---------------------------------------------------------------- text from outside

@@ -16,7 +16,8 @@ from worker.cli._common import (
     EXIT_INTERRUPTED,
     add_served_flags,
     add_token_flags,
-    token_for,
+    hub_failure,
+    hub_target,
 )
 
 if TYPE_CHECKING:
@@ -224,12 +225,18 @@ async def _replay(paths: Paths, args: argparse.Namespace, script: Script, report
 
     try:
         if args.server:
-            config = load(paths)
-            token = token_for(paths, args, config.hub.listen)
-            tls_ca = args.tls_ca or config.worker.tls_ca
-            async with through_hub(args.server, token, tls_ca, args.worker) as hub:
-                await run_on(hub)
-                return
+            # Dialled as the other verbs dial: this machine's hub, also named by its
+            # address, only once it is known to be this user's (review28 r3); a hub that
+            # does not answer as asked is said so, not a traceback.
+            import grpc
+
+            named = hub_target(paths, args)
+            try:
+                async with through_hub(named.target, named.token, named.tls_ca, args.worker) as hub:
+                    await run_on(hub)
+            except grpc.aio.AioRpcError as exc:
+                raise hub_failure(exc, named.address) from exc
+            return
         if args.config is None:
             from worker import app
 

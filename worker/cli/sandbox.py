@@ -17,7 +17,14 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
-from worker.cli._common import EXIT_FAILED, EXIT_OK, add_served_flags, add_server_flags, shown
+from worker.cli._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    add_served_flags,
+    add_server_flags,
+    shown,
+    with_client,
+)
 
 if TYPE_CHECKING:
     from worker.config import Paths
@@ -128,27 +135,26 @@ def _claim(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _teardown(paths: Paths, args: argparse.Namespace) -> int:
-    import asyncio
-
-    from worker.config import load
     from worker.hub.client import ControlClient, result_to_dict
     from worker.wire.proto import agentworker_pb2 as pb
 
-    config = load(paths, {"worker": {"server": args.server, "token": args.token}})
+    replies: list[pb.DispatchResponse] = []
 
-    async def go() -> pb.DispatchResponse:
-        client = ControlClient.local(paths, config, args.server, args.token)
-        try:
-            reply: pb.DispatchResponse = await client.stub.Teardown(
+    # Through with_client, as every verb talking to a hub: it sent --server X this
+    # machine's hub.token when no token was given (review28 r4), and a hub that did not
+    # answer was a traceback.
+    async def go(client: ControlClient) -> int:
+        replies.append(
+            await client.stub.Teardown(
                 pb.TeardownRequest(worker_id=args.worker, plan_id=args.plan),
                 metadata=client.metadata,
                 timeout=TEARDOWN_TIMEOUT_S,
             )
-            return reply
-        finally:
-            await client.close()
+        )
+        return EXIT_OK
 
-    reply = asyncio.run(go())
+    with_client(paths, args, go)
+    [reply] = replies
     out = result_to_dict(reply)
     if args.json:
         print(json.dumps(out, indent=2))

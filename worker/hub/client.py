@@ -108,10 +108,19 @@ class ControlClient:
     ) -> ControlClient:
         """This machine's hub unless told otherwise, token from the config dir: on its
         Unix socket, or its port once the kernel says the listener is this user's
-        (worker.wire.own_hub; NotYourHubError otherwise, and nothing is sent)."""
-        token = token or read_token(paths.token_file)
-        if server:
+        (worker.wire.own_hub; NotYourHubError otherwise, and nothing is sent). A
+        `server` that is not `[hub] listen` is dialled as named, with the `token`
+        given: this machine's hub.token goes to no other (TokenNotSentError)."""
+        if server and server != config.hub.listen:
+            if not token:
+                from worker.errors import TokenNotSentError
+
+                raise TokenNotSentError(
+                    f"{server} is not this machine's hub ({config.hub.listen}), and this "
+                    "machine's hub.token goes to no other: give the token of that hub"
+                )
             return cls.connect(server, token, config.worker.tls_ca)
+        token = token or read_token(paths.token_file)
         from worker.wire.own_hub import OwnHub
 
         dial = OwnHub(paths.hub_socket, config.hub.listen).dial()

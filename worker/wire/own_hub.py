@@ -82,8 +82,7 @@ class OwnHub(NamedTuple):
                 raise _unreachable(
                     f"no hub of yours serves its socket at {self.socket}, and this system "
                     f"cannot tell which user listens on {self.listen}, so no token was sent "
-                    "there. Start the hub (`agentworker up` or `agentworker hub`), or name "
-                    f"it with --server {self.listen} to trust whoever listens there."
+                    "there. Start the hub (`agentworker up` or `agentworker hub`)."
                 )
             return self.listen  # no Unix sockets, no /proc: as before (docs/architecture.md)
         if not owners:
