@@ -172,7 +172,7 @@ class Database(sqlite3.Connection):
             self.settle()
         cursor = super().executemany(sql, parameters)
         if isinstance(parameters, list | tuple):  # an iterator is spent: not counted
-            self._bytes += sum(_weight(row) for row in parameters)
+            self._bytes += _weight_rows(parameters)
         self._committed()
         return cursor
 
@@ -217,6 +217,25 @@ def _weight(parameters: Any) -> int:
     else:
         return 0
     return sum([len(v) for v in values if isinstance(v, _SIZED)])
+
+
+def _weight_rows(rows: Sequence[Any]) -> int:
+    """The sum of `_weight` of each row of an executemany, in one comprehension: a
+    call of `_weight` per row took half the time of weighing a batch of telemetry
+    rows (two rows a call: its invocation row, and its ledger row once acked)."""
+    return sum(
+        [
+            len(v)
+            for row in rows
+            for v in (row if isinstance(row, _ROWS) else _values_of(row))
+            if isinstance(v, _SIZED)
+        ]
+    )
+
+
+def _values_of(parameters: Any) -> Iterable[Any]:
+    """What `_weight` weighs of parameters that are not a tuple or list."""
+    return parameters.values() if isinstance(parameters, dict) else ()
 
 
 def connect(path: Path, schema: str, *, convert: bool = False) -> Database:

@@ -135,7 +135,8 @@ def test_the_bytes_a_commit_writes_are_counted_for_the_checkpointer(
         conn.execute("INSERT INTO t VALUES (x'01')")
         conn.execute("INSERT INTO t VALUES (:v)", {"v": memoryview(b"m" * 50)})
         conn.executemany("INSERT INTO t VALUES (?)", [[7], ["n" * 40]])  # rows as lists
-        assert woken == [5000, 600, 0, 50, 40], (
+        conn.executemany("INSERT INTO t VALUES (:v)", [{"v": "k" * 30}, {"v": b"q" * 20}])
+        assert woken == [5000, 600, 0, 50, 40, 50], (
             "each commit's texts and blobs; a read's count nothing"
         )
     finally:

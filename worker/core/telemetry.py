@@ -16,6 +16,7 @@ get the server the ledger still knows for their call when the worker converts it
 from __future__ import annotations
 
 import json
+import operator
 import sqlite3
 import uuid
 from collections.abc import Callable, Generator
@@ -43,6 +44,9 @@ DAY_MS: Final = 86_400_000
 
 # The Invocation message's fields are the row's columns, in order.
 COLUMNS: Final = tuple(f.name for f in pb.Invocation.DESCRIPTOR.fields)
+# A row's values in COLUMNS' order, read in one C call (a generator of getattr took
+# about 3 us of each row's write, a row per call).
+_VALUES: Final = operator.attrgetter(*COLUMNS)
 _TYPES: Final = {
     f.name: "INTEGER" if f.type in (f.TYPE_INT64, f.TYPE_BOOL) else "TEXT"
     for f in pb.Invocation.DESCRIPTOR.fields
@@ -215,7 +219,7 @@ class Telemetry:
         write_many(
             self._db,
             self._insert,
-            [[*(getattr(row, n) for n in COLUMNS), who] for who, row in rows],
+            [(*_VALUES(row), who) for who, row in rows],
         )
 
     def record_later(self, rows: list[pb.Invocation]) -> None:
