@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.core import redaction
 from worker.core.redaction import (
     KEPT_CHARS,
     KEPT_DETAIL_CHARS,
@@ -399,3 +401,38 @@ def test_a_head_of_args_is_masked_by_its_members(
     if secrets is not None:
         assert masked[1] == secrets
     assert head_masked('["not", "an object') is None
+
+
+# What `_plain` answered as one regex (before it looked for texts and words apart): a
+# marker anywhere, or a program's name where neither side continues it as a word.
+_PROGRAM_NAMES = sorted(redaction._NOT_PLAIN_WORDS)
+_ONE_REGEX = re.compile(
+    redaction._MARKERS
+    + r"|://|\\|header|content|data|body|text"
+    + r"|(?<![a-z0-9_.+-])(?:"
+    + "|".join(map(re.escape, _PROGRAM_NAMES))
+    + r")(?![a-z0-9_.+-])"
+)
+_PIECES = st.one_of(
+    st.sampled_from(
+        [*_PROGRAM_NAMES, *redaction._NOT_PLAIN_TEXTS, "MySQL", "sudo-x", "xsudo", "bench.txt"]
+    ),
+    st.text(alphabet='abcdkps-_.+/ :\\"{}[]0123AXİ', max_size=3),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_PIECES, max_size=8).map("".join))
+def test_plain_args_are_told_as_the_one_regex_told_them(text: str) -> None:
+    assert redaction._plain(text) == (_ONE_REGEX.search(text.lower()) is None)
+
+
+def test_each_program_name_is_one_word_and_each_marker_plain_text() -> None:
+    """`_plain` finds a name as a whole word, and a marker with `in`: neither may hold
+    what a regex would read otherwise."""
+    assert all(re.fullmatch(r"[a-z0-9_.+-]+", name) for name in _PROGRAM_NAMES)
+    assert all(
+        re.escape(text) == text.replace("-", r"\-")
+        for text in redaction._NOT_PLAIN_TEXTS
+        if text != "\\"
+    )
