@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from tests.support.cluster import Cluster, Proc, cluster, wait_for, write_config
-from worker.hub.hellos import HELLO_DESCRIBED_BYTES
+from worker.hub.hellos import HELLO_BURST_PER_WORKER, HELLO_DESCRIBED_BYTES
 from worker.hub.store import HubStore
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
@@ -284,3 +284,31 @@ def test_a_waiting_hello_is_kept_as_its_description_alone(tmp_path: Path) -> Non
         assert 0 < size <= HELLO_DESCRIBED_BYTES, size
         [row] = listed(live, "big-1")
         assert (row.enrolment, list(row.actions)) == ("pending", list(SANDBOX_ACTIONS))
+def hello_until_busy(live: Cluster, worker_id: str, key: str) -> tuple[str, str, str]:
+    """Say Hello under `worker_id` with `key` until the hub says busy; that answer."""
+    for _ in range(3 * HELLO_BURST_PER_WORKER):
+        answer = say_hello(live, worker_id, key)
+        if answer[0] == "RESOURCE_EXHAUSTED":
+            return answer
+    raise AssertionError(f"never refused busy: {answer}")
+
+
+def test_hellos_under_an_accepted_id_with_another_key_cost_that_worker_nothing(
+    tmp_path: Path,
+) -> None:
+    """review28 r1: a holder of the workers' token saying Hello under an accepted
+    worker's id with a key of its own (waiting, or refused by the operator) is paced as
+    itself, not as the worker: before, its Hellos emptied the worker's bucket (30, then
+    1 a second) and the real worker was refused busy as long as the rogue said Hello
+    once a second."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        real, rogue, refused = (uuid.uuid4().hex for _ in range(3))
+        assert say_hello(live, "vm-1", real)[1] == "pending"
+        assert decide(live, "accept", "vm-1")[0] == 0
+        assert say_hello(live, "vm-1", refused)[1] == "key_mismatch"
+        rc, said = decide(live, "refuse", "vm-1", "--fingerprint", fingerprint(refused))
+        assert rc == 0, said
+        for key in (rogue, refused):
+            code, _, message = hello_until_busy(live, "vm-1", key)
+            assert "busy" in message, (code, message)
+            assert say_hello(live, "vm-1", real)[0] == "welcome"

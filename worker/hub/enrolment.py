@@ -72,7 +72,7 @@ class Enrolment:
 @dataclass(frozen=True)
 class Verdict:
     """What a Hello of (worker id, key) is: `accepted`; `pending` (no decision for this
-    key; `taken` when the id is accepted under another key); or `refused`."""
+    key); or `refused`. `taken`: the id is accepted under another key."""
 
     state: State
     taken: bool = False
@@ -121,16 +121,15 @@ class Enrolments:
         rows = self._db.execute(
             "SELECT key_digest, state FROM enrolments WHERE worker_id = ?", (worker_id,)
         ).fetchall()
-        taken = False
+        verdict: State = "pending"
+        taken = False  # read through every row: a refused key's Hello is taken too
         for digest, state in rows:
             if key_digest and hmac.compare_digest(str(digest), key_digest):
-                if state == "accepted":
-                    return Verdict("accepted")
-                if state == "refused":
-                    return Verdict("refused")
+                if state != "pending":
+                    verdict = state
             elif state == "accepted":
                 taken = True
-        return Verdict("pending", taken=taken)
+        return Verdict(verdict, taken=taken and verdict != "accepted")
 
     def waiting(self, worker_id: str, key_digest: str, hello: pb.Hello) -> None:
         """Record a Hello with no decision yet (or seen again), bounded by PENDING_KEPT."""

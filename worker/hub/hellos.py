@@ -50,7 +50,9 @@ HELLO_RESENT_IDS: Final = 65_536
 # that worker nothing), before anything is written: a burst, then so many a second.
 # - One worker id: 30, then 1 a second. The worker's own backoff never meets it (full
 #   jitter; a session that fails at once does not start it over): at worst 13.4 of the
-#   burst in 100,000 simulated runs of sessions failing at once (median 4.8).
+#   burst in 100,000 simulated runs of sessions failing at once (median 4.8). A Hello
+#   under an id accepted with another key is counted under (id, its key), and among
+#   the new ids (it writes a row): it costs that worker nothing (review28 r1).
 # - Ids new to this hub (a new row in hub.db), of all: 4,096 at once, then 32 a second:
 #   a fleet deployed at once is taken whole, a flood of made-up ids is not.
 # - Every Hello, of all: 8,192 at once, then 256 a second: a fleet reconnecting
@@ -155,11 +157,16 @@ class Hellos:
         self._unlogged = 0  # ... since the last line about them
         self._logged_at: float | None = None
 
-    def admit(self, worker_id: str, *, new: bool) -> Busy | None:
+    def admit(self, worker_id: str, *, new: bool, other_key: str = "") -> Busy | None:
         """Count a Hello of `worker_id` (`new`: an id this hub does not know), or say
-        why it is refused (then nothing is counted)."""
+        why it is refused (then nothing is counted). `other_key`: the digest of a key
+        that is not the one accepted for the id, whose Hellos are counted apart from
+        the worker's (review28 r1: a rogue's kept the worker itself refused busy)."""
         now = asyncio.get_running_loop().time()
-        checks = [(self.per_worker, worker_id, f"worker {shown(worker_id)!r}", 0.0)]
+        whose = f"worker {shown(worker_id)!r}"
+        if other_key:
+            worker_id, whose = f"{worker_id}\n{other_key}", f"{whose} with this key"
+        checks = [(self.per_worker, worker_id, whose, 0.0)]
         if new:
             checks.append((self.new, "", "workers new to this hub", HELLO_RETRY_MIN_S))
         checks.append((self.all, "", "all workers together", HELLO_RETRY_MIN_S))

@@ -369,7 +369,13 @@ class Hub:
         known = self.store.knows_worker(hello.worker_id)
         local = context.peer() == LOCAL_PEER
         if not local:  # `up`'s own worker is not counted
-            busy = self.hellos.admit(hello.worker_id, new=not known)
+            # A Hello under an id accepted with another key costs that worker nothing.
+            other = self.store.enrolments.verdict(hello.worker_id, key_digest).taken
+            busy = self.hellos.admit(
+                hello.worker_id,
+                new=not known or other,
+                other_key=(key_digest or "none") if other else "",
+            )
             if busy is not None:
                 await context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
