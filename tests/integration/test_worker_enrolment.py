@@ -312,3 +312,54 @@ def test_hellos_under_an_accepted_id_with_another_key_cost_that_worker_nothing(
             code, _, message = hello_until_busy(live, "vm-1", key)
             assert "busy" in message, (code, message)
             assert say_hello(live, "vm-1", real)[0] == "welcome"
+
+
+def test_accepting_another_key_ends_the_stream_of_the_key_accepted_before(
+    tmp_path: Path,
+) -> None:
+    """review28 r2: a rogue accepted on first contact under a worker's id (or kept from a
+    migrated hub.db) loses its stream as the operator accepts the real worker's key for
+    that id; before, it stayed connected, listed as accepted, and was sent the worker's
+    next calls until the real worker (stopped by key_mismatch) was started again."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=True) as live:
+        token = (live.home / "hub-workers.token").read_text().strip()
+        real, rogue = uuid.uuid4().hex, uuid.uuid4().hex
+
+        async def go() -> tuple[str, str]:
+            async with grpc.aio.insecure_channel(live.listen) as channel:
+                hello = pb.Hello(
+                    worker_id="vm-1",
+                    instance_id="rogue",
+                    protocol_min=PROTOCOL_MIN,
+                    protocol_max=PROTOCOL_MAX,
+                    actions=list(SANDBOX_ACTIONS),
+                )
+
+                async def envelopes():  # type: ignore[no-untyped-def]
+                    yield pb.WorkerEnvelope(messages=[pb.WorkerMessage(hello=hello)])
+                    await asyncio.Event().wait()
+
+                call = pb_grpc.WorkerServiceStub(channel).Stream(
+                    envelopes(), metadata=worker_metadata(token, rogue)
+                )
+                first = await call.read()
+                assert first is not grpc.aio.EOF
+                assert "welcome" in [m.WhichOneof("kind") for m in first.messages]
+                answer = await asyncio.to_thread(say_hello, live, "vm-1", real)
+                assert answer[1] == "key_mismatch", answer
+                rc, said = await asyncio.to_thread(
+                    decide, live, "accept", "vm-1", "--fingerprint", fingerprint(real)
+                )
+                assert rc == 0, said
+                try:
+                    async with asyncio.timeout(60):  # a hang's bound: the end comes at once
+                        while await call.read() is not grpc.aio.EOF:
+                            pass
+                except grpc.aio.AioRpcError as exc:
+                    trailer = dict(exc.trailing_metadata() or ()).get(ENROLMENT_KEY, "")
+                    return exc.code().name, str(trailer)
+                return "EOF", ""
+
+        assert asyncio.run(go()) == ("PERMISSION_DENIED", "key_mismatch")
+        assert live.status().connected_workers == 0
+        assert say_hello(live, "vm-1", real)[0] == "welcome"

@@ -13,6 +13,7 @@ Every other Hello waits for the operator (pending) or is refused.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,11 +169,12 @@ class Admission:
         return ""
 
     def decide(
-        self, request: pb.DecideWorkerRequest
+        self, request: pb.DecideWorkerRequest, connected: str | None = None
     ) -> tuple[pb.DecideWorkerResponse, Ended | None]:
         """The operator's decision about `request.worker_id`, and how the stream of a
-        worker no longer served by it ends (None: it still is). DecisionError when it
-        names no worker known here, or more than one key without --fingerprint."""
+        worker no longer served by it ends (None: it still is). `connected`: the key
+        digest of the id's stream connected now, if any. DecisionError when it names no
+        worker known here, or more than one key without --fingerprint."""
         worker_id, fingerprint = request.worker_id, request.fingerprint
         problem = id_problem("worker_id", worker_id, required=True)
         if problem is not None:
@@ -208,7 +210,17 @@ class Admission:
                 enrolment="accepted",
                 message=message,
             )
-            return response, None
+            if connected is None or hmac.compare_digest(connected, row.key_digest):
+                return response, None
+            # The stream connected under the id came with the key accepted before (a
+            # rogue accepted on first contact, say): it is served no more (review28 r2).
+            shown_key = fingerprint_of_digest(connected) or "none"
+            mismatch: tuple[tuple[str, str], ...] = ((ENROLMENT_KEY, "key_mismatch"),)
+            return response, (
+                grpc.StatusCode.PERMISSION_DENIED,
+                taken_message(worker_id, shown_key),
+                mismatch,
+            )
         if request.decision == pb.DecideWorkerRequest.REFUSE:
             row = self.enrolments.decide(worker_id, fingerprint, "refused")
             message = (

@@ -391,6 +391,7 @@ class Hub:
         session = Session(
             hello=hello_description(hello),
             session_id=uuid.uuid4().hex,
+            key_digest=key_digest,
             protocol=min(PROTOCOL_MAX, hello.protocol_max),
         )
         resent = [*hello.running_ids, *hello.unacked_ids]
@@ -1783,8 +1784,9 @@ class Hub:
         """The operator's decision (worker.hub.admission.decide); a worker no longer
         served loses its stream at once (refused: it stops; forgotten: it says Hello
         again, and waits)."""
-        response, unserved = self.admission.decide(request)
         session = self.sessions.get(request.worker_id)
+        connected = None if session is None else session.key_digest
+        response, unserved = self.admission.decide(request, connected)
         if unserved is not None and session is not None:
             log.warning("worker %s: %s", session.worker_id, response.message)
             session.refusal = unserved

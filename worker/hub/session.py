@@ -34,6 +34,9 @@ class Session:
 
     hello: pb.Hello
     session_id: str
+    # The digest of the worker key its stream came with ('' none): an operator's accept
+    # of another key for its id ends it (worker.hub.admission.Admission.decide).
+    key_digest: str = ""
     # Serialized ServerMessages framed as envelope parts (see framing.py): a request's
     # blob is framed in, never copied into a message object. It knows how long its
     # oldest has waited, and the bytes of kills and heartbeats in it (Hub._behind).
