@@ -284,6 +284,8 @@ def test_a_waiting_hello_is_kept_as_its_description_alone(tmp_path: Path) -> Non
         assert 0 < size <= HELLO_DESCRIBED_BYTES, size
         [row] = listed(live, "big-1")
         assert (row.enrolment, list(row.actions)) == ("pending", list(SANDBOX_ACTIONS))
+
+
 def hello_until_busy(live: Cluster, worker_id: str, key: str) -> tuple[str, str, str]:
     """Say Hello under `worker_id` with `key` until the hub says busy; that answer."""
     for _ in range(3 * HELLO_BURST_PER_WORKER):
@@ -363,3 +365,19 @@ def test_accepting_another_key_ends_the_stream_of_the_key_accepted_before(
         assert asyncio.run(go()) == ("PERMISSION_DENIED", "key_mismatch")
         assert live.status().connected_workers == 0
         assert say_hello(live, "vm-1", real)[0] == "welcome"
+
+
+def test_a_hello_under_an_id_no_call_could_name_is_refused(tmp_path: Path) -> None:
+    """review28 r7: a worker id that a call, a kill or `workers accept` would be refused
+    for (a line break, an escape, over 256 characters) was taken in a Hello: with
+    accept_new_workers on it was served, and its id went into the hub's log as it came,
+    forging lines there. Now the Hello is refused, and nothing is recorded."""
+    forged = "vm-1\nWARNING worker.hub.admission: hub: worker vm-9 accepted"
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=True) as live:
+        for worker_id in (forged, "vm-\x1b[2J", "v" * 300):
+            code, _, message = say_hello(live, worker_id, uuid.uuid4().hex)
+            assert code == "INVALID_ARGUMENT", (code, message)
+            assert "worker_id" in message and "worker's data folder" in message, message
+        assert live.workers() == []
+        hub = next(p for p in live.procs if p.name == "hub")
+        assert "\nWARNING worker.hub.admission: hub: worker vm-9" not in hub.log()

@@ -355,6 +355,17 @@ class Hub:
         if opening.WhichOneof("kind") != "hello" or not opening.hello.worker_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         hello = opening.hello
+        # An id the hub would refuse in a call (worker.ids.id_problem) is refused here
+        # too: it went into the hub's log as it came, a line break in it forging lines,
+        # and no call, kill or decision (DecideWorker) could name it (review28 r7).
+        bad = id_problem("worker_id", hello.worker_id)
+        if bad is not None:
+            self.stream_refusals.log("refused a worker Hello: its %s", bad[1])
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the Hello's {bad[1]}: set another worker id (the worker_id file in the "
+                "worker's data folder)",
+            )
         refusal = hello_refusal(hello)
         if refusal is not None:
             log.warning("refused a Hello for worker %s: %s", shown(hello.worker_id), refusal)
