@@ -98,6 +98,19 @@ def test_an_unknown_args_field_lists_the_fields_the_action_accepts(up: Up) -> No
     assert "path" in error["details"]["accepted_fields"]
 
 
+def test_a_missing_args_field_is_named_as_missing(up: Up) -> None:
+    """`path: Field required` read as a problem with the path given: the answer says
+    the field is missing, and lists every missing one in details."""
+    up.cli("grant", "workerHost.fs_read", "--agent", "me")
+    called = up.cli("call", "fs_read", '{"offset": "x"}', "--agent", "me")
+    error = json.loads(called.stdout)["error"]
+    assert error["code"] == "validation_error"
+    assert error["message"].startswith(
+        "invalid arguments for workerHost.fs_read: missing required field path; offset: "
+    ), error["message"]
+    assert error["details"]["missing_fields"] == ["path"]
+
+
 def test_not_found_names_the_folder_a_relative_path_was_looked_for_in(up: Up) -> None:
     up.cli("grant", "workerHost.fs_*", "--agent", "me")
     out = json.loads(up.cli("call", "fs_read", '{"path": "notes.md"}', "--agent", "me").stdout)

@@ -104,6 +104,22 @@ _NAMES: Final = ("surface", "action")
 DRAIN_STOP_S = 3.0
 
 
+def _args_problems(errors: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """What is wrong with a call's args, in one line, and the required fields it lacks:
+    every one of those is named (the caller adds them all at once), then up to five
+    other problems."""
+    missing = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "missing"]
+    said = [
+        f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}"
+        for e in errors
+        if e["type"] != "missing"
+    ][:5]
+    if missing:
+        plural = "s" if len(missing) > 1 else ""
+        said.insert(0, f"missing required field{plural} {', '.join(missing)}")
+    return "; ".join(said), missing
+
+
 class CallWatcher(Protocol):
     """Who watches calls come and go (the person's live view); told, never asked."""
 
@@ -1307,10 +1323,10 @@ class Dispatcher:
                 {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
                 for err in exc.errors(include_url=False, include_input=False)
             ]
-            summary = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in errors[:5]
-            )
+            summary, missing = _args_problems(errors)
             details: dict[str, Any] = {"errors": errors}
+            if missing:
+                details["missing_fields"] = missing
             if any(e["type"] == "extra_forbidden" for e in errors):
                 # Name what it does take: the caller misspelt a field or guessed one.
                 accepted = sorted(spec.args.model_fields)
