@@ -28,6 +28,7 @@ import grpc
 from sandbox import confinement
 from worker import actions, db, memory
 from worker.actions import computer
+from worker.actions.scope_names import no_action_problem
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
 from worker.core.connection import (
@@ -43,7 +44,7 @@ from worker.core.ledger import UNRECORDED_SERVER, State
 from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.registry import MIB, Services
-from worker.core.scopes import Approver, Grant, Scopes
+from worker.core.scopes import ASK_PREFIX, Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry
 from worker.core.tui_process import TuiProcess, describe_exit
 from worker.errors import (
@@ -132,7 +133,16 @@ def worker_id(paths: Paths) -> str:
     return ident
 
 
-def grants_of(config: Config) -> list[Grant]:
+def grants_of(config: Config, paths: Paths) -> list[Grant]:
+    """The [[grant]] tables' grants; ConfigError for a scope no action asks for (a
+    typo granted nothing, and the calls it was meant for were refused in silence)."""
+    for grant in config.grant:
+        for scope in grant.scopes:
+            if scope.startswith(ASK_PREFIX):
+                continue  # an allowlist ask, kept under its name
+            problem = no_action_problem(scope, repr(scope))
+            if problem is not None:
+                raise ConfigError(f"[[grant]] in {paths.config_file}: {problem}")
     return [
         Grant(agent=g.agent, scope=scope, plan=g.plan, expires=g.expires, granted_by="config")
         for g in config.grant
@@ -159,7 +169,7 @@ def build_dispatcher(
         config.telemetry.max_rows,
         convert=True,  # as its ledger: tables from before are made per server here
     )
-    static = grants_of(config)
+    static = grants_of(config, paths)
     registry = actions.build(diagnostics=config.worker.diagnostics)
     if not desktop.available:
         registry = computer.absent(registry, desktop.availability)
@@ -247,7 +257,7 @@ def build_console(
         broker,
         server=server,
         mode=mode,
-        static_grants=tuple(grants_of(config)),
+        static_grants=tuple(grants_of(config, dispatcher.paths)),
         first_steps=tuple(first_steps),
     )
     if dispatcher.pause is not None:
@@ -314,11 +324,12 @@ def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Confi
 
     try:
         fresh = load(paths)
+        grants = grants_of(fresh, paths)
     except ConfigError as exc:
         log.error("config.toml not reloaded, the old settings stay: %s", exc.message)
         return config
     dispatcher.roots = roots_of(fresh, paths)
-    dispatcher.scopes.replace_static(grants_of(fresh))
+    dispatcher.scopes.replace_static(grants)
     dispatcher.config = fresh
     dispatcher.containment.warm.discard()  # built for the roots and limits read before
     log.info(

@@ -342,6 +342,21 @@ def test_grant_refuses_a_scope_no_action_asks_for(tmp_path: Path, scope: str, sa
     assert json.loads(cli(env, "grants", "--json").stdout) == []
 
 
+def test_a_config_grant_of_a_scope_no_action_asks_for_stops_the_start(tmp_path: Path) -> None:
+    """A typo in a [[grant]] table granted nothing, in silence: the calls it was meant
+    for were refused scope_required. The start is refused, naming it and the closest."""
+    env = fresh_env(tmp_path / "home")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "config.toml").write_text(
+        '[[grant]]\nagent = "me"\nscopes = ["workerHost.fs_stat", "workerHost.fs_stats"]\n'
+    )
+    started = cli(env, "up", "--headless")
+    assert started.returncode == 4, started.stdout + started.stderr
+    assert "'workerHost.fs_stats' names no action" in started.stderr, started.stderr
+    assert "Did you mean workerHost.fs_stat?" in started.stderr, started.stderr
+    assert "[[grant]] in " in started.stderr and "Traceback" not in started.stderr
+
+
 def test_revoke_and_lift_of_nothing_say_which_command_lists_what_there_is(
     tmp_path: Path,
 ) -> None:

@@ -125,40 +125,13 @@ def _grant(paths: Paths, args: argparse.Namespace) -> int:
 
 
 def _refuse_a_scope_of_no_action(pattern: str) -> None:
-    """A UsageError for a scope or pattern that no action of this worker asks for: a
-    typo (`fs_stats`) made a grant that admitted nothing, and the calls it was meant
-    for were refused `scope_required` with no word of why."""
-    from fnmatch import fnmatchcase
-
-    from worker import actions
+    """A UsageError for a scope or pattern that no action of this worker asks for."""
+    from worker.actions.scope_names import no_action_problem
     from worker.errors import UsageError
-    from worker.wire.protocol import WORKBENCH_SURFACE
 
-    scopes = sorted({spec.scope for spec in actions.specs()})
-    if any(fnmatchcase(scope, pattern) for scope in scopes):
-        return
-    if pattern.startswith(f"{WORKBENCH_SURFACE}."):
-        raise UsageError(
-            f"{shown(pattern)} needs no grant: sandbox mode's {WORKBENCH_SURFACE} actions "
-            "ask for no scope (each plan reaches only its own workspace)"
-        )
-    close = _closest_scope(pattern, scopes)
-    hint = f" Did you mean {close}?" if close else ""
-    raise UsageError(
-        f"{shown(pattern)} names no action, so a grant of it would admit no call.{hint} "
-        f"The scopes: {', '.join(scopes)}; patterns such as workerHost.fs_* or "
-        "workerComputer.* work too"
-    )
-
-
-# Scopes a suggestion names only when the name asked holds their action's first word:
-# a person granting the mouse (`mouse_*`, `click`) was told "Did you mean
-# workerHost.exec?" (review27 I5), the shared prefix outweighing the rest.
-_NOT_SUGGESTED_UNASKED: Final = {
-    "workerHost.exec": "exec",
-    "workerComputer.key_type": "key",
-    "workerComputer.key_combo": "key",
-}
+    problem = no_action_problem(pattern, shown(pattern))
+    if problem is not None:
+        raise UsageError(problem)
 
 
 def _types_anywhere(pattern: str) -> bool:
@@ -168,28 +141,6 @@ def _types_anywhere(pattern: str) -> bool:
 
     typing = ("workerComputer.key_type", "workerComputer.key_combo")
     return any(fnmatchcase(scope, pattern) for scope in typing)
-
-
-def _closest_scope(pattern: str, scopes: list[str]) -> str | None:
-    """The scope (or pattern) a mistyped one most likely meant, by its action part
-    against every surface's actions: `mouse_*` is workerComputer.mouse_*, whatever
-    surface the bare name was given; None rather than a stronger scope than asked."""
-    from difflib import get_close_matches
-    from fnmatch import fnmatchcase
-
-    action = pattern.rpartition(".")[2]
-    by_action = {scope.partition(".")[2]: scope for scope in scopes}
-    surfaces = sorted(
-        {s.partition(".")[0] for s in scopes if fnmatchcase(s.partition(".")[2], action)}
-    )
-    if len(surfaces) == 1:
-        return f"{surfaces[0]}.{action}"
-    close = get_close_matches(action, list(by_action), n=1)
-    if not close:
-        return None
-    scope = by_action[close[0]]
-    word = _NOT_SUGGESTED_UNASKED.get(scope)
-    return None if word is not None and word not in action.lower() else scope
 
 
 def _lines(text: str) -> list[str]:
