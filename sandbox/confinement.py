@@ -79,7 +79,8 @@ class Landlock:
             "landlock",
             True,
             f"ABI {self.abi}: a program may execute only itself and write only in the "
-            "read-write shared folders and the sandbox's /tmp"
+            "folders it is given read-write (shared folders, or its plan's workspace in "
+            "sandbox mode) and the sandbox's /tmp"
             + (
                 "; it reaches no abstract unix socket or process outside the sandbox"
                 if self.scopes

@@ -1162,10 +1162,18 @@ def _command_name() -> str:
     return str(mine) if mine.exists() else "agentworker"
 
 
-def prepare(paths: Paths) -> bool:
-    """First start: create config and workspace; True when this was the first start."""
+def prepare(paths: Paths, *, sandbox: bool = False) -> bool:
+    """First start: create config and workspace; True when this was the first start.
+    Said in the mode's own words: shared folders ([[root]]) are not used in sandbox mode."""
     created = first_start(paths)
-    if created:
+    if created and sandbox:
+        log.info(
+            "first start: wrote %s; sandbox mode: each plan gets a workspace of its own "
+            "under %s at its first call (`agentworker sandbox list`), and reaches nothing else",
+            paths.config_file,
+            paths.workbench,
+        )
+    elif created:
         log.info(
             "first start: wrote %s; the agent may read and write only in %s until you add roots",
             paths.config_file,

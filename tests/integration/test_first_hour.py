@@ -77,6 +77,29 @@ def test_up_ends_its_start_with_a_ready_line_and_three_next_commands(up: Up) -> 
     assert steps[2].endswith("doctor")
 
 
+def test_a_sandbox_first_start_speaks_of_plan_workspaces_not_roots(tmp_path: Path) -> None:
+    """An operator of sandbox mode read "until you add roots", a host-mode step that
+    sandbox mode ignores: its first start names where plans' workspaces go."""
+    env = fresh_env(tmp_path / "home")
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "up", "--sandbox", "--headless"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "ready:" in log_path.read_text() or proc.poll() is not None, 60)
+        start = log_path.read_text().split("ready:", 1)[0]
+        assert "sandbox mode: each plan gets a workspace of its own under " in start, start
+        assert f"{tmp_path / 'home' / 'workbench'} at its first call" in start, start
+        assert "roots" not in start and "[[root]]" not in start, start
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log_path.read_text()
+
+
 def test_call_output_keeps_numbers_as_numbers(up: Up) -> None:
     (up.home / "workspace" / "n.txt").write_text("13 bytes long")
     up.cli("grant", "workerHost.fs_stat", "--agent", "me")

@@ -121,7 +121,7 @@ def _up(paths: Paths, args: argparse.Namespace) -> int:
 
     memory.keep_large_buffers()
 
-    app.prepare(paths)
+    app.prepare(paths, sandbox=args.sandbox)
     config = config_of(paths, args)
     tui = _tui(paths, args)
     with _told_not_traced(tui), _refused_as_unreachable():
@@ -151,7 +151,7 @@ def _run(paths: Paths, args: argparse.Namespace) -> int:
 
     memory.keep_large_buffers()
 
-    app.prepare(paths)
+    app.prepare(paths, sandbox=args.sandbox)
     config = config_of(paths, args)
     target = app.worker_target(paths, config)
     tui = _tui(paths, args)
