@@ -378,6 +378,26 @@ def test_exec_sees_only_its_own_workspace(live: Cluster) -> None:
         assert seen[probe][0] == "refused", (probe, seen)
 
 
+def test_refusals_name_the_workspace_as_the_agent_sees_it(live: Cluster, plan: str) -> None:
+    """The agent spells its workspace /workspace: a refusal that named the worker's own
+    path of it (.../workbench/KEY/files) and "every shared folder" told the agent of a
+    folder it cannot name, and the operator of a concept sandbox mode does not use."""
+    call(live, plan, "fs_write", {"path": "a.txt"}, b"a")
+    host = str(files_of(live, "bench", plan))
+    climbed, _ = run(live, plan, ["cat", "/workspace/../x"])
+    assert climbed["error"]["code"] == "path_not_allowed"
+    assert climbed["error"]["message"] == (
+        "`cat /workspace/../x` fits rule cat, but a path cannot be used: '/workspace/../x' "
+        "is outside the plan's workspace (/workspace)."
+    ), climbed["error"]["message"]
+    missing, _ = call(live, plan, "fs_read", {"path": "nope.txt"})
+    assert missing["error"]["code"] == "not_found"
+    assert "/workspace/nope.txt" in missing["error"]["message"], missing["error"]
+    for refused in (climbed, missing):
+        shown = json.dumps(refused["error"])
+        assert host not in shown and "shared folder" not in shown, shown
+
+
 # ----------------------------------------------------------------- isolation: exec
 
 

@@ -78,6 +78,7 @@ from worker.actions.host.exec_arg_files import arg_files, plain
 from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.actions.host.fs_paths import in_thread
+from worker.actions.workbench_terms import answering_in_plan_terms, host_paths
 from worker.config import Config, ExecSection, SandboxSection
 from worker.core.blob_files import check_hasher
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
@@ -1234,12 +1235,13 @@ def build(bench: Workbench) -> Registry:
             f"(at {MOUNT_POINT}), with no network; the blob is its stdin",
         ),
     ]
+    paths = host_paths(bench.workspaces.base)
     return table(
         *(
             dataclasses.replace(
                 host,
                 surface=SURFACE,
-                handler=handler,
+                handler=answering_in_plan_terms(paths, handler),
                 summary=summary,
                 sandboxed=True,
                 codes=host.codes | _PLAN_CODES,
