@@ -36,6 +36,7 @@ from textual.strip import Strip
 from textual.widgets import DataTable, Footer, Input, Static
 
 from ui.approval import Answer, ApprovalModal
+from ui.first_steps import lines_to_try
 from ui.notify import Notifier, desktop_notifier
 from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
 from ui.shown import cell_text, id_text, plan_shown, server_text, shown
@@ -602,9 +603,11 @@ class WorkerApp(App[None]):
         text = Text("No calls yet.", style="dim")
         steps = [str(step) for step in self.worker_info.get("first_steps", ())]
         if steps and not self.calls:
-            text.append("\n\nTry, in another terminal:\n", style="dim")
-            for step in steps:
-                text.append(f"  {shown(step)}\n")
+            # One line for the heading and one per command, so that at 80x24 all of
+            # them fit the pane whole (first_steps: a wrapped command copies as two).
+            text.append(" Try, in another terminal:", style="dim")
+            for line in lines_to_try(steps):
+                text.append(f"\n  {shown(line)}")
         return text
 
     def _selected_call(self) -> str | None:

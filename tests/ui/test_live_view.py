@@ -249,6 +249,42 @@ def test_the_calls_kept_are_the_newest_as_many_as_the_worker_keeps(
     asyncio.run(scenario())
 
 
+def test_what_to_try_fits_an_80_column_terminal_one_command_a_line(tmp_path: Path) -> None:
+    """`up` names the program by its full path when it is not on PATH: each command
+    wrapped at 80 columns (a wrapped command copies as two lines, and the shell runs
+    the first half) and the third fell below the pane. The folder goes on PATH once;
+    every line is whole and all of them are on screen."""
+    me = "/home/alice/src/agentworker/.venv/bin/agentworker"
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path)
+        rig.console.first_steps = (
+            f"{me} grant workerHost.fs_stat --agent me --for 8h",
+            f'{me} call fs_stat \'{{"path": "."}}\' --agent me',
+            f"{me} doctor",
+        )
+        app = WorkerApp(rig.link(), notifier=silent)
+        async with app.run_test(size=(80, 24)) as pilot:
+            detail = app.query_one("#detail", Static)
+            box = app.query_one("#detail-box")
+
+            def lines() -> list[str]:
+                return [detail.render_line(y).text.rstrip() for y in range(detail.size.height)]
+
+            await until(lambda: "Try, in another terminal:" in "\n".join(lines()), pilot)
+            assert lines()[:5] == [
+                "No calls yet. Try, in another terminal:",
+                '  export PATH="/home/alice/src/agentworker/.venv/bin:$PATH"',
+                "  agentworker grant workerHost.fs_stat --agent me --for 8h",
+                '  agentworker call fs_stat \'{"path": "."}\' --agent me',
+                "  agentworker doctor",
+            ], lines()
+            assert box.scrollable_content_region.height >= 5 and box.max_scroll_y == 0
+        rig.close()
+
+    asyncio.run(scenario())
+
+
 def test_the_calls_pane_says_what_to_try_until_a_call_comes(tmp_path: Path) -> None:
     """Under `up` the ready line's commands went to the terminal the TUI now covers:
     the empty detail pane says them, each as given (a path of the person's own
