@@ -251,6 +251,9 @@ def build_console(
     )
     broker.kill = dispatcher.kill_plan
     broker.emit_audit = lambda event: dispatcher.outbox(pb.WorkerMessage(audit=event))
+    broker.on_waiting = lambda cid: dispatcher.results.ack_request(
+        cid, pb.ActionAck.AWAITING_APPROVAL
+    )
     dispatcher.scopes.approver = broker
     console = Console(
         dispatcher,

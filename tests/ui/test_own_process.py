@@ -5,6 +5,7 @@ process behind and the terminal to the shell."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +87,39 @@ def test_the_tui_runs_beside_the_worker_and_answers_its_prompts(up: Up) -> None:
     assert call["out"]["error"]["code"] == "scope_denied", call
     up.terminal.type("q")
     _stopped_cleanly(up, tui_pid=tui.pid)
+
+
+def test_a_call_says_on_stderr_once_that_it_waits_for_approval(up: Up) -> None:
+    """`agentworker call` waited in silence while the TUI asked about it (its person is
+    often the one waiting): it says so on stderr as the prompt opens, once."""
+    asked = up.terminal.mark()
+    call = subprocess.Popen(
+        [AGENTWORKER, "call", "fs_stat", '{"path": "."}', "--agent", "stranger"],
+        env=up.live.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        up.terminal.expect(PROMPT, after=asked)
+        assert call.stderr is not None
+        said = call.stderr.readline()  # while the prompt waits: no answer was given
+        assert said == (
+            "agentworker: waiting for approval: the worker asks its person about this call. "
+            "Answer the prompt in the agentworker TUI (the terminal of `agentworker up`, or "
+            "`agentworker ui`); no answer in time is a denial.\n"
+        ), said
+        assert call.poll() is None
+        up.terminal.expect(ANSWERABLE, after=asked)
+        up.terminal.type("d")
+        out, rest = call.communicate(timeout=60)
+        assert json.loads(out)["error"]["code"] == "scope_denied", out
+        assert "waiting for approval" not in rest, rest
+    finally:
+        call.kill()
+        call.wait()
+    up.terminal.type("q")
+    up.worker.wait(60)
 
 
 def test_before_any_call_the_tui_says_what_to_try(up: Up) -> None:

@@ -162,6 +162,11 @@ def call(self, *args, _real=aio.UnaryUnaryMultiCallable.__call__, **kwargs):
     note("Dispatch")
     return _real(self, *args, **kwargs)
 
+# `call` sends Dispatch as a stream of one request, to read its headers early
+def streamed(self, *args, _real=aio.StreamUnaryMultiCallable.__call__, **kwargs):
+    note("Dispatch")
+    return _real(self, *args, **kwargs)
+
 class Out(io.StringIO):
     def write(self, text):
         note("output")
@@ -169,6 +174,7 @@ class Out(io.StringIO):
 
 sys.meta_path.insert(0, Watch())
 aio.Channel.get_state, aio.UnaryUnaryMultiCallable.__call__ = get_state, call
+aio.StreamUnaryMultiCallable.__call__ = streamed
 out = Out()
 with contextlib.redirect_stdout(out):
     code = main()

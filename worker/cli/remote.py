@@ -104,6 +104,7 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
         from worker.wire.proto import agentworker_pb2 as pb
 
         sent = client.begin_dispatch(
+            headers_early=True,
             worker_id=args.worker,
             correlation_id=args.id,
             plan_id=args.plan,
@@ -116,12 +117,16 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
             timeout_ms=int(args.timeout * 1000),
         )
         on_its_way = True
+        told = asyncio.ensure_future(_say_when_asked(sent))
         # One turn of the loop sends it; json (for the answer, a few ms to load) then
         # loads while the hub and the worker run the call (issue 12: `call` at once).
         await asyncio.sleep(0)
         import json  # noqa: F401 - used by result_to_dict and json_shown
 
-        response = await sent
+        try:
+            response = await sent
+        finally:
+            told.cancel()
         ok = response.result.status == pb.ActionResult.OK
         # The blob file first: a reader that has the answer may open it at once.
         note = _blobs.write_blob_out(args.blob_out, ok, response.result.blob)
@@ -148,6 +153,32 @@ def _call(paths: Paths, args: argparse.Namespace) -> int:
         left = _left_running(args, f"{surface}.{action}", on_its_way)
         print(f"agentworker: {left}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+async def _say_when_asked(sent: object) -> None:
+    """Says once, on stderr, that the call waits for the person's approval, as soon as
+    the hub's headers say so (ActionAck.AWAITING_APPROVAL): the person asked may be the
+    one waiting here, and a silent wait looked like a hung call."""
+    import asyncio
+
+    import grpc  # loaded already: the channel is open
+
+    from worker.hub.client import AWAITING_APPROVAL
+
+    if not isinstance(sent, grpc.aio.Call):  # sent up in parts: its headers say that
+        return
+    try:
+        got = tuple(await sent.initial_metadata() or ())
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):  # its answer says how
+        return
+    if AWAITING_APPROVAL in got and not sent.done():
+        print(
+            "agentworker: waiting for approval: the worker asks its person about this call. "
+            "Answer the prompt in the agentworker TUI (the terminal of `agentworker up`, "
+            "or `agentworker ui`); no answer in time is a denial.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _left_running(args: argparse.Namespace, name: str, sent: bool) -> str:

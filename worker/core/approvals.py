@@ -312,6 +312,9 @@ class ApprovalBroker:
         # Set by the assembly once the dispatcher exists (it owns kills and the wire).
         self.kill: Callable[[str, str, str], object] = lambda _plan, _reason, _by: None
         self.emit_audit: Callable[[pb.AuditEvent], None] = lambda _event: None
+        # Told the id of each call that starts to wait on a prompt (the server may tell
+        # its caller, who may be the person asked: `agentworker call` says so).
+        self.on_waiting: Callable[[str], None] = lambda _correlation_id: None
 
     # ------------------------------------------------------------- asking
 
@@ -448,6 +451,8 @@ class ApprovalBroker:
             waiter,
             bounded,
         )
+        if correlation_id:
+            self.on_waiting(correlation_id)
         try:
             return await waiter
         except asyncio.CancelledError as stopped:

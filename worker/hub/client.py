@@ -38,6 +38,9 @@ UPLOAD_PART_BYTES = 1024 * 1024
 # with no such header, and a part sent meanwhile would fail at the caller's end, which
 # gRPC then gives for the call's status).
 UPLOAD_TAKEN = ("agentworker-upload", "send-parts")
+# Dispatch's headers, sent before its answer while the worker's person is asked to
+# approve the call (ActionAck.AWAITING_APPROVAL): the caller may be that person.
+AWAITING_APPROVAL = ("agentworker-waiting", "approval")
 
 
 def dispatch_bytes(fields: dict[str, Any]) -> bytes:
@@ -83,6 +86,14 @@ class ControlClient:
             request_serializer=None,
             response_deserializer=pb.DispatchResponse.FromString,
             _registered_method=True,
+        )
+        # Dispatch called as a stream of one request: the same bytes on the wire, but
+        # gRPC's unary call reads the hub's headers only with the answer, and the
+        # caller of `begin_dispatch(headers_early=True)` reads them before it.
+        self._dispatch_headed = channel.stream_unary(
+            _DISPATCH,
+            request_serializer=None,
+            response_deserializer=pb.DispatchResponse.FromString,
         )
         # False once the hub said it has no DispatchUpload (one older than it).
         self.uploads = True
@@ -135,13 +146,21 @@ class ControlClient:
         response: pb.DispatchResponse = await self.begin_dispatch(**fields)
         return response
 
-    def begin_dispatch(self, **fields: Any) -> Awaitable[pb.DispatchResponse]:
+    def begin_dispatch(
+        self, *, headers_early: bool = False, **fields: Any
+    ) -> Awaitable[pb.DispatchResponse]:
         """`dispatch`, begun: awaiting what this returns answers the DispatchResponse.
         gRPC's call, not a coroutine: it goes out when the loop next turns, awaited
-        or not (`agentworker call` loads json while it is out)."""
+        or not (`agentworker call` loads json while it is out). `headers_early`: a call
+        whose `initial_metadata()` comes as the hub sends it (AWAITING_APPROVAL)."""
         timeout = fields.get("timeout_ms", 0) / 1000 + 30 if fields.get("timeout_ms") else None
         if self.uploads and memoryview(fields.get("blob", b"")).nbytes > UPLOAD_BYTES:
             return asyncio.ensure_future(self._uploaded(fields, timeout))
+        if headers_early:
+            headed: Awaitable[pb.DispatchResponse] = self._dispatch_headed(
+                iter((dispatch_bytes(fields),)), metadata=self.metadata, timeout=timeout
+            )
+            return headed
         call: Awaitable[pb.DispatchResponse] = self._dispatch(
             dispatch_bytes(fields), metadata=self.metadata, timeout=timeout
         )

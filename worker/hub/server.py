@@ -262,6 +262,8 @@ class Hub:
         self._holding = 0  # request blob bytes of Dispatch calls under way
         self.sessions: dict[str, Session] = {}
         self._waiters: dict[str, list[asyncio.Future[Answer]]] = {}  # by call id
+        # What tells each waiting caller its call waits for the worker's person, by id.
+        self._asked: dict[str, list[Callable[[], None]]] = {}
         # Scope requests and teardowns awaiting answers, by id, with the worker asked:
         # only that worker's answer counts (see _from_its_worker).
         # request id -> (worker id, agent id, the caller's waiter)
@@ -1098,6 +1100,12 @@ class Hub:
             session.send(pb.ServerMessage(ack=pb.Ack(correlation_ids=cids)))
 
     def _on_ack(self, session: Session, ack: pb.ActionAck) -> None:
+        if ack.kind == pb.ActionAck.AWAITING_APPROVAL:
+            for cid in ack.correlation_ids:
+                if cid in self._asked and self.store.worker_of(cid) == session.worker_id:
+                    for tell in self._asked[cid]:
+                        tell()
+            return
         if ack.kind in (pb.ActionAck.STARTED, pb.ActionAck.DUPLICATE_RUNNING):
             # Not answered at once: slow. Only calls a caller waits for count (see
             # `_hold`), and only they are kept.
@@ -1247,13 +1255,21 @@ class Hub:
         worker_id, answer = await self._dispatch(req, blob)
         return pb.DispatchResponse(worker_id=worker_id, result=answer.message())
 
-    async def dispatch_serialized(self, req: pb.DispatchRequest, blob: Buffer | None) -> bytes:
+    async def dispatch_serialized(
+        self,
+        req: pb.DispatchRequest,
+        blob: Buffer | None,
+        asked: Callable[[], None] | None = None,
+    ) -> bytes:
         """`dispatch`, its response serialized (for ControlService): a result blob the
-        worker sent is copied once, from the worker's envelope into the response."""
-        worker_id, answer = await self._dispatch(req, blob)
+        worker sent is copied once, from the worker's envelope into the response.
+        `asked` is called if the call waits for the worker's person (AWAITING_APPROVAL)."""
+        worker_id, answer = await self._dispatch(req, blob, asked)
         return answer.response(worker_id)
 
-    async def _dispatch(self, req: pb.DispatchRequest, blob: Buffer | None) -> tuple[str, Answer]:
+    async def _dispatch(
+        self, req: pb.DispatchRequest, blob: Buffer | None, asked: Callable[[], None] | None = None
+    ) -> tuple[str, Answer]:
         """A call whose blob would take the hub past `held_blob_bytes` is answered `busy`."""
         blob = req.blob if blob is None else blob
         size = len(blob)
@@ -1262,7 +1278,7 @@ class Hub:
         except WorkerError as exc:
             return req.worker_id, Answer(error_result(req.correlation_id, exc))
         with self._counted(worker_id, size):
-            return await self._dispatch_to(worker_id, req, blob)
+            return await self._dispatch_to(worker_id, req, blob, asked)
 
     def _admitted(self, req: pb.DispatchRequest, size: int) -> str:
         """The worker a call with a blob of `size` bytes goes to; a WorkerError when it
@@ -1367,9 +1383,29 @@ class Hub:
         )
 
     async def _dispatch_to(
-        self, worker_id: str, req: pb.DispatchRequest, blob: Buffer
+        self,
+        worker_id: str,
+        req: pb.DispatchRequest,
+        blob: Buffer,
+        asked: Callable[[], None] | None = None,
     ) -> tuple[str, Answer]:
         request = self._action_request(req, worker_id)
+        if asked is None:
+            return await self._sent(worker_id, req, request, blob)
+        cid = request.correlation_id
+        self._asked.setdefault(cid, []).append(asked)
+        try:
+            return await self._sent(worker_id, req, request, blob)
+        finally:
+            told = self._asked.get(cid, [])
+            if asked in told:
+                told.remove(asked)
+            if not told:
+                self._asked.pop(cid, None)
+
+    async def _sent(
+        self, worker_id: str, req: pb.DispatchRequest, request: pb.ActionRequest, blob: Buffer
+    ) -> tuple[str, Answer]:
         # `blob` is held while the call is pending (a view of the bytes received: the
         # hub never copies it but once, into the message to the worker).
         # The digest, computed once here and carried to the worker in the request, and

@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 
 from worker.errors import WorkerError
 from worker.hub import reads as read_bounds
-from worker.hub.client import UPLOAD_TAKEN
+from worker.hub.client import AWAITING_APPROVAL, UPLOAD_TAKEN
 from worker.hub.enrolment import DecisionError
 from worker.hub.envelopes import worker_envelope
 from worker.hub.reads import CONTROL_READ_KIND, UnaryReads
@@ -461,6 +461,8 @@ def local_streams(hub: Hub) -> LocalStreams:
 class ControlServicer(pb_grpc.ControlServiceServicer):
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
+        # Dispatch headers being sent (AWAITING_APPROVAL), each kept until it ends.
+        self._headers_sending: set[asyncio.Future[None]] = set()
 
     async def Dispatch(  # noqa: N802
         self, request: pb.DispatchRequest | _WithBlob, context: grpc.aio.ServicerContext
@@ -472,7 +474,9 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")
         moved = len(blob) if blob is not None else len(request.blob)
         try:
-            response = await self.hub.dispatch_serialized(request, blob)
+            response = await self.hub.dispatch_serialized(
+                request, blob, self._told_waiting(context)
+            )
             moved = max(moved, len(response))
             return response
         except LookupError as exc:
@@ -480,6 +484,23 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
             raise  # unreachable: abort raises
         finally:
             self.hub.memory.ended(moved)
+
+    def _told_waiting(self, context: grpc.aio.ServicerContext) -> Callable[[], None]:
+        """What tells a Dispatch's caller that its call waits for the person's approval:
+        Dispatch's headers, sent ahead of its answer (at most once; an answer that went
+        first carried them already, and sending them then fails, harmlessly)."""
+        told = False
+        sending = self._headers_sending
+
+        def tell() -> None:
+            nonlocal told
+            if not told:
+                told = True
+                sent = asyncio.ensure_future(context.send_initial_metadata((AWAITING_APPROVAL,)))
+                sending.add(sent)
+                sent.add_done_callback(_headers_sent(sending))
+
+        return tell
 
     async def ListWorkers(  # noqa: N802
         self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
@@ -531,3 +552,12 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
             return await self.hub.teardown(request)
         except WorkerError as exc:
             return pb.DispatchResponse(worker_id=request.worker_id, result=error_result("", exc))
+
+
+def _headers_sent(sending: set[asyncio.Future[None]]) -> Callable[[asyncio.Future[None]], None]:
+    def ended(sent: asyncio.Future[None]) -> None:
+        sending.discard(sent)
+        if not sent.cancelled():
+            sent.exception()  # read: an answer went first, or the caller left
+
+    return ended

@@ -83,12 +83,14 @@ class ActionAck(_message.Message):
         DUPLICATE_DONE: _ClassVar[ActionAck.Kind]
         REJECTED_DRAINING: _ClassVar[ActionAck.Kind]
         REJECTED_ARGS_MISMATCH: _ClassVar[ActionAck.Kind]
+        AWAITING_APPROVAL: _ClassVar[ActionAck.Kind]
     KIND_UNSPECIFIED: ActionAck.Kind
     STARTED: ActionAck.Kind
     DUPLICATE_RUNNING: ActionAck.Kind
     DUPLICATE_DONE: ActionAck.Kind
     REJECTED_DRAINING: ActionAck.Kind
     REJECTED_ARGS_MISMATCH: ActionAck.Kind
+    AWAITING_APPROVAL: ActionAck.Kind
     CORRELATION_IDS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
