@@ -12,12 +12,13 @@ again, which changes nothing of an inert text), as plain `Text`, never as markup
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Final
 
@@ -38,6 +39,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from ui.approval import Answer, ApprovalModal
 from ui.first_steps import lines_to_try
 from ui.notify import Notifier, desktop_notifier
+from ui.prompt_turns import agent_of, next_in_turn, of_agent
 from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
 from ui.shown import cell_text, id_text, plan_shown, server_text, shown
 from worker.core.console import RECENT_CALLS, Event, Link
@@ -246,6 +248,9 @@ class WorkerApp(App[None]):
         self.filter_text = ""
         # The one prompt screen (see ApprovalModal), and whether it is showing.
         self._approval = ApprovalModal({"id": ""}, clock=clock)
+        # When each agent's prompt was last shown, in turns (ui.prompt_turns).
+        self._shown_at: dict[str, int] = {}
+        self._turns = itertools.count()
         self._modal: ApprovalModal | None = None
         self._closing = False
         self.failure: StartupError | None = None  # why the app could not start
@@ -734,9 +739,12 @@ class WorkerApp(App[None]):
         known = prompt["id"] in self.prompts
         self.prompts[prompt["id"]] = prompt
         if self._modal is not None and self._modal.prompt_id == prompt["id"]:
-            self._modal.update_prompt(prompt, len(self.prompts) - 1)
+            self._modal.update_prompt(prompt, len(self.prompts) - 1, self._also_of_agent(prompt))
         elif self._modal is not None:
-            self._modal.update_prompt(self._modal.prompt, len(self.prompts) - 1)
+            shown_now = self._modal.prompt
+            self._modal.update_prompt(
+                shown_now, len(self.prompts) - 1, self._also_of_agent(shown_now)
+            )
         if not known:
             self.bell()
             self.notifier("agentworker", "An agent is waiting for your approval")
@@ -754,25 +762,48 @@ class WorkerApp(App[None]):
             modal, self._modal = self._modal, None
             modal.leave(None)
         elif self._modal is not None:
-            self._modal.update_prompt(self._modal.prompt, len(self.prompts) - 1)
+            shown_now = self._modal.prompt
+            self._modal.update_prompt(
+                shown_now, len(self.prompts) - 1, self._also_of_agent(shown_now)
+            )
         self._refresh_header()
 
     def _next_prompt(self) -> None:
         if self._modal is not None or not self.prompts or not self._alive():
             return
-        prompt = next(iter(self.prompts.values()))
+        # Agents take turns (ui.prompt_turns): one agent's many prompts do not stand
+        # before another's.
+        prompt = next_in_turn(self.prompts.values(), self._shown_at)
+        assert prompt is not None
+        waiting = {agent_of(p) for p in self.prompts.values()}
+        self._shown_at = {a: at for a, at in self._shown_at.items() if a in waiting}
+        self._shown_at[agent_of(prompt)] = next(self._turns)
         modal = self._approval
-        modal.load(prompt, len(self.prompts) - 1)
+        modal.load(dict(prompt), len(self.prompts) - 1, self._also_of_agent(prompt))
         self._modal = modal
         prompt_id = str(prompt["id"])
         # Installed, so leaving the stack does not unmount it: the next prompt reuses it.
         self.push_screen("approval", lambda answer: self._answered(prompt_id, answer))
 
+    def _also_of_agent(self, prompt: Mapping[str, Any]) -> int:
+        """How many other prompts of `prompt`'s agent wait (what `D` denies with it)."""
+        return len(of_agent(self.prompts.values(), agent_of(prompt))) - 1
+
     def _answered(self, prompt_id: str, answer: Answer | None) -> None:
         self._modal = None
         if answer is not None:
-            self.prompts.pop(prompt_id, None)
+            prompt = self.prompts.pop(prompt_id, None)
+            every = answer.pop("every_of_agent", False)
             self._send_decision(prompt_id, answer)
+            if every and prompt is not None:
+                others = of_agent(self.prompts.values(), agent_of(prompt))
+                for other in others:  # the ones waiting now: a later one is asked
+                    self.prompts.pop(other, None)
+                    self._send_decision(other, {"choice": "deny"})
+                self._tell(
+                    f"denied {len(others) + 1} prompt(s) of agent "
+                    f"{prompt.get('agent_id') or '(none)'}"
+                )
         self.call_later(self._next_prompt)
         self._refresh_header()
 

@@ -153,6 +153,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,d", "choose('deny')", "Deny"),
+        Binding("D", "deny_agent", "Deny every prompt of this agent"),
         Binding("x", "choose('deny_kill')", "Deny + kill plan"),
         Binding("o", "choose('once')", "Once"),
         Binding("p", "choose('plan')", "This plan"),
@@ -176,6 +177,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
         super().__init__()
         self.prompt = prompt
         self.more = more
+        self.also_of_agent = 0  # other prompts of this agent waiting (`D` denies them too)
+        self.confirming = False  # `D` pressed once: pressed again, it denies them all
         self.clock = clock
         self.period = DEFAULT_PERIOD
         self.painted_at: float | None = None
@@ -190,10 +193,11 @@ class ApprovalModal(ModalScreen[Answer | None]):
     def prompt_id(self) -> str:
         return str(self.prompt["id"])
 
-    def load(self, prompt: dict[str, Any], more: int) -> None:
+    def load(self, prompt: dict[str, Any], more: int, also_of_agent: int = 0) -> None:
         """Show `prompt` next (its content goes in once, as the screen comes on), with
         the default period, focus back on Deny."""
-        self.prompt, self.more = prompt, more
+        self.prompt, self.more, self.also_of_agent = prompt, more, also_of_agent
+        self.confirming = False
         self.period = DEFAULT_PERIOD
         self.painted_at = None
 
@@ -245,6 +249,9 @@ class ApprovalModal(ModalScreen[Answer | None]):
         if not self.armed and self.answers_from != math.inf and self.prompt.get("id"):
             self.answers_from = max(self.answers_from, self.clock() + GRACE_S)
             self._due = False
+        if self.confirming and event.key != "D":  # any other key: no longer asked
+            self.confirming = False
+            self.query_one("#countdown", Static).update(self._countdown())
 
     def _held_look(self) -> None:
         """Buttons disabled, the frame recoloured. The screen is composed in this look
@@ -328,7 +335,8 @@ class ApprovalModal(ModalScreen[Answer | None]):
                 f": {_counted(self.prompt.get('grants') or self.prompt.get('scopes', ()))}"
             )
         if self.more:
-            title.append(f"   ({self.more} more waiting)", style="dim")
+            mine = f", {self.also_of_agent} of this agent" if self.also_of_agent else ""
+            title.append(f"   ({self.more} more waiting{mine})", style="dim")
         return title
 
     def _facts(self) -> Table:
@@ -387,9 +395,16 @@ class ApprovalModal(ModalScreen[Answer | None]):
                 "to approve (d denies).",
                 style="bold",
             )
+        if self.confirming:
+            return Text(
+                f"D again denies this prompt and the {self.also_of_agent} other(s) of this "
+                "agent waiting; any other key keeps them.",
+                style="bold",
+            )
+        every = f"D deny agent's {self.also_of_agent + 1} · " if self.also_of_agent else ""
         return Text(
-            f"Denied by itself in {self._remaining_s()} s · "
-            "d deny · x deny+kill · o once · p plan · a agent · t period · ↑↓ scroll",
+            f"Denied by itself in {self._remaining_s()} s · d deny · {every}"
+            "x deny+kill · o once · p plan · a agent · t period · ↑↓ scroll",
             style="dim",
         )
 
@@ -401,7 +416,7 @@ class ApprovalModal(ModalScreen[Answer | None]):
             return
         self.query_one("#countdown", Static).update(self._countdown())
 
-    def update_prompt(self, prompt: dict[str, Any], more: int) -> None:
+    def update_prompt(self, prompt: dict[str, Any], more: int, also_of_agent: int = 0) -> None:
         """The same prompt changed (more calls wait on it) or the queue behind it moved.
         More calls waiting start the grace again: "once" lets through as many calls as
         the prompt shows (the answer says how many, `action_choose`), so a count that
@@ -410,9 +425,10 @@ class ApprovalModal(ModalScreen[Answer | None]):
         grew = prompt.get("id") == self.prompt.get("id") and _waiting(prompt) > _waiting(
             self.prompt
         )
-        self.prompt, self.more = prompt, more
+        self.prompt, self.more, self.also_of_agent = prompt, more, also_of_agent
         self.query_one("#title", Static).update(self._title())
         self.query_one("#facts", Static).update(self._facts())
+        self.query_one("#countdown", Static).update(self._countdown())
         if grew and self.is_current and self.answers_from != math.inf:
             log.info(
                 "prompt %s: %d calls wait now; answers wait again", self.prompt_id, _waiting(prompt)
@@ -450,6 +466,20 @@ class ApprovalModal(ModalScreen[Answer | None]):
         if choice == "agent":
             answer["period_s"] = PERIODS[self.period][1]
         self.leave(answer)
+
+    def action_deny_agent(self) -> None:
+        """`D`: this prompt and every other of its agent waiting now, denied, once
+        pressed twice (the first press says what the second does). An agent that
+        floods the queue is answered in one go; a prompt of it coming later is asked."""
+        if not self.armed or "deny" not in self.prompt.get("choices", ()):
+            log.info("prompt %s: 'D' is not taken yet (its grace)", self.prompt_id)
+            self.app.bell()
+            return
+        if self.also_of_agent and not self.confirming:
+            self.confirming = True
+            self.query_one("#countdown", Static).update(self._countdown())
+            return
+        self.leave({"choice": "deny", "waiting": _waiting(self.prompt), "every_of_agent": True})
 
     def _all_shown(self) -> bool:
         """Whether the rows naming what an approval grants are on screen whole."""

@@ -141,11 +141,15 @@ Keys
 In an approval prompt (focus starts on Deny; enter presses the focused button)
 
   d or esc            deny
+  D, then D again     deny this prompt and every other of its agent waiting now
   x                   deny and kill the plan
   o                   allow once: this call only
   p                   allow for this plan (read-only file scopes come together)
   a                   allow for this agent for a period; t changes the period
   (no answer)         denied when the countdown ends
+
+Prompts come oldest first for each agent, and agents take turns: another agent's
+prompt waits behind at most one prompt of each other agent waiting.
 """
 
 

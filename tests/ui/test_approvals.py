@@ -587,3 +587,64 @@ def test_a_scope_request_withdrawn_as_its_stream_ends_says_why(tmp_path: Path) -
         assert rig.console.broker is not None and rig.console.broker.pending() == []
 
     on_the_tui(tmp_path, scenario)
+
+
+def test_agents_take_turns_one_agents_many_prompts_do_not_push_anothers_back(
+    tmp_path: Path,
+) -> None:
+    """Oldest-first showed all of one agent's prompts (up to 16, each up to a minute)
+    before another agent's: each agent's prompts come oldest first, agents in turns."""
+
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        flood = [rig.call("fs_read", f'{{"path": "{n}.txt"}}', agent="flood") for n in "abc"]
+        other = rig.call("fs_read", '{"path": "a.txt"}', agent="other")
+        await until(lambda: len(app.prompts) == 4, pilot)
+        seen = []
+        for _ in range(4):
+            modal = await answerable(app, pilot)
+            seen.append(modal.prompt["agent_id"])
+            answered = modal.prompt_id
+            await pilot.press("d")
+            await until(lambda a=answered: a not in app.prompts, pilot)
+            await until(lambda a=answered: (m := _modal(app)) is None or m.prompt_id != a, pilot)
+        assert seen == ["flood", "other", "flood", "flood"], seen
+        for cid in [*flood, other]:
+            await rig.result(cid)
+            assert rig.code(cid) == "scope_denied"
+
+    on_the_tui(tmp_path, scenario)
+
+
+def test_shift_d_twice_denies_every_waiting_prompt_of_the_agent_shown(tmp_path: Path) -> None:
+    """One agent's flood is answered in one go: `D` says what it does (and the key line
+    offers it), `D` again denies this prompt and its agent's others; another agent's
+    prompt is then shown, untouched."""
+
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        flood = [rig.call("fs_read", f'{{"path": "{n}.txt"}}', agent="flood") for n in "abc"]
+        other = rig.call("fs_read", '{"path": "a.txt"}', agent="other")
+        await until(lambda: len(app.prompts) == 4, pilot)
+        modal = await answerable(app, pilot)
+        assert modal.prompt["agent_id"] == "flood"
+        title = str(modal.query_one("#title", Static).render())
+        assert title.endswith("(3 more waiting, 2 of this agent)"), title
+        keys = str(modal.query_one("#countdown", Static).render())
+        assert "· d deny · D deny agent's 3 · " in keys, keys
+        await pilot.press("D")
+        asked = str(modal.query_one("#countdown", Static).render())
+        assert asked == (
+            "D again denies this prompt and the 2 other(s) of this agent waiting; any other "
+            "key keeps them."
+        ), asked
+        assert len(app.prompts) == 4  # nothing answered yet
+        await pilot.press("D")
+        for cid in flood:
+            await rig.result(cid)
+            assert rig.code(cid) == "scope_denied"
+        modal = await answerable(app, pilot)
+        assert modal.prompt["agent_id"] == "other" and list(app.prompts) == [modal.prompt_id]
+        assert other not in rig.results  # still asked
+        await pilot.press("d")
+        await rig.result(other)
+
+    on_the_tui(tmp_path, scenario)

@@ -229,6 +229,12 @@ def test_approval_prompt(snap_compare: Any, size: tuple[int, int]) -> None:
     assert snap_compare(_app([PROMPT]), terminal_size=size, run_before=_answerable)
 
 
+def test_approval_prompt_of_an_agent_with_more_waiting(snap_compare: Any) -> None:
+    """The title counts the agent's other prompts and the key line offers `D`."""
+    second = {**PROMPT, "id": "p2", "scopes": ["workerHost.fs_read"], "waiting": 1}
+    assert snap_compare(_app([PROMPT, second]), terminal_size=(80, 24), run_before=_answerable)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
 def test_grants_screen(snap_compare: Any, size: tuple[int, int]) -> None:
     assert snap_compare(_app(), terminal_size=size, press=["g"], run_before=_steady)

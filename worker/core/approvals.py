@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import hashlib
 import logging
 import re
 import shlex
@@ -243,6 +244,11 @@ class Prompt:
             "id": self.id,
             "kind": str(self.kind),
             "agent_id": inert(self.agent_id, 200),
+            # The agent whole, for a UI to group its prompts by: the id above is cut and
+            # escaped, and two agents' ids may read alike.
+            "agent_key": hashlib.sha256(self.agent_id.encode("utf-8", "surrogatepass")).hexdigest()[
+                :32
+            ],
             "plan_id": inert(self.plan_id, 200),
             "scopes": [inert(s.removeprefix(ASK_PREFIX), 300) for s in self.scopes],
             "reason": inert(self.reason, REASON_LIMIT, self.left_out[0]),
