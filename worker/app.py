@@ -67,11 +67,14 @@ from worker.wire.inproc import LocalCall, LocalStreams
 from worker.wire.local import LocalLink
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import (
+    OWN_HUB_NAME,
     Keepalive,
     fingerprint_of_digest,
     is_loopback,
+    key_for_server,
     read_or_create_token,
     read_token,
+    server_name,
     server_options,
     split_host,
     worker_key_digest_of,
@@ -308,13 +311,17 @@ def worker_target(paths: Paths, config: Config) -> Target:
         token = read_token(local_workers_token(paths))
     # This machine's token, sent to its hub however it is named: `--server` spelling
     # `[hub] listen` is dialled as this hub is, never to another user's listener on its
-    # port (review28 r3: it was sent the workers' token and worker.key).
+    # port (review28 r3: it was sent the workers' token and worker.key). The key for
+    # this hub (OWN_HUB_NAME) goes only there too.
     checked = own or config.worker.token is None
     return Target(
         address=address,
         token=token,
         tls_ca=config.worker.tls_ca,
-        worker_key=read_or_create_token(paths.worker_key_file),
+        worker_key=key_for_server(
+            read_or_create_token(paths.worker_key_file),
+            OWN_HUB_NAME if checked else server_name(address),
+        ),
         key=local_hub_key(token) if own and config.worker.token is None else "",
         own_hub=own_hub.OwnHub(paths.hub_socket, config.hub.listen) if checked else None,
     )
@@ -564,8 +571,11 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
         raise InUseError(_ADDRESS_IN_USE.format(address=address))
     if local_socket is not None:
         _serve_socket(server, local_socket)
-    await server.start()
     host = address.rsplit(":", 1)[0]
+    # A worker of this data folder dialling this hub by its address (`run --server
+    # ADDRESS --token ...`) brings the key made for that name: its own user's too.
+    hub.admission.own_names = (OWN_HUB_NAME, server_name(address), server_name(f"{host}:{port}"))
+    await server.start()
     housekeeping = asyncio.create_task(_hub_housekeeping(hub))
     return RunningHub(
         server=server,
@@ -579,10 +589,11 @@ async def start_hub(paths: Paths, config: Config, listen: str | None = None) -> 
 
 
 def _own_worker_key(paths: Paths) -> str:
-    """The digest of this data folder's worker.key ('' while there is none): a worker
-    bringing it is this hub's own user's, accepted unasked (worker.hub.admission)."""
+    """This data folder's worker.key ('' while there is none): a worker bringing the key
+    made from it for this hub is this hub's own user's, accepted unasked
+    (worker.hub.admission)."""
     try:
-        return worker_key_digest_of(read_token(paths.worker_key_file))
+        return read_token(paths.worker_key_file)
     except CredentialsError:
         return ""
 
@@ -750,7 +761,7 @@ async def run_up(
         target = Target(
             address=running.address,
             token=token,
-            worker_key=read_or_create_token(paths.worker_key_file),
+            worker_key=key_for_server(read_or_create_token(paths.worker_key_file), OWN_HUB_NAME),
             # The same hub at each start, whatever port it has this time (the ledger
             # sends its results only to it: worker.core.ledger).
             key=local_hub_key(token),
@@ -895,9 +906,10 @@ async def _serve_worker(
         waiting.add(watch)
     if dial is None:
         # The fingerprint the hub's operator compares before accepting this worker
-        # (`agentworker workers` on the hub lists the one each worker came with).
+        # (`agentworker workers` on the hub lists the one each worker came with): of
+        # its key for this server, which no other server is sent.
         log.info(
-            "worker %s (key fingerprint %s) dialling %s",
+            "worker %s (key fingerprint %s for this server) dialling %s",
             dispatcher.worker_id,
             fingerprint_of_digest(worker_key_digest_of(target.worker_key)),
             target.address,

@@ -5,10 +5,14 @@ import pytest
 from worker.core.connection import Backoff
 from worker.errors import InsecureError
 from worker.wire.transport import (
+    OWN_HUB_NAME,
     Keepalive,
     client_options,
     is_loopback,
+    is_per_server,
+    key_for_server,
     open_channel,
+    server_name,
     server_options,
 )
 
@@ -74,3 +78,16 @@ def test_only_loopback_counts_as_loopback(target: str, loopback: bool) -> None:
 def test_plaintext_channel_off_loopback_is_refused() -> None:
     with pytest.raises(InsecureError, match="plaintext is allowed only to loopback"):
         open_channel("203.0.113.9:7421", Keepalive())
+
+
+def test_each_server_gets_a_key_of_its_own_and_none_tells_worker_key() -> None:
+    """review27 I2's rest: what one server is sent proves nothing at another."""
+    secret = "9f" * 32
+    names = ["127.0.0.1:7000", "127.0.0.1:7001", "hub.example:443", OWN_HUB_NAME]
+    keys = [key_for_server(secret, name) for name in names]
+    assert len(set(keys)) == len(names)
+    assert all(is_per_server(key) and secret not in key for key in keys)
+    assert key_for_server("8f" * 32, names[0]) != keys[0]  # another worker
+    assert key_for_server(secret, server_name("dns:///Hub.Example:443")) == keys[2]
+    assert not is_per_server(secret)
+    assert key_for_server("", names[0]) == ""  # no worker.key: no key sent

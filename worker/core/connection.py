@@ -61,7 +61,7 @@ from worker.wire.protocol import (
     VERSION,
     error_pb,
 )
-from worker.wire.transport import Keepalive, open_channel, worker_metadata
+from worker.wire.transport import Keepalive, open_channel, server_name, worker_metadata
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +167,7 @@ def server_key(address: str, token: str, *, tls: bool) -> str:
     it). The ledger stamps each call with it (worker.core.ledger): only that server
     is told of the call and sent its result. The CA file is left out: renewing it
     leaves the server the same."""
-    spelled = address.strip()
-    if not spelled.startswith("unix:"):  # a socket's path keeps its case
-        spelled = spelled.removeprefix("dns:///").removeprefix("dns:").lower()
-    return f"{'tls' if tls else 'plain'}://{spelled}#{_token_digest(token)}"
+    return f"{'tls' if tls else 'plain'}://{server_name(address)}#{_token_digest(token)}"
 
 
 def local_hub_key(token: str) -> str:
@@ -188,7 +185,8 @@ class Target:
     address: str
     token: str
     tls_ca: Path | None = None
-    worker_key: str = ""  # see transport.WORKER_KEY_HEADER; none: the hub binds none
+    # Its key for this server (transport.key_for_server; never worker.key itself).
+    worker_key: str = ""
     # Which server this is, for the ledger; empty: server_key of the address and token.
     key: str = ""
     # This machine's hub (`run` with no server named): dialled on its Unix socket, or

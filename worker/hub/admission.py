@@ -3,9 +3,10 @@
 
 A Hello is served when its (worker id, key) is accepted. Accepted without asking:
 - `up`'s own worker (the stream in this process, worker.wire.inproc);
-- a worker whose key is this hub's data folder's worker.key: the same user, the same
-  AGENTWORKER_HOME (`agentworker hub` and `agentworker run` on one machine); whoever
-  can read that file can read hub.token too;
+- a worker whose key is one made for this hub (transport.OWN_HUB_NAME, or the address
+  it listens on: `own_names`) from this hub's data folder's worker.key: the same user,
+  the same AGENTWORKER_HOME (`agentworker hub` and `agentworker run` on one machine);
+  whoever can read that file can read hub.token too;
 - any new worker id, while `[hub] accept_new_workers` is on (off by default: with it,
   anyone holding the workers' token is a worker of this hub and is given plans).
 Every other Hello waits for the operator (pending) or is refused.
@@ -23,11 +24,16 @@ import grpc
 
 from worker.hub.audit_log import shown
 from worker.hub.enrolment import DecisionError, Enrolment, Enrolments
-from worker.hub.hellos import PacedLines, hello_description
+from worker.hub.hellos import PacedLines, StreamKey, hello_description
 from worker.ids import id_problem
 from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.protocol import ENROLMENT_KEY
-from worker.wire.transport import fingerprint_of_digest
+from worker.wire.transport import (
+    OWN_HUB_NAME,
+    fingerprint_of_digest,
+    key_for_server,
+    worker_key_digest_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,18 @@ def taken_message(worker_id: str, fingerprint: str) -> str:
     )
 
 
+def upgraded_message(worker_id: str, fingerprint: str) -> str:
+    return (
+        f"worker {worker_id!r} now proves a key made for this hub (fingerprint "
+        f"{fingerprint}), no longer its worker.key itself, which this hub accepted from an "
+        "older version of it (a server it dialled learns nothing it could pose as it with "
+        "elsewhere): the hub's operator runs `agentworker workers accept "
+        f"{worker_id} --fingerprint {fingerprint}` once the fingerprint matches the one this "
+        "worker printed at its start. Until then it is given no calls; it tries again "
+        "meanwhile"
+    )
+
+
 def refused_message(worker_id: str, fingerprint: str) -> str:
     return (
         f"the operator of this hub refused worker {worker_id!r} (key fingerprint "
@@ -87,10 +105,15 @@ class Admission:
         accept_new: bool = False,
     ) -> None:
         self.enrolments = enrolments
-        # The digest of this hub's data folder's worker.key ('' while there is none):
-        # read when a Hello needs it, since `run` may make the file after the hub started.
+        # This hub's data folder's worker.key ('' while there is none): read when a
+        # Hello comes, since `run` may make the file after the hub started.
         self._own_key = own_key
-        self._own_digest = ""  # kept once read: the file is made once
+        # The names this hub's own worker may know it by (transport.key_for_server): set
+        # as the hub binds its address, before any Hello.
+        self.own_names: tuple[str, ...] = (OWN_HUB_NAME,)
+        # The digests of the keys made from it for them, kept once read: the file is
+        # made once.
+        self._own_digests: frozenset[str] = frozenset()
         self.accept_new = accept_new
         self.pending_lines = PacedLines()
         if accept_new:
@@ -107,15 +130,15 @@ class Admission:
                 enrolments.migrated,
             )
 
-    def admit(self, hello: pb.Hello, key_digest: str, *, local: bool) -> Refusal | None:
+    def admit(self, hello: pb.Hello, key: StreamKey, *, local: bool) -> Refusal | None:
         """None when the Hello is served (accepted now if it may be, see the module);
         else why not, recorded for the operator when it waits for them: its description
         alone (a Hello naming 8 MiB of ids under fresh worker ids grew hub.db by that
         much each, review28 r6)."""
         hello = hello_description(hello)
-        worker_id = hello.worker_id
+        worker_id, key_digest, per_server = hello.worker_id, key.digest, key.per_server
         fingerprint = fingerprint_of_digest(key_digest) or "none"
-        verdict = self.enrolments.verdict(worker_id, key_digest)
+        verdict = self.enrolments.verdict(worker_id, key_digest, per_server=per_server)
         if verdict.state == "accepted":
             self.enrolments.seen(worker_id, key_digest, hello)
             return None
@@ -125,8 +148,23 @@ class Admission:
             return Refusal("no_key", NO_KEY_MESSAGE)
         if verdict.state == "refused":
             return Refusal("refused", refused_message(worker_id, fingerprint))
+        if verdict.upgraded and not self._ours(key_digest, local=local):
+            # Not taken for a rogue (which would stop the worker): it waits for the
+            # operator, who accepted its older key, to accept this one.
+            self.enrolments.waiting(worker_id, key_digest, hello, per_server=True)
+            self.pending_lines.log(
+                "worker %s now proves a key made for this hub (fingerprint %s), no longer "
+                "the worker.key this hub accepted: `agentworker workers accept %s "
+                "--fingerprint %s` once it matches what the worker printed at its start",
+                shown(worker_id),
+                fingerprint,
+                shown(worker_id),
+                fingerprint,
+            )
+            return Refusal("pending", upgraded_message(worker_id, fingerprint))
         if verdict.taken:  # whoever it is: an id is its accepted key's (`up`'s own too)
-            self.enrolments.waiting(worker_id, key_digest, hello)  # the operator may take it
+            # The operator may take it.
+            self.enrolments.waiting(worker_id, key_digest, hello, per_server=per_server)
             log.warning(
                 "refused a Hello for worker %s: its key (fingerprint %s) is not the one "
                 "accepted for that id",
@@ -136,11 +174,13 @@ class Admission:
             return Refusal("key_mismatch", taken_message(worker_id, fingerprint))
         ours = self._ours(key_digest, local=local)
         if ours:  # the hub's own user's worker
-            self.enrolments.accept(worker_id, key_digest, hello, by="own")
+            self.enrolments.accept(worker_id, key_digest, hello, by="own", per_server=per_server)
             log.info("hub: worker %s accepted (%s)", shown(worker_id), ours)
             return None
         if self.accept_new:
-            self.enrolments.accept(worker_id, key_digest, hello, by="first_contact")
+            self.enrolments.accept(
+                worker_id, key_digest, hello, by="first_contact", per_server=per_server
+            )
             log.info(
                 "hub: worker %s accepted on first contact (key fingerprint %s): "
                 "[hub] accept_new_workers is on",
@@ -148,7 +188,7 @@ class Admission:
                 fingerprint,
             )
             return None
-        self.enrolments.waiting(worker_id, key_digest, hello)
+        self.enrolments.waiting(worker_id, key_digest, hello, per_server=per_server)
         self.pending_lines.log(
             "worker %s waits to be accepted (key fingerprint %s): `agentworker workers "
             "accept %s` once it matches what the worker printed at its start",
@@ -159,13 +199,19 @@ class Admission:
         return Refusal("pending", pending_message(worker_id, fingerprint))
 
     def _ours(self, key_digest: str, *, local: bool) -> str:
-        """Why a Hello is the hub's own user's worker ('' when it is not)."""
+        """Why a Hello is the hub's own user's worker ('' when it is not). A row an older
+        version accepted for its worker.key itself (sent as it was then) gives way to
+        the key made from it for this hub: upgraded, not taken."""
         if local:
             return "`up`'s own worker, in this process"
-        if not self._own_digest:
-            self._own_digest = self._own_key()
-        if self._own_digest and self._own_digest == key_digest:
-            return "its key is this hub's data folder's worker.key"
+        if not self._own_digests:
+            own_key = self._own_key()
+            if own_key:
+                self._own_digests = frozenset(
+                    worker_key_digest_of(key_for_server(own_key, name)) for name in self.own_names
+                )
+        if key_digest and key_digest in self._own_digests:
+            return "its key is one made for this hub from its data folder's worker.key"
         return ""
 
     def decide(

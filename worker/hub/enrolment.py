@@ -5,13 +5,14 @@ The workers' token (hub-workers.token) is one secret shared by every worker; it 
 tell the operator's own sandbox worker from anyone else who holds it, and a worker the
 hub serves is given plans, calls, args and blobs (review26 H5: a rogue offering
 workbenchHost.* took its share of every new plan by load placement). So each worker
-also proves a key of its own (worker.key in its data folder, sent with every stream),
-and the hub serves a worker id only with the key the operator accepted for it. Any
-other Hello is recorded here as *pending*, with its key's fingerprint for the operator
-to compare with the one the worker prints at its start, and refused until the operator
-runs `agentworker workers accept ID`. A pending Hello binds nothing: with hub.db lost,
-a rogue saying Hello first under a real worker's id only waits beside it, and the
-operator accepts the fingerprint that is the worker's.
+also proves a key of its own (made for this hub from worker.key in its data folder,
+transport.key_for_server, sent with every stream), and the hub serves a worker id only
+with the key the operator accepted for it. Any other Hello is recorded here as
+*pending*, with its key's fingerprint for the operator to compare with the one the
+worker prints at its start, and refused until the operator runs `agentworker workers
+accept ID`. A pending Hello binds nothing: with hub.db lost, a rogue saying Hello
+first under a real worker's id only waits beside it, and the operator accepts the
+fingerprint that is the worker's.
 
 The rows live in hub.db (table `enrolments`), apart from `workers`: forgetting a worker
 away (HubStore.forget_workers) never forgets the operator's decision about it.
@@ -45,6 +46,9 @@ CREATE TABLE IF NOT EXISTS enrolments (  -- the operator's decisions, and Hellos
     -- unasked ('own', 'first_contact', 'migrated': forgotten with the worker's row, as
     -- HubStore.forget_workers forgets workers away, and accepted again as it was)
     decided_by TEXT NOT NULL DEFAULT 'operator',
+    -- 1: the key is one made for this hub (transport.key_for_server); 0: an older
+    -- worker's worker.key itself (a row from before, or an older worker's)
+    per_server INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (worker_id, key_digest)
 );
 CREATE INDEX IF NOT EXISTS enrolments_state ON enrolments (state, seen_ms);
@@ -72,10 +76,13 @@ class Enrolment:
 @dataclass(frozen=True)
 class Verdict:
     """What a Hello of (worker id, key) is: `accepted`; `pending` (no decision for this
-    key); or `refused`. `taken`: the id is accepted under another key."""
+    key; `upgraded` when the id is accepted under the worker.key an older version of the
+    worker sent and this one brings a key made for this hub); or `refused`. `taken`: the
+    id is accepted under another key."""
 
     state: State
     taken: bool = False
+    upgraded: bool = False
 
 
 class DecisionError(Exception):
@@ -101,6 +108,9 @@ class Enrolments:
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'enrolments'"
         ).fetchone()
         conn.executescript(SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(enrolments)")}
+        if "per_server" not in columns:  # rows from before: each an older worker's key
+            conn.execute("ALTER TABLE enrolments ADD COLUMN per_server INTEGER NOT NULL DEFAULT 0")
         # A hub.db from before enrolment: each worker bound to its key then (the first
         # key its id came with) is accepted with that key, so an upgraded hub keeps
         # serving the workers it served; a worker never seen, or remembered with no key,
@@ -117,30 +127,40 @@ class Enrolments:
                 )
                 self.migrated = max(0, cursor.rowcount)
 
-    def verdict(self, worker_id: str, key_digest: str) -> Verdict:
+    def verdict(self, worker_id: str, key_digest: str, *, per_server: bool = False) -> Verdict:
         rows = self._db.execute(
-            "SELECT key_digest, state FROM enrolments WHERE worker_id = ?", (worker_id,)
+            "SELECT key_digest, state, per_server FROM enrolments WHERE worker_id = ?",
+            (worker_id,),
         ).fetchall()
         verdict: State = "pending"
-        taken = False  # read through every row: a refused key's Hello is taken too
-        for digest, state in rows:
+        # Read through every row: a refused key's Hello is taken too.
+        taken = upgraded = False
+        for digest, state, accepted_per_server in rows:
             if key_digest and hmac.compare_digest(str(digest), key_digest):
                 if state != "pending":
                     verdict = state
+            elif state == "accepted" and per_server and not accepted_per_server:
+                upgraded = True
             elif state == "accepted":
                 taken = True
-        return Verdict(verdict, taken=taken and verdict != "accepted")
+        return Verdict(
+            verdict,
+            taken=taken and verdict != "accepted",
+            upgraded=upgraded and not taken and verdict == "pending",
+        )
 
-    def waiting(self, worker_id: str, key_digest: str, hello: pb.Hello) -> None:
+    def waiting(
+        self, worker_id: str, key_digest: str, hello: pb.Hello, *, per_server: bool = False
+    ) -> None:
         """Record a Hello with no decision yet (or seen again), bounded by PENDING_KEPT."""
         now = now_ms()
         described = hello.SerializeToString()
         with db.transaction(self._db):
             self._db.execute(
-                "INSERT INTO enrolments (worker_id, key_digest, state, seen_ms, hello)"
-                " VALUES (?, ?, 'pending', ?, ?) ON CONFLICT (worker_id, key_digest) DO UPDATE"
+                "INSERT INTO enrolments (worker_id, key_digest, state, seen_ms, hello, per_server)"
+                " VALUES (?, ?, 'pending', ?, ?, ?) ON CONFLICT (worker_id, key_digest) DO UPDATE"
                 " SET seen_ms = excluded.seen_ms, hello = excluded.hello",
-                (worker_id, key_digest, now, described),
+                (worker_id, key_digest, now, described, int(per_server)),
             )
             self._db.execute(
                 "DELETE FROM enrolments WHERE rowid IN (SELECT rowid FROM enrolments"
@@ -156,7 +176,13 @@ class Enrolments:
         )
 
     def accept(
-        self, worker_id: str, key_digest: str, hello: pb.Hello | None = None, *, by: str
+        self,
+        worker_id: str,
+        key_digest: str,
+        hello: pb.Hello | None = None,
+        *,
+        by: str,
+        per_server: bool = False,
     ) -> None:
         """Accept `worker_id` with this key (its only accepted one): a Hello under the
         id with another key is refused from now on; other keys waiting under the id
@@ -168,15 +194,17 @@ class Enrolments:
                 (worker_id, key_digest),
             )
             self._db.execute(
-                "INSERT INTO enrolments (worker_id, key_digest, state, seen_ms, hello, decided_by)"
-                " VALUES (?, ?, 'accepted', ?, ?, ?) ON CONFLICT (worker_id, key_digest) DO UPDATE"
-                " SET state = 'accepted', decided_by = excluded.decided_by",
+                "INSERT INTO enrolments"
+                " (worker_id, key_digest, state, seen_ms, hello, decided_by, per_server)"
+                " VALUES (?, ?, 'accepted', ?, ?, ?, ?) ON CONFLICT (worker_id, key_digest)"
+                " DO UPDATE SET state = 'accepted', decided_by = excluded.decided_by",
                 (
                     worker_id,
                     key_digest,
                     now_ms(),
                     b"" if hello is None else hello.SerializeToString(),
                     by,
+                    int(per_server),
                 ),
             )
 

@@ -10,14 +10,14 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import grpc
 
 from worker.hub.audit_log import shown
 from worker.hub.rates import Rate
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.transport import WORKER_KEY_HEADER
+from worker.wire.transport import WORKER_KEY_HEADER, is_per_server
 
 log = logging.getLogger(__name__)
 
@@ -200,10 +200,20 @@ class Hellos:
         )
 
 
-def worker_key_digest(context: grpc.aio.ServicerContext) -> str:
-    """sha256 of the worker key the stream came with ('' without one)."""
+class StreamKey(NamedTuple):
+    """The worker key a stream came with: its sha256 ('' without one), and whether it is
+    a key made for this server (transport.key_for_server) or an older worker's
+    worker.key itself."""
+
+    digest: str
+    per_server: bool
+
+
+def stream_key(context: grpc.aio.ServicerContext) -> StreamKey:
     for key, value in context.invocation_metadata() or ():
         if key == WORKER_KEY_HEADER:
             raw = value.encode() if isinstance(value, str) else bytes(value)
-            return hashlib.sha256(raw).hexdigest() if raw else ""
-    return ""
+            if not raw:
+                break
+            return StreamKey(hashlib.sha256(raw).hexdigest(), is_per_server(raw.decode("latin-1")))
+    return StreamKey("", per_server=False)

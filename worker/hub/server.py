@@ -42,7 +42,7 @@ from worker.hub.hellos import (
     PacedLines,
     hello_description,
     hello_refusal,
-    worker_key_digest,
+    stream_key,
 )
 from worker.hub.outbox import PROGRESS_BYTES
 from worker.hub.placement import Placements
@@ -378,7 +378,8 @@ class Hub:
                 f"protocol mismatch: the worker speaks {hello.protocol_min}..{hello.protocol_max}, "
                 f"this hub {PROTOCOL_MIN}..{PROTOCOL_MAX}; upgrade the older side",
             )
-        key_digest = worker_key_digest(context)
+        key = stream_key(context)
+        key_digest = key.digest
         known = self.store.knows_worker(hello.worker_id)
         local = context.peer() == LOCAL_PEER
         if not local:  # `up`'s own worker is not counted
@@ -396,7 +397,7 @@ class Hub:
                     trailing_metadata=((RETRY_AFTER_KEY, str(busy.retry_ms)),),
                 )
         # Served only with the key the operator accepted for the id (worker.hub.admission).
-        unserved = self.admission.admit(hello, key_digest, local=local)
+        unserved = self.admission.admit(hello, key, local=local)
         if unserved is not None:
             await context.abort(
                 unserved.code, unserved.message, trailing_metadata=((ENROLMENT_KEY, unserved.why),)
@@ -574,7 +575,7 @@ class Hub:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
                 return await anext(requests)
         address = address_of(peer)
-        key_digest = worker_key_digest(context)
+        key_digest = stream_key(context).digest
         if self.store.knows_key(key_digest):
             gate, who, whose = self.known_hello_reads, key_digest, "this worker key"
         else:

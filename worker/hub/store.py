@@ -79,7 +79,7 @@ CREATE TABLE IF NOT EXISTS workers (
     worker_id    TEXT PRIMARY KEY,
     hello        BLOB NOT NULL,
     last_seen_ms INTEGER NOT NULL,
-    key_digest   TEXT NOT NULL DEFAULT '',  -- sha256 of the key it first came with
+    key_digest   TEXT NOT NULL DEFAULT '',  -- sha256 of the key it was last served with
     connected_ms INTEGER NOT NULL DEFAULT 0,  -- how long it was connected, its sessions together
     kills_through INTEGER NOT NULL DEFAULT 0  -- kills.seq it confirmed, through (at its last end)
 );
@@ -869,19 +869,20 @@ class HubStore:
         return [_call(row) for row in rows]
 
     def seen_worker(self, hello: pb.Hello, key_digest: str = "") -> None:
-        """Record the worker's Hello; the first key it comes with is bound to its id
-        for as long as the id is remembered (see worker_key, WORKERS_KEPT_MS)."""
+        """Record the worker's Hello, served with the key of `key_digest` (the one its
+        operator accepted: its streams' Hellos are read in turns of that key's, see
+        knows_key); kept for as long as the id is remembered (WORKERS_KEPT_MS)."""
         self._db.execute(
             "INSERT INTO workers (worker_id, hello, last_seen_ms, key_digest)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE"
             " SET hello = excluded.hello, last_seen_ms = excluded.last_seen_ms,"
-            " key_digest = CASE WHEN key_digest = '' THEN excluded.key_digest"
-            " ELSE key_digest END",
+            " key_digest = CASE WHEN excluded.key_digest = '' THEN key_digest"
+            " ELSE excluded.key_digest END",
             (hello.worker_id, hello.SerializeToString(), now_ms(), key_digest),
         )
 
     def worker_key(self, worker_id: str) -> str:
-        """The digest of the key bound to `worker_id` ('' while none is)."""
+        """The digest of the key `worker_id` was last served with ('' while none)."""
         row = self._db.execute(
             "SELECT key_digest FROM workers WHERE worker_id = ?", (worker_id,)
         ).fetchone()

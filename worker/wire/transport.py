@@ -144,11 +144,53 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
-# Metadata of a worker's stream: its own key (`worker.key` in its data folder), which
-# the hub binds to the worker's id at its first Hello and asks of every later one, so
-# another holder of the token cannot take that worker's place (docs/architecture.md,
-# "The protocol and its guarantees").
+# Metadata of a worker's stream: its key for the server it dials (key_for_server), which
+# the hub's operator accepts for the worker's id and the hub asks of every later Hello,
+# so another holder of the token cannot take that worker's place (docs/architecture.md,
+# "Workers are enrolled").
 WORKER_KEY_HEADER = "agentworker-worker-key"
+
+# What a worker sends is never `worker.key` itself: any server it was ever pointed at (a
+# typo'd address, a hostile host) would have had the key the person's hub knows it by,
+# and been served as it there, given its plans, calls and args (review27 I2). It sends
+# an HMAC of the server's name under worker.key instead, so each server gets a key of
+# its own and none is worth anything at another. An HMAC, not a signed challenge: the
+# standard library has it, the Hello keeps its one round trip, and the hub still keeps
+# only a digest; what a nonce would add (a key seen on the wire is not replayable at
+# the same server) TLS gives, which every non-loopback link uses. PER_SERVER_PREFIX
+# marks such a key, so a hub tells it from a worker.key sent by an older worker.
+PER_SERVER_PREFIX: Final = "s1."
+# The name of this data folder's own hub (`up`'s, or the one `run` reaches with this
+# machine's workers' token), whatever its port this time: only this user's hub is ever
+# sent the key for it (worker.wire.own_hub; worker.app.worker_target).
+OWN_HUB_NAME: Final = "own-hub"
+
+
+def server_name(address: str) -> str:
+    """A server as the worker names it: the address it dials, with its scheme and
+    spelling made one (`dns:///Host:443` is `host:443`; a socket's path keeps its case)."""
+    spelled = address.strip()
+    if not spelled.startswith("unix:"):
+        spelled = spelled.removeprefix("dns:///").removeprefix("dns:").lower()
+    return spelled
+
+
+def key_for_server(worker_key: str, server: str) -> str:
+    """The key a worker proves to `server` (server_name, or OWN_HUB_NAME): HMAC-SHA256 of
+    the name under worker.key. Knowing it tells nothing of worker.key or of the key for
+    any other name."""
+    if not worker_key:
+        return ""
+    import hmac  # here: `agentworker call` loads this module and never makes a key
+
+    mac = hmac.new(worker_key.encode(), b"agentworker worker key\0" + server.encode(), "sha256")
+    return PER_SERVER_PREFIX + mac.hexdigest()
+
+
+def is_per_server(key: str) -> bool:
+    """Whether a worker stream's key is one made for its server (else an older worker's
+    worker.key itself)."""
+    return key.startswith(PER_SERVER_PREFIX)
 
 
 # How a worker's key is shown to people: the first 64 bits of its sha256 (the digest

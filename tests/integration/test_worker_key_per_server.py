@@ -1,0 +1,153 @@
+"""A server a worker dials learns nothing that lets it pose as that worker to another
+server (review27 I2's rest; docs/architecture.md, "Each server gets a key of its own"):
+real hub and real workers over loopback, a recording server on the far side of the
+boundary (a typo'd address, a hostile host) that then tries what it got on the hub."""
+
+from __future__ import annotations
+
+import signal
+
+from tests.integration.test_worker_enrolment import (
+    decide,
+    listed,
+    say_hello,
+    start_own_home_worker,
+)
+from tests.support.cluster import cluster, wait_for
+from tests.support.recording_server import RecordingServer
+from worker.hub.store import HubStore
+from worker.wire.transport import WORKER_KEY_HEADER, worker_key_digest_of
+
+TOKEN_OF_THE_OTHER_SERVER = "a-token-the-other-server-gave"
+
+
+def test_a_server_the_worker_dialled_cannot_pose_as_it_to_the_hub(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The person's worker, accepted by their hub, is pointed once at another server (a
+    typo, a colleague's, a hostile one). That server keeps what the worker sent and
+    says Hello to the person's hub under the worker's id with it (and the workers'
+    token, as an insider would have): refused, never welcomed. Before, the worker sent
+    its worker.key itself, the key the hub knows it by, and the server was served as
+    the worker (given its plans, calls and args)."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        real = start_own_home_worker(live, "far")
+        wait_for(lambda: any(w.enrolment == "pending" for w in live.workers()), 60, real)
+        [row] = live.workers()
+        worker_id = row.worker_id
+        assert decide(live, "accept", worker_id)[0] == 0
+        wait_for(lambda: live.status().connected_workers == 1, 60, real)
+        real.signal(signal.SIGTERM)
+        assert real.wait(60) == 0, real.log()
+        wait_for(lambda: live.status().connected_workers == 0, 60)
+
+        other = RecordingServer()
+        try:
+            home = live.home.parent / "far"
+            astray = live.spawn(
+                "astray",
+                "run",
+                "--server",
+                other.address,
+                "--token",
+                TOKEN_OF_THE_OTHER_SERVER,
+                env={"AGENTWORKER_HOME": str(home)},
+            )
+            wait_for(lambda: len(other.recorded()) >= 2, 60, astray)  # dialled, and again
+            astray.signal(signal.SIGTERM)
+            astray.wait(60)
+        finally:
+            other.stop()
+        got = other.recorded()
+        raw_key = (home / "worker.key").read_text().strip()
+        assert all(raw_key not in str(seen) for seen in got), got
+        sent = {seen.get(WORKER_KEY_HEADER, "") for seen in got}
+        assert len(sent) == 1 and "" not in sent, got  # one key, the same at each dial
+        [stolen] = sent
+        code, why, message = say_hello(live, worker_id, stolen)
+        assert code != "welcome", "the other server was served as the worker"
+        assert (code, why) == ("PERMISSION_DENIED", "key_mismatch"), (code, why, message)
+        # The hub still serves the worker itself, with the key it made for this hub.
+        again = live.spawn(
+            "again",
+            "run",
+            "--server",
+            live.listen,
+            "--token",
+            live.token,
+            env={"AGENTWORKER_HOME": str(home)},
+        )
+        wait_for(lambda: live.status().connected_workers == 1, 60, again)
+        rows = {w.enrolment: w for w in listed(live, worker_id)}
+        assert sorted(rows) == ["accepted", "pending"]  # the other server's try only waits
+        assert rows["accepted"].connected and rows["accepted"].fingerprint == row.fingerprint
+
+
+def test_a_worker_accepted_by_its_older_key_waits_to_be_accepted_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A hub.db from before per-server keys accepted a worker by its worker.key itself.
+    The upgraded worker proves a key made for this hub instead: it is not taken for a
+    rogue (it waits, pending, rather than stopping), the operator accepts its new
+    fingerprint, and it is served; the older key is dropped with that."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        home = live.home.parent / "far"
+        real = start_own_home_worker(live, "far")
+        wait_for(lambda: any(w.enrolment == "pending" for w in live.workers()), 60, real)
+        [row] = live.workers()
+        real.signal(signal.SIGTERM)
+        real.wait(60)
+        live.stop_all()
+        # What an older hub kept: the worker accepted by its worker.key's digest.
+        store = HubStore(live.home / "hub.db")
+        try:
+            store.enrolments.forget(row.worker_id)
+            raw = worker_key_digest_of((home / "worker.key").read_text().strip())
+            store.enrolments.accept(row.worker_id, raw, by="operator")
+            store._db.execute("UPDATE enrolments SET per_server = 0")
+        finally:
+            store.close()
+        live.start_hub()
+        assert [w.enrolment for w in listed(live, row.worker_id)] == ["accepted"]
+        upgraded = start_own_home_worker(live, "far")
+        # It waits (as a new worker does), saying why, rather than stopping.
+        wait_for(lambda: "proves a key made for this hub" in upgraded.log(), 60, upgraded)
+        assert upgraded.running()
+        waiting = [w for w in listed(live, row.worker_id) if w.enrolment == "pending"]
+        assert [w.fingerprint for w in waiting] == [row.fingerprint]
+        rc, said = decide(live, "accept", row.worker_id, "--fingerprint", row.fingerprint)
+        assert rc == 0, said
+        wait_for(lambda: live.status().connected_workers == 1, 60, upgraded)
+        assert [w.enrolment for w in listed(live, row.worker_id)] == ["accepted"]
+
+
+def test_the_hubs_own_worker_accepted_by_its_older_key_is_served_unasked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`agentworker hub` and `run` sharing a data folder, upgraded: the hub.db row that
+    accepted the worker by its worker.key gives way to the key made from it for the own
+    hub, so the worker is served with no step (not refused as another key of its id)."""
+    with cluster(tmp_path / "hub", accept_new_workers=False) as live:
+        [row] = live.workers()
+        live.stop_all()
+        store = HubStore(live.home / "hub.db")
+        try:
+            raw = worker_key_digest_of((live.home / "worker.key").read_text().strip())
+            store.enrolments.forget(row.worker_id)
+            store.enrolments.accept(row.worker_id, raw, by="own")
+            store._db.execute("UPDATE enrolments SET per_server = 0")
+        finally:
+            store.close()
+        live.start_hub()
+        live.start_worker()
+        [again] = live.workers()
+        assert (again.worker_id, again.enrolment, again.connected) == (
+            row.worker_id,
+            "accepted",
+            True,
+        )
+        assert again.fingerprint == row.fingerprint
+
+
+def test_the_hubs_own_worker_dialling_it_by_its_address_is_served_unasked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A worker sharing the hub's data folder that names the hub by its address (`run
+    --server ADDRESS --token ...`, as the benchmarks do) brings the key made for that
+    name, which the hub knows as its own: served with no step, as before."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        live.start_worker("--server", live.listen, "--token", live.token)
+        [row] = live.workers()
+        assert (row.enrolment, row.connected) == ("accepted", True)
