@@ -149,14 +149,17 @@ asyncio.run({"serve": serve, "work": work}[sys.argv[1]](sys.argv[2]))
 
 
 @contextlib.contextmanager
-def relay() -> Iterator[str]:
-    """RELAY's two processes on a free port; yields the address to call."""
+def relay(pids: dict[str, int] | None = None) -> Iterator[str]:
+    """RELAY's two processes on a free port; yields the address to call. `pids`, when
+    given, is told their process ids ("relay", "relay's worker")."""
     address = f"127.0.0.1:{free_port()}"
     serving = subprocess.Popen([sys.executable, "-c", RELAY, "serve", address])
     working = None
     try:
         wait_for(lambda: listening(address), START_WITHIN_S)
         working = subprocess.Popen([sys.executable, "-c", RELAY, "work", address])
+        if pids is not None:
+            pids.update({"relay": serving.pid, "relay's worker": working.pid})
         yield address
     finally:
         for proc in (working, serving):

@@ -28,7 +28,13 @@ ours alike (rows timed one after the other gave fs_list 1.60-2.29x its baseline)
                    16 MiB unary call, through hub + run two 16 MiB hops: as many bytes
                    as the echo carries), which overlapping them goes under, and the
                    fully overlapped floor (the slower of the one-way hop and the
-                   atomic write)
+                   atomic write); then the CPU each write took (user + system, every
+                   process: the caller, the hub, the worker), beside the CPU of the
+                   bare parts a write via hub + run cannot do without, same run: the
+                   raw two-hop relay of 16 MiB down, the worker's SHA-256 (its answer
+                   hashes the bytes it wrote), the hub's BLAKE3 (the call's digest),
+                   the raw atomic write. A write with every core busy takes no less
+                   than its CPU over the cores: the line says what the goal leaves
   fs_list 10,000   raw os.scandir + lstat of each entry, in this process
                    raw two-hop relay carrying back as many bytes as fs_list's answer
                    fs_list (limit 10,000) via caller → hub → worker → back, and the
@@ -58,6 +64,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import statistics
@@ -68,6 +75,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import blake3
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -198,12 +206,17 @@ def echo(channel: grpc.aio.Channel, data: bytes) -> OneCall:
 ROUNDS = 10
 
 
+def warm_up_calls(count: int) -> int:
+    """The calls each row of `timed_rows` makes before `count` timed ones."""
+    return max(3, count // 20)
+
+
 async def timed_rows(calls: list[tuple[str, OneCall]], count: int) -> list[tuple[str, list[float]]]:
     """Each call timed `count` times, the calls taking turns in ROUNDS rounds, each round
     in the other order, after a warm-up of each; a pipeline row fills its `inside`
     list (warm-up first, so its last `count` entries are the timed calls')."""
     for _name, one in calls:
-        for _ in range(max(3, count // 20)):
+        for _ in range(warm_up_calls(count)):
             await one()
     samples: dict[str, list[float]] = {name: [] for name, _one in calls}
     rounds = max(1, min(ROUNDS, count))
@@ -260,15 +273,22 @@ async def write_table(
     raw_target: Path,
     data: bytes,
     writes: int,
+    pids: dict[str, dict[str, int]],
 ) -> None:
     """fs_write of 16 MiB through each topology (`clients`: UP and SPLIT), beside the
-    raw rows, every way taking turns."""
+    raw rows, every way taking turns; then the CPU the writes and the bare parts took
+    (`pids`: the processes of each topology, of "relay" and of "echo")."""
     overwrite = {"path": "out.bin", "mode": "overwrite"}
     inside: dict[str, list[float]] = {name: [] for name in clients}
+    warm = warm_up_calls(writes)
+    accounts = {name: CpuAccount(processes, skip=warm) for name, processes in pids.items()}
+    atomic_cpu: list[float] = []
     ours = [
         (
             f"fs_write via {name}",
-            dispatch_call(client, "workerHost.fs_write", overwrite, data, 0, inside[name]),
+            accounts[name].timed(
+                dispatch_call(client, "workerHost.fs_write", overwrite, data, 0, inside[name])
+            ),
         )
         for name, client in clients.items()
     ]
@@ -287,10 +307,16 @@ async def write_table(
         [
             ("raw open/write/close", raw_write(raw_target, data, sync=False)),
             ("raw write + fsync", raw_write(raw_target, data, sync=True)),
-            ("raw atomic (temp, fsync, rename)", raw_atomic(raw_target, data)),
-            ("raw gRPC unary echo, 16 MiB", echo(channel, data)),
+            (
+                "raw atomic (temp, fsync, rename)",
+                cpu_timed(raw_atomic(raw_target, data), atomic_cpu),
+            ),
+            ("raw gRPC unary echo, 16 MiB", accounts["echo"].timed(echo(channel, data))),
             ("raw gRPC unary, 16 MiB one way", sink(channel, data)),
-            ("raw two-hop relay, 16 MiB down", relay_call(relayed, data, 0)),
+            (
+                "raw two-hop relay, 16 MiB down",
+                accounts["relay"].timed(relay_call(relayed, data, 0)),
+            ),
             (
                 f"16 MiB blob to a no-op via {UP}",
                 dispatch_call(clients[UP], "workerDiag.probe", {}, data, 0),
@@ -358,6 +384,106 @@ async def write_table(
             f"overlapped floor, max(one-way 16 MiB unary, raw atomic) {overlapped:.2f} ms "
             f"({statistics.median(samples) / overlapped:.2f}x)"
         )
+    cpu_account(accounts, statistics.median(atomic_cpu), data, statistics.median(echoed))
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far, its ended threads' too
+    (a write's own threads end with it)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuAccount:
+    """The CPU (user + system) the calls of one row took in this process (the caller)
+    and in the processes `pids` (by name), summed over its calls but the first `skip`
+    (its warm-up: the first calls fault in the heap's pages): counted in clock ticks, a
+    few ms a call is only told apart summed."""
+
+    def __init__(self, pids: dict[str, int], skip: int = 0) -> None:
+        self.pids = pids
+        self.spent = dict.fromkeys(["caller", *pids], 0.0)
+        self.calls = 0
+        self._skip = skip
+
+    def _now(self) -> dict[str, float]:
+        return {"caller": time.process_time()} | {
+            name: process_cpu(pid) for name, pid in self.pids.items()
+        }
+
+    def timed(self, one: OneCall) -> OneCall:
+        """`one`, its CPU added to the account."""
+
+        async def counted() -> None:
+            if self._skip > 0:
+                self._skip -= 1
+                await one()
+                return
+            before = self._now()
+            await one()
+            after = self._now()
+            for name in self.spent:
+                self.spent[name] += after[name] - before[name]
+            self.calls += 1
+
+        return counted
+
+    def per_call(self) -> dict[str, float]:
+        """ms of CPU per call, by process."""
+        return {name: 1000 * spent / max(1, self.calls) for name, spent in self.spent.items()}
+
+    def shown(self) -> str:
+        per = self.per_call()
+        parts = ", ".join(f"{name} {ms:.1f}" for name, ms in per.items())
+        return f"{sum(per.values()):.1f} ms ({parts})"
+
+
+def hashing_cpu(data: bytes) -> dict[str, float]:
+    """The CPU ms of SHA-256 and of BLAKE3 over `data` in this thread (medians of 5)."""
+    spent = {}
+    for name, hasher in (("SHA-256", hashlib.sha256), ("BLAKE3", blake3.blake3)):
+        times = []
+        for _ in range(5):
+            start = time.thread_time()
+            hasher(data).digest()
+            times.append((time.thread_time() - start) * 1000)
+        spent[name] = statistics.median(times)
+    return spent
+
+
+def cpu_account(
+    accounts: dict[str, CpuAccount], atomic_ms: float, data: bytes, echo_p50: float
+) -> None:
+    """The CPU each 16 MiB write took, beside the bare parts a write via hub + run cannot
+    do without, measured in this run: the two hops of its bytes (the raw two-hop relay),
+    the worker's SHA-256 of the bytes it wrote (its answer's), the hub's BLAKE3 (the
+    call's digest) and the raw atomic write. With every core busy, the write can take no
+    less wall time than its CPU spread over the cores: the floor beside the goal."""
+    hashing = hashing_cpu(data)
+    parts = {
+        "two hops (relay)": sum(accounts["relay"].per_call().values()),
+        "SHA-256": hashing["SHA-256"],
+        "BLAKE3": hashing["BLAKE3"],
+        "raw atomic write": atomic_ms,
+    }
+    floor = sum(parts.values())
+    cores = len(os.sched_getaffinity(0))
+    ours = sum(accounts[SPLIT].per_call().values())
+    print(
+        f"  CPU per 16 MiB fs_write (user + system, whole processes): via {SPLIT} "
+        f"{accounts[SPLIT].shown()}; via {UP} {accounts[UP].shown()}"
+    )
+    print(
+        f"  the bare parts of a write via {SPLIT}, this run: raw two-hop relay 16 MiB down "
+        f"{accounts['relay'].shown()}, SHA-256 {hashing['SHA-256']:.1f}, BLAKE3 "
+        f"{hashing['BLAKE3']:.1f}, raw atomic write {atomic_ms:.1f}: {floor:.1f} ms; the "
+        f"16 MiB echo {accounts['echo'].shown()}"
+    )
+    print(
+        f"  on {cores} cores: the write's CPU {ours:.1f} ms / {cores} = {ours / cores:.1f} ms, "
+        f"its bare parts' {floor:.1f} ms / {cores} = {floor / cores:.1f} ms, beside 1.5x the "
+        f"echo's p50: {1.5 * echo_p50:.1f} ms"
+    )
 
 
 def beside_relay(what: str, samples: list[float], relayed: list[float]) -> None:
@@ -547,13 +673,14 @@ TABLES = ("read", "write", "list", "head_of_line")
 
 
 @contextlib.asynccontextmanager
-async def split(path: Path) -> AsyncIterator[ControlClient]:
+async def split(path: Path, pids: dict[str, int]) -> AsyncIterator[ControlClient]:
     """`agentworker hub` and `agentworker run` in a fresh home (its workspace on the
-    same file system as `up`'s); a client of the hub once the worker is in."""
+    same file system as `up`'s); a client of the hub once the worker is in. `pids` is
+    told their process ids ("hub", "run")."""
     home = make_home(path, mode="rw", scopes=SCOPES, extra_config=DIAGNOSTICS)
     with contextlib.ExitStack() as processes:  # stopped last started, first
         for argv in (["hub"], ["run"]):
-            processes.enter_context(agentworker(argv, home))
+            pids[argv[0]] = processes.enter_context(agentworker(argv, home)).pid
             wait_for(home.token_file.exists, START_WITHIN_S)  # `run` reads the token `hub` writes
         async with connected(home) as client:
             yield client
@@ -583,7 +710,8 @@ async def bench(
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
     try:
-        with agentworker(["up"], home) as up, relay() as relay_addr:
+        relay_pids: dict[str, int] = {}
+        with agentworker(["up"], home) as up, relay(relay_pids) as relay_addr:
             async with (
                 connected(home) as client,
                 grpc.aio.insecure_channel(echo_addr, options=limits) as channel,
@@ -595,9 +723,18 @@ async def bench(
                     await read_table(client, channel, relayed, one_mib_file, one_mib, reads)
                 raw_target = home_dir / "raw-target.bin"
                 if "write" in tables:
-                    async with split(home_dir / "split") as split_client:
+                    split_pids: dict[str, int] = {}
+                    async with split(home_dir / "split", split_pids) as split_client:
                         clients = {UP: client, SPLIT: split_client}
-                        await write_table(clients, channel, relayed, raw_target, sixteen, writes)
+                        pids = {
+                            UP: {"`up`": up.pid},
+                            SPLIT: split_pids,
+                            "relay": relay_pids,
+                            "echo": {"echo server": echo_server.pid},
+                        }
+                        await write_table(
+                            clients, channel, relayed, raw_target, sixteen, writes, pids
+                        )
                 if "list" in tables:
                     await list_table(client, relayed, listed, lists, up.pid)
                 if "head_of_line" in tables:

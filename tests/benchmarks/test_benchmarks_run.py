@@ -158,6 +158,8 @@ def test_exec_and_fs_benchmarks_run_beside_their_baselines(goals_file: Path) -> 
         "fs_write 16 MiB via hub + run / its stages in series",
         "the same, unary Dispatch, `up`",
         "fully overlapped floor",
+        "CPU per 16 MiB fs_write (user + system, whole processes): via hub + run",
+        "the bare parts of a write via hub + run, this run: raw two-hop relay 16 MiB down",
         "fs_read",
         "raw os.scandir + lstat",
         "fs_list via hub → worker",
