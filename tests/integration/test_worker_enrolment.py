@@ -381,3 +381,32 @@ def test_a_hello_under_an_id_no_call_could_name_is_refused(tmp_path: Path) -> No
         assert live.workers() == []
         hub = next(p for p in live.procs if p.name == "hub")
         assert "\nWARNING worker.hub.admission: hub: worker vm-9" not in hub.log()
+
+
+def bound_key(live: Cluster, worker_id: str) -> str:
+    """The key digest hub.db's `workers` row of `worker_id` is bound to (HubStore.knows_key
+    reads a stream's Hello on the known keys' turns by it)."""
+    with sqlite3.connect(live.home / "hub.db") as db:
+        [(digest,)] = db.execute(
+            "SELECT key_digest FROM workers WHERE worker_id = ?", (worker_id,)
+        ).fetchall()
+    return str(digest)
+
+
+def test_a_decision_binds_the_workers_row_to_the_key_served_from_then_on(tmp_path: Path) -> None:
+    """review28 L3: after `workers accept ID --fingerprint NEW`, the id's row in hub.db
+    still named the old key, so the old key's Hellos kept the known keys' turns and the
+    new key's waited on the unknown keys' until it was served. Now an accept binds the
+    row to the key it accepts, and a forget to none."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        old, new = uuid.uuid4().hex, uuid.uuid4().hex
+        assert say_hello(live, "vm-1", old)[1] == "pending"
+        assert decide(live, "accept", "vm-1")[0] == 0
+        assert say_hello(live, "vm-1", old)[0] == "welcome"
+        assert bound_key(live, "vm-1") == worker_key_digest_of(old)
+        assert say_hello(live, "vm-1", new)[1] == "key_mismatch"  # its key made anew
+        rc, said = decide(live, "accept", "vm-1", "--fingerprint", fingerprint(new))
+        assert rc == 0, said
+        assert bound_key(live, "vm-1") == worker_key_digest_of(new)
+        assert decide(live, "forget", "vm-1")[0] == 0
+        assert bound_key(live, "vm-1") == ""

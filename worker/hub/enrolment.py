@@ -240,6 +240,14 @@ class Enrolments:
             )
         return Enrolment(worker_id, row.key_digest, state, row.seen_ms, row.hello)
 
+    def accepted_key(self, worker_id: str) -> str:
+        """The digest of the key `worker_id` is accepted with ('' while none is)."""
+        row = self._db.execute(
+            "SELECT key_digest FROM enrolments WHERE worker_id = ? AND state = 'accepted'",
+            (worker_id,),
+        ).fetchone()
+        return "" if row is None else str(row[0])
+
     def forget(self, worker_id: str) -> int:
         """Every row of `worker_id`: its next Hello waits for the operator again."""
         return max(

@@ -1835,6 +1835,8 @@ class Hub:
         session = self.sessions.get(request.worker_id)
         connected = None if session is None else session.key_digest
         response, unserved = self.admission.decide(request, connected)
+        # Its Hellos are read on the turns of the key served from now on (knows_key).
+        self.store.bind_key(request.worker_id, self.store.enrolments.accepted_key(request.worker_id))
         if unserved is not None and session is not None:
             log.warning("worker %s: %s", session.worker_id, response.message)
             session.refusal = unserved

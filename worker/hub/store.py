@@ -888,6 +888,14 @@ class HubStore:
         ).fetchone()
         return "" if row is None else str(row[0])
 
+    def bind_key(self, worker_id: str, key_digest: str) -> None:
+        """The operator decided about `worker_id`: its row is bound to the key accepted
+        now ('' for none), never to one no longer served (review28 L3: the old key kept
+        the known keys' turns, and the new one waited on the unknown keys')."""
+        self._db.execute(
+            "UPDATE workers SET key_digest = ? WHERE worker_id = ?", (key_digest, worker_id)
+        )
+
     def knows_key(self, key_digest: str) -> bool:
         """Whether a worker remembered here is bound to the key of this digest."""
         if not key_digest:
