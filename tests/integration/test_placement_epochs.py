@@ -118,3 +118,38 @@ def test_a_token_still_proves_its_plan_to_a_hub_that_lost_its_record(tmp_path: P
             assert (await served_call(hub, back, "deploy")).placement_token == token
 
     asyncio.run(go())
+
+
+def test_teardowns_of_plans_never_placed_are_kept_under_a_bound(tmp_path: Path) -> None:
+    """review28 L5: a Teardown of a plan id no one used added a `plans_ended` row, kept 30
+    days with no bound on the count (2,000 rows in 47 s from one caller). Now those rows
+    are kept under a bound of their own, the latest ones; a teardown of a plan placed
+    here stays whatever comes after, and its old token still claims nothing."""
+
+    async def go() -> None:
+        async with driven_hub(tmp_path / "hub") as hub:
+            ended = hub.hub.store.ended_plans
+            ended.unplaced_kept = 8
+            key = uuid.uuid4().hex
+            old = await hub.welcomed(hello=sandbox_hello("old-1"), key=key)
+            token = (await served_call(hub, old, "deploy")).placement_token
+            await torn_down(hub, old, "deploy")
+            await hub.gone(old)
+            for n in range(40):  # no sandbox worker connected: each answered at once
+                reply = await hub.caller.stub.Teardown(
+                    pb.TeardownRequest(plan_id=f"made-up-{n}"),
+                    metadata=hub.caller.metadata,
+                    timeout=60,
+                )
+                assert reply.result.status == pb.ActionResult.OK
+            kept = [
+                plan for (plan,) in hub.hub.store._db.execute("SELECT plan_id FROM plans_ended")
+            ]
+            assert sorted(kept) == sorted(["deploy", *(f"made-up-{n}" for n in range(32, 40))])
+            back = await hub.welcomed(
+                hello=sandbox_hello("old-1", [held("deploy", token)]), key=key
+            )
+            assert "deploy" not in hub.hub.placements.by_plan
+            await hub.gone(back)
+
+    asyncio.run(go())

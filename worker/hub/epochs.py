@@ -18,6 +18,7 @@ import secrets
 import sqlite3
 from typing import Final
 
+from worker import db
 from worker.clock import now_ms
 
 SCHEMA: Final = """
@@ -31,6 +32,13 @@ CREATE TABLE IF NOT EXISTS plans_ended (  -- sandbox plans torn down: their toke
 # and a worker back from longer has its placements forgotten with it and is sent the
 # teardown it missed (store.queue_teardown) before anything else.
 ENDED_KEPT_MS: Final = 30 * 24 * 3600 * 1000
+# Teardowns of plans the hub had no record of and no worker said it held, kept at most
+# (past it, the one ended longest ago goes). Such a row voids the tokens of a plan placed
+# before hub.db was lost, held by a worker away; anyone with hub.token makes one a call,
+# under made-up plan ids (review28 L5: 2,000 rows in 47 s, for 30 days each). A
+# teardown of a plan placed here, or one a worker removed, is kept whole
+# (ENDED_KEPT_MS): a flood of made-up ids cannot push it out.
+UNPLACED_ENDED_KEPT: Final = 4096
 
 
 def new_epoch(after_ms: int = 0) -> str:
@@ -55,6 +63,13 @@ class EndedPlans:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._db = conn
         conn.executescript(SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(plans_ended)")}
+        if "placed" not in columns:  # rows from before: kept whole, as placed plans'
+            conn.execute("ALTER TABLE plans_ended ADD COLUMN placed INTEGER NOT NULL DEFAULT 1")
+        conn.execute(
+            "CREATE INDEX IF NOT EXISTS plans_ended_unplaced ON plans_ended (placed, ended_ms)"
+        )
+        self.unplaced_kept = UNPLACED_ENDED_KEPT
 
     def ended_ms(self, plan_id: str) -> int:
         row = self._db.execute(
@@ -62,13 +77,25 @@ class EndedPlans:
         ).fetchone()
         return int(row[0]) if row else 0
 
-    def end(self, plan_id: str) -> None:
-        """Every epoch of `plan_id` made so far is void (a teardown)."""
-        self._db.execute(
-            "INSERT INTO plans_ended VALUES (?, ?) ON CONFLICT (plan_id) DO UPDATE"
-            " SET ended_ms = max(ended_ms, excluded.ended_ms)",
-            (plan_id, now_ms()),
-        )
+    def end(self, plan_id: str, *, placed: bool = True) -> int:
+        """Every epoch of `plan_id` made so far is void (a teardown). `placed`: the hub
+        had placed the plan, or a worker removed it; else the row is one of the
+        `unplaced_kept` at most. How many such rows went to make room."""
+        with db.transaction(self._db):
+            self._db.execute(
+                "INSERT INTO plans_ended (plan_id, ended_ms, placed) VALUES (?, ?, ?)"
+                " ON CONFLICT (plan_id) DO UPDATE SET ended_ms = max(ended_ms, excluded.ended_ms),"
+                " placed = max(placed, excluded.placed)",
+                (plan_id, now_ms(), int(placed)),
+            )
+            if placed:
+                return 0
+            cursor = self._db.execute(
+                "DELETE FROM plans_ended WHERE rowid IN (SELECT rowid FROM plans_ended"
+                " WHERE placed = 0 ORDER BY ended_ms DESC, rowid DESC LIMIT -1 OFFSET ?)",
+                (self.unplaced_kept,),
+            )
+            return max(0, cursor.rowcount)
 
     def void(self, plan_id: str, epoch: str) -> bool:
         """Whether a token of `epoch` for `plan_id` was voided by a teardown since."""

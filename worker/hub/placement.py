@@ -96,6 +96,8 @@ class Placements:
         # Claims ignored, a line per Hello up to a burst, then a line a minute: anyone
         # with the workers' token can say Hello again and again, under new ids.
         self.unproven_lines = PacedLines()
+        # Teardowns of plans never placed here forgotten past the bound kept, likewise.
+        self.unplaced_lines = PacedLines()
 
     def token(self, worker_id: str, plan_id: str) -> str:
         """The placement token of `plan_id` on `worker_id`, sent with the plan's calls
@@ -189,10 +191,20 @@ class Placements:
         self.store.unplace(plan_id)
         self.learned.discard(plan_id)
 
-    def ended(self, plan_id: str) -> None:
+    def ended(self, plan_id: str, *, placed: bool = True) -> None:
         """`plan_id` was torn down: every token given for it so far proves nothing, so
-        a worker that held it cannot claim a new plan of that id (worker.hub.epochs)."""
-        self.store.ended_plans.end(plan_id)
+        a worker that held it cannot claim a new plan of that id (worker.hub.epochs).
+        `placed`: the hub had placed it, or a worker removed it (else the teardown is
+        kept among UNPLACED_ENDED_KEPT at most)."""
+        ended = self.store.ended_plans
+        forgotten = ended.end(plan_id, placed=placed)
+        if forgotten:
+            self.unplaced_lines.log(
+                "hub: forgot the oldest teardown of a plan never placed here, past the %d "
+                "kept (tokens of such a plan from before a lost hub.db prove it again); "
+                "teardowns of plans no one used come faster than they are forgotten",
+                ended.unplaced_kept,
+            )
         for claims in self.claimed.values():
             claims.pop(plan_id, None)
 

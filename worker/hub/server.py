@@ -1212,8 +1212,9 @@ class Hub:
             removed = removed or bool(json.loads(result.result_json or "{}").get("removed"))
         if placed is None or self.placements.by_plan.get(req.plan_id) in targets:
             # The plan is gone: every token given for it so far proves nothing now, so a
-            # new plan of that id is another (worker.hub.epochs).
-            self.placements.ended(req.plan_id)
+            # new plan of that id is another (worker.hub.epochs). One no worker here held
+            # and never placed here may be a made-up id: kept under a bound of its own.
+            self.placements.ended(req.plan_id, placed=placed is not None or removed)
         if self.placements.by_plan.get(req.plan_id) in targets:
             self.placements.unplace(req.plan_id)
         worker_id = targets[0] if len(targets) == 1 else ""
@@ -1836,7 +1837,9 @@ class Hub:
         connected = None if session is None else session.key_digest
         response, unserved = self.admission.decide(request, connected)
         # Its Hellos are read on the turns of the key served from now on (knows_key).
-        self.store.bind_key(request.worker_id, self.store.enrolments.accepted_key(request.worker_id))
+        self.store.bind_key(
+            request.worker_id, self.store.enrolments.accepted_key(request.worker_id)
+        )
         if unserved is not None and session is not None:
             log.warning("worker %s: %s", session.worker_id, response.message)
             session.refusal = unserved
