@@ -9,12 +9,14 @@ import hashlib
 import json
 import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.cluster import cluster
+from tests.support.cluster import cluster, release, wait_for
 from worker.cli.main import main
 from worker.hub.client import result_to_dict
 from worker.replay.record import stable
@@ -206,3 +208,45 @@ def _invocations(home: Path) -> list[str]:
     """The correlation id of each invocation row the worker wrote."""
     with sqlite3.connect(home / "state.db") as db:
         return [cid for (cid,) in db.execute("SELECT correlation_id FROM invocations")]
+
+
+def test_a_hub_failing_mid_replay_keeps_the_report_of_the_steps_that_ran(
+    tmp_path: Path,
+) -> None:
+    """review28 L4: a replay through a hub that stopped answering mid-way ended with exit
+    3 and the hub's error alone: the steps that had run, and how they went, were lost.
+    Now the report shows them, the rest as not run and why, and it still exits 3."""
+    steps = [
+        {"agentworker_replay": 1, "agent": "tester", "plan": "midway"},
+        {"action": "fs_write", "args": {"path": "m.txt", "mode": "create"}, "blob": "x.txt"},
+        {"action": "fs_stat", "args": {"path": "m.txt"}, "expect": {"result": {"size": 6}}},
+        # Under way as the hub goes: its mark says it started, its hold keeps it there.
+        {"action": "workerDiag.probe", "args": {"mark": "midway", "hold": "midway"}},
+        {"action": "fs_stat", "args": {"path": "m.txt"}},
+    ]
+    script = tmp_path / "midway.jsonl"
+    script.write_text("".join(json.dumps(step) + "\n" for step in steps))
+    (tmp_path / "x.txt").write_text("hello\n")
+    with cluster(tmp_path / "hub") as live:
+        argv = ["replay", str(script), "--server", live.listen, "--token", live.token, "--json"]
+        replay = subprocess.Popen(
+            [sys.executable, "-m", "worker", *argv],
+            env=live.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_for(lambda: (live.home / "diag" / "midway.marks").exists(), 60)
+            next(p for p in live.procs if p.name == "hub").kill()
+            out, err = replay.communicate(timeout=60)
+        finally:
+            if replay.poll() is None:
+                replay.kill()
+            release(live.home, "midway")
+    assert replay.returncode == 3, (out, err)
+    assert "the hub answered UNAVAILABLE" in err and "Traceback" not in err, err
+    report = json.loads(out)
+    assert [s["outcome"] for s in report["steps"]] == ["passed", "passed", "not_run", "not_run"]
+    assert report["stopped"].startswith("step 3 got no answer (the hub answered UNAVAILABLE")
+    assert "it may still run on the worker" in report["stopped"]

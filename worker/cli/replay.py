@@ -18,6 +18,7 @@ from worker.cli._common import (
     add_token_flags,
     hub_failure,
     hub_target,
+    shown,
 )
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
         return _print(_dry_run(paths, args, script), args.json)
     import asyncio
 
+    from worker.errors import StartupError
     from worker.replay import Report, interrupted
 
     mode = f"hub {args.server}" if args.server else "in-process"
@@ -150,21 +152,32 @@ def run(paths: Paths, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # what ran is reported, and how to go on
         _print(interrupted(report, script, _interrupted_why(args, report)), args.json)
         return EXIT_INTERRUPTED
+    except StartupError as failed:
+        if not report.steps:  # nothing ran: the failure says it all
+            raise
+        # The hub failed mid-way (review28 L4): the steps that ran are reported too,
+        # with the failure as the reason the rest did not run, and its exit code.
+        why = f"step {len(report.steps) + 1} got no answer ({failed.message}): " + _go_on(args)
+        _print(interrupted(report, script, why), args.json)
+        print(f"agentworker: {shown(failed.message)}", file=sys.stderr)
+        return failed.exit_code
     return _print(report, args.json)
 
 
 def _interrupted_why(args: argparse.Namespace, report: Report) -> str:
-    from worker.cli._common import shown
-
     under_way = len(report.steps) + 1
     if args.server:
-        label = f" with --run {shown(args.run)}" if args.run else ""
-        return (
-            f"interrupted (Ctrl-C) at step {under_way}: it may still run on the worker. "
-            f"Replay the same script{label} through the same hub to go on: the steps that "
-            "ran are answered from its record, not run again"
-        )
+        return f"interrupted (Ctrl-C) at step {under_way}: " + _go_on(args)
     return f"interrupted (Ctrl-C) at step {under_way}: it was stopped, and no later step ran"
+
+
+def _go_on(args: argparse.Namespace) -> str:
+    """How a replay through a hub stopped mid-way goes on."""
+    label = f" with --run {shown(args.run)}" if args.run else ""
+    return (
+        f"it may still run on the worker. Replay the same script{label} through the same "
+        "hub to go on: the steps that ran are answered from its record, not run again"
+    )
 
 
 def _refuse_agent_writable(paths: Paths, args: argparse.Namespace) -> None:
