@@ -53,7 +53,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description="A hub serves a worker only with the key its operator accepted for "
         "the worker's id. A worker not accepted yet is listed as pending with its key's "
         "fingerprint: compare it with the one the worker printed at its start "
-        "('key fingerprint ...'), then `agentworker workers accept ID`.",
+        "('key fingerprint ...'), then `agentworker workers accept ID`. With the whole "
+        "fingerprint (--fingerprint) a worker is accepted even while not listed: its "
+        "next Hello is served.",
     )
     workers.add_argument("--json", action="store_true", help="machine-readable output")
     add_server_flags(workers)
@@ -71,7 +73,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                 "--fingerprint",
                 default="",
                 help="which key (the start of its fingerprint, as the worker printed it); "
-                "needed when the id came with more than one",
+                "needed when the id came with more than one"
+                + (
+                    "; the whole fingerprint accepts the key ahead of its next Hello"
+                    if verb == "accept"
+                    else ""
+                ),
             )
         add_server_flags(decide)
         decide.set_defaults(handler=_decide)

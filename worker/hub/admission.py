@@ -139,6 +139,16 @@ class Admission:
         worker_id, key_digest, per_server = hello.worker_id, key.digest, key.per_server
         fingerprint = fingerprint_of_digest(key_digest) or "none"
         verdict = self.enrolments.verdict(worker_id, key_digest, per_server=per_server)
+        if verdict.ahead:  # accepted by its fingerprint: the row takes the whole digest
+            self.enrolments.accept(
+                worker_id, key_digest, hello, by="operator", per_server=per_server
+            )
+            log.info(
+                "hub: worker %s accepted ahead, by its key's fingerprint %s",
+                shown(worker_id),
+                fingerprint,
+            )
+            return None
         if verdict.state == "accepted":
             self.enrolments.seen(worker_id, key_digest, hello)
             return None

@@ -28,7 +28,7 @@ from typing import Final, Literal
 from worker import db
 from worker.clock import now_ms
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.transport import fingerprint_of_digest
+from worker.wire.transport import FINGERPRINT_HEX, fingerprint_of_digest
 
 State = Literal["pending", "accepted", "refused"]
 
@@ -83,6 +83,7 @@ class Verdict:
     state: State
     taken: bool = False
     upgraded: bool = False
+    ahead: bool = False  # accepted by the fingerprint alone, before this key said Hello
 
 
 class DecisionError(Exception):
@@ -134,9 +135,14 @@ class Enrolments:
         ).fetchall()
         verdict: State = "pending"
         # Read through every row: a refused key's Hello is taken too.
-        taken = upgraded = False
+        taken = upgraded = ahead = False
         for digest, state, accepted_per_server in rows:
-            if key_digest and hmac.compare_digest(str(digest), key_digest):
+            if len(digest) == FINGERPRINT_HEX and key_digest:  # decided ahead (accept_ahead)
+                if hmac.compare_digest(str(digest), key_digest[:FINGERPRINT_HEX]):
+                    verdict, ahead = state, state == "accepted"
+                elif state == "accepted":
+                    taken = True
+            elif key_digest and hmac.compare_digest(str(digest), key_digest):
                 if state != "pending":
                     verdict = state
             elif state == "accepted" and per_server and not accepted_per_server:
@@ -147,6 +153,7 @@ class Enrolments:
             verdict,
             taken=taken and verdict != "accepted",
             upgraded=upgraded and not taken and verdict == "pending",
+            ahead=ahead,
         )
 
     def waiting(
@@ -215,12 +222,29 @@ class Enrolments:
         wanted = _fingerprint_key(fingerprint)
         if wanted:
             rows = [row for row in rows if row.key_digest.startswith(wanted)]
+        # Ahead only for an id accepted with no key: a typo in a fingerprint must not
+        # replace a worker's key and end its stream (its new key says Hello first).
+        taken = self.verdict(worker_id, "").taken
+        if not rows and state == "accepted" and len(wanted) == FINGERPRINT_HEX and not taken:
+            return self.accept_ahead(worker_id, wanted)
         if not rows:
             said = f" with a key of fingerprint {fingerprint!r}" if wanted else ""
+            ahead = ""
+            if state == "accepted" and taken:
+                ahead = (
+                    "; it is accepted with another key: a new key of it is accepted once "
+                    "it said Hello"
+                )
+            elif state == "accepted":
+                ahead = (
+                    "; or accept it ahead of its next Hello with --fingerprint and the "
+                    f"whole fingerprint it printed at its start ({FINGERPRINT_HEX} hex "
+                    "digits, as xxxx-xxxx-xxxx-xxxx)"
+                )
             raise DecisionError(
                 f"no worker {worker_id!r}{said} has said Hello to this hub (or it is "
                 f"{state} already): start it pointed at this hub, then run this again; "
-                "`agentworker workers` lists those waiting",
+                f"`agentworker workers` lists those waiting{ahead}",
                 not_found=True,
             )
         if len(rows) > 1:
@@ -243,10 +267,21 @@ class Enrolments:
     def accepted_key(self, worker_id: str) -> str:
         """The digest of the key `worker_id` is accepted with ('' while none is)."""
         row = self._db.execute(
-            "SELECT key_digest FROM enrolments WHERE worker_id = ? AND state = 'accepted'",
-            (worker_id,),
+            "SELECT key_digest FROM enrolments WHERE worker_id = ? AND state = 'accepted'"
+            " AND length(key_digest) > ?",
+            (worker_id, FINGERPRINT_HEX),
         ).fetchone()
         return "" if row is None else str(row[0])
+
+    def accept_ahead(self, worker_id: str, fingerprint: str) -> Enrolment:
+        """Accept `worker_id` with the key of this whole fingerprint before that key's
+        Hello is here (pushed out of the PENDING_KEPT by newer ones, or not sent yet):
+        its first Hello is served and the row takes its key's whole digest (`seen`).
+        A key matching 64 bits of another's sha256 is out of anyone's reach."""
+        self.accept(worker_id, fingerprint, by="operator", per_server=True)
+        return Enrolment(
+            worker_id, fingerprint, "accepted", now_ms(), pb.Hello(worker_id=worker_id)
+        )
 
     def forget(self, worker_id: str) -> int:
         """Every row of `worker_id`: its next Hello waits for the operator again."""

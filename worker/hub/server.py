@@ -383,11 +383,15 @@ class Hub:
         known = self.store.knows_worker(hello.worker_id)
         local = context.peer() == LOCAL_PEER
         if not local:  # `up`'s own worker is not counted
-            # A Hello under an id accepted with another key costs that worker nothing.
-            other = self.store.enrolments.verdict(hello.worker_id, key_digest).taken
+            verdict = self.store.enrolments.verdict(hello.worker_id, key_digest)
+            # A Hello under an id accepted with another key costs that worker nothing;
+            # one the operator accepted is not new, whatever the Hellos of new ids
+            # (a flood of them kept an accepted worker busy till its first session:
+            # review28 L2).
+            other = verdict.taken
             busy = self.hellos.admit(
                 hello.worker_id,
-                new=not known or other,
+                new=(not known and verdict.state != "accepted") or other,
                 other_key=(key_digest or "none") if other else "",
             )
             if busy is not None:
