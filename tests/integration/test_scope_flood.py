@@ -17,6 +17,7 @@ from tests.support.cluster import cluster
 from tests.support.scripted_hub import ScriptedHub
 from worker.core.approvals import (
     MAX_PROMPTS_PER_AGENT,
+    MAX_PROMPTS_WAITING,
     MAX_WAITING_PER_AGENT,
     MAX_WAITING_SCOPE_REQUESTS,
     PREVIEW_LIMIT,
@@ -192,6 +193,40 @@ def test_one_agent_cannot_take_every_prompt_with_calls_out_of_its_scopes(tmp_pat
         await prompted(broker, lambda: any(p.plan_id == "p-again" for p in broker.pending()))
         broker.close_all("the test ends")
         for _ in range(MAX_PROMPTS_PER_AGENT + 1):
+            assert error_code(await hub.next("result")) != "ok"
+
+    play(tmp_path, scenario)
+
+
+def test_calls_naming_a_new_agent_each_cannot_take_every_prompt(tmp_path: Path) -> None:
+    """review28 L1: the per-agent bound is keyed by the agent the call names, the
+    server's word, so a holder of hub.token naming a new agent for each call opened a
+    prompt for each, past every bound. Past MAX_PROMPTS_WAITING calls' prompts in all a
+    call is answered `busy` at once, whatever agent it names; the prompts waiting stay,
+    and an answer frees a place."""
+
+    async def scenario(hub: ScriptedHub, link: WorkerConnection) -> None:
+        state = link.dispatcher
+        broker = ApprovalBroker(state.state, state.telemetry, always_attached=True)
+        state.scopes.approver = broker
+        stat = {"surface": "workerHost", "action": "fs_stat"}
+        for n in range(MAX_PROMPTS_WAITING + 2):
+            hub.request(f"c{n}", '{"path": "."}', agent_id=f"made-up-{n}", plan_id="p", **stat)
+        async with asyncio.timeout(60):  # a hang's bound: they are answered at once
+            busy = [await hub.next("result") for _ in range(2)]
+        assert {r.correlation_id for r in busy} == {
+            f"c{MAX_PROMPTS_WAITING}",
+            f"c{MAX_PROMPTS_WAITING + 1}",
+        }
+        assert all(error_code(r) == "busy" and "whichever agents" in r.error.message for r in busy)
+        assert broker.waiting() == MAX_PROMPTS_WAITING
+        first = broker.pending()[0]
+        broker.decide(first.id, Decision(Choice.DENY))
+        assert error_code(await hub.next("result")) == "scope_denied"
+        hub.request("alice-1", '{"path": "."}', agent_id="alice", plan_id="pa", **stat)
+        await prompted(broker, lambda: any(p.agent_id == "alice" for p in broker.pending()))
+        broker.close_all("the test ends")
+        for _ in range(MAX_PROMPTS_WAITING):
             assert error_code(await hub.next("result")) != "ok"
 
     play(tmp_path, scenario)

@@ -60,6 +60,13 @@ MAX_WAITING_PER_AGENT: Final = 16
 # timeout (review27 I4). Past it a call is answered `busy` at once; one asking what a
 # waiting prompt asks joins it, as always.
 MAX_PROMPTS_PER_AGENT: Final = 16
+# ... and of all agents' calls, at most: the agent a call names is the server's word,
+# and a holder of hub.token named a new agent for each call, past every per-agent
+# bound (review28 L1). Past it a call is answered `busy` at once, whatever agent it
+# names; the prompts waiting stay. Eight agents at their own bound: a person answers
+# about one a second, so more than this is a flood they cannot read within a prompt's
+# timeout (60 s by default), not questions they can answer.
+MAX_PROMPTS_WAITING: Final = 128
 # A ScopeRequest naming more scopes than this is refused: no person reads them all.
 MAX_SCOPES_ASKED: Final = 32
 # A scope longer than this in a ScopeRequest is refused: a prompt shows each scope
@@ -523,6 +530,14 @@ class ApprovalBroker:
                 "other agents' questions are seen too); ask again once they are answered",
                 {"waiting_for_person": MAX_PROMPTS_PER_AGENT},
             )
+        if bounded and self._calls_asking() >= MAX_PROMPTS_WAITING:
+            raise WorkerError(
+                "busy",
+                f"{MAX_PROMPTS_WAITING} questions of calls already wait for the person at "
+                "this worker (the most kept at once, whichever agents they name); ask again "
+                "once they are answered",
+                {"waiting_for_person": MAX_PROMPTS_WAITING},
+            )
         fresh.waiters.append(waiter)
         if correlation_id:
             fresh.correlation_ids.append(correlation_id)
@@ -533,6 +548,10 @@ class ApprovalBroker:
         self._timers[fresh.id] = loop.call_later(self.timeout_s, self._expire, fresh.id)
         self._tell("prompt", fresh.to_dict())
         return fresh
+
+    def _calls_asking(self) -> int:
+        """Prompts of calls waiting (a ScopeRequest's are counted apart)."""
+        return sum(p.kind is not Kind.SCOPE_REQUEST for p in self._prompts.values())
 
     def _expire(self, prompt_id: str) -> None:
         prompt = self._prompts.get(prompt_id)
