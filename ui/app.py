@@ -12,7 +12,6 @@ again, which changes nothing of an inert text), as plain `Text`, never as markup
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import signal
@@ -39,7 +38,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from ui.approval import Answer, ApprovalModal
 from ui.first_steps import lines_to_try
 from ui.notify import Notifier, desktop_notifier
-from ui.prompt_turns import agent_of, next_in_turn, of_agent
+from ui.prompt_turns import Turns, agent_of, of_agent
 from ui.screens import ConfirmLiftScreen, GrantsScreen, HelpScreen
 from ui.shown import cell_text, id_text, plan_shown, server_text, shown
 from worker.core.console import RECENT_CALLS, Event, Link
@@ -248,9 +247,8 @@ class WorkerApp(App[None]):
         self.filter_text = ""
         # The one prompt screen (see ApprovalModal), and whether it is showing.
         self._approval = ApprovalModal({"id": ""}, clock=clock)
-        # When each agent's prompt was last shown, in turns (ui.prompt_turns).
-        self._shown_at: dict[str, int] = {}
-        self._turns = itertools.count()
+        # Which agent's prompt is shown next (ui.prompt_turns).
+        self._turns = Turns()
         self._modal: ApprovalModal | None = None
         self._closing = False
         self.failure: StartupError | None = None  # why the app could not start
@@ -738,6 +736,7 @@ class WorkerApp(App[None]):
     def _prompt_waiting(self, prompt: dict[str, Any]) -> None:
         known = prompt["id"] in self.prompts
         self.prompts[prompt["id"]] = prompt
+        self._turns.came(str(prompt["id"]))
         if self._modal is not None and self._modal.prompt_id == prompt["id"]:
             self._modal.update_prompt(prompt, len(self.prompts) - 1, self._also_of_agent(prompt))
         elif self._modal is not None:
@@ -772,25 +771,24 @@ class WorkerApp(App[None]):
         if self._modal is not None or not self.prompts or not self._alive():
             return
         # Agents take turns (ui.prompt_turns): one agent's many prompts do not stand
-        # before another's.
-        prompt = next_in_turn(self.prompts.values(), self._shown_at)
+        # before another's, and a fresh agent id's before none that came earlier.
+        prompt = self._turns.next(self.prompts)
         assert prompt is not None
-        waiting = {agent_of(p) for p in self.prompts.values()}
-        self._shown_at = {a: at for a, at in self._shown_at.items() if a in waiting}
-        self._shown_at[agent_of(prompt)] = next(self._turns)
         modal = self._approval
         modal.load(dict(prompt), len(self.prompts) - 1, self._also_of_agent(prompt))
         self._modal = modal
         prompt_id = str(prompt["id"])
         # Installed, so leaving the stack does not unmount it: the next prompt reuses it.
-        self.push_screen("approval", lambda answer: self._answered(prompt_id, answer))
+        agent = agent_of(prompt)
+        self.push_screen("approval", lambda answer: self._answered(prompt_id, agent, answer))
 
     def _also_of_agent(self, prompt: Mapping[str, Any]) -> int:
         """How many other prompts of `prompt`'s agent wait (what `D` denies with it)."""
         return len(of_agent(self.prompts.values(), agent_of(prompt))) - 1
 
-    def _answered(self, prompt_id: str, answer: Answer | None) -> None:
+    def _answered(self, prompt_id: str, agent: str, answer: Answer | None) -> None:
         self._modal = None
+        self._turns.ended(agent)  # a prompt that came during its turn goes before its next
         if answer is not None:
             prompt = self.prompts.pop(prompt_id, None)
             every = answer.pop("every_of_agent", False)

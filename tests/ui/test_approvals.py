@@ -615,6 +615,49 @@ def test_agents_take_turns_one_agents_many_prompts_do_not_push_anothers_back(
     on_the_tui(tmp_path, scenario)
 
 
+def test_a_prompt_waiting_first_goes_before_later_prompts_of_agent_ids_never_shown(
+    tmp_path: Path,
+) -> None:
+    """An agent id is only what the caller says: "never shown goes first" let a caller
+    naming a fresh agent for each prompt stand before another agent's prompt that came
+    earlier for as long as it kept one fresh id waiting, until that prompt timed out
+    (review29 t1). Prompts that came during the planner's turn still go first (turns);
+    the fresh ids that came after it ended queue behind its prompt."""
+
+    async def scenario(rig: Rig, app: WorkerApp, pilot: Pilot[None]) -> None:
+        rig.call("fs_read", '{"path": "a.txt"}', agent="planner")
+        second = rig.call("fs_read", '{"path": "b.txt"}', agent="planner")
+        await until(lambda: len(app.prompts) == 2, pilot)
+        modal = await answerable(app, pilot)
+        assert modal.prompt["agent_id"] == "planner"
+        for n in range(3):  # during the planner's turn, each under an id of its own
+            rig.call("fs_read", f'{{"path": "c{n}.txt"}}', agent=f"flood-{n}")
+        await until(lambda: len(app.prompts) == 5, pilot)
+        seen = []
+        for turn in range(6):
+            modal = await answerable(app, pilot)
+            seen.append(modal.prompt["agent_id"])
+            if seen[-1] == "planner" and turn > 0:
+                break
+            answered = modal.prompt_id
+            await pilot.press("d")
+            await until(lambda a=answered: a not in app.prompts, pilot)
+            await until(lambda a=answered: (m := _modal(app)) is None or m.prompt_id != a, pilot)
+            if turn > 0:  # the caller keeps one fresh id waiting: one more per answer
+                rig.call("fs_read", f'{{"path": "d{turn}.txt"}}', agent=f"fresh-{turn}")
+                await until(
+                    lambda t=turn: any(p["agent_id"] == f"fresh-{t}" for p in app.prompts.values()),
+                    pilot,
+                )
+        assert seen == ["planner", "flood-0", "flood-1", "flood-2", "planner"], seen
+        assert second not in rig.results  # shown in time, not run out
+        await pilot.press("d")
+        await rig.result(second)
+        assert rig.code(second) == "scope_denied"
+
+    on_the_tui(tmp_path, scenario)
+
+
 def test_shift_d_twice_denies_every_waiting_prompt_of_the_agent_shown(tmp_path: Path) -> None:
     """One agent's flood is answered in one go: `D` says what it does (and the key line
     offers it), `D` again denies this prompt and its agent's others; another agent's
