@@ -138,6 +138,9 @@ class View:
     # Programs the sandboxed program may execute beside argv[0] (under Landlock; their
     # ELF interpreters are added). The shipped policy names none.
     may_execute: tuple[str, ...] = ()
+    # The uid bubblewrap runs as, and the program with it (a root worker's plan's own:
+    # sandbox.plan_uids); None: the worker's.
+    uid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Final
 
+from sandbox import plan_uids
+
 SUFFIX: Final = ".agentworker-tmp"
 STALE_S: Final = 15 * 60
 RESWEEP_S: Final = 10 * 60
@@ -119,6 +121,6 @@ def _stale_and_ours(st: os.stat_result, now: float) -> bool:
     return (
         stat.S_ISREG(st.st_mode)
         and st.st_nlink == 1
-        and st.st_uid == os.geteuid()
+        and st.st_uid == plan_uids.acting_uid()  # a plan's own uid's, beneath its files/
         and now - st.st_mtime >= STALE_S
     )

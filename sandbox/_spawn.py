@@ -87,15 +87,32 @@ class Starts:
         keep: Sequence[int],
         *,
         closes_all: bool,
+        as_uid: int | None = None,
     ) -> Spawned | subprocess.Popen[bytes]:
         """Start `line` (argv only, no shell) in a process group of its own, in the
         worker's session (sandbox.process's doc says why), with `stdin` (a descriptor,
         or subprocess.DEVNULL), `stdout` and `stderr` as its 0-2 and the descriptors
         `keep` at their own numbers; SIGPIPE and SIGXFSZ at their defaults (Python
         ignores them). `closes_all`: the entry helper runs first in the sandbox and
-        closes every other descriptor (see the module's doc)."""
+        closes every other descriptor (see the module's doc). `as_uid`: started as that
+        uid (and gid, no other group): Popen, whose child changes them before the exec
+        (posix_spawn cannot)."""
         self._unreaped = [spawned for spawned in self._unreaped if spawned.poll() is None]
         low = min(stdout, stderr, *keep, stdin if stdin >= 0 else 3)
+        if as_uid is not None:
+            return subprocess.Popen(
+                line,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=dict(env),
+                cwd="/",
+                pass_fds=keep,
+                process_group=0,
+                user=as_uid,
+                group=as_uid,
+                extra_groups=[],
+            )
         if not (closes_all and self.posix_spawn) or low <= 2:
             # As asyncio's subprocess_exec does: vfork and exec, on the loop.
             return subprocess.Popen(

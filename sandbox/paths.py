@@ -77,6 +77,9 @@ class Root:
     # place is withheld by its path, so a folder moved away from it (by a program
     # outside any sandbox, `mv ~/.local ~/old`) would be in plain view at its new one.
     anchors: tuple[Anchor, ...] = ()
+    # The uid whose file system identity writes beneath `path` take (a plan's own uid,
+    # sandbox.plan_uids: what the worker makes there is the plan's); None: the worker's.
+    owner: int | None = None
 
     def __post_init__(self) -> None:
         if not self.path.is_absolute() or ".." in self.path.parts:

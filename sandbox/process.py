@@ -349,7 +349,7 @@ async def run(
     asked program holds, read-only); the caller keeps and closes their descriptors. A
     sandbox with pins is never one built ahead."""
     starts = starts or Starts()
-    built_ahead = cgroup is None and on_sockets is None and not pins
+    built_ahead = cgroup is None and on_sockets is None and not pins and view.uid is None
     if warm is not None and view.entry is not None and built_ahead:
         words = _call_message(argv, view)
         if words is not None:
@@ -821,7 +821,9 @@ def _start(
     # on, leaving that waiting forever (the entry closes it for the program).
     keep = (info_r, *(fd for fd in theirs if fd not in stdio))
     try:
-        return starts.start(line, view.env, in_r, out_w, err_w, keep, closes_all=closes_all)
+        return starts.start(
+            line, view.env, in_r, out_w, err_w, keep, closes_all=closes_all, as_uid=view.uid
+        )
     except OSError as exc:
         raise SandboxUnavailableError(f"bubblewrap could not be started: {exc}") from exc
     finally:

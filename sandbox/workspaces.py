@@ -61,6 +61,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox import plan_uids
 from sandbox.paths import Root
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,9 @@ UNCLAIMED: Final = "unclaimed"
 # plan.json's entry for the placement token, and the longest token kept: plan.json is
 # read 64 KiB at most, and one it cannot read names no plan (its folder is removed).
 TOKEN: Final = "placement_token"  # noqa: S105 - a key's name, not a secret
+# plan.json's entry for the plan's own uid ([sandbox] uids): kept across restarts, and
+# no two plans whose folders exist (a removal's leftovers included) hold the same.
+UID: Final = "uid"
 MAX_TOKEN_CHARS: Final = 512
 
 
@@ -132,10 +136,13 @@ class Workspace:
     folder: Path  # <base>/<key>
     files: Path  # the workspace itself (real path)
     server: str = ""
+    # The plan's own uid ([sandbox] uids): its programs run as it, and `files` and all
+    # in it are its. None: the worker's.
+    uid: int | None = None
 
     @property
     def root(self) -> Root:
-        return Root(path=self.files, writable=True)
+        return Root(path=self.files, writable=True, owner=self.uid)
 
 
 def plan_key(plan_id: str, server: str = "") -> str:
@@ -176,16 +183,23 @@ def check_plan_id(plan_id: str) -> None:
         )
 
 
-def _owner_only(path: Path) -> None:
-    """Refuse `path` unless it is a real folder of ours that no one else may enter."""
+def _owner_only(path: Path, owner: int | None = None, *, passable: bool = False) -> None:
+    """Refuse `path` unless it is a real folder of `owner`'s (the worker's user by
+    default: else a plan's own uid, beneath its files/) that no one else may enter, or,
+    `passable`, only pass through (search, never list: a plan's uid passes through the
+    folders above its files/)."""
     st = os.lstat(path)
     problem = None
+    wanted = os.geteuid() if owner is None else owner
+    allowed = stat.S_IXOTH if passable else 0
     if not stat.S_ISDIR(st.st_mode):
         problem = "is not a folder (a link or a file stands in its place)"
-    elif st.st_uid != os.geteuid():
-        problem = f"belongs to user {st.st_uid}, not to the worker's user {os.geteuid()}"
-    elif st.st_mode & 0o077:
-        problem = f"has mode {stat.S_IMODE(st.st_mode):o}; it must be 700 (owner only)"
+    elif st.st_uid != wanted:
+        whose = "the worker's user" if owner is None else "the plan's own uid"
+        problem = f"belongs to user {st.st_uid}, not to {whose} {wanted}"
+    elif st.st_mode & 0o077 & ~allowed:
+        most = "701 (others only pass through)" if passable else "700 (owner only)"
+        problem = f"has mode {stat.S_IMODE(st.st_mode):o}; it must be {most}"
     if problem is not None:
         raise WorkspaceError(
             WorkspaceProblem.NOT_PRIVATE,
@@ -194,10 +208,31 @@ def _owner_only(path: Path) -> None:
         )
 
 
-def _make_private(path: Path) -> None:
+def _make_private(path: Path, *, passable: bool = False) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    _owner_only(path)
+        if passable:
+            plan_uids.searchable(path)
+    _owner_only(path, passable=passable)
+
+
+def _closed_again(path: Path) -> None:
+    """A folder of ours opened for plans' uids to pass through (0701) made owner-only
+    again, the setting gone ([sandbox] uids)."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0o001:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o001)
+
+
+def _make_files(folder: Path, uid: int | None) -> None:
+    """The plan's files/ in `folder`, owner-only, the plan's uid's where it has one."""
+    files = folder / FILES
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(files, 0o700)
+        if uid is not None:
+            os.chown(files, uid, uid, follow_symlinks=False)
+    _owner_only(files, uid)
 
 
 # Entries a plan's workspace may hold by default ([sandbox] max_entries): an empty file
@@ -247,7 +282,9 @@ def _uncountable(shown: str, why: str) -> WorkspaceError:
 _WENT: Final = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
-def _open_folder(parent_fd: int, name: str, st: os.stat_result, shown: str) -> int | None:
+def _open_folder(
+    parent_fd: int, name: str, st: os.stat_result, shown: str, owner: int | None = None
+) -> int | None:
     """A descriptor of folder `name` (lstat `st`) in `parent_fd`, never through a link;
     None if it went meanwhile (or something else took its place). A folder a program
     shut (mode 000, or no search bit) is opened up first, since the worker owns it:
@@ -262,21 +299,22 @@ def _open_folder(parent_fd: int, name: str, st: os.stat_result, shown: str) -> i
             if exc.errno not in (errno.EACCES, errno.EPERM):
                 raise _uncountable(shown, exc.strerror or str(exc)) from None
     try:
-        return _opened_up(name, parent_fd, _ENTER)
+        return _opened_up(name, parent_fd, _ENTER, owner)
     except OSError as exc:
         if exc.errno in _WENT:
             return None
         raise _uncountable(shown, exc.strerror or str(exc)) from None  # another's
 
 
-def _opened_up(name: str, dir_fd: int | None, add: int) -> int:
+def _opened_up(name: str, dir_fd: int | None, add: int, owner: int | None = None) -> int:
     """Folder `name` opened to list after adding `add` to its owner's mode bits: for a
     folder a program shut. The mode is changed on the folder itself, held by an O_PATH
-    descriptor (never through a link), and only on one of the worker's own."""
+    descriptor (never through a link), and only on one of the worker's own (or of
+    `owner`, the plan's own uid)."""
     held = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         now = os.fstat(held)
-        if now.st_uid != os.geteuid():
+        if now.st_uid not in (os.geteuid(), owner):
             raise OSError(errno.EPERM, f"a folder of user {now.st_uid}, not the worker's")
         # fchmod refuses an O_PATH descriptor; its /proc name reaches the same inode.
         os.chmod(f"/proc/self/fd/{held}", stat.S_IMODE(now.st_mode) | add)
@@ -285,12 +323,13 @@ def _opened_up(name: str, dir_fd: int | None, add: int) -> int:
         os.close(held)
 
 
-def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
+def count_use(files: Path, max_entries: int = MAX_ENTRIES, owner: int | None = None) -> Use:
     """What the workspace `files` holds, walked by descriptor without following a link.
     Nothing is skipped: a folder a program made unreadable is opened up (the worker owns
     it), and anything that still cannot be counted, or folders deeper than MAX_DEPTH,
     raise WorkspaceError (NO_ROOM) rather than count less. The walk stops once it has
-    seen more than `max_entries` entries (`complete` False), so it is bounded."""
+    seen more than `max_entries` entries (`complete` False), so it is bounded. `owner`:
+    the plan's own uid, whose folders it may open up too."""
     total = 0
     entries = 0
     moved = 0
@@ -320,7 +359,7 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
             here = f"{where}/{name}" if where else MOUNT_POINT
             if len(stack) > MAX_DEPTH:
                 raise _uncountable(here, f"folders nested more than {MAX_DEPTH} deep")
-            fd = _open_folder(parent_fd, name, st, here)
+            fd = _open_folder(parent_fd, name, st, here, owner)
             if fd is None:
                 moved += 1
                 continue
@@ -348,23 +387,24 @@ def count_use(files: Path, max_entries: int = MAX_ENTRIES) -> Use:
     return Use(total, entries, moved=moved)
 
 
-def disk_use(folder: Path) -> int:
+def disk_use(folder: Path, owner: int | None = None) -> int:
     """Bytes `folder` takes on disk (allocated blocks), as far as a count of at most
     MAX_ENTRIES entries sees (for reports: the quota uses `count_use`)."""
     try:
-        return count_use(folder).bytes
+        return count_use(folder, owner=owner).bytes
     except WorkspaceError:
         return 0
 
 
-def remove_tree(path: Path) -> None:
+def remove_tree(path: Path, owner: int | None = None) -> None:
     """Remove `path` and all in it: never following a link, opening up folders a
     program made unreadable or unwritable to us, one folder open at a time and
     without recursion. A plan can make a tree thousands of levels deep (fs_write's
     `make_parents`, any program): `shutil.rmtree` recursed once per level before
-    Python 3.12, and such a tree raised RecursionError, which left it in place."""
+    Python 3.12, and such a tree raised RecursionError, which left it in place.
+    `owner`: the plan's own uid, whose folders it may open up too."""
     try:
-        fd = _open_to_remove(str(path), None)
+        fd = _open_to_remove(str(path), None, owner)
     except FileNotFoundError:
         return
     except OSError as exc:
@@ -382,7 +422,7 @@ def remove_tree(path: Path) -> None:
             if pending:
                 child_name = pending.pop()
                 try:
-                    child = _open_to_remove(child_name, fd)
+                    child = _open_to_remove(child_name, fd, owner)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
@@ -411,13 +451,13 @@ def remove_tree(path: Path) -> None:
         os.rmdir(path)
 
 
-def _open_to_remove(name: str, dir_fd: int | None) -> int:
+def _open_to_remove(name: str, dir_fd: int | None, owner: int | None = None) -> int:
     """The folder `name` (never a link) opened to list, made readable to us first
     if a program took that away."""
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except PermissionError:
-        return _opened_up(name, dir_fd, stat.S_IRWXU)
+        return _opened_up(name, dir_fd, stat.S_IRWXU, owner)
 
 
 def _clear_files(fd: int) -> list[str]:
@@ -466,6 +506,12 @@ def _plan_meta(folder: Path) -> dict[str, Any] | None:
     if not isinstance(info, dict) or not isinstance(info.get("plan_id"), str):
         return None
     return info
+
+
+def _uid_of(meta: dict[str, Any]) -> int | None:
+    """The plan's own uid its plan.json names, if any."""
+    uid = meta.get(UID)
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) and uid > 0 else None
 
 
 def _read_meta(folder: Path) -> dict[str, Any] | None:
@@ -517,8 +563,11 @@ class Workspaces:
         max_entries: int = MAX_ENTRIES,
         max_plans: int = MAX_PLANS,
         max_plans_per_agent: int = MAX_PLANS_PER_AGENT,
+        uids: range | None = None,
     ) -> None:
         self.base = base
+        # [sandbox] uids: each plan gets one of these as its own (sandbox.plan_uids)
+        self.uids = uids
         self.quota_bytes = quota_bytes
         self.max_entries = max_entries
         # Each plan may take quota_bytes: without a bound on plans, a server naming new
@@ -545,7 +594,12 @@ class Workspaces:
         by a version that made the folder before its plan.json): no plan can be named
         for them, so they would be counted against max_plans and never swept."""
         self.base.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _make_private(self.base)
+        passable = self.uids is not None
+        if passable and os.path.isdir(self.base):
+            plan_uids.searchable(self.base)  # plans' uids pass through to their files/
+        elif not passable:
+            _closed_again(self.base)
+        _make_private(self.base, passable=passable)
         _make_private(self.base / EMPTY)
         os.chmod(self.base / EMPTY, 0o500)  # nothing is ever written there
         for name in os.listdir(self.base):
@@ -557,7 +611,7 @@ class Workspaces:
                     name = trash
             if name.startswith(TRASH_PREFIX):
                 try:
-                    remove_tree(self.base / name)
+                    self.remove(self.base / name)
                 except OSError as exc:  # never a reason not to start: it is out of use
                     log.warning("could not remove %s, a removed plan's files: %s", name, exc)
 
@@ -574,7 +628,7 @@ class Workspaces:
         key = plan_key(plan_id, server)
         with self._lock:
             known = self._opened.get(key)
-            if known is not None and os.path.isdir(known.files):
+            if known is not None and self._uid_fits(known.uid) and os.path.isdir(known.files):
                 self._keep_token(known, placement_token)
                 self._touch(known)
                 return known
@@ -599,7 +653,7 @@ class Workspaces:
             if known is None:
                 meta = _read_meta(self.base / key)
                 if meta is not None and _belongs(meta, server, plan_id):
-                    known = self._workspace(plan_id, key, server)
+                    known = self._workspace(plan_id, key, server, _uid_of(meta))
             if known is None or not os.path.isdir(known.files):
                 return None
             self._opened[key] = known
@@ -697,19 +751,29 @@ class Workspaces:
         }
         if token and len(token) <= MAX_TOKEN_CHARS:
             meta[TOKEN] = token
+        passable = self.uids is not None
         try:
-            _make_private(self.base)
+            _make_private(self.base, passable=passable)
             found = _read_meta(folder)
             if found is None:
+                if self.uids is not None:
+                    meta[UID] = self._free_uid(plan_id)
                 self._make_whole(folder, meta)
+                uid = _uid_of(meta)
             elif not _belongs(found, server, plan_id):  # a digest's clash: never shared
                 raise WorkspaceError(
                     WorkspaceProblem.FAILED,
                     f"the workspace folder {folder} holds another plan's files; plan "
                     f"{plan_id!r} gets no workspace while it is there",
                 )
-            _owner_only(folder)
-            _make_private(folder / FILES)
+            else:
+                uid = self._settle_uid(plan_id, folder, found)
+            if passable:
+                plan_uids.searchable(folder)
+            else:
+                _closed_again(folder)
+            _owner_only(folder, passable=passable)
+            _make_files(folder, uid)
         except WorkspaceError:
             raise
         except OSError as exc:
@@ -722,13 +786,65 @@ class Workspaces:
                 f"could not make the workspace of plan {plan_id!r}: {exc.strerror}",
             ) from exc
         self._agents.pop(key, None)  # its plan.json says, from now on
-        workspace = self._workspace(plan_id, key, server)
+        workspace = self._workspace(plan_id, key, server, uid)
         self._touch(workspace)
         return workspace
 
-    def _workspace(self, plan_id: str, key: str, server: str) -> Workspace:
+    def _workspace(self, plan_id: str, key: str, server: str, uid: int | None) -> Workspace:
         folder = self.base / key
-        return Workspace(plan_id, key, folder, Path(os.path.realpath(folder / FILES)), server)
+        files = Path(os.path.realpath(folder / FILES))
+        return Workspace(plan_id, key, folder, files, server, uid)
+
+    def _uid_fits(self, uid: int | None) -> bool:
+        """Whether a plan holding `uid` may keep it: one of [sandbox] uids, or none
+        when the setting is off."""
+        return uid is None if self.uids is None else uid in self.uids
+
+    def _free_uid(self, plan_id: str) -> int:
+        """The lowest uid of the range no plan folder here holds, a removal's leftovers
+        included (their programs are killed before their files go, see `remove`)."""
+        assert self.uids is not None
+        held = set()
+        with os.scandir(self.base) as found:
+            for entry in found:
+                uid = _uid_of(_read_meta(Path(entry.path)) or {})
+                if uid is not None:
+                    held.add(uid)
+        for uid in self.uids:
+            if uid not in held:
+                return uid
+        raise WorkspaceError(
+            WorkspaceProblem.TOO_MANY_PLANS,
+            f"plan {plan_id!r} gets no workspace: each of the {len(self.uids)} uids of "
+            f'[sandbox] uids = "{self.uids.start}-{self.uids.stop - 1}" is a plan\'s. Tear '
+            "down a finished plan and try again, or widen the range.",
+            {"plans": len(held), "uids": len(self.uids)},
+        )
+
+    def _settle_uid(self, plan_id: str, folder: Path, meta: dict[str, Any]) -> int | None:
+        """The plan's uid as the setting wants it: kept, or given now (with its files)
+        to a plan from before the setting, or from another range; taken back to the
+        worker's user when the setting is off."""
+        uid = _uid_of(meta)
+        if self._uid_fits(uid):
+            return uid
+        wanted = None if self.uids is None else self._free_uid(plan_id)
+        kept = {name: value for name, value in meta.items() if name != UID}
+        _rewrite_meta(folder, kept if wanted is None else {**kept, UID: wanted})
+        if os.path.isdir(folder / FILES):
+            if uid is not None:
+                plan_uids.kill_all(uid)
+            plan_uids.give(folder / FILES, os.geteuid() if wanted is None else wanted)
+        return wanted
+
+    def remove(self, trash: Path) -> None:
+        """Remove a plan's folder taken out of use (`detach`): first every process of
+        its own uid, if it has one (nothing of it may outlive its files, nor run on as
+        the next plan given that uid), then its files."""
+        uid = _uid_of(_read_meta(trash) or {})
+        if uid is not None and os.geteuid() == 0:
+            plan_uids.kill_all(uid)
+        remove_tree(trash, uid)
 
     def _make_whole(self, folder: Path, meta: dict[str, Any]) -> None:
         """Make the plan's folder with its plan.json and files/ under a name no count
@@ -737,9 +853,9 @@ class Workspaces:
         A folder already there without a readable plan.json (from before) gets one."""
         made = self.base / f"{TRASH_PREFIX}new-{secrets.token_hex(8)}"
         try:
-            _make_private(made)
+            _make_private(made, passable=self.uids is not None)
             _write_meta(made, meta)
-            _make_private(made / FILES)
+            _make_files(made, _uid_of(meta))
             try:
                 os.rename(made, folder)
                 return
@@ -748,8 +864,8 @@ class Workspaces:
                     raise
         finally:
             with contextlib.suppress(OSError):
-                remove_tree(made)
-        _owner_only(folder)
+                remove_tree(made, _uid_of(meta))
+        _owner_only(folder, passable=self.uids is not None)
         _write_meta(folder, meta)
 
     def _touch(self, workspace: Workspace) -> None:
@@ -773,7 +889,9 @@ class Workspaces:
         with self._lock:
             changes = self._changes.get(workspace.key, 0)
         try:
-            counted: Use | WorkspaceError = count_use(workspace.files, self.max_entries)
+            counted: Use | WorkspaceError = count_use(
+                workspace.files, self.max_entries, workspace.uid
+            )
         except WorkspaceError as exc:
             counted = exc
         with self._lock:
@@ -827,7 +945,7 @@ class Workspaces:
         trash = self.detach(plan_id, server=server)
         if trash is None:
             return False
-        remove_tree(trash)
+        self.remove(trash)
         return True
 
     def detach(self, plan_id: str, *, server: str = "") -> Path | None:
@@ -883,7 +1001,7 @@ class Workspaces:
                 PlanInfo(
                     plan_id=plan_id,
                     key=name,
-                    bytes_used=disk_use(folder / FILES) if sizes else 0,
+                    bytes_used=disk_use(folder / FILES, _uid_of(info)) if sizes else 0,
                     created_unix=created,
                     last_used_unix=st.st_mtime,
                     server=owner,

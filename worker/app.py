@@ -694,6 +694,7 @@ async def start_workbench(paths: Paths, config: Config) -> workbench.Workbench:
     from worker.actions import workbench
 
     try:
+        workbench.check_uids(paths, config.sandbox)
         await workbench.probe(config)
         bench = workbench.Workbench.at(paths.workbench, config.sandbox)
     except WorkerError as exc:

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox import Root, environment
+from sandbox import Root, environment, plan_uids
 from worker import hosts
 from worker.errors import ConfigError
 from worker.paths import DEFAULT_LISTEN as DEFAULT_LISTEN
@@ -197,6 +197,22 @@ class SandboxSection(_Strict):
     plan_processes: int = Field(default=256, ge=8, le=4_194_304)  # processes at once
     plan_memory_mb: int = Field(default=4096, ge=32)  # memory in use, swap not allowed
     plan_cpus: float = Field(default=2.0, ge=0.01, le=4096)  # CPUs' worth of time
+    # A uid of each plan's own, from this range ("A-B", no account's; a root worker
+    # only): the kernel's per-user counts (epoll watches, pipe pages) a plan's programs
+    # take are then that uid's, never the worker's user's (sandbox.plan_uids). Unset:
+    # plans' programs run as the worker's user.
+    uids: str | None = None
+
+    @field_validator("uids")
+    @classmethod
+    def _uid_range(cls, text: str | None) -> str | None:
+        if text is not None:
+            plan_uids.parse(text)  # raises ValueError with the reason
+        return text
+
+    @property
+    def uid_range(self) -> range | None:
+        return None if self.uids is None else plan_uids.parse(self.uids)
 
 
 # The longest a prompt may wait for its person (`[ui] prompt_timeout_s`): an hour.

@@ -411,7 +411,10 @@ def private_folder(folder: Path) -> None:
     """Make `folder` (0700) or tighten it to 0700; refuse one owned by someone else.
 
     The databases hold telemetry, call results and the hub's requests: nobody but
-    this user may read them, nor swap files in their folder.
+    this user may read them, nor swap files in their folder. Others' search bit alone
+    (0701) is kept: a root worker with [sandbox] uids sets it so that plans' uids pass
+    through to their workspaces (sandbox.plan_uids); it lists nothing and opens no
+    file that is not itself open to others (the databases are 0600).
     """
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = folder.stat()
@@ -420,7 +423,7 @@ def private_folder(folder: Path) -> None:
             f"the data folder {folder} belongs to another user (uid {st.st_uid}); "
             "use a folder of your own (AGENTWORKER_HOME)"
         )
-    if stat.S_IMODE(st.st_mode) & 0o077:
+    if stat.S_IMODE(st.st_mode) & 0o076:
         log.warning(
             "the data folder %s was open to others (mode %o); tightened to 0700",
             folder,

@@ -94,9 +94,12 @@ def test_a_plan_gets_its_workspace_on_its_first_call_and_keeps_it(live: Cluster,
     assert not folder.parent.exists()
     out, _ = call(live, plan, "fs_write", {"path": "notes/a.txt", "make_parents": True}, b"one")
     assert out["status"] == "ok", out
-    for made in (folder, folder.parent):
-        st = made.stat()
-        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    own_uid = json.loads((folder.parent / "plan.json").read_text()).get("uid")
+    files_st, plan_st = folder.stat(), folder.parent.stat()
+    assert stat.S_IMODE(files_st.st_mode) == 0o700
+    assert files_st.st_uid == (own_uid or os.geteuid())  # the plan's own uid, if it has one
+    assert plan_st.st_uid == os.geteuid()
+    assert stat.S_IMODE(plan_st.st_mode) == (0o700 if own_uid is None else 0o701)
     _, blob = call(live, plan, "fs_read", {"path": "/workspace/notes/a.txt"})
     assert blob == b"one"
     out, blob = run(live, plan, ["cat", "notes/a.txt"])

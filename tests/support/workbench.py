@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,28 @@ from worker.paths import PLACEMENT_KEY_FILE
 from worker.wire.proto import agentworker_pb2 as pb
 
 SURFACE = "workbenchHost"
+# Set (to a range of uids no account uses, "A-B"), every sandbox worker of the suite
+# gives its plans a uid of their own ([sandbox] uids): run as root, the workbench tests
+# then test that mode. Each such worker's home is then made where others may pass
+# through (its place in the cluster's folder a link to it): pytest's folder is 700.
+UIDS_SWITCH = "AGENTWORKER_TEST_SANDBOX_UIDS"
+
+
+def passable_home(place: Path) -> Path:
+    """A fresh home in a folder others may pass through (mode 711), linked from `place`
+    (so the suite finds it where it looks); the home's path."""
+    import atexit
+    import shutil
+    import tempfile
+
+    real = Path(tempfile.mkdtemp(prefix="agentworker-uids-", dir="/tmp"))
+    atexit.register(shutil.rmtree, real, True)
+    real.chmod(0o711)
+    home = real / place.name
+    home.mkdir(mode=0o700)
+    place.parent.mkdir(parents=True, exist_ok=True)
+    place.symlink_to(home)
+    return home
 
 
 def start_sandbox_worker(
@@ -31,6 +54,11 @@ def start_sandbox_worker(
     """A sandbox worker with a home of its own under the cluster's folder; waits until
     the hub lists it connected."""
     home = live.home.parent / name
+    uids = os.environ.get(UIDS_SWITCH)
+    if uids and "uids =" not in extra_config:
+        extra_config = _with_uids(extra_config, uids)
+    if "uids =" in extra_config:  # plans' uids pass through to their workspaces
+        home = passable_home(home) if not home.exists() else home.resolve()
     write_config(home, live.listen, extra_config)
     before = {w.worker_id for w in live.workers() if w.connected}
     proc = live.spawn(
@@ -47,6 +75,14 @@ def start_sandbox_worker(
         lambda: len({w.worker_id for w in live.workers() if w.connected} - before) == 1, 20, proc
     )
     return proc
+
+
+def _with_uids(extra_config: str, uids: str) -> str:
+    """`extra_config` with `uids` in its [sandbox] section (made if it has none)."""
+    line = f'uids = "{uids}"\n'
+    if "[sandbox]\n" in extra_config:
+        return extra_config.replace("[sandbox]\n", "[sandbox]\n" + line, 1)
+    return f"{extra_config}\n[sandbox]\n{line}"
 
 
 def worker_id_of(live: Cluster, name: str) -> str:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from allowlist import Decision
-from sandbox import cgroups, environment, still
+from sandbox import cgroups, environment, plan_uids, still
 from sandbox import sockets as socket_memory
 from sandbox.cgroups import CgroupError, PlanGroup, PlanLimits
 from sandbox.held_open import UnseenError, held_open_bytes, superblock_device
@@ -71,7 +71,6 @@ from sandbox.workspaces import (
     Workspaces,
     check_plan_id,
     plan_key,
-    remove_tree,
 )
 from worker.actions.host import exec_cmd, fs_list, fs_read, fs_stat, fs_write, http_fetch
 from worker.actions.host.exec_arg_files import arg_files, plain
@@ -79,7 +78,7 @@ from worker.actions.host.exec_git import git_view
 from worker.actions.host.exec_policy import path_check, policy_for
 from worker.actions.host.fs_paths import in_thread
 from worker.actions.workbench_terms import answering_in_plan_terms, host_paths
-from worker.config import Config, ExecSection, SandboxSection
+from worker.config import Config, ExecSection, Paths, SandboxSection
 from worker.core.blob_files import check_hasher
 from worker.core.registry import ActionSpec, Args, Context, Outcome, Registry, Result, table
 from worker.errors import ErrorCode, WorkerError, from_workspace
@@ -403,6 +402,7 @@ class Workbench:
             max_entries=settings.max_entries,
             max_plans=settings.max_plans,
             max_plans_per_agent=settings.plans_per_agent,
+            uids=settings.uid_range,
         )
         workspaces.prepare()
         choice = plan_cgroups(base, settings)
@@ -530,7 +530,7 @@ class Workbench:
                         "internal_error", f"plan {plan_id!r}'s cgroup could not be removed: {exc}"
                     ) from None
         if trash is not None:
-            await asyncio.to_thread(remove_tree, trash)
+            await asyncio.to_thread(self.workspaces.remove, trash)
         return {"plan_id": plan_id, "removed": trash is not None}
 
     async def close(self) -> None:
@@ -822,6 +822,9 @@ async def _asked_and_run(
         )
     assert decision.program is not None
     entry = await exec_cmd.landlock_entry(settings, ctx.paths)
+    if entry is not None and workspace.uid is not None:
+        # bubblewrap, as the plan's uid, reaches it by its path (sandbox.plan_uids)
+        await asyncio.to_thread(plan_uids.reachable, entry, ctx.paths.data_dir)
     async with git_view(decision.program, program, ctx.roots, cwd) as git:
         fixed = {
             **decision.program.env,
@@ -843,6 +846,7 @@ async def _asked_and_run(
             bwrap=settings.bwrap,
             read_only_root=True,
             entry=entry,
+            uid=workspace.uid,
         )
         async with bench.exec_slot(workspace):
             group = await bench.plan_group(workspace)
@@ -1261,16 +1265,32 @@ def _program(name: str) -> str | None:
     return None if found is None else os.path.realpath(found)
 
 
+def check_uids(paths: Paths, settings: SandboxSection) -> None:
+    """With [sandbox] uids, that this worker can give plans a uid of their own
+    (sandbox.plan_uids.problem); WorkerError (sandbox_unavailable) saying why not."""
+    uids = settings.uid_range
+    if uids is None:
+        return
+    problem = plan_uids.problem(uids, paths.workbench, paths.data_dir)
+    if problem is not None:
+        raise WorkerError("sandbox_unavailable", f"sandbox mode cannot start: {problem}.")
+
+
 async def probe(config: Config) -> None:
-    """Build one sandbox as every exec will, and run `true` in it; WorkerError
-    (sandbox_unavailable) saying why and what to change when that fails."""
+    """Build one sandbox as every exec will (as a plan's uid, with [sandbox] uids), and
+    run `true` in it; WorkerError (sandbox_unavailable) saying why and what to change
+    when that fails."""
     true = _program("true")
     settings = config.exec
+    uids = config.sandbox.uid_range
+    uid = None if uids is None else uids.start
     try:
         if true is None:
             raise SandboxUnavailableError("`true` is not on this machine's PATH")
         with tempfile.TemporaryDirectory(prefix="agentworker-probe-") as scratch:
             os.chmod(scratch, 0o700)
+            if uid is not None:
+                os.chown(scratch, uid, uid)
             view = View(
                 cwd=MOUNT_POINT,
                 mounts=(Mount(scratch, writable=True, target=MOUNT_POINT),),
@@ -1278,6 +1298,7 @@ async def probe(config: Config) -> None:
                 network=False,
                 bwrap=settings.bwrap,
                 read_only_root=True,
+                uid=uid,
             )
             limits = Limits(timeout_s=20.0, processes=settings.max_processes)
             # A one-off check before any call: a latch of its own (a refusal raises here).

@@ -243,7 +243,7 @@ def _folders(paths: Paths) -> list[Finding]:
                     name, "blocker", f"{folder} is not writable", "chown it to yourself", details
                 )
             )
-        elif mode & 0o077:
+        elif mode & 0o076:  # others' search alone: [sandbox] uids (sandbox.plan_uids)
             out.append(
                 Finding(
                     name,

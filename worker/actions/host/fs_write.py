@@ -36,6 +36,7 @@ from sandbox import (
     data_size,
     each_part,
     make_parents,
+    plan_uids,
     write_atomic,
 )
 from worker.actions.host.fs_paths import (
@@ -293,9 +294,17 @@ def _write(
     place: Callable[[], None] | None,
 ) -> Written:
     try:
-        return _written(ctx, args, data, progress, place)
+        # Beneath a plan's workspace with a uid of its own, as that uid: each entry
+        # made (the temp file renamed into place, parents) is the plan's.
+        with plan_uids.acting_as(_owner_of(ctx)):
+            return _written(ctx, args, data, progress, place)
     finally:
         progress.stop()  # the hash has all it will get
+
+
+def _owner_of(ctx: Context) -> int | None:
+    owners = {root.owner for root in ctx.roots}
+    return owners.pop() if len(owners) == 1 else None
 
 
 def _written(

@@ -1,0 +1,201 @@
+"""A uid of each plan's own (`[sandbox] uids = "A-B"`, a root worker only).
+
+The kernel keeps some counts per user that no namespace or rlimit bounds: epoll
+watches (fs.epoll.max_user_watches), pipe pages (fs.pipe-user-pages-soft), descriptors
+in flight. A sandbox running as the worker's user can take all of them, and every
+other program of that user then fails (a sandbox took root's 5,491,507 epoll watches
+in 7.2 s; every event loop of root's got ENOSPC). Started as a uid of its plan's own,
+the sandbox is charged to that uid instead, and exhausts only its own.
+
+Here: the range's syntax, the checks a worker makes before it uses one (root, no
+account in it, the workbench reachable by it), file work done as a plan's uid
+(`acting_as`: the thread's file system uid, so what the worker makes in a workspace
+is the plan's), and the kill of a uid's leftovers before its files go.
+
+Standard library only, no worker imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import grp
+import os
+import pwd
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+# The highest uid a range may reach: (uid_t)-1 means "no change" to the kernel, and
+# 65534 (nobody) is an account's.
+HIGHEST: Final = 4_294_967_294
+# The lowest: below it are the system's accounts, whether named in /etc/passwd or not.
+LOWEST: Final = 1000
+
+# (uid_t)-1: changes nothing, and the call answers the id now.
+_ASK: Final = 0xFFFFFFFF
+
+
+@functools.cache
+def _fs_ids() -> tuple[Callable[[int], int], Callable[[int], int]]:
+    """libc's setfsuid and setfsgid (Linux only: looked up when first used)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    calls = (libc.setfsuid, libc.setfsgid)
+    for call in calls:
+        call.argtypes = [ctypes.c_uint]
+        call.restype = ctypes.c_uint
+    return calls
+
+
+def parse(text: str) -> range:
+    """The uids `text` ("A-B", A <= B) names; ValueError saying what is wrong."""
+    low, dash, high = text.strip().partition("-")
+    if not dash or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(
+            f'{text!r} is not a range of uids: write it as "A-B", e.g. "200000-200999"'
+        )
+    first, last = int(low), int(high)
+    if first > last:
+        raise ValueError(f"the range {text!r} ends before it starts: write the lower uid first")
+    if first < LOWEST or last > HIGHEST:
+        raise ValueError(
+            f"the range {text!r} must lie within {LOWEST}-{HIGHEST}: below {LOWEST} are the "
+            "system's accounts"
+        )
+    return range(first, last + 1)
+
+
+def accounts_in(uids: range) -> list[str]:
+    """Accounts (users, and groups: a plan's gid is its uid) whose id is in `uids`."""
+    found = [f"user {u.pw_name} ({u.pw_uid})" for u in pwd.getpwall() if u.pw_uid in uids]
+    found += [f"group {g.gr_name} ({g.gr_gid})" for g in grp.getgrall() if g.gr_gid in uids]
+    return found
+
+
+def problem(uids: range, base: Path, own: Path) -> str | None:
+    """Why this worker cannot give plans a uid of `uids` for its workbench at `base`
+    (its own data folder `own` above it), or None. Opens up the worker's own folders
+    from `base` up to `own` for search by others (mode 711: never listed, nothing in
+    them readable but what is), since bubblewrap, started as the plan's uid, reaches
+    each mount source by its path."""
+    if os.geteuid() != 0:
+        return (
+            f"[sandbox] uids is set, and only a worker running as root can start a plan's "
+            f"programs as another uid (this one runs as uid {os.geteuid()}). Remove the "
+            "setting, or run the worker as root"
+        )
+    taken = accounts_in(uids)
+    if taken:
+        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
+        return (
+            f'[sandbox] uids = "{uids.start}-{uids.stop - 1}" holds accounts of this '
+            f"machine ({shown}): a plan would run as one of them. Choose a range no "
+            "account uses (`getent passwd` and `getent group` list them)"
+        )
+    own = own.absolute()
+    here = base.absolute()
+    if here != own and own not in here.parents:
+        return f"the workbench {here} is not under the worker's data folder {own}"
+    for folder in (here, *here.parents):
+        if folder == own or own in folder.parents:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            searchable(folder)
+            continue
+        mode = os.stat(folder).st_mode
+        if not mode & stat.S_IXOTH:
+            return (
+                f"[sandbox] uids is set and the folder {folder} (mode "
+                f"{stat.S_IMODE(mode):o}) above the worker's data folder {own} may not be "
+                "searched by other users, so a plan's uid cannot reach its workspace. Put "
+                "the data folder where others may pass through (AGENTWORKER_HOME, e.g. "
+                "/var/lib/agentworker), or `chmod o+x` that folder"
+            )
+    return None
+
+
+def searchable(path: Path | str, extra: int = stat.S_IXOTH) -> None:
+    """Let others search (or, with `extra`, more) `path`, a folder or file of the
+    worker's own."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & extra != extra:
+        os.chmod(path, mode | extra)
+
+
+def reachable(path: str, own: Path) -> None:
+    """Let plans' uids execute the worker's file `path` (the entry helper) and pass
+    through every folder above it up to `own`."""
+    searchable(path, stat.S_IXOTH | stat.S_IXGRP)
+    for folder in Path(path).parents:
+        if folder != own and own not in folder.parents:
+            break
+        searchable(folder)
+
+
+def _set_fs(uid: int, gid: int) -> None:
+    setfsuid, setfsgid = _fs_ids()
+    setfsgid(gid)
+    setfsuid(uid)
+    if setfsuid(_ASK) != uid or setfsgid(_ASK) != gid:
+        raise PermissionError(f"this thread could not act as uid {uid}")
+
+
+@contextlib.contextmanager
+def acting_as(uid: int | None) -> Iterator[None]:
+    """File work in this thread done as `uid` (its file system uid and gid: what it
+    makes is the uid's, and it may do what the uid may), until the block ends. Linux
+    keeps these per thread (glibc's setfsuid changes only the caller's), and the kernel
+    drops root's file capabilities with them and gives them back after. None: as the
+    worker."""
+    if uid is None:
+        yield
+        return
+    setfsuid, setfsgid = _fs_ids()
+    before_uid, before_gid = setfsuid(_ASK), setfsgid(_ASK)
+    _set_fs(uid, uid)
+    try:
+        yield
+    finally:
+        _set_fs(before_uid, before_gid)
+
+
+def acting_uid() -> int:
+    """The uid whose files this thread makes now: its file system uid (`acting_as`),
+    on Linux; elsewhere the effective uid."""
+    if not sys.platform.startswith("linux"):
+        return os.geteuid()
+    return _fs_ids()[0](_ASK)
+
+
+def give(folder: Path | str, uid: int) -> None:
+    """Give `folder` and everything in it to `uid` (owner and group), never following a
+    link: a workspace from before its plan had a uid (or after it lost it)."""
+    os.chown(folder, uid, uid, follow_symlinks=False)
+    for _where, folders, files, fd in os.fwalk(folder, follow_symlinks=False):
+        for name in folders + files:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(name, uid, uid, dir_fd=fd, follow_symlinks=False)
+
+
+def kill_all(uid: int) -> None:
+    """SIGKILL every process of `uid`: a process of that uid does kill(-1), which the
+    kernel sends, in one pass no fork can outrun, to every process it may signal
+    (those whose real or saved uid is `uid`; a plan's uid is no account's, so only its
+    own programs), itself excepted. Done twice: a process forked as the first pass
+    went is caught by the second."""
+    for _ in range(2):
+        subprocess.run(
+            ["/bin/sh", "-c", "kill -KILL -1 2>/dev/null; exit 0"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )

@@ -1,0 +1,247 @@
+"""A uid of each plan's own ([sandbox] uids, a root worker): a real hub, a real
+`agentworker run --sandbox` as root, real bubblewrap with the entry helper, Landlock
+and the filter.
+
+The kernel keeps some counts per user that no namespace or rlimit bounds. Run as
+the worker's user, a sandbox took all of root's 5,491,507 epoll watches in 7.2 s,
+and every event loop of root's then got ENOSPC. Run as its plan's own uid, it
+exhausts only that uid's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import plan_uids
+from tests.support.cluster import Cluster, wait_for
+from tests.support.policies import PYTHON3, exec_config
+from tests.support.workbench import call, files_of, run, sandbox_cluster, teardown
+from worker.config import SandboxSection
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="[sandbox] uids needs a root worker")
+
+# A range of this test process's own: two runs at once must not share a uid (a
+# teardown kills every process of its plan's).
+FIRST = 3_000_000 + (os.getpid() % 10_000) * 100
+UIDS = f"{FIRST}-{FIRST + 99}"
+
+# In the sandbox: adds epoll watches until the kernel refuses (its user's
+# fs.epoll.max_user_watches): one process (so the quota watch holds it still at once)
+# with 4,000 eventfds, each in up to 4,000 epoll instances (16M watches at most, more
+# than the kernel lets a user have). Refuses to as the worker's user (root): that
+# would take root's. Says in `ready` how many it added, why it stopped and as whom,
+# then holds them until the FIFO `go` is opened.
+FILL_WATCHES = textwrap.dedent(
+    """
+    import errno, os, select
+    if os.getuid() == 0:
+        open("ready", "w").write("0 runs-as-root 0")
+        raise SystemExit(1)
+    os.mkfifo("go")
+    fds = [os.eventfd(0) for _ in range(4000)]
+    eps, added, why = [], 0, ""
+    try:
+        while len(eps) < 4000:
+            ep = select.epoll()
+            eps.append(ep)
+            for fd in fds:
+                ep.register(fd, select.EPOLLIN)
+                added += 1
+    except OSError as exc:
+        why = errno.errorcode[exc.errno]
+    open("ready", "w").write(f"{added} {why or 'none'} {os.getuid()}")
+    open("go").close()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    base = tmp_path_factory.mktemp("uids")
+    settings = exec_config(base, PYTHON3, extra="open_files = 8192\nmax_timeout_s = 900\n") + (
+        f'\n[sandbox]\nuids = "{UIDS}"\nplan_memory_mb = 8192\n'
+    )
+    with sandbox_cluster(base, extra_config=settings) as c:
+        yield c
+
+
+def new_plan() -> str:
+    return f"plan-{uuid.uuid4().hex[:12]}"
+
+
+def meta_of(live: Cluster, plan: str) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads(
+        (files_of(live, "bench", plan).parent / "plan.json").read_text()
+    )
+    return meta
+
+
+def let_go(fifo: Path) -> bool:
+    """Open the program's FIFO `go` for writing (it ends once it is), if it waits on it."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # not made yet, or no reader yet (ENXIO)
+        return False
+    return True
+
+
+def add_a_watch() -> str:
+    """What the worker's user (root: this test) gets adding one epoll watch."""
+    with select.epoll() as ep:
+        fd = os.eventfd(0)
+        try:
+            ep.register(fd, select.EPOLLIN)
+            return "added"
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        finally:
+            os.close(fd)
+
+
+def test_epoll_watches_a_plan_takes_are_its_uids_not_the_workers(
+    live: Cluster,
+) -> None:
+    plan = new_plan()
+    files = files_of(live, "bench", plan)
+    done: list[tuple[dict[str, Any], bytes]] = []
+    running = threading.Thread(
+        target=lambda: done.append(
+            run(live, plan, ["python3", "-c", FILL_WATCHES], timeout_s=600, timeout_ms=600_000)
+        )
+    )
+    running.start()
+    try:
+        wait_for(lambda: (files / "ready").exists() or bool(done), 600)
+        assert (files / "ready").exists(), done[0][0].get("error", done)
+        added, why, uid = (files / "ready").read_text().split()
+        # The plan's program ran as its own uid (as the worker's, its watches would be
+        # root's), and the kernel refused it its next watch: it holds every watch that
+        # uid may have.
+        assert int(uid) != 0, "the plan's program runs as the worker's user"
+        assert int(uid) == meta_of(live, plan)["uid"] and int(uid) in plan_uids.parse(UIDS)
+        assert why == "ENOSPC" and int(added) > 1_000_000, (added, why)
+        # While it holds them all, the worker's user adds one as ever.
+        assert add_a_watch() == "added"
+    finally:
+        wait_for(lambda: not running.is_alive() or let_go(files / "go"), 600)
+        running.join(600)
+    ((out, _blob),) = done
+    assert out["status"] == "ok" and out["result"]["exit_code"] == 0, out.get("error", out)
+
+
+def test_each_plan_has_a_uid_and_everything_in_its_workspace_is_that_uids(
+    live: Cluster,
+) -> None:
+    first, second = new_plan(), new_plan()
+    for plan in (first, second):
+        out, _ = call(live, plan, "fs_write", {"path": "a/b/c.txt", "make_parents": True}, b"x")
+        assert out["status"] == "ok", out
+        out, blob = run(
+            live, plan, ["python3", "-c", "import os; open('d.txt','w'); print(os.getuid())"]
+        )
+        assert out["status"] == "ok" and out["result"]["exit_code"] == 0, (out, blob)
+        uid = meta_of(live, plan)["uid"]
+        assert int(blob) == uid
+        files = files_of(live, "bench", plan)
+        for made in ("", "a", "a/b", "a/b/c.txt", "d.txt"):
+            st = os.lstat(files / made)
+            assert (st.st_uid, st.st_gid) == (uid, uid), made
+        # the worker's write replaced by the program, and the program's by the worker
+        out, blob = run(live, plan, ["python3", "-c", "open('a/b/c.txt','a').write('y')"])
+        assert out["result"]["exit_code"] == 0, (out, blob)
+        out, _ = call(live, plan, "fs_write", {"path": "d.txt", "mode": "overwrite"}, b"z")
+        assert out["status"] == "ok" and os.lstat(files / "d.txt").st_uid == uid, out
+    assert meta_of(live, first)["uid"] != meta_of(live, second)["uid"]
+
+
+def test_a_teardown_kills_what_runs_as_the_plans_uid_before_its_files_go(
+    live: Cluster,
+) -> None:
+    plan = new_plan()
+    out, _ = call(live, plan, "fs_write", {"path": "a.txt"}, b"x")
+    assert out["status"] == "ok", out
+    uid = meta_of(live, plan)["uid"]
+    # A leftover of the plan's uid (none outlives its sandbox: this one is made so)
+    leftover = subprocess.Popen(["sleep", "600"], user=uid, group=uid, extra_groups=[], cwd="/")
+    try:
+        out = teardown(live, plan)
+        assert out["status"] == "ok" and out["result"]["removed"] is True, out
+        assert leftover.wait(timeout=60) == -9
+        assert not files_of(live, "bench", plan).parent.exists()
+    finally:
+        leftover.kill()
+        leftover.wait()
+
+
+def test_a_worker_that_is_not_root_refuses_to_start_with_uids() -> None:
+    user = 4252
+    place = Path(tempfile.mkdtemp(prefix="aw-uids-", dir="/tmp"))
+    try:
+        place.chmod(0o755)
+        home = place / "home"
+        home.mkdir()
+        (home / "config.toml").write_text(f'[sandbox]\nuids = "{UIDS}"\n')
+        for made in (home, home / "config.toml"):
+            os.chown(made, user, user)
+        become = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
+        started = subprocess.run(
+            [
+                *become,
+                sys.executable,
+                "-m",
+                "worker",
+                "run",
+                "--sandbox",
+                "--server",
+                "127.0.0.1:1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+            env={
+                **os.environ,
+                "AGENTWORKER_HOME": str(home),
+                "AGENTWORKER_TOKEN": "not-used",
+                "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            },
+        )
+    finally:
+        shutil.rmtree(place)
+    assert started.returncode == 8, started.stderr
+    assert "only a worker running as root" in started.stderr, started.stderr
+    assert f"runs as uid {user}" in started.stderr
+
+
+@pytest.mark.parametrize(
+    ("uids", "said"),
+    [
+        ("10", 'write it as "A-B"'),
+        ("200-x", 'write it as "A-B"'),
+        ("5000-4000", "ends before it starts"),
+        ("10-2000", "below 1000 are the system's accounts"),
+    ],
+)
+def test_a_range_that_is_no_range_of_uids_is_refused_saying_why(uids: str, said: str) -> None:
+    with pytest.raises(ValueError, match=said):
+        SandboxSection(uids=uids)
+
+
+def test_a_range_holding_an_account_is_refused_naming_it(tmp_path: Path) -> None:
+    nobody = 65534
+    problem = plan_uids.problem(range(nobody - 5, nobody + 1), tmp_path / "workbench", tmp_path)
+    assert problem is not None and f"({nobody})" in problem and "no account uses" in problem

@@ -1,0 +1,129 @@
+"""Workspaces whose plans each have a uid of their own ([sandbox] uids, a root worker):
+the uid kept in plan.json, never two live plans' alike, files/ and what the worker
+writes there the uid's (real folders, real chown and setfsuid)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import plan_uids
+from sandbox.workspaces import META, WorkspaceError, WorkspaceProblem, Workspaces
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plans' uids need root")
+
+FIRST = 3_500_000 + (os.getpid() % 10_000) * 10
+UIDS = range(FIRST, FIRST + 3)
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A folder plans' uids may pass through (pytest's own is 700)."""
+    place = Path(tempfile.mkdtemp(prefix="aw-uids-", dir="/tmp"))
+    place.chmod(0o711)
+    yield place
+    shutil.rmtree(place)
+
+
+def bench(base: Path, uids: range | None = UIDS) -> Workspaces:
+    found = Workspaces(base / "workbench", quota_bytes=1024**2, uids=uids)
+    found.prepare()
+    return found
+
+
+def uid_in_meta(folder: Path) -> object:
+    return json.loads((folder / META).read_text()).get("uid")
+
+
+def test_each_plan_gets_a_free_uid_kept_in_plan_json_across_restarts(tmp_path: Path) -> None:
+    spaces = bench(tmp_path)
+    first, second = spaces.open("one"), spaces.open("two")
+    assert (first.uid, second.uid) == (FIRST, FIRST + 1)
+    for each in (first, second):
+        assert uid_in_meta(each.folder) == each.uid
+        st = os.lstat(each.files)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (each.uid, each.uid, 0o700)
+        assert stat.S_IMODE(os.lstat(each.folder).st_mode) == 0o701  # passed through only
+    assert stat.S_IMODE(os.lstat(spaces.base).st_mode) == 0o701
+    again = bench(tmp_path)  # the worker started again
+    assert again.open("two").uid == FIRST + 1
+    assert again.open("three").uid == FIRST + 2
+    with pytest.raises(WorkspaceError) as refused:
+        again.open("four")
+    assert refused.value.problem == WorkspaceProblem.TOO_MANY_PLANS
+    assert "widen the range" in refused.value.message
+    assert again.teardown("one")
+    assert again.open("four").uid == FIRST  # free again once its files are gone
+
+
+def test_a_uid_stays_taken_while_its_plans_files_are_being_removed(tmp_path: Path) -> None:
+    spaces = bench(tmp_path)
+    gone = spaces.open("one")
+    trash = spaces.detach("one")
+    assert trash is not None and gone.uid == uid_in_meta(trash)
+    assert spaces.open("two").uid == FIRST + 1  # not the one of the files still there
+    spaces.remove(trash)
+    assert not trash.exists()
+    assert spaces.open("three").uid == FIRST
+
+
+def test_a_plan_from_before_the_setting_is_given_a_uid_with_its_files(tmp_path: Path) -> None:
+    before = bench(tmp_path, None)
+    old = before.open("old")
+    assert old.uid is None and uid_in_meta(old.folder) is None
+    (old.files / "sub").mkdir()
+    (old.files / "sub" / "a.txt").write_text("a")
+    os.symlink("/etc/passwd", old.files / "link")
+    now = bench(tmp_path).open("old")
+    assert now.uid == FIRST and uid_in_meta(now.folder) == FIRST
+    for name in ("", "sub", "sub/a.txt", "link"):
+        assert os.lstat(now.files / name).st_uid == FIRST, name
+    assert os.lstat("/etc/passwd").st_uid == 0  # a link is never followed
+    off = bench(tmp_path, None).open("old")  # the setting taken away: the worker's again
+    assert off.uid is None and uid_in_meta(off.folder) is None
+    assert os.lstat(off.files / "sub" / "a.txt").st_uid == 0
+
+
+def test_what_a_thread_makes_acting_as_the_plans_uid_is_the_uids(tmp_path: Path) -> None:
+    made = bench(tmp_path).open("one")
+    assert made.uid is not None and made.root.owner == made.uid
+    seen: list[object] = []
+
+    def write() -> None:
+        with plan_uids.acting_as(made.uid):
+            (made.files / "d").mkdir()
+            (made.files / "d" / "f").write_text("x")
+            seen.append(plan_uids.acting_uid())
+            try:  # as the uid, not as root: the worker's own files are out of reach
+                (made.folder / META).read_text()
+            except PermissionError:
+                seen.append("refused")
+        seen.append(plan_uids.acting_uid())
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join()
+    assert seen == [made.uid, "refused", 0]
+    assert plan_uids.acting_uid() == 0  # this thread never changed
+    for name in ("d", "d/f"):
+        st = os.lstat(made.files / name)
+        assert (st.st_uid, st.st_gid) == (made.uid, made.uid)
+
+
+def test_a_count_opens_up_what_a_plans_program_shut(tmp_path: Path) -> None:
+    spaces = bench(tmp_path)
+    made = spaces.open("one")
+    with plan_uids.acting_as(made.uid):
+        (made.files / "shut").mkdir()
+        (made.files / "shut" / "f").write_bytes(b"x" * 8192)
+        os.chmod(made.files / "shut", 0)
+    assert spaces.use(made).entries == 2
+    assert spaces.teardown("one")
