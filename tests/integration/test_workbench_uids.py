@@ -141,6 +141,7 @@ def test_epoll_watches_a_plan_takes_are_its_uids_not_the_workers(
         running.join(600)
     ((out, _blob),) = done
     assert out["status"] == "ok" and out["result"]["exit_code"] == 0, out.get("error", out)
+    assert teardown(live, plan)["result"]["removed"] is True  # its uid free again
 
 
 def test_each_plan_has_a_uid_and_everything_in_its_workspace_is_that_uids(
@@ -166,6 +167,8 @@ def test_each_plan_has_a_uid_and_everything_in_its_workspace_is_that_uids(
         out, _ = call(live, plan, "fs_write", {"path": "d.txt", "mode": "overwrite"}, b"z")
         assert out["status"] == "ok" and os.lstat(files / "d.txt").st_uid == uid, out
     assert meta_of(live, first)["uid"] != meta_of(live, second)["uid"]
+    for plan in (first, second):  # their uids free again (the range is 100 long)
+        assert teardown(live, plan)["result"]["removed"] is True
 
 
 def test_a_teardown_kills_what_runs_as_the_plans_uid_before_its_files_go(

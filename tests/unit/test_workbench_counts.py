@@ -44,11 +44,11 @@ def test_a_plans_concurrent_counts_share_one_walk_on_the_workbenchs_own_threads(
     release = threading.Event()
     real = workspaces_module.count_use
 
-    def counted(files: Path, max_entries: int) -> Use:
+    def counted(files: Path, max_entries: int, owner: int | None = None) -> Use:
         walks.append((files.parent.name, threading.current_thread().name))
         if files == a.files:
             release.wait(10)  # plan A's walk is slow
-        return real(files, max_entries)
+        return real(files, max_entries, owner)
 
     monkeypatch.setattr(workspaces_module, "count_use", counted)
 
@@ -262,9 +262,9 @@ def test_the_watch_counts_again_when_folders_move_and_stops_a_program_that_keeps
     walks: list[int] = []
     real = workspaces_module.count_use
 
-    def moving(files: Path, max_entries: int) -> Use:
+    def moving(files: Path, max_entries: int, owner: int | None = None) -> Use:
         walks.append(1)
-        found = real(files, max_entries)
+        found = real(files, max_entries, owner)
         # As a program told by inotify when the walk passes would have it.
         return Use(found.bytes, found.entries, moved=1 if len(walks) <= moving_counts else 0)
 
@@ -330,9 +330,9 @@ def test_a_count_stops_the_plans_running_programs_while_it_walks(
     seen: list[set[str]] = []
     real = workspaces_module.count_use
 
-    def counted(files: Path, max_entries: int) -> Use:
+    def counted(files: Path, max_entries: int, owner: int | None = None) -> Use:
         seen.append(_states(descendants(top.pid)))
-        return real(files, max_entries)
+        return real(files, max_entries, owner)
 
     monkeypatch.setattr(workspaces_module, "count_use", counted)
     try:
@@ -420,7 +420,7 @@ def test_the_watch_fails_closed_when_a_count_fails_unexpectedly(
     with an exception that stopped nothing (review7 finding 06)."""
     plan = bench.workspaces.open("plan-broken")
 
-    def broken(files: Path, max_entries: int) -> Use:
+    def broken(files: Path, max_entries: int, owner: int | None = None) -> Use:
         raise RuntimeError("a defect in the count")
 
     monkeypatch.setattr(workspaces_module, "count_use", broken)
