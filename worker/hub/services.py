@@ -25,8 +25,9 @@ from worker.hub.server import Hub, bad_id, error_result
 from worker.hub.turns import Turns
 from worker.wire.framing import (
     Buffer,
-    fields_of,
+    field_spans,
     split_field,
+    without_spans,
 )
 from worker.wire.inproc import LocalStreams
 from worker.wire.proto import agentworker_pb2 as pb
@@ -89,13 +90,11 @@ def _dispatch_request(data: bytes) -> object:
     the blob, once, and only when what it carries besides the blob is within
     DISPATCH_BESIDES_BLOB_BYTES (measured on the wire, before any copy). One that
     does not decode is not parsed again (it was, whole, blob and all)."""
-    try:
-        blob_bytes = sum(
-            len(value) for value in fields_of(data, _DISPATCH_BLOB_FIELD, most=DISPATCH_FIELDS)
-        )
+    try:  # one walk of its fields: where its blob is, measured and split off below
+        spans = field_spans(data, _DISPATCH_BLOB_FIELD, most=DISPATCH_FIELDS)
     except ValueError:  # not well framed, or too many fields for a DispatchRequest
         return _Undecodable(_UNDECODABLE_DISPATCH)
-    besides = len(data) - blob_bytes
+    besides = len(data) - sum(value_end - value_start for _, value_start, value_end in spans)
     if besides > DISPATCH_BESIDES_BLOB_BYTES:
         return _Refused(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -104,7 +103,7 @@ def _dispatch_request(data: bytes) -> object:
             f"{MAX_ARGS_BYTES:,} characters at most); bulk data goes in blob",
         )
     try:
-        rest, blob = split_field(data, _DISPATCH_BLOB_FIELD, most=DISPATCH_FIELDS)
+        rest, blob = without_spans(data, spans)
         return _WithBlob(pb.DispatchRequest.FromString(rest), b"" if blob is None else blob)
     except (ValueError, DecodeError):
         return _Undecodable(_UNDECODABLE_DISPATCH)  # answered INVALID_ARGUMENT, as before

@@ -517,23 +517,65 @@ def _delimited_fields(
             raise TooManyFieldsError(f"more than {most:,} fields")
         left -= 1
         field_start = pos
-        key, pos = read_varint(view, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 0:
+        # A key or a length under 128 is one byte: read here, not by read_varint (most
+        # of a message's fields; a call's own Python per field is what this walk costs).
+        key = view[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = read_varint(view, pos)
+        wire_type = key & 7
+        if wire_type == LENGTH_DELIMITED:
+            if pos < end and view[pos] < 0x80:
+                length = view[pos]
+                pos += 1
+            else:
+                length, pos = read_varint(view, pos)
+            if pos + length <= end:
+                yield key >> 3, field_start, pos, pos + length
+            pos += length
+        elif wire_type == 0:
             _value, pos = read_varint(view, pos)
         elif wire_type == 1:
             pos += 8
         elif wire_type == 5:
             pos += 4
-        elif wire_type == LENGTH_DELIMITED:
-            length, pos = read_varint(view, pos)
-            if pos + length <= end:
-                yield number, field_start, pos, pos + length
-            pos += length
         else:
             raise ValueError(f"wire type {wire_type} is not one a message here uses")
         if pos > end:
             raise ValueError("a field runs past the end of the message")
+
+
+def field_spans(
+    data: Buffer, field_number: int, *, most: int | None = None
+) -> list[tuple[int, int, int]]:
+    """Where each length-delimited top-level field `field_number` of `data` is: where
+    the field starts, and where its value starts and ends. ValueError if `data` is not
+    a well-framed message, TooManyFieldsError if it has more than `most` fields."""
+    return [
+        (field_start, value_start, value_end)
+        for number, field_start, value_start, value_end in _delimited_fields(memoryview(data), most)
+        if number == field_number
+    ]
+
+
+def without_spans(
+    data: Buffer, spans: list[tuple[int, int, int]]
+) -> tuple[bytes, memoryview | None]:
+    """`data` without the fields `spans` (field_spans) locates, and the last one's
+    value (as a parser would take it), or None when there are none. A message without
+    any is `data` itself when it is bytes (no copy)."""
+    if not spans:
+        return (data if isinstance(data, bytes) else bytes(data)), None
+    view = memoryview(data)
+    kept: list[memoryview] = []
+    start = 0
+    for field_start, _value_start, value_end in spans:
+        kept.append(view[start:field_start])
+        start = value_end
+    kept.append(view[start:])
+    _field_start, value_start, value_end = spans[-1]
+    return b"".join(kept), view[value_start:value_end]
 
 
 def split_field(
@@ -544,17 +586,7 @@ def split_field(
     has none. ValueError if `data` is not a well-framed message, TooManyFieldsError if
     it has more than `most` fields (read here a field at a time: a parser reads many
     faster)."""
-    view = memoryview(data)
-    kept: list[memoryview] = []
-    found: memoryview | None = None
-    start = 0
-    for number, field_start, value_start, value_end in _delimited_fields(view, most):
-        if number == field_number:
-            kept.append(view[start:field_start])
-            found = view[value_start:value_end]
-            start = value_end
-    kept.append(view[start:])
-    return b"".join(kept), found
+    return without_spans(data, field_spans(data, field_number, most=most))
 
 
 def fields_of(data: Buffer, field_number: int, *, most: int | None = None) -> list[memoryview]:
