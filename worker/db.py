@@ -97,6 +97,27 @@ class Database(sqlite3.Connection):
     _writer: concurrent.futures.ThreadPoolExecutor | None = None
     _writing: concurrent.futures.Future[Any] | None = None  # the last job handed over
     _writer_ident = 0  # the writer thread's id, once it ran a job
+    # A transaction opened by `begin_deferred` whose BEGIN is not sent yet.
+    _deferred = False
+
+    def begin_deferred(self) -> None:
+        """Open a transaction as `BEGIN` would, sent with the first use of the
+        connection inside it (`end_deferred` ends it): one that reads and writes nothing
+        (an intake of effect-free calls, which the ledger need not look up) then costs
+        no statement at all; until then it counts as open (`in_transaction`). A deferred
+        BEGIN takes no lock until its first statement, so no one can tell the two apart."""
+        self._deferred = True
+
+    def end_deferred(self) -> None:
+        """COMMIT the transaction `begin_deferred` opened, if it was begun."""
+        if self._deferred:
+            self._deferred = False
+            return
+        self.execute("COMMIT")
+
+    def _begin_deferred_now(self) -> None:
+        super().execute("BEGIN")
+        self._deferred = False
 
     def off_loop(self, job: Callable[[], _T]) -> concurrent.futures.Future[_T]:
         """Run `job` (statements on this connection, a commit) in this connection's
@@ -105,7 +126,7 @@ class Database(sqlite3.Connection):
         Inside a transaction open on this thread it runs here and now, in it: its
         writes commit with that transaction, never before. (While a job is under way
         no other thread has a transaction open: its BEGIN waited for the job.)"""
-        if not self.writing and sqlite3.Connection.in_transaction.__get__(self):
+        if not self.writing and (self._deferred or sqlite3.Connection.in_transaction.__get__(self)):
             done: concurrent.futures.Future[_T] = concurrent.futures.Future()
             try:
                 done.set_result(job())
@@ -141,27 +162,35 @@ class Database(sqlite3.Connection):
     @property
     def in_transaction(self) -> bool:
         self.settle()
-        return bool(sqlite3.Connection.in_transaction.__get__(self))
+        return self._deferred or bool(sqlite3.Connection.in_transaction.__get__(self))
 
     def commit(self) -> None:
         self.settle()
+        self._deferred = False  # a transaction never begun: nothing to commit
         super().commit()
 
     def rollback(self) -> None:
         self.settle()
+        self._deferred = False
         super().rollback()
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         self.settle()
+        if self._deferred:
+            self._begin_deferred_now()
         return super().cursor(*args, **kwargs)
 
     def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
         self.settle()
+        if self._deferred:
+            self._begin_deferred_now()
         return super().executescript(sql_script)
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         if self._writing is not None:
             self.settle()
+        if self._deferred:
+            self._begin_deferred_now()
         cursor = super().execute(sql, parameters)
         self._bytes += _weight(parameters)
         self._committed()
@@ -170,6 +199,8 @@ class Database(sqlite3.Connection):
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
         if self._writing is not None:
             self.settle()
+        if self._deferred:
+            self._begin_deferred_now()
         cursor = super().executemany(sql, parameters)
         if isinstance(parameters, list | tuple):  # an iterator is spent: not counted
             self._bytes += _weight_rows(parameters)

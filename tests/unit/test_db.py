@@ -3,6 +3,7 @@ nothing is written, and lets go of the database when it is closed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -418,4 +419,34 @@ def test_a_job_handed_over_inside_a_transaction_commits_with_it(tmp_path: Path) 
         assert done.done()  # run here, in the open transaction
         raise RuntimeError("rolled back: the job's write goes with it")
     assert conn.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    conn.close()
+
+
+def test_a_deferred_transaction_sends_nothing_until_used_then_commits_together(
+    tmp_path: Path,
+) -> None:
+    """`begin_deferred`: a transaction nothing uses costs no statement; one that is
+    used begins with its first statement, counts as open all along, takes a job
+    handed over into it, and commits or rolls back as one."""
+    conn = db.connect(tmp_path / "x.db", "CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY);")
+    sent: list[str] = []
+    conn.set_trace_callback(sent.append)
+    conn.begin_deferred()
+    assert conn.in_transaction
+    conn.end_deferred()
+    assert sent == [] and not conn.in_transaction
+    conn.begin_deferred()
+    conn.execute("INSERT INTO t VALUES ('a')")
+    assert conn.off_loop(lambda: conn.execute("INSERT INTO t VALUES ('b')")).done()
+    with contextlib.closing(sqlite3.connect(tmp_path / "x.db")) as other:
+        assert other.execute("SELECT count(*) FROM t").fetchone() == (0,)  # not yet
+    conn.end_deferred()
+    assert sent[0] == "BEGIN" and sent[-1] == "COMMIT" and not conn.in_transaction
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
+    conn.begin_deferred()
+    conn.execute("INSERT INTO t VALUES ('c')")
+    conn.rollback()  # ends it, as it would a transaction begun at once
+    with pytest.raises(sqlite3.OperationalError, match="no transaction"):
+        conn.end_deferred()
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
     conn.close()

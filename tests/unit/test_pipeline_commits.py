@@ -596,3 +596,40 @@ def test_the_digest_is_taken_from_the_request_or_computed_off_the_loop(tmp_path:
     digests = {r.correlation_id: r.invocation.args_digest for r in sent.results()}
     assert digests == {"carried": "f" * 64, "hashed": call_digest(hashed, big)}
     dispatcher.close()
+
+
+def test_an_intake_of_effect_free_calls_sends_the_ledger_no_statement(tmp_path: Path) -> None:
+    """Effect-free calls with new ids need nothing of the ledger before they run: their
+    intake sends it no BEGIN and no COMMIT (two statements a call on the loop), while
+    an intake that claims a call still commits it before it runs."""
+    dispatcher = _dispatcher(tmp_path, effect=Effect.NONE)
+    sent = _Sent(dispatcher)
+    statements: list[str] = []
+    dispatcher.state._db.set_trace_callback(statements.append)
+
+    async def run() -> None:
+        with dispatcher.intake():
+            dispatcher.submit(_request("c1"))
+            dispatcher.submit(_request("c2"))
+        await sent.until_results(2)
+
+    asyncio.run(run())
+    # (A look whether a recording is on follows each result: reads outside it.)
+    assert "BEGIN" not in statements and "COMMIT" not in statements
+    assert [r.status for r in sent.results()] == [pb.ActionResult.OK] * 2
+    dispatcher.close()
+    (tmp_path / "claims").mkdir()
+    claiming = _dispatcher(tmp_path / "claims", effect=Effect.ANY)
+    claimed = _Sent(claiming)
+    statements.clear()
+    claiming.state._db.set_trace_callback(statements.append)
+
+    async def claim() -> None:
+        with claiming.intake():
+            claiming.submit(_request("c3"))
+        await claimed.until_results(1)
+
+    asyncio.run(claim())
+    assert statements[0] == "BEGIN" and "INSERT INTO calls" in statements[1]
+    assert statements[2] == "COMMIT"
+    claiming.close()

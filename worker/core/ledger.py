@@ -731,11 +731,13 @@ class State:
         if self._db.in_transaction:
             yield
             return
-        self._db.execute("BEGIN")
+        # Begun with its first statement: most intakes (effect-free calls of new ids)
+        # make none, and their BEGIN and COMMIT were two statements a call on the loop.
+        self._db.begin_deferred()
         try:
             yield
         finally:
-            self._db.execute("COMMIT")
+            self._db.end_deferred()
 
     def unacked_results(self, *, every_server: bool = False) -> list[Unacked]:
         """Every result this server has not acked (with `every_server`, every server's),
