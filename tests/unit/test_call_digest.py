@@ -157,3 +157,24 @@ def test_the_hub_checks_a_call_recorded_in_another_scheme_in_that_scheme(
         hub.store.close()
 
     asyncio.run(go())
+
+
+def test_the_fields_are_hashed_each_ended_by_a_nul_whatever_they_hold() -> None:
+    """The bytes hashed are kept digests' (ledgers, hub.db): each field's UTF-8, each
+    ended by a NUL, then the blob."""
+    import blake3
+
+    for fields in [
+        ("workerHost", "fs_write", "p", "a", '{"path": "out.bin"}'),
+        ("s", "a", "plan \u00e9", "\u4e2d agent", '{"t": "\u00e9\u4e2d\U0001f600 \\ud800"}'),
+        ("", "", "", "", ""),
+    ]:
+        req = pb.ActionRequest(
+            surface=fields[0], action=fields[1], plan_id=fields[2], agent_id=fields[3]
+        )
+        req.args_json = fields[4]
+        h = blake3.blake3()
+        for field in fields:
+            h.update(field.encode("utf-8", "surrogatepass") + b"\x00")
+        h.update(b"blob")
+        assert call_digest(req, b"blob") == DIGEST_SCHEME + h.hexdigest()

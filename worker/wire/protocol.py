@@ -133,9 +133,11 @@ def _fed(h: _H, req: pb.ActionRequest, blob: bytes | memoryview | None) -> _H:
 
 
 def _fields_fed(h: _H, req: pb.ActionRequest) -> _H:
-    for part in (req.surface, req.action, req.plan_id, req.agent_id, req.args_json):
-        h.update(part.encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
+    # One text encoded and fed once (ten updates and five encodes were ~2 us of a
+    # call's): UTF-8 encodes each code point alone, a lone surrogate too
+    # (surrogatepass), so the bytes are each field's, each ended by a NUL.
+    fields = (req.surface, req.action, req.plan_id, req.agent_id, req.args_json, "")
+    h.update("\x00".join(fields).encode("utf-8", "surrogatepass"))
     return h
 
 
