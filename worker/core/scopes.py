@@ -22,6 +22,9 @@ from worker.errors import WorkerError
 # reach of scope patterns such as `workerHost.*` or `*`: granting a scope never
 # answers an ask rule, and an ask approval never grants a scope.
 ASK_PREFIX: Final = "ask:"
+# The most (agent, scope, plan) a Scopes keeps as admitted by the config's grants
+# (`Scopes.allowed`): forgotten all at once past it (plan ids are the server's to make).
+ADMITTED_KEPT: Final = 4096
 # An ask's name shows this much of its program and of its folder (its digest binds all).
 ASK_LABEL_CHARS: Final = 60
 # An ask's name starts with its surface and ends with the digest of its whole command
@@ -136,23 +139,39 @@ class Scopes:
         self._static = tuple(static)
         self._live = live
         self.approver = approver
+        # (agent, scope, plan) a config grant that never expires admits: a call's look
+        # costs one lookup, not the time and a pattern match per grant. Only these: the
+        # config's grants change only by `replace_static` (which forgets them), while the
+        # live ones change under the worker (grant, revoke, an approval) and are looked
+        # at each time, and an expiring one admits until its moment.
+        self._admitted: set[tuple[str, str, str]] = set()
 
     def replace_static(self, static: Iterable[Grant]) -> None:
         """The config's grants, read again (SIGHUP); calls after this see only these."""
         self._static = tuple(static)
+        self._admitted = set()
 
     def allowed(self, agent: str, scope: str, plan: str) -> bool:
-        now = datetime.now(UTC)
         if scope.startswith(ASK_PREFIX):  # only an approval of that very ask answers it
+            now = datetime.now(UTC)
             return any(
                 g.scope.startswith(ASK_PREFIX) and g.admits(agent, scope, plan, now)
                 for g in self._live()
             )
+        key = (agent, scope, plan)
+        if key in self._admitted:
+            return True
+        now = datetime.now(UTC)
         # The config's grants first: the live ones are read only when those fall short.
         # (A grant kept for an ask starts with ASK_PREFIX: it never matches a scope.)
-        return any(g.admits(agent, scope, plan, now) for g in self._static) or any(
-            g.admits(agent, scope, plan, now) for g in self._live()
-        )
+        for grant in self._static:
+            if grant.admits(agent, scope, plan, now):
+                if grant.expires is None:
+                    if len(self._admitted) >= ADMITTED_KEPT:
+                        self._admitted = set()
+                    self._admitted.add(key)
+                return True
+        return any(g.admits(agent, scope, plan, now) for g in self._live())
 
     async def require(self, request: ApprovalRequest) -> str:
         """Pass when granted (asking the person if one can be asked); else raise.
