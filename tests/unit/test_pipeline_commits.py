@@ -633,3 +633,31 @@ def test_an_intake_of_effect_free_calls_sends_the_ledger_no_statement(tmp_path: 
     assert statements[0] == "BEGIN" and "INSERT INTO calls" in statements[1]
     assert statements[2] == "COMMIT"
     claiming.close()
+
+
+def test_args_pydantic_parsed_are_not_parsed_again_for_their_preview(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's telemetry preview of short plain args that its model took is the args
+    as they are, not parsed a second time; args that did not parse still are."""
+    from worker.core import redaction
+
+    parsed_again: list[str] = []
+    preview = redaction._preview_parsed
+    monkeypatch.setattr(
+        redaction, "_preview_parsed", lambda text: parsed_again.append(text) or preview(text)
+    )
+    dispatcher = _dispatcher(tmp_path, effect=Effect.NONE)
+    sent = _Sent(dispatcher)
+    bad = _asked("c2", "workerHost.fs_stat", '{"path": ')
+
+    async def run() -> None:
+        await sent.answer(_request("c1"))
+        await sent.answer(bad)
+
+    asyncio.run(run())
+    ok, refused = sent.results()
+    assert ok.invocation.args_preview == '{"path": "a.txt"}'
+    assert refused.invocation.args_preview == "<invalid json>"
+    assert parsed_again == ['{"path": ']
+    dispatcher.close()

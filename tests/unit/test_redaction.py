@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pydantic_core
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -436,3 +437,63 @@ def test_each_program_name_is_one_word_and_each_marker_plain_text() -> None:
         for text in redaction._NOT_PLAIN_TEXTS
         if text != "\\"
     )
+
+
+_JSONISH = st.one_of(
+    st.sampled_from(
+        [
+            '{"path": ',
+            '"a.txt"',
+            "}",
+            "{",
+            "[",
+            "]",
+            ",",
+            ":",
+            " ",
+            "\t",
+            "\n",
+            "\r",
+            "\x0c",
+            "\xa0",
+            "\ufeff",
+            "NaN",
+            "-Infinity",
+            "Infinity",
+            "1e400",
+            "-0",
+            "01",
+            "0.5",
+            "1.",
+            ".5",
+            "true",
+            "null",
+            "None",
+            '"\\ud800"',
+            '"\\u0000"',
+            '"\x01"',
+            '"a\\qb"',
+            "\\",
+            '"\udc80"',
+            '"url: http://x"',
+            '"token"',
+            "//",
+            "/*",
+            "'a'",
+        ]
+    ),
+    st.text(alphabet='ab0-1.e+E"{}[],: ', max_size=4),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_JSONISH, max_size=10).map("".join))
+def test_args_pydantic_parsed_are_previewed_as_if_parsed_again(text: str) -> None:
+    """A text pydantic's parser (jiter) takes, json.loads takes too, so a preview of
+    args pydantic parsed skips parsing them again (`parsed`) and says the same."""
+    try:
+        pydantic_core.from_json(text)
+    except (ValueError, TypeError):  # TypeError: a lone surrogate, which it cannot read
+        return
+    json.loads(text)  # raises if json.loads refuses what jiter took
+    assert args_preview(text, parsed=True) == args_preview(text)

@@ -1678,7 +1678,7 @@ class Dispatcher:
             truncated=truncated,
             sandboxed=bool(spec and spec.sandboxed),
             args_digest=call.digest,
-            args_preview=args_preview(req.args_json),
+            args_preview=args_preview(req.args_json, parsed=call.args is not None),
         )
 
     def _settle(self) -> None:
