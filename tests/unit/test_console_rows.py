@@ -67,4 +67,12 @@ async def _rows(tmp_path: Path) -> None:
         assert row["status"] == "not_found" and row["error"] == "gone\\x07"
         assert row["duration_ms"] == 7 and row["decision"] == "granted"
         assert row["telemetry"]["scope"] == "workerHost.fs_stat"
+        assert list(row["telemetry"]) == [
+            "scope",
+            "bytes_in",
+            "bytes_out",
+            "truncated",
+            "sandboxed",
+            "args_digest",
+        ]
     assert quiet["blob_bytes"] == 0 and told["blob_bytes"] == 12

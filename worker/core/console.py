@@ -125,6 +125,17 @@ def _shown(kept: tuple[str, int]) -> str:
     return shown
 
 
+# What a call's row shows of its telemetry (its Invocation's fields), in `_Seen.end`'s order.
+_TELEMETRY_FIELDS: Final = (
+    "scope",
+    "bytes_in",
+    "bytes_out",
+    "truncated",
+    "sandboxed",
+    "args_digest",
+)
+
+
 class _Seen:
     """A call as the console keeps it, raw (its texts cut to what a row shows), until
     a UI needs its row."""
@@ -141,11 +152,11 @@ class _Seen:
         "task_id",
     )
 
-    def __init__(self, req: pb.ActionRequest, started_ms: int) -> None:
-        self.id = req.correlation_id
+    def __init__(self, req: pb.ActionRequest, started_ms: int, cid: str, plan: str) -> None:
+        self.id = cid
         self.started_ms = started_ms
         self.agent_id = req.agent_id
-        self.plan_id = req.plan_id
+        self.plan_id = plan
         self.task_id = req.task_id
         self.action = f"{req.surface}.{req.action}"
         # Raw until a UI is told of the call, then masked once (`masked_args`).
@@ -167,14 +178,8 @@ class _Seen:
             _kept("" if failed else result.result_json_at_rest or result.result_json),
             blob_bytes,
             _kept(result.error.message if failed else ""),
-            {
-                "scope": inv.scope,
-                "bytes_in": inv.bytes_in,
-                "bytes_out": inv.bytes_out,
-                "truncated": inv.truncated,
-                "sandboxed": inv.sandboxed,
-                "args_digest": inv.args_digest,
-            },
+            # The telemetry's fields (TELEMETRY_FIELDS), made a row's dict when shown.
+            (inv.scope, inv.bytes_in, inv.bytes_out, inv.truncated, inv.sandboxed, inv.args_digest),
         )
 
     def masked_args(self) -> tuple[tuple[str, int], tuple[str, ...]]:
@@ -222,7 +227,7 @@ class _Seen:
                     "result": _shown(_masked(result, secrets)),
                     "blob_bytes": blob_bytes,
                     "error": _shown(error),
-                    "telemetry": telemetry,
+                    "telemetry": dict(zip(_TELEMETRY_FIELDS, telemetry, strict=True)),
                 }
             )
         return row
@@ -396,31 +401,36 @@ class Console:
         return {**self.link.to_dict(), "detail": inert(self.link.detail, LINK_DETAIL)}
 
     def call_started(self, req: pb.ActionRequest) -> None:
-        seen = _Seen(req, int(time.time() * 1000))
+        # Each read of a protobuf field makes a new str: read once.
+        cid, plan = req.correlation_id, req.plan_id
+        seen = _Seen(req, int(time.time() * 1000), cid, plan)
         self._remember(seen)
-        self._running[req.correlation_id] = req.plan_id
-        self._running_plans[req.plan_id] += 1
-        self._count_call(req.plan_id)
+        self._running[cid] = plan
+        self._running_plans[plan] += 1
+        self._count_call(plan)
         if self._subscribers:
             self._tell({"type": "call", "call": seen.row()})
-            self._tell_plan(req.plan_id)
+            self._tell_plan(plan)
 
     def call_finished(
         self, req: pb.ActionRequest, result: pb.ActionResult, blob_bytes: int
     ) -> None:
-        seen = self._calls.get(req.correlation_id)
-        if self._running.pop(req.correlation_id, None) is not None:
-            self._running_plans[req.plan_id] -= 1
-            if self._running_plans[req.plan_id] <= 0:
-                del self._running_plans[req.plan_id]
+        cid, plan = req.correlation_id, req.plan_id
+        seen = self._calls.get(cid)
+        if self._running.pop(cid, None) is not None:
+            left = self._running_plans[plan] - 1
+            if left <= 0:
+                del self._running_plans[plan]
+            else:
+                self._running_plans[plan] = left
         if seen is None:  # started before we watched, or dropped from the recent rows
-            seen = _Seen(req, result.invocation.started_unix_ms)
-            self._count_call(req.plan_id)
+            seen = _Seen(req, result.invocation.started_unix_ms, cid, plan)
+            self._count_call(plan)
         seen.finish(result, blob_bytes)
         self._remember(seen)
         if self._subscribers:
             self._tell({"type": "call", "call": seen.row()})
-            self._tell_plan(req.plan_id)
+            self._tell_plan(plan)
 
     def pause_changed(self) -> None:
         """The global stop was set or lifted (here, by `agentworker pause`, a hotkey)."""
