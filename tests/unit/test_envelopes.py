@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from worker.wire.framing import (
     BATCH_BYTES,
@@ -219,3 +220,34 @@ def test_a_hubs_batch_holds_batch_bytes_and_a_larger_message_goes_alone() -> Non
     assert asyncio.run(go(kib400)) == [[str(i) for i in range(10)]]
     mixed = asyncio.run(go([100, 3 * 1024 * 1024, 100, 100], batch_bytes=BATCH_BYTES))
     assert mixed == [["0"], ["1"], ["2", "3"]]
+
+
+def test_an_idle_chain_takes_each_turn_with_the_one_handle_it_began_with() -> None:
+    """The chain's turn, once a loop iteration while work is ready, queues its handle
+    again rather than a new one (call_soon made one a turn: five a Dispatch in `up`)."""
+
+    async def go() -> tuple[list[str], int]:
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        made: list[object] = []
+        call_soon = loop.call_soon
+
+        def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+            if getattr(callback, "__name__", "") == "turn":
+                made.append(callback)
+            return call_soon(callback, *args, **kwargs)
+
+        loop.call_soon = counted  # type: ignore[method-assign]
+        try:
+            busy(20, seen)
+            done = asyncio.Event()
+            when_idle(lambda: seen.append("idle"), 3600)
+            when_idle(done.set, 3600)
+            await done.wait()
+        finally:
+            del loop.call_soon
+        return seen, len(made)
+
+    seen, handles = asyncio.run(go())
+    assert seen == ["busy"] * 20 + ["idle"]
+    assert handles == 1
