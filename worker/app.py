@@ -153,6 +153,14 @@ def grants_of(config: Config, paths: Paths) -> list[Grant]:
     ]
 
 
+def _sandbox_grant() -> Grant:
+    """Sandbox mode's one grant of its own: every workbench action, to any agent (the
+    plan's workspace is all such a call can reach)."""
+    from worker.actions import workbench
+
+    return Grant(agent="*", scope=f"{workbench.SURFACE}.*", granted_by="sandbox mode")
+
+
 def build_dispatcher(
     paths: Paths,
     config: Config,
@@ -180,7 +188,7 @@ def build_dispatcher(
     if bench is not None:
         from worker.actions import workbench
 
-        static.append(Grant(agent="*", scope=f"{workbench.SURFACE}.*", granted_by="sandbox mode"))
+        static.append(_sandbox_grant())
         registry = {
             **workbench.build(bench),
             **{name: spec for name, spec in registry.items() if spec.diagnostic},
@@ -327,9 +335,13 @@ def worker_target(paths: Paths, config: Config) -> Target:
     )
 
 
-def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Config:
-    """Read config.toml again (SIGHUP): roots, grants and per-call settings take effect
-    for the calls after this; what the running links were built from needs a restart."""
+def reload_config(
+    dispatcher: Dispatcher, paths: Paths, config: Config, *, sandbox: bool = False
+) -> Config:
+    """Read config.toml again (SIGHUP): roots, grants and per-call settings ([exec]'s
+    deadlines and limits, [fs], [http]) take effect for the calls after this; what the
+    running links were built from needs a restart. In sandbox mode there are no roots
+    (each plan has its workspace) and the workbench's own grant stays."""
     from worker.config import load  # the one reader of the file
 
     try:
@@ -338,14 +350,17 @@ def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Confi
     except ConfigError as exc:
         log.error("config.toml not reloaded, the old settings stay: %s", exc.message)
         return config
-    dispatcher.roots = roots_of(fresh, paths)
+    if sandbox:
+        grants.append(_sandbox_grant())
+    else:
+        dispatcher.roots = roots_of(fresh, paths)
     dispatcher.scopes.replace_static(grants)
     dispatcher.config = fresh
     dispatcher.containment.warm.discard()  # built for the roots and limits read before
     log.info(
-        "reloaded %s: %d root(s), %d grant(s) from the file",
+        "reloaded %s: %s, %d grant(s) from the file",
         paths.config_file,
-        len(dispatcher.roots),
+        "sandbox mode (a workspace per plan)" if sandbox else f"{len(dispatcher.roots)} root(s)",
         len(fresh.grant),
     )
     for root in dispatcher.roots:
@@ -361,6 +376,18 @@ def reload_config(dispatcher: Dispatcher, paths: Paths, config: Config) -> Confi
             "], [".join(fixed),
         )
     return fresh
+
+
+def _as_in_the_file(paths: Paths, config: Config) -> Config:
+    """The settings as `reload` reads them, from config.toml and the environment but
+    no flags: what a reload's changes are told from (else a `--server` given at start
+    read as a change to [worker] at the first reload)."""
+    from worker.config import load
+
+    try:
+        return load(paths)
+    except ConfigError:  # changed since the start: the first reload says so
+        return config
 
 
 def build_connection(
@@ -884,7 +911,7 @@ async def _serve_worker(
     waiting: set[asyncio.Task[Any]] = {link, stopper}
     ready = asyncio.create_task(_say_ready(connection, on_ready))
     loop = asyncio.get_running_loop()
-    settings = [config]
+    settings = [_as_in_the_file(paths, config)]
 
     def hangup() -> None:
         # SIGHUP is `agentworker reload`, unless the TUI's terminal went away (a closed
@@ -893,10 +920,8 @@ async def _serve_worker(
         if tui_launch is not None and _terminal_gone():
             log.warning("the terminal hung up: stopping")
             stop.set()
-        elif bench is None:
-            settings[0] = reload_config(dispatcher, paths, settings[0])
         else:
-            log.info("SIGHUP: sandbox mode has no roots or grants to read again")
+            settings[0] = reload_config(dispatcher, paths, settings[0], sandbox=bench is not None)
 
     loop.add_signal_handler(signal.SIGHUP, hangup)
     tui = await _start_tui(tui_launch, console) if ui_server is not None else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 
 from sandbox import _pidcap, cgroups
 from tests.support.cluster import Cluster, cluster, free_port, wait_for, write_config
+from tests.support.http_server import TestServer
 from tests.support.policies import PYTHON3, exec_config
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from tests.support.workbench import (
@@ -617,6 +619,30 @@ def test_idle_workspaces_are_swept_but_not_while_their_plan_runs(tmp_path: Path)
         assert teardown(live, busy)["status"] == "ok"
         thread.join(15)
         assert wait_until_gone(tag) == []
+
+
+def test_reload_reads_a_sandbox_workers_per_call_settings_again(tmp_path: Path) -> None:
+    """`agentworker reload` (SIGHUP) in sandbox mode: [http] and the other per-call
+    settings take effect without a restart, the workbench's own grant stays, and a
+    changed [sandbox] is said to need one. Before, the signal was only logged."""
+    with TestServer() as site, sandbox_cluster(tmp_path) as live:
+        worker = next(p for p in live.procs if p.name == "bench")
+        fetch = {"url": site.url("/hello")}
+        refused, _ = call(live, new_plan(), "http_fetch", fetch)
+        assert refused["error"]["code"] == "url_not_allowed", refused
+        with (tmp_path / "bench" / "config.toml").open("a") as config:
+            config.write(f'\n[http]\nallow_hosts = ["127.0.0.1:{site.port}"]\n')
+            config.write("\n[sandbox]\nquota_mb = 7\n")
+        worker.signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded" in worker.log(), 30, worker)
+        assert "sandbox mode (a workspace per plan), 1 grant(s) from the file" in worker.log()
+        # Only what changed in the file: not [worker], which the start's flags set.
+        assert "changes to [sandbox] take effect only after a restart" in worker.log()
+        fetched, body = call(live, new_plan(), "http_fetch", fetch)
+        assert fetched["status"] == "ok", fetched
+        assert b"hello" in body
+        written, _ = call(live, new_plan(), "fs_write", {"path": "f"}, b"x")
+        assert written["status"] == "ok", written  # workbenchHost.* still granted
 
 
 def test_a_new_plan_past_max_plans_is_answered_busy_until_one_is_torn_down(
