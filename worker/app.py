@@ -28,7 +28,7 @@ import grpc
 from sandbox import confinement
 from worker import actions, db, memory
 from worker.actions import computer
-from worker.actions.scope_names import no_action_problem
+from worker.actions.scope_names import grant_tables_problem
 from worker.config import Config, Paths, first_start, roots_of
 from worker.core.approvals import ApprovalBroker
 from worker.core.connection import (
@@ -44,7 +44,7 @@ from worker.core.ledger import UNRECORDED_SERVER, State
 from worker.core.pause import PauseState, PauseSwitch
 from worker.core.pipeline import Dispatcher, Limits
 from worker.core.registry import MIB, Services
-from worker.core.scopes import ASK_PREFIX, Approver, Grant, Scopes
+from worker.core.scopes import Approver, Grant, Scopes
 from worker.core.telemetry import Telemetry
 from worker.core.tui_process import TuiProcess, describe_exit
 from worker.errors import (
@@ -139,13 +139,9 @@ def worker_id(paths: Paths) -> str:
 def grants_of(config: Config, paths: Paths) -> list[Grant]:
     """The [[grant]] tables' grants; ConfigError for a scope no action asks for (a
     typo granted nothing, and the calls it was meant for were refused in silence)."""
-    for grant in config.grant:
-        for scope in grant.scopes:
-            if scope.startswith(ASK_PREFIX):
-                continue  # an allowlist ask, kept under its name
-            problem = no_action_problem(scope, repr(scope))
-            if problem is not None:
-                raise ConfigError(f"[[grant]] in {paths.config_file}: {problem}")
+    problem = grant_tables_problem((g.scopes for g in config.grant), paths.config_file)
+    if problem is not None:
+        raise ConfigError(problem)
     return [
         Grant(agent=g.agent, scope=scope, plan=g.plan, expires=g.expires, granted_by="config")
         for g in config.grant

@@ -85,6 +85,22 @@ def test_doctor_blocks_on_a_token_others_can_read_and_a_broken_config(tmp_path: 
     assert tok["status"] == "blocker" and tok["fix"] == f"chmod 600 {token}"
 
 
+def test_doctor_blocks_on_a_grant_table_the_start_refuses(tmp_path: Path) -> None:
+    """A [[grant]] of a scope no action asks for stops the worker's start (exit 4):
+    doctor called that config.toml valid."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "config.toml").write_text('[[grant]]\nagent = "me"\nscopes = ["workerHost.fs_stats"]\n')
+    code, report, _ = _doctor(_env(home), "--offline")
+    assert code == 1 and report["blockers"] == 1
+    config = _finding(report, "config")
+    assert config["status"] == "blocker", config
+    assert "'workerHost.fs_stats' names no action" in config["summary"]
+    assert "Did you mean workerHost.fs_stat?" in config["summary"]
+    assert str(home / "config.toml") in config["fix"]
+    assert _finding(report, "python")["status"] == "ok"  # the other checks still ran
+
+
 def test_doctor_names_each_root_and_its_mode(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)

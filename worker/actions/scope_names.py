@@ -7,9 +7,11 @@ it was meant for were refused `scope_required` with no word of why.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 from typing import Final
 
+from worker.core.scopes import ASK_PREFIX
 from worker.wire.protocol import WORKBENCH_SURFACE
 
 # Scopes a suggestion names only when the name asked holds their action's first word:
@@ -40,13 +42,33 @@ def no_action_problem(pattern: str, shown: str) -> str | None:
             f"{shown} needs no grant: sandbox mode's {WORKBENCH_SURFACE} actions ask for no "
             "scope (each plan reaches only its own workspace)"
         )
+    said = f"{shown} names no action, so a grant of it would admit no call."
     close = closest_scope(pattern, known)
-    hint = f" Did you mean {close}?" if close else ""
+    if close:  # the one line a typo needs, not every scope there is
+        return f"{said} Did you mean {close}?"
+    by_surface: dict[str, list[str]] = {}
+    for scope in known:
+        surface, _, action = scope.partition(".")
+        by_surface.setdefault(surface, []).append(action)
+    listed = "; ".join(f"{surface}. {', '.join(a)}" for surface, a in by_surface.items())
     return (
-        f"{shown} names no action, so a grant of it would admit no call.{hint} "
-        f"The scopes: {', '.join(known)}; patterns such as workerHost.fs_* or "
-        "workerComputer.* work too"
+        f"{said} The scopes, by surface: {listed} (e.g. workerHost.fs_stat); patterns such "
+        "as workerHost.fs_* or workerComputer.* work too"
     )
+
+
+def grant_tables_problem(tables: Iterable[Sequence[str]], config_file: object) -> str | None:
+    """Why config.toml's [[grant]] tables (each table's scopes) would grant something no
+    call asks for, naming the first such scope; None when every one admits a call.
+    An allowlist ask (`ask:...`) is kept under its own name and not checked here."""
+    for scopes_of_table in tables:
+        for scope in scopes_of_table:
+            if scope.startswith(ASK_PREFIX):
+                continue
+            problem = no_action_problem(scope, repr(scope))
+            if problem is not None:
+                return f"[[grant]] in {config_file}: {problem}"
+    return None
 
 
 def closest_scope(pattern: str, known: list[str]) -> str | None:

@@ -221,6 +221,13 @@ def _config(paths: Paths) -> tuple[Finding, Config | None]:
             ),
             config,
         )
+    from worker.actions.scope_names import grant_tables_problem
+
+    # What the worker's start refuses (exit 4) is a blocker here too, not "valid".
+    problem = grant_tables_problem((g.scopes for g in config.grant), where)
+    if problem is not None:
+        fix = f"edit the [[grant]] table in {where}"
+        return Finding("config", "blocker", problem, fix, {"path": where}), config
     return Finding("config", "ok", f"{where} is valid", details={"path": where}), config
 
 
