@@ -165,15 +165,7 @@ def start_own_home_worker(live: Cluster, name: str) -> Proc:
     worker on another machine would; not waited for."""
     home = live.home.parent / name
     write_config(home, live.listen)
-    return live.spawn(
-        name,
-        "run",
-        "--server",
-        live.listen,
-        "--token",
-        live.token,
-        env={"AGENTWORKER_HOME": str(home)},
-    )
+    return live.spawn_worker_at(name, home)
 
 
 def test_a_real_worker_serves_once_accepted_with_the_cli(tmp_path: Path) -> None:

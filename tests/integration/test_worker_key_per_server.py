@@ -66,15 +66,7 @@ def test_a_server_the_worker_dialled_cannot_pose_as_it_to_the_hub(tmp_path) -> N
         assert code != "welcome", "the other server was served as the worker"
         assert (code, why) == ("PERMISSION_DENIED", "key_mismatch"), (code, why, message)
         # The hub still serves the worker itself, with the key it made for this hub.
-        again = live.spawn(
-            "again",
-            "run",
-            "--server",
-            live.listen,
-            "--token",
-            live.token,
-            env={"AGENTWORKER_HOME": str(home)},
-        )
+        again = live.spawn_worker_at("again", home)
         wait_for(lambda: live.status().connected_workers == 1, 60, again)
         rows = {w.enrolment: w for w in listed(live, worker_id)}
         assert sorted(rows) == ["accepted", "pending"]  # the other server's try only waits

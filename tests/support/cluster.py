@@ -151,6 +151,19 @@ class Cluster:
         wait_for(self._worker_in, START_WITHIN_S, worker)
         return worker
 
+    def spawn_worker_at(self, name: str, home: Path) -> Proc:
+        """A real worker (`agentworker run`) with the home `home`, dialling this hub by
+        its address and token as a worker on another machine would; not waited for."""
+        return self.spawn(
+            name,
+            "run",
+            "--server",
+            self.listen,
+            "--token",
+            self.token,
+            env={"AGENTWORKER_HOME": str(home)},
+        )
+
     def _worker_in(self) -> bool:
         try:  # a status call past its 2 s under heavy load is asked again, not a failure
             return self.status().connected_workers >= 1
