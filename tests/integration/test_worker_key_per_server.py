@@ -71,6 +71,11 @@ def test_a_server_the_worker_dialled_cannot_pose_as_it_to_the_hub(tmp_path) -> N
         rows = {w.enrolment: w for w in listed(live, worker_id)}
         assert sorted(rows) == ["accepted", "pending"]  # the other server's try only waits
         assert rows["accepted"].connected and rows["accepted"].fingerprint == row.fingerprint
+        # The operator is told what the second key may be, and how to tell.
+        said = live.cli("workers").stdout
+        stolen_fp = rows["pending"].fingerprint
+        assert f"{worker_id}: a second key (fingerprint {stolen_fp}) says Hello" in said, said
+        assert f"accept {worker_id} --fingerprint {stolen_fp}`" in said, said
 
 
 def test_a_worker_accepted_by_its_older_key_waits_to_be_accepted_again(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -265,9 +265,26 @@ def _workers(paths: Paths, args: argparse.Namespace) -> int:
                     f"{len(waiting)} waiting: compare each fingerprint with what its worker "
                     "printed at its start, then `agentworker workers accept ID`"
                 )
+            accepted = {r["worker_id"] for r in rows if r["enrolment"] == "accepted"}
+            for r in waiting:
+                if r["worker_id"] in accepted:
+                    print(_second_key_warning(str(r["worker_id"]), str(r["fingerprint"])))
         return EXIT_OK
 
     return with_client(paths, args, body)
+
+
+def _second_key_warning(worker_id: str, fingerprint: str) -> str:
+    """What a pending key under an accepted worker's id may be, and how to tell: a
+    worker given a new key (a new worker.key, or an upgrade from before per-server
+    keys), or another program saying Hello under that id."""
+    return (
+        f"{shown(worker_id)}: a second key (fingerprint {fingerprint}) says Hello under this "
+        "accepted worker's id: its worker has a new key (a new worker.key, or an upgrade), "
+        "or another program claims the id. Accept it only if the worker printed this "
+        "fingerprint in its 'dialling' line: "
+        f"`agentworker workers accept {shown(worker_id)} --fingerprint {fingerprint}`"
+    )
 
 
 def _decide(paths: Paths, args: argparse.Namespace) -> int:
