@@ -6,8 +6,10 @@ workers' token who are not the operator's workers, and the real CLI for the verb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sqlite3
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,66 @@ def say_hello(live: Cluster, worker_id: str, key: str, **more: Any) -> tuple[str
             return ("welcome", "", "") if "welcome" in kinds else (str(kinds), "", "")
 
     return asyncio.run(go())
+
+
+class HeldStream:
+    """A worker stream said Hello with the workers' token and `key` and held open in a
+    thread of its own: `welcomed` once the hub welcomed it, `done` once it ended, with
+    `ended` (status code name, ENROLMENT_KEY's value, message)."""
+
+    def __init__(self, live: Cluster, worker_id: str, key: str) -> None:
+        self.welcomed, self.done = threading.Event(), threading.Event()
+        self.ended: tuple[str, str, str] = ("", "", "")
+        self._token = (live.home / "hub-workers.token").read_text().strip()
+        self._listen, self._worker_id, self._key = live.listen, worker_id, key
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # close() while it is served
+            self._loop.run_until_complete(self._run())
+
+    async def _run(self) -> None:
+        self._stop = asyncio.Event()
+        hello = pb.Hello(
+            worker_id=self._worker_id,
+            instance_id=uuid.uuid4().hex,
+            version="test",
+            protocol_min=PROTOCOL_MIN,
+            protocol_max=PROTOCOL_MAX,
+            surfaces=["workbenchHost"],
+            actions=list(SANDBOX_ACTIONS),
+            max_concurrency=4,
+        )
+
+        async def envelopes():  # type: ignore[no-untyped-def]
+            yield pb.WorkerEnvelope(messages=[pb.WorkerMessage(hello=hello)])
+            await self._stop.wait()
+
+        async with grpc.aio.insecure_channel(self._listen) as channel:
+            call = pb_grpc.WorkerServiceStub(channel).Stream(
+                envelopes(), metadata=worker_metadata(self._token, self._key)
+            )
+            try:
+                async for envelope in call:
+                    if any(m.WhichOneof("kind") == "welcome" for m in envelope.messages):
+                        self.welcomed.set()
+                self.ended = ("OK", "", "")
+            except grpc.aio.AioRpcError as exc:
+                trailer = dict(exc.trailing_metadata() or ()).get(ENROLMENT_KEY, "")
+                self.ended = (exc.code().name, str(trailer), exc.details() or "")
+            finally:
+                self.done.set()
+
+    def close(self) -> None:
+        if not self.done.is_set():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._loop.call_soon_threadsafe(
+                lambda: [task.cancel() for task in asyncio.all_tasks(self._loop)]
+            )
+        self._thread.join(30)
+        self._loop.close()
 
 
 def fingerprint(key: str) -> str:

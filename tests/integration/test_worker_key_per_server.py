@@ -8,14 +8,16 @@ from __future__ import annotations
 import signal
 
 from tests.integration.test_worker_enrolment import (
+    HeldStream,
     decide,
     listed,
     say_hello,
     start_own_home_worker,
 )
-from tests.support.cluster import cluster, wait_for
+from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.recording_server import RecordingServer
 from worker.hub.store import HubStore
+from worker.wire.proto import agentworker_pb2 as pb
 from worker.wire.transport import WORKER_KEY_HEADER, worker_key_digest_of
 
 TOKEN_OF_THE_OTHER_SERVER = "a-token-the-other-server-gave"
@@ -78,40 +80,70 @@ def test_a_server_the_worker_dialled_cannot_pose_as_it_to_the_hub(tmp_path) -> N
         assert f"accept {worker_id} --fingerprint {stolen_fp}`" in said, said
 
 
+def accepted_by_an_older_hub(live: Cluster) -> tuple[pb.WorkerInfo, str]:
+    """A worker with a home of its own ("far"), accepted by its worker.key's digest as a
+    hub from before per-server keys kept it; the hub restarted. (Its row, worker.key.)"""
+    home = live.home.parent / "far"
+    real = start_own_home_worker(live, "far")
+    wait_for(lambda: any(w.enrolment == "pending" for w in live.workers()), 60, real)
+    [row] = live.workers()
+    real.signal(signal.SIGTERM)
+    real.wait(60)
+    live.stop_all()
+    raw_key = (home / "worker.key").read_text().strip()
+    store = HubStore(live.home / "hub.db")
+    try:
+        store.enrolments.forget(row.worker_id)
+        store.enrolments.accept(row.worker_id, worker_key_digest_of(raw_key), by="operator")
+        store._db.execute("UPDATE enrolments SET per_server = 0")
+    finally:
+        store.close()
+    live.start_hub()
+    assert [w.enrolment for w in listed(live, row.worker_id)] == ["accepted"]
+    return row, raw_key
+
+
 def test_a_worker_accepted_by_its_older_key_waits_to_be_accepted_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A hub.db from before per-server keys accepted a worker by its worker.key itself.
     The upgraded worker proves a key made for this hub instead: it is not taken for a
     rogue (it waits, pending, rather than stopping), the operator accepts its new
-    fingerprint, and it is served; the older key is dropped with that."""
+    fingerprint, and it is served; the older key is dropped with that. Meanwhile the
+    older key, which every server the worker dialled before was sent, is served no more
+    (review29 k1: it was welcomed, and given the worker's calls)."""
     with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
-        home = live.home.parent / "far"
-        real = start_own_home_worker(live, "far")
-        wait_for(lambda: any(w.enrolment == "pending" for w in live.workers()), 60, real)
-        [row] = live.workers()
-        real.signal(signal.SIGTERM)
-        real.wait(60)
-        live.stop_all()
-        # What an older hub kept: the worker accepted by its worker.key's digest.
-        store = HubStore(live.home / "hub.db")
-        try:
-            store.enrolments.forget(row.worker_id)
-            raw = worker_key_digest_of((home / "worker.key").read_text().strip())
-            store.enrolments.accept(row.worker_id, raw, by="operator")
-            store._db.execute("UPDATE enrolments SET per_server = 0")
-        finally:
-            store.close()
-        live.start_hub()
-        assert [w.enrolment for w in listed(live, row.worker_id)] == ["accepted"]
+        row, raw_key = accepted_by_an_older_hub(live)
         upgraded = start_own_home_worker(live, "far")
         # It waits (as a new worker does), saying why, rather than stopping.
         wait_for(lambda: "proves a key made for this hub" in upgraded.log(), 60, upgraded)
         assert upgraded.running()
+        code, why, message = say_hello(live, row.worker_id, raw_key)
+        assert (code, why) == ("PERMISSION_DENIED", "pending"), (code, why, message)
+        assert "served no more" in message and "workers accept" in message, message
         waiting = [w for w in listed(live, row.worker_id) if w.enrolment == "pending"]
         assert [w.fingerprint for w in waiting] == [row.fingerprint]
         rc, said = decide(live, "accept", row.worker_id, "--fingerprint", row.fingerprint)
         assert rc == 0, said
         wait_for(lambda: live.status().connected_workers == 1, 60, upgraded)
         assert [w.enrolment for w in listed(live, row.worker_id)] == ["accepted"]
+        assert say_hello(live, row.worker_id, raw_key)[:2] == ("PERMISSION_DENIED", "key_mismatch")
+
+
+def test_a_stream_of_the_older_key_ends_when_the_upgraded_worker_comes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Whoever holds the older key and is connected with it (a server the worker dialled
+    before, with the workers' token) loses its stream as the upgraded worker says
+    Hello: it was served the worker's calls until the operator acted (review29 k1)."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        row, raw_key = accepted_by_an_older_hub(live)
+        held = HeldStream(live, row.worker_id, raw_key)
+        try:
+            assert held.welcomed.wait(60), held.ended
+            upgraded = start_own_home_worker(live, "far")
+            assert held.done.wait(60), "the older key's stream was still served"
+            assert held.ended[:2] == ("PERMISSION_DENIED", "pending"), held.ended
+            assert "served no more" in held.ended[2]
+            assert upgraded.running()
+        finally:
+            held.close()
 
 
 def test_the_hubs_own_worker_accepted_by_its_older_key_is_served_unasked(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -48,6 +48,9 @@ class Refusal:
     message: str
 
     code: grpc.StatusCode = grpc.StatusCode.PERMISSION_DENIED
+    # A stream connected under the id with the key accepted from an older version of
+    # the worker is served no more (Enrolments.verdict's `superseded`).
+    ends_older: bool = False
 
 
 def pending_message(worker_id: str, fingerprint: str) -> str:
@@ -79,6 +82,17 @@ def upgraded_message(worker_id: str, fingerprint: str) -> str:
         f"{worker_id} --fingerprint {fingerprint}` once the fingerprint matches the one this "
         "worker printed at its start. Until then it is given no calls; it tries again "
         "meanwhile"
+    )
+
+
+def superseded_message(worker_id: str, fingerprint: str) -> str:
+    return (
+        f"worker {worker_id!r}'s key of fingerprint {fingerprint} is its worker.key itself, "
+        "which this hub accepted from an older version of the worker; a key made for this "
+        "hub has since come under that id, so this one is served no more (every server "
+        "the worker dialled was sent it). The hub's operator accepts the new key with "
+        f"`agentworker workers accept {worker_id} --fingerprint F` once F matches the one "
+        "the worker printed at its start"
     )
 
 
@@ -158,6 +172,8 @@ class Admission:
             return Refusal("no_key", NO_KEY_MESSAGE)
         if verdict.state == "refused":
             return Refusal("refused", refused_message(worker_id, fingerprint))
+        if verdict.superseded:
+            return Refusal("pending", superseded_message(worker_id, fingerprint))
         if verdict.upgraded and not self._ours(key_digest, local=local):
             # Not taken for a rogue (which would stop the worker): it waits for the
             # operator, who accepted its older key, to accept this one.
@@ -171,7 +187,7 @@ class Admission:
                 shown(worker_id),
                 fingerprint,
             )
-            return Refusal("pending", upgraded_message(worker_id, fingerprint))
+            return Refusal("pending", upgraded_message(worker_id, fingerprint), ends_older=True)
         if verdict.taken:  # whoever it is: an id is its accepted key's (`up`'s own too)
             # The operator may take it.
             self.enrolments.waiting(worker_id, key_digest, hello, per_server=per_server)

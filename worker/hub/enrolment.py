@@ -77,13 +77,15 @@ class Enrolment:
 class Verdict:
     """What a Hello of (worker id, key) is: `accepted`; `pending` (no decision for this
     key; `upgraded` when the id is accepted under the worker.key an older version of the
-    worker sent and this one brings a key made for this hub); or `refused`. `taken`: the
-    id is accepted under another key."""
+    worker sent and this one brings a key made for this hub; `superseded` when this is
+    that older key and a key made for this hub has come under the id since); or
+    `refused`. `taken`: the id is accepted under another key."""
 
     state: State
     taken: bool = False
     upgraded: bool = False
     ahead: bool = False  # accepted by the fingerprint alone, before this key said Hello
+    superseded: bool = False
 
 
 class DecisionError(Exception):
@@ -135,8 +137,8 @@ class Enrolments:
         ).fetchall()
         verdict: State = "pending"
         # Read through every row: a refused key's Hello is taken too.
-        taken = upgraded = ahead = False
-        for digest, state, accepted_per_server in rows:
+        taken = upgraded = ahead = older = newer = False
+        for digest, state, row_per_server in rows:
             if len(digest) == FINGERPRINT_HEX and key_digest:  # decided ahead (accept_ahead)
                 if hmac.compare_digest(str(digest), key_digest[:FINGERPRINT_HEX]):
                     verdict, ahead = state, state == "accepted"
@@ -145,10 +147,19 @@ class Enrolments:
             elif key_digest and hmac.compare_digest(str(digest), key_digest):
                 if state != "pending":
                     verdict = state
-            elif state == "accepted" and per_server and not accepted_per_server:
+                older = state == "accepted" and not row_per_server
+            elif state == "pending" and row_per_server:
+                newer = True
+            elif state == "accepted" and per_server and not row_per_server:
                 upgraded = True
             elif state == "accepted":
                 taken = True
+        if older and newer and not per_server:
+            # worker.key itself, accepted from an older version of the worker, is served
+            # no more once a key made for this hub came under the id: every server that
+            # worker dialled before was sent it (review29 k1). The id waits for the
+            # operator, who accepts the new key, as for any key of an id that changed.
+            return Verdict("pending", superseded=True)
         return Verdict(
             verdict,
             taken=taken and verdict != "accepted",

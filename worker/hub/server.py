@@ -29,7 +29,7 @@ from worker.clock import now_ms
 from worker.config import PROMPT_TIMEOUT_MAX_S
 from worker.errors import WorkerError
 from worker.hub import delivery, reads, upload
-from worker.hub.admission import Admission, enrolment_info
+from worker.hub.admission import Admission, enrolment_info, superseded_message
 from worker.hub.audit_log import AuditLines, shown
 from worker.hub.delivery import too_large
 from worker.hub.envelopes import Answer, EnvelopeRefused, Incoming
@@ -88,6 +88,7 @@ from worker.wire.protocol import (
     same_call,
     schemes_differ,
 )
+from worker.wire.transport import fingerprint_of_digest
 
 log = logging.getLogger(__name__)
 
@@ -403,6 +404,8 @@ class Hub:
         # Served only with the key the operator accepted for the id (worker.hub.admission).
         unserved = self.admission.admit(hello, key, local=local)
         if unserved is not None:
+            if unserved.ends_older:
+                self._end_superseded(hello.worker_id)
             await context.abort(
                 unserved.code, unserved.message, trailing_metadata=((ENROLMENT_KEY, unserved.why),)
             )
@@ -1851,6 +1854,31 @@ class Hub:
             session.close()
             self._ended(session)
         return response
+
+    def _end_superseded(self, worker_id: str) -> None:
+        """End the stream connected under `worker_id` with the key an older version of
+        the worker sent, now that a key made for this hub came under the id: whoever
+        holds the older key (every server the worker dialled) is served no more."""
+        session = self.sessions.get(worker_id)
+        if session is None:
+            return
+        if not self.store.enrolments.verdict(worker_id, session.key_digest).superseded:
+            return
+        shown_key = fingerprint_of_digest(session.key_digest) or "none"
+        log.warning(
+            "worker %s: its stream with the key an older version sent (fingerprint %s) "
+            "ends: a key made for this hub came under the id",
+            shown(worker_id),
+            shown_key,
+        )
+        session.refusal = (
+            grpc.StatusCode.PERMISSION_DENIED,
+            superseded_message(worker_id, shown_key),
+            ((ENROLMENT_KEY, "pending"),),
+        )
+        session.drop_queued()
+        session.close()
+        self._ended(session)
 
     def status(self) -> pb.StatusResponse:
         known = self.store.known_workers()
