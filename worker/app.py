@@ -303,6 +303,14 @@ def worker_target(paths: Paths, config: Config) -> Target:
     address = config.worker.server or config.hub.listen
     token = config.worker.token
     own = config.worker.server is None
+    if server_name(address) == OWN_HUB_NAME:
+        # The name of the key this machine's hub accepts unasked (review29 k2): a host
+        # so named (a LAN name, a search domain) would be sent it.
+        raise ConfigError(
+            f"--server {address}: '{OWN_HUB_NAME}' is the name of the key this machine's "
+            f"hub knows its own workers by, so it names no server; give the host with its "
+            f"port ({OWN_HUB_NAME}:PORT), or leave --server out to dial this machine's hub"
+        )
     if token is None:
         if address != config.hub.listen:
             # This machine's workers' token goes to this machine's hub alone: a server
@@ -318,6 +326,13 @@ def worker_target(paths: Paths, config: Config) -> Target:
     # port (review28 r3: it was sent the workers' token and worker.key). The key for
     # this hub (OWN_HUB_NAME) goes only there too.
     checked = own or config.worker.token is None
+    target = own_hub.OwnHub(paths.hub_socket, config.hub.listen) if checked else None
+    if not checked and _this_hubs_port(address, config.hub.listen):
+        # With a token of its own, `--server` naming this machine's hub's port is dialled
+        # as named, but only once the kernel says its listener is this user's: the key
+        # for that address is one the hub accepts unasked, and another user holding the
+        # port while the hub was away was sent it with the token (review29 k3).
+        target = own_hub.OwnHub(None, address)
     return Target(
         address=address,
         token=token,
@@ -327,8 +342,21 @@ def worker_target(paths: Paths, config: Config) -> Target:
             OWN_HUB_NAME if checked else server_name(address),
         ),
         key=local_hub_key(token) if own and config.worker.token is None else "",
-        own_hub=own_hub.OwnHub(paths.hub_socket, config.hub.listen) if checked else None,
+        own_hub=target,
     )
+
+
+def _this_hubs_port(address: str, listen: str) -> bool:
+    """Whether `address` reaches `[hub] listen` on this machine: spelled alike, or a
+    loopback host on its port (where the hub listens on loopback or on every address)."""
+    named, listening = server_name(address), server_name(listen)
+    if named == listening:
+        return True
+    if named.startswith("unix:") or not is_loopback(named):
+        return False
+    # A hub listening on every address (0.0.0.0, ::) is reached on loopback too.
+    here = is_loopback(listening) or split_host(listening) in ("0.0.0.0", "::", "")  # noqa: S104
+    return here and named.rpartition(":")[2] == listening.rpartition(":")[2]
 
 
 def reload_config(

@@ -6,6 +6,10 @@ boundary (a typo'd address, a hostile host) that then tries what it got on the h
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+
+import pytest
 
 from tests.integration.test_worker_enrolment import (
     HeldStream,
@@ -14,7 +18,7 @@ from tests.integration.test_worker_enrolment import (
     say_hello,
     start_own_home_worker,
 )
-from tests.support.cluster import Cluster, cluster, wait_for
+from tests.support.cluster import Cluster, cluster, wait_for, write_config
 from tests.support.recording_server import RecordingServer
 from worker.hub.store import HubStore
 from worker.wire.proto import agentworker_pb2 as pb
@@ -180,3 +184,26 @@ def test_the_hubs_own_worker_dialling_it_by_its_address_is_served_unasked(tmp_pa
         live.start_worker("--server", live.listen, "--token", live.token)
         [row] = live.workers()
         assert (row.enrolment, row.connected) == ("accepted", True)
+
+
+@pytest.mark.parametrize("server", ["own-hub", "dns:///own-hub", "OWN-HUB"])
+def test_a_server_named_like_the_own_hub_key_is_refused(tmp_path, server: str) -> None:  # type: ignore[no-untyped-def]
+    """review29 k2: a server named `own-hub` (any spelling) was sent the key this
+    machine's hub accepts unasked, its own workers' key."""
+    with cluster(tmp_path / "hub", worker=False, accept_new_workers=False) as live:
+        home = live.home.parent / "far"
+        write_config(home, live.listen)
+        ca = tmp_path / "ca.pem"  # over TLS, as a host so named would be dialled
+        ca.write_text("")
+        argv = ["run", "--server", server, "--token", "t", "--tls-ca", str(ca)]
+        done = subprocess.run(
+            [sys.executable, "-m", "worker", *argv],
+            env={**live.env, "AGENTWORKER_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 4, (done.stdout, done.stderr)
+        assert "'own-hub' is the name of the key" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

@@ -57,16 +57,18 @@ class Dial(NamedTuple):
 
 class OwnHub(NamedTuple):
     """This data folder's hub: its Unix socket, and the TCP address (`[hub] listen`) for a
-    hub that serves none. Not a dataclass: see worker.paths."""
+    hub that serves none. `socket` None: the port alone, as `--server` named it with a
+    token of its own (the port is still this user's before anything is sent there).
+    Not a dataclass: see worker.paths."""
 
-    socket: Path
+    socket: Path | None
     listen: str
 
     def dial(self) -> Dial:
         """Where to dial it now, having made sure the other end is this user's. Raises
         NotYourHubError when another user holds the socket or the port (nothing may be
         sent there), HubUnreachableError when no hub is there to answer."""
-        if serves_socket():
+        if self.socket is not None and serves_socket():
             checked = _checked_socket(self.socket)
             if checked is not None:
                 return Dial(checked, local_socket=True)
@@ -76,7 +78,7 @@ class OwnHub(NamedTuple):
         uid = os.getuid() if hasattr(os, "getuid") else None
         owners = listeners(self.listen)
         if owners is None:
-            if serves_socket():
+            if self.socket is not None and serves_socket():
                 # A hub of this version here serves its socket; without a way to ask the
                 # kernel who holds the port, the token does not go to it.
                 raise _unreachable(
@@ -92,14 +94,19 @@ class OwnHub(NamedTuple):
             )
         others = sorted(owner for owner in owners if owner != uid)
         if others:
+            socket_said = (
+                f", and no hub of yours serves its socket at {self.socket}"
+                if self.socket is not None
+                else " (it is your [hub] listen's port)"
+            )
             raise _not_yours(
                 f"refusing to send a token to {self.listen}: that port is held by another "
                 f"user (uid {', '.join(map(str, others))}), not by your hub (you are uid "
-                f"{uid}), and no hub of yours serves its socket at {self.socket}. Nothing "
-                "was sent. Another user of this machine may be posing as your hub: see who "
-                f"with `ss -ltnpe 'sport = :{_port(self.listen)}'`; start your hub "
-                "(`agentworker up` or `agentworker hub`) once the port is free, or give it "
-                "another port with [hub] listen."
+                f"{uid}){socket_said}. Nothing was sent. Another user of this machine may be "
+                "posing as your hub: see who with "
+                f"`ss -ltnpe 'sport = :{_port(self.listen)}'`; start your hub (`agentworker "
+                "up` or `agentworker hub`) once the port is free, or give it another port "
+                "with [hub] listen."
             )
         return self.listen
 
