@@ -56,7 +56,7 @@ def parse(text: str) -> range:
     low, dash, high = text.strip().partition("-")
     if not dash or not low.strip().isdigit() or not high.strip().isdigit():
         raise ValueError(
-            f'{text!r} is not a range of uids: write it as "A-B", e.g. "200000-200999"'
+            f'{text!r} is not a range of uids: write it as "A-B", e.g. "1900000000-1900000999"'
         )
     first, last = int(low), int(high)
     if first > last:
@@ -73,6 +73,33 @@ def accounts_in(uids: range) -> list[str]:
     """Accounts (users, and groups: a plan's gid is its uid) whose id is in `uids`."""
     found = [f"user {u.pw_name} ({u.pw_uid})" for u in pwd.getpwall() if u.pw_uid in uids]
     found += [f"group {g.gr_name} ({g.gr_gid})" for g in grp.getgrall() if g.gr_gid in uids]
+    return found
+
+
+def given_out_in(uids: range, etc: Path = Path("/etc")) -> list[str]:
+    """Ids in `uids` this machine gives out, or may, though no account has them yet:
+    subordinate ids (/etc/subuid, /etc/subgid: a rootless container runs as them, and
+    its owner may act as them) and login.defs' UID_MIN-UID_MAX, where useradd takes new
+    accounts' uids (review29b r2: a plan's uid would be a container's, or a later
+    account's, and a teardown killed that one's processes)."""
+    found = []
+    for table in ("subuid", "subgid"):
+        with contextlib.suppress(OSError):
+            for line in (etc / table).read_text(errors="replace").splitlines():
+                name, _, rest = line.strip().partition(":")
+                start, _, count = rest.partition(":")
+                if start.isdigit() and count.isdigit():
+                    given = range(int(start), int(start) + int(count))
+                    if given.start < uids.stop and uids.start < given.stop:
+                        found.append(f"{name}'s subordinate ids in /etc/{table}")
+    defs = {"UID_MIN": 1000, "UID_MAX": 60000}
+    with contextlib.suppress(OSError):
+        for line in (etc / "login.defs").read_text(errors="replace").splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0] in defs and words[1].isdigit():
+                defs[words[0]] = int(words[1])
+    if defs["UID_MIN"] < uids.stop and uids.start <= defs["UID_MAX"]:
+        found.append(f"the uids useradd gives new accounts ({defs['UID_MIN']}-{defs['UID_MAX']})")
     return found
 
 
@@ -95,6 +122,13 @@ def problem(uids: range, base: Path, own: Path) -> str | None:
             f'[sandbox] uids = "{uids.start}-{uids.stop - 1}" holds accounts of this '
             f"machine ({shown}): a plan would run as one of them. Choose a range no "
             "account uses (`getent passwd` and `getent group` list them)"
+        )
+    given = given_out_in(uids)
+    if given:
+        return (
+            f'[sandbox] uids = "{uids.start}-{uids.stop - 1}" holds {"; ".join(given)}: a '
+            "plan would run as an id this machine gives out. Choose a range outside them, "
+            'e.g. "1900000000-1900000999"'
         )
     own = own.absolute()
     here = base.absolute()

@@ -183,22 +183,33 @@ def check_plan_id(plan_id: str) -> None:
         )
 
 
-def _owner_only(path: Path, owner: int | None = None, *, passable: bool = False) -> None:
+def _owner_only(
+    path: Path, owner: int | None = None, *, passable: bool = False, group: int | None = None
+) -> None:
     """Refuse `path` unless it is a real folder of `owner`'s (the worker's user by
     default: else a plan's own uid, beneath its files/) that no one else may enter, or,
     `passable`, only pass through (search, never list: a plan's uid passes through the
-    folders above its files/)."""
+    folders above its plan's), or with `group`, that group alone may pass through (a
+    plan's folder, its uid's group: no other user reaches what its uid made there)."""
     st = os.lstat(path)
     problem = None
     wanted = os.geteuid() if owner is None else owner
-    allowed = stat.S_IXOTH if passable else 0
+    allowed = stat.S_IXGRP if group is not None else stat.S_IXOTH if passable else 0
     if not stat.S_ISDIR(st.st_mode):
         problem = "is not a folder (a link or a file stands in its place)"
     elif st.st_uid != wanted:
         whose = "the worker's user" if owner is None else "the plan's own uid"
         problem = f"belongs to user {st.st_uid}, not to {whose} {wanted}"
+    elif group is not None and st.st_gid != group:
+        problem = f"belongs to group {st.st_gid}, not to the plan's own {group}"
     elif st.st_mode & 0o077 & ~allowed:
-        most = "701 (others only pass through)" if passable else "700 (owner only)"
+        most = (
+            "710 (its plan's group only passes through)"
+            if group is not None
+            else "701 (others only pass through)"
+            if passable
+            else "700 (owner only)"
+        )
         problem = f"has mode {stat.S_IMODE(st.st_mode):o}; it must be {most}"
     if problem is not None:
         raise WorkspaceError(
@@ -223,6 +234,26 @@ def _closed_again(path: Path) -> None:
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0o001:
             os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o001)
+
+
+def _passable_by(folder: Path, uid: int | None) -> None:
+    """A plan's folder (the worker's) that its own uid, and no other user, may pass
+    through to its files/: group `uid`, mode 710. Not 701: a program may open its
+    files/ to all and leave there programs set-uid to its uid, which every local user
+    could then run as that uid and keep, to reach the next plan given it (review29b
+    r1). Owner-only when the plan has no uid."""
+    if uid is None:
+        st = os.lstat(folder)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(folder, stat.S_IMODE(st.st_mode) & ~0o077)  # opened for a uid before
+        _owner_only(folder)
+        return
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        _owner_only(folder)  # refused, saying why
+    os.chown(folder, -1, uid, follow_symlinks=False)
+    os.chmod(folder, 0o710, follow_symlinks=False)  # noqa: S103 - its uid's group only
+    _owner_only(folder, group=uid)
 
 
 def _make_files(folder: Path, uid: int | None) -> None:
@@ -768,11 +799,7 @@ class Workspaces:
                 )
             else:
                 uid = self._settle_uid(plan_id, folder, found)
-            if passable:
-                plan_uids.searchable(folder)
-            else:
-                _closed_again(folder)
-            _owner_only(folder, passable=passable)
+            _passable_by(folder, uid)
             _make_files(folder, uid)
         except WorkspaceError:
             raise
@@ -832,8 +859,8 @@ class Workspaces:
         kept = {name: value for name, value in meta.items() if name != UID}
         _rewrite_meta(folder, kept if wanted is None else {**kept, UID: wanted})
         if os.path.isdir(folder / FILES):
-            if uid is not None:
-                plan_uids.kill_all(uid)
+            # No kill of `uid`: outside the range now, it may be no plan's any more (a
+            # range moved off ids something else uses); a sandbox dies with its worker.
             plan_uids.give(folder / FILES, os.geteuid() if wanted is None else wanted)
         return wanted
 
@@ -842,8 +869,12 @@ class Workspaces:
         its own uid, if it has one (nothing of it may outlive its files, nor run on as
         the next plan given that uid), then its files."""
         uid = _uid_of(_read_meta(trash) or {})
-        if uid is not None and os.geteuid() == 0:
-            plan_uids.kill_all(uid)
+        if uid is not None and os.geteuid() == 0 and self._uid_fits(uid):
+            plan_uids.kill_all(uid)  # never a uid the range no longer holds: not ours now
+        if uid is not None:
+            # The uid's files first: plan.json, which holds the uid (`_free_uid`), goes
+            # last, so no plan is given it while files of it remain (review29b r4).
+            remove_tree(trash / FILES, uid)
         remove_tree(trash, uid)
 
     def _make_whole(self, folder: Path, meta: dict[str, Any]) -> None:
@@ -853,7 +884,7 @@ class Workspaces:
         A folder already there without a readable plan.json (from before) gets one."""
         made = self.base / f"{TRASH_PREFIX}new-{secrets.token_hex(8)}"
         try:
-            _make_private(made, passable=self.uids is not None)
+            _make_private(made)  # opened to the plan's uid alone once in place
             _write_meta(made, meta)
             _make_files(made, _uid_of(meta))
             try:
@@ -865,7 +896,7 @@ class Workspaces:
         finally:
             with contextlib.suppress(OSError):
                 remove_tree(made, _uid_of(meta))
-        _owner_only(folder, passable=self.uids is not None)
+        _passable_by(folder, _uid_of(meta) if self.uids is not None else None)
         _write_meta(folder, meta)
 
     def _touch(self, workspace: Workspace) -> None:

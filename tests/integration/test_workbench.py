@@ -101,7 +101,10 @@ def test_a_plan_gets_its_workspace_on_its_first_call_and_keeps_it(live: Cluster,
     assert stat.S_IMODE(files_st.st_mode) == 0o700
     assert files_st.st_uid == (own_uid or os.geteuid())  # the plan's own uid, if it has one
     assert plan_st.st_uid == os.geteuid()
-    assert stat.S_IMODE(plan_st.st_mode) == (0o700 if own_uid is None else 0o701)
+    # Its own uid's group alone passes through (review29b r1), where it has one.
+    assert stat.S_IMODE(plan_st.st_mode) == (0o700 if own_uid is None else 0o710)
+    if own_uid is not None:
+        assert plan_st.st_gid == own_uid
     _, blob = call(live, plan, "fs_read", {"path": "/workspace/notes/a.txt"})
     assert blob == b"one"
     out, blob = run(live, plan, ["cat", "notes/a.txt"])

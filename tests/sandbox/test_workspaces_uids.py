@@ -51,7 +51,9 @@ def test_each_plan_gets_a_free_uid_kept_in_plan_json_across_restarts(tmp_path: P
         assert uid_in_meta(each.folder) == each.uid
         st = os.lstat(each.files)
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (each.uid, each.uid, 0o700)
-        assert stat.S_IMODE(os.lstat(each.folder).st_mode) == 0o701  # passed through only
+        folder = os.lstat(each.folder)  # its uid's group alone passes through
+        assert (folder.st_uid, folder.st_gid) == (os.geteuid(), each.uid)
+        assert stat.S_IMODE(folder.st_mode) == 0o710
     assert stat.S_IMODE(os.lstat(spaces.base).st_mode) == 0o701
     again = bench(tmp_path)  # the worker started again
     assert again.open("two").uid == FIRST + 1
@@ -62,6 +64,47 @@ def test_each_plan_gets_a_free_uid_kept_in_plan_json_across_restarts(tmp_path: P
     assert "widen the range" in refused.value.message
     assert again.teardown("one")
     assert again.open("four").uid == FIRST  # free again once its files are gone
+
+
+def test_no_other_user_reaches_what_a_plans_uid_leaves_in_its_files(tmp_path: Path) -> None:
+    """review29b r1: with every folder above files/ 0701, a program could open its
+    files/ to all and leave a program set-uid to its uid there; any local user could
+    run it as that uid, keep it, and reach the next plan given the uid. Another user
+    (nobody) now cannot pass the plan's folder; the plan's uid still can."""
+    spaces = bench(tmp_path)
+    plan = spaces.open("one")
+    assert plan.uid is not None
+    os.chmod(plan.files, 0o755)  # noqa: S103 - what the plan's program may do
+    planted = plan.files / "shell"
+    planted.write_bytes(b"#!/bin/sh\n")
+    os.chown(planted, plan.uid, plan.uid)
+    os.chmod(planted, 0o4755)  # noqa: S103 - set-uid, as a program could
+
+    def reach(uid: int) -> str:
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            os.close(read)
+            try:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                os.stat(planted)
+                answer = b"reached"
+            except PermissionError:
+                answer = b"refused"
+            except Exception:  # noqa: BLE001 - said through the pipe
+                answer = b"error"
+            os.write(write, answer)
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as got:
+            said = got.read().decode()
+        os.waitpid(child, 0)
+        return said
+
+    assert reach(65534) == "refused"
+    assert reach(plan.uid) == "reached"
 
 
 def test_a_uid_stays_taken_while_its_plans_files_are_being_removed(tmp_path: Path) -> None:
@@ -127,3 +170,23 @@ def test_a_count_opens_up_what_a_plans_program_shut(tmp_path: Path) -> None:
         os.chmod(made.files / "shut", 0)
     assert spaces.use(made).entries == 2
     assert spaces.teardown("one")
+
+
+def test_a_range_this_machine_gives_out_is_refused(tmp_path: Path) -> None:
+    """review29b r2: only accounts were looked for; a range of subordinate ids (a
+    rootless container's) or of uids useradd gives out later passed."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "subuid").write_text("alice:165536:65536\n")
+    (etc / "subgid").write_text("bob:300000:65536\n")
+    (etc / "login.defs").write_text("# comment\nUID_MIN\t\t 2000\nUID_MAX\t\t 70000\n")
+    assert plan_uids.given_out_in(range(200_000, 201_000), etc) == [
+        "alice's subordinate ids in /etc/subuid"
+    ]
+    assert plan_uids.given_out_in(range(310_000, 310_010), etc) == [
+        "bob's subordinate ids in /etc/subgid"
+    ]
+    assert plan_uids.given_out_in(range(65_000, 65_010), etc) == [
+        "the uids useradd gives new accounts (2000-70000)"
+    ]
+    assert plan_uids.given_out_in(range(1_900_000_000, 1_900_001_000), etc) == []
