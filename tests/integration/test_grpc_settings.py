@@ -1,5 +1,6 @@
-"""gRPC's sockets are read by its own polling thread in every agentworker process
-(worker.cli.main.GRPC_SETTINGS, set before gRPC is first imported) unless the
+"""gRPC's sockets are read by its own polling thread, and its fork handlers are off, in
+every agentworker process (worker.cli.main.GRPC_SETTINGS, GRPC_FORK_SUPPORT, set
+before gRPC is first imported) unless the
 environment says otherwise; a hub and a worker started so serve calls over loopback,
 one at a time, many at once and with blobs sent in parts."""
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import cluster
-from worker.cli.main import GRPC_SETTINGS
+from worker.cli.main import GRPC_FORK_SUPPORT, GRPC_SETTINGS
 from worker.hub.client import ControlClient
 from worker.wire.proto import agentworker_pb2 as pb
 
@@ -31,6 +32,7 @@ class Spy(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "grpc" and not seen:
             seen.append(os.environ.get("GRPC_EXPERIMENTS"))
+            seen.append(os.environ.get("GRPC_ENABLE_FORK_SUPPORT"))
         return None
 sys.meta_path.insert(0, Spy())
 from ui.launch import main
@@ -42,7 +44,8 @@ print(json.dumps(seen))
 
 
 def _seen_by_grpc(home: Path, **env: str) -> list[str | None]:
-    base = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    ours = ("GRPC_EXPERIMENTS", "GRPC_ENABLE_FORK_SUPPORT")
+    base = {k: v for k, v in os.environ.items() if k not in ours}
     done = subprocess.run(
         [sys.executable, "-c", _PROBE],
         capture_output=True,
@@ -56,11 +59,15 @@ def _seen_by_grpc(home: Path, **env: str) -> list[str | None]:
 def test_grpc_reads_its_sockets_on_its_polling_thread_unless_the_environment_says(
     tmp_path: Path,
 ) -> None:
-    assert _seen_by_grpc(tmp_path) == [GRPC_SETTINGS]
+    assert _seen_by_grpc(tmp_path) == [GRPC_SETTINGS, GRPC_FORK_SUPPORT]
     assert _seen_by_grpc(tmp_path, GRPC_EXPERIMENTS="-event_engine_client") == [
-        "-event_engine_client"
+        "-event_engine_client",
+        GRPC_FORK_SUPPORT,
     ]
-    assert _seen_by_grpc(tmp_path, GRPC_EXPERIMENTS="") == [""]
+    assert _seen_by_grpc(tmp_path, GRPC_EXPERIMENTS="") == ["", GRPC_FORK_SUPPORT]
+    # gRPC's fork handlers restarted its poller in a child forked to exec a sandbox,
+    # which wrote an epoll error into bubblewrap's stderr (GRPC_FORK_SUPPORT).
+    assert _seen_by_grpc(tmp_path, GRPC_ENABLE_FORK_SUPPORT="true")[1] == "true"
 
 
 def test_a_hub_and_worker_so_started_serve_calls_alone_many_at_once_and_with_blobs(

@@ -172,6 +172,14 @@ def parser(verb: str | None = None) -> argparse.ArgumentParser:
 # so it is set before any verb runs (a gRPC that no longer knows a name says so once,
 # "Unknown experiment", and goes on).
 GRPC_SETTINGS: Final = "-event_engine_listener,-event_engine_client"
+# gRPC's fork handlers off (GRPC_ENABLE_FORK_SUPPORT, unless set already): this program
+# forks only to exec (a sandbox started as a plan's own uid, sandbox.plan_uids: Popen
+# with `user=` forks where it would vfork). With them on, the child restarted gRPC's
+# poller thread, which found its epoll descriptor closed by close_fds and wrote
+# "epoll_wait error: Bad file descriptor" to the child's stderr, bubblewrap's: the
+# sandbox was then taken for one bubblewrap could not build (2 execs in 360 runs of
+# test_workbench_uids at load ~10, `sandbox_unavailable`).
+GRPC_FORK_SUPPORT: Final = "false"
 
 
 def entry(frontend: Frontend | None = None) -> int:
@@ -193,11 +201,12 @@ def entry(frontend: Frontend | None = None) -> int:
     uses none, and looking for them read every installed package's entry points
     (5-9 ms of each start that builds a model).
 
-    gRPC's sockets are read by its own polling thread unless the environment says
-    otherwise (GRPC_EXPERIMENTS, read once, as gRPC is first imported: see
-    GRPC_SETTINGS)."""
+    gRPC's sockets are read by its own polling thread, and its fork handlers are off,
+    unless the environment says otherwise (GRPC_EXPERIMENTS, GRPC_ENABLE_FORK_SUPPORT,
+    read once, as gRPC is first imported: see GRPC_SETTINGS, GRPC_FORK_SUPPORT)."""
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_SETTINGS)
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", GRPC_FORK_SUPPORT)
     if verb_of(sys.argv[1:]) in BRIEF:
         gc.disable()
     code = main(frontend=frontend)
