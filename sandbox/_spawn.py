@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -99,22 +100,12 @@ class Starts:
         (posix_spawn cannot)."""
         self._unreaped = [spawned for spawned in self._unreaped if spawned.poll() is None]
         low = min(stdout, stderr, *keep, stdin if stdin >= 0 else 3)
-        if as_uid is not None:
-            return subprocess.Popen(
-                line,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                env=dict(env),
-                cwd="/",
-                pass_fds=keep,
-                process_group=0,
-                user=as_uid,
-                group=as_uid,
-                extra_groups=[],
+        if as_uid is not None or not (closes_all and self.posix_spawn) or low <= 2:
+            # As asyncio's subprocess_exec does: vfork and exec, on the loop (a fork
+            # where the child changes its uid first).
+            ids: dict[str, Any] = (
+                {} if as_uid is None else {"user": as_uid, "group": as_uid, "extra_groups": []}
             )
-        if not (closes_all and self.posix_spawn) or low <= 2:
-            # As asyncio's subprocess_exec does: vfork and exec, on the loop.
             return subprocess.Popen(
                 line,
                 stdin=stdin,
@@ -124,6 +115,7 @@ class Starts:
                 cwd="/",
                 pass_fds=keep,
                 process_group=0,  # not a new session: see sandbox.process's doc
+                **ids,
             )
         actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)

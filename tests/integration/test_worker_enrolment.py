@@ -28,6 +28,22 @@ from worker.wire.transport import fingerprint_of_digest, worker_key_digest_of, w
 SANDBOX_ACTIONS = ("workbenchHost.fs_write", "workbenchHost.fs_read", "workbenchHost.teardown")
 
 
+def sandbox_hello(worker_id: str, **more: Any) -> pb.Hello:
+    """A worker's Hello under `worker_id` offering the sandbox's actions (and `more` of
+    the Hello's fields), as a new instance."""
+    return pb.Hello(
+        worker_id=worker_id,
+        instance_id=uuid.uuid4().hex,
+        version="test",
+        protocol_min=PROTOCOL_MIN,
+        protocol_max=PROTOCOL_MAX,
+        surfaces=["workbenchHost"],
+        actions=list(SANDBOX_ACTIONS),
+        max_concurrency=4,
+        **more,
+    )
+
+
 def say_hello(live: Cluster, worker_id: str, key: str, **more: Any) -> tuple[str, str, str]:
     """Open a worker stream with the workers' token and `key`, say Hello under
     `worker_id` offering the sandbox's actions (and `more` of the Hello's fields), and
@@ -37,17 +53,7 @@ def say_hello(live: Cluster, worker_id: str, key: str, **more: Any) -> tuple[str
 
     async def go() -> tuple[str, str, str]:
         async with grpc.aio.insecure_channel(live.listen) as channel:
-            hello = pb.Hello(
-                worker_id=worker_id,
-                instance_id=uuid.uuid4().hex,
-                version="test",
-                protocol_min=PROTOCOL_MIN,
-                protocol_max=PROTOCOL_MAX,
-                surfaces=["workbenchHost"],
-                actions=list(SANDBOX_ACTIONS),
-                max_concurrency=4,
-                **more,
-            )
+            hello = sandbox_hello(worker_id, **more)
 
             async def envelopes():  # type: ignore[no-untyped-def]
                 yield pb.WorkerEnvelope(messages=[pb.WorkerMessage(hello=hello)])
@@ -90,16 +96,7 @@ class HeldStream:
 
     async def _run(self) -> None:
         self._stop = asyncio.Event()
-        hello = pb.Hello(
-            worker_id=self._worker_id,
-            instance_id=uuid.uuid4().hex,
-            version="test",
-            protocol_min=PROTOCOL_MIN,
-            protocol_max=PROTOCOL_MAX,
-            surfaces=["workbenchHost"],
-            actions=list(SANDBOX_ACTIONS),
-            max_concurrency=4,
-        )
+        hello = sandbox_hello(self._worker_id)
 
         async def envelopes():  # type: ignore[no-untyped-def]
             yield pb.WorkerEnvelope(messages=[pb.WorkerMessage(hello=hello)])
