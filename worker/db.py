@@ -80,6 +80,25 @@ _T = TypeVar("_T")
 OFF_LOOP_BYTES: Final = 64 * 1024
 
 
+async def ended(job: concurrent.futures.Future[Any]) -> None:
+    """Wait on the running event loop until `job` (a writer thread's) ended, whatever its
+    outcome. Leaving early never cancels it: `asyncio.wrap_future` would cancel a job
+    not yet started, and its commit with it."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def woken(_job: concurrent.futures.Future[Any]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(wake)
+
+    job.add_done_callback(woken)
+    await done
+
+
 class Database(sqlite3.Connection):
     """A connection opened the project's way (see `connect`); it owns the thread that
     checkpoints its log, which stops when it closes, and wakes it after each commit
@@ -149,6 +168,12 @@ class Database(sqlite3.Connection):
     def writing(self) -> bool:
         """Whether a job handed to the writer thread is not done yet."""
         return self._writing is not None and not self._writing.done()
+
+    async def writer_idle(self) -> None:
+        """`settle` without holding the event loop: wait there until the jobs handed to
+        the writer thread are done (one may wait for a lock another process holds)."""
+        while (writing := self._writing) is not None and not writing.done():
+            await ended(writing)
 
     def settle(self) -> None:
         """Wait until the jobs handed to the writer thread are done (unless in it)."""

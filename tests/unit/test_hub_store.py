@@ -323,9 +323,37 @@ def test_a_commit_in_the_writer_thread_leaves_its_calls_found_and_takes_no_later
     store.reap()
     assert not store.committing
     assert _committed_ids(path) == {"listed", "running"}  # "later": with the next commit
-    listed = store.get("listed")  # a read: flushes "later" first
+    listed = store.get("listed")  # a read of a call written: no commit (review29 h1)
     assert listed is not None and listed.state == "DONE" and listed.result == _large_ok("listed")
+    assert _committed_ids(path) == {"listed", "running"}
+    later = store.get("later")  # a read of a call not written yet: committed first
+    assert later is not None and later.state == "PENDING"
     assert _committed_ids(path) == {"listed", "running", "later"}
+    store.close()
+
+
+def test_a_read_of_a_call_written_commits_nothing_and_goes_on_while_hub_db_is_held(
+    tmp_path: Path,
+) -> None:
+    """`get` committed every call added first: while another process held hub.db, a read
+    of a call written long ago waited for it (SQLite's busy timeout, 10 s) and failed."""
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    deadline = now_ms() + 60_000
+    store.add("w", "d", _request("written"), 0, deadline)
+    store.flush()
+    store.add("w", "d", _request("unwritten"), 0, deadline)
+    locker = sqlite3.connect(path, timeout=0)
+    locker.execute("BEGIN IMMEDIATE")  # another writer holds the database: the far side
+    store._db.execute("PRAGMA busy_timeout = 0")  # fail at once instead of after 10 s
+    written = store.get("written")
+    assert written is not None and written.state == "PENDING"
+    with pytest.raises(sqlite3.OperationalError):
+        store.get("unwritten")  # this one needs its commit
+    locker.rollback()
+    locker.close()
+    unwritten = store.get("unwritten")
+    assert unwritten is not None and unwritten.state == "PENDING"
     store.close()
 
 
@@ -348,6 +376,55 @@ def test_a_failed_commit_in_the_writer_thread_leaves_its_calls_for_the_next(
     assert _committed_ids(path) == {"kept"}  # written pending: its result was not acked
     kept = store.get("kept")
     assert kept is not None and kept.state == "PENDING"
+    store.close()
+
+
+def test_a_read_after_a_failed_commit_in_the_writer_thread_finds_its_calls(
+    tmp_path: Path,
+) -> None:
+    """Read before anything took the failed commit in: the call is back among those
+    added, and committed for the read."""
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    store.add("w", "d", _request("kept"), 0, now_ms() + 60_000, fresh=True)
+    locker = sqlite3.connect(path, timeout=0)
+    locker.execute("BEGIN IMMEDIATE")
+    store._db.execute("PRAGMA busy_timeout = 0")
+    commit = store.complete_off_loop([])
+    with pytest.raises(sqlite3.OperationalError):
+        commit.result(timeout=60)
+    locker.rollback()
+    locker.close()
+    kept = store.get("kept")
+    assert kept is not None and kept.state == "PENDING"
+    assert _committed_ids(path) == {"kept"}
+    store.close()
+
+
+def test_a_call_recorded_in_the_writer_thread_is_taken_back_should_its_commit_fail(
+    tmp_path: Path,
+) -> None:
+    """Its caller is told it was not sent (worker.hub.server): no later commit writes
+    it, whichever reads first after the commit failed; the calls beside it are kept."""
+    path = tmp_path / "hub.db"
+    store = HubStore(path)
+    deadline = now_ms() + 60_000
+    store.add("w", "d", _request("beside"), 0, deadline, fresh=True)
+    store.add("w", "d", _request("chosen"), 0, deadline)
+    assert store.pending_for("w")[0] == 2
+    locker = sqlite3.connect(path, timeout=0)
+    locker.execute("BEGIN IMMEDIATE")
+    store._db.execute("PRAGMA busy_timeout = 0")
+    commit = store.record_off_loop("chosen")
+    with pytest.raises(sqlite3.OperationalError):
+        commit.result(timeout=60)
+    assert store.call_state("chosen") is None and store.pending_for("w")[0] == 1
+    assert store.call_state("beside") == ("w", "PENDING")
+    locker.rollback()
+    locker.close()
+    store.flush()
+    assert _committed_ids(path) == {"beside"}
+    assert store.add("w", "d", _request("chosen"), 0, deadline) is True  # a retry: new
     store.close()
 
 
@@ -902,11 +979,18 @@ def test_the_calls_pending_are_counted_in_memory_as_hub_db_holds_them(tmp_path: 
             assert store.pending_for(worker_id) == held.get(worker_id, (0, 0)), worker_id
         assert store.pending.total_bytes == sum(size for _, size in held.values())
 
-    for cid in ("early", "late", "large", "dropped", "old", "unsent"):
+    for cid in ("early", "late", "large", "dropped", "old"):
         store.add("w", "d", _request(cid), 0, deadline, fresh=True)
     store.add("v", "d", _request("other"), 0, deadline, fresh=True)
+    store.add("w", "d", _request("unsent"), 0, deadline)  # its caller's id
     assert store.pending_for("w")[0] == 6
-    store.unadd("unsent")  # never sent
+    locker = sqlite3.connect(path, timeout=0)
+    locker.execute("BEGIN IMMEDIATE")
+    store._db.execute("PRAGMA busy_timeout = 0")
+    with pytest.raises(sqlite3.OperationalError):  # never sent: taken back
+        store.record_off_loop("unsent").result(60)
+    locker.rollback()
+    locker.close()
     store.complete(_ok("early"))  # answered before its commit: written once, answered
     agrees()
     store.complete(_ok("late"))  # answered after its commit

@@ -157,6 +157,14 @@ _NOT_RECORDED: Final = WorkerError(
 )
 
 
+_HUB_DB_HELD: Final = WorkerError(
+    "busy",
+    "another process held hub.db's write lock (a backup, an sqlite3 shell?) for longer "
+    "than the hub waits to record a call; nothing was sent to the worker: retry it with "
+    "the same correlation id once that process lets hub.db go",
+)
+
+
 def error_result(correlation_id: str, error: WorkerError) -> pb.ActionResult:
     return pb.ActionResult(
         correlation_id=correlation_id,
@@ -1015,21 +1023,59 @@ class Hub:
         session = self.sessions.get(worker_id)
         return session is not None and session.protocol >= PARTS_PROTOCOL
 
-    def _written_down(self, correlation_id: str) -> bool:
-        """Commit a call whose id the caller chose before the worker gets it. The caller
-        may retry that id after a hub restart, and the restarted hub must know the call
-        to keep its result for the retry: the worker re-sends it, and a result for an
-        unknown call is acked and let go. (A call the hub named itself is written with
-        the next group commit: no caller knows its id before the answer.)"""
-        try:
-            self.store.flush()
-        except sqlite3.Error:
-            log.exception("could not record call %s; it was not sent", correlation_id)
-            self.store.unadd(correlation_id)  # nor will it be, by a later flush
-            self._blobs.pop(correlation_id, None)
+    async def _written_down_then_sent(
+        self,
+        correlation_id: str,
+        worker_id: str,
+        outgoing: delivery.Outgoing,
+        committing: concurrent.futures.Future[list[bool]],
+        waiter: asyncio.Future[Answer],
+    ) -> WorkerError | None:
+        """Once `committing` (`HubStore.record_off_loop`) wrote down a call whose id the
+        caller chose, send it to its worker's stream (if connected); or why not. The
+        caller may retry that id after a hub restart, and the restarted hub must know the
+        call to keep its result for the retry: the worker re-sends it, and a result for
+        an unknown call is acked and let go. (A call the hub named itself is written
+        with the next group commit: no caller knows its id before the answer.)
+
+        The commit is made in the store's writer thread and waited for here: on the loop
+        it held every call, Status and Hello for as long as another process held hub.db
+        (SQLite's busy timeout, 10 s), then refused this one (review29 h1)."""
+        await db.ended(committing)
+        self.store.reap()  # a failed commit's calls are back, but this one
+        failure = committing.exception()
+        if failure is None:
+            session = self.sessions.get(worker_id)
+            if session is not None:
+                session.send(outgoing)
+            return None
+        log.error("could not record call %s; it was not sent: %s", correlation_id, failure)
+        # Another caller of the id, come meanwhile, records it anew and waits on: its
+        # blob and its wait stay.
+        self._caller_left(correlation_id, waiter)
+        if correlation_id not in self._waiters:
             self._let_go(correlation_id)
-            return False
-        return True
+        # (an extended code, SQLITE_BUSY_SNAPSHOT..., is busy too: its low byte)
+        if isinstance(failure, sqlite3.OperationalError) and (
+            failure.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+        ):
+            return _HUB_DB_HELD
+        return _NOT_RECORDED
+
+    def _caller_left(self, correlation_id: str, waiter: asyncio.Future[Answer]) -> None:
+        """A caller of the call went away; others may still wait."""
+        waiters = self._waiters.get(correlation_id, [])
+        if waiter in waiters:
+            waiters.remove(waiter)
+        if not waiters:
+            self._waiters.pop(correlation_id, None)
+            # No caller waits: the blob would stay in memory, no longer counted in
+            # held_blobs_mib, until the call was answered or the worker came back,
+            # up to its deadline (24 x 16 MiB: +400 MB, for a worker away, review17
+            # E7, or one connected that answers nothing, review18 F3). It goes; the
+            # call is kept, and should it have to be sent again, a retry of its id
+            # brings the blob and is sent then (as after a hub restart).
+            self._blobs.pop(correlation_id, None)
 
     def _answer(self, correlation_id: str, answer: Answer) -> bool:
         """Wake every caller waiting for the call; True if one was."""
@@ -1459,6 +1505,11 @@ class Hub:
             if early is not None:  # not reached: `send_early` leaves a call this large out
                 delivery.stop_transfer(early.session, early.transfer)
             return worker_id, Answer(error_result(cid, refusal))
+        if req.correlation_id:
+            # Looked up once the writer thread is idle, waited for here, not on the loop
+            # (`add` and `get` would wait there: its commit may wait for hub.db held by
+            # another process, review29 h1); no await between this and the lookup.
+            await self.store.settled()
         deadline_ms = now_ms() + int(timeout_s * 1000)
         is_new = self.store.add(
             worker_id, digest, request, len(blob), deadline_ms, fresh=not req.correlation_id
@@ -1504,6 +1555,8 @@ class Hub:
                 refused = self.store.get(cid)
                 assert refused is not None and refused.result is not None
                 return worker_id, Answer(refused.result)
+        if is_new and req.correlation_id:  # a caller of its id whose record failed
+            self._blobs.pop(cid, None)  # may have left its blob (`_written_down_then_sent`)
         if blob and self._blobs.get(cid) is None:
             self._blobs[cid] = blob  # until answered, in case it must be sent again
         # Each caller waits on a future of its own (several may wait for one id), so a
@@ -1511,9 +1564,24 @@ class Hub:
         # and the caller (a shield costs a loop turn).
         waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(cid, []).append(waiter)
-        if is_new and req.correlation_id and not self._written_down(cid):
-            self._waiters.pop(cid, None)
-            return worker_id, Answer(error_result(cid, _NOT_RECORDED))
+        sent = False
+        if is_new and req.correlation_id:
+            # Handed to the writer thread now, in the step that added it: no other
+            # commit (the store timer's) takes it first, to fail while this one, empty,
+            # went through and the call with it, unrecorded.
+            committing = self.store.record_off_loop(cid)
+            # Shielded: a caller that leaves meanwhile leaves the call to be recorded
+            # and sent, as one sent before it left is (and answered, not kept pending).
+            try:
+                unrecorded = await asyncio.shield(
+                    self._written_down_then_sent(cid, worker_id, outgoing, committing, waiter)
+                )
+            except asyncio.CancelledError:
+                self._caller_left(cid, waiter)
+                raise
+            if unrecorded is not None:
+                return worker_id, Answer(error_result(cid, unrecorded))
+            sent = True
         session = self.sessions.get(worker_id)
         if handed is not None:  # the request went already; now its digest
             handed.set_result(digest)
@@ -1523,7 +1591,7 @@ class Hub:
                 outgoing.add(digest_part(cid, len(blob), digest))
             else:
                 outgoing.add(announced(request, len(blob)))
-        elif early is None and session is not None:
+        elif early is None and session is not None and not sent:
             session.send(outgoing)
         if is_new:
             self._store_soon()
@@ -1533,18 +1601,7 @@ class Hub:
             async with asyncio.timeout(timeout_s + RESULT_SLACK_S):
                 answer = await waiter
         except asyncio.CancelledError:  # the caller went away; others may still wait
-            waiters = self._waiters.get(cid, [])
-            if waiter in waiters:
-                waiters.remove(waiter)
-            if not waiters:
-                self._waiters.pop(cid, None)
-                # No caller waits: the blob would stay in memory, no longer counted in
-                # held_blobs_mib, until the call was answered or the worker came back,
-                # up to its deadline (24 x 16 MiB: +400 MB, for a worker away, review17
-                # E7, or one connected that answers nothing, review18 F3). It goes; the
-                # call is kept, and should it have to be sent again, a retry of its id
-                # brings the blob and is sent then (as after a hub restart).
-                self._blobs.pop(cid, None)
+            self._caller_left(cid, waiter)
             raise
         except TimeoutError:
             self._waiters.pop(cid, None)

@@ -328,9 +328,14 @@ class HubStore:
         # which writes them, answered or not.
         self._held_over: set[str] = set()
         # Commits handed to the writer thread (complete_off_loop), oldest first, each
-        # with the calls it took from _unwritten; taken in by `reap` on the loop.
+        # with the calls it took from _unwritten and those of them taken back should it
+        # fail (record_off_loop); taken in by `reap` on the loop.
         self._committing: list[
-            tuple[concurrent.futures.Future[list[bool]], dict[str, tuple[object, ...]]]
+            tuple[
+                concurrent.futures.Future[list[bool]],
+                dict[str, tuple[object, ...]],
+                tuple[str, ...],
+            ]
         ] = []
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
         for name, definition in _ADDED_COLUMNS.items():
@@ -375,6 +380,8 @@ class HubStore:
             )
         )
         self.workers_away_kept = WORKERS_AWAY_KEPT
+        # The count `known_workers` read last (Status's while a commit is under way).
+        (self._known_workers,) = self._db.execute("SELECT count(*) FROM workers").fetchone()
         self._issued_seq: int | None = None  # kills_issued, read once, then kept
         (self._apart_rows,) = self._db.execute("SELECT count(*) FROM kills_apart").fetchone()
         (self._plans_remembered,) = self._db.execute(
@@ -472,7 +479,11 @@ class HubStore:
             self._db.executemany(_INSERT_CALL, rows)
 
     def get(self, correlation_id: str) -> StoredCall | None:
-        self.flush()
+        """The call as hub.db has it. One added and not yet written is committed first;
+        no other commit is made (another process may hold hub.db, review29 h1)."""
+        self.settle()  # a call the writer thread failed to write is back, unwritten
+        if correlation_id in self._unwritten:
+            self.flush()
         row = self._db.execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE correlation_id = ?",
             (correlation_id,),
@@ -556,7 +567,7 @@ class HubStore:
         self.reap()
         added = self._unwritten.get(correlation_id)
         if added is None:
-            for _commit, taken in self._committing:
+            for _commit, taken, _unsent in self._committing:
                 added = taken.get(correlation_id)
                 if added is not None:
                     break
@@ -573,8 +584,12 @@ class HubStore:
         commit (as a failed commit on the loop keeps them). Only on the loop's thread:
         the writer thread never touches the calls not yet written."""
         while self._committing and self._committing[0][0].done():
-            commit, taken = self._committing.pop(0)
+            commit, taken, unsent = self._committing.pop(0)
             if commit.exception() is not None:
+                for cid in unsent:  # its caller is told so: nor will a later commit write it
+                    added = taken.pop(cid, None)
+                    if added is not None:
+                        self.pending.went(str(added[1]), _size(added[3]))
                 self._unwritten = {**taken, **self._unwritten}
 
     def settle(self) -> None:
@@ -582,12 +597,11 @@ class HubStore:
         self._db.settle()
         self.reap()
 
-    def unadd(self, correlation_id: str) -> None:
-        """Take back a call added and not yet written (it was never sent)."""
-        added = self._unwritten.pop(correlation_id, None)
-        self._held_over.discard(correlation_id)
-        if added is not None:
-            self.pending.went(str(added[1]), _size(added[3]))
+    async def settled(self) -> None:
+        """`settle`, waiting on the event loop rather than holding it (a commit in the
+        writer thread may wait for hub.db held by another process)."""
+        await self._db.writer_idle()
+        self.settle()
 
     def _known(self, correlation_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM calls WHERE correlation_id = ?", (correlation_id,))
@@ -629,11 +643,27 @@ class HubStore:
         `worker_of`), and whatever reads the database meanwhile waits for it
         (`Database.settle`); should it fail they are written by the next commit
         (`reap`), as on the loop."""
+        return self._off_loop(results, ())
+
+    def record_off_loop(self, correlation_id: str) -> concurrent.futures.Future[list[bool]]:
+        """Commit the calls added, `correlation_id`'s among them, in the writer thread
+        (`complete_off_loop`): a call whose id its caller chose goes to its worker only
+        once committed. Should that commit fail, the call is taken back as the commit
+        is taken in (`reap`, whoever calls it first), never written by a later commit:
+        it was not sent, and its caller is told so."""
+        assert correlation_id in self._unwritten
+        return self._off_loop([], (correlation_id,))
+
+    def _off_loop(
+        self,
+        results: list[tuple[pb.ActionResult, Buffer | None, bool, bytes | None]],
+        unsent: tuple[str, ...],
+    ) -> concurrent.futures.Future[list[bool]]:
         self.reap()
         taken, self._unwritten = self._unwritten, {}
         self._held_over = set()
         commit = self._db.off_loop(lambda: self._complete(results, taken))
-        self._committing.append((commit, taken))
+        self._committing.append((commit, taken, unsent))
         return commit
 
     def _complete(
@@ -929,8 +959,13 @@ class HubStore:
         return [str(w) for (w,) in self._db.execute("SELECT worker_id FROM workers")]
 
     def known_workers(self) -> int:
-        row = self._db.execute("SELECT COUNT(*) FROM workers").fetchone()
-        return int(row[0])
+        """How many workers hub.db knows. While a commit is under way in the writer
+        thread, the count read last (at the start, if none since): that commit may wait
+        for hub.db held by another process, and Status waits for no commit (review29 h1)."""
+        if not self._db.writing:
+            row = self._db.execute("SELECT COUNT(*) FROM workers").fetchone()
+            self._known_workers = int(row[0])
+        return int(self._known_workers)
 
     def forget_workers(self, connected: Container[str], now: int | None = None) -> int:
         """Forget workers away since WORKERS_KEPT_MS, and past `workers_away_kept` of
