@@ -30,11 +30,31 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
-# The highest uid a range may reach: (uid_t)-1 means "no change" to the kernel, and
-# 65534 (nobody) is an account's.
-HIGHEST: Final = 4_294_967_294
+# The highest uid a range may reach: bubblewrap (0.8) cannot map a uid above it into
+# its sandbox ("setting up uid map: Invalid argument"; 2147483648 fails, 2147483647
+# runs), and the probe's refusal then blamed the machine's user namespaces.
+HIGHEST: Final = 2_147_483_647
 # The lowest: below it are the system's accounts, whether named in /etc/passwd or not.
 LOWEST: Final = 1000
+
+# login.defs' keys for the ids useradd and groupadd give out, with shadow's defaults
+# (used where the file names none), and what each span is.
+_LOGIN_DEFS: Final = {
+    "UID_MIN": 1000,
+    "UID_MAX": 60000,
+    "GID_MIN": 1000,
+    "GID_MAX": 60000,
+    "SUB_UID_MIN": 100_000,
+    "SUB_UID_MAX": 600_100_000,
+    "SUB_GID_MIN": 100_000,
+    "SUB_GID_MAX": 600_100_000,
+}
+_GIVEN_SPANS: Final = (
+    ("UID", "the uids useradd gives new accounts"),
+    ("GID", "the gids groupadd gives new groups"),
+    ("SUB_UID", "where useradd takes new users' subordinate uids"),
+    ("SUB_GID", "where useradd takes new users' subordinate gids"),
+)
 
 # (uid_t)-1: changes nothing, and the call answers the id now.
 _ASK: Final = 0xFFFFFFFF
@@ -64,7 +84,7 @@ def parse(text: str) -> range:
     if first < LOWEST or last > HIGHEST:
         raise ValueError(
             f"the range {text!r} must lie within {LOWEST}-{HIGHEST}: below {LOWEST} are the "
-            "system's accounts"
+            f"system's accounts, and bubblewrap cannot map a uid above {HIGHEST}"
         )
     return range(first, last + 1)
 
@@ -79,9 +99,10 @@ def accounts_in(uids: range) -> list[str]:
 def given_out_in(uids: range, etc: Path = Path("/etc")) -> list[str]:
     """Ids in `uids` this machine gives out, or may, though no account has them yet:
     subordinate ids (/etc/subuid, /etc/subgid: a rootless container runs as them, and
-    its owner may act as them) and login.defs' UID_MIN-UID_MAX, where useradd takes new
-    accounts' uids (review29b r2: a plan's uid would be a container's, or a later
-    account's, and a teardown killed that one's processes)."""
+    its owner may act as them), and login.defs' spans where useradd and groupadd take
+    new accounts' ids and new users' subordinate ranges (its defaults where it names
+    none). A plan's uid would be a container's, or a later account's, and a teardown
+    killed that one's processes (review29b #2, r2)."""
     found = []
     for table in ("subuid", "subgid"):
         with contextlib.suppress(OSError):
@@ -92,14 +113,16 @@ def given_out_in(uids: range, etc: Path = Path("/etc")) -> list[str]:
                     given = range(int(start), int(start) + int(count))
                     if given.start < uids.stop and uids.start < given.stop:
                         found.append(f"{name}'s subordinate ids in /etc/{table}")
-    defs = {"UID_MIN": 1000, "UID_MAX": 60000}
+    defs = dict(_LOGIN_DEFS)
     with contextlib.suppress(OSError):
         for line in (etc / "login.defs").read_text(errors="replace").splitlines():
             words = line.split()
             if len(words) == 2 and words[0] in defs and words[1].isdigit():
                 defs[words[0]] = int(words[1])
-    if defs["UID_MIN"] < uids.stop and uids.start <= defs["UID_MAX"]:
-        found.append(f"the uids useradd gives new accounts ({defs['UID_MIN']}-{defs['UID_MAX']})")
+    for low, what in _GIVEN_SPANS:  # a plan's gid is its uid: groups' spans too
+        first, last = defs[f"{low}_MIN"], defs[f"{low}_MAX"]
+        if first < uids.stop and uids.start <= last:
+            found.append(f"{what} ({low}_MIN-{low}_MAX in {etc}/login.defs: {first}-{last})")
     return found
 
 
@@ -130,10 +153,14 @@ def problem(uids: range, base: Path, own: Path) -> str | None:
             "plan would run as an id this machine gives out. Choose a range outside them, "
             'e.g. "1900000000-1900000999"'
         )
-    own = own.absolute()
-    here = base.absolute()
+    # Their real paths: bubblewrap resolves each mount source, and a link (a data
+    # folder linked into /root) passed here, then every exec failed (review29b #4, r6).
+    named = str(own.absolute())
+    own, here = own.resolve(), base.resolve()
+    if named != str(own):
+        named += f" (a link to {own})"
     if here != own and own not in here.parents:
-        return f"the workbench {here} is not under the worker's data folder {own}"
+        return f"the workbench {here} is not under the worker's data folder {named}"
     for folder in (here, *here.parents):
         if folder == own or own in folder.parents:
             os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -143,12 +170,25 @@ def problem(uids: range, base: Path, own: Path) -> str | None:
         if not mode & stat.S_IXOTH:
             return (
                 f"[sandbox] uids is set and the folder {folder} (mode "
-                f"{stat.S_IMODE(mode):o}) above the worker's data folder {own} may not be "
+                f"{stat.S_IMODE(mode):o}) above the worker's data folder {named} may not be "
                 "searched by other users, so a plan's uid cannot reach its workspace. Put "
                 "the data folder where others may pass through (AGENTWORKER_HOME, e.g. "
                 "/var/lib/agentworker), or `chmod o+x` that folder"
             )
     return None
+
+
+def closed_again(own: Path) -> bool:
+    """Others' search bit off the worker's data folder `own` (`problem` set it) once no
+    plan's uid passes through it; whether it was on."""
+    try:
+        mode = stat.S_IMODE(os.stat(own).st_mode)
+    except FileNotFoundError:
+        return False
+    if not mode & stat.S_IXOTH:
+        return False
+    os.chmod(own, mode & ~stat.S_IXOTH)
+    return True
 
 
 def searchable(path: Path | str, extra: int = stat.S_IXOTH) -> None:

@@ -127,6 +127,8 @@ class PlanInfo:
     # The placement token the plan's calls last brought ("" if none did): a secret of
     # the server's and this worker's, never shown.
     placement_token: str = field(default="", repr=False)
+    # The plan's own uid its plan.json names ([sandbox] uids), if any.
+    uid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -1037,6 +1039,7 @@ class Workspaces:
                     last_used_unix=st.st_mtime,
                     server=owner,
                     placement_token=token if isinstance(token, str) else "",
+                    uid=_uid_of(info),
                 )
             )
         return sorted(found, key=lambda p: p.last_used_unix, reverse=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import grpc
 
-from sandbox import confinement
+from sandbox import confinement, plan_uids
 from worker import actions, db, memory
 from worker.actions import computer
 from worker.actions.scope_names import grant_tables_problem
@@ -130,9 +130,15 @@ def worker_id(paths: Paths) -> str:
     """Stable across restarts: the server recognises the same machine coming back."""
     id_file = paths.data_dir / "worker_id"
     if id_file.exists():
+        if id_file.stat().st_mode & 0o077:  # written 0644 before (review29b #5)
+            id_file.chmod(0o600)
         return id_file.read_text(encoding="ascii").strip()
     ident = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-    id_file.write_text(ident + "\n", encoding="ascii")
+    # This user's alone, as everything in the data folder: a root worker with
+    # [sandbox] uids lets others pass through that folder (sandbox.plan_uids).
+    fd = os.open(id_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as written:
+        written.write(ident + "\n")
     return ident
 
 
@@ -739,6 +745,20 @@ async def run_hub(paths: Paths, config: Config, listen: str | None = None) -> No
     await running.stop()
 
 
+def _close_data_folder(paths: Paths, config: Config, sandbox: bool) -> None:
+    """The data folder owner-only (0700) again when no plan's uid passes through it
+    now (no [sandbox] uids in effect): a start with the setting let others search it,
+    and that stayed once the setting was gone (review29b #5)."""
+    if sandbox and config.sandbox.uid_range is not None:
+        return
+    if plan_uids.closed_again(paths.data_dir):
+        log.info(
+            "the data folder %s is owner-only again (0700): [sandbox] uids is off, no "
+            "plan's uid passes through it now",
+            paths.data_dir,
+        )
+
+
 async def start_workbench(paths: Paths, config: Config) -> workbench.Workbench:
     """Sandbox mode's workspaces, once the sandbox is known to work here (else refuse to
     start: NoSandboxError, a problem of this machine, not an answer to a call)."""
@@ -773,6 +793,7 @@ async def run_worker(
     in a process of its own when `tui` says how to start it; `built` is called once
     the worker is built, before it dials."""
     with worker_lock(paths):
+        _close_data_folder(paths, config, sandbox)
         bench = await start_workbench(paths, config) if sandbox else None
         desktop = computer.build(config, paths.data_dir)
         dispatcher = build_dispatcher(paths, config, bench=bench, desktop=desktop)
@@ -801,6 +822,7 @@ async def run_up(
     TUI in a process of its own when `tui` says how). `built` is called once both are
     built, before the worker dials."""
     with worker_lock(paths):
+        _close_data_folder(paths, config, sandbox)
         bench = await start_workbench(paths, config) if sandbox else None
         running = await start_hub(paths, config)
         _say_listening(running, paths)

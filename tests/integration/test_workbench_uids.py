@@ -14,6 +14,7 @@ import json
 import os
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 
 from sandbox import plan_uids
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import Cluster, cluster, wait_for
 from tests.support.policies import PYTHON3, exec_config
 from tests.support.workbench import call, files_of, run, sandbox_cluster, teardown
 from worker.config import SandboxSection
@@ -35,8 +36,9 @@ from worker.config import SandboxSection
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="[sandbox] uids needs a root worker")
 
 # A range of this test process's own: two runs at once must not share a uid (a
-# teardown kills every process of its plan's).
-FIRST = 3_000_000 + (os.getpid() % 10_000) * 100
+# teardown kills every process of its plan's). Above login.defs' default SUB_UID_MAX
+# (600100000): the start refuses ids useradd gives out later.
+FIRST = 1_900_000_000 + (os.getpid() % 10_000) * 100
 UIDS = f"{FIRST}-{FIRST + 99}"
 
 # In the sandbox: adds epoll watches until the kernel refuses (its user's
@@ -190,6 +192,24 @@ def test_a_teardown_kills_what_runs_as_the_plans_uid_before_its_files_go(
         leftover.wait()
 
 
+def start_refused(home: Path, become: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """`agentworker run --sandbox` with the home `home` (as `become` says, else as
+    root): a start the uids' checks stop before it dials (nothing listens there)."""
+    return subprocess.run(
+        [*become, sys.executable, "-m", "worker", "run", "--sandbox", "--server", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env={
+            **os.environ,
+            "AGENTWORKER_HOME": str(home),
+            "AGENTWORKER_TOKEN": "not-used",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        },
+    )
+
+
 def test_a_worker_that_is_not_root_refuses_to_start_with_uids() -> None:
     user = 4252
     place = Path(tempfile.mkdtemp(prefix="aw-uids-", dir="/tmp"))
@@ -200,34 +220,29 @@ def test_a_worker_that_is_not_root_refuses_to_start_with_uids() -> None:
         (home / "config.toml").write_text(f'[sandbox]\nuids = "{UIDS}"\n')
         for made in (home, home / "config.toml"):
             os.chown(made, user, user)
-        become = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
-        started = subprocess.run(
-            [
-                *become,
-                sys.executable,
-                "-m",
-                "worker",
-                "run",
-                "--sandbox",
-                "--server",
-                "127.0.0.1:1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd="/",
-            env={
-                **os.environ,
-                "AGENTWORKER_HOME": str(home),
-                "AGENTWORKER_TOKEN": "not-used",
-                "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-            },
+        started = start_refused(
+            home, ("setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups")
         )
     finally:
         shutil.rmtree(place)
     assert started.returncode == 8, started.stderr
     assert "only a worker running as root" in started.stderr, started.stderr
     assert f"runs as uid {user}" in started.stderr
+
+
+def test_a_range_of_subordinate_ids_useradd_gives_out_later_stops_the_start() -> None:
+    """review29b r2, the rest: login.defs' SUB_UID_MIN-SUB_UID_MAX (100000-600100000
+    where it names none) is where each new user's rootless containers' ids come from."""
+    place = Path(tempfile.mkdtemp(prefix="aw-uids-", dir="/tmp"))
+    try:
+        place.chmod(0o711)
+        (place / "config.toml").write_text('[sandbox]\nuids = "200000-200999"\n')
+        started = start_refused(place)
+    finally:
+        shutil.rmtree(place)
+    assert started.returncode == 8, started.stderr
+    assert "subordinate uids (SUB_UID_MIN-SUB_UID_MAX in /etc/login.defs" in started.stderr
+    assert 'Choose a range outside them, e.g. "1900000000-1900000999"' in started.stderr
 
 
 @pytest.mark.parametrize(
@@ -237,6 +252,7 @@ def test_a_worker_that_is_not_root_refuses_to_start_with_uids() -> None:
         ("200-x", 'write it as "A-B"'),
         ("5000-4000", "ends before it starts"),
         ("10-2000", "below 1000 are the system's accounts"),
+        ("2147483000-2147484000", "bubblewrap cannot map a uid above 2147483647"),
     ],
 )
 def test_a_range_that_is_no_range_of_uids_is_refused_saying_why(uids: str, said: str) -> None:
@@ -248,3 +264,70 @@ def test_a_range_holding_an_account_is_refused_naming_it(tmp_path: Path) -> None
     nobody = 65534
     problem = plan_uids.problem(range(nobody - 5, nobody + 1), tmp_path / "workbench", tmp_path)
     assert problem is not None and f"({nobody})" in problem and "no account uses" in problem
+
+
+def test_a_data_folder_linked_past_a_folder_others_cannot_pass_is_refused() -> None:
+    """review29b #4 (r6): the check walked the data folder's path as written, so a link
+    into a folder others cannot pass (/root) passed, and then every exec failed: the
+    plan's uid could not reach its workspace by the real path bubblewrap resolves."""
+    place = Path(tempfile.mkdtemp(prefix="aw-uids-", dir="/tmp"))
+    try:
+        place.chmod(0o711)
+        closed = place / "closed"
+        closed.mkdir(mode=0o700)
+        real = closed / "home"
+        real.mkdir(mode=0o700)
+        link = place / "home"
+        link.symlink_to(real)
+        problem = plan_uids.problem(plan_uids.parse(UIDS), link / "workbench", link)
+    finally:
+        shutil.rmtree(place)
+    assert problem is not None
+    assert f"the folder {closed} (mode 700) above the worker's data folder" in problem, problem
+    assert f"data folder {link} (a link to {real}) may not be searched" in problem, problem
+
+
+def test_a_start_without_uids_shuts_the_data_folder_again(tmp_path: Path) -> None:
+    """review29b #5: a start with [sandbox] uids lets others pass through the data
+    folder (0701); once the setting is gone nothing needs that, and it stayed. And
+    worker_id was written 0644, readable by any user passing through."""
+    with cluster(tmp_path / "home", worker=False) as c:
+        home = c.home
+        home.chmod(0o701)  # as a start with the setting left it
+        (home / "worker_id").write_text("was-a-uids-worker\n")
+        (home / "worker_id").chmod(0o644)  # as a worker from before wrote it
+        c.start_worker()
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        assert stat.S_IMODE((home / "worker_id").stat().st_mode) == 0o600
+        assert any(w.worker_id == "was-a-uids-worker" and w.connected for w in c.workers())
+
+
+def test_sandbox_list_shows_each_plans_uid(live: Cluster) -> None:
+    plan = new_plan()
+    assert call(live, plan, "fs_write", {"path": "a.txt"}, b"x")[0]["status"] == "ok"
+    uid = meta_of(live, plan)["uid"]
+    bench = live.home.parent / "bench"
+    env = {**live.env, "AGENTWORKER_HOME": str(bench)}
+    listed = subprocess.run(
+        [sys.executable, "-m", "worker", "sandbox", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert {row["plan_id"]: row["uid"] for row in json.loads(listed.stdout)}[plan] == uid
+    text = subprocess.run(
+        [sys.executable, "-m", "worker", "sandbox", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    [line] = [line for line in text.splitlines() if line.startswith(plan + "  ")]
+    assert f"  uid {uid}  " in line, text
+    assert teardown(live, plan)["result"]["removed"] is True
+    # The worker wrote its id at its start (review29b #5): its user's alone, though
+    # other users pass through its data folder.
+    assert stat.S_IMODE((bench / "worker_id").stat().st_mode) == 0o600

@@ -158,3 +158,23 @@ def test_doctor_checks_the_libraries_this_platform_installs(tmp_path: Path) -> N
     assert all(versions.values()), versions
     input_library = "python-xlib" if sys.platform.startswith("linux") else "pynput"
     assert input_library in versions and "pyautogui" not in versions
+
+
+def test_doctor_warns_of_a_data_folder_others_pass_once_plans_uids_are_off(
+    tmp_path: Path,
+) -> None:
+    """review29b #5: others' search bit on the data folder, set for [sandbox] uids, was
+    "owner only" with the setting gone too."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o701)
+    (home / "config.toml").write_text("")
+    _, report, _ = _doctor(_env(home), "--offline")
+    folder = _finding(report, "home folder")
+    assert folder["status"] == "warn", folder
+    assert "[sandbox] uids, which needs that, is off" in folder["summary"]
+    assert folder["fix"] == f"chmod 700 {home}"
+    (home / "config.toml").write_text('[sandbox]\nuids = "1900000000-1900000999"\n')
+    _, report, _ = _doctor(_env(home), "--offline")
+    folder = _finding(report, "home folder")
+    assert folder["status"] == "ok" and "plans' uids pass through" in folder["summary"], folder

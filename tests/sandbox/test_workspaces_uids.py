@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -20,7 +21,8 @@ from sandbox.workspaces import META, WorkspaceError, WorkspaceProblem, Workspace
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plans' uids need root")
 
-FIRST = 3_500_000 + (os.getpid() % 10_000) * 10
+# Above login.defs' default SUB_UID_MAX (600100000): ids useradd gives out later.
+FIRST = 2_000_000_000 + (os.getpid() % 10_000) * 10
 UIDS = range(FIRST, FIRST + 3)
 
 
@@ -179,7 +181,11 @@ def test_a_range_this_machine_gives_out_is_refused(tmp_path: Path) -> None:
     etc.mkdir()
     (etc / "subuid").write_text("alice:165536:65536\n")
     (etc / "subgid").write_text("bob:300000:65536\n")
-    (etc / "login.defs").write_text("# comment\nUID_MIN\t\t 2000\nUID_MAX\t\t 70000\n")
+    (etc / "login.defs").write_text(
+        "# comment\nUID_MIN\t\t 2000\nUID_MAX\t\t 70000\n"
+        "SUB_UID_MIN 1000000000\nSUB_UID_MAX 1100000000\n"  # away from the files' ids
+        "SUB_GID_MIN 1000000000\nSUB_GID_MAX 1100000000\n"
+    )
     assert plan_uids.given_out_in(range(200_000, 201_000), etc) == [
         "alice's subordinate ids in /etc/subuid"
     ]
@@ -187,6 +193,51 @@ def test_a_range_this_machine_gives_out_is_refused(tmp_path: Path) -> None:
         "bob's subordinate ids in /etc/subgid"
     ]
     assert plan_uids.given_out_in(range(65_000, 65_010), etc) == [
-        "the uids useradd gives new accounts (2000-70000)"
+        f"the uids useradd gives new accounts (UID_MIN-UID_MAX in {etc}/login.defs: 2000-70000)"
     ]
     assert plan_uids.given_out_in(range(1_900_000_000, 1_900_001_000), etc) == []
+
+
+def test_the_spans_login_defs_gives_out_later_are_refused_by_default_too(tmp_path: Path) -> None:
+    """review29b r2, the rest: SUB_UID_MIN-SUB_UID_MAX, where useradd takes each new
+    user's subordinate ids (100000-600100000 where login.defs names none), passed: a
+    range such as "200000-200999" was a later user's rootless container's. A plan's gid
+    being its uid, groupadd's GID_MIN-GID_MAX and SUB_GID_MIN-SUB_GID_MAX count too."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    defs = etc / "login.defs"
+    defs.write_text("UID_MIN 1000\nUID_MAX 60000\n")  # no other span: shadow's defaults
+    assert plan_uids.given_out_in(range(200_000, 201_000), etc) == [
+        "where useradd takes new users' subordinate uids "
+        f"(SUB_UID_MIN-SUB_UID_MAX in {defs}: 100000-600100000)",
+        "where useradd takes new users' subordinate gids "
+        f"(SUB_GID_MIN-SUB_GID_MAX in {defs}: 100000-600100000)",
+    ]
+    defs.write_text(
+        "GID_MIN 70000\nGID_MAX 80000\nSUB_UID_MIN 1000000000\nSUB_UID_MAX 1100000000\n"
+        "SUB_GID_MIN 1200000000\nSUB_GID_MAX 1300000000\n"
+    )
+    assert plan_uids.given_out_in(range(75_000, 75_010), etc) == [
+        f"the gids groupadd gives new groups (GID_MIN-GID_MAX in {defs}: 70000-80000)"
+    ]
+    assert plan_uids.given_out_in(range(1_250_000_000, 1_250_000_010), etc) == [
+        "where useradd takes new users' subordinate gids "
+        f"(SUB_GID_MIN-SUB_GID_MAX in {defs}: 1200000000-1300000000)"
+    ]
+    assert plan_uids.given_out_in(range(200_000, 201_000), etc) == []  # moved away
+    # Every range the docs and the refusals give as an example passes, by the
+    # defaults and on this machine.
+    defs.unlink()
+    root = Path(__file__).resolve().parents[2]
+    said = [
+        root / "README.md",
+        root / "docs" / "architecture.md",
+        root / "sandbox" / "plan_uids.py",
+    ]
+    examples = {
+        found for text in said for found in re.findall(r'"(\d{4,}-\d{4,})"', text.read_text())
+    }
+    assert examples
+    for example in examples:
+        assert plan_uids.given_out_in(plan_uids.parse(example), etc) == [], example
+        assert plan_uids.given_out_in(plan_uids.parse(example)) == [], example

@@ -107,7 +107,7 @@ def diagnose(paths: Paths, *, reach_hub: bool = True) -> list[Finding]:
     config_finding, config = _config(paths)
     findings.append(config_finding)
     settings = config or Config()
-    findings += _folders(paths)
+    findings += _folders(paths, plans_pass=settings.sandbox.uid_range is not None)
     if config is not None and paths.config_file.exists():
         findings += _roots(config, paths)
     findings += [_token(paths), *_tls(settings)]
@@ -231,7 +231,10 @@ def _config(paths: Paths) -> tuple[Finding, Config | None]:
     return Finding("config", "ok", f"{where} is valid", details={"path": where}), config
 
 
-def _folders(paths: Paths) -> list[Finding]:
+def _folders(paths: Paths, *, plans_pass: bool) -> list[Finding]:
+    """The config and data folders: this user's, owner-only. Others' search bit alone
+    on the data folder only while [sandbox] uids lets plans' uids pass through it
+    (`plans_pass`; sandbox.plan_uids)."""
     out = []
     folders = {paths.config_dir: "config folder", paths.data_dir: "data folder"}
     if paths.config_dir == paths.data_dir:
@@ -244,24 +247,21 @@ def _folders(paths: Paths) -> list[Finding]:
             continue
         mode = stat.S_IMODE(folder.stat().st_mode)
         details = {"path": str(folder), "mode": oct(mode)}
+        passed = folder == paths.data_dir and plans_pass
         if not os.access(folder, os.W_OK | os.X_OK):
             out.append(
                 Finding(
                     name, "blocker", f"{folder} is not writable", "chown it to yourself", details
                 )
             )
-        elif mode & 0o076:  # others' search alone: [sandbox] uids (sandbox.plan_uids)
-            out.append(
-                Finding(
-                    name,
-                    "warn",
-                    f"{folder} is open to other users (mode {oct(mode)})",
-                    f"chmod 700 {folder}",
-                    details,
-                )
-            )
+        elif mode & 0o076 or (mode & stat.S_IXOTH and not passed):
+            said = f"{folder} is open to other users (mode {oct(mode)})"
+            if not mode & 0o076:  # others' search alone: left by [sandbox] uids
+                said += "; [sandbox] uids, which needs that, is off (a worker's start closes it)"
+            out.append(Finding(name, "warn", said, f"chmod 700 {folder}", details))
         else:
-            out.append(Finding(name, "ok", f"{folder} (owner only)", details=details))
+            shut = "owner only" if not mode & 0o077 else "owner only; plans' uids pass through"
+            out.append(Finding(name, "ok", f"{folder} ({shut})", details=details))
     return out
 
 

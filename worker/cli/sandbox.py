@@ -1,7 +1,8 @@
 """`agentworker sandbox list`, `teardown PLAN` and `claim PLAN`: sandbox mode's plans.
 
 `list` reads this machine's workspaces directly (it needs no hub): each plan, the
-server it belongs to, the disk its workspace takes and when a call last used it.
+server it belongs to, the disk its workspace takes, when a call last used it and the
+uid its programs run as, if it has one of its own ([sandbox] uids).
 `teardown` goes through the hub, which finds the worker holding the plan; that
 worker stops the plan's running calls and removes its workspace (of that hub's
 plan: another server's workspace of the same plan id stays). Tearing down a plan
@@ -91,6 +92,7 @@ def _list(paths: Paths, args: argparse.Namespace) -> int:
             "created": _iso(plan.created_unix),
             "last_used": _iso(plan.last_used_unix),
             "folder": str(workspaces.base / plan.key),
+            "uid": plan.uid,  # its programs run as it ([sandbox] uids); None: the worker's
         }
         for plan in plans
     ]
@@ -105,7 +107,10 @@ def _list(paths: Paths, args: argparse.Namespace) -> int:
                 whose = "unclaimed: no server reaches it (`agentworker sandbox claim PLAN`)"
             else:
                 whose = f"server {shown(plan.server)}"
-            print(f"{shown(plan.plan_id)}  {_size(plan.bytes_used)}  last used {used}  {whose}")
+            uid = "" if plan.uid is None else f"  uid {plan.uid}"
+            print(
+                f"{shown(plan.plan_id)}  {_size(plan.bytes_used)}  last used {used}{uid}  {whose}"
+            )
     return EXIT_OK
 
 
