@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -326,10 +325,9 @@ def test_a_terabyte_content_length_is_read_to_the_cap_only(
 def test_a_chunked_body_that_never_ends_is_cut_at_the_cap(
     live: Cluster, server: TestServer
 ) -> None:
-    started = time.monotonic()
+    # Answered ok: cut at the cap, not by the total timeout (that answers `timeout`).
     result, body = ok(live, server.url("/chunked-forever"))
     assert result["truncated"] is True and len(body) == CAP
-    assert time.monotonic() - started < 5
 
 
 def test_a_body_in_one_byte_chunks_is_cut_after_its_most_pieces(
@@ -354,11 +352,9 @@ def test_endless_interim_responses_end_after_the_most_a_fetch_reads_before_a_bod
 
 def test_a_trickling_server_meets_the_total_timeout(live: Cluster, server: TestServer) -> None:
     """A byte every 50 ms never trips the read timeout; the total timeout ends it."""
-    started = time.monotonic()
     out, _ = fetch(live, server.url("/trickle"), total_timeout_s=1)
     assert error_code(out) == "timeout", out
-    assert "total timeout of 1 s" in out["error"]["message"]
-    assert time.monotonic() - started < 4
+    assert "total timeout of 1 s" in out["error"]["message"]  # its own, not another bound
 
 
 # --- arguments -----------------------------------------------------------------------------

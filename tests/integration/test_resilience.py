@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -303,15 +302,16 @@ def test_status_and_workers_speak_json(live: Cluster, flag: str) -> None:
 def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> None:
     """`agentworker kill` records the kill in the worker's own ledger: with no hub to
     pass it on, the running call still stops and the plan's next calls are refused."""
-    args = '{"hold": "lk-1", "mark": "localkill"}'  # never released
+    # Never released. No mark: one is made in a thread, and a kill that came while it
+    # ran (a slow fsync under load) is rightly answered outcome_unknown.
+    args = '{"hold": "lk-1"}'
     pending = call_in_background(
         live, "workerDiag.probe", args, correlation_id="lk-1", plan_id="p-local"
     )
-    wait_for(lambda: marks(live, "localkill") == 1, 10)
+    wait_for(lambda: started(live, "lk-1"), 10)
     hub = next(p for p in live.procs if p.name == "hub")
     hub.kill()
     pending["thread"].join(10)
-    begun = time.monotonic()
     killed = subprocess.run(
         [sys.executable, "-m", "worker", "kill", "p-local", "--reason", "stop that"],
         env=live.env,
@@ -328,8 +328,8 @@ def test_a_kill_made_at_the_machine_holds_with_the_hub_down(live: Cluster) -> No
     # The caller asks again with the same id: the worker answers from its ledger.
     out = live.call("workerDiag.probe", args, correlation_id="lk-1", plan_id="p-local")
     assert out["error"]["code"] == "plan_killed", out
+    # Stopped by the kill, not by its deadline (that answers `timeout`), whatever the time.
     assert "stop that" in out["error"]["message"]
-    assert time.monotonic() - begun < 15, "stopped by the kill, not by its deadline"
     fresh = live.call("workerHost.fs_stat", '{"path": "."}', plan_id="p-local")
     assert fresh["error"]["code"] == "plan_killed"
 
