@@ -63,6 +63,8 @@ PORT_ATTEMPTS = 3
 # load (a start took over 15 s at a load of 30 on 2 cores), not a pace; an exit is
 # seen at once.
 START_WITHIN_S = 60.0
+# The clusters the running test made, for its report should it fail (tests/conftest.py).
+CLUSTERS_MADE: list[Cluster] = []
 
 
 def free_port() -> int:
@@ -301,6 +303,7 @@ def cluster(
         listen = f"127.0.0.1:{free_port()}"
         write_config(home, listen, extra_config, **settings)
         c = Cluster(home=home, listen=listen, env=env)
+        CLUSTERS_MADE.append(c)
         try:
             if hub:
                 c.start_hub()
