@@ -58,6 +58,22 @@ CREATE INDEX IF NOT EXISTS enrolments_state ON enrolments (state, seen_ms);
 # under new ids (paced by worker.hub.hellos); past this many the one seen longest ago
 # goes (a real worker waiting is back at its next try).
 PENDING_KEPT: Final = 256
+# Past PENDING_KEPT the pending rows seen longest ago go, but for a key made for this
+# hub waiting under an id accepted with an older worker's worker.key: that row is what
+# keeps the older key unserved (Enrolments.verdict's `superseded`), and pushed out by a
+# flood of new ids it let the older key be served again until the worker's next Hello
+# (review29 k1's rest). Such rows are as many as ids accepted that way, at most.
+_PUSH_OUT_PENDING: Final = """
+DELETE FROM enrolments WHERE rowid IN (
+    SELECT rowid FROM enrolments AS waiting WHERE state = 'pending' AND NOT (
+        per_server = 1 AND EXISTS (
+            SELECT 1 FROM enrolments AS older WHERE older.worker_id = waiting.worker_id
+            AND older.state = 'accepted' AND older.per_server = 0
+        )
+    )
+    ORDER BY seen_ms DESC LIMIT -1 OFFSET ?
+)
+"""
 
 
 @dataclass(frozen=True)
@@ -180,11 +196,7 @@ class Enrolments:
                 " SET seen_ms = excluded.seen_ms, hello = excluded.hello",
                 (worker_id, key_digest, now, described, int(per_server)),
             )
-            self._db.execute(
-                "DELETE FROM enrolments WHERE rowid IN (SELECT rowid FROM enrolments"
-                " WHERE state = 'pending' ORDER BY seen_ms DESC LIMIT -1 OFFSET ?)",
-                (PENDING_KEPT,),
-            )
+            self._db.execute(_PUSH_OUT_PENDING, (PENDING_KEPT,))
 
     def seen(self, worker_id: str, key_digest: str, hello: pb.Hello) -> None:
         """An accepted worker said Hello: its row shows what it offers now."""
