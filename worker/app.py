@@ -354,7 +354,9 @@ def worker_target(paths: Paths, config: Config) -> Target:
 
 def _this_hubs_port(address: str, listen: str) -> bool:
     """Whether `address` reaches `[hub] listen` on this machine: spelled alike, or a
-    loopback host on its port (where the hub listens on loopback or on every address)."""
+    loopback host on its port however written (where the hub listens on loopback or on
+    every address). Hosts outside `is_loopback` (127.1, ::ffff:127.0.0.1) are dialled
+    over TLS alone (transport.open_channel), by a certificate the person's CA signed."""
     named, listening = server_name(address), server_name(listen)
     if named == listening:
         return True
@@ -362,7 +364,13 @@ def _this_hubs_port(address: str, listen: str) -> bool:
         return False
     # A hub listening on every address (0.0.0.0, ::) is reached on loopback too.
     here = is_loopback(listening) or split_host(listening) in ("0.0.0.0", "::", "")  # noqa: S104
-    return here and named.rpartition(":")[2] == listening.rpartition(":")[2]
+    return here and _port(named) == _port(listening) is not None
+
+
+def _port(address: str) -> int | None:
+    """The port of `host:port` as a number: gRPC dials `127.0.0.1:07421` at port 7421."""
+    digits = address.rpartition(":")[2]
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def reload_config(
