@@ -15,10 +15,10 @@ import asyncio
 import hashlib
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -27,6 +27,12 @@ from tests.support.policies import PYTHON3_ASKS, PYTHON3_BESIDE, exec_config
 from worker.config import Paths
 from worker.core.console_socket import SocketLink
 from worker.hub.client import ControlClient, result_to_dict
+
+_T = TypeVar("_T")
+
+# A step of a scenario (a prompt to come, a reply, an answer) takes a second or so, tens
+# at a load of 20 on 2 cores: past this it is a hang.
+STEP_S = 60
 
 SHOWN = b"print('hello from the approved script')\n"
 OTHER = b"import pathlib; pathlib.Path('PWNED').write_text('ran unasked')\n"
@@ -82,16 +88,31 @@ class Person:
         """The call's result if it ran without a prompt, None once it asks."""
         self.came.clear()
         asked = asyncio.ensure_future(self.came.wait())
-        done, _ = await asyncio.wait({pending, asked}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await self._within(
+            asyncio.wait({pending, asked}, return_when=asyncio.FIRST_COMPLETED),
+            "the call was neither answered nor asked about",
+        )
         asked.cancel()
         return result_to_dict(pending.result()) if pending in done else None
 
     async def decide(self, pending: asyncio.Future[Any], choice: str) -> dict[str, Any]:
         """Answer the last prompt; the asking call's result."""
         command = {"op": "decide", "prompt_id": self.prompts[-1]["id"], "choice": choice}
-        reply = await self.ui.command(command)
+        reply = await self._within(self.ui.command(command), f"no reply to {command}")
         assert reply["ok"], reply
-        return result_to_dict(await pending)
+        return result_to_dict(await self._within(pending, f"no answer after {choice!r}"))
+
+    async def _within(self, step: Awaitable[_T], what: str) -> _T:
+        """`step`, or an AssertionError saying `what` once it took STEP_S: the scenario
+        then ends on its own, closing its UI link and client, rather than being stopped
+        by pytest-timeout with them open (which failed the next test as well)."""
+        try:
+            async with asyncio.timeout(STEP_S):
+                return await step
+        except TimeoutError:
+            raise AssertionError(
+                f"{what} within {STEP_S} s ({len(self.prompts)} prompt(s) shown so far)"
+            ) from None
 
 
 @asynccontextmanager
@@ -99,11 +120,11 @@ async def attached(live: Cluster) -> AsyncIterator[Person]:
     ui = SocketLink(Paths(config_dir=live.home, data_dir=live.home).ui_socket)
     client = ControlClient.connect(live.listen, live.token)
     person = Person(live, ui, client)
-    await ui.open(person.told)
     try:
+        await ui.open(person.told)
         yield person
+    finally:  # on a failure too: left open, its socket failed a later test as unclosed
         await ui.close()
-    finally:
         await client.close()
 
 
