@@ -29,7 +29,7 @@ def test_a_flood_of_new_ids_does_not_serve_a_superseded_older_key_again(
     enrolments.waiting("vm-1", newer, pb.Hello(worker_id="vm-1"), per_server=True)
     assert enrolments.verdict("vm-1", older).superseded
 
-    for n in range(KEPT + 10):
+    for n in range(KEPT + 3):
         flood = worker_key_digest_of(uuid.uuid4().hex)
         enrolments.waiting(f"f-{n}", flood, pb.Hello(worker_id=f"f-{n}"), per_server=True)
 
@@ -37,4 +37,28 @@ def test_a_flood_of_new_ids_does_not_serve_a_superseded_older_key_again(
     assert (verdict.state, verdict.superseded) == ("pending", True)
     pending = [row for row in enrolments.all() if row.state == "pending"]
     assert len(pending) == KEPT + 1  # the flood's newest, and the upgraded key's
+    store.close()
+
+
+def test_keys_sent_under_a_superseded_id_are_pushed_out_but_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row kept past PENDING_KEPT is one per id: keys made up under that id by anyone
+    with the workers' token are pushed out as any other, the newest kept."""
+    monkeypatch.setattr(enrolment, "PENDING_KEPT", KEPT)
+    store = HubStore(tmp_path / "hub.db")
+    enrolments = store.enrolments
+    older = worker_key_digest_of(uuid.uuid4().hex)
+    enrolments.accept("vm-1", older, by="operator", per_server=False)
+    for _ in range(KEPT + 3):
+        made_up = worker_key_digest_of(uuid.uuid4().hex)
+        enrolments.waiting("vm-1", made_up, pb.Hello(worker_id="vm-1"), per_server=True)
+    assert enrolments.verdict("vm-1", older).superseded
+    for n in range(KEPT + 3):
+        flood = worker_key_digest_of(uuid.uuid4().hex)
+        enrolments.waiting(f"f-{n}", flood, pb.Hello(worker_id=f"f-{n}"), per_server=True)
+    assert enrolments.verdict("vm-1", older).superseded
+    pending = [row for row in enrolments.all() if row.state == "pending"]
+    assert len(pending) == KEPT + 1
+    assert sum(row.worker_id == "vm-1" for row in pending) == 1
     store.close()

@@ -58,18 +58,23 @@ CREATE INDEX IF NOT EXISTS enrolments_state ON enrolments (state, seen_ms);
 # under new ids (paced by worker.hub.hellos); past this many the one seen longest ago
 # goes (a real worker waiting is back at its next try).
 PENDING_KEPT: Final = 256
-# Past PENDING_KEPT the pending rows seen longest ago go, but for a key made for this
-# hub waiting under an id accepted with an older worker's worker.key: that row is what
-# keeps the older key unserved (Enrolments.verdict's `superseded`), and pushed out by a
-# flood of new ids it let the older key be served again until the worker's next Hello
-# (review29 k1's rest). Such rows are as many as ids accepted that way, at most.
+# Past PENDING_KEPT the pending rows seen longest ago go, but for the newest key made for
+# this hub waiting under an id accepted with an older worker's worker.key: that row is
+# what keeps the older key unserved (Enrolments.verdict's `superseded`), and pushed out
+# by a flood of new ids it let the older key be served again until the worker's next
+# Hello (review29 k1's rest). One such row per id, at most: keys sent under the id by
+# anyone with the workers' token are pushed out as any other.
 _PUSH_OUT_PENDING: Final = """
 DELETE FROM enrolments WHERE rowid IN (
-    SELECT rowid FROM enrolments AS waiting WHERE state = 'pending' AND NOT (
-        per_server = 1 AND EXISTS (
-            SELECT 1 FROM enrolments AS older WHERE older.worker_id = waiting.worker_id
-            AND older.state = 'accepted' AND older.per_server = 0
-        )
+    SELECT rowid FROM enrolments WHERE state = 'pending' AND rowid NOT IN (
+        SELECT kept FROM (
+            SELECT (
+                SELECT newest.rowid FROM enrolments AS newest
+                WHERE newest.worker_id = older.worker_id AND newest.state = 'pending'
+                AND newest.per_server = 1 ORDER BY newest.seen_ms DESC LIMIT 1
+            ) AS kept
+            FROM enrolments AS older WHERE older.state = 'accepted' AND older.per_server = 0
+        ) WHERE kept IS NOT NULL
     )
     ORDER BY seen_ms DESC LIMIT -1 OFFSET ?
 )
