@@ -661,9 +661,12 @@ async def _prepare(
     pid_cap: PidCap,
     starts: Starts,
     claim: Callable[[], None] | None = None,
+    *,
+    within_s: float,
 ) -> _Prepared:
     """Start bubblewrap for a sandbox of `shape` whose entry waits for its call, and see
-    it through its start line (`claim` called while it is held there)."""
+    it through its start line within `within_s` (`claim` called while it is held
+    there). A shape's limits have no timeout: the call's is counted from its start."""
     view, limits, tools = shape.view, shape.limits, shape.tools
     user_limits = _startline.user_limits()
     ours: list[int] = []
@@ -711,6 +714,7 @@ async def _prepare(
             last_pid=shape.capped,
             user_limits=user_limits,
             claim=claim,
+            within_s=within_s,
         )
         sandbox.release()
     except BaseException:
@@ -758,11 +762,16 @@ async def _run_warm(
                 await prepared.discard()
                 raise
     else:
-        prepared = await _prepare(shape, pid_cap, starts, claim)
+        prepared = await _prepare(shape, pid_cap, starts, claim, within_s=limits.timeout_s)
     done = await prepared.go(words, stdin, limits, hash_output, on_start)
     # Built ahead with what its bound names lead to then, just before bubblewrap binds
-    # them (later than this call looked); the call that takes it compares (_taken).
-    warm.refill(plan, shape, lambda: _prepare(shape.as_now(), pid_cap, starts))
+    # them (later than this call looked); the call that takes it compares (_taken). Its
+    # start is bounded as this call's was: the plan's next call may wait for it.
+    warm.refill(
+        plan,
+        shape,
+        lambda: _prepare(shape.as_now(), pid_cap, starts, within_s=limits.timeout_s),
+    )
     return done
 
 
@@ -892,6 +901,7 @@ class _Sandbox:
                 user_limits=user_limits,
                 claim=claim,
                 report_first=report_first,
+                within_s=limits.timeout_s,
             )
             self.release()
             timed_out = await self.finish(limits, started)
@@ -914,9 +924,48 @@ class _Sandbox:
         user_limits: tuple[tuple[str, int], ...] = (),
         claim: Callable[[], None] | None = None,
         report_first: bool = True,
+        within_s: float,
     ) -> None:
-        """What is done while bubblewrap holds the sandbox at its start line. Should it
-        raise, the caller kills the sandbox."""
+        """What is done while bubblewrap holds the sandbox at its start line, within
+        `within_s` (the call's timeout): a start that never comes (bubblewrap, or a
+        helper, waiting on something that does not happen) fails the call, which
+        nothing bounded before its program ran. Should it raise, the caller kills the
+        sandbox."""
+        try:
+            async with asyncio.timeout(within_s) as bound:
+                await self._hold(
+                    tools,
+                    limits,
+                    cap_from_outside,
+                    cgroup,
+                    settle_with,
+                    last_pid=last_pid,
+                    user_limits=user_limits,
+                    claim=claim,
+                    report_first=report_first,
+                )
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise SandboxUnavailableError(
+                f"the sandbox did not start within the call's timeout ({within_s:g} "
+                "s): bubblewrap never said it was ready, or its limits were not set in "
+                "time; nothing of the call ran"
+            ) from None
+
+    async def _hold(
+        self,
+        tools: Tools,
+        limits: Limits,
+        cap_from_outside: PidCap | None,
+        cgroup: PlanGroup | None,
+        settle_with: str | None,
+        *,
+        last_pid: bool,
+        user_limits: tuple[tuple[str, int], ...],
+        claim: Callable[[], None] | None,
+        report_first: bool,
+    ) -> None:
         if claim is not None:
             # Right after bubblewrap started, while it builds the sandbox, which waits
             # at its start line (--block-fd) until this returned: nothing of the

@@ -27,6 +27,7 @@ from sandbox import _pidcap, environment
 from sandbox._spawn import Starts
 from sandbox.held_open import held_open_bytes
 from sandbox.process import Completed, Limits, Mount, PidCap, SandboxUnavailableError, View, run
+from sandbox.warm import WarmSandboxes
 from tests.sandbox.support import FORK_UNTIL_REFUSED
 from tests.support.procs import STUBBORN, marker, processes_with, wait_until_gone
 from worker.actions.workbench import MAPS_PER_PROCESS
@@ -1210,3 +1211,34 @@ def test_posix_spawn_is_used_only_where_it_hands_bubblewrap_its_descriptors(
 
     monkeypatch.setattr(_spawn.os, "confstr", lambda name: libc)
     assert _spawn.Starts().posix_spawn is spawns
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["built-now", "built-ahead"])
+def test_a_sandbox_that_never_starts_fails_within_the_calls_timeout(
+    share: Path, tmp_path: Path, ahead: bool
+) -> None:
+    """A bubblewrap that never says it is ready (here a stand-in that waits for ever,
+    keeping its report's pipe open) held the call: nothing bounded its start, the exec's
+    timeout counting only once the program ran. Now the start is within the call's
+    timeout too, for a sandbox built as plans' next ones are (sandbox.warm, whose
+    shapes carry no timeout) as well (with the entry helper; without it, `warm` is not
+    used); the stand-in is killed."""
+    seen = marker()
+    stand_in = tmp_path / "bwrap"
+    stand_in.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -c 'import time; time.sleep(600)' {seen}\n"
+    )
+    stand_in.chmod(0o755)
+    view = view_of(share, bwrap=str(stand_in))
+
+    async def go() -> None:
+        # A ceiling for the test itself: before the bound, the call waited for ever.
+        async with asyncio.timeout(60):
+            warm = WarmSandboxes() if ahead else None
+            await run(["/usr/bin/true"], view, Limits(timeout_s=1), pid_cap=PidCap(), warm=warm)
+
+    with pytest.raises(
+        SandboxUnavailableError, match=r"did not start within the call's timeout \(1 s\)"
+    ):
+        asyncio.run(go())
+    assert wait_until_gone(seen) == []
