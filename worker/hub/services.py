@@ -472,34 +472,18 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
         if not request.surface or not request.action:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "surface and action are required")
         moved = len(blob) if blob is not None else len(request.blob)
+        waiting = _WaitingHeaders(context, self._headers_sending)
         try:
-            response = await self.hub.dispatch_serialized(
-                request, blob, self._told_waiting(context)
-            )
+            response = await self.hub.dispatch_serialized(request, blob, waiting.tell)
             moved = max(moved, len(response))
+            await waiting.sent()
             return response
         except LookupError as exc:
+            await waiting.sent()
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # unreachable: abort raises
         finally:
             self.hub.memory.ended(moved)
-
-    def _told_waiting(self, context: grpc.aio.ServicerContext) -> Callable[[], None]:
-        """What tells a Dispatch's caller that its call waits for the person's approval:
-        Dispatch's headers, sent ahead of its answer (at most once; an answer that went
-        first carried them already, and sending them then fails, harmlessly)."""
-        told = False
-        sending = self._headers_sending
-
-        def tell() -> None:
-            nonlocal told
-            if not told:
-                told = True
-                sent = asyncio.ensure_future(context.send_initial_metadata((AWAITING_APPROVAL,)))
-                sending.add(sent)
-                sent.add_done_callback(_headers_sent(sending))
-
-        return tell
 
     async def ListWorkers(  # noqa: N802
         self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
@@ -551,6 +535,36 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
             return await self.hub.teardown(request)
         except WorkerError as exc:
             return pb.DispatchResponse(worker_id=request.worker_id, result=error_result("", exc))
+
+
+class _WaitingHeaders:
+    """What tells a Dispatch's caller that its call waits for the person's approval:
+    Dispatch's headers, sent ahead of its answer, at most once (`tell`). The answer goes
+    only once they are out (`sent`): gRPC marks headers sent when their send is done, and
+    an answer sent while they were on their way carried them a second time, which gRPC
+    refuses (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS) after the answer's status was taken
+    for sent; the caller then waited out its deadline. An answer that went first carried
+    them already, and sending them then fails, harmlessly."""
+
+    def __init__(
+        self, context: grpc.aio.ServicerContext, sending: set[asyncio.Future[None]]
+    ) -> None:
+        self._context = context
+        self._sending = sending  # the servicer's: each send kept until it ends
+        self._sent: asyncio.Future[None] | None = None
+
+    def tell(self) -> None:
+        if self._sent is None:
+            sent = asyncio.ensure_future(self._context.send_initial_metadata((AWAITING_APPROVAL,)))
+            self._sending.add(sent)
+            sent.add_done_callback(_headers_sent(self._sending))
+            self._sent = sent
+
+    async def sent(self) -> None:
+        """Once the headers told are out, or failed (never raises: `_headers_sent`
+        reads the outcome)."""
+        if self._sent is not None:
+            await asyncio.wait((self._sent,))
 
 
 def _headers_sent(sending: set[asyncio.Future[None]]) -> Callable[[asyncio.Future[None]], None]:
