@@ -1030,6 +1030,7 @@ class Hub:
         outgoing: delivery.Outgoing,
         committing: concurrent.futures.Future[list[bool]],
         waiter: asyncio.Future[Answer],
+        plan_id: str,
     ) -> WorkerError | None:
         """Once `committing` (`HubStore.record_off_loop`) wrote down a call whose id the
         caller chose, send it to its worker's stream (if connected); or why not. The
@@ -1046,7 +1047,12 @@ class Hub:
         failure = committing.exception()
         if failure is None:
             session = self.sessions.get(worker_id)
-            if session is not None:
+            if session is not None and plan_id and self._kill_to_come(session, plan_id):
+                # A kill of its plan came during the commit and waits in a page: the
+                # call follows it (`_send_kill_page` resends it from hub.db then), as
+                # it never goes ahead of one (review14 02 B; review30 on h1x).
+                session.held_resends.add(correlation_id)
+            elif session is not None:
                 session.send(outgoing)
             return None
         log.error("could not record call %s; it was not sent: %s", correlation_id, failure)
@@ -1574,7 +1580,9 @@ class Hub:
             # and sent, as one sent before it left is (and answered, not kept pending).
             try:
                 unrecorded = await asyncio.shield(
-                    self._written_down_then_sent(cid, worker_id, outgoing, committing, waiter)
+                    self._written_down_then_sent(
+                        cid, worker_id, outgoing, committing, waiter, request.plan_id
+                    )
                 )
             except asyncio.CancelledError:
                 self._caller_left(cid, waiter)
@@ -1592,7 +1600,10 @@ class Hub:
             else:
                 outgoing.add(announced(request, len(blob)))
         elif early is None and session is not None and not sent:
-            session.send(outgoing)
+            if request.plan_id and self._kill_to_come(session, request.plan_id):
+                session.held_resends.add(cid)  # (a repeat: admitted before an await)
+            else:
+                session.send(outgoing)
         if is_new:
             self._store_soon()
         try:
