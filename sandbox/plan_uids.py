@@ -56,6 +56,15 @@ _GIVEN_SPANS: Final = (
     ("SUB_GID", "where useradd takes new users' subordinate gids"),
 )
 
+# Ids systemd hands out that no file names (its UIDS-GIDS.md): a plan's uid there
+# would be a container's, a dynamic service's or a home's.
+_SYSTEMD_SPANS: Final = (
+    (60_001, 60_513, "the uids systemd-homed gives homes"),
+    (61_184, 65_519, "the uids systemd gives DynamicUser= services"),
+    (524_288, 1_879_048_191, "the uids systemd-nspawn gives containers"),
+    (2_147_352_576, 2_147_418_111, "systemd's foreign uid range"),
+)
+
 # (uid_t)-1: changes nothing, and the call answers the id now.
 _ASK: Final = 0xFFFFFFFF
 
@@ -108,22 +117,46 @@ def given_out_in(uids: range, etc: Path = Path("/etc")) -> list[str]:
         with contextlib.suppress(OSError):
             for line in (etc / table).read_text(errors="replace").splitlines():
                 name, _, rest = line.strip().partition(":")
-                start, _, count = rest.partition(":")
-                if start.isdigit() and count.isdigit():
-                    given = range(int(start), int(start) + int(count))
+                start, _, count = (_number(word) for word in rest.partition(":"))
+                if start is not None and count is not None:
+                    given = range(start, start + count)
                     if given.start < uids.stop and uids.start < given.stop:
                         found.append(f"{name}'s subordinate ids in /etc/{table}")
     defs = dict(_LOGIN_DEFS)
     with contextlib.suppress(OSError):
         for line in (etc / "login.defs").read_text(errors="replace").splitlines():
-            words = line.split()
-            if len(words) == 2 and words[0] in defs and words[1].isdigit():
-                defs[words[0]] = int(words[1])
+            key, value = [*line.split(None, 1), "", ""][:2]
+            if key in defs:
+                # As shadow reads a value: blanks and a quote skipped, to the next quote.
+                number = _number(value.strip().lstrip('"').partition('"')[0])
+                if number is None:
+                    found.append(f"{key} in {etc}/login.defs, whose value cannot be read")
+                else:
+                    defs[key] = number
     for low, what in _GIVEN_SPANS:  # a plan's gid is its uid: groups' spans too
         first, last = defs[f"{low}_MIN"], defs[f"{low}_MAX"]
         if first < uids.stop and uids.start <= last:
             found.append(f"{what} ({low}_MIN-{low}_MAX in {etc}/login.defs: {first}-{last})")
+    found += [
+        f"{what} ({first}-{last}, systemd's)"
+        for first, last, what in _SYSTEMD_SPANS
+        if first < uids.stop and uids.start <= last
+    ]
     return found
+
+
+def _number(word: str) -> int | None:
+    """`word` as shadow and C read a number (base 0: 0x hexadecimal, a leading 0
+    octal), or None."""
+    word = word.strip()
+    try:
+        if word[:2].lower() == "0x":
+            return int(word[2:], 16)
+        if len(word) > 1 and word.startswith("0"):
+            return int(word[1:], 8)
+        return int(word, 10) if word.isascii() and word.isdigit() else None
+    except ValueError:
+        return None
 
 
 def problem(uids: range, base: Path, own: Path) -> str | None:

@@ -192,7 +192,7 @@ def test_a_range_this_machine_gives_out_is_refused(tmp_path: Path) -> None:
     assert plan_uids.given_out_in(range(310_000, 310_010), etc) == [
         "bob's subordinate ids in /etc/subgid"
     ]
-    assert plan_uids.given_out_in(range(65_000, 65_010), etc) == [
+    assert plan_uids.given_out_in(range(65_600, 65_610), etc) == [
         f"the uids useradd gives new accounts (UID_MIN-UID_MAX in {etc}/login.defs: 2000-70000)"
     ]
     assert plan_uids.given_out_in(range(1_900_000_000, 1_900_001_000), etc) == []
@@ -222,7 +222,8 @@ def test_the_spans_login_defs_gives_out_later_are_refused_by_default_too(tmp_pat
     ]
     assert plan_uids.given_out_in(range(1_250_000_000, 1_250_000_010), etc) == [
         "where useradd takes new users' subordinate gids "
-        f"(SUB_GID_MIN-SUB_GID_MAX in {defs}: 1200000000-1300000000)"
+        f"(SUB_GID_MIN-SUB_GID_MAX in {defs}: 1200000000-1300000000)",
+        "the uids systemd-nspawn gives containers (524288-1879048191, systemd's)",
     ]
     assert plan_uids.given_out_in(range(200_000, 201_000), etc) == []  # moved away
     # Every range the docs and the refusals give as an example passes, by the
@@ -241,3 +242,50 @@ def test_the_spans_login_defs_gives_out_later_are_refused_by_default_too(tmp_pat
     for example in examples:
         assert plan_uids.given_out_in(plan_uids.parse(example), etc) == [], example
         assert plan_uids.given_out_in(plan_uids.parse(example)) == [], example
+
+
+def test_login_defs_values_are_read_as_shadow_reads_them(tmp_path: Path) -> None:
+    """review30 on uid30: a value in quotes, in hexadecimal or in octal (shadow reads
+    each) was taken for none, and the default span used: "1900000000-1900000999" passed
+    under SUB_UID_MAX "2000000000". One that cannot be read refuses the range; so do
+    /etc/subuid's hexadecimal lines (newuidmap reads them)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    defs = etc / "login.defs"
+    said = f"(SUB_UID_MIN-SUB_UID_MAX in {defs}"
+    uids = range(1_900_000_000, 1_900_000_010)  # past the default SUB_UID_MAX
+    for text, last in (
+        ('SUB_UID_MAX "2000000000"\n', 2_000_000_000),
+        ("SUB_UID_MAX\t0x7FFFF000\n", 2_147_479_552),
+        ("SUB_UID_MAX 017000000000\n", 2_013_265_920),  # octal
+    ):
+        defs.write_text(text)
+        found = [line for line in plan_uids.given_out_in(uids, etc) if said in line]
+        assert found == [
+            f"where useradd takes new users' subordinate uids {said}: 100000-{last})"
+        ], (text, found)
+    defs.write_text("SUB_UID_MIN 65536 # a comment shadow does not allow\n")
+    assert f"SUB_UID_MIN in {defs}, whose value cannot be read" in plan_uids.given_out_in(
+        range(1_900_000_000, 1_900_000_010), etc
+    )
+    defs.unlink()
+    (etc / "subuid").write_text("carol:0x71000000:0x10000\n")
+    assert plan_uids.given_out_in(range(0x71000000, 0x71000010), etc) == [
+        "carol's subordinate ids in /etc/subuid"
+    ]
+
+
+def test_the_ids_systemd_gives_out_are_refused(tmp_path: Path) -> None:
+    """review30 on uid30: systemd hands out ids no file names (homed, DynamicUser=,
+    nspawn's containers, the foreign range); a plan's uid there would be theirs."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "login.defs").write_text("SUB_UID_MIN 2147480000\nSUB_GID_MIN 2147480000\n")
+    for uids, what in (
+        (range(60_100, 60_110), "systemd-homed"),
+        (range(62_000, 62_010), "DynamicUser="),
+        (range(700_000_000, 700_000_010), "systemd-nspawn"),
+        (range(2_147_400_000, 2_147_400_010), "foreign uid range"),
+    ):
+        found = plan_uids.given_out_in(uids, etc)
+        assert any(what in line and "systemd's" in line for line in found), (uids, found)
