@@ -282,7 +282,8 @@ class Hub:
         # Request blobs of pending calls, by call id: held while the call may have to
         # be sent again (a reconnect), never written to the store; see _dispatch_to.
         self._blobs: dict[str, Buffer | upload.Pieces] = {}
-        self._store_scheduled = False
+        self._store_timer: asyncio.TimerHandle | None = None  # the next store_results
+        self._stopped = False
         # The calls each worker has open (its load, as this hub sees it); sandbox mode's
         # placements of plans (worker.hub.placement) and teardowns awaiting answers.
         self._open_calls: dict[str, int] = {}
@@ -1093,9 +1094,9 @@ class Hub:
         return woken
 
     def _store_soon(self) -> None:
-        if not self._store_scheduled:
-            self._store_scheduled = True
-            asyncio.get_running_loop().call_later(STORE_DELAY_S, self.store_results)
+        if self._store_timer is None and not self._stopped:
+            loop = asyncio.get_running_loop()
+            self._store_timer = loop.call_later(STORE_DELAY_S, self.store_results)
 
     def store_results(self, *, off_loop: bool = True) -> None:
         """Store the calls sent and the results received since the last call (one
@@ -1103,7 +1104,9 @@ class Hub:
         large result (a 10,000-entry listing's 1.5 MB) is made in the store's writer
         thread, and the acks go once it committed: the worker keeps each result until
         then, as it does while the commit waits for STORE_DELAY_S."""
-        self._store_scheduled = False
+        if self._store_timer is not None:
+            self._store_timer.cancel()
+            self._store_timer = None
         unstored, self._unstored = self._unstored, []
         if not unstored:
             if off_loop:
@@ -1962,9 +1965,12 @@ class Hub:
         )
 
     def shutdown(self) -> None:
+        """Store what is unstored, now, and schedule no more: hub.db closes next (a
+        store scheduled before fired after it, "Cannot operate on a closed database")."""
         self.memory.close()
         self.audit_lines.close()
         self.store_results(off_loop=False)
+        self._stopped = True
         for session in list(self.sessions.values()):
             session.send(pb.ServerMessage(drain=pb.Drain(reason="the hub is stopping")))
             session.close()
