@@ -45,13 +45,19 @@ UIDS = f"{FIRST}-{FIRST + 99}"
 # fs.epoll.max_user_watches): one process (so the quota watch holds it still at once)
 # with 4,000 eventfds, each in up to 4,000 epoll instances (16M watches at most, more
 # than the kernel lets a user have). Refuses to as the worker's user (root): that
-# would take root's. Says in `ready` how many it added, why it stopped and as whom,
-# then holds them until the FIFO `go` is opened.
+# would take root's. Says in `ready` how many it added, why it stopped and as whom
+# (written whole, then renamed: the test reads it once it is there, and read an empty
+# one between its creation and the write), then holds them until the FIFO `go` is
+# opened.
 FILL_WATCHES = textwrap.dedent(
     """
     import errno, os, select
+    def say(text):
+        with open("ready.part", "w") as out:
+            out.write(text)
+        os.rename("ready.part", "ready")
     if os.getuid() == 0:
-        open("ready", "w").write("0 runs-as-root 0")
+        say("0 runs-as-root 0")
         raise SystemExit(1)
     os.mkfifo("go")
     fds = [os.eventfd(0) for _ in range(4000)]
@@ -65,7 +71,7 @@ FILL_WATCHES = textwrap.dedent(
                 added += 1
     except OSError as exc:
         why = errno.errorcode[exc.errno]
-    open("ready", "w").write(f"{added} {why or 'none'} {os.getuid()}")
+    say(f"{added} {why or 'none'} {os.getuid()}")
     open("go").close()
     """
 )
