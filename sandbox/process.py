@@ -55,7 +55,7 @@ import signal
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
@@ -656,6 +656,24 @@ class _Prepared:
             self.kill()
 
 
+@contextlib.asynccontextmanager
+async def starting_within(within_s: float) -> AsyncIterator[None]:
+    """A sandbox's start (`_Sandbox.hold`) within `within_s`, the call's timeout: a start
+    that never comes (bubblewrap, or a helper, waiting on something that does not
+    happen) fails the call, which nothing bounded before its program ran."""
+    try:
+        async with asyncio.timeout(within_s) as bound:
+            yield
+    except TimeoutError:
+        if not bound.expired():
+            raise
+        raise SandboxUnavailableError(
+            f"the sandbox did not start within the call's timeout ({within_s:g} s): "
+            "bubblewrap never said it was ready, or its limits were not set in time; "
+            "nothing of the call ran"
+        ) from None
+
+
 async def _prepare(
     shape: _Shape,
     pid_cap: PidCap,
@@ -705,17 +723,17 @@ async def _prepare(
         sandbox = _Sandbox(child, info_r, lifeline_w, block_w)
         prepared = _Prepared(shape, child, sandbox, call_w, in_w, ours, pid_cap)
         ours = []  # the prepared sandbox's now
-        await sandbox.hold(
-            tools,
-            limits,
-            None,
-            None,
-            view.entry if shape.capped or user_limits else None,
-            last_pid=shape.capped,
-            user_limits=user_limits,
-            claim=claim,
-            within_s=within_s,
-        )
+        async with starting_within(within_s):
+            await sandbox.hold(
+                tools,
+                limits,
+                None,
+                None,
+                view.entry if shape.capped or user_limits else None,
+                last_pid=shape.capped,
+                user_limits=user_limits,
+                claim=claim,
+            )
         sandbox.release()
     except BaseException:
         if prepared is not None:
@@ -891,18 +909,18 @@ class _Sandbox:
         report_first: bool = True,
     ) -> Completed:
         try:
-            await self.hold(
-                tools,
-                limits,
-                cap_from_outside,
-                cgroup,
-                settle_with,
-                last_pid=last_pid,
-                user_limits=user_limits,
-                claim=claim,
-                report_first=report_first,
-                within_s=limits.timeout_s,
-            )
+            async with starting_within(limits.timeout_s):
+                await self.hold(
+                    tools,
+                    limits,
+                    cap_from_outside,
+                    cgroup,
+                    settle_with,
+                    last_pid=last_pid,
+                    user_limits=user_limits,
+                    claim=claim,
+                    report_first=report_first,
+                )
             self.release()
             timed_out = await self.finish(limits, started)
         except BaseException:
@@ -924,48 +942,10 @@ class _Sandbox:
         user_limits: tuple[tuple[str, int], ...] = (),
         claim: Callable[[], None] | None = None,
         report_first: bool = True,
-        within_s: float,
     ) -> None:
-        """What is done while bubblewrap holds the sandbox at its start line, within
-        `within_s` (the call's timeout): a start that never comes (bubblewrap, or a
-        helper, waiting on something that does not happen) fails the call, which
-        nothing bounded before its program ran. Should it raise, the caller kills the
+        """What is done while bubblewrap holds the sandbox at its start line (its
+        callers bound it: `starting_within`). Should it raise, the caller kills the
         sandbox."""
-        try:
-            async with asyncio.timeout(within_s) as bound:
-                await self._hold(
-                    tools,
-                    limits,
-                    cap_from_outside,
-                    cgroup,
-                    settle_with,
-                    last_pid=last_pid,
-                    user_limits=user_limits,
-                    claim=claim,
-                    report_first=report_first,
-                )
-        except TimeoutError:
-            if not bound.expired():
-                raise
-            raise SandboxUnavailableError(
-                f"the sandbox did not start within the call's timeout ({within_s:g} "
-                "s): bubblewrap never said it was ready, or its limits were not set in "
-                "time; nothing of the call ran"
-            ) from None
-
-    async def _hold(
-        self,
-        tools: Tools,
-        limits: Limits,
-        cap_from_outside: PidCap | None,
-        cgroup: PlanGroup | None,
-        settle_with: str | None,
-        *,
-        last_pid: bool,
-        user_limits: tuple[tuple[str, int], ...],
-        claim: Callable[[], None] | None,
-        report_first: bool,
-    ) -> None:
         if claim is not None:
             # Right after bubblewrap started, while it builds the sandbox, which waits
             # at its start line (--block-fd) until this returned: nothing of the
