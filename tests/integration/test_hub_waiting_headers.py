@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.support.hub_inproc import HandWorker, caller_metadata, hub_in_process, own_channel
+from tests.support.hub_inproc import driven_hub, probe_request
 from worker.hub.client import AWAITING_APPROVAL
 from worker.wire.proto import agentworker_pb2 as pb
-from worker.wire.proto import agentworker_pb2_grpc as pb_grpc
 
 CALLS = 20  # each a race the old code lost nearly every time
 
@@ -22,22 +21,12 @@ def test_an_answer_right_behind_its_waiting_headers_reaches_the_caller(tmp_path:
     home = tmp_path / "home"
 
     async def go() -> None:
-        async with hub_in_process(home) as running:
-            worker = HandWorker(running.address, home)
-            await worker.until("welcome")
-            channel = own_channel(running.address)
-            stub = pb_grpc.ControlServiceStub(channel)
+        async with driven_hub(home) as hub:
+            worker = await hub.welcomed()
             for n in range(CALLS):
-                request = pb.DispatchRequest(
-                    correlation_id=f"asked-{n}",
-                    worker_id=worker.worker_id,
-                    agent_id="tester",
-                    surface="workerDiag",
-                    action="probe",
-                    args_json="{}",
-                    timeout_ms=60_000,
-                )
-                call = stub.Dispatch(request, metadata=caller_metadata(home), timeout=120)
+                request = probe_request(worker.worker_id)
+                request.correlation_id, request.timeout_ms = f"asked-{n}", 60_000
+                call = hub.caller.dispatch(request, timeout=120)
                 await worker.until("request", n + 1)
                 asked = pb.ActionAck(
                     correlation_ids=[request.correlation_id],
@@ -53,7 +42,5 @@ def test_an_answer_right_behind_its_waiting_headers_reaches_the_caller(tmp_path:
                     reply = await call
                 assert reply.result.result_json == '{"approved": true}', n
                 assert AWAITING_APPROVAL in tuple(await call.initial_metadata()), n
-            await worker.close()
-            await channel.close()
 
     asyncio.run(go())
